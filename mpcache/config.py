@@ -1,0 +1,135 @@
+"""One frozen configuration, built once by the supervisor from its flags.
+
+Children receive it as a JSON file (``--config PATH``, mode 0600) and rebuild
+the same object with :meth:`Config.from_json`; no module reads environment
+variables on its own.  Every check raises :class:`~mpcache.errors.ConfigError`
+with a message that names the flag and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from mpcache.errors import ConfigError
+from mpcache.shm.segment import shm_name
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """'256MiB', '1GB', '4096' → bytes; ConfigError naming ``flag`` otherwise."""
+    match = _SIZE_RE.match(str(text))
+    unit = (match.group(2) or "").lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"{flag}: expected a size such as 512MiB, 2GB or 1048576, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Config:
+    instance_id: str
+    supervisor_pid: int
+    runtime_dir: str
+    workers: int = 2
+    # L1 and chunks
+    l1_size_bytes: int = 256 * 2**20
+    chunk_bytes: int = 64 * 2**10
+    chunk_size_tokens: int = 256
+    l1_watermark: float = 0.8
+    eviction_interval_s: float = 1.0
+    # event rings
+    ring_capacity_cells: int = 1 << 18
+    intern_capacity: int = 4096
+    # telemetry
+    disable_metrics: bool = False
+    disable_logging: bool = False
+    enable_tracing: bool = False
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9090
+    otlp_endpoint: str = ""
+    otlp_protocol: str = "grpc"
+    otlp_interval_s: float = 10.0
+    metrics_sample_rate: float = 0.01
+    cache_salt_cap: int = 1000
+    # logging
+    log_level: str = "info"
+    log_file: str = ""
+    # demo
+    demo: bool = False
+    demo_seconds: float = 0.0
+    duration_s: float = 0.0
+    demo_tally_file: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.workers >= 1, "--workers: expected an integer >= 1"),
+            (0 < self.l1_watermark <= 1, "--l1-watermark: expected a number in (0, 1]"),
+            (self.chunk_bytes > 0, "--chunk-bytes: expected a positive size"),
+            (self.l1_size_bytes >= self.chunk_bytes, "--l1-size: must hold at least one chunk (--chunk-bytes)"),
+            (self.chunk_size_tokens > 0, "--chunk-size: expected a positive number of tokens"),
+            (self.eviction_interval_s > 0, "--eviction-interval: expected seconds > 0"),
+            (self.ring_capacity_cells >= 1024 and not self.ring_capacity_cells & (self.ring_capacity_cells - 1),
+             "--ring-cells: expected a power of two >= 1024"),
+            (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),
+            (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
+            (self.otlp_protocol in ("grpc", "http"), "--otlp-protocol: expected grpc or http"),
+            (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
+            (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
+            (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
+            (not self.enable_tracing or bool(self.otlp_endpoint),
+             "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP)"),
+            (self.demo_seconds >= 0 and self.duration_s >= 0, "--duration/--demo-seconds: expected seconds >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    # -- derived names ---------------------------------------------------------
+
+    @property
+    def l1_slots(self) -> int:
+        return self.l1_size_bytes // self.chunk_bytes
+
+    def ring_name(self, worker: int) -> str:
+        return shm_name(self.supervisor_pid, self.instance_id, f"events{worker}")
+
+    def l1_pool_name(self, worker: int) -> str:
+        return shm_name(self.supervisor_pid, self.instance_id, f"l1pool{worker}")
+
+    def gauge_board_name(self) -> str:
+        return shm_name(self.supervisor_pid, self.instance_id, "gauges")
+
+    def socket_path(self, worker: int) -> str:
+        return os.path.join(self.runtime_dir, f"cache{worker}.sock")
+
+    def all_segment_names(self) -> list[str]:
+        names = [self.gauge_board_name()]
+        for worker in range(self.workers):
+            names += [self.ring_name(worker), self.l1_pool_name(worker)]
+        return names
+
+    # -- serialisation -----------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"configuration file has unknown keys: {sorted(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str) -> "Config":
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_json(handle.read())

@@ -1,0 +1,214 @@
+"""Publishing events from a cache process: encode by schema, append to the ring.
+
+Construction-time specialisation keeps the hot call short: each distinct record
+shape (event type × number of salt groups, sampled keys, blocks and text cells)
+gets one precompiled ``struct.Struct`` for the whole record, so a publish is
+one ``pack_into`` and one store of the ring's head; the commonest shape (an
+L1/storage-manager event with one salt group) has its own one-cell path,
+:meth:`Publisher.emit_salted`.  Nothing here blocks (beyond an in-process lock
+when several threads share the ring) or raises: what cannot be published is
+counted in the ring's ``dropped_records``.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from typing import Callable, Iterable, Mapping
+
+from mpcache.events import (
+    BLOCK_REQUEST_ID_MAX_BYTES,
+    SCHEMAS,
+    SESSION_ID_MAX_BYTES,
+    TEXT_FIELD_BLOCK_REQUESTS,
+    TEXT_FIELD_SESSION,
+    TEXT_MAX_BYTES,
+    EventType,
+    FieldKind,
+)
+from mpcache.shm import layout
+from mpcache.shm.intern import Interner
+from mpcache.shm.ring import RingWriter
+
+SaltCounts = Mapping[tuple[str, str], int]  # (cache_salt, model_name) -> count
+Sampled = Iterable[tuple[int, str, str]]  # (chunk_hash, cache_salt, model_name)
+Blocks = Iterable[tuple[str, int, int]]  # (request_id, block_id, token_hash)
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_CELL = layout.CELL_PREFIX[1:]  # prefix format without the byte-order mark
+_SALT_FMT = _CELL + "qqq32x"
+_SAMPLED_FMT = _CELL + "Qqq32x"
+_BLOCK_FMT = _CELL + "qqQ32x"
+_TEXT_FMT = layout.CELL_TEXT_FMT[1:]
+
+
+def has_inline_salt(etype: EventType) -> bool:
+    """Whether this event type keeps its first salt group in the head cell."""
+    schema = SCHEMAS[etype]
+    return schema.salt_counts and len(schema.fields) <= layout.INLINE_SALT_MAX_FIELDS
+
+
+class _Shape:
+    """Per event type: which fixed fields are names, and the fixed-cell formats."""
+
+    def __init__(self, etype: EventType) -> None:
+        schema = SCHEMAS[etype]
+        kinds = [kind for _, kind in schema.fields]
+        self.etype = int(etype)
+        self.name_positions = tuple(i for i, kind in enumerate(kinds) if kind is FieldKind.NAME)
+        self.n_fields = len(kinds)
+        self.inline_salt = has_inline_salt(etype)
+        slot_fmt = ["d" if kind is FieldKind.FLOAT else "q" for kind in kinds]
+        head = slot_fmt[: layout.HEAD_FIELD_SLOTS]
+        if self.inline_salt:
+            pad = layout.INLINE_SALT_SLOT - 1 - len(head)
+            self.head_fmt = _CELL + "q" + "".join(head) + "8x" * pad + "qqq"
+        else:
+            self.head_fmt = _CELL + "q" + "".join(head) + "8x" * (layout.HEAD_FIELD_SLOTS - len(head))
+        rest = slot_fmt[layout.HEAD_FIELD_SLOTS :]
+        self.field_cells: list[tuple[int, str]] = []  # (number of fields, format) per FIELDS cell
+        for start in range(0, len(rest), layout.SLOTS_PER_CELL):
+            part = rest[start : start + layout.SLOTS_PER_CELL]
+            self.field_cells.append((len(part), _CELL + "".join(part) + "8x" * (layout.SLOTS_PER_CELL - len(part))))
+        self.text_fields = tuple(
+            (number, TEXT_MAX_BYTES[name]) for number, name in enumerate(schema.texts, start=TEXT_FIELD_SESSION + 1)
+        )
+
+
+def _text_pieces(text: str, max_bytes: int) -> list[bytes]:
+    data = text.encode("utf-8", "replace")[:max_bytes]
+    step = layout.TEXT_BYTES_PER_CELL
+    return [data[i : i + step] for i in range(0, len(data), step)]
+
+
+class Publisher:
+    """Encodes events by schema and appends them to this process's ring."""
+
+    def __init__(
+        self,
+        writer: RingWriter,
+        interner: Interner,
+        *,
+        threadsafe: bool = False,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._writer = writer
+        self._interner = interner
+        self._ids = interner.ids
+        self._lock = threading.Lock() if threadsafe else None
+        self._clock_ns = clock_ns
+        self._shapes = {etype: _Shape(etype) for etype in EventType}
+        self._structs: dict[tuple, struct.Struct] = {}
+        self._one_cell = {
+            etype: struct.Struct("<" + self._shapes[etype].head_fmt)
+            for etype in EventType
+            if has_inline_salt(etype) and not SCHEMAS[etype].fields
+        }
+        self._append_one = writer.append_one if self._lock is None else self._locked_append_one
+
+    def _locked_append_one(self, *args: object) -> bool:
+        with self._lock:
+            return self._writer.append_one(*args)
+
+    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
+        """The hot shape: an event without fixed fields whose keys share one
+        (cache_salt, model_name) and include no sampled key.  Never raises."""
+        try:
+            return self._append_one(
+                self._one_cell[etype], etype, self._clock_ns(), self._ids[cache_salt], self._ids[model_name], count
+            )
+        except KeyError:  # a name not interned yet, or a type without a one-cell shape
+            return self.emit(etype, salt_counts={(cache_salt, model_name): count})
+
+    def emit(
+        self,
+        etype: EventType,
+        fields: tuple = (),
+        *,
+        salt_counts: SaltCounts | None = None,
+        sampled: Sampled = (),
+        session_id: str = "",
+        texts: tuple[str, ...] = (),
+        blocks: Blocks = (),
+        timestamp_ns: int | None = None,
+    ) -> bool:
+        """Publish one event; False if it was dropped (ring full or bad values).  Never raises."""
+        if self._lock is None:
+            return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
+        with self._lock:
+            return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
+
+    def _emit(self, etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns) -> bool:
+        try:
+            shape = self._shapes[etype]
+            intern = self._interner.id_of
+            values = list(fields)
+            if len(values) != shape.n_fields:
+                raise ValueError(f"{etype.name} takes {shape.n_fields} fields, got {len(values)}")
+            for position in shape.name_positions:
+                values[position] = intern(values[position])
+            salts = []
+            if salt_counts:
+                for (salt, model), count in salt_counts.items():
+                    salts.append((intern(salt), intern(model), count))
+            samples = []
+            for chunk_hash, salt, model in sampled or ():
+                samples.append((chunk_hash & _MASK64, intern(salt), intern(model)))
+            blocks = list(blocks or ())
+            text_cells = self._text_cells(shape, session_id, texts, blocks)
+            if shape.inline_salt:
+                inline = salts[0] if salts else (0, 0, 0)
+                salts = salts[1:]
+            seq = self._writer.seq & _MASK32
+            et = shape.etype
+            ncells = 1 + len(shape.field_cells) + len(salts) + len(samples) + len(blocks) + len(text_cells)
+            args = [seq, layout.CELL_HEAD, et, ncells, self._clock_ns() if timestamp_ns is None else timestamp_ns]
+            args += values[: layout.HEAD_FIELD_SLOTS]
+            if shape.inline_salt:
+                args += inline
+            index = 1
+            offset = layout.HEAD_FIELD_SLOTS
+            for count, _ in shape.field_cells:
+                args += (seq, layout.CELL_FIELDS, et, index, *values[offset : offset + count])
+                offset += count
+                index += 1
+            for row in salts:
+                args += (seq, layout.CELL_SALT, et, index, *row)
+                index += 1
+            for row in samples:
+                args += (seq, layout.CELL_SAMPLED, et, index, *row)
+                index += 1
+            for i, (_, block_id, th) in enumerate(blocks):
+                args += (seq, layout.CELL_BLOCK, et, index, TEXT_FIELD_BLOCK_REQUESTS + i, block_id, th & _MASK64)
+                index += 1
+            for number, piece in text_cells:
+                args += (seq, layout.CELL_TEXT, et, index, number, len(piece), piece)
+                index += 1
+            key = (etype, len(salts), len(samples), len(blocks), len(text_cells))
+            record = self._structs.get(key) or self._compile(shape, key)
+        except Exception:  # noqa: BLE001 - an encoding bug must never reach the data path
+            self._writer.count_drop()
+            return False
+        return self._writer.append(record, ncells, args)
+
+    @staticmethod
+    def _text_cells(shape: _Shape, session_id: str, texts: tuple[str, ...], blocks: list) -> list[tuple[int, bytes]]:
+        cells: list[tuple[int, bytes]] = []
+        if session_id:
+            cells += [(TEXT_FIELD_SESSION, p) for p in _text_pieces(session_id, SESSION_ID_MAX_BYTES)]
+        for (number, max_bytes), text in zip(shape.text_fields, texts):
+            cells += [(number, p) for p in _text_pieces(text, max_bytes)]
+        for i, (request_id, _, _) in enumerate(blocks):
+            cells += [(TEXT_FIELD_BLOCK_REQUESTS + i, p) for p in _text_pieces(request_id, BLOCK_REQUEST_ID_MAX_BYTES)]
+        return cells
+
+    def _compile(self, shape: _Shape, key: tuple) -> struct.Struct:
+        _, n_salts, n_samples, n_blocks, n_text_cells = key
+        fmt = "<" + shape.head_fmt + "".join(fmt for _, fmt in shape.field_cells)
+        fmt += _SALT_FMT * n_salts + _SAMPLED_FMT * n_samples + _BLOCK_FMT * n_blocks + _TEXT_FMT * n_text_cells
+        record = struct.Struct(fmt)
+        if len(self._structs) < 4096:  # bound the cache; unusual shapes still work uncached
+            self._structs[key] = record
+        return record

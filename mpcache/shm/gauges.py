@@ -1,0 +1,105 @@
+"""The gauge board: current state values each cache process keeps in shared memory.
+
+Observable gauges are read at scrape/export time in the telemetry process; they
+cannot call into a cache process, so each cache process writes its values into
+its own slot (aligned 8-byte words; layout in :mod:`mpcache.shm.layout`) and
+refreshes a heartbeat.  A slot whose heartbeat is stale is not reported.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Callable
+
+from mpcache.errors import LayoutMismatchError
+from mpcache.shm import layout
+from mpcache.shm.segment import Segment
+
+_HEADER = struct.Struct("<8sIII")
+
+
+def format_gauge_board(segment: Segment, n_slots: int) -> None:
+    _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
+
+
+def _validate(segment: Segment) -> int:
+    magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
+    if magic != layout.GAUGE_MAGIC:
+        raise LayoutMismatchError(f"{segment.name}: not an mpcache gauge board (magic {magic!r})")
+    if version != layout.LAYOUT_VERSION or adapters != layout.MAX_ADAPTERS:
+        raise LayoutMismatchError(
+            f"{segment.name}: gauge board layout version {version}, this build reads {layout.LAYOUT_VERSION}"
+        )
+    if segment.size < layout.gauge_board_size(n_slots):
+        raise LayoutMismatchError(f"{segment.name}: too small for {n_slots} slots")
+    return n_slots
+
+
+class GaugeSlot:
+    """A cache process's writable view of its own slot."""
+
+    def __init__(self, segment: Segment, slot: int, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        n_slots = _validate(segment)
+        if not 0 <= slot < n_slots:
+            raise ValueError(f"gauge slot {slot} out of range 0..{n_slots - 1}")
+        start = layout.GAUGE_HEADER_SIZE + slot * layout.GAUGE_SLOT_WORDS * 8
+        self._words = segment.buf[start : start + layout.GAUGE_SLOT_WORDS * 8].cast("q")
+        self._clock_ns = clock_ns
+
+    def set(self, word: int, value: int) -> None:
+        self._words[word] = int(value)
+
+    def add(self, word: int, delta: int) -> None:
+        """Only the owning process writes its slot, so read-modify-write is safe
+        as long as that process serialises its own updates (callers hold a lock)."""
+        self._words[word] += int(delta)
+
+    def set_adapter(self, adapter_index: int, which: int, value: int) -> None:
+        self._words[layout.gauge_adapter_word(adapter_index, which)] = int(value)
+
+    def add_adapter(self, adapter_index: int, which: int, delta: int) -> None:
+        self._words[layout.gauge_adapter_word(adapter_index, which)] += int(delta)
+
+    def heartbeat(self, pid: int) -> None:
+        self._words[layout.G_PID] = pid
+        self._words[layout.G_HEARTBEAT] = self._clock_ns()
+
+    def clear(self) -> None:
+        for i in range(layout.GAUGE_SLOT_WORDS):
+            self._words[i] = 0
+
+
+class GaugeBoardReader:
+    """The telemetry process's read-only view of every slot."""
+
+    def __init__(self, segment: Segment, stale_after_s: float = 5.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._n_slots = _validate(segment)
+        start = layout.GAUGE_HEADER_SIZE
+        self._words = segment.buf[start : start + self._n_slots * layout.GAUGE_SLOT_WORDS * 8].cast("q")
+        self._stale_ns = int(stale_after_s * 1e9)
+        self._clock_ns = clock_ns
+
+    @property
+    def n_slots(self) -> int:
+        return self._n_slots
+
+    def live_slots(self) -> list[int]:
+        """Slots whose heartbeat is recent."""
+        now = self._clock_ns()
+        live = []
+        for slot in range(self._n_slots):
+            beat = self._words[slot * layout.GAUGE_SLOT_WORDS + layout.G_HEARTBEAT]
+            if beat > 0 and now - beat <= self._stale_ns:
+                live.append(slot)
+        return live
+
+    def word(self, slot: int, word: int) -> int:
+        return self._words[slot * layout.GAUGE_SLOT_WORDS + word]
+
+    def adapter_word(self, slot: int, adapter_index: int, which: int) -> int:
+        return self.word(slot, layout.gauge_adapter_word(adapter_index, which))
+
+    def total(self, word: int) -> int:
+        """Sum of one word over the live slots."""
+        return sum(self.word(slot, word) for slot in self.live_slots())

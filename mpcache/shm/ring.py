@@ -1,0 +1,310 @@
+"""The event ring: one writer (a cache process), one reader (the telemetry process).
+
+See :mod:`mpcache.shm.layout` for the bytes and the commit protocol.  The writer's
+hot call is one ``Struct.pack_into`` of the whole record plus one store of
+``head``; it never blocks and never raises: a full ring drops the record and
+counts it in shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpcache.errors import LayoutMismatchError, RingCorruptError
+from mpcache.shm import layout
+from mpcache.shm.segment import Segment
+
+_HEADER_INIT = struct.Struct("<8sIIQQq")
+_HEAD_WORD = layout.OFF_HEAD // 8
+_TAIL_WORD = layout.OFF_TAIL // 8
+_DROPPED_WORD = layout.OFF_DROPPED // 8
+
+
+def format_event_segment(segment: Segment, capacity_cells: int, intern_capacity: int) -> None:
+    """Write a fresh header into a zero-filled segment (the owner does this once)."""
+    if capacity_cells <= 0 or capacity_cells & (capacity_cells - 1):
+        raise ValueError(f"ring capacity must be a power of two, got {capacity_cells}")
+    needed = layout.event_segment_size(capacity_cells, intern_capacity)
+    if segment.size < needed:
+        raise ValueError(f"segment is {segment.size} bytes, needs {needed}")
+    _HEADER_INIT.pack_into(
+        segment.buf, 0, layout.RING_MAGIC, layout.LAYOUT_VERSION, layout.CELL_SIZE,
+        capacity_cells, intern_capacity, 0,
+    )
+
+
+@dataclass(frozen=True)
+class RingGeometry:
+    capacity: int
+    intern_capacity: int
+    cells_offset: int
+
+
+def read_geometry(segment: Segment) -> RingGeometry:
+    """Validate the header and return the ring's geometry."""
+    if segment.size < layout.HEADER_SIZE:
+        raise LayoutMismatchError(f"{segment.name}: {segment.size} bytes is too small for a ring")
+    magic, version, cell_size, capacity, intern_capacity, _pid = _HEADER_INIT.unpack_from(segment.buf, 0)
+    if magic != layout.RING_MAGIC:
+        raise LayoutMismatchError(f"{segment.name}: not an mpcache event ring (magic {magic!r})")
+    if version != layout.LAYOUT_VERSION or cell_size != layout.CELL_SIZE:
+        raise LayoutMismatchError(
+            f"{segment.name}: ring layout version {version} (cell {cell_size} B), "
+            f"this build reads version {layout.LAYOUT_VERSION} (cell {layout.CELL_SIZE} B)"
+        )
+    if capacity <= 0 or capacity & (capacity - 1) or segment.size < layout.event_segment_size(capacity, intern_capacity):
+        raise RingCorruptError(f"{segment.name}: header claims capacity {capacity}, intern {intern_capacity}")
+    return RingGeometry(capacity, intern_capacity, layout.cells_offset(intern_capacity))
+
+
+class RingWriter:
+    """Producer side of one ring.
+
+    Not thread-safe by itself: the caller serialises ``append`` (the
+    :class:`~mpcache.publish.Publisher` holds a lock only when several threads
+    of one process share the ring).  ``seq`` is the sequence number the next
+    record must carry in every cell; it advances on every append, published or
+    dropped, so a gap in sequence numbers is a drop.
+    """
+
+    __slots__ = ("_buf", "_words", "_capacity", "_mask", "_cells_off", "_head", "_tail_seen", "seq")
+
+    def __init__(self, segment: Segment) -> None:
+        geometry = read_geometry(segment)
+        self._buf = segment.buf
+        self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+        self._capacity = geometry.capacity
+        self._mask = geometry.capacity - 1
+        self._cells_off = geometry.cells_offset
+        recover_torn_record(segment)
+        self._head = self._words[layout.OFF_HEAD // 8]
+        self._tail_seen = self._words[layout.OFF_TAIL // 8]
+        self.seq = _next_seq(self._buf, self._cells_off, self._mask, self._head)
+        self._words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
+
+    def append(self, record: struct.Struct, ncells: int, args: list) -> bool:
+        """Publish one record of ``ncells`` cells packed by ``record`` from ``args``
+        (which carry ``seq & 0xFFFFFFFF`` in every cell).  Never raises: False,
+        and counted, when the ring is full or the values do not pack."""
+        head = self._head
+        if head + ncells - self._tail_seen > self._capacity and not self._has_room(ncells):
+            return False
+        self.seq += 1
+        pos = head & self._mask
+        try:
+            if pos + ncells <= self._capacity:
+                record.pack_into(self._buf, self._cells_off + pos * 64, *args)
+            else:
+                self._write_wrapped(pos, record.pack(*args))
+        except (struct.error, TypeError, ValueError, OverflowError):
+            self._words[_DROPPED_WORD] += 1
+            return False
+        self._head = head + ncells
+        self._words[_HEAD_WORD] = head + ncells  # the commit
+        return True
+
+    def append_one(self, record: struct.Struct, etype: int, timestamp_ns: int, salt_id: int, model_id: int,
+                   count: int) -> bool:
+        """:meth:`append` unrolled for the hottest shape: one head cell with no fixed
+        fields and one inline salt group (``record`` packs exactly that cell)."""
+        head = self._head
+        if head - self._tail_seen >= self._capacity and not self._has_room(1):
+            return False
+        seq = self.seq
+        self.seq = seq + 1
+        try:
+            record.pack_into(self._buf, self._cells_off + ((head & self._mask) << 6), seq & 0xFFFFFFFF,
+                             layout.CELL_HEAD, etype, 1, timestamp_ns, salt_id, model_id, count)
+        except (struct.error, TypeError, ValueError, OverflowError):
+            self._words[_DROPPED_WORD] += 1
+            return False
+        self._head = head + 1
+        self._words[_HEAD_WORD] = head + 1  # the commit
+        return True
+
+    def _has_room(self, ncells: int) -> bool:
+        """Re-read the consumer's tail; count a drop (spending a seq) if still full."""
+        self._tail_seen = self._words[_TAIL_WORD]
+        if self._head + ncells - self._tail_seen <= self._capacity:
+            return True
+        self.seq += 1
+        self._words[_DROPPED_WORD] += 1
+        return False
+
+    def count_drop(self) -> None:
+        """Count a record the caller could not even encode (its sequence number is spent)."""
+        self.seq += 1
+        self._words[layout.OFF_DROPPED // 8] += 1
+
+    def _write_wrapped(self, pos: int, data: bytes) -> None:
+        first = (self._capacity - pos) * 64
+        start = self._cells_off + pos * 64
+        self._buf[start : start + first] = data[:first]
+        self._buf[self._cells_off : self._cells_off + len(data) - first] = data[first:]
+
+
+def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:
+    """The sequence number after the last committed record (0 for an empty ring)."""
+    if head == 0:
+        return 0
+    (last,) = struct.unpack_from("<I", buf, cells_off + ((head - 1) & mask) * 64)
+    return last + 1
+
+
+def recover_torn_record(segment: Segment) -> bool:
+    """After a writer died: count a record it began but never committed.
+
+    Run by the supervisor when it reaps a cache process, and by every writer on
+    attach.  The cell at ``head`` carries the next sequence number only if a
+    record was being written there.  The cell is cleared so the record is
+    counted once.
+    """
+    geometry = read_geometry(segment)
+    words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+    head = words[layout.OFF_HEAD // 8]
+    mask = geometry.capacity - 1
+    offset = geometry.cells_offset + (head & mask) * 64
+    seq, kind = struct.unpack_from("<IB", segment.buf, offset)
+    expected = _next_seq(segment.buf, geometry.cells_offset, mask, head) & 0xFFFFFFFF
+    if kind == layout.CELL_EMPTY or seq != expected:
+        return False
+    struct.pack_into("<IB", segment.buf, offset, 0, layout.CELL_EMPTY)
+    words[layout.OFF_TORN // 8] += 1
+    return True
+
+
+@dataclass(frozen=True)
+class RingCounters:
+    """The ring's bookkeeping words, as one consistent-enough snapshot."""
+
+    head: int
+    tail: int
+    dropped: int
+    torn: int
+    malformed: int
+    producer_pid: int
+
+    @property
+    def cell_kinds(self) -> np.ndarray:
+        """A live view of every cell's kind byte (for counting pending records)."""
+        return self._cells["kind"]
+
+    def pending_cells(self) -> int:
+        return max(0, self.head - self.tail)
+
+
+def read_counters(segment: Segment) -> RingCounters:
+    words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+    return RingCounters(
+        head=words[layout.OFF_HEAD // 8],
+        tail=words[layout.OFF_TAIL // 8],
+        dropped=words[layout.OFF_DROPPED // 8],
+        torn=words[layout.OFF_TORN // 8],
+        malformed=words[layout.OFF_MALFORMED // 8],
+        producer_pid=words[layout.OFF_PRODUCER_PID // 8],
+    )
+
+
+class RingReader:
+    """Consumer side: copies committed records out in batches and advances ``tail``.
+
+    Shared bytes are untrusted: a header that makes no sense or records whose
+    cells disagree are skipped and counted in ``malformed_records``, never
+    raised into the caller.
+    """
+
+    def __init__(self, segment: Segment, max_batch_cells: int = 65536) -> None:
+        geometry = read_geometry(segment)
+        self.segment = segment
+        self._cells = np.ndarray(
+            (geometry.capacity,), dtype=layout.CELL_DTYPE, buffer=segment.buf, offset=geometry.cells_offset
+        )
+        self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+        self._capacity = geometry.capacity
+        self._mask = geometry.capacity - 1
+        self._max_batch = max_batch_cells
+        self.intern_capacity = geometry.intern_capacity
+
+    def cell_kinds(self) -> np.ndarray:
+        """A live view of every cell's kind byte (for counting pending records)."""
+        return self._cells["kind"]
+
+    def pending_cells(self) -> int:
+        return max(0, self._words[layout.OFF_HEAD // 8] - self._words[layout.OFF_TAIL // 8])
+
+    def oldest_pending_timestamp_ns(self) -> int | None:
+        """Timestamp of the oldest committed, unconsumed record (None when empty)."""
+        head = self._words[layout.OFF_HEAD // 8]
+        tail = self._words[layout.OFF_TAIL // 8]
+        if head <= tail or head - tail > self._capacity:
+            return None
+        cell = self._cells[tail & self._mask]
+        if cell["kind"] != layout.CELL_HEAD:
+            return None
+        return int(cell["slots"][0])
+
+    def read_batch(self) -> np.ndarray:
+        """Committed whole records since the last call (a copy), possibly empty."""
+        head = self._words[layout.OFF_HEAD // 8]
+        tail = self._words[layout.OFF_TAIL // 8]
+        if head == tail:
+            return self._cells[:0].copy()
+        if head < tail or head - tail > self._capacity:
+            # Nonsense cursors: skip to head and count; never raise into the pump.
+            self._words[layout.OFF_MALFORMED // 8] += 1
+            self._words[layout.OFF_TAIL // 8] = head
+            return self._cells[:0].copy()
+        n = min(head - tail, self._max_batch)
+        start = tail & self._mask
+        if start + n <= self._capacity:
+            batch = self._cells[start : start + n].copy()
+        else:
+            batch = np.concatenate((self._cells[start:], self._cells[: n - (self._capacity - start)]))
+        batch, consumed, malformed = _whole_valid_records(batch, at_head=(tail + n == head))
+        if malformed:
+            self._words[layout.OFF_MALFORMED // 8] += malformed
+        self._words[layout.OFF_TAIL // 8] = tail + consumed
+        return batch
+
+
+def _whole_valid_records(batch: np.ndarray, at_head: bool) -> tuple[np.ndarray, int, int]:
+    """Split ``batch`` into complete, self-consistent records.
+
+    Returns (valid cells, cells consumed, malformed records).  A record cut by
+    the batch limit is left for the next call; cells that do not form a
+    well-formed record (wrong seq, type, position or length) are dropped and
+    counted, one per record.
+    """
+    kind = batch["kind"]
+    is_head = kind == layout.CELL_HEAD
+    heads = np.flatnonzero(is_head)
+    if len(heads) == 0:
+        return batch[:0], len(batch), 1
+    malformed = 1 if heads[0] != 0 else 0  # leading cells that belong to no head
+    lengths = batch["index"][heads].astype(np.int64)
+    consumed = len(batch)
+    if heads[-1] + lengths[-1] > consumed and not at_head and heads[-1] > 0:
+        consumed = int(heads[-1])  # cut by the batch limit: read it next time
+        heads, lengths = heads[:-1], lengths[:-1]
+        if len(heads) == 0:
+            return batch[:0], consumed, malformed
+    cells = batch[:consumed]
+    owner = np.cumsum(is_head[:consumed]) - 1
+    in_record = owner >= 0
+    owner = np.where(in_record, owner, 0)
+    position = np.arange(consumed) - heads[owner]
+    ok = (
+        in_record
+        & (cells["seq"] == cells["seq"][heads][owner])
+        & (cells["etype"] == cells["etype"][heads][owner])
+        & ((position == 0) | (cells["index"] == position))
+    )
+    cells_per_record = np.bincount(owner[in_record], minlength=len(heads))
+    bad_per_record = np.bincount(owner[in_record & ~ok], minlength=len(heads))
+    record_ok = (bad_per_record == 0) & (cells_per_record == lengths) & (lengths >= 1)
+    malformed += int(np.count_nonzero(~record_ok))
+    return cells[in_record & record_ok[owner]], consumed, malformed

@@ -1,0 +1,93 @@
+"""POSIX shared-memory segments: create (owner), attach (everyone else), close, unlink.
+
+The supervisor is the single owner: it creates every segment with mode 0600 and
+unlinks it at shutdown.  Other processes attach by name and only close.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import posix_ipc
+
+from mpcache.errors import LayoutMismatchError
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "mpcache."
+
+
+class Segment:
+    """One mapped shared-memory object.  ``buf`` is a writable memoryview of it."""
+
+    def __init__(self, name: str, mapping: mmap.mmap) -> None:
+        self.name = name
+        self._mmap = mapping
+        self.buf = memoryview(mapping)
+        self.size = len(mapping)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """Create a zero-filled segment private to this user; fail if it exists."""
+        shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            os.fchmod(shm.fd, 0o600)  # the umask may have narrowed it further; never widen
+            mapping = mmap.mmap(shm.fd, size)
+        except BaseException:
+            shm.close_fd()
+            posix_ipc.unlink_shared_memory(name)
+            raise
+        shm.close_fd()
+        return cls(name, mapping)
+
+    @classmethod
+    def attach(cls, name: str, min_size: int = 1) -> "Segment":
+        """Map an existing segment; raise LayoutMismatchError if it is too small."""
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError as exc:
+            raise LayoutMismatchError(f"shared memory {name!r} does not exist") from exc
+        try:
+            if shm.size < min_size:
+                raise LayoutMismatchError(
+                    f"shared memory {name!r} is {shm.size} bytes, expected at least {min_size}"
+                )
+            mapping = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        return cls(name, mapping)
+
+    def close(self) -> None:
+        """Drop this process's mapping (the segment itself stays)."""
+        self.buf.release()
+        self._mmap.close()
+
+    @staticmethod
+    def unlink(name: str) -> bool:
+        """Remove the segment's name; True if it existed."""
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            return False
+        return True
+
+
+def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
+    """Segment name: owner pid first, so leftovers of a dead owner can be found."""
+    return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
+
+
+def leftover_segments(pid_alive) -> list[str]:
+    """Names of mpcache segments whose owning supervisor is no longer alive."""
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    stale = []
+    for entry in entries:
+        if not entry.startswith(NAME_PREFIX):
+            continue
+        owner = entry[len(NAME_PREFIX):].split(".", 1)[0]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            stale.append("/" + entry)
+    return stale

@@ -1,0 +1,205 @@
+"""Decoding a batch of ring cells: vectorised aggregates and, on demand, events.
+
+A batch holds whole, validated records of one producer (see
+:meth:`mpcache.shm.ring.RingReader.read_batch`).  Counter subscribers use the
+numpy aggregates (:meth:`EventBatch.salt_totals`, :meth:`EventBatch.group_sum`)
+and never touch a record one by one; subscribers with per-event logic ask for
+:meth:`EventBatch.events` of the types they need, decoded lazily.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from mpcache.events import (
+    SCHEMAS,
+    TEXT_FIELD_BLOCK_REQUESTS,
+    TEXT_FIELD_SESSION,
+    EventType,
+    FieldKind,
+)
+from mpcache.publish import has_inline_salt
+from mpcache.shm import layout
+from mpcache.shm.intern import NameTable
+
+_KNOWN_ETYPES = np.array(sorted(int(e) for e in EventType), dtype=np.uint8)
+_NAME_KEY_SHIFT = np.int64(1 << 24)
+
+
+@dataclass
+class Event:
+    """One decoded event, as subscribers with per-event logic see it."""
+
+    etype: EventType
+    timestamp_ns: int
+    producer: int
+    seq: int
+    session_id: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+    salt_counts: list[tuple[str, str, int]] = field(default_factory=list)  # (cache_salt, model_name, count)
+    sampled: list[tuple[int, str, str]] = field(default_factory=list)  # (chunk_hash, cache_salt, model_name)
+    texts: dict[str, str] = field(default_factory=dict)
+    blocks: list[tuple[str, int, int]] = field(default_factory=list)  # (request_id, block_id, token_hash)
+
+    @property
+    def name(self) -> str:
+        return SCHEMAS[self.etype].dotted
+
+    @property
+    def timestamp_s(self) -> float:
+        return self.timestamp_ns / 1e9
+
+
+class EventBatch:
+    """Whole records from one producer's ring, with the producer's name table."""
+
+    def __init__(self, producer: int, cells: np.ndarray, names: NameTable) -> None:
+        known = np.isin(cells["etype"], _KNOWN_ETYPES)
+        self.unknown_records = int(np.count_nonzero(known[cells["kind"] == layout.CELL_HEAD] == 0))
+        self.producer = producer
+        self.cells = cells[known] if self.unknown_records else cells
+        self.names = names
+        self._heads = np.flatnonzero(self.cells["kind"] == layout.CELL_HEAD)
+        self._head_etypes = self.cells["etype"][self._heads]
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    @property
+    def etypes_present(self) -> set[int]:
+        return set(np.unique(self._head_etypes).tolist())
+
+    def count(self, etypes: Iterable[EventType]) -> int:
+        return int(np.count_nonzero(np.isin(self._head_etypes, list(etypes))))
+
+    def last_timestamp_ns(self) -> int:
+        return int(self.cells["slots"][self._heads[-1], 0]) if len(self._heads) else 0
+
+    # -- vectorised aggregates -------------------------------------------------
+
+    def salt_totals(self, etypes: Sequence[EventType]) -> dict[tuple[str, str], int]:
+        """Sum of salt_counts over records of these types: {(cache_salt, model_name): count}."""
+        cells = self.cells
+        wanted = np.isin(cells["etype"], list(etypes))
+        rows = [cells["slots"][(cells["kind"] == layout.CELL_SALT) & wanted][:, :3]]
+        inline_types = [e for e in etypes if has_inline_salt(e)]
+        if inline_types:
+            inline = self._heads[np.isin(self._head_etypes, inline_types)]
+            rows.append(cells["slots"][inline, layout.INLINE_SALT_SLOT : layout.INLINE_SALT_SLOT + 3])
+        slots = np.concatenate(rows)
+        slots = slots[slots[:, 2] != 0]
+        if len(slots) == 0:
+            return {}
+        return self._grouped(slots[:, 0], slots[:, 1], slots[:, 2])
+
+    def field_column(self, etype: EventType, name: str) -> np.ndarray:
+        """One fixed field of every record of ``etype``, in order (float fields as float64)."""
+        schema = SCHEMAS[etype]
+        position = schema.field_names.index(name)
+        heads = self._heads[self._head_etypes == etype]
+        if position < layout.HEAD_FIELD_SLOTS:
+            raw = self.cells["slots"][heads, 1 + position]
+        else:
+            extra = position - layout.HEAD_FIELD_SLOTS
+            raw = self.cells["slots"][heads + 1 + extra // layout.SLOTS_PER_CELL, extra % layout.SLOTS_PER_CELL]
+        if schema.fields[position][1] is FieldKind.FLOAT:
+            return raw.view(np.float64)
+        return raw
+
+    def group_sum(
+        self, etype: EventType, by: Sequence[str], values: Sequence[str]
+    ) -> dict[tuple[str, ...], list[int]]:
+        """Per distinct combination of the name fields ``by``, the sums of the int fields ``values``."""
+        if not np.any(self._head_etypes == etype):
+            return {}
+        key = np.zeros(np.count_nonzero(self._head_etypes == etype), dtype=np.int64)
+        for name in by:
+            key = key * _NAME_KEY_SHIFT + self.field_column(etype, name)
+        uniq, inverse = np.unique(key, return_inverse=True)
+        sums = [np.bincount(inverse, weights=self.field_column(etype, v), minlength=len(uniq)) for v in values]
+        result = {}
+        for i, packed in enumerate(uniq.tolist()):
+            ids = []
+            for _ in by:
+                packed, name_id = divmod(packed, int(_NAME_KEY_SHIFT))
+                ids.append(name_id)
+            names = tuple(self.names.name(name_id) for name_id in reversed(ids))
+            result[names] = [int(s[i]) for s in sums]
+        return result
+
+    def _grouped(self, salt_ids: np.ndarray, model_ids: np.ndarray, counts: np.ndarray) -> dict[tuple[str, str], int]:
+        key = salt_ids.astype(np.int64) * _NAME_KEY_SHIFT + model_ids
+        uniq, inverse = np.unique(key, return_inverse=True)
+        sums = np.bincount(inverse, weights=counts, minlength=len(uniq))
+        out: dict[tuple[str, str], int] = {}
+        for packed, total in zip(uniq.tolist(), sums.tolist()):
+            salt_id, model_id = divmod(packed, int(_NAME_KEY_SHIFT))
+            pair = (self.names.name(salt_id), self.names.name(model_id))
+            out[pair] = out.get(pair, 0) + int(total)
+        return out
+
+    # -- per-event decoding ----------------------------------------------------
+
+    def events(self, etypes: Iterable[EventType] | None = None) -> list[Event]:
+        """Decoded events of these types (all types when None), in ring order."""
+        if etypes is None:
+            selected = self._heads
+        else:
+            selected = self._heads[np.isin(self._head_etypes, list(etypes))]
+        if len(selected) == 0:
+            return []
+        return [self._decode(int(h)) for h in selected]
+
+    def _decode(self, head: int) -> Event:
+        cells = self.cells
+        etype = EventType(int(cells["etype"][head]))
+        schema = SCHEMAS[etype]
+        ncells = int(cells["index"][head])
+        record = cells[head : head + ncells]
+        slots = record["slots"].tolist()
+        kinds = record["kind"].tolist()
+        name = self.names.name
+        raw = list(slots[0][1 : 1 + layout.HEAD_FIELD_SLOTS])
+        if has_inline_salt(etype) and slots[0][layout.INLINE_SALT_SLOT + 2] != 0:
+            salt, model, count = slots[0][layout.INLINE_SALT_SLOT : layout.INLINE_SALT_SLOT + 3]
+            inline_salt = [(name(salt), name(model), count)]
+        else:
+            inline_salt = []
+        for kind, row in zip(kinds, slots):
+            if kind == layout.CELL_FIELDS:
+                raw.extend(row)
+        values: dict[str, Any] = {}
+        for (fname, fkind), value in zip(schema.fields, raw):
+            if fkind is FieldKind.NAME:
+                values[fname] = name(value)
+            elif fkind is FieldKind.FLOAT:
+                values[fname] = struct.unpack("<d", struct.pack("<q", value))[0]
+            elif fkind is FieldKind.BOOL:
+                values[fname] = bool(value)
+            else:
+                values[fname] = value
+        event = Event(etype, slots[0][0], self.producer, int(record["seq"][0]), fields=values, salt_counts=inline_salt)
+        text_parts: dict[int, list[bytes]] = {}
+        raw_bytes = record.view(np.uint8).reshape(ncells, layout.CELL_SIZE) if layout.CELL_TEXT in kinds else None
+        blocks = []
+        for i, (kind, row) in enumerate(zip(kinds, slots)):
+            if kind == layout.CELL_SALT:
+                event.salt_counts.append((name(row[0]), name(row[1]), row[2]))
+            elif kind == layout.CELL_SAMPLED:
+                event.sampled.append((row[0] & 0xFFFFFFFFFFFFFFFF, name(row[1]), name(row[2])))
+            elif kind == layout.CELL_BLOCK:
+                blocks.append((row[0], row[1], row[2] & 0xFFFFFFFFFFFFFFFF))
+            elif kind == layout.CELL_TEXT:
+                cell = raw_bytes[i]
+                length = min(int(cell[9]), layout.TEXT_BYTES_PER_CELL)
+                text_parts.setdefault(int(cell[8]), []).append(cell[10 : 10 + length].tobytes())
+        texts = {number: b"".join(parts).decode("utf-8", "replace") for number, parts in text_parts.items()}
+        event.session_id = texts.get(TEXT_FIELD_SESSION, "")
+        for number, text_name in enumerate(schema.texts, start=TEXT_FIELD_SESSION + 1):
+            event.texts[text_name] = texts.get(number, "")
+        event.blocks = [(texts.get(number, ""), block_id, th) for number, block_id, th in blocks]
+        return event
