@@ -3,7 +3,8 @@
 Every line carries ``timestamp``, ``level``, ``role`` (supervisor, cache,
 telemetry, demo), ``instance_id`` and ``event``; cache processes add
 ``worker``.  Output goes to stderr and, with ``--log-file``, to a size-rotated
-file.
+file.  Under the supervisor, children log to stderr only: the supervisor
+forwards their lines, so the log file has one writer and rotates safely.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ def configure_logging(
     log_file: str = "",
     max_bytes: int = 50 * 2**20,
     backup_count: int = 5,
+    handlers: list[logging.Handler] | None = None,
     **context: object,
 ) -> structlog.stdlib.BoundLogger:
-    """Route structlog through stdlib logging to stderr (and a rotating file); return a bound logger."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file:
-        handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
+    """Route structlog through stdlib logging to ``handlers`` (default: stderr, plus a
+    rotating ``log_file``); return a logger bound to this process's role."""
+    if handlers is None:
+        handlers = [logging.StreamHandler(sys.stderr)]
+        if log_file:
+            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

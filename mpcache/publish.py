@@ -106,21 +106,21 @@ class Publisher:
             for etype in EventType
             if has_inline_salt(etype) and not SCHEMAS[etype].fields
         }
-        self._append_one = writer.append_one if self._lock is None else self._locked_append_one
+        self.emit_salted = self._make_emit_salted()
 
-    def _locked_append_one(self, *args: object) -> bool:
-        with self._lock:
-            return self._writer.append_one(*args)
+    def _make_emit_salted(self) -> Callable[[EventType, str, str, int], bool]:
+        """``emit_salted(etype, cache_salt, model_name, count)``: the hot shape, built once.
 
-    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
-        """The hot shape: an event without fixed fields whose keys share one
-        (cache_salt, model_name) and include no sampled key.  Never raises."""
-        try:
-            return self._append_one(
-                self._one_cell[etype], etype, self._clock_ns(), self._ids[cache_salt], self._ids[model_name], count
-            )
-        except KeyError:  # a name not interned yet, or a type without a one-cell shape
+        For an event without fixed fields whose keys share one (cache_salt,
+        model_name) and include no sampled key: one cell, one pack, one store.
+        Never raises.
+        """
+        def slow(etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
             return self.emit(etype, salt_counts={(cache_salt, model_name): count})
+
+        if self._lock is not None:
+            return slow  # shared by threads: take the locked general path
+        return self._writer.one_cell_appender(self._one_cell, self._ids, self._clock_ns, slow)
 
     def emit(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,24 +108,49 @@ class RingWriter:
         self._words[_HEAD_WORD] = head + ncells  # the commit
         return True
 
-    def append_one(self, record: struct.Struct, etype: int, timestamp_ns: int, salt_id: int, model_id: int,
-                   count: int) -> bool:
-        """:meth:`append` unrolled for the hottest shape: one head cell with no fixed
-        fields and one inline salt group (``record`` packs exactly that cell)."""
-        head = self._head
-        if head - self._tail_seen >= self._capacity and not self._has_room(1):
-            return False
-        seq = self.seq
-        self.seq = seq + 1
-        try:
-            record.pack_into(self._buf, self._cells_off + ((head & self._mask) << 6), seq & 0xFFFFFFFF,
-                             layout.CELL_HEAD, etype, 1, timestamp_ns, salt_id, model_id, count)
-        except (struct.error, TypeError, ValueError, OverflowError):
-            self._words[_DROPPED_WORD] += 1
-            return False
-        self._head = head + 1
-        self._words[_HEAD_WORD] = head + 1  # the commit
-        return True
+    def one_cell_appender(
+        self,
+        records: dict[int, struct.Struct],
+        ids: dict[str, int],
+        clock_ns: Callable[[], int],
+        fallback: Callable[[int, str, str, int], bool],
+    ) -> Callable[[int, str, str, int], bool]:
+        """The hottest publish, specialised once: ``append(etype, name_a, name_b, count)``.
+
+        It packs one head cell ``records[etype]`` holding the timestamp and, in
+        its last three slots, ``ids[name_a]``, ``ids[name_b]`` and ``count``,
+        then commits it — the whole :meth:`append` protocol inlined with its
+        constants bound as closure variables, because on this path every
+        attribute load and call is a measurable share of the cost.  A type or
+        name not in ``records``/``ids`` goes to ``fallback``.  Never raises.
+        """
+        writer = self
+        buf, words, capacity, mask, cells_off = self._buf, self._words, self._capacity, self._mask, self._cells_off
+        head_kind = layout.CELL_HEAD
+
+        def append(etype: int, name_a: str, name_b: str, count: int) -> bool:
+            try:
+                record = records[etype]
+                id_a = ids[name_a]
+                id_b = ids[name_b]
+            except KeyError:
+                return fallback(etype, name_a, name_b, count)
+            head = writer._head
+            if head - writer._tail_seen >= capacity and not writer._has_room(1):
+                return False
+            seq = writer.seq
+            writer.seq = seq + 1
+            try:
+                record.pack_into(buf, cells_off + ((head & mask) << 6), seq & 0xFFFFFFFF, head_kind, etype, 1,
+                                 clock_ns(), id_a, id_b, count)
+            except (struct.error, TypeError, ValueError, OverflowError):
+                words[_DROPPED_WORD] += 1
+                return False
+            writer._head = head + 1
+            words[_HEAD_WORD] = head + 1  # the commit
+            return True
+
+        return append
 
     def _has_room(self, ncells: int) -> bool:
         """Re-read the consumer's tail; count a drop (spending a seq) if still full."""

@@ -58,9 +58,16 @@ class Segment:
         return cls(name, mapping)
 
     def close(self) -> None:
-        """Drop this process's mapping (the segment itself stays)."""
-        self.buf.release()
-        self._mmap.close()
+        """Drop this process's mapping (the segment itself stays).
+
+        Views derived from ``buf`` (numpy arrays, casts) keep the mapping alive;
+        then it is unmapped when the last of them is garbage-collected instead.
+        """
+        try:
+            self.buf.release()
+            self._mmap.close()
+        except BufferError:
+            pass
 
     @staticmethod
     def unlink(name: str) -> bool:

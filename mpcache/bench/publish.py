@@ -1,0 +1,202 @@
+"""Producer cost of publishing one typical event, three ways, in one run.
+
+* ``ring``: our way — :meth:`mpcache.publish.Publisher.emit_salted` of an
+  ``L1_WRITE_FINISHED`` with one (cache_salt, model_name) group, into a
+  shared-memory ring (a one-cell record).
+* ``inprocess_bus``: the reference design — the event is a dataclass appended
+  to a bounded deque (length check, wall-clock stamp, wake-up event), while a
+  drain thread in the same process calls an OpenTelemetry ``Counter.add`` with
+  a ``cache_salt`` attribute per event.  The producer's time includes the GIL
+  contention that drain thread causes, as it would in a cache server.
+* ``mp_queue``: ``multiprocessing.Queue.put`` to a consumer process, timed
+  until the consumer has received everything.
+
+Each way publishes the same number of events per repetition; the reported
+numbers are medians over repetitions of nanoseconds per event.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mpcache.events import EventType
+from mpcache.publish import Publisher
+from mpcache.shm import layout
+from mpcache.shm.intern import Interner
+from mpcache.shm.ring import RingReader, format_event_segment, RingWriter
+from mpcache.shm.segment import Segment, shm_name
+
+_L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED
+EVENTS_PER_REPETITION = 100_000
+TARGET_RING_NS = 400
+TARGET_VS_INPROCESS = 3.0
+TARGET_VS_MP_QUEUE = 10.0
+
+
+def _ring_ns(n: int, repetitions: int) -> list[float]:
+    capacity = 1 << 18
+    name = shm_name(os.getpid(), uuid.uuid4().hex, "bench")
+    segment = Segment.create(name, layout.event_segment_size(capacity, 64))
+    try:
+        format_event_segment(segment, capacity, 64)
+        publisher = Publisher(RingWriter(segment), Interner(segment.buf, 64))
+        reader = RingReader(segment)
+        emit = publisher.emit_salted
+        emit(_L1_WRITE_FINISHED, "tenant-a", "llama-3-8b", 16)  # intern the names, as a warm process has
+        samples = []
+        for _ in range(repetitions):
+            while reader.read_batch().size:
+                pass
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                emit(_L1_WRITE_FINISHED, "tenant-a", "llama-3-8b", 16)
+            samples.append((time.perf_counter_ns() - start) / n)
+        return samples
+    finally:
+        segment.close()
+        Segment.unlink(name)
+
+
+@dataclass
+class _RefEvent:
+    event_type: EventType
+    timestamp: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    session_id: str = ""
+
+
+class _InProcessBus:
+    """The reference system's bus, reduced to what a publish and a drain do."""
+
+    def __init__(self, handle: Callable[[_RefEvent], None], max_queue: int = 10_000) -> None:
+        self._queue: collections.deque[_RefEvent] = collections.deque()
+        self._max = max_queue
+        self._wake = threading.Event()
+        self._stop = False
+        self._handle = handle
+        self.dropped = 0
+        self.delivered = 0
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def publish(self, event: _RefEvent) -> None:
+        if len(self._queue) >= self._max:
+            self.dropped += 1
+            return
+        event.timestamp = time.time()
+        self._queue.append(event)
+        self._wake.set()
+
+    def _drain(self) -> None:
+        while not self._stop:
+            self._wake.wait(0.1)
+            self._wake.clear()
+            while self._queue:
+                self._handle(self._queue.popleft())
+                self.delivered += 1
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+
+def _inprocess_ns(n: int, repetitions: int) -> tuple[list[float], int]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    counter = provider.get_meter("bench").create_counter("lmcache_mp.l1_write", unit="chunks")
+
+    def handle(event: _RefEvent) -> None:
+        for salt, count in event.metadata["key_count_per_salt"].items():
+            counter.add(count, {"cache_salt": salt})
+
+    bus = _InProcessBus(handle)
+    samples = []
+    try:
+        for _ in range(repetitions):
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                bus.publish(_RefEvent(_L1_WRITE_FINISHED, metadata={"key_count_per_salt": {"tenant-a": 16}}))
+            samples.append((time.perf_counter_ns() - start) / n)
+            deadline = time.monotonic() + 60
+            while bus._queue and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        bus.close()
+        provider.shutdown()
+    return samples, bus.dropped
+
+
+def _consume(queue: multiprocessing.Queue, done: multiprocessing.Queue, n: int, repetitions: int) -> None:
+    for _ in range(repetitions):
+        for _ in range(n):
+            queue.get()
+        done.put(n)
+
+
+def _mp_queue_ns(n: int, repetitions: int) -> list[float]:
+    ctx = multiprocessing.get_context("spawn")
+    queue: multiprocessing.Queue = ctx.Queue()
+    done: multiprocessing.Queue = ctx.Queue()
+    consumer = ctx.Process(target=_consume, args=(queue, done, n, repetitions), daemon=True)
+    consumer.start()
+    samples = []
+    try:
+        for _ in range(repetitions):
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                queue.put((int(_L1_WRITE_FINISHED), time.time_ns(), "tenant-a", "llama-3-8b", 16))
+            done.get(timeout=120)
+            samples.append((time.perf_counter_ns() - start) / n)
+    finally:
+        consumer.join(timeout=10)
+        if consumer.is_alive():
+            consumer.kill()
+    return samples
+
+
+def run(repetitions: int = 5, progress: Callable[[str], None] = lambda _: None,
+        events: int = EVENTS_PER_REPETITION) -> dict[str, Any]:
+    repetitions = max(5, repetitions)
+    progress(f"publish: {events} events x {repetitions} repetitions per way")
+    ring = _ring_ns(events, repetitions)
+    progress(f"  ring          median {statistics.median(ring):8.0f} ns/event")
+    inprocess, dropped = _inprocess_ns(events, repetitions)
+    progress(f"  in-process    median {statistics.median(inprocess):8.0f} ns/event ({dropped} dropped by its bounded queue)")
+    mp_queue = _mp_queue_ns(events // 4, repetitions)
+    progress(f"  mp.Queue      median {statistics.median(mp_queue):8.0f} ns/event")
+    ring_ns = statistics.median(ring)
+    inprocess_ns = statistics.median(inprocess)
+    mp_queue_ns = statistics.median(mp_queue)
+    return {
+        "benchmark": "publish",
+        "event": "L1_WRITE_FINISHED, one cache_salt group",
+        "events_per_repetition": events,
+        "repetitions": repetitions,
+        "ring_ns": round(ring_ns, 1),
+        "inprocess_bus_ns": round(inprocess_ns, 1),
+        "mp_queue_ns": round(mp_queue_ns, 1),
+        "inprocess_bus_dropped": dropped,
+        "ratio_inprocess_over_ring": round(inprocess_ns / ring_ns, 2),
+        "ratio_mp_queue_over_ring": round(mp_queue_ns / ring_ns, 2),
+        "target_ring_ns": TARGET_RING_NS,
+        "target_ratio_inprocess": TARGET_VS_INPROCESS,
+        "target_ratio_mp_queue": TARGET_VS_MP_QUEUE,
+        "targets_met": {
+            "ring_ns": ring_ns <= TARGET_RING_NS,
+            "ratio_inprocess": inprocess_ns / ring_ns >= TARGET_VS_INPROCESS,
+            "ratio_mp_queue": mp_queue_ns / ring_ns >= TARGET_VS_MP_QUEUE,
+        },
+        "samples_ns": {"ring": [round(s) for s in ring], "inprocess_bus": [round(s) for s in inprocess],
+                       "mp_queue": [round(s) for s in mp_queue]},
+    }

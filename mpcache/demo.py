@@ -1,0 +1,229 @@
+"""``--demo``: a built-in load generator that behaves like a small fleet of inference engines.
+
+Several tenants (cache_salt) and two models share system prompts and a corpus
+of documents; requests pick documents with Zipf-distributed popularity, so
+some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
+request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
+read the result, retrieve the hit prefix into its KV blocks, store the rest,
+end the session.  A small fault mix keeps the failure counters honest: now and
+then a store larger than L1 (allocations fail) and a retrieve with an
+impossible deadline (a timeout).
+
+Every retrieved chunk is checked byte for byte against what was stored; a
+mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
+the final tally (per cache_salt) is logged and, with ``--demo-tally``, written
+as JSON — tests compare it with what ``/metrics`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from mpcache.client import CacheClient
+from mpcache.config import Config
+from mpcache.keys import chunk_hashes
+from mpcache.logs import configure_logging
+from mpcache.shm import layout
+from mpcache.shm.ring import read_counters
+from mpcache.shm.segment import Segment
+
+TENANTS = ("tenant-a", "tenant-b", "tenant-c")
+MODELS = ("llama-3-8b", "qwen-2-7b")
+DOCUMENTS = 48
+ZIPF_EXPONENT = 1.3
+PROGRESS_INTERVAL_S = 5.0
+BIG_STORE_EVERY = 400  # requests between stores larger than L1
+TIMEOUT_EVERY = 150  # requests between retrieves with an impossible deadline
+
+
+def fill_chunk(block: np.ndarray, chunk_hash: int) -> None:
+    """Deterministic content: every stored chunk can be verified after retrieve."""
+    seed = np.frombuffer(chunk_hash.to_bytes(8, "little"), dtype=np.uint8)
+    block[:] = np.resize(seed, block.shape) ^ np.uint8(len(block) & 0xFF)
+
+
+class Tally:
+    """What the demo itself saw, per cache_salt, to compare with the metrics."""
+
+    def __init__(self) -> None:
+        self.stored = collections.Counter()
+        self.retrieved = collections.Counter()
+        self.requested_tokens = collections.Counter()
+        self.hit_tokens = collections.Counter()
+        self.requests = 0
+        self.expected_faults = collections.Counter()
+        self.verified_chunks = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "requests": self.requests,
+            "stored_chunks": dict(self.stored),
+            "retrieved_chunks": dict(self.retrieved),
+            "requested_tokens": dict(self.requested_tokens),
+            "hit_tokens": dict(self.hit_tokens),
+            "expected_faults": dict(self.expected_faults),
+            "verified_chunks": self.verified_chunks,
+        }
+
+
+class Workload:
+    def __init__(self, config: Config, seed: int = 7) -> None:
+        self.config = config
+        self.rng = np.random.default_rng(seed)
+        chunk = config.chunk_size_tokens
+        self.system_prompts = {m: self.rng.integers(0, 32000, size=2 * chunk) for m in MODELS}
+        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk) for _ in range(DOCUMENTS)]
+
+    def next_prompt(self) -> tuple[str, str, np.ndarray]:
+        tenant = TENANTS[int(self.rng.integers(len(TENANTS)))]
+        model = MODELS[int(self.rng.integers(len(MODELS)))]
+        doc = min(int(self.rng.zipf(ZIPF_EXPONENT)) - 1, DOCUMENTS - 1)
+        question = self.rng.integers(0, 32000, size=int(self.rng.integers(1, 3)) * self.config.chunk_size_tokens)
+        return tenant, model, np.concatenate((self.system_prompts[model], self.documents[doc], question))
+
+
+class Demo:
+    def __init__(self, config: Config, log) -> None:
+        self.config = config
+        self.log = log
+        self.workload = Workload(config)
+        self.tally = Tally()
+        self.clients = [CacheClient(config.socket_path(w)) for w in range(config.workers)]
+        self.max_chunks = 20
+        self.buffers = [c.register_buffer(self.max_chunks, config.chunk_bytes) for c in self.clients]
+        self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
+        self.stop = threading.Event()
+
+    def run(self, seconds: float) -> int:
+        started = last_report = time.monotonic()
+        last_requests, last_events = 0, self._events_published()
+        while not self.stop.is_set() and (not seconds or time.monotonic() - started < seconds):
+            self.one_request()
+            now = time.monotonic()
+            if now - last_report >= PROGRESS_INTERVAL_S:
+                events = self._events_published()
+                self._progress(now - started, (self.tally.requests - last_requests) / (now - last_report),
+                               (events - last_events) / (now - last_report))
+                last_report, last_requests, last_events = now, self.tally.requests, events
+        return 0
+
+    def one_request(self) -> None:
+        tally = self.tally
+        tally.requests += 1
+        n = tally.requests
+        worker = n % len(self.clients)
+        client, buffer = self.clients[worker], self.buffers[worker]
+        tenant, model, tokens = self.workload.next_prompt()
+        hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
+        request_id = f"req-{os.getpid()}-{n}"
+        job = client.lookup_prefetch(request_id, model, tenant, hashes)
+        status = client.query_prefetch_status(job)
+        found = int(status["found_count"])
+        tally.requested_tokens[tenant] += len(hashes) * self.config.chunk_size_tokens
+        tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
+        if found:
+            if n % TIMEOUT_EVERY == 0:
+                self._timeout_fault(client, buffer, request_id, job, found)
+            else:
+                got = client.retrieve(buffer, request_id, job, list(range(found)))
+                tally.retrieved[tenant] += got
+                self._verify(buffer, hashes[:got])
+        missing = hashes[found:]
+        if missing:
+            block_ids = list(range(found, found + len(missing)))
+            for block_id, chunk_hash in zip(block_ids, missing):
+                fill_chunk(buffer.blocks[block_id], chunk_hash)
+            tally.stored[tenant] += client.store(buffer, request_id, model, tenant, missing, block_ids)
+        client.end_session(request_id)
+        if n % BIG_STORE_EVERY == 0:
+            self._big_store_fault(client, worker, tenant, model)
+
+    def _verify(self, buffer, hashes: list[int]) -> None:
+        expected = np.empty(self.config.chunk_bytes, dtype=np.uint8)
+        for block_id, chunk_hash in enumerate(hashes):
+            fill_chunk(expected, chunk_hash)
+            if not np.array_equal(buffer.blocks[block_id][: len(expected)], expected):
+                raise RuntimeError(f"retrieved chunk {chunk_hash:#x} does not match what was stored")
+            self.tally.verified_chunks += 1
+
+    def _timeout_fault(self, client, buffer, request_id: str, job, found: int) -> None:
+        try:
+            client.retrieve(buffer, request_id, job, list(range(found)), timeout_s=1e-9)
+        except Exception as exc:  # noqa: BLE001 - the error reply is the expected outcome
+            if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                raise
+            self.tally.expected_faults["timeout"] += 1
+        else:
+            raise RuntimeError("a retrieve with a 1 ns deadline did not time out")
+
+    def _big_store_fault(self, client, worker: int, tenant: str, model: str) -> None:
+        """A store of more chunks than L1 holds: the surplus must fail allocation."""
+        n = self.config.l1_slots + 4
+        with client.register_buffer(n, self.config.chunk_bytes) as big:
+            hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
+            stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes, list(range(n)))
+        self.tally.stored[tenant] += stored
+        self.tally.expected_faults["l1_allocation_failed_chunks"] += n - stored
+
+    def _events_published(self) -> int:
+        return sum(read_counters(ring).head for ring in self.rings)
+
+    def _dropped(self) -> int:
+        return sum(c.dropped + c.torn + c.malformed for c in map(read_counters, self.rings))
+
+    def _progress(self, elapsed: float, ops_per_s: float, cells_per_s: float) -> None:
+        tally = self.tally
+        requested = sum(tally.requested_tokens.values())
+        hit_rate = sum(tally.hit_tokens.values()) / requested if requested else 0.0
+        dropped = self._dropped()
+        print(f"[demo {elapsed:6.1f}s] {ops_per_s:7.1f} req/s | hit rate {hit_rate:6.1%} | "
+              f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events", flush=True)
+        self.log.info("demo.progress", elapsed_s=round(elapsed, 1), requests_per_s=round(ops_per_s, 1),
+                      hit_rate=round(hit_rate, 4), event_cells_per_s=round(cells_per_s), dropped_events=dropped)
+
+    def close(self) -> None:
+        for buffer in self.buffers:
+            buffer.close()
+        for client in self.clients:
+            client.close()
+        for ring in self.rings:
+            ring.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mpcache.demo")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    config = Config.load(args.config)
+    log = configure_logging("demo", config.instance_id, config.log_level)
+    demo = Demo(config, log)
+    signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
+    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots, seconds=config.demo_seconds or None)
+    try:
+        status = demo.run(config.demo_seconds)
+    except Exception:
+        log.exception("demo.error", tally=demo.tally.as_dict())
+        return 1
+    finally:
+        tally = demo.tally.as_dict()
+        if config.demo_tally_file:
+            with open(config.demo_tally_file + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump(tally, handle)
+            os.replace(config.demo_tally_file + ".tmp", config.demo_tally_file)
+        demo.close()
+    log.info("demo.finished", tally=tally)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""``python -m mpcache.telemetry --config PATH``: the telemetry process.
+
+Attaches to every cache process's ring and to the gauge board, runs the
+subscribers on batches read from the rings, and serves/pushes the metrics.
+It may be killed and restarted at any time: it resumes at the consumer cursors
+saved in the rings, so nothing committed meanwhile is lost unless a ring
+overflowed (and that is counted).  On SIGTERM it drains once more, exports a
+final time and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from mpcache.config import Config
+from mpcache.logs import configure_logging
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.segment import Segment
+from mpcache.telemetry.bus import EventBus, subscribe_all
+from mpcache.telemetry.pump import Pump, RingSource
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mpcache.telemetry")
+    parser.add_argument("--config", required=True, help="configuration file written by the supervisor")
+    args = parser.parse_args(argv)
+    config = Config.load(args.config)
+    log = configure_logging("telemetry", config.instance_id, config.log_level)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
+    board = Segment.attach(config.gauge_board_name())
+    gauges = GaugeBoardReader(board)
+    bus = EventBus()
+    pump = Pump(sources, bus)
+    exporters = None
+    if not config.disable_metrics:
+        from mpcache.telemetry.otel import MetricsExport
+        from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+
+        exporters = MetricsExport.start(config)
+        subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
+                                                     gauge_reader=gauges))
+    log.info(
+        "telemetry.started",
+        rings=len(sources),
+        subscribers=[type(s).__name__ for s in bus.subscribers],
+        metrics_url=exporters.metrics_url if exporters else None,
+        otlp_endpoint=config.otlp_endpoint or None,
+    )
+    pump.run(stop.is_set)
+    bus.shutdown()
+    if exporters is not None:
+        exporters.shutdown()
+    log.info("telemetry.stopped", records_delivered=bus.records_delivered, dropped_events=pump.dropped_events())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

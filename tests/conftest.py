@@ -1,0 +1,99 @@
+"""Shared fixtures: uniquely named shared-memory segments and fresh rings.
+
+Every segment a test creates is closed and unlinked at teardown, whatever the
+test did.  Names carry this process's pid first (like the supervisor's), so a
+crashed test run leaves names that :func:`mpcache.shm.segment.leftover_segments`
+recognises.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pytest
+
+from mpcache.publish import Publisher
+from mpcache.shm import layout
+from mpcache.shm.intern import Interner, NameTable
+from mpcache.shm.ring import RingReader, RingWriter, format_event_segment
+from mpcache.shm.segment import Segment
+
+FIXED_NS = 1_700_000_000_123_456_789  # the clock every fixture publisher reads
+
+_counter = itertools.count()
+
+
+def unique_segment_name(tag: str = "t") -> str:
+    """A segment name no other test, process or concurrent run uses."""
+    return f"/mpcache.{os.getpid()}.{uuid.uuid4().hex[:8]}.{tag}{next(_counter)}"
+
+
+def close_quietly(segment: Segment) -> None:
+    """Close a mapping, tolerating views (numpy arrays, casts) that are still alive."""
+    gc.collect()
+    try:
+        segment.close()
+    except (BufferError, ValueError):
+        pass  # a live view still pins the mapping; it goes with the process
+
+
+@pytest.fixture
+def segment_factory() -> Iterator[Callable[..., Segment]]:
+    """``make(size, name=None)``: create a segment, closed and unlinked at teardown."""
+    created: list[Segment] = []
+
+    def make(size: int, name: str | None = None) -> Segment:
+        segment = Segment.create(name or unique_segment_name(), size)
+        created.append(segment)
+        return segment
+
+    yield make
+    for segment in created:
+        close_quietly(segment)
+        Segment.unlink(segment.name)
+
+
+@dataclass
+class Ring:
+    """One freshly formatted event segment with a writer, publisher, reader and name table."""
+
+    segment: Segment
+    writer: RingWriter
+    publisher: Publisher
+    reader: RingReader
+    names: NameTable
+    capacity: int
+    intern_capacity: int
+    timestamp_ns: int = FIXED_NS  # what the publisher's clock always returns
+
+    @property
+    def cells_offset(self) -> int:
+        return layout.cells_offset(self.intern_capacity)
+
+
+@pytest.fixture
+def ring_factory(segment_factory) -> Callable[..., Ring]:
+    """``make(capacity=64, intern_capacity=64, max_batch_cells=65536)``: a fresh ring
+    whose publisher stamps every record with :data:`FIXED_NS`."""
+
+    def make(capacity: int = 64, intern_capacity: int = 64, max_batch_cells: int = 65536) -> Ring:
+        segment = segment_factory(layout.event_segment_size(capacity, intern_capacity))
+        format_event_segment(segment, capacity, intern_capacity)
+        writer = RingWriter(segment)
+        publisher = Publisher(writer, Interner(segment.buf, intern_capacity), clock_ns=lambda: FIXED_NS)
+        reader = RingReader(segment, max_batch_cells)
+        return Ring(segment, writer, publisher, reader, NameTable(segment.buf, intern_capacity), capacity,
+                    intern_capacity)
+
+    return make
+
+
+@pytest.fixture
+def ring(ring_factory) -> Ring:
+    """A fresh 64-cell ring with a 64-entry intern table."""
+    return ring_factory()
