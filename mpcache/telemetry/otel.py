@@ -42,14 +42,41 @@ ObservableCallback = Callable[[CallbackOptions], Iterable[Observation]]
 
 @dataclass
 class MetricsExport:
-    """What :func:`start_metrics` built; :meth:`shutdown` takes it all down."""
+    """The MeterProvider and its ways out; :meth:`start` builds it, :meth:`shutdown` takes it all down."""
 
     meter_provider: MeterProvider
     registry: CollectorRegistry
-    prometheus_port: int
+    prometheus_host: str
+    prometheus_port: int  # the port actually bound (config port 0 → a free one)
     otlp_reader: PeriodicExportingMetricReader | None
     _http_server: WSGIServer
     _http_thread: threading.Thread
+
+    @classmethod
+    def start(cls, config: Config) -> "MetricsExport":
+        """Build the MeterProvider with its readers and start serving ``/metrics``."""
+        registry = CollectorRegistry(auto_describe=True)
+        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
+        otlp_reader = None
+        if config.otlp_endpoint:
+            otlp_reader = PeriodicExportingMetricReader(
+                build_otlp_exporter(config),
+                export_interval_millis=config.otlp_interval_s * 1000,
+                export_timeout_millis=min(10.0, config.otlp_interval_s) * 1000,
+            )
+            readers.append(otlp_reader)
+        provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
+        try:
+            server, thread = start_http_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
+        except BaseException:
+            provider.shutdown()
+            raise
+        return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server, thread)
+
+    @property
+    def metrics_url(self) -> str:
+        host = f"[{self.prometheus_host}]" if ":" in self.prometheus_host else self.prometheus_host
+        return f"http://{host}:{self.prometheus_port}/metrics"
 
     def shutdown(self) -> None:
         """Final collection and OTLP export, then stop serving ``/metrics``."""
@@ -85,27 +112,6 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     if urlsplit(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + HTTP_METRICS_PATH
     return HttpExporter(endpoint=endpoint, timeout=timeout_s)
-
-
-def start_metrics(config: Config) -> MetricsExport:
-    """Build the MeterProvider with its readers and start serving ``/metrics``."""
-    registry = CollectorRegistry(auto_describe=True)
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
-    otlp_reader = None
-    if config.otlp_endpoint:
-        otlp_reader = PeriodicExportingMetricReader(
-            build_otlp_exporter(config),
-            export_interval_millis=config.otlp_interval_s * 1000,
-            export_timeout_millis=min(10.0, config.otlp_interval_s) * 1000,
-        )
-        readers.append(otlp_reader)
-    provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
-    try:
-        server, thread = start_http_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
-    except BaseException:
-        provider.shutdown()
-        raise
-    return MetricsExport(provider, registry, server.server_port, otlp_reader, server, thread)
 
 
 def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()):

@@ -1,0 +1,58 @@
+"""Metrics subscribers: events and shared state → OpenTelemetry instruments.
+
+One module per concern.  Counter subscribers aggregate a whole batch
+column-wise and make one ``add`` per (metric, attribute set) per batch;
+subscribers with per-key state keep it bounded and expire it in ``on_tick``.
+Every instrument is created from :mod:`mpcache.telemetry.metric_table`.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.metrics import MeterProvider
+
+from mpcache.config import Config
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.telemetry.bus import EventBus, Subscriber
+from mpcache.telemetry.pump import Pump
+from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
+from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.failures import L1FailuresSubscriber, TimeoutsSubscriber
+from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.l1 import L1CountersSubscriber, L1EvictionLoopSubscriber
+from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
+from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
+from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
+
+METER_NAME = "mpcache"
+
+
+def build_metrics_subscribers(
+    config: Config,
+    meter_provider: MeterProvider,
+    *,
+    pump: Pump,
+    bus: EventBus,
+    gauge_reader: GaugeBoardReader | None,
+) -> list[Subscriber]:
+    """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
+
+    Without a ``gauge_reader`` (tests) the gauge-board gauges are not created.
+    """
+    meter = meter_provider.get_meter(METER_NAME)
+    cap = config.cache_salt_cap
+    subscribers: list[Subscriber] = [
+        L1CountersSubscriber(meter, cap),
+        L1EvictionLoopSubscriber(meter),
+        L1FailuresSubscriber(meter),
+        TimeoutsSubscriber(meter),
+        L1LifecycleSubscriber(meter),
+        SMLifecycleSubscriber(meter, cap),
+        LookupSubscriber(meter, cap),
+        EngineCountersSubscriber(meter, cap),
+        L0L1ThroughputSubscriber(meter),
+        EventBusSelfMetricsSubscriber(meter, pump, bus),
+    ]
+    if gauge_reader is not None:
+        subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))
+    return subscribers

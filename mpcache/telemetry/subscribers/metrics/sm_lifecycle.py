@@ -1,0 +1,85 @@
+"""``real_reuse_gap`` and ``real_reuse_gap_objects`` {cache_salt} from storage-manager events.
+
+Per cache_salt an access counter advances by every chunk read or written
+(the events' salt_counts, sampled or not).  A record's accesses sit at the
+counter value before the record; for each sampled key of a read, the time and
+the counter distance since that key's previous access (read or write) are
+recorded; a write only moves the key's anchor.  The counter positions of the
+sampled records are computed column-wise (prefix sums of the salt rows), so
+records without sampled keys cost no Python work at all.  A key listed twice
+in one record (tensor-parallel fan-out) counts once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from opentelemetry.metrics import Meter
+
+from mpcache.events import EventType as E
+from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.salts import SaltCap
+from mpcache.telemetry.subscribers.metrics._views import salt_rows, sampled_rows
+
+DEFAULT_MAX_TRACKED = 100_000
+_READ = int(E.SM_READ_PREFETCHED_FINISHED)
+
+
+class SMLifecycleSubscriber(Subscriber):
+    event_types = (E.SM_WRITE_FINISHED, E.SM_READ_PREFETCHED_FINISHED)
+
+    def __init__(self, meter: Meter, salt_cap: int, *, max_tracked: int = DEFAULT_MAX_TRACKED) -> None:
+        self._gap_seconds = create_instrument(meter, "lmcache_mp.real_reuse_gap")
+        self._gap_objects = create_instrument(meter, "lmcache_mp.real_reuse_gap_objects")
+        self._seconds_cap = SaltCap(salt_cap)
+        self._objects_cap = SaltCap(salt_cap)
+        self._max_tracked = max_tracked
+        self._accesses: dict[str, int] = {}  # cache_salt -> chunk accesses so far
+        # (chunk_hash, cache_salt, model_name) -> (last access ns, counter position); LRU order
+        self._last: OrderedDict[tuple[int, str, str], tuple[int, int]] = OrderedDict()
+
+    def on_batch(self, batch: EventBatch) -> None:
+        heads, salt_ids, counts = salt_rows(batch, self.event_types)
+        samples = sampled_rows(batch, self.event_types)
+        if samples:
+            self._record(batch, samples, heads, salt_ids, counts)
+        if len(counts):
+            distinct, inverse = np.unique(salt_ids, return_inverse=True)
+            totals = np.bincount(inverse, weights=counts)
+            for salt_id, total in zip(distinct.tolist(), totals.tolist()):
+                salt = batch.names.name(salt_id)
+                self._accesses[salt] = self._accesses.get(salt, 0) + int(total)
+
+    def _record(self, batch, samples, heads, salt_ids, counts) -> None:
+        positions: dict[tuple[int, str], int] = {}  # (head, cache_salt) -> counter value before that record
+        for salt_id in np.unique(salt_ids).tolist():
+            mine = salt_ids == salt_id
+            salt_heads, cumulative = heads[mine], np.cumsum(counts[mine])
+            salt = batch.names.name(salt_id)
+            base = self._accesses.get(salt, 0)
+            for head in {row.head for row in samples if row.cache_salt == salt}:
+                before = int(np.searchsorted(salt_heads, head, side="left"))
+                positions[head, salt] = base + (int(cumulative[before - 1]) if before else 0)
+        seen: set[tuple[int, int, str, str]] = set()
+        last = self._last
+        for row in samples:
+            dedup = (row.head, row.chunk_hash, row.cache_salt, row.model_name)
+            if dedup in seen:
+                continue
+            seen.add(dedup)
+            key = dedup[1:]
+            position = positions.get((row.head, row.cache_salt), self._accesses.get(row.cache_salt, 0))
+            previous = last.pop(key, None)
+            if previous is not None and row.etype == _READ:
+                self._gap_seconds.record(
+                    max(0, row.timestamp_ns - previous[0]) / 1e9, {"cache_salt": self._seconds_cap(row.cache_salt)}
+                )
+                self._gap_objects.record(
+                    max(0, position - previous[1]), {"cache_salt": self._objects_cap(row.cache_salt)}
+                )
+            last[key] = (row.timestamp_ns, position)
+            if len(last) > self._max_tracked:
+                last.popitem(last=False)

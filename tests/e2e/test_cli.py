@@ -1,0 +1,48 @@
+"""The supervisor's command line: bad flags are one clear line and exit status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+START_CACHE = os.path.join(REPO, "bin", "start-cache")
+
+
+def run_start_cache(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, START_CACHE, *flags], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--workers", "zero"], "--workers"),
+        (["--workers", "0"], "--workers"),
+        (["--l1-size", "12XB"], "--l1-size"),
+        (["--l1-watermark", "1.5"], "--l1-watermark"),
+        (["--metrics-sample-rate", "0"], "--metrics-sample-rate"),
+        (["--prometheus-port", "70000"], "--prometheus-port"),
+        (["--otlp-protocol", "carrier-pigeon"], "--otlp-protocol"),
+        (["--enable-tracing"], "--enable-tracing"),
+        (["--ring-cells", "3000"], "--ring-cells"),
+        (["--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_bad_flag_is_one_line_naming_it(flags: list[str], named: str) -> None:
+    """Each invalid flag exits 2 with exactly one stderr line that names the flag."""
+    result = run_start_cache(*flags)
+    lines = result.stderr.strip().splitlines()
+    assert (2, 1) == (result.returncode, len(lines))
+    assert named in lines[0]
+
+
+def test_help_lists_every_documented_flag() -> None:
+    """--help exits 0 and mentions the flags the README documents."""
+    result = run_start_cache("--help")
+    assert 0 == result.returncode
+    for flag in ("--workers", "--l1-size", "--prometheus-port", "--otlp-endpoint", "--demo", "--duration",
+                 "--metrics-sample-rate", "--instance-id", "--log-file"):
+        assert flag in result.stdout

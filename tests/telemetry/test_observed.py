@@ -1,0 +1,113 @@
+"""Observable instruments: gauge-board gauges and bus self-monitoring, plus the full subscriber set."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpcache.events import EventType as E
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
+from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+
+NOW = 1_700_000_100 * 10**9
+
+
+@pytest.fixture
+def board(segment_factory):
+    """A 3-slot gauge board: slots 0 and 1 alive, slot 2 with a stale heartbeat."""
+    segment = segment_factory(layout.gauge_board_size(3))
+    format_gauge_board(segment, 3)
+    values = {0: (100, 1000, 2, NOW), 1: (300, 1000, 1, NOW - 1), 2: (999, 999, 9, NOW - 60 * 10**9)}
+    for slot, (used, capacity, prefetch, beat) in values.items():
+        writer = GaugeSlot(segment, slot, clock_ns=lambda beat=beat: beat)
+        writer.set(layout.G_L1_USED, used)
+        writer.set(layout.G_L1_CAPACITY, capacity)
+        writer.set(layout.G_ACTIVE_PREFETCH, prefetch)
+        writer.heartbeat(pid=1000 + slot)
+    return GaugeBoardReader(segment, stale_after_s=5.0, clock_ns=lambda: NOW)
+
+
+def test_l1_gauges_sum_live_slots_only(board, metrics):
+    """Usage ratio 400/2000, 400 bytes and 3 prefetch jobs: the stale slot is left out."""
+    L1StateGaugesSubscriber(metrics.meter, board)
+    assert (0.2, 400, 3) == (metrics.value("lmcache_mp.l1_usage_ratio"),
+                             metrics.value("lmcache_mp.l1_memory_usage_bytes"),
+                             metrics.value("lmcache_mp.active_prefetch_jobs"))
+
+
+def test_usage_ratio_is_zero_without_live_slots(segment_factory, metrics):
+    """A board where no cache process is running reports a usage ratio of 0, not a division error."""
+    segment = segment_factory(layout.gauge_board_size(2))
+    format_gauge_board(segment, 2)
+    L1StateGaugesSubscriber(metrics.meter, GaugeBoardReader(segment, clock_ns=lambda: NOW))
+    assert 0.0 == metrics.value("lmcache_mp.l1_usage_ratio")
+
+
+class Exploding(Subscriber):
+    event_types = (E.L1_READ_FINISHED,)
+
+    def on_batch(self, batch):
+        raise RuntimeError("boom")
+
+
+def test_bus_self_metrics_report_ring_and_bus_state(pipeline, metrics):
+    """3 records unconsumed for 2.5 s and 2 drops are reported; after delivery, 1 exception for the raising class."""
+    published_ns = pipeline.ring.timestamp_ns  # the fixture publisher's fixed clock
+    pump = pipeline.pump(clock_ns=lambda: published_ns + 2_500_000_000)
+    EventBusSelfMetricsSubscriber(metrics.meter, pump, pipeline.bus)
+    pipeline.subscribe(Exploding())
+    for _ in range(3):
+        pipeline.publish(E.L1_READ_FINISHED, salt_counts={("a", "m"): 1})
+    pipeline.ring.writer.count_drop()
+    pipeline.ring.writer.count_drop()
+    before = [metrics.value(f"lmcache_mp.event_bus.{name}")
+              for name in ("queue_depth", "drain_lag_seconds", "dropped_events_total")]
+    pipeline.deliver()
+    after = (metrics.value("lmcache_mp.event_bus.queue_depth"),
+             metrics.series("lmcache_mp.event_bus.subscriber_exceptions"))
+    assert ([3, 2.5, 2], (0, {frozenset({("subscriber_name", "Exploding")}): 1})) == (before, after)
+
+
+ISSUE_2_METRICS = {
+    "lmcache_mp.l1_read", "lmcache_mp.l1_write", "lmcache_mp.l1_evicted", "lmcache_mp.l1_eviction_loop_ticks",
+    "lmcache_mp.l1_eviction_loop_triggered", "lmcache_mp.l1_allocation_failure", "lmcache_mp.l1_read_failure",
+    "lmcache_mp.timeouts", "lmcache_mp.l1_chunk_lifetime", "lmcache_mp.l1_chunk_idle_before_evict",
+    "lmcache_mp.l1_chunk_reuse_gap", "lmcache_mp.l1_chunk_evict_reuse_gap", "lmcache_mp.real_reuse_gap",
+    "lmcache_mp.real_reuse_gap_objects", "lmcache_mp.lookup_requested", "lmcache_mp.lookup_hit",
+    "lmcache_mp.lookup_hit_l1", "lmcache_mp.lookup_hit_l2", "lmcache_mp.num_chunks_loaded",
+    "lmcache_mp.l0_l1_store_throughput", "lmcache_mp.l0_l1_load_throughput", "lmcache_mp.l1_usage_ratio",
+    "lmcache_mp.l1_memory_usage_bytes", "lmcache_mp.active_prefetch_jobs", "lmcache_mp.event_bus.queue_depth",
+    "lmcache_mp.event_bus.drain_lag_seconds", "lmcache_mp.event_bus.dropped_events_total",
+    "lmcache_mp.event_bus.subscriber_exceptions",
+}
+
+
+def test_built_subscribers_cover_every_issue_2_metric(pipeline, metrics, config, board):
+    """build_metrics_subscribers wires every issue-2 metric: one event of each kind shows all of them."""
+    subscribers = build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus,
+                                            gauge_reader=board)
+    pipeline.subscribe(*subscribers, Exploding())
+    chunk = (7, "a", "m")
+    publish = pipeline.publish
+    t0 = pipeline.ring.timestamp_ns
+    publish(E.L1_WRITE_FINISHED, salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0)
+    publish(E.L1_READ_FINISHED, salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0 + 1)
+    publish(E.L1_KEYS_EVICTED, salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0 + 2)
+    publish(E.L1_WRITE_FINISHED, salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0 + 3)
+    publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+    publish(E.L1_ALLOCATION_FAILED, ("l1_store",), salt_counts={("a", "m"): 1})
+    publish(E.L1_READ_FAILED, ("l1_retrieve", "write_locked"), salt_counts={("a", "m"): 1})
+    publish(E.TIMEOUT_RAISED, ("L2Timeout",), texts=("slow", ""))
+    publish(E.SM_WRITE_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0)
+    publish(E.SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk],
+            timestamp_ns=t0 + 5)
+    publish(E.MP_LOOKUP_PREFETCH_END, ("m", "a", 1, 256, 256, 256, 0, ""))
+    for start, end, fields in ((E.MP_STORE_START, E.MP_STORE_END, ("cuda:0", 1, "m", 1, 4096, 256)),
+                               (E.MP_RETRIEVE_START, E.MP_RETRIEVE_END, ("cuda:0", 1, "m", "a", 1, 4096, 256))):
+        publish(start, ("cuda:0", 1, "m"), session_id="r", timestamp_ns=t0)
+        publish(end, fields, session_id="r", timestamp_ns=t0 + 1000)
+    pipeline.deliver()
+    assert set() == ISSUE_2_METRICS - {name for name, points in metrics.collect().items() if points}

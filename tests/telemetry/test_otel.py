@@ -1,0 +1,186 @@
+"""MeterProvider set-up: Prometheus names and target_info, port 0, OTLP push and a final export at shutdown."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import threading
+import urllib.error
+import urllib.request
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.metrics import Observation
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+from mpcache.telemetry import metric_table
+from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+
+SPEC_TSV = Path(__file__).resolve().parents[3] / "shared" / "spec" / "metrics.tsv"
+HISTOGRAM_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def sample_names(exposition: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in exposition.splitlines() if line and not line.startswith("#")}
+
+
+def create_every_instrument_with_one_point(meter) -> None:
+    for spec in metric_table.ALL_METRICS:
+        if spec.instrument in (metric_table.OBSERVABLE_GAUGE, metric_table.OBSERVABLE_COUNTER):
+            create_instrument(meter, spec.otel_name, [lambda _options: [Observation(1)]])
+        elif spec.instrument == metric_table.COUNTER:
+            create_instrument(meter, spec.otel_name).add(1)
+        else:
+            create_instrument(meter, spec.otel_name).record(1.0)
+
+
+@pytest.fixture
+def export(config):
+    started = MetricsExport.start(config)
+    yield started
+    started.shutdown()
+
+
+def test_prometheus_names_are_exactly_the_spec_names(export):
+    """Every instrument created from the table is exposed under metrics.tsv's Prometheus name, and nothing else is."""
+    if not SPEC_TSV.exists():
+        pytest.skip(f"{SPEC_TSV} not found: the specification lives next to the repository in ../shared/spec")
+    with SPEC_TSV.open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    expected = {"target_info"}
+    for row in rows + [{"prometheus_name": s.prometheus_name, "instrument": s.instrument}
+                       for s in metric_table.EXTRA_METRICS]:
+        if row["instrument"] == metric_table.HISTOGRAM:
+            expected |= {row["prometheus_name"] + suffix for suffix in HISTOGRAM_SAMPLE_SUFFIXES}
+        else:
+            expected.add(row["prometheus_name"])
+    create_every_instrument_with_one_point(export.meter_provider.get_meter("test"))
+    assert sorted(expected) == sorted(sample_names(scrape(export.prometheus_port)))
+
+
+def test_target_info_carries_the_instance_id_and_service_name(export, config):
+    """The resource reaches Prometheus as target_info{service_instance_id, service_name}."""
+    create_instrument(export.meter_provider.get_meter("test"), "lmcache_mp.l1_eviction_loop_ticks").add(0)
+    lines = [line for line in scrape(export.prometheus_port).splitlines() if line.startswith("target_info{")]
+    assert [f'target_info{{service_instance_id="{config.instance_id}",service_name="mpcache"}} 1.0'] == lines
+
+
+def test_lifecycle_histogram_exposes_a_300s_bucket(export):
+    """The explicit bucket advice reaches the exposition: a sample of 300 s lands in le="300.0"."""
+    create_instrument(export.meter_provider.get_meter("test"), "lmcache_mp.l1_chunk_evict_reuse_gap").record(300.0)
+    lines = [line for line in scrape(export.prometheus_port).splitlines()
+             if line.startswith("lmcache_mp_l1_chunk_evict_reuse_gap_seconds_bucket{le=\"240.0\"")
+             or line.startswith("lmcache_mp_l1_chunk_evict_reuse_gap_seconds_bucket{le=\"300.0\"")]
+    assert [" 0.0", " 1.0"] == [line[line.rindex(" "):] for line in lines]
+
+
+def test_port_zero_binds_a_free_port_and_shutdown_stops_serving(config):
+    """With port 0 the bound port is reported; after shutdown nothing answers on it."""
+    started = MetricsExport.start(config)
+    port = started.prometheus_port
+    url = started.metrics_url
+    create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_eviction_loop_ticks").add(0)
+    reachable_before = "lmcache_mp_l1_eviction_loop_ticks_total" in scrape(port)
+    started.shutdown()
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+    assert (True, f"http://127.0.0.1:{port}/metrics", True) == (port > 0, url, reachable_before)
+
+
+def test_observable_instrument_without_callbacks_is_refused(metrics):
+    """create_instrument insists that observable instruments get callbacks (and others do not)."""
+    with pytest.raises(ValueError):
+        create_instrument(metrics.meter, "lmcache_mp.event_bus.queue_depth")
+    with pytest.raises(ValueError):
+        create_instrument(metrics.meter, "lmcache_mp.l1_read", [lambda _options: []])
+
+
+def test_http_endpoint_without_path_gets_v1_metrics(config):
+    """A bare OTLP/HTTP base URL is completed with the standard /v1/metrics path."""
+    exporter = build_otlp_exporter(dataclasses.replace(config, otlp_endpoint="http://collector:4318",
+                                                       otlp_protocol="http"))
+    assert "http://collector:4318/v1/metrics" == exporter._endpoint
+
+
+class _OtlpHttpCollector(BaseHTTPRequestHandler):
+    received: list[tuple[str, bytes]] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+        self.wfile.write(metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString())
+
+    def log_message(self, *args):
+        pass
+
+
+class _OtlpGrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self):
+        self.received: list[bytes] = []
+
+    def Export(self, request, context):  # noqa: N802 - generated service naming
+        self.received.append(request.SerializeToString())
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+def exported_names(bodies: list[bytes]) -> tuple[set[str], set[str]]:
+    """(metric names, service.instance.id values) in OTLP export requests."""
+    names, instances = set(), set()
+    for body in bodies:
+        request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+        for resource_metrics in request.resource_metrics:
+            for attribute in resource_metrics.resource.attributes:
+                if attribute.key == "service.instance.id":
+                    instances.add(attribute.value.string_value)
+            for scope_metrics in resource_metrics.scope_metrics:
+                names |= {metric.name for metric in scope_metrics.metrics}
+    return names, instances
+
+
+def test_otlp_http_push_exports_once_more_at_shutdown(config):
+    """With an OTLP/HTTP endpoint (interval far away), shutdown still exports: to /v1/metrics, with the resource."""
+    _OtlpHttpCollector.received = []
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpHttpCollector)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    try:
+        started = MetricsExport.start(dataclasses.replace(
+            config, otlp_endpoint=f"http://127.0.0.1:{collector.server_port}", otlp_protocol="http",
+            otlp_interval_s=3600))
+        create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_read").add(3)
+        started.shutdown()
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    paths = {path for path, _ in _OtlpHttpCollector.received}
+    names, instances = exported_names([body for _, body in _OtlpHttpCollector.received])
+    assert ({"/v1/metrics"}, True, {config.instance_id}) == (paths, "lmcache_mp.l1_read" in names, instances)
+
+
+def test_otlp_grpc_push_exports_once_more_at_shutdown(config):
+    """With an OTLP/gRPC endpoint, shutdown exports the counters with the resource to the collector."""
+    servicer = _OtlpGrpcCollector()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        started = MetricsExport.start(dataclasses.replace(
+            config, otlp_endpoint=f"http://127.0.0.1:{port}", otlp_protocol="grpc", otlp_interval_s=3600))
+        create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_write").add(2)
+        started.shutdown()
+    finally:
+        server.stop(grace=None)
+    names, instances = exported_names(servicer.received)
+    assert (True, {config.instance_id}) == ("lmcache_mp.l1_write" in names, instances)
