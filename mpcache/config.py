@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from mpcache.errors import ConfigError
+from mpcache.shm.layout import MAX_ADAPTERS
 from mpcache.shm.segment import shm_name
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -65,7 +66,8 @@ class Config:
     demo_seconds: float = 0.0
     duration_s: float = 0.0
     demo_tally_file: str = ""
-    extra: dict = field(default_factory=dict)
+    # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
+    l2: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         checks = [
@@ -90,6 +92,12 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if len(self.l2) > MAX_ADAPTERS:
+            raise ConfigError(f"--l2: at most {MAX_ADAPTERS} adapters, got {len(self.l2)}")
+
+    def l2_name(self, adapter_index: int) -> str:
+        """The l2_name attribute of an adapter: its type name."""
+        return str(self.l2[adapter_index]["type"])
 
     # -- derived names ---------------------------------------------------------
 

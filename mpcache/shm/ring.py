@@ -102,6 +102,7 @@ class RingWriter:
             else:
                 self._write_wrapped(pos, record.pack(*args))
         except (struct.error, TypeError, ValueError, OverflowError):
+            _clear_cell(self._buf, self._cells_off + pos * 64)  # pack_into may have begun the head cell
             self._words[_DROPPED_WORD] += 1
             return False
         self._head = head + ncells
@@ -144,6 +145,7 @@ class RingWriter:
                 record.pack_into(buf, cells_off + ((head & mask) << 6), seq & 0xFFFFFFFF, head_kind, etype, 1,
                                  clock_ns(), id_a, id_b, count)
             except (struct.error, TypeError, ValueError, OverflowError):
+                _clear_cell(buf, cells_off + ((head & mask) << 6))
                 words[_DROPPED_WORD] += 1
                 return False
             writer._head = head + 1
@@ -181,13 +183,18 @@ def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:
     return last + 1
 
 
+def _clear_cell(buf: memoryview, offset: int) -> None:
+    struct.pack_into("<IB", buf, offset, 0, layout.CELL_EMPTY)
+
+
 def recover_torn_record(segment: Segment) -> bool:
     """After a writer died: count a record it began but never committed.
 
     Run by the supervisor when it reaps a cache process, and by every writer on
-    attach.  The cell at ``head`` carries the next sequence number only if a
-    record was being written there.  The cell is cleared so the record is
-    counted once.
+    attach.  The cell at ``head`` is a head cell carrying the next sequence
+    number only if a record was being written there (the next plus the records
+    dropped since, which spent sequence numbers too; a cell left from an earlier
+    lap carries an older one).  The cell is cleared so the record is counted once.
     """
     geometry = read_geometry(segment)
     words = segment.buf[: layout.HEADER_SIZE].cast("Q")
@@ -196,9 +203,9 @@ def recover_torn_record(segment: Segment) -> bool:
     offset = geometry.cells_offset + (head & mask) * 64
     seq, kind = struct.unpack_from("<IB", segment.buf, offset)
     expected = _next_seq(segment.buf, geometry.cells_offset, mask, head) & 0xFFFFFFFF
-    if kind == layout.CELL_EMPTY or seq != expected:
+    if kind != layout.CELL_HEAD or (seq - expected) & 0xFFFFFFFF > words[_DROPPED_WORD]:
         return False
-    struct.pack_into("<IB", segment.buf, offset, 0, layout.CELL_EMPTY)
+    _clear_cell(segment.buf, offset)
     words[layout.OFF_TORN // 8] += 1
     return True
 
@@ -215,10 +222,6 @@ class RingCounters:
     producer_pid: int
 
     @property
-    def cell_kinds(self) -> np.ndarray:
-        """A live view of every cell's kind byte (for counting pending records)."""
-        return self._cells["kind"]
-
     def pending_cells(self) -> int:
         return max(0, self.head - self.tail)
 
@@ -286,6 +289,9 @@ class RingReader:
             return self._cells[:0].copy()
         n = min(head - tail, self._max_batch)
         start = tail & self._mask
+        first = self._cells[start]
+        if first["kind"] == layout.CELL_HEAD and n < first["index"] <= head - tail:
+            n = int(first["index"])  # a record longer than the batch limit is still read whole
         if start + n <= self._capacity:
             batch = self._cells[start : start + n].copy()
         else:

@@ -1,0 +1,112 @@
+"""The gauge board: each cache process's slot of current values, read at scrape time."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
+
+NOW = 1_000_000_000_000
+
+
+class Clock:
+    """A settable nanosecond clock."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def board(segment_factory):
+    """A formatted 3-slot gauge board."""
+    segment = segment_factory(layout.gauge_board_size(3))
+    format_gauge_board(segment, 3)
+    return segment
+
+
+def test_written_words_are_read_back(board):
+    """What a slot sets, adds and sets per adapter, the reader reads."""
+    slot = GaugeSlot(board, 1)
+    slot.set(layout.G_L1_USED, 4096)
+    slot.add(layout.G_L1_USED, 1024)
+    slot.set(layout.G_L1_CAPACITY, 1 << 30)
+    slot.set_adapter(3, layout.G_L2_USAGE, 777)
+    slot.add_adapter(3, layout.G_L2_INFLIGHT_STORES, 2)
+    slot.add_adapter(3, layout.G_L2_INFLIGHT_STORES, -1)
+    reader = GaugeBoardReader(board)
+    actual = (
+        reader.word(1, layout.G_L1_USED),
+        reader.word(1, layout.G_L1_CAPACITY),
+        reader.adapter_word(1, 3, layout.G_L2_USAGE),
+        reader.adapter_word(1, 3, layout.G_L2_INFLIGHT_STORES),
+        reader.word(0, layout.G_L1_USED),
+    )
+
+    assert (5120, 1 << 30, 777, 1, 0) == actual
+
+
+def test_slots_do_not_overlap(board):
+    """Writing every word of one slot leaves the neighbouring slots untouched."""
+    slot = GaugeSlot(board, 1)
+    for word in range(layout.GAUGE_SLOT_WORDS):
+        slot.set(word, -1)
+    reader = GaugeBoardReader(board)
+
+    assert [0, -1, 0] == [reader.adapter_word(s, layout.MAX_ADAPTERS - 1, 3) for s in range(3)]
+    assert [0, -1, 0] == [reader.word(s, 0) for s in range(3)]
+
+
+def test_heartbeat_writes_pid_and_clock(board):
+    """A heartbeat stores the process's pid and the injected clock's time."""
+    GaugeSlot(board, 2, clock_ns=Clock(NOW)).heartbeat(4321)
+    reader = GaugeBoardReader(board)
+
+    assert (NOW, 4321) == (reader.word(2, layout.G_HEARTBEAT), reader.word(2, layout.G_PID))
+
+
+def test_stale_heartbeat_is_excluded(board):
+    """Only slots whose heartbeat is within stale_after_s of now are live; never-started slots are not."""
+    GaugeSlot(board, 0, clock_ns=Clock(NOW)).heartbeat(10)
+    GaugeSlot(board, 1, clock_ns=Clock(NOW - 6_000_000_000)).heartbeat(11)
+    reader = GaugeBoardReader(board, stale_after_s=5.0, clock_ns=Clock(NOW + 1_000_000_000))
+
+    assert [0] == reader.live_slots()
+
+
+def test_total_sums_live_slots_only(board):
+    """total() adds a word over the live slots, ignoring stale and unstarted ones."""
+    for index, (beat, used) in enumerate([(NOW, 100), (NOW - 10**10, 1000), (0, 10000)]):
+        slot = GaugeSlot(board, index, clock_ns=Clock(beat))
+        slot.set(layout.G_L1_USED, used)
+        if beat:
+            slot.heartbeat(100 + index)
+    reader = GaugeBoardReader(board, stale_after_s=5.0, clock_ns=Clock(NOW))
+
+    assert 100 == reader.total(layout.G_L1_USED)
+
+
+def test_clear_zeroes_the_slot(board):
+    """clear() zeroes every word of the slot, so it stops reporting."""
+    slot = GaugeSlot(board, 0, clock_ns=Clock(NOW))
+    slot.heartbeat(1)
+    slot.set(layout.G_ACTIVE_PREFETCH, 3)
+    slot.clear()
+    reader = GaugeBoardReader(board, clock_ns=Clock(NOW))
+
+    assert ([], 0) == (reader.live_slots(), reader.word(0, layout.G_ACTIVE_PREFETCH))
+
+
+@pytest.mark.parametrize("slot", [-1, 3])
+def test_slot_out_of_range(board, slot):
+    """A slot index outside the board is a ValueError naming the range."""
+    with pytest.raises(ValueError, match=r"out of range 0\.\.2"):
+        GaugeSlot(board, slot)
+
+
+def test_reader_reports_slot_count(board):
+    """The reader takes the slot count from the header."""
+    assert 3 == GaugeBoardReader(board).n_slots
