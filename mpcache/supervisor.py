@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--otlp-endpoint", default="", help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s)")
     telemetry.add_argument("--otlp-protocol", choices=("grpc", "http"), default="grpc", help="OTLP transport (default grpc)")
     telemetry.add_argument("--otlp-interval", type=_number, default=10.0, help="seconds between OTLP exports (default 10)")
-    telemetry.add_argument("--metrics-sample-rate", type=_number, default=0.01, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01)")
+    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
     telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
@@ -143,7 +143,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         otlp_endpoint=args.otlp_endpoint,
         otlp_protocol=args.otlp_protocol,
         otlp_interval_s=args.otlp_interval,
-        metrics_sample_rate=args.metrics_sample_rate,
+        metrics_sample_rate=args.metrics_sample_rate if args.metrics_sample_rate is not None else (0.1 if args.demo else 0.01),
         cache_salt_cap=args.cache_salt_cap,
         log_level=args.log_level,
         log_file=args.log_file,

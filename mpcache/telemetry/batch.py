@@ -116,19 +116,13 @@ class EventBatch:
         """Per distinct combination of the name fields ``by``, the sums of the int fields ``values``."""
         if not np.any(self._head_etypes == etype):
             return {}
-        key = np.zeros(np.count_nonzero(self._head_etypes == etype), dtype=np.int64)
-        for name in by:
-            key = key * _NAME_KEY_SHIFT + self.field_column(etype, name)
-        uniq, inverse = np.unique(key, return_inverse=True)
+        keys = np.stack([self.field_column(etype, name) for name in by], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
         sums = [np.bincount(inverse, weights=self.field_column(etype, v), minlength=len(uniq)) for v in values]
         result = {}
-        for i, packed in enumerate(uniq.tolist()):
-            ids = []
-            for _ in by:
-                packed, name_id = divmod(packed, int(_NAME_KEY_SHIFT))
-                ids.append(name_id)
-            names = tuple(self.names.name(name_id) for name_id in reversed(ids))
-            result[names] = [int(s[i]) for s in sums]
+        for i, ids in enumerate(uniq.tolist()):
+            result[tuple(self.names.name(name_id) for name_id in ids)] = [int(s[i]) for s in sums]
         return result
 
     def _grouped(self, salt_ids: np.ndarray, model_ids: np.ndarray, counts: np.ndarray) -> dict[tuple[str, str], int]:
