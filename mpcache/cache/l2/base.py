@@ -1,0 +1,331 @@
+"""What every L2 adapter offers, the chunk record format fs and redis share, and an LRU index.
+
+An adapter is driven by one cache process's event loop, which never blocks on
+it: every operation returns a :class:`concurrent.futures.Future` that the
+adapter's own worker threads complete, and the loop collects completed futures.
+Adapters never call back into the loop.  Storage trouble (I/O errors, a full
+disk, a lost connection, injected failures) turns into keys listed as
+``failed``; it never raises out of an operation.  Calling an operation after
+:meth:`L2Adapter.close` is a programming error and raises ``RuntimeError``.
+
+Capacity counts payload bytes (the chunk bytes a caller stores), not record
+headers; ``StoreResult.bytes_written`` counts the same bytes, so it matches the
+``total_bytes`` a controller submitted minus skipped and failed keys.
+
+Chunk record (one per chunk: an fs file, a redis value)
+=======================================================
+
+All integers little-endian.  The checksum covers the fixed fields before it,
+the name bytes and the payload, so a flipped byte anywhere in a record, or a
+record cut short, is caught on load.
+
+====== ==== ============= ====================================================
+offset size field         meaning
+====== ==== ============= ====================================================
+0      4    magic         ``b"MPL2"``
+4      2    version       :data:`RECORD_VERSION` (1)
+6      2    model_len     bytes of UTF-8 ``model_name``
+8      2    salt_len      bytes of UTF-8 ``cache_salt``
+10     2    (reserved)    zero
+12     8    chunk_hash    ``ChunkKey.chunk_hash`` (u64)
+20     8    payload_len   bytes of payload
+28     16   checksum      blake2b-128 of bytes 0..27 + name bytes + payload
+44     M+S  name bytes    model_name then cache_salt
+44+M+S P    payload       the chunk's bytes
+====== ==== ============= ====================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+from mpcache.keys import ChunkKey
+
+RECORD_MAGIC = b"MPL2"
+RECORD_VERSION = 1
+_FIXED = struct.Struct("<4sHHHxxQQ")  # magic, version, model_len, salt_len, pad, chunk_hash, payload_len
+_CHECKSUM_BYTES = 16
+HEADER_BYTES = _FIXED.size + _CHECKSUM_BYTES  # 44
+_MAX_NAME = 0xFFFF
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """Outcome of one store task.  Every submitted key is in exactly one of stored/skipped/failed."""
+
+    stored: list[ChunkKey] = field(default_factory=list)  # written by this task
+    skipped: list[ChunkKey] = field(default_factory=list)  # already present (or being written): not rewritten
+    failed: list[ChunkKey] = field(default_factory=list)  # could not be written (I/O error, injected, too big)
+    bytes_written: int = 0  # payload bytes of ``stored``; skipped and failed keys excluded
+    evicted: list[ChunkKey] = field(default_factory=list)  # removed by LRU eviction to make room
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Outcome of one load task.  Every requested key is in exactly one of loaded/failed."""
+
+    loaded: list[ChunkKey] = field(default_factory=list)  # copied into its destination
+    failed: list[ChunkKey] = field(default_factory=list)  # missing, corrupt, wrong size or injected failure
+
+
+class Usage(NamedTuple):
+    """How full an adapter is (payload bytes)."""
+
+    used_bytes: int
+    capacity_bytes: int
+    key_count: int
+
+
+class L2Adapter(ABC):
+    """One L2 storage tier.  Thread-safe; operations complete on the adapter's own threads."""
+
+    name: str  # the type name: "fs", "mock", "redis"
+    capacity_bytes: int
+
+    @abstractmethod
+    def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
+        """Write chunks not already present, evicting least-recently-used ones to make room.
+
+        The caller must keep each buffer unchanged until the future completes.
+        """
+
+    @abstractmethod
+    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
+        """Which of ``keys`` are held; each hit counts as an access for LRU."""
+
+    @abstractmethod
+    def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
+        """Copy each present, valid chunk into its destination.
+
+        A chunk is copied only when its payload is exactly ``len`` of its
+        destination (bytes); nothing is ever written outside a destination, and
+        a failed key's destination is left untouched.  A load counts as an access.
+        """
+
+    @abstractmethod
+    def delete(self, keys: list[ChunkKey]) -> Future[int]:
+        """Remove ``keys``; the future gives how many were present."""
+
+    @abstractmethod
+    def get_usage(self) -> Usage:
+        """Current usage; cheap, never blocks on storage, callable from any thread."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Wait for in-flight tasks, then release threads and connections.  Idempotent."""
+
+
+# -- chunk records -----------------------------------------------------------------------------
+
+
+def encode_name(key: ChunkKey) -> bytes:
+    """``key`` as bytes that identify it exactly (fixed fields of a record, minus lengths)."""
+    model = key.model_name.encode("utf-8")
+    salt = key.cache_salt.encode("utf-8")
+    return struct.pack("<HHQ", len(model), len(salt), key.chunk_hash) + model + salt
+
+
+def decode_name(data: bytes) -> ChunkKey:
+    """Inverse of :func:`encode_name`."""
+    model_len, salt_len, chunk_hash = struct.unpack_from("<HHQ", data)
+    model = data[12 : 12 + model_len].decode("utf-8")
+    salt = data[12 + model_len : 12 + model_len + salt_len].decode("utf-8")
+    return ChunkKey(model, salt, chunk_hash)
+
+
+def key_digest(key: ChunkKey) -> str:
+    """Stable 128-bit hex digest of ``key``: what paths and server-side names are built from."""
+    return hashlib.blake2b(encode_name(key), digest_size=16).hexdigest()
+
+
+def record_header(key: ChunkKey, payload: bytes | memoryview) -> bytes:
+    """Header + name bytes of ``key``'s record; the payload follows it."""
+    model = key.model_name.encode("utf-8")
+    salt = key.cache_salt.encode("utf-8")
+    if len(model) > _MAX_NAME or len(salt) > _MAX_NAME:
+        raise ValueError("model_name or cache_salt longer than 65535 UTF-8 bytes")
+    fixed = _FIXED.pack(RECORD_MAGIC, RECORD_VERSION, len(model), len(salt), key.chunk_hash, len(payload))
+    digest = hashlib.blake2b(fixed, digest_size=_CHECKSUM_BYTES)
+    digest.update(model)
+    digest.update(salt)
+    digest.update(payload)
+    return fixed + digest.digest() + model + salt
+
+
+def encode_record(key: ChunkKey, payload: bytes | memoryview) -> bytes:
+    """The whole record of ``key`` holding ``payload``."""
+    return record_header(key, payload) + payload
+
+
+class RecordHeader(NamedTuple):
+    key: ChunkKey
+    payload_offset: int
+    payload_len: int
+
+
+def name_end(data: bytes | memoryview) -> int | None:
+    """Where a record's name bytes end (its payload starts), from its first :data:`HEADER_BYTES`."""
+    if len(data) < HEADER_BYTES:
+        return None
+    magic, version, model_len, salt_len, _, _ = _FIXED.unpack_from(data)
+    if magic != RECORD_MAGIC or version != RECORD_VERSION:
+        return None
+    return HEADER_BYTES + model_len + salt_len
+
+
+def parse_header(data: bytes | memoryview) -> RecordHeader | None:
+    """The key and payload extent a record declares, or ``None`` when the header is not ours.
+
+    Reads only the header and name bytes (enough for an fs index scan); the
+    checksum is checked by :func:`decode_record`.
+    """
+    offset = name_end(data)
+    if offset is None or len(data) < offset:
+        return None
+    _, _, model_len, _, chunk_hash, payload_len = _FIXED.unpack_from(data)
+    try:
+        model = bytes(data[HEADER_BYTES : HEADER_BYTES + model_len]).decode("utf-8")
+        salt = bytes(data[HEADER_BYTES + model_len : offset]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return RecordHeader(ChunkKey(model, salt, chunk_hash), offset, payload_len)
+
+
+def decode_record(data: bytes | memoryview) -> tuple[ChunkKey, memoryview] | None:
+    """``(key, payload)`` of a complete, intact record; ``None`` for anything else."""
+    header = parse_header(data)
+    if header is None or len(data) != header.payload_offset + header.payload_len:
+        return None
+    view = memoryview(data)
+    digest = hashlib.blake2b(view[: _FIXED.size], digest_size=_CHECKSUM_BYTES)
+    digest.update(view[HEADER_BYTES:])
+    if digest.digest() != bytes(view[_FIXED.size : HEADER_BYTES]):
+        return None
+    return header.key, view[header.payload_offset :]
+
+
+# -- an in-process LRU index (fs and mock) --------------------------------------------------------
+
+
+class Reservation(NamedTuple):
+    """What :meth:`LruIndex.reserve` decided for one key."""
+
+    outcome: str  # "reserved", "present" or "no_room" (bigger than the room not held by writes in flight)
+    evicted: list[tuple[ChunkKey, int]]  # (key, size) removed to make room
+
+
+class LruIndex:
+    """Keys and sizes in LRU order (oldest first), with room reserved for writes in flight.
+
+    A write first :meth:`reserve`\\ s its bytes (evicting as needed), then either
+    :meth:`commit`\\ s the key (it becomes the most recently used) or
+    :meth:`abort`\\ s (the bytes are released).  A key being written counts as
+    present for other writers, so two tasks never write the same chunk at once.
+    Each method takes the lock once; callers that must act on storage inside
+    the same critical section (fs deletes evicted files) pass ``on_evict``.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.lock = threading.Lock()
+        self._entries: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._pending: dict[ChunkKey, int] = {}
+        self._used = 0  # committed + reserved
+        self._pending_bytes = 0  # reserved only
+
+    def usage(self) -> Usage:
+        """Bytes committed or reserved by writes in flight; keys committed."""
+        with self.lock:
+            return Usage(self._used, self.capacity_bytes, len(self._entries))
+
+    def reserve(self, key: ChunkKey, size: int, on_evict=None) -> Reservation:
+        with self.lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return Reservation("present", [])
+            if key in self._pending:
+                return Reservation("present", [])
+            if self._pending_bytes + size > self.capacity_bytes:  # too big, or room held by writes in flight
+                return Reservation("no_room", [])
+            evicted = []
+            while self._used + size > self.capacity_bytes:
+                victim, victim_size = self._entries.popitem(last=False)
+                self._used -= victim_size
+                evicted.append((victim, victim_size))
+                if on_evict is not None:
+                    on_evict(victim)
+            self._pending[key] = size
+            self._pending_bytes += size
+            self._used += size
+            return Reservation("reserved", evicted)
+
+    def commit(self, key: ChunkKey) -> None:
+        with self.lock:
+            size = self._pending.pop(key)
+            self._pending_bytes -= size
+            self._entries[key] = size
+
+    def abort(self, key: ChunkKey) -> None:
+        with self.lock:
+            size = self._pending.pop(key)
+            self._pending_bytes -= size
+            self._used -= size
+
+    def add(self, key: ChunkKey, size: int) -> None:
+        """Insert an existing entry as the most recently used (index rebuilds)."""
+        with self.lock:
+            if key in self._entries:
+                self._used -= self._entries.pop(key)
+            self._entries[key] = size
+            self._used += size
+
+    def touch(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Mark present ``keys`` as most recently used; which were present."""
+        found = []
+        with self.lock:
+            for key in keys:
+                hit = key in self._entries
+                if hit:
+                    self._entries.move_to_end(key)
+                found.append(hit)
+        return found
+
+    def contains(self, key: ChunkKey) -> bool:
+        with self.lock:
+            return key in self._entries
+
+    def remove(self, key: ChunkKey, on_remove=None) -> bool:
+        """Drop ``key``; ``on_remove(key)`` runs under the lock when it was present."""
+        with self.lock:
+            size = self._entries.pop(key, None)
+            if size is None:
+                return False
+            self._used -= size
+            if on_remove is not None:
+                on_remove(key)
+            return True
+
+    def keys_lru(self) -> list[ChunkKey]:
+        """Present keys, least recently used first."""
+        with self.lock:
+            return list(self._entries)
+
+
+def check_load_args(keys: Sequence[ChunkKey], destinations: Sequence[memoryview]) -> None:
+    if len(keys) != len(destinations):
+        raise ValueError(f"submit_load: {len(keys)} keys but {len(destinations)} destinations")
+
+
+def byte_view(buffer: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of ``buffer`` (``len`` of it is its size in bytes)."""
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view

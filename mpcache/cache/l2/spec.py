@@ -1,0 +1,145 @@
+"""The repeatable ``--l2`` flag: one JSON object per adapter, checked once at start-up.
+
+``--l2 '{"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}'``
+
+==== ============================================================================
+type keys (``?``: optional, default)
+==== ============================================================================
+fs   path (str), capacity_gb (> 0), threads? (int >= 1, 4)
+mock capacity_gb (> 0), latency_ms? (>= 0, 0), bandwidth_gbps? (GB/s > 0, unlimited),
+     failure_rate? (in [0, 1], 0), seed? (int, 0)
+redis url (``redis://host:port/db``), capacity_gb (> 0), key_prefix? (str, ``mpcache:l2:``),
+     threads? (int >= 1, 4)
+==== ============================================================================
+
+A GB is 10**9 bytes (as in ``--l1-size 1GB``); ``bandwidth_gbps`` is gigabytes
+(not gigabits) per second.  Every problem raises one-line
+:class:`~mpcache.errors.ConfigError` naming ``--l2`` and the accepted form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from urllib.parse import urlsplit
+
+from mpcache.cache.l2.base import L2Adapter
+from mpcache.errors import ConfigError
+
+GB = 10**9
+
+ACCEPTED = (
+    'a JSON object such as {"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}; '
+    "fs {path, capacity_gb, threads?}, "
+    "mock {capacity_gb, latency_ms?, bandwidth_gbps?, failure_rate? in [0,1], seed?}, "
+    "redis {url: redis://host:port/db, capacity_gb, key_prefix?, threads?}"
+)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _redis_url(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    db = parts.path.lstrip("/")
+    return parts.scheme in ("redis", "rediss") and bool(parts.hostname) and (db == "" or db.isdigit())
+
+
+# key -> (check, what it must be)
+_CAPACITY = (lambda v: _number(v) and v > 0, "a number > 0")
+_THREADS = (lambda v: _integer(v) and v >= 1, "an integer >= 1")
+_KEYS: dict[str, dict[str, tuple]] = {
+    "fs": {
+        "path": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "capacity_gb": _CAPACITY,
+        "threads": _THREADS,
+    },
+    "mock": {
+        "capacity_gb": _CAPACITY,
+        "latency_ms": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+        "bandwidth_gbps": (lambda v: _number(v) and v > 0, "a number > 0"),
+        "failure_rate": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+        "seed": (_integer, "an integer"),
+    },
+    "redis": {
+        "url": (_redis_url, "a URL redis://host:port/db"),
+        "capacity_gb": _CAPACITY,
+        "key_prefix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "threads": _THREADS,
+    },
+}
+_REQUIRED = {"fs": ("path", "capacity_gb"), "mock": ("capacity_gb",), "redis": ("url", "capacity_gb")}
+
+
+def _fail(problem: str) -> ConfigError:
+    return ConfigError(f"--l2: {problem}; expected {ACCEPTED}")
+
+
+def parse_l2_spec(text: str) -> dict:
+    """One ``--l2`` value → its checked spec (a plain dict, as given)."""
+    try:
+        spec = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise _fail(f"not valid JSON ({str(error).splitlines()[0]})") from None
+    check_l2_spec(spec)
+    return spec
+
+
+def check_l2_spec(spec) -> None:
+    """Raise :class:`ConfigError` unless ``spec`` is an acceptable adapter spec."""
+    if not isinstance(spec, dict):
+        raise _fail(f"got a JSON {type(spec).__name__}, not an object")
+    kind = spec.get("type")
+    if kind not in _KEYS:
+        raise _fail(f"unknown or missing type {kind!r}")
+    allowed = _KEYS[kind]
+    unknown = sorted(set(spec) - set(allowed) - {"type"})
+    if unknown:
+        raise _fail(f"type {kind!r} has no key(s) {', '.join(map(repr, unknown))}")
+    missing = [key for key in _REQUIRED[kind] if key not in spec]
+    if missing:
+        raise _fail(f"type {kind!r} needs {', '.join(map(repr, missing))}")
+    for key, value in spec.items():
+        if key == "type":
+            continue
+        check, wanted = allowed[key]
+        if not check(value):
+            raise _fail(f"{kind} {key!r} must be {wanted}, got {value!r}")
+
+
+def build_adapter(spec: dict, chunk_bytes: int) -> L2Adapter:
+    """The adapter ``spec`` describes; its capacity must hold at least one chunk."""
+    check_l2_spec(spec)
+    kind = spec["type"]
+    capacity = int(spec["capacity_gb"] * GB)
+    if capacity < chunk_bytes:
+        raise _fail(f"{kind} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk ({chunk_bytes} bytes)")
+    if kind == "fs":
+        from mpcache.cache.l2.fs import FsL2Adapter
+
+        return FsL2Adapter(spec["path"], capacity, threads=spec.get("threads", 4))
+    if kind == "mock":
+        from mpcache.cache.l2.mock import MockL2Adapter
+
+        return MockL2Adapter(
+            capacity,
+            latency_s=spec.get("latency_ms", 0) / 1000.0,
+            bandwidth_bytes_per_s=spec.get("bandwidth_gbps", 0) * GB,
+            failure_rate=float(spec.get("failure_rate", 0.0)),
+            seed=spec.get("seed", 0),
+        )
+    from mpcache.cache.l2.redis_adapter import RedisL2Adapter  # imports redis-py only when used
+
+    return RedisL2Adapter(spec["url"], capacity, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
+                          threads=spec.get("threads", 4))

@@ -1,0 +1,112 @@
+"""The redis adapter against a real redis-server: sharing, cross-process capacity, bad values, lost server."""
+
+from __future__ import annotations
+
+import socket
+
+import redis
+from l2_helpers import key, payload, wait
+
+from mpcache.cache.l2.base import LoadResult, StoreResult, Usage, decode_record, key_digest
+
+
+def data_key(prefix: str, chunk_key) -> str:
+    return f"{prefix}c:{key_digest(chunk_key)}"
+
+
+def test_two_adapters_on_one_server_share_chunks(make_redis):
+    """What one adapter stores, another on the same server and prefix finds, loads, and skips re-storing."""
+    writer, reader = make_redis(), make_redis()
+    wait(writer.submit_store([(key(1), payload(1)), (key(2), payload(2))]))
+
+    found = wait(reader.lookup([key(1), key(2), key(3)]))
+    buffers = [bytearray(1000), bytearray(1000)]
+    loaded = wait(reader.submit_load([key(2), key(1)], [memoryview(b) for b in buffers]))
+    again = wait(reader.submit_store([(key(1), payload(1)), (key(3), payload(3))]))
+
+    assert [True, True, False] == found
+    assert (LoadResult([key(2), key(1)], []), [payload(2), payload(1)]) == (loaded, [bytes(b) for b in buffers])
+    assert StoreResult([key(3)], [key(1)], [], 1000, []) == again
+
+
+def test_adapters_with_other_prefixes_do_not_see_each_other(make_redis, redis_prefix):
+    """Different key prefixes on one server are separate tiers."""
+    first, second = make_redis(key_prefix=redis_prefix + "one:"), make_redis(key_prefix=redis_prefix + "two:")
+    wait(first.submit_store([(key(1), payload(1))]))
+
+    assert [False] == wait(second.lookup([key(1)]))
+
+
+def test_capacity_holds_across_adapters_and_eviction_reports_the_other_adapters_keys(make_redis):
+    """A store through one adapter evicts the least recently used chunk whoever stored it, and reports it."""
+    first, second = make_redis(capacity_bytes=3000), make_redis(capacity_bytes=3000)
+    wait(first.submit_store([(key(1), payload(1)), (key(2), payload(2))]))
+
+    result = wait(second.submit_store([(key(3), payload(3)), (key(4), payload(4))]))
+
+    assert [key(1)] == result.evicted
+    assert [False, True, True, True] == wait(first.lookup([key(i) for i in range(1, 5)]))
+    assert Usage(3000, 3000, 3) == second.get_usage() == first.refresh_usage()
+
+
+def test_values_are_chunk_records(make_redis, redis_server, redis_prefix):
+    """The server holds each chunk as the same checksummed record fs writes to a file."""
+    adapter = make_redis()
+    wait(adapter.submit_store([(key(1), payload(1))]))
+
+    value = redis.Redis.from_url(redis_server).get(data_key(redis_prefix, key(1)))
+    decoded = decode_record(value)
+
+    assert (key(1), payload(1)) == (decoded[0], bytes(decoded[1]))
+
+
+def test_a_corrupted_value_is_never_loaded_and_is_dropped(make_redis, redis_server, redis_prefix):
+    """A value with a flipped byte fails to load, leaves the destination untouched, and leaves the tier."""
+    adapter = make_redis()
+    wait(adapter.submit_store([(key(1), payload(1)), (key(2), payload(2))]))
+    client = redis.Redis.from_url(redis_server)
+    value = bytearray(client.get(data_key(redis_prefix, key(1))))
+    value[-1] ^= 0x01
+    client.set(data_key(redis_prefix, key(1)), bytes(value))
+
+    destination = bytearray(b"\xee" * 1000)
+    result = wait(adapter.submit_load([key(1)], [memoryview(destination)]))
+
+    assert (LoadResult([], [key(1)]), b"\xee" * 1000) == (result, bytes(destination))
+    assert ([False, True], Usage(1000, 4000, 1)) == (wait(adapter.lookup([key(1), key(2)])), adapter.get_usage())
+
+
+def test_a_value_removed_behind_the_adapters_back_fails_and_leaves_the_index(make_redis, redis_server, redis_prefix):
+    """If the server loses a value (its own eviction, a manual DEL), the load fails and the key stops being a hit."""
+    adapter = make_redis()
+    wait(adapter.submit_store([(key(1), payload(1))]))
+    redis.Redis.from_url(redis_server).delete(data_key(redis_prefix, key(1)))
+
+    result = wait(adapter.submit_load([key(1)], [memoryview(bytearray(1000))]))
+
+    assert LoadResult([], [key(1)]) == result
+    assert ([False], Usage(0, 4000, 0)) == (wait(adapter.lookup([key(1)])), adapter.get_usage())
+
+
+def test_an_unreachable_server_fails_keys_without_raising(make_redis):
+    """With nothing listening, stores and loads list every key as failed, lookups miss, deletes remove 0."""
+    with socket.socket() as probe:  # a port nothing listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    adapter = make_redis(url=f"redis://127.0.0.1:{port}/0", retries=0, connect_timeout_s=1.0)
+
+    stored = wait(adapter.submit_store([(key(1), payload(1)), (key(2), payload(2))]))
+    found = wait(adapter.lookup([key(1)]))
+    loaded = wait(adapter.submit_load([key(1)], [memoryview(bytearray(1000))]))
+    deleted = wait(adapter.delete([key(1)]))
+
+    assert StoreResult([], [], [key(1), key(2)], 0, []) == stored
+    assert ([False], LoadResult([], [key(1)]), 0) == (found, loaded, deleted)
+    assert Usage(0, 4000, 0) == adapter.get_usage()
+
+
+def test_a_new_adapter_learns_the_tiers_usage_from_the_server(make_redis):
+    """refresh_usage (also run once at start-up) reports what other adapters already stored."""
+    wait(make_redis().submit_store([(key(1), payload(1)), (key(2), payload(2))]))
+
+    assert Usage(2000, 4000, 2) == make_redis().refresh_usage()
