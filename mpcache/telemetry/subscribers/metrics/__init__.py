@@ -14,13 +14,18 @@ from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.pump import Pump
+from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
 from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
 from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
 from mpcache.telemetry.subscribers.metrics.failures import L1FailuresSubscriber, TimeoutsSubscriber
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.l1 import L1CountersSubscriber, L1EvictionLoopSubscriber
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
+from mpcache.telemetry.subscribers.metrics.l2 import L2CountersSubscriber, L2FailuresSubscriber
+from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
@@ -41,6 +46,7 @@ def build_metrics_subscribers(
     """
     meter = meter_provider.get_meter(METER_NAME)
     cap = config.cache_salt_cap
+    l2_names = [config.l2_name(index) for index in range(len(config.l2))]
     subscribers: list[Subscriber] = [
         L1CountersSubscriber(meter, cap),
         L1EvictionLoopSubscriber(meter),
@@ -51,8 +57,14 @@ def build_metrics_subscribers(
         LookupSubscriber(meter, cap),
         EngineCountersSubscriber(meter, cap),
         L0L1ThroughputSubscriber(meter),
+        L2CountersSubscriber(meter, cap, l2_names),
+        L2FailuresSubscriber(meter),
+        L2ThroughputSubscriber(meter),
+        L0LifecycleSubscriber(meter),
+        BlendMetricsSubscriber(meter),
         EventBusSelfMetricsSubscriber(meter, pump, bus),
     ]
     if gauge_reader is not None:
         subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))
+        subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     return subscribers
