@@ -74,6 +74,21 @@ def test_bus_self_metrics_report_ring_and_bus_state(pipeline, metrics):
     assert ([3, 2.5, 2], (0, {frozenset({("subscriber_name", "Exploding")}): 1})) == (before, after)
 
 
+class Quiet(Subscriber):
+    event_types = (E.L1_READ_FINISHED,)
+
+    def on_batch(self, batch):
+        return None
+
+
+def test_subscriber_exceptions_has_a_zero_series_per_subscriber_from_start_up(pipeline, metrics):
+    """Before anything is published, every subscribed subscriber reports subscriber_exceptions = 0."""
+    EventBusSelfMetricsSubscriber(metrics.meter, pipeline.pump(), pipeline.bus)
+    pipeline.subscribe(Quiet(), Exploding())
+    expected = {frozenset({("subscriber_name", "Quiet")}): 0, frozenset({("subscriber_name", "Exploding")}): 0}
+    assert expected == metrics.series("lmcache_mp.event_bus.subscriber_exceptions")
+
+
 EVERY_METRIC = {spec.otel_name for spec in metric_table.ALL_METRICS}  # metrics.tsv + lookup_hit_l1/l2
 
 

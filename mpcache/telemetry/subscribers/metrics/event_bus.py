@@ -34,7 +34,8 @@ class EventBusSelfMetricsSubscriber(Subscriber):
         return [Observation(self._pump.dropped_events())]
 
     def _subscriber_exceptions(self, _options: CallbackOptions) -> list[Observation]:
-        return [
-            Observation(count, {"subscriber_name": name})
-            for name, count in self._bus.subscriber_exception_counts().items()
-        ]
+        """Every subscriber has a series from start-up (0 until it raises), so an alert on
+        ``increase(...) > 0`` sees the series before the first failure, not after it."""
+        counts = self._bus.subscriber_exception_counts()
+        names = {type(subscriber).__name__ for subscriber in self._bus.subscribers} | set(counts)
+        return [Observation(counts.get(name, 0), {"subscriber_name": name}) for name in sorted(names)]
