@@ -44,6 +44,7 @@ class Config:
     chunk_size_tokens: int = 256
     l1_watermark: float = 0.8
     eviction_interval_s: float = 1.0
+    prefetch_job_ttl_s: float = 60.0  # an unretrieved prefetch releases its read locks after this
     # event rings
     ring_capacity_cells: int = 1 << 18
     intern_capacity: int = 4096
@@ -77,6 +78,7 @@ class Config:
             (self.l1_size_bytes >= self.chunk_bytes, "--l1-size: must hold at least one chunk (--chunk-bytes)"),
             (self.chunk_size_tokens > 0, "--chunk-size: expected a positive number of tokens"),
             (self.eviction_interval_s > 0, "--eviction-interval: expected seconds > 0"),
+            (0 < self.prefetch_job_ttl_s < float("inf"), "--prefetch-job-ttl: expected seconds > 0"),
             (self.ring_capacity_cells >= 1024 and not self.ring_capacity_cells & (self.ring_capacity_cells - 1),
              "--ring-cells: expected a power of two >= 1024"),
             (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),

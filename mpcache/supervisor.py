@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
     service.add_argument("--l1-watermark", type=_number, default=0.8, help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
     service.add_argument("--eviction-interval", type=_number, default=1.0, help="seconds between eviction-loop runs (default 1)")
+    service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
     service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
     service.add_argument("--runtime-dir", default="", help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
     service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
@@ -122,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _default(given: float | None, *, demo: float, normal: float, is_demo: bool) -> float:
+    """A flag's value, else its default — the demo uses a few defaults that show more, sooner."""
+    if given is not None:
+        return given
+    return demo if is_demo else normal
+
+
 def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir: str) -> Config:
     l1_size = args.l1_size or ("32MiB" if args.demo else "256MiB")
     return Config(
@@ -134,6 +142,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         chunk_size_tokens=args.chunk_size,
         l1_watermark=args.l1_watermark,
         eviction_interval_s=args.eviction_interval,
+        prefetch_job_ttl_s=_default(args.prefetch_job_ttl, demo=3.0, normal=60.0, is_demo=args.demo),
         ring_capacity_cells=args.ring_cells,
         disable_metrics=args.disable_metrics,
         disable_logging=args.disable_logging,
@@ -143,7 +152,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         otlp_endpoint=args.otlp_endpoint,
         otlp_protocol=args.otlp_protocol,
         otlp_interval_s=args.otlp_interval,
-        metrics_sample_rate=args.metrics_sample_rate if args.metrics_sample_rate is not None else (0.1 if args.demo else 0.01),
+        metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
         log_level=args.log_level,
         log_file=args.log_file,

@@ -15,10 +15,11 @@ import time
 import traceback
 from typing import Callable
 
-from mpcache.events import EventType
+from mpcache.events import TEXT_MAX_BYTES, EventType
 
 _TIMEOUT_RAISED = EventType.TIMEOUT_RAISED
-_STACK_LIMIT = 32  # frames kept in the published stack trace (the text is truncated anyway)
+_STACK_LIMIT = 32  # innermost frames considered for the published stack trace
+_STACK_MAX_BYTES = TEXT_MAX_BYTES["stacktrace"]
 
 _publisher = None  # this process's mpcache.publish.Publisher, or None
 
@@ -42,10 +43,23 @@ class MpcacheTimeoutError(TimeoutError):
         if publisher is None:
             return
         try:
-            stack = "".join(traceback.format_stack(limit=_STACK_LIMIT)[:-1])  # minus this constructor
+            stack = _innermost(traceback.format_stack(limit=_STACK_LIMIT)[:-1])  # minus this constructor
             publisher.emit(_TIMEOUT_RAISED, (type(self).__name__,), session_id=session_id, texts=(message, stack))
         except Exception:  # noqa: BLE001 - reporting a timeout must never replace it
             pass
+
+
+def _innermost(frames: list[str]) -> str:
+    """The innermost frames that fit the published text (the event truncates from the end,
+    which would keep the least useful, outermost frames)."""
+    kept: list[str] = []
+    size = 0
+    for frame in reversed(frames):
+        size += len(frame.encode("utf-8", "replace"))
+        if size > _STACK_MAX_BYTES and kept:
+            break
+        kept.append(frame)
+    return "".join(reversed(kept))
 
 
 class Deadline:

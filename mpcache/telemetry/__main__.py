@@ -11,6 +11,7 @@ final time and exits 0.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -54,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics_url=exporters.metrics_url if exporters else None,
         otlp_endpoint=config.otlp_endpoint or None,
     )
-    pump.run(stop.is_set)
+    parent = os.getppid()
+
+    def should_stop() -> bool:
+        # A supervisor that died without stopping us can no longer restart or stop us: exit too.
+        return stop.is_set() or os.getppid() != parent
+
+    pump.run(should_stop)
     bus.shutdown()
     if exporters is not None:
         exporters.shutdown()

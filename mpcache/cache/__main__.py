@@ -1,0 +1,47 @@
+"""``python -m mpcache.cache --config PATH --worker I``: one cache process.
+
+Started by the supervisor, which created every shared-memory segment and wrote
+the configuration file.  Serves clients on ``Config.socket_path(I)`` until
+SIGTERM or SIGINT, then stops accepting, finishes the request in hand, zeroes
+its gauge-slot heartbeat, detaches and exits 0.  It stops the same way when
+its parent (the supervisor) dies.  A start-up problem (bad
+configuration, missing or foreign shared memory) is one line on stderr and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mpcache.cache.server import CacheServer
+from mpcache.config import Config
+from mpcache.errors import ConfigError, LayoutMismatchError
+from mpcache.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mpcache.cache")
+    parser.add_argument("--config", required=True, help="configuration file written by the supervisor")
+    parser.add_argument("--worker", required=True, type=int, help="this cache process's index, 0..workers-1")
+    args = parser.parse_args(argv)
+    try:
+        config = Config.load(args.config)
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError; so is bad JSON
+        print(f"mpcache.cache: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    # stderr only: the supervisor forwards it, so the log file keeps a single writer
+    log = configure_logging("cache", config.instance_id, config.log_level, worker=args.worker)
+    try:
+        server = CacheServer(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s, parent_pid=os.getppid(),
+                             logger=log)
+    except (ConfigError, LayoutMismatchError, OSError) as exc:
+        log.error("cache.start_failed", error=str(exc))
+        return 2
+    server.run(install_signals=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The L1 tier: fixed-size chunk slots in this cache process's shared-memory pool.
+
+Keys are :class:`~mpcache.keys.ChunkKey` (model_name, cache_salt, chunk_hash).
+An entry is either *being written* (slot reserved, not readable) or *ready*;
+a ready entry may hold read locks (a reference count).  Only ready entries
+without read locks can be evicted, and they sit in one ordered dict in LRU
+order, so finding the next victim is O(1): taking the first read lock removes
+an entry from that order and dropping the last one puts it back as the most
+recently used.
+
+Single-threaded by design (the cache process serves from one selectors loop),
+so there are no locks here.  Every state change publishes its event (see
+``spec/EVENTS.md``, L1 section), with the keys grouped by (cache_salt,
+model_name) at the emit site and the sampled subset chosen by the
+:class:`~mpcache.keys.SampleGate` on ``chunk_hash``.  The request paths take
+one (model_name, cache_salt) group per call, which is what one client request
+carries; eviction groups mixed keys itself.
+
+Read locks released without a read (an abandoned prefetch, end_session before
+retrieve) publish nothing: ``L1_READ_FINISHED`` means chunks were read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from mpcache.events import EventType
+from mpcache.keys import ChunkKey, SampleGate
+
+_L1_READ_RESERVED = EventType.L1_READ_RESERVED
+_L1_READ_FINISHED = EventType.L1_READ_FINISHED
+_L1_WRITE_RESERVED = EventType.L1_WRITE_RESERVED
+_L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED
+_L1_KEYS_EVICTED = EventType.L1_KEYS_EVICTED
+_L1_EVICTION_LOOP_TICK = EventType.L1_EVICTION_LOOP_TICK
+_L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
+_L1_READ_FAILED = EventType.L1_READ_FAILED
+
+
+class _Entry:
+    __slots__ = ("slot", "nbytes", "readers", "ready")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.nbytes = 0
+        self.readers = 0
+        self.ready = False
+
+
+class WriteReservation(NamedTuple):
+    """Outcome of :meth:`L1Manager.reserve_write` for one request's chunk hashes."""
+
+    positions: list[int]  # index into the request's hashes of each reserved chunk, in order
+    slots: list[int]  # the slot reserved for each of them
+    present: int  # chunks already in L1 (not rewritten)
+    failed: int  # chunks that got no slot
+
+
+class L1Manager:
+    """Slots, entries, locks and LRU order of one L1 pool."""
+
+    def __init__(self, pool: np.ndarray, publisher, sample_rate: float, watermark: float) -> None:
+        if pool.ndim != 2 or pool.dtype != np.uint8:
+            raise ValueError("the L1 pool must be a (slots, chunk_bytes) uint8 array")
+        self.pool = pool
+        self.capacity = pool.shape[0]
+        self.chunk_bytes = pool.shape[1]
+        self.watermark = watermark
+        self._pub = publisher
+        self._gate = SampleGate(sample_rate)
+        self._entries: dict[ChunkKey, _Entry] = {}
+        self._lru: OrderedDict[ChunkKey, _Entry] = OrderedDict()  # ready, unlocked; oldest first
+        self._free = list(range(self.capacity - 1, -1, -1))  # pop() hands out slot 0 first
+
+    # -- state --------------------------------------------------------------------
+
+    @property
+    def used_slots(self) -> int:
+        return self.capacity - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.used_slots / self.capacity
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def contains(self, key: ChunkKey) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.ready
+
+    def readers(self, key: ChunkKey) -> int:
+        entry = self._entries.get(key)
+        return entry.readers if entry is not None else 0
+
+    # -- writes -------------------------------------------------------------------
+
+    def reserve_write(self, model: str, salt: str, hashes: Sequence[int]) -> WriteReservation:
+        """Reserve a slot for every chunk not yet in L1, evicting LRU entries when no slot is free.
+
+        Chunks already present are touched (most recently used) and not
+        reserved again.  Chunks get slots in order; when nothing more can be
+        evicted, the remaining new chunks fail (``L1_ALLOCATION_FAILED``,
+        during=l1_store).
+        """
+        entries = self._entries
+        lru = self._lru
+        new: list[int] = []
+        pinned: list[tuple[ChunkKey, _Entry]] = []
+        seen: set[ChunkKey] = set()
+        for position, chunk_hash in enumerate(hashes):
+            key = ChunkKey(model, salt, chunk_hash)
+            if key in seen:
+                continue  # a repeated hash within one request: written once
+            seen.add(key)
+            entry = entries.get(key)
+            if entry is None:
+                new.append(position)
+            elif lru.pop(key, None) is not None:
+                pinned.append((key, entry))  # kept out of eviction's reach during this call
+        present = len(seen) - len(new)
+        shortfall = len(new) - len(self._free)
+        if shortfall > 0:
+            self._evict(shortfall)
+        for key, entry in pinned:
+            lru[key] = entry  # touched: now the most recently used
+        positions = new[: len(self._free)]
+        failed = len(new) - len(positions)
+        slots = []
+        free = self._free
+        for position in positions:
+            entry = _Entry(free.pop())
+            entries[ChunkKey(model, salt, hashes[position])] = entry
+            slots.append(entry.slot)
+        if positions:
+            self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, len(positions))
+        if failed:
+            self._pub.emit(_L1_ALLOCATION_FAILED, ("l1_store",), salt_counts={(salt, model): failed})
+        return WriteReservation(positions, slots, present, failed)
+
+    def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
+        """Make reserved chunks readable (``L1_WRITE_FINISHED``); they become the most recently used.
+
+        Returns the sampled subset published with the event (callers reuse it)."""
+        entries = self._entries
+        lru = self._lru
+        for chunk_hash in hashes:
+            key = ChunkKey(model, salt, chunk_hash)
+            entry = entries[key]
+            entry.ready = True
+            entry.nbytes = nbytes
+            lru[key] = entry
+        return self._emit_keys(_L1_WRITE_FINISHED, model, salt, hashes) if hashes else []
+
+    def abort_write(self, model: str, salt: str, hashes: Sequence[int]) -> None:
+        """Give back reserved slots whose data never arrived (publishes nothing)."""
+        for chunk_hash in hashes:
+            entry = self._entries.pop(ChunkKey(model, salt, chunk_hash), None)
+            if entry is not None:
+                self._free.append(entry.slot)
+
+    # -- reads --------------------------------------------------------------------
+
+    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int]) -> int:
+        """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED``).
+
+        Returns its length in chunks.  The locks keep those chunks from being
+        evicted until :meth:`finish_read` or :meth:`release_read`.
+        """
+        entries = self._entries
+        lru = self._lru
+        found = 0
+        for chunk_hash in hashes:
+            key = ChunkKey(model, salt, chunk_hash)
+            entry = entries.get(key)
+            if entry is None or not entry.ready:
+                break
+            if entry.readers == 0:
+                del lru[key]
+            entry.readers += 1
+            found += 1
+        if found:
+            self._pub.emit_salted(_L1_READ_RESERVED, salt, model, found)
+        return found
+
+    def read(self, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, int]]:
+        """(slot, nbytes) of the longest readable prefix of chunks that lookup reported present.
+
+        A chunk that is missing (``not_found``) or still being written
+        (``write_locked``) is an anomaly, not a miss: every such chunk from the
+        first one on is counted in ``L1_READ_FAILED`` (during=l1_retrieve, one
+        event per reason).  Readable chunks after the gap are not returned
+        either (a prefix cannot use them) but are not read failures.
+        """
+        entries = self._entries
+        out = []
+        for chunk_hash in hashes:
+            entry = entries.get(ChunkKey(model, salt, chunk_hash))
+            if entry is None or not entry.ready:
+                break
+            out.append((entry.slot, entry.nbytes))
+        if len(out) < len(hashes):
+            reasons: Counter[str] = Counter()
+            for chunk_hash in hashes[len(out):]:
+                entry = entries.get(ChunkKey(model, salt, chunk_hash))
+                if entry is None:
+                    reasons["not_found"] += 1
+                elif not entry.ready:
+                    reasons["write_locked"] += 1
+            for reason, count in sorted(reasons.items()):
+                self._pub.emit(_L1_READ_FAILED, ("l1_retrieve", reason), salt_counts={(salt, model): count})
+        return out
+
+    def finish_read(self, model: str, salt: str, hashes: Sequence[int], unlock: bool = True) -> list[tuple[int, str, str]]:
+        """Chunks were read: drop one read lock per chunk (unless the read held none, ``unlock=False``)
+        and publish ``L1_READ_FINISHED``; returns the sampled subset."""
+        if not hashes:
+            return []
+        if unlock:
+            self._unlock(model, salt, hashes)
+        return self._emit_keys(_L1_READ_FINISHED, model, salt, hashes)
+
+    def release_read(self, model: str, salt: str, hashes: Sequence[int]) -> None:
+        """Drop read locks of chunks that were never read (publishes nothing)."""
+        self._unlock(model, salt, hashes)
+
+    def _unlock(self, model: str, salt: str, hashes: Sequence[int]) -> None:
+        entries = self._entries
+        lru = self._lru
+        for chunk_hash in hashes:
+            key = ChunkKey(model, salt, chunk_hash)
+            entry = entries.get(key)
+            if entry is None or entry.readers == 0:
+                continue
+            entry.readers -= 1
+            if entry.readers == 0:
+                lru[key] = entry  # most recently used
+
+    # -- eviction -----------------------------------------------------------------
+
+    def evict_tick(self) -> tuple[float, bool]:
+        """One iteration of the eviction loop: at or above the watermark, evict
+        LRU entries until usage is below it.  Publishes ``L1_KEYS_EVICTED`` (if
+        any) and ``L1_EVICTION_LOOP_TICK``; returns (usage before, triggered)."""
+        usage = self.usage
+        triggered = usage >= self.watermark
+        if triggered:
+            # smallest number of used slots that is below the watermark
+            target = int(self.watermark * self.capacity)
+            if target / self.capacity >= self.watermark:
+                target -= 1
+            self._evict(self.used_slots - max(target, 0))
+        self._pub.emit(_L1_EVICTION_LOOP_TICK, (usage, self.watermark, triggered))
+        return usage, triggered
+
+    def _evict(self, count: int) -> int:
+        """Evict up to ``count`` least recently used unlocked entries; returns how many."""
+        lru = self._lru
+        entries = self._entries
+        free = self._free
+        gate = self._gate
+        groups: Counter[tuple[str, str]] = Counter()
+        sampled = []
+        evicted = 0
+        while evicted < count and lru:
+            key, entry = lru.popitem(last=False)
+            del entries[key]
+            free.append(entry.slot)
+            groups[(key.cache_salt, key.model_name)] += 1
+            if gate(key.chunk_hash):
+                sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
+            evicted += 1
+        if evicted:
+            self._pub.emit(_L1_KEYS_EVICTED, salt_counts=groups, sampled=sampled)
+        return evicted
+
+    def _emit_keys(self, etype: EventType, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, str, str]]:
+        gate = self._gate
+        sampled = [(h, salt, model) for h in hashes if gate(h)]
+        if sampled:
+            self._pub.emit(etype, salt_counts={(salt, model): len(hashes)}, sampled=sampled)
+        else:
+            self._pub.emit_salted(etype, salt, model, len(hashes))
+        return sampled

@@ -1,0 +1,235 @@
+"""The client ⇄ cache-process protocol: frames, messages and their validation.
+
+Transport: one Unix domain socket per cache process (``Config.socket_path``,
+mode 0600).  A frame is a 4-byte big-endian payload length followed by a
+msgpack map of at most :data:`MAX_FRAME_BYTES`.  No pickle, no msgpack
+extension types: only maps, lists, strings, integers, floats, booleans, nil.
+
+Requests: ``{"op": str, "id": int, ...arguments}``.  Replies:
+``{"id": int, "ok": True, ...results}`` or
+``{"id": int|None, "ok": False, "error": "<one line>", "error_type": "protocol"|"request"|"timeout"|"internal"}``
+(``id`` is nil when the request could not be parsed far enough to have one).
+
+KV bytes never travel over the socket: the client registers a shared-memory
+buffer it created (named ``shm_name(client_pid, …, "kv<n>")``), and requests
+name blocks of it by index.
+
+========================= ========================================================== ===========================
+op                         arguments                                                  reply fields
+========================= ========================================================== ===========================
+``register_buffer``        shm_name str, num_blocks int, block_bytes int              buffer_id
+``unregister_buffer``      buffer_id int                                              —
+``store``                  buffer_id, request_id str, model_name, cache_salt,         stored_count, skipped_count,
+                           chunk_hashes [u64], block_ids [int], engine_id int          failed_count
+``lookup_prefetch``        request_id, model_name, cache_salt, chunk_hashes           job_id
+``query_prefetch_status``  job_id int                                                 done, found_count,
+                                                                                      requested_count, hit_tokens,
+                                                                                      expired
+``retrieve``               buffer_id, request_id, job_id, block_ids, engine_id,        retrieved_count,
+                           timeout_s float|nil                                         failed_count
+``end_session``            request_id                                                 known (bool)
+``ping``                   —                                                          pid, worker
+========================= ========================================================== ===========================
+
+This module checks everything that can be checked without server state
+(types, ranges, lengths, names); the server checks the rest (buffer ids,
+block ids against the registered buffer, job ids).  Every failure is a
+:class:`~mpcache.errors.ProtocolError` whose message is one line naming the
+field.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any, Callable, NamedTuple
+
+import msgpack
+
+from mpcache.errors import ProtocolError
+
+MAX_FRAME_BYTES = 1 << 20
+FRAME_HEADER = struct.Struct(">I")
+NAME_MAX_BYTES = 128  # model_name, cache_salt (UTF-8 bytes)
+REQUEST_ID_MAX_BYTES = 256
+MAX_CHUNKS = 65536  # chunk hashes / block ids per request
+MAX_BLOCKS = 1 << 24  # blocks per registered buffer
+MAX_TIMEOUT_S = 86400.0
+_U64_MAX = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+# A client buffer's name: "/mpcache.<client pid>.<8 id chars>.kv<n>" (mpcache.shm.segment.shm_name).
+KV_SHM_NAME = re.compile(r"^/mpcache\.([0-9]{1,10})\.[A-Za-z0-9_-]{1,8}\.kv[0-9]{0,12}$")
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SALT_FORBIDDEN = re.compile(r"[@/\\]")
+_MODEL_FORBIDDEN = re.compile(r"[@\\]")  # "org/model" names are normal; "@" is L2's key separator
+
+
+class Request(NamedTuple):
+    op: str
+    id: int
+    args: dict[str, Any]
+
+
+# -- frames ---------------------------------------------------------------------
+
+
+def encode_frame(message: dict) -> bytes:
+    """Length-prefixed msgpack frame; ProtocolError if it would exceed MAX_FRAME_BYTES."""
+    payload = msgpack.packb(message, use_bin_type=True)
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"message is {len(payload)} bytes, the limit is {MAX_FRAME_BYTES}")
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> Any:
+    """The msgpack object in one frame's payload; ProtocolError if it is not exactly one."""
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+        raise ProtocolError(f"malformed frame: not one msgpack object ({type(exc).__name__})") from None
+
+
+def message_id(message: Any) -> int | None:
+    """The request id, if the message has a valid one (for error replies)."""
+    if isinstance(message, dict):
+        value = message.get("id")
+        if type(value) is int and 0 <= value <= _I64_MAX:
+            return value
+    return None
+
+
+def error_reply(request_id: int | None, error_type: str, message: str) -> dict:
+    return {"id": request_id, "ok": False, "error": " ".join(str(message).split()), "error_type": error_type}
+
+
+# -- field validators -------------------------------------------------------------
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
+    def check(value: Any, field: str) -> int:
+        if type(value) is not int:
+            raise ProtocolError(f"{field}: expected an integer, got {type(value).__name__}")
+        if not lo <= value <= hi:
+            raise ProtocolError(f"{field}: {value} is outside {lo}..{hi}")
+        return value
+
+    return check
+
+
+def _name(forbidden: re.Pattern, shown: str, allow_empty: bool) -> Callable[[Any, str], str]:
+    def check(value: Any, field: str) -> str:
+        if type(value) is not str:
+            raise ProtocolError(f"{field}: expected a string, got {type(value).__name__}")
+        if not value and not allow_empty:
+            raise ProtocolError(f"{field}: must not be empty")
+        if len(value.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+            raise ProtocolError(f"{field}: longer than {NAME_MAX_BYTES} bytes of UTF-8")
+        if forbidden.search(value) or _CONTROL.search(value):
+            raise ProtocolError(f"{field}: contains a forbidden character ({shown}, NUL or a control character)")
+        return value
+
+    return check
+
+
+def _request_id(value: Any, field: str) -> str:
+    if type(value) is not str or not value:
+        raise ProtocolError(f"{field}: expected a non-empty string")
+    if len(value.encode("utf-8", "surrogatepass")) > REQUEST_ID_MAX_BYTES or _CONTROL.search(value):
+        raise ProtocolError(f"{field}: longer than {REQUEST_ID_MAX_BYTES} bytes or has control characters")
+    return value
+
+
+def _int_list(lo: int, hi: int, allow_empty: bool) -> Callable[[Any, str], list[int]]:
+    def check(value: Any, field: str) -> list[int]:
+        if type(value) is not list:
+            raise ProtocolError(f"{field}: expected a list of integers, got {type(value).__name__}")
+        if not value and not allow_empty:
+            raise ProtocolError(f"{field}: must not be empty")
+        if len(value) > MAX_CHUNKS:
+            raise ProtocolError(f"{field}: {len(value)} entries, the limit is {MAX_CHUNKS}")
+        for item in value:
+            if type(item) is not int or not lo <= item <= hi:
+                raise ProtocolError(f"{field}: every entry must be an integer in {lo}..{hi}")
+        return value
+
+    return check
+
+
+def _shm_name(value: Any, field: str) -> str:
+    if type(value) is not str or not KV_SHM_NAME.match(value):
+        raise ProtocolError(f"{field}: expected a client buffer name /mpcache.<pid>.<id>.kv<n>")
+    return value
+
+
+def _timeout(value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 <= value <= MAX_TIMEOUT_S:  # NaN fails the range test
+        raise ProtocolError(f"{field}: expected nil or seconds in 0..{MAX_TIMEOUT_S:g}")
+    return float(value)
+
+
+_ID = _int_range(0, _I64_MAX)
+_COUNT = _int_range(1, MAX_BLOCKS)
+_BYTES = _int_range(1, 1 << 40)
+_ENGINE = _int_range(_I64_MIN, _I64_MAX)
+_MODEL = _name(_MODEL_FORBIDDEN, "@ \\", allow_empty=False)
+_SALT = _name(_SALT_FORBIDDEN, "@ / \\", allow_empty=True)
+_HASHES = _int_list(0, _U64_MAX, allow_empty=False)
+_BLOCK_IDS = _int_list(0, MAX_BLOCKS - 1, allow_empty=False)
+
+_REQUIRED = object()
+
+# op -> ((field, validator, default or _REQUIRED), ...)
+OPS: dict[str, tuple[tuple[str, Callable[[Any, str], Any], Any], ...]] = {
+    "ping": (),
+    "register_buffer": (("shm_name", _shm_name, _REQUIRED), ("num_blocks", _COUNT, _REQUIRED),
+                        ("block_bytes", _BYTES, _REQUIRED)),
+    "unregister_buffer": (("buffer_id", _ID, _REQUIRED),),
+    "store": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
+              ("cache_salt", _SALT, ""), ("chunk_hashes", _HASHES, _REQUIRED), ("block_ids", _BLOCK_IDS, _REQUIRED),
+              ("engine_id", _ENGINE, 0)),
+    "lookup_prefetch": (("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
+                        ("cache_salt", _SALT, ""), ("chunk_hashes", _HASHES, _REQUIRED)),
+    "query_prefetch_status": (("job_id", _ID, _REQUIRED),),
+    "retrieve": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("job_id", _ID, _REQUIRED),
+                 ("block_ids", _BLOCK_IDS, _REQUIRED), ("engine_id", _ENGINE, 0), ("timeout_s", _timeout, None)),
+    "end_session": (("request_id", _request_id, _REQUIRED),),
+}
+_ENVELOPE = frozenset(("op", "id"))
+
+
+def parse_request(message: Any) -> Request:
+    """Validate one decoded message against its op's schema; ProtocolError names the first problem."""
+    if not isinstance(message, dict):
+        raise ProtocolError(f"a request must be a map, got {type(message).__name__}")
+    op = message.get("op")
+    if type(op) is not str:
+        raise ProtocolError("op: expected a string")
+    request_id = message_id(message)
+    if request_id is None:
+        raise ProtocolError("id: expected an integer in 0..2**63-1")
+    schema = OPS.get(op)
+    if schema is None:
+        raise ProtocolError(f"op: unknown operation {op[:64]!r}")
+    args: dict[str, Any] = {}
+    given = 2  # op and id
+    for field, check, default in schema:
+        if field in message:
+            args[field] = check(message[field], field)
+            given += 1
+        elif default is _REQUIRED:
+            raise ProtocolError(f"{field}: missing (required by {op})")
+        else:
+            args[field] = default
+    if len(message) != given:
+        extra = sorted(str(k)[:32] for k in message if k not in _ENVELOPE and k not in args)
+        raise ProtocolError(f"unexpected field(s) for {op}: {', '.join(extra)}")
+    if "block_ids" in args and op == "store" and len(args["block_ids"]) != len(args["chunk_hashes"]):
+        raise ProtocolError(
+            f"block_ids: {len(args['block_ids'])} entries for {len(args['chunk_hashes'])} chunk_hashes"
+        )
+    return Request(op, request_id, args)
+

@@ -1,0 +1,1 @@
+"""Tests of the cache process: L1, server, protocol over a real socket."""

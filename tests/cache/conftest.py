@@ -1,0 +1,167 @@
+"""Fixtures for cache-process tests: a small instance's shared memory, an
+in-process server on a thread, and a reader of the events it published."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from mpcache.cache.server import CacheServer
+from mpcache.client import CacheClient
+from mpcache.config import Config
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.intern import NameTable
+from mpcache.shm.provision import create_segments, unlink_segments
+from mpcache.shm.ring import RingReader
+from mpcache.shm.segment import Segment
+from mpcache.telemetry.batch import EventBatch
+
+CHUNK_BYTES = 4096
+CHUNK_TOKENS = 16
+MODEL = "org/model-7b"
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, what: str = "condition") -> object:
+    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def _close(segment: Segment) -> None:
+    try:
+        segment.close()
+    except BufferError:
+        pass
+
+
+def make_config(runtime_dir: str, **overrides) -> Config:
+    values = dict(
+        instance_id=uuid.uuid4().hex,
+        supervisor_pid=os.getpid(),
+        runtime_dir=runtime_dir,
+        workers=1,
+        l1_size_bytes=8 * CHUNK_BYTES,
+        chunk_bytes=CHUNK_BYTES,
+        chunk_size_tokens=CHUNK_TOKENS,
+        ring_capacity_cells=1 << 14,
+        intern_capacity=256,
+        metrics_sample_rate=1.0,
+        eviction_interval_s=3600.0,  # tests that want the loop ask for a short interval
+        l1_watermark=0.75,
+    )
+    values.update(overrides)
+    return Config(**values)
+
+
+class EventLog:
+    """Reads back what a cache process published to its ring."""
+
+    def __init__(self, config: Config, worker: int = 0) -> None:
+        self.segment = Segment.attach(config.ring_name(worker))
+        self.reader = RingReader(self.segment)
+        self.names = NameTable(self.segment.buf, self.reader.intern_capacity)
+
+    def take(self) -> EventBatch:
+        """Everything published since the previous take."""
+        parts = [self.reader.read_batch()]
+        while len(parts[-1]):
+            parts.append(self.reader.read_batch())
+        return EventBatch(0, np.concatenate(parts), self.names)
+
+    def close(self) -> None:
+        self.reader = self.names = None
+        _close(self.segment)
+
+
+class Harness:
+    """A running in-process cache server, its config and its event log."""
+
+    def __init__(self, config: Config, server: CacheServer) -> None:
+        self.config = config
+        self.server = server
+        self.events = EventLog(config)
+        self.thread = threading.Thread(target=server.run, name="cache-server", daemon=True)
+        self.thread.start()
+        self.clients: list[CacheClient] = []
+        self._board_segment = Segment.attach(config.gauge_board_name())
+        self.board = GaugeBoardReader(self._board_segment)
+
+    def client(self) -> CacheClient:
+        client = CacheClient(self.config.socket_path(0))
+        self.clients.append(client)
+        return client
+
+    def stop(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.server.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the server thread did not stop"
+        self.events.close()
+        self.board = None
+        _close(self._board_segment)
+
+
+@pytest.fixture
+def runtime_dir(tmp_path):
+    """tmp_path, unless its socket path would not fit in sun_path (108 bytes)."""
+    if len(os.path.join(str(tmp_path), "cache0.sock")) < 100:
+        yield str(tmp_path)
+        return
+    short = tempfile.mkdtemp(prefix="mpc")
+    yield short
+    for name in os.listdir(short):
+        os.unlink(os.path.join(short, name))
+    os.rmdir(short)
+
+
+@pytest.fixture
+def provisioned(runtime_dir):
+    """Factory: a Config (overrides as keywords) whose segments exist; unlinked at teardown."""
+    made: list[tuple[Config, list[Segment]]] = []
+
+    def make(**overrides) -> Config:
+        config = make_config(runtime_dir, **overrides)
+        made.append((config, create_segments(config)))
+        return config
+
+    yield make
+    for config, segments in made:
+        for segment in segments:
+            _close(segment)
+        unlink_segments(config)
+
+
+@pytest.fixture
+def cache(provisioned):
+    """Factory: start an in-process server (config overrides and server keywords); stopped at teardown."""
+    started: list[Harness] = []
+
+    def start(server_kwargs: dict | None = None, **overrides) -> Harness:
+        config = provisioned(**overrides)
+        harness = Harness(config, CacheServer(config, 0, **(server_kwargs or {})))
+        started.append(harness)
+        return harness
+
+    yield start
+    for harness in started:
+        harness.stop()
+
+
+def fill_blocks(buffer, seed: int) -> None:
+    """Distinct, reproducible bytes in every block of ``buffer``."""
+    rng = np.random.default_rng(seed)
+    buffer.blocks[:] = rng.integers(0, 256, size=buffer.blocks.shape, dtype=np.uint8)

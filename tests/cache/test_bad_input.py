@@ -1,0 +1,207 @@
+"""Hostile or broken clients: every bad request gets a one-line error reply, nothing outside the
+client's buffer is touched, and the server goes on serving that client and everyone else."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgpack
+import pytest
+
+from mpcache import protocol
+from mpcache.events import EventType as E
+from mpcache.shm.segment import Segment, shm_name
+
+from .conftest import CHUNK_BYTES, MODEL
+
+BLOCKS = 4
+
+
+class RawConn:
+    """A client that speaks frames by hand, so tests can send what the real client never would."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(path)
+
+    def send_payload(self, payload: bytes) -> None:
+        self.sock.sendall(protocol.FRAME_HEADER.pack(len(payload)) + payload)
+
+    def reply(self) -> dict:
+        header = self._exact(4)
+        return msgpack.unpackb(self._exact(protocol.FRAME_HEADER.unpack(header)[0]), raw=False)
+
+    def request(self, message: dict) -> dict:
+        self.send_payload(msgpack.packb(message))
+        return self.reply()
+
+    def _exact(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            assert chunk, "the server closed the connection"
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(cache):
+    """A running server, a raw connection with one registered 4-block buffer, and a bystander client."""
+    harness = cache()
+    conn = RawConn(harness.config.socket_path(0))
+    name = shm_name(os.getpid(), "rawtest", "kv0")
+    segment = Segment.create(name, BLOCKS * CHUNK_BYTES)
+    reply = conn.request({"op": "register_buffer", "id": 1, "shm_name": name, "num_blocks": BLOCKS,
+                          "block_bytes": CHUNK_BYTES})
+    assert True is reply["ok"], reply
+    bystander = harness.client()
+    bystander_kv = bystander.register_buffer(1, CHUNK_BYTES)
+    yield harness, conn, reply["buffer_id"], bystander, bystander_kv
+    conn.close()
+    segment.close()
+    Segment.unlink(name)
+
+
+def _store(buffer_id: int, **changes) -> dict:
+    message = {"op": "store", "id": 9, "buffer_id": buffer_id, "request_id": "req", "model_name": MODEL,
+               "cache_salt": "s", "chunk_hashes": [11, 12], "block_ids": [0, 1]}
+    message.update(changes)
+    return {key: value for key, value in message.items() if value is not _DROP}
+
+
+_DROP = object()
+
+# name -> (message builder taking the buffer id, error_type, part of the error message)
+BAD_REQUESTS = {
+    "not a map": (lambda b: [1, 2], "protocol", "a request must be a map"),
+    "unknown op": (lambda b: {"op": "explode", "id": 9}, "protocol", "unknown operation 'explode'"),
+    "missing id": (lambda b: {"op": "ping"}, "protocol", "id: expected an integer"),
+    "unknown field": (lambda b: _store(b, colour="red"), "protocol", "unexpected field(s) for store: colour"),
+    "missing field": (lambda b: _store(b, chunk_hashes=_DROP), "protocol", "chunk_hashes: missing"),
+    "unknown buffer": (lambda b: _store(b + 100), "request", "unknown buffer"),
+    "block id out of range": (lambda b: _store(b, block_ids=[0, BLOCKS]), "request", f"block {BLOCKS} is outside"),
+    "negative block id": (lambda b: _store(b, block_ids=[0, -1]), "protocol", "block_ids: every entry"),
+    "counts differ": (lambda b: _store(b, block_ids=[0]), "protocol", "1 entries for 2 chunk_hashes"),
+    "hash not an int": (lambda b: _store(b, chunk_hashes=[1, "2"]), "protocol", "chunk_hashes: every entry"),
+    "bool engine id": (lambda b: _store(b, engine_id=True), "protocol", "engine_id: expected an integer"),
+    "salt with slash": (lambda b: _store(b, cache_salt="a/b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with at": (lambda b: _store(b, cache_salt="a@b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with backslash": (lambda b: _store(b, cache_salt="a\\b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with NUL": (lambda b: _store(b, cache_salt="a\0b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with newline": (lambda b: _store(b, cache_salt="a\nb"), "protocol", "cache_salt: contains a forbidden"),
+    "salt too long": (lambda b: _store(b, cache_salt="é" * 65), "protocol", "cache_salt: longer than 128 bytes"),
+    "salt not a string": (lambda b: _store(b, cache_salt=b"bytes"), "protocol", "cache_salt: expected a string"),
+    "model with at": (lambda b: _store(b, model_name="m@1"), "protocol", "model_name: contains a forbidden"),
+    "empty model": (lambda b: _store(b, model_name=""), "protocol", "model_name: must not be empty"),
+    "unknown job": (lambda b: {"op": "query_prefetch_status", "id": 9, "job_id": 424242}, "request",
+                    "unknown or expired prefetch job"),
+    "negative timeout": (lambda b: {"op": "retrieve", "id": 9, "buffer_id": b, "request_id": "r", "job_id": 1,
+                                    "block_ids": [0], "timeout_s": -1.0}, "protocol", "timeout_s"),
+    "buffer of another pid": (lambda b: {"op": "register_buffer", "id": 9, "shm_name": "/mpcache.1.abcd.kv0",
+                                         "num_blocks": 1, "block_bytes": 8}, "request", "not named after the client"),
+    "buffer name not a kv buffer": (lambda b: {"op": "register_buffer", "id": 9, "shm_name": "/etc-passwd",
+                                               "num_blocks": 1, "block_bytes": 8}, "protocol", "shm_name"),
+    "buffer that does not exist": (lambda b: {"op": "register_buffer", "id": 9,
+                                              "shm_name": shm_name(os.getpid(), "nothere", "kv0"),
+                                              "num_blocks": 1, "block_bytes": 8}, "request", "does not exist"),
+    "buffer larger than its object": (lambda b: {"op": "register_buffer", "id": 9,
+                                                 "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
+                                                 "num_blocks": BLOCKS + 1, "block_bytes": CHUNK_BYTES},
+                                      "request", "expected at least"),
+    "block larger than a chunk": (lambda b: {"op": "register_buffer", "id": 9,
+                                             "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
+                                             "num_blocks": 1, "block_bytes": CHUNK_BYTES + 1},
+                                  "request", "larger than the chunk size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_request_gets_an_error_reply_and_the_server_keeps_serving(raw, case):
+    """Each malformed or invalid request is answered with ok=False, a one-line error naming the
+    problem and its type; the same connection and another client then work normally, and a
+    refused store publishes no event and touches no L1 slot."""
+    harness, conn, buffer_id, bystander, bystander_kv = raw
+    build, error_type, fragment = BAD_REQUESTS[case]
+    harness.events.take()
+    reply = conn.request(build(buffer_id))
+    assert (False, error_type) == (reply["ok"], reply["error_type"])
+    assert fragment in reply["error"] and "\n" not in reply["error"]
+    assert 0 == len(harness.events.take())
+    assert 0 == harness.server.l1.used_slots
+    assert True is conn.request(_store(buffer_id))["ok"]
+    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [77], [0])
+
+
+def test_reply_to_a_request_with_an_id_carries_that_id(raw):
+    """An error reply answers the request's id when it had a valid one, and nil when it did not."""
+    _, conn, _, _, _ = raw
+    assert (123, None) == (conn.request({"op": "explode", "id": 123})["id"], conn.request({"op": "ping"})["id"])
+
+
+def test_malformed_frame_gets_an_error_reply_and_the_connection_stays_usable(raw):
+    """A frame whose payload is not one msgpack object (garbage, or trailing bytes) is answered with a
+    protocol error; the next request on the same connection is served."""
+    _, conn, _, _, _ = raw
+    for payload in (b"\xc1", b"", msgpack.packb({"op": "ping", "id": 1}) + b"\x00"):
+        conn.send_payload(payload)
+        reply = conn.reply()
+        assert (False, "protocol", None) == (reply["ok"], reply["error_type"], reply["id"])
+        assert "malformed frame" in reply["error"]
+    assert True is conn.request({"op": "ping", "id": 2})["ok"]
+
+
+def test_oversized_frame_gets_an_error_reply_then_that_connection_is_closed(raw):
+    """A frame header announcing more than 1 MiB gets an error reply and its connection is closed;
+    other clients are served, and a new connection works."""
+    harness, conn, _, bystander, bystander_kv = raw
+    conn.sock.sendall(protocol.FRAME_HEADER.pack(protocol.MAX_FRAME_BYTES + 1))
+    reply = conn.reply()
+    assert (False, "protocol") == (reply["ok"], reply["error_type"])
+    assert "exceeds the 1048576-byte limit" in reply["error"]
+    assert b"" == conn.sock.recv(1)
+    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [78], [0])
+    fresh = RawConn(harness.config.socket_path(0))
+    assert True is fresh.request({"op": "ping", "id": 1})["ok"]
+    fresh.close()
+
+
+def test_abrupt_disconnect_mid_frame_does_not_disturb_others(raw):
+    """A client that sends half a frame and vanishes is dropped; the server goes on serving."""
+    harness, conn, _, bystander, bystander_kv = raw
+    conn.sock.sendall(protocol.FRAME_HEADER.pack(100) + b"\x81")
+    conn.sock.close()
+    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [79], [0])
+
+
+def test_shrunk_client_buffer_is_refused_instead_of_read(cache):
+    """A buffer whose shared-memory object was truncated after registration is refused (reading the
+    mapping past the new end would fault), with a request error, and no event is published."""
+    harness = cache()
+    client = harness.client()
+    kv = client.register_buffer(4, CHUNK_BYTES)
+    os.truncate("/dev/shm/" + kv.name.lstrip("/"), CHUNK_BYTES)
+    harness.events.take()
+    with pytest.raises(Exception, match="shrank"):
+        client.store(kv, "r", MODEL, "", [1], [0])
+    assert 0 == harness.events.take().count([E.MP_STORE_START])
+
+
+def test_pipelined_requests_from_a_client_that_reads_late_are_all_answered_in_order(raw):
+    """A client that sends 40,000 requests before reading any reply (more than the server buffers
+    for it) gets every reply, in order: the server pauses reading instead of buffering without bound."""
+    import threading
+
+    harness, conn, _, bystander, bystander_kv = raw
+    count = 40_000
+    frames = b"".join(protocol.encode_frame({"op": "ping", "id": i}) for i in range(count))
+    sender = threading.Thread(target=conn.sock.sendall, args=(frames,))
+    sender.start()
+    ids = [conn.reply()["id"] for _ in range(count)]
+    sender.join(10)
+    assert list(range(count)) == ids
+    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [80], [0])

@@ -1,0 +1,108 @@
+"""``python -m mpcache.cache`` as a real process: start-up, serving, logs, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from mpcache.client import CacheClient
+from mpcache.errors import ProtocolError
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.segment import Segment
+
+from .conftest import CHUNK_BYTES, MODEL, _close, wait_for
+
+
+def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, runtime_dir):
+    """The module entry point serves on a 0600 socket, heartbeats in its gauge slot, logs start,
+    client errors and stop as JSON lines (role cache, worker 0), and on SIGTERM removes its
+    socket, zeroes its heartbeat and exits 0."""
+    config = provisioned()
+    config_path = os.path.join(runtime_dir, "config.json")
+    with open(config_path, "w", encoding="utf-8") as handle:
+        handle.write(config.to_json())
+    stderr_path = os.path.join(runtime_dir, "cache0.stderr")
+    with open(stderr_path, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "mpcache.cache", "--config", config_path, "--worker", "0"],
+                                   stderr=stderr)
+    board_segment = Segment.attach(config.gauge_board_name())
+    board = GaugeBoardReader(board_segment)
+    try:
+        socket_path = config.socket_path(0)
+        wait_for(lambda: os.path.exists(socket_path) or process.poll() is not None, timeout_s=30, what="the socket")
+        assert None is process.poll()
+        assert 0o600 == stat.S_IMODE(os.stat(socket_path).st_mode)
+        with CacheClient(socket_path) as client:
+            kv = client.register_buffer(1, CHUNK_BYTES)
+            assert 1 == client.store(kv, "r", MODEL, "", [5], [0])
+            with pytest.raises(ProtocolError):
+                client.call("no_such_op")
+            assert (process.pid, [0]) == (board.word(0, layout.G_PID), board.live_slots())
+            process.send_signal(signal.SIGTERM)
+            assert 0 == process.wait(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (0, False) == (board.word(0, layout.G_HEARTBEAT), os.path.exists(socket_path))
+    del board
+    _close(board_segment)
+    with open(stderr_path, encoding="utf-8") as handle:
+        lines = [json.loads(line) for line in handle if line.startswith("{")]
+    seen = [(line["event"], line["role"], line["worker"]) for line in lines]
+    assert [("cache.start", "cache", 0), ("client.error", "cache", 0), ("cache.stop", "cache", 0)] == seen
+
+
+def test_bad_configuration_is_one_line_and_exit_status_2(tmp_path):
+    """A configuration file that does not parse ends the process at once with status 2 and one
+    line naming the file."""
+    path = tmp_path / "config.json"
+    path.write_text('{"instance_id": "x", "supervisor_pid": 1, "runtime_dir": "/tmp", "workers": 0}')
+    result = subprocess.run([sys.executable, "-m", "mpcache.cache", "--config", str(path), "--worker", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert (2, 1) == (result.returncode, len(result.stderr.strip().splitlines()))
+    assert "--workers" in result.stderr
+
+
+
+def test_cache_process_stops_when_its_supervisor_dies(provisioned, runtime_dir):
+    """A cache process whose parent dies without stopping it (SIGKILL) notices within its heartbeat
+    interval, logs cache.orphaned, zeroes its heartbeat and exits instead of serving forever."""
+    import psutil
+
+    config = provisioned()
+    config_path = os.path.join(runtime_dir, "config.json")
+    with open(config_path, "w", encoding="utf-8") as handle:
+        handle.write(config.to_json())
+    launcher = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', 'mpcache.cache', "
+                f"'--config', {config_path!r}, '--worker', '0'], stderr=subprocess.DEVNULL); print(p.pid, flush=True); "
+                "time.sleep(60)")
+    cache_pid = None
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(cache_pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    try:
+        cache_pid = int(parent.stdout.readline())
+        wait_for(lambda: os.path.exists(config.socket_path(0)), timeout_s=30, what="the socket")
+        parent.kill()
+        parent.wait()
+        wait_for(gone, timeout_s=10, what="the orphaned cache process to exit")
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if cache_pid is not None and not gone():
+            os.kill(cache_pid, signal.SIGKILL)
+    assert False is os.path.exists(config.socket_path(0))
