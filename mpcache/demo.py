@@ -6,8 +6,9 @@ some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
 request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
 read the result, retrieve the hit prefix into its KV blocks, store the rest,
 end the session.  A small fault mix keeps the failure counters honest: now and
-then a store larger than L1 (allocations fail) and a retrieve with an
-impossible deadline (a timeout).
+then a store larger than L1 (allocations fail), a retrieve with an
+impossible deadline (a timeout), and a client that comes back for its
+prefetch only after it expired and its chunks were evicted (read failures).
 
 Every retrieved chunk is checked byte for byte against what was stored; a
 mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
@@ -43,6 +44,7 @@ ZIPF_EXPONENT = 1.3
 PROGRESS_INTERVAL_S = 5.0
 BIG_STORE_EVERY = 400  # requests between stores larger than L1
 TIMEOUT_EVERY = 150  # requests between retrieves with an impossible deadline
+LATE_CLIENT_EVERY = 250  # requests between prefetches whose client comes back after they expired
 
 
 def fill_chunk(block: np.ndarray, chunk_hash: int) -> None:
@@ -102,6 +104,7 @@ class Demo:
         self.buffers = [c.register_buffer(self.max_chunks, config.chunk_bytes) for c in self.clients]
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
+        self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
 
     def run(self, seconds: float) -> int:
         started = last_report = time.monotonic()
@@ -130,6 +133,9 @@ class Demo:
         found = int(status["found_count"])
         tally.requested_tokens[tenant] += len(hashes) * self.config.chunk_size_tokens
         tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
+        if found and n % LATE_CLIENT_EVERY == 0:
+            self.late.append((worker, request_id, job, found, tenant, model, time.monotonic()))
+            return  # this client goes quiet; _late_retrieve comes back for it
         if found:
             if n % TIMEOUT_EVERY == 0:
                 self._timeout_fault(client, buffer, request_id, job, found)
@@ -146,6 +152,18 @@ class Demo:
         client.end_session(request_id)
         if n % BIG_STORE_EVERY == 0:
             self._big_store_fault(client, worker, tenant, model)
+        if self.late and time.monotonic() - self.late[0][-1] > self.config.prefetch_job_ttl_s + 0.5:
+            self._late_retrieve(*self.late.pop(0)[:-1])
+
+    def _late_retrieve(self, worker: int, request_id: str, job, found: int, tenant: str, model: str) -> None:
+        """Retrieve a prefetch after it expired, once a big store has evicted its chunks:
+        what is gone is an L1 read failure (not_found), what is left is retrieved."""
+        client, buffer = self.clients[worker], self.buffers[worker]
+        self._big_store_fault(client, worker, tenant, model)
+        got = client.retrieve(buffer, request_id, job, list(range(found)))
+        self.tally.retrieved[tenant] += got
+        self.tally.expected_faults["l1_read_failed_chunks"] += found - got
+        client.end_session(request_id)
 
     def _verify(self, buffer, hashes: list[int]) -> None:
         expected = np.empty(self.config.chunk_bytes, dtype=np.uint8)

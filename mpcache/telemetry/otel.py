@@ -56,7 +56,8 @@ class MetricsExport:
     def start(cls, config: Config) -> "MetricsExport":
         """Build the MeterProvider with its readers and start serving ``/metrics``."""
         registry = CollectorRegistry(auto_describe=True)
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
+        # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
+        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry, scope_info_enabled=False)]
         otlp_reader = None
         if config.otlp_endpoint:
             otlp_reader = PeriodicExportingMetricReader(

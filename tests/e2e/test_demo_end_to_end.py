@@ -69,6 +69,8 @@ def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:
         "lmcache_mp_timeouts_total", exception_type="MpcacheTimeoutError")
     assert float(tally["expected_faults"].get("l1_allocation_failed_chunks", 0)) == scrape.total(
         "lmcache_mp_l1_allocation_failure_chunks_total", during="l1_store")
+    assert float(tally["expected_faults"].get("l1_read_failed_chunks", 0)) == scrape.total(
+        "lmcache_mp_l1_read_failure_chunks_total", during="l1_retrieve", reason="not_found")
     assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
 
     missing = [n for n in COUNTERS + GAUGES if n not in scrape.samples]
