@@ -106,21 +106,42 @@ class Publisher:
             for etype in EventType
             if has_inline_salt(etype) and not SCHEMAS[etype].fields
         }
+        self._emitters = {
+            etype: writer.one_cell_emitter(record, int(etype), clock_ns) for etype, record in self._one_cell.items()
+        }
         self.emit_salted = self._make_emit_salted()
 
+    def salted_emitter(self, etype: EventType) -> Callable[[int, int, int], bool]:
+        """``emit(cache_salt_id, model_name_id, count)`` for one event type without fixed
+        fields: the hottest publish — one call, one pack, one store.  Ids come from
+        :meth:`name_id`; resolve them once per request, not once per event."""
+        return self._emitters[etype]
+
+    def name_id(self, name: str) -> int:
+        """The interned id of a low-cardinality name (appended to the table on first use)."""
+        return self._interner.id_of(name)
+
     def _make_emit_salted(self) -> Callable[[EventType, str, str, int], bool]:
-        """``emit_salted(etype, cache_salt, model_name, count)``: the hot shape, built once.
+        """``emit_salted(etype, cache_salt, model_name, count)``: the hot shape by name.
 
         For an event without fixed fields whose keys share one (cache_salt,
-        model_name) and include no sampled key: one cell, one pack, one store.
-        Never raises.
+        model_name) and include no sampled key: one cell.  Never raises.
         """
+        emitters, ids = self._emitters, self._ids
+
         def slow(etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
             return self.emit(etype, salt_counts={(cache_salt, model_name): count})
 
         if self._lock is not None:
             return slow  # shared by threads: take the locked general path
-        return self._writer.one_cell_appender(self._one_cell, self._ids, self._clock_ns, slow)
+
+        def emit_salted(etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
+            try:
+                return emitters[etype](ids[cache_salt], ids[model_name], count)
+            except KeyError:  # a name not interned yet, or a type without a one-cell shape
+                return slow(etype, cache_salt, model_name, count)
+
+        return emit_salted
 
     def emit(
         self,

@@ -72,7 +72,7 @@ class RingWriter:
     dropped, so a gap in sequence numbers is a drop.
     """
 
-    __slots__ = ("_buf", "_words", "_capacity", "_mask", "_cells_off", "_head", "_tail_seen", "seq")
+    __slots__ = ("_buf", "_words", "_capacity", "_mask", "_cells_off", "_head", "_limit", "seq")
 
     def __init__(self, segment: Segment) -> None:
         geometry = read_geometry(segment)
@@ -83,7 +83,7 @@ class RingWriter:
         self._cells_off = geometry.cells_offset
         recover_torn_record(segment)
         self._head = self._words[layout.OFF_HEAD // 8]
-        self._tail_seen = self._words[layout.OFF_TAIL // 8]
+        self._limit = self._words[_TAIL_WORD] + self._capacity  # head may grow up to here (last tail seen)
         self.seq = _next_seq(self._buf, self._cells_off, self._mask, self._head)
         self._words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
 
@@ -92,7 +92,7 @@ class RingWriter:
         (which carry ``seq & 0xFFFFFFFF`` in every cell).  Never raises: False,
         and counted, when the ring is full or the values do not pack."""
         head = self._head
-        if head + ncells - self._tail_seen > self._capacity and not self._has_room(ncells):
+        if head + ncells > self._limit and not self._has_room(ncells):
             return False
         self.seq += 1
         pos = head & self._mask
@@ -109,55 +109,43 @@ class RingWriter:
         self._words[_HEAD_WORD] = head + ncells  # the commit
         return True
 
-    def one_cell_appender(
-        self,
-        records: dict[int, struct.Struct],
-        ids: dict[str, int],
-        clock_ns: Callable[[], int],
-        fallback: Callable[[int, str, str, int], bool],
-    ) -> Callable[[int, str, str, int], bool]:
-        """The hottest publish, specialised once: ``append(etype, name_a, name_b, count)``.
+    def one_cell_emitter(self, record: struct.Struct, etype: int,
+                         clock_ns: Callable[[], int]) -> Callable[[int, int, int], bool]:
+        """The hottest publish, specialised once per event type: ``emit(a, b, c)``.
 
-        It packs one head cell ``records[etype]`` holding the timestamp and, in
-        its last three slots, ``ids[name_a]``, ``ids[name_b]`` and ``count``,
-        then commits it — the whole :meth:`append` protocol inlined with its
-        constants bound as closure variables, because on this path every
-        attribute load and call is a measurable share of the cost.  A type or
-        name not in ``records``/``ids`` goes to ``fallback``.  Never raises.
+        It packs one head cell ``record`` holding the timestamp and, in its last
+        three slots, the integers ``a``, ``b``, ``c``, then commits it — the
+        whole :meth:`append` protocol inlined with its constants bound as
+        closure variables, because on this path every attribute load and call
+        is a measurable share of the cost.  Never raises.
         """
         writer = self
-        buf, words, capacity, mask, cells_off = self._buf, self._words, self._capacity, self._mask, self._cells_off
+        buf, words, mask, cells_off = self._buf, self._words, self._mask, self._cells_off
         head_kind = layout.CELL_HEAD
 
-        def append(etype: int, name_a: str, name_b: str, count: int) -> bool:
-            try:
-                record = records[etype]
-                id_a = ids[name_a]
-                id_b = ids[name_b]
-            except KeyError:
-                return fallback(etype, name_a, name_b, count)
+        def emit(a: int, b: int, c: int) -> bool:
             head = writer._head
-            if head - writer._tail_seen >= capacity and not writer._has_room(1):
+            if head >= writer._limit and not writer._has_room(1):
                 return False
             seq = writer.seq
             writer.seq = seq + 1
+            offset = cells_off + ((head & mask) << 6)
             try:
-                record.pack_into(buf, cells_off + ((head & mask) << 6), seq & 0xFFFFFFFF, head_kind, etype, 1,
-                                 clock_ns(), id_a, id_b, count)
+                record.pack_into(buf, offset, seq & 0xFFFFFFFF, head_kind, etype, 1, clock_ns(), a, b, c)
             except (struct.error, TypeError, ValueError, OverflowError):
-                _clear_cell(buf, cells_off + ((head & mask) << 6))
+                _clear_cell(buf, offset)  # pack_into may have begun the cell
                 words[_DROPPED_WORD] += 1
                 return False
             writer._head = head + 1
             words[_HEAD_WORD] = head + 1  # the commit
             return True
 
-        return append
+        return emit
 
     def _has_room(self, ncells: int) -> bool:
         """Re-read the consumer's tail; count a drop (spending a seq) if still full."""
-        self._tail_seen = self._words[_TAIL_WORD]
-        if self._head + ncells - self._tail_seen <= self._capacity:
+        self._limit = self._words[_TAIL_WORD] + self._capacity
+        if self._head + ncells <= self._limit:
             return True
         self.seq += 1
         self._words[_DROPPED_WORD] += 1
