@@ -101,6 +101,11 @@ class Publisher:
         self._clock_ns = clock_ns
         self._shapes = {etype: _Shape(etype) for etype in EventType}
         self._structs: dict[tuple, struct.Struct] = {}
+        self._plain_records = {  # per type: the record without / with a one-cell session id
+            int(etype): (self._compile(shape, (etype, 0, 0, 0, 0)), self._compile(shape, (etype, 0, 0, 0, 1)))
+            for etype, shape in self._shapes.items()
+            if not shape.inline_salt
+        }
         self._one_cell = {
             etype: struct.Struct("<" + self._shapes[etype].head_fmt)
             for etype in EventType
@@ -164,55 +169,85 @@ class Publisher:
     def _emit(self, etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns) -> bool:
         try:
             shape = self._shapes[etype]
-            intern = self._interner.id_of
             values = list(fields)
             if len(values) != shape.n_fields:
                 raise ValueError(f"{etype.name} takes {shape.n_fields} fields, got {len(values)}")
+            ids = self._ids
             for position in shape.name_positions:
-                values[position] = intern(values[position])
-            salts = []
-            if salt_counts:
-                for (salt, model), count in salt_counts.items():
-                    salts.append((intern(salt), intern(model), count))
-            samples = []
-            for chunk_hash, salt, model in sampled or ():
-                samples.append((chunk_hash & _MASK64, intern(salt), intern(model)))
-            blocks = list(blocks or ())
-            text_cells = self._text_cells(shape, session_id, texts, blocks)
-            if shape.inline_salt:
-                inline = salts[0] if salts else (0, 0, 0)
-                salts = salts[1:]
-            seq = self._writer.seq & _MASK32
-            et = shape.etype
-            ncells = 1 + len(shape.field_cells) + len(salts) + len(samples) + len(blocks) + len(text_cells)
-            args = [seq, layout.CELL_HEAD, et, ncells, self._clock_ns() if timestamp_ns is None else timestamp_ns]
-            args += values[: layout.HEAD_FIELD_SLOTS]
-            if shape.inline_salt:
-                args += inline
-            index = 1
-            offset = layout.HEAD_FIELD_SLOTS
-            for count, _ in shape.field_cells:
-                args += (seq, layout.CELL_FIELDS, et, index, *values[offset : offset + count])
-                offset += count
-                index += 1
-            for row in salts:
-                args += (seq, layout.CELL_SALT, et, index, *row)
-                index += 1
-            for row in samples:
-                args += (seq, layout.CELL_SAMPLED, et, index, *row)
-                index += 1
-            for i, (_, block_id, th) in enumerate(blocks):
-                args += (seq, layout.CELL_BLOCK, et, index, TEXT_FIELD_BLOCK_REQUESTS + i, block_id, th & _MASK64)
-                index += 1
-            for number, piece in text_cells:
-                args += (seq, layout.CELL_TEXT, et, index, number, len(piece), piece)
-                index += 1
-            key = (etype, len(salts), len(samples), len(blocks), len(text_cells))
-            record = self._structs.get(key) or self._compile(shape, key)
+                name = values[position]
+                name_id = ids.get(name)
+                values[position] = name_id if name_id is not None else self._interner.id_of(name)
+            timestamp = self._clock_ns() if timestamp_ns is None else timestamp_ns
+            if salt_counts or sampled or texts or blocks or shape.inline_salt:
+                record, ncells, args = self._general(shape, values, timestamp, salt_counts, sampled, session_id,
+                                                     texts, blocks)
+            else:
+                record, ncells, args = self._plain(shape, values, timestamp, session_id)
         except Exception:  # noqa: BLE001 - an encoding bug must never reach the data path
             self._writer.count_drop()
             return False
         return self._writer.append(record, ncells, args)
+
+    def _head_and_fields(self, shape: _Shape, values: list, timestamp: int, seq: int, ncells: int) -> list:
+        """Arguments of the head cell and the FIELDS cells."""
+        et = shape.etype
+        args = [seq, layout.CELL_HEAD, et, ncells, timestamp]
+        args += values[: layout.HEAD_FIELD_SLOTS]
+        offset = layout.HEAD_FIELD_SLOTS
+        for index, (count, _) in enumerate(shape.field_cells, start=1):
+            args += (seq, layout.CELL_FIELDS, et, index, *values[offset : offset + count])
+            offset += count
+        return args
+
+    def _plain(self, shape: _Shape, values: list, timestamp: int, session_id: str) -> tuple[struct.Struct, int, list]:
+        """Fixed fields and at most a short session id: the MP server's events.  Its two
+        record shapes (with and without a one-cell session id) are compiled once."""
+        data = session_id.encode("utf-8", "replace") if session_id else b""
+        if len(data) > layout.TEXT_BYTES_PER_CELL:
+            return self._general(shape, values, timestamp, None, (), session_id, (), ())
+        seq = self._writer.seq & _MASK32
+        ncells = 1 + len(shape.field_cells) + (1 if data else 0)
+        args = self._head_and_fields(shape, values, timestamp, seq, ncells)
+        if data:
+            args += (seq, layout.CELL_TEXT, shape.etype, ncells - 1, TEXT_FIELD_SESSION, len(data), data)
+        return self._plain_records[shape.etype][1 if data else 0], ncells, args
+
+    def _general(self, shape: _Shape, values: list, timestamp: int, salt_counts, sampled, session_id: str,
+                 texts: tuple[str, ...], blocks) -> tuple[struct.Struct, int, list]:
+        intern = self._interner.id_of
+        salts = []
+        if salt_counts:
+            for (salt, model), count in salt_counts.items():
+                salts.append((intern(salt), intern(model), count))
+        samples = []
+        for chunk_hash, salt, model in sampled or ():
+            samples.append((chunk_hash & _MASK64, intern(salt), intern(model)))
+        blocks = list(blocks or ())
+        text_cells = self._text_cells(shape, session_id, texts, blocks)
+        if shape.inline_salt:
+            inline = salts[0] if salts else (0, 0, 0)
+            salts = salts[1:]
+        seq = self._writer.seq & _MASK32
+        et = shape.etype
+        ncells = 1 + len(shape.field_cells) + len(salts) + len(samples) + len(blocks) + len(text_cells)
+        args = self._head_and_fields(shape, values, timestamp, seq, ncells)
+        index = 1 + len(shape.field_cells)
+        if shape.inline_salt:  # at most three fields, all in the head cell: the group follows them
+            args += inline
+        for row in salts:
+            args += (seq, layout.CELL_SALT, et, index, *row)
+            index += 1
+        for row in samples:
+            args += (seq, layout.CELL_SAMPLED, et, index, *row)
+            index += 1
+        for i, (_, block_id, th) in enumerate(blocks):
+            args += (seq, layout.CELL_BLOCK, et, index, TEXT_FIELD_BLOCK_REQUESTS + i, block_id, th & _MASK64)
+            index += 1
+        for number, piece in text_cells:
+            args += (seq, layout.CELL_TEXT, et, index, number, len(piece), piece)
+            index += 1
+        key = (shape.etype, len(salts), len(samples), len(blocks), len(text_cells))
+        return self._structs.get(key) or self._compile(shape, key), ncells, args
 
     @staticmethod
     def _text_cells(shape: _Shape, session_id: str, texts: tuple[str, ...], blocks: list) -> list[tuple[int, bytes]]:
