@@ -1,0 +1,504 @@
+"""Tracing subscribers (``--enable-tracing``): spans rebuilt from START/END event pairs.
+
+Every span is created after the fact with the producer's recorded timestamps
+(``start_span(..., start_time=START.timestamp_ns)``, ``end(end_time=END.timestamp_ns)``),
+so a span's length is what the cache process measured, not when the
+telemetry process happened to read the ring.
+
+MP server (:class:`MPServerTracing`, tracer ``mpcache.server``)
+    * ``request``: one root span per session (request id), opened by
+      ``MP_REQUEST_START``.  ``MP_STORE_SUBMITTED``/``MP_RETRIEVE_SUBMITTED``
+      count copies in flight for the session; each store/retrieve END counts
+      one down.  ``MP_REQUEST_END`` ends the root at once when nothing is in
+      flight, otherwise its time is kept and the END that brings the count to
+      zero ends the root **at the saved REQUEST_END time**.  When
+      REQUEST_START never came (events missed), the first child START opens the
+      root lazily (attribute ``mpcache.root_inferred``).
+    * children ``mp.store``, ``mp.retrieve``, ``mp.lookup_prefetch``: a START
+      opens one, the matching END closes it.  Pending STARTs are kept per
+      (producer, session, op, device) in FIFO order, so two concurrent stores
+      of one request are two children (the reference kept one per
+      (session, op) and lost one).  Attributes: the START's and END's fields
+      with their native types (END values win), plus ``producer``.
+    * ``MP_LOOKUP_PREFETCH_END`` also puts the hit-rate attributes on the root:
+      ``hit_tokens``, ``requested_tokens``, ``hit_rate`` (float, precomputed),
+      ``l1_hit_tokens``, ``l2_hit_tokens``, ``l1_hit_rate``, ``l2_hit_rate``,
+      ``early_exit_reason``, summed over the session's lookups (one normally).
+
+Blend (:class:`BlendTracing`, tracer ``mpcache.blend``)
+    ``cb.request`` root per session (nested under the MP ``request`` root when
+    that one is open), children ``cb.lookup``, ``cb.retrieve``,
+    ``cb.store_pre_computed``, ``cb.store_final``.  ``CB_REQUEST_END`` ends the
+    root at once unless a child is still open; then the last child END ends it
+    at the saved time.
+
+Timeouts (:class:`TimeoutTracing`, tracer ``mpcache.timeout``)
+    ``TIMEOUT_RAISED`` → a zero-length ``timeout`` span with an ``exception``
+    span event (exception.type/.message/.stacktrace) and ERROR status,
+    parented to the session's MP root (else its blend root) when one is open,
+    a trace of its own otherwise.
+
+All three run inside one :class:`TracingSubscriber`, so that events are
+handled in ring order across components (a timeout published just before its
+request's ``MP_REQUEST_END`` in the same batch still finds the root open).
+
+Pending state is bounded: at most ``max_sessions`` open roots per component
+(the least recently active gives way) and ``max_children`` open children per
+session (the oldest gives way).  :meth:`TracingSubscriber.on_tick` expires
+sessions idle for ``ttl_s`` (default 120 s).  Spans ended for any of these
+reasons, or at shutdown, carry ``mpcache.incomplete`` = ``"expired"``,
+``"evicted"``, ``"session_ended"`` or ``"shutdown"`` and end at the last
+event time seen for them.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+
+from mpcache.config import Config
+from mpcache.events import EventType
+from mpcache.telemetry.batch import Event
+from mpcache.telemetry.bus import Subscriber
+
+E = EventType
+log = structlog.get_logger("mpcache.telemetry.tracing")
+
+TRACER_MP = "mpcache.server"
+TRACER_BLEND = "mpcache.blend"
+TRACER_TIMEOUT = "mpcache.timeout"
+
+DEFAULT_TTL_S = 120.0
+DEFAULT_MAX_SESSIONS = 10_000
+DEFAULT_MAX_CHILDREN = 256
+
+INCOMPLETE = "mpcache.incomplete"  # why a span was ended without its END event
+ROOT_INFERRED = "mpcache.root_inferred"  # the root was opened by a child, REQUEST_START never came
+
+# START type → (op, span name, fields that tell concurrent operations of one session apart)
+_MP_STARTS = {
+    E.MP_STORE_START: ("store", "mp.store", ("device",)),
+    E.MP_RETRIEVE_START: ("retrieve", "mp.retrieve", ("device",)),
+    E.MP_LOOKUP_PREFETCH_START: ("lookup_prefetch", "mp.lookup_prefetch", ()),
+}
+_MP_ENDS = {E.MP_STORE_END: E.MP_STORE_START, E.MP_RETRIEVE_END: E.MP_RETRIEVE_START,
+            E.MP_LOOKUP_PREFETCH_END: E.MP_LOOKUP_PREFETCH_START}
+_IN_FLIGHT = {E.MP_STORE_SUBMITTED: "store", E.MP_RETRIEVE_SUBMITTED: "retrieve",
+              E.MP_STORE_END: "store", E.MP_RETRIEVE_END: "retrieve"}
+
+_CB_STARTS = {
+    E.CB_LOOKUP_START: ("lookup", "cb.lookup", ()),
+    E.CB_RETRIEVE_START: ("retrieve", "cb.retrieve", ("instance_id", "worker_id")),
+    E.CB_STORE_PRE_COMPUTED_START: ("store_pre_computed", "cb.store_pre_computed", ("instance_id",)),
+    E.CB_STORE_FINAL_START: ("store_final", "cb.store_final", ("instance_id",)),
+}
+_CB_ENDS = {E.CB_LOOKUP_END: E.CB_LOOKUP_START, E.CB_RETRIEVE_END: E.CB_RETRIEVE_START,
+            E.CB_STORE_PRE_COMPUTED_END: E.CB_STORE_PRE_COMPUTED_START,
+            E.CB_STORE_FINAL_END: E.CB_STORE_FINAL_START}
+
+
+def _attributes(fields: dict[str, Any]) -> dict[str, Any]:
+    """Event fields as span attributes, native types kept (int, float, bool, str)."""
+    return {name: value for name, value in fields.items() if isinstance(value, (bool, int, float, str))}
+
+
+def _rate(numerator: int, denominator: int) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+@dataclass
+class _Child:
+    """A child span opened by a START, waiting for its END."""
+
+    span: Span
+    start_ns: int
+
+
+@dataclass
+class _Root:
+    """An open root span (MP ``request`` or ``cb.request``) and the session state around it."""
+
+    session_id: str
+    span: Span | None = None  # None until REQUEST_START or a child START (SUBMITTED alone opens nothing)
+    context: Context | None = None
+    last_event_ns: int = 0  # latest event timestamp of this session: where an expired root ends
+    active_ns: int = 0  # max(event timestamp, last tick) of the latest event: what expiry measures
+    end_ns: int | None = None  # the saved REQUEST_END time while copies are still in flight
+    in_flight: dict[str, int] = field(default_factory=lambda: {"store": 0, "retrieve": 0})
+    producers: set[int] = field(default_factory=set)  # REQUEST_START seen, REQUEST_END not yet
+    children: dict[tuple, collections.deque] = field(default_factory=dict)
+    n_children: int = 0
+    hits: dict[str, int] = field(default_factory=dict)
+    early_exit_reason: str = ""
+
+    def touch(self, timestamp_ns: int, tick_ns: int) -> None:
+        self.last_event_ns = max(self.last_event_ns, timestamp_ns)
+        self.active_ns = max(self.active_ns, timestamp_ns, tick_ns)
+
+
+class _Roots:
+    """Open roots of one component by session id, least recently active first, with a cap."""
+
+    def __init__(self, max_sessions: int, max_children: int, on_drop: Callable[[_Root, str], None]) -> None:
+        self._roots: collections.OrderedDict[str, _Root] = collections.OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_children = max_children
+        self._on_drop = on_drop
+        self.tick_ns = 0  # the latest on_tick time
+
+    def __len__(self) -> int:
+        return len(self._roots)
+
+    def get(self, session_id: str) -> _Root | None:
+        return self._roots.get(session_id)
+
+    def touch(self, session_id: str, timestamp_ns: int) -> _Root:
+        """The session's state (created if needed), marked active at ``timestamp_ns``."""
+        root = self._roots.get(session_id)
+        if root is None:
+            root = self._roots[session_id] = _Root(session_id)
+            while len(self._roots) > self._max_sessions:
+                _, oldest = self._roots.popitem(last=False)
+                self._on_drop(oldest, "evicted")
+        else:
+            self._roots.move_to_end(session_id)
+        root.touch(timestamp_ns, self.tick_ns)
+        return root
+
+    def remove(self, root: _Root) -> None:
+        if self._roots.get(root.session_id) is root:
+            del self._roots[root.session_id]
+
+    def push_child(self, root: _Root, key: tuple, child: _Child) -> None:
+        root.children.setdefault(key, collections.deque()).append(child)
+        root.n_children += 1
+        if root.n_children > self._max_children:  # the oldest pending START gives way
+            oldest_key = min(root.children, key=lambda k: root.children[k][0].start_ns)
+            victim = self.pop_child(root, oldest_key)
+            if victim is not None:
+                _end_incomplete(victim.span, "evicted", max(victim.start_ns, root.last_event_ns))
+
+    def pop_child(self, root: _Root, key: tuple) -> _Child | None:
+        queue = root.children.get(key)
+        if not queue:
+            return None
+        child = queue.popleft()
+        if not queue:
+            del root.children[key]
+        root.n_children -= 1
+        return child
+
+    def expire(self, now_ns: int, ttl_ns: int) -> int:
+        self.tick_ns = now_ns
+        stale = [root for root in self._roots.values() if now_ns - root.active_ns >= ttl_ns]
+        for root in stale:
+            del self._roots[root.session_id]
+            self._on_drop(root, "expired")
+        return len(stale)
+
+    def drain(self, reason: str) -> None:
+        while self._roots:
+            _, root = self._roots.popitem(last=False)
+            self._on_drop(root, reason)
+
+
+def _end_incomplete(span: Span, reason: str, end_ns: int) -> None:
+    span.set_attribute(INCOMPLETE, reason)
+    span.end(end_time=end_ns)
+
+
+def _end_children(root: _Root, reason: str, end_ns: int) -> None:
+    for queue in root.children.values():
+        for child in queue:
+            _end_incomplete(child.span, reason, max(child.start_ns, end_ns))
+    root.children.clear()
+    root.n_children = 0
+
+
+def _drop_root(root: _Root, reason: str) -> None:
+    """End a root (and its open children) that will get no regular end: expiry, cap or shutdown."""
+    end_ns = root.end_ns if root.end_ns is not None else root.last_event_ns
+    _end_children(root, reason, end_ns)
+    if root.span is not None:
+        _end_incomplete(root.span, reason, end_ns)
+
+
+class MPServerTracing:
+    """``request`` roots and ``mp.store``/``mp.retrieve``/``mp.lookup_prefetch`` children."""
+
+    event_types = (E.MP_REQUEST_START, E.MP_REQUEST_END, E.MP_STORE_SUBMITTED, E.MP_RETRIEVE_SUBMITTED,
+                   *_MP_STARTS, *_MP_ENDS)
+
+    def __init__(self, tracer: Tracer, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 max_children: int = DEFAULT_MAX_CHILDREN) -> None:
+        self.tracer = tracer
+        self.roots = _Roots(max_sessions, max_children, _drop_root)
+        self.unmatched_ends = 0
+        self._handlers = {E.MP_REQUEST_START: self._request_start, E.MP_REQUEST_END: self._request_end,
+                          E.MP_STORE_SUBMITTED: self._submitted, E.MP_RETRIEVE_SUBMITTED: self._submitted}
+        self._handlers.update({etype: self._child_start for etype in _MP_STARTS})
+        self._handlers.update({etype: self._child_end for etype in _MP_ENDS})
+
+    def root_context(self, session_id: str) -> Context | None:
+        """The open ``request`` root of this session as a parent context, or None."""
+        root = self.roots.get(session_id)
+        return root.context if root is not None else None
+
+    def touch(self, session_id: str, timestamp_ns: int) -> None:
+        """Another component saw activity of this session: keep its root from expiring."""
+        if self.roots.get(session_id) is not None:
+            self.roots.touch(session_id, timestamp_ns)
+
+    def on_event(self, event: Event) -> None:
+        if event.session_id:
+            self._handlers[event.etype](event)
+
+    # -- root ------------------------------------------------------------------------
+
+    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+        attributes: dict[str, Any] = {"session_id": root.session_id}
+        if inferred:
+            attributes[ROOT_INFERRED] = True
+        root.span = self.tracer.start_span("request", context=Context(), start_time=timestamp_ns,
+                                           attributes=attributes)
+        root.context = trace.set_span_in_context(root.span, Context())
+
+    def _request_start(self, event: Event) -> None:
+        root = self.roots.touch(event.session_id, event.timestamp_ns)
+        root.producers.add(event.producer)
+        if root.span is None:
+            self._open_root(root, event.timestamp_ns, inferred=False)
+
+    def _request_end(self, event: Event) -> None:
+        root = self.roots.get(event.session_id)
+        if root is None:
+            return
+        self.roots.touch(event.session_id, event.timestamp_ns)
+        root.producers.discard(event.producer)
+        root.end_ns = event.timestamp_ns
+        self._close_if_done(root)
+
+    def _close_if_done(self, root: _Root) -> None:
+        if root.end_ns is None or root.producers or any(root.in_flight.values()):
+            return
+        self.roots.remove(root)
+        _end_children(root, "session_ended", root.end_ns)  # e.g. a lookup whose result was never read
+        if root.span is not None:
+            root.span.end(end_time=root.end_ns)
+
+    def _submitted(self, event: Event) -> None:
+        root = self.roots.touch(event.session_id, event.timestamp_ns)
+        root.in_flight[_IN_FLIGHT[event.etype]] += 1
+
+    # -- children ----------------------------------------------------------------------
+
+    def _child_start(self, event: Event) -> None:
+        op, name, key_fields = _MP_STARTS[event.etype]
+        root = self.roots.touch(event.session_id, event.timestamp_ns)
+        if root.span is None:
+            self._open_root(root, event.timestamp_ns, inferred=True)
+        attributes = _attributes(event.fields)
+        attributes["producer"] = event.producer
+        span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
+                                      attributes=attributes)
+        key = (event.producer, op, *(event.fields[f] for f in key_fields))
+        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
+
+    def _child_end(self, event: Event) -> None:
+        root = self.roots.get(event.session_id)
+        if root is None:
+            self.unmatched_ends += 1
+            log.debug("tracing.end_without_session", event=event.name, session_id=event.session_id)
+            return
+        self.roots.touch(event.session_id, event.timestamp_ns)
+        op, _, key_fields = _MP_STARTS[_MP_ENDS[event.etype]]
+        child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
+        if child is None:
+            self.unmatched_ends += 1
+            log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
+        else:
+            child.span.set_attributes(_attributes(event.fields))
+            child.span.end(end_time=event.timestamp_ns)
+        if event.etype is E.MP_LOOKUP_PREFETCH_END:
+            self._hit_rate(root, event.fields)
+        if op in root.in_flight:
+            root.in_flight[op] = max(0, root.in_flight[op] - 1)
+        self._close_if_done(root)
+
+    def _hit_rate(self, root: _Root, fields: dict[str, Any]) -> None:
+        hits = root.hits
+        for name in ("hit_tokens", "requested_tokens", "l1_hit_tokens", "l2_hit_tokens"):
+            hits[name] = hits.get(name, 0) + int(fields[name])
+        if fields["early_exit_reason"]:
+            root.early_exit_reason = fields["early_exit_reason"]
+        if root.span is None:
+            return
+        requested = hits["requested_tokens"]
+        root.span.set_attributes({
+            **hits,
+            "hit_rate": _rate(hits["hit_tokens"], requested),
+            "l1_hit_rate": _rate(hits["l1_hit_tokens"], requested),
+            "l2_hit_rate": _rate(hits["l2_hit_tokens"], requested),
+            "early_exit_reason": root.early_exit_reason,
+        })
+
+
+class BlendTracing:
+    """``cb.request`` roots (under the MP ``request`` root when open) and their four kinds of children."""
+
+    event_types = (E.CB_REQUEST_START, E.CB_REQUEST_END, *_CB_STARTS, *_CB_ENDS)
+
+    def __init__(self, tracer: Tracer, mp: MPServerTracing, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 max_children: int = DEFAULT_MAX_CHILDREN) -> None:
+        self.tracer = tracer
+        self.mp = mp
+        self.roots = _Roots(max_sessions, max_children, _drop_root)
+        self.unmatched_ends = 0
+
+    def root_context(self, session_id: str) -> Context | None:
+        root = self.roots.get(session_id)
+        return root.context if root is not None else None
+
+    def on_event(self, event: Event) -> None:
+        if not event.session_id:
+            return
+        self.mp.touch(event.session_id, event.timestamp_ns)
+        etype = event.etype
+        if etype is E.CB_REQUEST_START:
+            root = self.roots.touch(event.session_id, event.timestamp_ns)
+            if root.span is None:
+                self._open_root(root, event.timestamp_ns, inferred=False)
+        elif etype is E.CB_REQUEST_END:
+            root = self.roots.get(event.session_id)
+            if root is not None:
+                self.roots.touch(event.session_id, event.timestamp_ns)
+                root.end_ns = event.timestamp_ns
+                self._close_if_done(root)
+        elif etype in _CB_STARTS:
+            self._child_start(event)
+        else:
+            self._child_end(event)
+
+    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+        attributes: dict[str, Any] = {"session_id": root.session_id}
+        if inferred:
+            attributes[ROOT_INFERRED] = True
+        parent = self.mp.root_context(root.session_id) or Context()
+        root.span = self.tracer.start_span("cb.request", context=parent, start_time=timestamp_ns,
+                                           attributes=attributes)
+        root.context = trace.set_span_in_context(root.span, Context())
+
+    def _close_if_done(self, root: _Root) -> None:
+        if root.end_ns is None or root.n_children:
+            return
+        self.roots.remove(root)
+        if root.span is not None:
+            root.span.end(end_time=root.end_ns)
+
+    def _child_start(self, event: Event) -> None:
+        op, name, key_fields = _CB_STARTS[event.etype]
+        root = self.roots.touch(event.session_id, event.timestamp_ns)
+        if root.span is None:
+            self._open_root(root, event.timestamp_ns, inferred=True)
+        attributes = _attributes(event.fields)
+        attributes["producer"] = event.producer
+        span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
+                                      attributes=attributes)
+        key = (event.producer, op, *(event.fields[f] for f in key_fields))
+        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
+
+    def _child_end(self, event: Event) -> None:
+        op, _, key_fields = _CB_STARTS[_CB_ENDS[event.etype]]
+        root = self.roots.get(event.session_id)
+        child = None
+        if root is not None:
+            self.roots.touch(event.session_id, event.timestamp_ns)
+            child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
+        if child is None:
+            self.unmatched_ends += 1
+            log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
+            return
+        child.span.set_attributes(_attributes(event.fields))
+        if event.fields.get("success") is False:
+            child.span.set_status(Status(StatusCode.ERROR, f"{event.name}: success=false"))
+        child.span.end(end_time=event.timestamp_ns)
+        self._close_if_done(root)
+
+
+class TimeoutTracing:
+    """Zero-length ``timeout`` spans with an ``exception`` event and ERROR status."""
+
+    event_types = (E.TIMEOUT_RAISED,)
+
+    def __init__(self, tracer: Tracer, mp: MPServerTracing, blend: BlendTracing) -> None:
+        self.tracer = tracer
+        self.mp = mp
+        self.blend = blend
+
+    def on_event(self, event: Event) -> None:
+        timestamp = event.timestamp_ns
+        exception_type = event.fields["exception_type"]
+        message = event.texts.get("message", "")
+        parent = None
+        if event.session_id:
+            self.mp.touch(event.session_id, timestamp)
+            parent = self.mp.root_context(event.session_id) or self.blend.root_context(event.session_id)
+        attributes: dict[str, Any] = {"exception_type": exception_type, "producer": event.producer}
+        if event.session_id:
+            attributes["session_id"] = event.session_id
+        span = self.tracer.start_span("timeout", context=parent or Context(), start_time=timestamp,
+                                      attributes=attributes)
+        span.add_event("exception", {
+            "exception.type": exception_type,
+            "exception.message": message,
+            "exception.stacktrace": event.texts.get("stacktrace", ""),
+        }, timestamp=timestamp)
+        span.set_status(Status(StatusCode.ERROR, message or exception_type))
+        span.end(end_time=timestamp)
+
+
+class TracingSubscriber(Subscriber):
+    """The three tracing components behind one subscriber, fed in ring order."""
+
+    def __init__(self, tracer_provider: TracerProvider, *, ttl_s: float = DEFAULT_TTL_S,
+                 max_sessions: int = DEFAULT_MAX_SESSIONS, max_children: int = DEFAULT_MAX_CHILDREN) -> None:
+        if ttl_s <= 0 or max_sessions < 1 or max_children < 1:
+            raise ValueError("tracing: ttl_s must be > 0, max_sessions and max_children >= 1")
+        self.mp = MPServerTracing(tracer_provider.get_tracer(TRACER_MP), max_sessions, max_children)
+        self.blend = BlendTracing(tracer_provider.get_tracer(TRACER_BLEND), self.mp, max_sessions, max_children)
+        self.timeout = TimeoutTracing(tracer_provider.get_tracer(TRACER_TIMEOUT), self.mp, self.blend)
+        self.ttl_ns = int(ttl_s * 1e9)
+        self.expired_roots = 0
+        self._route: dict[EventType, Callable[[Event], None]] = {}
+        for component in (self.mp, self.blend, self.timeout):
+            self._route.update({etype: component.on_event for etype in component.event_types})
+        self.event_types = tuple(self._route)
+
+    def on_event(self, event: Event) -> None:
+        self._route[event.etype](event)
+
+    def on_tick(self, now_ns: int) -> None:
+        """End roots (and their open children) of sessions idle for ``ttl_s``, marked ``expired``."""
+        self.expired_roots += self.mp.roots.expire(now_ns, self.ttl_ns)
+        self.expired_roots += self.blend.roots.expire(now_ns, self.ttl_ns)
+
+    def shutdown(self) -> None:
+        """End every open span (``mpcache.incomplete`` = ``shutdown``) so that the final flush exports it."""
+        self.blend.roots.drain("shutdown")
+        self.mp.roots.drain("shutdown")
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self.mp.roots) + len(self.blend.roots)
+
+
+def build_tracing_subscribers(config: Config, tracer_provider: TracerProvider) -> Iterable[Subscriber]:
+    """The subscribers ``--enable-tracing`` adds to the bus."""
+    del config  # nothing configurable yet beyond the provider; kept for symmetry with the other builders
+    return [TracingSubscriber(tracer_provider)]

@@ -1,0 +1,106 @@
+"""Tracing over the wire: spans exported by the real OTLP/gRPC exporter, decoded by a receiver in the test.
+
+The receiver is a grpc server on 127.0.0.1 (a free port) implementing
+opentelemetry-proto's ``TraceService``; it keeps every
+``ExportTraceServiceRequest`` it gets, so the assertions are on what actually
+went over the wire.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from dataclasses import replace
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from mpcache.events import EventType as E
+from mpcache.telemetry.subscribers.tracing import build_tracing_subscribers
+from mpcache.telemetry.tracing import TracingExport
+
+T0 = 1_700_000_000 * 10**9
+MS = 10**6
+WAIT_S = 10.0
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """Stores every export request; :meth:`wait_for_spans` blocks (with a deadline) until enough arrived."""
+
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self._changed = threading.Condition()
+
+    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+        with self._changed:
+            self.requests.append(request)
+            self._changed.notify_all()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[tuple[dict, object]]:
+        """(resource attributes, span) for every span received so far."""
+        out = []
+        for request in self.requests:
+            for resource_spans in request.resource_spans:
+                resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    out.extend((resource, span) for span in scope_spans.spans)
+        return out
+
+    def wait_for_spans(self, count: int, timeout_s: float = WAIT_S) -> list[tuple[dict, object]]:
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while len(self.spans()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self.spans()
+
+
+@pytest.fixture
+def receiver():
+    """A TraceService on 127.0.0.1:<free port>; yields (receiver, 'host:port')."""
+    servicer = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(config, pipeline, receiver):
+    """A request with a store, exported through the BatchSpanProcessor and the OTLP/gRPC exporter, arrives
+    as a ``request`` root and an ``mp.store`` child of the same trace: parent id = the root's span id,
+    start/end exactly the event timestamps, and the Resource carrying service.name and service.instance.id."""
+    servicer, endpoint = receiver
+    export = TracingExport.start(replace(config, enable_tracing=True, otlp_endpoint=endpoint, otlp_protocol="grpc"))
+    try:
+        pipeline.subscribe(*build_tracing_subscribers(config, export.tracer_provider))
+        publish = pipeline.publish
+        publish(E.MP_REQUEST_START, session_id="req-7", timestamp_ns=T0)
+        publish(E.MP_STORE_SUBMITTED, ("cpu",), session_id="req-7", timestamp_ns=T0 + 1 * MS)
+        publish(E.MP_STORE_START, ("cpu", 3, "llama"), session_id="req-7", timestamp_ns=T0 + 2 * MS)
+        publish(E.MP_STORE_END, ("cpu", 3, "llama", 4, 4 * 4096, 1024), session_id="req-7",
+                timestamp_ns=T0 + 12 * MS)
+        publish(E.MP_REQUEST_END, session_id="req-7", timestamp_ns=T0 + 20 * MS)
+        pipeline.deliver()
+        assert export.force_flush()
+        received = servicer.wait_for_spans(2)
+    finally:
+        export.shutdown()
+    by_name = {span.name: (resource, span) for resource, span in received}
+    assert ["mp.store", "request"] == sorted(span.name for _, span in received)
+    resource, root = by_name["request"]
+    _, child = by_name["mp.store"]
+    assert ({"service.name": "mpcache", "service.instance.id": "test-instance"}, b"") == (resource, root.parent_span_id)
+    assert (root.trace_id, root.span_id, T0 + 2 * MS, T0 + 12 * MS) == (
+        child.trace_id, child.parent_span_id, child.start_time_unix_nano, child.end_time_unix_nano)
+    assert (T0, T0 + 20 * MS, 8, 16) == (root.start_time_unix_nano, root.end_time_unix_nano, len(root.span_id),
+                                         len(root.trace_id))
+    stored = {kv.key: kv.value for kv in child.attributes}
+    assert (4, "cpu", 3) == (stored["stored_count"].int_value, stored["device"].string_value,
+                             stored["engine_id"].int_value)
