@@ -48,6 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         exporters = MetricsExport.start(config)
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
+    if not config.disable_logging:
+        from mpcache.telemetry.subscribers.logging import build_logging_subscribers
+
+        subscribe_all(bus, build_logging_subscribers(config, log))
+    tracing = None
+    if config.enable_tracing:  # Config guarantees an otlp_endpoint
+        from mpcache.telemetry.subscribers.tracing import build_tracing_subscribers
+        from mpcache.telemetry.tracing import TracingExport
+
+        tracing = TracingExport.start(config)
+        subscribe_all(bus, build_tracing_subscribers(config, tracing.tracer_provider))
     log.info(
         "telemetry.started",
         rings=len(sources),
@@ -63,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pump.run(should_stop)
     bus.shutdown()
+    if tracing is not None:  # after bus.shutdown(), which ends the spans still open
+        tracing.shutdown()
     if exporters is not None:
         exporters.shutdown()
     log.info("telemetry.stopped", records_delivered=bus.records_delivered, dropped_events=pump.dropped_events())
