@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench {publish} [--json]``."""
+"""``python -m mpcache.bench {publish,drain} [--json]``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from mpcache.bench import publish
+from mpcache.bench import drain, publish
 
-BENCHMARKS = {"publish": publish}
+BENCHMARKS = {"publish": publish, "drain": drain}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,6 +136,49 @@ class EventBatch:
             out[pair] = out.get(pair, 0) + int(total)
         return out
 
+    def session_ids(self, heads: np.ndarray) -> list[bytes]:
+        """The session id (UTF-8 bytes, b"" when none) of each record whose head cell is
+        at ``heads`` — from the TEXT cells of field 0, without decoding the records."""
+        out = [b""] * len(heads)
+        if len(heads) == 0:
+            return out
+        cells = self.cells
+        raw = cells.view(np.uint8).reshape(-1, layout.CELL_SIZE)
+        text = np.flatnonzero((cells["kind"] == layout.CELL_TEXT) & (raw[:, 8] == TEXT_FIELD_SESSION))
+        if len(text) == 0:
+            return out
+        owner_head = self._heads[np.searchsorted(self._heads, text, side="right") - 1]
+        slot = np.searchsorted(heads, owner_head)
+        wanted = (slot < len(heads)) & (heads[np.minimum(slot, len(heads) - 1)] == owner_head)
+        text, slot = text[wanted], slot[wanted]
+        lengths = np.minimum(raw[text, 9], layout.TEXT_BYTES_PER_CELL).tolist()
+        pieces = raw[text, 10:].tobytes()
+        step = layout.CELL_SIZE - 10
+        for i, (position, length) in enumerate(zip(slot.tolist(), lengths)):
+            piece = pieces[i * step : i * step + length]
+            out[position] = out[position] + piece if out[position] else piece
+        return out
+
+    def table(self, etypes: Sequence[EventType], fields: Sequence[str]) -> tuple[list[int], list[int], dict[str, list]]:
+        """Records of these types in ring order, as columns: (event type ids, timestamps ns,
+        {field: values}) — a field a type lacks reads 0; names stay ids (see ``names``).
+        Per-event logic loops over these lists instead of decoding events."""
+        mask = np.isin(self._head_etypes, [int(e) for e in etypes])
+        heads = self._heads[mask]
+        etype_col = self._head_etypes[mask]
+        columns: dict[str, list] = {}
+        for name in fields:
+            column = np.zeros(len(heads), dtype=np.int64)
+            for etype in etypes:
+                if name in SCHEMAS[etype].field_names:
+                    column[etype_col == etype] = self.field_column(etype, name)
+            columns[name] = column.tolist()
+        return etype_col.tolist(), self.cells["slots"][heads, 0].tolist(), columns
+
+    def heads_of(self, etypes: Sequence[EventType]) -> np.ndarray:
+        """Positions of the head cells of these types' records, in ring order."""
+        return self._heads[np.isin(self._head_etypes, [int(e) for e in etypes])]
+
     # -- per-event decoding ----------------------------------------------------
 
     def events(self, etypes: Iterable[EventType] | None = None) -> list[Event]:

@@ -24,6 +24,8 @@ DEFAULT_MAX_PENDING = 65_536
 
 _STARTS = {E.MP_STORE_START: "store", E.MP_RETRIEVE_START: "load"}
 _ENDS = {E.MP_STORE_END: "store", E.MP_RETRIEVE_END: "load"}
+_START_IDS = {int(etype): direction for etype, direction in _STARTS.items()}
+_END_IDS = {int(etype): direction for etype, direction in _ENDS.items()}
 
 
 class L0L1ThroughputSubscriber(Subscriber):
@@ -38,36 +40,36 @@ class L0L1ThroughputSubscriber(Subscriber):
         }
         self._ttl_ns = int(pending_ttl_s * 1e9)
         self._max_pending = max_pending
-        # (direction, session_id, device) -> START timestamp ns; insertion order ≈ time order
-        self._pending: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+        # (direction, session id bytes, device name id, producer) -> START timestamp ns; insertion order ≈ time
+        # order.  Device ids are per producer's name table, hence the producer in the key.
+        self._pending: OrderedDict[tuple[str, bytes, int, int], int] = OrderedDict()
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
     def on_batch(self, batch: EventBatch) -> None:
-        for event in batch.events(self.event_types):
-            direction = _STARTS.get(event.etype)
+        """Columns, not decoded events: this runs for four of every ~16 events a request publishes."""
+        etypes, timestamps, columns = batch.table(self.event_types, ("device", "engine_id", "model_name", "total_bytes"))
+        sessions = batch.session_ids(batch.heads_of(self.event_types))
+        pending, name = self._pending, batch.names.name
+        for etype, ts, session, device, engine, model, nbytes in zip(
+            etypes, timestamps, sessions, columns["device"], columns["engine_id"], columns["model_name"],
+            columns["total_bytes"],
+        ):
+            direction = _START_IDS.get(etype)
             if direction is not None:
-                key = (direction, event.session_id, event.fields["device"])
-                self._pending.pop(key, None)
-                self._pending[key] = event.timestamp_ns
-                if len(self._pending) > self._max_pending:
-                    self._pending.popitem(last=False)
+                key = (direction, session, device, batch.producer)
+                pending.pop(key, None)
+                pending[key] = ts
+                if len(pending) > self._max_pending:
+                    pending.popitem(last=False)
                 continue
-            direction = _ENDS[event.etype]
-            started_ns = self._pending.pop((direction, event.session_id, event.fields["device"]), None)
-            if started_ns is None:
+            started_ns = pending.pop((_END_IDS[etype], session, device, batch.producer), None)
+            if started_ns is None or nbytes <= 0 or ts <= started_ns:
                 continue
-            nbytes, duration_ns = event.fields["total_bytes"], event.timestamp_ns - started_ns
-            if nbytes <= 0 or duration_ns <= 0:
-                continue
-            attributes = {
-                "engine_id": str(event.fields["engine_id"]),
-                "device": event.fields["device"],
-                "model_name": event.fields["model_name"],
-            }
-            self._histograms[direction].record(nbytes / duration_ns, attributes)  # bytes/ns = GB/s
+            attributes = {"engine_id": str(engine), "device": name(device), "model_name": name(model)}
+            self._histograms[_END_IDS[etype]].record(nbytes / (ts - started_ns), attributes)  # bytes/ns = GB/s
 
     def on_tick(self, now_ns: int) -> None:
         pending = self._pending

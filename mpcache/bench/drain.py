@@ -1,0 +1,239 @@
+"""Telemetry throughput: events per second through the default metrics subscribers.
+
+Producer processes publish the event stream a real cache process publishes
+(per request: lookup+prefetch, retrieve, store, with their L1, storage-manager
+and MP-server events — 16 events, 11 of them carrying a session id) into real
+rings, filling them first; then the telemetry pipeline of the telemetry
+process (``Pump`` → ``EventBus`` → every metrics subscriber, logging and
+tracing off) drains them, and that drain is timed: ``events_per_s``.
+
+In the same run, ``reference_events_per_s`` is the reference design's cost for
+the same stream: per event, one OpenTelemetry instrument call per metric it
+feeds (as an in-process drain thread does; every call with its attributes),
+with the event as a dict — no ring, no decoding at all, which flatters it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Callable
+
+from mpcache.config import Config
+from mpcache.events import EventType as E
+from mpcache.shm import layout
+from mpcache.shm.ring import format_event_segment
+from mpcache.shm.segment import Segment, shm_name
+
+PRODUCERS = 2
+REQUESTS_PER_PRODUCER = 40_000  # x 16 events
+EVENTS_PER_REQUEST = 16
+RING_CELLS = 1 << 21
+TARGET_EVENTS_PER_S = 1_000_000
+TARGET_RATIO = 6.0
+SALTS = ("tenant-a", "tenant-b", "tenant-c")
+MODELS = ("llama-3-8b", "qwen-2-7b")
+
+
+def produce(ring_name: str, requests: int, seed: int) -> None:
+    """Run in a producer process: publish ``requests`` requests' worth of events."""
+    from mpcache.publish import Publisher
+    from mpcache.shm.intern import Interner
+    from mpcache.shm.ring import RingWriter, read_geometry
+
+    segment = Segment.attach(ring_name, layout.HEADER_SIZE)
+    publisher = Publisher(RingWriter(segment), Interner(segment.buf, read_geometry(segment).intern_capacity))
+    emit, emit_salted = publisher.emit, publisher.emit_salted
+    dropped = 0
+    for n in range(requests):
+        salt, model = SALTS[(n + seed) % 3], MODELS[(n + seed) % 2]
+        session = f"req-{seed}-{n}"
+        chunks, hits = 16, (n * 7 + seed) % 17
+        ok = [
+            emit(E.MP_REQUEST_START, session_id=session),
+            emit(E.MP_LOOKUP_PREFETCH_START, session_id=session),
+            emit_salted(E.L1_READ_RESERVED, salt, model, hits),
+            emit(E.MP_LOOKUP_PREFETCH_END, (model, salt, hits, chunks * 256, hits * 256, hits * 256, 0, ""),
+                 session_id=session),
+            emit(E.MP_RETRIEVE_SUBMITTED, ("cpu",), session_id=session),
+            emit(E.MP_RETRIEVE_START, ("cpu", seed, model), session_id=session),
+            emit_salted(E.L1_READ_FINISHED, salt, model, hits),
+            emit(E.MP_RETRIEVE_END, ("cpu", seed, model, salt, hits, hits << 16, hits * 256), session_id=session),
+            emit(E.SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): hits}),
+            emit(E.MP_STORE_SUBMITTED, ("cpu",), session_id=session),
+            emit(E.MP_STORE_START, ("cpu", seed, model), session_id=session),
+            emit_salted(E.L1_WRITE_RESERVED, salt, model, chunks - hits),
+            emit_salted(E.L1_WRITE_FINISHED, salt, model, chunks - hits),
+            emit(E.MP_STORE_END, ("cpu", seed, model, chunks - hits, (chunks - hits) << 16, (chunks - hits) * 256),
+                 session_id=session),
+            emit(E.SM_WRITE_FINISHED, (0,), salt_counts={(salt, model): chunks - hits}),
+            emit(E.MP_REQUEST_END, session_id=session),
+        ]
+        dropped += ok.count(False)
+    print(dropped, flush=True)
+
+
+def _fill_rings(config: Config) -> int:
+    """Start the producers, wait for them; returns records dropped (0 unless the rings are too small)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"from mpcache.bench.drain import produce; "
+             f"produce({config.ring_name(i)!r}, {REQUESTS_PER_PRODUCER}, {i})"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        for i in range(config.workers)
+    ]
+    dropped = 0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"producer exited {proc.returncode}")
+        dropped += int(out.strip() or 0)
+    return dropped
+
+
+def _drain_once(config: Config) -> tuple[float, int]:
+    """Fill fresh rings, then time the telemetry pipeline draining them: (seconds, records)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from mpcache.telemetry.bus import EventBus, subscribe_all
+    from mpcache.telemetry.pump import Pump, RingSource
+    from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+
+    segments = []
+    try:
+        for i in range(config.workers):
+            segment = Segment.create(config.ring_name(i), layout.event_segment_size(RING_CELLS, 256))
+            format_event_segment(segment, RING_CELLS, 256)
+            segments.append(segment)
+        dropped = _fill_rings(config)
+        if dropped:
+            raise RuntimeError(f"{dropped} events dropped while filling: rings too small")
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        bus = EventBus()
+        pump = Pump([RingSource.attach(i, config.ring_name(i)) for i in range(config.workers)], bus)
+        subscribe_all(bus, build_metrics_subscribers(config, provider, pump=pump, bus=bus, gauge_reader=None))
+        start = time.perf_counter()
+        while pump.poll_once():
+            pass
+        elapsed = time.perf_counter() - start
+        reader.get_metrics_data()  # the values exist (and collecting is not part of the drain)
+        delivered = bus.records_delivered
+        provider.shutdown()
+        return elapsed, delivered
+    finally:
+        for segment in segments:
+            segment.close()
+            Segment.unlink(segment.name)
+
+
+def _reference_events() -> list[tuple[E, dict[str, Any]]]:
+    """One request's events as the reference's dicts."""
+    s, m = "tenant-a", "llama-3-8b"
+    return [
+        (E.MP_REQUEST_START, {}), (E.MP_LOOKUP_PREFETCH_START, {}),
+        (E.L1_READ_RESERVED, {"keys": {s: 7}}),
+        (E.MP_LOOKUP_PREFETCH_END, {"model_name": m, "cache_salt": s, "requested_tokens": 4096, "hit_tokens": 1792,
+                                    "l1_hit_tokens": 1792, "l2_hit_tokens": 0}),
+        (E.MP_RETRIEVE_SUBMITTED, {"device": "cpu"}),
+        (E.MP_RETRIEVE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
+        (E.L1_READ_FINISHED, {"keys": {s: 7}}),
+        (E.MP_RETRIEVE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "cache_salt": s,
+                             "retrieved_count": 7, "total_bytes": 7 << 16}),
+        (E.SM_READ_PREFETCHED_FINISHED, {"keys": {s: 7}}),
+        (E.MP_STORE_SUBMITTED, {"device": "cpu"}),
+        (E.MP_STORE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
+        (E.L1_WRITE_RESERVED, {"keys": {s: 9}}),
+        (E.L1_WRITE_FINISHED, {"keys": {s: 9}}),
+        (E.MP_STORE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "total_bytes": 9 << 16}),
+        (E.SM_WRITE_FINISHED, {"keys": {s: 9}}),
+        (E.MP_REQUEST_END, {}),
+    ]
+
+
+def _reference_rate(events: int) -> float:
+    """The reference's drain: per event, one instrument call per metric it feeds."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    meter = provider.get_meter("reference")
+    counter = {name: meter.create_counter(name) for name in (
+        "l1_read", "l1_write", "lookup_requested", "lookup_hit", "lookup_hit_l1", "lookup_hit_l2",
+        "num_chunks_loaded")}
+    histogram = {name: meter.create_histogram(name) for name in ("store_throughput", "load_throughput")}
+    pending: dict[tuple[str, str], float] = {}
+
+    def handle(etype: E, meta: dict[str, Any], session: str, ts: float) -> None:
+        if etype is E.L1_READ_FINISHED:
+            for salt, count in meta["keys"].items():
+                counter["l1_read"].add(count, {"cache_salt": salt})
+        elif etype is E.L1_WRITE_FINISHED:
+            for salt, count in meta["keys"].items():
+                counter["l1_write"].add(count, {"cache_salt": salt})
+        elif etype is E.MP_LOOKUP_PREFETCH_END:
+            attrs = {"model_name": meta["model_name"], "cache_salt": meta["cache_salt"]}
+            for name, key in (("lookup_requested", "requested_tokens"), ("lookup_hit", "hit_tokens"),
+                              ("lookup_hit_l1", "l1_hit_tokens"), ("lookup_hit_l2", "l2_hit_tokens")):
+                counter[name].add(meta[key], attrs)
+        elif etype in (E.MP_STORE_START, E.MP_RETRIEVE_START):
+            pending[(session, etype.name)] = ts
+        elif etype in (E.MP_STORE_END, E.MP_RETRIEVE_END):
+            start_type = "MP_STORE_START" if etype is E.MP_STORE_END else "MP_RETRIEVE_START"
+            started = pending.pop((session, start_type), None)
+            attrs = {"engine_id": str(meta["engine_id"]), "device": meta["device"], "model_name": meta["model_name"]}
+            if started is not None and ts > started:
+                name = "store_throughput" if etype is E.MP_STORE_END else "load_throughput"
+                histogram[name].record(meta["total_bytes"] / 1e9 / (ts - started), attrs)
+            if etype is E.MP_RETRIEVE_END and meta["retrieved_count"] > 0:
+                counter["num_chunks_loaded"].add(meta["retrieved_count"], {
+                    "worker_id": str(meta["engine_id"]), "model_name": meta["model_name"],
+                    "cache_salt": meta["cache_salt"]})
+
+    request = _reference_events()
+    n_requests = max(1, events // len(request))
+    start = time.perf_counter()
+    for n in range(n_requests):
+        session = f"req-{n}"
+        for i, (etype, meta) in enumerate(request):
+            handle(etype, meta, session, n + i * 1e-6)
+    elapsed = time.perf_counter() - start
+    provider.shutdown()
+    return n_requests * len(request) / elapsed
+
+
+def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    config = Config(instance_id=uuid.uuid4().hex, supervisor_pid=os.getpid(), runtime_dir="/tmp",
+                    workers=PRODUCERS, ring_capacity_cells=RING_CELLS)
+    total = PRODUCERS * REQUESTS_PER_PRODUCER * EVENTS_PER_REQUEST
+    progress(f"drain: {PRODUCERS} producers x {REQUESTS_PER_PRODUCER} requests x {EVENTS_PER_REQUEST} events, "
+             f"{repetitions} repetitions")
+    ours, reference = [], []
+    for rep in range(repetitions):
+        elapsed, delivered = _drain_once(config)
+        if delivered != total:
+            raise RuntimeError(f"drained {delivered} records, expected {total}")
+        ours.append(delivered / elapsed)
+        reference.append(_reference_rate(200_000))
+        progress(f"  repetition {rep + 1}: ours {ours[-1]:,.0f} events/s, reference {reference[-1]:,.0f} events/s")
+    events_per_s = statistics.median(ours)
+    reference_per_s = statistics.median(reference)
+    return {
+        "benchmark": "drain",
+        "events_per_repetition": total,
+        "repetitions": repetitions,
+        "events_per_s": round(events_per_s),
+        "reference_events_per_s": round(reference_per_s),
+        "ratio": round(events_per_s / reference_per_s, 2),
+        "target_events_per_s": TARGET_EVENTS_PER_S,
+        "target_ratio": TARGET_RATIO,
+        "targets_met": {"events_per_s": events_per_s >= TARGET_EVENTS_PER_S,
+                        "ratio": events_per_s / reference_per_s >= TARGET_RATIO},
+        "samples": {"events_per_s": [round(x) for x in ours], "reference_events_per_s": [round(x) for x in reference]},
+    }
