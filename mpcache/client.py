@@ -14,7 +14,7 @@ A typical request::
         hashes = chunk_hashes(tokens, config.chunk_size_tokens)
         client.store(kv, "req-1", "llama", "", hashes, list(range(len(hashes))))
         job = client.lookup_prefetch("req-2", "llama", "", hashes)
-        found = client.query_prefetch_status(job)["found_count"]
+        found = client.wait_prefetch(job)["found_count"]
         client.retrieve(kv, "req-2", job, list(range(found)))
         client.end_session("req-2")
 
@@ -30,6 +30,7 @@ import itertools
 import os
 import secrets
 import socket
+import time
 from typing import Sequence
 
 import numpy as np
@@ -194,12 +195,30 @@ class CacheClient:
         return reply["job_id"]
 
     def query_prefetch_status(self, job_id: int) -> dict:
-        """``{"done": bool, "found_count": int, "requested_count": int, "hit_tokens": int, "expired": bool}``.
+        """``{"done", "found_count", "requested_count", "hit_tokens", "l1_hit_tokens", "l2_hit_tokens",
+        "l2_loaded_count", "expired"}`` of a prefetch job; never blocks.
 
-        The first read of a job's result publishes MP_LOOKUP_PREFETCH_END.  An expired job (not
-        retrieved within the server's job TTL) has released its read locks: a retrieve still
+        With L2 adapters configured a job is not done while chunks are still being looked up in or
+        loaded from L2 (``done`` False; ``found_count`` is the L1 prefix so far): poll again, or use
+        :meth:`wait_prefetch`.  The first read of a *done* job's result publishes
+        MP_LOOKUP_PREFETCH_END (``l1_hit_tokens + l2_hit_tokens == hit_tokens``).  An expired job
+        (not retrieved within the server's job TTL) has released its read locks: a retrieve still
         copies what remains in L1."""
         return self.call("query_prefetch_status", job_id=job_id)
+
+    def wait_prefetch(self, job_id: int, timeout_s: float = 10.0) -> dict:
+        """Poll :meth:`query_prefetch_status` (short backoff, 50 µs growing to 5 ms) until the job is
+        done; returns that status.  ``TimeoutError`` if it is not done after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        pause = 50e-6
+        while True:
+            status = self.query_prefetch_status(job_id)
+            if status["done"]:
+                return status
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"prefetch job {job_id} not done after {timeout_s} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
 
     def retrieve(self, buffer: KVBuffer, request_id: str, job_id: int, block_ids: Sequence[int],
                  engine_id: int = 0, timeout_s: float | None = None) -> int:
@@ -211,6 +230,61 @@ class CacheClient:
     def end_session(self, request_id: str) -> bool:
         """The request is finished: release what it still holds.  False if the server never saw it."""
         return self.call("end_session", request_id=request_id)["known"]
+
+    def report_block_allocations(self, instance_id: int, model_name: str,
+                                 records: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> dict:
+        """One scheduler step's newly allocated L0 blocks: records of (request id, new block ids, new token ids).
+
+        Returns ``{"record_count", "block_count", "sampled_count", "event_count"}``.  End each request
+        with :meth:`end_session` on this same cache process (see :mod:`mpcache.cache.blocks`)."""
+        return self.call("report_block_allocations", instance_id=instance_id, model_name=model_name,
+                         records=[[rid, list(blocks), list(tokens)] for rid, blocks, tokens in records])
+
+    def register_cuda_buffer(self, num_blocks: int, block_bytes: int, device_index: int = 0):
+        """A (num_blocks × block_bytes) GPU buffer shared with the server by CUDA IPC (needs cupy and a
+        CUDA device here and in the cache process); see :mod:`mpcache.cuda_buffer`."""
+        from mpcache.cuda_buffer import register_cuda_buffer
+
+        buffer = register_cuda_buffer(self, num_blocks, block_bytes, device_index)
+        self._buffers[buffer.buffer_id] = buffer
+        return buffer
+
+    # -- cache blending (mpcache.cache.blend) -------------------------------------------
+
+    def cb_store_pre_computed(self, buffer: KVBuffer, request_id: str, model_name: str, cache_salt: str,
+                              tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> dict:
+        """Store chunks computed independently of their context (block ``block_ids[i]`` holds whole chunk i of
+        ``tokens``) and index their fingerprints.  ``{"stored_count", "skipped_count", "failed_count",
+        "registered_count"}``."""
+        return self.call("cb_store_pre_computed", buffer_id=buffer.buffer_id, request_id=request_id,
+                         model_name=model_name, cache_salt=cache_salt, tokens=[int(t) for t in tokens],
+                         block_ids=list(block_ids), engine_id=engine_id)
+
+    def cb_store_final(self, buffer: KVBuffer, request_id: str, model_name: str, cache_salt: str,
+                       tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> dict:
+        """Store the whole chunks of a finished request under their prefix-chained keys and index their
+        fingerprints; same reply as :meth:`cb_store_pre_computed`."""
+        return self.call("cb_store_final", buffer_id=buffer.buffer_id, request_id=request_id, model_name=model_name,
+                         cache_salt=cache_salt, tokens=[int(t) for t in tokens], block_ids=list(block_ids),
+                         engine_id=engine_id)
+
+    def cb_lookup(self, request_id: str, model_name: str, cache_salt: str, tokens: Sequence[int]) -> dict:
+        """Per whole chunk of ``tokens`` a status (``chunks``: mpcache.blending MISS / PREFIX_HIT /
+        FINGERPRINT_HIT / STALE), ``lookup_id`` (None without hits), ``no_gpu_context`` (this client has no
+        registered buffer), and the counts ``requested_tokens``, ``hit_tokens``, ``prefix_hits``,
+        ``fingerprint_hits``, ``storage_hits``, ``stale_chunks``."""
+        return self.call("cb_lookup", request_id=request_id, model_name=model_name, cache_salt=cache_salt,
+                         tokens=[int(t) for t in tokens])
+
+    def cb_retrieve(self, buffer: KVBuffer | int, request_id: str, lookup_id: int, chunk_indices: Sequence[int],
+                    block_ids: Sequence[int], engine_id: int = 0, worker_id: int = -1) -> dict:
+        """Copy hit chunk ``chunk_indices[i]`` of a lookup into block ``block_ids[i]``;
+        ``{"retrieved_count", "failed_count"}`` (failed: evicted since the lookup).  ``buffer`` may be a
+        raw buffer id."""
+        buffer_id = buffer if isinstance(buffer, int) else buffer.buffer_id
+        return self.call("cb_retrieve", buffer_id=buffer_id, request_id=request_id, lookup_id=lookup_id,
+                         chunk_indices=list(chunk_indices), block_ids=list(block_ids), engine_id=engine_id,
+                         worker_id=worker_id)
 
     def close(self) -> None:
         """Unregister and remove every buffer of this client, then disconnect (idempotent)."""

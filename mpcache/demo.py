@@ -5,7 +5,11 @@ of documents; requests pick documents with Zipf-distributed popularity, so
 some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
 request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
 read the result, retrieve the hit prefix into its KV blocks, store the rest,
-end the session.  A small fault mix keeps the failure counters honest: now and
+end the session.  With ``--l2`` the supervisor gives it a smaller L1, so hot
+prefixes are evicted from L1 and come back from L2 (the progress line shows
+the share of hit tokens that L2 supplied); an fs tier also survives a restart
+of the cache processes, and a mock adapter with ``failure_rate`` makes the L2
+failure counters move.  A small fault mix keeps the failure counters honest: now and
 then a store larger than L1 (allocations fail), a retrieve with an
 impossible deadline (a timeout), and a client that comes back for its
 prefetch only after it expired and its chunks were evicted (read failures).
@@ -31,6 +35,7 @@ import numpy as np
 
 from mpcache.client import CacheClient
 from mpcache.config import Config
+from mpcache.demo_scheduler import SchedulerFleet
 from mpcache.keys import chunk_hashes
 from mpcache.logs import configure_logging
 from mpcache.shm import layout
@@ -61,6 +66,8 @@ class Tally:
         self.retrieved = collections.Counter()
         self.requested_tokens = collections.Counter()
         self.hit_tokens = collections.Counter()
+        self.l2_hit_tokens = collections.Counter()
+        self.prefetched = collections.Counter()  # chunks prefetches wrote into L1 from L2 (L1 writes, too)
         self.requests = 0
         self.expected_faults = collections.Counter()
         self.verified_chunks = 0
@@ -72,6 +79,8 @@ class Tally:
             "retrieved_chunks": dict(self.retrieved),
             "requested_tokens": dict(self.requested_tokens),
             "hit_tokens": dict(self.hit_tokens),
+            "l2_hit_tokens": dict(self.l2_hit_tokens),
+            "prefetched_chunks": dict(self.prefetched),
             "expected_faults": dict(self.expected_faults),
             "verified_chunks": self.verified_chunks,
         }
@@ -102,6 +111,8 @@ class Demo:
         self.clients = [CacheClient(config.socket_path(w)) for w in range(config.workers)]
         self.max_chunks = 20
         self.buffers = [c.register_buffer(self.max_chunks, config.chunk_bytes) for c in self.clients]
+        # engine schedulers reporting their GPU KV block allocations (L0 lifecycle histograms)
+        self.l0 = SchedulerFleet(self.clients, MODELS, max(1, config.chunk_size_tokens // 4))
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
         self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
@@ -128,11 +139,14 @@ class Demo:
         tenant, model, tokens = self.workload.next_prompt()
         hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
         request_id = f"req-{os.getpid()}-{n}"
+        self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo_scheduler)
         job = client.lookup_prefetch(request_id, model, tenant, hashes)
-        status = client.query_prefetch_status(job)
+        status = client.wait_prefetch(job)  # with L2, the job may need a moment to load chunks into L1
         found = int(status["found_count"])
         tally.requested_tokens[tenant] += len(hashes) * self.config.chunk_size_tokens
         tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
+        tally.l2_hit_tokens[tenant] += int(status["l2_hit_tokens"])
+        tally.prefetched[tenant] += int(status["l2_loaded_count"])
         if found and n % LATE_CLIENT_EVERY == 0:
             self.late.append((worker, request_id, job, found, tenant, model, time.monotonic()))
             return  # this client goes quiet; _late_retrieve comes back for it
@@ -201,14 +215,22 @@ class Demo:
     def _progress(self, elapsed: float, ops_per_s: float, cells_per_s: float) -> None:
         tally = self.tally
         requested = sum(tally.requested_tokens.values())
-        hit_rate = sum(tally.hit_tokens.values()) / requested if requested else 0.0
+        hits = sum(tally.hit_tokens.values())
+        hit_rate = hits / requested if requested else 0.0
+        l2_share = sum(tally.l2_hit_tokens.values()) / hits if hits else 0.0
+        l2_part = f" (L2 {l2_share:6.1%} of hits)" if self.config.l2 else ""
         dropped = self._dropped()
-        print(f"[demo {elapsed:6.1f}s] {ops_per_s:7.1f} req/s | hit rate {hit_rate:6.1%} | "
+        print(f"[demo {elapsed:6.1f}s] {ops_per_s:7.1f} req/s | hit rate {hit_rate:6.1%}{l2_part} | "
               f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events", flush=True)
         self.log.info("demo.progress", elapsed_s=round(elapsed, 1), requests_per_s=round(ops_per_s, 1),
-                      hit_rate=round(hit_rate, 4), event_cells_per_s=round(cells_per_s), dropped_events=dropped)
+                      hit_rate=round(hit_rate, 4), l2_hit_share=round(l2_share, 4),
+                      event_cells_per_s=round(cells_per_s), dropped_events=dropped)
 
     def close(self) -> None:
+        try:
+            self.l0.close()  # end the requests the schedulers still run
+        except Exception:  # noqa: BLE001 - a cache process already gone must not stop the clean-up
+            pass
         for buffer in self.buffers:
             buffer.close()
         for client in self.clients:

@@ -24,12 +24,23 @@ op                         arguments                                            
 ``lookup_prefetch``        request_id, model_name, cache_salt, chunk_hashes           job_id
 ``query_prefetch_status``  job_id int                                                 done, found_count,
                                                                                       requested_count, hit_tokens,
-                                                                                      expired
+                                                                                      l1_hit_tokens, l2_hit_tokens,
+                                                                                      l2_loaded_count, expired
 ``retrieve``               buffer_id, request_id, job_id, block_ids, engine_id,        retrieved_count,
                            timeout_s float|nil                                         failed_count
 ``end_session``            request_id                                                 known (bool)
+``report_block_allocations`` instance_id int, model_name, records [[request_id,       record_count, block_count,
+                           [block_id], [token_id]]]                                    sampled_count, event_count
+``register_cuda_buffer``   ipc_handle str (hex), device_index int, num_blocks,        buffer_id, device
+                           block_bytes
 ``ping``                   —                                                          pid, worker
 ========================= ========================================================== ===========================
+
+``query_prefetch_status`` never blocks: while a job's L2 lookup or loads are in flight it answers
+``done`` False (``found_count`` is the L1 prefix so far) and the client polls again
+(``CacheClient.wait_prefetch``); ``retrieve`` of such a job is refused.  Once done,
+``l1_hit_tokens + l2_hit_tokens == hit_tokens`` and ``l2_loaded_count`` is how many chunks the
+job's prefetch wrote into L1 from L2.
 
 This module checks everything that can be checked without server state
 (types, ranges, lengths, names); the server checks the rest (buffer ids,
@@ -55,6 +66,9 @@ REQUEST_ID_MAX_BYTES = 256
 MAX_CHUNKS = 65536  # chunk hashes / block ids per request
 MAX_BLOCKS = 1 << 24  # blocks per registered buffer
 MAX_TIMEOUT_S = 86400.0
+MAX_REPORT_TOKENS = 1 << 20  # token ids per block allocation report
+CUDA_IPC_HANDLE_BYTES = 64
+MAX_CUDA_DEVICES = 1024
 _U64_MAX = (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -180,6 +194,45 @@ _SALT = _name(_SALT_FORBIDDEN, "@ / \\", allow_empty=True)
 _HASHES = _int_list(0, _U64_MAX, allow_empty=False)
 _BLOCK_IDS = _int_list(0, MAX_BLOCKS - 1, allow_empty=False)
 
+
+def _block_records(value: Any, field: str) -> list[tuple[str, list[int], list[int]]]:
+    """``[[request_id, [block_id, …], [token_id, …]], …]`` of one scheduler step (see mpcache.cache.blocks)."""
+    if type(value) is not list:
+        raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], got {type(value).__name__}")
+    if len(value) > MAX_CHUNKS:
+        raise ProtocolError(f"{field}: {len(value)} records, the limit is {MAX_CHUNKS}")
+    records, blocks, tokens = [], 0, 0
+    for i, record in enumerate(value):
+        where = f"{field}[{i}]"
+        if type(record) is not list or len(record) != 3:
+            raise ProtocolError(f"{where}: expected [request_id, block_ids, token_ids]")
+        request_id, block_ids, token_ids = record
+        _request_id(request_id, f"{where}.request_id")
+        for name, ids in (("block_ids", block_ids), ("token_ids", token_ids)):
+            if type(ids) is not list:
+                raise ProtocolError(f"{where}.{name}: expected a list of integers, got {type(ids).__name__}")
+            for item in ids:
+                if type(item) is not int or not 0 <= item <= _I64_MAX:
+                    raise ProtocolError(f"{where}.{name}: every entry must be an integer in 0..2**63-1")
+        blocks += len(block_ids)
+        tokens += len(token_ids)
+        if blocks > MAX_CHUNKS:
+            raise ProtocolError(f"{field}: more than {MAX_CHUNKS} block ids in one report")
+        if tokens > MAX_REPORT_TOKENS:
+            raise ProtocolError(f"{field}: more than {MAX_REPORT_TOKENS} token ids in one report")
+        records.append((request_id, block_ids, token_ids))
+    return records
+
+
+def _ipc_handle(value: Any, field: str) -> bytes:
+    """A CUDA IPC memory handle (``cudaIpcMemHandle_t``, 64 bytes) as 128 hex digits."""
+    if type(value) is not str or len(value) != 2 * CUDA_IPC_HANDLE_BYTES:
+        raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)") from None
+
 _REQUIRED = object()
 
 # op -> ((field, validator, default or _REQUIRED), ...)
@@ -197,7 +250,30 @@ OPS: dict[str, tuple[tuple[str, Callable[[Any, str], Any], Any], ...]] = {
     "retrieve": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("job_id", _ID, _REQUIRED),
                  ("block_ids", _BLOCK_IDS, _REQUIRED), ("engine_id", _ENGINE, 0), ("timeout_s", _timeout, None)),
     "end_session": (("request_id", _request_id, _REQUIRED),),
+    "report_block_allocations": (("instance_id", _ENGINE, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
+                                 ("records", _block_records, _REQUIRED)),
+    "register_cuda_buffer": (("ipc_handle", _ipc_handle, _REQUIRED),
+                             ("device_index", _int_range(0, MAX_CUDA_DEVICES - 1), _REQUIRED),
+                             ("num_blocks", _COUNT, _REQUIRED), ("block_bytes", _BYTES, _REQUIRED)),
 }
+# Cache blending (mpcache.cache.blend): tokens are the request's token ids; block_ids name one block per whole
+# chunk (stores) or per retrieved chunk (cb_retrieve, with chunk_indices into the lookup's chunks).
+_TOKENS = _int_list(0, _I64_MAX, allow_empty=False)
+_CB_BLOCK_IDS = _int_list(0, MAX_BLOCKS - 1, allow_empty=True)
+_CB_STORE = (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
+             ("cache_salt", _SALT, ""), ("tokens", _TOKENS, _REQUIRED), ("block_ids", _CB_BLOCK_IDS, _REQUIRED),
+             ("engine_id", _ENGINE, 0))
+OPS.update({
+    "cb_store_pre_computed": _CB_STORE,
+    "cb_store_final": _CB_STORE,
+    "cb_lookup": (("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
+                  ("cache_salt", _SALT, ""), ("tokens", _TOKENS, _REQUIRED)),
+    "cb_retrieve": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED),
+                    ("lookup_id", _ID, _REQUIRED), ("chunk_indices", _int_list(0, MAX_CHUNKS - 1, allow_empty=True),
+                                                    _REQUIRED),
+                    ("block_ids", _CB_BLOCK_IDS, _REQUIRED), ("engine_id", _ENGINE, 0),
+                    ("worker_id", _int_range(-1, _I64_MAX), -1)),
+})
 _ENVELOPE = frozenset(("op", "id"))
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from mpcache.cache.l2.spec import GB as L2_GB
+from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError
 from mpcache.logs import configure_logging
@@ -74,6 +76,13 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 50MiB, 1GB or 1048576, got {text!r}") from None
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -93,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     service = parser.add_argument_group("service")
     service.add_argument("--workers", type=_int_at_least(1), default=2, help="cache processes to run (default 2)")
     service.add_argument("--instance-id", default="", help="service.instance.id on every metric (default: a new UUID4)")
-    service.add_argument("--l1-size", default="", help="L1 pool per cache process, e.g. 512MiB (default 256MiB; 32MiB with --demo)")
+    service.add_argument("--l1-size", default="", help="L1 pool per cache process, e.g. 512MiB (default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
     service.add_argument("--chunk-bytes", default="64KiB", help="bytes per KV chunk slot (default 64KiB)")
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
     service.add_argument("--l1-watermark", type=_number, default=0.8, help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
@@ -101,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
     service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
     service.add_argument("--runtime-dir", default="", help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
+    service.add_argument(
+        "--l2", action="append", default=[], metavar="JSON",
+        help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
+        'fs: {"type": "fs", "path": DIR, "capacity_gb": N, "threads"?: N} (each cache process uses DIR/worker-<i>); '
+        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], "seed"?}; '
+        'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
+        "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
     service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
     telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
@@ -116,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
+    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
+    logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="also run the built-in load generator")
     demo.add_argument("--demo-seconds", type=_number, default=0.0, help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
@@ -130,8 +148,23 @@ def _default(given: float | None, *, demo: float, normal: float, is_demo: bool) 
     return demo if is_demo else normal
 
 
+def _l2_specs(texts: list[str], chunk_bytes: int) -> list[dict]:
+    """Every ``--l2`` value, checked (ConfigError naming --l2 on the first bad one)."""
+    specs = []
+    for text in texts:
+        spec = parse_l2_spec(text)
+        if int(spec["capacity_gb"] * L2_GB) < chunk_bytes:
+            raise ConfigError(f"--l2: {spec['type']} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk "
+                              f"(--chunk-bytes, {chunk_bytes} bytes)")
+        specs.append(spec)
+    return specs
+
+
 def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir: str) -> Config:
-    l1_size = args.l1_size or ("32MiB" if args.demo else "256MiB")
+    # the demo's L1 is small so that it evicts; smaller still with L2, so that prefetches come from L2
+    l1_size = args.l1_size or (("8MiB" if args.l2 else "32MiB") if args.demo else "256MiB")
+    chunk_bytes = parse_size(args.chunk_bytes, "--chunk-bytes")
+    l2 = _l2_specs(args.l2, chunk_bytes)
     return Config(
         instance_id=args.instance_id or str(uuid.uuid4()),
         supervisor_pid=supervisor_pid,
@@ -160,6 +193,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         demo_seconds=args.demo_seconds,
         duration_s=args.duration,
         demo_tally_file=args.demo_tally,
+        l2=l2,
     )
 
 
@@ -181,11 +215,11 @@ class Child:
 class LineForwarder:
     """Copies children's stderr lines to our stderr and the log file (one writer, so rotation is safe)."""
 
-    def __init__(self, log_file: str) -> None:
+    def __init__(self, log_file: str, max_bytes: int = 50 * 2**20, backup_count: int = 5) -> None:
         self._lock = threading.Lock()
         self._file_handler = None
         if log_file:
-            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=50 * 2**20, backupCount=5)
+            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count)
 
     def forward(self, child: Child, stream) -> None:
         for raw in iter(stream.readline, b""):
@@ -374,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runtime_dir:
         _make_private_dir(base)
     _make_private_dir(runtime_dir)
-    forwarder = LineForwarder(config.log_file)
+    forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     log = configure_logging("supervisor", config.instance_id, config.log_level,
                             handlers=[_ForwardingHandler(forwarder)])
     _remove_leftovers(base, log)

@@ -34,6 +34,7 @@ _L1_READ_RESERVED = EventType.L1_READ_RESERVED
 _L1_READ_FINISHED = EventType.L1_READ_FINISHED
 _L1_WRITE_RESERVED = EventType.L1_WRITE_RESERVED
 _L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED
+_L1_WRITE_FINISHED_AND_READ_RESERVED = EventType.L1_WRITE_FINISHED_AND_READ_RESERVED
 _L1_KEYS_EVICTED = EventType.L1_KEYS_EVICTED
 _L1_EVICTION_LOOP_TICK = EventType.L1_EVICTION_LOOP_TICK
 _L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
@@ -57,6 +58,14 @@ class WriteReservation(NamedTuple):
     slots: list[int]  # the slot reserved for each of them
     present: int  # chunks already in L1 (not rewritten)
     failed: int  # chunks that got no slot
+
+
+class PrefetchReservation(NamedTuple):
+    """Outcome of :meth:`L1Manager.reserve_prefetch` for the chunks an L2 prefetch wants to land."""
+
+    slots: list[int]  # per covered chunk, in order: its landing slot, or -1 when it was already ready (now read-locked)
+    failed: int  # chunks that needed a slot and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
+    stopped: int  # chunks not covered because one of them is being written by someone else (or repeats)
 
 
 class L1Manager:
@@ -161,6 +170,75 @@ class L1Manager:
             entry = self._entries.pop(ChunkKey(model, salt, chunk_hash), None)
             if entry is not None:
                 self._free.append(entry.slot)
+
+    # -- L2 -> L1 prefetch landings -------------------------------------------------
+
+    def reserve_prefetch(self, model: str, salt: str, hashes: Sequence[int]) -> PrefetchReservation:
+        """Landing slots for chunks an L2 prefetch will load, in the order of ``hashes``.
+
+        The walk stops before the first chunk that is being written (another
+        prefetch or store owns it) or that repeats (``stopped`` counts what is
+        left).  A chunk already ready in L1 is read-locked instead (slot -1).
+        Missing chunks get slots, evicting LRU entries as needed; from the
+        first one that gets none, every missing chunk fails
+        (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
+        are unlocked again.  Reserved slots are not readable until
+        :meth:`commit_prefetch` (or given back with :meth:`abort_write`).
+        """
+        entries = self._entries
+        lru = self._lru
+        covered: list[tuple[ChunkKey, _Entry | None]] = []
+        seen: set[ChunkKey] = set()
+        for chunk_hash in hashes:
+            key = ChunkKey(model, salt, chunk_hash)
+            entry = entries.get(key)
+            if key in seen or (entry is not None and not entry.ready):
+                break
+            seen.add(key)
+            covered.append((key, entry))
+        stopped = len(hashes) - len(covered)
+        missing = 0
+        for key, entry in covered:  # pin what is ready first, so making room cannot evict it
+            if entry is None:
+                missing += 1
+            else:
+                if entry.readers == 0:
+                    del lru[key]
+                entry.readers += 1
+        shortfall = missing - len(self._free)
+        if shortfall > 0:
+            self._evict(shortfall)
+        free = self._free
+        slots: list[int] = []
+        failed = 0
+        for index, (key, entry) in enumerate(covered):
+            if entry is not None:
+                slots.append(-1)
+                continue
+            if not free:
+                rest = covered[index:]
+                failed = sum(1 for _, e in rest if e is None)
+                self._unlock(model, salt, [k.chunk_hash for k, e in rest if e is not None])
+                break
+            new = entries[key] = _Entry(free.pop())
+            slots.append(new.slot)
+        reserved = sum(1 for slot in slots if slot >= 0)
+        if reserved:
+            self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, reserved)
+        if failed:
+            self._pub.emit(_L1_ALLOCATION_FAILED, ("l2_prefetch",), salt_counts={(salt, model): failed})
+        return PrefetchReservation(slots, failed, stopped)
+
+    def commit_prefetch(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
+        """Chunks landed from L2 in their reserved slots: readable, each holding one read lock for the
+        prefetch (``L1_WRITE_FINISHED_AND_READ_RESERVED``, which counts as a write).  Returns the sampled subset."""
+        entries = self._entries
+        for chunk_hash in hashes:
+            entry = entries[ChunkKey(model, salt, chunk_hash)]
+            entry.ready = True
+            entry.nbytes = nbytes
+            entry.readers = 1  # locked, so not in the LRU order until released
+        return self._emit_keys(_L1_WRITE_FINISHED_AND_READ_RESERVED, model, salt, hashes) if hashes else []
 
     # -- reads --------------------------------------------------------------------
 

@@ -18,6 +18,14 @@ Request flow and the events each step publishes (``spec/EVENTS.md``):
 * ``lookup_prefetch``: ``MP_LOOKUP_PREFETCH_START``, read locks on the
   contiguous L1 prefix (``L1_READ_RESERVED``), a prefetch job;
   the first ``query_prefetch_status`` of that job → ``MP_LOOKUP_PREFETCH_END``;
+* with ``--l2`` adapters: a committed store also submits one L2 store task per
+  adapter (:mod:`mpcache.cache.storage`), and a lookup whose prefix runs past
+  L1 hands the rest to the prefetch controller (:mod:`mpcache.cache.prefetch`);
+  such a job is not done (``query_prefetch_status`` says ``done`` False, a
+  retrieve is refused) until its L2 lookup and loads finished.  Adapter threads
+  only queue their completions and write to the wake socket; the loop handles
+  them (and publishes every L2 event) in ``_poll_l2``.  At shutdown in-flight
+  L2 tasks are waited for (bounded) before the adapters close;
 * ``retrieve``: ``MP_RETRIEVE_SUBMITTED``, ``MP_RETRIEVE_START``, the copy
   L1 → client buffer (``L1_READ_FAILED`` if a locked chunk is unreadable),
   ``L1_READ_FINISHED``, ``MP_RETRIEVE_END``, ``SM_READ_PREFETCHED_FINISHED``.
@@ -25,6 +33,14 @@ Request flow and the events each step publishes (``spec/EVENTS.md``):
   :class:`~mpcache.timeouts.MpcacheTimeoutError` (``TIMEOUT_RAISED``); the
   END event then carries zeros and the job keeps its locks, so the client may
   retry or end the session.
+* the copies of store/retrieve go through the buffer's ``transfer``
+  (:mod:`mpcache.cache.transfer`): shared memory (device ``cpu``), or a GPU
+  buffer shared by CUDA IPC (``register_cuda_buffer``, device ``cuda:N``)
+  whose START/END are published after the copy, stamped where its stream
+  reached them;
+* ``report_block_allocations`` → ``MP_VLLM_BLOCK_ALLOCATION`` (L0 shadow
+  monitoring, :mod:`mpcache.cache.blocks`); ``end_session`` of a request that
+  owns sampled blocks also publishes ``MP_VLLM_END_SESSION``.
 
 Started by the supervisor (``parent_pid``), the process stops by itself when it
 is reparented: a supervisor that died without stopping it cannot restart it,
@@ -55,7 +71,12 @@ import numpy as np
 import structlog
 
 from mpcache import protocol
+from mpcache.cache import transfer
+from mpcache.cache.blend import BlendModule
+from mpcache.cache.blocks import BlockReporter
 from mpcache.cache.l1 import L1Manager
+from mpcache.cache.prefetch import PrefetchController, PrefetchOutcome
+from mpcache.cache.storage import StorageManager, build_adapters
 from mpcache.config import Config
 from mpcache.errors import ConfigError, LayoutMismatchError, ProtocolError, RequestError
 from mpcache.events import EventType
@@ -92,7 +113,7 @@ _PEERCRED = struct.Struct("3i")
 class _Buffer:
     """A client's registered KV buffer, attached by name."""
 
-    __slots__ = ("segment", "blocks", "num_blocks", "block_bytes", "path", "needed")
+    __slots__ = ("segment", "blocks", "num_blocks", "block_bytes", "path", "needed", "transfer")
 
     def __init__(self, segment: Segment, num_blocks: int, block_bytes: int) -> None:
         self.segment = segment
@@ -101,6 +122,7 @@ class _Buffer:
         self.needed = num_blocks * block_bytes
         self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
         self.path = os.path.join(SHM_DIR, segment.name.lstrip("/"))
+        self.transfer = transfer.CpuTransfer(self.blocks)
 
     def check_intact(self) -> None:
         """Refuse a buffer whose object was removed or shrunk since registration (the
@@ -113,7 +135,7 @@ class _Buffer:
             raise RequestError(f"buffer {self.segment.name} shrank to {size} bytes, needs {self.needed}")
 
     def close(self) -> None:
-        self.blocks = None
+        self.blocks = self.transfer = None
         _close_segment(self.segment)
 
 
@@ -133,7 +155,7 @@ class _Conn:
 
 class _Job:
     __slots__ = ("job_id", "request_id", "model", "salt", "hashes", "found", "created", "reported", "locked",
-                 "expired", "retrieved")
+                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed")
 
     def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
                  created: float) -> None:
@@ -148,6 +170,10 @@ class _Job:
         self.locked = found > 0  # holds read locks on hashes[:found] (until retrieve / release)
         self.expired = False  # outlived the TTL: locks released, kept one more TTL for a late retrieve
         self.retrieved = False
+        self.pending = False  # an L2 prefetch is still looking up / loading the chunks after hashes[:found]
+        self.l1_hits = found  # chunks of hashes[:found] that were in L1 when the job needed them
+        self.l2_hits = 0  # chunks of hashes[:found] loaded from L2
+        self.l2_landed = 0  # chunks this job's L2 prefetch wrote into L1 (contiguous or not)
 
 
 class _ErrorLog:
@@ -191,6 +217,7 @@ class CacheServer:
         worker: int,
         *,
         clock: Callable[[], float] = time.monotonic,
+        clock_ns: Callable[[], int] = time.time_ns,
         job_ttl_s: float = 60.0,
         max_jobs: int = 4096,
         max_sessions: int = 65536,
@@ -204,6 +231,7 @@ class CacheServer:
         self.worker = worker
         self.log = logger if logger is not None else structlog.get_logger("mpcache.cache")
         self._clock = clock
+        self._clock_ns = clock_ns  # event timestamps (wall clock, ns)
         self._job_ttl_s = job_ttl_s
         self._max_jobs = max_jobs
         self._max_sessions = max_sessions
@@ -224,9 +252,12 @@ class CacheServer:
         self._listener: socket.socket | None = None
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
+        self.storage: StorageManager | None = None
+        self.prefetch: PrefetchController | None = None
         try:
             self._attach()
             self._listen()
+            self._start_l2()
         except BaseException:
             self.close()
             raise
@@ -239,7 +270,11 @@ class CacheServer:
             "query_prefetch_status": self._op_query_prefetch_status,
             "retrieve": self._op_retrieve,
             "end_session": self._op_end_session,
+            "report_block_allocations": self._op_report_block_allocations,
+            "register_cuda_buffer": self._op_register_cuda_buffer,
         }
+        self.blend = BlendModule(self)  # cache blending: cb_* ops (mpcache.cache.blend)
+        self._handlers.update(self.blend.handlers())
 
     # -- set-up and tear-down ---------------------------------------------------------
 
@@ -248,7 +283,8 @@ class CacheServer:
         ring = Segment.attach(config.ring_name(worker), layout.HEADER_SIZE)
         self._segments.append(ring)
         self.publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
-                                   threadsafe=False)
+                                   threadsafe=False, clock_ns=self._clock_ns)
+        self.l0 = BlockReporter(self.publisher, config.metrics_sample_rate)
         pool_seg = Segment.attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
         self._segments.append(pool_seg)
         pool = np.ndarray((config.l1_slots, config.chunk_bytes), dtype=np.uint8, buffer=pool_seg.buf)
@@ -260,6 +296,26 @@ class CacheServer:
         self.gauges.set(layout.G_L1_USED, 0)
         self.gauges.set(layout.G_ACTIVE_PREFETCH, 0)
         self.gauges.heartbeat(os.getpid())
+
+    def _start_l2(self) -> None:
+        """The storage manager and prefetch controller over the configured L2 adapters (none: both idle)."""
+        config = self.config
+        names = [config.l2_name(index) for index in range(len(config.l2))]
+        self.storage = StorageManager(build_adapters(config, self.worker), names, self.publisher, self.gauges,
+                                      self._wake, worker=self.worker, chunk_bytes=self._chunk_bytes, logger=self.log)
+        self.prefetch = PrefetchController(self.storage, self.l1, self.publisher, self._prefetch_finished)
+
+    def _wake(self) -> None:
+        """Make the loop's select return (any thread; L2 adapter threads call it when a task completes)."""
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is already pending) or closed at shutdown
+            pass
+
+    def _poll_l2(self) -> None:
+        if self.storage is not None and self.storage.has_completions:
+            self.storage.poll()
+            self._update_gauges()
 
     def _listen(self) -> None:
         path = self.socket_path = self.config.socket_path(self.worker)
@@ -326,6 +382,11 @@ class CacheServer:
         for conn in list(self._conns.values()):
             self._send_now(conn)
             self._close_conn(conn)
+        if self.storage is not None:  # finish in-flight L2 tasks (publishing their events), then close adapters
+            if not self.storage.drain():
+                self.log.warning("l2.drain_timeout", inflight=self.storage.inflight)
+            self.storage.close()
+            self.storage = self.prefetch = None
         for job in list(self._jobs.values()):
             self._drop_job(job)
         self._selector.close()
@@ -337,7 +398,7 @@ class CacheServer:
             self.gauges.set(layout.G_ACTIVE_PREFETCH, 0)
             self.gauges.set(layout.G_HEARTBEAT, 0)
         # Views into the segments must go before the mappings can be closed.
-        self.l1 = self.gauges = self.publisher = None
+        self.l1 = self.gauges = self.publisher = self.l0 = None
         for segment in self._segments:
             _close_segment(segment)
         self._segments.clear()
@@ -364,6 +425,7 @@ class CacheServer:
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wake()
+                        self._poll_l2()
                     else:
                         try:
                             self._on_ready(key.data, mask)
@@ -382,6 +444,8 @@ class CacheServer:
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
                     self._expire_jobs()
+                    if self.storage is not None:
+                        self.storage.refresh_usage()
                     self.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s
         finally:
@@ -644,26 +708,35 @@ class CacheServer:
         request_id, model, salt, engine = args["request_id"], args["model_name"], args["cache_salt"], args["engine_id"]
         pub = self.publisher
         self._session(request_id)
-        pub.emit(_MP_STORE_SUBMITTED, (DEVICE,), session_id=request_id)
-        pub.emit(_MP_STORE_START, (DEVICE, engine, model), session_id=request_id)
+        mover = buffer.transfer  # L0 → L1 copy: CPU shared memory, or a CUDA stream (stream_timed)
+        device = mover.device
+        pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
+        if not mover.stream_timed:
+            pub.emit(_MP_STORE_START, (device, engine, model), session_id=request_id)
         l1 = self.l1
         reservation = l1.reserve_write(model, salt, hashes)
         committed = [hashes[p] for p in reservation.positions]
         nbytes = buffer.block_bytes
         try:
-            pool, blocks = l1.pool, buffer.blocks
-            for position, slot in zip(reservation.positions, reservation.slots):
-                pool[slot, :nbytes] = blocks[block_ids[position]]
+            timing = mover.to_l1(l1.pool, [(block_ids[p], slot) for p, slot in zip(reservation.positions,
+                                                                                    reservation.slots)], nbytes)
         except BaseException:
             l1.abort_write(model, salt, committed)
-            pub.emit(_MP_STORE_END, (DEVICE, engine, model, 0, 0, 0), session_id=request_id)
+            pub.emit(_MP_STORE_END, (device, engine, model, 0, 0, 0), session_id=request_id)
             raise
+        if timing is not None:  # where the stream reached the copy's start
+            pub.emit(_MP_STORE_START, (device, engine, model), session_id=request_id, timestamp_ns=timing.start_ns)
         sampled = l1.commit_write(model, salt, committed, nbytes)
         stored = len(committed)
-        pub.emit(_MP_STORE_END, (DEVICE, engine, model, stored, stored * nbytes, stored * self._chunk_tokens),
-                 session_id=request_id)
+        pub.emit(_MP_STORE_END, (device, engine, model, stored, stored * nbytes, stored * self._chunk_tokens),
+                 session_id=request_id, timestamp_ns=None if timing is None else timing.end_ns)
         pub.emit(_SM_WRITE_FINISHED, (reservation.failed,),
                  salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
+        if stored and self.storage.adapters and nbytes == self._chunk_bytes:
+            # L2 store tasks get copies: the L1 slots stay readable (and evictable) while adapters write
+            pool = l1.pool
+            self.storage.store(model, salt, [(hashes[p], pool[slot].tobytes())
+                                             for p, slot in zip(reservation.positions, reservation.slots)])
         return {"stored_count": stored, "skipped_count": reservation.present, "failed_count": reservation.failed}
 
     def _op_lookup_prefetch(self, conn: _Conn, args: dict) -> dict:
@@ -677,23 +750,44 @@ class CacheServer:
         jobs_of_request.add(job.job_id)
         if job.locked:
             self._active_jobs += 1
+        if found < len(hashes) and self.prefetch.start(job.job_id, model, salt, hashes[found:], job):
+            job.pending = True
         while len(self._jobs) > self._max_jobs:
             self._drop_job(next(iter(self._jobs.values())))
         return {"job_id": job.job_id}
 
+    def _prefetch_finished(self, job: _Job, outcome: PrefetchOutcome) -> None:
+        """An L2 prefetch finished: the job's hit grows by the chunks now locked for it (a job dropped or
+        expired meanwhile gives them back; they stay in L1 as ordinary cached chunks)."""
+        job.pending = False
+        job.l2_landed = outcome.landed
+        if not outcome.locked:
+            return
+        if self._jobs.get(job.job_id) is not job or job.expired:
+            self.l1.release_read(job.model, job.salt, job.hashes[job.found : job.found + outcome.locked])
+            return
+        job.found += outcome.locked
+        job.l1_hits += outcome.l1_hits
+        job.l2_hits += outcome.l2_hits
+        if not job.locked:
+            job.locked = True
+            self._active_jobs += 1
+
     def _op_query_prefetch_status(self, conn: _Conn, args: dict) -> dict:
         job = self._job(args["job_id"])
         tokens = self._chunk_tokens
-        if not job.reported and not job.expired:  # an expired job was abandoned: no END
+        done = not job.pending
+        if done and not job.reported and not job.expired:  # an expired job was abandoned: no END
             job.reported = True
-            hit_tokens = job.found * tokens
             self.publisher.emit(
                 _MP_LOOKUP_PREFETCH_END,
-                (job.model, job.salt, job.found, len(job.hashes) * tokens, hit_tokens, hit_tokens, 0, ""),
+                (job.model, job.salt, job.found, len(job.hashes) * tokens, job.found * tokens,
+                 job.l1_hits * tokens, job.l2_hits * tokens, ""),
                 session_id=job.request_id,
             )
-        return {"done": True, "found_count": job.found, "requested_count": len(job.hashes),
-                "hit_tokens": job.found * tokens, "expired": job.expired}
+        return {"done": done, "found_count": job.found, "requested_count": len(job.hashes),
+                "hit_tokens": job.found * tokens, "l1_hit_tokens": job.l1_hits * tokens,
+                "l2_hit_tokens": job.l2_hits * tokens, "l2_loaded_count": job.l2_landed, "expired": job.expired}
 
     def _op_retrieve(self, conn: _Conn, args: dict) -> dict:
         block_ids, request_id, engine = args["block_ids"], args["request_id"], args["engine_id"]
@@ -701,6 +795,9 @@ class CacheServer:
         job = self._job(args["job_id"])
         if job.request_id != request_id:
             raise RequestError(f"job_id: prefetch job {job.job_id} belongs to another request")
+        if job.pending:
+            raise RequestError(f"job_id: prefetch job {job.job_id} is still loading from L2; wait until "
+                               "query_prefetch_status says done")
         if job.retrieved or job.found == 0:
             raise RequestError(f"job_id: prefetch job {job.job_id} found nothing or was already retrieved")
         wanted = len(block_ids)
@@ -709,8 +806,11 @@ class CacheServer:
         model, salt = job.model, job.salt
         pub = self.publisher
         self._session(request_id)
-        pub.emit(_MP_RETRIEVE_SUBMITTED, (DEVICE,), session_id=request_id)
-        pub.emit(_MP_RETRIEVE_START, (DEVICE, engine, model), session_id=request_id)
+        mover = buffer.transfer  # L1 → L0 copy: CPU shared memory, or a CUDA stream (stream_timed)
+        device = mover.device
+        pub.emit(_MP_RETRIEVE_SUBMITTED, (device,), session_id=request_id)
+        if not mover.stream_timed:
+            pub.emit(_MP_RETRIEVE_START, (device, engine, model), session_id=request_id)
         deadline = Deadline(args["timeout_s"], self._clock)
         l1 = self.l1
         try:
@@ -719,13 +819,13 @@ class CacheServer:
             for _, size in reads:
                 if size != nbytes:
                     raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
-            pool, blocks = l1.pool, buffer.blocks
-            for (slot, _), block in zip(reads, block_ids):
-                deadline.check("retrieve", session_id=request_id)
-                blocks[block] = pool[slot, :nbytes]
+            timing = mover.from_l1(l1.pool, [(block, slot) for (slot, _), block in zip(reads, block_ids)], nbytes,
+                                   lambda: deadline.check("retrieve", session_id=request_id))
         except BaseException:
-            pub.emit(_MP_RETRIEVE_END, (DEVICE, engine, model, salt, 0, 0, 0), session_id=request_id)
+            pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
             raise  # the job keeps its locks: the client may retry or end the session
+        if timing is not None:  # where the stream reached the copy's start
+            pub.emit(_MP_RETRIEVE_START, (device, engine, model), session_id=request_id, timestamp_ns=timing.start_ns)
         retrieved = len(reads)
         locked = job.locked
         sampled = l1.finish_read(model, salt, job.hashes[:retrieved], unlock=locked)
@@ -735,20 +835,42 @@ class CacheServer:
             self._active_jobs -= 1
         job.retrieved = True
         pub.emit(_MP_RETRIEVE_END,
-                 (DEVICE, engine, model, salt, retrieved, retrieved * nbytes, retrieved * self._chunk_tokens),
-                 session_id=request_id)
+                 (device, engine, model, salt, retrieved, retrieved * nbytes, retrieved * self._chunk_tokens),
+                 session_id=request_id, timestamp_ns=None if timing is None else timing.end_ns)
         pub.emit(_SM_READ_PREFETCHED_FINISHED, (wanted - retrieved,),
                  salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)
         return {"retrieved_count": retrieved, "failed_count": wanted - retrieved}
 
     def _op_end_session(self, conn: _Conn, args: dict) -> dict:
         request_id = args["request_id"]
+        blended = self.blend.end_session(request_id)  # CB_REQUEST_END if it did cb_* ops
+        owned_blocks = self.l0.end_session(request_id)  # MP_VLLM_END_SESSION if it owns sampled L0 blocks
         job_ids = self._sessions.pop(request_id, None)
         if job_ids is None:
-            return {"known": False}
+            return {"known": owned_blocks or blended}
         for job_id in job_ids:
             job = self._jobs.pop(job_id, None)
             if job is not None:
                 self._release_locks(job)
         self.publisher.emit(_MP_REQUEST_END, session_id=request_id)
         return {"known": True}
+
+    def _op_report_block_allocations(self, conn: _Conn, args: dict) -> dict:
+        """A scheduler step's new L0 blocks → MP_VLLM_BLOCK_ALLOCATION (mpcache.cache.blocks)."""
+        return self.l0.report(args["instance_id"], args["model_name"], args["records"])
+
+    def _op_register_cuda_buffer(self, conn: _Conn, args: dict) -> dict:
+        """A client's GPU KV buffer, shared through a CUDA IPC handle (mpcache.cache.transfer)."""
+        num_blocks, block_bytes = args["num_blocks"], args["block_bytes"]
+        if block_bytes > self._chunk_bytes:
+            raise RequestError(f"block_bytes: {block_bytes} is larger than the chunk size {self._chunk_bytes}")
+        if num_blocks * block_bytes > MAX_BUFFER_BYTES:
+            raise RequestError(f"num_blocks × block_bytes is larger than {MAX_BUFFER_BYTES} bytes")
+        if len(conn.buffers) >= MAX_BUFFERS_PER_CONNECTION:
+            raise RequestError(f"at most {MAX_BUFFERS_PER_CONNECTION} buffers per connection")
+        buffer = transfer.open_cuda_buffer(args["ipc_handle"], args["device_index"], num_blocks, block_bytes,
+                                           clock_ns=self._clock_ns)
+        buffer_id = self._next_buffer_id
+        self._next_buffer_id += 1
+        conn.buffers[buffer_id] = buffer
+        return {"buffer_id": buffer_id, "device": buffer.transfer.device}

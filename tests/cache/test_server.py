@@ -48,6 +48,7 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
     batch = harness.events.take()
 
     assert {"done": True, "found_count": 3, "requested_count": 4, "hit_tokens": 3 * CHUNK_TOKENS,
+            "l1_hit_tokens": 3 * CHUNK_TOKENS, "l2_hit_tokens": 0, "l2_loaded_count": 0,
             "expired": False} == status
     np.testing.assert_array_equal(source.blocks[0:3], target.blocks[5:8])
     keys3 = {(SALT, MODEL): 3}

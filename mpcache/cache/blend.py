@@ -1,0 +1,362 @@
+"""Cache blending (CB) in the cache process: the fingerprint table and the four cb_* operations.
+
+Cache blending reuses the KV of chunks that reappear at another position (the
+same retrieved documents, in another order), not only of a shared prefix.
+Chunks are fingerprinted by their own tokens (:mod:`mpcache.blending`); the
+:class:`FingerprintTable` maps a fingerprint, per (model_name, cache_salt), to
+the L1 object that holds that chunk's KV.
+
+Operations (``BlendModule.handlers()``, merged into the server's op table; the
+arguments are validated by :mod:`mpcache.protocol`):
+
+* ``cb_store_pre_computed`` — chunks computed independently of any context
+  (a document chunk on its own): stored in L1 under
+  ``ChunkKey(model, salt, fingerprint)`` and registered fingerprint → that key;
+* ``cb_store_final`` — the chunks of a finished request: stored under their
+  prefix-chained keys (as a plain ``store`` would, so a later prefix lookup
+  finds them too) and registered fingerprint → prefix-chained key.  A
+  fingerprint already pointing at an object that is still present keeps it
+  (pre-computed KV is the better one to blend);
+* ``cb_lookup`` — per whole chunk, in order: a *prefix hit* when its
+  prefix-chained key is in L1; else a *fingerprint hit* when the table has its
+  fingerprint — confirmed in storage (a *storage hit*) when the object is still
+  in L1, otherwise *stale*: the entry is removed (``CB_CHUNKS_EVICTED``);
+  else a *miss*.  ``fingerprint_hits = storage_hits + stale_chunks``,
+  ``requested_tokens`` = whole chunks × chunk size, ``hit_tokens`` = (prefix
+  hits + storage hits) × chunk size.  A connection without a registered KV
+  buffer has no GPU context: the lookup reports ``no_gpu_context`` and zeros;
+* ``cb_retrieve`` — copies hit chunks of a lookup into the client's blocks.
+
+Objects are confirmed in L1 only: blend chunks are not written to L2, so an
+object gone from L1 is gone.  Lookups take no read locks: a chunk evicted
+between lookup and retrieve is an L1 read failure (``L1_READ_FAILED``,
+not_found) and makes the retrieve unsuccessful (``failed_count`` > 0).
+
+Events (``spec/EVENTS.md``, CB section), all with ``session_id`` = request id:
+a request's first cb_* op publishes ``CB_REQUEST_START``, ``end_session``
+``CB_REQUEST_END``; each op publishes its START first (after the message
+validated) and its END last, also when the op fails on server state (unknown
+buffer or lookup, block out of range, …): END then says ``success`` false and
+the client gets the error reply.  Stores publish ``CB_FINGERPRINTS_REGISTERED``
+(entries newly indexed, ≥ 1) before their END; stale entries removed — by a
+lookup, or replaced by a store — publish ``CB_CHUNKS_EVICTED``.  The L1 and
+storage-manager events of the copies are those of ``store``/``retrieve``
+(``L1_WRITE_*``, ``SM_WRITE_FINISHED``, ``L1_READ_FINISHED``,
+``SM_READ_PREFETCHED_FINISHED``), but no ``MP_*`` events.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+from mpcache.blending import FINGERPRINT_HIT, MISS, PREFIX_HIT, STALE, chunk_fingerprints
+from mpcache.errors import RequestError
+from mpcache.events import EventType
+from mpcache.keys import ChunkKey, chunk_hashes
+
+_CB_REQUEST_START = EventType.CB_REQUEST_START
+_CB_REQUEST_END = EventType.CB_REQUEST_END
+_CB_LOOKUP_START = EventType.CB_LOOKUP_START
+_CB_LOOKUP_END = EventType.CB_LOOKUP_END
+_CB_RETRIEVE_START = EventType.CB_RETRIEVE_START
+_CB_RETRIEVE_END = EventType.CB_RETRIEVE_END
+_CB_STORE_PRE_COMPUTED_START = EventType.CB_STORE_PRE_COMPUTED_START
+_CB_STORE_PRE_COMPUTED_END = EventType.CB_STORE_PRE_COMPUTED_END
+_CB_STORE_FINAL_START = EventType.CB_STORE_FINAL_START
+_CB_STORE_FINAL_END = EventType.CB_STORE_FINAL_END
+_CB_FINGERPRINTS_REGISTERED = EventType.CB_FINGERPRINTS_REGISTERED
+_CB_CHUNKS_EVICTED = EventType.CB_CHUNKS_EVICTED
+_SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
+_SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
+
+DEFAULT_MAX_SESSIONS = 65536
+DEFAULT_MAX_LOOKUPS_PER_SESSION = 16
+
+
+class FingerprintTable:
+    """Bounded LRU map: fingerprint key ``ChunkKey(model, salt, fingerprint)`` → the object's ChunkKey.
+
+    At capacity the least recently used entry gives way (counted in
+    :attr:`dropped`, not an eviction of a stale entry).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.dropped = 0
+        self._entries: OrderedDict[ChunkKey, ChunkKey] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, fkey: ChunkKey) -> bool:
+        return fkey in self._entries
+
+    def get(self, fkey: ChunkKey) -> ChunkKey | None:
+        """The object key of a fingerprint (now the most recently used), or None."""
+        target = self._entries.get(fkey)
+        if target is not None:
+            self._entries.move_to_end(fkey)
+        return target
+
+    def remove(self, fkey: ChunkKey) -> bool:
+        return self._entries.pop(fkey, None) is not None
+
+    def register(self, fkey: ChunkKey, target: ChunkKey, present: Callable[[ChunkKey], bool]) -> tuple[bool, bool]:
+        """Index ``fkey`` → ``target``; returns (newly indexed, a stale entry was replaced).
+
+        An entry that already points at ``target``, or at another object that
+        is still ``present``, is kept (and touched): not newly indexed.  An
+        entry whose object is gone is stale and is replaced.
+        """
+        entries = self._entries
+        existing = entries.get(fkey)
+        if existing is not None and (existing == target or present(existing)):
+            entries.move_to_end(fkey)
+            return False, False
+        entries[fkey] = target
+        entries.move_to_end(fkey)
+        if existing is None and len(entries) > self.capacity:
+            entries.popitem(last=False)
+            self.dropped += 1
+        return True, existing is not None
+
+
+class _Lookup:
+    __slots__ = ("model", "salt", "hits")
+
+    def __init__(self, model: str, salt: str, hits: dict[int, ChunkKey]) -> None:
+        self.model = model
+        self.salt = salt
+        self.hits = hits  # chunk index -> the object holding that chunk's KV
+
+
+class BlendModule:
+    """The cb_* operations of one cache server (single-threaded, like the server)."""
+
+    def __init__(self, server, *, table_capacity: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 max_lookups_per_session: int = DEFAULT_MAX_LOOKUPS_PER_SESSION) -> None:
+        self._server = server
+        self._chunk_tokens = server.config.chunk_size_tokens
+        if table_capacity is None:
+            table_capacity = max(1024, 4 * server.config.l1_slots)
+        self.table = FingerprintTable(table_capacity)
+        self._max_sessions = max_sessions
+        self._max_lookups = max_lookups_per_session
+        self._sessions: OrderedDict[str, OrderedDict[int, _Lookup]] = OrderedDict()  # request id -> its lookups
+        self._next_lookup_id = 1
+
+    def handlers(self) -> dict[str, Callable]:
+        return {
+            "cb_store_pre_computed": self._op_store_pre_computed,
+            "cb_store_final": self._op_store_final,
+            "cb_lookup": self._op_lookup,
+            "cb_retrieve": self._op_retrieve,
+        }
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _session(self, request_id: str) -> OrderedDict[int, _Lookup]:
+        lookups = self._sessions.get(request_id)
+        if lookups is None:
+            lookups = self._sessions[request_id] = OrderedDict()
+            self._server.publisher.emit(_CB_REQUEST_START, session_id=request_id)
+            if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, oldest first
+                self._sessions.popitem(last=False)
+        return lookups
+
+    def end_session(self, request_id: str) -> bool:
+        """``end_session`` of a request: CB_REQUEST_END if it did any cb_* op; returns whether it did."""
+        if self._sessions.pop(request_id, None) is None:
+            return False
+        self._server.publisher.emit(_CB_REQUEST_END, session_id=request_id)
+        return True
+
+    def _present(self, key: ChunkKey) -> bool:
+        return self._server.l1.contains(key)
+
+    def _evicted(self, count: int) -> None:
+        if count:
+            self._server.publisher.emit(_CB_CHUNKS_EVICTED, (count,))
+
+    # -- stores --------------------------------------------------------------------------
+
+    def _op_store_pre_computed(self, conn, args: dict) -> dict:
+        return self._store(conn, args, final=False)
+
+    def _op_store_final(self, conn, args: dict) -> dict:
+        return self._store(conn, args, final=True)
+
+    def _store(self, conn, args: dict, final: bool) -> dict:
+        start, end = ((_CB_STORE_FINAL_START, _CB_STORE_FINAL_END) if final
+                      else (_CB_STORE_PRE_COMPUTED_START, _CB_STORE_PRE_COMPUTED_END))
+        request_id, model, salt, engine = args["request_id"], args["model_name"], args["cache_salt"], args["engine_id"]
+        tokens, block_ids = args["tokens"], args["block_ids"]
+        pub = self._server.publisher
+        self._session(request_id)
+        num_tokens = len(tokens)
+        pub.emit(start, (engine, num_tokens), session_id=request_id)
+        stored = 0
+        try:
+            chunk = self._chunk_tokens
+            fingerprints = chunk_fingerprints(tokens, chunk)
+            if len(block_ids) != len(fingerprints):
+                raise RequestError(f"block_ids: {len(block_ids)} entries for {len(fingerprints)} whole chunks of "
+                                   f"{chunk} tokens")
+            buffer = self._buffer(conn, args["buffer_id"], block_ids)
+            hashes = chunk_hashes(tokens, chunk) if final else fingerprints
+            stored, present, failed = self._copy_in(buffer, model, salt, hashes, block_ids)
+        except BaseException:
+            pub.emit(end, (engine, num_tokens, stored, False), session_id=request_id)
+            raise
+        registered = replaced = 0
+        table = self.table
+        l1 = self._server.l1
+        for chunk_hash, fp in zip(hashes, fingerprints):
+            target = ChunkKey(model, salt, chunk_hash)
+            if not l1.contains(target):  # its allocation failed: nothing to index
+                continue
+            new, stale = table.register(ChunkKey(model, salt, fp), target, self._present)
+            registered += new
+            replaced += stale
+        if registered:
+            pub.emit(_CB_FINGERPRINTS_REGISTERED, (registered, registered * chunk))
+        self._evicted(replaced)
+        pub.emit(end, (engine, num_tokens, stored, failed == 0), session_id=request_id)
+        return {"stored_count": stored, "skipped_count": present, "failed_count": failed,
+                "registered_count": registered}
+
+    def _buffer(self, conn, buffer_id: int, block_ids: list[int]):
+        if not block_ids:  # nothing to copy, but the buffer must still be one of this connection's
+            buffer = conn.buffers.get(buffer_id)
+            if buffer is None:
+                raise RequestError(f"buffer_id: unknown buffer {buffer_id} on this connection")
+            return buffer
+        return self._server._buffer(conn, buffer_id, block_ids)
+
+    def _copy_in(self, buffer, model: str, salt: str, hashes: list[int], block_ids: list[int]) -> tuple[int, int, int]:
+        """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
+        l1 = self._server.l1
+        reservation = l1.reserve_write(model, salt, hashes)
+        committed = [hashes[p] for p in reservation.positions]
+        nbytes = buffer.block_bytes
+        try:
+            buffer.transfer.to_l1(l1.pool, [(block_ids[p], slot) for p, slot in zip(reservation.positions,
+                                                                                     reservation.slots)], nbytes)
+        except BaseException:
+            l1.abort_write(model, salt, committed)
+            raise
+        sampled = l1.commit_write(model, salt, committed, nbytes)
+        stored = len(committed)
+        self._server.publisher.emit(_SM_WRITE_FINISHED, (reservation.failed,),
+                                    salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
+        return stored, reservation.present, reservation.failed
+
+    # -- lookup --------------------------------------------------------------------------
+
+    def _op_lookup(self, conn, args: dict) -> dict:
+        request_id, model, salt, tokens = args["request_id"], args["model_name"], args["cache_salt"], args["tokens"]
+        pub = self._server.publisher
+        lookups = self._session(request_id)
+        num_tokens = len(tokens)
+        pub.emit(_CB_LOOKUP_START, (num_tokens,), session_id=request_id)
+        if not conn.buffers:  # no KV buffer registered: nothing could receive a blend
+            pub.emit(_CB_LOOKUP_END, (num_tokens, 0, 0, 0, 0, 0, True), session_id=request_id)
+            return {"lookup_id": None, "no_gpu_context": True, "chunks": [], "requested_tokens": 0,
+                    "hit_tokens": 0, "prefix_hits": 0, "fingerprint_hits": 0, "storage_hits": 0, "stale_chunks": 0}
+        chunk = self._chunk_tokens
+        l1 = self._server.l1
+        table = self.table
+        statuses: list[int] = []
+        hits: dict[int, ChunkKey] = {}
+        prefix_hits = storage_hits = stale = 0
+        for index, (chunk_hash, fp) in enumerate(zip(chunk_hashes(tokens, chunk), chunk_fingerprints(tokens, chunk))):
+            key = ChunkKey(model, salt, chunk_hash)
+            if l1.contains(key):
+                statuses.append(PREFIX_HIT)
+                hits[index] = key
+                prefix_hits += 1
+                continue
+            fkey = ChunkKey(model, salt, fp)
+            target = table.get(fkey)
+            if target is None:
+                statuses.append(MISS)
+            elif l1.contains(target):
+                statuses.append(FINGERPRINT_HIT)
+                hits[index] = target
+                storage_hits += 1
+            else:
+                table.remove(fkey)
+                statuses.append(STALE)
+                stale += 1
+        self._evicted(stale)
+        requested = len(statuses) * chunk
+        hit_tokens = (prefix_hits + storage_hits) * chunk
+        lookup_id = None
+        if hits:
+            lookup_id = self._next_lookup_id
+            self._next_lookup_id += 1
+            lookups[lookup_id] = _Lookup(model, salt, hits)
+            while len(lookups) > self._max_lookups:
+                lookups.popitem(last=False)
+        pub.emit(_CB_LOOKUP_END, (num_tokens, requested, hit_tokens, storage_hits + stale, storage_hits, stale, False),
+                 session_id=request_id)
+        return {"lookup_id": lookup_id, "no_gpu_context": False, "chunks": statuses, "requested_tokens": requested,
+                "hit_tokens": hit_tokens, "prefix_hits": prefix_hits, "fingerprint_hits": storage_hits + stale,
+                "storage_hits": storage_hits, "stale_chunks": stale}
+
+    # -- retrieve ------------------------------------------------------------------------
+
+    def _op_retrieve(self, conn, args: dict) -> dict:
+        request_id, engine, worker = args["request_id"], args["engine_id"], args["worker_id"]
+        indices, block_ids = args["chunk_indices"], args["block_ids"]
+        pub = self._server.publisher
+        lookups = self._session(request_id)
+        wanted = len(block_ids)
+        pub.emit(_CB_RETRIEVE_START, (engine, wanted, worker), session_id=request_id)
+        try:
+            retrieved = self._copy_out(conn, args, lookups, indices, block_ids)
+        except BaseException:
+            pub.emit(_CB_RETRIEVE_END, (engine, wanted, False, worker), session_id=request_id)
+            raise
+        pub.emit(_CB_RETRIEVE_END, (engine, wanted, retrieved == wanted, worker), session_id=request_id)
+        return {"retrieved_count": retrieved, "failed_count": wanted - retrieved}
+
+    def _copy_out(self, conn, args: dict, lookups: OrderedDict[int, _Lookup], indices: list[int],
+                  block_ids: list[int]) -> int:
+        """L1 → client blocks for the named hit chunks of a lookup; returns chunks copied."""
+        if len(indices) != len(block_ids):
+            raise RequestError(f"block_ids: {len(block_ids)} entries for {len(indices)} chunk_indices")
+        buffer = self._buffer(conn, args["buffer_id"], block_ids)
+        lookup = lookups.get(args["lookup_id"])
+        if lookup is None:
+            raise RequestError(f"lookup_id: unknown lookup {args['lookup_id']} of request {args['request_id']}")
+        keys = []
+        for index in indices:
+            key = lookup.hits.get(index)
+            if key is None:
+                raise RequestError(f"chunk_indices: chunk {index} was not a hit of lookup {args['lookup_id']}")
+            keys.append(key)
+        model, salt = lookup.model, lookup.salt
+        l1 = self._server.l1
+        nbytes = buffer.block_bytes
+        pairs: list[tuple[int, int]] = []
+        read: list[int] = []
+        for key, block in zip(keys, block_ids):
+            found = l1.read(model, salt, [key.chunk_hash])  # gone since the lookup: L1_READ_FAILED (not_found)
+            if not found:
+                continue
+            slot, size = found[0]
+            if size != nbytes:
+                raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
+            pairs.append((block, slot))
+            read.append(key.chunk_hash)
+        if pairs:
+            buffer.transfer.from_l1(l1.pool, pairs, nbytes)
+        sampled = l1.finish_read(model, salt, read, unlock=False)
+        retrieved = len(read)
+        self._server.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (len(keys) - retrieved,),
+                                    salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)
+        return retrieved

@@ -1,0 +1,214 @@
+"""The prefetch controller: the part of a lookup that L1 could not answer, fetched from L2 into L1.
+
+The server locks the contiguous L1 prefix of a lookup itself; when chunks are
+left and adapters are configured, :meth:`PrefetchController.start` takes the
+rest.  Every step below runs on the server's loop thread (adapter futures
+complete through :class:`~mpcache.cache.storage.StorageManager`'s queue), and
+``request_id`` in the events is the prefetch job's id.
+
+1. ``L2_PREFETCH_LOOKUP_SUBMITTED`` (key_count = chunks after the L1 prefix,
+   adapter_count = adapters asked): every adapter gets a lookup of all of them.
+2. When every lookup answered: ``L2_PREFETCH_LOOKUP_COMPLETED`` with
+   ``prefix_hit_count``, the contiguous run (from the first chunk after the L1
+   prefix) that at least one adapter holds.  Each such chunk is assigned to the
+   first adapter, in ``--l2`` order, that holds it.
+3. L1 landing slots for that run (:meth:`~mpcache.cache.l1.L1Manager.reserve_prefetch`).
+   Chunks that get none: ``L1_ALLOCATION_FAILED`` (during=l2_prefetch, from L1)
+   and ``L2_PREFETCH_FAILED`` reason=l1_oom.  Chunks that meanwhile became ready
+   in L1 are read-locked and need no load; the run stops before a chunk that is
+   being written by someone else.
+4. ``L2_PREFETCH_LOAD_SUBMITTED`` (request level: chunks to load, adapters
+   that got a task), then per adapter ``L2_LOAD_TASK_SUBMITTED`` (total_bytes =
+   the L1 bytes it lands into, which are also its in-flight load bytes).
+5. Per finished load task: the loaded chunks become readable and read-locked
+   (``L1_WRITE_FINISHED_AND_READ_RESERVED``), the failed ones give their slots
+   back; ``L2_LOAD_TASK_COMPLETED``.
+6. When all load tasks finished: ``L2_PREFETCH_LOAD_COMPLETED`` (loaded and
+   failed counts, salt_counts of the loaded chunks) and, for chunks an adapter
+   said it held but could not produce, ``L2_PREFETCH_FAILED`` reason=not_found.
+   The job's hit grows by the contiguous run of chunks now locked in L1; loaded
+   chunks after a gap stay in L1 (unlocked, ordinary cached data).
+
+At most ``max_pending`` prefetches consult L2 at once; a lookup beyond that
+is answered from L1 alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable, NamedTuple
+
+from mpcache.cache.l1 import L1Manager
+from mpcache.cache.storage import StorageManager, Task
+from mpcache.events import EventType
+from mpcache.keys import ChunkKey
+
+_L2_PREFETCH_LOOKUP_SUBMITTED = EventType.L2_PREFETCH_LOOKUP_SUBMITTED
+_L2_PREFETCH_LOOKUP_COMPLETED = EventType.L2_PREFETCH_LOOKUP_COMPLETED
+_L2_PREFETCH_LOAD_SUBMITTED = EventType.L2_PREFETCH_LOAD_SUBMITTED
+_L2_LOAD_TASK_SUBMITTED = EventType.L2_LOAD_TASK_SUBMITTED
+_L2_LOAD_TASK_COMPLETED = EventType.L2_LOAD_TASK_COMPLETED
+_L2_PREFETCH_LOAD_COMPLETED = EventType.L2_PREFETCH_LOAD_COMPLETED
+_L2_PREFETCH_FAILED = EventType.L2_PREFETCH_FAILED
+
+
+class PrefetchOutcome(NamedTuple):
+    """What a finished L2 prefetch adds to its job."""
+
+    locked: int  # chunks right after the L1 prefix now read-locked for the job (contiguous)
+    l1_hits: int  # of those, chunks that were already in L1 (no load)
+    l2_hits: int  # of those, chunks loaded from L2
+    landed: int  # every chunk loaded from L2 into L1 (an L1 write), contiguous or not
+
+
+class _Prefetch:
+    __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "slots", "loads_left",
+                 "landed", "failed")
+
+    def __init__(self, request_id: int, model: str, salt: str, hashes: list[int], token: object,
+                 adapters: int) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.salt = salt
+        self.hashes = hashes  # the chunks after the L1 prefix
+        self.token = token  # handed back to the owner with the outcome
+        self.lookups_left = adapters
+        self.held: list[list[bool] | None] = [None] * adapters  # per adapter: which chunks it holds
+        self.slots: list[int] = []  # per reserved chunk of the run: L1 slot, -1 = already in L1
+        self.loads_left = 0
+        self.landed: set[int] = set()  # positions in hashes loaded into L1
+        self.failed = 0
+
+
+class PrefetchController:
+    """L2 → L1 prefetches.  ``on_finished(token, outcome)`` is called once per started prefetch."""
+
+    def __init__(
+        self,
+        storage: StorageManager,
+        l1: L1Manager,
+        publisher,
+        on_finished: Callable[[object, PrefetchOutcome], None],
+        *,
+        max_pending: int = 1024,
+    ) -> None:
+        self._storage = storage
+        self._l1 = l1
+        self._pub = publisher
+        self._on_finished = on_finished
+        self._max_pending = max_pending
+        self.pending = 0
+
+    def start(self, request_id: int, model: str, salt: str, hashes: list[int], token: object) -> bool:
+        """Ask every adapter about ``hashes`` (the chunks after the L1 prefix); False when L2 is not consulted."""
+        storage = self._storage
+        adapters = storage.adapters
+        if not adapters or not hashes or self.pending >= self._max_pending:
+            return False
+        prefetch = _Prefetch(request_id, model, salt, list(hashes), token, len(adapters))
+        keys = [ChunkKey(model, salt, chunk_hash) for chunk_hash in hashes]
+        self.pending += 1
+        self._pub.emit(_L2_PREFETCH_LOOKUP_SUBMITTED, (request_id, len(keys), len(adapters)),
+                       salt_counts={(salt, model): len(keys)})
+        for index, adapter in enumerate(adapters):
+            task = Task("lookup", index, 0, lambda task, future, p=prefetch: self._lookup_done(p, task, future))
+            storage.track(task, adapter.lookup(keys))
+        return True
+
+    # -- step 2: lookups answered ------------------------------------------------------------
+
+    def _lookup_done(self, prefetch: _Prefetch, task: Task, future: concurrent.futures.Future) -> None:
+        try:
+            held = list(future.result())
+        except Exception:  # noqa: BLE001 - a broken adapter holds nothing
+            held = []
+        if len(held) != len(prefetch.hashes):
+            held = [False] * len(prefetch.hashes)
+        prefetch.held[task.adapter_index] = held
+        prefetch.lookups_left -= 1
+        if prefetch.lookups_left == 0:
+            self._load(prefetch)
+
+    def _load(self, prefetch: _Prefetch) -> None:
+        owners: list[int] = []  # per chunk of the run: the adapter it is loaded from
+        for position in range(len(prefetch.hashes)):
+            owner = next((index for index, held in enumerate(prefetch.held) if held[position]), None)
+            if owner is None:
+                break
+            owners.append(owner)
+        request_id, model, salt = prefetch.request_id, prefetch.model, prefetch.salt
+        pub = self._pub
+        pub.emit(_L2_PREFETCH_LOOKUP_COMPLETED, (request_id, len(owners)))
+        if not owners:
+            self._finish(prefetch)
+            return
+        reservation = self._l1.reserve_prefetch(model, salt, prefetch.hashes[: len(owners)])
+        prefetch.slots = reservation.slots
+        if reservation.failed:
+            pub.emit(_L2_PREFETCH_FAILED, ("l1_oom",), salt_counts={(salt, model): reservation.failed})
+        groups: dict[int, list[int]] = {}  # adapter -> positions it loads
+        for position, slot in enumerate(reservation.slots):
+            if slot >= 0:
+                groups.setdefault(owners[position], []).append(position)
+        if not groups:
+            self._finish(prefetch)
+            return
+        to_load = sum(len(positions) for positions in groups.values())
+        pub.emit(_L2_PREFETCH_LOAD_SUBMITTED, (request_id, to_load, len(groups)), salt_counts={(salt, model): to_load})
+        storage = self._storage
+        pool = self._l1.pool
+        chunk_bytes = self._l1.chunk_bytes
+        prefetch.loads_left = len(groups)
+        for index in sorted(groups):
+            positions = groups[index]
+            nbytes = len(positions) * chunk_bytes
+            task = Task("load", index, storage.next_task_id(),
+                        lambda task, future, p=prefetch, ps=positions: self._load_done(p, ps, task, future),
+                        load_bytes=nbytes)
+            pub.emit(_L2_LOAD_TASK_SUBMITTED, (request_id, index, task.task_id, storage.names[index], len(positions),
+                                               nbytes))
+            keys = [ChunkKey(model, salt, prefetch.hashes[p]) for p in positions]
+            destinations = [memoryview(pool[prefetch.slots[p]]) for p in positions]
+            storage.track(task, storage.adapters[index].submit_load(keys, destinations))
+
+    # -- step 5/6: loads finished -------------------------------------------------------------
+
+    def _load_done(self, prefetch: _Prefetch, positions: list[int], task: Task,
+                   future: concurrent.futures.Future) -> None:
+        hashes, model, salt = prefetch.hashes, prefetch.model, prefetch.salt
+        try:
+            result = future.result()
+            loaded_keys = {key.chunk_hash for key in result.loaded}
+        except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
+            loaded_keys = set()
+        loaded = [p for p in positions if hashes[p] in loaded_keys]
+        failed = [p for p in positions if hashes[p] not in loaded_keys]
+        l1 = self._l1
+        if loaded:
+            l1.commit_prefetch(model, salt, [hashes[p] for p in loaded], l1.chunk_bytes)
+        if failed:
+            l1.abort_write(model, salt, [hashes[p] for p in failed])
+        prefetch.landed.update(loaded)
+        prefetch.failed += len(failed)
+        self._pub.emit(_L2_LOAD_TASK_COMPLETED, (prefetch.request_id, task.adapter_index, task.task_id,
+                                                 self._storage.names[task.adapter_index], len(loaded), len(failed)))
+        prefetch.loads_left -= 1
+        if prefetch.loads_left == 0:
+            self._pub.emit(_L2_PREFETCH_LOAD_COMPLETED, (prefetch.request_id, len(prefetch.landed), prefetch.failed),
+                           salt_counts={(salt, model): len(prefetch.landed)} if prefetch.landed else None)
+            if prefetch.failed:
+                self._pub.emit(_L2_PREFETCH_FAILED, ("not_found",), salt_counts={(salt, model): prefetch.failed})
+            self._finish(prefetch)
+
+    def _finish(self, prefetch: _Prefetch) -> None:
+        """Keep the locks of the contiguous run, release the rest, report to the owner."""
+        slots, landed = prefetch.slots, prefetch.landed
+        run = 0
+        while run < len(slots) and (slots[run] < 0 or run in landed):
+            run += 1
+        beyond = [prefetch.hashes[p] for p in range(run, len(slots)) if slots[p] < 0 or p in landed]
+        if beyond:
+            self._l1.release_read(prefetch.model, prefetch.salt, beyond)
+        l1_hits = sum(1 for slot in slots[:run] if slot < 0)
+        self.pending -= 1
+        self._on_finished(prefetch.token, PrefetchOutcome(run, l1_hits, run - l1_hits, len(landed)))

@@ -1,0 +1,282 @@
+"""The storage manager: a cache process's L2 adapters, their in-flight tasks, and the store controller.
+
+Threads.  Adapters complete their futures on their own worker threads.  The
+only thing a completion does on such a thread is append the finished task to
+a queue and write one byte to the server's wake socket; everything else —
+publishing events (the ring has exactly one writer), touching L1, updating
+gauges — happens in :meth:`StorageManager.poll`, which the server's selectors
+loop calls.  So this module, like the server, takes no lock of its own.
+
+Store controller (:meth:`StorageManager.store`): after a client's chunks are
+committed to L1, one store task per adapter (``L2_STORE_SUBMITTED``), fed with
+a copy of each chunk's bytes taken on the loop thread (so the L1 slot stays
+readable — and evictable — while the adapter writes).  On completion
+``L2_STORE_COMPLETED``: ``bytes_transferred`` is what the adapter actually wrote
+(keys it already held are skipped and excluded); ``succeeded_count`` and
+``salt_counts`` count the keys the adapter holds afterwards (written or
+skipped), ``failed_count`` the rest.  Keys the adapter evicted to make room are
+published as ``L2_KEYS_EVICTED`` (only when there are some).  Only full-size
+chunks (``--chunk-bytes``) go to L2, because a load lands a chunk in a whole L1
+slot; chunks stored from smaller client blocks stay in L1.
+
+Bounds: at most ``max_inflight_stores`` store tasks per adapter; a store that
+finds its adapter at the bound is not submitted there (counted in
+:attr:`StorageManager.stores_dropped`, logged, no event).
+
+Gauges (per adapter, this process's slot of the gauge board): in-flight store
+tasks, in-flight load tasks, the L1 bytes reserved by in-flight loads (each load
+task's bytes are attributed to the one adapter that serves it) and the bytes
+the adapter holds.  A shared tier (redis) is reported by worker 0 only, so
+summing the slots does not count it once per process.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import time
+from typing import Callable, Iterable
+
+from mpcache.cache.l2.base import L2Adapter, StoreResult
+from mpcache.cache.l2.spec import build_adapter
+from mpcache.config import Config
+from mpcache.events import EventType
+from mpcache.keys import ChunkKey
+from mpcache.shm import layout
+
+_L2_STORE_SUBMITTED = EventType.L2_STORE_SUBMITTED
+_L2_STORE_COMPLETED = EventType.L2_STORE_COMPLETED
+_L2_KEYS_EVICTED = EventType.L2_KEYS_EVICTED
+
+SHARED_TIERS = frozenset({"redis"})  # adapter types every cache process shares
+
+
+def adapter_specs(config: Config, worker: int) -> list[dict]:
+    """This cache process's adapter specs: an fs adapter gets its own subdirectory ``path/worker-<i>``
+    (an fs index belongs to one process); other types are used as given."""
+    specs = []
+    for spec in config.l2:
+        spec = dict(spec)
+        if spec["type"] == "fs":
+            spec["path"] = os.path.join(spec["path"], f"worker-{worker}")
+        specs.append(spec)
+    return specs
+
+
+def build_adapters(config: Config, worker: int) -> list[L2Adapter]:
+    """The configured adapters, in ``--l2`` order; closes the ones built if a later one fails."""
+    adapters: list[L2Adapter] = []
+    try:
+        for spec in adapter_specs(config, worker):
+            adapters.append(build_adapter(spec, config.chunk_bytes))
+    except BaseException:
+        for adapter in adapters:
+            adapter.close()
+        raise
+    return adapters
+
+
+def salt_groups(keys: Iterable[ChunkKey]) -> dict[tuple[str, str], int] | None:
+    """``{(cache_salt, model_name): count}`` of ``keys``; None when there are none (no salt cells)."""
+    groups: collections.Counter[tuple[str, str]] = collections.Counter()
+    for key in keys:
+        groups[(key.cache_salt, key.model_name)] += 1
+    return dict(groups) or None
+
+
+class Task:
+    """One adapter operation in flight.  ``on_done(task, future)`` runs on the loop thread."""
+
+    __slots__ = ("kind", "adapter_index", "task_id", "future", "on_done", "load_bytes")
+
+    def __init__(self, kind: str, adapter_index: int, task_id: int, on_done: Callable, load_bytes: int = 0) -> None:
+        self.kind = kind  # "store", "lookup" or "load"
+        self.adapter_index = adapter_index
+        self.task_id = task_id
+        self.on_done = on_done
+        self.load_bytes = load_bytes
+        self.future: concurrent.futures.Future | None = None
+
+
+class StorageManager:
+    """Adapters of one cache process, the completion queue their threads feed, and the store controller."""
+
+    def __init__(
+        self,
+        adapters: list[L2Adapter],
+        names: list[str],
+        publisher,
+        gauges,
+        wake: Callable[[], None],
+        *,
+        worker: int = 0,
+        chunk_bytes: int,
+        max_inflight_stores: int = 64,
+        logger=None,
+    ) -> None:
+        self.adapters = adapters
+        self.names = names
+        self._pub = publisher
+        self._gauges = gauges
+        self._wake = wake
+        self._chunk_bytes = chunk_bytes
+        self._max_inflight_stores = max_inflight_stores
+        self._log = logger
+        self._report_usage = [worker == 0 or adapter.name not in SHARED_TIERS for adapter in adapters]
+        self._done: collections.deque[Task] = collections.deque()  # appended by adapter threads
+        self._inflight: dict[int, Task] = {}  # id(task) -> task
+        self.inflight_stores = [0] * len(adapters)
+        self.inflight_loads = [0] * len(adapters)
+        self.inflight_load_bytes = [0] * len(adapters)
+        self.stores_dropped = [0] * len(adapters)
+        self._next_task_id = 1
+        self.refresh_usage()
+
+    def __len__(self) -> int:
+        return len(self.adapters)
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def next_task_id(self) -> int:
+        task_id = self._next_task_id
+        self._next_task_id += 1
+        return task_id
+
+    def track(self, task: Task, future: concurrent.futures.Future) -> None:
+        """Follow ``future``: when it completes, ``task.on_done`` runs in the next :meth:`poll`."""
+        task.future = future
+        self._inflight[id(task)] = task
+        index = task.adapter_index
+        if task.kind == "store":
+            self.inflight_stores[index] += 1
+            self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_STORES, self.inflight_stores[index])
+        elif task.kind == "load":
+            self.inflight_loads[index] += 1
+            self.inflight_load_bytes[index] += task.load_bytes
+            self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOADS, self.inflight_loads[index])
+            self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOAD_BYTES, self.inflight_load_bytes[index])
+        future.add_done_callback(lambda _future, task=task: self._completed(task))
+
+    def _completed(self, task: Task) -> None:
+        """Runs on an adapter thread (or inline, if the future was already done): queue and wake, nothing else."""
+        self._done.append(task)
+        self._wake()
+
+    @property
+    def has_completions(self) -> bool:
+        return bool(self._done)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def poll(self) -> int:
+        """On the loop thread: handle every completed task; returns how many."""
+        done = self._done
+        handled = 0
+        usage_changed = False
+        while done:
+            task = done.popleft()
+            if self._inflight.pop(id(task), None) is None:
+                continue
+            handled += 1
+            index = task.adapter_index
+            if task.kind == "store":
+                self.inflight_stores[index] -= 1
+                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_STORES, self.inflight_stores[index])
+                usage_changed = True
+            elif task.kind == "load":
+                self.inflight_loads[index] -= 1
+                self.inflight_load_bytes[index] -= task.load_bytes
+                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOADS, self.inflight_loads[index])
+                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOAD_BYTES, self.inflight_load_bytes[index])
+            try:
+                task.on_done(task, task.future)
+            except Exception:  # noqa: BLE001 - one bad completion must not stop the loop
+                if self._log is not None:
+                    self._log.exception("l2.completion_failed", kind=task.kind, adapter_index=index)
+        if usage_changed:
+            self.refresh_usage()
+        return handled
+
+    def refresh_usage(self) -> None:
+        """Copy every adapter's usage into the gauge board (cheap: adapters answer from memory)."""
+        for index, adapter in enumerate(self.adapters):
+            if self._report_usage[index]:
+                self._gauges.set_adapter(index, layout.G_L2_USAGE, adapter.get_usage().used_bytes)
+
+    # -- store controller ----------------------------------------------------------------
+
+    def store(self, model: str, salt: str, chunks: list[tuple[int, bytes]]) -> int:
+        """Submit ``chunks`` ((chunk_hash, bytes) just committed to L1) to every adapter; returns tasks submitted."""
+        chunks = [(h, data) for h, data in chunks if len(data) == self._chunk_bytes]
+        if not chunks or not self.adapters:
+            return 0
+        keys = [ChunkKey(model, salt, chunk_hash) for chunk_hash, _ in chunks]
+        items = [(key, data) for key, (_, data) in zip(keys, chunks)]
+        total = sum(len(data) for _, data in chunks)
+        groups = {(salt, model): len(keys)}
+        submitted = 0
+        for index, adapter in enumerate(self.adapters):
+            if self.inflight_stores[index] >= self._max_inflight_stores:
+                self.stores_dropped[index] += 1
+                if self._log is not None:
+                    self._log.warning("l2.store_dropped", adapter_index=index, l2_name=self.names[index],
+                                      inflight=self.inflight_stores[index], keys=len(keys))
+                continue
+            task = Task("store", index, self.next_task_id(), self._store_done)
+            self._pub.emit(_L2_STORE_SUBMITTED, (index, task.task_id, self.names[index], len(keys), total),
+                           salt_counts=groups)
+            self.track(task, adapter.submit_store(items))
+            submitted += 1
+        return submitted
+
+    def _store_done(self, task: Task, future: concurrent.futures.Future) -> None:
+        index = task.adapter_index
+        name = self.names[index]
+        try:
+            result: StoreResult = future.result()
+        except Exception as exc:  # noqa: BLE001 - adapters should not raise; if one does, nothing was stored
+            if self._log is not None:
+                self._log.warning("l2.store_raised", adapter_index=index, error=f"{type(exc).__name__}: {exc}")
+            result = None
+        if result is None:
+            self._pub.emit(_L2_STORE_COMPLETED, (index, task.task_id, name, 0, 0, 0))
+            return
+        succeeded = result.stored + result.skipped
+        self._pub.emit(_L2_STORE_COMPLETED,
+                       (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
+                       salt_counts=salt_groups(succeeded))
+        if result.evicted:
+            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)), salt_counts=salt_groups(result.evicted))
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def drain(self, timeout_s: float = 5.0) -> bool:
+        """Wait for in-flight tasks (and the tasks their completions submit) up to ``timeout_s``,
+        handling completions as they come; True when nothing is left in flight."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.poll()
+            if not self._inflight:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            futures = [task.future for task in self._inflight.values()]
+            concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def close(self) -> None:
+        """Close every adapter (each waits for its own in-flight work) and zero this process's L2 gauges."""
+        for adapter in self.adapters:
+            try:
+                adapter.close()
+            except Exception:  # noqa: BLE001 - closing the rest matters more
+                if self._log is not None:
+                    self._log.exception("l2.close_failed", l2_name=adapter.name)
+        for index in range(len(self.adapters)):
+            for which in (layout.G_L2_USAGE, layout.G_L2_INFLIGHT_STORES, layout.G_L2_INFLIGHT_LOADS,
+                          layout.G_L2_INFLIGHT_LOAD_BYTES):
+                self._gauges.set_adapter(index, which, 0)
+        self.adapters = []

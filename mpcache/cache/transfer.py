@@ -1,0 +1,262 @@
+"""Copies between a client's KV buffer (L0) and L1 slots, and where their timestamps come from.
+
+The server's store (L0 → L1) and retrieve (L1 → L0) hand the block ↔ slot
+pairs of one request to the buffer's :class:`Transfer`:
+
+* :class:`CpuTransfer` — the client's buffer is POSIX shared memory; numpy
+  copies each block.  ``stream_timed`` is False: the server publishes
+  ``MP_*_START`` on the wall clock just before the L1 reservation and the copy,
+  and ``MP_*_END`` just after, with device ``"cpu"``.
+* :class:`CudaTransfer` — the client's buffer is GPU memory shared through a
+  CUDA IPC handle.  The cache process copies device ⇄ a pinned host staging
+  buffer on its own non-blocking stream (one per device), with a
+  ``cupy.cuda.Event`` recorded on the stream before the first and after the
+  last copy.  ``stream_timed`` is True: the copy returns :class:`Timing`, the
+  wall-clock instants at which the *stream* reached those two events, and the
+  server publishes START/END with those timestamps and device ``"cuda:N"``.
+  The instants are read back after the stream finished — elapsed time from a
+  calibration event whose wall-clock time is known (``cudaEventElapsedTime``)
+  — never from a host callback on the stream (``cudaLaunchHostFunc`` would
+  need the GIL on a driver thread while this thread may hold it waiting for
+  the stream: a deadlock).
+
+cupy is imported only by :func:`open_cuda_buffer`, on the first
+``register_cuda_buffer`` request; a process without cupy or without a CUDA
+device answers that request with a one-line error and is otherwise unchanged.
+Trust: the server cannot learn the size of the allocation behind an IPC
+handle, so it relies on the client's ``num_blocks × block_bytes``; the socket
+admits only the same user (mode 0600, SO_PEERCRED), as for shared memory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from mpcache.errors import RequestError
+
+Pairs = Sequence[tuple[int, int]]  # (block id in the client's buffer, L1 slot)
+Check = Callable[[], None]  # raises (a timeout) to abandon the copy; called before each block or batch
+
+NO_CUDA = "register_cuda_buffer: this cache process has no CUDA (cupy not installed or no CUDA device)"
+STAGING_BYTES = 64 << 20  # pinned staging per device; a request larger than this is copied in batches
+CALIBRATE_EVERY_NS = 10 * 10**9  # re-anchor stream time to the wall clock this often
+_MEMCPY_HOST_TO_DEVICE = 1  # cudaMemcpyKind
+_MEMCPY_DEVICE_TO_HOST = 2
+
+
+def _no_check() -> None:
+    return None
+
+
+class Timing(NamedTuple):
+    """Wall-clock ns at which the copy started and ended, as the stream saw them."""
+
+    start_ns: int
+    end_ns: int
+
+
+class Transfer:
+    """What the server's store and retrieve need from a client buffer."""
+
+    device: str = "cpu"
+    stream_timed: bool = False  # True: START/END come from the copy's Timing, published after it
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        """Copy ``nbytes`` of each block into its L1 slot (a row of ``pool``)."""
+        raise NotImplementedError
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        """Copy ``nbytes`` of each L1 slot into its block."""
+        raise NotImplementedError
+
+
+class CpuTransfer(Transfer):
+    """Blocks of a shared-memory buffer (``blocks[i]`` is block i), copied by numpy."""
+
+    def __init__(self, blocks: np.ndarray) -> None:
+        self._blocks = blocks
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
+        blocks = self._blocks
+        for block, slot in pairs:
+            check()
+            pool[slot, :nbytes] = blocks[block]
+        return None
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
+        blocks = self._blocks
+        for block, slot in pairs:
+            check()
+            blocks[block] = pool[slot, :nbytes]
+        return None
+
+
+def cuda_device_count() -> int:
+    """CUDA devices cupy can use here; 0 without cupy, a driver or a device."""
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001 - ImportError, or a broken CUDA install raising on import
+        return 0
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - cupy raises CUDARuntimeError without a driver/device
+        return 0
+
+
+def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_bytes: int, *,
+                     clock_ns: Callable[[], int] = time.time_ns) -> "CudaBuffer":
+    """Open a client's GPU buffer from its IPC handle; RequestError (one line) if that cannot be done."""
+    count = cuda_device_count()
+    if count == 0:
+        raise RequestError(NO_CUDA)
+    if device_index >= count:
+        raise RequestError(f"device_index: {device_index} is not one of this process's {count} CUDA devices")
+    try:
+        device = _CudaDevice.get(device_index, clock_ns)
+        return CudaBuffer(device, handle, num_blocks, block_bytes)
+    except RequestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError and friends become a request error
+        raise RequestError(f"ipc_handle: cannot open it on cuda:{device_index}: {exc}") from None
+
+
+class _CudaDevice:
+    """Per device and process: the copy stream, the pinned staging buffer and the stream clock."""
+
+    _devices: dict[int, "_CudaDevice"] = {}
+
+    @classmethod
+    def get(cls, index: int, clock_ns: Callable[[], int]) -> "_CudaDevice":
+        device = cls._devices.get(index)
+        if device is None:
+            device = cls._devices[index] = cls(index, clock_ns)
+        return device
+
+    def __init__(self, index: int, clock_ns: Callable[[], int]) -> None:
+        import cupy
+        import cupyx
+
+        self.cupy = cupy
+        self.index = index
+        self.name = f"cuda:{index}"
+        self._clock_ns = clock_ns
+        with cupy.cuda.Device(index):
+            self.stream = cupy.cuda.Stream(non_blocking=True)  # never the legacy default stream
+            self.staging = cupyx.empty_pinned((STAGING_BYTES,), dtype=np.uint8)
+            self._anchor = cupy.cuda.Event(block=True)
+        self._anchor_ns = 0
+        self._anchored_at = -CALIBRATE_EVERY_NS
+
+    def use(self):
+        return self.cupy.cuda.Device(self.index)
+
+    def calibrate(self) -> None:
+        """Anchor stream time to the wall clock (an idle stream, so the event completes at once)."""
+        now = self._clock_ns()
+        if now - self._anchored_at < CALIBRATE_EVERY_NS:
+            return
+        self._anchor.record(self.stream)
+        self._anchor.synchronize()
+        self._anchor_ns = self._clock_ns()
+        self._anchored_at = self._anchor_ns
+
+    def wall_ns(self, event) -> int:
+        """When the stream reached ``event`` (completed), on the wall clock: anchor + elapsed time."""
+        elapsed_ms = self.cupy.cuda.get_elapsed_time(self._anchor, event)
+        return self._anchor_ns + int(round(elapsed_ms * 1e6))
+
+
+class CudaBuffer:
+    """A client's GPU KV buffer opened from a CUDA IPC handle; the server's buffer interface."""
+
+    def __init__(self, device: _CudaDevice, handle: bytes, num_blocks: int, block_bytes: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self._device = device
+        runtime = device.cupy.cuda.runtime
+        with device.use():
+            self.ptr = runtime.ipcOpenMemHandle(handle)
+        self.transfer = CudaTransfer(device, self.ptr, block_bytes)
+
+    def check_intact(self) -> None:
+        """An IPC mapping stays valid while it is open, whatever the exporter does."""
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self.transfer = None
+            try:
+                with self._device.use():
+                    self._device.stream.synchronize()
+                    self._device.cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+            except Exception:  # noqa: BLE001 - closing at disconnect must not fail the loop
+                pass
+
+
+class CudaTransfer(Transfer):
+    """Device blocks at ``base + block × block_bytes`` ⇄ L1 slots, through pinned staging, on one stream."""
+
+    stream_timed = True
+
+    def __init__(self, device: _CudaDevice, base: int, block_bytes: int) -> None:
+        self.device = device.name
+        self._dev = device
+        self._base = base
+        self._block_bytes = block_bytes
+
+    def _batches(self, pairs: Pairs, nbytes: int) -> list[Pairs]:
+        per = max(1, STAGING_BYTES // nbytes)
+        return [pairs[i : i + per] for i in range(0, len(pairs), per)]
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing:
+        dev = self._dev
+        cupy = dev.cupy
+        memcpy = cupy.cuda.runtime.memcpyAsync
+        staging = dev.staging
+        address = staging.ctypes.data
+        with dev.use():
+            dev.calibrate()
+            stream = dev.stream
+            start, end = cupy.cuda.Event(), cupy.cuda.Event(block=True)
+            start.record(stream)
+            for batch in self._batches(list(pairs), nbytes):
+                check()
+                for i, (block, _) in enumerate(batch):
+                    memcpy(address + i * nbytes, self._base + block * self._block_bytes, nbytes,
+                           _MEMCPY_DEVICE_TO_HOST, stream.ptr)
+                end.record(stream)
+                end.synchronize()  # the staging rows are complete (a blocking wait, not a callback)
+                for i, (_, slot) in enumerate(batch):
+                    pool[slot, :nbytes] = staging[i * nbytes : (i + 1) * nbytes]
+            if not pairs:
+                end.record(stream)
+                end.synchronize()
+            return Timing(dev.wall_ns(start), dev.wall_ns(end))
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing:
+        dev = self._dev
+        cupy = dev.cupy
+        memcpy = cupy.cuda.runtime.memcpyAsync
+        staging = dev.staging
+        address = staging.ctypes.data
+        with dev.use():
+            dev.calibrate()
+            stream = dev.stream
+            start, end = cupy.cuda.Event(), cupy.cuda.Event(block=True)
+            start.record(stream)
+            for batch in self._batches(list(pairs), nbytes):
+                check()
+                for i, (_, slot) in enumerate(batch):
+                    staging[i * nbytes : (i + 1) * nbytes] = pool[slot, :nbytes]
+                for i, (block, _) in enumerate(batch):
+                    memcpy(self._base + block * self._block_bytes, address + i * nbytes, nbytes,
+                           _MEMCPY_HOST_TO_DEVICE, stream.ptr)
+                end.record(stream)
+                end.synchronize()  # staging may be reused, and the client may read its blocks on reply
+            if not pairs:
+                end.record(stream)
+                end.synchronize()
+            return Timing(dev.wall_ns(start), dev.wall_ns(end))

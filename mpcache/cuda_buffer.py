@@ -1,0 +1,73 @@
+"""Client side of the GPU data path: a KV buffer in GPU memory, shared with a cache process by CUDA IPC.
+
+:meth:`mpcache.client.CacheClient.register_cuda_buffer` allocates the buffer
+with ``cudaMalloc`` (``cupy.cuda.Memory``, not cupy's pool: an IPC handle names
+a whole allocation, so the buffer must start at one), exports it with
+``cupy.cuda.runtime.ipcGetMemHandle`` and sends the handle (hex) to the server,
+which copies device ⇄ L1 on its own CUDA stream (:mod:`mpcache.cache.transfer`).
+Store and retrieve then work as with a shared-memory buffer.
+
+CUDA IPC needs two processes: a cache process cannot open a handle that it
+exported itself.  cupy is imported here only; without it, registering raises a
+``RuntimeError`` that says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mpcache.client import CacheClient
+
+
+class CudaKVBuffer:
+    """A registered GPU KV buffer: ``blocks[i]`` is block i (a cupy uint8 array of ``block_bytes``).
+
+    :meth:`close` unregisters it (the server closes its IPC mapping) and then frees the memory.
+    """
+
+    def __init__(self, client: "CacheClient", memory, buffer_id: int, num_blocks: int, block_bytes: int,
+                 device_index: int, device: str) -> None:
+        import cupy
+
+        self._client = client
+        self._memory = memory
+        self.buffer_id = buffer_id
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self.device_index = device_index
+        self.device = device  # as the server names it, e.g. "cuda:0"
+        self.blocks = cupy.ndarray((num_blocks, block_bytes), dtype=cupy.uint8,
+                                   memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+    def close(self) -> None:
+        """Unregister from the server, then free the GPU memory (idempotent)."""
+        if self.blocks is not None:
+            self._client.unregister_buffer(self)
+
+    def __enter__(self) -> "CudaKVBuffer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _release(self) -> None:
+        self.blocks = None
+        self._memory = None  # freed when the last view of it goes
+
+
+def register_cuda_buffer(client: "CacheClient", num_blocks: int, block_bytes: int,
+                         device_index: int = 0) -> CudaKVBuffer:
+    """Allocate ``num_blocks × block_bytes`` on ``cuda:device_index`` and register it with the server."""
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError("register_cuda_buffer needs cupy (pip install 'mpcache[gpu]')") from None
+    if num_blocks < 1 or block_bytes < 1:
+        raise ValueError(f"num_blocks and block_bytes must be >= 1, got {num_blocks} and {block_bytes}")
+    with cupy.cuda.Device(device_index):
+        memory = cupy.cuda.Memory(num_blocks * block_bytes)  # cudaMalloc: the buffer starts its allocation
+        handle = cupy.cuda.runtime.ipcGetMemHandle(memory.ptr)
+    reply = client.call("register_cuda_buffer", ipc_handle=bytes(handle).hex(), device_index=device_index,
+                        num_blocks=num_blocks, block_bytes=block_bytes)
+    return CudaKVBuffer(client, memory, reply["buffer_id"], num_blocks, block_bytes, device_index, reply["device"])
