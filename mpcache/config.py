@@ -67,6 +67,9 @@ class Config:
     demo_seconds: float = 0.0
     duration_s: float = 0.0
     demo_tally_file: str = ""
+    # where cache processes send events: "ring" (the product), or for benchmarks only "none" (telemetry
+    # off) and "inprocess" (the reference design: an in-process bus and OTel calls in the cache process)
+    event_sink: str = "ring"
     # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
     l2: list = field(default_factory=list)
 
@@ -85,6 +88,7 @@ class Config:
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
             (self.otlp_protocol in ("grpc", "http"), "--otlp-protocol: expected grpc or http"),
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
+            (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
             (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),

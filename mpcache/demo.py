@@ -35,6 +35,7 @@ import numpy as np
 
 from mpcache.client import CacheClient
 from mpcache.config import Config
+from mpcache.demo_rag import RAG_EVERY, RagWorkload
 from mpcache.demo_scheduler import SchedulerFleet
 from mpcache.keys import chunk_hashes
 from mpcache.logs import configure_logging
@@ -47,9 +48,10 @@ MODELS = ("llama-3-8b", "qwen-2-7b")
 DOCUMENTS = 48
 ZIPF_EXPONENT = 1.3
 PROGRESS_INTERVAL_S = 5.0
-BIG_STORE_EVERY = 400  # requests between stores larger than L1
-TIMEOUT_EVERY = 150  # requests between retrieves with an impossible deadline
-LATE_CLIENT_EVERY = 250  # requests between prefetches whose client comes back after they expired
+# The fault mix runs on a clock, not a request count, so a slow machine sees it too.
+BIG_STORE_EVERY_S = 4.0  # a store larger than L1
+TIMEOUT_EVERY_S = 2.0  # a retrieve with an impossible deadline
+LATE_CLIENT_EVERY_S = 3.0  # a prefetch whose client comes back only after it expired
 
 
 def fill_chunk(block: np.ndarray, chunk_hash: int) -> None:
@@ -71,6 +73,7 @@ class Tally:
         self.requests = 0
         self.expected_faults = collections.Counter()
         self.verified_chunks = 0
+        self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo_rag)
 
     def as_dict(self) -> dict:
         return {
@@ -83,6 +86,7 @@ class Tally:
             "prefetched_chunks": dict(self.prefetched),
             "expected_faults": dict(self.expected_faults),
             "verified_chunks": self.verified_chunks,
+            "blend": dict(self.blend),
         }
 
 
@@ -116,6 +120,9 @@ class Demo:
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
         self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
+        self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo_rag)
+        first = time.monotonic() + 1.0
+        self.due = {"big_store": first, "timeout": first, "late_client": first}
 
     def run(self, seconds: float) -> int:
         started = last_report = time.monotonic()
@@ -137,6 +144,8 @@ class Demo:
         worker = n % len(self.clients)
         client, buffer = self.clients[worker], self.buffers[worker]
         tenant, model, tokens = self.workload.next_prompt()
+        if n % RAG_EVERY == 0:  # a RAG request that blends document chunks (mpcache.demo_rag)
+            self.rag.one_request(worker, tenant, model)
         hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
         request_id = f"req-{os.getpid()}-{n}"
         self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo_scheduler)
@@ -147,11 +156,11 @@ class Demo:
         tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
         tally.l2_hit_tokens[tenant] += int(status["l2_hit_tokens"])
         tally.prefetched[tenant] += int(status["l2_loaded_count"])
-        if found and n % LATE_CLIENT_EVERY == 0:
+        if found and self._due("late_client", LATE_CLIENT_EVERY_S):
             self.late.append((worker, request_id, job, found, tenant, model, time.monotonic()))
             return  # this client goes quiet; _late_retrieve comes back for it
         if found:
-            if n % TIMEOUT_EVERY == 0:
+            if self._due("timeout", TIMEOUT_EVERY_S):
                 self._timeout_fault(client, buffer, request_id, job, found)
             else:
                 got = client.retrieve(buffer, request_id, job, list(range(found)))
@@ -164,10 +173,18 @@ class Demo:
                 fill_chunk(buffer.blocks[block_id], chunk_hash)
             tally.stored[tenant] += client.store(buffer, request_id, model, tenant, missing, block_ids)
         client.end_session(request_id)
-        if n % BIG_STORE_EVERY == 0:
+        if self._due("big_store", BIG_STORE_EVERY_S):
             self._big_store_fault(client, worker, tenant, model)
         if self.late and time.monotonic() - self.late[0][-1] > self.config.prefetch_job_ttl_s + 0.5:
             self._late_retrieve(*self.late.pop(0)[:-1])
+
+    def _due(self, fault: str, every_s: float) -> bool:
+        """True (and rescheduled) when this fault's next turn has come."""
+        now = time.monotonic()
+        if now < self.due[fault]:
+            return False
+        self.due[fault] = now + every_s
+        return True
 
     def _late_retrieve(self, worker: int, request_id: str, job, found: int, tenant: str, model: str) -> None:
         """Retrieve a prefetch after it expired, once a big store has evicted its chunks:
@@ -231,6 +248,7 @@ class Demo:
             self.l0.close()  # end the requests the schedulers still run
         except Exception:  # noqa: BLE001 - a cache process already gone must not stop the clean-up
             pass
+        self.rag.close()
         for buffer in self.buffers:
             buffer.close()
         for client in self.clients:

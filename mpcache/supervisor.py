@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
     logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
     logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
+    bench = parser.add_argument_group("benchmarking")
+    bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
+                       help="where cache processes send events: ring (default, the telemetry process reads them); "
+                       "none (telemetry off) and inprocess (the reference design, an in-process bus) exist to "
+                       "measure against")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="also run the built-in load generator")
     demo.add_argument("--demo-seconds", type=_number, default=0.0, help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
@@ -193,6 +198,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         demo_seconds=args.demo_seconds,
         duration_s=args.duration,
         demo_tally_file=args.demo_tally,
+        event_sink=args.event_sink,
         l2=l2,
     )
 
@@ -259,9 +265,10 @@ class Supervisor:
         self.log.info("child.started", child_role=child.role, index=child.index, pid=child.process.pid)
 
     def start(self) -> None:
-        telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
-        self.children.append(telemetry)
-        self._spawn(telemetry)
+        if self.config.event_sink == "ring":  # otherwise nothing reads the rings
+            telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
+            self.children.append(telemetry)
+            self._spawn(telemetry)
         for worker in range(self.config.workers):
             cache = Child("cache", worker, self._argv("mpcache.cache", "--worker", str(worker)))
             self.children.append(cache)

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench {publish,drain} [--json]``."""
+"""``python -m mpcache.bench {publish,drain,e2e} [--json]``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from mpcache.bench import drain, publish
+from mpcache.bench import drain, e2e, publish
 
-BENCHMARKS = {"publish": publish, "drain": drain}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e}
 
 
 def main(argv: list[str] | None = None) -> int:

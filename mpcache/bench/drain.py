@@ -23,11 +23,12 @@ import time
 import uuid
 from typing import Any, Callable
 
+from mpcache.bench.reference import ReferenceMetrics, RefEvent
 from mpcache.config import Config
 from mpcache.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.ring import format_event_segment
-from mpcache.shm.segment import Segment, shm_name
+from mpcache.shm.segment import Segment
 
 PRODUCERS = 2
 REQUESTS_PER_PRODUCER = 40_000  # x 16 events
@@ -133,76 +134,39 @@ def _drain_once(config: Config) -> tuple[float, int]:
             Segment.unlink(segment.name)
 
 
-def _reference_events() -> list[tuple[E, dict[str, Any]]]:
-    """One request's events as the reference's dicts."""
-    s, m = "tenant-a", "llama-3-8b"
-    return [
-        (E.MP_REQUEST_START, {}), (E.MP_LOOKUP_PREFETCH_START, {}),
-        (E.L1_READ_RESERVED, {"keys": {s: 7}}),
-        (E.MP_LOOKUP_PREFETCH_END, {"model_name": m, "cache_salt": s, "requested_tokens": 4096, "hit_tokens": 1792,
-                                    "l1_hit_tokens": 1792, "l2_hit_tokens": 0}),
-        (E.MP_RETRIEVE_SUBMITTED, {"device": "cpu"}),
-        (E.MP_RETRIEVE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
-        (E.L1_READ_FINISHED, {"keys": {s: 7}}),
-        (E.MP_RETRIEVE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "cache_salt": s,
-                             "retrieved_count": 7, "total_bytes": 7 << 16}),
-        (E.SM_READ_PREFETCHED_FINISHED, {"keys": {s: 7}}),
-        (E.MP_STORE_SUBMITTED, {"device": "cpu"}),
-        (E.MP_STORE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
-        (E.L1_WRITE_RESERVED, {"keys": {s: 9}}),
-        (E.L1_WRITE_FINISHED, {"keys": {s: 9}}),
-        (E.MP_STORE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "total_bytes": 9 << 16}),
-        (E.SM_WRITE_FINISHED, {"keys": {s: 9}}),
-        (E.MP_REQUEST_END, {}),
-    ]
-
-
 def _reference_rate(events: int) -> float:
-    """The reference's drain: per event, one instrument call per metric it feeds."""
+    """The reference's drain for the same stream: per event, one instrument call per metric it feeds."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    meter = provider.get_meter("reference")
-    counter = {name: meter.create_counter(name) for name in (
-        "l1_read", "l1_write", "lookup_requested", "lookup_hit", "lookup_hit_l1", "lookup_hit_l2",
-        "num_chunks_loaded")}
-    histogram = {name: meter.create_histogram(name) for name in ("store_throughput", "load_throughput")}
-    pending: dict[tuple[str, str], float] = {}
-
-    def handle(etype: E, meta: dict[str, Any], session: str, ts: float) -> None:
-        if etype is E.L1_READ_FINISHED:
-            for salt, count in meta["keys"].items():
-                counter["l1_read"].add(count, {"cache_salt": salt})
-        elif etype is E.L1_WRITE_FINISHED:
-            for salt, count in meta["keys"].items():
-                counter["l1_write"].add(count, {"cache_salt": salt})
-        elif etype is E.MP_LOOKUP_PREFETCH_END:
-            attrs = {"model_name": meta["model_name"], "cache_salt": meta["cache_salt"]}
-            for name, key in (("lookup_requested", "requested_tokens"), ("lookup_hit", "hit_tokens"),
-                              ("lookup_hit_l1", "l1_hit_tokens"), ("lookup_hit_l2", "l2_hit_tokens")):
-                counter[name].add(meta[key], attrs)
-        elif etype in (E.MP_STORE_START, E.MP_RETRIEVE_START):
-            pending[(session, etype.name)] = ts
-        elif etype in (E.MP_STORE_END, E.MP_RETRIEVE_END):
-            start_type = "MP_STORE_START" if etype is E.MP_STORE_END else "MP_RETRIEVE_START"
-            started = pending.pop((session, start_type), None)
-            attrs = {"engine_id": str(meta["engine_id"]), "device": meta["device"], "model_name": meta["model_name"]}
-            if started is not None and ts > started:
-                name = "store_throughput" if etype is E.MP_STORE_END else "load_throughput"
-                histogram[name].record(meta["total_bytes"] / 1e9 / (ts - started), attrs)
-            if etype is E.MP_RETRIEVE_END and meta["retrieved_count"] > 0:
-                counter["num_chunks_loaded"].add(meta["retrieved_count"], {
-                    "worker_id": str(meta["engine_id"]), "model_name": meta["model_name"],
-                    "cache_salt": meta["cache_salt"]})
-
-    request = _reference_events()
+    metrics = ReferenceMetrics(provider.get_meter("reference"))
+    s, m = "tenant-a", "llama-3-8b"
+    request = [
+        (E.MP_REQUEST_START, {}), (E.MP_LOOKUP_PREFETCH_START, {}),
+        (E.L1_READ_RESERVED, {"key_count_per_salt": {s: 7}}),
+        (E.MP_LOOKUP_PREFETCH_END, {"model_name": m, "cache_salt": s, "requested_tokens": 4096,
+                                    "hit_tokens": 1792, "l1_hit_tokens": 1792, "l2_hit_tokens": 0}),
+        (E.MP_RETRIEVE_SUBMITTED, {"device": "cpu"}),
+        (E.MP_RETRIEVE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
+        (E.L1_READ_FINISHED, {"key_count_per_salt": {s: 7}}),
+        (E.MP_RETRIEVE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "cache_salt": s,
+                             "retrieved_count": 7, "total_bytes": 7 << 16}),
+        (E.SM_READ_PREFETCHED_FINISHED, {"key_count_per_salt": {s: 7}}),
+        (E.MP_STORE_SUBMITTED, {"device": "cpu"}),
+        (E.MP_STORE_START, {"device": "cpu", "engine_id": 0, "model_name": m}),
+        (E.L1_WRITE_RESERVED, {"key_count_per_salt": {s: 9}}),
+        (E.L1_WRITE_FINISHED, {"key_count_per_salt": {s: 9}}),
+        (E.MP_STORE_END, {"device": "cpu", "engine_id": 0, "model_name": m, "total_bytes": 9 << 16}),
+        (E.SM_WRITE_FINISHED, {"key_count_per_salt": {s: 9}}),
+        (E.MP_REQUEST_END, {}),
+    ]
     n_requests = max(1, events // len(request))
     start = time.perf_counter()
     for n in range(n_requests):
         session = f"req-{n}"
         for i, (etype, meta) in enumerate(request):
-            handle(etype, meta, session, n + i * 1e-6)
+            metrics.handle(RefEvent(etype, n + i * 1e-6, meta, session))
     elapsed = time.perf_counter() - start
     provider.shutdown()
     return n_requests * len(request) / elapsed

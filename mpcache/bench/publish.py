@@ -24,16 +24,14 @@ full-ring check or bookkeeping — what no Python publisher can beat.
 
 from __future__ import annotations
 
-import collections
 import multiprocessing
 import os
 import statistics
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mpcache.bench.reference import InProcessBus, RefEvent
 from mpcache.events import EventType
 from mpcache.publish import Publisher
 from mpcache.shm import layout
@@ -89,50 +87,6 @@ def _ring_ns(n: int, repetitions: int) -> tuple[list[float], list[float], list[f
         Segment.unlink(name)
 
 
-@dataclass
-class _RefEvent:
-    event_type: EventType
-    timestamp: float = 0.0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    session_id: str = ""
-
-
-class _InProcessBus:
-    """The reference system's bus, reduced to what a publish and a drain do."""
-
-    def __init__(self, handle: Callable[[_RefEvent], None], max_queue: int = 10_000) -> None:
-        self._queue: collections.deque[_RefEvent] = collections.deque()
-        self._max = max_queue
-        self._wake = threading.Event()
-        self._stop = False
-        self._handle = handle
-        self.dropped = 0
-        self.delivered = 0
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def publish(self, event: _RefEvent) -> None:
-        if len(self._queue) >= self._max:
-            self.dropped += 1
-            return
-        event.timestamp = time.time()
-        self._queue.append(event)
-        self._wake.set()
-
-    def _drain(self) -> None:
-        while not self._stop:
-            self._wake.wait(0.1)
-            self._wake.clear()
-            while self._queue:
-                self._handle(self._queue.popleft())
-                self.delivered += 1
-
-    def close(self) -> None:
-        self._stop = True
-        self._wake.set()
-        self._thread.join()
-
-
 def _inprocess_ns(n: int, repetitions: int) -> tuple[list[float], int]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -140,20 +94,20 @@ def _inprocess_ns(n: int, repetitions: int) -> tuple[list[float], int]:
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     counter = provider.get_meter("bench").create_counter("lmcache_mp.l1_write", unit="chunks")
 
-    def handle(event: _RefEvent) -> None:
+    def handle(event: RefEvent) -> None:
         for salt, count in event.metadata["key_count_per_salt"].items():
             counter.add(count, {"cache_salt": salt})
 
-    bus = _InProcessBus(handle)
+    bus = InProcessBus(handle)
     samples = []
     try:
         for _ in range(repetitions):
             start = time.perf_counter_ns()
             for _ in range(n):
-                bus.publish(_RefEvent(_L1_WRITE_FINISHED, metadata={"key_count_per_salt": {"tenant-a": 16}}))
+                bus.publish(RefEvent(_L1_WRITE_FINISHED, metadata={"key_count_per_salt": {"tenant-a": 16}}))
             samples.append((time.perf_counter_ns() - start) / n)
             deadline = time.monotonic() + 60
-            while bus._queue and time.monotonic() < deadline:
+            while bus.pending() and time.monotonic() < deadline:
                 time.sleep(0.01)
     finally:
         bus.close()

@@ -242,6 +242,7 @@ class CacheServer:
         self._client_error = _ErrorLog(self.log)
         self._stopping = False
         self._closed = False
+        self._stop_event_sink = None  # set when a benchmark runs the reference's in-process bus
         self._segments: list[Segment] = []
         self._conns: dict[int, _Conn] = {}
         self._sessions: OrderedDict[str, set[int]] = OrderedDict()  # request id -> its job ids
@@ -282,8 +283,7 @@ class CacheServer:
         config, worker = self.config, self.worker
         ring = Segment.attach(config.ring_name(worker), layout.HEADER_SIZE)
         self._segments.append(ring)
-        self.publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
-                                   threadsafe=False, clock_ns=self._clock_ns)
+        self.publisher = self._make_publisher(ring)
         self.l0 = BlockReporter(self.publisher, config.metrics_sample_rate)
         pool_seg = Segment.attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
         self._segments.append(pool_seg)
@@ -296,6 +296,22 @@ class CacheServer:
         self.gauges.set(layout.G_L1_USED, 0)
         self.gauges.set(layout.G_ACTIVE_PREFETCH, 0)
         self.gauges.heartbeat(os.getpid())
+
+    def _make_publisher(self, ring: Segment):
+        """The ring publisher — or, when a benchmark asks (``Config.event_sink``), no events at all
+        or the reference design's in-process bus (the only case that loads OpenTelemetry here)."""
+        sink = self.config.event_sink
+        if sink == "none":
+            from mpcache.bench.reference import NullPublisher
+
+            return NullPublisher()
+        if sink == "inprocess":
+            from mpcache.bench.reference import start_inprocess_reference
+
+            publisher, self._stop_event_sink = start_inprocess_reference()
+            return publisher
+        return Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
+                         threadsafe=False, clock_ns=self._clock_ns)
 
     def _start_l2(self) -> None:
         """The storage manager and prefetch controller over the configured L2 adapters (none: both idle)."""
@@ -394,6 +410,8 @@ class CacheServer:
         self._wake_w.close()
         if registered_publisher() is getattr(self, "publisher", None):
             register_publisher(None)
+        if self._stop_event_sink is not None:
+            self._stop_event_sink()
         if hasattr(self, "gauges"):
             self.gauges.set(layout.G_ACTIVE_PREFETCH, 0)
             self.gauges.set(layout.G_HEARTBEAT, 0)

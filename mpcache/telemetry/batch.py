@@ -17,7 +17,6 @@ import numpy as np
 
 from mpcache.events import (
     SCHEMAS,
-    TEXT_FIELD_BLOCK_REQUESTS,
     TEXT_FIELD_SESSION,
     EventType,
     FieldKind,

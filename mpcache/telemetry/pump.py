@@ -70,15 +70,17 @@ class Pump:
             self.bus.tick(now)
         return delivered
 
-    def run(self, should_stop: Callable[[], bool], idle_sleep_s: float = 0.002) -> None:
-        """Poll until ``should_stop()``; then one final drain so nothing committed is left."""
+    def run(self, should_stop: Callable[[], bool], idle_sleep_s: float = 0.01, max_sleep_s: float = 0.05) -> None:
+        """Poll until ``should_stop()``; then one final drain so nothing committed is left.
+
+        It sleeps between polls even while events flow (``idle_sleep_s``): batches
+        grow, the per-batch costs amortise, and the telemetry process leaves the
+        CPU to the cache processes; idle, the sleep backs off to ``max_sleep_s``.
+        """
         sleep = idle_sleep_s
         while not should_stop():
-            if self.poll_once():
-                sleep = idle_sleep_s
-            else:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, 0.02)
+            sleep = idle_sleep_s if self.poll_once() else min(sleep * 2, max_sleep_s)
+            time.sleep(sleep)
         self.poll_once()
 
     # -- self-monitoring -----------------------------------------------------

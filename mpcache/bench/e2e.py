@@ -1,0 +1,135 @@
+"""Cache operations per second with telemetry off, through the rings, and with the reference's in-process bus.
+
+Three ways, interleaved in the same run: ``bin/start-cache --workers 2`` with
+``--event-sink none`` (no events at all), ``ring`` (the product: rings plus the
+telemetry process, which runs on the same two cores) and ``inprocess`` (the
+reference design: an in-process bus and a drain thread calling OpenTelemetry
+inside each cache process).  Two client processes, one per cache process,
+loop over requests — store 8 chunks of 64 KiB, lookup+prefetch, retrieve the
+hits, end the session — with half their prefixes repeating; one operation is
+one store, one lookup_prefetch or one retrieve.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODES = ("none", "ring", "inprocess")
+CLIENTS = 2
+SECONDS = 8.0
+WARMUP_S = 1.5
+CHUNKS_PER_REQUEST = 8
+TARGET_RINGS_OVER_OFF = 0.97
+
+
+def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) -> None:
+    """Run in a client process: print the operations completed after the warm-up."""
+    import numpy as np
+
+    from mpcache.client import CacheClient
+
+    rng = np.random.default_rng(seed)
+    with CacheClient(socket_path) as client:
+        buffer = client.register_buffer(CHUNKS_PER_REQUEST, 64 * 1024)
+        buffer.blocks[:] = rng.integers(0, 255, size=buffer.blocks.shape, dtype=np.uint8)
+        ops, n = 0, 0
+        start = time.monotonic()
+        counting_from = start + warmup_s
+        while time.monotonic() - start < seconds:
+            n += 1
+            prefix = int(rng.integers(0, 200)) if n % 2 else 10**9 + n  # half repeat, half new
+            hashes = [(seed << 48) ^ (prefix << 8) ^ i for i in range(CHUNKS_PER_REQUEST)]
+            request = f"bench-{seed}-{n}"
+            job = client.lookup_prefetch(request, "llama-3-8b", "tenant-a", hashes)
+            found = int(client.wait_prefetch(job, timeout_s=10)["found_count"])
+            done = 1
+            if found:
+                client.retrieve(buffer, request, job, list(range(found)))
+                done += 1
+            if found < CHUNKS_PER_REQUEST:
+                client.store(buffer, request, "llama-3-8b", "tenant-a", hashes[found:],
+                             list(range(found, CHUNKS_PER_REQUEST)))
+                done += 1
+            client.end_session(request)
+            if time.monotonic() >= counting_from:
+                ops += done
+        print(ops / (seconds - warmup_s), flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _one_run(mode: str) -> float:
+    """Start the service in ``mode``, drive it with the clients, return total operations per second."""
+    with tempfile.TemporaryDirectory(prefix="mpcache-bench-") as tmp:
+        runtime = os.path.join(tmp, "run")
+        service = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", str(CLIENTS),
+             "--event-sink", mode, "--prometheus-port", str(_free_port()), "--runtime-dir", runtime,
+             "--l1-size", "64MiB", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            sockets = [os.path.join(runtime, f"cache{i}.sock") for i in range(CLIENTS)]
+            deadline = time.monotonic() + 30
+            while not all(os.path.exists(path) for path in sockets):
+                if time.monotonic() > deadline or service.poll() is not None:
+                    raise RuntimeError(f"the service ({mode}) did not start")
+                time.sleep(0.05)
+            clients = [
+                subprocess.Popen(
+                    [sys.executable, "-c", f"from mpcache.bench.e2e import client_loop; "
+                     f"client_loop({path!r}, {SECONDS}, {WARMUP_S}, {i + 1})"],
+                    stdout=subprocess.PIPE, text=True,
+                )
+                for i, path in enumerate(sockets)
+            ]
+            total = 0.0
+            for client in clients:
+                out, _ = client.communicate(timeout=SECONDS + 60)
+                if client.returncode != 0:
+                    raise RuntimeError(f"a benchmark client exited {client.returncode}")
+                total += float(out.strip())
+            return total
+        finally:
+            service.send_signal(signal.SIGTERM)
+            try:
+                service.wait(30)
+            except subprocess.TimeoutExpired:
+                service.kill()
+
+
+def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    progress(f"e2e: {CLIENTS} cache processes x {CLIENTS} clients, {SECONDS:.0f} s per run, modes {MODES}, "
+             f"{repetitions} repetitions (interleaved)")
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for rep in range(repetitions):
+        for mode in MODES:
+            samples[mode].append(_one_run(mode))
+            progress(f"  repetition {rep + 1}: {mode:9s} {samples[mode][-1]:8.0f} ops/s")
+    off, rings, inprocess = (statistics.median(samples[m]) for m in MODES)
+    return {
+        "benchmark": "e2e",
+        "seconds_per_run": SECONDS,
+        "repetitions": repetitions,
+        "off_ops_per_s": round(off, 1),
+        "rings_ops_per_s": round(rings, 1),
+        "inprocess_ops_per_s": round(inprocess, 1),
+        "rings_over_off": round(rings / off, 3),
+        "inprocess_over_off": round(inprocess / off, 3),
+        "target_rings_over_off": TARGET_RINGS_OVER_OFF,
+        "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF, "rings_ahead_of_inprocess": rings > inprocess},
+        "samples_ops_per_s": {m: [round(x, 1) for x in samples[m]] for m in MODES},
+    }
