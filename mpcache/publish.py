@@ -115,6 +115,47 @@ class Publisher:
             etype: writer.one_cell_emitter(record, int(etype), clock_ns) for etype, record in self._one_cell.items()
         }
         self.emit_salted = self._make_emit_salted()
+        self._plain_emitters = {
+            etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items() if not shape.inline_salt
+        }
+
+    def _make_plain_emitter(self, shape: _Shape) -> Callable[[tuple, str], bool]:
+        """``emit(fields, session_id)`` for one event type: fixed fields and at most a
+        one-cell session id — the MP server's events, a dozen per request — built once
+        with the record shapes and name positions bound.  Never raises."""
+        without_session, with_session = self._plain_records[shape.etype]
+        etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
+        head, fields_cell = layout.HEAD_FIELD_SLOTS, bool(shape.field_cells)  # at most 13 fields: one FIELDS cell
+        ids, intern, clock_ns, writer = self._ids, self._interner.id_of, self._clock_ns, self._writer
+        cell_head, cell_fields, cell_text = layout.CELL_HEAD, layout.CELL_FIELDS, layout.CELL_TEXT
+        general = self._emit
+        eventtype = EventType(etype)
+
+        def emit(fields: tuple, session_id: str) -> bool:
+            try:
+                if len(fields) != n_fields:
+                    raise ValueError(f"{eventtype.name} takes {n_fields} fields, got {len(fields)}")
+                values = list(fields)
+                for position in name_positions:
+                    name_id = ids.get(values[position])
+                    values[position] = name_id if name_id is not None else intern(values[position])
+                data = session_id.encode("utf-8", "replace") if session_id else b""
+            except Exception:  # noqa: BLE001 - never raise into the data path
+                writer.count_drop()
+                return False
+            if len(data) > layout.TEXT_BYTES_PER_CELL:
+                return general(eventtype, fields, None, (), session_id, (), (), None)
+            seq = writer.seq & _MASK32
+            ncells = 1 + fields_cell + (1 if data else 0)
+            args = [seq, cell_head, etype, ncells, clock_ns(), *values[:head]]
+            if fields_cell:
+                args += (seq, cell_fields, etype, 1, *values[head:])
+            if data:
+                args += (seq, cell_text, etype, ncells - 1, TEXT_FIELD_SESSION, len(data), data)
+                return writer.append(with_session, ncells, args)
+            return writer.append(without_session, ncells, args)
+
+        return emit
 
     def salted_emitter(self, etype: EventType) -> Callable[[int, int, int], bool]:
         """``emit(cache_salt_id, model_name_id, count)`` for one event type without fixed
@@ -162,6 +203,10 @@ class Publisher:
     ) -> bool:
         """Publish one event; False if it was dropped (ring full or bad values).  Never raises."""
         if self._lock is None:
+            if not (salt_counts or sampled or texts or blocks or timestamp_ns):
+                plain = self._plain_emitters.get(etype)
+                if plain is not None:
+                    return plain(fields, session_id)
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
         with self._lock:
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
