@@ -40,21 +40,20 @@ SALTS = ("tenant-a", "tenant-b", "tenant-c")
 MODELS = ("llama-3-8b", "qwen-2-7b")
 
 
-def produce(ring_name: str, requests: int, seed: int) -> None:
-    """Run in a producer process: publish ``requests`` requests' worth of events."""
+def request_emitter(segment: Segment, seed: int) -> tuple[Callable[[int], int], int]:
+    """(publish(n) → events dropped, events per request): one cache request's events into ``segment``'s ring."""
     from mpcache.publish import Publisher
     from mpcache.shm.intern import Interner
     from mpcache.shm.ring import RingWriter, read_geometry
 
-    segment = Segment.attach(ring_name, layout.HEADER_SIZE)
     publisher = Publisher(RingWriter(segment), Interner(segment.buf, read_geometry(segment).intern_capacity))
     emit, emit_salted = publisher.emit, publisher.emit_salted
-    dropped = 0
-    for n in range(requests):
+
+    def publish_request(n: int) -> int:
         salt, model = SALTS[(n + seed) % 3], MODELS[(n + seed) % 2]
         session = f"req-{seed}-{n}"
         chunks, hits = 16, (n * 7 + seed) % 17
-        ok = [
+        ok = (
             emit(E.MP_REQUEST_START, session_id=session),
             emit(E.MP_LOOKUP_PREFETCH_START, session_id=session),
             emit_salted(E.L1_READ_RESERVED, salt, model, hits),
@@ -73,9 +72,17 @@ def produce(ring_name: str, requests: int, seed: int) -> None:
                  session_id=session),
             emit(E.SM_WRITE_FINISHED, (0,), salt_counts={(salt, model): chunks - hits}),
             emit(E.MP_REQUEST_END, session_id=session),
-        ]
-        dropped += ok.count(False)
-    print(dropped, flush=True)
+        )
+        return ok.count(False)
+
+    return publish_request, EVENTS_PER_REQUEST
+
+
+def produce(ring_name: str, requests: int, seed: int) -> None:
+    """Run in a producer process: publish ``requests`` requests' worth of events; print the drops."""
+    segment = Segment.attach(ring_name, layout.HEADER_SIZE)
+    publish_request, _ = request_emitter(segment, seed)
+    print(sum(publish_request(n) for n in range(requests)), flush=True)
 
 
 def _fill_rings(config: Config) -> int:
