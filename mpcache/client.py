@@ -255,7 +255,7 @@ class CacheClient:
                               tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> dict:
         """Store chunks computed independently of their context (block ``block_ids[i]`` holds whole chunk i of
         ``tokens``) and index their fingerprints.  ``{"stored_count", "skipped_count", "failed_count",
-        "registered_count"}``."""
+        "registered_count", "replaced_count"}`` (replaced: stale entries the new objects took over)."""
         return self.call("cb_store_pre_computed", buffer_id=buffer.buffer_id, request_id=request_id,
                          model_name=model_name, cache_salt=cache_salt, tokens=[int(t) for t in tokens],
                          block_ids=list(block_ids), engine_id=engine_id)

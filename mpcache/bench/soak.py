@@ -5,8 +5,11 @@ The producers publish the event stream of real cache requests (see
 telemetry process (``python -m mpcache.telemetry``, every metrics subscriber,
 logging and tracing off) drains the rings.  Every 100 ms the benchmark samples
 the drain lag (now − the oldest unconsumed record's timestamp, read from the
-rings) and the telemetry process's RSS.  Reported: records dropped (ring full,
-torn or malformed), lag p50/p99/max, and RSS at the start and the end.
+rings) and the telemetry process's memory.  Reported: records dropped (ring
+full, torn or malformed), lag p50/p99/max, and memory at the start and the
+end.  Memory is the private (unique) set size: plain RSS also counts the
+shared ring pages the reader touches, which grows by the rings' size on the
+first lap and says nothing about leaks.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ def paced_produce(ring_name: str, rate: int, seconds: float, seed: int) -> None:
     print(published, flush=True)
 
 
+def _private_mb(process: psutil.Process) -> float:
+    return process.memory_full_info().uss / 2**20
+
+
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, seconds: float = 60.0,
         rate: int = RATE_PER_PRODUCER) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mpcache-soak-") as runtime:
@@ -73,9 +80,9 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             readers = [RingReader(ring) for ring in rings]  # read-only use: oldest pending timestamp
             telemetry_ps = psutil.Process(telemetry.pid)
             time.sleep(2.0)  # let the telemetry process import and settle before the first RSS sample
-            rss_start = telemetry_ps.memory_info().rss / 2**20
+            rss_start = _private_mb(telemetry_ps)
             progress(f"soak: {PRODUCERS} producers x {rate:,} events/s for {seconds:.0f} s; "
-                     f"telemetry RSS at start {rss_start:.1f} MiB")
+                     f"telemetry private memory at start {rss_start:.1f} MiB")
             producers = [
                 subprocess.Popen([sys.executable, "-c", f"from mpcache.bench.soak import paced_produce; "
                                   f"paced_produce({config.ring_name(i)!r}, {rate}, {seconds}, {i})"],
@@ -88,10 +95,10 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                 now = time.time_ns()
                 oldest = [ts for r in readers if (ts := r.oldest_pending_timestamp_ns()) is not None]
                 lags.append(max(0.0, (now - min(oldest)) / 1e9) if oldest else 0.0)
-                rss.append(telemetry_ps.memory_info().rss / 2**20)
+                rss.append(_private_mb(telemetry_ps))
                 if len(rss) % 100 == 0:
                     progress(f"  {time.monotonic() - started:5.1f} s: lag {lags[-1] * 1000:6.1f} ms, "
-                             f"RSS {rss[-1]:.1f} MiB")
+                             f"private memory {rss[-1]:.1f} MiB")
                 time.sleep(0.1)
             published = sum(int(p.communicate(timeout=30)[0].strip() or 0) for p in producers)
             deadline = time.monotonic() + 60

@@ -28,9 +28,11 @@ arguments are validated by :mod:`mpcache.protocol`):
 * ``cb_retrieve`` — copies hit chunks of a lookup into the client's blocks.
 
 Objects are confirmed in L1 only: blend chunks are not written to L2, so an
-object gone from L1 is gone.  Lookups take no read locks: a chunk evicted
-between lookup and retrieve is an L1 read failure (``L1_READ_FAILED``,
-not_found) and makes the retrieve unsuccessful (``failed_count`` > 0).
+object gone from L1 is gone.  Lookups take no read locks (a lookup may go
+unretrieved); cb_retrieve read-locks, copies and unlocks (so retrieved chunks
+become the most recently used).  A chunk evicted between lookup and retrieve
+is an L1 read failure (``L1_READ_FAILED``, not_found) and makes the retrieve
+unsuccessful (``failed_count`` > 0); the other chunks are still copied.
 
 Events (``spec/EVENTS.md``, CB section), all with ``session_id`` = request id:
 a request's first cb_* op publishes ``CB_REQUEST_START``, ``end_session``
@@ -41,7 +43,7 @@ the client gets the error reply.  Stores publish ``CB_FINGERPRINTS_REGISTERED``
 (entries newly indexed, ≥ 1) before their END; stale entries removed — by a
 lookup, or replaced by a store — publish ``CB_CHUNKS_EVICTED``.  The L1 and
 storage-manager events of the copies are those of ``store``/``retrieve``
-(``L1_WRITE_*``, ``SM_WRITE_FINISHED``, ``L1_READ_FINISHED``,
+(``L1_WRITE_*``, ``SM_WRITE_FINISHED``, ``L1_READ_RESERVED``, ``L1_READ_FINISHED``,
 ``SM_READ_PREFETCHED_FINISHED``), but no ``MP_*`` events.
 """
 
@@ -226,7 +228,7 @@ class BlendModule:
         self._evicted(replaced)
         pub.emit(end, (engine, num_tokens, stored, failed == 0), session_id=request_id)
         return {"stored_count": stored, "skipped_count": present, "failed_count": failed,
-                "registered_count": registered}
+                "registered_count": registered, "replaced_count": replaced}
 
     def _buffer(self, conn, buffer_id: int, block_ids: list[int]):
         if not block_ids:  # nothing to copy, but the buffer must still be one of this connection's
@@ -341,21 +343,35 @@ class BlendModule:
             keys.append(key)
         model, salt = lookup.model, lookup.salt
         l1 = self._server.l1
-        nbytes = buffer.block_bytes
-        pairs: list[tuple[int, int]] = []
-        read: list[int] = []
-        for key, block in zip(keys, block_ids):
-            found = l1.read(model, salt, [key.chunk_hash])  # gone since the lookup: L1_READ_FAILED (not_found)
-            if not found:
-                continue
-            slot, size = found[0]
-            if size != nbytes:
-                raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
-            pairs.append((block, slot))
-            read.append(key.chunk_hash)
-        if pairs:
-            buffer.transfer.from_l1(l1.pool, pairs, nbytes)
-        sampled = l1.finish_read(model, salt, read, unlock=False)
+        hashes = [key.chunk_hash for key in keys]
+        # Read-lock what is still there, run by run (L1_READ_RESERVED); a chunk gone since the lookup breaks a run
+        locked_at: list[int] = []
+        missing: list[int] = []
+        position = 0
+        while position < len(hashes):
+            found = l1.lock_prefix(model, salt, hashes[position:])
+            locked_at.extend(range(position, position + found))
+            position += found
+            if position < len(hashes):
+                missing.append(hashes[position])
+                position += 1
+        if missing:
+            l1.read(model, salt, missing)  # nothing readable: L1_READ_FAILED (not_found / write_locked) for each
+        read = [hashes[i] for i in locked_at]
+        try:
+            slots = l1.read(model, salt, read)
+            nbytes = buffer.block_bytes
+            for _, size in slots:
+                if size != nbytes:
+                    raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte "
+                                       "blocks")
+            if read:
+                buffer.transfer.from_l1(l1.pool, [(block_ids[i], slot) for i, (slot, _) in zip(locked_at, slots)],
+                                        nbytes)
+        except BaseException:
+            l1.release_read(model, salt, read)
+            raise
+        sampled = l1.finish_read(model, salt, read)  # unlocked: now the most recently used
         retrieved = len(read)
         self._server.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (len(keys) - retrieved,),
                                     salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)

@@ -71,15 +71,15 @@ def run_script(harness) -> dict:
     client.end_session("r2")
 
     # Forced eviction: a plain store of 26 new chunks into L1 (8 of 32 slots used) evicts the 2 least recently
-    # used objects, the pre-computed b1 and a1 (pre-computed A was touched again after b1 was stored).
+    # used objects, the pre-computed a1 and a2 (retrieves touch what they read: r2 read c1 and b1 last).
     out["evict_stored"] = client.store(bulk, "evict", MODEL, SALT, list(range(1, 27)), list(range(26)))
     client.end_session("evict")
 
-    # "r3": A B: a1 and b1 are stale (entries removed, CB_CHUNKS_EVICTED 2), a2 a storage hit ...
+    # "r3": A B: a1 and a2 are stale (entries removed, CB_CHUNKS_EVICTED 2), b1 a storage hit ...
     out["r3_lookup"] = client.cb_lookup("r3", MODEL, SALT, A + B)
-    # ... and again: a1 and b1 are now plain misses
+    # ... and again: a1 and a2 are now plain misses
     out["r3_lookup_again"] = client.cb_lookup("r3", MODEL, SALT, A + B)
-    # A recomputed: a1 stored and newly indexed, a2 present (L1 is full: r1's final b1 object makes room)
+    # A recomputed: a1 a2 stored and newly indexed (L1 is full: r1's final b1 and a1 objects make room)
     out["r3_pre_a"] = client.cb_store_pre_computed(kv, "r3", MODEL, SALT, A, [0, 1], engine_id=ENGINE)
     client.end_session("r3")
 
@@ -138,8 +138,8 @@ def expected_cb_events() -> list[tuple[str, tuple, str]]:
         ("CB_LOOKUP_START", (3 * t,), "r3"),
         ("CB_LOOKUP_END", (3 * t, 3 * t, t, 1, 1, 0, False), "r3"),
         ("CB_STORE_PRE_COMPUTED_START", (ENGINE, 2 * t), "r3"),
-        ("CB_FINGERPRINTS_REGISTERED", (1, t), ""),
-        ("CB_STORE_PRE_COMPUTED_END", (ENGINE, 2 * t, 1, True), "r3"),
+        ("CB_FINGERPRINTS_REGISTERED", (2, 2 * t), ""),
+        ("CB_STORE_PRE_COMPUTED_END", (ENGINE, 2 * t, 2, True), "r3"),
         ("CB_REQUEST_END", (), "r3"),
         ("CB_REQUEST_START", (), "r4"),
         ("CB_LOOKUP_START", (3 * t,), "r4"),
@@ -155,17 +155,17 @@ EXPECTED_COUNTERS = {
     "lookup_hit_tokens": 112,  # 48 + 32 + 16 + 16
     "lookup_fingerprint_hits": 9,  # 3 + 2 + 3 + 1
     "lookup_storage_hits": 7,  # 3 + 2 + 1 + 1
-    "lookup_stale_chunks": 2,  # a1, b1 after the forced eviction
+    "lookup_stale_chunks": 2,  # a1, a2 after the forced eviction
     "lookup_no_gpu_context_errors": 1,  # r4
     "retrieve_requests": 3,
     "retrieve_chunks": 7,  # 3 + 2 (into the missing buffer) + 2
     "retrieve_failures": 1,  # the missing buffer
     "store_pre_computed_requests": 5,
-    "store_pre_computed_chunks": 4,  # 2 + 1 + 0 + 0 + 1
+    "store_pre_computed_chunks": 5,  # 2 + 1 + 0 + 0 + 2
     "store_pre_computed_failures": 1,  # the missing buffer
     "store_final_requests": 2,
     "store_final_chunks": 5,
     "store_final_failures": 1,  # 2 block ids for 5 chunks
-    "fingerprints_registered": 6,  # 2 + 1 + 2 + 1
+    "fingerprints_registered": 7,  # 2 + 1 + 2 + 2
     "chunks_evicted": 2,
 }

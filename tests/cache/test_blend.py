@@ -61,13 +61,13 @@ def test_scripted_workload_replies(scripted):
         "evicted_store": out["evict_stored"],
     }
     assert {
-        "pre_a": {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2},
-        "pre_a_again": {"stored_count": 0, "skipped_count": 2, "failed_count": 0, "registered_count": 0},
+        "pre_a": {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0},
+        "pre_a_again": {"stored_count": 0, "skipped_count": 2, "failed_count": 0, "registered_count": 0, "replaced_count": 0},
         "r1": ([FINGERPRINT_HIT] * 3 + [MISS] * 2, 3 * t, {"retrieved_count": 3, "failed_count": 0},
-               {"stored_count": 5, "skipped_count": 0, "failed_count": 0, "registered_count": 2}),
+               {"stored_count": 5, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0}),
         "r2": ([FINGERPRINT_HIT] * 2, {"retrieved_count": 2, "failed_count": 0}),
-        "r3": ([STALE, FINGERPRINT_HIT, STALE], 2, [MISS, FINGERPRINT_HIT, MISS],
-               {"stored_count": 1, "skipped_count": 1, "failed_count": 0, "registered_count": 1}),
+        "r3": ([STALE, STALE, FINGERPRINT_HIT], 2, [MISS, MISS, FINGERPRINT_HIT],
+               {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0}),
         "r4": (True, None, True),
         "errors": (True, True, True),
         "evicted_store": 26,
@@ -83,13 +83,13 @@ def test_retrieved_blocks_hold_the_blended_chunks(scripted):
 
 
 def test_the_forced_eviction_evicted_exactly_the_two_stale_objects(scripted):
-    """L1 evicted b1 and a1 (L1_KEYS_EVICTED 2) for the 26-chunk store, and 1 more object (r1's final b1) for
-    r3's recomputed a1; of r1's chunks b1 a1 a2 c1 q1, all but b1 (stale, removed) are indexed at the end."""
+    """L1 evicted pre-computed a1 a2 (L1_KEYS_EVICTED 2) for the 26-chunk store, and 2 more objects (r1's final
+    b1 a1) for r3's recomputed A; every chunk of r1 (b1 a1 a2 c1 q1) is indexed at the end."""
     harness, _, batch = scripted
     d = documents()
     fps = chunk_fingerprints(d["A"] + d["B"] + d["C"] + d["Q"], CHUNK_TOKENS)
     table = harness.server.blend.table
-    assert ([2, 1], [True, True, False, True, True]) == (
+    assert ([2, 2], [True] * 5) == (
         [e.salt_counts[0][2] for e in batch.events([E.L1_KEYS_EVICTED])],
         [ChunkKey(MODEL, SALT, fp) in table for fp in fps])
 
@@ -126,8 +126,8 @@ def test_final_store_replaces_a_stale_entry_and_counts_it_evicted(cache):
     reply = client.cb_store_final(kv, "r", MODEL, SALT, b, [5])
     events = [(e.etype.name, tuple(e.fields.values())) for e in harness.events.take().events(
         [E.CB_FINGERPRINTS_REGISTERED, E.CB_CHUNKS_EVICTED])]
-    assert (1, [("CB_FINGERPRINTS_REGISTERED", (1, CHUNK_TOKENS)), ("CB_CHUNKS_EVICTED", (1,))]) == (
-        reply["registered_count"], events)
+    assert ((1, 1), [("CB_FINGERPRINTS_REGISTERED", (1, CHUNK_TOKENS)), ("CB_CHUNKS_EVICTED", (1,))]) == (
+        (reply["registered_count"], reply["replaced_count"]), events)
 
 
 def test_prefix_hits_come_before_the_fingerprint_table(cache):

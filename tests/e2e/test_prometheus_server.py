@@ -1,0 +1,142 @@
+"""The spec's PromQL, run by a real Prometheus server scraping ``bin/start-cache --demo`` every second.
+
+The ``prometheus`` binary (Debian package ``prometheus``; ``.ci/run`` installs it) runs on loopback
+with its TSDB in ``tmp_path`` and a generated scrape config.  The test waits, polling Prometheus's
+HTTP API against a deadline, until it has scraped the demo a few times, then runs the queries of
+``spec/METRICS.seed.txt`` through ``/api/v1/query`` and checks what comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from mpcache_service import free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+PROMETHEUS = shutil.which("prometheus")
+MODELS = {"llama-3-8b", "qwen-2-7b"}  # mpcache.demo.MODELS: the demo's two models
+SCRAPES_BEFORE_QUERYING = 6  # samples per series in the [1m] window before rates are asked for
+
+AGGREGATE_HIT_RATE = (
+    "sum(rate(lmcache_mp_lookup_hit_tokens_total[1m])) / sum(rate(lmcache_mp_lookup_requested_tokens_total[1m]))")
+PER_MODEL_HIT_RATE = (
+    "sum by (model_name) (rate(lmcache_mp_lookup_hit_tokens_total[1m]))"
+    " / sum by (model_name) (rate(lmcache_mp_lookup_requested_tokens_total[1m]))")
+L2_STORE_RATE = "sum by (l2_name) (rate(lmcache_mp_l2_store_completed_requests_total[1m]))"
+BLEND_REQUESTED_RATE = "sum(rate(lmcache_blend_lookup_requested_tokens_total[1m]))"
+BLEND_HIT_RATE = (
+    "sum(rate(lmcache_blend_lookup_hit_tokens_total[1m])) / " + BLEND_REQUESTED_RATE)
+
+
+class PrometheusServer:
+    """A real ``prometheus`` on 127.0.0.1:<free port> scraping one target every second."""
+
+    def __init__(self, tmp_path, target: str) -> None:
+        self.port = free_port()
+        config = tmp_path / "prometheus.yml"
+        # JSON is YAML: no YAML library needed to write the config.
+        config.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "mpcache", "static_configs": [{"targets": [target]}]}],
+        }))
+        self.log = open(tmp_path / "prometheus.log", "wb")
+        self.process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as response:
+            return response.status == 200
+
+    def query(self, promql: str) -> list[dict]:
+        """The instant vector ``promql`` evaluates to now: a list of {"metric": labels, "value": [t, "v"]}."""
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.loads(response.read())
+        assert ("success", "vector") == (body["status"], body["data"]["resultType"]), body
+        return body["data"]["result"]
+
+    def scalar(self, promql: str) -> float | None:
+        """The one value ``promql`` gives, or None when the result is empty."""
+        result = self.query(promql)
+        assert len(result) <= 1, result
+        return float(result[0]["value"][1]) if result else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    started: list[PrometheusServer] = []
+
+    def start(target: str) -> PrometheusServer:
+        if PROMETHEUS is None:
+            pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
+        server = PrometheusServer(tmp_path, target)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def by_label(result: list[dict], label: str) -> dict[str, float]:
+    return {series["metric"].get(label, ""): float(series["value"][1]) for series in result}
+
+
+def test_spec_promql_on_a_real_prometheus_gives_hit_rates_in_range(start_service, prometheus_server, tmp_path):
+    """Prometheus scraping the demo (fs + mock L2) every second answers the spec's queries with numbers
+    in range: the aggregate and blend lookup hit rates are single values in [0, 1], the per-model hit
+    rate has exactly one series per demo model, each in [0, 1], and the L2 store rate has one series
+    per l2_name (fs, mock), each > 0."""
+    fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.008}' % (tmp_path / "l2fs")
+    mock = '{"type": "mock", "capacity_gb": 0.05, "failure_rate": 0.1, "seed": 3}'
+    service = start_service("--demo", "--workers", "2", "--duration", "55", "--l2", fs, "--l2", mock)
+    wait_for(service.scrape, 20, "the demo's /metrics")
+    prometheus = prometheus_server(f"127.0.0.1:{service.port}")
+    wait_for(prometheus.ready, 15, "prometheus to be ready")
+
+    def scraped_enough():
+        samples = prometheus.scalar('min(count_over_time(up{job="mpcache"}[1m]))')
+        healthy = prometheus.scalar('min(up{job="mpcache"})')
+        return samples is not None and samples >= SCRAPES_BEFORE_QUERYING and healthy == 1.0
+
+    wait_for(scraped_enough, 25, f"{SCRAPES_BEFORE_QUERYING} successful scrapes of the demo")
+
+    aggregate = prometheus.scalar(AGGREGATE_HIT_RATE)
+    per_model = by_label(prometheus.query(PER_MODEL_HIT_RATE), "model_name")
+    l2_stores = by_label(prometheus.query(L2_STORE_RATE), "l2_name")
+    blend_requested = prometheus.scalar(BLEND_REQUESTED_RATE)
+    blend = prometheus.scalar(BLEND_HIT_RATE)
+    print(f"hit rate {aggregate}, per model {per_model}, L2 stores/s {l2_stores}, "
+          f"blend hit rate {blend} (blend requested tokens/s {blend_requested})")
+
+    assert aggregate is not None and 0.0 <= aggregate <= 1.0, aggregate
+    assert MODELS == set(per_model)
+    assert [] == [m for m, rate in per_model.items() if not 0.0 <= rate <= 1.0]
+    assert {"fs", "mock"} == set(l2_stores)
+    assert [] == [name for name, rate in l2_stores.items() if not rate > 0]
+    # The demo's RAG load (mpcache.demo_rag) drives blend lookups, so the denominator moves and the
+    # ratio is a number; were it ever 0, Prometheus would answer NaN (0/0), which this names.
+    assert blend_requested is not None and blend_requested > 0, f"blend lookups not moving: {blend_requested}"
+    assert blend is not None and not math.isnan(blend) and 0.0 <= blend <= 1.0, blend
+    assert 0 == service.stop()
