@@ -30,7 +30,9 @@ class RingSource:
     names: NameTable
 
     @classmethod
-    def attach(cls, producer: int, name: str, max_batch_cells: int = 65536) -> "RingSource":
+    def attach(cls, producer: int, name: str, max_batch_cells: int = 16384) -> "RingSource":
+        """16 Ki cells (1 MiB) per batch: large enough that numpy amortises, small enough that a
+        backlog does not balloon the telemetry process's memory with per-batch temporaries."""
         segment = Segment.attach(name, layout.HEADER_SIZE)
         reader = RingReader(segment, max_batch_cells)
         return cls(producer, segment, reader, NameTable(segment.buf, reader.intern_capacity))
