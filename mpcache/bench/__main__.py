@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak} [--json]``."""
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape} [--json]``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from mpcache.bench import drain, e2e, publish, soak
+from mpcache.bench import drain, e2e, publish, scrape, soak
 
-BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape}
 
 
 def main(argv: list[str] | None = None) -> int:
