@@ -1,27 +1,100 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape} [--json]``."""
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,report} [--json]``.
+
+``report`` runs every benchmark and writes ``docs/PERFORMANCE.md`` (or
+``--output``) from their results, with the machine and the date.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import sys
+from typing import Any
 
 from mpcache.bench import drain, e2e, publish, scrape, soak
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape}
 
 
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} vCPU ({model}), Python {platform.python_version()}, {platform.system()} {platform.machine()}"
+
+
+def _row(name: str, result: dict[str, Any]) -> list[str]:
+    met = result.get("targets_met", {})
+    verdict = ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()) or "—"
+    if name == "publish":
+        return [f"ours {result['ring_ns']:.0f} ns/event (by name {result['ring_by_name_ns']:.0f}; Python floor "
+                f"{result['floor_ns']:.0f}); in-process bus {result['inprocess_bus_ns']:.0f}; mp.Queue "
+                f"{result['mp_queue_ns']:.0f}", f"{result['ratio_inprocess_over_ring']}× / "
+                f"{result['ratio_mp_queue_over_ring']}× cheaper", "≤ 400 ns; ≥ 3×; ≥ 10×", verdict]
+    if name == "drain":
+        return [f"ours {result['events_per_s']:,} events/s; reference {result['reference_events_per_s']:,}",
+                f"{result['ratio']}×", "≥ 1,000,000/s; ≥ 6×", verdict]
+    if name == "e2e":
+        return [f"off {result['off_ops_per_s']:,.0f}; rings {result['rings_ops_per_s']:,.0f}; in-process "
+                f"{result['inprocess_ops_per_s']:,.0f} ops/s", f"rings/off {result['rings_over_off']}; "
+                f"in-process/off {result['inprocess_over_off']}", "rings ≥ 0.97 of off; rings > in-process", verdict]
+    if name == "soak":
+        return [f"{result['achieved_events_per_s']:,} events/s for {result['seconds']:.0f} s; drops {result['drops']}; "
+                f"lag p50 {result['lag_p50_s'] * 1000:.1f} ms, p99 {result['lag_p99_s'] * 1000:.1f} ms; memory "
+                f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
+                verdict]
+    return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
+            f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
+
+
+def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
+    lines = [
+        "# Performance",
+        "",
+        f"Measured {datetime.date.today().isoformat()} on {_machine()}, by `python -m mpcache.bench report` "
+        "(each benchmark measures our way and its comparison in the same run; the machine is shared, so the "
+        "ratios are the numbers to trust).",
+        "",
+        "| benchmark | numbers | ratio | target | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        lines.append(f"| `{name}` | " + " | ".join(_row(name, result)) + " |")
+    lines += ["", "Raw results:", "", "```json", json.dumps(results, indent=1, sort_keys=True), "```", ""]
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpcache.bench")
-    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
+    parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=3, help="repetitions; medians are reported (default 3; publish uses at least 5)")
     parser.add_argument("--seconds", type=float, default=60.0, help="soak: how long the producers run (default 60)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
+    parser.add_argument("--output", default="docs/PERFORMANCE.md", help="report: where to write (default docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
-    module = BENCHMARKS[args.name]
-    options = {"seconds": args.seconds, "rate": args.rate} if module is soak else {}
-    result = module.run(repetitions=args.repetitions, progress=lambda msg: print(msg, file=sys.stderr), **options)
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def one(name: str) -> dict[str, Any]:
+        module = BENCHMARKS[name]
+        options = {"seconds": args.seconds, "rate": args.rate} if module is soak else {}
+        return module.run(repetitions=args.repetitions, progress=progress, **options)
+
+    if args.name == "report":
+        results = {name: one(name) for name in BENCHMARKS}
+        write_report(results, args.output)
+        progress(f"wrote {args.output}")
+        return 0
+    result = one(args.name)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
