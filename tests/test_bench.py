@@ -1,0 +1,37 @@
+"""The benchmarks run and report what they promise (tiny sizes: no timing is asserted here)."""
+
+from __future__ import annotations
+
+from mpcache.bench import __main__ as bench_main
+from mpcache.bench import drain, publish
+
+
+def test_publish_reports_every_promised_key():
+    """publish returns the three medians, the ratios and the verdicts, all from real measurements."""
+    result = publish.run(repetitions=5, events=2_000)
+    assert {"ring_ns", "inprocess_bus_ns", "mp_queue_ns", "ring_by_name_ns", "floor_ns"} <= set(result)
+    assert 5 == len(result["samples_ns"]["ring"])
+    assert all(result[key] > 0 for key in ("ring_ns", "inprocess_bus_ns", "mp_queue_ns"))
+
+
+def test_drain_delivers_every_published_event(monkeypatch):
+    """drain publishes from producer processes and the pipeline delivers exactly that many records."""
+    monkeypatch.setattr(drain, "REQUESTS_PER_PRODUCER", 300)
+    result = drain.run(repetitions=1)
+    assert 2 * 300 * drain.EVENTS_PER_REQUEST == result["events_per_repetition"]
+    assert result["events_per_s"] > 0 and result["reference_events_per_s"] > 0
+
+
+def test_report_writes_a_row_per_benchmark(tmp_path):
+    """The report has one table row per benchmark, with its target and verdict."""
+    results = {
+        "publish": {"ring_ns": 500.0, "ring_by_name_ns": 600.0, "floor_ns": 300.0, "inprocess_bus_ns": 2000.0,
+                    "mp_queue_ns": 9000.0, "ratio_inprocess_over_ring": 4.0, "ratio_mp_queue_over_ring": 18.0,
+                    "targets_met": {"ring_ns": False}},
+        "scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048},
+    }
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report(results, str(path))
+    rows = [line for line in path.read_text().splitlines() if line.startswith("| `")]
+    assert ["| `publish` ", "| `scrape` "] == [row.split("|", 2)[0] + "|" + row.split("|", 2)[1] for row in rows]
+    assert "ring_ns MISSED" in rows[0]
