@@ -64,7 +64,10 @@ ALERTED = {
     "lmcache_mp_l1_allocation_failure_chunks_total",
 }
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", "without", "on", "ignoring",
-                   "group_left", "group_right"}
+                   "group_left", "group_right",
+                   # aggregation operators: ``sum by (x) (...)`` puts the grouping between name and "("
+                   "sum", "min", "max", "avg", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
+                   "count_values"}
 
 
 def spec_rows() -> list[tuple[str, str]]:

@@ -85,11 +85,12 @@ class PrometheusServer:
 
 @pytest.fixture
 def prometheus_server(tmp_path):
+    """Starts PrometheusServers on demand; stops them all at teardown.  Skips when there is no binary."""
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
     started: list[PrometheusServer] = []
 
     def start(target: str) -> PrometheusServer:
-        if PROMETHEUS is None:
-            pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
         server = PrometheusServer(tmp_path, target)
         started.append(server)
         return server
