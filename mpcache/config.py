@@ -19,6 +19,7 @@ from mpcache.shm.layout import MAX_ADAPTERS
 from mpcache.shm.segment import shm_name
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -76,6 +77,8 @@ class Config:
     def __post_init__(self) -> None:
         checks = [
             (self.workers >= 1, "--workers: expected an integer >= 1"),
+            (bool(_INSTANCE_ID_RE.fullmatch(self.instance_id)),  # its first 8 characters name shared memory
+             "--instance-id: expected 1 to 128 characters from A-Z a-z 0-9 . _ : -"),
             (0 < self.l1_watermark <= 1, "--l1-watermark: expected a number in (0, 1]"),
             (self.chunk_bytes > 0, "--chunk-bytes: expected a positive size"),
             (self.l1_size_bytes >= self.chunk_bytes, "--l1-size: must hold at least one chunk (--chunk-bytes)"),

@@ -398,6 +398,16 @@ def _runtime_paths(requested: str) -> tuple[str, str]:
     return base, requested or os.path.join(base, str(os.getpid()))
 
 
+def _check_socket_path_length(config: Config) -> None:
+    """Refuse a runtime dir too long for the cache processes' socket paths up front (each would fail to
+    start and be restarted until the supervisor gives up): the longest is the staging name
+    ``.cache<worker>.<pid>`` (pid <= 2**22), and sun_path holds 107 bytes."""
+    longest = os.path.join(config.runtime_dir, f".cache{config.workers - 1}.{2**22}")
+    if len(os.fsencode(longest)) > 107:
+        raise ConfigError(f"--runtime-dir: too long for Unix socket paths under it ({len(os.fsencode(longest))} "
+                          "bytes, at most 107)")
+
+
 def _make_private_dir(path: str) -> None:
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)
@@ -409,13 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     base, runtime_dir = _runtime_paths(args.runtime_dir)
     try:
         config = config_from_args(args, pid, runtime_dir)
+        _check_socket_path_length(config)
+        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
         sys.stderr.write(f"start-cache: error: {exc}\n")
+        return 2
+    except OSError as exc:  # the --log-file cannot be opened
+        sys.stderr.write(f"start-cache: error: --log-file: cannot open {args.log_file!r}: {exc.strerror}\n")
         return 2
     if not args.runtime_dir:
         _make_private_dir(base)
     _make_private_dir(runtime_dir)
-    forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     log = configure_logging("supervisor", config.instance_id, config.log_level,
                             handlers=[_ForwardingHandler(forwarder)])
     _remove_leftovers(base, log)

@@ -29,6 +29,18 @@ def run_start_cache(*flags: str) -> subprocess.CompletedProcess:
         (["--enable-tracing"], "--enable-tracing"),
         (["--ring-cells", "3000"], "--ring-cells"),
         (["--no-such-flag"], "--no-such-flag"),
+        (["--l2", "not json"], "--l2"),
+        (["--l2", '{"type": "fs"}'], "--l2"),
+        (["--l2", '{"type": "tape", "capacity_gb": 1}'], "--l2"),
+        (["--log-max-bytes", "lots"], "--log-max-bytes"),
+        (["--log-backups", "-1"], "--log-backups"),
+        (["--log-file", "/nonexistent-dir/mpcache.log"], "--log-file"),
+        (["--cache-salt-cap", "0"], "--cache-salt-cap"),
+        (["--chunk-bytes", "12XB"], "--chunk-bytes"),
+        (["--eviction-interval", "nan"], "--eviction-interval"),
+        (["--duration", "-5"], "--duration"),
+        (["--instance-id", "a/b"], "--instance-id"),
+        (["--runtime-dir", "/tmp/" + "d" * 100], "--runtime-dir"),
     ],
 )
 def test_bad_flag_is_one_line_naming_it(flags: list[str], named: str) -> None:

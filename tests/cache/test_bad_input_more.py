@@ -1,0 +1,135 @@
+"""More hostile input for an in-process server, beyond tests/cache/test_bad_input.py: msgpack payloads
+built to exhaust the decoder, msgpack extension types, limits on lengths and counts, and requests that
+are only wrong given the server's state (another request's job, a removed buffer, one buffer too many).
+Same contract: a one-line error reply, no event, no L1 slot touched, and everyone keeps being served."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from mpcache import protocol
+from mpcache.events import EventType as E
+from mpcache.shm.segment import Segment, shm_name
+
+from .conftest import CHUNK_BYTES, MODEL
+from .test_bad_input import BLOCKS, RawConn, _store, raw  # noqa: F401 - raw is the fixture used below
+
+# name -> (payload bytes built from the raw connection's buffer id, error_type, part of the error message)
+BAD_PAYLOADS = {
+    "100000 nested arrays": (lambda b: b"\x91" * 100_000, "protocol", "malformed frame"),
+    "array declaring 4 G entries": (lambda b: b"\xdd\xff\xff\xff\xff", "protocol", "malformed frame"),
+    "string declaring 4 GiB": (lambda b: b"\xdb\xff\xff\xff\xff", "protocol", "malformed frame"),
+    "map with an integer key": (lambda b: msgpack.packb({"op": "ping", "id": 1, 7: 8}), "protocol",
+                                "malformed frame"),
+    "extension type as the request": (lambda b: msgpack.packb(msgpack.ExtType(1, b"\0" * 8)), "protocol",
+                                      "a request must be a map"),
+    "extension type as a hash": (lambda b: msgpack.packb(_store(b, chunk_hashes=[1, msgpack.ExtType(1, b"x")])),
+                                 "protocol", "chunk_hashes: every entry"),
+    "binary salt": (lambda b: msgpack.packb(_store(b, cache_salt=b"tenant"), use_bin_type=True), "protocol",
+                    "cache_salt: expected a string"),
+    "request id of 257 bytes": (lambda b: msgpack.packb(_store(b, request_id="r" * 257)), "protocol",
+                                "request_id: longer than 256 bytes"),
+    "request id with a newline": (lambda b: msgpack.packb(_store(b, request_id="r\nX-Injected: 1")), "protocol",
+                                  "request_id: longer than 256 bytes or has control characters"),
+    "model of 129 bytes": (lambda b: msgpack.packb(_store(b, model_name="m" * 129)), "protocol",
+                           "model_name: longer than 128 bytes"),
+    "model with a control character": (lambda b: msgpack.packb(_store(b, model_name="m\x1bv")), "protocol",
+                                       "model_name: contains a forbidden character"),
+    "65537 chunk hashes": (lambda b: msgpack.packb(_store(b, chunk_hashes=list(range(65537)), block_ids=[0] * 65537)),
+                           "protocol", "chunk_hashes: 65537 entries, the limit is 65536"),
+    "block id past the protocol limit": (lambda b: msgpack.packb(_store(b, block_ids=[0, 1 << 24])), "protocol",
+                                         "block_ids: every entry must be an integer in 0..16777215"),
+    "unregister an unknown buffer": (lambda b: msgpack.packb({"op": "unregister_buffer", "id": 9, "buffer_id": b + 50}),
+                                     "request", "unknown buffer"),
+    "retrieve into an unknown buffer": (lambda b: msgpack.packb({"op": "retrieve", "id": 9, "buffer_id": b + 50,
+                                                                 "request_id": "r", "job_id": 1, "block_ids": [0]}),
+                                        "request", "unknown buffer"),
+    "timeout beyond a day": (lambda b: msgpack.packb({"op": "retrieve", "id": 9, "buffer_id": b, "request_id": "r",
+                                                      "job_id": 1, "block_ids": [0], "timeout_s": 86401.0}),
+                             "protocol", "timeout_s: expected nil or seconds in 0..86400"),
+    "zero blocks": (lambda b: msgpack.packb({"op": "register_buffer", "id": 9,
+                                             "shm_name": shm_name(os.getpid(), "rawtest", "kv0"), "num_blocks": 0,
+                                             "block_bytes": CHUNK_BYTES}), "protocol", "num_blocks: 0 is outside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PAYLOADS))
+def test_hostile_payload_gets_an_error_reply_and_changes_nothing(raw, case):
+    """Each payload gets ok=False with its error_type and a one-line message naming the problem; no
+    event is published, no L1 slot is used, the same connection then stores, and another client too."""
+    harness, conn, buffer_id, bystander, bystander_kv = raw
+    build, error_type, fragment = BAD_PAYLOADS[case]
+    harness.events.take()
+    conn.send_payload(build(buffer_id))
+    reply = conn.reply()
+    assert (False, error_type) == (reply["ok"], reply["error_type"])
+    assert fragment in reply["error"] and "\n" not in reply["error"]
+    assert 0 == len(harness.events.take())
+    assert 0 == harness.server.l1.used_slots
+    assert True is conn.request(_store(buffer_id))["ok"]
+    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [77], [0])
+
+
+def _lookup(conn: RawConn, request_id: str, hashes: list[int]) -> int:
+    reply = conn.request({"op": "lookup_prefetch", "id": 3, "request_id": request_id, "model_name": MODEL,
+                          "cache_salt": "s", "chunk_hashes": hashes})
+    assert True is reply["ok"], reply
+    status = conn.request({"op": "query_prefetch_status", "id": 4, "job_id": reply["job_id"]})
+    assert (True, len(hashes)) == (status["done"], status["found_count"]), status
+    return reply["job_id"]
+
+
+def _retrieve(buffer_id: int, request_id: str, job_id: int, block_ids: list[int]) -> dict:
+    return {"op": "retrieve", "id": 5, "buffer_id": buffer_id, "request_id": request_id, "job_id": job_id,
+            "block_ids": block_ids}
+
+
+def test_retrieve_of_another_requests_job_or_of_more_than_it_found_is_refused(raw):
+    """A retrieve naming a prefetch job of another request, or more blocks than the job found, is a
+    request error that publishes nothing and copies nothing; the job's own request then retrieves it."""
+    harness, conn, buffer_id, _, _ = raw
+    assert 2 == conn.request(_store(buffer_id, chunk_hashes=[31, 32]))["stored_count"]
+    job = _lookup(conn, "owner", [31, 32])
+    harness.events.take()
+    other = conn.request(_retrieve(buffer_id, "intruder", job, [2, 3]))
+    too_many = conn.request(_retrieve(buffer_id, "owner", job, [1, 2, 3]))
+    published = len(harness.events.take())
+    own = conn.request(_retrieve(buffer_id, "owner", job, [2, 3]))
+    assert ("request", "request") == (other["error_type"], too_many["error_type"])
+    assert "belongs to another request" in other["error"]
+    assert "3 blocks, but prefetch job" in too_many["error"]
+    assert (0, True, 2) == (published, own["ok"], own["retrieved_count"])
+
+
+def test_buffer_removed_after_registration_is_refused(raw):
+    """A registered buffer whose shared-memory object the client removed is refused ("no longer
+    exists", a request error) instead of read, and nothing is published."""
+    harness, conn, buffer_id, _, _ = raw
+    Segment.unlink(shm_name(os.getpid(), "rawtest", "kv0"))
+    harness.events.take()
+    reply = conn.request(_store(buffer_id))
+    assert (False, "request") == (reply["ok"], reply["error_type"])
+    assert "no longer exists" in reply["error"]
+    assert 0 == harness.events.take().count([E.MP_STORE_START])
+
+
+def test_a_65th_buffer_on_one_connection_is_refused(raw):
+    """A connection may register at most 64 buffers: the 65th is a request error, the 64 work."""
+    _, conn, buffer_id, _, _ = raw  # the fixture's buffer is the first
+    names = [shm_name(os.getpid(), "many", f"kv{i}") for i in range(64)]
+    segments = [Segment.create(name, CHUNK_BYTES) for name in names]
+    try:
+        replies = [conn.request({"op": "register_buffer", "id": i, "shm_name": name, "num_blocks": 1,
+                                 "block_bytes": CHUNK_BYTES}) for i, name in enumerate(names)]
+        stored = conn.request(_store(buffer_id, chunk_hashes=[41], block_ids=[0]))
+    finally:
+        for segment, name in zip(segments, names):
+            segment.close()
+            Segment.unlink(name)
+    assert [True] * 63 == [reply["ok"] for reply in replies[:63]]
+    assert (False, "request") == (replies[63]["ok"], replies[63]["error_type"])
+    assert "at most 64 buffers per connection" in replies[63]["error"]
+    assert (True, 1) == (stored["ok"], stored["stored_count"])
