@@ -22,11 +22,13 @@ import logging.handlers
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 
@@ -392,6 +394,25 @@ def _remove_leftovers(runtime_base: str, log) -> None:
                 log.warning("leftover.removed", runtime_dir=os.path.join(runtime_base, entry))
 
 
+def _check_endpoints(config: Config) -> None:
+    """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
+    if not config.disable_metrics:
+        try:
+            socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
+    if config.otlp_endpoint:
+        endpoint = config.otlp_endpoint if "://" in config.otlp_endpoint else f"http://{config.otlp_endpoint}"
+        parts = urllib.parse.urlsplit(endpoint)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or (config.otlp_protocol == "grpc" and not port):
+            raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], "
+                              f"got {config.otlp_endpoint!r}")
+
+
 def _runtime_paths(requested: str) -> tuple[str, str]:
     """(base holding every instance's runtime dir, this instance's runtime dir)."""
     base = os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
@@ -415,11 +436,13 @@ def _make_private_dir(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     pid = os.getpid()
     base, runtime_dir = _runtime_paths(args.runtime_dir)
     try:
         config = config_from_args(args, pid, runtime_dir)
         _check_socket_path_length(config)
+        _check_endpoints(config)
         forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
         sys.stderr.write(f"start-cache: error: {exc}\n")

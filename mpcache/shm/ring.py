@@ -244,6 +244,7 @@ class RingReader:
         self._capacity = geometry.capacity
         self._mask = geometry.capacity - 1
         self._max_batch = max_batch_cells
+        self._uncommitted: int | None = None  # cursor after the last batch read, not yet stored
         self.intern_capacity = geometry.intern_capacity
 
     def cell_kinds(self) -> np.ndarray:
@@ -264,8 +265,14 @@ class RingReader:
             return None
         return int(cell["slots"][0])
 
-    def read_batch(self) -> np.ndarray:
-        """Committed whole records since the last call (a copy), possibly empty."""
+    def read_batch(self, commit: bool = True) -> np.ndarray:
+        """Committed whole records after the consumer cursor (a copy), possibly empty.
+
+        With ``commit=False`` the cursor stays where it was until :meth:`commit`:
+        the telemetry process commits only after the batch went through the
+        subscribers, so one killed mid-batch reads that batch again after its
+        restart instead of losing it (at least once, not at most once).
+        """
         head = self._words[layout.OFF_HEAD // 8]
         tail = self._words[layout.OFF_TAIL // 8]
         if head == tail:
@@ -287,8 +294,16 @@ class RingReader:
         batch, consumed, malformed = _whole_valid_records(batch, at_head=(tail + n == head))
         if malformed:
             self._words[layout.OFF_MALFORMED // 8] += malformed
-        self._words[layout.OFF_TAIL // 8] = tail + consumed
+        self._uncommitted = tail + consumed
+        if commit:
+            self.commit()
         return batch
+
+    def commit(self) -> None:
+        """Advance the shared consumer cursor past the last batch read (the producer may reuse it)."""
+        if self._uncommitted is not None:
+            self._words[layout.OFF_TAIL // 8] = self._uncommitted
+            self._uncommitted = None
 
 
 def _whole_valid_records(batch: np.ndarray, at_head: bool) -> tuple[np.ndarray, int, int]:

@@ -59,12 +59,14 @@ class Pump:
         delivered = 0
         for source in self.sources:
             while True:
-                cells = source.reader.read_batch()
+                cells = source.reader.read_batch(commit=False)
                 if len(cells) == 0:
+                    source.reader.commit()  # what was skipped as malformed
                     break
                 batch = EventBatch(source.producer, cells, source.names)
                 self.unknown_records += batch.unknown_records
                 self.bus.dispatch(batch)
+                source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
                 delivered += len(batch)
         now = self._clock_ns()
         if now >= self._next_tick:

@@ -29,6 +29,8 @@ def run_start_cache(*flags: str) -> subprocess.CompletedProcess:
         (["--enable-tracing"], "--enable-tracing"),
         (["--ring-cells", "3000"], "--ring-cells"),
         (["--no-such-flag"], "--no-such-flag"),
+        (["--prometheus-host", "no.such.host.invalid"], "--prometheus-host"),
+        (["--otlp-endpoint", "not a url"], "--otlp-endpoint"),
         (["--l2", "not json"], "--l2"),
         (["--l2", '{"type": "fs"}'], "--l2"),
         (["--l2", '{"type": "tape", "capacity_gb": 1}'], "--l2"),

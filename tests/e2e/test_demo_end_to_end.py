@@ -60,27 +60,44 @@ def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:
     service = start_service("--demo", "--demo-seconds", "12", "--workers", "2", "--metrics-sample-rate", "0.2")
     tally = wait_for(lambda: service.tally_path.exists() and service.tally(), 120, "the demo tally")
 
-    def drained_and_consistent():
-        scrape = service.scrape()
-        written = scrape.by_label("lmcache_mp_l1_write_chunks_total", "cache_salt")
-        queue_empty = scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-        return scrape if queue_empty and written == l1_writes(tally) else None
+    def comparison(scrape):
+        """(what the demo counted, what /metrics says), for every counter the demo tallies."""
+        faults = tally["expected_faults"]
+        expected = {
+            "l1_write": l1_writes(tally),
+            "num_chunks_loaded": {k: float(v) for k, v in tally["retrieved_chunks"].items()},
+            "lookup_requested": {k: float(v) for k, v in tally["requested_tokens"].items()},
+            "lookup_hit": {k: float(v) for k, v in tally["hit_tokens"].items()},
+            "timeouts": float(faults.get("timeout", 0)),
+            "l1_allocation_failure": float(faults.get("l1_allocation_failed_chunks", 0)),
+            "l1_read_failure": float(faults.get("l1_read_failed_chunks", 0)),
+            "dropped": 0.0,
+        }
+        observed = {
+            "l1_write": scrape.by_label("lmcache_mp_l1_write_chunks_total", "cache_salt"),
+            "num_chunks_loaded": scrape.by_label("lmcache_mp_num_chunks_loaded_total", "cache_salt"),
+            "lookup_requested": scrape.by_label("lmcache_mp_lookup_requested_tokens_total", "cache_salt"),
+            "lookup_hit": scrape.by_label("lmcache_mp_lookup_hit_tokens_total", "cache_salt"),
+            "timeouts": scrape.total("lmcache_mp_timeouts_total", exception_type="MpcacheTimeoutError"),
+            "l1_allocation_failure": scrape.total("lmcache_mp_l1_allocation_failure_chunks_total", during="l1_store"),
+            "l1_read_failure": scrape.total("lmcache_mp_l1_read_failure_chunks_total", during="l1_retrieve",
+                                            reason="not_found"),
+            "dropped": scrape.total("lmcache_mp_event_bus_dropped_events_total"),
+        }
+        return expected, observed
 
-    scrape = wait_for(drained_and_consistent, 60, "/metrics to agree with the demo tally")
+    def settled():
+        scrape = service.scrape()
+        expected, observed = comparison(scrape)
+        return scrape if expected == observed else None
+
+    try:  # wait on every compared counter: an empty queue does not mean the subscribers are done
+        scrape = wait_for(settled, 60, "/metrics to agree with the demo tally")
+    except AssertionError:
+        scrape = service.scrape()  # the assertion below shows the difference
     assert 0 < tally["requests"]
-    assert {k: float(v) for k, v in tally["retrieved_chunks"].items()} == scrape.by_label(
-        "lmcache_mp_num_chunks_loaded_total", "cache_salt")
-    assert {k: float(v) for k, v in tally["requested_tokens"].items()} == scrape.by_label(
-        "lmcache_mp_lookup_requested_tokens_total", "cache_salt")
-    assert {k: float(v) for k, v in tally["hit_tokens"].items()} == scrape.by_label(
-        "lmcache_mp_lookup_hit_tokens_total", "cache_salt")
-    assert float(tally["expected_faults"].get("timeout", 0)) == scrape.total(
-        "lmcache_mp_timeouts_total", exception_type="MpcacheTimeoutError")
-    assert float(tally["expected_faults"].get("l1_allocation_failed_chunks", 0)) == scrape.total(
-        "lmcache_mp_l1_allocation_failure_chunks_total", during="l1_store")
-    assert float(tally["expected_faults"].get("l1_read_failed_chunks", 0)) == scrape.total(
-        "lmcache_mp_l1_read_failure_chunks_total", during="l1_retrieve", reason="not_found")
-    assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    expected, observed = comparison(scrape)
+    assert expected == observed
 
     missing = [n for n in COUNTERS + GAUGES if n not in scrape.samples]
     missing += [n for n in HISTOGRAMS if n + "_count" not in scrape.samples or scrape.total(n + "_count") == 0]

@@ -11,7 +11,7 @@ from mpcache.events import EventType as E
 from mpcache.publish import Publisher
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
-from mpcache.shm.ring import RingWriter, read_counters, recover_torn_record
+from mpcache.shm.ring import RingReader, RingWriter, read_counters, recover_torn_record
 from mpcache.telemetry.batch import EventBatch
 
 
@@ -61,6 +61,18 @@ def test_committed_record_is_read_once(ring):
     ring.publisher.emit(E.CB_LOOKUP_START, (128,))
 
     assert ([0], []) == (head_seqs(ring.reader.read_batch()), head_seqs(ring.reader.read_batch()))
+
+
+def test_uncommitted_batch_is_read_again_by_a_restarted_reader(ring):
+    """read_batch(commit=False) leaves the cursor: a new reader (a restarted telemetry process)
+    gets the same records; after commit() it gets none."""
+    for count in (1, 2, 3):
+        ring.publisher.emit_salted(E.L1_WRITE_FINISHED, "a", "m", count)
+    first = ring.reader.read_batch(commit=False)
+    again = RingReader(ring.segment).read_batch(commit=False)
+    ring.reader.commit()
+    after_commit = RingReader(ring.segment).read_batch()
+    assert (3, first.tobytes(), 0) == (len(first), again.tobytes(), len(after_commit))
 
 
 def test_reader_advances_tail_to_head(ring):
