@@ -128,8 +128,7 @@ def _drain_once(config: Config) -> tuple[float, int]:
         pump = Pump([RingSource.attach(i, config.ring_name(i)) for i in range(config.workers)], bus)
         subscribe_all(bus, build_metrics_subscribers(config, provider, pump=pump, bus=bus, gauge_reader=None))
         start = time.perf_counter()
-        while pump.poll_once():
-            pass
+        pump.drain()
         elapsed = time.perf_counter() - start
         reader.get_metrics_data()  # the values exist (and collecting is not part of the drain)
         delivered = bus.records_delivered

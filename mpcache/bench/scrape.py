@@ -65,8 +65,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         pump = Pump([RingSource.attach(0, config.ring_name(0))], bus)
         subscribe_all(bus, build_metrics_subscribers(config, export.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=None))
-        while pump.poll_once():
-            pass
+        pump.drain()
         url = export.metrics_url
         samples, size = [], 0
         for _ in range(repetitions * 10):

@@ -55,37 +55,60 @@ class Pump:
         self.unknown_records = 0
 
     def poll_once(self) -> int:
-        """Drain what every ring holds right now; returns records delivered."""
+        """One batch from every ring (up to its batch limit); returns records delivered.
+
+        One batch per ring, not until empty: draining a ring while its producer
+        keeps writing would chase ever smaller batches and never sleep.
+        """
         delivered = 0
         for source in self.sources:
-            while True:
-                cells = source.reader.read_batch(commit=False)
-                if len(cells) == 0:
-                    source.reader.commit()  # what was skipped as malformed
-                    break
+            cells = source.reader.read_batch(commit=False)
+            if len(cells):
                 batch = EventBatch(source.producer, cells, source.names)
                 self.unknown_records += batch.unknown_records
                 self.bus.dispatch(batch)
-                source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
                 delivered += len(batch)
+            source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
         now = self._clock_ns()
         if now >= self._next_tick:
             self._next_tick = now + self._tick_ns
             self.bus.tick(now)
         return delivered
 
-    def run(self, should_stop: Callable[[], bool], idle_sleep_s: float = 0.01, max_sleep_s: float = 0.05) -> None:
+    def drain(self) -> int:
+        """Poll until every ring is empty; returns records delivered."""
+        total = 0
+        while delivered := self.poll_once():
+            total += delivered
+        return total
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        target_batch: int = 8192,
+        min_sleep_s: float = 0.002,
+        max_sleep_s: float = 0.1,
+    ) -> None:
         """Poll until ``should_stop()``; then one final drain so nothing committed is left.
 
-        It sleeps between polls even while events flow (``idle_sleep_s``): batches
-        grow, the per-batch costs amortise, and the telemetry process leaves the
-        CPU to the cache processes; idle, the sleep backs off to ``max_sleep_s``.
+        Every batch costs about the same fixed work (numpy calls and one
+        OpenTelemetry call per metric and attribute set, whatever the batch
+        size), so the pump sleeps long enough for about ``target_batch`` records
+        to accumulate at the rate it just saw: at low rates it polls ten times a
+        second (the drain lag stays under ``max_sleep_s``), at high rates every
+        few milliseconds.  The telemetry process so leaves the CPU to the cache
+        processes instead of spinning on small batches.
         """
-        sleep = idle_sleep_s
+        last = time.monotonic()
         while not should_stop():
-            sleep = idle_sleep_s if self.poll_once() else min(sleep * 2, max_sleep_s)
-            time.sleep(sleep)
-        self.poll_once()
+            delivered = self.poll_once()
+            if any(source.reader.pending_cells() > target_batch for source in self.sources):
+                continue  # a backlog: read on without sleeping
+            now = time.monotonic()
+            rate = delivered / max(now - last, 1e-3)
+            last = now
+            time.sleep(min(max_sleep_s, max(min_sleep_s, target_batch / rate)) if rate else max_sleep_s)
+        self.drain()
 
     # -- self-monitoring -----------------------------------------------------
 

@@ -58,8 +58,7 @@ class Telemetry:
                                                      gauge_reader=harness.board))
 
     def drain(self) -> dict[str, dict[frozenset, object]]:
-        while self.pump.poll_once():
-            pass
+        self.pump.drain()
         out: dict[str, dict[frozenset, object]] = {}
         for resource_metrics in self.reader.get_metrics_data().resource_metrics:
             for scope_metrics in resource_metrics.scope_metrics:
