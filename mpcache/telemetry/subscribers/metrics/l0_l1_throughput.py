@@ -17,6 +17,7 @@ from opentelemetry.metrics import Meter
 from mpcache.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.histograms import HistogramBatch
 from mpcache.telemetry.otel import create_instrument
 
 DEFAULT_PENDING_TTL_S = 60.0
@@ -53,6 +54,7 @@ class L0L1ThroughputSubscriber(Subscriber):
         etypes, timestamps, columns = batch.table(self.event_types, ("device", "engine_id", "model_name", "total_bytes"))
         sessions = batch.session_ids(batch.heads_of(self.event_types))
         pending, name = self._pending, batch.names.name
+        samples = {direction: HistogramBatch(histogram) for direction, histogram in self._histograms.items()}
         for etype, ts, session, device, engine, model, nbytes in zip(
             etypes, timestamps, sessions, columns["device"], columns["engine_id"], columns["model_name"],
             columns["total_bytes"],
@@ -68,8 +70,10 @@ class L0L1ThroughputSubscriber(Subscriber):
             started_ns = pending.pop((_END_IDS[etype], session, device, batch.producer), None)
             if started_ns is None or nbytes <= 0 or ts <= started_ns:
                 continue
-            attributes = {"engine_id": str(engine), "device": name(device), "model_name": name(model)}
-            self._histograms[_END_IDS[etype]].record(nbytes / (ts - started_ns), attributes)  # bytes/ns = GB/s
+            attributes = (("engine_id", str(engine)), ("device", name(device)), ("model_name", name(model)))
+            samples[_END_IDS[etype]].add(nbytes / (ts - started_ns), attributes)  # bytes/ns = GB/s
+        for batched in samples.values():
+            batched.flush()
 
     def on_tick(self, now_ns: int) -> None:
         pending = self._pending

@@ -1,0 +1,54 @@
+"""Batched histogram recording equals recording each sample (the SDK internals it relies on are pinned here)."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from mpcache.telemetry import histograms
+from mpcache.telemetry.histograms import HistogramBatch
+
+BOUNDS = [0.5, 1.0, 2.0, 4.0, 8.0]
+VALUES = [0.1, 0.5, 0.7, 1.0, 3.3, 3.3, 9.0, 100.0, 0.0, 2.0]
+
+
+def _points(record) -> list[tuple]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    histogram = provider.get_meter("t").create_histogram("h", explicit_bucket_boundaries_advisory=BOUNDS)
+    record(histogram)
+    points = []
+    for resource_metrics in reader.get_metrics_data().resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for p in metric.data.data_points:
+                    points.append((dict(p.attributes), p.count, p.sum, p.min, p.max, list(p.bucket_counts)))
+    provider.shutdown()
+    return sorted(points, key=lambda point: sorted(point[0].items()))
+
+
+def _batched(histogram) -> None:
+    batch = HistogramBatch(histogram)
+    for i, value in enumerate(VALUES):
+        batch.add(value, (("device", "cpu"), ("model_name", "m" if i % 3 else "n")))
+    batch.flush()
+
+
+def _one_by_one(histogram) -> None:
+    for i, value in enumerate(VALUES):
+        histogram.record(value, {"device": "cpu", "model_name": "m" if i % 3 else "n"})
+
+
+def test_batched_recording_equals_per_sample_recording():
+    """Counts, sums, min, max and every bucket agree with one record() per sample, per attribute set."""
+    assert histograms._fast_path_ok
+    assert _points(_one_by_one) == _points(_batched)
+    assert histograms._fast_path_ok  # the batch really took the fast path
+
+
+def test_fallback_records_every_sample(monkeypatch):
+    """When the SDK internals do not fit, every sample is still recorded (one call each)."""
+    monkeypatch.setattr(histograms, "_fold_into_aggregations", lambda *args: False)
+    monkeypatch.setattr(histograms, "_fast_path_ok", True)
+    assert _points(_one_by_one) == _points(_batched)
+    assert not histograms._fast_path_ok
