@@ -150,11 +150,13 @@ class EventBatch:
         slot = np.searchsorted(heads, owner_head)
         wanted = (slot < len(heads)) & (heads[np.minimum(slot, len(heads) - 1)] == owner_head)
         text, slot = text[wanted], slot[wanted]
-        lengths = np.minimum(raw[text, 9], layout.TEXT_BYTES_PER_CELL).tolist()
-        pieces = raw[text, 10:].tobytes()
-        step = layout.CELL_SIZE - 10
-        for i, (position, length) in enumerate(zip(slot.tolist(), lengths)):
-            piece = pieces[i * step : i * step + length]
+        # One S54 string per cell: numpy drops the trailing NUL padding, and request ids hold no NUL.
+        pieces = np.ascontiguousarray(raw[text, 10:]).view(f"S{layout.CELL_SIZE - 10}").ravel().tolist()
+        if len(slot) < 2 or np.all(np.diff(slot) > 0):  # every session id fits one cell: no joining
+            for position, piece in zip(slot.tolist(), pieces):
+                out[position] = piece
+            return out
+        for position, piece in zip(slot.tolist(), pieces):
             out[position] = out[position] + piece if out[position] else piece
         return out
 
