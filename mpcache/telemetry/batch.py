@@ -26,6 +26,7 @@ from mpcache.shm import layout
 from mpcache.shm.intern import NameTable
 
 _KNOWN_ETYPES = np.array(sorted(int(e) for e in EventType), dtype=np.uint8)
+_INLINE_SALT_ETYPES = np.array(sorted(int(e) for e in EventType if has_inline_salt(e)), dtype=np.uint8)
 _NAME_KEY_SHIFT = np.int64(1 << 24)
 
 
@@ -64,6 +65,7 @@ class EventBatch:
         self.names = names
         self._heads = np.flatnonzero(self.cells["kind"] == layout.CELL_HEAD)
         self._head_etypes = self.cells["etype"][self._heads]
+        self._salt_rows_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._heads)
@@ -82,15 +84,8 @@ class EventBatch:
 
     def salt_totals(self, etypes: Sequence[EventType]) -> dict[tuple[str, str], int]:
         """Sum of salt_counts over records of these types: {(cache_salt, model_name): count}."""
-        cells = self.cells
-        wanted = np.isin(cells["etype"], list(etypes))
-        rows = [cells["slots"][(cells["kind"] == layout.CELL_SALT) & wanted][:, :3]]
-        inline_types = [e for e in etypes if has_inline_salt(e)]
-        if inline_types:
-            inline = self._heads[np.isin(self._head_etypes, inline_types)]
-            rows.append(cells["slots"][inline, layout.INLINE_SALT_SLOT : layout.INLINE_SALT_SLOT + 3])
-        slots = np.concatenate(rows)
-        slots = slots[slots[:, 2] != 0]
+        row_etypes, rows = self._salt_rows()
+        slots = rows[np.isin(row_etypes, [int(e) for e in etypes])]
         if len(slots) == 0:
             return {}
         return self._grouped(slots[:, 0], slots[:, 1], slots[:, 2])
@@ -123,6 +118,22 @@ class EventBatch:
         for i, ids in enumerate(uniq.tolist()):
             result[tuple(self.names.name(name_id) for name_id in ids)] = [int(s[i]) for s in sums]
         return result
+
+    def _salt_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every salt group of the batch, once: (event type per row, rows of (salt id, model id, count)).
+
+        Computed on first use and kept: several subscribers ask for salt totals of
+        the same batch, and this is the pass over every cell."""
+        if self._salt_rows_cache is None:
+            cells = self.cells
+            salt_cells = np.flatnonzero(cells["kind"] == layout.CELL_SALT)
+            inline = self._heads[np.isin(self._head_etypes, _INLINE_SALT_ETYPES)]
+            row_etypes = np.concatenate((cells["etype"][salt_cells], cells["etype"][inline]))
+            rows = np.concatenate((cells["slots"][salt_cells, :3],
+                                   cells["slots"][inline, layout.INLINE_SALT_SLOT : layout.INLINE_SALT_SLOT + 3]))
+            keep = rows[:, 2] != 0  # an inline group with count 0 means "no group"
+            self._salt_rows_cache = (row_etypes[keep], rows[keep])
+        return self._salt_rows_cache
 
     def _grouped(self, salt_ids: np.ndarray, model_ids: np.ndarray, counts: np.ndarray) -> dict[tuple[str, str], int]:
         key = salt_ids.astype(np.int64) * _NAME_KEY_SHIFT + model_ids
