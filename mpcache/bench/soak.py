@@ -7,9 +7,11 @@ logging and tracing off) drains the rings.  Every 100 ms the benchmark samples
 the drain lag (now − the oldest unconsumed record's timestamp, read from the
 rings) and the telemetry process's memory.  Reported: records dropped (ring
 full, torn or malformed), lag p50/p99/max, and memory at the start and the
-end.  Memory is the private (unique) set size: plain RSS also counts the
-shared ring pages the reader touches, which grows by the rings' size on the
-first lap and says nothing about leaks.
+end.  Memory is the process's anonymous resident memory (``RssAnon``): plain
+RSS also counts the shared ring pages the reader touches (it grows by the
+rings' size on the first lap), and the unique set size jumps by the rings'
+size once the producers exit and stop sharing them; neither says anything
+about leaks.
 """
 
 from __future__ import annotations
@@ -60,7 +62,12 @@ def paced_produce(ring_name: str, rate: int, seconds: float, seed: int) -> None:
 
 
 def _private_mb(process: psutil.Process) -> float:
-    return process.memory_full_info().uss / 2**20
+    """Anonymous resident memory in MiB (the Python heap and friends; no shared or file pages)."""
+    with open(f"/proc/{process.pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return process.memory_info().rss / 2**20
 
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, seconds: float = 60.0,
@@ -82,7 +89,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             time.sleep(2.0)  # let the telemetry process import and settle before the first RSS sample
             rss_start = _private_mb(telemetry_ps)
             progress(f"soak: {PRODUCERS} producers x {rate:,} events/s for {seconds:.0f} s; "
-                     f"telemetry private memory at start {rss_start:.1f} MiB")
+                     f"telemetry anonymous memory at start {rss_start:.1f} MiB")
             producers = [
                 subprocess.Popen([sys.executable, "-c", f"from mpcache.bench.soak import paced_produce; "
                                   f"paced_produce({config.ring_name(i)!r}, {rate}, {seconds}, {i})"],
@@ -98,7 +105,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                 rss.append(_private_mb(telemetry_ps))
                 if len(rss) % 100 == 0:
                     progress(f"  {time.monotonic() - started:5.1f} s: lag {lags[-1] * 1000:6.1f} ms, "
-                             f"private memory {rss[-1]:.1f} MiB")
+                             f"anonymous memory {rss[-1]:.1f} MiB")
                 time.sleep(0.1)
             published = sum(int(p.communicate(timeout=30)[0].strip() or 0) for p in producers)
             deadline = time.monotonic() + 60

@@ -85,8 +85,8 @@ class Pump:
     def run(
         self,
         should_stop: Callable[[], bool],
-        target_batch: int = 8192,
-        min_sleep_s: float = 0.002,
+        target_batch: int = 2048,
+        min_sleep_s: float = 0.001,
         max_sleep_s: float = 0.1,
     ) -> None:
         """Poll until ``should_stop()``; then one final drain so nothing committed is left.
