@@ -109,7 +109,7 @@ def _drain_once(config: Config) -> tuple[float, int]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from mpcache.telemetry.bus import EventBus, subscribe_all
+    from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
     from mpcache.telemetry.pump import Pump, RingSource
     from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
@@ -124,11 +124,12 @@ def _drain_once(config: Config) -> tuple[float, int]:
             raise RuntimeError(f"{dropped} events dropped while filling: rings too small")
         reader = InMemoryMetricReader()
         provider = MeterProvider(metric_readers=[reader])
-        bus = EventBus()
+        bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)  # as in the telemetry process
         pump = Pump([RingSource.attach(i, config.ring_name(i)) for i in range(config.workers)], bus)
         subscribe_all(bus, build_metrics_subscribers(config, provider, pump=pump, bus=bus, gauge_reader=None))
         start = time.perf_counter()
         pump.drain()
+        bus.flush()
         elapsed = time.perf_counter() - start
         reader.get_metrics_data()  # the values exist (and collecting is not part of the drain)
         delivered = bus.records_delivered

@@ -66,6 +66,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         subscribe_all(bus, build_metrics_subscribers(config, export.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=None))
         pump.drain()
+        bus.flush()
         url = export.metrics_url
         samples, size = [], 0
         for _ in range(repetitions * 10):

@@ -20,7 +20,7 @@ from mpcache.config import Config
 from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
-from mpcache.telemetry.bus import EventBus, subscribe_all
+from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
 from mpcache.telemetry.pump import Pump, RingSource
 
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
     board = Segment.attach(config.gauge_board_name())
     gauges = GaugeBoardReader(board)
-    bus = EventBus()
+    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
     exporters = None
     if not config.disable_metrics:

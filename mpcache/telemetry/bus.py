@@ -10,7 +10,8 @@ subscriber still gets the batch.
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 import structlog
 
@@ -18,6 +19,10 @@ from mpcache.events import EventType
 from mpcache.telemetry.batch import Event, EventBatch
 
 log = structlog.get_logger("mpcache.telemetry.bus")
+
+# How often the telemetry process flushes buffered instrument calls to the SDK: what /metrics and
+# OTLP show is at most this much older than the last batch (see mpcache.telemetry.buffered).
+TELEMETRY_FLUSH_INTERVAL_S = 0.1
 
 
 class Subscriber:
@@ -40,10 +45,30 @@ class Subscriber:
 
 
 class EventBus:
-    def __init__(self) -> None:
+    """``flush_interval_s``: how often the registered flushers (buffered instruments) run after a
+    dispatch — 0 flushes after every batch (tests); the telemetry process uses 0.1 s."""
+
+    def __init__(self, flush_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._subscribers: list[tuple[Subscriber, frozenset[int]]] = []
         self._exceptions: collections.Counter[str] = collections.Counter()
+        self._flushers: list[Callable[[], None]] = []
+        self._flush_interval_s = flush_interval_s
+        self._clock = clock
+        self._last_flush = clock()
         self.records_delivered = 0
+
+    def add_flusher(self, flush: Callable[[], None]) -> None:
+        self._flushers.append(flush)
+
+    def flush(self) -> None:
+        """Run every flusher now (isolated like subscribers: one that raises is logged and counted)."""
+        self._last_flush = self._clock()
+        for flush in self._flushers:
+            try:
+                flush()
+            except Exception:  # noqa: BLE001 - a broken exporter must not stop the pump
+                self._exceptions["flush"] += 1
+                log.exception("flush_failed")
 
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append((subscriber, frozenset(int(e) for e in subscriber.event_types)))
@@ -61,14 +86,19 @@ class EventBus:
                 continue
             self._call(subscriber, "on_batch", batch)
         self.records_delivered += len(batch)
+        if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
+            self.flush()
 
     def tick(self, now_ns: int) -> None:
         for subscriber, _ in self._subscribers:
             self._call(subscriber, "on_tick", now_ns)
+        if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
+            self.flush()  # an idle bus still publishes what the last batches left buffered
 
     def shutdown(self) -> None:
         for subscriber, _ in self._subscribers:
             self._call(subscriber, "shutdown")
+        self.flush()
 
     def subscriber_exception_counts(self) -> dict[str, int]:
         """Exceptions raised so far, by subscriber class name (a copy)."""

@@ -3,12 +3,11 @@
 A ``Histogram.record`` in the OpenTelemetry SDK costs 5–20 µs (attribute
 validation and hashing, a measurement object, locks); the throughput
 histograms take one sample per transfer, so at telemetry rates those calls
-would dominate the telemetry process.  :class:`HistogramBatch` collects a
-batch's samples per attribute set and folds each set into the SDK's
-explicit-bucket aggregation in one step: the first sample goes through
-``record`` (which creates the aggregation exactly as usual), the rest are
-bucketed with numpy and added to the same aggregation's counts, sum, min and
-max under its lock.
+would dominate the telemetry process.  :func:`record_many` folds the samples
+of one attribute set into the SDK's explicit-bucket aggregation in one step:
+the first sample goes through ``record`` (which creates the aggregation
+exactly as usual), the rest are bucketed with numpy and added to the same
+aggregation's counts, sum, min and max under its lock.
 
 That second step uses SDK internals (checked by a test against per-sample
 recording).  If they are not what this module expects — another SDK version,
@@ -19,7 +18,6 @@ one ``record`` per sample for the rest of the process, and says so once.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -27,23 +25,6 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _fast_path_ok = True
-
-
-class HistogramBatch:
-    """Samples for one histogram, grouped by attribute set; :meth:`flush` records them."""
-
-    def __init__(self, histogram: Any) -> None:
-        self._histogram = histogram
-        self._samples: dict[tuple, list[float]] = defaultdict(list)
-
-    def add(self, value: float, attributes: tuple[tuple[str, str], ...]) -> None:
-        """``attributes`` as a tuple of (key, value) pairs, so equal sets group together."""
-        self._samples[attributes].append(value)
-
-    def flush(self) -> None:
-        for attributes, values in self._samples.items():
-            record_many(self._histogram, dict(attributes), values)
-        self._samples.clear()
 
 
 def record_many(histogram: Any, attributes: dict[str, str], values: list[float]) -> None:

@@ -85,7 +85,7 @@ class Pump:
     def run(
         self,
         should_stop: Callable[[], bool],
-        target_batch: int = 2048,
+        target_batch: int = 4096,
         min_sleep_s: float = 0.001,
         max_sleep_s: float = 0.1,
     ) -> None:

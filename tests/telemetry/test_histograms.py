@@ -1,4 +1,4 @@
-"""Batched histogram recording equals recording each sample (the SDK internals it relies on are pinned here)."""
+"""Buffered histogram recording equals recording each sample (the SDK internals it relies on are pinned here)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from mpcache.telemetry import histograms
-from mpcache.telemetry.histograms import HistogramBatch
+from mpcache.telemetry.buffered import InstrumentBuffer
 
 BOUNDS = [0.5, 1.0, 2.0, 4.0, 8.0]
 VALUES = [0.1, 0.5, 0.7, 1.0, 3.3, 3.3, 9.0, 100.0, 0.0, 2.0]
@@ -28,10 +28,10 @@ def _points(record) -> list[tuple]:
 
 
 def _batched(histogram) -> None:
-    batch = HistogramBatch(histogram)
+    buffer = InstrumentBuffer()
     for i, value in enumerate(VALUES):
-        batch.add(value, (("device", "cpu"), ("model_name", "m" if i % 3 else "n")))
-    batch.flush()
+        buffer.record(histogram, value, {"device": "cpu", "model_name": "m" if i % 3 else "n"})
+    buffer.flush()
 
 
 def _one_by_one(histogram) -> None:
@@ -52,3 +52,19 @@ def test_fallback_records_every_sample(monkeypatch):
     monkeypatch.setattr(histograms, "_fast_path_ok", True)
     assert _points(_one_by_one) == _points(_batched)
     assert not histograms._fast_path_ok
+
+
+def test_buffered_counter_sums_reach_the_sdk_on_flush():
+    """InstrumentBuffer adds per (counter, attributes) and makes the SDK calls only on flush."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    counter = provider.get_meter("t").create_counter("c")
+    buffer = InstrumentBuffer()
+    for salt in ("a", "b", "a"):
+        buffer.add(counter, 2, {"cache_salt": salt})
+    before = reader.get_metrics_data()
+    buffer.flush()
+    points = {p.attributes["cache_salt"]: p.value for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points}
+    provider.shutdown()
+    assert (None, {"a": 4, "b": 2}) == (before, points)

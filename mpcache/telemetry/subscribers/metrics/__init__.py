@@ -1,7 +1,9 @@
 """Metrics subscribers: events and shared state → OpenTelemetry instruments.
 
 One module per concern.  Counter subscribers aggregate a whole batch
-column-wise and make one ``add`` per (metric, attribute set) per batch;
+column-wise; their counters and histograms are buffered
+(:mod:`mpcache.telemetry.buffered`), so the SDK sees one call per (metric,
+attribute set) per flush of the bus, not per batch or per event;
 subscribers with per-key state keep it bounded and expire it in ``on_tick``.
 Every instrument is created from :mod:`mpcache.telemetry.metric_table`.
 """
@@ -12,6 +14,7 @@ from opentelemetry.metrics import MeterProvider
 
 from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.pump import Pump
 from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
@@ -44,7 +47,9 @@ def build_metrics_subscribers(
 
     Without a ``gauge_reader`` (tests) the gauge-board gauges are not created.
     """
-    meter = meter_provider.get_meter(METER_NAME)
+    buffer = InstrumentBuffer()
+    meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
+    bus.add_flusher(buffer.flush)
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
     subscribers: list[Subscriber] = [
@@ -67,4 +72,5 @@ def build_metrics_subscribers(
     if gauge_reader is not None:
         subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
+    buffer.flush()  # the zero-valued counters exist from start-up
     return subscribers

@@ -15,7 +15,6 @@ from opentelemetry.metrics import Meter
 from mpcache.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
-from mpcache.telemetry.histograms import HistogramBatch
 from mpcache.telemetry.otel import create_instrument
 
 DEFAULT_PENDING_TTL_S = 60.0
@@ -52,8 +51,8 @@ class L0L1ThroughputSubscriber(Subscriber):
         etypes, timestamps, columns = batch.table(self.event_types, ("device", "engine_id", "model_name", "total_bytes"))
         sessions = batch.session_ids(batch.heads_of(self.event_types))
         pending, name, producer, max_pending = self._pending, batch.names.name, batch.producer, self._max_pending
-        samples = {direction: HistogramBatch(histogram) for direction, histogram in self._histograms.items()}
-        attributes: dict[tuple[int, int, int], tuple] = {}  # (engine, device id, model id) -> attribute pairs
+        histograms = self._histograms
+        attributes: dict[tuple[int, int, int], dict[str, str]] = {}  # (engine, device id, model id) -> attributes
         for etype, ts, session, device, engine, model, nbytes in zip(
             etypes, timestamps, sessions, columns["device"], columns["engine_id"], columns["model_name"],
             columns["total_bytes"],
@@ -68,13 +67,11 @@ class L0L1ThroughputSubscriber(Subscriber):
             started_ns = pending.pop((direction, session, device, producer), None)
             if started_ns is None or nbytes <= 0 or ts <= started_ns:
                 continue
-            pairs = attributes.get((engine, device, model))
-            if pairs is None:
-                pairs = (("engine_id", str(engine)), ("device", name(device)), ("model_name", name(model)))
-                attributes[(engine, device, model)] = pairs
-            samples[direction].add(nbytes / (ts - started_ns), pairs)  # bytes/ns = GB/s
-        for batched in samples.values():
-            batched.flush()
+            attrs = attributes.get((engine, device, model))
+            if attrs is None:
+                attrs = {"engine_id": str(engine), "device": name(device), "model_name": name(model)}
+                attributes[(engine, device, model)] = attrs
+            histograms[direction].record(nbytes / (ts - started_ns), attrs)  # bytes/ns = GB/s
 
     def on_tick(self, now_ns: int) -> None:
         pending = self._pending
