@@ -53,7 +53,17 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 
 
+ANALYSIS_HEADING = "## Analysis"
+
+
 def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
+    """Write the table and raw results; a hand-written section from ``## Analysis`` on is kept."""
+    analysis = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            existing = handle.read()
+        if ANALYSIS_HEADING in existing:
+            analysis = existing[existing.index(ANALYSIS_HEADING):]
     lines = [
         "# Performance",
         "",
@@ -66,7 +76,8 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
     ]
     for name, result in results.items():
         lines.append(f"| `{name}` | " + " | ".join(_row(name, result)) + " |")
-    lines += ["", "Raw results:", "", "```json", json.dumps(results, indent=1, sort_keys=True), "```", ""]
+    lines += ["", analysis.rstrip() + "\n" if analysis else "", "## Raw results", "", "```json",
+              json.dumps(results, indent=1, sort_keys=True), "```", ""]
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines))
 
