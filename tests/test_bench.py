@@ -35,3 +35,12 @@ def test_report_writes_a_row_per_benchmark(tmp_path):
     rows = [line for line in path.read_text().splitlines() if line.startswith("| `")]
     assert ["| `publish` ", "| `scrape` "] == [row.split("|", 2)[0] + "|" + row.split("|", 2)[1] for row in rows]
     assert "ring_ns MISSED" in rows[0]
+
+
+def test_report_keeps_the_hand_written_analysis(tmp_path):
+    """Re-running the report replaces the table but keeps the section from '## Analysis' on."""
+    path = tmp_path / "PERFORMANCE.md"
+    path.write_text("# Performance\n\nold table\n\n## Analysis\n\nwhy the numbers are what they are\n")
+    bench_main.write_report({"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}}, str(path))
+    text = path.read_text()
+    assert ("old table" in text, "why the numbers are what they are" in text) == (False, True)
