@@ -42,7 +42,7 @@ import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -123,6 +123,41 @@ class L2Adapter(ABC):
 
 
 # -- chunk records -----------------------------------------------------------------------------
+
+
+class PooledAdapter(L2Adapter):
+    """An adapter whose operations run on its own thread pool (``self._pool``): subclasses
+    implement the blocking ``_store``, ``_lookup``, ``_load`` and ``_delete``."""
+
+    _pool: ThreadPoolExecutor
+
+    def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
+        return self._pool.submit(self._store, [(key, byte_view(data)) for key, data in items])
+
+    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
+        return self._pool.submit(self._lookup, list(keys))
+
+    def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
+        check_load_args(keys, destinations)
+        return self._pool.submit(self._load, list(keys), list(destinations))
+
+    def delete(self, keys: list[ChunkKey]) -> Future[int]:
+        return self._pool.submit(self._delete, list(keys))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    @abstractmethod
+    def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult: ...
+
+    @abstractmethod
+    def _lookup(self, keys: list[ChunkKey]) -> list[bool]: ...
+
+    @abstractmethod
+    def _load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> LoadResult: ...
+
+    @abstractmethod
+    def _delete(self, keys: list[ChunkKey]) -> int: ...
 
 
 def encode_name(key: ChunkKey) -> bytes:

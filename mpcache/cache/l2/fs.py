@@ -29,17 +29,16 @@ import os
 import struct
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from mpcache.cache.l2.base import (
     HEADER_BYTES,
-    L2Adapter,
     LoadResult,
     LruIndex,
+    PooledAdapter,
     StoreResult,
     Usage,
     byte_view,
-    check_load_args,
     decode_record,
     encode_name,
     name_end,
@@ -57,7 +56,7 @@ def _namespace(key: ChunkKey) -> str:
     return hashlib.blake2b(name, digest_size=8).hexdigest()
 
 
-class FsL2Adapter(L2Adapter):
+class FsL2Adapter(PooledAdapter):
     """Chunk files under ``path``, LRU-evicted at ``capacity_bytes`` of payload."""
 
     name = "fs"
@@ -87,24 +86,9 @@ class FsL2Adapter(L2Adapter):
 
     # -- the interface -------------------------------------------------------------------------
 
-    def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
-        return self._pool.submit(self._store, [(key, byte_view(data)) for key, data in items])
-
-    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
-        return self._pool.submit(self._lookup, list(keys))
-
-    def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
-        check_load_args(keys, destinations)
-        return self._pool.submit(self._load, list(keys), list(destinations))
-
-    def delete(self, keys: list[ChunkKey]) -> Future[int]:
-        return self._pool.submit(self._delete, list(keys))
-
     def get_usage(self) -> Usage:
         return self._index.usage()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
     # -- worker side ---------------------------------------------------------------------------
 

@@ -33,19 +33,18 @@ from __future__ import annotations
 
 import struct
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from mpcache.cache.l2.base import (
-    L2Adapter,
     LoadResult,
+    PooledAdapter,
     StoreResult,
     Usage,
     byte_view,
-    check_load_args,
     decode_name,
     decode_record,
     encode_name,
@@ -171,7 +170,7 @@ return {tonumber(redis.call('HGET', KEYS[2], 'used') or '0'), redis.call('ZCARD'
 """
 
 
-class RedisL2Adapter(L2Adapter):
+class RedisL2Adapter(PooledAdapter):
     """Chunk records on a Redis server under ``key_prefix``, LRU-evicted at ``capacity_bytes``."""
 
     name = "redis"
@@ -214,19 +213,6 @@ class RedisL2Adapter(L2Adapter):
 
     # -- the interface -------------------------------------------------------------------------
 
-    def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
-        return self._pool.submit(self._store, [(key, byte_view(data)) for key, data in items])
-
-    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
-        return self._pool.submit(self._lookup, list(keys))
-
-    def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
-        check_load_args(keys, destinations)
-        return self._pool.submit(self._load, list(keys), list(destinations))
-
-    def delete(self, keys: list[ChunkKey]) -> Future[int]:
-        return self._pool.submit(self._delete, list(keys))
-
     def get_usage(self) -> Usage:
         return self._usage
 
@@ -240,7 +226,7 @@ class RedisL2Adapter(L2Adapter):
         return self._usage
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        super().close()
         self._client.connection_pool.disconnect()
 
     # -- worker side ---------------------------------------------------------------------------
