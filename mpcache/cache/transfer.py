@@ -212,36 +212,34 @@ class CudaTransfer(Transfer):
         return [pairs[i : i + per] for i in range(0, len(pairs), per)]
 
     def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing:
-        dev = self._dev
-        cupy = dev.cupy
-        memcpy = cupy.cuda.runtime.memcpyAsync
-        staging = dev.staging
-        address = staging.ctypes.data
-        with dev.use():
-            dev.calibrate()
-            stream = dev.stream
-            start, end = cupy.cuda.Event(), cupy.cuda.Event(block=True)
-            start.record(stream)
-            for batch in self._batches(list(pairs), nbytes):
-                check()
-                for i, (block, _) in enumerate(batch):
-                    memcpy(address + i * nbytes, self._base + block * self._block_bytes, nbytes,
-                           _MEMCPY_DEVICE_TO_HOST, stream.ptr)
-                end.record(stream)
-                end.synchronize()  # the staging rows are complete (a blocking wait, not a callback)
-                for i, (_, slot) in enumerate(batch):
-                    pool[slot, :nbytes] = staging[i * nbytes : (i + 1) * nbytes]
-            if not pairs:
-                end.record(stream)
-                end.synchronize()
-            return Timing(dev.wall_ns(start), dev.wall_ns(end))
+        def batch_copy(batch: Pairs, staging: np.ndarray, address: int, memcpy, stream, end) -> None:
+            for i, (block, _) in enumerate(batch):
+                memcpy(address + i * nbytes, self._base + block * self._block_bytes, nbytes,
+                       _MEMCPY_DEVICE_TO_HOST, stream.ptr)
+            end.record(stream)
+            end.synchronize()  # the staging rows are complete (a blocking wait, not a callback)
+            for i, (_, slot) in enumerate(batch):
+                pool[slot, :nbytes] = staging[i * nbytes : (i + 1) * nbytes]
+
+        return self._timed_copy(pairs, nbytes, check, batch_copy)
 
     def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing:
+        def batch_copy(batch: Pairs, staging: np.ndarray, address: int, memcpy, stream, end) -> None:
+            for i, (_, slot) in enumerate(batch):
+                staging[i * nbytes : (i + 1) * nbytes] = pool[slot, :nbytes]
+            for i, (block, _) in enumerate(batch):
+                memcpy(self._base + block * self._block_bytes, address + i * nbytes, nbytes,
+                       _MEMCPY_HOST_TO_DEVICE, stream.ptr)
+            end.record(stream)
+            end.synchronize()  # staging may be reused, and the client may read its blocks on reply
+
+        return self._timed_copy(pairs, nbytes, check, batch_copy)
+
+    def _timed_copy(self, pairs: Pairs, nbytes: int, check: Check, batch_copy) -> Timing:
+        """Run ``batch_copy`` over staging-sized batches on the device's stream, between two CUDA
+        events whose times (read back after the copy, never via a host callback) bracket it."""
         dev = self._dev
         cupy = dev.cupy
-        memcpy = cupy.cuda.runtime.memcpyAsync
-        staging = dev.staging
-        address = staging.ctypes.data
         with dev.use():
             dev.calibrate()
             stream = dev.stream
@@ -249,13 +247,7 @@ class CudaTransfer(Transfer):
             start.record(stream)
             for batch in self._batches(list(pairs), nbytes):
                 check()
-                for i, (_, slot) in enumerate(batch):
-                    staging[i * nbytes : (i + 1) * nbytes] = pool[slot, :nbytes]
-                for i, (block, _) in enumerate(batch):
-                    memcpy(self._base + block * self._block_bytes, address + i * nbytes, nbytes,
-                           _MEMCPY_HOST_TO_DEVICE, stream.ptr)
-                end.record(stream)
-                end.synchronize()  # staging may be reused, and the client may read its blocks on reply
+                batch_copy(batch, dev.staging, dev.staging.ctypes.data, cupy.cuda.runtime.memcpyAsync, stream, end)
             if not pairs:
                 end.record(stream)
                 end.synchronize()

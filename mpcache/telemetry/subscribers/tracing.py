@@ -229,9 +229,34 @@ def _drop_root(root: _Root, reason: str) -> None:
         _end_incomplete(root.span, reason, end_ns)
 
 
-class MPServerTracing:
+class _Component:
+    """What MP-server and blend tracing share: a child span per START, under the session's root
+    (opened lazily when the request's own START never came), keyed so concurrent ops pair FIFO."""
+
+    _starts: dict[E, tuple[str, str, tuple[str, ...]]]  # START type -> (op, span name, key fields)
+    roots: _Roots
+    tracer: Tracer
+
+    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+        raise NotImplementedError
+
+    def _child_start(self, event: Event) -> None:
+        op, name, key_fields = self._starts[event.etype]
+        root = self.roots.touch(event.session_id, event.timestamp_ns)
+        if root.span is None:
+            self._open_root(root, event.timestamp_ns, inferred=True)
+        attributes = _attributes(event.fields)
+        attributes["producer"] = event.producer
+        span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
+                                      attributes=attributes)
+        key = (event.producer, op, *(event.fields[f] for f in key_fields))
+        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
+
+
+class MPServerTracing(_Component):
     """``request`` roots and ``mp.store``/``mp.retrieve``/``mp.lookup_prefetch`` children."""
 
+    _starts = _MP_STARTS
     event_types = (E.MP_REQUEST_START, E.MP_REQUEST_END, E.MP_STORE_SUBMITTED, E.MP_RETRIEVE_SUBMITTED,
                    *_MP_STARTS, *_MP_ENDS)
 
@@ -298,18 +323,6 @@ class MPServerTracing:
 
     # -- children ----------------------------------------------------------------------
 
-    def _child_start(self, event: Event) -> None:
-        op, name, key_fields = _MP_STARTS[event.etype]
-        root = self.roots.touch(event.session_id, event.timestamp_ns)
-        if root.span is None:
-            self._open_root(root, event.timestamp_ns, inferred=True)
-        attributes = _attributes(event.fields)
-        attributes["producer"] = event.producer
-        span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
-                                      attributes=attributes)
-        key = (event.producer, op, *(event.fields[f] for f in key_fields))
-        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
-
     def _child_end(self, event: Event) -> None:
         root = self.roots.get(event.session_id)
         if root is None:
@@ -349,9 +362,10 @@ class MPServerTracing:
         })
 
 
-class BlendTracing:
+class BlendTracing(_Component):
     """``cb.request`` roots (under the MP ``request`` root when open) and their four kinds of children."""
 
+    _starts = _CB_STARTS
     event_types = (E.CB_REQUEST_START, E.CB_REQUEST_END, *_CB_STARTS, *_CB_ENDS)
 
     def __init__(self, tracer: Tracer, mp: MPServerTracing, max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -400,18 +414,6 @@ class BlendTracing:
         self.roots.remove(root)
         if root.span is not None:
             root.span.end(end_time=root.end_ns)
-
-    def _child_start(self, event: Event) -> None:
-        op, name, key_fields = _CB_STARTS[event.etype]
-        root = self.roots.touch(event.session_id, event.timestamp_ns)
-        if root.span is None:
-            self._open_root(root, event.timestamp_ns, inferred=True)
-        attributes = _attributes(event.fields)
-        attributes["producer"] = event.producer
-        span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
-                                      attributes=attributes)
-        key = (event.producer, op, *(event.fields[f] for f in key_fields))
-        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
 
     def _child_end(self, event: Event) -> None:
         op, _, key_fields = _CB_STARTS[_CB_ENDS[event.etype]]
