@@ -223,11 +223,8 @@ class Publisher:
                 name_id = ids.get(name)
                 values[position] = name_id if name_id is not None else self._interner.id_of(name)
             timestamp = self._clock_ns() if timestamp_ns is None else timestamp_ns
-            if salt_counts or sampled or texts or blocks or shape.inline_salt:
-                record, ncells, args = self._general(shape, values, timestamp, salt_counts, sampled, session_id,
-                                                     texts, blocks)
-            else:
-                record, ncells, args = self._plain(shape, values, timestamp, session_id)
+            record, ncells, args = self._general(shape, values, timestamp, salt_counts, sampled, session_id,
+                                                 texts, blocks)
         except Exception:  # noqa: BLE001 - an encoding bug must never reach the data path
             self._writer.count_drop()
             return False
@@ -243,19 +240,6 @@ class Publisher:
             args += (seq, layout.CELL_FIELDS, et, index, *values[offset : offset + count])
             offset += count
         return args
-
-    def _plain(self, shape: _Shape, values: list, timestamp: int, session_id: str) -> tuple[struct.Struct, int, list]:
-        """Fixed fields and at most a short session id: the MP server's events.  Its two
-        record shapes (with and without a one-cell session id) are compiled once."""
-        data = session_id.encode("utf-8", "replace") if session_id else b""
-        if len(data) > layout.TEXT_BYTES_PER_CELL:
-            return self._general(shape, values, timestamp, None, (), session_id, (), ())
-        seq = self._writer.seq & _MASK32
-        ncells = 1 + len(shape.field_cells) + (1 if data else 0)
-        args = self._head_and_fields(shape, values, timestamp, seq, ncells)
-        if data:
-            args += (seq, layout.CELL_TEXT, shape.etype, ncells - 1, TEXT_FIELD_SESSION, len(data), data)
-        return self._plain_records[shape.etype][1 if data else 0], ncells, args
 
     def _general(self, shape: _Shape, values: list, timestamp: int, salt_counts, sampled, session_id: str,
                  texts: tuple[str, ...], blocks) -> tuple[struct.Struct, int, list]:
