@@ -77,9 +77,6 @@ class EventBatch:
     def count(self, etypes: Iterable[EventType]) -> int:
         return int(np.count_nonzero(np.isin(self._head_etypes, list(etypes))))
 
-    def last_timestamp_ns(self) -> int:
-        return int(self.cells["slots"][self._heads[-1], 0]) if len(self._heads) else 0
-
     # -- vectorised aggregates -------------------------------------------------
 
     def salt_totals(self, etypes: Sequence[EventType]) -> dict[tuple[str, str], int]:
