@@ -720,17 +720,25 @@ class CacheServer:
         buffer.close()
         return {}
 
+    def _begin_copy(self, buffer: _Buffer, request_id: str, submitted: EventType, start: EventType, engine: int,
+                    model: str):
+        """Open a copy between a client buffer and L1: the session, SUBMITTED, and START — unless the
+        copy runs on a CUDA stream (``stream_timed``), whose START is stamped where the stream got to it.
+        Returns the buffer's mover (CPU shared memory or CUDA)."""
+        self._session(request_id)
+        mover = buffer.transfer
+        self.publisher.emit(submitted, (mover.device,), session_id=request_id)
+        if not mover.stream_timed:
+            self.publisher.emit(start, (mover.device, engine, model), session_id=request_id)
+        return mover
+
     def _op_store(self, conn: _Conn, args: dict) -> dict:
         hashes, block_ids = args["chunk_hashes"], args["block_ids"]
         buffer = self._buffer(conn, args["buffer_id"], block_ids)
         request_id, model, salt, engine = args["request_id"], args["model_name"], args["cache_salt"], args["engine_id"]
         pub = self.publisher
-        self._session(request_id)
-        mover = buffer.transfer  # L0 → L1 copy: CPU shared memory, or a CUDA stream (stream_timed)
+        mover = self._begin_copy(buffer, request_id, _MP_STORE_SUBMITTED, _MP_STORE_START, engine, model)
         device = mover.device
-        pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
-        if not mover.stream_timed:
-            pub.emit(_MP_STORE_START, (device, engine, model), session_id=request_id)
         l1 = self.l1
         reservation = l1.reserve_write(model, salt, hashes)
         committed = [hashes[p] for p in reservation.positions]
@@ -823,12 +831,8 @@ class CacheServer:
             raise RequestError(f"block_ids: {wanted} blocks, but prefetch job {job.job_id} found {job.found} chunks")
         model, salt = job.model, job.salt
         pub = self.publisher
-        self._session(request_id)
-        mover = buffer.transfer  # L1 → L0 copy: CPU shared memory, or a CUDA stream (stream_timed)
+        mover = self._begin_copy(buffer, request_id, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START, engine, model)
         device = mover.device
-        pub.emit(_MP_RETRIEVE_SUBMITTED, (device,), session_id=request_id)
-        if not mover.stream_timed:
-            pub.emit(_MP_RETRIEVE_START, (device, engine, model), session_id=request_id)
         deadline = Deadline(args["timeout_s"], self._clock)
         l1 = self.l1
         try:
