@@ -4,7 +4,6 @@ client's buffer is touched, and the server goes on serving that client and every
 from __future__ import annotations
 
 import os
-import socket
 
 import msgpack
 import pytest
@@ -12,41 +11,11 @@ import pytest
 from mpcache import protocol
 from mpcache.events import EventType as E
 from mpcache.shm.segment import Segment, shm_name
+from raw_frames import RawConn
 
 from .conftest import CHUNK_BYTES, MODEL
 
 BLOCKS = 4
-
-
-class RawConn:
-    """A client that speaks frames by hand, so tests can send what the real client never would."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(5)
-        self.sock.connect(path)
-
-    def send_payload(self, payload: bytes) -> None:
-        self.sock.sendall(protocol.FRAME_HEADER.pack(len(payload)) + payload)
-
-    def reply(self) -> dict:
-        header = self._exact(4)
-        return msgpack.unpackb(self._exact(protocol.FRAME_HEADER.unpack(header)[0]), raw=False)
-
-    def request(self, message: dict) -> dict:
-        self.send_payload(msgpack.packb(message))
-        return self.reply()
-
-    def _exact(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            assert chunk, "the server closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

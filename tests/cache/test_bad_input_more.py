@@ -15,7 +15,9 @@ from mpcache.events import EventType as E
 from mpcache.shm.segment import Segment, shm_name
 
 from .conftest import CHUNK_BYTES, MODEL
-from .test_bad_input import BLOCKS, RawConn, _store, raw  # noqa: F401 - raw is the fixture used below
+from raw_frames import RawConn
+
+from .test_bad_input import BLOCKS, _store, raw  # noqa: F401 - raw is the fixture used below
 
 # name -> (payload bytes built from the raw connection's buffer id, error_type, part of the error message)
 BAD_PAYLOADS = {

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import secrets
-import socket
 
 import msgpack
 import numpy as np
@@ -22,6 +21,7 @@ from mpcache import protocol
 from mpcache.client import CacheClient
 from mpcache.shm.segment import Segment, shm_name
 from mpcache_service import Scrape, Service, wait_for
+from raw_frames import RawConn
 
 pytestmark = pytest.mark.slow
 
@@ -29,37 +29,6 @@ MODEL = "org/bad-input-model"
 CHUNK = 4096
 BLOCKS = 4
 FLAGS = ("--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "8MiB")
-
-
-class RawConn:
-    """Frames by hand, so the test can send what the real client never would."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        self.sock.connect(path)
-
-    def send_payload(self, payload: bytes) -> None:
-        self.sock.sendall(protocol.FRAME_HEADER.pack(len(payload)) + payload)
-
-    def reply(self) -> dict:
-        (length,) = protocol.FRAME_HEADER.unpack(self._exact(4))
-        return msgpack.unpackb(self._exact(length), raw=False)
-
-    def request(self, message) -> dict:
-        self.send_payload(msgpack.packb(message, use_bin_type=True))
-        return self.reply()
-
-    def _exact(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            assert chunk, "the server closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class Bystander:
