@@ -102,3 +102,28 @@ class Pipeline:
 @pytest.fixture
 def pipeline(ring_factory) -> Pipeline:
     return Pipeline(ring_factory(capacity=8192, intern_capacity=256))
+
+
+class CountingCounter:
+    """Records every ``add`` call, to count how many reach the SDK."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def add(self, amount, attributes=None) -> None:
+        self.calls.append((amount, attributes))
+
+
+class CountingMeter:
+    """A meter whose counters are :class:`CountingCounter` (``counters`` by name)."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, CountingCounter] = {}
+
+    def create_counter(self, name, unit="", description=""):
+        return self.counters.setdefault(name, CountingCounter())
+
+
+@pytest.fixture
+def counting_meter() -> CountingMeter:
+    return CountingMeter()

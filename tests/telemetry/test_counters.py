@@ -37,25 +37,9 @@ def test_salts_beyond_the_cap_are_counted_as_overflow(pipeline, metrics):
         "lmcache_mp.l1_read")
 
 
-class _CountingCounter:
-    def __init__(self):
-        self.calls = []
-
-    def add(self, amount, attributes=None):
-        self.calls.append((amount, attributes))
-
-
-class _CountingMeter:
-    def __init__(self):
-        self.counters = {}
-
-    def create_counter(self, name, unit="", description=""):
-        return self.counters.setdefault(name, _CountingCounter())
-
-
-def test_one_add_per_attribute_set_per_batch(pipeline):
+def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
     """500 write events over two salts reach OTel as exactly two adds, one per salt."""
-    meter = _CountingMeter()
+    meter = counting_meter
     pipeline.subscribe(L1CountersSubscriber(meter, salt_cap=10))
     for i in range(500):
         pipeline.publish(E.L1_WRITE_FINISHED, salt_counts={("a" if i % 2 else "b", "m"): 1})

@@ -81,25 +81,9 @@ def test_task_counters_are_zero_from_start_up(metrics):
                 "l2_store_completed", "l2_load_completed"))
 
 
-class _CountingCounter:
-    def __init__(self):
-        self.calls = []
-
-    def add(self, amount, attributes=None):
-        self.calls.append((amount, attributes))
-
-
-class _CountingMeter:
-    def __init__(self):
-        self.counters = {}
-
-    def create_counter(self, name, unit="", description=""):
-        return self.counters.setdefault(name, _CountingCounter())
-
-
-def test_one_add_per_attribute_set_per_batch(pipeline):
+def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
     """300 completed store tasks over two adapter types reach OTel as one add per l2_name, after the start-up 0s."""
-    meter = _CountingMeter()
+    meter = counting_meter
     pipeline.subscribe(L2CountersSubscriber(meter, salt_cap=10, l2_names=["fs"]))
     for task in range(300):
         pipeline.publish(E.L2_STORE_COMPLETED, (task % 2, task, "fs" if task % 2 else "mock", 10, 1, 0))
