@@ -696,12 +696,7 @@ class CacheServer:
             raise RequestError(f"shm_name: {name} is not named after the client's pid {conn.peer_pid}")
         if name in self.config.all_segment_names():
             raise RequestError(f"shm_name: {name} is not a client buffer")
-        if block_bytes > self._chunk_bytes:
-            raise RequestError(f"block_bytes: {block_bytes} is larger than the chunk size {self._chunk_bytes}")
-        if num_blocks * block_bytes > MAX_BUFFER_BYTES:
-            raise RequestError(f"num_blocks × block_bytes is larger than {MAX_BUFFER_BYTES} bytes")
-        if len(conn.buffers) >= MAX_BUFFERS_PER_CONNECTION:
-            raise RequestError(f"at most {MAX_BUFFERS_PER_CONNECTION} buffers per connection")
+        self._check_buffer_limits(conn, num_blocks, block_bytes)
         try:
             segment = Segment.attach(name, num_blocks * block_bytes)
         except LayoutMismatchError as exc:
@@ -881,15 +876,19 @@ class CacheServer:
         """A scheduler step's new L0 blocks → MP_VLLM_BLOCK_ALLOCATION (mpcache.cache.blocks)."""
         return self.l0.report(args["instance_id"], args["model_name"], args["records"])
 
-    def _op_register_cuda_buffer(self, conn: _Conn, args: dict) -> dict:
-        """A client's GPU KV buffer, shared through a CUDA IPC handle (mpcache.cache.transfer)."""
-        num_blocks, block_bytes = args["num_blocks"], args["block_bytes"]
+    def _check_buffer_limits(self, conn: _Conn, num_blocks: int, block_bytes: int) -> None:
+        """What every registered buffer, shared memory or CUDA, must respect."""
         if block_bytes > self._chunk_bytes:
             raise RequestError(f"block_bytes: {block_bytes} is larger than the chunk size {self._chunk_bytes}")
         if num_blocks * block_bytes > MAX_BUFFER_BYTES:
             raise RequestError(f"num_blocks × block_bytes is larger than {MAX_BUFFER_BYTES} bytes")
         if len(conn.buffers) >= MAX_BUFFERS_PER_CONNECTION:
             raise RequestError(f"at most {MAX_BUFFERS_PER_CONNECTION} buffers per connection")
+
+    def _op_register_cuda_buffer(self, conn: _Conn, args: dict) -> dict:
+        """A client's GPU KV buffer, shared through a CUDA IPC handle (mpcache.cache.transfer)."""
+        num_blocks, block_bytes = args["num_blocks"], args["block_bytes"]
+        self._check_buffer_limits(conn, num_blocks, block_bytes)
         buffer = transfer.open_cuda_buffer(args["ipc_handle"], args["device_index"], num_blocks, block_bytes,
                                            clock_ns=self._clock_ns)
         buffer_id = self._next_buffer_id
