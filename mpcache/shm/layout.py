@@ -137,6 +137,9 @@ CELL_SAMPLED = 4
 CELL_BLOCK = 5
 CELL_TEXT = 6
 
+CELL_OFF_SEQ = 0  # byte offsets within a cell
+CELL_OFF_SLOTS = 8
+
 HEAD_FIELD_SLOTS = 6  # fixed fields carried in the head cell
 INLINE_SALT_SLOT = 4  # head slots 4-6 hold the first salt group when the schema allows
 INLINE_SALT_MAX_FIELDS = 3
@@ -190,6 +193,11 @@ def cells_offset(intern_capacity: int) -> int:
     """Offset of cell 0: after the header and the intern table, 64-aligned."""
     end = HEADER_SIZE + intern_capacity * INTERN_ENTRY_SIZE
     return (end + CELL_SIZE - 1) // CELL_SIZE * CELL_SIZE
+
+
+def slot_offset(slot: int) -> int:
+    """Byte offset, within a cell, of payload slot ``slot`` (0 … 6)."""
+    return CELL_OFF_SLOTS + 8 * slot
 
 
 def intern_entry_offset(entry_id: int) -> int:

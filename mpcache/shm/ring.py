@@ -4,12 +4,23 @@ See :mod:`mpcache.shm.layout` for the bytes and the commit protocol.  The writer
 hot call is one ``Struct.pack_into`` of the whole record plus one store of
 ``head``; it never blocks and never raises: a full ring drops the record and
 counts it in shared memory.
+
+The writer exists twice, with the same bytes and counters: in C, in the
+optional extension ``mpcache.shm._ringfast`` (built by ``pip install`` where a
+compiler exists), and in pure Python below (:class:`_PythonWriterCore` and the
+closure in :meth:`RingWriter.one_cell_emitter`), used without the extension or
+with ``MPCACHE_PURE_PYTHON=1`` in the environment.  The reason is the hottest
+publish, a one-cell record: in Python it cannot get under the ~350 ns that one
+``pack_into`` plus a timestamp cost on a 2-vCPU machine; in C it is the cost of
+one call (~70 ns).  The extension knows no offsets of its own: ring.py hands it
+the cell size, a template cell and every offset from :mod:`~mpcache.shm.layout`.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import time
 from typing import Callable
 from dataclasses import dataclass
 
@@ -23,6 +34,9 @@ _HEADER_INIT = struct.Struct("<8sIIQQq")
 _HEAD_WORD = layout.OFF_HEAD // 8
 _TAIL_WORD = layout.OFF_TAIL // 8
 _DROPPED_WORD = layout.OFF_DROPPED // 8
+_EMPTY_CELL = struct.pack(layout.CELL_INTS, 0, layout.CELL_EMPTY, 0, 0, *[0] * layout.SLOTS_PER_CELL)
+"""What overwrites a head cell whose pack failed (whatever the pack began), and a torn record's."""
+_PACK_ERRORS = (struct.error, TypeError, ValueError, OverflowError)
 
 
 def format_event_segment(segment: Segment, capacity_cells: int, intern_capacity: int) -> None:
@@ -62,8 +76,9 @@ def read_geometry(segment: Segment) -> RingGeometry:
     return RingGeometry(capacity, intern_capacity, layout.cells_offset(intern_capacity))
 
 
-class RingWriter:
-    """Producer side of one ring.
+class _PythonWriterCore:
+    """The producer's state and append protocol in pure Python; ``_ringfast.WriterCore``
+    is the same in C (same constructor, members and methods).
 
     Not thread-safe by itself: the caller serialises ``append`` (the
     :class:`~mpcache.publish.Publisher` holds a lock only when several threads
@@ -72,20 +87,21 @@ class RingWriter:
     dropped, so a gap in sequence numbers is a drop.
     """
 
-    __slots__ = ("_buf", "_words", "_capacity", "_mask", "_cells_off", "_head", "_limit", "seq")
+    __slots__ = ("_buf", "_capacity", "_mask", "_cells_off", "_cell_size", "_header", "_head_word",
+                 "_tail_word", "_dropped_word", "_empty", "_head", "_limit", "seq")
 
-    def __init__(self, segment: Segment) -> None:
-        geometry = read_geometry(segment)
-        self._buf = segment.buf
-        self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
-        self._capacity = geometry.capacity
-        self._mask = geometry.capacity - 1
-        self._cells_off = geometry.cells_offset
-        recover_torn_record(segment)
-        self._head = self._words[layout.OFF_HEAD // 8]
-        self._limit = self._words[_TAIL_WORD] + self._capacity  # head may grow up to here (last tail seen)
-        self.seq = _next_seq(self._buf, self._cells_off, self._mask, self._head)
-        self._words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
+    def __init__(self, buffer: memoryview, cells_offset: int, capacity: int, cell_size: int, head_offset: int,
+                 tail_offset: int, dropped_offset: int, empty_cell: bytes) -> None:
+        self._buf = buffer
+        self._capacity = capacity
+        self._mask = capacity - 1
+        self._cells_off = cells_offset
+        self._cell_size = cell_size
+        self._header = buffer[: max(head_offset, tail_offset, dropped_offset) + 8].cast("Q")
+        self._head_word, self._tail_word = head_offset // 8, tail_offset // 8
+        self._dropped_word = dropped_offset // 8
+        self._empty = empty_cell
+        self._head = self._limit = self.seq = 0
 
     def append(self, record: struct.Struct, ncells: int, args: list) -> bool:
         """Publish one record of ``ncells`` cells packed by ``record`` from ``args``
@@ -96,29 +112,98 @@ class RingWriter:
             return False
         self.seq += 1
         pos = head & self._mask
+        offset = self._cells_off + pos * self._cell_size
         try:
             if pos + ncells <= self._capacity:
-                record.pack_into(self._buf, self._cells_off + pos * 64, *args)
+                record.pack_into(self._buf, offset, *args)
             else:
                 self._write_wrapped(pos, record.pack(*args))
-        except (struct.error, TypeError, ValueError, OverflowError):
-            _clear_cell(self._buf, self._cells_off + pos * 64)  # pack_into may have begun the head cell
-            self._words[_DROPPED_WORD] += 1
+        except _PACK_ERRORS:
+            self._drop_bad_value(offset)
             return False
         self._head = head + ncells
-        self._words[_HEAD_WORD] = head + ncells  # the commit
+        self._header[self._head_word] = head + ncells  # the commit
         return True
+
+    def _has_room(self, ncells: int) -> bool:
+        """Re-read the consumer's tail; count a drop (spending a seq) if still full."""
+        self._limit = self._header[self._tail_word] + self._capacity
+        if self._head + ncells <= self._limit:
+            return True
+        self.count_drop()
+        return False
+
+    def count_drop(self) -> None:
+        """Count a record the caller could not even encode (its sequence number is spent)."""
+        self.seq += 1
+        self._header[self._dropped_word] += 1
+
+    def _drop_bad_value(self, head_offset: int) -> None:
+        self._buf[head_offset : head_offset + self._cell_size] = self._empty  # pack may have begun the cell
+        self._header[self._dropped_word] += 1
+
+    def _write_wrapped(self, pos: int, data: bytes) -> None:
+        first = (self._capacity - pos) * self._cell_size
+        start = self._cells_off + pos * self._cell_size
+        self._buf[start : start + first] = data[:first]
+        self._buf[self._cells_off : self._cells_off + len(data) - first] = data[first:]
+
+
+def _writer_implementation():
+    """(writer core class, compiled one-cell emitter type or None), chosen once at import."""
+    if os.environ.get("MPCACHE_PURE_PYTHON", "") not in ("", "0"):
+        return _PythonWriterCore, None
+    try:
+        from mpcache.shm._ringfast import OneCellEmitter, WriterCore
+    except ImportError:
+        return _PythonWriterCore, None
+    return WriterCore, OneCellEmitter
+
+
+_WriterCore, _CompiledOneCellEmitter = _writer_implementation()
+COMPILED_PUBLISH = _CompiledOneCellEmitter is not None
+"""Whether this process publishes through the compiled writer (the benchmarks report it)."""
+
+
+class RingWriter(_WriterCore):
+    """Producer side of one ring: attach, recover, then append records.
+
+    Attaching validates the header, counts a record that a dead predecessor
+    began but never committed, and resumes its head and sequence numbers.
+    """
+
+    __slots__ = ("_words",)
+
+    def __init__(self, segment: Segment) -> None:
+        geometry = read_geometry(segment)
+        super().__init__(segment.buf, geometry.cells_offset, geometry.capacity, layout.CELL_SIZE,
+                         layout.OFF_HEAD, layout.OFF_TAIL, layout.OFF_DROPPED, _EMPTY_CELL)
+        self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+        recover_torn_record(segment)
+        self._head = self._words[_HEAD_WORD]
+        self._limit = self._words[_TAIL_WORD] + geometry.capacity  # head may grow up to here (last tail seen)
+        self.seq = _next_seq(segment.buf, geometry.cells_offset, geometry.capacity - 1, self._head)
+        self._words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
 
     def one_cell_emitter(self, record: struct.Struct, etype: int,
                          clock_ns: Callable[[], int]) -> Callable[[int, int, int], bool]:
         """The hottest publish, specialised once per event type: ``emit(a, b, c)``.
 
-        It packs one head cell ``record`` holding the timestamp and, in its last
-        three slots, the integers ``a``, ``b``, ``c``, then commits it — the
-        whole :meth:`append` protocol inlined with its constants bound as
-        closure variables, because on this path every attribute load and call
-        is a measurable share of the cost.  Never raises.
+        It packs one head cell ``record`` holding the timestamp and, in its
+        inline salt slots, the integers ``a``, ``b``, ``c``, then commits it.
+        Compiled, it is one C object; in Python it is the whole append protocol
+        inlined with its constants bound as closure variables, because on this
+        path every attribute load and call is a measurable share of the cost.
+        Never raises for bad values.
         """
+        if _CompiledOneCellEmitter is not None:
+            first_value = layout.slot_offset(layout.INLINE_SALT_SLOT)
+            return _CompiledOneCellEmitter(
+                core=self, template=record.pack(0, layout.CELL_HEAD, etype, 1, 0, 0, 0, 0),
+                seq_offset=layout.CELL_OFF_SEQ, timestamp_offset=layout.slot_offset(0),
+                value_offsets=(first_value, first_value + 8, first_value + 16),
+                clock=None if clock_ns is time.time_ns else clock_ns,
+            )
         writer = self
         buf, words, mask, cells_off = self._buf, self._words, self._mask, self._cells_off
         head_kind = layout.CELL_HEAD
@@ -132,35 +217,14 @@ class RingWriter:
             offset = cells_off + ((head & mask) << 6)
             try:
                 record.pack_into(buf, offset, seq & 0xFFFFFFFF, head_kind, etype, 1, clock_ns(), a, b, c)
-            except (struct.error, TypeError, ValueError, OverflowError):
-                _clear_cell(buf, offset)  # pack_into may have begun the cell
-                words[_DROPPED_WORD] += 1
+            except _PACK_ERRORS:
+                writer._drop_bad_value(offset)
                 return False
             writer._head = head + 1
             words[_HEAD_WORD] = head + 1  # the commit
             return True
 
         return emit
-
-    def _has_room(self, ncells: int) -> bool:
-        """Re-read the consumer's tail; count a drop (spending a seq) if still full."""
-        self._limit = self._words[_TAIL_WORD] + self._capacity
-        if self._head + ncells <= self._limit:
-            return True
-        self.seq += 1
-        self._words[_DROPPED_WORD] += 1
-        return False
-
-    def count_drop(self) -> None:
-        """Count a record the caller could not even encode (its sequence number is spent)."""
-        self.seq += 1
-        self._words[layout.OFF_DROPPED // 8] += 1
-
-    def _write_wrapped(self, pos: int, data: bytes) -> None:
-        first = (self._capacity - pos) * 64
-        start = self._cells_off + pos * 64
-        self._buf[start : start + first] = data[:first]
-        self._buf[self._cells_off : self._cells_off + len(data) - first] = data[first:]
 
 
 def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:
@@ -172,7 +236,7 @@ def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:
 
 
 def _clear_cell(buf: memoryview, offset: int) -> None:
-    struct.pack_into("<IB", buf, offset, 0, layout.CELL_EMPTY)
+    buf[offset : offset + layout.CELL_SIZE] = _EMPTY_CELL
 
 
 def recover_torn_record(segment: Segment) -> bool:

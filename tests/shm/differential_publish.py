@@ -1,0 +1,87 @@
+"""A seeded publish workload whose every shared byte is fingerprinted (run as a script).
+
+``python differential_publish.py FIRST_SEED COUNT`` runs COUNT seeded scripts of
+publishes — one-cell emits with good and bad values, names seen for the first
+time, fixed-field events with short and long session ids, multi-cell records
+(salt groups, sampled keys, blocks, texts), values that do not pack, a ring
+that fills and drops, reads that free it, records that wrap — into a 16-cell
+ring with a deterministic clock, and prints one JSON line per seed: the return
+values, the reader's (seq, etype) list, and a hash of the whole segment with
+the producer pid zeroed.  tests/shm/test_compiled_publish.py runs it once with
+the compiled writer and once with ``MPCACHE_PURE_PYTHON=1`` and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import sys
+import uuid
+
+from mpcache.events import EventType as E
+from mpcache.publish import Publisher
+from mpcache.shm import layout
+from mpcache.shm.intern import Interner
+from mpcache.shm.ring import COMPILED_PUBLISH, RingReader, RingWriter, format_event_segment
+from mpcache.shm.segment import Segment, shm_name
+
+CAPACITY, INTERN = 16, 16
+ONE_CELL = [E.L1_WRITE_FINISHED, E.L1_READ_RESERVED, E.L1_KEYS_EVICTED]
+BAD_VALUES = [2**63, -(2**63) - 1, 1.5, "7", None]
+
+
+def one_step(rng: random.Random, publisher: Publisher, reader: RingReader, ids: list[int]) -> object:
+    choice = rng.randrange(11)
+    if choice <= 3:
+        values = [rng.choice(ids), rng.choice(ids), rng.randrange(-5, 1 << 40)]
+        if rng.random() < 0.1:
+            values[rng.randrange(3)] = rng.choice(BAD_VALUES)
+        return publisher.salted_emitter(rng.choice(ONE_CELL))(*values)
+    if choice == 4:
+        return publisher.emit_salted(E.L1_WRITE_FINISHED, f"salt{rng.randrange(6)}", "model", rng.randrange(100))
+    if choice == 5:
+        session = "s" * rng.choice([0, 5, 54, 55, 130])
+        return publisher.emit(E.MP_STORE_START, ("cpu", rng.randrange(4), f"model{rng.randrange(3)}"),
+                              session_id=session)
+    if choice == 6:
+        fields = (rng.randrange(9), rng.choice([1, 2**70, "x"]), rng.randrange(9), rng.randrange(9), 0, 0, True)
+        return publisher.emit(E.CB_LOOKUP_END, fields)
+    if choice == 7:
+        groups = {(f"salt{i}", "model"): i + 1 for i in range(rng.randrange(1, 5))}
+        sampled = [(rng.getrandbits(64), "salt0", "model") for _ in range(rng.randrange(3))]
+        return publisher.emit(E.L1_READ_FINISHED, salt_counts=groups, sampled=sampled)
+    if choice == 8:
+        blocks = [(f"req{i}", i, rng.getrandbits(64)) for i in range(rng.randrange(1, 3))]
+        return publisher.emit(E.MP_VLLM_BLOCK_ALLOCATION, (1, "model", len(blocks), len(blocks)), blocks=blocks)
+    if choice == 9:
+        return publisher.emit(E.TIMEOUT_RAISED, ("CacheTimeoutError",), texts=("late " * rng.randrange(30), "trace"))
+    return [(int(cell["seq"]), int(cell["etype"])) for cell in reader.read_batch()
+            if cell["kind"] == layout.CELL_HEAD]
+
+
+def run(seed: int) -> dict:
+    name = shm_name(os.getpid(), uuid.uuid4().hex, "diff")
+    segment = Segment.create(name, layout.event_segment_size(CAPACITY, INTERN))
+    try:
+        format_event_segment(segment, CAPACITY, INTERN)
+        clock = itertools.count(1_700_000_000_000_000_000, 7)
+        publisher = Publisher(RingWriter(segment), Interner(segment.buf, INTERN), clock_ns=lambda: next(clock))
+        reader = RingReader(segment)
+        ids = [publisher.name_id(f"salt{i}") for i in range(3)] + [publisher.name_id("model")]
+        rng = random.Random(seed)
+        results = [one_step(rng, publisher, reader, ids) for _ in range(120)]
+        image = bytearray(segment.buf)
+        image[layout.OFF_PRODUCER_PID : layout.OFF_PRODUCER_PID + 8] = bytes(8)
+        return {"seed": seed, "results": results, "segment_sha256": hashlib.sha256(image).hexdigest()}
+    finally:
+        Segment.unlink(name)
+
+
+if __name__ == "__main__":
+    first, count = int(sys.argv[1]), int(sys.argv[2])
+    print(json.dumps({"compiled": COMPILED_PUBLISH}))
+    for seed in range(first, first + count):
+        print(json.dumps(run(seed)))
