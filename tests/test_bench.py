@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from mpcache.bench import __main__ as bench_main
 from mpcache.bench import drain, publish
+from mpcache.shm.ring import COMPILED_PUBLISH
 
 
 def test_publish_reports_every_promised_key():
     """publish returns the three medians, the ratios and the verdicts, all from real measurements."""
     result = publish.run(repetitions=5, events=2_000)
     assert {"ring_ns", "inprocess_bus_ns", "mp_queue_ns", "ring_by_name_ns", "floor_ns"} <= set(result)
+    assert ("compiled" if COMPILED_PUBLISH else "python") == result["publish_path"]
     assert 5 == len(result["samples_ns"]["ring"])
     assert all(result[key] > 0 for key in ("ring_ns", "inprocess_bus_ns", "mp_queue_ns"))
 
@@ -25,7 +27,7 @@ def test_drain_delivers_every_published_event(monkeypatch):
 def test_report_writes_a_row_per_benchmark(tmp_path):
     """The report has one table row per benchmark, with its target and verdict."""
     results = {
-        "publish": {"ring_ns": 500.0, "ring_by_name_ns": 600.0, "floor_ns": 300.0, "inprocess_bus_ns": 2000.0,
+        "publish": {"publish_path": "compiled", "ring_ns": 500.0, "ring_by_name_ns": 600.0, "floor_ns": 300.0, "inprocess_bus_ns": 2000.0,
                     "mp_queue_ns": 9000.0, "ratio_inprocess_over_ring": 4.0, "ratio_mp_queue_over_ring": 18.0,
                     "targets_met": {"ring_ns": False}},
         "scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048},
@@ -44,3 +46,14 @@ def test_report_keeps_the_hand_written_analysis(tmp_path):
     bench_main.write_report({"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}}, str(path))
     text = path.read_text()
     assert ("old table" in text, "why the numbers are what they are" in text) == (False, True)
+
+
+def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
+    """The raw results after the analysis are replaced on every run, never kept and appended to."""
+    path = tmp_path / "PERFORMANCE.md"
+    scrape = {"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}}
+    path.write_text("# Performance\n\n## Analysis\n\nwhy\n")
+    bench_main.write_report(scrape, str(path))
+    bench_main.write_report(scrape, str(path))
+    text = path.read_text()
+    assert (1, 1, 1) == (text.count("## Analysis"), text.count("## Raw results"), text.count("\nwhy\n"))

@@ -149,11 +149,20 @@ def test_missing_file_without_follow_is_one_line_exit_1(tmp_path):
     assert (1, f"mpcache-logs: error: no such file: {tmp_path / 'nope.jsonl'}\n") == (result.returncode, result.stderr)
 
 
+# Runs the launcher as a terminal would: with Ctrl-C's default meaning.  A test runner started in the
+# background (`pytest &`) has SIGINT ignored, and an ignored SIGINT is inherited by its children, in
+# which Python then installs no KeyboardInterrupt handler.
+WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
 class Tail:
     """A running ``mpcache-logs``, its stdout read with select() against a deadline."""
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, LAUNCHER, *args], stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, LAUNCHER, *args], stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
         self._buffer = b""
 

@@ -33,7 +33,8 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
     met = result.get("targets_met", {})
     verdict = ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()) or "—"
     if name == "publish":
-        return [f"ours {result['ring_ns']:.0f} ns/event (by name {result['ring_by_name_ns']:.0f}; Python floor "
+        return [f"ours {result['ring_ns']:.0f} ns/event ({result['publish_path']} writer; by name "
+                f"{result['ring_by_name_ns']:.0f}; Python floor "
                 f"{result['floor_ns']:.0f}); in-process bus {result['inprocess_bus_ns']:.0f}; mp.Queue "
                 f"{result['mp_queue_ns']:.0f}", f"{result['ratio_inprocess_over_ring']}× / "
                 f"{result['ratio_mp_queue_over_ring']}× cheaper", "≤ 400 ns; ≥ 3×; ≥ 10×", verdict]
@@ -54,16 +55,19 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
 
 
 ANALYSIS_HEADING = "## Analysis"
+RAW_HEADING = "## Raw results"
 
 
 def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
-    """Write the table and raw results; a hand-written section from ``## Analysis`` on is kept."""
+    """Write the table and raw results; the hand-written section from ``## Analysis`` up to the
+    raw results is kept."""
     analysis = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
             existing = handle.read()
         if ANALYSIS_HEADING in existing:
             analysis = existing[existing.index(ANALYSIS_HEADING):]
+            analysis = analysis.split("\n" + RAW_HEADING, 1)[0]
     lines = [
         "# Performance",
         "",
@@ -76,7 +80,7 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
     ]
     for name, result in results.items():
         lines.append(f"| `{name}` | " + " | ".join(_row(name, result)) + " |")
-    lines += ["", analysis.rstrip() + "\n" if analysis else "", "## Raw results", "", "```json",
+    lines += ["", analysis.rstrip() + "\n" if analysis else "", RAW_HEADING, "", "```json",
               json.dumps(results, indent=1, sort_keys=True), "```", ""]
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines))

@@ -3,9 +3,11 @@
 Two kinds of shared-memory segment exist; both start with a magic word and a
 layout version so that a reader of another build fails with
 :class:`~mpcache.errors.LayoutMismatchError` instead of decoding garbage.
-All integers are little-endian; x86-64 keeps plain stores in order, which is
-what the commit protocol below relies on (weakly ordered CPUs are not
-supported as written).
+All integers are little-endian.  The compiled writer (``_ringfast.c``, given
+every offset it uses from here by :mod:`mpcache.shm.ring`) commits with a
+release store; the pure-Python writer and the numpy reader rely on x86-64
+keeping plain stores in order (weakly ordered CPUs are not supported as
+written).
 
 Event segment (one per cache process: one writer, one reader)
 ==============================================================
