@@ -10,14 +10,13 @@ import os
 import msgpack
 import pytest
 
-from mpcache import protocol
 from mpcache.events import EventType as E
 from mpcache.shm.segment import Segment, shm_name
 
 from raw_frames import RawConn
 
 from .conftest import CHUNK_BYTES, MODEL
-from .test_bad_input import BLOCKS, _store, raw  # noqa: F401 - raw is the fixture used below
+from .test_bad_input import _store, raw  # noqa: F401 - raw is the fixture used below
 
 # name -> (payload bytes built from the raw connection's buffer id, error_type, part of the error message)
 BAD_PAYLOADS = {
