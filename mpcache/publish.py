@@ -61,6 +61,7 @@ class _Shape:
         self.n_fields = len(kinds)
         self.inline_salt = has_inline_salt(etype)
         slot_fmt = ["d" if kind is FieldKind.FLOAT else "q" for kind in kinds]
+        self.slot_kinds = ["n" if kind is FieldKind.NAME else fmt for kind, fmt in zip(kinds, slot_fmt)]
         head = slot_fmt[: layout.HEAD_FIELD_SLOTS]
         if self.inline_salt:
             pad = layout.INLINE_SALT_SLOT - 1 - len(head)
@@ -75,6 +76,11 @@ class _Shape:
         self.text_fields = tuple(
             (number, TEXT_MAX_BYTES[name]) for number, name in enumerate(schema.texts, start=TEXT_FIELD_SESSION + 1)
         )
+
+
+def _cells(record: bytes) -> list[bytes]:
+    """A packed record split into its cells."""
+    return [record[i : i + layout.CELL_SIZE] for i in range(0, len(record), layout.CELL_SIZE)]
 
 
 def _text_pieces(text: str, max_bytes: int) -> list[bytes]:
@@ -122,7 +128,32 @@ class Publisher:
     def _make_plain_emitter(self, shape: _Shape) -> Callable[[tuple, str], bool]:
         """``emit(fields, session_id)`` for one event type: fixed fields and at most a
         one-cell session id — the MP server's events, a dozen per request — built once
-        with the record shapes and name positions bound.  Never raises."""
+        with the record shapes and name positions bound.  Compiled where the ring's
+        writer is (:meth:`~mpcache.shm.ring.RingWriter.fields_emitter`), with the
+        Python closure below as its fallback.  Never raises."""
+        python_emit = self._make_python_plain_emitter(shape)
+        without_session, with_session = self._plain_records[shape.etype]
+        etype, fields_cell = shape.etype, bool(shape.field_cells)
+        zeros = [0.0 if kind == "d" else 0 for kind in shape.slot_kinds]
+        head = [layout.CELL_HEAD, etype, 1 + fields_cell, 0, *zeros[: layout.HEAD_FIELD_SLOTS]]
+        fields = [0, layout.CELL_FIELDS, etype, 1, *zeros[layout.HEAD_FIELD_SLOTS :]] if fields_cell else []
+        plain = _cells(without_session.pack(0, *head, *fields))
+        head[2] += 1  # the head cell counts the text cell too
+        text = [0, layout.CELL_TEXT, etype, 1 + fields_cell, TEXT_FIELD_SESSION, 0, b""]
+        with_text = _cells(with_session.pack(0, *head, *fields, *text))
+        slots = tuple(
+            (0, layout.slot_offset(1 + i), kind) if i < layout.HEAD_FIELD_SLOTS
+            else (1, layout.slot_offset(i - layout.HEAD_FIELD_SLOTS), kind)
+            for i, kind in enumerate(shape.slot_kinds)
+        )
+        return self._writer.fields_emitter(
+            head_templates=(plain[0], with_text[0]), fields_template=plain[1] if fields_cell else None,
+            text_template=with_text[-1], field_slots=slots, ids=self._ids, clock_ns=self._clock_ns,
+            fallback=python_emit,
+        )
+
+    def _make_python_plain_emitter(self, shape: _Shape) -> Callable[[tuple, str], bool]:
+        """The Python form of :meth:`_make_plain_emitter`'s emitter (and its fallback)."""
         without_session, with_session = self._plain_records[shape.etype]
         etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
         head, fields_cell = layout.HEAD_FIELD_SLOTS, bool(shape.field_cells)  # at most 13 fields: one FIELDS cell

@@ -12,6 +12,14 @@
  *                    values, copies it into the ring and commits it.  The
  *                    commonest publish in one C call.
  *
+ *   FieldsEmitter  — emit(fields, session_id) for one event type: its fixed
+ *                    fields (ints, bools, floats, interned names) in a head
+ *                    cell and at most one FIELDS cell, and a session id of at
+ *                    most one TEXT cell.  Whatever is not that regular case (a
+ *                    name not interned yet, a value that does not fit, a longer
+ *                    session id, ...) goes to the Python emitter it was given,
+ *                    before anything was written, so the two cannot disagree.
+ *
  * This file knows no offsets of its own: the template cell, the cell size and
  * every offset come from mpcache.shm.layout through ring.py, which owns the byte
  * layout and the protocol's description.  Nothing here blocks; a full ring or a
@@ -317,14 +325,15 @@ static int read_int64(PyObject *value, int64_t *out) {
     return 0;
 }
 
-static int timestamp_ns(OneCellEmitter *self, int64_t *out) {
-    if (self->clock == Py_None) {
+/* The record's timestamp: CLOCK_REALTIME (what time.time_ns() reads) or the injected clock's ns. */
+static int timestamp_ns(PyObject *clock, int64_t *out) {
+    if (clock == Py_None) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         *out = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
         return 0;
     }
-    PyObject *value = PyObject_CallNoArgs(self->clock);
+    PyObject *value = PyObject_CallNoArgs(clock);
     if (value == NULL)
         return -1;
     int failed = read_int64(value, out);
@@ -350,7 +359,7 @@ static PyObject *emitter_call(PyObject *callable, PyObject *const *args, size_t 
     unsigned char *target = core->cells + (core->head & core->mask) * core->cell_size;
     uint32_t seq32 = (uint32_t)core->seq++;
     int64_t stamp, values[3];
-    if (timestamp_ns(self, &stamp) || read_int64(args[0], &values[0]) || read_int64(args[1], &values[1]) ||
+    if (timestamp_ns(self->clock, &stamp) || read_int64(args[0], &values[0]) || read_int64(args[1], &values[1]) ||
         read_int64(args[2], &values[2]))
         return is_bad_value_error() ? drop_bad_value(core, target) : NULL;
     unsigned char cell[MAX_CELL];
@@ -438,6 +447,239 @@ static PyTypeObject OneCellEmitterType = {
     .tp_vectorcall_offset = offsetof(OneCellEmitter, vectorcall),
 };
 
+/* ------------------------------------------------------------- FieldsEmitter */
+
+#define MAX_FIELDS 13  /* six in the head cell, seven in one FIELDS cell */
+#define MAX_RECORD_CELLS 3
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    WriterCore *core;   /* strong references from here on */
+    PyObject *ids;      /* dict: name -> interned id */
+    PyObject *clock;    /* None: CLOCK_REALTIME; else called for ns */
+    PyObject *fallback; /* the Python emitter: fallback(fields, session_id) -> bool */
+    Py_ssize_t n_fields, seq_off, ts_off, text_length_off, text_data_off, text_capacity;
+    Py_ssize_t field_cell[MAX_FIELDS], field_off[MAX_FIELDS];
+    char field_kind[MAX_FIELDS]; /* 'q' int64 (int, bool), 'd' float64, 'n' interned name */
+    int fields_cell;            /* 1 when the type has a FIELDS cell */
+    unsigned char head_plain[MAX_CELL], head_with_text[MAX_CELL], fields[MAX_CELL], text[MAX_CELL];
+} FieldsEmitter;
+
+/* The slot bits of one field, or -1 (no exception set) when it is not the regular case. */
+static int field_bits(FieldsEmitter *self, char kind, PyObject *value, int64_t *out) {
+    if (kind == 'n') {
+        value = PyDict_GetItemWithError(self->ids, value); /* borrowed */
+        if (value == NULL) {
+            PyErr_Clear(); /* not interned yet, or unhashable: the Python emitter decides */
+            return -1;
+        }
+    }
+    if (kind == 'd') {
+        double d;
+        if (PyFloat_CheckExact(value)) {
+            d = PyFloat_AS_DOUBLE(value);
+        } else if (PyLong_CheckExact(value)) {
+            d = PyLong_AsDouble(value);
+            if (d == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+        } else {
+            return -1;
+        }
+        memcpy(out, &d, 8);
+        return 0;
+    }
+    if (!PyLong_Check(value)) /* int and bool; anything else is the Python emitter's to judge */
+        return -1;
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    FieldsEmitter *self = (FieldsEmitter *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "emit() takes exactly 2 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (self->core == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FieldsEmitter.__init__ was not called");
+        return NULL;
+    }
+    PyObject *fields = args[0], *session = args[1];
+    PyObject *const *items;
+    Py_ssize_t n;
+    if (PyTuple_CheckExact(fields)) {
+        items = &PyTuple_GET_ITEM(fields, 0);
+        n = PyTuple_GET_SIZE(fields);
+    } else if (PyList_CheckExact(fields)) {
+        items = PySequence_Fast_ITEMS(fields);
+        n = PyList_GET_SIZE(fields);
+    } else {
+        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    }
+    int64_t bits[MAX_FIELDS];
+    const char *text = NULL;
+    Py_ssize_t text_len = 0;
+    int regular = n == self->n_fields && PyUnicode_CheckExact(session);
+    for (Py_ssize_t i = 0; regular && i < n; i++)
+        regular = field_bits(self, self->field_kind[i], items[i], &bits[i]) == 0;
+    if (regular && PyUnicode_GET_LENGTH(session) > 0) {
+        text = PyUnicode_AsUTF8AndSize(session, &text_len); /* fails on lone surrogates: "replace" is Python's */
+        if (text == NULL)
+            PyErr_Clear();
+        regular = text != NULL && text_len <= self->text_capacity;
+    }
+    if (!regular)
+        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    int64_t stamp;
+    if (timestamp_ns(self->clock, &stamp)) { /* before the room check, as in Python */
+        if (!is_bad_value_error())
+            return NULL;
+        PyErr_Clear();
+        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    }
+    WriterCore *core = self->core;
+    Py_ssize_t cell = core->cell_size, ncells = 1 + self->fields_cell + (text_len > 0);
+    if (!has_room(core, (unsigned long long)ncells))
+        Py_RETURN_FALSE;
+    unsigned char record[MAX_RECORD_CELLS * MAX_CELL];
+    memcpy(record, text_len > 0 ? self->head_with_text : self->head_plain, cell);
+    if (self->fields_cell)
+        memcpy(record + cell, self->fields, cell);
+    if (text_len > 0) {
+        unsigned char *text_cell = record + cell * (1 + self->fields_cell);
+        memcpy(text_cell, self->text, cell);
+        text_cell[self->text_length_off] = (unsigned char)text_len;
+        memcpy(text_cell + self->text_data_off, text, text_len);
+    }
+    uint32_t seq32 = (uint32_t)core->seq++;
+    for (Py_ssize_t c = 0; c < ncells; c++)
+        memcpy(record + c * cell + self->seq_off, &seq32, 4);
+    memcpy(record + self->ts_off, &stamp, 8);
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(record + self->field_cell[i] * cell + self->field_off[i], &bits[i], 8);
+    for (Py_ssize_t c = 0; c < ncells; c++) /* cell by cell: the record may wrap */
+        memcpy(core->cells + ((core->head + c) & core->mask) * cell, record + c * cell, cell);
+    commit(core, (unsigned long long)ncells);
+    Py_RETURN_TRUE;
+}
+
+static int copy_cell(PyObject *source, unsigned char *target, Py_ssize_t cell, const char *what) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int ok = view.len == cell;
+    if (ok)
+        memcpy(target, view.buf, cell);
+    else
+        PyErr_Format(PyExc_ValueError, "the %s template is %zd bytes, a cell is %zd", what, view.len, cell);
+    PyBuffer_Release(&view);
+    return ok ? 0 : -1;
+}
+
+static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"core", "head_templates", "fields_template", "text_template", "field_slots",
+                             "seq_offset", "timestamp_offset", "text_length_offset", "text_data_offset",
+                             "ids", "clock", "fallback", NULL};
+    PyObject *core, *head_plain, *head_with_text, *fields_template, *text_template, *slots, *ids, *clock,
+        *fallback;
+    Py_ssize_t seq_off, ts_off, length_off, data_off;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!(OO)OOO!nnnnO!OO", kwlist, &WriterCoreType, &core,
+                                     &head_plain, &head_with_text, &fields_template, &text_template,
+                                     &PyTuple_Type, &slots, &seq_off, &ts_off, &length_off, &data_off,
+                                     &PyDict_Type, &ids, &clock, &fallback))
+        return -1;
+    WriterCore *writer = (WriterCore *)core;
+    if (self->core != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FieldsEmitter is already initialised");
+        return -1;
+    }
+    if (!core_ready(writer))
+        return -1;
+    Py_ssize_t cell = writer->cell_size, n = PyTuple_GET_SIZE(slots);
+    if (n > MAX_FIELDS || (clock != Py_None && !PyCallable_Check(clock)) || !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_ValueError, "at most 13 field slots, a callable (or None) clock, a callable fallback");
+        return -1;
+    }
+    if (seq_off < 0 || seq_off + 4 > cell || ts_off < 0 || ts_off + 8 > cell || length_off < 0 ||
+        length_off >= cell || data_off < 0 || data_off > cell) {
+        PyErr_SetString(PyExc_ValueError, "an offset does not fit a cell");
+        return -1;
+    }
+    self->fields_cell = fields_template != Py_None;
+    if (copy_cell(head_plain, self->head_plain, cell, "head") ||
+        copy_cell(head_with_text, self->head_with_text, cell, "head (with text)") ||
+        (self->fields_cell && copy_cell(fields_template, self->fields, cell, "fields")) ||
+        copy_cell(text_template, self->text, cell, "text"))
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t which, offset;
+        int kind;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(slots, i), "nnC", &which, &offset, &kind))
+            return -1;
+        if (which < 0 || which > self->fields_cell || offset < 0 || offset + 8 > cell ||
+            (kind != 'q' && kind != 'd' && kind != 'n')) {
+            PyErr_Format(PyExc_ValueError, "field slot %zd: (cell %zd, offset %zd, kind %c) is not valid", i, which,
+                         offset, kind);
+            return -1;
+        }
+        self->field_cell[i] = which;
+        self->field_off[i] = offset;
+        self->field_kind[i] = (char)kind;
+    }
+    self->n_fields = n;
+    self->seq_off = seq_off;
+    self->ts_off = ts_off;
+    self->text_length_off = length_off;
+    self->text_data_off = data_off;
+    self->text_capacity = cell - data_off < 255 ? cell - data_off : 255;
+    Py_INCREF(ids);
+    self->ids = ids;
+    Py_INCREF(clock);
+    self->clock = clock;
+    Py_INCREF(fallback);
+    self->fallback = fallback;
+    Py_INCREF(core);
+    self->core = writer;
+    return 0;
+}
+
+static PyObject *fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    FieldsEmitter *self = (FieldsEmitter *)type->tp_alloc(type, 0); /* zero-filled */
+    if (self != NULL)
+        self->vectorcall = fields_call;
+    return (PyObject *)self;
+}
+
+static void fields_dealloc(FieldsEmitter *self) {
+    Py_XDECREF(self->core);
+    Py_XDECREF(self->ids);
+    Py_XDECREF(self->clock);
+    Py_XDECREF(self->fallback);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject FieldsEmitterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpcache.shm._ringfast.FieldsEmitter",
+    .tp_doc = "emit(fields, session_id) -> bool: publish one fixed-field record into a ring (compiled hot path).",
+    .tp_basicsize = sizeof(FieldsEmitter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = fields_new,
+    .tp_init = (initproc)fields_init,
+    .tp_dealloc = (destructor)fields_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FieldsEmitter, vectorcall),
+};
+
 /* -------------------------------------------------------------------- module */
 
 static struct PyModuleDef ringfast_module = {
@@ -457,15 +699,18 @@ PyMODINIT_FUNC PyInit__ringfast(void) {
     str_pack = PyUnicode_InternFromString("pack");
     if (struct_error == NULL || str_pack_into == NULL || str_pack == NULL)
         return NULL;
-    if (PyType_Ready(&WriterCoreType) < 0 || PyType_Ready(&OneCellEmitterType) < 0)
+    if (PyType_Ready(&WriterCoreType) < 0 || PyType_Ready(&OneCellEmitterType) < 0 ||
+        PyType_Ready(&FieldsEmitterType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&ringfast_module);
     if (module == NULL)
         return NULL;
     Py_INCREF(&WriterCoreType);
     Py_INCREF(&OneCellEmitterType);
+    Py_INCREF(&FieldsEmitterType);
     if (PyModule_AddObject(module, "WriterCore", (PyObject *)&WriterCoreType) < 0 ||
-        PyModule_AddObject(module, "OneCellEmitter", (PyObject *)&OneCellEmitterType) < 0) {
+        PyModule_AddObject(module, "OneCellEmitter", (PyObject *)&OneCellEmitterType) < 0 ||
+        PyModule_AddObject(module, "FieldsEmitter", (PyObject *)&FieldsEmitterType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -141,6 +141,8 @@ CELL_TEXT = 6
 
 CELL_OFF_SEQ = 0  # byte offsets within a cell
 CELL_OFF_SLOTS = 8
+TEXT_OFF_LENGTH = 9  # within a CELL_TEXT cell: bytes used, then the UTF-8
+TEXT_OFF_DATA = 10
 
 HEAD_FIELD_SLOTS = 6  # fixed fields carried in the head cell
 INLINE_SALT_SLOT = 4  # head slots 4-6 hold the first salt group when the schema allows

@@ -150,17 +150,17 @@ class _PythonWriterCore:
 
 
 def _writer_implementation():
-    """(writer core class, compiled one-cell emitter type or None), chosen once at import."""
+    """(writer core class, compiled one-cell and fields emitter types or None), chosen once at import."""
     if os.environ.get("MPCACHE_PURE_PYTHON", "") not in ("", "0"):
-        return _PythonWriterCore, None
+        return _PythonWriterCore, None, None
     try:
-        from mpcache.shm._ringfast import OneCellEmitter, WriterCore
+        from mpcache.shm._ringfast import FieldsEmitter, OneCellEmitter, WriterCore
     except ImportError:
-        return _PythonWriterCore, None
-    return WriterCore, OneCellEmitter
+        return _PythonWriterCore, None, None
+    return WriterCore, OneCellEmitter, FieldsEmitter
 
 
-_WriterCore, _CompiledOneCellEmitter = _writer_implementation()
+_WriterCore, _CompiledOneCellEmitter, _CompiledFieldsEmitter = _writer_implementation()
 COMPILED_PUBLISH = _CompiledOneCellEmitter is not None
 """Whether this process publishes through the compiled writer (the benchmarks report it)."""
 
@@ -225,6 +225,28 @@ class RingWriter(_WriterCore):
             return True
 
         return emit
+
+    def fields_emitter(self, *, head_templates: tuple[bytes, bytes], fields_template: bytes | None,
+                       text_template: bytes, field_slots: tuple[tuple[int, int, str], ...], ids: dict[str, int],
+                       clock_ns: Callable[[], int], fallback: Callable[[tuple, str], bool]) -> Callable[[tuple, str], bool]:
+        """``emit(fields, session_id)`` for records of fixed fields and an optional one-cell text.
+
+        The compiled emitter stamps the templates (head without / with the
+        text cell, the FIELDS cell or None, the text cell) with the sequence
+        number, the timestamp, each field at its ``(cell, byte offset, kind)``
+        slot (kind ``q`` int64, ``d`` float64, ``n`` a name looked up in
+        ``ids``) and the text; it hands every call that is not that regular
+        case to ``fallback``, the Python emitter, before writing anything.
+        Without the extension this returns ``fallback`` itself.
+        """
+        if _CompiledFieldsEmitter is None:
+            return fallback
+        return _CompiledFieldsEmitter(
+            core=self, head_templates=head_templates, fields_template=fields_template, text_template=text_template,
+            field_slots=field_slots, seq_offset=layout.CELL_OFF_SEQ, timestamp_offset=layout.slot_offset(0),
+            text_length_offset=layout.TEXT_OFF_LENGTH, text_data_offset=layout.TEXT_OFF_DATA, ids=ids,
+            clock=None if clock_ns is time.time_ns else clock_ns, fallback=fallback,
+        )
 
 
 def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:

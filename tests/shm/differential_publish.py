@@ -33,8 +33,33 @@ ONE_CELL = [E.L1_WRITE_FINISHED, E.L1_READ_RESERVED, E.L1_KEYS_EVICTED]
 BAD_VALUES = [2**63, -(2**63) - 1, 1.5, "7", None]
 
 
+SESSIONS = ["", "s" * 5, "s" * 54, "s" * 55, "s" * 130, "é" * 27, "é" * 28, "\ud800", None, b"bytes"]
+FLOATS = [0.5, -2.25, 3, True, 2**1100, "x", float("inf")]
+
+
+def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
+    """Fixed-field events (the compiled fields emitter and its Python fallback): every field kind,
+    names old and new, session ids at and past one text cell, values that are not the regular case."""
+    choice = rng.randrange(4)
+    if choice == 0:
+        fields = (rng.choice(FLOATS), rng.choice(FLOATS), rng.choice([True, False, 1, 2**64]))
+        return publisher.emit(E.L1_EVICTION_LOOP_TICK, fields)
+    if choice == 1:
+        fields = ["model", f"salt{rng.randrange(8)}", 3, 4, 5, 6, 7, rng.choice(["none", "l1_miss", 9])]
+        if rng.random() < 0.1:
+            fields = fields[:-1]  # the wrong number of fields
+        return publisher.emit(E.MP_LOOKUP_PREFETCH_END, tuple(fields) if rng.random() < 0.5 else fields,
+                              session_id=rng.choice(SESSIONS))
+    if choice == 2:
+        return publisher.emit(E.MP_REQUEST_START, session_id=rng.choice(SESSIONS))
+    return publisher.emit(E.CB_RETRIEVE_END, (rng.randrange(3), rng.randrange(9), rng.random() < 0.5, 0),
+                          session_id=rng.choice(SESSIONS))
+
+
 def one_step(rng: random.Random, publisher: Publisher, reader: RingReader, ids: list[int]) -> object:
-    choice = rng.randrange(11)
+    choice = rng.randrange(13)
+    if choice >= 11:
+        return fixed_field_step(rng, publisher)
     if choice <= 3:
         values = [rng.choice(ids), rng.choice(ids), rng.randrange(-5, 1 << 40)]
         if rng.random() < 0.1:

@@ -172,3 +172,32 @@ def test_emitter_keeps_the_mapping_alive_after_the_segment_is_closed(ring):
 
     assert emit(1, 2, 3) is True
     assert 1 == ring.writer._head
+
+
+@compiled_only
+def test_regular_fixed_field_events_never_reach_the_python_emitter(ring, monkeypatch):
+    """Known names, int/bool/float values and a one-cell session id are published in C; a new name
+    or a longer session id goes to the Python emitter; either way the reader gets the same event."""
+    fallbacks = []
+    python_emitter = Publisher._make_python_plain_emitter
+
+    def spying(self, shape):
+        emit = python_emitter(self, shape)
+        return lambda fields, session_id: fallbacks.append(E(shape.etype)) or emit(fields, session_id)
+
+    monkeypatch.setattr(Publisher, "_make_python_plain_emitter", spying)
+    publisher = wall_clock_publisher(ring)
+    publisher.name_id("cpu"), publisher.name_id("llama")
+    assert publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5, 1, True))
+    assert publisher.emit(E.MP_STORE_START, ("cpu", 3, "llama"), session_id="req-é")
+    assert publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, False), session_id="r" * 54)
+    assert [] == fallbacks
+    assert publisher.emit(E.MP_STORE_START, ("gpu", 3, "llama"), session_id="req-2")
+    assert publisher.emit(E.MP_REQUEST_START, session_id="r" * 55)
+    assert [E.MP_STORE_START, E.MP_REQUEST_START] == fallbacks
+
+    events = EventBatch(0, ring.reader.read_batch(), ring.names).events()
+    assert [(0.5, 1.0, True), ("cpu", 3, "llama"), (1, 2, 3, 4, 5, 6, False), ("gpu", 3, "llama"), ()] == [
+        tuple(event.fields.values()) for event in events]
+    assert ["", "req-é", "r" * 54, "req-2", "r" * 55] == [event.session_id for event in events]
+    assert list(range(5)) == [event.seq for event in events]
