@@ -12,8 +12,10 @@ closure in :meth:`RingWriter.one_cell_emitter`), used without the extension or
 with ``MPCACHE_PURE_PYTHON=1`` in the environment.  The reason is the hottest
 publish, a one-cell record: in Python it cannot get under the ~350 ns that one
 ``pack_into`` plus a timestamp cost on a 2-vCPU machine; in C it is the cost of
-one call (~70 ns).  The extension knows no offsets of its own: ring.py hands it
-the cell size, a template cell and every offset from :mod:`~mpcache.shm.layout`.
+one call (~70 ns).  The request path's fixed-field events have a compiled
+emitter too (:meth:`RingWriter.fields_emitter`).  The extension knows no offsets
+of its own: it is handed the cell size, template cells and every offset from
+:mod:`~mpcache.shm.layout`.
 """
 
 from __future__ import annotations
