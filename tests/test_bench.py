@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
 from mpcache.bench import __main__ as bench_main
 from mpcache.bench import drain, publish
 from mpcache.shm.ring import COMPILED_PUBLISH
@@ -57,3 +65,26 @@ def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
     bench_main.write_report(scrape, str(path))
     text = path.read_text()
     assert (1, 1, 1) == (text.count("## Analysis"), text.count("## Raw results"), text.count("\nwhy\n"))
+
+
+def test_sigterm_stops_a_benchmark_with_its_children_and_shared_memory():
+    """SIGTERM mid-soak: exit status 130, every child process gone, no segment of the run left."""
+    bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "soak", "--seconds", "30", "--rate", "20000"],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        children: list[psutil.Process] = []
+        while len(children) < 3:  # the telemetry process and two producers
+            assert time.monotonic() < deadline and bench.poll() is None, "the soak did not start its children"
+            children = psutil.Process(bench.pid).children(recursive=True)
+            time.sleep(0.05)
+        bench.send_signal(signal.SIGTERM)
+        _, stderr = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    _, alive = psutil.wait_procs(children, timeout=10)
+
+    assert 130 == bench.returncode, stderr
+    assert [] == alive
+    assert [] == [name for name in os.listdir("/dev/shm") if name.startswith(f"mpcache.{bench.pid}.")]

@@ -11,8 +11,9 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from mpcache.bench import drain, e2e, publish, scrape, soak
 
@@ -104,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         options = {"seconds": args.seconds, "rate": args.rate} if module is soak else {}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
+    try:
+        return _run(args, one, progress)
+    except KeyboardInterrupt:
+        progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
+        return 130
+
+
+def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progress: Callable[[str], None]) -> int:
     if args.name == "report":
         results = {name: one(name) for name in BENCHMARKS}
         write_report(results, args.output)

@@ -23,6 +23,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from mpcache.bench.children import kill_running
 from mpcache.bench.reference import ReferenceMetrics, RefEvent
 from mpcache.config import Config
 from mpcache.events import EventType as E
@@ -96,11 +97,14 @@ def _fill_rings(config: Config) -> int:
         for i in range(config.workers)
     ]
     dropped = 0
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"producer exited {proc.returncode}")
-        dropped += int(out.strip() or 0)
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"producer exited {proc.returncode}")
+            dropped += int(out.strip() or 0)
+    finally:
+        kill_running(procs)
     return dropped
 
 

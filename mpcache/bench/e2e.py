@@ -13,7 +13,6 @@ one store, one lookup_prefetch or one retrieve.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable
+
+from mpcache.bench.children import kill_running, stop
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("none", "ring", "inprocess")
@@ -81,6 +82,7 @@ def _one_run(mode: str) -> float:
              "--l1-size", "64MiB", "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        clients: list[subprocess.Popen] = []
         try:
             sockets = [os.path.join(runtime, f"cache{i}.sock") for i in range(CLIENTS)]
             deadline = time.monotonic() + 30
@@ -88,7 +90,7 @@ def _one_run(mode: str) -> float:
                 if time.monotonic() > deadline or service.poll() is not None:
                     raise RuntimeError(f"the service ({mode}) did not start")
                 time.sleep(0.05)
-            clients = [
+            clients += [
                 subprocess.Popen(
                     [sys.executable, "-c", f"from mpcache.bench.e2e import client_loop; "
                      f"client_loop({path!r}, {SECONDS}, {WARMUP_S}, {i + 1})"],
@@ -104,11 +106,8 @@ def _one_run(mode: str) -> float:
                 total += float(out.strip())
             return total
         finally:
-            service.send_signal(signal.SIGTERM)
-            try:
-                service.wait(30)
-            except subprocess.TimeoutExpired:
-                service.kill()
+            kill_running(clients)
+            stop(service)
 
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

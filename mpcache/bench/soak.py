@@ -17,7 +17,6 @@ about leaks.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any, Callable
 
 import psutil
 
+from mpcache.bench.children import kill_running, stop
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.shm.provision import create_segments, unlink_segments
@@ -82,6 +82,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             handle.write(config.to_json())
         telemetry = subprocess.Popen([sys.executable, "-m", "mpcache.telemetry", "--config", config_path],
                                      stderr=subprocess.DEVNULL)
+        producers: list[subprocess.Popen] = []
         try:
             rings = [Segment.attach(config.ring_name(i), layout.HEADER_SIZE) for i in range(PRODUCERS)]
             readers = [RingReader(ring) for ring in rings]  # read-only use: oldest pending timestamp
@@ -90,7 +91,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             rss_start = _private_mb(telemetry_ps)
             progress(f"soak: {PRODUCERS} producers x {rate:,} events/s for {seconds:.0f} s; "
                      f"telemetry anonymous memory at start {rss_start:.1f} MiB")
-            producers = [
+            producers += [
                 subprocess.Popen([sys.executable, "-c", f"from mpcache.bench.soak import paced_produce; "
                                   f"paced_produce({config.ring_name(i)!r}, {rate}, {seconds}, {i})"],
                                  stdout=subprocess.PIPE, text=True)
@@ -114,11 +115,8 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             counters = [read_counters(ring) for ring in rings]
             drops = sum(c.dropped + c.torn + c.malformed for c in counters)
         finally:
-            telemetry.send_signal(signal.SIGTERM)
-            try:
-                telemetry.wait(30)
-            except subprocess.TimeoutExpired:
-                telemetry.kill()
+            kill_running(producers)
+            stop(telemetry)
             unlink_segments(config)
     lags_sorted = sorted(lags)
     p99 = lags_sorted[min(len(lags_sorted) - 1, int(0.99 * len(lags_sorted)))] if lags_sorted else 0.0
