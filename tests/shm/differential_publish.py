@@ -75,7 +75,7 @@ def one_step(rng: random.Random, publisher: Publisher, reader: RingReader, ids: 
         fields = (rng.randrange(9), rng.choice([1, 2**70, "x"]), rng.randrange(9), rng.randrange(9), 0, 0, True)
         return publisher.emit(E.CB_LOOKUP_END, fields)
     if choice == 7:
-        groups = {(f"salt{i}", "model"): i + 1 for i in range(rng.randrange(1, 5))}
+        groups = {(f"salt{i}", "model"): i + 1 for i in range(rng.choice([1, 2, 4, 12]))}  # 12: > 64 pack args
         sampled = [(rng.getrandbits(64), "salt0", "model") for _ in range(rng.randrange(3))]
         return publisher.emit(E.L1_READ_FINISHED, salt_counts=groups, sampled=sampled)
     if choice == 8:
