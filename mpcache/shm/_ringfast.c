@@ -191,7 +191,8 @@ static PyObject *call_with(PyObject *method, PyObject *record, PyObject **prefix
         PyErr_NoMemory();
     } else {
         vector[0] = record;
-        memcpy(vector + 1, prefix, nprefix * sizeof(PyObject *));
+        if (nprefix)
+            memcpy(vector + 1, prefix, nprefix * sizeof(PyObject *));
         memcpy(vector + 1 + nprefix, PySequence_Fast_ITEMS(seq), n * sizeof(PyObject *));
         result = PyObject_VectorcallMethod(method, vector, total | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (vector != stack)
@@ -428,9 +429,23 @@ done:
     return result;
 }
 
+/* The emitters take part in garbage collection: a Publisher holds them, and an injected clock
+ * or the fallback emitter can hold the Publisher, a cycle only the collector can break. */
+static int emitter_traverse(OneCellEmitter *self, visitproc visit, void *arg) {
+    Py_VISIT(self->core);
+    Py_VISIT(self->clock);
+    return 0;
+}
+
+static int emitter_clear(OneCellEmitter *self) {
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->clock);
+    return 0;
+}
+
 static void emitter_dealloc(OneCellEmitter *self) {
-    Py_XDECREF(self->core);
-    Py_XDECREF(self->clock);
+    PyObject_GC_UnTrack(self);
+    emitter_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -439,10 +454,12 @@ static PyTypeObject OneCellEmitterType = {
     .tp_name = "mpcache.shm._ringfast.OneCellEmitter",
     .tp_doc = "emit(a, b, c) -> bool: publish one templated cell into a ring (compiled hot path).",
     .tp_basicsize = sizeof(OneCellEmitter),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_new = emitter_new,
     .tp_init = (initproc)emitter_init,
     .tp_dealloc = (destructor)emitter_dealloc,
+    .tp_traverse = (traverseproc)emitter_traverse,
+    .tp_clear = (inquiry)emitter_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(OneCellEmitter, vectorcall),
 };
@@ -659,11 +676,25 @@ static PyObject *fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     return (PyObject *)self;
 }
 
+static int fields_traverse(FieldsEmitter *self, visitproc visit, void *arg) {
+    Py_VISIT(self->core);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int fields_clear(FieldsEmitter *self) {
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
 static void fields_dealloc(FieldsEmitter *self) {
-    Py_XDECREF(self->core);
-    Py_XDECREF(self->ids);
-    Py_XDECREF(self->clock);
-    Py_XDECREF(self->fallback);
+    PyObject_GC_UnTrack(self);
+    fields_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -672,10 +703,12 @@ static PyTypeObject FieldsEmitterType = {
     .tp_name = "mpcache.shm._ringfast.FieldsEmitter",
     .tp_doc = "emit(fields, session_id) -> bool: publish one fixed-field record into a ring (compiled hot path).",
     .tp_basicsize = sizeof(FieldsEmitter),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_new = fields_new,
     .tp_init = (initproc)fields_init,
     .tp_dealloc = (destructor)fields_dealloc,
+    .tp_traverse = (traverseproc)fields_traverse,
+    .tp_clear = (inquiry)fields_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(FieldsEmitter, vectorcall),
 };

@@ -8,6 +8,7 @@ head, drop and sequence bookkeeping.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,14 @@ def test_regular_fixed_field_events_never_reach_the_python_emitter(ring, monkeyp
         tuple(event.fields.values()) for event in events]
     assert ["", "req-é", "r" * 54, "req-2", "r" * 55] == [event.session_id for event in events]
     assert list(range(5)) == [event.seq for event in events]
+
+
+def test_a_dropped_publisher_is_collected_with_its_emitters(ring):
+    """Publisher → emitters → fallback closure → Publisher is a cycle; the compiled emitters take part
+    in garbage collection, so it is collected (and the writer's hold on the mapping goes with it)."""
+    publisher = wall_clock_publisher(ring)
+    collected = weakref.ref(publisher)
+    del publisher
+    gc.collect()
+
+    assert collected() is None
