@@ -125,8 +125,8 @@ class Publisher:
             etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items() if not shape.inline_salt
         }
 
-    def _make_plain_emitter(self, shape: _Shape) -> Callable[[tuple, str], bool]:
-        """``emit(fields, session_id)`` for one event type: fixed fields and at most a
+    def _make_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
+        """``emit(fields, session_id, timestamp_ns=None)`` for one event type: fixed fields and at most a
         one-cell session id — the MP server's events, a dozen per request — built once
         with the record shapes and name positions bound.  Compiled where the ring's
         writer is (:meth:`~mpcache.shm.ring.RingWriter.fields_emitter`), with the
@@ -152,7 +152,7 @@ class Publisher:
             fallback=python_emit,
         )
 
-    def _make_python_plain_emitter(self, shape: _Shape) -> Callable[[tuple, str], bool]:
+    def _make_python_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
         """The Python form of :meth:`_make_plain_emitter`'s emitter (and its fallback)."""
         without_session, with_session = self._plain_records[shape.etype]
         etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
@@ -162,7 +162,7 @@ class Publisher:
         general = self._emit
         eventtype = EventType(etype)
 
-        def emit(fields: tuple, session_id: str) -> bool:
+        def emit(fields: tuple, session_id: str, timestamp_ns: int | None = None) -> bool:
             try:
                 if len(fields) != n_fields:
                     raise ValueError(f"{eventtype.name} takes {n_fields} fields, got {len(fields)}")
@@ -175,10 +175,11 @@ class Publisher:
                 writer.count_drop()
                 return False
             if len(data) > layout.TEXT_BYTES_PER_CELL:
-                return general(eventtype, fields, None, (), session_id, (), (), None)
+                return general(eventtype, fields, None, (), session_id, (), (), timestamp_ns)
             seq = writer.seq & _MASK32
             ncells = 1 + fields_cell + (1 if data else 0)
-            args = [seq, cell_head, etype, ncells, clock_ns(), *values[:head]]
+            timestamp = clock_ns() if timestamp_ns is None else timestamp_ns
+            args = [seq, cell_head, etype, ncells, timestamp, *values[:head]]
             if fields_cell:
                 args += (seq, cell_fields, etype, 1, *values[head:])
             if data:
@@ -234,10 +235,10 @@ class Publisher:
     ) -> bool:
         """Publish one event; False if it was dropped (ring full or bad values).  Never raises."""
         if self._lock is None:
-            if not (salt_counts or sampled or texts or blocks or timestamp_ns):
+            if not (salt_counts or sampled or texts or blocks):
                 plain = self._plain_emitters.get(etype)
                 if plain is not None:
-                    return plain(fields, session_id)
+                    return plain(fields, session_id, timestamp_ns)
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
         with self._lock:
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)

@@ -12,7 +12,7 @@
  *                    values, copies it into the ring and commits it.  The
  *                    commonest publish in one C call.
  *
- *   FieldsEmitter  — emit(fields, session_id) for one event type: its fixed
+ *   FieldsEmitter  — emit(fields, session_id[, timestamp_ns]) for one event type: its fixed
  *                    fields (ints, bools, floats, interned names) in a head
  *                    cell and at most one FIELDS cell, and a session id of at
  *                    most one TEXT cell.  Whatever is not that regular case (a
@@ -475,7 +475,7 @@ typedef struct {
     WriterCore *core;   /* strong references from here on */
     PyObject *ids;      /* dict: name -> interned id */
     PyObject *clock;    /* None: CLOCK_REALTIME; else called for ns */
-    PyObject *fallback; /* the Python emitter: fallback(fields, session_id) -> bool */
+    PyObject *fallback; /* the Python emitter: fallback(fields, session_id[, timestamp_ns]) -> bool */
     Py_ssize_t n_fields, seq_off, ts_off, text_length_off, text_data_off, text_capacity;
     Py_ssize_t field_cell[MAX_FIELDS], field_off[MAX_FIELDS];
     char field_kind[MAX_FIELDS]; /* 'q' int64 (int, bool), 'd' float64, 'n' interned name */
@@ -522,8 +522,8 @@ static int field_bits(FieldsEmitter *self, char kind, PyObject *value, int64_t *
 static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     FieldsEmitter *self = (FieldsEmitter *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_Format(PyExc_TypeError, "emit() takes exactly 2 positional arguments (%zd given)", nargs);
+    if (nargs < 2 || nargs > 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "emit() takes 2 or 3 positional arguments (%zd given)", nargs);
         return NULL;
     }
     if (self->core == NULL) {
@@ -540,7 +540,7 @@ static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t n
         items = PySequence_Fast_ITEMS(fields);
         n = PyList_GET_SIZE(fields);
     } else {
-        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+        return PyObject_Vectorcall(self->fallback, args, nargs, NULL);
     }
     int64_t bits[MAX_FIELDS];
     const char *text = NULL;
@@ -554,14 +554,19 @@ static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t n
             PyErr_Clear();
         regular = text != NULL && text_len <= self->text_capacity;
     }
-    if (!regular)
-        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    PyObject *given = nargs == 3 ? args[2] : Py_None; /* the timestamp, when the caller has one */
     int64_t stamp;
-    if (timestamp_ns(self->clock, &stamp)) { /* before the room check, as in Python */
+    if (regular && given != Py_None)
+        regular = PyLong_CheckExact(given) && read_int64(given, &stamp) == 0;
+    if (!regular) {
+        PyErr_Clear();
+        return PyObject_Vectorcall(self->fallback, args, nargs, NULL);
+    }
+    if (given == Py_None && timestamp_ns(self->clock, &stamp)) { /* before the room check, as in Python */
         if (!is_bad_value_error())
             return NULL;
         PyErr_Clear();
-        return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+        return PyObject_Vectorcall(self->fallback, args, nargs, NULL);
     }
     WriterCore *core = self->core;
     Py_ssize_t cell = core->cell_size, ncells = 1 + self->fields_cell + (text_len > 0);
@@ -701,7 +706,7 @@ static void fields_dealloc(FieldsEmitter *self) {
 static PyTypeObject FieldsEmitterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpcache.shm._ringfast.FieldsEmitter",
-    .tp_doc = "emit(fields, session_id) -> bool: publish one fixed-field record into a ring (compiled hot path).",
+    .tp_doc = "emit(fields, session_id[, timestamp_ns]) -> bool: publish one fixed-field record (compiled hot path).",
     .tp_basicsize = sizeof(FieldsEmitter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_new = fields_new,

@@ -230,12 +230,13 @@ class RingWriter(_WriterCore):
 
     def fields_emitter(self, *, head_templates: tuple[bytes, bytes], fields_template: bytes | None,
                        text_template: bytes, field_slots: tuple[tuple[int, int, str], ...], ids: dict[str, int],
-                       clock_ns: Callable[[], int], fallback: Callable[[tuple, str], bool]) -> Callable[[tuple, str], bool]:
-        """``emit(fields, session_id)`` for records of fixed fields and an optional one-cell text.
+                       clock_ns: Callable[[], int], fallback: Callable[..., bool]) -> Callable[..., bool]:
+        """``emit(fields, session_id, timestamp_ns=None)`` for records of fixed fields and an optional
+        one-cell text.
 
         The compiled emitter stamps the templates (head without / with the
         text cell, the FIELDS cell or None, the text cell) with the sequence
-        number, the timestamp, each field at its ``(cell, byte offset, kind)``
+        number, the timestamp (``timestamp_ns``, or the clock's), each field at its ``(cell, byte offset, kind)``
         slot (kind ``q`` int64, ``d`` float64, ``n`` a name looked up in
         ``ids``) and the text; it hands every call that is not that regular
         case to ``fallback``, the Python emitter, before writing anything.

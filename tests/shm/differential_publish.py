@@ -51,7 +51,8 @@ def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
         return publisher.emit(E.MP_LOOKUP_PREFETCH_END, tuple(fields) if rng.random() < 0.5 else fields,
                               session_id=rng.choice(SESSIONS))
     if choice == 2:
-        return publisher.emit(E.MP_REQUEST_START, session_id=rng.choice(SESSIONS))
+        return publisher.emit(E.MP_REQUEST_START, session_id=rng.choice(SESSIONS),
+                              timestamp_ns=rng.choice([None, None, 1_600_000_000_000_000_000, 2**64, "x"]))
     return publisher.emit(E.CB_RETRIEVE_END, (rng.randrange(3), rng.randrange(9), rng.random() < 0.5, 0),
                           session_id=rng.choice(SESSIONS))
 

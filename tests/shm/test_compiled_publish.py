@@ -185,14 +185,14 @@ def test_regular_fixed_field_events_never_reach_the_python_emitter(ring, monkeyp
 
     def spying(self, shape):
         emit = python_emitter(self, shape)
-        return lambda fields, session_id: fallbacks.append(E(shape.etype)) or emit(fields, session_id)
+        return lambda *args: fallbacks.append(E(shape.etype)) or emit(*args)
 
     monkeypatch.setattr(Publisher, "_make_python_plain_emitter", spying)
     publisher = wall_clock_publisher(ring)
     publisher.name_id("cpu"), publisher.name_id("llama")
     assert publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5, 1, True))
     assert publisher.emit(E.MP_STORE_START, ("cpu", 3, "llama"), session_id="req-é")
-    assert publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, False), session_id="r" * 54)
+    assert publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, False), session_id="r" * 54, timestamp_ns=77)
     assert [] == fallbacks
     assert publisher.emit(E.MP_STORE_START, ("gpu", 3, "llama"), session_id="req-2")
     assert publisher.emit(E.MP_REQUEST_START, session_id="r" * 55)
@@ -203,6 +203,7 @@ def test_regular_fixed_field_events_never_reach_the_python_emitter(ring, monkeyp
         tuple(event.fields.values()) for event in events]
     assert ["", "req-é", "r" * 54, "req-2", "r" * 55] == [event.session_id for event in events]
     assert list(range(5)) == [event.seq for event in events]
+    assert 77 == events[2].timestamp_ns
 
 
 def test_a_dropped_publisher_is_collected_with_its_emitters(ring):
