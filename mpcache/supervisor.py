@@ -41,6 +41,7 @@ from mpcache.errors import ConfigError
 from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.provision import create_segments, recover_ring, unlink_segments
+from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, leftover_segments
 
 CRASH_WINDOW_S = 30.0
@@ -466,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, supervisor.request_stop)
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
              metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
-             otlp_endpoint=config.otlp_endpoint or None)
+             otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH)
+    if PUBLISH_PATH == PUBLISH_PYTHON_NOT_BUILT:
+        log.warning("supervisor.slow_publish_path", publish_path=PUBLISH_PATH,
+                    hint="no C compiler or Python headers when mpcache was installed: cache processes publish "
+                         "through the pure-Python writer, about 7x the cost per event; install gcc and "
+                         "python3-dev, then reinstall mpcache")
     try:
         supervisor.start()
         supervisor.watch()

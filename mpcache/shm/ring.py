@@ -151,20 +151,25 @@ class _PythonWriterCore:
         self._buf[self._cells_off : self._cells_off + len(data) - first] = data[first:]
 
 
+PUBLISH_COMPILED = "compiled"
+PUBLISH_PYTHON_BY_CHOICE = "python (MPCACHE_PURE_PYTHON is set)"
+PUBLISH_PYTHON_NOT_BUILT = "python (mpcache.shm._ringfast was not built)"
+
+
 def _writer_implementation():
-    """(writer core class, compiled one-cell and fields emitter types or None), chosen once at import."""
+    """(how this process publishes, writer core class, compiled emitter types or None), chosen once."""
     if os.environ.get("MPCACHE_PURE_PYTHON", "") not in ("", "0"):
-        return _PythonWriterCore, None, None
+        return PUBLISH_PYTHON_BY_CHOICE, _PythonWriterCore, None, None
     try:
         from mpcache.shm._ringfast import FieldsEmitter, OneCellEmitter, WriterCore
     except ImportError:
-        return _PythonWriterCore, None, None
-    return WriterCore, OneCellEmitter, FieldsEmitter
+        return PUBLISH_PYTHON_NOT_BUILT, _PythonWriterCore, None, None
+    return PUBLISH_COMPILED, WriterCore, OneCellEmitter, FieldsEmitter
 
 
-_WriterCore, _CompiledOneCellEmitter, _CompiledFieldsEmitter = _writer_implementation()
-COMPILED_PUBLISH = _CompiledOneCellEmitter is not None
-"""Whether this process publishes through the compiled writer (the benchmarks report it)."""
+PUBLISH_PATH, _WriterCore, _CompiledOneCellEmitter, _CompiledFieldsEmitter = _writer_implementation()
+"""How this process publishes: one of the three PUBLISH_* strings (the supervisor logs it at start)."""
+COMPILED_PUBLISH = PUBLISH_PATH == PUBLISH_COMPILED
 
 
 class RingWriter(_WriterCore):

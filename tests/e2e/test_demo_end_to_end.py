@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from mpcache.shm.ring import PUBLISH_PATH
 from mpcache_service import wait_for
 
 pytestmark = pytest.mark.slow
@@ -114,3 +115,5 @@ def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:
     assert not service.runtime_dir.exists()
     roles = {line.get("child_role") for line in service.log_lines() if line.get("event") == "child.started"}
     assert {"telemetry", "cache", "demo"} == roles
+    [started] = [line for line in service.log_lines() if line.get("event") == "supervisor.started"]
+    assert PUBLISH_PATH == started["publish_path"]  # the operator can see which writer publishes

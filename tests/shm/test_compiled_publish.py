@@ -215,3 +215,21 @@ def test_a_dropped_publisher_is_collected_with_its_emitters(ring):
     gc.collect()
 
     assert collected() is None
+
+
+@pytest.mark.parametrize(("environment", "block_extension", "expected"), [
+    ({}, False, ring_module.PUBLISH_COMPILED),
+    ({"MPCACHE_PURE_PYTHON": "1"}, False, ring_module.PUBLISH_PYTHON_BY_CHOICE),
+    ({}, True, ring_module.PUBLISH_PYTHON_NOT_BUILT),
+])
+def test_publish_path_says_which_writer_runs_and_why(environment, block_extension, expected):
+    """The writer is chosen once at import: compiled, Python by choice, or Python because the
+    extension is missing (simulated by blocking its import) — the reason the supervisor logs."""
+    if expected == ring_module.PUBLISH_COMPILED and not ring_module.COMPILED_PUBLISH:
+        pytest.skip("mpcache.shm._ringfast is not built here")
+    block = "sys.modules['mpcache.shm._ringfast'] = None; " if block_extension else ""
+    script = f"import sys; {block}from mpcache.shm import ring; print(ring.PUBLISH_PATH, ring.COMPILED_PUBLISH)"
+    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_PURE_PYTHON"} | environment
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+
+    assert f"{expected} {expected == ring_module.PUBLISH_COMPILED}" == out.stdout.strip(), out.stderr
