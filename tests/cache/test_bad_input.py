@@ -94,10 +94,16 @@ def test_bad_request_gets_an_error_reply_and_the_server_keeps_serving(raw, case)
     """Each malformed or invalid request is answered with ok=False, a one-line error naming the
     problem and its type; the same connection and another client then work normally, and a
     refused store publishes no event and touches no L1 slot."""
-    harness, conn, buffer_id, bystander, bystander_kv = raw
+    harness, conn, buffer_id, _, _ = raw
     build, error_type, fragment = BAD_REQUESTS[case]
     harness.events.take()
-    reply = conn.request(build(buffer_id))
+    assert_refused_harmlessly(raw, conn.request(build(buffer_id)), error_type, fragment)
+
+
+def assert_refused_harmlessly(raw, reply: dict, error_type: str, fragment: str) -> None:
+    """``reply`` is a one-line error of ``error_type`` naming ``fragment``; since the events were last
+    taken nothing was published and no L1 slot used; the connection and a bystander then store."""
+    harness, conn, buffer_id, bystander, bystander_kv = raw
     assert (False, error_type) == (reply["ok"], reply["error_type"])
     assert fragment in reply["error"] and "\n" not in reply["error"]
     assert 0 == len(harness.events.take())
