@@ -141,10 +141,15 @@ static int core_ready(WriterCore *self) {
     return 1;
 }
 
-static void count_drop(WriterCore *self) {
-    self->seq++; /* a dropped record spends its sequence number: the gap is visible to the reader */
+/* One more record in the shared dropped word (the producer is its only writer). */
+static void bump_dropped(WriterCore *self) {
     __atomic_store_n(self->dropped_word, __atomic_load_n(self->dropped_word, __ATOMIC_RELAXED) + 1,
                      __ATOMIC_RELAXED);
+}
+
+static void count_drop(WriterCore *self) {
+    self->seq++; /* a dropped record spends its sequence number: the gap is visible to the reader */
+    bump_dropped(self);
 }
 
 /* Whether ncells more fit; re-reads the consumer's tail, and counts a drop when they do not. */
@@ -172,8 +177,7 @@ static int is_bad_value_error(void) {
 static PyObject *drop_bad_value(WriterCore *self, unsigned char *head_cell) {
     PyErr_Clear();
     memcpy(head_cell, self->empty_cell, self->cell_size); /* pack may have begun the head cell */
-    __atomic_store_n(self->dropped_word, __atomic_load_n(self->dropped_word, __ATOMIC_RELAXED) + 1,
-                     __ATOMIC_RELAXED);
+    bump_dropped(self);
     Py_RETURN_FALSE;
 }
 
@@ -309,6 +313,20 @@ static PyTypeObject WriterCoreType = {
 
 /* ------------------------------------------------------------ OneCellEmitter */
 
+/* Copy a template cell (any bytes-like object of exactly one cell) into ``target``. */
+static int copy_cell(PyObject *source, unsigned char *target, Py_ssize_t cell, const char *what) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int ok = view.len == cell;
+    if (ok)
+        memcpy(target, view.buf, cell);
+    else
+        PyErr_Format(PyExc_ValueError, "the %s template is %zd bytes, a cell is %zd", what, view.len, cell);
+    PyBuffer_Release(&view);
+    return ok ? 0 : -1;
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -383,37 +401,30 @@ static PyObject *emitter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 static int emitter_init(OneCellEmitter *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"core", "template", "seq_offset", "timestamp_offset", "value_offsets", "clock", NULL};
-    PyObject *core, *clock = Py_None;
-    Py_buffer template;
+    PyObject *core, *template, *clock = Py_None;
     Py_ssize_t seq_off, ts_off, v0, v1, v2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!y*nn(nnn)|O", kwlist, &WriterCoreType, &core, &template,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!Onn(nnn)|O", kwlist, &WriterCoreType, &core, &template,
                                      &seq_off, &ts_off, &v0, &v1, &v2, &clock))
         return -1;
-    int result = -1;
     WriterCore *writer = (WriterCore *)core;
     Py_ssize_t cell = writer->cell_size;
     Py_ssize_t fields[][2] = {{seq_off, 4}, {ts_off, 8}, {v0, 8}, {v1, 8}, {v2, 8}};
     if (self->core != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "OneCellEmitter is already initialised");
-        goto done;
+        return -1;
     }
-    if (!core_ready(writer))
-        goto done;
-    if (template.len != cell) {
-        PyErr_Format(PyExc_ValueError, "the template is %zd bytes, a cell is %zd", template.len, cell);
-        goto done;
-    }
+    if (!core_ready(writer) || copy_cell(template, self->template, cell, "one-cell"))
+        return -1;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         if (fields[i][0] < 0 || fields[i][0] + fields[i][1] > cell) {
             PyErr_Format(PyExc_ValueError, "field offset %zd does not fit a %zd-byte cell", fields[i][0], cell);
-            goto done;
+            return -1;
         }
     }
     if (clock != Py_None && !PyCallable_Check(clock)) {
         PyErr_SetString(PyExc_TypeError, "clock must be None or a callable returning ns");
-        goto done;
+        return -1;
     }
-    memcpy(self->template, template.buf, cell);
     self->seq_off = seq_off;
     self->ts_off = ts_off;
     self->value_off[0] = v0;
@@ -423,10 +434,7 @@ static int emitter_init(OneCellEmitter *self, PyObject *args, PyObject *kwds) {
     self->clock = clock;
     Py_INCREF(core);
     self->core = writer;
-    result = 0;
-done:
-    PyBuffer_Release(&template);
-    return result;
+    return 0;
 }
 
 /* The emitters take part in garbage collection: a Publisher holds them, and an injected clock
@@ -592,19 +600,6 @@ static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t n
         memcpy(core->cells + ((core->head + c) & core->mask) * cell, record + c * cell, cell);
     commit(core, (unsigned long long)ncells);
     Py_RETURN_TRUE;
-}
-
-static int copy_cell(PyObject *source, unsigned char *target, Py_ssize_t cell, const char *what) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0)
-        return -1;
-    int ok = view.len == cell;
-    if (ok)
-        memcpy(target, view.buf, cell);
-    else
-        PyErr_Format(PyExc_ValueError, "the %s template is %zd bytes, a cell is %zd", what, view.len, cell);
-    PyBuffer_Release(&view);
-    return ok ? 0 : -1;
 }
 
 static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
