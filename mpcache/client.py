@@ -44,7 +44,26 @@ class CacheTimeoutError(RequestError, TimeoutError):
     """The server gave up on an operation at its deadline (it published TIMEOUT_RAISED)."""
 
 
-class KVBuffer:
+class RegisteredBuffer:
+    """What every registered KV buffer shares: :meth:`close` (or leaving a ``with`` block)
+    unregisters it once; the client then calls its ``_release``."""
+
+    _client: "CacheClient"
+    blocks: object | None
+
+    def close(self) -> None:
+        """Unregister from the server and free the buffer (idempotent)."""
+        if self.blocks is not None:
+            self._client.unregister_buffer(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class KVBuffer(RegisteredBuffer):
     """A registered shared-memory KV buffer: ``blocks[i]`` is block i (``block_bytes`` uint8).
 
     :meth:`close` (or leaving a ``with`` block) unregisters it and removes the
@@ -60,17 +79,6 @@ class KVBuffer:
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
         self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
-
-    def close(self) -> None:
-        """Unregister from the server and remove the buffer (idempotent)."""
-        if self.blocks is not None:
-            self._client.unregister_buffer(self)
-
-    def __enter__(self) -> "KVBuffer":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     def _release(self) -> None:
         """Unlink the object and drop this process's mapping (if no view of it is still held)."""
@@ -170,7 +178,7 @@ class CacheClient:
         self._buffers[buffer.buffer_id] = buffer
         return buffer
 
-    def unregister_buffer(self, buffer: KVBuffer) -> None:
+    def unregister_buffer(self, buffer: RegisteredBuffer) -> None:
         """Detach the server and remove the buffer (a no-op for one already removed)."""
         if self._buffers.pop(buffer.buffer_id, None) is None:
             return

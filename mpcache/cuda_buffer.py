@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mpcache.client import RegisteredBuffer
+
 if TYPE_CHECKING:  # pragma: no cover
     from mpcache.client import CacheClient
 
 
-class CudaKVBuffer:
+class CudaKVBuffer(RegisteredBuffer):
     """A registered GPU KV buffer: ``blocks[i]`` is block i (a cupy uint8 array of ``block_bytes``).
 
     :meth:`close` unregisters it (the server closes its IPC mapping) and then frees the memory.
@@ -39,17 +41,6 @@ class CudaKVBuffer:
         self.device = device  # as the server names it, e.g. "cuda:0"
         self.blocks = cupy.ndarray((num_blocks, block_bytes), dtype=cupy.uint8,
                                    memptr=cupy.cuda.MemoryPointer(memory, 0))
-
-    def close(self) -> None:
-        """Unregister from the server, then free the GPU memory (idempotent)."""
-        if self.blocks is not None:
-            self._client.unregister_buffer(self)
-
-    def __enter__(self) -> "CudaKVBuffer":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     def _release(self) -> None:
         self.blocks = None
