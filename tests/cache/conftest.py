@@ -17,11 +17,9 @@ from mpcache.cache.server import CacheServer
 from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
-from mpcache.shm.intern import NameTable
 from mpcache.shm.provision import create_segments, unlink_segments
-from mpcache.shm.ring import RingReader
 from mpcache.shm.segment import Segment
-from mpcache.telemetry.batch import EventBatch
+from ring_events import EventLog
 
 CHUNK_BYTES = 4096
 CHUNK_TOKENS = 16
@@ -38,13 +36,6 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, what: str 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.005)
-
-
-def _close(segment: Segment) -> None:
-    try:
-        segment.close()
-    except BufferError:
-        pass
 
 
 def make_config(runtime_dir: str, **overrides) -> Config:
@@ -64,26 +55,6 @@ def make_config(runtime_dir: str, **overrides) -> Config:
     )
     values.update(overrides)
     return Config(**values)
-
-
-class EventLog:
-    """Reads back what a cache process published to its ring."""
-
-    def __init__(self, config: Config, worker: int = 0) -> None:
-        self.segment = Segment.attach(config.ring_name(worker))
-        self.reader = RingReader(self.segment)
-        self.names = NameTable(self.segment.buf, self.reader.intern_capacity)
-
-    def take(self) -> EventBatch:
-        """Everything published since the previous take."""
-        parts = [self.reader.read_batch()]
-        while len(parts[-1]):
-            parts.append(self.reader.read_batch())
-        return EventBatch(0, np.concatenate(parts), self.names)
-
-    def close(self) -> None:
-        self.reader = self.names = None
-        _close(self.segment)
 
 
 class Harness:
@@ -112,7 +83,7 @@ class Harness:
         assert not self.thread.is_alive(), "the server thread did not stop"
         self.events.close()
         self.board = None
-        _close(self._board_segment)
+        self._board_segment.close()
 
 
 @pytest.fixture
@@ -141,7 +112,7 @@ def provisioned(runtime_dir):
     yield make
     for config, segments in made:
         for segment in segments:
-            _close(segment)
+            segment.close()
         unlink_segments(config)
 
 

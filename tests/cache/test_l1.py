@@ -13,7 +13,7 @@ from mpcache.shm.intern import Interner
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
 
-from .conftest import EventLog, _close
+from ring_events import EventLog
 
 M, S = "m", "salt-a"
 
@@ -35,7 +35,7 @@ def l1_env(provisioned):
     yield make
     for ring, log in opened:
         log.close()
-        _close(ring)
+        ring.close()
 
 
 def _store(l1: L1Manager, hashes, model=M, salt=S) -> None:

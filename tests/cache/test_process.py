@@ -17,7 +17,7 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 
-from .conftest import CHUNK_BYTES, MODEL, _close, wait_for
+from .conftest import CHUNK_BYTES, MODEL, wait_for
 
 
 def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, runtime_dir):
@@ -53,7 +53,7 @@ def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, run
             process.wait()
     assert (0, False) == (board.word(0, layout.G_HEARTBEAT), os.path.exists(socket_path))
     del board
-    _close(board_segment)
+    board_segment.close()
     with open(stderr_path, encoding="utf-8") as handle:
         lines = [json.loads(line) for line in handle if line.startswith("{")]
     seen = [(line["event"], line["role"], line["worker"]) for line in lines]

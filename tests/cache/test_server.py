@@ -16,7 +16,7 @@ from mpcache.keys import ChunkKey, chunk_hashes
 from mpcache.shm import layout
 from mpcache.shm.segment import Segment
 
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, _close, fill_blocks, wait_for
+from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks, wait_for
 
 SALT = "tenant-a"
 
@@ -333,7 +333,7 @@ def test_l1_pool_is_shared_memory_other_processes_can_see(cache):
         assert [True] == [bool((slot == 0xAB).all()) for slot in slots if slot.any()]
         del slots
     finally:
-        _close(pool)
+        pool.close()
 
 
 def test_buffer_used_as_context_manager_is_unregistered_and_removed(cache):

@@ -11,7 +11,7 @@ from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
 from mpcache.timeouts import Deadline, MpcacheTimeoutError, register_publisher, registered_publisher
 
-from .conftest import EventLog, _close
+from ring_events import EventLog
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_construction_publishes_timeout_raised(provisioned, no_publisher):
     finally:
         register_publisher(None)
         log.close()
-        _close(ring)
+        ring.close()
 
 
 def test_construction_without_publisher_or_with_a_failing_one_never_raises(no_publisher):

@@ -27,11 +27,9 @@ from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.errors import RequestError
 from mpcache.events import EventType as E
-from mpcache.shm.intern import NameTable
 from mpcache.shm.provision import create_segments, unlink_segments
-from mpcache.shm.ring import RingReader
-from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import EventBatch
+from ring_events import EventLog
 
 pytestmark = [
     pytest.mark.gpu,
@@ -78,27 +76,17 @@ class Server:
         self.server = CacheServer(self.config, 0)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        self.ring = Segment.attach(self.config.ring_name(0))
-        self.reader = RingReader(self.ring)
-        self.names = NameTable(self.ring.buf, self.reader.intern_capacity)
+        self.events = EventLog(self.config)
 
     def take(self) -> EventBatch:
-        import numpy as np
-
-        parts = [self.reader.read_batch()]
-        while len(parts[-1]):
-            parts.append(self.reader.read_batch())
-        return EventBatch(0, np.concatenate(parts), self.names)
+        return self.events.take()
 
     def stop(self) -> None:
         self.server.stop()
         self.thread.join(10)
-        self.reader = self.names = None
-        for segment in [self.ring, *self.segments]:
-            try:
-                segment.close()
-            except BufferError:
-                pass
+        self.events.close()
+        for segment in self.segments:
+            segment.close()
         unlink_segments(self.config)
 
 
