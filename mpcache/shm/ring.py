@@ -179,18 +179,19 @@ class RingWriter(_WriterCore):
     began but never committed, and resumes its head and sequence numbers.
     """
 
-    __slots__ = ("_words",)
+    __slots__ = ()
 
     def __init__(self, segment: Segment) -> None:
         geometry = read_geometry(segment)
         super().__init__(segment.buf, geometry.cells_offset, geometry.capacity, layout.CELL_SIZE,
                          layout.OFF_HEAD, layout.OFF_TAIL, layout.OFF_DROPPED, _EMPTY_CELL)
-        self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
         recover_torn_record(segment)
-        self._head = self._words[_HEAD_WORD]
-        self._limit = self._words[_TAIL_WORD] + geometry.capacity  # head may grow up to here (last tail seen)
+        words = segment.buf[: layout.HEADER_SIZE].cast("Q")
+        self._head = words[_HEAD_WORD]
+        self._limit = words[_TAIL_WORD] + geometry.capacity  # head may grow up to here (last tail seen)
         self.seq = _next_seq(segment.buf, geometry.cells_offset, geometry.capacity - 1, self._head)
-        self._words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
+        words[layout.OFF_PRODUCER_PID // 8] = os.getpid()
+        words.release()
 
     def one_cell_emitter(self, record: struct.Struct, etype: int,
                          clock_ns: Callable[[], int]) -> Callable[[int, int, int], bool]:
@@ -211,9 +212,9 @@ class RingWriter(_WriterCore):
                 value_offsets=(first_value, first_value + 8, first_value + 16),
                 clock=None if clock_ns is time.time_ns else clock_ns,
             )
-        writer = self
-        buf, words, mask, cells_off = self._buf, self._words, self._mask, self._cells_off
-        head_kind = layout.CELL_HEAD
+        writer = self  # a _PythonWriterCore: only it has no compiled emitter
+        buf, header, head_word = self._buf, self._header, self._head_word
+        mask, cells_off, head_kind = self._mask, self._cells_off, layout.CELL_HEAD
 
         def emit(a: int, b: int, c: int) -> bool:
             head = writer._head
@@ -228,7 +229,7 @@ class RingWriter(_WriterCore):
                 writer._drop_bad_value(offset)
                 return False
             writer._head = head + 1
-            words[_HEAD_WORD] = head + 1  # the commit
+            header[head_word] = head + 1  # the commit
             return True
 
         return emit
@@ -241,10 +242,11 @@ class RingWriter(_WriterCore):
 
         The compiled emitter stamps the templates (head without / with the
         text cell, the FIELDS cell or None, the text cell) with the sequence
-        number, the timestamp (``timestamp_ns``, or the clock's), each field at its ``(cell, byte offset, kind)``
-        slot (kind ``q`` int64, ``d`` float64, ``n`` a name looked up in
-        ``ids``) and the text; it hands every call that is not that regular
-        case to ``fallback``, the Python emitter, before writing anything.
+        number, the timestamp (``timestamp_ns``, or the clock's), each field
+        at its ``(cell, byte offset, kind)`` slot (kind ``q`` int64, ``d``
+        float64, ``n`` a name looked up in ``ids``) and the text; it hands every
+        call that is not that regular case to ``fallback``, the Python emitter,
+        before writing anything.
         Without the extension this returns ``fallback`` itself.
         """
         if _CompiledFieldsEmitter is None:
