@@ -144,11 +144,15 @@ class L1Manager:
             entry = _Entry(free.pop())
             entries[ChunkKey(model, salt, hashes[position])] = entry
             slots.append(entry.slot)
-        if positions:
-            self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, len(positions))
-        if failed:
-            self._pub.emit(_L1_ALLOCATION_FAILED, ("l1_store",), salt_counts={(salt, model): failed})
+        self._report_reserved(model, salt, len(positions), failed, "l1_store")
         return WriteReservation(positions, slots, present, failed)
+
+    def _report_reserved(self, model: str, salt: str, reserved: int, failed: int, during: str) -> None:
+        """``L1_WRITE_RESERVED`` for the slots handed out, ``L1_ALLOCATION_FAILED`` for the chunks that got none."""
+        if reserved:
+            self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, reserved)
+        if failed:
+            self._pub.emit(_L1_ALLOCATION_FAILED, (during,), salt_counts={(salt, model): failed})
 
     def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
         """Make reserved chunks readable (``L1_WRITE_FINISHED``); they become the most recently used.
@@ -222,11 +226,7 @@ class L1Manager:
                 break
             new = entries[key] = _Entry(free.pop())
             slots.append(new.slot)
-        reserved = sum(1 for slot in slots if slot >= 0)
-        if reserved:
-            self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, reserved)
-        if failed:
-            self._pub.emit(_L1_ALLOCATION_FAILED, ("l2_prefetch",), salt_counts={(salt, model): failed})
+        self._report_reserved(model, salt, sum(1 for slot in slots if slot >= 0), failed, "l2_prefetch")
         return PrefetchReservation(slots, failed, stopped)
 
     def commit_prefetch(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
