@@ -147,16 +147,20 @@ class StorageManager:
         """Follow ``future``: when it completes, ``task.on_done`` runs in the next :meth:`poll`."""
         task.future = future
         self._inflight[id(task)] = task
+        self._count_inflight(task, +1)
+        future.add_done_callback(lambda _future, task=task: self._completed(task))
+
+    def _count_inflight(self, task: Task, delta: int) -> None:
+        """One more (``+1``) or one fewer (``-1``) in-flight task of its adapter, on the gauge board too."""
         index = task.adapter_index
         if task.kind == "store":
-            self.inflight_stores[index] += 1
+            self.inflight_stores[index] += delta
             self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_STORES, self.inflight_stores[index])
         elif task.kind == "load":
-            self.inflight_loads[index] += 1
-            self.inflight_load_bytes[index] += task.load_bytes
+            self.inflight_loads[index] += delta
+            self.inflight_load_bytes[index] += delta * task.load_bytes
             self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOADS, self.inflight_loads[index])
             self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOAD_BYTES, self.inflight_load_bytes[index])
-        future.add_done_callback(lambda _future, task=task: self._completed(task))
 
     def _completed(self, task: Task) -> None:
         """Runs on an adapter thread (or inline, if the future was already done): queue and wake, nothing else."""
@@ -181,21 +185,13 @@ class StorageManager:
             if self._inflight.pop(id(task), None) is None:
                 continue
             handled += 1
-            index = task.adapter_index
-            if task.kind == "store":
-                self.inflight_stores[index] -= 1
-                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_STORES, self.inflight_stores[index])
-                usage_changed = True
-            elif task.kind == "load":
-                self.inflight_loads[index] -= 1
-                self.inflight_load_bytes[index] -= task.load_bytes
-                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOADS, self.inflight_loads[index])
-                self._gauges.set_adapter(index, layout.G_L2_INFLIGHT_LOAD_BYTES, self.inflight_load_bytes[index])
+            self._count_inflight(task, -1)
+            usage_changed = usage_changed or task.kind == "store"
             try:
                 task.on_done(task, task.future)
             except Exception:  # noqa: BLE001 - one bad completion must not stop the loop
                 if self._log is not None:
-                    self._log.exception("l2.completion_failed", kind=task.kind, adapter_index=index)
+                    self._log.exception("l2.completion_failed", kind=task.kind, adapter_index=task.adapter_index)
         if usage_changed:
             self.refresh_usage()
         return handled
