@@ -272,8 +272,10 @@ class Supervisor:
             telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
             self.children.append(telemetry)
             self._spawn(telemetry)
+        # --event-sink inprocess (benchmarks): cache processes publishing through the reference design's bus
+        module = "mpcache.bench.reference_cache" if self.config.event_sink == "inprocess" else "mpcache.cache"
         for worker in range(self.config.workers):
-            cache = Child("cache", worker, self._argv("mpcache.cache", "--worker", str(worker)))
+            cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
             self.children.append(cache)
             self._spawn(cache)
         self._wait_for_sockets()

@@ -17,9 +17,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from mpcache.publish import Publisher
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingReader, RingWriter, format_event_segment
 from mpcache.shm.segment import Segment
 

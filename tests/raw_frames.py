@@ -6,7 +6,7 @@ import socket
 
 import msgpack
 
-from mpcache import protocol
+from mpcache.contract import protocol
 
 
 class RawConn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpcache.demo import chunk_matches, fill_chunk
+from mpcache.demo.chunks import chunk_matches, fill_chunk
 
 
 @pytest.mark.parametrize("size", [64 * 1024, 13])

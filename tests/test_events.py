@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpcache.events import (
+from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,
     SCHEMAS,
     SESSION_ID_MAX_BYTES,
@@ -24,9 +24,9 @@ from mpcache.events import (
     EventType,
     FieldKind,
 )
-from mpcache.publish import Publisher
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingReader, RingWriter, format_event_segment, read_counters
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import Event, EventBatch

@@ -44,7 +44,7 @@ def test_module_discovery_covers_the_data_path():
     """The walk finds the ring, the publisher and the event catalogue (so the next test means something)."""
     modules = set(data_path_modules())
 
-    assert {"mpcache.shm.ring", "mpcache.publish", "mpcache.events"} <= modules
+    assert {"mpcache.shm.ring", "mpcache.shm.publish", "mpcache.contract.events"} <= modules
     assert not any(m.startswith(EXCLUDED) for m in modules)
 
 

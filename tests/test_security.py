@@ -26,8 +26,8 @@ import msgpack
 import psutil
 import pytest
 
-from mpcache import protocol
 from mpcache.client import CacheClient
+from mpcache.contract import protocol
 from mpcache.shm.segment import Segment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from mpcache.bench.children import kill_running
 from mpcache.bench.reference import ReferenceMetrics, RefEvent
 from mpcache.config import Config
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.ring import format_event_segment
 from mpcache.shm.segment import Segment
@@ -43,8 +43,8 @@ MODELS = ("llama-3-8b", "qwen-2-7b")
 
 def request_emitter(segment: Segment, seed: int) -> tuple[Callable[[int], int], int]:
     """(publish(n) → events dropped, events per request): one cache request's events into ``segment``'s ring."""
-    from mpcache.publish import Publisher
     from mpcache.shm.intern import Interner
+    from mpcache.shm.publish import Publisher
     from mpcache.shm.ring import RingWriter, read_geometry
 
     publisher = Publisher(RingWriter(segment), Interner(segment.buf, read_geometry(segment).intern_capacity))
@@ -113,7 +113,11 @@ def _drain_once(config: Config) -> tuple[float, int]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
+    from mpcache.telemetry.bus import (
+        TELEMETRY_FLUSH_INTERVAL_S,
+        EventBus,
+        subscribe_all,
+    )
     from mpcache.telemetry.pump import Pump, RingSource
     from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 

@@ -2,13 +2,13 @@
 
 * ``ring``: our way — an ``L1_WRITE_FINISHED`` with one (cache_salt,
   model_name) group into a shared-memory ring (a one-cell record), through the
-  per-type emitter of :meth:`mpcache.publish.Publisher.salted_emitter` with
+  per-type emitter of :meth:`mpcache.shm.publish.Publisher.salted_emitter` with
   the names resolved to ids once (as per request, not per event).  That is the
   compiled writer of ``mpcache.shm._ringfast`` where it is built
   (``publish_path`` says which); ``MPCACHE_PURE_PYTHON=1 python -m
   mpcache.bench publish`` measures what an install without it gets.
   ``ring_by_name`` is the same event through
-  :meth:`~mpcache.publish.Publisher.emit_salted`, which looks the type and both
+  :meth:`~mpcache.shm.publish.Publisher.emit_salted`, which looks the type and both
   names up on every call.
 * ``inprocess_bus``: the reference design — the event is a dataclass appended
   to a bounded deque (length check, wall-clock stamp, wake-up event), while a
@@ -35,11 +35,17 @@ import uuid
 from typing import Any, Callable
 
 from mpcache.bench.reference import InProcessBus, RefEvent
-from mpcache.events import EventType
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
-from mpcache.shm.ring import COMPILED_PUBLISH, RingReader, RingWriter, format_event_segment, read_counters
+from mpcache.shm.publish import Publisher
+from mpcache.shm.ring import (
+    COMPILED_PUBLISH,
+    RingReader,
+    RingWriter,
+    format_event_segment,
+    read_counters,
+)
 from mpcache.shm.segment import Segment, shm_name
 
 _L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mpcache.events import SCHEMAS, EventType
-from mpcache.events import EventType as E
+from mpcache.contract.events import SCHEMAS, EventType
+from mpcache.contract.events import EventType as E
 
 
 @dataclass
@@ -109,7 +109,7 @@ _SALT_COUNTERS = {E.L1_READ_FINISHED: "l1_read", E.L1_WRITE_FINISHED: "l1_write"
 
 
 class InProcessPublisher:
-    """Stands in for :class:`mpcache.publish.Publisher` in a cache process that runs the reference."""
+    """Stands in for :class:`mpcache.shm.publish.Publisher` in a cache process that runs the reference."""
 
     def __init__(self, bus: InProcessBus) -> None:
         self._bus = bus
@@ -127,16 +127,6 @@ class InProcessPublisher:
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
         self._bus.publish(RefEvent(etype, metadata={"key_count_per_salt": {cache_salt: count}}))
-        return True
-
-
-class NullPublisher:
-    """Publishes nothing: the "telemetry off" baseline of the end-to-end benchmark."""
-
-    def emit(self, etype: EventType, fields: tuple = (), **_options: object) -> bool:
-        return True
-
-    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
         return True
 
 

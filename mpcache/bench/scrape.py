@@ -17,10 +17,10 @@ import uuid
 from typing import Any, Callable
 
 from mpcache.config import Config
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingWriter, format_event_segment
 from mpcache.shm.segment import Segment
 

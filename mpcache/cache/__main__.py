@@ -15,13 +15,14 @@ import argparse
 import os
 import sys
 
-from mpcache.cache.server import CacheServer
+from mpcache.cache.process import CacheProcess, PublisherFactory
 from mpcache.config import Config
 from mpcache.errors import ConfigError, LayoutMismatchError
 from mpcache.logs import configure_logging
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | None = None) -> int:
+    """Run one cache process; ``publisher_factory`` replaces the ring publisher (benchmarks only)."""
     parser = argparse.ArgumentParser(prog="mpcache.cache")
     parser.add_argument("--config", required=True, help="configuration file written by the supervisor")
     parser.add_argument("--worker", required=True, type=int, help="this cache process's index, 0..workers-1")
@@ -34,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     # stderr only: the supervisor forwards it, so the log file keeps a single writer
     log = configure_logging("cache", config.instance_id, config.log_level, worker=args.worker)
     try:
-        server = CacheServer(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s, parent_pid=os.getppid(),
-                             logger=log)
+        process = CacheProcess(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s, parent_pid=os.getppid(),
+                               publisher_factory=publisher_factory, logger=log)
     except (ConfigError, LayoutMismatchError, OSError) as exc:
         log.error("cache.start_failed", error=str(exc))
         return 2
-    server.run(install_signals=True)
+    process.run(install_signals=True)
     return 0
 
 

@@ -1,50 +1,9 @@
-"""Cache blending (CB) in the cache process: the fingerprint table and the four cb_* operations.
+"""Cache blending (CB) state of a cache process: the fingerprint table and the cb_* operations' logic.
 
-Cache blending reuses the KV of chunks that reappear at another position (the
-same retrieved documents, in another order), not only of a shared prefix.
-Chunks are fingerprinted by their own tokens (:mod:`mpcache.blending`); the
-:class:`FingerprintTable` maps a fingerprint, per (model_name, cache_salt), to
-the L1 object that holds that chunk's KV.
-
-Operations (``BlendModule.handlers()``, merged into the server's op table; the
-arguments are validated by :mod:`mpcache.protocol`):
-
-* ``cb_store_pre_computed`` — chunks computed independently of any context
-  (a document chunk on its own): stored in L1 under
-  ``ChunkKey(model, salt, fingerprint)`` and registered fingerprint → that key;
-* ``cb_store_final`` — the chunks of a finished request: stored under their
-  prefix-chained keys (as a plain ``store`` would, so a later prefix lookup
-  finds them too) and registered fingerprint → prefix-chained key.  A
-  fingerprint already pointing at an object that is still present keeps it
-  (pre-computed KV is the better one to blend);
-* ``cb_lookup`` — per whole chunk, in order: a *prefix hit* when its
-  prefix-chained key is in L1; else a *fingerprint hit* when the table has its
-  fingerprint — confirmed in storage (a *storage hit*) when the object is still
-  in L1, otherwise *stale*: the entry is removed (``CB_CHUNKS_EVICTED``);
-  else a *miss*.  ``fingerprint_hits = storage_hits + stale_chunks``,
-  ``requested_tokens`` = whole chunks × chunk size, ``hit_tokens`` = (prefix
-  hits + storage hits) × chunk size.  A connection without a registered KV
-  buffer has no GPU context: the lookup reports ``no_gpu_context`` and zeros;
-* ``cb_retrieve`` — copies hit chunks of a lookup into the client's blocks.
-
-Objects are confirmed in L1 only: blend chunks are not written to L2, so an
-object gone from L1 is gone.  Lookups take no read locks (a lookup may go
-unretrieved); cb_retrieve read-locks, copies and unlocks (so retrieved chunks
-become the most recently used).  A chunk evicted between lookup and retrieve
-is an L1 read failure (``L1_READ_FAILED``, not_found) and makes the retrieve
-unsuccessful (``failed_count`` > 0); the other chunks are still copied.
-
-Events (``spec/EVENTS.md``, CB section), all with ``session_id`` = request id:
-a request's first cb_* op publishes ``CB_REQUEST_START``, ``end_session``
-``CB_REQUEST_END``; each op publishes its START first (after the message
-validated) and its END last, also when the op fails on server state (unknown
-buffer or lookup, block out of range, …): END then says ``success`` false and
-the client gets the error reply.  Stores publish ``CB_FINGERPRINTS_REGISTERED``
-(entries newly indexed, ≥ 1) before their END; stale entries removed — by a
-lookup, or replaced by a store — publish ``CB_CHUNKS_EVICTED``.  The L1 and
-storage-manager events of the copies are those of ``store``/``retrieve``
-(``L1_WRITE_*``, ``SM_WRITE_FINISHED``, ``L1_READ_RESERVED``, ``L1_READ_FINISHED``,
-``SM_READ_PREFETCHED_FINISHED``), but no ``MP_*`` events.
+Chunks are fingerprinted by their own tokens (:mod:`mpcache.contract.blending`), so the KV of a chunk
+that reappears at another position (RAG documents in another order) can be reused.  Blend chunks
+live in L1 only.  The semantics and events of each operation are in ``docs/PROTOCOL.md``; the wire
+declarations are in :mod:`mpcache.cache.ops.blend`.
 """
 
 from __future__ import annotations
@@ -52,10 +11,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from mpcache.blending import FINGERPRINT_HIT, MISS, PREFIX_HIT, STALE, chunk_fingerprints
+from mpcache.cache.buffers import Buffer, Peer
+from mpcache.cache.l1 import L1Manager
+from mpcache.contract.blending import (
+    FINGERPRINT_HIT,
+    MISS,
+    PREFIX_HIT,
+    STALE,
+    chunk_fingerprints,
+)
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import RequestError
-from mpcache.events import EventType
-from mpcache.keys import ChunkKey, chunk_hashes
+from mpcache.shm.publish import EventPublisher
 
 _CB_REQUEST_START = EventType.CB_REQUEST_START
 _CB_REQUEST_END = EventType.CB_REQUEST_END
@@ -135,28 +103,20 @@ class _Lookup:
         self.hits = hits  # chunk index -> the object holding that chunk's KV
 
 
-class BlendModule:
-    """The cb_* operations of one cache server (single-threaded, like the server)."""
+class BlendState:
+    """The cb_* operations of one cache process (single-threaded, like its loop)."""
 
-    def __init__(self, server, *, table_capacity: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
+    def __init__(self, l1: L1Manager, publisher: EventPublisher, chunk_tokens: int, *, table_capacity: int,
+                 max_sessions: int = DEFAULT_MAX_SESSIONS,
                  max_lookups_per_session: int = DEFAULT_MAX_LOOKUPS_PER_SESSION) -> None:
-        self._server = server
-        self._chunk_tokens = server.config.chunk_size_tokens
-        if table_capacity is None:
-            table_capacity = max(1024, 4 * server.config.l1_slots)
+        self._l1 = l1
+        self._pub = publisher
+        self._chunk_tokens = chunk_tokens
         self.table = FingerprintTable(table_capacity)
         self._max_sessions = max_sessions
         self._max_lookups = max_lookups_per_session
         self._sessions: OrderedDict[str, OrderedDict[int, _Lookup]] = OrderedDict()  # request id -> its lookups
         self._next_lookup_id = 1
-
-    def handlers(self) -> dict[str, Callable]:
-        return {
-            "cb_store_pre_computed": self._op_store_pre_computed,
-            "cb_store_final": self._op_store_final,
-            "cb_lookup": self._op_lookup,
-            "cb_retrieve": self._op_retrieve,
-        }
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -164,7 +124,7 @@ class BlendModule:
         lookups = self._sessions.get(request_id)
         if lookups is None:
             lookups = self._sessions[request_id] = OrderedDict()
-            self._server.publisher.emit(_CB_REQUEST_START, session_id=request_id)
+            self._pub.emit(_CB_REQUEST_START, session_id=request_id)
             if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, oldest first
                 self._sessions.popitem(last=False)
         return lookups
@@ -173,30 +133,25 @@ class BlendModule:
         """``end_session`` of a request: CB_REQUEST_END if it did any cb_* op; returns whether it did."""
         if self._sessions.pop(request_id, None) is None:
             return False
-        self._server.publisher.emit(_CB_REQUEST_END, session_id=request_id)
+        self._pub.emit(_CB_REQUEST_END, session_id=request_id)
         return True
 
     def _present(self, key: ChunkKey) -> bool:
-        return self._server.l1.contains(key)
+        return self._l1.contains(key)
 
     def _evicted(self, count: int) -> None:
         if count:
-            self._server.publisher.emit(_CB_CHUNKS_EVICTED, (count,))
+            self._pub.emit(_CB_CHUNKS_EVICTED, (count,))
 
     # -- stores --------------------------------------------------------------------------
 
-    def _op_store_pre_computed(self, conn, args: dict) -> dict:
-        return self._store(conn, args, final=False)
-
-    def _op_store_final(self, conn, args: dict) -> dict:
-        return self._store(conn, args, final=True)
-
-    def _store(self, conn, args: dict, final: bool) -> dict:
+    def store(self, peer: Peer, args: dict, final: bool) -> dict:
+        """cb_store_final (``final``) or cb_store_pre_computed."""
         start, end = ((_CB_STORE_FINAL_START, _CB_STORE_FINAL_END) if final
                       else (_CB_STORE_PRE_COMPUTED_START, _CB_STORE_PRE_COMPUTED_END))
         request_id, model, salt, engine = args["request_id"], args["model_name"], args["cache_salt"], args["engine_id"]
         tokens, block_ids = args["tokens"], args["block_ids"]
-        pub = self._server.publisher
+        pub = self._pub
         self._session(request_id)
         num_tokens = len(tokens)
         pub.emit(start, (engine, num_tokens), session_id=request_id)
@@ -207,7 +162,7 @@ class BlendModule:
             if len(block_ids) != len(fingerprints):
                 raise RequestError(f"block_ids: {len(block_ids)} entries for {len(fingerprints)} whole chunks of "
                                    f"{chunk} tokens")
-            buffer = self._buffer(conn, args["buffer_id"], block_ids)
+            buffer = self._buffer(peer, args["buffer_id"], block_ids)
             hashes = chunk_hashes(tokens, chunk) if final else fingerprints
             stored, present, failed = self._copy_in(buffer, model, salt, hashes, block_ids)
         except BaseException:
@@ -215,7 +170,7 @@ class BlendModule:
             raise
         registered = replaced = 0
         table = self.table
-        l1 = self._server.l1
+        l1 = self._l1
         for chunk_hash, fp in zip(hashes, fingerprints):
             target = ChunkKey(model, salt, chunk_hash)
             if not l1.contains(target):  # its allocation failed: nothing to index
@@ -230,17 +185,15 @@ class BlendModule:
         return {"stored_count": stored, "skipped_count": present, "failed_count": failed,
                 "registered_count": registered, "replaced_count": replaced}
 
-    def _buffer(self, conn, buffer_id: int, block_ids: list[int]):
+    @staticmethod
+    def _buffer(peer: Peer, buffer_id: int, block_ids: list[int]) -> Buffer:
         if not block_ids:  # nothing to copy, but the buffer must still be one of this connection's
-            buffer = conn.buffers.get(buffer_id)
-            if buffer is None:
-                raise RequestError(f"buffer_id: unknown buffer {buffer_id} on this connection")
-            return buffer
-        return self._server._buffer(conn, buffer_id, block_ids)
+            return peer.known_buffer(buffer_id)
+        return peer.buffer(buffer_id, block_ids)
 
-    def _copy_in(self, buffer, model: str, salt: str, hashes: list[int], block_ids: list[int]) -> tuple[int, int, int]:
+    def _copy_in(self, buffer: Buffer, model: str, salt: str, hashes: list[int], block_ids: list[int]) -> tuple[int, int, int]:
         """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
-        l1 = self._server.l1
+        l1 = self._l1
         reservation = l1.reserve_write(model, salt, hashes)
         committed = [hashes[p] for p in reservation.positions]
         nbytes = buffer.block_bytes
@@ -252,24 +205,24 @@ class BlendModule:
             raise
         sampled = l1.commit_write(model, salt, committed, nbytes)
         stored = len(committed)
-        self._server.publisher.emit(_SM_WRITE_FINISHED, (reservation.failed,),
+        self._pub.emit(_SM_WRITE_FINISHED, (reservation.failed,),
                                     salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
         return stored, reservation.present, reservation.failed
 
     # -- lookup --------------------------------------------------------------------------
 
-    def _op_lookup(self, conn, args: dict) -> dict:
+    def lookup(self, peer: Peer, args: dict) -> dict:
         request_id, model, salt, tokens = args["request_id"], args["model_name"], args["cache_salt"], args["tokens"]
-        pub = self._server.publisher
+        pub = self._pub
         lookups = self._session(request_id)
         num_tokens = len(tokens)
         pub.emit(_CB_LOOKUP_START, (num_tokens,), session_id=request_id)
-        if not conn.buffers:  # no KV buffer registered: nothing could receive a blend
+        if not peer.buffers:  # no KV buffer registered: nothing could receive a blend
             pub.emit(_CB_LOOKUP_END, (num_tokens, 0, 0, 0, 0, 0, True), session_id=request_id)
             return {"lookup_id": None, "no_gpu_context": True, "chunks": [], "requested_tokens": 0,
                     "hit_tokens": 0, "prefix_hits": 0, "fingerprint_hits": 0, "storage_hits": 0, "stale_chunks": 0}
         chunk = self._chunk_tokens
-        l1 = self._server.l1
+        l1 = self._l1
         table = self.table
         statuses: list[int] = []
         hits: dict[int, ChunkKey] = {}
@@ -311,27 +264,27 @@ class BlendModule:
 
     # -- retrieve ------------------------------------------------------------------------
 
-    def _op_retrieve(self, conn, args: dict) -> dict:
+    def retrieve(self, peer: Peer, args: dict) -> dict:
         request_id, engine, worker = args["request_id"], args["engine_id"], args["worker_id"]
         indices, block_ids = args["chunk_indices"], args["block_ids"]
-        pub = self._server.publisher
+        pub = self._pub
         lookups = self._session(request_id)
         wanted = len(block_ids)
         pub.emit(_CB_RETRIEVE_START, (engine, wanted, worker), session_id=request_id)
         try:
-            retrieved = self._copy_out(conn, args, lookups, indices, block_ids)
+            retrieved = self._copy_out(peer, args, lookups, indices, block_ids)
         except BaseException:
             pub.emit(_CB_RETRIEVE_END, (engine, wanted, False, worker), session_id=request_id)
             raise
         pub.emit(_CB_RETRIEVE_END, (engine, wanted, retrieved == wanted, worker), session_id=request_id)
         return {"retrieved_count": retrieved, "failed_count": wanted - retrieved}
 
-    def _copy_out(self, conn, args: dict, lookups: OrderedDict[int, _Lookup], indices: list[int],
+    def _copy_out(self, peer: Peer, args: dict, lookups: OrderedDict[int, _Lookup], indices: list[int],
                   block_ids: list[int]) -> int:
         """L1 → client blocks for the named hit chunks of a lookup; returns chunks copied."""
         if len(indices) != len(block_ids):
             raise RequestError(f"block_ids: {len(block_ids)} entries for {len(indices)} chunk_indices")
-        buffer = self._buffer(conn, args["buffer_id"], block_ids)
+        buffer = self._buffer(peer, args["buffer_id"], block_ids)
         lookup = lookups.get(args["lookup_id"])
         if lookup is None:
             raise RequestError(f"lookup_id: unknown lookup {args['lookup_id']} of request {args['request_id']}")
@@ -342,7 +295,7 @@ class BlendModule:
                 raise RequestError(f"chunk_indices: chunk {index} was not a hit of lookup {args['lookup_id']}")
             keys.append(key)
         model, salt = lookup.model, lookup.salt
-        l1 = self._server.l1
+        l1 = self._l1
         hashes = [key.chunk_hash for key in keys]
         # Read-lock what is still there, run by run (L1_READ_RESERVED); a chunk gone since the lookup breaks a run
         locked_at: list[int] = []
@@ -373,6 +326,6 @@ class BlendModule:
             raise
         sampled = l1.finish_read(model, salt, read)  # unlocked: now the most recently used
         retrieved = len(read)
-        self._server.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (len(keys) - retrieved,),
+        self._pub.emit(_SM_READ_PREFETCHED_FINISHED, (len(keys) - retrieved,),
                                     salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)
         return retrieved

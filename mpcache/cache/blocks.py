@@ -9,7 +9,7 @@ needs to shadow them (``spec/EVENTS.md``, L0):
 * a record's new tokens are split evenly across its new blocks: with ``n``
   blocks and ``t`` tokens each block gets ``t // n`` tokens in order and the
   last block also takes the remainder (a partly filled last block); a block's
-  ``token_hash`` is :func:`mpcache.keys.token_hash` of its tokens;
+  ``token_hash`` is :func:`mpcache.contract.keys.token_hash` of its tokens;
 * a block is sampled by the gate of ``spec/EVENTS.md`` on
   :func:`block_sample_hash` ``(instance_id, block_id)`` — a stable blake2b-64
   hash, so a physical block is either always or never tracked, in every
@@ -36,10 +36,14 @@ import struct
 from collections import OrderedDict
 from typing import Sequence
 
-from mpcache.events import BLOCK_REQUEST_ID_MAX_BYTES, TEXT_FIELD_BLOCK_REQUESTS, EventType
-from mpcache.keys import SampleGate, token_hash
-from mpcache.publish import Publisher
+from mpcache.contract.events import (
+    BLOCK_REQUEST_ID_MAX_BYTES,
+    TEXT_FIELD_BLOCK_REQUESTS,
+    EventType,
+)
+from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.shm import layout
+from mpcache.shm.publish import Publisher
 
 MAX_BLOCKS_PER_EVENT = 200
 MAX_CELLS_PER_EVENT = 512

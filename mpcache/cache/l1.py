@@ -1,6 +1,6 @@
 """The L1 tier: fixed-size chunk slots in this cache process's shared-memory pool.
 
-Keys are :class:`~mpcache.keys.ChunkKey` (model_name, cache_salt, chunk_hash).
+Keys are :class:`~mpcache.contract.keys.ChunkKey` (model_name, cache_salt, chunk_hash).
 An entry is either *being written* (slot reserved, not readable) or *ready*;
 a ready entry may hold read locks (a reference count).  Only ready entries
 without read locks can be evicted, and they sit in one ordered dict in LRU
@@ -12,7 +12,7 @@ Single-threaded by design (the cache process serves from one selectors loop),
 so there are no locks here.  Every state change publishes its event (see
 ``spec/EVENTS.md``, L1 section), with the keys grouped by (cache_salt,
 model_name) at the emit site and the sampled subset chosen by the
-:class:`~mpcache.keys.SampleGate` on ``chunk_hash``.  The request paths take
+:class:`~mpcache.contract.keys.SampleGate` on ``chunk_hash``.  The request paths take
 one (model_name, cache_salt) group per call, which is what one client request
 carries; eviction groups mixed keys itself.
 
@@ -27,8 +27,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from mpcache.events import EventType
-from mpcache.keys import ChunkKey, SampleGate
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import ChunkKey, SampleGate
 
 _L1_READ_RESERVED = EventType.L1_READ_RESERVED
 _L1_READ_FINISHED = EventType.L1_READ_FINISHED

@@ -40,8 +40,8 @@ from typing import Callable, NamedTuple
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.storage import StorageManager, Task
-from mpcache.events import EventType
-from mpcache.keys import ChunkKey
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import ChunkKey
 
 _L2_PREFETCH_LOOKUP_SUBMITTED = EventType.L2_PREFETCH_LOOKUP_SUBMITTED
 _L2_PREFETCH_LOOKUP_COMPLETED = EventType.L2_PREFETCH_LOOKUP_COMPLETED

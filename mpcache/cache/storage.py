@@ -41,8 +41,8 @@ from typing import Callable, Iterable
 from mpcache.cache.l2.base import L2Adapter, StoreResult
 from mpcache.cache.l2.spec import build_adapter
 from mpcache.config import Config
-from mpcache.events import EventType
-from mpcache.keys import ChunkKey
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import ChunkKey
 from mpcache.shm import layout
 
 _L2_STORE_SUBMITTED = EventType.L2_STORE_SUBMITTED

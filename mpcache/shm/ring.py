@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import struct
 import time
-from typing import Callable
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class _PythonWriterCore:
     is the same in C (same constructor, members and methods).
 
     Not thread-safe by itself: the caller serialises ``append`` (the
-    :class:`~mpcache.publish.Publisher` holds a lock only when several threads
+    :class:`~mpcache.shm.publish.Publisher` holds a lock only when several threads
     of one process share the ring).  ``seq`` is the sequence number the next
     record must carry in every cell; it advances on every append, published or
     dropped, so a gap in sequence numbers is a drop.

@@ -15,13 +15,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from mpcache.events import (
+from mpcache.contract.events import (
     SCHEMAS,
     TEXT_FIELD_SESSION,
     EventType,
     FieldKind,
+    has_inline_salt,
 )
-from mpcache.publish import has_inline_salt
 from mpcache.shm import layout
 from mpcache.shm.intern import NameTable
 

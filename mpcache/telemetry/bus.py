@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import structlog
 
-from mpcache.events import EventType
+from mpcache.contract.events import EventType
 from mpcache.telemetry.batch import Event, EventBatch
 
 log = structlog.get_logger("mpcache.telemetry.bus")

@@ -48,8 +48,12 @@ def record_many(histogram: Any, attributes: dict[str, str], values: list[float])
 
 def _fold_into_aggregations(histogram: Any, attributes: dict[str, str], values: np.ndarray) -> bool:
     """Add ``values`` to every aggregation ``record`` just fed; False if the internals do not fit."""
-    from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
-    from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import (
+        _hash_attributes,
+    )
+    from opentelemetry.sdk.metrics._internal.aggregation import (
+        _ExplicitBucketHistogramAggregation,
+    )
 
     values = values[np.isfinite(values) & (values >= 0)]  # what record() itself would drop
     if len(values) == 0:

@@ -26,7 +26,11 @@ from wsgiref.simple_server import WSGIServer
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -105,10 +109,14 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     endpoint = config.otlp_endpoint
     timeout_s = min(10.0, config.otlp_interval_s)
     if config.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcExporter,
+        )
 
         return GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=timeout_s)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpExporter,
+    )
 
     if urlsplit(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + HTTP_METRICS_PATH

@@ -77,10 +77,14 @@ def build_otlp_span_exporter(config: Config) -> SpanExporter:
     if not endpoint:
         raise ValueError("tracing needs config.otlp_endpoint (--otlp-endpoint)")
     if config.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
         return GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=_EXPORT_TIMEOUT_S)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
 
     if urlsplit(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + HTTP_TRACES_PATH

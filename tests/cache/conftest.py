@@ -12,14 +12,14 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from ring_events import EventLog
 
-from mpcache.cache.server import CacheServer
+from mpcache.cache.process import CacheProcess
 from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.provision import create_segments, unlink_segments
 from mpcache.shm.segment import Segment
-from ring_events import EventLog
 
 CHUNK_BYTES = 4096
 CHUNK_TOKENS = 16
@@ -60,7 +60,7 @@ def make_config(runtime_dir: str, **overrides) -> Config:
 class Harness:
     """A running in-process cache server, its config and its event log."""
 
-    def __init__(self, config: Config, server: CacheServer) -> None:
+    def __init__(self, config: Config, server: CacheProcess) -> None:
         self.config = config
         self.server = server
         self.events = EventLog(config)
@@ -123,7 +123,7 @@ def cache(provisioned):
 
     def start(server_kwargs: dict | None = None, **overrides) -> Harness:
         config = provisioned(**overrides)
-        harness = Harness(config, CacheServer(config, 0, **(server_kwargs or {})))
+        harness = Harness(config, CacheProcess(config, 0, **(server_kwargs or {})))
         started.append(harness)
         return harness
 

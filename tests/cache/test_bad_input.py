@@ -7,11 +7,11 @@ import os
 
 import msgpack
 import pytest
-
-from mpcache import protocol
-from mpcache.events import EventType as E
-from mpcache.shm.segment import Segment, shm_name
 from raw_frames import RawConn
+
+from mpcache.contract import protocol
+from mpcache.contract.events import EventType as E
+from mpcache.shm.segment import Segment, shm_name
 
 from .conftest import CHUNK_BYTES, MODEL
 

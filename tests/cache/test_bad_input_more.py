@@ -9,11 +9,10 @@ import os
 
 import msgpack
 import pytest
-
-from mpcache.events import EventType as E
-from mpcache.shm.segment import Segment, shm_name
-
 from raw_frames import RawConn
+
+from mpcache.contract.events import EventType as E
+from mpcache.shm.segment import Segment, shm_name
 
 from .conftest import CHUNK_BYTES, MODEL
 from .test_bad_input import _store, assert_refused_harmlessly, raw  # noqa: F401 - raw is the fixture used below

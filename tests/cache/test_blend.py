@@ -5,11 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpcache.blending import FINGERPRINT_HIT, MISS, PREFIX_HIT, STALE, chunk_fingerprints, fingerprint
 from mpcache.cache.blend import FingerprintTable
+from mpcache.contract.blending import (
+    FINGERPRINT_HIT,
+    MISS,
+    PREFIX_HIT,
+    STALE,
+    chunk_fingerprints,
+    fingerprint,
+)
+from mpcache.contract.events import EventType as E
+from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import ProtocolError, RequestError
-from mpcache.events import EventType as E
-from mpcache.keys import ChunkKey, chunk_hashes
 
 from .blend_script import L1_SLOTS, SALT, documents, expected_cb_events, run_script
 from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL
@@ -88,7 +95,7 @@ def test_the_forced_eviction_evicted_exactly_the_two_stale_objects(scripted):
     harness, _, batch = scripted
     d = documents()
     fps = chunk_fingerprints(d["A"] + d["B"] + d["C"] + d["Q"], CHUNK_TOKENS)
-    table = harness.server.blend.table
+    table = harness.server.ctx.blend.table
     assert ([2, 2], [True] * 5) == (
         [e.salt_counts[0][2] for e in batch.events([E.L1_KEYS_EVICTED])],
         [ChunkKey(MODEL, SALT, fp) in table for fp in fps])

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mpcache.cache.blocks import MAX_BLOCKS_PER_EVENT, MAX_CELLS_PER_EVENT, block_sample_hash, split_tokens
+from mpcache.cache.blocks import (
+    MAX_BLOCKS_PER_EVENT,
+    MAX_CELLS_PER_EVENT,
+    block_sample_hash,
+    split_tokens,
+)
+from mpcache.contract.events import EventType as E
+from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.errors import ProtocolError
-from mpcache.events import EventType as E
-from mpcache.keys import SampleGate, token_hash
 
 from .conftest import CHUNK_BYTES, MODEL
 

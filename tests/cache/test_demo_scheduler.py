@@ -1,4 +1,4 @@
-"""The demo's engine scheduler (mpcache.demo_scheduler): its block pool, and that it fills the L0 histograms."""
+"""The demo's engine scheduler (mpcache.demo.scheduler): its block pool, and that it fills the L0 histograms."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from mpcache import demo_scheduler
-from mpcache.demo_scheduler import BlockPool, Scheduler
+from mpcache.demo import scheduler as demo_scheduler
+from mpcache.demo.scheduler import BlockPool, Scheduler
 from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ring_events import EventLog
 
 from mpcache.cache.l1 import L1Manager
-from mpcache.events import EventType as E
-from mpcache.keys import ChunkKey
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
+from mpcache.contract.keys import ChunkKey
 from mpcache.shm.intern import Interner
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
-
-from ring_events import EventLog
 
 M, S = "m", "salt-a"
 

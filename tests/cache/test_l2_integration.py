@@ -15,8 +15,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-from mpcache.events import EventType as E
-from mpcache.keys import ChunkKey
+from mpcache.contract.events import EventType as E
+from mpcache.contract.keys import ChunkKey
 from mpcache.telemetry.bus import EventBus, subscribe_all
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers

@@ -18,9 +18,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from mpcache.cache import transfer
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.bus import EventBus
-from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
+    L0L1ThroughputSubscriber,
+)
 
 from .conftest import CHUNK_BYTES, MODEL, fill_blocks
 

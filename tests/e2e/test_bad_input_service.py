@@ -16,12 +16,12 @@ import secrets
 import msgpack
 import numpy as np
 import pytest
-
-from mpcache import protocol
-from mpcache.client import CacheClient
-from mpcache.shm.segment import Segment, shm_name
 from mpcache_service import Scrape, Service, wait_for
 from raw_frames import RawConn
+
+from mpcache.client import CacheClient
+from mpcache.contract import protocol
+from mpcache.shm.segment import Segment, shm_name
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from mpcache_service import wait_for
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from mpcache_service import wait_for
 
 from mpcache.shm.ring import PUBLISH_PATH
-from mpcache_service import wait_for
 
 pytestmark = pytest.mark.slow
 

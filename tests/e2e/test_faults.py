@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from mpcache_service import REPO, START_CACHE, Scrape, Service, free_port, wait_for
 
 from mpcache.client import CacheClient
 from mpcache.config import Config
-from mpcache.events import EventType
+from mpcache.contract.events import EventType
 from mpcache.shm import layout
 from mpcache.shm.ring import read_counters, read_geometry
 from mpcache.shm.segment import Segment
-from mpcache_service import REPO, START_CACHE, Scrape, Service, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ that agree with what the demo saw."""
 from __future__ import annotations
 
 import pytest
-
 from mpcache_service import wait_for
 
 pytestmark = pytest.mark.slow

@@ -17,11 +17,14 @@ from concurrent import futures
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from mpcache_service import REPO
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from mpcache.telemetry import metric_table
-from mpcache_service import REPO
 
 pytestmark = pytest.mark.slow
 

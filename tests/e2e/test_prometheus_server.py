@@ -16,7 +16,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from mpcache_service import free_port, wait_for
 
 pytestmark = pytest.mark.slow
@@ -136,7 +135,7 @@ def test_spec_promql_on_a_real_prometheus_gives_hit_rates_in_range(start_service
     assert [] == [m for m, rate in per_model.items() if not 0.0 <= rate <= 1.0]
     assert {"fs", "mock"} == set(l2_stores)
     assert [] == [name for name, rate in l2_stores.items() if not rate > 0]
-    # The demo's RAG load (mpcache.demo_rag) drives blend lookups, so the denominator moves and the
+    # The demo's RAG load (mpcache.demo.rag) drives blend lookups, so the denominator moves and the
     # ratio is a number; were it ever 0, Prometheus would answer NaN (0/0), which this names.
     assert blend_requested is not None and blend_requested > 0, f"blend lookups not moving: {blend_requested}"
     assert blend is not None and not math.isnan(blend) and 0.0 <= blend <= 1.0, blend

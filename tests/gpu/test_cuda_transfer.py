@@ -20,16 +20,16 @@ import threading
 import uuid
 
 import pytest
+from ring_events import EventLog
 
 from mpcache.cache import transfer
-from mpcache.cache.server import CacheServer
+from mpcache.cache.process import CacheProcess
 from mpcache.client import CacheClient
 from mpcache.config import Config
+from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
-from mpcache.events import EventType as E
 from mpcache.shm.provision import create_segments, unlink_segments
 from mpcache.telemetry.batch import EventBatch
-from ring_events import EventLog
 
 pytestmark = [
     pytest.mark.gpu,
@@ -73,7 +73,7 @@ class Server:
                              chunk_size_tokens=16, ring_capacity_cells=1 << 14, intern_capacity=256,
                              metrics_sample_rate=1.0, eviction_interval_s=3600.0)
         self.segments = create_segments(self.config)
-        self.server = CacheServer(self.config, 0)
+        self.server = CacheProcess(self.config, 0)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.events = EventLog(self.config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 TIMEOUT_S = 10.0  # the most any future in these tests may take
 

@@ -171,7 +171,7 @@ def test_restart_with_a_smaller_capacity_drops_the_oldest(make_fs):
 CHILD = r'''
 import ctypes, json, os, resource, signal, sys
 from mpcache.cache.l2.fs import FsL2Adapter
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 path, mode, old_hex, new_hex = sys.argv[1:5]
 if mode == "unwritable" and os.geteuid() == 0:

@@ -14,7 +14,7 @@ from mpcache.cache.l2.base import (
     key_digest,
     parse_header,
 )
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 KEY = ChunkKey("llama-3-8b", "tenant-1", 0x0123456789ABCDEF)
 keys = st.builds(ChunkKey, st.text(max_size=40), st.text(max_size=40), st.integers(0, 2**64 - 1))

@@ -7,7 +7,13 @@ import socket
 import redis
 from l2_helpers import key, payload, wait
 
-from mpcache.cache.l2.base import LoadResult, StoreResult, Usage, decode_record, key_digest
+from mpcache.cache.l2.base import (
+    LoadResult,
+    StoreResult,
+    Usage,
+    decode_record,
+    key_digest,
+)
 
 
 def data_key(prefix: str, chunk_key) -> str:

@@ -21,11 +21,16 @@ import random
 import sys
 import uuid
 
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
-from mpcache.shm.ring import COMPILED_PUBLISH, RingReader, RingWriter, format_event_segment
+from mpcache.shm.publish import Publisher
+from mpcache.shm.ring import (
+    COMPILED_PUBLISH,
+    RingReader,
+    RingWriter,
+    format_event_segment,
+)
 from mpcache.shm.segment import Segment, shm_name
 
 CAPACITY, INTERN = 16, 16

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
-from mpcache.shm import layout, ring as ring_module
+from mpcache.contract.events import EventType as E
+from mpcache.shm import layout
+from mpcache.shm import ring as ring_module
 from mpcache.shm.intern import Interner
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import read_counters
 from mpcache.telemetry.batch import EventBatch
 

@@ -12,12 +12,12 @@ import struct
 
 import pytest
 
+from mpcache.contract.events import EventType as E
 from mpcache.errors import LayoutMismatchError, RingCorruptError
-from mpcache.events import EventType as E
 from mpcache.shm import layout
-from mpcache.publish import Publisher
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
 from mpcache.shm.intern import Interner
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingReader, RingWriter, format_event_segment, read_geometry
 
 TS = 0x0102030405060708

@@ -18,11 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
-from mpcache.shm.ring import RingReader, RingWriter, format_event_segment, read_counters, recover_torn_record
+from mpcache.shm.publish import Publisher
+from mpcache.shm.ring import (
+    RingReader,
+    RingWriter,
+    format_event_segment,
+    read_counters,
+    recover_torn_record,
+)
 from mpcache.telemetry.batch import EventBatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +36,8 @@ TIMEOUT_S = 60.0
 
 CHILD = r'''
 import json, struct, sys
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
+from mpcache.shm.publish import Publisher
 from mpcache.shm.intern import Interner
 from mpcache.shm.ring import RingWriter, read_counters, read_geometry
 from mpcache.shm.segment import Segment

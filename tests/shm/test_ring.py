@@ -7,10 +7,10 @@ import struct
 import numpy as np
 import pytest
 
-from mpcache.events import EventType as E
-from mpcache.publish import Publisher
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
+from mpcache.shm.publish import Publisher
 from mpcache.shm.ring import RingReader, RingWriter, read_counters, recover_torn_record
 from mpcache.telemetry.batch import EventBatch
 

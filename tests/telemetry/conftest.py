@@ -1,6 +1,6 @@
 """Fixtures for the telemetry tests: an in-memory OTel reader and a real ring → bus pipeline.
 
-Events are published with :class:`mpcache.publish.Publisher` into a real
+Events are published with :class:`mpcache.shm.publish.Publisher` into a real
 shared-memory ring, read back with :class:`~mpcache.shm.ring.RingReader` and
 dispatched through a real :class:`~mpcache.telemetry.bus.EventBus`, so every
 test covers encoding and decoding too.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.salts import OVERFLOW_SALT
 from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
-from mpcache.telemetry.subscribers.metrics.failures import L1FailuresSubscriber, TimeoutsSubscriber
-from mpcache.telemetry.subscribers.metrics.l1 import L1CountersSubscriber, L1EvictionLoopSubscriber
+from mpcache.telemetry.subscribers.metrics.failures import (
+    L1FailuresSubscriber,
+    TimeoutsSubscriber,
+)
+from mpcache.telemetry.subscribers.metrics.l1 import (
+    L1CountersSubscriber,
+    L1EvictionLoopSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
 
 T0 = 1_700_000_000 * 10**9

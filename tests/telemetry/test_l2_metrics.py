@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.l2 import L2CountersSubscriber, L2FailuresSubscriber
+from mpcache.telemetry.subscribers.metrics.l2 import (
+    L2CountersSubscriber,
+    L2FailuresSubscriber,
+)
 
 
 def salt(name: str) -> frozenset:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 

@@ -15,7 +15,7 @@ import re
 import pytest
 import structlog
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.logs import configure_logging
 from mpcache.telemetry.subscribers.logging import (
     COMPONENTS,

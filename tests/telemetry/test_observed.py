@@ -6,13 +6,15 @@ import dataclasses
 
 import pytest
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
-from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.event_bus import (
+    EventBusSelfMetricsSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
 
 NOW = 1_700_000_100 * 10**9

@@ -14,7 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 from opentelemetry.metrics import Observation
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument

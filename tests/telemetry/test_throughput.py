@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from mpcache.events import EventType as E
-from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.contract.events import EventType as E
+from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
+    L0L1ThroughputSubscriber,
+)
 
 T0 = 1_700_000_000 * 10**9
 MS = 10**6

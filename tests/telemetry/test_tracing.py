@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from mpcache.contract.events import EventType as E
 from mpcache.errors import ConfigError
-from mpcache.events import EventType as E
 from mpcache.telemetry.subscribers.tracing import (
     INCOMPLETE,
     ROOT_INFERRED,

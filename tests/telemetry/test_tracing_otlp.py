@@ -15,9 +15,12 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import (
+    trace_service_pb2,
+    trace_service_pb2_grpc,
+)
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.subscribers.tracing import build_tracing_subscribers
 from mpcache.telemetry.tracing import TracingExport
 

@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 RECORD_MAGIC = b"MPL2"
 RECORD_VERSION = 1

@@ -45,7 +45,7 @@ from mpcache.cache.l2.base import (
     parse_header,
     record_header,
 )
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 _SUFFIX = ".chunk"
 _TEMP_SUFFIX = ".tmp"

@@ -28,7 +28,7 @@ from mpcache.cache.l2.base import (
     byte_view,
     check_load_args,
 )
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 
 class MockL2Adapter(L2Adapter):

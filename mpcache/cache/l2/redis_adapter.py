@@ -51,7 +51,7 @@ from mpcache.cache.l2.base import (
     key_digest,
     record_header,
 )
-from mpcache.keys import ChunkKey
+from mpcache.contract.keys import ChunkKey
 
 # KEYS: lru, size, name, stats, data key.  ARGV: capacity, data prefix, digest, name, size, record.
 # Reply: {status (0 stored, 1 present, 2 no room), used, count, clock, evicted names...}

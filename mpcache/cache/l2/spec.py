@@ -139,7 +139,9 @@ def build_adapter(spec: dict, chunk_bytes: int) -> L2Adapter:
             failure_rate=float(spec.get("failure_rate", 0.0)),
             seed=spec.get("seed", 0),
         )
-    from mpcache.cache.l2.redis_adapter import RedisL2Adapter  # imports redis-py only when used
+    from mpcache.cache.l2.redis_adapter import (
+        RedisL2Adapter,  # imports redis-py only when used
+    )
 
     return RedisL2Adapter(spec["url"], capacity, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
                           threads=spec.get("threads", 4))

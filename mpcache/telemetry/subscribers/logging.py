@@ -26,7 +26,7 @@ import logging
 from typing import Any
 
 from mpcache.config import Config
-from mpcache.events import SCHEMAS, EventType
+from mpcache.contract.events import SCHEMAS, EventType
 from mpcache.logs import LEVELS
 from mpcache.telemetry.batch import Event, EventBatch
 from mpcache.telemetry.bus import Subscriber

@@ -63,7 +63,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
 from mpcache.config import Config
-from mpcache.events import EventType
+from mpcache.contract.events import EventType
 from mpcache.telemetry.batch import Event
 from mpcache.telemetry.bus import Subscriber
 

@@ -19,14 +19,27 @@ from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.pump import Pump
 from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
 from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
-from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
-from mpcache.telemetry.subscribers.metrics.failures import L1FailuresSubscriber, TimeoutsSubscriber
+from mpcache.telemetry.subscribers.metrics.event_bus import (
+    EventBusSelfMetricsSubscriber,
+)
+from mpcache.telemetry.subscribers.metrics.failures import (
+    L1FailuresSubscriber,
+    TimeoutsSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
-from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
+    L0L1ThroughputSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
-from mpcache.telemetry.subscribers.metrics.l1 import L1CountersSubscriber, L1EvictionLoopSubscriber
+from mpcache.telemetry.subscribers.metrics.l1 import (
+    L1CountersSubscriber,
+    L1EvictionLoopSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
-from mpcache.telemetry.subscribers.metrics.l2 import L2CountersSubscriber, L2FailuresSubscriber
+from mpcache.telemetry.subscribers.metrics.l2 import (
+    L2CountersSubscriber,
+    L2FailuresSubscriber,
+)
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber

@@ -15,8 +15,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from mpcache.events import SCHEMAS, EventType, FieldKind
-from mpcache.publish import has_inline_salt
+from mpcache.contract.events import SCHEMAS, EventType, FieldKind, has_inline_salt
 from mpcache.shm import layout
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.salts import SaltCap

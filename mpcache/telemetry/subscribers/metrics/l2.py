@@ -18,7 +18,7 @@ from typing import Sequence
 
 from opentelemetry.metrics import Meter
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument

@@ -27,7 +27,7 @@ from collections import OrderedDict
 import numpy as np
 from opentelemetry.metrics import Meter
 
-from mpcache.events import EventType as E
+from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber

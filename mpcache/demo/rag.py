@@ -33,9 +33,10 @@ import time
 
 import numpy as np
 
-from mpcache.blending import HITS, chunk_fingerprints
 from mpcache.client import CacheClient
 from mpcache.config import Config
+from mpcache.contract.blending import HITS, chunk_fingerprints
+from mpcache.demo.chunks import chunk_matches, fill_chunk
 from mpcache.errors import RequestError
 
 RAG_EVERY = 3  # demo requests per RAG request
@@ -150,7 +151,6 @@ class RagWorkload:
             self._verify(buffer, hits, fps)
 
     def _verify(self, buffer, hits: list[int], fps: list[int]) -> None:
-        from mpcache.demo import chunk_matches
 
         for index in hits:
             if not chunk_matches(buffer.blocks[index], fps[index]):
@@ -159,7 +159,6 @@ class RagWorkload:
 
     def _store(self, client, buffer, kind: str, request_id: str, model: str, tenant: str, tokens: list[int],
                fault: bool) -> None:
-        from mpcache.demo import fill_chunk
 
         blend = self.tally.blend
         fps = chunk_fingerprints(tokens, self.chunk)

@@ -1,12 +1,9 @@
-"""Timeout errors that report themselves, and deadlines that raise them.
+"""Timeouts of cache operations: deadlines that raise, and the TIMEOUT_RAISED event of one that was caught.
 
-Every timeout an operation of a cache process hits is a
-:class:`MpcacheTimeoutError`; constructing one publishes ``TIMEOUT_RAISED``
-(exception_type = the class name, message, the formatted construction stack)
-through the publisher registered for this process with
-:func:`register_publisher`.  Construction never raises because of that: with
-no publisher registered, or when publishing fails, the error is simply an
-error.  Raise this class, never a bare ``TimeoutError``.
+Every timeout an operation hits is a :class:`MpcacheTimeoutError` (never a bare ``TimeoutError``).
+Whoever catches it — the dispatcher of a front end — reports it with :func:`publish_timeout`, which
+publishes ``TIMEOUT_RAISED`` with the class name, the message and the innermost frames of where it
+was raised; building the error publishes nothing.
 """
 
 from __future__ import annotations
@@ -15,38 +12,26 @@ import time
 import traceback
 from typing import Callable
 
-from mpcache.events import TEXT_MAX_BYTES, EventType
+from mpcache.contract.events import TEXT_MAX_BYTES, EventType
+from mpcache.shm.publish import EventPublisher
 
 _TIMEOUT_RAISED = EventType.TIMEOUT_RAISED
-_STACK_LIMIT = 32  # innermost frames considered for the published stack trace
 _STACK_MAX_BYTES = TEXT_MAX_BYTES["stacktrace"]
-
-_publisher = None  # this process's mpcache.publish.Publisher, or None
-
-
-def register_publisher(publisher) -> None:
-    """Publish TIMEOUT_RAISED through ``publisher`` (None stops publishing)."""
-    global _publisher
-    _publisher = publisher
-
-
-def registered_publisher():
-    return _publisher
 
 
 class MpcacheTimeoutError(TimeoutError):
-    """An operation ran past its deadline.  Construction publishes TIMEOUT_RAISED."""
+    """An operation ran past its deadline; ``session_id`` names its request (may be empty)."""
 
     def __init__(self, message: str, *, session_id: str = "") -> None:
         super().__init__(message)
-        publisher = _publisher
-        if publisher is None:
-            return
-        try:
-            stack = _innermost(traceback.format_stack(limit=_STACK_LIMIT)[:-1])  # minus this constructor
-            publisher.emit(_TIMEOUT_RAISED, (type(self).__name__,), session_id=session_id, texts=(message, stack))
-        except Exception:  # noqa: BLE001 - reporting a timeout must never replace it
-            pass
+        self.session_id = session_id
+
+
+def publish_timeout(publisher: EventPublisher, error: MpcacheTimeoutError) -> None:
+    """Publish TIMEOUT_RAISED for a caught timeout (never raises: the publisher does not)."""
+    stack = _innermost(traceback.format_tb(error.__traceback__))
+    publisher.emit(_TIMEOUT_RAISED, (type(error).__name__,), session_id=error.session_id,
+                   texts=(str(error), stack))
 
 
 def _innermost(frames: list[str]) -> str:

@@ -35,9 +35,10 @@ import numpy as np
 
 from mpcache.client import CacheClient
 from mpcache.config import Config
-from mpcache.demo_rag import RAG_EVERY, RagWorkload
-from mpcache.demo_scheduler import SchedulerFleet
-from mpcache.keys import chunk_hashes
+from mpcache.contract.keys import chunk_hashes
+from mpcache.demo.chunks import chunk_matches, fill_chunk
+from mpcache.demo.rag import RAG_EVERY, RagWorkload
+from mpcache.demo.scheduler import SchedulerFleet
 from mpcache.logs import configure_logging
 from mpcache.shm import layout
 from mpcache.shm.ring import read_counters
@@ -54,26 +55,6 @@ TIMEOUT_EVERY_S = 2.0  # a retrieve with an impossible deadline
 LATE_CLIENT_EVERY_S = 3.0  # a prefetch whose client comes back only after it expired
 
 
-def _chunk_pattern(block: np.ndarray, chunk_hash: int) -> tuple[int, np.uint64, np.ndarray]:
-    words = len(block) // 8
-    tail = np.frombuffer(chunk_hash.to_bytes(8, "little"), dtype=np.uint8)[: len(block) - words * 8]
-    return words * 8, np.uint64(chunk_hash), tail
-
-
-def fill_chunk(block: np.ndarray, chunk_hash: int) -> None:
-    """Deterministic content, so every stored chunk can be verified after a retrieve: each 8 bytes
-    hold the chunk's hash (written as 64-bit words: filling is not what the demo should spend on)."""
-    cut, word, tail = _chunk_pattern(block, chunk_hash)
-    block[:cut].view(np.uint64)[:] = word
-    block[cut:] = tail
-
-
-def chunk_matches(block: np.ndarray, chunk_hash: int) -> bool:
-    """Whether ``block`` holds what :func:`fill_chunk` wrote for ``chunk_hash``."""
-    cut, word, tail = _chunk_pattern(block, chunk_hash)
-    return bool(np.all(block[:cut].view(np.uint64) == word)) and np.array_equal(block[cut:], tail)
-
-
 class Tally:
     """What the demo itself saw, per cache_salt, to compare with the metrics."""
 
@@ -87,7 +68,7 @@ class Tally:
         self.requests = 0
         self.expected_faults = collections.Counter()
         self.verified_chunks = 0
-        self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo_rag)
+        self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo.rag)
 
     def as_dict(self) -> dict:
         return {
@@ -134,7 +115,7 @@ class Demo:
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
         self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
-        self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo_rag)
+        self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo.rag)
         first = time.monotonic() + 1.0
         self.due = {"big_store": first, "timeout": first, "late_client": first}
 
@@ -158,11 +139,11 @@ class Demo:
         worker = n % len(self.clients)
         client, buffer = self.clients[worker], self.buffers[worker]
         tenant, model, tokens = self.workload.next_prompt()
-        if n % RAG_EVERY == 0:  # a RAG request that blends document chunks (mpcache.demo_rag)
+        if n % RAG_EVERY == 0:  # a RAG request that blends document chunks (mpcache.demo.rag)
             self.rag.one_request(worker, tenant, model)
         hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
         request_id = f"req-{os.getpid()}-{n}"
-        self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo_scheduler)
+        self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo.scheduler)
         job = client.lookup_prefetch(request_id, model, tenant, hashes)
         status = client.wait_prefetch(job)  # with L2, the job may need a moment to load chunks into L1
         found = int(status["found_count"])

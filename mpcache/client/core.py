@@ -5,7 +5,7 @@ creates a 0600 POSIX shared-memory object named after this process's pid
 (``shm_name(os.getpid(), …, "kv<n>")``, so leftovers of a dead client can be
 found) and hands its name to the server, which attaches it.  Requests then
 name blocks of that buffer by index; the socket carries only small msgpack
-messages (see :mod:`mpcache.protocol`).
+messages (see :mod:`mpcache.contract.protocol`).
 
 A typical request::
 
@@ -33,61 +33,14 @@ import socket
 import time
 from typing import Sequence
 
-import numpy as np
-
-from mpcache import protocol
+from mpcache.client.buffers import KVBuffer, RegisteredBuffer
+from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 from mpcache.shm.segment import Segment, shm_name
 
 
 class CacheTimeoutError(RequestError, TimeoutError):
     """The server gave up on an operation at its deadline (it published TIMEOUT_RAISED)."""
-
-
-class RegisteredBuffer:
-    """What every registered KV buffer shares: :meth:`close` (or leaving a ``with`` block)
-    unregisters it once; the client then calls its ``_release``."""
-
-    _client: "CacheClient"
-    blocks: object | None
-
-    def close(self) -> None:
-        """Unregister from the server and free the buffer (idempotent)."""
-        if self.blocks is not None:
-            self._client.unregister_buffer(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-
-class KVBuffer(RegisteredBuffer):
-    """A registered shared-memory KV buffer: ``blocks[i]`` is block i (``block_bytes`` uint8).
-
-    :meth:`close` (or leaving a ``with`` block) unregisters it and removes the
-    shared-memory object; closing its client does the same for every buffer left.
-    """
-
-    def __init__(self, client: "CacheClient", segment: Segment, buffer_id: int, num_blocks: int,
-                 block_bytes: int) -> None:
-        self._client = client
-        self.segment = segment
-        self.name = segment.name
-        self.buffer_id = buffer_id
-        self.num_blocks = num_blocks
-        self.block_bytes = block_bytes
-        self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
-
-    def _release(self) -> None:
-        """Unlink the object and drop this process's mapping (if no view of it is still held)."""
-        self.blocks = None
-        Segment.unlink(self.name)
-        try:
-            self.segment.close()
-        except BufferError:  # the caller still holds a view; the mapping goes when it does
-            pass
 
 
 class CacheClient:
@@ -250,8 +203,8 @@ class CacheClient:
 
     def register_cuda_buffer(self, num_blocks: int, block_bytes: int, device_index: int = 0):
         """A (num_blocks × block_bytes) GPU buffer shared with the server by CUDA IPC (needs cupy and a
-        CUDA device here and in the cache process); see :mod:`mpcache.cuda_buffer`."""
-        from mpcache.cuda_buffer import register_cuda_buffer
+        CUDA device here and in the cache process); see :mod:`mpcache.client.cuda`."""
+        from mpcache.client.cuda import register_cuda_buffer
 
         buffer = register_cuda_buffer(self, num_blocks, block_bytes, device_index)
         self._buffers[buffer.buffer_id] = buffer
@@ -277,7 +230,7 @@ class CacheClient:
                          engine_id=engine_id)
 
     def cb_lookup(self, request_id: str, model_name: str, cache_salt: str, tokens: Sequence[int]) -> dict:
-        """Per whole chunk of ``tokens`` a status (``chunks``: mpcache.blending MISS / PREFIX_HIT /
+        """Per whole chunk of ``tokens`` a status (``chunks``: mpcache.contract.blending MISS / PREFIX_HIT /
         FINGERPRINT_HIT / STALE), ``lookup_id`` (None without hits), ``no_gpu_context`` (this client has no
         registered buffer), and the counts ``requested_tokens``, ``hit_tokens``, ``prefix_hits``,
         ``fingerprint_hits``, ``storage_hits``, ``stale_chunks``."""

@@ -1,59 +1,17 @@
-"""The client ⇄ cache-process protocol: frames, messages and their validation.
+"""The client ⇄ cache-process protocol: frames, envelopes and field validators.
 
-Transport: one Unix domain socket per cache process (``Config.socket_path``,
-mode 0600).  A frame is a 4-byte big-endian payload length followed by a
-msgpack map of at most :data:`MAX_FRAME_BYTES`.  No pickle, no msgpack
-extension types: only maps, lists, strings, integers, floats, booleans, nil.
-
-Requests: ``{"op": str, "id": int, ...arguments}``.  Replies:
-``{"id": int, "ok": True, ...results}`` or
-``{"id": int|None, "ok": False, "error": "<one line>", "error_type": "protocol"|"request"|"timeout"|"internal"}``
-(``id`` is nil when the request could not be parsed far enough to have one).
-
-KV bytes never travel over the socket: the client registers a shared-memory
-buffer it created (named ``shm_name(client_pid, …, "kv<n>")``), and requests
-name blocks of it by index.
-
-========================= ========================================================== ===========================
-op                         arguments                                                  reply fields
-========================= ========================================================== ===========================
-``register_buffer``        shm_name str, num_blocks int, block_bytes int              buffer_id
-``unregister_buffer``      buffer_id int                                              —
-``store``                  buffer_id, request_id str, model_name, cache_salt,         stored_count, skipped_count,
-                           chunk_hashes [u64], block_ids [int], engine_id int          failed_count
-``lookup_prefetch``        request_id, model_name, cache_salt, chunk_hashes           job_id
-``query_prefetch_status``  job_id int                                                 done, found_count,
-                                                                                      requested_count, hit_tokens,
-                                                                                      l1_hit_tokens, l2_hit_tokens,
-                                                                                      l2_loaded_count, expired
-``retrieve``               buffer_id, request_id, job_id, block_ids, engine_id,        retrieved_count,
-                           timeout_s float|nil                                         failed_count
-``end_session``            request_id                                                 known (bool)
-``report_block_allocations`` instance_id int, model_name, records [[request_id,       record_count, block_count,
-                           [block_id], [token_id]]]                                    sampled_count, event_count
-``register_cuda_buffer``   ipc_handle str (hex), device_index int, num_blocks,        buffer_id, device
-                           block_bytes
-``ping``                   —                                                          pid, worker
-========================= ========================================================== ===========================
-
-``query_prefetch_status`` never blocks: while a job's L2 lookup or loads are in flight it answers
-``done`` False (``found_count`` is the L1 prefix so far) and the client polls again
-(``CacheClient.wait_prefetch``); ``retrieve`` of such a job is refused.  Once done,
-``l1_hit_tokens + l2_hit_tokens == hit_tokens`` and ``l2_loaded_count`` is how many chunks the
-job's prefetch wrote into L1 from L2.
-
-This module checks everything that can be checked without server state
-(types, ranges, lengths, names); the server checks the rest (buffer ids,
-block ids against the registered buffer, job ids).  Every failure is a
-:class:`~mpcache.errors.ProtocolError` whose message is one line naming the
-field.
+One Unix domain socket per cache process (mode 0600).  A frame is a 4-byte big-endian payload
+length and a msgpack map of at most :data:`MAX_FRAME_BYTES`; no pickle, no extension types.
+Requests are ``{"op": str, "id": int, ...arguments}``; replies ``{"id", "ok": True, ...results}``
+or ``{"id", "ok": False, "error", "error_type"}``.  The operations and their fields are declared
+once, with their handlers, in :mod:`mpcache.cache.ops`; ``docs/PROTOCOL.md`` lists them.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import msgpack
 
@@ -121,7 +79,7 @@ def error_reply(request_id: int | None, error_type: str, message: str) -> dict:
 # -- field validators -------------------------------------------------------------
 
 
-def _int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
+def int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
     def check(value: Any, field: str) -> int:
         if type(value) is not int:
             raise ProtocolError(f"{field}: expected an integer, got {type(value).__name__}")
@@ -155,7 +113,7 @@ def _request_id(value: Any, field: str) -> str:
     return value
 
 
-def _int_list(lo: int, hi: int, allow_empty: bool) -> Callable[[Any, str], list[int]]:
+def int_list(lo: int, hi: int, allow_empty: bool) -> Callable[[Any, str], list[int]]:
     def check(value: Any, field: str) -> list[int]:
         if type(value) is not list:
             raise ProtocolError(f"{field}: expected a list of integers, got {type(value).__name__}")
@@ -185,14 +143,19 @@ def _timeout(value: Any, field: str) -> float | None:
     return float(value)
 
 
-_ID = _int_range(0, _I64_MAX)
-_COUNT = _int_range(1, MAX_BLOCKS)
-_BYTES = _int_range(1, 1 << 40)
-_ENGINE = _int_range(_I64_MIN, _I64_MAX)
-_MODEL = _name(_MODEL_FORBIDDEN, "@ \\", allow_empty=False)
-_SALT = _name(_SALT_FORBIDDEN, "@ / \\", allow_empty=True)
-_HASHES = _int_list(0, _U64_MAX, allow_empty=False)
-_BLOCK_IDS = _int_list(0, MAX_BLOCKS - 1, allow_empty=False)
+ID = int_range(0, _I64_MAX)
+COUNT = int_range(1, MAX_BLOCKS)
+BYTES = int_range(1, 1 << 40)
+ENGINE = int_range(_I64_MIN, _I64_MAX)
+MODEL = _name(_MODEL_FORBIDDEN, "@ \\", allow_empty=False)
+SALT = _name(_SALT_FORBIDDEN, "@ / \\", allow_empty=True)
+HASHES = int_list(0, _U64_MAX, allow_empty=False)
+BLOCK_IDS = int_list(0, MAX_BLOCKS - 1, allow_empty=False)
+TOKENS = int_list(0, _I64_MAX, allow_empty=False)
+OPTIONAL_BLOCK_IDS = int_list(0, MAX_BLOCKS - 1, allow_empty=True)
+CHUNK_INDICES = int_list(0, MAX_CHUNKS - 1, allow_empty=True)
+DEVICE_INDEX = int_range(0, MAX_CUDA_DEVICES - 1)
+WORKER_ID = int_range(-1, _I64_MAX)
 
 
 def _block_records(value: Any, field: str) -> list[tuple[str, list[int], list[int]]]:
@@ -233,52 +196,19 @@ def _ipc_handle(value: Any, field: str) -> bytes:
     except ValueError:
         raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)") from None
 
-_REQUIRED = object()
-
-# op -> ((field, validator, default or _REQUIRED), ...)
-OPS: dict[str, tuple[tuple[str, Callable[[Any, str], Any], Any], ...]] = {
-    "ping": (),
-    "register_buffer": (("shm_name", _shm_name, _REQUIRED), ("num_blocks", _COUNT, _REQUIRED),
-                        ("block_bytes", _BYTES, _REQUIRED)),
-    "unregister_buffer": (("buffer_id", _ID, _REQUIRED),),
-    "store": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
-              ("cache_salt", _SALT, ""), ("chunk_hashes", _HASHES, _REQUIRED), ("block_ids", _BLOCK_IDS, _REQUIRED),
-              ("engine_id", _ENGINE, 0)),
-    "lookup_prefetch": (("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
-                        ("cache_salt", _SALT, ""), ("chunk_hashes", _HASHES, _REQUIRED)),
-    "query_prefetch_status": (("job_id", _ID, _REQUIRED),),
-    "retrieve": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("job_id", _ID, _REQUIRED),
-                 ("block_ids", _BLOCK_IDS, _REQUIRED), ("engine_id", _ENGINE, 0), ("timeout_s", _timeout, None)),
-    "end_session": (("request_id", _request_id, _REQUIRED),),
-    "report_block_allocations": (("instance_id", _ENGINE, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
-                                 ("records", _block_records, _REQUIRED)),
-    "register_cuda_buffer": (("ipc_handle", _ipc_handle, _REQUIRED),
-                             ("device_index", _int_range(0, MAX_CUDA_DEVICES - 1), _REQUIRED),
-                             ("num_blocks", _COUNT, _REQUIRED), ("block_bytes", _BYTES, _REQUIRED)),
-}
-# Cache blending (mpcache.cache.blend): tokens are the request's token ids; block_ids name one block per whole
-# chunk (stores) or per retrieved chunk (cb_retrieve, with chunk_indices into the lookup's chunks).
-_TOKENS = _int_list(0, _I64_MAX, allow_empty=False)
-_CB_BLOCK_IDS = _int_list(0, MAX_BLOCKS - 1, allow_empty=True)
-_CB_STORE = (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
-             ("cache_salt", _SALT, ""), ("tokens", _TOKENS, _REQUIRED), ("block_ids", _CB_BLOCK_IDS, _REQUIRED),
-             ("engine_id", _ENGINE, 0))
-OPS.update({
-    "cb_store_pre_computed": _CB_STORE,
-    "cb_store_final": _CB_STORE,
-    "cb_lookup": (("request_id", _request_id, _REQUIRED), ("model_name", _MODEL, _REQUIRED),
-                  ("cache_salt", _SALT, ""), ("tokens", _TOKENS, _REQUIRED)),
-    "cb_retrieve": (("buffer_id", _ID, _REQUIRED), ("request_id", _request_id, _REQUIRED),
-                    ("lookup_id", _ID, _REQUIRED), ("chunk_indices", _int_list(0, MAX_CHUNKS - 1, allow_empty=True),
-                                                    _REQUIRED),
-                    ("block_ids", _CB_BLOCK_IDS, _REQUIRED), ("engine_id", _ENGINE, 0),
-                    ("worker_id", _int_range(-1, _I64_MAX), -1)),
-})
+REQUEST_ID = _request_id
+SHM_NAME = _shm_name
+TIMEOUT = _timeout
+BLOCK_RECORDS = _block_records
+IPC_HANDLE = _ipc_handle
+REQUIRED = object()  # a field without a default
+Validator = Callable[[Any, str], Any]
+Field = tuple[str, Validator, Any]  # (name, validator, default or REQUIRED)
 _ENVELOPE = frozenset(("op", "id"))
 
 
-def parse_request(message: Any) -> Request:
-    """Validate one decoded message against its op's schema; ProtocolError names the first problem."""
+def parse_request(message: Any, schemas: Mapping[str, tuple[Field, ...]]) -> Request:
+    """Validate one decoded message against its op's fields; ProtocolError names the first problem."""
     if not isinstance(message, dict):
         raise ProtocolError(f"a request must be a map, got {type(message).__name__}")
     op = message.get("op")
@@ -287,7 +217,7 @@ def parse_request(message: Any) -> Request:
     request_id = message_id(message)
     if request_id is None:
         raise ProtocolError("id: expected an integer in 0..2**63-1")
-    schema = OPS.get(op)
+    schema = schemas.get(op)
     if schema is None:
         raise ProtocolError(f"op: unknown operation {op[:64]!r}")
     args: dict[str, Any] = {}
@@ -296,16 +226,12 @@ def parse_request(message: Any) -> Request:
         if field in message:
             args[field] = check(message[field], field)
             given += 1
-        elif default is _REQUIRED:
+        elif default is REQUIRED:
             raise ProtocolError(f"{field}: missing (required by {op})")
         else:
             args[field] = default
     if len(message) != given:
         extra = sorted(str(k)[:32] for k in message if k not in _ENVELOPE and k not in args)
         raise ProtocolError(f"unexpected field(s) for {op}: {', '.join(extra)}")
-    if "block_ids" in args and op == "store" and len(args["block_ids"]) != len(args["chunk_hashes"]):
-        raise ProtocolError(
-            f"block_ids: {len(args['block_ids'])} entries for {len(args['chunk_hashes'])} chunk_hashes"
-        )
     return Request(op, request_id, args)
 

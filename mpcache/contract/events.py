@@ -1,7 +1,7 @@
 """The event catalogue: every event type, its dotted name and its field schema.
 
 This is the contract of ``spec/EVENTS.md`` in code.  Producers
-(:mod:`mpcache.publish`) encode events by these schemas and the telemetry
+(:mod:`mpcache.shm.publish`) encode events by these schemas and the telemetry
 process decodes them by the same ones, so adding an event type is adding one
 line to :data:`SCHEMAS` (see ``docs/EXTENDING.md``).
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from mpcache.shm import layout
 
 
 class FieldKind(enum.Enum):
@@ -172,3 +174,9 @@ _ALL = (
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}
 BY_DOTTED: dict[str, EventType] = {schema.dotted: schema.etype for schema in _ALL}
 assert len(SCHEMAS) == len(EventType), "every EventType needs a schema"
+
+
+def has_inline_salt(etype: EventType) -> bool:
+    """Whether this event type keeps its first salt group in the head cell."""
+    schema = SCHEMAS[etype]
+    return schema.salt_counts and len(schema.fields) <= layout.INLINE_SALT_MAX_FIELDS

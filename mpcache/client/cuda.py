@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mpcache.client import RegisteredBuffer
+from mpcache.client.buffers import RegisteredBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mpcache.client import CacheClient
+    from mpcache.client.core import CacheClient
 
 
 class CudaKVBuffer(RegisteredBuffer):

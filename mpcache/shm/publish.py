@@ -15,9 +15,9 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol
 
-from mpcache.events import (
+from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,
     SCHEMAS,
     SESSION_ID_MAX_BYTES,
@@ -26,6 +26,7 @@ from mpcache.events import (
     TEXT_MAX_BYTES,
     EventType,
     FieldKind,
+    has_inline_salt,
 )
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
@@ -42,12 +43,6 @@ _SALT_FMT = _CELL + "qqq32x"
 _SAMPLED_FMT = _CELL + "Qqq32x"
 _BLOCK_FMT = _CELL + "qqQ32x"
 _TEXT_FMT = layout.CELL_TEXT_FMT[1:]
-
-
-def has_inline_salt(etype: EventType) -> bool:
-    """Whether this event type keeps its first salt group in the head cell."""
-    schema = SCHEMAS[etype]
-    return schema.salt_counts and len(schema.fields) <= layout.INLINE_SALT_MAX_FIELDS
 
 
 class _Shape:
@@ -329,3 +324,24 @@ class Publisher:
         if len(self._structs) < 4096:  # bound the cache; unusual shapes still work uncached
             self._structs[key] = record
         return record
+
+
+class EventPublisher(Protocol):
+    """What a cache process publishes through: the ring's :class:`Publisher`, or one that drops
+    everything (:class:`NullPublisher`) or feeds another sink (the benchmarks' reference)."""
+
+    def emit(self, etype: EventType, fields: tuple = (), *, salt_counts: SaltCounts | None = None,
+             sampled: Sampled = (), session_id: str = "", texts: tuple[str, ...] = (), blocks: Blocks = (),
+             timestamp_ns: int | None = None) -> bool: ...
+
+    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool: ...
+
+
+class NullPublisher:
+    """Publishes nothing (``--event-sink none``): the telemetry-off baseline of the benchmarks."""
+
+    def emit(self, etype: EventType, fields: tuple = (), **_options: object) -> bool:
+        return True
+
+    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
+        return True

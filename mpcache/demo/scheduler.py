@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mpcache.keys import chunk_hashes
+from mpcache.contract.keys import chunk_hashes
 
 NUM_BLOCKS = 256  # GPU KV blocks per engine instance
 MAX_RUNNING = 3  # requests decoding at once per instance

@@ -2,7 +2,7 @@
 
 Shared by the client and the cache process (no server state here).
 
-:func:`mpcache.keys.chunk_hashes` is prefix-chained: chunk i's hash covers
+:func:`mpcache.contract.keys.chunk_hashes` is prefix-chained: chunk i's hash covers
 every token before it, so the same document chunk at another position of
 another prompt gets another hash.  A *fingerprint* covers the chunk's own
 tokens only (blake2b-64, personalised so that it never equals a prefix-chained

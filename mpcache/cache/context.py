@@ -1,0 +1,60 @@
+"""What every operation of a cache process works on: L1, L2, sessions, the publisher, the clocks.
+
+Front ends (the Unix-socket protocol, LMCache's ZeroMQ protocol) hand a :class:`CacheContext` and
+the calling peer to operations; the operations know nothing about sockets or frames.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mpcache.cache.blend import BlendState
+from mpcache.cache.blocks import BlockReporter
+from mpcache.cache.l1 import L1Manager
+from mpcache.cache.prefetch import PrefetchController
+from mpcache.cache.sessions import SessionRegistry
+from mpcache.cache.storage import StorageManager
+from mpcache.config import Config
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeSlot
+from mpcache.shm.publish import EventPublisher
+
+
+@dataclass(eq=False)
+class CacheContext:
+    """One cache process's state, shared by its front ends (single-threaded: no locks)."""
+
+    config: Config
+    worker: int
+    log: object
+    publisher: EventPublisher
+    l1: L1Manager
+    gauges: GaugeSlot
+    storage: StorageManager
+    prefetch: PrefetchController
+    sessions: SessionRegistry
+    l0: BlockReporter
+    blend: BlendState
+    clock: Callable[[], float] = time.monotonic
+    clock_ns: Callable[[], int] = time.time_ns
+    _next_buffer_id: int = field(default=1, repr=False)
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.config.chunk_size_tokens
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.config.chunk_bytes
+
+    def new_buffer_id(self) -> int:
+        """Buffer ids are unique per process, so a stale id from another connection never matches."""
+        buffer_id = self._next_buffer_id
+        self._next_buffer_id += 1
+        return buffer_id
+
+    def update_gauges(self) -> None:
+        self.gauges.set(layout.G_L1_USED, self.l1.used_slots * self.config.chunk_bytes)
+        self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)

@@ -1,0 +1,84 @@
+"""One request frame in, one reply out: decode, validate, run the operation, turn failures into replies.
+
+Transport-free: the Unix-socket front end hands it payloads and writes back what it returns.  A
+timeout is published (TIMEOUT_RAISED) here, where it is caught; every client error is logged, at
+most ``per_second`` lines a second.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+from mpcache.cache.buffers import Peer
+from mpcache.cache.context import CacheContext
+from mpcache.cache.ops.registry import Operation
+from mpcache.cache.timeouts import MpcacheTimeoutError, publish_timeout
+from mpcache.contract import protocol
+from mpcache.errors import ProtocolError, RequestError
+
+
+class ErrorLog:
+    """At most ``per_second`` client-error lines a second; the next line says how many were dropped."""
+
+    def __init__(self, log: Any, per_second: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
+        self._per_second = per_second
+        self._clock = clock
+        self._window = 0.0
+        self._count = 0
+        self._suppressed = 0
+
+    def __call__(self, op: str, error_type: str, message: str) -> None:
+        now = self._clock()
+        if now - self._window >= 1.0:
+            self._window = now
+            self._count = 0
+        if self._count >= self._per_second:
+            self._suppressed += 1
+            return
+        self._count += 1
+        extra = {"suppressed": self._suppressed} if self._suppressed else {}
+        self._suppressed = 0
+        self._log.warning("client.error", op=op, error_type=error_type, error=message, **extra)
+
+
+class Dispatcher:
+    """Runs the operations of one table against one cache context."""
+
+    def __init__(self, ctx: CacheContext, operations: Mapping[str, Operation]) -> None:
+        self._ctx = ctx
+        self._operations = operations
+        self._schemas = {name: op.fields for name, op in operations.items()}
+        self.client_error = ErrorLog(ctx.log)
+
+    def __call__(self, peer: Peer, payload: bytes) -> dict:
+        """One request → one reply.  Errors become error replies; the loop goes on."""
+        ctx = self._ctx
+        message = None
+        op = "?"
+        try:
+            message = protocol.decode_payload(payload)
+            request = protocol.parse_request(message, self._schemas)
+            op = request.op
+            ctx.sessions.expire()
+            reply = self._operations[op].handler(ctx, peer, request.args)
+            reply["id"] = request.id
+            reply["ok"] = True
+            return reply
+        except MpcacheTimeoutError as exc:
+            publish_timeout(ctx.publisher, exc)
+            error_type, text = "timeout", f"timeout: {exc}"
+        except ProtocolError as exc:
+            error_type, text = "protocol", str(exc)
+        except RequestError as exc:
+            error_type, text = "request", str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
+            ctx.log.exception("request.failed", op=op)
+            error_type, text = "internal", f"internal error: {type(exc).__name__}"
+        finally:
+            ctx.update_gauges()
+        if isinstance(message, dict) and type(message.get("op")) is str:
+            op = message["op"][:64]
+        self.client_error(op, error_type, text)
+        return protocol.error_reply(protocol.message_id(message), error_type, text)

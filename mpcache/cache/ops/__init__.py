@@ -1,0 +1,6 @@
+"""The cache's own protocol operations; importing this package fills :data:`OPERATIONS`."""
+
+from mpcache.cache.ops import blend, buffers, kv, service
+from mpcache.cache.ops.registry import OPERATIONS, Operation
+
+__all__ = ["OPERATIONS", "Operation", "blend", "buffers", "kv", "service"]

@@ -1,0 +1,202 @@
+"""The KV operations: store, lookup_prefetch, query_prefetch_status, retrieve, end_session.
+
+Each publishes the request-flow events of ``docs/PROTOCOL.md``; the copies go through the
+buffer's transfer (shared memory, or CUDA with START/END stamped where its stream reached them).
+"""
+
+from __future__ import annotations
+
+from mpcache.cache.buffers import Buffer, Peer
+from mpcache.cache.context import CacheContext
+from mpcache.cache.ops.registry import Args, Reply, operation
+from mpcache.cache.timeouts import Deadline
+from mpcache.cache.transfer import Transfer
+from mpcache.contract import protocol as p
+from mpcache.contract.events import EventType
+from mpcache.errors import ProtocolError, RequestError
+
+_MP_STORE_SUBMITTED = EventType.MP_STORE_SUBMITTED
+_MP_RETRIEVE_SUBMITTED = EventType.MP_RETRIEVE_SUBMITTED
+_MP_STORE_START = EventType.MP_STORE_START
+_MP_STORE_END = EventType.MP_STORE_END
+_MP_RETRIEVE_START = EventType.MP_RETRIEVE_START
+_MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
+_MP_LOOKUP_PREFETCH_START = EventType.MP_LOOKUP_PREFETCH_START
+_MP_LOOKUP_PREFETCH_END = EventType.MP_LOOKUP_PREFETCH_END
+_SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
+_SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
+
+_REQUIRED = p.REQUIRED
+
+
+def begin_copy(ctx: CacheContext, buffer: Buffer, request_id: str, submitted: EventType, start: EventType,
+               engine: int, model: str) -> Transfer:
+    """Open a copy between a client buffer and L1: the session, SUBMITTED, and START — unless the
+    copy runs on a CUDA stream (``stream_timed``), whose START is stamped where the stream got to it.
+    Returns the buffer's mover (CPU shared memory or CUDA)."""
+    ctx.sessions.open(request_id)
+    mover = buffer.transfer
+    ctx.publisher.emit(submitted, (mover.device,), session_id=request_id)
+    if not mover.stream_timed:
+        ctx.publisher.emit(start, (mover.device, engine, model), session_id=request_id)
+    return mover
+
+
+@operation("store",
+           ("buffer_id", p.ID, _REQUIRED), ("request_id", p.REQUEST_ID, _REQUIRED), ("model_name", p.MODEL, _REQUIRED),
+           ("cache_salt", p.SALT, ""), ("chunk_hashes", p.HASHES, _REQUIRED), ("block_ids", p.BLOCK_IDS, _REQUIRED),
+           ("engine_id", p.ENGINE, 0),
+           replies=("stored_count", "skipped_count", "failed_count"))
+def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
+    """Copy blocks of a registered buffer into L1 (and every L2 tier), skipping chunks already cached."""
+    hashes, block_ids = args["chunk_hashes"], args["block_ids"]
+    if len(block_ids) != len(hashes):
+        raise ProtocolError(f"block_ids: {len(block_ids)} entries for {len(hashes)} chunk_hashes")
+    buffer = peer.buffer(args["buffer_id"], block_ids)
+    request_id, model, salt, engine = args["request_id"], args["model_name"], args["cache_salt"], args["engine_id"]
+    pub = ctx.publisher
+    mover = begin_copy(ctx, buffer, request_id, _MP_STORE_SUBMITTED, _MP_STORE_START, engine, model)
+    device = mover.device
+    l1 = ctx.l1
+    reservation = l1.reserve_write(model, salt, hashes)
+    committed = [hashes[i] for i in reservation.positions]
+    nbytes = buffer.block_bytes
+    try:
+        timing = mover.to_l1(l1.pool, [(block_ids[i], slot) for i, slot in zip(reservation.positions,
+                                                                                reservation.slots)], nbytes)
+    except BaseException:
+        l1.abort_write(model, salt, committed)
+        pub.emit(_MP_STORE_END, (device, engine, model, 0, 0, 0), session_id=request_id)
+        raise
+    if timing is not None:  # where the stream reached the copy's start
+        pub.emit(_MP_STORE_START, (device, engine, model), session_id=request_id, timestamp_ns=timing.start_ns)
+    sampled = l1.commit_write(model, salt, committed, nbytes)
+    stored = len(committed)
+    tokens = ctx.chunk_tokens
+    pub.emit(_MP_STORE_END, (device, engine, model, stored, stored * nbytes, stored * tokens),
+             session_id=request_id, timestamp_ns=None if timing is None else timing.end_ns)
+    pub.emit(_SM_WRITE_FINISHED, (reservation.failed,),
+             salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
+    if stored and nbytes == ctx.chunk_bytes:
+        store_to_l2(ctx, model, salt, [hashes[i] for i in reservation.positions], reservation.slots)
+    return {"stored_count": stored, "skipped_count": reservation.present, "failed_count": reservation.failed}
+
+
+def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], slots: list[int]) -> None:
+    """Hand freshly committed chunks to every L2 tier.  The tasks get copies: the L1 slots stay
+    readable (and evictable) while adapters write."""
+    if ctx.storage.adapters:
+        pool = ctx.l1.pool
+        ctx.storage.store(model, salt, [(chunk_hash, pool[slot].tobytes()) for chunk_hash, slot in zip(hashes, slots)])
+
+
+@operation("lookup_prefetch",
+           ("request_id", p.REQUEST_ID, _REQUIRED), ("model_name", p.MODEL, _REQUIRED), ("cache_salt", p.SALT, ""),
+           ("chunk_hashes", p.HASHES, _REQUIRED),
+           replies=("job_id",))
+def lookup_prefetch(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
+    """Read-lock the contiguous L1 prefix of the chunks and prefetch the rest from L2: a job to poll."""
+    job_id = start_lookup(ctx, args["request_id"], args["model_name"], args["cache_salt"], args["chunk_hashes"])
+    return {"job_id": job_id}
+
+
+def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], readers: int = 1) -> int:
+    """MP_LOOKUP_PREFETCH_START, ``readers`` read locks on the L1 prefix, an L2 prefetch of the rest."""
+    ctx.sessions.open(request_id)
+    ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=request_id)
+    l1 = ctx.l1
+    found = l1.lock_prefix(model, salt, hashes)
+    for _ in range(readers - 1):
+        l1.lock_prefix(model, salt, hashes[:found])
+    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers)
+    if found < len(hashes) and ctx.prefetch.start(job.job_id, model, salt, hashes[found:], job):
+        job.pending = True
+    ctx.sessions.trim()
+    return job.job_id
+
+
+@operation("query_prefetch_status", ("job_id", p.ID, _REQUIRED),
+           replies=("done", "found_count", "requested_count", "hit_tokens", "l1_hit_tokens", "l2_hit_tokens",
+                    "l2_loaded_count", "expired"))
+def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
+    """A job's progress; never blocks (``done`` False while its L2 prefetch runs)."""
+    job = ctx.sessions.job(args["job_id"])
+    tokens = ctx.chunk_tokens
+    done = not job.pending
+    if done and not job.reported and not job.expired:  # an expired job was abandoned: no END
+        job.reported = True
+        ctx.publisher.emit(
+            _MP_LOOKUP_PREFETCH_END,
+            (job.model, job.salt, job.found, len(job.hashes) * tokens, job.found * tokens,
+             job.l1_hits * tokens, job.l2_hits * tokens, ""),
+            session_id=job.request_id,
+        )
+    return {"done": done, "found_count": job.found, "requested_count": len(job.hashes),
+            "hit_tokens": job.found * tokens, "l1_hit_tokens": job.l1_hits * tokens,
+            "l2_hit_tokens": job.l2_hits * tokens, "l2_loaded_count": job.l2_landed, "expired": job.expired}
+
+
+@operation("retrieve",
+           ("buffer_id", p.ID, _REQUIRED), ("request_id", p.REQUEST_ID, _REQUIRED), ("job_id", p.ID, _REQUIRED),
+           ("block_ids", p.BLOCK_IDS, _REQUIRED), ("engine_id", p.ENGINE, 0), ("timeout_s", p.TIMEOUT, None),
+           replies=("retrieved_count", "failed_count"))
+def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
+    """Copy the first chunks a job found from L1 into blocks of a registered buffer."""
+    block_ids, request_id, engine = args["block_ids"], args["request_id"], args["engine_id"]
+    buffer = peer.buffer(args["buffer_id"], block_ids)
+    job = ctx.sessions.job(args["job_id"])
+    if job.request_id != request_id:
+        raise RequestError(f"job_id: prefetch job {job.job_id} belongs to another request")
+    if job.pending:
+        raise RequestError(f"job_id: prefetch job {job.job_id} is still loading from L2; wait until "
+                           "query_prefetch_status says done")
+    if job.retrieved or job.found == 0:
+        raise RequestError(f"job_id: prefetch job {job.job_id} found nothing or was already retrieved")
+    wanted = len(block_ids)
+    if wanted > job.found:
+        raise RequestError(f"block_ids: {wanted} blocks, but prefetch job {job.job_id} found {job.found} chunks")
+    model, salt = job.model, job.salt
+    pub = ctx.publisher
+    mover = begin_copy(ctx, buffer, request_id, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START, engine, model)
+    device = mover.device
+    deadline = Deadline(args["timeout_s"], ctx.clock)
+    l1 = ctx.l1
+    nbytes = buffer.block_bytes
+    try:
+        reads = l1.read(model, salt, job.hashes[:wanted])
+        for _, size in reads:
+            if size != nbytes:
+                raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
+        timing = mover.from_l1(l1.pool, [(block, slot) for (slot, _), block in zip(reads, block_ids)], nbytes,
+                               lambda: deadline.check("retrieve", session_id=request_id))
+    except BaseException:
+        pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
+        raise  # the job keeps its locks: the client may retry or end the session
+    if timing is not None:  # where the stream reached the copy's start
+        pub.emit(_MP_RETRIEVE_START, (device, engine, model), session_id=request_id, timestamp_ns=timing.start_ns)
+    retrieved = len(reads)
+    locked = job.locked
+    sampled = l1.finish_read(model, salt, job.hashes[:retrieved], unlock=locked)
+    if locked:
+        l1.release_read(model, salt, job.hashes[retrieved : job.found])
+        ctx.sessions.mark_unlocked(job)
+    job.retrieved = True
+    pub.emit(_MP_RETRIEVE_END,
+             (device, engine, model, salt, retrieved, retrieved * nbytes, retrieved * ctx.chunk_tokens),
+             session_id=request_id, timestamp_ns=None if timing is None else timing.end_ns)
+    pub.emit(_SM_READ_PREFETCHED_FINISHED, (wanted - retrieved,),
+             salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)
+    return {"retrieved_count": retrieved, "failed_count": wanted - retrieved}
+
+
+@operation("end_session", ("request_id", p.REQUEST_ID, _REQUIRED), replies=("known",))
+def end_session(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
+    """End a request: release its read locks, close its blend and L0 bookkeeping."""
+    return {"known": close_session(ctx, args["request_id"])}
+
+
+def close_session(ctx: CacheContext, request_id: str) -> bool:
+    """CB_REQUEST_END, MP_VLLM_END_SESSION and MP_REQUEST_END as they apply; whether the request was known."""
+    blended = ctx.blend.end_session(request_id)
+    owned_blocks = ctx.l0.end_session(request_id)
+    return ctx.sessions.end(request_id) or owned_blocks or blended

@@ -1,0 +1,230 @@
+"""A cache process: attaches its shared memory, builds the cache context, runs its front ends and timers.
+
+Single-threaded: requests run one at a time to completion, and the eviction tick, the heartbeat and
+prefetch-job expiry are timers of the same selectors loop, so neither L1 nor the event ring needs a
+lock.  The supervisor created every segment; this process only attaches.  It stops by itself when it
+is reparented (the supervisor died and could never stop it).  ``docs/ARCHITECTURE.md`` walks through
+a request.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import time
+from typing import Any, Callable
+
+import numpy as np
+import structlog
+
+from mpcache.cache.blend import BlendState
+from mpcache.cache.blocks import BlockReporter
+from mpcache.cache.buffers import close_segment
+from mpcache.cache.context import CacheContext
+from mpcache.cache.dispatch import Dispatcher
+from mpcache.cache.l1 import L1Manager
+from mpcache.cache.ops import OPERATIONS
+from mpcache.cache.prefetch import PrefetchController
+from mpcache.cache.sessions import SessionRegistry
+from mpcache.cache.storage import StorageManager, build_adapters
+from mpcache.cache.transport import UnixTransport
+from mpcache.config import Config
+from mpcache.errors import ConfigError
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeSlot
+from mpcache.shm.intern import Interner
+from mpcache.shm.publish import EventPublisher, NullPublisher, Publisher
+from mpcache.shm.ring import RingWriter, read_geometry
+from mpcache.shm.segment import Segment
+
+# A publisher other than the ring's (the benchmarks' in-process reference): (publisher, stop).
+PublisherFactory = Callable[[], tuple[EventPublisher, Callable[[], None]]]
+
+
+class CacheProcess:
+    """One cache process's state and loop.  Construct (attaches and listens), then :meth:`run`."""
+
+    def __init__(
+        self,
+        config: Config,
+        worker: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        clock_ns: Callable[[], int] = time.time_ns,
+        job_ttl_s: float = 60.0,
+        max_jobs: int = 4096,
+        max_sessions: int = 65536,
+        heartbeat_interval_s: float = 0.5,
+        parent_pid: int | None = None,
+        publisher_factory: PublisherFactory | None = None,
+        logger: Any = None,
+    ) -> None:
+        if not 0 <= worker < config.workers:
+            raise ConfigError(f"--worker: expected 0..{config.workers - 1}, got {worker}")
+        self.config = config
+        self.worker = worker
+        self.log = logger if logger is not None else structlog.get_logger("mpcache.cache")
+        self._heartbeat_interval_s = min(heartbeat_interval_s, 1.0)
+        self._parent_pid = parent_pid  # stop when reparented: the supervisor is gone
+        self._stopping = False
+        self._closed = False
+        self._stop_publisher: Callable[[], None] | None = None
+        self._segments: list[Segment] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        self.ctx: CacheContext | None = None
+        self._transport: UnixTransport | None = None
+        try:
+            self.ctx = self._build_context(clock, clock_ns, job_ttl_s, max_jobs, max_sessions, publisher_factory)
+            dispatcher = Dispatcher(self.ctx, OPERATIONS)
+            self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
+                                            dispatcher.client_error, self.log, lambda: self._stopping)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def socket_path(self) -> str:
+        return self.config.socket_path(self.worker)
+
+    @property
+    def l1(self) -> L1Manager:
+        assert self.ctx is not None
+        return self.ctx.l1
+
+    @property
+    def storage(self) -> StorageManager:
+        assert self.ctx is not None
+        return self.ctx.storage
+
+    # -- set-up and tear-down ---------------------------------------------------------
+
+    def _attach(self, name: str, size: int) -> Segment:
+        segment = Segment.attach(name, size)
+        self._segments.append(segment)
+        return segment
+
+    def _build_context(self, clock: Callable[[], float], clock_ns: Callable[[], int], job_ttl_s: float,
+                       max_jobs: int, max_sessions: int, publisher_factory: PublisherFactory | None) -> CacheContext:
+        config, worker = self.config, self.worker
+        ring = self._attach(config.ring_name(worker), layout.HEADER_SIZE)
+        publisher: EventPublisher
+        if publisher_factory is not None:
+            publisher, self._stop_publisher = publisher_factory()
+        elif config.event_sink == "none":
+            publisher = NullPublisher()
+        else:
+            publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
+                                  threadsafe=False, clock_ns=clock_ns)
+        pool_seg = self._attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
+        pool = np.ndarray((config.l1_slots, config.chunk_bytes), dtype=np.uint8, buffer=pool_seg.buf)
+        l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.l1_watermark)
+        board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
+        gauges = GaugeSlot(board, worker)
+        gauges.set(layout.G_L1_CAPACITY, config.l1_slots * config.chunk_bytes)
+        gauges.set(layout.G_L1_USED, 0)
+        gauges.set(layout.G_ACTIVE_PREFETCH, 0)
+        gauges.heartbeat(os.getpid())
+        sessions = SessionRegistry(l1, publisher, job_ttl_s=job_ttl_s, max_jobs=max_jobs, max_sessions=max_sessions,
+                                   clock=clock)
+        names = [config.l2_name(index) for index in range(len(config.l2))]
+        storage = StorageManager(build_adapters(config, worker), names, publisher, gauges, self._wake, worker=worker,
+                                 chunk_bytes=config.chunk_bytes, logger=self.log)
+        prefetch = PrefetchController(storage, l1, publisher, sessions.prefetch_finished)  # type: ignore[arg-type]
+        blend = BlendState(l1, publisher, config.chunk_size_tokens, table_capacity=max(1024, 4 * config.l1_slots))
+        return CacheContext(config=config, worker=worker, log=self.log, publisher=publisher, l1=l1, gauges=gauges,
+                            storage=storage, prefetch=prefetch, sessions=sessions,
+                            l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend, clock=clock,
+                            clock_ns=clock_ns)
+
+    def _wake(self) -> None:
+        """Make the loop's select return (any thread; L2 adapter threads call it when a task completes)."""
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is already pending) or closed at shutdown
+            pass
+
+    def _on_wake(self, mask: int) -> None:
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except BlockingIOError:
+            pass
+        ctx = self.ctx
+        if ctx is not None and ctx.storage.has_completions:
+            ctx.storage.poll()
+            ctx.update_gauges()
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the request in hand (safe from a signal handler or another thread)."""
+        self._stopping = True
+        self._wake()
+
+    def close(self) -> None:
+        """Stop accepting, drop every client, finish L2 work, zero the heartbeat, detach (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._transport is not None:
+            self._transport.close()
+        ctx = self.ctx
+        if ctx is not None:
+            if not ctx.storage.drain():  # finish in-flight L2 tasks (publishing their events), then close
+                self.log.warning("l2.drain_timeout", inflight=ctx.storage.inflight)
+            ctx.storage.close()
+            ctx.sessions.close()
+            ctx.gauges.set(layout.G_ACTIVE_PREFETCH, 0)
+            ctx.gauges.set(layout.G_HEARTBEAT, 0)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        if self._stop_publisher is not None:
+            self._stop_publisher()
+        self.ctx = None  # views into the segments must go before the mappings can be closed
+        for segment in self._segments:
+            close_segment(segment)
+        self._segments.clear()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self, install_signals: bool = False) -> None:
+        """Serve until :meth:`stop` (or SIGTERM/SIGINT with ``install_signals``), then :meth:`close`."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.stop())
+            signal.signal(signal.SIGINT, lambda signum, frame: self.stop())
+        ctx = self.ctx
+        assert ctx is not None and self._transport is not None
+        self.log.info("cache.start", pid=os.getpid(), socket=self.socket_path, l1_slots=ctx.l1.capacity,
+                      chunk_bytes=self.config.chunk_bytes)
+        now = time.monotonic()
+        next_evict = now + self.config.eviction_interval_s
+        next_beat = now + self._heartbeat_interval_s
+        select = self._selector.select
+        try:
+            while not self._stopping:
+                timeout = max(0.0, min(next_evict, next_beat) - time.monotonic())
+                for key, mask in select(timeout):
+                    key.data(mask)
+                    if self._stopping:
+                        break
+                now = time.monotonic()
+                if now >= next_evict and not self._stopping:
+                    ctx.l1.evict_tick()
+                    ctx.update_gauges()
+                    next_evict = now + self.config.eviction_interval_s
+                if now >= next_beat:
+                    if self._parent_pid is not None and os.getppid() != self._parent_pid:
+                        self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
+                        break
+                    ctx.sessions.expire()
+                    ctx.storage.refresh_usage()
+                    ctx.gauges.heartbeat(os.getpid())
+                    next_beat = now + self._heartbeat_interval_s
+        finally:
+            self.log.info("cache.stop", pid=os.getpid(), clients=self._transport.connections)
+            self.close()

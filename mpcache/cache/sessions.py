@@ -1,0 +1,187 @@
+"""Requests and their prefetch jobs: who holds which L1 read locks, and for how long.
+
+A request's first operation opens its session (``MP_REQUEST_START``); ``end`` closes it and
+releases whatever its jobs still lock.  A job unretrieved ``job_ttl_s`` after its lookup was
+abandoned: it releases its locks and stays one more TTL as a tombstone, so a late retrieve reads
+what is still in L1.  At most ``max_jobs`` jobs and ``max_sessions`` sessions exist, the oldest
+giving way.  Single-threaded, like the loop that owns it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from mpcache.cache.l1 import L1Manager
+from mpcache.cache.prefetch import PrefetchOutcome
+from mpcache.contract.events import EventType
+from mpcache.errors import RequestError
+from mpcache.shm.publish import EventPublisher
+
+_MP_REQUEST_START = EventType.MP_REQUEST_START
+_MP_REQUEST_END = EventType.MP_REQUEST_END
+
+
+class Job:
+    """One lookup's view of the chunks it found: ``hashes[:found]`` are read-locked while ``locked``."""
+
+    __slots__ = ("job_id", "request_id", "model", "salt", "hashes", "found", "created", "reported", "locked",
+                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers")
+
+    def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
+                 created: float, readers: int = 1) -> None:
+        self.job_id = job_id
+        self.request_id = request_id
+        self.model = model
+        self.salt = salt
+        self.hashes = hashes
+        self.found = found
+        self.created = created
+        self.readers = readers  # read locks taken per found chunk (LMCache's num_kv_readers)
+        self.reported = False  # MP_LOOKUP_PREFETCH_END published
+        self.locked = found > 0  # holds read locks on hashes[:found] (until retrieve / release)
+        self.expired = False  # outlived the TTL: locks released, kept one more TTL for a late retrieve
+        self.retrieved = False
+        self.pending = False  # an L2 prefetch is still looking up / loading the chunks after hashes[:found]
+        self.l1_hits = found  # chunks of hashes[:found] that were in L1 when the job needed them
+        self.l2_hits = 0  # chunks of hashes[:found] loaded from L2
+        self.l2_landed = 0  # chunks this job's L2 prefetch wrote into L1 (contiguous or not)
+
+
+class SessionRegistry:
+    """Sessions (request id → job ids) and jobs (oldest first) of one cache process."""
+
+    def __init__(self, l1: L1Manager, publisher: EventPublisher, *, job_ttl_s: float = 60.0,
+                 max_jobs: int = 4096, max_sessions: int = 65536,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._l1 = l1
+        self._publisher = publisher
+        self.job_ttl_s = job_ttl_s
+        self._max_jobs = max_jobs
+        self._max_sessions = max_sessions
+        self.clock = clock
+        self._sessions: OrderedDict[str, set[int]] = OrderedDict()
+        self._jobs: OrderedDict[int, Job] = OrderedDict()
+        self._next_job_id = 1
+        self.active_jobs = 0  # jobs holding read locks (the active_prefetch_jobs gauge)
+
+    def open(self, request_id: str) -> set[int]:
+        """This request's job ids; the first operation of a request publishes MP_REQUEST_START."""
+        jobs = self._sessions.get(request_id)
+        if jobs is None:
+            jobs = self._sessions[request_id] = set()
+            self._publisher.emit(_MP_REQUEST_START, session_id=request_id)
+            if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, oldest first
+                _, old_jobs = self._sessions.popitem(last=False)
+                for job_id in old_jobs:
+                    job = self._jobs.get(job_id)
+                    if job is not None:
+                        self.drop(job)
+        return jobs
+
+    def add_job(self, request_id: str, model: str, salt: str, hashes: list[int], found: int,
+                readers: int = 1) -> Job:
+        """A new job of ``request_id`` that holds ``readers`` read locks on ``hashes[:found]``."""
+        jobs_of_request = self.open(request_id)
+        job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers)
+        self._next_job_id += 1
+        self._jobs[job.job_id] = job
+        jobs_of_request.add(job.job_id)
+        if job.locked:
+            self.active_jobs += 1
+        return job
+
+    def trim(self) -> None:
+        """Drop the oldest jobs beyond ``max_jobs`` (after a new job is fully set up)."""
+        while len(self._jobs) > self._max_jobs:
+            self.drop(next(iter(self._jobs.values())))
+
+    def job(self, job_id: int) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise RequestError(f"job_id: unknown or expired prefetch job {job_id}")
+        return job
+
+    def is_live(self, job: Job) -> bool:
+        """Whether ``job`` is still registered and not expired (it may take more locks)."""
+        return self._jobs.get(job.job_id) is job and not job.expired
+
+    def mark_locked(self, job: Job) -> None:
+        if not job.locked:
+            job.locked = True
+            self.active_jobs += 1
+
+    def mark_unlocked(self, job: Job) -> None:
+        """The job's locks were released by its owner (a retrieve consumed them)."""
+        if job.locked:
+            job.locked = False
+            self.active_jobs -= 1
+
+    def prefetch_finished(self, job: Job, outcome: PrefetchOutcome) -> None:
+        """A job's L2 prefetch finished: its hit grows by the chunks now locked for it (a job dropped
+        or expired meanwhile gives them back; they stay in L1 as ordinary cached chunks)."""
+        job.pending = False
+        job.l2_landed = outcome.landed
+        if not outcome.locked:
+            return
+        landed = job.hashes[job.found : job.found + outcome.locked]
+        if not self.is_live(job):
+            self._l1.release_read(job.model, job.salt, landed)
+            return
+        for _ in range(job.readers - 1):  # the landing took one read lock per chunk
+            self._l1.lock_prefix(job.model, job.salt, landed)
+        job.found += outcome.locked
+        job.l1_hits += outcome.l1_hits
+        job.l2_hits += outcome.l2_hits
+        self.mark_locked(job)
+
+    def release(self, job: Job) -> None:
+        """Give back every read lock the job still holds."""
+        if job.locked:
+            self.mark_unlocked(job)
+            for _ in range(job.readers):
+                self._l1.release_read(job.model, job.salt, job.hashes[: job.found])
+
+    def drop(self, job: Job) -> None:
+        self._jobs.pop(job.job_id, None)
+        self.release(job)
+        jobs = self._sessions.get(job.request_id)
+        if jobs is not None:
+            jobs.discard(job.job_id)
+
+    def end(self, request_id: str) -> bool:
+        """Close a session: release its jobs' locks, publish MP_REQUEST_END; False if it was unknown."""
+        job_ids = self._sessions.pop(request_id, None)
+        if job_ids is None:
+            return False
+        for job_id in job_ids:
+            job = self._jobs.pop(job_id, None)
+            if job is not None:
+                self.release(job)
+        self._publisher.emit(_MP_REQUEST_END, session_id=request_id)
+        return True
+
+    def expire(self) -> None:
+        """Jobs older than the TTL were abandoned: they release their locks and stay one more TTL
+        as tombstones (a late retrieve reads what is still in L1), then go."""
+        jobs = self._jobs
+        if not jobs:
+            return
+        now = self.clock()
+        horizon = now - self.job_ttl_s
+        while jobs:
+            job = next(iter(jobs.values()))
+            if job.created > horizon:
+                break
+            if job.expired:
+                self.drop(job)
+                continue
+            self.release(job)
+            job.expired = True
+            job.created = now
+            jobs.move_to_end(job.job_id)
+
+    def close(self) -> None:
+        for job in list(self._jobs.values()):
+            self.drop(job)

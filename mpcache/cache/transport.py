@@ -1,0 +1,213 @@
+"""The cache's own front end: a 0600 Unix socket, length-prefixed msgpack frames, one selectors loop.
+
+Accepts only peers of our own uid (SO_PEERCRED), reads frames, hands each payload to the
+dispatcher and queues its reply; stops reading a client's requests while ``OUTBUF_PAUSE_BYTES`` of
+its replies are unsent (back-pressure).  A failure on one connection closes that connection only.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import stat
+import struct
+from typing import Any, Callable
+
+from mpcache.cache.buffers import Peer
+from mpcache.contract import protocol
+from mpcache.errors import ConfigError
+
+RECV_BYTES = 256 * 1024
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
+OUTBUF_PAUSE_BYTES = 1 << 20  # stop reading a client's requests while this much of its replies is unsent
+_PEERCRED = struct.Struct("3i")
+
+Dispatch = Callable[[Peer, bytes], dict]
+ClientError = Callable[[str, str, str], None]
+
+
+class _Connection:
+    __slots__ = ("sock", "inbuf", "outbuf", "closing", "paused", "peer", "events")
+
+    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+        self.sock = sock
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.closing = False
+        self.paused = False  # requests held back until the client reads its replies
+        self.peer = peer
+        self.events = selectors.EVENT_READ
+
+
+class UnixTransport:
+    """Listens on ``path`` and serves connections from the caller's selector.
+
+    Every selector key it registers carries a callable ``data(mask)``; the loop calls it.
+    """
+
+    def __init__(self, path: str, selector: selectors.BaseSelector, dispatch: Dispatch, client_error: ClientError,
+                 log: Any, stopping: Callable[[], bool]) -> None:
+        self.path = path
+        self._selector = selector
+        self._dispatch = dispatch
+        self._client_error = client_error
+        self._log = log
+        self._stopping = stopping
+        self._connections: dict[int, _Connection] = {}
+        self._listener = self._listen(path)
+        self._socket_ino = os.lstat(path).st_ino
+        selector.register(self._listener, selectors.EVENT_READ, self._on_accept)
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    @staticmethod
+    def _listen(path: str) -> socket.socket:
+        directory = os.path.dirname(path) or "."
+        staging = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
+        for candidate in (path, staging):
+            if len(os.fsencode(candidate)) > SOCKET_PATH_MAX:
+                raise ConfigError(f"--runtime-dir: socket path {candidate!r} is longer than {SOCKET_PATH_MAX} bytes")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for candidate in (path, staging):
+            try:
+                mode = os.lstat(candidate).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISSOCK(mode):
+                raise ConfigError(f"--runtime-dir: {candidate} exists and is not a socket")
+            os.unlink(candidate)  # left behind by a crashed earlier cache process
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Bind under a staging name, restrict it to 0600, listen, and only then
+            # give it its public name: the path never exists before it is ready.
+            listener.bind(staging)
+            os.chmod(staging, 0o600)
+            listener.listen(128)
+            os.replace(staging, path)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        return listener
+
+    def close(self) -> None:
+        """Stop listening, hand over queued replies (briefly blocking), drop every connection."""
+        try:
+            self._selector.unregister(self._listener)
+        except (KeyError, ValueError):
+            pass
+        self._listener.close()
+        try:
+            if os.lstat(self.path).st_ino == self._socket_ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        for conn in list(self._connections.values()):
+            if conn.outbuf:
+                try:
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(conn.outbuf)
+                except OSError:
+                    pass
+            self._close(conn)
+
+    def _on_accept(self, mask: int) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        try:
+            pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        except OSError:
+            sock.close()
+            return
+        if uid != os.geteuid():  # the 0600 socket already says so; defence in depth
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = _Connection(sock, Peer(pid))
+        self._connections[sock.fileno()] = conn
+        self._selector.register(sock, selectors.EVENT_READ, lambda mask, conn=conn: self._on_ready(conn, mask))
+
+    def _on_ready(self, conn: _Connection, mask: int) -> None:
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._flush(conn)
+            if mask & selectors.EVENT_READ and not conn.closing:
+                self._on_readable(conn)
+        except Exception:  # noqa: BLE001 - one broken connection must not stop the server
+            self._log.exception("connection.failed")
+            self._close(conn)
+
+    def _on_readable(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        conn.inbuf += data
+        self._process(conn)
+
+    def _process(self, conn: _Connection) -> None:
+        """Answer the complete frames received so far, pausing while replies pile up unread."""
+        inbuf = conn.inbuf
+        header = protocol.FRAME_HEADER
+        while len(inbuf) >= header.size and len(conn.outbuf) < OUTBUF_PAUSE_BYTES and not self._stopping():
+            (length,) = header.unpack_from(inbuf)
+            if length > protocol.MAX_FRAME_BYTES:
+                message = f"frame of {length} bytes exceeds the {protocol.MAX_FRAME_BYTES}-byte limit; closing"
+                self._client_error("?", "protocol", message)
+                conn.outbuf += protocol.encode_frame(protocol.error_reply(None, "protocol", message))
+                conn.closing = True
+                inbuf.clear()
+                break
+            end = header.size + length
+            if len(inbuf) < end:
+                break
+            payload = bytes(inbuf[header.size:end])
+            del inbuf[:end]
+            conn.outbuf += protocol.encode_frame(self._dispatch(conn.peer, payload))
+        conn.paused = len(conn.outbuf) >= OUTBUF_PAUSE_BYTES
+        self._flush(conn)
+
+    def _flush(self, conn: _Connection) -> None:
+        if conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._close(conn)
+                return
+            del conn.outbuf[:sent]
+            if conn.paused and len(conn.outbuf) < OUTBUF_PAUSE_BYTES and not conn.closing:
+                conn.paused = False
+                self._process(conn)  # the frames held back while replies piled up
+                return
+        if not conn.outbuf and conn.closing:
+            self._close(conn)
+            return
+        reading = not conn.closing and not conn.paused
+        wanted = (selectors.EVENT_WRITE if conn.outbuf else 0) | (selectors.EVENT_READ if reading else 0)
+        if wanted != conn.events:
+            conn.events = wanted
+            self._selector.modify(conn.sock, wanted, lambda mask, conn=conn: self._on_ready(conn, mask))
+
+    def _close(self, conn: _Connection) -> None:
+        conn.closing = True
+        if self._connections.pop(conn.sock.fileno(), None) is None:
+            return
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        conn.peer.close()

@@ -1,0 +1,1 @@
+"""The built-in load generator: a small fleet of inference engines (``bin/start-cache --demo``)."""
