@@ -71,6 +71,11 @@ class Config:
     # where cache processes send events: "ring" (the product), or for benchmarks only "none" (telemetry
     # off) and "inprocess" (the reference design: an in-process bus and OTel calls in the cache process)
     event_sink: str = "ring"
+    # LMCache MP-protocol front end: cache process i listens on tcp://lmcache_host:(lmcache_port + i)
+    # when lmcache_port > 0, and/or on ipc://<runtime_dir>/lmcache<i>.ipc with lmcache_ipc
+    lmcache_port: int = 0
+    lmcache_host: str = "127.0.0.1"
+    lmcache_ipc: bool = False
     # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
     l2: list = field(default_factory=list)
 
@@ -89,6 +94,8 @@ class Config:
              "--ring-cells: expected a power of two >= 1024"),
             (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
+            (self.lmcache_port == 0 or 1 <= self.lmcache_port <= 65535 - self.workers + 1,
+             "--lmcache-port: expected a port number so that port + workers - 1 is at most 65535"),
             (self.otlp_protocol in ("grpc", "http"), "--otlp-protocol: expected grpc or http"),
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
@@ -125,6 +132,16 @@ class Config:
 
     def socket_path(self, worker: int) -> str:
         return os.path.join(self.runtime_dir, f"cache{worker}.sock")
+
+    def lmcache_urls(self, worker: int) -> list[str]:
+        """Where cache process ``worker`` serves LMCache's MP protocol (empty: it does not)."""
+        urls = []
+        if self.lmcache_port:
+            host = f"[{self.lmcache_host}]" if ":" in self.lmcache_host else self.lmcache_host
+            urls.append(f"tcp://{host}:{self.lmcache_port + worker}")
+        if self.lmcache_ipc:
+            urls.append(f"ipc://{os.path.join(self.runtime_dir, f'lmcache{worker}.ipc')}")
+        return urls
 
     def all_segment_names(self) -> list[str]:
         names = [self.gauge_board_name()]

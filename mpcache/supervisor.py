@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
     logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
     logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
+    lmcache = parser.add_argument_group("LMCache clients (vLLM's LMCacheMPConnector, engine_driven transfer)")
+    lmcache.add_argument("--lmcache-port", type=_port, default=0,
+                         help="serve LMCache's MP protocol over ZeroMQ: cache process i listens on tcp://HOST:PORT+i "
+                         "(default: off)")
+    lmcache.add_argument("--lmcache-host", default="127.0.0.1", help="address for --lmcache-port (default 127.0.0.1)")
+    lmcache.add_argument("--lmcache-ipc", action="store_true",
+                         help="also serve it on ipc://RUNTIME_DIR/lmcache<i>.ipc (mode 0600: same-user clients only)")
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
                        help="where cache processes send events: ring (default, the telemetry process reads them); "
@@ -202,6 +209,9 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         duration_s=args.duration,
         demo_tally_file=args.demo_tally,
         event_sink=args.event_sink,
+        lmcache_port=args.lmcache_port,
+        lmcache_host=args.lmcache_host,
+        lmcache_ipc=args.lmcache_ipc,
         l2=l2,
     )
 
@@ -404,6 +414,8 @@ def _check_endpoints(config: Config) -> None:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
+    for worker in range(config.workers if config.lmcache_port else 0):
+        _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
     if config.otlp_endpoint:
         endpoint = config.otlp_endpoint if "://" in config.otlp_endpoint else f"http://{config.otlp_endpoint}"
         parts = urllib.parse.urlsplit(endpoint)
@@ -414,6 +426,20 @@ def _check_endpoints(config: Config) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname or (config.otlp_protocol == "grpc" and not port):
             raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], "
                               f"got {config.otlp_endpoint!r}")
+
+
+def _check_port_free(flag: str, host: str, port: int) -> None:
+    """A port a cache process will listen on must be free now: otherwise it would fail and be restarted in vain."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{flag}: cannot resolve {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"{flag}: port {port} on {host} is not available ({exc.strerror})") from None
 
 
 def _runtime_paths(requested: str) -> tuple[str, str]:
@@ -469,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, supervisor.request_stop)
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
              metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
-             otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH)
+             otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
+             lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if PUBLISH_PATH == PUBLISH_PYTHON_NOT_BUILT:
         log.warning("supervisor.slow_publish_path", publish_path=PUBLISH_PATH,
                     hint="no C compiler or Python headers when mpcache was installed: cache processes publish "

@@ -242,8 +242,9 @@ class L1Manager:
 
     # -- reads --------------------------------------------------------------------
 
-    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int]) -> int:
-        """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED``).
+    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True) -> int:
+        """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED`` unless
+        ``publish`` is False: a lock held only for the length of one copy).
 
         Returns its length in chunks.  The locks keep those chunks from being
         evicted until :meth:`finish_read` or :meth:`release_read`.
@@ -260,7 +261,7 @@ class L1Manager:
                 del lru[key]
             entry.readers += 1
             found += 1
-        if found:
+        if found and publish:
             self._pub.emit_salted(_L1_READ_RESERVED, salt, model, found)
         return found
 
@@ -333,6 +334,10 @@ class L1Manager:
             self._evict(self.used_slots - max(target, 0))
         self._pub.emit(_L1_EVICTION_LOOP_TICK, (usage, self.watermark, triggered))
         return usage, triggered
+
+    def clear(self) -> int:
+        """Evict every entry that is neither locked nor being written (LMCache's ``clear``); returns how many."""
+        return self._evict(len(self._lru))
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` least recently used unlocked entries; returns how many."""

@@ -14,7 +14,7 @@ import selectors
 import signal
 import socket
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import structlog
@@ -38,6 +38,9 @@ from mpcache.shm.intern import Interner
 from mpcache.shm.publish import EventPublisher, NullPublisher, Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
+
+if TYPE_CHECKING:
+    from mpcache.cache.lmcache.frontend import LMCacheFrontEnd
 
 # A publisher other than the ring's (the benchmarks' in-process reference): (publisher, stop).
 PublisherFactory = Callable[[], tuple[EventPublisher, Callable[[], None]]]
@@ -79,11 +82,17 @@ class CacheProcess:
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
         self.ctx: CacheContext | None = None
         self._transport: UnixTransport | None = None
+        self.lmcache: LMCacheFrontEnd | None = None
         try:
             self.ctx = self._build_context(clock, clock_ns, job_ttl_s, max_jobs, max_sessions, publisher_factory)
             dispatcher = Dispatcher(self.ctx, OPERATIONS)
             self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
                                             dispatcher.client_error, self.log, lambda: self._stopping)
+            urls = config.lmcache_urls(worker)
+            if urls:
+                from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # pyzmq only where it is used
+
+                self.lmcache = LMCacheFrontEnd(self.ctx, urls, self._selector)
         except BaseException:
             self.close()
             raise
@@ -172,6 +181,9 @@ class CacheProcess:
         self._closed = True
         if self._transport is not None:
             self._transport.close()
+        if self.lmcache is not None:
+            self.lmcache.close()
+            self.lmcache = None
         ctx = self.ctx
         if ctx is not None:
             if not ctx.storage.drain():  # finish in-flight L2 tasks (publishing their events), then close
@@ -199,19 +211,24 @@ class CacheProcess:
             signal.signal(signal.SIGINT, lambda signum, frame: self.stop())
         ctx = self.ctx
         assert ctx is not None and self._transport is not None
+        lmcache = self.lmcache
         self.log.info("cache.start", pid=os.getpid(), socket=self.socket_path, l1_slots=ctx.l1.capacity,
-                      chunk_bytes=self.config.chunk_bytes)
+                      chunk_bytes=self.config.chunk_bytes, lmcache_urls=lmcache.urls if lmcache else [])
         now = time.monotonic()
         next_evict = now + self.config.eviction_interval_s
         next_beat = now + self._heartbeat_interval_s
         select = self._selector.select
         try:
             while not self._stopping:
-                timeout = max(0.0, min(next_evict, next_beat) - time.monotonic())
-                for key, mask in select(timeout):
+                wake_at = min(next_evict, next_beat)
+                if lmcache is not None:
+                    wake_at = min(wake_at, lmcache.next_deadline() or wake_at)
+                for key, mask in select(max(0.0, wake_at - time.monotonic())):
                     key.data(mask)
                     if self._stopping:
                         break
+                if lmcache is not None and not self._stopping:
+                    lmcache.service()  # its descriptor is edge-triggered: what arrived meanwhile
                 now = time.monotonic()
                 if now >= next_evict and not self._stopping:
                     ctx.l1.evict_tick()
@@ -222,6 +239,8 @@ class CacheProcess:
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
                     ctx.sessions.expire()
+                    if lmcache is not None:
+                        lmcache.tick()
                     ctx.storage.refresh_usage()
                     ctx.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterable
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.prefetch import PrefetchOutcome
@@ -27,10 +27,10 @@ class Job:
     """One lookup's view of the chunks it found: ``hashes[:found]`` are read-locked while ``locked``."""
 
     __slots__ = ("job_id", "request_id", "model", "salt", "hashes", "found", "created", "reported", "locked",
-                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers")
+                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers", "ranks", "held")
 
     def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
-                 created: float, readers: int = 1) -> None:
+                 created: float, readers: int = 1, ranks: int = 1) -> None:
         self.job_id = job_id
         self.request_id = request_id
         self.model = model
@@ -38,7 +38,11 @@ class Job:
         self.hashes = hashes
         self.found = found
         self.created = created
-        self.readers = readers  # read locks taken per found chunk (LMCache's num_kv_readers)
+        self.readers = readers  # read locks taken per found key (LMCache's num_kv_readers)
+        # LMCache lookups: ``ranks`` keys per chunk (one per KV rank, interleaved), and the read locks
+        # still held per found key, released one by one (retrieves) or by range (free_lookup_locks)
+        self.ranks = ranks
+        self.held: list[int] | None = [readers] * found if ranks > 1 or readers > 1 else None
         self.reported = False  # MP_LOOKUP_PREFETCH_END published
         self.locked = found > 0  # holds read locks on hashes[:found] (until retrieve / release)
         self.expired = False  # outlived the TTL: locks released, kept one more TTL for a late retrieve
@@ -81,10 +85,10 @@ class SessionRegistry:
         return jobs
 
     def add_job(self, request_id: str, model: str, salt: str, hashes: list[int], found: int,
-                readers: int = 1) -> Job:
+                readers: int = 1, ranks: int = 1) -> Job:
         """A new job of ``request_id`` that holds ``readers`` read locks on ``hashes[:found]``."""
         jobs_of_request = self.open(request_id)
-        job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers)
+        job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers, ranks)
         self._next_job_id += 1
         self._jobs[job.job_id] = job
         jobs_of_request.add(job.job_id)
@@ -134,14 +138,48 @@ class SessionRegistry:
         job.found += outcome.locked
         job.l1_hits += outcome.l1_hits
         job.l2_hits += outcome.l2_hits
-        self.mark_locked(job)
+        if job.held is not None:
+            job.held.extend([job.readers] * outcome.locked)
+        self.whole_chunks_only(job)
+        if job.found:
+            self.mark_locked(job)
+
+    def whole_chunks_only(self, job: Job) -> None:
+        """Give back the locks of a trailing chunk that some KV ranks lack: a hit is a chunk every rank has."""
+        extra = job.found % job.ranks
+        if extra and job.held is not None:
+            self.release_positions(job, range(job.found - extra, job.found), every_lock=True)
+            job.found -= extra
+            del job.held[job.found :]
+            if not job.found:
+                self.mark_unlocked(job)
+
+    def release_positions(self, job: Job, positions: Iterable[int], *, every_lock: bool) -> int:
+        """Drop one (or every) read lock the job still holds on the keys at ``positions``; returns how many."""
+        held = job.held
+        if held is None:
+            return 0
+        released: list[int] = []
+        for position in positions:
+            if 0 <= position < len(held) and held[position]:
+                count = held[position] if every_lock else 1
+                held[position] -= count
+                released.extend([job.hashes[position]] * count)
+        if released:
+            self._l1.release_read(job.model, job.salt, released)
+            if not any(held):
+                self.mark_unlocked(job)
+        return len(released)
 
     def release(self, job: Job) -> None:
         """Give back every read lock the job still holds."""
-        if job.locked:
-            self.mark_unlocked(job)
-            for _ in range(job.readers):
-                self._l1.release_read(job.model, job.salt, job.hashes[: job.found])
+        if not job.locked:
+            return
+        if job.held is not None:
+            self.release_positions(job, range(job.found), every_lock=True)
+            return
+        self.mark_unlocked(job)
+        self._l1.release_read(job.model, job.salt, job.hashes[: job.found])
 
     def drop(self, job: Job) -> None:
         self._jobs.pop(job.job_id, None)

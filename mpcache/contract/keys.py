@@ -40,6 +40,15 @@ def chunk_hashes(tokens: Sequence[int] | np.ndarray, chunk_size: int) -> list[in
     return hashes
 
 
+def rank_hashes(hashes: Sequence[int], world_size: int, ranks: Sequence[int]) -> list[int]:
+    """Each chunk's hash folded with (world_size, rank), for every rank in turn: one KV object per rank,
+    and the same tokens under another tensor-parallel layout are other objects."""
+    suffixes = [world_size.to_bytes(4, "little") + rank.to_bytes(4, "little") for rank in ranks]
+    blake2b = hashlib.blake2b
+    return [int.from_bytes(blake2b(chunk_hash.to_bytes(8, "little") + suffix, digest_size=8).digest(), "little")
+            for chunk_hash in hashes for suffix in suffixes]
+
+
 def token_hash(tokens: Iterable[int]) -> int:
     """Stable 64-bit hash of a block's token ids (position-independent)."""
     data = np.fromiter(tokens, dtype=np.int64).tobytes()

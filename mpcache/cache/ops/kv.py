@@ -9,6 +9,7 @@ from __future__ import annotations
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
 from mpcache.cache.ops.registry import Args, Reply, operation
+from mpcache.cache.sessions import Job
 from mpcache.cache.timeouts import Deadline
 from mpcache.cache.transfer import Transfer
 from mpcache.contract import protocol as p
@@ -96,23 +97,29 @@ def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], slo
            replies=("job_id",))
 def lookup_prefetch(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     """Read-lock the contiguous L1 prefix of the chunks and prefetch the rest from L2: a job to poll."""
-    job_id = start_lookup(ctx, args["request_id"], args["model_name"], args["cache_salt"], args["chunk_hashes"])
-    return {"job_id": job_id}
+    job = start_lookup(ctx, args["request_id"], args["model_name"], args["cache_salt"], args["chunk_hashes"])
+    return {"job_id": job.job_id}
 
 
-def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], readers: int = 1) -> int:
-    """MP_LOOKUP_PREFETCH_START, ``readers`` read locks on the L1 prefix, an L2 prefetch of the rest."""
+def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], *, readers: int = 1,
+                 ranks: int = 1) -> Job:
+    """MP_LOOKUP_PREFETCH_START, ``readers`` read locks on each key of the L1 prefix, an L2 prefetch of the
+    rest.  With ``ranks`` > 1 the keys are a chunk's KV ranks in turn, and only whole chunks count."""
     ctx.sessions.open(request_id)
     ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=request_id)
     l1 = ctx.l1
     found = l1.lock_prefix(model, salt, hashes)
+    partial = found % ranks
+    if partial:
+        l1.release_read(model, salt, hashes[found - partial : found])
+        found -= partial
     for _ in range(readers - 1):
         l1.lock_prefix(model, salt, hashes[:found])
-    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers)
+    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers, ranks)
     if found < len(hashes) and ctx.prefetch.start(job.job_id, model, salt, hashes[found:], job):
         job.pending = True
     ctx.sessions.trim()
-    return job.job_id
+    return job
 
 
 @operation("query_prefetch_status", ("job_id", p.ID, _REQUIRED),
@@ -123,17 +130,30 @@ def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     job = ctx.sessions.job(args["job_id"])
     tokens = ctx.chunk_tokens
     done = not job.pending
-    if done and not job.reported and not job.expired:  # an expired job was abandoned: no END
-        job.reported = True
-        ctx.publisher.emit(
-            _MP_LOOKUP_PREFETCH_END,
-            (job.model, job.salt, job.found, len(job.hashes) * tokens, job.found * tokens,
-             job.l1_hits * tokens, job.l2_hits * tokens, ""),
-            session_id=job.request_id,
-        )
+    report_lookup(ctx, job)
     return {"done": done, "found_count": job.found, "requested_count": len(job.hashes),
             "hit_tokens": job.found * tokens, "l1_hit_tokens": job.l1_hits * tokens,
             "l2_hit_tokens": job.l2_hits * tokens, "l2_loaded_count": job.l2_landed, "expired": job.expired}
+
+
+def report_lookup(ctx: CacheContext, job: Job) -> None:
+    """MP_LOOKUP_PREFETCH_END once a job is done (an expired job was abandoned: none), in chunks."""
+    if job.pending or job.reported or job.expired:
+        return
+    job.reported = True
+    tokens, ranks = ctx.chunk_tokens, job.ranks
+    chunks = job.found // ranks
+    if ranks == 1:
+        l1_hits, l2_hits = job.l1_hits, job.l2_hits
+    else:  # a chunk is an L2 hit when any of its ranks came from L2
+        l2_hits = min(chunks, -(-job.l2_hits // ranks))
+        l1_hits = chunks - l2_hits
+    ctx.publisher.emit(
+        _MP_LOOKUP_PREFETCH_END,
+        (job.model, job.salt, chunks, len(job.hashes) // ranks * tokens, chunks * tokens, l1_hits * tokens,
+         l2_hits * tokens, ""),
+        session_id=job.request_id,
+    )
 
 
 @operation("retrieve",

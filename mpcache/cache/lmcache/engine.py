@@ -1,0 +1,335 @@
+"""LMCache's engine_driven operations on a cache context: workers copy KV straight into and out of L1 slots.
+
+The server hashes whole chunks of a request's tokens itself (prefix-chained) and folds
+(world_size, rank) into each chunk's key, so every KV rank's piece is its own L1 object.  A lookup
+hit is the prefix of chunks that every rank has; it takes ``num_kv_readers`` read locks per object,
+and each worker's commit_retrieve gives one back (free_lookup_locks a range, end_session the rest).
+Stores are two-phase: prepare_store reserves slots and names them, commit_store makes them readable;
+a prepared store or retrieve left uncommitted gives its slots or locks back after ``pending_ttl_s``.
+Each operation publishes the events its mpcache-protocol twin publishes; store and retrieve are timed
+from prepare to commit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpcache.cache.context import CacheContext
+from mpcache.cache.lmcache import wire
+from mpcache.cache.ops.kv import close_session, report_lookup, start_lookup, store_to_l2
+from mpcache.cache.sessions import Job
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import chunk_hashes, rank_hashes
+from mpcache.errors import ProtocolError, RequestError
+
+_MP_STORE_SUBMITTED = EventType.MP_STORE_SUBMITTED
+_MP_STORE_START = EventType.MP_STORE_START
+_MP_STORE_END = EventType.MP_STORE_END
+_MP_RETRIEVE_SUBMITTED = EventType.MP_RETRIEVE_SUBMITTED
+_MP_RETRIEVE_START = EventType.MP_RETRIEVE_START
+_MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
+_SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
+_SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
+
+DEVICE = "cpu"
+MAX_INSTANCES = 1024
+MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
+MAX_LOOKUPS = 65536  # requests whose lookup result or locks are kept
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A prepared store (slots reserved, not readable) or retrieve (keys read-locked) awaiting its commit."""
+
+    instance_id: int
+    request_id: str
+    model: str
+    salt: str
+    keys: list[int]  # the L1 keys reserved (store) or locked (retrieve)
+    positions: list[int] = field(default_factory=list)  # retrieve: the keys' positions in the lookup's job
+    job: Job | None = None
+    failed: int = 0  # store: chunks that got no slot
+    nbytes: int = 0
+    deadline: float = 0.0
+
+
+@dataclass(slots=True)
+class _Lookup:
+    job_id: int
+    answered: bool = False
+
+
+TransferKey = tuple[int, str, int | None, int, int, str, str, int]
+
+
+def _transfer_key(key: wire.Key, instance_id: int) -> TransferKey:
+    return (instance_id, key.request_id, key.worker_id, key.start, key.end, key.model_name, key.cache_salt,
+            key.world_size)
+
+
+class EngineDriven:
+    """LMCache engine_driven semantics over one cache process's L1 (single-threaded, like its loop)."""
+
+    def __init__(self, ctx: CacheContext, pending_ttl_s: float = 60.0) -> None:
+        self._ctx = ctx
+        self._pending_ttl_s = pending_ttl_s
+        self._registrations: dict[int, wire.Registration] = {}
+        self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
+        self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
+        self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, payload: Any) -> dict:
+        """Describe the pool a worker maps; a KV object larger than an L1 slot is refused here."""
+        ctx = self._ctx
+        registration = wire.parse_registration(payload, ctx.chunk_tokens)
+        if registration.object_bytes > ctx.chunk_bytes:
+            raise RequestError(
+                f"model {registration.model_name}: one KV chunk object is {registration.object_bytes} bytes "
+                f"(shape {registration.shape}, {registration.dtype}) but L1 slots hold {ctx.chunk_bytes} bytes; "
+                f"start the cache with --chunk-bytes {registration.object_bytes} or more")
+        if registration.instance_id not in self._registrations and len(self._registrations) >= MAX_INSTANCES:
+            raise RequestError(f"at most {MAX_INSTANCES} registered instances per cache process")
+        self._registrations[registration.instance_id] = registration
+        pool = ctx.config.l1_pool_name(ctx.worker)
+        return {"shm_name": pool.lstrip("/"), "pool_size": ctx.config.l1_slots * ctx.chunk_bytes}
+
+    def unregister(self, instance_id: int) -> None:
+        """Forget an instance and give back what its uncommitted stores and retrieves hold."""
+        if self._registrations.pop(instance_id, None) is None:
+            return
+        for table in (self._stores, self._retrieves):
+            for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
+                self._abandon(table, tkey)
+
+    def _registration(self, instance_id: int, key: wire.Key) -> wire.Registration:
+        registration = self._registrations.get(instance_id)
+        if registration is None:
+            raise RequestError(f"instance {instance_id} has no engine_driven context registered with this server")
+        if key.worker_id is None:
+            raise ProtocolError("key.worker_id: a worker's transfer names its rank")
+        return registration
+
+    def _rank_keys(self, key: wire.Key, first: int, last: int, ranks: list[int]) -> list[int]:
+        hashes = chunk_hashes(key.token_ids[: last * self._ctx.chunk_tokens], self._ctx.chunk_tokens)[first:last]
+        return rank_hashes(hashes, key.world_size, ranks)
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def lookup(self, key: wire.Key) -> None:
+        """Lock the prefix of chunks every rank has (``num_kv_readers`` locks per object), prefetch the rest."""
+        if key.num_kv_readers < 1:
+            raise ProtocolError("key.num_kv_readers: this server needs clients that send it (LMCache 0.5.5+)")
+        ctx = self._ctx
+        previous = self._lookups.pop(key.request_id, None)
+        if previous is not None:
+            self._drop_job(previous.job_id)
+        last = min(key.end, len(key.token_ids)) // ctx.chunk_tokens
+        keys = self._rank_keys(key, 0, last, list(range(key.world_size)))
+        job = start_lookup(ctx, key.request_id, key.model_name, key.cache_salt, keys, readers=key.num_kv_readers,
+                           ranks=key.world_size)
+        self._lookups[key.request_id] = _Lookup(job.job_id)
+        while len(self._lookups) > MAX_LOOKUPS:
+            _, oldest = self._lookups.popitem(last=False)
+            self._drop_job(oldest.job_id)
+
+    def _job(self, request_id: str) -> tuple[_Lookup, Job] | None:
+        lookup = self._lookups.get(request_id)
+        if lookup is None:
+            return None
+        try:
+            return lookup, self._ctx.sessions.job(lookup.job_id)
+        except RequestError:  # expired and dropped
+            del self._lookups[request_id]
+            return None
+
+    def _drop_job(self, job_id: int) -> None:
+        try:
+            self._ctx.sessions.drop(self._ctx.sessions.job(job_id))
+        except RequestError:
+            pass
+
+    def prefetch_status(self, request_id: str) -> int | None:
+        """Hit chunks once (then 0, as LMCache's exactly-once status), None while the L2 prefetch runs."""
+        found = self._job(request_id)
+        if found is None:
+            return 0
+        lookup, job = found
+        if job.pending:
+            return None
+        if lookup.answered:
+            return 0
+        lookup.answered = True
+        report_lookup(self._ctx, job)
+        return job.found // job.ranks
+
+    def is_pending(self, request_id: str) -> bool:
+        found = self._job(request_id)
+        return found is not None and found[1].pending
+
+    def free_lookup_locks(self, key: wire.Key) -> None:
+        """Give back every lock the lookup holds on the key's whole chunks (one rank, or all with no worker_id)."""
+        found = self._job(key.request_id)
+        if found is None or found[1].pending:
+            return
+        lookup, job = found
+        if not lookup.answered:  # LMCache hands the result over first; a later status query says 0
+            lookup.answered = True
+            report_lookup(self._ctx, job)
+        first, last = wire.chunk_range(key, self._ctx.chunk_tokens)
+        last = min(last, job.found // job.ranks)
+        ranks = range(job.ranks) if key.worker_id is None else (key.worker_id,)
+        positions = [chunk * job.ranks + rank for chunk in range(first, last) for rank in ranks]
+        self._ctx.sessions.release_positions(job, positions, every_lock=True)
+
+    def end_session(self, request_id: str) -> None:
+        self._lookups.pop(request_id, None)
+        close_session(self._ctx, request_id)
+
+    # -- stores ------------------------------------------------------------------------------
+
+    def prepare_store(self, key: wire.Key, instance_id: int) -> dict:
+        """Reserve L1 slots for the key's chunks not cached yet and describe them."""
+        ctx = self._ctx
+        registration = self._registration(instance_id, key)
+        tkey = _transfer_key(key, instance_id)
+        if tkey in self._stores:
+            self._abandon(self._stores, tkey)
+        self._check_room()
+        first, last = wire.chunk_range(key, ctx.chunk_tokens)
+        keys = self._rank_keys(key, first, last, [key.worker_id or 0])
+        request_id, model, salt = key.request_id, key.model_name, key.cache_salt
+        ctx.sessions.open(request_id)
+        pub = ctx.publisher
+        pub.emit(_MP_STORE_SUBMITTED, (DEVICE,), session_id=request_id)
+        pub.emit(_MP_STORE_START, (DEVICE, instance_id, model), session_id=request_id)
+        reservation = ctx.l1.reserve_write(model, salt, keys)
+        pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
+                           failed=reservation.failed, nbytes=registration.object_bytes,
+                           deadline=ctx.clock() + self._pending_ttl_s)
+        if not reservation.positions:  # nothing to copy: the worker will not commit
+            self._finish_store(pending, [])
+            return {"context": {"slots": [], "chunk_indices": []}}
+        self._stores[tkey] = pending
+        chunk = ctx.chunk_bytes
+        slots = [{"offset": slot * chunk, "length": registration.object_bytes, "shape": registration.shape,
+                  "dtype": registration.dtype} for slot in reservation.slots]
+        return {"context": {"slots": slots, "chunk_indices": reservation.positions}}
+
+    def commit_store(self, key: wire.Key, instance_id: int, data: Any) -> bool:
+        """Make the prepared slots readable; a non-empty ``data`` (pickled tensors) is refused, never read."""
+        tkey = _transfer_key(key, instance_id)
+        if type(data) is not bytes:
+            raise ProtocolError("data: expected bytes")
+        if data:
+            if tkey in self._stores:
+                self._abandon(self._stores, tkey)
+            raise RequestError("commit_store with inline data (pickled tensors) is refused: the worker must map the "
+                               "shared-memory pool (same user, same /dev/shm)")
+        pending = self._stores.pop(tkey, None)
+        if pending is None:
+            return False
+        sampled = self._ctx.l1.commit_write(pending.model, pending.salt, pending.keys, pending.nbytes)
+        self._finish_store(pending, sampled)
+        return True
+
+    def _finish_store(self, pending: _Pending, sampled: list) -> None:
+        ctx = self._ctx
+        stored, nbytes, model, salt = len(pending.keys), pending.nbytes, pending.model, pending.salt
+        ctx.publisher.emit(_MP_STORE_END, (DEVICE, pending.instance_id, model, stored, stored * nbytes,
+                                           stored * ctx.chunk_tokens), session_id=pending.request_id)
+        ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
+                           salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
+        if stored and nbytes == ctx.chunk_bytes and ctx.storage.adapters:
+            slots = [slot for slot, _ in ctx.l1.read(model, salt, pending.keys)]
+            store_to_l2(ctx, model, salt, pending.keys[: len(slots)], slots)
+
+    # -- retrieves ---------------------------------------------------------------------------
+
+    def prepare_retrieve(self, key: wire.Key, instance_id: int) -> dict:
+        """Lock the key's chunks for this rank while the worker copies them out; all of them or a failure."""
+        ctx = self._ctx
+        registration = self._registration(instance_id, key)
+        tkey = _transfer_key(key, instance_id)
+        if tkey in self._retrieves:
+            self._abandon(self._retrieves, tkey)
+        self._check_room()
+        first, last = wire.chunk_range(key, ctx.chunk_tokens)
+        rank = key.worker_id or 0
+        keys = self._rank_keys(key, first, last, [rank])
+        found = self._job(key.request_id)
+        job = found[1] if found is not None else None
+        positions = [] if job is None else [chunk * job.ranks + rank for chunk in range(first, last)]
+        request_id, model, salt, l1 = key.request_id, key.model_name, key.cache_salt, ctx.l1
+        locked = l1.lock_prefix(model, salt, keys, publish=False)  # held only while the worker copies
+        reads = l1.read(model, salt, keys)  # publishes L1_READ_FAILED for what is missing
+        if locked < len(keys) or not keys or any(size != registration.object_bytes for _, size in reads):
+            l1.release_read(model, salt, keys[:locked])
+            if job is not None:  # as LMCache: a failed retrieve gives back the lookup's locks on these chunks
+                ctx.sessions.release_positions(job, positions, every_lock=False)
+            return {"success": False, "data": b"", "context": {}}
+        ctx.sessions.open(request_id)
+        ctx.publisher.emit(_MP_RETRIEVE_SUBMITTED, (DEVICE,), session_id=request_id)
+        ctx.publisher.emit(_MP_RETRIEVE_START, (DEVICE, instance_id, model), session_id=request_id)
+        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job,
+                                         nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
+        chunk = ctx.chunk_bytes
+        return {"success": True, "data": b"", "context": {"slots": [
+            {"offset": slot * chunk, "length": size, "shape": registration.shape, "dtype": registration.dtype}
+            for slot, size in reads]}}
+
+    def commit_retrieve(self, key: wire.Key, instance_id: int) -> bool:
+        """The worker has copied: drop this transfer's locks and one of the lookup's per object."""
+        pending = self._retrieves.pop(_transfer_key(key, instance_id), None)
+        if pending is None:
+            return True  # as LMCache: nothing was prepared (or the prepare failed)
+        ctx = self._ctx
+        model, salt, count = pending.model, pending.salt, len(pending.keys)
+        sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
+        if pending.job is not None:
+            ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
+        ctx.publisher.emit(_MP_RETRIEVE_END, (DEVICE, instance_id, model, salt, count, count * pending.nbytes,
+                                              count * ctx.chunk_tokens), session_id=pending.request_id)
+        ctx.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): count}, sampled=sampled)
+        return True
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def _check_room(self) -> None:
+        if len(self._stores) + len(self._retrieves) >= MAX_PENDING:
+            raise RequestError(f"more than {MAX_PENDING} prepared transfers are waiting for their commit")
+
+    def _abandon(self, table: OrderedDict[TransferKey, _Pending], tkey: TransferKey) -> None:
+        """Give back what an uncommitted transfer holds; its END event says nothing moved."""
+        pending = table.pop(tkey)
+        ctx = self._ctx
+        if table is self._stores:
+            ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
+            ctx.publisher.emit(_MP_STORE_END, (DEVICE, pending.instance_id, pending.model, 0, 0, 0),
+                               session_id=pending.request_id)
+        else:
+            ctx.l1.release_read(pending.model, pending.salt, pending.keys)
+            ctx.publisher.emit(_MP_RETRIEVE_END, (DEVICE, pending.instance_id, pending.model, pending.salt, 0, 0, 0),
+                               session_id=pending.request_id)
+
+    def expire(self) -> int:
+        """Abandon prepared transfers past their deadline (oldest first); returns how many."""
+        now = self._ctx.clock()
+        expired = 0
+        for table in (self._stores, self._retrieves):
+            while table:
+                tkey, pending = next(iter(table.items()))
+                if pending.deadline > now:
+                    break
+                self._abandon(table, tkey)
+                expired += 1
+        return expired
+
+    def close(self) -> None:
+        for table in (self._stores, self._retrieves):
+            while table:
+                self._abandon(table, next(iter(table)))
+

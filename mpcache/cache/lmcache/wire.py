@@ -1,0 +1,181 @@
+"""LMCache 0.5.x MP-mode wire format: operation ids, argument decoding and validation, failure values.
+
+A request is ``[identity, uid, op, arg1, …]``; every frame after the identity is one msgpack object
+(``op`` an integer from LMCache's frozen table or an operation name).  A reply echoes identity, uid
+and op, then the msgpack result, which is left out when the result is None.  LMCache has no error
+frame, so a refused request is answered with its operation's failure value.  Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from mpcache.contract import protocol
+from mpcache.errors import ProtocolError
+
+# LMCache's frozen operation ids (lmcache/v1/multiprocess/transport/zmq_impl/wire.py, 0.5.3 and later).
+OPERATION_IDS: dict[int, str] = {
+    1: "register_kv_cache", 2: "unregister_kv_cache", 3: "register_q_cache", 4: "unregister_q_cache",
+    5: "store_q", 6: "store", 7: "retrieve", 8: "lookup", 9: "query_prefetch_status", 10: "wait_prefetch_status",
+    12: "free_lookup_locks", 13: "end_session", 14: "register_kv_cache_engine_driven_context",
+    15: "unregister_kv_cache_engine_driven_context", 16: "prepare_store", 17: "commit_store",
+    18: "prepare_retrieve", 19: "commit_retrieve", 20: "clear", 21: "get_chunk_size", 22: "ping",
+    23: "report_block_allocation", 24: "noop", 25: "cb_register_rope", 26: "cb_unregister_rope",
+    27: "cb_retrieve_pre_computed", 28: "cb_unified_lookup", 29: "p2p_lookup_and_lock",
+    30: "p2p_query_lookup_results", 31: "p2p_unlock_objects", 32: "get_experimental", 33: "cb_protocol_handshake",
+}
+OPERATION_NAMES = frozenset(OPERATION_IDS.values()) | {"subscribe_kv_events", "server_module_call"}
+
+# What a refused request is answered with (LMCache's failure value of each operation's reply type).
+FAILURE: dict[str, Any] = {
+    "store": [b"", False], "retrieve": [b"", False], "query_prefetch_status": 0, "wait_prefetch_status": 0,
+    "register_kv_cache_engine_driven_context": {"shm_name": "", "pool_size": 0},
+    "prepare_store": {"context": {}}, "commit_store": False,
+    "prepare_retrieve": {"success": False, "data": b"", "context": {}}, "commit_retrieve": False,
+    "ping": False, "noop": "OK", "get_experimental": [], "cb_protocol_handshake": [0, False],
+}
+
+# torch dtype names a worker may register, and their element sizes
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+               "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
+
+MAX_WORLD_SIZE = 4096
+MAX_TOKENS = protocol.MAX_CHUNKS * 256
+MAX_READERS = 4096
+_I64_MAX = (1 << 63) - 1
+_I64 = protocol.int_range(-(1 << 63), _I64_MAX)
+
+
+def decode(frame: bytes) -> Any:
+    """One msgpack object; ProtocolError for anything else (extension types are refused)."""
+    try:
+        return msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_refuse_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+        raise ProtocolError(f"malformed frame: not one msgpack object ({type(exc).__name__})") from None
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} is not accepted (CUDA IPC handles need lmcache_driven mode)")
+
+
+def encode(result: Any) -> bytes:
+    return msgpack.packb(result, use_bin_type=True)
+
+
+def operation_name(frame: bytes) -> str:
+    """The operation a request names, by id or by name; ProtocolError if unknown."""
+    value = decode(frame)
+    if type(value) is int:
+        name = OPERATION_IDS.get(value)
+        if name is None:
+            raise ProtocolError(f"op: unknown operation id {value}")
+        return name
+    if type(value) is str and value in OPERATION_NAMES:
+        return value
+    raise ProtocolError(f"op: unknown operation {str(value)[:64]!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """LMCache's IPCCacheServerKey: which tokens of which request, for which rank of which model."""
+
+    model_name: str
+    world_size: int
+    worker_id: int | None
+    token_ids: list[int]
+    start: int
+    end: int
+    request_id: str
+    cache_salt: str
+    num_kv_readers: int
+
+
+def _field(value: dict, name: str) -> Any:
+    if name not in value:
+        raise ProtocolError(f"key.{name}: missing")
+    return value[name]
+
+
+def parse_key(value: Any) -> Key:
+    """Validate an IPCCacheServerKey map; ProtocolError names the first bad field."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"key: expected a map, got {type(value).__name__}")
+    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "key.world_size")
+    worker_id = value.get("worker_id")
+    if worker_id is not None:
+        worker_id = protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")
+    tokens = _field(value, "token_ids")
+    if type(tokens) is not list or len(tokens) > MAX_TOKENS:
+        raise ProtocolError(f"key.token_ids: expected a list of at most {MAX_TOKENS} token ids")
+    if not all(type(t) is int and 0 <= t <= _I64_MAX for t in tokens):
+        raise ProtocolError("key.token_ids: every entry must be an integer in 0..2**63-1")
+    start = protocol.int_range(0, _I64_MAX)(_field(value, "start"), "key.start")
+    end = protocol.int_range(0, _I64_MAX)(_field(value, "end"), "key.end")
+    readers = value.get("num_kv_readers", 0)
+    readers = protocol.int_range(0, MAX_READERS)(readers, "key.num_kv_readers")
+    salt = value.get("cache_salt") or ""
+    return Key(protocol.MODEL(_field(value, "model_name"), "key.model_name"), world_size, worker_id, tokens,
+               start, end, protocol.REQUEST_ID(_field(value, "request_id"), "key.request_id"),
+               protocol.SALT(salt, "key.cache_salt"), readers)
+
+
+def chunk_range(key: Key, chunk_tokens: int) -> tuple[int, int]:
+    """The whole chunks a key's ``[start, end)`` covers: chunk i spans tokens ``[i·c, (i+1)·c)``,
+    and only chunks that end within ``min(end, len(token_ids))`` count (LMCache's rule)."""
+    first = -(-key.start // chunk_tokens)
+    last = min(key.end, len(key.token_ids)) // chunk_tokens
+    return first, max(first, last)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A worker's engine_driven registration: the layout of one KV object (one chunk, one rank)."""
+
+    instance_id: int
+    model_name: str
+    world_size: int
+    shape: list[int]
+    dtype: str
+    object_bytes: int
+
+
+def parse_registration(value: Any, chunk_tokens: int) -> Registration:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"payload: expected a map, got {type(value).__name__}")
+    instance_id = _I64(_field(value, "instance_id"), "instance_id")
+    model = protocol.MODEL(_field(value, "model_name"), "model_name")
+    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "world_size")
+    layers = protocol.int_range(1, 1 << 16)(_field(value, "num_layers"), "num_layers")
+    hidden = protocol.int_range(1, 1 << 24)(_field(value, "hidden_dim_size"), "hidden_dim_size")
+    dtype = _field(value, "dtype_str")
+    if dtype not in DTYPE_BYTES:
+        raise ProtocolError(f"dtype_str: {str(dtype)[:32]!r} is not a supported torch dtype name")
+    use_mla = _field(value, "use_mla")
+    if type(use_mla) is not bool:
+        raise ProtocolError("use_mla: expected a boolean")
+    slots = value.get("num_physical_slots")
+    slots = chunk_tokens if slots is None else protocol.int_range(1, 1 << 24)(slots, "num_physical_slots")
+    shape = [layers, slots, hidden] if use_mla else [2, layers, slots, hidden]
+    return Registration(instance_id, model, world_size, shape, dtype, math.prod(shape) * DTYPE_BYTES[dtype])
+
+
+def instance_id(value: Any, field: str = "instance_id") -> int:
+    return _I64(value, field)
+
+
+def parse_block_records(value: Any) -> list[tuple[str, list[int], list[int]]]:
+    """``[{req_id, new_block_ids, new_token_ids}, …]`` as the cache protocol's block records."""
+    if type(value) is not list:
+        raise ProtocolError(f"allocations: expected a list, got {type(value).__name__}")
+    rows = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"allocations[{index}]: expected a map")
+        rows.append([item.get("req_id"), item.get("new_block_ids"), item.get("new_token_ids")])
+    return protocol.BLOCK_RECORDS(rows, "allocations")
