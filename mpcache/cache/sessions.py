@@ -30,7 +30,7 @@ class Job:
                  "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers", "ranks", "held")
 
     def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
-                 created: float, readers: int = 1, ranks: int = 1) -> None:
+                 created: float, readers: int = 1, ranks: int = 1, per_key: bool = False) -> None:
         self.job_id = job_id
         self.request_id = request_id
         self.model = model
@@ -42,7 +42,7 @@ class Job:
         # LMCache lookups: ``ranks`` keys per chunk (one per KV rank, interleaved), and the read locks
         # still held per found key, released one by one (retrieves) or by range (free_lookup_locks)
         self.ranks = ranks
-        self.held: list[int] | None = [readers] * found if ranks > 1 or readers > 1 else None
+        self.held: list[int] | None = [readers] * found if per_key else None
         self.reported = False  # MP_LOOKUP_PREFETCH_END published
         self.locked = found > 0  # holds read locks on hashes[:found] (until retrieve / release)
         self.expired = False  # outlived the TTL: locks released, kept one more TTL for a late retrieve
@@ -85,10 +85,10 @@ class SessionRegistry:
         return jobs
 
     def add_job(self, request_id: str, model: str, salt: str, hashes: list[int], found: int,
-                readers: int = 1, ranks: int = 1) -> Job:
+                readers: int = 1, ranks: int = 1, per_key: bool = False) -> Job:
         """A new job of ``request_id`` that holds ``readers`` read locks on ``hashes[:found]``."""
         jobs_of_request = self.open(request_id)
-        job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers, ranks)
+        job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers, ranks, per_key)
         self._next_job_id += 1
         self._jobs[job.job_id] = job
         jobs_of_request.add(job.job_id)

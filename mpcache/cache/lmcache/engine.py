@@ -130,7 +130,7 @@ class EngineDriven:
         last = min(key.end, len(key.token_ids)) // ctx.chunk_tokens
         keys = self._rank_keys(key, 0, last, list(range(key.world_size)))
         job = start_lookup(ctx, key.request_id, key.model_name, key.cache_salt, keys, readers=key.num_kv_readers,
-                           ranks=key.world_size)
+                           ranks=key.world_size, per_key=True)
         self._lookups[key.request_id] = _Lookup(job.job_id)
         while len(self._lookups) > MAX_LOOKUPS:
             _, oldest = self._lookups.popitem(last=False)

@@ -102,9 +102,10 @@ def lookup_prefetch(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
 
 
 def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], *, readers: int = 1,
-                 ranks: int = 1) -> Job:
+                 ranks: int = 1, per_key: bool = False) -> Job:
     """MP_LOOKUP_PREFETCH_START, ``readers`` read locks on each key of the L1 prefix, an L2 prefetch of the
-    rest.  With ``ranks`` > 1 the keys are a chunk's KV ranks in turn, and only whole chunks count."""
+    rest.  With ``ranks`` > 1 the keys are a chunk's KV ranks in turn, and only whole chunks count;
+    ``per_key`` counts the locks per key, for owners that give them back piecemeal."""
     ctx.sessions.open(request_id)
     ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=request_id)
     l1 = ctx.l1
@@ -115,7 +116,7 @@ def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hash
         found -= partial
     for _ in range(readers - 1):
         l1.lock_prefix(model, salt, hashes[:found])
-    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers, ranks)
+    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers, ranks, per_key)
     if found < len(hashes) and ctx.prefetch.start(job.job_id, model, salt, hashes[found:], job):
         job.pending = True
     ctx.sessions.trim()

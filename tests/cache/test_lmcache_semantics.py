@@ -1,0 +1,193 @@
+"""LMCache engine_driven semantics, byte for byte through the shared-memory pool (no LMCache, no torch):
+bytes written into prepared slots come back from another request's slots, hits need every KV rank,
+read locks are counted per reader and released exactly, abandoned transfers give their slots back."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+from .conftest import wait_for
+from lmcache_client import NO_RESULT, LMClient, key, registration
+
+from mpcache.contract.events import EventType as E
+from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
+
+CHUNK = 256
+LAYERS, HIDDEN = 2, 64
+OBJECT = 2 * LAYERS * CHUNK * HIDDEN * 2  # fp16
+MODEL = "org/model"
+
+
+@pytest.fixture
+def served(cache):
+    """An in-process cache process serving LMCache's protocol, its client, and the L1 pool mapped as a worker maps it."""
+    harness = cache(chunk_size_tokens=CHUNK, chunk_bytes=OBJECT, l1_size_bytes=16 * OBJECT, lmcache_ipc=True,
+                    prefetch_job_ttl_s=0.3)
+    client = LMClient(harness.config.lmcache_urls(0)[0])
+    reply = client.call("register", registration(1, layers=LAYERS, hidden=HIDDEN))
+    fd = os.open(os.path.join("/dev/shm", reply["shm_name"]), os.O_RDWR)
+    pool = mmap.mmap(fd, reply["pool_size"])
+    os.close(fd)
+    yield harness, client, pool
+    client.close()
+    pool.close()
+
+
+def _write(pool: mmap.mmap, slots: list[dict], seed: int) -> list[bytes]:
+    written = []
+    for index, slot in enumerate(slots):
+        data = np.random.default_rng(seed * 1000 + index).integers(0, 256, slot["length"], dtype=np.uint8).tobytes()
+        pool[slot["offset"] : slot["offset"] + slot["length"]] = data
+        written.append(data)
+    return written
+
+
+def _read(pool: mmap.mmap, slots: list[dict]) -> list[bytes]:
+    return [pool[slot["offset"] : slot["offset"] + slot["length"]] for slot in slots]
+
+
+def _store(client: LMClient, pool: mmap.mmap, tokens: list[int], request: str, *, seed: int, worker: int = 0,
+           world_size: int = 1, instance: int = 1, salt: str = "") -> list[bytes]:
+    stored = key(tokens, request, worker_id=worker, world_size=world_size, salt=salt)
+    prepared = client.call("prepare_store", stored, instance)
+    written = _write(pool, prepared["context"]["slots"], seed)
+    assert True is client.call("commit_store", stored, instance, b"")
+    return written
+
+
+def _locks(harness, tokens: list[int], world_size: int = 1, salt: str = "") -> list[int]:
+    keys = rank_hashes(chunk_hashes(tokens, CHUNK), world_size, list(range(world_size)))
+    return [harness.server.l1.readers(ChunkKey(MODEL, salt, k)) for k in keys]
+
+
+def test_bytes_stored_through_slots_come_back_through_another_requests_slots(served):
+    """prepare_store names slots, the worker fills them, commit_store publishes them; a later request's
+    lookup hits and prepare_retrieve points at exactly those bytes."""
+    harness, client, pool = served
+    tokens = list(range(3 * CHUNK + 17))  # a trailing partial chunk is never stored
+    client.call("lookup", key(tokens, "a"), 1)
+    assert 0 == client.call("query_prefetch_status", "a")
+    written = _store(client, pool, tokens, "a", seed=1)
+    assert 3 == len(written)
+    client.call("end_session", "a")
+    client.call("lookup", key(tokens, "b"), 1)
+    assert 3 == client.call("query_prefetch_status", "b")
+    retrieved = client.call("prepare_retrieve", key(tokens, "b", worker_id=0), 1)
+    assert written == _read(pool, retrieved["context"]["slots"])
+    assert True is client.call("commit_retrieve", key(tokens, "b", worker_id=0), 1)
+    assert [0, 0, 0] == _locks(harness, tokens)
+    batch = harness.events.take()
+    assert [(3, 3 * OBJECT)] == [(e.fields["stored_count"], e.fields["total_bytes"])
+                                 for e in batch.events([E.MP_STORE_END])]
+    assert [3] == [e.fields["retrieved_count"] for e in batch.events([E.MP_RETRIEVE_END])]
+
+
+def test_a_hit_needs_every_kv_rank_and_each_rank_reads_its_own_bytes(served):
+    """TP=2: a chunk only rank 0 stored is no hit; once rank 1 stores too, each rank retrieves its own piece."""
+    harness, client, pool = served
+    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=2))
+    tokens = list(range(1000, 1000 + 2 * CHUNK))
+    rank0 = _store(client, pool, tokens, "s", seed=2, worker=0, world_size=2, instance=1)
+    client.call("lookup", key(tokens, "q1", world_size=2), 1)
+    assert 0 == client.call("query_prefetch_status", "q1")
+    rank1 = _store(client, pool, tokens, "s", seed=3, worker=1, world_size=2, instance=2)
+    client.call("lookup", key(tokens, "q2", world_size=2), 1)
+    assert 2 == client.call("query_prefetch_status", "q2")
+    for worker, instance, expected in ((0, 1, rank0), (1, 2, rank1)):
+        got = client.call("prepare_retrieve", key(tokens, "q2", worker_id=worker, world_size=2), instance)
+        assert expected == _read(pool, got["context"]["slots"])
+        client.call("commit_retrieve", key(tokens, "q2", worker_id=worker, world_size=2), instance)
+    assert [0] * 4 == _locks(harness, tokens, world_size=2)
+
+
+def test_mla_readers_each_release_one_lock(served):
+    """MLA: one stored copy read by num_kv_readers workers; the lookup takes that many locks per chunk and
+    each commit_retrieve gives back one."""
+    harness, client, pool = served
+    tokens = list(range(5000, 5000 + CHUNK))
+    _store(client, pool, tokens, "w", seed=4)
+    client.call("lookup", key(tokens, "m", readers=2), 1)
+    assert 1 == client.call("query_prefetch_status", "m")
+    assert [2] == _locks(harness, tokens)
+    for remaining in (1, 0):
+        client.call("prepare_retrieve", key(tokens, "m", worker_id=0, readers=2), 1)
+        client.call("commit_retrieve", key(tokens, "m", worker_id=0, readers=2), 1)
+        assert [remaining] == _locks(harness, tokens)
+
+
+def test_free_lookup_locks_then_a_retrieve_after_chunk_zero(served):
+    """vLLM's own prefix cache holds chunk 0: free_lookup_locks gives chunk 0's locks back (a range that
+    ends inside a chunk frees nothing of it), the retrieve of chunks 1-2 releases theirs."""
+    harness, client, pool = served
+    tokens = list(range(9000, 9000 + 3 * CHUNK))
+    written = _store(client, pool, tokens, "w", seed=5)
+    client.call("lookup", key(tokens, "p"), 1)
+    assert 3 == client.call("query_prefetch_status", "p")
+    client.call("free_lookup_locks", key(tokens, "p", end=CHUNK - 10), 1)
+    assert [1, 1, 1] == _locks(harness, tokens)
+    client.call("free_lookup_locks", key(tokens, "p", end=CHUNK), 1)
+    assert [0, 1, 1] == _locks(harness, tokens)
+    tail = key(tokens, "p", worker_id=0, start=CHUNK)
+    got = client.call("prepare_retrieve", tail, 1)
+    assert written[1:] == _read(pool, got["context"]["slots"])
+    client.call("commit_retrieve", tail, 1)
+    assert [0, 0, 0] == _locks(harness, tokens)
+
+
+def test_end_session_leaves_no_read_lock(served):
+    harness, client, pool = served
+    tokens = list(range(20000, 20000 + 2 * CHUNK))
+    _store(client, pool, tokens, "w", seed=6)
+    client.call("lookup", key(tokens, "e", readers=3), 1)
+    assert 2 == client.call("query_prefetch_status", "e")
+    assert [3, 3] == _locks(harness, tokens)
+    assert NO_RESULT is client.call("end_session", "e")
+    assert [0, 0] == _locks(harness, tokens)
+
+
+def test_two_cache_salts_are_kept_apart(served):
+    _, client, pool = served
+    tokens = list(range(30000, 30000 + CHUNK))
+    _store(client, pool, tokens, "w", seed=7, salt="tenant-a")
+    client.call("lookup", key(tokens, "x", salt="tenant-b"), 1)
+    assert 0 == client.call("query_prefetch_status", "x")
+    client.call("lookup", key(tokens, "y", salt="tenant-a"), 1)
+    assert 1 == client.call("query_prefetch_status", "y")
+
+
+def test_an_abandoned_prepared_store_gives_its_slots_back(served):
+    """A worker that prepares and never commits: after the deadline the slots are free again, the chunk is
+    no hit, and a new store of it gets slots."""
+    harness, client, pool = served
+    tokens = list(range(40000, 40000 + 2 * CHUNK))
+    used_before = harness.server.l1.used_slots
+    prepared = client.call("prepare_store", key(tokens, "gone", worker_id=0), 1)
+    assert 2 == len(prepared["context"]["slots"])
+    wait_for(lambda: harness.server.l1.used_slots == used_before, timeout_s=5, what="the slots to come back")
+    assert False is client.call("commit_store", key(tokens, "gone", worker_id=0), 1, b"")
+    assert 2 == len(_store(client, pool, tokens, "again", seed=8))
+
+
+def test_a_stored_chunk_is_skipped_and_a_retrieve_of_a_missing_chunk_fails(served):
+    harness, client, pool = served
+    tokens = list(range(50000, 50000 + 2 * CHUNK))
+    _store(client, pool, tokens[:CHUNK], "w", seed=9)
+    prepared = client.call("prepare_store", key(tokens, "w2", worker_id=0), 1)
+    assert [1] == prepared["context"]["chunk_indices"]  # chunk 0 is cached already
+    client.call("commit_store", key(tokens, "w2", worker_id=0), 1, b"")
+    missing = list(range(60000, 60000 + CHUNK))
+    assert {"success": False, "data": b"", "context": {}} == client.call(
+        "prepare_retrieve", key(missing, "z", worker_id=0), 1)
+    assert True is client.call("commit_retrieve", key(missing, "z", worker_id=0), 1)
+
+
+def test_wait_prefetch_status_answers_without_blocking_the_loop(served):
+    """While one client waits, another is served; an unknown request answers 0 at once."""
+    _, client, _ = served
+    started = time.monotonic()
+    assert 0 == client.call("wait_prefetch_status", "never-looked-up", 5.0)
+    assert time.monotonic() - started < 2.0
