@@ -33,7 +33,6 @@ _MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
 _SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
 _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
 
-DEVICE = "cpu"
 MAX_INSTANCES = 1024
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
 MAX_LOOKUPS = 65536  # requests whose lookup result or locks are kept
@@ -50,6 +49,7 @@ class _Pending:
     keys: list[int]  # the L1 keys reserved (store) or locked (retrieve)
     positions: list[int] = field(default_factory=list)  # retrieve: the keys' positions in the lookup's job
     job: Job | None = None
+    device: str = "cpu:0"  # the worker's rank: START and END pair per (request, device)
     failed: int = 0  # store: chunks that got no slot
     nbytes: int = 0
     deadline: float = 0.0
@@ -62,6 +62,11 @@ class _Lookup:
 
 
 TransferKey = tuple[int, str, int | None, int, int, str, str, int]
+
+
+def _device(key: wire.Key) -> str:
+    """A worker's transfers are on its own device: shared memory, per KV rank."""
+    return f"cpu:{key.worker_id or 0}"
 
 
 def _transfer_key(key: wire.Key, instance_id: int) -> TransferKey:
@@ -204,11 +209,12 @@ class EngineDriven:
         request_id, model, salt = key.request_id, key.model_name, key.cache_salt
         ctx.sessions.open(request_id)
         pub = ctx.publisher
-        pub.emit(_MP_STORE_SUBMITTED, (DEVICE,), session_id=request_id)
-        pub.emit(_MP_STORE_START, (DEVICE, instance_id, model), session_id=request_id)
+        device = _device(key)
+        pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
+        pub.emit(_MP_STORE_START, (device, instance_id, model), session_id=request_id)
         reservation = ctx.l1.reserve_write(model, salt, keys)
         pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
-                           failed=reservation.failed, nbytes=registration.object_bytes,
+                           device=device, failed=reservation.failed, nbytes=registration.object_bytes,
                            deadline=ctx.clock() + self._pending_ttl_s)
         if not reservation.positions:  # nothing to copy: the worker will not commit
             self._finish_store(pending, [])
@@ -239,7 +245,7 @@ class EngineDriven:
     def _finish_store(self, pending: _Pending, sampled: list) -> None:
         ctx = self._ctx
         stored, nbytes, model, salt = len(pending.keys), pending.nbytes, pending.model, pending.salt
-        ctx.publisher.emit(_MP_STORE_END, (DEVICE, pending.instance_id, model, stored, stored * nbytes,
+        ctx.publisher.emit(_MP_STORE_END, (pending.device, pending.instance_id, model, stored, stored * nbytes,
                                            stored * ctx.chunk_tokens), session_id=pending.request_id)
         ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
                            salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
@@ -272,9 +278,10 @@ class EngineDriven:
                 ctx.sessions.release_positions(job, positions, every_lock=False)
             return {"success": False, "data": b"", "context": {}}
         ctx.sessions.open(request_id)
-        ctx.publisher.emit(_MP_RETRIEVE_SUBMITTED, (DEVICE,), session_id=request_id)
-        ctx.publisher.emit(_MP_RETRIEVE_START, (DEVICE, instance_id, model), session_id=request_id)
-        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job,
+        device = _device(key)
+        ctx.publisher.emit(_MP_RETRIEVE_SUBMITTED, (device,), session_id=request_id)
+        ctx.publisher.emit(_MP_RETRIEVE_START, (device, instance_id, model), session_id=request_id)
+        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device,
                                          nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
         chunk = ctx.chunk_bytes
         return {"success": True, "data": b"", "context": {"slots": [
@@ -291,7 +298,7 @@ class EngineDriven:
         sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
         if pending.job is not None:
             ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
-        ctx.publisher.emit(_MP_RETRIEVE_END, (DEVICE, instance_id, model, salt, count, count * pending.nbytes,
+        ctx.publisher.emit(_MP_RETRIEVE_END, (pending.device, instance_id, model, salt, count, count * pending.nbytes,
                                               count * ctx.chunk_tokens), session_id=pending.request_id)
         ctx.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): count}, sampled=sampled)
         return True
@@ -308,11 +315,12 @@ class EngineDriven:
         ctx = self._ctx
         if table is self._stores:
             ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
-            ctx.publisher.emit(_MP_STORE_END, (DEVICE, pending.instance_id, pending.model, 0, 0, 0),
+            ctx.publisher.emit(_MP_STORE_END, (pending.device, pending.instance_id, pending.model, 0, 0, 0),
                                session_id=pending.request_id)
         else:
             ctx.l1.release_read(pending.model, pending.salt, pending.keys)
-            ctx.publisher.emit(_MP_RETRIEVE_END, (DEVICE, pending.instance_id, pending.model, pending.salt, 0, 0, 0),
+            ctx.publisher.emit(_MP_RETRIEVE_END, (pending.device, pending.instance_id, pending.model, pending.salt,
+                                                  0, 0, 0),
                                session_id=pending.request_id)
 
     def expire(self) -> int:

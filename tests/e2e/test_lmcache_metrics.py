@@ -1,0 +1,66 @@
+"""LMCache-protocol traffic moves the metrics: ``bin/start-cache --lmcache-ipc`` driven by a hand-framing
+client, then /metrics compared with the workload (lookups, hits, L1 writes and reads, chunks loaded,
+L0→L1 and L1→L0 throughput samples)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import pytest
+from lmcache_client import LMClient, key, registration
+
+from mpcache_service import wait_for
+
+CHUNK = 256
+OBJECT = 2 * 2 * CHUNK * 64 * 2  # 2 layers, hidden 64, fp16: 128 KiB
+
+
+@pytest.mark.slow
+def test_lmcache_traffic_shows_on_metrics(start_service):
+    service = start_service("--workers", "1", "--lmcache-ipc", "--chunk-bytes", str(OBJECT), "--l1-size", "16MiB")
+    url = "ipc://" + os.path.join(str(service.runtime_dir), "lmcache0.ipc")
+    wait_for(lambda: os.path.exists(url[len("ipc://"):]), 30, "the LMCache socket")
+    client = LMClient(url)
+    try:
+        pool_info = client.call("register", registration(1))
+        fd = os.open(os.path.join("/dev/shm", pool_info["shm_name"]), os.O_RDWR)
+        pool = mmap.mmap(fd, pool_info["pool_size"])
+        os.close(fd)
+        shared = list(range(2 * CHUNK))
+        requests = [("cold", shared + list(range(7000, 7000 + CHUNK)), 0),  # 3 chunks, nothing cached
+                    ("hit", shared + list(range(7000, 7000 + CHUNK)), 3),  # the same 3 chunks
+                    ("partial", shared + list(range(8000, 8000 + CHUNK + 40)), 2)]  # 2 shared, 1 new, a tail
+        for request, tokens, hits in requests:
+            client.call("lookup", key(tokens, request), 1)
+            assert hits == client.call("query_prefetch_status", request)
+            worker = key(tokens, request, worker_id=0)
+            if hits:
+                retrieve = key(tokens, request, worker_id=0, end=hits * CHUNK)
+                assert client.call("prepare_retrieve", retrieve, 1)["success"]
+                assert client.call("commit_retrieve", retrieve, 1)
+            prepared = client.call("prepare_store", worker, 1)
+            for slot in prepared["context"]["slots"]:
+                pool[slot["offset"] : slot["offset"] + slot["length"]] = b"\x01" * slot["length"]
+            if prepared["context"]["slots"]:
+                assert client.call("commit_store", worker, 1, b"")
+            client.call("end_session", request)
+        pool.close()
+    finally:
+        client.close()
+    requested, hit_chunks, written, read = 9 * CHUNK, 5, 4, 5
+
+    def settled():
+        scrape = service.scrape()
+        return scrape if scrape.total("lmcache_mp_l1_write_chunks_total") == written else None
+
+    scrape = wait_for(settled, 30, "the L1 writes on /metrics")
+    assert requested == scrape.total("lmcache_mp_lookup_requested_tokens_total")
+    assert hit_chunks * CHUNK == scrape.total("lmcache_mp_lookup_hit_tokens_total")
+    assert read == scrape.total("lmcache_mp_l1_read_chunks_total")
+    assert read == scrape.total("lmcache_mp_num_chunks_loaded_total")
+    # one throughput sample per committed transfer: 3 stores (cold 3, hit 0 is no transfer, partial 1) and 2 loads
+    assert 2 == scrape.total("lmcache_mp_l0_l1_store_throughput_GBs_count")
+    assert 2 == scrape.total("lmcache_mp_l0_l1_load_throughput_GBs_count")
+    assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    assert 0 == service.stop()
