@@ -846,7 +846,8 @@ class Scenarios:
         chunks_per_req = max(1, min(16, (e.geo.num_blocks // 2) // e.blocks_per_chunk))
         writers = sum(1 for w in e.workers if w.is_kv_writer)
         per_chunk_all_ranks = e.geo.object_bytes(self.chunk) * writers
-        budget = self.args.l1_size_gb * (1 << 30) * self.args.eviction_overfill
+        # Every server has an L1 of --l1-size-gb; the ranks spread over them evenly.
+        budget = self.args.l1_size_gb * (1 << 30) * len(e.urls) * self.args.eviction_overfill
         n_req = max(2, math.ceil(budget / (per_chunk_all_ranks * chunks_per_req)))
         if n_req > self.args.eviction_max_requests:
             raise ScenarioFailure(
@@ -1004,14 +1005,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.head_size = 576 if args.mla else 64
     if args.seed is None:
         args.seed = (time.time_ns() ^ (os.getpid() << 20)) % 1_000_000_007
-    if args.scenario == "all":
-        args.scenarios = list(SCENARIOS)
-    else:
-        args.scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
-        unknown = [s for s in args.scenarios if s not in SCENARIOS + EXTRA_SCENARIOS]
-        if unknown:
-            ap.error(f"unknown scenario(s) {unknown}; choose from "
-                     f"{list(SCENARIOS + EXTRA_SCENARIOS)} or all")
+    args.scenarios = []
+    for name in (s.strip() for s in args.scenario.split(",")):
+        if name == "all":
+            args.scenarios.extend(SCENARIOS)
+        elif name:
+            args.scenarios.append(name)
+    unknown = [s for s in args.scenarios if s not in SCENARIOS + EXTRA_SCENARIOS]
+    if unknown or not args.scenarios:
+        ap.error(f"unknown scenario(s) {unknown}; choose from "
+                 f"{list(SCENARIOS + EXTRA_SCENARIOS)} or all")
     if args.tp % len(args.url):
         ap.error("--tp must be a multiple of the number of --url servers (as vLLM requires)")
     if not args.mla and args.kv_heads % args.tp:
