@@ -321,9 +321,8 @@ class Engine:
                 self.kv[rank], engine_group_infos=infos, layout_hints=self.layout_hints
             )
             self._install_probe(rank)
-        self.free_blocks = list(range(args.num_blocks))
-        random.Random(args.seed).shuffle(self.free_blocks)
         self._block_lock = threading.Lock()
+        self.reset_blocks()
         self.pool = ThreadPoolExecutor(max_workers=max(1, args.tp), thread_name_prefix="rank")
         self._rid_counter = 0
 
@@ -377,6 +376,12 @@ class Engine:
     def new_rid(self, tag: str) -> str:
         self._rid_counter += 1
         return f"{tag}-{self.args.seed}-{self._rid_counter}"
+
+    def reset_blocks(self) -> None:
+        """Every block free again (no request outlives its scenario, even a failed one)."""
+        with self._block_lock:
+            self.free_blocks = list(range(self.geo.num_blocks))
+            random.Random(self.args.seed).shuffle(self.free_blocks)
 
     def alloc(self, req: Request) -> None:
         n = math.ceil(len(req.tokens) / self.geo.block_size)
@@ -1081,6 +1086,7 @@ def main(argv: list[str]) -> int:
             t0 = time.monotonic()
             entry: dict[str, Any] = {"pass": False, "reason": None}
             try:
+                engine.reset_blocks()
                 engine.check_health()
                 getattr(scenarios, name)(dl)
                 engine.check_health()
