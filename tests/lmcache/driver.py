@@ -1,0 +1,1120 @@
+#!/usr/bin/env python3
+"""Drive an LMCache-0.5.6-compatible MP server through LMCache's own vLLM adapters.
+
+Run with the interpreter of the venv that ``.ci/lmcache-env`` builds (it needs
+``lmcache``, ``torch`` and ``pyzmq``; it never imports mpcache or pytest)::
+
+    "$(.ci/lmcache-env | tail -n1)/bin/python" tests/lmcache/driver.py \
+        --url tcp://127.0.0.1:5555 --scenario all [--tp 2] [--mla]
+
+It plays the part vLLM's ``LMCacheMPConnector`` plays
+(``lmcache/integration/vllm/lmcache_mp_connector.py``): one
+``LMCacheMPSchedulerAdapter`` for lookups, lock releases and sessions, and one
+``LMCacheMPWorkerAdapter`` per tensor-parallel rank holding paged CPU KV
+tensors, registered with ``register_kv_caches`` and moved with
+``submit_store_request`` / ``submit_retrieve_request`` / ``get_finished`` in the
+engine-driven (shared-memory) transfer mode.  Every chunk's bytes are a
+deterministic function of (token prefix, cache salt, layer, rank), so whatever
+a retrieve writes into zeroed blocks is checked byte for byte.
+
+The LAST line of stdout is one JSON object: ``ok``, per-scenario ``pass`` /
+``reason`` / ``counts``, and ``totals`` (lookups, hit chunks, stored and
+retrieved chunks and objects) to compare with the server's own metrics.  Exit
+status: 0 when every scenario passed, 1 when one failed, 2 on a usage or setup
+error, 3 when the whole run overran ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports lmcache: no usage reports leave this machine.
+os.environ["LMCACHE_TRACK_USAGE"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import torch  # noqa: E402
+import zmq  # noqa: E402
+
+from lmcache.integration.vllm.kv_cache_groups import (  # noqa: E402
+    create_engine_group_infos_from_vllm,
+)
+from lmcache.integration.vllm.vllm_multi_process_adapter import (  # noqa: E402
+    LMCacheMPSchedulerAdapter,
+    LMCacheMPWorkerAdapter,
+    LoadStoreOp,
+    ParallelStrategy,
+)
+
+SCENARIOS = (
+    "cold_miss_then_store",
+    "full_hit",
+    "partial_hit",
+    "prefix_cache_skip",
+    "two_salts",
+    "concurrent",
+    "eviction",
+)
+# Not part of "all": it clears the server's whole cache (a non-forced CLEAR).
+EXTRA_SCENARIOS = ("lock_release",)
+
+DTYPES = {
+    "float16": (torch.float16, torch.int16),
+    "bfloat16": (torch.bfloat16, torch.int16),
+    "float32": (torch.float32, torch.int32),
+}
+
+SENTINEL = 0x5A5A  # int16 pattern written where a retrieve must not write
+POLL_S = 0.002
+
+
+class ScenarioFailure(Exception):
+    """A check failed; the message is the human-readable reason."""
+
+
+class Deadline:
+    def __init__(self, seconds: float, what: str) -> None:
+        self.end = time.monotonic() + seconds
+        self.what = what
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def check(self, doing: str) -> None:
+        if time.monotonic() > self.end:
+            raise ScenarioFailure(f"{self.what}: deadline passed while {doing}")
+
+
+def poll(fn: Callable[[], Any], deadline: Deadline, doing: str) -> Any:
+    """Call fn until it returns something other than None, within the deadline."""
+    while True:
+        value = fn()
+        if value is not None:
+            return value
+        deadline.check(doing)
+        time.sleep(POLL_S)
+
+
+# ---------------------------------------------------------------------------
+# Counters
+# ---------------------------------------------------------------------------
+
+COUNTER_NAMES = (
+    "lookups",  # scheduler lookups (each goes to every server)
+    "lookup_rpcs",  # lookups x servers
+    "hit_chunks",  # sum of the hit chunk counts the scheduler adapter returned
+    "free_lookup_locks",  # free_lookup_locks calls (each goes to every server)
+    "end_sessions",
+    "store_requests",  # per writing rank, submit_store_request calls that reached the server
+    "stored_chunks",  # token chunks covered by store requests (logical, once per request)
+    "stored_objects",  # per rank: chunk objects the server reserved (prepare_store chunk_indices)
+    "store_skipped_objects",  # per rank: chunk objects asked for but not reserved
+    "store_commit_failures",  # per rank: commit_store answered False / timed out
+    "retrieve_requests",  # per rank
+    "retrieved_chunks",  # token chunks covered by retrieves (logical, once per request)
+    "retrieved_objects",  # per rank: slots prepare_retrieve handed out
+    "retrieve_failures",  # per rank: prepare_retrieve miss / failed scatter
+    "verified_chunks",  # (chunk, rank) pairs whose bytes were compared and matched
+)
+
+
+class Counters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values = {name: 0 for name in COUNTER_NAMES}
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.values[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+
+def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+# ---------------------------------------------------------------------------
+# Deterministic KV content
+# ---------------------------------------------------------------------------
+
+
+def prefix_hashes(tokens: list[int], chunk: int) -> list[bytes]:
+    """Client-side prefix-chained identity of each full chunk (independent of the server)."""
+    out: list[bytes] = []
+    prev = b"\0" * 16
+    for start in range(0, len(tokens) - len(tokens) % chunk, chunk):
+        h = hashlib.blake2b(digest_size=16)
+        h.update(prev)
+        h.update(b"".join(t.to_bytes(4, "little") for t in tokens[start : start + chunk]))
+        prev = h.digest()
+        out.append(prev)
+    return out
+
+
+@dataclass
+class Geometry:
+    layers: int
+    kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: str
+    num_blocks: int
+    tp: int
+    mla: bool
+
+    @property
+    def heads_per_rank(self) -> int:
+        return self.kv_heads // self.tp
+
+    def layer_shape(self) -> tuple[int, ...]:
+        if self.mla:  # vLLM's MLA paged layout: [num_blocks, block_size, head_dim]
+            return (self.num_blocks, self.block_size, self.head_size)
+        return (2, self.num_blocks, self.block_size, self.heads_per_rank, self.head_size)
+
+    def chunk_block_shape(self, blocks: int) -> tuple[int, ...]:
+        if self.mla:
+            return (blocks, self.block_size, self.head_size)
+        return (2, blocks, self.block_size, self.heads_per_rank, self.head_size)
+
+    def object_bytes(self, chunk_tokens: int) -> int:
+        itemsize = torch.empty((), dtype=DTYPES[self.dtype][0]).element_size()
+        planes = 1 if self.mla else 2
+        width = self.head_size if self.mla else self.heads_per_rank * self.head_size
+        return planes * self.layers * chunk_tokens * width * itemsize
+
+
+def expected_chunk(
+    geo: Geometry, chunk_id: bytes, salt: str, layer: int, rank: int, blocks: int
+) -> torch.Tensor:
+    """The integer view of one chunk's blocks for one layer on one rank."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(chunk_id)
+    h.update(salt.encode())
+    h.update(layer.to_bytes(4, "little"))
+    h.update(rank.to_bytes(4, "little"))
+    gen = torch.Generator()
+    gen.manual_seed(int.from_bytes(h.digest(), "little") & ((1 << 63) - 1))
+    int_dtype = DTYPES[geo.dtype][1]
+    info = torch.iinfo(int_dtype)
+    return torch.randint(
+        info.min, info.max, geo.chunk_block_shape(blocks), dtype=int_dtype, generator=gen
+    )
+
+
+# ---------------------------------------------------------------------------
+# The engine: one scheduler adapter, one worker adapter per TP rank
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    rid: str
+    tokens: list[int]
+    salt: str = ""
+    blocks: list[int] = field(default_factory=list)
+    vllm_hit_tokens: int = 0  # tokens vLLM's own prefix cache already holds
+    lmcache_hit_tokens: int = 0
+    content_salt: str | None = None  # salt mixed into the fill (defaults to salt)
+
+    @property
+    def fill_salt(self) -> str:
+        return self.salt if self.content_salt is None else self.content_salt
+
+
+class Engine:
+    """What a vLLM instance with LMCacheMPConnector does, minus the model."""
+
+    def __init__(self, args: argparse.Namespace, counters: Counters) -> None:
+        self.args = args
+        self.counters = counters
+        self.urls: list[str] = list(args.url)
+        self.geo = Geometry(
+            layers=args.layers,
+            kv_heads=args.kv_heads,
+            head_size=args.head_size,
+            block_size=args.block_size,
+            dtype=args.dtype,
+            num_blocks=args.num_blocks,
+            tp=args.tp,
+            mla=args.mla,
+        )
+        self.model_name = args.model_name or (
+            f"mpcache-harness-L{args.layers}-H{args.kv_heads}-D{args.head_size}-"
+            f"{args.dtype}-{'mla' if args.mla else 'mha'}"
+        )
+        self.extra_config = {
+            "lmcache.mp.mq_timeout": args.mq_timeout,
+            "lmcache.mp.heartbeat_interval": args.heartbeat_interval,
+            "lmcache.mp.mp_transfer_mode": "engine_driven",
+        }
+        self.zmq_context = zmq.Context.instance()
+        n_servers = len(self.urls)
+        self.strategies = [
+            ParallelStrategy(
+                mla_only=args.mla,
+                vllm_world_size=args.tp,
+                vllm_worker_id=rank,
+                tp_size=args.tp,
+                pp_size=1,
+                n_servers=n_servers,
+            )
+            for rank in range(args.tp)
+        ]
+        # vLLM's scheduler connector: every server, worker id of rank 0's strategy
+        # (the scheduler only reads world size / readers from it).
+        self.scheduler = LMCacheMPSchedulerAdapter(
+            server_urls=self.urls,
+            context=self.zmq_context,
+            model_name=self.model_name,
+            vllm_block_size=args.block_size,
+            parallel_strategy=self.strategies[0],
+            extra_config=self.extra_config,
+        )
+        self.chunk = self.scheduler.lmcache_tokens_per_chunk
+        self.blocks_per_chunk = self.chunk // args.block_size
+        ranks_per_server = args.tp // n_servers
+        self.workers: list[LMCacheMPWorkerAdapter] = []
+        self.kv: list[dict[str, torch.Tensor]] = []
+        self._probed: list[Any] = []
+        self.layout_hints = {} if args.mla else {"kv_layout": "NHD"}
+        for rank in range(args.tp):
+            worker = LMCacheMPWorkerAdapter(
+                server_url=self.urls[rank // ranks_per_server],
+                context=self.zmq_context,
+                model_name=self.model_name,
+                vllm_block_size=args.block_size,
+                parallel_strategy=self.strategies[rank],
+                extra_config=self.extra_config,
+            )
+            self.workers.append(worker)
+            self.kv.append(
+                {
+                    f"model.layers.{layer}.self_attn.attn": torch.zeros(
+                        self.geo.layer_shape(), dtype=DTYPES[args.dtype][0]
+                    )
+                    for layer in range(args.layers)
+                }
+            )
+            self._probed.append(None)
+        # register_kv_caches, as LMCacheMPConnector.register_kv_caches does it.
+        for rank, worker in enumerate(self.workers):
+            infos = create_engine_group_infos_from_vllm(
+                None, self.kv[rank], layout_hints=self.layout_hints
+            )
+            worker.register_kv_caches(
+                self.kv[rank], engine_group_infos=infos, layout_hints=self.layout_hints
+            )
+            self._install_probe(rank)
+        self._block_lock = threading.Lock()
+        self.reset_blocks()
+        self.pool = ThreadPoolExecutor(max_workers=max(1, args.tp), thread_name_prefix="rank")
+        self._rid_counter = 0
+
+    # -- observation of the worker's engine-driven context (no behaviour change) --
+
+    def _install_probe(self, rank: int) -> None:
+        transfer = self.workers[rank].transfer_ctx
+        ctx = getattr(transfer, "_engine_driven_context", None)
+        if ctx is None or ctx is self._probed[rank]:
+            return
+        kind = type(ctx).__name__
+        if kind != "EngineDrivenContextShm":
+            raise ScenarioFailure(
+                f"rank {rank}: worker fell back to {kind} (the shared-memory pool named in "
+                "the registration reply could not be mapped); a compatible server must "
+                "hand out a mappable pool"
+            )
+        counters = self.counters
+        prepare_store, commit_store = ctx.prepare_store, ctx.commit_store
+        prepare_retrieve = ctx.prepare_retrieve
+
+        def probe_prepare_store(key: Any, instance_id: int) -> Any:
+            result = prepare_store(key, instance_id)
+            asked = (key.end // self.chunk) - (key.start // self.chunk)
+            got = 0 if result is None else len(result[1])
+            counters.add("stored_objects", got)
+            counters.add("store_skipped_objects", asked - got)
+            return result
+
+        def probe_commit_store(key: Any, instance_id: int, chunks: Any) -> bool:
+            ok = commit_store(key, instance_id, chunks)
+            if not ok:
+                counters.add("store_commit_failures")
+            return ok
+
+        def probe_prepare_retrieve(key: Any, instance_id: int) -> Any:
+            result = prepare_retrieve(key, instance_id)
+            if result is None:
+                counters.add("retrieve_failures")
+            else:
+                counters.add("retrieved_objects", len(result))
+            return result
+
+        ctx.prepare_store = probe_prepare_store
+        ctx.commit_store = probe_commit_store
+        ctx.prepare_retrieve = probe_prepare_retrieve
+        self._probed[rank] = ctx
+
+    # -- requests and blocks --
+
+    def new_rid(self, tag: str) -> str:
+        self._rid_counter += 1
+        return f"{tag}-{self.args.seed}-{self._rid_counter}"
+
+    def reset_blocks(self) -> None:
+        """Every block free again (no request outlives its scenario, even a failed one)."""
+        with self._block_lock:
+            self.free_blocks = list(range(self.geo.num_blocks))
+            random.Random(self.args.seed).shuffle(self.free_blocks)
+
+    def alloc(self, req: Request) -> None:
+        n = math.ceil(len(req.tokens) / self.geo.block_size)
+        with self._block_lock:
+            if n > len(self.free_blocks):
+                raise ScenarioFailure(
+                    f"driver out of paged blocks ({n} wanted, {len(self.free_blocks)} free); "
+                    "raise --num-blocks"
+                )
+            req.blocks = [self.free_blocks.pop() for _ in range(n)]
+
+    def release(self, req: Request) -> None:
+        with self._block_lock:
+            self.free_blocks.extend(req.blocks)
+        req.blocks = []
+
+    def fill_rank(self, rank: int) -> int:
+        """The rank whose bytes a TP rank holds (MLA replicates rank 0's)."""
+        return 0 if self.geo.mla else rank
+
+    def _layer_view(self, rank: int, layer: int) -> torch.Tensor:
+        tensor = self.kv[rank][f"model.layers.{layer}.self_attn.attn"]
+        return tensor.view(DTYPES[self.geo.dtype][1])
+
+    def _index(self, blocks: list[int]) -> tuple[Any, ...]:
+        idx = torch.tensor(blocks, dtype=torch.long)
+        return (idx,) if self.geo.mla else (slice(None), idx)
+
+    def write_blocks(self, req: Request, first_chunk: int, last_chunk: int) -> None:
+        """'Compute' chunks [first_chunk, last_chunk) of a request into its blocks."""
+        ids = prefix_hashes(req.tokens, self.chunk)
+        for rank in range(self.geo.tp):
+            for c in range(first_chunk, last_chunk):
+                blocks = req.blocks[c * self.blocks_per_chunk : (c + 1) * self.blocks_per_chunk]
+                for layer in range(self.geo.layers):
+                    data = expected_chunk(
+                        self.geo, ids[c], req.fill_salt, layer, self.fill_rank(rank), len(blocks)
+                    )
+                    self._layer_view(rank, layer)[self._index(blocks)] = data
+
+    def set_blocks(self, req: Request, first_block: int, last_block: int, value: int) -> None:
+        blocks = req.blocks[first_block:last_block]
+        if not blocks:
+            return
+        for rank in range(self.geo.tp):
+            for layer in range(self.geo.layers):
+                self._layer_view(rank, layer)[self._index(blocks)] = value
+
+    def check_blocks_equal(
+        self, req: Request, first_block: int, last_block: int, value: int, what: str
+    ) -> None:
+        blocks = req.blocks[first_block:last_block]
+        if not blocks:
+            return
+        for rank in range(self.geo.tp):
+            for layer in range(self.geo.layers):
+                got = self._layer_view(rank, layer)[self._index(blocks)]
+                if not bool((got == value).all()):
+                    raise ScenarioFailure(
+                        f"{req.rid}: {what} (blocks {first_block}..{last_block - 1}, rank {rank}, "
+                        f"layer {layer}) changed; it must keep the value {value:#x}"
+                    )
+
+    def verify_chunks(
+        self, req: Request, first_chunk: int, last_chunk: int, skip_tokens: int = 0
+    ) -> None:
+        """Compare the request's blocks for chunks [first, last) with the expected bytes.
+
+        The first ``skip_tokens`` tokens of the range are excluded (they belong to
+        vLLM's own prefix cache and are checked separately).
+        """
+        ids = prefix_hashes(req.tokens, self.chunk)
+        skip_blocks = skip_tokens // self.geo.block_size
+        for rank in range(self.geo.tp):
+            for c in range(first_chunk, last_chunk):
+                lo = c * self.blocks_per_chunk
+                blocks = req.blocks[lo : lo + self.blocks_per_chunk]
+                offset = max(0, first_chunk * self.blocks_per_chunk + skip_blocks - lo)
+                if offset >= len(blocks):
+                    continue
+                for layer in range(self.geo.layers):
+                    want = expected_chunk(
+                        self.geo, ids[c], req.fill_salt, layer, self.fill_rank(rank), len(blocks)
+                    )
+                    got = self._layer_view(rank, layer)[self._index(blocks)]
+                    if offset:
+                        want = want[:, offset:] if not self.geo.mla else want[offset:]
+                        got = got[:, offset:] if not self.geo.mla else got[offset:]
+                    if not torch.equal(got, want):
+                        bad = (got != want).sum().item()
+                        raise ScenarioFailure(
+                            f"{req.rid}: retrieved bytes differ from the stored ones in chunk {c} "
+                            f"(rank {rank}, layer {layer}, {bad} of {want.numel()} elements)"
+                        )
+                self.counters.add("verified_chunks")
+
+    # -- scheduler side --
+
+    def lookup_many(self, reqs: list[Request], deadline: Deadline) -> list[int]:
+        """maybe_submit_lookup_request for all, then poll check_lookup_result for all."""
+        for req in reqs:
+            self.scheduler.maybe_submit_lookup_request(req.rid, req.tokens, cache_salt=req.salt)
+            self.counters.add("lookups")
+            self.counters.add("lookup_rpcs", len(self.urls))
+        hits: dict[str, int] = {}
+        while len(hits) < len(reqs):
+            for req in reqs:
+                if req.rid in hits:
+                    continue
+                r = self.scheduler.check_lookup_result(req.rid)
+                if r is not None:
+                    hits[req.rid] = r
+            if len(hits) < len(reqs):
+                deadline.check(f"waiting for lookup results ({len(hits)}/{len(reqs)})")
+                time.sleep(POLL_S)
+        out = []
+        for req in reqs:
+            req.lmcache_hit_tokens = hits[req.rid]
+            if req.lmcache_hit_tokens % self.chunk:
+                raise ScenarioFailure(
+                    f"{req.rid}: lookup answered {req.lmcache_hit_tokens} tokens, not a chunk multiple"
+                )
+            self.counters.add("hit_chunks", req.lmcache_hit_tokens // self.chunk)
+            out.append(req.lmcache_hit_tokens // self.chunk)
+        if not self.scheduler.is_healthy:
+            raise ScenarioFailure("scheduler adapter marked a server unhealthy during lookup")
+        return out
+
+    def after_alloc(self, req: Request) -> bool:
+        """update_state_after_alloc: drop lookup state, free locks vLLM won't consume.
+
+        Returns whether a retrieve follows.
+        """
+        self.scheduler.cleanup_lookup_result(req.rid)
+        needs_retrieve = req.lmcache_hit_tokens > req.vllm_hit_tokens
+        if req.lmcache_hit_tokens > 0:
+            free_end = req.vllm_hit_tokens if needs_retrieve else req.lmcache_hit_tokens
+            if free_end > 0:
+                self.scheduler.free_lookup_locks(
+                    token_ids=req.tokens,
+                    start=0,
+                    end=free_end,
+                    request_id=req.rid,
+                    cache_salt=req.salt,
+                )
+                self.counters.add("free_lookup_locks")
+        return needs_retrieve
+
+    def end_session(self, req: Request) -> None:
+        self.scheduler.end_session(req.rid)
+        self.counters.add("end_sessions")
+
+    # -- worker side (each rank in its own thread, as vLLM runs one process per rank) --
+
+    def _on_ranks(self, fn: Callable[[int], Any], deadline: Deadline, doing: str) -> list[Any]:
+        futures = [self.pool.submit(fn, rank) for rank in range(self.geo.tp)]
+        results = []
+        for rank, fut in enumerate(futures):
+            try:
+                results.append(fut.result(timeout=max(0.1, deadline.left())))
+            except TimeoutError:
+                raise ScenarioFailure(f"rank {rank}: {doing} did not finish before the deadline")
+        return results
+
+    def retrieve_many(self, reqs: list[Request], deadline: Deadline) -> None:
+        """start_load_kv for a step: one batched retrieve per rank, then get_finished."""
+        ops, ids, salts = [], [], []
+        for req in reqs:
+            start = req.vllm_hit_tokens // self.chunk * self.chunk
+            end = req.lmcache_hit_tokens
+            if end <= start:
+                continue
+            bs = self.geo.block_size
+            ops.append(
+                LoadStoreOp(
+                    token_ids=req.tokens,
+                    block_ids=[req.blocks[start // bs : end // bs]],
+                    start=start,
+                    end=end,
+                    skip_first_n_tokens=req.vllm_hit_tokens - start,
+                )
+            )
+            ids.append(req.rid)
+            salts.append(req.salt)
+            self.counters.add("retrieved_chunks", (end - start) // self.chunk)
+        if not ops:
+            return
+
+        def run(rank: int) -> set[str]:
+            worker = self.workers[rank]
+            event = worker.create_recorded_event()
+            worker.batched_submit_retrieve_requests(ids, ops, event, cache_salts=salts)
+            self.counters.add("retrieve_requests", len(ids))
+            done: set[str] = set()
+            while not done.issuperset(ids):
+                _, finished = worker.get_finished(set())
+                done |= finished or set()
+                if not done.issuperset(ids):
+                    deadline.check(f"rank {rank} waiting for retrieves to finish")
+                    time.sleep(POLL_S)
+            return set(worker.get_failed_request_ids())
+
+        failed = set().union(*self._on_ranks(run, deadline, "retrieve"))
+        if failed:
+            raise ScenarioFailure(f"retrieve reported failed for {sorted(failed)}")
+
+    def store_many(self, reqs: list[Request], deadline: Deadline) -> None:
+        """wait_for_save for a step: one batched store per rank, then get_finished."""
+        ops, ids, salts = [], [], []
+        for req in reqs:
+            start = req.lmcache_hit_tokens  # num_stored_tokens starts at the LMCache hit
+            end = len(req.tokens) // self.chunk * self.chunk
+            if end <= start:
+                continue
+            bs = self.geo.block_size
+            ops.append(
+                LoadStoreOp(
+                    token_ids=req.tokens,
+                    block_ids=[req.blocks[start // bs : end // bs]],
+                    start=start,
+                    end=end,
+                )
+            )
+            ids.append(req.rid)
+            salts.append(req.salt)
+            self.counters.add("stored_chunks", (end - start) // self.chunk)
+        if not ops:
+            return
+        before = self.counters.snapshot()["store_commit_failures"]
+
+        def run(rank: int) -> None:
+            worker = self.workers[rank]
+            event = worker.create_recorded_event()
+            worker.batched_submit_store_requests(ids, ops, event, cache_salts=salts)
+            if worker.is_kv_writer:
+                self.counters.add("store_requests", len(ids))
+            # The requests finish in the engine; the worker reports the stores once done.
+            done: set[str] = set()
+            while not done.issuperset(ids):
+                finished, _ = worker.get_finished(set(ids))
+                done |= finished or set()
+                if not done.issuperset(ids):
+                    deadline.check(f"rank {rank} waiting for stores to finish")
+                    time.sleep(POLL_S)
+
+        self._on_ranks(run, deadline, "store")
+        if self.counters.snapshot()["store_commit_failures"] != before:
+            raise ScenarioFailure(f"commit_store answered False for one of {ids}")
+
+    def check_health(self) -> None:
+        for rank, worker in enumerate(self.workers):
+            if not worker.is_healthy:
+                raise ScenarioFailure(f"rank {rank}: worker adapter marked its server unhealthy")
+            self._install_probe(rank)  # a re-registration builds a new context
+        if not self.scheduler.is_healthy:
+            raise ScenarioFailure("scheduler adapter marked a server unhealthy")
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            try:
+                worker.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                traceback.print_exc(file=sys.stderr)
+        try:
+            self.scheduler.shutdown()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(file=sys.stderr)
+        self.pool.shutdown(wait=False)
+
+
+# ---------------------------------------------------------------------------
+# Scenarios
+# ---------------------------------------------------------------------------
+
+
+class Scenarios:
+    def __init__(self, engine: Engine, args: argparse.Namespace) -> None:
+        self.e = engine
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.chunk = engine.chunk
+
+    # helpers
+
+    def tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(1, 150_000) for _ in range(n)]
+
+    def prompt(self, full_chunks: int, tail: int = 17) -> list[int]:
+        return self.tokens(full_chunks * self.chunk + tail)
+
+    def req(self, tag: str, tokens: list[int], salt: str = "") -> Request:
+        r = Request(rid=self.e.new_rid(tag), tokens=tokens, salt=salt)
+        self.e.alloc(r)
+        self.e.set_blocks(r, 0, len(r.blocks), 0)
+        return r
+
+    def expect(self, what: str, got: Any, want: Any) -> None:
+        if got != want:
+            raise ScenarioFailure(f"{what}: expected {want}, got {got}")
+
+    def cold_store(self, tag: str, tokens: list[int], dl: Deadline, salt: str = "",
+                   content_salt: str | None = None) -> int:
+        """A request nobody cached yet: lookup (miss), compute, store, finish."""
+        r = self.req(tag, tokens, salt)
+        r.content_salt = content_salt
+        [hits] = self.e.lookup_many([r], dl)
+        self.e.after_alloc(r)
+        self.e.write_blocks(r, hits, len(tokens) // self.chunk)
+        self.e.store_many([r], dl)
+        self.e.end_session(r)
+        self.e.release(r)
+        return hits
+
+    def warm(self, tag: str, tokens: list[int], dl: Deadline, want_hits: int | None,
+             salt: str = "", content_salt: str | None = None, vllm_hit_tokens: int = 0,
+             store: bool = True) -> int:
+        """A request that should hit: lookup, retrieve into zeroed blocks, verify, store rest."""
+        r = self.req(tag, tokens, salt)
+        r.content_salt = content_salt
+        r.vllm_hit_tokens = vllm_hit_tokens
+        [hits] = self.e.lookup_many([r], dl)
+        if want_hits is not None:
+            self.expect(f"{r.rid} lookup hit chunks", hits, want_hits)
+        retrieve = self.e.after_alloc(r)
+        if retrieve:
+            self.e.retrieve_many([r], dl)
+            self.e.verify_chunks(r, 0, hits)
+        full = len(tokens) // self.chunk
+        # Blocks after the hit prefix are untouched by the retrieve (still zero).
+        self.e.check_blocks_equal(
+            r, hits * self.e.blocks_per_chunk, len(r.blocks), 0, "blocks past the hit prefix"
+        )
+        if store:
+            self.e.write_blocks(r, hits, full)
+            self.e.store_many([r], dl)
+        self.e.end_session(r)
+        self.e.release(r)
+        return hits
+
+    # scenarios
+
+    def cold_miss_then_store(self, dl: Deadline) -> None:
+        tokens = self.prompt(4)
+        before = self.e.counters.snapshot()["stored_objects"]
+        hits = self.cold_store("cold", tokens, dl)
+        self.expect("cold lookup hit chunks", hits, 0)
+        writers = sum(1 for w in self.e.workers if w.is_kv_writer)
+        self.expect("chunk objects the server reserved for the store",
+                    self.e.counters.snapshot()["stored_objects"] - before, 4 * writers)
+        # The stored prefix is visible to a later lookup; nothing is retrieved, so the
+        # scheduler frees every lock it took (vLLM's "no retrieve needed" path).
+        r = self.req("cold-check", tokens)
+        [hits] = self.e.lookup_many([r], dl)
+        self.expect("lookup after store: hit chunks", hits, 4)
+        r.vllm_hit_tokens = r.lmcache_hit_tokens  # as if vLLM's own cache held it all
+        self.e.after_alloc(r)
+        self.e.end_session(r)
+        self.e.release(r)
+
+    def full_hit(self, dl: Deadline) -> None:
+        tokens = self.prompt(4)
+        self.expect("cold lookup hit chunks", self.cold_store("full-a", tokens, dl), 0)
+        before = self.e.counters.snapshot()["stored_objects"]
+        self.warm("full-b", tokens, dl, want_hits=4)
+        self.expect("objects stored by a full hit", self.e.counters.snapshot()["stored_objects"],
+                    before)
+
+    def partial_hit(self, dl: Deadline) -> None:
+        p = self.prompt(4)
+        self.cold_store("part-p", p, dl)
+        # Q shares P's first 600 tokens (2 full chunks + 88 tokens), then differs.
+        q = p[:600] + self.tokens(4 * self.chunk + 40 - 600)
+        self.warm("part-q", q, dl, want_hits=2)  # retrieves 2 chunks, stores chunks 2..3
+        self.warm("part-q2", q, dl, want_hits=4, store=False)
+        self.warm("part-p2", p, dl, want_hits=4, store=False)  # P's own chunks 2..3 intact
+
+    def prefix_cache_skip(self, dl: Deadline) -> None:
+        e = self.e
+        bs = e.geo.block_size
+        p = self.prompt(4)
+        self.cold_store("apc-p", p, dl)
+        for vllm_hit in (self.chunk + 2 * bs, 7 * bs):
+            # vLLM's prefix cache already holds the first vllm_hit tokens: those blocks carry
+            # a sentinel and a retrieve must leave them alone.
+            r = self.req("apc", p)
+            r.vllm_hit_tokens = vllm_hit
+            vllm_blocks = vllm_hit // bs
+            e.set_blocks(r, 0, vllm_blocks, SENTINEL)
+            [hits] = e.lookup_many([r], dl)
+            self.expect(f"{r.rid} lookup hit chunks", hits, 4)
+            # free_lookup_locks(0, vllm_hit): the server frees the whole chunks below
+            # vllm_hit (floor), the retrieve then starts at the chunk containing vllm_hit.
+            self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), True)
+            e.retrieve_many([r], dl)
+            e.check_blocks_equal(r, 0, vllm_blocks, SENTINEL, "vLLM prefix-cache blocks")
+            e.verify_chunks(r, vllm_hit // self.chunk, hits,
+                            skip_tokens=vllm_hit - vllm_hit // self.chunk * self.chunk)
+            e.end_session(r)
+            e.release(r)
+        # vLLM holds everything LMCache has: no retrieve, every lock freed.
+        r = self.req("apc-all", p)
+        r.vllm_hit_tokens = 4 * self.chunk
+        [hits] = e.lookup_many([r], dl)
+        self.expect(f"{r.rid} lookup hit chunks", hits, 4)
+        self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), False)
+        e.end_session(r)
+        e.release(r)
+        # The same prompt can still be looked up and retrieved in full afterwards.
+        self.warm("apc-after", p, dl, want_hits=4, store=False)
+
+    def two_salts(self, dl: Deadline) -> None:
+        p = self.prompt(3)
+        self.expect("salt A cold hit chunks", self.cold_store("salt-a", p, dl, salt="tenant-a"), 0)
+        # Same tokens under another salt: a miss; store B's own bytes.
+        self.expect("salt B cold hit chunks", self.cold_store("salt-b", p, dl, salt="tenant-b"), 0)
+        # No salt at all: a miss too (nothing stored unsalted); free the nothing it locked.
+        r = self.req("salt-none", p)
+        [hits] = self.e.lookup_many([r], dl)
+        self.expect("unsalted lookup of salted data: hit chunks", hits, 0)
+        self.e.after_alloc(r)
+        self.e.end_session(r)
+        self.e.release(r)
+        self.warm("salt-a2", p, dl, want_hits=3, salt="tenant-a", store=False)
+        self.warm("salt-b2", p, dl, want_hits=3, salt="tenant-b", store=False)
+
+    def concurrent(self, dl: Deadline) -> None:
+        e = self.e
+        n = self.args.concurrency
+        prompts = [self.prompt(1 + i % 4, tail=5 + i) for i in range(n)]
+        # Wave 1: every lookup in flight before any result is read; one store step for all.
+        wave1 = [self.req("conc-1", t) for t in prompts]
+        hits = e.lookup_many(wave1, dl)
+        self.expect("wave 1 hit chunks", hits, [0] * n)
+        for r in wave1:
+            e.after_alloc(r)
+            e.write_blocks(r, 0, len(r.tokens) // self.chunk)
+        e.store_many(wave1, dl)
+        for r in wave1:
+            e.end_session(r)
+            e.release(r)
+        # Wave 2: the same prompts again plus prompts extending them by one chunk,
+        # all in flight together; one retrieve step, verify, one store step.
+        extended = [t[: len(t) // self.chunk * self.chunk] + self.tokens(self.chunk + 9)
+                    for t in prompts[: max(1, n // 2)]]
+        wave2 = [self.req("conc-2", t) for t in prompts + extended]
+        hits = e.lookup_many(wave2, dl)
+        want = [len(t) // self.chunk for t in prompts] + [
+            len(t) // self.chunk - 1 for t in extended
+        ]
+        self.expect("wave 2 hit chunks", hits, want)
+        for r in wave2:
+            self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), True)
+        e.retrieve_many(wave2, dl)
+        for r, h in zip(wave2, hits):
+            e.verify_chunks(r, 0, h)
+            e.write_blocks(r, h, len(r.tokens) // self.chunk)
+        e.store_many(wave2, dl)
+        for r in wave2:
+            e.end_session(r)
+            e.release(r)
+        # The extensions' new chunks landed.
+        for t in extended:
+            self.warm("conc-3", t, dl, want_hits=len(t) // self.chunk, store=False)
+
+    def eviction(self, dl: Deadline) -> None:
+        e = self.e
+        chunks_per_req = max(1, min(16, (e.geo.num_blocks // 2) // e.blocks_per_chunk))
+        writers = sum(1 for w in e.workers if w.is_kv_writer)
+        per_chunk_all_ranks = e.geo.object_bytes(self.chunk) * writers
+        # Every server has an L1 of --l1-size-gb; the ranks spread over them evenly.
+        budget = self.args.l1_size_gb * (1 << 30) * len(e.urls) * self.args.eviction_overfill
+        n_req = max(2, math.ceil(budget / (per_chunk_all_ranks * chunks_per_req)))
+        if n_req > self.args.eviction_max_requests:
+            raise ScenarioFailure(
+                f"eviction needs {n_req} requests of {chunks_per_req} chunks to overfill "
+                f"{self.args.l1_size_gb} GiB; raise --eviction-max-requests or shrink --l1-size-gb"
+            )
+        prompts = [self.prompt(chunks_per_req) for _ in range(n_req)]
+        before = e.counters.snapshot()
+        for i, t in enumerate(prompts):
+            self.cold_store("evict-fill", t, dl)
+        mid = e.counters.snapshot()
+        skipped = mid["store_skipped_objects"] - before["store_skipped_objects"]
+        # Read everything back (each hit prefix is retrieved and checked, which also
+        # releases its locks).
+        total_hits = 0
+        hit_list = []
+        for t in prompts:
+            h = self.warm("evict-read", t, dl, want_hits=None, store=False)
+            hit_list.append(h)
+            total_hits += h
+        asked = n_req * chunks_per_req
+        if total_hits >= asked:
+            raise ScenarioFailure(
+                f"stored {asked} chunks ({asked * per_chunk_all_ranks / (1 << 20):.0f} MiB over "
+                f"{writers} rank(s)) into a {self.args.l1_size_gb} GiB L1 and every one still "
+                "hits: nothing was evicted or refused (is the server's L1 bigger than "
+                "--l1-size-gb?)"
+            )
+        self.evict_summary = {
+            "requests": n_req,
+            "chunks_per_request": chunks_per_req,
+            "hit_chunks_after_fill": total_hits,
+            "objects_refused_during_fill": skipped,
+            "fully_hit_requests": sum(1 for h in hit_list if h == chunks_per_req),
+            "first_hits": hit_list[:4],
+            "last_hits": hit_list[-4:],
+        }
+        # The cache keeps accepting: a fresh prompt becomes fully readable once space is
+        # reclaimed (LMCache's evictor runs on a 1 s tick; poll within the deadline).
+        t = self.prompt(chunks_per_req)
+        attempts = 0
+        while True:
+            attempts += 1
+            self.cold_store("evict-new", t, dl)
+            r = self.req("evict-new-check", t)
+            [hits] = e.lookup_many([r], dl)
+            if hits == chunks_per_req:
+                r.vllm_hit_tokens = 0
+                e.after_alloc(r)
+                e.retrieve_many([r], dl)
+                e.verify_chunks(r, 0, hits)
+                e.end_session(r)
+                e.release(r)
+                break
+            r.vllm_hit_tokens = r.lmcache_hit_tokens
+            e.after_alloc(r)
+            e.end_session(r)
+            e.release(r)
+            if dl.left() < 5:
+                raise ScenarioFailure(
+                    f"after the overfill a fresh {chunks_per_req}-chunk prompt never became "
+                    f"fully readable ({attempts} tries; last hit {hits})"
+                )
+            time.sleep(0.5)
+            t = self.prompt(chunks_per_req)
+        self.evict_summary["recovery_tries"] = attempts
+
+
+    def lock_release(self, dl: Deadline) -> None:
+        """Read locks are taken by lookup and given back by retrieve / free_lookup_locks.
+
+        A non-forced CLEAR (the scheduler adapter's reset_cache) drops every object
+        nobody holds a read lock on and keeps the locked ones, so it shows which
+        chunks are still locked.  Destructive: it clears the server's whole cache.
+        """
+        e = self.e
+        p, q = self.prompt(4), self.prompt(2)
+        self.cold_store("lock-p", p, dl)
+        self.cold_store("lock-q", q, dl)
+        held = self.req("lock-held", p)  # looks up P and keeps its locks for now
+        [hits] = e.lookup_many([held], dl)
+        self.expect("held lookup hit chunks", hits, 4)
+        freed = self.req("lock-freed", q)  # looks up Q and frees every lock at once
+        [hits] = e.lookup_many([freed], dl)
+        self.expect("freed lookup hit chunks", hits, 2)
+        freed.vllm_hit_tokens = freed.lmcache_hit_tokens
+        e.after_alloc(freed)
+        e.end_session(freed)
+        e.release(freed)
+        if not e.scheduler.reset_cache():
+            raise ScenarioFailure("CLEAR (force=False) was not answered")
+
+        def probe(tag: str, tokens: list[int]) -> int:
+            r = self.req(tag, tokens)
+            [h] = e.lookup_many([r], dl)
+            r.vllm_hit_tokens = r.lmcache_hit_tokens  # free whatever it locked
+            e.after_alloc(r)
+            e.end_session(r)
+            e.release(r)
+            return h
+
+        self.expect("after CLEAR, chunks whose locks were all freed: hit chunks",
+                    probe("lock-q-after", q), 0)
+        self.expect("after CLEAR, chunks a pending lookup still locks: hit chunks",
+                    probe("lock-p-after", p), 4)
+        # The held request now retrieves (each rank's commit_retrieve gives back its lock).
+        e.after_alloc(held)
+        e.retrieve_many([held], dl)
+        e.verify_chunks(held, 0, 4)
+        e.end_session(held)
+        e.release(held)
+        if not e.scheduler.reset_cache():
+            raise ScenarioFailure("CLEAR (force=False) was not answered")
+        self.expect("after retrieving and a second CLEAR, P's hit chunks (locks all given back)",
+                    probe("lock-p-final", p), 0)
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", nargs="+", required=True, action="extend",
+                    help="server URL(s), e.g. tcp://127.0.0.1:5555; several = one per server")
+    ap.add_argument("--scenario", default="all",
+                    help="one of %s, 'all' (those, in that order), or a comma-separated list; "
+                    "also lock_release (not in 'all': it clears the server's cache)"
+                    % ", ".join(SCENARIOS))
+    ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
+    ap.add_argument("--mla", action="store_true", help="MLA model: one replicated KV plane")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kv-heads", type=int, default=2, help="KV heads in total (split over TP)")
+    ap.add_argument("--head-size", type=int, default=None,
+                    help="head size; default 64, or 576 (DeepSeek's latent width) with --mla")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--dtype", default="float16", choices=sorted(DTYPES))
+    ap.add_argument("--num-blocks", type=int, default=1024, help="paged blocks per rank")
+    ap.add_argument("--model-name", default="", help="default derives from the geometry")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="token/content seed (default: fresh per run, so runs never collide)")
+    ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--l1-size-gb", type=float, default=0.25,
+                    help="the server's L1 size; the eviction scenario overfills it")
+    ap.add_argument("--eviction-overfill", type=float, default=1.5)
+    ap.add_argument("--eviction-max-requests", type=int, default=400)
+    ap.add_argument("--mq-timeout", type=float, default=20.0,
+                    help="lmcache.mp.mq_timeout for the adapters (vLLM's default is 300)")
+    ap.add_argument("--heartbeat-interval", type=float, default=10.0)
+    ap.add_argument("--scenario-timeout", type=float, default=180.0)
+    ap.add_argument("--timeout", type=float, default=900.0, help="whole run")
+    args = ap.parse_args(argv)
+    if args.head_size is None:
+        args.head_size = 576 if args.mla else 64
+    if args.seed is None:
+        args.seed = (time.time_ns() ^ (os.getpid() << 20)) % 1_000_000_007
+    args.scenarios = []
+    for name in (s.strip() for s in args.scenario.split(",")):
+        if name == "all":
+            args.scenarios.extend(SCENARIOS)
+        elif name:
+            args.scenarios.append(name)
+    unknown = [s for s in args.scenarios if s not in SCENARIOS + EXTRA_SCENARIOS]
+    if unknown or not args.scenarios:
+        ap.error(f"unknown scenario(s) {unknown}; choose from "
+                 f"{list(SCENARIOS + EXTRA_SCENARIOS)} or all")
+    if args.tp % len(args.url):
+        ap.error("--tp must be a multiple of the number of --url servers (as vLLM requires)")
+    if not args.mla and args.kv_heads % args.tp:
+        ap.error("--kv-heads must be divisible by --tp")
+    return args
+
+
+def emit(result: dict[str, Any]) -> None:
+    sys.stderr.flush()
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    base: dict[str, Any] = {
+        "ok": False,
+        "urls": args.url,
+        "tp": args.tp,
+        "mla": args.mla,
+        "seed": args.seed,
+        "geometry": {
+            "layers": args.layers, "kv_heads": args.kv_heads, "head_size": args.head_size,
+            "block_size": args.block_size, "dtype": args.dtype, "num_blocks": args.num_blocks,
+        },
+        "scenarios": {},
+    }
+    emitted = threading.Event()
+    emit_lock = threading.Lock()
+
+    def emit_once(result: dict[str, Any]) -> bool:
+        with emit_lock:
+            if emitted.is_set():
+                return False
+            emitted.set()
+            emit(result)
+            return True
+
+    def watchdog() -> None:
+        if not emitted.wait(args.timeout):
+            base["reason"] = f"driver overran --timeout {args.timeout}s"
+            if emit_once(base):
+                os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True, name="watchdog").start()
+
+    counters = Counters()
+    try:
+        engine = Engine(args, counters)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON
+        traceback.print_exc(file=sys.stderr)
+        base["reason"] = f"setup failed: {type(exc).__name__}: {exc}"
+        emit_once(base)
+        return 2
+    base["model_name"] = engine.model_name
+    base["chunk_size"] = engine.chunk
+    scenarios = Scenarios(engine, args)
+    all_ok = True
+    try:
+        for name in args.scenarios:
+            dl = Deadline(args.scenario_timeout, name)
+            before = counters.snapshot()
+            t0 = time.monotonic()
+            entry: dict[str, Any] = {"pass": False, "reason": None}
+            try:
+                engine.reset_blocks()
+                engine.check_health()
+                getattr(scenarios, name)(dl)
+                engine.check_health()
+                entry["pass"] = True
+            except ScenarioFailure as exc:
+                entry["reason"] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - one scenario's crash is its failure
+                traceback.print_exc(file=sys.stderr)
+                entry["reason"] = f"{type(exc).__name__}: {exc}"
+            entry["seconds"] = round(time.monotonic() - t0, 3)
+            entry["counts"] = diff(counters.snapshot(), before)
+            if name == "eviction" and hasattr(scenarios, "evict_summary"):
+                entry["eviction"] = scenarios.evict_summary
+            base["scenarios"][name] = entry
+            all_ok &= entry["pass"]
+            print(f"[driver] {name}: {'PASS' if entry['pass'] else 'FAIL'}"
+                  f"{'' if entry['pass'] else ' - ' + str(entry['reason'])}", file=sys.stderr)
+    finally:
+        engine.shutdown()
+    base["ok"] = all_ok
+    base["totals"] = counters.snapshot()
+    base["seconds"] = round(time.monotonic() - started, 3)
+    if not all_ok:
+        failed = [n for n, v in base["scenarios"].items() if not v["pass"]]
+        base["reason"] = f"failed: {', '.join(failed)}"
+    emit_once(base)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
