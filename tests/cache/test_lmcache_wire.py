@@ -93,8 +93,9 @@ def test_every_served_operation_answers_with_lmcaches_reply_shape(lmcache):
     assert 256 == client.call("get_chunk_size")
     assert [] == client.call("get_experimental")
     assert "OK" == client.call("noop")
-    assert (True, True) == (client.call("ping", None), client.call("ping", 7))
+    assert True is client.call("ping", None)  # the scheduler's probe
     reply = client.call("register", registration(7, hidden=128))
+    assert True is client.call("ping", 7)
     assert (reply["pool_size"], reply["shm_name"]) == (64 * OBJECT_BYTES, harness_pool_name(reply))
     tokens = list(range(700))
     assert NO_RESULT is client.call("lookup", key(tokens, "r1", end=512), 1)
@@ -115,6 +116,15 @@ def test_every_served_operation_answers_with_lmcaches_reply_shape(lmcache):
     assert NO_RESULT is client.call("end_session", "r2")
     assert NO_RESULT is client.call("clear", False)
     assert NO_RESULT is client.call("unregister", 7)
+
+
+def test_a_worker_this_process_does_not_know_is_told_once_so_that_it_registers_again(lmcache):
+    """After a cache process restarts, a worker's heartbeat gets one False (its adapter turns unhealthy,
+    then re-registers on the next, True, ping); a registered worker's pings are always True."""
+    _, client = lmcache()
+    assert [False, True, True] == [client.call("ping", 41) for _ in range(3)]
+    client.call("register", registration(42))
+    assert [True, True] == [client.call("ping", 42) for _ in range(2)]
 
 
 def harness_pool_name(reply: dict) -> str:

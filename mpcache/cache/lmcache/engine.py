@@ -84,6 +84,7 @@ class EngineDriven:
         self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
+        self._told_unknown: set[int] = set()
 
     # -- registration ----------------------------------------------------------------------
 
@@ -101,6 +102,18 @@ class EngineDriven:
         self._registrations[registration.instance_id] = registration
         pool = ctx.config.l1_pool_name(ctx.worker)
         return {"shm_name": pool.lstrip("/"), "pool_size": ctx.config.l1_slots * ctx.chunk_bytes}
+
+    def ping(self, instance_id: int | None) -> bool:
+        """True, except once for a worker this process does not know (it was restarted since the worker
+        registered): the worker then sees its server recover and registers again."""
+        if instance_id is None or instance_id in self._registrations or instance_id in self._told_unknown:
+            return True
+        if len(self._told_unknown) >= MAX_INSTANCES:
+            self._told_unknown.clear()
+        self._told_unknown.add(instance_id)
+        self._ctx.log.info("lmcache.unknown_instance", instance_id=instance_id,
+                           action="answered one ping False so that the worker registers again")
+        return False
 
     def unregister(self, instance_id: int) -> None:
         """Forget an instance and give back what its uncommitted stores and retrieves hold."""

@@ -83,7 +83,7 @@ class LMCacheFrontEnd:
             "get_chunk_size": lambda args: ctx.chunk_tokens,
             "get_experimental": lambda args: [],
             "noop": lambda args: "OK",
-            "ping": lambda args: True,
+            "ping": lambda args: self.engine.ping(None if not args or args[0] is None else wire.instance_id(args[0])),
             "register_kv_cache_engine_driven_context": lambda args: self.engine.register(_one(args)),
             "unregister_kv_cache_engine_driven_context":
                 lambda args: self.engine.unregister(wire.instance_id(_one(args))),
