@@ -74,3 +74,62 @@ def test_package_source_has_no_pickle():
     ]
 
     assert [] == hits
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Module → the mpcache modules it imports at module level (``TYPE_CHECKING`` blocks and imports inside
+    functions do not run at import time, so they cannot close a cycle)."""
+    import ast
+
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # top-level statements only
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_no_import_cycles():
+    """No mpcache module imports, at module level, a module that imports it back (directly or not)."""
+    graph = _module_imports()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert [] == cycles
+
+
+def test_the_service_imports_nothing_from_the_benchmarks():
+    """Benchmarks may import the service, never the other way round."""
+    graph = _module_imports()
+    assert {} == {name: sorted(t for t in targets if t.startswith("mpcache.bench"))
+                  for name, targets in graph.items()
+                  if not name.startswith("mpcache.bench") and any(t.startswith("mpcache.bench") for t in targets)}
+
+
+def test_cache_process_modules_stay_small():
+    """One responsibility per module: no module of the cache process grows past 400 lines."""
+    long = {str(path.relative_to(REPO)): lines for path in sorted((PACKAGE / "cache").rglob("*.py"))
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400}
+    assert {} == long
