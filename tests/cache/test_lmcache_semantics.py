@@ -191,3 +191,32 @@ def test_wait_prefetch_status_answers_without_blocking_the_loop(served):
     started = time.monotonic()
     assert 0 == client.call("wait_prefetch_status", "never-looked-up", 5.0)
     assert time.monotonic() - started < 2.0
+
+
+def test_chunks_evicted_from_l1_come_back_from_l2_with_their_bytes(cache, tmp_path):
+    """With an fs L2 tier and slots the size of the object, a committed store also goes to L2; after L1
+    is cleared a lookup prefetches the chunks back (status None until they landed) and the bytes match."""
+    harness = cache(chunk_size_tokens=CHUNK, chunk_bytes=OBJECT, l1_size_bytes=16 * OBJECT, lmcache_ipc=True,
+                    l2=[{"type": "fs", "path": str(tmp_path / "fs"), "capacity_gb": 1.0}])
+    client = LMClient(harness.config.lmcache_urls(0)[0])
+    try:
+        reply = client.call("register", registration(1, layers=LAYERS, hidden=HIDDEN))
+        fd = os.open(os.path.join("/dev/shm", reply["shm_name"]), os.O_RDWR)
+        pool = mmap.mmap(fd, reply["pool_size"])
+        os.close(fd)
+        tokens = list(range(70000, 70000 + 2 * CHUNK))
+        written = _store(client, pool, tokens, "w", seed=10)
+        storage = harness.server.storage
+        wait_for(lambda: storage.inflight == 0 and not storage.has_completions, what="the L2 stores to finish")
+        assert NO_RESULT is client.call("clear", False)
+        client.call("lookup", key(tokens, "back"), 1)
+        statuses = []
+        wait_for(lambda: statuses.append(client.call("query_prefetch_status", "back")) or statuses[-1] is not NO_RESULT,
+                 what="the L2 prefetch")
+        assert 2 == statuses[-1] and set(statuses[:-1]) <= {NO_RESULT}  # None (no result frame) while loading
+        got = client.call("prepare_retrieve", key(tokens, "back", worker_id=0), 1)
+        assert written == _read(pool, got["context"]["slots"])
+        client.call("commit_retrieve", key(tokens, "back", worker_id=0), 1)
+        pool.close()
+    finally:
+        client.close()
