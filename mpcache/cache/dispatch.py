@@ -40,7 +40,8 @@ class ErrorLog:
         self._count += 1
         extra = {"suppressed": self._suppressed} if self._suppressed else {}
         self._suppressed = 0
-        self._log.warning("client.error", op=op, error_type=error_type, error=message, **extra)
+        self._log.warning("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
+                          error=protocol.bounded(message), **extra)
 
 
 class Dispatcher:

@@ -29,7 +29,7 @@ from mpcache.cache.ops import OPERATIONS
 from mpcache.cache.prefetch import PrefetchController
 from mpcache.cache.sessions import SessionRegistry
 from mpcache.cache.storage import StorageManager, build_adapters
-from mpcache.cache.transport import UnixTransport
+from mpcache.cache.transport import MAX_CONNECTIONS, PARTIAL_FRAME_TIMEOUT_S, UnixTransport
 from mpcache.config import Config
 from mpcache.errors import ConfigError
 from mpcache.shm import layout
@@ -62,6 +62,8 @@ class CacheProcess:
         heartbeat_interval_s: float = 0.5,
         parent_pid: int | None = None,
         publisher_factory: PublisherFactory | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S,
         logger: Any = None,
     ) -> None:
         if not 0 <= worker < config.workers:
@@ -87,7 +89,9 @@ class CacheProcess:
             self.ctx = self._build_context(clock, clock_ns, job_ttl_s, max_jobs, max_sessions, publisher_factory)
             dispatcher = Dispatcher(self.ctx, OPERATIONS)
             self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
-                                            dispatcher.client_error, self.log, lambda: self._stopping)
+                                            dispatcher.client_error, self.log, lambda: self._stopping,
+                                            max_connections=max_connections,
+                                            partial_frame_timeout_s=partial_frame_timeout_s)
             urls = config.lmcache_urls(worker)
             if urls:
                 from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # pyzmq only where it is used
@@ -100,6 +104,11 @@ class CacheProcess:
     @property
     def socket_path(self) -> str:
         return self.config.socket_path(self.worker)
+
+    @property
+    def shed_connections(self) -> int:
+        """Connections closed at accept (over the cap, or out of file descriptors)."""
+        return self._transport.shed if self._transport is not None else 0
 
     @property
     def l1(self) -> L1Manager:
@@ -239,6 +248,7 @@ class CacheProcess:
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
                     ctx.sessions.expire()
+                    self._transport.expire_partial_frames(now)
                     if lmcache is not None:
                         lmcache.tick()
                     ctx.storage.refresh_usage()

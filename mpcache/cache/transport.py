@@ -7,11 +7,13 @@ its replies are unsent (back-pressure).  A failure on one connection closes that
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import socket
 import stat
 import struct
+import time
 from typing import Any, Callable
 
 from mpcache.cache.buffers import Peer
@@ -21,6 +23,8 @@ from mpcache.errors import ConfigError
 RECV_BYTES = 256 * 1024
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 OUTBUF_PAUSE_BYTES = 1 << 20  # stop reading a client's requests while this much of its replies is unsent
+MAX_CONNECTIONS = 1024  # per cache process; more are accepted and closed at once
+PARTIAL_FRAME_TIMEOUT_S = 10.0  # a frame begun and not finished within this is a stalled (or hostile) client
 _PEERCRED = struct.Struct("3i")
 
 Dispatch = Callable[[Peer, bytes], dict]
@@ -28,7 +32,7 @@ ClientError = Callable[[str, str, str], None]
 
 
 class _Connection:
-    __slots__ = ("sock", "inbuf", "outbuf", "closing", "paused", "peer", "events")
+    __slots__ = ("sock", "inbuf", "outbuf", "closing", "paused", "peer", "events", "partial_since")
 
     def __init__(self, sock: socket.socket, peer: Peer) -> None:
         self.sock = sock
@@ -38,6 +42,7 @@ class _Connection:
         self.paused = False  # requests held back until the client reads its replies
         self.peer = peer
         self.events = selectors.EVENT_READ
+        self.partial_since = 0.0  # monotonic time the unfinished frame in inbuf began (0: none)
 
 
 class UnixTransport:
@@ -47,7 +52,8 @@ class UnixTransport:
     """
 
     def __init__(self, path: str, selector: selectors.BaseSelector, dispatch: Dispatch, client_error: ClientError,
-                 log: Any, stopping: Callable[[], bool]) -> None:
+                 log: Any, stopping: Callable[[], bool], *, max_connections: int = MAX_CONNECTIONS,
+                 partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S) -> None:
         self.path = path
         self._selector = selector
         self._dispatch = dispatch
@@ -55,8 +61,12 @@ class UnixTransport:
         self._log = log
         self._stopping = stopping
         self._connections: dict[int, _Connection] = {}
+        self._max_connections = max_connections
+        self._partial_frame_timeout_s = partial_frame_timeout_s
+        self.shed = 0  # connections closed at accept: over the cap, or no file descriptor left
         self._listener = self._listen(path)
         self._socket_ino = os.lstat(path).st_ino
+        self._spare_fd: int | None = os.open(os.devnull, os.O_RDONLY)  # given up to accept-and-close on EMFILE
         selector.register(self._listener, selectors.EVENT_READ, self._on_accept)
 
     @property
@@ -113,11 +123,23 @@ class UnixTransport:
                 except OSError:
                     pass
             self._close(conn)
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
 
     def _on_accept(self, mask: int) -> None:
         try:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._shed_without_descriptor(exc)
+                return
+            raise
+        if len(self._connections) >= self._max_connections:
+            sock.close()
+            self._shed(f"at most {self._max_connections} connections per cache process")
             return
         try:
             pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
@@ -131,6 +153,35 @@ class UnixTransport:
         conn = _Connection(sock, Peer(pid))
         self._connections[sock.fileno()] = conn
         self._selector.register(sock, selectors.EVENT_READ, lambda mask, conn=conn: self._on_ready(conn, mask))
+
+    def _shed_without_descriptor(self, exc: OSError) -> None:
+        """Out of file descriptors: the pending connection would keep the listener readable forever, so use
+        the spare descriptor to accept it and close it at once."""
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
+            try:
+                sock, _ = self._listener.accept()
+                sock.close()
+            except OSError:
+                pass
+            try:
+                self._spare_fd = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                pass
+        self._shed(f"no file descriptor left ({exc.strerror})")
+
+    def _shed(self, why: str) -> None:
+        self.shed += 1
+        self._client_error("accept", "resource", f"new connection closed: {why}")
+
+    def expire_partial_frames(self, now: float) -> None:
+        """Close connections whose unfinished frame has waited longer than the partial-frame timeout."""
+        horizon = now - self._partial_frame_timeout_s
+        for conn in [c for c in self._connections.values() if 0 < c.partial_since <= horizon]:
+            self._client_error("?", "protocol", f"a frame left unfinished for {self._partial_frame_timeout_s:g} s; "
+                               "closing the connection")
+            self._close(conn)
 
     def _on_ready(self, conn: _Connection, mask: int) -> None:
         try:
@@ -176,6 +227,10 @@ class UnixTransport:
             del inbuf[:end]
             conn.outbuf += protocol.encode_frame(self._dispatch(conn.peer, payload))
         conn.paused = len(conn.outbuf) >= OUTBUF_PAUSE_BYTES
+        if not inbuf:
+            conn.partial_since = 0.0
+        elif not conn.partial_since:
+            conn.partial_since = time.monotonic()
         self._flush(conn)
 
     def _flush(self, conn: _Connection) -> None:

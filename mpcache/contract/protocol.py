@@ -72,8 +72,18 @@ def message_id(message: Any) -> int | None:
     return None
 
 
+ERROR_MAX_CHARS = 512  # an error echoes at most this much of what the client sent
+
+
 def error_reply(request_id: int | None, error_type: str, message: str) -> dict:
-    return {"id": request_id, "ok": False, "error": " ".join(str(message).split()), "error_type": error_type}
+    """One line, at most ERROR_MAX_CHARS characters, whatever the bad input was."""
+    return {"id": request_id, "ok": False, "error": bounded(message), "error_type": error_type}
+
+
+def bounded(message: str) -> str:
+    """``message`` on one line, cut to ERROR_MAX_CHARS characters (with a marker when cut)."""
+    line = " ".join(str(message).split())
+    return line if len(line) <= ERROR_MAX_CHARS else line[: ERROR_MAX_CHARS - 12] + " …(cut)"
 
 
 # -- field validators -------------------------------------------------------------
@@ -231,7 +241,8 @@ def parse_request(message: Any, schemas: Mapping[str, tuple[Field, ...]]) -> Req
         else:
             args[field] = default
     if len(message) != given:
-        extra = sorted(str(k)[:32] for k in message if k not in _ENVELOPE and k not in args)
-        raise ProtocolError(f"unexpected field(s) for {op}: {', '.join(extra)}")
+        extra = [str(k)[:32] for k in message if k not in _ENVELOPE and k not in args]
+        shown = ", ".join(sorted(extra[:8])) + (f" and {len(extra) - 8} more" if len(extra) > 8 else "")
+        raise ProtocolError(f"unexpected field(s) for {op}: {shown}")
     return Request(op, request_id, args)
 
