@@ -58,6 +58,7 @@ class CacheProcess:
         clock_ns: Callable[[], int] = time.time_ns,
         job_ttl_s: float = 60.0,
         max_jobs: int = 4096,
+        max_job_hashes: int = 1 << 20,
         max_sessions: int = 65536,
         heartbeat_interval_s: float = 0.5,
         parent_pid: int | None = None,
@@ -86,7 +87,8 @@ class CacheProcess:
         self._transport: UnixTransport | None = None
         self.lmcache: LMCacheFrontEnd | None = None
         try:
-            self.ctx = self._build_context(clock, clock_ns, job_ttl_s, max_jobs, max_sessions, publisher_factory)
+            self.ctx = self._build_context(clock, clock_ns, job_ttl_s, (max_jobs, max_job_hashes), max_sessions,
+                                           publisher_factory)
             dispatcher = Dispatcher(self.ctx, OPERATIONS)
             self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
                                             dispatcher.client_error, self.log, lambda: self._stopping,
@@ -128,7 +130,8 @@ class CacheProcess:
         return segment
 
     def _build_context(self, clock: Callable[[], float], clock_ns: Callable[[], int], job_ttl_s: float,
-                       max_jobs: int, max_sessions: int, publisher_factory: PublisherFactory | None) -> CacheContext:
+                       job_limits: tuple[int, int], max_sessions: int,
+                       publisher_factory: PublisherFactory | None) -> CacheContext:
         config, worker = self.config, self.worker
         ring = self._attach(config.ring_name(worker), layout.HEADER_SIZE)
         publisher: EventPublisher
@@ -148,7 +151,8 @@ class CacheProcess:
         gauges.set(layout.G_L1_USED, 0)
         gauges.set(layout.G_ACTIVE_PREFETCH, 0)
         gauges.heartbeat(os.getpid())
-        sessions = SessionRegistry(l1, publisher, job_ttl_s=job_ttl_s, max_jobs=max_jobs, max_sessions=max_sessions,
+        sessions = SessionRegistry(l1, publisher, job_ttl_s=job_ttl_s, max_jobs=job_limits[0],
+                                   max_job_hashes=job_limits[1], max_sessions=max_sessions,
                                    clock=clock)
         names = [config.l2_name(index) for index in range(len(config.l2))]
         storage = StorageManager(build_adapters(config, worker), names, publisher, gauges, self._wake, worker=worker,

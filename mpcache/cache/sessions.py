@@ -3,8 +3,8 @@
 A request's first operation opens its session (``MP_REQUEST_START``); ``end`` closes it and
 releases whatever its jobs still lock.  A job unretrieved ``job_ttl_s`` after its lookup was
 abandoned: it releases its locks and stays one more TTL as a tombstone, so a late retrieve reads
-what is still in L1.  At most ``max_jobs`` jobs and ``max_sessions`` sessions exist, the oldest
-giving way.  Single-threaded, like the loop that owns it.
+what is still in L1.  At most ``max_jobs`` jobs holding at most ``max_job_hashes`` chunk hashes
+between them, and ``max_sessions`` sessions exist, the oldest giving way.  Single-threaded, like the loop that owns it.
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ class SessionRegistry:
     """Sessions (request id → job ids) and jobs (oldest first) of one cache process."""
 
     def __init__(self, l1: L1Manager, publisher: EventPublisher, *, job_ttl_s: float = 60.0,
-                 max_jobs: int = 4096, max_sessions: int = 65536,
+                 max_jobs: int = 4096, max_job_hashes: int = 1 << 20, max_sessions: int = 65536,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._l1 = l1
         self._publisher = publisher
         self.job_ttl_s = job_ttl_s
         self._max_jobs = max_jobs
+        self._max_job_hashes = max_job_hashes
+        self.job_hashes = 0  # chunk hashes held by all jobs (each costs memory until the job goes)
+        self.trimmed = 0  # jobs dropped to respect the limits
         self._max_sessions = max_sessions
         self.clock = clock
         self._sessions: OrderedDict[str, set[int]] = OrderedDict()
@@ -91,15 +94,17 @@ class SessionRegistry:
         job = Job(self._next_job_id, request_id, model, salt, hashes, found, self.clock(), readers, ranks, per_key)
         self._next_job_id += 1
         self._jobs[job.job_id] = job
+        self.job_hashes += len(hashes)
         jobs_of_request.add(job.job_id)
         if job.locked:
             self.active_jobs += 1
         return job
 
     def trim(self) -> None:
-        """Drop the oldest jobs beyond ``max_jobs`` (after a new job is fully set up)."""
-        while len(self._jobs) > self._max_jobs:
+        """Drop the oldest jobs beyond ``max_jobs`` or ``max_job_hashes`` (after a new job is fully set up)."""
+        while len(self._jobs) > self._max_jobs or (self.job_hashes > self._max_job_hashes and len(self._jobs) > 1):
             self.drop(next(iter(self._jobs.values())))
+            self.trimmed += 1
 
     def job(self, job_id: int) -> Job:
         job = self._jobs.get(job_id)
@@ -182,7 +187,8 @@ class SessionRegistry:
         self._l1.release_read(job.model, job.salt, job.hashes[: job.found])
 
     def drop(self, job: Job) -> None:
-        self._jobs.pop(job.job_id, None)
+        if self._jobs.pop(job.job_id, None) is not None:
+            self.job_hashes -= len(job.hashes)
         self.release(job)
         jobs = self._sessions.get(job.request_id)
         if jobs is not None:
@@ -194,9 +200,9 @@ class SessionRegistry:
         if job_ids is None:
             return False
         for job_id in job_ids:
-            job = self._jobs.pop(job_id, None)
+            job = self._jobs.get(job_id)
             if job is not None:
-                self.release(job)
+                self.drop(job)
         self._publisher.emit(_MP_REQUEST_END, session_id=request_id)
         return True
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import msgpack
+import pytest
 
 from mpcache.contract import protocol
+from mpcache.errors import RequestError
 
 from .conftest import wait_for
 
@@ -114,3 +116,19 @@ def test_running_out_of_file_descriptors_sheds_new_connections_and_keeps_serving
     shed_lines = [json.loads(line) for line in stderr.decode(errors="replace").splitlines()
                   if '"error_type": "resource"' in line]
     assert shed_lines and "no file descriptor left" in shed_lines[0]["error"]
+
+
+def test_prefetch_jobs_are_bounded_by_the_hashes_they_hold(cache):
+    """Lookups that are never retrieved cannot hold more than max_job_hashes chunk hashes between them:
+    the oldest jobs give way (their locks released, their ids unknown), the newest stay usable."""
+    harness = cache(server_kwargs={"max_job_hashes": 3 * 4096})
+    client = harness.client()
+    jobs = [client.call("lookup_prefetch", request_id=f"r{i}", model_name="m", cache_salt="",
+                        chunk_hashes=list(range(i << 20, (i << 20) + 4096)))["job_id"] for i in range(5)]
+    sessions = harness.server.ctx.sessions
+    assert 2 == sessions.trimmed
+    assert 3 * 4096 == sessions.job_hashes
+    for job_id in jobs[:2]:
+        with pytest.raises(RequestError, match="unknown or expired prefetch job"):
+            client.call("query_prefetch_status", job_id=job_id)
+    assert [True, True, True] == [client.call("query_prefetch_status", job_id=job_id)["done"] for job_id in jobs[2:]]
