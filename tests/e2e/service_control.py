@@ -2,9 +2,9 @@
 
 :class:`ControlledService` is :class:`mpcache_service.Service` plus what tests that signal children
 need: the log lines of one event, the pids the supervisor started per child, the cache sockets and the
-instance's configuration.  The :func:`services` fixture (import it into a test module) kills at
-teardown the supervisor and every child it logged — SIGSTOPped ones too, which would never notice that
-they were orphaned — and removes whatever shared memory or runtime dir they left.
+instance's configuration.  :func:`started_services` backs conftest's ``controlled_services`` fixture: at
+teardown it kills the supervisor and every child it logged — SIGSTOPped ones too, which would never
+notice that they were orphaned — and removes whatever shared memory or runtime dir they left.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 from mpcache_service import REPO, START_CACHE, Scrape, Service, free_port, wait_for
 
 from mpcache.config import Config
@@ -30,13 +30,14 @@ CHUNK = 4096
 
 
 class ControlledService(Service):
-    def __init__(self, directory: Path, *flags: str) -> None:  # noqa: D107 - Service's, in its own directory
+    def __init__(self, directory: Path, *flags: str) -> None:
+        """Start ``bin/start-cache *flags`` with its log, stderr and runtime dir under ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.tally_path = directory / "tally.json"
         self.log_path = directory / "service.log"
         self.runtime_dir = directory / "run"
-        self.stderr = open(directory / "stderr.log", "wb")
+        self.stderr = open(directory / "stderr.log", "wb")  # noqa: SIM115 - open as long as the service runs
         self.process = subprocess.Popen(
             [sys.executable, START_CACHE, "--prometheus-port", str(self.port), "--runtime-dir", str(self.runtime_dir),
              "--log-file", str(self.log_path), *flags],
@@ -84,9 +85,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def services(tmp_path):
-    """``start(*flags)`` → a :class:`ControlledService`; everything it started is killed at teardown."""
+def started_services(tmp_path: Path) -> Iterator[Callable[..., ControlledService]]:
+    """Yields ``start(*flags)`` → a :class:`ControlledService`; then kills everything they started."""
     started: list[ControlledService] = []
 
     def start(*flags: str) -> ControlledService:

@@ -16,7 +16,7 @@ import signal
 import numpy as np
 import pytest
 from mpcache_service import wait_for
-from service_control import CHUNK, SMALL, ControlledService, services  # noqa: F401 - services is a fixture
+from service_control import CHUNK, SMALL, ControlledService
 
 from mpcache.client import CacheClient
 from mpcache.contract.events import EventType
@@ -57,14 +57,14 @@ def store(client: CacheClient, kv, salt: str, chunk_hash: int) -> int:
     return client.store(kv, f"{salt}-{chunk_hash}", MODEL, salt, [chunk_hash], [0])
 
 
-def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_events(services):
+def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_events(controlled_services):
     """With telemetry SIGSTOPped, 600 one-chunk stores (every one stored: the ring's state never fails a
     request) overflow the 1024-cell ring.  After telemetry resumes and drains: /metrics's
     ``dropped_events_total`` equals the records lost according to the sequence numbers in the ring's cells
     (and the ring's own drop counter), which is more than zero; and ``l1_write_chunks_total`` for the
     overflow's cache_salt equals what the L1_WRITE_FINISHED records that made it into the ring carried —
     fewer than the 600 chunks stored — while the stores before and after are counted in full."""
-    service = services("--workers", "1", *SMALL, "--ring-cells", str(RING_CELLS))
+    service = controlled_services("--workers", "1", *SMALL, "--ring-cells", str(RING_CELLS))
     service.ready(1)
     telemetry = service.pids("telemetry")[0]
     with CacheClient(service.socket(0)) as client:
@@ -104,5 +104,6 @@ def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_event
     assert capacity - frozen.head + first < 64, "the ring was full when the stores ended"
     assert lost == scrape.total(DROPPED) == frozen.dropped == service.ring_counters(0).dropped
     assert 0 < counted_overflow < STORES
-    assert {"before": 1.0, "overflow": float(counted_overflow), "after": 1.0} == scrape.by_label(L1_WRITES, "cache_salt")
+    assert {"before": 1.0, "overflow": float(counted_overflow), "after": 1.0} == scrape.by_label(
+        L1_WRITES, "cache_salt")
     assert 0 == service.stop()

@@ -17,9 +17,8 @@ from concurrent import futures
 import grpc
 import numpy as np
 import pytest
-from mpcache_service import wait_for
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from service_control import CHUNK, SMALL, services  # noqa: F401 - services is a fixture
+from service_control import CHUNK, SMALL
 
 from mpcache.client import CacheClient
 
@@ -36,7 +35,7 @@ class Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self._lock = threading.Lock()
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+    def Export(self, request, context):
         with self._lock:
             self.requests.append(request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
@@ -65,7 +64,7 @@ def receiver():
     server.stop(grace=None)
 
 
-def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_export(services, receiver):
+def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_export(controlled_services, receiver):
     """A client stores 3 requests of 4 chunks (one cache_salt each) and SIGTERM follows at once, while
     the 3 L2 store tasks those stores submitted are still in flight (a mock tier sleeping 3 s per task:
     /metrics shows them in flight and none completed at that moment).  The cache process finishes them
@@ -79,7 +78,7 @@ def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_ex
     completions were published, with ``lmcache_mp.l2_store_completed`` missing."""
     received, endpoint = receiver
     mock = json.dumps({"type": "mock", "capacity_gb": 0.01, "latency_ms": L2_LATENCY_MS})
-    service = services("--workers", "1", *SMALL, "--l2", mock, "--otlp-endpoint", endpoint,
+    service = controlled_services("--workers", "1", *SMALL, "--l2", mock, "--otlp-endpoint", endpoint,
                        "--otlp-interval", "3600")
     service.ready(1)
     salts = ("drain-a", "drain-b", "drain-c")
@@ -109,4 +108,4 @@ def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_ex
     exits = [(line["child_role"], line["exit_status"]) for line in service.lines("child.exited")]
     assert [("cache", 0), ("telemetry", 0)] == exits
     assert [0] == [line["dropped_events"] for line in service.lines("telemetry.stopped")]
-    wait_for(lambda: not service.shm_entries(), 5, "the segments to be unlinked")
+    assert [] == service.shm_entries()

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from mpcache_service import wait_for
-from service_control import SMALL, gone, services  # noqa: F401 - services is a fixture
+from service_control import SMALL, gone
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ GRACE_S = 10.0  # documented: children get 10 s after SIGTERM
 CRASHES, WINDOW_S = 5, 30.0  # documented: 5 exits within 30 s
 
 
-def test_telemetry_that_cannot_start_makes_the_supervisor_give_up_and_exit_1(services):
+def test_telemetry_that_cannot_start_makes_the_supervisor_give_up_and_exit_1(controlled_services):
     """/metrics's port is taken by another listener: the telemetry process exits at every start; the
     supervisor starts it 5 times (5 pids), schedules restarts after 0.5, 1, 2 and 4 s, logs one
     ``supervisor.giving_up`` naming telemetry and its 5 exits in 30 s, stops the cache processes cleanly
@@ -34,7 +34,7 @@ def test_telemetry_that_cannot_start_makes_the_supervisor_give_up_and_exit_1(ser
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        service = services("--workers", "1", *SMALL, "--prometheus-port", str(port))
+        service = controlled_services("--workers", "1", *SMALL, "--prometheus-port", str(port))
         started = time.monotonic()
         status = service.process.wait(CRASHES * 2 + WINDOW_S)  # far past 7.5 s of backoff plus 5 starts
         elapsed = time.monotonic() - started
@@ -54,12 +54,12 @@ def test_telemetry_that_cannot_start_makes_the_supervisor_give_up_and_exit_1(ser
     assert [] == service.shm_entries()
 
 
-def test_a_hung_cache_process_is_killed_after_the_grace_period(services):
+def test_a_hung_cache_process_is_killed_after_the_grace_period(controlled_services):
     """cache[0] is SIGSTOPped, then the supervisor gets SIGTERM: it waits the 10 s grace period for
     cache[0] (no sooner: the exit takes at least 10 s), logs ``child.killed`` for its pid, SIGKILLs it
     (exit status -9), while cache[1] and telemetry exit 0; the supervisor exits 0 well before a second
     grace period has passed, and the hung process and the segments are gone."""
-    service = services("--workers", "2", *SMALL)
+    service = controlled_services("--workers", "2", *SMALL)
     service.ready(2)
     [hung] = service.pids("cache", 0)
     try:
