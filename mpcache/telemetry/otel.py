@@ -17,12 +17,13 @@ unit, description and bucket boundaries live in one place.
 
 from __future__ import annotations
 
-import threading
+import ipaddress
+import socket
 from dataclasses import dataclass
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
-from wsgiref.simple_server import WSGIServer
 
+import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -32,10 +33,14 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from mpcache.config import Config
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.http import (
+    MetricsHTTPServer,
+    metrics_route,
+)
 
 SERVICE_NAME = "mpcache"
 HTTP_METRICS_PATH = "/v1/metrics"
@@ -53,8 +58,7 @@ class MetricsExport:
     prometheus_host: str
     prometheus_port: int  # the port actually bound (config port 0 → a free one)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: WSGIServer
-    _http_thread: threading.Thread
+    _http_server: MetricsHTTPServer
 
     @classmethod
     def start(cls, config: Config) -> "MetricsExport":
@@ -71,12 +75,19 @@ class MetricsExport:
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
+        log = structlog.get_logger("mpcache.telemetry")
         try:
-            server, thread = start_http_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
+            server = MetricsHTTPServer((config.prometheus_host, config.prometheus_port),
+                                       {"/metrics": metrics_route(registry)}, log)
         except BaseException:
             provider.shutdown()
             raise
-        return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server, thread)
+        if not _is_loopback(config.prometheus_host):
+            log.warning("metrics.public_bind", address=config.prometheus_host, port=server.server_port,
+                        hint="/metrics is reachable from other hosts; bind 127.0.0.1 unless a scraper elsewhere "
+                             "needs it and a firewall guards the port")
+        server.start()
+        return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server)
 
     @property
     def metrics_url(self) -> str:
@@ -88,9 +99,16 @@ class MetricsExport:
         try:
             self.meter_provider.shutdown(timeout_millis=_SHUTDOWN_TIMEOUT_MS)
         finally:
-            self._http_server.shutdown()
-            self._http_server.server_close()
-            self._http_thread.join(timeout=5)
+            self._http_server.close()
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def build_resource(config: Config) -> Resource:

@@ -1,0 +1,91 @@
+"""/metrics under hostile local clients: half-open connections cost no thread each and cannot starve a real
+scrape; concurrent scrapes share one collection; a request that never completes is dropped."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from mpcache.telemetry.http import MetricsHTTPServer
+
+
+class _Log:
+    def exception(self, *args, **kwargs) -> None:
+        raise AssertionError("no route should fail here")
+
+
+@pytest.fixture
+def endpoint():
+    """An endpoint whose /metrics collection takes 0.2 s and counts itself."""
+    calls = []
+
+    def collect() -> bytes:
+        calls.append(time.monotonic())
+        time.sleep(0.2)
+        return b"metric_total 1\n"
+
+    server = MetricsHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, collect(), "text/plain")}, _Log(),
+                               max_connections=64, read_timeout_s=1.0)
+    server.start()
+    yield server, calls
+    server.close()
+
+
+def _get(port: int, path: str = "/metrics", timeout_s: float = 5.0) -> tuple[int, bytes]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+        return response.status, response.read()
+
+
+def test_half_open_connections_neither_add_threads_nor_starve_a_scrape(endpoint):
+    server, _ = endpoint
+    threads_before = threading.active_count()
+    attackers = []
+    for _ in range(300):
+        sock = socket.create_connection(("127.0.0.1", server.server_port))
+        sock.sendall(b"GET /metr")  # never finishes its request line
+        attackers.append(sock)
+    started = time.monotonic()
+    assert (200, b"metric_total 1\n") == _get(server.server_port)
+    assert time.monotonic() - started < 3.0
+    assert threading.active_count() - threads_before <= 2  # the collector pool, not a thread per connection
+    assert server.evicted > 0
+    for sock in attackers:
+        sock.close()
+
+
+def test_concurrent_scrapes_share_one_collection(endpoint):
+    server, calls = endpoint
+    results = []
+    scrapers = [threading.Thread(target=lambda: results.append(_get(server.server_port))) for _ in range(8)]
+    for scraper in scrapers:
+        scraper.start()
+    for scraper in scrapers:
+        scraper.join(10)
+    assert [(200, b"metric_total 1\n")] * 8 == results
+    assert len(calls) <= 2  # those arriving while one is built share it
+
+
+def test_a_request_that_never_completes_is_closed_after_the_read_timeout(endpoint):
+    server, _ = endpoint
+    sock = socket.create_connection(("127.0.0.1", server.server_port))
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: headers never end
+    sock.settimeout(5)
+    started = time.monotonic()
+    assert b"" == sock.recv(100)
+    assert 0.8 < time.monotonic() - started < 4.0
+    sock.close()
+
+
+@pytest.mark.parametrize(("request_line", "status"), [(b"POST /metrics HTTP/1.0", 405), (b"GET /nope HTTP/1.0", 404),
+                                                      (b"garbage", 400)])
+def test_other_requests_get_one_short_answer(endpoint, request_line, status):
+    server, _ = endpoint
+    sock = socket.create_connection(("127.0.0.1", server.server_port))
+    sock.sendall(request_line + b"\r\n\r\n")
+    sock.settimeout(5)
+    assert sock.recv(100).startswith(b"HTTP/1.0 %d" % status)
+    sock.close()
