@@ -21,6 +21,7 @@ from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
+from mpcache.telemetry.health import health_routes
 from mpcache.telemetry.pump import Pump, RingSource
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
         exporters = MetricsExport.start(config)
+        exporters.add_routes(health_routes(lambda: pump.polled_at, GaugeBoardReader(board, stale_after_s=2.0)))
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

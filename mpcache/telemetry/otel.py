@@ -39,6 +39,7 @@ from mpcache.config import Config
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.http import (
     MetricsHTTPServer,
+    Route,
     metrics_route,
 )
 
@@ -88,6 +89,10 @@ class MetricsExport:
                              "needs it and a firewall guards the port")
         server.start()
         return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server)
+
+    def add_routes(self, routes: dict[str, Route]) -> None:
+        """Serve more paths next to ``/metrics`` (health)."""
+        self._http_server.routes.update(routes)
 
     @property
     def metrics_url(self) -> str:

@@ -52,6 +52,7 @@ class Pump:
         self._clock_ns = clock_ns
         self._tick_ns = int(tick_interval_s * 1e9)
         self._next_tick = 0
+        self.polled_at = time.monotonic()  # when run() last polled the rings (/healthz)
         self.unknown_records = 0
 
     def poll_once(self) -> int:
@@ -101,6 +102,7 @@ class Pump:
         """
         last = time.monotonic()
         while not should_stop():
+            self.polled_at = time.monotonic()
             delivered = self.poll_once()
             if any(source.reader.pending_cells() > target_batch for source in self.sources):
                 continue  # a backlog: read on without sleeping

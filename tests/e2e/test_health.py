@@ -1,0 +1,35 @@
+"""/healthz and /ready of a running service: ready while every cache process serves, 503 while a killed one
+restarts, ready again after; /healthz 200 while telemetry drains."""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.error
+import urllib.request
+
+import pytest
+from mpcache_service import wait_for
+
+
+def _status(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.slow
+def test_ready_turns_503_while_a_killed_cache_process_restarts(start_service):
+    service = start_service("--workers", "2")
+    wait_for(lambda: _status(service.port, "/ready")[0] == 200, 30, "/ready to be 200")
+    assert (200, "ok\n") == _status(service.port, "/healthz")
+    assert (200, "ready: 2 cache processes serving\n") == _status(service.port, "/ready")
+    cache1 = [line["pid"] for line in service.log_lines()
+              if line.get("event") == "child.started" and line.get("child_role") == "cache" and line.get("index") == 1]
+    os.kill(cache1[-1], signal.SIGKILL)
+    assert (503, "not ready: cache[1] not serving\n") == wait_for(
+        lambda: (s := _status(service.port, "/ready"))[0] == 503 and s, 10, "/ready to be 503")
+    wait_for(lambda: _status(service.port, "/ready")[0] == 200, 30, "/ready after the restart")
+    assert 0 == service.stop()
