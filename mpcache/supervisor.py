@@ -1,21 +1,24 @@
 """``bin/start-cache``: configuration, shared-memory ownership, and the child processes.
 
-The supervisor builds the one :class:`~mpcache.config.Config`, creates every
-shared-memory segment (mode 0600), removes leftovers of crashed earlier runs,
-starts the telemetry process first and then the cache processes (and the demo
-load generator with ``--demo``), restarts a child that dies with exponential
-backoff, gives up with one clear message after repeated fast crashes, and on
-SIGINT/SIGTERM (or after ``--duration``) stops the cache processes, lets
-telemetry drain and export a final time, and unlinks everything.
+The supervisor builds the one :class:`~mpcache.config.Config`, checks the ports children will
+listen on, creates every shared-memory segment (mode 0600), removes leftovers of crashed earlier
+runs, starts the telemetry process first and then the cache processes (and the demo load generator
+with ``--demo`` once they serve), and keeps each kind of child its own failure domain: telemetry is
+restarted forever with capped backoff; a crash-looping cache process is given up alone (the
+supervisor exits 1 only when none is left); a cache process whose gauge-board heartbeat stands still
+is killed and restarted; the demo, a client, is never restarted.  On SIGINT/SIGTERM/SIGHUP (or after
+``--duration``) it stops the cache processes, lets telemetry drain and export a final time, and
+unlinks everything.
 
-Children's stderr is forwarded line by line through the supervisor, so the log
-file has exactly one writer and rotates safely.
+Children's stderr is forwarded line by line through the supervisor, so the log file has exactly one
+writer and rotates safely.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
 import logging.handlers
@@ -30,23 +33,38 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.config import Config, parse_size
-from mpcache.errors import ConfigError
+from mpcache.errors import ConfigError, LayoutMismatchError
 from mpcache.logs import configure_logging
+from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.provision import create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, leftover_segments
 
+# Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
+# BACKOFF_INITIAL_S, doubling per consecutive quick exit up to the role's cap; a cache process that exits
+# MAX_CRASHES_IN_WINDOW times within CRASH_WINDOW_S is given up alone; telemetry is never given up.
 CRASH_WINDOW_S = 30.0
 MAX_CRASHES_IN_WINDOW = 5
+BACKOFF_INITIAL_S = 0.5
+CACHE_BACKOFF_MAX_S = 8.0
+TELEMETRY_BACKOFF_MAX_S = 30.0
+# Liveness: a cache process whose heartbeat word (written every 0.5 s by its loop) stops advancing for
+# HANG_TIMEOUT_S is killed and restarted; one whose loop never starts within START_TIMEOUT_S too.
+HANG_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 120.0
+WATCH_INTERVAL_S = 0.1
 STOP_GRACE_S = 10.0
+STATUS_FILE = "status.json"
 DEMO_L1_SIZE = 32 * 2**20
 
 
@@ -77,6 +95,15 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _seconds_at_least(minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number of seconds >= {minimum:g}, got {text!r}")
+        return value
+    return parse
 
 
 def _size(text: str) -> int:
@@ -120,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], "seed"?}; '
         'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
         "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
+    service.add_argument("--hang-timeout", type=_seconds_at_least(1.0), default=HANG_TIMEOUT_S,
+                         help="seconds a cache process's heartbeat may stand still before it is killed and restarted "
+                         f"(default {HANG_TIMEOUT_S:g})")
     service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
     telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
@@ -222,13 +252,26 @@ class Child:
     index: int
     argv: list[str]
     process: subprocess.Popen | None = None
-    crashes: collections.deque = field(default_factory=collections.deque)
+    crashes: collections.deque = field(default_factory=collections.deque)  # exit times within CRASH_WINDOW_S
+    failures: int = 0  # consecutive exits after runs shorter than CRASH_WINDOW_S: the backoff's exponent
     restart_at: float = 0.0
-    finished: bool = False  # exited on purpose (the demo's load ended); not restarted
+    started_at: float = 0.0
+    # starting, serving, restarting, unresponsive (cache); finished, failed (demo); given_up (cache)
+    state: str = "starting"
+    # cache processes: liveness
+    stale_socket: int | None = None  # inode of a socket file left by the previous process, at spawn
+    listening: bool = False  # this process's socket replaced any stale one: its loop runs from here on
+    beat: int = 0  # the last heartbeat word this process wrote
+    beat_changed_at: float = 0.0  # monotonic time the heartbeat word last changed
 
     @property
     def label(self) -> str:
         return self.role if self.role != "cache" else f"cache[{self.index}]"
+
+    @property
+    def done(self) -> bool:
+        """Never (re)started again: the demo ended, or a cache process was given up."""
+        return self.state in ("finished", "failed", "given_up")
 
 
 class LineForwarder:
@@ -257,15 +300,21 @@ class LineForwarder:
 
 
 class Supervisor:
-    def __init__(self, config: Config, config_path: str, log, forwarder: LineForwarder) -> None:
+    def __init__(self, config: Config, config_path: str, log: Any, forwarder: LineForwarder,
+                 hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
         self.config = config
+        self.hang_timeout_s = hang_timeout_s
         self.config_path = config_path
         self.log = log
         self.forwarder = forwarder
         self.children: list[Child] = []
-        self._stop_requested = threading.Event()
         self.exit_code = 0
+        self._signal: int | None = None  # set by the signal handler, which does nothing else
+        self._stopping = False
+        self._ready_logged = False
         self._gauge_board: Segment | None = None
+        self._slots: dict[int, GaugeSlot] = {}
+        self._status_path = os.path.join(config.runtime_dir, STATUS_FILE)
 
     # -- children --------------------------------------------------------------
 
@@ -273,9 +322,21 @@ class Supervisor:
         return [sys.executable, "-m", module, "--config", self.config_path, *extra]
 
     def _spawn(self, child: Child) -> None:
-        child.process = subprocess.Popen(child.argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_child_env())
+        # Its own session: a terminal's SIGINT/SIGHUP reach the supervisor alone, which stops the
+        # children in order (demo, cache, telemetry) instead of all at once.
+        child.process = subprocess.Popen(child.argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                         env=_child_env(), start_new_session=True)
+        child.started_at = time.monotonic()
+        child.listening, child.beat, child.beat_changed_at = False, 0, child.started_at
+        if child.role == "cache":
+            child.stale_socket = _inode(self.config.socket_path(child.index))
+            child.state = "starting"
+            self._set_cache_state(child.index, "starting")
+        else:
+            child.state = "running"
         threading.Thread(target=self.forwarder.forward, args=(child, child.process.stderr), daemon=True).start()
         self.log.info("child.started", child_role=child.role, index=child.index, pid=child.process.pid)
+        self._write_status()
 
     def start(self) -> None:
         if self.config.event_sink == "ring":  # otherwise nothing reads the rings
@@ -288,91 +349,208 @@ class Supervisor:
             cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
             self.children.append(cache)
             self._spawn(cache)
-        self._wait_for_sockets()
-        if self.config.demo:
-            demo = Child("demo", 0, self._argv("mpcache.demo"))
-            self.children.append(demo)
-            self._spawn(demo)
 
-    def _wait_for_sockets(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        for worker in range(self.config.workers):
-            path = self.config.socket_path(worker)
-            while not os.path.exists(path):
-                if time.monotonic() > deadline or self._stop_requested.is_set():
-                    self.log.error("cache.not_ready", worker=worker, socket=path, waited_s=timeout_s)
-                    return
-                time.sleep(0.05)
-        self.log.info("cache.ready", workers=self.config.workers, sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+    def _caches(self) -> list[Child]:
+        return [child for child in self.children if child.role == "cache"]
+
+    def _update_readiness(self) -> None:
+        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do."""
+        changed = False
+        for child in self._caches():
+            if child.state == "starting" and child.process is not None and child.listening:
+                child.state = "serving"
+                self._set_cache_state(child.index, "serving")
+                if self._ready_logged:
+                    self.log.info("cache.serving", worker=child.index, pid=child.process.pid)
+                changed = True
+        caches = self._caches()
+        if not self._ready_logged and caches and all(child.state == "serving" for child in caches):
+            self._ready_logged = True
+            self.log.info("cache.ready", workers=self.config.workers,
+                          sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+            if self.config.demo:
+                demo = Child("demo", 0, self._argv("mpcache.demo"))
+                self.children.append(demo)
+                self._spawn(demo)
+        if changed:
+            self._write_status()
+
+    def _check_heartbeats(self, now: float) -> None:
+        """Kill a cache process whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a stuck
+        request): it is restarted like one that died.  Its gauges are cleared at once, so that the dead
+        slot is neither live nor read as an empty cache."""
+        for child in self._caches():
+            process = child.process
+            slot = self._slot(child.index)
+            if process is None or slot is None or child.state not in ("starting", "serving"):
+                continue
+            pid_word, beat = slot.get(layout.G_PID), slot.get(layout.G_HEARTBEAT)
+            if pid_word == process.pid and beat != child.beat:
+                child.beat, child.beat_changed_at = beat, now
+            if not child.listening:
+                # Its socket appears (replacing a predecessor's) just before its loop starts: from then
+                # on its heartbeat is due every 0.5 s.  Until then it may rebuild an fs tier's index.
+                inode = _inode(self.config.socket_path(child.index))
+                if pid_word == process.pid and inode is not None and inode != child.stale_socket:
+                    child.listening, child.beat_changed_at = True, now
+                    continue
+                silent, limit, what = now - child.started_at, START_TIMEOUT_S, "it never started serving"
+            else:
+                silent, limit = now - child.beat_changed_at, self.hang_timeout_s
+                what = "its heartbeat stopped advancing"
+            if silent <= limit:
+                continue
+            self.log.error("cache.unresponsive", worker=child.index, pid=process.pid, silent_s=round(silent, 1),
+                           message=f"{child.label} (pid {process.pid}): {what} for {silent:.1f} s "
+                           f"(limit {limit:g} s); killing it (SIGKILL) and restarting it")
+            child.state = "unresponsive"
+            self._clear_gauge_slot(child.index, "unresponsive")
+            process.kill()
+            self._write_status()
 
     def _reap(self, child: Child, status: int) -> None:
         now = time.monotonic()
+        assert child.process is not None
         self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+        child.process = None
         if child.role == "demo":
-            child.finished = True
+            # A client: never restarted (its tally covers one run); its failure never stops the cache.
+            child.state = "finished" if status == 0 else "failed"
             if status != 0:
-                self.log.error("demo.failed", exit_status=status)
+                self.log.error("demo.failed", exit_status=status,
+                               message="the demo failed and is not restarted; the cache keeps serving, and the "
+                                       "supervisor's exit status will be 1")
                 self.exit_code = 1
-                self._stop_requested.set()
+            self._write_status()
             return
         if child.role == "cache":
             if recover_ring(self.config, child.index):
                 self.log.warning("ring.torn_record", worker=child.index, detail="a record begun by the dead process was counted as dropped")
-            self._clear_gauge_slot(child.index)
+            self._clear_gauge_slot(child.index, "restarting")
+        child.failures = child.failures + 1 if now - child.started_at < CRASH_WINDOW_S else 1
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > CRASH_WINDOW_S:
             child.crashes.popleft()
-        if len(child.crashes) >= MAX_CRASHES_IN_WINDOW:
-            self.log.error(
-                "supervisor.giving_up",
-                message=f"giving up: {child.label} exited {len(child.crashes)} times in {CRASH_WINDOW_S:.0f} s "
-                f"(last exit status {status})",
-            )
-            self.exit_code = 1
-            self._stop_requested.set()
+        if child.role == "cache" and len(child.crashes) >= MAX_CRASHES_IN_WINDOW:
+            self._give_up(child, status)
             return
-        backoff = min(8.0, 0.5 * 2 ** (len(child.crashes) - 1))
+        cap = TELEMETRY_BACKOFF_MAX_S if child.role == "telemetry" else CACHE_BACKOFF_MAX_S
+        backoff = min(cap, BACKOFF_INITIAL_S * 2 ** (child.failures - 1))
         child.restart_at = now + backoff
+        child.state = "restarting"
+        if child.role == "telemetry":
+            self.log.error("telemetry.down", exit_status=status, failures=child.failures, restart_in_s=backoff,
+                           message=f"the telemetry process exited (status {status}); restarting it in {backoff:g} s. "
+                                   "The cache processes keep serving; metrics are not served or pushed meanwhile")
         self.log.warning("child.restart_scheduled", child_role=child.role, index=child.index, in_s=backoff)
+        self._write_status()
 
-    def _clear_gauge_slot(self, worker: int) -> None:
+    def _give_up(self, child: Child, status: int) -> None:
+        """A crash-looping cache process is given up alone; the supervisor stops once none is left."""
+        child.state = "given_up"
+        self._set_cache_state(child.index, "given_up")
+        serving = [c.index for c in self._caches() if c.state != "given_up"]
+        self.log.error(
+            "cache.given_up", worker=child.index, exit_status=status, still_serving=serving,
+            message=f"giving up on {child.label}: it exited {len(child.crashes)} times in {CRASH_WINDOW_S:.0f} s "
+                    f"(last exit status {status}); its socket stays unserved"
+                    + (f", cache processes {serving} keep serving" if serving else ""),
+        )
+        self._write_status()
+        if not serving:
+            self.log.error("supervisor.giving_up",
+                           message=f"giving up: every cache process ({len(self._caches())}) crash-looped")
+            self.exit_code = 1
+            self._stopping = True
+
+    # -- shared state: the gauge board's state words and the status file ------------------------
+
+    def _board(self) -> Segment | None:
         if self._gauge_board is None:
-            self._gauge_board = Segment.attach(self.config.gauge_board_name())
-        GaugeSlot(self._gauge_board, worker).clear()
+            try:
+                self._gauge_board = Segment.attach(self.config.gauge_board_name())
+            except LayoutMismatchError:
+                return None
+        return self._gauge_board
+
+    def _slot(self, worker: int) -> GaugeSlot | None:
+        slot = self._slots.get(worker)
+        if slot is None:
+            board = self._board()
+            if board is None:
+                return None
+            slot = self._slots[worker] = GaugeSlot(board, worker)
+        return slot
+
+    def _set_cache_state(self, worker: int, state: str) -> None:
+        slot = self._slot(worker)
+        if slot is not None:
+            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+
+    def _clear_gauge_slot(self, worker: int, state: str) -> None:
+        """Zero a dead (or killed) cache process's words, heartbeat included: its usage no longer counts."""
+        slot = self._slot(worker)
+        if slot is not None:
+            slot.clear()
+            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+
+    def status(self) -> dict[str, Any]:
+        """What the status file says: every child's state, and ``ready`` while any cache process serves."""
+        caches = [{"worker": c.index, "state": c.state, "pid": c.process.pid if c.process else None,
+                   "socket": self.config.socket_path(c.index)} for c in self._caches()]
+        others = {c.role: c.state for c in self.children if c.role != "cache"}
+        return {"instance_id": self.config.instance_id, "supervisor_pid": os.getpid(),
+                "ready": not self._stopping and any(c["state"] == "serving" for c in caches),
+                "cache": caches, **others}
+
+    def _write_status(self) -> None:
+        try:
+            _write_file_atomically(self._status_path, json.dumps(self.status()) + "\n")
+        except OSError as exc:  # the runtime dir is gone (stopping) or unwritable: the log still says it all
+            self.log.debug("status.not_written", error=str(exc))
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def watch(self) -> int:
         started = time.monotonic()
-        while not self._stop_requested.is_set():
+        while self._signal is None and not self._stopping:
+            now = time.monotonic()
             for child in self.children:
-                if child.finished:
+                if child.done:
                     continue
                 if child.process is None:
-                    if time.monotonic() >= child.restart_at:
+                    if now >= child.restart_at:
                         self._spawn(child)
                     continue
                 status = child.process.poll()
                 if status is not None:
                     self._reap(child, status)
-                    if not child.finished:
-                        child.process = None
+            self._check_heartbeats(time.monotonic())
+            self._update_readiness()
             if self.config.duration_s and time.monotonic() - started >= self.config.duration_s:
                 self.log.info("supervisor.duration_reached", duration_s=self.config.duration_s)
                 break
-            self._stop_requested.wait(0.1)
+            time.sleep(WATCH_INTERVAL_S)
+        if self._signal is not None:
+            self.log.info("supervisor.signal", signal=signal.Signals(self._signal).name)
         return self.exit_code
 
     def request_stop(self, signum: int, _frame: object) -> None:
-        self.log.info("supervisor.signal", signal=signal.Signals(signum).name)
-        self._stop_requested.set()
+        """Signal handler (SIGTERM, SIGINT, SIGHUP): only records the signal; :meth:`watch` logs it and returns.
+        (Logging here could deadlock on a lock the interrupted main thread holds.)"""
+        self._signal = signum
 
     def stop(self) -> None:
         """Demo, then cache processes, then telemetry (so it drains what they published last)."""
+        self._stopping = True
         for role in ("demo", "cache", "telemetry"):
             group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
             for child in group:
+                assert child.process is not None
                 child.process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             for child in group:
+                assert child.process is not None
                 try:
                     status = child.process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
@@ -380,8 +558,10 @@ class Supervisor:
                     child.process.kill()
                     status = child.process.wait()
                 self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+        self._slots.clear()  # views into the board go before its mapping
         if self._gauge_board is not None:
             self._gauge_board.close()
+            self._gauge_board = None
         removed = unlink_segments(self.config)
         shutil.rmtree(self.config.runtime_dir, ignore_errors=True)
         self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed))
@@ -414,6 +594,8 @@ def _check_endpoints(config: Config) -> None:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
+        if config.prometheus_port:  # taken, the telemetry process could only fail (and be restarted) in vain
+            _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
     if config.otlp_endpoint:
@@ -429,13 +611,17 @@ def _check_endpoints(config: Config) -> None:
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
-    """A port a cache process will listen on must be free now: otherwise it would fail and be restarted in vain."""
+    """A port a child will listen on must be free now: otherwise it would fail and be restarted in vain.
+
+    The probe sets SO_REUSEADDR like the listeners do, so connections of an earlier run still in
+    TIME_WAIT do not count as taken; a socket listening there does."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(f"{flag}: cannot resolve {host!r} ({exc.strerror})") from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:
@@ -456,6 +642,27 @@ def _check_socket_path_length(config: Config) -> None:
     if len(os.fsencode(longest)) > 107:
         raise ConfigError(f"--runtime-dir: too long for Unix socket paths under it ({len(os.fsencode(longest))} "
                           "bytes, at most 107)")
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+def _write_file_atomically(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` (0600): written to a fresh temporary name (never through a link), then renamed."""
+    staging = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
 
 
 def _make_private_dir(path: str) -> None:
@@ -489,10 +696,10 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(config.to_json())
+    supervisor = Supervisor(config, config_path, log, forwarder, hang_timeout_s=args.hang_timeout)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, supervisor.request_stop)
     create_segments(config)
-    supervisor = Supervisor(config, config_path, log, forwarder)
-    signal.signal(signal.SIGTERM, supervisor.request_stop)
-    signal.signal(signal.SIGINT, supervisor.request_stop)
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
              metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,

@@ -91,7 +91,8 @@ offset  size  field
 ====== ====== ===========================================================
 
 Slot words (i64): 0 heartbeat ns (0 = not running), 1 pid, 2 L1 used bytes,
-3 L1 capacity bytes, 4 active prefetch jobs, 5–7 reserved, then per adapter
+3 L1 capacity bytes, 4 active prefetch jobs, 5 the supervisor's state of this cache process
+(:data:`CACHE_STATES`; written by the supervisor only), 6–7 reserved, then per adapter
 ``a``: 8+4a usage bytes, 9+4a in-flight store tasks, 10+4a in-flight load
 tasks, 11+4a in-flight load bytes.  Each word is written with one aligned
 8-byte store, so a reader sees either the old or the new value.
@@ -182,6 +183,8 @@ G_PID = 1
 G_L1_USED = 2
 G_L1_CAPACITY = 3
 G_ACTIVE_PREFETCH = 4
+G_STATE = 5  # written by the supervisor: an index into CACHE_STATES
+CACHE_STATES = ("unknown", "starting", "serving", "restarting", "unresponsive", "given_up")
 G_L2_USAGE = 0  # per-adapter word offsets, relative to 8 + 4 * adapter
 G_L2_INFLIGHT_STORES = 1
 G_L2_INFLIGHT_LOADS = 2
