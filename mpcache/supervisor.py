@@ -20,8 +20,6 @@ import argparse
 import collections
 import contextlib
 import json
-import logging
-import logging.handlers
 import os
 import shutil
 import signal
@@ -43,6 +41,7 @@ from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError, LayoutMismatchError
+from mpcache.logforward import ForwardingHandler, LineForwarder
 from mpcache.logs import configure_logging
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
@@ -274,31 +273,6 @@ class Child:
         return self.state in ("finished", "failed", "given_up")
 
 
-class LineForwarder:
-    """Copies children's stderr lines to our stderr and the log file (one writer, so rotation is safe)."""
-
-    def __init__(self, log_file: str, max_bytes: int = 50 * 2**20, backup_count: int = 5) -> None:
-        self._lock = threading.Lock()
-        self._file_handler = None
-        if log_file:
-            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count)
-
-    def forward(self, child: Child, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if not line.startswith("{"):
-                line = json.dumps({"event": "child.output", "role": child.role, "index": child.index, "line": line})
-            self.write(line)
-        stream.close()
-
-    def write(self, line: str) -> None:
-        with self._lock:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-            if self._file_handler is not None:
-                self._file_handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-
-
 class Supervisor:
     def __init__(self, config: Config, config_path: str, log: Any, forwarder: LineForwarder,
                  hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
@@ -324,8 +298,8 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         # Its own session: a terminal's SIGINT/SIGHUP reach the supervisor alone, which stops the
         # children in order (demo, cache, telemetry) instead of all at once.
-        child.process = subprocess.Popen(child.argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                         env=_child_env(), start_new_session=True)
+        child.process = subprocess.Popen(child.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL, env=_child_env(), start_new_session=True)
         child.started_at = time.monotonic()
         child.listening, child.beat, child.beat_changed_at = False, 0, child.started_at
         if child.role == "cache":
@@ -334,7 +308,10 @@ class Supervisor:
             self._set_cache_state(child.index, "starting")
         else:
             child.state = "running"
-        threading.Thread(target=self.forwarder.forward, args=(child, child.process.stderr), daemon=True).start()
+        # Both pipes are always drained (the forwarder never blocks), so a child never waits on its logging.
+        for stream, log_lines in ((child.process.stderr, True), (child.process.stdout, False)):
+            threading.Thread(target=self.forwarder.forward, args=(child.role, child.index, stream),
+                             kwargs={"log_lines": log_lines}, daemon=True).start()
         self.log.info("child.started", child_role=child.role, index=child.index, pid=child.process.pid)
         self._write_status()
 
@@ -689,8 +666,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runtime_dir:
         _make_private_dir(base)
     _make_private_dir(runtime_dir)
+    forwarder.context["instance_id"] = config.instance_id
     log = configure_logging("supervisor", config.instance_id, config.log_level,
-                            handlers=[_ForwardingHandler(forwarder)])
+                            handlers=[ForwardingHandler(forwarder)])
     _remove_leftovers(base, log)
     config_path = os.path.join(runtime_dir, "config.json")
     fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -714,16 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.watch()
     finally:
         supervisor.stop()
+        forwarder.close()  # at most a few seconds: a stuck reader of our stderr must not keep us (or it)
     return supervisor.exit_code
-
-
-class _ForwardingHandler(logging.Handler):
-    def __init__(self, forwarder: LineForwarder) -> None:
-        super().__init__()
-        self._forwarder = forwarder
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._forwarder.write(record.getMessage())
 
 
 if __name__ == "__main__":
