@@ -138,7 +138,13 @@ def _fd_writer(fd: int) -> Callable[[str], None]:
 
 
 class _FileHandler(logging.handlers.RotatingFileHandler):
-    """A rotating file whose write errors raise (so the sink counts them) instead of printing to stderr."""
+    """A rotating file, never opened through a symbolic link (a link planted where ``--log-file`` will be
+    would make the service append to whatever it points at), whose write errors raise (so the sink counts
+    them) instead of printing to stderr."""
+
+    def _open(self) -> IO[str]:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         raise

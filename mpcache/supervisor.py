@@ -1,17 +1,17 @@
 """``bin/start-cache``: configuration, shared-memory ownership, and the child processes.
 
 The supervisor builds the one :class:`~mpcache.config.Config`, checks the ports children will
-listen on, creates every shared-memory segment (mode 0600), removes leftovers of crashed earlier
-runs, starts the telemetry process first and then the cache processes (and the demo load generator
-with ``--demo`` once they serve), and keeps each kind of child its own failure domain: telemetry is
-restarted forever with capped backoff; a crash-looping cache process is given up alone (the
-supervisor exits 1 only when none is left); a cache process whose gauge-board heartbeat stands still
-is killed and restarted; the demo, a client, is never restarted.  On SIGINT/SIGTERM/SIGHUP (or after
-``--duration``) it stops the cache processes, lets telemetry drain and export a final time, and
-unlinks everything.
+listen on, creates every shared-memory segment (mode 0600), removes leftovers of its own crashed
+earlier runs (:mod:`mpcache.runtime`: only what their marker names), starts the telemetry process
+first and then the cache processes (and the demo load generator with ``--demo`` once they serve),
+and keeps each kind of child its own failure domain: telemetry is restarted forever with capped
+backoff; a crash-looping cache process is given up alone (the supervisor exits 1 only when none is
+left); a cache process whose gauge-board heartbeat stands still is killed and restarted; the demo, a
+client, is never restarted.  On SIGINT/SIGTERM/SIGHUP (or after ``--duration``) it stops the cache
+processes, lets telemetry drain and export a final time, and unlinks everything.
 
-Children's stderr is forwarded line by line through the supervisor, so the log file has exactly one
-writer and rotates safely.
+Children's output is forwarded line by line through the supervisor (:mod:`mpcache.logforward`,
+never blocking), so the log file has exactly one writer and rotates safely.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import os
-import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
+import posix_ipc
 
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
@@ -43,11 +43,24 @@ from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError, LayoutMismatchError
 from mpcache.logforward import ForwardingHandler, LineForwarder
 from mpcache.logs import configure_logging
+from mpcache.runtime import (
+    Marker,
+    RuntimeDir,
+    SegmentLock,
+    claim_default,
+    claim_given,
+    default_base,
+    prepare_base,
+    remove_runtime_files,
+    segment_is_stale,
+    segments_with_prefix,
+    sweep,
+)
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.provision import create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
-from mpcache.shm.segment import Segment, leftover_segments
+from mpcache.shm.segment import Segment, shm_name
 
 # Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
 # BACKOFF_INITIAL_S, doubling per consecutive quick exit up to the role's cap; a cache process that exits
@@ -138,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--eviction-interval", type=_number, default=1.0, help="seconds between eviction-loop runs (default 1)")
     service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
     service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
-    service.add_argument("--runtime-dir", default="", help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
+    service.add_argument("--runtime-dir", default="",
+                         help="where sockets and the child config live: absent (it is created) or an empty "
+                         "directory of ours (default $TMPDIR/mpcache-<uid>/<pid>)")
     service.add_argument(
         "--l2", action="append", default=[], metavar="JSON",
         help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
@@ -275,8 +290,10 @@ class Child:
 
 class Supervisor:
     def __init__(self, config: Config, config_path: str, log: Any, forwarder: LineForwarder,
-                 hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
+                 hang_timeout_s: float = HANG_TIMEOUT_S, runtime: RuntimeDir | None = None) -> None:
         self.config = config
+        self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
+        self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
         self.hang_timeout_s = hang_timeout_s
         self.config_path = config_path
         self.log = log
@@ -404,6 +421,7 @@ class Supervisor:
             if recover_ring(self.config, child.index):
                 self.log.warning("ring.torn_record", worker=child.index, detail="a record begun by the dead process was counted as dropped")
             self._clear_gauge_slot(child.index, "restarting")
+            _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
         child.failures = child.failures + 1 if now - child.started_at < CRASH_WINDOW_S else 1
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > CRASH_WINDOW_S:
@@ -540,7 +558,12 @@ class Supervisor:
             self._gauge_board.close()
             self._gauge_board = None
         removed = unlink_segments(self.config)
-        shutil.rmtree(self.config.runtime_dir, ignore_errors=True)
+        kept = remove_runtime_files(self.runtime.path, remove_dir=self.runtime.created)
+        if kept:
+            self.log.warning("runtime_dir.kept", runtime_dir=self.runtime.path, entries=kept,
+                             reason="not created by mpcache")
+        for lock in self.locks:
+            lock.release()
         self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed))
 
 
@@ -551,17 +574,6 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def _remove_leftovers(runtime_base: str, log) -> None:
-    for name in leftover_segments(psutil.pid_exists):
-        Segment.unlink(name)
-        log.warning("leftover.removed", segment=name)
-    if os.path.isdir(runtime_base):
-        for entry in os.listdir(runtime_base):
-            if entry.isdigit() and not psutil.pid_exists(int(entry)):
-                shutil.rmtree(os.path.join(runtime_base, entry), ignore_errors=True)
-                log.warning("leftover.removed", runtime_dir=os.path.join(runtime_base, entry))
 
 
 def _check_endpoints(config: Config) -> None:
@@ -605,12 +617,6 @@ def _check_port_free(flag: str, host: str, port: int) -> None:
             raise ConfigError(f"{flag}: port {port} on {host} is not available ({exc.strerror})") from None
 
 
-def _runtime_paths(requested: str) -> tuple[str, str]:
-    """(base holding every instance's runtime dir, this instance's runtime dir)."""
-    base = os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
-    return base, requested or os.path.join(base, str(os.getpid()))
-
-
 def _check_socket_path_length(config: Config) -> None:
     """Refuse a runtime dir too long for the cache processes' socket paths up front (each would fail to
     start and be restarted until the supervisor gives up): the longest is the staging name
@@ -619,6 +625,12 @@ def _check_socket_path_length(config: Config) -> None:
     if len(os.fsencode(longest)) > 107:
         raise ConfigError(f"--runtime-dir: too long for Unix socket paths under it ({len(os.fsencode(longest))} "
                           "bytes, at most 107)")
+
+
+def _remove_socket(path: str) -> None:
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
 
 
 def _inode(path: str) -> int | None:
@@ -642,43 +654,88 @@ def _write_file_atomically(path: str, text: str) -> None:
         raise
 
 
-def _make_private_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+def _error(message: str) -> int:
+    sys.stderr.write(f"start-cache: error: {message}\n")
+    return 2
+
+
+def _claim_runtime_dir(requested: str, base: str, pid: int) -> tuple[RuntimeDir, list[tuple[str, dict]]]:
+    """Check the default base, sweep stale runs of ours, claim this run's directory; ConfigError if unsafe.
+    Returns the directory and the lines to log once logging is set up."""
+    if not requested:
+        prepare_base(base)
+    elif not os.path.isdir(os.path.dirname(os.path.abspath(requested))):
+        raise ConfigError(f"--runtime-dir: {os.path.dirname(os.path.abspath(requested))} does not exist")
+    safe_base = os.path.isdir(base) and not os.path.islink(base)
+    swept = sweep(base if safe_base else "", also=requested or None)
+    runtime = claim_given(requested) if requested else claim_default(base, pid)
+    lines = [("leftover.removed", fields) for fields in swept.removed]
+    lines += [("leftover.kept", fields) for fields in swept.kept]
+    return runtime, lines
+
+
+def _create_segments(config: Config, log: Any) -> SegmentLock:
+    """Create every segment and lock the gauge board.  A segment of our exact name (same supervisor pid and
+    --instance-id: a container's PID 1 restarted) whose gauge board no live run holds is a leftover of
+    ours, replaced; one held by a live run is a one-line ConfigError."""
+    try:
+        create_segments(config)
+    except posix_ipc.ExistentialError:
+        gauges = config.gauge_board_name()
+        if not segment_is_stale(gauges):
+            raise ConfigError(f"--instance-id: shared memory {gauges} exists and a live run holds it "
+                              "(the same --instance-id and supervisor pid in another PID namespace?)") from None
+        for name in segments_with_prefix(shm_name(config.supervisor_pid, config.instance_id, "")):
+            if Segment.unlink(name):
+                log.warning("leftover.removed", segment=name, reason="has this run's name and no live run holds it")
+        create_segments(config)
+    return SegmentLock(config.gauge_board_name())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     pid = os.getpid()
-    base, runtime_dir = _runtime_paths(args.runtime_dir)
+    base = default_base()
+    planned = os.path.abspath(args.runtime_dir) if args.runtime_dir else os.path.join(base, str(pid))
     try:
-        config = config_from_args(args, pid, runtime_dir)
+        config = config_from_args(args, pid, planned)
         _check_socket_path_length(config)
         _check_endpoints(config)
         forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
-        sys.stderr.write(f"start-cache: error: {exc}\n")
-        return 2
+        return _error(str(exc))
     except OSError as exc:  # the --log-file cannot be opened
-        sys.stderr.write(f"start-cache: error: --log-file: cannot open {args.log_file!r}: {exc.strerror}\n")
-        return 2
-    if not args.runtime_dir:
-        _make_private_dir(base)
-    _make_private_dir(runtime_dir)
+        return _error(f"--log-file: cannot open {args.log_file!r}: {exc.strerror}")
+    try:
+        runtime, swept = _claim_runtime_dir(args.runtime_dir, base, pid)
+    except ConfigError as exc:
+        return _error(str(exc))
+    if runtime.path != config.runtime_dir:  # <base>/<pid> was taken: another name
+        config = dataclasses.replace(config, runtime_dir=runtime.path)
     forwarder.context["instance_id"] = config.instance_id
     log = configure_logging("supervisor", config.instance_id, config.log_level,
                             handlers=[ForwardingHandler(forwarder)])
-    _remove_leftovers(base, log)
-    config_path = os.path.join(runtime_dir, "config.json")
-    fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(config.to_json())
-    supervisor = Supervisor(config, config_path, log, forwarder, hang_timeout_s=args.hang_timeout)
+    for event, fields in swept:
+        log.warning(event, **fields)
+    supervisor = Supervisor(config, os.path.join(runtime.path, "config.json"), log, forwarder,
+                            hang_timeout_s=args.hang_timeout, runtime=runtime)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, supervisor.request_stop)
-    create_segments(config)
-    log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
+    try:
+        supervisor.locks.append(Marker.create(runtime, config.instance_id, pid, config.all_segment_names()))
+        fd = os.open(supervisor.config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(config.to_json())
+        supervisor.locks.insert(0, _create_segments(config, log))
+    except (ConfigError, OSError) as exc:
+        remove_runtime_files(runtime.path, remove_dir=runtime.created)
+        for lock in supervisor.locks:
+            lock.release()
+        forwarder.close()
+        return _error(str(exc))
+    log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
              metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)

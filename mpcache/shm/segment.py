@@ -85,7 +85,11 @@ def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
 
 
 def leftover_segments(pid_alive) -> list[str]:
-    """Names of mpcache segments whose owning supervisor is no longer alive."""
+    """Names of mpcache segments whose owner pid ``pid_alive`` says is gone.
+
+    The supervisor does not use this: a pid means nothing across PID namespaces (a live instance in
+    another one would look dead), so it removes only what a stale run's marker names
+    (:mod:`mpcache.runtime`)."""
     try:
         entries = os.listdir(SHM_DIR)
     except FileNotFoundError:
