@@ -40,7 +40,7 @@ import posix_ipc
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.config import Config, parse_size
-from mpcache.errors import ConfigError, LayoutMismatchError
+from mpcache.errors import ConfigError, LayoutMismatchError, SharedMemoryFullError
 from mpcache.logforward import ForwardingHandler, LineForwarder
 from mpcache.logs import configure_logging
 from mpcache.runtime import (
@@ -58,7 +58,7 @@ from mpcache.runtime import (
 )
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
-from mpcache.shm.provision import create_segments, recover_ring, unlink_segments
+from mpcache.shm.provision import check_shm_space, create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, shm_name
 
@@ -702,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args, pid, planned)
         _check_socket_path_length(config)
         _check_endpoints(config)
+        check_shm_space(config)  # before anything is created: one line, never a SIGBUS later
         forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
         return _error(str(exc))
@@ -729,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(config.to_json())
         supervisor.locks.insert(0, _create_segments(config, log))
-    except (ConfigError, OSError) as exc:
+    except (ConfigError, SharedMemoryFullError, OSError) as exc:
         remove_runtime_files(runtime.path, remove_dir=runtime.created)
         for lock in supervisor.locks:
             lock.release()

@@ -1,11 +1,12 @@
-"""Scenarios with supervisors in other PID namespaces, run in a private mount namespace.
+"""Scenarios that need a /dev/shm of their own: supervisors in other PID namespaces, a /dev/shm too small.
 
 ``unshare --mount --propagation private python pidns_driver.py SCENARIO WORKDIR`` mounts a fresh tmpfs
-on /dev/shm (so nothing here can touch, or be touched by, shared memory of anyone else on the machine,
-whatever version of mpcache runs), points TMPDIR at ``WORKDIR/tmp`` (the supervisors' default runtime
-base), runs the scenario and prints one JSON object with what it observed; ``test_runtime_isolation``
-asserts on it.  Supervisors in other PID namespaces are started with ``unshare --pid --kill-child``:
-killing that ``unshare`` process kills the supervisor, which takes its namespace's children with it.
+on /dev/shm (512 MiB, or what the scenario needs: so nothing here can touch, or be touched by, shared
+memory of anyone else on the machine, whatever version of mpcache runs), points TMPDIR at
+``WORKDIR/tmp`` (the supervisors' default runtime base), runs the scenario and prints one JSON object
+with what it observed; ``test_runtime_isolation`` and ``test_shm_space`` assert on it.  Supervisors in
+other PID namespaces are started with ``unshare --pid --kill-child``: killing that ``unshare`` process
+kills the supervisor, which takes its namespace's children with it.
 """
 
 from __future__ import annotations
@@ -186,14 +187,62 @@ def pid1_restarted(workdir: str) -> dict:
     return result
 
 
+SMALL_SHM = "24m"  # /dev/shm of the small_shm scenario: less than its 32 MiB L1 pool
+
+
+def small_shm(workdir: str) -> dict:
+    """A /dev/shm of 24 MiB and an L1 pool of 32 MiB.  If the service starts anyway, a client fills L1 (what
+    a busy service does): where does the missing memory show?"""
+    run = Run(workdir, "small", "--l1-size", "32MiB", "--chunk-bytes", "64KiB", "--runtime-dir",
+              os.path.join(workdir, "small-run"))
+    status = wait_for(lambda: run.process.poll() is not None or run.events("cache.ready"), 30)
+    result: dict = {"exited_at_start": run.process.poll()}
+    if result["exited_at_start"] is None and status:
+        socket_path = run.events("cache.ready")[0]["sockets"][0]
+        try:
+            with CacheClient(socket_path, connect_timeout_s=5) as client:
+                kv = client.register_buffer(8, 65536)
+                for n in range(64):  # 64 x 8 chunks of 64 KiB: 32 MiB, more than fits
+                    client.store(kv, f"fill-{n}", "org/m", "", [n * 8 + i + 1 for i in range(8)], list(range(8)))
+                del kv
+        except (OSError, ConnectionError, MpcacheError) as exc:
+            result["client_error"] = repr(exc)
+        wait_for(lambda: run.events("child.exited"), 10)
+        result["cache_exits"] = [line["exit_status"] for line in run.events("child.exited")]
+        run.stop()
+    with open(os.path.join(workdir, "small.err"), encoding="utf-8") as handle:
+        result["stderr"] = handle.read().strip().splitlines()
+    result["status"] = run.process.returncode
+    result["left"] = shm()
+    return result
+
+
+def segment_too_big(workdir: str) -> dict:
+    """A /dev/shm of 1 MiB: a child process creates a 4 MiB segment and writes all of it."""
+    code = ("import os, sys\nfrom mpcache.shm.segment import Segment\n"
+            "from mpcache.errors import SharedMemoryFullError\n"
+            "try:\n    segment = Segment.create(f'/mpcache.{os.getpid()}.toobig.s0', 4 * 2**20)\n"
+            "except SharedMemoryFullError as exc:\n    print(exc)\n    sys.exit(3)\n"
+            "segment.buf[:] = b'\\1' * len(segment.buf)\nprint('written')\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=REPO))
+    return {"status": child.returncode, "stdout": child.stdout.strip(), "left": shm()}
+
+
+SCENARIOS = {"live_instance_in_another_namespace": (live_instance_in_another_namespace, "512m"),
+             "pid1_restarted": (pid1_restarted, "512m"),
+             "small_shm": (small_shm, SMALL_SHM),
+             "segment_too_big": (segment_too_big, "1m")}
+
+
 def main() -> int:
     scenario, workdir = sys.argv[1], sys.argv[2]
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m,mode=1777", "tmpfs", "/dev/shm"], check=True)
+    run, size = SCENARIOS[scenario]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", "/dev/shm"], check=True)
     tmp = os.path.join(workdir, "tmp")
     os.makedirs(tmp, exist_ok=True)
     os.environ["TMPDIR"] = tmp
-    result = {"live_instance_in_another_namespace": live_instance_in_another_namespace,
-              "pid1_restarted": pid1_restarted}[scenario](workdir)
+    result = run(workdir)
     print(json.dumps(result))
     return 0
 
