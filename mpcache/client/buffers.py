@@ -18,6 +18,11 @@ class RegisteredBuffer:
 
     _client: "CacheClient"
     blocks: object | None
+    buffer_id: int
+
+    def _registration(self) -> tuple[str, dict]:
+        """The request that registers this buffer with a cache process (sent again after a reconnect)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Unregister from the server and free the buffer (idempotent)."""
@@ -47,6 +52,10 @@ class KVBuffer(RegisteredBuffer):
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
         self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
+
+    def _registration(self) -> tuple[str, dict]:
+        return "register_buffer", {"shm_name": self.name, "num_blocks": self.num_blocks,
+                                   "block_bytes": self.block_bytes}
 
     def _release(self) -> None:
         """Unlink the object and drop this process's mapping (if no view of it is still held)."""

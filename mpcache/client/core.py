@@ -20,8 +20,21 @@ A typical request::
 
 Errors: a request the server refuses raises :class:`~mpcache.errors.RequestError`
 (or :class:`~mpcache.errors.ProtocolError` for a malformed one), a server-side
-timeout :class:`CacheTimeoutError` (a ``TimeoutError``), a lost connection
-``ConnectionError``.  Not thread-safe: use one client per thread.
+timeout :class:`CacheTimeoutError` (a ``TimeoutError``).  Not thread-safe: use one
+client per thread.
+
+Reconnection: when the connection breaks during an operation (the cache process
+was killed, crashed or restarted), the client reconnects to the same socket
+path — retrying with backoff (50 ms doubling to 1 s) for up to
+``reconnect_timeout_s`` while the supervisor restarts the process — registers
+every buffer again (their ``buffer_id`` changes; their blocks stay where they
+are) and then raises :class:`CacheConnectionLost` naming the operation that was
+in flight: it is not retried, because it may or may not have taken effect.  The
+next call works on the new connection.  Ids the old process handed out (prefetch
+jobs, blend lookups) mean nothing to the new one: :attr:`CacheClient.generation`
+counts reconnections, so a caller can tell.  If it cannot reconnect in time (or
+the runtime dir is gone: the service stopped), :class:`CacheConnectionLost` says
+so, and the next call tries again.
 """
 
 from __future__ import annotations
@@ -43,31 +56,74 @@ class CacheTimeoutError(RequestError, TimeoutError):
     """The server gave up on an operation at its deadline (it published TIMEOUT_RAISED)."""
 
 
-class CacheClient:
-    """One connection to one cache process."""
+class CacheConnectionLost(ConnectionError):
+    """The connection broke while ``op`` was in flight; the operation was not retried.
 
-    def __init__(self, socket_path: str, connect_timeout_s: float = 5.0) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.settimeout(connect_timeout_s)
-            self._sock.connect(socket_path)
-            self._sock.settimeout(None)
-        except BaseException:
-            self._sock.close()
-            raise
+    ``reconnected``: the client is connected again, its buffers registered anew (each has a new
+    ``buffer_id``)."""
+
+    def __init__(self, message: str, op: str, reconnected: bool) -> None:
+        super().__init__(message)
+        self.op = op
+        self.reconnected = reconnected
+
+
+_RECONNECT_FIRST_PAUSE_S = 0.05
+_RECONNECT_MAX_PAUSE_S = 1.0
+
+
+class CacheClient:
+    """One connection to one cache process (re-established after the process restarts)."""
+
+    def __init__(self, socket_path: str, connect_timeout_s: float = 5.0, reconnect_timeout_s: float = 10.0) -> None:
+        self._socket_path = socket_path
+        self._connect_timeout_s = connect_timeout_s
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._sock: socket.socket | None = self._connect()
         self._ids = itertools.count(1)
         self._rbuf = bytearray()
-        self._buffers: dict[int, KVBuffer] = {}
+        self._buffers: dict[int, RegisteredBuffer] = {}
         self._tag = secrets.token_hex(4)
         self._buffer_seq = itertools.count()
         self._closed = False
+        self._closing = False
+        self.generation = 0  # reconnections so far; ids from an earlier generation's process are gone
+        self.refused_buffers: list[str] = []  # buffers a new process would not register again, and why
 
     # -- plumbing -------------------------------------------------------------------
 
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self._connect_timeout_s)
+            sock.connect(self._socket_path)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     def call(self, op: str, **args) -> dict:
-        """Send one request and wait for its reply; raise on an error reply."""
+        """Send one request and wait for its reply; raise on an error reply.
+
+        A broken connection raises :class:`CacheConnectionLost` after reconnecting (see the module)."""
         if self._closed:
             raise ConnectionError("the client is closed")
+        if self._sock is None:  # lost earlier, and not back then: nothing of this op was sent yet
+            self._reconnect(op, None, raise_when_back=False)
+        try:
+            reply, ok = self._exchange(op, args)
+        except (ConnectionError, OSError) as exc:
+            if isinstance(exc, TimeoutError) or self._closing:
+                raise
+            self._reconnect(op, exc)
+            raise AssertionError("unreachable") from None
+        return self._result(reply, ok)
+
+    def _exchange(self, op: str, args: dict) -> tuple[dict, bool]:
+        """One request on the current socket: its reply and whether it succeeded (ConnectionError/OSError if
+        the socket breaks)."""
+        assert self._sock is not None
         request_id = next(self._ids)
         frame = protocol.encode_frame({"op": op, "id": request_id, **args})
         self._sock.sendall(frame)
@@ -83,6 +139,12 @@ class CacheClient:
             # a reply to an earlier call that was interrupted before it read it: skip
         if reply.get("ok") is True and answered == request_id:
             del reply["id"], reply["ok"]
+            return reply, True
+        return reply, False
+
+    @staticmethod
+    def _result(reply: dict, ok: bool) -> dict:
+        if ok:
             return reply
         message = str(reply.get("error", "error reply without a message"))
         error_type = reply.get("error_type")
@@ -91,6 +153,65 @@ class CacheClient:
         if error_type == "protocol":
             raise ProtocolError(message)
         raise RequestError(message)
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._rbuf.clear()
+
+    def _reconnect(self, op: str, cause: BaseException | None, raise_when_back: bool = True) -> None:
+        """Connect again and register every buffer anew, retrying with backoff; then raise
+        :class:`CacheConnectionLost` for ``op`` — also once reconnected if ``raise_when_back`` (``op``
+        was in flight), otherwise return and let ``op`` go ahead."""
+        self._drop_socket()
+        path = self._socket_path
+        what = f"the connection to the cache process at {path} broke ({cause})" if cause else \
+            f"not connected to the cache process at {path}"
+        deadline = time.monotonic() + self._reconnect_timeout_s
+        pause = _RECONNECT_FIRST_PAUSE_S
+        last: BaseException | None = cause
+        while True:
+            try:
+                self._sock = self._connect()
+                self._reregister()
+                self.generation += 1
+                if not raise_when_back:
+                    return
+                raise CacheConnectionLost(
+                    f"{op} failed: {what}; reconnected and registered {len(self._buffers)} buffer(s) again "
+                    f"(new buffer ids); {op} was not retried", op, reconnected=True) from cause
+            except (ConnectionError, OSError) as exc:
+                if isinstance(exc, CacheConnectionLost):
+                    raise
+                self._drop_socket()
+                last = exc
+            if not os.path.isdir(os.path.dirname(path) or "."):
+                reason = "its runtime dir is gone: the service stopped"
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                reason = f"could not reconnect within {self._reconnect_timeout_s:g} s ({last})"
+                break
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, _RECONNECT_MAX_PAUSE_S)
+        raise CacheConnectionLost(f"{op} failed: {what}; {reason}; the next call tries again", op,
+                                  reconnected=False) from cause
+
+    def _reregister(self) -> None:
+        """Register every buffer with the (new) server again and give each its new id.  One the server
+        refuses now is dropped from this client (using it is an "unknown buffer" error) and named in
+        :attr:`refused_buffers`."""
+        registered: dict[int, RegisteredBuffer] = {}
+        for buffer in self._buffers.values():
+            op, args = buffer._registration()
+            try:
+                buffer.buffer_id = self._result(*self._exchange(op, args))["buffer_id"]
+            except (RequestError, ProtocolError) as exc:
+                self.refused_buffers.append(f"{args.get('shm_name', op)}: {exc}")
+                continue
+            registered[buffer.buffer_id] = buffer
+        self._buffers = registered
 
     def _read_reply(self) -> object:
         header = protocol.FRAME_HEADER
@@ -106,6 +227,7 @@ class CacheClient:
 
     def _fill(self, size: int) -> None:
         """Receive until at least ``size`` bytes are buffered (usually one recv for a whole reply)."""
+        assert self._sock is not None
         while len(self._rbuf) < size:
             data = self._sock.recv(max(65536, size - len(self._rbuf)))
             if not data:
@@ -248,17 +370,22 @@ class CacheClient:
                          worker_id=worker_id)
 
     def close(self) -> None:
-        """Unregister and remove every buffer of this client, then disconnect (idempotent)."""
+        """Unregister and remove every buffer of this client, then disconnect (idempotent; a client whose
+        connection is lost just removes its buffers)."""
         if self._closed:
             return
+        self._closing = True  # no reconnecting now
         for buffer in list(self._buffers.values()):
             try:
+                if self._sock is None:
+                    raise ConnectionError("not connected")
                 self.unregister_buffer(buffer)
             except (OSError, ConnectionError, RequestError, ProtocolError):
+                self._buffers.pop(buffer.buffer_id, None)
                 buffer._release()
         self._buffers.clear()
         self._closed = True
-        self._sock.close()
+        self._drop_socket()
 
     def __enter__(self) -> "CacheClient":
         return self

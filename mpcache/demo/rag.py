@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -70,6 +71,9 @@ class RagWorkload:
         self.documents = [[int(t) for t in self.rng.integers(32000, 64000, size=int(self.rng.integers(
             1, min(3, max_doc_chunks) + 1)) * self.chunk)] for _ in range(DOCUMENTS)]
         self._bare: dict[int, CacheClient] = {}  # per worker: a client that never registers a buffer
+        # told before each operation what it may add to the compared L1 counters if its reply is lost
+        # (mpcache.demo.run.Demo._doubt); the blend counters have no such bound
+        self.doubt: Callable[..., None] = lambda salt="", **bounds: None
         self.requests = 0
         self._last_report = time.monotonic()
 
@@ -90,6 +94,7 @@ class RagWorkload:
             tokens = tokens[: self.max_blocks * self.chunk]
             fps = fps[: self.max_blocks]
 
+        self.doubt()
         lookup = client.cb_lookup(request_id, model, tenant, tokens)
         blend["lookup_requests"] += 1
         for name in ("requested_tokens", "hit_tokens", "fingerprint_hits", "storage_hits", "stale_chunks"):
@@ -109,6 +114,7 @@ class RagWorkload:
                             fault=m % PRE_FAULT_EVERY == 0)
             start += n
         self._store(client, buffer, "final", request_id, model, tenant, tokens, fault=m % FINAL_FAULT_EVERY == 0)
+        self.doubt()
         client.end_session(request_id)
 
         if m % NO_GPU_EVERY == 0:
@@ -133,6 +139,7 @@ class RagWorkload:
                   tenant: str) -> None:
         blend = self.tally.blend
         if self.requests % RETRIEVE_FAULT_EVERY == 0:
+            self.doubt()
             try:
                 client.cb_retrieve(MISSING_BUFFER_ID, request_id, lookup_id, hits, hits)
             except RequestError:
@@ -141,6 +148,7 @@ class RagWorkload:
                 raise RuntimeError("a cb_retrieve into a missing buffer succeeded")
             blend["retrieve_requests"] += 1
             blend["retrieve_chunks"] += len(hits)
+        self.doubt(tenant, l1_read_failure=len(hits))
         reply = client.cb_retrieve(buffer, request_id, lookup_id, hits, hits)
         blend["retrieve_requests"] += 1
         blend["retrieve_chunks"] += len(hits)
@@ -169,6 +177,7 @@ class RagWorkload:
         kind = "pre_computed" if kind == "pre" else kind
         blend[f"store_{kind}_requests"] += 1
         if fault:  # pre: a buffer id never handed out; final: fewer block ids than whole chunks
+            self.doubt()
             try:
                 if kind == "pre_computed":
                     store(_Missing(), request_id, model, tenant, tokens, block_ids)
@@ -179,6 +188,7 @@ class RagWorkload:
             else:
                 raise RuntimeError(f"a faulty cb_store_{kind} succeeded")
             return
+        self.doubt(tenant, l1_write=len(fps), l1_allocation_failure=len(fps))
         reply = store(buffer, request_id, model, tenant, tokens, block_ids)
         self.tally.stored[tenant] += reply["stored_count"]
         blend[f"store_{kind}_chunks"] += reply["stored_count"]

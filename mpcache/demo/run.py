@@ -18,6 +18,22 @@ Every retrieved chunk is checked byte for byte against what was stored; a
 mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
 the final tally (per cache_salt) is logged and, with ``--demo-tally``, written
 as JSON — tests compare it with what ``/metrics`` says.
+
+A cache process killed (or restarted) under the demo costs it one operation:
+the client reconnects and raises :class:`~mpcache.client.CacheConnectionLost`
+naming it, and the demo abandons that request and goes on (prefetch jobs it
+left for later on that process are forgotten: the new process never heard of
+them).  The tally counts only what a reply confirmed, so it stays exact for
+everything else; what the lost operation may have done before the process died
+— published events /metrics counts, but whose reply never came — is added to
+``in_doubt``, per counter, as its most (a store: its chunks as L1 writes and
+as allocation failures; a retrieve: its chunks as loaded and as read failures;
+a lookup: its tokens as requested and as hits, and with L2 its chunks as L1
+writes; the timeout fault: one timeout).  So /metrics lies between the tally
+and the tally plus ``in_doubt``; with no loss, ``in_doubt`` is empty and they
+are equal.  ``lost_operations`` counts the lost operations by name.  The
+cache-blending counters (``blend``) have no such bound: a lost ``cb_*``
+operation may or may not be in them.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ import time
 
 import numpy as np
 
-from mpcache.client import CacheClient
+from mpcache.client import CacheClient, CacheConnectionLost
 from mpcache.config import Config
 from mpcache.contract.keys import chunk_hashes
 from mpcache.demo.chunks import chunk_matches, fill_chunk
@@ -53,6 +69,7 @@ PROGRESS_INTERVAL_S = 5.0
 BIG_STORE_EVERY_S = 4.0  # a store larger than L1
 TIMEOUT_EVERY_S = 2.0  # a retrieve with an impossible deadline
 LATE_CLIENT_EVERY_S = 3.0  # a prefetch whose client comes back only after it expired
+PER_SALT = ("l1_write", "num_chunks_loaded", "lookup_requested", "lookup_hit")  # in_doubt counters kept per salt
 
 
 class Tally:
@@ -69,6 +86,9 @@ class Tally:
         self.expected_faults = collections.Counter()
         self.verified_chunks = 0
         self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo.rag)
+        # what operations lost with their cache process may have added to /metrics (module docstring)
+        self.in_doubt: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.lost_operations = collections.Counter()
 
     def as_dict(self) -> dict:
         return {
@@ -82,6 +102,8 @@ class Tally:
             "expected_faults": dict(self.expected_faults),
             "verified_chunks": self.verified_chunks,
             "blend": dict(self.blend),
+            "in_doubt": {counter: dict(by_salt) for counter, by_salt in self.in_doubt.items() if by_salt},
+            "lost_operations": dict(self.lost_operations),
         }
 
 
@@ -116,6 +138,8 @@ class Demo:
         self.stop = threading.Event()
         self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
         self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo.rag)
+        self.rag.doubt = self._doubt
+        self._pending: tuple[str, dict[str, int]] = ("", {})  # the operation in flight: (cache_salt, bounds)
         first = time.monotonic() + 1.0
         self.due = {"big_store": first, "timeout": first, "late_client": first}
 
@@ -123,7 +147,10 @@ class Demo:
         started = last_report = time.monotonic()
         last_requests, last_events = 0, self._events_published()
         while not self.stop.is_set() and (not seconds or time.monotonic() - started < seconds):
-            self.one_request()
+            try:
+                self.one_request()
+            except CacheConnectionLost as exc:  # its cache process died or restarted: abandon the request
+                self._connection_lost(exc)
             now = time.monotonic()
             if now - last_report >= PROGRESS_INTERVAL_S:
                 events = self._events_published()
@@ -131,6 +158,22 @@ class Demo:
                                (events - last_events) / (now - last_report))
                 last_report, last_requests, last_events = now, self.tally.requests, events
         return 0
+
+    def _doubt(self, salt: str = "", **bounds: int) -> None:
+        """Before each operation: the most it can add to each compared counter beyond what the tally will
+        count from its reply (``salt``: the cache_salt of per-salt counters)."""
+        self._pending = (salt, bounds)
+
+    def _connection_lost(self, exc: CacheConnectionLost) -> None:
+        salt, bounds = self._pending
+        for counter, most in bounds.items():
+            if most:
+                self.tally.in_doubt[counter][salt if counter in PER_SALT else ""] += most
+        self.tally.lost_operations[exc.op] += 1
+        self._pending = ("", {})
+        # prefetch jobs left for later on a process that is gone: the new one never heard of them
+        self.late = [entry for entry in self.late if self.clients[entry[0]].generation == entry[-1]]
+        self.log.warning("demo.connection_lost", op=exc.op, reconnected=exc.reconnected, error=str(exc))
 
     def one_request(self) -> None:
         tally = self.tally
@@ -143,7 +186,11 @@ class Demo:
             self.rag.one_request(worker, tenant, model)
         hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
         request_id = f"req-{os.getpid()}-{n}"
+        self._doubt()
         self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo.scheduler)
+        tokens_asked = len(hashes) * self.config.chunk_size_tokens
+        self._doubt(tenant, lookup_requested=tokens_asked, lookup_hit=tokens_asked,
+                    l1_write=len(hashes) if self.config.l2 else 0)
         job = client.lookup_prefetch(request_id, model, tenant, hashes)
         status = client.wait_prefetch(job)  # with L2, the job may need a moment to load chunks into L1
         found = int(status["found_count"])
@@ -152,12 +199,14 @@ class Demo:
         tally.l2_hit_tokens[tenant] += int(status["l2_hit_tokens"])
         tally.prefetched[tenant] += int(status["l2_loaded_count"])
         if found and self._due("late_client", LATE_CLIENT_EVERY_S):
-            self.late.append((worker, request_id, job, found, tenant, model, time.monotonic()))
+            self.late.append((worker, request_id, job, found, tenant, model, time.monotonic(), client.generation))
             return  # this client goes quiet; _late_retrieve comes back for it
         if found:
             if self._due("timeout", TIMEOUT_EVERY_S):
+                self._doubt(tenant, timeouts=1)
                 self._timeout_fault(client, buffer, request_id, job, found)
             else:
+                self._doubt(tenant, num_chunks_loaded=found, l1_read_failure=found)
                 got = client.retrieve(buffer, request_id, job, list(range(found)))
                 tally.retrieved[tenant] += got
                 self._verify(buffer, hashes[:got])
@@ -166,12 +215,14 @@ class Demo:
             block_ids = list(range(found, found + len(missing)))
             for block_id, chunk_hash in zip(block_ids, missing):
                 fill_chunk(buffer.blocks[block_id], chunk_hash)
+            self._doubt(tenant, l1_write=len(missing), l1_allocation_failure=len(missing))
             tally.stored[tenant] += client.store(buffer, request_id, model, tenant, missing, block_ids)
+        self._doubt()
         client.end_session(request_id)
         if self._due("big_store", BIG_STORE_EVERY_S):
             self._big_store_fault(client, worker, tenant, model)
-        if self.late and time.monotonic() - self.late[0][-1] > self.config.prefetch_job_ttl_s + 0.5:
-            self._late_retrieve(*self.late.pop(0)[:-1])
+        if self.late and time.monotonic() - self.late[0][-2] > self.config.prefetch_job_ttl_s + 0.5:
+            self._late_retrieve(*self.late.pop(0)[:-2])
 
     def _due(self, fault: str, every_s: float) -> bool:
         """True (and rescheduled) when this fault's next turn has come."""
@@ -186,9 +237,11 @@ class Demo:
         what is gone is an L1 read failure (not_found), what is left is retrieved."""
         client, buffer = self.clients[worker], self.buffers[worker]
         self._big_store_fault(client, worker, tenant, model)
+        self._doubt(tenant, num_chunks_loaded=found, l1_read_failure=found)
         got = client.retrieve(buffer, request_id, job, list(range(found)))
         self.tally.retrieved[tenant] += got
         self.tally.expected_faults["l1_read_failed_chunks"] += found - got
+        self._doubt()
         client.end_session(request_id)
 
     def _verify(self, buffer, hashes: list[int]) -> None:
@@ -200,6 +253,8 @@ class Demo:
     def _timeout_fault(self, client, buffer, request_id: str, job, found: int) -> None:
         try:
             client.retrieve(buffer, request_id, job, list(range(found)), timeout_s=1e-9)
+        except CacheConnectionLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - the error reply is the expected outcome
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                 raise
@@ -210,9 +265,12 @@ class Demo:
     def _big_store_fault(self, client, worker: int, tenant: str, model: str) -> None:
         """A store of more chunks than L1 holds: the surplus must fail allocation."""
         n = self.config.l1_slots + 4
+        self._doubt()
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
+            self._doubt(tenant, l1_write=n, l1_allocation_failure=n)
             stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes, list(range(n)))
+            self._doubt()
         self.tally.stored[tenant] += stored
         self.tally.expected_faults["l1_allocation_failed_chunks"] += n - stored
 
