@@ -10,8 +10,8 @@ own loop, which restarts children and cleans up at SIGTERM.  So:
 * each destination (stderr, stdout, the ``--log-file``) is a :class:`Sink`: a bounded queue
   (:data:`MAX_QUEUED_BYTES`, :data:`MAX_FILE_QUEUED_BYTES`) written by its own thread.  Handing a
   line over never blocks: a full queue drops the line and counts it.  When the queue drains again,
-  the sink writes one ``log.lines_dropped`` line saying how many lines it lost (and the file sink
-  records it too);
+  the sink writes one ``log.lines_dropped`` line saying how many lines it lost; the log file records
+  that too, and also when the dropping began (``log.sink_stalled``);
 * a sink whose reader went away (EPIPE) or whose writes fail stops writing and counts every further
   line as dropped, and nothing raises into the caller; :meth:`LineForwarder.close` waits for the
   queues at most ``timeout_s``.
@@ -66,11 +66,17 @@ class Sink:
             if self.dead is not None or self._queued_bytes + len(line) > self._max_bytes:
                 self.dropped += 1
                 self.dropped_total += 1
-                return
-            self._queue.append(line)
-            self._queued_bytes += len(line)
-            self._idle.clear()
-        self._wake.set()
+                stalled = self.dropped == 1 and self.dead is None  # the first drop of an episode
+            else:
+                self._queue.append(line)
+                self._queued_bytes += len(line)
+                self._idle.clear()
+                stalled = None
+        if stalled is None:
+            self._wake.set()
+        elif stalled and self._on_drops is not None:
+            message = f"{self.name} does not keep up: lines are dropped (and counted) until it does"
+            self._on_drops(_note("log.sink_stalled", self.context, sink=self.name, message=message))
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued is written (or the sink died); False at the deadline."""

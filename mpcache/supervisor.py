@@ -564,7 +564,8 @@ class Supervisor:
                              reason="not created by mpcache")
         for lock in self.locks:
             lock.release()
-        self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed))
+        self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed),
+                      log_lines_dropped=self.forwarder.dropped_total)
 
 
 def _child_env() -> dict[str, str]:

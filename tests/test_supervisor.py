@@ -240,10 +240,11 @@ def test_a_failing_demo_is_not_restarted_and_does_not_stop_the_cache(supervised,
 
 def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauges_cleared(supervised) -> None:
     """A cache process that serves (its socket file exists; the test writes its pid and heartbeats every
-    50 ms into its gauge slot, plus 12345 bytes of L1 usage) and then falls silent is killed within the hang timeout (1 s,
-    ``cache.unresponsive`` at error level, exit status -9), restarted (a second pid), and its slot is
-    zeroed — heartbeat, pid and L1 usage read 0 until the new process writes them — so telemetry neither
-    counts it as live nor shows its usage.  The other cache process, which keeps beating, is left alone."""
+    50 ms into its gauge slot, plus 12345 bytes of L1 usage) and then falls silent is killed within the
+    hang timeout (1 s, ``cache.unresponsive`` at error level, exit status -9), restarted (a second pid),
+    and its slot is zeroed — heartbeat, pid and L1 usage read 0 until the new process writes them — so
+    telemetry neither counts it as live nor shows its usage.  The other cache process, which keeps
+    beating, is left alone."""
     caches = [Child("cache", 0, SLEEPER), Child("cache", 1, SLEEPER)]
     running = supervised([Child("telemetry", 0, SLEEPER), *caches], hang_timeout_s=1.0)
     [victim] = running.pids("cache", 0)

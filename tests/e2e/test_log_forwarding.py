@@ -33,7 +33,7 @@ from mpcache.shm.segment import Segment
 
 pytestmark = pytest.mark.slow
 
-NOTES = ("log.lines_dropped", "log.sink_failed")
+NOTES = ("log.lines_dropped", "log.sink_failed", "log.sink_stalled")
 
 
 class PipedService(ControlledService):
@@ -166,6 +166,9 @@ def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_co
     assert restarted in service.pids("cache", 0)
     assert reported and all(count > 0 for count in reported)
     assert {"stderr"} == {line["sink"] for line in in_file if line.get("event") in NOTES}
+    assert 1 <= len([line for line in in_file if line.get("event") == "log.sink_stalled"]) == len(reported)
+    [stopped] = [line for line in in_file if line.get("event") == "supervisor.stopped"]
+    assert {"stderr": sum(reported), "stdout": 0, "log-file": 0} == stopped["log_lines_dropped"]
     assert len([line for line in on_stderr if line.get("event") not in NOTES]) + sum(reported) == len(
         [line for line in in_file if line.get("event") not in NOTES])
 
