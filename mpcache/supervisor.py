@@ -124,9 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry = parser.add_argument_group("telemetry")
     telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
     telemetry.add_argument("--prometheus-port", type=_port, default=9090, help="port of /metrics (default 9090)")
-    telemetry.add_argument("--otlp-endpoint", default="", help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s)")
-    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http"), default="grpc", help="OTLP transport (default grpc)")
-    telemetry.add_argument("--otlp-interval", type=_number, default=10.0, help="seconds between OTLP exports (default 10)")
+    telemetry.add_argument("--otlp-endpoint", default=None,
+                           help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s; default "
+                           "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no push)")
+    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf", "http"), default=None,
+                           help="OTLP transport: grpc or http/protobuf (http is the same); default "
+                           "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc")
+    telemetry.add_argument("--otlp-interval", type=_number, default=None,
+                           help="seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)")
     telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
     telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
@@ -175,6 +180,43 @@ def _l2_specs(texts: list[str], chunk_bytes: int) -> list[dict]:
     return specs
 
 
+def _otel_setting(flag_value: str | None, what: str, default: str) -> str:
+    """A flag given on the command line, else OTEL_EXPORTER_OTLP_METRICS_<what>, else OTEL_EXPORTER_OTLP_<what>."""
+    if flag_value is not None:
+        return flag_value
+    for name in (f"OTEL_EXPORTER_OTLP_METRICS_{what}", f"OTEL_EXPORTER_OTLP_{what}"):
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    return default
+
+
+def _otlp_protocol(flag_value: str | None) -> str:
+    protocol = _otel_setting(flag_value, "PROTOCOL", "grpc")
+    if protocol not in ("grpc", "http/protobuf", "http"):
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {protocol!r}")
+    return protocol
+
+
+def _otlp_interval_s(flag_value: float | None) -> float:
+    if flag_value is not None:
+        return flag_value
+    text = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+    if not text:
+        return 10.0
+    try:
+        milliseconds = float(text)
+    except ValueError:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds, got {text!r}") from None
+    if not milliseconds > 0:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds > 0, got {text!r}")
+    return milliseconds / 1000
+
+
+def _otel_sdk_disabled() -> bool:
+    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics)."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir: str) -> Config:
     # the demo's L1 is small so that it evicts; smaller still with L2, so that prefetches come from L2
     l1_size = args.l1_size or (("8MiB" if args.l2 else "32MiB") if args.demo else "256MiB")
@@ -192,14 +234,14 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         eviction_interval_s=args.eviction_interval,
         prefetch_job_ttl_s=_default(args.prefetch_job_ttl, demo=3.0, normal=60.0, is_demo=args.demo),
         ring_capacity_cells=args.ring_cells,
-        disable_metrics=args.disable_metrics,
+        disable_metrics=args.disable_metrics or _otel_sdk_disabled(),
         disable_logging=args.disable_logging,
         enable_tracing=args.enable_tracing,
         prometheus_host=args.prometheus_host,
         prometheus_port=args.prometheus_port,
-        otlp_endpoint=args.otlp_endpoint,
-        otlp_protocol=args.otlp_protocol,
-        otlp_interval_s=args.otlp_interval,
+        otlp_endpoint=_otel_setting(args.otlp_endpoint, "ENDPOINT", ""),
+        otlp_protocol=_otlp_protocol(args.otlp_protocol),
+        otlp_interval_s=_otlp_interval_s(args.otlp_interval),
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
         log_level=args.log_level,

@@ -18,6 +18,7 @@ unit, description and bucket boundaries live in one place.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -32,7 +33,9 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID as SERVICE_INSTANCE_ID_KEY
+from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from prometheus_client import CollectorRegistry
 
 from mpcache.config import Config
@@ -117,9 +120,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def build_resource(config: Config) -> Resource:
-    """Only the two attributes mpcache promises; built directly so that no
-    ``OTEL_*`` environment variable changes them behind the configuration."""
-    return Resource({"service.name": SERVICE_NAME, "service.instance.id": config.instance_id})
+    """service.name "mpcache" unless ``OTEL_SERVICE_NAME`` says otherwise, the attributes of
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's own detector), and always the configured service.instance.id."""
+    from_environment = OTELResourceDetector().detect()
+    return (Resource({SERVICE_NAME_KEY: SERVICE_NAME}).merge(from_environment)
+            .merge(Resource({SERVICE_INSTANCE_ID_KEY: config.instance_id})))
 
 
 def build_otlp_exporter(config: Config) -> MetricExporter:
@@ -130,7 +135,7 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     ``/v1/metrics`` path.
     """
     endpoint = config.otlp_endpoint
-    timeout_s = min(10.0, config.otlp_interval_s)
+    timeout_s = otlp_timeout_s(config)
     if config.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcExporter,
@@ -144,6 +149,14 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     if urlsplit(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + HTTP_METRICS_PATH
     return HttpExporter(endpoint=endpoint, timeout=timeout_s)
+
+
+def otlp_timeout_s(config: Config) -> float | None:
+    """None where ``OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]TIMEOUT`` is set (the SDK reads it), else at most 10 s."""
+    if any(name in os.environ for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+                                           "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")):
+        return None
+    return min(10.0, config.otlp_interval_s)
 
 
 def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()):

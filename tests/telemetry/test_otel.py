@@ -187,3 +187,19 @@ def test_otlp_grpc_push_exports_once_more_at_shutdown(config):
         server.stop(grace=None)
     names, instances = exported_names(servicer.received)
     assert (True, {config.instance_id}) == ("lmcache_mp.l1_write" in names, instances)
+
+
+def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_the_instance_id(config, monkeypatch):
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES reach the Resource (the SDK's detector); a
+    service.instance.id among them does not replace the configured one."""
+    from mpcache.telemetry.otel import build_resource
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "kv-cache")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging,team=inference,"
+                                                   "service.instance.id=spoofed")
+    assert {"service.name": "kv-cache", "deployment.environment": "staging", "team": "inference",
+            "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
+    assert {"service.name": "mpcache", "service.instance.id": config.instance_id} == dict(
+        build_resource(config).attributes)
