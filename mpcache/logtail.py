@@ -35,6 +35,8 @@ import sys
 import time
 from typing import IO, Any, Callable, Iterator
 
+from mpcache import __version__
+
 POLL_INTERVAL_S = 0.05
 LEVEL_ORDER = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
@@ -86,6 +88,7 @@ def _count(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="mpcache-logs", description="Read, filter and follow mpcache JSON log lines.")
+    parser.add_argument("--version", action="version", version=f"mpcache-logs (mpcache) {__version__}")
     parser.add_argument("path", help="log file (the supervisor's --log-file), or - for standard input")
     parser.add_argument("-f", "--follow", action="store_true",
                         help="keep reading as the file grows; survives rotation and truncation")

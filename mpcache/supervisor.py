@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from mpcache import __version__
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.config import Config, parse_size
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run mpcache: cache processes serving KV chunks, plus a telemetry process "
         "exporting their metrics (Prometheus /metrics and/or OTLP).",
     )
+    parser.add_argument("--version", action="version", version=f"start-cache (mpcache) {__version__}")
     service = parser.add_argument_group("service")
     service.add_argument("--workers", type=_int_at_least(1), default=2, help="cache processes to run (default 2)")
     service.add_argument("--instance-id", default="", help="service.instance.id on every metric (default: a new UUID4)")
