@@ -50,15 +50,16 @@ def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) ->
             prefix = int(rng.integers(0, 200)) if n % 2 else 10**9 + n  # half repeat, half new
             hashes = [(seed << 48) ^ (prefix << 8) ^ i for i in range(CHUNKS_PER_REQUEST)]
             request = f"bench-{seed}-{n}"
-            job = client.lookup_prefetch(request, "llama-3-8b", "tenant-a", hashes)
-            found = int(client.wait_prefetch(job, timeout_s=10)["found_count"])
+            job = client.lookup_prefetch(request_id=request, model_name="llama-3-8b", cache_salt="tenant-a",
+                                         chunk_hashes=hashes)
+            found = client.wait_prefetch(job, timeout_s=10).found_count
             done = 1
             if found:
-                client.retrieve(buffer, request, job, list(range(found)))
+                client.retrieve(buffer, request_id=request, job_id=job, block_ids=range(found))
                 done += 1
             if found < CHUNKS_PER_REQUEST:
-                client.store(buffer, request, "llama-3-8b", "tenant-a", hashes[found:],
-                             list(range(found, CHUNKS_PER_REQUEST)))
+                client.store(buffer, request_id=request, model_name="llama-3-8b", cache_salt="tenant-a",
+                             chunk_hashes=hashes[found:], block_ids=range(found, CHUNKS_PER_REQUEST))
                 done += 1
             client.end_session(request)
             if time.monotonic() >= counting_from:
@@ -129,6 +130,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         "rings_over_off": round(rings / off, 3),
         "inprocess_over_off": round(inprocess / off, 3),
         "target_rings_over_off": TARGET_RINGS_OVER_OFF,
-        "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF, "rings_ahead_of_inprocess": rings > inprocess},
+        "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF,
+                        "rings_ahead_of_inprocess": rings > inprocess},
         "samples_ops_per_s": {m: [round(x, 1) for x in samples[m]] for m in MODES},
     }

@@ -110,7 +110,8 @@ class Scheduler:
         if admitted is not None:
             records.append(admitted)
         if records:
-            self.client.report_block_allocations(self.instance_id, self.model_name, records)
+            self.client.report_block_allocations(instance_id=self.instance_id, model_name=self.model_name,
+                                                 records=records)
             self.reports += 1
             self.blocks_reported += sum(len(blocks) for _, blocks, _ in records)
         for request in list(self.running):
