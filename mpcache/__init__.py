@@ -1,0 +1,1 @@
+"""mpcache: a multi-process KV-cache service whose observability runs out of the data path."""

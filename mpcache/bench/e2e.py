@@ -1,13 +1,5 @@
-"""Cache operations per second with telemetry off, through the rings, and with the reference's in-process bus.
-
-Three ways, interleaved in the same run: ``bin/start-cache --workers 2`` with
-``--event-sink none`` (no events at all), ``ring`` (the product: rings plus the
-telemetry process, which runs on the same two cores) and ``inprocess`` (the
-reference design: an in-process bus and a drain thread calling OpenTelemetry
-inside each cache process).  Two client processes, one per cache process,
-loop over requests — store 8 chunks of 64 KiB, lookup+prefetch, retrieve the
-hits, end the session — with half their prefixes repeating; one operation is
-one store, one lookup_prefetch or one retrieve.
+"""Cache operations per second with telemetry off, through the rings, and with the in-process bus
+(``bin/start-cache --event-sink none|ring|inprocess``, interleaved in one run).
 """
 
 from __future__ import annotations

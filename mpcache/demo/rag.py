@@ -1,29 +1,5 @@
-"""The demo's retrieval-augmented (RAG) load: cache blending of document chunks at any position.
-
-A corpus of documents (whole chunks of random tokens, Zipf popularity) is
-shared by every tenant.  Each request is a few documents in random order
-followed by a question, so the same document chunks come back at other
-positions: a prefix cache misses them, cache blending finds them by
-fingerprint.  Per request, as an engine with blending would:
-
-1. ``cb_lookup`` the prompt;
-2. ``cb_retrieve`` every hit (prefix or fingerprint) into its blocks and check
-   the bytes (a chunk's content is derived from its fingerprint, so it is the
-   same wherever it was stored from);
-3. ``cb_store_pre_computed`` each document that was not wholly found (what an
-   engine would compute on its own, independent of context);
-4. ``cb_store_final`` the finished request, then ``end_session``.
-
-A small fault mix keeps every ``lmcache_blend`` failure counter moving: now
-and then a retrieve or a pre-computed store names a buffer id the server never
-gave out, a final store names too few blocks, and a client with no KV buffer
-looks up (``no_gpu_context``).  Stale fingerprints appear by themselves: L1
-evicts blend objects like any other.
-
-Everything the RAG load does to L1 is added to the demo's tally (chunks
-stored per cache_salt, allocation and read failures), so the demo's L1
-counters still agree with ``/metrics``; ``tally.blend`` holds its own counts, named as the
-``lmcache_blend.*`` counters they must equal.
+"""The demo's RAG load: documents in random order, so cache blending finds their chunks at other positions;
+with a fault mix for the blend failure counters, tallied to match ``/metrics``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,5 @@
-"""``--demo``: a built-in load generator that behaves like a small fleet of inference engines.
-
-Several tenants (cache_salt) and two models share system prompts and a corpus
-of documents; requests pick documents with Zipf-distributed popularity, so
-some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
-request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
-read the result, retrieve the hit prefix into its KV blocks, store the rest,
-end the session.  With ``--l2`` the supervisor gives it a smaller L1, so hot
-prefixes are evicted from L1 and come back from L2 (the progress line shows
-the share of hit tokens that L2 supplied); an fs tier also survives a restart
-of the cache processes, and a mock adapter with ``failure_rate`` makes the L2
-failure counters move.  A small fault mix keeps the failure counters honest: now and
-then a store larger than L1 (allocations fail), a retrieve with an
-impossible deadline (a timeout), and a client that comes back for its
-prefetch only after it expired and its chunks were evicted (read failures).
-
-Every retrieved chunk is checked byte for byte against what was stored; a
-mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
-the final tally (per cache_salt) is logged and, with ``--demo-tally``, written
-as JSON — tests compare it with what ``/metrics`` says.
+"""``--demo``: engines' requests (lookup+prefetch, retrieve, store, end) over tenants and Zipf-popular
+documents, with a fault mix; every chunk is verified and the tally is what tests compare with ``/metrics``.
 """
 
 from __future__ import annotations

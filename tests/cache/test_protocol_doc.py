@@ -18,7 +18,7 @@ def test_committed_protocol_reference_is_current():
 
 
 def test_every_operation_and_field_is_described():
-    """Every operation has a section, and every field type and field name has an entry in the reference."""
+    """Every operation has a section, and every field type and field name has an entry in PROTOCOL.md."""
     text = doc.render_markdown()
     fields = [(name, check) for op in OPERATIONS.values() for name, check, _ in op.fields]
 

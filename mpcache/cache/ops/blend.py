@@ -1,8 +1,5 @@
-"""The cache-blending operations: cb_store_pre_computed, cb_store_final, cb_lookup, cb_retrieve.
-
-Their logic and state live in :class:`mpcache.cache.blend.BlendState`; ``tokens`` are the request's
-token ids, ``block_ids`` one block per whole chunk (stores) or per retrieved chunk (cb_retrieve,
-with ``chunk_indices`` into the lookup's chunks).
+"""The cache-blending operations ``cb_store_pre_computed``, ``cb_store_final``, ``cb_lookup`` and
+``cb_retrieve``; their state and logic are :class:`mpcache.cache.blend.BlendState`'s.
 """
 
 from __future__ import annotations

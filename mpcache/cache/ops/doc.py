@@ -65,7 +65,7 @@ FIELDS_OF = {  # where an operation gives a field a narrower meaning
     ("cb_store_final", "block_ids"): "block i holds whole chunk i of `tokens`",
     ("cb_retrieve", "block_ids"): "block i receives hit chunk `chunk_indices[i]`",
 }
-# The order of the reference: the process, buffers, the KV path, then cache blending.
+# Section order: the process, buffers, the KV path, then cache blending.
 MODULE_ORDER = ("service", "buffers", "kv", "blend")
 
 INTRO = f"""\

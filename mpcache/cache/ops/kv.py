@@ -1,7 +1,5 @@
-"""The KV operations: store, lookup_prefetch, query_prefetch_status, retrieve, end_session.
-
-Each publishes the request-flow events of ``docs/PROTOCOL.md``; the copies go through the
-buffer's transfer (shared memory, or CUDA with START/END stamped where its stream reached them).
+"""The KV operations: store, lookup_prefetch, query_prefetch_status, retrieve and end_session, with the
+request-flow events ``docs/PROTOCOL.md`` lists.
 """
 
 from __future__ import annotations

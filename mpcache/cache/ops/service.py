@@ -1,4 +1,4 @@
-"""Operations about the process itself and the engine's scheduler: ping, report_block_allocations."""
+"""Operations about the process and the engine's scheduler: ping, report_block_allocations."""
 
 from __future__ import annotations
 
