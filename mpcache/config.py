@@ -1,9 +1,5 @@
-"""One frozen configuration, built once by the supervisor from its flags.
-
-Children receive it as a JSON file (``--config PATH``, mode 0600) and rebuild
-the same object with :meth:`Config.from_json`; no module reads environment
-variables on its own.  Every check raises :class:`~mpcache.errors.ConfigError`
-with a message that names the flag and what it accepts.
+"""One frozen configuration, built once by the supervisor from its flags and handed to the children as a
+JSON file; every check raises a :class:`~mpcache.errors.ConfigError` naming the flag.
 """
 
 from __future__ import annotations
@@ -69,7 +65,7 @@ class Config:
     duration_s: float = 0.0
     demo_tally_file: str = ""
     # where cache processes send events: "ring" (the product), or for benchmarks only "none" (telemetry
-    # off) and "inprocess" (the reference design: an in-process bus and OTel calls in the cache process)
+    # off) and "inprocess" (LMCache's design, mpcache.bench.reference: a bus and OTel calls in the cache process)
     event_sink: str = "ring"
     # LMCache MP-protocol front end: cache process i listens on tcp://lmcache_host:(lmcache_port + i)
     # when lmcache_port > 0, and/or on ipc://<runtime_dir>/lmcache<i>.ipc with lmcache_ipc
@@ -101,7 +97,8 @@ class Config:
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
-            (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
+            (self.log_level in ("debug", "info", "warning", "error"),
+             "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),
              "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP)"),
             (self.demo_seconds >= 0 and self.duration_s >= 0, "--duration/--demo-seconds: expected seconds >= 0"),

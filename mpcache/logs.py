@@ -1,10 +1,5 @@
-"""structlog set-up: JSON lines, one ``configure`` per process, called from its main().
-
-Every line carries ``timestamp``, ``level``, ``role`` (supervisor, cache,
-telemetry, demo), ``instance_id`` and ``event``; cache processes add
-``worker``.  Output goes to stderr and, with ``--log-file``, to a size-rotated
-file.  Under the supervisor, children log to stderr only: the supervisor
-forwards their lines, so the log file has one writer and rotates safely.
+"""structlog set-up: JSON lines with ``role`` and ``instance_id`` on stderr and, with ``--log-file``, a
+size-rotated file that only the supervisor writes (it forwards its children's lines).
 """
 
 from __future__ import annotations
@@ -33,7 +28,8 @@ def configure_logging(
     if handlers is None:
         handlers = [logging.StreamHandler(sys.stderr)]
         if log_file:
-            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
+            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
+                                                                 backupCount=backup_count))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

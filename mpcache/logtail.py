@@ -1,24 +1,5 @@
-"""``mpcache-logs``: read, filter and follow mpcache's JSON log lines.
-
-    mpcache-logs /var/log/mpcache.jsonl -f --event l1. --salt tenant-a --since 5m
-
-Reads the file from its start (``-n N``: only the last N matching lines of
-what is already there), prints each matching line readably::
-
-    2026-11-29T18:00:00Z DEBUG cache[0] l1.keys.evicted tenant-a=12 session_id=req-7
-
-or as the raw JSON line (``--json``), and with ``--follow`` keeps reading like
-``tail -f``: when the file is renamed and recreated (rotation) it finishes the
-old file and reopens the new one (inode check); when it is truncated it starts
-again from the top (it polls every 50 ms: a file rotated twice within one poll
-leaves the middle file, still on disk as ``FILE.1``, unread).  Lines that are
-not JSON objects are skipped.  ``-`` reads standard input.
-
-Filters (all given must match; a repeated flag matches any of its values):
-``--event`` dotted event name or prefix (``l1.`` or ``l1``), ``--level`` that
-level and above, ``--salt`` a cache_salt in the event's salt counts or
-fields, ``--request`` the session/request id, ``--since`` 30s/5m/2h/1d or an
-ISO timestamp.  Ctrl-C and a closed pipe end it with status 0.
+"""``mpcache-logs``: read, filter and follow mpcache's JSON log lines, like ``tail -f`` across rotation and
+truncation; filters by event, level, cache_salt, request and time.
 """
 
 from __future__ import annotations

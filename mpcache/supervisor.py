@@ -1,15 +1,5 @@
-"""``bin/start-cache``: configuration, shared-memory ownership, and the child processes.
-
-The supervisor builds the one :class:`~mpcache.config.Config`, creates every
-shared-memory segment (mode 0600), removes leftovers of crashed earlier runs,
-starts the telemetry process first and then the cache processes (and the demo
-load generator with ``--demo``), restarts a child that dies with exponential
-backoff, gives up with one clear message after repeated fast crashes, and on
-SIGINT/SIGTERM (or after ``--duration``) stops the cache processes, lets
-telemetry drain and export a final time, and unlinks everything.
-
-Children's stderr is forwarded line by line through the supervisor, so the log
-file has exactly one writer and rotates safely.
+"""``bin/start-cache``: the configuration, every shared-memory object, and the child processes (telemetry,
+cache, demo), started in order, restarted with backoff, stopped in order.
 """
 
 from __future__ import annotations
@@ -107,24 +97,34 @@ def build_parser() -> argparse.ArgumentParser:
     service = parser.add_argument_group("service")
     service.add_argument("--workers", type=_int_at_least(1), default=2, help="cache processes to run (default 2)")
     service.add_argument("--instance-id", default="", help="service.instance.id on every metric (default: a new UUID4)")
-    service.add_argument("--l1-size", default="", help="L1 pool per cache process, e.g. 512MiB (default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
+    service.add_argument("--l1-size", default="",
+                         help="L1 pool per cache process, e.g. 512MiB "
+                              "(default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
     service.add_argument("--chunk-bytes", default="64KiB", help="bytes per KV chunk slot (default 64KiB)")
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
-    service.add_argument("--l1-watermark", type=_number, default=0.8, help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
-    service.add_argument("--eviction-interval", type=_number, default=1.0, help="seconds between eviction-loop runs (default 1)")
-    service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
-    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
-    service.add_argument("--runtime-dir", default="", help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
+    service.add_argument("--l1-watermark", type=_number, default=0.8,
+                         help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
+    service.add_argument("--eviction-interval", type=_number, default=1.0,
+                         help="seconds between eviction-loop runs (default 1)")
+    service.add_argument("--prefetch-job-ttl", type=_number, default=None,
+                         help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
+    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18,
+                         help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
+    service.add_argument("--runtime-dir", default="",
+                         help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
     service.add_argument(
         "--l2", action="append", default=[], metavar="JSON",
         help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
         'fs: {"type": "fs", "path": DIR, "capacity_gb": N, "threads"?: N} (each cache process uses DIR/worker-<i>); '
-        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], "seed"?}; '
+        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], '
+        '"seed"?}; '
         'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
         "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
-    service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
+    service.add_argument("--duration", type=_number, default=0.0,
+                         help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
-    telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
+    telemetry.add_argument("--prometheus-host", default="127.0.0.1",
+                           help="address /metrics binds to (default 127.0.0.1)")
     telemetry.add_argument("--prometheus-port", type=_port, default=9090, help="port of /metrics (default 9090)")
     telemetry.add_argument("--otlp-endpoint", default=None,
                            help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s; default "
@@ -134,16 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
                            "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc")
     telemetry.add_argument("--otlp-interval", type=_number, default=None,
                            help="seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)")
-    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
-    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
+    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None,
+                           help="fraction of chunks, in (0, 1], tracked by lifecycle histograms "
+                                "(default 0.01; 0.1 with --demo)")
+    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000,
+                           help="distinct cache_salt values per metric before __overflow__ (default 1000)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
-    telemetry.add_argument("--enable-tracing", action="store_true", help="export request spans over OTLP (needs --otlp-endpoint)")
+    telemetry.add_argument("--enable-tracing", action="store_true",
+                           help="export request spans over OTLP (needs --otlp-endpoint)")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
-    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
-    logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
+    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20,
+                      help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
+    logs.add_argument("--log-backups", type=_int_at_least(0), default=5,
+                      help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
     lmcache = parser.add_argument_group("LMCache clients (vLLM's LMCacheMPConnector, engine_driven transfer)")
     lmcache.add_argument("--lmcache-port", type=_port, default=0,
                          help="serve LMCache's MP protocol over ZeroMQ: cache process i listens on tcp://HOST:PORT+i "
@@ -154,12 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
                        help="where cache processes send events: ring (default, the telemetry process reads them); "
-                       "none (telemetry off) and inprocess (the reference design, an in-process bus) exist to "
+                       "none (telemetry off) and inprocess (LMCache's design, an in-process bus) exist to "
                        "measure against")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="also run the built-in load generator")
-    demo.add_argument("--demo-seconds", type=_number, default=0.0, help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
-    demo.add_argument("--demo-tally", default="", help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
+    demo.add_argument("--demo-seconds", type=_number, default=0.0,
+                      help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
+    demo.add_argument("--demo-tally", default="",
+                      help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
     return parser
 
 
@@ -282,7 +290,8 @@ class LineForwarder:
         self._lock = threading.Lock()
         self._file_handler = None
         if log_file:
-            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count)
+            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
+                                                                      backupCount=backup_count)
 
     def forward(self, child: Child, stream) -> None:
         for raw in iter(stream.readline, b""):
@@ -326,7 +335,7 @@ class Supervisor:
             telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
             self.children.append(telemetry)
             self._spawn(telemetry)
-        # --event-sink inprocess (benchmarks): cache processes publishing through the reference design's bus
+        # --event-sink inprocess (benchmarks): cache processes publishing through LMCache's in-process bus
         module = "mpcache.bench.reference_cache" if self.config.event_sink == "inprocess" else "mpcache.cache"
         for worker in range(self.config.workers):
             cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
@@ -347,11 +356,13 @@ class Supervisor:
                     self.log.error("cache.not_ready", worker=worker, socket=path, waited_s=timeout_s)
                     return
                 time.sleep(0.05)
-        self.log.info("cache.ready", workers=self.config.workers, sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+        self.log.info("cache.ready", workers=self.config.workers,
+                      sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
 
     def _reap(self, child: Child, status: int) -> None:
         now = time.monotonic()
-        self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+        self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
+                      exit_status=status)
         if child.role == "demo":
             child.finished = True
             if status != 0:
@@ -361,7 +372,8 @@ class Supervisor:
             return
         if child.role == "cache":
             if recover_ring(self.config, child.index):
-                self.log.warning("ring.torn_record", worker=child.index, detail="a record begun by the dead process was counted as dropped")
+                self.log.warning("ring.torn_record", worker=child.index,
+                                 detail="a record begun by the dead process was counted as dropped")
             self._clear_gauge_slot(child.index)
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > CRASH_WINDOW_S:
@@ -420,10 +432,12 @@ class Supervisor:
                 try:
                     status = child.process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=child.process.pid, waited_s=STOP_GRACE_S)
+                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=child.process.pid,
+                                     waited_s=STOP_GRACE_S)
                     child.process.kill()
                     status = child.process.wait()
-                self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+                self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
+                              exit_status=status)
         if self._gauge_board is not None:
             self._gauge_board.close()
         removed = unlink_segments(self.config)
@@ -457,7 +471,8 @@ def _check_endpoints(config: Config) -> None:
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
+            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} "
+                              f"({exc.strerror})") from None
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
     if config.otlp_endpoint:

@@ -1,5 +1,4 @@
-"""A benchmark's child processes are stopped whatever ends the run: an error, Ctrl-C or SIGTERM
-(``python -m mpcache.bench`` turns SIGTERM into KeyboardInterrupt so the ``finally`` blocks run)."""
+"""Stops a benchmark's child processes whatever ends the run: an error, Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 

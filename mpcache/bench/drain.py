@@ -1,16 +1,5 @@
-"""Telemetry throughput: events per second through the default metrics subscribers.
-
-Producer processes publish the event stream a real cache process publishes
-(per request: lookup+prefetch, retrieve, store, with their L1, storage-manager
-and MP-server events — 16 events, 11 of them carrying a session id) into real
-rings, filling them first; then the telemetry pipeline of the telemetry
-process (``Pump`` → ``EventBus`` → every metrics subscriber, logging and
-tracing off) drains them, and that drain is timed: ``events_per_s``.
-
-In the same run, ``reference_events_per_s`` is the reference design's cost for
-the same stream: per event, one OpenTelemetry instrument call per metric it
-feeds (as an in-process drain thread does; every call with its attributes),
-with the event as a dict — no ring, no decoding at all, which flatters it.
+"""Telemetry throughput: events per second through the metrics subscribers, on the event stream of real
+requests, against the in-process design's per-event OpenTelemetry calls on the same stream.
 """
 
 from __future__ import annotations
@@ -150,7 +139,7 @@ def _drain_once(config: Config) -> tuple[float, int]:
 
 
 def _reference_rate(events: int) -> float:
-    """The reference's drain for the same stream: per event, one instrument call per metric it feeds."""
+    """The in-process design's drain of the same stream: per event, one instrument call per metric it feeds."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 

@@ -1,7 +1,5 @@
-"""What every operation of a cache process works on: L1, L2, sessions, the publisher, the clocks.
-
-Front ends (the Unix-socket protocol, LMCache's ZeroMQ protocol) hand a :class:`CacheContext` and
-the calling peer to operations; the operations know nothing about sockets or frames.
+"""What every operation works on: L1, L2, sessions, the publisher, the clocks; front ends hand it and the
+calling peer to operations, which know nothing about sockets or frames.
 """
 
 from __future__ import annotations

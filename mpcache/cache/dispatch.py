@@ -1,8 +1,5 @@
-"""One request frame in, one reply out: decode, validate, run the operation, turn failures into replies.
-
-Transport-free: the Unix-socket front end hands it payloads and writes back what it returns.  A
-timeout is published (TIMEOUT_RAISED) here, where it is caught; every client error is logged, at
-most ``per_second`` lines a second.
+"""One request payload in, one reply out: decode, validate, run the operation, turn failures into
+one-line error replies (and a caught timeout into TIMEOUT_RAISED).  Transport-free.
 """
 
 from __future__ import annotations

@@ -1,36 +1,5 @@
-"""The prefetch controller: the part of a lookup that L1 could not answer, fetched from L2 into L1.
-
-The server locks the contiguous L1 prefix of a lookup itself; when chunks are
-left and adapters are configured, :meth:`PrefetchController.start` takes the
-rest.  Every step below runs on the server's loop thread (adapter futures
-complete through :class:`~mpcache.cache.storage.StorageManager`'s queue), and
-``request_id`` in the events is the prefetch job's id.
-
-1. ``L2_PREFETCH_LOOKUP_SUBMITTED`` (key_count = chunks after the L1 prefix,
-   adapter_count = adapters asked): every adapter gets a lookup of all of them.
-2. When every lookup answered: ``L2_PREFETCH_LOOKUP_COMPLETED`` with
-   ``prefix_hit_count``, the contiguous run (from the first chunk after the L1
-   prefix) that at least one adapter holds.  Each such chunk is assigned to the
-   first adapter, in ``--l2`` order, that holds it.
-3. L1 landing slots for that run (:meth:`~mpcache.cache.l1.L1Manager.reserve_prefetch`).
-   Chunks that get none: ``L1_ALLOCATION_FAILED`` (during=l2_prefetch, from L1)
-   and ``L2_PREFETCH_FAILED`` reason=l1_oom.  Chunks that meanwhile became ready
-   in L1 are read-locked and need no load; the run stops before a chunk that is
-   being written by someone else.
-4. ``L2_PREFETCH_LOAD_SUBMITTED`` (request level: chunks to load, adapters
-   that got a task), then per adapter ``L2_LOAD_TASK_SUBMITTED`` (total_bytes =
-   the L1 bytes it lands into, which are also its in-flight load bytes).
-5. Per finished load task: the loaded chunks become readable and read-locked
-   (``L1_WRITE_FINISHED_AND_READ_RESERVED``), the failed ones give their slots
-   back; ``L2_LOAD_TASK_COMPLETED``.
-6. When all load tasks finished: ``L2_PREFETCH_LOAD_COMPLETED`` (loaded and
-   failed counts, salt_counts of the loaded chunks) and, for chunks an adapter
-   said it held but could not produce, ``L2_PREFETCH_FAILED`` reason=not_found.
-   The job's hit grows by the contiguous run of chunks now locked in L1; loaded
-   chunks after a gap stay in L1 (unlocked, ordinary cached data).
-
-At most ``max_pending`` prefetches consult L2 at once; a lookup beyond that
-is answered from L1 alone.
+"""The prefetch controller: the part of a lookup L1 could not answer, looked up in L2 and loaded into L1
+slots that stay read-locked for the job (steps and events: ``docs/ARCHITECTURE.md``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""A cache process: attaches its shared memory, builds the cache context, runs its front ends and timers.
-
-Single-threaded: requests run one at a time to completion, and the eviction tick, the heartbeat and
-prefetch-job expiry are timers of the same selectors loop, so neither L1 nor the event ring needs a
-lock.  The supervisor created every segment; this process only attaches.  It stops by itself when it
-is reparented (the supervisor died and could never stop it).  ``docs/ARCHITECTURE.md`` walks through
-a request.
+"""A cache process: attaches its shared memory, builds the cache context, runs its front end and timers on
+one selectors loop (so neither L1 nor the ring needs a lock), and stops when orphaned.
 """
 
 from __future__ import annotations

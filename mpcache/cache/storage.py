@@ -1,33 +1,5 @@
-"""The storage manager: a cache process's L2 adapters, their in-flight tasks, and the store controller.
-
-Threads.  Adapters complete their futures on their own worker threads.  The
-only thing a completion does on such a thread is append the finished task to
-a queue and write one byte to the server's wake socket; everything else —
-publishing events (the ring has exactly one writer), touching L1, updating
-gauges — happens in :meth:`StorageManager.poll`, which the server's selectors
-loop calls.  So this module, like the server, takes no lock of its own.
-
-Store controller (:meth:`StorageManager.store`): after a client's chunks are
-committed to L1, one store task per adapter (``L2_STORE_SUBMITTED``), fed with
-a copy of each chunk's bytes taken on the loop thread (so the L1 slot stays
-readable — and evictable — while the adapter writes).  On completion
-``L2_STORE_COMPLETED``: ``bytes_transferred`` is what the adapter actually wrote
-(keys it already held are skipped and excluded); ``succeeded_count`` and
-``salt_counts`` count the keys the adapter holds afterwards (written or
-skipped), ``failed_count`` the rest.  Keys the adapter evicted to make room are
-published as ``L2_KEYS_EVICTED`` (only when there are some).  Only full-size
-chunks (``--chunk-bytes``) go to L2, because a load lands a chunk in a whole L1
-slot; chunks stored from smaller client blocks stay in L1.
-
-Bounds: at most ``max_inflight_stores`` store tasks per adapter; a store that
-finds its adapter at the bound is not submitted there (counted in
-:attr:`StorageManager.stores_dropped`, logged, no event).
-
-Gauges (per adapter, this process's slot of the gauge board): in-flight store
-tasks, in-flight load tasks, the L1 bytes reserved by in-flight loads (each load
-task's bytes are attributed to the one adapter that serves it) and the bytes
-the adapter holds.  A shared tier (redis) is reported by worker 0 only, so
-summing the slots does not count it once per process.
+"""The storage manager: a cache process's L2 adapters, their in-flight tasks and gauges, and the store
+controller.  Adapter threads only queue completions; everything else runs on the loop thread.
 """
 
 from __future__ import annotations
@@ -245,7 +217,8 @@ class StorageManager:
                        (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
                        salt_counts=salt_groups(succeeded))
         if result.evicted:
-            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)), salt_counts=salt_groups(result.evicted))
+            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)),
+                           salt_counts=salt_groups(result.evicted))
 
     # -- shutdown ------------------------------------------------------------------------
 

@@ -1,31 +1,5 @@
-"""Copies between a client's KV buffer (L0) and L1 slots, and where their timestamps come from.
-
-The server's store (L0 → L1) and retrieve (L1 → L0) hand the block ↔ slot
-pairs of one request to the buffer's :class:`Transfer`:
-
-* :class:`CpuTransfer` — the client's buffer is POSIX shared memory; numpy
-  copies each block.  ``stream_timed`` is False: the server publishes
-  ``MP_*_START`` on the wall clock just before the L1 reservation and the copy,
-  and ``MP_*_END`` just after, with device ``"cpu"``.
-* :class:`CudaTransfer` — the client's buffer is GPU memory shared through a
-  CUDA IPC handle.  The cache process copies device ⇄ a pinned host staging
-  buffer on its own non-blocking stream (one per device), with a
-  ``cupy.cuda.Event`` recorded on the stream before the first and after the
-  last copy.  ``stream_timed`` is True: the copy returns :class:`Timing`, the
-  wall-clock instants at which the *stream* reached those two events, and the
-  server publishes START/END with those timestamps and device ``"cuda:N"``.
-  The instants are read back after the stream finished — elapsed time from a
-  calibration event whose wall-clock time is known (``cudaEventElapsedTime``)
-  — never from a host callback on the stream (``cudaLaunchHostFunc`` would
-  need the GIL on a driver thread while this thread may hold it waiting for
-  the stream: a deadlock).
-
-cupy is imported only by :func:`open_cuda_buffer`, on the first
-``register_cuda_buffer`` request; a process without cupy or without a CUDA
-device answers that request with a one-line error and is otherwise unchanged.
-Trust: the server cannot learn the size of the allocation behind an IPC
-handle, so it relies on the client's ``num_blocks × block_bytes``; the socket
-admits only the same user (mode 0600, SO_PEERCRED), as for shared memory.
+"""Copies between a client's KV buffer and L1 slots: numpy for shared memory, a CUDA stream for GPU buffers
+(START/END stamped where the stream reached them, read back from CUDA events).
 """
 
 from __future__ import annotations

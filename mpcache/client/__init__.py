@@ -1,6 +1,31 @@
-"""What an inference engine links: a blocking client for one cache process (:mod:`mpcache.client.core`)."""
+"""What an inference engine links: a blocking, typed client for one cache process."""
 
-from mpcache.client.buffers import KVBuffer, RegisteredBuffer
-from mpcache.client.core import CacheClient, CacheTimeoutError
+from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
+from mpcache.client.core import BlockRecord, CacheClient, CacheTimeoutError
+from mpcache.client.cuda import CudaKVBuffer
+from mpcache.client.results import (
+    BlendLookup,
+    BlendStoreResult,
+    BlockReport,
+    PrefetchStatus,
+    RetrieveResult,
+    ServerInfo,
+    StoreResult,
+)
 
-__all__ = ["CacheClient", "CacheTimeoutError", "KVBuffer", "RegisteredBuffer"]
+__all__ = [
+    "BlendLookup",
+    "BlendStoreResult",
+    "BlockBuffer",
+    "BlockRecord",
+    "BlockReport",
+    "CacheClient",
+    "CacheTimeoutError",
+    "CudaKVBuffer",
+    "KVBuffer",
+    "PrefetchStatus",
+    "RegisteredBuffer",
+    "RetrieveResult",
+    "ServerInfo",
+    "StoreResult",
+]

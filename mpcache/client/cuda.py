@@ -1,15 +1,5 @@
-"""Client side of the GPU data path: a KV buffer in GPU memory, shared with a cache process by CUDA IPC.
-
-:meth:`mpcache.client.CacheClient.register_cuda_buffer` allocates the buffer
-with ``cudaMalloc`` (``cupy.cuda.Memory``, not cupy's pool: an IPC handle names
-a whole allocation, so the buffer must start at one), exports it with
-``cupy.cuda.runtime.ipcGetMemHandle`` and sends the handle (hex) to the server,
-which copies device ⇄ L1 on its own CUDA stream (:mod:`mpcache.cache.transfer`).
-Store and retrieve then work as with a shared-memory buffer.
-
-CUDA IPC needs two processes: a cache process cannot open a handle that it
-exported itself.  cupy is imported here only; without it, registering raises a
-``RuntimeError`` that says so.
+"""A client KV buffer in GPU memory, shared with the cache process by a CUDA IPC handle (needs cupy here and
+a CUDA device on both sides; cupy is imported only when one is registered).
 """
 
 from __future__ import annotations

@@ -1,23 +1,5 @@
-"""``--demo``: a built-in load generator that behaves like a small fleet of inference engines.
-
-Several tenants (cache_salt) and two models share system prompts and a corpus
-of documents; requests pick documents with Zipf-distributed popularity, so
-some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
-request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
-read the result, retrieve the hit prefix into its KV blocks, store the rest,
-end the session.  With ``--l2`` the supervisor gives it a smaller L1, so hot
-prefixes are evicted from L1 and come back from L2 (the progress line shows
-the share of hit tokens that L2 supplied); an fs tier also survives a restart
-of the cache processes, and a mock adapter with ``failure_rate`` makes the L2
-failure counters move.  A small fault mix keeps the failure counters honest: now and
-then a store larger than L1 (allocations fail), a retrieve with an
-impossible deadline (a timeout), and a client that comes back for its
-prefetch only after it expired and its chunks were evicted (read failures).
-
-Every retrieved chunk is checked byte for byte against what was stored; a
-mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
-the final tally (per cache_salt) is logged and, with ``--demo-tally``, written
-as JSON — tests compare it with what ``/metrics`` says.
+"""``--demo``: engines' requests (lookup+prefetch, retrieve, store, end) over tenants and Zipf-popular
+documents, with a fault mix; every chunk is verified and the tally is what tests compare with ``/metrics``.
 """
 
 from __future__ import annotations
@@ -91,7 +73,8 @@ class Workload:
         self.rng = np.random.default_rng(seed)
         chunk = config.chunk_size_tokens
         self.system_prompts = {m: self.rng.integers(0, 32000, size=2 * chunk) for m in MODELS}
-        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk) for _ in range(DOCUMENTS)]
+        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk)
+                          for _ in range(DOCUMENTS)]
 
     def next_prompt(self) -> tuple[str, str, np.ndarray]:
         tenant = TENANTS[int(self.rng.integers(len(TENANTS)))]
@@ -144,13 +127,13 @@ class Demo:
         hashes = chunk_hashes(tokens, self.config.chunk_size_tokens)[: self.max_chunks]
         request_id = f"req-{os.getpid()}-{n}"
         self.l0.step(worker, model, tokens)  # the engine schedules it: its L0 blocks (mpcache.demo.scheduler)
-        job = client.lookup_prefetch(request_id, model, tenant, hashes)
+        job = client.lookup_prefetch(request_id=request_id, model_name=model, cache_salt=tenant, chunk_hashes=hashes)
         status = client.wait_prefetch(job)  # with L2, the job may need a moment to load chunks into L1
-        found = int(status["found_count"])
+        found = status.found_count
         tally.requested_tokens[tenant] += len(hashes) * self.config.chunk_size_tokens
         tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
-        tally.l2_hit_tokens[tenant] += int(status["l2_hit_tokens"])
-        tally.prefetched[tenant] += int(status["l2_loaded_count"])
+        tally.l2_hit_tokens[tenant] += status.l2_hit_tokens
+        tally.prefetched[tenant] += status.l2_loaded_count
         if found and self._due("late_client", LATE_CLIENT_EVERY_S):
             self.late.append((worker, request_id, job, found, tenant, model, time.monotonic()))
             return  # this client goes quiet; _late_retrieve comes back for it
@@ -158,7 +141,7 @@ class Demo:
             if self._due("timeout", TIMEOUT_EVERY_S):
                 self._timeout_fault(client, buffer, request_id, job, found)
             else:
-                got = client.retrieve(buffer, request_id, job, list(range(found)))
+                got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
                 tally.retrieved[tenant] += got
                 self._verify(buffer, hashes[:got])
         missing = hashes[found:]
@@ -166,7 +149,8 @@ class Demo:
             block_ids = list(range(found, found + len(missing)))
             for block_id, chunk_hash in zip(block_ids, missing):
                 fill_chunk(buffer.blocks[block_id], chunk_hash)
-            tally.stored[tenant] += client.store(buffer, request_id, model, tenant, missing, block_ids)
+            tally.stored[tenant] += client.store(buffer, request_id=request_id, model_name=model, cache_salt=tenant,
+                                                 chunk_hashes=missing, block_ids=block_ids).stored
         client.end_session(request_id)
         if self._due("big_store", BIG_STORE_EVERY_S):
             self._big_store_fault(client, worker, tenant, model)
@@ -186,7 +170,7 @@ class Demo:
         what is gone is an L1 read failure (not_found), what is left is retrieved."""
         client, buffer = self.clients[worker], self.buffers[worker]
         self._big_store_fault(client, worker, tenant, model)
-        got = client.retrieve(buffer, request_id, job, list(range(found)))
+        got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
         self.tally.retrieved[tenant] += got
         self.tally.expected_faults["l1_read_failed_chunks"] += found - got
         client.end_session(request_id)
@@ -199,7 +183,7 @@ class Demo:
 
     def _timeout_fault(self, client, buffer, request_id: str, job, found: int) -> None:
         try:
-            client.retrieve(buffer, request_id, job, list(range(found)), timeout_s=1e-9)
+            client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found), timeout_s=1e-9)
         except Exception as exc:  # noqa: BLE001 - the error reply is the expected outcome
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                 raise
@@ -212,9 +196,10 @@ class Demo:
         n = self.config.l1_slots + 4
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
-            stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes, list(range(n)))
-        self.tally.stored[tenant] += stored
-        self.tally.expected_faults["l1_allocation_failed_chunks"] += n - stored
+            result = client.store(big, request_id=f"big-{os.getpid()}-{self.tally.requests}", model_name=model,
+                                  cache_salt=tenant, chunk_hashes=hashes, block_ids=range(n))
+        self.tally.stored[tenant] += result.stored
+        self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
 
     def _events_published(self) -> int:
         return sum(read_counters(ring).head for ring in self.rings)
@@ -259,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo(config, log)
     signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
     signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
-    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots, seconds=config.demo_seconds or None)
+    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots,
+             seconds=config.demo_seconds or None)
     try:
         status = demo.run(config.demo_seconds)
     except Exception:

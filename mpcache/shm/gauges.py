@@ -1,9 +1,5 @@
-"""The gauge board: current state values each cache process keeps in shared memory.
-
-Observable gauges are read at scrape/export time in the telemetry process; they
-cannot call into a cache process, so each cache process writes its values into
-its own slot (aligned 8-byte words; layout in :mod:`mpcache.shm.layout`) and
-refreshes a heartbeat.  A slot whose heartbeat is stale is not reported.
+"""The gauge board: current values (L1 usage, prefetch jobs, L2 work) each cache process keeps in its slot of
+shared memory, with a heartbeat, for the telemetry process to read at scrape time.
 """
 
 from __future__ import annotations
@@ -73,7 +69,8 @@ class GaugeSlot:
 class GaugeBoardReader:
     """The telemetry process's read-only view of every slot."""
 
-    def __init__(self, segment: Segment, stale_after_s: float = 5.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, segment: Segment, stale_after_s: float = 5.0,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._n_slots = _validate(segment)
         start = layout.GAUGE_HEADER_SIZE
         self._words = segment.buf[start : start + self._n_slots * layout.GAUGE_SLOT_WORDS * 8].cast("q")

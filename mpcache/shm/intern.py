@@ -1,11 +1,5 @@
-"""Per-producer string intern table in the event segment.
-
-Low-cardinality strings (model_name, cache_salt, l2_name, device, reasons) travel
-in records as small ids.  The producer appends an entry, then publishes the new
-entry count; records that use the id are committed after that, so a reader that
-meets an unknown id re-reads the table and finds it.  A restarted producer or
-telemetry process rebuilds its view from the table.  When the table is full,
-new strings map to the reserved ``__overflow__`` id: counted, never an error.
+"""Per-producer intern table in the event segment: low-cardinality strings travel in records as small ids;
+a full table maps new strings to ``__overflow__``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Publishing events from a cache process: encode by schema, append to the ring.
-
-Construction-time specialisation keeps the hot call short: each distinct record
-shape (event type × number of salt groups, sampled keys, blocks and text cells)
-gets one precompiled ``struct.Struct`` for the whole record, so a publish is
-one ``pack_into`` and one store of the ring's head; the commonest shape (an
-L1/storage-manager event with one salt group) has its own one-cell path,
-:meth:`Publisher.emit_salted`.  Nothing here blocks (beyond an in-process lock
-when several threads share the ring) or raises: what cannot be published is
-counted in the ring's ``dropped_records``.
+"""Publishing events from a cache process: encode by schema, append to the ring.  One precompiled struct per
+record shape, so a publish is one ``pack_into`` and one store; it never blocks or raises.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""The event ring: one writer (a cache process), one reader (the telemetry process).
-
-See :mod:`mpcache.shm.layout` for the bytes and the commit protocol.  The writer's
-hot call is one ``Struct.pack_into`` of the whole record plus one store of
-``head``; it never blocks and never raises: a full ring drops the record and
-counts it in shared memory.
-
-The writer exists twice, with the same bytes and counters: in C, in the
-optional extension ``mpcache.shm._ringfast`` (built by ``pip install`` where a
-compiler exists), and in pure Python below (:class:`_PythonWriterCore` and the
-closure in :meth:`RingWriter.one_cell_emitter`), used without the extension or
-with ``MPCACHE_PURE_PYTHON=1`` in the environment.  The reason is the hottest
-publish, a one-cell record: in Python it cannot get under the ~350 ns that one
-``pack_into`` plus a timestamp cost on a 2-vCPU machine; in C it is the cost of
-one call (~70 ns).  The request path's fixed-field events have a compiled
-emitter too (:meth:`RingWriter.fields_emitter`).  The extension knows no offsets
-of its own: it is handed the cell size, template cells and every offset from
-:mod:`~mpcache.shm.layout`.
+"""The event ring: one writer (a cache process), one reader (telemetry), committed by one store of ``head``.
+The writer exists in C (``_ringfast``, where it was built) and in Python, with the same bytes.
 """
 
 from __future__ import annotations
@@ -73,7 +57,8 @@ def read_geometry(segment: Segment) -> RingGeometry:
             f"{segment.name}: ring layout version {version} (cell {cell_size} B), "
             f"this build reads version {layout.LAYOUT_VERSION} (cell {layout.CELL_SIZE} B)"
         )
-    if capacity <= 0 or capacity & (capacity - 1) or segment.size < layout.event_segment_size(capacity, intern_capacity):
+    needed = layout.event_segment_size(capacity, intern_capacity)
+    if capacity <= 0 or capacity & (capacity - 1) or segment.size < needed:
         raise RingCorruptError(f"{segment.name}: header claims capacity {capacity}, intern {intern_capacity}")
     return RingGeometry(capacity, intern_capacity, layout.cells_offset(intern_capacity))
 

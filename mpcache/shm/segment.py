@@ -1,7 +1,5 @@
-"""POSIX shared-memory segments: create (owner), attach (everyone else), close, unlink.
-
-The supervisor is the single owner: it creates every segment with mode 0600 and
-unlinks it at shutdown.  Other processes attach by name and only close.
+"""POSIX shared-memory segments: the supervisor creates (0600) and unlinks them; everyone else attaches
+and closes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""``python -m mpcache.telemetry --config PATH``: the telemetry process.
-
-Attaches to every cache process's ring and to the gauge board, runs the
-subscribers on batches read from the rings, and serves/pushes the metrics.
-It may be killed and restarted at any time: it resumes at the consumer cursors
-saved in the rings, so nothing committed meanwhile is lost unless a ring
-overflowed (and that is counted).  On SIGTERM it drains once more, exports a
-final time and exits 0.
+"""``python -m mpcache.telemetry --config PATH``: the telemetry process.  It may be killed and restarted at
+any time: it resumes at the consumer cursors saved in the rings.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""Decoding a batch of ring cells: vectorised aggregates and, on demand, events.
-
-A batch holds whole, validated records of one producer (see
-:meth:`mpcache.shm.ring.RingReader.read_batch`).  Counter subscribers use the
-numpy aggregates (:meth:`EventBatch.salt_totals`, :meth:`EventBatch.group_sum`)
-and never touch a record one by one; subscribers with per-event logic ask for
-:meth:`EventBatch.events` of the types they need, decoded lazily.
-"""
+"""A batch of ring cells: numpy aggregates for counter subscribers, decoded events on demand for the rest."""
 
 from __future__ import annotations
 

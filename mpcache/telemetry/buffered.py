@@ -1,15 +1,5 @@
-"""Buffering instrument calls between flushes: one SDK call per (instrument, attribute set) per flush.
-
-An OpenTelemetry SDK call costs 5–20 µs whatever it carries, so its cost per
-event depends on how many events share one call.  Subscribers already
-aggregate within a batch; at low and moderate rates batches are small, and
-that per-batch cost is what the telemetry process would spend its time on.
-:class:`BufferedMeter` hands subscribers counters and histograms that only
-accumulate in dictionaries; :meth:`InstrumentBuffer.flush` — called by the
-:class:`~mpcache.telemetry.bus.EventBus` at most every ``flush_interval_s``
-(0.1 s in the telemetry process) and at shutdown — makes the SDK calls.  What
-``/metrics`` and OTLP show is then at most that much older.  Observable
-instruments are not buffered (they are read at collection time anyway).
+"""Buffered instruments: subscribers' counter and histogram calls accumulate, and each flush makes one SDK
+call per (instrument, attribute set), because an SDK call costs 5–20 µs whatever it carries.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The EventBus of the telemetry process: batches in, subscribers called by type.
-
-A subscriber declares the event types it consumes and receives whole batches
-(:meth:`Subscriber.on_batch`), or one decoded event at a time if it only
-overrides :meth:`Subscriber.on_event`.  A subscriber that raises is isolated:
-the exception is logged and counted under its class name, and every other
-subscriber still gets the batch.
+"""The telemetry process's EventBus: batches in, subscribers called by the event types they declare; a
+subscriber that raises is logged, counted and isolated.
 """
 
 from __future__ import annotations

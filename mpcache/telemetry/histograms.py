@@ -1,18 +1,5 @@
-"""Recording many histogram samples with one SDK call per attribute set, not one per sample.
-
-A ``Histogram.record`` in the OpenTelemetry SDK costs 5–20 µs (attribute
-validation and hashing, a measurement object, locks); the throughput
-histograms take one sample per transfer, so at telemetry rates those calls
-would dominate the telemetry process.  :func:`record_many` folds the samples
-of one attribute set into the SDK's explicit-bucket aggregation in one step:
-the first sample goes through ``record`` (which creates the aggregation
-exactly as usual), the rest are bucketed with numpy and added to the same
-aggregation's counts, sum, min and max under its lock.
-
-That second step uses SDK internals (checked by a test against per-sample
-recording).  If they are not what this module expects — another SDK version,
-another aggregation, a view that changes the attributes — it falls back to
-one ``record`` per sample for the rest of the process, and says so once.
+"""Recording many histogram samples with one SDK call per attribute set, by folding them into the SDK's
+bucket counts (checked against per-sample recording; falls back to it if the SDK differs).
 """
 
 from __future__ import annotations

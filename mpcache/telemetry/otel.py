@@ -1,18 +1,5 @@
-"""OpenTelemetry set-up of the telemetry process: one MeterProvider, two ways out.
-
-* Prometheus pull: a ``PrometheusMetricReader`` registered in its own
-  ``CollectorRegistry`` (never prometheus_client's global one, so nothing else
-  in the process leaks into ``/metrics`` and tests can run side by side),
-  served by prometheus_client's HTTP server on
-  ``config.prometheus_host:config.prometheus_port``.  Port 0 binds a free
-  port; :attr:`MetricsExport.prometheus_port` is the port actually bound.
-* OTLP push (gRPC or HTTP per ``config.otlp_protocol``) every
-  ``config.otlp_interval_s`` when ``config.otlp_endpoint`` is set.
-
-Both run at once when an endpoint is given.  The provider is not installed
-globally: subscribers receive it explicitly.  Instruments are created from
-:mod:`mpcache.telemetry.metric_table` by :func:`create_instrument`, so name,
-unit, description and bucket boundaries live in one place.
+"""OpenTelemetry set-up of the telemetry process: one MeterProvider, Prometheus pull in its own registry
+and OTLP push; instruments are created from :mod:`mpcache.telemetry.metric_table`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The telemetry process's read loop: rings → batches → EventBus.
-
-One :class:`RingSource` per cache process.  The pump polls every ring, hands
-each non-empty batch to the bus, sleeps briefly when all rings are idle, and
-ticks the subscribers about once a second.  It also answers the bus
-self-monitoring questions (queue depth, drain lag, drops) from ring state.
+"""The telemetry process's read loop: rings → batches → EventBus, with an adaptive sleep, cursors stored
+after delivery, a 1 Hz tick, and the bus's self-monitoring from ring state.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""A per-metric cap on distinct ``cache_salt`` values.
-
-``cache_salt`` is a tenant key and can be high-cardinality; every distinct
-value is a time series for as long as the process lives.  Each metric admits
-the first ``cap`` values it sees and reports every later one as
-:data:`OVERFLOW_SALT`, so one runaway tenant population costs at most
-``cap + 1`` series per metric.
+"""A per-metric cap on distinct ``cache_salt`` values: later ones are reported as ``__overflow__``, so a
+runaway tenant population costs at most ``cap + 1`` series per metric.
 """
 
 from __future__ import annotations

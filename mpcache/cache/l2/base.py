@@ -1,38 +1,5 @@
-"""What every L2 adapter offers, the chunk record format fs and redis share, and an LRU index.
-
-An adapter is driven by one cache process's event loop, which never blocks on
-it: every operation returns a :class:`concurrent.futures.Future` that the
-adapter's own worker threads complete, and the loop collects completed futures.
-Adapters never call back into the loop.  Storage trouble (I/O errors, a full
-disk, a lost connection, injected failures) turns into keys listed as
-``failed``; it never raises out of an operation.  Calling an operation after
-:meth:`L2Adapter.close` is a programming error and raises ``RuntimeError``.
-
-Capacity counts payload bytes (the chunk bytes a caller stores), not record
-headers; ``StoreResult.bytes_written`` counts the same bytes, so it matches the
-``total_bytes`` a controller submitted minus skipped and failed keys.
-
-Chunk record (one per chunk: an fs file, a redis value)
-=======================================================
-
-All integers little-endian.  The checksum covers the fixed fields before it,
-the name bytes and the payload, so a flipped byte anywhere in a record, or a
-record cut short, is caught on load.
-
-====== ==== ============= ====================================================
-offset size field         meaning
-====== ==== ============= ====================================================
-0      4    magic         ``b"MPL2"``
-4      2    version       :data:`RECORD_VERSION` (1)
-6      2    model_len     bytes of UTF-8 ``model_name``
-8      2    salt_len      bytes of UTF-8 ``cache_salt``
-10     2    (reserved)    zero
-12     8    chunk_hash    ``ChunkKey.chunk_hash`` (u64)
-20     8    payload_len   bytes of payload
-28     16   checksum      blake2b-128 of bytes 0..27 + name bytes + payload
-44     M+S  name bytes    model_name then cache_salt
-44+M+S P    payload       the chunk's bytes
-====== ==== ============= ====================================================
+"""What every L2 adapter offers (non-blocking operations returning futures; failures reported, never
+raised), the checksummed chunk record that fs and redis share, and an LRU index.
 """
 
 from __future__ import annotations

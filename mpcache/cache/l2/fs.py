@@ -1,25 +1,5 @@
-"""An L2 adapter that keeps one file per chunk under a directory.
-
-Layout: ``<path>/<ns>/<hh>/<chunk>.chunk`` where ``ns`` is 16 hex digits of a
-blake2b hash of (model_name, cache_salt), ``chunk`` the 16 hex digits of the
-chunk hash and ``hh`` its first two, so no user string ever reaches a path.
-Each file is one chunk record (header, name, payload: see
-:mod:`mpcache.cache.l2.base`).
-
-Writes go to ``.<chunk>.<unique>.tmp`` in the final directory and are renamed
-into place with ``os.replace``, so a crash leaves either the old state or a
-complete file, plus perhaps a stray temp file that nothing reads (start-up
-removes those older than ``stale_temp_s``).  Loads check the record's checksum
-and its key: a file cut short or corrupted is removed and reported as failed,
-never loaded.
-
-Start-up scans the directory and rebuilds the index from record headers (the
-checksum is checked on load, not during the scan), in LRU order by mtime; loads
-and lookup hits refresh a file's mtime, so LRU order survives restarts.  If the
-files found exceed the capacity, the oldest are removed.
-
-One directory belongs to one adapter instance (one cache process): the index
-and the capacity are in memory, not shared.  Use redis for a shared tier.
+"""An L2 adapter with one file per chunk under a directory: atomic renames, checksummed records, and an
+index rebuilt at start-up, so the tier survives restarts.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""An in-memory L2 adapter with configurable latency, bandwidth and injected failures.
-
-For tests and the demo.  Each task sleeps (in its worker thread) ``latency_s``
-plus its bytes divided by ``bandwidth_bytes_per_s`` before it does anything.
-
-Injected failures are decided when a task is *submitted*, in the submitting
-thread, from one ``random.Random(seed)``: one draw per key, in submission
-order, for store and load tasks alike (``draw < failure_rate`` fails the key).
-So the keys that fail depend only on the seed and the order of submissions,
-never on how worker threads interleave.  A store key that is already present
-is skipped whatever its draw.
+"""An in-memory L2 adapter with latency, bandwidth and seeded failures decided at submission (so the keys
+that fail depend only on the seed and the order of submissions).  For tests and the demo.
 """
 
 from __future__ import annotations

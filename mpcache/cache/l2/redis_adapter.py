@@ -1,32 +1,5 @@
-"""An L2 adapter on a Redis server: the tier several cache hosts can share.
-
-Values are chunk records (header, name, payload: see :mod:`mpcache.cache.l2.base`),
-so a load checks the checksum and the key just as fs does.  Everything under
-``key_prefix`` (default ``mpcache:l2:``) belongs to the tier; adapters with the
-same server and prefix share it, whichever process or host they run in:
-
-=========================== ==== =========================================================
-name                        type holds
-=========================== ==== =========================================================
-``<prefix>c:<digest>``      str  the chunk record (``digest``: 32 hex of blake2b(key))
-``<prefix>lru``             zset digest → access clock (lowest = least recently used)
-``<prefix>size``            hash digest → payload bytes
-``<prefix>name``            hash digest → encoded key (to report evicted keys)
-``<prefix>stats``           hash ``used`` (payload bytes), ``clock`` (access counter)
-=========================== ==== =========================================================
-
-Each store, lookup, load and delete runs as a Lua script, so the index, the
-byte counter and the data move together atomically and capacity holds across
-processes (a store evicts least-recently-used chunks of *any* adapter sharing
-the prefix).  Stores pipeline one script call per chunk.  The scripts name data
-keys they derive from the prefix, so this targets a single server, not Redis
-Cluster.
-
-Connection errors, timeouts and server errors make keys ``failed`` (lookups
-report misses, deletes 0); nothing raises out of an operation.  ``get_usage``
-answers from the latest figures any of this adapter's scripts returned (each
-carries the server's clock, so a late reply never overwrites a newer one); a
-background refresh at start-up seeds it.
+"""An L2 adapter on a Redis server, the tier several hosts can share: every operation is one Lua script, so
+data, index and capacity move together.  A single server, not Redis Cluster.
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""The repeatable ``--l2`` flag: one JSON object per adapter, checked once at start-up.
-
-``--l2 '{"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}'``
-
-==== ============================================================================
-type keys (``?``: optional, default)
-==== ============================================================================
-fs   path (str), capacity_gb (> 0), threads? (int >= 1, 4)
-mock capacity_gb (> 0), latency_ms? (>= 0, 0), bandwidth_gbps? (GB/s > 0, unlimited),
-     failure_rate? (in [0, 1], 0), seed? (int, 0)
-redis url (``redis://host:port/db``), capacity_gb (> 0), key_prefix? (str, ``mpcache:l2:``),
-     threads? (int >= 1, 4)
-==== ============================================================================
-
-A GB is 10**9 bytes (as in ``--l1-size 1GB``); ``bandwidth_gbps`` is gigabytes
-(not gigabits) per second.  Every problem raises one-line
-:class:`~mpcache.errors.ConfigError` naming ``--l2`` and the accepted form.
+"""The repeatable ``--l2`` flag: one JSON object per adapter (fs, mock or redis), checked once at start-up;
+a problem is one :class:`~mpcache.errors.ConfigError` naming ``--l2`` and the accepted form.
 """
 
 from __future__ import annotations

@@ -1,23 +1,5 @@
-"""Logging subscribers: events from the rings → structlog JSON lines of the telemetry process.
-
-The events of the MP server, L1, the storage manager, L2 and cache blending
-are logged at **debug**, one line per event, in ring order::
-
-    {"event": "l1.keys.evicted", "worker": 0, "event_timestamp_ns": ...,
-     "salt_counts": [["tenant-a", "llama-3-8b", 12]], "role": "telemetry",
-     "instance_id": "...", "level": "debug", "timestamp": "..."}
-
-with, when the event has them, ``fields`` (its fixed fields, nested so that a
-field such as ``instance_id`` never clobbers the line's own keys),
-``salt_counts`` (``[cache_salt, model_name, count]`` triples), ``session_id``
-(the request id), ``block_request_ids`` and ``texts``.  ``worker`` is the cache
-process that published the event.  Timeouts (``timeout.raised``) are logged at
-**warning** with ``exception_type``, ``message`` and ``stack``.
-
-Gating: the level is decided once, at construction, from ``--log-level``.  A
-subscriber whose level is below it declares no event types, so the bus never
-calls it, and its ``on_batch`` returns before touching the batch: at info and
-above the event subscriber costs nothing per event and decodes nothing.
+"""Logging subscribers: events → structlog JSON lines (at debug; timeouts at warning).  Below the
+configured level a subscriber declares no event types and costs nothing.
 """
 
 from __future__ import annotations

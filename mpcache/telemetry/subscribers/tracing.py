@@ -1,54 +1,5 @@
-"""Tracing subscribers (``--enable-tracing``): spans rebuilt from START/END event pairs.
-
-Every span is created after the fact with the producer's recorded timestamps
-(``start_span(..., start_time=START.timestamp_ns)``, ``end(end_time=END.timestamp_ns)``),
-so a span's length is what the cache process measured, not when the
-telemetry process happened to read the ring.
-
-MP server (:class:`MPServerTracing`, tracer ``mpcache.server``)
-    * ``request``: one root span per session (request id), opened by
-      ``MP_REQUEST_START``.  ``MP_STORE_SUBMITTED``/``MP_RETRIEVE_SUBMITTED``
-      count copies in flight for the session; each store/retrieve END counts
-      one down.  ``MP_REQUEST_END`` ends the root at once when nothing is in
-      flight, otherwise its time is kept and the END that brings the count to
-      zero ends the root **at the saved REQUEST_END time**.  When
-      REQUEST_START never came (events missed), the first child START opens the
-      root lazily (attribute ``mpcache.root_inferred``).
-    * children ``mp.store``, ``mp.retrieve``, ``mp.lookup_prefetch``: a START
-      opens one, the matching END closes it.  Pending STARTs are kept per
-      (producer, session, op, device) in FIFO order, so two concurrent stores
-      of one request are two children (the reference kept one per
-      (session, op) and lost one).  Attributes: the START's and END's fields
-      with their native types (END values win), plus ``producer``.
-    * ``MP_LOOKUP_PREFETCH_END`` also puts the hit-rate attributes on the root:
-      ``hit_tokens``, ``requested_tokens``, ``hit_rate`` (float, precomputed),
-      ``l1_hit_tokens``, ``l2_hit_tokens``, ``l1_hit_rate``, ``l2_hit_rate``,
-      ``early_exit_reason``, summed over the session's lookups (one normally).
-
-Blend (:class:`BlendTracing`, tracer ``mpcache.blend``)
-    ``cb.request`` root per session (nested under the MP ``request`` root when
-    that one is open), children ``cb.lookup``, ``cb.retrieve``,
-    ``cb.store_pre_computed``, ``cb.store_final``.  ``CB_REQUEST_END`` ends the
-    root at once unless a child is still open; then the last child END ends it
-    at the saved time.
-
-Timeouts (:class:`TimeoutTracing`, tracer ``mpcache.timeout``)
-    ``TIMEOUT_RAISED`` → a zero-length ``timeout`` span with an ``exception``
-    span event (exception.type/.message/.stacktrace) and ERROR status,
-    parented to the session's MP root (else its blend root) when one is open,
-    a trace of its own otherwise.
-
-All three run inside one :class:`TracingSubscriber`, so that events are
-handled in ring order across components (a timeout published just before its
-request's ``MP_REQUEST_END`` in the same batch still finds the root open).
-
-Pending state is bounded: at most ``max_sessions`` open roots per component
-(the least recently active gives way) and ``max_children`` open children per
-session (the oldest gives way).  :meth:`TracingSubscriber.on_tick` expires
-sessions idle for ``ttl_s`` (default 120 s).  Spans ended for any of these
-reasons, or at shutdown, carry ``mpcache.incomplete`` = ``"expired"``,
-``"evicted"``, ``"session_ended"`` or ``"shutdown"`` and end at the last
-event time seen for them.
+"""Tracing subscribers (``--enable-tracing``): spans rebuilt after the fact from START/END events with the
+producer's timestamps; request roots, ``mp.*``/``cb.*`` children and timeout spans, with bounded state.
 """
 
 from __future__ import annotations
