@@ -1,6 +1,6 @@
 """``l0_l1_store_throughput`` / ``l0_l1_load_throughput`` {engine_id, device, model_name} in GB/s.
 
-START and END pair on (session_id, device), separately per direction: one
+START and END pair on (session_id, device, engine_id), separately per direction: one
 request of a tensor-parallel client copies on several devices under one
 request id.  An END without its START, with ≤ 0 bytes or with a duration ≤ 0
 records nothing.  A START whose END never comes is forgotten after
@@ -38,9 +38,10 @@ class L0L1ThroughputSubscriber(Subscriber):
         }
         self._ttl_ns = int(pending_ttl_s * 1e9)
         self._max_pending = max_pending
-        # (direction, session id bytes, device name id, producer) -> START timestamp ns; insertion order ≈ time
-        # order.  Device ids are per producer's name table, hence the producer in the key.
-        self._pending: dict[tuple[str, bytes, int, int], int] = {}
+        # (direction, session id bytes, device name id, engine id, producer) -> START timestamp ns; insertion
+        # order ≈ time order.  Device ids are per producer's name table, hence the producer in the key; the
+        # engine tells apart the workers of one request that copy on devices of the same name (MLA ranks).
+        self._pending: dict[tuple[str, bytes, int, int, int], int] = {}
 
     @property
     def pending(self) -> int:
@@ -59,12 +60,12 @@ class L0L1ThroughputSubscriber(Subscriber):
         ):
             direction = _START_IDS.get(etype)
             if direction is not None:
-                pending[(direction, session, device, producer)] = ts
+                pending[(direction, session, device, engine, producer)] = ts
                 if len(pending) > max_pending:
                     del pending[next(iter(pending))]
                 continue
             direction = _END_IDS[etype]
-            started_ns = pending.pop((direction, session, device, producer), None)
+            started_ns = pending.pop((direction, session, device, engine, producer), None)
             if started_ns is None or nbytes <= 0 or ts <= started_ns:
                 continue
             attrs = attributes.get((engine, device, model))
