@@ -1,15 +1,25 @@
-"""The typed sources of the metric table against the event catalogue.
+"""The typed sources of the metric table: against the event catalogue, the subscribers and the data.
 
 Each metric is described once, by its row in ``metric_table``; these tests hold
-that description to the event schemas (``mpcache.contract.events.SCHEMAS``).
+that description to the event schemas (``mpcache.contract.events.SCHEMAS``), to
+the subscribers that compute the metrics (each consumes exactly the events its
+metrics' sources name) and, for the table-driven counters, to the values:
+every counter of the table computed from random events equals what its source
+says, evaluated event by event on the decoded events.
 """
 
 from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
 
 import pytest
 
 from mpcache.contract.events import SCHEMAS, EventType, FieldKind
 from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader, format_gauge_board
+from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.metric_table import (
     ALL_METRICS,
     COUNTER,
@@ -17,10 +27,21 @@ from mpcache.telemetry.metric_table import (
     OBSERVABLE_COUNTER,
     OBSERVABLE_GAUGE,
     Derivation,
+    Label,
     MetricSpec,
     Origin,
     Source,
 )
+from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+from mpcache.telemetry.subscribers.metrics.counters import COUNTER_SUBSCRIBERS
+from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
+from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
+from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 D = Derivation
 IDS = [spec.otel_name for spec in ALL_METRICS]
@@ -145,3 +166,150 @@ def test_cache_salt_is_always_a_cache_salt():
                if label.name == "cache_salt"}
     assert {(Origin.FIELD, "cache_salt"), (Origin.SALT_GROUP, "cache_salt"),
             (Origin.SAMPLED_KEY, "cache_salt")} >= sources
+
+
+# -- the subscribers against the table ---------------------------------------------------------------------
+
+
+class _Instrument:
+    def add(self, amount: float, attributes: Any = None) -> None:
+        pass
+
+    def record(self, value: float, attributes: Any = None) -> None:
+        pass
+
+
+class RecordingMeter:
+    """Creates no-op instruments and remembers their names."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
+    def _create(self, name: str, **_kwargs: Any) -> _Instrument:
+        self.created.append(name)
+        return _Instrument()
+
+    create_counter = create_histogram = create_observable_gauge = create_observable_counter = _create
+
+
+@pytest.fixture
+def board(segment_factory) -> GaugeBoardReader:
+    segment = segment_factory(layout.gauge_board_size(1))
+    format_gauge_board(segment, 1)
+    return GaugeBoardReader(segment, stale_after_s=5.0)
+
+
+def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]]]:
+    """Every metrics subscriber class, each built on its own meter, with the metrics it creates."""
+    bus = EventBus()
+    factories = [lambda meter, cls=cls: cls(meter, 10, ["fs"]) for cls in COUNTER_SUBSCRIBERS] + [
+        L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
+        L2ThroughputSubscriber, L0LifecycleSubscriber,
+        lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
+        lambda meter: L1StateGaugesSubscriber(meter, board), lambda meter: L2StateGaugesSubscriber(meter, board, ["fs"]),
+    ]
+    out = []
+    for factory in factories:
+        meter = RecordingMeter()
+        out.append((factory(meter), meter.created))
+    return out
+
+
+def test_the_subscribers_create_every_metric_of_the_table_once(pipeline, board, metrics, config):
+    """Over the subscriber classes that build_metrics_subscribers uses, every metric of the table is
+    created exactly once, and table-driven derivations are exactly what the table-driven subscribers compute."""
+    built = build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus,
+                                      gauge_reader=board)
+    pairs = subscribers_and_metrics(pipeline, board)
+    created = Counter(name for _, names in pairs for name in names)
+    by_name = {spec.otel_name: spec for spec in ALL_METRICS}
+    table_driven = {name for subscriber, names in pairs if isinstance(subscriber, COUNTER_SUBSCRIBERS) for name in names}
+    assert (sorted(type(s).__name__ for s in built), {name: 1 for name in by_name}, table_driven) == (
+        sorted(type(s).__name__ for s, _ in pairs), dict(created),
+        {name for name, spec in by_name.items() if spec.source.derivation.table_driven})
+
+
+def test_each_subscriber_consumes_exactly_the_events_of_its_metrics_sources(pipeline, board):
+    """A subscriber's event_types are the union of the events its metrics' sources name (none for the
+    observable instruments): hand-written subscribers cannot drift from the table unnoticed."""
+    by_name = {spec.otel_name: spec for spec in ALL_METRICS}
+    mismatches = {}
+    for subscriber, names in subscribers_and_metrics(pipeline, board):
+        declared = {etype for name in names for etype in by_name[name].source.all_events}
+        if set(subscriber.event_types) != declared:
+            mismatches[type(subscriber).__name__] = (sorted(e.name for e in subscriber.event_types),
+                                                     sorted(e.name for e in declared))
+    assert {} == mismatches
+
+
+# -- the table-driven counters against their sources, event by event --------------------------------------
+
+COUNTERS = [spec for spec in ALL_METRICS if spec.source.derivation.table_driven]
+COUNTER_EVENTS = sorted({etype for spec in COUNTERS for etype in spec.source.events})
+NAMES = ("x", "y", "z")
+
+
+def random_event(rng: random.Random, etype: EventType) -> tuple[tuple[Any, ...], dict[tuple[str, str], int] | None]:
+    values: list[Any] = []
+    for _name, kind in SCHEMAS[etype].fields:
+        values.append({FieldKind.INT: lambda: rng.choice((0, 0, 1, 2, 5, 17)), FieldKind.FLOAT: rng.random,
+                       FieldKind.BOOL: lambda: rng.random() < 0.5, FieldKind.NAME: lambda: rng.choice(NAMES)}[kind]())
+    salts = None
+    if SCHEMAS[etype].salt_counts:
+        salts = {(rng.choice(NAMES), rng.choice(NAMES)): rng.randint(1, 9) for _ in range(rng.randint(1, 3))}
+    return tuple(values), salts
+
+
+def expected_series(source: Source, events: list[Any]) -> dict[frozenset, int]:
+    """What ``source`` says the counter reads after ``events`` (decoded), computed one event at a time."""
+    totals: Counter[tuple[str, ...]] = Counter()
+
+    def attribute(label: Label, event: Any, salt: str = "", model: str = "") -> str:
+        if label.origin is Origin.SALT_GROUP:
+            return salt if label.field == "cache_salt" else model
+        value = event.fields[label.field]
+        return value if isinstance(value, str) else str(value)
+
+    for event in events:
+        if event.etype not in source.events:
+            continue
+        if source.derivation is D.SALT_COUNT:
+            for salt, model, count in event.salt_counts:
+                totals[tuple(attribute(label, event, salt, model) for label in source.labels)] += count
+            continue
+        value = event.fields.get(source.field)
+        if source.derivation is D.POSITIVE_FIELD_SUM and value <= 0:
+            continue
+        weight = {D.EVENT_COUNT: 1, D.FIELD_SUM: value, D.POSITIVE_FIELD_SUM: value,
+                  D.TRUE_COUNT: int(value is True), D.FALSE_COUNT: int(value is False)}[source.derivation]
+        totals[tuple(attribute(label, event) for label in source.labels)] += weight
+    if not source.labels:
+        return {frozenset(): totals[()]}
+    return {frozenset(zip(source.attributes, key)): total for key, total in totals.items()}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_table_driven_counter_equals_its_source_evaluated_per_event(pipeline, metrics, seed):
+    """Random events of every counter's source types, in several batches: each counter's series equal its
+    typed source evaluated on the decoded events (the vectorised group-by against plain Python)."""
+    from mpcache.telemetry.batch import EventBatch
+
+    rng = random.Random(seed)
+    decoded: list[Any] = []
+
+    class Decoder(Subscriber):
+        event_types = tuple(COUNTER_EVENTS)
+
+        def on_batch(self, batch: EventBatch) -> None:
+            decoded.extend(batch.events(self.event_types))
+
+    pipeline.subscribe(*(cls(metrics.meter, 1000, ()) for cls in COUNTER_SUBSCRIBERS), Decoder())
+    for _ in range(3):
+        for _ in range(60):
+            etype = rng.choice(COUNTER_EVENTS)
+            fields, salts = random_event(rng, etype)
+            pipeline.publish(etype, fields, salt_counts=salts)
+        pipeline.deliver()
+    wrong = {spec.otel_name: (metrics.series(spec.otel_name), expected_series(spec.source, decoded))
+             for spec in COUNTERS if metrics.series(spec.otel_name) != expected_series(spec.source, decoded)}
+    assert (len(decoded) > 150, {}) == (True, wrong)
