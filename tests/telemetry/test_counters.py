@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
-from mpcache.telemetry.subscribers.metrics.failures import (
-    L1FailuresSubscriber,
-    TimeoutsSubscriber,
-)
-from mpcache.telemetry.subscribers.metrics.l1 import (
+from mpcache.telemetry.subscribers.metrics.counters import (
+    EngineCountersSubscriber,
     L1CountersSubscriber,
     L1EvictionLoopSubscriber,
+    L1FailuresSubscriber,
+    LookupSubscriber,
+    TimeoutsSubscriber,
 )
-from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
 
 
 def test_l1_counters_sum_salt_counts_per_cache_salt(pipeline, metrics):
