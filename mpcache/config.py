@@ -16,6 +16,7 @@ from mpcache.shm.segment import shm_name
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_L2_SECRET_RE = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -74,6 +75,10 @@ class Config:
     lmcache_ipc: bool = False
     # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
     l2: list = field(default_factory=list)
+    # the key fs and redis tiers MAC their records with (64 hex digits; "" with no such tier), never logged;
+    # and where it came from ("--l2-secret-file PATH", "fs PATH", "per-run"), which may be
+    l2_secret: str = field(default="", repr=False)
+    l2_secret_source: str = ""
 
     def __post_init__(self) -> None:
         checks = [
@@ -106,6 +111,8 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
+            raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:
             raise ConfigError(f"--l2: at most {MAX_ADAPTERS} adapters, got {len(self.l2)}")
 

@@ -27,6 +27,7 @@ import psutil
 from mpcache import __version__
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
+from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_l2_key
 from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError
 from mpcache.logs import configure_logging
@@ -118,8 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
         'fs: {"type": "fs", "path": DIR, "capacity_gb": N, "threads"?: N} (each cache process uses DIR/worker-<i>); '
         'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], '
         '"seed"?}; '
-        'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
+        'redis: {"type": "redis", "url": "redis[s]://[user[:password]@]host:port/db", "capacity_gb": N, '
+        '"key_prefix"?, "threads"?, "socket_timeout_s"? (1), "connect_timeout_s"? (1), "password_file"?, '
+        '"tls_ca_file"?, "tls_cert_file"?, "tls_key_file"?} '
         "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
+    service.add_argument(
+        "--l2-secret-file", default=None, metavar="FILE",
+        help="the secret fs and redis tiers key their records' MACs with (a regular file of ours, mode 0600, "
+        f">= 32 bytes; the same on every host sharing a redis tier). Default: ${SECRET_FILE_ENV}, else the first "
+        "fs tier's PATH/.mpcache-l2-secret (created once), else a new one per run (redis records are then "
+        "unreadable after a restart)")
     service.add_argument("--duration", type=_number, default=0.0,
                          help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
@@ -232,6 +241,11 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
     l1_size = args.l1_size or (("8MiB" if args.l2 else "32MiB") if args.demo else "256MiB")
     chunk_bytes = parse_size(args.chunk_bytes, "--chunk-bytes")
     l2 = _l2_specs(args.l2, chunk_bytes)
+    for spec in l2:
+        if spec["type"] == "fs":  # ours, not a symlink, not writable by others: before its secret is read from it
+            ensure_private_dir(spec["path"], "--l2: fs path")
+    secret_file = getattr(args, "l2_secret_file", None) or os.environ.get(SECRET_FILE_ENV, "")
+    l2_key = resolve_l2_key(l2, secret_file)
     return Config(
         instance_id=args.instance_id or str(uuid.uuid4()),
         supervisor_pid=supervisor_pid,
@@ -265,6 +279,8 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         lmcache_host=args.lmcache_host,
         lmcache_ipc=args.lmcache_ipc,
         l2=l2,
+        l2_secret=l2_key.key.hex() if l2_key else "",
+        l2_secret_source=l2_key.source if l2_key else "",
     )
 
 
@@ -556,6 +572,11 @@ def main(argv: list[str] | None = None) -> int:
              metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
+    if config.l2_secret_source == "per-run":
+        log.warning("supervisor.l2_secret_per_run",
+                    message="no --l2-secret-file and no fs tier: the redis tier's records are keyed with a secret "
+                            "made for this run, so they will not be readable after a restart; "
+                            f"--l2-secret-file FILE (or ${SECRET_FILE_ENV}) fixes that")
     if PUBLISH_PATH == PUBLISH_PYTHON_NOT_BUILT:
         log.warning("supervisor.slow_publish_path", publish_path=PUBLISH_PATH,
                     hint="no C compiler or Python headers when mpcache was installed: cache processes publish "

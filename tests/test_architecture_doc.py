@@ -39,10 +39,10 @@ def test_event_segment_table_matches_the_layout_constants():
 
 
 def test_chunk_record_table_matches_the_record_struct():
-    """The L2 chunk record's documented fixed fields end where the struct and checksum end (44 bytes)."""
+    """The L2 chunk record's documented fixed fields end where the struct and MAC end (44 bytes)."""
     rows = _table_after("fs files and redis values")
     assert ["0", "4", "6", "8", "10", "12", "20", "28", "44"] == [offset for offset, _, _ in rows][:9]
-    assert (b"MPL2", 1, 28) == (base.RECORD_MAGIC, base.RECORD_VERSION, base._FIXED.size)
+    assert (b"MPL2", 2, 28) == (base.RECORD_MAGIC, base.RECORD_VERSION, base._FIXED.size)
 
 
 def test_gauge_board_words_match_the_layout_constants():

@@ -32,7 +32,7 @@ class PrefetchOutcome(NamedTuple):
 
 class _Prefetch:
     __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "slots", "loads_left",
-                 "landed", "failed")
+                 "landed", "failed", "failed_by_reason")
 
     def __init__(self, request_id: int, model: str, salt: str, hashes: list[int], token: object,
                  adapters: int) -> None:
@@ -47,6 +47,7 @@ class _Prefetch:
         self.loads_left = 0
         self.landed: set[int] = set()  # positions in hashes loaded into L1
         self.failed = 0
+        self.failed_by_reason: dict[str, int] = {}  # of ``failed``: not_found, integrity, l2_error
 
 
 class PrefetchController:
@@ -89,8 +90,10 @@ class PrefetchController:
     def _lookup_done(self, prefetch: _Prefetch, task: Task, future: concurrent.futures.Future) -> None:
         try:
             held = list(future.result())
-        except Exception:  # noqa: BLE001 - a broken adapter holds nothing
+        except Exception:  # noqa: BLE001 - a lookup that failed (or a broken adapter) holds nothing
             held = []
+            self._pub.emit(_L2_PREFETCH_FAILED, ("lookup_error",),
+                           salt_counts={(prefetch.salt, prefetch.model): len(prefetch.hashes)})
         if len(held) != len(prefetch.hashes):
             held = [False] * len(prefetch.hashes)
         prefetch.held[task.adapter_index] = held
@@ -145,13 +148,20 @@ class PrefetchController:
     def _load_done(self, prefetch: _Prefetch, positions: list[int], task: Task,
                    future: concurrent.futures.Future) -> None:
         hashes, model, salt = prefetch.hashes, prefetch.model, prefetch.salt
+        rejected: set[int] = set()
+        errors: set[int] = set()
         try:
             result = future.result()
             loaded_keys = {key.chunk_hash for key in result.loaded}
+            rejected = {key.chunk_hash for key in result.rejected}
+            errors = {key.chunk_hash for key in result.errors}
         except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
             loaded_keys = set()
         loaded = [p for p in positions if hashes[p] in loaded_keys]
         failed = [p for p in positions if hashes[p] not in loaded_keys]
+        for p in failed:
+            reason = "integrity" if hashes[p] in rejected else "l2_error" if hashes[p] in errors else "not_found"
+            prefetch.failed_by_reason[reason] = prefetch.failed_by_reason.get(reason, 0) + 1
         l1 = self._l1
         if loaded:
             l1.commit_prefetch(model, salt, [hashes[p] for p in loaded], l1.chunk_bytes)
@@ -165,8 +175,8 @@ class PrefetchController:
         if prefetch.loads_left == 0:
             self._pub.emit(_L2_PREFETCH_LOAD_COMPLETED, (prefetch.request_id, len(prefetch.landed), prefetch.failed),
                            salt_counts={(salt, model): len(prefetch.landed)} if prefetch.landed else None)
-            if prefetch.failed:
-                self._pub.emit(_L2_PREFETCH_FAILED, ("not_found",), salt_counts={(salt, model): prefetch.failed})
+            for reason, count in sorted(prefetch.failed_by_reason.items()):
+                self._pub.emit(_L2_PREFETCH_FAILED, (reason,), salt_counts={(salt, model): count})
             self._finish(prefetch)
 
     def _finish(self, prefetch: _Prefetch) -> None:

@@ -251,6 +251,7 @@ class CacheProcess:
                     if lmcache is not None:
                         lmcache.tick()
                     ctx.storage.refresh_usage()
+                    ctx.storage.report_failures()  # held L2 failure counts, once their rate limit allows
                     ctx.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s
         finally:

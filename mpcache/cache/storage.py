@@ -11,7 +11,9 @@ import time
 from typing import Callable, Iterable
 
 from mpcache.cache.l2.base import L2Adapter, StoreResult
+from mpcache.cache.l2.failures import FailureLog
 from mpcache.cache.l2.spec import build_adapter
+from mpcache.cache.l2.trust import key_from_hex
 from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
@@ -39,9 +41,10 @@ def adapter_specs(config: Config, worker: int) -> list[dict]:
 def build_adapters(config: Config, worker: int) -> list[L2Adapter]:
     """The configured adapters, in ``--l2`` order; closes the ones built if a later one fails."""
     adapters: list[L2Adapter] = []
+    mac_key = key_from_hex(config.l2_secret) if config.l2_secret else None
     try:
         for spec in adapter_specs(config, worker):
-            adapters.append(build_adapter(spec, config.chunk_bytes))
+            adapters.append(build_adapter(spec, config.chunk_bytes, mac_key))
     except BaseException:
         for adapter in adapters:
             adapter.close()
@@ -86,6 +89,7 @@ class StorageManager:
         chunk_bytes: int,
         max_inflight_stores: int = 64,
         logger=None,
+        failure_log_interval_s: float = 10.0,
     ) -> None:
         self.adapters = adapters
         self.names = names
@@ -95,6 +99,7 @@ class StorageManager:
         self._chunk_bytes = chunk_bytes
         self._max_inflight_stores = max_inflight_stores
         self._log = logger
+        self._failure_log = FailureLog(logger, failure_log_interval_s)
         self._report_usage = [worker == 0 or adapter.name not in SHARED_TIERS for adapter in adapters]
         self._done: collections.deque[Task] = collections.deque()  # appended by adapter threads
         self._inflight: dict[int, Task] = {}  # id(task) -> task
@@ -166,7 +171,16 @@ class StorageManager:
                     self._log.exception("l2.completion_failed", kind=task.kind, adapter_index=task.adapter_index)
         if usage_changed:
             self.refresh_usage()
+        if handled:
+            self.report_failures()
         return handled
+
+    def report_failures(self, flush: bool = False) -> None:
+        """Log the adapters' new failures, rate-limited (all that are held, with ``flush``); loop thread only."""
+        for index, adapter in enumerate(self.adapters):
+            counts = getattr(adapter, "failures", None)
+            if counts is not None:
+                self._failure_log.report(index, self.names[index], counts, flush=flush)
 
     def refresh_usage(self) -> None:
         """Copy every adapter's usage into the gauge board (cheap: adapters answer from memory)."""
@@ -238,6 +252,7 @@ class StorageManager:
 
     def close(self) -> None:
         """Close every adapter (each waits for its own in-flight work) and zero this process's L2 gauges."""
+        self.report_failures(flush=True)
         for adapter in self.adapters:
             try:
                 adapter.close()

@@ -383,7 +383,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "Tokens of the contiguous prefix that completed lookups found in L1 or L2."),
     _m("lmcache_mp.l2_prefetch_failure", "lmcache_mp_l2_prefetch_failure_chunks_total", COUNTER, "chunks",
        _salts((E.L2_PREFETCH_FAILED,), _f("reason"), _GROUP_MODEL),
-       "Chunks L2 reported present that did not land in L1, by reason (l1_oom or not_found)."),
+       "Chunks an L2 prefetch could not land in L1, by reason: l1_oom, not_found, integrity (a record that "
+       "failed its MAC check: corrupt or forged), l2_error (a load's I/O error or timeout) or lookup_error "
+       "(a lookup that could not ask its tier)."),
     # L0 block lifecycle (sampled)
     _m("lmcache_mp.l0_block_lifetime", "lmcache_mp_l0_block_lifetime_seconds", HISTOGRAM, "seconds", _L0_SOURCE,
        "Time from a sampled GPU block's allocation to the reallocation that evicted its contents.", _S),

@@ -7,8 +7,10 @@ generator, one draw per key per store or load task, in submission order) and an 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -412,3 +414,93 @@ def test_redis_tier_round_trip_through_the_server(cache, redis_url):
     assert ([("redis", 3 * CHUNK_BYTES, 3)], [("redis", 3, 0)], 3 * CHUNK_TOKENS) == (
         [(f["l2_name"], f["bytes_transferred"], f["succeeded_count"]) for f in completed],
         [(f["l2_name"], f["succeeded_count"], f["failed_count"]) for f in tasks], status.l2_hit_tokens)
+
+
+class CapturedLog:
+    """A structlog-like logger for the in-process server that keeps its warning lines."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict]] = []
+
+    def warning(self, event: str, **fields) -> None:
+        self.warnings.append((event, fields))
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None  # info, debug, exception, ...
+
+
+def unkeyed_record(chunk_key: ChunkKey, data: bytes) -> bytes:
+    """A well-formed record (documented layout) whose 16-byte check is blake2b-128 without the key."""
+    model, salt = chunk_key.model_name.encode(), chunk_key.cache_salt.encode()
+    fixed = struct.pack("<4sHHHxxQQ", b"MPL2", 2, len(model), len(salt), chunk_key.chunk_hash, len(data))
+    return fixed + hashlib.blake2b(fixed + model + salt + data, digest_size=16).digest() + model + salt + data
+
+
+def test_a_forged_redis_record_is_a_miss_through_the_cache(cache, redis_url):
+    """Another client of the redis server plants a well-formed record (valid unkeyed checksum, index entries)
+    for the chunk a client then looks up: the lookup finds nothing, the client's buffer keeps its bytes, the
+    failure is L2_PREFETCH_FAILED reason=integrity (lmcache_mp_l2_prefetch_failure{reason=integrity}) and the
+    server logs l2.record_rejected naming a possible forgery."""
+    import redis
+
+    from mpcache.cache.l2.base import key_digest
+
+    prefix = f"mpcache-test:{os.getpid()}:{random.getrandbits(32)}:"
+    log = CapturedLog()
+    harness = cache(server_kwargs={"logger": log},
+                    l2=[{"type": "redis", "url": redis_url, "capacity_gb": 1.0, "key_prefix": prefix}])
+    telemetry = Telemetry(harness)
+    target = ChunkKey(MODEL, "victim", 5)
+    digest = key_digest(target)
+    attacker = redis.Redis.from_url(redis_url)
+    attacker.set(f"{prefix}c:{digest}", unkeyed_record(target, b"\x66" * CHUNK_BYTES))
+    attacker.zadd(f"{prefix}lru", {digest: 1})
+    attacker.hset(f"{prefix}size", digest, CHUNK_BYTES)
+    client = harness.client()
+    out = client.register_buffer(1, CHUNK_BYTES)
+    out.blocks[0][:] = 0x11
+
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="victim", chunk_hashes=[5])
+    status = client.wait_prefetch(job)
+    with pytest.raises(Exception, match="found nothing"):
+        client.retrieve(out, request_id="r", job_id=job, block_ids=[0], timeout_s=0.5)
+    failures = telemetry.drain().get("lmcache_mp.l2_prefetch_failure", {})  # (the telemetry side reads the ring)
+    l2_idle(harness)
+    harness.server.storage.report_failures(flush=True)
+    telemetry.close()
+
+    assert (0, True) == (status.found_count, bool((out.blocks[0] == 0x11).all()))
+    assert {by(reason="integrity", model_name=MODEL): 1} == nonzero(failures)
+    assert [("redis", 1, "possible forgery")] == [
+        (fields["l2_name"], fields["count"], "possible forgery" if "possible forgery" in fields["hint"] else "")
+        for event, fields in log.warnings if event == "l2.record_rejected"]
+    assert None is attacker.get(f"{prefix}c:{digest}")
+
+
+def test_a_hung_redis_tier_answers_lookups_in_about_a_second(cache):
+    """With the only L2 tier a server that accepts connections and never answers, a lookup is done within
+    about the 1 s socket timeout (at once while the server is taken as down after the start-up usage refresh
+    timed out) as a miss, and the failure is L2_PREFETCH_FAILED reason=lookup_error."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    try:
+        harness = cache(l2=[{"type": "redis", "url": f"redis://127.0.0.1:{listener.getsockname()[1]}/0",
+                             "capacity_gb": 1.0}])
+        client = harness.client()
+        harness.events.take()
+        started = time.monotonic()
+        job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
+        status = client.wait_prefetch(job, timeout_s=10)
+        elapsed = time.monotonic() - started
+        batch = harness.events.take()
+    finally:
+        listener.close()
+
+    assert (True, 0) == (status.done, status.found_count)
+    assert elapsed < 2.0, elapsed
+    assert [("lookup_error", [("s", MODEL, 3)])] == [
+        (e.fields["reason"], e.salt_counts) for e in batch.events([E.L2_PREFETCH_FAILED])]

@@ -19,6 +19,7 @@ from mpcache.cache.l2.base import (
     byte_view,
     check_load_args,
 )
+from mpcache.cache.l2.failures import FailureCounts
 from mpcache.contract.keys import ChunkKey
 
 
@@ -47,6 +48,7 @@ class MockL2Adapter(L2Adapter):
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s  # 0: unlimited
         self.failure_rate = failure_rate
         self._sleep = sleep
+        self.failures = FailureCounts()  # stays empty: injected failures are the point, not news
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._index = LruIndex(capacity_bytes)
