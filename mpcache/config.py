@@ -93,7 +93,8 @@ class Config:
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
-            (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
+            (self.log_level in ("debug", "info", "warning", "error"),
+             "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),
              "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP)"),
             (self.demo_seconds >= 0 and self.duration_s >= 0, "--duration/--demo-seconds: expected seconds >= 0"),
@@ -138,7 +139,7 @@ class Config:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Config":
+    def from_json(cls, text: str) -> Config:
         data = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -147,6 +148,6 @@ class Config:
         return cls(**data)
 
     @classmethod
-    def load(cls, path: str) -> "Config":
+    def load(cls, path: str) -> Config:
         with open(path, encoding="utf-8") as handle:
             return cls.from_json(handle.read())

@@ -33,7 +33,8 @@ def configure_logging(
     if handlers is None:
         handlers = [logging.StreamHandler(sys.stderr)]
         if log_file:
-            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
+            handlers.append(
+                logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

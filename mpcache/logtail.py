@@ -33,7 +33,8 @@ import re
 import signal
 import sys
 import time
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 POLL_INTERVAL_S = 0.05
 LEVEL_ORDER = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}

@@ -105,38 +105,57 @@ def build_parser() -> argparse.ArgumentParser:
     service = parser.add_argument_group("service")
     service.add_argument("--workers", type=_int_at_least(1), default=2, help="cache processes to run (default 2)")
     service.add_argument("--instance-id", default="", help="service.instance.id on every metric (default: a new UUID4)")
-    service.add_argument("--l1-size", default="", help="L1 pool per cache process, e.g. 512MiB (default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
+    service.add_argument("--l1-size", default="",
+                         help="L1 pool per cache process, e.g. 512MiB "
+                              "(default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
     service.add_argument("--chunk-bytes", default="64KiB", help="bytes per KV chunk slot (default 64KiB)")
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
-    service.add_argument("--l1-watermark", type=_number, default=0.8, help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
-    service.add_argument("--eviction-interval", type=_number, default=1.0, help="seconds between eviction-loop runs (default 1)")
-    service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
-    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
-    service.add_argument("--runtime-dir", default="", help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
+    service.add_argument("--l1-watermark", type=_number, default=0.8,
+                         help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
+    service.add_argument("--eviction-interval", type=_number, default=1.0,
+                         help="seconds between eviction-loop runs (default 1)")
+    service.add_argument("--prefetch-job-ttl", type=_number, default=None,
+                         help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
+    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18,
+                         help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
+    service.add_argument("--runtime-dir", default="",
+                         help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
     service.add_argument(
         "--l2", action="append", default=[], metavar="JSON",
         help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
         'fs: {"type": "fs", "path": DIR, "capacity_gb": N, "threads"?: N} (each cache process uses DIR/worker-<i>); '
-        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], "seed"?}; '
+        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], '
+        '"seed"?}; '
         'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
         "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
-    service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
+    service.add_argument("--duration", type=_number, default=0.0,
+                         help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
-    telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
+    telemetry.add_argument("--prometheus-host", default="127.0.0.1",
+                           help="address /metrics binds to (default 127.0.0.1)")
     telemetry.add_argument("--prometheus-port", type=_port, default=9090, help="port of /metrics (default 9090)")
-    telemetry.add_argument("--otlp-endpoint", default="", help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s)")
-    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http"), default="grpc", help="OTLP transport (default grpc)")
-    telemetry.add_argument("--otlp-interval", type=_number, default=10.0, help="seconds between OTLP exports (default 10)")
-    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
-    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
+    telemetry.add_argument("--otlp-endpoint", default="",
+                           help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s)")
+    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http"), default="grpc",
+                           help="OTLP transport (default grpc)")
+    telemetry.add_argument("--otlp-interval", type=_number, default=10.0,
+                           help="seconds between OTLP exports (default 10)")
+    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None,
+                           help="fraction of chunks, in (0, 1], tracked by lifecycle histograms "
+                                "(default 0.01; 0.1 with --demo)")
+    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000,
+                           help="distinct cache_salt values per metric before __overflow__ (default 1000)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
-    telemetry.add_argument("--enable-tracing", action="store_true", help="export request spans over OTLP (needs --otlp-endpoint)")
+    telemetry.add_argument("--enable-tracing", action="store_true",
+                           help="export request spans over OTLP (needs --otlp-endpoint)")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
-    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
-    logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
+    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20,
+                      help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
+    logs.add_argument("--log-backups", type=_int_at_least(0), default=5,
+                      help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
                        help="where cache processes send events: ring (default, the telemetry process reads them); "
@@ -144,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "measure against")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="also run the built-in load generator")
-    demo.add_argument("--demo-seconds", type=_number, default=0.0, help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
-    demo.add_argument("--demo-tally", default="", help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
+    demo.add_argument("--demo-seconds", type=_number, default=0.0,
+                      help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
+    demo.add_argument("--demo-tally", default="",
+                      help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
     return parser
 
 
@@ -228,7 +249,8 @@ class LineForwarder:
         self._lock = threading.Lock()
         self._file_handler = None
         if log_file:
-            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count)
+            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
+                                                                      backupCount=backup_count)
 
     def forward(self, child: Child, stream) -> None:
         for raw in iter(stream.readline, b""):
@@ -293,11 +315,12 @@ class Supervisor:
                     self.log.error("cache.not_ready", worker=worker, socket=path, waited_s=timeout_s)
                     return
                 time.sleep(0.05)
-        self.log.info("cache.ready", workers=self.config.workers, sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+        self.log.info("cache.ready", workers=self.config.workers,
+                      sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
 
-    def _reap(self, child: Child, status: int) -> None:
+    def _reap(self, child: Child, pid: int, status: int) -> None:
         now = time.monotonic()
-        self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+        self.log.info("child.exited", child_role=child.role, index=child.index, pid=pid, exit_status=status)
         if child.role == "demo":
             child.finished = True
             if status != 0:
@@ -307,7 +330,8 @@ class Supervisor:
             return
         if child.role == "cache":
             if recover_ring(self.config, child.index):
-                self.log.warning("ring.torn_record", worker=child.index, detail="a record begun by the dead process was counted as dropped")
+                self.log.warning("ring.torn_record", worker=child.index,
+                                 detail="a record begun by the dead process was counted as dropped")
             self._clear_gauge_slot(child.index)
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > CRASH_WINDOW_S:
@@ -342,7 +366,7 @@ class Supervisor:
                     continue
                 status = child.process.poll()
                 if status is not None:
-                    self._reap(child, status)
+                    self._reap(child, child.process.pid, status)
                     if not child.finished:
                         child.process = None
             if self.config.duration_s and time.monotonic() - started >= self.config.duration_s:
@@ -358,18 +382,21 @@ class Supervisor:
     def stop(self) -> None:
         """Demo, then cache processes, then telemetry (so it drains what they published last)."""
         for role in ("demo", "cache", "telemetry"):
-            group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
-            for child in group:
-                child.process.send_signal(signal.SIGTERM)
+            group = [(c, c.process) for c in self.children
+                     if c.role == role and c.process is not None and c.process.poll() is None]
+            for _, process in group:
+                process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            for child in group:
+            for child, process in group:
                 try:
-                    status = child.process.wait(max(0.1, deadline - time.monotonic()))
+                    status = process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=child.process.pid, waited_s=STOP_GRACE_S)
-                    child.process.kill()
-                    status = child.process.wait()
-                self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=process.pid,
+                                     waited_s=STOP_GRACE_S)
+                    process.kill()
+                    status = process.wait()
+                self.log.info("child.exited", child_role=child.role, index=child.index, pid=process.pid,
+                              exit_status=status)
         if self._gauge_board is not None:
             self._gauge_board.close()
         removed = unlink_segments(self.config)
@@ -403,7 +430,8 @@ def _check_endpoints(config: Config) -> None:
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
+            raise ConfigError(
+                f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
     if config.otlp_endpoint:
         endpoint = config.otlp_endpoint if "://" in config.otlp_endpoint else f"http://{config.otlp_endpoint}"
         parts = urllib.parse.urlsplit(endpoint)

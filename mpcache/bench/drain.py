@@ -21,7 +21,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.children import kill_running
 from mpcache.bench.reference import ReferenceMetrics, RefEvent

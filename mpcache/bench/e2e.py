@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.children import kill_running, stop
 
@@ -129,6 +130,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         "rings_over_off": round(rings / off, 3),
         "inprocess_over_off": round(inprocess / off, 3),
         "target_rings_over_off": TARGET_RINGS_OVER_OFF,
-        "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF, "rings_ahead_of_inprocess": rings > inprocess},
+        "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF,
+                        "rings_ahead_of_inprocess": rings > inprocess},
         "samples_ops_per_s": {m: [round(x, 1) for x in samples[m]] for m in MODES},
     }

@@ -32,7 +32,8 @@ import os
 import statistics
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.reference import InProcessBus, RefEvent
 from mpcache.contract.events import EventType
@@ -167,9 +168,11 @@ def run(repetitions: int = 5, progress: Callable[[str], None] = lambda _: None,
     ring = samples["ring"]
     path = "compiled" if COMPILED_PUBLISH else "python"
     progress(f"  ring          median {statistics.median(ring):8.0f} ns/event ({path} writer; by name "
-             f"{statistics.median(samples['ring_by_name']):.0f}; Python floor {statistics.median(samples['floor']):.0f})")
+             f"{statistics.median(samples['ring_by_name']):.0f}; "
+             f"Python floor {statistics.median(samples['floor']):.0f})")
     inprocess, dropped = _inprocess_ns(events, repetitions)
-    progress(f"  in-process    median {statistics.median(inprocess):8.0f} ns/event ({dropped} dropped by its bounded queue)")
+    progress(f"  in-process    median {statistics.median(inprocess):8.0f} ns/event "
+             f"({dropped} dropped by its bounded queue)")
     mp_queue = _mp_queue_ns(events // 4, repetitions)
     progress(f"  mp.Queue      median {statistics.median(mp_queue):8.0f} ns/event")
     ring_ns = statistics.median(ring)

@@ -9,7 +9,7 @@ declarations are in :mod:`mpcache.cache.ops.blend`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.l1 import L1Manager
@@ -191,7 +191,8 @@ class BlendState:
             return peer.known_buffer(buffer_id)
         return peer.buffer(buffer_id, block_ids)
 
-    def _copy_in(self, buffer: Buffer, model: str, salt: str, hashes: list[int], block_ids: list[int]) -> tuple[int, int, int]:
+    def _copy_in(self, buffer: Buffer, model: str, salt: str, hashes: list[int],
+                 block_ids: list[int]) -> tuple[int, int, int]:
         """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
         l1 = self._l1
         reservation = l1.reserve_write(model, salt, hashes)

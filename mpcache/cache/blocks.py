@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,

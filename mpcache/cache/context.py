@@ -7,8 +7,8 @@ the calling peer to operations; the operations know nothing about sockets or fra
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter

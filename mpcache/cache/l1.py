@@ -23,7 +23,8 @@ retrieve) publish nothing: ``L1_READ_FINISHED`` means chunks were read.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -292,7 +293,8 @@ class L1Manager:
                 self._pub.emit(_L1_READ_FAILED, ("l1_retrieve", reason), salt_counts={(salt, model): count})
         return out
 
-    def finish_read(self, model: str, salt: str, hashes: Sequence[int], unlock: bool = True) -> list[tuple[int, str, str]]:
+    def finish_read(self, model: str, salt: str, hashes: Sequence[int],
+                    unlock: bool = True) -> list[tuple[int, str, str]]:
         """Chunks were read: drop one read lock per chunk (unless the read held none, ``unlock=False``)
         and publish ``L1_READ_FINISHED``; returns the sampled subset."""
         if not hashes:

@@ -36,7 +36,8 @@ is answered from L1 alone.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.storage import StorageManager, Task

@@ -14,7 +14,8 @@ import selectors
 import signal
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import structlog

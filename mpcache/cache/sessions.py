@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.prefetch import PrefetchOutcome

@@ -36,7 +36,7 @@ import collections
 import concurrent.futures
 import os
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mpcache.cache.l2.base import L2Adapter, StoreResult
 from mpcache.cache.l2.spec import build_adapter
@@ -245,7 +245,8 @@ class StorageManager:
                        (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
                        salt_counts=salt_groups(succeeded))
         if result.evicted:
-            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)), salt_counts=salt_groups(result.evicted))
+            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)),
+                           salt_counts=salt_groups(result.evicted))
 
     # -- shutdown ------------------------------------------------------------------------
 

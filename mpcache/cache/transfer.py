@@ -31,7 +31,8 @@ admits only the same user (mode 0600, SO_PEERCRED), as for shared memory.
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -107,7 +108,7 @@ def cuda_device_count() -> int:
 
 
 def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_bytes: int, *,
-                     clock_ns: Callable[[], int] = time.time_ns) -> "CudaBuffer":
+                     clock_ns: Callable[[], int] = time.time_ns) -> CudaBuffer:
     """Open a client's GPU buffer from its IPC handle; RequestError (one line) if that cannot be done."""
     count = cuda_device_count()
     if count == 0:
@@ -126,10 +127,10 @@ def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_by
 class _CudaDevice:
     """Per device and process: the copy stream, the pinned staging buffer and the stream clock."""
 
-    _devices: dict[int, "_CudaDevice"] = {}
+    _devices: dict[int, _CudaDevice] = {}
 
     @classmethod
-    def get(cls, index: int, clock_ns: Callable[[], int]) -> "_CudaDevice":
+    def get(cls, index: int, clock_ns: Callable[[], int]) -> _CudaDevice:
         device = cls._devices.get(index)
         if device is None:
             device = cls._devices[index] = cls(index, clock_ns)

@@ -12,7 +12,8 @@ import selectors
 import socket
 import stat
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.contract import protocol

@@ -16,7 +16,7 @@ class RegisteredBuffer:
     """What every registered KV buffer shares: :meth:`close` (or leaving a ``with`` block)
     unregisters it once; the client then calls its ``_release``."""
 
-    _client: "CacheClient"
+    _client: CacheClient
     blocks: object | None
 
     def close(self) -> None:
@@ -38,7 +38,7 @@ class KVBuffer(RegisteredBuffer):
     shared-memory object; closing its client does the same for every buffer left.
     """
 
-    def __init__(self, client: "CacheClient", segment: Segment, buffer_id: int, num_blocks: int,
+    def __init__(self, client: CacheClient, segment: Segment, buffer_id: int, num_blocks: int,
                  block_bytes: int) -> None:
         self._client = client
         self.segment = segment

@@ -31,7 +31,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from mpcache.client.buffers import KVBuffer, RegisteredBuffer
 from mpcache.contract import protocol
@@ -260,7 +260,7 @@ class CacheClient:
         self._closed = True
         self._sock.close()
 
-    def __enter__(self) -> "CacheClient":
+    def __enter__(self) -> CacheClient:
         return self
 
     def __exit__(self, *exc_info) -> None:

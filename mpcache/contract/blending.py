@@ -14,7 +14,7 @@ cache_salt) — the same tokens under another model or tenant are another chunk.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

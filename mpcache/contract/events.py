@@ -77,7 +77,7 @@ class EventType(enum.IntEnum):
     CB_CHUNKS_EVICTED = 91
 
 
-I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME
+I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME  # noqa: E741 - the schema table's column letters
 
 # Longest text kept, in UTF-8 bytes; longer text is truncated at the producer.
 SESSION_ID_MAX_BYTES = 128
@@ -118,7 +118,8 @@ _ALL = (
     _s(E.L1_ALLOCATION_FAILED, "l1.allocation.failed", ("during", N), salt_counts=True),
     _s(E.L1_READ_FAILED, "l1.read.failed", ("during", N), ("reason", N), salt_counts=True),
     _s(E.SM_WRITE_FINISHED, "sm.write.finished", ("failed_count", I), salt_counts=True, sampled=True),
-    _s(E.SM_READ_PREFETCHED_FINISHED, "sm.read.prefetched_finished", ("failed_count", I), salt_counts=True, sampled=True),
+    _s(E.SM_READ_PREFETCHED_FINISHED, "sm.read.prefetched_finished", ("failed_count", I), salt_counts=True,
+       sampled=True),
     _s(E.L2_STORE_SUBMITTED, "l2.store.submitted", ("adapter_index", I), ("task_id", I), ("l2_name", N),
        ("key_count", I), ("total_bytes", I), salt_counts=True),
     _s(E.L2_STORE_COMPLETED, "l2.store.completed", ("adapter_index", I), ("task_id", I), ("l2_name", N),

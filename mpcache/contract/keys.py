@@ -8,7 +8,8 @@ is sampled.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

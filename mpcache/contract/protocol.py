@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -161,7 +162,8 @@ WORKER_ID = int_range(-1, _I64_MAX)
 def _block_records(value: Any, field: str) -> list[tuple[str, list[int], list[int]]]:
     """``[[request_id, [block_id, …], [token_id, …]], …]`` of one scheduler step (see mpcache.cache.blocks)."""
     if type(value) is not list:
-        raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], got {type(value).__name__}")
+        raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], "
+                            f"got {type(value).__name__}")
     if len(value) > MAX_CHUNKS:
         raise ProtocolError(f"{field}: {len(value)} records, the limit is {MAX_CHUNKS}")
     records, blocks, tokens = [], 0, 0
@@ -194,7 +196,8 @@ def _ipc_handle(value: Any, field: str) -> bytes:
     try:
         return bytes.fromhex(value)
     except ValueError:
-        raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)") from None
+        raise ProtocolError(
+            f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)") from None
 
 REQUEST_ID = _request_id
 SHM_NAME = _shm_name

@@ -154,7 +154,8 @@ class RagWorkload:
 
         for index in hits:
             if not chunk_matches(buffer.blocks[index], fps[index]):
-                raise RuntimeError(f"blended chunk {index} (fingerprint {fps[index]:#x}) does not match what was stored")
+                raise RuntimeError(
+                    f"blended chunk {index} (fingerprint {fps[index]:#x}) does not match what was stored")
             self.tally.verified_chunks += 1
 
     def _store(self, client, buffer, kind: str, request_id: str, model: str, tenant: str, tokens: list[int],

@@ -91,7 +91,8 @@ class Workload:
         self.rng = np.random.default_rng(seed)
         chunk = config.chunk_size_tokens
         self.system_prompts = {m: self.rng.integers(0, 32000, size=2 * chunk) for m in MODELS}
-        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk) for _ in range(DOCUMENTS)]
+        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk)
+                          for _ in range(DOCUMENTS)]
 
     def next_prompt(self) -> tuple[str, str, np.ndarray]:
         tenant = TENANTS[int(self.rng.integers(len(TENANTS)))]
@@ -200,7 +201,7 @@ class Demo:
     def _timeout_fault(self, client, buffer, request_id: str, job, found: int) -> None:
         try:
             client.retrieve(buffer, request_id, job, list(range(found)), timeout_s=1e-9)
-        except Exception as exc:  # noqa: BLE001 - the error reply is the expected outcome
+        except Exception as exc:  # the error reply is the expected outcome
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                 raise
             self.tally.expected_faults["timeout"] += 1
@@ -212,7 +213,8 @@ class Demo:
         n = self.config.l1_slots + 4
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
-            stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes, list(range(n)))
+            stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes,
+                                  list(range(n)))
         self.tally.stored[tenant] += stored
         self.tally.expected_faults["l1_allocation_failed_chunks"] += n - stored
 
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo(config, log)
     signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
     signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
-    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots, seconds=config.demo_seconds or None)
+    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots,
+             seconds=config.demo_seconds or None)
     try:
         status = demo.run(config.demo_seconds)
     except Exception:

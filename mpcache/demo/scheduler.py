@@ -25,7 +25,7 @@ process that received their reports.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
@@ -73,7 +73,8 @@ class GaugeSlot:
 class GaugeBoardReader:
     """The telemetry process's read-only view of every slot."""
 
-    def __init__(self, segment: Segment, stale_after_s: float = 5.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, segment: Segment, stale_after_s: float = 5.0,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._n_slots = _validate(segment)
         start = layout.GAUGE_HEADER_SIZE
         self._words = segment.buf[start : start + self._n_slots * layout.GAUGE_SLOT_WORDS * 8].cast("q")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -73,7 +73,8 @@ def read_geometry(segment: Segment) -> RingGeometry:
             f"{segment.name}: ring layout version {version} (cell {cell_size} B), "
             f"this build reads version {layout.LAYOUT_VERSION} (cell {layout.CELL_SIZE} B)"
         )
-    if capacity <= 0 or capacity & (capacity - 1) or segment.size < layout.event_segment_size(capacity, intern_capacity):
+    if (capacity <= 0 or capacity & (capacity - 1)
+            or segment.size < layout.event_segment_size(capacity, intern_capacity)):
         raise RingCorruptError(f"{segment.name}: header claims capacity {capacity}, intern {intern_capacity}")
     return RingGeometry(capacity, intern_capacity, layout.cells_offset(intern_capacity))
 

@@ -27,7 +27,7 @@ class Segment:
         self.size = len(mapping)
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         """Create a zero-filled segment private to this user; fail if it exists."""
         shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=size)
         try:
@@ -41,7 +41,7 @@ class Segment:
         return cls(name, mapping)
 
     @classmethod
-    def attach(cls, name: str, min_size: int = 1) -> "Segment":
+    def attach(cls, name: str, min_size: int = 1) -> Segment:
         """Map an existing segment; raise LayoutMismatchError if it is too small."""
         try:
             shm = posix_ipc.SharedMemory(name)

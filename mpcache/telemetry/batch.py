@@ -10,8 +10,9 @@ and never touch a record one by one; subscribers with per-event logic ask for
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -18,8 +18,8 @@ unit, description and bucket boundaries live in one place.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIServer
 
@@ -57,7 +57,7 @@ class MetricsExport:
     _http_thread: threading.Thread
 
     @classmethod
-    def start(cls, config: Config) -> "MetricsExport":
+    def start(cls, config: Config) -> MetricsExport:
         """Build the MeterProvider with its readers and start serving ``/metrics``."""
         registry = CollectorRegistry(auto_describe=True)
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.

@@ -69,7 +69,8 @@ def test_scripted_workload_replies(scripted):
     }
     assert {
         "pre_a": {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0},
-        "pre_a_again": {"stored_count": 0, "skipped_count": 2, "failed_count": 0, "registered_count": 0, "replaced_count": 0},
+        "pre_a_again": {"stored_count": 0, "skipped_count": 2, "failed_count": 0, "registered_count": 0,
+                        "replaced_count": 0},
         "r1": ([FINGERPRINT_HIT] * 3 + [MISS] * 2, 3 * t, {"retrieved_count": 3, "failed_count": 0},
                {"stored_count": 5, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0}),
         "r2": ([FINGERPRINT_HIT] * 2, {"retrieved_count": 2, "failed_count": 0}),
@@ -117,7 +118,8 @@ def test_retrieve_of_a_chunk_evicted_since_the_lookup_is_a_partial_failure(cache
     assert ({"retrieved_count": 1, "failed_count": 1}, [("l1_retrieve", "not_found")],
             [(2, False, -1)]) == (
         reply, [(e.fields["during"], e.fields["reason"]) for e in batch.events([E.L1_READ_FAILED])],
-        [(e.fields["num_chunks"], e.fields["success"], e.fields["worker_id"]) for e in batch.events([E.CB_RETRIEVE_END])])
+        [(e.fields["num_chunks"], e.fields["success"], e.fields["worker_id"])
+         for e in batch.events([E.CB_RETRIEVE_END])])
 
 
 def test_final_store_replaces_a_stale_entry_and_counts_it_evicted(cache):
@@ -159,7 +161,8 @@ def test_other_model_or_salt_does_not_see_the_fingerprint(cache):
     b = documents()["B"]
     client.cb_store_pre_computed(kv, "pre", MODEL, SALT, b, [0])
     assert ([MISS], [MISS], [FINGERPRINT_HIT]) == (
-        client.cb_lookup("x", MODEL, "other-salt", b)["chunks"], client.cb_lookup("y", "other/model", SALT, b)["chunks"],
+        client.cb_lookup("x", MODEL, "other-salt", b)["chunks"],
+        client.cb_lookup("y", "other/model", SALT, b)["chunks"],
         client.cb_lookup("z", MODEL, SALT, b)["chunks"])
 
 

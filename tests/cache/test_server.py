@@ -62,7 +62,8 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
     assert (2, 2) == (batch.count([E.MP_REQUEST_START]), batch.count([E.MP_REQUEST_END]))
     chunk_bytes_3 = 3 * CHUNK_BYTES
     assert [("req-store", {"device": "cpu", "engine_id": 7, "model_name": MODEL, "stored_count": 3,
-                           "total_bytes": chunk_bytes_3, "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch, E.MP_STORE_END)
+                           "total_bytes": chunk_bytes_3,
+                           "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch, E.MP_STORE_END)
     assert [("req-load", {"device": "cpu", "engine_id": 7, "model_name": MODEL, "cache_salt": SALT,
                           "retrieved_count": 3, "total_bytes": chunk_bytes_3,
                           "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch, E.MP_RETRIEVE_END)
@@ -157,7 +158,8 @@ def test_abandoned_prefetch_job_expires_releases_its_locks_and_then_goes(cache):
     now[0] += 30.0
     status = client.query_prefetch_status(job)
     assert (True, 1) == (status["expired"], status["found_count"])
-    assert (0, 0) == (harness.server.l1.readers(ChunkKey(MODEL, SALT, hashes[0])), board.word(0, layout.G_ACTIVE_PREFETCH))
+    assert (0, 0) == (harness.server.l1.readers(ChunkKey(MODEL, SALT, hashes[0])),
+                      board.word(0, layout.G_ACTIVE_PREFETCH))
     assert 0 == harness.events.take().count([E.MP_LOOKUP_PREFETCH_END])
     now[0] += 30.0
     with pytest.raises(RequestError, match="unknown or expired prefetch job"):
@@ -184,7 +186,8 @@ def test_late_retrieve_of_an_expired_job_reports_chunks_evicted_meanwhile_as_rea
     assert [("l1_retrieve", "not_found", [(SALT, MODEL, 2)])] == [
         (e.fields["during"], e.fields["reason"], e.salt_counts) for e in batch.events([E.L1_READ_FAILED])]
     assert [2] == [e.fields["failed_count"] for e in batch.events([E.SM_READ_PREFETCHED_FINISHED])]
-    assert [(0, 0)] == [(e.fields["retrieved_count"], e.fields["total_bytes"]) for e in batch.events([E.MP_RETRIEVE_END])]
+    assert [(0, 0)] == [(e.fields["retrieved_count"], e.fields["total_bytes"])
+                        for e in batch.events([E.MP_RETRIEVE_END])]
     assert 0 == batch.count([E.L1_READ_FINISHED])
 
 
@@ -237,7 +240,8 @@ def test_store_into_full_l1_evicts_least_recently_used_chunks(cache):
     client.store(kv, "w2", MODEL, SALT, _hashes(2, seed=10_000), [8, 9])
     batch = harness.events.take()
     assert {(SALT, MODEL): 2} == batch.salt_totals([E.L1_KEYS_EVICTED])
-    assert [{(old[1], SALT, MODEL), (old[2], SALT, MODEL)}] == [set(e.sampled) for e in batch.events([E.L1_KEYS_EVICTED])]
+    assert [{(old[1], SALT, MODEL), (old[2], SALT, MODEL)}] == [
+        set(e.sampled) for e in batch.events([E.L1_KEYS_EVICTED])]
     assert harness.server.l1.contains(ChunkKey(MODEL, SALT, old[0]))
 
 

@@ -154,7 +154,7 @@ class Load:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._thread.start()
         return self
 
@@ -182,7 +182,7 @@ class Load:
                  f"{count} requests from the load")
         assert [] == self.errors
 
-    def stop(self) -> "Load":
+    def stop(self) -> Load:
         self._stop.set()
         self._thread.join(30)
         assert not self._thread.is_alive(), "the load thread is stuck"
@@ -435,7 +435,8 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(services, tmp
             scrape = service.scrape()
             idle = (scrape.total("lmcache_mp_num_inflight_l2_stores") == 0
                     and scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                    and scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs") == submitted_requests)
+                    and scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+                    == submitted_requests)
             return scrape if idle else None
         return wait_for(check, 30, f"{submitted_requests} L2 store tasks to complete")
 

@@ -42,9 +42,10 @@ import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from mpcache.contract.keys import ChunkKey
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 from mpcache.cache.l2.base import (
     L2Adapter,

@@ -54,8 +54,9 @@ event time seen for them.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import structlog
 from opentelemetry import trace
