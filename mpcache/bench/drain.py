@@ -158,7 +158,7 @@ def _reference_rate(events: int) -> float:
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     metrics = ReferenceMetrics(provider.get_meter("reference"))
     s, m = "tenant-a", "llama-3-8b"
-    request = [
+    request: list[tuple[E, dict[str, Any]]] = [
         (E.MP_REQUEST_START, {}), (E.MP_LOOKUP_PREFETCH_START, {}),
         (E.L1_READ_RESERVED, {"key_count_per_salt": {s: 7}}),
         (E.MP_LOOKUP_PREFETCH_END, {"model_name": m, "cache_salt": s, "requested_tokens": 4096,

@@ -42,7 +42,9 @@ def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) ->
     rng = np.random.default_rng(seed)
     with CacheClient(socket_path) as client:
         buffer = client.register_buffer(CHUNKS_PER_REQUEST, 64 * 1024)
-        buffer.blocks[:] = rng.integers(0, 255, size=buffer.blocks.shape, dtype=np.uint8)
+        blocks = buffer.blocks
+        assert blocks is not None  # registered until the with block ends
+        blocks[:] = rng.integers(0, 255, size=blocks.shape, dtype=np.uint8)
         ops, n = 0, 0
         start = time.monotonic()
         counting_from = start + warmup_s

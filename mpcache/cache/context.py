@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
@@ -28,7 +29,7 @@ class CacheContext:
 
     config: Config
     worker: int
-    log: object
+    log: Any  # a structlog logger
     publisher: EventPublisher
     l1: L1Manager
     gauges: GaugeSlot

@@ -133,7 +133,8 @@ class PrefetchController:
     def _load(self, prefetch: _Prefetch) -> None:
         owners: list[int] = []  # per chunk of the run: the adapter it is loaded from
         for position in range(len(prefetch.hashes)):
-            owner = next((index for index, held in enumerate(prefetch.held) if held[position]), None)
+            owner = next((index for index, held in enumerate(prefetch.held) if held is not None and held[position]),
+                         None)
             if owner is None:
                 break
             owners.append(owner)

@@ -95,6 +95,19 @@ class CpuTransfer(Transfer):
         return None
 
 
+class ClosedTransfer(Transfer):
+    """A closed buffer's transfer: it holds no reference to the buffer's memory and copies nothing."""
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+
+CLOSED = ClosedTransfer()
+
+
 def cuda_device_count() -> int:
     """CUDA devices cupy can use here; 0 without cupy, a driver or a device."""
     try:
@@ -180,7 +193,7 @@ class CudaBuffer:
         runtime = device.cupy.cuda.runtime
         with device.use():
             self.ptr = runtime.ipcOpenMemHandle(handle)
-        self.transfer = CudaTransfer(device, self.ptr, block_bytes)
+        self.transfer: Transfer = CudaTransfer(device, self.ptr, block_bytes)
 
     def check_intact(self) -> None:
         """An IPC mapping stays valid while it is open, whatever the exporter does."""
@@ -188,7 +201,7 @@ class CudaBuffer:
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
-            self.transfer = None
+            self.transfer = CLOSED
             try:
                 with self._device.use():
                     self._device.stream.synchronize()

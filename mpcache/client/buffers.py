@@ -17,7 +17,12 @@ class RegisteredBuffer:
     unregisters it once; the client then calls its ``_release``."""
 
     _client: CacheClient
+    buffer_id: int
     blocks: object | None
+
+    def _release(self) -> None:
+        """Free this process's side of the buffer (each subclass says how)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Unregister from the server and free the buffer (idempotent)."""
@@ -37,6 +42,8 @@ class KVBuffer(RegisteredBuffer):
     :meth:`close` (or leaving a ``with`` block) unregisters it and removes the
     shared-memory object; closing its client does the same for every buffer left.
     """
+
+    blocks: np.ndarray | None  # None once released
 
     def __init__(self, client: CacheClient, segment: Segment, buffer_id: int, num_blocks: int,
                  block_bytes: int) -> None:

@@ -57,7 +57,7 @@ class CacheClient:
             raise
         self._ids = itertools.count(1)
         self._rbuf = bytearray()
-        self._buffers: dict[int, KVBuffer] = {}
+        self._buffers: dict[int, RegisteredBuffer] = {}
         self._tag = secrets.token_hex(4)
         self._buffer_seq = itertools.count()
         self._closed = False

@@ -24,6 +24,7 @@ def format_gauge_board(segment: Segment, n_slots: int) -> None:
 
 
 def _validate(segment: Segment) -> int:
+    n_slots: int
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
     if magic != layout.GAUGE_MAGIC:
         raise LayoutMismatchError(f"{segment.name}: not an mpcache gauge board (magic {magic!r})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 
 import posix_ipc
 
@@ -84,7 +85,7 @@ def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
     return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
 
 
-def leftover_segments(pid_alive) -> list[str]:
+def leftover_segments(pid_alive: Callable[[int], bool]) -> list[str]:
     """Names of mpcache segments whose owning supervisor is no longer alive."""
     try:
         entries = os.listdir(SHM_DIR)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIServer
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -36,6 +37,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from mpcache.config import Config
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.buffered import MeterLike
 
 SERVICE_NAME = "mpcache"
 HTTP_METRICS_PATH = "/v1/metrics"
@@ -123,10 +125,12 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     return HttpExporter(endpoint=endpoint, timeout=timeout_s)
 
 
-def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()):
+def create_instrument(meter: MeterLike, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:
     """The instrument described by ``otel_name``'s row of the metric table.
 
-    Observable instruments need ``callbacks``; the others must not get any.
+    Observable instruments need ``callbacks``; the others must not get any.  The
+    result is typed ``Any``: which instrument it is (a :class:`CounterLike`, a
+    :class:`HistogramLike` or an observable one) follows the row, at run time.
     """
     spec = metric_table.BY_NAME[otel_name]
     common = {"name": spec.otel_name, "unit": spec.unit, "description": spec.meaning}

@@ -93,6 +93,7 @@ class FsL2Adapter(PooledAdapter):
     # -- worker side ---------------------------------------------------------------------------
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult:
+        evicted: list[ChunkKey]
         stored, skipped, failed, evicted = [], [], [], []
         written = 0
         for key, data in items:

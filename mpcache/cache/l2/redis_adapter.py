@@ -238,6 +238,7 @@ class RedisL2Adapter(PooledAdapter):
                 self._usage = Usage(int(used), self.capacity_bytes, int(count))
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult:
+        evicted: list[ChunkKey]
         stored, skipped, failed, evicted = [], [], [], []
         written = 0
         calls = []
