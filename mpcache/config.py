@@ -160,7 +160,7 @@ class Config:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Config":
+    def from_json(cls, text: str) -> Config:
         data = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -169,6 +169,6 @@ class Config:
         return cls(**data)
 
     @classmethod
-    def load(cls, path: str) -> "Config":
+    def load(cls, path: str) -> Config:
         with open(path, encoding="utf-8") as handle:
             return cls.from_json(handle.read())

@@ -14,7 +14,8 @@ import re
 import signal
 import sys
 import time
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 from mpcache import __version__
 
@@ -176,7 +177,7 @@ def format_record(record: dict) -> str:
     else:
         source = str(record.get("role", "-"))
     parts = [str(timestamp or "-"), f"{level:<5}", source, str(record.get("event", "-"))]
-    per_salt: dict[str, int] = {}
+    per_salt: dict[str, int | float] = {}
     for group in record.get("salt_counts") or ():
         if isinstance(group, (list, tuple)) and len(group) >= 3 and isinstance(group[2], (int, float)):
             per_salt[str(group[0])] = per_salt.get(str(group[0]), 0) + group[2]
@@ -311,7 +312,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         existing = itertools.chain(existing, follower.remainder())
     matches = _records(iter(existing), keep)
     if args.lines is not None:
-        matches = iter(collections.deque(matches, maxlen=args.lines))  # type: ignore[assignment]
+        matches = iter(collections.deque(matches, maxlen=args.lines))
     for item in matches:
         out.write(render(*item) + "\n")  # type: ignore[misc]
     out.flush()

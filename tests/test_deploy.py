@@ -252,7 +252,8 @@ def test_dashboard_is_grafana_json_with_a_prometheus_datasource_variable():
     ``datasource`` template variable of type datasource/prometheus, and every panel and query using it."""
     dashboard = load_dashboard()
     variables = {v["name"]: (v["type"], v["query"]) for v in dashboard["templating"]["list"]}
-    panels = [p for p in dashboard["panels"]] + [p for _, p in dashboard_panels(dashboard) if p not in dashboard["panels"]]
+    panels = [p for p in dashboard["panels"]] + [
+        p for _, p in dashboard_panels(dashboard) if p not in dashboard["panels"]]
     ids = [p["id"] for p in panels]
     sources = {json.dumps(p["datasource"], sort_keys=True) for _, p in dashboard_panels(dashboard)}
     sources |= {json.dumps(t["datasource"], sort_keys=True) for _, p in dashboard_panels(dashboard)

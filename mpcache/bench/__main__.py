@@ -11,7 +11,8 @@ import os
 import platform
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench import drain, e2e, publish, scrape, soak
 

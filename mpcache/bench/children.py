@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.children import kill_running
 from mpcache.bench.reference import ReferenceMetrics, RefEvent
@@ -146,7 +147,7 @@ def _reference_rate(events: int) -> float:
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     metrics = ReferenceMetrics(provider.get_meter("reference"))
     s, m = "tenant-a", "llama-3-8b"
-    request = [
+    request: list[tuple[E, dict[str, Any]]] = [
         (E.MP_REQUEST_START, {}), (E.MP_LOOKUP_PREFETCH_START, {}),
         (E.L1_READ_RESERVED, {"key_count_per_salt": {s: 7}}),
         (E.MP_LOOKUP_PREFETCH_END, {"model_name": m, "cache_salt": s, "requested_tokens": 4096,

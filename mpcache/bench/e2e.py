@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.children import kill_running, stop
 
@@ -33,7 +34,9 @@ def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) ->
     rng = np.random.default_rng(seed)
     with CacheClient(socket_path) as client:
         buffer = client.register_buffer(CHUNKS_PER_REQUEST, 64 * 1024)
-        buffer.blocks[:] = rng.integers(0, 255, size=buffer.blocks.shape, dtype=np.uint8)
+        blocks = buffer.blocks
+        assert blocks is not None  # registered until the with block ends
+        blocks[:] = rng.integers(0, 255, size=blocks.shape, dtype=np.uint8)
         ops, n = 0, 0
         start = time.monotonic()
         counting_from = start + warmup_s

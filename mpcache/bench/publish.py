@@ -9,7 +9,8 @@ import os
 import statistics
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.reference import InProcessBus, RefEvent
 from mpcache.contract.events import EventType

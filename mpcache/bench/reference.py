@@ -7,8 +7,9 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from mpcache.contract.events import SCHEMAS, EventType
 from mpcache.contract.events import EventType as E

@@ -9,7 +9,8 @@ import statistics
 import time
 import urllib.request
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.config import Config
 from mpcache.contract.events import EventType as E

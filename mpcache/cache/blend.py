@@ -5,7 +5,7 @@ so the KV of a chunk that reappears at another position can be reused (``docs/AR
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.l1 import L1Manager

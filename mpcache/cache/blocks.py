@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,
@@ -16,7 +16,7 @@ from mpcache.contract.events import (
 )
 from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.shm import layout
-from mpcache.shm.publish import Publisher
+from mpcache.shm.publish import EventPublisher
 
 MAX_BLOCKS_PER_EVENT = 200
 MAX_CELLS_PER_EVENT = 512
@@ -54,7 +54,7 @@ def _cells_of(request_id: str) -> int:
 class BlockReporter:
     """Turns block allocation reports and session ends into L0 events."""
 
-    def __init__(self, publisher: Publisher, sample_rate: float, *, max_owners: int = DEFAULT_MAX_OWNERS) -> None:
+    def __init__(self, publisher: EventPublisher, sample_rate: float, *, max_owners: int = DEFAULT_MAX_OWNERS) -> None:
         self._publisher = publisher
         self._gate = SampleGate(sample_rate)
         self._decisions: dict[tuple[int, int], bool] = {}

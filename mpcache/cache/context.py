@@ -5,8 +5,9 @@ calling peer to operations, which know nothing about sockets or frames.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
@@ -26,7 +27,7 @@ class CacheContext:
 
     config: Config
     worker: int
-    log: object
+    log: Any  # a structlog logger
     publisher: EventPublisher
     l1: L1Manager
     gauges: GaugeSlot

@@ -5,7 +5,8 @@ one-line error replies (and a caught timeout into TIMEOUT_RAISED).  Transport-fr
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.cache.context import CacheContext
@@ -71,7 +72,7 @@ class Dispatcher:
             error_type, text = "protocol", str(exc)
         except RequestError as exc:
             error_type, text = "request", str(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
+        except Exception as exc:  # a bug in one request must not stop the server
             ctx.log.exception("request.failed", op=op)
             error_type, text = "internal", f"internal error: {type(exc).__name__}"
         finally:

@@ -5,7 +5,8 @@ eviction; every state change publishes its L1 event.  Single-threaded, so lock-f
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 

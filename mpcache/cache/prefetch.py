@@ -5,7 +5,8 @@ slots that stay read-locked for the job (steps and events: ``docs/ARCHITECTURE.m
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.storage import StorageManager, Task
@@ -104,7 +105,8 @@ class PrefetchController:
     def _load(self, prefetch: _Prefetch) -> None:
         owners: list[int] = []  # per chunk of the run: the adapter it is loaded from
         for position in range(len(prefetch.hashes)):
-            owner = next((index for index, held in enumerate(prefetch.held) if held[position]), None)
+            owner = next((index for index, held in enumerate(prefetch.held) if held is not None and held[position]),
+                         None)
             if owner is None:
                 break
             owners.append(owner)

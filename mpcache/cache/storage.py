@@ -8,7 +8,7 @@ import collections
 import concurrent.futures
 import os
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mpcache.cache.l2.base import L2Adapter, StoreResult
 from mpcache.cache.l2.failures import FailureLog
@@ -125,7 +125,7 @@ class StorageManager:
         task.future = future
         self._inflight[id(task)] = task
         self._count_inflight(task, +1)
-        future.add_done_callback(lambda _future, task=task: self._completed(task))
+        future.add_done_callback(lambda _future: self._completed(task))
 
     def _count_inflight(self, task: Task, delta: int) -> None:
         """One more (``+1``) or one fewer (``-1``) in-flight task of its adapter, on the gauge board too."""
@@ -196,7 +196,7 @@ class StorageManager:
         if not chunks or not self.adapters:
             return 0
         keys = [ChunkKey(model, salt, chunk_hash) for chunk_hash, _ in chunks]
-        items = [(key, data) for key, (_, data) in zip(keys, chunks)]
+        items: list[tuple[ChunkKey, bytes | memoryview]] = [(key, data) for key, (_, data) in zip(keys, chunks)]
         total = sum(len(data) for _, data in chunks)
         groups = {(salt, model): len(keys)}
         submitted = 0
@@ -218,7 +218,7 @@ class StorageManager:
         index = task.adapter_index
         name = self.names[index]
         try:
-            result: StoreResult = future.result()
+            result: StoreResult | None = future.result()
         except Exception as exc:  # noqa: BLE001 - adapters should not raise; if one does, nothing was stored
             if self._log is not None:
                 self._log.warning("l2.store_raised", adapter_index=index, error=f"{type(exc).__name__}: {exc}")
@@ -247,7 +247,7 @@ class StorageManager:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            futures = [task.future for task in self._inflight.values()]
+            futures = [task.future for task in self._inflight.values() if task.future is not None]
             concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.contract.events import TEXT_MAX_BYTES, EventType
 from mpcache.shm.publish import EventPublisher

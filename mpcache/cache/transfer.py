@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,6 +69,19 @@ class CpuTransfer(Transfer):
         return None
 
 
+class ClosedTransfer(Transfer):
+    """A closed buffer's transfer: it holds no reference to the buffer's memory and copies nothing."""
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+
+CLOSED = ClosedTransfer()
+
+
 def cuda_device_count() -> int:
     """CUDA devices cupy can use here; 0 without cupy, a driver or a device."""
     try:
@@ -81,7 +95,7 @@ def cuda_device_count() -> int:
 
 
 def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_bytes: int, *,
-                     clock_ns: Callable[[], int] = time.time_ns) -> "CudaBuffer":
+                     clock_ns: Callable[[], int] = time.time_ns) -> CudaBuffer:
     """Open a client's GPU buffer from its IPC handle; RequestError (one line) if that cannot be done."""
     count = cuda_device_count()
     if count == 0:
@@ -100,10 +114,10 @@ def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_by
 class _CudaDevice:
     """Per device and process: the copy stream, the pinned staging buffer and the stream clock."""
 
-    _devices: dict[int, "_CudaDevice"] = {}
+    _devices: dict[int, _CudaDevice] = {}
 
     @classmethod
-    def get(cls, index: int, clock_ns: Callable[[], int]) -> "_CudaDevice":
+    def get(cls, index: int, clock_ns: Callable[[], int]) -> _CudaDevice:
         device = cls._devices.get(index)
         if device is None:
             device = cls._devices[index] = cls(index, clock_ns)
@@ -153,7 +167,7 @@ class CudaBuffer:
         runtime = device.cupy.cuda.runtime
         with device.use():
             self.ptr = runtime.ipcOpenMemHandle(handle)
-        self.transfer = CudaTransfer(device, self.ptr, block_bytes)
+        self.transfer: Transfer = CudaTransfer(device, self.ptr, block_bytes)
 
     def check_intact(self) -> None:
         """An IPC mapping stays valid while it is open, whatever the exporter does."""
@@ -161,7 +175,7 @@ class CudaBuffer:
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
-            self.transfer = None
+            self.transfer = CLOSED
             try:
                 with self._device.use():
                     self._device.stream.synchronize()

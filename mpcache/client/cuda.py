@@ -18,7 +18,7 @@ class CudaKVBuffer(RegisteredBuffer):
     :meth:`close` unregisters it (the server closes its IPC mapping) and then frees the memory.
     """
 
-    def __init__(self, client: "CacheClient", memory, buffer_id: int, num_blocks: int, block_bytes: int,
+    def __init__(self, client: CacheClient, memory, buffer_id: int, num_blocks: int, block_bytes: int,
                  device_index: int, device: str) -> None:
         import cupy
 
@@ -37,7 +37,7 @@ class CudaKVBuffer(RegisteredBuffer):
         self._memory = None  # freed when the last view of it goes
 
 
-def register_cuda_buffer(client: "CacheClient", num_blocks: int, block_bytes: int,
+def register_cuda_buffer(client: CacheClient, num_blocks: int, block_bytes: int,
                          device_index: int = 0) -> CudaKVBuffer:
     """Allocate ``num_blocks × block_bytes`` on ``cuda:device_index`` and register it with the server."""
     try:

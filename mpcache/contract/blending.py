@@ -5,7 +5,7 @@ statuses of a ``cb_lookup``; shared by the client and the cache process.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -5,7 +5,8 @@ so every process and every restart agrees on a chunk's key and on whether it is 
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

@@ -5,7 +5,7 @@ reported every step with ``report_block_allocations``.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

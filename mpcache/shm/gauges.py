@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
@@ -20,6 +20,7 @@ def format_gauge_board(segment: Segment, n_slots: int) -> None:
 
 
 def _validate(segment: Segment) -> int:
+    n_slots: int
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
     if magic != layout.GAUGE_MAGIC:
         raise LayoutMismatchError(f"{segment.name}: not an mpcache gauge board (magic {magic!r})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 
 import posix_ipc
 
@@ -25,7 +26,7 @@ class Segment:
         self.size = len(mapping)
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         """Create a zero-filled segment private to this user; fail if it exists."""
         shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=size)
         try:
@@ -39,7 +40,7 @@ class Segment:
         return cls(name, mapping)
 
     @classmethod
-    def attach(cls, name: str, min_size: int = 1) -> "Segment":
+    def attach(cls, name: str, min_size: int = 1) -> Segment:
         """Map an existing segment; raise LayoutMismatchError if it is too small."""
         try:
             shm = posix_ipc.SharedMemory(name)
@@ -82,7 +83,7 @@ def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
     return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
 
 
-def leftover_segments(pid_alive) -> list[str]:
+def leftover_segments(pid_alive: Callable[[int], bool]) -> list[str]:
     """Names of mpcache segments whose owning supervisor is no longer alive."""
     try:
         entries = os.listdir(SHM_DIR)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -61,7 +61,7 @@ class EventBus:
         for flush in self._flushers:
             try:
                 flush()
-            except Exception:  # noqa: BLE001 - a broken exporter must not stop the pump
+            except Exception:  # a broken exporter must not stop the pump
                 self._exceptions["flush"] += 1
                 log.exception("flush_failed")
 
@@ -102,7 +102,7 @@ class EventBus:
     def _call(self, subscriber: Subscriber, method: str, *args: object) -> None:
         try:
             getattr(subscriber, method)(*args)
-        except Exception:  # noqa: BLE001 - one subscriber must not take the others down
+        except Exception:  # one subscriber must not take the others down
             name = type(subscriber).__name__
             self._exceptions[name] += 1
             if self._exceptions[name] <= 10 or self._exceptions[name] % 1000 == 0:

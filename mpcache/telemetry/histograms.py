@@ -5,16 +5,20 @@ bucket counts (checked against per-sample recording; falls back to it if the SDK
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram
+    from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger(__name__)
 
 _fast_path_ok = True
 
 
-def record_many(histogram: Any, attributes: dict[str, str], values: list[float]) -> None:
+def record_many(histogram: Histogram, attributes: dict[str, AttributeValue], values: list[float]) -> None:
     """Record every value of ``values`` with ``attributes``: like ``record`` per value, in one step."""
     global _fast_path_ok
     histogram.record(values[0], attributes)
@@ -33,7 +37,7 @@ def record_many(histogram: Any, attributes: dict[str, str], values: list[float])
         histogram.record(value, attributes)
 
 
-def _fold_into_aggregations(histogram: Any, attributes: dict[str, str], values: np.ndarray) -> bool:
+def _fold_into_aggregations(histogram: Any, attributes: dict[str, AttributeValue], values: np.ndarray) -> bool:
     """Add ``values`` to every aggregation ``record`` just fed; False if the internals do not fit."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import (
         _hash_attributes,

@@ -5,8 +5,8 @@ after delivery, a 1 Hz tick, and the bus's self-monitoring from ring state.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -26,7 +26,7 @@ class RingSource:
     names: NameTable
 
     @classmethod
-    def attach(cls, producer: int, name: str, max_batch_cells: int = 16384) -> "RingSource":
+    def attach(cls, producer: int, name: str, max_batch_cells: int = 16384) -> RingSource:
         """16 Ki cells (1 MiB) per batch: large enough that numpy amortises, small enough that a
         backlog does not balloon the telemetry process's memory with per-batch temporaries."""
         segment = Segment.attach(name, layout.HEADER_SIZE)

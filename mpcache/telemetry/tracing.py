@@ -31,7 +31,7 @@ class TracingExport:
     processor: SpanProcessor
 
     @classmethod
-    def start(cls, config: Config, processor: SpanProcessor | None = None) -> "TracingExport":
+    def start(cls, config: Config, processor: SpanProcessor | None = None) -> TracingExport:
         """Build the provider.  ``processor`` replaces the OTLP batch processor (tests use an in-memory one)."""
         if processor is None:
             processor = BatchSpanProcessor(

@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest

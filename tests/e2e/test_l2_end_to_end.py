@@ -73,7 +73,8 @@ def test_demo_with_fs_and_mock_tiers_serves_every_l2_metric(start_service, tmp_p
     assert 0 < scrape.total("lmcache_mp_l2_prefetch_failure_chunks_total", reason="not_found")
     assert as_floats(tally["l2_hit_tokens"]) == scrape.by_label("lmcache_mp_lookup_hit_l2_tokens_total", "cache_salt")
     assert as_floats(tally["hit_tokens"]) == scrape.by_label("lmcache_mp_lookup_hit_tokens_total", "cache_salt")
-    hit_rate = scrape.total("lmcache_mp_lookup_hit_tokens_total") / scrape.total("lmcache_mp_lookup_requested_tokens_total")
+    hit_rate = (scrape.total("lmcache_mp_lookup_hit_tokens_total")
+                / scrape.total("lmcache_mp_lookup_requested_tokens_total"))
     assert 0.0 <= hit_rate <= 1.0
     assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
     assert 0 == service.stop()

@@ -95,7 +95,7 @@ class GrpcReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, collected: Collected) -> None:
         self.collected = collected
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+    def Export(self, request, context):  # the gRPC method name
         self.collected.add(request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -104,7 +104,7 @@ class HttpReceiver(http.server.BaseHTTPRequestHandler):
     collected: Collected  # set on the per-test subclass
     seen: list[tuple[str, str]]  # (path, content-type) of every POST
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's method name
+    def do_POST(self) -> None:  # http.server's method name
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)

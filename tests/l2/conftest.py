@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -69,7 +69,7 @@ def _start_redis(directory: str, config: Callable[[int], str] | None = None) -> 
             log += chunk
         if b"Ready to accept connections" in log:
             # keep draining its log so it never blocks on a full pipe
-            threading.Thread(target=lambda: process.stdout.read(), daemon=True).start()
+            threading.Thread(target=process.stdout.read, daemon=True).start()
             return process, port
         process.kill()
         process.wait()

@@ -116,7 +116,7 @@ def test_http_endpoint_without_path_gets_v1_metrics(config):
 class _OtlpHttpCollector(BaseHTTPRequestHandler):
     received: list[tuple[str, bytes]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.path, body))
         self.send_response(200)
@@ -132,7 +132,7 @@ class _OtlpGrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self):
         self.received: list[bytes] = []
 
-    def Export(self, request, context):  # noqa: N802 - generated service naming
+    def Export(self, request, context):  # generated service naming
         self.received.append(request.SerializeToString())
         return metrics_service_pb2.ExportMetricsServiceResponse()
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 from mpcache.cache.l2.base import (
     L2Adapter,
@@ -58,8 +58,8 @@ class MockL2Adapter(L2Adapter):
     # -- the interface -------------------------------------------------------------------------
 
     def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
-        items = [(key, byte_view(data)) for key, data in items]
-        return self._pool.submit(self._store, items, self._draw(len(items)))
+        views = [(key, byte_view(data)) for key, data in items]
+        return self._pool.submit(self._store, views, self._draw(len(views)))
 
     def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
         return self._pool.submit(self._lookup, list(keys))
@@ -92,6 +92,7 @@ class MockL2Adapter(L2Adapter):
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]], fails: list[bool]) -> StoreResult:
         self._pause(sum(len(data) for _, data in items))
+        evicted: list[ChunkKey]
         stored, skipped, failed, evicted = [], [], [], []
         written = 0
         for (key, data), fail in zip(items, fails):

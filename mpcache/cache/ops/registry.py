@@ -8,8 +8,9 @@ all follow this table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from mpcache.contract.events import EventType
 from mpcache.contract.protocol import Field

@@ -5,8 +5,9 @@ producer's timestamps; request roots, ``mp.*``/``cb.*`` children and timeout spa
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import structlog
 from opentelemetry import trace
@@ -83,7 +84,7 @@ class _Root:
     end_ns: int | None = None  # the saved REQUEST_END time while copies are still in flight
     in_flight: dict[str, int] = field(default_factory=lambda: {"store": 0, "retrieve": 0})
     producers: set[int] = field(default_factory=set)  # REQUEST_START seen, REQUEST_END not yet
-    children: dict[tuple, collections.deque] = field(default_factory=dict)
+    children: dict[tuple[object, ...], collections.deque[_Child]] = field(default_factory=dict)
     n_children: int = 0
     hits: dict[str, int] = field(default_factory=dict)
     early_exit_reason: str = ""
@@ -126,7 +127,7 @@ class _Roots:
         if self._roots.get(root.session_id) is root:
             del self._roots[root.session_id]
 
-    def push_child(self, root: _Root, key: tuple, child: _Child) -> None:
+    def push_child(self, root: _Root, key: tuple[object, ...], child: _Child) -> None:
         root.children.setdefault(key, collections.deque()).append(child)
         root.n_children += 1
         if root.n_children > self._max_children:  # the oldest pending START gives way
@@ -135,7 +136,7 @@ class _Roots:
             if victim is not None:
                 _end_incomplete(victim.span, "evicted", max(victim.start_ns, root.last_event_ns))
 
-    def pop_child(self, root: _Root, key: tuple) -> _Child | None:
+    def pop_child(self, root: _Root, key: tuple[object, ...]) -> _Child | None:
         queue = root.children.get(key)
         if not queue:
             return None
@@ -335,6 +336,7 @@ class BlendTracing(_Component):
             return
         self.mp.touch(event.session_id, event.timestamp_ns)
         etype = event.etype
+        root: _Root | None
         if etype is E.CB_REQUEST_START:
             root = self.roots.touch(event.session_id, event.timestamp_ns)
             if root.span is None:
@@ -373,7 +375,7 @@ class BlendTracing(_Component):
         if root is not None:
             self.roots.touch(event.session_id, event.timestamp_ns)
             child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
-        if child is None:
+        if root is None or child is None:  # (child is None whenever root is)
             self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
             return
