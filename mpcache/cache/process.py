@@ -9,7 +9,8 @@ import selectors
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.prefetch import PrefetchOutcome

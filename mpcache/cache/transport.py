@@ -11,7 +11,8 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.contract import protocol

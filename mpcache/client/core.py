@@ -13,7 +13,8 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
 from mpcache.client.cuda import CudaKVBuffer, register_cuda_buffer

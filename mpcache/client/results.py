@@ -7,8 +7,9 @@ otherwise), and a test holds every type to the reply fields its operation declar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from mpcache.contract.blending import HITS
 from mpcache.errors import ProtocolError

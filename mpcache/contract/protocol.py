@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import msgpack
 

@@ -12,8 +12,9 @@ import asyncio
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -36,7 +37,8 @@ class MetricsHTTPServer:
     """Serves ``routes`` on ``address`` from its own thread; construct (binds), :meth:`start`, :meth:`close`."""
 
     def __init__(self, address: tuple[str, int], routes: dict[str, Route], log: Any, *,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.routes = routes
         self._log = log
         self._max_connections = max_connections

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 import structlog
@@ -52,7 +52,7 @@ class MetricsExport:
     _http_server: MetricsHTTPServer
 
     @classmethod
-    def start(cls, config: Config) -> "MetricsExport":
+    def start(cls, config: Config) -> MetricsExport:
         """Build the MeterProvider with its readers and start serving ``/metrics``."""
         registry = CollectorRegistry(auto_describe=True)
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.

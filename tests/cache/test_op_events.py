@@ -57,7 +57,8 @@ def test_every_operation_publishes_exactly_its_declared_events(cache):
     # B's fingerprint points at a final object, then (stale) at a pre-computed one, then (stale) at a final one
     for step, op in enumerate(("cb_store_final", "cb_store_pre_computed", "cb_store_final")):
         evict_all()
-        run(op, lambda: getattr(client, op)(kv, request_id=f"cb-{step}", model_name=MODEL, tokens=b, block_ids=[2]))
+        run(op, lambda op=op, step=step: getattr(client, op)(kv, request_id=f"cb-{step}", model_name=MODEL, tokens=b,
+                                                              block_ids=[2]))
     evict_all()
     run("cb_lookup", lambda: client.cb_lookup(request_id="cb-stale", model_name=MODEL, tokens=b))
     run("cb_store_pre_computed", lambda: client.cb_store_pre_computed(kv, request_id="cb-3", model_name=MODEL,
@@ -68,7 +69,7 @@ def test_every_operation_publishes_exactly_its_declared_events(cache):
     run("cb_retrieve", lambda: client.cb_retrieve(kv, request_id="cb-other", lookup_id=lookup.lookup_id,
                                                   chunk_indices=[0], block_ids=[3]), raises=RequestError)
     for request_id in ("cb-0", "l0", "r"):
-        run("end_session", lambda: client.end_session(request_id))
+        run("end_session", lambda request_id=request_id: client.end_session(request_id))
     run("unregister_buffer", kv.close)
 
     published = {op: sorted(e.name for e in events) for op, events in seen.items()}

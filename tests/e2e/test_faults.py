@@ -154,7 +154,7 @@ class Load:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._thread.start()
         return self
 
@@ -183,7 +183,7 @@ class Load:
                  f"{count} requests from the load")
         assert [] == self.errors
 
-    def stop(self) -> "Load":
+    def stop(self) -> Load:
         self._stop.set()
         self._thread.join(30)
         assert not self._thread.is_alive(), "the load thread is stuck"

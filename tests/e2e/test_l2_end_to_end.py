@@ -112,7 +112,8 @@ def test_an_fs_tier_keeps_the_same_key_across_service_restarts(tmp_path) -> None
         (tmp_path / f"run{run}").mkdir()
         service = Service(tmp_path / f"run{run}", "--workers", "1", "--event-sink", "none", "--l2", fs)
         try:
-            wait_for(lambda: any(line.get("event") == "cache.ready" for line in service.log_lines()), 60,
+            wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
+                     60,
                      "cache.ready")
             keys.append(read_config(service)["l2_secret"])
             assert 0 == service.stop()

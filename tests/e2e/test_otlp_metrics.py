@@ -153,7 +153,8 @@ def demo_flags(tmp_path, endpoint: str | None = None, protocol: str | None = Non
     """The demo with two L2 tiers; OTLP flags only when given (else the OTEL_* environment decides)."""
     fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.008}' % (tmp_path / "l2fs")
     mock = '{"type": "mock", "capacity_gb": 0.05, "failure_rate": 0.1, "seed": 3, "latency_ms": 5}'
-    otlp = [] if endpoint is None else ["--otlp-endpoint", endpoint, "--otlp-protocol", protocol, "--otlp-interval", "1"]
+    otlp = [] if endpoint is None else [
+        "--otlp-endpoint", endpoint, "--otlp-protocol", protocol, "--otlp-interval", "1"]
     return ["--demo", "--workers", "2", "--duration", "60", "--instance-id", INSTANCE_ID, *otlp,
             "--metrics-sample-rate", "0.2", "--l2", fs, "--l2", mock]
 

@@ -8,6 +8,7 @@ version, name lengths, chunk hash, payload length, a 16-byte check value, names,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -159,7 +160,7 @@ def start_cache(*flags: str) -> subprocess.CompletedProcess:
 
 
 def fs_flag(path) -> str:
-    return '{"type": "fs", "path": "%s", "capacity_gb": 1}' % path
+    return json.dumps({"type": "fs", "path": str(path), "capacity_gb": 1})
 
 
 def test_fs_refuses_a_directory_another_user_created(other_user, shared_dir):

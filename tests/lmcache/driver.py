@@ -36,27 +36,27 @@ os.environ["LMCACHE_TRACK_USAGE"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import random  # noqa: E402
-import select  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import argparse
+import hashlib
+import json
+import math
+import random
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
-import torch  # noqa: E402
-import zmq  # noqa: E402
-
-from lmcache.integration.vllm.kv_cache_groups import (  # noqa: E402
+import torch
+import zmq
+from lmcache.integration.vllm.kv_cache_groups import (
     create_engine_group_infos_from_vllm,
 )
-from lmcache.integration.vllm.vllm_multi_process_adapter import (  # noqa: E402
+from lmcache.integration.vllm.vllm_multi_process_adapter import (
     LMCacheMPSchedulerAdapter,
     LMCacheMPWorkerAdapter,
     LoadStoreOp,
@@ -575,7 +575,7 @@ class Engine:
             try:
                 results.append(fut.result(timeout=max(0.1, deadline.left())))
             except TimeoutError:
-                raise ScenarioFailure(f"rank {rank}: {doing} did not finish before the deadline")
+                raise ScenarioFailure(f"rank {rank}: {doing} did not finish before the deadline") from None
         return results
 
     def retrieve_many(self, reqs: list[Request], deadline: Deadline) -> None:
@@ -900,7 +900,7 @@ class Scenarios:
             )
         prompts = [self.prompt(chunks_per_req) for _ in range(n_req)]
         before = e.counters.snapshot()
-        for i, t in enumerate(prompts):
+        for t in prompts:
             self.cold_store("evict-fill", t, dl)
         mid = e.counters.snapshot()
         skipped = mid["store_skipped_objects"] - before["store_skipped_objects"]
@@ -1109,10 +1109,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--url", nargs="+", required=True, action="extend",
                     help="server URL(s), e.g. tcp://127.0.0.1:5555; several = one per server")
     ap.add_argument("--scenario", default="all",
-                    help="one of %s, 'all' (those, in that order), or a comma-separated list; "
+                    help=f"one of {', '.join(SCENARIOS)}, 'all' (those, in that order), or a comma-separated list; "
                     "also lock_release (not in 'all': it clears the server's cache) and "
-                    "survive_restart (not in 'all': it waits for a server restart)"
-                    % ", ".join(SCENARIOS))
+                    "survive_restart (not in 'all': it waits for a server restart)")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
     ap.add_argument("--mla", action="store_true", help="MLA model: one replicated KV plane")
     ap.add_argument("--layers", type=int, default=2)

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-from mpcache_service import Scrape, Service, free_port, wait_for  # noqa: E402
+from mpcache_service import Scrape, Service, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

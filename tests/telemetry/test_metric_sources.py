@@ -206,7 +206,8 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
         L2ThroughputSubscriber, L0LifecycleSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
-        lambda meter: L1StateGaugesSubscriber(meter, board), lambda meter: L2StateGaugesSubscriber(meter, board, ["fs"]),
+        lambda meter: L1StateGaugesSubscriber(meter, board),
+        lambda meter: L2StateGaugesSubscriber(meter, board, ["fs"]),
     ]
     out = []
     for factory in factories:
@@ -223,7 +224,8 @@ def test_the_subscribers_create_every_metric_of_the_table_once(pipeline, board, 
     pairs = subscribers_and_metrics(pipeline, board)
     created = Counter(name for _, names in pairs for name in names)
     by_name = {spec.otel_name: spec for spec in ALL_METRICS}
-    table_driven = {name for subscriber, names in pairs if isinstance(subscriber, COUNTER_SUBSCRIBERS) for name in names}
+    table_driven = {name for subscriber, names in pairs if isinstance(subscriber, COUNTER_SUBSCRIBERS)
+                    for name in names}
     assert (sorted(type(s).__name__ for s in built), {name: 1 for name in by_name}, table_driven) == (
         sorted(type(s).__name__ for s, _ in pairs), dict(created),
         {name for name, spec in by_name.items() if spec.source.derivation.table_driven})

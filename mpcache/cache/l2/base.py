@@ -10,9 +10,10 @@ import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from mpcache.cache.l2.failures import FailureCounts
 from mpcache.contract.keys import ChunkKey

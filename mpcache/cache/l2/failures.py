@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 KINDS = ("integrity", "no_space", "store_error", "load_error", "lookup_error", "delete_error", "usage_error")
 
