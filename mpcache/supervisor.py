@@ -376,6 +376,7 @@ class Supervisor:
                       sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
 
     def _reap(self, child: Child, status: int) -> None:
+        assert child.process is not None
         now = time.monotonic()
         self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
                       exit_status=status)
@@ -442,9 +443,11 @@ class Supervisor:
         for role in ("demo", "cache", "telemetry"):
             group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
             for child in group:
+                assert child.process is not None
                 child.process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             for child in group:
+                assert child.process is not None
                 try:
                     status = child.process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:

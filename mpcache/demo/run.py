@@ -41,16 +41,18 @@ class Tally:
     """What the demo itself saw, per cache_salt, to compare with the metrics."""
 
     def __init__(self) -> None:
-        self.stored = collections.Counter()
-        self.retrieved = collections.Counter()
-        self.requested_tokens = collections.Counter()
-        self.hit_tokens = collections.Counter()
-        self.l2_hit_tokens = collections.Counter()
-        self.prefetched = collections.Counter()  # chunks prefetches wrote into L1 from L2 (L1 writes, too)
+        self.stored: collections.Counter[str] = collections.Counter()
+        self.retrieved: collections.Counter[str] = collections.Counter()
+        self.requested_tokens: collections.Counter[str] = collections.Counter()
+        self.hit_tokens: collections.Counter[str] = collections.Counter()
+        self.l2_hit_tokens: collections.Counter[str] = collections.Counter()
+        # chunks prefetches wrote into L1 from L2 (L1 writes, too)
+        self.prefetched: collections.Counter[str] = collections.Counter()
         self.requests = 0
-        self.expected_faults = collections.Counter()
+        self.expected_faults: collections.Counter[str] = collections.Counter()
         self.verified_chunks = 0
-        self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo.rag)
+        # the RAG load's cache-blending counts (mpcache.demo.rag)
+        self.blend: collections.Counter[str] = collections.Counter()
 
     def as_dict(self) -> dict:
         return {
@@ -97,7 +99,7 @@ class Demo:
         self.l0 = SchedulerFleet(self.clients, MODELS, max(1, config.chunk_size_tokens // 4))
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
-        self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
+        self.late: list[tuple] = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
         self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo.rag)
         first = time.monotonic() + 1.0
         self.due = {"big_store": first, "timeout": first, "late_client": first}

@@ -139,7 +139,8 @@ class EventBatch:
         """One fixed field of every record of ``etype``, in order (float fields as float64)."""
         schema = SCHEMAS[etype]
         position = schema.field_names.index(name)
-        heads = self._type_heads(etype)
+        heads = self._heads[self._head_etypes == etype]
+        raw: np.ndarray
         if position < layout.HEAD_FIELD_SLOTS:
             raw = self.cells["slots"][heads, 1 + position]
         else:
@@ -199,14 +200,15 @@ class EventBatch:
             out[position] = out[position] + piece if out[position] else piece
         return out
 
-    def table(self, etypes: Sequence[EventType], fields: Sequence[str]) -> tuple[list[int], list[int], dict[str, list]]:
+    def table(self, etypes: Sequence[EventType],
+              fields: Sequence[str]) -> tuple[list[int], list[int], dict[str, list[int]]]:
         """Records of these types in ring order, as columns: (event type ids, timestamps ns,
         {field: values}) — a field a type lacks reads 0; names stay ids (see ``names``).
         Per-event logic loops over these lists instead of decoding events."""
         mask = np.isin(self._head_etypes, [int(e) for e in etypes])
         heads = self._heads[mask]
         etype_col = self._head_etypes[mask]
-        columns: dict[str, list] = {}
+        columns: dict[str, list[int]] = {}
         for name in fields:
             column = np.zeros(len(heads), dtype=np.int64)
             for etype in etypes:
@@ -273,6 +275,7 @@ class EventBatch:
             elif kind == layout.CELL_BLOCK:
                 blocks.append((row[0], row[1], row[2] & 0xFFFFFFFFFFFFFFFF))
             elif kind == layout.CELL_TEXT:
+                assert raw_bytes is not None  # set whenever kinds has a TEXT cell
                 cell = raw_bytes[i]
                 length = min(int(cell[9]), layout.TEXT_BYTES_PER_CELL)
                 text_parts.setdefault(int(cell[8]), []).append(cell[10 : 10 + length].tobytes())

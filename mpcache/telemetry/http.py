@@ -131,7 +131,11 @@ class MetricsHTTPServer:
         answer = self._inflight.get(path)
         if answer is None:  # requests that arrive while it is being built share it
             answer = self._inflight[path] = self._loop.run_in_executor(self._collector, route)
-            answer.add_done_callback(lambda _, path=path: self._inflight.pop(path, None))
+
+            def forget(_: object, path: str = path) -> None:
+                self._inflight.pop(path, None)
+
+            answer.add_done_callback(forget)
         try:
             return await asyncio.shield(answer)
         except Exception:  # noqa: BLE001 - one failed collection must not take the endpoint down

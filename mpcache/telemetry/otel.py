@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -103,7 +104,7 @@ def _is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror:
         return False
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def build_resource(config: Config) -> Resource:
@@ -146,7 +147,7 @@ def otlp_timeout_s(config: Config) -> float | None:
     return min(10.0, config.otlp_interval_s)
 
 
-def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()):
+def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:
     """The instrument described by ``otel_name``'s row of the metric table.
 
     Observable instruments need ``callbacks``; the others must not get any.
