@@ -57,6 +57,7 @@ class Config:
     otlp_interval_s: float = 10.0
     metrics_sample_rate: float = 0.01
     cache_salt_cap: int = 1000
+    metric_series_cap: int = 1500  # attribute sets per metric before cache_salt/model_name read __overflow__
     # logging
     log_level: str = "info"
     log_file: str = ""
@@ -102,6 +103,7 @@ class Config:
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
+            (self.metric_series_cap >= 1, "--metric-series-cap: expected an integer >= 1"),
             (self.log_level in ("debug", "info", "warning", "error"),
              "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),

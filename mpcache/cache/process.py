@@ -30,7 +30,7 @@ from mpcache.config import Config
 from mpcache.errors import ConfigError
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
-from mpcache.shm.intern import Interner
+from mpcache.shm.intern import Interner, reclaim_if_drained
 from mpcache.shm.publish import EventPublisher, NullPublisher, Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
@@ -136,7 +136,10 @@ class CacheProcess:
         elif config.event_sink == "none":
             publisher = NullPublisher()
         else:
-            publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
+            intern_capacity = read_geometry(ring).intern_capacity
+            if reclaim_if_drained(ring.buf, intern_capacity):
+                self.log.info("cache.names_reclaimed", capacity=intern_capacity)
+            publisher = Publisher(RingWriter(ring), Interner(ring.buf, intern_capacity),
                                   threadsafe=False, clock_ns=clock_ns)
         pool_seg = self._attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
         pool = np.ndarray((config.l1_slots, config.chunk_bytes), dtype=np.uint8, buffer=pool_seg.buf)

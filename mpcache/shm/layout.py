@@ -30,6 +30,7 @@ OFF_TORN = 80
 OFF_TAIL = 128
 OFF_MALFORMED = 136
 OFF_INTERN_COUNT = 192
+OFF_INTERN_EPOCH = 200  # bumped when a new producer empties a full table (consumers drop cached names)
 HEADER_SIZE = 256
 
 INTERN_ENTRY_SIZE = 136

@@ -61,6 +61,7 @@ class Pump:
         for source in self.sources:
             cells = source.reader.read_batch(commit=False)
             if len(cells):
+                source.names.sync()
                 batch = EventBatch(source.producer, cells, source.names)
                 self.unknown_records += batch.unknown_records
                 self.bus.dispatch(batch)

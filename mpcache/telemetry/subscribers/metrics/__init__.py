@@ -54,13 +54,14 @@ def build_metrics_subscribers(
     bus.add_flusher(buffer.flush)
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
-    subscribers: list[Subscriber] = [counters(meter, cap, l2_names) for counters in COUNTER_SUBSCRIBERS]
+    series = config.metric_series_cap
+    subscribers: list[Subscriber] = [counters(meter, cap, l2_names, series) for counters in COUNTER_SUBSCRIBERS]
     subscribers += [
         L1LifecycleSubscriber(meter),
         SMLifecycleSubscriber(meter, cap),
-        L0L1ThroughputSubscriber(meter),
+        L0L1ThroughputSubscriber(meter, series_cap=series),
         L2ThroughputSubscriber(meter),
-        L0LifecycleSubscriber(meter),
+        L0LifecycleSubscriber(meter, series_cap=series),
         EventBusSelfMetricsSubscriber(meter, pump, bus),
     ]
     if gauge_reader is not None:

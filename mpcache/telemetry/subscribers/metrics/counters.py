@@ -34,7 +34,7 @@ from mpcache.telemetry.batch import EventBatch, group_sums
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.metric_table import BY_NAME, Derivation, Label, Origin, Source
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import SaltCap
+from mpcache.telemetry.salts import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
 
 DEFAULT_SALT_CAP = 1000
 _D = Derivation
@@ -43,14 +43,15 @@ _D = Derivation
 class _Counter:
     """One table-driven counter: its instrument, what it sums and how its attributes are capped."""
 
-    __slots__ = ("instrument", "derivation", "field", "names", "caps")
+    __slots__ = ("instrument", "derivation", "field", "names", "caps", "series")
 
-    def __init__(self, instrument: Any, source: Source, salt_cap: int) -> None:
+    def __init__(self, instrument: Any, source: Source, salt_cap: int, series_cap: int) -> None:
         self.instrument = instrument
         self.derivation = source.derivation
         self.field = source.field
         self.names = source.attributes
         self.caps = [SaltCap(salt_cap) if name == "cache_salt" else None for name in self.names]
+        self.series = SeriesCap(self.names, series_cap) if CLIENT_LABELS & set(self.names) else None
 
 
 class _Plan:
@@ -101,10 +102,12 @@ class _Plan:
             for group, sums in groups.items()
         ]
         for index, counter in enumerate(self.counters):
-            caps = counter.caps
+            caps, series = counter.caps, counter.series
             folded: dict[tuple[str, ...], int] = {}
             for values, sums in labelled:
                 values = tuple(cap(v) if cap else v for v, cap in zip(values, caps))
+                if series is not None:
+                    values = series(values)
                 folded[values] = folded.get(values, 0) + sums[index]
             names = counter.names
             for values, total in folded.items():
@@ -153,19 +156,21 @@ def _field_kind(source: Source, label: Label) -> FieldKind:
 class TableCountersSubscriber(Subscriber):
     """The table-driven counters named in ``metrics`` (a subclass chooses them).
 
-    ``salt_cap``: distinct cache_salt values per metric; ``l2_names``: the
-    configured adapters' type names, exported as 0 until they complete a task.
+    ``salt_cap``: distinct cache_salt values per metric; ``series_cap``: attribute sets per metric
+    (:mod:`mpcache.telemetry.salts`); ``l2_names``: the configured adapters' type names, exported as 0
+    until they complete a task.
     """
 
     metrics: tuple[str, ...] = ()
 
-    def __init__(self, meter: Meter, salt_cap: int = DEFAULT_SALT_CAP, l2_names: Sequence[str] = ()) -> None:
+    def __init__(self, meter: Meter, salt_cap: int = DEFAULT_SALT_CAP, l2_names: Sequence[str] = (),
+                 series_cap: int = DEFAULT_SERIES_CAP) -> None:
         plans: dict[tuple[object, ...], _Plan] = {}
         for metric in self.metrics:
             source = BY_NAME[metric].source
             if not source.derivation.table_driven:
                 raise ValueError(f"{metric} is not a table-driven counter ({source.derivation.value})")
-            counter = _Counter(create_instrument(meter, metric), source, salt_cap)
+            counter = _Counter(create_instrument(meter, metric), source, salt_cap, series_cap)
             plans.setdefault(_Plan.key(source), _Plan(source)).counters.append(counter)
             if not counter.names:
                 counter.instrument.add(0)

@@ -16,6 +16,7 @@ from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
 
 DEFAULT_PENDING_TTL_S = 60.0
 DEFAULT_MAX_PENDING = 65_536
@@ -30,8 +31,10 @@ class L0L1ThroughputSubscriber(Subscriber):
     event_types = (E.MP_STORE_START, E.MP_STORE_END, E.MP_RETRIEVE_START, E.MP_RETRIEVE_END)
 
     def __init__(
-        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING
+        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING,
+        series_cap: int = DEFAULT_SERIES_CAP,
     ) -> None:
+        self._series = SeriesCap(("engine_id", "device", "model_name"), series_cap)
         self._histograms = {
             "store": create_instrument(meter, "lmcache_mp.l0_l1_store_throughput"),
             "load": create_instrument(meter, "lmcache_mp.l0_l1_load_throughput"),
@@ -70,8 +73,8 @@ class L0L1ThroughputSubscriber(Subscriber):
                 continue
             attrs = attributes.get((engine, device, model))
             if attrs is None:
-                attrs = {"engine_id": str(engine), "device": name(device), "model_name": name(model)}
-                attributes[(engine, device, model)] = attrs
+                values = self._series((str(engine), name(device), name(model)))
+                attrs = attributes[(engine, device, model)] = dict(zip(("engine_id", "device", "model_name"), values))
             histograms[direction].record(nbytes / (ts - started_ns), attrs)  # bytes/ns = GB/s
 
     def on_tick(self, now_ns: int) -> None:
