@@ -52,6 +52,7 @@ class Config:
     enable_tracing: bool = False
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9090
+    no_http: bool = False  # no /metrics, /healthz, /ready: OTLP push only
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
     otlp_interval_s: float = 10.0

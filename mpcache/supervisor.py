@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--prometheus-host", default="127.0.0.1",
                            help="address /metrics binds to (default 127.0.0.1)")
     telemetry.add_argument("--prometheus-port", type=_port, default=9090, help="port of /metrics (default 9090)")
+    telemetry.add_argument("--no-http", action="store_true",
+                           help="serve no HTTP endpoint (no /metrics, /healthz, /ready): OTLP push only")
     telemetry.add_argument("--otlp-endpoint", default=None,
                            help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s; default "
                            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no push)")
@@ -266,6 +268,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         enable_tracing=args.enable_tracing,
         prometheus_host=args.prometheus_host,
         prometheus_port=args.prometheus_port,
+        no_http=args.no_http,
         otlp_endpoint=_otel_setting(args.otlp_endpoint, "ENDPOINT", ""),
         otlp_protocol=_otlp_protocol(args.otlp_protocol),
         otlp_interval_s=_otlp_interval_s(args.otlp_interval),
@@ -490,7 +493,7 @@ def _remove_leftovers(runtime_base: str, log) -> None:
 
 def _check_endpoints(config: Config) -> None:
     """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
-    if not config.disable_metrics:
+    if not config.disable_metrics and not config.no_http:
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
@@ -576,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
-             metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
+             metrics=None if config.disable_metrics or config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":

@@ -65,6 +65,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         pump.drain()
         bus.flush()
         url = export.metrics_url
+        assert url is not None  # the benchmark config serves /metrics
         samples, size = [], 0
         for _ in range(repetitions * 10):
             start = time.perf_counter()

@@ -37,11 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     pump = Pump(sources, bus)
     exporters = None
     if not config.disable_metrics:
-        from mpcache.telemetry.otel import MetricsExport
+        from opentelemetry.metrics import Observation
+
+        from mpcache.telemetry.otel import CACHE_PROCESSES_READY, METER_SERVICE, MetricsExport
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
         exporters = MetricsExport.start(config)
-        exporters.add_routes(health_routes(lambda: pump.polled_at, GaugeBoardReader(board, stale_after_s=2.0)))
+        readiness = GaugeBoardReader(board, stale_after_s=2.0)
+        exporters.add_routes(health_routes(lambda: pump.polled_at, readiness))
+        exporters.meter_provider.get_meter(METER_SERVICE).create_observable_gauge(
+            CACHE_PROCESSES_READY, description="Cache processes whose heartbeat is fresh (serving).",
+            callbacks=[lambda options: [Observation(len(readiness.live_slots()))]])
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

@@ -24,9 +24,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID as SERVICE_INSTANCE_ID_KEY
 from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
+from mpcache import __version__
 from mpcache.config import Config
+from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.http import (
     MetricsHTTPServer,
@@ -35,6 +37,13 @@ from mpcache.telemetry.http import (
 )
 
 SERVICE_NAME = "mpcache"
+METER_SERVICE = "mpcache.service"  # the service's own metrics, beside the metric table's
+BUILD_INFO = "mpcache.build_info"
+CACHE_PROCESSES_READY = "mpcache.cache_processes_ready"
+# What MetricsExport serves beyond the metric table: build info and the process collector's series.
+SERVICE_SERIES = ("mpcache_build_info", "process_cpu_seconds_total",
+                  "process_max_fds", "process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds",
+                  "process_virtual_memory_bytes")
 HTTP_METRICS_PATH = "/v1/metrics"
 _SHUTDOWN_TIMEOUT_MS = 10_000
 
@@ -48,16 +57,19 @@ class MetricsExport:
     meter_provider: MeterProvider
     registry: CollectorRegistry
     prometheus_host: str
-    prometheus_port: int  # the port actually bound (config port 0 → a free one)
+    prometheus_port: int  # the port actually bound (config port 0 → a free one; 0 with no HTTP endpoint)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: MetricsHTTPServer
+    _http_server: MetricsHTTPServer | None
 
     @classmethod
     def start(cls, config: Config) -> MetricsExport:
-        """Build the MeterProvider with its readers and start serving ``/metrics``."""
+        """Build the MeterProvider with its readers and start serving ``/metrics`` (unless ``config.no_http``)."""
         registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=registry)  # process_* of the telemetry process, Prometheus's convention
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry, scope_info_enabled=False)]
+        readers: list[MetricReader] = []
+        if not config.no_http:
+            readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
         otlp_reader = None
         if config.otlp_endpoint:
             otlp_reader = PeriodicExportingMetricReader(
@@ -67,7 +79,12 @@ class MetricsExport:
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
+        provider.get_meter(METER_SERVICE).create_observable_gauge(
+            BUILD_INFO, description="Always 1: the mpcache version and the ring writer the cache processes use.",
+            callbacks=[lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
         log = structlog.get_logger("mpcache.telemetry")
+        if config.no_http:
+            return cls(provider, registry, config.prometheus_host, 0, otlp_reader, None)
         try:
             server = MetricsHTTPServer((config.prometheus_host, config.prometheus_port),
                                        {"/metrics": metrics_route(registry)}, log)
@@ -82,11 +99,14 @@ class MetricsExport:
         return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
-        """Serve more paths next to ``/metrics`` (health)."""
-        self._http_server.routes.update(routes)
+        """Serve more paths next to ``/metrics`` (health); nothing without an HTTP endpoint."""
+        if self._http_server is not None:
+            self._http_server.routes.update(routes)
 
     @property
-    def metrics_url(self) -> str:
+    def metrics_url(self) -> str | None:
+        if self._http_server is None:
+            return None
         host = f"[{self.prometheus_host}]" if ":" in self.prometheus_host else self.prometheus_host
         return f"http://{host}:{self.prometheus_port}/metrics"
 
@@ -95,7 +115,8 @@ class MetricsExport:
         try:
             self.meter_provider.shutdown(timeout_millis=_SHUTDOWN_TIMEOUT_MS)
         finally:
-            self._http_server.close()
+            if self._http_server is not None:
+                self._http_server.close()
 
 
 def _is_loopback(host: str) -> bool:

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 )
 
 from mpcache.telemetry import metric_table
-from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+from mpcache.telemetry.otel import SERVICE_SERIES, MetricsExport, build_otlp_exporter, create_instrument
 
 SPEC_TSV = Path(__file__).resolve().parents[3] / "shared" / "spec" / "metrics.tsv"
 HISTOGRAM_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum")
@@ -58,7 +58,7 @@ def test_prometheus_names_are_exactly_the_spec_names(export):
         pytest.skip(f"{SPEC_TSV} not found: the specification lives next to the repository in ../shared/spec")
     with SPEC_TSV.open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
-    expected = {"target_info"}
+    expected = {"target_info", *SERVICE_SERIES}
     for row in rows + [{"prometheus_name": s.prometheus_name, "instrument": s.instrument}
                        for s in metric_table.EXTRA_METRICS]:
         if row["instrument"] == metric_table.HISTOGRAM:
