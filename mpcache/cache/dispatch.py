@@ -17,10 +17,15 @@ from mpcache.errors import ProtocolError, RequestError
 
 
 class ErrorLog:
-    """At most ``per_second`` client-error lines a second; the next line says how many were dropped."""
+    """At most ``per_second`` client-error lines a second; the next line says how many were dropped.
 
-    def __init__(self, log: Any, per_second: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
+    At ``level`` (warning; debug under ``--demo``, whose clients fail on purpose and count it themselves).
+    """
+
+    def __init__(self, log: Any, per_second: int = 10, clock: Callable[[], float] = time.monotonic,
+                 level: str = "warning") -> None:
         self._log = log
+        self._emit = getattr(log, level)
         self._per_second = per_second
         self._clock = clock
         self._window = 0.0
@@ -38,8 +43,8 @@ class ErrorLog:
         self._count += 1
         extra = {"suppressed": self._suppressed} if self._suppressed else {}
         self._suppressed = 0
-        self._log.warning("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
-                          error=protocol.bounded(message), **extra)
+        self._emit("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
+                   error=protocol.bounded(message), **extra)
 
 
 class Dispatcher:
@@ -49,7 +54,7 @@ class Dispatcher:
         self._ctx = ctx
         self._operations = operations
         self._schemas = {name: op.fields for name, op in operations.items()}
-        self.client_error = ErrorLog(ctx.log)
+        self.client_error = ErrorLog(ctx.log, level="debug" if ctx.config.demo else "warning")
 
     def __call__(self, peer: Peer, payload: bytes) -> dict:
         """One request → one reply.  Errors become error replies; the loop goes on."""

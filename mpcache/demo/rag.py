@@ -110,6 +110,7 @@ class RagWorkload:
                                    block_ids=hits)
             except RequestError:
                 blend["retrieve_failures"] += 1
+                self.tally.injected["cb_retrieve_missing_buffer"] += 1
             else:
                 raise RuntimeError("a cb_retrieve into a missing buffer succeeded")
             blend["retrieve_requests"] += 1
@@ -153,6 +154,7 @@ class RagWorkload:
                           block_ids=block_ids[:-1])
             except RequestError:
                 blend[f"store_{kind}_failures"] += 1
+                self.tally.injected[f"cb_store_{kind}_rejected"] += 1
             else:
                 raise RuntimeError(f"a faulty cb_store_{kind} succeeded")
             return

@@ -35,6 +35,12 @@ PROGRESS_INTERVAL_S = 5.0
 BIG_STORE_EVERY_S = 4.0  # a store larger than L1
 TIMEOUT_EVERY_S = 2.0  # a retrieve with an impossible deadline
 LATE_CLIENT_EVERY_S = 3.0  # a prefetch whose client comes back only after it expired
+INJECTED_FAULTS = {
+    "store_larger_than_l1": f"every {BIG_STORE_EVERY_S:g} s a store larger than L1 (L1 allocation failures)",
+    "retrieve_timeout": f"every {TIMEOUT_EVERY_S:g} s a retrieve with a 1 ns deadline (timeouts)",
+    "late_retrieve": f"every {LATE_CLIENT_EVERY_S:g} s a retrieve after its prefetch expired (L1 read failures)",
+    "cb_*": "RAG blend stores and retrieves into a missing buffer or with too few blocks (blend failures)",
+}
 
 
 class Tally:
@@ -50,6 +56,7 @@ class Tally:
         self.prefetched: collections.Counter[str] = collections.Counter()
         self.requests = 0
         self.expected_faults: collections.Counter[str] = collections.Counter()
+        self.injected: collections.Counter[str] = collections.Counter()  # faults the demo caused on purpose
         self.verified_chunks = 0
         # the RAG load's cache-blending counts (mpcache.demo.rag)
         self.blend: collections.Counter[str] = collections.Counter()
@@ -64,6 +71,7 @@ class Tally:
             "l2_hit_tokens": dict(self.l2_hit_tokens),
             "prefetched_chunks": dict(self.prefetched),
             "expected_faults": dict(self.expected_faults),
+            "injected_faults": dict(self.injected),
             "verified_chunks": self.verified_chunks,
             "blend": dict(self.blend),
         }
@@ -172,6 +180,7 @@ class Demo:
         what is gone is an L1 read failure (not_found), what is left is retrieved."""
         client, buffer = self.clients[worker], self.buffers[worker]
         self._big_store_fault(client, worker, tenant, model)
+        self.tally.injected["late_retrieve"] += 1
         got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
         self.tally.retrieved[tenant] += got
         self.tally.expected_faults["l1_read_failed_chunks"] += found - got
@@ -190,6 +199,7 @@ class Demo:
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                 raise
             self.tally.expected_faults["timeout"] += 1
+            self.tally.injected["retrieve_timeout"] += 1
         else:
             raise RuntimeError("a retrieve with a 1 ns deadline did not time out")
 
@@ -202,6 +212,7 @@ class Demo:
                                   cache_salt=tenant, chunk_hashes=hashes, block_ids=range(n))
         self.tally.stored[tenant] += result.stored
         self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
+        self.tally.injected["store_larger_than_l1"] += 1
 
     def _events_published(self) -> int:
         return sum(read_counters(ring).head for ring in self.rings)
@@ -217,11 +228,12 @@ class Demo:
         l2_share = sum(tally.l2_hit_tokens.values()) / hits if hits else 0.0
         l2_part = f" (L2 {l2_share:6.1%} of hits)" if self.config.l2 else ""
         dropped = self._dropped()
+        faults = sum(tally.injected.values())
         print(f"[demo {elapsed:6.1f}s] {ops_per_s:7.1f} req/s | hit rate {hit_rate:6.1%}{l2_part} | "
-              f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events", flush=True)
+              f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events | {faults} faults injected", flush=True)
         self.log.info("demo.progress", elapsed_s=round(elapsed, 1), requests_per_s=round(ops_per_s, 1),
                       hit_rate=round(hit_rate, 4), l2_hit_share=round(l2_share, 4),
-                      event_cells_per_s=round(cells_per_s), dropped_events=dropped)
+                      event_cells_per_s=round(cells_per_s), dropped_events=dropped, faults_injected=faults)
 
     def close(self) -> None:
         try:
@@ -247,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
     signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
     log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots,
-             seconds=config.demo_seconds or None)
+             seconds=config.demo_seconds or None, injected_faults=INJECTED_FAULTS)
+    print("[demo] injects faults on purpose, to move the failure metrics (counted in each progress line; each one is "
+          "logged only at --log-level debug): " + "; ".join(INJECTED_FAULTS.values()), flush=True)
     try:
         status = demo.run(config.demo_seconds)
     except Exception:

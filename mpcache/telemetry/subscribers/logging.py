@@ -68,11 +68,11 @@ class EventLoggingSubscriber(Subscriber):
 class TimeoutLoggingSubscriber(Subscriber):
     """``timeout.raised`` at warning: exception_type, message and stack (plus worker and session_id)."""
 
-    level = logging.WARNING
-
-    def __init__(self, logger: Any, threshold: int) -> None:
+    def __init__(self, logger: Any, threshold: int, level: int = logging.WARNING) -> None:
+        """``level``: warning, or debug under ``--demo``, whose timeouts are deliberate (and counted by the demo)."""
         self._log = logger
-        self.enabled = self.level >= threshold
+        self.level = level
+        self.enabled = level >= threshold
         self.event_types = (EventType.TIMEOUT_RAISED,) if self.enabled else ()
 
     def on_batch(self, batch: EventBatch) -> None:
@@ -82,8 +82,8 @@ class TimeoutLoggingSubscriber(Subscriber):
             line: dict[str, Any] = {"worker": event.producer, "event_timestamp_ns": event.timestamp_ns}
             if event.session_id:
                 line["session_id"] = event.session_id
-            self._log.warning(
-                SCHEMAS[event.etype].dotted,
+            self._log.log(
+                self.level, SCHEMAS[event.etype].dotted,
                 exception_type=event.fields.get("exception_type", ""),
                 message=event.texts.get("message", ""),
                 stack=event.texts.get("stacktrace", ""),
@@ -94,4 +94,5 @@ class TimeoutLoggingSubscriber(Subscriber):
 def build_logging_subscribers(config: Config, logger: Any) -> list[Subscriber]:
     """The logging subscribers, gated by ``config.log_level``; the caller subscribes them to the bus."""
     threshold = LEVELS[config.log_level]
-    return [EventLoggingSubscriber(logger, threshold), TimeoutLoggingSubscriber(logger, threshold)]
+    timeouts = logging.DEBUG if config.demo else logging.WARNING
+    return [EventLoggingSubscriber(logger, threshold), TimeoutLoggingSubscriber(logger, threshold, timeouts)]
