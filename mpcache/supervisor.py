@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from mpcache import __version__
+from mpcache import __version__, settings
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_l2_key
@@ -549,7 +549,7 @@ def _make_private_dir(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = settings.parse_args(build_parser(), argv)
     os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     pid = os.getpid()
     base, runtime_dir = _runtime_paths(args.runtime_dir)
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_endpoints(config)
         forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
-        sys.stderr.write(f"start-cache: error: {exc}\n")
+        sys.stderr.write(f"start-cache: error: {settings.where(args, str(exc))}\n")
         return 2
     except OSError as exc:  # the --log-file cannot be opened
         sys.stderr.write(f"start-cache: error: --log-file: cannot open {args.log_file!r}: {exc.strerror}\n")
