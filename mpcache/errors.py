@@ -25,3 +25,7 @@ class ProtocolError(MpcacheError):
 
 class RequestError(MpcacheError):
     """A well-formed request cannot be served (unknown buffer, block out of range, ...)."""
+
+
+class SharedMemoryFullError(MpcacheError):
+    """/dev/shm cannot hold a shared-memory segment; the message names the size needed."""

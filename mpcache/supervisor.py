@@ -1,44 +1,73 @@
 """``bin/start-cache``: the configuration, every shared-memory object, and the child processes (telemetry,
-cache, demo), started in order, restarted with backoff, stopped in order.
+cache, demo), each kind its own failure domain: telemetry restarted forever, a crash-looping or hung cache
+process restarted and given up alone, the demo never restarted; stopped in order, leaving nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import dataclasses
 import json
-import logging
-import logging.handlers
 import os
-import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-import psutil
+import posix_ipc
 
 from mpcache import __version__, settings
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_l2_key
 from mpcache.config import Config, parse_size
-from mpcache.errors import ConfigError
+from mpcache.errors import ConfigError, LayoutMismatchError, SharedMemoryFullError
+from mpcache.logforward import ForwardingHandler, LineForwarder
 from mpcache.logs import configure_logging
+from mpcache.runtime import (
+    Marker,
+    RuntimeDir,
+    SegmentLock,
+    claim_default,
+    claim_given,
+    default_base,
+    prepare_base,
+    remove_runtime_files,
+    segment_is_stale,
+    segments_with_prefix,
+    sweep,
+)
+from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
-from mpcache.shm.provision import create_segments, recover_ring, unlink_segments
+from mpcache.shm.provision import check_shm_space, create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
-from mpcache.shm.segment import Segment, leftover_segments
+from mpcache.shm.segment import Segment, shm_name
 
+# Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
+# BACKOFF_INITIAL_S, doubling per consecutive quick exit up to the role's cap; a cache process that exits
+# MAX_CRASHES_IN_WINDOW times within CRASH_WINDOW_S is given up alone; telemetry is never given up.
 CRASH_WINDOW_S = 30.0
 MAX_CRASHES_IN_WINDOW = 5
+BACKOFF_INITIAL_S = 0.5
+CACHE_BACKOFF_MAX_S = 8.0
+TELEMETRY_BACKOFF_MAX_S = 30.0
+# Liveness: a cache process whose heartbeat word (written every 0.5 s by its loop) stops advancing for
+# HANG_TIMEOUT_S is killed and restarted; one whose loop never starts within START_TIMEOUT_S too.
+HANG_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 120.0
+WATCH_INTERVAL_S = 0.1
 STOP_GRACE_S = 10.0
+STATUS_FILE = "status.json"
 DEMO_L1_SIZE = 32 * 2**20
 
 
@@ -69,6 +98,15 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _seconds_at_least(minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number of seconds >= {minimum:g}, got {text!r}")
+        return value
+    return parse
 
 
 def _size(text: str) -> int:
@@ -112,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18,
                          help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
     service.add_argument("--runtime-dir", default="",
-                         help="where sockets and the child config live (default /tmp/mpcache-<uid>/<pid>)")
+                         help="where sockets and the child config live: absent (it is created) or an empty "
+                         "directory of ours (default $TMPDIR/mpcache-<uid>/<pid>)")
     service.add_argument(
         "--l2", action="append", default=[], metavar="JSON",
         help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
@@ -129,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         f">= 32 bytes; the same on every host sharing a redis tier). Default: ${SECRET_FILE_ENV}, else the first "
         "fs tier's PATH/.mpcache-l2-secret (created once), else a new one per run (redis records are then "
         "unreadable after a restart)")
+    service.add_argument("--hang-timeout", type=_seconds_at_least(1.0), default=HANG_TIMEOUT_S,
+                         help="seconds a cache process's heartbeat may stand still before it is killed and restarted "
+                         f"(default {HANG_TIMEOUT_S:g})")
     service.add_argument("--duration", type=_number, default=0.0,
                          help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
@@ -297,51 +339,46 @@ class Child:
     index: int
     argv: list[str]
     process: subprocess.Popen | None = None
-    crashes: collections.deque = field(default_factory=collections.deque)
+    crashes: collections.deque = field(default_factory=collections.deque)  # exit times within CRASH_WINDOW_S
+    failures: int = 0  # consecutive exits after runs shorter than CRASH_WINDOW_S: the backoff's exponent
     restart_at: float = 0.0
-    finished: bool = False  # exited on purpose (the demo's load ended); not restarted
+    started_at: float = 0.0
+    # starting, serving, restarting, unresponsive (cache); finished, failed (demo); given_up (cache)
+    state: str = "starting"
+    # cache processes: liveness
+    stale_socket: int | None = None  # inode of a socket file left by the previous process, at spawn
+    listening: bool = False  # this process's socket replaced any stale one: its loop runs from here on
+    beat: int = 0  # the last heartbeat word this process wrote
+    beat_changed_at: float = 0.0  # monotonic time the heartbeat word last changed
 
     @property
     def label(self) -> str:
         return self.role if self.role != "cache" else f"cache[{self.index}]"
 
-
-class LineForwarder:
-    """Copies children's stderr lines to our stderr and the log file (one writer, so rotation is safe)."""
-
-    def __init__(self, log_file: str, max_bytes: int = 50 * 2**20, backup_count: int = 5) -> None:
-        self._lock = threading.Lock()
-        self._file_handler = None
-        if log_file:
-            self._file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
-                                                                      backupCount=backup_count)
-
-    def forward(self, child: Child, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if not line.startswith("{"):
-                line = json.dumps({"event": "child.output", "role": child.role, "index": child.index, "line": line})
-            self.write(line)
-        stream.close()
-
-    def write(self, line: str) -> None:
-        with self._lock:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-            if self._file_handler is not None:
-                self._file_handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+    @property
+    def done(self) -> bool:
+        """Never (re)started again: the demo ended, or a cache process was given up."""
+        return self.state in ("finished", "failed", "given_up")
 
 
 class Supervisor:
-    def __init__(self, config: Config, config_path: str, log, forwarder: LineForwarder) -> None:
+    def __init__(self, config: Config, config_path: str, log: Any, forwarder: LineForwarder,
+                 hang_timeout_s: float = HANG_TIMEOUT_S, runtime: RuntimeDir | None = None) -> None:
         self.config = config
+        self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
+        self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
+        self.hang_timeout_s = hang_timeout_s
         self.config_path = config_path
         self.log = log
         self.forwarder = forwarder
         self.children: list[Child] = []
-        self._stop_requested = threading.Event()
         self.exit_code = 0
+        self._signal: int | None = None  # set by the signal handler, which does nothing else
+        self._stopping = False
+        self._ready_logged = False
         self._gauge_board: Segment | None = None
+        self._slots: dict[int, GaugeSlot] = {}
+        self._status_path = os.path.join(config.runtime_dir, STATUS_FILE)
 
     # -- children --------------------------------------------------------------
 
@@ -349,9 +386,24 @@ class Supervisor:
         return [sys.executable, "-m", module, "--config", self.config_path, *extra]
 
     def _spawn(self, child: Child) -> None:
-        child.process = subprocess.Popen(child.argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_child_env())
-        threading.Thread(target=self.forwarder.forward, args=(child, child.process.stderr), daemon=True).start()
+        # Its own session: a terminal's SIGINT/SIGHUP reach the supervisor alone, which stops the
+        # children in order (demo, cache, telemetry) instead of all at once.
+        child.process = subprocess.Popen(child.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL, env=_child_env(), start_new_session=True)
+        child.started_at = time.monotonic()
+        child.listening, child.beat, child.beat_changed_at = False, 0, child.started_at
+        if child.role == "cache":
+            child.stale_socket = _inode(self.config.socket_path(child.index))
+            child.state = "starting"
+            self._set_cache_state(child.index, "starting")
+        else:
+            child.state = "running"
+        # Both pipes are always drained (the forwarder never blocks), so a child never waits on its logging.
+        for stream, log_lines in ((child.process.stderr, True), (child.process.stdout, False)):
+            threading.Thread(target=self.forwarder.forward, args=(child.role, child.index, stream),
+                             kwargs={"log_lines": log_lines}, daemon=True).start()
         self.log.info("child.started", child_role=child.role, index=child.index, pid=child.process.pid)
+        self._write_status()
 
     def start(self) -> None:
         if self.config.event_sink == "ring":  # otherwise nothing reads the rings
@@ -364,89 +416,204 @@ class Supervisor:
             cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
             self.children.append(cache)
             self._spawn(cache)
-        self._wait_for_sockets()
-        if self.config.demo:
-            demo = Child("demo", 0, self._argv("mpcache.demo"))
-            self.children.append(demo)
-            self._spawn(demo)
 
-    def _wait_for_sockets(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        for worker in range(self.config.workers):
-            path = self.config.socket_path(worker)
-            while not os.path.exists(path):
-                if time.monotonic() > deadline or self._stop_requested.is_set():
-                    self.log.error("cache.not_ready", worker=worker, socket=path, waited_s=timeout_s)
-                    return
-                time.sleep(0.05)
-        self.log.info("cache.ready", workers=self.config.workers,
-                      sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+    def _caches(self) -> list[Child]:
+        return [child for child in self.children if child.role == "cache"]
+
+    def _update_readiness(self) -> None:
+        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do."""
+        changed = False
+        for child in self._caches():
+            if child.state == "starting" and child.process is not None and child.listening:
+                child.state = "serving"
+                self._set_cache_state(child.index, "serving")
+                if self._ready_logged:
+                    self.log.info("cache.serving", worker=child.index, pid=child.process.pid)
+                changed = True
+        caches = self._caches()
+        if not self._ready_logged and caches and all(child.state == "serving" for child in caches):
+            self._ready_logged = True
+            self.log.info("cache.ready", workers=self.config.workers,
+                          sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+            if self.config.demo:
+                demo = Child("demo", 0, self._argv("mpcache.demo"))
+                self.children.append(demo)
+                self._spawn(demo)
+        if changed:
+            self._write_status()
+
+    def _check_heartbeats(self, now: float) -> None:
+        """Kill a cache process whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a stuck
+        request): it is restarted like one that died.  Its gauges are cleared at once, so that the dead
+        slot is neither live nor read as an empty cache."""
+        for child in self._caches():
+            process = child.process
+            slot = self._slot(child.index)
+            if process is None or slot is None or child.state not in ("starting", "serving"):
+                continue
+            pid_word, beat = slot.get(layout.G_PID), slot.get(layout.G_HEARTBEAT)
+            if pid_word == process.pid and beat != child.beat:
+                child.beat, child.beat_changed_at = beat, now
+            if not child.listening:
+                # Its socket appears (replacing a predecessor's) just before its loop starts: from then
+                # on its heartbeat is due every 0.5 s.  Until then it may rebuild an fs tier's index.
+                inode = _inode(self.config.socket_path(child.index))
+                if pid_word == process.pid and inode is not None and inode != child.stale_socket:
+                    child.listening, child.beat_changed_at = True, now
+                    continue
+                silent, limit, what = now - child.started_at, START_TIMEOUT_S, "it never started serving"
+            else:
+                silent, limit = now - child.beat_changed_at, self.hang_timeout_s
+                what = "its heartbeat stopped advancing"
+            if silent <= limit:
+                continue
+            self.log.error("cache.unresponsive", worker=child.index, pid=process.pid, silent_s=round(silent, 1),
+                           message=f"{child.label} (pid {process.pid}): {what} for {silent:.1f} s "
+                           f"(limit {limit:g} s); killing it (SIGKILL) and restarting it")
+            child.state = "unresponsive"
+            self._clear_gauge_slot(child.index, "unresponsive")
+            process.kill()
+            self._write_status()
 
     def _reap(self, child: Child, status: int) -> None:
         assert child.process is not None
         now = time.monotonic()
+        assert child.process is not None
         self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
                       exit_status=status)
+        child.process = None
         if child.role == "demo":
-            child.finished = True
+            # A client: never restarted (its tally covers one run); its failure never stops the cache.
+            child.state = "finished" if status == 0 else "failed"
             if status != 0:
-                self.log.error("demo.failed", exit_status=status)
+                self.log.error("demo.failed", exit_status=status,
+                               message="the demo failed and is not restarted; the cache keeps serving, and the "
+                                       "supervisor's exit status will be 1")
                 self.exit_code = 1
-                self._stop_requested.set()
+            self._write_status()
             return
         if child.role == "cache":
             if recover_ring(self.config, child.index):
                 self.log.warning("ring.torn_record", worker=child.index,
                                  detail="a record begun by the dead process was counted as dropped")
-            self._clear_gauge_slot(child.index)
+            self._clear_gauge_slot(child.index, "restarting")
+            _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
+        child.failures = child.failures + 1 if now - child.started_at < CRASH_WINDOW_S else 1
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > CRASH_WINDOW_S:
             child.crashes.popleft()
-        if len(child.crashes) >= MAX_CRASHES_IN_WINDOW:
-            self.log.error(
-                "supervisor.giving_up",
-                message=f"giving up: {child.label} exited {len(child.crashes)} times in {CRASH_WINDOW_S:.0f} s "
-                f"(last exit status {status})",
-            )
-            self.exit_code = 1
-            self._stop_requested.set()
+        if child.role == "cache" and len(child.crashes) >= MAX_CRASHES_IN_WINDOW:
+            self._give_up(child, status)
             return
-        backoff = min(8.0, 0.5 * 2 ** (len(child.crashes) - 1))
+        cap = TELEMETRY_BACKOFF_MAX_S if child.role == "telemetry" else CACHE_BACKOFF_MAX_S
+        backoff = min(cap, BACKOFF_INITIAL_S * 2 ** (child.failures - 1))
         child.restart_at = now + backoff
+        child.state = "restarting"
+        if child.role == "telemetry":
+            self.log.error("telemetry.down", exit_status=status, failures=child.failures, restart_in_s=backoff,
+                           message=f"the telemetry process exited (status {status}); restarting it in {backoff:g} s. "
+                                   "The cache processes keep serving; metrics are not served or pushed meanwhile")
         self.log.warning("child.restart_scheduled", child_role=child.role, index=child.index, in_s=backoff)
+        self._write_status()
 
-    def _clear_gauge_slot(self, worker: int) -> None:
+    def _give_up(self, child: Child, status: int) -> None:
+        """A crash-looping cache process is given up alone; the supervisor stops once none is left."""
+        child.state = "given_up"
+        self._set_cache_state(child.index, "given_up")
+        serving = [c.index for c in self._caches() if c.state != "given_up"]
+        self.log.error(
+            "cache.given_up", worker=child.index, exit_status=status, still_serving=serving,
+            message=f"giving up on {child.label}: it exited {len(child.crashes)} times in {CRASH_WINDOW_S:.0f} s "
+                    f"(last exit status {status}); its socket stays unserved"
+                    + (f", cache processes {serving} keep serving" if serving else ""),
+        )
+        self._write_status()
+        if not serving:
+            self.log.error("supervisor.giving_up",
+                           message=f"giving up: every cache process ({len(self._caches())}) crash-looped")
+            self.exit_code = 1
+            self._stopping = True
+
+    # -- shared state: the gauge board's state words and the status file ------------------------
+
+    def _board(self) -> Segment | None:
         if self._gauge_board is None:
-            self._gauge_board = Segment.attach(self.config.gauge_board_name())
-        GaugeSlot(self._gauge_board, worker).clear()
+            try:
+                self._gauge_board = Segment.attach(self.config.gauge_board_name())
+            except LayoutMismatchError:
+                return None
+        return self._gauge_board
+
+    def _slot(self, worker: int) -> GaugeSlot | None:
+        slot = self._slots.get(worker)
+        if slot is None:
+            board = self._board()
+            if board is None:
+                return None
+            slot = self._slots[worker] = GaugeSlot(board, worker)
+        return slot
+
+    def _set_cache_state(self, worker: int, state: str) -> None:
+        slot = self._slot(worker)
+        if slot is not None:
+            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+
+    def _clear_gauge_slot(self, worker: int, state: str) -> None:
+        """Zero a dead (or killed) cache process's words, heartbeat included: its usage no longer counts."""
+        slot = self._slot(worker)
+        if slot is not None:
+            slot.clear()
+            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+
+    def status(self) -> dict[str, Any]:
+        """What the status file says: every child's state, and ``ready`` while any cache process serves."""
+        caches = [{"worker": c.index, "state": c.state, "pid": c.process.pid if c.process else None,
+                   "socket": self.config.socket_path(c.index)} for c in self._caches()]
+        others = {c.role: c.state for c in self.children if c.role != "cache"}
+        return {"instance_id": self.config.instance_id, "supervisor_pid": os.getpid(),
+                "ready": not self._stopping and any(c["state"] == "serving" for c in caches),
+                "cache": caches, **others}
+
+    def _write_status(self) -> None:
+        try:
+            _write_file_atomically(self._status_path, json.dumps(self.status()) + "\n")
+        except OSError as exc:  # the runtime dir is gone (stopping) or unwritable: the log still says it all
+            self.log.debug("status.not_written", error=str(exc))
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def watch(self) -> int:
         started = time.monotonic()
-        while not self._stop_requested.is_set():
+        while self._signal is None and not self._stopping:
+            now = time.monotonic()
             for child in self.children:
-                if child.finished:
+                if child.done:
                     continue
                 if child.process is None:
-                    if time.monotonic() >= child.restart_at:
+                    if now >= child.restart_at:
                         self._spawn(child)
                     continue
                 status = child.process.poll()
                 if status is not None:
                     self._reap(child, status)
-                    if not child.finished:
-                        child.process = None
+            self._check_heartbeats(time.monotonic())
+            self._update_readiness()
             if self.config.duration_s and time.monotonic() - started >= self.config.duration_s:
                 self.log.info("supervisor.duration_reached", duration_s=self.config.duration_s)
                 break
-            self._stop_requested.wait(0.1)
+            time.sleep(WATCH_INTERVAL_S)
+        if self._signal is not None:
+            self.log.info("supervisor.signal", signal=signal.Signals(self._signal).name)
         return self.exit_code
 
     def request_stop(self, signum: int, _frame: object) -> None:
-        self.log.info("supervisor.signal", signal=signal.Signals(signum).name)
-        self._stop_requested.set()
+        """Signal handler (SIGTERM, SIGINT, SIGHUP): only records the signal; :meth:`watch` logs it and returns.
+        (Logging here could deadlock on a lock the interrupted main thread holds.)"""
+        self._signal = signum
 
     def stop(self) -> None:
         """Demo, then cache processes, then telemetry (so it drains what they published last)."""
+        self._stopping = True
         for role in ("demo", "cache", "telemetry"):
             group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
             for child in group:
@@ -464,10 +631,17 @@ class Supervisor:
                     status = child.process.wait()
                 self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
                               exit_status=status)
+        self._slots.clear()  # views into the board go before its mapping
         if self._gauge_board is not None:
             self._gauge_board.close()
+            self._gauge_board = None
         removed = unlink_segments(self.config)
-        shutil.rmtree(self.config.runtime_dir, ignore_errors=True)
+        kept = remove_runtime_files(self.runtime.path, remove_dir=self.runtime.created)
+        if kept:
+            self.log.warning("runtime_dir.kept", runtime_dir=self.runtime.path, entries=kept,
+                             reason="not created by mpcache")
+        for lock in self.locks:
+            lock.release()
         self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed))
 
 
@@ -480,17 +654,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _remove_leftovers(runtime_base: str, log) -> None:
-    for name in leftover_segments(psutil.pid_exists):
-        Segment.unlink(name)
-        log.warning("leftover.removed", segment=name)
-    if os.path.isdir(runtime_base):
-        for entry in os.listdir(runtime_base):
-            if entry.isdigit() and not psutil.pid_exists(int(entry)):
-                shutil.rmtree(os.path.join(runtime_base, entry), ignore_errors=True)
-                log.warning("leftover.removed", runtime_dir=os.path.join(runtime_base, entry))
-
-
 def _check_endpoints(config: Config) -> None:
     """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
     if not config.disable_metrics and not config.no_http:
@@ -499,6 +662,8 @@ def _check_endpoints(config: Config) -> None:
         except socket.gaierror as exc:
             raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} "
                               f"({exc.strerror})") from None
+        if config.prometheus_port and not config.no_http:  # taken, telemetry could only fail (and restart) in vain
+            _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
     if config.otlp_endpoint:
@@ -514,23 +679,21 @@ def _check_endpoints(config: Config) -> None:
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
-    """A port a cache process will listen on must be free now: otherwise it would fail and be restarted in vain."""
+    """A port a child will listen on must be free now: otherwise it would fail and be restarted in vain.
+
+    The probe sets SO_REUSEADDR like the listeners do, so connections of an earlier run still in
+    TIME_WAIT do not count as taken; a socket listening there does."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(f"{flag}: cannot resolve {host!r} ({exc.strerror})") from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:
             raise ConfigError(f"{flag}: port {port} on {host} is not available ({exc.strerror})") from None
-
-
-def _runtime_paths(requested: str) -> tuple[str, str]:
-    """(base holding every instance's runtime dir, this instance's runtime dir)."""
-    base = os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
-    return base, requested or os.path.join(base, str(os.getpid()))
 
 
 def _check_socket_path_length(config: Config) -> None:
@@ -543,43 +706,118 @@ def _check_socket_path_length(config: Config) -> None:
                           "bytes, at most 107)")
 
 
-def _make_private_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+def _remove_socket(path: str) -> None:
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+def _write_file_atomically(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` (0600): written to a fresh temporary name (never through a link), then renamed."""
+    staging = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
+
+
+def _error(message: str) -> int:
+    sys.stderr.write(f"start-cache: error: {message}\n")
+    return 2
+
+
+def _claim_runtime_dir(requested: str, base: str, pid: int) -> tuple[RuntimeDir, list[tuple[str, dict]]]:
+    """Check the default base, sweep stale runs of ours, claim this run's directory; ConfigError if unsafe.
+    Returns the directory and the lines to log once logging is set up."""
+    if not requested:
+        prepare_base(base)
+    elif not os.path.isdir(os.path.dirname(os.path.abspath(requested))):
+        raise ConfigError(f"--runtime-dir: {os.path.dirname(os.path.abspath(requested))} does not exist")
+    safe_base = os.path.isdir(base) and not os.path.islink(base)
+    swept = sweep(base if safe_base else "", also=requested or None)
+    runtime = claim_given(requested) if requested else claim_default(base, pid)
+    lines = [("leftover.removed", fields) for fields in swept.removed]
+    lines += [("leftover.kept", fields) for fields in swept.kept]
+    return runtime, lines
+
+
+def _create_segments(config: Config, log: Any) -> SegmentLock:
+    """Create every segment and lock the gauge board.  A segment of our exact name (same supervisor pid and
+    --instance-id: a container's PID 1 restarted) whose gauge board no live run holds is a leftover of
+    ours, replaced; one held by a live run is a one-line ConfigError."""
+    try:
+        create_segments(config)
+    except posix_ipc.ExistentialError:
+        gauges = config.gauge_board_name()
+        if not segment_is_stale(gauges):
+            raise ConfigError(f"--instance-id: shared memory {gauges} exists and a live run holds it "
+                              "(the same --instance-id and supervisor pid in another PID namespace?)") from None
+        for name in segments_with_prefix(shm_name(config.supervisor_pid, config.instance_id, "")):
+            if Segment.unlink(name):
+                log.warning("leftover.removed", segment=name, reason="has this run's name and no live run holds it")
+        create_segments(config)
+    return SegmentLock(config.gauge_board_name())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = settings.parse_args(build_parser(), argv)
     os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     pid = os.getpid()
-    base, runtime_dir = _runtime_paths(args.runtime_dir)
+    base = default_base()
+    planned = os.path.abspath(args.runtime_dir) if args.runtime_dir else os.path.join(base, str(pid))
     try:
-        config = config_from_args(args, pid, runtime_dir)
+        config = config_from_args(args, pid, planned)
         _check_socket_path_length(config)
         _check_endpoints(config)
+        check_shm_space(config)  # before anything is created: one line, never a SIGBUS later
         forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
     except ConfigError as exc:
-        sys.stderr.write(f"start-cache: error: {settings.where(args, str(exc))}\n")
-        return 2
+        return _error(settings.where(args, str(exc)))
     except OSError as exc:  # the --log-file cannot be opened
-        sys.stderr.write(f"start-cache: error: --log-file: cannot open {args.log_file!r}: {exc.strerror}\n")
-        return 2
-    if not args.runtime_dir:
-        _make_private_dir(base)
-    _make_private_dir(runtime_dir)
+        return _error(f"--log-file: cannot open {args.log_file!r}: {exc.strerror}")
+    try:
+        runtime, swept = _claim_runtime_dir(args.runtime_dir, base, pid)
+    except ConfigError as exc:
+        return _error(str(exc))
+    if runtime.path != config.runtime_dir:  # <base>/<pid> was taken: another name
+        config = dataclasses.replace(config, runtime_dir=runtime.path)
+    forwarder.context["instance_id"] = config.instance_id
     log = configure_logging("supervisor", config.instance_id, config.log_level,
-                            handlers=[_ForwardingHandler(forwarder)])
-    _remove_leftovers(base, log)
-    config_path = os.path.join(runtime_dir, "config.json")
-    fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(config.to_json())
-    create_segments(config)
-    supervisor = Supervisor(config, config_path, log, forwarder)
-    signal.signal(signal.SIGTERM, supervisor.request_stop)
-    signal.signal(signal.SIGINT, supervisor.request_stop)
-    log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime_dir,
-             metrics=None if config.disable_metrics or config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
+                            handlers=[ForwardingHandler(forwarder)])
+    for event, fields in swept:
+        log.warning(event, **fields)
+    supervisor = Supervisor(config, os.path.join(runtime.path, "config.json"), log, forwarder,
+                            hang_timeout_s=args.hang_timeout, runtime=runtime)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, supervisor.request_stop)
+    try:
+        supervisor.locks.append(Marker.create(runtime, config.instance_id, pid, config.all_segment_names()))
+        fd = os.open(supervisor.config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(config.to_json())
+        supervisor.locks.insert(0, _create_segments(config, log))
+    except (ConfigError, SharedMemoryFullError, OSError) as exc:
+        remove_runtime_files(runtime.path, remove_dir=runtime.created)
+        for lock in supervisor.locks:
+            lock.release()
+        forwarder.close()
+        return _error(str(exc))
+    log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
+             metrics=None if config.disable_metrics or config.no_http
+             else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":
@@ -597,16 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.watch()
     finally:
         supervisor.stop()
+        forwarder.close()  # at most a few seconds: a stuck reader of our stderr must not keep us (or it)
     return supervisor.exit_code
-
-
-class _ForwardingHandler(logging.Handler):
-    def __init__(self, forwarder: LineForwarder) -> None:
-        super().__init__()
-        self._forwarder = forwarder
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._forwarder.write(record.getMessage())
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ class GaugeSlot:
         self._words = segment.buf[start : start + layout.GAUGE_SLOT_WORDS * 8].cast("q")
         self._clock_ns = clock_ns
 
+    def get(self, word: int) -> int:
+        return self._words[word]
+
     def set(self, word: int, value: int) -> None:
         self._words[word] = int(value)
 

@@ -2,30 +2,63 @@
 
 from __future__ import annotations
 
+import mmap
+
 from mpcache.config import Config
+from mpcache.errors import ConfigError
 from mpcache.shm import layout
 from mpcache.shm.gauges import format_gauge_board
 from mpcache.shm.ring import format_event_segment, recover_torn_record
-from mpcache.shm.segment import Segment
+from mpcache.shm.segment import SHM_DIR, Segment, shm_free_bytes
+
+SHM_MARGIN_BYTES = 16 * 2**20  # beyond the instance's own segments: room for clients' KV buffers
+_PAGE = mmap.PAGESIZE
+
+
+def segment_sizes(config: Config) -> dict[str, int]:
+    """Every segment of the instance, by name, with its size in bytes."""
+    sizes = {config.gauge_board_name(): layout.gauge_board_size(config.workers)}
+    for worker in range(config.workers):
+        sizes[config.ring_name(worker)] = layout.event_segment_size(config.ring_capacity_cells, config.intern_capacity)
+        sizes[config.l1_pool_name(worker)] = config.l1_slots * config.chunk_bytes
+    return sizes
+
+
+def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
+    """ConfigError, one line naming the size needed and Docker's ``--shm-size``, if /dev/shm cannot hold
+    every segment (page-rounded) plus ``margin`` — checked before anything is created."""
+    sizes = segment_sizes(config)
+    pages = sum(-(-size // _PAGE) * _PAGE for size in sizes.values())
+    need = pages + margin
+    free = shm_free_bytes()
+    if free >= need:
+        return
+    mib = 2**20
+    ring = sizes[config.ring_name(0)]
+    raise ConfigError(
+        f"{SHM_DIR} has {free / mib:.1f} MiB free; the service needs {need / mib:.1f} MiB there "
+        f"({config.workers} x (L1 {config.l1_slots * config.chunk_bytes / mib:.1f} MiB + ring {ring / mib:.1f} MiB) "
+        f"+ {margin / mib:.0f} MiB for clients' buffers): lower --l1-size, --workers or --ring-cells, or give it "
+        f"more shared memory (Docker: --shm-size={-(-need // (64 * mib)) * 64}m or more)")
 
 
 def create_segments(config: Config) -> list[Segment]:
-    """Create the gauge board, one event ring and one L1 pool per cache process (all 0600).
+    """Create the gauge board, one event ring and one L1 pool per cache process (all 0600, allocated now).
 
-    On failure, whatever was already created is unlinked before re-raising.
+    On failure, whatever was already created is unlinked before re-raising; a /dev/shm too small is a
+    :class:`~mpcache.errors.SharedMemoryFullError`.
     """
     created: list[Segment] = []
+    sizes = segment_sizes(config)
     try:
-        board = Segment.create(config.gauge_board_name(), layout.gauge_board_size(config.workers))
+        board = Segment.create(config.gauge_board_name(), sizes[config.gauge_board_name()])
         format_gauge_board(board, config.workers)
         created.append(board)
         for worker in range(config.workers):
-            ring = Segment.create(
-                config.ring_name(worker), layout.event_segment_size(config.ring_capacity_cells, config.intern_capacity)
-            )
+            ring = Segment.create(config.ring_name(worker), sizes[config.ring_name(worker)])
             format_event_segment(ring, config.ring_capacity_cells, config.intern_capacity)
             created.append(ring)
-            created.append(Segment.create(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes))
+            created.append(Segment.create(config.l1_pool_name(worker), sizes[config.l1_pool_name(worker)]))
     except BaseException:
         for segment in created:
             segment.close()

@@ -4,13 +4,14 @@ and closes.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Callable
 
 import posix_ipc
 
-from mpcache.errors import LayoutMismatchError
+from mpcache.errors import LayoutMismatchError, SharedMemoryFullError
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "mpcache."
@@ -27,10 +28,15 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        """Create a zero-filled segment private to this user; fail if it exists."""
+        """Create a zero-filled segment private to this user; fail if it exists.
+
+        Its pages are allocated now (``posix_fallocate``): a /dev/shm too small for it is a
+        :class:`~mpcache.errors.SharedMemoryFullError` here, never a SIGBUS later in whichever
+        process first writes a page that does not fit."""
         shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=size)
         try:
             os.fchmod(shm.fd, 0o600)  # the umask may have narrowed it further; never widen
+            _reserve(shm.fd, name, size)
             mapping = mmap.mmap(shm.fd, size)
         except BaseException:
             shm.close_fd()
@@ -78,13 +84,38 @@ class Segment:
         return True
 
 
+def _reserve(fd: int, name: str, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # a file system without fallocate: the pages come on first touch, as before
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        free = shm_free_bytes()
+        raise SharedMemoryFullError(
+            f"{SHM_DIR} has no room for {name} ({size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB free): "
+            f"{os.strerror(exc.errno)}; give the machine or container more shared memory "
+            f"(Docker: --shm-size) or ask for less") from None
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int:
+    """Bytes an unprivileged process may still allocate in ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
     """Segment name: owner pid first, so leftovers of a dead owner can be found."""
     return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
 
 
 def leftover_segments(pid_alive: Callable[[int], bool]) -> list[str]:
-    """Names of mpcache segments whose owning supervisor is no longer alive."""
+    """Names of mpcache segments whose owner pid ``pid_alive`` says is gone.
+
+    The supervisor does not use this: a pid means nothing across PID namespaces (a live instance in
+    another one would look dead), so it removes only what a stale run's marker names
+    (:mod:`mpcache.runtime`)."""
     try:
         entries = os.listdir(SHM_DIR)
     except FileNotFoundError:

@@ -394,6 +394,7 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(services) 
     the old pid is left in /dev/shm, and the new instance serves /metrics and a byte-exact round trip."""
     old = services("--workers", "2", *SMALL, runtime_dir=False)
     old.ready(2)
+    config = old.config()  # before the kill: its runtime dir goes at the next start
     children = [line["pid"] for line in old.lines("child.started")]
     with CacheClient(old.socket(0)) as client:
         client.register_buffer(1, CHUNK)
@@ -401,7 +402,6 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(services) 
         old.process.wait(10)
         wait_for(lambda: all(_gone(pid) for pid in children), 10, "the orphaned children to exit")
     left = old.shm_entries()
-    config = old.config()
     assert sorted(name.lstrip("/") for name in config.all_segment_names()) == left
 
     new = services("--workers", "2", *SMALL, runtime_dir=False)

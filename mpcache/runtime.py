@@ -1,0 +1,316 @@
+"""The supervisor's own files: its runtime dir, the marker that claims it, and the sweep of stale runs.
+
+Only its own files.  The supervisor
+
+* uses ``--runtime-dir DIR`` only if DIR is absent (it creates it, 0700) or an empty directory of
+  ours (not a symlink); at stop it removes the files it created there, and DIR itself only if it
+  created DIR;
+* by default creates ``<tmp>/mpcache-<uid>`` with ``mkdir`` (exclusive) or, if it exists, uses it
+  only after checking that it is a directory, not a symlink, owned by us and mode 0700; then
+  creates its own ``<pid>`` directory in it, exclusively (another name if that one is taken);
+* writes a marker, ``instance.json``, into its runtime dir (``O_EXCL | O_NOFOLLOW``, 0600): instance
+  id, supervisor pid, boot id (``/proc/sys/kernel/random/boot_id``), PID-namespace inode
+  (``/proc/self/ns/pid``), uid and the names of its shared-memory segments; and holds an exclusive
+  ``flock`` on it for as long as it runs.
+
+A run is stale when its marker's lock is free: the kernel drops a lock with the last descriptor of
+the process that held it, whatever PID namespace that process was in.  So a live instance in
+another PID namespace (whose pid means nothing here) is never touched, and a supervisor that was
+PID 1 of a container, died and came back as PID 1 of a new namespace still recognises its own
+leftovers.  A stale run's segments (the names in its marker, nothing else) and its runtime files are
+removed at the next start.  Directories without a marker are never touched: PID liveness alone
+cannot tell whose they are.  The boot id and namespace inode only explain, in the log line, why a run
+is stale (an inode number is reused once its namespace is gone, so it cannot decide anything).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpcache.errors import ConfigError
+from mpcache.shm.segment import SHM_DIR, Segment
+
+MARKER_FILE = "instance.json"
+MARKER_FORMAT = "mpcache-instance/1"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+PID_NS_PATH = "/proc/self/ns/pid"
+# Everything a run of ours creates in its runtime dir (sockets and their staging names, the child
+# configuration, the status file and its staging names, LMCache ipc sockets, the marker).
+_OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|lmcache\d+\.ipc"
+                        r"|\.cache\d+\.sock\.\d+|[a-z]+\.json\.\d+\.tmp)")
+
+
+def boot_id() -> str:
+    """This boot's id ('' where /proc does not say)."""
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> int:
+    """The inode of this process's PID namespace (0 where /proc does not say)."""
+    try:
+        return os.stat(PID_NS_PATH).st_ino
+    except OSError:
+        return 0
+
+
+def default_base() -> str:
+    return os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
+
+
+@dataclass
+class RuntimeDir:
+    """The directory a run uses, and whether the run created it (then it removes it at stop)."""
+
+    path: str
+    created: bool
+
+
+@dataclass
+class Swept:
+    """What the sweep of stale runs found and removed (logged once logging is set up)."""
+
+    removed: list[dict[str, Any]] = field(default_factory=list)  # leftover.removed lines
+    kept: list[dict[str, Any]] = field(default_factory=list)  # leftover.kept lines (not ours to remove)
+
+
+def _describe(st: os.stat_result) -> str | None:
+    """Why a directory with this lstat may not be used (None: it is a private directory of ours)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not {os.getuid()}"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
+    return None
+
+
+def prepare_base(base: str) -> None:
+    """Create ``base`` (0700, exclusively) or check that the one there is a private directory of ours."""
+    try:
+        os.mkdir(base, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"runtime dir base {base}: cannot create it ({exc.strerror}); pass --runtime-dir") from None
+    problem = _describe(os.lstat(base))
+    if problem:
+        raise ConfigError(f"runtime dir base {base} {problem}: refusing to use it (remove it, or pass --runtime-dir)")
+
+
+def claim_default(base: str, pid: int) -> RuntimeDir:
+    """Create this run's directory in ``base``: ``<pid>``, or ``<pid>-<random>`` if that name is taken."""
+    path = os.path.join(base, str(pid))
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # a live run of the same pid in another PID namespace, or a directory not ours
+        path = tempfile.mkdtemp(prefix=f"{pid}-", dir=base)
+    return RuntimeDir(path, created=True)
+
+
+def claim_given(path: str) -> RuntimeDir:
+    """``--runtime-dir``: created here if absent; otherwise it must be an empty private directory of ours."""
+    path = os.path.abspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, 0o700)
+        except OSError as exc:
+            raise ConfigError(f"--runtime-dir: cannot create {path} ({exc.strerror})") from None
+        return RuntimeDir(path, created=True)
+    problem = _describe(st)
+    if problem and not problem.startswith("has mode"):
+        raise ConfigError(f"--runtime-dir: {path} {problem}")
+    entries = os.listdir(path)
+    if entries:
+        raise ConfigError(f"--runtime-dir: {path} is not empty ({len(entries)} entries, e.g. {sorted(entries)[0]!r}); "
+                          "give an empty or absent directory: at stop the service removes what it created there")
+    os.chmod(path, 0o700)
+    return RuntimeDir(path, created=False)
+
+
+class Marker:
+    """This run's claim on its runtime dir and segments: ``instance.json``, flocked while the run lives."""
+
+    def __init__(self, fd: int, path: str, data: dict[str, Any]) -> None:
+        self._fd: int | None = fd
+        self.path = path
+        self.data = data
+
+    @classmethod
+    def create(cls, runtime: RuntimeDir, instance_id: str, pid: int, segments: Iterable[str]) -> Marker:
+        data = {"format": MARKER_FORMAT, "instance_id": instance_id, "supervisor_pid": pid, "boot_id": boot_id(),
+                "pid_namespace": pid_namespace(), "uid": os.getuid(), "runtime_dir": runtime.path,
+                "created_dir": runtime.created, "segments": list(segments)}
+        path = os.path.join(runtime.path, MARKER_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # before any content: a sweeper never sees a complete unlocked marker
+            os.write(fd, (json.dumps(data) + "\n").encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path, data)
+
+    def release(self) -> None:
+        """Drop the lock (at the very end of a clean stop, after the marker file itself is gone)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _stale_marker(directory: str) -> tuple[int, dict[str, Any]] | None:
+    """(locked descriptor, contents) of the marker in ``directory`` if its run is over; None otherwise
+    (no marker, not ours, unreadable, or its lock is held: that run is alive, in whatever namespace)."""
+    try:
+        fd = os.open(os.path.join(directory, MARKER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise ValueError("not ours")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ValueError("alive") from None
+            raise
+        data = json.loads(os.read(fd, 1 << 20).decode())
+        if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT or data.get("uid") != os.getuid():
+            raise ValueError("not a marker of ours")
+        return fd, data
+    except (OSError, ValueError):
+        os.close(fd)
+        return None
+
+
+def _why_stale(data: dict[str, Any]) -> str:
+    pid = data.get("supervisor_pid")
+    if data.get("boot_id") != boot_id():
+        return f"left by supervisor pid {pid} before the last boot"
+    if data.get("pid_namespace") == pid_namespace():
+        return f"its supervisor (pid {pid}) is gone"
+    return f"its supervisor (pid {pid} in PID namespace {data.get('pid_namespace')}) is gone"
+
+
+def remove_runtime_files(path: str, remove_dir: bool) -> list[str]:
+    """Remove the files a run of ours creates in ``path`` (and ``path`` itself if ``remove_dir`` and it is
+    then empty); returns the names left because they are not ours."""
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return []
+    kept = []
+    for name in entries:
+        if _OUR_FILES.fullmatch(name):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                os.unlink(os.path.join(path, name))
+        else:
+            kept.append(name)
+    if remove_dir and not kept:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return sorted(kept)
+
+
+def _sweep_one(directory: str, swept: Swept) -> None:
+    found = _stale_marker(directory)
+    if found is None:
+        return
+    fd, data = found
+    try:
+        reason = _why_stale(data)
+        names = [n for n in data.get("segments", []) if isinstance(n, str) and n.startswith("/mpcache.")]
+        # The same names may belong to a live run now (same pid and --instance-id, another PID namespace):
+        # its gauge board is locked then, and nothing of that name is touched.
+        in_use = [n for n in names if n.endswith(".gauges") and os.path.exists(SHM_DIR + n) and not segment_is_stale(n)]
+        if in_use:
+            swept.kept.append({"segments": names, "reason": f"{in_use[0]} is held by a live run"})
+            names = []
+        for name in names:
+            if Segment.unlink(name):
+                swept.removed.append({"segment": name, "reason": reason})
+        kept = remove_runtime_files(directory, remove_dir=bool(data.get("created_dir", True)))
+        swept.removed.append({"runtime_dir": directory, "reason": reason})
+        if kept:
+            swept.kept.append({"runtime_dir": directory, "entries": kept, "reason": "not created by mpcache"})
+    finally:
+        os.close(fd)
+
+
+def sweep(base: str, also: str | None = None) -> Swept:
+    """Remove the leftovers of every stale run of ours whose runtime dir is in ``base`` (or is ``also``)."""
+    swept = Swept()
+    candidates = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                    candidates.append(entry.path)
+    if also and os.path.abspath(also) not in candidates:
+        with contextlib.suppress(OSError):
+            st = os.lstat(also)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                candidates.append(os.path.abspath(also))
+    for directory in sorted(candidates):
+        _sweep_one(directory, swept)
+    return swept
+
+
+class SegmentLock:
+    """An exclusive flock on one of this run's shared-memory objects (the gauge board), held while it runs:
+    a segment with our exact name that nobody holds is a leftover of a dead run, ours to replace."""
+
+    def __init__(self, name: str) -> None:
+        self._fd: int | None = os.open(SHM_DIR + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def segment_is_stale(name: str) -> bool:
+    """True if the shared-memory object ``name`` is ours (same uid) and no live run holds its lock."""
+    try:
+        fd = os.open(SHM_DIR + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_uid != os.getuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def segments_with_prefix(prefix: str) -> list[str]:
+    """Names (``/mpcache.<pid>.<instance>.…``) of the shared-memory objects that start with ``prefix``."""
+    bare = prefix.lstrip("/")
+    try:
+        return sorted("/" + entry for entry in os.listdir(SHM_DIR) if entry.startswith(bare))
+    except OSError:
+        return []

@@ -1,0 +1,94 @@
+"""Signals and liveness of a real ``bin/start-cache`` process tree (issue 14, item 2).
+
+* SIGHUP (a closed terminal, ``kill -HUP``) stops the service cleanly, like SIGTERM, instead of
+  killing the supervisor and leaving its shared memory and children behind.
+* A cache process that stops answering (SIGSTOP stands in for a deadlock) is found by its gauge-board
+  heartbeat standing still for more than 5 s, killed and restarted, while the other keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+
+import numpy as np
+import pytest
+from mpcache_service import wait_for
+from service_control import CHUNK, SMALL, gone
+
+from mpcache.client import CacheClient
+
+pytestmark = pytest.mark.slow
+
+HANG_TIMEOUT_S = 5.0  # documented default of --hang-timeout
+
+
+def round_trip(socket_path: str, chunks: int = 3) -> bool:
+    """A fresh client stores ``chunks`` random chunks, prefetches and retrieves them into other blocks;
+    True if the bytes came back equal."""
+    with CacheClient(socket_path, connect_timeout_s=5) as client:
+        kv = client.register_buffer(2 * chunks, CHUNK)
+        kv.blocks[:chunks] = np.random.default_rng().integers(0, 256, (chunks, CHUNK))
+        hashes = [secrets.randbits(63) for _ in range(chunks)]
+        request = f"rt-{hashes[0]}"
+        stored = client.store(kv, request, "org/liveness", "", hashes, list(range(chunks)))
+        job = client.lookup_prefetch(request + "-r", "org/liveness", "", hashes)
+        found = client.wait_prefetch(job)["found_count"]
+        got = client.retrieve(kv, request + "-r", job, list(range(chunks, 2 * chunks)))
+        equal = bool(np.array_equal(kv.blocks[:chunks], kv.blocks[chunks:]))
+        client.end_session(request)
+        client.end_session(request + "-r")
+        del kv
+    return (stored, found, got, equal) == (chunks, chunks, chunks, True)
+
+
+def test_sighup_stops_the_service_cleanly_like_sigterm(controlled_services) -> None:
+    """SIGHUP to the supervisor: it logs ``supervisor.signal`` SIGHUP, every child exits 0 (none killed),
+    the supervisor exits 0 within 15 s, and its shared memory and runtime dir are gone."""
+    service = controlled_services("--workers", "1", *SMALL)
+    service.ready(1)
+    children = [line["pid"] for line in service.lines("child.started")]
+
+    service.process.send_signal(signal.SIGHUP)
+    status = service.process.wait(15)
+
+    assert 0 == status
+    assert ["SIGHUP"] == [line["signal"] for line in service.lines("supervisor.signal")]
+    exits = {(line["child_role"], line["index"]): line["exit_status"] for line in service.lines("child.exited")}
+    assert {("telemetry", 0): 0, ("cache", 0): 0} == exits
+    assert [] == service.lines("child.killed")
+    assert ([], False) == (service.shm_entries(), service.runtime_dir.exists())
+    assert all(gone(pid) for pid in children)
+
+
+def test_a_stopped_cache_process_is_found_by_its_heartbeat_killed_and_restarted(controlled_services) -> None:
+    """cache[0] is SIGSTOPped: within --hang-timeout (5 s) of its last heartbeat the supervisor logs
+    ``cache.unresponsive`` (error level, naming its pid, silent for at least 5 s), kills it (exit status
+    -9) and starts a new cache[0] that serves a byte-exact round trip; cache[1] served round trips
+    throughout and was never restarted; SIGTERM then stops everything with exit 0."""
+    service = controlled_services("--workers", "2", *SMALL)
+    service.ready(2, metrics=False)
+    assert round_trip(service.socket(0))
+    [victim] = service.pids("cache", 0)
+
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    survivor_trips = []
+    while not service.lines("cache.unresponsive") and time.monotonic() - stopped_at < HANG_TIMEOUT_S + 10:
+        survivor_trips.append(round_trip(service.socket(1)))
+    detected_after = time.monotonic() - stopped_at
+    [restarted] = wait_for(lambda: [p for p in service.pids("cache", 0) if p != victim], 15, "a new cache[0]")
+    wait_for(lambda: service.lines("cache.start", worker=0, pid=restarted), 15, "the new cache[0] to serve")
+
+    [unresponsive] = service.lines("cache.unresponsive")
+    assert ("error", 0, victim) == (unresponsive["level"], unresponsive["worker"], unresponsive["pid"])
+    # silent since its last heartbeat, which came up to one heartbeat interval (0.5 s) before the SIGSTOP
+    assert HANG_TIMEOUT_S <= unresponsive["silent_s"] and HANG_TIMEOUT_S - 0.7 <= detected_after < HANG_TIMEOUT_S + 2
+    assert [-signal.SIGKILL] == [line["exit_status"] for line in service.lines("child.exited", index=0)]
+    assert survivor_trips and all(survivor_trips)
+    assert round_trip(service.socket(0))
+    assert 1 == len(service.pids("cache", 1))
+    assert gone(victim)
+    assert 0 == service.stop()

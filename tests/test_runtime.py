@@ -1,0 +1,171 @@
+"""Which leftovers are a run's own (issue 14, item 4): the marker, its lock, and the sweep.
+
+Every test works in its own base directory and creates its own uniquely named segments, unlinked at
+teardown (``segment_factory``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from mpcache.runtime import MARKER_FILE, Marker, RuntimeDir, boot_id, pid_namespace, remove_runtime_files, sweep
+from mpcache.shm.segment import SHM_DIR
+
+HOLDER = """
+import sys, time
+from mpcache.runtime import Marker, RuntimeDir
+Marker.create(RuntimeDir(sys.argv[1], created=True), "held", 4242, sys.argv[2:])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def segments(segment_factory, count: int) -> list[str]:
+    tag = uuid.uuid4().hex[:8]
+    return [segment_factory(4096, f"/mpcache.{os.getpid()}.{tag}.s{i}").name for i in range(count)]
+
+
+def exists(name: str) -> bool:
+    return os.path.exists(SHM_DIR + name)
+
+
+def test_a_run_that_holds_its_marker_is_never_swept_and_is_once_it_has_died(tmp_path, segment_factory) -> None:
+    """A live process holds the marker of run dir ``base/7`` (naming 2 segments): the sweep removes
+    nothing; after that process is SIGKILLed, the sweep removes exactly those 2 segments and the dir,
+    saying its supervisor is gone — the marker's pid (4242) says nothing about liveness."""
+    names = segments(segment_factory, 2)
+    run = tmp_path / "7"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), *names], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "locked" == holder.stdout.readline().strip()
+        while_alive = sweep(str(tmp_path))
+        present_while_alive = [exists(n) for n in names] + [run.exists()]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    after = sweep(str(tmp_path))
+
+    assert ([], [True, True, True]) == (while_alive.removed, present_while_alive)
+    assert sorted(names) == sorted(line["segment"] for line in after.removed if "segment" in line)
+    assert [str(run)] == [line["runtime_dir"] for line in after.removed if "runtime_dir" in line]
+    assert {"its supervisor (pid 4242) is gone"} == {line["reason"] for line in after.removed}
+    assert ([False, False], False) == ([exists(n) for n in names], run.exists())
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("boot_id", "an-earlier-boot", "left by supervisor pid 4242 before the last boot"),
+    ("pid_namespace", 1, "its supervisor (pid 4242 in PID namespace 1) is gone"),
+])
+def test_a_stale_marker_says_why(tmp_path, segment_factory, field: str, value: object, reason: str) -> None:
+    """An unlocked marker from an earlier boot, or from another PID namespace, is swept with a reason that
+    says so."""
+    names = segments(segment_factory, 1)
+    run = tmp_path / "run"
+    run.mkdir()
+    data = {"format": "mpcache-instance/1", "instance_id": "x", "supervisor_pid": 4242, "boot_id": boot_id(),
+            "pid_namespace": pid_namespace(), "uid": os.getuid(), "runtime_dir": str(run), "created_dir": True,
+            "segments": names, field: value}
+    (run / MARKER_FILE).write_text(json.dumps(data))
+
+    swept = sweep(str(tmp_path))
+
+    assert [reason, reason] == [line["reason"] for line in swept.removed]
+    assert (False, False) == (exists(names[0]), run.exists())
+
+
+def test_directories_without_a_marker_of_ours_are_never_touched(tmp_path, segment_factory) -> None:
+    """A dead pid's directory without a marker (what an older version left, or someone else's), and one
+    whose marker is not valid JSON, keep every file; no segment is removed."""
+    names = segments(segment_factory, 1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    bare = tmp_path / dead.stdout.strip()
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / MARKER_FILE).write_text("not json")
+
+    swept = sweep(str(tmp_path))
+
+    assert ([], [], True) == (swept.removed, swept.kept, exists(names[0]))
+    assert (["config.json"], [MARKER_FILE]) == (os.listdir(bare), os.listdir(broken))
+
+
+def test_a_stale_marker_whose_segment_names_a_live_run_holds_removes_none_of_them(tmp_path, segment_factory) -> None:
+    """A dead run's marker names segments that a live run (same pid and --instance-id in another PID
+    namespace) now holds — its gauge board is locked: none is removed, and the sweep says why."""
+    tag = uuid.uuid4().hex[:8]
+    names = [segment_factory(4096, f"/mpcache.{os.getpid()}.{tag}.{what}").name for what in ("gauges", "events0")]
+    live = tmp_path / "live"
+    live.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace(
+        "Marker.create(", "from mpcache.runtime import SegmentLock; SegmentLock(sys.argv[2]); Marker.create("),
+        str(live), *names], stdout=subprocess.PIPE, text=True)
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    (dead / MARKER_FILE).write_text(json.dumps({
+        "format": "mpcache-instance/1", "supervisor_pid": 1, "boot_id": boot_id(), "pid_namespace": 1,
+        "uid": os.getuid(), "created_dir": True, "segments": names}))
+    try:
+        assert "locked" == holder.stdout.readline().strip()
+        swept = sweep(str(tmp_path))
+        present = [exists(n) for n in names]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+
+    assert [True, True] == present
+    assert [] == [line for line in swept.removed if "segment" in line]
+    assert [names] == [line["segments"] for line in swept.kept]
+
+
+def test_at_stop_only_the_files_a_run_creates_are_removed(tmp_path) -> None:
+    """remove_runtime_files removes sockets, staging names, the configuration, status and marker files,
+    keeps anything else, and removes the directory only when told it created it and it is empty."""
+    ours = ["cache0.sock", ".cache1.sock.4194304", "config.json", "status.json", "status.json.12.tmp",
+            "instance.json", "lmcache0.ipc"]
+    for directory in ("mixed", "pure"):
+        (tmp_path / directory).mkdir()
+        for name in ours:
+            (tmp_path / directory / name).write_text("")
+    (tmp_path / "mixed" / "notes.txt").write_text("someone's")
+
+    kept = remove_runtime_files(str(tmp_path / "mixed"), remove_dir=True)
+    kept_pure = remove_runtime_files(str(tmp_path / "pure"), remove_dir=True)
+
+    assert (["notes.txt"], ["notes.txt"]) == (kept, os.listdir(tmp_path / "mixed"))
+    assert ([], False) == (kept_pure, (tmp_path / "pure").exists())
+
+
+def test_the_marker_is_created_once_never_through_a_link_and_locked(tmp_path) -> None:
+    """Marker.create refuses an existing marker (or a symlink planted in its place), writes 0600, and holds
+    a lock another open of the file cannot take until release()."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / MARKER_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        Marker.create(RuntimeDir(str(planted), created=False), "x", 1, [])
+    assert not (tmp_path / "elsewhere").exists()
+
+    marker = Marker.create(RuntimeDir(str(tmp_path), created=False), "x", os.getpid(), ["/mpcache.1.x.gauges"])
+    fd = os.open(marker.path, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        marker.release()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if the lock were still held
+    finally:
+        os.close(fd)
+    assert 0o600 == os.stat(marker.path).st_mode & 0o777
+    assert ["/mpcache.1.x.gauges"] == json.loads(open(marker.path).read())["segments"]
