@@ -350,6 +350,7 @@ class Child:
     listening: bool = False  # this process's socket replaced any stale one: its loop runs from here on
     beat: int = 0  # the last heartbeat word this process wrote
     beat_changed_at: float = 0.0  # monotonic time the heartbeat word last changed
+    spawns: int = 0  # times started: every one after the first is a restart
 
     @property
     def label(self) -> str:
@@ -392,6 +393,9 @@ class Supervisor:
                                          stdin=subprocess.DEVNULL, env=_child_env(), start_new_session=True)
         child.started_at = time.monotonic()
         child.listening, child.beat, child.beat_changed_at = False, 0, child.started_at
+        child.spawns += 1
+        if child.spawns > 1:
+            self._count_restart(child)
         if child.role == "cache":
             child.stale_socket = _inode(self.config.socket_path(child.index))
             child.state = "starting"
@@ -552,6 +556,19 @@ class Supervisor:
                 return None
             slot = self._slots[worker] = GaugeSlot(board, worker)
         return slot
+
+    def _count_restart(self, child: Child) -> None:
+        """Restarts live in the gauge board, so telemetry exports them (mpcache_child_restarts_total) even
+        across its own restarts."""
+        if child.role == "cache":
+            slot = self._slot(child.index)
+            if slot is not None:
+                slot.set(layout.G_RESTARTS, child.spawns - 1)
+        elif child.role == "telemetry":
+            board = self._board()
+            if board is not None:
+                board.buf[:layout.GAUGE_HEADER_SIZE].cast("q")[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8] = \
+                    child.spawns - 1
 
     def _set_cache_state(self, worker: int, state: str) -> None:
         slot = self._slot(worker)

@@ -40,6 +40,9 @@ UNIT = DEPLOY / "systemd" / "mpcache.service"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SPEC_TSV = REPO.parent / "shared" / "spec" / "metrics.tsv"
 EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"}
+# The service's own series (mpcache/telemetry/otel.py and the telemetry process): the "Service" row and its alerts.
+SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
+           "mpcache_child_restarts_total"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -57,6 +60,7 @@ SECTIONS = [
     "L0 block lifecycle (sampled)",
     "Cache blending",
     "Event bus health",
+    "Service",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
 REQUIRED_PANELS = {
@@ -74,6 +78,8 @@ ALERTED = {
     "lmcache_mp_event_bus_subscriber_exceptions_total",
     "lmcache_mp_timeouts_total",
     "lmcache_mp_l1_allocation_failure_chunks_total",
+    "mpcache_child_restarts_total",
+    "mpcache_cache_processes_ready",
 }
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", "without", "on", "ignoring",
                    "group_left", "group_right",
@@ -93,7 +99,7 @@ def spec_rows() -> list[tuple[str, str]]:
 
 def known_series() -> dict[str, str]:
     """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS}
+    out = {name: name for name in EXTRAS | SERVICE}
     for name, instrument in spec_rows():
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})

@@ -66,8 +66,11 @@ class GaugeSlot:
         self._words[layout.G_HEARTBEAT] = self._clock_ns()
 
     def clear(self) -> None:
+        """Zero the slot (a dead process's usage no longer counts), except its restart count."""
+        restarts = self._words[layout.G_RESTARTS]
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
+        self._words[layout.G_RESTARTS] = restarts
 
 
 class GaugeBoardReader:
@@ -78,6 +81,7 @@ class GaugeBoardReader:
         self._n_slots = _validate(segment)
         start = layout.GAUGE_HEADER_SIZE
         self._words = segment.buf[start : start + self._n_slots * layout.GAUGE_SLOT_WORDS * 8].cast("q")
+        self._header = segment.buf[:start].cast("q")
         self._stale_ns = int(stale_after_s * 1e9)
         self._clock_ns = clock_ns
 
@@ -94,6 +98,12 @@ class GaugeBoardReader:
             if beat > 0 and now - beat <= self._stale_ns:
                 live.append(slot)
         return live
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts of the children, by role, since the supervisor started (written by it)."""
+        telemetry = self._header[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8]
+        return {"cache": sum(self.word(slot, layout.G_RESTARTS) for slot in range(self._n_slots)),
+                "telemetry": telemetry}
 
     def word(self, slot: int, word: int) -> int:
         return self._words[slot * layout.GAUGE_SLOT_WORDS + word]

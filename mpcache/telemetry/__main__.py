@@ -39,15 +39,29 @@ def main(argv: list[str] | None = None) -> int:
     if not config.disable_metrics:
         from opentelemetry.metrics import Observation
 
-        from mpcache.telemetry.otel import CACHE_PROCESSES_READY, METER_SERVICE, MetricsExport
+        from mpcache.telemetry.otel import (
+            CACHE_PROCESSES,
+            CACHE_PROCESSES_READY,
+            CHILD_RESTARTS,
+            METER_SERVICE,
+            MetricsExport,
+        )
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
         exporters = MetricsExport.start(config)
         readiness = GaugeBoardReader(board, stale_after_s=2.0)
         exporters.add_routes(health_routes(lambda: pump.polled_at, readiness))
-        exporters.meter_provider.get_meter(METER_SERVICE).create_observable_gauge(
+        service_meter = exporters.meter_provider.get_meter(METER_SERVICE)
+        service_meter.create_observable_gauge(
             CACHE_PROCESSES_READY, description="Cache processes whose heartbeat is fresh (serving).",
             callbacks=[lambda options: [Observation(len(readiness.live_slots()))]])
+        service_meter.create_observable_gauge(
+            CACHE_PROCESSES, description="Cache processes configured (--workers).",
+            callbacks=[lambda options: [Observation(readiness.n_slots)]])
+        service_meter.create_observable_counter(
+            CHILD_RESTARTS, description="Restarts of the service's child processes, by role, since the supervisor "
+            "started.", callbacks=[lambda options: [Observation(count, {"role": role})
+                                                     for role, count in readiness.restarts().items()]])
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

@@ -32,6 +32,11 @@ def test_ready_turns_503_while_a_killed_cache_process_restarts(start_service):
     assert (503, "not ready: cache[1] not serving\n") == wait_for(
         lambda: (s := _status(service.port, "/ready"))[0] == 503 and s, 10, "/ready to be 503")
     wait_for(lambda: _status(service.port, "/ready")[0] == 200, 30, "/ready after the restart")
+    restarts = wait_for(lambda: service.scrape().by_label("mpcache_child_restarts_total", "role") or None, 30,
+                        "the restart counter")
+    assert {"cache": 1.0, "telemetry": 0.0} == restarts
+    assert (2.0, 2.0) == (service.scrape().total("mpcache_cache_processes"),
+                          service.scrape().total("mpcache_cache_processes_ready"))
     assert 0 == service.stop()
 
 
