@@ -33,7 +33,7 @@ from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_
 from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError, LayoutMismatchError, SharedMemoryFullError
 from mpcache.logforward import ForwardingHandler, LineForwarder
-from mpcache.logs import configure_logging
+from mpcache.logs import configure_logging, console_renderer
 from mpcache.runtime import (
     Marker,
     RuntimeDir,
@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
+    logs.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
+                      help="stderr: one readable line per event (console) or JSON lines; auto (default): console "
+                      "on a terminal, JSON otherwise. --log-file is always JSON")
     logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20,
                       help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
     logs.add_argument("--log-backups", type=_int_at_least(0), default=5,
@@ -695,6 +698,14 @@ def _check_endpoints(config: Config) -> None:
                               f"got {config.otlp_endpoint!r}")
 
 
+def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
+    """How stderr shows log lines: console lines (coloured on a terminal), or JSON as they are (None)."""
+    tty = sys.stderr.isatty()
+    if log_format == "json" or (log_format == "auto" and not tty):
+        return None
+    return console_renderer(colors=tty)
+
+
 def _check_port_free(flag: str, host: str, port: int) -> None:
     """A port a child will listen on must be free now: otherwise it would fail and be restarted in vain.
 
@@ -799,7 +810,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_socket_path_length(config)
         _check_endpoints(config)
         check_shm_space(config)  # before anything is created: one line, never a SIGBUS later
-        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
+        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups,
+                                  render=_stderr_renderer(args.log_format))
     except ConfigError as exc:
         return _error(settings.where(args, str(exc)))
     except OSError as exc:  # the --log-file cannot be opened
