@@ -1,9 +1,5 @@
-"""One frozen configuration, built once by the supervisor from its flags.
-
-Children receive it as a JSON file (``--config PATH``, mode 0600) and rebuild
-the same object with :meth:`Config.from_json`; no module reads environment
-variables on its own.  Every check raises :class:`~mpcache.errors.ConfigError`
-with a message that names the flag and what it accepts.
+"""One frozen configuration, built once by the supervisor from its flags and handed to the children as a
+JSON file; every check raises a :class:`~mpcache.errors.ConfigError` naming the flag.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from mpcache.shm.segment import shm_name
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_L2_SECRET_RE = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
@@ -55,11 +52,13 @@ class Config:
     enable_tracing: bool = False
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9090
+    no_http: bool = False  # no /metrics, /healthz, /ready: OTLP push only
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
     otlp_interval_s: float = 10.0
     metrics_sample_rate: float = 0.01
     cache_salt_cap: int = 1000
+    metric_series_cap: int = 1500  # attribute sets per metric before cache_salt/model_name read __overflow__
     # logging
     log_level: str = "info"
     log_file: str = ""
@@ -69,7 +68,7 @@ class Config:
     duration_s: float = 0.0
     demo_tally_file: str = ""
     # where cache processes send events: "ring" (the product), or for benchmarks only "none" (telemetry
-    # off) and "inprocess" (the reference design: an in-process bus and OTel calls in the cache process)
+    # off) and "inprocess" (LMCache's design, mpcache.bench.reference: a bus and OTel calls in the cache process)
     event_sink: str = "ring"
     # LMCache MP-protocol front end: cache process i listens on tcp://lmcache_host:(lmcache_port + i)
     # when lmcache_port > 0, and/or on ipc://<runtime_dir>/lmcache<i>.ipc with lmcache_ipc
@@ -78,6 +77,10 @@ class Config:
     lmcache_ipc: bool = False
     # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
     l2: list = field(default_factory=list)
+    # the key fs and redis tiers MAC their records with (64 hex digits; "" with no such tier), never logged;
+    # and where it came from ("--l2-secret-file PATH", "fs PATH", "per-run"), which may be
+    l2_secret: str = field(default="", repr=False)
+    l2_secret_source: str = ""
 
     def __post_init__(self) -> None:
         checks = [
@@ -96,11 +99,14 @@ class Config:
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
             (self.lmcache_port == 0 or 1 <= self.lmcache_port <= 65535 - self.workers + 1,
              "--lmcache-port: expected a port number so that port + workers - 1 is at most 65535"),
-            (self.otlp_protocol in ("grpc", "http"), "--otlp-protocol: expected grpc or http"),
+            (self.otlp_protocol in ("grpc", "http", "http/protobuf"),
+             "--otlp-protocol: expected grpc, http/protobuf or http"),
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
-            (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
+            (self.metric_series_cap >= 1, "--metric-series-cap: expected an integer >= 1"),
+            (self.log_level in ("debug", "info", "warning", "error"),
+             "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),
              "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP)"),
             (self.demo_seconds >= 0 and self.duration_s >= 0, "--duration/--demo-seconds: expected seconds >= 0"),
@@ -108,6 +114,8 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
+            raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:
             raise ConfigError(f"--l2: at most {MAX_ADAPTERS} adapters, got {len(self.l2)}")
 
@@ -155,7 +163,7 @@ class Config:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Config":
+    def from_json(cls, text: str) -> Config:
         data = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -164,6 +172,6 @@ class Config:
         return cls(**data)
 
     @classmethod
-    def load(cls, path: str) -> "Config":
+    def load(cls, path: str) -> Config:
         with open(path, encoding="utf-8") as handle:
             return cls.from_json(handle.read())

@@ -129,9 +129,8 @@ class Sink:
 
 def _note(event: str, context: dict[str, Any], **fields: Any) -> str:
     """A log line of the supervisor's own, in the JSON form every process writes."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
     return json.dumps({**fields, "event": event, "role": "supervisor", **context, "level": "warning",
-                       "timestamp": stamp})
+                       "timestamp": _now()})
 
 
 def _fd_writer(fd: int) -> Callable[[str], None]:
@@ -143,16 +142,26 @@ def _fd_writer(fd: int) -> Callable[[str], None]:
     return write
 
 
+def _rendered(write: Callable[[str], None], render: Callable[[str], str]) -> Callable[[str], None]:
+    def write_rendered(line: str) -> None:
+        write(render(line))
+    return write_rendered
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 class _FileHandler(logging.handlers.RotatingFileHandler):
     """A rotating file, never opened through a symbolic link (a link planted where ``--log-file`` will be
     would make the service append to whatever it points at), whose write errors raise (so the sink counts
     them) instead of printing to stderr."""
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> IO[str]:  # type: ignore[override]
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+    def handleError(self, record: logging.LogRecord) -> None:  # logging's name
         raise
 
 
@@ -163,7 +172,9 @@ class LineForwarder:
     def __init__(self, log_file: str, max_bytes: int = 50 * 2**20, backup_count: int = 5, *,
                  stderr: IO[str] | None = None, stdout: IO[str] | None = None,
                  max_queued_bytes: int = MAX_QUEUED_BYTES,
-                 max_file_queued_bytes: int = MAX_FILE_QUEUED_BYTES) -> None:
+                 max_file_queued_bytes: int = MAX_FILE_QUEUED_BYTES,
+                 render: Callable[[str], str] | None = None) -> None:
+        """``render``: how stderr shows a JSON line (a terminal's console format); the file keeps JSON."""
         self.context: dict[str, Any] = {}  # fields of the forwarder's own notes (instance_id, once known)
         self.file: Sink | None = None
         if log_file:
@@ -174,8 +185,11 @@ class LineForwarder:
 
             self.file = Sink("log-file", write_file, max_bytes=max_file_queued_bytes, context=self.context)
         on_drops = self.file.put if self.file is not None else None
-        self.stderr = Sink("stderr", _fd_writer((stderr or sys.stderr).fileno()), max_bytes=max_queued_bytes,
-                           on_drops=on_drops, context=self.context)
+        write_stderr = _fd_writer((stderr or sys.stderr).fileno())
+        if render is not None:  # rendered on the sink's own thread: the caller never waits for it
+            write_stderr = _rendered(write_stderr, render)
+        self.stderr = Sink("stderr", write_stderr, max_bytes=max_queued_bytes, on_drops=on_drops,
+                           context=self.context)
         self.stdout = Sink("stdout", _fd_writer((stdout or sys.stdout).fileno()), max_bytes=max_queued_bytes,
                            on_drops=on_drops, context=self.context)
 
@@ -188,8 +202,10 @@ class LineForwarder:
     def forward(self, role: str, index: int, stream: IO[bytes], *, log_lines: bool = True) -> None:
         """Read ``stream`` (a child's stderr, or with ``log_lines=False`` its stdout) until EOF.
 
-        stderr lines that are not JSON are wrapped in a ``child.output`` line; stdout lines (the demo's
-        progress) go to our stdout as they are."""
+        stderr lines that are not JSON are wrapped in a ``child.output`` line with a level (error inside a
+        traceback, else warning: a child writes plain text only when something went wrong) and a
+        timestamp; stdout lines (the demo's progress) go to our stdout as they are."""
+        in_traceback = False
         try:
             for raw in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
                 line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -197,7 +213,13 @@ class LineForwarder:
                     self.stdout.put(line)
                     continue
                 if not line.startswith("{"):
-                    line = json.dumps({"event": "child.output", "role": role, "index": index, "line": line})
+                    if line.startswith("Traceback (most recent call last)"):
+                        in_traceback = True
+                    level = "error" if in_traceback else "warning"
+                    if in_traceback and line and not line[0].isspace() and not line.startswith("Traceback"):
+                        in_traceback = False  # the exception's own line ends the traceback
+                    line = json.dumps({"event": "child.output", "role": role, "index": index, "line": line,
+                                       "level": level, "timestamp": _now()})
                 self.write(line)
         except (OSError, ValueError):  # the pipe was closed under us
             pass
@@ -227,6 +249,6 @@ class ForwardingHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._forwarder.write(record.getMessage())
+            self._forwarder.write(self.format(record))
         except Exception:  # noqa: BLE001 - logging must never raise into the supervisor's loop or its stop
             pass

@@ -1,17 +1,17 @@
-"""structlog set-up: JSON lines, one ``configure`` per process, called from its main().
-
-Every line carries ``timestamp``, ``level``, ``role`` (supervisor, cache,
-telemetry, demo), ``instance_id`` and ``event``; cache processes add
-``worker``.  Output goes to stderr and, with ``--log-file``, to a size-rotated
-file.  Under the supervisor, children log to stderr only: the supervisor
-forwards their lines, so the log file has one writer and rotates safely.
+"""structlog set-up: JSON lines with ``role`` and ``instance_id`` on stderr and, with ``--log-file``, a
+size-rotated file that only the supervisor writes (it forwards its children's lines).  Records of other
+libraries (the OpenTelemetry SDK's export errors, say) become the same JSON lines, with level and
+timestamp; :func:`console_renderer` turns any of them into one readable line for a terminal.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -33,12 +33,21 @@ def configure_logging(
     if handlers is None:
         handlers = [logging.StreamHandler(sys.stderr)]
         if log_file:
-            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count))
+            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
+                                                                 backupCount=backup_count))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
+    # structlog's own lines arrive rendered; another library's records get level, timestamp and context
+    formatter = structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.JSONRenderer(sort_keys=False)],
+        foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.stdlib.add_log_level,
+                           structlog.stdlib.add_logger_name, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                           structlog.processors.format_exc_info],
+    )
     for handler in handlers:
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(LEVELS[level])
     structlog.configure(
@@ -48,7 +57,7 @@ def configure_logging(
             structlog.stdlib.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(sort_keys=False),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
@@ -57,3 +66,19 @@ def configure_logging(
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(role=role, instance_id=instance_id, **context)
     return structlog.get_logger(f"mpcache.{role}")
+
+
+def console_renderer(colors: bool) -> Callable[[str], str]:
+    """A JSON log line → one line for people (time, coloured level, event, fields); other text unchanged."""
+    render = structlog.dev.ConsoleRenderer(colors=colors, sort_keys=False)
+
+    def to_console(line: str) -> str:
+        try:
+            event: Any = json.loads(line)
+        except ValueError:
+            return line
+        if not isinstance(event, dict) or "event" not in event:
+            return line
+        return str(render(None, str(event.get("level", "info")), event))
+
+    return to_console

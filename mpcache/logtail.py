@@ -1,24 +1,5 @@
-"""``mpcache-logs``: read, filter and follow mpcache's JSON log lines.
-
-    mpcache-logs /var/log/mpcache.jsonl -f --event l1. --salt tenant-a --since 5m
-
-Reads the file from its start (``-n N``: only the last N matching lines of
-what is already there), prints each matching line readably::
-
-    2026-11-29T18:00:00Z DEBUG cache[0] l1.keys.evicted tenant-a=12 session_id=req-7
-
-or as the raw JSON line (``--json``), and with ``--follow`` keeps reading like
-``tail -f``: when the file is renamed and recreated (rotation) it finishes the
-old file and reopens the new one (inode check); when it is truncated it starts
-again from the top (it polls every 50 ms: a file rotated twice within one poll
-leaves the middle file, still on disk as ``FILE.1``, unread).  Lines that are
-not JSON objects are skipped.  ``-`` reads standard input.
-
-Filters (all given must match; a repeated flag matches any of its values):
-``--event`` dotted event name or prefix (``l1.`` or ``l1``), ``--level`` that
-level and above, ``--salt`` a cache_salt in the event's salt counts or
-fields, ``--request`` the session/request id, ``--since`` 30s/5m/2h/1d or an
-ISO timestamp.  Ctrl-C and a closed pipe end it with status 0.
+"""``mpcache-logs``: read, filter and follow mpcache's JSON log lines, like ``tail -f`` across rotation and
+truncation; filters by event, level, cache_salt, request and time.
 """
 
 from __future__ import annotations
@@ -33,7 +14,10 @@ import re
 import signal
 import sys
 import time
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from mpcache import __version__
 
 POLL_INTERVAL_S = 0.05
 LEVEL_ORDER = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}
@@ -86,6 +70,7 @@ def _count(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="mpcache-logs", description="Read, filter and follow mpcache JSON log lines.")
+    parser.add_argument("--version", action="version", version=f"mpcache-logs (mpcache) {__version__}")
     parser.add_argument("path", help="log file (the supervisor's --log-file), or - for standard input")
     parser.add_argument("-f", "--follow", action="store_true",
                         help="keep reading as the file grows; survives rotation and truncation")
@@ -192,7 +177,7 @@ def format_record(record: dict) -> str:
     else:
         source = str(record.get("role", "-"))
     parts = [str(timestamp or "-"), f"{level:<5}", source, str(record.get("event", "-"))]
-    per_salt: dict[str, int] = {}
+    per_salt: dict[str, int | float] = {}
     for group in record.get("salt_counts") or ():
         if isinstance(group, (list, tuple)) and len(group) >= 3 and isinstance(group[2], (int, float)):
             per_salt[str(group[0])] = per_salt.get(str(group[0]), 0) + group[2]
@@ -327,7 +312,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         existing = itertools.chain(existing, follower.remainder())
     matches = _records(iter(existing), keep)
     if args.lines is not None:
-        matches = iter(collections.deque(matches, maxlen=args.lines))  # type: ignore[assignment]
+        matches = iter(collections.deque(matches, maxlen=args.lines))
     for item in matches:
         out.write(render(*item) + "\n")  # type: ignore[misc]
     out.flush()

@@ -1,17 +1,6 @@
-"""``bin/start-cache``: configuration, shared-memory ownership, and the child processes.
-
-The supervisor builds the one :class:`~mpcache.config.Config`, checks the ports children will
-listen on, creates every shared-memory segment (mode 0600), removes leftovers of its own crashed
-earlier runs (:mod:`mpcache.runtime`: only what their marker names), starts the telemetry process
-first and then the cache processes (and the demo load generator with ``--demo`` once they serve),
-and keeps each kind of child its own failure domain: telemetry is restarted forever with capped
-backoff; a crash-looping cache process is given up alone (the supervisor exits 1 only when none is
-left); a cache process whose gauge-board heartbeat stands still is killed and restarted; the demo, a
-client, is never restarted.  On SIGINT/SIGTERM/SIGHUP (or after ``--duration``) it stops the cache
-processes, lets telemetry drain and export a final time, and unlinks everything.
-
-Children's output is forwarded line by line through the supervisor (:mod:`mpcache.logforward`,
-never blocking), so the log file has exactly one writer and rotates safely.
+"""``bin/start-cache``: the configuration, every shared-memory object, and the child processes (telemetry,
+cache, demo), each kind its own failure domain: telemetry restarted forever, a crash-looping or hung cache
+process restarted and given up alone, the demo never restarted; stopped in order, leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -37,12 +26,14 @@ from typing import Any
 
 import posix_ipc
 
+from mpcache import __version__, settings
 from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
+from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_l2_key
 from mpcache.config import Config, parse_size
 from mpcache.errors import ConfigError, LayoutMismatchError, SharedMemoryFullError
 from mpcache.logforward import ForwardingHandler, LineForwarder
-from mpcache.logs import configure_logging
+from mpcache.logs import configure_logging, console_renderer
 from mpcache.runtime import (
     Marker,
     RuntimeDir,
@@ -141,16 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run mpcache: cache processes serving KV chunks, plus a telemetry process "
         "exporting their metrics (Prometheus /metrics and/or OTLP).",
     )
+    parser.add_argument("--version", action="version", version=f"start-cache (mpcache) {__version__}")
     service = parser.add_argument_group("service")
     service.add_argument("--workers", type=_int_at_least(1), default=2, help="cache processes to run (default 2)")
     service.add_argument("--instance-id", default="", help="service.instance.id on every metric (default: a new UUID4)")
-    service.add_argument("--l1-size", default="", help="L1 pool per cache process, e.g. 512MiB (default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
+    service.add_argument("--l1-size", default="",
+                         help="L1 pool per cache process, e.g. 512MiB "
+                              "(default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
     service.add_argument("--chunk-bytes", default="64KiB", help="bytes per KV chunk slot (default 64KiB)")
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
-    service.add_argument("--l1-watermark", type=_number, default=0.8, help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
-    service.add_argument("--eviction-interval", type=_number, default=1.0, help="seconds between eviction-loop runs (default 1)")
-    service.add_argument("--prefetch-job-ttl", type=_number, default=None, help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
-    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18, help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
+    service.add_argument("--l1-watermark", type=_number, default=0.8,
+                         help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")
+    service.add_argument("--eviction-interval", type=_number, default=1.0,
+                         help="seconds between eviction-loop runs (default 1)")
+    service.add_argument("--prefetch-job-ttl", type=_number, default=None,
+                         help="seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)")
+    service.add_argument("--ring-cells", type=_int_at_least(1024), default=1 << 18,
+                         help="event ring size per cache process, in 64-byte cells, a power of two (default 262144)")
     service.add_argument("--runtime-dir", default="",
                          help="where sockets and the child config live: absent (it is created) or an empty "
                          "directory of ours (default $TMPDIR/mpcache-<uid>/<pid>)")
@@ -158,29 +156,59 @@ def build_parser() -> argparse.ArgumentParser:
         "--l2", action="append", default=[], metavar="JSON",
         help="an L2 adapter, as a JSON object; repeat for several (adapter_index is the order given). "
         'fs: {"type": "fs", "path": DIR, "capacity_gb": N, "threads"?: N} (each cache process uses DIR/worker-<i>); '
-        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], "seed"?}; '
-        'redis: {"type": "redis", "url": "redis://host:port/db", "capacity_gb": N, "key_prefix"?, "threads"?} '
+        'mock: {"type": "mock", "capacity_gb": N, "latency_ms"?, "bandwidth_gbps"?, "failure_rate"? in [0,1], '
+        '"seed"?}; '
+        'redis: {"type": "redis", "url": "redis[s]://[user[:password]@]host:port/db", "capacity_gb": N, '
+        '"key_prefix"?, "threads"?, "socket_timeout_s"? (1), "connect_timeout_s"? (1), "password_file"?, '
+        '"tls_ca_file"?, "tls_cert_file"?, "tls_key_file"?} '
         "(shared by every cache process). GB = 10**9 bytes. Default: no L2")
+    service.add_argument(
+        "--l2-secret-file", default=None, metavar="FILE",
+        help="the secret fs and redis tiers key their records' MACs with (a regular file of ours, mode 0600, "
+        f">= 32 bytes; the same on every host sharing a redis tier). Default: ${SECRET_FILE_ENV}, else the first "
+        "fs tier's PATH/.mpcache-l2-secret (created once), else a new one per run (redis records are then "
+        "unreadable after a restart)")
     service.add_argument("--hang-timeout", type=_seconds_at_least(1.0), default=HANG_TIMEOUT_S,
                          help="seconds a cache process's heartbeat may stand still before it is killed and restarted "
                          f"(default {HANG_TIMEOUT_S:g})")
-    service.add_argument("--duration", type=_number, default=0.0, help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
+    service.add_argument("--duration", type=_number, default=0.0,
+                         help="stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)")
     telemetry = parser.add_argument_group("telemetry")
-    telemetry.add_argument("--prometheus-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
+    telemetry.add_argument("--prometheus-host", default="127.0.0.1",
+                           help="address /metrics binds to (default 127.0.0.1)")
     telemetry.add_argument("--prometheus-port", type=_port, default=9090, help="port of /metrics (default 9090)")
-    telemetry.add_argument("--otlp-endpoint", default="", help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s)")
-    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http"), default="grpc", help="OTLP transport (default grpc)")
-    telemetry.add_argument("--otlp-interval", type=_number, default=10.0, help="seconds between OTLP exports (default 10)")
-    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
-    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
+    telemetry.add_argument("--no-http", action="store_true",
+                           help="serve no HTTP endpoint (no /metrics, /healthz, /ready): OTLP push only")
+    telemetry.add_argument("--otlp-endpoint", default=None,
+                           help="OTLP collector, e.g. http://127.0.0.1:4317 (push every --otlp-interval s; default "
+                           "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no push)")
+    telemetry.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf", "http"), default=None,
+                           help="OTLP transport: grpc or http/protobuf (http is the same); default "
+                           "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc")
+    telemetry.add_argument("--otlp-interval", type=_number, default=None,
+                           help="seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)")
+    telemetry.add_argument("--metrics-sample-rate", type=_number, default=None,
+                           help="fraction of chunks, in (0, 1], tracked by lifecycle histograms "
+                                "(default 0.01; 0.1 with --demo)")
+    telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000,
+                           help="distinct cache_salt values per metric before __overflow__ (default 1000)")
+    telemetry.add_argument("--metric-series-cap", type=_int_at_least(1), default=1500,
+                           help="attribute sets per metric before new cache_salt/model_name values read __overflow__ "
+                           "(default 1500, below the OpenTelemetry SDK's 2000)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
-    telemetry.add_argument("--enable-tracing", action="store_true", help="export request spans over OTLP (needs --otlp-endpoint)")
+    telemetry.add_argument("--enable-tracing", action="store_true",
+                           help="export request spans over OTLP (needs --otlp-endpoint)")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
     logs.add_argument("--log-file", default="", help="also write the JSON log lines here (size-rotated)")
-    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20, help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
-    logs.add_argument("--log-backups", type=_int_at_least(0), default=5, help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
+    logs.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
+                      help="stderr: one readable line per event (console) or JSON lines; auto (default): console "
+                      "on a terminal, JSON otherwise. --log-file is always JSON")
+    logs.add_argument("--log-max-bytes", type=_size, default=50 * 2**20,
+                      help="rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)")
+    logs.add_argument("--log-backups", type=_int_at_least(0), default=5,
+                      help="rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)")
     lmcache = parser.add_argument_group("LMCache clients (vLLM's LMCacheMPConnector, engine_driven transfer)")
     lmcache.add_argument("--lmcache-port", type=_port, default=0,
                          help="serve LMCache's MP protocol over ZeroMQ: cache process i listens on tcp://HOST:PORT+i "
@@ -191,12 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
                        help="where cache processes send events: ring (default, the telemetry process reads them); "
-                       "none (telemetry off) and inprocess (the reference design, an in-process bus) exist to "
+                       "none (telemetry off) and inprocess (LMCache's design, an in-process bus) exist to "
                        "measure against")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="also run the built-in load generator")
-    demo.add_argument("--demo-seconds", type=_number, default=0.0, help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
-    demo.add_argument("--demo-tally", default="", help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
+    demo.add_argument("--demo-seconds", type=_number, default=0.0,
+                      help="stop the load after this many seconds; the service keeps serving (default: until shutdown)")
+    demo.add_argument("--demo-tally", default="",
+                      help="write the demo's own counts (per cache_salt) here as JSON when it finishes")
     return parser
 
 
@@ -219,11 +249,53 @@ def _l2_specs(texts: list[str], chunk_bytes: int) -> list[dict]:
     return specs
 
 
+def _otel_setting(flag_value: str | None, what: str, default: str) -> str:
+    """A flag given on the command line, else OTEL_EXPORTER_OTLP_METRICS_<what>, else OTEL_EXPORTER_OTLP_<what>."""
+    if flag_value is not None:
+        return flag_value
+    for name in (f"OTEL_EXPORTER_OTLP_METRICS_{what}", f"OTEL_EXPORTER_OTLP_{what}"):
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    return default
+
+
+def _otlp_protocol(flag_value: str | None) -> str:
+    protocol = _otel_setting(flag_value, "PROTOCOL", "grpc")
+    if protocol not in ("grpc", "http/protobuf", "http"):
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {protocol!r}")
+    return protocol
+
+
+def _otlp_interval_s(flag_value: float | None) -> float:
+    if flag_value is not None:
+        return flag_value
+    text = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+    if not text:
+        return 10.0
+    try:
+        milliseconds = float(text)
+    except ValueError:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds, got {text!r}") from None
+    if not milliseconds > 0:
+        raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds > 0, got {text!r}")
+    return milliseconds / 1000
+
+
+def _otel_sdk_disabled() -> bool:
+    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics)."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir: str) -> Config:
     # the demo's L1 is small so that it evicts; smaller still with L2, so that prefetches come from L2
     l1_size = args.l1_size or (("8MiB" if args.l2 else "32MiB") if args.demo else "256MiB")
     chunk_bytes = parse_size(args.chunk_bytes, "--chunk-bytes")
     l2 = _l2_specs(args.l2, chunk_bytes)
+    for spec in l2:
+        if spec["type"] == "fs":  # ours, not a symlink, not writable by others: before its secret is read from it
+            ensure_private_dir(spec["path"], "--l2: fs path")
+    secret_file = getattr(args, "l2_secret_file", None) or os.environ.get(SECRET_FILE_ENV, "")
+    l2_key = resolve_l2_key(l2, secret_file)
     return Config(
         instance_id=args.instance_id or str(uuid.uuid4()),
         supervisor_pid=supervisor_pid,
@@ -236,16 +308,18 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         eviction_interval_s=args.eviction_interval,
         prefetch_job_ttl_s=_default(args.prefetch_job_ttl, demo=3.0, normal=60.0, is_demo=args.demo),
         ring_capacity_cells=args.ring_cells,
-        disable_metrics=args.disable_metrics,
+        disable_metrics=args.disable_metrics or _otel_sdk_disabled(),
         disable_logging=args.disable_logging,
         enable_tracing=args.enable_tracing,
         prometheus_host=args.prometheus_host,
         prometheus_port=args.prometheus_port,
-        otlp_endpoint=args.otlp_endpoint,
-        otlp_protocol=args.otlp_protocol,
-        otlp_interval_s=args.otlp_interval,
+        no_http=args.no_http,
+        otlp_endpoint=_otel_setting(args.otlp_endpoint, "ENDPOINT", ""),
+        otlp_protocol=_otlp_protocol(args.otlp_protocol),
+        otlp_interval_s=_otlp_interval_s(args.otlp_interval),
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
+        metric_series_cap=args.metric_series_cap,
         log_level=args.log_level,
         log_file=args.log_file,
         demo=args.demo,
@@ -257,6 +331,8 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         lmcache_host=args.lmcache_host,
         lmcache_ipc=args.lmcache_ipc,
         l2=l2,
+        l2_secret=l2_key.key.hex() if l2_key else "",
+        l2_secret_source=l2_key.source if l2_key else "",
     )
 
 
@@ -277,6 +353,7 @@ class Child:
     listening: bool = False  # this process's socket replaced any stale one: its loop runs from here on
     beat: int = 0  # the last heartbeat word this process wrote
     beat_changed_at: float = 0.0  # monotonic time the heartbeat word last changed
+    spawns: int = 0  # times started: every one after the first is a restart
 
     @property
     def label(self) -> str:
@@ -319,6 +396,9 @@ class Supervisor:
                                          stdin=subprocess.DEVNULL, env=_child_env(), start_new_session=True)
         child.started_at = time.monotonic()
         child.listening, child.beat, child.beat_changed_at = False, 0, child.started_at
+        child.spawns += 1
+        if child.spawns > 1:
+            self._count_restart(child)
         if child.role == "cache":
             child.stale_socket = _inode(self.config.socket_path(child.index))
             child.state = "starting"
@@ -337,7 +417,7 @@ class Supervisor:
             telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
             self.children.append(telemetry)
             self._spawn(telemetry)
-        # --event-sink inprocess (benchmarks): cache processes publishing through the reference design's bus
+        # --event-sink inprocess (benchmarks): cache processes publishing through LMCache's in-process bus
         module = "mpcache.bench.reference_cache" if self.config.event_sink == "inprocess" else "mpcache.cache"
         for worker in range(self.config.workers):
             cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
@@ -403,9 +483,11 @@ class Supervisor:
             self._write_status()
 
     def _reap(self, child: Child, status: int) -> None:
+        assert child.process is not None
         now = time.monotonic()
         assert child.process is not None
-        self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+        self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
+                      exit_status=status)
         child.process = None
         if child.role == "demo":
             # A client: never restarted (its tally covers one run); its failure never stops the cache.
@@ -419,7 +501,8 @@ class Supervisor:
             return
         if child.role == "cache":
             if recover_ring(self.config, child.index):
-                self.log.warning("ring.torn_record", worker=child.index, detail="a record begun by the dead process was counted as dropped")
+                self.log.warning("ring.torn_record", worker=child.index,
+                                 detail="a record begun by the dead process was counted as dropped")
             self._clear_gauge_slot(child.index, "restarting")
             _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
         child.failures = child.failures + 1 if now - child.started_at < CRASH_WINDOW_S else 1
@@ -476,6 +559,19 @@ class Supervisor:
                 return None
             slot = self._slots[worker] = GaugeSlot(board, worker)
         return slot
+
+    def _count_restart(self, child: Child) -> None:
+        """Restarts live in the gauge board, so telemetry exports them (mpcache_child_restarts_total) even
+        across its own restarts."""
+        if child.role == "cache":
+            slot = self._slot(child.index)
+            if slot is not None:
+                slot.set(layout.G_RESTARTS, child.spawns - 1)
+        elif child.role == "telemetry":
+            board = self._board()
+            if board is not None:
+                board.buf[:layout.GAUGE_HEADER_SIZE].cast("q")[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8] = \
+                    child.spawns - 1
 
     def _set_cache_state(self, worker: int, state: str) -> None:
         slot = self._slot(worker)
@@ -549,10 +645,12 @@ class Supervisor:
                 try:
                     status = child.process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=child.process.pid, waited_s=STOP_GRACE_S)
+                    self.log.warning("child.killed", child_role=child.role, index=child.index, pid=child.process.pid,
+                                     waited_s=STOP_GRACE_S)
                     child.process.kill()
                     status = child.process.wait()
-                self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid, exit_status=status)
+                self.log.info("child.exited", child_role=child.role, index=child.index, pid=child.process.pid,
+                              exit_status=status)
         self._slots.clear()  # views into the board go before its mapping
         if self._gauge_board is not None:
             self._gauge_board.close()
@@ -579,12 +677,13 @@ def _child_env() -> dict[str, str]:
 
 def _check_endpoints(config: Config) -> None:
     """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
-    if not config.disable_metrics:
+    if not config.disable_metrics and not config.no_http:
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} ({exc.strerror})") from None
-        if config.prometheus_port:  # taken, the telemetry process could only fail (and be restarted) in vain
+            raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} "
+                              f"({exc.strerror})") from None
+        if config.prometheus_port and not config.no_http:  # taken, telemetry could only fail (and restart) in vain
             _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
@@ -598,6 +697,14 @@ def _check_endpoints(config: Config) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname or (config.otlp_protocol == "grpc" and not port):
             raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], "
                               f"got {config.otlp_endpoint!r}")
+
+
+def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
+    """How stderr shows log lines: console lines (coloured on a terminal), or JSON as they are (None)."""
+    tty = sys.stderr.isatty()
+    if log_format == "json" or (log_format == "auto" and not tty):
+        return None
+    return console_renderer(colors=tty)
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
@@ -694,7 +801,7 @@ def _create_segments(config: Config, log: Any) -> SegmentLock:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = settings.parse_args(build_parser(), argv)
     os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     pid = os.getpid()
     base = default_base()
@@ -704,9 +811,10 @@ def main(argv: list[str] | None = None) -> int:
         _check_socket_path_length(config)
         _check_endpoints(config)
         check_shm_space(config)  # before anything is created: one line, never a SIGBUS later
-        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups)
+        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups,
+                                  render=_stderr_renderer(args.log_format))
     except ConfigError as exc:
-        return _error(str(exc))
+        return _error(settings.where(args, str(exc)))
     except OSError as exc:  # the --log-file cannot be opened
         return _error(f"--log-file: cannot open {args.log_file!r}: {exc.strerror}")
     try:
@@ -738,9 +846,15 @@ def main(argv: list[str] | None = None) -> int:
         forwarder.close()
         return _error(str(exc))
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
-             metrics=None if config.disable_metrics else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
+             metrics=None if config.disable_metrics or config.no_http
+             else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
+    if config.l2_secret_source == "per-run":
+        log.warning("supervisor.l2_secret_per_run",
+                    message="no --l2-secret-file and no fs tier: the redis tier's records are keyed with a secret "
+                            "made for this run, so they will not be readable after a restart; "
+                            f"--l2-secret-file FILE (or ${SECRET_FILE_ENV}) fixes that")
     if PUBLISH_PATH == PUBLISH_PYTHON_NOT_BUILT:
         log.warning("supervisor.slow_publish_path", publish_path=PUBLISH_PATH,
                     hint="no C compiler or Python headers when mpcache was installed: cache processes publish "

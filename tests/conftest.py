@@ -12,8 +12,8 @@ import gc
 import itertools
 import os
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import pytest
 

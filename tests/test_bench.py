@@ -35,7 +35,8 @@ def test_drain_delivers_every_published_event(monkeypatch):
 def test_report_writes_a_row_per_benchmark(tmp_path):
     """The report has one table row per benchmark, with its target and verdict."""
     results = {
-        "publish": {"publish_path": "compiled", "ring_ns": 500.0, "ring_by_name_ns": 600.0, "floor_ns": 300.0, "inprocess_bus_ns": 2000.0,
+        "publish": {"publish_path": "compiled", "ring_ns": 500.0, "ring_by_name_ns": 600.0, "floor_ns": 300.0,
+                    "inprocess_bus_ns": 2000.0,
                     "mp_queue_ns": 9000.0, "ratio_inprocess_over_ring": 4.0, "ratio_mp_queue_over_ring": 18.0,
                     "targets_met": {"ring_ns": False}},
         "scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048},

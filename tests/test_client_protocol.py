@@ -94,7 +94,8 @@ def test_too_many_chunks_is_refused():
 
 def test_error_reply_is_one_line():
     """Error replies collapse whitespace so the error is always one line."""
-    assert {"id": 4, "ok": False, "error": "a b c", "error_type": "request"} == protocol.error_reply(4, "request", "a\n b\tc")
+    assert {"id": 4, "ok": False, "error": "a b c", "error_type": "request"} == protocol.error_reply(
+        4, "request", "a\n b\tc")
 
 
 def test_decode_rejects_extension_types():

@@ -1,16 +1,19 @@
-"""deploy/: the Grafana dashboard, the Prometheus scrape config and alerts, and the OTel Collector config.
+"""deploy/: the Grafana dashboard, the Prometheus scrape config and alerts, the OTel Collector config, the
+Docker image and compose file, and the systemd unit.
 
 Everything here is static: PromQL is checked for the metric names it uses (only those of
 ``spec/metrics.tsv`` plus mpcache's two lookup-tier extras), and, when ``promtool`` is installed
-(Debian package ``prometheus``), for syntax.  The collector config is parsed by a minimal reader of
-the YAML subset it is written in (PyYAML is not a dependency), cross-checked against PyYAML when
-that happens to be installed.
+(Debian package ``prometheus``), for syntax.  The collector and compose configs are parsed by a minimal
+reader of the YAML subset they are written in (PyYAML is not a dependency), cross-checked against PyYAML
+when that happens to be installed; ``docker compose config`` (or ``docker-compose``) and
+``systemd-analyze verify`` check them further where installed, skipping, saying so, where not.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from mpcache.config import parse_size
+from mpcache.supervisor import STOP_GRACE_S, build_parser
 from mpcache.telemetry import metric_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,8 +31,18 @@ DASHBOARD = DEPLOY / "grafana" / "mpcache-dashboard.json"
 PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 ALERTS_YML = DEPLOY / "prometheus" / "alerts.yml"
 COLLECTOR_YAML = DEPLOY / "otel-collector" / "config.yaml"
+DOCKER = DEPLOY / "docker"
+COMPOSE_YAML = DOCKER / "compose.yaml"
+COMPOSE_PROMETHEUS_YML = DOCKER / "prometheus.yml"
+DOCKERFILE = DOCKER / "Dockerfile"
+ENTRYPOINT = DOCKER / "entrypoint.sh"
+UNIT = DEPLOY / "systemd" / "mpcache.service"
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SPEC_TSV = REPO.parent / "shared" / "spec" / "metrics.tsv"
 EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"}
+# The service's own series (mpcache/telemetry/otel.py and the telemetry process): the "Service" row and its alerts.
+SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
+           "mpcache_child_restarts_total"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -45,6 +60,7 @@ SECTIONS = [
     "L0 block lifecycle (sampled)",
     "Cache blending",
     "Event bus health",
+    "Service",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
 REQUIRED_PANELS = {
@@ -62,6 +78,8 @@ ALERTED = {
     "lmcache_mp_event_bus_subscriber_exceptions_total",
     "lmcache_mp_timeouts_total",
     "lmcache_mp_l1_allocation_failure_chunks_total",
+    "mpcache_child_restarts_total",
+    "mpcache_cache_processes_ready",
 }
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", "without", "on", "ignoring",
                    "group_left", "group_right",
@@ -81,7 +99,7 @@ def spec_rows() -> list[tuple[str, str]]:
 
 def known_series() -> dict[str, str]:
     """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS}
+    out = {name: name for name in EXTRAS | SERVICE}
     for name, instrument in spec_rows():
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})
@@ -140,8 +158,9 @@ def alert_exprs() -> dict[str, str]:
 
 
 def parse_yaml_subset(text: str):
-    """A reader for the YAML the collector config is written in: nested block mappings (2-space
-    indents), plain scalars, ``[a, b]`` flow lists and comments.  Anything else raises ValueError."""
+    """A reader for the YAML the collector and compose configs are written in: nested block mappings
+    (2-space indents), plain and quoted scalars, ``[a, b]`` flow lists, ``- scalar`` block sequences and
+    comments.  Anything else raises ValueError."""
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
         if "\t" in raw:
@@ -155,7 +174,12 @@ def parse_yaml_subset(text: str):
 
     def scalar(value: str):
         if value.startswith("[") and value.endswith("]"):
-            return [scalar(item.strip()) for item in value[1:-1].split(",") if item.strip()]
+            items = re.findall(r"""\s*("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^,]+?)\s*(?:,|$)""", value[1:-1])
+            return [scalar(item) for item in items if item]
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            return json.loads(value)  # the escapes used here (\\, \") are JSON's too
+        if len(value) >= 2 and value[0] == value[-1] == "'":
+            return value[1:-1].replace("''", "'")
         if value in ("true", "false"):
             return value == "true"
         if re.fullmatch(r"-?\d+", value):
@@ -164,7 +188,19 @@ def parse_yaml_subset(text: str):
             raise ValueError(f"unsupported scalar {value!r}")
         return value
 
-    def block(start: int, indent: int) -> tuple[dict, int]:
+    def sequence(start: int, indent: int) -> tuple[list, int]:
+        items, i = [], start
+        while i < len(lines) and lines[i][1] == indent and lines[i][2].startswith("- "):
+            item = lines[i][2][2:].strip()
+            if re.fullmatch(r"[A-Za-z0-9_./-]+:(\s.*)?", item):
+                raise ValueError(f"line {lines[i][0]}: mappings in sequences are not supported")
+            items.append(scalar(item))
+            i += 1
+        return items, i
+
+    def block(start: int, indent: int) -> tuple[dict | list, int]:
+        if lines[start][2].startswith("- "):
+            return sequence(start, indent)
         mapping, i = {}, start
         while i < len(lines):
             number, line_indent, body = lines[i]
@@ -222,7 +258,8 @@ def test_dashboard_is_grafana_json_with_a_prometheus_datasource_variable():
     ``datasource`` template variable of type datasource/prometheus, and every panel and query using it."""
     dashboard = load_dashboard()
     variables = {v["name"]: (v["type"], v["query"]) for v in dashboard["templating"]["list"]}
-    panels = [p for p in dashboard["panels"]] + [p for _, p in dashboard_panels(dashboard) if p not in dashboard["panels"]]
+    panels = [p for p in dashboard["panels"]] + [
+        p for _, p in dashboard_panels(dashboard) if p not in dashboard["panels"]]
     ids = [p["id"] for p in panels]
     sources = {json.dumps(p["datasource"], sort_keys=True) for _, p in dashboard_panels(dashboard)}
     sources |= {json.dumps(t["datasource"], sort_keys=True) for _, p in dashboard_panels(dashboard)
@@ -290,3 +327,236 @@ def test_metric_name_extraction_sees_through_promql_syntax():
     expr = ('histogram_quantile(0.9, sum by (le, l2_name) (rate(a_bucket{l2_name="fs"}[$__rate_interval])))'
             ' / on (x) group_left sum(b_total offset 5m) and topk(10, c) > 1e9 or sum(d) by (model_name)')
     assert {"a_bucket", "b_total", "c", "d"} == metric_names(expr)
+
+
+# --- the collector's traces, the Docker image and compose file, the systemd unit ----------------------------------
+
+def load_yaml(path: Path):
+    """``path`` read by parse_yaml_subset, and equal to PyYAML's reading when PyYAML is installed."""
+    text = path.read_text()
+    parsed = parse_yaml_subset(text)
+    try:
+        import yaml
+    except ImportError:
+        return parsed
+    assert yaml.safe_load(text) == parsed
+    return parsed
+
+
+def test_collector_config_has_a_traces_pipeline_from_otlp_next_to_the_metrics_one():
+    """The collector config has both pipelines: metrics (above) and traces, the spans of --enable-tracing,
+    from the otlp receiver through defined processors to a defined exporter."""
+    config = load_yaml(COLLECTOR_YAML)
+    pipelines = config["service"]["pipelines"]
+    traces = pipelines.get("traces", {})
+    undefined = [(kind, name) for kind in ("receivers", "processors", "exporters")
+                 for name in traces.get(kind, []) if name not in config.get(kind, {})]
+    assert ({"metrics", "traces"}, ["otlp"], True, []) == (
+        set(pipelines), traces.get("receivers"), bool(traces.get("exporters")), undefined)
+
+
+def compose_size(text: str) -> int:
+    """A compose byte value (``1gb``, ``512m``, ``2147483648``): units are powers of 1024."""
+    match = re.fullmatch(r"(\d+)\s*([bkmg]?)b?", str(text).strip().lower())
+    assert match, f"not a compose byte value: {text!r}"
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2) or " ")
+
+
+def compose_seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", text)
+    assert match, f"not a duration: {text!r}"
+    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
+
+
+def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it():
+    """compose.yaml runs mpcache, Prometheus and an OTel Collector; mpcache's /dev/shm (shm_size, not
+    Docker's 64 MiB) holds the L1 pools and event rings its own command asks for, its IPC namespace is
+    shareable (an engine joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes
+    OTLP with tracing to the collector service, and it is given longer than the supervisor's stop to stop."""
+    compose = load_yaml(COMPOSE_YAML)
+    services = compose["services"]
+    mpcache = services["mpcache"]
+    command = mpcache["command"]
+    args = build_parser().parse_args(command)
+    l1_bytes = parse_size(args.l1_size or "256MiB", "--l1-size")
+    needed = args.workers * (l1_bytes + args.ring_cells * 64)
+    assert ({"mpcache", "prometheus", "otel-collector"}, "shareable", True, True) == (
+        set(services), mpcache.get("ipc"), compose_size(mpcache.get("shm_size", "64m")) >= needed > 64 * 2**20,
+        compose_seconds(mpcache["stop_grace_period"]) > 3 * STOP_GRACE_S)
+    assert ("0.0.0.0", 9090, "otel-collector:4317", True, ["127.0.0.1:9090:9090"]) == (
+        args.prometheus_host, args.prometheus_port, args.otlp_endpoint, args.enable_tracing, mpcache["ports"])
+
+
+def test_compose_mounts_files_that_exist_and_builds_from_the_repository():
+    """Every bind mount of compose.yaml names an existing file (relative to deploy/docker), Prometheus gets
+    the compose scrape config and the shared alert rules, the collector gets deploy/otel-collector/config.yaml,
+    and mpcache is built from the repository root with deploy/docker/Dockerfile."""
+    compose = load_yaml(COMPOSE_YAML)
+    services = compose["services"]
+    mounts = {name: [volume.split(":")[:2] for volume in service.get("volumes", [])]
+              for name, service in services.items()}
+    binds = [(source, target) for volumes in mounts.values() for source, target in volumes
+             if source.startswith((".", "/"))]
+    missing = [source for source, _ in binds if not (DOCKER / source).is_file()]
+    named = {source for volumes in mounts.values() for source, _ in volumes if not source.startswith((".", "/"))}
+    build = services["mpcache"]["build"]
+    assert ([], set(compose.get("volumes") or {}), True) == (
+        missing, named, (DOCKER / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE)
+    assert ([["./prometheus.yml", "/etc/prometheus/prometheus.yml"],
+             ["../prometheus/alerts.yml", "/etc/prometheus/alerts.yml"]],
+            ["../otel-collector/config.yaml"]) == (
+        mounts["prometheus"], [s for s, _ in mounts["otel-collector"]])
+    command = services["otel-collector"]["command"]
+    assert f"--config={mounts['otel-collector'][0][1]}" == command[0]
+
+
+def compose_command() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    standalone = shutil.which("docker-compose")
+    return [standalone] if standalone else None
+
+
+def test_docker_compose_accepts_the_compose_file():
+    """``docker compose config`` (or the standalone ``docker-compose``) accepts compose.yaml."""
+    command = compose_command()
+    if command is None:
+        pytest.skip("neither `docker compose` (the Compose plugin) nor `docker-compose` is installed; "
+                    "compose.yaml was only checked by the tests above")
+    result = subprocess.run([*command, "-f", str(COMPOSE_YAML), "config", "--quiet"], capture_output=True,
+                            text=True, timeout=60)
+    assert (0, "") == (result.returncode, result.stderr)
+
+
+def test_compose_prometheus_config_is_the_shared_one_aimed_at_the_mpcache_service():
+    """deploy/docker/prometheus.yml is deploy/prometheus/prometheus.yml with its target moved from
+    127.0.0.1:9090 to mpcache:9090 (the compose service), comments aside."""
+    def lines(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    shared = [line.replace('"127.0.0.1:9090"', '"mpcache:9090"') for line in lines(PROMETHEUS_YML)]
+    assert shared == lines(COMPOSE_PROMETHEUS_YML)
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
+def test_promtool_accepts_the_compose_prometheus_config(tmp_path):
+    """``promtool check config`` accepts deploy/docker/prometheus.yml next to alerts.yml, as mounted."""
+    shutil.copy(COMPOSE_PROMETHEUS_YML, tmp_path / "prometheus.yml")
+    shutil.copy(ALERTS_YML, tmp_path / "alerts.yml")
+    result = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                            text=True)
+    assert 0 == result.returncode, result.stdout + result.stderr
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions (continuation lines joined, comments dropped), one list per stage."""
+    stages: list[list[tuple[str, str]]] = []
+    logical = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                              if not line.lstrip().startswith("#")))
+    for line in logical.splitlines():
+        if line.strip():
+            instruction, _, rest = line.strip().partition(" ")
+            if instruction.upper() == "FROM":
+                stages.append([])
+            if stages:
+                stages[-1].append((instruction.upper(), rest.strip()))
+    return stages
+
+
+def test_dockerfile_builds_the_extension_and_runs_start_cache_with_a_healthcheck():
+    """The image: Python slim stages; the build stage installs gcc and fails unless _ringfast was compiled;
+    the final one runs as a non-root user, exposes 9090, checks /healthz, and its entry point runs
+    start-cache with --runtime-dir (CMD: --prometheus-host 0.0.0.0); every COPY source exists."""
+    stages = dockerfile_stages()
+    build, final = stages[0], stages[-1]
+
+    def get(stage: list[tuple[str, str]], name: str) -> list[str]:
+        return [rest for instruction, rest in stage if instruction == name]
+
+    copies = [source for stage in stages for rest in get(stage, "COPY") if "--from" not in rest
+              for source in [word for word in rest.split() if not word.startswith("--")][:-1]]
+    entrypoint = json.loads(get(final, "ENTRYPOINT")[0])
+    assert (True, True, True, [], ["9090"], True) == (
+        all(rest.startswith("python:") and "-slim" in rest for stage in stages for rest in get(stage, "FROM")[:1]),
+        any("gcc" in rest for rest in get(build, "RUN")) and any("_ringfast" in rest for rest in get(build, "RUN")),
+        get(final, "USER")[-1] not in ("root", "0"),
+        [source for source in copies if not (REPO / source).exists()],
+        get(final, "EXPOSE"),
+        "/healthz" in get(final, "HEALTHCHECK")[0] and "9090" in get(final, "HEALTHCHECK")[0])
+    copied_to = {rest.split()[-1]: rest.split()[-2] for rest in get(final, "COPY")}
+    assert ("deploy/docker/entrypoint.sh", ["--prometheus-host", "0.0.0.0"]) == (
+        copied_to.get(f"/usr/local/bin/{entrypoint[0]}"), json.loads(get(final, "CMD")[0]))
+
+
+def test_entrypoint_clears_a_stale_runtime_dir_and_execs_start_cache(tmp_path):
+    """entrypoint.sh removes what a killed run left in $MPCACHE_RUNTIME_DIR (start-cache wants it absent or
+    empty) and execs start-cache --runtime-dir DIR with the arguments it was given."""
+    runtime = tmp_path / "run" / "service"
+    runtime.mkdir(parents=True)
+    (runtime / "cache0.sock").write_text("left by a killed run")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "start-cache").write_text('#!/bin/sh\nif [ -e "$2" ]; then echo present; else echo absent; fi\n'
+                                          'echo "$@"\n')
+    (fake_bin / "start-cache").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", MPCACHE_RUNTIME_DIR=str(runtime))
+    result = subprocess.run(["sh", str(ENTRYPOINT), "--prometheus-host", "0.0.0.0"], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert (0, f"absent\n--runtime-dir {runtime} --prometheus-host 0.0.0.0\n", "") == (
+        result.returncode, result.stdout, result.stderr)
+
+
+def unit_settings() -> dict[str, list[str]]:
+    """Key → the values it is given in deploy/systemd/mpcache.service (all sections)."""
+    settings: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if line.strip() and not line.startswith(("#", ";", "[")):
+            key, _, value = line.partition("=")
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_shm():
+    """The unit: Type=simple; ExecStart /usr/local/bin/start-cache with --runtime-dir a directory *under*
+    RuntimeDirectory=mpcache (start-cache makes it; /run/mpcache itself exists at start), mode 0700;
+    KillMode=mixed, Restart=on-failure, a RestartSec, TimeoutStopSec longer than the supervisor's three
+    stop graces; a dedicated non-root user; NoNewPrivileges, ProtectSystem=strict, and no PrivateDevices
+    (it would hide the GPUs) or RemoveIPC (it would remove the engines' segments)."""
+    unit = unit_settings()
+    one = {key: values[-1] for key, values in unit.items()}
+    exec_start = one["ExecStart"].split()
+    runtime_dir = exec_start[exec_start.index("--runtime-dir") + 1] if "--runtime-dir" in exec_start else ""
+    assert ("simple", "/usr/local/bin/start-cache", "mpcache", "0700", True) == (
+        one.get("Type"), exec_start[0], one.get("RuntimeDirectory"), one.get("RuntimeDirectoryMode"),
+        os.path.dirname(runtime_dir.rstrip("/")) == "/run/mpcache")
+    assert ("mixed", "on-failure", True, True, True) == (
+        one.get("KillMode"), one.get("Restart"), compose_seconds(one.get("RestartSec", "0s")) > 0,
+        compose_seconds(one.get("TimeoutStopSec", "0s")) > 3 * STOP_GRACE_S,
+        one.get("User", "root") not in ("root", "0") and "Group" in one)
+    assert ("yes", "strict", "no", "no") == (
+        one.get("NoNewPrivileges"), one.get("ProtectSystem"), one.get("PrivateDevices", "no"),
+        one.get("RemoveIPC", "no"))
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (Debian: systemd)")
+def test_systemd_analyze_verifies_the_unit(tmp_path):
+    """``systemd-analyze verify`` accepts the unit without a word, its ExecStart pointed at an executable that
+    exists here (start-cache is installed in /usr/local/bin on the target host, not necessarily here)."""
+    copy = tmp_path / "mpcache.service"
+    copy.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/start-cache ",
+                                             f"ExecStart={shutil.which('true')} "))
+    assert copy.read_text() != UNIT.read_text()
+    result = subprocess.run([SYSTEMD_ANALYZE, "verify", str(copy)], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert (0, "", "") == (result.returncode, result.stdout, result.stderr)
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (Debian: systemd)")
+def test_systemd_analyze_security_rates_the_unit_ok(tmp_path):
+    """``systemd-analyze security --offline`` rates the unit's exposure at most 4.0 ("OK")."""
+    result = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=true", "--threshold=40", "--no-pager",
+                             str(UNIT)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    if "--offline" in result.stderr and ("unrecognized" in result.stderr or "Unknown" in result.stderr):
+        pytest.skip(f"systemd-analyze has no --offline (systemd 252 and later): {result.stderr.strip()}")
+    assert 0 == result.returncode, result.stdout[-2000:] + result.stderr

@@ -10,7 +10,7 @@ import contextlib
 import os
 import uuid
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings

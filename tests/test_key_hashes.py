@@ -103,7 +103,7 @@ def test_fs_tier_file_name_of_a_key_is_pinned(tmp_path):
     struct ``<HHQ`` (len(model), len(salt), 0) + model + salt — ff3137f0f8a1442e for this pair."""
     namespace = hashlib.blake2b(struct.pack("<HHQ", 9, 8, 0) + b"org/model" + b"tenant-a", digest_size=8).hexdigest()
     assert "ff3137f0f8a1442e" == namespace
-    adapter = FsL2Adapter(str(tmp_path), 1 << 20, threads=1)
+    adapter = FsL2Adapter(str(tmp_path), 1 << 20, threads=1, mac_key=bytes(32))
     try:
         key = ChunkKey("org/model", "tenant-a", chunk_hashes(list(range(512)), 256)[1])
         expected = os.path.join(str(tmp_path), "ff3137f0f8a1442e", "00", "00a6a85c185407c2.chunk")

@@ -31,7 +31,7 @@ from mpcache.contract import protocol
 from mpcache.shm.segment import Segment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from mpcache_service import REPO, START_CACHE, Service, free_port, wait_for  # noqa: E402
+from mpcache_service import REPO, START_CACHE, Service, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,3 @@
-"""Benchmarks: ``python -m mpcache.bench <name> [--json]``.
-
-Each benchmark measures our way and the comparison in the same run and reports
-ratios, because the machines we run on are shared and noisy.
+"""Benchmarks (``python -m mpcache.bench <name> [--json]``): our way and the comparison in the same run,
+reported as ratios, because the machines they run on are shared and noisy.
 """

@@ -1,7 +1,5 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,report} [--json]``.
-
-``report`` runs every benchmark and writes ``docs/PERFORMANCE.md`` (or
-``--output``) from their results, with the machine and the date.
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,report} [--json]``; ``report`` runs them all and
+writes ``docs/PERFORMANCE.md`` (or ``--output``).
 """
 
 from __future__ import annotations
@@ -13,7 +11,8 @@ import os
 import platform
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench import drain, e2e, publish, scrape, soak
 
@@ -27,7 +26,8 @@ def _machine() -> str:
             model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{os.cpu_count()} vCPU ({model}), Python {platform.python_version()}, {platform.system()} {platform.machine()}"
+    return (f"{os.cpu_count()} vCPU ({model}), Python {platform.python_version()}, "
+            f"{platform.system()} {platform.machine()}")
 
 
 def _row(name: str, result: dict[str, Any]) -> list[str]:
@@ -91,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpcache.bench")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--repetitions", type=int, default=3, help="repetitions; medians are reported (default 3; publish uses at least 5)")
+    parser.add_argument("--repetitions", type=int, default=3,
+                        help="repetitions; medians are reported (default 3; publish uses at least 5)")
     parser.add_argument("--seconds", type=float, default=60.0, help="soak: how long the producers run (default 60)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
-    parser.add_argument("--output", default="docs/PERFORMANCE.md", help="report: where to write (default docs/PERFORMANCE.md)")
+    parser.add_argument("--output", default="docs/PERFORMANCE.md",
+                        help="report: where to write (default docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
 
     def progress(message: str) -> None:

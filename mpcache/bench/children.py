@@ -1,11 +1,10 @@
-"""A benchmark's child processes are stopped whatever ends the run: an error, Ctrl-C or SIGTERM
-(``python -m mpcache.bench`` turns SIGTERM into KeyboardInterrupt so the ``finally`` blocks run)."""
+"""Stops a benchmark's child processes whatever ends the run: an error, Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:

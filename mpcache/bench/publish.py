@@ -1,28 +1,5 @@
-"""Producer cost of publishing one typical event, three ways, in one run.
-
-* ``ring``: our way — an ``L1_WRITE_FINISHED`` with one (cache_salt,
-  model_name) group into a shared-memory ring (a one-cell record), through the
-  per-type emitter of :meth:`mpcache.shm.publish.Publisher.salted_emitter` with
-  the names resolved to ids once (as per request, not per event).  That is the
-  compiled writer of ``mpcache.shm._ringfast`` where it is built
-  (``publish_path`` says which); ``MPCACHE_PURE_PYTHON=1 python -m
-  mpcache.bench publish`` measures what an install without it gets.
-  ``ring_by_name`` is the same event through
-  :meth:`~mpcache.shm.publish.Publisher.emit_salted`, which looks the type and both
-  names up on every call.
-* ``inprocess_bus``: the reference design — the event is a dataclass appended
-  to a bounded deque (length check, wall-clock stamp, wake-up event), while a
-  drain thread in the same process calls an OpenTelemetry ``Counter.add`` with
-  a ``cache_salt`` attribute per event.  The producer's time includes the GIL
-  contention that drain thread causes, as it would in a cache server.
-* ``mp_queue``: ``multiprocessing.Queue.put`` to a consumer process, timed
-  until the consumer has received everything.
-
-Each way publishes the same number of events per repetition; the reported
-numbers are medians over repetitions of nanoseconds per event.  ``floor_ns``
-is the Python floor on this machine in the same run: a bare loop of the same
-``pack_into`` (with a ``time.time_ns()`` timestamp) and head store, with no
-full-ring check or bookkeeping — what no pure-Python publisher can beat.
+"""Producer cost of publishing one typical event, three ways in one run: the ring, an in-process bus with
+a drain thread, and ``multiprocessing.Queue``, against the Python floor of one ``pack_into``.
 """
 
 from __future__ import annotations
@@ -32,7 +9,8 @@ import os
 import statistics
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.bench.reference import InProcessBus, RefEvent
 from mpcache.contract.events import EventType
@@ -167,9 +145,11 @@ def run(repetitions: int = 5, progress: Callable[[str], None] = lambda _: None,
     ring = samples["ring"]
     path = "compiled" if COMPILED_PUBLISH else "python"
     progress(f"  ring          median {statistics.median(ring):8.0f} ns/event ({path} writer; by name "
-             f"{statistics.median(samples['ring_by_name']):.0f}; Python floor {statistics.median(samples['floor']):.0f})")
+             f"{statistics.median(samples['ring_by_name']):.0f}; "
+             f"Python floor {statistics.median(samples['floor']):.0f})")
     inprocess, dropped = _inprocess_ns(events, repetitions)
-    progress(f"  in-process    median {statistics.median(inprocess):8.0f} ns/event ({dropped} dropped by its bounded queue)")
+    progress(f"  in-process    median {statistics.median(inprocess):8.0f} ns/event "
+             f"({dropped} dropped by its bounded queue)")
     mp_queue = _mp_queue_ns(events // 4, repetitions)
     progress(f"  mp.Queue      median {statistics.median(mp_queue):8.0f} ns/event")
     ring_ns = statistics.median(ring)

@@ -1,11 +1,5 @@
-"""The reference design, rebuilt for side-by-side measurement: an in-process event bus.
-
-As in LMCache's MP mode: the producer builds a dataclass event with a metadata
-dict and appends it to a bounded deque (tail-drop, wall-clock stamp, wake-up
-event); one drain thread in the same process calls the OpenTelemetry
-instruments — one call per event per metric it feeds.  Used by the benchmarks
-only; it lives here so the cache process imports OpenTelemetry only when a
-benchmark asks it to run the reference (``Config.event_sink == "inprocess"``).
+"""LMCache's in-process event bus, rebuilt for side-by-side measurement: dataclass events in a bounded
+deque and a drain thread calling OpenTelemetry per event.  Benchmarks only.
 """
 
 from __future__ import annotations
@@ -13,8 +7,9 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from mpcache.contract.events import SCHEMAS, EventType
 from mpcache.contract.events import EventType as E
@@ -29,7 +24,7 @@ class RefEvent:
 
 
 class InProcessBus:
-    """The reference's bus, reduced to what a publish and a drain do."""
+    """LMCache's in-process bus, reduced to what a publish and a drain do."""
 
     def __init__(self, handle: Callable[[RefEvent], None], max_queue: int = 10_000) -> None:
         self._queue: collections.deque[RefEvent] = collections.deque()
@@ -109,7 +104,7 @@ _SALT_COUNTERS = {E.L1_READ_FINISHED: "l1_read", E.L1_WRITE_FINISHED: "l1_write"
 
 
 class InProcessPublisher:
-    """Stands in for :class:`mpcache.shm.publish.Publisher` in a cache process that runs the reference."""
+    """Stands in for :class:`mpcache.shm.publish.Publisher` in a cache process that runs the in-process bus."""
 
     def __init__(self, bus: InProcessBus) -> None:
         self._bus = bus

@@ -1,5 +1,6 @@
-"""``python -m mpcache.bench.reference_cache``: a cache process publishing through the reference design's
-in-process bus (``bin/start-cache --event-sink inprocess``, the end-to-end benchmark's third way)."""
+"""``python -m mpcache.bench.reference_cache``: a cache process publishing through the in-process bus
+(``bin/start-cache --event-sink inprocess``, the end-to-end benchmark's third way).
+"""
 
 import sys
 

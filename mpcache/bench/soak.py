@@ -1,17 +1,5 @@
-"""Soak: two producer processes at a fixed event rate for a while, against the real telemetry process.
-
-The producers publish the event stream of real cache requests (see
-:mod:`mpcache.bench.drain`) at ``--rate`` events/s each, paced every 10 ms; the
-telemetry process (``python -m mpcache.telemetry``, every metrics subscriber,
-logging and tracing off) drains the rings.  Every 100 ms the benchmark samples
-the drain lag (now − the oldest unconsumed record's timestamp, read from the
-rings) and the telemetry process's memory.  Reported: records dropped (ring
-full, torn or malformed), lag p50/p99/max, and memory at the start and the
-end.  Memory is the process's anonymous resident memory (``RssAnon``): plain
-RSS also counts the shared ring pages the reader touches (it grows by the
-rings' size on the first lap), and the unique set size jumps by the rings'
-size once the producers exit and stop sharing them; neither says anything
-about leaks.
+"""Soak: two producers at a fixed event rate against the real telemetry process; reports drops, drain
+lag and the telemetry process's anonymous resident memory (``RssAnon``: plain RSS counts ring pages).
 """
 
 from __future__ import annotations
@@ -23,7 +11,8 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 

@@ -1,12 +1,5 @@
-"""``python -m mpcache.cache --config PATH --worker I``: one cache process.
-
-Started by the supervisor, which created every shared-memory segment and wrote
-the configuration file.  Serves clients on ``Config.socket_path(I)`` until
-SIGTERM or SIGINT, then stops accepting, finishes the request in hand, zeroes
-its gauge-slot heartbeat, detaches and exits 0.  It stops the same way when
-its parent (the supervisor) dies.  A start-up problem (bad
-configuration, missing or foreign shared memory) is one line on stderr and
-exit status 2.
+"""``python -m mpcache.cache --config PATH --worker I``: one cache process, as the supervisor starts it.
+A start-up problem (bad configuration, missing or foreign shared memory) is one line and exit status 2.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Cache blending (CB) state of a cache process: the fingerprint table and the cb_* operations' logic.
-
-Chunks are fingerprinted by their own tokens (:mod:`mpcache.contract.blending`), so the KV of a chunk
-that reappears at another position (RAG documents in another order) can be reused.  Blend chunks
-live in L1 only.  The semantics and events of each operation are in ``docs/PROTOCOL.md``; the wire
-declarations are in :mod:`mpcache.cache.ops.blend`.
+"""Cache blending state of a cache process: the fingerprint table and the logic of the ``cb_*`` operations,
+so the KV of a chunk that reappears at another position can be reused (``docs/ARCHITECTURE.md``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.l1 import L1Manager
@@ -191,7 +187,8 @@ class BlendState:
             return peer.known_buffer(buffer_id)
         return peer.buffer(buffer_id, block_ids)
 
-    def _copy_in(self, buffer: Buffer, model: str, salt: str, hashes: list[int], block_ids: list[int]) -> tuple[int, int, int]:
+    def _copy_in(self, buffer: Buffer, model: str, salt: str, hashes: list[int],
+                 block_ids: list[int]) -> tuple[int, int, int]:
         """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
         l1 = self._l1
         reservation = l1.reserve_write(model, salt, hashes)

@@ -1,32 +1,5 @@
-"""L0 shadow monitoring in a cache process: a scheduler's block allocations → events.
-
-An inference engine's scheduler reports, every step, the blocks of its GPU KV
-cache (L0) it has just allocated: records of (request id, new block ids, new
-token ids).  The cache process never sees those blocks; it only publishes what
-the L0 lifecycle subscriber (``telemetry/subscribers/metrics/l0_lifecycle.py``)
-needs to shadow them (``spec/EVENTS.md``, L0):
-
-* a record's new tokens are split evenly across its new blocks: with ``n``
-  blocks and ``t`` tokens each block gets ``t // n`` tokens in order and the
-  last block also takes the remainder (a partly filled last block); a block's
-  ``token_hash`` is :func:`mpcache.contract.keys.token_hash` of its tokens;
-* a block is sampled by the gate of ``spec/EVENTS.md`` on
-  :func:`block_sample_hash` ``(instance_id, block_id)`` — a stable blake2b-64
-  hash, so a physical block is either always or never tracked, in every
-  process and across restarts;
-* one ``MP_VLLM_BLOCK_ALLOCATION`` carries the report's total ``record_count``
-  and ``block_count`` (every block, sampled or not) and the sampled blocks.
-  An event holds at most :data:`MAX_BLOCKS_PER_EVENT` blocks and
-  :data:`MAX_CELLS_PER_EVENT` ring cells (the text field numbers of block
-  request ids are ``16 + i`` and must stay below 256); a larger report is split
-  into several events, the first carrying the totals and the others zeros, so
-  counters never count twice;
-* ``end_session`` of a request that owns sampled blocks reported here also
-  publishes ``MP_VLLM_END_SESSION`` (session id = request id).  Only such
-  requests are remembered (at most ``max_owners``, oldest given way), so the
-  scheduler must end its requests on the cache process it reports them to.
-
-Pure bookkeeping on the request path: no I/O, no locks, nothing that blocks.
+"""L0 shadow monitoring: a scheduler's GPU block allocations → MP_VLLM_BLOCK_ALLOCATION events (tokens
+split over blocks, blocks sampled on a stable hash, large reports split), and MP_VLLM_END_SESSION.
 """
 
 from __future__ import annotations
@@ -34,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,
@@ -43,7 +16,7 @@ from mpcache.contract.events import (
 )
 from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.shm import layout
-from mpcache.shm.publish import Publisher
+from mpcache.shm.publish import EventPublisher
 
 MAX_BLOCKS_PER_EVENT = 200
 MAX_CELLS_PER_EVENT = 512
@@ -81,7 +54,7 @@ def _cells_of(request_id: str) -> int:
 class BlockReporter:
     """Turns block allocation reports and session ends into L0 events."""
 
-    def __init__(self, publisher: Publisher, sample_rate: float, *, max_owners: int = DEFAULT_MAX_OWNERS) -> None:
+    def __init__(self, publisher: EventPublisher, sample_rate: float, *, max_owners: int = DEFAULT_MAX_OWNERS) -> None:
         self._publisher = publisher
         self._gate = SampleGate(sample_rate)
         self._decisions: dict[tuple[int, int], bool] = {}

@@ -37,9 +37,9 @@ class SharedMemoryBuffer:
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
         self.needed = num_blocks * block_bytes
-        self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
+        self.blocks: np.ndarray | None = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
         self.path = os.path.join(SHM_DIR, segment.name.lstrip("/"))
-        self.transfer = transfer.CpuTransfer(self.blocks)
+        self.transfer: transfer.Transfer = transfer.CpuTransfer(self.blocks)
 
     def check_intact(self) -> None:
         """Refuse a buffer whose object was removed or shrunk since registration (the
@@ -52,7 +52,7 @@ class SharedMemoryBuffer:
             raise RequestError(f"buffer {self.segment.name} shrank to {size} bytes, needs {self.needed}")
 
     def close(self) -> None:
-        self.blocks = self.transfer = None  # type: ignore[assignment]
+        self.blocks, self.transfer = None, transfer.CLOSED  # drop the views, so that the mapping can go
         close_segment(self.segment)
 
 

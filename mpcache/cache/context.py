@@ -1,14 +1,13 @@
-"""What every operation of a cache process works on: L1, L2, sessions, the publisher, the clocks.
-
-Front ends (the Unix-socket protocol, LMCache's ZeroMQ protocol) hand a :class:`CacheContext` and
-the calling peer to operations; the operations know nothing about sockets or frames.
+"""What every operation works on: L1, L2, sessions, the publisher, the clocks; front ends hand it and the
+calling peer to operations, which know nothing about sockets or frames.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
@@ -28,7 +27,7 @@ class CacheContext:
 
     config: Config
     worker: int
-    log: object
+    log: Any  # a structlog logger
     publisher: EventPublisher
     l1: L1Manager
     gauges: GaugeSlot

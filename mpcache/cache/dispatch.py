@@ -1,14 +1,12 @@
-"""One request frame in, one reply out: decode, validate, run the operation, turn failures into replies.
-
-Transport-free: the Unix-socket front end hands it payloads and writes back what it returns.  A
-timeout is published (TIMEOUT_RAISED) here, where it is caught; every client error is logged, at
-most ``per_second`` lines a second.
+"""One request payload in, one reply out: decode, validate, run the operation, turn failures into
+one-line error replies (and a caught timeout into TIMEOUT_RAISED).  Transport-free.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.cache.context import CacheContext
@@ -19,10 +17,15 @@ from mpcache.errors import ProtocolError, RequestError
 
 
 class ErrorLog:
-    """At most ``per_second`` client-error lines a second; the next line says how many were dropped."""
+    """At most ``per_second`` client-error lines a second; the next line says how many were dropped.
 
-    def __init__(self, log: Any, per_second: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
+    At ``level`` (warning; debug under ``--demo``, whose clients fail on purpose and count it themselves).
+    """
+
+    def __init__(self, log: Any, per_second: int = 10, clock: Callable[[], float] = time.monotonic,
+                 level: str = "warning") -> None:
         self._log = log
+        self._emit = getattr(log, level)
         self._per_second = per_second
         self._clock = clock
         self._window = 0.0
@@ -40,8 +43,8 @@ class ErrorLog:
         self._count += 1
         extra = {"suppressed": self._suppressed} if self._suppressed else {}
         self._suppressed = 0
-        self._log.warning("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
-                          error=protocol.bounded(message), **extra)
+        self._emit("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
+                   error=protocol.bounded(message), **extra)
 
 
 class Dispatcher:
@@ -51,7 +54,7 @@ class Dispatcher:
         self._ctx = ctx
         self._operations = operations
         self._schemas = {name: op.fields for name, op in operations.items()}
-        self.client_error = ErrorLog(ctx.log)
+        self.client_error = ErrorLog(ctx.log, level="debug" if ctx.config.demo else "warning")
 
     def __call__(self, peer: Peer, payload: bytes) -> dict:
         """One request → one reply.  Errors become error replies; the loop goes on."""
@@ -74,7 +77,7 @@ class Dispatcher:
             error_type, text = "protocol", str(exc)
         except RequestError as exc:
             error_type, text = "request", str(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
+        except Exception as exc:  # a bug in one request must not stop the server
             ctx.log.exception("request.failed", op=op)
             error_type, text = "internal", f"internal error: {type(exc).__name__}"
         finally:

@@ -1,29 +1,12 @@
-"""The L1 tier: fixed-size chunk slots in this cache process's shared-memory pool.
-
-Keys are :class:`~mpcache.contract.keys.ChunkKey` (model_name, cache_salt, chunk_hash).
-An entry is either *being written* (slot reserved, not readable) or *ready*;
-a ready entry may hold read locks (a reference count).  Only ready entries
-without read locks can be evicted, and they sit in one ordered dict in LRU
-order, so finding the next victim is O(1): taking the first read lock removes
-an entry from that order and dropping the last one puts it back as the most
-recently used.
-
-Single-threaded by design (the cache process serves from one selectors loop),
-so there are no locks here.  Every state change publishes its event (see
-``spec/EVENTS.md``, L1 section), with the keys grouped by (cache_salt,
-model_name) at the emit site and the sampled subset chosen by the
-:class:`~mpcache.contract.keys.SampleGate` on ``chunk_hash``.  The request paths take
-one (model_name, cache_salt) group per call, which is what one client request
-carries; eviction groups mixed keys itself.
-
-Read locks released without a read (an abandoned prefetch, end_session before
-retrieve) publish nothing: ``L1_READ_FINISHED`` means chunks were read.
+"""The L1 tier: fixed-size chunk slots in the process's shared-memory pool, with read locks and O(1) LRU
+eviction; every state change publishes its L1 event.  Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -293,7 +276,8 @@ class L1Manager:
                 self._pub.emit(_L1_READ_FAILED, ("l1_retrieve", reason), salt_counts={(salt, model): count})
         return out
 
-    def finish_read(self, model: str, salt: str, hashes: Sequence[int], unlock: bool = True) -> list[tuple[int, str, str]]:
+    def finish_read(self, model: str, salt: str, hashes: Sequence[int],
+                    unlock: bool = True) -> list[tuple[int, str, str]]:
         """Chunks were read: drop one read lock per chunk (unless the read held none, ``unlock=False``)
         and publish ``L1_READ_FINISHED``; returns the sampled subset."""
         if not hashes:

@@ -1,42 +1,12 @@
-"""The prefetch controller: the part of a lookup that L1 could not answer, fetched from L2 into L1.
-
-The server locks the contiguous L1 prefix of a lookup itself; when chunks are
-left and adapters are configured, :meth:`PrefetchController.start` takes the
-rest.  Every step below runs on the server's loop thread (adapter futures
-complete through :class:`~mpcache.cache.storage.StorageManager`'s queue), and
-``request_id`` in the events is the prefetch job's id.
-
-1. ``L2_PREFETCH_LOOKUP_SUBMITTED`` (key_count = chunks after the L1 prefix,
-   adapter_count = adapters asked): every adapter gets a lookup of all of them.
-2. When every lookup answered: ``L2_PREFETCH_LOOKUP_COMPLETED`` with
-   ``prefix_hit_count``, the contiguous run (from the first chunk after the L1
-   prefix) that at least one adapter holds.  Each such chunk is assigned to the
-   first adapter, in ``--l2`` order, that holds it.
-3. L1 landing slots for that run (:meth:`~mpcache.cache.l1.L1Manager.reserve_prefetch`).
-   Chunks that get none: ``L1_ALLOCATION_FAILED`` (during=l2_prefetch, from L1)
-   and ``L2_PREFETCH_FAILED`` reason=l1_oom.  Chunks that meanwhile became ready
-   in L1 are read-locked and need no load; the run stops before a chunk that is
-   being written by someone else.
-4. ``L2_PREFETCH_LOAD_SUBMITTED`` (request level: chunks to load, adapters
-   that got a task), then per adapter ``L2_LOAD_TASK_SUBMITTED`` (total_bytes =
-   the L1 bytes it lands into, which are also its in-flight load bytes).
-5. Per finished load task: the loaded chunks become readable and read-locked
-   (``L1_WRITE_FINISHED_AND_READ_RESERVED``), the failed ones give their slots
-   back; ``L2_LOAD_TASK_COMPLETED``.
-6. When all load tasks finished: ``L2_PREFETCH_LOAD_COMPLETED`` (loaded and
-   failed counts, salt_counts of the loaded chunks) and, for chunks an adapter
-   said it held but could not produce, ``L2_PREFETCH_FAILED`` reason=not_found.
-   The job's hit grows by the contiguous run of chunks now locked in L1; loaded
-   chunks after a gap stay in L1 (unlocked, ordinary cached data).
-
-At most ``max_pending`` prefetches consult L2 at once; a lookup beyond that
-is answered from L1 alone.
+"""The prefetch controller: the part of a lookup L1 could not answer, looked up in L2 and loaded into L1
+slots that stay read-locked for the job (steps and events: ``docs/ARCHITECTURE.md``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.storage import StorageManager, Task
@@ -63,7 +33,7 @@ class PrefetchOutcome(NamedTuple):
 
 class _Prefetch:
     __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "slots", "loads_left",
-                 "landed", "failed")
+                 "landed", "failed", "failed_by_reason")
 
     def __init__(self, request_id: int, model: str, salt: str, hashes: list[int], token: object,
                  adapters: int) -> None:
@@ -78,6 +48,7 @@ class _Prefetch:
         self.loads_left = 0
         self.landed: set[int] = set()  # positions in hashes loaded into L1
         self.failed = 0
+        self.failed_by_reason: dict[str, int] = {}  # of ``failed``: not_found, integrity, l2_error
 
 
 class PrefetchController:
@@ -120,8 +91,10 @@ class PrefetchController:
     def _lookup_done(self, prefetch: _Prefetch, task: Task, future: concurrent.futures.Future) -> None:
         try:
             held = list(future.result())
-        except Exception:  # noqa: BLE001 - a broken adapter holds nothing
+        except Exception:  # noqa: BLE001 - a lookup that failed (or a broken adapter) holds nothing
             held = []
+            self._pub.emit(_L2_PREFETCH_FAILED, ("lookup_error",),
+                           salt_counts={(prefetch.salt, prefetch.model): len(prefetch.hashes)})
         if len(held) != len(prefetch.hashes):
             held = [False] * len(prefetch.hashes)
         prefetch.held[task.adapter_index] = held
@@ -132,7 +105,8 @@ class PrefetchController:
     def _load(self, prefetch: _Prefetch) -> None:
         owners: list[int] = []  # per chunk of the run: the adapter it is loaded from
         for position in range(len(prefetch.hashes)):
-            owner = next((index for index, held in enumerate(prefetch.held) if held[position]), None)
+            owner = next((index for index, held in enumerate(prefetch.held) if held is not None and held[position]),
+                         None)
             if owner is None:
                 break
             owners.append(owner)
@@ -176,13 +150,20 @@ class PrefetchController:
     def _load_done(self, prefetch: _Prefetch, positions: list[int], task: Task,
                    future: concurrent.futures.Future) -> None:
         hashes, model, salt = prefetch.hashes, prefetch.model, prefetch.salt
+        rejected: set[int] = set()
+        errors: set[int] = set()
         try:
             result = future.result()
             loaded_keys = {key.chunk_hash for key in result.loaded}
+            rejected = {key.chunk_hash for key in result.rejected}
+            errors = {key.chunk_hash for key in result.errors}
         except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
             loaded_keys = set()
         loaded = [p for p in positions if hashes[p] in loaded_keys]
         failed = [p for p in positions if hashes[p] not in loaded_keys]
+        for p in failed:
+            reason = "integrity" if hashes[p] in rejected else "l2_error" if hashes[p] in errors else "not_found"
+            prefetch.failed_by_reason[reason] = prefetch.failed_by_reason.get(reason, 0) + 1
         l1 = self._l1
         if loaded:
             l1.commit_prefetch(model, salt, [hashes[p] for p in loaded], l1.chunk_bytes)
@@ -196,8 +177,8 @@ class PrefetchController:
         if prefetch.loads_left == 0:
             self._pub.emit(_L2_PREFETCH_LOAD_COMPLETED, (prefetch.request_id, len(prefetch.landed), prefetch.failed),
                            salt_counts={(salt, model): len(prefetch.landed)} if prefetch.landed else None)
-            if prefetch.failed:
-                self._pub.emit(_L2_PREFETCH_FAILED, ("not_found",), salt_counts={(salt, model): prefetch.failed})
+            for reason, count in sorted(prefetch.failed_by_reason.items()):
+                self._pub.emit(_L2_PREFETCH_FAILED, (reason,), salt_counts={(salt, model): count})
             self._finish(prefetch)
 
     def _finish(self, prefetch: _Prefetch) -> None:

@@ -1,10 +1,5 @@
-"""A cache process: attaches its shared memory, builds the cache context, runs its front ends and timers.
-
-Single-threaded: requests run one at a time to completion, and the eviction tick, the heartbeat and
-prefetch-job expiry are timers of the same selectors loop, so neither L1 nor the event ring needs a
-lock.  The supervisor created every segment; this process only attaches.  It stops by itself when it
-is reparented (the supervisor died and could never stop it).  ``docs/ARCHITECTURE.md`` walks through
-a request.
+"""A cache process: attaches its shared memory, builds the cache context, runs its front end and timers on
+one selectors loop (so neither L1 nor the ring needs a lock), and stops when orphaned.
 """
 
 from __future__ import annotations
@@ -14,7 +9,8 @@ import selectors
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
@@ -34,7 +30,7 @@ from mpcache.config import Config
 from mpcache.errors import ConfigError
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
-from mpcache.shm.intern import Interner
+from mpcache.shm.intern import Interner, reclaim_if_drained
 from mpcache.shm.publish import EventPublisher, NullPublisher, Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
@@ -140,7 +136,10 @@ class CacheProcess:
         elif config.event_sink == "none":
             publisher = NullPublisher()
         else:
-            publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity),
+            intern_capacity = read_geometry(ring).intern_capacity
+            if reclaim_if_drained(ring.buf, intern_capacity):
+                self.log.info("cache.names_reclaimed", capacity=intern_capacity)
+            publisher = Publisher(RingWriter(ring), Interner(ring.buf, intern_capacity),
                                   threadsafe=False, clock_ns=clock_ns)
         pool_seg = self._attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
         pool = np.ndarray((config.l1_slots, config.chunk_bytes), dtype=np.uint8, buffer=pool_seg.buf)
@@ -256,6 +255,7 @@ class CacheProcess:
                     if lmcache is not None:
                         lmcache.tick()
                     ctx.storage.refresh_usage()
+                    ctx.storage.report_failures()  # held L2 failure counts, once their rate limit allows
                     ctx.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s
         finally:

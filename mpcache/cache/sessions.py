@@ -1,17 +1,12 @@
-"""Requests and their prefetch jobs: who holds which L1 read locks, and for how long.
-
-A request's first operation opens its session (``MP_REQUEST_START``); ``end`` closes it and
-releases whatever its jobs still lock.  A job unretrieved ``job_ttl_s`` after its lookup was
-abandoned: it releases its locks and stays one more TTL as a tombstone, so a late retrieve reads
-what is still in L1.  At most ``max_jobs`` jobs holding at most ``max_job_hashes`` chunk hashes
-between them, and ``max_sessions`` sessions exist, the oldest giving way.  Single-threaded, like the loop that owns it.
+"""Requests and their prefetch jobs: who holds which L1 read locks and for how long (abandoned jobs
+release them after the job TTL; sessions, jobs and the chunk hashes jobs hold are bounded, oldest first).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.prefetch import PrefetchOutcome

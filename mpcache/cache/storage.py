@@ -1,33 +1,5 @@
-"""The storage manager: a cache process's L2 adapters, their in-flight tasks, and the store controller.
-
-Threads.  Adapters complete their futures on their own worker threads.  The
-only thing a completion does on such a thread is append the finished task to
-a queue and write one byte to the server's wake socket; everything else —
-publishing events (the ring has exactly one writer), touching L1, updating
-gauges — happens in :meth:`StorageManager.poll`, which the server's selectors
-loop calls.  So this module, like the server, takes no lock of its own.
-
-Store controller (:meth:`StorageManager.store`): after a client's chunks are
-committed to L1, one store task per adapter (``L2_STORE_SUBMITTED``), fed with
-a copy of each chunk's bytes taken on the loop thread (so the L1 slot stays
-readable — and evictable — while the adapter writes).  On completion
-``L2_STORE_COMPLETED``: ``bytes_transferred`` is what the adapter actually wrote
-(keys it already held are skipped and excluded); ``succeeded_count`` and
-``salt_counts`` count the keys the adapter holds afterwards (written or
-skipped), ``failed_count`` the rest.  Keys the adapter evicted to make room are
-published as ``L2_KEYS_EVICTED`` (only when there are some).  Only full-size
-chunks (``--chunk-bytes``) go to L2, because a load lands a chunk in a whole L1
-slot; chunks stored from smaller client blocks stay in L1.
-
-Bounds: at most ``max_inflight_stores`` store tasks per adapter; a store that
-finds its adapter at the bound is not submitted there (counted in
-:attr:`StorageManager.stores_dropped`, logged, no event).
-
-Gauges (per adapter, this process's slot of the gauge board): in-flight store
-tasks, in-flight load tasks, the L1 bytes reserved by in-flight loads (each load
-task's bytes are attributed to the one adapter that serves it) and the bytes
-the adapter holds.  A shared tier (redis) is reported by worker 0 only, so
-summing the slots does not count it once per process.
+"""The storage manager: a cache process's L2 adapters, their in-flight tasks and gauges, and the store
+controller.  Adapter threads only queue completions; everything else runs on the loop thread.
 """
 
 from __future__ import annotations
@@ -36,10 +8,12 @@ import collections
 import concurrent.futures
 import os
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mpcache.cache.l2.base import L2Adapter, StoreResult
+from mpcache.cache.l2.failures import FailureLog
 from mpcache.cache.l2.spec import build_adapter
+from mpcache.cache.l2.trust import key_from_hex
 from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
@@ -67,9 +41,10 @@ def adapter_specs(config: Config, worker: int) -> list[dict]:
 def build_adapters(config: Config, worker: int) -> list[L2Adapter]:
     """The configured adapters, in ``--l2`` order; closes the ones built if a later one fails."""
     adapters: list[L2Adapter] = []
+    mac_key = key_from_hex(config.l2_secret) if config.l2_secret else None
     try:
         for spec in adapter_specs(config, worker):
-            adapters.append(build_adapter(spec, config.chunk_bytes))
+            adapters.append(build_adapter(spec, config.chunk_bytes, mac_key))
     except BaseException:
         for adapter in adapters:
             adapter.close()
@@ -114,6 +89,7 @@ class StorageManager:
         chunk_bytes: int,
         max_inflight_stores: int = 64,
         logger=None,
+        failure_log_interval_s: float = 10.0,
     ) -> None:
         self.adapters = adapters
         self.names = names
@@ -123,6 +99,7 @@ class StorageManager:
         self._chunk_bytes = chunk_bytes
         self._max_inflight_stores = max_inflight_stores
         self._log = logger
+        self._failure_log = FailureLog(logger, failure_log_interval_s)
         self._report_usage = [worker == 0 or adapter.name not in SHARED_TIERS for adapter in adapters]
         self._done: collections.deque[Task] = collections.deque()  # appended by adapter threads
         self._inflight: dict[int, Task] = {}  # id(task) -> task
@@ -148,7 +125,7 @@ class StorageManager:
         task.future = future
         self._inflight[id(task)] = task
         self._count_inflight(task, +1)
-        future.add_done_callback(lambda _future, task=task: self._completed(task))
+        future.add_done_callback(lambda _future: self._completed(task))
 
     def _count_inflight(self, task: Task, delta: int) -> None:
         """One more (``+1``) or one fewer (``-1``) in-flight task of its adapter, on the gauge board too."""
@@ -194,7 +171,16 @@ class StorageManager:
                     self._log.exception("l2.completion_failed", kind=task.kind, adapter_index=task.adapter_index)
         if usage_changed:
             self.refresh_usage()
+        if handled:
+            self.report_failures()
         return handled
+
+    def report_failures(self, flush: bool = False) -> None:
+        """Log the adapters' new failures, rate-limited (all that are held, with ``flush``); loop thread only."""
+        for index, adapter in enumerate(self.adapters):
+            counts = getattr(adapter, "failures", None)
+            if counts is not None:
+                self._failure_log.report(index, self.names[index], counts, flush=flush)
 
     def refresh_usage(self) -> None:
         """Copy every adapter's usage into the gauge board (cheap: adapters answer from memory)."""
@@ -210,7 +196,7 @@ class StorageManager:
         if not chunks or not self.adapters:
             return 0
         keys = [ChunkKey(model, salt, chunk_hash) for chunk_hash, _ in chunks]
-        items = [(key, data) for key, (_, data) in zip(keys, chunks)]
+        items: list[tuple[ChunkKey, bytes | memoryview]] = [(key, data) for key, (_, data) in zip(keys, chunks)]
         total = sum(len(data) for _, data in chunks)
         groups = {(salt, model): len(keys)}
         submitted = 0
@@ -232,7 +218,7 @@ class StorageManager:
         index = task.adapter_index
         name = self.names[index]
         try:
-            result: StoreResult = future.result()
+            result: StoreResult | None = future.result()
         except Exception as exc:  # noqa: BLE001 - adapters should not raise; if one does, nothing was stored
             if self._log is not None:
                 self._log.warning("l2.store_raised", adapter_index=index, error=f"{type(exc).__name__}: {exc}")
@@ -245,7 +231,8 @@ class StorageManager:
                        (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
                        salt_counts=salt_groups(succeeded))
         if result.evicted:
-            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)), salt_counts=salt_groups(result.evicted))
+            self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)),
+                           salt_counts=salt_groups(result.evicted))
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -260,11 +247,12 @@ class StorageManager:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            futures = [task.future for task in self._inflight.values()]
+            futures = [task.future for task in self._inflight.values() if task.future is not None]
             concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def close(self) -> None:
         """Close every adapter (each waits for its own in-flight work) and zero this process's L2 gauges."""
+        self.report_failures(flush=True)
         for adapter in self.adapters:
             try:
                 adapter.close()

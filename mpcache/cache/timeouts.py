@@ -1,16 +1,12 @@
-"""Timeouts of cache operations: deadlines that raise, and the TIMEOUT_RAISED event of one that was caught.
-
-Every timeout an operation hits is a :class:`MpcacheTimeoutError` (never a bare ``TimeoutError``).
-Whoever catches it — the dispatcher of a front end — reports it with :func:`publish_timeout`, which
-publishes ``TIMEOUT_RAISED`` with the class name, the message and the innermost frames of where it
-was raised; building the error publishes nothing.
+"""Deadlines that raise :class:`MpcacheTimeoutError`, and TIMEOUT_RAISED for one that was caught (by the
+dispatcher, with the innermost frames of where it was raised).
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.contract.events import TEXT_MAX_BYTES, EventType
 from mpcache.shm.publish import EventPublisher

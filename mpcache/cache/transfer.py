@@ -1,37 +1,12 @@
-"""Copies between a client's KV buffer (L0) and L1 slots, and where their timestamps come from.
-
-The server's store (L0 → L1) and retrieve (L1 → L0) hand the block ↔ slot
-pairs of one request to the buffer's :class:`Transfer`:
-
-* :class:`CpuTransfer` — the client's buffer is POSIX shared memory; numpy
-  copies each block.  ``stream_timed`` is False: the server publishes
-  ``MP_*_START`` on the wall clock just before the L1 reservation and the copy,
-  and ``MP_*_END`` just after, with device ``"cpu"``.
-* :class:`CudaTransfer` — the client's buffer is GPU memory shared through a
-  CUDA IPC handle.  The cache process copies device ⇄ a pinned host staging
-  buffer on its own non-blocking stream (one per device), with a
-  ``cupy.cuda.Event`` recorded on the stream before the first and after the
-  last copy.  ``stream_timed`` is True: the copy returns :class:`Timing`, the
-  wall-clock instants at which the *stream* reached those two events, and the
-  server publishes START/END with those timestamps and device ``"cuda:N"``.
-  The instants are read back after the stream finished — elapsed time from a
-  calibration event whose wall-clock time is known (``cudaEventElapsedTime``)
-  — never from a host callback on the stream (``cudaLaunchHostFunc`` would
-  need the GIL on a driver thread while this thread may hold it waiting for
-  the stream: a deadlock).
-
-cupy is imported only by :func:`open_cuda_buffer`, on the first
-``register_cuda_buffer`` request; a process without cupy or without a CUDA
-device answers that request with a one-line error and is otherwise unchanged.
-Trust: the server cannot learn the size of the allocation behind an IPC
-handle, so it relies on the client's ``num_blocks × block_bytes``; the socket
-admits only the same user (mode 0600, SO_PEERCRED), as for shared memory.
+"""Copies between a client's KV buffer and L1 slots: numpy for shared memory, a CUDA stream for GPU buffers
+(START/END stamped where the stream reached them, read back from CUDA events).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -94,6 +69,19 @@ class CpuTransfer(Transfer):
         return None
 
 
+class ClosedTransfer(Transfer):
+    """A closed buffer's transfer: it holds no reference to the buffer's memory and copies nothing."""
+
+    def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
+        raise RequestError("the buffer is closed")
+
+
+CLOSED = ClosedTransfer()
+
+
 def cuda_device_count() -> int:
     """CUDA devices cupy can use here; 0 without cupy, a driver or a device."""
     try:
@@ -107,7 +95,7 @@ def cuda_device_count() -> int:
 
 
 def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_bytes: int, *,
-                     clock_ns: Callable[[], int] = time.time_ns) -> "CudaBuffer":
+                     clock_ns: Callable[[], int] = time.time_ns) -> CudaBuffer:
     """Open a client's GPU buffer from its IPC handle; RequestError (one line) if that cannot be done."""
     count = cuda_device_count()
     if count == 0:
@@ -126,10 +114,10 @@ def open_cuda_buffer(handle: bytes, device_index: int, num_blocks: int, block_by
 class _CudaDevice:
     """Per device and process: the copy stream, the pinned staging buffer and the stream clock."""
 
-    _devices: dict[int, "_CudaDevice"] = {}
+    _devices: dict[int, _CudaDevice] = {}
 
     @classmethod
-    def get(cls, index: int, clock_ns: Callable[[], int]) -> "_CudaDevice":
+    def get(cls, index: int, clock_ns: Callable[[], int]) -> _CudaDevice:
         device = cls._devices.get(index)
         if device is None:
             device = cls._devices[index] = cls(index, clock_ns)
@@ -179,7 +167,7 @@ class CudaBuffer:
         runtime = device.cupy.cuda.runtime
         with device.use():
             self.ptr = runtime.ipcOpenMemHandle(handle)
-        self.transfer = CudaTransfer(device, self.ptr, block_bytes)
+        self.transfer: Transfer = CudaTransfer(device, self.ptr, block_bytes)
 
     def check_intact(self) -> None:
         """An IPC mapping stays valid while it is open, whatever the exporter does."""
@@ -187,7 +175,7 @@ class CudaBuffer:
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
-            self.transfer = None
+            self.transfer = CLOSED
             try:
                 with self._device.use():
                     self._device.stream.synchronize()

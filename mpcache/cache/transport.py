@@ -1,8 +1,5 @@
-"""The cache's own front end: a 0600 Unix socket, length-prefixed msgpack frames, one selectors loop.
-
-Accepts only peers of our own uid (SO_PEERCRED), reads frames, hands each payload to the
-dispatcher and queues its reply; stops reading a client's requests while ``OUTBUF_PAUSE_BYTES`` of
-its replies are unsent (back-pressure).  A failure on one connection closes that connection only.
+"""The cache's own front end: a 0600 Unix socket (same uid only), length-prefixed msgpack frames, one
+selectors loop, and back-pressure on clients that do not read their replies.
 """
 
 from __future__ import annotations
@@ -14,7 +11,8 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.contract import protocol

@@ -1,6 +1,32 @@
-"""What an inference engine links: a blocking client for one cache process (:mod:`mpcache.client.core`)."""
+"""What an inference engine links: a blocking, typed client for one cache process."""
 
-from mpcache.client.buffers import KVBuffer, RegisteredBuffer
-from mpcache.client.core import CacheClient, CacheConnectionLost, CacheTimeoutError
+from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
+from mpcache.client.core import BlockRecord, CacheClient, CacheConnectionLost, CacheTimeoutError
+from mpcache.client.cuda import CudaKVBuffer
+from mpcache.client.results import (
+    BlendLookup,
+    BlendStoreResult,
+    BlockReport,
+    PrefetchStatus,
+    RetrieveResult,
+    ServerInfo,
+    StoreResult,
+)
 
-__all__ = ["CacheClient", "CacheConnectionLost", "CacheTimeoutError", "KVBuffer", "RegisteredBuffer"]
+__all__ = [
+    "BlendLookup",
+    "BlendStoreResult",
+    "BlockBuffer",
+    "BlockRecord",
+    "BlockReport",
+    "CacheClient",
+    "CacheConnectionLost",
+    "CacheTimeoutError",
+    "CudaKVBuffer",
+    "KVBuffer",
+    "PrefetchStatus",
+    "RegisteredBuffer",
+    "RetrieveResult",
+    "ServerInfo",
+    "StoreResult",
+]

@@ -1,8 +1,8 @@
-"""The client's registered KV buffers: shared-memory blocks the cache process attaches by name."""
+"""The client's registered KV buffers: the interface every kind offers, and the shared-memory kind."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -11,28 +11,49 @@ from mpcache.shm.segment import Segment
 if TYPE_CHECKING:
     from mpcache.client.core import CacheClient
 
+_B = TypeVar("_B", bound="RegisteredBuffer")
+
+
+@runtime_checkable
+class BlockBuffer(Protocol):
+    """What the client's calls accept as a KV buffer: shared memory (:class:`KVBuffer`) or GPU memory
+    (:class:`~mpcache.client.cuda.CudaKVBuffer`).  ``blocks[i]`` is block i, ``block_bytes`` long
+    (None once closed)."""
+
+    buffer_id: int
+    num_blocks: int
+    block_bytes: int
+    blocks: Any
+
+    def close(self) -> None: ...
+
 
 class RegisteredBuffer:
     """What every registered KV buffer shares: :meth:`close` (or leaving a ``with`` block)
     unregisters it once; the client then calls its ``_release``."""
 
-    _client: "CacheClient"
-    blocks: object | None
+    _client: CacheClient
     buffer_id: int
-
-    def _registration(self) -> tuple[str, dict]:
-        """The request that registers this buffer with a cache process (sent again after a reconnect)."""
-        raise NotImplementedError
+    num_blocks: int
+    block_bytes: int
+    blocks: Any
 
     def close(self) -> None:
         """Unregister from the server and free the buffer (idempotent)."""
         if self.blocks is not None:
             self._client.unregister_buffer(self)
 
-    def __enter__(self):
+    def _registration(self) -> tuple[str, dict[str, Any]]:
+        """The request that registers this buffer with a cache process (sent again after a reconnect)."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _B) -> _B:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -43,7 +64,7 @@ class KVBuffer(RegisteredBuffer):
     shared-memory object; closing its client does the same for every buffer left.
     """
 
-    def __init__(self, client: "CacheClient", segment: Segment, buffer_id: int, num_blocks: int,
+    def __init__(self, client: CacheClient, segment: Segment, buffer_id: int, num_blocks: int,
                  block_bytes: int) -> None:
         self._client = client
         self.segment = segment
@@ -53,7 +74,7 @@ class KVBuffer(RegisteredBuffer):
         self.block_bytes = block_bytes
         self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
 
-    def _registration(self) -> tuple[str, dict]:
+    def _registration(self) -> tuple[str, dict[str, Any]]:
         return "register_buffer", {"shm_name": self.name, "num_blocks": self.num_blocks,
                                    "block_bytes": self.block_bytes}
 

@@ -1,40 +1,19 @@
 """What an inference engine links: a blocking client for one cache process.
 
-KV bytes move only through shared memory: :meth:`CacheClient.register_buffer`
-creates a 0600 POSIX shared-memory object named after this process's pid
-(``shm_name(os.getpid(), …, "kv<n>")``, so leftovers of a dead client can be
-found) and hands its name to the server, which attaches it.  Requests then
-name blocks of that buffer by index; the socket carries only small msgpack
-messages (see :mod:`mpcache.contract.protocol`).
+KV bytes move only through shared memory (or CUDA IPC): a client registers a buffer of blocks once,
+then names blocks by index; the socket carries small msgpack messages (``docs/PROTOCOL.md``).
+Refusals raise :class:`~mpcache.errors.RequestError` (:class:`~mpcache.errors.ProtocolError` for a
+malformed request, :class:`CacheTimeoutError` at a server-side deadline).  Not thread-safe.
 
-A typical request::
-
-    with CacheClient(config.socket_path(0)) as client:
-        kv = client.register_buffer(num_blocks=64, block_bytes=config.chunk_bytes)
-        hashes = chunk_hashes(tokens, config.chunk_size_tokens)
-        client.store(kv, "req-1", "llama", "", hashes, list(range(len(hashes))))
-        job = client.lookup_prefetch("req-2", "llama", "", hashes)
-        found = client.wait_prefetch(job)["found_count"]
-        client.retrieve(kv, "req-2", job, list(range(found)))
-        client.end_session("req-2")
-
-Errors: a request the server refuses raises :class:`~mpcache.errors.RequestError`
-(or :class:`~mpcache.errors.ProtocolError` for a malformed one), a server-side
-timeout :class:`CacheTimeoutError` (a ``TimeoutError``).  Not thread-safe: use one
-client per thread.
-
-Reconnection: when the connection breaks during an operation (the cache process
-was killed, crashed or restarted), the client reconnects to the same socket
-path — retrying with backoff (50 ms doubling to 1 s) for up to
-``reconnect_timeout_s`` while the supervisor restarts the process — registers
-every buffer again (their ``buffer_id`` changes; their blocks stay where they
-are) and then raises :class:`CacheConnectionLost` naming the operation that was
-in flight: it is not retried, because it may or may not have taken effect.  The
-next call works on the new connection.  Ids the old process handed out (prefetch
-jobs, blend lookups) mean nothing to the new one: :attr:`CacheClient.generation`
-counts reconnections, so a caller can tell.  If it cannot reconnect in time (or
-the runtime dir is gone: the service stopped), :class:`CacheConnectionLost` says
-so, and the next call tries again.
+Reconnection: when the connection breaks during an operation (the cache process was killed, crashed
+or restarted), the client reconnects to the same socket path — retrying with backoff (50 ms doubling
+to 1 s) for up to ``reconnect_timeout_s`` while the supervisor restarts the process — registers every
+buffer again (their ``buffer_id`` changes; their blocks stay where they are) and then raises
+:class:`CacheConnectionLost` naming the operation that was in flight: it is not retried, because it
+may or may not have taken effect.  The next call works on the new connection.  Ids the old process
+handed out (prefetch jobs, blend lookups) mean nothing to the new one: :attr:`CacheClient.generation`
+counts reconnections, so a caller can tell.  If it cannot reconnect in time (or the runtime dir is
+gone: the service stopped), :class:`CacheConnectionLost` says so, and the next call tries again.
 """
 
 from __future__ import annotations
@@ -44,12 +23,27 @@ import os
 import secrets
 import socket
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from mpcache.client.buffers import KVBuffer, RegisteredBuffer
+from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
+from mpcache.client.cuda import CudaKVBuffer, register_cuda_buffer
+from mpcache.client.results import (
+    BlendLookup,
+    BlendStoreResult,
+    BlockReport,
+    PrefetchStatus,
+    RetrieveResult,
+    ServerInfo,
+    StoreResult,
+    from_reply,
+)
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 from mpcache.shm.segment import Segment, shm_name
+
+# One scheduler step's record: (request id, its newly allocated block ids, those blocks' token ids).
+BlockRecord = tuple[str, Sequence[int], Sequence[int]]
 
 
 class CacheTimeoutError(RequestError, TimeoutError):
@@ -103,7 +97,7 @@ class CacheClient:
             raise
         return sock
 
-    def call(self, op: str, **args) -> dict:
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise on an error reply.
 
         A broken connection raises :class:`CacheConnectionLost` after reconnecting (see the module)."""
@@ -120,7 +114,7 @@ class CacheClient:
             raise AssertionError("unreachable") from None
         return self._result(reply, ok)
 
-    def _exchange(self, op: str, args: dict) -> tuple[dict, bool]:
+    def _exchange(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """One request on the current socket: its reply and whether it succeeded (ConnectionError/OSError if
         the socket breaks)."""
         assert self._sock is not None
@@ -143,7 +137,7 @@ class CacheClient:
         return reply, False
 
     @staticmethod
-    def _result(reply: dict, ok: bool) -> dict:
+    def _result(reply: dict[str, Any], ok: bool) -> dict[str, Any]:
         if ok:
             return reply
         message = str(reply.get("error", "error reply without a message"))
@@ -235,9 +229,12 @@ class CacheClient:
             self._rbuf += data
 
     # -- API ------------------------------------------------------------------------
+    # Every argument after the buffer is keyword-only and named (and defaulted) as the operation's
+    # request field; every typed result reads the operation's declared reply fields.
 
-    def ping(self) -> dict:
-        return self.call("ping")
+    def ping(self) -> ServerInfo:
+        """Which cache process answers (its pid and worker index)."""
+        return from_reply(ServerInfo, self.call("ping"))
 
     def register_buffer(self, num_blocks: int, block_bytes: int) -> KVBuffer:
         """Create a (num_blocks × block_bytes) shared-memory buffer and register it with the server."""
@@ -253,6 +250,13 @@ class CacheClient:
         self._buffers[buffer.buffer_id] = buffer
         return buffer
 
+    def register_cuda_buffer(self, num_blocks: int, block_bytes: int, device_index: int = 0) -> CudaKVBuffer:
+        """A (num_blocks × block_bytes) GPU buffer shared with the server by CUDA IPC (needs cupy and a
+        CUDA device here and in the cache process); see :mod:`mpcache.client.cuda`."""
+        buffer = register_cuda_buffer(self, num_blocks, block_bytes, device_index)
+        self._buffers[buffer.buffer_id] = buffer
+        return buffer
+
     def unregister_buffer(self, buffer: RegisteredBuffer) -> None:
         """Detach the server and remove the buffer (a no-op for one already removed)."""
         if self._buffers.pop(buffer.buffer_id, None) is None:
@@ -263,111 +267,101 @@ class CacheClient:
         finally:
             buffer._release()
 
-    def store(self, buffer: KVBuffer, request_id: str, model_name: str, cache_salt: str,
-              chunk_hashes: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> int:
-        """Copy block ``block_ids[i]`` into L1 as chunk ``chunk_hashes[i]``; returns chunks newly stored."""
-        reply = self.call("store", buffer_id=buffer.buffer_id, request_id=request_id, model_name=model_name,
-                          cache_salt=cache_salt, chunk_hashes=list(chunk_hashes), block_ids=list(block_ids),
-                          engine_id=engine_id)
-        return reply["stored_count"]
+    def store(self, buffer: BlockBuffer | int, *, request_id: str, model_name: str, cache_salt: str = "",
+              chunk_hashes: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> StoreResult:
+        """Copy block ``block_ids[i]`` into L1 (and every L2 tier) as chunk ``chunk_hashes[i]``; chunks
+        already cached are skipped, chunks L1 has no room for failed."""
+        return from_reply(StoreResult, self.call(
+            "store", buffer_id=_buffer_id(buffer), request_id=request_id, model_name=model_name,
+            cache_salt=cache_salt, chunk_hashes=list(chunk_hashes), block_ids=list(block_ids), engine_id=engine_id))
 
-    def lookup_prefetch(self, request_id: str, model_name: str, cache_salt: str, chunk_hashes: Sequence[int]) -> int:
-        """Find and read-lock the cached prefix of ``chunk_hashes``; returns a prefetch job id."""
-        reply = self.call("lookup_prefetch", request_id=request_id, model_name=model_name, cache_salt=cache_salt,
-                          chunk_hashes=list(chunk_hashes))
-        return reply["job_id"]
+    def lookup_prefetch(self, *, request_id: str, model_name: str, cache_salt: str = "",
+                        chunk_hashes: Sequence[int]) -> int:
+        """Read-lock the cached prefix of ``chunk_hashes`` (loading what L2 holds); returns a prefetch job id."""
+        return self.call("lookup_prefetch", request_id=request_id, model_name=model_name, cache_salt=cache_salt,
+                         chunk_hashes=list(chunk_hashes))["job_id"]
 
-    def query_prefetch_status(self, job_id: int) -> dict:
-        """``{"done", "found_count", "requested_count", "hit_tokens", "l1_hit_tokens", "l2_hit_tokens",
-        "l2_loaded_count", "expired"}`` of a prefetch job; never blocks.
+    def query_prefetch_status(self, job_id: int) -> PrefetchStatus:
+        """A prefetch job's progress; never blocks.
 
-        With L2 adapters configured a job is not done while chunks are still being looked up in or
-        loaded from L2 (``done`` False; ``found_count`` is the L1 prefix so far): poll again, or use
-        :meth:`wait_prefetch`.  The first read of a *done* job's result publishes
-        MP_LOOKUP_PREFETCH_END (``l1_hit_tokens + l2_hit_tokens == hit_tokens``).  An expired job
-        (not retrieved within the server's job TTL) has released its read locks: a retrieve still
-        copies what remains in L1."""
-        return self.call("query_prefetch_status", job_id=job_id)
+        While chunks are still looked up in or loaded from L2, ``done`` is False and ``found_count`` is
+        the L1 prefix so far: poll again, or use :meth:`wait_prefetch`.  The first read of a done job
+        publishes MP_LOOKUP_PREFETCH_END.  An expired job (not retrieved within the server's job TTL)
+        released its read locks: a retrieve still copies what remains in L1."""
+        return from_reply(PrefetchStatus, self.call("query_prefetch_status", job_id=job_id))
 
-    def wait_prefetch(self, job_id: int, timeout_s: float = 10.0) -> dict:
-        """Poll :meth:`query_prefetch_status` (short backoff, 50 µs growing to 5 ms) until the job is
-        done; returns that status.  ``TimeoutError`` if it is not done after ``timeout_s``."""
+    def wait_prefetch(self, job_id: int, *, timeout_s: float = 10.0) -> PrefetchStatus:
+        """Poll :meth:`query_prefetch_status` (50 µs growing to 5 ms) until the job is done; returns that
+        status.  ``TimeoutError`` if it is not done after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         pause = 50e-6
         while True:
             status = self.query_prefetch_status(job_id)
-            if status["done"]:
+            if status.done:
                 return status
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"prefetch job {job_id} not done after {timeout_s} s")
             time.sleep(pause)
             pause = min(pause * 2, 5e-3)
 
-    def retrieve(self, buffer: KVBuffer, request_id: str, job_id: int, block_ids: Sequence[int],
-                 engine_id: int = 0, timeout_s: float | None = None) -> int:
-        """Copy the job's first ``len(block_ids)`` found chunks into those blocks; returns chunks copied."""
-        reply = self.call("retrieve", buffer_id=buffer.buffer_id, request_id=request_id, job_id=job_id,
-                          block_ids=list(block_ids), engine_id=engine_id, timeout_s=timeout_s)
-        return reply["retrieved_count"]
+    def retrieve(self, buffer: BlockBuffer | int, *, request_id: str, job_id: int, block_ids: Sequence[int],
+                 engine_id: int = 0, timeout_s: float | None = None) -> RetrieveResult:
+        """Copy the job's first ``len(block_ids)`` found chunks into those blocks (those evicted since
+        the lookup fail); :class:`CacheTimeoutError` past ``timeout_s``."""
+        return from_reply(RetrieveResult, self.call(
+            "retrieve", buffer_id=_buffer_id(buffer), request_id=request_id, job_id=job_id,
+            block_ids=list(block_ids), engine_id=engine_id, timeout_s=timeout_s))
 
     def end_session(self, request_id: str) -> bool:
         """The request is finished: release what it still holds.  False if the server never saw it."""
         return self.call("end_session", request_id=request_id)["known"]
 
-    def report_block_allocations(self, instance_id: int, model_name: str,
-                                 records: Sequence[tuple[str, Sequence[int], Sequence[int]]]) -> dict:
-        """One scheduler step's newly allocated L0 blocks: records of (request id, new block ids, new token ids).
-
-        Returns ``{"record_count", "block_count", "sampled_count", "event_count"}``.  End each request
-        with :meth:`end_session` on this same cache process (see :mod:`mpcache.cache.blocks`)."""
-        return self.call("report_block_allocations", instance_id=instance_id, model_name=model_name,
-                         records=[[rid, list(blocks), list(tokens)] for rid, blocks, tokens in records])
-
-    def register_cuda_buffer(self, num_blocks: int, block_bytes: int, device_index: int = 0):
-        """A (num_blocks × block_bytes) GPU buffer shared with the server by CUDA IPC (needs cupy and a
-        CUDA device here and in the cache process); see :mod:`mpcache.client.cuda`."""
-        from mpcache.client.cuda import register_cuda_buffer
-
-        buffer = register_cuda_buffer(self, num_blocks, block_bytes, device_index)
-        self._buffers[buffer.buffer_id] = buffer
-        return buffer
+    def report_block_allocations(self, *, instance_id: int, model_name: str,
+                                 records: Sequence[BlockRecord]) -> BlockReport:
+        """One scheduler step's newly allocated L0 blocks, as (request id, new block ids, new token ids).
+        End each request with :meth:`end_session` on this same cache process."""
+        return from_reply(BlockReport, self.call(
+            "report_block_allocations", instance_id=instance_id, model_name=model_name,
+            records=[[rid, list(blocks), list(tokens)] for rid, blocks, tokens in records]))
 
     # -- cache blending (mpcache.cache.blend) -------------------------------------------
 
-    def cb_store_pre_computed(self, buffer: KVBuffer, request_id: str, model_name: str, cache_salt: str,
-                              tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> dict:
-        """Store chunks computed independently of their context (block ``block_ids[i]`` holds whole chunk i of
-        ``tokens``) and index their fingerprints.  ``{"stored_count", "skipped_count", "failed_count",
-        "registered_count", "replaced_count"}`` (replaced: stale entries the new objects took over)."""
-        return self.call("cb_store_pre_computed", buffer_id=buffer.buffer_id, request_id=request_id,
-                         model_name=model_name, cache_salt=cache_salt, tokens=[int(t) for t in tokens],
-                         block_ids=list(block_ids), engine_id=engine_id)
+    def cb_store_pre_computed(self, buffer: BlockBuffer | int, *, request_id: str, model_name: str,
+                              cache_salt: str = "", tokens: Sequence[int], block_ids: Sequence[int],
+                              engine_id: int = 0) -> BlendStoreResult:
+        """Store chunks computed independently of their context (block ``block_ids[i]`` holds whole chunk
+        i of ``tokens``) and index their fingerprints."""
+        return self._cb_store("cb_store_pre_computed", buffer, request_id, model_name, cache_salt, tokens,
+                              block_ids, engine_id)
 
-    def cb_store_final(self, buffer: KVBuffer, request_id: str, model_name: str, cache_salt: str,
-                       tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> dict:
+    def cb_store_final(self, buffer: BlockBuffer | int, *, request_id: str, model_name: str, cache_salt: str = "",
+                       tokens: Sequence[int], block_ids: Sequence[int], engine_id: int = 0) -> BlendStoreResult:
         """Store the whole chunks of a finished request under their prefix-chained keys and index their
-        fingerprints; same reply as :meth:`cb_store_pre_computed`."""
-        return self.call("cb_store_final", buffer_id=buffer.buffer_id, request_id=request_id, model_name=model_name,
-                         cache_salt=cache_salt, tokens=[int(t) for t in tokens], block_ids=list(block_ids),
-                         engine_id=engine_id)
+        fingerprints."""
+        return self._cb_store("cb_store_final", buffer, request_id, model_name, cache_salt, tokens, block_ids,
+                              engine_id)
 
-    def cb_lookup(self, request_id: str, model_name: str, cache_salt: str, tokens: Sequence[int]) -> dict:
-        """Per whole chunk of ``tokens`` a status (``chunks``: mpcache.contract.blending MISS / PREFIX_HIT /
-        FINGERPRINT_HIT / STALE), ``lookup_id`` (None without hits), ``no_gpu_context`` (this client has no
-        registered buffer), and the counts ``requested_tokens``, ``hit_tokens``, ``prefix_hits``,
-        ``fingerprint_hits``, ``storage_hits``, ``stale_chunks``."""
-        return self.call("cb_lookup", request_id=request_id, model_name=model_name, cache_salt=cache_salt,
-                         tokens=[int(t) for t in tokens])
+    def _cb_store(self, op: str, buffer: BlockBuffer | int, request_id: str, model_name: str, cache_salt: str,
+                  tokens: Sequence[int], block_ids: Sequence[int], engine_id: int) -> BlendStoreResult:
+        return from_reply(BlendStoreResult, self.call(
+            op, buffer_id=_buffer_id(buffer), request_id=request_id, model_name=model_name, cache_salt=cache_salt,
+            tokens=[int(t) for t in tokens], block_ids=list(block_ids), engine_id=engine_id))
 
-    def cb_retrieve(self, buffer: KVBuffer | int, request_id: str, lookup_id: int, chunk_indices: Sequence[int],
-                    block_ids: Sequence[int], engine_id: int = 0, worker_id: int = -1) -> dict:
-        """Copy hit chunk ``chunk_indices[i]`` of a lookup into block ``block_ids[i]``;
-        ``{"retrieved_count", "failed_count"}`` (failed: evicted since the lookup).  ``buffer`` may be a
-        raw buffer id."""
-        buffer_id = buffer if isinstance(buffer, int) else buffer.buffer_id
-        return self.call("cb_retrieve", buffer_id=buffer_id, request_id=request_id, lookup_id=lookup_id,
-                         chunk_indices=list(chunk_indices), block_ids=list(block_ids), engine_id=engine_id,
-                         worker_id=worker_id)
+    def cb_lookup(self, *, request_id: str, model_name: str, cache_salt: str = "",
+                  tokens: Sequence[int]) -> BlendLookup:
+        """Classify each whole chunk of ``tokens``: prefix hit, fingerprint hit confirmed in L1, stale or
+        miss (``no_gpu_context`` when this client has no registered buffer)."""
+        return from_reply(BlendLookup, self.call("cb_lookup", request_id=request_id, model_name=model_name,
+                                                 cache_salt=cache_salt, tokens=[int(t) for t in tokens]))
+
+    def cb_retrieve(self, buffer: BlockBuffer | int, *, request_id: str, lookup_id: int,
+                    chunk_indices: Sequence[int], block_ids: Sequence[int], engine_id: int = 0,
+                    worker_id: int = -1) -> RetrieveResult:
+        """Copy hit chunk ``chunk_indices[i]`` of a lookup into block ``block_ids[i]`` (failed: evicted
+        since the lookup)."""
+        return from_reply(RetrieveResult, self.call(
+            "cb_retrieve", buffer_id=_buffer_id(buffer), request_id=request_id, lookup_id=lookup_id,
+            chunk_indices=list(chunk_indices), block_ids=list(block_ids), engine_id=engine_id, worker_id=worker_id))
 
     def close(self) -> None:
         """Unregister and remove every buffer of this client, then disconnect (idempotent; a client whose
@@ -387,8 +381,13 @@ class CacheClient:
         self._closed = True
         self._drop_socket()
 
-    def __enter__(self) -> "CacheClient":
+    def __enter__(self) -> CacheClient:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _buffer_id(buffer: BlockBuffer | int) -> int:
+    """A buffer's id; a raw id passes through (to name a buffer the server never gave out, say)."""
+    return buffer if isinstance(buffer, int) else buffer.buffer_id

@@ -1,20 +1,10 @@
-"""Client side of the GPU data path: a KV buffer in GPU memory, shared with a cache process by CUDA IPC.
-
-:meth:`mpcache.client.CacheClient.register_cuda_buffer` allocates the buffer
-with ``cudaMalloc`` (``cupy.cuda.Memory``, not cupy's pool: an IPC handle names
-a whole allocation, so the buffer must start at one), exports it with
-``cupy.cuda.runtime.ipcGetMemHandle`` and sends the handle (hex) to the server,
-which copies device ⇄ L1 on its own CUDA stream (:mod:`mpcache.cache.transfer`).
-Store and retrieve then work as with a shared-memory buffer.
-
-CUDA IPC needs two processes: a cache process cannot open a handle that it
-exported itself.  cupy is imported here only; without it, registering raises a
-``RuntimeError`` that says so.
+"""A client KV buffer in GPU memory, shared with the cache process by a CUDA IPC handle (needs cupy here and
+a CUDA device on both sides; cupy is imported only when one is registered).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mpcache.client.buffers import RegisteredBuffer
 
@@ -28,7 +18,7 @@ class CudaKVBuffer(RegisteredBuffer):
     :meth:`close` unregisters it (the server closes its IPC mapping) and then frees the memory.
     """
 
-    def __init__(self, client: "CacheClient", memory, buffer_id: int, num_blocks: int, block_bytes: int,
+    def __init__(self, client: CacheClient, memory, buffer_id: int, num_blocks: int, block_bytes: int,
                  device_index: int, device: str) -> None:
         import cupy
 
@@ -42,7 +32,7 @@ class CudaKVBuffer(RegisteredBuffer):
         self.blocks = cupy.ndarray((num_blocks, block_bytes), dtype=cupy.uint8,
                                    memptr=cupy.cuda.MemoryPointer(memory, 0))
 
-    def _registration(self) -> tuple[str, dict]:
+    def _registration(self) -> tuple[str, dict[str, Any]]:
         import cupy
 
         with cupy.cuda.Device(self.device_index):
@@ -55,7 +45,7 @@ class CudaKVBuffer(RegisteredBuffer):
         self._memory = None  # freed when the last view of it goes
 
 
-def register_cuda_buffer(client: "CacheClient", num_blocks: int, block_bytes: int,
+def register_cuda_buffer(client: CacheClient, num_blocks: int, block_bytes: int,
                          device_index: int = 0) -> CudaKVBuffer:
     """Allocate ``num_blocks × block_bytes`` on ``cuda:device_index`` and register it with the server."""
     try:

@@ -1,20 +1,11 @@
-"""Cache blending (CB): position-independent chunk fingerprints and the lookup statuses.
-
-Shared by the client and the cache process (no server state here).
-
-:func:`mpcache.contract.keys.chunk_hashes` is prefix-chained: chunk i's hash covers
-every token before it, so the same document chunk at another position of
-another prompt gets another hash.  A *fingerprint* covers the chunk's own
-tokens only (blake2b-64, personalised so that it never equals a prefix-chained
-hash of the same bytes), so the same chunk anywhere in any prompt has the same
-fingerprint.  The cache process indexes fingerprints per (model_name,
-cache_salt) — the same tokens under another model or tenant are another chunk.
+"""Cache blending: position-independent chunk fingerprints (a chunk's own tokens, blake2b-64) and the
+statuses of a ``cb_lookup``; shared by the client and the cache process.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,9 +1,5 @@
-"""The event catalogue: every event type, its dotted name and its field schema.
-
-This is the contract of ``spec/EVENTS.md`` in code.  Producers
-(:mod:`mpcache.shm.publish`) encode events by these schemas and the telemetry
-process decodes them by the same ones, so adding an event type is adding one
-line to :data:`SCHEMAS` (see ``docs/EXTENDING.md``).
+"""The event catalogue: every event type, its dotted name and its field schema.  Producers encode and the
+telemetry process decodes by these schemas; adding an event is one line (``docs/EXTENDING.md``).
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ class EventType(enum.IntEnum):
     CB_CHUNKS_EVICTED = 91
 
 
-I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME
+I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME  # noqa: E741 - the schemas' shorthand
 
 # Longest text kept, in UTF-8 bytes; longer text is truncated at the producer.
 SESSION_ID_MAX_BYTES = 128
@@ -118,7 +114,8 @@ _ALL = (
     _s(E.L1_ALLOCATION_FAILED, "l1.allocation.failed", ("during", N), salt_counts=True),
     _s(E.L1_READ_FAILED, "l1.read.failed", ("during", N), ("reason", N), salt_counts=True),
     _s(E.SM_WRITE_FINISHED, "sm.write.finished", ("failed_count", I), salt_counts=True, sampled=True),
-    _s(E.SM_READ_PREFETCHED_FINISHED, "sm.read.prefetched_finished", ("failed_count", I), salt_counts=True, sampled=True),
+    _s(E.SM_READ_PREFETCHED_FINISHED, "sm.read.prefetched_finished", ("failed_count", I), salt_counts=True,
+       sampled=True),
     _s(E.L2_STORE_SUBMITTED, "l2.store.submitted", ("adapter_index", I), ("task_id", I), ("l2_name", N),
        ("key_count", I), ("total_bytes", I), salt_counts=True),
     _s(E.L2_STORE_COMPLETED, "l2.store.completed", ("adapter_index", I), ("task_id", I), ("l2_name", N),

@@ -1,14 +1,12 @@
-"""Chunk keys, stable content hashes and the sampling gate of ``spec/EVENTS.md``.
-
-Hashes are blake2b-64 of content, never Python's per-process salted ``hash()``,
-so every process and every restart agrees on a chunk's hash and on whether it
-is sampled.
+"""Chunk keys, stable content hashes (blake2b-64, never Python's salted ``hash()``) and the sampling gate,
+so every process and every restart agrees on a chunk's key and on whether it is sampled.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

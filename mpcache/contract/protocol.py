@@ -1,17 +1,13 @@
-"""The client ⇄ cache-process protocol: frames, envelopes and field validators.
-
-One Unix domain socket per cache process (mode 0600).  A frame is a 4-byte big-endian payload
-length and a msgpack map of at most :data:`MAX_FRAME_BYTES`; no pickle, no extension types.
-Requests are ``{"op": str, "id": int, ...arguments}``; replies ``{"id", "ok": True, ...results}``
-or ``{"id", "ok": False, "error", "error_type"}``.  The operations and their fields are declared
-once, with their handlers, in :mod:`mpcache.cache.ops`; ``docs/PROTOCOL.md`` lists them.
+"""The client protocol's wire format: length-prefixed msgpack frames, the request and reply envelopes, and
+the field validators operations declare (``docs/PROTOCOL.md``).
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -171,7 +167,8 @@ WORKER_ID = int_range(-1, _I64_MAX)
 def _block_records(value: Any, field: str) -> list[tuple[str, list[int], list[int]]]:
     """``[[request_id, [block_id, …], [token_id, …]], …]`` of one scheduler step (see mpcache.cache.blocks)."""
     if type(value) is not list:
-        raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], got {type(value).__name__}")
+        raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], "
+                            f"got {type(value).__name__}")
     if len(value) > MAX_CHUNKS:
         raise ProtocolError(f"{field}: {len(value)} records, the limit is {MAX_CHUNKS}")
     records, blocks, tokens = [], 0, 0
@@ -204,7 +201,8 @@ def _ipc_handle(value: Any, field: str) -> bytes:
     try:
         return bytes.fromhex(value)
     except ValueError:
-        raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits (a CUDA IPC memory handle)") from None
+        raise ProtocolError(f"{field}: expected {2 * CUDA_IPC_HANDLE_BYTES} hex digits "
+                            "(a CUDA IPC memory handle)") from None
 
 REQUEST_ID = _request_id
 SHM_NAME = _shm_name

@@ -1,29 +1,5 @@
-"""The demo's retrieval-augmented (RAG) load: cache blending of document chunks at any position.
-
-A corpus of documents (whole chunks of random tokens, Zipf popularity) is
-shared by every tenant.  Each request is a few documents in random order
-followed by a question, so the same document chunks come back at other
-positions: a prefix cache misses them, cache blending finds them by
-fingerprint.  Per request, as an engine with blending would:
-
-1. ``cb_lookup`` the prompt;
-2. ``cb_retrieve`` every hit (prefix or fingerprint) into its blocks and check
-   the bytes (a chunk's content is derived from its fingerprint, so it is the
-   same wherever it was stored from);
-3. ``cb_store_pre_computed`` each document that was not wholly found (what an
-   engine would compute on its own, independent of context);
-4. ``cb_store_final`` the finished request, then ``end_session``.
-
-A small fault mix keeps every ``lmcache_blend`` failure counter moving: now
-and then a retrieve or a pre-computed store names a buffer id the server never
-gave out, a final store names too few blocks, and a client with no KV buffer
-looks up (``no_gpu_context``).  Stale fingerprints appear by themselves: L1
-evicts blend objects like any other.
-
-Everything the RAG load does to L1 is added to the demo's tally (chunks
-stored per cache_salt, allocation and read failures), so the demo's L1
-counters still agree with ``/metrics``; ``tally.blend`` holds its own counts, named as the
-``lmcache_blend.*`` counters they must equal.
+"""The demo's RAG load: documents in random order, so cache blending finds their chunks at other positions;
+with a fault mix for the blend failure counters, tallied to match ``/metrics``.
 """
 
 from __future__ import annotations
@@ -50,10 +26,6 @@ FINAL_FAULT_EVERY = 35  # ... final stores with too few block ids
 NO_GPU_EVERY = 20  # ... lookups from a client without a KV buffer
 PROGRESS_INTERVAL_S = 5.0
 MISSING_BUFFER_ID = (1 << 62) + 1  # never handed out by a cache process
-
-
-class _Missing:
-    buffer_id = MISSING_BUFFER_ID
 
 
 class RagWorkload:
@@ -95,18 +67,18 @@ class RagWorkload:
             fps = fps[: self.max_blocks]
 
         self.doubt()
-        lookup = client.cb_lookup(request_id, model, tenant, tokens)
+        lookup = client.cb_lookup(request_id=request_id, model_name=model, cache_salt=tenant, tokens=tokens)
         blend["lookup_requests"] += 1
         for name in ("requested_tokens", "hit_tokens", "fingerprint_hits", "storage_hits", "stale_chunks"):
-            blend[f"lookup_{name}"] += int(lookup[name])
-        blend["chunks_evicted"] += int(lookup["stale_chunks"])
-        hits = [i for i, status in enumerate(lookup["chunks"]) if status in HITS]
-        if hits:
-            self._retrieve(client, buffer, request_id, lookup["lookup_id"], hits, fps, tenant)
+            blend[f"lookup_{name}"] += getattr(lookup, name)
+        blend["chunks_evicted"] += lookup.stale_chunks
+        hits = lookup.hits
+        if hits and lookup.lookup_id is not None:
+            self._retrieve(client, buffer, request_id, lookup.lookup_id, hits, fps, tenant)
 
         # documents not wholly found: computed on their own, stored for blending
         start = 0
-        statuses = lookup["chunks"]
+        statuses = lookup.chunks
         for doc in docs:
             n = len(self.documents[doc]) // self.chunk
             if any(s not in HITS for s in statuses[start : start + n]):
@@ -119,7 +91,7 @@ class RagWorkload:
 
         if m % NO_GPU_EVERY == 0:
             bare = self._bare_client(worker)
-            bare.cb_lookup(f"rag-bare-{os.getpid()}-{m}", model, tenant, tokens)
+            bare.cb_lookup(request_id=f"rag-bare-{os.getpid()}-{m}", model_name=model, cache_salt=tenant, tokens=tokens)
             bare.end_session(f"rag-bare-{os.getpid()}-{m}")
             blend["lookup_requests"] += 1
             blend["lookup_no_gpu_context_errors"] += 1
@@ -141,20 +113,23 @@ class RagWorkload:
         if self.requests % RETRIEVE_FAULT_EVERY == 0:
             self.doubt()
             try:
-                client.cb_retrieve(MISSING_BUFFER_ID, request_id, lookup_id, hits, hits)
+                client.cb_retrieve(MISSING_BUFFER_ID, request_id=request_id, lookup_id=lookup_id, chunk_indices=hits,
+                                   block_ids=hits)
             except RequestError:
                 blend["retrieve_failures"] += 1
+                self.tally.injected["cb_retrieve_missing_buffer"] += 1
             else:
                 raise RuntimeError("a cb_retrieve into a missing buffer succeeded")
             blend["retrieve_requests"] += 1
             blend["retrieve_chunks"] += len(hits)
         self.doubt(tenant, l1_read_failure=len(hits))
-        reply = client.cb_retrieve(buffer, request_id, lookup_id, hits, hits)
+        result = client.cb_retrieve(buffer, request_id=request_id, lookup_id=lookup_id, chunk_indices=hits,
+                                    block_ids=hits)
         blend["retrieve_requests"] += 1
         blend["retrieve_chunks"] += len(hits)
-        if reply["failed_count"]:  # evicted between lookup and retrieve: an L1 read failure, a failed retrieve
+        if result.failed:  # evicted between lookup and retrieve: an L1 read failure, a failed retrieve
             blend["retrieve_failures"] += 1
-            self.tally.expected_faults["l1_read_failed_chunks"] += reply["failed_count"]
+            self.tally.expected_faults["l1_read_failed_chunks"] += result.failed
         else:
             self._verify(buffer, hits, fps)
 
@@ -162,7 +137,8 @@ class RagWorkload:
 
         for index in hits:
             if not chunk_matches(buffer.blocks[index], fps[index]):
-                raise RuntimeError(f"blended chunk {index} (fingerprint {fps[index]:#x}) does not match what was stored")
+                raise RuntimeError(f"blended chunk {index} (fingerprint {fps[index]:#x}) does not match what was "
+                                   "stored")
             self.tally.verified_chunks += 1
 
     def _store(self, client, buffer, kind: str, request_id: str, model: str, tenant: str, tokens: list[int],
@@ -180,23 +156,27 @@ class RagWorkload:
             self.doubt()
             try:
                 if kind == "pre_computed":
-                    store(_Missing(), request_id, model, tenant, tokens, block_ids)
+                    store(MISSING_BUFFER_ID, request_id=request_id, model_name=model, cache_salt=tenant, tokens=tokens,
+                          block_ids=block_ids)
                 else:
-                    store(buffer, request_id, model, tenant, tokens, block_ids[:-1])
+                    store(buffer, request_id=request_id, model_name=model, cache_salt=tenant, tokens=tokens,
+                          block_ids=block_ids[:-1])
             except RequestError:
                 blend[f"store_{kind}_failures"] += 1
+                self.tally.injected[f"cb_store_{kind}_rejected"] += 1
             else:
                 raise RuntimeError(f"a faulty cb_store_{kind} succeeded")
             return
         self.doubt(tenant, l1_write=len(fps), l1_allocation_failure=len(fps))
-        reply = store(buffer, request_id, model, tenant, tokens, block_ids)
-        self.tally.stored[tenant] += reply["stored_count"]
-        blend[f"store_{kind}_chunks"] += reply["stored_count"]
-        blend["fingerprints_registered"] += reply["registered_count"]
-        blend["chunks_evicted"] += reply["replaced_count"]
-        if reply["failed_count"]:
+        result = store(buffer, request_id=request_id, model_name=model, cache_salt=tenant, tokens=tokens,
+                       block_ids=block_ids)
+        self.tally.stored[tenant] += result.stored
+        blend[f"store_{kind}_chunks"] += result.stored
+        blend["fingerprints_registered"] += result.registered
+        blend["chunks_evicted"] += result.replaced
+        if result.failed:
             blend[f"store_{kind}_failures"] += 1
-            self.tally.expected_faults["l1_allocation_failed_chunks"] += reply["failed_count"]
+            self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
 
     def _bare_client(self, worker: int) -> CacheClient:
         bare = self._bare.get(worker)

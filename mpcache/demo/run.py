@@ -1,39 +1,9 @@
-"""``--demo``: a built-in load generator that behaves like a small fleet of inference engines.
+"""``--demo``: engines' requests (lookup+prefetch, retrieve, store, end) over tenants and Zipf-popular
+documents, with a fault mix; every chunk is verified and the tally is what tests compare with ``/metrics``.
 
-Several tenants (cache_salt) and two models share system prompts and a corpus
-of documents; requests pick documents with Zipf-distributed popularity, so
-some prefixes are hot and most are cold; L1 is sized so that it evicts.  Each
-request does what a vLLM-style engine does: lookup+prefetch its chunk hashes,
-read the result, retrieve the hit prefix into its KV blocks, store the rest,
-end the session.  With ``--l2`` the supervisor gives it a smaller L1, so hot
-prefixes are evicted from L1 and come back from L2 (the progress line shows
-the share of hit tokens that L2 supplied); an fs tier also survives a restart
-of the cache processes, and a mock adapter with ``failure_rate`` makes the L2
-failure counters move.  A small fault mix keeps the failure counters honest: now and
-then a store larger than L1 (allocations fail), a retrieve with an
-impossible deadline (a timeout), and a client that comes back for its
-prefetch only after it expired and its chunks were evicted (read failures).
-
-Every retrieved chunk is checked byte for byte against what was stored; a
-mismatch makes the demo exit 1.  Progress goes to stdout every few seconds;
-the final tally (per cache_salt) is logged and, with ``--demo-tally``, written
-as JSON — tests compare it with what ``/metrics`` says.
-
-A cache process killed (or restarted) under the demo costs it one operation:
-the client reconnects and raises :class:`~mpcache.client.CacheConnectionLost`
-naming it, and the demo abandons that request and goes on (prefetch jobs it
-left for later on that process are forgotten: the new process never heard of
-them).  The tally counts only what a reply confirmed, so it stays exact for
-everything else; what the lost operation may have done before the process died
-— published events /metrics counts, but whose reply never came — is added to
-``in_doubt``, per counter, as its most (a store: its chunks as L1 writes and
-as allocation failures; a retrieve: its chunks as loaded and as read failures;
-a lookup: its tokens as requested and as hits, and with L2 its chunks as L1
-writes; the timeout fault: one timeout).  So /metrics lies between the tally
-and the tally plus ``in_doubt``; with no loss, ``in_doubt`` is empty and they
-are equal.  ``lost_operations`` counts the lost operations by name.  The
-cache-blending counters (``blend``) have no such bound: a lost ``cb_*``
-operation may or may not be in them.
+A cache process killed under the demo costs it the request in flight (its client reconnects and
+raises :class:`~mpcache.client.CacheConnectionLost`): the tally counts only what replies confirmed, and
+what the lost operation may have added to ``/metrics`` goes to ``in_doubt`` (see :class:`Tally`).
 """
 
 from __future__ import annotations
@@ -70,25 +40,44 @@ BIG_STORE_EVERY_S = 4.0  # a store larger than L1
 TIMEOUT_EVERY_S = 2.0  # a retrieve with an impossible deadline
 LATE_CLIENT_EVERY_S = 3.0  # a prefetch whose client comes back only after it expired
 PER_SALT = ("l1_write", "num_chunks_loaded", "lookup_requested", "lookup_hit")  # in_doubt counters kept per salt
+INJECTED_FAULTS = {
+    "store_larger_than_l1": f"every {BIG_STORE_EVERY_S:g} s a store larger than L1 (L1 allocation failures)",
+    "retrieve_timeout": f"every {TIMEOUT_EVERY_S:g} s a retrieve with a 1 ns deadline (timeouts)",
+    "late_retrieve": f"every {LATE_CLIENT_EVERY_S:g} s a retrieve after its prefetch expired (L1 read failures)",
+    "cb_*": "RAG blend stores and retrieves into a missing buffer or with too few blocks (blend failures)",
+}
 
 
 class Tally:
-    """What the demo itself saw, per cache_salt, to compare with the metrics."""
+    """What the demo itself saw, per cache_salt, to compare with the metrics.
+
+    Only what a reply confirmed is counted.  An operation lost with its cache process (the reply never
+    came) may still have been counted by ``/metrics`` — the dead process published its events first —
+    so its most is added to ``in_doubt``, per compared counter: a store, its chunks as L1 writes and as
+    allocation failures; a retrieve, its chunks as loaded and as read failures; a lookup, its tokens as
+    requested and as hits (and with L2, its chunks as L1 writes); the timeout fault, one timeout.
+    ``/metrics`` then lies between the tally and the tally plus ``in_doubt`` (equal to the tally when
+    nothing was lost).  ``lost_operations`` counts the lost operations by name.  The cache-blending
+    counters have no such bound: a lost ``cb_*`` operation may or may not be in them.
+    """
 
     def __init__(self) -> None:
-        self.stored = collections.Counter()
-        self.retrieved = collections.Counter()
-        self.requested_tokens = collections.Counter()
-        self.hit_tokens = collections.Counter()
-        self.l2_hit_tokens = collections.Counter()
-        self.prefetched = collections.Counter()  # chunks prefetches wrote into L1 from L2 (L1 writes, too)
+        self.stored: collections.Counter[str] = collections.Counter()
+        self.retrieved: collections.Counter[str] = collections.Counter()
+        self.requested_tokens: collections.Counter[str] = collections.Counter()
+        self.hit_tokens: collections.Counter[str] = collections.Counter()
+        self.l2_hit_tokens: collections.Counter[str] = collections.Counter()
+        # chunks prefetches wrote into L1 from L2 (L1 writes, too)
+        self.prefetched: collections.Counter[str] = collections.Counter()
         self.requests = 0
-        self.expected_faults = collections.Counter()
+        self.expected_faults: collections.Counter[str] = collections.Counter()
+        self.injected: collections.Counter[str] = collections.Counter()  # faults the demo caused on purpose
         self.verified_chunks = 0
-        self.blend = collections.Counter()  # the RAG load's cache-blending counts (mpcache.demo.rag)
-        # what operations lost with their cache process may have added to /metrics (module docstring)
-        self.in_doubt: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-        self.lost_operations = collections.Counter()
+        # the RAG load's cache-blending counts (mpcache.demo.rag)
+        self.blend: collections.Counter[str] = collections.Counter()
+        self.in_doubt: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter)
+        self.lost_operations: collections.Counter[str] = collections.Counter()
 
     def as_dict(self) -> dict:
         return {
@@ -100,6 +89,7 @@ class Tally:
             "l2_hit_tokens": dict(self.l2_hit_tokens),
             "prefetched_chunks": dict(self.prefetched),
             "expected_faults": dict(self.expected_faults),
+            "injected_faults": dict(self.injected),
             "verified_chunks": self.verified_chunks,
             "blend": dict(self.blend),
             "in_doubt": {counter: dict(by_salt) for counter, by_salt in self.in_doubt.items() if by_salt},
@@ -113,7 +103,8 @@ class Workload:
         self.rng = np.random.default_rng(seed)
         chunk = config.chunk_size_tokens
         self.system_prompts = {m: self.rng.integers(0, 32000, size=2 * chunk) for m in MODELS}
-        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk) for _ in range(DOCUMENTS)]
+        self.documents = [self.rng.integers(0, 32000, size=int(self.rng.integers(4, 12)) * chunk)
+                          for _ in range(DOCUMENTS)]
 
     def next_prompt(self) -> tuple[str, str, np.ndarray]:
         tenant = TENANTS[int(self.rng.integers(len(TENANTS)))]
@@ -136,7 +127,8 @@ class Demo:
         self.l0 = SchedulerFleet(self.clients, MODELS, max(1, config.chunk_size_tokens // 4))
         self.rings = [Segment.attach(config.ring_name(w), layout.HEADER_SIZE) for w in range(config.workers)]
         self.stop = threading.Event()
-        self.late = []  # (worker, request_id, job, found, tenant, model, time): prefetches left to expire
+        # (worker, request_id, job, found, tenant, model, time, client generation): prefetches left to expire
+        self.late: list[tuple] = []
         self.rag = RagWorkload(config, self.clients, self.buffers, self.tally)  # cache blending (mpcache.demo.rag)
         self.rag.doubt = self._doubt
         self._pending: tuple[str, dict[str, int]] = ("", {})  # the operation in flight: (cache_salt, bounds)
@@ -191,13 +183,13 @@ class Demo:
         tokens_asked = len(hashes) * self.config.chunk_size_tokens
         self._doubt(tenant, lookup_requested=tokens_asked, lookup_hit=tokens_asked,
                     l1_write=len(hashes) if self.config.l2 else 0)
-        job = client.lookup_prefetch(request_id, model, tenant, hashes)
+        job = client.lookup_prefetch(request_id=request_id, model_name=model, cache_salt=tenant, chunk_hashes=hashes)
         status = client.wait_prefetch(job)  # with L2, the job may need a moment to load chunks into L1
-        found = int(status["found_count"])
+        found = status.found_count
         tally.requested_tokens[tenant] += len(hashes) * self.config.chunk_size_tokens
         tally.hit_tokens[tenant] += found * self.config.chunk_size_tokens
-        tally.l2_hit_tokens[tenant] += int(status["l2_hit_tokens"])
-        tally.prefetched[tenant] += int(status["l2_loaded_count"])
+        tally.l2_hit_tokens[tenant] += status.l2_hit_tokens
+        tally.prefetched[tenant] += status.l2_loaded_count
         if found and self._due("late_client", LATE_CLIENT_EVERY_S):
             self.late.append((worker, request_id, job, found, tenant, model, time.monotonic(), client.generation))
             return  # this client goes quiet; _late_retrieve comes back for it
@@ -207,7 +199,7 @@ class Demo:
                 self._timeout_fault(client, buffer, request_id, job, found)
             else:
                 self._doubt(tenant, num_chunks_loaded=found, l1_read_failure=found)
-                got = client.retrieve(buffer, request_id, job, list(range(found)))
+                got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
                 tally.retrieved[tenant] += got
                 self._verify(buffer, hashes[:got])
         missing = hashes[found:]
@@ -216,7 +208,8 @@ class Demo:
             for block_id, chunk_hash in zip(block_ids, missing):
                 fill_chunk(buffer.blocks[block_id], chunk_hash)
             self._doubt(tenant, l1_write=len(missing), l1_allocation_failure=len(missing))
-            tally.stored[tenant] += client.store(buffer, request_id, model, tenant, missing, block_ids)
+            tally.stored[tenant] += client.store(buffer, request_id=request_id, model_name=model, cache_salt=tenant,
+                                                 chunk_hashes=missing, block_ids=block_ids).stored
         self._doubt()
         client.end_session(request_id)
         if self._due("big_store", BIG_STORE_EVERY_S):
@@ -237,8 +230,9 @@ class Demo:
         what is gone is an L1 read failure (not_found), what is left is retrieved."""
         client, buffer = self.clients[worker], self.buffers[worker]
         self._big_store_fault(client, worker, tenant, model)
+        self.tally.injected["late_retrieve"] += 1
         self._doubt(tenant, num_chunks_loaded=found, l1_read_failure=found)
-        got = client.retrieve(buffer, request_id, job, list(range(found)))
+        got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
         self.tally.retrieved[tenant] += got
         self.tally.expected_faults["l1_read_failed_chunks"] += found - got
         self._doubt()
@@ -252,13 +246,14 @@ class Demo:
 
     def _timeout_fault(self, client, buffer, request_id: str, job, found: int) -> None:
         try:
-            client.retrieve(buffer, request_id, job, list(range(found)), timeout_s=1e-9)
+            client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found), timeout_s=1e-9)
         except CacheConnectionLost:
             raise
-        except Exception as exc:  # noqa: BLE001 - the error reply is the expected outcome
+        except Exception as exc:
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                 raise
             self.tally.expected_faults["timeout"] += 1
+            self.tally.injected["retrieve_timeout"] += 1
         else:
             raise RuntimeError("a retrieve with a 1 ns deadline did not time out")
 
@@ -269,10 +264,13 @@ class Demo:
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
             self._doubt(tenant, l1_write=n, l1_allocation_failure=n)
-            stored = client.store(big, f"big-{os.getpid()}-{self.tally.requests}", model, tenant, hashes, list(range(n)))
+            result = client.store(big, request_id=f"big-{os.getpid()}-{self.tally.requests}", model_name=model,
+                                  cache_salt=tenant, chunk_hashes=hashes, block_ids=range(n))
             self._doubt()
-        self.tally.stored[tenant] += stored
-        self.tally.expected_faults["l1_allocation_failed_chunks"] += n - stored
+            # counted before the buffer goes: losing the connection while unregistering it loses nothing
+            self.tally.stored[tenant] += result.stored
+            self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
+            self.tally.injected["store_larger_than_l1"] += 1
 
     def _events_published(self) -> int:
         return sum(read_counters(ring).head for ring in self.rings)
@@ -288,11 +286,12 @@ class Demo:
         l2_share = sum(tally.l2_hit_tokens.values()) / hits if hits else 0.0
         l2_part = f" (L2 {l2_share:6.1%} of hits)" if self.config.l2 else ""
         dropped = self._dropped()
+        faults = sum(tally.injected.values())
         print(f"[demo {elapsed:6.1f}s] {ops_per_s:7.1f} req/s | hit rate {hit_rate:6.1%}{l2_part} | "
-              f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events", flush=True)
+              f"{cells_per_s:9,.0f} event cells/s | {dropped} dropped events | {faults} faults injected", flush=True)
         self.log.info("demo.progress", elapsed_s=round(elapsed, 1), requests_per_s=round(ops_per_s, 1),
                       hit_rate=round(hit_rate, 4), l2_hit_share=round(l2_share, 4),
-                      event_cells_per_s=round(cells_per_s), dropped_events=dropped)
+                      event_cells_per_s=round(cells_per_s), dropped_events=dropped, faults_injected=faults)
 
     def close(self) -> None:
         try:
@@ -317,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo(config, log)
     signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
     signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
-    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots, seconds=config.demo_seconds or None)
+    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots,
+             seconds=config.demo_seconds or None, injected_faults=INJECTED_FAULTS)
+    print("[demo] injects faults on purpose, to move the failure metrics (counted in each progress line; each one is "
+          "logged only at --log-level debug): " + "; ".join(INJECTED_FAULTS.values()), flush=True)
     try:
         status = demo.run(config.demo_seconds)
     except Exception:

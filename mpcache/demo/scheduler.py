@@ -1,31 +1,11 @@
-"""The demo's inference-engine schedulers: GPU KV block (L0) allocation with prefix caching.
-
-Each (cache worker, model) pair stands for one engine instance with a small
-pool of GPU KV blocks, managed like vLLM's prefix-caching block pool:
-
-* a request's prompt is cut into full blocks; a block whose prefix-chained
-  content key is cached is taken from the cache — still in use by a running
-  request (**prefix sharing**) or released but not yet overwritten
-  (**reuse**); any other block takes the least recently released free block,
-  overwriting its contents (**reallocation**: the old contents are evicted);
-* while running, a request decodes: each step gives some running requests a
-  new block of fresh tokens;
-* a request finishes after a few steps (or is preempted when the pool runs
-  dry): ``end_session`` **releases** its blocks, which keep their contents
-  until reallocated.
-
-Every step's new blocks go to the cache process in one
-``report_block_allocations`` call: records of (request id, new block ids, the
-new blocks' tokens), all blocks full so that the even split of tokens over
-blocks gives each block exactly its own tokens.  L0 request ids
-(``sched-<instance>-<n>``) are the scheduler's own, ended on the same cache
-process that received their reports.
+"""The demo's engine schedulers: GPU KV block (L0) allocation with prefix sharing, reuse and reallocation,
+reported every step with ``report_block_allocations``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -110,7 +90,8 @@ class Scheduler:
         if admitted is not None:
             records.append(admitted)
         if records:
-            self.client.report_block_allocations(self.instance_id, self.model_name, records)
+            self.client.report_block_allocations(instance_id=self.instance_id, model_name=self.model_name,
+                                                 records=records)
             self.reports += 1
             self.blocks_reported += sum(len(blocks) for _, blocks, _ in records)
         for request in list(self.running):

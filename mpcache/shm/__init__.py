@@ -1,0 +1,1 @@
+"""Shared memory between the processes: segments, the byte layout, the event ring, the gauge board."""

@@ -1,16 +1,12 @@
-"""The gauge board: current state values each cache process keeps in shared memory.
-
-Observable gauges are read at scrape/export time in the telemetry process; they
-cannot call into a cache process, so each cache process writes its values into
-its own slot (aligned 8-byte words; layout in :mod:`mpcache.shm.layout`) and
-refreshes a heartbeat.  A slot whose heartbeat is stale is not reported.
+"""The gauge board: current values (L1 usage, prefetch jobs, L2 work) each cache process keeps in its slot of
+shared memory, with a heartbeat, for the telemetry process to read at scrape time.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
@@ -24,6 +20,7 @@ def format_gauge_board(segment: Segment, n_slots: int) -> None:
 
 
 def _validate(segment: Segment) -> int:
+    n_slots: int
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
     if magic != layout.GAUGE_MAGIC:
         raise LayoutMismatchError(f"{segment.name}: not an mpcache gauge board (magic {magic!r})")
@@ -69,17 +66,22 @@ class GaugeSlot:
         self._words[layout.G_HEARTBEAT] = self._clock_ns()
 
     def clear(self) -> None:
+        """Zero the slot (a dead process's usage no longer counts), except its restart count."""
+        restarts = self._words[layout.G_RESTARTS]
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
+        self._words[layout.G_RESTARTS] = restarts
 
 
 class GaugeBoardReader:
     """The telemetry process's read-only view of every slot."""
 
-    def __init__(self, segment: Segment, stale_after_s: float = 5.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, segment: Segment, stale_after_s: float = 5.0,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._n_slots = _validate(segment)
         start = layout.GAUGE_HEADER_SIZE
         self._words = segment.buf[start : start + self._n_slots * layout.GAUGE_SLOT_WORDS * 8].cast("q")
+        self._header = segment.buf[:start].cast("q")
         self._stale_ns = int(stale_after_s * 1e9)
         self._clock_ns = clock_ns
 
@@ -96,6 +98,12 @@ class GaugeBoardReader:
             if beat > 0 and now - beat <= self._stale_ns:
                 live.append(slot)
         return live
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts of the children, by role, since the supervisor started (written by it)."""
+        telemetry = self._header[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8]
+        return {"cache": sum(self.word(slot, layout.G_RESTARTS) for slot in range(self._n_slots)),
+                "telemetry": telemetry}
 
     def word(self, slot: int, word: int) -> int:
         return self._words[slot * layout.GAUGE_SLOT_WORDS + word]

@@ -1,11 +1,6 @@
-"""Per-producer string intern table in the event segment.
-
-Low-cardinality strings (model_name, cache_salt, l2_name, device, reasons) travel
-in records as small ids.  The producer appends an entry, then publishes the new
-entry count; records that use the id are committed after that, so a reader that
-meets an unknown id re-reads the table and finds it.  A restarted producer or
-telemetry process rebuilds its view from the table.  When the table is full,
-new strings map to the reserved ``__overflow__`` id: counted, never an error.
+"""Per-producer intern table in the event segment: low-cardinality strings travel in records as small ids;
+a full table maps new strings to ``__overflow__``, until the next producer starts on a drained ring and
+empties it (:func:`reclaim_if_drained`).
 """
 
 from __future__ import annotations
@@ -52,6 +47,21 @@ class Interner:
         return count
 
 
+def reclaim_if_drained(buf: memoryview, capacity: int, fill: float = 0.75) -> bool:
+    """At a producer's start: empty a table at least ``fill`` full when the ring holds no record left to
+    consume (none can name an old id), and bump its epoch so the consumer drops the names it cached.
+    The names a previous producer's clients brought in (a burst of model names, say) so do not stay
+    for the life of the segment.  Returns whether it did."""
+    words = buf[: layout.HEADER_SIZE].cast("Q")
+    if words[layout.OFF_INTERN_COUNT // 8] < fill * capacity:
+        return False
+    if words[layout.OFF_HEAD // 8] != words[layout.OFF_TAIL // 8]:
+        return False
+    words[layout.OFF_INTERN_COUNT // 8] = 0
+    words[layout.OFF_INTERN_EPOCH // 8] += 1
+    return True
+
+
 def read_entries(buf: memoryview, count: int, start: int = 0) -> list[str]:
     """Entries ``start .. count-1`` as strings; a corrupt length reads as ``__corrupt__``."""
     names = []
@@ -75,6 +85,15 @@ class NameTable:
         self._words = buf[: layout.HEADER_SIZE].cast("Q")
         self._capacity = capacity
         self._names: list[str] = []
+        self._epoch = self._words[layout.OFF_INTERN_EPOCH // 8]
+
+    def sync(self) -> None:
+        """Forget the cached names when a new producer emptied the table (call after reading a batch,
+        before decoding it: the producer bumps the epoch before it writes a record)."""
+        epoch = self._words[layout.OFF_INTERN_EPOCH // 8]
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._names = []
 
     def refresh(self) -> None:
         count = min(self._words[layout.OFF_INTERN_COUNT // 8], self._capacity)

@@ -1,13 +1,5 @@
-"""Publishing events from a cache process: encode by schema, append to the ring.
-
-Construction-time specialisation keeps the hot call short: each distinct record
-shape (event type × number of salt groups, sampled keys, blocks and text cells)
-gets one precompiled ``struct.Struct`` for the whole record, so a publish is
-one ``pack_into`` and one store of the ring's head; the commonest shape (an
-L1/storage-manager event with one salt group) has its own one-cell path,
-:meth:`Publisher.emit_salted`.  Nothing here blocks (beyond an in-process lock
-when several threads share the ring) or raises: what cannot be published is
-counted in the ring's ``dropped_records``.
+"""Publishing events from a cache process: encode by schema, append to the ring.  One precompiled struct per
+record shape, so a publish is one ``pack_into`` and one store; it never blocks or raises.
 """
 
 from __future__ import annotations
@@ -15,7 +7,8 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from mpcache.contract.events import (
     BLOCK_REQUEST_ID_MAX_BYTES,
@@ -35,6 +28,7 @@ from mpcache.shm.ring import RingWriter
 SaltCounts = Mapping[tuple[str, str], int]  # (cache_salt, model_name) -> count
 Sampled = Iterable[tuple[int, str, str]]  # (chunk_hash, cache_salt, model_name)
 Blocks = Iterable[tuple[str, int, int]]  # (request_id, block_id, token_hash)
+_ShapeKey = tuple[int, int, int, int, int]  # (etype, salt groups, sampled keys, blocks, text cells)
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -101,7 +95,7 @@ class Publisher:
         self._lock = threading.Lock() if threadsafe else None
         self._clock_ns = clock_ns
         self._shapes = {etype: _Shape(etype) for etype in EventType}
-        self._structs: dict[tuple, struct.Struct] = {}
+        self._structs: dict[_ShapeKey, struct.Struct] = {}
         self._plain_records = {  # per type: the record without / with a one-cell session id
             int(etype): (self._compile(shape, (etype, 0, 0, 0, 0)), self._compile(shape, (etype, 0, 0, 0, 1)))
             for etype, shape in self._shapes.items()
@@ -157,7 +151,7 @@ class Publisher:
         general = self._emit
         eventtype = EventType(etype)
 
-        def emit(fields: tuple, session_id: str, timestamp_ns: int | None = None) -> bool:
+        def emit(fields: tuple[Any, ...], session_id: str, timestamp_ns: int | None = None) -> bool:
             try:
                 if len(fields) != n_fields:
                     raise ValueError(f"{eventtype.name} takes {n_fields} fields, got {len(fields)}")
@@ -219,7 +213,7 @@ class Publisher:
     def emit(
         self,
         etype: EventType,
-        fields: tuple = (),
+        fields: tuple[Any, ...] = (),
         *,
         salt_counts: SaltCounts | None = None,
         sampled: Sampled = (),
@@ -238,7 +232,8 @@ class Publisher:
         with self._lock:
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
 
-    def _emit(self, etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns) -> bool:
+    def _emit(self, etype: EventType, fields: tuple[Any, ...], salt_counts: SaltCounts | None, sampled: Sampled,
+              session_id: str, texts: tuple[str, ...], blocks: Blocks, timestamp_ns: int | None) -> bool:
         try:
             shape = self._shapes[etype]
             values = list(fields)
@@ -257,7 +252,8 @@ class Publisher:
             return False
         return self._writer.append(record, ncells, args)
 
-    def _head_and_fields(self, shape: _Shape, values: list, timestamp: int, seq: int, ncells: int) -> list:
+    def _head_and_fields(self, shape: _Shape, values: list[Any], timestamp: int, seq: int,
+                         ncells: int) -> list[Any]:
         """Arguments of the head cell and the FIELDS cells."""
         et = shape.etype
         args = [seq, layout.CELL_HEAD, et, ncells, timestamp]
@@ -268,8 +264,9 @@ class Publisher:
             offset += count
         return args
 
-    def _general(self, shape: _Shape, values: list, timestamp: int, salt_counts, sampled, session_id: str,
-                 texts: tuple[str, ...], blocks) -> tuple[struct.Struct, int, list]:
+    def _general(self, shape: _Shape, values: list[Any], timestamp: int, salt_counts: SaltCounts | None,
+                 sampled: Sampled, session_id: str, texts: tuple[str, ...],
+                 blocks: Blocks) -> tuple[struct.Struct, int, list[Any]]:
         intern = self._interner.id_of
         salts = []
         if salt_counts:
@@ -306,7 +303,8 @@ class Publisher:
         return self._structs.get(key) or self._compile(shape, key), ncells, args
 
     @staticmethod
-    def _text_cells(shape: _Shape, session_id: str, texts: tuple[str, ...], blocks: list) -> list[tuple[int, bytes]]:
+    def _text_cells(shape: _Shape, session_id: str, texts: tuple[str, ...],
+                    blocks: list[tuple[str, int, int]]) -> list[tuple[int, bytes]]:
         cells: list[tuple[int, bytes]] = []
         if session_id:
             cells += [(TEXT_FIELD_SESSION, p) for p in _text_pieces(session_id, SESSION_ID_MAX_BYTES)]
@@ -316,7 +314,7 @@ class Publisher:
             cells += [(TEXT_FIELD_BLOCK_REQUESTS + i, p) for p in _text_pieces(request_id, BLOCK_REQUEST_ID_MAX_BYTES)]
         return cells
 
-    def _compile(self, shape: _Shape, key: tuple) -> struct.Struct:
+    def _compile(self, shape: _Shape, key: _ShapeKey) -> struct.Struct:
         _, n_salts, n_samples, n_blocks, n_text_cells = key
         fmt = "<" + shape.head_fmt + "".join(fmt for _, fmt in shape.field_cells)
         fmt += _SALT_FMT * n_salts + _SAMPLED_FMT * n_samples + _BLOCK_FMT * n_blocks + _TEXT_FMT * n_text_cells
@@ -330,7 +328,7 @@ class EventPublisher(Protocol):
     """What a cache process publishes through: the ring's :class:`Publisher`, or one that drops
     everything (:class:`NullPublisher`) or feeds another sink (the benchmarks' reference)."""
 
-    def emit(self, etype: EventType, fields: tuple = (), *, salt_counts: SaltCounts | None = None,
+    def emit(self, etype: EventType, fields: tuple[Any, ...] = (), *, salt_counts: SaltCounts | None = None,
              sampled: Sampled = (), session_id: str = "", texts: tuple[str, ...] = (), blocks: Blocks = (),
              timestamp_ns: int | None = None) -> bool: ...
 
@@ -340,7 +338,7 @@ class EventPublisher(Protocol):
 class NullPublisher:
     """Publishes nothing (``--event-sink none``): the telemetry-off baseline of the benchmarks."""
 
-    def emit(self, etype: EventType, fields: tuple = (), **_options: object) -> bool:
+    def emit(self, etype: EventType, fields: tuple[Any, ...] = (), **_options: object) -> bool:
         return True
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:

@@ -1,21 +1,5 @@
-"""The event ring: one writer (a cache process), one reader (the telemetry process).
-
-See :mod:`mpcache.shm.layout` for the bytes and the commit protocol.  The writer's
-hot call is one ``Struct.pack_into`` of the whole record plus one store of
-``head``; it never blocks and never raises: a full ring drops the record and
-counts it in shared memory.
-
-The writer exists twice, with the same bytes and counters: in C, in the
-optional extension ``mpcache.shm._ringfast`` (built by ``pip install`` where a
-compiler exists), and in pure Python below (:class:`_PythonWriterCore` and the
-closure in :meth:`RingWriter.one_cell_emitter`), used without the extension or
-with ``MPCACHE_PURE_PYTHON=1`` in the environment.  The reason is the hottest
-publish, a one-cell record: in Python it cannot get under the ~350 ns that one
-``pack_into`` plus a timestamp cost on a 2-vCPU machine; in C it is the cost of
-one call (~70 ns).  The request path's fixed-field events have a compiled
-emitter too (:meth:`RingWriter.fields_emitter`).  The extension knows no offsets
-of its own: it is handed the cell size, template cells and every offset from
-:mod:`~mpcache.shm.layout`.
+"""The event ring: one writer (a cache process), one reader (telemetry), committed by one store of ``head``.
+The writer exists in C (``_ringfast``, where it was built) and in Python, with the same bytes.
 """
 
 from __future__ import annotations
@@ -23,14 +7,18 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from mpcache.errors import LayoutMismatchError, RingCorruptError
 from mpcache.shm import layout
 from mpcache.shm.segment import Segment
+
+if TYPE_CHECKING:
+    from mpcache.shm._ringfast import FieldsEmitter, OneCellEmitter, WriterCore
 
 _HEADER_INIT = struct.Struct("<8sIIQQq")
 _HEAD_WORD = layout.OFF_HEAD // 8
@@ -73,7 +61,8 @@ def read_geometry(segment: Segment) -> RingGeometry:
             f"{segment.name}: ring layout version {version} (cell {cell_size} B), "
             f"this build reads version {layout.LAYOUT_VERSION} (cell {layout.CELL_SIZE} B)"
         )
-    if capacity <= 0 or capacity & (capacity - 1) or segment.size < layout.event_segment_size(capacity, intern_capacity):
+    if (capacity <= 0 or capacity & (capacity - 1)
+            or segment.size < layout.event_segment_size(capacity, intern_capacity)):
         raise RingCorruptError(f"{segment.name}: header claims capacity {capacity}, intern {intern_capacity}")
     return RingGeometry(capacity, intern_capacity, layout.cells_offset(intern_capacity))
 
@@ -105,7 +94,7 @@ class _PythonWriterCore:
         self._empty = empty_cell
         self._head = self._limit = self.seq = 0
 
-    def append(self, record: struct.Struct, ncells: int, args: list) -> bool:
+    def append(self, record: struct.Struct, ncells: int, args: list[Any]) -> bool:
         """Publish one record of ``ncells`` cells packed by ``record`` from ``args``
         (which carry ``seq & 0xFFFFFFFF`` in every cell).  Never raises: False,
         and counted, when the ring is full or the values do not pack."""
@@ -156,7 +145,8 @@ PUBLISH_PYTHON_BY_CHOICE = "python (MPCACHE_PURE_PYTHON is set)"
 PUBLISH_PYTHON_NOT_BUILT = "python (mpcache.shm._ringfast was not built)"
 
 
-def _writer_implementation():
+def _writer_implementation() -> tuple[str, type[WriterCore] | type[_PythonWriterCore],
+                                      type[OneCellEmitter] | None, type[FieldsEmitter] | None]:
     """(how this process publishes, writer core class, compiled emitter types or None), chosen once."""
     if os.environ.get("MPCACHE_PURE_PYTHON", "") not in ("", "0"):
         return PUBLISH_PYTHON_BY_CHOICE, _PythonWriterCore, None, None
@@ -171,8 +161,15 @@ PUBLISH_PATH, _WriterCore, _CompiledOneCellEmitter, _CompiledFieldsEmitter = _wr
 """How this process publishes: one of the three PUBLISH_* strings (the supervisor logs it at start)."""
 COMPILED_PUBLISH = PUBLISH_PATH == PUBLISH_COMPILED
 
+if TYPE_CHECKING:
+    # What the type checker sees: the compiled core (_ringfast.pyi).  _PythonWriterCore has the same
+    # constructor, members and methods; the pure-Python branch of one_cell_emitter says when it has it.
+    _WriterBase = WriterCore
+else:
+    _WriterBase = _WriterCore
 
-class RingWriter(_WriterCore):
+
+class RingWriter(_WriterBase):
     """Producer side of one ring: attach, recover, then append records.
 
     Attaching validates the header, counts a record that a dead predecessor
@@ -212,9 +209,9 @@ class RingWriter(_WriterCore):
                 value_offsets=(first_value, first_value + 8, first_value + 16),
                 clock=None if clock_ns is time.time_ns else clock_ns,
             )
-        writer = self  # a _PythonWriterCore: only it has no compiled emitter
-        buf, header, head_word = self._buf, self._header, self._head_word
-        mask, cells_off, head_kind = self._mask, self._cells_off, layout.CELL_HEAD
+        writer = cast(_PythonWriterCore, self)  # a _PythonWriterCore: only it has no compiled emitter
+        buf, header, head_word = writer._buf, writer._header, writer._head_word
+        mask, cells_off, head_kind = writer._mask, writer._cells_off, layout.CELL_HEAD
 
         def emit(a: int, b: int, c: int) -> bool:
             head = writer._head
@@ -263,6 +260,7 @@ def _next_seq(buf: memoryview, cells_off: int, mask: int, head: int) -> int:
     """The sequence number after the last committed record (0 for an empty ring)."""
     if head == 0:
         return 0
+    last: int
     (last,) = struct.unpack_from("<I", buf, cells_off + ((head - 1) & mask) * 64)
     return last + 1
 
@@ -333,7 +331,7 @@ class RingReader:
     def __init__(self, segment: Segment, max_batch_cells: int = 65536) -> None:
         geometry = read_geometry(segment)
         self.segment = segment
-        self._cells = np.ndarray(
+        self._cells: np.ndarray = np.ndarray(
             (geometry.capacity,), dtype=layout.CELL_DTYPE, buffer=segment.buf, offset=geometry.cells_offset
         )
         self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
@@ -345,7 +343,8 @@ class RingReader:
 
     def cell_kinds(self) -> np.ndarray:
         """A live view of every cell's kind byte (for counting pending records)."""
-        return self._cells["kind"]
+        kinds: np.ndarray = self._cells["kind"]
+        return kinds
 
     def pending_cells(self) -> int:
         return max(0, self._words[layout.OFF_HEAD // 8] - self._words[layout.OFF_TAIL // 8])
@@ -371,13 +370,16 @@ class RingReader:
         """
         head = self._words[layout.OFF_HEAD // 8]
         tail = self._words[layout.OFF_TAIL // 8]
+        empty: np.ndarray
         if head == tail:
-            return self._cells[:0].copy()
+            empty = self._cells[:0].copy()
+            return empty
         if head < tail or head - tail > self._capacity:
             # Nonsense cursors: skip to head and count; never raise into the pump.
             self._words[layout.OFF_MALFORMED // 8] += 1
             self._words[layout.OFF_TAIL // 8] = head
-            return self._cells[:0].copy()
+            empty = self._cells[:0].copy()
+            return empty
         n = min(head - tail, self._max_batch)
         start = tail & self._mask
         first = self._cells[start]

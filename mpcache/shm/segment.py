@@ -1,7 +1,5 @@
-"""POSIX shared-memory segments: create (owner), attach (everyone else), close, unlink.
-
-The supervisor is the single owner: it creates every segment with mode 0600 and
-unlinks it at shutdown.  Other processes attach by name and only close.
+"""POSIX shared-memory segments: the supervisor creates (0600) and unlinks them; everyone else attaches
+and closes.
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Callable
 
 import posix_ipc
 
@@ -28,7 +27,7 @@ class Segment:
         self.size = len(mapping)
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         """Create a zero-filled segment private to this user; fail if it exists.
 
         Its pages are allocated now (``posix_fallocate``): a /dev/shm too small for it is a
@@ -47,7 +46,7 @@ class Segment:
         return cls(name, mapping)
 
     @classmethod
-    def attach(cls, name: str, min_size: int = 1) -> "Segment":
+    def attach(cls, name: str, min_size: int = 1) -> Segment:
         """Map an existing segment; raise LayoutMismatchError if it is too small."""
         try:
             shm = posix_ipc.SharedMemory(name)
@@ -111,7 +110,7 @@ def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
     return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
 
 
-def leftover_segments(pid_alive) -> list[str]:
+def leftover_segments(pid_alive: Callable[[int], bool]) -> list[str]:
     """Names of mpcache segments whose owner pid ``pid_alive`` says is gone.
 
     The supervisor does not use this: a pid means nothing across PID namespaces (a live instance in

@@ -1,0 +1,1 @@
+"""The telemetry process: rings → batches → subscribers → OpenTelemetry → /metrics and OTLP."""

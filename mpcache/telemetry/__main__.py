@@ -1,11 +1,5 @@
-"""``python -m mpcache.telemetry --config PATH``: the telemetry process.
-
-Attaches to every cache process's ring and to the gauge board, runs the
-subscribers on batches read from the rings, and serves/pushes the metrics.
-It may be killed and restarted at any time: it resumes at the consumer cursors
-saved in the rings, so nothing committed meanwhile is lost unless a ring
-overflowed (and that is counted).  On SIGTERM it drains once more, exports a
-final time and exits 0.
+"""``python -m mpcache.telemetry --config PATH``: the telemetry process.  It may be killed and restarted at
+any time: it resumes at the consumer cursors saved in the rings.
 """
 
 from __future__ import annotations
@@ -43,11 +37,31 @@ def main(argv: list[str] | None = None) -> int:
     pump = Pump(sources, bus)
     exporters = None
     if not config.disable_metrics:
-        from mpcache.telemetry.otel import MetricsExport
+        from opentelemetry.metrics import Observation
+
+        from mpcache.telemetry.otel import (
+            CACHE_PROCESSES,
+            CACHE_PROCESSES_READY,
+            CHILD_RESTARTS,
+            METER_SERVICE,
+            MetricsExport,
+        )
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
         exporters = MetricsExport.start(config)
-        exporters.add_routes(health_routes(lambda: pump.polled_at, GaugeBoardReader(board, stale_after_s=2.0)))
+        readiness = GaugeBoardReader(board, stale_after_s=2.0)
+        exporters.add_routes(health_routes(lambda: pump.polled_at, readiness))
+        service_meter = exporters.meter_provider.get_meter(METER_SERVICE)
+        service_meter.create_observable_gauge(
+            CACHE_PROCESSES_READY, description="Cache processes whose heartbeat is fresh (serving).",
+            callbacks=[lambda options: [Observation(len(readiness.live_slots()))]])
+        service_meter.create_observable_gauge(
+            CACHE_PROCESSES, description="Cache processes configured (--workers).",
+            callbacks=[lambda options: [Observation(readiness.n_slots)]])
+        service_meter.create_observable_counter(
+            CHILD_RESTARTS, description="Restarts of the service's child processes, by role, since the supervisor "
+            "started.", callbacks=[lambda options: [Observation(count, {"role": role})
+                                                     for role, count in readiness.restarts().items()]])
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

@@ -1,17 +1,12 @@
-"""Decoding a batch of ring cells: vectorised aggregates and, on demand, events.
-
-A batch holds whole, validated records of one producer (see
-:meth:`mpcache.shm.ring.RingReader.read_batch`).  Counter subscribers use the
-numpy aggregates (:meth:`EventBatch.salt_totals`, :meth:`EventBatch.group_sum`)
-and never touch a record one by one; subscribers with per-event logic ask for
-:meth:`EventBatch.events` of the types they need, decoded lazily.
-"""
+"""A batch of ring cells: column aggregates (one group-by, :func:`group_sums`) for counter subscribers,
+decoded events on demand for the rest."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +22,30 @@ from mpcache.shm.intern import NameTable
 
 _KNOWN_ETYPES = np.array(sorted(int(e) for e in EventType), dtype=np.uint8)
 _INLINE_SALT_ETYPES = np.array(sorted(int(e) for e in EventType if has_inline_salt(e)), dtype=np.uint8)
-_NAME_KEY_SHIFT = np.int64(1 << 24)
+
+
+def group_sums(keys: Sequence[np.ndarray], weights: Sequence[np.ndarray]) -> dict[tuple[int, ...], list[int]]:
+    """Rows grouped by the integer columns ``keys``: per distinct combination, in ascending
+    (lexicographic) order, the sum of each column of ``weights`` over the group's rows.
+
+    Every column has one value per row.  Without ``keys`` there is one group, ``()``, when
+    there are rows.  The sums are exact integers (bool weights count the true rows).
+    """
+    rows = len(keys[0]) if keys else len(weights[0]) if weights else 0
+    if rows == 0:
+        return {}
+    if not keys:
+        return {(): [int(np.count_nonzero(w)) if w.dtype == np.bool_ else int(w.sum()) for w in weights]}
+    order = np.argsort(keys[0], kind="stable") if len(keys) == 1 else np.lexsort(tuple(reversed(keys)))
+    ordered = [column[order] for column in keys]
+    starts = np.zeros(rows, dtype=bool)
+    starts[0] = True
+    for column in ordered:
+        starts[1:] |= column[1:] != column[:-1]
+    first = np.flatnonzero(starts)
+    groups = zip(*(column[first].tolist() for column in ordered))
+    sums = [np.add.reduceat(w[order].astype(np.int64, copy=False), first).tolist() for w in weights]
+    return {group: [column[i] for column in sums] for i, group in enumerate(groups)}
 
 
 @dataclass
@@ -65,14 +83,19 @@ class EventBatch:
         self.names = names
         self._heads = np.flatnonzero(self.cells["kind"] == layout.CELL_HEAD)
         self._head_etypes = self.cells["etype"][self._heads]
-        self._salt_rows_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._present: set[int] | None = None
+        self._heads_by_type: dict[int, np.ndarray] = {}
+        self._salt_rows_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._heads)
 
     @property
     def etypes_present(self) -> set[int]:
-        return set(np.unique(self._head_etypes).tolist())
+        """The event types of the batch's records (computed once; do not modify)."""
+        if self._present is None:
+            self._present = set(np.unique(self._head_etypes).tolist())
+        return self._present
 
     def count(self, etypes: Iterable[EventType]) -> int:
         return int(np.count_nonzero(np.isin(self._head_etypes, list(etypes))))
@@ -81,17 +104,43 @@ class EventBatch:
 
     def salt_totals(self, etypes: Sequence[EventType]) -> dict[tuple[str, str], int]:
         """Sum of salt_counts over records of these types: {(cache_salt, model_name): count}."""
-        row_etypes, rows = self._salt_rows()
-        slots = rows[np.isin(row_etypes, [int(e) for e in etypes])]
-        if len(slots) == 0:
-            return {}
-        return self._grouped(slots[:, 0], slots[:, 1], slots[:, 2])
+        salts, models, counts, _ = self.salt_groups(etypes)
+        out: dict[tuple[str, str], int] = {}
+        for (salt_id, model_id), (total,) in group_sums((salts, models), (counts,)).items():
+            pair = (self.names.name(salt_id), self.names.name(model_id))
+            out[pair] = out.get(pair, 0) + total
+        return out
+
+    def salt_groups(
+        self, etypes: Sequence[EventType], fields: Sequence[str] = ()
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Every salt group of records of these types: (cache_salt ids, model_name ids, counts,
+        {field: that fixed field of the group's record, per group}) — ``fields`` must be fields
+        of every one of ``etypes``.  Groups with count 0 (no group) are left out."""
+        row_etypes, row_heads, rows = self._salt_rows()
+        wanted = [int(e) for e in etypes]
+        mask = np.isin(row_etypes, wanted)
+        salts, models, counts = rows[mask, 0], rows[mask, 1], rows[mask, 2]
+        columns: dict[str, np.ndarray] = {}
+        if fields:
+            heads, kinds = row_heads[mask], row_etypes[mask]
+            for name in fields:
+                columns[name] = np.zeros(len(heads), dtype=np.int64)
+            for etype in etypes:
+                mine = kinds == etype
+                if not np.any(mine):
+                    continue
+                position = np.searchsorted(self._type_heads(etype), heads[mine])
+                for name in fields:
+                    columns[name][mine] = self.field_column(etype, name)[position]
+        return salts, models, counts, columns
 
     def field_column(self, etype: EventType, name: str) -> np.ndarray:
         """One fixed field of every record of ``etype``, in order (float fields as float64)."""
         schema = SCHEMAS[etype]
         position = schema.field_names.index(name)
         heads = self._heads[self._head_etypes == etype]
+        raw: np.ndarray
         if position < layout.HEAD_FIELD_SLOTS:
             raw = self.cells["slots"][heads, 1 + position]
         else:
@@ -101,47 +150,30 @@ class EventBatch:
             return raw.view(np.float64)
         return raw
 
-    def group_sum(
-        self, etype: EventType, by: Sequence[str], values: Sequence[str]
-    ) -> dict[tuple[str, ...], list[int]]:
-        """Per distinct combination of the name fields ``by``, the sums of the int fields ``values``."""
-        if not np.any(self._head_etypes == etype):
-            return {}
-        keys = np.stack([self.field_column(etype, name) for name in by], axis=1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        sums = [np.bincount(inverse, weights=self.field_column(etype, v), minlength=len(uniq)) for v in values]
-        result = {}
-        for i, ids in enumerate(uniq.tolist()):
-            result[tuple(self.names.name(name_id) for name_id in ids)] = [int(s[i]) for s in sums]
-        return result
+    def _type_heads(self, etype: EventType) -> np.ndarray:
+        """Positions of the head cells of ``etype``'s records, in order (computed once per type)."""
+        heads = self._heads_by_type.get(etype)
+        if heads is None:
+            heads = self._heads_by_type[etype] = self._heads[self._head_etypes == etype]
+        return heads
 
-    def _salt_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every salt group of the batch, once: (event type per row, rows of (salt id, model id, count)).
+    def _salt_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every salt group of the batch, once: (event type, head position of the record, and
+        (salt id, model id, count)) per group.
 
-        Computed on first use and kept: several subscribers ask for salt totals of
+        Computed on first use and kept: several subscribers ask for salt groups of
         the same batch, and this is the pass over every cell."""
         if self._salt_rows_cache is None:
             cells = self.cells
             salt_cells = np.flatnonzero(cells["kind"] == layout.CELL_SALT)
             inline = self._heads[np.isin(self._head_etypes, _INLINE_SALT_ETYPES)]
             row_etypes = np.concatenate((cells["etype"][salt_cells], cells["etype"][inline]))
+            row_heads = np.concatenate((salt_cells - cells["index"][salt_cells], inline))
             rows = np.concatenate((cells["slots"][salt_cells, :3],
                                    cells["slots"][inline, layout.INLINE_SALT_SLOT : layout.INLINE_SALT_SLOT + 3]))
             keep = rows[:, 2] != 0  # an inline group with count 0 means "no group"
-            self._salt_rows_cache = (row_etypes[keep], rows[keep])
+            self._salt_rows_cache = (row_etypes[keep], row_heads[keep], rows[keep])
         return self._salt_rows_cache
-
-    def _grouped(self, salt_ids: np.ndarray, model_ids: np.ndarray, counts: np.ndarray) -> dict[tuple[str, str], int]:
-        key = salt_ids.astype(np.int64) * _NAME_KEY_SHIFT + model_ids
-        uniq, inverse = np.unique(key, return_inverse=True)
-        sums = np.bincount(inverse, weights=counts, minlength=len(uniq))
-        out: dict[tuple[str, str], int] = {}
-        for packed, total in zip(uniq.tolist(), sums.tolist()):
-            salt_id, model_id = divmod(packed, int(_NAME_KEY_SHIFT))
-            pair = (self.names.name(salt_id), self.names.name(model_id))
-            out[pair] = out.get(pair, 0) + int(total)
-        return out
 
     def session_ids(self, heads: np.ndarray) -> list[bytes]:
         """The session id (UTF-8 bytes, b"" when none) of each record whose head cell is
@@ -168,14 +200,15 @@ class EventBatch:
             out[position] = out[position] + piece if out[position] else piece
         return out
 
-    def table(self, etypes: Sequence[EventType], fields: Sequence[str]) -> tuple[list[int], list[int], dict[str, list]]:
+    def table(self, etypes: Sequence[EventType],
+              fields: Sequence[str]) -> tuple[list[int], list[int], dict[str, list[int]]]:
         """Records of these types in ring order, as columns: (event type ids, timestamps ns,
         {field: values}) — a field a type lacks reads 0; names stay ids (see ``names``).
         Per-event logic loops over these lists instead of decoding events."""
         mask = np.isin(self._head_etypes, [int(e) for e in etypes])
         heads = self._heads[mask]
         etype_col = self._head_etypes[mask]
-        columns: dict[str, list] = {}
+        columns: dict[str, list[int]] = {}
         for name in fields:
             column = np.zeros(len(heads), dtype=np.int64)
             for etype in etypes:
@@ -186,6 +219,8 @@ class EventBatch:
 
     def heads_of(self, etypes: Sequence[EventType]) -> np.ndarray:
         """Positions of the head cells of these types' records, in ring order."""
+        if len(etypes) == 1:
+            return self._type_heads(etypes[0])
         return self._heads[np.isin(self._head_etypes, [int(e) for e in etypes])]
 
     # -- per-event decoding ----------------------------------------------------
@@ -240,6 +275,7 @@ class EventBatch:
             elif kind == layout.CELL_BLOCK:
                 blocks.append((row[0], row[1], row[2] & 0xFFFFFFFFFFFFFFFF))
             elif kind == layout.CELL_TEXT:
+                assert raw_bytes is not None  # set whenever kinds has a TEXT cell
                 cell = raw_bytes[i]
                 length = min(int(cell[9]), layout.TEXT_BYTES_PER_CELL)
                 text_parts.setdefault(int(cell[8]), []).append(cell[10 : 10 + length].tobytes())

@@ -1,36 +1,83 @@
-"""Buffering instrument calls between flushes: one SDK call per (instrument, attribute set) per flush.
-
-An OpenTelemetry SDK call costs 5–20 µs whatever it carries, so its cost per
-event depends on how many events share one call.  Subscribers already
-aggregate within a batch; at low and moderate rates batches are small, and
-that per-batch cost is what the telemetry process would spend its time on.
-:class:`BufferedMeter` hands subscribers counters and histograms that only
-accumulate in dictionaries; :meth:`InstrumentBuffer.flush` — called by the
-:class:`~mpcache.telemetry.bus.EventBus` at most every ``flush_interval_s``
-(0.1 s in the telemetry process) and at shutdown — makes the SDK calls.  What
-``/metrics`` and OTLP show is then at most that much older.  Observable
-instruments are not buffered (they are read at collection time anyway).
+"""Buffered instruments: subscribers' counter and histogram calls accumulate, and each flush makes one SDK
+call per (instrument, attribute set), because an SDK call costs 5–20 µs whatever it carries.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 from mpcache.telemetry.histograms import record_many
+
+if TYPE_CHECKING:  # types only: importing this module must not import OpenTelemetry
+    from opentelemetry.metrics import (
+        CallbackT,
+        Counter,
+        Histogram,
+        Meter,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+    )
+    from opentelemetry.util.types import Attributes, AttributeValue
+
+    _AttributesKey = tuple[tuple[str, AttributeValue], ...]
+
+
+class CounterLike(Protocol):
+    """A counter as subscribers use it: the SDK's, or a :class:`BufferedMeter`'s."""
+
+    def add(self, amount: int | float, attributes: Attributes = None, /) -> None: ...
+
+
+class HistogramLike(Protocol):
+    """A histogram as subscribers use it: the SDK's, or a :class:`BufferedMeter`'s."""
+
+    def record(self, amount: int | float, attributes: Attributes = None, /) -> None: ...
+
+
+class MeterLike(Protocol):
+    """What subscribers need of a meter (through :func:`mpcache.telemetry.otel.create_instrument`).
+
+    An OpenTelemetry ``Meter`` is one, and so is a :class:`BufferedMeter`.
+    """
+
+    def create_counter(self, name: str, unit: str = "", description: str = "") -> CounterLike: ...
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> HistogramLike: ...
+
+    def create_observable_gauge(
+        self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
+    ) -> ObservableGauge: ...
+
+    def create_observable_counter(
+        self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
+    ) -> ObservableCounter: ...
+
+
+class _Named(Protocol):
+    name: str  # the SDK's instruments have it (lower-cased); the API's abstract classes do not declare it
 
 
 class InstrumentBuffer:
     """Pending counter sums and histogram samples, per (instrument, attribute set)."""
 
     def __init__(self) -> None:
-        self._sums: dict[tuple[Any, tuple], float] = {}
-        self._samples: dict[tuple[Any, tuple], list[float]] = {}
+        self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
+        self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
 
-    def add(self, counter: Any, amount: float, attributes: dict | None) -> None:
+    def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         key = (counter, tuple(attributes.items()) if attributes else ())
         self._sums[key] = self._sums.get(key, 0) + amount
 
-    def record(self, histogram: Any, value: float, attributes: dict | None) -> None:
+    def record(self, histogram: Histogram, value: float, attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
         samples = self._samples.get(key)
         if samples is None:
@@ -50,41 +97,57 @@ class InstrumentBuffer:
 class _BufferedCounter:
     __slots__ = ("_counter", "_buffer", "name")
 
-    def __init__(self, counter: Any, buffer: InstrumentBuffer) -> None:
-        self._counter, self._buffer, self.name = counter, buffer, counter.name
+    def __init__(self, counter: Counter, buffer: InstrumentBuffer) -> None:
+        self._counter, self._buffer, self.name = counter, buffer, cast(_Named, counter).name
 
-    def add(self, amount: float, attributes: dict | None = None) -> None:
+    def add(self, amount: float, attributes: Attributes = None) -> None:
         self._buffer.add(self._counter, amount, attributes)
 
 
 class _BufferedHistogram:
     __slots__ = ("_histogram", "_buffer", "name")
 
-    def __init__(self, histogram: Any, buffer: InstrumentBuffer) -> None:
-        self._histogram, self._buffer, self.name = histogram, buffer, histogram.name
+    def __init__(self, histogram: Histogram, buffer: InstrumentBuffer) -> None:
+        self._histogram, self._buffer, self.name = histogram, buffer, cast(_Named, histogram).name
 
-    def record(self, value: float, attributes: dict | None = None) -> None:
+    def record(self, value: float, attributes: Attributes = None) -> None:
         self._buffer.record(self._histogram, value, attributes)
 
 
 class BufferedMeter:
     """A meter whose counters and histograms write into ``buffer``; everything else is the real meter's."""
 
-    def __init__(self, meter: Any, buffer: InstrumentBuffer) -> None:
+    def __init__(self, meter: Meter, buffer: InstrumentBuffer) -> None:
         self._meter = meter
         self._buffer = buffer
 
-    def create_counter(self, *args: Any, **kwargs: Any) -> _BufferedCounter:
-        return _BufferedCounter(self._meter.create_counter(*args, **kwargs), self._buffer)
+    def create_counter(self, name: str, unit: str = "", description: str = "") -> _BufferedCounter:
+        return _BufferedCounter(self._meter.create_counter(name, unit, description), self._buffer)
 
-    def create_histogram(self, *args: Any, **kwargs: Any) -> _BufferedHistogram:
-        return _BufferedHistogram(self._meter.create_histogram(*args, **kwargs), self._buffer)
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> _BufferedHistogram:
+        histogram = self._meter.create_histogram(
+            name, unit, description, explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory
+        )
+        return _BufferedHistogram(histogram, self._buffer)
 
-    def create_observable_gauge(self, *args: Any, **kwargs: Any) -> Any:
-        return self._meter.create_observable_gauge(*args, **kwargs)
+    def create_observable_gauge(
+        self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
+    ) -> ObservableGauge:
+        return self._meter.create_observable_gauge(name, callbacks, unit, description)
 
-    def create_observable_counter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._meter.create_observable_counter(*args, **kwargs)
+    def create_observable_counter(
+        self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
+    ) -> ObservableCounter:
+        return self._meter.create_observable_counter(name, callbacks, unit, description)
 
-    def create_observable_up_down_counter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._meter.create_observable_up_down_counter(*args, **kwargs)
+    def create_observable_up_down_counter(
+        self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
+    ) -> ObservableUpDownCounter:
+        return self._meter.create_observable_up_down_counter(name, callbacks, unit, description)

@@ -1,17 +1,12 @@
-"""The EventBus of the telemetry process: batches in, subscribers called by type.
-
-A subscriber declares the event types it consumes and receives whole batches
-(:meth:`Subscriber.on_batch`), or one decoded event at a time if it only
-overrides :meth:`Subscriber.on_event`.  A subscriber that raises is isolated:
-the exception is logged and counted under its class name, and every other
-subscriber still gets the batch.
+"""The telemetry process's EventBus: batches in, subscribers called by the event types they declare; a
+subscriber that raises is logged, counted and isolated.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -66,7 +61,7 @@ class EventBus:
         for flush in self._flushers:
             try:
                 flush()
-            except Exception:  # noqa: BLE001 - a broken exporter must not stop the pump
+            except Exception:  # a broken exporter must not stop the pump
                 self._exceptions["flush"] += 1
                 log.exception("flush_failed")
 
@@ -107,7 +102,7 @@ class EventBus:
     def _call(self, subscriber: Subscriber, method: str, *args: object) -> None:
         try:
             getattr(subscriber, method)(*args)
-        except Exception:  # noqa: BLE001 - one subscriber must not take the others down
+        except Exception:  # one subscriber must not take the others down
             name = type(subscriber).__name__
             self._exceptions[name] += 1
             if self._exceptions[name] <= 10 or self._exceptions[name] % 1000 == 0:

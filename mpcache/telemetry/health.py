@@ -8,7 +8,7 @@ or restarting cache process turns it 503).  Both answer with one short line.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.http import Route

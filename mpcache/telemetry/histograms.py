@@ -1,33 +1,24 @@
-"""Recording many histogram samples with one SDK call per attribute set, not one per sample.
-
-A ``Histogram.record`` in the OpenTelemetry SDK costs 5–20 µs (attribute
-validation and hashing, a measurement object, locks); the throughput
-histograms take one sample per transfer, so at telemetry rates those calls
-would dominate the telemetry process.  :func:`record_many` folds the samples
-of one attribute set into the SDK's explicit-bucket aggregation in one step:
-the first sample goes through ``record`` (which creates the aggregation
-exactly as usual), the rest are bucketed with numpy and added to the same
-aggregation's counts, sum, min and max under its lock.
-
-That second step uses SDK internals (checked by a test against per-sample
-recording).  If they are not what this module expects — another SDK version,
-another aggregation, a view that changes the attributes — it falls back to
-one ``record`` per sample for the rest of the process, and says so once.
+"""Recording many histogram samples with one SDK call per attribute set, by folding them into the SDK's
+bucket counts (checked against per-sample recording; falls back to it if the SDK differs).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram
+    from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger(__name__)
 
 _fast_path_ok = True
 
 
-def record_many(histogram: Any, attributes: dict[str, str], values: list[float]) -> None:
+def record_many(histogram: Histogram, attributes: dict[str, AttributeValue], values: list[float]) -> None:
     """Record every value of ``values`` with ``attributes``: like ``record`` per value, in one step."""
     global _fast_path_ok
     histogram.record(values[0], attributes)
@@ -46,7 +37,7 @@ def record_many(histogram: Any, attributes: dict[str, str], values: list[float])
         histogram.record(value, attributes)
 
 
-def _fold_into_aggregations(histogram: Any, attributes: dict[str, str], values: np.ndarray) -> bool:
+def _fold_into_aggregations(histogram: Any, attributes: dict[str, AttributeValue], values: np.ndarray) -> bool:
     """Add ``values`` to every aggregation ``record`` just fed; False if the internals do not fit."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import (
         _hash_attributes,

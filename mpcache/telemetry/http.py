@@ -12,8 +12,9 @@ import asyncio
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -36,7 +37,8 @@ class MetricsHTTPServer:
     """Serves ``routes`` on ``address`` from its own thread; construct (binds), :meth:`start`, :meth:`close`."""
 
     def __init__(self, address: tuple[str, int], routes: dict[str, Route], log: Any, *,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.routes = routes
         self._log = log
         self._max_connections = max_connections
@@ -129,7 +131,11 @@ class MetricsHTTPServer:
         answer = self._inflight.get(path)
         if answer is None:  # requests that arrive while it is being built share it
             answer = self._inflight[path] = self._loop.run_in_executor(self._collector, route)
-            answer.add_done_callback(lambda _, path=path: self._inflight.pop(path, None))
+
+            def forget(_: object, path: str = path) -> None:
+                self._inflight.pop(path, None)
+
+            answer.add_done_callback(forget)
         try:
             return await asyncio.shield(answer)
         except Exception:  # noqa: BLE001 - one failed collection must not take the endpoint down

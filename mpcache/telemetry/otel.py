@@ -1,26 +1,15 @@
-"""OpenTelemetry set-up of the telemetry process: one MeterProvider, two ways out.
-
-* Prometheus pull: a ``PrometheusMetricReader`` registered in its own
-  ``CollectorRegistry`` (never prometheus_client's global one, so nothing else
-  in the process leaks into ``/metrics`` and tests can run side by side),
-  served by prometheus_client's HTTP server on
-  ``config.prometheus_host:config.prometheus_port``.  Port 0 binds a free
-  port; :attr:`MetricsExport.prometheus_port` is the port actually bound.
-* OTLP push (gRPC or HTTP per ``config.otlp_protocol``) every
-  ``config.otlp_interval_s`` when ``config.otlp_endpoint`` is set.
-
-Both run at once when an endpoint is given.  The provider is not installed
-globally: subscribers receive it explicitly.  Instruments are created from
-:mod:`mpcache.telemetry.metric_table` by :func:`create_instrument`, so name,
-unit, description and bucket boundaries live in one place.
+"""OpenTelemetry set-up of the telemetry process: one MeterProvider, Prometheus pull in its own registry
+and OTLP push; instruments are created from :mod:`mpcache.telemetry.metric_table`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -32,10 +21,14 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID as SERVICE_INSTANCE_ID_KEY
+from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from prometheus_client import CollectorRegistry, ProcessCollector
 
+from mpcache import __version__
 from mpcache.config import Config
+from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.http import (
     MetricsHTTPServer,
@@ -44,6 +37,15 @@ from mpcache.telemetry.http import (
 )
 
 SERVICE_NAME = "mpcache"
+METER_SERVICE = "mpcache.service"  # the service's own metrics, beside the metric table's
+BUILD_INFO = "mpcache.build_info"
+CACHE_PROCESSES_READY = "mpcache.cache_processes_ready"
+CACHE_PROCESSES = "mpcache.cache_processes"
+CHILD_RESTARTS = "mpcache.child_restarts"
+# What MetricsExport serves beyond the metric table: build info and the process collector's series.
+SERVICE_SERIES = ("mpcache_build_info", "process_cpu_seconds_total",
+                  "process_max_fds", "process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds",
+                  "process_virtual_memory_bytes")
 HTTP_METRICS_PATH = "/v1/metrics"
 _SHUTDOWN_TIMEOUT_MS = 10_000
 
@@ -57,16 +59,19 @@ class MetricsExport:
     meter_provider: MeterProvider
     registry: CollectorRegistry
     prometheus_host: str
-    prometheus_port: int  # the port actually bound (config port 0 → a free one)
+    prometheus_port: int  # the port actually bound (config port 0 → a free one; 0 with no HTTP endpoint)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: MetricsHTTPServer
+    _http_server: MetricsHTTPServer | None
 
     @classmethod
-    def start(cls, config: Config) -> "MetricsExport":
-        """Build the MeterProvider with its readers and start serving ``/metrics``."""
+    def start(cls, config: Config) -> MetricsExport:
+        """Build the MeterProvider with its readers and start serving ``/metrics`` (unless ``config.no_http``)."""
         registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=registry)  # process_* of the telemetry process, Prometheus's convention
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry, scope_info_enabled=False)]
+        readers: list[MetricReader] = []
+        if not config.no_http:
+            readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
         otlp_reader = None
         if config.otlp_endpoint:
             otlp_reader = PeriodicExportingMetricReader(
@@ -76,7 +81,12 @@ class MetricsExport:
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
+        provider.get_meter(METER_SERVICE).create_observable_gauge(
+            BUILD_INFO, description="Always 1: the mpcache version and the ring writer the cache processes use.",
+            callbacks=[lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
         log = structlog.get_logger("mpcache.telemetry")
+        if config.no_http:
+            return cls(provider, registry, config.prometheus_host, 0, otlp_reader, None)
         try:
             server = MetricsHTTPServer((config.prometheus_host, config.prometheus_port),
                                        {"/metrics": metrics_route(registry)}, log)
@@ -91,11 +101,14 @@ class MetricsExport:
         return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
-        """Serve more paths next to ``/metrics`` (health)."""
-        self._http_server.routes.update(routes)
+        """Serve more paths next to ``/metrics`` (health); nothing without an HTTP endpoint."""
+        if self._http_server is not None:
+            self._http_server.routes.update(routes)
 
     @property
-    def metrics_url(self) -> str:
+    def metrics_url(self) -> str | None:
+        if self._http_server is None:
+            return None
         host = f"[{self.prometheus_host}]" if ":" in self.prometheus_host else self.prometheus_host
         return f"http://{host}:{self.prometheus_port}/metrics"
 
@@ -104,7 +117,8 @@ class MetricsExport:
         try:
             self.meter_provider.shutdown(timeout_millis=_SHUTDOWN_TIMEOUT_MS)
         finally:
-            self._http_server.close()
+            if self._http_server is not None:
+                self._http_server.close()
 
 
 def _is_loopback(host: str) -> bool:
@@ -113,13 +127,15 @@ def _is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror:
         return False
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def build_resource(config: Config) -> Resource:
-    """Only the two attributes mpcache promises; built directly so that no
-    ``OTEL_*`` environment variable changes them behind the configuration."""
-    return Resource({"service.name": SERVICE_NAME, "service.instance.id": config.instance_id})
+    """service.name "mpcache" unless ``OTEL_SERVICE_NAME`` says otherwise, the attributes of
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's own detector), and always the configured service.instance.id."""
+    from_environment = OTELResourceDetector().detect()
+    return (Resource({SERVICE_NAME_KEY: SERVICE_NAME}).merge(from_environment)
+            .merge(Resource({SERVICE_INSTANCE_ID_KEY: config.instance_id})))
 
 
 def build_otlp_exporter(config: Config) -> MetricExporter:
@@ -130,7 +146,7 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     ``/v1/metrics`` path.
     """
     endpoint = config.otlp_endpoint
-    timeout_s = min(10.0, config.otlp_interval_s)
+    timeout_s = otlp_timeout_s(config)
     if config.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcExporter,
@@ -146,7 +162,15 @@ def build_otlp_exporter(config: Config) -> MetricExporter:
     return HttpExporter(endpoint=endpoint, timeout=timeout_s)
 
 
-def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()):
+def otlp_timeout_s(config: Config) -> float | None:
+    """None where ``OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]TIMEOUT`` is set (the SDK reads it), else at most 10 s."""
+    if any(name in os.environ for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+                                           "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")):
+        return None
+    return min(10.0, config.otlp_interval_s)
+
+
+def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:
     """The instrument described by ``otel_name``'s row of the metric table.
 
     Observable instruments need ``callbacks``; the others must not get any.

@@ -1,16 +1,12 @@
-"""The telemetry process's read loop: rings → batches → EventBus.
-
-One :class:`RingSource` per cache process.  The pump polls every ring, hands
-each non-empty batch to the bus, sleeps briefly when all rings are idle, and
-ticks the subscribers about once a second.  It also answers the bus
-self-monitoring questions (queue depth, drain lag, drops) from ring state.
+"""The telemetry process's read loop: rings → batches → EventBus, with an adaptive sleep, cursors stored
+after delivery, a 1 Hz tick, and the bus's self-monitoring from ring state.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -30,7 +26,7 @@ class RingSource:
     names: NameTable
 
     @classmethod
-    def attach(cls, producer: int, name: str, max_batch_cells: int = 16384) -> "RingSource":
+    def attach(cls, producer: int, name: str, max_batch_cells: int = 16384) -> RingSource:
         """16 Ki cells (1 MiB) per batch: large enough that numpy amortises, small enough that a
         backlog does not balloon the telemetry process's memory with per-batch temporaries."""
         segment = Segment.attach(name, layout.HEADER_SIZE)
@@ -65,6 +61,7 @@ class Pump:
         for source in self.sources:
             cells = source.reader.read_batch(commit=False)
             if len(cells):
+                source.names.sync()
                 batch = EventBatch(source.producer, cells, source.names)
                 self.unknown_records += batch.unknown_records
                 self.bus.dispatch(batch)

@@ -1,15 +1,18 @@
-"""A per-metric cap on distinct ``cache_salt`` values.
+"""Label cardinality policy: per metric, at most ``cap`` distinct ``cache_salt`` values and at most
+``series_cap`` attribute sets; values beyond either are reported as ``__overflow__``.
 
-``cache_salt`` is a tenant key and can be high-cardinality; every distinct
-value is a time series for as long as the process lives.  Each metric admits
-the first ``cap`` values it sees and reports every later one as
-:data:`OVERFLOW_SALT`, so one runaway tenant population costs at most
-``cap + 1`` series per metric.
+``cache_salt`` and ``model_name`` are chosen by clients, so a runaway tenant or model population costs
+a bounded number of series per metric (below the OpenTelemetry SDK's own 2000-series limit, which would
+fold them into ``otel_metric_overflow`` with no attributes at all).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 OVERFLOW_SALT = "__overflow__"
+CLIENT_LABELS = frozenset({"cache_salt", "model_name"})
+DEFAULT_SERIES_CAP = 1500
 
 
 class SaltCap:
@@ -29,3 +32,23 @@ class SaltCap:
             self._admitted.add(salt)
             return salt
         return OVERFLOW_SALT
+
+
+class SeriesCap:
+    """The admitted attribute sets of one metric: past ``cap``, a new set keeps its service-chosen values and
+    reports its client-chosen ones (``cache_salt``, ``model_name``) as ``__overflow__``."""
+
+    def __init__(self, names: Sequence[str], cap: int = DEFAULT_SERIES_CAP) -> None:
+        if cap < 1:
+            raise ValueError(f"series cap must be >= 1, got {cap}")
+        self._client = [name in CLIENT_LABELS for name in names]
+        self._cap = cap
+        self._admitted: set[tuple[str, ...]] = set()
+
+    def __call__(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        if values in self._admitted:
+            return values
+        if len(self._admitted) < self._cap:
+            self._admitted.add(values)
+            return values
+        return tuple(OVERFLOW_SALT if client else value for value, client in zip(values, self._client))

@@ -1,14 +1,5 @@
-"""OpenTelemetry tracing set-up of the telemetry process (``--enable-tracing``).
-
-One :class:`~opentelemetry.sdk.trace.TracerProvider` with the same Resource as
-the metrics (:func:`mpcache.telemetry.otel.build_resource`: service.name and
-service.instance.id, nothing from ``OTEL_*`` variables), every span sampled,
-and a :class:`~opentelemetry.sdk.trace.export.BatchSpanProcessor` in front of
-an OTLP span exporter chosen by ``config.otlp_protocol`` (gRPC or HTTP) and
-aimed at ``config.otlp_endpoint``.  Spans are built by
-:mod:`mpcache.telemetry.subscribers.tracing` from event timestamps; the
-provider is not installed globally.  :meth:`TracingExport.shutdown` flushes
-what is queued, then stops the exporter.
+"""OpenTelemetry tracing set-up (``--enable-tracing``): a TracerProvider with the metrics' resource and a
+batching OTLP span exporter; :meth:`TracingExport.shutdown` flushes what is queued.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ class TracingExport:
     processor: SpanProcessor
 
     @classmethod
-    def start(cls, config: Config, processor: SpanProcessor | None = None) -> "TracingExport":
+    def start(cls, config: Config, processor: SpanProcessor | None = None) -> TracingExport:
         """Build the provider.  ``processor`` replaces the OTLP batch processor (tests use an in-memory one)."""
         if processor is None:
             processor = BatchSpanProcessor(

@@ -16,7 +16,7 @@ SALT = "tenant-cb"
 ENGINE = 7
 WORKER = 3
 L1_SLOTS = 32
-MISSING_BUFFER = 999
+MISSING_BUFFER = 999  # a buffer id the server never gave out
 
 
 def documents() -> dict[str, list[int]]:
@@ -37,63 +37,67 @@ def run_script(harness) -> dict:
     out: dict = {"kv": kv}
 
     # "pre": documents computed on their own.  a1 a2 (blocks 0 1) and b1 (block 2): 3 new fingerprints.
-    out["pre_a"] = client.cb_store_pre_computed(kv, "pre", MODEL, SALT, A, [0, 1], engine_id=ENGINE)
-    out["pre_b"] = client.cb_store_pre_computed(kv, "pre", MODEL, SALT, B, [2], engine_id=ENGINE)
-    out["pre_a_again"] = client.cb_store_pre_computed(kv, "pre", MODEL, SALT, A, [0, 1], engine_id=ENGINE)  # 0 new
+    out["pre_a"] = client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=A,
+                                                block_ids=[0, 1], engine_id=ENGINE)
+    out["pre_b"] = client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=B,
+                                                block_ids=[2], engine_id=ENGINE)
+    out["pre_a_again"] = client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT,
+                                                      tokens=A, block_ids=[0, 1], engine_id=ENGINE)  # 0 new
     try:  # into a buffer this connection never registered: a failed pre-computed store
-        client.cb_store_pre_computed(MissingBuffer(), "pre", MODEL, SALT, C, [3], engine_id=ENGINE)
+        client.cb_store_pre_computed(MISSING_BUFFER, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=C,
+                                     block_ids=[3], engine_id=ENGINE)
     except RequestError as exc:
         out["pre_missing_error"] = str(exc)
     client.end_session("pre")
 
     # "r1": B A C Q (85 tokens, 5 whole chunks): b1 a1 a2 are fingerprint hits confirmed in L1, c1 q1 miss.
     r1 = B + A + C + Q
-    out["r1_lookup"] = client.cb_lookup("r1", MODEL, SALT, r1)
-    out["r1_retrieve"] = client.cb_retrieve(kv, "r1", out["r1_lookup"]["lookup_id"], [0, 1, 2], [8, 9, 10],
-                                            engine_id=ENGINE, worker_id=WORKER)
+    out["r1_lookup"] = client.cb_lookup(request_id="r1", model_name=MODEL, cache_salt=SALT, tokens=r1)
+    out["r1_retrieve"] = client.cb_retrieve(kv, request_id="r1", lookup_id=out["r1_lookup"].lookup_id,
+                                            chunk_indices=[0, 1, 2], block_ids=[8, 9, 10], engine_id=ENGINE,
+                                            worker_id=WORKER)
     # the finished request, blocks 8..12: 5 new prefix-chained objects; c1 and q1 newly indexed (b1 a1 a2 keep
     # their pre-computed objects)
-    out["r1_final"] = client.cb_store_final(kv, "r1", MODEL, SALT, r1, [8, 9, 10, 11, 12], engine_id=ENGINE)
+    out["r1_final"] = client.cb_store_final(kv, request_id="r1", model_name=MODEL, cache_salt=SALT, tokens=r1,
+                                            block_ids=[8, 9, 10, 11, 12], engine_id=ENGINE)
     try:  # 2 block ids for 5 whole chunks: a failed final store
-        client.cb_store_final(kv, "r1", MODEL, SALT, r1, [8, 9], engine_id=ENGINE)
+        client.cb_store_final(kv, request_id="r1", model_name=MODEL, cache_salt=SALT, tokens=r1, block_ids=[8, 9],
+                              engine_id=ENGINE)
     except RequestError as exc:
         out["r1_final_error"] = str(exc)
     client.end_session("r1")
 
     # "r2": C B: c1 → r1's final object, b1 → the pre-computed one (2 storage hits).
-    out["r2_lookup"] = client.cb_lookup("r2", MODEL, SALT, C + B)
+    out["r2_lookup"] = client.cb_lookup(request_id="r2", model_name=MODEL, cache_salt=SALT, tokens=C + B)
     try:  # into a missing buffer: CB_RETRIEVE_END success=false
-        client.cb_retrieve(MISSING_BUFFER, "r2", out["r2_lookup"]["lookup_id"], [0, 1], [13, 14], engine_id=ENGINE)
+        client.cb_retrieve(MISSING_BUFFER, request_id="r2", lookup_id=out["r2_lookup"].lookup_id,
+                           chunk_indices=[0, 1], block_ids=[13, 14], engine_id=ENGINE)
     except RequestError as exc:
         out["r2_missing_error"] = str(exc)
-    out["r2_retrieve"] = client.cb_retrieve(kv, "r2", out["r2_lookup"]["lookup_id"], [0, 1], [13, 14],
-                                            engine_id=ENGINE)
+    out["r2_retrieve"] = client.cb_retrieve(kv, request_id="r2", lookup_id=out["r2_lookup"].lookup_id,
+                                            chunk_indices=[0, 1], block_ids=[13, 14], engine_id=ENGINE)
     client.end_session("r2")
 
     # Forced eviction: a plain store of 26 new chunks into L1 (8 of 32 slots used) evicts the 2 least recently
     # used objects, the pre-computed a1 and a2 (retrieves touch what they read: r2 read c1 and b1 last).
-    out["evict_stored"] = client.store(bulk, "evict", MODEL, SALT, list(range(1, 27)), list(range(26)))
+    out["evict_stored"] = client.store(bulk, request_id="evict", model_name=MODEL, cache_salt=SALT,
+                                       chunk_hashes=list(range(1, 27)), block_ids=list(range(26))).stored
     client.end_session("evict")
 
     # "r3": A B: a1 and a2 are stale (entries removed, CB_CHUNKS_EVICTED 2), b1 a storage hit ...
-    out["r3_lookup"] = client.cb_lookup("r3", MODEL, SALT, A + B)
+    out["r3_lookup"] = client.cb_lookup(request_id="r3", model_name=MODEL, cache_salt=SALT, tokens=A + B)
     # ... and again: a1 and a2 are now plain misses
-    out["r3_lookup_again"] = client.cb_lookup("r3", MODEL, SALT, A + B)
+    out["r3_lookup_again"] = client.cb_lookup(request_id="r3", model_name=MODEL, cache_salt=SALT, tokens=A + B)
     # A recomputed: a1 a2 stored and newly indexed (L1 is full: r1's final b1 and a1 objects make room)
-    out["r3_pre_a"] = client.cb_store_pre_computed(kv, "r3", MODEL, SALT, A, [0, 1], engine_id=ENGINE)
+    out["r3_pre_a"] = client.cb_store_pre_computed(kv, request_id="r3", model_name=MODEL, cache_salt=SALT, tokens=A,
+                                                   block_ids=[0, 1], engine_id=ENGINE)
     client.end_session("r3")
 
     # "r4": a client with no registered KV buffer has no GPU context
     bare = harness.client()
-    out["r4_lookup"] = bare.cb_lookup("r4", MODEL, SALT, A + B)
+    out["r4_lookup"] = bare.cb_lookup(request_id="r4", model_name=MODEL, cache_salt=SALT, tokens=A + B)
     out["r4_known"] = bare.end_session("r4")
     return out
-
-
-class MissingBuffer:
-    """Stands in for a KVBuffer whose id the server does not know."""
-
-    buffer_id = MISSING_BUFFER
 
 
 # What the script must publish, as (event name, fields, session_id), in order (CB events only).

@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -38,6 +38,9 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, what: str 
         time.sleep(0.005)
 
 
+TEST_L2_SECRET = "5e" * 32  # a fixed L2 record key (hex), so fs tiers survive a harness restart
+
+
 def make_config(runtime_dir: str, **overrides) -> Config:
     values = dict(
         instance_id=uuid.uuid4().hex,
@@ -52,6 +55,7 @@ def make_config(runtime_dir: str, **overrides) -> Config:
         metrics_sample_rate=1.0,
         eviction_interval_s=3600.0,  # tests that want the loop ask for a short interval
         l1_watermark=0.75,
+        l2_secret=TEST_L2_SECRET,  # what the supervisor resolves for fs and redis tiers (the fs tier's secret file)
     )
     values.update(overrides)
     return Config(**values)

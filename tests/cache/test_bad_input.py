@@ -109,7 +109,8 @@ def assert_refused_harmlessly(raw, reply: dict, error_type: str, fragment: str) 
     assert 0 == len(harness.events.take())
     assert 0 == harness.server.l1.used_slots
     assert True is conn.request(_store(buffer_id))["ok"]
-    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [77], [0])
+    assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[77],
+                                block_ids=[0]).stored
 
 
 def test_reply_to_a_request_with_an_id_carries_that_id(raw):
@@ -139,7 +140,8 @@ def test_oversized_frame_gets_an_error_reply_then_that_connection_is_closed(raw)
     assert (False, "protocol") == (reply["ok"], reply["error_type"])
     assert "exceeds the 1048576-byte limit" in reply["error"]
     assert b"" == conn.sock.recv(1)
-    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [78], [0])
+    assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[78],
+                                block_ids=[0]).stored
     fresh = RawConn(harness.config.socket_path(0))
     assert True is fresh.request({"op": "ping", "id": 1})["ok"]
     fresh.close()
@@ -150,7 +152,8 @@ def test_abrupt_disconnect_mid_frame_does_not_disturb_others(raw):
     harness, conn, _, bystander, bystander_kv = raw
     conn.sock.sendall(protocol.FRAME_HEADER.pack(100) + b"\x81")
     conn.sock.close()
-    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [79], [0])
+    assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[79],
+                                block_ids=[0]).stored
 
 
 def test_shrunk_client_buffer_is_refused_instead_of_read(cache):
@@ -162,7 +165,7 @@ def test_shrunk_client_buffer_is_refused_instead_of_read(cache):
     os.truncate("/dev/shm/" + kv.name.lstrip("/"), CHUNK_BYTES)
     harness.events.take()
     with pytest.raises(Exception, match="shrank"):
-        client.store(kv, "r", MODEL, "", [1], [0])
+        client.store(kv, request_id="r", model_name=MODEL, chunk_hashes=[1], block_ids=[0])
     assert 0 == harness.events.take().count([E.MP_STORE_START])
 
 
@@ -179,4 +182,5 @@ def test_pipelined_requests_from_a_client_that_reads_late_are_all_answered_in_or
     ids = [conn.reply()["id"] for _ in range(count)]
     sender.join(10)
     assert list(range(count)) == ids
-    assert 1 == bystander.store(bystander_kv, "b", MODEL, "", [80], [0])
+    assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[80],
+                                block_ids=[0]).stored

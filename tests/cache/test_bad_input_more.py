@@ -14,8 +14,11 @@ from raw_frames import RawConn
 from mpcache.contract.events import EventType as E
 from mpcache.shm.segment import Segment, shm_name
 
+from . import test_bad_input
 from .conftest import CHUNK_BYTES, MODEL
-from .test_bad_input import _store, assert_refused_harmlessly, raw  # noqa: F401 - raw is the fixture used below
+from .test_bad_input import _store, assert_refused_harmlessly
+
+raw = test_bad_input.raw  # the fixture, requested by name below
 
 # name -> (payload bytes built from the raw connection's buffer id, error_type, part of the error message)
 BAD_PAYLOADS = {

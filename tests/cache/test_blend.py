@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpcache.cache.blend import FingerprintTable
+from mpcache.client import BlendStoreResult, RetrieveResult
 from mpcache.contract.blending import (
     FINGERPRINT_HIT,
     MISS,
@@ -58,23 +59,23 @@ def test_scripted_workload_replies(scripted):
     t = CHUNK_TOKENS
     got = {
         "pre_a": out["pre_a"], "pre_a_again": out["pre_a_again"],
-        "r1": (out["r1_lookup"]["chunks"], out["r1_lookup"]["hit_tokens"], out["r1_retrieve"], out["r1_final"]),
-        "r2": (out["r2_lookup"]["chunks"], out["r2_retrieve"]),
-        "r3": (out["r3_lookup"]["chunks"], out["r3_lookup"]["stale_chunks"], out["r3_lookup_again"]["chunks"],
+        "r1": (out["r1_lookup"].chunks, out["r1_lookup"].hit_tokens, out["r1_retrieve"], out["r1_final"]),
+        "r2": (out["r2_lookup"].chunks, out["r2_retrieve"]),
+        "r3": (out["r3_lookup"].chunks, out["r3_lookup"].stale_chunks, out["r3_lookup_again"].chunks,
                out["r3_pre_a"]),
-        "r4": (out["r4_lookup"]["no_gpu_context"], out["r4_lookup"]["lookup_id"], out["r4_known"]),
+        "r4": (out["r4_lookup"].no_gpu_context, out["r4_lookup"].lookup_id, out["r4_known"]),
         "errors": ("unknown buffer 999" in out["pre_missing_error"], "2 entries for 5 whole chunks" in
                    out["r1_final_error"], "unknown buffer 999" in out["r2_missing_error"]),
         "evicted_store": out["evict_stored"],
     }
     assert {
-        "pre_a": {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0},
-        "pre_a_again": {"stored_count": 0, "skipped_count": 2, "failed_count": 0, "registered_count": 0, "replaced_count": 0},
-        "r1": ([FINGERPRINT_HIT] * 3 + [MISS] * 2, 3 * t, {"retrieved_count": 3, "failed_count": 0},
-               {"stored_count": 5, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0}),
-        "r2": ([FINGERPRINT_HIT] * 2, {"retrieved_count": 2, "failed_count": 0}),
-        "r3": ([STALE, STALE, FINGERPRINT_HIT], 2, [MISS, MISS, FINGERPRINT_HIT],
-               {"stored_count": 2, "skipped_count": 0, "failed_count": 0, "registered_count": 2, "replaced_count": 0}),
+        "pre_a": BlendStoreResult(stored=2, skipped=0, failed=0, registered=2, replaced=0),
+        "pre_a_again": BlendStoreResult(stored=0, skipped=2, failed=0, registered=0, replaced=0),
+        "r1": ((FINGERPRINT_HIT,) * 3 + (MISS,) * 2, 3 * t, RetrieveResult(retrieved=3, failed=0),
+               BlendStoreResult(stored=5, skipped=0, failed=0, registered=2, replaced=0)),
+        "r2": ((FINGERPRINT_HIT,) * 2, RetrieveResult(retrieved=2, failed=0)),
+        "r3": ((STALE, STALE, FINGERPRINT_HIT), 2, (MISS, MISS, FINGERPRINT_HIT),
+               BlendStoreResult(stored=2, skipped=0, failed=0, registered=2, replaced=0)),
         "r4": (True, None, True),
         "errors": (True, True, True),
         "evicted_store": 26,
@@ -108,16 +109,20 @@ def test_retrieve_of_a_chunk_evicted_since_the_lookup_is_a_partial_failure(cache
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     d = documents()
-    client.cb_store_pre_computed(kv, "pre", MODEL, SALT, d["A"], [0, 1])
-    lookup = client.cb_lookup("r", MODEL, SALT, d["A"])
-    client.store(kv, "evict", MODEL, SALT, [1, 2, 3], [2, 3, 4])  # 2 free slots, 3 new: evicts a1
+    client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=d["A"],
+                                 block_ids=[0, 1])
+    lookup = client.cb_lookup(request_id="r", model_name=MODEL, cache_salt=SALT, tokens=d["A"])
+    client.store(kv, request_id="evict", model_name=MODEL, cache_salt=SALT, chunk_hashes=[1, 2, 3],
+                 block_ids=[2, 3, 4])  # 2 free slots, 3 new: evicts a1
     harness.events.take()
-    reply = client.cb_retrieve(kv, "r", lookup["lookup_id"], [0, 1], [5, 6])
+    reply = client.cb_retrieve(kv, request_id="r", lookup_id=lookup.lookup_id, chunk_indices=[0, 1],
+                               block_ids=[5, 6])
     batch = harness.events.take()
-    assert ({"retrieved_count": 1, "failed_count": 1}, [("l1_retrieve", "not_found")],
+    assert (RetrieveResult(retrieved=1, failed=1), [("l1_retrieve", "not_found")],
             [(2, False, -1)]) == (
         reply, [(e.fields["during"], e.fields["reason"]) for e in batch.events([E.L1_READ_FAILED])],
-        [(e.fields["num_chunks"], e.fields["success"], e.fields["worker_id"]) for e in batch.events([E.CB_RETRIEVE_END])])
+        [(e.fields["num_chunks"], e.fields["success"],
+          e.fields["worker_id"]) for e in batch.events([E.CB_RETRIEVE_END])])
 
 
 def test_final_store_replaces_a_stale_entry_and_counts_it_evicted(cache):
@@ -127,14 +132,15 @@ def test_final_store_replaces_a_stale_entry_and_counts_it_evicted(cache):
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     b = documents()["B"]
-    client.cb_store_pre_computed(kv, "pre", MODEL, SALT, b, [0])
-    client.store(kv, "evict", MODEL, SALT, [1, 2, 3, 4], [1, 2, 3, 4])  # evicts b1
+    client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=b, block_ids=[0])
+    client.store(kv, request_id="evict", model_name=MODEL, cache_salt=SALT, chunk_hashes=[1, 2, 3, 4],
+                 block_ids=[1, 2, 3, 4])  # evicts b1
     harness.events.take()
-    reply = client.cb_store_final(kv, "r", MODEL, SALT, b, [5])
+    reply = client.cb_store_final(kv, request_id="r", model_name=MODEL, cache_salt=SALT, tokens=b, block_ids=[5])
     events = [(e.etype.name, tuple(e.fields.values())) for e in harness.events.take().events(
         [E.CB_FINGERPRINTS_REGISTERED, E.CB_CHUNKS_EVICTED])]
     assert ((1, 1), [("CB_FINGERPRINTS_REGISTERED", (1, CHUNK_TOKENS)), ("CB_CHUNKS_EVICTED", (1,))]) == (
-        (reply["registered_count"], reply["replaced_count"]), events)
+        (reply.registered, reply.replaced), events)
 
 
 def test_prefix_hits_come_before_the_fingerprint_table(cache):
@@ -144,11 +150,10 @@ def test_prefix_hits_come_before_the_fingerprint_table(cache):
     kv = client.register_buffer(4, CHUNK_BYTES)
     d = documents()
     tokens = d["B"] + d["C"]
-    client.cb_store_final(kv, "r1", MODEL, SALT, tokens, [0, 1])
-    reply = client.cb_lookup("r2", MODEL, SALT, tokens + [1, 2, 3])
-    assert ([PREFIX_HIT, PREFIX_HIT], 2, 0, 2 * CHUNK_TOKENS, 2 * CHUNK_TOKENS) == (
-        reply["chunks"], reply["prefix_hits"], reply["fingerprint_hits"], reply["hit_tokens"],
-        reply["requested_tokens"])
+    client.cb_store_final(kv, request_id="r1", model_name=MODEL, cache_salt=SALT, tokens=tokens, block_ids=[0, 1])
+    reply = client.cb_lookup(request_id="r2", model_name=MODEL, cache_salt=SALT, tokens=tokens + [1, 2, 3])
+    assert ((PREFIX_HIT, PREFIX_HIT), 2, 0, 2 * CHUNK_TOKENS, 2 * CHUNK_TOKENS) == (
+        reply.chunks, reply.prefix_hits, reply.fingerprint_hits, reply.hit_tokens, reply.requested_tokens)
 
 
 def test_other_model_or_salt_does_not_see_the_fingerprint(cache):
@@ -157,10 +162,11 @@ def test_other_model_or_salt_does_not_see_the_fingerprint(cache):
     client = harness.client()
     kv = client.register_buffer(4, CHUNK_BYTES)
     b = documents()["B"]
-    client.cb_store_pre_computed(kv, "pre", MODEL, SALT, b, [0])
-    assert ([MISS], [MISS], [FINGERPRINT_HIT]) == (
-        client.cb_lookup("x", MODEL, "other-salt", b)["chunks"], client.cb_lookup("y", "other/model", SALT, b)["chunks"],
-        client.cb_lookup("z", MODEL, SALT, b)["chunks"])
+    client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=b, block_ids=[0])
+    assert ((MISS,), (MISS,), (FINGERPRINT_HIT,)) == (
+        client.cb_lookup(request_id="x", model_name=MODEL, cache_salt="other-salt", tokens=b).chunks,
+        client.cb_lookup(request_id="y", model_name="other/model", cache_salt=SALT, tokens=b).chunks,
+        client.cb_lookup(request_id="z", model_name=MODEL, cache_salt=SALT, tokens=b).chunks)
 
 
 def test_retrieve_refuses_chunks_that_were_not_hits(cache):
@@ -169,13 +175,14 @@ def test_retrieve_refuses_chunks_that_were_not_hits(cache):
     client = harness.client()
     kv = client.register_buffer(4, CHUNK_BYTES)
     d = documents()
-    client.cb_store_pre_computed(kv, "pre", MODEL, SALT, d["B"], [0])
-    lookup = client.cb_lookup("r", MODEL, SALT, d["B"] + d["C"])
+    client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=d["B"], block_ids=[0])
+    lookup = client.cb_lookup(request_id="r", model_name=MODEL, cache_salt=SALT, tokens=d["B"] + d["C"])
     harness.events.take()
     with pytest.raises(RequestError, match="chunk 1 was not a hit"):
-        client.cb_retrieve(kv, "r", lookup["lookup_id"], [1], [2])
+        client.cb_retrieve(kv, request_id="r", lookup_id=lookup.lookup_id, chunk_indices=[1], block_ids=[2])
     with pytest.raises(RequestError, match="unknown lookup"):
-        client.cb_retrieve(kv, "other-request", lookup["lookup_id"], [0], [2])
+        client.cb_retrieve(kv, request_id="other-request", lookup_id=lookup.lookup_id, chunk_indices=[0],
+                           block_ids=[2])
     ends = [e.fields["success"] for e in harness.events.take().events([E.CB_RETRIEVE_END])]
     assert [False, False] == ends
 

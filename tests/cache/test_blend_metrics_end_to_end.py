@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpcache.telemetry.bus import EventBus
-from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.counters import BlendMetricsSubscriber
 
 from .blend_script import EXPECTED_COUNTERS, L1_SLOTS, run_script
 from .conftest import CHUNK_BYTES

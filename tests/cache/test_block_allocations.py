@@ -10,6 +10,7 @@ from mpcache.cache.blocks import (
     block_sample_hash,
     split_tokens,
 )
+from mpcache.client import BlockReport
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.errors import ProtocolError
@@ -31,11 +32,12 @@ def test_report_publishes_one_event_with_totals_and_per_block_token_hashes(cache
     harness = cache()
     client = harness.client()
     tokens_a = list(range(100, 132))
-    reply = client.report_block_allocations(42, MODEL, [("A", [3, 4], tokens_a), ("B", [], [1, 2]),
-                                                        ("C", [9, 10], [7, 8, 9])])
+    reply = client.report_block_allocations(instance_id=42, model_name=MODEL,
+                                            records=[("A", [3, 4], tokens_a), ("B", [], [1, 2]),
+                                                     ("C", [9, 10], [7, 8, 9])])
     batch = harness.events.take()
 
-    assert {"record_count": 3, "block_count": 4, "sampled_count": 4, "event_count": 1} == reply
+    assert BlockReport(records=3, blocks=4, sampled=4, events=1) == reply
     assert [({"instance_id": 42, "model_name": MODEL, "record_count": 3, "block_count": 4},
              [("A", 3, token_hash(tokens_a[:16])), ("A", 4, token_hash(tokens_a[16:])),
               ("C", 9, token_hash([7])), ("C", 10, token_hash([8, 9]))])] == _allocations(batch)
@@ -56,8 +58,8 @@ def test_blocks_are_sampled_by_the_stable_gate_on_instance_and_block(cache):
     gate = SampleGate(0.1)
     records = [(f"r{i}", list(range(i * 100, (i + 1) * 100)), list(range(1600))) for i in range(6)]
     expected = [(rid, b) for rid, blocks, _ in records for b in blocks if gate(block_sample_hash(7, b))]
-    client.report_block_allocations(7, MODEL, records)
-    client.report_block_allocations(7, MODEL, records)
+    client.report_block_allocations(instance_id=7, model_name=MODEL, records=records)
+    client.report_block_allocations(instance_id=7, model_name=MODEL, records=records)
     batch = harness.events.take()
 
     shipped = [[(rid, b) for rid, b, _ in blocks] for _, blocks in _allocations(batch)]
@@ -72,9 +74,10 @@ def test_a_report_without_sampled_blocks_still_publishes_its_counts(cache):
     client = harness.client()
     gate = SampleGate(0.01)
     unsampled = [b for b in range(50) if not gate(block_sample_hash(1, b))][:3]
-    reply = client.report_block_allocations(1, MODEL, [("A", unsampled, list(range(48)))])
+    reply = client.report_block_allocations(instance_id=1, model_name=MODEL,
+                                            records=[("A", unsampled, list(range(48)))])
 
-    assert ({"record_count": 1, "block_count": 3, "sampled_count": 0, "event_count": 1},
+    assert (BlockReport(records=1, blocks=3, sampled=0, events=1),
             [({"instance_id": 1, "model_name": MODEL, "record_count": 1, "block_count": 3}, [])]) == (
         reply, _allocations(harness.events.take()))
 
@@ -83,8 +86,8 @@ def test_an_empty_report_publishes_nothing(cache):
     """A step without records is answered with zeros and publishes no event."""
     harness = cache()
     client = harness.client()
-    assert ({"record_count": 0, "block_count": 0, "sampled_count": 0, "event_count": 0}, 0) == (
-        client.report_block_allocations(1, MODEL, []), len(harness.events.take()))
+    assert (BlockReport(records=0, blocks=0, sampled=0, events=0), 0) == (
+        client.report_block_allocations(instance_id=1, model_name=MODEL, records=[]), len(harness.events.take()))
 
 
 def test_a_large_report_is_split_and_only_the_first_event_carries_the_totals(cache):
@@ -93,10 +96,10 @@ def test_a_large_report_is_split_and_only_the_first_event_carries_the_totals(cac
     harness = cache()
     client = harness.client()
     records = [("req", list(range(450)), list(range(450)))]
-    reply = client.report_block_allocations(5, MODEL, records)
+    reply = client.report_block_allocations(instance_id=5, model_name=MODEL, records=records)
     events = _allocations(harness.events.take())
 
-    assert {"record_count": 1, "block_count": 450, "sampled_count": 450, "event_count": 3} == reply
+    assert BlockReport(records=1, blocks=450, sampled=450, events=3) == reply
     assert [(1, 450, 200), (0, 0, 200), (0, 0, 50)] == [
         (f["record_count"], f["block_count"], len(blocks)) for f, blocks in events]
     assert [("req", b, token_hash([b])) for b in range(450)] == [blk for _, blocks in events for blk in blocks]
@@ -108,7 +111,7 @@ def test_long_request_ids_cut_events_by_ring_cells(cache):
     harness = cache()
     client = harness.client()
     rid = "x" * 128
-    client.report_block_allocations(5, MODEL, [(rid, list(range(130)), [])])
+    client.report_block_allocations(instance_id=5, model_name=MODEL, records=[(rid, list(range(130)), [])])
     events = _allocations(harness.events.take())
 
     assert [MAX_CELLS_PER_EVENT // 4, 130 - MAX_CELLS_PER_EVENT // 4] == [len(blocks) for _, blocks in events]
@@ -122,8 +125,8 @@ def test_end_session_publishes_vllm_end_session_for_a_request_owning_sampled_blo
     harness = cache()
     client = harness.client()
     kv = client.register_buffer(1, CHUNK_BYTES)
-    client.report_block_allocations(1, MODEL, [("A", [1], [5]), ("B", [2], [6])])
-    client.store(kv, "B", MODEL, "", [123], [0])
+    client.report_block_allocations(instance_id=1, model_name=MODEL, records=[("A", [1], [5]), ("B", [2], [6])])
+    client.store(kv, request_id="B", model_name=MODEL, chunk_hashes=[123], block_ids=[0])
     harness.events.take()
 
     known = [client.end_session("A"), client.end_session("A"), client.end_session("B"), client.end_session("Z")]

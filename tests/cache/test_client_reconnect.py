@@ -53,16 +53,17 @@ def test_an_operation_cut_by_a_restart_raises_naming_it_and_the_client_works_on(
     try:
         kv = client.register_buffer(4, CHUNK_BYTES)
         fill_blocks(kv, seed=1)
-        assert 2 == client.store(kv, "before", MODEL, "", [11, 12], [0, 1])
+        before = client.store(kv, request_id="before", model_name=MODEL, chunk_hashes=[11, 12], block_ids=[0, 1])
+        assert 2 == before.stored
         restarter = restart_later(config, started[0], 0.3, started)
 
         with pytest.raises(ConnectionError) as lost:
-            client.store(kv, "cut", MODEL, "", [21, 22], [0, 1])
+            client.store(kv, request_id="cut", model_name=MODEL, chunk_hashes=[21, 22], block_ids=[0, 1])
         restarter.join(10)
-        stored = client.store(kv, "after", MODEL, "", [31, 32], [0, 1])
-        job = client.lookup_prefetch("read", MODEL, "", [31, 32])
-        found = client.wait_prefetch(job)["found_count"]
-        got = client.retrieve(kv, "read", job, [2, 3])
+        stored = client.store(kv, request_id="after", model_name=MODEL, chunk_hashes=[31, 32], block_ids=[0, 1]).stored
+        job = client.lookup_prefetch(request_id="read", model_name=MODEL, chunk_hashes=[31, 32])
+        found = client.wait_prefetch(job).found_count
+        got = client.retrieve(kv, request_id="read", job_id=job, block_ids=[2, 3]).retrieved
         same = bool(np.array_equal(kv.blocks[:2], kv.blocks[2:]))
         generation = getattr(client, "generation", None)
         del kv
@@ -89,7 +90,7 @@ def test_a_process_that_does_not_come_back_in_time_is_reported_and_the_next_call
             client.ping()
         gave_up_after = time.monotonic() - began
         restarter.join(10)
-        stored = client.store(kv, "back", MODEL, "", [41, 42], [0, 1])
+        stored = client.store(kv, request_id="back", model_name=MODEL, chunk_hashes=[41, 42], block_ids=[0, 1]).stored
         del kv
     finally:
         client.close()

@@ -40,7 +40,7 @@ class Shadow:
     def allocate(self, at_s: float, *records) -> None:
         """One scheduler step at T0 + at_s: records of (request id, new block ids, new token ids)."""
         self.now_ns = T0 + int(at_s * S)
-        self.client.report_block_allocations(INSTANCE, MODEL, records)
+        self.client.report_block_allocations(instance_id=INSTANCE, model_name=MODEL, records=records)
 
     def end(self, at_s: float, request_id: str) -> None:
         self.now_ns = T0 + int(at_s * S)

@@ -7,8 +7,10 @@ generator, one draw per key per store or load task, in submission order) and an 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -100,34 +102,36 @@ def test_scripted_workload_gives_exact_l2_counters(cache, tmp_path):
     # 1. store A (salt a, 6 chunks): mock fails A3 (draw 3); fs stores all 6.
     fill_blocks(kv, 1)
     a_data = kv.blocks[:6].copy()
-    assert 6 == client.store(kv, "w1", MODEL, "a", a_hashes, list(range(6)))
+    assert 6 == client.store(kv, request_id="w1", model_name=MODEL, cache_salt="a", chunk_hashes=a_hashes,
+                             block_ids=list(range(6))).stored
     l2_idle(harness)
     # 2. store B (salt b, 8 chunks): L1 evicts A1..A6; mock stores all 8; fs (12 chunks) evicts A1, A2.
     fill_blocks(kv, 2)
-    assert 8 == client.store(kv, "w2", MODEL, "b", b_hashes, list(range(8)))
+    assert 8 == client.store(kv, request_id="w2", model_name=MODEL, cache_salt="b", chunk_hashes=b_hashes,
+                             block_ids=list(range(8))).stored
     l2_idle(harness)
     # 3. prefetch A: L1 has none; L2 holds all 6 (A1, A2, A4-A6 mock; A3-A6 fs) -> prefix_hit_count 6.
     #    Loads: mock gets A1, A2, A4, A5, A6 (its draws fail A5), fs gets A3.  Landed: all but A5;
     #    the contiguous run is A1..A4 (found 4); A6 stays in L1 unlocked.  L1 evicts B1..B6 to make room.
-    job_a = client.lookup_prefetch("r-a", MODEL, "a", a_hashes)
+    job_a = client.lookup_prefetch(request_id="r-a", model_name=MODEL, cache_salt="a", chunk_hashes=a_hashes)
     status_a = client.wait_prefetch(job_a)
     # 4. prefetch B while job A still holds A1..A4: L1 = B7, B8 (ready), A1..A4 (locked), A6, one free slot.
     #    L2 prefix 8.  B7, B8 are already in L1 (read-locked, no load); B1..B6 need 6 slots: A6 is evicted,
     #    B1, B2 get the 2 free slots, B3..B6 fail (l1_oom 4) and B7, B8 are unlocked again.
     #    B1, B2 load from mock (first adapter holding them): both land -> found 2.
-    job_b = client.lookup_prefetch("r-b", MODEL, "b", b_hashes)
+    job_b = client.lookup_prefetch(request_id="r-b", model_name=MODEL, cache_salt="b", chunk_hashes=b_hashes)
     status_b = client.wait_prefetch(job_b)
     out = client.register_buffer(8, CHUNK_BYTES)
-    assert 4 == client.retrieve(out, "r-a", job_a, [0, 1, 2, 3])
+    assert 4 == client.retrieve(out, request_id="r-a", job_id=job_a, block_ids=[0, 1, 2, 3]).retrieved
     np.testing.assert_array_equal(a_data[:4], out.blocks[:4])
-    assert 2 == client.retrieve(out, "r-b", job_b, [0, 1])
+    assert 2 == client.retrieve(out, request_id="r-b", job_id=job_b, block_ids=[0, 1]).retrieved
     client.end_session("r-a")
     client.end_session("r-b")
     l2_idle(harness)
 
     chunk_tokens = CHUNK_TOKENS
     assert ((True, 4, 0, 4 * chunk_tokens, 5), (True, 2, 0, 2 * chunk_tokens, 2)) == tuple(
-        (s["done"], s["found_count"], s["l1_hit_tokens"], s["l2_hit_tokens"], s["l2_loaded_count"])
+        (s.done, s.found_count, s.l1_hit_tokens, s.l2_hit_tokens, s.l2_loaded_count)
         for s in (status_a, status_b))
 
     m = telemetry.drain()
@@ -176,13 +180,14 @@ def test_l2_events_pair_and_carry_their_fields(cache, tmp_path):
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     fill_blocks(kv, 3)
-    client.store(kv, "w", MODEL, "s", [1, 2, 3], [0, 1, 2])
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2])
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "s", [4, 5, 6, 7, 8, 9, 10, 11], list(range(8)))  # evicts 1..3 from L1
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="s", chunk_hashes=[4, 5, 6, 7, 8, 9, 10, 11],
+                 block_ids=list(range(8)))  # evicts 1..3 from L1
     l2_idle(harness)
     harness.events.take()
-    job = client.lookup_prefetch("r", MODEL, "s", [1, 2, 3, 99])
-    assert 3 == client.wait_prefetch(job)["found_count"]
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3, 99])
+    assert 3 == client.wait_prefetch(job).found_count
     batch = harness.events.take()
 
     def fields(etype):
@@ -200,11 +205,12 @@ def test_l2_events_pair_and_carry_their_fields(cache, tmp_path):
     assert [[("s", MODEL, 3)]] == [e.salt_counts for e in batch.events([E.L1_WRITE_FINISHED_AND_READ_RESERVED])]
 
     harness.events.take()
-    client.store(kv, "w3", MODEL, "s", [20, 21], [0, 1])
+    client.store(kv, request_id="w3", model_name=MODEL, cache_salt="s", chunk_hashes=[20, 21], block_ids=[0, 1])
     l2_idle(harness)
     first = harness.events.take()
     client.end_session("r")
-    client.store(kv, "w4", MODEL, "s", [1, 2], [0, 1])  # 1 and 2 are in L1 again: nothing new to store
+    client.store(kv, request_id="w4", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2],
+                 block_ids=[0, 1])  # 1 and 2 are in L1 again: nothing new to store
     assert [] == [e for e in harness.events.take().events() if e.etype is E.L2_STORE_SUBMITTED]
     (sub,) = [e.fields for e in first.events([E.L2_STORE_SUBMITTED])]
     (done,) = [e.fields for e in first.events([E.L2_STORE_COMPLETED])]
@@ -227,21 +233,22 @@ def test_prefetch_lands_byte_exact_data_from_l2(cache, tmp_path):
     fill_blocks(kv, 11)
     first = kv.blocks[:6].copy()
     hashes = [31, 32, 33, 34, 35, 36]
-    client.store(kv, "w1", MODEL, "s", hashes, list(range(6)))
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt="s", chunk_hashes=hashes, block_ids=list(range(6)))
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "s", [41, 42, 43, 44], [0, 1, 2, 3])  # L1 (8 slots) evicts 31, 32
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="s", chunk_hashes=[41, 42, 43, 44],
+                 block_ids=[0, 1, 2, 3])  # L1 (8 slots) evicts 31, 32
     l2_idle(harness)
     harness.events.take()
     # The L1 prefix is empty (31 is gone); L2 holds all 6: 31, 32 are loaded, 33..36 are still in L1
     # (read-locked in place, no load), so they count as L1 hits.
-    job = client.lookup_prefetch("r", MODEL, "s", hashes)
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=hashes)
     status = client.wait_prefetch(job)
     out = client.register_buffer(8, CHUNK_BYTES)
-    assert 6 == client.retrieve(out, "r", job, list(range(6)))
+    assert 6 == client.retrieve(out, request_id="r", job_id=job, block_ids=list(range(6))).retrieved
     np.testing.assert_array_equal(first, out.blocks[:6])
     (end,) = [e.fields for e in harness.events.take().events([E.MP_LOOKUP_PREFETCH_END])]
     assert (6 * CHUNK_TOKENS, 4 * CHUNK_TOKENS, 2 * CHUNK_TOKENS, 2) == (
-        end["hit_tokens"], end["l1_hit_tokens"], end["l2_hit_tokens"], status["l2_loaded_count"])
+        end["hit_tokens"], end["l1_hit_tokens"], end["l2_hit_tokens"], status.l2_loaded_count)
 
 
 def test_chunk_the_adapter_cannot_produce_is_a_not_found_failure(cache, tmp_path):
@@ -251,14 +258,15 @@ def test_chunk_the_adapter_cannot_produce_is_a_not_found_failure(cache, tmp_path
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     fill_blocks(kv, 5)
-    client.store(kv, "w1", MODEL, "s", [1, 2, 3], [0, 1, 2])
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2])
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "s", list(range(50, 58)), list(range(8)))  # evicts 1..3 from L1
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="s", chunk_hashes=list(range(50, 58)),
+                 block_ids=list(range(8)))  # evicts 1..3 from L1
     l2_idle(harness)
     adapter = harness.server.storage.adapters[0]
     os.unlink(adapter.file_path(ChunkKey(MODEL, "s", 2)))
     harness.events.take()
-    job = client.lookup_prefetch("r", MODEL, "s", [1, 2, 3])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
     status = client.wait_prefetch(job)
     batch = harness.events.take()
     assert ([{"request_id": job, "prefix_hit_count": 3}], [{"request_id": job, "loaded_count": 2, "failed_count": 1}],
@@ -266,7 +274,7 @@ def test_chunk_the_adapter_cannot_produce_is_a_not_found_failure(cache, tmp_path
         [e.fields for e in batch.events([E.L2_PREFETCH_LOOKUP_COMPLETED])],
         [e.fields for e in batch.events([E.L2_PREFETCH_LOAD_COMPLETED])],
         [(e.fields["reason"], e.salt_counts) for e in batch.events([E.L2_PREFETCH_FAILED])],
-        status["found_count"])
+        status.found_count)
 
 
 def test_prefetch_without_room_in_l1_is_an_l1_oom_failure(cache, tmp_path):
@@ -276,15 +284,18 @@ def test_prefetch_without_room_in_l1_is_an_l1_oom_failure(cache, tmp_path):
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     fill_blocks(kv, 6)
-    client.store(kv, "w1", MODEL, "s", [1, 2, 3, 4, 5], list(range(5)))
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3, 4, 5],
+                 block_ids=list(range(5)))
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "t", list(range(60, 68)), list(range(8)))  # L1 now holds only salt t
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="t", chunk_hashes=list(range(60, 68)),
+                 block_ids=list(range(8)))  # L1 now holds only salt t
     l2_idle(harness)
-    holder = client.lookup_prefetch("h", MODEL, "t", list(range(60, 66)))  # locks 6 of the 8 slots
-    assert 6 == client.wait_prefetch(holder)["found_count"]
+    holder = client.lookup_prefetch(request_id="h", model_name=MODEL, cache_salt="t",
+                                    chunk_hashes=list(range(60, 66)))  # locks 6 of the 8 slots
+    assert 6 == client.wait_prefetch(holder).found_count
     harness.events.take()
-    job = client.lookup_prefetch("r", MODEL, "s", [1, 2, 3, 4, 5])
-    assert 2 == client.wait_prefetch(job)["found_count"]
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3, 4, 5])
+    assert 2 == client.wait_prefetch(job).found_count
     batch = harness.events.take()
     assert ([("l2_prefetch", [("s", MODEL, 3)])], [("l1_oom", [("s", MODEL, 3)])]) == (
         [(e.fields["during"], e.salt_counts) for e in batch.events([E.L1_ALLOCATION_FAILED])],
@@ -300,15 +311,16 @@ def test_fs_tier_serves_hits_after_a_restart(cache, tmp_path):
     kv = client.register_buffer(4, CHUNK_BYTES)
     fill_blocks(kv, 9)
     stored = kv.blocks[:4].copy()
-    client.store(kv, "w", MODEL, "s", [7, 8, 9, 10], [0, 1, 2, 3])
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt="s", chunk_hashes=[7, 8, 9, 10],
+                 block_ids=[0, 1, 2, 3])
     first.stop()  # waits for the L2 stores before closing the adapter
     second = cache(l2=[spec])
     client = second.client()
-    job = client.lookup_prefetch("r", MODEL, "s", [7, 8, 9, 10])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[7, 8, 9, 10])
     status = client.wait_prefetch(job)
     out = client.register_buffer(4, CHUNK_BYTES)
-    assert (4, 0, 4 * CHUNK_TOKENS) == (status["found_count"], status["l1_hit_tokens"], status["l2_hit_tokens"])
-    assert 4 == client.retrieve(out, "r", job, [0, 1, 2, 3])
+    assert (4, 0, 4 * CHUNK_TOKENS) == (status.found_count, status.l1_hit_tokens, status.l2_hit_tokens)
+    assert 4 == client.retrieve(out, request_id="r", job_id=job, block_ids=[0, 1, 2, 3]).retrieved
     np.testing.assert_array_equal(stored, out.blocks[:4])
 
 
@@ -319,19 +331,20 @@ def test_pending_prefetch_is_not_done_and_cannot_be_retrieved(cache, tmp_path):
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     fill_blocks(kv, 4)
-    client.store(kv, "w1", MODEL, "s", [1, 2], [0, 1])
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2], block_ids=[0, 1])
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "s", list(range(70, 78)), list(range(8)))
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="s", chunk_hashes=list(range(70, 78)),
+                 block_ids=list(range(8)))
     l2_idle(harness)
     harness.events.take()
-    job = client.lookup_prefetch("r", MODEL, "s", [1, 2])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2])
     pending = client.query_prefetch_status(job)
     with pytest.raises(Exception, match="still loading from L2"):
-        client.retrieve(kv, "r", job, [0, 1])
+        client.retrieve(kv, request_id="r", job_id=job, block_ids=[0, 1])
     done = client.wait_prefetch(job)
     client.query_prefetch_status(job)
     ends = harness.events.take().count([E.MP_LOOKUP_PREFETCH_END])
-    assert (False, True, 2, 1) == (pending["done"], done["done"], done["found_count"], ends)
+    assert (False, True, 2, 1) == (pending.done, done.done, done.found_count, ends)
 
 
 def test_inflight_gauges_follow_tasks(cache, tmp_path):
@@ -343,12 +356,13 @@ def test_inflight_gauges_follow_tasks(cache, tmp_path):
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     fill_blocks(kv, 4)
-    client.store(kv, "w1", MODEL, "s", [1, 2, 3], [0, 1, 2])
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2])
     stores_in_flight = harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_STORES)
     l2_idle(harness)
-    client.store(kv, "w2", MODEL, "s", list(range(80, 88)), list(range(8)))
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt="s", chunk_hashes=list(range(80, 88)),
+                 block_ids=list(range(8)))
     l2_idle(harness)
-    job = client.lookup_prefetch("r", MODEL, "s", [1, 2, 3])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
     wait_for(lambda: harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_LOADS) == 1, 5, "the load task")
     load_bytes = harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_LOAD_BYTES)
     client.wait_prefetch(job)
@@ -386,17 +400,107 @@ def test_redis_tier_round_trip_through_the_server(cache, redis_url):
     kv = client.register_buffer(4, CHUNK_BYTES)
     fill_blocks(kv, 21)
     stored = kv.blocks[:3].copy()
-    client.store(kv, "w", MODEL, "s", [5, 6, 7], [0, 1, 2])
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt="s", chunk_hashes=[5, 6, 7], block_ids=[0, 1, 2])
     l2_idle(writer)
     completed = [e.fields for e in writer.events.take().events([E.L2_STORE_COMPLETED])]
     reader = cache(l2=[spec])
     other = reader.client()
-    job = other.lookup_prefetch("r", MODEL, "s", [5, 6, 7, 8])
+    job = other.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[5, 6, 7, 8])
     status = other.wait_prefetch(job)
     out = other.register_buffer(4, CHUNK_BYTES)
-    assert 3 == other.retrieve(out, "r", job, [0, 1, 2])
+    assert 3 == other.retrieve(out, request_id="r", job_id=job, block_ids=[0, 1, 2]).retrieved
     np.testing.assert_array_equal(stored, out.blocks[:3])
     tasks = [e.fields for e in reader.events.take().events([E.L2_LOAD_TASK_COMPLETED])]
     assert ([("redis", 3 * CHUNK_BYTES, 3)], [("redis", 3, 0)], 3 * CHUNK_TOKENS) == (
         [(f["l2_name"], f["bytes_transferred"], f["succeeded_count"]) for f in completed],
-        [(f["l2_name"], f["succeeded_count"], f["failed_count"]) for f in tasks], status["l2_hit_tokens"])
+        [(f["l2_name"], f["succeeded_count"], f["failed_count"]) for f in tasks], status.l2_hit_tokens)
+
+
+class CapturedLog:
+    """A structlog-like logger for the in-process server that keeps its warning lines."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict]] = []
+
+    def warning(self, event: str, **fields) -> None:
+        self.warnings.append((event, fields))
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None  # info, debug, exception, ...
+
+
+def unkeyed_record(chunk_key: ChunkKey, data: bytes) -> bytes:
+    """A well-formed record (documented layout) whose 16-byte check is blake2b-128 without the key."""
+    model, salt = chunk_key.model_name.encode(), chunk_key.cache_salt.encode()
+    fixed = struct.pack("<4sHHHxxQQ", b"MPL2", 2, len(model), len(salt), chunk_key.chunk_hash, len(data))
+    return fixed + hashlib.blake2b(fixed + model + salt + data, digest_size=16).digest() + model + salt + data
+
+
+def test_a_forged_redis_record_is_a_miss_through_the_cache(cache, redis_url):
+    """Another client of the redis server plants a well-formed record (valid unkeyed checksum, index entries)
+    for the chunk a client then looks up: the lookup finds nothing, the client's buffer keeps its bytes, the
+    failure is L2_PREFETCH_FAILED reason=integrity (lmcache_mp_l2_prefetch_failure{reason=integrity}) and the
+    server logs l2.record_rejected naming a possible forgery."""
+    import redis
+
+    from mpcache.cache.l2.base import key_digest
+
+    prefix = f"mpcache-test:{os.getpid()}:{random.getrandbits(32)}:"
+    log = CapturedLog()
+    harness = cache(server_kwargs={"logger": log},
+                    l2=[{"type": "redis", "url": redis_url, "capacity_gb": 1.0, "key_prefix": prefix}])
+    telemetry = Telemetry(harness)
+    target = ChunkKey(MODEL, "victim", 5)
+    digest = key_digest(target)
+    attacker = redis.Redis.from_url(redis_url)
+    attacker.set(f"{prefix}c:{digest}", unkeyed_record(target, b"\x66" * CHUNK_BYTES))
+    attacker.zadd(f"{prefix}lru", {digest: 1})
+    attacker.hset(f"{prefix}size", digest, CHUNK_BYTES)
+    client = harness.client()
+    out = client.register_buffer(1, CHUNK_BYTES)
+    out.blocks[0][:] = 0x11
+
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="victim", chunk_hashes=[5])
+    status = client.wait_prefetch(job)
+    with pytest.raises(Exception, match="found nothing"):
+        client.retrieve(out, request_id="r", job_id=job, block_ids=[0], timeout_s=0.5)
+    failures = telemetry.drain().get("lmcache_mp.l2_prefetch_failure", {})  # (the telemetry side reads the ring)
+    l2_idle(harness)
+    harness.server.storage.report_failures(flush=True)
+    telemetry.close()
+
+    assert (0, True) == (status.found_count, bool((out.blocks[0] == 0x11).all()))
+    assert {by(reason="integrity", model_name=MODEL): 1} == nonzero(failures)
+    assert [("redis", 1, "possible forgery")] == [
+        (fields["l2_name"], fields["count"], "possible forgery" if "possible forgery" in fields["hint"] else "")
+        for event, fields in log.warnings if event == "l2.record_rejected"]
+    assert None is attacker.get(f"{prefix}c:{digest}")
+
+
+def test_a_hung_redis_tier_answers_lookups_in_about_a_second(cache):
+    """With the only L2 tier a server that accepts connections and never answers, a lookup is done within
+    about the 1 s socket timeout (at once while the server is taken as down after the start-up usage refresh
+    timed out) as a miss, and the failure is L2_PREFETCH_FAILED reason=lookup_error."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    try:
+        harness = cache(l2=[{"type": "redis", "url": f"redis://127.0.0.1:{listener.getsockname()[1]}/0",
+                             "capacity_gb": 1.0}])
+        client = harness.client()
+        harness.events.take()
+        started = time.monotonic()
+        job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
+        status = client.wait_prefetch(job, timeout_s=10)
+        elapsed = time.monotonic() - started
+        batch = harness.events.take()
+    finally:
+        listener.close()
+
+    assert (True, 0) == (status.done, status.found_count)
+    assert elapsed < 2.0, elapsed
+    assert [("lookup_error", [("s", MODEL, 3)])] == [
+        (e.fields["reason"], e.salt_counts) for e in batch.events([E.L2_PREFETCH_FAILED])]

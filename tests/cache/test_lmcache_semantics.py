@@ -10,11 +10,12 @@ import time
 
 import numpy as np
 import pytest
-from .conftest import wait_for
 from lmcache_client import NO_RESULT, LMClient, key, registration
 
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
+
+from .conftest import wait_for
 
 CHUNK = 256
 LAYERS, HIDDEN = 2, 64
@@ -24,7 +25,7 @@ MODEL = "org/model"
 
 @pytest.fixture
 def served(cache):
-    """An in-process cache process serving LMCache's protocol, its client, and the L1 pool mapped as a worker maps it."""
+    """An in-process cache process serving LMCache's protocol, its client, and the pool mapped as a worker maps it."""
     harness = cache(chunk_size_tokens=CHUNK, chunk_bytes=OBJECT, l1_size_bytes=16 * OBJECT, lmcache_ipc=True,
                     prefetch_job_ttl_s=0.3)
     client = LMClient(harness.config.lmcache_urls(0)[0])

@@ -41,7 +41,8 @@ def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, run
         assert 0o600 == stat.S_IMODE(os.stat(socket_path).st_mode)
         with CacheClient(socket_path) as client:
             kv = client.register_buffer(1, CHUNK_BYTES)
-            assert 1 == client.store(kv, "r", MODEL, "", [5], [0])
+            assert 1 == client.store(kv, request_id="r", model_name=MODEL, chunk_hashes=[5],
+                                     block_ids=[0]).stored
             with pytest.raises(ProtocolError):
                 client.call("no_such_op")
             assert (process.pid, [0]) == (board.word(0, layout.G_PID), board.live_slots())

@@ -9,7 +9,7 @@ import stat
 import numpy as np
 import pytest
 
-from mpcache.client import CacheTimeoutError
+from mpcache.client import CacheTimeoutError, PrefetchStatus
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import RequestError
@@ -40,16 +40,17 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
     hashes = _hashes(4)
     harness.events.take()
 
-    assert 3 == client.store(source, "req-store", MODEL, SALT, hashes[:3], [0, 1, 2], engine_id=7)
-    job = client.lookup_prefetch("req-load", MODEL, SALT, hashes)
+    assert 3 == client.store(source, request_id="req-store", model_name=MODEL, cache_salt=SALT,
+                             chunk_hashes=hashes[:3], block_ids=[0, 1, 2], engine_id=7).stored
+    job = client.lookup_prefetch(request_id="req-load", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     status = client.query_prefetch_status(job)
-    assert 3 == client.retrieve(target, "req-load", job, [5, 6, 7], engine_id=7)
+    assert 3 == client.retrieve(target, request_id="req-load", job_id=job, block_ids=[5, 6, 7], engine_id=7).retrieved
     assert (True, True) == (client.end_session("req-store"), client.end_session("req-load"))
     batch = harness.events.take()
 
-    assert {"done": True, "found_count": 3, "requested_count": 4, "hit_tokens": 3 * CHUNK_TOKENS,
-            "l1_hit_tokens": 3 * CHUNK_TOKENS, "l2_hit_tokens": 0, "l2_loaded_count": 0,
-            "expired": False} == status
+    assert PrefetchStatus(done=True, found_count=3, requested_count=4, hit_tokens=3 * CHUNK_TOKENS,
+                          l1_hit_tokens=3 * CHUNK_TOKENS, l2_hit_tokens=0, l2_loaded_count=0,
+                          expired=False) == status
     np.testing.assert_array_equal(source.blocks[0:3], target.blocks[5:8])
     keys3 = {(SALT, MODEL): 3}
     for etype in (E.L1_WRITE_RESERVED, E.L1_WRITE_FINISHED, E.SM_WRITE_FINISHED, E.L1_READ_RESERVED,
@@ -62,7 +63,8 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
     assert (2, 2) == (batch.count([E.MP_REQUEST_START]), batch.count([E.MP_REQUEST_END]))
     chunk_bytes_3 = 3 * CHUNK_BYTES
     assert [("req-store", {"device": "cpu", "engine_id": 7, "model_name": MODEL, "stored_count": 3,
-                           "total_bytes": chunk_bytes_3, "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch, E.MP_STORE_END)
+                           "total_bytes": chunk_bytes_3, "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch,
+                                                                                                         E.MP_STORE_END)
     assert [("req-load", {"device": "cpu", "engine_id": 7, "model_name": MODEL, "cache_salt": SALT,
                           "retrieved_count": 3, "total_bytes": chunk_bytes_3,
                           "num_tokens": 3 * CHUNK_TOKENS})] == _mp_fields(batch, E.MP_RETRIEVE_END)
@@ -84,7 +86,7 @@ def test_store_publishes_its_events_in_order_with_the_request_id(cache):
     client = harness.client()
     kv = client.register_buffer(2, CHUNK_BYTES)
     harness.events.take()
-    client.store(kv, "r-1", MODEL, SALT, _hashes(2), [0, 1])
+    client.store(kv, request_id="r-1", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(2), block_ids=[0, 1])
     events = harness.events.take().events()
     assert [E.MP_REQUEST_START, E.MP_STORE_SUBMITTED, E.MP_STORE_START, E.L1_WRITE_RESERVED, E.L1_WRITE_FINISHED,
             E.MP_STORE_END, E.SM_WRITE_FINISHED] == [event.etype for event in events]
@@ -98,10 +100,10 @@ def test_counts_are_grouped_per_salt(cache):
     client = harness.client()
     kv = client.register_buffer(4, CHUNK_BYTES)
     hashes = _hashes(2)
-    client.store(kv, "s1", MODEL, "a", hashes, [0, 1])
-    client.store(kv, "s2", MODEL, "b", hashes[:1], [2])
-    job = client.lookup_prefetch("l1", MODEL, "b", hashes)
-    assert 1 == client.query_prefetch_status(job)["found_count"]
+    client.store(kv, request_id="s1", model_name=MODEL, cache_salt="a", chunk_hashes=hashes, block_ids=[0, 1])
+    client.store(kv, request_id="s2", model_name=MODEL, cache_salt="b", chunk_hashes=hashes[:1], block_ids=[2])
+    job = client.lookup_prefetch(request_id="l1", model_name=MODEL, cache_salt="b", chunk_hashes=hashes)
+    assert 1 == client.query_prefetch_status(job).found_count
     batch = harness.events.take()
     assert {("a", MODEL): 2, ("b", MODEL): 1} == batch.salt_totals([E.L1_WRITE_FINISHED])
     assert {("b", MODEL): 1} == batch.salt_totals([E.L1_READ_RESERVED])
@@ -112,10 +114,10 @@ def test_lookup_prefetch_end_is_published_once_on_first_status_read(cache):
     for that job, however often it asks."""
     harness = cache()
     client = harness.client()
-    job = client.lookup_prefetch("r", MODEL, SALT, _hashes(3))
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(3))
     assert 0 == harness.events.take().count([E.MP_LOOKUP_PREFETCH_END])
     for _ in range(3):
-        assert 0 == client.query_prefetch_status(job)["found_count"]
+        assert 0 == client.query_prefetch_status(job).found_count
     batch = harness.events.take()
     assert [("r", 0, 3 * CHUNK_TOKENS, 0)] == [
         (e.session_id, e.fields["found_count"], e.fields["requested_tokens"], e.fields["hit_tokens"])
@@ -130,8 +132,8 @@ def test_end_session_releases_unconsumed_read_locks_without_a_read(cache):
     client = harness.client()
     kv = client.register_buffer(2, CHUNK_BYTES)
     hashes = _hashes(2)
-    client.store(kv, "w", MODEL, SALT, hashes, [0, 1])
-    client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0, 1])
+    client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     l1 = harness.server.l1
     assert [1, 1] == [l1.readers(ChunkKey(MODEL, SALT, h)) for h in hashes]
     harness.events.take()
@@ -150,14 +152,15 @@ def test_abandoned_prefetch_job_expires_releases_its_locks_and_then_goes(cache):
     client = harness.client()
     kv = client.register_buffer(1, CHUNK_BYTES)
     hashes = _hashes(1)
-    client.store(kv, "w", MODEL, SALT, hashes, [0])
-    job = client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     board = harness.board
     assert 1 == board.word(0, layout.G_ACTIVE_PREFETCH)
     now[0] += 30.0
     status = client.query_prefetch_status(job)
-    assert (True, 1) == (status["expired"], status["found_count"])
-    assert (0, 0) == (harness.server.l1.readers(ChunkKey(MODEL, SALT, hashes[0])), board.word(0, layout.G_ACTIVE_PREFETCH))
+    assert (True, 1) == (status.expired, status.found_count)
+    assert (0, 0) == (harness.server.l1.readers(ChunkKey(MODEL, SALT, hashes[0])),
+                      board.word(0, layout.G_ACTIVE_PREFETCH))
     assert 0 == harness.events.take().count([E.MP_LOOKUP_PREFETCH_END])
     now[0] += 30.0
     with pytest.raises(RequestError, match="unknown or expired prefetch job"):
@@ -173,18 +176,20 @@ def test_late_retrieve_of_an_expired_job_reports_chunks_evicted_meanwhile_as_rea
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     hashes = _hashes(2)
-    client.store(kv, "w1", MODEL, SALT, hashes, [0, 1])
-    job = client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0, 1])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     now[0] += 30.0
     client.ping()  # any request runs expiry
-    client.store(kv, "w2", MODEL, SALT, _hashes(8, seed=50_000), list(range(8)))  # evicts the unlocked two
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(8, seed=50_000),
+                 block_ids=list(range(8)))  # evicts the unlocked two
     harness.events.take()
-    assert 0 == client.retrieve(kv, "r", job, [0, 1])
+    assert 0 == client.retrieve(kv, request_id="r", job_id=job, block_ids=[0, 1]).retrieved
     batch = harness.events.take()
     assert [("l1_retrieve", "not_found", [(SALT, MODEL, 2)])] == [
         (e.fields["during"], e.fields["reason"], e.salt_counts) for e in batch.events([E.L1_READ_FAILED])]
     assert [2] == [e.fields["failed_count"] for e in batch.events([E.SM_READ_PREFETCHED_FINISHED])]
-    assert [(0, 0)] == [(e.fields["retrieved_count"], e.fields["total_bytes"]) for e in batch.events([E.MP_RETRIEVE_END])]
+    assert [(0, 0)] == [(e.fields["retrieved_count"],
+                         e.fields["total_bytes"]) for e in batch.events([E.MP_RETRIEVE_END])]
     assert 0 == batch.count([E.L1_READ_FINISHED])
 
 
@@ -197,12 +202,12 @@ def test_late_retrieve_of_an_expired_job_copies_chunks_still_in_l1(cache):
     kv = client.register_buffer(4, CHUNK_BYTES)
     fill_blocks(kv, seed=5)
     hashes = _hashes(2)
-    client.store(kv, "w", MODEL, SALT, hashes, [0, 1])
-    job = client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0, 1])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     now[0] += 30.0
     client.ping()
     harness.events.take()
-    assert 2 == client.retrieve(kv, "r", job, [2, 3])
+    assert 2 == client.retrieve(kv, request_id="r", job_id=job, block_ids=[2, 3]).retrieved
     np.testing.assert_array_equal(kv.blocks[0:2], kv.blocks[2:4])
     assert ({(SALT, MODEL): 2}, [0, 0]) == (harness.events.take().salt_totals([E.L1_READ_FINISHED]),
                                             [harness.server.l1.readers(ChunkKey(MODEL, SALT, h)) for h in hashes])
@@ -215,7 +220,8 @@ def test_store_beyond_l1_capacity_publishes_allocation_failure(cache):
     client = harness.client()
     kv = client.register_buffer(12, CHUNK_BYTES)
     harness.events.take()
-    assert 8 == client.store(kv, "big", MODEL, SALT, _hashes(12), list(range(12)))
+    assert 8 == client.store(kv, request_id="big", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(12),
+                             block_ids=list(range(12))).stored
     batch = harness.events.take()
     assert {(SALT, MODEL): 4} == batch.salt_totals([E.L1_ALLOCATION_FAILED])
     assert ([4], {(SALT, MODEL): 8}) == ([e.fields["failed_count"] for e in batch.events([E.SM_WRITE_FINISHED])],
@@ -230,14 +236,16 @@ def test_store_into_full_l1_evicts_least_recently_used_chunks(cache):
     client = harness.client()
     kv = client.register_buffer(10, CHUNK_BYTES)
     old = _hashes(8)
-    client.store(kv, "w1", MODEL, SALT, old, list(range(8)))
-    job = client.lookup_prefetch("r", MODEL, SALT, old[:1])
-    client.retrieve(kv, "r", job, [9])  # chunk 0 is now the most recently used
+    client.store(kv, request_id="w1", model_name=MODEL, cache_salt=SALT, chunk_hashes=old, block_ids=list(range(8)))
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=old[:1])
+    client.retrieve(kv, request_id="r", job_id=job, block_ids=[9])  # chunk 0 is now the most recently used
     harness.events.take()
-    client.store(kv, "w2", MODEL, SALT, _hashes(2, seed=10_000), [8, 9])
+    client.store(kv, request_id="w2", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(2, seed=10_000),
+                 block_ids=[8, 9])
     batch = harness.events.take()
     assert {(SALT, MODEL): 2} == batch.salt_totals([E.L1_KEYS_EVICTED])
-    assert [{(old[1], SALT, MODEL), (old[2], SALT, MODEL)}] == [set(e.sampled) for e in batch.events([E.L1_KEYS_EVICTED])]
+    assert [{(old[1], SALT, MODEL),
+             (old[2], SALT, MODEL)}] == [set(e.sampled) for e in batch.events([E.L1_KEYS_EVICTED])]
     assert harness.server.l1.contains(ChunkKey(MODEL, SALT, old[0]))
 
 
@@ -247,7 +255,8 @@ def test_eviction_loop_runs_as_a_timer_and_keeps_gauges_current(cache):
     harness = cache(eviction_interval_s=0.05, l1_watermark=0.5)
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
-    client.store(kv, "w", MODEL, SALT, _hashes(8), list(range(8)))
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(8),
+                 block_ids=list(range(8)))
     board = harness.board
     wait_for(lambda: board.word(0, layout.G_L1_USED) == 3 * CHUNK_BYTES, what="eviction down to 3 of 8 slots")
     batch = harness.events.take()
@@ -266,11 +275,11 @@ def test_retrieve_timeout_publishes_timeout_raised_and_the_server_keeps_serving(
     kv = client.register_buffer(4, CHUNK_BYTES)
     fill_blocks(kv, seed=3)
     hashes = _hashes(2)
-    client.store(kv, "w", MODEL, SALT, hashes, [0, 1])
-    job = client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0, 1])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     harness.events.take()
     with pytest.raises(CacheTimeoutError, match="timeout: retrieve: deadline of 0 s passed"):
-        client.retrieve(kv, "r", job, [2, 3], timeout_s=0)
+        client.retrieve(kv, request_id="r", job_id=job, block_ids=[2, 3], timeout_s=0)
     batch = harness.events.take()
     raised = batch.events([E.TIMEOUT_RAISED])
     assert [("MpcacheTimeoutError", "retrieve: deadline of 0 s passed", "r")] == [
@@ -279,7 +288,7 @@ def test_retrieve_timeout_publishes_timeout_raised_and_the_server_keeps_serving(
     assert [(0, 0, 0)] == [(e.fields["retrieved_count"], e.fields["total_bytes"], e.fields["num_tokens"])
                            for e in batch.events([E.MP_RETRIEVE_END])]
     assert 0 == batch.count([E.L1_READ_FINISHED, E.SM_READ_PREFETCHED_FINISHED])
-    assert 2 == client.retrieve(kv, "r", job, [2, 3])
+    assert 2 == client.retrieve(kv, request_id="r", job_id=job, block_ids=[2, 3]).retrieved
     np.testing.assert_array_equal(kv.blocks[0:2], kv.blocks[2:4])
 
 
@@ -290,15 +299,15 @@ def test_retrieve_of_more_blocks_than_found_is_refused_and_the_job_survives(cach
     client = harness.client()
     kv = client.register_buffer(4, CHUNK_BYTES)
     hashes = _hashes(2)
-    client.store(kv, "w", MODEL, SALT, hashes[:1], [0])
-    job = client.lookup_prefetch("r", MODEL, SALT, hashes)
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes[:1], block_ids=[0])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes)
     harness.events.take()
     with pytest.raises(RequestError, match="found 1 chunks"):
-        client.retrieve(kv, "r", job, [1, 2])
+        client.retrieve(kv, request_id="r", job_id=job, block_ids=[1, 2])
     assert 0 == len(harness.events.take())
-    assert 1 == client.retrieve(kv, "r", job, [1])
+    assert 1 == client.retrieve(kv, request_id="r", job_id=job, block_ids=[1]).retrieved
     with pytest.raises(RequestError, match="already retrieved"):
-        client.retrieve(kv, "r", job, [1])
+        client.retrieve(kv, request_id="r", job_id=job, block_ids=[1])
 
 
 def test_socket_is_private_to_the_user(cache):
@@ -326,7 +335,7 @@ def test_l1_pool_is_shared_memory_other_processes_can_see(cache):
     client = harness.client()
     kv = client.register_buffer(1, CHUNK_BYTES)
     kv.blocks[0] = 0xAB
-    client.store(kv, "w", MODEL, SALT, _hashes(1), [0])
+    client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(1), block_ids=[0])
     pool = Segment.attach(harness.config.l1_pool_name(0))
     try:
         slots = np.frombuffer(pool.buf, dtype=np.uint8).reshape(-1, CHUNK_BYTES)
@@ -343,12 +352,13 @@ def test_buffer_used_as_context_manager_is_unregistered_and_removed(cache):
     client = harness.client()
     with client.register_buffer(2, CHUNK_BYTES) as kv:
         path = "/dev/shm/" + kv.name.lstrip("/")
-        assert 1 == client.store(kv, "w", MODEL, SALT, _hashes(1), [0])
+        assert 1 == client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(1),
+                                 block_ids=[0]).stored
     assert False is os.path.exists(path)
     with pytest.raises(RequestError, match="unknown buffer"):
         client.call("unregister_buffer", buffer_id=kv.buffer_id)
     kv.close()  # idempotent
-    assert 0 == client.ping()["worker"]
+    assert 0 == client.ping().worker
 
 
 def test_client_error_lines_are_rate_limited_and_count_what_they_dropped():

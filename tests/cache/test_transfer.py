@@ -42,7 +42,7 @@ def test_register_cuda_buffer_on_a_cpu_only_server_is_a_clear_one_line_error(cac
     with pytest.raises(RequestError) as raised:
         client.call("register_cuda_buffer", ipc_handle="ab" * 64, device_index=0, num_blocks=4,
                     block_bytes=CHUNK_BYTES)
-    assert (transfer.NO_CUDA, 0) == (str(raised.value), client.ping()["worker"])
+    assert (transfer.NO_CUDA, 0) == (str(raised.value), client.ping().worker)
 
 
 @pytest.mark.parametrize(("args", "error"), [

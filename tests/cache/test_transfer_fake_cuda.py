@@ -116,15 +116,16 @@ def test_store_and_retrieve_through_a_stream_timed_transfer(cache, fake_cuda):
     fill_blocks(fill, seed=5)
     reply = client.call("register_cuda_buffer", ipc_handle=fake_cuda.export(gpu), device_index=0, num_blocks=8,
                         block_bytes=CHUNK_BYTES)
-    handle = types.SimpleNamespace(buffer_id=reply["buffer_id"])
+    buffer_id = reply["buffer_id"]
     harness.events.take()
 
-    stored = client.store(handle, "s", MODEL, "", [1, 2, 3], [0, 1, 2], engine_id=4)
-    job = client.lookup_prefetch("r", MODEL, "", [1, 2, 3])
-    retrieved = client.retrieve(handle, "r", job, [5, 6, 7], engine_id=4)
+    stored = client.store(buffer_id, request_id="s", model_name=MODEL, chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2],
+                          engine_id=4).stored
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, chunk_hashes=[1, 2, 3])
+    retrieved = client.retrieve(buffer_id, request_id="r", job_id=job, block_ids=[5, 6, 7], engine_id=4).retrieved
     batch = harness.events.take()
 
-    assert ({"buffer_id": reply["buffer_id"], "device": "cuda:0"}, 3, 3) == (reply, stored, retrieved)
+    assert ({"buffer_id": buffer_id, "device": "cuda:0"}, 3, 3) == (reply, stored, retrieved)
     np.testing.assert_array_equal(gpu[0:3], gpu[5:8])
     span = 3 * CHUNK_BYTES
     assert [(E.MP_STORE_START, T0), (E.MP_STORE_END, T0 + span), (E.MP_RETRIEVE_START, T0 + span),

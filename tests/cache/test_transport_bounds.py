@@ -44,7 +44,7 @@ def test_a_frame_left_unfinished_closes_that_connection_only(cache):
     stalled = _raw(harness.config.socket_path(0))
     stalled.sendall(protocol.FRAME_HEADER.pack(protocol.MAX_FRAME_BYTES) + b"\x81" * 1000)
     assert _closed_by_server(stalled)
-    assert 0 == good.ping()["worker"]
+    assert 0 == good.ping().worker
     stalled.close()
 
 
@@ -53,7 +53,7 @@ def test_connections_over_the_cap_are_closed_at_accept(cache):
     kept = [harness.client() for _ in range(3)]
     extra = _raw(harness.config.socket_path(0))
     assert _closed_by_server(extra)
-    assert [0, 0, 0] == [client.ping()["worker"] for client in kept]
+    assert [0, 0, 0] == [client.ping().worker for client in kept]
     assert 1 == harness.server.shed_connections
     extra.close()
 
@@ -71,7 +71,7 @@ def test_an_error_echoes_a_bounded_part_of_a_huge_request(cache):
     reply = msgpack.unpackb(sock.recv(protocol.FRAME_HEADER.unpack(header)[0], socket.MSG_WAITALL))
     assert reply["ok"] is False and len(reply["error"]) <= protocol.ERROR_MAX_CHARS
     assert "and 79992 more" in reply["error"]
-    assert 0 == client.ping()["worker"]
+    assert 0 == client.ping().worker
     sock.close()
 
 
@@ -104,7 +104,7 @@ def test_running_out_of_file_descriptors_sheds_new_connections_and_keeps_serving
         def pings() -> bool:
             try:
                 with CacheClient(config.socket_path(0)) as client:
-                    return client.ping()["worker"] == 0
+                    return client.ping().worker == 0
             except OSError:
                 return False
 

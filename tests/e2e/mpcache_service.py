@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -51,7 +51,7 @@ class Scrape:
                 self.samples[sample.name].append((dict(sample.labels), sample.value))
 
     def total(self, name: str, **labels: str) -> float:
-        return sum(v for l, v in self.samples.get(name, []) if all(l.get(k) == x for k, x in labels.items()))
+        return sum(v for have, v in self.samples.get(name, []) if all(have.get(k) == x for k, x in labels.items()))
 
     def by_label(self, name: str, label: str) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)

@@ -110,10 +110,10 @@ def round_trip(socket_path: str | None) -> bool:
             kv = client.register_buffer(4, 4096)
             kv.blocks[:2] = np.random.default_rng().integers(0, 256, (2, 4096))
             hashes = [secrets.randbits(63) for _ in range(2)]
-            client.store(kv, "w", "org/m", "", hashes, [0, 1])
-            job = client.lookup_prefetch("r", "org/m", "", hashes)
-            found = client.wait_prefetch(job)["found_count"]
-            got = client.retrieve(kv, "r", job, [2, 3])
+            client.store(kv, request_id="w", model_name="org/m", chunk_hashes=hashes, block_ids=[0, 1])
+            job = client.lookup_prefetch(request_id="r", model_name="org/m", chunk_hashes=hashes)
+            found = client.wait_prefetch(job).found_count
+            got = client.retrieve(kv, request_id="r", job_id=job, block_ids=[2, 3]).retrieved
             equal = bool(np.array_equal(kv.blocks[:2], kv.blocks[2:]))
             client.end_session("w")
             client.end_session("r")
@@ -203,7 +203,8 @@ def small_shm(workdir: str) -> dict:
             with CacheClient(socket_path, connect_timeout_s=5) as client:
                 kv = client.register_buffer(8, 65536)
                 for n in range(64):  # 64 x 8 chunks of 64 KiB: 32 MiB, more than fits
-                    client.store(kv, f"fill-{n}", "org/m", "", [n * 8 + i + 1 for i in range(8)], list(range(8)))
+                    client.store(kv, request_id=f"fill-{n}", model_name="org/m",
+                                 chunk_hashes=[n * 8 + i + 1 for i in range(8)], block_ids=list(range(8)))
                 del kv
         except (OSError, ConnectionError, MpcacheError) as exc:
             result["client_error"] = repr(exc)

@@ -37,7 +37,7 @@ class ControlledService(Service):
         self.tally_path = directory / "tally.json"
         self.log_path = directory / "service.log"
         self.runtime_dir = directory / "run"
-        self.stderr = open(directory / "stderr.log", "wb")  # noqa: SIM115 - open as long as the service runs
+        self.stderr = open(directory / "stderr.log", "wb")
         self.process = subprocess.Popen(
             [sys.executable, START_CACHE, "--prometheus-port", str(self.port), "--runtime-dir", str(self.runtime_dir),
              "--log-file", str(self.log_path), *flags],

@@ -45,10 +45,12 @@ class Bystander:
         self.kv.blocks[:2] = self.rng.integers(0, 256, (2, CHUNK))
         hashes = [secrets.randbits(63), secrets.randbits(63)]
         request = f"by-{hashes[0]}"
-        self.stored += self.client.store(self.kv, request, MODEL, "bystander", hashes, [0, 1])
-        job = self.client.lookup_prefetch(request + "-r", MODEL, "bystander", hashes)
-        assert 2 == self.client.wait_prefetch(job)["found_count"]
-        assert 2 == self.client.retrieve(self.kv, request + "-r", job, [2, 3])
+        self.stored += self.client.store(self.kv, request_id=request, model_name=MODEL, cache_salt="bystander",
+                                         chunk_hashes=hashes, block_ids=[0, 1]).stored
+        job = self.client.lookup_prefetch(request_id=request + "-r", model_name=MODEL, cache_salt="bystander",
+                                          chunk_hashes=hashes)
+        assert 2 == self.client.wait_prefetch(job).found_count
+        assert 2 == self.client.retrieve(self.kv, request_id=request + "-r", job_id=job, block_ids=[2, 3]).retrieved
         assert np.array_equal(self.kv.blocks[:2], self.kv.blocks[2:])
         self.client.end_session(request)
         self.client.end_session(request + "-r")
@@ -230,10 +232,12 @@ def test_cache_salt_flood_is_capped_per_metric_and_counted_in_full(tmp_path) -> 
             kv = client.register_buffer(2, CHUNK)
             kv.blocks[0] = np.arange(CHUNK, dtype=np.uint32).astype(np.uint8)
             for i, salt in enumerate(salts):
-                assert 1 == client.store(kv, f"w{i}", MODEL, salt, [i + 1], [0])
-                job = client.lookup_prefetch(f"r{i}", MODEL, salt, [i + 1])
-                assert 1 == client.wait_prefetch(job)["found_count"]
-                assert 1 == client.retrieve(kv, f"r{i}", job, [1])
+                assert 1 == client.store(kv, request_id=f"w{i}", model_name=MODEL, cache_salt=salt,
+                                         chunk_hashes=[i + 1], block_ids=[0]).stored
+                job = client.lookup_prefetch(request_id=f"r{i}", model_name=MODEL, cache_salt=salt,
+                                             chunk_hashes=[i + 1])
+                assert 1 == client.wait_prefetch(job).found_count
+                assert 1 == client.retrieve(kv, request_id=f"r{i}", job_id=job, block_ids=[1]).retrieved
                 client.end_session(f"w{i}")
                 client.end_session(f"r{i}")
             assert np.array_equal(kv.blocks[0], kv.blocks[1])

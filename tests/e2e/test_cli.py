@@ -60,3 +60,13 @@ def test_help_lists_every_documented_flag() -> None:
     for flag in ("--workers", "--l1-size", "--prometheus-port", "--otlp-endpoint", "--demo", "--duration",
                  "--metrics-sample-rate", "--instance-id", "--log-file"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("script", ["start-cache", "mpcache-logs"])
+def test_version_prints_the_installed_version(script):
+    """--version prints the program and the installed package's version (pyproject's), and exits 0."""
+    import importlib.metadata
+
+    result = subprocess.run([sys.executable, os.path.join(REPO, "bin", script), "--version"], capture_output=True,
+                            text=True, timeout=60)
+    assert (0, f"{script} (mpcache) {importlib.metadata.version('mpcache')}\n") == (result.returncode, result.stdout)

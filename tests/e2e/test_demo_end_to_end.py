@@ -117,3 +117,7 @@ def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:
     assert {"telemetry", "cache", "demo"} == roles
     [started] = [line for line in service.log_lines() if line.get("event") == "supervisor.started"]
     assert PUBLISH_PATH == started["publish_path"]  # the operator can see which writer publishes
+    # The demo's faults are deliberate: counted in its progress and tally, not one warning line each.
+    assert sum(service.tally()["injected_faults"].values()) > 0
+    assert [] == [line for line in service.log_lines() if line.get("level") == "warning"
+                  and line.get("event") in ("client.error", "timeout.raised")]

@@ -154,7 +154,7 @@ class Load:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._thread.start()
         return self
 
@@ -165,7 +165,8 @@ class Load:
             salt = next(self.salts)
             hashes = [self.base + 4 * n + i for i in range(4)]
             try:
-                stored = self.client.store(self.kv, f"load-{self.base}-{n}", MODEL, salt, hashes, [0, 1, 2, 3])
+                stored = self.client.store(self.kv, request_id=f"load-{self.base}-{n}", model_name=MODEL,
+                                           cache_salt=salt, chunk_hashes=hashes, block_ids=[0, 1, 2, 3]).stored
             except (ConnectionError, BrokenPipeError) as exc:
                 self.disconnected = True
                 if not self._tolerate:
@@ -182,7 +183,7 @@ class Load:
                  f"{count} requests from the load")
         assert [] == self.errors
 
-    def stop(self) -> "Load":
+    def stop(self) -> Load:
         self._stop.set()
         self._thread.join(30)
         assert not self._thread.is_alive(), "the load thread is stuck"
@@ -233,10 +234,13 @@ def round_trip(socket_path: str, salt: str, chunks: int = 3) -> int:
         kv = client.register_buffer(2 * chunks, CHUNK)
         kv.blocks[:chunks] = np.random.default_rng().integers(0, 256, (chunks, CHUNK))
         hashes = [secrets.randbits(63) for _ in range(chunks)]
-        stored = client.store(kv, f"rt-{hashes[0]}", MODEL, salt, hashes, list(range(chunks)))
-        job = client.lookup_prefetch(f"rt-{hashes[0]}-r", MODEL, salt, hashes)
-        assert chunks == client.wait_prefetch(job)["found_count"]
-        assert chunks == client.retrieve(kv, f"rt-{hashes[0]}-r", job, list(range(chunks, 2 * chunks)))
+        stored = client.store(kv, request_id=f"rt-{hashes[0]}", model_name=MODEL, cache_salt=salt, chunk_hashes=hashes,
+                              block_ids=list(range(chunks))).stored
+        job = client.lookup_prefetch(request_id=f"rt-{hashes[0]}-r", model_name=MODEL, cache_salt=salt,
+                                     chunk_hashes=hashes)
+        assert chunks == client.wait_prefetch(job).found_count
+        assert chunks == client.retrieve(kv, request_id=f"rt-{hashes[0]}-r", job_id=job,
+                                         block_ids=list(range(chunks, 2 * chunks))).retrieved
         assert np.array_equal(kv.blocks[:chunks], kv.blocks[chunks:])
         client.end_session(f"rt-{hashes[0]}")
         client.end_session(f"rt-{hashes[0]}-r")
@@ -433,9 +437,10 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(services, tmp
     def settled(submitted_requests: int) -> Scrape:
         def check():
             scrape = service.scrape()
+            completed = scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
             idle = (scrape.total("lmcache_mp_num_inflight_l2_stores") == 0
                     and scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                    and scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs") == submitted_requests)
+                    and completed == submitted_requests)
             return scrape if idle else None
         return wait_for(check, 30, f"{submitted_requests} L2 store tasks to complete")
 

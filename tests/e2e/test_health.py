@@ -32,4 +32,39 @@ def test_ready_turns_503_while_a_killed_cache_process_restarts(start_service):
     assert (503, "not ready: cache[1] not serving\n") == wait_for(
         lambda: (s := _status(service.port, "/ready"))[0] == 503 and s, 10, "/ready to be 503")
     wait_for(lambda: _status(service.port, "/ready")[0] == 200, 30, "/ready after the restart")
+    restarts = wait_for(lambda: service.scrape().by_label("mpcache_child_restarts_total", "role") or None, 30,
+                        "the restart counter")
+    assert {"cache": 1.0, "telemetry": 0.0} == restarts
+    assert (2.0, 2.0) == (service.scrape().total("mpcache_cache_processes"),
+                          service.scrape().total("mpcache_cache_processes_ready"))
+    assert 0 == service.stop()
+
+
+@pytest.mark.slow
+def test_metrics_carry_build_info_readiness_and_process_series(start_service):
+    import importlib.metadata
+
+    from mpcache.shm.ring import PUBLISH_PATH
+
+    service = start_service("--workers", "2")
+    wait_for(lambda: service.scrape().total("mpcache_cache_processes_ready") == 2, 30, "two ready cache processes")
+    scrape = service.scrape()
+    assert [({"version": importlib.metadata.version("mpcache"), "publish_path": PUBLISH_PATH}, 1.0)] == \
+        scrape.samples["mpcache_build_info"]
+    assert scrape.total("process_resident_memory_bytes") > 0
+    assert 0 == service.stop()
+
+
+@pytest.mark.slow
+def test_no_http_serves_nothing_on_the_port(start_service):
+    """--no-http: OTLP-only deployments listen on no port at all (the telemetry process still runs)."""
+    import socket
+
+    service = start_service("--workers", "1", "--no-http")
+    wait_for(lambda: any(line.get("event") == "telemetry.started" for line in service.log_lines()), 30,
+             "telemetry.started")
+    started = [line for line in service.log_lines() if line.get("event") == "telemetry.started"][-1]
+    assert started["metrics_url"] is None
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", service.port))
     assert 0 == service.stop()

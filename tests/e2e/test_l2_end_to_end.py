@@ -3,8 +3,10 @@ that agree with what the demo saw."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from mpcache_service import wait_for
+from mpcache_service import Service, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +73,53 @@ def test_demo_with_fs_and_mock_tiers_serves_every_l2_metric(start_service, tmp_p
     assert 0 < scrape.total("lmcache_mp_l2_prefetch_failure_chunks_total", reason="not_found")
     assert as_floats(tally["l2_hit_tokens"]) == scrape.by_label("lmcache_mp_lookup_hit_l2_tokens_total", "cache_salt")
     assert as_floats(tally["hit_tokens"]) == scrape.by_label("lmcache_mp_lookup_hit_tokens_total", "cache_salt")
-    hit_rate = scrape.total("lmcache_mp_lookup_hit_tokens_total") / scrape.total("lmcache_mp_lookup_requested_tokens_total")
+    hit_rate = (scrape.total("lmcache_mp_lookup_hit_tokens_total")
+                / scrape.total("lmcache_mp_lookup_requested_tokens_total"))
     assert 0.0 <= hit_rate <= 1.0
     assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
     assert 0 == service.stop()
+
+
+def read_config(service) -> dict:
+    path = service.runtime_dir / "config.json"
+    return {"mode": path.stat().st_mode & 0o777, **json.loads(path.read_text())}
+
+
+def test_a_redis_only_service_warns_that_its_secret_is_per_run_and_never_logs_it(start_service, tmp_path) -> None:
+    """Without --l2-secret-file and without an fs tier, start-cache makes a key for this run and warns, once,
+    that redis records will not be readable after a restart and that --l2-secret-file fixes it.  The key
+    reaches the children only through the 0600 config file: it is in no log line."""
+    redis_flag = '{"type": "redis", "url": "redis://127.0.0.1:1/0", "capacity_gb": 1}'
+    service = start_service("--workers", "1", "--event-sink", "none", "--l2", redis_flag)
+    wait_for(lambda: any(line.get("event") == "cache.ready" for line in service.log_lines()), 60, "cache.ready")
+    config = read_config(service)
+    assert 0 == service.stop()
+    lines = service.log_lines()
+    warnings = [line for line in lines if line.get("event") == "supervisor.l2_secret_per_run"]
+    everything = service.log_path.read_text() + (tmp_path / "stderr.log").read_text()
+
+    assert (0o600, 64, "per-run") == (config["mode"], len(config["l2_secret"]), config["l2_secret_source"])
+    assert [("warning", True, True)] == [(line["level"], "not be readable after a restart" in line["message"],
+                                          "--l2-secret-file" in line["message"]) for line in warnings]
+    assert config["l2_secret"] not in everything
+
+
+def test_an_fs_tier_keeps_the_same_key_across_service_restarts(tmp_path) -> None:
+    """Two runs on one fs path resolve the same key from <path>/.mpcache-l2-secret (0600), with no warning."""
+    fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.01}' % (tmp_path / "l2fs")
+    keys = []
+    for run in range(2):
+        (tmp_path / f"run{run}").mkdir()
+        service = Service(tmp_path / f"run{run}", "--workers", "1", "--event-sink", "none", "--l2", fs)
+        try:
+            wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
+                     60,
+                     "cache.ready")
+            keys.append(read_config(service)["l2_secret"])
+            assert 0 == service.stop()
+        finally:
+            service.kill()
+        assert [] == [line for line in service.log_lines() if line.get("event") == "supervisor.l2_secret_per_run"]
+
+    secret = tmp_path / "l2fs" / ".mpcache-l2-secret"
+    assert (keys[0], 0o600) == (keys[1], secret.stat().st_mode & 0o777)

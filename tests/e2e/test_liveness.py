@@ -33,10 +33,12 @@ def round_trip(socket_path: str, chunks: int = 3) -> bool:
         kv.blocks[:chunks] = np.random.default_rng().integers(0, 256, (chunks, CHUNK))
         hashes = [secrets.randbits(63) for _ in range(chunks)]
         request = f"rt-{hashes[0]}"
-        stored = client.store(kv, request, "org/liveness", "", hashes, list(range(chunks)))
-        job = client.lookup_prefetch(request + "-r", "org/liveness", "", hashes)
-        found = client.wait_prefetch(job)["found_count"]
-        got = client.retrieve(kv, request + "-r", job, list(range(chunks, 2 * chunks)))
+        stored = client.store(kv, request_id=request, model_name="org/liveness", chunk_hashes=hashes,
+                              block_ids=list(range(chunks))).stored
+        job = client.lookup_prefetch(request_id=request + "-r", model_name="org/liveness", chunk_hashes=hashes)
+        found = client.wait_prefetch(job).found_count
+        got = client.retrieve(kv, request_id=request + "-r", job_id=job,
+                              block_ids=list(range(chunks, 2 * chunks))).retrieved
         equal = bool(np.array_equal(kv.blocks[:chunks], kv.blocks[chunks:]))
         client.end_session(request)
         client.end_session(request + "-r")

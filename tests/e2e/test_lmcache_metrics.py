@@ -9,7 +9,6 @@ import os
 
 import pytest
 from lmcache_client import LMClient, key, registration
-
 from mpcache_service import wait_for
 
 CHUNK = 256

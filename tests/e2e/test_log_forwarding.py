@@ -45,7 +45,7 @@ class PipedService(ControlledService):
         self.tally_path = directory / "tally.json"
         self.log_path = directory / "service.log"
         self.runtime_dir = directory / "run"
-        self.stderr = open(os.devnull, "wb")  # noqa: SIM115 - closed by Service.stop/kill
+        self.stderr = open(os.devnull, "wb")  # closed by Service.stop/kill
         read_end, write_end = os.pipe()
         self.reader = os.fdopen(read_end, "rb")
         self.process = subprocess.Popen(
@@ -92,7 +92,8 @@ def store_many(socket_path: str, requests: int) -> int:
         kv.blocks[:] = np.random.default_rng().integers(0, 256, kv.blocks.shape)
         for n in range(requests):
             hashes = [base + 4 * n + i for i in range(4)]
-            stored += client.store(kv, f"log-{base}-{n}", "org/m", "", hashes, [0, 1, 2, 3])
+            stored += client.store(kv, request_id=f"log-{base}-{n}", model_name="org/m", chunk_hashes=hashes,
+                                   block_ids=[0, 1, 2, 3]).stored
             client.end_session(f"log-{base}-{n}")
         del kv
     return stored

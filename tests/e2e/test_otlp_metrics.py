@@ -95,7 +95,7 @@ class GrpcReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, collected: Collected) -> None:
         self.collected = collected
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+    def Export(self, request, context):  # the gRPC method name
         self.collected.add(request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -104,7 +104,7 @@ class HttpReceiver(http.server.BaseHTTPRequestHandler):
     collected: Collected  # set on the per-test subclass
     seen: list[tuple[str, str]]  # (path, content-type) of every POST
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's method name
+    def do_POST(self) -> None:  # http.server's method name
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
@@ -149,11 +149,13 @@ def http_receiver():
     thread.join(5)
 
 
-def demo_flags(tmp_path, endpoint: str, protocol: str) -> list[str]:
+def demo_flags(tmp_path, endpoint: str | None = None, protocol: str | None = None) -> list[str]:
+    """The demo with two L2 tiers; OTLP flags only when given (else the OTEL_* environment decides)."""
     fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.008}' % (tmp_path / "l2fs")
     mock = '{"type": "mock", "capacity_gb": 0.05, "failure_rate": 0.1, "seed": 3, "latency_ms": 5}'
-    return ["--demo", "--workers", "2", "--duration", "60", "--instance-id", INSTANCE_ID,
-            "--otlp-endpoint", endpoint, "--otlp-protocol", protocol, "--otlp-interval", "1",
+    otlp = [] if endpoint is None else [
+        "--otlp-endpoint", endpoint, "--otlp-protocol", protocol, "--otlp-interval", "1"]
+    return ["--demo", "--workers", "2", "--duration", "60", "--instance-id", INSTANCE_ID, *otlp,
             "--metrics-sample-rate", "0.2", "--l2", fs, "--l2", mock]
 
 
@@ -161,12 +163,12 @@ def points_key(point) -> tuple:
     return tuple(sorted((kv.key, kv.value.string_value or str(kv.value.int_value)) for kv in point.attributes))
 
 
-def check_wire_format(collected: Collected) -> None:
+def check_wire_format(collected: Collected, resource: dict[str, str] | None = None) -> None:
     """Resource, counter and histogram shape of everything received (see the test docstrings)."""
     specs = {row["otel_name"]: row for row in tsv_rows()}
     received = collected.metrics()
-    assert {(("service.instance.id", INSTANCE_ID), ("service.name", "mpcache"))} == {
-        tuple(sorted(resource.items())) for resource, _ in received}
+    expected_resource = resource or {"service.instance.id": INSTANCE_ID, "service.name": "mpcache"}
+    assert {tuple(sorted(expected_resource.items()))} == {tuple(sorted(r.items())) for r, _ in received}
 
     bad_counters, went_down, bad_histograms = [], [], []
     last: dict[tuple, float] = {}
@@ -218,15 +220,23 @@ def test_every_demo_metric_goes_over_otlp_grpc_with_resource_and_shapes(start_se
     assert 3 <= len(collected.requests)
 
 
-def test_otlp_http_exports_decode_as_protobuf_at_v1_metrics(start_service, http_receiver, tmp_path):
-    """With --otlp-protocol http and a bare http://host:port endpoint, exports are protobuf POSTs to
-    /v1/metrics that decode to ExportMetricsServiceRequests carrying every OTel metric of metrics.tsv,
-    service.instance.id = --instance-id, cumulative monotonic counters and the explicit bucket bounds."""
+def test_otel_environment_alone_exports_over_http_protobuf_with_its_resource(start_service, http_receiver, tmp_path,
+                                                                            monkeypatch):
+    """With only OTEL_EXPORTER_OTLP_ENDPOINT (a bare http://host:port), OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf,
+    OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES set and no OTLP flag, exports
+    are protobuf POSTs to /v1/metrics carrying every OTel metric of metrics.tsv under that resource (and
+    service.instance.id = --instance-id), cumulative monotonic counters and the explicit bucket bounds."""
     collected, seen, endpoint = http_receiver
-    service = start_service(*demo_flags(tmp_path, endpoint, "http"))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "1000")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "kv-cache-staging")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging,k8s.cluster.name=eu-1")
+    service = start_service(*demo_flags(tmp_path))
     expected = expected_names()
     received = collected.wait_for_names(expected)
     assert set() == expected - received
     assert 0 == service.stop()
     assert {("/v1/metrics", "application/x-protobuf")} == set(seen)
-    check_wire_format(collected)
+    check_wire_format(collected, {"service.instance.id": INSTANCE_ID, "service.name": "kv-cache-staging",
+                                  "deployment.environment": "staging", "k8s.cluster.name": "eu-1"})

@@ -39,10 +39,13 @@ def client_rounds(socket_path: str, salt: str, seed: int, start: threading.Barri
             kv.blocks[:CHUNKS] = data
             kv.blocks[CHUNKS:] = 0
             hashes = [(n << 8) | i for i in range(CHUNKS)]  # the same in every thread
-            counts["stored"] += client.store(kv, f"{salt}-s{n}", MODEL, salt, hashes, list(range(CHUNKS)))
-            job = client.lookup_prefetch(f"{salt}-r{n}", MODEL, salt, hashes)
-            counts["found"] += client.wait_prefetch(job)["found_count"]
-            counts["retrieved"] += client.retrieve(kv, f"{salt}-r{n}", job, list(range(CHUNKS, 2 * CHUNKS)))
+            counts["stored"] += client.store(kv, request_id=f"{salt}-s{n}", model_name=MODEL, cache_salt=salt,
+                                             chunk_hashes=hashes, block_ids=list(range(CHUNKS))).stored
+            job = client.lookup_prefetch(request_id=f"{salt}-r{n}", model_name=MODEL, cache_salt=salt,
+                                         chunk_hashes=hashes)
+            counts["found"] += client.wait_prefetch(job).found_count
+            counts["retrieved"] += client.retrieve(kv, request_id=f"{salt}-r{n}", job_id=job,
+                                                   block_ids=list(range(CHUNKS, 2 * CHUNKS))).retrieved
             assert np.array_equal(data, kv.blocks[CHUNKS:]), f"{salt} round {n}: other bytes came back"
             client.end_session(f"{salt}-s{n}")
             client.end_session(f"{salt}-r{n}")

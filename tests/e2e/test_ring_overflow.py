@@ -54,7 +54,8 @@ def drained(service: ControlledService) -> int:
 
 
 def store(client: CacheClient, kv, salt: str, chunk_hash: int) -> int:
-    return client.store(kv, f"{salt}-{chunk_hash}", MODEL, salt, [chunk_hash], [0])
+    return client.store(kv, request_id=f"{salt}-{chunk_hash}", model_name=MODEL, cache_salt=salt,
+                        chunk_hashes=[chunk_hash], block_ids=[0]).stored
 
 
 def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_events(controlled_services):

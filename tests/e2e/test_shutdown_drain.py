@@ -87,8 +87,9 @@ def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_ex
         kv = client.register_buffer(4, CHUNK)
         kv.blocks[:] = np.random.default_rng(1).integers(0, 256, kv.blocks.shape)
         for n, salt in enumerate(salts):
-            stored[salt] = float(client.store(kv, f"drain-{n}", MODEL, salt, [100 + 4 * n + i for i in range(4)],
-                                              [0, 1, 2, 3]))
+            stored[salt] = float(client.store(kv, request_id=f"drain-{n}", model_name=MODEL, cache_salt=salt,
+                                              chunk_hashes=[100 + 4 * n + i for i in range(4)],
+                                              block_ids=[0, 1, 2, 3]).stored)
         del kv
     at_sigterm = service.scrape()
     service.process.send_signal(signal.SIGTERM)

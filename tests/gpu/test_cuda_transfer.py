@@ -50,10 +50,11 @@ client = CacheClient(socket_path)
 kv = client.register_cuda_buffer(8, block_bytes, device_index=0)
 kv.blocks[:] = cupy.random.randint(0, 256, size=kv.blocks.shape, dtype=cupy.uint8)
 cupy.cuda.runtime.deviceSynchronize()  # the blocks are written before the server copies them
-stored = client.store(kv, "gpu-store", "gpu-model", "", hashes, [0, 1, 2], engine_id=3)
-job = client.lookup_prefetch("gpu-load", "gpu-model", "", hashes)
-found = client.query_prefetch_status(job)["found_count"]
-retrieved = client.retrieve(kv, "gpu-load", job, [5, 6, 7], engine_id=3)
+stored = client.store(kv, request_id="gpu-store", model_name="gpu-model", chunk_hashes=hashes, block_ids=[0, 1, 2],
+                      engine_id=3).stored
+job = client.lookup_prefetch(request_id="gpu-load", model_name="gpu-model", chunk_hashes=hashes)
+found = client.query_prefetch_status(job).found_count
+retrieved = client.retrieve(kv, request_id="gpu-load", job_id=job, block_ids=[5, 6, 7], engine_id=3).retrieved
 equal = bool(cupy.array_equal(kv.blocks[0:3], kv.blocks[5:8]))
 device = kv.device
 client.end_session("gpu-store")
@@ -141,6 +142,6 @@ def test_a_handle_that_does_not_open_is_a_one_line_request_error(server):
                         block_bytes=CHUNK_BYTES)
         assert (True, 1) == (str(raised.value).startswith("ipc_handle: cannot open it on cuda:0: "),
                              len(str(raised.value).splitlines()))
-        assert 0 == client.ping()["worker"]
+        assert 0 == client.ping().worker
     finally:
         client.close()

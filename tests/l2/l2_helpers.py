@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pwd
+import subprocess
 from concurrent.futures import Future
 
 from mpcache.contract.keys import ChunkKey
 
 TIMEOUT_S = 10.0  # the most any future in these tests may take
+MAC_KEY = bytes(range(32))  # the L2 record key the tests' adapters use (a deployment's, in production)
 
 
 def key(index: int, model: str = "model-a", salt: str = "salt-a") -> ChunkKey:
@@ -22,3 +25,19 @@ def payload(index: int, size: int = 1000) -> bytes:
 def wait(future: Future):
     """The future's result, failing the test (not hanging it) after :data:`TIMEOUT_S`."""
     return future.result(timeout=TIMEOUT_S)
+
+
+class OtherUser:
+    """A second local user (the ``other_user`` fixture): runs commands as itself."""
+
+    def __init__(self, entry: pwd.struct_passwd) -> None:
+        self.name = entry.pw_name
+        self.uid = entry.pw_uid
+        self.gid = entry.pw_gid
+
+    def run(self, *argv: str) -> str:
+        """Run ``argv`` as this user (setpriv, from ``/``); its stdout.  Fails the test if it fails."""
+        completed = subprocess.run(["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", *argv],
+                                   cwd="/", capture_output=True, text=True, timeout=30)
+        assert 0 == completed.returncode, f"{argv} as {self.name}: {completed.stderr}"
+        return completed.stdout

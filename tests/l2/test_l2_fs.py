@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from l2_helpers import key, payload, wait
+from l2_helpers import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult, Usage, encode_record
 
@@ -49,9 +49,9 @@ def test_a_truncated_file_is_never_loaded_and_is_removed(make_fs):
 
     result, destination = load_one(adapter, 1)
 
-    assert (LoadResult([], [key(1)]), b"\xee" * 1000) == (result, destination)
+    assert (LoadResult([], [key(1)], [key(1)]), b"\xee" * 1000) == (result, destination)
     assert (False, [False]) == (os.path.exists(path), wait(adapter.lookup([key(1)])))
-    assert Usage(0, 4000, 0) == adapter.get_usage()
+    assert (Usage(0, 4000, 0), {"integrity": 1}) == (adapter.get_usage(), adapter.failures.totals())
 
 
 @pytest.mark.parametrize("position", [0, 20, 50, -1], ids=["magic", "payload_len", "name", "payload"])
@@ -66,7 +66,8 @@ def test_a_flipped_byte_is_never_loaded(make_fs, position):
 
     result, destination = load_one(adapter, 1)
 
-    assert (LoadResult([], [key(1)]), b"\xee" * 1000, False) == (result, destination, os.path.exists(path))
+    assert (LoadResult([], [key(1)], [key(1)]), b"\xee" * 1000, False, {"integrity": 1}) == (
+        result, destination, os.path.exists(path), adapter.failures.totals())
 
 
 def test_another_chunks_record_at_a_keys_path_is_not_loaded(make_fs):
@@ -77,7 +78,7 @@ def test_another_chunks_record_at_a_keys_path_is_not_loaded(make_fs):
 
     result, _ = load_one(adapter, 2)
 
-    assert LoadResult([], [key(2)]) == result
+    assert (LoadResult([], [key(2)], [key(2)]), {"integrity": 1}) == (result, adapter.failures.totals())
 
 
 def test_a_stray_temp_file_is_ignored(make_fs, tmp_path):
@@ -87,7 +88,7 @@ def test_a_stray_temp_file_is_ignored(make_fs, tmp_path):
     first.close()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     Path(os.path.dirname(path), f".{os.path.basename(path)[:-6]}.deadbeef.tmp").write_bytes(
-        encode_record(key(1), payload(1)))
+        encode_record(key(1), payload(1), MAC_KEY))
 
     adapter = make_fs()
     result, _ = load_one(adapter, 1)
@@ -192,7 +193,7 @@ if mode == "full":
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (500, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-adapter = FsL2Adapter(path, 10_000)
+adapter = FsL2Adapter(path, 10_000, mac_key=bytes(range(32)))
 old, new = ChunkKey("model-a", "salt-a", 1), ChunkKey("model-a", "salt-a", 2)
 stored = adapter.submit_store([(new, bytes.fromhex(new_hex)), (old, bytes.fromhex(old_hex))]).result(10)
 again = adapter.submit_store([(new, bytes.fromhex(new_hex))]).result(10)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import redis
-from l2_helpers import key, payload, wait
+from l2_helpers import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import (
+    L2LookupError,
     LoadResult,
     StoreResult,
     Usage,
@@ -56,12 +58,12 @@ def test_capacity_holds_across_adapters_and_eviction_reports_the_other_adapters_
 
 
 def test_values_are_chunk_records(make_redis, redis_server, redis_prefix):
-    """The server holds each chunk as the same checksummed record fs writes to a file."""
+    """The server holds each chunk as the same MAC'd record fs writes to a file."""
     adapter = make_redis()
     wait(adapter.submit_store([(key(1), payload(1))]))
 
     value = redis.Redis.from_url(redis_server).get(data_key(redis_prefix, key(1)))
-    decoded = decode_record(value)
+    decoded = decode_record(value, MAC_KEY)
 
     assert (key(1), payload(1)) == (decoded[0], bytes(decoded[1]))
 
@@ -78,7 +80,8 @@ def test_a_corrupted_value_is_never_loaded_and_is_dropped(make_redis, redis_serv
     destination = bytearray(b"\xee" * 1000)
     result = wait(adapter.submit_load([key(1)], [memoryview(destination)]))
 
-    assert (LoadResult([], [key(1)]), b"\xee" * 1000) == (result, bytes(destination))
+    assert (LoadResult([], [key(1)], [key(1)]), b"\xee" * 1000) == (result, bytes(destination))
+    assert {"integrity": 1} == adapter.failures.totals()
     assert ([False, True], Usage(1000, 4000, 1)) == (wait(adapter.lookup([key(1), key(2)])), adapter.get_usage())
 
 
@@ -94,21 +97,26 @@ def test_a_value_removed_behind_the_adapters_back_fails_and_leaves_the_index(mak
     assert ([False], Usage(0, 4000, 0)) == (wait(adapter.lookup([key(1)])), adapter.get_usage())
 
 
-def test_an_unreachable_server_fails_keys_without_raising(make_redis):
-    """With nothing listening, stores and loads list every key as failed, lookups miss, deletes remove 0."""
+def test_an_unreachable_server_fails_keys_and_counts_them(make_redis):
+    """With nothing listening, stores and loads list every key as failed (loads as errors), lookups fail with
+    L2LookupError (a failure, not a miss), deletes remove 0, and every one of them is counted."""
     with socket.socket() as probe:  # a port nothing listens on once the probe closes
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     adapter = make_redis(url=f"redis://127.0.0.1:{port}/0", retries=0, connect_timeout_s=1.0)
 
     stored = wait(adapter.submit_store([(key(1), payload(1)), (key(2), payload(2))]))
-    found = wait(adapter.lookup([key(1)]))
+    with pytest.raises(L2LookupError):
+        wait(adapter.lookup([key(1)]))
     loaded = wait(adapter.submit_load([key(1)], [memoryview(bytearray(1000))]))
     deleted = wait(adapter.delete([key(1)]))
 
     assert StoreResult([], [], [key(1), key(2)], 0, []) == stored
-    assert ([False], LoadResult([], [key(1)]), 0) == (found, loaded, deleted)
+    assert (LoadResult([], [key(1)], [], [key(1)]), 0) == (loaded, deleted)
     assert Usage(0, 4000, 0) == adapter.get_usage()
+    totals = adapter.failures.totals()
+    totals.pop("usage_error", None)  # the start-up usage refresh, if it ran before the rest
+    assert {"store_error": 2, "lookup_error": 1, "load_error": 1, "delete_error": 1} == totals
 
 
 def test_a_new_adapter_learns_the_tiers_usage_from_the_server(make_redis):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from l2_helpers import MAC_KEY
 
 from mpcache.cache.l2.fs import FsL2Adapter
 from mpcache.cache.l2.mock import MockL2Adapter
@@ -18,6 +19,10 @@ GOOD = [
     '{"type": "mock", "capacity_gb": 1, "latency_ms": 2.5, "bandwidth_gbps": 10, "failure_rate": 1, "seed": 3}',
     '{"type": "redis", "url": "redis://cache-host:6379/0", "capacity_gb": 16}',
     '{"type": "redis", "url": "redis://10.0.0.5:6380/2", "capacity_gb": 2, "key_prefix": "p:", "threads": 2}',
+    '{"type": "redis", "url": "redis://mpcache:s3cret@cache-host:6379/1", "capacity_gb": 1}',
+    '{"type": "redis", "url": "rediss://cache-host:6380/0", "capacity_gb": 1, "tls_ca_file": "/etc/ca.pem", '
+    '"tls_cert_file": "/etc/c.pem", "tls_key_file": "/etc/c.key", "password_file": "/etc/redis.pw"}',
+    '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "socket_timeout_s": 0.25, "connect_timeout_s": 2}',
 ]
 
 
@@ -50,6 +55,10 @@ BAD = {
     "url_without_host": '{"type": "redis", "url": "redis:///0", "capacity_gb": 1}',
     "url_with_bad_db": '{"type": "redis", "url": "redis://host:6379/cache", "capacity_gb": 1}',
     "url_with_bad_port": '{"type": "redis", "url": "redis://host:port/0", "capacity_gb": 1}',
+    "url_with_a_query": '{"type": "redis", "url": "redis://host:6379/0?ssl_cert_reqs=none", "capacity_gb": 1}',
+    "zero_socket_timeout": '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "socket_timeout_s": 0}',
+    "tls_file_without_rediss": '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "tls_ca_file": "/c"}',
+    "client_cert_without_key": '{"type": "redis", "url": "rediss://h:1/0", "capacity_gb": 1, "tls_cert_file": "/c"}',
 }
 
 
@@ -70,9 +79,17 @@ def test_the_error_says_what_is_wrong():
         parse_l2_spec('{"type": "mock", "capacity_gb": 1, "failure_rate": 1.5}')
 
 
+def test_a_password_in_a_bad_url_is_not_echoed():
+    """A bad redis URL that carries a password is reported without it."""
+    with pytest.raises(ConfigError) as caught:
+        parse_l2_spec('{"type": "redis", "url": "redis://u:hunter2@host:port/0", "capacity_gb": 1}')
+
+    assert ("hunter2" not in str(caught.value), "(hidden)" in str(caught.value)) == (True, True)
+
+
 def test_build_makes_an_fs_adapter_with_the_capacity_in_bytes(tmp_path):
     """An fs spec builds an FsL2Adapter on its path; capacity_gb is decimal GB."""
-    adapter = build_adapter({"type": "fs", "path": str(tmp_path), "capacity_gb": 0.25, "threads": 2}, 65536)
+    adapter = build_adapter({"type": "fs", "path": str(tmp_path), "capacity_gb": 0.25, "threads": 2}, 65536, MAC_KEY)
     try:
         assert (FsL2Adapter, str(tmp_path), 250_000_000) == (type(adapter), adapter.path, adapter.capacity_bytes)
     finally:
@@ -96,11 +113,21 @@ def test_build_makes_a_redis_adapter_without_connecting():
     from mpcache.cache.l2.redis_adapter import RedisL2Adapter
 
     adapter = build_adapter({"type": "redis", "url": "redis://127.0.0.1:1/0", "capacity_gb": 1,
-                             "key_prefix": "x:"}, 65536)
+                             "key_prefix": "x:"}, 65536, MAC_KEY)
     try:
         assert (RedisL2Adapter, "redis", "x:") == (type(adapter), adapter.name, adapter.key_prefix)
     finally:
         adapter.close()
+
+
+@pytest.mark.parametrize("kind", ["fs", "redis"])
+def test_build_refuses_a_record_tier_without_the_l2_key(kind, tmp_path):
+    """fs and redis records are MAC'd with the deployment's key: building one without it is a ConfigError,
+    never an unkeyed tier."""
+    spec = {"type": "fs", "path": str(tmp_path), "capacity_gb": 1} if kind == "fs" else {
+        "type": "redis", "url": "redis://127.0.0.1:1/0", "capacity_gb": 1}
+    with pytest.raises(ConfigError, match=f"^--l2: a {kind} tier needs the deployment's L2 key"):
+        build_adapter(spec, 65536)
 
 
 def test_build_rejects_a_capacity_below_one_chunk():

@@ -18,8 +18,11 @@ deterministic function of (token prefix, cache salt, layer, rank), so whatever
 a retrieve writes into zeroed blocks is checked byte for byte.
 
 The LAST line of stdout is one JSON object: ``ok``, per-scenario ``pass`` /
-``reason`` / ``counts``, and ``totals`` (lookups, hit chunks, stored and
-retrieved chunks and objects) to compare with the server's own metrics.  Exit
+``reason`` / ``counts``, and ``totals`` (lookups, requested chunks, hit chunks
+overall and per server, stored and retrieved chunks, objects and transfers) to
+compare with the server's own metrics (``tests/lmcache/test_adapters.py`` does).
+The ``survive_restart`` scenario (not in ``all``) prints ``RESTART_READY`` on a
+line of its own first and then waits for a line on stdin.  Exit
 status: 0 when every scenario passed, 1 when one failed, 2 on a usage or setup
 error, 3 when the whole run overran ``--timeout``.
 """
@@ -33,26 +36,27 @@ os.environ["LMCACHE_TRACK_USAGE"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import argparse
+import hashlib
+import json
+import math
+import random
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
-import torch  # noqa: E402
-import zmq  # noqa: E402
-
-from lmcache.integration.vllm.kv_cache_groups import (  # noqa: E402
+import torch
+import zmq
+from lmcache.integration.vllm.kv_cache_groups import (
     create_engine_group_infos_from_vllm,
 )
-from lmcache.integration.vllm.vllm_multi_process_adapter import (  # noqa: E402
+from lmcache.integration.vllm.vllm_multi_process_adapter import (
     LMCacheMPSchedulerAdapter,
     LMCacheMPWorkerAdapter,
     LoadStoreOp,
@@ -68,8 +72,11 @@ SCENARIOS = (
     "concurrent",
     "eviction",
 )
-# Not part of "all": it clears the server's whole cache (a non-forced CLEAR).
-EXTRA_SCENARIOS = ("lock_release",)
+# Not part of "all": lock_release clears the server's whole cache (a non-forced CLEAR);
+# survive_restart waits for someone to kill and restart a server (see its docstring).
+EXTRA_SCENARIOS = ("lock_release", "survive_restart")
+# survive_restart prints this line on stdout when the servers may be killed and restarted.
+RESTART_READY = "[driver] survive_restart: READY for the server restart"
 
 DTYPES = {
     "float16": (torch.float16, torch.int16),
@@ -115,17 +122,21 @@ def poll(fn: Callable[[], Any], deadline: Deadline, doing: str) -> Any:
 COUNTER_NAMES = (
     "lookups",  # scheduler lookups (each goes to every server)
     "lookup_rpcs",  # lookups x servers
+    "requested_chunks",  # per lookup RPC: whole chunks of the lookup key (what each server hashes)
     "hit_chunks",  # sum of the hit chunk counts the scheduler adapter returned
+    "server_hit_chunks",  # per lookup RPC: the hit chunks that server answered (sum over servers)
     "free_lookup_locks",  # free_lookup_locks calls (each goes to every server)
     "end_sessions",
     "store_requests",  # per writing rank, submit_store_request calls that reached the server
     "stored_chunks",  # token chunks covered by store requests (logical, once per request)
     "stored_objects",  # per rank: chunk objects the server reserved (prepare_store chunk_indices)
+    "store_transfers",  # per rank: prepare_store calls that reserved at least one object
     "store_skipped_objects",  # per rank: chunk objects asked for but not reserved
     "store_commit_failures",  # per rank: commit_store answered False / timed out
     "retrieve_requests",  # per rank
     "retrieved_chunks",  # token chunks covered by retrieves (logical, once per request)
     "retrieved_objects",  # per rank: slots prepare_retrieve handed out
+    "retrieve_transfers",  # per rank: prepare_retrieve calls that handed out at least one slot
     "retrieve_failures",  # per rank: prepare_retrieve miss / failed scatter
     "verified_chunks",  # (chunk, rank) pairs whose bytes were compared and matched
 )
@@ -288,7 +299,7 @@ class Engine:
         )
         self.chunk = self.scheduler.lmcache_tokens_per_chunk
         self.blocks_per_chunk = self.chunk // args.block_size
-        ranks_per_server = args.tp // n_servers
+        ranks_per_server = self.ranks_per_server = args.tp // n_servers
         self.workers: list[LMCacheMPWorkerAdapter] = []
         self.kv: list[dict[str, torch.Tensor]] = []
         self._probed: list[Any] = []
@@ -349,6 +360,8 @@ class Engine:
             asked = (key.end // self.chunk) - (key.start // self.chunk)
             got = 0 if result is None else len(result[1])
             counters.add("stored_objects", got)
+            if got:
+                counters.add("store_transfers")
             counters.add("store_skipped_objects", asked - got)
             return result
 
@@ -364,6 +377,8 @@ class Engine:
                 counters.add("retrieve_failures")
             else:
                 counters.add("retrieved_objects", len(result))
+                if len(result):
+                    counters.add("retrieve_transfers")
             return result
 
         ctx.prepare_store = probe_prepare_store
@@ -499,6 +514,7 @@ class Engine:
                 time.sleep(POLL_S)
         out = []
         for req in reqs:
+            self._count_server_hits(req)
             req.lmcache_hit_tokens = hits[req.rid]
             if req.lmcache_hit_tokens % self.chunk:
                 raise ScenarioFailure(
@@ -509,6 +525,22 @@ class Engine:
         if not self.scheduler.is_healthy:
             raise ScenarioFailure("scheduler adapter marked a server unhealthy during lookup")
         return out
+
+    def _count_server_hits(self, req: Request) -> None:
+        """What each server answered for this lookup (the adapter reports only the minimum).
+
+        Read from the scheduler adapter's per-request table (LMCache 0.5.6's
+        ``_per_server_hits``, kept until ``cleanup_lookup_result``): the numbers a
+        server's own lookup metrics are made of.
+        """
+        per_server = getattr(self.scheduler, "_per_server_hits", {}).get(req.rid)
+        if per_server is None or len(per_server) != len(self.urls):
+            raise ScenarioFailure(
+                f"{req.rid}: the scheduler adapter holds no per-server hit counts "
+                f"({per_server!r}); the driver cannot count what each server answered"
+            )
+        self.counters.add("server_hit_chunks", sum(int(v) for v in per_server.values()))
+        self.counters.add("requested_chunks", len(self.urls) * (len(req.tokens) // self.chunk))
 
     def after_alloc(self, req: Request) -> bool:
         """update_state_after_alloc: drop lookup state, free locks vLLM won't consume.
@@ -543,7 +575,7 @@ class Engine:
             try:
                 results.append(fut.result(timeout=max(0.1, deadline.left())))
             except TimeoutError:
-                raise ScenarioFailure(f"rank {rank}: {doing} did not finish before the deadline")
+                raise ScenarioFailure(f"rank {rank}: {doing} did not finish before the deadline") from None
         return results
 
     def retrieve_many(self, reqs: list[Request], deadline: Deadline) -> None:
@@ -630,6 +662,13 @@ class Engine:
         self._on_ranks(run, deadline, "store")
         if self.counters.snapshot()["store_commit_failures"] != before:
             raise ScenarioFailure(f"commit_store answered False for one of {ids}")
+
+    def worker_url(self, rank: int) -> str:
+        return self.urls[rank // self.ranks_per_server]
+
+    def engine_driven_context(self, rank: int) -> Any:
+        """The worker's current engine-driven context (a re-registration builds a new one)."""
+        return getattr(self.workers[rank].transfer_ctx, "_engine_driven_context", None)
 
     def check_health(self) -> None:
         for rank, worker in enumerate(self.workers):
@@ -861,7 +900,7 @@ class Scenarios:
             )
         prompts = [self.prompt(chunks_per_req) for _ in range(n_req)]
         before = e.counters.snapshot()
-        for i, t in enumerate(prompts):
+        for t in prompts:
             self.cold_store("evict-fill", t, dl)
         mid = e.counters.snapshot()
         skipped = mid["store_skipped_objects"] - before["store_skipped_objects"]
@@ -920,6 +959,96 @@ class Scenarios:
             t = self.prompt(chunks_per_req)
         self.evict_summary["recovery_tries"] = attempts
 
+
+    def survive_restart(self, dl: Deadline) -> None:
+        """A server killed and restarted under a running engine; the adapters must recover.
+
+        Run with a short ``--heartbeat-interval`` (1 s).  Stores and verifies a
+        round trip, prints ``RESTART_READY`` on stdout and waits (``--restart-wait``)
+        for one line on stdin: the URLs of the servers that were restarted since
+        (none named = all of them).  Then, within ``--recovery-timeout``: every
+        worker of a restarted server must have re-registered (the heartbeat's
+        recover callback builds a new engine-driven context) and every adapter
+        must be healthy.  After that the restarted servers hold nothing (no
+        persistence), new prompts go through verified store and full-hit
+        retrieve round trips, and a non-forced CLEAR at the end shows that no
+        read lock outlived its request's end_session.
+        """
+        e = self.e
+        old = self.prompt(3)
+        self.expect("cold hit chunks before the restart", self.cold_store("rs-old", old, dl), 0)
+        self.warm("rs-old-check", old, dl, want_hits=3, store=False)
+        e.check_health()
+        old_contexts = [e.engine_driven_context(rank) for rank in range(e.geo.tp)]
+
+        sys.stdout.write(RESTART_READY + "\n")
+        sys.stdout.flush()
+        wait = Deadline(min(self.args.restart_wait, dl.left()), "survive_restart")
+        line = None
+        while line is None:
+            ready, _, _ = select.select([sys.stdin], [], [], max(0.0, min(1.0, wait.left())))
+            if ready:
+                line = sys.stdin.readline()
+                if not line:
+                    raise ScenarioFailure("stdin closed before the go-ahead after the server restart")
+            else:
+                wait.check("waiting on stdin for the go-ahead after the server restart")
+        named = [word for word in line.split() if "://" in word]
+        unknown = [url for url in named if url not in e.urls]
+        if unknown:
+            raise ScenarioFailure(f"go-ahead names servers this engine does not use: {unknown}")
+        restarted = set(named or e.urls)
+        affected = [rank for rank in range(e.geo.tp) if e.worker_url(rank) in restarted]
+
+        t0 = time.monotonic()
+        recovery = Deadline(min(self.args.recovery_timeout, dl.left()), "survive_restart recovery")
+        while True:
+            stale = [rank for rank in affected
+                     if e.engine_driven_context(rank) in (None, old_contexts[rank])]
+            unhealthy = [rank for rank, w in enumerate(e.workers) if not w.is_healthy]
+            if not stale and not unhealthy and e.scheduler.is_healthy:
+                break
+            recovery.check(
+                f"recovering: ranks not re-registered {stale}, unhealthy ranks {unhealthy}, "
+                f"scheduler healthy {e.scheduler.is_healthy}"
+            )
+            time.sleep(0.01)
+        recovered_s = time.monotonic() - t0
+        e.check_health()  # also watches the new contexts' transfers
+
+        # The restarted servers start empty, so the old prompt is a miss now.
+        r = self.req("rs-old-after", old)
+        [hits] = e.lookup_many([r], dl)
+        self.expect("hit chunks of the pre-restart prompt after the restart", hits, 0)
+        e.after_alloc(r)
+        e.end_session(r)
+        e.release(r)
+        # New prompts: verified store + full-hit retrieve round trips, nothing refused.
+        for i in range(2):
+            t = self.prompt(3, tail=11 + i)
+            before = e.counters.snapshot()
+            self.expect(f"round trip {i}: cold hit chunks", self.cold_store("rs-new", t, dl), 0)
+            writers = sum(1 for w in e.workers if w.is_kv_writer)
+            self.expect(f"round trip {i}: chunk objects stored",
+                        e.counters.snapshot()["stored_objects"] - before["stored_objects"],
+                        3 * writers)
+            self.warm("rs-new-check", t, dl, want_hits=3, store=False)
+        # Every request above ended with end_session after its retrieve or lock frees: a
+        # non-forced CLEAR drops everything that is not read-locked, so nothing may hit.
+        if not e.scheduler.reset_cache():
+            raise ScenarioFailure("CLEAR (force=False) was not answered")
+        r = self.req("rs-after-clear", t)
+        [hits] = e.lookup_many([r], dl)
+        r.vllm_hit_tokens = r.lmcache_hit_tokens
+        e.after_alloc(r)
+        e.end_session(r)
+        e.release(r)
+        self.expect("hit chunks after CLEAR (a read lock outlived its end_session)", hits, 0)
+        self.restart_summary = {
+            "restarted": sorted(restarted),
+            "reregistered_ranks": affected,
+            "recovery_seconds": round(recovered_s, 3),
+        }
 
     def lock_release(self, dl: Deadline) -> None:
         """Read locks are taken by lookup and given back by retrieve / free_lookup_locks.
@@ -980,9 +1109,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--url", nargs="+", required=True, action="extend",
                     help="server URL(s), e.g. tcp://127.0.0.1:5555; several = one per server")
     ap.add_argument("--scenario", default="all",
-                    help="one of %s, 'all' (those, in that order), or a comma-separated list; "
-                    "also lock_release (not in 'all': it clears the server's cache)"
-                    % ", ".join(SCENARIOS))
+                    help=f"one of {', '.join(SCENARIOS)}, 'all' (those, in that order), or a comma-separated list; "
+                    "also lock_release (not in 'all': it clears the server's cache) and "
+                    "survive_restart (not in 'all': it waits for a server restart)")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
     ap.add_argument("--mla", action="store_true", help="MLA model: one replicated KV plane")
     ap.add_argument("--layers", type=int, default=2)
@@ -1003,6 +1132,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--mq-timeout", type=float, default=20.0,
                     help="lmcache.mp.mq_timeout for the adapters (vLLM's default is 300)")
     ap.add_argument("--heartbeat-interval", type=float, default=10.0)
+    ap.add_argument("--restart-wait", type=float, default=120.0,
+                    help="survive_restart: how long to wait on stdin for the go-ahead")
+    ap.add_argument("--recovery-timeout", type=float, default=60.0,
+                    help="survive_restart: how long the adapters may take to recover")
     ap.add_argument("--scenario-timeout", type=float, default=180.0)
     ap.add_argument("--timeout", type=float, default=900.0, help="whole run")
     args = ap.parse_args(argv)
@@ -1100,6 +1233,8 @@ def main(argv: list[str]) -> int:
             entry["counts"] = diff(counters.snapshot(), before)
             if name == "eviction" and hasattr(scenarios, "evict_summary"):
                 entry["eviction"] = scenarios.evict_summary
+            if name == "survive_restart" and hasattr(scenarios, "restart_summary"):
+                entry["restart"] = scenarios.restart_summary
             base["scenarios"][name] = entry
             all_ok &= entry["pass"]
             print(f"[driver] {name}: {'PASS' if entry['pass'] else 'FAIL'}"

@@ -29,21 +29,21 @@ os.environ["LMCACHE_TRACK_USAGE"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import argparse
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
 
-import zmq  # noqa: E402
-
-from lmcache.v1.multiprocess.custom_types import (  # noqa: E402
+import zmq
+from lmcache.v1.multiprocess.custom_types import (
     IPCCacheServerKey,
     RegisterEngineDrivenContextPayload,
 )
-from lmcache.v1.multiprocess.transport.factory import RequestClientFactory  # noqa: E402
+from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
 
 CHUNK = 256
 NO_REPLY = "no reply"
@@ -204,7 +204,7 @@ def run(url: str, reply_timeout: float) -> list[dict[str, Any]]:
          note="relative to key.start: the first chunk of the range is index 0")
     twice = p.tokens(1)
     k = p.key(twice, 0, CHUNK, 0)
-    first = p.call(p.client.prepare_store, k, iid)
+    p.call(p.client.prepare_store, k, iid)
     second = p.call(p.client.prepare_store, k, iid)
     case("prepare_store twice before commit: second", plain(getattr(second, "context", second)),
          {"slots": [], "chunk_indices": []},

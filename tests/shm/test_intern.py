@@ -101,3 +101,28 @@ def test_reader_ignores_count_beyond_capacity(ring_factory):
     struct.pack_into("<Q", ring.segment.buf, layout.OFF_INTERN_COUNT, 10**9)
 
     assert 4 == len(NameTable(ring.segment.buf, 4).names())
+
+
+def test_a_full_table_stays_full_for_a_restarted_producer_until_the_ring_is_drained(ring_factory):
+    """A burst of client names fills the table; a producer started while records are unread keeps it (their
+    ids must still decode); once the ring is drained, the next producer starts with an empty table, new names
+    get real ids again, and the consumer, told by the epoch, decodes them under their own names."""
+    from mpcache.contract.events import EventType as E
+    from mpcache.shm.intern import reclaim_if_drained
+    from mpcache.shm.publish import Publisher
+    from mpcache.telemetry.batch import EventBatch
+
+    ring = ring_factory(capacity=1024, intern_capacity=16)
+    for i in range(40):  # more distinct model names than the table holds
+        ring.publisher.emit(E.MP_STORE_START, ("cpu", 0, f"junk-{i}"), session_id="r")
+    assert layout.NAME_OVERFLOW_ID == ring.publisher.name_id("new-model")
+    assert not reclaim_if_drained(ring.segment.buf, 16)  # 40 records unread: old ids are still needed
+    old = EventBatch(0, ring.reader.read_batch(), ring.names)
+    assert "junk-0" == old.events([E.MP_STORE_START])[0].fields["model_name"]
+    assert reclaim_if_drained(ring.segment.buf, 16)
+    restarted = Publisher(ring.writer, Interner(ring.segment.buf, 16), clock_ns=lambda: 0)
+    restarted.emit(E.MP_STORE_START, ("cpu", 0, "llama-3-8b"), session_id="r")
+    cells = ring.reader.read_batch()
+    ring.names.sync()
+    assert ["llama-3-8b"] == [e.fields["model_name"] for e in EventBatch(0, cells, ring.names).events()]
+    assert not reclaim_if_drained(ring.segment.buf, 16)  # not full any more

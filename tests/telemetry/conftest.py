@@ -9,8 +9,9 @@ test covers encoding and decoding too.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider

@@ -1,9 +1,11 @@
-"""EventBatch's column views agree with fully decoded events."""
+"""EventBatch's column views agree with fully decoded events; group_sums, the one group-by."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from mpcache.contract.events import EventType as E
-from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.batch import EventBatch, group_sums
 
 
 def test_session_ids_match_decoded_events(ring):
@@ -27,3 +29,36 @@ def test_table_columns_match_decoded_events(ring):
     expected = ([int(E.MP_STORE_START), int(E.MP_STORE_END)], [ring.timestamp_ns] * 2,
                 {"engine_id": [3, 3], "total_bytes": [0, 4096]})
     assert expected == (etypes, timestamps, columns)
+
+
+def test_group_sums_groups_lexicographically_with_exact_sums():
+    """Groups by several int columns come in ascending order of (first, second, ...) — negative values
+    included — with integer sums per weight column; bool weights count the true rows."""
+    first = np.array([2, -1, 2, 2, -1], dtype=np.int64)
+    second = np.array([7, 9, 3, 7, 9], dtype=np.int64)
+    big = np.array([2**60, 1, 2**60, 1, 0], dtype=np.int64)
+    flags = np.array([True, False, True, True, True])
+    assert {(-1, 9): [1, 1], (2, 3): [2**60, 1], (2, 7): [2**60 + 1, 2]} == group_sums((first, second), (big, flags))
+
+
+def test_group_sums_without_keys_or_rows():
+    """No key columns: one group () over all rows; no rows: no groups."""
+    weights = np.array([3, 4], dtype=np.int64)
+    empty = np.array([], dtype=np.int64)
+    assert ({(): [7, 2]}, {}, {}) == (group_sums((), (weights, np.ones(2, dtype=bool))), group_sums((), (empty,)),
+                                      group_sums((empty,), (empty,)))
+
+
+def test_salt_groups_carry_their_records_fields(ring):
+    """salt_groups() gives every salt group with the fixed fields of its record, inline groups and
+    groups in their own cells alike; salt_totals() sums them per (cache_salt, model_name)."""
+    ring.publisher.emit(E.L1_READ_FAILED, ("l1_retrieve", "not_found"), salt_counts={("a", "m"): 2, ("b", "m"): 3})
+    ring.publisher.emit(E.L1_WRITE_FINISHED, salt_counts={("a", "m"): 100})  # another type in between
+    ring.publisher.emit(E.L1_READ_FAILED, ("l1_retrieve", "write_locked"), salt_counts={("a", "n"): 5})
+    batch = EventBatch(0, ring.reader.read_batch(), ring.names)
+    salts, models, counts, fields = batch.salt_groups([E.L1_READ_FAILED], ("reason",))
+    name = batch.names.name
+    rows = sorted(zip(map(name, salts.tolist()), map(name, models.tolist()), counts.tolist(),
+                      map(name, fields["reason"].tolist())))
+    assert ([("a", "m", 2, "not_found"), ("a", "n", 5, "write_locked"), ("b", "m", 3, "not_found")],
+            {("a", "m"): 2, ("b", "m"): 3, ("a", "n"): 5}) == (rows, batch.salt_totals([E.L1_READ_FAILED]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry import metric_table
-from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
+from mpcache.telemetry.subscribers.metrics.counters import BlendMetricsSubscriber
 
 BLEND_METRICS = [spec.otel_name for spec in metric_table.METRICS if spec.otel_name.startswith("lmcache_blend.")]
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
-from mpcache.telemetry.subscribers.metrics.failures import (
-    L1FailuresSubscriber,
-    TimeoutsSubscriber,
-)
-from mpcache.telemetry.subscribers.metrics.l1 import (
+from mpcache.telemetry.subscribers.metrics.counters import (
+    EngineCountersSubscriber,
     L1CountersSubscriber,
     L1EvictionLoopSubscriber,
+    L1FailuresSubscriber,
+    LookupSubscriber,
+    TimeoutsSubscriber,
 )
-from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
 
 
 def test_l1_counters_sum_salt_counts_per_cache_salt(pipeline, metrics):
@@ -57,7 +55,8 @@ def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
 def test_eviction_loop_counters_start_at_zero_and_count_ticks_and_triggers(pipeline, metrics):
     """Both loop counters are exported as 0 before any tick; then +1 per tick and +1 per triggered tick."""
     pipeline.subscribe(L1EvictionLoopSubscriber(metrics.meter))
-    before = (metrics.value("lmcache_mp.l1_eviction_loop_ticks"), metrics.value("lmcache_mp.l1_eviction_loop_triggered"))
+    before = (metrics.value("lmcache_mp.l1_eviction_loop_ticks"),
+              metrics.value("lmcache_mp.l1_eviction_loop_triggered"))
     for triggered in (True, False, True, False, False):
         pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9 if triggered else 0.5, 0.8, triggered))
     pipeline.deliver()

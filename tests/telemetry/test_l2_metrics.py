@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.l2 import (
+from mpcache.telemetry.subscribers.metrics.counters import (
     L2CountersSubscriber,
     L2FailuresSubscriber,
 )

@@ -13,7 +13,8 @@ OTHER = (42, "tenant", "llama")
 
 
 def emit_keys(pipeline, etype, at_s, keys, **extra):
-    pipeline.publish(etype, extra.pop("fields", ()), salt_counts=extra.pop("salt_counts", {("tenant", "llama"): len(keys)}),
+    pipeline.publish(etype, extra.pop("fields", ()),
+                     salt_counts=extra.pop("salt_counts", {("tenant", "llama"): len(keys)}),
                      sampled=list(keys), timestamp_ns=T0 + int(at_s * S), **extra)
 
 

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 )
 
 from mpcache.telemetry import metric_table
-from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+from mpcache.telemetry.otel import SERVICE_SERIES, MetricsExport, build_otlp_exporter, create_instrument
 
 SPEC_TSV = Path(__file__).resolve().parents[3] / "shared" / "spec" / "metrics.tsv"
 HISTOGRAM_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum")
@@ -58,7 +58,7 @@ def test_prometheus_names_are_exactly_the_spec_names(export):
         pytest.skip(f"{SPEC_TSV} not found: the specification lives next to the repository in ../shared/spec")
     with SPEC_TSV.open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
-    expected = {"target_info"}
+    expected = {"target_info", *SERVICE_SERIES}
     for row in rows + [{"prometheus_name": s.prometheus_name, "instrument": s.instrument}
                        for s in metric_table.EXTRA_METRICS]:
         if row["instrument"] == metric_table.HISTOGRAM:
@@ -116,7 +116,7 @@ def test_http_endpoint_without_path_gets_v1_metrics(config):
 class _OtlpHttpCollector(BaseHTTPRequestHandler):
     received: list[tuple[str, bytes]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.path, body))
         self.send_response(200)
@@ -132,7 +132,7 @@ class _OtlpGrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self):
         self.received: list[bytes] = []
 
-    def Export(self, request, context):  # noqa: N802 - generated service naming
+    def Export(self, request, context):  # generated service naming
         self.received.append(request.SerializeToString())
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -187,3 +187,19 @@ def test_otlp_grpc_push_exports_once_more_at_shutdown(config):
         server.stop(grace=None)
     names, instances = exported_names(servicer.received)
     assert (True, {config.instance_id}) == ("lmcache_mp.l1_write" in names, instances)
+
+
+def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_the_instance_id(config, monkeypatch):
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES reach the Resource (the SDK's detector); a
+    service.instance.id among them does not replace the configured one."""
+    from mpcache.telemetry.otel import build_resource
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "kv-cache")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging,team=inference,"
+                                                   "service.instance.id=spoofed")
+    assert {"service.name": "kv-cache", "deployment.environment": "staging", "team": "inference",
+            "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
+    assert {"service.name": "mpcache", "service.instance.id": config.instance_id} == dict(
+        build_resource(config).attributes)

@@ -17,3 +17,33 @@ def test_cap_below_one_is_rejected():
     """A cap of 0 would send everything to __overflow__, so it is refused."""
     with pytest.raises(ValueError):
         SaltCap(0)
+
+
+def test_a_metric_admits_series_up_to_its_cap_then_folds_client_labels_into_overflow():
+    """Past the cap, a new attribute set keeps its service labels and reports cache_salt and model_name as
+    __overflow__; admitted sets keep passing unchanged."""
+    from mpcache.telemetry.salts import SeriesCap
+
+    cap = SeriesCap(("during", "model_name", "cache_salt"), 2)
+    assert [("l1", "m1", "a"), ("l1", "m2", "a"), ("l2", OVERFLOW_SALT, OVERFLOW_SALT), ("l1", "m1", "a")] == [
+        cap(v) for v in (("l1", "m1", "a"), ("l1", "m2", "a"), ("l2", "m3", "b"), ("l1", "m1", "a"))]
+
+
+def test_thousands_of_model_names_stay_below_the_sdks_series_limit(pipeline, ring_factory, metrics):
+    """4200 distinct model names through a lookup counter: at most cap + 1 series, the later names counted under
+    __overflow__ (nothing lost), never OpenTelemetry's attribute-less otel_metric_overflow."""
+    from mpcache.contract.events import EventType as E
+    from mpcache.telemetry.subscribers.metrics.counters import LookupSubscriber
+
+    pipeline = type(pipeline)(ring_factory(capacity=1 << 14, intern_capacity=8192))  # room for 4200 names
+    pipeline.subscribe(LookupSubscriber(metrics.provider.get_meter("t"), 10_000, (), 1500))
+    for i in range(4200):
+        pipeline.publish(E.MP_LOOKUP_PREFETCH_END, (f"m{i}", "tenant", 1, 256, 256, 256, 0, ""), session_id=f"r{i}")
+        if i % 500 == 499:
+            pipeline.deliver()
+    pipeline.deliver()
+    series = metrics.series("lmcache_mp.lookup_requested")
+    assert len(series) == 1501
+    assert 4200 * 256 == sum(series.values())
+    assert (4200 - 1500) * 256 == metrics.value("lmcache_mp.lookup_requested", model_name=OVERFLOW_SALT,
+                                                cache_salt=OVERFLOW_SALT)

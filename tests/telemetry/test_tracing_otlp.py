@@ -36,7 +36,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self._changed = threading.Condition()
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+    def Export(self, request, context):  # the gRPC method name
         with self._changed:
             self.requests.append(request)
             self._changed.notify_all()

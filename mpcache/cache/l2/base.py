@@ -1,59 +1,41 @@
-"""What every L2 adapter offers, the chunk record format fs and redis share, and an LRU index.
-
-An adapter is driven by one cache process's event loop, which never blocks on
-it: every operation returns a :class:`concurrent.futures.Future` that the
-adapter's own worker threads complete, and the loop collects completed futures.
-Adapters never call back into the loop.  Storage trouble (I/O errors, a full
-disk, a lost connection, injected failures) turns into keys listed as
-``failed``; it never raises out of an operation.  Calling an operation after
-:meth:`L2Adapter.close` is a programming error and raises ``RuntimeError``.
-
-Capacity counts payload bytes (the chunk bytes a caller stores), not record
-headers; ``StoreResult.bytes_written`` counts the same bytes, so it matches the
-``total_bytes`` a controller submitted minus skipped and failed keys.
-
-Chunk record (one per chunk: an fs file, a redis value)
-=======================================================
-
-All integers little-endian.  The checksum covers the fixed fields before it,
-the name bytes and the payload, so a flipped byte anywhere in a record, or a
-record cut short, is caught on load.
-
-====== ==== ============= ====================================================
-offset size field         meaning
-====== ==== ============= ====================================================
-0      4    magic         ``b"MPL2"``
-4      2    version       :data:`RECORD_VERSION` (1)
-6      2    model_len     bytes of UTF-8 ``model_name``
-8      2    salt_len      bytes of UTF-8 ``cache_salt``
-10     2    (reserved)    zero
-12     8    chunk_hash    ``ChunkKey.chunk_hash`` (u64)
-20     8    payload_len   bytes of payload
-28     16   checksum      blake2b-128 of bytes 0..27 + name bytes + payload
-44     M+S  name bytes    model_name then cache_salt
-44+M+S P    payload       the chunk's bytes
-====== ==== ============= ====================================================
+"""What every L2 adapter offers (non-blocking operations returning futures; failures reported and counted,
+never raised), the chunk record fs and redis share (MAC'd with the deployment's L2 key), and an LRU index.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
+from mpcache.cache.l2.failures import FailureCounts
 from mpcache.contract.keys import ChunkKey
 
 RECORD_MAGIC = b"MPL2"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the checksum is a MAC keyed with the deployment's L2 key (1 was unkeyed)
 _FIXED = struct.Struct("<4sHHHxxQQ")  # magic, version, model_len, salt_len, pad, chunk_hash, payload_len
 _CHECKSUM_BYTES = 16
 HEADER_BYTES = _FIXED.size + _CHECKSUM_BYTES  # 44
 _MAX_NAME = 0xFFFF
+MIN_KEY_BYTES, MAX_KEY_BYTES = 16, 64  # what blake2b accepts as a key (and at least 128 bits)
+
+
+class L2LookupError(Exception):
+    """A lookup's storage could not be asked (connection error, timeout, server marked down)."""
+
+
+def check_mac_key(mac_key: bytes) -> bytes:
+    """``mac_key`` if an adapter can key records with it; ValueError otherwise."""
+    if not isinstance(mac_key, bytes) or not MIN_KEY_BYTES <= len(mac_key) <= MAX_KEY_BYTES:
+        raise ValueError(f"mac_key must be {MIN_KEY_BYTES}..{MAX_KEY_BYTES} bytes")
+    return mac_key
 
 
 @dataclass(frozen=True)
@@ -73,6 +55,9 @@ class LoadResult:
 
     loaded: list[ChunkKey] = field(default_factory=list)  # copied into its destination
     failed: list[ChunkKey] = field(default_factory=list)  # missing, corrupt, wrong size or injected failure
+    # subsets of ``failed``: records that did not verify (corrupt or forged), and storage errors (I/O, timeouts)
+    rejected: list[ChunkKey] = field(default_factory=list)
+    errors: list[ChunkKey] = field(default_factory=list)
 
 
 class Usage(NamedTuple):
@@ -88,6 +73,7 @@ class L2Adapter(ABC):
 
     name: str  # the type name: "fs", "mock", "redis"
     capacity_bytes: int
+    failures: FailureCounts  # what went wrong, by kind (read and logged by the storage manager)
 
     @abstractmethod
     def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
@@ -180,23 +166,28 @@ def key_digest(key: ChunkKey) -> str:
     return hashlib.blake2b(encode_name(key), digest_size=16).hexdigest()
 
 
-def record_header(key: ChunkKey, payload: bytes | memoryview) -> bytes:
-    """Header + name bytes of ``key``'s record; the payload follows it."""
+def record_header(key: ChunkKey, payload: bytes | memoryview, mac_key: bytes) -> bytes:
+    """Header + name bytes of ``key``'s record, MAC'd with ``mac_key``; the payload follows it."""
     model = key.model_name.encode("utf-8")
     salt = key.cache_salt.encode("utf-8")
     if len(model) > _MAX_NAME or len(salt) > _MAX_NAME:
         raise ValueError("model_name or cache_salt longer than 65535 UTF-8 bytes")
     fixed = _FIXED.pack(RECORD_MAGIC, RECORD_VERSION, len(model), len(salt), key.chunk_hash, len(payload))
-    digest = hashlib.blake2b(fixed, digest_size=_CHECKSUM_BYTES)
+    digest = hashlib.blake2b(fixed, digest_size=_CHECKSUM_BYTES, key=mac_key)
     digest.update(model)
     digest.update(salt)
     digest.update(payload)
     return fixed + digest.digest() + model + salt
 
 
-def encode_record(key: ChunkKey, payload: bytes | memoryview) -> bytes:
-    """The whole record of ``key`` holding ``payload``."""
-    return record_header(key, payload) + payload
+def encode_record(key: ChunkKey, payload: bytes | memoryview, mac_key: bytes) -> bytes:
+    """The whole record of ``key`` holding ``payload``, MAC'd with ``mac_key``."""
+    return record_header(key, payload, mac_key) + payload
+
+
+def record_size(key: ChunkKey, payload_len: int) -> int:
+    """Bytes of ``key``'s record holding ``payload_len`` bytes."""
+    return HEADER_BYTES + len(key.model_name.encode("utf-8")) + len(key.cache_salt.encode("utf-8")) + payload_len
 
 
 class RecordHeader(NamedTuple):
@@ -219,7 +210,7 @@ def parse_header(data: bytes | memoryview) -> RecordHeader | None:
     """The key and payload extent a record declares, or ``None`` when the header is not ours.
 
     Reads only the header and name bytes (enough for an fs index scan); the
-    checksum is checked by :func:`decode_record`.
+    MAC is checked by :func:`check_record`.
     """
     offset = name_end(data)
     if offset is None or len(data) < offset:
@@ -233,17 +224,33 @@ def parse_header(data: bytes | memoryview) -> RecordHeader | None:
     return RecordHeader(ChunkKey(model, salt, chunk_hash), offset, payload_len)
 
 
-def decode_record(data: bytes | memoryview) -> tuple[ChunkKey, memoryview] | None:
-    """``(key, payload)`` of a complete, intact record; ``None`` for anything else."""
+class RecordCheck(NamedTuple):
+    """What :func:`check_record` found."""
+
+    status: str  # "ok"; "malformed" (not a complete record of this format); "bad_mac" (corrupt or forged)
+    key: ChunkKey | None = None  # the key the record declares (when it parses)
+    payload: memoryview | None = None  # only when ``status`` is "ok"
+
+
+def check_record(data: bytes | memoryview, mac_key: bytes) -> RecordCheck:
+    """Parse ``data`` as a whole record and verify its MAC with ``mac_key`` (in constant time)."""
     header = parse_header(data)
     if header is None or len(data) != header.payload_offset + header.payload_len:
-        return None
+        return RecordCheck("malformed", header.key if header is not None else None)
     view = memoryview(data)
-    digest = hashlib.blake2b(view[: _FIXED.size], digest_size=_CHECKSUM_BYTES)
+    digest = hashlib.blake2b(view[: _FIXED.size], digest_size=_CHECKSUM_BYTES, key=mac_key)
     digest.update(view[HEADER_BYTES:])
-    if digest.digest() != bytes(view[_FIXED.size : HEADER_BYTES]):
+    if not hmac.compare_digest(digest.digest(), bytes(view[_FIXED.size : HEADER_BYTES])):
+        return RecordCheck("bad_mac", header.key)
+    return RecordCheck("ok", header.key, view[header.payload_offset :])
+
+
+def decode_record(data: bytes | memoryview, mac_key: bytes) -> tuple[ChunkKey, memoryview] | None:
+    """``(key, payload)`` of a complete record whose MAC verifies with ``mac_key``; ``None`` for anything else."""
+    checked = check_record(data, mac_key)
+    if checked.status != "ok" or checked.key is None or checked.payload is None:
         return None
-    return header.key, view[header.payload_offset :]
+    return checked.key, checked.payload
 
 
 # -- an in-process LRU index (fs and mock) --------------------------------------------------------
@@ -300,6 +307,22 @@ class LruIndex:
             self._pending_bytes += size
             self._used += size
             return Reservation("reserved", evicted)
+
+    def evict_oldest(self, nbytes: int, on_evict: Callable[[ChunkKey], object] | None = None
+                     ) -> list[tuple[ChunkKey, int]]:
+        """Remove least-recently-used committed entries until ``nbytes`` are freed (or none is left);
+        ``on_evict(key)`` runs under the lock for each.  For storage that ran out of room before capacity."""
+        evicted = []
+        with self.lock:
+            freed = 0
+            while freed < nbytes and self._entries:
+                victim, victim_size = self._entries.popitem(last=False)
+                self._used -= victim_size
+                freed += victim_size
+                evicted.append((victim, victim_size))
+                if on_evict is not None:
+                    on_evict(victim)
+        return evicted
 
     def commit(self, key: ChunkKey) -> None:
         with self.lock:

@@ -1,31 +1,14 @@
-"""An L2 adapter that keeps one file per chunk under a directory.
-
-Layout: ``<path>/<ns>/<hh>/<chunk>.chunk`` where ``ns`` is 16 hex digits of a
-blake2b hash of (model_name, cache_salt), ``chunk`` the 16 hex digits of the
-chunk hash and ``hh`` its first two, so no user string ever reaches a path.
-Each file is one chunk record (header, name, payload: see
-:mod:`mpcache.cache.l2.base`).
-
-Writes go to ``.<chunk>.<unique>.tmp`` in the final directory and are renamed
-into place with ``os.replace``, so a crash leaves either the old state or a
-complete file, plus perhaps a stray temp file that nothing reads (start-up
-removes those older than ``stale_temp_s``).  Loads check the record's checksum
-and its key: a file cut short or corrupted is removed and reported as failed,
-never loaded.
-
-Start-up scans the directory and rebuilds the index from record headers (the
-checksum is checked on load, not during the scan), in LRU order by mtime; loads
-and lookup hits refresh a file's mtime, so LRU order survives restarts.  If the
-files found exceed the capacity, the oldest are removed.
-
-One directory belongs to one adapter instance (one cache process): the index
-and the capacity are in memory, not shared.  Use redis for a shared tier.
+"""An L2 adapter with one file per chunk under a private directory: atomic renames, MAC'd records read
+without following links, room made on a full device, and an index rebuilt at start-up, so the tier
+survives restarts.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import struct
 import time
 import uuid
@@ -39,16 +22,46 @@ from mpcache.cache.l2.base import (
     StoreResult,
     Usage,
     byte_view,
-    decode_record,
+    check_mac_key,
+    check_record,
     encode_name,
     name_end,
     parse_header,
     record_header,
+    record_size,
 )
+from mpcache.cache.l2.failures import FailureCounts
+from mpcache.cache.l2.trust import ensure_private_dir
 from mpcache.contract.keys import ChunkKey
 
 _SUFFIX = ".chunk"
 _TEMP_SUFFIX = ".tmp"
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _open_regular(path: str) -> int:
+    """A read descriptor for ``path`` if it is a regular file (never following a symlink); OSError otherwise."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _namespace(key: ChunkKey) -> str:
@@ -66,6 +79,7 @@ class FsL2Adapter(PooledAdapter):
         path: str,
         capacity_bytes: int,
         *,
+        mac_key: bytes,
         threads: int = 4,
         fsync: bool = False,
         stale_temp_s: float = 60.0,
@@ -75,6 +89,9 @@ class FsL2Adapter(PooledAdapter):
         self.path = os.path.abspath(path)
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
+        self.failures = FailureCounts()
+        self._mac_key = check_mac_key(mac_key)
+        ensure_private_dir(self.path, "--l2: fs path")
         self._index = LruIndex(capacity_bytes)
         self._scan(stale_temp_s)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="l2-fs")
@@ -89,16 +106,18 @@ class FsL2Adapter(PooledAdapter):
     def get_usage(self) -> Usage:
         return self._index.usage()
 
-
     # -- worker side ---------------------------------------------------------------------------
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult:
-        stored, skipped, failed, evicted = [], [], [], []
+        stored: list[ChunkKey] = []
+        skipped: list[ChunkKey] = []
+        failed: list[ChunkKey] = []
+        evicted: list[ChunkKey] = []
         written = 0
         for key, data in items:
             try:
                 path = self.file_path(key)
-                header = record_header(key, data)
+                header = record_header(key, data, self._mac_key)
             except (ValueError, OverflowError, struct.error):  # a name or hash a record cannot hold
                 failed.append(key)
                 continue
@@ -109,7 +128,7 @@ class FsL2Adapter(PooledAdapter):
                 self._touch(path)
             elif reservation.outcome == "no_room":
                 failed.append(key)
-            elif self._write(path, header, data):
+            elif self._write_making_room(path, header, data, evicted):
                 self._index.commit(key)
                 stored.append(key)
                 written += len(data)
@@ -118,12 +137,30 @@ class FsL2Adapter(PooledAdapter):
                 failed.append(key)
         return StoreResult(stored, skipped, failed, written, evicted)
 
-    def _write(self, path: str, header: bytes, data: memoryview) -> bool:
+    def _write_making_room(self, path: str, header: bytes, data: memoryview, evicted: list[ChunkKey]) -> bool:
+        """Write one record; on a full device evict least-recently-used chunks worth its size, retry once."""
+        error = self._write(path, header, data)
+        if error is not None and error.errno in _NO_SPACE:
+            victims = self._index.evict_oldest(len(header) + len(data), on_evict=self._unlink_quietly)
+            evicted.extend(victim for victim, _ in victims)
+            if victims:
+                error = self._write(path, header, data)
+            if error is not None:
+                self.failures.note("no_space", detail=f"{error.strerror} in {os.path.dirname(path)} "
+                                   f"after evicting {len(victims)} chunk(s) to make room")
+                return False
+        if error is not None:
+            self.failures.note("store_error", detail=f"{error.strerror} writing in {os.path.dirname(path)}")
+            return False
+        return True
+
+    def _write(self, path: str, header: bytes, data: memoryview) -> OSError | None:
+        """Write a record to ``path`` through a temp file; the OSError that stopped it, if any."""
         directory, filename = os.path.split(path)
         temp = os.path.join(directory, f".{filename[: -len(_SUFFIX)]}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         try:
             os.makedirs(directory, exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 with open(fd, "wb", closefd=True) as handle:
                     handle.write(header)
@@ -131,13 +168,13 @@ class FsL2Adapter(PooledAdapter):
                     handle.flush()
                     if self.fsync:
                         os.fsync(handle.fileno())
+                os.replace(temp, path)
             except BaseException:
-                os.unlink(temp)
+                self._unlink_path_quietly(temp)
                 raise
-            os.replace(temp, path)
-            return True
-        except OSError:  # unwritable directory, full disk (ENOSPC, EFBIG), ...
-            return False
+            return None
+        except OSError as error:  # unwritable directory, full disk (ENOSPC, EFBIG), ...
+            return error
 
     def _lookup(self, keys: list[ChunkKey]) -> list[bool]:
         found = self._index.touch(keys)
@@ -149,35 +186,60 @@ class FsL2Adapter(PooledAdapter):
     def _load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> LoadResult:
         result = LoadResult()
         for key, destination in zip(keys, destinations):
-            (result.loaded if self._load_one(key, destination) else result.failed).append(key)
+            outcome = self._load_one(key, destination)
+            (result.loaded if outcome == "loaded" else result.failed).append(key)
+            if outcome == "rejected":
+                result.rejected.append(key)
+            elif outcome == "error":
+                result.errors.append(key)
         return result
 
-    def _load_one(self, key: ChunkKey, destination: memoryview) -> bool:
+    def _load_one(self, key: ChunkKey, destination: memoryview) -> str:
+        """"loaded", or why not: "missing", "rejected" (did not verify), "error" (I/O) or "unfit" (destination)."""
         if not self._index.touch([key])[0]:
-            return False
+            return "missing"
         path = self.file_path(key)
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            target = byte_view(destination)
+        except (TypeError, ValueError):  # not a flat byte buffer
+            return "unfit"
+        expected = record_size(key, len(target))
+        try:
+            fd = _open_regular(path)
+            try:
+                if os.fstat(fd).st_size > expected:  # not a record of this destination's size: never read it
+                    return "unfit"
+                data = _read_at_most(fd, expected)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             self._index.remove(key)
-            return False
-        except OSError:
-            return False
-        decoded = decode_record(data)
-        if decoded is None or decoded[0] != key:  # cut short, corrupted, or not this chunk's file
-            self._index.remove(key, on_remove=self._unlink_quietly)
-            return False
-        payload = decoded[1]
+            return "missing"
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.EINVAL):  # a symlink or not a regular file: not ours
+                self._reject(key, f"{path} is not a regular file")
+                return "rejected"
+            self.failures.note("load_error", detail=f"{error.strerror} reading {path}")
+            return "error"
+        checked = check_record(data, self._mac_key)
+        if checked.status != "ok" or checked.key != key or checked.payload is None:
+            reason = {"bad_mac": "MAC mismatch", "malformed": "malformed record"}.get(checked.status,
+                                                                                     "a record of another chunk")
+            self._reject(key, f"{reason} in {path}")
+            return "rejected"
+        if len(target) != len(checked.payload):
+            return "unfit"
         try:
-            target = byte_view(destination)
-            if len(target) != len(payload):
-                return False
-            target[:] = payload
-        except (TypeError, ValueError):  # read-only or non-contiguous destination
-            return False
+            target[:] = checked.payload
+        except (TypeError, ValueError):  # read-only destination
+            return "unfit"
         self._touch(path)
-        return True
+        return "loaded"
+
+    def _reject(self, key: ChunkKey, detail: str) -> None:
+        """A file at ``key``'s path that is not a valid record of it: count it, drop it from index and disk."""
+        self.failures.note("integrity", detail=detail)
+        self._index.remove(key, on_remove=self._unlink_quietly)
 
     def _delete(self, keys: list[ChunkKey]) -> int:
         return sum(self._index.remove(key, on_remove=self._unlink_quietly) for key in keys)
@@ -191,7 +253,7 @@ class FsL2Adapter(PooledAdapter):
     @staticmethod
     def _touch(path: str) -> None:
         try:
-            os.utime(path)
+            os.utime(path, follow_symlinks=False)
         except OSError:
             pass  # LRU order after a restart is best effort
 
@@ -199,10 +261,6 @@ class FsL2Adapter(PooledAdapter):
 
     def _scan(self, stale_temp_s: float) -> None:
         """Rebuild the index from the files under :attr:`path` (oldest mtime first)."""
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError:
-            pass  # stores will fail; loads find nothing
         found: list[tuple[int, str, ChunkKey, int]] = []
         stale_before = time.time() - stale_temp_s
         for directory, _, filenames in os.walk(self.path):
@@ -223,21 +281,32 @@ class FsL2Adapter(PooledAdapter):
     def _read_entry(self, path: str) -> tuple[int, str, ChunkKey, int] | None:
         """``(mtime_ns, path, key, payload size)`` of a plausible chunk file; removes implausible ones."""
         try:
-            with open(path, "rb") as handle:
-                stat = os.fstat(handle.fileno())
-                head = handle.read(HEADER_BYTES)
-                end = name_end(head)
-                header = None if end is None else parse_header(head + handle.read(end - HEADER_BYTES))
+            fd = _open_regular(path)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.EINVAL):  # a symlink, a FIFO, ...: not a chunk file of ours
+                self._unlink_path_quietly(path)
+            return None
+        try:
+            info = os.fstat(fd)
+            head = _read_at_most(fd, HEADER_BYTES)
+            end = name_end(head)
+            header = None if end is None else parse_header(head + _read_at_most(fd, end - HEADER_BYTES))
         except OSError:
             return None
-        if (header is None or stat.st_size != header.payload_offset + header.payload_len
+        finally:
+            os.close(fd)
+        if (header is None or info.st_size != header.payload_offset + header.payload_len
                 or self.file_path(header.key) != path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            self._unlink_path_quietly(path)
             return None
-        return stat.st_mtime_ns, path, header.key, header.payload_len
+        return info.st_mtime_ns, path, header.key, header.payload_len
+
+    @staticmethod
+    def _unlink_path_quietly(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
     @staticmethod
     def _remove_stale_temp(path: str, stale_before: float) -> None:

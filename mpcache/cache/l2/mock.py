@@ -1,14 +1,5 @@
-"""An in-memory L2 adapter with configurable latency, bandwidth and injected failures.
-
-For tests and the demo.  Each task sleeps (in its worker thread) ``latency_s``
-plus its bytes divided by ``bandwidth_bytes_per_s`` before it does anything.
-
-Injected failures are decided when a task is *submitted*, in the submitting
-thread, from one ``random.Random(seed)``: one draw per key, in submission
-order, for store and load tasks alike (``draw < failure_rate`` fails the key).
-So the keys that fail depend only on the seed and the order of submissions,
-never on how worker threads interleave.  A store key that is already present
-is skipped whatever its draw.
+"""An in-memory L2 adapter with latency, bandwidth and seeded failures decided at submission (so the keys
+that fail depend only on the seed and the order of submissions).  For tests and the demo.
 """
 
 from __future__ import annotations
@@ -16,8 +7,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 from mpcache.cache.l2.base import (
     L2Adapter,
@@ -28,6 +19,7 @@ from mpcache.cache.l2.base import (
     byte_view,
     check_load_args,
 )
+from mpcache.cache.l2.failures import FailureCounts
 from mpcache.contract.keys import ChunkKey
 
 
@@ -56,6 +48,7 @@ class MockL2Adapter(L2Adapter):
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s  # 0: unlimited
         self.failure_rate = failure_rate
         self._sleep = sleep
+        self.failures = FailureCounts()  # stays empty: injected failures are the point, not news
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._index = LruIndex(capacity_bytes)
@@ -65,8 +58,8 @@ class MockL2Adapter(L2Adapter):
     # -- the interface -------------------------------------------------------------------------
 
     def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
-        items = [(key, byte_view(data)) for key, data in items]
-        return self._pool.submit(self._store, items, self._draw(len(items)))
+        views = [(key, byte_view(data)) for key, data in items]
+        return self._pool.submit(self._store, views, self._draw(len(views)))
 
     def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
         return self._pool.submit(self._lookup, list(keys))
@@ -99,6 +92,7 @@ class MockL2Adapter(L2Adapter):
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]], fails: list[bool]) -> StoreResult:
         self._pause(sum(len(data) for _, data in items))
+        evicted: list[ChunkKey]
         stored, skipped, failed, evicted = [], [], [], []
         written = 0
         for (key, data), fail in zip(items, fails):

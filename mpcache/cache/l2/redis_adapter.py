@@ -1,56 +1,35 @@
-"""An L2 adapter on a Redis server: the tier several cache hosts can share.
-
-Values are chunk records (header, name, payload: see :mod:`mpcache.cache.l2.base`),
-so a load checks the checksum and the key just as fs does.  Everything under
-``key_prefix`` (default ``mpcache:l2:``) belongs to the tier; adapters with the
-same server and prefix share it, whichever process or host they run in:
-
-=========================== ==== =========================================================
-name                        type holds
-=========================== ==== =========================================================
-``<prefix>c:<digest>``      str  the chunk record (``digest``: 32 hex of blake2b(key))
-``<prefix>lru``             zset digest → access clock (lowest = least recently used)
-``<prefix>size``            hash digest → payload bytes
-``<prefix>name``            hash digest → encoded key (to report evicted keys)
-``<prefix>stats``           hash ``used`` (payload bytes), ``clock`` (access counter)
-=========================== ==== =========================================================
-
-Each store, lookup, load and delete runs as a Lua script, so the index, the
-byte counter and the data move together atomically and capacity holds across
-processes (a store evicts least-recently-used chunks of *any* adapter sharing
-the prefix).  Stores pipeline one script call per chunk.  The scripts name data
-keys they derive from the prefix, so this targets a single server, not Redis
-Cluster.
-
-Connection errors, timeouts and server errors make keys ``failed`` (lookups
-report misses, deletes 0); nothing raises out of an operation.  ``get_usage``
-answers from the latest figures any of this adapter's scripts returned (each
-carries the server's clock, so a late reply never overwrites a newer one); a
-background refresh at start-up seeds it.
+"""An L2 adapter on a Redis server, the tier several hosts can share: every operation is one Lua script, so
+data, index and capacity move together; MAC'd records, AUTH/ACL and TLS from the URL and spec, short
+timeouts.  A single server, not Redis Cluster.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from mpcache.cache.l2.base import (
+    L2LookupError,
     LoadResult,
     PooledAdapter,
     StoreResult,
     Usage,
     byte_view,
+    check_mac_key,
+    check_record,
     decode_name,
-    decode_record,
     encode_name,
     key_digest,
     record_header,
 )
+from mpcache.cache.l2.failures import FailureCounts
 from mpcache.contract.keys import ChunkKey
 
 # KEYS: lru, size, name, stats, data key.  ARGV: capacity, data prefix, digest, name, size, record.
@@ -180,23 +159,46 @@ class RedisL2Adapter(PooledAdapter):
         url: str,
         capacity_bytes: int,
         *,
+        mac_key: bytes,
         key_prefix: str = "mpcache:l2:",
         threads: int = 4,
-        socket_timeout_s: float = 5.0,
-        connect_timeout_s: float = 2.0,
+        socket_timeout_s: float = 1.0,
+        connect_timeout_s: float = 1.0,
         retries: int = 1,
+        down_for_s: float = 1.0,
+        password: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.url = url
         self.capacity_bytes = capacity_bytes
         self.key_prefix = key_prefix
+        self.failures = FailureCounts()
+        self._mac_key = check_mac_key(mac_key)
+        self._down_for_s = down_for_s
+        self._down_until = 0.0  # time.monotonic() before which the server is taken as down
+        options: dict[str, Any] = {}
+        if password is not None:
+            options["password"] = password
+        if url.startswith("rediss://"):
+            options.update(ssl_cert_reqs="required", ssl_check_hostname=True)
+            for name, value in (("ssl_ca_certs", tls_ca_file), ("ssl_certfile", tls_cert_file),
+                                ("ssl_keyfile", tls_key_file)):
+                if value:
+                    options[name] = value
+        elif tls_ca_file or tls_cert_file or tls_key_file:
+            raise ValueError("tls_ca_file, tls_cert_file and tls_key_file need a rediss:// URL")
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries),
+            # a refused or dropped connection is retried (a restarted server); a timeout is not (it would double)
+            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries, supported_errors=(redis.ConnectionError,)),
             max_connections=threads + 1,
+            **options,
         )
         self._keys = [key_prefix + suffix for suffix in ("lru", "size", "name", "stats")]
         self._data_prefix = key_prefix + "c:"
@@ -218,9 +220,12 @@ class RedisL2Adapter(PooledAdapter):
 
     def refresh_usage(self) -> Usage:
         """Ask the server for the tier's usage now (blocking; other adapters' writes included)."""
+        if self._is_down("usage_error"):
+            return self._usage
         try:
             used, count, clock = self._usage_script(keys=[self._keys[0], self._keys[3]])
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            self._failed("usage_error", exc)
             return self._usage
         self._note_usage(used, count, clock)
         return self._usage
@@ -231,6 +236,19 @@ class RedisL2Adapter(PooledAdapter):
 
     # -- worker side ---------------------------------------------------------------------------
 
+    def _is_down(self, kind: str, count: int = 1) -> bool:
+        """True (and ``count`` failures of ``kind`` noted) while the server is taken as down."""
+        if time.monotonic() >= self._down_until:
+            return False
+        self.failures.note(kind, count, "server taken as down after a connection error or timeout; not asked")
+        return True
+
+    def _failed(self, kind: str, exc: Exception, count: int = 1) -> None:
+        """Count a failed operation; a connection error or timeout takes the server as down for a while."""
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            self._down_until = time.monotonic() + self._down_for_s
+        self.failures.note(kind, count, f"{type(exc).__name__}: {exc}")
+
     def _note_usage(self, used: int, count: int, clock: int) -> None:
         with self._usage_lock:
             if clock > self._usage_clock:
@@ -238,13 +256,18 @@ class RedisL2Adapter(PooledAdapter):
                 self._usage = Usage(int(used), self.capacity_bytes, int(count))
 
     def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult:
-        stored, skipped, failed, evicted = [], [], [], []
+        stored: list[ChunkKey] = []
+        skipped: list[ChunkKey] = []
+        failed: list[ChunkKey] = []
+        evicted: list[ChunkKey] = []
         written = 0
         calls = []
+        if self._is_down("store_error", len(items)):
+            return StoreResult([], [], [key for key, _ in items], 0, [])
         pipe = self._client.pipeline(transaction=False)
         for key, data in items:
             try:
-                record = record_header(key, data) + data
+                record = record_header(key, data, self._mac_key) + data
             except (ValueError, OverflowError, struct.error):  # a name or hash a record cannot hold
                 failed.append(key)
                 continue
@@ -258,12 +281,15 @@ class RedisL2Adapter(PooledAdapter):
         if calls:
             try:
                 replies = pipe.execute(raise_on_error=False)
-            except redis.RedisError:
+            except redis.RedisError as exc:
+                self._failed("store_error", exc, len(calls))
                 replies = [None] * len(calls)
             finally:
                 pipe.reset()
             for (key, size), reply in zip(calls, replies):
                 if not isinstance(reply, list):  # an error reply, or the connection failed
+                    if isinstance(reply, Exception):
+                        self._failed("store_error", reply)
                     failed.append(key)
                     continue
                 status, used, count, clock, *victims = reply
@@ -281,11 +307,14 @@ class RedisL2Adapter(PooledAdapter):
     def _lookup(self, keys: list[ChunkKey]) -> list[bool]:
         if not keys:
             return []
+        if self._is_down("lookup_error", len(keys)):
+            raise L2LookupError("redis taken as down after a connection error or timeout")
         try:
             used, count, clock, *flags = self._lookup_script(
                 keys=[self._keys[0], self._keys[3]], args=[key_digest(key) for key in keys])
-        except redis.RedisError:
-            return [False] * len(keys)
+        except redis.RedisError as exc:
+            self._failed("lookup_error", exc, len(keys))
+            raise L2LookupError(f"{type(exc).__name__}: {exc}") from None
         self._note_usage(used, count, clock)
         return [flag == 1 for flag in flags]
 
@@ -293,25 +322,34 @@ class RedisL2Adapter(PooledAdapter):
         result = LoadResult()
         if not keys:
             return result
+        if self._is_down("load_error", len(keys)):
+            return LoadResult([], list(keys), [], list(keys))
         digests = [key_digest(key) for key in keys]
         try:
             used, count, clock, *records = self._load_script(
                 keys=[*self._keys, *(self._data_prefix + digest for digest in digests)],
                 args=digests)
-        except redis.RedisError:
-            result.failed.extend(keys)
-            return result
+        except redis.RedisError as exc:
+            self._failed("load_error", exc, len(keys))
+            return LoadResult([], list(keys), [], list(keys))
         self._note_usage(used, count, clock)
         records += [None] * (len(keys) - len(records))  # trailing nils may be dropped from the reply
         bad = []
         for key, digest, destination, record in zip(keys, digests, destinations, records):
-            decoded = decode_record(record) if record is not None else None
-            if decoded is None or decoded[0] != key:
-                if record is not None:  # corrupt: drop it so nobody tries again
-                    bad.append(digest)
+            if record is None:
                 result.failed.append(key)
                 continue
-            payload = decoded[1]
+            checked = check_record(record, self._mac_key)
+            if checked.status != "ok" or checked.key != key or checked.payload is None:
+                # corrupt, or written without our key (a forgery): never returned; drop it so nobody tries again
+                reason = {"bad_mac": "MAC mismatch", "malformed": "malformed record"}.get(checked.status,
+                                                                                         "a record of another chunk")
+                self.failures.note("integrity", detail=f"{reason} at {self._data_prefix}{digest}")
+                bad.append(digest)
+                result.failed.append(key)
+                result.rejected.append(key)
+                continue
+            payload = checked.payload
             try:
                 target = byte_view(destination)
                 if len(target) != len(payload):
@@ -330,9 +368,12 @@ class RedisL2Adapter(PooledAdapter):
         return self._delete_digests([key_digest(key) for key in keys]) if keys else 0
 
     def _delete_digests(self, digests: list[str]) -> int:
+        if self._is_down("delete_error", len(digests)):
+            return 0
         try:
             used, count, clock, removed = self._delete_script(keys=self._keys, args=[self._data_prefix, *digests])
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            self._failed("delete_error", exc, len(digests))
             return 0
         self._note_usage(used, count, clock)
         return int(removed)

@@ -1,20 +1,5 @@
-"""The repeatable ``--l2`` flag: one JSON object per adapter, checked once at start-up.
-
-``--l2 '{"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}'``
-
-==== ============================================================================
-type keys (``?``: optional, default)
-==== ============================================================================
-fs   path (str), capacity_gb (> 0), threads? (int >= 1, 4)
-mock capacity_gb (> 0), latency_ms? (>= 0, 0), bandwidth_gbps? (GB/s > 0, unlimited),
-     failure_rate? (in [0, 1], 0), seed? (int, 0)
-redis url (``redis://host:port/db``), capacity_gb (> 0), key_prefix? (str, ``mpcache:l2:``),
-     threads? (int >= 1, 4)
-==== ============================================================================
-
-A GB is 10**9 bytes (as in ``--l1-size 1GB``); ``bandwidth_gbps`` is gigabytes
-(not gigabits) per second.  Every problem raises one-line
-:class:`~mpcache.errors.ConfigError` naming ``--l2`` and the accepted form.
+"""The repeatable ``--l2`` flag: one JSON object per adapter (fs, mock or redis), checked once at start-up;
+a problem is one :class:`~mpcache.errors.ConfigError` naming ``--l2`` and the accepted form.
 """
 
 from __future__ import annotations
@@ -32,7 +17,8 @@ ACCEPTED = (
     'a JSON object such as {"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}; '
     "fs {path, capacity_gb, threads?}, "
     "mock {capacity_gb, latency_ms?, bandwidth_gbps?, failure_rate? in [0,1], seed?}, "
-    "redis {url: redis://host:port/db, capacity_gb, key_prefix?, threads?}"
+    "redis {url: redis[s]://[user[:password]@]host:port/db, capacity_gb, key_prefix?, threads?, "
+    "socket_timeout_s?, connect_timeout_s?, password_file?, tls_ca_file?, tls_cert_file?, tls_key_file?}"
 )
 
 
@@ -53,12 +39,15 @@ def _redis_url(value) -> bool:
     except ValueError:
         return False
     db = parts.path.lstrip("/")
-    return parts.scheme in ("redis", "rediss") and bool(parts.hostname) and (db == "" or db.isdigit())
+    return (parts.scheme in ("redis", "rediss") and bool(parts.hostname) and (db == "" or db.isdigit())
+            and not parts.query and not parts.fragment)
 
 
 # key -> (check, what it must be)
 _CAPACITY = (lambda v: _number(v) and v > 0, "a number > 0")
 _THREADS = (lambda v: _integer(v) and v >= 1, "an integer >= 1")
+_SECONDS = (lambda v: _number(v) and v > 0, "a number of seconds > 0")
+_PATH = (lambda v: isinstance(v, str) and v != "", "a non-empty path")
 _KEYS: dict[str, dict[str, tuple]] = {
     "fs": {
         "path": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
@@ -73,10 +62,16 @@ _KEYS: dict[str, dict[str, tuple]] = {
         "seed": (_integer, "an integer"),
     },
     "redis": {
-        "url": (_redis_url, "a URL redis://host:port/db"),
+        "url": (_redis_url, "a URL redis[s]://[user[:password]@]host:port/db without a query"),
         "capacity_gb": _CAPACITY,
         "key_prefix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "threads": _THREADS,
+        "socket_timeout_s": _SECONDS,
+        "connect_timeout_s": _SECONDS,
+        "password_file": _PATH,
+        "tls_ca_file": _PATH,
+        "tls_cert_file": _PATH,
+        "tls_key_file": _PATH,
     },
 }
 _REQUIRED = {"fs": ("path", "capacity_gb"), "mock": ("capacity_gb",), "redis": ("url", "capacity_gb")}
@@ -115,20 +110,24 @@ def check_l2_spec(spec) -> None:
             continue
         check, wanted = allowed[key]
         if not check(value):
-            raise _fail(f"{kind} {key!r} must be {wanted}, got {value!r}")
+            shown = "(hidden)" if key == "url" and isinstance(value, str) and "@" in value else repr(value)
+            raise _fail(f"{kind} {key!r} must be {wanted}, got {shown}")
+    if kind == "redis":
+        tls = [key for key in ("tls_ca_file", "tls_cert_file", "tls_key_file") if key in spec]
+        if tls and not spec["url"].startswith("rediss://"):
+            raise _fail(f"redis {', '.join(map(repr, tls))} need a rediss:// URL")
+        if ("tls_cert_file" in spec) != ("tls_key_file" in spec):
+            raise _fail("redis 'tls_cert_file' and 'tls_key_file' go together")
 
 
-def build_adapter(spec: dict, chunk_bytes: int) -> L2Adapter:
-    """The adapter ``spec`` describes; its capacity must hold at least one chunk."""
+def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None) -> L2Adapter:
+    """The adapter ``spec`` describes; its capacity must hold at least one chunk.  fs and redis tiers
+    need ``mac_key``, the deployment's L2 record key (``Config.l2_secret``)."""
     check_l2_spec(spec)
     kind = spec["type"]
     capacity = int(spec["capacity_gb"] * GB)
     if capacity < chunk_bytes:
         raise _fail(f"{kind} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk ({chunk_bytes} bytes)")
-    if kind == "fs":
-        from mpcache.cache.l2.fs import FsL2Adapter
-
-        return FsL2Adapter(spec["path"], capacity, threads=spec.get("threads", 4))
     if kind == "mock":
         from mpcache.cache.l2.mock import MockL2Adapter
 
@@ -139,9 +138,23 @@ def build_adapter(spec: dict, chunk_bytes: int) -> L2Adapter:
             failure_rate=float(spec.get("failure_rate", 0.0)),
             seed=spec.get("seed", 0),
         )
+    if mac_key is None:
+        raise ConfigError(f"--l2: a {kind} tier needs the deployment's L2 key, and none was given "
+                          "(the supervisor resolves it: see --l2-secret-file)")
+    if kind == "fs":
+        from mpcache.cache.l2.fs import FsL2Adapter
+
+        return FsL2Adapter(spec["path"], capacity, mac_key=mac_key, threads=spec.get("threads", 4))
     from mpcache.cache.l2.redis_adapter import (
         RedisL2Adapter,  # imports redis-py only when used
     )
+    from mpcache.cache.l2.trust import read_private_file
 
-    return RedisL2Adapter(spec["url"], capacity, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
-                          threads=spec.get("threads", 4))
+    password = None
+    if "password_file" in spec:
+        password = read_private_file(spec["password_file"], "--l2: redis password_file", min_bytes=1).decode()
+    return RedisL2Adapter(spec["url"], capacity, mac_key=mac_key, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
+                          threads=spec.get("threads", 4), socket_timeout_s=spec.get("socket_timeout_s", 1.0),
+                          connect_timeout_s=spec.get("connect_timeout_s", 1.0), password=password,
+                          tls_ca_file=spec.get("tls_ca_file"), tls_cert_file=spec.get("tls_cert_file"),
+                          tls_key_file=spec.get("tls_key_file"))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import selectors
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -78,7 +79,8 @@ class LMCacheFrontEnd:
             raise
         self.urls = list(urls)
         self._selector = selector
-        selector.register(self._socket.getsockopt(zmq.FD), selectors.EVENT_READ, self._on_readable)
+        self._fd = int(self._socket.getsockopt(zmq.FD))
+        selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
         self._handlers: dict[str, Callable[[list[Any]], Any]] = {
             "get_chunk_size": lambda args: ctx.chunk_tokens,
             "get_experimental": lambda args: [],
@@ -112,8 +114,8 @@ class LMCacheFrontEnd:
     def close(self) -> None:
         if getattr(self, "_selector", None) is not None:
             try:
-                self._selector.unregister(self._socket.getsockopt(zmq.FD))
-            except (KeyError, ValueError, zmq.ZMQError):
+                self._selector.unregister(self._fd)
+            except (KeyError, ValueError):
                 pass
         self.engine.close()
         self._socket.close(linger=0)
@@ -134,7 +136,7 @@ class LMCacheFrontEnd:
         if self._waiters:
             self._answer_waiters()
         socket = self._socket
-        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

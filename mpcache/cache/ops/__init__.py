@@ -1,4 +1,4 @@
-"""The cache's own protocol operations; importing this package fills :data:`OPERATIONS`."""
+"""The cache's protocol operations; importing this package fills :data:`OPERATIONS`."""
 
 from mpcache.cache.ops import blend, buffers, kv, service
 from mpcache.cache.ops.registry import OPERATIONS, Operation

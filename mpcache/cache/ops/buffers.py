@@ -17,7 +17,8 @@ _REQUIRED = p.REQUIRED
            ("shm_name", p.SHM_NAME, _REQUIRED), ("num_blocks", p.COUNT, _REQUIRED), ("block_bytes", p.BYTES, _REQUIRED),
            replies=("buffer_id",))
 def register_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Attach a shared-memory buffer the client created (named after its own pid) for block copies."""
+    """Attach a shared-memory buffer the client created (0600, named after its own pid) as
+    ``num_blocks`` blocks of ``block_bytes``."""
     name, num_blocks, block_bytes = args["shm_name"], args["num_blocks"], args["block_bytes"]
     match = p.KV_SHM_NAME.match(name)
     if match is None or int(match.group(1)) != peer.pid:
@@ -38,7 +39,7 @@ def register_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
 
 @operation("unregister_buffer", ("buffer_id", p.ID, _REQUIRED))
 def unregister_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Detach a registered buffer (shared memory or CUDA)."""
+    """Detach a buffer this connection registered (shared memory or CUDA)."""
     buffer = peer.buffers.pop(args["buffer_id"], None)
     if buffer is None:
         raise RequestError(f"buffer_id: unknown buffer {args['buffer_id']} on this connection")
@@ -51,7 +52,8 @@ def unregister_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
            ("num_blocks", p.COUNT, _REQUIRED), ("block_bytes", p.BYTES, _REQUIRED),
            replies=("buffer_id", "device"))
 def register_cuda_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Open a client's GPU KV buffer from its CUDA IPC handle (needs cupy and a GPU here)."""
+    """Open a client's GPU buffer from its CUDA IPC handle; copies then run on this process's own CUDA
+    stream.  Refused by a cache process without cupy or a CUDA device."""
     num_blocks, block_bytes = args["num_blocks"], args["block_bytes"]
     peer.check_room(num_blocks, block_bytes, ctx.chunk_bytes)
     buffer = transfer.open_cuda_buffer(args["ipc_handle"], args["device_index"], num_blocks, block_bytes,

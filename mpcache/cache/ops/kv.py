@@ -1,7 +1,5 @@
-"""The KV operations: store, lookup_prefetch, query_prefetch_status, retrieve, end_session.
-
-Each publishes the request-flow events of ``docs/PROTOCOL.md``; the copies go through the
-buffer's transfer (shared memory, or CUDA with START/END stamped where its stream reached them).
+"""The KV operations: store, lookup_prefetch, query_prefetch_status, retrieve and end_session, with the
+request-flow events ``docs/PROTOCOL.md`` lists.
 """
 
 from __future__ import annotations
@@ -26,6 +24,12 @@ _MP_LOOKUP_PREFETCH_START = EventType.MP_LOOKUP_PREFETCH_START
 _MP_LOOKUP_PREFETCH_END = EventType.MP_LOOKUP_PREFETCH_END
 _SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
 _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
+# Declared below, published elsewhere: by the sessions, the blend state, the L0 reporter, the dispatcher.
+_MP_REQUEST_START = EventType.MP_REQUEST_START
+_MP_REQUEST_END = EventType.MP_REQUEST_END
+_CB_REQUEST_END = EventType.CB_REQUEST_END
+_MP_VLLM_END_SESSION = EventType.MP_VLLM_END_SESSION
+_TIMEOUT_RAISED = EventType.TIMEOUT_RAISED
 
 _REQUIRED = p.REQUIRED
 
@@ -47,9 +51,12 @@ def begin_copy(ctx: CacheContext, buffer: Buffer, request_id: str, submitted: Ev
            ("buffer_id", p.ID, _REQUIRED), ("request_id", p.REQUEST_ID, _REQUIRED), ("model_name", p.MODEL, _REQUIRED),
            ("cache_salt", p.SALT, ""), ("chunk_hashes", p.HASHES, _REQUIRED), ("block_ids", p.BLOCK_IDS, _REQUIRED),
            ("engine_id", p.ENGINE, 0),
-           replies=("stored_count", "skipped_count", "failed_count"))
+           replies=("stored_count", "skipped_count", "failed_count"),
+           events=(_MP_REQUEST_START, _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _SM_WRITE_FINISHED))
 def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Copy blocks of a registered buffer into L1 (and every L2 tier), skipping chunks already cached."""
+    """Copy block ``block_ids[i]`` into L1 as chunk ``chunk_hashes[i]``, and hand the new chunks to every
+    L2 tier in the background.  Chunks already cached are skipped; chunks L1 has no room for (every slot
+    read-locked or being written) fail."""
     hashes, block_ids = args["chunk_hashes"], args["block_ids"]
     if len(block_ids) != len(hashes):
         raise ProtocolError(f"block_ids: {len(block_ids)} entries for {len(hashes)} chunk_hashes")
@@ -94,9 +101,10 @@ def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], slo
 @operation("lookup_prefetch",
            ("request_id", p.REQUEST_ID, _REQUIRED), ("model_name", p.MODEL, _REQUIRED), ("cache_salt", p.SALT, ""),
            ("chunk_hashes", p.HASHES, _REQUIRED),
-           replies=("job_id",))
+           replies=("job_id",), events=(_MP_REQUEST_START, _MP_LOOKUP_PREFETCH_START))
 def lookup_prefetch(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Read-lock the contiguous L1 prefix of the chunks and prefetch the rest from L2: a job to poll."""
+    """Read-lock the contiguous prefix of ``chunk_hashes`` that L1 holds and, with L2 tiers, start loading
+    the run after it from L2 into L1.  Returns a prefetch job to poll with ``query_prefetch_status``."""
     job = start_lookup(ctx, args["request_id"], args["model_name"], args["cache_salt"], args["chunk_hashes"])
     return {"job_id": job.job_id}
 
@@ -125,9 +133,12 @@ def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hash
 
 @operation("query_prefetch_status", ("job_id", p.ID, _REQUIRED),
            replies=("done", "found_count", "requested_count", "hit_tokens", "l1_hit_tokens", "l2_hit_tokens",
-                    "l2_loaded_count", "expired"))
+                    "l2_loaded_count", "expired"),
+           events=(_MP_LOOKUP_PREFETCH_END,))
 def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """A job's progress; never blocks (``done`` False while its L2 prefetch runs)."""
+    """A prefetch job's progress; never blocks.  ``done`` is false while its L2 prefetch runs;
+    ``found_count`` chunks (a contiguous prefix) are then ready to retrieve, their tokens split by tier
+    into ``l1_hit_tokens`` and ``l2_hit_tokens``.  The first read of a done job publishes its END."""
     job = ctx.sessions.job(args["job_id"])
     tokens = ctx.chunk_tokens
     done = not job.pending
@@ -160,9 +171,12 @@ def report_lookup(ctx: CacheContext, job: Job) -> None:
 @operation("retrieve",
            ("buffer_id", p.ID, _REQUIRED), ("request_id", p.REQUEST_ID, _REQUIRED), ("job_id", p.ID, _REQUIRED),
            ("block_ids", p.BLOCK_IDS, _REQUIRED), ("engine_id", p.ENGINE, 0), ("timeout_s", p.TIMEOUT, None),
-           replies=("retrieved_count", "failed_count"))
+           replies=("retrieved_count", "failed_count"),
+           events=(_MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START, _MP_RETRIEVE_END, _SM_READ_PREFETCHED_FINISHED,
+                   _TIMEOUT_RAISED))
 def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Copy the first chunks a job found from L1 into blocks of a registered buffer."""
+    """Copy the first ``len(block_ids)`` chunks the job found into those blocks and release the job's read
+    locks.  Chunks evicted since (only possible once the job expired) are counted as failed."""
     block_ids, request_id, engine = args["block_ids"], args["request_id"], args["engine_id"]
     buffer = peer.buffer(args["buffer_id"], block_ids)
     job = ctx.sessions.job(args["job_id"])
@@ -210,9 +224,11 @@ def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     return {"retrieved_count": retrieved, "failed_count": wanted - retrieved}
 
 
-@operation("end_session", ("request_id", p.REQUEST_ID, _REQUIRED), replies=("known",))
+@operation("end_session", ("request_id", p.REQUEST_ID, _REQUIRED), replies=("known",),
+           events=(_CB_REQUEST_END, _MP_VLLM_END_SESSION, _MP_REQUEST_END))
 def end_session(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """End a request: release its read locks, close its blend and L0 bookkeeping."""
+    """End a request: release its read locks and close its session, blend and L0 bookkeeping.
+    ``known`` is false for a request id this process never saw."""
     return {"known": close_session(ctx, args["request_id"])}
 
 

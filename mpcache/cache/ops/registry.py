@@ -1,17 +1,18 @@
-"""The operation table of the cache's own protocol: one declaration per operation (name, fields, handler).
+"""The operation table of the cache's own protocol: one decorated function per operation.
 
-An operation is a function ``handler(ctx, peer, args) -> reply`` decorated with :func:`operation`,
-which declares its request fields (validators from :mod:`mpcache.contract.protocol`) and the fields
-of its reply.  The dispatcher, the protocol reference (``docs/PROTOCOL.md``) and the client's
-generic :meth:`~mpcache.client.CacheClient.call` all follow this table: adding an operation is one
-decorated function.
+:func:`operation` declares an operation's request fields (validators from
+:mod:`mpcache.contract.protocol`), its reply fields and the request-flow events it publishes.  The
+dispatcher, the client's typed calls (a test) and ``docs/PROTOCOL.md`` (:mod:`mpcache.cache.ops.doc`)
+all follow this table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from mpcache.contract.events import EventType
 from mpcache.contract.protocol import Field
 
 if TYPE_CHECKING:
@@ -25,10 +26,15 @@ Handler = Callable[["CacheContext", "Peer", Args], Reply]
 
 @dataclass(frozen=True)
 class Operation:
+    """One operation: its request fields (name, validator, default or REQUIRED), reply fields, the
+    request-flow events it may publish (not counting the L1/L2 events of the chunks it touches)
+    and its handler."""
+
     name: str
     fields: tuple[Field, ...]
     replies: tuple[str, ...]
     handler: Handler
+    events: tuple[EventType, ...] = ()
 
     @property
     def summary(self) -> str:
@@ -38,13 +44,14 @@ class Operation:
 OPERATIONS: dict[str, Operation] = {}
 
 
-def operation(name: str, *fields: Field, replies: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
-    """Register ``handler`` as operation ``name`` with these request fields and reply fields."""
+def operation(name: str, *fields: Field, replies: tuple[str, ...] = (),
+              events: tuple[EventType, ...] = ()) -> Callable[[Handler], Handler]:
+    """Register ``handler`` as operation ``name`` with these request fields, reply fields and events."""
 
     def register(handler: Handler) -> Handler:
         if name in OPERATIONS:
             raise ValueError(f"operation {name!r} is declared twice")
-        OPERATIONS[name] = Operation(name, fields, replies, handler)
+        OPERATIONS[name] = Operation(name, fields, replies, handler, events)
         return handler
 
     return register

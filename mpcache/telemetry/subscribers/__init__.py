@@ -1,0 +1,1 @@
+"""What the telemetry process runs on event batches: metrics, logging and tracing subscribers."""

@@ -1,23 +1,5 @@
-"""Logging subscribers: events from the rings → structlog JSON lines of the telemetry process.
-
-The events of the MP server, L1, the storage manager, L2 and cache blending
-are logged at **debug**, one line per event, in ring order::
-
-    {"event": "l1.keys.evicted", "worker": 0, "event_timestamp_ns": ...,
-     "salt_counts": [["tenant-a", "llama-3-8b", 12]], "role": "telemetry",
-     "instance_id": "...", "level": "debug", "timestamp": "..."}
-
-with, when the event has them, ``fields`` (its fixed fields, nested so that a
-field such as ``instance_id`` never clobbers the line's own keys),
-``salt_counts`` (``[cache_salt, model_name, count]`` triples), ``session_id``
-(the request id), ``block_request_ids`` and ``texts``.  ``worker`` is the cache
-process that published the event.  Timeouts (``timeout.raised``) are logged at
-**warning** with ``exception_type``, ``message`` and ``stack``.
-
-Gating: the level is decided once, at construction, from ``--log-level``.  A
-subscriber whose level is below it declares no event types, so the bus never
-calls it, and its ``on_batch`` returns before touching the batch: at info and
-above the event subscriber costs nothing per event and decodes nothing.
+"""Logging subscribers: events → structlog JSON lines (at debug; timeouts at warning).  Below the
+configured level a subscriber declares no event types and costs nothing.
 """
 
 from __future__ import annotations
@@ -86,11 +68,11 @@ class EventLoggingSubscriber(Subscriber):
 class TimeoutLoggingSubscriber(Subscriber):
     """``timeout.raised`` at warning: exception_type, message and stack (plus worker and session_id)."""
 
-    level = logging.WARNING
-
-    def __init__(self, logger: Any, threshold: int) -> None:
+    def __init__(self, logger: Any, threshold: int, level: int = logging.WARNING) -> None:
+        """``level``: warning, or debug under ``--demo``, whose timeouts are deliberate (and counted by the demo)."""
         self._log = logger
-        self.enabled = self.level >= threshold
+        self.level = level
+        self.enabled = level >= threshold
         self.event_types = (EventType.TIMEOUT_RAISED,) if self.enabled else ()
 
     def on_batch(self, batch: EventBatch) -> None:
@@ -100,8 +82,8 @@ class TimeoutLoggingSubscriber(Subscriber):
             line: dict[str, Any] = {"worker": event.producer, "event_timestamp_ns": event.timestamp_ns}
             if event.session_id:
                 line["session_id"] = event.session_id
-            self._log.warning(
-                SCHEMAS[event.etype].dotted,
+            self._log.log(
+                self.level, SCHEMAS[event.etype].dotted,
                 exception_type=event.fields.get("exception_type", ""),
                 message=event.texts.get("message", ""),
                 stack=event.texts.get("stacktrace", ""),
@@ -112,4 +94,5 @@ class TimeoutLoggingSubscriber(Subscriber):
 def build_logging_subscribers(config: Config, logger: Any) -> list[Subscriber]:
     """The logging subscribers, gated by ``config.log_level``; the caller subscribes them to the bus."""
     threshold = LEVELS[config.log_level]
-    return [EventLoggingSubscriber(logger, threshold), TimeoutLoggingSubscriber(logger, threshold)]
+    timeouts = logging.DEBUG if config.demo else logging.WARNING
+    return [EventLoggingSubscriber(logger, threshold), TimeoutLoggingSubscriber(logger, threshold, timeouts)]

@@ -1,61 +1,13 @@
-"""Tracing subscribers (``--enable-tracing``): spans rebuilt from START/END event pairs.
-
-Every span is created after the fact with the producer's recorded timestamps
-(``start_span(..., start_time=START.timestamp_ns)``, ``end(end_time=END.timestamp_ns)``),
-so a span's length is what the cache process measured, not when the
-telemetry process happened to read the ring.
-
-MP server (:class:`MPServerTracing`, tracer ``mpcache.server``)
-    * ``request``: one root span per session (request id), opened by
-      ``MP_REQUEST_START``.  ``MP_STORE_SUBMITTED``/``MP_RETRIEVE_SUBMITTED``
-      count copies in flight for the session; each store/retrieve END counts
-      one down.  ``MP_REQUEST_END`` ends the root at once when nothing is in
-      flight, otherwise its time is kept and the END that brings the count to
-      zero ends the root **at the saved REQUEST_END time**.  When
-      REQUEST_START never came (events missed), the first child START opens the
-      root lazily (attribute ``mpcache.root_inferred``).
-    * children ``mp.store``, ``mp.retrieve``, ``mp.lookup_prefetch``: a START
-      opens one, the matching END closes it.  Pending STARTs are kept per
-      (producer, session, op, device) in FIFO order, so two concurrent stores
-      of one request are two children (the reference kept one per
-      (session, op) and lost one).  Attributes: the START's and END's fields
-      with their native types (END values win), plus ``producer``.
-    * ``MP_LOOKUP_PREFETCH_END`` also puts the hit-rate attributes on the root:
-      ``hit_tokens``, ``requested_tokens``, ``hit_rate`` (float, precomputed),
-      ``l1_hit_tokens``, ``l2_hit_tokens``, ``l1_hit_rate``, ``l2_hit_rate``,
-      ``early_exit_reason``, summed over the session's lookups (one normally).
-
-Blend (:class:`BlendTracing`, tracer ``mpcache.blend``)
-    ``cb.request`` root per session (nested under the MP ``request`` root when
-    that one is open), children ``cb.lookup``, ``cb.retrieve``,
-    ``cb.store_pre_computed``, ``cb.store_final``.  ``CB_REQUEST_END`` ends the
-    root at once unless a child is still open; then the last child END ends it
-    at the saved time.
-
-Timeouts (:class:`TimeoutTracing`, tracer ``mpcache.timeout``)
-    ``TIMEOUT_RAISED`` → a zero-length ``timeout`` span with an ``exception``
-    span event (exception.type/.message/.stacktrace) and ERROR status,
-    parented to the session's MP root (else its blend root) when one is open,
-    a trace of its own otherwise.
-
-All three run inside one :class:`TracingSubscriber`, so that events are
-handled in ring order across components (a timeout published just before its
-request's ``MP_REQUEST_END`` in the same batch still finds the root open).
-
-Pending state is bounded: at most ``max_sessions`` open roots per component
-(the least recently active gives way) and ``max_children`` open children per
-session (the oldest gives way).  :meth:`TracingSubscriber.on_tick` expires
-sessions idle for ``ttl_s`` (default 120 s).  Spans ended for any of these
-reasons, or at shutdown, carry ``mpcache.incomplete`` = ``"expired"``,
-``"evicted"``, ``"session_ended"`` or ``"shutdown"`` and end at the last
-event time seen for them.
+"""Tracing subscribers (``--enable-tracing``): spans rebuilt after the fact from START/END events with the
+producer's timestamps; request roots, ``mp.*``/``cb.*`` children and timeout spans, with bounded state.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import structlog
 from opentelemetry import trace
@@ -132,7 +84,7 @@ class _Root:
     end_ns: int | None = None  # the saved REQUEST_END time while copies are still in flight
     in_flight: dict[str, int] = field(default_factory=lambda: {"store": 0, "retrieve": 0})
     producers: set[int] = field(default_factory=set)  # REQUEST_START seen, REQUEST_END not yet
-    children: dict[tuple, collections.deque] = field(default_factory=dict)
+    children: dict[tuple[object, ...], collections.deque[_Child]] = field(default_factory=dict)
     n_children: int = 0
     hits: dict[str, int] = field(default_factory=dict)
     early_exit_reason: str = ""
@@ -175,7 +127,7 @@ class _Roots:
         if self._roots.get(root.session_id) is root:
             del self._roots[root.session_id]
 
-    def push_child(self, root: _Root, key: tuple, child: _Child) -> None:
+    def push_child(self, root: _Root, key: tuple[object, ...], child: _Child) -> None:
         root.children.setdefault(key, collections.deque()).append(child)
         root.n_children += 1
         if root.n_children > self._max_children:  # the oldest pending START gives way
@@ -184,7 +136,7 @@ class _Roots:
             if victim is not None:
                 _end_incomplete(victim.span, "evicted", max(victim.start_ns, root.last_event_ns))
 
-    def pop_child(self, root: _Root, key: tuple) -> _Child | None:
+    def pop_child(self, root: _Root, key: tuple[object, ...]) -> _Child | None:
         queue = root.children.get(key)
         if not queue:
             return None
@@ -384,6 +336,7 @@ class BlendTracing(_Component):
             return
         self.mp.touch(event.session_id, event.timestamp_ns)
         etype = event.etype
+        root: _Root | None
         if etype is E.CB_REQUEST_START:
             root = self.roots.touch(event.session_id, event.timestamp_ns)
             if root.span is None:
@@ -422,7 +375,7 @@ class BlendTracing(_Component):
         if root is not None:
             self.roots.touch(event.session_id, event.timestamp_ns)
             child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
-        if child is None:
+        if root is None or child is None:  # (child is None whenever root is)
             self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
             return

@@ -1,7 +1,10 @@
 """Metrics subscribers: events and shared state → OpenTelemetry instruments.
 
-One module per concern.  Counter subscribers aggregate a whole batch
-column-wise; their counters and histograms are buffered
+The counters are computed from the metric table by one table-driven
+subscriber class (:mod:`.counters`); histograms and observable instruments,
+whose logic is more than a table row, have one module per concern (their
+sources are declared in the table all the same).  Counter subscribers
+aggregate a whole batch column-wise; their counters and histograms are buffered
 (:mod:`mpcache.telemetry.buffered`), so the SDK sees one call per (metric,
 attribute set) per flush of the bus, not per batch or per event;
 subscribers with per-key state keep it bounded and expire it in ``on_tick``.
@@ -17,32 +20,18 @@ from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.pump import Pump
-from mpcache.telemetry.subscribers.metrics.blend import BlendMetricsSubscriber
-from mpcache.telemetry.subscribers.metrics.engine import EngineCountersSubscriber
+from mpcache.telemetry.subscribers.metrics.counters import COUNTER_SUBSCRIBERS
 from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
-)
-from mpcache.telemetry.subscribers.metrics.failures import (
-    L1FailuresSubscriber,
-    TimeoutsSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
-from mpcache.telemetry.subscribers.metrics.l1 import (
-    L1CountersSubscriber,
-    L1EvictionLoopSubscriber,
-)
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
-from mpcache.telemetry.subscribers.metrics.l2 import (
-    L2CountersSubscriber,
-    L2FailuresSubscriber,
-)
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
-from mpcache.telemetry.subscribers.metrics.lookup import LookupSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 METER_NAME = "mpcache"
@@ -65,21 +54,14 @@ def build_metrics_subscribers(
     bus.add_flusher(buffer.flush)
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
-    subscribers: list[Subscriber] = [
-        L1CountersSubscriber(meter, cap),
-        L1EvictionLoopSubscriber(meter),
-        L1FailuresSubscriber(meter),
-        TimeoutsSubscriber(meter),
+    series = config.metric_series_cap
+    subscribers: list[Subscriber] = [counters(meter, cap, l2_names, series) for counters in COUNTER_SUBSCRIBERS]
+    subscribers += [
         L1LifecycleSubscriber(meter),
         SMLifecycleSubscriber(meter, cap),
-        LookupSubscriber(meter, cap),
-        EngineCountersSubscriber(meter, cap),
-        L0L1ThroughputSubscriber(meter),
-        L2CountersSubscriber(meter, cap, l2_names),
-        L2FailuresSubscriber(meter),
+        L0L1ThroughputSubscriber(meter, series_cap=series),
         L2ThroughputSubscriber(meter),
-        L0LifecycleSubscriber(meter),
-        BlendMetricsSubscriber(meter),
+        L0LifecycleSubscriber(meter, series_cap=series),
         EventBusSelfMetricsSubscriber(meter, pump, bus),
     ]
     if gauge_reader is not None:

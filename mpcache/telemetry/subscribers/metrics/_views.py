@@ -2,11 +2,12 @@
 metrics subscribers share.
 
 Decoding a whole event costs about 10 µs in Python; the hot L1 and storage
-manager events arrive at up to hundreds of thousands a second.  So what can be
-computed from cell columns is: grouped sums over fixed fields, and the
-``salt_counts`` / ``sampled`` rows of every record with the position of the
-record's head cell (records are contiguous runs of cells, and a continuation
-cell's ``index`` is its offset from the head; see :mod:`mpcache.shm.layout`).
+manager events arrive at up to hundreds of thousands a second.  So the
+lifecycle subscribers read, from cell columns, the ``salt_counts`` /
+``sampled`` rows of every record with the position of the record's head cell
+(records are contiguous runs of cells, and a continuation cell's ``index`` is
+its offset from the head; see :mod:`mpcache.shm.layout`).  Grouped sums are
+:func:`mpcache.telemetry.batch.group_sums`.
 """
 
 from __future__ import annotations
@@ -15,53 +16,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from mpcache.contract.events import SCHEMAS, EventType, FieldKind, has_inline_salt
+from mpcache.contract.events import EventType, has_inline_salt
 from mpcache.shm import layout
 from mpcache.telemetry.batch import EventBatch
-from mpcache.telemetry.salts import SaltCap
-
-
-def grouped_sums(
-    batch: EventBatch,
-    etype: EventType,
-    by: Sequence[str],
-    *,
-    weight: str | None = None,
-    only_positive: str | None = None,
-) -> dict[tuple[str, ...], int]:
-    """Per distinct combination of the fixed fields ``by`` (names decoded, ints
-    as decimal strings): the sum of field ``weight``, or the number of records
-    when ``weight`` is None.  ``only_positive`` keeps records whose field of
-    that name is > 0."""
-    heads = batch.count([etype])
-    if heads == 0:
-        return {}
-    kinds = dict(SCHEMAS[etype].fields)
-    keep = batch.field_column(etype, only_positive) > 0 if only_positive else np.ones(heads, dtype=bool)
-    weights = batch.field_column(etype, weight)[keep] if weight else np.ones(int(keep.sum()), dtype=np.int64)
-    if len(weights) == 0:
-        return {}
-    if not by:
-        return {(): int(weights.sum())}
-    columns = np.stack([batch.field_column(etype, name)[keep] for name in by], axis=1)
-    uniq, inverse = np.unique(columns, axis=0, return_inverse=True)
-    sums = np.bincount(inverse.ravel(), weights=weights, minlength=len(uniq))
-    result = {}
-    for row, total in zip(uniq.tolist(), sums.tolist()):
-        key = tuple(
-            batch.names.name(value) if kinds[name] is FieldKind.NAME else str(value) for name, value in zip(by, row)
-        )
-        result[key] = int(total)
-    return result
-
-
-def per_salt(totals: dict[tuple[str, str], int], cap: SaltCap) -> dict[str, int]:
-    """Fold ``{(cache_salt, model_name): count}`` into ``{capped cache_salt: count}``."""
-    folded: dict[str, int] = {}
-    for (salt, _model), count in totals.items():
-        salt = cap(salt)
-        folded[salt] = folded.get(salt, 0) + count
-    return folded
 
 
 class SampledRow(NamedTuple):

@@ -1,6 +1,6 @@
 """``l0_l1_store_throughput`` / ``l0_l1_load_throughput`` {engine_id, device, model_name} in GB/s.
 
-START and END pair on (session_id, device), separately per direction: one
+START and END pair on (session_id, device, engine_id), separately per direction: one
 request of a tensor-parallel client copies on several devices under one
 request id.  An END without its START, with ≤ 0 bytes or with a duration ≤ 0
 records nothing.  A START whose END never comes is forgotten after
@@ -16,6 +16,7 @@ from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
 
 DEFAULT_PENDING_TTL_S = 60.0
 DEFAULT_MAX_PENDING = 65_536
@@ -30,17 +31,20 @@ class L0L1ThroughputSubscriber(Subscriber):
     event_types = (E.MP_STORE_START, E.MP_STORE_END, E.MP_RETRIEVE_START, E.MP_RETRIEVE_END)
 
     def __init__(
-        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING
+        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING,
+        series_cap: int = DEFAULT_SERIES_CAP,
     ) -> None:
+        self._series = SeriesCap(("engine_id", "device", "model_name"), series_cap)
         self._histograms = {
             "store": create_instrument(meter, "lmcache_mp.l0_l1_store_throughput"),
             "load": create_instrument(meter, "lmcache_mp.l0_l1_load_throughput"),
         }
         self._ttl_ns = int(pending_ttl_s * 1e9)
         self._max_pending = max_pending
-        # (direction, session id bytes, device name id, producer) -> START timestamp ns; insertion order ≈ time
-        # order.  Device ids are per producer's name table, hence the producer in the key.
-        self._pending: dict[tuple[str, bytes, int, int], int] = {}
+        # (direction, session id bytes, device name id, engine id, producer) -> START timestamp ns; insertion
+        # order ≈ time order.  Device ids are per producer's name table, hence the producer in the key; the
+        # engine tells apart the workers of one request that copy on devices of the same name (MLA ranks).
+        self._pending: dict[tuple[str, bytes, int, int, int], int] = {}
 
     @property
     def pending(self) -> int:
@@ -59,18 +63,18 @@ class L0L1ThroughputSubscriber(Subscriber):
         ):
             direction = _START_IDS.get(etype)
             if direction is not None:
-                pending[(direction, session, device, producer)] = ts
+                pending[(direction, session, device, engine, producer)] = ts
                 if len(pending) > max_pending:
                     del pending[next(iter(pending))]
                 continue
             direction = _END_IDS[etype]
-            started_ns = pending.pop((direction, session, device, producer), None)
+            started_ns = pending.pop((direction, session, device, engine, producer), None)
             if started_ns is None or nbytes <= 0 or ts <= started_ns:
                 continue
             attrs = attributes.get((engine, device, model))
             if attrs is None:
-                attrs = {"engine_id": str(engine), "device": name(device), "model_name": name(model)}
-                attributes[(engine, device, model)] = attrs
+                values = self._series((str(engine), name(device), name(model)))
+                attrs = attributes[(engine, device, model)] = dict(zip(("engine_id", "device", "model_name"), values))
             histograms[direction].record(nbytes / (ts - started_ns), attrs)  # bytes/ns = GB/s
 
     def on_tick(self, now_ns: int) -> None:

@@ -35,6 +35,7 @@ from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
 
 DEFAULT_MAX_TRACKED = 100_000
 
@@ -56,7 +57,9 @@ class _Block:
 class L0LifecycleSubscriber(Subscriber):
     event_types = (E.MP_VLLM_BLOCK_ALLOCATION, E.MP_VLLM_END_SESSION)
 
-    def __init__(self, meter: Meter, *, max_tracked: int = DEFAULT_MAX_TRACKED) -> None:
+    def __init__(self, meter: Meter, *, max_tracked: int = DEFAULT_MAX_TRACKED,
+                 series_cap: int = DEFAULT_SERIES_CAP) -> None:
+        self._series = SeriesCap(("instance_id", "model_name"), series_cap)
         if max_tracked < 1:
             raise ValueError(f"max_tracked must be >= 1, got {max_tracked}")
         self._lifetime = create_instrument(meter, "lmcache_mp.l0_block_lifetime")
@@ -82,7 +85,8 @@ class L0LifecycleSubscriber(Subscriber):
                 self._ended(event.session_id, event.timestamp_ns)
                 continue
             instance_id = event.fields["instance_id"]
-            attributes = {"instance_id": str(instance_id), "model_name": event.fields["model_name"]}
+            values = self._series((str(instance_id), event.fields["model_name"]))
+            attributes = {"instance_id": values[0], "model_name": values[1]}
             for request_id, block_id, token_hash in event.blocks:
                 self._allocated((instance_id, block_id), request_id, token_hash, attributes, event.timestamp_ns)
 

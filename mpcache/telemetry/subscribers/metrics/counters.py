@@ -1,0 +1,238 @@
+"""The counters, computed from the metric table: one table-driven subscriber, no per-metric code.
+
+Every counter whose :class:`~mpcache.telemetry.metric_table.Source` has a
+table-driven derivation (event count, field sum, true/false count, salt-group
+count) is computed here from its row of the table alone.  Per batch, the
+counters that read the same rows (the records of the same event types, or
+their salt groups) by the same attributes share one
+:func:`~mpcache.telemetry.batch.group_sums` over cell columns — no decoding —
+and each gets one ``add`` per attribute set of the batch:
+
+* attributes come from fixed fields of the record (NAME values as is, INT ones
+  as decimal strings) or from the salt group (its cache_salt or model_name);
+  ``cache_salt`` is capped per metric (:class:`~mpcache.telemetry.salts.SaltCap`),
+  admitting values in the order of their intern ids within a batch;
+* an attribute set is reported when the batch has rows for it (a sum of 0
+  included); an unlabelled counter only when its total is not 0, since it
+  is exported as 0 from start-up; a counter labelled by ``l2_name`` alone
+  starts at 0 for every configured adapter type.
+
+The subscriber classes below only choose which counters each computes; they
+keep the counters of one concern together (and keep the class names that
+``event_bus.subscriber_exceptions`` reports).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from opentelemetry.metrics import Meter
+
+from mpcache.contract.events import SCHEMAS, EventType, FieldKind
+from mpcache.telemetry.batch import EventBatch, group_sums
+from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.metric_table import BY_NAME, Derivation, Label, Origin, Source
+from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.salts import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
+
+DEFAULT_SALT_CAP = 1000
+_D = Derivation
+
+
+class _Counter:
+    """One table-driven counter: its instrument, what it sums and how its attributes are capped."""
+
+    __slots__ = ("instrument", "derivation", "field", "names", "caps", "series")
+
+    def __init__(self, instrument: Any, source: Source, salt_cap: int, series_cap: int) -> None:
+        self.instrument = instrument
+        self.derivation = source.derivation
+        self.field = source.field
+        self.names = source.attributes
+        self.caps = [SaltCap(salt_cap) if name == "cache_salt" else None for name in self.names]
+        self.series = SeriesCap(self.names, series_cap) if CLIENT_LABELS & set(self.names) else None
+
+
+class _Plan:
+    """The counters that read the same rows by the same attributes: one group-by per batch.
+
+    Rows are the records of ``events`` (for counts and sums; only those whose
+    ``positive`` field is > 0 when that is set) or their salt groups.
+    """
+
+    def __init__(self, source: Source) -> None:
+        self.events = source.events
+        self.etype_ids = frozenset(int(etype) for etype in source.events)
+        self.salt_groups = source.derivation is _D.SALT_COUNT
+        self.positive = source.field if source.derivation is _D.POSITIVE_FIELD_SUM else ""
+        self.keys = source.labels
+        self.fields = [label.field for label in source.labels if label.origin is Origin.FIELD]
+        # how each key column is decoded: True = an interned name, False = an int
+        self.named = [label.origin is not Origin.FIELD or _field_kind(source, label) is FieldKind.NAME
+                      for label in source.labels]
+        self.counters: list[_Counter] = []
+
+    @staticmethod
+    def key(source: Source) -> tuple[object, ...]:
+        positive = source.field if source.derivation is _D.POSITIVE_FIELD_SUM else ""
+        keys = tuple((label.origin, label.field) for label in source.labels)
+        return source.derivation is _D.SALT_COUNT, source.events, keys, positive
+
+    def run(self, batch: EventBatch) -> None:
+        if self.salt_groups:
+            salts, models, counts, fields = batch.salt_groups(self.events, self.fields)
+            keys = [fields[label.field] if label.origin is Origin.FIELD
+                    else salts if label.field == "cache_salt" else models for label in self.keys]
+            weights = [counts] * len(self.counters)
+        else:
+            keys, weights = self._event_rows(batch)
+        groups = group_sums(keys, weights)
+        if not groups:
+            return
+        if not self.keys:
+            for counter, total in zip(self.counters, groups[()]):
+                if total:
+                    counter.instrument.add(total)
+            return
+        name = batch.names.name
+        named = self.named
+        labelled = [
+            (tuple(name(v) if is_name else str(v) for v, is_name in zip(group, named)), sums)
+            for group, sums in groups.items()
+        ]
+        for index, counter in enumerate(self.counters):
+            caps, series = counter.caps, counter.series
+            folded: dict[tuple[str, ...], int] = {}
+            for values, sums in labelled:
+                values = tuple(cap(v) if cap else v for v, cap in zip(values, caps))
+                if series is not None:
+                    values = series(values)
+                folded[values] = folded.get(values, 0) + sums[index]
+            names = counter.names
+            for values, total in folded.items():
+                counter.instrument.add(total, dict(zip(names, values)))
+
+    def _event_rows(self, batch: EventBatch) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Key and weight columns over the records of ``events`` (per type, concatenated)."""
+        parts: list[tuple[list[np.ndarray], list[np.ndarray]]] = []
+        present = batch.etypes_present
+        for etype in self.events:
+            if int(etype) not in present:
+                continue
+            keep = batch.field_column(etype, self.positive) > 0 if self.positive else None
+            keys = [batch.field_column(etype, field) for field in self.fields]
+            weights = [_weight(batch, etype, counter) for counter in self.counters]
+            if keep is not None:
+                keys = [column[keep] for column in keys]
+                weights = [column[keep] for column in weights]
+            parts.append((keys, weights))
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return [], []
+        return ([np.concatenate(columns) for columns in zip(*(keys for keys, _ in parts))],
+                [np.concatenate(columns) for columns in zip(*(weights for _, weights in parts))])
+
+
+def _weight(batch: EventBatch, etype: EventType, counter: _Counter) -> np.ndarray:
+    """What each record of ``etype`` adds to ``counter``."""
+    derivation = counter.derivation
+    if derivation is _D.EVENT_COUNT:
+        return np.ones(len(batch.heads_of((etype,))), dtype=np.int64)
+    column = batch.field_column(etype, counter.field)
+    if derivation is _D.TRUE_COUNT:
+        return column != 0
+    if derivation is _D.FALSE_COUNT:
+        return column == 0
+    return column
+
+
+def _field_kind(source: Source, label: Label) -> FieldKind:
+    etype = label.event or source.events[0]
+    return dict(SCHEMAS[etype].fields)[label.field]
+
+
+class TableCountersSubscriber(Subscriber):
+    """The table-driven counters named in ``metrics`` (a subclass chooses them).
+
+    ``salt_cap``: distinct cache_salt values per metric; ``series_cap``: attribute sets per metric
+    (:mod:`mpcache.telemetry.salts`); ``l2_names``: the configured adapters' type names, exported as 0
+    until they complete a task.
+    """
+
+    metrics: tuple[str, ...] = ()
+
+    def __init__(self, meter: Meter, salt_cap: int = DEFAULT_SALT_CAP, l2_names: Sequence[str] = (),
+                 series_cap: int = DEFAULT_SERIES_CAP) -> None:
+        plans: dict[tuple[object, ...], _Plan] = {}
+        for metric in self.metrics:
+            source = BY_NAME[metric].source
+            if not source.derivation.table_driven:
+                raise ValueError(f"{metric} is not a table-driven counter ({source.derivation.value})")
+            counter = _Counter(create_instrument(meter, metric), source, salt_cap, series_cap)
+            plans.setdefault(_Plan.key(source), _Plan(source)).counters.append(counter)
+            if not counter.names:
+                counter.instrument.add(0)
+            elif counter.names == ("l2_name",):
+                for l2_name in dict.fromkeys(l2_names):
+                    counter.instrument.add(0, {"l2_name": l2_name})
+        self._plans = list(plans.values())
+        self.event_types = tuple(dict.fromkeys(etype for plan in self._plans for etype in plan.events))
+
+    def on_batch(self, batch: EventBatch) -> None:
+        present = batch.etypes_present
+        for plan in self._plans:
+            if not plan.etype_ids.isdisjoint(present):
+                plan.run(batch)
+
+
+class L1CountersSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.l1_read", "lmcache_mp.l1_write", "lmcache_mp.l1_evicted")
+
+
+class L1EvictionLoopSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.l1_eviction_loop_ticks", "lmcache_mp.l1_eviction_loop_triggered")
+
+
+class L1FailuresSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.l1_allocation_failure", "lmcache_mp.l1_read_failure")
+
+
+class TimeoutsSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.timeouts",)
+
+
+class LookupSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.lookup_requested", "lmcache_mp.lookup_hit", "lmcache_mp.lookup_hit_l1",
+               "lmcache_mp.lookup_hit_l2")
+
+
+class EngineCountersSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.num_chunks_loaded",)
+
+
+class L2CountersSubscriber(TableCountersSubscriber):
+    metrics = (
+        "lmcache_mp.l2_store_submitted", "lmcache_mp.l2_store_submitted_objects", "lmcache_mp.l2_store_completed",
+        "lmcache_mp.l2_store_completed_objects", "lmcache_mp.l2_prefetch_lookup",
+        "lmcache_mp.l2_prefetch_lookup_objects", "lmcache_mp.l2_prefetch_hit", "lmcache_mp.l2_prefetch_load_submitted",
+        "lmcache_mp.l2_prefetch_load_submitted_objects", "lmcache_mp.l2_prefetch_load_completed",
+        "lmcache_mp.l2_load_completed", "lmcache_mp.l2_evicted",
+    )
+
+
+class L2FailuresSubscriber(TableCountersSubscriber):
+    metrics = ("lmcache_mp.l2_prefetch_failure",)
+
+
+class BlendMetricsSubscriber(TableCountersSubscriber):
+    """The 18 ``lmcache_blend.*`` counters, unlabelled."""
+
+    metrics = tuple(spec.otel_name for spec in BY_NAME.values() if spec.otel_name.startswith("lmcache_blend."))
+
+
+COUNTER_SUBSCRIBERS: tuple[type[TableCountersSubscriber], ...] = (
+    L1CountersSubscriber, L1EvictionLoopSubscriber, L1FailuresSubscriber, TimeoutsSubscriber, LookupSubscriber,
+    EngineCountersSubscriber, L2CountersSubscriber, L2FailuresSubscriber, BlendMetricsSubscriber,
+)

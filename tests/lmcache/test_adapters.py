@@ -1,0 +1,469 @@
+"""LMCache 0.5.6's own client code against ``bin/start-cache --lmcache-port``: its vLLM adapters
+(``driver.py``) and its load client (``lmcache bench server``), each checked against /metrics.
+
+The LMCache code runs in its own virtual environment (torch, lmcache), never in mpcache's: the
+tests start it as a subprocess.  Its interpreter is ``$MPCACHE_LMCACHE_PYTHON``; when that is
+unset, the venv ``.ci/lmcache-env`` builds is used if it is already complete.  Without one the
+tests skip, saying how to get it; with ``MPCACHE_REQUIRE_LMCACHE=1`` (CI sets it) they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+from mpcache_service import Scrape, Service, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+DRIVER = HERE / "driver.py"
+BENCH = HERE / "run_bench_client.py"
+LMCACHE_ENV = REPO / ".ci" / "lmcache-env"
+DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "lmcache-0.5.6-venv"
+# Every process that imports lmcache: no usage reports leave the machine.
+NO_TRACKING = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
+CHUNK = 256  # tokens per chunk (mpcache's default --chunk-size, what the adapters read)
+SLOTS = 64  # L1 slots per cache process: small, so the driver's eviction scenario overfills it quickly
+# Finds the packages without importing them (importing torch and lmcache costs seconds; an import
+# that fails anyway fails the driver, loudly).
+IMPORT_CHECK = ("import sys, importlib.util as u; "
+                "missing = [m for m in ('torch', 'zmq', 'lmcache') if u.find_spec(m) is None]; "
+                "sys.exit('missing: ' + ', '.join(missing)) if missing else print(sys.prefix)")
+
+
+# -- the LMCache client environment ---------------------------------------------------------------
+
+
+def _lmcache_unavailable(reason: str):
+    if os.environ.get("MPCACHE_REQUIRE_LMCACHE") == "1":
+        pytest.fail(f"MPCACHE_REQUIRE_LMCACHE=1, but LMCache's client environment is unusable: {reason}",
+                    pytrace=False)
+    pytest.skip(f"LMCache 0.5.6 client environment not available: {reason} (build it with "
+                f".ci/lmcache-env, minutes and the package index; or point MPCACHE_LMCACHE_PYTHON at "
+                f"its python)")
+
+
+@pytest.fixture(scope="session")
+def lmcache_venv() -> Path:
+    """The LMCache venv's prefix (its ``bin/python`` runs the driver, its ``bin/lmcache`` the bench)."""
+    env = dict(os.environ, **NO_TRACKING)
+    python = os.environ.get("MPCACHE_LMCACHE_PYTHON")
+    if not python:
+        venv = Path(os.environ.get("MPCACHE_LMCACHE_VENV") or DEFAULT_VENV)
+        if not (venv / ".complete").is_file():
+            _lmcache_unavailable(f"no complete venv at {venv} (no .complete marker) and MPCACHE_LMCACHE_PYTHON "
+                                 "unset")
+        try:  # validates the marker's hash and the imports; builds nothing
+            found = subprocess.run([str(LMCACHE_ENV), "--reuse-only"], env=env, capture_output=True, text=True,
+                                   timeout=180, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            _lmcache_unavailable(f"{LMCACHE_ENV} --reuse-only did not finish within 180 s")
+        if found.returncode != 0 or not found.stdout.strip():
+            _lmcache_unavailable(f"{LMCACHE_ENV} --reuse-only exited {found.returncode}: "
+                                 f"{found.stderr.strip()[-800:]}")
+        python = str(Path(found.stdout.strip().splitlines()[-1]) / "bin" / "python")
+    try:
+        checked = subprocess.run([python, "-c", IMPORT_CHECK], env=env, capture_output=True, text=True,
+                                 timeout=180, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _lmcache_unavailable(f"{python} does not run: {exc}")
+    if checked.returncode != 0:
+        _lmcache_unavailable(f"{python} lacks LMCache's packages: {checked.stderr.strip()[-800:]}")
+    prefix = Path(checked.stdout.strip().splitlines()[-1])
+    if not (prefix / "bin" / "lmcache").exists():
+        _lmcache_unavailable(f"{prefix}/bin/lmcache missing (the `lmcache bench server` client)")
+    return prefix
+
+
+# -- services --------------------------------------------------------------------------------------
+
+
+def free_port_run(count: int) -> int:
+    """A base port P with P..P+count-1 all free on loopback now (cache process i listens on P+i)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        held = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no run of {count} free loopback ports found")
+
+
+class LMService(Service):
+    """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i."""
+
+    def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int, *flags: str) -> None:
+        self.workers = workers
+        self.chunk_bytes = chunk_bytes
+        self.l1_bytes = SLOTS * chunk_bytes
+        base = free_port_run(workers)
+        self.urls = [f"tcp://127.0.0.1:{base + i}" for i in range(workers)]
+        super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--chunk-bytes",
+                         str(chunk_bytes), "--l1-size", str(self.l1_bytes), *flags)
+
+    def lines(self, event: str, **fields) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        return [line for line in self.log_lines()
+                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())]
+
+    def cache_pids(self, index: int) -> list[int]:
+        """Every pid the supervisor started as cache process ``index``, in order."""
+        return [line["pid"] for line in self.lines("child.started", child_role="cache", index=index)]
+
+    def serving(self, index: int, pid: int) -> bool:
+        """Cache process ``pid`` is past its start-up: its LMCache socket is bound (``cache.start``)."""
+        return any(line.get("lmcache_urls") == [self.urls[index]]
+                   for line in self.lines("cache.start", worker=index, pid=pid))
+
+    def ready(self) -> Scrape:
+        def every_cache_serving() -> bool:
+            return all(pids and self.serving(i, pids[-1])
+                       for i, pids in ((i, self.cache_pids(i)) for i in range(self.workers)))
+
+        wait_for(lambda: self.process.poll() is not None or every_cache_serving(), 60,
+                 "every cache process to listen on its LMCache port")
+        assert self.process.poll() is None, f"start-cache exited {self.process.returncode}: {self.stderr_tail()}"
+        return wait_for(self.scrape, 60, "/metrics")
+
+    def stderr_tail(self) -> str:
+        path = self.log_path.parent / "stderr.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+
+@pytest.fixture
+def start_lmcache_service(tmp_path):
+    """``start(workers, chunk_bytes, *flags)``; at teardown the supervisor and every cache or telemetry
+    process it logged are SIGKILLed if still alive, and their shared-memory segments removed."""
+    started: list[LMService] = []
+
+    def start(workers: int, chunk_bytes: int, *flags: str) -> LMService:
+        directory = tmp_path / f"service{len(started)}"
+        directory.mkdir()
+        service = LMService(directory, workers, chunk_bytes, *flags)
+        started.append(service)
+        service.ready()
+        return service
+
+    yield start
+    for service in started:
+        children = [line["pid"] for line in service.lines("child.started")]
+        service.kill()
+        for pid in children:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE and "mpcache" in " ".join(proc.cmdline()):
+                    proc.kill()
+            except psutil.Error:
+                pass
+        prefix = f"mpcache.{service.process.pid}."
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(prefix):
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def object_bytes(tp: int, mla: bool, layers: int = 2, kv_heads: int = 2, head_size: int | None = None) -> int:
+    """One KV rank's chunk object, fp16 (the driver's defaults): 2 (K, V; 1 for MLA) x layers x 256 x width."""
+    if mla:
+        return layers * CHUNK * (head_size or 576) * 2
+    return 2 * layers * CHUNK * (kv_heads // tp) * (head_size or 64) * 2
+
+
+def driver_command(venv: Path, service: LMService, urls: list[str], tp: int, mla: bool, scenario: str,
+                   *extra: str) -> list[str]:
+    cmd = [str(venv / "bin" / "python"), str(DRIVER), "--url", *urls, "--scenario", scenario, "--tp", str(tp),
+           "--l1-size-gb", repr(service.l1_bytes / 2**30), "--concurrency", "4", "--mq-timeout", "20",
+           "--scenario-timeout", "120", "--timeout", "280", *extra]
+    return cmd + (["--mla"] if mla else [])
+
+
+def driver_verdict(stdout: str, returncode: int, stderr_path: Path) -> dict:
+    lines = stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        result = None
+    stderr = stderr_path.read_text(errors="replace")[-3000:] if stderr_path.exists() else ""
+    if result is None or returncode != 0 or not result.get("ok"):
+        failed = {name: entry.get("reason") for name, entry in (result or {}).get("scenarios", {}).items()
+                  if not entry.get("pass")}
+        raise AssertionError(
+            f"driver exited {returncode}: {(result or {}).get('reason')!r}; failed scenarios {failed}\n"
+            f"last stdout line: {lines[-1] if lines else ''!r}\ndriver stderr (tail):\n{stderr}")
+    return result
+
+
+def run_driver(venv: Path, service: LMService, urls: list[str], tp: int, mla: bool, scenario: str,
+               tmp_path: Path, *extra: str) -> dict:
+    stderr_path = tmp_path / "driver.stderr"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.run(driver_command(venv, service, urls, tp, mla, scenario, *extra),
+                              env=dict(os.environ, **NO_TRACKING), stdout=subprocess.PIPE, stderr=stderr,
+                              stdin=subprocess.DEVNULL, text=True, timeout=300, cwd=REPO)
+    return driver_verdict(proc.stdout, proc.returncode, stderr_path)
+
+
+# -- /metrics against the driver's counts ----------------------------------------------------------
+
+REQUESTED = "lmcache_mp_lookup_requested_tokens_total"
+HIT = "lmcache_mp_lookup_hit_tokens_total"
+L1_WRITE = "lmcache_mp_l1_write_chunks_total"
+L1_READ = "lmcache_mp_l1_read_chunks_total"
+LOADED = "lmcache_mp_num_chunks_loaded_total"
+STORE_SAMPLES = "lmcache_mp_l0_l1_store_throughput_GBs_count"
+LOAD_SAMPLES = "lmcache_mp_l0_l1_load_throughput_GBs_count"
+DROPPED = "lmcache_mp_event_bus_dropped_events_total"
+READ_FAILED = "lmcache_mp_l1_read_failure_chunks_total"
+ALLOC_FAILED = "lmcache_mp_l1_allocation_failure_chunks_total"
+
+
+def expected_metrics(totals: dict) -> dict[str, float]:
+    """The metrics that follow exactly from what the driver's adapters were told.
+
+    Every lookup RPC is answered by one server, whose status the scheduler adapter consumes exactly
+    once: one lookup record per RPC, requesting the key's whole chunks and hitting what that server
+    answered (``server_hit_chunks`` sums the per-server answers; ``hit_chunks`` is their minimum per
+    lookup, so it undercounts with two servers).  An L1 object is one (chunk, KV rank) piece: every
+    object a prepare_store reserved was committed (the driver fails on a False commit), every slot a
+    prepare_retrieve handed out was committed back.  One throughput sample per transfer that moved
+    bytes: a prepare_store with at least one slot, or a prepare_retrieve with at least one slot.
+    """
+    expected = {
+        REQUESTED: totals["requested_chunks"] * CHUNK,
+        HIT: totals["server_hit_chunks"] * CHUNK,
+        L1_WRITE: totals["stored_objects"],
+        L1_READ: totals["retrieved_objects"],
+        LOADED: totals["retrieved_objects"],
+        STORE_SAMPLES: totals["store_transfers"],
+        LOAD_SAMPLES: totals["retrieve_transfers"],
+        DROPPED: 0,
+        READ_FAILED: 0,
+    }
+    return expected
+
+
+def settled_scrape(service: LMService, expected: dict[str, float], timeout_s: float = 30) -> Scrape:
+    """The first scrape showing every expected value (the telemetry process drains the rings
+    asynchronously), or, at the deadline, the last one, for the assertions to report on."""
+    last: list[Scrape] = []
+
+    def matches():
+        scrape = service.scrape()
+        last[:] = [scrape]
+        return scrape if all(scrape.total(name) == value for name, value in expected.items()) else None
+
+    try:
+        return wait_for(matches, timeout_s, "/metrics to show the driver's counts")
+    except AssertionError:
+        return last[0] if last else service.scrape()
+
+
+def check_metrics(service: LMService, result: dict, tp: int, mla: bool, servers: int) -> Scrape:
+    totals = result["totals"]
+    expected = expected_metrics(totals)
+    scrape = settled_scrape(service, expected)
+    got = {name: scrape.total(name) for name in expected}
+    print(f"\n/metrics {got}\nload samples {scrape.total(LOAD_SAMPLES)}, driver totals {totals}")
+    assert got == expected, f"/metrics vs the driver's counts (totals {totals})"
+    # The driver's own bookkeeping is consistent with what the servers answered: a lookup's hit is
+    # the minimum over the servers, so each server answered at least that.
+    if servers == 1:
+        assert totals["server_hit_chunks"] == totals["hit_chunks"]
+    else:
+        assert totals["server_hit_chunks"] >= servers * totals["hit_chunks"]
+    assert totals["requested_chunks"] >= totals["server_hit_chunks"] > 0
+    assert totals["retrieve_failures"] == 0 and totals["store_commit_failures"] == 0
+    assert totals["stored_objects"] > 0 and totals["retrieved_objects"] > 0
+    # A store the server refused for lack of room (the eviction scenario) shows as skipped objects, but
+    # so does a rank's chunk that was already cached while the prefix missed on another rank; so the
+    # allocation failures can only be bounded by the skipped objects, not equated with them.
+    assert scrape.total(ALLOC_FAILED, during="l1_store") <= totals["store_skipped_objects"]
+    return scrape
+
+
+# -- the tests -------------------------------------------------------------------------------------
+
+CASES = {  # id: (cache processes, TP, MLA); the driver's TP ranks spread evenly over the servers
+    "tp1": (1, 1, False),
+    "tp2-one-server": (1, 2, False),
+    "tp2-two-servers": (2, 2, False),
+    "mla": (1, 1, True),
+    "mla-tp2": (1, 2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_lmcache_adapters_against_mpcache(case, lmcache_venv, start_lmcache_service, tmp_path) -> None:
+    """LMCache 0.5.6's vLLM scheduler and worker adapters run every driver scenario against
+    ``--lmcache-port`` with byte-exact retrieves (``all`` plus ``lock_release``: after a retrieve or a
+    lock free and ``end_session`` no read lock is left, which a non-forced CLEAR would reveal), and
+    /metrics agrees with what the adapters were told: lookup requested/hit tokens, L1 writes and
+    reads, chunks loaded, one throughput sample per transfer, nothing dropped."""
+    workers, tp, mla = CASES[case]
+    service = start_lmcache_service(workers, object_bytes(tp, mla))
+    urls = service.urls[:workers]
+    result = run_driver(lmcache_venv, service, urls, tp, mla, "all,lock_release", tmp_path)
+    eviction = result["scenarios"]["eviction"]["eviction"]
+    assert eviction["hit_chunks_after_fill"] < eviction["requests"] * eviction["chunks_per_request"]
+    check_metrics(service, result, tp, mla, workers)
+    assert 0 == service.stop()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_service, tmp_path) -> None:
+    """LMCache's own load client, ``lmcache bench server`` (engine_driven, CPU), passes against
+    ``--lmcache-port``: every sequence a cold miss then a stored store, a warm full hit, a retrieve
+    and a checksum match (``run_bench_client.py`` judges it); /metrics counts exactly its chunks."""
+    requests, chunks = 4, 4  # --num-tokens 1024
+    service = start_lmcache_service(1, object_bytes(1, False))  # the bench's shape is per rank
+    bench = subprocess.run(
+        [sys.executable, str(BENCH), "--rpc-url", service.urls[0], "--venv", str(lmcache_venv), "--tp", str(tp),
+         "--requests", str(requests), "--num-tokens", str(chunks * CHUNK), "--timeout", "240"],
+        env=dict(os.environ, **NO_TRACKING), capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL, cwd=REPO)
+    lines = bench.stdout.strip().splitlines()
+    verdict = json.loads(lines[-1]) if lines else {}
+    assert bench.returncode == 0 and verdict.get("ok"), (
+        f"bench verdict {verdict.get('reason')!r} {verdict.get('problems')}\n{bench.stderr[-3000:]}")
+    objects = requests * chunks * tp
+    expected = {REQUESTED: 2 * requests * chunks * CHUNK, HIT: requests * chunks * CHUNK, L1_WRITE: objects,
+                L1_READ: objects, LOADED: objects, DROPPED: 0}
+    scrape = settled_scrape(service, expected)
+    assert expected == {name: scrape.total(name) for name in expected}
+    assert scrape.total(STORE_SAMPLES) > 0 and scrape.total(LOAD_SAMPLES) > 0
+    assert 0 == service.stop()
+
+
+class _Lines:
+    """A child's stdout, read line by line on a thread, so the test waits on it with a deadline."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                return False
+            if line is None:
+                return False
+            self.lines.append(line)
+            if line.rstrip("\n") == text:
+                return True
+        return False
+
+    def rest(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+        return "".join(self.lines)
+
+
+RESTART_CASES = {  # id: (cache processes, TP, the cache process to kill)
+    "tp1": (1, 1, 0),
+    "tp2-two-servers": (2, 2, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(RESTART_CASES))
+def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, start_lmcache_service,
+                                                          tmp_path) -> None:
+    """A cache process kill -9ed under running LMCache adapters (heartbeat 1 s) is restarted by the
+    supervisor; the adapters recover within the driver's deadline (each worker of that server is
+    answered one ping False by the new process, turns unhealthy, and re-registers on the next ping),
+    and then complete verified store and full-hit retrieve round trips on new tokens; after their
+    end_sessions no read lock is left (a CLEAR empties the cache).  /metrics still agrees exactly with
+    the driver's counts across the restart, and nothing was dropped."""
+    workers, tp, victim_index = RESTART_CASES[case]
+    service = start_lmcache_service(workers, object_bytes(tp, False))
+    stderr_path = tmp_path / "driver.stderr"
+    stderr = open(stderr_path, "w")
+    driver = subprocess.Popen(
+        driver_command(lmcache_venv, service, service.urls, tp, False, "survive_restart", "--heartbeat-interval", "1",
+                       "--restart-wait", "90", "--recovery-timeout", "30"),
+        env=dict(os.environ, **NO_TRACKING), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        text=True, cwd=REPO)
+    try:
+        out = _Lines(driver.stdout)
+        if not out.wait_for("[driver] survive_restart: READY for the server restart", 120):
+            driver.kill()
+            raise AssertionError(f"the driver never got ready for the restart: {out.rest(5)!r}\n"
+                                 f"{stderr_path.read_text(errors='replace')[-3000:]}")
+        # Everything published so far is counted before the kill (the comparison below is exact).
+        wait_for(lambda: service.scrape().total("lmcache_mp_event_bus_queue_depth") == 0, 30,
+                 "the event rings to drain before the kill")
+        [victim] = service.cache_pids(victim_index)
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        restarted = wait_for(lambda: [pid for pid in service.cache_pids(victim_index) if pid != victim], 30,
+                             "the supervisor to restart the killed cache process")[0]
+        wait_for(lambda: service.serving(victim_index, restarted), 30, "the restarted cache process to listen")
+        restart_s = time.monotonic() - killed_at
+        driver.stdin.write(f"restarted {service.urls[victim_index]}\n")
+        driver.stdin.flush()
+        driver.wait(timeout=150)
+        stdout = out.rest(10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        stderr.close()
+    result = driver_verdict(stdout, driver.returncode, stderr_path)
+    recovery = result["scenarios"]["survive_restart"]["restart"]
+    print(f"\n[{case}] kill -9 -> restarted process listening: {restart_s:.2f} s; "
+          f"go-ahead -> adapters recovered (re-registered, healthy): {recovery['recovery_seconds']:.2f} s")
+    assert recovery["reregistered_ranks"] == [r for r in range(tp) if r // (tp // workers) == victim_index]
+    # The designed path: the new process did not know the workers and told each one so, once.
+    told = {line["instance_id"] for line in service.lines("lmcache.unknown_instance", worker=victim_index)}
+    assert len(told) == len(recovery["reregistered_ranks"]), (
+        f"the restarted process answers one ping False to each worker it does not know "
+        f"(lmcache.unknown_instance); it logged that for instances {sorted(told)}, expected one per re-registered "
+        f"rank {recovery['reregistered_ranks']}")
+    assert [victim, restarted] == service.cache_pids(victim_index)
+    check_metrics(service, result, tp, False, workers)
+    assert 0 == service.stop()

@@ -1,0 +1,81 @@
+"""start-cache's settings from a TOML file, MPCACHE_* variables and flags: precedence, L2 tiers as tables,
+and one-line errors naming the setting and where it came from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpcache import settings, supervisor
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp_path, text: str | None, argv: list[str], environ: dict[str, str] | None = None):
+    argv = list(argv)
+    if text is not None:
+        path = tmp_path / "mpcache.toml"
+        path.write_text(text)
+        argv = ["--config", str(path), *argv]
+    args = settings.parse_args(supervisor.build_parser(), argv, environ or {})
+    return supervisor.config_from_args(args, 1, str(tmp_path / "run")), args
+
+
+def test_a_file_alone_describes_a_two_tier_deployment(tmp_path):
+    config, _ = _config(tmp_path, '''
+workers = 4
+l1-size = "1GiB"
+chunk-bytes = "2MiB"
+lmcache-port = 5555
+otlp-endpoint = "http://127.0.0.1:4317"
+
+[[l2]]
+type = "fs"
+path = "/var/cache/mpcache"
+capacity_gb = 100
+
+[[l2]]
+type = "redis"
+url = "redis://127.0.0.1:6379/0"
+capacity_gb = 400
+''', [])
+    assert (4, 2**30, 2 * 2**20, 5555, "http://127.0.0.1:4317") == (
+        config.workers, config.l1_size_bytes, config.chunk_bytes, config.lmcache_port, config.otlp_endpoint)
+    assert [("fs", 100), ("redis", 400)] == [(spec["type"], spec["capacity_gb"]) for spec in config.l2]
+
+
+def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
+    text = 'workers = 4\nl1-watermark = 0.5\nlog-level = "warning"\n'
+    config, args = _config(tmp_path, text, ["--workers", "2"], {"MPCACHE_WORKERS": "3", "MPCACHE_L1_WATERMARK": "0.7"})
+    assert (2, 0.7, "warning") == (config.workers, config.l1_watermark, config.log_level)
+    assert {"--l1-watermark": "MPCACHE_L1_WATERMARK", "--log-level": str(tmp_path / "mpcache.toml")} == \
+        args.setting_sources
+
+
+def test_environment_alone_and_booleans(tmp_path):
+    config, _ = _config(tmp_path, None, [], {"MPCACHE_DEMO": "true", "MPCACHE_LMCACHE_IPC": "1",
+                                            "MPCACHE_L2": '[{"type": "mock", "capacity_gb": 1}]'})
+    assert (True, True, ["mock"]) == (config.demo, config.lmcache_ipc, [spec["type"] for spec in config.l2])
+
+
+@pytest.mark.parametrize(("text", "environ", "message"), [
+    ("workers = 0\n", {}, "mpcache.toml: workers: expected an integer >= 1, got '0'"),
+    ("no-such-setting = 1\n", {}, "mpcache.toml: unknown setting 'no-such-setting'"),
+    ("workers = \n", {}, "not valid TOML"),
+    (None, {"MPCACHE_LOG_LEVEL": "loud"}, "MPCACHE_LOG_LEVEL: expected one of debug, info, warning, error"),
+    (None, {"MPCACHE_DEMO": "maybe"}, "MPCACHE_DEMO: expected true or false"),
+    ("l1-watermark = 2\n", {}, "--l1-watermark: expected a number in (0, 1] (set in "),
+])
+def test_a_bad_setting_is_one_line_naming_it_and_its_source(tmp_path, text, environ, message):
+    argv = []
+    if text is not None:
+        (tmp_path / "mpcache.toml").write_text(text)
+        argv = ["--config", str(tmp_path / "mpcache.toml")]
+    result = subprocess.run([sys.executable, os.path.join(REPO, "bin", "start-cache"), *argv],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, **environ}, cwd=tmp_path)
+    assert 2 == result.returncode
+    lines = result.stderr.strip().splitlines()
+    assert 1 == len(lines) and message in lines[0], result.stderr
