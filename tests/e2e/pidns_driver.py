@@ -11,6 +11,8 @@ kills the supervisor, which takes its namespace's children with it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -61,6 +63,17 @@ def log_lines(path: str) -> list[dict]:
     return out
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+RUNS: list[Run] = []  # every supervisor started, killed at the end whatever happened
+
+
+def _die_with_the_driver() -> None:
+    """In the child before exec: SIGKILL it when the driver dies (a crashed or timed-out driver leaks
+    nothing: a supervisor in its own PID namespace takes that namespace with it)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 class Run:
     """One supervisor, in this PID namespace or (``pidns``) in a new one, logging to ``log``."""
 
@@ -70,7 +83,9 @@ class Run:
         prefix = ["unshare", "--pid", "--kill-child"] if pidns else []
         command = [*prefix, sys.executable, START_CACHE, *SMALL, "--log-file", self.log, *flags]
         with open(os.path.join(workdir, f"{name}.err"), "wb") as stderr:
-            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                            preexec_fn=_die_with_the_driver)
+        RUNS.append(self)
 
     def events(self, event: str) -> list[dict]:
         return [line for line in log_lines(self.log) if line.get("event") == event]
@@ -243,7 +258,15 @@ def main() -> int:
     tmp = os.path.join(workdir, "tmp")
     os.makedirs(tmp, exist_ok=True)
     os.environ["TMPDIR"] = tmp
-    result = run(workdir)
+    try:
+        result = run(workdir)
+    finally:
+        for started in RUNS:  # a scenario that failed half-way leaves nothing running
+            if started.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                    os.kill(started.supervisor_pid(), signal.SIGKILL)
+                started.process.kill()
+                started.process.wait()
     print(json.dumps(result))
     return 0
 
