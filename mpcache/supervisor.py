@@ -63,7 +63,7 @@ CACHE_BACKOFF_MAX_S = 8.0
 TELEMETRY_BACKOFF_MAX_S = 30.0
 # Liveness: a cache process whose heartbeat word (written every 0.5 s by its loop) stops advancing for
 # HANG_TIMEOUT_S is killed and restarted; one whose loop never starts within START_TIMEOUT_S too.
-HANG_TIMEOUT_S = 5.0
+HANG_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0
 WATCH_INTERVAL_S = 0.1
 STOP_GRACE_S = 10.0

@@ -47,7 +47,7 @@ def test_demo_with_fs_and_mock_tiers_serves_every_l2_metric(start_service, tmp_p
     fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.008}' % (tmp_path / "l2fs")
     mock = '{"type": "mock", "capacity_gb": 0.05, "failure_rate": 0.1, "seed": 3}'
     service = start_service("--demo", "--demo-seconds", "10", "--workers", "2", "--l2", fs, "--l2", mock)
-    tally = wait_for(lambda: service.tally_path.exists() and service.tally(), 60, "the demo tally")
+    tally = wait_for(lambda: service.tally_path.exists() and service.tally(), 120, "the demo tally")
     l1_writes = {salt: float(tally["stored_chunks"].get(salt, 0) + tally["prefetched_chunks"].get(salt, 0))
                  for salt in set(tally["stored_chunks"]) | set(tally["prefetched_chunks"])}
 
