@@ -1,7 +1,9 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,report} [--json]``.
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,report} [--json]``.
 
 ``report`` runs every benchmark and writes ``docs/PERFORMANCE.md`` (or
-``--output``) from their results, with the machine and the date.
+``--output``) from their results, with the machine and the date; ``lmcache``
+needs LMCache's venv (``.ci/lmcache-env``) and is left out of the report,
+saying so, without it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import signal
 import sys
 from typing import Any, Callable
 
-from mpcache.bench import drain, e2e, publish, scrape, soak
+from mpcache.bench import drain, e2e, lmcache, publish, scrape, soak
 
-BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache}
 
 
 def _machine() -> str:
@@ -51,6 +53,11 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"lag p50 {result['lag_p50_s'] * 1000:.1f} ms, p99 {result['lag_p99_s'] * 1000:.1f} ms; memory "
                 f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
                 verdict]
+    if name == "lmcache":
+        return [f"mpcache {result['mpcache_rps']:,.1f} req/s (telemetry off {result['mpcache_off_rps']:,.1f}); LMCache "
+                f"{result['lmcache_rps']:,.1f} (observability off {result['lmcache_off_rps']:,.1f}); TP {result['tp']}, "
+                f"{result['object_bytes_per_rank'] >> 20} MiB chunk objects", f"vs LMCache {result['ratio_vs_lmcache']}×; "
+                f"on/off {result['telemetry_on_over_off']}", "≥ 1.0× LMCache; on ≥ 0.97 of off", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 
@@ -92,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=3, help="repetitions; medians are reported (default 3; publish uses at least 5)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="soak: how long the producers run (default 60)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="soak: how long the producers run (default 60); lmcache: measured seconds per server and TP (default 10)")
+    parser.add_argument("--warmup", type=float, default=None, help="lmcache: seconds of load before measuring (default 3)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md", help="report: where to write (default docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
@@ -102,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(name: str) -> dict[str, Any]:
         module = BENCHMARKS[name]
-        options = {"seconds": args.seconds, "rate": args.rate} if module is soak else {}
+        options: dict[str, Any] = {}
+        if module is soak:
+            options = {"seconds": 60.0 if args.seconds is None else args.seconds, "rate": args.rate}
+        elif module is lmcache:
+            options = {"seconds": lmcache.SECONDS if args.seconds is None else args.seconds,
+                       "warmup_s": lmcache.WARMUP_S if args.warmup is None else args.warmup}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
@@ -111,11 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
+    except lmcache.LMCacheEnvMissing as exc:
+        progress(f"python -m mpcache.bench {args.name}: error: {exc}")
+        return 2
 
 
 def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progress: Callable[[str], None]) -> int:
     if args.name == "report":
-        results = {name: one(name) for name in BENCHMARKS}
+        results = {}
+        for name in BENCHMARKS:
+            try:
+                results[name] = one(name)
+            except lmcache.LMCacheEnvMissing as exc:
+                progress(f"report: leaving out {name}: {exc}")
         write_report(results, args.output)
         progress(f"wrote {args.output}")
         return 0
