@@ -96,7 +96,9 @@ def _fake_lmcache_rounds(rps_by_round: list[dict[str, float]]) -> list[dict]:
     def one(rps: float) -> dict:
         tp = {"rps": rps, "store_gb_per_s": rps / 100, "retrieve_gb_per_s": rps / 200, "latency_p50_ms": 1000 / rps,
               "latency_p99_ms": 3000 / rps, "op_p50_ms": {"lookup": 1.0}, "op_p99_ms": {"lookup": 2.0},
-              "hit_chunk_ratio": 0.4, "store_accepted_ratio": 1.0, "requests": 10, "cpu_share": {"server": 0.1}}
+              "hit_chunk_ratio": 0.4, "store_accepted_ratio": 1.0, "client_cpu_ms_per_request": 800 / rps,
+              "server_cpu_ms_per_request": 100 / rps, "telemetry_cpu_ms_per_request": 0.0,
+              "requests": 10, "cpu_share": {"server": 0.1}}
         return {"tp1": tp, "tp2": dict(tp), **{m: tp[m] for m in lmcache.METRICS}}
     return [{"order": list(lmcache.SERVERS), **{server: one(rps[server]) for server in lmcache.SERVERS}}
             for rps in rps_by_round]
@@ -115,6 +117,7 @@ def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path)
     assert (round(100 / 85, 4), round(100 / 115, 4)) == (result["ratio_vs_lmcache"], result["telemetry_on_over_off"])
     assert {"ratio_vs_lmcache": True, "telemetry_on_over_off": False} == result["targets_met"]
     assert 3 == len(result["per_round"]) and 100.0 == result["servers"]["mpcache"]["tp2"]["rps"]
+    assert result["comparable_work"] and "note" not in result  # both accepted every store
     path = tmp_path / "PERFORMANCE.md"
     bench_main.write_report({"lmcache": result}, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `lmcache`")]
@@ -162,6 +165,8 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
         assert {"rps", "store_gb_per_s", "retrieve_gb_per_s", "latency_p50_ms", "latency_p99_ms", "tp1", "tp2"} <= set(entry)
         assert entry["rps"] == pytest.approx(rps[f"{server}_rps"], abs=0.01)
         assert entry["store_gb_per_s"] > 0 and entry["latency_p50_ms"] <= entry["latency_p99_ms"]
+    assert {"lag_p50_ms", "lag_p99_ms", "records_lost"} <= set(result["servers"]["mpcache"]["tp1"]["drain"])
+    assert set(lmcache.SERVERS) == set(result["store_accepted_ratio"])
     [one_round] = result["per_round"]
     assert sorted(lmcache.SERVERS) == sorted(one_round["order"])
     assert all(f"round 1: {server}" in stderr for server in lmcache.SERVERS)  # progress while it runs
