@@ -14,13 +14,15 @@ each position (``ROUND_ORDERS``):
 * ``lmcache_off``: the same with ``--disable-observability``.
 
 Every server gets the same L1 (``l1_gb``, ``--l1-gb``; default 0.25 GiB: mpcache's ``--l1-size``,
-LMCache's ``--l1-size-gb``, which counts GiB); mpcache's
-slots are one rank's chunk object (``--chunk-bytes 2MiB``). The load is
+LMCache's ``--l1-size-gb``, which counts GiB); mpcache's slots are one rank's chunk object
+(``--chunk-bytes 2MiB``). At 0.25 GiB LMCache refuses most stores (a full L1 between its
+once-a-second eviction passes), which spares its clients the copies: the result says when the
+servers' work differed (``comparable_work``, ``note``); ``--l1-gb 4`` makes it comparable. The load is
 ``tests/lmcache/workload.py`` run with the LMCache venv's python (``.ci/lmcache-env``): LMCache's
-scheduler and worker adapters with paged CPU KV caches, 4 new requests per step (half of new
-conversations open with one of 4 shared 2-chunk system prompts, a quarter of requests continue a
-recent conversation), each one lookup → prefetch status → retrieve the hits → store the misses
-→ end_session, with a sample of every retrieved chunk's bytes checked. It runs at TP=1 (8
+scheduler and worker adapters with paged CPU KV caches, 4 new requests per step (half of them open
+with one of 4 shared 2-chunk system prompts, a quarter continue a recent conversation, a quarter
+are unrelated), each one lookup → prefetch status → retrieve the hits → store the misses →
+end_session, with a sample of every retrieved chunk's bytes checked. It runs at TP=1 (8
 layers, 2 KV heads of 128) and TP=2 (a model with 4 KV heads, 2 per rank), so every rank's
 chunk object is 2 MiB, for ``WARMUP_S`` and then ``seconds`` measured, against each server.
 
@@ -98,24 +100,10 @@ def lmcache_python() -> str:
     return python
 
 
-def _free_port(span: int = 1) -> int:
-    """A loopback port that is free (and, with ``span`` > 1, whose next ports were free too)."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + span <= 65535 and all(_port_free(port + i) for i in range(1, span)):
-            return port
-    raise RuntimeError("no free loopback port")
-
-
-def _port_free(port: int) -> bool:
+def _free_port() -> int:
     with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _accepting(port: int) -> bool:
@@ -127,7 +115,7 @@ def _accepting(port: int) -> bool:
 class Server:
     """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
 
-    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float) -> None:
+    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0) -> None:
         self.kind = kind
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
@@ -140,6 +128,8 @@ class Server:
                         "--lmcache-port", str(self.port), "--event-sink", "ring" if kind == "mpcache" else "none",
                         "--prometheus-port", str(_free_port()), "--runtime-dir", self.runtime_dir,
                         "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning"]
+                if kind == "mpcache" and telemetry_nice:
+                    argv += ["--telemetry-nice", str(telemetry_nice)]
                 env = None
             else:
                 argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
@@ -149,7 +139,6 @@ class Server:
                 if kind == "lmcache_off":
                     argv.append("--disable-observability")
                 env = {**os.environ, **LMCACHE_ENV}
-            self.argv = argv
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=env)
         finally:
@@ -306,10 +295,10 @@ def _median(values: list[float]) -> float:
 
 
 def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
-                warmup_s: float, seed: int, progress: Callable[[str], None]) -> dict[str, Any]:
+                warmup_s: float, seed: int, progress: Callable[[str], None], telemetry_nice: int = 0) -> dict[str, Any]:
     """Start one server, run the workload at every TP against it, stop it; the round's values for it."""
     runs: dict[str, Any] = {}
-    server = Server(kind, tmp, python, index, l1_gb)
+    server = Server(kind, tmp, python, index, l1_gb, telemetry_nice)
     ring: Segment | None = None
     sampler: LagSampler | None = None
     try:
@@ -346,12 +335,13 @@ def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps:
 
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
-        warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB) -> dict[str, Any]:
+        warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB,
+        telemetry_nice: int = 0) -> dict[str, Any]:
     python = lmcache_python()
     rounds = max(1, repetitions)
     orders = "/".join("".join("ABCD"[i] for i in ROUND_ORDERS[r % len(ROUND_ORDERS)]) for r in range(rounds))
     progress(f"lmcache: servers A {SERVERS[0]}, B {SERVERS[1]}, C {SERVERS[2]}, D {SERVERS[3]} (L1 {l1_gb:g} GiB each), "
-             f"TP {tps}, {warmup_s:g} s warm-up + {seconds:g} s per server and TP, {rounds} rounds ({orders})")
+             f"TP {tps}, telemetry nice {telemetry_nice}, {warmup_s:g} s warm-up + {seconds:g} s per server and TP, {rounds} rounds ({orders})")
     per_round: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mpcache-lmbench-") as tmp:
         index = 0
@@ -362,9 +352,11 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, 
             for kind in order:
                 index += 1
                 this_round[kind] = _one_server(kind, tmp, python, index, l1_gb, tps, seconds, warmup_s, seed,
-                                               lambda line: progress(f"  round {r + 1}: {line}"))
+                                               lambda line: progress(f"  round {r + 1}: {line}"), telemetry_nice)
             per_round.append(this_round)
-    return _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
+    result = _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
+    result["telemetry_nice"] = telemetry_nice
+    return result
 
 
 def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup_s: float,
@@ -437,3 +429,16 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
             "full between once-a-second eviction passes); a refused store skips the client's copy, so requests/s "
             "are not like for like: compare hit_chunk_ratio and store GB/s too, or rerun with a larger --l1-gb")
     return result
+
+
+def for_report(result: dict[str, Any]) -> dict[str, Any]:
+    """What docs/PERFORMANCE.md keeps: the headline, the paired ratios and each server's medians (no per-round detail)."""
+    slim = {key: value for key, value in result.items() if key not in ("per_round", "servers", "paired")}
+    slim["paired"] = {name: entry["median"] for name, entry in result["paired"].items()}
+    slim["servers"] = {
+        kind: {**{m: entry[m] for m in METRICS},
+               **{f"tp{tp}_rps": entry[f"tp{tp}"]["rps"] for tp in result["tp"]},
+               **{f"tp{tp}_drain": entry[f"tp{tp}"]["drain"] for tp in result["tp"] if "drain" in entry[f"tp{tp}"]}}
+        for kind, entry in result["servers"].items()
+    }
+    return slim
