@@ -60,6 +60,9 @@ class Config:
     otlp_interval_s: float = 10.0
     metrics_sample_rate: float = 0.01
     cache_salt_cap: int = 1000
+    # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
+    # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
+    telemetry_nice: int = 0
     # logging
     log_level: str = "info"
     log_file: str = ""
@@ -100,6 +103,7 @@ class Config:
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
+            (0 <= self.telemetry_nice <= 19, "--telemetry-nice: expected an integer 0..19"),
             (self.log_level in ("debug", "info", "warning", "error"), "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),
              "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP)"),

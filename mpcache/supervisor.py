@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--otlp-interval", type=_number, default=10.0, help="seconds between OTLP exports (default 10)")
     telemetry.add_argument("--metrics-sample-rate", type=_number, default=None, help="fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)")
     telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000, help="distinct cache_salt values per metric before __overflow__ (default 1000)")
+    telemetry.add_argument("--telemetry-nice", type=int, default=0,
+                           help="nice increment (0..19) the telemetry process applies to itself, so that on a busy "
+                           "machine the cache processes get the CPU first and the drain lags instead (default 0)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
     telemetry.add_argument("--enable-tracing", action="store_true", help="export request spans over OTLP (needs --otlp-endpoint)")
@@ -202,6 +205,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         otlp_interval_s=args.otlp_interval,
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
+        telemetry_nice=args.telemetry_nice,
         log_level=args.log_level,
         log_file=args.log_file,
         demo=args.demo,

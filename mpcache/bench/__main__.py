@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server and TP (default 10)")
     parser.add_argument("--warmup", type=float, default=None, help="lmcache: seconds of load before measuring (default 3)")
     parser.add_argument("--l1-gb", type=float, default=None, help="lmcache: every server's L1 in GiB (default 0.25)")
+    parser.add_argument("--telemetry-nice", type=int, default=0, help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md", help="report: where to write (default docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         elif module is lmcache:
             options = {"seconds": lmcache.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": lmcache.WARMUP_S if args.warmup is None else args.warmup,
-                       "l1_gb": lmcache.L1_GB if args.l1_gb is None else args.l1_gb}
+                       "l1_gb": lmcache.L1_GB if args.l1_gb is None else args.l1_gb,
+                       "telemetry_nice": args.telemetry_nice}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too

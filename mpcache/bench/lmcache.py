@@ -115,7 +115,7 @@ def _accepting(port: int) -> bool:
 class Server:
     """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
 
-    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float) -> None:
+    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0) -> None:
         self.kind = kind
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
@@ -128,6 +128,8 @@ class Server:
                         "--lmcache-port", str(self.port), "--event-sink", "ring" if kind == "mpcache" else "none",
                         "--prometheus-port", str(_free_port()), "--runtime-dir", self.runtime_dir,
                         "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning"]
+                if kind == "mpcache" and telemetry_nice:
+                    argv += ["--telemetry-nice", str(telemetry_nice)]
                 env = None
             else:
                 argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
@@ -293,10 +295,10 @@ def _median(values: list[float]) -> float:
 
 
 def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
-                warmup_s: float, seed: int, progress: Callable[[str], None]) -> dict[str, Any]:
+                warmup_s: float, seed: int, progress: Callable[[str], None], telemetry_nice: int = 0) -> dict[str, Any]:
     """Start one server, run the workload at every TP against it, stop it; the round's values for it."""
     runs: dict[str, Any] = {}
-    server = Server(kind, tmp, python, index, l1_gb)
+    server = Server(kind, tmp, python, index, l1_gb, telemetry_nice)
     ring: Segment | None = None
     sampler: LagSampler | None = None
     try:
@@ -333,12 +335,13 @@ def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps:
 
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
-        warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB) -> dict[str, Any]:
+        warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB,
+        telemetry_nice: int = 0) -> dict[str, Any]:
     python = lmcache_python()
     rounds = max(1, repetitions)
     orders = "/".join("".join("ABCD"[i] for i in ROUND_ORDERS[r % len(ROUND_ORDERS)]) for r in range(rounds))
     progress(f"lmcache: servers A {SERVERS[0]}, B {SERVERS[1]}, C {SERVERS[2]}, D {SERVERS[3]} (L1 {l1_gb:g} GiB each), "
-             f"TP {tps}, {warmup_s:g} s warm-up + {seconds:g} s per server and TP, {rounds} rounds ({orders})")
+             f"TP {tps}, telemetry nice {telemetry_nice}, {warmup_s:g} s warm-up + {seconds:g} s per server and TP, {rounds} rounds ({orders})")
     per_round: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mpcache-lmbench-") as tmp:
         index = 0
@@ -349,9 +352,11 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, 
             for kind in order:
                 index += 1
                 this_round[kind] = _one_server(kind, tmp, python, index, l1_gb, tps, seconds, warmup_s, seed,
-                                               lambda line: progress(f"  round {r + 1}: {line}"))
+                                               lambda line: progress(f"  round {r + 1}: {line}"), telemetry_nice)
             per_round.append(this_round)
-    return _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
+    result = _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
+    result["telemetry_nice"] = telemetry_nice
+    return result
 
 
 def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup_s: float,
