@@ -59,6 +59,9 @@ class Config:
     metrics_sample_rate: float = 0.01
     cache_salt_cap: int = 1000
     metric_series_cap: int = 1500  # attribute sets per metric before cache_salt/model_name read __overflow__
+    # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
+    # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
+    telemetry_nice: int = 0
     # logging
     log_level: str = "info"
     log_file: str = ""
@@ -105,6 +108,7 @@ class Config:
             (self.event_sink in ("ring", "none", "inprocess"), "--event-sink: expected ring, none or inprocess"),
             (self.cache_salt_cap >= 1, "--cache-salt-cap: expected an integer >= 1"),
             (self.metric_series_cap >= 1, "--metric-series-cap: expected an integer >= 1"),
+            (0 <= self.telemetry_nice <= 19, "--telemetry-nice: expected an integer 0..19"),
             (self.log_level in ("debug", "info", "warning", "error"),
              "--log-level: expected debug, info, warning or error"),
             (not self.enable_tracing or bool(self.otlp_endpoint),

@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--metric-series-cap", type=_int_at_least(1), default=1500,
                            help="attribute sets per metric before new cache_salt/model_name values read __overflow__ "
                            "(default 1500, below the OpenTelemetry SDK's 2000)")
+    telemetry.add_argument("--telemetry-nice", type=int, default=0,
+                           help="nice increment (0..19) the telemetry process applies to itself, so that on a busy "
+                           "machine the cache processes get the CPU first and the drain lags instead (default 0)")
     telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
     telemetry.add_argument("--enable-tracing", action="store_true",
@@ -320,6 +323,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
         metric_series_cap=args.metric_series_cap,
+        telemetry_nice=args.telemetry_nice,
         log_level=args.log_level,
         log_file=args.log_file,
         demo=args.demo,

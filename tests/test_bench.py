@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,9 +10,10 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from mpcache.bench import __main__ as bench_main
-from mpcache.bench import drain, publish
+from mpcache.bench import drain, lmcache, publish
 from mpcache.shm.ring import COMPILED_PUBLISH
 
 
@@ -89,3 +91,96 @@ def test_sigterm_stops_a_benchmark_with_its_children_and_shared_memory():
     assert 130 == bench.returncode, stderr
     assert [] == alive
     assert [] == [name for name in os.listdir("/dev/shm") if name.startswith(f"mpcache.{bench.pid}.")]
+
+
+def _fake_lmcache_rounds(rps_by_round: list[dict[str, float]]) -> list[dict]:
+    def one(rps: float) -> dict:
+        tp = {"rps": rps, "store_gb_per_s": rps / 100, "retrieve_gb_per_s": rps / 200, "latency_p50_ms": 1000 / rps,
+              "latency_p99_ms": 3000 / rps, "op_p50_ms": {"lookup": 1.0}, "op_p99_ms": {"lookup": 2.0},
+              "hit_chunk_ratio": 0.4, "store_accepted_ratio": 1.0, "client_cpu_ms_per_request": 800 / rps,
+              "server_cpu_ms_per_request": 100 / rps, "telemetry_cpu_ms_per_request": 0.0,
+              "requests": 10, "cpu_share": {"server": 0.1}}
+        return {"tp1": tp, "tp2": dict(tp), **{m: tp[m] for m in lmcache.METRICS}}
+    return [{"order": list(lmcache.SERVERS), **{server: one(rps[server]) for server in lmcache.SERVERS}}
+            for rps in rps_by_round]
+
+
+def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path):
+    """Headline requests/s are medians over rounds; both ratios and their verdicts come from those numbers."""
+    rounds = _fake_lmcache_rounds([
+        {"mpcache": 100.0, "mpcache_off": 110.0, "lmcache": 80.0, "lmcache_off": 90.0},
+        {"mpcache": 120.0, "mpcache_off": 118.0, "lmcache": 130.0, "lmcache_off": 95.0},
+        {"mpcache": 90.0, "mpcache_off": 115.0, "lmcache": 85.0, "lmcache_off": 99.0},
+    ])
+    result = lmcache._report(rounds, 3, 10.0, 3.0, (1, 2))
+    assert (100.0, 115.0, 85.0, 95.0) == (result["mpcache_rps"], result["mpcache_off_rps"], result["lmcache_rps"],
+                                          result["lmcache_off_rps"])
+    assert (round(100 / 85, 4), round(100 / 115, 4)) == (result["ratio_vs_lmcache"], result["telemetry_on_over_off"])
+    assert {"ratio_vs_lmcache": True, "telemetry_on_over_off": False} == result["targets_met"]
+    assert 3 == len(result["per_round"]) and 100.0 == result["servers"]["mpcache"]["tp2"]["rps"]
+    assert result["comparable_work"] and "note" not in result  # both accepted every store
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report({"lmcache": lmcache.for_report(result)}, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `lmcache`")]
+    assert "ratio_vs_lmcache met, telemetry_on_over_off MISSED" in row
+    assert "per_round" not in path.read_text()  # the file keeps medians; --json has every round
+
+
+def _lmcache_python() -> str | None:
+    """The LMCache venv's python: $MPCACHE_LMCACHE_PYTHON, else .ci/lmcache-env's venv if it is complete."""
+    if os.environ.get("MPCACHE_LMCACHE_PYTHON"):
+        return os.environ["MPCACHE_LMCACHE_PYTHON"]
+    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache.DEFAULT_VENV
+    if not os.path.isfile(os.path.join(venv, ".complete")):
+        return None
+    found = subprocess.run(["bash", os.path.join(lmcache.REPO, ".ci", "lmcache-env")], capture_output=True, text=True,
+                           timeout=600)
+    if found.returncode != 0:
+        return None
+    return os.path.join(found.stdout.strip().splitlines()[-1], "bin", "python")
+
+
+@pytest.mark.slow
+def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
+    """One short round against mpcache (telemetry on and off) and LMCache's own server (observability on and off)."""
+    python = _lmcache_python()
+    if python is None:
+        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_LMCACHE_PYTHON)")
+    bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "lmcache", "--json", "--repetitions", "1",
+                              "--seconds", "1", "--warmup", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "MPCACHE_LMCACHE_PYTHON": python})
+    try:
+        stdout, stderr = bench.communicate(timeout=900)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert 0 == bench.returncode, stderr[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
+
+    rps = {key: result[key] for key in ("mpcache_rps", "mpcache_off_rps", "lmcache_rps", "lmcache_off_rps")}
+    assert all(value > 0 for value in rps.values()), rps
+    assert result["ratio_vs_lmcache"] == pytest.approx(rps["mpcache_rps"] / rps["lmcache_rps"], abs=1e-3)
+    assert result["telemetry_on_over_off"] == pytest.approx(rps["mpcache_rps"] / rps["mpcache_off_rps"], abs=1e-3)
+    assert {"ratio_vs_lmcache", "telemetry_on_over_off"} == set(result["targets_met"])
+    for server in lmcache.SERVERS:
+        entry = result["servers"][server]
+        assert {"rps", "store_gb_per_s", "retrieve_gb_per_s", "latency_p50_ms", "latency_p99_ms", "tp1",
+                "tp2"} <= set(entry)
+        assert entry["rps"] == pytest.approx(rps[f"{server}_rps"], abs=0.01)
+        assert entry["store_gb_per_s"] > 0 and entry["latency_p50_ms"] <= entry["latency_p99_ms"]
+    assert {"lag_p50_ms", "lag_p99_ms", "records_lost"} <= set(result["servers"]["mpcache"]["tp1"]["drain"])
+    assert set(lmcache.SERVERS) == set(result["store_accepted_ratio"])
+    [one_round] = result["per_round"]
+    assert sorted(lmcache.SERVERS) == sorted(one_round["order"])
+    assert all(f"round 1: {server}" in stderr for server in lmcache.SERVERS)  # progress while it runs
+    assert [] == [name for name in os.listdir("/dev/shm") if name.startswith(f"lmcache_l1_pool_mpcbench{bench.pid}x")]
+
+
+def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
+    """No LMCache venv: exit status 2 and one line saying to run .ci/lmcache-env."""
+    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_LMCACHE_PYTHON"}
+    env["MPCACHE_LMCACHE_VENV"] = str(tmp_path / "no-venv")
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "lmcache", "--json"], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert (2, "") == (bench.returncode, bench.stdout)
+    assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/lmcache-env" in bench.stderr

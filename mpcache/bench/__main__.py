@@ -1,5 +1,6 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,report} [--json]``; ``report`` runs them all and
-writes ``docs/PERFORMANCE.md`` (or ``--output``).
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,report} [--json]``; ``report`` runs them all
+and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` needs LMCache's venv (``.ci/lmcache-env``)
+and is left out of the report, saying so, without it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, publish, scrape, soak
+from mpcache.bench import drain, e2e, lmcache, publish, scrape, soak
 
-BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache}
 
 
 def _machine() -> str:
@@ -51,6 +52,12 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"lag p50 {result['lag_p50_s'] * 1000:.1f} ms, p99 {result['lag_p99_s'] * 1000:.1f} ms; memory "
                 f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
                 verdict]
+    if name == "lmcache":
+        return [f"mpcache {result['mpcache_rps']:,.1f} req/s (telemetry off {result['mpcache_off_rps']:,.1f}); "
+                f"LMCache {result['lmcache_rps']:,.1f} (observability off {result['lmcache_off_rps']:,.1f}); "
+                f"TP {result['tp']}, {result['object_bytes_per_rank'] >> 20} MiB chunk objects",
+                f"vs LMCache {result['ratio_vs_lmcache']}×; on/off {result['telemetry_on_over_off']}",
+                "≥ 1.0× LMCache; on ≥ 0.97 of off", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 
@@ -93,7 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=3,
                         help="repetitions; medians are reported (default 3; publish uses at least 5)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="soak: how long the producers run (default 60)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
+                        "and TP (default 10)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="lmcache: seconds of load before measuring (default 3)")
+    parser.add_argument("--l1-gb", type=float, default=None, help="lmcache: every server's L1 in GiB (default 0.25)")
+    parser.add_argument("--telemetry-nice", type=int, default=0,
+                        help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md",
                         help="report: where to write (default docs/PERFORMANCE.md)")
@@ -104,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(name: str) -> dict[str, Any]:
         module = BENCHMARKS[name]
-        options = {"seconds": args.seconds, "rate": args.rate} if module is soak else {}
+        options: dict[str, Any] = {}
+        if module is soak:
+            options = {"seconds": 60.0 if args.seconds is None else args.seconds, "rate": args.rate}
+        elif module is lmcache:
+            options = {"seconds": lmcache.SECONDS if args.seconds is None else args.seconds,
+                       "warmup_s": lmcache.WARMUP_S if args.warmup is None else args.warmup,
+                       "l1_gb": lmcache.L1_GB if args.l1_gb is None else args.l1_gb,
+                       "telemetry_nice": args.telemetry_nice}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
@@ -113,11 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
+    except lmcache.LMCacheEnvMissing as exc:
+        progress(f"python -m mpcache.bench {args.name}: error: {exc}")
+        return 2
 
 
 def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progress: Callable[[str], None]) -> int:
     if args.name == "report":
-        results = {name: one(name) for name in BENCHMARKS}
+        results = {}
+        for name in BENCHMARKS:
+            try:
+                result = one(name)
+            except lmcache.LMCacheEnvMissing as exc:
+                progress(f"report: leaving out {name}: {exc}")
+                continue
+            results[name] = getattr(BENCHMARKS[name], "for_report", lambda r: r)(result)  # what the file keeps
         write_report(results, args.output)
         progress(f"wrote {args.output}")
         return 0

@@ -38,6 +38,7 @@ def run_start_cache(*flags: str) -> subprocess.CompletedProcess:
         (["--log-backups", "-1"], "--log-backups"),
         (["--log-file", "/nonexistent-dir/mpcache.log"], "--log-file"),
         (["--cache-salt-cap", "0"], "--cache-salt-cap"),
+        (["--telemetry-nice", "20"], "--telemetry-nice"),
         (["--chunk-bytes", "12XB"], "--chunk-bytes"),
         (["--eviction-interval", "nan"], "--eviction-interval"),
         (["--duration", "-5"], "--duration"),

@@ -1,0 +1,453 @@
+"""Requests per second through LMCache's own vLLM adapters: mpcache against LMCache 0.5.6's MP server.
+
+Four servers, each started fresh for every round and driven in turn. The two mpcache modes
+always run back to back, and so do the two LMCache modes (each on/off pair shares the same
+moment of a shared machine's background load); over every 4 rounds each server runs once in
+each position (``ROUND_ORDERS``):
+
+* ``mpcache``: ``bin/start-cache --workers 1 --lmcache-port P --event-sink ring`` — the
+  product, with its telemetry process draining the rings and exporting every metric;
+* ``mpcache_off``: the same with ``--event-sink none`` (nothing published, no telemetry
+  process);
+* ``lmcache``: ``python -m lmcache.v1.multiprocess.server`` (engine-driven transfer, CPU,
+  LRU, ``--max-workers 2`` request threads), observability on (its default);
+* ``lmcache_off``: the same with ``--disable-observability``.
+
+Every server gets the same L1 (``l1_gb``, ``--l1-gb``; default 0.25 GiB: mpcache's ``--l1-size``,
+LMCache's ``--l1-size-gb``, which counts GiB); mpcache's slots are one rank's chunk object
+(``--chunk-bytes 2MiB``). At 0.25 GiB LMCache refuses most stores (a full L1 between its
+once-a-second eviction passes), which spares its clients the copies: the result says when the
+servers' work differed (``comparable_work``, ``note``); ``--l1-gb 4`` makes it comparable. The load is
+``tests/lmcache/workload.py`` run with the LMCache venv's python (``.ci/lmcache-env``): LMCache's
+scheduler and worker adapters with paged CPU KV caches, 4 new requests per step (half of them open
+with one of 4 shared 2-chunk system prompts, a quarter continue a recent conversation, a quarter
+are unrelated), each one lookup → prefetch status → retrieve the hits → store the misses →
+end_session, with a sample of every retrieved chunk's bytes checked. It runs at TP=1 (8
+layers, 2 KV heads of 128) and TP=2 (a model with 4 KV heads, 2 per rank), so every rank's
+chunk object is 2 MiB, for ``WARMUP_S`` and then ``seconds`` measured, against each server.
+
+A round's value for a server is the mean of its TP=1 and TP=2 runs; the headline numbers are
+medians over rounds. ``ratio_vs_lmcache`` = ``mpcache_rps / lmcache_rps`` and
+``telemetry_on_over_off`` = ``mpcache_rps / mpcache_off_rps``, from the reported values; the
+``paired`` section has the median of the same ratios taken within each round, which a machine
+whose background load drifts disturbs less.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from mpcache.bench.children import kill_running, stop
+from mpcache.config import Config
+from mpcache.shm import layout
+from mpcache.shm.ring import RingReader, read_counters
+from mpcache.shm.segment import Segment
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOAD = os.path.join(REPO, "tests", "lmcache", "workload.py")
+SERVERS = ("mpcache", "mpcache_off", "lmcache", "lmcache_off")
+# A B C D / D C B A / B A D C / C D A B: on/off pairs adjacent, every server once in every position.
+ROUND_ORDERS = ((0, 1, 2, 3), (3, 2, 1, 0), (1, 0, 3, 2), (2, 3, 0, 1))
+TPS = (1, 2)
+SECONDS = 10.0
+WARMUP_S = 3.0
+BATCH = 4
+L1_GB = 0.25  # GiB: LMCache's --l1-size-gb counts 2**30 bytes
+OBJECT_BYTES = 2 * 8 * 256 * 256 * 2  # 2 planes x 8 layers x 256 tokens x (2 heads x 128) x fp16, per rank
+LMCACHE_MAX_WORKERS = 2
+TARGET_RATIO_VS_LMCACHE = 1.0
+TARGET_TELEMETRY_ON_OVER_OFF = 0.97
+START_TIMEOUT_S = 120.0
+LAG_SAMPLE_S = 0.1
+DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "lmcache-0.5.6-venv")
+LMCACHE_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
+
+
+class LMCacheEnvMissing(RuntimeError):
+    """The LMCache 0.5.6 venv this benchmark needs is not there (one line, for the user)."""
+
+
+def lmcache_python() -> str:
+    """The LMCache venv's python: ``$MPCACHE_LMCACHE_PYTHON``, else the complete venv ``.ci/lmcache-env`` built."""
+    given = os.environ.get("MPCACHE_LMCACHE_PYTHON", "")
+    if given:
+        python, where = given, f"MPCACHE_LMCACHE_PYTHON={given}"
+    else:
+        venv = os.environ.get("MPCACHE_LMCACHE_VENV", "") or DEFAULT_VENV
+        python, where = os.path.join(venv, "bin", "python"), f"the LMCache venv {venv}"
+        if not os.path.isfile(os.path.join(venv, ".complete")):
+            raise LMCacheEnvMissing(f"{where} is missing or incomplete: run .ci/lmcache-env first "
+                                    "(or set MPCACHE_LMCACHE_PYTHON to a python that has lmcache 0.5.6)")
+    if not os.access(python, os.X_OK):
+        raise LMCacheEnvMissing(f"{where}: no python there: run .ci/lmcache-env first")
+    probe = subprocess.run([python, "-c", "import importlib.util, sys; "
+                            "sys.exit(importlib.util.find_spec('lmcache') is None)"],
+                           capture_output=True, env={**os.environ, **LMCACHE_ENV}, timeout=60)
+    if probe.returncode != 0:
+        raise LMCacheEnvMissing(f"{where} cannot import lmcache: run .ci/lmcache-env first")
+    return python
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _accepting(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Server:
+    """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
+
+    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0) -> None:
+        self.kind = kind
+        self.port = _free_port()
+        self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
+        self.shm_name = f"mpcbench{os.getpid()}x{index}"  # LMCache's pool: /dev/shm/lmcache_l1_pool_<this>
+        self.runtime_dir = os.path.join(tmp, f"run{index}")
+        log = open(self.log_path, "wb")
+        try:
+            if kind.startswith("mpcache"):
+                argv = [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", "1",
+                        "--lmcache-port", str(self.port), "--event-sink", "ring" if kind == "mpcache" else "none",
+                        "--prometheus-port", str(_free_port()), "--runtime-dir", self.runtime_dir,
+                        "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES),
+                        "--log-level", "warning"]
+                if kind == "mpcache" and telemetry_nice:
+                    argv += ["--telemetry-nice", str(telemetry_nice)]
+                env = None
+            else:
+                argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
+                        str(self.port), "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
+                        "--l1-size-gb", str(l1_gb), "--no-l1-use-lazy", "--eviction-policy", "LRU",
+                        "--max-workers", str(LMCACHE_MAX_WORKERS), "--prometheus-port", str(_free_port())]
+                if kind == "lmcache_off":
+                    argv.append("--disable-observability")
+                env = {**os.environ, **LMCACHE_ENV}
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env)
+        finally:
+            log.close()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited {self.process.returncode} while starting: "
+                                   f"{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.kind} did not start within {START_TIMEOUT_S:.0f} s: {self._log_tail()}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        if not self.kind.startswith("mpcache"):
+            with open(self.log_path, "rb") as handle:
+                if b"cache server is running" not in handle.read():
+                    return False
+        return _accepting(self.port)
+
+    def cpu_pids(self) -> dict[str, list[int]]:
+        """Processes whose CPU the workload reports: the server's request path, and telemetry apart."""
+        if not self.kind.startswith("mpcache"):
+            return {"server": [self.process.pid]}
+        groups: dict[str, list[int]] = {"server": [], "telemetry": []}
+        for child in psutil.Process(self.process.pid).children():
+            cmdline = " ".join(child.cmdline())
+            groups["telemetry" if "mpcache.telemetry" in cmdline else "server"].append(child.pid)
+        return {name: pids for name, pids in groups.items() if pids}
+
+    def ring(self) -> Segment | None:
+        """The cache process's event ring (mpcache with telemetry), attached read-only for lag sampling."""
+        if self.kind != "mpcache":
+            return None
+        config = Config.load(os.path.join(self.runtime_dir, "config.json"))
+        return Segment.attach(config.ring_name(0), layout.HEADER_SIZE)
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                lines = handle.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(lines[-3:])[-600:] or "(empty log)"
+
+    def stop(self) -> None:
+        try:
+            stop(self.process)
+        finally:
+            self.remove_segments()
+
+    def remove_segments(self) -> None:
+        """What a killed server could leave in /dev/shm: LMCache's pool, or the supervisor's segments."""
+        patterns = [f"/dev/shm/lmcache_l1_pool_{self.shm_name}", f"/dev/shm/mpcache.{self.process.pid}.*"]
+        for pattern in patterns:
+            for path in glob.glob(pattern):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+class LagSampler:
+    """Every LAG_SAMPLE_S: how far the telemetry process's drain is behind (now − the oldest unread record)."""
+
+    def __init__(self, ring: Segment) -> None:
+        self._ring = ring
+        self._reader = RingReader(ring)  # read-only use: the oldest pending timestamp
+        self._before = read_counters(ring)
+        self._lags: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="lag-sampler")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(LAG_SAMPLE_S):
+            oldest = self._reader.oldest_pending_timestamp_ns()
+            self._lags.append(0.0 if oldest is None else max(0.0, (time.time_ns() - oldest) / 1e9))
+
+    def finish(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        after = read_counters(self._ring)
+        lost = sum(getattr(after, f) - getattr(self._before, f) for f in ("dropped", "torn", "malformed"))
+        lags = sorted(self._lags) or [0.0]
+        return {"lag_p50_ms": round(lags[len(lags) // 2] * 1000, 1),
+                "lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1000, 1),
+                "lag_max_ms": round(lags[-1] * 1000, 1), "records_lost": lost}
+
+
+def _run_workload(python: str, server: Server, tp: int, seconds: float, warmup_s: float, seed: int,
+                  log_path: str) -> dict[str, Any]:
+    argv = [python, WORKLOAD, "--url", f"tcp://127.0.0.1:{server.port}", "--tp", str(tp),
+            "--seconds", str(seconds), "--warmup", str(warmup_s), "--batch", str(BATCH), "--seed", str(seed)]
+    for name, pids in server.cpu_pids().items():
+        argv += [arg for pid in pids for arg in ("--cpu-pid", f"{name}={pid}")]
+    with open(log_path, "ab") as log:
+        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, **LMCACHE_ENV})
+        try:
+            out, _ = client.communicate(timeout=warmup_s + seconds + 180)
+        finally:
+            kill_running([client])
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise RuntimeError(f"the workload against {server.kind} (TP={tp}) exited {client.returncode} "
+                           f"without a result; see {log_path}") from None
+    if not result.get("ok"):
+        raise RuntimeError(f"the workload against {server.kind} (TP={tp}) failed: {result.get('reason')}")
+    return result
+
+
+def _cpu_ms_per_request(run: dict[str, Any], name: str) -> float:
+    share = run.get("cpu_share", {}).get(name) or 0.0
+    return round(share * 1000 / run["requests_per_s"], 3) if run["requests_per_s"] else 0.0
+
+
+def _summary(run: dict[str, Any]) -> dict[str, Any]:
+    """What a round keeps of one workload run."""
+    return {
+        "rps": run["requests_per_s"],
+        "store_gb_per_s": run["store_gb_per_s"],
+        "retrieve_gb_per_s": run["retrieve_gb_per_s"],
+        "latency_p50_ms": run["latency_p50_ms"],
+        "latency_p99_ms": run["latency_p99_ms"],
+        "op_p50_ms": {op: v["p50"] for op, v in run["op_latency_ms"].items()},
+        "op_p99_ms": {op: v["p99"] for op, v in run["op_latency_ms"].items()},
+        "hit_chunk_ratio": run["hit_chunk_ratio"],
+        "store_accepted_ratio": _accepted(run["counts"]),
+        **{f"{name}_cpu_ms_per_request": _cpu_ms_per_request(run, name) for name in ("client", "server", "telemetry")},
+        "requests": run["requests"],
+        "cpu_share": run.get("cpu_share", {}),
+    }
+
+
+def _accepted(counts: dict[str, int]) -> float:
+    """Of the chunk objects the workload asked to store, the fraction the server reserved (the rest it refused)."""
+    asked = counts["stored_objects"] + counts["store_skipped_objects"]
+    return round(counts["stored_objects"] / asked, 4) if asked else 1.0
+
+
+METRICS = ("rps", "store_gb_per_s", "retrieve_gb_per_s", "latency_p50_ms", "latency_p99_ms", "hit_chunk_ratio",
+           "store_accepted_ratio", "client_cpu_ms_per_request", "server_cpu_ms_per_request",
+           "telemetry_cpu_ms_per_request")
+LAG_METRICS = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "records_lost")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
+                warmup_s: float, seed: int, progress: Callable[[str], None], telemetry_nice: int = 0) -> dict[str, Any]:
+    """Start one server, run the workload at every TP against it, stop it; the round's values for it."""
+    runs: dict[str, Any] = {}
+    server = Server(kind, tmp, python, index, l1_gb, telemetry_nice)
+    ring: Segment | None = None
+    sampler: LagSampler | None = None
+    try:
+        server.wait_ready()
+        ring = server.ring()
+        for tp in tps:
+            sampler = LagSampler(ring) if ring is not None else None
+            result = _run_workload(python, server, tp, seconds, warmup_s, seed,
+                                   os.path.join(tmp, f"workload-{kind}-{index}.log"))
+            runs[f"tp{tp}"] = summary = _summary(result)
+            cpu = ", ".join(f"{k} {v:.2f}" for k, v in result.get("cpu_share", {}).items() if v is not None)
+            progress(f"{kind:11s} TP={tp} {result['requests_per_s']:7.1f} req/s, store {result['store_gb_per_s']:.2f} "
+                     f"GB/s, retrieve {result['retrieve_gb_per_s']:.2f} GB/s, p50 {result['latency_p50_ms']:.1f} ms, "
+                     f"p99 {result['latency_p99_ms']:.1f} ms; hits {result['hit_chunk_ratio']:.0%} of chunks, "
+                     f"stores accepted {summary['store_accepted_ratio']:.0%}; CPU (cores) {cpu}")
+            if sampler is not None:
+                summary["drain"] = drain = sampler.finish()
+                sampler = None
+                progress(f"{kind:11s} TP={tp} telemetry drain lag p50 {drain['lag_p50_ms']:.1f} ms, p99 "
+                         f"{drain['lag_p99_ms']:.1f} ms, max {drain['lag_max_ms']:.1f} ms, records lost "
+                         f"{drain['records_lost']}")
+    finally:
+        if sampler is not None:
+            sampler.finish()
+        sampler = None
+        if ring is not None:
+            try:
+                ring.close()
+            except (BufferError, ValueError):
+                pass  # a reader's view still pins the mapping; it goes with the process
+        server.stop()
+    runs.update({m: round(statistics.fmean(runs[f"tp{tp}"][m] for tp in tps), 4) for m in METRICS})
+    return runs
+
+
+def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
+        warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB,
+        telemetry_nice: int = 0) -> dict[str, Any]:
+    python = lmcache_python()
+    rounds = max(1, repetitions)
+    orders = "/".join("".join("ABCD"[i] for i in ROUND_ORDERS[r % len(ROUND_ORDERS)]) for r in range(rounds))
+    progress(f"lmcache: servers A {SERVERS[0]}, B {SERVERS[1]}, C {SERVERS[2]}, D {SERVERS[3]} "
+             f"(L1 {l1_gb:g} GiB each), TP {tps}, telemetry nice {telemetry_nice}, {warmup_s:g} s warm-up + "
+             f"{seconds:g} s per server and TP, {rounds} rounds ({orders})")
+    per_round: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="mpcache-lmbench-") as tmp:
+        index = 0
+        for r in range(rounds):
+            order = [SERVERS[i] for i in ROUND_ORDERS[r % len(ROUND_ORDERS)]]
+            this_round: dict[str, Any] = {"order": order}
+            seed = 1000 + r  # every server sees the same request sequence in a round
+
+            def tell(line: str, r: int = r) -> None:
+                progress(f"  round {r + 1}: {line}")
+
+            for kind in order:
+                index += 1
+                this_round[kind] = _one_server(kind, tmp, python, index, l1_gb, tps, seconds, warmup_s, seed, tell,
+                                               telemetry_nice)
+            per_round.append(this_round)
+    result = _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
+    result["telemetry_nice"] = telemetry_nice
+    return result
+
+
+def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup_s: float,
+            tps: tuple[int, ...], l1_gb: float = L1_GB) -> dict[str, Any]:
+    servers: dict[str, Any] = {}
+    for kind in SERVERS:
+        entry: dict[str, Any] = {m: round(_median([rd[kind][m] for rd in per_round]), 4) for m in METRICS}
+        for tp in tps:
+            key = f"tp{tp}"
+            entry[key] = {m: round(_median([rd[kind][key][m] for rd in per_round]), 4) for m in METRICS}
+            entry[key]["op_p50_ms"] = {op: round(_median([rd[kind][key]["op_p50_ms"][op] for rd in per_round]), 3)
+                                       for op in per_round[0][kind][key]["op_p50_ms"]}
+            shares = {name for rd in per_round for name in rd[kind][key]["cpu_share"]}
+            entry[key]["cpu_share"] = {
+                name: round(_median([v for rd in per_round
+                                     if (v := rd[kind][key]["cpu_share"].get(name)) is not None]), 3)
+                for name in sorted(shares)}
+            drains = [rd[kind][key]["drain"] for rd in per_round if "drain" in rd[kind][key]]
+            if drains:
+                entry[key]["drain"] = {m: round(_median([d[m] for d in drains]), 1) for m in LAG_METRICS}
+                entry[key]["drain"]["records_lost"] = sum(d["records_lost"] for d in drains)
+        servers[kind] = entry
+    rps = {kind: round(servers[kind]["rps"], 2) for kind in SERVERS}
+    ratio = round(rps["mpcache"] / rps["lmcache"], 4) if rps["lmcache"] else 0.0
+    on_off = round(rps["mpcache"] / rps["mpcache_off"], 4) if rps["mpcache_off"] else 0.0
+    accepted = {kind: servers[kind]["store_accepted_ratio"] for kind in SERVERS}
+    comparable = abs(accepted["mpcache"] - accepted["lmcache"]) <= 0.05
+    result = {
+        "benchmark": "lmcache",
+        "rounds": rounds,
+        "seconds_per_run": seconds,
+        "warmup_s": warmup_s,
+        "tp": list(tps),
+        "batch": BATCH,
+        "object_bytes_per_rank": OBJECT_BYTES,
+        "l1_bytes": int(l1_gb * 2**30),
+        "lmcache_max_workers": LMCACHE_MAX_WORKERS,
+        "mpcache_rps": rps["mpcache"],
+        "mpcache_off_rps": rps["mpcache_off"],
+        "lmcache_rps": rps["lmcache"],
+        "lmcache_off_rps": rps["lmcache_off"],
+        "ratio_vs_lmcache": ratio,
+        "telemetry_on_over_off": on_off,
+        "lmcache_server_cpu_per_request_over_mpcache": (
+            round(servers["lmcache"]["server_cpu_ms_per_request"] / servers["mpcache"]["server_cpu_ms_per_request"], 3)
+            if servers["mpcache"]["server_cpu_ms_per_request"] else 0.0),
+        "lmcache_observability_on_over_off": (round(rps["lmcache"] / rps["lmcache_off"], 4)
+                                              if rps["lmcache_off"] else 0.0),
+        "paired": {
+            name: {"median": round(_median(values), 4), "per_round": [round(v, 4) for v in values]}
+            for name, values in (
+                ("ratio_vs_lmcache", [rd["mpcache"]["rps"] / rd["lmcache"]["rps"] for rd in per_round]),
+                ("telemetry_on_over_off", [rd["mpcache"]["rps"] / rd["mpcache_off"]["rps"] for rd in per_round]),
+                ("lmcache_observability_on_over_off",
+                 [rd["lmcache"]["rps"] / rd["lmcache_off"]["rps"] for rd in per_round]),
+            )
+        },
+        "servers": servers,
+        "target_ratio_vs_lmcache": TARGET_RATIO_VS_LMCACHE,
+        "target_telemetry_on_over_off": TARGET_TELEMETRY_ON_OVER_OFF,
+        "targets_met": {"ratio_vs_lmcache": ratio >= TARGET_RATIO_VS_LMCACHE,
+                        "telemetry_on_over_off": on_off >= TARGET_TELEMETRY_ON_OVER_OFF},
+        "store_accepted_ratio": accepted,
+        "comparable_work": comparable,
+        "per_round": per_round,
+    }
+    if not comparable:
+        result["note"] = (
+            f"the servers did not do the same work: mpcache reserved {accepted['mpcache']:.0%} of the chunk objects "
+            f"asked to be stored, LMCache {accepted['lmcache']:.0%} (LMCache refuses a whole store while its L1 is "
+            "full between once-a-second eviction passes); a refused store skips the client's copy, so requests/s "
+            "are not like for like: compare hit_chunk_ratio and store GB/s too, or rerun with a larger --l1-gb")
+    return result
+
+
+def for_report(result: dict[str, Any]) -> dict[str, Any]:
+    """What docs/PERFORMANCE.md keeps: the headline, the paired ratios and each server's medians (no per-round
+    detail)."""
+    slim = {key: value for key, value in result.items() if key not in ("per_round", "servers", "paired")}
+    slim["paired"] = {name: entry["median"] for name, entry in result["paired"].items()}
+    slim["servers"] = {
+        kind: {**{m: entry[m] for m in METRICS},
+               **{f"tp{tp}_rps": entry[f"tp{tp}"]["rps"] for tp in result["tp"]},
+               **{f"tp{tp}_drain": entry[f"tp{tp}"]["drain"] for tp in result["tp"] if "drain" in entry[f"tp{tp}"]}}
+        for kind, entry in result["servers"].items()
+    }
+    return slim
