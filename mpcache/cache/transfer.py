@@ -60,26 +60,22 @@ class FileTransfer(Transfer):
         self._block_bytes = block_bytes
 
     def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
-        for block, slot in pairs:
-            check()
-            try:
-                copied = os.preadv(self._fd, [pool[slot, :nbytes].data], block * self._block_bytes)
-            except OSError as exc:
-                raise RequestError(f"block {block}: reading the buffer failed ({exc.strerror})") from None
-            if copied != nbytes:
-                raise RequestError(f"block {block}: the buffer shrank during the copy")
-        return None
+        self._copy(os.preadv, "reading", "the buffer shrank during the copy", pool, pairs, nbytes, check)
 
     def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
+        self._copy(os.pwritev, "writing", "the buffer could not take the copy", pool, pairs, nbytes, check)
+
+    def _copy(self, syscall: Callable[[int, Sequence[memoryview], int], int], verb: str, short: str,
+              pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check) -> None:
+        """One ``syscall`` per block at its offset in the file; a failure or a short count is a RequestError."""
         for block, slot in pairs:
             check()
             try:
-                copied = os.pwritev(self._fd, [pool[slot, :nbytes].data], block * self._block_bytes)
+                copied = syscall(self._fd, [pool[slot, :nbytes].data], block * self._block_bytes)
             except OSError as exc:
-                raise RequestError(f"block {block}: writing the buffer failed ({exc.strerror})") from None
+                raise RequestError(f"block {block}: {verb} the buffer failed ({exc.strerror})") from None
             if copied != nbytes:
-                raise RequestError(f"block {block}: the buffer could not take the copy")
-        return None
+                raise RequestError(f"block {block}: {short}")
 
 
 class ClosedTransfer(Transfer):
