@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from typing import Protocol
+
+import numpy as np
 
 from mpcache.cache import transfer
 from mpcache.errors import RequestError
@@ -28,45 +28,32 @@ class Buffer(Protocol):
 
 
 class SharedMemoryBuffer:
-    """A client's shared-memory KV buffer, held by an open file descriptor (never mapped here: see
-    :class:`~mpcache.cache.transfer.FileTransfer`)."""
+    """A client's shared-memory KV buffer, attached by name."""
 
-    __slots__ = ("name", "fd", "num_blocks", "block_bytes", "needed", "transfer")
+    __slots__ = ("segment", "blocks", "num_blocks", "block_bytes", "path", "needed", "transfer")
 
-    def __init__(self, name: str, num_blocks: int, block_bytes: int) -> None:
-        """Open the object ``name``; RequestError (one line) when it is missing, not ours or too small."""
-        self.name = name
+    def __init__(self, segment: Segment, num_blocks: int, block_bytes: int) -> None:
+        self.segment = segment
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
         self.needed = num_blocks * block_bytes
-        try:
-            self.fd = os.open(os.path.join(SHM_DIR, name.lstrip("/")), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            reason = "does not exist" if exc.errno == errno.ENOENT else f"cannot be opened ({exc.strerror})"
-            raise RequestError(f"shm_name: {name} {reason}") from None
-        try:
-            info = os.fstat(self.fd)
-            if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode):
-                raise RequestError(f"shm_name: {name} is not a shared-memory object of this user")
-            self.check_intact()
-        except BaseException:
-            os.close(self.fd)
-            raise
-        self.transfer: transfer.Transfer = transfer.FileTransfer(self.fd, block_bytes)
+        self.blocks: np.ndarray | None = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
+        self.path = os.path.join(SHM_DIR, segment.name.lstrip("/"))
+        self.transfer: transfer.Transfer = transfer.CpuTransfer(self.blocks)
 
     def check_intact(self) -> None:
-        """Refuse a buffer its client removed, or shrank below its registered size (a copy would come up short)."""
-        info = os.fstat(self.fd)
-        if info.st_nlink == 0:
-            raise RequestError(f"buffer {self.name} no longer exists")
-        size = info.st_size
+        """Refuse a buffer whose object was removed or shrunk since registration (the
+        mapping of a shrunk object would fault on access)."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            raise RequestError(f"buffer {self.segment.name} no longer exists") from None
         if size < self.needed:
-            raise RequestError(f"buffer {self.name} is {size} bytes, needs {self.needed}")
+            raise RequestError(f"buffer {self.segment.name} shrank to {size} bytes, needs {self.needed}")
 
     def close(self) -> None:
-        if self.transfer is not transfer.CLOSED:
-            self.transfer = transfer.CLOSED
-            os.close(self.fd)
+        self.blocks, self.transfer = None, transfer.CLOSED  # drop the views, so that the mapping can go
+        close_segment(self.segment)
 
 
 def close_segment(segment: Segment) -> None:

@@ -1,11 +1,9 @@
-"""Copies between a client's KV buffer and L1 slots: file-descriptor reads and writes for shared memory, a CUDA
-stream for GPU buffers
+"""Copies between a client's KV buffer and L1 slots: numpy for shared memory, a CUDA stream for GPU buffers
 (START/END stamped where the stream reached them, read back from CUDA events).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -50,32 +48,25 @@ class Transfer:
         raise NotImplementedError
 
 
-class FileTransfer(Transfer):
-    """Copies through the buffer's file descriptor (``preadv``/``pwritev`` straight into and out of L1 slots),
-    never through a mapping of it: a client that shrinks its buffer during a copy gets an error, not a
-    SIGBUS in the cache process."""
+class CpuTransfer(Transfer):
+    """Blocks of a shared-memory buffer (``blocks[i]`` is block i), copied by numpy."""
 
-    def __init__(self, fd: int, block_bytes: int) -> None:
-        self._fd = fd
-        self._block_bytes = block_bytes
+    def __init__(self, blocks: np.ndarray) -> None:
+        self._blocks = blocks
 
     def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
-        self._copy(os.preadv, "reading", "the buffer shrank during the copy", pool, pairs, nbytes, check)
-
-    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
-        self._copy(os.pwritev, "writing", "the buffer could not take the copy", pool, pairs, nbytes, check)
-
-    def _copy(self, syscall: Callable[[int, Sequence[memoryview], int], int], verb: str, short: str,
-              pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check) -> None:
-        """One ``syscall`` per block at its offset in the file; a failure or a short count is a RequestError."""
+        blocks = self._blocks
         for block, slot in pairs:
             check()
-            try:
-                copied = syscall(self._fd, [pool[slot, :nbytes].data], block * self._block_bytes)
-            except OSError as exc:
-                raise RequestError(f"block {block}: {verb} the buffer failed ({exc.strerror})") from None
-            if copied != nbytes:
-                raise RequestError(f"block {block}: {short}")
+            pool[slot, :nbytes] = blocks[block]
+        return None
+
+    def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
+        blocks = self._blocks
+        for block, slot in pairs:
+            check()
+            blocks[block] = pool[slot, :nbytes]
+        return None
 
 
 class ClosedTransfer(Transfer):

@@ -9,7 +9,6 @@ import msgpack
 import pytest
 from raw_frames import RawConn
 
-from mpcache.cache.buffers import SharedMemoryBuffer
 from mpcache.contract import protocol
 from mpcache.contract.events import EventType as E
 from mpcache.shm.segment import Segment, shm_name
@@ -82,7 +81,7 @@ BAD_REQUESTS = {
     "buffer larger than its object": (lambda b: {"op": "register_buffer", "id": 9,
                                                  "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
                                                  "num_blocks": BLOCKS + 1, "block_bytes": CHUNK_BYTES},
-                                      "request", "needs 20480"),
+                                      "request", "expected at least"),
     "block larger than a chunk": (lambda b: {"op": "register_buffer", "id": 9,
                                              "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
                                              "num_blocks": 1, "block_bytes": CHUNK_BYTES + 1},
@@ -165,27 +164,9 @@ def test_shrunk_client_buffer_is_refused_instead_of_read(cache):
     kv = client.register_buffer(4, CHUNK_BYTES)
     os.truncate("/dev/shm/" + kv.name.lstrip("/"), CHUNK_BYTES)
     harness.events.take()
-    with pytest.raises(Exception, match=f"is {CHUNK_BYTES} bytes, needs {4 * CHUNK_BYTES}"):
+    with pytest.raises(Exception, match="shrank"):
         client.store(kv, request_id="r", model_name=MODEL, chunk_hashes=[1], block_ids=[0])
     assert 0 == harness.events.take().count([E.MP_STORE_START])
-
-
-def test_buffer_shrunk_during_a_copy_is_an_error_not_a_fault(cache, monkeypatch):
-    """A buffer truncated between the size check and the copy (the check is bypassed here to stand in for
-    that race) makes the store fail with a request error; the cache process does not fault (it reads the
-    client's memory through the file descriptor, not a mapping) and goes on serving."""
-    harness = cache()
-    client = harness.client()
-    kv = client.register_buffer(4, CHUNK_BYTES)
-    kv.blocks[:] = 7
-    monkeypatch.setattr(SharedMemoryBuffer, "check_intact", lambda self: None)
-    os.truncate("/dev/shm/" + kv.name.lstrip("/"), CHUNK_BYTES)
-    with pytest.raises(Exception, match="block 1: the buffer shrank during the copy"):
-        client.store(kv, request_id="r", model_name=MODEL, chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2])
-    assert harness.thread.is_alive()
-    other = client.register_buffer(2, CHUNK_BYTES)
-    other.blocks[:] = 9
-    assert 1 == client.store(other, request_id="s", model_name=MODEL, chunk_hashes=[50], block_ids=[0]).stored
 
 
 def test_pipelined_requests_from_a_client_that_reads_late_are_all_answered_in_order(raw):

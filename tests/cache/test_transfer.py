@@ -1,4 +1,4 @@
-"""The copy interface of store/retrieve on a machine without CUDA: the fd transfer, and the GPU op's refusals.
+"""The copy interface of store/retrieve on a machine without CUDA: the CPU transfer, and the GPU op's refusals.
 
 The GPU path itself is exercised by tests/gpu (marked ``gpu``; skipped without cupy and a CUDA device).
 """
@@ -6,7 +6,6 @@ The GPU path itself is exercised by tests/gpu (marked ``gpu``; skipped without c
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import numpy as np
 import pytest
@@ -20,38 +19,19 @@ NO_CUDA_HERE = transfer.cuda_device_count() == 0
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 
-def test_file_transfer_copies_blocks_to_and_from_slots_and_checks_before_each_block(tmp_path):
-    """to_l1 fills the named slots from the named blocks of the file, from_l1 the other way; neither returns a
-    stream timing (the server stamps START/END itself), and the check runs once per block."""
+def test_cpu_transfer_copies_blocks_to_and_from_slots_and_checks_before_each_block():
+    """to_l1 fills the named slots from the named blocks, from_l1 the other way; neither returns a stream
+    timing (the server stamps START/END itself), and the check runs once per block."""
     blocks = np.arange(4 * 8, dtype=np.uint8).reshape(4, 8)
-    path = tmp_path / "buffer"
-    path.write_bytes(blocks.tobytes())
     pool = np.zeros((3, 16), dtype=np.uint8)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mover = transfer.FileTransfer(fd, 8)
-        checks = []
-        timings = (mover.to_l1(pool, [(2, 0), (0, 2)], 8, lambda: checks.append("in")),
-                   mover.from_l1(pool, [(1, 0)], 8, lambda: checks.append("out")))
-    finally:
-        os.close(fd)
-    written = np.frombuffer(path.read_bytes(), dtype=np.uint8).reshape(4, 8)
+    mover = transfer.CpuTransfer(blocks)
+    checks = []
+    timings = (mover.to_l1(pool, [(2, 0), (0, 2)], 8, lambda: checks.append("in")),
+               mover.from_l1(pool, [(1, 0)], 8, lambda: checks.append("out")))
 
     assert ("cpu", False, (None, None)) == (mover.device, mover.stream_timed, timings)
     assert [blocks[2].tolist(), [0] * 8, blocks[0].tolist()] == pool[:, :8].tolist()
-    assert (blocks[2].tolist(), ["in", "in", "out"]) == (written[1].tolist(), checks)
-
-
-def test_file_transfer_past_the_end_of_a_shrunk_file_is_a_request_error(tmp_path):
-    """A block beyond the file's end (its owner shrank it) is a request error naming the block."""
-    path = tmp_path / "buffer"
-    path.write_bytes(bytes(8))
-    fd = os.open(path, os.O_RDWR)
-    try:
-        with pytest.raises(RequestError, match="block 1: the buffer shrank during the copy"):
-            transfer.FileTransfer(fd, 8).to_l1(np.zeros((2, 8), dtype=np.uint8), [(0, 0), (1, 1)], 8)
-    finally:
-        os.close(fd)
+    assert (blocks[2].tolist(), ["in", "in", "out"]) == (blocks[1].tolist(), checks)
 
 
 @pytest.mark.skipif(not NO_CUDA_HERE, reason="this machine has CUDA; tests/gpu covers register_cuda_buffer")

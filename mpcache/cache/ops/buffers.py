@@ -7,7 +7,8 @@ from mpcache.cache.buffers import Peer, SharedMemoryBuffer
 from mpcache.cache.context import CacheContext
 from mpcache.cache.ops.registry import Args, Reply, operation
 from mpcache.contract import protocol as p
-from mpcache.errors import RequestError
+from mpcache.errors import LayoutMismatchError, RequestError
+from mpcache.shm.segment import Segment
 
 _REQUIRED = p.REQUIRED
 
@@ -25,9 +26,14 @@ def register_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     if name in ctx.config.all_segment_names():
         raise RequestError(f"shm_name: {name} is not a client buffer")
     peer.check_room(num_blocks, block_bytes, ctx.chunk_bytes)
-    buffer = SharedMemoryBuffer(name, num_blocks, block_bytes)
+    try:
+        segment = Segment.attach(name, num_blocks * block_bytes)
+    except LayoutMismatchError as exc:
+        raise RequestError(f"shm_name: {exc}") from None
+    except OSError as exc:
+        raise RequestError(f"shm_name: cannot attach {name}: {exc.strerror}") from None
     buffer_id = ctx.new_buffer_id()
-    peer.buffers[buffer_id] = buffer
+    peer.buffers[buffer_id] = SharedMemoryBuffer(segment, num_blocks, block_bytes)
     return {"buffer_id": buffer_id}
 
 
