@@ -1,9 +1,7 @@
 """Shared fixtures: uniquely named shared-memory segments and fresh rings.
 
 Every segment a test creates is closed and unlinked at teardown, whatever the
-test did.  Names carry this process's pid first (like the supervisor's), so a
-crashed test run leaves names that :func:`mpcache.shm.segment.leftover_segments`
-recognises.
+test did.  Names carry this process's pid first (like the supervisor's).
 """
 
 from __future__ import annotations

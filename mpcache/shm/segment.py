@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Callable
 
 import posix_ipc
 
@@ -108,23 +107,3 @@ def shm_free_bytes(path: str = SHM_DIR) -> int:
 def shm_name(owner_pid: int, instance_id: str, what: str) -> str:
     """Segment name: owner pid first, so leftovers of a dead owner can be found."""
     return f"/{NAME_PREFIX}{owner_pid}.{instance_id[:8]}.{what}"
-
-
-def leftover_segments(pid_alive: Callable[[int], bool]) -> list[str]:
-    """Names of mpcache segments whose owner pid ``pid_alive`` says is gone.
-
-    The supervisor does not use this: a pid means nothing across PID namespaces (a live instance in
-    another one would look dead), so it removes only what a stale run's marker names
-    (:mod:`mpcache.runtime`)."""
-    try:
-        entries = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return []
-    stale = []
-    for entry in entries:
-        if not entry.startswith(NAME_PREFIX):
-            continue
-        owner = entry[len(NAME_PREFIX):].split(".", 1)[0]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            stale.append("/" + entry)
-    return stale

@@ -12,7 +12,7 @@ import posix_ipc
 import pytest
 
 from mpcache.errors import LayoutMismatchError
-from mpcache.shm.segment import Segment, leftover_segments, shm_name
+from mpcache.shm.segment import Segment, shm_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,27 +113,3 @@ def test_close_keeps_the_segment(segment_factory):
 def test_shm_name_starts_with_owner_pid():
     """Segment names are /mpcache.<owner pid>.<instance id, 8 chars>.<what>."""
     assert "/mpcache.4242.0123abcd.ring3" == shm_name(4242, "0123abcd-ffff-4444", "ring3")
-
-
-@pytest.fixture
-def dead_pid() -> int:
-    """The pid of a child process that has already exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait(timeout=60)
-    return child.pid
-
-
-def test_leftover_segments_finds_dead_owners_only(segment_factory, dead_pid):
-    """leftover_segments lists segments whose owner pid is dead, not those of a live owner."""
-    mine = segment_factory(4096)  # named with this process's pid
-    orphan = segment_factory(4096, name=shm_name(dead_pid, os.urandom(4).hex(), "ring0"))
-    stale = leftover_segments(lambda pid: pid != dead_pid)
-
-    assert (True, False) == (orphan.name in stale, mine.name in stale)
-
-
-def test_leftover_segments_ignores_foreign_names(segment_factory, dead_pid):
-    """Segments not named mpcache.<pid>.… are never reported, whatever pid_alive says."""
-    foreign = segment_factory(4096, name=f"/notmpcache.{dead_pid}.{os.urandom(4).hex()}")
-
-    assert foreign.name not in leftover_segments(lambda pid: False)
