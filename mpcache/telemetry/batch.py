@@ -67,10 +67,6 @@ class Event:
     def name(self) -> str:
         return SCHEMAS[self.etype].dotted
 
-    @property
-    def timestamp_s(self) -> float:
-        return self.timestamp_ns / 1e9
-
 
 class EventBatch:
     """Whole records from one producer's ring, with the producer's name table."""

@@ -89,6 +89,17 @@ class Service:
                 pass
         return lines
 
+    def lines(self, event: str, **fields) -> list[dict]:
+        """The log lines of ``event`` whose fields include ``fields``, in order."""
+        if not self.log_path.exists():
+            return []
+        return [line for line in self.log_lines()
+                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())]
+
+    def pids(self, role: str, index: int = 0) -> list[int]:
+        """Every pid the supervisor started for this child, in order."""
+        return [line["pid"] for line in self.lines("child.started", child_role=role, index=index)]
+
     def stop(self, timeout_s: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

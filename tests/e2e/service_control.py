@@ -44,17 +44,6 @@ class ControlledService(Service):
             stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO,
         )
 
-    def lines(self, event: str, **fields) -> list[dict]:
-        """The log lines of ``event`` whose fields include ``fields``, in order."""
-        if not self.log_path.exists():
-            return []
-        return [line for line in self.log_lines()
-                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())]
-
-    def pids(self, role: str, index: int = 0) -> list[int]:
-        """Every pid the supervisor started for this child, in order."""
-        return [line["pid"] for line in self.lines("child.started", child_role=role, index=index)]
-
     def socket(self, worker: int) -> str:
         return str(self.runtime_dir / f"cache{worker}.sock")
 

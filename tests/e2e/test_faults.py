@@ -64,16 +64,6 @@ class FaultService(Service):
         self.runtime_dir = (directory / "run") if runtime_dir else Path(
             tempfile.gettempdir(), f"mpcache-{os.getuid()}", str(self.process.pid))
 
-    def lines(self, event: str, **fields) -> list[dict]:
-        if not self.log_path.exists():
-            return []
-        return [line for line in self.log_lines()
-                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())]
-
-    def pids(self, role: str, index: int = 0) -> list[int]:
-        """Every pid the supervisor started for this child, in order."""
-        return [line["pid"] for line in self.lines("child.started", child_role=role, index=index)]
-
     def ready(self, workers: int) -> Scrape:
         """Wait until every cache socket exists and /metrics serves; returns that first scrape."""
         wait_for(lambda: all((self.runtime_dir / f"cache{w}.sock").exists() for w in range(workers)), 60,

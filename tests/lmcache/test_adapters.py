@@ -125,16 +125,6 @@ class LMService(Service):
         super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--chunk-bytes",
                          str(chunk_bytes), "--l1-size", str(self.l1_bytes), *flags)
 
-    def lines(self, event: str, **fields) -> list[dict]:
-        if not self.log_path.exists():
-            return []
-        return [line for line in self.log_lines()
-                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())]
-
-    def cache_pids(self, index: int) -> list[int]:
-        """Every pid the supervisor started as cache process ``index``, in order."""
-        return [line["pid"] for line in self.lines("child.started", child_role="cache", index=index)]
-
     def serving(self, index: int, pid: int) -> bool:
         """Cache process ``pid`` is past its start-up: its LMCache socket is bound (``cache.start``)."""
         return any(line.get("lmcache_urls") == [self.urls[index]]
@@ -143,7 +133,7 @@ class LMService(Service):
     def ready(self) -> Scrape:
         def every_cache_serving() -> bool:
             return all(pids and self.serving(i, pids[-1])
-                       for i, pids in ((i, self.cache_pids(i)) for i in range(self.workers)))
+                       for i, pids in ((i, self.pids("cache", i)) for i in range(self.workers)))
 
         wait_for(lambda: self.process.poll() is not None or every_cache_serving(), 60,
                  "every cache process to listen on its LMCache port")
@@ -437,10 +427,10 @@ def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, st
         # Everything published so far is counted before the kill (the comparison below is exact).
         wait_for(lambda: service.scrape().total("lmcache_mp_event_bus_queue_depth") == 0, 30,
                  "the event rings to drain before the kill")
-        [victim] = service.cache_pids(victim_index)
+        [victim] = service.pids("cache", victim_index)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        restarted = wait_for(lambda: [pid for pid in service.cache_pids(victim_index) if pid != victim], 30,
+        restarted = wait_for(lambda: [pid for pid in service.pids("cache", victim_index) if pid != victim], 30,
                              "the supervisor to restart the killed cache process")[0]
         wait_for(lambda: service.serving(victim_index, restarted), 30, "the restarted cache process to listen")
         restart_s = time.monotonic() - killed_at
@@ -464,6 +454,6 @@ def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, st
         f"the restarted process answers one ping False to each worker it does not know "
         f"(lmcache.unknown_instance); it logged that for instances {sorted(told)}, expected one per re-registered "
         f"rank {recovery['reregistered_ranks']}")
-    assert [victim, restarted] == service.cache_pids(victim_index)
+    assert [victim, restarted] == service.pids("cache", victim_index)
     check_metrics(service, result, tp, False, workers)
     assert 0 == service.stop()
