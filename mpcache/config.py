@@ -5,6 +5,7 @@ JSON file; every check raises a :class:`~mpcache.errors.ConfigError` naming the 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import re
@@ -19,6 +20,13 @@ _INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _L2_SECRET_RE = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def parse_size(text: str, flag: str) -> int:
@@ -78,6 +86,10 @@ class Config:
     lmcache_port: int = 0
     lmcache_host: str = "127.0.0.1"
     lmcache_ipc: bool = False
+    lmcache_allow_uids: list = field(default_factory=list)  # besides the service's own uid
+    lmcache_allow_remote: bool = False  # a non-loopback lmcache_host: remote peers accepted unchecked
+    lmcache_allow_clear: bool = False  # clear over the LMCache protocol empties L1 (else refused)
+    lmcache_max_tokens: int = 1 << 20  # the longest token list a request may carry; derives the frame cap
     # L2 adapters, in --l2 order (the position is adapter_index); each a dict with at least "type"
     l2: list = field(default_factory=list)
     # the key fs and redis tiers MAC their records with (64 hex digits; "" with no such tier), never logged;
@@ -102,6 +114,9 @@ class Config:
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
             (self.lmcache_port == 0 or 1 <= self.lmcache_port <= 65535 - self.workers + 1,
              "--lmcache-port: expected a port number so that port + workers - 1 is at most 65535"),
+            (1 << 8 <= self.lmcache_max_tokens <= 1 << 26, "--lmcache-max-tokens: expected 256..67108864"),
+            (all(type(uid) is int and 0 <= uid < 2**32 - 1 for uid in self.lmcache_allow_uids),
+             "--lmcache-allow-uid: expected a uid 0..4294967294"),
             (self.otlp_protocol in ("grpc", "http", "http/protobuf"),
              "--otlp-protocol: expected grpc, http/protobuf or http"),
             (self.otlp_interval_s > 0, "--otlp-interval: expected seconds > 0"),
@@ -118,6 +133,11 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.lmcache_port and not self.lmcache_allow_remote and not _is_loopback(self.lmcache_host):
+            raise ConfigError(
+                f"--lmcache-host: {self.lmcache_host} is not a loopback address; LMCache clients share this host's "
+                "memory (engine_driven transfer maps the L1 pool), so they run here: use 127.0.0.1, or pass "
+                "--lmcache-allow-remote to accept peers on other hosts without any identity check")
         if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
             raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:

@@ -116,16 +116,22 @@ def _value(action: argparse.Action, value: Any, source: str) -> Any:
         if text in _TRUE + _FALSE:
             return text in _TRUE
         raise ConfigError(f"{source}: expected true or false, got {value!r}")
-    if isinstance(action, argparse._AppendAction):  # --l2: a list of tables (or JSON texts)
+    if isinstance(action, argparse._AppendAction):  # a list: --l2's tables (or JSON texts), or typed items
         if not isinstance(value, list):
-            raise ConfigError(f"{source}: expected a list of L2 tiers")
-        return [item if isinstance(item, str) else json.dumps(item) for item in value]
+            raise ConfigError(f"{source}: expected a list")
+        if action.type is None:
+            return [item if isinstance(item, str) else json.dumps(item) for item in value]
+        return [_typed(action, str(item), source) for item in value]
     text = value if isinstance(value, str) else str(value)
     if action.choices is not None and text not in action.choices:
         raise ConfigError(f"{source}: expected one of {', '.join(map(str, action.choices))}, got {value!r}")
     if action.type is None:
         return text
+    return _typed(action, text, source)
+
+
+def _typed(action: argparse.Action, text: str, source: str) -> Any:
     try:
-        return action.type(text)  # type: ignore[operator]
+        return action.type(text)  # type: ignore[misc,operator]
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from None

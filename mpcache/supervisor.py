@@ -219,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     lmcache.add_argument("--lmcache-host", default="127.0.0.1", help="address for --lmcache-port (default 127.0.0.1)")
     lmcache.add_argument("--lmcache-ipc", action="store_true",
                          help="also serve it on ipc://RUNTIME_DIR/lmcache<i>.ipc (mode 0600: same-user clients only)")
+    lmcache.add_argument("--lmcache-allow-uid", action="append", type=_int_at_least(0), default=[], metavar="UID",
+                         help="also accept LMCache clients running as this uid (repeatable; default: only the "
+                         "service's own uid)")
+    lmcache.add_argument("--lmcache-allow-remote", action="store_true",
+                         help="allow a non-loopback --lmcache-host: peers on other hosts are then accepted unchecked")
+    lmcache.add_argument("--lmcache-allow-clear", action="store_true",
+                         help="let LMCache clients empty L1 with clear (an operator action; default: refused)")
+    lmcache.add_argument("--lmcache-max-tokens", type=_int_at_least(256), default=1 << 20,
+                         help="the longest token list a request may carry; bounds every frame (default 1048576)")
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument("--event-sink", choices=("ring", "none", "inprocess"), default="ring",
                        help="where cache processes send events: ring (default, the telemetry process reads them); "
@@ -334,6 +343,10 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         lmcache_port=args.lmcache_port,
         lmcache_host=args.lmcache_host,
         lmcache_ipc=args.lmcache_ipc,
+        lmcache_allow_uids=args.lmcache_allow_uid,
+        lmcache_allow_remote=args.lmcache_allow_remote,
+        lmcache_allow_clear=args.lmcache_allow_clear,
+        lmcache_max_tokens=args.lmcache_max_tokens,
         l2=l2,
         l2_secret=l2_key.key.hex() if l2_key else "",
         l2_secret_source=l2_key.source if l2_key else "",

@@ -25,7 +25,7 @@ def _config(tmp_path, text: str | None, argv: list[str], environ: dict[str, str]
 
 
 def test_a_file_alone_describes_a_two_tier_deployment(tmp_path):
-    config, _ = _config(tmp_path, '''
+    config, _ = _config(tmp_path, f'''
 workers = 4
 l1-size = "1GiB"
 chunk-bytes = "2MiB"
@@ -34,7 +34,7 @@ otlp-endpoint = "http://127.0.0.1:4317"
 
 [[l2]]
 type = "fs"
-path = "/var/cache/mpcache"
+path = "{tmp_path / 'l2'}"
 capacity_gb = 100
 
 [[l2]]
@@ -79,3 +79,25 @@ def test_a_bad_setting_is_one_line_naming_it_and_its_source(tmp_path, text, envi
     assert 2 == result.returncode
     lines = result.stderr.strip().splitlines()
     assert 1 == len(lines) and message in lines[0], result.stderr
+
+
+def test_allowed_lmcache_uids_from_flags_file_and_environment(tmp_path, capsys):
+    """--lmcache-allow-uid is repeatable, a TOML list or a JSON list in MPCACHE_LMCACHE_ALLOW_UID, each
+    entry parsed as the flag's; a bad entry is one line naming its source."""
+    flags, _ = _config(tmp_path, None, ["--lmcache-allow-uid", "1000", "--lmcache-allow-uid", "1001"])
+    from_file, _ = _config(tmp_path, "lmcache-allow-uid = [1000, 1001]\n", [])
+    from_env, _ = _config(tmp_path, None, [], {"MPCACHE_LMCACHE_ALLOW_UID": "[1000, 1001]"})
+    assert [1000, 1001] == flags.lmcache_allow_uids == from_file.lmcache_allow_uids == from_env.lmcache_allow_uids
+    with pytest.raises(SystemExit):
+        _config(tmp_path, None, [], {"MPCACHE_LMCACHE_ALLOW_UID": '["nobody"]'})
+    assert "MPCACHE_LMCACHE_ALLOW_UID: expected an integer >= 0, got 'nobody'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::"])
+def test_a_non_loopback_lmcache_host_needs_allow_remote(tmp_path, host):
+    """A non-loopback --lmcache-host is refused naming --lmcache-allow-remote; with it, accepted."""
+    argv = ["--lmcache-port", "5555", "--lmcache-host", host]
+    with pytest.raises(supervisor.ConfigError, match="--lmcache-host: .* --lmcache-allow-remote"):
+        _config(tmp_path, None, argv)
+    config, _ = _config(tmp_path, None, [*argv, "--lmcache-allow-remote"])
+    assert config.lmcache_allow_remote and config.lmcache_host == host

@@ -90,13 +90,13 @@ class L1Manager:
 
     # -- writes -------------------------------------------------------------------
 
-    def reserve_write(self, model: str, salt: str, hashes: Sequence[int]) -> WriteReservation:
+    def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None) -> WriteReservation:
         """Reserve a slot for every chunk not yet in L1, evicting LRU entries when no slot is free.
 
         Chunks already present are touched (most recently used) and not
         reserved again.  Chunks get slots in order; when nothing more can be
-        evicted, the remaining new chunks fail (``L1_ALLOCATION_FAILED``,
-        during=l1_store).
+        evicted, or ``limit`` slots are reserved, the remaining new chunks fail
+        (``L1_ALLOCATION_FAILED``, during=l1_store).
         """
         entries = self._entries
         lru = self._lru
@@ -114,12 +114,13 @@ class L1Manager:
             elif lru.pop(key, None) is not None:
                 pinned.append((key, entry))  # kept out of eviction's reach during this call
         present = len(seen) - len(new)
-        shortfall = len(new) - len(self._free)
+        wanted = len(new) if limit is None else max(0, min(limit, len(new)))
+        shortfall = wanted - len(self._free)
         if shortfall > 0:
             self._evict(shortfall)
         for key, entry in pinned:
             lru[key] = entry  # touched: now the most recently used
-        positions = new[: len(self._free)]
+        positions = new[: min(wanted, len(self._free))]
         failed = len(new) - len(positions)
         slots = []
         free = self._free

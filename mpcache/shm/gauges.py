@@ -66,11 +66,12 @@ class GaugeSlot:
         self._words[layout.G_HEARTBEAT] = self._clock_ns()
 
     def clear(self) -> None:
-        """Zero the slot (a dead process's usage no longer counts), except its restart count."""
-        restarts = self._words[layout.G_RESTARTS]
+        """Zero the slot (a dead process's usage no longer counts), except the counters kept across restarts."""
+        kept = {word: self._words[word] for word in (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED)}
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
-        self._words[layout.G_RESTARTS] = restarts
+        for word, value in kept.items():
+            self._words[word] = value
 
 
 class GaugeBoardReader:

@@ -90,6 +90,7 @@ G_L1_CAPACITY = 3
 G_ACTIVE_PREFETCH = 4
 G_STATE = 5  # written by the supervisor: an index into CACHE_STATES
 G_RESTARTS = 6  # written by the supervisor: times this cache process was restarted (kept across restarts)
+G_LMCACHE_REFUSED = 7  # LMCache connections this slot's cache processes refused (kept across restarts)
 GAUGE_OFF_TELEMETRY_RESTARTS = 24  # header word, written by the supervisor: times telemetry was restarted
 CACHE_STATES = ("unknown", "starting", "serving", "restarting", "unresponsive", "given_up")
 G_L2_USAGE = 0  # per-adapter word offsets, relative to 8 + 4 * adapter

@@ -12,6 +12,7 @@ import threading
 
 from mpcache.config import Config
 from mpcache.logs import configure_logging
+from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             CACHE_PROCESSES,
             CACHE_PROCESSES_READY,
             CHILD_RESTARTS,
+            LMCACHE_REFUSED,
             METER_SERVICE,
             MetricsExport,
         )
@@ -66,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             CHILD_RESTARTS, description="Restarts of the service's child processes, by role, since the supervisor "
             "started.", callbacks=[lambda options: [Observation(count, {"role": role})
                                                      for role, count in readiness.restarts().items()]])
+        service_meter.create_observable_counter(
+            LMCACHE_REFUSED, description="LMCache front-end connections refused because their peer's uid is not "
+            "allowed, per cache process (kept across its restarts).",
+            callbacks=[lambda options: [Observation(readiness.word(slot, layout.G_LMCACHE_REFUSED),
+                                                    {"worker": str(slot)}) for slot in range(readiness.n_slots)]])
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

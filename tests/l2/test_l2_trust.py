@@ -348,8 +348,9 @@ def test_start_cache_reads_the_secret_file_from_the_flag_or_the_environment(tmp_
 
 
 def test_an_fs_tier_keeps_its_secret_and_stays_warm_across_restarts(tmp_path):
-    """Without --l2-secret-file the first fs tier's secret is created once (0600, 32 bytes) and reused, so
-    what one run stored, the next run (another resolution) loads."""
+    """Without --l2-secret-file the first fs tier's secret is created once (0600, 32 random bytes written as
+    64 hex digits and a newline, which reading strips) and reused, so what one run stored, the next run
+    (another resolution) loads."""
     root = tmp_path / "fs"
     root.mkdir(mode=0o700)
     spec = {"type": "fs", "path": str(root), "capacity_gb": 1}
@@ -366,7 +367,9 @@ def test_an_fs_tier_keeps_its_secret_and_stays_warm_across_restarts(tmp_path):
     result = wait(reader.submit_load([key(1)], [memoryview(loaded)]))
     reader.close()
 
-    assert (0o600, 32, expected_key(secret_path.read_bytes())) == (stat.S_IMODE(info.st_mode), info.st_size, first.key)
+    text = secret_path.read_bytes()
+    assert (0o600, 65, expected_key(text.rstrip())) == (stat.S_IMODE(info.st_mode), info.st_size, first.key)
+    assert len(bytes.fromhex(text.decode("ascii"))) == 32
     assert (first, f"fs {secret_path}") == (second, second.source)
     assert (LoadResult([key(1)]), payload(1)) == (result, bytes(loaded))
     assert [FS_SECRET_NAME, "worker-0"] == sorted(os.listdir(root))  # no temp file left behind

@@ -114,7 +114,8 @@ def free_port_run(count: int) -> int:
 
 
 class LMService(Service):
-    """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i."""
+    """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i.
+    ``--lmcache-allow-clear``: the driver's scenarios reveal leftover read locks with a CLEAR."""
 
     def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int, *flags: str) -> None:
         self.workers = workers
@@ -122,8 +123,8 @@ class LMService(Service):
         self.l1_bytes = SLOTS * chunk_bytes
         base = free_port_run(workers)
         self.urls = [f"tcp://127.0.0.1:{base + i}" for i in range(workers)]
-        super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--chunk-bytes",
-                         str(chunk_bytes), "--l1-size", str(self.l1_bytes), *flags)
+        super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--lmcache-allow-clear",
+                         "--chunk-bytes", str(chunk_bytes), "--l1-size", str(self.l1_bytes), *flags)
 
     def serving(self, index: int, pid: int) -> bool:
         """Cache process ``pid`` is past its start-up: its LMCache socket is bound (``cache.start``)."""

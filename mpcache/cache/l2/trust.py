@@ -97,14 +97,15 @@ def read_private_file(path: str, what: str, *, min_bytes: int = MIN_SECRET_BYTES
 
 def fs_secret(directory: str) -> bytes:
     """The secret kept in an fs tier's root (``<directory>/.mpcache-l2-secret``): read it, or create it
-    (32 random bytes, mode 0600, exclusively and without following a symlink) the first time."""
+    (32 random bytes as 64 hex digits, as ``openssl rand -hex 32`` writes them: raw bytes could end in
+    what reading strips as whitespace; mode 0600, exclusively and without following a symlink) the first time."""
     path = os.path.join(directory, FS_SECRET_NAME)
     what = "--l2: the fs tier's secret file"
     temp = os.path.join(directory, f"{FS_SECRET_NAME}.{uuid.uuid4().hex}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, os.urandom(KEY_BYTES))
+            os.write(fd, os.urandom(KEY_BYTES).hex().encode("ascii") + b"\n")
             os.fsync(fd)
         finally:
             os.close(fd)

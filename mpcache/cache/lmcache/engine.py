@@ -7,7 +7,8 @@ and each worker's commit_retrieve gives one back (free_lookup_locks a range, end
 Stores are two-phase: prepare_store reserves slots and names them, commit_store makes them readable;
 a prepared store or retrieve left uncommitted gives its slots or locks back after ``pending_ttl_s``.
 Each operation publishes the events its mpcache-protocol twin publishes; store and retrieve are timed
-from prepare to commit.
+from prepare to commit.  A registration (instance id) belongs to the peer uid that made it: only that uid
+prepares and commits through it, and it holds at most a quarter of L1's slots in uncommitted stores.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
 MAX_INSTANCES = 1024
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
 MAX_LOOKUPS = 65536  # requests whose lookup result or locks are kept
+PENDING_SHARE = 4  # a registration holds at most 1/PENDING_SHARE of L1's slots in prepared, uncommitted stores
 
 
 @dataclass(slots=True)
@@ -81,6 +83,9 @@ class EngineDriven:
         self._ctx = ctx
         self._pending_ttl_s = pending_ttl_s
         self._registrations: dict[int, wire.Registration] = {}
+        self._owners: dict[int, int] = {}  # instance id → the peer uid that registered it
+        self._held: dict[int, int] = {}  # instance id → slots its uncommitted stores reserve
+        self._max_held = max(1, ctx.l1.capacity // PENDING_SHARE)
         self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
@@ -88,10 +93,13 @@ class EngineDriven:
 
     # -- registration ----------------------------------------------------------------------
 
-    def register(self, payload: Any) -> dict:
-        """Describe the pool a worker maps; a KV object larger than an L1 slot is refused here."""
+    def register(self, payload: Any, owner: int) -> dict:
+        """Describe the pool a worker maps; a KV object larger than an L1 slot is refused here, and so is
+        an instance id another uid registered."""
         ctx = self._ctx
         registration = wire.parse_registration(payload, ctx.chunk_tokens)
+        if self._owners.get(registration.instance_id, owner) != owner:
+            raise RequestError(f"instance_id {registration.instance_id} is registered by another user")
         if registration.object_bytes > ctx.chunk_bytes:
             raise RequestError(
                 f"model {registration.model_name}: one KV chunk object is {registration.object_bytes} bytes "
@@ -100,32 +108,35 @@ class EngineDriven:
         if registration.instance_id not in self._registrations and len(self._registrations) >= MAX_INSTANCES:
             raise RequestError(f"at most {MAX_INSTANCES} registered instances per cache process")
         self._registrations[registration.instance_id] = registration
+        self._owners[registration.instance_id] = owner
         pool = ctx.config.l1_pool_name(ctx.worker)
         return {"shm_name": pool.lstrip("/"), "pool_size": ctx.config.l1_slots * ctx.chunk_bytes}
 
-    def ping(self, instance_id: int | None) -> bool:
+    def ping(self, instance_id: int | None, owner: int) -> bool:
         """True, except once for a worker this process does not know (it was restarted since the worker
         registered): the worker then sees its server recover and registers again."""
-        if instance_id is None or instance_id in self._registrations or instance_id in self._told_unknown:
+        if instance_id is None or self._owners.get(instance_id) == owner or instance_id in self._told_unknown:
             return True
         if len(self._told_unknown) >= MAX_INSTANCES:
             self._told_unknown.clear()
         self._told_unknown.add(instance_id)
-        self._ctx.log.info("lmcache.unknown_instance", instance_id=instance_id,
-                           action="answered one ping False so that the worker registers again")
         return False
 
-    def unregister(self, instance_id: int) -> None:
+    def unregister(self, instance_id: int, owner: int) -> None:
         """Forget an instance and give back what its uncommitted stores and retrieves hold."""
+        if self._owners.get(instance_id) != owner:
+            return
+        del self._owners[instance_id]
+        self._held.pop(instance_id, None)
         if self._registrations.pop(instance_id, None) is None:
             return
         for table in (self._stores, self._retrieves):
             for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
                 self._abandon(table, tkey)
 
-    def _registration(self, instance_id: int, key: wire.Key) -> wire.Registration:
+    def _registration(self, instance_id: int, key: wire.Key, owner: int) -> wire.Registration:
         registration = self._registrations.get(instance_id)
-        if registration is None:
+        if registration is None or self._owners[instance_id] != owner:
             raise RequestError(f"instance {instance_id} has no engine_driven context registered with this server")
         if key.worker_id is None:
             raise ProtocolError("key.worker_id: a worker's transfer names its rank")
@@ -209,10 +220,11 @@ class EngineDriven:
 
     # -- stores ------------------------------------------------------------------------------
 
-    def prepare_store(self, key: wire.Key, instance_id: int) -> dict:
-        """Reserve L1 slots for the key's chunks not cached yet and describe them."""
+    def prepare_store(self, key: wire.Key, instance_id: int, owner: int) -> dict:
+        """Reserve L1 slots for the key's chunks not cached yet and describe them (no more than the
+        registration's share of L1 left: the chunks beyond get no slot)."""
         ctx = self._ctx
-        registration = self._registration(instance_id, key)
+        registration = self._registration(instance_id, key, owner)
         tkey = _transfer_key(key, instance_id)
         if tkey in self._stores:
             self._abandon(self._stores, tkey)
@@ -225,7 +237,8 @@ class EngineDriven:
         device = _device(key)
         pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
         pub.emit(_MP_STORE_START, (device, instance_id, model), session_id=request_id)
-        reservation = ctx.l1.reserve_write(model, salt, keys)
+        held = self._held.get(instance_id, 0)
+        reservation = ctx.l1.reserve_write(model, salt, keys, limit=self._max_held - held)
         pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
                            device=device, failed=reservation.failed, nbytes=registration.object_bytes,
                            deadline=ctx.clock() + self._pending_ttl_s)
@@ -233,16 +246,20 @@ class EngineDriven:
             self._finish_store(pending, [])
             return {"context": {"slots": [], "chunk_indices": []}}
         self._stores[tkey] = pending
+        self._held[instance_id] = held + len(pending.keys)
         chunk = ctx.chunk_bytes
         slots = [{"offset": slot * chunk, "length": registration.object_bytes, "shape": registration.shape,
                   "dtype": registration.dtype} for slot in reservation.slots]
         return {"context": {"slots": slots, "chunk_indices": reservation.positions}}
 
-    def commit_store(self, key: wire.Key, instance_id: int, data: Any) -> bool:
-        """Make the prepared slots readable; a non-empty ``data`` (pickled tensors) is refused, never read."""
+    def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
+        """Make the prepared slots readable: only the uid, registration and key that prepared them can;
+        a non-empty ``data`` (pickled tensors) is refused, never read."""
         tkey = _transfer_key(key, instance_id)
         if type(data) is not bytes:
             raise ProtocolError("data: expected bytes")
+        if self._owners.get(instance_id) != owner:
+            return False
         if data:
             if tkey in self._stores:
                 self._abandon(self._stores, tkey)
@@ -251,6 +268,7 @@ class EngineDriven:
         pending = self._stores.pop(tkey, None)
         if pending is None:
             return False
+        self._release_held(pending)
         sampled = self._ctx.l1.commit_write(pending.model, pending.salt, pending.keys, pending.nbytes)
         self._finish_store(pending, sampled)
         return True
@@ -268,10 +286,10 @@ class EngineDriven:
 
     # -- retrieves ---------------------------------------------------------------------------
 
-    def prepare_retrieve(self, key: wire.Key, instance_id: int) -> dict:
+    def prepare_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> dict:
         """Lock the key's chunks for this rank while the worker copies them out; all of them or a failure."""
         ctx = self._ctx
-        registration = self._registration(instance_id, key)
+        registration = self._registration(instance_id, key, owner)
         tkey = _transfer_key(key, instance_id)
         if tkey in self._retrieves:
             self._abandon(self._retrieves, tkey)
@@ -301,8 +319,10 @@ class EngineDriven:
             {"offset": slot * chunk, "length": size, "shape": registration.shape, "dtype": registration.dtype}
             for slot, size in reads]}}
 
-    def commit_retrieve(self, key: wire.Key, instance_id: int) -> bool:
+    def commit_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> bool:
         """The worker has copied: drop this transfer's locks and one of the lookup's per object."""
+        if self._owners.get(instance_id) != owner:
+            return True  # as for a transfer never prepared
         pending = self._retrieves.pop(_transfer_key(key, instance_id), None)
         if pending is None:
             return True  # as LMCache: nothing was prepared (or the prepare failed)
@@ -327,6 +347,7 @@ class EngineDriven:
         pending = table.pop(tkey)
         ctx = self._ctx
         if table is self._stores:
+            self._release_held(pending)
             ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
             ctx.publisher.emit(_MP_STORE_END, (pending.device, pending.instance_id, pending.model, 0, 0, 0),
                                session_id=pending.request_id)
@@ -335,6 +356,13 @@ class EngineDriven:
             ctx.publisher.emit(_MP_RETRIEVE_END, (pending.device, pending.instance_id, pending.model, pending.salt,
                                                   0, 0, 0),
                                session_id=pending.request_id)
+
+    def _release_held(self, pending: _Pending) -> None:
+        held = self._held.get(pending.instance_id, 0) - len(pending.keys)
+        if held > 0:
+            self._held[pending.instance_id] = held
+        else:
+            self._held.pop(pending.instance_id, None)
 
     def expire(self) -> int:
         """Abandon prepared transfers past their deadline (oldest first); returns how many."""

@@ -5,11 +5,14 @@ when the descriptor turns readable and after every pass of the loop (a send can 
 Every request gets a reply — the operation's result or its failure value; an operation mpcache does
 not serve is answered as LMCache's server would, with one warning per client naming the fix.
 ``wait_prefetch_status`` is answered when the prefetch finishes or its timeout passes, never by
-blocking the loop.
+blocking the loop.  No message of a connection is handled before its peer is known (:mod:`.gate`, in
+ZeroMQ's ZAP step); every frame is bounded (size, decoded objects) and one pass over the backlog is
+bounded in time, so the loop's timers (the heartbeat above all) run between messages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
 import time
@@ -19,15 +22,21 @@ from typing import Any
 import zmq
 
 from mpcache.cache.context import CacheContext
-from mpcache.cache.dispatch import ErrorLog
+from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
+from mpcache.cache.lmcache.gate import REMOTE, PeerGate
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError, ProtocolError, RequestError
+from mpcache.shm import layout
 
-MAX_MESSAGE_BYTES = 64 << 20  # a request of a million tokens is about 5 MiB
 MAX_WAITERS = 4096
 MAX_WARNED_CLIENTS = 4096
+MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 3
+PASS_BUDGET_S = 0.05  # one pass over the backlog stops after this, so the loop's timers run between messages
+HANDSHAKE_TIMEOUT_MS = 5000  # a connection that does not finish its ZMTP handshake is dropped
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"mpcache"
 _SERVED_MODE = '"lmcache.mp.mp_transfer_mode": "engine_driven"'
 _UNSUPPORTED = {
     "register_kv_cache": f"lmcache_driven transfer (CUDA IPC handles) is not supported; set {_SERVED_MODE}",
@@ -61,16 +70,34 @@ class LMCacheFrontEnd:
     def __init__(self, ctx: CacheContext, urls: list[str], selector: selectors.BaseSelector) -> None:
         self._ctx = ctx
         self._log = ctx.log
-        self.engine = EngineDriven(ctx, pending_ttl_s=ctx.config.prefetch_job_ttl_s)
-        self._client_error = ErrorLog(ctx.log)
+        config = ctx.config
+        self.engine = EngineDriven(ctx, pending_ttl_s=config.prefetch_job_ttl_s)
+        errors = ErrorLog(ctx.log)
+        self._unknown_log = RateLimit()
+        self._client: bytes | None = None  # the identity of the client whose request is in hand
+        self._client_error = lambda op, kind, message: errors(op, kind, message, client=self._client)
+        self._decode = wire.Decoder(config.lmcache_max_tokens)
+        self._max_tokens = config.lmcache_max_tokens
+        self._own_uid = os.geteuid()
+        self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, _tcp_listen(urls),
+                             allow_remote=config.lmcache_allow_remote, log=ctx.log,
+                             on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1))
+        # with one possible owner no message needs its peer's uid; with several, each carries it (User-Id)
+        self._one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
         self._waiters: list[_Waiter] = []
         self._ipc_paths: list[str] = []
+        self._backlog = False
         self._zmq = zmq.Context(io_threads=1)
+        self._zap = self._zmq.socket(zmq.REP)  # bound before the ROUTER: no handshake ever goes unchecked
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
         self._socket = self._zmq.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not vanishes
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, wire.frame_cap(config.lmcache_max_tokens))
+        self._socket.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        self._socket.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         try:
             for url in urls:
                 self._bind(url)
@@ -80,24 +107,31 @@ class LMCacheFrontEnd:
         self.urls = list(urls)
         self._selector = selector
         self._fd = int(self._socket.getsockopt(zmq.FD))
+        self._zap_fd = int(self._zap.getsockopt(zmq.FD))
         selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
-        self._handlers: dict[str, Callable[[list[Any]], Any]] = {
-            "get_chunk_size": lambda args: ctx.chunk_tokens,
-            "get_experimental": lambda args: [],
-            "noop": lambda args: "OK",
-            "ping": lambda args: self.engine.ping(None if not args or args[0] is None else wire.instance_id(args[0])),
-            "register_kv_cache_engine_driven_context": lambda args: self.engine.register(_one(args)),
+        selector.register(self._zap_fd, selectors.EVENT_READ, self._on_readable)
+        engine = self.engine
+        self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
+            "get_chunk_size": lambda args, owner: ctx.chunk_tokens,
+            "get_experimental": lambda args, owner: [],
+            "noop": lambda args, owner: "OK",
+            "ping": self._ping,
+            "register_kv_cache_engine_driven_context": lambda args, owner: engine.register(_one(args), owner),
             "unregister_kv_cache_engine_driven_context":
-                lambda args: self.engine.unregister(wire.instance_id(_one(args))),
-            "lookup": lambda args: self.engine.lookup(wire.parse_key(_arg(args, 0, 2))),
-            "query_prefetch_status": lambda args: self.engine.prefetch_status(_request_id(_one(args))),
-            "free_lookup_locks": lambda args: self.engine.free_lookup_locks(wire.parse_key(_arg(args, 0, 2))),
-            "end_session": lambda args: self.engine.end_session(_request_id(_one(args))),
-            "prepare_store": lambda args: self.engine.prepare_store(*_key_and_instance(args, 2)),
-            "commit_store": lambda args: self.engine.commit_store(*_key_and_instance(args, 3), args[2]),
-            "prepare_retrieve": lambda args: self.engine.prepare_retrieve(*_key_and_instance(args, 2)),
-            "commit_retrieve": lambda args: self.engine.commit_retrieve(*_key_and_instance(args, 2)),
-            "clear": lambda args: self._clear(),
+                lambda args, owner: engine.unregister(wire.instance_id(_one(args)), owner),
+            "lookup": lambda args, owner: engine.lookup(self._key(_arg(args, 0, 2), owner)),
+            "query_prefetch_status":
+                lambda args, owner: engine.prefetch_status(self._scoped(_request_id(_one(args)), owner)),
+            "free_lookup_locks": lambda args, owner: engine.free_lookup_locks(self._key(_arg(args, 0, 2), owner)),
+            "end_session": lambda args, owner: engine.end_session(self._scoped(_request_id(_one(args)), owner)),
+            "prepare_store": lambda args, owner: engine.prepare_store(*self._key_and_instance(args, 2, owner), owner),
+            "commit_store":
+                lambda args, owner: engine.commit_store(*self._key_and_instance(args, 3, owner), args[2], owner),
+            "prepare_retrieve":
+                lambda args, owner: engine.prepare_retrieve(*self._key_and_instance(args, 2, owner), owner),
+            "commit_retrieve":
+                lambda args, owner: engine.commit_retrieve(*self._key_and_instance(args, 2, owner), owner),
+            "clear": self._clear,
             "report_block_allocation": self._report_block_allocation,
         }
 
@@ -117,8 +151,13 @@ class LMCacheFrontEnd:
                 self._selector.unregister(self._fd)
             except (KeyError, ValueError):
                 pass
+            try:
+                self._selector.unregister(self._zap_fd)
+            except (KeyError, ValueError, AttributeError):
+                pass
         self.engine.close()
         self._socket.close(linger=0)
+        self._zap.close(linger=0)
         self._zmq.term()
         for path in self._ipc_paths:
             try:
@@ -132,18 +171,55 @@ class LMCacheFrontEnd:
         self.service()
 
     def service(self) -> None:
-        """Answer finished waits, then every request that has arrived (call after each loop pass)."""
+        """Decide pending handshakes, answer finished waits, then the requests that have arrived, for at
+        most ``PASS_BUDGET_S`` (call after each loop pass; :meth:`next_deadline` says when more is left)."""
+        self._answer_handshakes()
         if self._waiters:
             self._answer_waiters()
         socket = self._socket
+        deadline = time.monotonic() + PASS_BUDGET_S
+        one_owner = self._one_owner
         while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
-                frames = socket.recv_multipart(zmq.NOBLOCK)
+                if one_owner:
+                    frames, owner = socket.recv_multipart(zmq.NOBLOCK), self._own_uid
+                else:
+                    frames, owner = self._recv_with_owner()
             except zmq.Again:
                 break
-            self._handle(frames)
+            self._handle(frames, owner)
+            if time.monotonic() >= deadline:
+                self._backlog = True
+                return
+        self._backlog = False
+
+    def _recv_with_owner(self) -> tuple[list[bytes], int]:
+        """A request and the uid its connection was accepted as (the ZAP reply's user id)."""
+        parts = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        user = parts[0].get("User-Id")
+        return [part.bytes for part in parts], REMOTE if user == "remote" else int(user)
+
+    def _answer_handshakes(self) -> None:
+        """ZAP requests: ``[version, request id, domain, address, routing id, mechanism, …]``."""
+        zap = self._zap
+        while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            request = zap.recv_multipart(zmq.NOBLOCK)
+            owner = None
+            if len(request) >= 6 and request[0] == b"1.0" and request[2] == ZAP_DOMAIN and request[5] == b"NULL":
+                try:
+                    owner = self.gate.decide(request[3].decode("ascii", "replace"))
+                except (OSError, ValueError) as exc:  # the socket table could not be read: refuse
+                    self._client_error("handshake", "transport", f"peer check failed: {exc}")
+            sequence = request[1] if len(request) > 1 else b""
+            if owner is None:
+                zap.send_multipart([b"1.0", sequence, b"400", b"peer not allowed", b"", b""])
+            else:
+                user = b"remote" if owner == REMOTE else str(owner).encode()
+                zap.send_multipart([b"1.0", sequence, b"200", b"OK", user, b""])
 
     def next_deadline(self) -> float | None:
+        if self._backlog:
+            return time.monotonic()
         return min((waiter.deadline for waiter in self._waiters), default=None)
 
     def tick(self) -> None:
@@ -155,9 +231,15 @@ class LMCacheFrontEnd:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, frames: list[bytes], owner: int) -> None:
+        self._client = frames[0] if frames else None
         if len(frames) < 3:
             self._client_error("?", "protocol", f"a request of {len(frames)} frames has no operation; dropped")
+            return
+        if len(frames) > 3 + MAX_ARGUMENTS:
+            self._client_error("?", "protocol", f"a request of {len(frames)} frames; at most {MAX_ARGUMENTS} "
+                               "arguments are accepted")
+            self._send(frames[:3])
             return
         identity, uid, op_frame, payloads = frames[0], frames[1], frames[2], frames[3:]
         prefix = [identity, uid, op_frame]
@@ -171,19 +253,20 @@ class LMCacheFrontEnd:
             return
         self._ctx.sessions.expire()
         if name in _UNSUPPORTED:
-            self._warn_once(identity, name)
+            self._warn_once(identity, name, "lmcache.unsupported_operation", _UNSUPPORTED[name])
             self._reply(prefix, wire.FAILURE.get(name))
             return
         if name == "wait_prefetch_status":
-            self._wait(prefix, payloads)
+            self._wait(prefix, payloads, owner)
             return
+        decode = self._decode
         try:
-            result = self._handlers[name]([wire.decode(payload) for payload in payloads])
+            result = self._handlers[name]([decode(payload) for payload in payloads], owner)
         except (ProtocolError, RequestError) as exc:
             self._client_error(name, "request" if isinstance(exc, RequestError) else "protocol", str(exc))
             result = wire.FAILURE.get(name)
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
-            self._log.exception("lmcache.request_failed", op=name, error_type=type(exc).__name__)
+            self._client_error(name, "internal", f"internal error: {type(exc).__name__}: {exc}")
             result = wire.FAILURE.get(name)
         finally:
             self._ctx.update_gauges()
@@ -198,20 +281,20 @@ class LMCacheFrontEnd:
         except zmq.ZMQError as exc:  # the client went away, or is not reading its replies
             self._client_error("reply", "transport", f"reply dropped: {exc.strerror}")
 
-    def _warn_once(self, identity: bytes, name: str) -> None:
+    def _warn_once(self, identity: bytes, name: str, event: str, fix: str) -> None:
+        """One warning per client and operation."""
         warned = self._warned.setdefault(identity, set())
         if name in warned:
             return
         if len(self._warned) > MAX_WARNED_CLIENTS:
             self._warned.clear()
         warned.add(name)
-        self._log.warning("lmcache.unsupported_operation", op=name, client=identity.hex()[:32],
-                          fix=_UNSUPPORTED[name])
+        self._log.warning(event, op=name, client=identity.hex()[:32], fix=fix)
 
-    def _wait(self, prefix: list[bytes], payloads: list[bytes]) -> None:
+    def _wait(self, prefix: list[bytes], payloads: list[bytes], owner: int) -> None:
         try:
-            args = [wire.decode(payload) for payload in payloads]
-            request_id = _request_id(_arg(args, 0, 2))
+            args = [self._decode(payload) for payload in payloads]
+            request_id = self._scoped(_request_id(_arg(args, 0, 2)), owner)
             timeout = args[1]
             if type(timeout) not in (int, float) or not 0 <= timeout <= 86400:
                 raise ProtocolError("timeout: expected seconds in 0..86400")
@@ -236,12 +319,41 @@ class LMCacheFrontEnd:
                 waiting.append(waiter)
         self._waiters = waiting
 
-    def _clear(self) -> None:
+    def _clear(self, args: list[Any], owner: int) -> None:
+        if not self._ctx.config.lmcache_allow_clear:
+            self._warn_once(self._client or b"", "clear", "lmcache.clear_refused",
+                            "clear empties L1 for every engine: an operator action; start the cache with "
+                            "--lmcache-allow-clear to let LMCache clients do it")
+            return
         evicted = self._ctx.l1.clear()
-        self._log.info("lmcache.clear", evicted=evicted)
+        self._log.info("lmcache.clear", evicted=evicted, uid=owner)
 
-    def _report_block_allocation(self, args: list[Any]) -> None:
+    def _ping(self, args: list[Any], owner: int) -> bool:
+        instance = None if not args or args[0] is None else wire.instance_id(args[0])
+        known = self.engine.ping(instance, owner)
+        if not known:
+            extra = self._unknown_log.allow(self._client)
+            if extra is not None:
+                self._log.info("lmcache.unknown_instance", instance_id=instance,
+                               action="answered one ping False so that the worker registers again", **extra)
+        return known
+
+    def _report_block_allocation(self, args: list[Any], owner: int) -> None:
         self._ctx.l0.report(wire.instance_id(_arg(args, 0, 3)), _model(args[1]), wire.parse_block_records(args[2]))
+
+    def _scoped(self, request_id: str, owner: int) -> str:
+        """Request state belongs to the uid that created it: with several possible owners, request ids
+        are kept per uid."""
+        return request_id if self._one_owner else f"{owner}/{request_id}"
+
+    def _key(self, value: Any, owner: int) -> wire.Key:
+        key = wire.parse_key(value, self._max_tokens)
+        if self._one_owner:
+            return key
+        return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))
+
+    def _key_and_instance(self, args: list[Any], count: int, owner: int) -> tuple[wire.Key, int]:
+        return self._key(_arg(args, 0, count), owner), wire.instance_id(args[1])
 
 
 def _arg(args: list[Any], index: int, count: int) -> Any:
@@ -262,5 +374,11 @@ def _model(value: Any) -> str:
     return protocol.MODEL(value, "model_name")
 
 
-def _key_and_instance(args: list[Any], count: int) -> tuple[wire.Key, int]:
-    return wire.parse_key(_arg(args, 0, count)), wire.instance_id(args[1])
+def _tcp_listen(urls: list[str]) -> tuple[str, int] | None:
+    """The address and port of the tcp:// url among ``urls`` (one at most per cache process)."""
+    for url in urls:
+        if url.startswith("tcp://"):
+            host, _, port = url[len("tcp://"):].rpartition(":")
+            host = host.strip("[]")
+            return ("127.0.0.1" if host == "localhost" else host), int(port)
+    return None

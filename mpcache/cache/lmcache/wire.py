@@ -44,20 +44,51 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
 
 MAX_WORLD_SIZE = 4096
-MAX_TOKENS = protocol.MAX_CHUNKS * 256
 MAX_READERS = 4096
+MAX_MAP_ENTRIES = 256  # the largest legitimate map (a key, a registration) has a dozen
+BYTES_PER_TOKEN = 5  # a token id below 2**32 is at most 5 bytes of msgpack
+FRAME_MARGIN_BYTES = 1 << 20  # the rest of the largest legitimate frame: a key's other fields, block records
 _I64_MAX = (1 << 63) - 1
 _I64 = protocol.int_range(-(1 << 63), _I64_MAX)
+_POSITION = protocol.int_range(0, (1 << 62) - 1)
 
 
-def decode(frame: bytes) -> Any:
-    """One msgpack object; ProtocolError for anything else (extension types are refused)."""
-    try:
-        return msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_refuse_ext)
-    except ProtocolError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
-        raise ProtocolError(f"malformed frame: not one msgpack object ({type(exc).__name__})") from None
+def frame_cap(max_tokens: int) -> int:
+    """The largest frame a client may send: a key of ``max_tokens`` token ids, and some room."""
+    return max_tokens * BYTES_PER_TOKEN + FRAME_MARGIN_BYTES
+
+
+class Decoder:
+    """msgpack frames into objects, bounded: no array longer than ``max_tokens``, no map over
+    ``MAX_MAP_ENTRIES``, and at most one container per 8 bytes of frame, so no frame expands into
+    more than a small multiple of its size in Python objects; extension types are refused."""
+
+    __slots__ = ("max_tokens",)
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+
+    def __call__(self, frame: bytes) -> Any:
+        budget = 16 + len(frame) // 8
+
+        def count(container: Any) -> Any:
+            nonlocal budget
+            budget -= 1
+            if budget < 0:
+                raise ProtocolError("malformed frame: more nested containers than its size allows")
+            return container
+
+        try:
+            return msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_refuse_ext,
+                                   max_array_len=self.max_tokens, max_map_len=MAX_MAP_ENTRIES,
+                                   list_hook=count, object_hook=count)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+            raise ProtocolError(f"malformed frame: not one bounded msgpack object ({type(exc).__name__})") from None
+
+
+decode = Decoder(protocol.MAX_CHUNKS * 256)  # the operation frame, and callers without a configured bound
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -102,7 +133,7 @@ def _field(value: dict, name: str) -> Any:
     return value[name]
 
 
-def parse_key(value: Any) -> Key:
+def parse_key(value: Any, max_tokens: int) -> Key:
     """Validate an IPCCacheServerKey map; ProtocolError names the first bad field."""
     if not isinstance(value, dict):
         raise ProtocolError(f"key: expected a map, got {type(value).__name__}")
@@ -111,12 +142,14 @@ def parse_key(value: Any) -> Key:
     if worker_id is not None:
         worker_id = protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")
     tokens = _field(value, "token_ids")
-    if type(tokens) is not list or len(tokens) > MAX_TOKENS:
-        raise ProtocolError(f"key.token_ids: expected a list of at most {MAX_TOKENS} token ids")
+    if type(tokens) is not list or len(tokens) > max_tokens:
+        raise ProtocolError(f"key.token_ids: expected a list of at most {max_tokens} token ids (--lmcache-max-tokens)")
     if not all(type(t) is int and 0 <= t <= _I64_MAX for t in tokens):
         raise ProtocolError("key.token_ids: every entry must be an integer in 0..2**63-1")
-    start = protocol.int_range(0, _I64_MAX)(_field(value, "start"), "key.start")
-    end = protocol.int_range(0, _I64_MAX)(_field(value, "end"), "key.end")
+    start = _POSITION(_field(value, "start"), "key.start")
+    end = _POSITION(_field(value, "end"), "key.end")
+    if start > end:
+        raise ProtocolError(f"key.start: {start} is after key.end {end}")
     readers = value.get("num_kv_readers", 0)
     readers = protocol.int_range(0, MAX_READERS)(readers, "key.num_kv_readers")
     salt = value.get("cache_salt") or ""
@@ -154,7 +187,7 @@ def parse_registration(value: Any, chunk_tokens: int) -> Registration:
     layers = protocol.int_range(1, 1 << 16)(_field(value, "num_layers"), "num_layers")
     hidden = protocol.int_range(1, 1 << 24)(_field(value, "hidden_dim_size"), "hidden_dim_size")
     dtype = _field(value, "dtype_str")
-    if dtype not in DTYPE_BYTES:
+    if type(dtype) is not str or dtype not in DTYPE_BYTES:
         raise ProtocolError(f"dtype_str: {str(dtype)[:32]!r} is not a supported torch dtype name")
     use_mla = _field(value, "use_mla")
     if type(use_mla) is not bool:

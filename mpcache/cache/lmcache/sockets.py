@@ -1,0 +1,90 @@
+"""The kernel's TCP socket table (``/proc/net/tcp``, ``/proc/net/tcp6``): who owns each end of a connection.
+
+A loopback connection appears twice in the table of its network namespace: the client's end, owned by the
+uid that created the client socket, and the server's end, owned by this process.  That is how the
+LMCache front end learns the uid behind a TCP peer, which TCP itself never tells the server.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+
+TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+ESTABLISHED = "01"
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class TcpEnd:
+    """One row of the table: a socket's own address and port, its peer's, its owner and its inode."""
+
+    local: tuple[IPAddress, int]
+    remote: tuple[IPAddress, int]
+    uid: int
+    inode: int
+
+
+def _address(field: str) -> tuple[IPAddress, int]:
+    """``0100007F:1F90`` (IPv4 as a host-order word) or 32 hex digits (IPv6 as four host-order words)."""
+    host, port = field.split(":")
+    raw = bytes.fromhex(host)
+    # each 32-bit word is in host byte order (little-endian on every platform this runs on)
+    data = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip: IPAddress = ipaddress.IPv4Address(data) if len(data) == 4 else ipaddress.IPv6Address(data)
+    return _unmapped(ip), int(port, 16)
+
+
+def _unmapped(ip: IPAddress) -> IPAddress:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def established(tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
+    """Every established TCP socket end in this network namespace that belongs to a file (inode ≠ 0)."""
+    ends = []
+    for table in tables:
+        try:
+            with open(table, encoding="ascii") as handle:
+                next(handle, None)  # the header
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != ESTABLISHED or fields[9] == "0":
+                        continue
+                    ends.append(TcpEnd(_address(fields[1]), _address(fields[2]), int(fields[7]), int(fields[9])))
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+    return ends
+
+
+def own_socket_inodes() -> dict[int, int]:
+    """The inodes of this process's open sockets → their file descriptors."""
+    inodes = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes[int(target[8:-1])] = int(name)
+    return inodes
+
+
+def parse_ip(text: str) -> IPAddress:
+    return _unmapped(ipaddress.ip_address(text.strip("[]")))
+
+
+def shutdown_fd(fd: int) -> None:
+    """End a TCP connection whose descriptor another library owns: shutdown, never close (the
+    descriptor stays valid for its owner, which then sees the connection end)."""
+    duplicate = socket.socket(fileno=os.dup(fd))
+    try:
+        duplicate.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already gone
+        pass
+    finally:
+        duplicate.close()
