@@ -16,6 +16,7 @@ import dataclasses
 import os
 import selectors
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,7 @@ class LMCacheFrontEnd:
         self.engine = EngineDriven(ctx, pending_ttl_s=config.prefetch_job_ttl_s)
         errors = ErrorLog(ctx.log)
         self._unknown_log = RateLimit()
+        self._failure_log = RateLimit()
         self._client: bytes | None = None  # the identity of the client whose request is in hand
         self._client_error = lambda op, kind, message: errors(op, kind, message, client=self._client)
         self._decode = wire.Decoder(config.lmcache_max_tokens)
@@ -266,11 +268,22 @@ class LMCacheFrontEnd:
             self._client_error(name, "request" if isinstance(exc, RequestError) else "protocol", str(exc))
             result = wire.FAILURE.get(name)
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
-            self._client_error(name, "internal", f"internal error: {type(exc).__name__}: {exc}")
+            self._internal_error(name, exc)
             result = wire.FAILURE.get(name)
         finally:
             self._ctx.update_gauges()
         self._reply(prefix, result)
+
+    def _internal_error(self, op: str, exc: Exception) -> None:
+        """A handler failed on something no validator caught (a bug): one error line naming where, rate-limited
+        apart from client errors, so that a flood neither fills the log nor hides the bug."""
+        extra = self._failure_log.allow(self._client)
+        if extra is None:
+            return
+        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f"{frame.filename}:{frame.lineno}" if frame else ""
+        self._log.error("lmcache.request_failed", op=op, error_type=type(exc).__name__,
+                        error=protocol.bounded(str(exc)), at=where, **extra)
 
     def _reply(self, prefix: list[bytes], result: Any) -> None:
         self._send(prefix if result is None else prefix + [wire.encode(result)])
