@@ -19,10 +19,10 @@ MAX_TRACKED_CLIENTS = 4096  # clients whose log budget is tracked; more clear th
 
 
 class RateLimit:
-    """At most ``per_second`` lines a second in all, and per client at most ``per_client`` lines per
-    ``client_window_s``; :meth:`allow` also says how many were suppressed since the last allowed line."""
+    """At most ``per_second`` lines a second in all, and per client and kind (an operation) at most
+    ``per_client`` lines per ``client_window_s``; :meth:`allow` also says how many were suppressed since."""
 
-    def __init__(self, per_second: int = 10, per_client: int = 5, client_window_s: float = 10.0,
+    def __init__(self, per_second: int = 10, per_client: int = 1, client_window_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._per_second = per_second
         self._per_client = per_client
@@ -31,9 +31,9 @@ class RateLimit:
         self._window = 0.0
         self._count = 0
         self._suppressed = 0
-        self._clients: dict[bytes, list[float]] = {}  # client → [window start, lines, suppressed]
+        self._clients: dict[tuple[bytes, str], list[float]] = {}  # (client, kind) → [window start, lines, suppressed]
 
-    def allow(self, client: bytes | None) -> dict[str, Any] | None:
+    def allow(self, client: bytes | None, kind: str = "") -> dict[str, Any] | None:
         """None: suppress this line; else the fields it carries about earlier suppressed lines."""
         now = self._clock()
         if now - self._window >= 1.0:
@@ -41,11 +41,11 @@ class RateLimit:
             self._count = 0
         state = None
         if client is not None:
-            state = self._clients.get(client)
+            state = self._clients.get((client, kind))
             if state is None or now - state[0] >= self._client_window_s:
                 if state is None and len(self._clients) >= MAX_TRACKED_CLIENTS:
                     self._clients.clear()
-                state = self._clients[client] = [now, 0, state[2] if state is not None else 0]
+                state = self._clients[(client, kind)] = [now, 0, state[2] if state is not None else 0]
             if state[1] >= self._per_client:
                 state[2] += 1
                 return None
@@ -53,16 +53,16 @@ class RateLimit:
             self._suppressed += 1
             return None
         self._count += 1
+        suppressed = self._suppressed
+        self._suppressed = 0
         extra: dict[str, Any] = {}
-        if self._suppressed:
-            extra["suppressed"] = self._suppressed
-            self._suppressed = 0
         if state is not None:
             state[1] += 1
             extra["client"] = client.hex()[:32] if client else ""
-            if state[2]:
-                extra["client_suppressed"] = int(state[2])
-                state[2] = 0
+            suppressed += int(state[2])
+            state[2] = 0
+        if suppressed:
+            extra["suppressed"] = suppressed  # lines not logged since the last one (this client's, and any)
         return extra
 
 
@@ -76,7 +76,7 @@ class ErrorLog:
         self._limit = RateLimit(per_second, clock=clock)
 
     def __call__(self, op: str, error_type: str, message: str, client: bytes | None = None) -> None:
-        extra = self._limit.allow(client)
+        extra = self._limit.allow(client, op)
         if extra is not None:
             self._emit("client.error", op=protocol.bounded(op)[:64], error_type=error_type,
                        error=protocol.bounded(message), **extra)

@@ -21,12 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
-from mpcache.cache.lmcache.gate import REMOTE, PeerGate
+from mpcache.cache.lmcache.gate import HOLD, REMOTE, PeerGate, descriptor_addresses
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError, ProtocolError, RequestError
 from mpcache.shm import layout
@@ -83,7 +84,9 @@ class LMCacheFrontEnd:
         self._own_uid = os.geteuid()
         self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, _tcp_listen(urls),
                              allow_remote=config.lmcache_allow_remote, log=ctx.log,
-                             on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1))
+                             on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1),
+                             handshake_timeout_s=HANDSHAKE_TIMEOUT_MS / 1000)
+        self._held: list[tuple[float, list[bytes]]] = []  # ZAP requests not answered yet, oldest first
         # with one possible owner no message needs its peer's uid; with several, each carries it (User-Id)
         self._one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
@@ -91,10 +94,13 @@ class LMCacheFrontEnd:
         self._ipc_paths: list[str] = []
         self._backlog = False
         self._zmq = zmq.Context(io_threads=1)
-        self._zap = self._zmq.socket(zmq.REP)  # bound before the ROUTER: no handshake ever goes unchecked
+        # the ZAP handler, bound before the ROUTER so that no handshake goes unchecked; a ROUTER, so that
+        # an answer can wait
+        self._zap = self._zmq.socket(zmq.ROUTER)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
         self._socket = self._zmq.socket(zmq.ROUTER)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not vanishes
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, wire.frame_cap(config.lmcache_max_tokens))
@@ -109,9 +115,10 @@ class LMCacheFrontEnd:
         self.urls = list(urls)
         self._selector = selector
         self._fd = int(self._socket.getsockopt(zmq.FD))
-        self._zap_fd = int(self._zap.getsockopt(zmq.FD))
+        self._side_fds = [int(self._zap.getsockopt(zmq.FD)), int(self._monitor.getsockopt(zmq.FD))]
         selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
-        selector.register(self._zap_fd, selectors.EVENT_READ, self._on_readable)
+        for fd in self._side_fds:
+            selector.register(fd, selectors.EVENT_READ, self._on_readable)
         engine = self.engine
         self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
             "get_chunk_size": lambda args, owner: ctx.chunk_tokens,
@@ -153,11 +160,15 @@ class LMCacheFrontEnd:
                 self._selector.unregister(self._fd)
             except (KeyError, ValueError):
                 pass
-            try:
-                self._selector.unregister(self._zap_fd)
-            except (KeyError, ValueError, AttributeError):
-                pass
+            for fd in getattr(self, "_side_fds", []):
+                try:
+                    self._selector.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
         self.engine.close()
+        if getattr(self, "_monitor", None) is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
         self._socket.close(linger=0)
         self._zap.close(linger=0)
         self._zmq.term()
@@ -202,26 +213,51 @@ class LMCacheFrontEnd:
         return [part.bytes for part in parts], REMOTE if user == "remote" else int(user)
 
     def _answer_handshakes(self) -> None:
-        """ZAP requests: ``[version, request id, domain, address, routing id, mechanism, …]``."""
-        zap = self._zap
-        while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            request = zap.recv_multipart(zmq.NOBLOCK)
-            owner = None
-            if len(request) >= 6 and request[0] == b"1.0" and request[2] == ZAP_DOMAIN and request[5] == b"NULL":
-                try:
-                    owner = self.gate.decide(request[3].decode("ascii", "replace"))
-                except (OSError, ValueError) as exc:  # the socket table could not be read: refuse
-                    self._client_error("handshake", "transport", f"peer check failed: {exc}")
-            sequence = request[1] if len(request) > 1 else b""
-            if owner is None:
-                zap.send_multipart([b"1.0", sequence, b"400", b"peer not allowed", b"", b""])
+        """Connections accepted and gone (the monitor), then ZAP requests, answered in order once decidable:
+        ``[routing id, b"", version, request id, domain, address, routing id, mechanism, …]``."""
+        monitor, gate = self._monitor, self.gate
+        while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                addresses = descriptor_addresses(fd)
+                if addresses is not None:
+                    gate.accepted(fd, *addresses)
             else:
-                user = b"remote" if owner == REMOTE else str(owner).encode()
-                zap.send_multipart([b"1.0", sequence, b"200", b"OK", user, b""])
+                gate.disconnected(fd)
+        zap = self._zap
+        now = time.monotonic()
+        while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._held.append((now, zap.recv_multipart(zmq.NOBLOCK)))
+        horizon = now - HANDSHAKE_TIMEOUT_MS / 1000 - 1.0  # ZeroMQ has dropped those handshakes by now
+        while self._held:
+            received_at, request = self._held[0]
+            if received_at < horizon:
+                self._held.pop(0)
+                continue
+            owner: int | None = None
+            if len(request) >= 8 and request[2] == b"1.0" and request[4] == ZAP_DOMAIN and request[7] == b"NULL":
+                try:
+                    owner = gate.decide(request[5].decode("ascii", "replace"))
+                except (OSError, ValueError) as exc:  # the socket table could not be read: not decidable now
+                    self._client_error("handshake", "transport", f"peer check failed: {exc}")
+                    owner = HOLD
+            if owner == HOLD:
+                return
+            self._held.pop(0)
+            if len(request) < 4:
+                continue  # not from libzmq: nothing to answer
+            if owner is None:
+                status, user = [b"400", b"peer not allowed"], b""
+            else:
+                status, user = [b"200", b"OK"], b"remote" if owner == REMOTE else str(owner).encode()
+            zap.send_multipart([request[0], request[1], b"1.0", request[3], *status, user, b""])
 
     def next_deadline(self) -> float | None:
         if self._backlog:
             return time.monotonic()
+        if self._held:  # an answer waits for a connection to close: look again soon
+            return time.monotonic() + 0.01
         return min((waiter.deadline for waiter in self._waiters), default=None)
 
     def tick(self) -> None:
@@ -277,7 +313,7 @@ class LMCacheFrontEnd:
     def _internal_error(self, op: str, exc: Exception) -> None:
         """A handler failed on something no validator caught (a bug): one error line naming where, rate-limited
         apart from client errors, so that a flood neither fills the log nor hides the bug."""
-        extra = self._failure_log.allow(self._client)
+        extra = self._failure_log.allow(self._client, op)
         if extra is None:
             return
         frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
@@ -345,7 +381,7 @@ class LMCacheFrontEnd:
         instance = None if not args or args[0] is None else wire.instance_id(args[0])
         known = self.engine.ping(instance, owner)
         if not known:
-            extra = self._unknown_log.allow(self._client)
+            extra = self._unknown_log.allow(self._client, "ping")
             if extra is not None:
                 self._log.info("lmcache.unknown_instance", instance_id=instance,
                                action="answered one ping False so that the worker registers again", **extra)

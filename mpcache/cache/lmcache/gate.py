@@ -1,90 +1,131 @@
-"""Peer identity for the LMCache front end, decided once per connection in ZeroMQ's ZAP handshake step.
+"""Peer identity for the LMCache front end, decided once per connection before ZeroMQ delivers any message.
 
-ZeroMQ hands its authentication handler (ZAP) no message before the handler answers, but tells it only
-the peer's IP for TCP, not its port: the handler cannot tell *which* loopback connection it is asked
-about.  So a TCP connection is accepted only when every established loopback connection to the port
-that was not accepted before belongs to one allowed uid (read from the kernel's socket table): the
-connection being asked about is one of them, whichever it is.  A foreign uid among them refuses the
-handshake — possibly an allowed client's, which ZeroMQ then reconnects: a concurrent foreign connect
-costs an allowed client a retry, never the reverse — and its connection is shut down so that it cannot
-keep blocking others.  IPC peers are named by the kernel (SO_PEERCRED) in the address ZeroMQ passes.
-See docs/ARCHITECTURE.md, "Who may talk to a cache process".
+ZeroMQ reports each accepted TCP connection's descriptor on a socket monitor, and asks an authentication
+handler (ZAP) before delivering a connection's first message — but tells that handler only the peer's
+IP, not its port, so the handler cannot tell *which* connection it is asked about.  So every accepted
+connection is judged on its own (its peer's uid from the kernel's socket table); a foreign one is shut
+down at once.  A handshake is answered only when every connection still waiting for its handshake
+belongs to one allowed uid — the one asking is among them, whichever it is (an answer to a handshake
+whose connection has gone meanwhile reaches nobody); while a foreign connection
+is still closing, or two allowed uids wait at once (the younger ones are then shut down: ZeroMQ
+reconnects them), the answer is held, never guessed.  A refused handshake is never sent to an allowed
+client: ZeroMQ would not reconnect it.  IPC peers are named by the kernel (SO_PEERCRED) in the address
+ZeroMQ passes.  See docs/ARCHITECTURE.md, "Who may talk to a cache process".
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mpcache.cache.lmcache import sockets
 
 REMOTE = -1  # the owner of a non-local peer's requests (only with --lmcache-allow-remote)
+HOLD = -2  # decide(): not yet; ask again after the next monitor event or pass
+UNKNOWN_UID = -3  # a peer whose socket-table entry was gone before it could be read
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 
+@dataclass(slots=True)
+class _Waiting:
+    uid: int
+    accepted_at: float
+
+
 class PeerGate:
-    """Decides ZAP requests for one front end: ``decide(address)`` → the owner uid, or None to refuse."""
+    """Judges accepted connections (:meth:`accepted`, :meth:`disconnected`) and answers handshakes
+    (:meth:`decide` → the owner uid, None to refuse, or HOLD)."""
 
     def __init__(self, allowed_uids: set[int], listen: tuple[str, int] | None, *, allow_remote: bool, log: Any,
-                 on_refused: Callable[[], None], clock: Callable[[], float] = time.monotonic,
-                 table: Callable[[], list[sockets.TcpEnd]] = sockets.established) -> None:
+                 on_refused: Callable[[], None], handshake_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 table: Callable[[], list[sockets.TcpEnd]] = sockets.established,
+                 shutdown: Callable[[int], None] = sockets.shutdown_fd,
+                 answered: Callable[[int], bool] = sockets.past_greeting) -> None:
         self.allowed = frozenset(allowed_uids)
         self._listen = None if listen is None else (sockets.parse_ip(listen[0]), listen[1])
         self._allow_remote = allow_remote
         self._log = log
         self._on_refused = on_refused
+        self._horizon_s = handshake_timeout_s + 1.0  # past it, a connection has finished its handshake or is gone
         self._clock = clock
         self._table = table
-        self._accepted: set[int] = set()  # client-end inodes of connections accepted before
+        self._shutdown = shutdown
+        self._answered = answered
+        self._waiting: dict[int, _Waiting] = {}  # descriptor → an accepted connection not yet answered
+        self._closing: dict[int, float] = {}  # descriptor → when it was shut down (until ZeroMQ reports it gone)
         self._logged_at: dict[int, float] = {}
         self._suppressed: dict[int, int] = {}
 
+    # -- the socket monitor's events ------------------------------------------------------------
+
+    def accepted(self, fd: int, local: tuple[str, int], peer: tuple[str, int]) -> None:
+        """A TCP connection ZeroMQ accepted on ``fd`` (its addresses read from the descriptor)."""
+        assert self._listen is not None
+        local_ip, peer_ip = sockets.parse_ip(local[0]), sockets.parse_ip(peer[0])
+        listen_ip, port = self._listen
+        if local[1] != port or not (listen_ip.is_unspecified or local_ip == listen_ip):
+            return  # not one of ours (a descriptor reused since the event): never touch it
+        uid = self._owner((peer_ip, peer[1]), (local_ip, local[1]))
+        if uid in self.allowed or uid == REMOTE:
+            self._waiting[fd] = _Waiting(uid, self._clock())
+            return
+        self._close(fd)
+        self._refused(uid, "tcp")
+
+    def disconnected(self, fd: int) -> None:
+        self._waiting.pop(fd, None)
+        self._closing.pop(fd, None)
+
+    def _owner(self, peer: tuple[sockets.IPAddress, int], local: tuple[sockets.IPAddress, int]) -> int:
+        for end in self._table():
+            if end.local == peer and end.remote == local:
+                return end.uid
+        if self._allow_remote and not peer[0].is_loopback:
+            return REMOTE  # no end in this host's table: another host (the operator accepted the network)
+        return UNKNOWN_UID
+
+    def _close(self, fd: int) -> None:
+        self._waiting.pop(fd, None)
+        self._closing[fd] = self._clock()
+        self._shutdown(fd)
+
+    # -- handshakes -----------------------------------------------------------------------------
+
     def decide(self, address: str) -> int | None:
-        """The uid a new connection's requests belong to, or None (refused)."""
+        """The uid a handshaking connection's requests belong to, None (refused), or HOLD."""
         if address.startswith("localhost:"):  # ipc://: "localhost:uid:gid:pid" from SO_PEERCRED
             uid = int(address.split(":")[1])
             if uid in self.allowed:
                 return uid
             self._refused(uid, "ipc")
             return None
-        return self._decide_tcp(address)
+        self._forget_old()
+        if self._closing or not self._waiting:
+            return HOLD
+        waiting = sorted(self._waiting.items(), key=lambda item: item[1].accepted_at)
+        first_uid = waiting[0][1].uid
+        others = [fd for fd, entry in waiting if entry.uid != first_uid]
+        if others:  # which of two uids is asking is unknown: the younger ones reconnect
+            for fd in others:
+                self._close(fd)
+            return HOLD
+        # The asker is one of them, so it is first_uid.  They stay listed until their handshake is answered
+        # (seen on the socket), they close, or they pass the handshake timeout.
+        return first_uid
 
-    def _decide_tcp(self, address: str) -> int | None:
-        assert self._listen is not None
-        if self._allow_remote and not _is_loopback(address):
-            return REMOTE  # the operator accepted the network (--lmcache-allow-remote)
-        listen_ip, port = self._listen
-        ends = self._table()
-        clients = [end for end in ends if end.remote[1] == port and not self._is_server_end(end)
-                   and (listen_ip.is_unspecified or end.remote[0] == listen_ip)]
-        self._accepted.intersection_update(end.inode for end in clients)
-        waiting = sorted((end for end in clients if end.inode not in self._accepted), key=lambda end: end.inode)
-        foreign = [end for end in waiting if end.uid not in self.allowed]
-        if foreign:
-            own = sockets.own_socket_inodes()
-            servers = {end.remote: end.inode for end in ends if self._is_server_end(end) and end.inode in own}
-            for end in foreign:
-                inode = servers.get(end.local)
-                if inode is not None:
-                    sockets.shutdown_fd(own[inode])
-                self._refused(end.uid, "tcp")
-            return None
-        if not waiting:
-            return None  # gone before its handshake finished
-        uids = {end.uid for end in waiting}
-        if len(uids) > 1:  # two allowed uids at once: which one is asking is unknown; one retries
-            return None
-        self._accepted.add(waiting[0].inode)
-        return waiting[0].uid
-
-    def _is_server_end(self, end: sockets.TcpEnd) -> bool:
-        """An accepted connection's end on the listener's address (a wildcard listener holds the port on
-        every address, so no client end can have it there)."""
-        assert self._listen is not None
-        listen_ip, port = self._listen
-        return end.local[1] == port and (listen_ip.is_unspecified or end.local[0] == listen_ip)
+    def _forget_old(self) -> None:
+        """Connections whose handshake was answered (they sent more than a greeting), or that passed the
+        handshake timeout, are not asking any more."""
+        horizon = self._clock() - self._horizon_s
+        for fd in [fd for fd, entry in self._waiting.items() if entry.accepted_at < horizon or self._answered(fd)]:
+            del self._waiting[fd]
+        for fd in [fd for fd, since in self._closing.items() if since < horizon]:
+            del self._closing[fd]
 
     def _refused(self, uid: int, transport: str) -> None:
         """Count every refusal; log one line per uid per minute, with how many were not logged."""
@@ -98,17 +139,23 @@ class PeerGate:
             self._logged_at.clear()
         self._logged_at[uid] = now
         self._log.warning("lmcache.peer_refused", uid=uid, transport=transport,
-                          suppressed=self._suppressed.pop(uid, 0),
-                          allowed_uids=sorted(self.allowed),
+                          suppressed=self._suppressed.pop(uid, 0), allowed_uids=sorted(self.allowed),
                           fix="run the engine as an allowed user, or start the cache with --lmcache-allow-uid UID")
 
 
-def _is_loopback(address: str) -> bool:
+def descriptor_addresses(fd: int) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """(local, peer) address of the TCP socket on ``fd`` (owned by ZeroMQ: read through a duplicate), or
+    None when it is not a TCP socket any more."""
     try:
-        return sockets.parse_ip(address).is_loopback
-    except ValueError:
-        return False
-
-
-def default_allowed(extra: list[int]) -> set[int]:
-    return {os.geteuid(), *extra}
+        duplicate = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if duplicate.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        local, peer = duplicate.getsockname(), duplicate.getpeername()
+        return (local[0], local[1]), (peer[0], peer[1])
+    except OSError:  # not connected any more
+        return None
+    finally:
+        duplicate.close()
