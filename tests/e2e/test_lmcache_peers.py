@@ -1,0 +1,51 @@
+"""A foreign local user against a running ``bin/start-cache --lmcache-port``: its connection is refused
+before any message is handled, the refusal shows in /metrics and the log, and the service's own user is
+served throughout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lmcache_client import LMClient
+from mpcache_service import free_port, wait_for
+from second_user import Unavailable, throwaway_user
+
+
+@pytest.fixture(scope="module")
+def foreign_user():
+    try:
+        with throwaway_user() as user:
+            yield user
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+def test_a_foreign_uid_is_refused_counted_and_logged(start_service, foreign_user):
+    """The foreign user's ping gets no reply; ``mpcache_lmcache_refused_connections_total{worker="0"}``
+    counts it and ``lmcache.peer_refused`` names its uid; the service's own client is answered after."""
+    port = free_port()
+    service = start_service("--workers", "1", "--lmcache-port", str(port))
+    url = f"tcp://127.0.0.1:{port}"
+    wait_for(lambda: service.lines("cache.start"), 60, "the cache process to listen")
+    own = LMClient(url)
+    assert "OK" == own.call("noop")
+    attacker = foreign_user.popen("lmcache_attacker", url)
+    try:
+        attacker.stdin.write(json.dumps({"calls": [["ping", None]], "timeout_s": 3.0}) + "\n")
+        attacker.stdin.flush()
+        wait_for(lambda: service.lines("lmcache.peer_refused", uid=foreign_user.uid), 30,
+                 "the refusal in the log")
+        attacker.stdin.close()
+        output = [json.loads(line) for line in attacker.stdout.read().splitlines() if line.startswith("{")]
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert [{"op": "ping", "no_reply": True}] == [line for line in output if "op" in line]
+    wait_for(lambda: service.scrape().total("mpcache_lmcache_refused_connections_total", worker="0") >= 1, 30,
+             "the refusal counted in /metrics")
+    try:
+        assert "OK" == own.call("noop")
+    finally:
+        own.close()
