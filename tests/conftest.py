@@ -95,3 +95,16 @@ def ring_factory(segment_factory) -> Callable[..., Ring]:
 def ring(ring_factory) -> Ring:
     """A fresh 64-cell ring with a 64-entry intern table."""
     return ring_factory()
+
+
+@pytest.fixture(scope="module")
+def second_user():
+    """A throwaway local account (tests/second_user.py), removed after the module; skipped, saying why, where
+    none can be made (not root, no useradd)."""
+    from second_user import Unavailable, throwaway_user
+
+    try:
+        with throwaway_user() as user:
+            yield user
+    except Unavailable as exc:
+        pytest.skip(str(exc))

@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 import msgpack
+import numpy as np
 import zmq
 
 NO_RESULT = object()  # a reply without a result frame (the operation's result was None)
@@ -60,3 +61,18 @@ def registration(instance_id: int, *, model: str = "org/model", world_size: int 
     return {"instance_id": instance_id, "model_name": model, "world_size": world_size, "block_size": 16,
             "num_layers": layers, "hidden_dim_size": hidden, "dtype_str": dtype, "use_mla": mla,
             "num_physical_slots": slots}
+
+
+def write_slots(pool, slots: list[dict], seed: int) -> list[bytes]:
+    """Fill each prepared slot of a mapped L1 pool with reproducible bytes (as a worker copies KV in)."""
+    written = []
+    for index, slot in enumerate(slots):
+        data = np.random.default_rng(seed * 1000 + index).integers(0, 256, slot["length"], dtype=np.uint8).tobytes()
+        pool[slot["offset"] : slot["offset"] + slot["length"]] = data
+        written.append(data)
+    return written
+
+
+def read_slots(pool, slots: list[dict]) -> list[bytes]:
+    """The bytes of each slot of a mapped L1 pool (as a worker copies KV out)."""
+    return [pool[slot["offset"] : slot["offset"] + slot["length"]] for slot in slots]

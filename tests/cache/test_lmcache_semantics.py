@@ -8,9 +8,8 @@ import mmap
 import os
 import time
 
-import numpy as np
 import pytest
-from lmcache_client import NO_RESULT, LMClient, key, registration
+from lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
 
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
@@ -38,24 +37,11 @@ def served(cache):
     pool.close()
 
 
-def _write(pool: mmap.mmap, slots: list[dict], seed: int) -> list[bytes]:
-    written = []
-    for index, slot in enumerate(slots):
-        data = np.random.default_rng(seed * 1000 + index).integers(0, 256, slot["length"], dtype=np.uint8).tobytes()
-        pool[slot["offset"] : slot["offset"] + slot["length"]] = data
-        written.append(data)
-    return written
-
-
-def _read(pool: mmap.mmap, slots: list[dict]) -> list[bytes]:
-    return [pool[slot["offset"] : slot["offset"] + slot["length"]] for slot in slots]
-
-
 def _store(client: LMClient, pool: mmap.mmap, tokens: list[int], request: str, *, seed: int, worker: int = 0,
            world_size: int = 1, instance: int = 1, salt: str = "") -> list[bytes]:
     stored = key(tokens, request, worker_id=worker, world_size=world_size, salt=salt)
     prepared = client.call("prepare_store", stored, instance)
-    written = _write(pool, prepared["context"]["slots"], seed)
+    written = write_slots(pool, prepared["context"]["slots"], seed)
     assert True is client.call("commit_store", stored, instance, b"")
     return written
 
@@ -78,7 +64,7 @@ def test_bytes_stored_through_slots_come_back_through_another_requests_slots(ser
     client.call("lookup", key(tokens, "b"), 1)
     assert 3 == client.call("query_prefetch_status", "b")
     retrieved = client.call("prepare_retrieve", key(tokens, "b", worker_id=0), 1)
-    assert written == _read(pool, retrieved["context"]["slots"])
+    assert written == read_slots(pool, retrieved["context"]["slots"])
     assert True is client.call("commit_retrieve", key(tokens, "b", worker_id=0), 1)
     assert [0, 0, 0] == _locks(harness, tokens)
     batch = harness.events.take()
@@ -100,7 +86,7 @@ def test_a_hit_needs_every_kv_rank_and_each_rank_reads_its_own_bytes(served):
     assert 2 == client.call("query_prefetch_status", "q2")
     for worker, instance, expected in ((0, 1, rank0), (1, 2, rank1)):
         got = client.call("prepare_retrieve", key(tokens, "q2", worker_id=worker, world_size=2), instance)
-        assert expected == _read(pool, got["context"]["slots"])
+        assert expected == read_slots(pool, got["context"]["slots"])
         client.call("commit_retrieve", key(tokens, "q2", worker_id=worker, world_size=2), instance)
     assert [0] * 4 == _locks(harness, tokens, world_size=2)
 
@@ -134,7 +120,7 @@ def test_free_lookup_locks_then_a_retrieve_after_chunk_zero(served):
     assert [0, 1, 1] == _locks(harness, tokens)
     tail = key(tokens, "p", worker_id=0, start=CHUNK)
     got = client.call("prepare_retrieve", tail, 1)
-    assert written[1:] == _read(pool, got["context"]["slots"])
+    assert written[1:] == read_slots(pool, got["context"]["slots"])
     client.call("commit_retrieve", tail, 1)
     assert [0, 0, 0] == _locks(harness, tokens)
 
@@ -216,7 +202,7 @@ def test_chunks_evicted_from_l1_come_back_from_l2_with_their_bytes(cache, tmp_pa
                  what="the L2 prefetch")
         assert 2 == statuses[-1] and set(statuses[:-1]) <= {NO_RESULT}  # None (no result frame) while loading
         got = client.call("prepare_retrieve", key(tokens, "back", worker_id=0), 1)
-        assert written == _read(pool, got["context"]["slots"])
+        assert written == read_slots(pool, got["context"]["slots"])
         client.call("commit_retrieve", key(tokens, "back", worker_id=0), 1)
         pool.close()
     finally:

@@ -22,11 +22,10 @@ import time
 from typing import Any
 
 import msgpack
-import numpy as np
 import pytest
 import zmq
-from lmcache_client import NO_RESULT, OPS, LMClient, key, registration
-from second_user import Unavailable, User, throwaway_user
+from lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
+from second_user import User
 from zmq.utils.monitor import recv_monitor_message
 
 from mpcache.cache.process import CacheProcess
@@ -154,16 +153,6 @@ def served(cache):
         served.close()
 
 
-@pytest.fixture(scope="module")
-def second_user():
-    """A throwaway local account (uid, gid), removed after the module; skipped when none can be made."""
-    try:
-        with throwaway_user() as user:
-            yield user
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 class Attacker:
     """``tests/lmcache_attacker.py`` running as another user, driven one job at a time."""
 
@@ -275,26 +264,13 @@ def no_reply(results: list[dict]) -> bool:
 # -- the victim's side ------------------------------------------------------------------------------
 
 
-def _write(pool: mmap.mmap, slots: list[dict], seed: int) -> list[bytes]:
-    written = []
-    for index, slot in enumerate(slots):
-        data = np.random.default_rng(seed * 1000 + index).integers(0, 256, slot["length"], dtype=np.uint8).tobytes()
-        pool[slot["offset"] : slot["offset"] + slot["length"]] = data
-        written.append(data)
-    return written
-
-
-def _read(pool: mmap.mmap, slots: list[dict]) -> list[bytes]:
-    return [pool[slot["offset"] : slot["offset"] + slot["length"]] for slot in slots]
-
-
 def store(served: Served, tokens: list[int], request: str, *, seed: int, salt: str = SALT,
           instance: int = 1, client: LMClient | None = None) -> list[bytes]:
     """Store ``tokens``' whole chunks as a worker does; the bytes written."""
     client = client or served.victim
     stored = key(tokens, request, worker_id=0, salt=salt)
     prepared = client.call("prepare_store", stored, instance)
-    written = _write(served.pool, prepared["context"]["slots"], seed)
+    written = write_slots(served.pool, prepared["context"]["slots"], seed)
     assert len(written) == len(tokens) // CHUNK, prepared
     assert True is client.call("commit_store", stored, instance, b"")
     client.call("end_session", request)
@@ -342,11 +318,11 @@ def test_a_foreign_uid_cannot_poison_a_prefix_the_victim_then_stores_and_reads_i
     victim_key = key(poisoned, "victim", worker_id=0, salt=SALT)
     prepared = service.victim.call("prepare_store", victim_key, 1)
     assert 2 == len(prepared["context"]["slots"]), f"the victim's own store got no slots: {prepared}"
-    written = _write(service.pool, prepared["context"]["slots"], seed=2)
+    written = write_slots(service.pool, prepared["context"]["slots"], seed=2)
     assert True is service.victim.call("commit_store", victim_key, 1, b"")
     assert 2 == hits(service.victim, poisoned, "victim-read")
     got = service.victim.call("prepare_retrieve", key(poisoned, "victim-read", worker_id=0, salt=SALT), 1)
-    assert written == _read(service.pool, got["context"]["slots"])
+    assert written == read_slots(service.pool, got["context"]["slots"])
     assert True is service.victim.call("commit_retrieve", key(poisoned, "victim-read", worker_id=0, salt=SALT), 1)
 
 
@@ -548,7 +524,7 @@ def test_an_allowed_second_uid_cannot_read_or_release_another_uids_request_state
     assert [1, 1] == locks(service, stored)
     assert 2 == service.victim.call("query_prefetch_status", "R")
     got = service.victim.call("prepare_retrieve", key(stored, "R", worker_id=0, salt=SALT), 1)
-    assert written == _read(service.pool, got["context"]["slots"])
+    assert written == read_slots(service.pool, got["context"]["slots"])
     assert True is service.victim.call("commit_retrieve", key(stored, "R", worker_id=0, salt=SALT), 1)
     assert [0, 0] == locks(service, stored)
 
@@ -563,7 +539,7 @@ def test_commit_store_of_slots_another_instance_prepared_is_refused(served):
     prepared_key = key(tokens, "s", worker_id=0, salt=SALT)
     prepared = service.victim.call("prepare_store", prepared_key, 1)
     assert 2 == len(prepared["context"]["slots"])
-    _write(service.pool, prepared["context"]["slots"], seed=13)
+    write_slots(service.pool, prepared["context"]["slots"], seed=13)
     assert False is other.call("commit_store", prepared_key, 2, b"")
     assert 0 == hits(other, tokens, "look")
 

@@ -9,20 +9,10 @@ import json
 import pytest
 from lmcache_client import LMClient
 from mpcache_service import free_port, wait_for
-from second_user import Unavailable, throwaway_user
-
-
-@pytest.fixture(scope="module")
-def foreign_user():
-    try:
-        with throwaway_user() as user:
-            yield user
-    except Unavailable as exc:
-        pytest.skip(str(exc))
 
 
 @pytest.mark.slow
-def test_a_foreign_uid_is_refused_counted_and_logged(start_service, foreign_user):
+def test_a_foreign_uid_is_refused_counted_and_logged(start_service, second_user):
     """The foreign user's ping gets no reply; ``mpcache_lmcache_refused_connections_total{worker="0"}``
     counts it and ``lmcache.peer_refused`` names its uid; the service's own client is answered after."""
     port = free_port()
@@ -31,11 +21,11 @@ def test_a_foreign_uid_is_refused_counted_and_logged(start_service, foreign_user
     wait_for(lambda: service.lines("cache.start"), 60, "the cache process to listen")
     own = LMClient(url)
     assert "OK" == own.call("noop")
-    attacker = foreign_user.popen("lmcache_attacker", url)
+    attacker = second_user.popen("lmcache_attacker", url)
     try:
         attacker.stdin.write(json.dumps({"calls": [["ping", None]], "timeout_s": 3.0}) + "\n")
         attacker.stdin.flush()
-        wait_for(lambda: service.lines("lmcache.peer_refused", uid=foreign_user.uid), 30,
+        wait_for(lambda: service.lines("lmcache.peer_refused", uid=second_user.uid), 30,
                  "the refusal in the log")
         attacker.stdin.close()
         output = [json.loads(line) for line in attacker.stdout.read().splitlines() if line.startswith("{")]
