@@ -164,3 +164,14 @@ def test_the_kernel_table_and_a_descriptor_name_both_ends_of_a_real_connection()
     finally:
         for sock in (peer, accepted, listener):
             sock.close()
+
+
+def test_a_connection_that_could_not_be_checked_is_shut_out() -> None:
+    """Fail closed: a connection whose peer could not be looked up is shut down, counted, and holds answers
+    until it is gone, like a foreign one."""
+    world = World()
+    world.connect(7, ENGINE_UID, 40001)
+    world.gate.refuse_unchecked(8)
+    assert (world.shut, world.refused, world.gate.decide("127.0.0.1")) == ([8], [1], HOLD)
+    world.gate.disconnected(8)
+    assert world.gate.decide("127.0.0.1") == ENGINE_UID

@@ -222,7 +222,11 @@ class LMCacheFrontEnd:
             if event["event"] == zmq.EVENT_ACCEPTED:
                 addresses = descriptor_addresses(fd)
                 if addresses is not None:
-                    gate.accepted(fd, *addresses)
+                    try:
+                        gate.accepted(fd, *addresses)
+                    except OSError as exc:  # the socket table could not be read: not admitted
+                        gate.refuse_unchecked(fd)
+                        self._client_error("handshake", "transport", f"peer check failed: {exc}")
             else:
                 gate.disconnected(fd)
         zap = self._zap
@@ -239,9 +243,8 @@ class LMCacheFrontEnd:
             if len(request) >= 8 and request[2] == b"1.0" and request[4] == ZAP_DOMAIN and request[7] == b"NULL":
                 try:
                     owner = gate.decide(request[5].decode("ascii", "replace"))
-                except (OSError, ValueError) as exc:  # the socket table could not be read: not decidable now
+                except ValueError as exc:  # an ipc:// address not in libzmq's form
                     self._client_error("handshake", "transport", f"peer check failed: {exc}")
-                    owner = HOLD
             if owner == HOLD:
                 return
             self._held.pop(0)

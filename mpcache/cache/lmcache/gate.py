@@ -77,6 +77,11 @@ class PeerGate:
         self._close(fd)
         self._refused(uid, "tcp")
 
+    def refuse_unchecked(self, fd: int) -> None:
+        """Shut out a connection whose peer could not be checked (fail closed)."""
+        self._close(fd)
+        self._on_refused()
+
     def disconnected(self, fd: int) -> None:
         self._waiting.pop(fd, None)
         self._closing.pop(fd, None)
