@@ -15,7 +15,7 @@ from mpcache.contract.protocol import REQUIRED
 from mpcache.errors import ProtocolError
 
 # Request fields the client fills in itself, and what a buffer parameter stands for.
-CLIENT_FILLED = {"register_buffer": {"shm_name"}, "register_cuda_buffer": {"ipc_handle"}}
+CLIENT_FILLED = {"register_cuda_buffer": {"ipc_handle"}}
 CLIENT_DEFAULTS = {("register_cuda_buffer", "device_index")}  # required on the wire, defaulted in the client
 # Operations whose method returns one value, or a buffer, rather than a result type: the reply fields it reads.
 PLAIN_REPLIES = {

@@ -1,9 +1,11 @@
-"""One request payload in, one reply out: decode, validate, run the operation, turn failures into
-one-line error replies (and a caught timeout into TIMEOUT_RAISED).  Transport-free.
+"""One request payload (and the file descriptors that came with it) in, one reply out: decode, validate,
+run the operation, turn failures into one-line error replies (and a caught timeout into TIMEOUT_RAISED),
+close the descriptors.  Transport-free.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -91,8 +93,17 @@ class Dispatcher:
         self._schemas = {name: op.fields for name, op in operations.items()}
         self.client_error = ErrorLog(ctx.log, level="debug" if ctx.config.demo else "warning")
 
-    def __call__(self, peer: Peer, payload: bytes) -> dict:
-        """One request → one reply.  Errors become error replies; the loop goes on."""
+    def __call__(self, peer: Peer, payload: bytes, fds: list[int]) -> dict:
+        """One request → one reply; ``fds`` (received with it) are closed before this returns, whatever
+        happened: a handler uses its descriptor but never keeps it.  Errors become error replies; the
+        loop goes on."""
+        try:
+            return self._run(peer, payload, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _run(self, peer: Peer, payload: bytes, fds: list[int]) -> dict:
         ctx = self._ctx
         message = None
         op = "?"
@@ -100,8 +111,16 @@ class Dispatcher:
             message = protocol.decode_payload(payload)
             request = protocol.parse_request(message, self._schemas)
             op = request.op
+            operation = self._operations[op]
+            args = request.args
+            if len(fds) != int(operation.descriptor):
+                wanted = "one file descriptor (SCM_RIGHTS) with its frame" if operation.descriptor else \
+                    "no file descriptor"
+                raise ProtocolError(f"{op}: expects {wanted}, got {len(fds)}")
+            if operation.descriptor:
+                args["fd"] = fds[0]
             ctx.sessions.expire()
-            reply = self._operations[op].handler(ctx, peer, request.args)
+            reply = operation.handler(ctx, peer, args)
             reply["id"] = request.id
             reply["ok"] = True
             return reply

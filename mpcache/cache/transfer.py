@@ -169,9 +169,6 @@ class CudaBuffer:
             self.ptr = runtime.ipcOpenMemHandle(handle)
         self.transfer: Transfer = CudaTransfer(device, self.ptr, block_bytes)
 
-    def check_intact(self) -> None:
-        """An IPC mapping stays valid while it is open, whatever the exporter does."""
-
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0

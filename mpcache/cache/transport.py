@@ -1,9 +1,17 @@
-"""The cache's own front end: a 0600 Unix socket (same uid only), length-prefixed msgpack frames, one
-selectors loop, and back-pressure on clients that do not read their replies.
+"""The cache's own front end: a 0600 Unix socket (same uid only), length-prefixed msgpack frames and the
+file descriptors sent with them (SCM_RIGHTS), one selectors loop, and back-pressure on clients that do not
+read their replies.
+
+Descriptors belong to the frame holding the last byte received with them: on a stream socket the kernel
+hands them over with the first byte of the ``sendmsg`` that carried them and ends that read within its
+bytes, so a client that sends each frame with descriptors in one ``sendmsg`` of its own gets them attached
+to that frame.  Every descriptor received is closed once its frame is answered (the dispatcher does that),
+or when its connection closes.
 """
 
 from __future__ import annotations
 
+import array
 import errno
 import os
 import selectors
@@ -23,18 +31,24 @@ SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 OUTBUF_PAUSE_BYTES = 1 << 20  # stop reading a client's requests while this much of its replies is unsent
 MAX_CONNECTIONS = 1024  # per cache process; more are accepted and closed at once
 PARTIAL_FRAME_TIMEOUT_S = 10.0  # a frame begun and not finished within this is a stalled (or hostile) client
+MAX_FDS_PER_FRAME = 4  # more file descriptors with one frame close the connection
+_FD_BYTES = array.array("i").itemsize
+_ANCILLARY_BYTES = socket.CMSG_SPACE(MAX_FDS_PER_FRAME * _FD_BYTES)
 _PEERCRED = struct.Struct("3i")
 
-Dispatch = Callable[[Peer, bytes], dict]
+Dispatch = Callable[[Peer, bytes, list[int]], dict]
 ClientError = Callable[[str, str, str], None]
 
 
 class _Connection:
-    __slots__ = ("sock", "inbuf", "outbuf", "closing", "paused", "peer", "events", "partial_since")
+    __slots__ = ("sock", "inbuf", "offset", "fds", "outbuf", "closing", "paused", "peer", "events",
+                 "partial_since")
 
     def __init__(self, sock: socket.socket, peer: Peer) -> None:
         self.sock = sock
         self.inbuf = bytearray()
+        self.offset = 0  # stream offset of inbuf[0], a frame's start
+        self.fds: dict[int, list[int]] = {}  # descriptors received, by the stream offset of their frame
         self.outbuf = bytearray()
         self.closing = False
         self.paused = False  # requests held back until the client reads its replies
@@ -140,7 +154,7 @@ class UnixTransport:
             self._shed(f"at most {self._max_connections} connections per cache process")
             return
         try:
-            pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         except OSError:
             sock.close()
             return
@@ -148,7 +162,7 @@ class UnixTransport:
             sock.close()
             return
         sock.setblocking(False)
-        conn = _Connection(sock, Peer(pid))
+        conn = _Connection(sock, Peer())
         self._connections[sock.fileno()] = conn
         self._selector.register(sock, selectors.EVENT_READ, lambda mask, conn=conn: self._on_ready(conn, mask))
 
@@ -193,17 +207,34 @@ class UnixTransport:
 
     def _on_readable(self, conn: _Connection) -> None:
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data, ancillary, flags, _ = conn.sock.recvmsg(RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(conn)
             return
+        fds = _descriptors(ancillary)
         if not data:
+            _close_all(fds)
             self._close(conn)
             return
         conn.inbuf += data
+        if fds or flags & socket.MSG_CTRUNC:
+            held = conn.fds.setdefault(conn.offset + _start_of_last_frame(conn.inbuf), [])
+            held += fds
+            if flags & socket.MSG_CTRUNC or len(held) > MAX_FDS_PER_FRAME:
+                self._refuse_stream(conn, f"more than {MAX_FDS_PER_FRAME} file descriptors with one frame; closing")
+                self._flush(conn)
+                return
         self._process(conn)
+
+    def _refuse_stream(self, conn: _Connection, message: str) -> None:
+        """Answer ``message`` (id nil), drop what is unread and close the connection once it is sent."""
+        self._client_error("?", "protocol", message)
+        conn.outbuf += protocol.encode_frame(protocol.error_reply(None, "protocol", message))
+        conn.closing = True
+        conn.inbuf.clear()
+        _close_held(conn)
 
     def _process(self, conn: _Connection) -> None:
         """Answer the complete frames received so far, pausing while replies pile up unread."""
@@ -212,18 +243,17 @@ class UnixTransport:
         while len(inbuf) >= header.size and len(conn.outbuf) < OUTBUF_PAUSE_BYTES and not self._stopping():
             (length,) = header.unpack_from(inbuf)
             if length > protocol.MAX_FRAME_BYTES:
-                message = f"frame of {length} bytes exceeds the {protocol.MAX_FRAME_BYTES}-byte limit; closing"
-                self._client_error("?", "protocol", message)
-                conn.outbuf += protocol.encode_frame(protocol.error_reply(None, "protocol", message))
-                conn.closing = True
-                inbuf.clear()
+                self._refuse_stream(conn, f"frame of {length} bytes exceeds the {protocol.MAX_FRAME_BYTES}-byte "
+                                          "limit; closing")
                 break
             end = header.size + length
             if len(inbuf) < end:
                 break
             payload = bytes(inbuf[header.size:end])
             del inbuf[:end]
-            conn.outbuf += protocol.encode_frame(self._dispatch(conn.peer, payload))
+            fds = conn.fds.pop(conn.offset, []) if conn.fds else []
+            conn.offset += end
+            conn.outbuf += protocol.encode_frame(self._dispatch(conn.peer, payload, fds))
         conn.paused = len(conn.outbuf) >= OUTBUF_PAUSE_BYTES
         if not inbuf:
             conn.partial_since = 0.0
@@ -263,4 +293,38 @@ class UnixTransport:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        _close_held(conn)
         conn.peer.close()
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The file descriptors in ``recvmsg``'s ancillary data."""
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % _FD_BYTES])
+    return list(fds)
+
+
+def _start_of_last_frame(inbuf: bytearray) -> int:
+    """Where, in ``inbuf`` (which starts at a frame), the frame holding its last byte starts."""
+    header = protocol.FRAME_HEADER
+    start = 0
+    while start + header.size <= len(inbuf):
+        end = start + header.size + header.unpack_from(inbuf, start)[0]
+        if end >= len(inbuf):
+            break
+        start = end
+    return start
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _close_held(conn: _Connection) -> None:
+    """Close the descriptors of frames this connection will never answer."""
+    for fds in conn.fds.values():
+        _close_all(fds)
+    conn.fds.clear()

@@ -1,11 +1,15 @@
-"""The client's registered KV buffers: the interface every kind offers, and the shared-memory kind."""
+"""The client's registered KV buffers: the interface every kind offers, and the shared-memory kind (a
+sealed memfd, :mod:`mpcache.shm.memfd`)."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from mpcache.shm import memfd
 from mpcache.shm.segment import Segment
 
 if TYPE_CHECKING:
@@ -43,8 +47,9 @@ class RegisteredBuffer:
         if self.blocks is not None:
             self._client.unregister_buffer(self)
 
-    def _registration(self) -> tuple[str, dict[str, Any]]:
-        """The request that registers this buffer with a cache process (sent again after a reconnect)."""
+    def _registration(self) -> tuple[str, dict[str, Any], list[int]]:
+        """The request that registers this buffer with a cache process, and the descriptors sent with it
+        (sent again after a reconnect)."""
         raise NotImplementedError
 
     def _release(self) -> None:
@@ -60,29 +65,35 @@ class RegisteredBuffer:
 class KVBuffer(RegisteredBuffer):
     """A registered shared-memory KV buffer: ``blocks[i]`` is block i (``block_bytes`` uint8).
 
-    :meth:`close` (or leaving a ``with`` block) unregisters it and removes the
-    shared-memory object; closing its client does the same for every buffer left.
+    The memory is a memfd sealed against shrinking (``fd``, named ``name`` in ``/proc/<pid>/maps``), sent to
+    the cache process with each registration.  :meth:`close` (or leaving a ``with`` block) unregisters it
+    and frees it; closing its client does the same for every buffer left, and so does this process's exit.
     """
 
-    def __init__(self, client: CacheClient, segment: Segment, buffer_id: int, num_blocks: int,
-                 block_bytes: int) -> None:
+    def __init__(self, client: CacheClient, name: str, num_blocks: int, block_bytes: int) -> None:
         self._client = client
-        self.segment = segment
-        self.name = segment.name
-        self.buffer_id = buffer_id
+        self.name = name
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
-        self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=segment.buf)
+        self.buffer_id = -1  # until registered
+        size = num_blocks * block_bytes
+        self.fd = memfd.create_sealed(name, size)
+        try:
+            self.segment = Segment(name, mmap.mmap(self.fd, size))
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.blocks = np.ndarray((num_blocks, block_bytes), dtype=np.uint8, buffer=self.segment.buf)
 
-    def _registration(self) -> tuple[str, dict[str, Any]]:
-        return "register_buffer", {"shm_name": self.name, "num_blocks": self.num_blocks,
-                                   "block_bytes": self.block_bytes}
+    def _registration(self) -> tuple[str, dict[str, Any], list[int]]:
+        return "register_buffer", {"num_blocks": self.num_blocks, "block_bytes": self.block_bytes}, [self.fd]
 
     def _release(self) -> None:
-        """Unlink the object and drop this process's mapping (if no view of it is still held)."""
+        """Close the descriptor and drop this process's mapping (if no view of it is still held; the memory
+        goes with the last descriptor or mapping of it, here or in the cache process)."""
+        if self.fd < 0:
+            return
         self.blocks = None
-        Segment.unlink(self.name)
-        try:
-            self.segment.close()
-        except BufferError:  # the caller still holds a view; the mapping goes when it does
-            pass
+        os.close(self.fd)
+        self.fd = -1
+        self.segment.close()

@@ -1,9 +1,10 @@
 """What an inference engine links: a blocking client for one cache process.
 
-KV bytes move only through shared memory (or CUDA IPC): a client registers a buffer of blocks once,
-then names blocks by index; the socket carries small msgpack messages (``docs/PROTOCOL.md``).
-Refusals raise :class:`~mpcache.errors.RequestError` (:class:`~mpcache.errors.ProtocolError` for a
-malformed request, :class:`CacheTimeoutError` at a server-side deadline).  Not thread-safe.
+KV bytes move only through shared memory (or CUDA IPC): a client registers a buffer of blocks once (a
+sealed memfd whose descriptor travels with the request), then names blocks by index; the socket carries
+small msgpack messages (``docs/PROTOCOL.md``).  Refusals raise :class:`~mpcache.errors.RequestError`
+(:class:`~mpcache.errors.ProtocolError` for a malformed request, :class:`CacheTimeoutError` at a
+server-side deadline).  Not thread-safe.
 
 Reconnection: when the connection breaks during an operation (the cache process was killed, crashed
 or restarted), the client reconnects to the same socket path — retrying with backoff (50 ms doubling
@@ -40,7 +41,6 @@ from mpcache.client.results import (
 )
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
-from mpcache.shm.segment import Segment, shm_name
 
 # One scheduler step's record: (request id, its newly allocated block ids, those blocks' token ids).
 BlockRecord = tuple[str, Sequence[int], Sequence[int]]
@@ -101,12 +101,16 @@ class CacheClient:
         """Send one request and wait for its reply; raise on an error reply.
 
         A broken connection raises :class:`CacheConnectionLost` after reconnecting (see the module)."""
+        return self._call(op, args, [])
+
+    def _call(self, op: str, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """:meth:`call`, with ``fds`` sent alongside the request (SCM_RIGHTS)."""
         if self._closed:
             raise ConnectionError("the client is closed")
         if self._sock is None:  # lost earlier, and not back then: nothing of this op was sent yet
             self._reconnect(op, None, raise_when_back=False)
         try:
-            reply, ok = self._exchange(op, args)
+            reply, ok = self._exchange(op, args, fds)
         except (ConnectionError, OSError) as exc:
             if isinstance(exc, TimeoutError) or self._closing:
                 raise
@@ -114,13 +118,15 @@ class CacheClient:
             raise AssertionError("unreachable") from None
         return self._result(reply, ok)
 
-    def _exchange(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """One request on the current socket: its reply and whether it succeeded (ConnectionError/OSError if
-        the socket breaks)."""
+    def _exchange(self, op: str, args: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], bool]:
+        """One request on the current socket, ``fds`` sent with its first byte: its reply and whether it
+        succeeded (ConnectionError/OSError if the socket breaks)."""
         assert self._sock is not None
         request_id = next(self._ids)
         frame = protocol.encode_frame({"op": op, "id": request_id, **args})
-        self._sock.sendall(frame)
+        sent = socket.send_fds(self._sock, [frame], fds) if fds else 0
+        if sent < len(frame):
+            self._sock.sendall(frame[sent:])
         while True:
             reply = self._read_reply()
             if not isinstance(reply, dict):
@@ -198,11 +204,11 @@ class CacheClient:
         :attr:`refused_buffers`."""
         registered: dict[int, RegisteredBuffer] = {}
         for buffer in self._buffers.values():
-            op, args = buffer._registration()
+            op, args, fds = buffer._registration()
             try:
-                buffer.buffer_id = self._result(*self._exchange(op, args))["buffer_id"]
+                buffer.buffer_id = self._result(*self._exchange(op, args, fds))["buffer_id"]
             except (RequestError, ProtocolError) as exc:
-                self.refused_buffers.append(f"{args.get('shm_name', op)}: {exc}")
+                self.refused_buffers.append(f"{op} of buffer {buffer.buffer_id}: {exc}")
                 continue
             registered[buffer.buffer_id] = buffer
         self._buffers = registered
@@ -237,16 +243,14 @@ class CacheClient:
         return from_reply(ServerInfo, self.call("ping"))
 
     def register_buffer(self, num_blocks: int, block_bytes: int) -> KVBuffer:
-        """Create a (num_blocks × block_bytes) shared-memory buffer and register it with the server."""
-        name = shm_name(os.getpid(), self._tag, f"kv{next(self._buffer_seq)}")
-        segment = Segment.create(name, num_blocks * block_bytes)
+        """Create a (num_blocks × block_bytes) shared-memory buffer (a sealed memfd) and register it with
+        the server."""
+        buffer = KVBuffer(self, f"mpcache.{self._tag}.kv{next(self._buffer_seq)}", num_blocks, block_bytes)
         try:
-            reply = self.call("register_buffer", shm_name=name, num_blocks=num_blocks, block_bytes=block_bytes)
+            buffer.buffer_id = self._call(*buffer._registration())["buffer_id"]
         except BaseException:
-            segment.close()
-            Segment.unlink(name)
+            buffer._release()
             raise
-        buffer = KVBuffer(self, segment, reply["buffer_id"], num_blocks, block_bytes)
         self._buffers[buffer.buffer_id] = buffer
         return buffer
 

@@ -32,13 +32,13 @@ class CudaKVBuffer(RegisteredBuffer):
         self.blocks = cupy.ndarray((num_blocks, block_bytes), dtype=cupy.uint8,
                                    memptr=cupy.cuda.MemoryPointer(memory, 0))
 
-    def _registration(self) -> tuple[str, dict[str, Any]]:
+    def _registration(self) -> tuple[str, dict[str, Any], list[int]]:
         import cupy
 
         with cupy.cuda.Device(self.device_index):
             handle = cupy.cuda.runtime.ipcGetMemHandle(self._memory.ptr)
         return "register_cuda_buffer", {"ipc_handle": bytes(handle).hex(), "device_index": self.device_index,
-                                        "num_blocks": self.num_blocks, "block_bytes": self.block_bytes}
+                                        "num_blocks": self.num_blocks, "block_bytes": self.block_bytes}, []
 
     def _release(self) -> None:
         self.blocks = None

@@ -26,9 +26,6 @@ MAX_CUDA_DEVICES = 1024
 _U64_MAX = (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
-# A client buffer's name: "/mpcache.<client pid>.<8 id chars>.kv<n>" (mpcache.shm.segment.shm_name).
-KV_SHM_NAME = re.compile(r"^/mpcache\.([0-9]{1,10})\.[A-Za-z0-9_-]{1,8}\.kv[0-9]{0,12}$")
-
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SALT_FORBIDDEN = re.compile(r"[@/\\]")
 _MODEL_FORBIDDEN = re.compile(r"[@\\]")  # "org/model" names are normal; "@" is L2's key separator
@@ -135,12 +132,6 @@ def int_list(lo: int, hi: int, allow_empty: bool) -> Callable[[Any, str], list[i
     return check
 
 
-def _shm_name(value: Any, field: str) -> str:
-    if type(value) is not str or not KV_SHM_NAME.match(value):
-        raise ProtocolError(f"{field}: expected a client buffer name /mpcache.<pid>.<id>.kv<n>")
-    return value
-
-
 def _timeout(value: Any, field: str) -> float | None:
     if value is None:
         return None
@@ -205,7 +196,6 @@ def _ipc_handle(value: Any, field: str) -> bytes:
                             "(a CUDA IPC memory handle)") from None
 
 REQUEST_ID = _request_id
-SHM_NAME = _shm_name
 TIMEOUT = _timeout
 BLOCK_RECORDS = _block_records
 IPC_HANDLE = _ipc_handle

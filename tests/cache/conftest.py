@@ -38,6 +38,19 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, what: str 
         time.sleep(0.005)
 
 
+class CapturedLog:
+    """A structlog-like logger for the in-process server that keeps its warning lines."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict]] = []
+
+    def warning(self, event: str, **fields) -> None:
+        self.warnings.append((event, fields))
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None  # info, debug, exception, ...
+
+
 TEST_L2_SECRET = "5e" * 32  # a fixed L2 record key (hex), so fs tiers survive a harness restart
 
 

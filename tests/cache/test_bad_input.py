@@ -10,8 +10,7 @@ import pytest
 from raw_frames import RawConn
 
 from mpcache.contract import protocol
-from mpcache.contract.events import EventType as E
-from mpcache.shm.segment import Segment, shm_name
+from mpcache.shm.memfd import create_sealed
 
 from .conftest import CHUNK_BYTES, MODEL
 
@@ -23,17 +22,14 @@ def raw(cache):
     """A running server, a raw connection with one registered 4-block buffer, and a bystander client."""
     harness = cache()
     conn = RawConn(harness.config.socket_path(0))
-    name = shm_name(os.getpid(), "rawtest", "kv0")
-    segment = Segment.create(name, BLOCKS * CHUNK_BYTES)
-    reply = conn.request({"op": "register_buffer", "id": 1, "shm_name": name, "num_blocks": BLOCKS,
-                          "block_bytes": CHUNK_BYTES})
+    fd = create_sealed("rawtest", BLOCKS * CHUNK_BYTES)
+    reply = conn.request({"op": "register_buffer", "id": 1, "num_blocks": BLOCKS, "block_bytes": CHUNK_BYTES}, [fd])
+    os.close(fd)
     assert True is reply["ok"], reply
     bystander = harness.client()
     bystander_kv = bystander.register_buffer(1, CHUNK_BYTES)
     yield harness, conn, reply["buffer_id"], bystander, bystander_kv
     conn.close()
-    segment.close()
-    Segment.unlink(name)
 
 
 def _store(buffer_id: int, **changes) -> dict:
@@ -71,22 +67,18 @@ BAD_REQUESTS = {
                     "unknown or expired prefetch job"),
     "negative timeout": (lambda b: {"op": "retrieve", "id": 9, "buffer_id": b, "request_id": "r", "job_id": 1,
                                     "block_ids": [0], "timeout_s": -1.0}, "protocol", "timeout_s"),
-    "buffer of another pid": (lambda b: {"op": "register_buffer", "id": 9, "shm_name": "/mpcache.1.abcd.kv0",
-                                         "num_blocks": 1, "block_bytes": 8}, "request", "not named after the client"),
-    "buffer name not a kv buffer": (lambda b: {"op": "register_buffer", "id": 9, "shm_name": "/etc-passwd",
-                                               "num_blocks": 1, "block_bytes": 8}, "protocol", "shm_name"),
-    "buffer that does not exist": (lambda b: {"op": "register_buffer", "id": 9,
-                                              "shm_name": shm_name(os.getpid(), "nothere", "kv0"),
-                                              "num_blocks": 1, "block_bytes": 8}, "request", "does not exist"),
-    "buffer larger than its object": (lambda b: {"op": "register_buffer", "id": 9,
-                                                 "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
-                                                 "num_blocks": BLOCKS + 1, "block_bytes": CHUNK_BYTES},
-                                      "request", "expected at least"),
-    "block larger than a chunk": (lambda b: {"op": "register_buffer", "id": 9,
-                                             "shm_name": shm_name(os.getpid(), "rawtest", "kv0"),
-                                             "num_blocks": 1, "block_bytes": CHUNK_BYTES + 1},
-                                  "request", "larger than the chunk size"),
+    "buffer by name (the old protocol)": (lambda b: {"op": "register_buffer", "id": 9, "shm_name": "/mpcache.1.a.kv0",
+                                                     "num_blocks": 1, "block_bytes": 8}, "protocol",
+                                          "unexpected field(s) for register_buffer: shm_name"),
+    "buffer without its descriptor": (lambda b: {"op": "register_buffer", "id": 9, "num_blocks": 1,
+                                                 "block_bytes": 8}, "protocol", "expects one file descriptor"),
+    "buffer larger than its memfd": (lambda b: {"op": "register_buffer", "id": 9, "num_blocks": BLOCKS + 1,
+                                                "block_bytes": CHUNK_BYTES}, "request",
+                                     f"the memfd is {BLOCKS * CHUNK_BYTES} bytes"),
+    "block larger than a chunk": (lambda b: {"op": "register_buffer", "id": 9, "num_blocks": 1,
+                                             "block_bytes": CHUNK_BYTES + 1}, "request", "larger than the chunk size"),
 }
+SENT_WITH_A_MEMFD = {"buffer larger than its memfd", "block larger than a chunk"}  # of BLOCKS × CHUNK_BYTES
 
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
@@ -96,8 +88,12 @@ def test_bad_request_gets_an_error_reply_and_the_server_keeps_serving(raw, case)
     refused store publishes no event and touches no L1 slot."""
     harness, conn, buffer_id, _, _ = raw
     build, error_type, fragment = BAD_REQUESTS[case]
+    fds = [create_sealed("bad", BLOCKS * CHUNK_BYTES)] if case in SENT_WITH_A_MEMFD else []
     harness.events.take()
-    assert_refused_harmlessly(raw, conn.request(build(buffer_id)), error_type, fragment)
+    reply = conn.request(build(buffer_id), fds)
+    for fd in fds:
+        os.close(fd)
+    assert_refused_harmlessly(raw, reply, error_type, fragment)
 
 
 def assert_refused_harmlessly(raw, reply: dict, error_type: str, fragment: str) -> None:
@@ -154,19 +150,6 @@ def test_abrupt_disconnect_mid_frame_does_not_disturb_others(raw):
     conn.sock.close()
     assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[79],
                                 block_ids=[0]).stored
-
-
-def test_shrunk_client_buffer_is_refused_instead_of_read(cache):
-    """A buffer whose shared-memory object was truncated after registration is refused (reading the
-    mapping past the new end would fault), with a request error, and no event is published."""
-    harness = cache()
-    client = harness.client()
-    kv = client.register_buffer(4, CHUNK_BYTES)
-    os.truncate("/dev/shm/" + kv.name.lstrip("/"), CHUNK_BYTES)
-    harness.events.take()
-    with pytest.raises(Exception, match="shrank"):
-        client.store(kv, request_id="r", model_name=MODEL, chunk_hashes=[1], block_ids=[0])
-    assert 0 == harness.events.take().count([E.MP_STORE_START])
 
 
 def test_pipelined_requests_from_a_client_that_reads_late_are_all_answered_in_order(raw):

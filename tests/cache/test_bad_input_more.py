@@ -1,6 +1,6 @@
 """More hostile input for an in-process server, beyond tests/cache/test_bad_input.py: msgpack payloads
 built to exhaust the decoder, msgpack extension types, limits on lengths and counts, and requests that
-are only wrong given the server's state (another request's job, a removed buffer, one buffer too many).
+are only wrong given the server's state (another request's job, one buffer too many).
 Same contract: a one-line error reply, no event, no L1 slot touched, and everyone keeps being served."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import msgpack
 import pytest
 from raw_frames import RawConn
 
-from mpcache.contract.events import EventType as E
-from mpcache.shm.segment import Segment, shm_name
+from mpcache.shm.memfd import create_sealed
 
 from . import test_bad_input
 from .conftest import CHUNK_BYTES, MODEL
@@ -53,8 +52,7 @@ BAD_PAYLOADS = {
     "timeout beyond a day": (lambda b: msgpack.packb({"op": "retrieve", "id": 9, "buffer_id": b, "request_id": "r",
                                                       "job_id": 1, "block_ids": [0], "timeout_s": 86401.0}),
                              "protocol", "timeout_s: expected nil or seconds in 0..86400"),
-    "zero blocks": (lambda b: msgpack.packb({"op": "register_buffer", "id": 9,
-                                             "shm_name": shm_name(os.getpid(), "rawtest", "kv0"), "num_blocks": 0,
+    "zero blocks": (lambda b: msgpack.packb({"op": "register_buffer", "id": 9, "num_blocks": 0,
                                              "block_bytes": CHUNK_BYTES}), "protocol", "num_blocks: 0 is outside"),
 }
 
@@ -101,31 +99,17 @@ def test_retrieve_of_another_requests_job_or_of_more_than_it_found_is_refused(ra
     assert (0, True, 2) == (published, own["ok"], own["retrieved_count"])
 
 
-def test_buffer_removed_after_registration_is_refused(raw):
-    """A registered buffer whose shared-memory object the client removed is refused ("no longer
-    exists", a request error) instead of read, and nothing is published."""
-    harness, conn, buffer_id, _, _ = raw
-    Segment.unlink(shm_name(os.getpid(), "rawtest", "kv0"))
-    harness.events.take()
-    reply = conn.request(_store(buffer_id))
-    assert (False, "request") == (reply["ok"], reply["error_type"])
-    assert "no longer exists" in reply["error"]
-    assert 0 == harness.events.take().count([E.MP_STORE_START])
-
-
 def test_a_65th_buffer_on_one_connection_is_refused(raw):
     """A connection may register at most 64 buffers: the 65th is a request error, the 64 work."""
     _, conn, buffer_id, _, _ = raw  # the fixture's buffer is the first
-    names = [shm_name(os.getpid(), "many", f"kv{i}") for i in range(64)]
-    segments = [Segment.create(name, CHUNK_BYTES) for name in names]
+    fds = [create_sealed(f"many{i}", CHUNK_BYTES) for i in range(64)]
     try:
-        replies = [conn.request({"op": "register_buffer", "id": i, "shm_name": name, "num_blocks": 1,
-                                 "block_bytes": CHUNK_BYTES}) for i, name in enumerate(names)]
+        replies = [conn.request({"op": "register_buffer", "id": i, "num_blocks": 1, "block_bytes": CHUNK_BYTES}, [fd])
+                   for i, fd in enumerate(fds)]
         stored = conn.request(_store(buffer_id, chunk_hashes=[41], block_ids=[0]))
     finally:
-        for segment, name in zip(segments, names):
-            segment.close()
-            Segment.unlink(name)
+        for fd in fds:
+            os.close(fd)
     assert [True] * 63 == [reply["ok"] for reply in replies[:63]]
     assert (False, "request") == (replies[63]["ok"], replies[63]["error_type"])
     assert "at most 64 buffers per connection" in replies[63]["error"]

@@ -23,7 +23,7 @@ from mpcache.telemetry.bus import EventBus, subscribe_all
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks, wait_for
+from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, CapturedLog, fill_blocks, wait_for
 
 SEED = 331  # see test_the_seed_draws_the_failures_the_script_expects
 FAILURE_RATE = 0.2
@@ -414,19 +414,6 @@ def test_redis_tier_round_trip_through_the_server(cache, redis_url):
     assert ([("redis", 3 * CHUNK_BYTES, 3)], [("redis", 3, 0)], 3 * CHUNK_TOKENS) == (
         [(f["l2_name"], f["bytes_transferred"], f["succeeded_count"]) for f in completed],
         [(f["l2_name"], f["succeeded_count"], f["failed_count"]) for f in tasks], status.l2_hit_tokens)
-
-
-class CapturedLog:
-    """A structlog-like logger for the in-process server that keeps its warning lines."""
-
-    def __init__(self) -> None:
-        self.warnings: list[tuple[str, dict]] = []
-
-    def warning(self, event: str, **fields) -> None:
-        self.warnings.append((event, fields))
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None  # info, debug, exception, ...
 
 
 def unkeyed_record(chunk_key: ChunkKey, data: bytes) -> bytes:

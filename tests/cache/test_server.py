@@ -316,17 +316,21 @@ def test_socket_is_private_to_the_user(cache):
     assert 0o600 == stat.S_IMODE(os.stat(harness.config.socket_path(0)).st_mode)
 
 
-def test_client_buffer_is_named_after_the_client_pid_and_private(cache):
-    """A registered KV buffer is a 0600 shared-memory object whose name starts with the client's pid,
-    and closing the client removes it."""
+def _mappings_of(name: str) -> int:
+    """How many mappings of the memfd ``name`` this process (client and in-process server) holds."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        return sum(1 for line in maps if line.rstrip().endswith(f"/memfd:{name} (deleted)"))
+
+
+def test_client_buffer_is_a_private_memfd_mapped_by_both_sides_until_the_client_closes(cache):
+    """A registered KV buffer is a 0600 memfd, mapped by the client and by the server; closing the client
+    unmaps it on both sides and closes its descriptor."""
     harness = cache()
     client = harness.client()
     kv = client.register_buffer(2, CHUNK_BYTES)
-    path = "/dev/shm/" + kv.name.lstrip("/")
-    assert (f"/mpcache.{os.getpid()}.", 0o600) == (kv.name[: len(f"/mpcache.{os.getpid()}.")],
-                                                    stat.S_IMODE(os.stat(path).st_mode))
+    mode, mapped = stat.S_IMODE(os.fstat(kv.fd).st_mode), _mappings_of(kv.name)
     client.close()
-    assert False is os.path.exists(path)
+    assert (0o600, 2, 0, -1) == (mode, mapped, _mappings_of(kv.name), kv.fd)
 
 
 def test_l1_pool_is_shared_memory_other_processes_can_see(cache):
@@ -347,14 +351,13 @@ def test_l1_pool_is_shared_memory_other_processes_can_see(cache):
 
 def test_buffer_used_as_context_manager_is_unregistered_and_removed(cache):
     """Leaving a ``with client.register_buffer(...)`` block detaches the server from the buffer and
-    removes its shared-memory object; the client keeps working."""
+    frees it (no mapping of it is left on either side); the client keeps working."""
     harness = cache()
     client = harness.client()
     with client.register_buffer(2, CHUNK_BYTES) as kv:
-        path = "/dev/shm/" + kv.name.lstrip("/")
         assert 1 == client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(1),
                                  block_ids=[0]).stored
-    assert False is os.path.exists(path)
+    assert 0 == _mappings_of(kv.name)
     with pytest.raises(RequestError, match="unknown buffer"):
         client.call("unregister_buffer", buffer_id=kv.buffer_id)
     kv.close()  # idempotent

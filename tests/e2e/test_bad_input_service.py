@@ -21,7 +21,7 @@ from raw_frames import RawConn
 
 from mpcache.client import CacheClient
 from mpcache.contract import protocol
-from mpcache.shm.segment import Segment, shm_name
+from mpcache.shm.memfd import create_sealed
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +67,8 @@ def _store(buffer_id: int, **changes) -> dict:
     return message
 
 
-def _register(name: str, num_blocks: int = 1) -> dict:
-    return {"op": "register_buffer", "id": 5, "shm_name": name, "num_blocks": num_blocks, "block_bytes": CHUNK}
+def _register(num_blocks: int = 1, **changes) -> dict:
+    return {"op": "register_buffer", "id": 5, "num_blocks": num_blocks, "block_bytes": CHUNK, **changes}
 
 
 # name -> (payload builder taking the raw connection's buffer id, error_type, part of the error message)
@@ -119,11 +119,10 @@ BAD = {
     "lookup with bad salt": (lambda b: msgpack.packb({"op": "lookup_prefetch", "id": 5, "request_id": "r",
                                                        "model_name": MODEL, "cache_salt": "x/y", "chunk_hashes": [1]}),
                              "protocol", "cache_salt: contains"),
-    "register another pid's buffer": (lambda b: msgpack.packb(_register("/mpcache.1.abcdefgh.kv0")), "request",
-                                      "is not named after the client"),
-    "register a buffer that does not exist": (
-        lambda b: msgpack.packb(_register(shm_name(os.getpid(), "nothere", "kv9"))), "request", "does not exist"),
-    "register a service segment name": (lambda b: msgpack.packb(_register("/etc/passwd")), "protocol", "shm_name"),
+    "register a buffer by name": (lambda b: msgpack.packb(_register(shm_name="/mpcache.1.abcdefgh.kv0")), "protocol",
+                                  "unexpected field(s) for register_buffer: shm_name"),
+    "register without a descriptor": (lambda b: msgpack.packb(_register()), "protocol",
+                                      "register_buffer: expects one file descriptor"),
 }
 
 
@@ -139,10 +138,9 @@ def test_every_bad_request_gets_one_error_line_and_the_service_keeps_serving(tmp
         wait_for(lambda: os.path.exists(path) and service.scrape(), 60, "the service")
         bystander = Bystander(path)
         conn = RawConn(path)
-        name = shm_name(os.getpid(), "badsvc", "kv0")
-        segment = Segment.create(name, BLOCKS * CHUNK)
+        fd = create_sealed("badsvc", BLOCKS * CHUNK)
         try:
-            registered = conn.request(_register(name, BLOCKS))
+            registered = conn.request(_register(BLOCKS), [fd])
             assert True is registered["ok"], registered
             buffer_id = registered["buffer_id"]
             server_pid = conn.request({"op": "ping", "id": 1})["pid"]
@@ -164,8 +162,7 @@ def test_every_bad_request_gets_one_error_line_and_the_service_keeps_serving(tmp
             fresh.close()
         finally:
             conn.close()
-            segment.close()
-            Segment.unlink(name)
+            os.close(fd)
 
         wrong = {case: answer for case, answer in answers.items()
                  if not (answer[:2] == (False, BAD[case][1]) and BAD[case][2] in answer[2] and "\n" not in answer[2])}

@@ -54,8 +54,9 @@ def start_cache(tmpdir: Path, *flags: str, timeout_s: float = 60) -> subprocess.
 @needs_namespaces
 def test_a_live_instance_in_another_pid_namespace_is_never_touched(tmp_path) -> None:
     """Instance A runs; instance B starts in a new PID namespace (where A's pid does not exist) with the
-    same runtime base and /dev/shm: B removes nothing, A's 3 segments and runtime dir are still there, A
-    serves a byte-exact round trip and B answers a ping; both stop with exit 0 and leave nothing."""
+    same runtime base and /dev/shm: B removes nothing, A's 3 segments and runtime dir are still there, and
+    both serve a byte-exact round trip — B to a client outside its namespace, whose pid there is 0; both
+    stop with exit 0 and leave nothing."""
     result = run_driver("live_instance_in_another_namespace", tmp_path)
 
     assert 3 == len(result["a_segments_before"])

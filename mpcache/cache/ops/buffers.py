@@ -1,4 +1,4 @@
-"""Registering client KV buffers: shared memory named after the client's pid, or CUDA IPC."""
+"""Registering client KV buffers: a sealed memfd sent with the request, or CUDA IPC."""
 
 from __future__ import annotations
 
@@ -7,33 +7,22 @@ from mpcache.cache.buffers import Peer, SharedMemoryBuffer
 from mpcache.cache.context import CacheContext
 from mpcache.cache.ops.registry import Args, Reply, operation
 from mpcache.contract import protocol as p
-from mpcache.errors import LayoutMismatchError, RequestError
-from mpcache.shm.segment import Segment
+from mpcache.errors import RequestError
 
 _REQUIRED = p.REQUIRED
 
 
-@operation("register_buffer",
-           ("shm_name", p.SHM_NAME, _REQUIRED), ("num_blocks", p.COUNT, _REQUIRED), ("block_bytes", p.BYTES, _REQUIRED),
-           replies=("buffer_id",))
+@operation("register_buffer", ("num_blocks", p.COUNT, _REQUIRED), ("block_bytes", p.BYTES, _REQUIRED),
+           replies=("buffer_id",), descriptor=True)
 def register_buffer(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
-    """Attach a shared-memory buffer the client created (0600, named after its own pid) as
-    ``num_blocks`` blocks of ``block_bytes``."""
-    name, num_blocks, block_bytes = args["shm_name"], args["num_blocks"], args["block_bytes"]
-    match = p.KV_SHM_NAME.match(name)
-    if match is None or int(match.group(1)) != peer.pid:
-        raise RequestError(f"shm_name: {name} is not named after the client's pid {peer.pid}")
-    if name in ctx.config.all_segment_names():
-        raise RequestError(f"shm_name: {name} is not a client buffer")
+    """Map the client's buffer, a memfd sealed against shrinking whose descriptor comes with the request, as
+    ``num_blocks`` blocks of ``block_bytes``.  A descriptor that is not a memfd, not sealed with
+    F_SEAL_SHRINK or smaller than the buffer is refused."""
+    num_blocks, block_bytes = args["num_blocks"], args["block_bytes"]
     peer.check_room(num_blocks, block_bytes, ctx.chunk_bytes)
-    try:
-        segment = Segment.attach(name, num_blocks * block_bytes)
-    except LayoutMismatchError as exc:
-        raise RequestError(f"shm_name: {exc}") from None
-    except OSError as exc:
-        raise RequestError(f"shm_name: cannot attach {name}: {exc.strerror}") from None
+    buffer = SharedMemoryBuffer(args["fd"], num_blocks, block_bytes)
     buffer_id = ctx.new_buffer_id()
-    peer.buffers[buffer_id] = SharedMemoryBuffer(segment, num_blocks, block_bytes)
+    peer.buffers[buffer_id] = buffer
     return {"buffer_id": buffer_id}
 
 

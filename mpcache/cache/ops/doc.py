@@ -10,7 +10,7 @@ import inspect
 import sys
 
 from mpcache.cache.ops import OPERATIONS, Operation
-from mpcache.cache.transport import OUTBUF_PAUSE_BYTES
+from mpcache.cache.transport import MAX_FDS_PER_FRAME, OUTBUF_PAUSE_BYTES
 from mpcache.contract import protocol as p
 from mpcache.contract.events import SCHEMAS
 
@@ -30,7 +30,6 @@ TYPES = {
     p.DEVICE_INDEX: f"int 0..{p.MAX_CUDA_DEVICES - 1}",
     p.WORKER_ID: "int ≥ -1",
     p.REQUEST_ID: f"str, 1..{p.REQUEST_ID_MAX_BYTES} bytes",
-    p.SHM_NAME: "str",
     p.TIMEOUT: f"nil or seconds 0..{p.MAX_TIMEOUT_S:g}",
     p.BLOCK_RECORDS: "[[str, [int], [int]]]",
     p.IPC_HANDLE: f"str, {2 * p.CUDA_IPC_HANDLE_BYTES} hex digits",
@@ -38,8 +37,6 @@ TYPES = {
 
 # What each request field means (the same name means the same thing in every operation).
 FIELDS = {
-    "shm_name": "the client's shared-memory object, `/mpcache.<client pid>.<id>.kv<n>`; the pid must be the "
-                "connecting process's",
     "num_blocks": "blocks in the buffer",
     "block_bytes": "bytes per block, at most the chunk size (`--chunk-bytes`)",
     "buffer_id": "a buffer this connection registered",
@@ -83,10 +80,14 @@ named as the request fields, its result a frozen type with the reply fields); `c
 
 * One Unix domain stream socket per cache process, `<runtime dir>/cache<i>.sock` (printed at
   start-up), mode 0600. A connection from another uid is closed at once (`SO_PEERCRED`).
-* KV bytes never travel on the socket. A client registers a buffer of blocks once — a 0600 POSIX
-  shared-memory object named after its own pid (the server checks the name against the peer's pid)
-  or, with CUDA, an IPC handle of a device allocation — and requests name blocks by index.
-* Buffers belong to the connection that registered them; closing the connection detaches them.
+* KV bytes never travel on the socket. A client registers a buffer of blocks once — a memfd sealed
+  against shrinking, whose file descriptor travels with the request (`SCM_RIGHTS`), or, with CUDA, an
+  IPC handle of a device allocation — and requests name blocks by index. The server maps the memfd;
+  the seal means the client cannot cut pages from under that mapping, and nothing is named in
+  `/dev/shm`, so a client that dies leaves nothing behind. Neither pids nor PID namespaces matter: a
+  client in another PID namespace (a container sharing the socket) registers like any other.
+* Buffers belong to the connection that registered them; closing the connection detaches them (the
+  server unmaps them).
 * Requests on one connection are answered in order, one reply per request. A client may pipeline;
   the server stops reading a connection while {OUTBUF_PAUSE_BYTES >> 20} MiB of its replies are unsent.
 
@@ -96,6 +97,15 @@ A frame is a 4-byte big-endian payload length followed by the payload: one msgpa
 {p.MAX_FRAME_BYTES >> 20} MiB ({p.MAX_FRAME_BYTES} bytes), no extension types (never pickle). A longer frame
 gets an error reply with `id` nil and the connection is closed; a malformed payload gets an error
 reply and the connection stays open.
+
+File descriptors (`SCM_RIGHTS` ancillary data) belong to the frame holding the last byte received
+with them: send a frame that carries descriptors in one `sendmsg` of its own (`socket.send_fds`),
+starting at the frame's first byte. An operation marked *Descriptor* below takes exactly one; any
+other count, or a descriptor with any other operation, is a `protocol` error reply and the
+descriptors are closed. The server never keeps a received descriptor: it is closed once its request
+is answered (a mapping made from it stays), and the descriptors of frames never answered are closed
+with their connection. More than {MAX_FDS_PER_FRAME} descriptors with one frame get an error reply with `id`
+nil and the connection is closed.
 
 ## Envelope
 
@@ -156,6 +166,8 @@ def render_operation(op: Operation) -> list[str]:
                   f"{_cell(FIELDS_OF.get((op.name, name), FIELDS[name]))} |" for name, check, default in op.fields]
     else:
         lines.append("No fields.")
+    if op.descriptor:
+        lines += ["", "Descriptor: one file descriptor, sent with the frame (`SCM_RIGHTS`)."]
     replies = ", ".join(f"`{name}`" for name in op.replies) or "none (an empty reply)"
     return lines + ["", f"Reply: {replies}.", "", f"Events: {_events(op)}.", ""]
 

@@ -1,7 +1,8 @@
 """The operation table of the cache's own protocol: one decorated function per operation.
 
 :func:`operation` declares an operation's request fields (validators from
-:mod:`mpcache.contract.protocol`), its reply fields and the request-flow events it publishes.  The
+:mod:`mpcache.contract.protocol`), whether a file descriptor comes with it, its reply fields and the
+request-flow events it publishes.  The
 dispatcher, the client's typed calls (a test) and ``docs/PROTOCOL.md`` (:mod:`mpcache.cache.ops.doc`)
 all follow this table.
 """
@@ -28,13 +29,15 @@ Handler = Callable[["CacheContext", "Peer", Args], Reply]
 class Operation:
     """One operation: its request fields (name, validator, default or REQUIRED), reply fields, the
     request-flow events it may publish (not counting the L1/L2 events of the chunks it touches)
-    and its handler."""
+    and its handler.  ``descriptor``: the request comes with exactly one file descriptor (SCM_RIGHTS),
+    which the handler finds as ``args["fd"]`` and may use, but not keep: it is closed after the request."""
 
     name: str
     fields: tuple[Field, ...]
     replies: tuple[str, ...]
     handler: Handler
     events: tuple[EventType, ...] = ()
+    descriptor: bool = False
 
     @property
     def summary(self) -> str:
@@ -44,14 +47,15 @@ class Operation:
 OPERATIONS: dict[str, Operation] = {}
 
 
-def operation(name: str, *fields: Field, replies: tuple[str, ...] = (),
-              events: tuple[EventType, ...] = ()) -> Callable[[Handler], Handler]:
-    """Register ``handler`` as operation ``name`` with these request fields, reply fields and events."""
+def operation(name: str, *fields: Field, replies: tuple[str, ...] = (), events: tuple[EventType, ...] = (),
+              descriptor: bool = False) -> Callable[[Handler], Handler]:
+    """Register ``handler`` as operation ``name`` with these request fields, reply fields and events (and
+    a file descriptor with each request, if ``descriptor``)."""
 
     def register(handler: Handler) -> Handler:
         if name in OPERATIONS:
             raise ValueError(f"operation {name!r} is declared twice")
-        OPERATIONS[name] = Operation(name, fields, replies, handler, events)
+        OPERATIONS[name] = Operation(name, fields, replies, handler, events, descriptor)
         return handler
 
     return register
