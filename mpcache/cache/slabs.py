@@ -55,7 +55,8 @@ class SlabAllocator:
         self.n_slabs = pool_bytes // slab_bytes
         self.capacity_bytes = self.n_slabs * slab_bytes
         self._owner = bytearray(self.n_slabs)  # 0: free, 1: carved by a class
-        self._classes: dict[int, _Class] = {}
+        self._classes: dict[int, _Class] = {}  # by spot size
+        self._by_size: dict[int, _Class] = {}  # by the sizes asked for (a few: one per model and TP layout)
         self.used_bytes = 0
         self.carved_bytes = 0
 
@@ -72,17 +73,20 @@ class SlabAllocator:
         return 0 < size <= self.capacity_bytes
 
     def _class(self, size: int) -> _Class:
-        spot = -(-size // ALIGN) * ALIGN
-        cls = self._classes.get(spot)
+        cls = self._by_size.get(size)
         if cls is None:
-            cls = self._classes[spot] = _Class(spot, self.slab_bytes)
+            spot = -(-size // ALIGN) * ALIGN
+            cls = self._classes.get(spot)
+            if cls is None:
+                cls = self._classes[spot] = _Class(spot, self.slab_bytes)
+            self._by_size[size] = cls
         return cls
 
     def alloc(self, size: int) -> int | None:
         """The byte offset of ``size`` free bytes (None: the class has no free spot and no slab run is free)."""
-        if not self.fits(size):
+        if not 0 < size <= self.capacity_bytes:
             return None
-        cls = self._class(size)
+        cls = self._by_size.get(size) or self._class(size)
         partial = cls.partial
         if partial:
             first = next(iter(partial))
@@ -109,7 +113,7 @@ class SlabAllocator:
 
     def free(self, offset: int, size: int) -> None:
         """Give back what :meth:`alloc` returned for ``size``; a slab left empty goes back to the free slabs."""
-        cls = self._class(size)
+        cls = self._by_size[size]
         first = offset // self.slab_bytes
         self.used_bytes -= size
         live = cls.live[first] - 1
