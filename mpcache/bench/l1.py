@@ -103,8 +103,9 @@ def _cpu_per_store(repetitions: int) -> dict[str, float]:
     def slot_run() -> float:
         return bytes_run(slots=True)
 
-    ours = statistics.median(bytes_run() for _ in range(repetitions))
-    slots = statistics.median(slot_run() for _ in range(repetitions))
+    pairs = [(bytes_run(), slot_run()) for _ in range(repetitions)]  # interleaved: the same machine state
+    ours = statistics.median(pair[0] for pair in pairs)
+    slots = statistics.median(pair[1] for pair in pairs)
     return {"bytes_store_us": round(ours * 1e6, 2), "slot_store_us": round(slots * 1e6, 2),
             "cpu_ratio_bytes_over_slots": round(ours / slots, 2)}
 
