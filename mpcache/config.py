@@ -44,7 +44,8 @@ class Config:
     supervisor_pid: int
     runtime_dir: str
     workers: int = 2
-    # L1 and chunks
+    # L1 and chunks: L1 holds objects of any size (LMCache's, per registration) by bytes; chunk_bytes is the
+    # native protocol's chunk (its clients' largest block, L2 records, prefetch landings) and the slab unit
     l1_size_bytes: int = 256 * 2**20
     chunk_bytes: int = 64 * 2**10
     chunk_size_tokens: int = 256
@@ -150,8 +151,9 @@ class Config:
     # -- derived names ---------------------------------------------------------
 
     @property
-    def l1_slots(self) -> int:
-        return self.l1_size_bytes // self.chunk_bytes
+    def l1_pool_bytes(self) -> int:
+        """Bytes of each cache process's L1 pool segment: --l1-size, down to a whole number of chunks."""
+        return self.l1_size_bytes // self.chunk_bytes * self.chunk_bytes
 
     def ring_name(self, worker: int) -> str:
         return shm_name(self.supervisor_pid, self.instance_id, f"events{worker}")

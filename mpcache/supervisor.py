@@ -139,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--l1-size", default="",
                          help="L1 pool per cache process, e.g. 512MiB "
                               "(default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)")
-    service.add_argument("--chunk-bytes", default="64KiB", help="bytes per KV chunk slot (default 64KiB)")
+    service.add_argument("--chunk-bytes", default="64KiB",
+                         help="the native protocol's chunk: its clients' largest block, L2 records and the unit "
+                              "L1's slabs are made of (default 64KiB); LMCache objects of any size need no flag")
     service.add_argument("--chunk-size", type=_int_at_least(1), default=256, help="tokens per chunk (default 256)")
     service.add_argument("--l1-watermark", type=_number, default=0.8,
                          help="L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)")

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,report} [--json]``; ``report`` runs them all
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,report} [--json]``; ``report`` runs them all
 and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` needs LMCache's venv (``.ci/lmcache-env``)
 and is left out of the report, saying so, without it.
 """
@@ -15,9 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, lmcache, publish, scrape, soak
+from mpcache.bench import drain, e2e, l1, lmcache, publish, scrape, soak
 
-BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
+              "l1": l1}
 
 
 def _machine() -> str:
@@ -58,6 +59,13 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"TP {result['tp']}, {result['object_bytes_per_rank'] >> 20} MiB chunk objects",
                 f"vs LMCache {result['ratio_vs_lmcache']}×; on/off {result['telemetry_on_over_off']}",
                 "≥ 1.0× LMCache; on ≥ 0.97 of off", verdict]
+    if name == "l1":
+        return [f"hit ratio {result['bytes']['hit_ratio']:.3f} by bytes, {result['slots']['hit_ratio']:.3f} in "
+                f"largest-model slots; resident objects fill {result['bytes']['resident_object_fraction']:.0%} vs "
+                f"{result['slots']['resident_object_fraction']:.0%} of L1; store {result['bytes_store_us']} µs vs "
+                f"{result['slot_store_us']} µs per chunk",
+                f"hit {result['hit_ratio_bytes_over_slots']}×; bytes {result['resident_bytes_over_slots']}×; "
+                f"CPU {result['cpu_ratio_bytes_over_slots']}×", "hit > 1×; CPU ≤ 1.5× slots", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 

@@ -195,8 +195,8 @@ class BlendState:
         committed = [hashes[p] for p in reservation.positions]
         nbytes = buffer.block_bytes
         try:
-            buffer.transfer.to_l1(l1.pool, [(block_ids[p], slot) for p, slot in zip(reservation.positions,
-                                                                                     reservation.slots)], nbytes)
+            buffer.transfer.to_l1(l1.pool, [(block_ids[p], offset) for p, offset in zip(reservation.positions,
+                                                                                         reservation.offsets)], nbytes)
         except BaseException:
             l1.abort_write(model, salt, committed)
             raise
@@ -309,14 +309,14 @@ class BlendState:
             l1.read(model, salt, missing)  # nothing readable: L1_READ_FAILED (not_found / write_locked) for each
         read = [hashes[i] for i in locked_at]
         try:
-            slots = l1.read(model, salt, read)
+            objects = l1.read(model, salt, read)
             nbytes = buffer.block_bytes
-            for _, size in slots:
+            for _, size in objects:
                 if size != nbytes:
                     raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte "
                                        "blocks")
             if read:
-                buffer.transfer.from_l1(l1.pool, [(block_ids[i], slot) for i, (slot, _) in zip(locked_at, slots)],
+                buffer.transfer.from_l1(l1.pool, [(block_ids[i], offset) for i, (offset, _) in zip(locked_at, objects)],
                                         nbytes)
         except BaseException:
             l1.release_read(model, salt, read)

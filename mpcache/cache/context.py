@@ -55,5 +55,6 @@ class CacheContext:
         return buffer_id
 
     def update_gauges(self) -> None:
-        self.gauges.set(layout.G_L1_USED, self.l1.used_slots * self.config.chunk_bytes)
+        self.gauges.set(layout.G_L1_USED, self.l1.used_bytes)
+        self.gauges.set(layout.G_L1_FRAGMENTATION, self.l1.fragmentation_bytes)
         self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)

@@ -1,5 +1,7 @@
-"""The L1 tier: fixed-size chunk slots in the process's shared-memory pool, with read locks and O(1) LRU
-eviction; every state change publishes its L1 event.  Single-threaded, so lock-free.
+"""The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
+:class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and exact LRU eviction across every size: an object
+that gets no space evicts the least recently used unlocked objects, oldest first, until the allocator places
+it.  Every state change publishes its L1 event.  Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
 
@@ -25,11 +28,12 @@ _L1_READ_FAILED = EventType.L1_READ_FAILED
 
 
 class _Entry:
-    __slots__ = ("slot", "nbytes", "readers", "ready")
+    __slots__ = ("offset", "size", "nbytes", "readers", "ready")
 
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.nbytes = 0
+    def __init__(self, offset: int, size: int) -> None:
+        self.offset = offset  # byte offset in the pool, fixed while the entry lives
+        self.size = size  # bytes the allocator holds for it
+        self.nbytes = 0  # bytes written (at most size)
         self.readers = 0
         self.ready = False
 
@@ -38,44 +42,68 @@ class WriteReservation(NamedTuple):
     """Outcome of :meth:`L1Manager.reserve_write` for one request's chunk hashes."""
 
     positions: list[int]  # index into the request's hashes of each reserved chunk, in order
-    slots: list[int]  # the slot reserved for each of them
+    offsets: list[int]  # the byte offset in the pool reserved for each of them
     present: int  # chunks already in L1 (not rewritten)
-    failed: int  # chunks that got no slot
+    failed: int  # chunks that got no space
 
 
 class PrefetchReservation(NamedTuple):
     """Outcome of :meth:`L1Manager.reserve_prefetch` for the chunks an L2 prefetch wants to land."""
 
-    slots: list[int]  # per covered chunk, in order: its landing slot, or -1 when it was already ready (now read-locked)
-    failed: int  # chunks that needed a slot and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
+    offsets: list[int]  # per covered chunk, in order: its landing offset, or -1 when it was already ready (now locked)
+    failed: int  # chunks that needed space and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
     stopped: int  # chunks not covered because one of them is being written by someone else (or repeats)
 
 
-class L1Manager:
-    """Slots, entries, locks and LRU order of one L1 pool."""
+class _Evicted:
+    """What one operation evicted, published as one ``L1_KEYS_EVICTED``."""
 
-    def __init__(self, pool: np.ndarray, publisher, sample_rate: float, watermark: float) -> None:
-        if pool.ndim != 2 or pool.dtype != np.uint8:
-            raise ValueError("the L1 pool must be a (slots, chunk_bytes) uint8 array")
+    __slots__ = ("count", "groups", "sampled")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.groups: Counter[tuple[str, str]] = Counter()
+        self.sampled: list[tuple[int, str, str]] = []
+
+
+class L1Manager:
+    """Entries, byte ranges, locks and LRU order of one L1 pool (``pool``: its bytes, one-dimensional uint8).
+    ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``: the
+    allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`)."""
+
+    def __init__(self, pool: np.ndarray, publisher, sample_rate: float, watermark: float, chunk_bytes: int,
+                 slab_bytes: int | None = None) -> None:
+        if pool.ndim != 1 or pool.dtype != np.uint8:
+            raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool
-        self.capacity = pool.shape[0]
-        self.chunk_bytes = pool.shape[1]
+        self.chunk_bytes = chunk_bytes
+        self.allocator = SlabAllocator(len(pool), slab_bytes or default_slab_bytes(len(pool), chunk_bytes))
+        self.capacity_bytes = self.allocator.capacity_bytes
         self.watermark = watermark
         self._pub = publisher
         self._gate = SampleGate(sample_rate)
         self._entries: dict[ChunkKey, _Entry] = {}
         self._lru: OrderedDict[ChunkKey, _Entry] = OrderedDict()  # ready, unlocked; oldest first
-        self._free = list(range(self.capacity - 1, -1, -1))  # pop() hands out slot 0 first
 
     # -- state --------------------------------------------------------------------
 
     @property
-    def used_slots(self) -> int:
-        return self.capacity - len(self._free)
+    def used_bytes(self) -> int:
+        """Bytes held by objects (reserved or readable)."""
+        return self.allocator.used_bytes
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Bytes the allocator holds in slabs that no object uses (free spots, padding, slab tails)."""
+        return self.allocator.fragmentation_bytes
+
+    @property
+    def max_object_bytes(self) -> int:  # the largest object L1 can ever hold: all of it
+        return self.capacity_bytes
 
     @property
     def usage(self) -> float:
-        return self.used_slots / self.capacity
+        return self.used_bytes / self.capacity_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -90,14 +118,17 @@ class L1Manager:
 
     # -- writes -------------------------------------------------------------------
 
-    def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None) -> WriteReservation:
-        """Reserve a slot for every chunk not yet in L1, evicting LRU entries when no slot is free.
+    def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None,
+                      nbytes: int | None = None) -> WriteReservation:
+        """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting LRU entries
+        (of any size) until each fits.
 
         Chunks already present are touched (most recently used) and not
-        reserved again.  Chunks get slots in order; when nothing more can be
-        evicted, or ``limit`` slots are reserved, the remaining new chunks fail
+        reserved again.  Chunks get space in order; when nothing more can be
+        evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
         (``L1_ALLOCATION_FAILED``, during=l1_store).
         """
+        size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
         lru = self._lru
         new: list[int] = []
@@ -115,24 +146,25 @@ class L1Manager:
                 pinned.append((key, entry))  # kept out of eviction's reach during this call
         present = len(seen) - len(new)
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
-        shortfall = wanted - len(self._free)
-        if shortfall > 0:
-            self._evict(shortfall)
+        positions: list[int] = []
+        offsets: list[int] = []
+        evicted = _Evicted()
+        for position in new[:wanted]:
+            offset = self._allocate(size, evicted)
+            if offset is None:
+                break
+            entries[ChunkKey(model, salt, hashes[position])] = _Entry(offset, size)
+            positions.append(position)
+            offsets.append(offset)
+        self._publish_evicted(evicted)
         for key, entry in pinned:
             lru[key] = entry  # touched: now the most recently used
-        positions = new[: min(wanted, len(self._free))]
         failed = len(new) - len(positions)
-        slots = []
-        free = self._free
-        for position in positions:
-            entry = _Entry(free.pop())
-            entries[ChunkKey(model, salt, hashes[position])] = entry
-            slots.append(entry.slot)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
-        return WriteReservation(positions, slots, present, failed)
+        return WriteReservation(positions, offsets, present, failed)
 
     def _report_reserved(self, model: str, salt: str, reserved: int, failed: int, during: str) -> None:
-        """``L1_WRITE_RESERVED`` for the slots handed out, ``L1_ALLOCATION_FAILED`` for the chunks that got none."""
+        """``L1_WRITE_RESERVED`` for the chunks given space, ``L1_ALLOCATION_FAILED`` for the chunks that got none."""
         if reserved:
             self._pub.emit_salted(_L1_WRITE_RESERVED, salt, model, reserved)
         if failed:
@@ -153,24 +185,24 @@ class L1Manager:
         return self._emit_keys(_L1_WRITE_FINISHED, model, salt, hashes) if hashes else []
 
     def abort_write(self, model: str, salt: str, hashes: Sequence[int]) -> None:
-        """Give back reserved slots whose data never arrived (publishes nothing)."""
+        """Give back reserved space whose data never arrived (publishes nothing)."""
         for chunk_hash in hashes:
             entry = self._entries.pop(ChunkKey(model, salt, chunk_hash), None)
             if entry is not None:
-                self._free.append(entry.slot)
+                self.allocator.free(entry.offset, entry.size)
 
     # -- L2 -> L1 prefetch landings -------------------------------------------------
 
     def reserve_prefetch(self, model: str, salt: str, hashes: Sequence[int]) -> PrefetchReservation:
-        """Landing slots for chunks an L2 prefetch will load, in the order of ``hashes``.
+        """Landing space (``chunk_bytes`` each) for chunks an L2 prefetch will load, in the order of ``hashes``.
 
         The walk stops before the first chunk that is being written (another
         prefetch or store owns it) or that repeats (``stopped`` counts what is
-        left).  A chunk already ready in L1 is read-locked instead (slot -1).
-        Missing chunks get slots, evicting LRU entries as needed; from the
+        left).  A chunk already ready in L1 is read-locked instead (offset -1).
+        Missing chunks get space, evicting LRU entries as needed; from the
         first one that gets none, every missing chunk fails
         (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
-        are unlocked again.  Reserved slots are not readable until
+        are unlocked again.  Reserved space is not readable until
         :meth:`commit_prefetch` (or given back with :meth:`abort_write`).
         """
         entries = self._entries
@@ -193,28 +225,28 @@ class L1Manager:
                 if entry.readers == 0:
                     del lru[key]
                 entry.readers += 1
-        shortfall = missing - len(self._free)
-        if shortfall > 0:
-            self._evict(shortfall)
-        free = self._free
-        slots: list[int] = []
+        size = self.chunk_bytes
+        offsets: list[int] = []
         failed = 0
+        evicted = _Evicted()
         for index, (key, entry) in enumerate(covered):
             if entry is not None:
-                slots.append(-1)
+                offsets.append(-1)
                 continue
-            if not free:
+            offset = self._allocate(size, evicted)
+            if offset is None:
                 rest = covered[index:]
                 failed = sum(1 for _, e in rest if e is None)
                 self._unlock(model, salt, [k.chunk_hash for k, e in rest if e is not None])
                 break
-            new = entries[key] = _Entry(free.pop())
-            slots.append(new.slot)
-        self._report_reserved(model, salt, sum(1 for slot in slots if slot >= 0), failed, "l2_prefetch")
-        return PrefetchReservation(slots, failed, stopped)
+            entries[key] = _Entry(offset, size)
+            offsets.append(offset)
+        self._publish_evicted(evicted)
+        self._report_reserved(model, salt, sum(1 for offset in offsets if offset >= 0), failed, "l2_prefetch")
+        return PrefetchReservation(offsets, failed, stopped)
 
     def commit_prefetch(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
-        """Chunks landed from L2 in their reserved slots: readable, each holding one read lock for the
+        """Chunks landed from L2 in their reserved space: readable, each holding one read lock for the
         prefetch (``L1_WRITE_FINISHED_AND_READ_RESERVED``, which counts as a write).  Returns the sampled subset."""
         entries = self._entries
         for chunk_hash in hashes:
@@ -250,7 +282,7 @@ class L1Manager:
         return found
 
     def read(self, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, int]]:
-        """(slot, nbytes) of the longest readable prefix of chunks that lookup reported present.
+        """(byte offset, nbytes) of the longest readable prefix of chunks that lookup reported present.
 
         A chunk that is missing (``not_found``) or still being written
         (``write_locked``) is an anomaly, not a miss: every such chunk from the
@@ -264,7 +296,7 @@ class L1Manager:
             entry = entries.get(ChunkKey(model, salt, chunk_hash))
             if entry is None or not entry.ready:
                 break
-            out.append((entry.slot, entry.nbytes))
+            out.append((entry.offset, entry.nbytes))
         if len(out) < len(hashes):
             reasons: Counter[str] = Counter()
             for chunk_hash in hashes[len(out):]:
@@ -312,11 +344,10 @@ class L1Manager:
         usage = self.usage
         triggered = usage >= self.watermark
         if triggered:
-            # smallest number of used slots that is below the watermark
-            target = int(self.watermark * self.capacity)
-            if target / self.capacity >= self.watermark:
-                target -= 1
-            self._evict(self.used_slots - max(target, 0))
+            evicted = _Evicted()
+            while self._lru and self.usage >= self.watermark:
+                self._evict_one(evicted)
+            self._publish_evicted(evicted)
         self._pub.emit(_L1_EVICTION_LOOP_TICK, (usage, self.watermark, triggered))
         return usage, triggered
 
@@ -325,25 +356,37 @@ class L1Manager:
         return self._evict(len(self._lru))
 
     def _evict(self, count: int) -> int:
-        """Evict up to ``count`` least recently used unlocked entries; returns how many."""
-        lru = self._lru
-        entries = self._entries
-        free = self._free
-        gate = self._gate
-        groups: Counter[tuple[str, str]] = Counter()
-        sampled = []
-        evicted = 0
-        while evicted < count and lru:
-            key, entry = lru.popitem(last=False)
-            del entries[key]
-            free.append(entry.slot)
-            groups[(key.cache_salt, key.model_name)] += 1
-            if gate(key.chunk_hash):
-                sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
-            evicted += 1
-        if evicted:
-            self._pub.emit(_L1_KEYS_EVICTED, salt_counts=groups, sampled=sampled)
-        return evicted
+        """Evict up to ``count`` least recently used unlocked entries (one L1_KEYS_EVICTED); returns how many."""
+        evicted = _Evicted()
+        while evicted.count < count and self._lru:
+            self._evict_one(evicted)
+        self._publish_evicted(evicted)
+        return evicted.count
+
+    def _allocate(self, size: int, evicted: _Evicted) -> int | None:
+        """Space for one object: evict least recently used unlocked entries until the allocator places it
+        (None, evicting nothing, for an object larger than the pool)."""
+        alloc = self.allocator.alloc
+        offset = alloc(size)
+        if offset is None and size <= self.capacity_bytes:
+            lru = self._lru
+            while offset is None and lru:
+                self._evict_one(evicted)
+                offset = alloc(size)
+        return offset
+
+    def _evict_one(self, evicted: _Evicted) -> None:
+        key, entry = self._lru.popitem(last=False)
+        del self._entries[key]
+        self.allocator.free(entry.offset, entry.size)
+        evicted.groups[(key.cache_salt, key.model_name)] += 1
+        if self._gate(key.chunk_hash):
+            evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
+        evicted.count += 1
+
+    def _publish_evicted(self, evicted: _Evicted) -> None:
+        if evicted.count:
+            self._pub.emit(_L1_KEYS_EVICTED, salt_counts=evicted.groups, sampled=evicted.sampled)
 
     def _emit_keys(self, etype: EventType, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, str, str]]:
         gate = self._gate

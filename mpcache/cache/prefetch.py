@@ -1,5 +1,5 @@
 """The prefetch controller: the part of a lookup L1 could not answer, looked up in L2 and loaded into L1
-slots that stay read-locked for the job (steps and events: ``docs/ARCHITECTURE.md``).
+objects that stay read-locked for the job (steps and events: ``docs/ARCHITECTURE.md``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class PrefetchOutcome(NamedTuple):
 
 
 class _Prefetch:
-    __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "slots", "loads_left",
+    __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "offsets", "loads_left",
                  "landed", "failed", "failed_by_reason")
 
     def __init__(self, request_id: int, model: str, salt: str, hashes: list[int], token: object,
@@ -44,7 +44,7 @@ class _Prefetch:
         self.token = token  # handed back to the owner with the outcome
         self.lookups_left = adapters
         self.held: list[list[bool] | None] = [None] * adapters  # per adapter: which chunks it holds
-        self.slots: list[int] = []  # per reserved chunk of the run: L1 slot, -1 = already in L1
+        self.offsets: list[int] = []  # per reserved chunk of the run: L1 byte offset, -1 = already in L1
         self.loads_left = 0
         self.landed: set[int] = set()  # positions in hashes loaded into L1
         self.failed = 0
@@ -117,12 +117,12 @@ class PrefetchController:
             self._finish(prefetch)
             return
         reservation = self._l1.reserve_prefetch(model, salt, prefetch.hashes[: len(owners)])
-        prefetch.slots = reservation.slots
+        prefetch.offsets = reservation.offsets
         if reservation.failed:
             pub.emit(_L2_PREFETCH_FAILED, ("l1_oom",), salt_counts={(salt, model): reservation.failed})
         groups: dict[int, list[int]] = {}  # adapter -> positions it loads
-        for position, slot in enumerate(reservation.slots):
-            if slot >= 0:
+        for position, offset in enumerate(reservation.offsets):
+            if offset >= 0:
                 groups.setdefault(owners[position], []).append(position)
         if not groups:
             self._finish(prefetch)
@@ -130,7 +130,7 @@ class PrefetchController:
         to_load = sum(len(positions) for positions in groups.values())
         pub.emit(_L2_PREFETCH_LOAD_SUBMITTED, (request_id, to_load, len(groups)), salt_counts={(salt, model): to_load})
         storage = self._storage
-        pool = self._l1.pool
+        pool_view = memoryview(self._l1.pool)  # type: ignore[arg-type]  # numpy arrays export the buffer
         chunk_bytes = self._l1.chunk_bytes
         prefetch.loads_left = len(groups)
         for index in sorted(groups):
@@ -142,7 +142,8 @@ class PrefetchController:
             pub.emit(_L2_LOAD_TASK_SUBMITTED, (request_id, index, task.task_id, storage.names[index], len(positions),
                                                nbytes))
             keys = [ChunkKey(model, salt, prefetch.hashes[p]) for p in positions]
-            destinations = [memoryview(pool[prefetch.slots[p]]) for p in positions]
+            offsets = prefetch.offsets
+            destinations = [pool_view[offsets[p] : offsets[p] + chunk_bytes] for p in positions]
             storage.track(task, storage.adapters[index].submit_load(keys, destinations))
 
     # -- step 5/6: loads finished -------------------------------------------------------------
@@ -183,13 +184,13 @@ class PrefetchController:
 
     def _finish(self, prefetch: _Prefetch) -> None:
         """Keep the locks of the contiguous run, release the rest, report to the owner."""
-        slots, landed = prefetch.slots, prefetch.landed
+        offsets, landed = prefetch.offsets, prefetch.landed
         run = 0
-        while run < len(slots) and (slots[run] < 0 or run in landed):
+        while run < len(offsets) and (offsets[run] < 0 or run in landed):
             run += 1
-        beyond = [prefetch.hashes[p] for p in range(run, len(slots)) if slots[p] < 0 or p in landed]
+        beyond = [prefetch.hashes[p] for p in range(run, len(offsets)) if offsets[p] < 0 or p in landed]
         if beyond:
             self._l1.release_read(prefetch.model, prefetch.salt, beyond)
-        l1_hits = sum(1 for slot in slots[:run] if slot < 0)
+        l1_hits = sum(1 for offset in offsets[:run] if offset < 0)
         self.pending -= 1
         self._on_finished(prefetch.token, PrefetchOutcome(run, l1_hits, run - l1_hits, len(landed)))

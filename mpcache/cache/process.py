@@ -141,13 +141,14 @@ class CacheProcess:
                 self.log.info("cache.names_reclaimed", capacity=intern_capacity)
             publisher = Publisher(RingWriter(ring), Interner(ring.buf, intern_capacity),
                                   threadsafe=False, clock_ns=clock_ns)
-        pool_seg = self._attach(config.l1_pool_name(worker), config.l1_slots * config.chunk_bytes)
-        pool = np.ndarray((config.l1_slots, config.chunk_bytes), dtype=np.uint8, buffer=pool_seg.buf)
-        l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.l1_watermark)
+        pool_seg = self._attach(config.l1_pool_name(worker), config.l1_pool_bytes)
+        pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
+        l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.l1_watermark, config.chunk_bytes)
         board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
         gauges = GaugeSlot(board, worker)
-        gauges.set(layout.G_L1_CAPACITY, config.l1_slots * config.chunk_bytes)
+        gauges.set(layout.G_L1_CAPACITY, l1.capacity_bytes)
         gauges.set(layout.G_L1_USED, 0)
+        gauges.set(layout.G_L1_FRAGMENTATION, 0)
         gauges.set(layout.G_ACTIVE_PREFETCH, 0)
         gauges.heartbeat(os.getpid())
         sessions = SessionRegistry(l1, publisher, job_ttl_s=job_ttl_s, max_jobs=job_limits[0],
@@ -157,7 +158,8 @@ class CacheProcess:
         storage = StorageManager(build_adapters(config, worker), names, publisher, gauges, self._wake, worker=worker,
                                  chunk_bytes=config.chunk_bytes, logger=self.log)
         prefetch = PrefetchController(storage, l1, publisher, sessions.prefetch_finished)  # type: ignore[arg-type]
-        blend = BlendState(l1, publisher, config.chunk_size_tokens, table_capacity=max(1024, 4 * config.l1_slots))
+        blend = BlendState(l1, publisher, config.chunk_size_tokens,
+                           table_capacity=max(1024, 4 * (config.l1_pool_bytes // config.chunk_bytes)))
         return CacheContext(config=config, worker=worker, log=self.log, publisher=publisher, l1=l1, gauges=gauges,
                             storage=storage, prefetch=prefetch, sessions=sessions,
                             l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend, clock=clock,
@@ -224,8 +226,9 @@ class CacheProcess:
         ctx = self.ctx
         assert ctx is not None and self._transport is not None
         lmcache = self.lmcache
-        self.log.info("cache.start", pid=os.getpid(), socket=self.socket_path, l1_slots=ctx.l1.capacity,
-                      chunk_bytes=self.config.chunk_bytes, lmcache_urls=lmcache.urls if lmcache else [])
+        self.log.info("cache.start", pid=os.getpid(), socket=self.socket_path, l1_bytes=ctx.l1.capacity_bytes,
+                      slab_bytes=ctx.l1.allocator.slab_bytes, chunk_bytes=self.config.chunk_bytes,
+                      lmcache_urls=lmcache.urls if lmcache else [])
         now = time.monotonic()
         next_evict = now + self.config.eviction_interval_s
         next_beat = now + self._heartbeat_interval_s

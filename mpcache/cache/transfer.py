@@ -1,5 +1,5 @@
-"""Copies between a client's KV buffer and L1 slots: numpy for shared memory, a CUDA stream for GPU buffers
-(START/END stamped where the stream reached them, read back from CUDA events).
+"""Copies between a client's KV buffer and L1 objects (byte ranges of the pool): numpy for shared memory, a
+CUDA stream for GPU buffers (START/END stamped where the stream reached them, read back from CUDA events).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from mpcache.errors import RequestError
 
-Pairs = Sequence[tuple[int, int]]  # (block id in the client's buffer, L1 slot)
+Pairs = Sequence[tuple[int, int]]  # (block id in the client's buffer, byte offset of its L1 object)
 Check = Callable[[], None]  # raises (a timeout) to abandon the copy; called before each block or batch
 
 NO_CUDA = "register_cuda_buffer: this cache process has no CUDA (cupy not installed or no CUDA device)"
@@ -40,11 +40,11 @@ class Transfer:
     stream_timed: bool = False  # True: START/END come from the copy's Timing, published after it
 
     def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
-        """Copy ``nbytes`` of each block into its L1 slot (a row of ``pool``)."""
+        """Copy ``nbytes`` of each block into its L1 object (``pool[offset : offset + nbytes]``)."""
         raise NotImplementedError
 
     def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing | None:
-        """Copy ``nbytes`` of each L1 slot into its block."""
+        """Copy ``nbytes`` of each L1 object into its block."""
         raise NotImplementedError
 
 
@@ -56,16 +56,16 @@ class CpuTransfer(Transfer):
 
     def to_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
         blocks = self._blocks
-        for block, slot in pairs:
+        for block, offset in pairs:
             check()
-            pool[slot, :nbytes] = blocks[block]
+            pool[offset : offset + nbytes] = blocks[block]
         return None
 
     def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> None:
         blocks = self._blocks
-        for block, slot in pairs:
+        for block, offset in pairs:
             check()
-            blocks[block] = pool[slot, :nbytes]
+            blocks[block] = pool[offset : offset + nbytes]
         return None
 
 
@@ -182,7 +182,7 @@ class CudaBuffer:
 
 
 class CudaTransfer(Transfer):
-    """Device blocks at ``base + block × block_bytes`` ⇄ L1 slots, through pinned staging, on one stream."""
+    """Device blocks at ``base + block × block_bytes`` ⇄ L1 objects, through pinned staging, on one stream."""
 
     stream_timed = True
 
@@ -203,15 +203,15 @@ class CudaTransfer(Transfer):
                        _MEMCPY_DEVICE_TO_HOST, stream.ptr)
             end.record(stream)
             end.synchronize()  # the staging rows are complete (a blocking wait, not a callback)
-            for i, (_, slot) in enumerate(batch):
-                pool[slot, :nbytes] = staging[i * nbytes : (i + 1) * nbytes]
+            for i, (_, offset) in enumerate(batch):
+                pool[offset : offset + nbytes] = staging[i * nbytes : (i + 1) * nbytes]
 
         return self._timed_copy(pairs, nbytes, check, batch_copy)
 
     def from_l1(self, pool: np.ndarray, pairs: Pairs, nbytes: int, check: Check = _no_check) -> Timing:
         def batch_copy(batch: Pairs, staging: np.ndarray, address: int, memcpy, stream, end) -> None:
-            for i, (_, slot) in enumerate(batch):
-                staging[i * nbytes : (i + 1) * nbytes] = pool[slot, :nbytes]
+            for i, (_, offset) in enumerate(batch):
+                staging[i * nbytes : (i + 1) * nbytes] = pool[offset : offset + nbytes]
             for i, (block, _) in enumerate(batch):
                 memcpy(self._base + block * self._block_bytes, address + i * nbytes, nbytes,
                        _MEMCPY_HOST_TO_DEVICE, stream.ptr)

@@ -259,7 +259,7 @@ class Demo:
 
     def _big_store_fault(self, client, worker: int, tenant: str, model: str) -> None:
         """A store of more chunks than L1 holds: the surplus must fail allocation."""
-        n = self.config.l1_slots + 4
+        n = self.config.l1_pool_bytes // self.config.chunk_bytes + 4
         self._doubt()
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo(config, log)
     signal.signal(signal.SIGTERM, lambda *_: demo.stop.set())
     signal.signal(signal.SIGINT, lambda *_: demo.stop.set())
-    log.info("demo.started", workers=config.workers, l1_slots_per_worker=config.l1_slots,
+    log.info("demo.started", workers=config.workers, l1_bytes_per_worker=config.l1_pool_bytes,
              seconds=config.demo_seconds or None, injected_faults=INJECTED_FAULTS)
     print("[demo] injects faults on purpose, to move the failure metrics (counted in each progress line; each one is "
           "logged only at --log-level debug): " + "; ".join(INJECTED_FAULTS.values()), flush=True)

@@ -16,7 +16,7 @@ _HEADER = struct.Struct("<8sIII")
 
 
 def format_gauge_board(segment: Segment, n_slots: int) -> None:
-    _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
+    _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
 
 
 def _validate(segment: Segment) -> int:
@@ -24,9 +24,9 @@ def _validate(segment: Segment) -> int:
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
     if magic != layout.GAUGE_MAGIC:
         raise LayoutMismatchError(f"{segment.name}: not an mpcache gauge board (magic {magic!r})")
-    if version != layout.LAYOUT_VERSION or adapters != layout.MAX_ADAPTERS:
+    if version != layout.GAUGE_LAYOUT_VERSION or adapters != layout.MAX_ADAPTERS:
         raise LayoutMismatchError(
-            f"{segment.name}: gauge board layout version {version}, this build reads {layout.LAYOUT_VERSION}"
+            f"{segment.name}: gauge board layout version {version}, this build reads {layout.GAUGE_LAYOUT_VERSION}"
         )
     if segment.size < layout.gauge_board_size(n_slots):
         raise LayoutMismatchError(f"{segment.name}: too small for {n_slots} slots")

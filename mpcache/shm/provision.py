@@ -20,7 +20,7 @@ def segment_sizes(config: Config) -> dict[str, int]:
     sizes = {config.gauge_board_name(): layout.gauge_board_size(config.workers)}
     for worker in range(config.workers):
         sizes[config.ring_name(worker)] = layout.event_segment_size(config.ring_capacity_cells, config.intern_capacity)
-        sizes[config.l1_pool_name(worker)] = config.l1_slots * config.chunk_bytes
+        sizes[config.l1_pool_name(worker)] = config.l1_pool_bytes
     return sizes
 
 
@@ -37,7 +37,7 @@ def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
     ring = sizes[config.ring_name(0)]
     raise ConfigError(
         f"{SHM_DIR} has {free / mib:.1f} MiB free; the service needs {need / mib:.1f} MiB there "
-        f"({config.workers} x (L1 {config.l1_slots * config.chunk_bytes / mib:.1f} MiB + ring {ring / mib:.1f} MiB) "
+        f"({config.workers} x (L1 {config.l1_pool_bytes / mib:.1f} MiB + ring {ring / mib:.1f} MiB) "
         f"+ {margin / mib:.0f} MiB for clients' buffers): lower --l1-size, --workers or --ring-cells, or give it "
         f"more shared memory (Docker: --shm-size={-(-need // (64 * mib)) * 64}m or more)")
 

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             CACHE_PROCESSES,
             CACHE_PROCESSES_READY,
             CHILD_RESTARTS,
+            L1_FRAGMENTATION,
             LMCACHE_REFUSED,
             METER_SERVICE,
             MetricsExport,
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             "allowed, per cache process (kept across its restarts).",
             callbacks=[lambda options: [Observation(readiness.word(slot, layout.G_LMCACHE_REFUSED),
                                                     {"worker": str(slot)}) for slot in range(readiness.n_slots)]])
+        service_meter.create_observable_gauge(
+            L1_FRAGMENTATION, description="Bytes L1's allocators hold in slabs that no object uses (free spots, "
+            "alignment padding, slab tails), summed over the live cache processes.",
+            callbacks=[lambda options: [Observation(readiness.total(layout.G_L1_FRAGMENTATION))]])
         subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                      gauge_reader=gauges))
     if not config.disable_logging:

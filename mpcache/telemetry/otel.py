@@ -43,6 +43,7 @@ CACHE_PROCESSES_READY = "mpcache.cache_processes_ready"
 CACHE_PROCESSES = "mpcache.cache_processes"
 CHILD_RESTARTS = "mpcache.child_restarts"
 LMCACHE_REFUSED = "mpcache.lmcache_refused_connections"
+L1_FRAGMENTATION = "mpcache.l1_fragmentation_bytes"
 # What MetricsExport serves beyond the metric table: build info and the process collector's series.
 SERVICE_SERIES = ("mpcache_build_info", "process_cpu_seconds_total",
                   "process_max_fds", "process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds",

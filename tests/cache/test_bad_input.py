@@ -103,7 +103,7 @@ def assert_refused_harmlessly(raw, reply: dict, error_type: str, fragment: str) 
     assert (False, error_type) == (reply["ok"], reply["error_type"])
     assert fragment in reply["error"] and "\n" not in reply["error"]
     assert 0 == len(harness.events.take())
-    assert 0 == harness.server.l1.used_slots
+    assert 0 == harness.server.l1.used_bytes
     assert True is conn.request(_store(buffer_id))["ok"]
     assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[77],
                                 block_ids=[0]).stored

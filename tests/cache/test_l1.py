@@ -1,4 +1,4 @@
-"""L1Manager on its own: slots, locks, LRU order, eviction and the events each step publishes."""
+"""L1Manager on its own (64-byte chunks, `slots` of them): space, locks, LRU order, eviction, events."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def l1_env(provisioned):
         config = provisioned(metrics_sample_rate=sample_rate)
         ring = Segment.attach(config.ring_name(0))
         publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity))
-        l1 = L1Manager(np.zeros((slots, 64), dtype=np.uint8), publisher, sample_rate, watermark)
+        l1 = L1Manager(np.zeros(slots * 64, dtype=np.uint8), publisher, sample_rate, watermark, 64)
         log = EventLog(config)
         opened.append((ring, log))
         return l1, log
@@ -101,7 +101,7 @@ def test_eviction_tick_evicts_below_the_watermark_and_reports_usage(l1_env):
     log.take()
     assert (1.0, True) == l1.evict_tick()
     batch = log.take()
-    assert 1 == l1.used_slots  # 1/4 < 0.5, 2/4 is not
+    assert 1 == len(l1)  # 1/4 < 0.5, 2/4 is not
     assert {(S, M): 3} == batch.salt_totals([E.L1_KEYS_EVICTED])
     ticks = [event.fields for event in batch.events([E.L1_EVICTION_LOOP_TICK])]
     assert [{"usage": 1.0, "watermark": 0.5, "triggered": True}] == ticks
@@ -125,10 +125,10 @@ def test_read_locked_entries_survive_the_eviction_loop(l1_env):
     _store(l1, [1, 2])
     l1.lock_prefix(M, S, [1, 2])
     l1.evict_tick()
-    assert (2, 1, 1) == (l1.used_slots, l1.readers(ChunkKey(M, S, 1)), l1.readers(ChunkKey(M, S, 2)))
+    assert (2, 1, 1) == (len(l1), l1.readers(ChunkKey(M, S, 1)), l1.readers(ChunkKey(M, S, 2)))
     l1.release_read(M, S, [1, 2])
     l1.evict_tick()
-    assert 0 == l1.used_slots
+    assert 0 == len(l1)
 
 
 def test_read_of_missing_or_unfinished_chunk_publishes_read_failed(l1_env):

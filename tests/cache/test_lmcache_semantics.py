@@ -151,10 +151,10 @@ def test_an_abandoned_prepared_store_gives_its_slots_back(served):
     no hit, and a new store of it gets slots."""
     harness, client, pool = served
     tokens = list(range(40000, 40000 + 2 * CHUNK))
-    used_before = harness.server.l1.used_slots
+    used_before = harness.server.l1.used_bytes
     prepared = client.call("prepare_store", key(tokens, "gone", worker_id=0), 1)
     assert 2 == len(prepared["context"]["slots"])
-    wait_for(lambda: harness.server.l1.used_slots == used_before, timeout_s=5, what="the slots to come back")
+    wait_for(lambda: harness.server.l1.used_bytes == used_before, timeout_s=5, what="the slots to come back")
     assert False is client.call("commit_store", key(tokens, "gone", worker_id=0), 1, b"")
     assert 2 == len(_store(client, pool, tokens, "again", seed=8))
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lmcache_client import NO_RESULT, LMClient, key, registration
+
+from mpcache.cache.slabs import ALIGN
 
 FRAMES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "lmcache_frames")
 OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the larger of the two captures' KV objects (fp16)
@@ -44,7 +47,7 @@ def _conversation(name: str) -> list[tuple[str, str, list]]:
 
 def _same_shape(theirs: object, ours: object, op: int) -> None:
     """Replies agree: exact values where the server's choice is not free (hits, flags, chunk indices,
-    slot shapes), only the form where it is (pool name and size, slot offsets)."""
+    slot shapes), only the form where it is (pool name and size, byte offsets)."""
     if op == 14:  # registration: our pool, not theirs
         assert set(theirs) == set(ours) and ours["shm_name"] and ours["pool_size"] > 0
     elif op in (16, 18):
@@ -52,7 +55,7 @@ def _same_shape(theirs: object, ours: object, op: int) -> None:
         their_slots, our_slots = theirs["context"].get("slots", []), ours["context"].get("slots", [])
         strip = [{k: v for k, v in slot.items() if k != "offset"} for slot in their_slots]
         assert strip == [{k: v for k, v in slot.items() if k != "offset"} for slot in our_slots]
-        assert all(slot["offset"] % OBJECT_BYTES == 0 for slot in our_slots)
+        assert all(slot["offset"] % ALIGN == 0 for slot in our_slots)  # byte offsets, cache-line aligned
         assert theirs["context"].get("chunk_indices") == ours["context"].get("chunk_indices")
         assert theirs.get("success") == ours.get("success")
     else:
@@ -163,7 +166,6 @@ def test_unsupported_operations_fail_fast_with_one_warning_per_client(lmcache, o
     ("query_prefetch_status", [17], 0),  # wrong type
     ("lookup", [key([1] * 256, "x", readers=0), 1], NO_RESULT),  # pre-0.5.5 client: no num_kv_readers
     ("lookup", [key([1] * 256, "x", salt="a/b"), 1], NO_RESULT),  # forbidden character in the salt
-    ("register", [registration(1, hidden=1 << 20)], {"shm_name": "", "pool_size": 0}),  # object > slot
     ("register", [registration(1, dtype="complex128")], {"shm_name": "", "pool_size": 0}),
     ("get_chunk_size", [1, 2, 3], 256),
     (99, [], NO_RESULT),  # unknown operation id
@@ -175,12 +177,38 @@ def test_a_refused_request_gets_the_failure_value_and_the_server_keeps_serving(l
     assert 256 == client.call("get_chunk_size")
 
 
-def test_an_object_larger_than_a_slot_is_one_line_naming_both_sizes(lmcache, capsys):
+def test_objects_larger_than_the_native_chunk_are_stored_at_byte_offsets(lmcache):
+    """An object twice --chunk-bytes registers (the pool is offered) and its store gets slots of its own
+    length at distinct, aligned byte offsets inside the pool."""
     _, client = lmcache()
-    assert {"shm_name": "", "pool_size": 0} == client.call("register", registration(1, hidden=256))
-    line = [line for line in capsys.readouterr().out.splitlines() if "client.error" in line][0]
-    assert f"is {2 * OBJECT_BYTES} bytes" in line and f"hold {OBJECT_BYTES} bytes" in line
-    assert f"--chunk-bytes {2 * OBJECT_BYTES}" in line
+    reply = client.call("register", registration(1, hidden=256))
+    assert reply["shm_name"] and reply["pool_size"] == 64 * OBJECT_BYTES
+    slots = client.call("prepare_store", key(list(range(512)), "big", worker_id=0), 1)["context"]["slots"]
+    assert [2 * OBJECT_BYTES] * 2 == [slot["length"] for slot in slots]
+    offsets = sorted(slot["offset"] for slot in slots)
+    assert offsets[1] - offsets[0] >= 2 * OBJECT_BYTES and offsets[1] + 2 * OBJECT_BYTES <= reply["pool_size"]
+    assert all(offset % ALIGN == 0 for offset in offsets)
+
+
+def test_an_object_larger_than_l1_warns_once_and_every_store_fails_at_once(lmcache, capsys):
+    """A registration whose object exceeds the whole L1 is accepted (the worker maps the pool, so it never
+    pickles KV into a frame), logs one warning naming both sizes and --l1-size, and each prepare_store
+    answers at once with no slots (the worker's store fails; its commit finds nothing)."""
+    _, client = lmcache()
+    big = registration(1, hidden=1 << 14)  # 2 x 2 x 256 x 16384 x 2 bytes = 32 MiB > 64 objects of 128 KiB
+    object_bytes = 2 * 2 * 256 * (1 << 14) * 2
+    assert client.call("register", big)["pool_size"] > 0
+    assert client.call("register", registration(2, hidden=1 << 14))["pool_size"] > 0  # a second rank: no 2nd line
+    for request in ("a", "b"):
+        started = time.monotonic()
+        stored = key(list(range(256)), request, worker_id=0)
+        assert {"context": {}} == client.call("prepare_store", stored, 1)
+        assert False is client.call("commit_store", stored, 1, b"")
+        assert time.monotonic() - started < 0.1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "lmcache.object_larger_than_l1" in line]
+    assert 1 == len(lines)
+    assert f"object_bytes={object_bytes}" in lines[0] and f"l1_bytes={64 * OBJECT_BYTES}" in lines[0]
+    assert "--l1-size 32MiB" in lines[0]
 
 
 def test_malformed_frames_are_answered_or_dropped_and_nothing_is_unpickled(lmcache):

@@ -19,18 +19,18 @@ NO_CUDA_HERE = transfer.cuda_device_count() == 0
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 
-def test_cpu_transfer_copies_blocks_to_and_from_slots_and_checks_before_each_block():
-    """to_l1 fills the named slots from the named blocks, from_l1 the other way; neither returns a stream
-    timing (the server stamps START/END itself), and the check runs once per block."""
+def test_cpu_transfer_copies_blocks_to_and_from_byte_offsets_and_checks_before_each_block():
+    """to_l1 fills the pool at the named byte offsets from the named blocks, from_l1 the other way; neither
+    returns a stream timing (the server stamps START/END itself), and the check runs once per block."""
     blocks = np.arange(4 * 8, dtype=np.uint8).reshape(4, 8)
-    pool = np.zeros((3, 16), dtype=np.uint8)
+    pool = np.zeros(48, dtype=np.uint8)
     mover = transfer.CpuTransfer(blocks)
     checks = []
-    timings = (mover.to_l1(pool, [(2, 0), (0, 2)], 8, lambda: checks.append("in")),
+    timings = (mover.to_l1(pool, [(2, 0), (0, 32)], 8, lambda: checks.append("in")),
                mover.from_l1(pool, [(1, 0)], 8, lambda: checks.append("out")))
 
     assert ("cpu", False, (None, None)) == (mover.device, mover.stream_timed, timings)
-    assert [blocks[2].tolist(), [0] * 8, blocks[0].tolist()] == pool[:, :8].tolist()
+    assert [blocks[2].tolist(), [0] * 8, blocks[0].tolist()] == pool.reshape(3, 16)[:, :8].tolist()
     assert (blocks[2].tolist(), ["in", "in", "out"]) == (blocks[1].tolist(), checks)
 
 

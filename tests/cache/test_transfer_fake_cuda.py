@@ -153,16 +153,16 @@ def test_store_and_retrieve_through_a_stream_timed_transfer(cache, fake_cuda):
 
 def test_copies_larger_than_the_staging_buffer_go_in_batches(fake_cuda, monkeypatch):
     """With room for 2 blocks in staging, 5 blocks are copied in batches of 2, 2 and 1 — each checked
-    first — and every block lands in its slot, both ways."""
+    first — and every block lands at its byte offset (32 bytes apart), both ways."""
     monkeypatch.setattr(transfer, "STAGING_BYTES", 2 * 16)
     gpu = np.arange(6 * 16, dtype=np.uint8).reshape(6, 16)
     buffer = transfer.open_cuda_buffer(bytes.fromhex(fake_cuda.export(gpu)), 0, 6, 16, clock_ns=lambda: T0)
-    pool = np.zeros((5, 32), dtype=np.uint8)
+    pool = np.zeros(5 * 32, dtype=np.uint8)
     checks = []
-    buffer.transfer.to_l1(pool, [(b, 4 - b) for b in range(5)], 16, lambda: checks.append("in"))
-    expected_pool = pool[:, :16].copy()
+    buffer.transfer.to_l1(pool, [(b, 32 * (4 - b)) for b in range(5)], 16, lambda: checks.append("in"))
+    expected_pool = pool.reshape(5, 32)[:, :16].copy()
     gpu[:] = 0
-    buffer.transfer.from_l1(pool, [(b, 4 - b) for b in range(5)], 16, lambda: checks.append("out"))
+    buffer.transfer.from_l1(pool, [(b, 32 * (4 - b)) for b in range(5)], 16, lambda: checks.append("out"))
 
     assert [list(range(16 * (4 - s), 16 * (5 - s))) for s in range(5)] == expected_pool.tolist()
     assert (np.arange(5 * 16).reshape(5, 16).tolist(), [0] * 16) == (gpu[:5].tolist(), gpu[5].tolist())

@@ -40,7 +40,9 @@ SEQ_LINE = re.compile(r"^\s*\[seq (\d+)(?:/(cold|warm))?\] (.*)$")
 
 
 def build_command(args: argparse.Namespace, lmcache_bin: Path) -> list[str]:
-    if args.mla:
+    if args.default_shape:  # the bench's own KV shape and block count (32 layers, 8 KV heads of 128, fp16)
+        spec = None
+    elif args.mla:
         spec = f"(1,{args.num_blocks},16,1,{args.head_size or 576}):{args.dtype}:{args.layers}"
     else:
         spec = (
@@ -54,8 +56,7 @@ def build_command(args: argparse.Namespace, lmcache_bin: Path) -> list[str]:
         "--transfer-mode", "engine_driven",
         "--tp-size", str(args.tp),
         "--num-tokens", str(args.num_tokens),
-        "--kvcache-shape-spec", spec,
-        "--num-blocks", str(args.num_blocks),
+        *(["--kvcache-shape-spec", spec, "--num-blocks", str(args.num_blocks)] if spec else []),
         "--block-size", "16",
         "--start", str(args.start),
         "--end", str(args.start + args.requests),
@@ -135,6 +136,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--start", type=int, default=None, help="first sequence number (default random)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--mla", action="store_true")
+    ap.add_argument("--default-shape", action="store_true",
+                    help="the bench's default --kvcache-shape-spec and --num-blocks (a 32 MiB object per chunk)")
     ap.add_argument("--num-tokens", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--kv-heads", type=int, default=2)

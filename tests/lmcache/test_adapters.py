@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -117,14 +118,17 @@ class LMService(Service):
     """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i.
     ``--lmcache-allow-clear``: the driver's scenarios reveal leftover read locks with a CLEAR."""
 
-    def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int, *flags: str) -> None:
+    def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int | None, *flags: str) -> None:
         self.workers = workers
         self.chunk_bytes = chunk_bytes
-        self.l1_bytes = SLOTS * chunk_bytes
+        # chunk_bytes None: no size flag at all (the default L1); else an L1 of SLOTS such objects, so that
+        # the driver's eviction scenario overfills it quickly
+        self.l1_bytes = 256 * 2**20 if chunk_bytes is None else SLOTS * chunk_bytes
+        sizes = () if chunk_bytes is None else ("--chunk-bytes", str(chunk_bytes), "--l1-size", str(self.l1_bytes))
         base = free_port_run(workers)
         self.urls = [f"tcp://127.0.0.1:{base + i}" for i in range(workers)]
         super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--lmcache-allow-clear",
-                         "--chunk-bytes", str(chunk_bytes), "--l1-size", str(self.l1_bytes), *flags)
+                         *sizes, *flags)
 
     def serving(self, index: int, pid: int) -> bool:
         """Cache process ``pid`` is past its start-up: its LMCache socket is bound (``cache.start``)."""
@@ -152,7 +156,7 @@ def start_lmcache_service(tmp_path):
     process it logged are SIGKILLed if still alive, and their shared-memory segments removed."""
     started: list[LMService] = []
 
-    def start(workers: int, chunk_bytes: int, *flags: str) -> LMService:
+    def start(workers: int, chunk_bytes: int | None, *flags: str) -> LMService:
         directory = tmp_path / f"service{len(started)}"
         directory.mkdir()
         service = LMService(directory, workers, chunk_bytes, *flags)
@@ -332,15 +336,17 @@ def test_lmcache_adapters_against_mpcache(case, lmcache_venv, start_lmcache_serv
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_service, tmp_path) -> None:
-    """LMCache's own load client, ``lmcache bench server`` (engine_driven, CPU), passes against
-    ``--lmcache-port``: every sequence a cold miss then a stored store, a warm full hit, a retrieve
-    and a checksum match (``run_bench_client.py`` judges it); /metrics counts exactly its chunks."""
-    requests, chunks = 4, 4  # --num-tokens 1024
-    service = start_lmcache_service(1, object_bytes(1, False))  # the bench's shape is per rank
+    """LMCache's own load client, ``lmcache bench server`` (engine_driven, CPU) with its *default* KV shape
+    (32 layers, 8 KV heads of 128, fp16: a 32 MiB object per chunk at TP 1), passes against a default
+    ``start-cache --lmcache-port`` (no size flag): every sequence a cold miss then a stored store, a warm full
+    hit, a retrieve and a checksum match (``run_bench_client.py`` judges it); /metrics counts exactly its
+    chunks."""
+    requests, chunks = 3, 2  # --num-tokens 512; 3 x 2 x 32 MiB stays below the 80% watermark of 256 MiB
+    service = start_lmcache_service(1, None)
     bench = subprocess.run(
         [sys.executable, str(BENCH), "--rpc-url", service.urls[0], "--venv", str(lmcache_venv), "--tp", str(tp),
-         "--requests", str(requests), "--num-tokens", str(chunks * CHUNK), "--timeout", "240"],
-        env=dict(os.environ, **NO_TRACKING), capture_output=True, text=True, timeout=300,
+         "--requests", str(requests), "--num-tokens", str(chunks * CHUNK), "--default-shape", "--timeout", "400"],
+        env=dict(os.environ, **NO_TRACKING), capture_output=True, text=True, timeout=450,
         stdin=subprocess.DEVNULL, cwd=REPO)
     lines = bench.stdout.strip().splitlines()
     verdict = json.loads(lines[-1]) if lines else {}
@@ -352,6 +358,31 @@ def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_se
     scrape = settled_scrape(service, expected)
     assert expected == {name: scrape.total(name) for name in expected}
     assert scrape.total(STORE_SAMPLES) > 0 and scrape.total(LOAD_SAMPLES) > 0
+    assert 0 == service.stop()
+
+
+STORE_LINE = re.compile(r"STORE: (\w+) \((\d+) tokens, ([\d.]+) ms")
+
+
+def test_a_model_larger_than_l1_fails_every_store_at_once_with_one_warning(lmcache_venv, start_lmcache_service,
+                                                                           tmp_path) -> None:
+    """``lmcache bench server`` whose 128 KiB object exceeds a 64 KiB L1: registration succeeds (the worker maps
+    the pool, so nothing is pickled into an oversized frame that would be dropped unanswered), every store
+    fails in under 100 ms instead of waiting out the client's RPC timeout, and the service logs one
+    ``lmcache.object_larger_than_l1`` warning naming both sizes and --l1-size."""
+    service = start_lmcache_service(1, None, "--l1-size", "64KiB")
+    bench = subprocess.run(
+        [sys.executable, str(BENCH), "--rpc-url", service.urls[0], "--venv", str(lmcache_venv), "--tp", "1",
+         "--requests", "3", "--num-tokens", str(CHUNK), "--timeout", "240"],
+        env=dict(os.environ, **NO_TRACKING), capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL, cwd=REPO)
+    stores = [match.groups() for match in map(STORE_LINE.search, bench.stderr.splitlines()) if match]
+    assert len(stores) >= 3, bench.stderr[-3000:]  # the cold requests, and the warm ones that missed
+    assert all(status == "store_failed" and float(ms) < 100 for status, _, ms in stores), stores
+    warnings = wait_for(lambda: service.lines("lmcache.object_larger_than_l1") or None, 10, "the warning")
+    assert 1 == len(warnings)
+    assert (object_bytes(1, False), 65536) == (warnings[0]["object_bytes"], warnings[0]["l1_bytes"])
+    assert "--l1-size 1MiB" in warnings[0]["fix"]
     assert 0 == service.stop()
 
 

@@ -1,14 +1,17 @@
-"""LMCache's engine_driven operations on a cache context: workers copy KV straight into and out of L1 slots.
+"""LMCache's engine_driven operations on a cache context: workers copy KV straight into and out of L1 objects.
 
 The server hashes whole chunks of a request's tokens itself (prefix-chained) and folds
 (world_size, rank) into each chunk's key, so every KV rank's piece is its own L1 object.  A lookup
 hit is the prefix of chunks that every rank has; it takes ``num_kv_readers`` read locks per object,
 and each worker's commit_retrieve gives one back (free_lookup_locks a range, end_session the rest).
-Stores are two-phase: prepare_store reserves slots and names them, commit_store makes them readable;
-a prepared store or retrieve left uncommitted gives its slots or locks back after ``pending_ttl_s``.
+Stores are two-phase: prepare_store reserves L1 space and names it (byte offsets into the pool, each
+object the registration's size), commit_store makes it readable; a prepared store or retrieve left
+uncommitted gives its space or locks back after ``pending_ttl_s``.
 Each operation publishes the events its mpcache-protocol twin publishes; store and retrieve are timed
 from prepare to commit.  A registration (instance id) belongs to the peer uid that made it: only that uid
-prepares and commits through it, and it holds at most a quarter of L1's slots in uncommitted stores.
+prepares and commits through it, and it holds at most a quarter of L1's bytes (or one object) uncommitted.
+An object larger than all of L1 is still registered (the worker maps the pool, never pickling KV into a
+frame) and warned about once; each store of it fails at once, at prepare_store.
 """
 
 from __future__ import annotations
@@ -37,12 +40,12 @@ _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
 MAX_INSTANCES = 1024
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
 MAX_LOOKUPS = 65536  # requests whose lookup result or locks are kept
-PENDING_SHARE = 4  # a registration holds at most 1/PENDING_SHARE of L1's slots in prepared, uncommitted stores
+PENDING_SHARE = 4  # a registration holds at most 1/PENDING_SHARE of L1's bytes in prepared, uncommitted stores
 
 
 @dataclass(slots=True)
 class _Pending:
-    """A prepared store (slots reserved, not readable) or retrieve (keys read-locked) awaiting its commit."""
+    """A prepared store (space reserved, not readable) or retrieve (keys read-locked) awaiting its commit."""
 
     instance_id: int
     request_id: str
@@ -52,7 +55,7 @@ class _Pending:
     positions: list[int] = field(default_factory=list)  # retrieve: the keys' positions in the lookup's job
     job: Job | None = None
     device: str = "cpu:0"  # the worker's rank: START and END pair per (request, device)
-    failed: int = 0  # store: chunks that got no slot
+    failed: int = 0  # store: chunks that got no space
     nbytes: int = 0
     deadline: float = 0.0
 
@@ -84,8 +87,9 @@ class EngineDriven:
         self._pending_ttl_s = pending_ttl_s
         self._registrations: dict[int, wire.Registration] = {}
         self._owners: dict[int, int] = {}  # instance id → the peer uid that registered it
-        self._held: dict[int, int] = {}  # instance id → slots its uncommitted stores reserve
-        self._max_held = max(1, ctx.l1.capacity // PENDING_SHARE)
+        self._held: dict[int, int] = {}  # instance id → bytes its uncommitted stores reserve
+        self._max_held = ctx.l1.capacity_bytes // PENDING_SHARE
+        self._warned_too_large: set[tuple[str, int]] = set()  # (model, object bytes) warned about
         self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
@@ -94,23 +98,32 @@ class EngineDriven:
     # -- registration ----------------------------------------------------------------------
 
     def register(self, payload: Any, owner: int) -> dict:
-        """Describe the pool a worker maps; a KV object larger than an L1 slot is refused here, and so is
-        an instance id another uid registered."""
+        """Describe the pool a worker maps (any object size); an instance id another uid registered is refused.
+        An object larger than the whole L1 gets one warning naming the sizes and the flag."""
         ctx = self._ctx
         registration = wire.parse_registration(payload, ctx.chunk_tokens)
         if self._owners.get(registration.instance_id, owner) != owner:
             raise RequestError(f"instance_id {registration.instance_id} is registered by another user")
-        if registration.object_bytes > ctx.chunk_bytes:
-            raise RequestError(
-                f"model {registration.model_name}: one KV chunk object is {registration.object_bytes} bytes "
-                f"(shape {registration.shape}, {registration.dtype}) but L1 slots hold {ctx.chunk_bytes} bytes; "
-                f"start the cache with --chunk-bytes {registration.object_bytes} or more")
         if registration.instance_id not in self._registrations and len(self._registrations) >= MAX_INSTANCES:
             raise RequestError(f"at most {MAX_INSTANCES} registered instances per cache process")
+        self._warn_if_too_large(registration)
         self._registrations[registration.instance_id] = registration
         self._owners[registration.instance_id] = owner
         pool = ctx.config.l1_pool_name(ctx.worker)
-        return {"shm_name": pool.lstrip("/"), "pool_size": ctx.config.l1_slots * ctx.chunk_bytes}
+        return {"shm_name": pool.lstrip("/"), "pool_size": len(ctx.l1.pool)}
+
+    def _warn_if_too_large(self, registration: wire.Registration) -> None:
+        l1_bytes, size, warned = self._ctx.l1.max_object_bytes, registration.object_bytes, self._warned_too_large
+        if size <= l1_bytes or (registration.model_name, size) in warned:
+            return
+        if len(warned) >= MAX_INSTANCES:
+            warned.clear()
+        warned.add((registration.model_name, size))
+        self._ctx.log.warning(
+            "lmcache.object_larger_than_l1", model=registration.model_name, object_bytes=size,
+            shape=registration.shape, dtype=registration.dtype, l1_bytes=l1_bytes,
+            fix=f"every store of this model fails: one KV chunk object is {size} bytes but L1 holds {l1_bytes} "
+                f"bytes; start the cache with --l1-size {-(-size // 2**20)}MiB or more")
 
     def ping(self, instance_id: int | None, owner: int) -> bool:
         """True, except once for a worker this process does not know (it was restarted since the worker
@@ -221,8 +234,9 @@ class EngineDriven:
     # -- stores ------------------------------------------------------------------------------
 
     def prepare_store(self, key: wire.Key, instance_id: int, owner: int) -> dict:
-        """Reserve L1 slots for the key's chunks not cached yet and describe them (no more than the
-        registration's share of L1 left: the chunks beyond get no slot)."""
+        """Reserve L1 space for the key's chunks not cached yet and describe it (no more than the
+        registration's share of L1 left: the chunks beyond get none).  A registration whose object can never
+        fit gets no context: the worker skips its copy into L1 and its commit fails at once."""
         ctx = self._ctx
         registration = self._registration(instance_id, key, owner)
         tkey = _transfer_key(key, instance_id)
@@ -238,22 +252,25 @@ class EngineDriven:
         pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
         pub.emit(_MP_STORE_START, (device, instance_id, model), session_id=request_id)
         held = self._held.get(instance_id, 0)
-        reservation = ctx.l1.reserve_write(model, salt, keys, limit=self._max_held - held)
+        size = registration.object_bytes
+        limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
+        reservation = ctx.l1.reserve_write(model, salt, keys, limit=limit, nbytes=size)
         pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
                            device=device, failed=reservation.failed, nbytes=registration.object_bytes,
                            deadline=ctx.clock() + self._pending_ttl_s)
         if not reservation.positions:  # nothing to copy: the worker will not commit
             self._finish_store(pending, [])
+            if size > ctx.l1.max_object_bytes and reservation.failed:
+                return {"context": {}}  # no slots: the worker's store fails (its commit finds nothing prepared)
             return {"context": {"slots": [], "chunk_indices": []}}
         self._stores[tkey] = pending
-        self._held[instance_id] = held + len(pending.keys)
-        chunk = ctx.chunk_bytes
-        slots = [{"offset": slot * chunk, "length": registration.object_bytes, "shape": registration.shape,
-                  "dtype": registration.dtype} for slot in reservation.slots]
+        self._held[instance_id] = held + len(pending.keys) * size
+        slots = [{"offset": offset, "length": size, "shape": registration.shape, "dtype": registration.dtype}
+                 for offset in reservation.offsets]
         return {"context": {"slots": slots, "chunk_indices": reservation.positions}}
 
     def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
-        """Make the prepared slots readable: only the uid, registration and key that prepared them can;
+        """Make the prepared objects readable: only the uid, registration and key that prepared them can;
         a non-empty ``data`` (pickled tensors) is refused, never read."""
         tkey = _transfer_key(key, instance_id)
         if type(data) is not bytes:
@@ -281,8 +298,8 @@ class EngineDriven:
         ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
                            salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
         if stored and nbytes == ctx.chunk_bytes and ctx.storage.adapters:
-            slots = [slot for slot, _ in ctx.l1.read(model, salt, pending.keys)]
-            store_to_l2(ctx, model, salt, pending.keys[: len(slots)], slots)
+            offsets = [offset for offset, _ in ctx.l1.read(model, salt, pending.keys)]
+            store_to_l2(ctx, model, salt, pending.keys[: len(offsets)], offsets)
 
     # -- retrieves ---------------------------------------------------------------------------
 
@@ -314,10 +331,9 @@ class EngineDriven:
         ctx.publisher.emit(_MP_RETRIEVE_START, (device, instance_id, model), session_id=request_id)
         self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device,
                                          nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
-        chunk = ctx.chunk_bytes
         return {"success": True, "data": b"", "context": {"slots": [
-            {"offset": slot * chunk, "length": size, "shape": registration.shape, "dtype": registration.dtype}
-            for slot, size in reads]}}
+            {"offset": offset, "length": size, "shape": registration.shape, "dtype": registration.dtype}
+            for offset, size in reads]}}
 
     def commit_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> bool:
         """The worker has copied: drop this transfer's locks and one of the lookup's per object."""
@@ -358,7 +374,7 @@ class EngineDriven:
                                session_id=pending.request_id)
 
     def _release_held(self, pending: _Pending) -> None:
-        held = self._held.get(pending.instance_id, 0) - len(pending.keys)
+        held = self._held.get(pending.instance_id, 0) - len(pending.keys) * pending.nbytes
         if held > 0:
             self._held[pending.instance_id] = held
         else:

@@ -55,7 +55,7 @@ def begin_copy(ctx: CacheContext, buffer: Buffer, request_id: str, submitted: Ev
            events=(_MP_REQUEST_START, _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _SM_WRITE_FINISHED))
 def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     """Copy block ``block_ids[i]`` into L1 as chunk ``chunk_hashes[i]``, and hand the new chunks to every
-    L2 tier in the background.  Chunks already cached are skipped; chunks L1 has no room for (every slot
+    L2 tier in the background.  Chunks already cached are skipped; chunks L1 has no room for (every object
     read-locked or being written) fail."""
     hashes, block_ids = args["chunk_hashes"], args["block_ids"]
     if len(block_ids) != len(hashes):
@@ -70,8 +70,8 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     committed = [hashes[i] for i in reservation.positions]
     nbytes = buffer.block_bytes
     try:
-        timing = mover.to_l1(l1.pool, [(block_ids[i], slot) for i, slot in zip(reservation.positions,
-                                                                                reservation.slots)], nbytes)
+        timing = mover.to_l1(l1.pool, [(block_ids[i], offset) for i, offset in zip(reservation.positions,
+                                                                                    reservation.offsets)], nbytes)
     except BaseException:
         l1.abort_write(model, salt, committed)
         pub.emit(_MP_STORE_END, (device, engine, model, 0, 0, 0), session_id=request_id)
@@ -86,16 +86,17 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     pub.emit(_SM_WRITE_FINISHED, (reservation.failed,),
              salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
     if stored and nbytes == ctx.chunk_bytes:
-        store_to_l2(ctx, model, salt, [hashes[i] for i in reservation.positions], reservation.slots)
+        store_to_l2(ctx, model, salt, [hashes[i] for i in reservation.positions], reservation.offsets)
     return {"stored_count": stored, "skipped_count": reservation.present, "failed_count": reservation.failed}
 
 
-def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], slots: list[int]) -> None:
-    """Hand freshly committed chunks to every L2 tier.  The tasks get copies: the L1 slots stay
-    readable (and evictable) while adapters write."""
+def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], offsets: list[int]) -> None:
+    """Hand freshly committed chunks (``chunk_bytes`` each, at these pool offsets) to every L2 tier.  The tasks
+    get copies: the L1 objects stay readable (and evictable) while adapters write."""
     if ctx.storage.adapters:
-        pool = ctx.l1.pool
-        ctx.storage.store(model, salt, [(chunk_hash, pool[slot].tobytes()) for chunk_hash, slot in zip(hashes, slots)])
+        pool, size = ctx.l1.pool, ctx.chunk_bytes
+        ctx.storage.store(model, salt, [(chunk_hash, pool[offset : offset + size].tobytes())
+                                        for chunk_hash, offset in zip(hashes, offsets)])
 
 
 @operation("lookup_prefetch",
@@ -202,7 +203,7 @@ def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
         for _, size in reads:
             if size != nbytes:
                 raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
-        timing = mover.from_l1(l1.pool, [(block, slot) for (slot, _), block in zip(reads, block_ids)], nbytes,
+        timing = mover.from_l1(l1.pool, [(block, offset) for (offset, _), block in zip(reads, block_ids)], nbytes,
                                lambda: deadline.check("retrieve", session_id=request_id))
     except BaseException:
         pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
