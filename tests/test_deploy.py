@@ -42,7 +42,8 @@ SPEC_TSV = REPO.parent / "shared" / "spec" / "metrics.tsv"
 EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"}
 # The service's own series (mpcache/telemetry/otel.py and the telemetry process): the "Service" row and its alerts.
 SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
-           "mpcache_child_restarts_total", "mpcache_lmcache_refused_connections_total"}
+           "mpcache_child_restarts_total", "mpcache_lmcache_refused_connections_total",
+           "mpcache_l1_fragmentation_bytes"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
