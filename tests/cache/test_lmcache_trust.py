@@ -347,14 +347,14 @@ def test_a_foreign_uid_cannot_clear_l1_even_where_clear_is_allowed(served, secon
     service = served(lmcache_allow_clear=True)
     stored = tokens_of(400_000, 2)
     store(service, stored, "w", seed=4)
-    used = service.harness.server.l1.used_slots
+    used = len(service.harness.server.l1)
     evil = attacker(service.url)
     evil.send([["clear", False]], timeout_s=1.0, sync=True)
     wait_refused(service, second_user.uid, evil)
     evil.go()
     results = evil.results()
     assert no_reply(results), f"the foreign uid was answered: {results}"
-    assert used == service.harness.server.l1.used_slots
+    assert used == len(service.harness.server.l1)
     assert 2 == hits(service.victim, stored, "after")
 
 
@@ -376,15 +376,15 @@ def test_clear_empties_l1_where_lmcache_allow_clear_is_set(served):
     stored = tokens_of(510_000, 2)
     store(service, stored, "w", seed=6)
     assert NO_RESULT is service.client().call("clear", False)
-    assert 0 == service.harness.server.l1.used_slots
+    assert 0 == len(service.harness.server.l1)
     assert 0 == hits(service.victim, stored, "after")
     assert not service.log.events("lmcache.clear_refused")
 
 
 def test_a_prepare_store_storm_reserves_at_most_a_quarter_of_l1(served):
-    """Uncommitted prepare_stores of many prefixes from one registration reserve at most
-    ``max(1, l1_slots // 4)`` slots in all (beyond it: no slots, ``{"context": {"slots": [],
-    "chunk_indices": []}}`` or fewer slots), and the victim's committed chunks stay hits."""
+    """Uncommitted prepare_stores of many prefixes from one registration reserve at most a quarter of L1's
+    bytes in all (here 4 of 16 objects; beyond it: no slots, ``{"context": {"slots": [], "chunk_indices":
+    []}}`` or fewer slots), and the victim's committed chunks stay hits."""
     service = served(l1_size_bytes=16 * OBJECT)
     stored = tokens_of(600_000, 4)
     store(service, stored, "w", seed=7)

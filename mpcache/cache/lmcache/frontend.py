@@ -21,13 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
-from mpcache.cache.lmcache.gate import HOLD, REMOTE, PeerGate, descriptor_addresses
+from mpcache.cache.lmcache.gate import REMOTE, PeerGate
+from mpcache.cache.lmcache.handshakes import HANDSHAKE_TIMEOUT_MS, Handshakes
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError, ProtocolError, RequestError
 from mpcache.shm import layout
@@ -36,9 +36,6 @@ MAX_WAITERS = 4096
 MAX_WARNED_CLIENTS = 4096
 MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 3
 PASS_BUDGET_S = 0.05  # one pass over the backlog stops after this, so the loop's timers run between messages
-HANDSHAKE_TIMEOUT_MS = 5000  # a connection that does not finish its ZMTP handshake is dropped
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-ZAP_DOMAIN = b"mpcache"
 _SERVED_MODE = '"lmcache.mp.mp_transfer_mode": "engine_driven"'
 _UNSUPPORTED = {
     "register_kv_cache": f"lmcache_driven transfer (CUDA IPC handles) is not supported; set {_SERVED_MODE}",
@@ -86,7 +83,6 @@ class LMCacheFrontEnd:
                              allow_remote=config.lmcache_allow_remote, log=ctx.log,
                              on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1),
                              handshake_timeout_s=HANDSHAKE_TIMEOUT_MS / 1000)
-        self._held: list[tuple[float, list[bytes]]] = []  # ZAP requests not answered yet, oldest first
         # with one possible owner no message needs its peer's uid; with several, each carries it (User-Id)
         self._one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
@@ -94,18 +90,12 @@ class LMCacheFrontEnd:
         self._ipc_paths: list[str] = []
         self._backlog = False
         self._zmq = zmq.Context(io_threads=1)
-        # the ZAP handler, bound before the ROUTER so that no handshake goes unchecked; a ROUTER, so that
-        # an answer can wait
-        self._zap = self._zmq.socket(zmq.ROUTER)
-        self._zap.setsockopt(zmq.LINGER, 0)
-        self._zap.bind(ZAP_ENDPOINT)
         self._socket = self._zmq.socket(zmq.ROUTER)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._handshakes = Handshakes(self._zmq, self._socket, self.gate,
+                                      lambda message: self._client_error("handshake", "transport", message))
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not vanishes
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, wire.frame_cap(config.lmcache_max_tokens))
-        self._socket.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        self._socket.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         try:
             for url in urls:
                 self._bind(url)
@@ -115,9 +105,8 @@ class LMCacheFrontEnd:
         self.urls = list(urls)
         self._selector = selector
         self._fd = int(self._socket.getsockopt(zmq.FD))
-        self._side_fds = [int(self._zap.getsockopt(zmq.FD)), int(self._monitor.getsockopt(zmq.FD))]
         selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
-        for fd in self._side_fds:
+        for fd in self._handshakes.fds:
             selector.register(fd, selectors.EVENT_READ, self._on_readable)
         engine = self.engine
         self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
@@ -160,17 +149,15 @@ class LMCacheFrontEnd:
                 self._selector.unregister(self._fd)
             except (KeyError, ValueError):
                 pass
-            for fd in getattr(self, "_side_fds", []):
+            for fd in self._handshakes.fds:
                 try:
                     self._selector.unregister(fd)
                 except (KeyError, ValueError):
                     pass
         self.engine.close()
-        if getattr(self, "_monitor", None) is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
+        if getattr(self, "_handshakes", None) is not None:
+            self._handshakes.close()
         self._socket.close(linger=0)
-        self._zap.close(linger=0)
         self._zmq.term()
         for path in self._ipc_paths:
             try:
@@ -186,7 +173,7 @@ class LMCacheFrontEnd:
     def service(self) -> None:
         """Decide pending handshakes, answer finished waits, then the requests that have arrived, for at
         most ``PASS_BUDGET_S`` (call after each loop pass; :meth:`next_deadline` says when more is left)."""
-        self._answer_handshakes()
+        self._handshakes.service()
         if self._waiters:
             self._answer_waiters()
         socket = self._socket
@@ -212,54 +199,10 @@ class LMCacheFrontEnd:
         user = parts[0].get("User-Id")
         return [part.bytes for part in parts], REMOTE if user == "remote" else int(user)
 
-    def _answer_handshakes(self) -> None:
-        """Connections accepted and gone (the monitor), then ZAP requests, answered in order once decidable:
-        ``[routing id, b"", version, request id, domain, address, routing id, mechanism, …]``."""
-        monitor, gate = self._monitor, self.gate
-        while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                addresses = descriptor_addresses(fd)
-                if addresses is not None:
-                    try:
-                        gate.accepted(fd, *addresses)
-                    except OSError as exc:  # the socket table could not be read: not admitted
-                        gate.refuse_unchecked(fd)
-                        self._client_error("handshake", "transport", f"peer check failed: {exc}")
-            else:
-                gate.disconnected(fd)
-        zap = self._zap
-        now = time.monotonic()
-        while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._held.append((now, zap.recv_multipart(zmq.NOBLOCK)))
-        horizon = now - HANDSHAKE_TIMEOUT_MS / 1000 - 1.0  # ZeroMQ has dropped those handshakes by now
-        while self._held:
-            received_at, request = self._held[0]
-            if received_at < horizon:
-                self._held.pop(0)
-                continue
-            owner: int | None = None
-            if len(request) >= 8 and request[2] == b"1.0" and request[4] == ZAP_DOMAIN and request[7] == b"NULL":
-                try:
-                    owner = gate.decide(request[5].decode("ascii", "replace"))
-                except ValueError as exc:  # an ipc:// address not in libzmq's form
-                    self._client_error("handshake", "transport", f"peer check failed: {exc}")
-            if owner == HOLD:
-                return
-            self._held.pop(0)
-            if len(request) < 4:
-                continue  # not from libzmq: nothing to answer
-            if owner is None:
-                status, user = [b"400", b"peer not allowed"], b""
-            else:
-                status, user = [b"200", b"OK"], b"remote" if owner == REMOTE else str(owner).encode()
-            zap.send_multipart([request[0], request[1], b"1.0", request[3], *status, user, b""])
-
     def next_deadline(self) -> float | None:
         if self._backlog:
             return time.monotonic()
-        if self._held:  # an answer waits for a connection to close: look again soon
+        if self._handshakes.waiting:  # an answer waits for a connection to close: look again soon
             return time.monotonic() + 0.01
         return min((waiter.deadline for waiter in self._waiters), default=None)
 
