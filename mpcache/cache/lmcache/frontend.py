@@ -106,8 +106,8 @@ class LMCacheFrontEnd:
         self._selector = selector
         self._fd = int(self._socket.getsockopt(zmq.FD))
         selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
-        for fd in self._handshakes.fds:
-            selector.register(fd, selectors.EVENT_READ, self._on_readable)
+        for fd in self._handshakes.fds:  # drained when they signal (and each pass while an answer waits)
+            selector.register(fd, selectors.EVENT_READ, lambda mask: self._handshakes.service())
         engine = self.engine
         self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
             "get_chunk_size": lambda args, owner: ctx.chunk_tokens,
@@ -173,7 +173,8 @@ class LMCacheFrontEnd:
     def service(self) -> None:
         """Decide pending handshakes, answer finished waits, then the requests that have arrived, for at
         most ``PASS_BUDGET_S`` (call after each loop pass; :meth:`next_deadline` says when more is left)."""
-        self._handshakes.service()
+        if self._handshakes.waiting:
+            self._handshakes.service()
         if self._waiters:
             self._answer_waiters()
         socket = self._socket

@@ -17,6 +17,7 @@ from mpcache.cache.lmcache.gate import HOLD, REMOTE, PeerGate, descriptor_addres
 HANDSHAKE_TIMEOUT_MS = 5000  # a connection that does not finish its ZMTP handshake is dropped
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"mpcache"
+_POLLIN = int(zmq.POLLIN)
 
 
 class Handshakes:
@@ -46,10 +47,19 @@ class Handshakes:
         self._zap.close(linger=0)
 
     def service(self) -> None:
+        """Handle what the monitor and the ZAP handler hold, again while either still has some (answering
+        on the ZAP socket can consume the edge of its edge-triggered descriptor)."""
+        while True:
+            self._pass()
+            pending = int(self._zap.getsockopt(zmq.EVENTS)) | int(self._monitor.getsockopt(zmq.EVENTS))
+            if self._held or not pending & _POLLIN:
+                return
+
+    def _pass(self) -> None:
         """Connections accepted and gone (the monitor), then ZAP requests, answered in order once decidable:
         ``[routing id, b"", version, request id, domain, address, routing id, mechanism, …]``."""
         monitor, gate = self._monitor, self._gate
-        while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while int(monitor.getsockopt(zmq.EVENTS)) & _POLLIN:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_ACCEPTED:
@@ -64,7 +74,7 @@ class Handshakes:
                 gate.disconnected(fd)
         zap = self._zap
         now = time.monotonic()
-        while int(zap.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while int(zap.getsockopt(zmq.EVENTS)) & _POLLIN:
             self._held.append((now, zap.recv_multipart(zmq.NOBLOCK)))
         horizon = now - HANDSHAKE_TIMEOUT_MS / 1000 - 1.0  # ZeroMQ has dropped those handshakes by now
         while self._held:

@@ -46,6 +46,7 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4,
 MAX_WORLD_SIZE = 4096
 MAX_READERS = 4096
 MAX_MAP_ENTRIES = 256  # the largest legitimate map (a key, a registration) has a dozen
+SMALL_FRAME_BYTES = 4096  # frames up to this size are decoded without counting containers
 BYTES_PER_TOKEN = 5  # a token id below 2**32 is at most 5 bytes of msgpack
 FRAME_MARGIN_BYTES = 1 << 20  # the rest of the largest legitimate frame: a key's other fields, block records
 _I64_MAX = (1 << 63) - 1
@@ -69,6 +70,8 @@ class Decoder:
         self.max_tokens = max_tokens
 
     def __call__(self, frame: bytes) -> Any:
+        if len(frame) <= SMALL_FRAME_BYTES:  # too small to expand into many objects: no hooks to call
+            return self._unpack(frame, None, None)
         budget = 16 + len(frame) // 8
 
         def count(container: Any) -> Any:
@@ -78,10 +81,13 @@ class Decoder:
                 raise ProtocolError("malformed frame: more nested containers than its size allows")
             return container
 
+        return self._unpack(frame, count, count)
+
+    def _unpack(self, frame: bytes, list_hook: Any, object_hook: Any) -> Any:
         try:
             return msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_refuse_ext,
                                    max_array_len=self.max_tokens, max_map_len=MAX_MAP_ENTRIES,
-                                   list_hook=count, object_hook=count)
+                                   list_hook=list_hook, object_hook=object_hook)
         except ProtocolError:
             raise
         except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
