@@ -61,7 +61,7 @@ def frame_cap(max_tokens: int) -> int:
 
 class Decoder:
     """msgpack frames into objects, bounded: no array longer than ``max_tokens``, no map over
-    ``MAX_MAP_ENTRIES``, and at most one container per 8 bytes of frame, so no frame expands into
+    ``MAX_MAP_ENTRIES``, and (over ``SMALL_FRAME_BYTES``) at most one container per 8 bytes, so no frame expands into
     more than a small multiple of its size in Python objects; extension types are refused."""
 
     __slots__ = ("max_tokens",)
