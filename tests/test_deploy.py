@@ -23,7 +23,6 @@ import pytest
 
 from mpcache.config import parse_size
 from mpcache.supervisor import STOP_GRACE_S, build_parser
-from mpcache.telemetry import metric_table
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -38,7 +37,7 @@ DOCKERFILE = DOCKER / "Dockerfile"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 UNIT = DEPLOY / "systemd" / "mpcache.service"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-SPEC_TSV = REPO.parent / "shared" / "spec" / "metrics.tsv"
+SPEC_TSV = REPO / "spec" / "metrics.tsv"
 EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"}
 # The service's own series (mpcache/telemetry/otel.py and the telemetry process): the "Service" row and its alerts.
 SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
@@ -90,10 +89,7 @@ PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", 
 
 
 def spec_rows() -> list[tuple[str, str]]:
-    """(prometheus_name, instrument) for every row of metrics.tsv; the metric table (held row for row
-    to the tsv by tests/telemetry/test_metric_table.py) stands in when the spec is not next to the repo."""
-    if not SPEC_TSV.exists():
-        return [(m.prometheus_name, m.instrument) for m in metric_table.METRICS]
+    """(prometheus_name, instrument) for every row of spec/metrics.tsv."""
     with SPEC_TSV.open(newline="") as f:
         return [(row["prometheus_name"], row["instrument"]) for row in csv.DictReader(f, delimiter="\t")]
 
