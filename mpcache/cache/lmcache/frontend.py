@@ -91,8 +91,8 @@ class LMCacheFrontEnd:
         self._backlog = False
         self._zmq = zmq.Context(io_threads=1)
         self._socket = self._zmq.socket(zmq.ROUTER)
-        self._handshakes = Handshakes(self._zmq, self._socket, self.gate,
-                                      lambda message: self._client_error("handshake", "transport", message))
+        self._handshakes = Handshakes(self._zmq, self._socket, self.gate,  # no client is known at a handshake
+                                      lambda message: errors("handshake", "transport", message))
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not vanishes
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, wire.frame_cap(config.lmcache_max_tokens))
