@@ -1,20 +1,21 @@
-"""Build configuration beyond pyproject.toml: the optional compiled publish path.
+"""Build configuration beyond pyproject.toml: the optional compiled fast paths.
 
-``mpcache.shm._ringfast`` is the ring producer's hottest call in C.  It is
-``optional``: where no C compiler or Python headers exist the build warns and
-installs without it, and mpcache publishes through the pure-Python path.
+``mpcache.shm._ringfast`` is the ring producer's hottest call in C, and
+``mpcache.cache.lmcache._keyscan`` reads an LMCache key frame's token list
+straight into int64s.  Both are ``optional``: where no C compiler or Python
+headers exist the build warns and installs without them, and mpcache
+publishes and decodes through the pure-Python paths.
 """
 
 from setuptools import Extension, setup
 
+_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-Wno-unused-parameter"]
+
 setup(
     ext_modules=[
-        Extension(
-            "mpcache.shm._ringfast",
-            sources=["mpcache/shm/_ringfast.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
-                                "-Wno-unused-parameter"],
-            optional=True,
-        )
+        Extension("mpcache.shm._ringfast", sources=["mpcache/shm/_ringfast.c"], extra_compile_args=_FLAGS,
+                  optional=True),
+        Extension("mpcache.cache.lmcache._keyscan", sources=["mpcache/cache/lmcache/_keyscan.c"],
+                  extra_compile_args=_FLAGS, optional=True),
     ]
 )

@@ -22,10 +22,10 @@ from typing import Any
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
+from mpcache.cache.lmcache.chunkkeys import ChunkKeys
 from mpcache.cache.ops.kv import close_session, report_lookup, start_lookup, store_to_l2
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
-from mpcache.contract.keys import chunk_hashes, rank_hashes
 from mpcache.errors import ProtocolError, RequestError
 
 _MP_STORE_SUBMITTED = EventType.MP_STORE_SUBMITTED
@@ -34,8 +34,7 @@ _MP_STORE_END = EventType.MP_STORE_END
 _MP_RETRIEVE_SUBMITTED = EventType.MP_RETRIEVE_SUBMITTED
 _MP_RETRIEVE_START = EventType.MP_RETRIEVE_START
 _MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
-_SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
-_SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
+_SM_WRITE_FINISHED, _SM_READ_PREFETCHED_FINISHED = EventType.SM_WRITE_FINISHED, EventType.SM_READ_PREFETCHED_FINISHED
 
 MAX_INSTANCES = 1024
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
@@ -94,6 +93,7 @@ class EngineDriven:
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
         self._told_unknown: set[int] = set()
+        self._chunk_keys = ChunkKeys(ctx.chunk_tokens)
 
     # -- registration ----------------------------------------------------------------------
 
@@ -155,9 +155,8 @@ class EngineDriven:
             raise ProtocolError("key.worker_id: a worker's transfer names its rank")
         return registration
 
-    def _rank_keys(self, key: wire.Key, first: int, last: int, ranks: list[int]) -> list[int]:
-        hashes = chunk_hashes(key.token_ids[: last * self._ctx.chunk_tokens], self._ctx.chunk_tokens)[first:last]
-        return rank_hashes(hashes, key.world_size, ranks)
+    def _rank_keys(self, key: wire.Key, first: int, last: int, ranks: tuple[int, ...]) -> list[int]:
+        return self._chunk_keys.keys(key.request_id, key.tokens, key.world_size, ranks, first, last)
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -169,8 +168,8 @@ class EngineDriven:
         previous = self._lookups.pop(key.request_id, None)
         if previous is not None:
             self._drop_job(previous.job_id)
-        last = min(key.end, len(key.token_ids)) // ctx.chunk_tokens
-        keys = self._rank_keys(key, 0, last, list(range(key.world_size)))
+        last = min(key.end, key.num_tokens) // ctx.chunk_tokens
+        keys = self._rank_keys(key, 0, last, tuple(range(key.world_size)))
         job = start_lookup(ctx, key.request_id, key.model_name, key.cache_salt, keys, readers=key.num_kv_readers,
                            ranks=key.world_size, per_key=True)
         self._lookups[key.request_id] = _Lookup(job.job_id)
@@ -229,6 +228,7 @@ class EngineDriven:
 
     def end_session(self, request_id: str) -> None:
         self._lookups.pop(request_id, None)
+        self._chunk_keys.forget(request_id)
         close_session(self._ctx, request_id)
 
     # -- stores ------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ class EngineDriven:
             self._abandon(self._stores, tkey)
         self._check_room()
         first, last = wire.chunk_range(key, ctx.chunk_tokens)
-        keys = self._rank_keys(key, first, last, [key.worker_id or 0])
+        keys = self._rank_keys(key, first, last, (key.worker_id or 0,))
         request_id, model, salt = key.request_id, key.model_name, key.cache_salt
         ctx.sessions.open(request_id)
         pub = ctx.publisher
@@ -313,7 +313,7 @@ class EngineDriven:
         self._check_room()
         first, last = wire.chunk_range(key, ctx.chunk_tokens)
         rank = key.worker_id or 0
-        keys = self._rank_keys(key, first, last, [rank])
+        keys = self._rank_keys(key, first, last, (rank,))
         found = self._job(key.request_id)
         job = found[1] if found is not None else None
         positions = [] if job is None else [chunk * job.ranks + rank for chunk in range(first, last)]

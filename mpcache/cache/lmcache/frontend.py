@@ -47,6 +47,9 @@ _UNSUPPORTED = {
     "subscribe_kv_events": "KV event streams are not supported",
     "server_module_call": "server modules are not supported",
 }
+# operations whose first argument is a key (LMCache's IPCCacheServerKey), decoded by wire.parse_key_frame
+_KEYED = frozenset({"lookup", "free_lookup_locks", "prepare_store", "commit_store", "prepare_retrieve",
+                    "commit_retrieve"})
 for _name in wire.OPERATION_NAMES:
     if _name.startswith("cb_"):
         _UNSUPPORTED[_name] = "cache blending over the LMCache protocol is not supported (use mpcache's cb_* ops)"
@@ -246,7 +249,11 @@ class LMCacheFrontEnd:
             return
         decode = self._decode
         try:
-            result = self._handlers[name]([decode(payload) for payload in payloads], owner)
+            if name in _KEYED:  # the key stays a frame: its token list is read straight into int64s
+                args = [payloads[0], *[decode(payload) for payload in payloads[1:]]] if payloads else []
+            else:
+                args = [decode(payload) for payload in payloads]
+            result = self._handlers[name](args, owner)
         except (ProtocolError, RequestError) as exc:
             self._client_error(name, "request" if isinstance(exc, RequestError) else "protocol", str(exc))
             result = wire.FAILURE.get(name)
@@ -342,8 +349,8 @@ class LMCacheFrontEnd:
         are kept per uid."""
         return request_id if self._one_owner else f"{owner}/{request_id}"
 
-    def _key(self, value: Any, owner: int) -> wire.Key:
-        key = wire.parse_key(value, self._max_tokens)
+    def _key(self, frame: bytes, owner: int) -> wire.Key:
+        key = wire.parse_key_frame(frame, self._max_tokens, self._decode)
         if self._one_owner:
             return key
         return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))

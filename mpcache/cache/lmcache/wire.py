@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 
+from mpcache.cache.lmcache import keyscan
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError
 
@@ -120,17 +122,22 @@ def operation_name(frame: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Key:
-    """LMCache's IPCCacheServerKey: which tokens of which request, for which rank of which model."""
+    """LMCache's IPCCacheServerKey: which tokens of which request, for which rank of which model
+    (``tokens``: the token ids as little-endian int64 bytes)."""
 
     model_name: str
     world_size: int
     worker_id: int | None
-    token_ids: list[int]
+    tokens: bytes
     start: int
     end: int
     request_id: str
     cache_salt: str
     num_kv_readers: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens) // 8
 
 
 def _field(value: dict, name: str) -> Any:
@@ -139,19 +146,34 @@ def _field(value: dict, name: str) -> Any:
     return value[name]
 
 
+def parse_key_frame(frame: bytes, max_tokens: int, decode: Decoder) -> Key:
+    """A key frame as a Key: its token list read straight into int64s where the compiled scanner takes the
+    frame (:mod:`.keyscan`), else decoded and checked element by element (which names what is wrong)."""
+    split = keyscan.split_key(frame, max_tokens) if keyscan.split_key is not None else None
+    if split is None:
+        return parse_key(decode(frame), max_tokens)
+    rest, tokens = split
+    return _key(decode(rest), tokens)
+
+
 def parse_key(value: Any, max_tokens: int) -> Key:
     """Validate an IPCCacheServerKey map; ProtocolError names the first bad field."""
     if not isinstance(value, dict):
         raise ProtocolError(f"key: expected a map, got {type(value).__name__}")
-    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "key.world_size")
-    worker_id = value.get("worker_id")
-    if worker_id is not None:
-        worker_id = protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")
     tokens = _field(value, "token_ids")
     if type(tokens) is not list or len(tokens) > max_tokens:
         raise ProtocolError(f"key.token_ids: expected a list of at most {max_tokens} token ids (--lmcache-max-tokens)")
     if not all(type(t) is int and 0 <= t <= _I64_MAX for t in tokens):
         raise ProtocolError("key.token_ids: every entry must be an integer in 0..2**63-1")
+    return _key(value, np.array(tokens, dtype="<i8").tobytes())
+
+
+def _key(value: dict, tokens: bytes) -> Key:
+    """The key's other fields, checked, around its token ids (validated int64 bytes)."""
+    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "key.world_size")
+    worker_id = value.get("worker_id")
+    if worker_id is not None:
+        worker_id = protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")
     start = _POSITION(_field(value, "start"), "key.start")
     end = _POSITION(_field(value, "end"), "key.end")
     if start > end:
@@ -168,7 +190,7 @@ def chunk_range(key: Key, chunk_tokens: int) -> tuple[int, int]:
     """The whole chunks a key's ``[start, end)`` covers: chunk i spans tokens ``[i·c, (i+1)·c)``,
     and only chunks that end within ``min(end, len(token_ids))`` count (LMCache's rule)."""
     first = -(-key.start // chunk_tokens)
-    last = min(key.end, len(key.token_ids)) // chunk_tokens
+    last = min(key.end, key.num_tokens) // chunk_tokens
     return first, max(first, last)
 
 

@@ -1,0 +1,8 @@
+"""Type stub of the optional C extension ``mpcache.cache.lmcache._keyscan`` (``_keyscan.c``).
+
+What its PyMethodDef table defines.  Keep it in step with the C file.
+"""
+
+from _typeshed import ReadableBuffer
+
+def split_key(frame: ReadableBuffer, max_tokens: int, /) -> tuple[bytes, bytes] | None: ...  # METH_FASTCALL

@@ -1,0 +1,72 @@
+"""A request's L1 keys, hashed once: LMCache sends a request's whole token list with every operation
+(lookup, prepare and commit of store and retrieve, free_lookup_locks), so the chunk hashes of the
+last token list seen per request id are kept and reused while the next frame's tokens are the same bytes.
+
+Reuse needs byte-equal tokens, so a hit gives exactly what hashing would.  Bounded by entries and by
+token bytes (oldest first); an entry goes with its request's end_session.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from mpcache.contract.keys import chunk_hashes, rank_hashes
+
+MAX_REQUESTS = 4096
+MAX_TOKEN_BYTES = 64 << 20  # the token lists kept, in all
+
+
+class _Entry:
+    __slots__ = ("tokens", "hashes", "ranked")
+
+    def __init__(self, tokens: bytes, hashes: list[int]) -> None:
+        self.tokens = tokens
+        self.hashes = hashes  # prefix-chained hashes of every whole chunk
+        self.ranked: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # (world size, ranks) → every chunk's keys
+
+
+class ChunkKeys:
+    """``keys(request_id, tokens, world_size, ranks, first, last)``: the L1 keys of chunks
+    ``[first, last)`` for each of ``ranks``, chunk-major (as :func:`~mpcache.contract.keys.rank_hashes`)."""
+
+    def __init__(self, chunk_tokens: int, max_requests: int = MAX_REQUESTS,
+                 max_token_bytes: int = MAX_TOKEN_BYTES) -> None:
+        self._chunk_tokens = chunk_tokens
+        self._max_requests = max_requests
+        self._max_token_bytes = max_token_bytes
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._token_bytes = 0
+
+    def keys(self, request_id: str, tokens: bytes, world_size: int, ranks: tuple[int, ...], first: int,
+             last: int) -> list[int]:
+        entry = self._entry(request_id, tokens)
+        ranked = entry.ranked.get((world_size, ranks))
+        if ranked is None:
+            ranked = entry.ranked[(world_size, ranks)] = rank_hashes(entry.hashes, world_size, ranks)
+        per = len(ranks)
+        return ranked[first * per : last * per]
+
+    def _entry(self, request_id: str, tokens: bytes) -> _Entry:
+        entries = self._entries
+        entry = entries.get(request_id)
+        if entry is not None and entry.tokens == tokens:
+            return entry
+        if entry is not None:
+            self.forget(request_id)
+        entry = _Entry(tokens, chunk_hashes(np.frombuffer(tokens, dtype="<i8"), self._chunk_tokens))
+        entries[request_id] = entry
+        self._token_bytes += len(tokens)
+        while entries and (len(entries) > self._max_requests or self._token_bytes > self._max_token_bytes):
+            _, oldest = entries.popitem(last=False)
+            self._token_bytes -= len(oldest.tokens)
+        return entry
+
+    def forget(self, request_id: str) -> None:
+        entry = self._entries.pop(request_id, None)
+        if entry is not None:
+            self._token_bytes -= len(entry.tokens)
+
+    def __len__(self) -> int:
+        return len(self._entries)
