@@ -116,7 +116,18 @@ def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path)
     assert (100.0, 115.0, 85.0, 95.0) == (result["mpcache_rps"], result["mpcache_off_rps"], result["lmcache_rps"],
                                           result["lmcache_off_rps"])
     assert (round(100 / 85, 4), round(100 / 115, 4)) == (result["ratio_vs_lmcache"], result["telemetry_on_over_off"])
-    assert {"ratio_vs_lmcache": True, "telemetry_on_over_off": False} == result["targets_met"]
+    assert {"ratio_vs_lmcache": True, "telemetry_on_over_off": False} == {
+        name: result["targets_met"][name] for name in ("ratio_vs_lmcache", "telemetry_on_over_off")}
+    # CPU per request: 100/rps ms in every process of these rounds; the ratios come from the medians
+    cache, cache_off, server = 100 / 100, 100 / 115, round(100 / 85, 4)
+    assert {"cache_cpu_over_lmcache": round(cache / server, 4),
+            "cache_and_telemetry_cpu_over_lmcache": round(cache / server, 4),
+            "publish_cpu_cost": round(cache / round(cache_off, 4) - 1, 4)} == {
+        name: result["cpu"][name] for name in ("cache_cpu_over_lmcache", "cache_and_telemetry_cpu_over_lmcache",
+                                               "publish_cpu_cost")}
+    assert {"cache_cpu_over_lmcache": False, "publish_cpu_cost": False, "telemetry_cpu_ms_per_request": True,
+            "server_p99_ms": False} == {name: result["targets_met"][name] for name in (
+                "cache_cpu_over_lmcache", "publish_cpu_cost", "telemetry_cpu_ms_per_request", "server_p99_ms")}
     assert 3 == len(result["per_round"]) and 100.0 == result["servers"]["mpcache"]["tp2"]["rps"]
     assert result["comparable_work"] and "note" not in result  # both accepted every store
     path = tmp_path / "PERFORMANCE.md"
@@ -161,7 +172,15 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
     assert all(value > 0 for value in rps.values()), rps
     assert result["ratio_vs_lmcache"] == pytest.approx(rps["mpcache_rps"] / rps["lmcache_rps"], abs=1e-3)
     assert result["telemetry_on_over_off"] == pytest.approx(rps["mpcache_rps"] / rps["mpcache_off_rps"], abs=1e-3)
-    assert {"ratio_vs_lmcache", "telemetry_on_over_off"} == set(result["targets_met"])
+    assert {"ratio_vs_lmcache", "telemetry_on_over_off", "cache_cpu_over_lmcache",
+            "cache_and_telemetry_cpu_over_lmcache", "telemetry_cpu_ms_per_request", "publish_cpu_cost",
+            "server_p99_ms"} == set(result["targets_met"])
+    cpu = result["cpu"]
+    ms = {server: result["servers"][server]["server_cpu_ms_per_request"] for server in lmcache.SERVERS}
+    assert cpu["cache_cpu_over_lmcache"] == pytest.approx(ms["mpcache"] / ms["lmcache"], abs=1e-3)
+    assert cpu["publish_cpu_cost"] == pytest.approx(ms["mpcache"] / ms["mpcache_off"] - 1, abs=1e-3)
+    for tp in (1, 2):  # the server-side histogram, read from mpcache's /metrics, has every timed operation
+        assert set(lmcache.TIMED_OPS) <= set(cpu[f"tp{tp}"]["server_op_p99_ms"])
     for server in lmcache.SERVERS:
         entry = result["servers"][server]
         assert {"rps", "store_gb_per_s", "retrieve_gb_per_s", "latency_p50_ms", "latency_p99_ms", "tp1",
@@ -184,3 +203,20 @@ def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/lmcache-env" in bench.stderr
+
+
+def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():
+    """From cumulative buckets read before and after a run: the difference, and quantiles worked out by hand."""
+    from mpcache.bench import service_times
+
+    inf = float("inf")
+    before = {"lookup": {0.001: 10.0, 0.002: 10.0, 0.004: 10.0, inf: 10.0}}
+    after = {"lookup": {0.001: 60.0, 0.002: 100.0, 0.004: 109.0, inf: 110.0}, "ping": {0.001: 0.0, inf: 0.0}}
+    diff = service_times.difference(after, before)
+    assert {0.001: 50.0, 0.002: 90.0, 0.004: 99.0, inf: 100.0} == diff["lookup"]
+    assert 0.0005 == service_times.quantile(diff["lookup"], 0.25)  # rank 25 of 50 in (0, 1 ms]
+    assert abs(0.0015 - service_times.quantile(diff["lookup"], 0.7)) < 1e-12  # rank 70: 20 of 40 in (1, 2 ms]
+    assert abs(0.004 - service_times.quantile(diff["lookup"], 0.99)) < 1e-12  # rank 99: the last of (2, 4 ms]
+    assert 0.004 == service_times.quantile(diff["lookup"], 1.0)  # in +Inf: the highest finite edge
+    assert service_times.quantile(diff["ping"], 0.99) is None
+    assert {"lookup": {"count": 100.0, "p50_ms": 1.0, "p99_ms": 4.0}} == service_times.summary(diff)  # no ping

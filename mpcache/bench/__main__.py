@@ -54,11 +54,23 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
                 verdict]
     if name == "lmcache":
+        cpu = result["cpu"]
+        ms = cpu["cpu_ms_per_request"]
+        p99 = "; ".join(f"TP={tp} " + ", ".join(f"{op} {v:.2f}" for op, v in cpu[f"tp{tp}"]["server_op_p99_ms"].items()
+                                                 if op in ("lookup", "prepare_store", "prepare_retrieve"))
+                        for tp in result["tp"])
         return [f"mpcache {result['mpcache_rps']:,.1f} req/s (telemetry off {result['mpcache_off_rps']:,.1f}); "
                 f"LMCache {result['lmcache_rps']:,.1f} (observability off {result['lmcache_off_rps']:,.1f}); "
-                f"TP {result['tp']}, {result['object_bytes_per_rank'] >> 20} MiB chunk objects",
-                f"vs LMCache {result['ratio_vs_lmcache']}×; on/off {result['telemetry_on_over_off']}",
-                "≥ 1.0× LMCache; on ≥ 0.97 of off", verdict]
+                f"TP {result['tp']}, {result['object_bytes_per_rank'] >> 20} MiB chunk objects; CPU per request: "
+                f"cache {ms['mpcache']['cache']:.3f} ms + telemetry {ms['mpcache']['telemetry']:.3f} ms (publishing "
+                f"off: cache {ms['mpcache_off']['cache']:.3f} ms), LMCache's server {ms['lmcache']['server']:.3f} ms; "
+                f"server-side p99 ms {p99}",
+                f"vs LMCache {result['ratio_vs_lmcache']}×; on/off {result['telemetry_on_over_off']}; cache CPU "
+                f"{cpu['cache_cpu_over_lmcache']}× LMCache's, with telemetry "
+                f"{cpu['cache_and_telemetry_cpu_over_lmcache']}×; "
+                f"publishing {cpu['publish_cpu_cost']:+.1%}",
+                "≥ 1.0× LMCache; on ≥ 0.97 of off; CPU ≤ 0.25× (≤ 0.30× with telemetry); telemetry ≤ 0.1 ms; "
+                "publishing ≤ +3 %; p99 ≤ 1 ms", verdict]
     if name == "l1":
         return [f"hit ratio {result['bytes']['hit_ratio']:.3f} by bytes, {result['slots']['hit_ratio']:.3f} in "
                 f"largest-model slots; resident objects fill {result['bytes']['resident_object_fraction']:.0%} vs "

@@ -50,6 +50,7 @@ from typing import Any
 
 import psutil
 
+from mpcache.bench import service_times
 from mpcache.bench.children import kill_running, stop
 from mpcache.config import Config
 from mpcache.shm import layout
@@ -70,6 +71,14 @@ OBJECT_BYTES = 2 * 8 * 256 * 256 * 2  # 2 planes x 8 layers x 256 tokens x (2 he
 LMCACHE_MAX_WORKERS = 2
 TARGET_RATIO_VS_LMCACHE = 1.0
 TARGET_TELEMETRY_ON_OVER_OFF = 0.97
+# CPU per request (issue 21): the cache process against LMCache's server, with and without telemetry; the
+# telemetry process alone; what publishing costs the cache process (on over off - 1); server-side p99
+TARGET_CACHE_CPU_OVER_LMCACHE = 0.25
+TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE = 0.30
+TARGET_TELEMETRY_CPU_MS = 0.1
+TARGET_PUBLISH_CPU_COST = 0.03
+TARGET_SERVER_P99_MS = 1.0
+TIMED_OPS = ("lookup", "prepare_store", "prepare_retrieve")
 START_TIMEOUT_S = 120.0
 LAG_SAMPLE_S = 0.1
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "lmcache-0.5.6-venv")
@@ -122,12 +131,13 @@ class Server:
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
         self.shm_name = f"mpcbench{os.getpid()}x{index}"  # LMCache's pool: /dev/shm/lmcache_l1_pool_<this>
         self.runtime_dir = os.path.join(tmp, f"run{index}")
+        self.prometheus_port = _free_port()
         log = open(self.log_path, "wb")
         try:
             if kind.startswith("mpcache"):
                 argv = [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", "1",
                         "--lmcache-port", str(self.port), "--event-sink", "ring" if kind == "mpcache" else "none",
-                        "--prometheus-port", str(_free_port()), "--runtime-dir", self.runtime_dir,
+                        "--prometheus-port", str(self.prometheus_port), "--runtime-dir", self.runtime_dir,
                         "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES),
                         "--log-level", "warning"]
                 if kind == "mpcache" and telemetry_nice:
@@ -137,7 +147,7 @@ class Server:
                 argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
                         str(self.port), "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
                         "--l1-size-gb", str(l1_gb), "--no-l1-use-lazy", "--eviction-policy", "LRU",
-                        "--max-workers", str(LMCACHE_MAX_WORKERS), "--prometheus-port", str(_free_port())]
+                        "--max-workers", str(LMCACHE_MAX_WORKERS), "--prometheus-port", str(self.prometheus_port)]
                 if kind == "lmcache_off":
                     argv.append("--disable-observability")
                 env = {**os.environ, **LMCACHE_ENV}
@@ -308,9 +318,15 @@ def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps:
         ring = server.ring()
         for tp in tps:
             sampler = LagSampler(ring) if ring is not None else None
+            times_before = service_times.settled(server.prometheus_port) if ring is not None else None
             result = _run_workload(python, server, tp, seconds, warmup_s, seed,
                                    os.path.join(tmp, f"workload-{kind}-{index}.log"))
             runs[f"tp{tp}"] = summary = _summary(result)
+            if times_before is not None:  # over warm-up and measured window: the histogram's own numbers
+                summary["server_times"] = times = service_times.summary(
+                    service_times.difference(service_times.settled(server.prometheus_port), times_before))
+                progress(f"{kind:11s} TP={tp} server-side p99 " + ", ".join(
+                    f"{op} {v['p99_ms']:.3f} ms" for op, v in times.items() if op in TIMED_OPS))
             cpu = ", ".join(f"{k} {v:.2f}" for k, v in result.get("cpu_share", {}).items() if v is not None)
             progress(f"{kind:11s} TP={tp} {result['requests_per_s']:7.1f} req/s, store {result['store_gb_per_s']:.2f} "
                      f"GB/s, retrieve {result['retrieve_gb_per_s']:.2f} GB/s, p50 {result['latency_p50_ms']:.1f} ms, "
@@ -381,6 +397,11 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
                 name: round(_median([v for rd in per_round
                                      if (v := rd[kind][key]["cpu_share"].get(name)) is not None]), 3)
                 for name in sorted(shares)}
+            times = [rd[kind][key]["server_times"] for rd in per_round if "server_times" in rd[kind][key]]
+            if times:
+                entry[key]["server_op_p99_ms"] = {
+                    op: round(_median([t[op]["p99_ms"] for t in times if op in t]), 3)
+                    for op in sorted({op for t in times for op in t})}
             drains = [rd[kind][key]["drain"] for rd in per_round if "drain" in rd[kind][key]]
             if drains:
                 entry[key]["drain"] = {m: round(_median([d[m] for d in drains]), 1) for m in LAG_METRICS}
@@ -391,6 +412,7 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
     on_off = round(rps["mpcache"] / rps["mpcache_off"], 4) if rps["mpcache_off"] else 0.0
     accepted = {kind: servers[kind]["store_accepted_ratio"] for kind in SERVERS}
     comparable = abs(accepted["mpcache"] - accepted["lmcache"]) <= 0.05
+    cpu = _cpu_report(servers, per_round, tps)
     result = {
         "benchmark": "lmcache",
         "rounds": rounds,
@@ -424,8 +446,10 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
         "servers": servers,
         "target_ratio_vs_lmcache": TARGET_RATIO_VS_LMCACHE,
         "target_telemetry_on_over_off": TARGET_TELEMETRY_ON_OVER_OFF,
+        "cpu": cpu,
         "targets_met": {"ratio_vs_lmcache": ratio >= TARGET_RATIO_VS_LMCACHE,
-                        "telemetry_on_over_off": on_off >= TARGET_TELEMETRY_ON_OVER_OFF},
+                        "telemetry_on_over_off": on_off >= TARGET_TELEMETRY_ON_OVER_OFF,
+                        **cpu["targets_met"]},
         "store_accepted_ratio": accepted,
         "comparable_work": comparable,
         "per_round": per_round,
@@ -437,6 +461,59 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
             "full between once-a-second eviction passes); a refused store skips the client's copy, so requests/s "
             "are not like for like: compare hit_chunk_ratio and store GB/s too, or rerun with a larger --l1-gb")
     return result
+
+
+def _cpu_ratios(cache: float, telemetry: float, cache_off: float, lmcache: float) -> dict[str, float]:
+    """CPU per request of the cache and telemetry processes against LMCache's server, and publishing's cost."""
+    return {
+        "cache_cpu_over_lmcache": round(cache / lmcache, 4) if lmcache else 0.0,
+        "cache_and_telemetry_cpu_over_lmcache": round((cache + telemetry) / lmcache, 4) if lmcache else 0.0,
+        "publish_cpu_cost": round(cache / cache_off - 1, 4) if cache_off else 0.0,
+    }
+
+
+def _cpu_of(entry: dict[str, Any]) -> tuple[float, float]:
+    return entry["server_cpu_ms_per_request"], entry["telemetry_cpu_ms_per_request"]
+
+
+def _cpu_report(servers: dict[str, Any], per_round: list[dict[str, Any]], tps: tuple[int, ...]) -> dict[str, Any]:
+    """CPU per request per process (ms) for every server, the ratios from those medians, per TP, the same
+    ratios paired within each round, server-side p99 per operation, and the verdicts of issue 21's targets."""
+
+    def ratios(entries: dict[str, Any]) -> dict[str, float]:
+        (cache, telemetry), (cache_off, _), (lmcache, _) = (_cpu_of(entries[k]) for k in ("mpcache", "mpcache_off",
+                                                                                          "lmcache"))
+        return _cpu_ratios(cache, telemetry, cache_off, lmcache)
+
+    report: dict[str, Any] = {
+        "cpu_ms_per_request": {kind: {"cache" if kind.startswith("mpcache") else "server": _cpu_of(servers[kind])[0],
+                                      **({"telemetry": _cpu_of(servers[kind])[1]} if kind == "mpcache" else {})}
+                               for kind in SERVERS},
+        **ratios(servers),
+    }
+    for tp in tps:
+        key = f"tp{tp}"
+        report[key] = {**ratios({kind: servers[kind][key] for kind in SERVERS}),
+                       "telemetry_cpu_ms_per_request": servers["mpcache"][key]["telemetry_cpu_ms_per_request"],
+                       "server_op_p99_ms": servers["mpcache"][key].get("server_op_p99_ms", {})}
+    paired = [ratios(rd) for rd in per_round]
+    report["paired"] = {name: round(_median([p[name] for p in paired]), 4) for name in paired[0]} if paired else {}
+    p99s = [report[f"tp{tp}"]["server_op_p99_ms"].get(op) for tp in tps for op in TIMED_OPS]
+    telemetry_ms = servers["mpcache"]["telemetry_cpu_ms_per_request"]
+    report["targets"] = {"cache_cpu_over_lmcache": f"<= {TARGET_CACHE_CPU_OVER_LMCACHE}",
+                         "cache_and_telemetry_cpu_over_lmcache": f"<= {TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE}",
+                         "telemetry_cpu_ms_per_request": f"<= {TARGET_TELEMETRY_CPU_MS}",
+                         "publish_cpu_cost": f"<= +{TARGET_PUBLISH_CPU_COST:.0%}",
+                         "server_p99_ms": f"<= {TARGET_SERVER_P99_MS} for {', '.join(TIMED_OPS)}, every TP"}
+    report["targets_met"] = {
+        "cache_cpu_over_lmcache": 0 < report["cache_cpu_over_lmcache"] <= TARGET_CACHE_CPU_OVER_LMCACHE,
+        "cache_and_telemetry_cpu_over_lmcache":
+            0 < report["cache_and_telemetry_cpu_over_lmcache"] <= TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE,
+        "telemetry_cpu_ms_per_request": telemetry_ms <= TARGET_TELEMETRY_CPU_MS,
+        "publish_cpu_cost": report["publish_cpu_cost"] <= TARGET_PUBLISH_CPU_COST,
+        "server_p99_ms": all(p is not None and p <= TARGET_SERVER_P99_MS for p in p99s),
+    }
+    return report
 
 
 def for_report(result: dict[str, Any]) -> dict[str, Any]:

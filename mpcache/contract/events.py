@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from mpcache.contract import request_times
 from mpcache.shm import layout
 
 
@@ -71,6 +72,8 @@ class EventType(enum.IntEnum):
     CB_STORE_FINAL_END = 89
     CB_FINGERPRINTS_REGISTERED = 90
     CB_CHUNKS_EVICTED = 91
+    # LMCache front end: service times aggregated per operation (mpcache.contract.request_times)
+    LMCACHE_REQUEST_TIMES = 110
 
 
 I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME  # noqa: E741 - the schemas' shorthand
@@ -166,6 +169,8 @@ _ALL = (
        ("success", B)),
     _s(E.CB_FINGERPRINTS_REGISTERED, "cb.fingerprints.registered", ("num_chunks", I), ("num_tokens", I)),
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
+    _s(E.LMCACHE_REQUEST_TIMES, "mp.lmcache.request_times", ("op", N),
+       *((name, I) for name in request_times.SUMMARY_FIELDS + request_times.BUCKET_FIELDS)),
 )
 
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}

@@ -111,7 +111,8 @@ class Publisher:
         }
         self.emit_salted = self._make_emit_salted()
         self._plain_emitters = {
-            etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items() if not shape.inline_salt
+            etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items()
+            if not shape.inline_salt and len(shape.field_cells) <= 1  # more than 13 fields: the general path
         }
 
     def _make_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:

@@ -113,6 +113,11 @@ class _BufferedHistogram:
     def record(self, value: float, attributes: Attributes = None) -> None:
         self._buffer.record(self._histogram, value, attributes)
 
+    @property
+    def unbuffered(self) -> Histogram:
+        """The SDK's histogram, for a subscriber that adds bucket counts a producer aggregated."""
+        return self._histogram
+
 
 class BufferedMeter:
     """A meter whose counters and histograms write into ``buffer``; everything else is the real meter's."""

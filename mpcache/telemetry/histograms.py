@@ -5,6 +5,7 @@ bucket counts (checked against per-sample recording; falls back to it if the SDK
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -75,4 +76,74 @@ def _fold_into_aggregations(histogram: Any, attributes: dict[str, AttributeValue
                 if aggregation._record_min_max:
                     aggregation._min = min(aggregation._min, low)
                     aggregation._max = max(aggregation._max, high)
+    return True
+
+
+def record_buckets(histogram: Histogram, attributes: dict[str, AttributeValue], edges: Sequence[float],
+                   counts: Sequence[int], total: float, low: float, high: float) -> None:
+    """Add samples a producer already counted in ``edges`` (the histogram's own grid): ``counts[i]`` samples
+    in bucket i, summing to ``total``, the least ``low`` and the greatest ``high`` — as if each had been
+    recorded.  Where the SDK differs (or the grid does), each sample is recorded as its bucket's upper edge
+    held to [low, high], which keeps the counts and the extremes but not the exact sum."""
+    global _fast_path_ok
+    n = int(sum(counts))
+    if n <= 0:
+        return
+    histogram.record(low, attributes)  # creates the attribute set's aggregation and sets its minimum
+    rest = np.asarray(counts, dtype=np.int64).copy()
+    rest[int(np.searchsorted(edges, low, side="left"))] -= 1
+    remaining = total - low
+    if n > 1:
+        histogram.record(high, attributes)
+        rest[int(np.searchsorted(edges, high, side="left"))] -= 1
+        remaining -= high
+    if n <= 2:
+        return
+    if _fast_path_ok:
+        try:
+            if _add_counts(histogram, attributes, edges, rest, remaining):
+                return
+        except (AttributeError, TypeError, KeyError, ValueError):
+            pass
+        _fast_path_ok = False
+        log.warning("histogram batching unavailable with this OpenTelemetry SDK: recording one sample per call")
+    for index in np.flatnonzero(rest).tolist():
+        value = min(max(edges[index] if index < len(edges) else high, low), high)
+        for _ in range(int(rest[index])):
+            histogram.record(value, attributes)
+
+
+def _add_counts(histogram: Any, attributes: dict[str, AttributeValue], edges: Sequence[float], counts: np.ndarray,
+                total: float) -> bool:
+    """Add bucket counts and their sum to every aggregation ``record`` just fed; False if the internals or the
+    grid do not fit (min and max are already right: the extremes were recorded)."""
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import (
+        _hash_attributes,
+    )
+    from opentelemetry.sdk.metrics._internal.aggregation import (
+        _ExplicitBucketHistogramAggregation,
+    )
+
+    matches = []
+    for storage in histogram._measurement_consumer._reader_storages.values():
+        for match in storage._instrument_view_instrument_matches.get(histogram, ()):
+            if match._view._attribute_keys is not None:
+                return False
+            aggregation = match._attributes_aggregation.get(_hash_attributes(attributes))
+            if type(aggregation) is not _ExplicitBucketHistogramAggregation:
+                return False
+            if tuple(aggregation._boundaries) != tuple(edges):
+                return False
+            matches.append((match, aggregation))
+    if not matches:
+        return False
+    for match, aggregation in matches:
+        with match._lock:
+            aggregation = match._attributes_aggregation.get(_hash_attributes(attributes), aggregation)
+            with aggregation._lock:
+                if aggregation._value is None:
+                    aggregation._value = aggregation._get_empty_bucket_counts()
+                for index in np.flatnonzero(counts).tolist():
+                    aggregation._value[index] += int(counts[index])
+                aggregation._sum += total
     return True

@@ -34,6 +34,7 @@ import enum
 import sys
 from dataclasses import dataclass
 
+from mpcache.contract import request_times
 from mpcache.contract.events import EventType
 from mpcache.contract.events import EventType as E
 
@@ -77,6 +78,7 @@ class Derivation(enum.Enum):
     SAMPLED_KEY_ACCESSES = "sampled-key accesses"  # salt-group counts of the chunk's cache_salt in between
     BLOCK_SECONDS = "block seconds"  # seconds between events of the same client GPU block
     THROUGHPUT = "throughput"  # the byte field over the time from a ``since`` event to its ``events`` one
+    PRODUCER_BUCKETS = "producer buckets"  # bucket counts, sum and extremes a cache process counted, added as they are
     # Observable instruments, read at collection time:
     GAUGE_SUM = "gauge sum"  # gauge-board word(s) ``Source.words`` summed over live cache processes
     GAUGE_RATIO = "gauge ratio"  # the sum of the first word over the sum of the second
@@ -195,6 +197,8 @@ class Source:
                                      f"{_names(self.events)} of a sampled chunk"),
             d.BLOCK_SECONDS: f"seconds from {_names(self.since)} to {_names(self.events)} of a GPU block",
             d.THROUGHPUT: f"{field} over the time from {_names(self.since)} to {_names(self.events)}",
+            d.PRODUCER_BUCKETS: (f"the bucket counts, sum and extremes each {_names(self.events)} carries (the cache "
+                                 "process counts every request in this grid)"),
             d.GAUGE_SUM: " + ".join(f"`{word}`" for word in self.words) + ", summed over live processes",
             d.GAUGE_RATIO: " over ".join(f"`{word}`" for word in self.words) + ", each summed over live processes",
             d.BUS_STATE: "read from the rings and the bus",
@@ -484,7 +488,8 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 # Not in spec/metrics.tsv: the L1 / L2 split of lookup_hit, which the reference
-# system also exports.  lookup_hit = lookup_hit_l1 + lookup_hit_l2.
+# system also exports (lookup_hit = lookup_hit_l1 + lookup_hit_l2), and the LMCache
+# front end's service time per operation.
 EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l1_hit_tokens", *_LOOKUP_LABELS),
@@ -492,6 +497,11 @@ EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
        "Tokens of completed lookups' hits that were in L2."),
+    _m("mpcache.lmcache.request", "mpcache_lmcache_request_seconds", HISTOGRAM, "seconds",
+       Source(Derivation.PRODUCER_BUCKETS, (E.LMCACHE_REQUEST_TIMES,), labels=(_f("op"),)),
+       "Server-side service time of each LMCache-protocol request, from its receipt to its reply sent, by "
+       "operation (`invalid`: a request naming no known operation; `wait_prefetch_status` includes its wait).",
+       request_times.BUCKETS_S),
 )
 
 ALL_METRICS: tuple[MetricSpec, ...] = METRICS + EXTRA_METRICS
@@ -550,7 +560,8 @@ def render_markdown() -> str:
     lines += ["", "## Histogram buckets", ""]
     grids = {LIFECYCLE_SECONDS_BUCKETS: "seconds (lifecycle; 300 s, the evict→reuse cap, is an edge)",
              THROUGHPUT_GBS_BUCKETS: "GB/s (throughput)",
-             REUSE_GAP_OBJECTS_BUCKETS: "chunks (reuse gap in accesses)"}
+             REUSE_GAP_OBJECTS_BUCKETS: "chunks (reuse gap in accesses)",
+             request_times.BUCKETS_S: "seconds (request service time)"}
     for grid, label in grids.items():
         users = ", ".join(f"`{spec.otel_name}`" for spec in ALL_METRICS if spec.buckets == grid)
         lines += [f"- {label}: {', '.join(f'{edge:g}' for edge in grid)} — {users}"]

@@ -4,12 +4,16 @@ L0→L1 and L1→L0 throughput samples)."""
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
+import time
 
 import pytest
-from lmcache_client import LMClient, key, registration
+from lmcache_client import OPS, LMClient, key, registration
 from mpcache_service import wait_for
+
+from mpcache.cache.lmcache.wire import OPERATION_IDS
 
 CHUNK = 256
 OBJECT = 2 * 2 * CHUNK * 64 * 2  # 2 layers, hidden 64, fp16: 128 KiB
@@ -21,6 +25,19 @@ def test_lmcache_traffic_shows_on_metrics(start_service):
     url = "ipc://" + os.path.join(str(service.runtime_dir), "lmcache0.ipc")
     wait_for(lambda: os.path.exists(url[len("ipc://"):]), 30, "the LMCache socket")
     client = LMClient(url)
+    sent: collections.Counter[str] = collections.Counter()  # requests per operation, as this client sent them
+    round_trips: dict[str, list[float]] = collections.defaultdict(list)  # their round trips, measured here
+    call = client.call
+
+    def timed(op: str, *args):
+        started = time.monotonic()
+        try:
+            return call(op, *args)
+        finally:
+            round_trips[op].append(time.monotonic() - started)
+            sent[op] += 1
+
+    client.call = timed
     try:
         pool_info = client.call("register", registration(1))
         fd = os.open(os.path.join("/dev/shm", pool_info["shm_name"]), os.O_RDWR)
@@ -62,4 +79,19 @@ def test_lmcache_traffic_shows_on_metrics(start_service):
     assert 2 == scrape.total("lmcache_mp_l0_l1_store_throughput_GBs_count")
     assert 2 == scrape.total("lmcache_mp_l0_l1_load_throughput_GBs_count")
     assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    # every request timed server-side, receipt to reply sent: within what the client waited for each
+    names = {op: OPERATION_IDS[OPS[op]] for op in sent}  # the client's short names → the operations' names
+
+    def timed_all():
+        scrape = service.scrape()
+        counted = [scrape.total("mpcache_lmcache_request_seconds_count", op=name) for name in names.values()]
+        return scrape if counted == [sent[op] for op in names] else None
+
+    service_times = wait_for(timed_all, 30, "every request's service time on /metrics")
+    for op, name in names.items():
+        total = service_times.total("mpcache_lmcache_request_seconds_sum", op=name)
+        assert 0 < total <= sum(round_trips[op]), op
+        within = [v for labels, v in service_times.samples["mpcache_lmcache_request_seconds_bucket"]
+                  if labels["op"] == name and float(labels["le"]) >= max(round_trips[op])]
+        assert within and min(within) == sent[op], f"{op}: a service time longer than its slowest round trip"
     assert 0 == service.stop()

@@ -41,6 +41,7 @@ from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscr
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 D = Derivation
@@ -53,7 +54,8 @@ FIELD_KIND = {
 INSTRUMENTS = {
     **{d: (COUNTER,) for d in D if d.table_driven},
     D.SAMPLED_KEY_SECONDS: (HISTOGRAM,), D.SAMPLED_KEY_ACCESSES: (HISTOGRAM,), D.BLOCK_SECONDS: (HISTOGRAM,),
-    D.THROUGHPUT: (HISTOGRAM,), D.GAUGE_SUM: (OBSERVABLE_GAUGE,), D.GAUGE_RATIO: (OBSERVABLE_GAUGE,),
+    D.THROUGHPUT: (HISTOGRAM,), D.PRODUCER_BUCKETS: (HISTOGRAM,), D.GAUGE_SUM: (OBSERVABLE_GAUGE,),
+    D.GAUGE_RATIO: (OBSERVABLE_GAUGE,),
     D.BUS_STATE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
 }
 # Where each attribute origin may appear.
@@ -90,7 +92,9 @@ def test_source_events_are_catalogue_events_and_fit_the_instrument(spec: MetricS
     problems += [f"repeated in {part}" for part in (source.events, source.since, source.listed)
                  if len(set(part)) != len(part)]
     problems += [] if set(source.listed) <= set(source.all_events) else [f"listed {source.listed} not all read"]
-    problems += [] if source.since or source.derivation.table_driven or source.derivation.observable else ["no since"]
+    counted_elsewhere = source.derivation.table_driven or source.derivation.observable or (
+        source.derivation is D.PRODUCER_BUCKETS)  # the producer measured the interval
+    problems += [] if source.since or counted_elsewhere else ["no since"]
     problems += [] if not source.since or not source.derivation.table_driven else ["a counter with since"]
     problems += [] if spec.instrument in INSTRUMENTS[source.derivation] else [f"{spec.instrument} is not "
                                                                               f"{source.derivation.value}"]
@@ -204,7 +208,7 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
     bus = EventBus()
     factories = [lambda meter, cls=cls: cls(meter, 10, ["fs"]) for cls in COUNTER_SUBSCRIBERS] + [
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
-        L2ThroughputSubscriber, L0LifecycleSubscriber,
+        L2ThroughputSubscriber, L0LifecycleSubscriber, LMCacheRequestTimesSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
         lambda meter: L1StateGaugesSubscriber(meter, board),
         lambda meter: L2StateGaugesSubscriber(meter, board, ["fs"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from mpcache.contract import request_times
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.metric_table import HISTOGRAM, LIFECYCLE_SECONDS_BUCKETS
 
@@ -22,13 +23,16 @@ def test_table_matches_spec_row_for_row():
     assert spec_rows() == [spec.tsv_row for spec in metric_table.METRICS]
 
 
-def test_extra_rows_are_the_lookup_hit_split():
-    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters."""
+def test_extra_rows_are_the_lookup_hit_split_and_the_lmcache_service_time():
+    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters, and the LMCache
+    front end's service time per operation."""
     expected = [
         ("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
         ("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
+        ("mpcache.lmcache.request", "mpcache_lmcache_request_seconds", "histogram", "seconds", "op",
+         "LMCACHE_REQUEST_TIMES"),
     ]
     assert expected == [spec.tsv_row for spec in metric_table.EXTRA_METRICS]
 
@@ -41,8 +45,11 @@ def test_exactly_histograms_have_increasing_buckets():
 
 
 def test_seconds_histograms_share_the_lifecycle_grid_with_a_300s_edge():
-    """Every seconds histogram uses the lifecycle grid, which has 300 s (the evict→reuse cap) as an edge."""
-    seconds = {spec.otel_name: spec.buckets for spec in metric_table.ALL_METRICS if spec.unit == "seconds"}
+    """Every lifecycle seconds histogram uses the lifecycle grid, which has 300 s (the evict→reuse cap) as an
+    edge; the LMCache service time has its own, from 50 µs to 1 s."""
+    seconds = {spec.otel_name: spec.buckets for spec in metric_table.ALL_METRICS
+               if spec.unit == "seconds" and spec.otel_name != "mpcache.lmcache.request"}
+    assert request_times.BUCKETS_S == metric_table.BY_NAME["mpcache.lmcache.request"].buckets
     assert {name: LIFECYCLE_SECONDS_BUCKETS for name in seconds} == seconds
     assert 300.0 in LIFECYCLE_SECONDS_BUCKETS
 

@@ -24,46 +24,30 @@ import zmq
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
-from mpcache.cache.lmcache import wire
+from mpcache.cache.lmcache import served, wire
 from mpcache.cache.lmcache.engine import EngineDriven
+from mpcache.cache.lmcache.frames import readable, recv_frames, send_frames
 from mpcache.cache.lmcache.gate import REMOTE, PeerGate
 from mpcache.cache.lmcache.handshakes import HANDSHAKE_TIMEOUT_MS, Handshakes
+from mpcache.cache.lmcache.timing import RequestTimes
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError, ProtocolError, RequestError
 from mpcache.shm import layout
 
 MAX_WAITERS = 4096
+INVALID = "invalid"  # the op a reply to a request naming no known operation is timed under
+_WAIT = "wait_prefetch_status"
 MAX_WARNED_CLIENTS = 4096
 MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 3
 PASS_BUDGET_S = 0.05  # one pass over the backlog stops after this, so the loop's timers run between messages
-_SERVED_MODE = '"lmcache.mp.mp_transfer_mode": "engine_driven"'
-_UNSUPPORTED = {
-    "register_kv_cache": f"lmcache_driven transfer (CUDA IPC handles) is not supported; set {_SERVED_MODE}",
-    "unregister_kv_cache": f"lmcache_driven transfer is not supported; set {_SERVED_MODE}",
-    "store": f"lmcache_driven store is not supported; set {_SERVED_MODE}",
-    "retrieve": f"lmcache_driven retrieve is not supported; set {_SERVED_MODE}",
-    "register_q_cache": "query caches are not supported", "unregister_q_cache": "query caches are not supported",
-    "store_q": "query caches are not supported",
-    "subscribe_kv_events": "KV event streams are not supported",
-    "server_module_call": "server modules are not supported",
-}
-# operations whose first argument is a key (LMCache's IPCCacheServerKey), decoded by wire.parse_key_frame
-_KEYED = frozenset({"lookup", "free_lookup_locks", "prepare_store", "commit_store", "prepare_retrieve",
-                    "commit_retrieve"})
-for _name in wire.OPERATION_NAMES:
-    if _name.startswith("cb_"):
-        _UNSUPPORTED[_name] = "cache blending over the LMCache protocol is not supported (use mpcache's cb_* ops)"
-    elif _name.startswith("p2p_"):
-        _UNSUPPORTED[_name] = "peer-to-peer transfer is not supported"
-
-
 class _Waiter:
-    __slots__ = ("prefix", "request_id", "deadline")
+    __slots__ = ("prefix", "request_id", "deadline", "received_ns")
 
-    def __init__(self, prefix: list[bytes], request_id: str, deadline: float) -> None:
+    def __init__(self, prefix: list[bytes], request_id: str, deadline: float, received_ns: int) -> None:
         self.prefix = prefix
         self.request_id = request_id
         self.deadline = deadline
+        self.received_ns = received_ns
 
 
 class LMCacheFrontEnd:
@@ -74,6 +58,7 @@ class LMCacheFrontEnd:
         self._log = ctx.log
         config = ctx.config
         self.engine = EngineDriven(ctx, pending_ttl_s=config.prefetch_job_ttl_s)
+        self._times = RequestTimes(ctx.publisher)
         errors = ErrorLog(ctx.log)
         self._unknown_log = RateLimit()
         self._failure_log = RateLimit()
@@ -147,6 +132,7 @@ class LMCacheFrontEnd:
             self._ipc_paths.append(path)
 
     def close(self) -> None:
+        self._times.flush()
         if getattr(self, "_selector", None) is not None:
             try:
                 self._selector.unregister(self._fd)
@@ -183,15 +169,18 @@ class LMCacheFrontEnd:
         socket = self._socket
         deadline = time.monotonic() + PASS_BUDGET_S
         one_owner = self._one_owner
-        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while readable(socket):
             try:
                 if one_owner:
-                    frames, owner = socket.recv_multipart(zmq.NOBLOCK), self._own_uid
+                    frames, owner = recv_frames(socket), self._own_uid
                 else:
                     frames, owner = self._recv_with_owner()
             except zmq.Again:
                 break
-            self._handle(frames, owner)
+            received_ns = time.monotonic_ns()
+            op = self._handle(frames, owner, received_ns)
+            if op is not None:
+                self._times.record(op, time.monotonic_ns() - received_ns)
             if time.monotonic() >= deadline:
                 self._backlog = True
                 return
@@ -211,7 +200,8 @@ class LMCacheFrontEnd:
         return min((waiter.deadline for waiter in self._waiters), default=None)
 
     def tick(self) -> None:
-        """Heartbeat work: abandon prepared transfers past their deadline."""
+        """Heartbeat work: publish the service times counted since, abandon prepared transfers past their deadline."""
+        self._times.flush()
         expired = self.engine.expire()
         if expired:
             self._log.warning("lmcache.transfers_abandoned", count=expired,
@@ -219,37 +209,38 @@ class LMCacheFrontEnd:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _handle(self, frames: list[bytes], owner: int) -> None:
+    def _handle(self, frames: list[bytes], owner: int, received_ns: int) -> str | None:
+        """Answer one request; the operation its reply was for (``INVALID`` for none known), None when no reply
+        was sent now."""
         self._client = frames[0] if frames else None
         if len(frames) < 3:
             self._client_error("?", "protocol", f"a request of {len(frames)} frames has no operation; dropped")
-            return
+            return None
         if len(frames) > 3 + MAX_ARGUMENTS:
             self._client_error("?", "protocol", f"a request of {len(frames)} frames; at most {MAX_ARGUMENTS} "
                                "arguments are accepted")
             self._send(frames[:3])
-            return
+            return INVALID
         identity, uid, op_frame, payloads = frames[0], frames[1], frames[2], frames[3:]
         prefix = [identity, uid, op_frame]
         if op_frame == b"":  # stream credit or cancel; no stream is ever open here
-            return
+            return None
         try:
             name = wire.operation_name(op_frame)
         except ProtocolError as exc:
             self._client_error("?", "protocol", str(exc))
             self._send(prefix)
-            return
+            return INVALID
         self._ctx.sessions.expire()
-        if name in _UNSUPPORTED:
-            self._warn_once(identity, name, "lmcache.unsupported_operation", _UNSUPPORTED[name])
+        if name in served.UNSUPPORTED:
+            self._warn_once(identity, name, "lmcache.unsupported_operation", served.UNSUPPORTED[name])
             self._reply(prefix, wire.FAILURE.get(name))
-            return
+            return name
         if name == "wait_prefetch_status":
-            self._wait(prefix, payloads, owner)
-            return
+            return self._wait(prefix, payloads, owner, received_ns)
         decode = self._decode
         try:
-            if name in _KEYED:  # the key stays a frame: its token list is read straight into int64s
+            if name in served.KEYED:  # the key stays a frame: its token list is read straight into int64s
                 args = [payloads[0], *[decode(payload) for payload in payloads[1:]]] if payloads else []
             else:
                 args = [decode(payload) for payload in payloads]
@@ -263,6 +254,7 @@ class LMCacheFrontEnd:
         finally:
             self._ctx.update_gauges()
         self._reply(prefix, result)
+        return name
 
     def _internal_error(self, op: str, exc: Exception) -> None:
         """A handler failed on something no validator caught (a bug): one error line naming where, rate-limited
@@ -280,7 +272,7 @@ class LMCacheFrontEnd:
 
     def _send(self, frames: list[bytes]) -> None:
         try:
-            self._socket.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self._socket, frames)
         except zmq.ZMQError as exc:  # the client went away, or is not reading its replies
             self._client_error("reply", "transport", f"reply dropped: {exc.strerror}")
 
@@ -294,7 +286,7 @@ class LMCacheFrontEnd:
         warned.add(name)
         self._log.warning(event, op=name, client=identity.hex()[:32], fix=fix)
 
-    def _wait(self, prefix: list[bytes], payloads: list[bytes], owner: int) -> None:
+    def _wait(self, prefix: list[bytes], payloads: list[bytes], owner: int, received_ns: int) -> str | None:
         try:
             args = [self._decode(payload) for payload in payloads]
             request_id = self._scoped(_request_id(_arg(args, 0, 2)), owner)
@@ -304,11 +296,12 @@ class LMCacheFrontEnd:
         except ProtocolError as exc:
             self._client_error("wait_prefetch_status", "protocol", str(exc))
             self._reply(prefix, 0)
-            return
+            return _WAIT
         if not self.engine.is_pending(request_id) or len(self._waiters) >= MAX_WAITERS:
             self._reply(prefix, self.engine.prefetch_status(request_id))
-            return
-        self._waiters.append(_Waiter(prefix, request_id, time.monotonic() + timeout))
+            return _WAIT
+        self._waiters.append(_Waiter(prefix, request_id, time.monotonic() + timeout, received_ns))
+        return None  # timed when answered
 
     def _answer_waiters(self) -> None:
         now = time.monotonic()
@@ -320,6 +313,8 @@ class LMCacheFrontEnd:
                 self._send(waiter.prefix)  # None: the wait timed out
             else:
                 waiting.append(waiter)
+                continue
+            self._times.record(_WAIT, time.monotonic_ns() - waiter.received_ns)
         self._waiters = waiting
 
     def _clear(self, args: list[Any], owner: int) -> None:

@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 SplitKey = Callable[[bytes, int], "tuple[bytes, bytes] | None"]
 
+split_key: SplitKey | None
 try:
-    from mpcache.cache.lmcache._keyscan import split_key as _compiled
+    from mpcache.cache.lmcache._keyscan import split_key
 except ImportError:  # no C compiler at install time: the ordinary decode path
-    _compiled = None
-
-split_key: SplitKey | None = _compiled
+    split_key = None
 
 _I64_MAX = (1 << 63) - 1
 _FIXED = {0xCC: 1, 0xD0: 1, 0xCD: 2, 0xD1: 2, 0xCE: 4, 0xD2: 4, 0xCA: 4, 0xCF: 8, 0xD3: 8, 0xCB: 8}
