@@ -22,7 +22,8 @@ _POLLIN = int(zmq.POLLIN)
 
 def readable(socket: zmq.Socket) -> bool:
     """Whether a whole message is waiting (``EVENTS & POLLIN``)."""
-    return bool(_get(socket, _EVENTS) & _POLLIN)
+    events: int = _get(socket, _EVENTS)  # type: ignore[assignment]  # an int option
+    return bool(events & _POLLIN)
 
 
 def recv_frames(socket: zmq.Socket) -> list[bytes]:
