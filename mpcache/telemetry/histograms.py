@@ -5,6 +5,7 @@ bucket counts (checked against per-sample recording; falls back to it if the SDK
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -83,40 +84,37 @@ def record_buckets(histogram: Histogram, attributes: dict[str, AttributeValue], 
                    counts: Sequence[int], total: float, low: float, high: float) -> None:
     """Add samples a producer already counted in ``edges`` (the histogram's own grid): ``counts[i]`` samples
     in bucket i, summing to ``total``, the least ``low`` and the greatest ``high`` — as if each had been
-    recorded.  Where the SDK differs (or the grid does), each sample is recorded as its bucket's upper edge
-    held to [low, high], which keeps the counts and the extremes but not the exact sum."""
+    recorded, with one SDK call.  Where the SDK differs (or the grid does), each sample is recorded as its
+    bucket's upper edge held to [low, high], which keeps the counts and the extremes but not the exact sum."""
     global _fast_path_ok
-    n = int(sum(counts))
+    n = sum(counts)
     if n <= 0:
         return
     histogram.record(low, attributes)  # creates the attribute set's aggregation and sets its minimum
-    rest = np.asarray(counts, dtype=np.int64).copy()
-    rest[int(np.searchsorted(edges, low, side="left"))] -= 1
-    remaining = total - low
-    if n > 1:
-        histogram.record(high, attributes)
-        rest[int(np.searchsorted(edges, high, side="left"))] -= 1
-        remaining -= high
-    if n <= 2:
+    if n == 1:
         return
+    rest = list(counts)
+    rest[bisect_left(edges, low)] -= 1
     if _fast_path_ok:
         try:
-            if _add_counts(histogram, attributes, edges, rest, remaining):
+            if _add_counts(histogram, attributes, edges, rest, total - low, high):
                 return
         except (AttributeError, TypeError, KeyError, ValueError):
             pass
         _fast_path_ok = False
         log.warning("histogram batching unavailable with this OpenTelemetry SDK: recording one sample per call")
-    for index in np.flatnonzero(rest).tolist():
+    histogram.record(high, attributes)
+    rest[bisect_left(edges, high)] -= 1
+    for index, count in enumerate(rest):
         value = min(max(edges[index] if index < len(edges) else high, low), high)
-        for _ in range(int(rest[index])):
+        for _ in range(count):
             histogram.record(value, attributes)
 
 
-def _add_counts(histogram: Any, attributes: dict[str, AttributeValue], edges: Sequence[float], counts: np.ndarray,
-                total: float) -> bool:
-    """Add bucket counts and their sum to every aggregation ``record`` just fed; False if the internals or the
-    grid do not fit (min and max are already right: the extremes were recorded)."""
+def _add_counts(histogram: Any, attributes: dict[str, AttributeValue], edges: Sequence[float], counts: list[int],
+                total: float, high: float) -> bool:
+    """Add bucket counts, their sum and their maximum to every aggregation ``record`` just fed; False if the
+    internals or the grid do not fit (the minimum is already right: it was recorded)."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import (
         _hash_attributes,
     )
@@ -124,12 +122,13 @@ def _add_counts(histogram: Any, attributes: dict[str, AttributeValue], edges: Se
         _ExplicitBucketHistogramAggregation,
     )
 
+    key = _hash_attributes(attributes)
     matches = []
     for storage in histogram._measurement_consumer._reader_storages.values():
         for match in storage._instrument_view_instrument_matches.get(histogram, ()):
             if match._view._attribute_keys is not None:
                 return False
-            aggregation = match._attributes_aggregation.get(_hash_attributes(attributes))
+            aggregation = match._attributes_aggregation.get(key)
             if type(aggregation) is not _ExplicitBucketHistogramAggregation:
                 return False
             if tuple(aggregation._boundaries) != tuple(edges):
@@ -139,11 +138,14 @@ def _add_counts(histogram: Any, attributes: dict[str, AttributeValue], edges: Se
         return False
     for match, aggregation in matches:
         with match._lock:
-            aggregation = match._attributes_aggregation.get(_hash_attributes(attributes), aggregation)
+            aggregation = match._attributes_aggregation.get(key, aggregation)
             with aggregation._lock:
                 if aggregation._value is None:
                     aggregation._value = aggregation._get_empty_bucket_counts()
-                for index in np.flatnonzero(counts).tolist():
-                    aggregation._value[index] += int(counts[index])
+                for index, count in enumerate(counts):
+                    if count:
+                        aggregation._value[index] += count
                 aggregation._sum += total
+                if aggregation._record_min_max:
+                    aggregation._max = max(aggregation._max, high)
     return True

@@ -200,8 +200,9 @@ class LMCacheFrontEnd:
         return min((waiter.deadline for waiter in self._waiters), default=None)
 
     def tick(self) -> None:
-        """Heartbeat work: publish the service times counted since, abandon prepared transfers past their deadline."""
-        self._times.flush()
+        """Heartbeat work: publish the service times counted (once a second), abandon prepared transfers past
+        their deadline."""
+        self._times.tick(time.monotonic_ns())
         expired = self.engine.expire()
         if expired:
             self._log.warning("lmcache.transfers_abandoned", count=expired,

@@ -1,6 +1,6 @@
 """Each LMCache request's service time (receipt to reply sent), counted per operation in the grid of
 :mod:`mpcache.contract.request_times` and published as one LMCACHE_REQUEST_TIMES event per operation
-when :meth:`RequestTimes.flush` is called (each heartbeat): a few list updates per request, no event.
+at most once a second (:meth:`RequestTimes.tick`, each heartbeat): a few list updates per request, no event.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from mpcache.shm.publish import EventPublisher
 
 _TIMES = EventType.LMCACHE_REQUEST_TIMES
 _COUNT, _SUM, _MIN, _MAX, _FIRST_BUCKET = range(5)
+FLUSH_INTERVAL_NS = 1_000_000_000  # what a scrape sees is at most this old
 
 
 class RequestTimes:
@@ -21,6 +22,7 @@ class RequestTimes:
     def __init__(self, publisher: EventPublisher) -> None:
         self._publisher = publisher
         self._ops: dict[str, list[int]] = {}
+        self._flushed_ns = 0
 
     def record(self, op: str, elapsed_ns: int) -> None:
         row = self._ops.get(op)
@@ -33,6 +35,12 @@ class RequestTimes:
         if elapsed_ns > row[_MAX]:
             row[_MAX] = elapsed_ns
         row[_FIRST_BUCKET + bisect_left(BUCKETS_NS, elapsed_ns)] += 1
+
+    def tick(self, now_ns: int) -> None:
+        """Flush when the last flush is ``FLUSH_INTERVAL_NS`` old."""
+        if now_ns - self._flushed_ns >= FLUSH_INTERVAL_NS:
+            self._flushed_ns = now_ns
+            self.flush()
 
     def flush(self) -> None:
         """Publish what was counted, one event per operation, and start again."""

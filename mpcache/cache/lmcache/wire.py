@@ -49,11 +49,17 @@ MAX_WORLD_SIZE = 4096
 MAX_READERS = 4096
 MAX_MAP_ENTRIES = 256  # the largest legitimate map (a key, a registration) has a dozen
 SMALL_FRAME_BYTES = 4096  # frames up to this size are decoded without counting containers
+MEMO_FRAME_BYTES = 48  # frames up to this size that decode to a scalar are remembered, at most MEMO_ENTRIES
+MEMO_ENTRIES = 4096
+_SCALARS = frozenset({int, str, bytes, bool, float, type(None)})
+_MISSING = object()
 BYTES_PER_TOKEN = 5  # a token id below 2**32 is at most 5 bytes of msgpack
 FRAME_MARGIN_BYTES = 1 << 20  # the rest of the largest legitimate frame: a key's other fields, block records
 _I64_MAX = (1 << 63) - 1
 _I64 = protocol.int_range(-(1 << 63), _I64_MAX)
 _POSITION = protocol.int_range(0, (1 << 62) - 1)
+_WORLD_SIZE = protocol.int_range(1, MAX_WORLD_SIZE)
+_READERS = protocol.int_range(0, MAX_READERS)
 
 
 def frame_cap(max_tokens: int) -> int:
@@ -64,14 +70,27 @@ def frame_cap(max_tokens: int) -> int:
 class Decoder:
     """msgpack frames into objects, bounded: no array longer than ``max_tokens``, no map over
     ``MAX_MAP_ENTRIES``, and (over ``SMALL_FRAME_BYTES``) at most one container per 8 bytes, so no frame expands into
-    more than a small multiple of its size in Python objects; extension types are refused."""
+    more than a small multiple of its size in Python objects; extension types are refused.  Frames of a few
+    bytes that decode to an immutable scalar (an instance id, a request id, ``b""``) are remembered: the same
+    frame comes with every request of an instance or a request."""
 
-    __slots__ = ("max_tokens",)
+    __slots__ = ("max_tokens", "_scalars")
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
+        self._scalars: dict[bytes, Any] = {}
 
     def __call__(self, frame: bytes) -> Any:
+        if len(frame) <= MEMO_FRAME_BYTES:
+            scalars = self._scalars
+            value = scalars.get(frame, _MISSING)
+            if value is _MISSING:
+                value = self._unpack(frame, None, None)
+                if type(value) in _SCALARS:
+                    if len(scalars) >= MEMO_ENTRIES:
+                        scalars.clear()
+                    scalars[frame] = value
+            return value
         if len(frame) <= SMALL_FRAME_BYTES:  # too small to expand into many objects: no hooks to call
             return self._unpack(frame, None, None)
         budget = 16 + len(frame) // 8
@@ -103,12 +122,21 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not accepted (CUDA IPC handles need lmcache_driven mode)")
 
 
+_packer = msgpack.Packer(use_bin_type=True)  # one for the loop: no Packer built per reply
+
+
 def encode(result: Any) -> bytes:
-    return msgpack.packb(result, use_bin_type=True)
+    return _packer.pack(result)
+
+
+_OPERATION_FRAMES = {bytes([op]): name for op, name in OPERATION_IDS.items()}  # a positive fixint: the byte itself
 
 
 def operation_name(frame: bytes) -> str:
     """The operation a request names, by id or by name; ProtocolError if unknown."""
+    name = _OPERATION_FRAMES.get(frame)
+    if name is not None:
+        return name
     value = decode(frame)
     if type(value) is int:
         name = OPERATION_IDS.get(value)
@@ -170,16 +198,15 @@ def parse_key(value: Any, max_tokens: int) -> Key:
 
 def _key(value: dict, tokens: bytes) -> Key:
     """The key's other fields, checked, around its token ids (validated int64 bytes)."""
-    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "key.world_size")
+    world_size = _WORLD_SIZE(_field(value, "world_size"), "key.world_size")
     worker_id = value.get("worker_id")
-    if worker_id is not None:
-        worker_id = protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")
+    if worker_id is not None and (type(worker_id) is not int or not 0 <= worker_id < world_size):
+        protocol.int_range(0, world_size - 1)(worker_id, "key.worker_id")  # raises, naming the range
     start = _POSITION(_field(value, "start"), "key.start")
     end = _POSITION(_field(value, "end"), "key.end")
     if start > end:
         raise ProtocolError(f"key.start: {start} is after key.end {end}")
-    readers = value.get("num_kv_readers", 0)
-    readers = protocol.int_range(0, MAX_READERS)(readers, "key.num_kv_readers")
+    readers = _READERS(value.get("num_kv_readers", 0), "key.num_kv_readers")
     salt = value.get("cache_salt") or ""
     return Key(protocol.MODEL(_field(value, "model_name"), "key.model_name"), world_size, worker_id, tokens,
                start, end, protocol.REQUEST_ID(_field(value, "request_id"), "key.request_id"),
