@@ -106,7 +106,7 @@ def test_at_rate_one_every_point_equals_a_simulated_lru_cache_of_that_size():
 
 def test_fixed_size_mode_stays_within_max_keys_and_stays_close_to_exact():
     """10× more keys than tracked: the rate drops so that at most max_keys are tracked, and the curve stays
-    within 0.05 of the simulated caches (mean absolute error over the points)."""
+    within 0.03 of the simulated caches (mean absolute error over the points)."""
     size, capacity = 1000, 400_000
     trace = engine_trace(random.Random(2), 20_000, 4000, size)
     curves = CurveSet(1.0, 400, {"l1": capacity})
@@ -115,7 +115,7 @@ def test_fixed_size_mode_stays_within_max_keys_and_stays_close_to_exact():
     exact = [lru_hit_ratio(trace, round(capacity * ratio)) for ratio in POINT_RATIOS[::4]]
     got = [point["hit_ratio"] for point in curve["points"][::4]]
     assert curves.tracked_keys <= 400 and curves.rate < 0.5
-    assert sum(abs(a - b) for a, b in zip(exact, got)) / len(exact) < 0.05
+    assert sum(abs(a - b) for a, b in zip(exact, got)) / len(exact) < 0.03
 
 
 def test_miss_reasons_and_eviction_regret_at_rate_one():
