@@ -180,3 +180,16 @@ def test_rate_zero_publishes_no_access_event():
     assert [] == recorder.emitted
     AccessSampler(recorder, 1.0).store("m", "s", [1, 2, 3], 4096)  # type: ignore[arg-type]
     assert 1 == len(recorder.emitted)
+
+
+def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
+    """The head rows' outcomes follow from their positions (found, l1_hits, the after-gap mask, per chunk of
+    ``ranks`` objects); the sampled rows' from the class counts, in their order."""
+    from mpcache.telemetry.subscribers.metrics.mrc import lookup_accesses
+
+    rows = [(i, SALT, MODEL) for i in range(9)]
+    fields = {"ranks": 2, "found": 2, "l1_hits": 1, "exact_rows": 6, "exact_after_gap_mask": 0b110000,
+              "sampled_l1_hits": 1, "sampled_l2_hits": 0, "sampled_after_gap": 1}
+    assert [(0, HEAD, L1_HIT), (1, HEAD, L2_HIT), (2, HEAD, MISS), (3, HEAD, MISS), (4, HEAD, AFTER_GAP),
+            (5, HEAD, AFTER_GAP), (6, SAMPLED, L1_HIT), (7, SAMPLED, AFTER_GAP), (8, SAMPLED, MISS)] == [
+        (row[0], stratum, found) for row, stratum, found in lookup_accesses(rows, fields)]
