@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; 0 = no curves; "
                            "default 0.01)")
     telemetry.add_argument("--mrc-exact-chunks", type=int, default=4,
-                           help="the first chunks of every lookup (0..8) that the curves track whatever the sample "
+                           help="the first chunks of every lookup (0..4) that the curves track whatever the sample "
                            "rate: a prefix cache's hottest keys, such as system prompts (default 4)")
     telemetry.add_argument("--mrc-max-keys", type=_int_at_least(64), default=8192,
                            help="sampled keys tracked per miss-ratio curve; beyond it the curve lowers its own rate "

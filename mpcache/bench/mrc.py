@@ -271,7 +271,8 @@ def _curve_memory(max_keys: int = 8192) -> int:
     for batch in range(40):
         rows = [(int(h), f"t{batch % 50}", "m") for h in rng.integers(0, 2**63, size=1024)]
         curves.store("m", 4096, rows)
-        curves.lookup("m", f"t{batch % 50}", 1, [(row, HEAD if i < 4 else SAMPLED, MISS) for i, row in enumerate(rows)])
+        accesses = [(row, HEAD if i < 4 else SAMPLED, MISS, 1) for i, row in enumerate(rows)]
+        curves.lookup("m", f"t{batch % 50}", 1, accesses)
     size = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert curves.tracked_keys <= max_keys

@@ -80,7 +80,7 @@ def feed(curves: CurveSet, trace: list[tuple[str, int, int]], head: int = 4) -> 
     while position < len(trace):
         lookups = []
         while position < len(trace) and trace[position][0] == "lookup":
-            lookups.append(((trace[position][1], SALT, MODEL), HEAD if len(lookups) < head else SAMPLED, MISS))
+            lookups.append(((trace[position][1], SALT, MODEL), HEAD if len(lookups) < head else SAMPLED, MISS, 1))
             position += 1
         curves.lookup(MODEL, SALT, 1, lookups)
         stores, size = [], 0
@@ -122,15 +122,15 @@ def test_miss_reasons_and_eviction_regret_at_rate_one():
     process; L2 hits and evicted misses of keys seen before are eviction regret.  Per chunk (÷ ranks)."""
     curves = CurveSet(1.0, 8192, {"l1": 10_000})
     curves.store(MODEL, 100, [(1, SALT, MODEL), (2, SALT, MODEL), (3, SALT, MODEL)])
-    curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), HEAD, L1_HIT), ((2, SALT, MODEL), HEAD, L2_HIT),
-                                   ((4, SALT, MODEL), SAMPLED, AFTER_GAP), ((3, SALT, MODEL), SAMPLED, MISS),
-                                   ((9, SALT, MODEL), SAMPLED, MISS)])
+    curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), HEAD, L1_HIT, 1), ((2, SALT, MODEL), HEAD, L2_HIT, 1),
+                                   ((4, SALT, MODEL), SAMPLED, AFTER_GAP, 1), ((3, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((9, SALT, MODEL), SAMPLED, MISS, 1)])
     misses, regret = curves.take_counts()
     assert ({("after_gap", MODEL, SALT): 1.0, ("evicted", MODEL, SALT): 1.0, ("cold", MODEL, SALT): 1.0},
             {(MODEL, SALT): 2.0}) == (dict(misses), dict(regret))
-    curves.lookup(MODEL, SALT, 1, [((9, SALT, MODEL), SAMPLED, MISS)])  # asked for before: stored since, gone
+    curves.lookup(MODEL, SALT, 1, [((9, SALT, MODEL), SAMPLED, MISS, 1)])  # asked for before: stored since, gone
     assert ({("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == tuple(dict(c) for c in curves.take_counts())
-    curves.lookup(MODEL, SALT, 2, [((7, SALT, MODEL), SAMPLED, MISS), ((8, SALT, MODEL), SAMPLED, MISS)])
+    curves.lookup(MODEL, SALT, 2, [((7, SALT, MODEL), SAMPLED, MISS, 1), ((8, SALT, MODEL), SAMPLED, MISS, 1)])
     assert ({("cold", MODEL, SALT): 1.0}, {}) == tuple(dict(c) for c in curves.take_counts())  # 2 ranks, 1 chunk
 
 
@@ -139,8 +139,9 @@ def test_keys_above_the_threshold_are_ignored_and_estimates_scale_by_one_over_th
     curves = CurveSet(rate, 8192, {"l1": 10_000})
     inside = next(h for h in range(1, 10**6) if h % SAMPLE_MODULUS < rate * SAMPLE_MODULUS)
     outside = next(h for h in range(1, 10**6) if h % SAMPLE_MODULUS >= rate * SAMPLE_MODULUS)
-    curves.lookup(MODEL, SALT, 1, [((inside, SALT, MODEL), SAMPLED, MISS), ((outside, SALT, MODEL), SAMPLED, MISS),
-                                   ((outside + 1, SALT, MODEL), HEAD, MISS)])  # the exact stratum: every key
+    curves.lookup(MODEL, SALT, 1, [((inside, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((outside, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((outside + 1, SALT, MODEL), HEAD, MISS, 1)])  # the exact stratum: every key
     assert {("cold", MODEL, SALT): 5.0} == dict(curves.take_counts()[0])
 
 
@@ -183,13 +184,14 @@ def test_rate_zero_publishes_no_access_event():
 
 
 def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
-    """The head rows' outcomes follow from their positions (found, l1_hits, the after-gap mask, per chunk of
-    ``ranks`` objects); the sampled rows' from the class counts, in their order."""
+    """The head keys' outcomes follow from their chunk (found, l1_hits in objects of ``ranks`` per chunk, the
+    after-gap mask) and each stands for the chunk's ranks; the sampled keys' from the class counts."""
     from mpcache.telemetry.subscribers.metrics.mrc import lookup_accesses
 
-    rows = [(i, SALT, MODEL) for i in range(9)]
-    fields = {"ranks": 2, "found": 2, "l1_hits": 1, "exact_rows": 6, "exact_after_gap_mask": 0b110000,
-              "sampled_l1_hits": 1, "sampled_l2_hits": 0, "sampled_after_gap": 1}
-    assert [(0, HEAD, L1_HIT), (1, HEAD, L2_HIT), (2, HEAD, MISS), (3, HEAD, MISS), (4, HEAD, AFTER_GAP),
-            (5, HEAD, AFTER_GAP), (6, SAMPLED, L1_HIT), (7, SAMPLED, AFTER_GAP), (8, SAMPLED, MISS)] == [
-        (row[0], stratum, found) for row, stratum, found in lookup_accesses(rows, fields)]
+    fields = {"ranks": 2, "found": 4, "l1_hits": 2, "exact": 4 | 0b1000 << 4,
+              "sampled_l1_hits": 1, "sampled_l2_hits": 0, "sampled_after_gap": 1,
+              "head_0": 10, "head_1": 11, "head_2": 12, "head_3": -1}
+    rows = [(i, SALT, MODEL) for i in range(3)]
+    assert [(10, HEAD, L1_HIT, 2), (11, HEAD, L2_HIT, 2), (12, HEAD, MISS, 2), (2**64 - 1, HEAD, AFTER_GAP, 2),
+            (0, SAMPLED, L1_HIT, 1), (1, SAMPLED, AFTER_GAP, 1), (2, SAMPLED, MISS, 1)] == [
+        (row[0], stratum, found, objects) for row, stratum, found, objects in lookup_accesses(MODEL, SALT, rows, fields)]

@@ -32,7 +32,7 @@ HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sample
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
-Access = tuple[Row, int, str]  # (key, stratum, what the lookup found)
+Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, objects it stands for)
 Tenant = tuple[str, str]  # (model_name, cache_salt)
 
 
@@ -127,13 +127,13 @@ class CurveSet:
         weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
         tenant = self.tenant(model, salt)
         histograms = (self._curve(ALL, ALL), self._curve(*tenant))
-        judged: list[tuple[Row, int]] = []
-        for row, stratum, found in accesses:
+        judged: list[tuple[Row, int, int]] = []
+        for row, stratum, found, objects in accesses:
             if row in stack:
                 stratum = stack.stratum_of(row)
             if not self._strata[stratum].admits(row):
                 continue
-            weight = weights[stratum]
+            weight = weights[stratum] * objects
             held = row in stack  # asked for or stored before: a miss now is an eviction
             if held:
                 above = stack.bytes_above(row)
@@ -146,12 +146,13 @@ class CurveSet:
                 histogram.total += weight
                 histogram.sampled_accesses += 1
             self._count(tenant, found, held, weight / ranks)
-            judged.append((row, stratum))
-        for row, stratum in judged:
-            if row in stack:
-                stack.touch(row, stack.bytes_of(row), stratum)
+            judged.append((row, stratum, objects))
+        size = self._object_bytes.get(model, 0)
+        for row, stratum, objects in judged:
+            if row in stack:  # a head key's size follows its model's (a sampled key's comes with its stores)
+                stack.touch(row, size * objects if stratum == HEAD and size else stack.bytes_of(row), stratum)
             else:
-                self._insert(row, self._object_bytes.get(model, 0), stratum)
+                self._insert(row, size * objects, stratum)
 
     def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
         """Miss reasons and eviction regret of one sampled access (``chunks``: what it stands for)."""
@@ -167,14 +168,16 @@ class CurveSet:
             self.regret[tenant] += chunks
 
     def store(self, model: str, object_bytes: int, rows: Iterable[Row]) -> None:
-        """A store's sampled keys (hash-sampled), each now held and the most recently used."""
+        """A store's sampled keys (hash-sampled), each now the most recently used (a head key keeps its size:
+        it stands for every rank of its chunk)."""
         self._object_bytes[model] = object_bytes
         stack = self._stack
         for row in rows:
             stratum = stack.stratum_of(row) if row in stack else SAMPLED
             if self._strata[stratum].admits(row):
                 if row in stack:
-                    stack.touch(row, object_bytes, stratum)
+                    keep = stratum == HEAD and stack.bytes_of(row)
+                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stratum)
                 else:
                     self._insert(row, object_bytes, stratum)
 

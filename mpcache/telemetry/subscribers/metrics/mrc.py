@@ -21,26 +21,31 @@ from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.subscribers.metrics._views import sampled_rows
 
 _LOOKUP, _STORE = EventType.MRC_LOOKUP_SAMPLED, EventType.MRC_STORE_SAMPLED
-_LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact_rows", "exact_after_gap_mask",
-                  "sampled_l1_hits", "sampled_l2_hits", "sampled_after_gap")
+_HEADS = ("head_0", "head_1", "head_2", "head_3")
+_LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact", "sampled_l1_hits",
+                  "sampled_l2_hits", "sampled_after_gap", *_HEADS)
+_EXACT_GAP_SHIFT = 4  # mpcache.cache.accesses.EXACT_GAP_SHIFT (the contract: events.py)
+_MASK64 = (1 << 64) - 1
 
 
-def lookup_accesses(rows: list[Row], fields: dict[str, int]) -> list[Access]:
-    """A lookup event's sampled keys with their stratum and what the lookup found of each."""
+def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, int]) -> list[Access]:
+    """A lookup event's keys with their stratum, what the lookup found of each and how many objects each
+    stands for: the first chunks (one key for the chunk's ``ranks`` objects), then the sampled keys."""
     ranks = fields["ranks"] or 1
-    found, l1_hits, exact = fields["found"], fields["l1_hits"], fields["exact_rows"]
-    gap_chunk, mask = found // ranks, fields["exact_after_gap_mask"]
+    found, l1_hits = fields["found"], fields["l1_hits"]
+    gap_chunk, mask = found // ranks, fields["exact"] >> _EXACT_GAP_SHIFT
     out: list[Access] = []
-    for position, row in enumerate(rows[:exact]):
-        kind = (L1_HIT if position < l1_hits else L2_HIT if position < found
-                else AFTER_GAP if position // ranks > gap_chunk and mask >> position & 1 else MISS)
-        out.append((row, HEAD, kind))
+    for chunk, head in enumerate(_HEADS[: fields["exact"] & (1 << _EXACT_GAP_SHIFT) - 1]):
+        end = (chunk + 1) * ranks
+        kind = (L1_HIT if end <= l1_hits else L2_HIT if end <= found
+                else AFTER_GAP if chunk > gap_chunk and mask >> chunk & 1 else MISS)
+        out.append(((fields[head] & _MASK64, salt, model), HEAD, kind, ranks))
     l1_end = fields["sampled_l1_hits"]
     l2_end = l1_end + fields["sampled_l2_hits"]
     gap_end = l2_end + fields["sampled_after_gap"]
-    for index, row in enumerate(rows[exact:]):
+    for index, row in enumerate(rows):
         kind = L1_HIT if index < l1_end else L2_HIT if index < l2_end else AFTER_GAP if index < gap_end else MISS
-        out.append((row, SAMPLED, kind))
+        out.append((row, SAMPLED, kind, 1))
     return out
 
 
@@ -71,11 +76,11 @@ class MissRatioSubscriber(Subscriber):
         with curves.lock:
             for index, head in enumerate(heads):
                 if etypes[index] == _LOOKUP:
-                    rows = rows_by_head.get(head)
-                    if rows:
-                        fields = {field: columns[field][index] for field in _LOOKUP_FIELDS}
-                        curves.lookup(name(fields["model_name"]), name(fields["cache_salt"]), fields["ranks"] or 1,
-                                      lookup_accesses(rows, fields))
+                    fields = {field: columns[field][index] for field in _LOOKUP_FIELDS}
+                    rows = rows_by_head.get(head, [])
+                    if rows or fields["exact"]:
+                        model, salt = name(fields["model_name"]), name(fields["cache_salt"])
+                        curves.lookup(model, salt, fields["ranks"] or 1, lookup_accesses(model, salt, rows, fields))
                 elif head in rows_by_head:
                     curves.store(name(columns["model_name"][index]), columns["object_bytes"][index],
                                  rows_by_head[head])
