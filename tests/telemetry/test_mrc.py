@@ -194,4 +194,5 @@ def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
     rows = [(i, SALT, MODEL) for i in range(3)]
     assert [(10, HEAD, L1_HIT, 2), (11, HEAD, L2_HIT, 2), (12, HEAD, MISS, 2), (2**64 - 1, HEAD, AFTER_GAP, 2),
             (0, SAMPLED, L1_HIT, 1), (1, SAMPLED, AFTER_GAP, 1), (2, SAMPLED, MISS, 1)] == [
-        (row[0], stratum, found, objects) for row, stratum, found, objects in lookup_accesses(MODEL, SALT, rows, fields)]
+        (row[0], stratum, found, objects)
+        for row, stratum, found, objects in lookup_accesses(MODEL, SALT, rows, fields)]
