@@ -33,6 +33,7 @@ from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscr
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
+from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 METER_NAME = "mpcache"
@@ -65,6 +66,7 @@ def build_metrics_subscribers(
         L0LifecycleSubscriber(meter, series_cap=series),
         EventBusSelfMetricsSubscriber(meter, pump, bus),
         LMCacheRequestTimesSubscriber(meter),
+        MissRatioSubscriber(meter, config),
     ]
     if gauge_reader is not None:
         subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))
