@@ -3,7 +3,9 @@
 last token list seen per request id are kept and reused while the next frame's tokens are the same bytes.
 
 Reuse needs byte-equal tokens, so a hit gives exactly what hashing would.  Bounded by entries and by
-token bytes (oldest first); an entry goes with its request's end_session.
+token bytes (oldest first), and per entry by rank layouts and their keys (a client naming ever other
+world sizes or ranks, or a lookup of thousands of ranks, is answered without keeping them); an entry goes
+with its request's end_session.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from mpcache.contract.keys import chunk_hashes, rank_hashes
 
 MAX_REQUESTS = 4096
 MAX_TOKEN_BYTES = 64 << 20  # the token lists kept, in all
+MAX_LAYOUTS = 16  # (world size, ranks) kept per request: a TP group's ranks and its lookup's
+MAX_LAYOUT_KEYS = 1 << 16  # a layout with more keys than this is computed each time, not kept
 
 
 class _Entry:
@@ -44,7 +48,11 @@ class ChunkKeys:
         entry = self._entry(request_id, tokens)
         ranked = entry.ranked.get((world_size, ranks))
         if ranked is None:
-            ranked = entry.ranked[(world_size, ranks)] = rank_hashes(entry.hashes, world_size, ranks)
+            ranked = rank_hashes(entry.hashes, world_size, ranks)
+            if len(ranked) <= MAX_LAYOUT_KEYS:
+                if len(entry.ranked) >= MAX_LAYOUTS:
+                    entry.ranked.clear()
+                entry.ranked[(world_size, ranks)] = ranked
         per = len(ranks)
         return ranked[first * per : last * per]
 
