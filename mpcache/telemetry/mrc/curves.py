@@ -19,6 +19,7 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
@@ -218,7 +219,7 @@ class CurveSet:
 
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------
 
-    def curves(self) -> list[dict[str, object]]:
+    def curves(self) -> list[dict[str, Any]]:
         """Every curve of every tier, as ``GET /mrc`` lists them."""
         out = []
         for (model, salt), histogram in self._curves.items():
