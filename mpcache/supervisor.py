@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--telemetry-nice", type=int, default=0,
                            help="nice increment (0..19) the telemetry process applies to itself, so that on a busy "
                            "machine the cache processes get the CPU first and the drain lags instead (default 0)")
-    telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
+    telemetry.add_argument("--disable-metrics", action="store_true",
+                           help="run no metrics subscribers and no exporters (/healthz and /ready still answer)")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
     telemetry.add_argument("--enable-tracing", action="store_true",
                            help="export request spans over OTLP (needs --otlp-endpoint)")
@@ -296,7 +297,8 @@ def _otlp_interval_s(flag_value: float | None) -> float:
 
 
 def _otel_sdk_disabled() -> bool:
-    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics)."""
+    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics); /healthz and /ready
+    still answer."""
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
@@ -696,13 +698,13 @@ def _child_env() -> dict[str, str]:
 
 def _check_endpoints(config: Config) -> None:
     """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
-    if not config.disable_metrics and not config.no_http:
+    if not config.no_http:  # the listener serves /healthz and /ready even with metrics off
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} "
                               f"({exc.strerror})") from None
-        if config.prometheus_port and not config.no_http:  # taken, telemetry could only fail (and restart) in vain
+        if config.prometheus_port:  # taken, telemetry could only fail (and restart) in vain
             _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
@@ -867,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
              metrics=None if config.disable_metrics or config.no_http
              else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
+             health=None if config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/healthz",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":
