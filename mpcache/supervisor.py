@@ -52,6 +52,7 @@ from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.provision import check_shm_space, create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, shm_name
+from mpcache.systemd import Notifier, journal_prefixed, stderr_is_journal
 
 # Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
 # BACKOFF_INITIAL_S, doubling per consecutive quick exit up to the role's cap; a cache process that exits
@@ -404,6 +405,8 @@ class Supervisor:
         self._gauge_board: Segment | None = None
         self._slots: dict[int, GaugeSlot] = {}
         self._status_path = os.path.join(config.runtime_dir, STATUS_FILE)
+        self.notifier = Notifier.from_environment()  # systemd's Type=notify; a no-op elsewhere
+        self._notified_status = ""
 
     # -- children --------------------------------------------------------------
 
@@ -463,6 +466,7 @@ class Supervisor:
             self._ready_logged = True
             self.log.info("cache.ready", workers=self.config.workers,
                           sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+            self._notify(READY="1", STATUS=self._status_line())
             if self.config.demo:
                 demo = Child("demo", 0, self._argv("mpcache.demo"))
                 self.children.append(demo)
@@ -620,6 +624,27 @@ class Supervisor:
             _write_file_atomically(self._status_path, json.dumps(self.status()) + "\n")
         except OSError as exc:  # the runtime dir is gone (stopping) or unwritable: the log still says it all
             self.log.debug("status.not_written", error=str(exc))
+        line = self._status_line()
+        if line != self._notified_status and self._ready_logged and not self._stopping:
+            self._notify(STATUS=line)
+
+    def _status_line(self) -> str:
+        """systemctl status's one line: how many cache processes serve, and the others' states."""
+        caches = self._caches()
+        serving = sum(child.state == "serving" for child in caches)
+        others = [f"{child.label} {child.state}" for child in caches if child.state != "serving"]
+        others += [f"{c.role} {c.state}" for c in self.children if c.role != "cache" and c.state != "running"]
+        return f"{serving}/{len(caches)} cache processes serving" + (f"; {', '.join(others)}" if others else "")
+
+    def _notify(self, **fields: str) -> None:
+        """Tell systemd (``$NOTIFY_SOCKET``); a failure is logged once until a send succeeds again."""
+        if not self.notifier.enabled:
+            return
+        was_failing = self.notifier.failed is not None
+        if self.notifier.notify(**fields):
+            self._notified_status = fields.get("STATUS", self._notified_status)
+        elif not was_failing:
+            self.log.warning("systemd.notify_failed", error=self.notifier.failed, fields=sorted(fields))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -655,6 +680,7 @@ class Supervisor:
     def stop(self) -> None:
         """Demo, then cache processes, then telemetry (so it drains what they published last)."""
         self._stopping = True
+        self._notify(STOPPING="1", STATUS="stopping: demo, cache processes, then telemetry")
         for role in ("demo", "cache", "telemetry"):
             group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
             for child in group:
@@ -693,6 +719,7 @@ def _child_env() -> dict[str, str]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop("NOTIFY_SOCKET", None)  # the supervisor alone speaks for the service (NotifyAccess=main)
     return env
 
 
@@ -723,9 +750,9 @@ def _check_endpoints(config: Config) -> None:
 def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
     """How stderr shows log lines: console lines (coloured on a terminal), or JSON as they are (None)."""
     tty = sys.stderr.isatty()
-    if log_format == "json" or (log_format == "auto" and not tty):
-        return None
-    return console_renderer(colors=tty)
+    render = None if log_format == "json" or (log_format == "auto" and not tty) else console_renderer(colors=tty)
+    # The journal: each line's level as its priority (journalctl -p warning; -o cat still shows the line)
+    return journal_prefixed(render) if stderr_is_journal() else render
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:

@@ -515,7 +515,7 @@ def unit_settings() -> dict[str, list[str]]:
 
 
 def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_shm():
-    """The unit: Type=simple; ExecStart /usr/local/bin/start-cache with --runtime-dir a directory *under*
+    """The unit: Type=notify; ExecStart /usr/local/bin/start-cache with --runtime-dir a directory *under*
     RuntimeDirectory=mpcache (start-cache makes it; /run/mpcache itself exists at start), mode 0700;
     KillMode=mixed, Restart=on-failure, a RestartSec, TimeoutStopSec longer than the supervisor's three
     stop graces; a dedicated non-root user; NoNewPrivileges, ProtectSystem=strict, and no PrivateDevices
@@ -524,7 +524,7 @@ def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_
     one = {key: values[-1] for key, values in unit.items()}
     exec_start = one["ExecStart"].split()
     runtime_dir = exec_start[exec_start.index("--runtime-dir") + 1] if "--runtime-dir" in exec_start else ""
-    assert ("simple", "/usr/local/bin/start-cache", "mpcache", "0700", True) == (
+    assert ("notify", "/usr/local/bin/start-cache", "mpcache", "0700", True) == (
         one.get("Type"), exec_start[0], one.get("RuntimeDirectory"), one.get("RuntimeDirectoryMode"),
         os.path.dirname(runtime_dir.rstrip("/")) == "/run/mpcache")
     assert ("mixed", "on-failure", True, True, True) == (
@@ -534,6 +534,25 @@ def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_
     assert ("yes", "strict", "no", "no") == (
         one.get("NoNewPrivileges"), one.get("ProtectSystem"), one.get("PrivateDevices", "no"),
         one.get("RemoveIPC", "no"))
+
+
+def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configuration_error(tmp_path):
+    """--config /etc/mpcache/mpcache.toml, the README's example of which start-cache accepts as it is;
+    start-cache's exit status for a configuration error (a missing config file here) is the unit's
+    RestartPreventExitStatus; readiness is notified by the main process only."""
+    from mpcache import settings
+
+    one = {key: values[-1] for key, values in unit_settings().items()}
+    exec_start = one["ExecStart"].split()
+    assert ("/etc/mpcache/mpcache.toml", "main") == (
+        exec_start[exec_start.index("--config") + 1], one.get("NotifyAccess"))
+    args = settings.parse_args(build_parser(), ["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={})
+    assert (2, "256MiB", "127.0.0.1", 9090) == (args.workers, args.l1_size, args.prometheus_host,
+                                                args.prometheus_port)
+    missing = subprocess.run([str(REPO / "bin" / "start-cache"), "--config", str(tmp_path / "absent.toml")],
+                             capture_output=True, text=True, timeout=60)
+    assert (one["RestartPreventExitStatus"], 1) == (str(missing.returncode), len(missing.stderr.splitlines()))
+    assert "absent.toml" in missing.stderr
 
 
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (Debian: systemd)")
