@@ -612,3 +612,53 @@ def test_systemd_analyze_security_rates_the_unit_ok(tmp_path):
     if "--offline" in result.stderr and ("unrecognized" in result.stderr or "Unknown" in result.stderr):
         pytest.skip(f"systemd-analyze has no --offline (systemd 252 and later): {result.stderr.strip()}")
     assert 0 == result.returncode, result.stdout[-2000:] + result.stderr
+
+
+# --- the dashboard's job and instance variables, the alerts' runbooks --------------------------------------------
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, its label matchers) for every series selector of a PromQL expression."""
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", expr)
+    return [(match.group(1), match.group(2) or "") for match in
+            re.finditer(r"(?<![\w.$])([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?(?!\s*\()", text)
+            if match.group(1) in metric_names(expr)]
+
+
+def test_every_dashboard_query_selects_the_job_and_instance_variables():
+    """The dashboard has job and instance variables (multi-valued, All = every value, from mpcache_build_info,
+    instance within the chosen jobs), and every series selector of every panel matches both."""
+    dashboard = load_dashboard()
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert ("label_values(mpcache_build_info, job)", 'label_values(mpcache_build_info{job=~"$job"}, instance)') == (
+        variables["job"]["query"]["query"], variables["instance"]["query"]["query"])
+    assert all((v["multi"], v["includeAll"], v["allValue"]) == (True, True, ".*") for v in
+               (variables["job"], variables["instance"]))
+    unfiltered = [(title, name) for title, expr in dashboard_exprs(dashboard) for name, matchers in selectors(expr)
+                  if 'job=~"$job"' not in matchers or 'instance=~"$instance"' not in matchers]
+    assert ([], True) == (unfiltered, len(dashboard_exprs(dashboard)) > 50)
+
+
+def operations_sections() -> dict[str, str]:
+    """deploy/OPERATIONS.md's ### sections: GitHub's anchor of the heading → the section's text."""
+    sections: dict[str, str] = {}
+    anchor = None
+    for line in (DEPLOY / "OPERATIONS.md").read_text().splitlines():
+        if line.startswith("#"):
+            anchor = re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-") \
+                if line.startswith("### ") else None
+            if anchor:
+                sections[anchor] = ""
+        elif anchor:
+            sections[anchor] += line + "\n"
+    return sections
+
+
+def test_every_alert_has_a_runbook_url_to_a_section_of_operations_that_says_what_to_do():
+    text = ALERTS_YML.read_text()
+    alerts = re.findall(r"- alert: (\S+)\n(?:(?!\n\s*- alert:).)*?runbook_url: \"([^\"]+)\"", text, re.DOTALL)
+    sections = operations_sections()
+    assert len(alerts) == text.count("- alert:") == len(alert_exprs()) >= 10
+    for name, url in alerts:
+        path, _, anchor = url.partition("#")
+        assert ("deploy/OPERATIONS.md", name.lower()) == (path, anchor)
+        assert anchor in sections and len(sections[anchor].split()) > 15, name  # more than its fires-when line
