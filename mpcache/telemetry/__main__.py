@@ -42,10 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
-    endpoint = open_endpoint(config, log)  # /healthz and /ready whatever the metrics settings
-    if endpoint is not None:
-        endpoint.routes.update(health_routes(lambda: pump.polled_at, readiness))
-        endpoint.routes["/metrics"] = metrics_off_route()  # replaced below when metrics are exported
+    # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
+    # a probe answered 200 means a scrape is answered too
+    endpoint = open_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
         from opentelemetry.metrics import Observation
@@ -87,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                                         gauge_reader=gauges)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         subscribe_all(bus, metrics_subscribers)
+    if endpoint is not None:
+        if exporters is None:
+            endpoint.routes["/metrics"] = metrics_off_route()
+        endpoint.routes.update(health_routes(lambda: pump.polled_at, readiness))
     if not config.disable_logging:
         from mpcache.telemetry.subscribers.logging import build_logging_subscribers
 

@@ -88,3 +88,21 @@ def test_health_answers_with_metrics_export_off(start_service, monkeypatch, how)
     assert started["metrics_url"] is None
     assert f"http://127.0.0.1:{service.port}/healthz" == started["health_url"]
     assert 0 == service.stop()
+
+
+@pytest.mark.slow
+def test_metrics_answer_from_the_first_moment_health_does(start_service):
+    """/healthz and /ready are routed only once /metrics is: a probe that passes means a scrape does too
+    (a listener opened early answered /ready while /metrics still said export was off)."""
+    service = start_service("--workers", "1")
+
+    def first_answer() -> tuple[int, str] | None:
+        try:
+            answer = _status(service.port, "/healthz")
+        except OSError:  # not listening yet
+            return None
+        return answer if answer[0] != 404 else None  # 200, or 503 before the pump's first poll
+    wait_for(first_answer, 30, "/healthz to be routed", interval_s=0.005)
+    status, body = _status(service.port, "/metrics")
+    assert (200, True) == (status, "mpcache_build_info" in body)
+    assert 0 == service.stop()
