@@ -75,6 +75,7 @@ class Config:
     # miss-ratio curves (docs/MRC.md): the chunk keys sampled (SHARDS), the keys tracked per curve (the rate
     # is lowered below mrc_sample_rate to stay within it), and the half-life of the curves' access counts
     mrc_sample_rate: float = 0.01
+    mrc_exact_chunks: int = 4  # a lookup's first chunks (hot keys: system prompts) are all tracked
     mrc_max_keys: int = 8192
     mrc_half_life_s: float = 3600.0
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
@@ -121,7 +122,8 @@ class Config:
             (self.ring_capacity_cells >= 1024 and not self.ring_capacity_cells & (self.ring_capacity_cells - 1),
              "--ring-cells: expected a power of two >= 1024"),
             (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),
-            (0 < self.mrc_sample_rate <= 1, "--mrc-sample-rate: expected a number in (0, 1]"),
+            (0 <= self.mrc_sample_rate <= 1, "--mrc-sample-rate: expected a number in [0, 1] (0: no curves)"),
+            (0 <= self.mrc_exact_chunks <= 4, "--mrc-exact-chunks: expected an integer 0..4"),
             (64 <= self.mrc_max_keys <= 1 << 22, "--mrc-max-keys: expected an integer 64..4194304"),
             (0 <= self.mrc_half_life_s < float("inf"), "--mrc-half-life: expected seconds >= 0 (0: no decay)"),
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),

@@ -193,8 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="fraction of chunks, in (0, 1], tracked by lifecycle histograms "
                                 "(default 0.01; 0.1 with --demo)")
     telemetry.add_argument("--mrc-sample-rate", type=_number, default=0.01,
-                           help="fraction of chunk keys, in (0, 1], whose lookups and stores feed the miss-ratio "
-                           "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; default 0.01)")
+                           help="fraction of chunk keys, in [0, 1], whose lookups and stores feed the miss-ratio "
+                           "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; 0 = no curves; "
+                           "default 0.01)")
+    telemetry.add_argument("--mrc-exact-chunks", type=int, default=4,
+                           help="the first chunks of every lookup (0..4) that the curves track whatever the sample "
+                           "rate: a prefix cache's hottest keys, such as system prompts (default 4)")
     telemetry.add_argument("--mrc-max-keys", type=_int_at_least(64), default=8192,
                            help="sampled keys tracked per miss-ratio curve; beyond it the curve lowers its own rate "
                            "(SHARDS fixed-size; default 8192)")
@@ -345,6 +349,7 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
         mrc_sample_rate=args.mrc_sample_rate,
+        mrc_exact_chunks=args.mrc_exact_chunks,
         mrc_max_keys=args.mrc_max_keys,
         mrc_half_life_s=args.mrc_half_life,
         metric_series_cap=args.metric_series_cap,

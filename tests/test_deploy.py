@@ -43,6 +43,8 @@ EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tok
 SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
            "mpcache_child_restarts_total", "mpcache_lmcache_refused_connections_total",
            "mpcache_l1_fragmentation_bytes"}
+# The capacity-planning row (docs/MRC.md): the curve and the miss reasons.
+MRC = {"mpcache_mrc_hit_ratio", "mpcache_lookup_miss_chunks_total", "mpcache_l1_evicted_reused_chunks_total"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -61,6 +63,7 @@ SECTIONS = [
     "Cache blending",
     "Event bus health",
     "Service",
+    "Capacity planning and miss reasons",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
 REQUIRED_PANELS = {
@@ -96,7 +99,7 @@ def spec_rows() -> list[tuple[str, str]]:
 
 def known_series() -> dict[str, str]:
     """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS | SERVICE}
+    out = {name: name for name in EXTRAS | SERVICE | MRC}
     for name, instrument in spec_rows():
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})

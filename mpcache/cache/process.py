@@ -164,7 +164,8 @@ class CacheProcess:
         return CacheContext(config=config, worker=worker, log=self.log, publisher=publisher, l1=l1, gauges=gauges,
                             storage=storage, prefetch=prefetch, sessions=sessions,
                             l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend,
-                            accesses=AccessSampler(publisher, config.mrc_sample_rate), clock=clock, clock_ns=clock_ns)
+                            accesses=AccessSampler(publisher, config.mrc_sample_rate, config.mrc_exact_chunks),
+                            clock=clock, clock_ns=clock_ns)
 
     def _wake(self) -> None:
         """Make the loop's select return (any thread; L2 adapter threads call it when a task completes)."""

@@ -1,12 +1,15 @@
-"""Miss-ratio curves by SHARDS (Waldspurger et al., FAST 2015) over the sampled chunk accesses, and the
-miss reasons decided from the same sampled history.
+"""Miss-ratio curves over the sampled chunk accesses — SHARDS (Waldspurger et al., FAST 2015) with the
+hottest keys tracked exactly (Carra et al., ATC 2020) — and the miss reasons decided from the same history.
 
-One byte-weighted LRU stack holds every tracked key (the service's whole key space, every process
-together); each access's reuse distance is scaled by ``1/R`` and recorded in the histogram of the
-curve over everything (``"*"``) and of the access's (model_name, cache_salt).  A curve's hit ratio at a
-capacity is the share of lookup accesses whose distance fits, with SHARDS' correction term.  Fixed-size
-mode: past ``max_keys`` tracked keys, the rate drops to the largest tracked hash value and the keys at
-or above it go.  Thread-safe: the pump feeds it, the HTTP and metric threads read it.
+Two strata of keys: the first ``exact_chunks`` chunks of every lookup (system prompts and popular
+documents: a prefix cache's hot keys), all of them, and every other chunk whose hash passes the sampling
+rule.  Each stratum keeps at most half of ``max_keys``: past it, its threshold drops to its largest tracked
+hash value and the keys at or above it go (SHARDS' fixed-size mode), so a stratum samples at
+``threshold / P``.  One byte-weighted LRU stack holds the tracked keys of the whole service; an access's
+reuse distance is the bytes above it, each stratum's scaled by 1 / its rate, and it counts 1 / its stratum's
+rate in the histogram of the curve over everything (``"*"``) and of its (model_name, cache_salt).  A curve's
+hit ratio at a capacity is the weighted share of lookup accesses whose distance fits.  Thread-safe through
+``lock``: the pump feeds it, the HTTP and metric threads read it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
@@ -25,44 +29,55 @@ OVERFLOW = "__overflow__"
 MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve; later ones share OVERFLOW's
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
-REASONS = ("cold", "evicted", "after_gap")
-# SHARDS_adj's correction term raised the error on the KV-shaped workloads of ``python -m mpcache.bench mrc``
-# (docs/MRC.md has the numbers), so the exported curves are the plain sampled ones.
-CORRECTED = False
+HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sampled rest
+L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
+Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, objects it stands for)
 Tenant = tuple[str, str]  # (model_name, cache_salt)
 
 
 class Histogram:
     """Weighted lookup accesses per capacity edge (``counts[i]``: distance in (edges[i-1], edges[i]];
-    the last bucket: beyond every edge, or no previous access)."""
+    the last bucket: beyond every edge, or a key not seen before)."""
 
-    __slots__ = ("counts", "expected", "observed", "sampled_accesses")
+    __slots__ = ("counts", "total", "sampled_accesses")
 
     def __init__(self, buckets: int) -> None:
         self.counts = [0.0] * buckets
-        self.expected = 0.0  # Σ accesses × R: the sampled accesses to expect
-        self.observed = 0.0  # the sampled accesses recorded
-        self.sampled_accesses = 0  # the same, never decayed or rescaled: the sample size behind the curve
+        self.total = 0.0  # the accesses these stand for
+        self.sampled_accesses = 0  # the sampled accesses, never decayed: the sample size behind the curve
 
     def scale(self, factor: float) -> None:
         self.counts = [count * factor for count in self.counts]
-        self.expected *= factor
-        self.observed *= factor
+        self.total *= factor
 
-    def hit_ratios(self, corrected: bool = CORRECTED) -> list[float] | None:
-        """Hit ratio at each edge: of the sampled accesses, or with SHARDS' correction (the accesses expected
-        at the rate minus those sampled, counted at distance 0, over those expected)."""
-        total = self.expected if corrected else self.observed
-        if total <= 0 or self.observed <= 0:
+    def hit_ratios(self) -> list[float] | None:
+        """The hit ratio at each edge (None before any access)."""
+        if self.total <= 0:
             return None
-        cumulative = self.expected - self.observed if corrected else 0.0
-        out = []
+        cumulative, out = 0.0, []
         for count in self.counts[:-1]:
             cumulative += count
-            out.append(min(1.0, max(0.0, cumulative / total)))
+            out.append(min(1.0, cumulative / self.total))
         return out
+
+
+class _Stratum:
+    """One stratum's sampling threshold (in units of ``1/P``) and its tracked keys, largest hash first."""
+
+    def __init__(self, rate: float, budget: int) -> None:
+        self.threshold = rate * SAMPLE_MODULUS
+        self.budget = budget
+        self.heap: list[tuple[int, Row]] = []
+        self.keys = 0
+
+    @property
+    def rate(self) -> float:
+        return self.threshold / SAMPLE_MODULUS
+
+    def admits(self, row: Row) -> bool:
+        return row[0] % SAMPLE_MODULUS < self.threshold
 
 
 class CurveSet:
@@ -73,10 +88,9 @@ class CurveSet:
         self.configured_rate = sample_rate
         self.max_keys = max_keys
         self.capacities = dict(capacities)
-        self._threshold = sample_rate * SAMPLE_MODULUS
+        self._strata = (_Stratum(1.0, max_keys // 2), _Stratum(sample_rate, max_keys - max_keys // 2))
         self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
-        self._stack = ReuseStack(max_keys)
-        self._heap: list[tuple[int, Row]] = []  # (-(hash mod P), key) of every tracked key: the largest first
+        self._stack = ReuseStack(max_keys + 2, strata=2)
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
         # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
@@ -86,7 +100,12 @@ class CurveSet:
 
     @property
     def rate(self) -> float:
-        return self._threshold / SAMPLE_MODULUS
+        """The sampling rate of the chunks past a lookup's first ones."""
+        return self._strata[SAMPLED].rate
+
+    @property
+    def head_rate(self) -> float:
+        return self._strata[HEAD].rate
 
     @property
     def tracked_keys(self) -> int:
@@ -100,61 +119,68 @@ class CurveSet:
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
 
-    def expect(self, model: str, salt: str, accesses: int) -> None:
-        """``accesses`` lookup accesses happened (sampled or not), at the current rate."""
-        weight = accesses * self.rate
-        for histogram in (self._curve(ALL, ALL), self._curve(*self.tenant(model, salt))):
-            histogram.expected += weight
-
-    def lookup(self, model: str, salt: str, ranks: int, rows: Sequence[Row], l1_hits: int, l2_hits: int,
-               after_gap: int) -> None:
-        """A lookup's sampled keys, ordered: L1 hits, L2 hits, after-gap misses, other misses.  Every key's
-        distance is taken before any of them is touched (a hit evicts nothing, so within one lookup no key's
-        presence depends on another's), then the hits become the most recently used."""
-        threshold, stack, edges = self._threshold, self._stack, self._edges
-        scale = 1.0 / self.rate
-        per_chunk = scale / ranks
+    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access]) -> None:
+        """One lookup's sampled keys, in order.  Every key's distance is taken before any is touched (a hit
+        evicts nothing, so within a lookup no key's presence depends on another's); then all of them become
+        the most recently used, as the hits are and as the engine's store of the misses makes the rest (a key
+        seen before, asked for or stored, is held; missing now, it was evicted)."""
+        stack, edges = self._stack, self._edges
+        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
         tenant = self.tenant(model, salt)
         histograms = (self._curve(ALL, ALL), self._curve(*tenant))
-        hits = l1_hits + l2_hits
-        touched: list[tuple[Row, bool]] = []
-        for index, row in enumerate(rows):
-            if row[0] % SAMPLE_MODULUS >= threshold:
+        judged: list[tuple[Row, int, int]] = []
+        for row, stratum, found, objects in accesses:
+            if row in stack:
+                stratum = stack.stratum_of(row)
+            if not self._strata[stratum].admits(row):
                 continue
-            tracked = row in stack
-            bucket = (bisect.bisect_left(edges, stack.bytes_above(row) * scale + stack.bytes_of(row)) if tracked
-                      else len(edges))
-            for histogram in histograms:
-                histogram.counts[bucket] += 1.0
-                histogram.observed += 1.0
-                histogram.sampled_accesses += 1
-            if index < hits:
-                touched.append((row, tracked))
-                if index >= l1_hits and tracked:
-                    self.regret[tenant] += per_chunk
-            elif index < hits + after_gap:
-                self.misses[("after_gap", tenant[0], tenant[1])] += per_chunk
-            elif tracked:
-                self.misses[("evicted", tenant[0], tenant[1])] += per_chunk
-                self.regret[tenant] += per_chunk
+            weight = weights[stratum] * objects
+            held = row in stack  # asked for or stored before: a miss now is an eviction
+            if held:
+                above = stack.bytes_above(row)
+                distance = above[HEAD] * weights[HEAD] + above[SAMPLED] * weights[SAMPLED] + stack.bytes_of(row)
+                bucket = bisect.bisect_left(edges, distance)
             else:
-                self.misses[("cold", tenant[0], tenant[1])] += per_chunk
-        for row, tracked in touched:
-            if tracked:
-                stack.touch(row, stack.bytes_of(row))
-            elif model in self._object_bytes and row not in stack:  # held before our history began
-                self._insert(row, self._object_bytes[model])
+                bucket = len(edges)
+            for histogram in histograms:
+                histogram.counts[bucket] += weight
+                histogram.total += weight
+                histogram.sampled_accesses += 1
+            self._count(tenant, found, held, weight / ranks)
+            judged.append((row, stratum, objects))
+        size = self._object_bytes.get(model, 0)
+        for row, stratum, objects in judged:
+            if row in stack:  # a head key's size follows its model's (a sampled key's comes with its stores)
+                stack.touch(row, size * objects if stratum == HEAD and size else stack.bytes_of(row), stratum)
+            else:
+                self._insert(row, size * objects, stratum)
+
+    def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
+        """Miss reasons and eviction regret of one sampled access (``chunks``: what it stands for)."""
+        if found == L1_HIT:
+            return
+        if found == L2_HIT:
+            if held:
+                self.regret[tenant] += chunks
+            return
+        reason = "after_gap" if found == AFTER_GAP else "evicted" if held else "cold"
+        self.misses[(reason, tenant[0], tenant[1])] += chunks
+        if reason == "evicted":
+            self.regret[tenant] += chunks
 
     def store(self, model: str, object_bytes: int, rows: Iterable[Row]) -> None:
-        """A store's sampled keys, each now the most recently used."""
+        """A store's sampled keys (hash-sampled), each now the most recently used (a head key keeps its size:
+        it stands for every rank of its chunk)."""
         self._object_bytes[model] = object_bytes
-        threshold = self._threshold
+        stack = self._stack
         for row in rows:
-            if row[0] % SAMPLE_MODULUS < threshold:
-                if row in self._stack:
-                    self._stack.touch(row, object_bytes)
+            stratum = stack.stratum_of(row) if row in stack else SAMPLED
+            if self._strata[stratum].admits(row):
+                if row in stack:
+                    keep = stratum == HEAD and stack.bytes_of(row)
+                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stratum)
                 else:
-                    self._insert(row, object_bytes)
+                    self._insert(row, object_bytes, stratum)
 
     def take_counts(self) -> tuple[dict[tuple[str, str, str], float], dict[Tenant, float]]:
         """The miss and regret estimates added since the last call (the counters' increments)."""
@@ -167,23 +193,23 @@ class CurveSet:
         for histogram in self._curves.values():
             histogram.scale(factor)
 
-    def _insert(self, row: Row, nbytes: int) -> None:
-        self._stack.touch(row, nbytes)
-        heapq.heappush(self._heap, (-(row[0] % SAMPLE_MODULUS), row))
-        if len(self._stack) > self.max_keys:
-            self._lower_rate()
+    def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
+        self._stack.touch(row, nbytes, stratum)
+        keys = self._strata[stratum]
+        heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
+        keys.keys += 1
+        if keys.keys > keys.budget:
+            self._lower(keys)
 
-    def _lower_rate(self) -> None:
-        """SHARDS fixed-size: the new threshold is the largest tracked hash value; keys at or above it go,
-        and the weights recorded at the old rate are rescaled to the new one."""
-        heap, stack = self._heap, self._stack
-        new_threshold = -heap[0][0]
-        while heap and -heap[0][0] >= new_threshold:
-            stack.remove(heapq.heappop(heap)[1])
-        factor = new_threshold / self._threshold
-        self._threshold = new_threshold
-        for histogram in self._curves.values():
-            histogram.scale(factor)
+    def _lower(self, keys: _Stratum) -> None:
+        """SHARDS fixed-size: the stratum's new threshold is its largest tracked hash value; keys at or above
+        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then."""
+        new_threshold = -keys.heap[0][0]
+        while keys.heap and -keys.heap[0][0] >= new_threshold:
+            row = heapq.heappop(keys.heap)[1]
+            self._stack.remove(row)
+            keys.keys -= 1
+        keys.threshold = new_threshold
 
     def _curve(self, model: str, salt: str) -> Histogram:
         histogram = self._curves.get((model, salt))
@@ -193,7 +219,7 @@ class CurveSet:
 
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------
 
-    def curves(self) -> list[dict[str, object]]:
+    def curves(self) -> list[dict[str, Any]]:
         """Every curve of every tier, as ``GET /mrc`` lists them."""
         out = []
         for (model, salt), histogram in self._curves.items():

@@ -14,15 +14,39 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from mpcache.config import Config
 from mpcache.contract.events import EventType
-from mpcache.telemetry.batch import EventBatch, group_sums
+from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
-from mpcache.telemetry.mrc.curves import CurveSet
+from mpcache.telemetry.mrc.curves import AFTER_GAP, HEAD, L1_HIT, L2_HIT, MISS, SAMPLED, Access, CurveSet, Row
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.subscribers.metrics._views import sampled_rows
 
 _LOOKUP, _STORE = EventType.MRC_LOOKUP_SAMPLED, EventType.MRC_STORE_SAMPLED
-_LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "requested", "sampled_l1_hits", "sampled_l2_hits",
-                  "sampled_after_gap")
+_HEADS = ("head_0", "head_1", "head_2", "head_3")
+_LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact", "sampled_l1_hits",
+                  "sampled_l2_hits", "sampled_after_gap", *_HEADS)
+_EXACT_GAP_SHIFT = 4  # mpcache.cache.accesses.EXACT_GAP_SHIFT (the contract: events.py)
+_MASK64 = (1 << 64) - 1
+
+
+def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, int]) -> list[Access]:
+    """A lookup event's keys with their stratum, what the lookup found of each and how many objects each
+    stands for: the first chunks (one key for the chunk's ``ranks`` objects), then the sampled keys."""
+    ranks = fields["ranks"] or 1
+    found, l1_hits = fields["found"], fields["l1_hits"]
+    gap_chunk, mask = found // ranks, fields["exact"] >> _EXACT_GAP_SHIFT
+    out: list[Access] = []
+    for chunk, head in enumerate(_HEADS[: fields["exact"] & (1 << _EXACT_GAP_SHIFT) - 1]):
+        end = (chunk + 1) * ranks
+        kind = (L1_HIT if end <= l1_hits else L2_HIT if end <= found
+                else AFTER_GAP if chunk > gap_chunk and mask >> chunk & 1 else MISS)
+        out.append(((fields[head] & _MASK64, salt, model), HEAD, kind, ranks))
+    l1_end = fields["sampled_l1_hits"]
+    l2_end = l1_end + fields["sampled_l2_hits"]
+    gap_end = l2_end + fields["sampled_after_gap"]
+    for index, row in enumerate(rows):
+        kind = L1_HIT if index < l1_end else L2_HIT if index < l2_end else AFTER_GAP if index < gap_end else MISS
+        out.append((row, SAMPLED, kind, 1))
+    return out
 
 
 class MissRatioSubscriber(Subscriber):
@@ -52,29 +76,19 @@ class MissRatioSubscriber(Subscriber):
         with curves.lock:
             for index, head in enumerate(heads):
                 if etypes[index] == _LOOKUP:
-                    rows = rows_by_head.get(head)
-                    if rows:
-                        curves.lookup(name(columns["model_name"][index]), name(columns["cache_salt"][index]),
-                                      columns["ranks"][index] or 1, rows, columns["sampled_l1_hits"][index],
-                                      columns["sampled_l2_hits"][index], columns["sampled_after_gap"][index])
+                    fields = {field: columns[field][index] for field in _LOOKUP_FIELDS}
+                    rows = rows_by_head.get(head, [])
+                    if rows or fields["exact"]:
+                        model, salt = name(fields["model_name"]), name(fields["cache_salt"])
+                        curves.lookup(model, salt, fields["ranks"] or 1, lookup_accesses(model, salt, rows, fields))
                 elif head in rows_by_head:
                     curves.store(name(columns["model_name"][index]), columns["object_bytes"][index],
                                  rows_by_head[head])
-            self._expect(batch, curves)
             misses, regret = curves.take_counts()
         for (reason, model, salt), value in misses.items():
             self._misses.add(value, {"reason": reason, "model_name": model, "cache_salt": salt})
         for (model, salt), value in regret.items():
             self._regret.add(value, {"model_name": model, "cache_salt": salt})
-
-    def _expect(self, batch: EventBatch, curves: CurveSet) -> None:
-        """Every lookup access of the batch, sampled or not, at the current rate (SHARDS' correction)."""
-        models, salts = batch.field_column(_LOOKUP, "model_name"), batch.field_column(_LOOKUP, "cache_salt")
-        if len(models):
-            requested = batch.field_column(_LOOKUP, "requested")
-            name = batch.names.name
-            for (model, salt), (total,) in group_sums((models, salts), (requested,)).items():
-                curves.expect(name(model), name(salt), total)
 
     def on_tick(self, now_ns: int) -> None:
         now = self._clock()
@@ -93,6 +107,7 @@ def mrc_document(curves: CurveSet) -> dict:
     """The ``GET /mrc`` answer: the sampling state and every curve with its points."""
     with curves.lock:
         return {"sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
+                "head_sample_rate": curves.head_rate,
                 "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}
 
 
