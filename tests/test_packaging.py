@@ -284,3 +284,14 @@ def test_wheel_installed_elsewhere_runs_its_console_scripts(built):
                             capture_output=True, text=True, timeout=60) for script in SCRIPTS]
     assert (str(target / "mpcache" / "supervisor.py"), [(0, f"usage: {s}") for s in SCRIPTS]) == (
         where.stdout.strip(), [(h.returncode, h.stdout[:len(f"usage: {s}")]) for h, s in zip(helps, SCRIPTS)])
+
+
+def test_changelog_newest_release_is_the_packages_version():
+    """CHANGELOG.md (Keep a Changelog): an Unreleased section first, then the newest release, whose version is
+    pyproject.toml's and whose date is an ISO date."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## \[([^\]]+)\](?: - (\S+))?$", text, re.MULTILINE)
+    project = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml")
+                        .read_text(), re.MULTILINE).group(1)
+    assert ("Unreleased", project, True) == (
+        headings[0][0], headings[1][0], bool(re.fullmatch(r"\d{4}-\d{2}-\d{2}", headings[1][1])))
