@@ -51,6 +51,7 @@ from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.provision import check_shm_space, create_segments, recover_ring, unlink_segments
 from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, shm_name
+from mpcache.systemd import Notifier, journal_prefixed, stderr_is_journal
 
 # Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
 # BACKOFF_INITIAL_S, doubling per consecutive quick exit up to the role's cap; a cache process that exits
@@ -212,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--telemetry-nice", type=int, default=0,
                            help="nice increment (0..19) the telemetry process applies to itself, so that on a busy "
                            "machine the cache processes get the CPU first and the drain lags instead (default 0)")
-    telemetry.add_argument("--disable-metrics", action="store_true", help="run no metrics subscribers and no exporters")
+    telemetry.add_argument("--disable-metrics", action="store_true",
+                           help="run no metrics subscribers and no exporters (/healthz and /ready still answer)")
     telemetry.add_argument("--disable-logging", action="store_true", help="run no logging subscribers")
     telemetry.add_argument("--enable-tracing", action="store_true",
                            help="export request spans over OTLP (needs --otlp-endpoint)")
@@ -308,7 +310,8 @@ def _otlp_interval_s(flag_value: float | None) -> float:
 
 
 def _otel_sdk_disabled() -> bool:
-    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics)."""
+    """OTEL_SDK_DISABLED=true: no metrics subscribers or exporters (as --disable-metrics); /healthz and /ready
+    still answer."""
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
@@ -418,6 +421,8 @@ class Supervisor:
         self._gauge_board: Segment | None = None
         self._slots: dict[int, GaugeSlot] = {}
         self._status_path = os.path.join(config.runtime_dir, STATUS_FILE)
+        self.notifier = Notifier.from_environment()  # systemd's Type=notify; a no-op elsewhere
+        self._notified_status = ""
 
     # -- children --------------------------------------------------------------
 
@@ -477,6 +482,7 @@ class Supervisor:
             self._ready_logged = True
             self.log.info("cache.ready", workers=self.config.workers,
                           sockets=[self.config.socket_path(w) for w in range(self.config.workers)])
+            self._notify(READY="1", STATUS=self._status_line())
             if self.config.demo:
                 demo = Child("demo", 0, self._argv("mpcache.demo"))
                 self.children.append(demo)
@@ -634,6 +640,27 @@ class Supervisor:
             _write_file_atomically(self._status_path, json.dumps(self.status()) + "\n")
         except OSError as exc:  # the runtime dir is gone (stopping) or unwritable: the log still says it all
             self.log.debug("status.not_written", error=str(exc))
+        line = self._status_line()
+        if line != self._notified_status and self._ready_logged and not self._stopping:
+            self._notify(STATUS=line)
+
+    def _status_line(self) -> str:
+        """systemctl status's one line: how many cache processes serve, and the others' states."""
+        caches = self._caches()
+        serving = sum(child.state == "serving" for child in caches)
+        others = [f"{child.label} {child.state}" for child in caches if child.state != "serving"]
+        others += [f"{c.role} {c.state}" for c in self.children if c.role != "cache" and c.state != "running"]
+        return f"{serving}/{len(caches)} cache processes serving" + (f"; {', '.join(others)}" if others else "")
+
+    def _notify(self, **fields: str) -> None:
+        """Tell systemd (``$NOTIFY_SOCKET``); a failure is logged once until a send succeeds again."""
+        if not self.notifier.enabled:
+            return
+        was_failing = self.notifier.failed is not None
+        if self.notifier.notify(**fields):
+            self._notified_status = fields.get("STATUS", self._notified_status)
+        elif not was_failing:
+            self.log.warning("systemd.notify_failed", error=self.notifier.failed, fields=sorted(fields))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -669,6 +696,7 @@ class Supervisor:
     def stop(self) -> None:
         """Demo, then cache processes, then telemetry (so it drains what they published last)."""
         self._stopping = True
+        self._notify(STOPPING="1", STATUS="stopping: demo, cache processes, then telemetry")
         for role in ("demo", "cache", "telemetry"):
             group = [c for c in self.children if c.role == role and c.process is not None and c.process.poll() is None]
             for child in group:
@@ -707,18 +735,19 @@ def _child_env() -> dict[str, str]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop("NOTIFY_SOCKET", None)  # the supervisor alone speaks for the service (NotifyAccess=main)
     return env
 
 
 def _check_endpoints(config: Config) -> None:
     """Addresses the telemetry process would otherwise fail on at start (restart loop) or at export time."""
-    if not config.disable_metrics and not config.no_http:
+    if not config.no_http:  # the listener serves /healthz and /ready even with metrics off
         try:
             socket.getaddrinfo(config.prometheus_host, config.prometheus_port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise ConfigError(f"--prometheus-host: cannot resolve {config.prometheus_host!r} "
                               f"({exc.strerror})") from None
-        if config.prometheus_port and not config.no_http:  # taken, telemetry could only fail (and restart) in vain
+        if config.prometheus_port:  # taken, telemetry could only fail (and restart) in vain
             _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
@@ -737,9 +766,9 @@ def _check_endpoints(config: Config) -> None:
 def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
     """How stderr shows log lines: console lines (coloured on a terminal), or JSON as they are (None)."""
     tty = sys.stderr.isatty()
-    if log_format == "json" or (log_format == "auto" and not tty):
-        return None
-    return console_renderer(colors=tty)
+    render = None if log_format == "json" or (log_format == "auto" and not tty) else console_renderer(colors=tty)
+    # The journal: each line's level as its priority (journalctl -p warning; -o cat still shows the line)
+    return journal_prefixed(render) if stderr_is_journal() else render
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
@@ -883,6 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
              metrics=None if config.disable_metrics or config.no_http
              else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
+             health=None if config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/healthz",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":

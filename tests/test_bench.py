@@ -220,3 +220,35 @@ def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():
     assert 0.004 == service_times.quantile(diff["lookup"], 1.0)  # in +Inf: the highest finite edge
     assert service_times.quantile(diff["ping"], 0.99) is None
     assert {"lookup": {"count": 100.0, "p50_ms": 1.0, "p99_ms": 4.0}} == service_times.summary(diff)  # no ping
+
+
+def test_mrc_oracle_equals_a_brute_force_recency_list():
+    """The benchmark's exact stack distances (Fenwick tree) against a plain list, on random requests."""
+    import random
+
+    from mpcache.bench import mrc
+
+    rng = random.Random(4)
+    requests = [("m", rng.choice("ab"), rng.sample(range(30), rng.randint(1, 5))) for _ in range(400)]
+    recency: list[tuple[str, str, int]] = []  # least recent first
+    expected: list[float] = []
+    for model, salt, hashes in requests:
+        keys = [(model, salt, h) for h in hashes]
+        expected += [(len(recency) - recency.index(k)) * mrc.CHUNK_BYTES if k in recency else float("inf")
+                     for k in keys]
+        for key in keys:
+            if key in recency:
+                recency.remove(key)
+            recency.append(key)
+    assert expected == mrc.exact_distances(requests)
+    assert 0 < sum(d != float("inf") for d in expected) < len(expected)
+
+
+def test_report_row_for_mrc(tmp_path):
+    side = {"mae_online_vs_exact": 0.05, "sample_rate": 0.01, "half_error": 0.01, "double_error": 0.03}
+    results = {"mrc": {"demo": side, "kv": side, "curve_set_bytes_at_max_keys": 3 * 2**20,
+                       "sampling_cost": {"cpu_on_over_off": 1.004}, "targets_met": {"MAE ≤ 0.01": False}}}
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report(results, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `mrc`")]
+    assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,6 @@ DOCKER = DEPLOY / "docker"
 COMPOSE_YAML = DOCKER / "compose.yaml"
 COMPOSE_PROMETHEUS_YML = DOCKER / "prometheus.yml"
 DOCKERFILE = DOCKER / "Dockerfile"
-ENTRYPOINT = DOCKER / "entrypoint.sh"
 UNIT = DEPLOY / "systemd" / "mpcache.service"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SPEC_TSV = REPO / "spec" / "metrics.tsv"
@@ -368,23 +368,46 @@ def compose_seconds(text: str) -> float:
     return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
 
 
+def image_environment() -> dict[str, str]:
+    """The final stage's ENV settings (``ENV A=1 B=2``, continuation lines joined)."""
+    env: dict[str, str] = {}
+    for instruction, rest in dockerfile_stages()[-1]:
+        if instruction == "ENV":
+            env.update(word.split("=", 1) for word in rest.split())
+    return env
+
+
+def compose_default(text: str) -> str:
+    """A compose value with every ``${NAME:-default}`` replaced by its default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
 def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it():
-    """compose.yaml runs mpcache, Prometheus and an OTel Collector; mpcache's /dev/shm (shm_size, not
-    Docker's 64 MiB) holds the L1 pools and event rings its own command asks for, its IPC namespace is
-    shareable (an engine joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes
-    OTLP with tracing to the collector service, and it is given longer than the supervisor's stop to stop."""
+    """compose.yaml runs mpcache, Prometheus and an OTel Collector (and an engine example under a profile);
+    mpcache's /dev/shm (shm_size, not Docker's 64 MiB) holds the L1 pools and event rings its settings (the
+    image's MPCACHE_* environment, then the service's) ask for, its IPC namespace is shareable (the engine
+    joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes OTLP with tracing to
+    the collector service, and it is given longer than the supervisor's stop to stop."""
+    from mpcache import settings
+
     compose = load_yaml(COMPOSE_YAML)
     services = compose["services"]
     mpcache = services["mpcache"]
-    command = mpcache["command"]
-    args = build_parser().parse_args(command)
+    assert "command" not in mpcache  # settings in the environment: `run ... FLAGS` adds to them
+    environ = {**image_environment(), **mpcache["environment"]}
+    args = settings.parse_args(build_parser(), [], environ=environ)
     l1_bytes = parse_size(args.l1_size or "256MiB", "--l1-size")
     needed = args.workers * (l1_bytes + args.ring_cells * 64)
-    assert ({"mpcache", "prometheus", "otel-collector"}, "shareable", True, True) == (
+    assert ({"mpcache", "prometheus", "otel-collector", "engine-example"}, "shareable", True, True) == (
         set(services), mpcache.get("ipc"), compose_size(mpcache.get("shm_size", "64m")) >= needed > 64 * 2**20,
         compose_seconds(mpcache["stop_grace_period"]) > 3 * STOP_GRACE_S)
     assert ("0.0.0.0", 9090, "otel-collector:4317", True, ["127.0.0.1:9090:9090"]) == (
-        args.prometheus_host, args.prometheus_port, args.otlp_endpoint, args.enable_tracing, mpcache["ports"])
+        args.prometheus_host, args.prometheus_port, args.otlp_endpoint, args.enable_tracing,
+        [compose_default(port) for port in mpcache["ports"]])
+    engine = services["engine-example"]
+    assert (["engine-example"], "service:mpcache", "10001:10001", ["mpcache-run:/run/mpcache"],
+            "service_healthy") == (engine["profiles"], engine["ipc"], engine["user"], engine["volumes"],
+                                   engine["depends_on"]["mpcache"]["condition"])
 
 
 def test_compose_mounts_files_that_exist_and_builds_from_the_repository():
@@ -465,9 +488,13 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
 
 
 def test_dockerfile_builds_the_extension_and_runs_start_cache_with_a_healthcheck():
-    """The image: Python slim stages; the build stage installs gcc and fails unless _ringfast was compiled;
-    the final one runs as a non-root user, exposes 9090, checks /healthz, and its entry point runs
-    start-cache with --runtime-dir (CMD: --prometheus-host 0.0.0.0); every COPY source exists."""
+    """The image: both stages FROM the BASE_IMAGE argument (python:3.11-slim by default); no syntax line
+    (BuildKit would fetch a frontend image) and nothing the classic builder rejects (RUN --mount,
+    COPY --chmod); pip index and CA build arguments in the build stage only; the build stage installs gcc
+    and fails unless _ringfast was compiled; the final stage runs as a non-root user, exposes 9090, sets
+    its settings as MPCACHE_* variables, checks health with healthcheck.py and has start-cache as its
+    entry point with no CMD; every COPY source exists."""
+    text = DOCKERFILE.read_text()
     stages = dockerfile_stages()
     build, final = stages[0], stages[-1]
 
@@ -476,35 +503,44 @@ def test_dockerfile_builds_the_extension_and_runs_start_cache_with_a_healthcheck
 
     copies = [source for stage in stages for rest in get(stage, "COPY") if "--from" not in rest
               for source in [word for word in rest.split() if not word.startswith("--")][:-1]]
-    entrypoint = json.loads(get(final, "ENTRYPOINT")[0])
-    assert (True, True, True, [], ["9090"], True) == (
-        all(rest.startswith("python:") and "-slim" in rest for stage in stages for rest in get(stage, "FROM")[:1]),
-        any("gcc" in rest for rest in get(build, "RUN")) and any("_ringfast" in rest for rest in get(build, "RUN")),
+    assert ([], [], True, "python:3.11-slim") == (
+        re.findall(r"^# *syntax=", text, re.MULTILINE), re.findall(r"RUN --mount|COPY --chmod", text),
+        all(get(stage, "FROM")[0].split()[0] == "${BASE_IMAGE}" for stage in stages),
+        re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE).group(1))
+    assert ({"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "EXTRA_CA_CERTS"}, []) == (
+        set(get(build, "ARG")), get(final, "ARG"))
+    assert (True, True, True, [], ["9090"]) == (
+        any("gcc" in rest for rest in get(build, "RUN")), any("_ringfast" in rest for rest in get(build, "RUN")),
         get(final, "USER")[-1] not in ("root", "0"),
-        [source for source in copies if not (REPO / source).exists()],
-        get(final, "EXPOSE"),
-        "/healthz" in get(final, "HEALTHCHECK")[0] and "9090" in get(final, "HEALTHCHECK")[0])
-    copied_to = {rest.split()[-1]: rest.split()[-2] for rest in get(final, "COPY")}
-    assert ("deploy/docker/entrypoint.sh", ["--prometheus-host", "0.0.0.0"]) == (
-        copied_to.get(f"/usr/local/bin/{entrypoint[0]}"), json.loads(get(final, "CMD")[0]))
+        [source for source in copies if not (REPO / source).exists()], get(final, "EXPOSE"))
+    environment = image_environment()
+    assert ("0.0.0.0", "/run/mpcache/service") == (environment["MPCACHE_PROMETHEUS_HOST"],
+                                                  environment["MPCACHE_RUNTIME_DIR"])
+    assert (["start-cache"], [], ["python3", "/opt/mpcache/healthcheck.py"]) == (
+        json.loads(get(final, "ENTRYPOINT")[0]), get(final, "CMD"),
+        json.loads(get(final, "HEALTHCHECK")[0].split("CMD", 1)[1]))
 
 
-def test_entrypoint_clears_a_stale_runtime_dir_and_execs_start_cache(tmp_path):
-    """entrypoint.sh removes what a killed run left in $MPCACHE_RUNTIME_DIR (start-cache wants it absent or
-    empty) and execs start-cache --runtime-dir DIR with the arguments it was given."""
-    runtime = tmp_path / "run" / "service"
-    runtime.mkdir(parents=True)
-    (runtime / "cache0.sock").write_text("left by a killed run")
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "start-cache").write_text('#!/bin/sh\nif [ -e "$2" ]; then echo present; else echo absent; fi\n'
-                                          'echo "$@"\n')
-    (fake_bin / "start-cache").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", MPCACHE_RUNTIME_DIR=str(runtime))
-    result = subprocess.run(["sh", str(ENTRYPOINT), "--prometheus-host", "0.0.0.0"], env=env,
-                            capture_output=True, text=True, timeout=30)
-    assert (0, f"absent\n--runtime-dir {runtime} --prometheus-host 0.0.0.0\n", "") == (
-        result.returncode, result.stdout, result.stderr)
+def test_both_builders_read_the_dockerignore_at_the_context_root():
+    """The classic builder reads only .dockerignore at the root of the context (the repository root): a
+    checkout's .venv and compiled extension for the host's Python stay out of the build."""
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ({".git", "**/.venv", "**/*.so", "**/__pycache__"} <= set(ignored),
+            list(DOCKER.glob("*.dockerignore"))) == (True, [])
+
+
+def test_healthcheck_asks_where_the_run_serves_and_refuses_loopback(tmp_path):
+    """healthcheck.py reads the run's config.json: no file yet, or /healthz bound to loopback (a published
+    port reaches nothing there), is unhealthy with one line; the real endpoint is covered in
+    tests/docker."""
+    env = dict(os.environ, MPCACHE_RUNTIME_DIR=str(tmp_path))
+    script = [sys.executable, str(DOCKER / "healthcheck.py")]
+    missing = subprocess.run(script, env=env, capture_output=True, text=True, timeout=30)
+    (tmp_path / "config.json").write_text(json.dumps({"prometheus_host": "127.0.0.1", "prometheus_port": 9,
+                                                      "no_http": False}))
+    loopback = subprocess.run(script, env=env, capture_output=True, text=True, timeout=30)
+    assert (1, 1, True, "MPCACHE_PROMETHEUS_HOST=0.0.0.0" in loopback.stdout) == (
+        missing.returncode, loopback.returncode, "has not written" in missing.stdout, True)
 
 
 def unit_settings() -> dict[str, list[str]]:
@@ -518,7 +554,7 @@ def unit_settings() -> dict[str, list[str]]:
 
 
 def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_shm():
-    """The unit: Type=simple; ExecStart /usr/local/bin/start-cache with --runtime-dir a directory *under*
+    """The unit: Type=notify; ExecStart /usr/local/bin/start-cache with --runtime-dir a directory *under*
     RuntimeDirectory=mpcache (start-cache makes it; /run/mpcache itself exists at start), mode 0700;
     KillMode=mixed, Restart=on-failure, a RestartSec, TimeoutStopSec longer than the supervisor's three
     stop graces; a dedicated non-root user; NoNewPrivileges, ProtectSystem=strict, and no PrivateDevices
@@ -527,7 +563,7 @@ def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_
     one = {key: values[-1] for key, values in unit.items()}
     exec_start = one["ExecStart"].split()
     runtime_dir = exec_start[exec_start.index("--runtime-dir") + 1] if "--runtime-dir" in exec_start else ""
-    assert ("simple", "/usr/local/bin/start-cache", "mpcache", "0700", True) == (
+    assert ("notify", "/usr/local/bin/start-cache", "mpcache", "0700", True) == (
         one.get("Type"), exec_start[0], one.get("RuntimeDirectory"), one.get("RuntimeDirectoryMode"),
         os.path.dirname(runtime_dir.rstrip("/")) == "/run/mpcache")
     assert ("mixed", "on-failure", True, True, True) == (
@@ -537,6 +573,25 @@ def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_
     assert ("yes", "strict", "no", "no") == (
         one.get("NoNewPrivileges"), one.get("ProtectSystem"), one.get("PrivateDevices", "no"),
         one.get("RemoveIPC", "no"))
+
+
+def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configuration_error(tmp_path):
+    """--config /etc/mpcache/mpcache.toml, the README's example of which start-cache accepts as it is;
+    start-cache's exit status for a configuration error (a missing config file here) is the unit's
+    RestartPreventExitStatus; readiness is notified by the main process only."""
+    from mpcache import settings
+
+    one = {key: values[-1] for key, values in unit_settings().items()}
+    exec_start = one["ExecStart"].split()
+    assert ("/etc/mpcache/mpcache.toml", "main") == (
+        exec_start[exec_start.index("--config") + 1], one.get("NotifyAccess"))
+    args = settings.parse_args(build_parser(), ["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={})
+    assert (2, "256MiB", "127.0.0.1", 9090) == (args.workers, args.l1_size, args.prometheus_host,
+                                                args.prometheus_port)
+    missing = subprocess.run([str(REPO / "bin" / "start-cache"), "--config", str(tmp_path / "absent.toml")],
+                             capture_output=True, text=True, timeout=60)
+    assert (one["RestartPreventExitStatus"], 1) == (str(missing.returncode), len(missing.stderr.splitlines()))
+    assert "absent.toml" in missing.stderr
 
 
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (Debian: systemd)")
@@ -560,3 +615,53 @@ def test_systemd_analyze_security_rates_the_unit_ok(tmp_path):
     if "--offline" in result.stderr and ("unrecognized" in result.stderr or "Unknown" in result.stderr):
         pytest.skip(f"systemd-analyze has no --offline (systemd 252 and later): {result.stderr.strip()}")
     assert 0 == result.returncode, result.stdout[-2000:] + result.stderr
+
+
+# --- the dashboard's job and instance variables, the alerts' runbooks --------------------------------------------
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, its label matchers) for every series selector of a PromQL expression."""
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", expr)
+    return [(match.group(1), match.group(2) or "") for match in
+            re.finditer(r"(?<![\w.$])([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?(?!\s*\()", text)
+            if match.group(1) in metric_names(expr)]
+
+
+def test_every_dashboard_query_selects_the_job_and_instance_variables():
+    """The dashboard has job and instance variables (multi-valued, All = every value, from mpcache_build_info,
+    instance within the chosen jobs), and every series selector of every panel matches both."""
+    dashboard = load_dashboard()
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert ("label_values(mpcache_build_info, job)", 'label_values(mpcache_build_info{job=~"$job"}, instance)') == (
+        variables["job"]["query"]["query"], variables["instance"]["query"]["query"])
+    assert all((v["multi"], v["includeAll"], v["allValue"]) == (True, True, ".*") for v in
+               (variables["job"], variables["instance"]))
+    unfiltered = [(title, name) for title, expr in dashboard_exprs(dashboard) for name, matchers in selectors(expr)
+                  if 'job=~"$job"' not in matchers or 'instance=~"$instance"' not in matchers]
+    assert ([], True) == (unfiltered, len(dashboard_exprs(dashboard)) > 50)
+
+
+def operations_sections() -> dict[str, str]:
+    """deploy/OPERATIONS.md's ### sections: GitHub's anchor of the heading → the section's text."""
+    sections: dict[str, str] = {}
+    anchor = None
+    for line in (DEPLOY / "OPERATIONS.md").read_text().splitlines():
+        if line.startswith("#"):
+            anchor = re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-") \
+                if line.startswith("### ") else None
+            if anchor:
+                sections[anchor] = ""
+        elif anchor:
+            sections[anchor] += line + "\n"
+    return sections
+
+
+def test_every_alert_has_a_runbook_url_to_a_section_of_operations_that_says_what_to_do():
+    text = ALERTS_YML.read_text()
+    alerts = re.findall(r"- alert: (\S+)\n(?:(?!\n\s*- alert:).)*?runbook_url: \"([^\"]+)\"", text, re.DOTALL)
+    sections = operations_sections()
+    assert len(alerts) == text.count("- alert:") == len(alert_exprs()) >= 10
+    for name, url in alerts:
+        path, _, anchor = url.partition("#")
+        assert ("deploy/OPERATIONS.md", name.lower()) == (path, anchor)
+        assert anchor in sections and len(sections[anchor].split()) > 15, name  # more than its fires-when line

@@ -25,7 +25,8 @@ def segment_sizes(config: Config) -> dict[str, int]:
 
 
 def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
-    """ConfigError, one line naming the size needed and Docker's ``--shm-size``, if /dev/shm cannot hold
+    """ConfigError, one line naming the size needed, Docker's ``--shm-size`` and Kubernetes' memory
+    ``emptyDir`` on /dev/shm, if /dev/shm cannot hold
     every segment (page-rounded) plus ``margin`` — checked before anything is created."""
     sizes = segment_sizes(config)
     pages = sum(-(-size // _PAGE) * _PAGE for size in sizes.values())
@@ -39,7 +40,8 @@ def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
         f"{SHM_DIR} has {free / mib:.1f} MiB free; the service needs {need / mib:.1f} MiB there "
         f"({config.workers} x (L1 {config.l1_pool_bytes / mib:.1f} MiB + ring {ring / mib:.1f} MiB) "
         f"+ {margin / mib:.0f} MiB for clients' buffers): lower --l1-size, --workers or --ring-cells, or give it "
-        f"more shared memory (Docker: --shm-size={-(-need // (64 * mib)) * 64}m or more)")
+        f"more shared memory (Docker: --shm-size={-(-need // (64 * mib)) * 64}m or more; Kubernetes: an emptyDir "
+        f"with medium: Memory and sizeLimit: {-(-need // (64 * mib)) * 64}Mi or more mounted on /dev/shm)")
 
 
 def create_segments(config: Config) -> list[Segment]:

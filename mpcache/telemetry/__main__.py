@@ -16,6 +16,7 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
+from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
 from mpcache.telemetry.health import health_routes
 from mpcache.telemetry.pump import Pump, RingSource
 
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     gauges = GaugeBoardReader(board)
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
+    readiness = GaugeBoardReader(board, stale_after_s=2.0)
+    # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
+    # a probe answered 200 means a scrape is answered too
+    endpoint = open_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
         from opentelemetry.metrics import Observation
@@ -56,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
         from mpcache.telemetry.subscribers.metrics.mrc import mrc_routes
 
-        exporters = MetricsExport.start(config)
-        readiness = GaugeBoardReader(board, stale_after_s=2.0)
-        exporters.add_routes(health_routes(lambda: pump.polled_at, readiness))
+        exporters = MetricsExport.start(config, endpoint)
         service_meter = exporters.meter_provider.get_meter(METER_SERVICE)
         service_meter.create_observable_gauge(
             CACHE_PROCESSES_READY, description="Cache processes whose heartbeat is fresh (serving).",
@@ -83,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                                         gauge_reader=gauges)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         subscribe_all(bus, metrics_subscribers)
+    if endpoint is not None:
+        if exporters is None:
+            endpoint.routes["/metrics"] = metrics_off_route()
+        endpoint.routes.update(health_routes(lambda: pump.polled_at, readiness))
     if not config.disable_logging:
         from mpcache.telemetry.subscribers.logging import build_logging_subscribers
 
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         rings=len(sources),
         subscribers=[type(s).__name__ for s in bus.subscribers],
         metrics_url=exporters.metrics_url if exporters else None,
+        health_url=endpoint_url(endpoint, config.prometheus_host, "/healthz"),
         otlp_endpoint=config.otlp_endpoint or None,
         nice=os.nice(0),
     )
@@ -114,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         tracing.shutdown()
     if exporters is not None:
         exporters.shutdown()
+    if endpoint is not None:
+        endpoint.close()
     log.info("telemetry.stopped", records_delivered=bus.records_delivered, dropped_events=pump.dropped_events())
     return 0
 

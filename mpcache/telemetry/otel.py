@@ -4,9 +4,7 @@ and OTLP push; instruments are created from :mod:`mpcache.telemetry.metric_table
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +28,7 @@ from mpcache import __version__
 from mpcache.config import Config
 from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.endpoint import endpoint_url, open_endpoint
 from mpcache.telemetry.http import (
     MetricsHTTPServer,
     Route,
@@ -63,11 +62,13 @@ class MetricsExport:
     prometheus_host: str
     prometheus_port: int  # the port actually bound (config port 0 → a free one; 0 with no HTTP endpoint)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: MetricsHTTPServer | None
+    _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
+    _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
 
     @classmethod
-    def start(cls, config: Config) -> MetricsExport:
-        """Build the MeterProvider with its readers and start serving ``/metrics`` (unless ``config.no_http``)."""
+    def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None) -> MetricsExport:
+        """Build the MeterProvider with its readers and serve ``/metrics``: on ``endpoint``, the telemetry
+        process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``)."""
         registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=registry)  # process_* of the telemetry process, Prometheus's convention
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
@@ -86,50 +87,34 @@ class MetricsExport:
         provider.get_meter(METER_SERVICE).create_observable_gauge(
             BUILD_INFO, description="Always 1: the mpcache version and the ring writer the cache processes use.",
             callbacks=[lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
-        log = structlog.get_logger("mpcache.telemetry")
-        if config.no_http:
-            return cls(provider, registry, config.prometheus_host, 0, otlp_reader, None)
-        try:
-            server = MetricsHTTPServer((config.prometheus_host, config.prometheus_port),
-                                       {"/metrics": metrics_route(registry)}, log)
-        except BaseException:
-            provider.shutdown()
-            raise
-        if not _is_loopback(config.prometheus_host):
-            log.warning("metrics.public_bind", address=config.prometheus_host, port=server.server_port,
-                        hint="/metrics is reachable from other hosts; bind 127.0.0.1 unless a scraper elsewhere "
-                             "needs it and a firewall guards the port")
-        server.start()
-        return cls(provider, registry, config.prometheus_host, server.server_port, otlp_reader, server)
+        owned = endpoint is None
+        if owned:
+            try:
+                endpoint = open_endpoint(config, structlog.get_logger("mpcache.telemetry"))
+            except BaseException:
+                provider.shutdown()
+                raise
+        if endpoint is not None:
+            endpoint.routes["/metrics"] = metrics_route(registry)
+        return cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
+                   endpoint if owned else None, endpoint)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
-        """Serve more paths next to ``/metrics`` (health); nothing without an HTTP endpoint."""
-        if self._http_server is not None:
-            self._http_server.routes.update(routes)
+        """Serve more paths next to ``/metrics``; nothing without an HTTP endpoint."""
+        if self._endpoint is not None:
+            self._endpoint.routes.update(routes)
 
     @property
     def metrics_url(self) -> str | None:
-        if self._http_server is None:
-            return None
-        host = f"[{self.prometheus_host}]" if ":" in self.prometheus_host else self.prometheus_host
-        return f"http://{host}:{self.prometheus_port}/metrics"
+        return endpoint_url(self._endpoint, self.prometheus_host)
 
     def shutdown(self) -> None:
-        """Final collection and OTLP export, then stop serving ``/metrics``."""
+        """Final collection and OTLP export, then close its own listener (if it opened one)."""
         try:
             self.meter_provider.shutdown(timeout_millis=_SHUTDOWN_TIMEOUT_MS)
         finally:
             if self._http_server is not None:
                 self._http_server.close()
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether every address ``host`` resolves to is a loopback address."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def build_resource(config: Config) -> Resource:

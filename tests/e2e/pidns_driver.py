@@ -32,7 +32,8 @@ from mpcache.client import CacheClient  # noqa: E402
 from mpcache.errors import MpcacheError  # noqa: E402
 
 START_CACHE = os.path.join(REPO, "bin", "start-cache")
-SMALL = ["--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "2MiB", "--ring-cells", "4096", "--disable-metrics"]
+SMALL = ["--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "2MiB", "--ring-cells", "4096", "--disable-metrics",
+         "--no-http"]  # no listener: several of these run at once, and /healthz would answer even without metrics
 
 
 def shm() -> list[str]:

@@ -68,3 +68,41 @@ def test_no_http_serves_nothing_on_the_port(start_service):
     with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
         probe.connect(("127.0.0.1", service.port))
     assert 0 == service.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["--disable-metrics", "OTEL_SDK_DISABLED=true"])
+def test_health_answers_with_metrics_export_off(start_service, monkeypatch, how):
+    """Metrics off is not health off: a container with OTEL_SDK_DISABLED=true must pass its own health check."""
+    if how.startswith("OTEL_"):
+        monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+        service = start_service("--workers", "2")
+    else:
+        service = start_service("--workers", "2", how)
+    assert (200, "ready: 2 cache processes serving\n") == wait_for(
+        lambda: (s := _status(service.port, "/ready"))[0] == 200 and s, 30, "/ready to be 200")
+    assert (200, "ok\n") == _status(service.port, "/healthz")
+    status, body = _status(service.port, "/metrics")
+    assert 404 == status and body.startswith("metrics export is off")
+    started = service.lines("telemetry.started")[-1]
+    assert started["metrics_url"] is None
+    assert f"http://127.0.0.1:{service.port}/healthz" == started["health_url"]
+    assert 0 == service.stop()
+
+
+@pytest.mark.slow
+def test_metrics_answer_from_the_first_moment_health_does(start_service):
+    """/healthz and /ready are routed only once /metrics is: a probe that passes means a scrape does too
+    (a listener opened early answered /ready while /metrics still said export was off)."""
+    service = start_service("--workers", "1")
+
+    def first_answer() -> tuple[int, str] | None:
+        try:
+            answer = _status(service.port, "/healthz")
+        except OSError:  # not listening yet
+            return None
+        return answer if answer[0] != 404 else None  # 200, or 503 before the pump's first poll
+    wait_for(first_answer, 30, "/healthz to be routed", interval_s=0.005)
+    status, body = _status(service.port, "/metrics")
+    assert (200, True) == (status, "mpcache_build_info" in body)
+    assert 0 == service.stop()

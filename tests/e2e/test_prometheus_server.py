@@ -139,4 +139,36 @@ def test_spec_promql_on_a_real_prometheus_gives_hit_rates_in_range(start_service
     # ratio is a number; were it ever 0, Prometheus would answer NaN (0/0), which this names.
     assert blend_requested is not None and blend_requested > 0, f"blend lookups not moving: {blend_requested}"
     assert blend is not None and not math.isnan(blend) and 0.0 <= blend <= 1.0, blend
+    check_dashboard_variables(prometheus, f"127.0.0.1:{service.port}")
     assert 0 == service.stop()
+
+
+def check_dashboard_variables(prometheus: PrometheusServer, instance: str) -> None:
+    """The Grafana dashboard's job and instance variables on this Prometheus: their label_values queries
+    find this scrape's job and instance, every panel query evaluates with them substituted as Grafana does
+    (one value, or All as .*), and the aggregate hit rate filtered to this instance is the unfiltered one
+    (the only target), while another job's selects nothing."""
+    import pathlib
+
+    dashboard = json.loads((pathlib.Path(__file__).resolve().parents[2] / "deploy" / "grafana" /
+                            "mpcache-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for inner in [panel, *panel.get("panels", [])]
+             for target in inner.get("targets", [])]
+    values = {}
+    for name, label in (("job", "job"), ("instance", "instance")):
+        url = f"http://127.0.0.1:{prometheus.port}/api/v1/label/{label}/values?" + urllib.parse.urlencode(
+            {"match[]": "mpcache_build_info"})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            values[name] = json.loads(response.read())["data"]
+    assert {"job": ["mpcache"], "instance": [instance]} == values
+
+    def substituted(expr: str, job: str, chosen: str) -> str:
+        return expr.replace("$__rate_interval", "1m").replace("$job", job).replace("$instance", chosen)
+
+    hit_rate = next(expr for expr in exprs if expr.startswith("sum(rate(lmcache_mp_lookup_hit_tokens_total{"))
+    for job, chosen in (("mpcache", instance), (".*", ".*")):
+        for expr in exprs:
+            prometheus.query(substituted(expr, job, chosen))  # asserts status success
+        assert prometheus.scalar(substituted(hit_rate, job, chosen)) == pytest.approx(
+            prometheus.scalar(AGGREGATE_HIT_RATE), rel=0.05)
+    assert [] == prometheus.query(substituted(hit_rate, "other", ".*"))

@@ -67,7 +67,7 @@ def test_a_real_dev_shm_smaller_than_l1_is_one_line_at_start(tmp_path) -> None:
     [line] = result["stderr"]
     needs = float(re.search(r"needs ([0-9.]+) MiB", line).group(1))
     assert 48 < needs < 49  # 32 MiB of L1, a 16 MiB margin, a ring of under 1 MiB and the gauge board
-    assert "/dev/shm has 24.0 MiB free" in line and "--shm-size=64m" in line
+    assert "/dev/shm has 24.0 MiB free" in line and "--shm-size=64m" in line and "sizeLimit: 64Mi" in line
     assert [] == result["left"]
 
 
