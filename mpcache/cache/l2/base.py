@@ -58,6 +58,8 @@ class LoadResult:
     # subsets of ``failed``: records that did not verify (corrupt or forged), and storage errors (I/O, timeouts)
     rejected: list[ChunkKey] = field(default_factory=list)
     errors: list[ChunkKey] = field(default_factory=list)
+    # subset of ``loaded``: chunks another service instance stored (a shared tier that knows its writers)
+    peer: list[ChunkKey] = field(default_factory=list)
 
 
 class Usage(NamedTuple):
