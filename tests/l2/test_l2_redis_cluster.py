@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from cluster_helpers import REDIS_CLI, REDIS_SERVER, Cluster, wait_until
+from cluster_nodes import REDIS_CLI, REDIS_SERVER, Cluster, wait_until
 from l2_helpers import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import L2LookupError, key_digest

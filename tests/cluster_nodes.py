@@ -63,6 +63,10 @@ class Node:
         self.process: subprocess.Popen | None = None
 
     @property
+    def live(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
@@ -122,7 +126,7 @@ class Cluster:
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and 3 masters each have a replica, all agreeing."""
         def healthy() -> bool:
-            live = [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+            live = [node for node in self.nodes if node.live]
             views = set()
             for node in live:
                 with node.client() as client:
@@ -136,7 +140,7 @@ class Cluster:
     def nodes_view(self) -> dict[str, dict]:
         """``CLUSTER NODES`` of a live node, by address."""
         for node in self.nodes:
-            if node.process is not None and node.process.poll() is None:
+            if node.live:
                 try:
                     with node.client() as client:
                         return {address.split("@")[0]: info for address, info in client.cluster("nodes").items()}
@@ -165,7 +169,7 @@ class Cluster:
 
     def _any_live(self) -> str:
         for node in self.nodes:
-            if node.process is not None and node.process.poll() is None:
+            if node.live:
                 return node.address
         raise AssertionError("no live node")
 
