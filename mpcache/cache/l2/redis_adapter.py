@@ -107,8 +107,8 @@ class RedisL2Adapter(PooledAdapter):
         self._calls: ServerCalls | ClusterCalls
         if cluster:
             # the slot map comes from the seed; a slot range no node serves is a miss, not a client that fails
-            self._calls = ClusterCalls(redis.RedisCluster.from_url(url, require_full_coverage=False, retry=retry,
-                                                                   **common))
+            self._calls = ClusterCalls(lambda: redis.RedisCluster.from_url(
+                url, require_full_coverage=False, retry=retry, **common))
         else:
             self._calls = ServerCalls(redis.Redis.from_url(url, retry=retry, **common))
         self._usage_lock = threading.Lock()

@@ -10,6 +10,8 @@ and the error returned, so the adapter takes that shard as down for a while.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis
@@ -82,17 +84,33 @@ class ServerCalls:
 
 class ClusterCalls:
     """Batches on a Redis Cluster: one pipeline per node, redirected calls sent again through the cluster
-    client (see the module's docstring)."""
+    client (see the module's docstring).  The client is made by ``connect()`` (it asks the seed for the slot
+    map), at the first batch and again at each batch until that succeeds: a cluster down at start-up fails
+    its batches (its shards are taken as down), never the cache process."""
 
-    def __init__(self, client: redis.RedisCluster) -> None:
-        self.client = client
+    def __init__(self, connect: Callable[[], redis.RedisCluster]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self.client: redis.RedisCluster | None = None
+
+    def _connected(self) -> redis.RedisCluster:
+        with self._lock:
+            if self.client is None:
+                self.client = self._connect()
+            return self.client
 
     def run(self, calls: list[Call]) -> list[Any]:
+        if not calls:
+            return []
+        try:
+            client = self._connected()
+        except ERRORS as exc:
+            return [exc] * len(calls)
         results: list[Any] = [None] * len(calls)
         by_node: dict[str, tuple[Any, list[int]]] = {}
         for index, call in enumerate(calls):
             try:
-                node = self.client.get_node_from_key(call.keys[0])
+                node = client.get_node_from_key(call.keys[0])
             except ERRORS as exc:  # no node serves the slot (as far as the slot map knows)
                 results[index] = exc
                 continue
@@ -102,27 +120,30 @@ class ClusterCalls:
             by_node.setdefault(node.name, (node, []))[1].append(index)
         for node, indexes in by_node.values():
             try:
-                replies = _pipelined(self.client.get_redis_connection(node), [calls[index] for index in indexes])
+                replies = _pipelined(client.get_redis_connection(node), [calls[index] for index in indexes])
             except ERRORS as exc:
                 replies = [exc] * len(indexes)
             for index, reply in zip(indexes, replies):
                 results[index] = reply
         if any(isinstance(reply, UNREACHABLE) for reply in results):
-            self._refresh()
+            self._refresh(client)
         for index, reply in enumerate(results):
             if isinstance(reply, _SEND_AGAIN):
                 try:
-                    results[index] = self.client.execute_command(*calls[index].eval())
+                    results[index] = client.execute_command(*calls[index].eval())
                 except ERRORS as exc:
                     results[index] = exc
         return results
 
-    def _refresh(self) -> None:
+    @staticmethod
+    def _refresh(client: redis.RedisCluster) -> None:
         """Ask the cluster for its slot map again (after a node could not be reached: it may have failed over)."""
         try:
-            self.client.nodes_manager.initialize()
+            client.nodes_manager.initialize()
         except ERRORS:
             pass  # the next batch tries again
 
     def close(self) -> None:
-        self.client.close()
+        with self._lock:
+            if self.client is not None:
+                self.client.close()
