@@ -74,13 +74,13 @@ def _cluster_ready(port: int) -> bool:
         return bool(client.cluster("info")["cluster_state"] == "ok")
 
 
-def _chunks(count: int, size: int, model: str) -> list[tuple[ChunkKey, bytes]]:
+def _chunks(count: int, size: int, model: str) -> list[tuple[ChunkKey, bytes | memoryview]]:
     rng = np.random.default_rng(7)
     return [(ChunkKey(model, "", index), rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             for index in range(count)]
 
 
-def _ours(adapter: RedisL2Adapter, chunks: list[tuple[ChunkKey, bytes]]) -> dict[str, float]:
+def _ours(adapter: RedisL2Adapter, chunks: list[tuple[ChunkKey, bytes | memoryview]]) -> dict[str, float]:
     keys = [key for key, _ in chunks]
     started = time.perf_counter()
     for first in range(0, len(chunks), BATCH):
@@ -101,7 +101,7 @@ def _ours(adapter: RedisL2Adapter, chunks: list[tuple[ChunkKey, bytes]]) -> dict
     return _numbers(stored, loaded, latencies)
 
 
-def _floor(client: Any, chunks: list[tuple[ChunkKey, bytes]], prefix: str) -> dict[str, float]:
+def _floor(client: Any, chunks: list[tuple[ChunkKey, bytes | memoryview]], prefix: str) -> dict[str, float]:
     """The same bytes through a plain pipeline: SET each record, GET it back, EXISTS for lookups."""
     names = [f"{prefix}{{{index % 16}}}c:{key_digest(key)}" for index, (key, _) in enumerate(chunks)]
     records = [encode_record(key, data, MAC_KEY) for key, data in chunks]
