@@ -38,6 +38,10 @@ def parse_size(text: str, flag: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+SHARED_L2_TYPES = frozenset({"redis"})  # L2 adapter types every cache process shares (others: one per process)
+L2_GB = 10**9  # capacity_gb's unit
+
+
 @dataclass(frozen=True)
 class Config:
     instance_id: str
@@ -68,6 +72,12 @@ class Config:
     metrics_sample_rate: float = 0.01
     cache_salt_cap: int = 1000
     metric_series_cap: int = 1500  # attribute sets per metric before cache_salt/model_name read __overflow__
+    # miss-ratio curves (docs/MRC.md): the chunk keys sampled (SHARDS), the keys tracked per curve (the rate
+    # is lowered below mrc_sample_rate to stay within it), and the half-life of the curves' access counts
+    mrc_sample_rate: float = 0.01
+    mrc_exact_chunks: int = 4  # a lookup's first chunks (hot keys: system prompts) are all tracked
+    mrc_max_keys: int = 8192
+    mrc_half_life_s: float = 3600.0
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
     # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
     telemetry_nice: int = 0
@@ -112,6 +122,10 @@ class Config:
             (self.ring_capacity_cells >= 1024 and not self.ring_capacity_cells & (self.ring_capacity_cells - 1),
              "--ring-cells: expected a power of two >= 1024"),
             (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),
+            (0 <= self.mrc_sample_rate <= 1, "--mrc-sample-rate: expected a number in [0, 1] (0: no curves)"),
+            (0 <= self.mrc_exact_chunks <= 4, "--mrc-exact-chunks: expected an integer 0..4"),
+            (64 <= self.mrc_max_keys <= 1 << 22, "--mrc-max-keys: expected an integer 64..4194304"),
+            (0 <= self.mrc_half_life_s < float("inf"), "--mrc-half-life: expected seconds >= 0 (0: no decay)"),
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),
             (self.lmcache_port == 0 or 1 <= self.lmcache_port <= 65535 - self.workers + 1,
              "--lmcache-port: expected a port number so that port + workers - 1 is at most 65535"),
@@ -154,6 +168,16 @@ class Config:
     def l1_pool_bytes(self) -> int:
         """Bytes of each cache process's L1 pool segment: --l1-size, down to a whole number of chunks."""
         return self.l1_size_bytes // self.chunk_bytes * self.chunk_bytes
+
+    def tier_capacities(self) -> dict[str, int]:
+        """Configured bytes of L1 over every cache process ("l1") and, with L2 tiers, of L1 plus every L2
+        tier ("l1_l2": a shared tier once, a per-process one per process)."""
+        l1 = self.l1_pool_bytes * self.workers
+        if not self.l2:
+            return {"l1": l1}
+        l2 = sum(int(spec.get("capacity_gb", 0) * L2_GB) * (1 if spec["type"] in SHARED_L2_TYPES else self.workers)
+                 for spec in self.l2)
+        return {"l1": l1, "l1_l2": l1 + l2}
 
     def ring_name(self, worker: int) -> str:
         return shm_name(self.supervisor_pid, self.instance_id, f"events{worker}")

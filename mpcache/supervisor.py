@@ -27,10 +27,9 @@ from typing import Any
 import posix_ipc
 
 from mpcache import __version__, settings
-from mpcache.cache.l2.spec import GB as L2_GB
 from mpcache.cache.l2.spec import parse_l2_spec
 from mpcache.cache.l2.trust import SECRET_FILE_ENV, ensure_private_dir, resolve_l2_key
-from mpcache.config import Config, parse_size
+from mpcache.config import L2_GB, Config, parse_size
 from mpcache.errors import ConfigError, LayoutMismatchError, SharedMemoryFullError
 from mpcache.logforward import ForwardingHandler, LineForwarder
 from mpcache.logs import configure_logging, console_renderer
@@ -192,6 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--metrics-sample-rate", type=_number, default=None,
                            help="fraction of chunks, in (0, 1], tracked by lifecycle histograms "
                                 "(default 0.01; 0.1 with --demo)")
+    telemetry.add_argument("--mrc-sample-rate", type=_number, default=0.01,
+                           help="fraction of chunk keys, in [0, 1], whose lookups and stores feed the miss-ratio "
+                           "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; 0 = no curves; "
+                           "default 0.01)")
+    telemetry.add_argument("--mrc-exact-chunks", type=int, default=4,
+                           help="the first chunks of every lookup (0..4) that the curves track whatever the sample "
+                           "rate: a prefix cache's hottest keys, such as system prompts (default 4)")
+    telemetry.add_argument("--mrc-max-keys", type=_int_at_least(64), default=8192,
+                           help="sampled keys tracked per miss-ratio curve; beyond it the curve lowers its own rate "
+                           "(SHARDS fixed-size; default 8192)")
+    telemetry.add_argument("--mrc-half-life", type=_number, default=3600.0,
+                           help="seconds after which an access weighs half in the miss-ratio curves, so they follow "
+                           "a changing workload (0: never decay; default 3600)")
     telemetry.add_argument("--cache-salt-cap", type=_int_at_least(1), default=1000,
                            help="distinct cache_salt values per metric before __overflow__ (default 1000)")
     telemetry.add_argument("--metric-series-cap", type=_int_at_least(1), default=1500,
@@ -333,6 +345,10 @@ def config_from_args(args: argparse.Namespace, supervisor_pid: int, runtime_dir:
         otlp_interval_s=_otlp_interval_s(args.otlp_interval),
         metrics_sample_rate=_default(args.metrics_sample_rate, demo=0.1, normal=0.01, is_demo=args.demo),
         cache_salt_cap=args.cache_salt_cap,
+        mrc_sample_rate=args.mrc_sample_rate,
+        mrc_exact_chunks=args.mrc_exact_chunks,
+        mrc_max_keys=args.mrc_max_keys,
+        mrc_half_life_s=args.mrc_half_life,
         metric_series_cap=args.metric_series_cap,
         telemetry_nice=args.telemetry_nice,
         log_level=args.log_level,

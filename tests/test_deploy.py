@@ -43,6 +43,8 @@ EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tok
 SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
            "mpcache_child_restarts_total", "mpcache_lmcache_refused_connections_total",
            "mpcache_l1_fragmentation_bytes"}
+# The capacity-planning row (docs/MRC.md): the curve and the miss reasons.
+MRC = {"mpcache_mrc_hit_ratio", "mpcache_lookup_miss_chunks_total", "mpcache_l1_evicted_reused_chunks_total"}
 # The fleet row: L2 loads by origin, and target_info (host.name) to split series by host.
 FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
 PROMTOOL = shutil.which("promtool")
@@ -63,6 +65,7 @@ SECTIONS = [
     "Cache blending",
     "Event bus health",
     "Service",
+    "Capacity planning and miss reasons",
     "Fleet (shared L2)",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
@@ -103,7 +106,7 @@ def spec_rows() -> list[tuple[str, str]]:
 
 def known_series() -> dict[str, str]:
     """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS | SERVICE | FLEET}
+    out = {name: name for name in EXTRAS | SERVICE | MRC | FLEET}
     for name, instrument in spec_rows():
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})

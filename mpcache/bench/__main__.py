@@ -1,4 +1,5 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,l2,report} [--json]``; ``report`` runs them all
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,l2,mrc,report} [--json]``; ``report`` runs them
+all
 and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` needs LMCache's venv (``.ci/lmcache-env``)
 and is left out of the report, saying so, without it.
 """
@@ -15,10 +16,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, l1, l2, lmcache, publish, scrape, soak
+from mpcache.bench import drain, e2e, l1, l2, lmcache, mrc, publish, scrape, soak
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
-              "l1": l1, "l2": l2}
+              "l1": l1, "l2": l2, "mrc": mrc}
 
 
 def _machine() -> str:
@@ -78,6 +79,14 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"load {single['ratio']['load_GBps']}×; "
                 f"cluster store {cluster['ratio']['store_GBps']}×, load {cluster['ratio']['load_GBps']}×; hit "
                 f"{result['hit_ratio_sharded_over_unsharded']}×", "—", "—"]
+    if name == "mrc":
+        demo, kv = result["demo"], result["kv"]
+        return [f"MAE vs exact LRU: demo {demo['mae_online_vs_exact']}, kv {kv['mae_online_vs_exact']} (rate "
+                f"{kv['sample_rate']:g}); predicted − measured at ½×/2× L1: demo {demo['half_error']}/"
+                f"{demo['double_error']}, kv {kv['half_error']}/{kv['double_error']}; curve set "
+                f"{result['curve_set_bytes_at_max_keys'] / 2**20:.1f} MiB at 8192 keys",
+                f"CPU sampling on/off {result['sampling_cost']['cpu_on_over_off']}",
+                "MAE ≤ 0.01; within 0.02; ≤ 1.01", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpcache.cache.accesses import AccessSampler
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
 from mpcache.cache.l1 import L1Manager
@@ -36,6 +37,7 @@ class CacheContext:
     sessions: SessionRegistry
     l0: BlockReporter
     blend: BlendState
+    accesses: AccessSampler
     clock: Callable[[], float] = time.monotonic
     clock_ns: Callable[[], int] = time.time_ns
     _next_buffer_id: int = field(default=1, repr=False)

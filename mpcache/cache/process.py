@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
+from mpcache.cache.accesses import AccessSampler
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
 from mpcache.cache.buffers import close_segment
@@ -162,8 +163,9 @@ class CacheProcess:
                            table_capacity=max(1024, 4 * (config.l1_pool_bytes // config.chunk_bytes)))
         return CacheContext(config=config, worker=worker, log=self.log, publisher=publisher, l1=l1, gauges=gauges,
                             storage=storage, prefetch=prefetch, sessions=sessions,
-                            l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend, clock=clock,
-                            clock_ns=clock_ns)
+                            l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend,
+                            accesses=AccessSampler(publisher, config.mrc_sample_rate, config.mrc_exact_chunks),
+                            clock=clock, clock_ns=clock_ns)
 
     def _wake(self) -> None:
         """Make the loop's select return (any thread; L2 adapter threads call it when a task completes)."""

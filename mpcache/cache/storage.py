@@ -14,7 +14,7 @@ from mpcache.cache.l2.base import L2Adapter, StoreResult
 from mpcache.cache.l2.failures import FailureLog
 from mpcache.cache.l2.spec import build_adapter
 from mpcache.cache.l2.trust import key_from_hex
-from mpcache.config import Config
+from mpcache.config import SHARED_L2_TYPES, Config
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
 from mpcache.shm import layout
@@ -22,8 +22,6 @@ from mpcache.shm import layout
 _L2_STORE_SUBMITTED = EventType.L2_STORE_SUBMITTED
 _L2_STORE_COMPLETED = EventType.L2_STORE_COMPLETED
 _L2_KEYS_EVICTED = EventType.L2_KEYS_EVICTED
-
-SHARED_TIERS = frozenset({"redis"})  # adapter types every cache process shares
 
 
 def adapter_specs(config: Config, worker: int) -> list[dict]:
@@ -100,7 +98,7 @@ class StorageManager:
         self._max_inflight_stores = max_inflight_stores
         self._log = logger
         self._failure_log = FailureLog(logger, failure_log_interval_s)
-        self._report_usage = [worker == 0 or adapter.name not in SHARED_TIERS for adapter in adapters]
+        self._report_usage = [worker == 0 or adapter.name not in SHARED_L2_TYPES for adapter in adapters]
         self._done: collections.deque[Task] = collections.deque()  # appended by adapter threads
         self._inflight: dict[int, Task] = {}  # id(task) -> task
         self.inflight_stores = [0] * len(adapters)

@@ -72,6 +72,9 @@ class EventType(enum.IntEnum):
     CB_STORE_FINAL_END = 89
     CB_FINGERPRINTS_REGISTERED = 90
     CB_CHUNKS_EVICTED = 91
+    # sampled chunk accesses (miss-ratio curves and miss reasons, docs/MRC.md)
+    MRC_LOOKUP_SAMPLED = 100
+    MRC_STORE_SAMPLED = 101
 
 
 I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME  # noqa: E741 - the schemas' shorthand
@@ -168,6 +171,16 @@ _ALL = (
        ("success", B)),
     _s(E.CB_FINGERPRINTS_REGISTERED, "cb.fingerprints.registered", ("num_chunks", I), ("num_tokens", I)),
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
+    # One per finished lookup (counts in objects, ``ranks`` per chunk): its first chunks as their first rank's
+    # key (``head_i``, the hash's 64 bits; ``exact`` = how many | bit 4 + i set when chunk i is held by L1 past
+    # the first missing chunk), and the other keys that pass ``--mrc-sample-rate`` as sampled keys, ordered L1
+    # hits, L2 hits, misses after the gap, other misses.
+    _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),
+       ("l1_hits", I), ("exact", I), ("sampled_l1_hits", I), ("sampled_l2_hits", I), ("sampled_after_gap", I),
+       ("head_0", I), ("head_1", I), ("head_2", I), ("head_3", I), sampled=True),
+    # One per store that committed objects: how many, their size, and the sampled ones.
+    _s(E.MRC_STORE_SAMPLED, "mrc.store.sampled", ("model_name", N), ("cache_salt", N), ("stored", I),
+       ("object_bytes", I), sampled=True),
 )
 
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}

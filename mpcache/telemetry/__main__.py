@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             MetricsExport,
         )
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+        from mpcache.telemetry.subscribers.metrics.mrc import mrc_routes
 
         exporters = MetricsExport.start(config)
         readiness = GaugeBoardReader(board, stale_after_s=2.0)
@@ -78,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             L1_FRAGMENTATION, description="Bytes L1's allocators hold in slabs that no object uses (free spots, "
             "alignment padding, slab tails), summed over the live cache processes.",
             callbacks=[lambda options: [Observation(readiness.total(layout.G_L1_FRAGMENTATION))]])
-        subscribe_all(bus, build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
-                                                     gauge_reader=gauges))
+        metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
+                                                        gauge_reader=gauges)
+        exporters.add_routes(mrc_routes(metrics_subscribers))
+        subscribe_all(bus, metrics_subscribers)
     if not config.disable_logging:
         from mpcache.telemetry.subscribers.logging import build_logging_subscribers
 

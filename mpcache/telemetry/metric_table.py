@@ -77,6 +77,10 @@ class Derivation(enum.Enum):
     SAMPLED_KEY_ACCESSES = "sampled-key accesses"  # salt-group counts of the chunk's cache_salt in between
     BLOCK_SECONDS = "block seconds"  # seconds between events of the same client GPU block
     THROUGHPUT = "throughput"  # the byte field over the time from a ``since`` event to its ``events`` one
+    # Miss-ratio curves and miss reasons (mpcache.telemetry.mrc), from the sampled keys of ``events`` (lookups)
+    # against the history that they and ``since`` (stores) build; scaled by 1 / the sampling rate:
+    MRC_HIT_RATIO = "miss-ratio curve"  # the curve's hit ratio at a capacity, read at collection time
+    SAMPLED_MISSES = "sampled misses"  # + 1/rate per sampled lookup key of the kind the metric counts
     # Observable instruments, read at collection time:
     GAUGE_SUM = "gauge sum"  # gauge-board word(s) ``Source.words`` summed over live cache processes
     GAUGE_RATIO = "gauge ratio"  # the sum of the first word over the sum of the second
@@ -106,6 +110,7 @@ class Origin(enum.Enum):
     SAMPLED_KEY = "sampled key"  # the cache_salt or model_name of a sampled chunk key (``Label.field``)
     CONFIG = "configuration"  # the configured L2 adapters: their type name or position
     BUS = "event bus"  # a subscriber's class name
+    ANALYSIS = "sampled-history analysis"  # a tier, a capacity ratio or a miss reason (docs/MRC.md)
 
 
 class State(enum.Enum):
@@ -195,6 +200,9 @@ class Source:
                                      f"{_names(self.events)} of a sampled chunk"),
             d.BLOCK_SECONDS: f"seconds from {_names(self.since)} to {_names(self.events)} of a GPU block",
             d.THROUGHPUT: f"{field} over the time from {_names(self.since)} to {_names(self.events)}",
+            d.MRC_HIT_RATIO: (f"share of the sampled {_names(self.events)} keys whose LRU reuse distance (bytes, "
+                              f"scaled by 1/rate, after {_names(self.since)} / lookups) fits the capacity"),
+            d.SAMPLED_MISSES: f"+ 1/rate per sampled {_names(self.events)} key of that kind, per chunk",
             d.GAUGE_SUM: " + ".join(f"`{word}`" for word in self.words) + ", summed over live processes",
             d.GAUGE_RATIO: " over ".join(f"`{word}`" for word in self.words) + ", each summed over live processes",
             d.BUS_STATE: "read from the rings and the bus",
@@ -259,6 +267,7 @@ def _f(name: str, field: str = "", event: EventType | None = None) -> Label:
 _SALT = Label("cache_salt", Origin.SALT_GROUP, "cache_salt")  # the salt group's cache_salt
 _GROUP_MODEL = Label("model_name", Origin.SALT_GROUP, "model_name")  # the salt group's model_name
 _KEY_SALT = Label("cache_salt", Origin.SAMPLED_KEY, "cache_salt")  # the sampled key's cache_salt
+_KEY_MODEL = Label("model_name", Origin.SAMPLED_KEY, "model_name")  # the sampled key's model_name
 _L2_NAME = Label("l2_name", Origin.CONFIG)
 _ADAPTER = Label("adapter_index", Origin.CONFIG)
 
@@ -498,7 +507,26 @@ EXTRA_METRICS: tuple[MetricSpec, ...] = (
        "Chunks loaded from L2, by who stored them: origin self (this service instance) or peer (another one)."),
 )
 
-ALL_METRICS: tuple[MetricSpec, ...] = METRICS + EXTRA_METRICS
+_MRC_KEY = (_KEY_MODEL, _KEY_SALT)
+MRC_METRICS: tuple[MetricSpec, ...] = (
+    _m("mpcache.mrc_hit_ratio", "mpcache_mrc_hit_ratio", OBSERVABLE_GAUGE, "",
+       Source(Derivation.MRC_HIT_RATIO, (E.MRC_LOOKUP_SAMPLED,), since=(E.MRC_STORE_SAMPLED,),
+              labels=(Label("tier", Origin.ANALYSIS), *_MRC_KEY, Label("capacity_ratio", Origin.ANALYSIS))),
+       "Hit ratio an LRU tier of capacity_ratio × its configured capacity would have had on the sampled "
+       "lookups (tier l1: L1 of all cache processes; l1_l2: L1 plus every L2 tier); model_name and "
+       "cache_salt \"*\": every lookup."),
+    _m("mpcache.lookup_miss", "mpcache_lookup_miss_chunks_total", COUNTER, "chunks",
+       Source(Derivation.SAMPLED_MISSES, (E.MRC_LOOKUP_SAMPLED,), since=(E.MRC_STORE_SAMPLED,),
+              labels=(Label("reason", Origin.ANALYSIS), *_MRC_KEY)),
+       "Chunks a lookup asked for and did not get, by reason: cold (never stored in the sampled history), "
+       "evicted (stored before, gone), after_gap (in L1 but past the first missing chunk); estimates at a "
+       "sample rate below 1, exact at 1."),
+    _m("mpcache.l1_evicted_reused", "mpcache_l1_evicted_reused_chunks_total", COUNTER, "chunks",
+       Source(Derivation.SAMPLED_MISSES, (E.MRC_LOOKUP_SAMPLED,), since=(E.MRC_STORE_SAMPLED,), labels=_MRC_KEY),
+       "Chunks a lookup asked for after L1 had evicted them (found in L2 or missed): eviction regret."),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = METRICS + EXTRA_METRICS + MRC_METRICS
 BY_NAME: dict[str, MetricSpec] = {spec.otel_name: spec for spec in ALL_METRICS}
 assert len(BY_NAME) == len(ALL_METRICS), "duplicate OTel name in the metric table"
 
@@ -550,7 +578,7 @@ def render_markdown() -> str:
         _HEADER,
         _RULE,
     ]
-    lines += [_row(spec) for spec in EXTRA_METRICS]
+    lines += [_row(spec) for spec in EXTRA_METRICS + MRC_METRICS]
     lines += ["", "## Histogram buckets", ""]
     grids = {LIFECYCLE_SECONDS_BUCKETS: "seconds (lifecycle; 300 s, the evict→reuse cap, is an edge)",
              THROUGHPUT_GBS_BUCKETS: "GB/s (throughput)",

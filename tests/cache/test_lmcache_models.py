@@ -107,9 +107,10 @@ def _native_worker(harness, outcome: dict) -> None:
                 buffer.blocks[:] = 0
                 job = client.lookup_prefetch(request_id=f"n{round_}", model_name="native", chunk_hashes=hashes)
                 found = client.query_prefetch_status(job).found_count
-                got = client.retrieve(buffer, request_id=f"n{round_}", job_id=job, block_ids=range(found))
-                assert np.array_equal(blocks[: got.retrieved], buffer.blocks[: got.retrieved])
-                outcome["verified"] = outcome.get("verified", 0) + got.retrieved
+                if found:  # the LMCache writers may have evicted all four since the store
+                    got = client.retrieve(buffer, request_id=f"n{round_}", job_id=job, block_ids=range(found))
+                    assert np.array_equal(blocks[: got.retrieved], buffer.blocks[: got.retrieved])
+                    outcome["verified"] = outcome.get("verified", 0) + got.retrieved
                 client.end_session(f"n{round_}")
     except BaseException as exc:  # noqa: BLE001 - handed to the test thread
         outcome["error"] = exc

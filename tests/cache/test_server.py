@@ -81,15 +81,16 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
 
 def test_store_publishes_its_events_in_order_with_the_request_id(cache):
     """One store publishes, in this order: MP_REQUEST_START, MP_STORE_SUBMITTED, MP_STORE_START,
-    L1_WRITE_RESERVED, L1_WRITE_FINISHED, MP_STORE_END, SM_WRITE_FINISHED; MP_* carry the request id."""
+    L1_WRITE_RESERVED, MRC_STORE_SAMPLED, L1_WRITE_FINISHED, MP_STORE_END, SM_WRITE_FINISHED; MP_* carry the
+    request id."""
     harness = cache()
     client = harness.client()
     kv = client.register_buffer(2, CHUNK_BYTES)
     harness.events.take()
     client.store(kv, request_id="r-1", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(2), block_ids=[0, 1])
     events = harness.events.take().events()
-    assert [E.MP_REQUEST_START, E.MP_STORE_SUBMITTED, E.MP_STORE_START, E.L1_WRITE_RESERVED, E.L1_WRITE_FINISHED,
-            E.MP_STORE_END, E.SM_WRITE_FINISHED] == [event.etype for event in events]
+    assert [E.MP_REQUEST_START, E.MP_STORE_SUBMITTED, E.MP_STORE_START, E.L1_WRITE_RESERVED, E.MRC_STORE_SAMPLED,
+            E.L1_WRITE_FINISHED, E.MP_STORE_END, E.SM_WRITE_FINISHED] == [event.etype for event in events]
     assert ["r-1"] * 4 == [e.session_id for e in events if e.etype.name.startswith("MP_")]
 
 

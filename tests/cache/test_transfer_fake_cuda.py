@@ -132,8 +132,8 @@ def test_store_and_retrieve_through_a_stream_timed_transfer(cache, fake_cuda):
             (E.MP_RETRIEVE_END, T0 + 2 * span)] == [
         (e.etype, e.timestamp_ns)
         for e in batch.events([E.MP_STORE_START, E.MP_STORE_END, E.MP_RETRIEVE_START, E.MP_RETRIEVE_END])]
-    assert [E.MP_REQUEST_START, E.MP_STORE_SUBMITTED, E.L1_WRITE_RESERVED, E.MP_STORE_START, E.L1_WRITE_FINISHED,
-            E.MP_STORE_END, E.SM_WRITE_FINISHED] == [e.etype for e in batch.events()][:7]
+    assert [E.MP_REQUEST_START, E.MP_STORE_SUBMITTED, E.L1_WRITE_RESERVED, E.MRC_STORE_SAMPLED, E.MP_STORE_START,
+            E.L1_WRITE_FINISHED, E.MP_STORE_END, E.SM_WRITE_FINISHED] == [e.etype for e in batch.events()][:8]
     assert {"cuda:0"} == {e.fields["device"] for e in batch.events([E.MP_STORE_SUBMITTED, E.MP_STORE_START,
                                                                     E.MP_STORE_END, E.MP_RETRIEVE_SUBMITTED])}
     assert ([(CHUNK_BYTES, 2)] * 3 + [(CHUNK_BYTES, 1)] * 3, 0) == (fake_cuda.copies, fake_cuda.callbacks)

@@ -127,7 +127,7 @@ def test_every_event_type_is_logged_by_exactly_one_subscriber(config, captured):
     together cover every event type, none twice."""
     subscribers = build_logging_subscribers(dataclasses.replace(config, log_level="debug"), captured.configure("debug"))
     owners = [etype for subscriber in subscribers for etype in subscriber.event_types]
-    assert (("server", "l1", "storage_manager", "l2", "cb"), sorted(E), len(E)) == (
+    assert (("server", "l1", "storage_manager", "l2", "cb", "mrc"), sorted(E), len(E)) == (
         tuple(COMPONENTS), sorted(owners), len(owners))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mpcache.config import Config
 from mpcache.contract.events import SCHEMAS, EventType, FieldKind
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, format_gauge_board
@@ -41,6 +42,7 @@ from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscr
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 D = Derivation
@@ -54,15 +56,17 @@ INSTRUMENTS = {
     **{d: (COUNTER,) for d in D if d.table_driven},
     D.SAMPLED_KEY_SECONDS: (HISTOGRAM,), D.SAMPLED_KEY_ACCESSES: (HISTOGRAM,), D.BLOCK_SECONDS: (HISTOGRAM,),
     D.THROUGHPUT: (HISTOGRAM,), D.GAUGE_SUM: (OBSERVABLE_GAUGE,), D.GAUGE_RATIO: (OBSERVABLE_GAUGE,),
-    D.BUS_STATE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
+    D.BUS_STATE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER), D.MRC_HIT_RATIO: (OBSERVABLE_GAUGE,),
+    D.SAMPLED_MISSES: (COUNTER,),
 }
 # Where each attribute origin may appear.
 LABEL_DERIVATIONS = {
     Origin.FIELD: {d for d in D if not d.observable},
     Origin.SALT_GROUP: {D.SALT_COUNT},
-    Origin.SAMPLED_KEY: {D.SAMPLED_KEY_SECONDS, D.SAMPLED_KEY_ACCESSES},
+    Origin.SAMPLED_KEY: {D.SAMPLED_KEY_SECONDS, D.SAMPLED_KEY_ACCESSES, D.MRC_HIT_RATIO, D.SAMPLED_MISSES},
     Origin.CONFIG: {D.GAUGE_SUM, D.GAUGE_RATIO},
     Origin.BUS: {D.BUS_STATE},
+    Origin.ANALYSIS: {D.MRC_HIT_RATIO, D.SAMPLED_MISSES},
 }
 
 
@@ -78,7 +82,7 @@ def read_from(source: Source, event: EventType | None) -> tuple[EventType, ...]:
 @pytest.mark.parametrize("spec", ALL_METRICS, ids=IDS)
 def test_source_events_are_catalogue_events_and_fit_the_instrument(spec: MetricSpec):
     """Event-fed sources name known event types, each once; observable ones name state instead; the
-    derivation fits the instrument, and every counter is table-driven."""
+    derivation fits the instrument, and every counter is table-driven but the sampled miss estimates."""
     source = spec.source
     problems = [etype for etype in source.all_events + source.listed if etype not in SCHEMAS]
     if source.derivation.observable:
@@ -118,7 +122,7 @@ def test_salt_groups_sampled_keys_and_blocks_come_from_events_that_carry_them(sp
     source, schemas = spec.source, [SCHEMAS[etype] for etype in spec.source.all_events]
     if source.derivation in (D.SALT_COUNT, D.SAMPLED_KEY_ACCESSES):
         assert [] == [schema.dotted for schema in schemas if not schema.salt_counts]
-    if source.derivation in (D.SAMPLED_KEY_SECONDS, D.SAMPLED_KEY_ACCESSES):
+    if source.derivation in (D.SAMPLED_KEY_SECONDS, D.SAMPLED_KEY_ACCESSES, D.MRC_HIT_RATIO, D.SAMPLED_MISSES):
         assert [] == [schema.dotted for schema in schemas if not schema.sampled]
     if source.derivation is D.BLOCK_SECONDS:
         assert any(schema.blocks for schema in schemas)
@@ -208,6 +212,7 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
         lambda meter: L1StateGaugesSubscriber(meter, board),
         lambda meter: L2StateGaugesSubscriber(meter, board, ["fs"]),
+        lambda meter: MissRatioSubscriber(meter, Config(instance_id="t", supervisor_pid=1, runtime_dir="/nonexistent")),
     ]
     out = []
     for factory in factories:

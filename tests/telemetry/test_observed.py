@@ -136,6 +136,10 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.MP_VLLM_END_SESSION, session_id="r1", timestamp_ns=t0 + 1)
     publish(E.MP_VLLM_BLOCK_ALLOCATION, (3, "m", 1, 1), blocks=[("r2", 5, 111)], timestamp_ns=t0 + 2)
     publish(E.MP_VLLM_BLOCK_ALLOCATION, (3, "m", 1, 1), blocks=[("r3", 5, 222)], timestamp_ns=t0 + 3)
+    # a sampled store, then a lookup that misses it (evicted, eviction regret) and a key never stored (cold)
+    publish(E.MRC_STORE_SAMPLED, ("m", "a", 1, 4096), sampled=[chunk])
+    publish(E.MRC_LOOKUP_SAMPLED, ("m", "a", 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+            sampled=[chunk, (8, "a", "m")])
     pipeline.deliver()
     # blend counters and the gauges read 0 without events
     assert set() == EVERY_METRIC - {name for name, points in metrics.collect().items() if points}

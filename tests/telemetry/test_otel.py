@@ -59,7 +59,7 @@ def test_prometheus_names_are_exactly_the_spec_names(export):
         rows = list(csv.DictReader(handle, delimiter="\t"))
     expected = {"target_info", *SERVICE_SERIES}
     for row in rows + [{"prometheus_name": s.prometheus_name, "instrument": s.instrument}
-                       for s in metric_table.EXTRA_METRICS]:
+                       for s in metric_table.EXTRA_METRICS + metric_table.MRC_METRICS]:
         if row["instrument"] == metric_table.HISTOGRAM:
             expected |= {row["prometheus_name"] + suffix for suffix in HISTOGRAM_SAMPLE_SUFFIXES}
         else:

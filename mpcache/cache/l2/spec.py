@@ -9,9 +9,8 @@ import math
 from urllib.parse import urlsplit
 
 from mpcache.cache.l2.base import L2Adapter
+from mpcache.config import L2_GB
 from mpcache.errors import ConfigError
-
-GB = 10**9
 
 ACCEPTED = (
     'a JSON object such as {"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}; '
@@ -134,7 +133,7 @@ def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None, wr
     tier keeps ``writer`` (the service instance id) with each record this process stores."""
     check_l2_spec(spec)
     kind = spec["type"]
-    capacity = int(spec["capacity_gb"] * GB)
+    capacity = int(spec["capacity_gb"] * L2_GB)
     if capacity < chunk_bytes:
         raise _fail(f"{kind} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk ({chunk_bytes} bytes)")
     shards = spec.get("shards", 16 if spec.get("cluster") else 1) if kind == "redis" else 1
@@ -147,7 +146,7 @@ def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None, wr
         return MockL2Adapter(
             capacity,
             latency_s=spec.get("latency_ms", 0) / 1000.0,
-            bandwidth_bytes_per_s=spec.get("bandwidth_gbps", 0) * GB,
+            bandwidth_bytes_per_s=spec.get("bandwidth_gbps", 0) * L2_GB,
             failure_rate=float(spec.get("failure_rate", 0.0)),
             seed=spec.get("seed", 0),
         )

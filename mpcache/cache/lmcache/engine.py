@@ -22,7 +22,7 @@ from typing import Any
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
-from mpcache.cache.ops.kv import close_session, report_lookup, start_lookup, store_to_l2
+from mpcache.cache.ops.kv import close_session, report_lookup, reserve_store, start_lookup, store_to_l2
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import chunk_hashes, rank_hashes
@@ -254,7 +254,7 @@ class EngineDriven:
         held = self._held.get(instance_id, 0)
         size = registration.object_bytes
         limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
-        reservation = ctx.l1.reserve_write(model, salt, keys, limit=limit, nbytes=size)
+        reservation = reserve_store(ctx, model, salt, keys, limit=limit, nbytes=size)
         pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
                            device=device, failed=reservation.failed, nbytes=registration.object_bytes,
                            deadline=ctx.clock() + self._pending_ttl_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
+from mpcache.cache.l1 import WriteReservation
 from mpcache.cache.ops.registry import Args, Reply, operation
 from mpcache.cache.sessions import Job
 from mpcache.cache.timeouts import Deadline
@@ -22,6 +23,8 @@ _MP_RETRIEVE_START = EventType.MP_RETRIEVE_START
 _MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
 _MP_LOOKUP_PREFETCH_START = EventType.MP_LOOKUP_PREFETCH_START
 _MP_LOOKUP_PREFETCH_END = EventType.MP_LOOKUP_PREFETCH_END
+_MRC_LOOKUP_SAMPLED = EventType.MRC_LOOKUP_SAMPLED
+_MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 _SM_WRITE_FINISHED = EventType.SM_WRITE_FINISHED
 _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
 # Declared below, published elsewhere: by the sessions, the blend state, the L0 reporter, the dispatcher.
@@ -52,7 +55,8 @@ def begin_copy(ctx: CacheContext, buffer: Buffer, request_id: str, submitted: Ev
            ("cache_salt", p.SALT, ""), ("chunk_hashes", p.HASHES, _REQUIRED), ("block_ids", p.BLOCK_IDS, _REQUIRED),
            ("engine_id", p.ENGINE, 0),
            replies=("stored_count", "skipped_count", "failed_count"),
-           events=(_MP_REQUEST_START, _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _SM_WRITE_FINISHED))
+           events=(_MP_REQUEST_START, _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _SM_WRITE_FINISHED,
+                   _MRC_STORE_SAMPLED))
 def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     """Copy block ``block_ids[i]`` into L1 as chunk ``chunk_hashes[i]``, and hand the new chunks to every
     L2 tier in the background.  Chunks already cached are skipped; chunks L1 has no room for (every object
@@ -66,7 +70,7 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     mover = begin_copy(ctx, buffer, request_id, _MP_STORE_SUBMITTED, _MP_STORE_START, engine, model)
     device = mover.device
     l1 = ctx.l1
-    reservation = l1.reserve_write(model, salt, hashes)
+    reservation = reserve_store(ctx, model, salt, hashes)
     committed = [hashes[i] for i in reservation.positions]
     nbytes = buffer.block_bytes
     try:
@@ -88,6 +92,14 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     if stored and nbytes == ctx.chunk_bytes:
         store_to_l2(ctx, model, salt, [hashes[i] for i in reservation.positions], reservation.offsets)
     return {"stored_count": stored, "skipped_count": reservation.present, "failed_count": reservation.failed}
+
+
+def reserve_store(ctx: CacheContext, model: str, salt: str, hashes: list[int], limit: int | None = None,
+                  nbytes: int | None = None) -> WriteReservation:
+    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`), and the store's sampled access."""
+    reservation = ctx.l1.reserve_write(model, salt, hashes, limit, nbytes)
+    ctx.accesses.store(model, salt, hashes, ctx.chunk_bytes if nbytes is None else nbytes)
+    return reservation
 
 
 def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], offsets: list[int]) -> None:
@@ -135,7 +147,7 @@ def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hash
 @operation("query_prefetch_status", ("job_id", p.ID, _REQUIRED),
            replies=("done", "found_count", "requested_count", "hit_tokens", "l1_hit_tokens", "l2_hit_tokens",
                     "l2_loaded_count", "expired"),
-           events=(_MP_LOOKUP_PREFETCH_END,))
+           events=(_MP_LOOKUP_PREFETCH_END, _MRC_LOOKUP_SAMPLED))
 def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     """A prefetch job's progress; never blocks.  ``done`` is false while its L2 prefetch runs;
     ``found_count`` chunks (a contiguous prefix) are then ready to retrieve, their tokens split by tier
@@ -167,6 +179,7 @@ def report_lookup(ctx: CacheContext, job: Job) -> None:
          l2_hits * tokens, ""),
         session_id=job.request_id,
     )
+    ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)
 
 
 @operation("retrieve",

@@ -36,7 +36,8 @@ def event_line(event: Event) -> dict[str, Any]:
 
 
 # The components whose events are logged at debug, by dotted-name prefix.
-COMPONENTS: dict[str, str] = {"server": "mp.", "l1": "l1.", "storage_manager": "sm.", "l2": "l2.", "cb": "cb."}
+COMPONENTS: dict[str, str] = {"server": "mp.", "l1": "l1.", "storage_manager": "sm.", "l2": "l2.", "cb": "cb.",
+                              "mrc": "mrc."}
 
 
 class EventLoggingSubscriber(Subscriber):

@@ -32,6 +32,7 @@ from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscr
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
+from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 METER_NAME = "mpcache"
@@ -63,6 +64,7 @@ def build_metrics_subscribers(
         L2ThroughputSubscriber(meter),
         L0LifecycleSubscriber(meter, series_cap=series),
         EventBusSelfMetricsSubscriber(meter, pump, bus),
+        MissRatioSubscriber(meter, config),
     ]
     if gauge_reader is not None:
         subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))

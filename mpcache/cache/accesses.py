@@ -1,0 +1,89 @@
+"""Sampled chunk accesses, the cache process's whole share of the miss-ratio curves and miss reasons
+(``docs/MRC.md``): a key is sampled when ``chunk_hash mod 1_000_003 < rate × 1_000_003`` (SHARDS' spatial
+rule, the same in every process and after every restart).  Each finished lookup publishes one
+``MRC_LOOKUP_SAMPLED`` and each store one ``MRC_STORE_SAMPLED``; the telemetry process does the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mpcache.cache.l1 import L1Manager
+from mpcache.contract.events import EventType
+from mpcache.contract.keys import SAMPLE_MODULUS, ChunkKey
+from mpcache.shm.publish import EventPublisher
+
+_MRC_LOOKUP_SAMPLED = EventType.MRC_LOOKUP_SAMPLED
+_MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
+
+
+MAX_EXACT_CHUNKS = 4  # head keys travel as fixed fields (head_0..head_3): no per-key cells on the hot path
+EXACT_GAP_SHIFT = 4  # bit 4 + i of the lookup event's ``exact`` field: head chunk i is after the gap
+_SIGN = 1 << 63
+
+
+def _int64(value: int) -> int:
+    """A 64-bit hash as the int64 an INT field holds."""
+    return value - (1 << 64) if value & _SIGN else value
+
+
+class AccessSampler:
+    """Publishes what lookups and stores did to the sampled keys: a lookup's first ``exact_chunks`` chunks
+    (its hot keys) always, every other key when its hash passes ``rate`` in [0, 1] (0: publishes nothing)."""
+
+    def __init__(self, publisher: EventPublisher, rate: float, exact_chunks: int = MAX_EXACT_CHUNKS) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"sample rate must be in [0, 1], got {rate}")
+        if not 0 <= exact_chunks <= MAX_EXACT_CHUNKS:
+            raise ValueError(f"exact chunks must be 0..{MAX_EXACT_CHUNKS}, got {exact_chunks}")
+        self._pub = publisher
+        self._threshold = rate * SAMPLE_MODULUS
+        self._exact_chunks = exact_chunks
+        self.enabled = rate > 0
+
+    def lookup(self, l1: L1Manager, model: str, salt: str, hashes: Sequence[int], ranks: int, l1_hits: int,
+               found: int) -> None:
+        """A finished lookup of ``hashes`` (``ranks`` objects per chunk): ``hashes[:l1_hits]`` were in L1,
+        ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
+        "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
+        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 4 + i: chunk i after the gap)."""
+        if not self.enabled:
+            return
+        exact = min(self._exact_chunks, len(hashes) // ranks)
+        gap_chunk = found // ranks
+        heads = [0] * MAX_EXACT_CHUNKS
+        gap_mask = 0
+        for chunk in range(exact):
+            chunk_hash = hashes[chunk * ranks]
+            heads[chunk] = _int64(chunk_hash)
+            if chunk > gap_chunk and l1.contains(ChunkKey(model, salt, chunk_hash)):
+                gap_mask |= 1 << (EXACT_GAP_SHIFT + chunk)
+        threshold = self._threshold
+        l1_rows: list[tuple[int, str, str]] = []
+        l2_rows: list[tuple[int, str, str]] = []
+        gap_rows: list[tuple[int, str, str]] = []
+        miss_rows: list[tuple[int, str, str]] = []
+        for position in range(exact * ranks, len(hashes)):
+            chunk_hash = hashes[position]
+            if chunk_hash % SAMPLE_MODULUS < threshold:
+                row = (chunk_hash, salt, model)
+                if position < l1_hits:
+                    l1_rows.append(row)
+                elif position < found:
+                    l2_rows.append(row)
+                elif position // ranks > gap_chunk and l1.contains(ChunkKey(model, salt, chunk_hash)):
+                    gap_rows.append(row)
+                else:
+                    miss_rows.append(row)
+        self._pub.emit(_MRC_LOOKUP_SAMPLED,
+                       (model, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
+                        len(gap_rows), *heads),
+                       sampled=l1_rows + l2_rows + gap_rows + miss_rows)
+
+    def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
+        """A store of ``hashes`` (objects of ``object_bytes``): written now or already held, all touched."""
+        if not self.enabled:
+            return
+        threshold = self._threshold
+        self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes),
+                       sampled=[(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold])

@@ -1,0 +1,249 @@
+"""Miss-ratio curves over the sampled chunk accesses — SHARDS (Waldspurger et al., FAST 2015) with the
+hottest keys tracked exactly (Carra et al., ATC 2020) — and the miss reasons decided from the same history.
+
+Two strata of keys: the first ``exact_chunks`` chunks of every lookup (system prompts and popular
+documents: a prefix cache's hot keys), all of them, and every other chunk whose hash passes the sampling
+rule.  Each stratum keeps at most half of ``max_keys``: past it, its threshold drops to its largest tracked
+hash value and the keys at or above it go (SHARDS' fixed-size mode), so a stratum samples at
+``threshold / P``.  One byte-weighted LRU stack holds the tracked keys of the whole service; an access's
+reuse distance is the bytes above it, each stratum's scaled by 1 / its rate, and it counts 1 / its stratum's
+rate in the histogram of the curve over everything (``"*"``) and of its (model_name, cache_salt).  A curve's
+hit ratio at a capacity is the weighted share of lookup accesses whose distance fits.  Thread-safe through
+``lock``: the pump feeds it, the HTTP and metric threads read it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.telemetry.mrc.stack import ReuseStack
+
+ALL = "*"
+OVERFLOW = "__overflow__"
+MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve; later ones share OVERFLOW's
+GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
+POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
+HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sampled rest
+L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
+
+Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
+Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, objects it stands for)
+Tenant = tuple[str, str]  # (model_name, cache_salt)
+
+
+class Histogram:
+    """Weighted lookup accesses per capacity edge (``counts[i]``: distance in (edges[i-1], edges[i]];
+    the last bucket: beyond every edge, or a key not seen before)."""
+
+    __slots__ = ("counts", "total", "sampled_accesses")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0.0] * buckets
+        self.total = 0.0  # the accesses these stand for
+        self.sampled_accesses = 0  # the sampled accesses, never decayed: the sample size behind the curve
+
+    def scale(self, factor: float) -> None:
+        self.counts = [count * factor for count in self.counts]
+        self.total *= factor
+
+    def hit_ratios(self) -> list[float] | None:
+        """The hit ratio at each edge (None before any access)."""
+        if self.total <= 0:
+            return None
+        cumulative, out = 0.0, []
+        for count in self.counts[:-1]:
+            cumulative += count
+            out.append(min(1.0, cumulative / self.total))
+        return out
+
+
+class _Stratum:
+    """One stratum's sampling threshold (in units of ``1/P``) and its tracked keys, largest hash first."""
+
+    def __init__(self, rate: float, budget: int) -> None:
+        self.threshold = rate * SAMPLE_MODULUS
+        self.budget = budget
+        self.heap: list[tuple[int, Row]] = []
+        self.keys = 0
+
+    @property
+    def rate(self) -> float:
+        return self.threshold / SAMPLE_MODULUS
+
+    def admits(self, row: Row) -> bool:
+        return row[0] % SAMPLE_MODULUS < self.threshold
+
+
+class CurveSet:
+    """The curves of one service: ``capacities`` maps a tier name to its configured bytes."""
+
+    def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int]) -> None:
+        self.lock = threading.Lock()
+        self.configured_rate = sample_rate
+        self.max_keys = max_keys
+        self.capacities = dict(capacities)
+        self._strata = (_Stratum(1.0, max_keys // 2), _Stratum(sample_rate, max_keys - max_keys // 2))
+        self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
+        self._stack = ReuseStack(max_keys + 2, strata=2)
+        self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
+        self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
+        # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
+        # chunks asked for again after L1 evicted them
+        self.misses: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+        self.regret: defaultdict[Tenant, float] = defaultdict(float)
+
+    @property
+    def rate(self) -> float:
+        """The sampling rate of the chunks past a lookup's first ones."""
+        return self._strata[SAMPLED].rate
+
+    @property
+    def head_rate(self) -> float:
+        return self._strata[HEAD].rate
+
+    @property
+    def tracked_keys(self) -> int:
+        return len(self._stack)
+
+    def tenant(self, model: str, salt: str) -> Tenant:
+        pair = (model, salt)
+        if pair not in self._curves and len(self._curves) > MAX_TENANT_CURVES:
+            return (OVERFLOW, OVERFLOW)
+        return pair
+
+    # -- the sampled stream (pump thread) ---------------------------------------------------------------
+
+    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access]) -> None:
+        """One lookup's sampled keys, in order.  Every key's distance is taken before any is touched (a hit
+        evicts nothing, so within a lookup no key's presence depends on another's); then all of them become
+        the most recently used, as the hits are and as the engine's store of the misses makes the rest (a key
+        seen before, asked for or stored, is held; missing now, it was evicted)."""
+        stack, edges = self._stack, self._edges
+        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
+        tenant = self.tenant(model, salt)
+        histograms = (self._curve(ALL, ALL), self._curve(*tenant))
+        judged: list[tuple[Row, int, int]] = []
+        for row, stratum, found, objects in accesses:
+            if row in stack:
+                stratum = stack.stratum_of(row)
+            if not self._strata[stratum].admits(row):
+                continue
+            weight = weights[stratum] * objects
+            held = row in stack  # asked for or stored before: a miss now is an eviction
+            if held:
+                above = stack.bytes_above(row)
+                distance = above[HEAD] * weights[HEAD] + above[SAMPLED] * weights[SAMPLED] + stack.bytes_of(row)
+                bucket = bisect.bisect_left(edges, distance)
+            else:
+                bucket = len(edges)
+            for histogram in histograms:
+                histogram.counts[bucket] += weight
+                histogram.total += weight
+                histogram.sampled_accesses += 1
+            self._count(tenant, found, held, weight / ranks)
+            judged.append((row, stratum, objects))
+        size = self._object_bytes.get(model, 0)
+        for row, stratum, objects in judged:
+            if row in stack:  # a head key's size follows its model's (a sampled key's comes with its stores)
+                stack.touch(row, size * objects if stratum == HEAD and size else stack.bytes_of(row), stratum)
+            else:
+                self._insert(row, size * objects, stratum)
+
+    def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
+        """Miss reasons and eviction regret of one sampled access (``chunks``: what it stands for)."""
+        if found == L1_HIT:
+            return
+        if found == L2_HIT:
+            if held:
+                self.regret[tenant] += chunks
+            return
+        reason = "after_gap" if found == AFTER_GAP else "evicted" if held else "cold"
+        self.misses[(reason, tenant[0], tenant[1])] += chunks
+        if reason == "evicted":
+            self.regret[tenant] += chunks
+
+    def store(self, model: str, object_bytes: int, rows: Iterable[Row]) -> None:
+        """A store's sampled keys (hash-sampled), each now the most recently used (a head key keeps its size:
+        it stands for every rank of its chunk)."""
+        self._object_bytes[model] = object_bytes
+        stack = self._stack
+        for row in rows:
+            stratum = stack.stratum_of(row) if row in stack else SAMPLED
+            if self._strata[stratum].admits(row):
+                if row in stack:
+                    keep = stratum == HEAD and stack.bytes_of(row)
+                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stratum)
+                else:
+                    self._insert(row, object_bytes, stratum)
+
+    def take_counts(self) -> tuple[dict[tuple[str, str, str], float], dict[Tenant, float]]:
+        """The miss and regret estimates added since the last call (the counters' increments)."""
+        misses, regret = self.misses, self.regret
+        self.misses, self.regret = defaultdict(float), defaultdict(float)
+        return misses, regret
+
+    def decay(self, factor: float) -> None:
+        """Multiply every access weight by ``factor`` (the half-life window)."""
+        for histogram in self._curves.values():
+            histogram.scale(factor)
+
+    def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
+        self._stack.touch(row, nbytes, stratum)
+        keys = self._strata[stratum]
+        heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
+        keys.keys += 1
+        if keys.keys > keys.budget:
+            self._lower(keys)
+
+    def _lower(self, keys: _Stratum) -> None:
+        """SHARDS fixed-size: the stratum's new threshold is its largest tracked hash value; keys at or above
+        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then."""
+        new_threshold = -keys.heap[0][0]
+        while keys.heap and -keys.heap[0][0] >= new_threshold:
+            row = heapq.heappop(keys.heap)[1]
+            self._stack.remove(row)
+            keys.keys -= 1
+        keys.threshold = new_threshold
+
+    def _curve(self, model: str, salt: str) -> Histogram:
+        histogram = self._curves.get((model, salt))
+        if histogram is None:
+            histogram = self._curves[(model, salt)] = Histogram(len(self._edges) + 1)
+        return histogram
+
+    # -- readers (any thread, under ``lock``) --------------------------------------------------------------
+
+    def curves(self) -> list[dict[str, object]]:
+        """Every curve of every tier, as ``GET /mrc`` lists them."""
+        out = []
+        for (model, salt), histogram in self._curves.items():
+            ratios = histogram.hit_ratios()
+            for tier, capacity in self.capacities.items():
+                points = []
+                if ratios is not None:
+                    for ratio in POINT_RATIOS:
+                        size = round(capacity * ratio)
+                        points.append({"capacity_bytes": size,
+                                       "hit_ratio": round(ratios[bisect.bisect_left(self._edges, size)], 6)})
+                out.append({"tier": tier, "model_name": model, "cache_salt": salt, "capacity_bytes": capacity,
+                            "sampled_accesses": histogram.sampled_accesses, "points": points})
+        return out
+
+    def gauge_points(self) -> list[tuple[float, dict[str, str]]]:
+        """(hit ratio, attributes) at each of ``GAUGE_RATIOS`` of each tier, for every curve with data."""
+        out = []
+        for (model, salt), histogram in self._curves.items():
+            ratios = histogram.hit_ratios()
+            if ratios is None:
+                continue
+            for tier, capacity in self.capacities.items():
+                for ratio in GAUGE_RATIOS:
+                    value = ratios[bisect.bisect_left(self._edges, round(capacity * ratio))]
+                    out.append((value, {"tier": tier, "model_name": model, "cache_salt": salt,
+                                        "capacity_ratio": f"{ratio:g}"}))
+        return out

@@ -1,0 +1,120 @@
+"""Miss-ratio curves and miss reasons (``docs/MRC.md``): feeds the sampled lookups and stores of each batch
+to the service's :class:`~mpcache.telemetry.mrc.curves.CurveSet` in ring order, exports
+``mpcache_mrc_hit_ratio`` at collection time and the miss-reason counters per batch, and decays the
+curves once a second.  Per batch the work is O(records) column reads plus O(1) per sampled key.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from mpcache.config import Config
+from mpcache.contract.events import EventType
+from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.mrc.curves import AFTER_GAP, HEAD, L1_HIT, L2_HIT, MISS, SAMPLED, Access, CurveSet, Row
+from mpcache.telemetry.otel import create_instrument
+from mpcache.telemetry.subscribers.metrics._views import sampled_rows
+
+_LOOKUP, _STORE = EventType.MRC_LOOKUP_SAMPLED, EventType.MRC_STORE_SAMPLED
+_HEADS = ("head_0", "head_1", "head_2", "head_3")
+_LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact", "sampled_l1_hits",
+                  "sampled_l2_hits", "sampled_after_gap", *_HEADS)
+_EXACT_GAP_SHIFT = 4  # mpcache.cache.accesses.EXACT_GAP_SHIFT (the contract: events.py)
+_MASK64 = (1 << 64) - 1
+
+
+def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, int]) -> list[Access]:
+    """A lookup event's keys with their stratum, what the lookup found of each and how many objects each
+    stands for: the first chunks (one key for the chunk's ``ranks`` objects), then the sampled keys."""
+    ranks = fields["ranks"] or 1
+    found, l1_hits = fields["found"], fields["l1_hits"]
+    gap_chunk, mask = found // ranks, fields["exact"] >> _EXACT_GAP_SHIFT
+    out: list[Access] = []
+    for chunk, head in enumerate(_HEADS[: fields["exact"] & (1 << _EXACT_GAP_SHIFT) - 1]):
+        end = (chunk + 1) * ranks
+        kind = (L1_HIT if end <= l1_hits else L2_HIT if end <= found
+                else AFTER_GAP if chunk > gap_chunk and mask >> chunk & 1 else MISS)
+        out.append(((fields[head] & _MASK64, salt, model), HEAD, kind, ranks))
+    l1_end = fields["sampled_l1_hits"]
+    l2_end = l1_end + fields["sampled_l2_hits"]
+    gap_end = l2_end + fields["sampled_after_gap"]
+    for index, row in enumerate(rows):
+        kind = L1_HIT if index < l1_end else L2_HIT if index < l2_end else AFTER_GAP if index < gap_end else MISS
+        out.append((row, SAMPLED, kind, 1))
+    return out
+
+
+class MissRatioSubscriber(Subscriber):
+    """``mpcache.mrc_hit_ratio``, ``mpcache.lookup_miss`` and ``mpcache.l1_evicted_reused``."""
+
+    event_types = (_LOOKUP, _STORE)
+
+    def __init__(self, meter: Meter, config: Config, clock=time.monotonic) -> None:
+        self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities())
+        self._half_life_s = config.mrc_half_life_s
+        self._clock = clock
+        self._decayed_at = clock()
+        create_instrument(meter, "mpcache.mrc_hit_ratio", [self._hit_ratios])
+        self._misses = create_instrument(meter, "mpcache.lookup_miss")
+        self._regret = create_instrument(meter, "mpcache.l1_evicted_reused")
+
+    def on_batch(self, batch: EventBatch) -> None:
+        if not batch.etypes_present & {_LOOKUP, _STORE}:
+            return
+        name = batch.names.name
+        etypes, _, columns = batch.table(self.event_types, (*_LOOKUP_FIELDS, "object_bytes"))
+        heads = batch.heads_of(self.event_types).tolist()
+        rows_by_head: dict[int, list[tuple[int, str, str]]] = {}
+        for row in sampled_rows(batch, self.event_types):
+            rows_by_head.setdefault(row.head, []).append((row.chunk_hash, row.cache_salt, row.model_name))
+        curves = self.curves
+        with curves.lock:
+            for index, head in enumerate(heads):
+                if etypes[index] == _LOOKUP:
+                    fields = {field: columns[field][index] for field in _LOOKUP_FIELDS}
+                    rows = rows_by_head.get(head, [])
+                    if rows or fields["exact"]:
+                        model, salt = name(fields["model_name"]), name(fields["cache_salt"])
+                        curves.lookup(model, salt, fields["ranks"] or 1, lookup_accesses(model, salt, rows, fields))
+                elif head in rows_by_head:
+                    curves.store(name(columns["model_name"][index]), columns["object_bytes"][index],
+                                 rows_by_head[head])
+            misses, regret = curves.take_counts()
+        for (reason, model, salt), value in misses.items():
+            self._misses.add(value, {"reason": reason, "model_name": model, "cache_salt": salt})
+        for (model, salt), value in regret.items():
+            self._regret.add(value, {"model_name": model, "cache_salt": salt})
+
+    def on_tick(self, now_ns: int) -> None:
+        now = self._clock()
+        if self._half_life_s > 0 and now > self._decayed_at:
+            with self.curves.lock:
+                self.curves.decay(0.5 ** ((now - self._decayed_at) / self._half_life_s))
+        self._decayed_at = now
+
+    def _hit_ratios(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self.curves.lock:
+            points = self.curves.gauge_points()
+        return [Observation(value, attributes) for value, attributes in points]
+
+
+def mrc_document(curves: CurveSet) -> dict:
+    """The ``GET /mrc`` answer: the sampling state and every curve with its points."""
+    with curves.lock:
+        return {"sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
+                "head_sample_rate": curves.head_rate,
+                "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}
+
+
+def mrc_routes(subscribers: Iterable[Subscriber]) -> dict:
+    """``/mrc`` over the miss-ratio subscriber among ``subscribers`` (none without one)."""
+    for subscriber in subscribers:
+        if isinstance(subscriber, MissRatioSubscriber):
+            return {"/mrc": lambda curves=subscriber.curves: (200, json.dumps(mrc_document(curves)).encode(),
+                                                              "application/json")}
+    return {}

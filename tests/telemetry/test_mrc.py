@@ -1,0 +1,198 @@
+"""Miss-ratio curves and miss reasons (mpcache.telemetry.mrc) against independent computations: a brute-force
+recency list for the stack distances, and byte-capacity LRU caches simulated at every point of the curve."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import OrderedDict
+
+import pytest
+
+from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.telemetry.mrc.curves import AFTER_GAP, ALL, HEAD, L1_HIT, L2_HIT, MISS, POINT_RATIOS, SAMPLED, CurveSet
+from mpcache.telemetry.mrc.stack import ReuseStack
+
+MODEL, SALT = "m", "s"
+
+
+def test_stack_distances_equal_a_brute_force_recency_list_across_renumberings():
+    """Bytes above each key equal the sum over a plain most-recent-first list, over enough touches to
+    renumber the Fenwick slots many times, with removals and changing sizes."""
+    rng = random.Random(5)
+    stack, recency = ReuseStack(max_keys=16), []  # recency: [(key, bytes)], most recent last
+    checked = 0
+    for _ in range(5000):
+        key = rng.randrange(20)
+        known = [k for k, _ in recency]
+        if key in known:
+            above = sum(b for k, b in recency[known.index(key) + 1:])
+            assert [above] == stack.bytes_above(key)
+            checked += 1
+            recency.pop(known.index(key))
+        if rng.random() < 0.05 and key in stack:
+            stack.remove(key)
+            continue
+        size = rng.choice((1, 2, 7))
+        stack.touch(key, size)
+        recency.append((key, size))
+    assert checked > 3000 and [sum(b for _, b in recency)] == stack.total_bytes
+
+
+def lru_hit_ratio(trace: list[tuple[str, int, int]], capacity: int) -> float:
+    """Hits over lookups of a byte LRU cache of ``capacity``: a lookup hit touches; a store inserts (evicting
+    least recently used objects until it fits) or touches.  (Each request's store follows its lookup.)"""
+    cache: OrderedDict[int, int] = OrderedDict()
+    used = hits = lookups = 0
+    for op, key, size in trace:
+        if op == "lookup":
+            lookups += 1
+            if key in cache:
+                hits += 1
+                cache.move_to_end(key)
+            continue
+        if key in cache:
+            cache.move_to_end(key)
+            continue
+        while cache and used + size > capacity:
+            used -= cache.popitem(last=False)[1]
+        if size <= capacity:
+            cache[key] = size
+            used += size
+    return hits / lookups
+
+
+def engine_trace(rng: random.Random, requests: int, keys: int, size: int) -> list[tuple[str, int, int]]:
+    """An engine's pattern: every request looks up its chunks, then stores them (prefill writes what missed)."""
+    trace = []
+    hashes = [rng.getrandbits(64) for _ in range(keys)]  # chunk keys are content hashes: uniform
+    for _ in range(requests):
+        chunks = [hashes[int(rng.paretovariate(1.1) * 1000) % keys] for _ in range(rng.randint(1, 6))]
+        trace += [("lookup", c, size) for c in chunks] + [("store", c, size) for c in chunks]
+    return trace
+
+
+def feed(curves: CurveSet, trace: list[tuple[str, int, int]], head: int = 4) -> None:
+    """The trace as the telemetry process gets it: one lookup event per request (its first ``head`` keys in
+    the exact stratum; all said missing: the curve does not use the lookup's own outcome), one store."""
+    position = 0
+    while position < len(trace):
+        lookups = []
+        while position < len(trace) and trace[position][0] == "lookup":
+            lookups.append(((trace[position][1], SALT, MODEL), HEAD if len(lookups) < head else SAMPLED, MISS, 1))
+            position += 1
+        curves.lookup(MODEL, SALT, 1, lookups)
+        stores, size = [], 0
+        while position < len(trace) and trace[position][0] == "store":
+            stores.append((trace[position][1], SALT, MODEL))
+            size = trace[position][2]
+            position += 1
+        curves.store(MODEL, size, stores)
+
+
+def test_at_rate_one_every_point_equals_a_simulated_lru_cache_of_that_size():
+    size, capacity = 1000, 50_000
+    trace = engine_trace(random.Random(1), 3000, 400, size)
+    curves = CurveSet(1.0, 8192, {"l1": capacity})
+    feed(curves, trace)
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    expected = [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS]
+    assert expected == [point["hit_ratio"] for point in curve["points"]]
+    assert sum(op == "lookup" for op, _, _ in trace) == curve["sampled_accesses"]
+    assert 0.005 < expected[0] < 0.5 < expected[-1] < 1.0  # the workload exercises the curve from bottom to top
+
+
+def test_fixed_size_mode_stays_within_max_keys_and_stays_close_to_exact():
+    """10× more keys than the sampled stratum tracks (half of max_keys): its rate drops so that no more are
+    tracked, and the curve stays within 0.03 of the simulated caches (mean absolute error over the points)."""
+    size, capacity = 1000, 400_000
+    trace = engine_trace(random.Random(2), 20_000, 4000, size)
+    curves = CurveSet(1.0, 800, {"l1": capacity})
+    feed(curves, trace, head=0)  # these keys have no fixed position in their requests: sampled only
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    exact = [lru_hit_ratio(trace, round(capacity * ratio)) for ratio in POINT_RATIOS[::4]]
+    got = [point["hit_ratio"] for point in curve["points"][::4]]
+    assert curves.tracked_keys <= 400 and curves.rate < 0.5
+    assert sum(abs(a - b) for a, b in zip(exact, got)) / len(exact) < 0.03
+
+
+def test_miss_reasons_and_eviction_regret_at_rate_one():
+    """Cold: never seen (asked for or stored); evicted: seen, then missed; after_gap: said so by the cache
+    process; L2 hits and evicted misses of keys seen before are eviction regret.  Per chunk (÷ ranks)."""
+    curves = CurveSet(1.0, 8192, {"l1": 10_000})
+    curves.store(MODEL, 100, [(1, SALT, MODEL), (2, SALT, MODEL), (3, SALT, MODEL)])
+    curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), HEAD, L1_HIT, 1), ((2, SALT, MODEL), HEAD, L2_HIT, 1),
+                                   ((4, SALT, MODEL), SAMPLED, AFTER_GAP, 1), ((3, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((9, SALT, MODEL), SAMPLED, MISS, 1)])
+    misses, regret = curves.take_counts()
+    assert ({("after_gap", MODEL, SALT): 1.0, ("evicted", MODEL, SALT): 1.0, ("cold", MODEL, SALT): 1.0},
+            {(MODEL, SALT): 2.0}) == (dict(misses), dict(regret))
+    curves.lookup(MODEL, SALT, 1, [((9, SALT, MODEL), SAMPLED, MISS, 1)])  # asked for before: stored since, gone
+    assert ({("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == tuple(dict(c) for c in curves.take_counts())
+    curves.lookup(MODEL, SALT, 2, [((7, SALT, MODEL), SAMPLED, MISS, 1), ((8, SALT, MODEL), SAMPLED, MISS, 1)])
+    assert ({("cold", MODEL, SALT): 1.0}, {}) == tuple(dict(c) for c in curves.take_counts())  # 2 ranks, 1 chunk
+
+
+def test_keys_above_the_threshold_are_ignored_and_estimates_scale_by_one_over_the_rate():
+    rate = 0.25
+    curves = CurveSet(rate, 8192, {"l1": 10_000})
+    inside = next(h for h in range(1, 10**6) if h % SAMPLE_MODULUS < rate * SAMPLE_MODULUS)
+    outside = next(h for h in range(1, 10**6) if h % SAMPLE_MODULUS >= rate * SAMPLE_MODULUS)
+    curves.lookup(MODEL, SALT, 1, [((inside, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((outside, SALT, MODEL), SAMPLED, MISS, 1),
+                                   ((outside + 1, SALT, MODEL), HEAD, MISS, 1)])  # the exact stratum: every key
+    assert {("cold", MODEL, SALT): 5.0} == dict(curves.take_counts()[0])
+
+
+def test_the_sampling_rule_is_the_same_in_another_process():
+    """A fresh interpreter (another process, another PYTHONHASHSEED) samples exactly the keys that
+    ``hash mod 1_000_003 < rate × 1_000_003`` names."""
+    code = ("from mpcache.cache.accesses import AccessSampler\n"
+            "class P:\n    def emit(self, etype, fields=(), **kw): print(sorted(h for h, _, _ in kw['sampled']))\n"
+            "AccessSampler(P(), 0.01).store('m', 's', list(range(0, 10**7, 997)), 1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"}).stdout
+    expected = sorted(h for h in range(0, 10**7, 997) if h % 1_000_003 < 0.01 * 1_000_003)
+    assert expected == eval(out) and len(expected) > 50
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_a_rate_outside_zero_to_one_is_refused(rate):
+    from mpcache.cache.accesses import AccessSampler
+
+    with pytest.raises(ValueError, match="sample rate"):
+        AccessSampler(object(), rate)  # type: ignore[arg-type]
+
+
+def test_rate_zero_publishes_no_access_event():
+    from mpcache.cache.accesses import AccessSampler
+
+    class Recorder:
+        emitted: list = []
+
+        def emit(self, *args, **kwargs):
+            self.emitted.append(args)
+
+    recorder = Recorder()
+    sampler = AccessSampler(recorder, 0.0)  # type: ignore[arg-type]
+    sampler.store("m", "s", [1, 2, 3], 4096)
+    sampler.lookup(None, "m", "s", [1, 2, 3], 1, 0, 0)  # type: ignore[arg-type]
+    assert [] == recorder.emitted
+    AccessSampler(recorder, 1.0).store("m", "s", [1, 2, 3], 4096)  # type: ignore[arg-type]
+    assert 1 == len(recorder.emitted)
+
+
+def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
+    """The head keys' outcomes follow from their chunk (found, l1_hits in objects of ``ranks`` per chunk, the
+    after-gap mask) and each stands for the chunk's ranks; the sampled keys' from the class counts."""
+    from mpcache.telemetry.subscribers.metrics.mrc import lookup_accesses
+
+    fields = {"ranks": 2, "found": 4, "l1_hits": 2, "exact": 4 | 0b1000 << 4,
+              "sampled_l1_hits": 1, "sampled_l2_hits": 0, "sampled_after_gap": 1,
+              "head_0": 10, "head_1": 11, "head_2": 12, "head_3": -1}
+    rows = [(i, SALT, MODEL) for i in range(3)]
+    assert [(10, HEAD, L1_HIT, 2), (11, HEAD, L2_HIT, 2), (12, HEAD, MISS, 2), (2**64 - 1, HEAD, AFTER_GAP, 2),
+            (0, SAMPLED, L1_HIT, 1), (1, SAMPLED, AFTER_GAP, 1), (2, SAMPLED, MISS, 1)] == [
+        (row[0], stratum, found, objects)
+        for row, stratum, found, objects in lookup_accesses(MODEL, SALT, rows, fields)]
