@@ -58,8 +58,8 @@ def free_ports(host: str, count: int) -> list[int]:
 
 
 class Node:
-    def __init__(self, host: str, port: int, directory: str) -> None:
-        self.host, self.port, self.directory = host, port, directory
+    def __init__(self, host: str, port: int, directory: str, password: str = "") -> None:
+        self.host, self.port, self.directory, self.password = host, port, directory, password
         self.process: subprocess.Popen | None = None
 
     @property
@@ -78,11 +78,14 @@ class Node:
                 "--cluster-replica-validity-factor", "0", "--cluster-announce-ip", self.host,
                 "--save", "", "--appendonly", "no", "--dir", self.directory, "--protected-mode", "no",
                 "--daemonize", "no", "--logfile", os.path.join(self.directory, "redis.log")]
+        if self.password:
+            argv += ["--requirepass", self.password, "--masterauth", self.password]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self.ping, 10, f"redis node {self.address} to answer")
 
     def client(self, **options) -> redis.Redis:
-        return redis.Redis(host=self.host, port=self.port, socket_timeout=2, socket_connect_timeout=2, **options)
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=2, socket_connect_timeout=2,
+                           password=self.password or None, **options)
 
     def ping(self) -> bool:
         with self.client() as client:
@@ -101,12 +104,14 @@ class Node:
 class Cluster:
     """Six nodes: after :meth:`create`, ``masters()`` and ``replica_of(master)`` say who is who right now."""
 
-    def __init__(self, hosts: list[str], directory: str) -> None:
-        """``hosts``: one address per node (the same one six times is fine)."""
+    def __init__(self, hosts: list[str], directory: str, password: str = "") -> None:
+        """``hosts``: one address per node (the same one six times is fine); ``password``: every node's
+        ``requirepass`` (and ``masterauth``), none by default."""
+        self.password = password
         ports: dict[str, list[int]] = {}
         for host in dict.fromkeys(hosts):
             ports[host] = free_ports(host, hosts.count(host))
-        self.nodes = [Node(host, ports[host].pop(), os.path.join(directory, f"node{index}"))
+        self.nodes = [Node(host, ports[host].pop(), os.path.join(directory, f"node{index}"), password)
                       for index, host in enumerate(hosts)]
 
     @property
@@ -117,9 +122,10 @@ class Cluster:
     def create(self) -> None:
         for node in self.nodes:
             node.start()
+        environment = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
         completed = subprocess.run([REDIS_CLI, "--cluster", "create", *(n.address for n in self.nodes),
                                     "--cluster-replicas", "1", "--cluster-yes"],
-                                   capture_output=True, text=True, timeout=60)
+                                   capture_output=True, text=True, timeout=60, env=environment)
         assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
         self.wait_healthy()
 

@@ -14,6 +14,7 @@ from l2_helpers import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import L2LookupError, key_digest
 from mpcache.cache.l2.redis_adapter import RedisL2Adapter
+from mpcache.cache.l2.spec import build_adapter
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None or REDIS_CLI is None,
                                 reason="redis-server and redis-cli are needed for the Redis Cluster tests")
@@ -257,3 +258,29 @@ def test_moved_and_ask_during_a_resharding_are_followed(make_cluster_adapter, cl
     assert (in_shard, {k: payload(k.chunk_hash) for k in in_shard}) == (asked.loaded, asked_bytes)
     assert (keys, {k: payload(k.chunk_hash) for k in keys}) == (moved.loaded, moved_bytes)
     assert ({name.decode() for name in names}, []) == (on_target, left_on_source)
+
+
+def test_a_cluster_that_wants_a_password_serves_only_with_it(tmp_path, closing):
+    """Every node with requirepass: the tier built from a spec with password_file stores and loads; without
+    the password every operation fails, counted, and nothing raises."""
+    cluster = Cluster(["127.0.0.1"] * 6, str(tmp_path / "cluster"), password="cluster-pw-5e1b")
+    try:
+        cluster.create()
+        password_file = tmp_path / "redis.pw"
+        password_file.write_text("cluster-pw-5e1b\n")
+        password_file.chmod(0o600)
+        spec = {"type": "redis", "cluster": True, "url": cluster.url, "capacity_gb": 0.001, "shards": 4,
+                "password_file": str(password_file)}
+        with_password = closing(build_adapter(spec, 1000, MAC_KEY))
+        without = closing(RedisL2Adapter(cluster.url, 100_000, mac_key=MAC_KEY, cluster=True, shards=4))
+        stored = wait(with_password.submit_store([(key(1), payload(1))]))
+        _, got = load_bytes(with_password, [key(1)])
+        refused = wait(without.submit_store([(key(2), payload(2))]))
+        with pytest.raises(L2LookupError):
+            wait(without.lookup([key(1)]))
+    finally:
+        cluster.stop()
+
+    assert ([key(1)], {key(1): payload(1)}) == (stored.stored, got)
+    assert [key(2)] == refused.failed
+    assert without.failures.totals()["store_error"] >= 1
