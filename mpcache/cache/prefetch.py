@@ -91,11 +91,14 @@ class PrefetchController:
 
     def _lookup_done(self, prefetch: _Prefetch, task: Task, future: concurrent.futures.Future) -> None:
         try:
-            held = list(future.result())
+            answers = list(future.result())
         except Exception:  # noqa: BLE001 - a lookup that failed (or a broken adapter) holds nothing
-            held = []
+            answers = [None] * len(prefetch.hashes)
+        unasked = sum(1 for answer in answers if answer is None)  # the tier (or a shard of it) was not reachable
+        if unasked:
             self._pub.emit(_L2_PREFETCH_FAILED, ("lookup_error",),
-                           salt_counts={(prefetch.salt, prefetch.model): len(prefetch.hashes)})
+                           salt_counts={(prefetch.salt, prefetch.model): unasked})
+        held = [answer is not None and bool(answer) for answer in answers]
         if len(held) != len(prefetch.hashes):
             held = [False] * len(prefetch.hashes)
         prefetch.held[task.adapter_index] = held

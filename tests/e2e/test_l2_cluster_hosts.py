@@ -264,4 +264,6 @@ def test_a_master_host_b_cannot_reach_costs_b_misses_not_errors(fleet):
     assert min(len(got) for got in partial) < 16, "the partition was never felt"
     assert max(timings) < 3.0, timings
     assert {"lookup_error", "load_error"} & {line["kind"] for line in failures}
+    assert wait_until(lambda: host_b.scrape().total("lmcache_mp_l2_prefetch_failure_chunks_total",
+                                                    reason="lookup_error"), 20, "B to count the unasked chunks")
     assert np.array_equal(blocks, again)

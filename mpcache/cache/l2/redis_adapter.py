@@ -207,11 +207,11 @@ class RedisL2Adapter(PooledAdapter):
                 failed.append(key)
         return StoreResult(stored, skipped, failed, written, evicted)
 
-    def _lookup(self, keys: list[ChunkKey]) -> list[bool]:
+    def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
         if not keys:
             return []
         digests = [key_digest(key) for key in keys]
-        found = [False] * len(keys)
+        found: list[bool | None] = [None] * len(keys)  # None: its shard could not be asked
         groups = {index: positions for index, positions in self._by_shard(digests).items()
                   if not self._is_down(index, "lookup_error", len(positions))}
         shards = list(groups)
