@@ -204,3 +204,35 @@ def test_l2_benchmark_measures_single_and_cluster_against_the_floor_and_both_ind
         assert all(abs(ratio[k] - ours[k] / floor[k]) <= 0.01 * ratio[k] + 0.002 for k in ours), (ours, floor, ratio)
     assert all(0 < value < 1 for value in result["hit_ratio"].values())
     assert [row for row in bench_main._row("l2", result) if "hit ratio" in row]
+
+
+def test_mrc_oracle_equals_a_brute_force_recency_list():
+    """The benchmark's exact stack distances (Fenwick tree) against a plain list, on random requests."""
+    import random
+
+    from mpcache.bench import mrc
+
+    rng = random.Random(4)
+    requests = [("m", rng.choice("ab"), rng.sample(range(30), rng.randint(1, 5))) for _ in range(400)]
+    recency: list[tuple[str, str, int]] = []  # least recent first
+    expected: list[float] = []
+    for model, salt, hashes in requests:
+        keys = [(model, salt, h) for h in hashes]
+        expected += [(len(recency) - recency.index(k)) * mrc.CHUNK_BYTES if k in recency else float("inf")
+                     for k in keys]
+        for key in keys:
+            if key in recency:
+                recency.remove(key)
+            recency.append(key)
+    assert expected == mrc.exact_distances(requests)
+    assert 0 < sum(d != float("inf") for d in expected) < len(expected)
+
+
+def test_report_row_for_mrc(tmp_path):
+    side = {"mae_online_vs_exact": 0.05, "sample_rate": 0.01, "half_error": 0.01, "double_error": 0.03}
+    results = {"mrc": {"demo": side, "kv": side, "curve_set_bytes_at_max_keys": 3 * 2**20,
+                       "sampling_cost": {"cpu_on_over_off": 1.004}, "targets_met": {"MAE ≤ 0.01": False}}}
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report(results, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `mrc`")]
+    assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row

@@ -6,6 +6,8 @@ and a KV-shaped synthetic one), each
   at the default sample rate: mean absolute error over the points;
 * re-run with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one measured
   (prefix lookups, the watermark eviction loop and all);
+* the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and without the exact
+  head chunks): the error that sampling alone costs;
 * sampling's cost: the cache process's CPU per request at the default rate against ``--mrc-sample-rate 0``,
   in interleaved pairs; and the telemetry memory of a curve set filled to ``--mrc-max-keys``.
 """
@@ -243,7 +245,32 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
         out[f"{label}_error_at_watermark"] = round(abs(predicted(factor, watermark) - measured), 4)
     out["one_measured"] = round(runs[1]["hit_ratio"], 4)
     out["one_predicted"] = round(predicted(1), 4)
+    exact_points = [{"capacity_bytes": c, "hit_ratio": h} for c, h in zip(capacities, exact)]
+    for factor, label in ((0.5, "half"), (1, "one"), (2, "double")):  # what an exact curve would predict
+        out[f"{label}_exact"] = round(float(hit_ratio_at(exact_points, configured * factor) or 0.0), 4)
     return out
+
+
+def replay_mae(requests: list[Request], rate: float, exact_chunks: int = 4, max_keys: int = 8192) -> float:
+    """The curve the telemetry process would build from ``requests`` sampled at ``rate`` (fed straight to a
+    :class:`~mpcache.telemetry.mrc.curves.CurveSet`, no service) against the exact one: mean absolute error."""
+    from mpcache.contract.keys import SAMPLE_MODULUS
+    from mpcache.telemetry.mrc.curves import HEAD, MISS, POINT_RATIOS, SAMPLED, CurveSet
+
+    distances = exact_distances(requests)
+    finite = sorted(d for d in distances if d != float("inf"))
+    capacity = int(finite[len(finite) // 2])
+    curves = CurveSet(rate, max_keys, {"l1": capacity})
+    threshold = rate * SAMPLE_MODULUS
+    for model, salt, hashes in requests:
+        rows = [(h, salt, model) for h in hashes]
+        sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
+        curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
+                      + [(row, SAMPLED, MISS, 1) for row in sampled])
+        curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+    [curve] = [c for c in curves.curves() if c["model_name"] == "*"]
+    exact = exact_curve(distances, [round(capacity * ratio) for ratio in POINT_RATIOS])
+    return round(float(np.mean(np.abs(np.subtract([p["hit_ratio"] for p in curve["points"]], exact)))), 4)
 
 
 def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -285,6 +312,11 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
     workloads = {"demo": demo_requests(requests), "kv": kv_requests(requests)}
     results: dict[str, Any] = {name: _one_workload(name, reqs, rate, watermark, progress)
                                for name, reqs in workloads.items()}
+    results["replay_mae_by_rate"] = {
+        name: {f"{rate:g}": replay_mae(reqs, rate) for rate in (0.01, 0.1, 1.0)} | {
+            "0.01 without exact chunks": replay_mae(reqs, 0.01, exact_chunks=0)}
+        for name, reqs in workloads.items()}
+    progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = _sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)
     results["curve_set_bytes_at_max_keys"] = _curve_memory()
     results["targets_met"] = {

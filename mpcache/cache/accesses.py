@@ -18,6 +18,7 @@ _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 
 MAX_EXACT_CHUNKS = 4  # head keys travel as fixed fields (head_0..head_3): no per-key cells on the hot path
+MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
 EXACT_GAP_SHIFT = 4  # bit 4 + i of the lookup event's ``exact`` field: head chunk i is after the gap
 _SIGN = 1 << 63
 
@@ -39,6 +40,7 @@ class AccessSampler:
         self._pub = publisher
         self._threshold = rate * SAMPLE_MODULUS
         self._exact_chunks = exact_chunks
+        self._sizes: dict[str, int] = {}  # per model, the object size last published
         self.enabled = rate > 0
 
     def lookup(self, l1: L1Manager, model: str, salt: str, hashes: Sequence[int], ranks: int, l1_hits: int,
@@ -81,9 +83,14 @@ class AccessSampler:
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 
     def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
-        """A store of ``hashes`` (objects of ``object_bytes``): written now or already held, all touched."""
+        """A store of ``hashes`` (objects of ``object_bytes``): written now or already held, all touched.
+        Published when a key is sampled or the model's object size is new (the curves size keys by it)."""
         if not self.enabled:
             return
         threshold = self._threshold
-        self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes),
-                       sampled=[(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold])
+        sampled = [(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold]
+        if sampled or self._sizes.get(model) != object_bytes:
+            if len(self._sizes) >= MAX_MODELS_SIZED and model not in self._sizes:
+                self._sizes.clear()
+            self._sizes[model] = object_bytes
+            self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes), sampled=sampled)

@@ -19,13 +19,14 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 ALL = "*"
 OVERFLOW = "__overflow__"
-MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve; later ones share OVERFLOW's
+MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve at most; later ones share OVERFLOW's
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
 HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sampled rest
@@ -82,8 +83,10 @@ class _Stratum:
 class CurveSet:
     """The curves of one service: ``capacities`` maps a tier name to its configured bytes."""
 
-    def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int]) -> None:
+    def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int],
+                 max_tenants: int = MAX_TENANT_CURVES) -> None:
         self.lock = threading.Lock()
+        self.max_tenants = max_tenants
         self.configured_rate = sample_rate
         self.max_keys = max_keys
         self.capacities = dict(capacities)
@@ -112,7 +115,7 @@ class CurveSet:
 
     def tenant(self, model: str, salt: str) -> Tenant:
         pair = (model, salt)
-        if pair not in self._curves and len(self._curves) > MAX_TENANT_CURVES:
+        if pair not in self._curves and len(self._curves) > self.max_tenants:
             return (OVERFLOW, OVERFLOW)
         return pair
 
@@ -218,7 +221,7 @@ class CurveSet:
 
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------
 
-    def curves(self) -> list[dict[str, object]]:
+    def curves(self) -> list[dict[str, Any]]:
         """Every curve of every tier, as ``GET /mrc`` lists them."""
         out = []
         for (model, salt), histogram in self._curves.items():

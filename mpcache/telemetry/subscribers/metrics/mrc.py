@@ -16,7 +16,18 @@ from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
-from mpcache.telemetry.mrc.curves import AFTER_GAP, HEAD, L1_HIT, L2_HIT, MISS, SAMPLED, Access, CurveSet, Row
+from mpcache.telemetry.mrc.curves import (
+    AFTER_GAP,
+    HEAD,
+    L1_HIT,
+    L2_HIT,
+    MAX_TENANT_CURVES,
+    MISS,
+    SAMPLED,
+    Access,
+    CurveSet,
+    Row,
+)
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.subscribers.metrics._views import sampled_rows
 
@@ -55,7 +66,8 @@ class MissRatioSubscriber(Subscriber):
     event_types = (_LOOKUP, _STORE)
 
     def __init__(self, meter: Meter, config: Config, clock=time.monotonic) -> None:
-        self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities())
+        self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
+                               max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap))
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
         self._decayed_at = clock()
