@@ -248,7 +248,7 @@ def test_sdist_holds_what_a_build_needs(built):
 @pytest.mark.slow
 def test_wheel_holds_license_entry_points_and_every_module(built):
     """The wheel's metadata says License-Expression Apache-2.0 and carries LICENSE byte for byte; its
-    console scripts are start-cache and mpcache-logs; it holds every module and data file of the package
+    console scripts are start-cache, mpcache-logs and mpcache-report; it holds every module and data file of the package
     (py.typed, stubs, ... whatever the source has), and the compiled ring writer where a compiler and the
     Python headers exist."""
     with zipfile.ZipFile(built["wheel"]) as wheel:
@@ -263,8 +263,8 @@ def test_wheel_holds_license_entry_points_and_every_module(built):
     assert ("Apache-2.0", (REPO / "LICENSE").read_bytes(), set(), True) == (
         dict(re.findall(r"^([\w-]+): (.*)$", metadata, re.M)).get("License-Expression"), license_text,
         package - names, compiled or not compiler_and_headers())
-    assert {"start-cache": "mpcache.supervisor:main", "mpcache-logs": "mpcache.logtail:main"} == dict(
-        scripts["console_scripts"])
+    assert {"start-cache": "mpcache.supervisor:main", "mpcache-logs": "mpcache.logtail:main",
+            "mpcache-report": "mpcache.report:main"} == dict(scripts["console_scripts"])
 
 
 @pytest.mark.slow
