@@ -493,7 +493,8 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 # Not in spec/metrics.tsv: the L1 / L2 split of lookup_hit, which the reference
-# system also exports.  lookup_hit = lookup_hit_l1 + lookup_hit_l2.
+# system also exports (lookup_hit = lookup_hit_l1 + lookup_hit_l2), and L2 loads by
+# origin, what sharing a tier between hosts buys.
 EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l1_hit_tokens", *_LOOKUP_LABELS),
@@ -501,6 +502,9 @@ EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
        "Tokens of completed lookups' hits that were in L2."),
+    _m("mpcache.l2_load", "mpcache_l2_load_chunks_total", COUNTER, "chunks",
+       _sum(E.L2_LOAD_ORIGIN, "chunk_count", _f("l2_name"), _f("origin")),
+       "Chunks loaded from L2, by who stored them: origin self (this service instance) or peer (another one)."),
 )
 
 _MRC_KEY = (_KEY_MODEL, _KEY_SALT)

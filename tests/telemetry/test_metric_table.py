@@ -23,12 +23,13 @@ def test_table_matches_spec_row_for_row():
 
 
 def test_extra_rows_are_the_lookup_hit_split():
-    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters."""
+    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters, and L2 loads by origin."""
     expected = [
         ("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
         ("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
+        ("mpcache.l2_load", "mpcache_l2_load_chunks_total", "counter", "chunks", "l2_name,origin", "L2_LOAD_ORIGIN"),
     ]
     assert expected == [spec.tsv_row for spec in metric_table.EXTRA_METRICS]
 
