@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,6 +221,25 @@ def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():
     assert 0.004 == service_times.quantile(diff["lookup"], 1.0)  # in +Inf: the highest finite edge
     assert service_times.quantile(diff["ping"], 0.99) is None
     assert {"lookup": {"count": 100.0, "p50_ms": 1.0, "p99_ms": 4.0}} == service_times.summary(diff)  # no ping
+
+
+@pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("redis-cli")),
+                    reason="redis-server and redis-cli are needed for the l2 benchmark")
+def test_l2_benchmark_measures_single_and_cluster_against_the_floor_and_both_indexes(monkeypatch):
+    """l2 (tiny sizes) reports ours and the raw-pipeline floor for the single server and the cluster, each
+    ratio ours / floor, and a hit ratio in (0, 1) for the sharded and the unsharded index."""
+    from mpcache.bench import l2
+
+    for name, value in (("CHUNKS", 32), ("LOOKUPS", 20), ("HIT_DISTINCT", 200), ("HIT_REQUESTS", 300),
+                        ("HIT_CAPACITY_CHUNKS", 50)):
+        monkeypatch.setattr(l2, name, value)
+    result = l2.run(repetitions=1)
+    for name in ("single", "cluster"):
+        ours, floor, ratio = (result[name][part] for part in ("ours", "floor", "ratio"))
+        assert all(ours[k] > 0 and floor[k] > 0 for k in ours)
+        assert all(abs(ratio[k] - ours[k] / floor[k]) <= 0.01 * ratio[k] + 0.002 for k in ours), (ours, floor, ratio)
+    assert all(0 < value < 1 for value in result["hit_ratio"].values())
+    assert [row for row in bench_main._row("l2", result) if "hit ratio" in row]
 
 
 def test_mrc_oracle_equals_a_brute_force_recency_list():

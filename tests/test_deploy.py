@@ -45,6 +45,8 @@ SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_proce
            "mpcache_l1_fragmentation_bytes"}
 # The capacity-planning row (docs/MRC.md): the curve and the miss reasons.
 MRC = {"mpcache_mrc_hit_ratio", "mpcache_lookup_miss_chunks_total", "mpcache_l1_evicted_reused_chunks_total"}
+# The fleet row: L2 loads by origin, and target_info (host.name) to split series by host.
+FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -64,6 +66,7 @@ SECTIONS = [
     "Event bus health",
     "Service",
     "Capacity planning and miss reasons",
+    "Fleet (shared L2)",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
 REQUIRED_PANELS = {
@@ -73,6 +76,10 @@ REQUIRED_PANELS = {
     "Lookup hit rate per cache_salt (top 10 by traffic)": {
         "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"},
     "Blend token hit rate": {"lmcache_blend_lookup_hit_tokens_total", "lmcache_blend_lookup_requested_tokens_total"},
+    "Lookup hit rate per host": {"lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total",
+                                 "target_info"},
+    "Shared L2 usage": {"lmcache_mp_l2_usage_bytes", "target_info"},
+    "L2 loads by origin per host": FLEET,
 }
 # What the alerts must watch.
 ALERTED = {
@@ -99,7 +106,7 @@ def spec_rows() -> list[tuple[str, str]]:
 
 def known_series() -> dict[str, str]:
     """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS | SERVICE | MRC}
+    out = {name: name for name in EXTRAS | SERVICE | MRC | FLEET}
     for name, instrument in spec_rows():
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})
@@ -232,7 +239,8 @@ def parse_yaml_subset(text: str):
 
 def test_dashboard_queries_name_only_metrics_of_the_spec():
     """Every PromQL expr of the Grafana dashboard selects only metrics of metrics.tsv (histograms via
-    _bucket/_sum/_count) or the two lookup-tier extras, and every such metric appears in some panel."""
+    _bucket/_sum/_count), the lookup-tier extras, the service's own series or the fleet row's, and every such metric
+    appears in some panel."""
     known = known_series()
     exprs = dashboard_exprs(load_dashboard())
     unknown = sorted({(title, name) for title, expr in exprs for name in metric_names(expr) if name not in known})

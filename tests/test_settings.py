@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from mpcache import settings, supervisor
+from mpcache.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,3 +102,22 @@ def test_a_non_loopback_lmcache_host_needs_allow_remote(tmp_path, host):
         _config(tmp_path, None, argv)
     config, _ = _config(tmp_path, None, [*argv, "--lmcache-allow-remote"])
     assert config.lmcache_allow_remote and config.lmcache_host == host
+
+
+def test_a_file_describes_a_cluster_tier_shared_by_a_fleet(tmp_path):
+    """[[l2]] with cluster = true and shards is the same tier as the --l2 JSON; a cluster URL with a db is one
+    line naming --l2."""
+    config, _ = _config(tmp_path, '''
+instance-id = "node-7"
+
+[[l2]]
+type = "redis"
+cluster = true
+url = "redis://redis-0.cache:6379"
+capacity_gb = 400
+shards = 32
+''', [])
+    assert ("node-7", [{"type": "redis", "cluster": True, "url": "redis://redis-0.cache:6379", "capacity_gb": 400,
+                        "shards": 32}]) == (config.instance_id, config.l2)
+    with pytest.raises(ConfigError, match="^--l2: a redis cluster has database 0 only"):
+        _config(tmp_path, '[[l2]]\ntype = "redis"\ncluster = true\nurl = "redis://h:1/3"\ncapacity_gb = 1\n', [])

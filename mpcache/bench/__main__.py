@@ -1,4 +1,5 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,mrc,report} [--json]``; ``report`` runs them all
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,l2,mrc,report} [--json]``; ``report`` runs them
+all
 and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` needs LMCache's venv (``.ci/lmcache-env``)
 and is left out of the report, saying so, without it.
 """
@@ -15,10 +16,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, l1, lmcache, mrc, publish, scrape, soak
+from mpcache.bench import drain, e2e, l1, l2, lmcache, mrc, publish, scrape, soak
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
-              "l1": l1, "mrc": mrc}
+              "l1": l1, "l2": l2, "mrc": mrc}
 
 
 def _machine() -> str:
@@ -78,6 +79,18 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{result['slot_store_us']} µs per chunk",
                 f"hit {result['hit_ratio_bytes_over_slots']}×; bytes {result['resident_bytes_over_slots']}×; "
                 f"CPU {result['cpu_ratio_bytes_over_slots']}×", "hit > 1×; CPU ≤ 1.5× slots", verdict]
+    if name == "l2":
+        single, cluster = result["single"], result["cluster"]
+        return [f"single: store {single['ours']['store_GBps']:.2f} GB/s, load {single['ours']['load_GBps']:.2f} GB/s, "
+                f"lookup p50 {single['ours']['lookup_p50_us']:.0f} µs p99 {single['ours']['lookup_p99_us']:.0f} µs; "
+                f"cluster: store {cluster['ours']['store_GBps']:.2f}, load {cluster['ours']['load_GBps']:.2f} GB/s, "
+                f"lookup p50 {cluster['ours']['lookup_p50_us']:.0f} µs p99 {cluster['ours']['lookup_p99_us']:.0f} µs; "
+                f"hit ratio {result['hit_ratio']['sharded_16']:.3f} (16 shards) vs "
+                f"{result['hit_ratio']['unsharded']:.3f} (1)",
+                f"vs raw pipeline: single store {single['ratio']['store_GBps']}×, "
+                f"load {single['ratio']['load_GBps']}×; "
+                f"cluster store {cluster['ratio']['store_GBps']}×, load {cluster['ratio']['load_GBps']}×; hit "
+                f"{result['hit_ratio_sharded_over_unsharded']}×", "—", "—"]
     if name == "mrc":
         demo, kv = result["demo"], result["kv"]
         return [f"MAE vs exact LRU: demo {demo['mae_online_vs_exact']}, kv {kv['mae_online_vs_exact']} (rate "
@@ -162,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
-    except lmcache.LMCacheEnvMissing as exc:
+    except (lmcache.LMCacheEnvMissing, l2.RedisMissing) as exc:
         progress(f"python -m mpcache.bench {args.name}: error: {exc}")
         return 2
 
@@ -173,7 +186,7 @@ def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progres
         for name in BENCHMARKS:
             try:
                 result = one(name)
-            except lmcache.LMCacheEnvMissing as exc:
+            except (lmcache.LMCacheEnvMissing, l2.RedisMissing) as exc:
                 progress(f"report: leaving out {name}: {exc}")
                 continue
             results[name] = getattr(BENCHMARKS[name], "for_report", lambda r: r)(result)  # what the file keeps

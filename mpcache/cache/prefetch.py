@@ -20,6 +20,7 @@ _L2_LOAD_TASK_SUBMITTED = EventType.L2_LOAD_TASK_SUBMITTED
 _L2_LOAD_TASK_COMPLETED = EventType.L2_LOAD_TASK_COMPLETED
 _L2_PREFETCH_LOAD_COMPLETED = EventType.L2_PREFETCH_LOAD_COMPLETED
 _L2_PREFETCH_FAILED = EventType.L2_PREFETCH_FAILED
+_L2_LOAD_ORIGIN = EventType.L2_LOAD_ORIGIN
 
 
 class PrefetchOutcome(NamedTuple):
@@ -90,11 +91,14 @@ class PrefetchController:
 
     def _lookup_done(self, prefetch: _Prefetch, task: Task, future: concurrent.futures.Future) -> None:
         try:
-            held = list(future.result())
+            answers = list(future.result())
         except Exception:  # noqa: BLE001 - a lookup that failed (or a broken adapter) holds nothing
-            held = []
+            answers = [None] * len(prefetch.hashes)
+        unasked = sum(1 for answer in answers if answer is None)  # the tier (or a shard of it) was not reachable
+        if unasked:
             self._pub.emit(_L2_PREFETCH_FAILED, ("lookup_error",),
-                           salt_counts={(prefetch.salt, prefetch.model): len(prefetch.hashes)})
+                           salt_counts={(prefetch.salt, prefetch.model): unasked})
+        held = [answer is not None and bool(answer) for answer in answers]
         if len(held) != len(prefetch.hashes):
             held = [False] * len(prefetch.hashes)
         prefetch.held[task.adapter_index] = held
@@ -153,11 +157,13 @@ class PrefetchController:
         hashes, model, salt = prefetch.hashes, prefetch.model, prefetch.salt
         rejected: set[int] = set()
         errors: set[int] = set()
+        peer = 0
         try:
             result = future.result()
             loaded_keys = {key.chunk_hash for key in result.loaded}
             rejected = {key.chunk_hash for key in result.rejected}
             errors = {key.chunk_hash for key in result.errors}
+            peer = len(result.peer)
         except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
             loaded_keys = set()
         loaded = [p for p in positions if hashes[p] in loaded_keys]
@@ -172,8 +178,12 @@ class PrefetchController:
             l1.abort_write(model, salt, [hashes[p] for p in failed])
         prefetch.landed.update(loaded)
         prefetch.failed += len(failed)
-        self._pub.emit(_L2_LOAD_TASK_COMPLETED, (prefetch.request_id, task.adapter_index, task.task_id,
-                                                 self._storage.names[task.adapter_index], len(loaded), len(failed)))
+        name = self._storage.names[task.adapter_index]
+        self._pub.emit(_L2_LOAD_TASK_COMPLETED, (prefetch.request_id, task.adapter_index, task.task_id, name,
+                                                 len(loaded), len(failed)))
+        for origin, count in (("self", len(loaded) - peer), ("peer", peer)):
+            if count > 0:
+                self._pub.emit(_L2_LOAD_ORIGIN, (task.adapter_index, name, origin, count))
         prefetch.loads_left -= 1
         if prefetch.loads_left == 0:
             self._pub.emit(_L2_PREFETCH_LOAD_COMPLETED, (prefetch.request_id, len(prefetch.landed), prefetch.failed),

@@ -42,7 +42,7 @@ def build_adapters(config: Config, worker: int) -> list[L2Adapter]:
     mac_key = key_from_hex(config.l2_secret) if config.l2_secret else None
     try:
         for spec in adapter_specs(config, worker):
-            adapters.append(build_adapter(spec, config.chunk_bytes, mac_key))
+            adapters.append(build_adapter(spec, config.chunk_bytes, mac_key, config.instance_id))
     except BaseException:
         for adapter in adapters:
             adapter.close()

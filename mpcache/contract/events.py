@@ -43,6 +43,7 @@ class EventType(enum.IntEnum):
     L2_PREFETCH_LOAD_COMPLETED = 27
     L2_PREFETCH_FAILED = 28
     L2_KEYS_EVICTED = 29
+    L2_LOAD_ORIGIN = 30
     # MP server
     MP_REQUEST_START = 40
     MP_REQUEST_END = 41
@@ -139,6 +140,7 @@ _ALL = (
        ("failed_count", I), salt_counts=True),
     _s(E.L2_PREFETCH_FAILED, "l2.prefetch.failed", ("reason", N), salt_counts=True),
     _s(E.L2_KEYS_EVICTED, "l2.keys.evicted", ("adapter_index", I), ("l2_name", N), ("key_count", I), salt_counts=True),
+    _s(E.L2_LOAD_ORIGIN, "l2.load.origin", ("adapter_index", I), ("l2_name", N), ("origin", N), ("chunk_count", I)),
     _s(E.MP_REQUEST_START, "mp.request.start"),
     _s(E.MP_REQUEST_END, "mp.request.end"),
     _s(E.MP_STORE_SUBMITTED, "mp.store.submitted", ("device", N)),

@@ -497,8 +497,9 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 # Not in spec/metrics.tsv: the L1 / L2 split of lookup_hit, which the reference
-# system also exports (lookup_hit = lookup_hit_l1 + lookup_hit_l2), and the LMCache
-# front end's service time per operation.
+# system also exports (lookup_hit = lookup_hit_l1 + lookup_hit_l2), L2 loads by
+# origin, what sharing a tier between hosts buys, and the LMCache front end's service
+# time per operation.
 EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l1_hit_tokens", *_LOOKUP_LABELS),
@@ -506,6 +507,9 @@ EXTRA_METRICS: tuple[MetricSpec, ...] = (
     _m("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", COUNTER, "tokens",
        _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
        "Tokens of completed lookups' hits that were in L2."),
+    _m("mpcache.l2_load", "mpcache_l2_load_chunks_total", COUNTER, "chunks",
+       _sum(E.L2_LOAD_ORIGIN, "chunk_count", _f("l2_name"), _f("origin")),
+       "Chunks loaded from L2, by who stored them: origin self (this service instance) or peer (another one)."),
     _m("mpcache.lmcache.request", "mpcache_lmcache_request_seconds", HISTOGRAM, "seconds",
        Source(Derivation.PRODUCER_BUCKETS, (E.LMCACHE_REQUEST_TIMES,), labels=(_f("op"),)),
        "Server-side service time of each LMCache-protocol request, from its receipt to its reply sent, by "

@@ -5,6 +5,7 @@ and OTLP push; instruments are created from :mod:`mpcache.telemetry.metric_table
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.resources import HOST_NAME as HOST_NAME_KEY
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID as SERVICE_INSTANCE_ID_KEY
 from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -118,10 +120,11 @@ class MetricsExport:
 
 
 def build_resource(config: Config) -> Resource:
-    """service.name "mpcache" unless ``OTEL_SERVICE_NAME`` says otherwise, the attributes of
-    ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's own detector), and always the configured service.instance.id."""
+    """service.name "mpcache" unless ``OTEL_SERVICE_NAME`` says otherwise, host.name (this host's name unless
+    ``OTEL_RESOURCE_ATTRIBUTES`` gives one), the attributes of ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's own
+    detector), and always the configured service.instance.id: what tells the hosts of a fleet apart."""
     from_environment = OTELResourceDetector().detect()
-    return (Resource({SERVICE_NAME_KEY: SERVICE_NAME}).merge(from_environment)
+    return (Resource({SERVICE_NAME_KEY: SERVICE_NAME, HOST_NAME_KEY: socket.gethostname()}).merge(from_environment)
             .merge(Resource({SERVICE_INSTANCE_ID_KEY: config.instance_id})))
 
 

@@ -11,6 +11,7 @@ import csv
 import gzip
 import http.server
 import os
+import socket
 import threading
 import time
 from concurrent import futures
@@ -167,7 +168,8 @@ def check_wire_format(collected: Collected, resource: dict[str, str] | None = No
     """Resource, counter and histogram shape of everything received (see the test docstrings)."""
     specs = {row["otel_name"]: row for row in tsv_rows()}
     received = collected.metrics()
-    expected_resource = resource or {"service.instance.id": INSTANCE_ID, "service.name": "mpcache"}
+    expected_resource = resource or {"service.instance.id": INSTANCE_ID, "service.name": "mpcache",
+                                     "host.name": socket.gethostname()}
     assert {tuple(sorted(expected_resource.items()))} == {tuple(sorted(r.items())) for r, _ in received}
 
     bad_counters, went_down, bad_histograms = [], [], []
@@ -207,7 +209,7 @@ def check_wire_format(collected: Collected, resource: dict[str, str] | None = No
 
 def test_every_demo_metric_goes_over_otlp_grpc_with_resource_and_shapes(start_service, grpc_receiver, tmp_path):
     """Pushing to an OTLP/gRPC receiver every second, the demo (fs + mock L2) sends every OTel metric of
-    metrics.tsv (none exempted), every ResourceMetrics carries service.instance.id = --instance-id,
+    metrics.tsv (none exempted), every ResourceMetrics carries service.instance.id = --instance-id and host.name,
     every counter is a monotonic cumulative Sum whose per-attribute values never go down between
     exports, and every histogram carries its metric_table's explicit bucket bounds."""
     collected, endpoint = grpc_receiver
@@ -239,4 +241,5 @@ def test_otel_environment_alone_exports_over_http_protobuf_with_its_resource(sta
     assert 0 == service.stop()
     assert {("/v1/metrics", "application/x-protobuf")} == set(seen)
     check_wire_format(collected, {"service.instance.id": INSTANCE_ID, "service.name": "kv-cache-staging",
-                                  "deployment.environment": "staging", "k8s.cluster.name": "eu-1"})
+                                  "deployment.environment": "staging", "k8s.cluster.name": "eu-1",
+                                  "host.name": socket.gethostname()})

@@ -10,6 +10,7 @@ from l2_helpers import MAC_KEY
 from mpcache.cache.l2.fs import FsL2Adapter
 from mpcache.cache.l2.mock import MockL2Adapter
 from mpcache.cache.l2.spec import build_adapter, parse_l2_spec
+from mpcache.contract.keys import ChunkKey
 from mpcache.errors import ConfigError
 
 GOOD = [
@@ -23,6 +24,9 @@ GOOD = [
     '{"type": "redis", "url": "rediss://cache-host:6380/0", "capacity_gb": 1, "tls_ca_file": "/etc/ca.pem", '
     '"tls_cert_file": "/etc/c.pem", "tls_key_file": "/etc/c.key", "password_file": "/etc/redis.pw"}',
     '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "socket_timeout_s": 0.25, "connect_timeout_s": 2}',
+    '{"type": "redis", "url": "redis://seed:7000", "capacity_gb": 8, "cluster": true}',
+    '{"type": "redis", "url": "redis://seed:7000/0", "capacity_gb": 8, "cluster": true, "shards": 64}',
+    '{"type": "redis", "url": "redis://h:1/3", "capacity_gb": 1, "cluster": false, "shards": 4}',
 ]
 
 
@@ -59,6 +63,12 @@ BAD = {
     "zero_socket_timeout": '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "socket_timeout_s": 0}',
     "tls_file_without_rediss": '{"type": "redis", "url": "redis://h:1/0", "capacity_gb": 1, "tls_ca_file": "/c"}',
     "client_cert_without_key": '{"type": "redis", "url": "rediss://h:1/0", "capacity_gb": 1, "tls_cert_file": "/c"}',
+    "cluster_not_a_bool": '{"type": "redis", "url": "redis://h:1", "capacity_gb": 1, "cluster": "yes"}',
+    "zero_shards": '{"type": "redis", "url": "redis://h:1", "capacity_gb": 1, "shards": 0}',
+    "too_many_shards": '{"type": "redis", "url": "redis://h:1", "capacity_gb": 1, "shards": 1025}',
+    "cluster_with_a_db": '{"type": "redis", "url": "redis://h:1/2", "capacity_gb": 1, "cluster": true}',
+    "cluster_prefix_with_a_tag": '{"type": "redis", "url": "redis://h:1", "capacity_gb": 1, "cluster": true, '
+                                 '"key_prefix": "a{b}:"}',
 }
 
 
@@ -134,6 +144,28 @@ def test_build_rejects_a_capacity_below_one_chunk():
     """A capacity that cannot hold one chunk is a ConfigError naming --l2."""
     with pytest.raises(ConfigError, match=r"^--l2: mock capacity_gb 1e-06 is smaller than one chunk \(65536 bytes\)"):
         build_adapter({"type": "mock", "capacity_gb": 0.000001}, 65536)
+
+
+def test_build_makes_a_cluster_adapter_when_no_node_is_up_and_its_operations_fail_as_misses():
+    """A cluster tier whose seed does not answer at start-up is still built (the cache process serves); its
+    operations fail, counted, without raising, until the cluster answers."""
+    from mpcache.cache.l2.redis_adapter import RedisL2Adapter
+
+    adapter = build_adapter({"type": "redis", "url": "redis://127.0.0.1:1", "capacity_gb": 1, "cluster": True},
+                            65536, MAC_KEY, "host-a")
+    try:
+        stored = adapter.submit_store([(ChunkKey("m", "", 1), b"x" * 65536)]).result(10)
+        assert (RedisL2Adapter, True, 16, b"host-a") == (type(adapter), adapter.cluster, len(adapter._shards),
+                                                         adapter.writer)
+        assert ([ChunkKey("m", "", 1)], 1) == (stored.failed, adapter.failures.totals()["store_error"])
+    finally:
+        adapter.close()
+
+
+def test_build_rejects_shards_smaller_than_a_chunk():
+    """Every index shard must hold a chunk: capacity over shards below the chunk size is a ConfigError."""
+    with pytest.raises(ConfigError, match=r"^--l2: redis capacity_gb 0.001 split over 16 shards holds less than"):
+        build_adapter({"type": "redis", "url": "redis://h:1", "capacity_gb": 0.001, "cluster": True}, 65536, MAC_KEY)
 
 
 def test_build_checks_the_spec_too():

@@ -23,14 +23,15 @@ def test_table_matches_spec_row_for_row():
     assert spec_rows() == [spec.tsv_row for spec in metric_table.METRICS]
 
 
-def test_extra_rows_are_the_lookup_hit_split_and_the_lmcache_service_time():
-    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters, and the LMCache
-    front end's service time per operation."""
+def test_extra_rows_are_the_lookup_hit_split_l2_loads_by_origin_and_the_lmcache_service_time():
+    """The only rows beyond the spec are the L1/L2 split of lookup_hit, as token counters, L2 loads by
+    origin, and the LMCache front end's service time per operation."""
     expected = [
         ("lmcache_mp.lookup_hit_l1", "lmcache_mp_lookup_hit_l1_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
         ("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", "counter", "tokens",
          "model_name,cache_salt", "MP_LOOKUP_PREFETCH_END"),
+        ("mpcache.l2_load", "mpcache_l2_load_chunks_total", "counter", "chunks", "l2_name,origin", "L2_LOAD_ORIGIN"),
         ("mpcache.lmcache.request", "mpcache_lmcache_request_seconds", "histogram", "seconds", "op",
          "LMCACHE_REQUEST_TIMES"),
     ]

@@ -127,6 +127,7 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.L2_PREFETCH_LOAD_SUBMITTED, (9, 1, 1), salt_counts={("a", "m"): 1})
     publish(E.L2_LOAD_TASK_SUBMITTED, (9, 0, 2, "fs", 1, 4096), timestamp_ns=t0)
     publish(E.L2_LOAD_TASK_COMPLETED, (9, 0, 2, "fs", 1, 0), timestamp_ns=t0 + 1000)
+    publish(E.L2_LOAD_ORIGIN, (0, "fs", "self", 1))
     publish(E.L2_PREFETCH_LOAD_COMPLETED, (9, 1, 0), salt_counts={("a", "m"): 1})
     publish(E.L2_PREFETCH_FAILED, ("not_found",), salt_counts={("a", "m"): 1})
     publish(E.L2_KEYS_EVICTED, (0, "fs", 1), salt_counts={("a", "m"): 1})

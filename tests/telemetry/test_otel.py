@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -68,10 +69,11 @@ def test_prometheus_names_are_exactly_the_spec_names(export):
 
 
 def test_target_info_carries_the_instance_id_and_service_name(export, config):
-    """The resource reaches Prometheus as target_info{service_instance_id, service_name}."""
+    """The resource reaches Prometheus as target_info{host_name, service_instance_id, service_name}."""
     create_instrument(export.meter_provider.get_meter("test"), "lmcache_mp.l1_eviction_loop_ticks").add(0)
     lines = [line for line in scrape(export.prometheus_port).splitlines() if line.startswith("target_info{")]
-    assert [f'target_info{{service_instance_id="{config.instance_id}",service_name="mpcache"}} 1.0'] == lines
+    assert [f'target_info{{host_name="{socket.gethostname()}",service_instance_id="{config.instance_id}",'
+            'service_name="mpcache"} 1.0'] == lines
 
 
 def test_lifecycle_histogram_exposes_a_300s_bucket(export):
@@ -188,16 +190,16 @@ def test_otlp_grpc_push_exports_once_more_at_shutdown(config):
 
 
 def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_the_instance_id(config, monkeypatch):
-    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES reach the Resource (the SDK's detector); a
-    service.instance.id among them does not replace the configured one."""
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES reach the Resource (the SDK's detector), host.name
+    among them replacing this host's name; a service.instance.id among them does not replace the configured one."""
     from mpcache.telemetry.otel import build_resource
 
     monkeypatch.setenv("OTEL_SERVICE_NAME", "kv-cache")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging,team=inference,"
-                                                   "service.instance.id=spoofed")
+                                                   "service.instance.id=spoofed,host.name=node-7")
     assert {"service.name": "kv-cache", "deployment.environment": "staging", "team": "inference",
-            "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
+            "host.name": "node-7", "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
     monkeypatch.delenv("OTEL_SERVICE_NAME")
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
-    assert {"service.name": "mpcache", "service.instance.id": config.instance_id} == dict(
-        build_resource(config).attributes)
+    assert {"service.name": "mpcache", "host.name": socket.gethostname(),
+            "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)

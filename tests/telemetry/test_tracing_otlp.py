@@ -8,6 +8,7 @@ went over the wire.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent import futures
@@ -78,7 +79,8 @@ def receiver():
 def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(config, pipeline, receiver):
     """A request with a store, exported through the BatchSpanProcessor and the OTLP/gRPC exporter, arrives
     as a ``request`` root and an ``mp.store`` child of the same trace: parent id = the root's span id,
-    start/end exactly the event timestamps, and the Resource carrying service.name and service.instance.id."""
+    start/end exactly the event timestamps, and the Resource carrying service.name, host.name and
+    service.instance.id."""
     servicer, endpoint = receiver
     export = TracingExport.start(replace(config, enable_tracing=True, otlp_endpoint=endpoint, otlp_protocol="grpc"))
     try:
@@ -99,7 +101,8 @@ def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(confi
     assert ["mp.store", "request"] == sorted(span.name for _, span in received)
     resource, root = by_name["request"]
     _, child = by_name["mp.store"]
-    assert ({"service.name": "mpcache", "service.instance.id": "test-instance"}, b"") == (resource, root.parent_span_id)
+    assert ({"service.name": "mpcache", "host.name": socket.gethostname(), "service.instance.id": "test-instance"},
+            b"") == (resource, root.parent_span_id)
     assert (root.trace_id, root.span_id, T0 + 2 * MS, T0 + 12 * MS) == (
         child.trace_id, child.parent_span_id, child.start_time_unix_nano, child.end_time_unix_nano)
     assert (T0, T0 + 20 * MS, 8, 16) == (root.start_time_unix_nano, root.end_time_unix_nano, len(root.span_id),

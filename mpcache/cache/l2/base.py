@@ -58,6 +58,8 @@ class LoadResult:
     # subsets of ``failed``: records that did not verify (corrupt or forged), and storage errors (I/O, timeouts)
     rejected: list[ChunkKey] = field(default_factory=list)
     errors: list[ChunkKey] = field(default_factory=list)
+    # subset of ``loaded``: chunks another service instance stored (a shared tier that knows its writers)
+    peer: list[ChunkKey] = field(default_factory=list)
 
 
 class Usage(NamedTuple):
@@ -83,8 +85,9 @@ class L2Adapter(ABC):
         """
 
     @abstractmethod
-    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
-        """Which of ``keys`` are held; each hit counts as an access for LRU."""
+    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool | None]]:
+        """Which of ``keys`` are held; each hit counts as an access for LRU.  ``None`` for a key whose part of
+        the tier could not be asked (a sharded tier with a shard down): a miss, counted as a lookup error."""
 
     @abstractmethod
     def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
@@ -120,7 +123,7 @@ class PooledAdapter(L2Adapter):
     def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
         return self._pool.submit(self._store, [(key, byte_view(data)) for key, data in items])
 
-    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
+    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool | None]]:
         return self._pool.submit(self._lookup, list(keys))
 
     def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
@@ -137,7 +140,7 @@ class PooledAdapter(L2Adapter):
     def _store(self, items: list[tuple[ChunkKey, memoryview]]) -> StoreResult: ...
 
     @abstractmethod
-    def _lookup(self, keys: list[ChunkKey]) -> list[bool]: ...
+    def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]: ...
 
     @abstractmethod
     def _load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> LoadResult: ...

@@ -176,8 +176,8 @@ class FsL2Adapter(PooledAdapter):
         except OSError as error:  # unwritable directory, full disk (ENOSPC, EFBIG), ...
             return error
 
-    def _lookup(self, keys: list[ChunkKey]) -> list[bool]:
-        found = self._index.touch(keys)
+    def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
+        found: list[bool | None] = list(self._index.touch(keys))
         for key, hit in zip(keys, found):
             if hit:
                 self._touch(self.file_path(key))

@@ -61,7 +61,7 @@ class MockL2Adapter(L2Adapter):
         views = [(key, byte_view(data)) for key, data in items]
         return self._pool.submit(self._store, views, self._draw(len(views)))
 
-    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool]]:
+    def lookup(self, keys: list[ChunkKey]) -> Future[list[bool | None]]:
         return self._pool.submit(self._lookup, list(keys))
 
     def submit_load(self, keys: list[ChunkKey], destinations: list[memoryview]) -> Future[LoadResult]:
@@ -115,9 +115,9 @@ class MockL2Adapter(L2Adapter):
                 written += len(data)
         return StoreResult(stored, skipped, failed, written, evicted)
 
-    def _lookup(self, keys: list[ChunkKey]) -> list[bool]:
+    def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
         self._pause(0)
-        return self._index.touch(keys)
+        return list(self._index.touch(keys))
 
     def _load(self, keys: list[ChunkKey], destinations: list[memoryview], fails: list[bool]) -> LoadResult:
         targets = [byte_view(dest) for dest in destinations]

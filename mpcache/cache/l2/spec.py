@@ -16,7 +16,8 @@ ACCEPTED = (
     'a JSON object such as {"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}; '
     "fs {path, capacity_gb, threads?}, "
     "mock {capacity_gb, latency_ms?, bandwidth_gbps?, failure_rate? in [0,1], seed?}, "
-    "redis {url: redis[s]://[user[:password]@]host:port/db, capacity_gb, key_prefix?, threads?, "
+    "redis {url: redis[s]://[user[:password]@]host:port/db, capacity_gb, cluster? (the url a seed node, db 0), "
+    "shards? (1..1024; default 1, 16 with cluster), key_prefix?, threads?, "
     "socket_timeout_s?, connect_timeout_s?, password_file?, tls_ca_file?, tls_cert_file?, tls_key_file?}"
 )
 
@@ -64,6 +65,8 @@ _KEYS: dict[str, dict[str, tuple]] = {
         "url": (_redis_url, "a URL redis[s]://[user[:password]@]host:port/db without a query"),
         "capacity_gb": _CAPACITY,
         "key_prefix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        "cluster": (lambda v: isinstance(v, bool), "true or false"),
+        "shards": (lambda v: _integer(v) and 1 <= v <= 1024, "an integer in 1..1024"),
         "threads": _THREADS,
         "socket_timeout_s": _SECONDS,
         "connect_timeout_s": _SECONDS,
@@ -117,16 +120,26 @@ def check_l2_spec(spec) -> None:
             raise _fail(f"redis {', '.join(map(repr, tls))} need a rediss:// URL")
         if ("tls_cert_file" in spec) != ("tls_key_file" in spec):
             raise _fail("redis 'tls_cert_file' and 'tls_key_file' go together")
+        if spec.get("cluster"):
+            if urlsplit(spec["url"]).path.lstrip("/") not in ("", "0"):
+                raise _fail("a redis cluster has database 0 only: give the seed's url without /db or with /0")
+            if "{" in spec.get("key_prefix", "") or "}" in spec.get("key_prefix", ""):
+                raise _fail("a redis cluster's 'key_prefix' must not hold '{' or '}' (the shards' hash tags)")
 
 
-def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None) -> L2Adapter:
-    """The adapter ``spec`` describes; its capacity must hold at least one chunk.  fs and redis tiers
-    need ``mac_key``, the deployment's L2 record key (``Config.l2_secret``)."""
+def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None, writer: str = "") -> L2Adapter:
+    """The adapter ``spec`` describes; its capacity (each index shard's, for redis) must hold at least one
+    chunk.  fs and redis tiers need ``mac_key``, the deployment's L2 record key (``Config.l2_secret``); a redis
+    tier keeps ``writer`` (the service instance id) with each record this process stores."""
     check_l2_spec(spec)
     kind = spec["type"]
     capacity = int(spec["capacity_gb"] * L2_GB)
     if capacity < chunk_bytes:
         raise _fail(f"{kind} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk ({chunk_bytes} bytes)")
+    shards = spec.get("shards", 16 if spec.get("cluster") else 1) if kind == "redis" else 1
+    if capacity // shards < chunk_bytes:
+        raise _fail(f"redis capacity_gb {spec['capacity_gb']!r} split over {shards} shards holds less than one "
+                    f"chunk ({chunk_bytes} bytes) per shard")
     if kind == "mock":
         from mpcache.cache.l2.mock import MockL2Adapter
 
@@ -153,6 +166,7 @@ def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None) ->
     if "password_file" in spec:
         password = read_private_file(spec["password_file"], "--l2: redis password_file", min_bytes=1).decode()
     return RedisL2Adapter(spec["url"], capacity, mac_key=mac_key, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
+                          cluster=spec.get("cluster", False), shards=shards, writer=writer,
                           threads=spec.get("threads", 4), socket_timeout_s=spec.get("socket_timeout_s", 1.0),
                           connect_timeout_s=spec.get("connect_timeout_s", 1.0), password=password,
                           tls_ca_file=spec.get("tls_ca_file"), tls_cert_file=spec.get("tls_cert_file"),

@@ -218,7 +218,7 @@ class L2CountersSubscriber(TableCountersSubscriber):
         "lmcache_mp.l2_store_completed_objects", "lmcache_mp.l2_prefetch_lookup",
         "lmcache_mp.l2_prefetch_lookup_objects", "lmcache_mp.l2_prefetch_hit", "lmcache_mp.l2_prefetch_load_submitted",
         "lmcache_mp.l2_prefetch_load_submitted_objects", "lmcache_mp.l2_prefetch_load_completed",
-        "lmcache_mp.l2_load_completed", "lmcache_mp.l2_evicted",
+        "lmcache_mp.l2_load_completed", "lmcache_mp.l2_evicted", "mpcache.l2_load",
     )
 
 
