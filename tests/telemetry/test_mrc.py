@@ -196,3 +196,41 @@ def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
             (0, SAMPLED, L1_HIT, 1), (1, SAMPLED, AFTER_GAP, 1), (2, SAMPLED, MISS, 1)] == [
         (row[0], stratum, found, objects)
         for row, stratum, found, objects in lookup_accesses(MODEL, SALT, rows, fields)]
+
+
+def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline, metrics, config):
+    """Lookup and store events with random field values (a buggy or hostile producer) pass through the
+    subscriber without an exception; every estimate stays finite and non-negative, every ratio in [0, 1]."""
+    import dataclasses
+    import math
+
+    from mpcache.contract.events import EventType
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+
+    rng = random.Random(9)
+    subscriber = MissRatioSubscriber(metrics.meter, dataclasses.replace(config, mrc_sample_rate=1.0))
+    added: list[float] = []  # what reaches the SDK's counters (which would drop a negative add with a warning)
+    for counter in (subscriber._misses, subscriber._regret):
+        counter.add = lambda amount, attributes=None, add=counter.add: (added.append(amount), add(amount, attributes))
+    pipeline.subscribe(subscriber)
+    values = (-(2**63), -5, -1, 0, 1, 2, 3, 7, 15, 255, 2**40, 2**63 - 1)
+    for _ in range(400):
+        rows = [(rng.getrandbits(64), rng.choice("ab"), "m") for _ in range(rng.randint(0, 5))]
+        if rng.random() < 0.5:
+            pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *(rng.choice(values)
+                                                                                     for _ in range(11))),
+                             sampled=rows)
+        else:
+            pipeline.publish(EventType.MRC_STORE_SAMPLED, ("m", "a", rng.choice(values), rng.choice(values)),
+                             sampled=rows)
+        if rng.random() < 0.1:
+            pipeline.deliver()
+    pipeline.deliver()
+    collected = metrics.collect()
+    counts = [v for name in ("mpcache.lookup_miss", "mpcache.l1_evicted_reused")
+              for v in collected.get(name, {}).values()]
+    ratios = list(collected.get("mpcache.mrc_hit_ratio", {}).values())
+    assert ({}, True, True) == (pipeline.bus.subscriber_exception_counts(),
+                                all(math.isfinite(v) and v >= 0 for v in counts + added),
+                                all(0 <= v <= 1 for v in ratios))
+    assert counts and ratios and added  # the random events did reach the instruments

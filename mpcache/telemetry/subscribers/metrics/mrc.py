@@ -42,7 +42,7 @@ _MASK64 = (1 << 64) - 1
 def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, int]) -> list[Access]:
     """A lookup event's keys with their stratum, what the lookup found of each and how many objects each
     stands for: the first chunks (one key for the chunk's ``ranks`` objects), then the sampled keys."""
-    ranks = fields["ranks"] or 1
+    ranks = max(1, fields["ranks"])  # a corrupt record cannot make a weight negative or divide by zero
     found, l1_hits = fields["found"], fields["l1_hits"]
     gap_chunk, mask = found // ranks, fields["exact"] >> _EXACT_GAP_SHIFT
     out: list[Access] = []
@@ -92,10 +92,10 @@ class MissRatioSubscriber(Subscriber):
                     rows = rows_by_head.get(head, [])
                     if rows or fields["exact"]:
                         model, salt = name(fields["model_name"]), name(fields["cache_salt"])
-                        curves.lookup(model, salt, fields["ranks"] or 1, lookup_accesses(model, salt, rows, fields))
-                elif head in rows_by_head:
-                    curves.store(name(columns["model_name"][index]), columns["object_bytes"][index],
-                                 rows_by_head[head])
+                        curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields))
+                else:  # a store: sampled keys, or only its model's object size
+                    curves.store(name(columns["model_name"][index]), max(0, columns["object_bytes"][index]),
+                                 rows_by_head.get(head, ()))
             misses, regret = curves.take_counts()
         for (reason, model, salt), value in misses.items():
             self._misses.add(value, {"reason": reason, "model_name": model, "cache_salt": salt})
