@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from mpcache.contract.events import MRC_HEAD_FIELDS
 from mpcache.errors import ConfigError
 from mpcache.shm.layout import MAX_ADAPTERS
 from mpcache.shm.segment import shm_name
@@ -123,7 +124,8 @@ class Config:
              "--ring-cells: expected a power of two >= 1024"),
             (0 < self.metrics_sample_rate <= 1, "--metrics-sample-rate: expected a number in (0, 1]"),
             (0 <= self.mrc_sample_rate <= 1, "--mrc-sample-rate: expected a number in [0, 1] (0: no curves)"),
-            (0 <= self.mrc_exact_chunks <= 4, "--mrc-exact-chunks: expected an integer 0..4"),
+            (0 <= self.mrc_exact_chunks <= len(MRC_HEAD_FIELDS),
+             f"--mrc-exact-chunks: expected an integer 0..{len(MRC_HEAD_FIELDS)}"),
             (64 <= self.mrc_max_keys <= 1 << 22, "--mrc-max-keys: expected an integer 64..4194304"),
             (0 <= self.mrc_half_life_s < float("inf"), "--mrc-half-life: expected seconds >= 0 (0: no decay)"),
             (0 <= self.prometheus_port <= 65535, "--prometheus-port: expected a port number 0..65535"),

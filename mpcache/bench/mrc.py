@@ -142,6 +142,12 @@ def exact_curve(distances: list[float], capacities: list[int]) -> list[float]:
     return [float(np.searchsorted(ordered, capacity, side="right")) / len(ordered) for capacity in capacities]
 
 
+def median_reuse_bytes(distances: list[float]) -> int:
+    """The median finite reuse distance, in whole chunks: the L1 size that puts a workload mid-curve."""
+    finite = sorted(d for d in distances if d != float("inf"))
+    return int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES
+
+
 # -- the service --------------------------------------------------------------------------------------------------
 
 
@@ -217,8 +223,7 @@ def _overall(document: dict[str, Any]) -> dict[str, Any]:
 def _one_workload(name: str, requests: list[Request], rate: float, watermark: float,
                   progress: Callable[[str], None]) -> dict[str, Any]:
     distances = exact_distances(requests)
-    finite = sorted(d for d in distances if d != float("inf"))
-    l1 = int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES  # the median reuse distance: mid-curve
+    l1 = median_reuse_bytes(distances)
     progress(f"mrc: {name}: {len(requests)} requests, {len(distances)} lookup accesses, L1 {l1 >> 10} KiB")
     runs = {factor: replay(requests, int(l1 * factor) // CHUNK_BYTES * CHUNK_BYTES, rate) for factor in (1, 0.5, 2)}
     curve = _overall(runs[1]["mrc"])
@@ -259,7 +264,7 @@ def replay_mae(requests: list[Request], rate: float, exact_chunks: int = 4, max_
 
     distances = exact_distances(requests)
     finite = sorted(d for d in distances if d != float("inf"))
-    capacity = int(finite[len(finite) // 2])
+    capacity = int(finite[len(finite) // 2])  # not rounded to whole chunks: the replay has no slabs
     curves = CurveSet(rate, max_keys, {"l1": capacity})
     threshold = rate * SAMPLE_MODULUS
     for model, salt, hashes in requests:
@@ -275,8 +280,7 @@ def replay_mae(requests: list[Request], rate: float, exact_chunks: int = 4, max_
 
 def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """Cache-process CPU per request at the default rate over rate 0, interleaved pairs (median ratio)."""
-    finite = sorted(d for d in exact_distances(requests) if d != float("inf"))
-    l1 = int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES
+    l1 = median_reuse_bytes(exact_distances(requests))
     ratios = []
     for repetition in range(repetitions):
         on = replay(requests, l1, 0.01)["cache_cpu_s"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpcache.cache.l1 import L1Manager
-from mpcache.contract.events import EventType
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS, ChunkKey
 from mpcache.shm.publish import EventPublisher
 
@@ -17,9 +17,8 @@ _MRC_LOOKUP_SAMPLED = EventType.MRC_LOOKUP_SAMPLED
 _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 
-MAX_EXACT_CHUNKS = 4  # head keys travel as fixed fields (head_0..head_3): no per-key cells on the hot path
+MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
-EXACT_GAP_SHIFT = 4  # bit 4 + i of the lookup event's ``exact`` field: head chunk i is after the gap
 _SIGN = 1 << 63
 
 
@@ -59,7 +58,7 @@ class AccessSampler:
             chunk_hash = hashes[chunk * ranks]
             heads[chunk] = _int64(chunk_hash)
             if chunk > gap_chunk and l1.contains(ChunkKey(model, salt, chunk_hash)):
-                gap_mask |= 1 << (EXACT_GAP_SHIFT + chunk)
+                gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []

@@ -88,6 +88,8 @@ TEXT_MAX_BYTES = {"message": 512, "stacktrace": 4096}
 BLOCK_REQUEST_ID_MAX_BYTES = 128
 TEXT_FIELD_SESSION = 0  # text field number of session_id; schema texts follow from 1
 TEXT_FIELD_BLOCK_REQUESTS = 16  # request ids of MP_VLLM_BLOCK_ALLOCATION: 16, 17, ...
+MRC_HEAD_FIELDS = ("head_0", "head_1", "head_2", "head_3")  # MRC_LOOKUP_SAMPLED's first chunks, one field each
+MRC_EXACT_GAP_SHIFT = 4  # MRC_LOOKUP_SAMPLED's ``exact``: the head count, | bit 4 + i: head chunk i after the gap
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ _ALL = (
     # hits, L2 hits, misses after the gap, other misses.
     _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),
        ("l1_hits", I), ("exact", I), ("sampled_l1_hits", I), ("sampled_l2_hits", I), ("sampled_after_gap", I),
-       ("head_0", I), ("head_1", I), ("head_2", I), ("head_3", I), sampled=True),
+       *((name, I) for name in MRC_HEAD_FIELDS), sampled=True),
     # One per store that committed objects: how many, their size, and the sampled ones.
     _s(E.MRC_STORE_SAMPLED, "mrc.store.sampled", ("model_name", N), ("cache_salt", N), ("stored", I),
        ("object_bytes", I), sampled=True),

@@ -5,7 +5,7 @@ access slots (renumbered when the slots run out).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 
 
 class ReuseStack:
@@ -24,9 +24,6 @@ class ReuseStack:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._slot_of
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(self._slot_of)
 
     def bytes_of(self, key: Hashable) -> int:
         return self._entry[key][0]

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from mpcache.config import Config
-from mpcache.contract.events import EventType
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.mrc.curves import (
@@ -32,10 +32,8 @@ from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.subscribers.metrics._views import sampled_rows
 
 _LOOKUP, _STORE = EventType.MRC_LOOKUP_SAMPLED, EventType.MRC_STORE_SAMPLED
-_HEADS = ("head_0", "head_1", "head_2", "head_3")
 _LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact", "sampled_l1_hits",
-                  "sampled_l2_hits", "sampled_after_gap", *_HEADS)
-_EXACT_GAP_SHIFT = 4  # mpcache.cache.accesses.EXACT_GAP_SHIFT (the contract: events.py)
+                  "sampled_l2_hits", "sampled_after_gap", *MRC_HEAD_FIELDS)
 _MASK64 = (1 << 64) - 1
 
 
@@ -44,9 +42,9 @@ def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, in
     stands for: the first chunks (one key for the chunk's ``ranks`` objects), then the sampled keys."""
     ranks = max(1, fields["ranks"])  # a corrupt record cannot make a weight negative or divide by zero
     found, l1_hits = fields["found"], fields["l1_hits"]
-    gap_chunk, mask = found // ranks, fields["exact"] >> _EXACT_GAP_SHIFT
+    gap_chunk, mask = found // ranks, fields["exact"] >> MRC_EXACT_GAP_SHIFT
     out: list[Access] = []
-    for chunk, head in enumerate(_HEADS[: fields["exact"] & (1 << _EXACT_GAP_SHIFT) - 1]):
+    for chunk, head in enumerate(MRC_HEAD_FIELDS[: fields["exact"] & (1 << MRC_EXACT_GAP_SHIFT) - 1]):
         end = (chunk + 1) * ranks
         kind = (L1_HIT if end <= l1_hits else L2_HIT if end <= found
                 else AFTER_GAP if chunk > gap_chunk and mask >> chunk & 1 else MISS)
