@@ -10,73 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Callable
 
 import redis
+from support.ports import free_ports
+from support.waiting import wait_for
 
 REDIS_SERVER = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                                 else None)
 REDIS_CLI = shutil.which("redis-cli") or ("/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None)
 NODE_TIMEOUT_MS = 600
+BUS_PORT_OFFSET = 10000  # a node's cluster-bus port is its port + 10000: both must be free
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05):
-    """``condition()``'s first truthy value; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except (redis.RedisError, OSError) as exc:
-            value, last = None, exc
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last!r})")
-
-
-def _ephemeral_low() -> int:
-    """The first port the kernel hands out for ``bind(0)`` and outgoing connections."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
-            return int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(host: str, port: int) -> bool:
-    try:
-        with socket.socket() as probe:
-            probe.bind((host, port))
-    except OSError:
-        return False
-    return True
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """``count`` ports free on ``host`` whose cluster-bus port (+10000) is free too, both below the kernel's
-    ephemeral range: a port the kernel hands to another test's ``bind(0)`` listener or outgoing connection
-    between this probe and redis-server's bind can never be one of them."""
-    highest = _ephemeral_low() - 10000 - 1
-    if highest < 2048:
-        raise RuntimeError(f"no room below the ephemeral port range for a node and its bus port ({highest})")
-    chooser = random.Random()
-    ports: list[int] = []
-    for _ in range(count * 200):
-        if len(ports) == count:
-            break
-        port = chooser.randint(1024, highest)
-        if port not in ports and _bindable(host, port) and _bindable(host, port + 10000):
-            ports.append(port)
-    if len(ports) < count:
-        raise RuntimeError(f"found only {len(ports)} of {count} free node ports on {host}")
-    return ports
+# What a wait on a node tolerates while the cluster settles (a node not answering yet, a failover in progress).
+REDIS_NOT_YET = (redis.RedisError, OSError)
 
 
 class NodeDied(AssertionError):
@@ -107,7 +57,7 @@ class Node:
         if self.password:
             argv += ["--requirepass", self.password, "--masterauth", self.password]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self._answers_or_died, 10, f"redis node {self.address} to answer")
+        wait_for(self._answers_or_died, 10, f"redis node {self.address} to answer", tolerate=REDIS_NOT_YET)
         if not self.live:
             raise NodeDied(f"redis node {self.address} exited while starting: {self.log_tail()}")
 
@@ -148,7 +98,7 @@ class Cluster:
         self.password = password
         ports: dict[str, list[int]] = {}
         for host in dict.fromkeys(hosts):
-            ports[host] = free_ports(host, hosts.count(host))
+            ports[host] = free_ports(hosts.count(host), host, also_offset=BUS_PORT_OFFSET)
         self.nodes = [Node(host, ports[host].pop(), os.path.join(directory, f"node{index}"), password)
                       for index, host in enumerate(hosts)]
 
@@ -179,7 +129,7 @@ class Cluster:
                     raise
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(node.directory, "nodes.conf"))
-                node.port = free_ports(node.host, 1)[0]
+                node.port = free_ports(1, node.host, also_offset=BUS_PORT_OFFSET)[0]
 
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and 3 masters each have a replica, all agreeing."""
@@ -193,7 +143,7 @@ class Cluster:
                     views.add(tuple(sorted((n["node_id"], n["flags"].replace("myself,", ""), bool(n["slots"]))
                                            for n in client.cluster("nodes").values())))
             return len(views) == 1
-        wait_until(healthy, timeout_s, "the cluster to be healthy and agree on its topology")
+        wait_for(healthy, timeout_s, "the cluster to be healthy and agree on its topology", tolerate=REDIS_NOT_YET)
 
     def nodes_view(self) -> dict[str, dict]:
         """``CLUSTER NODES`` of a live node, by address."""
@@ -232,8 +182,8 @@ class Cluster:
         raise AssertionError("no live node")
 
     def wait_master(self, node: Node, timeout_s: float = 20) -> None:
-        wait_until(lambda: "master" in self.nodes_view()[node.address]["flags"]
-                   and node.info()["role"] == "master", timeout_s, f"{node.address} to be a master")
+        wait_for(lambda: "master" in self.nodes_view()[node.address]["flags"] and node.info()["role"] == "master",
+                 timeout_s, f"{node.address} to be a master", tolerate=REDIS_NOT_YET)
 
     def stop(self) -> None:
         """Kill every node (nothing of theirs is worth a clean shutdown) and reap it."""

@@ -1,7 +1,8 @@
-"""Shared fixtures: uniquely named shared-memory segments and fresh rings.
+"""Shared fixtures: uniquely named shared-memory segments and fresh rings, ``bin/start-cache`` process trees
+and OTLP receivers (the harness in tests/support/).
 
-Every segment a test creates is closed and unlinked at teardown, whatever the
-test did.  Names carry this process's pid first (like the supervisor's).
+Every segment, service and receiver a test creates is closed, killed or removed at teardown, whatever the
+test did.  Segment names carry this process's pid first (like the supervisor's).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from support.otlp_receiver import OtlpReceiver
+from support.service import Started
 
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
@@ -108,3 +111,27 @@ def second_user():
             yield user
     except Unavailable as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def start_service(tmp_path) -> Iterator[Started]:
+    """``start(*flags, kind=Service, **options)`` → a running :class:`support.service.Service` in
+    ``tmp_path/service<n>``; every one is torn down at the end (:meth:`Service.teardown`)."""
+    started = Started(tmp_path)
+    yield started
+    started.teardown()
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[Callable[..., OtlpReceiver]]:
+    """``start(protocol="grpc", signal="metrics")`` → a :class:`support.otlp_receiver.OtlpReceiver`, closed
+    at the end."""
+    started: list[OtlpReceiver] = []
+
+    def start(protocol: str = "grpc", signal: str = "metrics") -> OtlpReceiver:
+        started.append(OtlpReceiver(protocol, signal))
+        return started[-1]
+
+    yield start
+    for receiver in started:
+        receiver.close()

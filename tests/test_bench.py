@@ -8,10 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
+from support.waiting import wait_for
 
 from mpcache.bench import __main__ as bench_main
 from mpcache.bench import drain, lmcache, publish
@@ -76,12 +76,12 @@ def test_sigterm_stops_a_benchmark_with_its_children_and_shared_memory():
     bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "soak", "--seconds", "30", "--rate", "20000"],
                              stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        children: list[psutil.Process] = []
-        while len(children) < 3:  # the telemetry process and two producers
-            assert time.monotonic() < deadline and bench.poll() is None, "the soak did not start its children"
-            children = psutil.Process(bench.pid).children(recursive=True)
-            time.sleep(0.05)
+        def started_children() -> list[psutil.Process] | None:
+            assert bench.poll() is None, "the soak exited before starting its children"
+            found = psutil.Process(bench.pid).children(recursive=True)
+            return found if len(found) >= 3 else None  # the telemetry process and two producers
+
+        children = wait_for(started_children, 60, "the soak to start its children", tolerate=())
         bench.send_signal(signal.SIGTERM)
         _, stderr = bench.communicate(timeout=60)
     finally:

@@ -12,86 +12,45 @@ from __future__ import annotations
 import ipaddress
 import os
 import pickle
-import shutil
-import signal
 import socket
 import stat
-import subprocess
-import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
 import msgpack
 import psutil
 import pytest
+from support.service import Service
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 from mpcache.contract import protocol
-from mpcache.shm.segment import Segment
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from mpcache_service import REPO, START_CACHE, Service, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
 CHUNK = 4096
 
 
-class DefaultDirService(Service):
+def started_as_an_operator_would(directory: Path, *flags: str, host: str | None = None) -> Service:
     """A service started the way an operator would: runtime dir left to the supervisor's default
     (``<tmp>/mpcache-<uid>/<pid>``), started under ``umask 0`` so that only the service's own modes
     decide who may read what."""
+    return Service(directory, *flags, runtime_dir=False, umask=0, host=host)
 
-    def __init__(self, directory: Path, *flags: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.log_path = directory / "service.log"
-        self.tally_path = directory / "tally.json"
-        self.stderr = open(directory / "stderr.log", "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, START_CACHE, "--prometheus-port", str(self.port), "--log-file", str(self.log_path),
-             *flags],
-            stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO, umask=0,
-        )
-        self.base_dir = Path(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
-        self.runtime_dir = self.base_dir / str(self.process.pid)
 
-    def started(self) -> None:
-        wait_for(lambda: (self.runtime_dir / "cache0.sock").exists(), 60, "the cache socket")
-        wait_for(lambda: self.scrape(), 60, "/metrics")
-
-    def pid_of(self, role: str) -> int | None:
-        """The pid of the child last started in ``role`` (None before the log says so)."""
-        if not self.log_path.exists():
-            return None
-        pids = [line["pid"] for line in self.log_lines()
-                if line.get("event") == "child.started" and line.get("child_role") == role]
-        return pids[-1] if pids else None
-
-    def teardown(self) -> None:
-        logged = self.log_lines() if self.log_path.exists() else []
-        children = [line["pid"] for line in logged if line.get("event") == "child.started"]
-        self.kill()
-        for pid in children:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    os.kill(pid, signal.SIGKILL)
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(f"mpcache.{self.process.pid}."):
-                Segment.unlink("/" + name)
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+def last_pid(service: Service, role: str) -> int | None:
+    """The pid of the child last started in ``role`` (None before the log says so)."""
+    pids = service.pids(role, index=None)
+    return pids[-1] if pids else None
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """One running 1-worker service for the module, stopped (or killed) at the end."""
-    running = DefaultDirService(tmp_path_factory.mktemp("security"), "--workers", "1", "--chunk-bytes", "4KiB",
-                                "--l1-size", "4MiB")
+    running = started_as_an_operator_would(tmp_path_factory.mktemp("security"), "--workers", "1",
+                                           "--chunk-bytes", "4KiB", "--l1-size", "4MiB")
     try:
-        running.started()
+        running.ready(1)
         yield running
         assert 0 == running.stop()
     finally:
@@ -125,7 +84,7 @@ def test_shared_memory_sockets_and_dirs_are_private_even_under_umask_0(service) 
     assert {name: (0o600, uid) for name in entries} == {name: _private("/dev/shm/" + name) for name in entries}
     assert stat.S_ISSOCK(os.lstat(sock).st_mode)
     assert (0o600, uid) == _private(sock)
-    assert [(0o700, uid), (0o700, uid)] == [_private(service.runtime_dir), _private(service.base_dir)]
+    assert [(0o700, uid), (0o700, uid)] == [_private(service.runtime_dir), _private(service.runtime_dir.parent)]
     assert (0o600, uid) == _private(service.runtime_dir / "config.json")
     assert (0o600, uid) == buffer_mode
 
@@ -150,8 +109,8 @@ def _listening(pid: int | None) -> set[tuple[str, int]]:
 def test_metrics_listens_on_loopback_only_by_default(service) -> None:
     """Without --prometheus-host the telemetry process listens on exactly 127.0.0.1:<port> and nowhere
     else, and no cache process listens on any network socket."""
-    assert {("127.0.0.1", service.port)} == _listening(service.pid_of("telemetry"))
-    assert set() == _listening(service.pid_of("cache"))
+    assert {("127.0.0.1", service.port)} == _listening(last_pid(service, "telemetry"))
+    assert set() == _listening(last_pid(service, "cache"))
 
 
 def test_metrics_refuses_connections_on_a_non_loopback_address(service) -> None:
@@ -167,11 +126,11 @@ def test_prometheus_host_flag_binds_where_it_says(tmp_path) -> None:
     """--prometheus-host <non-loopback address> serves /metrics on that address and only there (a
     connection to 127.0.0.1 is refused); without such an address, 0.0.0.0 is checked to listen on all."""
     address = _non_loopback_ipv4() or "0.0.0.0"
-    bound = DefaultDirService(tmp_path, "--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "4MiB",
-                              "--prometheus-host", address)
+    bound = started_as_an_operator_would(tmp_path, "--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "4MiB",
+                                         host=address)
     try:
-        wait_for(lambda: _listening(bound.pid_of("telemetry")), 60, "the telemetry process to listen")
-        assert {(address, bound.port)} == _listening(bound.pid_of("telemetry"))
+        wait_for(lambda: _listening(last_pid(bound, "telemetry")), 60, "the telemetry process to listen")
+        assert {(address, bound.port)} == _listening(last_pid(bound, "telemetry"))
         if address != "0.0.0.0":
             url = f"http://{address}:{bound.port}/metrics"
             text = wait_for(lambda: urllib.request.urlopen(url, timeout=5).read(), 30, "/metrics on " + address)

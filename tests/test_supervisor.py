@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.waiting import wait_for
 
 import mpcache.supervisor as supervisor_module
 from mpcache.config import Config
@@ -65,17 +66,6 @@ class RecordingLog:
                     and all(fields.get(k) == v for k, v in match.items())]
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
-
-
 class Running:
     """A supervisor whose watch loop runs on a thread, over the children a test gave it."""
 
@@ -88,12 +78,27 @@ class Running:
         self.supervisor.children.extend(children)
         for child in children:
             self.supervisor._spawn(child)
+        self.loops = 0  # watch-loop iterations completed: each ends with the heartbeat check
+        check_heartbeats = self.supervisor._check_heartbeats
+
+        def counted(now: float) -> None:
+            check_heartbeats(now)
+            self.loops += 1
+
+        self.supervisor._check_heartbeats = counted  # type: ignore[method-assign]
         self.result: list[int] = []
         self.thread = threading.Thread(target=lambda: self.result.append(self.supervisor.watch()), daemon=True)
         self.thread.start()
 
     def pids(self, role: str, index: int = 0) -> list[int]:
         return [f["pid"] for f in self.log.events("child.started", child_role=role, index=index)]
+
+    def wait_loops(self, count: int) -> None:
+        """Until the watch loop has completed ``count`` more iterations (each sleeps the watch interval): what
+        it would have done by then — a restart it scheduled, a start — it did."""
+        target = self.loops + count
+        wait_for(lambda: self.loops >= target or not self.thread.is_alive(), 30, f"{count} watch-loop iterations",
+                 tolerate=())
 
     def alive(self, child: Child) -> bool:
         return child.process is not None and child.process.poll() is None
@@ -147,8 +152,8 @@ def supervised(instance) -> Iterator[Callable[..., Running]]:
 @pytest.fixture
 def fast_policy(monkeypatch) -> None:
     """Backoff from 10 ms, telemetry's capped at 80 ms; 5 exits within 30 s still give a cache process up."""
-    monkeypatch.setattr(supervisor_module, "BACKOFF_INITIAL_S", 0.01, raising=False)
-    monkeypatch.setattr(supervisor_module, "TELEMETRY_BACKOFF_MAX_S", 0.08, raising=False)
+    monkeypatch.setattr(supervisor_module, "BACKOFF_INITIAL_S", 0.01)
+    monkeypatch.setattr(supervisor_module, "TELEMETRY_BACKOFF_MAX_S", 0.08)
     monkeypatch.setattr(supervisor_module, "CRASH_WINDOW_S", 30.0)
     monkeypatch.setattr(supervisor_module, "MAX_CRASHES_IN_WINDOW", 5)
 
@@ -162,7 +167,8 @@ def test_telemetry_that_keeps_failing_is_restarted_forever_with_capped_backoff_a
     caches = [Child("cache", w, SLEEPER) for w in range(2)]
     running = supervised([Child("telemetry", 0, exits(1)), *caches])
 
-    wait_for(lambda: len(running.pids("telemetry")) >= 12 or not running.thread.is_alive(), 30, "12 telemetry starts")
+    wait_for(lambda: len(running.pids("telemetry")) >= 12 or not running.thread.is_alive(), 30, "12 telemetry starts",
+             tolerate=())
     down = running.log.events("telemetry.down", level="error")
     backoffs = [f["in_s"] for f in running.log.events("child.restart_scheduled", child_role="telemetry")]
 
@@ -183,8 +189,8 @@ def test_a_crash_looping_cache_process_is_given_up_alone(supervised, fast_policy
     running = supervised([others[0], Child("cache", 0, exits(3)), others[1]])
 
     wait_for(lambda: running.log.events("cache.given_up") or not running.thread.is_alive(), 30,
-             "cache[0] to be given up")
-    time.sleep(0.2)  # twice the watch interval: a sixth start would have happened by now
+             "cache[0] to be given up", tolerate=())
+    running.wait_loops(3)  # past twice the watch interval (and the 160 ms backoff): a sixth start would be done
     [given_up] = running.log.events("cache.given_up", level="error")
     board = Segment.attach(running.config.gauge_board_name())
     try:
@@ -227,8 +233,9 @@ def test_a_failing_demo_is_not_restarted_and_does_not_stop_the_cache(supervised,
     children = [Child("telemetry", 0, SLEEPER), Child("cache", 0, SLEEPER), Child("cache", 1, SLEEPER)]
     running = supervised([*children, Child("demo", 0, exits(1))])
 
-    wait_for(lambda: running.log.events("demo.failed") or not running.thread.is_alive(), 30, "the demo to fail")
-    time.sleep(0.2)  # a restart would have happened by now
+    wait_for(lambda: running.log.events("demo.failed") or not running.thread.is_alive(), 30, "the demo to fail",
+             tolerate=())
+    running.wait_loops(3)  # past twice the watch interval (and the 10 ms backoff): a restart would be done
 
     assert running.thread.is_alive(), "the demo's failure stopped the service"
     assert 1 == len(running.pids("demo"))
@@ -267,13 +274,14 @@ def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauge
             open(running.config.socket_path(worker), "w").close()
         for thread in beaters:
             thread.start()
-        wait_for(lambda: caches[0].state == "serving", 10, "cache[0] to serve")
+        wait_for(lambda: caches[0].state == "serving", 10, "cache[0] to serve", tolerate=())
         stop_beating.set()
         beaters[0].join()
         silent_from = time.monotonic()
-        [unresponsive] = wait_for(lambda: running.log.events("cache.unresponsive"), 10, "cache.unresponsive")
+        [unresponsive] = wait_for(lambda: running.log.events("cache.unresponsive"), 10, "cache.unresponsive",
+                                  tolerate=())
         detected_after = time.monotonic() - silent_from
-        wait_for(lambda: len(running.pids("cache", 0)) == 2, 10, "cache[0] to be restarted")
+        wait_for(lambda: len(running.pids("cache", 0)) == 2, 10, "cache[0] to be restarted", tolerate=())
         words = [slots[0].get(w) for w in (layout.G_HEARTBEAT, layout.G_PID, layout.G_L1_USED)]
         exit_status = running.log.events("child.exited", child_role="cache", index=0)[0]["exit_status"]
         survivor_alive = running.alive(caches[1])

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-import time
 import uuid
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -24,18 +22,6 @@ from mpcache.shm.segment import Segment
 CHUNK_BYTES = 4096
 CHUNK_TOKENS = 16
 MODEL = "org/model-7b"
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, what: str = "condition") -> object:
-    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.005)
 
 
 class CapturedLog:

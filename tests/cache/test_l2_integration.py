@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from support.waiting import wait_for
 
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey
@@ -23,7 +24,7 @@ from mpcache.telemetry.bus import EventBus, subscribe_all
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, CapturedLog, fill_blocks, wait_for
+from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, CapturedLog, fill_blocks
 
 SEED = 331  # see test_the_seed_draws_the_failures_the_script_expects
 FAILURE_RATE = 0.2
@@ -43,7 +44,7 @@ def fs_spec(path, chunks: int = FS_CAPACITY_CHUNKS) -> dict:
 def l2_idle(harness) -> None:
     """Wait until the server has handled every L2 completion."""
     storage = harness.server.storage
-    wait_for(lambda: storage.inflight == 0 and not storage.has_completions, 10, "L2 tasks to finish")
+    wait_for(lambda: storage.inflight == 0 and not storage.has_completions, 10, "L2 tasks to finish", tolerate=())
 
 
 class Telemetry:
@@ -363,7 +364,7 @@ def test_inflight_gauges_follow_tasks(cache, tmp_path):
                  block_ids=list(range(8)))
     l2_idle(harness)
     job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
-    wait_for(lambda: harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_LOADS) == 1, 5, "the load task")
+    wait_for(lambda: harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_LOADS) == 1, 5, "the load task", tolerate=())
     load_bytes = harness.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_LOAD_BYTES)
     client.wait_prefetch(job)
     l2_idle(harness)

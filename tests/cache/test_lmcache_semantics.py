@@ -10,11 +10,10 @@ import time
 
 import pytest
 from lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
+from support.waiting import wait_for
 
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
-
-from .conftest import wait_for
 
 CHUNK = 256
 LAYERS, HIDDEN = 2, 64
@@ -154,7 +153,8 @@ def test_an_abandoned_prepared_store_gives_its_slots_back(served):
     used_before = harness.server.l1.used_bytes
     prepared = client.call("prepare_store", key(tokens, "gone", worker_id=0), 1)
     assert 2 == len(prepared["context"]["slots"])
-    wait_for(lambda: harness.server.l1.used_bytes == used_before, timeout_s=5, what="the slots to come back")
+    wait_for(lambda: harness.server.l1.used_bytes == used_before, timeout_s=5, what="the slots to come back",
+             tolerate=())
     assert False is client.call("commit_store", key(tokens, "gone", worker_id=0), 1, b"")
     assert 2 == len(_store(client, pool, tokens, "again", seed=8))
 
@@ -194,12 +194,13 @@ def test_chunks_evicted_from_l1_come_back_from_l2_with_their_bytes(cache, tmp_pa
         tokens = list(range(70000, 70000 + 2 * CHUNK))
         written = _store(client, pool, tokens, "w", seed=10)
         storage = harness.server.storage
-        wait_for(lambda: storage.inflight == 0 and not storage.has_completions, what="the L2 stores to finish")
+        wait_for(lambda: storage.inflight == 0 and not storage.has_completions, timeout_s=5,
+                 what="the L2 stores to finish", tolerate=())
         assert NO_RESULT is client.call("clear", False)
         client.call("lookup", key(tokens, "back"), 1)
         statuses = []
         wait_for(lambda: statuses.append(client.call("query_prefetch_status", "back")) or statuses[-1] is not NO_RESULT,
-                 what="the L2 prefetch")
+                 timeout_s=5, what="the L2 prefetch", tolerate=())
         assert 2 == statuses[-1] and set(statuses[:-1]) <= {NO_RESULT}  # None (no result frame) while loading
         got = client.call("prepare_retrieve", key(tokens, "back", worker_id=0), 1)
         assert written == read_slots(pool, got["context"]["slots"])

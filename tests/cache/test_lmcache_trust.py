@@ -15,7 +15,6 @@ import json
 import mmap
 import os
 import queue
-import socket
 import subprocess
 import threading
 import time
@@ -26,14 +25,14 @@ import pytest
 import zmq
 from lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
 from second_user import User
+from support.ports import free_port
+from support.waiting import wait_for
 from zmq.utils.monitor import recv_monitor_message
 
 from mpcache.cache.process import CacheProcess
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 from mpcache.errors import ConfigError
 from mpcache.shm import layout
-
-from .conftest import wait_for
 
 CHUNK = 256
 LAYERS, HIDDEN = 2, 64
@@ -94,12 +93,6 @@ class RecordingLog:
 
 
 # -- the service, a victim that maps the pool, and the foreign peer -------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Served:
@@ -246,15 +239,15 @@ def attacker(second_user):
 
 def wait_refused(served: Served, uid: int, evil: Attacker) -> None:
     """Wait (bounded) for ``lmcache.peer_refused`` naming ``uid``; failing, say what the attacker got."""
-    deadline = time.monotonic() + REFUSAL_WAIT_S
-    while not served.log.events("lmcache.peer_refused", level="warning", uid=uid):
-        if time.monotonic() > deadline:
-            evil.go()
-            got = [(r["op"], "no_reply" if r.get("no_reply") else r.get("reply", "no result frame"))
-                   for r in evil.results()]
-            pytest.fail(f"no lmcache.peer_refused warning with uid={uid} within {REFUSAL_WAIT_S} s; "
-                        f"the foreign uid's requests got: {got}")
-        time.sleep(0.005)
+    try:
+        wait_for(lambda: served.log.events("lmcache.peer_refused", level="warning", uid=uid), REFUSAL_WAIT_S,
+                 f"lmcache.peer_refused with uid={uid}", tolerate=())
+    except AssertionError:
+        evil.go()
+        got = [(r["op"], "no_reply" if r.get("no_reply") else r.get("reply", "no result frame"))
+               for r in evil.results()]
+        pytest.fail(f"no lmcache.peer_refused warning with uid={uid} within {REFUSAL_WAIT_S} s; "
+                    f"the foreign uid's requests got: {got}")
 
 
 def no_reply(results: list[dict]) -> bool:
@@ -411,7 +404,7 @@ def _still_serving(service: Served, thread_ident: int, stored: list[int], reques
     """The same server thread is alive, the heartbeat advances, and a new client gets the stored hits."""
     assert service.harness.thread.is_alive() and thread_ident == service.harness.thread.ident
     beat = service.heartbeat
-    wait_for(lambda: service.heartbeat > beat, timeout_s=5, what="the heartbeat to advance")
+    wait_for(lambda: service.heartbeat > beat, timeout_s=5, what="the heartbeat to advance", tolerate=())
     assert len(stored) // CHUNK == hits(service.client(), stored, request)
 
 
@@ -428,7 +421,7 @@ def test_a_frame_over_the_cap_drops_the_connection_unanswered_and_the_process_ke
     try:
         client.socket.send_multipart(_frames("lookup", msgpack.packb(b"\0" * 40_000_000), msgpack.packb(1)))
         wait_for(lambda: client.socket.poll(0) or monitor.poll(0), timeout_s=20,
-                 what="a reply or the connection to drop")
+                 what="a reply or the connection to drop", tolerate=())
         assert not client.socket.poll(0), "a 40 MB frame was answered: the message size cap is not enforced"
         assert zmq.EVENT_DISCONNECTED == recv_monitor_message(monitor)["event"]
         assert not client.socket.poll(200), "no reply comes for the dropped frame"
@@ -576,7 +569,7 @@ def test_pings_from_ever_new_instance_ids_are_answered_and_their_log_lines_are_r
     assert len(burst) <= 30, f"2000 pings caused {len(burst)} log lines, e.g. {burst[:2]}"
     wait_for(lambda: type(client.call("ping", next(ids))) is bool
              and any(line[2].get("suppressed") for line in service.log.since(mark)),
-             timeout_s=5, what="a line with the suppressed count")
+             timeout_s=5, what="a line with the suppressed count", tolerate=())
 
 
 # -- 7: a non-loopback host needs lmcache_allow_remote ------------------------------------------------------

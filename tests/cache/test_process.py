@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 from mpcache.errors import ProtocolError
@@ -17,7 +18,7 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 
-from .conftest import CHUNK_BYTES, MODEL, wait_for
+from .conftest import CHUNK_BYTES, MODEL
 
 
 def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, runtime_dir):
@@ -36,7 +37,8 @@ def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, run
     board = GaugeBoardReader(board_segment)
     try:
         socket_path = config.socket_path(0)
-        wait_for(lambda: os.path.exists(socket_path) or process.poll() is not None, timeout_s=30, what="the socket")
+        wait_for(lambda: os.path.exists(socket_path) or process.poll() is not None, timeout_s=30, what="the socket",
+                 tolerate=())
         assert None is process.poll()
         assert 0o600 == stat.S_IMODE(os.stat(socket_path).st_mode)
         with CacheClient(socket_path) as client:
@@ -96,10 +98,10 @@ def test_cache_process_stops_when_its_supervisor_dies(provisioned, runtime_dir):
     parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
     try:
         cache_pid = int(parent.stdout.readline())
-        wait_for(lambda: os.path.exists(config.socket_path(0)), timeout_s=30, what="the socket")
+        wait_for(lambda: os.path.exists(config.socket_path(0)), timeout_s=30, what="the socket", tolerate=())
         parent.kill()
         parent.wait()
-        wait_for(gone, timeout_s=10, what="the orphaned cache process to exit")
+        wait_for(gone, timeout_s=10, what="the orphaned cache process to exit", tolerate=())
     finally:
         parent.kill()
         parent.wait()

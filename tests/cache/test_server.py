@@ -8,6 +8,7 @@ import stat
 
 import numpy as np
 import pytest
+from support.waiting import wait_for
 
 from mpcache.client import CacheTimeoutError, PrefetchStatus
 from mpcache.contract.events import EventType as E
@@ -16,7 +17,7 @@ from mpcache.errors import RequestError
 from mpcache.shm import layout
 from mpcache.shm.segment import Segment
 
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks, wait_for
+from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks
 
 SALT = "tenant-a"
 
@@ -259,7 +260,8 @@ def test_eviction_loop_runs_as_a_timer_and_keeps_gauges_current(cache):
     client.store(kv, request_id="w", model_name=MODEL, cache_salt=SALT, chunk_hashes=_hashes(8),
                  block_ids=list(range(8)))
     board = harness.board
-    wait_for(lambda: board.word(0, layout.G_L1_USED) == 3 * CHUNK_BYTES, what="eviction down to 3 of 8 slots")
+    wait_for(lambda: board.word(0, layout.G_L1_USED) == 3 * CHUNK_BYTES, timeout_s=5,
+             what="eviction down to 3 of 8 slots", tolerate=())
     batch = harness.events.take()
     assert {(SALT, MODEL): 5} == batch.salt_totals([E.L1_KEYS_EVICTED])
     assert True in [e.fields["triggered"] for e in batch.events([E.L1_EVICTION_LOOP_TICK])]

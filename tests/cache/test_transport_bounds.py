@@ -11,11 +11,10 @@ import sys
 
 import msgpack
 import pytest
+from support.waiting import wait_for
 
 from mpcache.contract import protocol
 from mpcache.errors import RequestError
-
-from .conftest import wait_for
 
 
 def _raw(path: str) -> socket.socket:
@@ -92,7 +91,7 @@ def test_running_out_of_file_descriptors_sheds_new_connections_and_keeps_serving
     process = subprocess.Popen([sys.executable, "-c", RUN_WITH_FEW_FDS, str(path)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: os.path.exists(config.socket_path(0)), what="the cache socket")
+        wait_for(lambda: os.path.exists(config.socket_path(0)), timeout_s=5, what="the cache socket", tolerate=())
         socks = [_raw(config.socket_path(0)) for _ in range(80)]
         shed = [s for s in socks[40:] if _closed_by_server(s, timeout_s=2.0)]
         assert shed, "connections past the descriptor limit must be closed"
@@ -108,7 +107,7 @@ def test_running_out_of_file_descriptors_sheds_new_connections_and_keeps_serving
             except OSError:
                 return False
 
-        wait_for(pings, what="a new client to be served again")
+        wait_for(pings, timeout_s=5, what="a new client to be served again", tolerate=())
         assert process.poll() is None
     finally:
         process.terminate()

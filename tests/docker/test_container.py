@@ -16,13 +16,14 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
+from support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -46,20 +47,6 @@ def docker(*args: str, check: bool = True, timeout: float = 300, **kwargs) -> su
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)}: exit {result.returncode}\n{result.stdout}{result.stderr}")
     return result
-
-
-def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-            if value:
-                return value
-        except (OSError, ValueError) as exc:
-            last = exc
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last!r})")
 
 
 def get(url: str) -> tuple[int, str]:
@@ -216,13 +203,6 @@ def compose_command() -> list[str] | None:
         return [DOCKER or "docker", "compose"]
     standalone = shutil.which("docker-compose")
     return [standalone] if standalone else None
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(image, names):

@@ -19,14 +19,15 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+from support.waiting import wait_for as wait_or_fail  # noqa: E402
 
 from mpcache.client import CacheClient  # noqa: E402
 from mpcache.errors import MpcacheError  # noqa: E402
@@ -41,13 +42,11 @@ def shm() -> list[str]:
 
 
 def wait_for(condition, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    return None
+    """``condition()``'s first truthy value within ``timeout_s``, or None: the scenario reports what it saw."""
+    try:
+        return wait_or_fail(condition, timeout_s, "a scenario's condition", tolerate=())
+    except AssertionError:
+        return None
 
 
 def log_lines(path: str) -> list[dict]:

@@ -16,8 +16,9 @@ import secrets
 import msgpack
 import numpy as np
 import pytest
-from mpcache_service import Scrape, Service, wait_for
 from raw_frames import RawConn
+from support.service import Scrape
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 from mpcache.contract import protocol
@@ -126,70 +127,67 @@ BAD = {
 }
 
 
-def test_every_bad_request_gets_one_error_line_and_the_service_keeps_serving(tmp_path) -> None:
+def test_every_bad_request_gets_one_error_line_and_the_service_keeps_serving(start_service) -> None:
     """Each bad frame or request to the running service gets ok=False with its error_type and a one-line
     message naming the problem, the same connection then answers a ping, and a second client's
     store→retrieve stays byte-exact after every one; an oversized frame header gets an error reply and
     closes only its own connection.  Afterwards the cache process is the same one (no restart), and
     /metrics counts exactly the bystander's chunks: the refused requests stored nothing."""
-    service = Service(tmp_path, *FLAGS)
+    service = start_service(*FLAGS)
+    path = str(service.runtime_dir / "cache0.sock")
+    wait_for(lambda: os.path.exists(path) and service.scrape(), 60, "the service")
+    bystander = Bystander(path)
+    conn = RawConn(path)
+    fd = create_sealed("badsvc", BLOCKS * CHUNK)
     try:
-        path = str(service.runtime_dir / "cache0.sock")
-        wait_for(lambda: os.path.exists(path) and service.scrape(), 60, "the service")
-        bystander = Bystander(path)
-        conn = RawConn(path)
-        fd = create_sealed("badsvc", BLOCKS * CHUNK)
-        try:
-            registered = conn.request(_register(BLOCKS), [fd])
-            assert True is registered["ok"], registered
-            buffer_id = registered["buffer_id"]
-            server_pid = conn.request({"op": "ping", "id": 1})["pid"]
+        registered = conn.request(_register(BLOCKS), [fd])
+        assert True is registered["ok"], registered
+        buffer_id = registered["buffer_id"]
+        server_pid = conn.request({"op": "ping", "id": 1})["pid"]
+        bystander.round_trip()
+        answers = {}
+        for case, (build, _, _) in BAD.items():
+            conn.send_payload(build(buffer_id))
+            reply = conn.reply()
+            answers[case] = (reply["ok"], reply["error_type"], reply["error"])
+            assert True is conn.request({"op": "ping", "id": 2})["ok"], case
             bystander.round_trip()
-            answers = {}
-            for case, (build, _, _) in BAD.items():
-                conn.send_payload(build(buffer_id))
-                reply = conn.reply()
-                answers[case] = (reply["ok"], reply["error_type"], reply["error"])
-                assert True is conn.request({"op": "ping", "id": 2})["ok"], case
-                bystander.round_trip()
 
-            conn.sock.sendall(protocol.FRAME_HEADER.pack(protocol.MAX_FRAME_BYTES + 1))
-            oversized = conn.reply()
-            closed = conn.sock.recv(1)
-            bystander.round_trip()
-            fresh = RawConn(path)
-            fresh_pid = fresh.request({"op": "ping", "id": 3})["pid"]
-            fresh.close()
-        finally:
-            conn.close()
-            os.close(fd)
-
-        wrong = {case: answer for case, answer in answers.items()
-                 if not (answer[:2] == (False, BAD[case][1]) and BAD[case][2] in answer[2] and "\n" not in answer[2])}
-        assert {} == wrong
-        assert (False, "protocol", b"") == (oversized["ok"], oversized["error_type"], closed)
-        assert f"exceeds the {protocol.MAX_FRAME_BYTES}-byte limit" in oversized["error"]
-        assert server_pid == fresh_pid
-        assert 2 * (len(BAD) + 2) == bystander.stored
-        expected = {"bystander": float(bystander.stored)}
-
-        def counted():
-            scrape = service.scrape()
-            # all counters asserted below: a drained ring (depth 0) may still be in its subscribers
-            return scrape if (scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                              and scrape.by_label("lmcache_mp_l1_write_chunks_total", "cache_salt") == expected
-                              and scrape.by_label("lmcache_mp_num_chunks_loaded_total", "cache_salt") == expected
-                              ) else None
-
-        scrape = wait_for(counted, 30, f"/metrics to count {expected}")
-        bystander.close()
-        assert expected == scrape.by_label("lmcache_mp_num_chunks_loaded_total", "cache_salt")
-        assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
-        assert 1 == sum(1 for line in service.log_lines()
-                        if line.get("event") == "child.started" and line.get("child_role") == "cache")
-        assert 0 == service.stop()
+        conn.sock.sendall(protocol.FRAME_HEADER.pack(protocol.MAX_FRAME_BYTES + 1))
+        oversized = conn.reply()
+        closed = conn.sock.recv(1)
+        bystander.round_trip()
+        fresh = RawConn(path)
+        fresh_pid = fresh.request({"op": "ping", "id": 3})["pid"]
+        fresh.close()
     finally:
-        service.kill()
+        conn.close()
+        os.close(fd)
+
+    wrong = {case: answer for case, answer in answers.items()
+             if not (answer[:2] == (False, BAD[case][1]) and BAD[case][2] in answer[2] and "\n" not in answer[2])}
+    assert {} == wrong
+    assert (False, "protocol", b"") == (oversized["ok"], oversized["error_type"], closed)
+    assert f"exceeds the {protocol.MAX_FRAME_BYTES}-byte limit" in oversized["error"]
+    assert server_pid == fresh_pid
+    assert 2 * (len(BAD) + 2) == bystander.stored
+    expected = {"bystander": float(bystander.stored)}
+
+    def counted():
+        scrape = service.scrape()
+        # all counters asserted below: a drained ring (depth 0) may still be in its subscribers
+        return scrape if (scrape.total("lmcache_mp_event_bus_queue_depth") == 0
+                          and scrape.by_label("lmcache_mp_l1_write_chunks_total", "cache_salt") == expected
+                          and scrape.by_label("lmcache_mp_num_chunks_loaded_total", "cache_salt") == expected
+                          ) else None
+
+    scrape = wait_for(counted, 30, f"/metrics to count {expected}")
+    bystander.close()
+    assert expected == scrape.by_label("lmcache_mp_num_chunks_loaded_total", "cache_salt")
+    assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    assert 1 == sum(1 for line in service.log_lines()
+                    if line.get("event") == "child.started" and line.get("child_role") == "cache")
+    assert 0 == service.stop()
 
 
 FLOOD_SALTS = 3000
@@ -207,7 +205,7 @@ def _salted_series(scrape: Scrape) -> dict[str, collections.Counter]:
     return out
 
 
-def test_cache_salt_flood_is_capped_per_metric_and_counted_in_full(tmp_path) -> None:
+def test_cache_salt_flood_is_capped_per_metric_and_counted_in_full(start_service) -> None:
     """3000 distinct cache_salt values (each: store one chunk, prefetch it, retrieve it) with
     --cache-salt-cap 100: every metric with a cache_salt label serves at most 100 distinct values plus
     ``__overflow__``, the sum over each counter's series equals the true total (3000 chunks written,
@@ -219,54 +217,51 @@ def test_cache_salt_flood_is_capped_per_metric_and_counted_in_full(tmp_path) -> 
     the page before the flood (histograms without cache_salt getting samples).  So the page is at most
     before + 16 KiB + 101 × (salted lines per salt) × 128 bytes: about 0.75 MB for the 57 lines per salt
     the issue-2 metrics have, under 1 MiB; uncapped, those 57 lines for 3000 salts would be over 15 MB."""
-    service = Service(tmp_path, *FLAGS, "--cache-salt-cap", str(CAP), "--chunk-size", "16")
-    try:
-        path = str(service.runtime_dir / "cache0.sock")
-        wait_for(lambda: os.path.exists(path) and service.scrape(), 60, "the service")
-        before = len(service.scrape().text.encode())
-        salts = [f"tenant-{i:05d}" for i in range(FLOOD_SALTS)]
-        with CacheClient(path) as client:
-            kv = client.register_buffer(2, CHUNK)
-            kv.blocks[0] = np.arange(CHUNK, dtype=np.uint32).astype(np.uint8)
-            for i, salt in enumerate(salts):
-                assert 1 == client.store(kv, request_id=f"w{i}", model_name=MODEL, cache_salt=salt,
-                                         chunk_hashes=[i + 1], block_ids=[0]).stored
-                job = client.lookup_prefetch(request_id=f"r{i}", model_name=MODEL, cache_salt=salt,
-                                             chunk_hashes=[i + 1])
-                assert 1 == client.wait_prefetch(job).found_count
-                assert 1 == client.retrieve(kv, request_id=f"r{i}", job_id=job, block_ids=[1]).retrieved
-                client.end_session(f"w{i}")
-                client.end_session(f"r{i}")
-            assert np.array_equal(kv.blocks[0], kv.blocks[1])
-            del kv
+    service = start_service(*FLAGS, "--cache-salt-cap", str(CAP), "--chunk-size", "16")
+    path = str(service.runtime_dir / "cache0.sock")
+    wait_for(lambda: os.path.exists(path) and service.scrape(), 60, "the service")
+    before = len(service.scrape().text.encode())
+    salts = [f"tenant-{i:05d}" for i in range(FLOOD_SALTS)]
+    with CacheClient(path) as client:
+        kv = client.register_buffer(2, CHUNK)
+        kv.blocks[0] = np.arange(CHUNK, dtype=np.uint32).astype(np.uint8)
+        for i, salt in enumerate(salts):
+            assert 1 == client.store(kv, request_id=f"w{i}", model_name=MODEL, cache_salt=salt,
+                                     chunk_hashes=[i + 1], block_ids=[0]).stored
+            job = client.lookup_prefetch(request_id=f"r{i}", model_name=MODEL, cache_salt=salt,
+                                         chunk_hashes=[i + 1])
+            assert 1 == client.wait_prefetch(job).found_count
+            assert 1 == client.retrieve(kv, request_id=f"r{i}", job_id=job, block_ids=[1]).retrieved
+            client.end_session(f"w{i}")
+            client.end_session(f"r{i}")
+        assert np.array_equal(kv.blocks[0], kv.blocks[1])
+        del kv
 
-        def counted():
-            scrape = service.scrape()
-            done = (scrape.total("lmcache_mp_event_bus_queue_depth") == 0  # and out of the subscribers:
-                    and all(scrape.total(name) == FLOOD_SALTS for name in COUNTED)
-                    and scrape.total("lmcache_mp_lookup_hit_tokens_total") == 16 * FLOOD_SALTS)
-            return scrape if done else None
+    def counted():
+        scrape = service.scrape()
+        done = (scrape.total("lmcache_mp_event_bus_queue_depth") == 0  # and out of the subscribers:
+                and all(scrape.total(name) == FLOOD_SALTS for name in COUNTED)
+                and scrape.total("lmcache_mp_lookup_hit_tokens_total") == 16 * FLOOD_SALTS)
+        return scrape if done else None
 
-        scrape = wait_for(counted, 60, "/metrics to count the flood")
-        size = len(scrape.text.encode())
-        salted = _salted_series(scrape)
-        too_many = {name: len(values) for name, values in salted.items()
-                    if len(set(values) - {"__overflow__"}) > CAP}
-        assert {} == too_many
-        for name in COUNTED:
-            by_salt = scrape.by_label(name, "cache_salt")
-            assert (CAP + 1, float(FLOOD_SALTS)) == (len(by_salt), sum(by_salt.values())), name
-            assert float(FLOOD_SALTS - CAP) == by_salt["__overflow__"], name
-        assert float(16 * FLOOD_SALTS) == scrape.total("lmcache_mp_lookup_requested_tokens_total")
-        assert float(16 * FLOOD_SALTS) == scrape.total("lmcache_mp_lookup_hit_tokens_total")
-        assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
-        salted_lines = [line for line in scrape.text.splitlines() if 'cache_salt="' in line]
-        lines_per_salt = sum(max(per_salt.values()) for per_salt in salted.values())  # the most one salt has
-        unsalted_bytes = size - sum(len(line) + 1 for line in salted_lines)
-        assert max(map(len, salted_lines)) <= 128
-        assert len(salted_lines) <= (CAP + 1) * lines_per_salt
-        assert unsalted_bytes <= before + 16 * 1024, (unsalted_bytes, before)
-        assert size <= before + 16 * 1024 + (CAP + 1) * lines_per_salt * 128 < 1 << 20, (size, lines_per_salt)
-        assert 0 == service.stop()
-    finally:
-        service.kill()
+    scrape = wait_for(counted, 60, "/metrics to count the flood")
+    size = len(scrape.text.encode())
+    salted = _salted_series(scrape)
+    too_many = {name: len(values) for name, values in salted.items()
+                if len(set(values) - {"__overflow__"}) > CAP}
+    assert {} == too_many
+    for name in COUNTED:
+        by_salt = scrape.by_label(name, "cache_salt")
+        assert (CAP + 1, float(FLOOD_SALTS)) == (len(by_salt), sum(by_salt.values())), name
+        assert float(FLOOD_SALTS - CAP) == by_salt["__overflow__"], name
+    assert float(16 * FLOOD_SALTS) == scrape.total("lmcache_mp_lookup_requested_tokens_total")
+    assert float(16 * FLOOD_SALTS) == scrape.total("lmcache_mp_lookup_hit_tokens_total")
+    assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    salted_lines = [line for line in scrape.text.splitlines() if 'cache_salt="' in line]
+    lines_per_salt = sum(max(per_salt.values()) for per_salt in salted.values())  # the most one salt has
+    unsalted_bytes = size - sum(len(line) + 1 for line in salted_lines)
+    assert max(map(len, salted_lines)) <= 128
+    assert len(salted_lines) <= (CAP + 1) * lines_per_salt
+    assert unsalted_bytes <= before + 16 * 1024, (unsalted_bytes, before)
+    assert size <= before + 16 * 1024 + (CAP + 1) * lines_per_salt * 128 < 1 << 20, (size, lines_per_salt)
+    assert 0 == service.stop()

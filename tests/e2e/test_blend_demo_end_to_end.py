@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

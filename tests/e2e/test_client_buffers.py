@@ -16,7 +16,8 @@ import threading
 
 import numpy as np
 import pytest
-from mpcache_service import REPO, wait_for
+from support.service import REPO
+from support.waiting import wait_for
 from test_runtime_isolation import needs_namespaces
 
 from mpcache.client import CacheClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 from mpcache.shm.ring import PUBLISH_PATH
 

@@ -12,7 +12,7 @@ import os
 import signal
 
 import pytest
-from mpcache_service import wait_for
+from support.waiting import wait_for
 from test_demo_end_to_end import l1_writes
 
 pytestmark = pytest.mark.slow
@@ -60,13 +60,13 @@ def outside(limits, seen) -> list[str]:
 
 
 def test_the_demo_survives_kill_9_of_a_cache_process_and_its_tally_bounds_the_metrics(tmp_path,
-                                                                                      controlled_services) -> None:
+                                                                                      start_service) -> None:
     """cache[0] is SIGKILLed 3 s into a 10 s demo: the supervisor restarts it, the demo reconnects (at least
     one lost operation, each logged as ``demo.connection_lost`` and counted in the tally), keeps going and
     exits 0; afterwards every compared counter on /metrics is within [tally, tally + in_doubt], at most
     the one record the killed process may have torn is dropped, and the service stops with exit 0."""
-    service = controlled_services("--demo", "--demo-seconds", "10", "--workers", "2", "--metrics-sample-rate", "0.2",
-                                  "--demo-tally", str(tmp_path / "service0" / "tally.json"))
+    service = start_service("--demo", "--demo-seconds", "10", "--workers", "2", "--metrics-sample-rate", "0.2",
+                            "--demo-tally", str(tmp_path / "service0" / "tally.json"))
     service.ready(2)
     wait_for(lambda: service.scrape().total("lmcache_mp_l1_write_chunks_total") >= 300, 30, "the demo under way")
     [victim] = service.pids("cache", 0)

@@ -16,9 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from mpcache_service import REPO, START_CACHE, Scrape, Service, free_port, wait_for
+from support.service import CHUNK, SMALL, Scrape, Service, gone
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
-from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.shm import layout
 from mpcache.shm.ring import read_counters, read_geometry
@@ -38,83 +35,6 @@ from mpcache.shm.segment import Segment
 pytestmark = pytest.mark.slow
 
 MODEL = "org/fault-model"
-CHUNK = 4096
-SMALL = ("--chunk-bytes", "4KiB", "--l1-size", "8MiB")  # 2048 slots per cache process: cheap to run
-
-
-# -- the service ------------------------------------------------------------------------------------
-
-
-class FaultService(Service):
-    """:class:`Service` in its own directory; ``runtime_dir=False`` lets the supervisor pick its default
-    runtime dir (``<tmp>/mpcache-<uid>/<pid>``), which is what a later start cleans up after a crash."""
-
-    def __init__(self, directory: Path, *flags: str, runtime_dir: bool = True) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.tally_path = directory / "tally.json"
-        self.log_path = directory / "service.log"
-        self.stderr = open(directory / "stderr.log", "wb")
-        placed = ["--runtime-dir", str(directory / "run")] if runtime_dir else []
-        self.process = subprocess.Popen(
-            [sys.executable, START_CACHE, "--prometheus-port", str(self.port), *placed,
-             "--log-file", str(self.log_path), *flags],
-            stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO,
-        )
-        self.runtime_dir = (directory / "run") if runtime_dir else Path(
-            tempfile.gettempdir(), f"mpcache-{os.getuid()}", str(self.process.pid))
-
-    def ready(self, workers: int) -> Scrape:
-        """Wait until every cache socket exists and /metrics serves; returns that first scrape."""
-        wait_for(lambda: all((self.runtime_dir / f"cache{w}.sock").exists() for w in range(workers)), 60,
-                 "the cache sockets")
-        return wait_for(self.scrape, 60, "/metrics")
-
-    def config(self) -> Config:
-        return Config.load(str(self.runtime_dir / "config.json"))
-
-    def socket(self, worker: int) -> str:
-        return str(self.runtime_dir / f"cache{worker}.sock")
-
-    def shm_entries(self) -> list[str]:
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"mpcache.{self.process.pid}."))
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-@pytest.fixture
-def services(tmp_path):
-    """``start(*flags, runtime_dir=True)``; at teardown every supervisor and every child it logged is
-    SIGKILLed (SIGSTOPped ones too), and whatever shared memory or runtime dir they left is removed."""
-    started: list[FaultService] = []
-
-    def start(*flags: str, runtime_dir: bool = True) -> FaultService:
-        service = FaultService(tmp_path / f"service{len(started)}", *flags, runtime_dir=runtime_dir)
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        children = [line["pid"] for line in service.lines("child.started")]
-        service.kill()
-        for pid in children:
-            if not _gone(pid):
-                _kill_quietly(pid)
-        for name in service.shm_entries():
-            Segment.unlink("/" + name)
-        shutil.rmtree(service.runtime_dir, ignore_errors=True)
 
 
 # -- a client workload with known counts --------------------------------------------------------------
@@ -191,7 +111,7 @@ def total(*loads: Load) -> dict[str, float]:
     return {salt: float(count) for salt, count in out.items() if count}
 
 
-def drained_to(service: FaultService, expected: dict[str, float], timeout_s: float = 30) -> Scrape:
+def drained_to(service: Service, expected: dict[str, float], timeout_s: float = 30) -> Scrape:
     """Wait until telemetry has drained every ring and L1 writes per cache_salt equal ``expected``."""
 
     def check():
@@ -208,7 +128,7 @@ def drained_to(service: FaultService, expected: dict[str, float], timeout_s: flo
         raise
 
 
-def ring_counters(service: FaultService, worker: int):
+def ring_counters(service: Service, worker: int):
     """The ring's own bookkeeping words, read from shared memory."""
     segment = Segment.attach(service.config().ring_name(worker), layout.HEADER_SIZE)
     try:
@@ -241,7 +161,7 @@ def round_trip(socket_path: str, salt: str, chunks: int = 3) -> int:
 # -- the tests --------------------------------------------------------------------------------------
 
 
-def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(services) -> None:
+def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(start_service) -> None:
     """kill -9 of the telemetry process while clients store: the supervisor starts a new one (a second
     ``child.started`` for telemetry, another pid), the cache processes keep serving without a single
     error, and after the load ends the new process's ``lmcache_mp_l1_write_chunks_total`` per cache_salt
@@ -252,7 +172,7 @@ def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(s
     cursors are frozen at a known point: everything before was counted by it) and SIGKILLed while the
     load runs.  A counter is per telemetry process: what the killed one had counted is a counter reset
     for Prometheus, not a loss; every event from its saved cursors on must reach the new one."""
-    service = services("--workers", "2", *SMALL)
+    service = start_service("--workers", "2", *SMALL)
     service.ready(2)
     salts = ("tenant-a", "tenant-b", "tenant-c")
     phase1 = [Load(service.socket(w), salts).start() for w in range(2)]
@@ -284,7 +204,7 @@ def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(s
     assert 0 == service.stop()
 
 
-def _write_torn_record(service: FaultService, worker: int) -> int:
+def _write_torn_record(service: Service, worker: int) -> int:
     """Write the three cells of a record at the stopped writer's ``head`` without committing it (what a
     cache process killed between its cell writes and its head store leaves behind); returns ``head``."""
     segment = Segment.attach(service.config().ring_name(worker), layout.HEADER_SIZE)
@@ -305,7 +225,7 @@ def _write_torn_record(service: FaultService, worker: int) -> int:
         segment.close()
 
 
-def test_cache_process_killed_mid_record_is_restarted_and_the_torn_record_counted_once(services) -> None:
+def test_cache_process_killed_mid_record_is_restarted_and_the_torn_record_counted_once(start_service) -> None:
     """A cache process killed in the middle of publishing a record: the supervisor restarts it (a new
     pid), ``lmcache_mp_event_bus_dropped_events_total`` is exactly 1 (the torn record, also 1 in the ring's
     ``torn_records``), the other cache process's client kept storing without an error during the kill and
@@ -315,7 +235,7 @@ def test_cache_process_killed_mid_record_is_restarted_and_the_torn_record_counte
     Method: the process is SIGSTOPped (so it cannot publish), the cells of a 3-cell record are written at
     its ring's head without storing head — what the writer does before its commit store — and it is
     SIGKILLed."""
-    service = services("--workers", "2", *SMALL)
+    service = start_service("--workers", "2", *SMALL)
     service.ready(2)
     before_kill = round_trip(service.socket(0), "victim")
     survivor = Load(service.socket(1), ("bystander",)).start()
@@ -347,11 +267,11 @@ def test_cache_process_killed_mid_record_is_restarted_and_the_torn_record_counte
     assert 0 == service.stop()
 
 
-def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(services) -> None:
+def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_service) -> None:
     """SIGTERM to the supervisor while clients store: exit status 0 within 15 s, every child exited 0
     (none had to be killed), the 5 segments of a 2-worker instance were unlinked (nothing of its pid is
     left in /dev/shm), and the runtime dir with its sockets is gone."""
-    service = services("--workers", "2", *SMALL)
+    service = start_service("--workers", "2", *SMALL)
     service.ready(2)
     loads = [Load(service.socket(w), ("a", "b"), tolerate_disconnect=True).start() for w in range(2)]
     for load in loads:
@@ -377,12 +297,12 @@ def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(services) 
     assert [5] == [line["segments_removed"] for line in service.lines("supervisor.stopped")]
 
 
-def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(services) -> None:
+def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_service) -> None:
     """kill -9 of the supervisor: its telemetry and cache processes notice they were orphaned and exit
     within 10 s (a client still connected), leaving the instance's 5 segments behind; the next start logs
     ``leftover.removed`` for each of those segments and for the dead instance's runtime dir, nothing of
     the old pid is left in /dev/shm, and the new instance serves /metrics and a byte-exact round trip."""
-    old = services("--workers", "2", *SMALL, runtime_dir=False)
+    old = start_service("--workers", "2", *SMALL, runtime_dir=False)
     old.ready(2)
     config = old.config()  # before the kill: its runtime dir goes at the next start
     children = [line["pid"] for line in old.lines("child.started")]
@@ -390,11 +310,11 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(services) 
         client.register_buffer(1, CHUNK)
         old.process.kill()
         old.process.wait(10)
-        wait_for(lambda: all(_gone(pid) for pid in children), 10, "the orphaned children to exit")
+        wait_for(lambda: all(gone(pid) for pid in children), 10, "the orphaned children to exit")
     left = old.shm_entries()
     assert sorted(name.lstrip("/") for name in config.all_segment_names()) == left
 
-    new = services("--workers", "2", *SMALL, runtime_dir=False)
+    new = start_service("--workers", "2", *SMALL, runtime_dir=False)
     new.ready(2)
     removed = {line.get("segment") or line.get("runtime_dir") for line in new.lines("leftover.removed")}
     assert {"/" + name for name in left} | {str(old.runtime_dir)} <= removed
@@ -405,7 +325,7 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(services) 
     assert 0 == new.stop()
 
 
-def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(services, tmp_path) -> None:
+def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service, tmp_path) -> None:
     """An fs L2 tier that cannot write: the store tasks complete and are counted
     (``lmcache_mp_l2_store_completed_requests_total`` moves by one per task), the keys they failed to
     write are not counted as stored (``l2_store_completed_objects`` stays below
@@ -419,7 +339,7 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(services, tmp
     fails with ENOTDIR."""
     l2_dir = tmp_path / "l2"
     spec = json.dumps({"type": "fs", "path": str(l2_dir), "capacity_gb": 0.01})
-    service = services("--workers", "1", *SMALL, "--l2", spec)
+    service = start_service("--workers", "1", *SMALL, "--l2", spec)
     service.ready(1)
     [cache_pid] = service.pids("cache", 0)
     socket_path = service.socket(0)

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 
 def _status(port: int, path: str) -> tuple[int, str]:

@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster_nodes import REDIS_CLI, REDIS_SERVER, Cluster, wait_until
-from mpcache_service import REPO, START_CACHE, Scrape
+from cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
 from private_network import PrivateNetwork, Unavailable
+from support.service import Service
+from support.waiting import wait_for
 
 from mpcache.cache.l2.base import key_digest
 from mpcache.client import CacheClient
@@ -37,50 +36,19 @@ CHUNK = 4096
 PREFIX = "mpcache:l2:"
 
 
-class Host:
-    """``bin/start-cache`` inside a namespace, one cache process, /metrics on the host's own address."""
-
-    def __init__(self, network: PrivateNetwork, name: str, address: str, directory, cluster_url: str,
-                 secret: str) -> None:
-        self.name, self.address = name, address
-        self.runtime_dir = directory / "run"
-        self.log_path = directory / "service.log"
-        self.socket_path = str(self.runtime_dir / "cache0.sock")
-        tier = {"type": "redis", "cluster": True, "url": cluster_url, "capacity_gb": 0.05,
-                "socket_timeout_s": 0.3, "connect_timeout_s": 0.3}
-        self.stderr = open(directory / "stderr.log", "wb")
-        argv = [sys.executable, START_CACHE, "--workers", "1", "--instance-id", name, "--chunk-bytes", "4KiB",
-                "--l1-size", "16MiB", "--ring-cells", "4096", "--l2", json.dumps(tier), "--l2-secret-file", secret,
-                "--prometheus-host", address, "--prometheus-port", "9090", "--runtime-dir", str(self.runtime_dir),
-                "--log-file", str(self.log_path)]
-        environment = dict(os.environ, OTEL_RESOURCE_ATTRIBUTES=f"host.name={name}")
-        self.process = subprocess.Popen(network.in_host(name, argv), stdout=subprocess.DEVNULL, stderr=self.stderr,
-                                        cwd=REPO, env=environment)
-        wait_until(lambda: self.lines("cache.ready") or self.process.poll() is not None, 60, f"{name} to serve")
-        assert self.process.poll() is None, (directory / "stderr.log").read_text()[-3000:]
-
-    def lines(self, event: str, **fields) -> list[dict]:
-        if not self.log_path.exists():
-            return []
-        out = []
-        for raw in self.log_path.read_text().splitlines():
-            try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
-                out.append(line)
-        return out
-
-    def scrape(self) -> Scrape:
-        with urllib.request.urlopen(f"http://{self.address}:9090/metrics", timeout=5) as response:
-            return Scrape(response.read().decode())
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.stderr.close()
+def start_host(network: PrivateNetwork, name: str, address: str, directory: Path, cluster_url: str,
+               secret: str) -> Service:
+    """``bin/start-cache`` inside host ``name``'s namespace, one cache process, /metrics on the host's own
+    address; returns once its cache process is ready."""
+    tier = {"type": "redis", "cluster": True, "url": cluster_url, "capacity_gb": 0.05,
+            "socket_timeout_s": 0.3, "connect_timeout_s": 0.3}
+    host = Service(directory, "--workers", "1", "--instance-id", name, "--chunk-bytes", "4KiB", "--l1-size", "16MiB",
+                   "--ring-cells", "4096", "--l2", json.dumps(tier), "--l2-secret-file", secret,
+                   host=address, port=9090, launcher=lambda argv: network.in_host(name, argv),
+                   env=dict(os.environ, OTEL_RESOURCE_ATTRIBUTES=f"host.name={name}"))
+    wait_for(lambda: host.lines("cache.ready") or host.process.poll() is not None, 60, f"{name} to serve")
+    assert host.process.poll() is None, host.stderr_tail()
+    return host
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +73,20 @@ def fleet(tmp_path_factory):
         hosts = []
         for name in ("a", "b"):
             (directory / name).mkdir()
-            hosts.append(Host(network, name, addresses[name], directory / name, cluster.url, str(secret)))
+            hosts.append(start_host(network, name, addresses[name], directory / name, cluster.url, str(secret)))
         yield network, cluster, hosts[0], hosts[1]
     finally:
         for host in hosts or []:
-            host.stop()
+            host.teardown()
         if cluster is not None:
             cluster.stop()
         network.remove()
 
 
-def store(host: Host, blocks: np.ndarray) -> list[int]:
+def store(host: Service, blocks: np.ndarray) -> list[int]:
     """Store ``blocks`` (one chunk each, random hashes) through ``host``; the hashes."""
     hashes = [secrets.randbits(63) for _ in range(len(blocks))]
-    with CacheClient(host.socket_path) as client:
+    with CacheClient(host.socket(0)) as client:
         kv = client.register_buffer(len(blocks), CHUNK)
         kv.blocks[:] = blocks
         assert len(hashes) == client.store(kv, request_id="w", model_name=MODEL, chunk_hashes=hashes,
@@ -126,9 +94,9 @@ def store(host: Host, blocks: np.ndarray) -> list[int]:
     return hashes
 
 
-def fetch(host: Host, hashes: list[int]) -> np.ndarray:
+def fetch(host: Service, hashes: list[int]) -> np.ndarray:
     """The chunks ``host`` finds (the cached prefix of ``hashes``), as retrieved into a fresh buffer."""
-    with CacheClient(host.socket_path) as client:
+    with CacheClient(host.socket(0)) as client:
         kv = client.register_buffer(len(hashes), CHUNK)
         job = client.lookup_prefetch(request_id="r", model_name=MODEL, chunk_hashes=hashes)
         found = client.wait_prefetch(job).found_count
@@ -158,7 +126,7 @@ def test_a_chunk_stored_on_host_a_is_a_hit_with_the_same_bytes_on_host_b(fleet):
     _, cluster, host_a, host_b = fleet
     blocks = random_blocks(24)
     hashes = store(host_a, blocks)
-    wait_until(lambda: stored_in_cluster(cluster) >= 24, 20, "A's chunks to reach the cluster")
+    wait_for(lambda: stored_in_cluster(cluster) >= 24, 20, "A's chunks to reach the cluster", tolerate=REDIS_NOT_YET)
 
     got = fetch(host_b, hashes)
 
@@ -167,13 +135,13 @@ def test_a_chunk_stored_on_host_a_is_a_hit_with_the_same_bytes_on_host_b(fleet):
         peer = scrape.total("mpcache_l2_load_chunks_total", origin="peer")
         return scrape if peer >= 24 else None
 
-    scrape = wait_until(loads_counted, 20, "B's peer loads in its metrics")
+    scrape = wait_for(loads_counted, 20, "B's peer loads in its metrics", tolerate=REDIS_NOT_YET)
     assert np.array_equal(blocks, got)
     assert (24.0, 0.0) == (scrape.total("mpcache_l2_load_chunks_total", origin="peer"),
                            scrape.total("mpcache_l2_load_chunks_total", origin="self"))
-    for host in (host_a, host_b):
+    for name, host in (("a", host_a), ("b", host_b)):
         (labels, _), = host.scrape().samples["target_info"]
-        assert (host.name, host.name) == (labels["host_name"], labels["service_instance_id"])
+        assert (name, name) == (labels["host_name"], labels["service_instance_id"])
 
 
 def test_a_master_killed_under_load_fails_over_without_a_wrong_byte_or_a_failed_request(fleet):
@@ -206,12 +174,12 @@ def test_a_master_killed_under_load_fails_over_without_a_wrong_byte_or_a_failed_
     thread = threading.Thread(target=load, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(rounds) >= 2 or raised, 30, "rounds before the failure")
+        wait_for(lambda: len(rounds) >= 2 or raised, 30, "rounds before the failure", tolerate=REDIS_NOT_YET)
         killed_at = time.monotonic()
         victim.kill()
         cluster.wait_master(replica)
-        wait_until(lambda: any(t > killed_at and found == 4 for t, found in rounds[-2:]) and cluster_served(cluster)
-                   or raised, 30, "a full round after the failover")
+        wait_for(lambda: any(t > killed_at and found == 4 for t, found in rounds[-2:]) and cluster_served(cluster)
+                   or raised, 30, "a full round after the failover", tolerate=REDIS_NOT_YET)
     finally:
         stop.set()
         thread.join(30)
@@ -237,14 +205,15 @@ def test_a_master_host_b_cannot_reach_costs_b_misses_not_errors(fleet):
         blocks = random_blocks(16)
         hashes = store(host_a, blocks)
         digests = [key_digest(ChunkKey(MODEL, "", chunk_hash)) for chunk_hash in hashes]
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            if all(stored_in_cluster(cluster, f"*c:{digest}") for digest in digests):
-                return blocks, hashes
-            time.sleep(0.05)
-        return None
+        try:
+            wait_for(lambda: all(stored_in_cluster(cluster, f"*c:{digest}") for digest in digests), 3,
+                     "the 16 chunks in the cluster", tolerate=())
+        except AssertionError:
+            return None
+        return blocks, hashes
 
-    blocks, hashes = wait_until(stored_everywhere, 30, "16 chunks stored through A to reach the cluster")
+    blocks, hashes = wait_for(stored_everywhere, 30, "16 chunks stored through A to reach the cluster",
+                              tolerate=REDIS_NOT_YET)
     victim = cluster.owner_of_key(f"{PREFIX}{{0}}lru")
 
     network.cut("b", victim.host)
@@ -254,16 +223,18 @@ def test_a_master_host_b_cannot_reach_costs_b_misses_not_errors(fleet):
             started = time.monotonic()
             partial.append(fetch(host_b, hashes))
             timings.append(time.monotonic() - started)
-        failures = wait_until(lambda: host_b.lines("l2.failure"), 20, "B to log the failures")
+        failures = wait_for(lambda: host_b.lines("l2.failure"), 20, "B to log the failures",
+                            tolerate=REDIS_NOT_YET)
     finally:
         network.mend("b", victim.host)
-    again, = wait_until(lambda: (lambda got: (got,) if len(got) == 16 else None)(fetch(host_b, hashes)), 20,
-                        "every chunk once B reaches the master again")
+    again, = wait_for(lambda: (lambda got: (got,) if len(got) == 16 else None)(fetch(host_b, hashes)), 20,
+                      "every chunk once B reaches the master again", tolerate=REDIS_NOT_YET)
 
     assert all(np.array_equal(blocks[: len(got)], got) for got in partial)
     assert min(len(got) for got in partial) < 16, "the partition was never felt"
     assert max(timings) < 3.0, timings
     assert {"lookup_error", "load_error"} & {line["kind"] for line in failures}
-    assert wait_until(lambda: host_b.scrape().total("lmcache_mp_l2_prefetch_failure_chunks_total",
-                                                    reason="lookup_error"), 20, "B to count the unasked chunks")
+    assert wait_for(lambda: host_b.scrape().total("lmcache_mp_l2_prefetch_failure_chunks_total",
+                                                  reason="lookup_error"), 20, "B to count the unasked chunks",
+                    tolerate=REDIS_NOT_YET)
     assert np.array_equal(blocks, again)

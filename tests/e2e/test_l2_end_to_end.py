@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpcache_service import Service, wait_for
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_a_redis_only_service_warns_that_its_secret_is_per_run_and_never_logs_it
     assert 0 == service.stop()
     lines = service.log_lines()
     warnings = [line for line in lines if line.get("event") == "supervisor.l2_secret_per_run"]
-    everything = service.log_path.read_text() + (tmp_path / "stderr.log").read_text()
+    everything = service.log_path.read_text() + service.stderr_path.read_text()
 
     assert (0o600, 64, "per-run") == (config["mode"], len(config["l2_secret"]), config["l2_secret_source"])
     assert [("warning", True, True)] == [(line["level"], "not be readable after a restart" in line["message"],
@@ -104,21 +104,16 @@ def test_a_redis_only_service_warns_that_its_secret_is_per_run_and_never_logs_it
     assert config["l2_secret"] not in everything
 
 
-def test_an_fs_tier_keeps_the_same_key_across_service_restarts(tmp_path) -> None:
+def test_an_fs_tier_keeps_the_same_key_across_service_restarts(start_service, tmp_path) -> None:
     """Two runs on one fs path resolve the same key from <path>/.mpcache-l2-secret (0600), with no warning."""
     fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.01}' % (tmp_path / "l2fs")
     keys = []
-    for run in range(2):
-        (tmp_path / f"run{run}").mkdir()
-        service = Service(tmp_path / f"run{run}", "--workers", "1", "--event-sink", "none", "--l2", fs)
-        try:
-            wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
-                     60,
-                     "cache.ready")
-            keys.append(read_config(service)["l2_secret"])
-            assert 0 == service.stop()
-        finally:
-            service.kill()
+    for _ in range(2):
+        service = start_service("--workers", "1", "--event-sink", "none", "--l2", fs)
+        wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
+                 60, "cache.ready")
+        keys.append(read_config(service)["l2_secret"])
+        assert 0 == service.stop()
         assert [] == [line for line in service.log_lines() if line.get("event") == "supervisor.l2_secret_per_run"]
 
     secret = tmp_path / "l2fs" / ".mpcache-l2-secret"

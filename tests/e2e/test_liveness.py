@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 import pytest
-from mpcache_service import wait_for
-from service_control import CHUNK, SMALL, gone
+from support.service import CHUNK, SMALL, gone
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 
@@ -46,10 +46,10 @@ def round_trip(socket_path: str, chunks: int = 3) -> bool:
     return (stored, found, got, equal) == (chunks, chunks, chunks, True)
 
 
-def test_sighup_stops_the_service_cleanly_like_sigterm(controlled_services) -> None:
+def test_sighup_stops_the_service_cleanly_like_sigterm(start_service) -> None:
     """SIGHUP to the supervisor: it logs ``supervisor.signal`` SIGHUP, every child exits 0 (none killed),
     the supervisor exits 0 within 15 s, and its shared memory and runtime dir are gone."""
-    service = controlled_services("--workers", "1", *SMALL)
+    service = start_service("--workers", "1", *SMALL)
     service.ready(1)
     children = [line["pid"] for line in service.lines("child.started")]
 
@@ -65,12 +65,12 @@ def test_sighup_stops_the_service_cleanly_like_sigterm(controlled_services) -> N
     assert all(gone(pid) for pid in children)
 
 
-def test_a_stopped_cache_process_is_found_by_its_heartbeat_killed_and_restarted(controlled_services) -> None:
+def test_a_stopped_cache_process_is_found_by_its_heartbeat_killed_and_restarted(start_service) -> None:
     """cache[0] is SIGSTOPped: within --hang-timeout (5 s) of its last heartbeat the supervisor logs
     ``cache.unresponsive`` (error level, naming its pid, silent for at least 5 s), kills it (exit status
     -9) and starts a new cache[0] that serves a byte-exact round trip; cache[1] served round trips
     throughout and was never restarted; SIGTERM then stops everything with exit 0."""
-    service = controlled_services("--workers", "2", "--hang-timeout", str(HANG_TIMEOUT_S), *SMALL)
+    service = start_service("--workers", "2", "--hang-timeout", str(HANG_TIMEOUT_S), *SMALL)
     service.ready(2, metrics=False)
     assert round_trip(service.socket(0))
     [victim] = service.pids("cache", 0)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from lmcache_client import OPS, LMClient, key, registration
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 from mpcache.cache.lmcache.wire import OPERATION_IDS
 

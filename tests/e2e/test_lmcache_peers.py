@@ -8,7 +8,8 @@ import json
 
 import pytest
 from lmcache_client import LMClient
-from mpcache_service import free_port, wait_for
+from support.ports import free_port
+from support.waiting import wait_for
 
 
 @pytest.mark.slow

@@ -13,74 +13,22 @@ import fcntl
 import json
 import os
 import secrets
-import shutil
 import signal
-import subprocess
-import sys
 import termios
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-from mpcache_service import REPO, START_CACHE, free_port, wait_for
-from service_control import CHUNK, SMALL, ControlledService
+from support.service import CHUNK, SMALL, Service
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
-from mpcache.shm.segment import Segment
 
 pytestmark = pytest.mark.slow
 
 NOTES = ("log.lines_dropped", "log.sink_failed", "log.sink_stalled")
-
-
-class PipedService(ControlledService):
-    """A service whose stderr is the write end of a pipe; the test holds the read end in ``self.reader``."""
-
-    def __init__(self, directory: Path, *flags: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.tally_path = directory / "tally.json"
-        self.log_path = directory / "service.log"
-        self.runtime_dir = directory / "run"
-        self.stderr = open(os.devnull, "wb")  # closed by Service.stop/kill
-        read_end, write_end = os.pipe()
-        self.reader = os.fdopen(read_end, "rb")
-        self.process = subprocess.Popen(
-            [sys.executable, START_CACHE, "--prometheus-port", str(self.port), "--runtime-dir", str(self.runtime_dir),
-             "--log-file", str(self.log_path), *flags],
-            stdout=subprocess.DEVNULL, stderr=write_end, cwd=REPO,
-        )
-        os.close(write_end)
-
-
-@pytest.fixture
-def piped_service(tmp_path):
-    """Start one PipedService; at teardown it and every child it logged are killed, and its shared
-    memory and runtime dir removed."""
-    services: list[PipedService] = []
-
-    def start(*flags: str) -> PipedService:
-        service = PipedService(tmp_path / "piped", *flags)
-        services.append(service)
-        return service
-
-    yield start
-    for service in services:
-        children = [line["pid"] for line in service.lines("child.started")] + sorted(cache_children(service))
-        service.kill()
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for name in service.shm_entries():
-            Segment.unlink("/" + name)
-        shutil.rmtree(service.runtime_dir, ignore_errors=True)
-        if not service.reader.closed:
-            service.reader.close()
 
 
 def store_many(socket_path: str, requests: int) -> int:
@@ -99,7 +47,7 @@ def store_many(socket_path: str, requests: int) -> int:
     return stored
 
 
-def cache_children(service: ControlledService) -> set[int]:
+def cache_children(service: Service) -> set[int]:
     """The pids of the supervisor's cache processes, from the process table (not from its log)."""
     try:
         children = psutil.Process(service.process.pid).children()
@@ -121,7 +69,7 @@ def pipe_is_full(reader) -> bool:
     return available > capacity - 4096
 
 
-def restarted_after_kill(service: ControlledService) -> int:
+def restarted_after_kill(service: Service) -> int:
     """kill -9 the cache process; wait (15 s) for the supervisor to start a new one; returns its pid."""
     [victim] = cache_children(service)
     os.kill(victim, signal.SIGKILL)
@@ -139,13 +87,13 @@ def json_lines(text: str) -> list[dict]:
     return out
 
 
-def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_counted(piped_service) -> None:
+def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_counted(start_service) -> None:
     """Nobody reads the supervisor's stderr while 1000 stores make about 2 MiB of debug lines: the
     stores all complete, the pipe is full, and the cache process, killed with -9, is still restarted
     and serves 100 more stores.  Once stderr is read again it carries ``log.lines_dropped`` and every
     line is accounted for: the lines stderr delivered plus the drops it reported equal the lines of the
     log file, which dropped none.  SIGTERM then exits 0."""
-    service = piped_service("--workers", "1", *SMALL, "--disable-metrics", "--log-level", "debug")
+    service = start_service("--workers", "1", *SMALL, "--disable-metrics", "--log-level", "debug", stderr_pipe=True)
     service.ready(1, metrics=False)
     stored = store_many(service.socket(0), 1000)
     wait_for(lambda: pipe_is_full(service.reader), 30, "the unread stderr pipe to fill")
@@ -174,12 +122,12 @@ def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_co
         [line for line in in_file if line.get("event") not in NOTES])
 
 
-def test_a_closed_stderr_stops_neither_restarts_nor_the_clean_up(piped_service) -> None:
+def test_a_closed_stderr_stops_neither_restarts_nor_the_clean_up(start_service) -> None:
     """The reader of the supervisor's stderr goes away (EPIPE on every write): a cache process killed
     with -9 is still restarted and serves, the log file says ``log.sink_failed`` for stderr and keeps
     receiving lines, and SIGTERM stops everything within 15 s with exit status 0, unlinking the shared
     memory and removing the runtime dir."""
-    service = piped_service("--workers", "1", *SMALL, "--disable-metrics")
+    service = start_service("--workers", "1", *SMALL, "--disable-metrics", stderr_pipe=True)
     service.ready(1, metrics=False)
     service.reader.close()
     restarted = restarted_after_kill(service)

@@ -14,7 +14,7 @@ import urllib.request
 from collections import OrderedDict
 
 import pytest
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 

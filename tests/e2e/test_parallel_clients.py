@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from mpcache_service import wait_for
-from service_control import CHUNK, SMALL
+from support.service import CHUNK, SMALL
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 
@@ -53,11 +53,11 @@ def client_rounds(socket_path: str, salt: str, seed: int, start: threading.Barri
     return counts
 
 
-def test_parallel_clients_each_get_their_own_bytes_and_are_counted_per_salt(controlled_services):
+def test_parallel_clients_each_get_their_own_bytes_and_are_counted_per_salt(start_service):
     """All six threads succeed; each stored, found and retrieved 4 chunks per round (60 each) and got its
     own bytes back every time; /metrics counts per cache_salt exactly that: 60 chunks written to L1,
     read from L1 and loaded into client buffers, and 60 × 16 tokens looked up and hit."""
-    service = controlled_services("--workers", "1", *SMALL, "--chunk-size", str(CHUNK_TOKENS))
+    service = start_service("--workers", "1", *SMALL, "--chunk-size", str(CHUNK_TOKENS))
     service.ready(1)
     salts = [f"tenant-{i}" for i in range(CLIENTS)]
     start = threading.Barrier(CLIENTS)

@@ -16,7 +16,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from mpcache_service import free_port, wait_for
+from support.ports import free_port
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import signal
 
 import numpy as np
 import pytest
-from mpcache_service import wait_for
-from service_control import CHUNK, SMALL, ControlledService
+from support.service import CHUNK, SMALL, Service
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 from mpcache.contract.events import EventType
@@ -33,7 +33,7 @@ DROPPED = "lmcache_mp_event_bus_dropped_events_total"
 L1_WRITES = "lmcache_mp_l1_write_chunks_total"
 
 
-def ring_cells(service: ControlledService) -> np.ndarray:
+def ring_cells(service: Service) -> np.ndarray:
     """A copy of cache[0]'s ring cells (numbered by position: record at counter ``n`` is cell ``n % capacity``)."""
     segment = Segment.attach(service.config().ring_name(0), layout.HEADER_SIZE)
     try:
@@ -47,7 +47,7 @@ def ring_cells(service: ControlledService) -> np.ndarray:
         segment.close()
 
 
-def drained(service: ControlledService) -> int:
+def drained(service: Service) -> int:
     """Wait until the telemetry process consumed everything in cache[0]'s ring; returns its head."""
     counters = wait_for(lambda: (c := service.ring_counters(0)).tail == c.head and c, 30, "the ring to drain")
     return counters.head
@@ -58,14 +58,14 @@ def store(client: CacheClient, kv, salt: str, chunk_hash: int) -> int:
                         chunk_hashes=[chunk_hash], block_ids=[0]).stored
 
 
-def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_events(controlled_services):
+def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_events(start_service):
     """With telemetry SIGSTOPped, 600 one-chunk stores (every one stored: the ring's state never fails a
     request) overflow the 1024-cell ring.  After telemetry resumes and drains: /metrics's
     ``dropped_events_total`` equals the records lost according to the sequence numbers in the ring's cells
     (and the ring's own drop counter), which is more than zero; and ``l1_write_chunks_total`` for the
     overflow's cache_salt equals what the L1_WRITE_FINISHED records that made it into the ring carried —
     fewer than the 600 chunks stored — while the stores before and after are counted in full."""
-    service = controlled_services("--workers", "1", *SMALL, "--ring-cells", str(RING_CELLS))
+    service = start_service("--workers", "1", *SMALL, "--ring-cells", str(RING_CELLS))
     service.ready(1)
     telemetry = service.pids("telemetry")[0]
     with CacheClient(service.socket(0)) as client:

@@ -13,11 +13,12 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from mpcache_service import REPO, START_CACHE, free_port
+from support.ports import free_port
+from support.service import REPO, START_CACHE
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -158,9 +159,7 @@ def test_an_existing_empty_runtime_dir_is_used_and_only_what_the_service_created
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
     try:
         marker = directory / "instance.json"
-        deadline = time.monotonic() + 30
-        while not (directory / "cache0.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: (directory / "cache0.sock").exists(), 30, "the cache socket")
         data = json.loads(marker.read_text())
         (directory / "theirs.txt").write_text("not the service's")
         process.terminate()

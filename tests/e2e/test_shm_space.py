@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from mpcache_service import REPO, free_port
+from support.ports import free_port
+from support.service import REPO
 from test_runtime_isolation import needs_namespaces, run_driver
 
 pytestmark = pytest.mark.slow

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
-from concurrent import futures
 
-import grpc
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from service_control import CHUNK, SMALL
+from support.service import CHUNK, SMALL
 
 from mpcache.client import CacheClient
 
@@ -28,43 +24,20 @@ MODEL = "org/drain-model"
 L2_LATENCY_MS = 3000  # every mock L2 store task sleeps this long: still in flight at SIGTERM
 
 
-class Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """Keeps every ExportMetricsServiceRequest it is sent."""
-
-    def __init__(self) -> None:
-        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
-        self._lock = threading.Lock()
-
-    def Export(self, request, context):
-        with self._lock:
-            self.requests.append(request)
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    def values(self, request, name: str) -> dict[tuple, float]:
-        """``name``'s Sum data points in ``request``: {sorted attribute items: value}."""
-        out = {}
-        for resource_metrics in request.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    if metric.name == name:
-                        for point in metric.sum.data_points:
-                            key = tuple(sorted((kv.key, kv.value.string_value) for kv in point.attributes))
-                            out[key] = point.as_double if point.HasField("as_double") else point.as_int
-        return out
+def values(request, name: str) -> dict[tuple, float]:
+    """``name``'s Sum data points in ``request``: {sorted attribute items: value}."""
+    out = {}
+    for resource_metrics in request.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name == name:
+                    for point in metric.sum.data_points:
+                        key = tuple(sorted((kv.key, kv.value.string_value) for kv in point.attributes))
+                        out[key] = point.as_double if point.HasField("as_double") else point.as_int
+    return out
 
 
-@pytest.fixture
-def receiver():
-    received = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(received, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield received, f"127.0.0.1:{port}"
-    server.stop(grace=None)
-
-
-def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_export(controlled_services, receiver):
+def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_export(start_service, otlp_receiver):
     """A client stores 3 requests of 4 chunks (one cache_salt each) and SIGTERM follows at once, while
     the 3 L2 store tasks those stores submitted are still in flight (a mock tier sleeping 3 s per task:
     /metrics shows them in flight and none completed at that moment).  The cache process finishes them
@@ -76,10 +49,10 @@ def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_ex
 
     Stopping telemetry before the cache processes fails this test: telemetry would export before the
     completions were published, with ``lmcache_mp.l2_store_completed`` missing."""
-    received, endpoint = receiver
+    received = otlp_receiver("grpc")
     mock = json.dumps({"type": "mock", "capacity_gb": 0.01, "latency_ms": L2_LATENCY_MS})
-    service = controlled_services("--workers", "1", *SMALL, "--l2", mock, "--otlp-endpoint", endpoint,
-                       "--otlp-interval", "3600")
+    service = start_service("--workers", "1", *SMALL, "--l2", mock, "--otlp-endpoint", received.endpoint,
+                            "--otlp-interval", "3600")
     service.ready(1)
     salts = ("drain-a", "drain-b", "drain-c")
     stored = {}
@@ -102,10 +75,10 @@ def test_events_published_up_to_the_cache_processes_exit_reach_the_final_otlp_ex
     assert 0 == status
     assert 1 == len(received.requests), "with --otlp-interval 3600 only the final export is sent"
     [final] = received.requests
-    assert {(("cache_salt", s),): v for s, v in stored.items()} == received.values(final, "lmcache_mp.l1_write")
-    assert 3 == sum(received.values(final, "lmcache_mp.l2_store_submitted").values())
-    assert {(("l2_name", "mock"),): 3} == received.values(final, "lmcache_mp.l2_store_completed")
-    assert 12 == sum(received.values(final, "lmcache_mp.l2_store_completed_objects").values())
+    assert {(("cache_salt", s),): v for s, v in stored.items()} == values(final, "lmcache_mp.l1_write")
+    assert 3 == sum(values(final, "lmcache_mp.l2_store_submitted").values())
+    assert {(("l2_name", "mock"),): 3} == values(final, "lmcache_mp.l2_store_completed")
+    assert 12 == sum(values(final, "lmcache_mp.l2_store_completed_objects").values())
     exits = [(line["child_role"], line["exit_status"]) for line in service.lines("child.exited")]
     assert [("cache", 0), ("telemetry", 0)] == exits
     assert [0] == [line["dropped_events"] for line in service.lines("telemetry.stopped")]

@@ -16,15 +16,15 @@ import socket
 import time
 
 import pytest
-from mpcache_service import wait_for
-from service_control import SMALL, gone
+from support.service import SMALL, gone
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 GRACE_S = 10.0  # documented: children get 10 s after SIGTERM
 
 
-def test_a_taken_metrics_port_is_one_line_naming_it_before_anything_starts(controlled_services):
+def test_a_taken_metrics_port_is_one_line_naming_it_before_anything_starts(start_service):
     """/metrics's port is taken by another listener: the supervisor exits 2 within seconds with exactly
     one stderr line naming --prometheus-port and the port, starts no child, and leaves no shared memory
     and no runtime dir behind."""
@@ -32,7 +32,7 @@ def test_a_taken_metrics_port_is_one_line_naming_it_before_anything_starts(contr
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        service = controlled_services("--workers", "1", *SMALL, "--prometheus-port", str(port))
+        service = start_service("--workers", "1", *SMALL, "--prometheus-port", str(port))
         status = service.process.wait(30)
     service.stderr.close()
     lines = (service.runtime_dir.parent / "stderr.log").read_text().splitlines()
@@ -44,12 +44,12 @@ def test_a_taken_metrics_port_is_one_line_naming_it_before_anything_starts(contr
     assert ([], False) == (service.shm_entries(), service.runtime_dir.exists())
 
 
-def test_a_hung_cache_process_is_killed_after_the_grace_period(controlled_services):
+def test_a_hung_cache_process_is_killed_after_the_grace_period(start_service):
     """cache[0] is SIGSTOPped, then the supervisor gets SIGTERM: it waits the 10 s grace period for
     cache[0] (no sooner: the exit takes at least 10 s), logs ``child.killed`` for its pid, SIGKILLs it
     (exit status -9), while cache[1] and telemetry exit 0; the supervisor exits 0 well before a second
     grace period has passed, and the hung process and the segments are gone."""
-    service = controlled_services("--workers", "2", *SMALL)
+    service = start_service("--workers", "2", *SMALL)
     service.ready(2)
     [hung] = service.pids("cache", 0)
     try:

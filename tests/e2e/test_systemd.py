@@ -14,8 +14,9 @@ import time
 
 import pytest
 from buffer_client import round_trip
-from mpcache_service import REPO, START_CACHE, free_port, wait_for
-from service_control import SMALL
+from support.ports import free_port
+from support.service import REPO, SMALL, START_CACHE
+from support.waiting import wait_for
 
 from mpcache.client import CacheClient
 

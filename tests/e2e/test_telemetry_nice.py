@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import psutil
-from mpcache_service import wait_for
+from support.waiting import wait_for
 
 
 def test_telemetry_process_runs_at_the_nice_increment_it_was_given(start_service):

@@ -16,7 +16,6 @@ import os
 import pwd
 import select
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -25,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from support.ports import free_port
 
 from mpcache.cache.l2.base import L2Adapter
 from mpcache.cache.l2.fs import FsL2Adapter
@@ -37,18 +37,12 @@ REDIS_SERVER = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.pa
 # -- redis-server ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _start_redis(directory: str, config: Callable[[int], str] | None = None) -> tuple[subprocess.Popen, int]:
     """Start redis-server and return once it logs that it accepts connections.  ``config(port)``, if given,
     is the text of a configuration file to start it with (it must set that port)."""
     last_log = ""
-    for _ in range(5):  # another process may take the port between probe and bind
-        port = _free_port()
+    for _ in range(5):  # another process may still take the port between probe and bind: new port, again
+        port = free_port()
         argv = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", directory, "--daemonize", "no", "--logfile", ""]
         if config is not None:
@@ -169,7 +163,7 @@ def secured_redis() -> Iterator[SecuredRedis]:
     directory = tempfile.mkdtemp(prefix="mpcache-l2-secured-")
     server = SecuredRedis(directory)
     if server.make_certificates():
-        server.tls_port = _free_port()
+        server.tls_port = free_port()
     try:
         process, port = _start_redis(directory, server.config)
     except RuntimeError:

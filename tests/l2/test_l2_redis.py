@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import redis
 from l2_helpers import MAC_KEY, key, payload, wait
+from support.ports import free_port
 
 from mpcache.cache.l2.base import (
     L2LookupError,
@@ -100,9 +99,7 @@ def test_a_value_removed_behind_the_adapters_back_fails_and_leaves_the_index(mak
 def test_an_unreachable_server_fails_keys_and_counts_them(make_redis):
     """With nothing listening, stores and loads list every key as failed (loads as errors), lookups fail with
     L2LookupError (a failure, not a miss), deletes remove 0, and every one of them is counted."""
-    with socket.socket() as probe:  # a port nothing listens on once the probe closes
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens there (probed), and below the ephemeral range nothing will by chance
     adapter = make_redis(url=f"redis://127.0.0.1:{port}/0", retries=0, connect_timeout_s=1.0)
 
     stored = wait(adapter.submit_store([(key(1), payload(1)), (key(2), payload(2))]))

@@ -9,8 +9,9 @@ import threading
 import time
 
 import pytest
-from cluster_nodes import REDIS_CLI, REDIS_SERVER, Cluster, wait_until
+from cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
 from l2_helpers import MAC_KEY, key, payload, wait
+from support.waiting import wait_for
 
 from mpcache.cache.l2.base import L2LookupError, key_digest
 from mpcache.cache.l2.redis_adapter import RedisL2Adapter
@@ -154,13 +155,13 @@ def test_a_killed_master_fails_over_and_loads_stay_correct_during_and_after(make
     victim = cluster.owner_of_key(f"{PREFIX}{{0}}lru")
     replica = cluster.replica_of(victim)
     load = Load(adapter, keys)
-    wait_until(lambda: len(load.outcomes) >= 3, 10, "loads before the failure")
+    wait_for(lambda: len(load.outcomes) >= 3, 10, "loads before the failure", tolerate=REDIS_NOT_YET)
 
     killed_at = time.monotonic()
     victim.kill()
     cluster.wait_master(replica)
-    wait_until(lambda: any(t > killed_at and loaded == len(keys) for t, loaded, _, _ in load.outcomes[-3:])
-               or load.raised, 20, "every chunk to load again after the failover")
+    wait_for(lambda: any(t > killed_at and loaded == len(keys) for t, loaded, _, _ in load.outcomes[-3:])
+               or load.raised, 20, "every chunk to load again after the failover", tolerate=REDIS_NOT_YET)
     load.stop()
     after = wait(adapter.submit_store([(key(100), payload(100))]))
 
@@ -189,8 +190,8 @@ def test_a_frozen_master_costs_timeouts_on_its_shards_only(make_cluster_adapter,
         found = wait(adapter.lookup(keys))
         elapsed = time.monotonic() - started
         cluster.wait_master(replica)
-        again = wait_until(lambda: (lambda f: f if all(f) else None)(wait(adapter.lookup(keys))), 20,
-                           "every chunk to be found after the failover")
+        again = wait_for(lambda: (lambda f: f if all(f) else None)(wait(adapter.lookup(keys))), 20,
+                           "every chunk to be found after the failover", tolerate=REDIS_NOT_YET)
     finally:
         victim.process.send_signal(signal.SIGCONT)
 
@@ -218,7 +219,7 @@ def test_a_lost_slot_range_misses_and_the_rest_serves(make_cluster_adapter, clus
         found = wait(adapter.lookup(keys))
         return found if found == [None if k in lost else True for k in keys] else None
 
-    found = wait_until(lost_range_failed, 20, "the lost range to miss and the rest to hit")
+    found = wait_for(lost_range_failed, 20, "the lost range to miss and the rest to hit", tolerate=REDIS_NOT_YET)
     result, got = load_bytes(adapter, keys)
     kept = [k for k in keys if k not in lost]
 

@@ -14,18 +14,16 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-from mpcache_service import Scrape, Service, free_port, wait_for
+from support.ports import free_ports
+from support.service import Scrape, Service
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,27 +91,6 @@ def lmcache_venv() -> Path:
 # -- services --------------------------------------------------------------------------------------
 
 
-def free_port_run(count: int) -> int:
-    """A base port P with P..P+count-1 all free on loopback now (cache process i listens on P+i)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count > 65536:
-            continue
-        held = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError(f"no run of {count} free loopback ports found")
-
-
 class LMService(Service):
     """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i.
     ``--lmcache-allow-clear``: the driver's scenarios reveal leftover read locks with a CLEAR."""
@@ -125,7 +102,7 @@ class LMService(Service):
         # the driver's eviction scenario overfills it quickly
         self.l1_bytes = 256 * 2**20 if chunk_bytes is None else SLOTS * chunk_bytes
         sizes = () if chunk_bytes is None else ("--chunk-bytes", str(chunk_bytes), "--l1-size", str(self.l1_bytes))
-        base = free_port_run(workers)
+        base = free_ports(workers, run=True)[0]  # cache process i listens on base + i
         self.urls = [f"tcp://127.0.0.1:{base + i}" for i in range(workers)]
         super().__init__(tmp_path, "--workers", str(workers), "--lmcache-port", str(base), "--lmcache-allow-clear",
                          *sizes, *flags)
@@ -145,43 +122,17 @@ class LMService(Service):
         assert self.process.poll() is None, f"start-cache exited {self.process.returncode}: {self.stderr_tail()}"
         return wait_for(self.scrape, 60, "/metrics")
 
-    def stderr_tail(self) -> str:
-        path = self.log_path.parent / "stderr.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
-
 
 @pytest.fixture
-def start_lmcache_service(tmp_path):
-    """``start(workers, chunk_bytes, *flags)``; at teardown the supervisor and every cache or telemetry
-    process it logged are SIGKILLed if still alive, and their shared-memory segments removed."""
-    started: list[LMService] = []
+def start_lmcache_service(start_service):
+    """``start(workers, chunk_bytes, *flags)`` → a ready :class:`LMService`, torn down by ``start_service``."""
 
     def start(workers: int, chunk_bytes: int | None, *flags: str) -> LMService:
-        directory = tmp_path / f"service{len(started)}"
-        directory.mkdir()
-        service = LMService(directory, workers, chunk_bytes, *flags)
-        started.append(service)
+        service = start_service(workers, chunk_bytes, *flags, kind=LMService)
         service.ready()
         return service
 
-    yield start
-    for service in started:
-        children = [line["pid"] for line in service.lines("child.started")]
-        service.kill()
-        for pid in children:
-            try:
-                proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE and "mpcache" in " ".join(proc.cmdline()):
-                    proc.kill()
-            except psutil.Error:
-                pass
-        prefix = f"mpcache.{service.process.pid}."
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(prefix):
-                try:
-                    os.unlink(os.path.join("/dev/shm", name))
-                except OSError:
-                    pass
+    return start
 
 
 # -- the driver ------------------------------------------------------------------------------------

@@ -5,20 +5,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import socket
-import threading
 import urllib.error
 import urllib.request
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import grpc
 import pytest
 from opentelemetry.metrics import Observation
-from opentelemetry.proto.collector.metrics.v1 import (
-    metrics_service_pb2,
-    metrics_service_pb2_grpc,
-)
 
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.otel import SERVICE_SERIES, MetricsExport, build_otlp_exporter, create_instrument
@@ -113,35 +105,10 @@ def test_http_endpoint_without_path_gets_v1_metrics(config):
     assert "http://collector:4318/v1/metrics" == exporter._endpoint
 
 
-class _OtlpHttpCollector(BaseHTTPRequestHandler):
-    received: list[tuple[str, bytes]] = []
-
-    def do_POST(self):  # http.server's naming
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append((self.path, body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-        self.wfile.write(metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString())
-
-    def log_message(self, *args):
-        pass
-
-
-class _OtlpGrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self):
-        self.received: list[bytes] = []
-
-    def Export(self, request, context):  # generated service naming
-        self.received.append(request.SerializeToString())
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-
-def exported_names(bodies: list[bytes]) -> tuple[set[str], set[str]]:
+def exported_names(requests: list) -> tuple[set[str], set[str]]:
     """(metric names, service.instance.id values) in OTLP export requests."""
     names, instances = set(), set()
-    for body in bodies:
-        request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+    for request in requests:
         for resource_metrics in request.resource_metrics:
             for attribute in resource_metrics.resource.attributes:
                 if attribute.key == "service.instance.id":
@@ -151,41 +118,26 @@ def exported_names(bodies: list[bytes]) -> tuple[set[str], set[str]]:
     return names, instances
 
 
-def test_otlp_http_push_exports_once_more_at_shutdown(config):
+def test_otlp_http_push_exports_once_more_at_shutdown(config, otlp_receiver):
     """With an OTLP/HTTP endpoint (interval far away), shutdown still exports: to /v1/metrics, with the resource."""
-    _OtlpHttpCollector.received = []
-    collector = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpHttpCollector)
-    thread = threading.Thread(target=collector.serve_forever, daemon=True)
-    thread.start()
-    try:
-        started = MetricsExport.start(dataclasses.replace(
-            config, otlp_endpoint=f"http://127.0.0.1:{collector.server_port}", otlp_protocol="http",
-            otlp_interval_s=3600))
-        create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_read").add(3)
-        started.shutdown()
-    finally:
-        collector.shutdown()
-        collector.server_close()
-    paths = {path for path, _ in _OtlpHttpCollector.received}
-    names, instances = exported_names([body for _, body in _OtlpHttpCollector.received])
+    collector = otlp_receiver("http")
+    started = MetricsExport.start(dataclasses.replace(
+        config, otlp_endpoint=collector.endpoint, otlp_protocol="http", otlp_interval_s=3600))
+    create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_read").add(3)
+    started.shutdown()
+    paths = {path for path, _ in collector.seen}
+    names, instances = exported_names(collector.received())
     assert ({"/v1/metrics"}, True, {config.instance_id}) == (paths, "lmcache_mp.l1_read" in names, instances)
 
 
-def test_otlp_grpc_push_exports_once_more_at_shutdown(config):
+def test_otlp_grpc_push_exports_once_more_at_shutdown(config, otlp_receiver):
     """With an OTLP/gRPC endpoint, shutdown exports the counters with the resource to the collector."""
-    servicer = _OtlpGrpcCollector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        started = MetricsExport.start(dataclasses.replace(
-            config, otlp_endpoint=f"http://127.0.0.1:{port}", otlp_protocol="grpc", otlp_interval_s=3600))
-        create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_write").add(2)
-        started.shutdown()
-    finally:
-        server.stop(grace=None)
-    names, instances = exported_names(servicer.received)
+    collector = otlp_receiver("grpc")
+    started = MetricsExport.start(dataclasses.replace(
+        config, otlp_endpoint=f"http://{collector.endpoint}", otlp_protocol="grpc", otlp_interval_s=3600))
+    create_instrument(started.meter_provider.get_meter("test"), "lmcache_mp.l1_write").add(2)
+    started.shutdown()
+    names, instances = exported_names(collector.received())
     assert (True, {config.instance_id}) == ("lmcache_mp.l1_write" in names, instances)
 
 

@@ -1,25 +1,14 @@
 """Tracing over the wire: spans exported by the real OTLP/gRPC exporter, decoded by a receiver in the test.
 
-The receiver is a grpc server on 127.0.0.1 (a free port) implementing
-opentelemetry-proto's ``TraceService``; it keeps every
-``ExportTraceServiceRequest`` it gets, so the assertions are on what actually
-went over the wire.
+The receiver (tests/support/otlp_receiver.py) is a grpc server on 127.0.0.1 (port 0) implementing
+opentelemetry-proto's ``TraceService``; it keeps every ``ExportTraceServiceRequest`` it gets, so the
+assertions are on what actually went over the wire.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
-import time
-from concurrent import futures
 from dataclasses import replace
-
-import grpc
-import pytest
-from opentelemetry.proto.collector.trace.v1 import (
-    trace_service_pb2,
-    trace_service_pb2_grpc,
-)
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.subscribers.tracing import build_tracing_subscribers
@@ -30,59 +19,14 @@ MS = 10**6
 WAIT_S = 10.0
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """Stores every export request; :meth:`wait_for_spans` blocks (with a deadline) until enough arrived."""
-
-    def __init__(self) -> None:
-        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        self._changed = threading.Condition()
-
-    def Export(self, request, context):  # the gRPC method name
-        with self._changed:
-            self.requests.append(request)
-            self._changed.notify_all()
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self) -> list[tuple[dict, object]]:
-        """(resource attributes, span) for every span received so far."""
-        out = []
-        for request in self.requests:
-            for resource_spans in request.resource_spans:
-                resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    out.extend((resource, span) for span in scope_spans.spans)
-        return out
-
-    def wait_for_spans(self, count: int, timeout_s: float = WAIT_S) -> list[tuple[dict, object]]:
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while len(self.spans()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            return self.spans()
-
-
-@pytest.fixture
-def receiver():
-    """A TraceService on 127.0.0.1:<free port>; yields (receiver, 'host:port')."""
-    servicer = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(grace=None)
-
-
-def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(config, pipeline, receiver):
+def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(config, pipeline, otlp_receiver):
     """A request with a store, exported through the BatchSpanProcessor and the OTLP/gRPC exporter, arrives
     as a ``request`` root and an ``mp.store`` child of the same trace: parent id = the root's span id,
     start/end exactly the event timestamps, and the Resource carrying service.name, host.name and
     service.instance.id."""
-    servicer, endpoint = receiver
-    export = TracingExport.start(replace(config, enable_tracing=True, otlp_endpoint=endpoint, otlp_protocol="grpc"))
+    servicer = otlp_receiver("grpc", "traces")
+    export = TracingExport.start(replace(config, enable_tracing=True, otlp_endpoint=servicer.endpoint,
+                                         otlp_protocol="grpc"))
     try:
         pipeline.subscribe(*build_tracing_subscribers(config, export.tracer_provider))
         publish = pipeline.publish
@@ -94,7 +38,8 @@ def test_spans_reach_a_real_otlp_grpc_receiver_with_ids_times_and_resource(confi
         publish(E.MP_REQUEST_END, session_id="req-7", timestamp_ns=T0 + 20 * MS)
         pipeline.deliver()
         assert export.force_flush()
-        received = servicer.wait_for_spans(2)
+        servicer.wait(lambda got: len(got.spans()) >= 2, WAIT_S)
+        received = servicer.spans()
     finally:
         export.shutdown()
     by_name = {span.name: (resource, span) for resource, span in received}
