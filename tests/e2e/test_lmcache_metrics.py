@@ -66,19 +66,19 @@ def test_lmcache_traffic_shows_on_metrics(start_service):
         client.close()
     requested, hit_chunks, written, read = 9 * CHUNK, 5, 4, 5
 
-    def settled():
-        scrape = service.scrape()
-        return scrape if scrape.total("lmcache_mp_l1_write_chunks_total") == written else None
-
-    scrape = wait_for(settled, 30, "the L1 writes on /metrics")
-    assert requested == scrape.total("lmcache_mp_lookup_requested_tokens_total")
-    assert hit_chunks * CHUNK == scrape.total("lmcache_mp_lookup_hit_tokens_total")
-    assert read == scrape.total("lmcache_mp_l1_read_chunks_total")
-    assert read == scrape.total("lmcache_mp_num_chunks_loaded_total")
     # one throughput sample per committed transfer: 3 stores (cold 3, hit 0 is no transfer, partial 1) and 2 loads
-    assert 2 == scrape.total("lmcache_mp_l0_l1_store_throughput_GBs_count")
-    assert 2 == scrape.total("lmcache_mp_l0_l1_load_throughput_GBs_count")
-    assert 0 == scrape.total("lmcache_mp_event_bus_dropped_events_total")
+    expected = {"lmcache_mp_l1_write_chunks_total": written, "lmcache_mp_lookup_requested_tokens_total": requested,
+                "lmcache_mp_lookup_hit_tokens_total": hit_chunks * CHUNK, "lmcache_mp_l1_read_chunks_total": read,
+                "lmcache_mp_num_chunks_loaded_total": read, "lmcache_mp_l0_l1_store_throughput_GBs_count": 2,
+                "lmcache_mp_l0_l1_load_throughput_GBs_count": 2, "lmcache_mp_event_bus_dropped_events_total": 0}
+
+    def counted() -> dict[str, float]:
+        scrape = service.scrape()
+        return {name: scrape.total(name) for name in expected}
+
+    # the counters come from different events: wait until all of them are counted, not only the L1 writes
+    wait_for(lambda: counted() == expected, 30, f"/metrics to count {expected}")
+    assert expected == counted()
     # every request timed server-side, receipt to reply sent: within what the client waited for each
     names = {op: OPERATION_IDS[OPS[op]] for op in sent}  # the client's short names → the operations' names
 
