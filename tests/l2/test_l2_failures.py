@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from l2_helpers import MAC_KEY, key, payload, wait
+from support.waiting import wait_for
 
 from mpcache.cache.l2.base import L2LookupError, LoadResult, StoreResult
 from mpcache.cache.l2.failures import FailureCounts, FailureLog
@@ -168,7 +169,11 @@ def test_the_socket_timeout_comes_from_the_spec(hung_redis, closing):
     """``socket_timeout_s`` in the --l2 JSON sets how long a silent server is waited for."""
     adapter = closing(build_adapter({"type": "redis", "url": hung_redis, "capacity_gb": 1, "socket_timeout_s": 0.2,
                                      "key_prefix": "t:"}, 65536, MAC_KEY))
-    time.sleep(1.4)  # let the start-up usage refresh time out (0.2 s) and the down period (1 s) pass
+    # the start-up usage refresh times out (0.2 s) and takes the server as down for 1 s from then: wait until it
+    # is counted (under load it may come late), then until 1 s after that has passed
+    failed_at = wait_for(lambda: adapter.failures.totals().get("usage_error") and time.monotonic(), 10,
+                         "the start-up usage refresh to fail", tolerate=())
+    time.sleep(max(0.0, failed_at + 1.0 - time.monotonic()))  # the down period, measured from its observed start
     started = time.monotonic()
 
     with pytest.raises(L2LookupError):
