@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from mpcache.config import parse_size
-from mpcache.supervisor import STOP_GRACE_S, build_parser
+from mpcache.supervisor import STOP_GRACE_S
+from mpcache.supervisor.settings import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -396,7 +397,7 @@ def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it()
     image's MPCACHE_* environment, then the service's) ask for, its IPC namespace is shareable (the engine
     joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes OTLP with tracing to
     the collector service, and it is given longer than the supervisor's stop to stop."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     compose = load_yaml(COMPOSE_YAML)
     services = compose["services"]
@@ -587,7 +588,7 @@ def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configurat
     """--config /etc/mpcache/mpcache.toml, the README's example of which start-cache accepts as it is;
     start-cache's exit status for a configuration error (a missing config file here) is the unit's
     RestartPreventExitStatus; readiness is notified by the main process only."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     one = {key: values[-1] for key, values in unit_settings().items()}
     exec_start = one["ExecStart"].split()

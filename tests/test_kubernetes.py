@@ -11,10 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mpcache import settings
 from mpcache.config import parse_size
 from mpcache.shm.provision import SHM_MARGIN_BYTES, segment_sizes
-from mpcache.supervisor import build_parser, config_from_args
+from mpcache.supervisor import settings
+from mpcache.supervisor.settings import build_parser, config_from_args
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 # The oldest release the manifests are meant for (native sidecars are on by default from 1.29) and the

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from mpcache import settings, supervisor
 from mpcache.errors import ConfigError
+from mpcache.supervisor import settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,8 +21,8 @@ def _config(tmp_path, text: str | None, argv: list[str], environ: dict[str, str]
         path = tmp_path / "mpcache.toml"
         path.write_text(text)
         argv = ["--config", str(path), *argv]
-    args = settings.parse_args(supervisor.build_parser(), argv, environ or {})
-    return supervisor.config_from_args(args, 1, str(tmp_path / "run")), args
+    args = settings.parse_args(settings.build_parser(), argv, environ or {})
+    return settings.config_from_args(args, 1, str(tmp_path / "run")), args
 
 
 def test_a_file_alone_describes_a_two_tier_deployment(tmp_path):
@@ -98,7 +98,7 @@ def test_allowed_lmcache_uids_from_flags_file_and_environment(tmp_path, capsys):
 def test_a_non_loopback_lmcache_host_needs_allow_remote(tmp_path, host):
     """A non-loopback --lmcache-host is refused naming --lmcache-allow-remote; with it, accepted."""
     argv = ["--lmcache-port", "5555", "--lmcache-host", host]
-    with pytest.raises(supervisor.ConfigError, match="--lmcache-host: .* --lmcache-allow-remote"):
+    with pytest.raises(ConfigError, match="--lmcache-host: .* --lmcache-allow-remote"):
         _config(tmp_path, None, argv)
     config, _ = _config(tmp_path, None, [*argv, "--lmcache-allow-remote"])
     assert config.lmcache_allow_remote and config.lmcache_host == host
