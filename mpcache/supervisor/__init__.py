@@ -49,7 +49,6 @@ from mpcache.shm.ring import PUBLISH_PATH, PUBLISH_PYTHON_NOT_BUILT
 from mpcache.shm.segment import Segment, shm_name
 from mpcache.supervisor import settings
 from mpcache.supervisor.liveness import HANG_TIMEOUT_S, START_TIMEOUT_S
-from mpcache.supervisor.settings import build_parser, config_from_args
 from mpcache.systemd import Notifier, journal_prefixed, stderr_is_journal
 
 # Restart policy (module constants, so tests can shorten them).  A child that exits is restarted after
@@ -145,12 +144,10 @@ class Supervisor:
         self._write_status()
 
     def start(self) -> None:
-        if self.config.event_sink == "ring":  # otherwise nothing reads the rings
-            telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
-            self.children.append(telemetry)
-            self._spawn(telemetry)
-        # --event-sink inprocess (benchmarks): cache processes publishing through LMCache's in-process bus
-        module = "mpcache.bench.reference_cache" if self.config.event_sink == "inprocess" else "mpcache.cache"
+        telemetry = Child("telemetry", 0, self._argv("mpcache.telemetry"))
+        self.children.append(telemetry)
+        self._spawn(telemetry)
+        module = "mpcache.cache"
         for worker in range(self.config.workers):
             cache = Child("cache", worker, self._argv(module, "--worker", str(worker)))
             self.children.append(cache)
@@ -557,24 +554,27 @@ def _create_segments(config: Config, log: Any) -> SegmentLock:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = settings.parse_args(build_parser(), argv)
-    os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
+    resolved = settings.parse(argv)
     pid = os.getpid()
     base = default_base()
-    planned = os.path.abspath(args.runtime_dir) if args.runtime_dir else os.path.join(base, str(pid))
+    requested = resolved.values["runtime-dir"]
+    planned = os.path.abspath(requested) if requested else os.path.join(base, str(pid))
+    if resolved.check_only:
+        return settings.check_config(resolved, pid, planned)
+    os.umask(0o077)  # everything this service and its children create (logs, files of the fs tier) is private
     try:
-        config = config_from_args(args, pid, planned)
+        config = settings.config_from_settings(resolved, pid, planned)
         _check_socket_path_length(config)
         _check_endpoints(config)
         check_shm_space(config)  # before anything is created: one line, never a SIGBUS later
-        forwarder = LineForwarder(config.log_file, args.log_max_bytes, args.log_backups,
-                                  render=_stderr_renderer(args.log_format))
+        forwarder = LineForwarder(config.log_file, config.log_max_bytes, config.log_backups,
+                                  render=_stderr_renderer(config.log_format))
     except ConfigError as exc:
-        return _error(settings.where(args, str(exc)))
+        return _error(settings.where(resolved, str(exc)))
     except OSError as exc:  # the --log-file cannot be opened
-        return _error(f"--log-file: cannot open {args.log_file!r}: {exc.strerror}")
+        return _error(f"--log-file: cannot open {resolved.values['log-file']!r}: {exc.strerror}")
     try:
-        runtime, swept = _claim_runtime_dir(args.runtime_dir, base, pid)
+        runtime, swept = _claim_runtime_dir(requested, base, pid)
     except ConfigError as exc:
         return _error(str(exc))
     if runtime.path != config.runtime_dir:  # <base>/<pid> was taken: another name
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     for event, fields in swept:
         log.warning(event, **fields)
     supervisor = Supervisor(config, os.path.join(runtime.path, "config.json"), log, forwarder,
-                            hang_timeout_s=args.hang_timeout, runtime=runtime)
+                            hang_timeout_s=config.hang_timeout_s, runtime=runtime)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, supervisor.request_stop)
     try:
