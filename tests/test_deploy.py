@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mpcache.config import parse_size
-from mpcache.supervisor import STOP_GRACE_S
+from mpcache.supervisor.children import STOP_GRACE_S
 from mpcache.supervisor.settings import build_parser
 
 REPO = Path(__file__).resolve().parent.parent

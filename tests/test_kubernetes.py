@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from mpcache.config import parse_size
-from mpcache.shm.provision import SHM_MARGIN_BYTES, segment_sizes
 from mpcache.supervisor import settings
+from mpcache.supervisor.provision import SHM_MARGIN_BYTES, segment_sizes
 from mpcache.supervisor.settings import build_parser, config_from_args
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"

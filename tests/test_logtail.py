@@ -290,7 +290,7 @@ def test_follow_keeps_up_with_the_supervisors_rotating_writer(tmp_path, tails):
     """The supervisor's single writer (LineForwarder with --log-max-bytes/--log-backups) rotates the file
     again and again while -f follows it; at most one rotation between the tail's reads (the writer waits
     for each 10 lines to be printed), the tail prints every line exactly once, in order."""
-    from mpcache.supervisor import LineForwarder
+    from mpcache.supervisor.logforward import LineForwarder
     from mpcache.supervisor.settings import build_parser
 
     path = tmp_path / "mpcache.jsonl"
