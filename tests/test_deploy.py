@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.supervisor import STOP_GRACE_S
+from mpcache.supervisor.children import STOP_GRACE_S
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from mpcache.config import parse_size
-from mpcache.shm.provision import SHM_MARGIN_BYTES, segment_sizes
 from mpcache.supervisor import settings
+from mpcache.supervisor.provision import SHM_MARGIN_BYTES, segment_sizes
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 # The oldest release the manifests are meant for (native sidecars are on by default from 1.29) and the

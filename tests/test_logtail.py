@@ -290,7 +290,8 @@ def test_follow_keeps_up_with_the_supervisors_rotating_writer(tmp_path, tails):
     """The supervisor's single writer (LineForwarder with --log-max-bytes/--log-backups) rotates the file
     again and again while -f follows it; at most one rotation between the tail's reads (the writer waits
     for each 10 lines to be printed), the tail prints every line exactly once, in order."""
-    from mpcache.supervisor import LineForwarder, settings
+    from mpcache.supervisor import settings
+    from mpcache.supervisor.logforward import LineForwarder
 
     path = tmp_path / "mpcache.jsonl"
     values = settings.parse(["--log-file", str(path), "--log-max-bytes", "2KiB", "--log-backups", "2"], {}).values

@@ -28,7 +28,7 @@ from mpcache.supervisor.sources import resolve
 REPO = Path(__file__).resolve().parent.parent
 START_CACHE = [sys.executable, str(REPO / "bin" / "start-cache")]
 MOCK_TIER = {"type": "mock", "capacity_gb": 1}
-MISSPELT_HERE = ("test_settings.py", "test_settings_table.py")  # they misspell variables on purpose
+MISSPELT_HERE = ("test_settings.py", "test_settings_table.py", "CONFIGURATION.md")  # misspelt on purpose
 
 
 def _sample(item) -> tuple[object, object]:
@@ -186,3 +186,13 @@ def test_opentelemetry_variables_fill_only_the_otlp_settings_not_given():
     assert "environment OTEL_SDK_DISABLED" == given.sources["disable-metrics"]
     with pytest.raises(ConfigError, match="^OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf"):
         resolve({}, "", {"OTEL_EXPORTER_OTLP_PROTOCOL": "udp"})
+
+
+def test_the_configuration_page_lists_every_setting_as_the_table_declares_it():
+    """docs/CONFIGURATION.md's reference is the table's own rendering (python -m mpcache.config.reference)."""
+    from mpcache.config import reference
+
+    text = (REPO / "docs" / "CONFIGURATION.md").read_text()
+    block = text[text.index(reference.BEGIN):text.index(reference.END) + len(reference.END)]
+    assert reference.markdown() == block
+    assert all(f"`{item.flag}" in block and f"`{item.env}`" in block for item in SETTINGS)

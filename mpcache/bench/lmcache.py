@@ -5,10 +5,9 @@ always run back to back, and so do the two LMCache modes (each on/off pair share
 moment of a shared machine's background load); over every 4 rounds each server runs once in
 each position (``ROUND_ORDERS``):
 
-* ``mpcache``: ``bin/start-cache --workers 1 --lmcache-port P --event-sink ring`` — the
-  product, with its telemetry process draining the rings and exporting every metric;
-* ``mpcache_off``: the same with ``--event-sink none`` (nothing published, no telemetry
-  process);
+* ``mpcache``: ``python -m mpcache.bench.service ring --workers 1 --lmcache-port P`` — the
+  product (``start-cache``), with its telemetry process draining the rings and exporting every metric;
+* ``mpcache_off``: the same with the sink ``none`` (nothing published, no telemetry process);
 * ``lmcache``: ``python -m lmcache.v1.multiprocess.server`` (engine-driven transfer, CPU,
   LRU, ``--max-workers 2`` request threads), observability on (its default);
 * ``lmcache_off``: the same with ``--disable-observability``.
@@ -41,7 +40,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +48,7 @@ from typing import Any
 
 import psutil
 
-from mpcache.bench import service_times
+from mpcache.bench import service, service_times
 from mpcache.bench.children import kill_running, stop
 from mpcache.config import Config
 from mpcache.shm import layout
@@ -135,11 +133,10 @@ class Server:
         log = open(self.log_path, "wb")
         try:
             if kind.startswith("mpcache"):
-                argv = [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", "1",
-                        "--lmcache-port", str(self.port), "--event-sink", "ring" if kind == "mpcache" else "none",
-                        "--prometheus-port", str(self.prometheus_port), "--runtime-dir", self.runtime_dir,
-                        "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES),
-                        "--log-level", "warning"]
+                argv = service.command("ring" if kind == "mpcache" else "none", "--workers", "1",
+                                       "--lmcache-port", str(self.port), "--prometheus-port", str(self.prometheus_port),
+                                       "--runtime-dir", self.runtime_dir, "--l1-size", str(int(l1_gb * 2**30)),
+                                       "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning")
                 if kind == "mpcache" and telemetry_nice:
                     argv += ["--telemetry-nice", str(telemetry_nice)]
                 env = None
