@@ -171,6 +171,8 @@ def test_check_config_exits_2_with_one_line_and_hides_passwords(tmp_path):
     shown = _check_config(tmp_path, "--l2", json.dumps(tier))
     assert (0, False, True) == (shown.returncode, "hunter2" in shown.stdout,
                                 "redis://mpcache:(hidden)@127.0.0.1:6379/0" in shown.stdout)
+    malformed = _check_config(tmp_path, "--l2", json.dumps(tier)[:-1])  # not JSON: not echoed either
+    assert (2, 1, False) == (malformed.returncode, len(malformed.stderr.splitlines()), "hunter2" in malformed.stderr)
 
 
 def test_opentelemetry_variables_fill_only_the_otlp_settings_not_given():

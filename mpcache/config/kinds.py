@@ -195,14 +195,18 @@ class Port(Integer):
 
 
 class JsonObject(Kind):
-    """A JSON object: one flag value's text, or a TOML table; what its keys mean is its reader's business."""
+    """A JSON object: one flag value's text, or a TOML table; what its keys mean is its reader's business.
+    A bad one is not echoed in the error: it may hold a password (a redis URL's)."""
 
     expected = "a JSON object"
 
-    def convert(self, raw: object) -> Any:
-        value = raw if isinstance(raw, dict) else json.loads(_text(raw))
+    def value(self, raw: object) -> Any:
+        try:
+            value = raw if isinstance(raw, dict) else json.loads(_text(raw))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"expected {self.expected}, got text that is not JSON ({exc.msg})") from None
         if not isinstance(value, dict):
-            raise ValueError(raw)
+            raise ValueError(f"expected {self.expected}, got a JSON {type(value).__name__}")
         return value
 
     def problem(self, value: Any) -> str | None:
