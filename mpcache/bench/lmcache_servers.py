@@ -19,7 +19,7 @@ from mpcache.bench import service as bench_service
 from mpcache.bench.children import stop
 from mpcache.config import Config
 from mpcache.shm import layout
-from mpcache.shm.ring import RingReader, read_counters
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
 
 OBJECT_BYTES = 2 * 8 * 256 * 256 * 2  # 2 planes x 8 layers x 256 tokens x (2 heads x 128) x fp16, per rank
