@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from mpcache.bench import __main__ as bench_main
-from mpcache.bench import drain, lmcache, publish
+from mpcache.bench import drain, lmcache, lmcache_servers, publish
 from mpcache.shm.ring import COMPILED_PUBLISH
 
 
@@ -142,7 +142,7 @@ def _lmcache_python() -> str | None:
     """The LMCache venv's python: $MPCACHE_LMCACHE_PYTHON, else .ci/lmcache-env's venv if it is complete."""
     if os.environ.get("MPCACHE_LMCACHE_PYTHON"):
         return os.environ["MPCACHE_LMCACHE_PYTHON"]
-    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache.DEFAULT_VENV
+    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache_servers.DEFAULT_VENV
     if not os.path.isfile(os.path.join(venv, ".complete")):
         return None
     found = subprocess.run(["bash", os.path.join(lmcache.REPO, ".ci", "lmcache-env")], capture_output=True, text=True,
@@ -286,13 +286,13 @@ def test_the_benchmarks_choose_their_cache_processes_through_the_supervisors_pro
     from mpcache.bench import e2e, service
     from mpcache.config import Config
     from mpcache.shm import layout
-    from mpcache.shm.ring import read_counters
+    from mpcache.shm.ring_reader import read_counters
     from mpcache.shm.segment import Segment
 
     runtime = tmp_path / "run"
-    process = subprocess.Popen(service.command(sink, "--workers", "1", "--prometheus-port", "0", "--runtime-dir",
-                                               str(runtime), "--l1-size", "16MiB", "--log-level", "warning"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(service.argv(sink, "--workers", "1", "--prometheus-port", "0", "--runtime-dir",
+                                            str(runtime), "--l1-size", "16MiB", "--log-level", "warning"),
+                               env=service.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while not (runtime / "cache0.sock").exists():

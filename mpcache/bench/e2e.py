@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpcache.bench import service as bench_service
 from mpcache.bench.children import kill_running, stop
-from mpcache.bench.service import command as service_command
 
 MODES = ("none", "ring", "inprocess")
 CLIENTS = 2
@@ -73,9 +73,9 @@ def _one_run(mode: str) -> float:
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-") as tmp:
         runtime = os.path.join(tmp, "run")
         service = subprocess.Popen(
-            service_command(mode, "--workers", str(CLIENTS), "--prometheus-port", str(_free_port()),
-                            "--runtime-dir", runtime, "--l1-size", "64MiB", "--log-level", "warning"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            bench_service.argv(mode, "--workers", str(CLIENTS), "--prometheus-port", str(_free_port()),
+                               "--runtime-dir", runtime, "--l1-size", "64MiB", "--log-level", "warning"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=bench_service.env(),
         )
         clients: list[subprocess.Popen] = []
         try:
