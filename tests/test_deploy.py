@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.config import parse_size
-from mpcache.supervisor import STOP_GRACE_S, build_parser
+from mpcache.supervisor.children import STOP_GRACE_S
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -396,21 +395,20 @@ def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it()
     image's MPCACHE_* environment, then the service's) ask for, its IPC namespace is shareable (the engine
     joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes OTLP with tracing to
     the collector service, and it is given longer than the supervisor's stop to stop."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     compose = load_yaml(COMPOSE_YAML)
     services = compose["services"]
     mpcache = services["mpcache"]
     assert "command" not in mpcache  # settings in the environment: `run ... FLAGS` adds to them
     environ = {**image_environment(), **mpcache["environment"]}
-    args = settings.parse_args(build_parser(), [], environ=environ)
-    l1_bytes = parse_size(args.l1_size or "256MiB", "--l1-size")
-    needed = args.workers * (l1_bytes + args.ring_cells * 64)
+    values = settings.parse([], environ=environ).values
+    needed = values["workers"] * (values["l1-size"] + values["ring-cells"] * 64)
     assert ({"mpcache", "prometheus", "otel-collector", "engine-example"}, "shareable", True, True) == (
         set(services), mpcache.get("ipc"), compose_size(mpcache.get("shm_size", "64m")) >= needed > 64 * 2**20,
         compose_seconds(mpcache["stop_grace_period"]) > 3 * STOP_GRACE_S)
     assert ("0.0.0.0", 9090, "otel-collector:4317", True, ["127.0.0.1:9090:9090"]) == (
-        args.prometheus_host, args.prometheus_port, args.otlp_endpoint, args.enable_tracing,
+        values["prometheus-host"], values["prometheus-port"], values["otlp-endpoint"], values["enable-tracing"],
         [compose_default(port) for port in mpcache["ports"]])
     engine = services["engine-example"]
     assert (["engine-example"], "service:mpcache", "10001:10001", ["mpcache-run:/run/mpcache"],
@@ -587,15 +585,15 @@ def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configurat
     """--config /etc/mpcache/mpcache.toml, the README's example of which start-cache accepts as it is;
     start-cache's exit status for a configuration error (a missing config file here) is the unit's
     RestartPreventExitStatus; readiness is notified by the main process only."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     one = {key: values[-1] for key, values in unit_settings().items()}
     exec_start = one["ExecStart"].split()
     assert ("/etc/mpcache/mpcache.toml", "main") == (
         exec_start[exec_start.index("--config") + 1], one.get("NotifyAccess"))
-    args = settings.parse_args(build_parser(), ["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={})
-    assert (2, "256MiB", "127.0.0.1", 9090) == (args.workers, args.l1_size, args.prometheus_host,
-                                                args.prometheus_port)
+    values = settings.parse(["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={}).values
+    assert (2, 256 * 2**20, "127.0.0.1", 9090) == (values["workers"], values["l1-size"], values["prometheus-host"],
+                                                   values["prometheus-port"])
     missing = subprocess.run([str(REPO / "bin" / "start-cache"), "--config", str(tmp_path / "absent.toml")],
                              capture_output=True, text=True, timeout=60)
     assert (one["RestartPreventExitStatus"], 1) == (str(missing.returncode), len(missing.stderr.splitlines()))

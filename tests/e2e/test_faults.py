@@ -32,7 +32,8 @@ from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.shm import layout
-from mpcache.shm.ring import read_counters, read_geometry
+from mpcache.shm.ring import read_geometry
+from mpcache.shm.ring_reader import read_counters
 from mpcache.shm.segment import Segment
 
 pytestmark = pytest.mark.slow
