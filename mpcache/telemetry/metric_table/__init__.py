@@ -4,7 +4,8 @@ A row says what a series is called (OTel and Prometheus), what kind of instrumen
 value and attributes come from (a typed :class:`Source`), what it means and, for a histogram, its bucket
 boundaries.  What is derived from the rows:
 
-* every OTel instrument is created from its row (:func:`mpcache.telemetry.otel.create_instrument`);
+* every OTel instrument the service exports is created from its row
+  (:func:`mpcache.telemetry.otel.create_instrument`);
 * a plain counter (a count, field sum or salt-group count of events) is computed from its row alone, by its
   section's table-driven subscriber (:mod:`mpcache.telemetry.subscribers.metrics.counters`);
 * ``docs/METRICS.md`` is rendered from the rows (:mod:`.markdown`):
