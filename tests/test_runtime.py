@@ -1,4 +1,4 @@
-"""Which leftovers are a run's own (issue 14, item 4): the marker, its lock, and the sweep.
+"""Which leftovers are a run's own: the marker, its lock, and the sweep.
 
 Every test works in its own base directory and creates its own uniquely named segments, unlinked at
 teardown (``segment_factory``).

@@ -1,4 +1,4 @@
-"""The supervisor's failure domains, driven with stand-in children (issue 14, items 1 and 2).
+"""The supervisor's failure domains, driven with stand-in children.
 
 Each test runs :meth:`Supervisor.watch` on a thread over children that are tiny Python processes
 (one that exits at once with a given status, one that sleeps), with the restart policy's times

@@ -1,5 +1,6 @@
 """The event catalogue: every event type, its dotted name and its field schema.  Producers encode and the
-telemetry process decodes by these schemas; adding an event is one line (``docs/EXTENDING.md``).
+telemetry process decodes by these schemas; adding an event is an ``EventType`` member and its schema line in
+``_ALL`` (``docs/EXTENDING.md``).
 """
 
 from __future__ import annotations
@@ -190,7 +191,6 @@ _ALL = (
 )
 
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}
-BY_DOTTED: dict[str, EventType] = {schema.dotted: schema.etype for schema in _ALL}
 assert len(SCHEMAS) == len(EventType), "every EventType needs a schema"
 
 

@@ -1,4 +1,4 @@
-"""Fault injection against a real ``bin/start-cache`` process tree (issue 8, item 4).
+"""Fault injection against a real ``bin/start-cache`` process tree.
 
 Every test kills or breaks something on purpose, then asserts numbers: what the clients were told was
 stored equals what /metrics counts, and whatever could not be delivered is counted in

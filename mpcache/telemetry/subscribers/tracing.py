@@ -97,7 +97,6 @@ class MPServerTracing(_Component):
                  max_children: int = DEFAULT_MAX_CHILDREN) -> None:
         self.tracer = tracer
         self.roots = Roots(max_sessions, max_children, drop_root)
-        self.unmatched_ends = 0
         self._handlers = {E.MP_REQUEST_START: self._request_start, E.MP_REQUEST_END: self._request_end,
                           E.MP_STORE_SUBMITTED: self._submitted, E.MP_RETRIEVE_SUBMITTED: self._submitted}
         self._handlers.update({etype: self._child_start for etype in _MP_STARTS})
@@ -159,14 +158,12 @@ class MPServerTracing(_Component):
     def _child_end(self, event: Event) -> None:
         root = self.roots.get(event.session_id)
         if root is None:
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_session", event=event.name, session_id=event.session_id)
             return
         self.roots.touch(event.session_id, event.timestamp_ns)
         op, _, key_fields = _MP_STARTS[_MP_ENDS[event.etype]]
         child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if child is None:
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
         else:
             child.span.set_attributes(_attributes(event.fields))
@@ -206,7 +203,6 @@ class BlendTracing(_Component):
         self.tracer = tracer
         self.mp = mp
         self.roots = Roots(max_sessions, max_children, drop_root)
-        self.unmatched_ends = 0
 
     def root_context(self, session_id: str) -> Context | None:
         root = self.roots.get(session_id)
@@ -257,7 +253,6 @@ class BlendTracing(_Component):
             self.roots.touch(event.session_id, event.timestamp_ns)
             child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if root is None or child is None:  # (child is None whenever root is)
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
             return
         child.span.set_attributes(_attributes(event.fields))
