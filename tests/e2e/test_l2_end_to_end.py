@@ -90,7 +90,7 @@ def test_a_redis_only_service_warns_that_its_secret_is_per_run_and_never_logs_it
     that redis records will not be readable after a restart and that --l2-secret-file fixes it.  The key
     reaches the children only through the 0600 config file: it is in no log line."""
     redis_flag = '{"type": "redis", "url": "redis://127.0.0.1:1/0", "capacity_gb": 1}'
-    service = start_service("--workers", "1", "--event-sink", "none", "--l2", redis_flag)
+    service = start_service("--workers", "1", "--l2", redis_flag)
     wait_for(lambda: any(line.get("event") == "cache.ready" for line in service.log_lines()), 60, "cache.ready")
     config = read_config(service)
     assert 0 == service.stop()
@@ -109,7 +109,7 @@ def test_an_fs_tier_keeps_the_same_key_across_service_restarts(start_service, tm
     fs = '{"type": "fs", "path": "%s", "capacity_gb": 0.01}' % (tmp_path / "l2fs")
     keys = []
     for _ in range(2):
-        service = start_service("--workers", "1", "--event-sink", "none", "--l2", fs)
+        service = start_service("--workers", "1", "--l2", fs)
         wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
                  60, "cache.ready")
         keys.append(read_config(service)["l2_secret"])

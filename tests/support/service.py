@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mpcache.config import Config
 from mpcache.shm import layout
-from mpcache.shm.ring import RingCounters, read_counters
+from mpcache.shm.ring_reader import RingCounters, read_counters
 from mpcache.shm.segment import Segment
 from support.ports import free_port
 from support.waiting import wait_for
