@@ -8,7 +8,9 @@ no`` so a lost slot range leaves the rest of the cluster serving (what docs/L2.m
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,22 +41,46 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, int
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last!r})")
 
 
-def free_ports(host: str, count: int) -> list[int]:
-    """``count`` ports free on ``host`` whose cluster-bus port (+10000) is free too."""
-    ports: list[int] = []
-    while len(ports) < count:
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for ``bind(0)`` and outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    try:
         with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        if port + 10000 > 65535 or port in ports:
-            continue
-        try:
-            with socket.socket() as bus:
-                bus.bind((host, port + 10000))
-        except OSError:
-            continue
-        ports.append(port)
+            probe.bind((host, port))
+    except OSError:
+        return False
+    return True
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` ports free on ``host`` whose cluster-bus port (+10000) is free too, both below the kernel's
+    ephemeral range: a port the kernel hands to another test's ``bind(0)`` listener or outgoing connection
+    between this probe and redis-server's bind can never be one of them."""
+    highest = _ephemeral_low() - 10000 - 1
+    if highest < 2048:
+        raise RuntimeError(f"no room below the ephemeral port range for a node and its bus port ({highest})")
+    chooser = random.Random()
+    ports: list[int] = []
+    for _ in range(count * 200):
+        if len(ports) == count:
+            break
+        port = chooser.randint(1024, highest)
+        if port not in ports and _bindable(host, port) and _bindable(host, port + 10000):
+            ports.append(port)
+    if len(ports) < count:
+        raise RuntimeError(f"found only {len(ports)} of {count} free node ports on {host}")
     return ports
+
+
+class NodeDied(AssertionError):
+    """redis-server exited while starting (its port was taken after all): the log's tail says why."""
 
 
 class Node:
@@ -81,7 +107,19 @@ class Node:
         if self.password:
             argv += ["--requirepass", self.password, "--masterauth", self.password]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self.ping, 10, f"redis node {self.address} to answer")
+        wait_until(self._answers_or_died, 10, f"redis node {self.address} to answer")
+        if not self.live:
+            raise NodeDied(f"redis node {self.address} exited while starting: {self.log_tail()}")
+
+    def _answers_or_died(self) -> bool:
+        return not self.live or self.ping()
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            with open(os.path.join(self.directory, "redis.log"), encoding="utf-8", errors="replace") as handle:
+                return " | ".join(handle.read().splitlines()[-lines:])
+        except OSError as exc:
+            return f"(no log: {exc})"
 
     def client(self, **options) -> redis.Redis:
         return redis.Redis(host=self.host, port=self.port, socket_timeout=2, socket_connect_timeout=2,
@@ -121,13 +159,27 @@ class Cluster:
 
     def create(self) -> None:
         for node in self.nodes:
-            node.start()
+            self._start_fresh(node)
         environment = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
         completed = subprocess.run([REDIS_CLI, "--cluster", "create", *(n.address for n in self.nodes),
                                     "--cluster-replicas", "1", "--cluster-yes"],
                                    capture_output=True, text=True, timeout=60, env=environment)
         assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
         self.wait_healthy()
+
+    @staticmethod
+    def _start_fresh(node: Node, attempts: int = 3) -> None:
+        """Start a node that has never run, on new ports if its first ones were taken meanwhile."""
+        for attempt in range(attempts):
+            try:
+                node.start()
+                return
+            except NodeDied:
+                if attempt == attempts - 1:
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(node.directory, "nodes.conf"))
+                node.port = free_ports(node.host, 1)[0]
 
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and 3 masters each have a replica, all agreeing."""
