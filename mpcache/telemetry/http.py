@@ -114,6 +114,10 @@ class MetricsHTTPServer:
             await asyncio.wait_for(writer.drain(), self._read_timeout_s)
         except (asyncio.TimeoutError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            # close() cancels handlers still answering; ending normally keeps Python 3.11's stream callback
+            # from logging the cancelled task's CancelledError as an asyncio error
+            pass
         finally:
             self._open -= 1
             writer.close()
