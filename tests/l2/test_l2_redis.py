@@ -124,3 +124,27 @@ def test_a_new_adapter_learns_the_tiers_usage_from_the_server(make_redis):
     wait(make_redis().submit_store([(key(1), payload(1)), (key(2), payload(2))]))
 
     assert Usage(2000, 4000, 2) == make_redis().refresh_usage()
+
+
+def test_a_usage_refresh_answered_before_a_store_does_not_undo_the_stores_usage(make_redis):
+    """A refresh whose reply left the server before a store's, but is applied after it (the adapter starts one
+    in the background), must not set usage back: it lost a race to newer news (seen as a flaky 0 under load)."""
+    adapter = make_redis(capacity_bytes=3000)
+    adapter.refresh_usage()  # the background refresh from construction is superseded by this one
+    real_run = adapter._calls.run
+    raced: list[StoreResult] = []
+    refreshing = [True]
+
+    def run_then_let_a_store_overtake(calls):
+        replies = real_run(calls)
+        if refreshing:  # the refresh's own call: its replies are now stale
+            refreshing.clear()
+            raced.append(wait(adapter.submit_store([(key(1), payload(1))])))
+        return replies
+
+    adapter._calls.run = run_then_let_a_store_overtake
+    adapter.refresh_usage()
+    adapter._calls.run = real_run
+
+    assert [StoreResult([key(1)], [], [], 1000, [])] == raced
+    assert Usage(1000, 3000, 1) == adapter.get_usage()

@@ -113,6 +113,7 @@ class RedisL2Adapter(PooledAdapter):
             self._calls = ServerCalls(redis.Redis.from_url(url, retry=retry, **common))
         self._usage_lock = threading.Lock()
         self._shard_usage = [(0, 0, -1)] * shards  # per shard: used bytes, keys, clock of the reply
+        self._notes = [0] * shards  # per shard: how many replies have been taken into _shard_usage
         self._usage = Usage(0, capacity_bytes, 0)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="l2-redis")
         self._pool.submit(self.refresh_usage)
@@ -126,9 +127,10 @@ class RedisL2Adapter(PooledAdapter):
         """Ask the tier for its usage now (blocking; other adapters' writes included)."""
         shards = [index for index in range(len(self._shards)) if not self._is_down(index, "usage_error")]
         calls = [Call(scripts.USAGE, [self._shards[i].lru, self._shards[i].stats], []) for i in shards]
+        asked = list(self._notes)
         for index, reply in zip(shards, self._calls.run(calls)):
             if self._ok(index, "usage_error", reply):
-                self._note_usage(index, *reply, force=True)
+                self._note_usage(index, *reply, force_unless_noted_since=asked[index])
         return self._usage
 
     def close(self) -> None:
@@ -154,9 +156,14 @@ class RedisL2Adapter(PooledAdapter):
         self.failures.note(kind, count, detail)
         return False
 
-    def _note_usage(self, shard: int, used: int, count: int, clock: int, *, force: bool = False) -> None:
+    def _note_usage(self, shard: int, used: int, count: int, clock: int, *,
+                    force_unless_noted_since: int | None = None) -> None:
+        """Keep the newest usage reply per shard.  A refresh is taken whatever its clock (a restarted server
+        counts from 0 again), unless another reply was noted while it was asked: that one is newer news."""
         with self._usage_lock:
-            if force or clock > self._shard_usage[shard][2]:
+            forced = force_unless_noted_since is not None and self._notes[shard] == force_unless_noted_since
+            if forced or clock > self._shard_usage[shard][2]:
+                self._notes[shard] += 1
                 self._shard_usage[shard] = (int(used), int(count), int(clock))
                 self._usage = Usage(sum(u[0] for u in self._shard_usage), self.capacity_bytes,
                                     sum(u[1] for u in self._shard_usage))
