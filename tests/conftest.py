@@ -18,7 +18,8 @@ import pytest
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import RingReader, RingWriter, format_event_segment
+from mpcache.shm.ring import RingWriter, format_event_segment
+from mpcache.shm.ring_reader import RingReader
 from mpcache.shm.segment import Segment
 
 FIXED_NS = 1_700_000_000_123_456_789  # the clock every fixture publisher reads

@@ -6,7 +6,7 @@ import numpy as np
 
 from mpcache.config import Config
 from mpcache.shm.intern import NameTable
-from mpcache.shm.ring import RingReader
+from mpcache.shm.ring_reader import RingReader
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import EventBatch
 

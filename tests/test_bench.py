@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from mpcache.bench import __main__ as bench_main
-from mpcache.bench import drain, lmcache, publish
+from mpcache.bench import drain, lmcache, lmcache_servers, publish
 from mpcache.shm.ring import COMPILED_PUBLISH
 
 
@@ -142,7 +142,7 @@ def _lmcache_python() -> str | None:
     """The LMCache venv's python: $MPCACHE_LMCACHE_PYTHON, else .ci/lmcache-env's venv if it is complete."""
     if os.environ.get("MPCACHE_LMCACHE_PYTHON"):
         return os.environ["MPCACHE_LMCACHE_PYTHON"]
-    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache.DEFAULT_VENV
+    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache_servers.DEFAULT_VENV
     if not os.path.isfile(os.path.join(venv, ".complete")):
         return None
     found = subprocess.run(["bash", os.path.join(lmcache.REPO, ".ci", "lmcache-env")], capture_output=True, text=True,
@@ -272,3 +272,40 @@ def test_report_row_for_mrc(tmp_path):
     bench_main.write_report(results, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `mrc`")]
     assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row
+
+
+@pytest.mark.parametrize(("sink", "cache_program", "telemetry", "publishes"), [
+    ("ring", "mpcache.cache", True, True),
+    ("none", "mpcache.bench.null_cache", False, False),
+    ("inprocess", "mpcache.bench.reference_cache", False, False),
+])
+def test_the_benchmarks_choose_their_cache_processes_through_the_supervisors_programs(
+        tmp_path, sink, cache_program, telemetry, publishes):
+    """mpcache.bench.service SINK runs the service with the cache program the sink names (the product's for
+    ring), a telemetry process only when the rings are read, and events in the ring only for ring."""
+    from mpcache.bench import e2e, service
+    from mpcache.config import Config
+    from mpcache.shm import layout
+    from mpcache.shm.ring_reader import read_counters
+    from mpcache.shm.segment import Segment
+
+    runtime = tmp_path / "run"
+    process = subprocess.Popen(service.argv(sink, "--workers", "1", "--prometheus-port", "0", "--runtime-dir",
+                                            str(runtime), "--l1-size", "16MiB", "--log-level", "warning"),
+                               env=service.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (runtime / "cache0.sock").exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.05)
+        modules = sorted(child.cmdline()[2] for child in psutil.Process(process.pid).children())
+        e2e.client_loop(str(runtime / "cache0.sock"), 0.5, 0.0, 1)  # stores and lookups
+        ring = Segment.attach(Config.load(str(runtime / "config.json")).ring_name(0), layout.HEADER_SIZE)
+        try:
+            head = read_counters(ring).head
+        finally:
+            ring.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert 0 == process.wait(60)
+    assert (sorted([cache_program, *(["mpcache.telemetry"] if telemetry else [])]), publishes) == (modules, head > 0)

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from mpcache.logforward import LineForwarder
 from mpcache.logs import console_renderer
+from mpcache.supervisor.logforward import LineForwarder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,8 +1,8 @@
 """deploy/: the Grafana dashboard, the Prometheus scrape config and alerts, the OTel Collector config, the
 Docker image and compose file, and the systemd unit.
 
-Everything here is static: PromQL is checked for the metric names it uses (only those of
-``spec/metrics.tsv`` plus mpcache's two lookup-tier extras), and, when ``promtool`` is installed
+Everything here is static: PromQL is checked for the metric names it uses (only those of the
+specification's table, ``spec/metrics.tsv``, and the metric table's rows beyond it), and, when ``promtool`` is installed
 (Debian package ``prometheus``), for syntax.  The collector and compose configs are parsed by a minimal
 reader of the YAML subset they are written in (PyYAML is not a dependency), cross-checked against PyYAML
 when that happens to be installed; ``docker compose config`` (or ``docker-compose``) and
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.config import parse_size
-from mpcache.supervisor import STOP_GRACE_S, build_parser
+from mpcache.supervisor.children import STOP_GRACE_S
+from mpcache.telemetry import metric_table
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -39,14 +39,13 @@ UNIT = DEPLOY / "systemd" / "mpcache.service"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SPEC_TSV = REPO / "spec" / "metrics.tsv"
 EXTRAS = {"lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"}
-# The service's own series (mpcache/telemetry/otel.py and the telemetry process): the "Service" row and its alerts.
-SERVICE = {"mpcache_build_info", "mpcache_cache_processes", "mpcache_cache_processes_ready",
-           "mpcache_child_restarts_total", "mpcache_lmcache_refused_connections_total",
-           "mpcache_l1_fragmentation_bytes"}
-# The capacity-planning row (docs/MRC.md): the curve and the miss reasons.
-MRC = {"mpcache_mrc_hit_ratio", "mpcache_lookup_miss_chunks_total", "mpcache_l1_evicted_reused_chunks_total"}
 # The fleet row: L2 loads by origin, and target_info (host.name) to split series by host.
 FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
+# Series of the metric table that no panel needs to show: the telemetry process's own process_* (the
+# exporter's convention), and the LMCache front end's service time (its numbers are in docs/PERFORMANCE.md).
+OFF_THE_DASHBOARD = {"process_cpu_seconds_total", "process_max_fds", "process_open_fds",
+                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes",
+                     "mpcache_lmcache_request_seconds"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -105,9 +104,12 @@ def spec_rows() -> list[tuple[str, str]]:
 
 
 def known_series() -> dict[str, str]:
-    """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count)."""
-    out = {name: name for name in EXTRAS | SERVICE | MRC | FLEET}
-    for name, instrument in spec_rows():
+    """Every series name a query may use → the metric it belongs to (histograms by _bucket/_sum/_count): the
+    spec's, and those of the metric table's rows beyond the spec (mpcache's own, declared nowhere else)."""
+    out: dict[str, str] = {}
+    beyond = [(spec.prometheus_name, spec.instrument) for section in metric_table.SECTIONS if not section.specified
+              for spec in section.rows]
+    for name, instrument in spec_rows() + beyond:
         if instrument == "histogram":
             out.update({name + suffix: name for suffix in ("_bucket", "_sum", "_count")})
         else:
@@ -239,13 +241,13 @@ def parse_yaml_subset(text: str):
 
 def test_dashboard_queries_name_only_metrics_of_the_spec():
     """Every PromQL expr of the Grafana dashboard selects only metrics of metrics.tsv (histograms via
-    _bucket/_sum/_count), the lookup-tier extras, the service's own series or the fleet row's, and every such metric
-    appears in some panel."""
+    _bucket/_sum/_count) or of the metric table's rows beyond it, and every such metric but those left off the
+    dashboard appears in some panel."""
     known = known_series()
     exprs = dashboard_exprs(load_dashboard())
     unknown = sorted({(title, name) for title, expr in exprs for name in metric_names(expr) if name not in known})
     used = {known[name] for _, expr in exprs for name in metric_names(expr) if name in known}
-    assert ([], set()) == (unknown, set(known.values()) - used)
+    assert ([], set()) == (unknown, set(known.values()) - OFF_THE_DASHBOARD - used)
 
 
 def test_dashboard_has_a_row_with_panels_for_every_spec_section_and_the_hit_rates():
@@ -396,21 +398,20 @@ def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it()
     image's MPCACHE_* environment, then the service's) ask for, its IPC namespace is shareable (the engine
     joins it with ipc: "service:mpcache"), /metrics binds 0.0.0.0 on port 9090, it pushes OTLP with tracing to
     the collector service, and it is given longer than the supervisor's stop to stop."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     compose = load_yaml(COMPOSE_YAML)
     services = compose["services"]
     mpcache = services["mpcache"]
     assert "command" not in mpcache  # settings in the environment: `run ... FLAGS` adds to them
     environ = {**image_environment(), **mpcache["environment"]}
-    args = settings.parse_args(build_parser(), [], environ=environ)
-    l1_bytes = parse_size(args.l1_size or "256MiB", "--l1-size")
-    needed = args.workers * (l1_bytes + args.ring_cells * 64)
+    values = settings.parse([], environ=environ).values
+    needed = values["workers"] * (values["l1-size"] + values["ring-cells"] * 64)
     assert ({"mpcache", "prometheus", "otel-collector", "engine-example"}, "shareable", True, True) == (
         set(services), mpcache.get("ipc"), compose_size(mpcache.get("shm_size", "64m")) >= needed > 64 * 2**20,
         compose_seconds(mpcache["stop_grace_period"]) > 3 * STOP_GRACE_S)
     assert ("0.0.0.0", 9090, "otel-collector:4317", True, ["127.0.0.1:9090:9090"]) == (
-        args.prometheus_host, args.prometheus_port, args.otlp_endpoint, args.enable_tracing,
+        values["prometheus-host"], values["prometheus-port"], values["otlp-endpoint"], values["enable-tracing"],
         [compose_default(port) for port in mpcache["ports"]])
     engine = services["engine-example"]
     assert (["engine-example"], "service:mpcache", "10001:10001", ["mpcache-run:/run/mpcache"],
@@ -587,15 +588,15 @@ def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configurat
     """--config /etc/mpcache/mpcache.toml, docs/DEPLOYMENT.md's example of which start-cache accepts as it is;
     start-cache's exit status for a configuration error (a missing config file here) is the unit's
     RestartPreventExitStatus; readiness is notified by the main process only."""
-    from mpcache import settings
+    from mpcache.supervisor import settings
 
     one = {key: values[-1] for key, values in unit_settings().items()}
     exec_start = one["ExecStart"].split()
     assert ("/etc/mpcache/mpcache.toml", "main") == (
         exec_start[exec_start.index("--config") + 1], one.get("NotifyAccess"))
-    args = settings.parse_args(build_parser(), ["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={})
-    assert (2, "256MiB", "127.0.0.1", 9090) == (args.workers, args.l1_size, args.prometheus_host,
-                                                args.prometheus_port)
+    values = settings.parse(["--config", str(DEPLOY / "systemd" / "mpcache.toml")], environ={}).values
+    assert (2, 256 * 2**20, "127.0.0.1", 9090) == (values["workers"], values["l1-size"], values["prometheus-host"],
+                                                   values["prometheus-port"])
     missing = subprocess.run([str(REPO / "bin" / "start-cache"), "--config", str(tmp_path / "absent.toml")],
                              capture_output=True, text=True, timeout=60)
     assert (one["RestartPreventExitStatus"], 1) == (str(missing.returncode), len(missing.stderr.splitlines()))

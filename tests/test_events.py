@@ -27,7 +27,8 @@ from mpcache.contract.events import (
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import RingReader, RingWriter, format_event_segment, read_counters
+from mpcache.shm.ring import RingWriter, format_event_segment
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import Event, EventBatch
 

@@ -1,4 +1,4 @@
-"""Reference values of the stable hashes clients and files depend on (issue 12, item 3).
+"""Reference values of the stable hashes clients and files depend on.
 
 ``chunk_hashes`` is a client contract: an engine computes the keys it stores and looks up with it, and
 the fs tier names its files after them, so the files written before a restart (or an upgrade) are found

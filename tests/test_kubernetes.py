@@ -11,10 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mpcache import settings
 from mpcache.config import parse_size
-from mpcache.shm.provision import SHM_MARGIN_BYTES, segment_sizes
-from mpcache.supervisor import build_parser, config_from_args
+from mpcache.supervisor import settings
+from mpcache.supervisor.provision import SHM_MARGIN_BYTES, segment_sizes
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 # The oldest release the manifests are meant for (native sidecars are on by default from 1.29) and the
@@ -70,8 +69,8 @@ def shm_needed(tmp_path: Path) -> int:
     """Bytes start-cache's preflight wants in /dev/shm for the ConfigMap's settings (its own arithmetic)."""
     [configmap] = by_kind("ConfigMap")
     (tmp_path / "mpcache.toml").write_text(configmap["data"]["mpcache.toml"])
-    args = settings.parse_args(build_parser(), ["--config", str(tmp_path / "mpcache.toml")], environ={})
-    config = config_from_args(args, 1, "/run/mpcache/service")
+    resolved = settings.parse(["--config", str(tmp_path / "mpcache.toml")], environ={})
+    config = settings.config_from_settings(resolved, 1, "/run/mpcache/service")
     page = 4096
     return sum(-(-size // page) * page for size in segment_sizes(config).values()) + SHM_MARGIN_BYTES
 

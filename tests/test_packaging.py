@@ -282,7 +282,7 @@ def test_wheel_installed_elsewhere_runs_its_console_scripts(built):
                            cwd=target.parent, env=env, capture_output=True, text=True, timeout=60)
     helps = [subprocess.run([str(target / "bin" / script), "--help"], cwd=target.parent, env=env,
                             capture_output=True, text=True, timeout=60) for script in SCRIPTS]
-    assert (str(target / "mpcache" / "supervisor.py"), [(0, f"usage: {s}") for s in SCRIPTS]) == (
+    assert (str(target / "mpcache" / "supervisor" / "__init__.py"), [(0, f"usage: {s}") for s in SCRIPTS]) == (
         where.stdout.strip(), [(h.returncode, h.stdout[:len(f"usage: {s}")]) for h, s in zip(helps, SCRIPTS)])
 
 

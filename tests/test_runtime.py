@@ -1,4 +1,4 @@
-"""Which leftovers are a run's own (issue 14, item 4): the marker, its lock, and the sweep.
+"""Which leftovers are a run's own: the marker, its lock, and the sweep.
 
 Every test works in its own base directory and creates its own uniquely named segments, unlinked at
 teardown (``segment_factory``).
@@ -16,12 +16,20 @@ import uuid
 
 import pytest
 
-from mpcache.runtime import MARKER_FILE, Marker, RuntimeDir, boot_id, pid_namespace, remove_runtime_files, sweep
 from mpcache.shm.segment import SHM_DIR
+from mpcache.supervisor.runtime import (
+    MARKER_FILE,
+    Marker,
+    RuntimeDir,
+    boot_id,
+    pid_namespace,
+    remove_runtime_files,
+    sweep,
+)
 
 HOLDER = """
 import sys, time
-from mpcache.runtime import Marker, RuntimeDir
+from mpcache.supervisor.runtime import Marker, RuntimeDir
 Marker.create(RuntimeDir(sys.argv[1], created=True), "held", 4242, sys.argv[2:])
 print("locked", flush=True)
 time.sleep(120)
@@ -109,7 +117,8 @@ def test_a_stale_marker_whose_segment_names_a_live_run_holds_removes_none_of_the
     live = tmp_path / "live"
     live.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace(
-        "Marker.create(", "from mpcache.runtime import SegmentLock; SegmentLock(sys.argv[2]); Marker.create("),
+        "Marker.create(",
+        "from mpcache.supervisor.runtime import SegmentLock; SegmentLock(sys.argv[2]); Marker.create("),
         str(live), *names], stdout=subprocess.PIPE, text=True)
     dead = tmp_path / "dead"
     dead.mkdir()

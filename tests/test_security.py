@@ -1,4 +1,4 @@
-"""Security properties of a live service (issue 8, item 6).
+"""Security properties of a live service.
 
 * every shared-memory object, socket and file the service creates is private to the user running it
   (0600 files and sockets, 0700 directories), even under ``umask 0``, and so is a client's KV buffer;

@@ -1,5 +1,6 @@
 """start-cache's settings from a TOML file, MPCACHE_* variables and flags: precedence, L2 tiers as tables,
-and one-line errors naming the setting and where it came from."""
+one-line errors naming the setting and where it came from (an unknown one: the nearest valid name), every
+setting reachable the same way through all three from its one declaration, and --check-config."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import sys
 
 import pytest
 
-from mpcache import settings, supervisor
 from mpcache.errors import ConfigError
+from mpcache.supervisor import settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,8 +22,8 @@ def _config(tmp_path, text: str | None, argv: list[str], environ: dict[str, str]
         path = tmp_path / "mpcache.toml"
         path.write_text(text)
         argv = ["--config", str(path), *argv]
-    args = settings.parse_args(supervisor.build_parser(), argv, environ or {})
-    return supervisor.config_from_args(args, 1, str(tmp_path / "run")), args
+    resolved = settings.parse(argv, environ or {})
+    return settings.config_from_settings(resolved, 1, str(tmp_path / "run")), resolved
 
 
 def test_a_file_alone_describes_a_two_tier_deployment(tmp_path):
@@ -50,10 +51,12 @@ capacity_gb = 400
 
 def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
     text = 'workers = 4\nl1-watermark = 0.5\nlog-level = "warning"\n'
-    config, args = _config(tmp_path, text, ["--workers", "2"], {"MPCACHE_WORKERS": "3", "MPCACHE_L1_WATERMARK": "0.7"})
+    config, resolved = _config(tmp_path, text, ["--workers", "2"],
+                               {"MPCACHE_WORKERS": "3", "MPCACHE_L1_WATERMARK": "0.7"})
     assert (2, 0.7, "warning") == (config.workers, config.l1_watermark, config.log_level)
-    assert {"--l1-watermark": "MPCACHE_L1_WATERMARK", "--log-level": str(tmp_path / "mpcache.toml")} == \
-        args.setting_sources
+    assert {"workers": "flag --workers", "l1-watermark": "environment MPCACHE_L1_WATERMARK",
+            "log-level": f"file {tmp_path / 'mpcache.toml'}", "chunk-size": "default"} == \
+        {name: resolved.sources[name] for name in ("workers", "l1-watermark", "log-level", "chunk-size")}
 
 
 def test_environment_alone_and_booleans(tmp_path):
@@ -65,10 +68,17 @@ def test_environment_alone_and_booleans(tmp_path):
 @pytest.mark.parametrize(("text", "environ", "message"), [
     ("workers = 0\n", {}, "mpcache.toml: workers: expected an integer >= 1, got '0'"),
     ("no-such-setting = 1\n", {}, "mpcache.toml: unknown setting 'no-such-setting'"),
+    ("l1-sise = 1\n", {}, "mpcache.toml: unknown setting 'l1-sise' (a flag name without its dashes; "
+     "did you mean 'l1-size'?)"),
+    (None, {"MPCACHE_WORKRES": "3"}, "MPCACHE_WORKRES: not a setting of start-cache (did you mean MPCACHE_WORKERS?)"),
+    (None, {"MPCACHE_CONFG": "a.toml"}, "MPCACHE_CONFG: not a setting of start-cache (did you mean MPCACHE_CONFIG?)"),
     ("workers = \n", {}, "not valid TOML"),
     (None, {"MPCACHE_LOG_LEVEL": "loud"}, "MPCACHE_LOG_LEVEL: expected one of debug, info, warning, error"),
     (None, {"MPCACHE_DEMO": "maybe"}, "MPCACHE_DEMO: expected true or false"),
-    ("l1-watermark = 2\n", {}, "--l1-watermark: expected a number in (0, 1] (set in "),
+    ("l1-watermark = 2\n", {}, "mpcache.toml: l1-watermark: expected a number in (0, 1], got '2'"),
+    (None, {"MPCACHE_L1_WATERMARK": "0"}, "MPCACHE_L1_WATERMARK: expected a number in (0, 1], got '0'"),
+    ("enable-tracing = true\n", {}, "--enable-tracing: needs --otlp-endpoint (spans are exported over OTLP) "
+     "(set in file "),
 ])
 def test_a_bad_setting_is_one_line_naming_it_and_its_source(tmp_path, text, environ, message):
     argv = []
@@ -91,14 +101,14 @@ def test_allowed_lmcache_uids_from_flags_file_and_environment(tmp_path, capsys):
     assert [1000, 1001] == flags.lmcache_allow_uids == from_file.lmcache_allow_uids == from_env.lmcache_allow_uids
     with pytest.raises(SystemExit):
         _config(tmp_path, None, [], {"MPCACHE_LMCACHE_ALLOW_UID": '["nobody"]'})
-    assert "MPCACHE_LMCACHE_ALLOW_UID: expected an integer >= 0, got 'nobody'" in capsys.readouterr().err
+    assert "MPCACHE_LMCACHE_ALLOW_UID: expected an integer 0..4294967294, got 'nobody'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::"])
 def test_a_non_loopback_lmcache_host_needs_allow_remote(tmp_path, host):
     """A non-loopback --lmcache-host is refused naming --lmcache-allow-remote; with it, accepted."""
     argv = ["--lmcache-port", "5555", "--lmcache-host", host]
-    with pytest.raises(supervisor.ConfigError, match="--lmcache-host: .* --lmcache-allow-remote"):
+    with pytest.raises(ConfigError, match="--lmcache-host: .* --lmcache-allow-remote"):
         _config(tmp_path, None, argv)
     config, _ = _config(tmp_path, None, [*argv, "--lmcache-allow-remote"])
     assert config.lmcache_allow_remote and config.lmcache_host == host

@@ -1,8 +1,8 @@
-"""The supervisor's failure domains, driven with stand-in children (issue 14, items 1 and 2).
+"""The supervisor's failure domains, driven with stand-in children.
 
 Each test runs :meth:`Supervisor.watch` on a thread over children that are tiny Python processes
 (one that exits at once with a given status, one that sleeps), with the restart policy's times
-shortened through the module's constants.  The instance's shared memory is real (its gauge board is
+shortened through the policies it is given.  The instance's shared memory is real (its gauge board is
 where the supervisor reads heartbeats and writes each cache process's state); everything is stopped
 and unlinked at teardown.
 """
@@ -21,13 +21,15 @@ from typing import Any
 
 import pytest
 
-import mpcache.supervisor as supervisor_module
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
-from mpcache.shm.provision import create_segments, unlink_segments
 from mpcache.shm.segment import Segment
-from mpcache.supervisor import Child, LineForwarder, Supervisor
+from mpcache.supervisor.children import Child, Role
+from mpcache.supervisor.logforward import LineForwarder
+from mpcache.supervisor.provision import create_segments, unlink_segments
+from mpcache.supervisor.restart import RestartPolicy
+from mpcache.supervisor.watch import Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -79,10 +81,13 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> ob
 class Running:
     """A supervisor whose watch loop runs on a thread, over the children a test gave it."""
 
-    def __init__(self, config: Config, children: list[Child], hang_timeout_s: float | None = None) -> None:
+    def __init__(self, config: Config, children: list[Child], hang_timeout_s: float | None = None,
+                 policies: dict[Role, RestartPolicy] | None = None) -> None:
         self.config = config
         self.log = RecordingLog()
-        kwargs = {} if hang_timeout_s is None else {"hang_timeout_s": hang_timeout_s}
+        kwargs: dict[str, Any] = {} if hang_timeout_s is None else {"hang_timeout_s": hang_timeout_s}
+        if policies is not None:
+            kwargs["policies"] = policies
         self.supervisor = Supervisor(config, os.path.join(config.runtime_dir, "config.json"), self.log,
                                      LineForwarder(""), **kwargs)
         self.supervisor.children.extend(children)
@@ -126,11 +131,13 @@ def instance(tmp_path) -> Iterator[Callable[..., Config]]:
 
 @pytest.fixture
 def supervised(instance) -> Iterator[Callable[..., Running]]:
-    """``start(children, workers=2, hang_timeout_s=None)``: a running supervisor, stopped at teardown."""
+    """``start(children, workers=2, hang_timeout_s=None, policies=None)``: a running supervisor, stopped at
+    teardown."""
     started: list[Running] = []
 
-    def start(children: list[Child], workers: int = 2, hang_timeout_s: float | None = None) -> Running:
-        running = Running(instance(workers), children, hang_timeout_s)
+    def start(children: list[Child], workers: int = 2, hang_timeout_s: float | None = None,
+              policies: dict[Role, RestartPolicy] | None = None) -> Running:
+        running = Running(instance(workers), children, hang_timeout_s, policies)
         started.append(running)
         return running
 
@@ -145,12 +152,11 @@ def supervised(instance) -> Iterator[Callable[..., Running]]:
 
 
 @pytest.fixture
-def fast_policy(monkeypatch) -> None:
+def fast_policy() -> dict[Role, RestartPolicy]:
     """Backoff from 10 ms, telemetry's capped at 80 ms; 5 exits within 30 s still give a cache process up."""
-    monkeypatch.setattr(supervisor_module, "BACKOFF_INITIAL_S", 0.01, raising=False)
-    monkeypatch.setattr(supervisor_module, "TELEMETRY_BACKOFF_MAX_S", 0.08, raising=False)
-    monkeypatch.setattr(supervisor_module, "CRASH_WINDOW_S", 30.0)
-    monkeypatch.setattr(supervisor_module, "MAX_CRASHES_IN_WINDOW", 5)
+    return {Role.CACHE: RestartPolicy(backoff_max_s=8.0, give_up_after=5, crash_window_s=30.0, backoff_initial_s=0.01),
+            Role.TELEMETRY: RestartPolicy(backoff_max_s=0.08, give_up_after=None, crash_window_s=30.0,
+                                          backoff_initial_s=0.01)}
 
 
 def test_telemetry_that_keeps_failing_is_restarted_forever_with_capped_backoff_and_the_cache_keeps_running(
@@ -159,8 +165,8 @@ def test_telemetry_that_keeps_failing_is_restarted_forever_with_capped_backoff_a
     the 5 exits that give a cache process up — with backoff doubling from 10 ms to its 80 ms cap; every exit
     is logged at error level (``telemetry.down``); the two cache processes are never touched (one start
     each, still running) and the supervisor keeps watching (no ``supervisor.giving_up``)."""
-    caches = [Child("cache", w, SLEEPER) for w in range(2)]
-    running = supervised([Child("telemetry", 0, exits(1)), *caches])
+    caches = [Child(Role.CACHE, w, SLEEPER) for w in range(2)]
+    running = supervised([Child(Role.TELEMETRY, 0, exits(1)), *caches], policies=fast_policy)
 
     wait_for(lambda: len(running.pids("telemetry")) >= 12 or not running.thread.is_alive(), 30, "12 telemetry starts")
     down = running.log.events("telemetry.down", level="error")
@@ -179,8 +185,8 @@ def test_a_crash_looping_cache_process_is_given_up_alone(supervised, fast_policy
     level naming it, no 6th start, its gauge-board state word and the status file say ``given_up``) while
     cache[1] and telemetry keep running with one start each, and the supervisor keeps watching with exit
     code 0."""
-    others = [Child("telemetry", 0, SLEEPER), Child("cache", 1, SLEEPER)]
-    running = supervised([others[0], Child("cache", 0, exits(3)), others[1]])
+    others = [Child(Role.TELEMETRY, 0, SLEEPER), Child(Role.CACHE, 1, SLEEPER)]
+    running = supervised([others[0], Child(Role.CACHE, 0, exits(3)), others[1]], policies=fast_policy)
 
     wait_for(lambda: running.log.events("cache.given_up") or not running.thread.is_alive(), 30,
              "cache[0] to be given up")
@@ -209,7 +215,8 @@ def test_a_crash_looping_cache_process_is_given_up_alone(supervised, fast_policy
 def test_the_supervisor_exits_1_once_every_cache_process_is_given_up(supervised, fast_policy) -> None:
     """Both cache processes crash-loop: each is given up after 5 exits; only then does the watch loop
     return exit code 1, with one ``supervisor.giving_up`` line; telemetry was started once."""
-    running = supervised([Child("telemetry", 0, SLEEPER), Child("cache", 0, exits(1)), Child("cache", 1, exits(2))])
+    running = supervised([Child(Role.TELEMETRY, 0, SLEEPER), Child(Role.CACHE, 0, exits(1)),
+                          Child(Role.CACHE, 1, exits(2))], policies=fast_policy)
 
     running.thread.join(30)
 
@@ -224,8 +231,8 @@ def test_the_supervisor_exits_1_once_every_cache_process_is_given_up(supervised,
 def test_a_failing_demo_is_not_restarted_and_does_not_stop_the_cache(supervised, fast_policy) -> None:
     """The demo (a client) exits 1: it is logged (``demo.failed`` at error level) and not restarted,
     the cache processes and telemetry keep running, and the exit code at stop is 1."""
-    children = [Child("telemetry", 0, SLEEPER), Child("cache", 0, SLEEPER), Child("cache", 1, SLEEPER)]
-    running = supervised([*children, Child("demo", 0, exits(1))])
+    children = [Child(Role.TELEMETRY, 0, SLEEPER), Child(Role.CACHE, 0, SLEEPER), Child(Role.CACHE, 1, SLEEPER)]
+    running = supervised([*children, Child(Role.DEMO, 0, exits(1))], policies=fast_policy)
 
     wait_for(lambda: running.log.events("demo.failed") or not running.thread.is_alive(), 30, "the demo to fail")
     time.sleep(0.2)  # a restart would have happened by now
@@ -245,8 +252,8 @@ def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauge
     and its slot is zeroed — heartbeat, pid and L1 usage read 0 until the new process writes them — so
     telemetry neither counts it as live nor shows its usage.  The other cache process, which keeps
     beating, is left alone."""
-    caches = [Child("cache", 0, SLEEPER), Child("cache", 1, SLEEPER)]
-    running = supervised([Child("telemetry", 0, SLEEPER), *caches], hang_timeout_s=1.0)
+    caches = [Child(Role.CACHE, 0, SLEEPER), Child(Role.CACHE, 1, SLEEPER)]
+    running = supervised([Child(Role.TELEMETRY, 0, SLEEPER), *caches], hang_timeout_s=1.0)
     [victim] = running.pids("cache", 0)
     board = Segment.attach(running.config.gauge_board_name())
     slots = [GaugeSlot(board, w) for w in range(2)]

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, l1, l2, lmcache, mrc, publish, scrape, soak
+from mpcache.bench import drain, e2e, l1, l2, lmcache, lmcache_servers, mrc, publish, scrape, soak
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
               "l1": l1, "l2": l2, "mrc": mrc}
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
-    except (lmcache.LMCacheEnvMissing, l2.RedisMissing) as exc:
+    except (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing) as exc:
         progress(f"python -m mpcache.bench {args.name}: error: {exc}")
         return 2
 
@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progres
         for name in BENCHMARKS:
             try:
                 result = one(name)
-            except (lmcache.LMCacheEnvMissing, l2.RedisMissing) as exc:
+            except (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing) as exc:
                 progress(f"report: leaving out {name}: {exc}")
                 continue
             results[name] = getattr(BENCHMARKS[name], "for_report", lambda r: r)(result)  # what the file keeps

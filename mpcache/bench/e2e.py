@@ -1,5 +1,5 @@
 """Cache operations per second with telemetry off, through the rings, and with the in-process bus
-(``bin/start-cache --event-sink none|ring|inprocess``, interleaved in one run).
+(``python -m mpcache.bench.service none|ring|inprocess``, interleaved in one run).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpcache.bench import service as bench_service
 from mpcache.bench.children import kill_running, stop
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("none", "ring", "inprocess")
 CLIENTS = 2
 SECONDS = 8.0
@@ -73,10 +73,9 @@ def _one_run(mode: str) -> float:
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-") as tmp:
         runtime = os.path.join(tmp, "run")
         service = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", str(CLIENTS),
-             "--event-sink", mode, "--prometheus-port", str(_free_port()), "--runtime-dir", runtime,
-             "--l1-size", "64MiB", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            bench_service.argv(mode, "--workers", str(CLIENTS), "--prometheus-port", str(_free_port()),
+                               "--runtime-dir", runtime, "--l1-size", "64MiB", "--log-level", "warning"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=bench_service.env(),
         )
         clients: list[subprocess.Popen] = []
         try:

@@ -17,13 +17,8 @@ from mpcache.contract.events import EventType
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import (
-    COMPILED_PUBLISH,
-    RingReader,
-    RingWriter,
-    format_event_segment,
-    read_counters,
-)
+from mpcache.shm.ring import COMPILED_PUBLISH, RingWriter, format_event_segment
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment, shm_name
 
 _L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED

@@ -1,5 +1,5 @@
 """``python -m mpcache.bench.reference_cache``: a cache process publishing through the in-process bus
-(``bin/start-cache --event-sink inprocess``, the end-to-end benchmark's third way).
+(``python -m mpcache.bench.service inprocess``, the end-to-end benchmark's third way).
 """
 
 import sys

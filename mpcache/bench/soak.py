@@ -19,9 +19,9 @@ import psutil
 from mpcache.bench.children import kill_running, stop
 from mpcache.config import Config
 from mpcache.shm import layout
-from mpcache.shm.provision import create_segments, unlink_segments
-from mpcache.shm.ring import RingReader, read_counters
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
+from mpcache.supervisor.provision import create_segments, unlink_segments
 
 RATE_PER_PRODUCER = 250_000
 PRODUCERS = 2

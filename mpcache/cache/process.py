@@ -32,7 +32,7 @@ from mpcache.errors import ConfigError
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.intern import Interner, reclaim_if_drained
-from mpcache.shm.publish import EventPublisher, NullPublisher, Publisher
+from mpcache.shm.publish import EventPublisher, Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
 
@@ -134,8 +134,6 @@ class CacheProcess:
         publisher: EventPublisher
         if publisher_factory is not None:
             publisher, self._stop_publisher = publisher_factory()
-        elif config.event_sink == "none":
-            publisher = NullPublisher()
         else:
             intern_capacity = read_geometry(ring).intern_capacity
             if reclaim_if_drained(ring.buf, intern_capacity):

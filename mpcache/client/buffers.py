@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from mpcache.shm import memfd
 from mpcache.shm.segment import Segment
 
-if TYPE_CHECKING:
-    from mpcache.client.core import CacheClient
-
 _B = TypeVar("_B", bound="RegisteredBuffer")
+
+
+class BufferOwner(Protocol):
+    """What a buffer needs of the client it is registered with (:class:`~mpcache.client.core.CacheClient`):
+    a request, and its own unregistration."""
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]: ...
+
+    def unregister_buffer(self, buffer: RegisteredBuffer) -> None: ...
 
 
 @runtime_checkable
@@ -36,7 +42,7 @@ class RegisteredBuffer:
     """What every registered KV buffer shares: :meth:`close` (or leaving a ``with`` block)
     unregisters it once; the client then calls its ``_release``."""
 
-    _client: CacheClient
+    _client: BufferOwner
     buffer_id: int
     num_blocks: int
     block_bytes: int
@@ -70,7 +76,7 @@ class KVBuffer(RegisteredBuffer):
     and frees it; closing its client does the same for every buffer left, and so does this process's exit.
     """
 
-    def __init__(self, client: CacheClient, name: str, num_blocks: int, block_bytes: int) -> None:
+    def __init__(self, client: BufferOwner, name: str, num_blocks: int, block_bytes: int) -> None:
         self._client = client
         self.name = name
         self.num_blocks = num_blocks

@@ -4,12 +4,9 @@ a CUDA device on both sides; cupy is imported only when one is registered).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mpcache.client.buffers import RegisteredBuffer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mpcache.client.core import CacheClient
+from mpcache.client.buffers import BufferOwner, RegisteredBuffer
 
 
 class CudaKVBuffer(RegisteredBuffer):
@@ -18,7 +15,7 @@ class CudaKVBuffer(RegisteredBuffer):
     :meth:`close` unregisters it (the server closes its IPC mapping) and then frees the memory.
     """
 
-    def __init__(self, client: CacheClient, memory, buffer_id: int, num_blocks: int, block_bytes: int,
+    def __init__(self, client: BufferOwner, memory, buffer_id: int, num_blocks: int, block_bytes: int,
                  device_index: int, device: str) -> None:
         import cupy
 
@@ -45,7 +42,7 @@ class CudaKVBuffer(RegisteredBuffer):
         self._memory = None  # freed when the last view of it goes
 
 
-def register_cuda_buffer(client: CacheClient, num_blocks: int, block_bytes: int,
+def register_cuda_buffer(client: BufferOwner, num_blocks: int, block_bytes: int,
                          device_index: int = 0) -> CudaKVBuffer:
     """Allocate ``num_blocks × block_bytes`` on ``cuda:device_index`` and register it with the server."""
     try:

@@ -1,5 +1,6 @@
 """The event catalogue: every event type, its dotted name and its field schema.  Producers encode and the
-telemetry process decodes by these schemas; adding an event is one line (``docs/EXTENDING.md``).
+telemetry process decodes by these schemas; adding an event is an ``EventType`` member and its schema line in
+``_ALL`` (``docs/EXTENDING.md``).
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import enum
 from dataclasses import dataclass
 
 from mpcache.contract import request_times
-from mpcache.shm import layout
 
 
 class FieldKind(enum.Enum):
@@ -191,11 +191,15 @@ _ALL = (
 )
 
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}
-BY_DOTTED: dict[str, EventType] = {schema.dotted: schema.etype for schema in _ALL}
 assert len(SCHEMAS) == len(EventType), "every EventType needs a schema"
+
+
+# A salted event type with at most this many fields keeps its first salt group in its head cell, after them
+# (slots INLINE_SALT_SLOT.. of shm.layout).
+INLINE_SALT_MAX_FIELDS = 3
 
 
 def has_inline_salt(etype: EventType) -> bool:
     """Whether this event type keeps its first salt group in the head cell."""
     schema = SCHEMAS[etype]
-    return schema.salt_counts and len(schema.fields) <= layout.INLINE_SALT_MAX_FIELDS
+    return schema.salt_counts and len(schema.fields) <= INLINE_SALT_MAX_FIELDS

@@ -27,7 +27,7 @@ from mpcache.demo.rag import RAG_EVERY, RagWorkload
 from mpcache.demo.scheduler import SchedulerFleet
 from mpcache.logs import configure_logging
 from mpcache.shm import layout
-from mpcache.shm.ring import read_counters
+from mpcache.shm.ring_reader import read_counters
 from mpcache.shm.segment import Segment
 
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")

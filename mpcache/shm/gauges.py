@@ -74,6 +74,11 @@ class GaugeSlot:
             self._words[word] = value
 
 
+def set_telemetry_restarts(segment: Segment, count: int) -> None:
+    """The header word counting the telemetry process's restarts (the supervisor's to write)."""
+    segment.buf[:layout.GAUGE_HEADER_SIZE].cast("q")[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8] = int(count)
+
+
 class GaugeBoardReader:
     """The telemetry process's read-only view of every slot."""
 

@@ -51,8 +51,7 @@ TEXT_OFF_LENGTH = 9  # within a CELL_TEXT cell: bytes used, then the UTF-8
 TEXT_OFF_DATA = 10
 
 HEAD_FIELD_SLOTS = 6  # fixed fields carried in the head cell
-INLINE_SALT_SLOT = 4  # head slots 4-6 hold the first salt group when the schema allows
-INLINE_SALT_MAX_FIELDS = 3
+INLINE_SALT_SLOT = 4  # head slots 4-6 hold the first salt group when the schema allows (has_inline_salt)
 
 # Reserved intern ids.
 NAME_EMPTY_ID = 0  # ""

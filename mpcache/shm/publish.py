@@ -337,7 +337,7 @@ class EventPublisher(Protocol):
 
 
 class NullPublisher:
-    """Publishes nothing (``--event-sink none``): the telemetry-off baseline of the benchmarks."""
+    """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`mpcache.bench.null_cache`)."""
 
     def emit(self, etype: EventType, fields: tuple[Any, ...] = (), **_options: object) -> bool:
         return True

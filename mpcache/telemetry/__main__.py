@@ -12,7 +12,6 @@ import threading
 
 from mpcache.config import Config
 from mpcache.logs import configure_logging
-from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
@@ -47,43 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = open_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
-        from opentelemetry.metrics import Observation
-
-        from mpcache.telemetry.otel import (
-            CACHE_PROCESSES,
-            CACHE_PROCESSES_READY,
-            CHILD_RESTARTS,
-            L1_FRAGMENTATION,
-            LMCACHE_REFUSED,
-            METER_SERVICE,
-            MetricsExport,
-        )
+        from mpcache.telemetry.otel import MetricsExport
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
         from mpcache.telemetry.subscribers.metrics.mrc import mrc_routes
 
         exporters = MetricsExport.start(config, endpoint)
-        service_meter = exporters.meter_provider.get_meter(METER_SERVICE)
-        service_meter.create_observable_gauge(
-            CACHE_PROCESSES_READY, description="Cache processes whose heartbeat is fresh (serving).",
-            callbacks=[lambda options: [Observation(len(readiness.live_slots()))]])
-        service_meter.create_observable_gauge(
-            CACHE_PROCESSES, description="Cache processes configured (--workers).",
-            callbacks=[lambda options: [Observation(readiness.n_slots)]])
-        service_meter.create_observable_counter(
-            CHILD_RESTARTS, description="Restarts of the service's child processes, by role, since the supervisor "
-            "started.", callbacks=[lambda options: [Observation(count, {"role": role})
-                                                     for role, count in readiness.restarts().items()]])
-        service_meter.create_observable_counter(
-            LMCACHE_REFUSED, description="LMCache front-end connections refused because their peer's uid is not "
-            "allowed, per cache process (kept across its restarts).",
-            callbacks=[lambda options: [Observation(readiness.word(slot, layout.G_LMCACHE_REFUSED),
-                                                    {"worker": str(slot)}) for slot in range(readiness.n_slots)]])
-        service_meter.create_observable_gauge(
-            L1_FRAGMENTATION, description="Bytes L1's allocators hold in slabs that no object uses (free spots, "
-            "alignment padding, slab tails), summed over the live cache processes.",
-            callbacks=[lambda options: [Observation(readiness.total(layout.G_L1_FRAGMENTATION))]])
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
-                                                        gauge_reader=gauges)
+                                                        gauge_reader=gauges, readiness=readiness)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
@@ -104,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "telemetry.started",
         rings=len(sources),
-        subscribers=[type(s).__name__ for s in bus.subscribers],
+        subscribers=[s.name for s in bus.subscribers],
         metrics_url=exporters.metrics_url if exporters else None,
         health_url=endpoint_url(endpoint, config.prometheus_host, "/healthz"),
         otlp_endpoint=config.otlp_endpoint or None,

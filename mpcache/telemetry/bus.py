@@ -25,6 +25,11 @@ class Subscriber:
 
     event_types: tuple[EventType, ...] = ()
 
+    @property
+    def name(self) -> str:
+        """What its exceptions are counted under: its class name, unless it says otherwise."""
+        return type(self).__name__
+
     def on_batch(self, batch: EventBatch) -> None:
         for event in batch.events(self.event_types):
             self.on_event(event)
@@ -96,14 +101,14 @@ class EventBus:
         self.flush()
 
     def subscriber_exception_counts(self) -> dict[str, int]:
-        """Exceptions raised so far, by subscriber class name (a copy)."""
+        """Exceptions raised so far, by subscriber name (a copy)."""
         return dict(self._exceptions)
 
     def _call(self, subscriber: Subscriber, method: str, *args: object) -> None:
         try:
             getattr(subscriber, method)(*args)
         except Exception:  # one subscriber must not take the others down
-            name = type(subscriber).__name__
+            name = subscriber.name
             self._exceptions[name] += 1
             if self._exceptions[name] <= 10 or self._exceptions[name] % 1000 == 0:
                 log.exception("subscriber_failed", subscriber=name, method=method, count=self._exceptions[name])

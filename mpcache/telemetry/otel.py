@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -30,6 +30,7 @@ from mpcache import __version__
 from mpcache.config import Config
 from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.endpoint import endpoint_url, open_endpoint
 from mpcache.telemetry.http import (
     MetricsHTTPServer,
@@ -38,17 +39,7 @@ from mpcache.telemetry.http import (
 )
 
 SERVICE_NAME = "mpcache"
-METER_SERVICE = "mpcache.service"  # the service's own metrics, beside the metric table's
-BUILD_INFO = "mpcache.build_info"
-CACHE_PROCESSES_READY = "mpcache.cache_processes_ready"
-CACHE_PROCESSES = "mpcache.cache_processes"
-CHILD_RESTARTS = "mpcache.child_restarts"
-LMCACHE_REFUSED = "mpcache.lmcache_refused_connections"
-L1_FRAGMENTATION = "mpcache.l1_fragmentation_bytes"
-# What MetricsExport serves beyond the metric table: build info and the process collector's series.
-SERVICE_SERIES = ("mpcache_build_info", "process_cpu_seconds_total",
-                  "process_max_fds", "process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds",
-                  "process_virtual_memory_bytes")
+METER_SERVICE = "mpcache.service"  # the exporter's own instrument (build info), beside the subscribers' meter
 HTTP_METRICS_PATH = "/v1/metrics"
 _SHUTDOWN_TIMEOUT_MS = 10_000
 
@@ -86,9 +77,8 @@ class MetricsExport:
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
-        provider.get_meter(METER_SERVICE).create_observable_gauge(
-            BUILD_INFO, description="Always 1: the mpcache version and the ring writer the cache processes use.",
-            callbacks=[lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
+        create_instrument(provider.get_meter(METER_SERVICE), "mpcache.build_info",
+                          [lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
         owned = endpoint is None
         if owned:
             try:
@@ -160,8 +150,8 @@ def otlp_timeout_s(config: Config) -> float | None:
     return min(10.0, config.otlp_interval_s)
 
 
-def create_instrument(meter: Meter, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:
-    """The instrument described by ``otel_name``'s row of the metric table.
+def create_instrument(meter: MeterLike, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:
+    """The instrument described by ``otel_name``'s row of the metric table (an SDK meter's or a buffered one's).
 
     Observable instruments need ``callbacks``; the others must not get any.
     """

@@ -12,7 +12,7 @@ import numpy as np
 
 from mpcache.shm import layout
 from mpcache.shm.intern import NameTable
-from mpcache.shm.ring import RingReader, read_counters
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import EventBus

@@ -18,8 +18,8 @@ from mpcache.cache.process import CacheProcess
 from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
-from mpcache.shm.provision import create_segments, unlink_segments
 from mpcache.shm.segment import Segment
+from mpcache.supervisor.provision import create_segments, unlink_segments
 
 CHUNK_BYTES = 4096
 CHUNK_TOKENS = 16

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpcache.telemetry.bus import EventBus
-from mpcache.telemetry.subscribers.metrics.counters import BlendMetricsSubscriber
+from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
+from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
 from .blend_script import EXPECTED_COUNTERS, L1_SLOTS, run_script
 from .conftest import CHUNK_BYTES
@@ -38,7 +39,7 @@ def test_every_blend_counter_after_the_scripted_workload(cache, prometheus):
     every lmcache_blend_*_total sample equals the hand count, and the blend hit rate is 112 / 208."""
     provider, registry = prometheus
     bus = EventBus()
-    bus.subscribe(BlendMetricsSubscriber(provider.get_meter("test")))
+    bus.subscribe(TableCountersSubscriber(provider.get_meter("test"), SECTIONS_BY_KEY["Blend"]))
     harness = cache(l1_size_bytes=L1_SLOTS * CHUNK_BYTES)
     harness.events.take()
     run_script(harness)

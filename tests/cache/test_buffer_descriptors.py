@@ -1,4 +1,4 @@
-"""Client KV buffers by descriptor (issue 14, item 5), against an in-process server: what the server accepts
+"""Client KV buffers by descriptor, against an in-process server: what the server accepts
 with ``register_buffer`` (a memfd sealed against shrinking, large enough), what it refuses, and that every
 descriptor it receives is closed — with its reply, with an unfinished frame's connection, or at once when a
 frame brings too many.  The server runs in this process, so its open descriptors are this process's.

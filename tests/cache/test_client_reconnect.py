@@ -1,4 +1,4 @@
-"""The client after its cache process restarts (issue 14, item 6): reconnect, register again, say what failed.
+"""The client after its cache process restarts: reconnect, register again, say what failed.
 
 The cache process runs in-process on a thread (``Harness``); a restart is the old one stopping (its
 connections close) and a new one starting on the same socket path and shared memory, like the

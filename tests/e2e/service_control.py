@@ -22,7 +22,7 @@ from mpcache_service import REPO, START_CACHE, Scrape, Service, free_port, wait_
 
 from mpcache.config import Config
 from mpcache.shm import layout
-from mpcache.shm.ring import RingCounters, read_counters
+from mpcache.shm.ring_reader import RingCounters, read_counters
 from mpcache.shm.segment import Segment
 
 SMALL = ("--chunk-bytes", "4KiB", "--l1-size", "8MiB")  # 2048 slots per cache process: cheap to run

@@ -1,4 +1,4 @@
-"""Bad input against a running ``bin/start-cache`` (issue 8, item 5).
+"""Bad input against a running ``bin/start-cache``.
 
 tests/cache/test_bad_input.py holds the full table of refused requests against an in-process server;
 here the same kinds of input go to the real process tree over its real socket, with a well-behaved

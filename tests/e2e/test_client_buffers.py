@@ -1,4 +1,4 @@
-"""Client KV buffers passed by descriptor (issue 14, item 5), against a real ``bin/start-cache``: a client
+"""Client KV buffers passed by descriptor, against a real ``bin/start-cache``: a client
 cannot fault the cache process by shrinking its buffer, a client in another PID namespace registers one,
 and a client killed with SIGKILL leaves nothing behind.
 """

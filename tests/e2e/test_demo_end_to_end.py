@@ -11,7 +11,8 @@ from mpcache.shm.ring import PUBLISH_PATH
 
 pytestmark = pytest.mark.slow
 
-# Issue 2, item 5: every metric the foundation serves, by exact Prometheus sample name.
+# The series the demo's load moves (L1, lookups, failures, chunks loaded, the bus, L0↔L1 throughput), by
+# exact Prometheus sample name.
 COUNTERS = [
     "lmcache_mp_l1_read_chunks_total",
     "lmcache_mp_l1_write_chunks_total",

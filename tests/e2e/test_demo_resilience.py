@@ -1,4 +1,4 @@
-"""The demo survives ``kill -9`` of a cache process (issue 14, item 6), and its tally still bounds /metrics.
+"""The demo survives ``kill -9`` of a cache process, and its tally still bounds /metrics.
 
 The demo's clients reconnect when the supervisor restarts the killed process; the operation that was in
 flight is abandoned and what it may have counted is in the tally's ``in_doubt``

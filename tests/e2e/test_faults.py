@@ -1,4 +1,4 @@
-"""Fault injection against a real ``bin/start-cache`` process tree (issue 8, item 4).
+"""Fault injection against a real ``bin/start-cache`` process tree.
 
 Every test kills or breaks something on purpose, then asserts numbers: what the clients were told was
 stored equals what /metrics counts, and whatever could not be delivered is counted in
@@ -32,7 +32,8 @@ from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.shm import layout
-from mpcache.shm.ring import read_counters, read_geometry
+from mpcache.shm.ring import read_geometry
+from mpcache.shm.ring_reader import read_counters
 from mpcache.shm.segment import Segment
 
 pytestmark = pytest.mark.slow

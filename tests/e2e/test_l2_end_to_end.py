@@ -90,7 +90,7 @@ def test_a_redis_only_service_warns_that_its_secret_is_per_run_and_never_logs_it
     that redis records will not be readable after a restart and that --l2-secret-file fixes it.  The key
     reaches the children only through the 0600 config file: it is in no log line."""
     redis_flag = '{"type": "redis", "url": "redis://127.0.0.1:1/0", "capacity_gb": 1}'
-    service = start_service("--workers", "1", "--event-sink", "none", "--l2", redis_flag)
+    service = start_service("--workers", "1", "--l2", redis_flag)
     wait_for(lambda: any(line.get("event") == "cache.ready" for line in service.log_lines()), 60, "cache.ready")
     config = read_config(service)
     assert 0 == service.stop()
@@ -110,7 +110,7 @@ def test_an_fs_tier_keeps_the_same_key_across_service_restarts(tmp_path) -> None
     keys = []
     for run in range(2):
         (tmp_path / f"run{run}").mkdir()
-        service = Service(tmp_path / f"run{run}", "--workers", "1", "--event-sink", "none", "--l2", fs)
+        service = Service(tmp_path / f"run{run}", "--workers", "1", "--l2", fs)
         try:
             wait_for(lambda service=service: any(line.get("event") == "cache.ready" for line in service.log_lines()),
                      60,

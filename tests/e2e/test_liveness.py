@@ -1,4 +1,4 @@
-"""Signals and liveness of a real ``bin/start-cache`` process tree (issue 14, item 2).
+"""Signals and liveness of a real ``bin/start-cache`` process tree.
 
 * SIGHUP (a closed terminal, ``kill -HUP``) stops the service cleanly, like SIGTERM, instead of
   killing the supervisor and leaving its shared memory and children behind.

@@ -1,4 +1,4 @@
-"""Logging never blocks the data path (issue 14, item 3).
+"""Logging never blocks the data path.
 
 The supervisor's stderr is a pipe this test holds: first nobody reads it (``start-cache ... 2>&1 |
 sleep 400``) and then it is read again; in the second test its reader is gone for good (EPIPE).  With

@@ -1,4 +1,4 @@
-"""Several clients at once on one cache process (issue 12, item 5).
+"""Several clients at once on one cache process.
 
 Six threads, each with its own connection, buffer and cache_salt, run store → lookup_prefetch →
 retrieve round trips at the same time.  Every thread uses the same chunk hashes with its own random

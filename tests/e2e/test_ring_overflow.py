@@ -1,4 +1,4 @@
-"""A ring overflow end to end, counted in ``lmcache_mp_event_bus_dropped_events_total`` (issue 12, item 4).
+"""A ring overflow end to end, counted in ``lmcache_mp_event_bus_dropped_events_total``.
 
 The cache process's ring is the smallest allowed (1024 cells) and the telemetry process is SIGSTOPped,
 so nothing is consumed while a client stores far more than the ring holds.  What was lost is computed

@@ -1,4 +1,4 @@
-"""Only its own files (issue 14, item 4): the runtime dir, its default base, and leftovers of other runs.
+"""Only its own files: the runtime dir, its default base, and leftovers of other runs.
 
 The default runtime base is ``$TMPDIR/mpcache-<uid>``; every test here points TMPDIR at its own
 directory, so nothing outside it is touched.  The PID-namespace scenarios run in a private mount

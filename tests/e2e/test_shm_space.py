@@ -1,4 +1,4 @@
-"""Shared memory that fits (issue 14, item 5): a /dev/shm too small is one clear error at start, never a
+"""Shared memory that fits: a /dev/shm too small is one clear error at start, never a
 SIGBUS later.
 
 Two real ones, in a private mount namespace with a small tmpfs on /dev/shm (``pidns_driver.py``;

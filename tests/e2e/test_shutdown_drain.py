@@ -1,4 +1,4 @@
-"""Shutdown order and the final drain (issue 12, item 1).
+"""Shutdown order and the final drain.
 
 On SIGTERM the supervisor stops the cache processes first and the telemetry process last, so that
 telemetry drains what the cache processes published up to their exit and exports it a final time.  The

@@ -1,4 +1,4 @@
-"""The supervisor's two last resorts (issue 12, item 2; the first revised by issue 14, item 1).
+"""The supervisor's two last resorts.
 
 * A taken /metrics port: checked before anything starts, one line naming the port, exit status 2.
   (It used to start telemetry five times in vain and then stop the whole service with exit 1; a

@@ -28,7 +28,7 @@ from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
-from mpcache.shm.provision import create_segments, unlink_segments
+from mpcache.supervisor.provision import create_segments, unlink_segments
 from mpcache.telemetry.batch import EventBatch
 
 pytestmark = [

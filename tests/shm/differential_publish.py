@@ -25,12 +25,8 @@ from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import (
-    COMPILED_PUBLISH,
-    RingReader,
-    RingWriter,
-    format_event_segment,
-)
+from mpcache.shm.ring import COMPILED_PUBLISH, RingWriter, format_event_segment
+from mpcache.shm.ring_reader import RingReader
 from mpcache.shm.segment import Segment, shm_name
 
 CAPACITY, INTERN = 16, 16

@@ -28,7 +28,7 @@ from mpcache.shm import layout
 from mpcache.shm import ring as ring_module
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import read_counters
+from mpcache.shm.ring_reader import read_counters
 from mpcache.telemetry.batch import EventBatch
 
 compiled_only = pytest.mark.skipif(

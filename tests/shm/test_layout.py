@@ -18,7 +18,8 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import RingReader, RingWriter, format_event_segment, read_geometry
+from mpcache.shm.ring import RingWriter, format_event_segment, read_geometry
+from mpcache.shm.ring_reader import RingReader
 
 TS = 0x0102030405060708
 CELLS_AT = 2432  # first cell of a ring whose intern table has 16 entries: 256 + 16 * 136, 64-aligned

@@ -22,13 +22,8 @@ from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner, NameTable
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import (
-    RingReader,
-    RingWriter,
-    format_event_segment,
-    read_counters,
-    recover_torn_record,
-)
+from mpcache.shm.ring import RingWriter, format_event_segment, recover_torn_record
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.telemetry.batch import EventBatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +34,8 @@ import json, struct, sys
 from mpcache.contract.events import EventType as E
 from mpcache.shm.publish import Publisher
 from mpcache.shm.intern import Interner
-from mpcache.shm.ring import RingWriter, read_counters, read_geometry
+from mpcache.shm.ring import RingWriter, read_geometry
+from mpcache.shm.ring_reader import read_counters
 from mpcache.shm.segment import Segment
 
 mode, name, k = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -11,7 +11,8 @@ from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
-from mpcache.shm.ring import RingReader, RingWriter, read_counters, recover_torn_record
+from mpcache.shm.ring import RingWriter, recover_torn_record
+from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.telemetry.batch import EventBatch
 
 

@@ -1,7 +1,7 @@
 """Fixtures for the telemetry tests: an in-memory OTel reader and a real ring → bus pipeline.
 
 Events are published with :class:`mpcache.shm.publish.Publisher` into a real
-shared-memory ring, read back with :class:`~mpcache.shm.ring.RingReader` and
+shared-memory ring, read back with :class:`~mpcache.shm.ring_reader.RingReader` and
 dispatched through a real :class:`~mpcache.telemetry.bus.EventBus`, so every
 test covers encoding and decoding too.
 """

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry import metric_table
-from mpcache.telemetry.subscribers.metrics.counters import BlendMetricsSubscriber
+from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
+from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
 BLEND_METRICS = [spec.otel_name for spec in metric_table.METRICS if spec.otel_name.startswith("lmcache_blend.")]
 
@@ -35,7 +36,7 @@ def publish_script(pipeline) -> None:
 
 def test_every_blend_counter_from_its_source_events(pipeline, metrics):
     """Requests count STARTs; lookup tokens/hits/stale sum LOOKUP_END; failures count success=false ENDs."""
-    pipeline.subscribe(BlendMetricsSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Blend"]))
     publish_script(pipeline)
     pipeline.deliver()
     expected = {
@@ -51,14 +52,14 @@ def test_every_blend_counter_from_its_source_events(pipeline, metrics):
 
 def test_all_eighteen_counters_read_zero_from_start_up(metrics):
     """Before any event, every lmcache_blend counter of the table is exported, unlabelled, as 0."""
-    BlendMetricsSubscriber(metrics.meter)
+    TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Blend"])
     assert (18, {name: {frozenset(): 0} for name in BLEND_METRICS}) == (
         len(BLEND_METRICS), {name: metrics.series(name) for name in BLEND_METRICS})
 
 
 def test_counts_accumulate_across_batches(pipeline, metrics):
     """The same script delivered twice doubles every counter (5 → 10 fingerprints, 3 → 6 lookups)."""
-    pipeline.subscribe(BlendMetricsSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Blend"]))
     publish_script(pipeline)
     pipeline.deliver()
     publish_script(pipeline)
@@ -87,7 +88,7 @@ def test_one_add_per_metric_per_batch_and_none_for_zero(pipeline):
     """100 failed retrieves in one batch reach OTel as one add of 100 (after the start-up 0); metrics the batch
     does not move get no add."""
     meter = _CountingMeter()
-    pipeline.subscribe(BlendMetricsSubscriber(meter))
+    pipeline.subscribe(TableCountersSubscriber(meter, SECTIONS_BY_KEY["Blend"]))
     for _ in range(100):
         pipeline.publish(E.CB_RETRIEVE_END, (1, 4, False, 0))
     pipeline.deliver()

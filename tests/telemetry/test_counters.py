@@ -1,22 +1,16 @@
-"""Counter subscribers: L1 counters, eviction loop, failures, timeouts, lookups, chunks loaded."""
+"""Table-driven counters: L1 counters, eviction loop, failures, timeouts, lookups, chunks loaded."""
 
 from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.counters import (
-    EngineCountersSubscriber,
-    L1CountersSubscriber,
-    L1EvictionLoopSubscriber,
-    L1FailuresSubscriber,
-    LookupSubscriber,
-    TimeoutsSubscriber,
-)
+from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
 
 def test_l1_counters_sum_salt_counts_per_cache_salt(pipeline, metrics):
     """l1_read/l1_write/l1_evicted add every event's salt_counts per cache_salt; both write events are writes."""
-    pipeline.subscribe(L1CountersSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L1"], salt_cap=10))
     pipeline.publish(E.L1_WRITE_FINISHED, salt_counts={("a", "llama"): 16, ("b", "llama"): 2})
     pipeline.publish(E.L1_WRITE_FINISHED_AND_READ_RESERVED, salt_counts={("a", "qwen"): 4})
     pipeline.publish(E.L1_READ_FINISHED, salt_counts={("a", "llama"): 7})
@@ -32,7 +26,7 @@ def test_l1_counters_sum_salt_counts_per_cache_salt(pipeline, metrics):
 
 def test_salts_beyond_the_cap_are_counted_as_overflow(pipeline, metrics):
     """With a cap of 1, a second salt's chunks are still counted, under cache_salt=__overflow__."""
-    pipeline.subscribe(L1CountersSubscriber(metrics.meter, salt_cap=1))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L1"], salt_cap=1))
     pipeline.publish(E.L1_READ_FINISHED, salt_counts={("a", "m"): 1})
     pipeline.deliver()
     pipeline.publish(E.L1_READ_FINISHED, salt_counts={("b", "m"): 5, ("c", "m"): 6, ("a", "m"): 2})
@@ -44,7 +38,7 @@ def test_salts_beyond_the_cap_are_counted_as_overflow(pipeline, metrics):
 def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
     """500 write events over two salts reach OTel as exactly two adds, one per salt."""
     meter = counting_meter
-    pipeline.subscribe(L1CountersSubscriber(meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(meter, SECTIONS_BY_KEY["L1"], salt_cap=10))
     for i in range(500):
         pipeline.publish(E.L1_WRITE_FINISHED, salt_counts={("a" if i % 2 else "b", "m"): 1})
     pipeline.deliver()
@@ -54,7 +48,7 @@ def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
 
 def test_eviction_loop_counters_start_at_zero_and_count_ticks_and_triggers(pipeline, metrics):
     """Both loop counters are exported as 0 before any tick; then +1 per tick and +1 per triggered tick."""
-    pipeline.subscribe(L1EvictionLoopSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L1"]))
     before = (metrics.value("lmcache_mp.l1_eviction_loop_ticks"),
               metrics.value("lmcache_mp.l1_eviction_loop_triggered"))
     for triggered in (True, False, True, False, False):
@@ -66,7 +60,7 @@ def test_eviction_loop_counters_start_at_zero_and_count_ticks_and_triggers(pipel
 
 def test_failure_counters_group_by_fields_and_model(pipeline, metrics):
     """Allocation failures count chunks by (during, model_name); read failures by (during, reason, model_name)."""
-    pipeline.subscribe(L1FailuresSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L1Failures"]))
     pipeline.publish(E.L1_ALLOCATION_FAILED, ("l1_store",), salt_counts={("a", "llama"): 3, ("b", "llama"): 1})
     pipeline.publish(E.L1_ALLOCATION_FAILED, ("l2_prefetch",), salt_counts={("a", "qwen"): 2})
     pipeline.publish(E.L1_READ_FAILED, ("l1_retrieve", "not_found"), salt_counts={("a", "llama"): 5})
@@ -79,7 +73,7 @@ def test_failure_counters_group_by_fields_and_model(pipeline, metrics):
 
 def test_timeouts_count_events_per_exception_type(pipeline, metrics):
     """Each TIMEOUT_RAISED adds one under its exception_type."""
-    pipeline.subscribe(TimeoutsSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L1Failures"]))
     for exception_type in ("L2Timeout", "TransferTimeout", "L2Timeout"):
         pipeline.publish(E.TIMEOUT_RAISED, (exception_type,), texts=("slow", "trace"))
     pipeline.deliver()
@@ -89,7 +83,8 @@ def test_timeouts_count_events_per_exception_type(pipeline, metrics):
 
 def test_lookup_counters_sum_tokens_per_model_and_salt(pipeline, metrics):
     """requested, hit, hit_l1 and hit_l2 tokens are summed per (model_name, cache_salt)."""
-    pipeline.subscribe(LookupSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Lookup"], salt_cap=10),
+                       TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["LookupTiers"], salt_cap=10))
     pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, ""))
     pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 1, 512, 256, 256, 0, ""))
     pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("qwen", "b", 0, 0, 0, 0, 0, "no_context"))
@@ -104,7 +99,7 @@ def test_lookup_counters_sum_tokens_per_model_and_salt(pipeline, metrics):
 
 def test_chunks_loaded_counts_positive_retrieves_by_worker(pipeline, metrics):
     """num_chunks_loaded adds retrieved_count per (engine_id as worker_id, model, salt), skipping zero retrieves."""
-    pipeline.subscribe(EngineCountersSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Engine"], salt_cap=10))
     pipeline.publish(E.MP_RETRIEVE_END, ("cuda:0", 7, "llama", "a", 4, 4096, 1024), session_id="r1")
     pipeline.publish(E.MP_RETRIEVE_END, ("cuda:0", 7, "llama", "a", 2, 2048, 512), session_id="r2")
     pipeline.publish(E.MP_RETRIEVE_END, ("cuda:1", 8, "llama", "a", 0, 0, 0), session_id="r3")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
 from mpcache.telemetry.salts import OVERFLOW_SALT
-from mpcache.telemetry.subscribers.metrics.counters import (
-    L2CountersSubscriber,
-    L2FailuresSubscriber,
-)
+from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
 
 def salt(name: str) -> frozenset:
@@ -23,7 +21,7 @@ UNLABELLED = frozenset()
 
 def test_store_counters_count_tasks_and_chunks(pipeline, metrics):
     """Store tasks count +1 per event (per l2_name once completed); chunks sum salt_counts per cache_salt."""
-    pipeline.subscribe(L2CountersSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10))
     pipeline.publish(E.L2_STORE_SUBMITTED, (0, 1, "fs", 7, 7000), salt_counts={("a", "llama"): 4, ("b", "llama"): 3})
     pipeline.publish(E.L2_STORE_SUBMITTED, (1, 1, "mock", 2, 2000), salt_counts={("a", "qwen"): 2})
     pipeline.publish(E.L2_STORE_COMPLETED, (0, 1, "fs", 6000, 6, 1), salt_counts={("a", "llama"): 4, ("b", "llama"): 2})
@@ -38,7 +36,7 @@ def test_store_counters_count_tasks_and_chunks(pipeline, metrics):
 
 def test_prefetch_counters_follow_the_reference_calculations(pipeline, metrics):
     """Lookups +1 each, hits +prefix_hit_count, load submissions +adapter_count, chunks per salt, tasks per l2_name."""
-    pipeline.subscribe(L2CountersSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10))
     pipeline.publish(E.L2_PREFETCH_LOOKUP_SUBMITTED, (1, 8, 2), salt_counts={("a", "m"): 8})
     pipeline.publish(E.L2_PREFETCH_LOOKUP_SUBMITTED, (2, 5, 2), salt_counts={("b", "m"): 5})
     pipeline.publish(E.L2_PREFETCH_LOOKUP_COMPLETED, (1, 6))
@@ -58,7 +56,7 @@ def test_prefetch_counters_follow_the_reference_calculations(pipeline, metrics):
 
 def test_evictions_count_chunks_per_salt(pipeline, metrics):
     """l2_evicted sums L2_KEYS_EVICTED salt_counts per cache_salt over adapters and models."""
-    pipeline.subscribe(L2CountersSubscriber(metrics.meter, salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10))
     pipeline.publish(E.L2_KEYS_EVICTED, (0, "fs", 3), salt_counts={("a", "llama"): 3})
     pipeline.publish(E.L2_KEYS_EVICTED, (1, "mock", 5), salt_counts={("a", "qwen"): 1, ("b", "qwen"): 4})
     pipeline.deliver()
@@ -67,7 +65,7 @@ def test_evictions_count_chunks_per_salt(pipeline, metrics):
 
 def test_chunk_counters_cap_salts_per_metric(pipeline, metrics):
     """With a cap of 1, a second salt's evicted chunks are counted under __overflow__."""
-    pipeline.subscribe(L2CountersSubscriber(metrics.meter, salt_cap=1))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=1))
     pipeline.publish(E.L2_KEYS_EVICTED, (0, "fs", 3), salt_counts={("a", "m"): 3})
     pipeline.deliver()
     pipeline.publish(E.L2_KEYS_EVICTED, (0, "fs", 9), salt_counts={("b", "m"): 2, ("c", "m"): 7})
@@ -77,7 +75,7 @@ def test_chunk_counters_cap_salts_per_metric(pipeline, metrics):
 
 def test_task_counters_are_zero_from_start_up(metrics):
     """Before any event the unlabelled counters and the per-l2_name ones of configured adapters read 0."""
-    L2CountersSubscriber(metrics.meter, salt_cap=10, l2_names=["fs", "mock", "fs"])
+    TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10, l2_names=["fs", "mock", "fs"])
     assert ({UNLABELLED: 0}, {UNLABELLED: 0}, {UNLABELLED: 0}, {UNLABELLED: 0}, {l2("fs"): 0, l2("mock"): 0},
             {l2("fs"): 0, l2("mock"): 0}) == tuple(metrics.series(f"lmcache_mp.{name}") for name in (
                 "l2_store_submitted", "l2_prefetch_lookup", "l2_prefetch_hit", "l2_prefetch_load_submitted",
@@ -87,7 +85,7 @@ def test_task_counters_are_zero_from_start_up(metrics):
 def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
     """300 completed store tasks over two adapter types reach OTel as one add per l2_name, after the start-up 0s."""
     meter = counting_meter
-    pipeline.subscribe(L2CountersSubscriber(meter, salt_cap=10, l2_names=["fs"]))
+    pipeline.subscribe(TableCountersSubscriber(meter, SECTIONS_BY_KEY["L2"], salt_cap=10, l2_names=["fs"]))
     for task in range(300):
         pipeline.publish(E.L2_STORE_COMPLETED, (task % 2, task, "fs" if task % 2 else "mock", 10, 1, 0))
     pipeline.deliver()
@@ -97,7 +95,7 @@ def test_one_add_per_attribute_set_per_batch(pipeline, counting_meter):
 
 def test_prefetch_failures_count_chunks_per_reason_and_model(pipeline, metrics):
     """l2_prefetch_failure adds each event's chunks per (reason, model_name), over salts."""
-    pipeline.subscribe(L2FailuresSubscriber(metrics.meter))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2Failures"]))
     pipeline.publish(E.L2_PREFETCH_FAILED, ("l1_oom",), salt_counts={("a", "llama"): 3, ("b", "llama"): 2})
     pipeline.publish(E.L2_PREFETCH_FAILED, ("not_found",), salt_counts={("a", "llama"): 1, ("a", "qwen"): 4})
     pipeline.publish(E.L2_PREFETCH_FAILED, ("l1_oom",), salt_counts={("c", "llama"): 1})

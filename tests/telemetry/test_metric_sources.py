@@ -22,9 +22,9 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, format_gauge_board
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.metric_table import (
-    ALL_METRICS,
     COUNTER,
     HISTOGRAM,
+    METRICS,
     OBSERVABLE_COUNTER,
     OBSERVABLE_GAUGE,
     Derivation,
@@ -34,7 +34,11 @@ from mpcache.telemetry.metric_table import (
     Source,
 )
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
-from mpcache.telemetry.subscribers.metrics.counters import COUNTER_SUBSCRIBERS
+from mpcache.telemetry.subscribers.metrics.counters import (
+    COUNTER_SECTIONS,
+    TableCountersSubscriber,
+    counter_subscribers,
+)
 from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
@@ -44,10 +48,11 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 D = Derivation
-IDS = [spec.otel_name for spec in ALL_METRICS]
+IDS = [spec.prometheus_name for spec in METRICS]
 # The kind of field each derivation reads (None: it names no field).
 FIELD_KIND = {
     D.FIELD_SUM: FieldKind.INT, D.POSITIVE_FIELD_SUM: FieldKind.INT, D.THROUGHPUT: FieldKind.INT,
@@ -59,6 +64,9 @@ INSTRUMENTS = {
     D.THROUGHPUT: (HISTOGRAM,), D.PRODUCER_BUCKETS: (HISTOGRAM,), D.GAUGE_SUM: (OBSERVABLE_GAUGE,),
     D.GAUGE_RATIO: (OBSERVABLE_GAUGE,), D.BUS_STATE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
     D.MRC_HIT_RATIO: (OBSERVABLE_GAUGE,), D.SAMPLED_MISSES: (COUNTER,),
+    D.SLOT_COUNT: (OBSERVABLE_GAUGE,), D.LIVE_SLOT_COUNT: (OBSERVABLE_GAUGE,), D.RESTART_COUNT: (OBSERVABLE_COUNTER,),
+    D.SLOT_WORD: (OBSERVABLE_COUNTER,), D.BUILD: (OBSERVABLE_GAUGE,), D.RESOURCE: (OBSERVABLE_GAUGE,),
+    D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
 }
 # Where each attribute origin may appear.
 LABEL_DERIVATIONS = {
@@ -68,6 +76,10 @@ LABEL_DERIVATIONS = {
     Origin.CONFIG: {D.GAUGE_SUM, D.GAUGE_RATIO},
     Origin.BUS: {D.BUS_STATE},
     Origin.ANALYSIS: {D.MRC_HIT_RATIO, D.SAMPLED_MISSES},
+    Origin.SLOT: {D.SLOT_WORD},
+    Origin.CHILD: {D.RESTART_COUNT},
+    Origin.BUILD: {D.BUILD},
+    Origin.RESOURCE: {D.RESOURCE},
 }
 
 
@@ -80,7 +92,7 @@ def read_from(source: Source, event: EventType | None) -> tuple[EventType, ...]:
     return (event,) if event is not None else source.events
 
 
-@pytest.mark.parametrize("spec", ALL_METRICS, ids=IDS)
+@pytest.mark.parametrize("spec", METRICS, ids=IDS)
 def test_source_events_are_catalogue_events_and_fit_the_instrument(spec: MetricSpec):
     """Event-fed sources name known event types, each once; observable ones name state instead; the
     derivation fits the instrument, and every counter is table-driven but the sampled miss estimates."""
@@ -104,7 +116,7 @@ def test_source_events_are_catalogue_events_and_fit_the_instrument(spec: MetricS
     assert [] == problems
 
 
-@pytest.mark.parametrize("spec", ALL_METRICS, ids=IDS)
+@pytest.mark.parametrize("spec", METRICS, ids=IDS)
 def test_named_fields_exist_with_a_fitting_kind(spec: MetricSpec):
     """A summed or divided field is an int field, a tested one a bool field, of every event type it is read
     from; derivations that read no field name none."""
@@ -118,7 +130,7 @@ def test_named_fields_exist_with_a_fitting_kind(spec: MetricSpec):
     assert {name: kind for name in kinds} == kinds
 
 
-@pytest.mark.parametrize("spec", ALL_METRICS, ids=IDS)
+@pytest.mark.parametrize("spec", METRICS, ids=IDS)
 def test_salt_groups_sampled_keys_and_blocks_come_from_events_that_carry_them(spec: MetricSpec):
     """Salt-group counts (and access counts) only from events with salt groups, sampled-key histograms only
     from events with sampled keys, block histograms from an event with blocks."""
@@ -131,7 +143,7 @@ def test_salt_groups_sampled_keys_and_blocks_come_from_events_that_carry_them(sp
         assert any(schema.blocks for schema in schemas)
 
 
-@pytest.mark.parametrize("spec", ALL_METRICS, ids=IDS)
+@pytest.mark.parametrize("spec", METRICS, ids=IDS)
 def test_attributes_come_from_where_their_origin_says(spec: MetricSpec):
     """Field attributes are name or int fields of the events they are read from; salt-group and sampled-key
     attributes are a cache_salt or a model_name of sources that have them; configuration and bus attributes
@@ -157,11 +169,14 @@ def test_attributes_come_from_where_their_origin_says(spec: MetricSpec):
     assert [] == problems
 
 
-@pytest.mark.parametrize("spec", [s for s in ALL_METRICS if s.source.derivation.observable], ids=lambda s: s.otel_name)
+@pytest.mark.parametrize("spec", [s for s in METRICS if s.source.derivation.observable],
+                         ids=lambda s: s.prometheus_name)
 def test_gauge_words_are_gauge_board_offsets(spec: MetricSpec):
-    """Gauge-board sources name word offsets of mpcache.shm.layout: one to sum, or two for a ratio."""
+    """Gauge-board sources name word offsets of mpcache.shm.layout: one to sum or read, two for a ratio, none
+    for the other state."""
     source = spec.source
-    expected = {D.GAUGE_SUM: 1, D.GAUGE_RATIO: 2, D.BUS_STATE: 0}[source.derivation]
+    expected = {D.GAUGE_SUM: 1, D.GAUGE_RATIO: 2, D.LIVE_SLOT_COUNT: 1, D.RESTART_COUNT: 1, D.SLOT_WORD: 1}.get(
+        source.derivation, 0)
     assert (expected, True) == (len(source.words), all(
         word.startswith("G_") and isinstance(getattr(layout, word, None), int) for word in source.words))
 
@@ -169,7 +184,7 @@ def test_gauge_words_are_gauge_board_offsets(spec: MetricSpec):
 def test_cache_salt_is_always_a_cache_salt():
     """Every cache_salt attribute (the one capped per metric) is read from a cache_salt: a field, a salt
     group's or a sampled key's."""
-    sources = {(label.origin, label.field) for spec in ALL_METRICS for label in spec.source.labels
+    sources = {(label.origin, label.field) for spec in METRICS for label in spec.source.labels
                if label.name == "cache_salt"}
     assert {(Origin.FIELD, "cache_salt"), (Origin.SALT_GROUP, "cache_salt"),
             (Origin.SAMPLED_KEY, "cache_salt")} >= sources
@@ -209,7 +224,9 @@ def board(segment_factory) -> GaugeBoardReader:
 def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]]]:
     """Every metrics subscriber class, each built on its own meter, with the metrics it creates."""
     bus = EventBus()
-    factories = [lambda meter, cls=cls: cls(meter, 10, ["fs"]) for cls in COUNTER_SUBSCRIBERS] + [
+    factories = [lambda meter, section=section: TableCountersSubscriber(meter, section, 10, ["fs"])
+                 for section in COUNTER_SECTIONS] + [
+        lambda meter: ServiceStateSubscriber(meter, board),
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
         L2ThroughputSubscriber, L0LifecycleSubscriber, LMCacheRequestTimesSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
@@ -225,36 +242,37 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
 
 
 def test_the_subscribers_create_every_metric_of_the_table_once(pipeline, board, metrics, config):
-    """Over the subscriber classes that build_metrics_subscribers uses, every metric of the table is
-    created exactly once, and table-driven derivations are exactly what the table-driven subscribers compute."""
+    """Over the subscribers that build_metrics_subscribers builds, every OTel instrument of the table but the
+    exporter's own is created exactly once, and table-driven derivations are exactly what the table-driven
+    subscribers compute."""
     built = build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus,
-                                      gauge_reader=board)
+                                      gauge_reader=board, readiness=board)
     pairs = subscribers_and_metrics(pipeline, board)
     created = Counter(name for _, names in pairs for name in names)
-    by_name = {spec.otel_name: spec for spec in ALL_METRICS}
-    table_driven = {name for subscriber, names in pairs if isinstance(subscriber, COUNTER_SUBSCRIBERS)
+    by_name = {spec.otel_name: spec for spec in METRICS if spec.otel_name and not spec.source.derivation.exporter_made}
+    table_driven = {name for subscriber, names in pairs if isinstance(subscriber, TableCountersSubscriber)
                     for name in names}
-    assert (sorted(type(s).__name__ for s in built), {name: 1 for name in by_name}, table_driven) == (
-        sorted(type(s).__name__ for s, _ in pairs), dict(created),
+    assert (sorted(s.name for s in built), {name: 1 for name in by_name}, table_driven) == (
+        sorted(s.name for s, _ in pairs), dict(created),
         {name for name, spec in by_name.items() if spec.source.derivation.table_driven})
 
 
 def test_each_subscriber_consumes_exactly_the_events_of_its_metrics_sources(pipeline, board):
     """A subscriber's event_types are the union of the events its metrics' sources name (none for the
     observable instruments): hand-written subscribers cannot drift from the table unnoticed."""
-    by_name = {spec.otel_name: spec for spec in ALL_METRICS}
+    by_name = {spec.otel_name: spec for spec in METRICS}
     mismatches = {}
     for subscriber, names in subscribers_and_metrics(pipeline, board):
         declared = {etype for name in names for etype in by_name[name].source.all_events}
         if set(subscriber.event_types) != declared:
-            mismatches[type(subscriber).__name__] = (sorted(e.name for e in subscriber.event_types),
+            mismatches[subscriber.name] = (sorted(e.name for e in subscriber.event_types),
                                                      sorted(e.name for e in declared))
     assert {} == mismatches
 
 
 # -- the table-driven counters against their sources, event by event --------------------------------------
 
-COUNTERS = [spec for spec in ALL_METRICS if spec.source.derivation.table_driven]
+COUNTERS = [spec for spec in METRICS if spec.source.derivation.table_driven]
 COUNTER_EVENTS = sorted({etype for spec in COUNTERS for etype in spec.source.events})
 NAMES = ("x", "y", "z")
 
@@ -313,7 +331,7 @@ def test_every_table_driven_counter_equals_its_source_evaluated_per_event(pipeli
         def on_batch(self, batch: EventBatch) -> None:
             decoded.extend(batch.events(self.event_types))
 
-    pipeline.subscribe(*(cls(metrics.meter, 1000, ()) for cls in COUNTER_SUBSCRIBERS), Decoder())
+    pipeline.subscribe(*counter_subscribers(metrics.meter, 1000, ()), Decoder())
     for _ in range(3):
         for _ in range(60):
             etype = rng.choice(COUNTER_EVENTS)

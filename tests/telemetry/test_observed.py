@@ -16,6 +16,7 @@ from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 
 NOW = 1_700_000_100 * 10**9
 
@@ -49,6 +50,29 @@ def test_usage_ratio_is_zero_without_live_slots(segment_factory, metrics):
     format_gauge_board(segment, 2)
     L1StateGaugesSubscriber(metrics.meter, GaugeBoardReader(segment, clock_ns=lambda: NOW))
     assert 0.0 == metrics.value("lmcache_mp.l1_usage_ratio")
+
+
+def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_factory, metrics):
+    """3 slots configured, 2 ready (fresh heartbeats); cache restarts summed over every slot (the stale one
+    too), telemetry restarts from the board's header; refused LMCache connections per slot, stale or not;
+    L1 fragmentation over the ready slots only."""
+    segment = segment_factory(layout.gauge_board_size(3))
+    format_gauge_board(segment, 3)
+    beats = {0: NOW, 1: NOW - 1, 2: NOW - 60 * 10**9}
+    for slot, (restarts, refused, fragmentation) in {0: (1, 0, 64), 1: (0, 4, 32), 2: (2, 1, 999)}.items():
+        writer = GaugeSlot(segment, slot, clock_ns=lambda beat=beats[slot]: beat)
+        writer.set(layout.G_RESTARTS, restarts)
+        writer.set(layout.G_LMCACHE_REFUSED, refused)
+        writer.set(layout.G_L1_FRAGMENTATION, fragmentation)
+        writer.heartbeat(pid=1000 + slot)
+    segment.buf[layout.GAUGE_OFF_TELEMETRY_RESTARTS:layout.GAUGE_OFF_TELEMETRY_RESTARTS + 8] = (5).to_bytes(8, "little")
+    ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, stale_after_s=2.0, clock_ns=lambda: NOW))
+    worker = [frozenset({("worker", str(slot))}) for slot in range(3)]
+    assert (3, 2, {frozenset({("role", "cache")}): 3, frozenset({("role", "telemetry")}): 5},
+            {worker[0]: 0, worker[1]: 4, worker[2]: 1}, 96) == (
+        metrics.value("mpcache.cache_processes"), metrics.value("mpcache.cache_processes_ready"),
+        metrics.series("mpcache.child_restarts"), metrics.series("mpcache.lmcache_refused_connections"),
+        metrics.value("mpcache.l1_fragmentation_bytes"))
 
 
 class Exploding(Subscriber):
@@ -91,14 +115,16 @@ def test_subscriber_exceptions_has_a_zero_series_per_subscriber_from_start_up(pi
     assert expected == metrics.series("lmcache_mp.event_bus.subscriber_exceptions")
 
 
-EVERY_METRIC = {spec.otel_name for spec in metric_table.ALL_METRICS}  # metrics.tsv + lookup_hit_l1/l2
+# Every OTel instrument of the table but the exporter's own (build info), which MetricsExport creates.
+EVERY_METRIC = {spec.otel_name for spec in metric_table.METRICS
+                if spec.otel_name and not spec.source.derivation.exporter_made}
 
 
 def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     """build_metrics_subscribers wires every metric of the table: one event of each kind shows all of them."""
     config = dataclasses.replace(config, l2=[{"type": "fs"}, {"type": "mock"}])
     subscribers = build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus,
-                                            gauge_reader=board)
+                                            gauge_reader=board, readiness=board)
     pipeline.subscribe(*subscribers, Exploding())
     chunk = (7, "a", "m")
     publish = pipeline.publish

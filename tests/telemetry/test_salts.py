@@ -33,10 +33,12 @@ def test_thousands_of_model_names_stay_below_the_sdks_series_limit(pipeline, rin
     """4200 distinct model names through a lookup counter: at most cap + 1 series, the later names counted under
     __overflow__ (nothing lost), never OpenTelemetry's attribute-less otel_metric_overflow."""
     from mpcache.contract.events import EventType as E
-    from mpcache.telemetry.subscribers.metrics.counters import LookupSubscriber
+    from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
+    from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
     pipeline = type(pipeline)(ring_factory(capacity=1 << 14, intern_capacity=8192))  # room for 4200 names
-    pipeline.subscribe(LookupSubscriber(metrics.provider.get_meter("t"), 10_000, (), 1500))
+    lookups = SECTIONS_BY_KEY["Lookup"]
+    pipeline.subscribe(TableCountersSubscriber(metrics.provider.get_meter("t"), lookups, 10_000, (), 1500))
     for i in range(4200):
         pipeline.publish(E.MP_LOOKUP_PREFETCH_END, (f"m{i}", "tenant", 1, 256, 256, 256, 0, ""), session_id=f"r{i}")
         if i % 500 == 499:

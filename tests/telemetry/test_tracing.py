@@ -16,8 +16,8 @@ from opentelemetry.trace import StatusCode
 
 from mpcache.contract.events import EventType as E
 from mpcache.errors import ConfigError
+from mpcache.telemetry.subscribers.spans import INCOMPLETE
 from mpcache.telemetry.subscribers.tracing import (
-    INCOMPLETE,
     ROOT_INFERRED,
     TracingSubscriber,
     build_tracing_subscribers,

@@ -59,6 +59,7 @@ class LMCacheFrontEnd:
         config = ctx.config
         self.engine = EngineDriven(ctx, pending_ttl_s=config.prefetch_job_ttl_s)
         self._times = RequestTimes(ctx.publisher)
+        self._sent_ns = 0  # when the last reply was handed to the socket
         errors = ErrorLog(ctx.log)
         self._unknown_log = RateLimit()
         self._failure_log = RateLimit()
@@ -180,7 +181,7 @@ class LMCacheFrontEnd:
             received_ns = time.monotonic_ns()
             op = self._handle(frames, owner, received_ns)
             if op is not None:
-                self._times.record(op, time.monotonic_ns() - received_ns)
+                self._times.record(op, self._sent_ns - received_ns)
             if time.monotonic() >= deadline:
                 self._backlog = True
                 return
@@ -272,6 +273,8 @@ class LMCacheFrontEnd:
         self._send(prefix if result is None else prefix + [wire.encode(result)])
 
     def _send(self, frames: list[bytes]) -> None:
+        """Send a reply; its service time ends here, before the client can have it (``_sent_ns``)."""
+        self._sent_ns = time.monotonic_ns()
         try:
             send_frames(self._socket, frames)
         except zmq.ZMQError as exc:  # the client went away, or is not reading its replies
@@ -315,7 +318,7 @@ class LMCacheFrontEnd:
             else:
                 waiting.append(waiter)
                 continue
-            self._times.record(_WAIT, time.monotonic_ns() - waiter.received_ns)
+            self._times.record(_WAIT, self._sent_ns - waiter.received_ns)
         self._waiters = waiting
 
     def _clear(self, args: list[Any], owner: int) -> None:

@@ -4,20 +4,19 @@ producer's timestamps; request roots, ``mp.*``/``cb.*`` children and timeout spa
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import Status, StatusCode, Tracer, TracerProvider
 
 from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.telemetry.batch import Event
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.subscribers.spans import OpenChild, Root, Roots, drop_root, end_children
 
 E = EventType
 log = structlog.get_logger("mpcache.telemetry.tracing")
@@ -30,7 +29,6 @@ DEFAULT_TTL_S = 120.0
 DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_CHILDREN = 256
 
-INCOMPLETE = "mpcache.incomplete"  # why a span was ended without its END event
 ROOT_INFERRED = "mpcache.root_inferred"  # the root was opened by a child, REQUEST_START never came
 
 # START type → (op, span name, fields that tell concurrent operations of one session apart)
@@ -64,132 +62,15 @@ def _rate(numerator: int, denominator: int) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
-@dataclass
-class _Child:
-    """A child span opened by a START, waiting for its END."""
-
-    span: Span
-    start_ns: int
-
-
-@dataclass
-class _Root:
-    """An open root span (MP ``request`` or ``cb.request``) and the session state around it."""
-
-    session_id: str
-    span: Span | None = None  # None until REQUEST_START or a child START (SUBMITTED alone opens nothing)
-    context: Context | None = None
-    last_event_ns: int = 0  # latest event timestamp of this session: where an expired root ends
-    active_ns: int = 0  # max(event timestamp, last tick) of the latest event: what expiry measures
-    end_ns: int | None = None  # the saved REQUEST_END time while copies are still in flight
-    in_flight: dict[str, int] = field(default_factory=lambda: {"store": 0, "retrieve": 0})
-    producers: set[int] = field(default_factory=set)  # REQUEST_START seen, REQUEST_END not yet
-    children: dict[tuple[object, ...], collections.deque[_Child]] = field(default_factory=dict)
-    n_children: int = 0
-    hits: dict[str, int] = field(default_factory=dict)
-    early_exit_reason: str = ""
-
-    def touch(self, timestamp_ns: int, tick_ns: int) -> None:
-        self.last_event_ns = max(self.last_event_ns, timestamp_ns)
-        self.active_ns = max(self.active_ns, timestamp_ns, tick_ns)
-
-
-class _Roots:
-    """Open roots of one component by session id, least recently active first, with a cap."""
-
-    def __init__(self, max_sessions: int, max_children: int, on_drop: Callable[[_Root, str], None]) -> None:
-        self._roots: collections.OrderedDict[str, _Root] = collections.OrderedDict()
-        self._max_sessions = max_sessions
-        self._max_children = max_children
-        self._on_drop = on_drop
-        self.tick_ns = 0  # the latest on_tick time
-
-    def __len__(self) -> int:
-        return len(self._roots)
-
-    def get(self, session_id: str) -> _Root | None:
-        return self._roots.get(session_id)
-
-    def touch(self, session_id: str, timestamp_ns: int) -> _Root:
-        """The session's state (created if needed), marked active at ``timestamp_ns``."""
-        root = self._roots.get(session_id)
-        if root is None:
-            root = self._roots[session_id] = _Root(session_id)
-            while len(self._roots) > self._max_sessions:
-                _, oldest = self._roots.popitem(last=False)
-                self._on_drop(oldest, "evicted")
-        else:
-            self._roots.move_to_end(session_id)
-        root.touch(timestamp_ns, self.tick_ns)
-        return root
-
-    def remove(self, root: _Root) -> None:
-        if self._roots.get(root.session_id) is root:
-            del self._roots[root.session_id]
-
-    def push_child(self, root: _Root, key: tuple[object, ...], child: _Child) -> None:
-        root.children.setdefault(key, collections.deque()).append(child)
-        root.n_children += 1
-        if root.n_children > self._max_children:  # the oldest pending START gives way
-            oldest_key = min(root.children, key=lambda k: root.children[k][0].start_ns)
-            victim = self.pop_child(root, oldest_key)
-            if victim is not None:
-                _end_incomplete(victim.span, "evicted", max(victim.start_ns, root.last_event_ns))
-
-    def pop_child(self, root: _Root, key: tuple[object, ...]) -> _Child | None:
-        queue = root.children.get(key)
-        if not queue:
-            return None
-        child = queue.popleft()
-        if not queue:
-            del root.children[key]
-        root.n_children -= 1
-        return child
-
-    def expire(self, now_ns: int, ttl_ns: int) -> int:
-        self.tick_ns = now_ns
-        stale = [root for root in self._roots.values() if now_ns - root.active_ns >= ttl_ns]
-        for root in stale:
-            del self._roots[root.session_id]
-            self._on_drop(root, "expired")
-        return len(stale)
-
-    def drain(self, reason: str) -> None:
-        while self._roots:
-            _, root = self._roots.popitem(last=False)
-            self._on_drop(root, reason)
-
-
-def _end_incomplete(span: Span, reason: str, end_ns: int) -> None:
-    span.set_attribute(INCOMPLETE, reason)
-    span.end(end_time=end_ns)
-
-
-def _end_children(root: _Root, reason: str, end_ns: int) -> None:
-    for queue in root.children.values():
-        for child in queue:
-            _end_incomplete(child.span, reason, max(child.start_ns, end_ns))
-    root.children.clear()
-    root.n_children = 0
-
-
-def _drop_root(root: _Root, reason: str) -> None:
-    """End a root (and its open children) that will get no regular end: expiry, cap or shutdown."""
-    end_ns = root.end_ns if root.end_ns is not None else root.last_event_ns
-    _end_children(root, reason, end_ns)
-    if root.span is not None:
-        _end_incomplete(root.span, reason, end_ns)
-
-
 class _Component:
     """What MP-server and blend tracing share: a child span per START, under the session's root
     (opened lazily when the request's own START never came), keyed so concurrent ops pair FIFO."""
 
     _starts: dict[E, tuple[str, str, tuple[str, ...]]]  # START type -> (op, span name, key fields)
-    roots: _Roots
+    roots: Roots
     tracer: Tracer
 
-    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+    def _open_root(self, root: Root, timestamp_ns: int, inferred: bool) -> None:
         raise NotImplementedError
 
     def _child_start(self, event: Event) -> None:
@@ -202,7 +83,7 @@ class _Component:
         span = self.tracer.start_span(name, context=root.context, start_time=event.timestamp_ns,
                                       attributes=attributes)
         key = (event.producer, op, *(event.fields[f] for f in key_fields))
-        self.roots.push_child(root, key, _Child(span, event.timestamp_ns))
+        self.roots.push_child(root, key, OpenChild(span, event.timestamp_ns))
 
 
 class MPServerTracing(_Component):
@@ -215,8 +96,7 @@ class MPServerTracing(_Component):
     def __init__(self, tracer: Tracer, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  max_children: int = DEFAULT_MAX_CHILDREN) -> None:
         self.tracer = tracer
-        self.roots = _Roots(max_sessions, max_children, _drop_root)
-        self.unmatched_ends = 0
+        self.roots = Roots(max_sessions, max_children, drop_root)
         self._handlers = {E.MP_REQUEST_START: self._request_start, E.MP_REQUEST_END: self._request_end,
                           E.MP_STORE_SUBMITTED: self._submitted, E.MP_RETRIEVE_SUBMITTED: self._submitted}
         self._handlers.update({etype: self._child_start for etype in _MP_STARTS})
@@ -238,7 +118,7 @@ class MPServerTracing(_Component):
 
     # -- root ------------------------------------------------------------------------
 
-    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+    def _open_root(self, root: Root, timestamp_ns: int, inferred: bool) -> None:
         attributes: dict[str, Any] = {"session_id": root.session_id}
         if inferred:
             attributes[ROOT_INFERRED] = True
@@ -261,11 +141,11 @@ class MPServerTracing(_Component):
         root.end_ns = event.timestamp_ns
         self._close_if_done(root)
 
-    def _close_if_done(self, root: _Root) -> None:
+    def _close_if_done(self, root: Root) -> None:
         if root.end_ns is None or root.producers or any(root.in_flight.values()):
             return
         self.roots.remove(root)
-        _end_children(root, "session_ended", root.end_ns)  # e.g. a lookup whose result was never read
+        end_children(root, "session_ended", root.end_ns)  # e.g. a lookup whose result was never read
         if root.span is not None:
             root.span.end(end_time=root.end_ns)
 
@@ -278,14 +158,12 @@ class MPServerTracing(_Component):
     def _child_end(self, event: Event) -> None:
         root = self.roots.get(event.session_id)
         if root is None:
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_session", event=event.name, session_id=event.session_id)
             return
         self.roots.touch(event.session_id, event.timestamp_ns)
         op, _, key_fields = _MP_STARTS[_MP_ENDS[event.etype]]
         child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if child is None:
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
         else:
             child.span.set_attributes(_attributes(event.fields))
@@ -296,7 +174,7 @@ class MPServerTracing(_Component):
             root.in_flight[op] = max(0, root.in_flight[op] - 1)
         self._close_if_done(root)
 
-    def _hit_rate(self, root: _Root, fields: dict[str, Any]) -> None:
+    def _hit_rate(self, root: Root, fields: dict[str, Any]) -> None:
         hits = root.hits
         for name in ("hit_tokens", "requested_tokens", "l1_hit_tokens", "l2_hit_tokens"):
             hits[name] = hits.get(name, 0) + int(fields[name])
@@ -324,8 +202,7 @@ class BlendTracing(_Component):
                  max_children: int = DEFAULT_MAX_CHILDREN) -> None:
         self.tracer = tracer
         self.mp = mp
-        self.roots = _Roots(max_sessions, max_children, _drop_root)
-        self.unmatched_ends = 0
+        self.roots = Roots(max_sessions, max_children, drop_root)
 
     def root_context(self, session_id: str) -> Context | None:
         root = self.roots.get(session_id)
@@ -336,7 +213,7 @@ class BlendTracing(_Component):
             return
         self.mp.touch(event.session_id, event.timestamp_ns)
         etype = event.etype
-        root: _Root | None
+        root: Root | None
         if etype is E.CB_REQUEST_START:
             root = self.roots.touch(event.session_id, event.timestamp_ns)
             if root.span is None:
@@ -352,7 +229,7 @@ class BlendTracing(_Component):
         else:
             self._child_end(event)
 
-    def _open_root(self, root: _Root, timestamp_ns: int, inferred: bool) -> None:
+    def _open_root(self, root: Root, timestamp_ns: int, inferred: bool) -> None:
         attributes: dict[str, Any] = {"session_id": root.session_id}
         if inferred:
             attributes[ROOT_INFERRED] = True
@@ -361,7 +238,7 @@ class BlendTracing(_Component):
                                            attributes=attributes)
         root.context = trace.set_span_in_context(root.span, Context())
 
-    def _close_if_done(self, root: _Root) -> None:
+    def _close_if_done(self, root: Root) -> None:
         if root.end_ns is None or root.n_children:
             return
         self.roots.remove(root)
@@ -376,7 +253,6 @@ class BlendTracing(_Component):
             self.roots.touch(event.session_id, event.timestamp_ns)
             child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if root is None or child is None:  # (child is None whenever root is)
-            self.unmatched_ends += 1
             log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
             return
         child.span.set_attributes(_attributes(event.fields))

@@ -1,7 +1,7 @@
 """Metrics subscribers: events and shared state → OpenTelemetry instruments.
 
-The counters are computed from the metric table by one table-driven
-subscriber class (:mod:`.counters`); histograms and observable instruments,
+The plain counters are computed from the metric table by one table-driven
+subscriber per section (:mod:`.counters`); histograms and observable instruments,
 whose logic is more than a table row, have one module per concern (their
 sources are declared in the table all the same).  Counter subscribers
 aggregate a whole batch column-wise; their counters and histograms are buffered
@@ -20,7 +20,7 @@ from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.pump import Pump
-from mpcache.telemetry.subscribers.metrics.counters import COUNTER_SUBSCRIBERS
+from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
 from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
 )
@@ -34,6 +34,7 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
 METER_NAME = "mpcache"
@@ -46,10 +47,12 @@ def build_metrics_subscribers(
     pump: Pump,
     bus: EventBus,
     gauge_reader: GaugeBoardReader | None,
+    readiness: GaugeBoardReader | None = None,
 ) -> list[Subscriber]:
     """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
 
-    Without a ``gauge_reader`` (tests) the gauge-board gauges are not created.
+    Without a ``gauge_reader`` (tests) the gauge-board gauges are not created, without ``readiness`` (the
+    reader whose staleness decides "ready") the service's gauges.
     """
     buffer = InstrumentBuffer()
     meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
@@ -57,7 +60,7 @@ def build_metrics_subscribers(
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
     series = config.metric_series_cap
-    subscribers: list[Subscriber] = [counters(meter, cap, l2_names, series) for counters in COUNTER_SUBSCRIBERS]
+    subscribers: list[Subscriber] = [*counter_subscribers(meter, cap, l2_names, series)]
     subscribers += [
         L1LifecycleSubscriber(meter),
         SMLifecycleSubscriber(meter, cap),
@@ -71,5 +74,7 @@ def build_metrics_subscribers(
     if gauge_reader is not None:
         subscribers.append(L1StateGaugesSubscriber(meter, gauge_reader))
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
+    if readiness is not None:
+        subscribers.append(ServiceStateSubscriber(meter, readiness))
     buffer.flush()  # the zero-valued counters exist from start-up
     return subscribers

@@ -12,7 +12,8 @@ its offset from the head; see :mod:`mpcache.shm.layout`).  Grouped sums are
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 

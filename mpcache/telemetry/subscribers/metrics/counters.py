@@ -1,4 +1,5 @@
-"""The counters, computed from the metric table: one table-driven subscriber, no per-metric code.
+"""The plain counters, computed from the metric table: one table-driven subscriber per section, no per-metric
+code.
 
 Every counter whose :class:`~mpcache.telemetry.metric_table.Source` has a
 table-driven derivation (event count, field sum, true/false count, salt-group
@@ -17,22 +18,23 @@ and each gets one ``add`` per attribute set of the batch:
   is exported as 0 from start-up; a counter labelled by ``l2_name`` alone
   starts at 0 for every configured adapter type.
 
-The subscriber classes below only choose which counters each computes; they
-keep the counters of one concern together (and keep the class names that
-``event_bus.subscriber_exceptions`` reports).
+A table-driven counter is one row of the table and nothing else: each section of the table that has such
+rows gets one subscriber (:func:`counter_subscribers`), which computes them all and is named after the
+section (the name ``event_bus.subscriber_exceptions`` reports).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from opentelemetry.metrics import Meter
 
 from mpcache.contract.events import SCHEMAS, EventType, FieldKind
 from mpcache.telemetry.batch import EventBatch, group_sums
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
-from mpcache.telemetry.metric_table import BY_NAME, Derivation, Label, Origin, Source
+from mpcache.telemetry.metric_table import SECTIONS, Derivation, Label, Origin, Section, Source
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
 
@@ -142,9 +144,11 @@ def _weight(batch: EventBatch, etype: EventType, counter: _Counter) -> np.ndarra
         return np.ones(len(batch.heads_of((etype,))), dtype=np.int64)
     column = batch.field_column(etype, counter.field)
     if derivation is _D.TRUE_COUNT:
-        return column != 0
+        tested: np.ndarray = column != 0
+        return tested
     if derivation is _D.FALSE_COUNT:
-        return column == 0
+        tested = column == 0
+        return tested
     return column
 
 
@@ -154,24 +158,22 @@ def _field_kind(source: Source, label: Label) -> FieldKind:
 
 
 class TableCountersSubscriber(Subscriber):
-    """The table-driven counters named in ``metrics`` (a subclass chooses them).
+    """The table-driven counters of one section of the metric table.
 
     ``salt_cap``: distinct cache_salt values per metric; ``series_cap``: attribute sets per metric
     (:mod:`mpcache.telemetry.salts`); ``l2_names``: the configured adapters' type names, exported as 0
     until they complete a task.
     """
 
-    metrics: tuple[str, ...] = ()
-
-    def __init__(self, meter: Meter, salt_cap: int = DEFAULT_SALT_CAP, l2_names: Sequence[str] = (),
-                 series_cap: int = DEFAULT_SERIES_CAP) -> None:
+    def __init__(self, meter: MeterLike, section: Section, salt_cap: int = DEFAULT_SALT_CAP,
+                 l2_names: Sequence[str] = (), series_cap: int = DEFAULT_SERIES_CAP) -> None:
+        if not section.counters:
+            raise ValueError(f"section {section.key} has no table-driven counter")
+        self._section = section
         plans: dict[tuple[object, ...], _Plan] = {}
-        for metric in self.metrics:
-            source = BY_NAME[metric].source
-            if not source.derivation.table_driven:
-                raise ValueError(f"{metric} is not a table-driven counter ({source.derivation.value})")
-            counter = _Counter(create_instrument(meter, metric), source, salt_cap, series_cap)
-            plans.setdefault(_Plan.key(source), _Plan(source)).counters.append(counter)
+        for spec in section.counters:
+            counter = _Counter(create_instrument(meter, spec.otel_name), spec.source, salt_cap, series_cap)
+            plans.setdefault(_Plan.key(spec.source), _Plan(spec.source)).counters.append(counter)
             if not counter.names:
                 counter.instrument.add(0)
             elif counter.names == ("l2_name",):
@@ -180,6 +182,10 @@ class TableCountersSubscriber(Subscriber):
         self._plans = list(plans.values())
         self.event_types = tuple(dict.fromkeys(etype for plan in self._plans for etype in plan.events))
 
+    @property
+    def name(self) -> str:
+        return self._section.counters_subscriber
+
     def on_batch(self, batch: EventBatch) -> None:
         present = batch.etypes_present
         for plan in self._plans:
@@ -187,52 +193,10 @@ class TableCountersSubscriber(Subscriber):
                 plan.run(batch)
 
 
-class L1CountersSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.l1_read", "lmcache_mp.l1_write", "lmcache_mp.l1_evicted")
+COUNTER_SECTIONS: tuple[Section, ...] = tuple(section for section in SECTIONS if section.counters)
 
 
-class L1EvictionLoopSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.l1_eviction_loop_ticks", "lmcache_mp.l1_eviction_loop_triggered")
-
-
-class L1FailuresSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.l1_allocation_failure", "lmcache_mp.l1_read_failure")
-
-
-class TimeoutsSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.timeouts",)
-
-
-class LookupSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.lookup_requested", "lmcache_mp.lookup_hit", "lmcache_mp.lookup_hit_l1",
-               "lmcache_mp.lookup_hit_l2")
-
-
-class EngineCountersSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.num_chunks_loaded",)
-
-
-class L2CountersSubscriber(TableCountersSubscriber):
-    metrics = (
-        "lmcache_mp.l2_store_submitted", "lmcache_mp.l2_store_submitted_objects", "lmcache_mp.l2_store_completed",
-        "lmcache_mp.l2_store_completed_objects", "lmcache_mp.l2_prefetch_lookup",
-        "lmcache_mp.l2_prefetch_lookup_objects", "lmcache_mp.l2_prefetch_hit", "lmcache_mp.l2_prefetch_load_submitted",
-        "lmcache_mp.l2_prefetch_load_submitted_objects", "lmcache_mp.l2_prefetch_load_completed",
-        "lmcache_mp.l2_load_completed", "lmcache_mp.l2_evicted", "mpcache.l2_load",
-    )
-
-
-class L2FailuresSubscriber(TableCountersSubscriber):
-    metrics = ("lmcache_mp.l2_prefetch_failure",)
-
-
-class BlendMetricsSubscriber(TableCountersSubscriber):
-    """The 18 ``lmcache_blend.*`` counters, unlabelled."""
-
-    metrics = tuple(spec.otel_name for spec in BY_NAME.values() if spec.otel_name.startswith("lmcache_blend."))
-
-
-COUNTER_SUBSCRIBERS: tuple[type[TableCountersSubscriber], ...] = (
-    L1CountersSubscriber, L1EvictionLoopSubscriber, L1FailuresSubscriber, TimeoutsSubscriber, LookupSubscriber,
-    EngineCountersSubscriber, L2CountersSubscriber, L2FailuresSubscriber, BlendMetricsSubscriber,
-)
+def counter_subscribers(meter: MeterLike, salt_cap: int = DEFAULT_SALT_CAP, l2_names: Sequence[str] = (),
+                        series_cap: int = DEFAULT_SERIES_CAP) -> list[TableCountersSubscriber]:
+    """One subscriber per section with table-driven counters: every plain counter of the table."""
+    return [TableCountersSubscriber(meter, section, salt_cap, l2_names, series_cap) for section in COUNTER_SECTIONS]

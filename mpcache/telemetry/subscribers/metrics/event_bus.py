@@ -6,8 +6,9 @@ not from events.
 
 from __future__ import annotations
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import EventBus, Subscriber
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.pump import Pump
@@ -16,7 +17,7 @@ from mpcache.telemetry.pump import Pump
 class EventBusSelfMetricsSubscriber(Subscriber):
     """Consumes no events; its four observable instruments report on every collection."""
 
-    def __init__(self, meter: Meter, pump: Pump, bus: EventBus) -> None:
+    def __init__(self, meter: MeterLike, pump: Pump, bus: EventBus) -> None:
         self._pump = pump
         self._bus = bus
         create_instrument(meter, "lmcache_mp.event_bus.queue_depth", [self._queue_depth])
@@ -37,5 +38,5 @@ class EventBusSelfMetricsSubscriber(Subscriber):
         """Every subscriber has a series from start-up (0 until it raises), so an alert on
         ``increase(...) > 0`` sees the series before the first failure, not after it."""
         counts = self._bus.subscriber_exception_counts()
-        names = {type(subscriber).__name__ for subscriber in self._bus.subscribers} | set(counts)
+        names = {subscriber.name for subscriber in self._bus.subscribers} | set(counts)
         return [Observation(counts.get(name, 0), {"subscriber_name": name}) for name in sorted(names)]

@@ -7,10 +7,11 @@ they only read aligned shared-memory words.
 
 from __future__ import annotations
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 
@@ -18,7 +19,7 @@ from mpcache.telemetry.otel import create_instrument
 class L1StateGaugesSubscriber(Subscriber):
     """``l1_usage_ratio``, ``l1_memory_usage_bytes`` and ``active_prefetch_jobs``; consumes no events."""
 
-    def __init__(self, meter: Meter, board: GaugeBoardReader) -> None:
+    def __init__(self, meter: MeterLike, board: GaugeBoardReader) -> None:
         self._board = board
         create_instrument(meter, "lmcache_mp.l1_usage_ratio", [self._usage_ratio])
         create_instrument(meter, "lmcache_mp.l1_memory_usage_bytes", [self._used_bytes])

@@ -10,10 +10,9 @@ records nothing.  A START whose END never comes is forgotten after
 
 from __future__ import annotations
 
-from opentelemetry.metrics import Meter
-
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
@@ -31,7 +30,7 @@ class L0L1ThroughputSubscriber(Subscriber):
     event_types = (E.MP_STORE_START, E.MP_STORE_END, E.MP_RETRIEVE_START, E.MP_RETRIEVE_END)
 
     def __init__(
-        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING,
+        self, meter: MeterLike, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING,
         series_cap: int = DEFAULT_SERIES_CAP,
     ) -> None:
         self._series = SeriesCap(("engine_id", "device", "model_name"), series_cap)
@@ -52,7 +51,8 @@ class L0L1ThroughputSubscriber(Subscriber):
 
     def on_batch(self, batch: EventBatch) -> None:
         """Columns, not decoded events: this runs for four of every ~16 events a request publishes."""
-        etypes, timestamps, columns = batch.table(self.event_types, ("device", "engine_id", "model_name", "total_bytes"))
+        etypes, timestamps, columns = batch.table(self.event_types,
+                                                  ("device", "engine_id", "model_name", "total_bytes"))
         sessions = batch.session_ids(batch.heads_of(self.event_types))
         pending, name, producer, max_pending = self._pending, batch.names.name, batch.producer, self._max_pending
         histograms = self._histograms

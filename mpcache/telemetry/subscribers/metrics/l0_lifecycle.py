@@ -29,10 +29,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from opentelemetry.metrics import Meter
-
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
@@ -57,7 +56,7 @@ class _Block:
 class L0LifecycleSubscriber(Subscriber):
     event_types = (E.MP_VLLM_BLOCK_ALLOCATION, E.MP_VLLM_END_SESSION)
 
-    def __init__(self, meter: Meter, *, max_tracked: int = DEFAULT_MAX_TRACKED,
+    def __init__(self, meter: MeterLike, *, max_tracked: int = DEFAULT_MAX_TRACKED,
                  series_cap: int = DEFAULT_SERIES_CAP) -> None:
         self._series = SeriesCap(("instance_id", "model_name"), series_cap)
         if max_tracked < 1:

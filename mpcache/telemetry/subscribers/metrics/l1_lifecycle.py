@@ -25,10 +25,9 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-from opentelemetry.metrics import Meter
-
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.subscribers.metrics._views import sampled_rows
@@ -48,7 +47,7 @@ class L1LifecycleSubscriber(Subscriber):
 
     def __init__(
         self,
-        meter: Meter,
+        meter: MeterLike,
         *,
         evict_reuse_cap_s: float = DEFAULT_EVICT_REUSE_CAP_S,
         max_tracked: int = DEFAULT_MAX_TRACKED,

@@ -15,12 +15,13 @@ adapter is reported from start-up, with 0 until it has work:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 
@@ -34,14 +35,17 @@ _PER_ADAPTER = {
 class L2StateGaugesSubscriber(Subscriber):
     """The four L2 state gauges; consumes no events.  ``l2_names[i]`` is adapter ``i``'s type name."""
 
-    def __init__(self, meter: Meter, board: GaugeBoardReader, l2_names: Sequence[str]) -> None:
+    def __init__(self, meter: MeterLike, board: GaugeBoardReader, l2_names: Sequence[str]) -> None:
         if len(l2_names) > layout.MAX_ADAPTERS:
             raise ValueError(f"at most {layout.MAX_ADAPTERS} L2 adapters, got {len(l2_names)}")
         self._board = board
         self._names = list(l2_names)
         create_instrument(meter, "lmcache_mp.l2_usage_bytes", [self._usage])
         for name, which in _PER_ADAPTER.items():
-            create_instrument(meter, name, [lambda _options, which=which: self._per_adapter(which)])
+            create_instrument(meter, name, [self._per_adapter_callback(which)])
+
+    def _per_adapter_callback(self, which: int) -> Callable[[CallbackOptions], list[Observation]]:
+        return lambda _options: self._per_adapter(which)
 
     def _adapter_totals(self, which: int) -> list[int]:
         """Per configured adapter, the word ``which`` summed over the live slots."""

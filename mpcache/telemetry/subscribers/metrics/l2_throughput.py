@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-from opentelemetry.metrics import Meter
 
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import HistogramLike, MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 
@@ -52,7 +52,7 @@ class L2ThroughputSubscriber(Subscriber):
     event_types = tuple(_COLUMNS)
 
     def __init__(
-        self, meter: Meter, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING
+        self, meter: MeterLike, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, max_pending: int = DEFAULT_MAX_PENDING
     ) -> None:
         self._store = create_instrument(meter, "lmcache_mp.l2_store_throughput")
         self._load = create_instrument(meter, "lmcache_mp.l2_load_throughput")
@@ -61,7 +61,7 @@ class L2ThroughputSubscriber(Subscriber):
         # ("store", producer, adapter_index, task_id) -> (submitted ns, 0)
         # ("load", producer, request_id, adapter_index) -> (submitted ns, total_bytes)
         # insertion order ≈ time order
-        self._pending: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str | int, ...], tuple[int, int]] = OrderedDict()
 
     @property
     def pending(self) -> int:
@@ -95,7 +95,7 @@ class L2ThroughputSubscriber(Subscriber):
                 break
             del pending[key]
 
-    def _remember(self, key: tuple, now_ns: int, nbytes: int) -> None:
+    def _remember(self, key: tuple[str | int, ...], now_ns: int, nbytes: int) -> None:
         pending = self._pending
         pending.pop(key, None)
         pending[key] = (now_ns, nbytes)
@@ -103,7 +103,7 @@ class L2ThroughputSubscriber(Subscriber):
             pending.popitem(last=False)
 
 
-def _add(histogram, nbytes: int, duration_ns: int, l2_name: str) -> None:
+def _add(histogram: HistogramLike, nbytes: int, duration_ns: int, l2_name: str) -> None:
     if nbytes > 0 and duration_ns > 0:
         histogram.record(nbytes / duration_ns, {"l2_name": l2_name})  # bytes/ns = GB/s
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.metrics import Meter
-
 from mpcache.contract.events import EventType as E
 from mpcache.contract.request_times import BUCKET_FIELDS, BUCKETS_S
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.histograms import record_buckets
 from mpcache.telemetry.otel import create_instrument
@@ -28,7 +27,7 @@ MAX_OPS = 64  # LMCache's protocol has 35 operations; a name past this many is r
 class LMCacheRequestTimesSubscriber(Subscriber):
     event_types = (E.LMCACHE_REQUEST_TIMES,)
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: MeterLike) -> None:
         histogram: Any = create_instrument(meter, "mpcache.lmcache.request")
         self._histogram = getattr(histogram, "unbuffered", histogram)  # counts are added as they come
         self._ops: set[str] = set()

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.http import Route
 from mpcache.telemetry.mrc.curves import (
     AFTER_GAP,
     HEAD,
@@ -63,7 +66,7 @@ class MissRatioSubscriber(Subscriber):
 
     event_types = (_LOOKUP, _STORE)
 
-    def __init__(self, meter: Meter, config: Config, clock=time.monotonic) -> None:
+    def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap))
         self._half_life_s = config.mrc_half_life_s
@@ -113,7 +116,7 @@ class MissRatioSubscriber(Subscriber):
         return [Observation(value, attributes) for value, attributes in points]
 
 
-def mrc_document(curves: CurveSet) -> dict:
+def mrc_document(curves: CurveSet) -> dict[str, Any]:
     """The ``GET /mrc`` answer: the sampling state and every curve with its points."""
     with curves.lock:
         return {"sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
@@ -121,10 +124,13 @@ def mrc_document(curves: CurveSet) -> dict:
                 "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}
 
 
-def mrc_routes(subscribers: Iterable[Subscriber]) -> dict:
+def _mrc_route(curves: CurveSet) -> Route:
+    return lambda: (200, json.dumps(mrc_document(curves)).encode(), "application/json")
+
+
+def mrc_routes(subscribers: Iterable[Subscriber]) -> dict[str, Route]:
     """``/mrc`` over the miss-ratio subscriber among ``subscribers`` (none without one)."""
     for subscriber in subscribers:
         if isinstance(subscriber, MissRatioSubscriber):
-            return {"/mrc": lambda curves=subscriber.curves: (200, json.dumps(mrc_document(curves)).encode(),
-                                                              "application/json")}
+            return {"/mrc": _mrc_route(subscriber.curves)}
     return {}

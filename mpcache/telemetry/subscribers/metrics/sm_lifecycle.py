@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-from opentelemetry.metrics import Meter
 
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import SaltCap
-from mpcache.telemetry.subscribers.metrics._views import salt_rows, sampled_rows
+from mpcache.telemetry.subscribers.metrics._views import SampledRow, salt_rows, sampled_rows
 
 DEFAULT_MAX_TRACKED = 100_000
 _READ = int(E.SM_READ_PREFETCHED_FINISHED)
@@ -31,7 +31,7 @@ _READ = int(E.SM_READ_PREFETCHED_FINISHED)
 class SMLifecycleSubscriber(Subscriber):
     event_types = (E.SM_WRITE_FINISHED, E.SM_READ_PREFETCHED_FINISHED)
 
-    def __init__(self, meter: Meter, salt_cap: int, *, max_tracked: int = DEFAULT_MAX_TRACKED) -> None:
+    def __init__(self, meter: MeterLike, salt_cap: int, *, max_tracked: int = DEFAULT_MAX_TRACKED) -> None:
         self._gap_seconds = create_instrument(meter, "lmcache_mp.real_reuse_gap")
         self._gap_objects = create_instrument(meter, "lmcache_mp.real_reuse_gap_objects")
         self._seconds_cap = SaltCap(salt_cap)
@@ -53,7 +53,8 @@ class SMLifecycleSubscriber(Subscriber):
                 salt = batch.names.name(salt_id)
                 self._accesses[salt] = self._accesses.get(salt, 0) + int(total)
 
-    def _record(self, batch, samples, heads, salt_ids, counts) -> None:
+    def _record(self, batch: EventBatch, samples: list[SampledRow], heads: np.ndarray, salt_ids: np.ndarray,
+                counts: np.ndarray) -> None:
         positions: dict[tuple[int, str], int] = {}  # (head, cache_salt) -> counter value before that record
         for salt_id in np.unique(salt_ids).tolist():
             mine = salt_ids == salt_id

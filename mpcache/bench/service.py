@@ -1,0 +1,44 @@
+"""``python -m mpcache.bench.service SINK [start-cache flags]``: the service as a benchmark runs it, its cache
+processes publishing into the rings (``ring``: the product, telemetry included), nowhere (``none``) or into
+LMCache's in-process bus (``inprocess``); the last two run no telemetry process.  The supervisor gets the
+benchmark's cache process through its ``programs`` hook, so that the product names no benchmark module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mpcache.bench import null_cache, reference_cache
+from mpcache.supervisor.children import Programs
+from mpcache.supervisor.start import main as start_cache
+
+SINKS = {
+    "ring": Programs(),
+    "none": Programs(cache=null_cache.__name__, telemetry=None),
+    "inprocess": Programs(cache=reference_cache.__name__, telemetry=None),
+}
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def argv(sink: str, *flags: str) -> list[str]:
+    """The command line that runs the service with ``sink`` (run it with :func:`env`)."""
+    return [sys.executable, "-m", __name__, sink, *flags]
+
+
+def env() -> dict[str, str]:
+    """This environment, with this mpcache importable (installed or not)."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_ROOT, path) if p)}
+
+
+def main(args: list[str] | None = None) -> int:
+    args = sys.argv[1:] if args is None else args
+    if not args or args[0] not in SINKS:
+        sys.stderr.write(f"mpcache.bench.service: error: the first argument is one of {', '.join(SINKS)}\n")
+        return 2
+    return start_cache(args[1:], programs=SINKS[args[0]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""``python -m mpcache.config.reference``: the reference tables of docs/CONFIGURATION.md (every setting, and
+the ``MPCACHE_*`` variables that are not settings), made from the table itself so that they cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpcache.config.kinds import Size, Switch
+from mpcache.config.model import SETTINGS
+from mpcache.config.setting import OTHER_VARIABLES, Setting
+
+BEGIN, END = "<!-- settings reference: python -m mpcache.config.reference -->", "<!-- end of settings reference -->"
+
+
+def _default(item: Setting) -> str:
+    value: Any = item.default
+    if isinstance(item.kind, Switch):
+        return "off" if not value else "on"
+    if isinstance(item.kind, Size):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value and value % size == 0:
+                return f"{value // size}{unit}"
+    if value in ("", []):
+        return "none"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """The block between BEGIN and END in docs/CONFIGURATION.md."""
+    lines = [BEGIN, "", "| flag | variable | default | accepts | meaning |", "|---|---|---|---|---|"]
+    for item in SETTINGS:
+        flag = item.flag + (" (repeatable)" if item.repeated else "")
+        lines.append(f"| `{flag}` | `{item.env}` | {_cell(_default(item))} | {_cell(item.kind.expected)} | "
+                     f"{_cell(item.help)} |")
+    lines += ["", "`MPCACHE_*` variables that are not settings (start-cache accepts them in its environment):", "",
+              "| variable | what it is |", "|---|---|"]
+    lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in OTHER_VARIABLES.items()]
+    return "\n".join([*lines, "", END])
+
+
+if __name__ == "__main__":
+    print(markdown())

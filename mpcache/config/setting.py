@@ -1,0 +1,88 @@
+"""One setting of ``start-cache``, declared once on its :class:`~mpcache.config.Config` field: its name (which
+gives the flag ``--<name>``, the variable ``MPCACHE_<NAME>`` and the TOML key ``<name>``), its kind (type and
+validation), default, help text and help group, and how its default is derived when that depends on others.
+
+Also the ``MPCACHE_*`` variables that are not settings: anything else of that prefix in start-cache's
+environment is a misspelt setting, refused naming the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mpcache.config.kinds import Kind, Repeated
+
+ENV_PREFIX = "MPCACHE_"
+
+# (value, explicit, every setting's value so far, the environment) → (value, where it came from), or None to
+# keep the value: the defaults that depend on --demo, or on OpenTelemetry's own OTEL_* variables
+Derivation = Callable[[Any, bool, Mapping[str, Any], Mapping[str, str]], "tuple[Any, str] | None"]
+
+# MPCACHE_* variables that start-cache accepts in its environment although they are not settings
+OTHER_VARIABLES = {
+    "MPCACHE_CONFIG": "the TOML file of settings (--config)",
+    "MPCACHE_LAUNCHER_REEXEC": "bin/start-cache's one re-exec into the checkout's .venv",
+    "MPCACHE_PURE_PYTHON": "publish through the pure-Python ring writer (mpcache/shm/ring.py)",
+    "MPCACHE_IMAGE": "deploy/docker/compose.yaml: the image's name",
+    "MPCACHE_BASE_IMAGE": "deploy/docker/compose.yaml: the image's base",
+    "MPCACHE_METRICS_PORT": "deploy/docker/compose.yaml: the host port of /metrics",
+    "MPCACHE_PROMETHEUS_UI_PORT": "deploy/docker/compose.yaml: the host port of Prometheus",
+    "MPCACHE_COLLECTOR_PORT": "deploy/docker/compose.yaml: the host port of the collector",
+    "MPCACHE_LMCACHE_PYTHON": "tests and benchmarks: LMCache's Python",
+    "MPCACHE_LMCACHE_VENV": "tests and benchmarks: LMCache's virtual environment",
+    "MPCACHE_REQUIRE_LMCACHE": "tests: fail, not skip, without LMCache",
+    "MPCACHE_REQUIRE_DOCKER": "tests: fail, not skip, without Docker",
+    "MPCACHE_DOCKER_BASE_IMAGE": "tests: the container tests' base image",
+    "MPCACHE_PROMETHEUS_IMAGE": "tests: the container tests' Prometheus image",
+    "MPCACHE_COLLECTOR_IMAGE": "tests: the container tests' collector image",
+    "MPCACHE_CI_CACHE": ".ci: where CI keeps what it builds once",
+    "MPCACHE_DEBIAN_MIRROR": ".ci: the Debian mirror of the container tests' base image",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # --<name>, MPCACHE_<NAME> (upper case, "_" for "-"), <name> in a TOML file
+    field: str  # its Config field
+    kind: Kind
+    default: Any
+    help: str
+    group: str
+    metavar: str | None = None
+    derive: Derivation | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper().replace("-", "_")
+
+    @property
+    def repeated(self) -> bool:
+        return isinstance(self.kind, Repeated)
+
+
+def setting(kind: Kind, default: Any, help: str, *, group: str, name: str = "", metavar: str | None = None,
+            derive: Derivation | None = None) -> Any:
+    """A Config field that is a setting (``name``: its flag without dashes; default: the field's name)."""
+    declared = Setting(name, "", kind, default, help, group, metavar, derive)
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"setting": declared})
+    return dataclasses.field(default=default, metadata={"setting": declared})
+
+
+def settings_of(cls: type) -> tuple[Setting, ...]:
+    """Every setting declared on ``cls``'s fields, in declaration order (the order of --help)."""
+    found = []
+    for item in dataclasses.fields(cls):
+        declared = item.metadata.get("setting")
+        if declared is not None:
+            found.append(dataclasses.replace(declared, field=item.name,
+                                             name=declared.name or item.name.replace("_", "-")))
+    return tuple(found)

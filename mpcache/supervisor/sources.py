@@ -1,0 +1,144 @@
+"""Where start-cache's settings come from: a TOML file, ``MPCACHE_*`` environment variables, flags, the
+defaults; later sources win (default < file < environment < command line), then the derived defaults apply.
+
+Every value goes through its setting's kind, so a bad one is one line naming the setting and where it came
+from; an unknown TOML key or ``MPCACHE_*`` variable is one line naming the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+from mpcache.config import ENV_PREFIX, OTHER_VARIABLES, SETTINGS, Setting
+from mpcache.errors import ConfigError
+
+BY_NAME = {item.name: item for item in SETTINGS}
+_BY_ENV = {item.env: item for item in SETTINGS}
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^@/\s]*@")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every setting's value (by name) and where it came from: "flag --NAME", "environment NAME",
+    "file PATH", "default", or the label a derived default gives."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+    check_only: bool = False  # --check-config: print them, start nothing
+
+    def config_fields(self) -> dict[str, Any]:
+        """The values as :class:`~mpcache.config.Config`'s keyword arguments."""
+        return {BY_NAME[name].field: value for name, value in self.values.items()}
+
+
+def _nearest(word: str, choices: list[str]) -> str:
+    return difflib.get_close_matches(word, choices, n=1, cutoff=0.0)[0]
+
+
+def _given(item: Setting, raw: object, where: str) -> Any:
+    """``raw`` as ``item``'s value; ConfigError naming ``where`` otherwise."""
+    try:
+        return item.kind.value(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def from_file(path: str) -> dict[str, Any]:
+    """The settings a TOML file gives, by name (its keys are the names; "_" for "-" is accepted too)."""
+    try:
+        with open(path, "rb") as handle:
+            table = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    values = {}
+    for key, raw in table.items():
+        item = BY_NAME.get(key.replace("_", "-"))
+        if item is None:
+            raise ConfigError(f"{path}: unknown setting {key!r} (a flag name without its dashes; "
+                              f"did you mean {_nearest(key, list(BY_NAME))!r}?)")
+        values[item.name] = _given(item, raw, f"{path}: {key}")
+    return values
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings ``MPCACHE_*`` variables give, by name (a repeatable setting's: a JSON list)."""
+    values = {}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
+            continue
+        item = _BY_ENV.get(name)
+        if item is None:
+            raise ConfigError(f"{name}: not a setting of start-cache (did you mean "
+                              f"{_nearest(name, [*_BY_ENV, *OTHER_VARIABLES])}?)")
+        values[item.name] = _given(item, environ[name], name)
+    return values
+
+
+def resolve(flags: Mapping[str, Any], config_file: str, environ: Mapping[str, str]) -> Resolved:
+    """Every setting from ``flags`` (the command line's checked values, by name), ``environ`` and the TOML
+    file ``config_file`` (none: ""), else its default; then the derived defaults."""
+    layers = [("default", {item.name: item.default for item in SETTINGS})]
+    if config_file:
+        layers.append((f"file {config_file}", from_file(config_file)))
+    layers.append(("environment", from_environment(environ)))
+    layers.append(("flag", dict(flags)))
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for origin, layer in layers:
+        for name, value in layer.items():
+            if origin != "default" and value == "" and BY_NAME[name].kind.blank_is_default:
+                continue  # an empty value: the default applies
+            values[name] = value
+            sources[name] = {"environment": f"environment {BY_NAME[name].env}",
+                             "flag": f"flag {BY_NAME[name].flag}"}.get(origin, origin)
+    for item in SETTINGS:
+        if item.derive is not None:
+            derived = item.derive(values[item.name], sources[item.name] != "default", values, environ)
+            if derived is not None:
+                values[item.name], sources[item.name] = derived
+    return Resolved(values, sources)
+
+
+def where(resolved: Resolved | None, message: str) -> str:
+    """``message`` (which names a flag first) with where that setting came from, when not a flag or default."""
+    flag = message.split(":", 1)[0].split("/", 1)[0]
+    source = resolved.sources.get(flag.removeprefix("--"), "") if resolved is not None else ""
+    return message if source.startswith(("flag", "default")) or not source else f"{message} (set in {source})"
+
+
+def _toml(value: Any) -> str:
+    """``value`` as a TOML value (strings with any password in a URL hidden)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(_URL_PASSWORD.sub(r"\1(hidden)@", value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(entry) for entry in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(key))} = {_toml(entry)}" for key, entry in value.items()) + "}"
+    return json.dumps(str(value))
+
+
+def describe(resolved: Resolved) -> list[str]:
+    """One line per setting, as TOML a file could hold, each with where its value came from."""
+    lines = [(f"{name} = {_toml(resolved.values[name])}", resolved.sources[name]) for name in BY_NAME]
+    width = max(len(text) for text, _ in lines)
+    return [f"{text.ljust(width)}  # {source}" for text, source in lines]

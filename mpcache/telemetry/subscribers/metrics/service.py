@@ -1,0 +1,45 @@
+"""The service's own gauges, read from the gauge board at collection time: cache processes configured and
+ready, restarts by role, refused LMCache connections per cache process, and L1 fragmentation.
+
+``readiness`` is the board reader whose staleness decides "ready" (the telemetry process's /ready uses the
+same one).  The callbacks run on the exporter's thread; they only read aligned shared-memory words.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.telemetry.buffered import MeterLike
+from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.otel import create_instrument
+
+
+class ServiceStateSubscriber(Subscriber):
+    """The table's "Service" section but ``mpcache.build_info`` (the exporter's); consumes no events."""
+
+    def __init__(self, meter: MeterLike, readiness: GaugeBoardReader) -> None:
+        self._board = readiness
+        create_instrument(meter, "mpcache.cache_processes", [self._configured])
+        create_instrument(meter, "mpcache.cache_processes_ready", [self._ready])
+        create_instrument(meter, "mpcache.child_restarts", [self._restarts])
+        create_instrument(meter, "mpcache.lmcache_refused_connections", [self._refused])
+        create_instrument(meter, "mpcache.l1_fragmentation_bytes", [self._fragmentation])
+
+    def _configured(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._board.n_slots)]
+
+    def _ready(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(len(self._board.live_slots()))]
+
+    def _restarts(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(count, {"role": role}) for role, count in self._board.restarts().items()]
+
+    def _refused(self, _options: CallbackOptions) -> list[Observation]:
+        board = self._board
+        return [Observation(board.word(slot, layout.G_LMCACHE_REFUSED), {"worker": str(slot)})
+                for slot in range(board.n_slots)]
+
+    def _fragmentation(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._board.total(layout.G_L1_FRAGMENTATION))]
