@@ -3,7 +3,7 @@ the test chose, created with ``redis-cli --cluster create``; nodes can be killed
 
 Every wait is on a condition with a deadline (cluster state, roles, slot owners), never a fixed sleep.  Nodes
 use a short ``cluster-node-timeout`` so a failover takes about a second, and ``cluster-require-full-coverage
-no`` so a lost slot range leaves the rest of the cluster serving (what the README asks of a deployment).
+no`` so a lost slot range leaves the rest of the cluster serving (what docs/L2.md asks of a deployment).
 """
 
 from __future__ import annotations

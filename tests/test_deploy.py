@@ -585,7 +585,7 @@ def test_systemd_unit_has_a_stable_runtime_dir_a_long_enough_stop_and_keeps_dev_
 
 
 def test_systemd_unit_reads_its_config_file_and_does_not_restart_on_a_configuration_error(tmp_path):
-    """--config /etc/mpcache/mpcache.toml, the README's example of which start-cache accepts as it is;
+    """--config /etc/mpcache/mpcache.toml, docs/DEPLOYMENT.md's example of which start-cache accepts as it is;
     start-cache's exit status for a configuration error (a missing config file here) is the unit's
     RestartPreventExitStatus; readiness is notified by the main process only."""
     from mpcache.supervisor import settings

@@ -204,7 +204,7 @@ def test_an_object_larger_than_l1_warns_once_and_every_store_fails_at_once(lmcac
         stored = key(list(range(256)), request, worker_id=0)
         assert {"context": {}} == client.call("prepare_store", stored, 1)
         assert False is client.call("commit_store", stored, 1, b"")
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 0.5  # two round trips, no wait for space (headroom for a loaded CI)
     lines = [line for line in capsys.readouterr().out.splitlines() if "lmcache.object_larger_than_l1" in line]
     assert 1 == len(lines)
     assert f"object_bytes={object_bytes}" in lines[0] and f"l1_bytes={64 * OBJECT_BYTES}" in lines[0]

@@ -1,5 +1,5 @@
 """The image under a real Docker daemon: built with BuildKit and with the classic builder, run with the
-README's flags, an engine-side container (mpcache's client, another PID namespace, the same IPC
+flags of docs/DEPLOYMENT.md, an engine-side container (mpcache's client, another PID namespace, the same IPC
 namespace and socket volume) doing verified round trips, ``docker stop``, a killed container started
 again, Docker's default 64 MiB /dev/shm, and compose.yaml.
 
@@ -101,10 +101,10 @@ def names(request):
         docker("volume", "rm", "-f", *volumes, check=False)
 
 
-def readme_docker_run() -> list[str]:
-    """The README's `docker run` line, as words."""
-    readme = (REPO / "README.md").read_text()
-    [line] = re.findall(r"^docker run .*$", readme, re.MULTILINE)
+def documented_docker_run() -> list[str]:
+    """docs/DEPLOYMENT.md's `docker run` line, as words."""
+    deployment = (REPO / "docs" / "DEPLOYMENT.md").read_text()
+    [line] = re.findall(r"^docker run .*$", deployment, re.MULTILINE)
     return line.split("#")[0].split()
 
 
@@ -130,12 +130,12 @@ def test_image_builds_with_the_classic_builder_too(image):
 
 
 def test_container_serves_an_engine_container_and_stops_clean(image, names):
-    """The README's docker run line, with flags after the image (they add to the image's MPCACHE_*
+    """docs/DEPLOYMENT.md's docker run line, with flags after the image (they add to the image's MPCACHE_*
     settings): the published port answers /healthz, /ready and /metrics, Docker's health check turns
     healthy; an engine container in another PID namespace, sharing the IPC namespace and the socket
     volume, completes verified round trips with both cache processes; `docker stop` exits 0 and leaves
     no segment in the /dev/shm the engine still sees; a killed container started again serves."""
-    words = readme_docker_run()
+    words = documented_docker_run()
     assert (["docker", "run"], "mpcache") == (words[:2], words[-1])
     mpcache, volume = f"{names}-mpcache", f"{names}-run"
     flags = []

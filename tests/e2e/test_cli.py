@@ -55,7 +55,7 @@ def test_bad_flag_is_one_line_naming_it(flags: list[str], named: str) -> None:
 
 
 def test_help_lists_every_documented_flag() -> None:
-    """--help exits 0 and mentions the flags the README documents."""
+    """--help exits 0 and mentions the flags the README and docs/CONFIGURATION.md document."""
     result = run_start_cache("--help")
     assert 0 == result.returncode
     for flag in ("--workers", "--l1-size", "--prometheus-port", "--otlp-endpoint", "--demo", "--duration",

@@ -109,7 +109,7 @@ class SecuredRedis:
         self.client_key = os.path.join(directory, "client.key")
 
     def acl_line(self) -> str:
-        """The ACL the README recommends, for this user and prefix."""
+        """The ACL docs/L2.md recommends, for this user and prefix."""
         return (f"user {self.user} on >{self.user_password} resetkeys ~{self.acl_prefix}* resetchannels "
                 "-@all +@read +@write +@scripting +ping +hello")
 

@@ -4,7 +4,9 @@ prefix, a password file instead of a password on the command line, and TLS with 
 from __future__ import annotations
 
 import json
+import re
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -44,7 +46,7 @@ def test_a_password_url_reaches_a_requirepass_server(secured_redis, closing):
 
 
 def test_an_acl_user_url_works_within_its_key_pattern_only(secured_redis, closing):
-    """``redis://user:password@host:port/db`` logs in as an ACL user (the README's ACL line): its tier works
+    """``redis://user:password@host:port/db`` logs in as an ACL user (docs/L2.md's ACL line): its tier works
     under the permitted prefix, and a tier configured outside it stores nothing (NOPERM, counted)."""
     url = secured_redis.url(user=secured_redis.user, password=secured_redis.user_password)
     inside = tier(secured_redis, closing, url)
@@ -53,6 +55,15 @@ def test_an_acl_user_url_works_within_its_key_pattern_only(secured_redis, closin
     assert OK == round_trip(inside)
     assert StoreResult([], [], [key(1)], 0, []) == wait(outside.submit_store([(key(1), payload(1))]))
     assert "no permissions" in repr(outside.failures.take())
+
+
+def test_the_acl_line_docs_l2_recommends_is_the_one_these_tests_run(secured_redis):
+    """docs/L2.md's ACL line, with this server's password and key prefix in place of its placeholders, is the
+    line the secured server is started with: what the docs recommend is what the tests above exercise."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "L2.md").read_text(encoding="utf-8")
+    [documented] = re.findall(r"^ *(user mpcache on .*)$", docs, re.MULTILINE)
+    assert secured_redis.acl_line() == documented.replace(">LONG-RANDOM-PASSWORD", f">{secured_redis.user_password}") \
+        .replace("~mpcache:l2:*", f"~{secured_redis.acl_prefix}*")
 
 
 def test_the_acl_user_cannot_touch_other_applications_keys(secured_redis):
