@@ -9,6 +9,7 @@ and unlinked at teardown.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -75,7 +76,10 @@ class Running:
                  policies: dict[Role, RestartPolicy] | None = None) -> None:
         self.config = config
         self.log = RecordingLog()
-        kwargs: dict[str, Any] = {} if hang_timeout_s is None else {"hang_timeout_s": hang_timeout_s}
+        if hang_timeout_s is not None:
+            config = dataclasses.replace(config, hang_timeout_s=hang_timeout_s)
+            self.config = config
+        kwargs: dict[str, Any] = {}
         if policies is not None:
             kwargs["policies"] = policies
         self.supervisor = Supervisor(config, os.path.join(config.runtime_dir, "config.json"), self.log,

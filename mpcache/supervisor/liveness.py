@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HANG_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0
 
 
@@ -38,7 +37,7 @@ class Silence:
 
 @dataclass(frozen=True)
 class Liveness:
-    hang_timeout_s: float = HANG_TIMEOUT_S
+    hang_timeout_s: float  # --hang-timeout
     start_timeout_s: float = START_TIMEOUT_S
 
     def observe(self, heartbeat: Heartbeat, pid: int, pid_word: int, beat: int,

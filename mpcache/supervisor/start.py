@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
     for event, fields in swept:
         log.warning(event, **fields)
     supervisor = Supervisor(config, os.path.join(runtime.path, "config.json"), log, forwarder,
-                            hang_timeout_s=config.hang_timeout_s, runtime=runtime,
-                            programs=programs)
+                            runtime=runtime, programs=programs)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, supervisor.request_stop)
     try:

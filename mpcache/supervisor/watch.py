@@ -19,7 +19,7 @@ from typing import Any
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.supervisor.children import STOP_ORDER, Child, Programs, Role, child_argv, spawn, stop_group
-from mpcache.supervisor.liveness import HANG_TIMEOUT_S, Heartbeat, Liveness
+from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.logforward import LineForwarder
 from mpcache.supervisor.provision import recover_ring, unlink_segments
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, RestartPolicy
@@ -32,13 +32,13 @@ POLICIES: Mapping[Role, RestartPolicy] = {Role.CACHE: CACHE_POLICY, Role.TELEMET
 
 class Supervisor:
     def __init__(self, config: Config, config_path: str, log: Any, forwarder: LineForwarder,
-                 hang_timeout_s: float = HANG_TIMEOUT_S, runtime: RuntimeDir | None = None,
+                 runtime: RuntimeDir | None = None,
                  programs: Programs | None = None, policies: Mapping[Role, RestartPolicy] = POLICIES,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
         self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
-        self.liveness = Liveness(hang_timeout_s)
+        self.liveness = Liveness(config.hang_timeout_s)
         self.config_path = config_path
         self.log = log
         self.forwarder = forwarder
