@@ -25,9 +25,10 @@ def parse_size(text: str, flag: str) -> int:
     """'256MiB', '1GB', '4096' → bytes; ConfigError naming ``flag`` otherwise."""
     match = _SIZE_RE.match(str(text))
     unit = (match.group(2) or "").lower() if match else None
-    if not match or unit not in _UNITS:
+    number = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.inf
+    if not math.isfinite(number):  # no such text, or more digits than a float holds
         raise ConfigError(f"{flag}: expected a size such as 512MiB, 2GB or 1048576, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return int(number)
 
 
 def _text(raw: object) -> str:
@@ -76,6 +77,13 @@ class Text(Kind):
     @property
     def expected(self) -> str:  # type: ignore[override]
         return self.description
+
+    def convert(self, raw: object) -> Any:
+        """Text, or a TOML number as its digits (``instance-id = 12``); an array, table, boolean or date is
+        refused, not turned into its Python repr."""
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            raise ValueError(raw)
+        return _text(raw)
 
     def problem(self, value: Any) -> str | None:
         if not isinstance(value, str) or (self.pattern and not re.fullmatch(self.pattern, value)):

@@ -24,6 +24,11 @@ def check_endpoints(config: Config) -> None:
             _check_port_free("--prometheus-port", config.prometheus_host, config.prometheus_port)
     for worker in range(config.workers if config.lmcache_port else 0):
         _check_port_free("--lmcache-port", config.lmcache_host, config.lmcache_port + worker)
+    check_otlp_endpoint(config)
+
+
+def check_otlp_endpoint(config: Config) -> None:
+    """An endpoint the OTLP exporter could not use (the form only: nothing is resolved or connected)."""
     if config.otlp_endpoint:
         endpoint = config.otlp_endpoint if "://" in config.otlp_endpoint else f"http://{config.otlp_endpoint}"
         parts = urllib.parse.urlsplit(endpoint)

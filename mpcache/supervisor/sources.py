@@ -8,9 +8,10 @@ from; an unknown TOML key or ``MPCACHE_*`` variable is one line naming the neare
 from __future__ import annotations
 
 import difflib
-import json
 import math
+import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +27,9 @@ from mpcache.errors import ConfigError
 
 BY_NAME = {item.name: item for item in SETTINGS}
 _BY_ENV = {item.env: item for item in SETTINGS}
-_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^@/\s]*@")
+# a URL's password: up to the last "@" before the path, as redis-py reads it ("redis://:p@ss@host" is "p@ss")
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/\s]*@")
+MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few kB: more is not one
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,32 @@ def _given(item: Setting, raw: object, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _read_settings_file(path: str) -> str:
+    """The text of the regular file ``path``: opened without blocking (a FIFO waits for a writer for ever),
+    at most MAX_CONFIG_BYTES read (/dev/zero never ends), UTF-8 as TOML requires; ConfigError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"--config: cannot read {path!r} (not a regular file)")
+        try:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config: cannot read {path!r} (larger than {MAX_CONFIG_BYTES} bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config: cannot read {path!r} (not UTF-8: byte {exc.start})") from None
+
+
 def from_file(path: str) -> dict[str, Any]:
     """The settings a TOML file gives, by name (its keys are the names; "_" for "-" is accepted too)."""
     try:
-        with open(path, "rb") as handle:
-            table = tomllib.load(handle)
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+        table = tomllib.loads(_read_settings_file(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
     values = {}
@@ -129,12 +151,26 @@ def _toml(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(_URL_PASSWORD.sub(r"\1(hidden)@", value))
+        return _toml_string(_URL_PASSWORD.sub(r"\1(hidden)@", value))
     if isinstance(value, list):
         return "[" + ", ".join(_toml(entry) for entry in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(key))} = {_toml(entry)}" for key, entry in value.items()) + "}"
-    return json.dumps(str(value))
+        return "{" + ", ".join(f"{_toml_string(str(key))} = {_toml(entry)}" for key, entry in value.items()) + "}"
+    return _toml_string(str(value))
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string in ASCII (JSON's escapes would write a character beyond U+FFFF as a
+    surrogate pair, which TOML refuses)."""
+    return '"' + "".join(_toml_char(char) for char in text) + '"'
+
+
+def _toml_char(char: str) -> str:
+    if char in '"\\':
+        return "\\" + char
+    if " " <= char <= "~":
+        return char
+    return f"\\u{ord(char):04X}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08X}"
 
 
 def describe(resolved: Resolved) -> list[str]:

@@ -1,0 +1,102 @@
+"""start-cache's settings under hostile or careless input: a --config that is not a regular UTF-8 file, a size
+too large for a float, TOML values of the wrong type for a text setting, passwords holding "@", names outside
+the Basic Multilingual Plane, and what a start would refuse: each is one line and exit status 2 (never a
+traceback, never a hang), --check-config refuses what a start refuses, and its output reads back the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+START_CACHE = [sys.executable, str(REPO / "bin" / "start-cache")]
+
+
+def _check_config(tmp_path, *argv: str, **environ: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    return subprocess.run([*START_CACHE, "--check-config", *argv], capture_output=True, text=True, timeout=60,
+                          env={**env, **environ}, cwd=tmp_path)
+
+
+def _one_line_exit_2(result: subprocess.CompletedProcess, expected: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert (2, 1, "") == (result.returncode, len(lines), result.stdout), result.stderr
+    assert lines[0].startswith("start-cache: error: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device", "invalid-utf8"])
+def test_a_config_that_is_not_a_regular_utf8_file_is_one_line(tmp_path, kind):
+    if kind == "fifo":  # open() of a FIFO without a writer blocks for ever: the start must not hang
+        path = tmp_path / "settings.toml"
+        os.mkfifo(path)
+        expected = "not a regular file"
+    elif kind == "char-device":  # /dev/zero never ends: the start must not read it for ever
+        path = Path("/dev/zero")
+        expected = "not a regular file"
+    else:
+        path = tmp_path / "settings.toml"
+        path.write_bytes(b'log-file = "\xff.log"\n')
+        expected = "not UTF-8"
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(path)), f"--config: cannot read '{path}' ({expected}")
+
+
+@pytest.mark.parametrize("where", ["flag", "environment", "file"])
+def test_a_size_beyond_a_float_is_one_line(tmp_path, where):
+    huge = "1" + "0" * 400  # float() gives inf: int(inf) raises OverflowError
+    if where == "flag":
+        result = _check_config(tmp_path, "--l1-size", huge)
+    elif where == "environment":
+        result = _check_config(tmp_path, MPCACHE_LOG_MAX_BYTES=huge)
+    else:
+        (tmp_path / "settings.toml").write_text(f'chunk-bytes = "{huge}"\n')
+        result = _check_config(tmp_path, "--config", str(tmp_path / "settings.toml"))
+    _one_line_exit_2(result, "expected a")
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", '["a.log"]', "{a = 1}", "true", "1979-05-27", "07:32:00"])
+def test_a_text_setting_refuses_a_toml_value_that_is_not_text(tmp_path, value):
+    """log-file = ["a.log"] used to start, writing the log to a file named "['a.log']"."""
+    (tmp_path / "settings.toml").write_text(f"log-file = {value}\n")
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(tmp_path / "settings.toml")),
+                     "settings.toml: log-file: expected text, got ")
+
+
+def test_check_config_hides_a_redis_password_that_holds_an_at_sign(tmp_path):
+    """redis-py reads redis://user:hunter@two@host/0's password as "hunter@two" (the last "@" ends it)."""
+    tier = {"type": "redis", "url": "redis://mpcache:hunter@two@127.0.0.1:6379/0", "capacity_gb": 1}
+    shown = _check_config(tmp_path, "--l2", json.dumps(tier))
+    assert (0, False, False, True) == (shown.returncode, "hunter" in shown.stdout, "two@" in shown.stdout,
+                                       "redis://mpcache:(hidden)@127.0.0.1:6379/0" in shown.stdout), shown.stdout
+
+
+def test_check_config_output_reads_back_with_names_beyond_the_basic_plane(tmp_path):
+    log_file = str(tmp_path / "caf\u00e9-\U0001f600\x7f.log")
+    first = _check_config(tmp_path, MPCACHE_LOG_FILE=log_file, MPCACHE_DEMO_TALLY='a"b\\c\t.json')
+    assert (0, "") == (first.returncode, first.stderr)
+    printed = tomllib.loads(first.stdout)
+    assert (log_file, 'a"b\\c\t.json') == (printed["log-file"], printed["demo-tally"])
+    (tmp_path / "printed.toml").write_text(first.stdout, encoding="utf-8")
+    again = _check_config(tmp_path, "--config", str(tmp_path / "printed.toml"))
+    assert (0, printed) == (again.returncode, tomllib.loads(again.stdout))
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--otlp-endpoint", "ftp://127.0.0.1:4317"], "--otlp-endpoint: expected host:port or http(s)://host:port"),
+    (["--runtime-dir", "/tmp/" + "r" * 120], "--runtime-dir: too long for Unix socket paths under it"),
+])
+def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
+    _one_line_exit_2(_check_config(tmp_path, *argv), expected)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    started = subprocess.run([*START_CACHE, *argv, "--workers", "1", "--prometheus-port", "0", "--duration", "1"],
+                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    _one_line_exit_2(started, expected)
