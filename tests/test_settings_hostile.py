@@ -63,6 +63,12 @@ def test_a_size_beyond_a_float_is_one_line(tmp_path, where):
     _one_line_exit_2(result, "expected a")
 
 
+def test_a_config_integer_of_more_digits_than_python_converts_is_one_line(tmp_path):
+    (tmp_path / "settings.toml").write_text("workers = " + "9" * 5000 + "\n")  # tomllib raises ValueError
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(tmp_path / "settings.toml")),
+                     "settings.toml: not valid TOML (Exceeds the limit (4300 digits)")
+
+
 @pytest.mark.parametrize("value", ["[1, 2]", '["a.log"]', "{a = 1}", "true", "1979-05-27", "07:32:00"])
 def test_a_text_setting_refuses_a_toml_value_that_is_not_text(tmp_path, value):
     """log-file = ["a.log"] used to start, writing the log to a file named "['a.log']"."""

@@ -86,6 +86,8 @@ def from_file(path: str) -> dict[str, Any]:
         table = tomllib.loads(_read_settings_file(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"--config {path}: not valid TOML ({str(exc).partition(';')[0]})") from None
     values = {}
     for key, raw in table.items():
         item = BY_NAME.get(key.replace("_", "-"))
