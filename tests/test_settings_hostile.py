@@ -106,3 +106,11 @@ def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
     started = subprocess.run([*START_CACHE, *argv, "--workers", "1", "--prometheus-port", "0", "--duration", "1"],
                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     _one_line_exit_2(started, expected)
+
+
+@pytest.mark.parametrize(("tier", "expected"), [
+    ({"type": ["fs"], "capacity_gb": 1}, "--l2: unknown or missing type ['fs']"),  # was TypeError: unhashable
+    ({"type": "mock", "capacity_gb": 1e308}, "--l2: mock 'capacity_gb' must be a number > 0"),  # was OverflowError
+])
+def test_an_l2_tier_of_the_wrong_shape_is_one_line(tmp_path, tier, expected):
+    _one_line_exit_2(_check_config(tmp_path, "--l2", json.dumps(tier)), expected)

@@ -44,7 +44,7 @@ def _redis_url(value) -> bool:
 
 
 # key -> (check, what it must be)
-_CAPACITY = (lambda v: _number(v) and v > 0, "a number > 0")
+_CAPACITY = (lambda v: _number(v) and 0 < v * L2_GB < 2**63, "a number > 0 whose bytes (GB = 10**9) are below 2**63")
 _THREADS = (lambda v: _integer(v) and v >= 1, "an integer >= 1")
 _SECONDS = (lambda v: _number(v) and v > 0, "a number of seconds > 0")
 _PATH = (lambda v: isinstance(v, str) and v != "", "a non-empty path")
@@ -98,7 +98,7 @@ def check_l2_spec(spec) -> None:
     if not isinstance(spec, dict):
         raise _fail(f"got a JSON {type(spec).__name__}, not an object")
     kind = spec.get("type")
-    if kind not in _KEYS:
+    if not isinstance(kind, str) or kind not in _KEYS:
         raise _fail(f"unknown or missing type {kind!r}")
     allowed = _KEYS[kind]
     unknown = sorted(set(spec) - set(allowed) - {"type"})
