@@ -114,3 +114,18 @@ def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
 ])
 def test_an_l2_tier_of_the_wrong_shape_is_one_line(tmp_path, tier, expected):
     _one_line_exit_2(_check_config(tmp_path, "--l2", json.dumps(tier)), expected)
+
+
+@pytest.mark.parametrize("where", ["flag", "environment", "file"])
+def test_a_value_nested_too_deeply_is_one_line(tmp_path, where):
+    """json.loads and tomllib raise RecursionError on 100000 nested arrays: it was a traceback."""
+    deep = "[" * 100_000
+    if where == "flag":
+        result, expected = _check_config(tmp_path, "--l2", deep), "argument --l2: expected a JSON object, got JSON"
+    elif where == "environment":
+        result, expected = _check_config(tmp_path, MPCACHE_LMCACHE_ALLOW_UID=deep), "MPCACHE_LMCACHE_ALLOW_UID:"
+    else:
+        (tmp_path / "settings.toml").write_text(f"l2 = {deep}\n")
+        result = _check_config(tmp_path, "--config", str(tmp_path / "settings.toml"))
+        expected = "settings.toml: not valid TOML (arrays or tables nested too deeply)"
+    _one_line_exit_2(result, expected)

@@ -213,6 +213,8 @@ class JsonObject(Kind):
             value = raw if isinstance(raw, dict) else json.loads(_text(raw))
         except json.JSONDecodeError as exc:
             raise ValueError(f"expected {self.expected}, got text that is not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError(f"expected {self.expected}, got JSON nested too deeply") from None
         if not isinstance(value, dict):
             raise ValueError(f"expected {self.expected}, got a JSON {type(value).__name__}")
         return value
@@ -238,6 +240,8 @@ class Repeated(Kind):
                 raw = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"expected a JSON list ({exc.msg})") from None
+            except RecursionError:
+                raise ValueError("expected a JSON list, got one nested too deeply") from None
         if not isinstance(raw, list):
             raise ValueError("expected a list")
         return [self.item.value(entry) for entry in raw]

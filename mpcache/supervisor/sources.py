@@ -88,6 +88,8 @@ def from_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
     except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise ConfigError(f"--config {path}: not valid TOML ({str(exc).partition(';')[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path}: not valid TOML (arrays or tables nested too deeply)") from None
     values = {}
     for key, raw in table.items():
         item = BY_NAME.get(key.replace("_", "-"))
