@@ -98,14 +98,17 @@ def test_check_config_output_reads_back_with_names_beyond_the_basic_plane(tmp_pa
 
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--otlp-endpoint", "ftp://127.0.0.1:4317"], "--otlp-endpoint: expected host:port or http(s)://host:port"),
+    (["--otlp-endpoint", "ftp://otel:hunter2@127.0.0.1:4317"], "got (hidden: it holds user information)"),
     (["--runtime-dir", "/tmp/" + "r" * 120], "--runtime-dir: too long for Unix socket paths under it"),
 ])
 def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
+    """Both say so in the same line, which shows no password."""
     _one_line_exit_2(_check_config(tmp_path, *argv), expected)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
     started = subprocess.run([*START_CACHE, *argv, "--workers", "1", "--prometheus-port", "0", "--duration", "1"],
                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     _one_line_exit_2(started, expected)
+    assert "hunter2" not in started.stderr
 
 
 @pytest.mark.parametrize(("tier", "expected"), [

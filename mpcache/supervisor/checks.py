@@ -37,8 +37,8 @@ def check_otlp_endpoint(config: Config) -> None:
         except ValueError:
             port = None
         if parts.scheme not in ("http", "https") or not parts.hostname or (config.otlp_protocol == "grpc" and not port):
-            raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], "
-                              f"got {config.otlp_endpoint!r}")
+            shown = "(hidden: it holds user information)" if "@" in config.otlp_endpoint else repr(config.otlp_endpoint)
+            raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], got {shown}")
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
