@@ -132,3 +132,10 @@ def test_a_value_nested_too_deeply_is_one_line(tmp_path, where):
         result = _check_config(tmp_path, "--config", str(tmp_path / "settings.toml"))
         expected = "settings.toml: not valid TOML (arrays or tables nested too deeply)"
     _one_line_exit_2(result, expected)
+
+
+def test_a_setting_given_twice_in_one_file_is_one_line(tmp_path):
+    """l1_size and l1-size are two keys to TOML and one setting: the second used to win silently."""
+    (tmp_path / "settings.toml").write_text('l1_size = "1MiB"\nl1-size = "2MiB"\n')
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(tmp_path / "settings.toml")),
+                     "settings.toml: 'l1-size' sets 'l1-size' a second time")

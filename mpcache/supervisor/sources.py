@@ -96,6 +96,8 @@ def from_file(path: str) -> dict[str, Any]:
         if item is None:
             raise ConfigError(f"{path}: unknown setting {key!r} (a flag name without its dashes; "
                               f"did you mean {_nearest(key, list(BY_NAME))!r}?)")
+        if item.name in values:  # l1_size and l1-size: TOML sees two keys, the file one setting twice
+            raise ConfigError(f"{path}: {key!r} sets {item.name!r} a second time")
         values[item.name] = _given(item, raw, f"{path}: {key}")
     return values
 
