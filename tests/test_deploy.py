@@ -44,8 +44,7 @@ FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
 # Series of the metric table that no panel needs to show: the telemetry process's own process_* (the
 # exporter's convention), and the LMCache front end's service time (its numbers are in docs/PERFORMANCE.md).
 OFF_THE_DASHBOARD = {"process_cpu_seconds_total", "process_max_fds", "process_open_fds",
-                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes",
-                     "mpcache_lmcache_request_seconds"}
+                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes"}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
