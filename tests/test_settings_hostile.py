@@ -139,3 +139,12 @@ def test_a_setting_given_twice_in_one_file_is_one_line(tmp_path):
     (tmp_path / "settings.toml").write_text('l1_size = "1MiB"\nl1-size = "2MiB"\n')
     _one_line_exit_2(_check_config(tmp_path, "--config", str(tmp_path / "settings.toml")),
                      "settings.toml: 'l1-size' sets 'l1-size' a second time")
+
+
+def test_a_log_file_that_is_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path):
+    os.mkfifo(tmp_path / "log.fifo")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    started = subprocess.run([*START_CACHE, "--log-file", str(tmp_path / "log.fifo"), "--workers", "1",
+                              "--prometheus-port", "0", "--duration", "1"],
+                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    _one_line_exit_2(started, f"--log-file: cannot open '{tmp_path / 'log.fifo'}': a FIFO that no process reads")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import errno
 import json
 import logging
 import logging.handlers
@@ -158,7 +159,15 @@ class _FileHandler(logging.handlers.RotatingFileHandler):
     them) instead of printing to stderr."""
 
     def _open(self) -> IO[str]:  # type: ignore[override]
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # O_NONBLOCK: a FIFO with no reader is an error (ENXIO) instead of a start that waits for one for ever
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(self.baseFilename, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise OSError(exc.errno, "a FIFO that no process reads", self.baseFilename) from None
+            raise
+        os.set_blocking(fd, True)  # written on the sink's own thread, as a regular file is
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def handleError(self, record: logging.LogRecord) -> None:  # logging's name
