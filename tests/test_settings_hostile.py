@@ -99,6 +99,8 @@ def test_check_config_output_reads_back_with_names_beyond_the_basic_plane(tmp_pa
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--otlp-endpoint", "ftp://127.0.0.1:4317"], "--otlp-endpoint: expected host:port or http(s)://host:port"),
     (["--otlp-endpoint", "ftp://otel:hunter2@127.0.0.1:4317"], "got (hidden: it holds user information)"),
+    # the gRPC exporter takes user info for a host name and logs it with every failed export
+    (["--otlp-endpoint", "http://otel:hunter2@127.0.0.1:4317"], "--otlp-endpoint: user information in the URL"),
     (["--runtime-dir", "/tmp/" + "r" * 120], "--runtime-dir: too long for Unix socket paths under it"),
 ])
 def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):

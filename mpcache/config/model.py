@@ -61,7 +61,7 @@ class Config:
     l1_watermark: float = setting(Number(0, 1, low_open=True), 0.8,
                                   "L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)",
                                   group=SERVICE)
-    eviction_interval_s: float = setting(Seconds(0, low_open=True), 1.0,
+    eviction_interval_s: float = setting(Seconds(0.01), 1.0,  # below 10 ms the loop only burns CPU
                                          "seconds between eviction-loop runs (default 1)", group=SERVICE,
                                          name="eviction-interval")
     prefetch_job_ttl_s: float = setting(  # an unretrieved prefetch releases its read locks after this
@@ -113,7 +113,7 @@ class Config:
         Choice(derived.OTLP_PROTOCOLS), "grpc", "OTLP transport: grpc or http/protobuf (http is the same); default "
         "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc", group=TELEMETRY, derive=derived.otlp_protocol)
     otlp_interval_s: float = setting(
-        Seconds(0, low_open=True), 10.0,
+        Seconds(0.1), 10.0,  # an export takes longer than a shorter interval: collections would time out
         "seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)", group=TELEMETRY,
         name="otlp-interval", derive=derived.otlp_interval)
     metrics_sample_rate: float = setting(

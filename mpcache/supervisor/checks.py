@@ -39,6 +39,9 @@ def check_otlp_endpoint(config: Config) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname or (config.otlp_protocol == "grpc" and not port):
             shown = "(hidden: it holds user information)" if "@" in config.otlp_endpoint else repr(config.otlp_endpoint)
             raise ConfigError(f"--otlp-endpoint: expected host:port or http(s)://host:port[/path], got {shown}")
+        if "@" in parts.netloc:  # logged at start and by every failed export, and no host name to gRPC
+            raise ConfigError("--otlp-endpoint: user information in the URL is not supported (it would be logged); "
+                              "give credentials as headers in OTEL_EXPORTER_OTLP_HEADERS")
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
