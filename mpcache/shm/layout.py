@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 LAYOUT_VERSION = 1
@@ -73,7 +71,6 @@ assert CELL_DTYPE.itemsize == CELL_SIZE
 CELL_PREFIX = "<IBBH"
 CELL_INTS = CELL_PREFIX + "7q"
 CELL_TEXT_FMT = CELL_PREFIX + "BB54s"
-TEXT_CELL = struct.Struct(CELL_TEXT_FMT)
 
 # Gauge board.
 GAUGE_HEADER_SIZE = 64

@@ -8,8 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-KINDS = ("integrity", "no_space", "store_error", "load_error", "lookup_error", "delete_error", "usage_error")
-
 _HINTS = {
     "integrity": "a record failed verification and was not loaded: it is corrupt, or was written by someone "
                  "without this deployment's L2 secret (possible forgery)",

@@ -37,7 +37,6 @@ ChunkKey = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name)
 DEFAULT_EVICT_REUSE_CAP_S = 300.0
 DEFAULT_MAX_TRACKED = 100_000
 
-_WRITES = (int(E.L1_WRITE_FINISHED), int(E.L1_WRITE_FINISHED_AND_READ_RESERVED))
 _READ = int(E.L1_READ_FINISHED)
 _EVICT = int(E.L1_KEYS_EVICTED)
 
