@@ -72,6 +72,10 @@ def test_environment_alone_and_booleans(tmp_path):
      "did you mean 'l1-size'?)"),
     (None, {"MPCACHE_WORKRES": "3"}, "MPCACHE_WORKRES: not a setting of start-cache (did you mean MPCACHE_WORKERS?)"),
     (None, {"MPCACHE_CONFG": "a.toml"}, "MPCACHE_CONFG: not a setting of start-cache (did you mean MPCACHE_CONFIG?)"),
+    ("[service]\n", {}, "mpcache.toml: unknown setting 'service' (a flag name without its dashes; none is close: "
+     "start-cache --help lists them)"),  # nothing near: no made-up suggestion
+    (None, {"MPCACHE_QQQQQQQQQQQQQQQQQQQQQQQQQ": "1"},
+     "MPCACHE_QQQQQQQQQQQQQQQQQQQQQQQQQ: not a setting of start-cache (none is close: start-cache --help lists them)"),
     ("workers = \n", {}, "not valid TOML"),
     (None, {"MPCACHE_LOG_LEVEL": "loud"}, "MPCACHE_LOG_LEVEL: expected one of debug, info, warning, error"),
     (None, {"MPCACHE_DEMO": "maybe"}, "MPCACHE_DEMO: expected true or false"),

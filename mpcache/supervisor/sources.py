@@ -46,8 +46,12 @@ class Resolved:
         return {BY_NAME[name].field: value for name, value in self.values.items()}
 
 
-def _nearest(word: str, choices: list[str]) -> str:
-    return difflib.get_close_matches(word, choices, n=1, cutoff=0.0)[0]
+def _suggestion(word: str, choices: list[str], quote: bool) -> str:
+    """"did you mean X?" for the nearest of ``choices``, or where to look when none is near."""
+    near = difflib.get_close_matches(word, choices, n=1)
+    if not near:
+        return "none is close: start-cache --help lists them"
+    return f"did you mean {near[0]!r}?" if quote else f"did you mean {near[0]}?"
 
 
 def _given(item: Setting, raw: object, where: str) -> Any:
@@ -95,7 +99,7 @@ def from_file(path: str) -> dict[str, Any]:
         item = BY_NAME.get(key.replace("_", "-"))
         if item is None:
             raise ConfigError(f"{path}: unknown setting {key!r} (a flag name without its dashes; "
-                              f"did you mean {_nearest(key, list(BY_NAME))!r}?)")
+                              f"{_suggestion(key, list(BY_NAME), quote=True)})")
         if item.name in values:  # l1_size and l1-size: TOML sees two keys, the file one setting twice
             raise ConfigError(f"{path}: {key!r} sets {item.name!r} a second time")
         values[item.name] = _given(item, raw, f"{path}: {key}")
@@ -110,8 +114,8 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         item = _BY_ENV.get(name)
         if item is None:
-            raise ConfigError(f"{name}: not a setting of start-cache (did you mean "
-                              f"{_nearest(name, [*_BY_ENV, *OTHER_VARIABLES])}?)")
+            raise ConfigError(f"{name}: not a setting of start-cache "
+                              f"({_suggestion(name, [*_BY_ENV, *OTHER_VARIABLES], quote=False)})")
         values[item.name] = _given(item, environ[name], name)
     return values
 
