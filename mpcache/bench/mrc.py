@@ -6,7 +6,7 @@ and a KV-shaped synthetic one), each
   at the default sample rate: mean absolute error over the points;
 * re-run with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one measured
   (prefix lookups, the watermark eviction loop and all);
-* the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and without the exact
+* the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and with 4 or no exact
   head chunks): the error that sampling alone costs;
 * sampling's cost: the cache process's CPU per request at the default rate against ``--mrc-sample-rate 0``,
   in interleaved pairs; and the telemetry memory of a curve set filled to ``--mrc-max-keys``.
@@ -256,7 +256,7 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
     return out
 
 
-def replay_mae(requests: list[Request], rate: float, exact_chunks: int = 4, max_keys: int = 8192) -> float:
+def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys: int) -> float:
     """The curve the telemetry process would build from ``requests`` sampled at ``rate`` (fed straight to a
     :class:`~mpcache.telemetry.mrc.curves.CurveSet`, no service) against the exact one: mean absolute error."""
     from mpcache.contract.keys import SAMPLE_MODULUS
@@ -292,12 +292,13 @@ def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable
 
 
 def _curve_memory(max_keys: int = 8192) -> int:
-    """Bytes a curve set holds once fixed-size mode has ``max_keys`` keys (and 50 tenants' curves)."""
+    """Bytes a curve set holds filled to its bounds: ``max_keys`` tracked keys, as many forgotten ones as it
+    remembers (the tiers are small enough that most keys fall below the deepest point), 50 tenants' curves."""
     from mpcache.telemetry.mrc.curves import HEAD, MISS, SAMPLED, CurveSet
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    curves = CurveSet(1.0, max_keys, {"l1": 2**30, "l1_l2": 2**34})
+    curves = CurveSet(1.0, max_keys, {"l1": 2**19, "l1_l2": 2**20})
     rng = np.random.default_rng(1)
     for batch in range(40):
         rows = [(int(h), f"t{batch % 50}", "m") for h in rng.integers(0, 2**63, size=1024)]
@@ -312,13 +313,14 @@ def _curve_memory(max_keys: int = 8192) -> int:
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         requests: int = 40_000) -> dict[str, Any]:
-    rate, watermark = 0.01, Config(instance_id="b", supervisor_pid=0, runtime_dir="/x").l1_watermark
+    defaults = Config(instance_id="b", supervisor_pid=0, runtime_dir="/x")
+    rate, watermark, exact, max_keys = 0.01, defaults.l1_watermark, defaults.mrc_exact_chunks, defaults.mrc_max_keys
     workloads = {"demo": demo_requests(requests), "kv": kv_requests(requests)}
     results: dict[str, Any] = {name: _one_workload(name, reqs, rate, watermark, progress)
                                for name, reqs in workloads.items()}
     results["replay_mae_by_rate"] = {
-        name: {f"{rate:g}": replay_mae(reqs, rate) for rate in (0.01, 0.1, 1.0)} | {
-            "0.01 without exact chunks": replay_mae(reqs, 0.01, exact_chunks=0)}
+        name: {f"{rate:g}": replay_mae(reqs, rate, exact, max_keys) for rate in (0.01, 0.1, 1.0)} | {
+            f"0.01 with {chunks} exact chunks": replay_mae(reqs, 0.01, chunks, max_keys) for chunks in (4, 0)}
         for name, reqs in workloads.items()}
     progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = _sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)

@@ -19,13 +19,14 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 ALL = "*"
 OVERFLOW = "__overflow__"
+FORGOTTEN_PER_KEY = 2  # keys pruned for depth remembered as seen: up to 2 × max_keys (at least max_keys)
 MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve at most; later ones share OVERFLOW's
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
@@ -94,6 +95,7 @@ class CurveSet:
         self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
         self._stack = ReuseStack(max_keys + 2, strata=2)
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
+        self._forgotten: dict[int, None] = {}  # hash() of the keys pruned for depth, oldest first
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
         # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
         # chunks asked for again after L1 evicted them
@@ -137,8 +139,9 @@ class CurveSet:
             if not self._strata[stratum].admits(row):
                 continue
             weight = weights[stratum] * objects
-            held = row in stack  # asked for or stored before: a miss now is an eviction
-            if held:
+            tracked = row in stack
+            held = tracked or hash(row) in self._forgotten  # asked for or stored before: a miss now is an eviction
+            if tracked:
                 above = stack.bytes_above(row)
                 distance = above[HEAD] * weights[HEAD] + above[SAMPLED] * weights[SAMPLED] + stack.bytes_of(row)
                 bucket = bisect.bisect_left(edges, distance)
@@ -197,21 +200,46 @@ class CurveSet:
 
     def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
         self._stack.touch(row, nbytes, stratum)
+        if self._forgotten:
+            self._forgotten.pop(hash(row), None)
         keys = self._strata[stratum]
         heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
         keys.keys += 1
         if keys.keys > keys.budget:
-            self._lower(keys)
+            self._prune()
+            if keys.keys > keys.budget - keys.budget // 4:
+                self._lower(stratum)
 
-    def _lower(self, keys: _Stratum) -> None:
+    def _prune(self) -> None:
+        """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway."""
+        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
+        for row, stratum in self._stack.prune(self._edges[-1], weights) if self._edges else ():
+            self._strata[stratum].keys -= 1
+            self._forgotten[hash(row)] = None
+        if len(self._forgotten) > FORGOTTEN_PER_KEY * self.max_keys:  # keep the newer half (amortised O(1))
+            newest = list(self._forgotten)[-(FORGOTTEN_PER_KEY * self.max_keys // 2):]
+            self._forgotten = dict.fromkeys(newest)
+
+    def _lower(self, index: int) -> None:
         """SHARDS fixed-size: the stratum's new threshold is its largest tracked hash value; keys at or above
-        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then."""
+        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then.  The
+        heap also holds entries of keys pruned since (skipped, and dropped once they outnumber the live ones)."""
+        keys, stack = self._strata[index], self._stack
+        while keys.heap and not self._live(keys.heap[0][1], index):
+            heapq.heappop(keys.heap)
         new_threshold = -keys.heap[0][0]
         while keys.heap and -keys.heap[0][0] >= new_threshold:
             row = heapq.heappop(keys.heap)[1]
-            self._stack.remove(row)
-            keys.keys -= 1
+            if self._live(row, index):
+                stack.remove(row)
+                keys.keys -= 1
         keys.threshold = new_threshold
+        if len(keys.heap) > 2 * keys.keys + 16:
+            keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in cast(list[Row], stack.keys_in(index))]
+            heapq.heapify(keys.heap)
+
+    def _live(self, row: Row, index: int) -> bool:
+        return row in self._stack and self._stack.stratum_of(row) == index
 
     def _curve(self, model: str, salt: str) -> Histogram:
         histogram = self._curves.get((model, salt))

@@ -31,6 +31,9 @@ class ReuseStack:
     def stratum_of(self, key: Hashable) -> int:
         return self._entry[key][1]
 
+    def keys_in(self, stratum: int) -> list[Hashable]:
+        return [key for key, (_, of) in self._entry.items() if of == stratum]
+
     def bytes_above(self, key: Hashable) -> list[int]:
         """Per stratum, the bytes of the other keys touched since ``key`` was (it must be in the stack)."""
         slot = self._slot_of[key]
@@ -54,6 +57,21 @@ class ReuseStack:
             nbytes, stratum = self._entry.pop(key)
             self._add(self._trees[stratum], slot, -nbytes)
             self.total_bytes[stratum] -= nbytes
+
+    def prune(self, limit: float, weights: list[float]) -> list[tuple[Hashable, int]]:
+        """Forget the keys deeper than ``limit``: those whose bytes above them and their own, each stratum's
+        × its weight, exceed it (no capacity up to ``limit`` holds them).  Returns them with their strata."""
+        order = sorted(self._slot_of, key=self._slot_of.__getitem__, reverse=True)
+        depth = 0.0
+        for index, key in enumerate(order):
+            nbytes, stratum = self._entry[key]
+            depth += nbytes * weights[stratum]
+            if depth > limit:
+                gone = [(old, self._entry[old][1]) for old in order[index:]]
+                for old, _ in gone:
+                    self.remove(old)
+                return gone
+        return []
 
     def _renumber(self) -> None:
         """Give the live keys slots 1..n in their order, and rebuild the trees (O(n))."""
