@@ -28,7 +28,7 @@ def test_stack_distances_equal_a_brute_force_recency_list_across_renumberings():
         known = [k for k, _ in recency]
         if key in known:
             above = sum(b for k, b in recency[known.index(key) + 1:])
-            assert [above] == stack.bytes_above(key)
+            assert above == stack.weighted_above(stack.get(key)[0], [1.0])
             checked += 1
             recency.pop(known.index(key))
         if rng.random() < 0.05 and key in stack:
