@@ -158,6 +158,18 @@ def test_a_key_forgotten_for_depth_is_evicted_when_asked_again_not_cold():
         dict(misses), dict(regret))
 
 
+def test_a_key_named_twice_in_one_lookup_keeps_its_stratum_and_the_budget_holds():
+    """A corrupt lookup that names one key as a head chunk and again as a sampled key: the key stays in the
+    stratum it entered, so each stratum's count stays true and fixed-size mode keeps within the budget."""
+    curves = CurveSet(1.0, 64, {"l1": 10**12})  # a tier so large that no key is deep enough to be forgotten
+    for key in range(500):
+        row = (key, SALT, MODEL)
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1), (row, SAMPLED, MISS, 1)])
+    assert [len(curves._stack.keys_in(HEAD)), len(curves._stack.keys_in(SAMPLED))] == [
+        stratum.keys for stratum in curves._strata]
+    assert 0 < curves.tracked_keys <= 64 and curves.head_rate < 1.0
+
+
 def test_miss_reasons_and_eviction_regret_at_rate_one():
     """Cold: never seen (asked for or stored); evicted: seen, then missed; after_gap: said so by the cache
     process; L2 hits and evicted misses of keys seen before are eviction regret.  Per chunk (÷ ranks)."""

@@ -160,7 +160,7 @@ class CurveSet:
             nbytes = min(size * objects, MAX_KEY_BYTES)
             entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
             if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
-                stack.touch(row, nbytes if stratum == HEAD and size else entry[1], stratum)
+                stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
             else:
                 self._insert(row, nbytes, stratum)
 
@@ -231,6 +231,9 @@ class CurveSet:
         keys, stack = self._strata[index], self._stack
         while keys.heap and not self._live(keys.heap[0][1], index):
             heapq.heappop(keys.heap)
+        if not keys.heap:  # nothing left to forget (the count cannot outrun the heap, but never trust it)
+            keys.keys = 0
+            return
         new_threshold = -keys.heap[0][0]
         while keys.heap and -keys.heap[0][0] >= new_threshold:
             row = heapq.heappop(keys.heap)[1]
