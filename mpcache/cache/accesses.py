@@ -43,7 +43,7 @@ class AccessSampler:
         """A finished lookup of ``hashes`` (``ranks`` objects per chunk): ``hashes[:l1_hits]`` were in L1,
         ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
         "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
-        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 4 + i: chunk i after the gap)."""
+        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
         exact = min(self._exact_chunks, len(hashes) // ranks)
@@ -56,6 +56,9 @@ class AccessSampler:
         for chunk in range(gap_chunk + 1, exact):
             if contains((model, salt, firsts[chunk])):
                 gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
+        if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
+            self._pub.emit(_MRC_LOOKUP_SAMPLED, (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *heads))
+            return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []
