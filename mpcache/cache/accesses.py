@@ -19,8 +19,7 @@ _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
-_SIGN, _WRAP = 1 << 63, 1 << 64  # a 64-bit hash as the int64 an INT field holds: minus 2**64 when the top bit is set
-_NO_HEADS = [0] * MAX_EXACT_CHUNKS
+_NO_HEADS = (0,) * MAX_EXACT_CHUNKS  # the head fields a lookup of fewer chunks leaves empty
 
 
 class AccessSampler:
@@ -49,15 +48,14 @@ class AccessSampler:
         exact = min(self._exact_chunks, len(hashes) // ranks)
         gap_chunk = found // ranks
         firsts = hashes[: exact * ranks : ranks]
-        heads = [chunk_hash - _WRAP if chunk_hash & _SIGN else chunk_hash for chunk_hash in firsts]
-        heads += _NO_HEADS[exact:]
         gap_mask = 0
         contains = l1.contains
         for chunk in range(gap_chunk + 1, exact):
             if contains((model, salt, firsts[chunk])):
                 gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
         if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
-            self._pub.emit(_MRC_LOOKUP_SAMPLED, (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *heads))
+            self._pub.emit(_MRC_LOOKUP_SAMPLED,
+                           (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts, *_NO_HEADS[exact:]))
             return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
@@ -78,7 +76,7 @@ class AccessSampler:
                     miss_rows.append(row)
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
                        (model, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
-                        len(gap_rows), *heads),
+                        len(gap_rows), *firsts, *_NO_HEADS[exact:]),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 
     def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
@@ -87,6 +85,12 @@ class AccessSampler:
         if not self.enabled:
             return
         threshold = self._threshold
+        for chunk_hash in hashes:  # most stores hold no sampled key: find that out without building a list
+            if chunk_hash % SAMPLE_MODULUS < threshold:
+                break
+        else:
+            if self._sizes.get(model) == object_bytes:
+                return
         sampled = [(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold]
         if sampled or self._sizes.get(model) != object_bytes:
             if len(self._sizes) >= MAX_MODELS_SIZED and model not in self._sizes:

@@ -37,6 +37,7 @@ _SALT_FMT = _CELL + "qqq32x"
 _SAMPLED_FMT = _CELL + "Qqq32x"
 _BLOCK_FMT = _CELL + "qqQ32x"
 _TEXT_FMT = layout.CELL_TEXT_FMT[1:]
+_SLOT_FORMATS = {FieldKind.FLOAT: "d", FieldKind.HASH: "Q"}  # struct formats of the slots; every other kind: q
 PLAIN_FIELD_CELLS = 3  # fixed-field events of up to 6 + 3 × 7 fields take the plain (compiled) emitter
 
 
@@ -50,7 +51,7 @@ class _Shape:
         self.name_positions = tuple(i for i, kind in enumerate(kinds) if kind is FieldKind.NAME)
         self.n_fields = len(kinds)
         self.inline_salt = has_inline_salt(etype)
-        slot_fmt = ["d" if kind is FieldKind.FLOAT else "q" for kind in kinds]
+        slot_fmt = [_SLOT_FORMATS.get(kind, "q") for kind in kinds]
         self.slot_kinds = ["n" if kind is FieldKind.NAME else fmt for kind, fmt in zip(kinds, slot_fmt)]
         head = slot_fmt[: layout.HEAD_FIELD_SLOTS]
         if self.inline_salt:

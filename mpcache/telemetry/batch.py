@@ -20,6 +20,7 @@ from mpcache.contract.events import (
 from mpcache.shm import layout
 from mpcache.shm.intern import NameTable
 
+_MASK64 = (1 << 64) - 1
 _KNOWN_ETYPES = np.array(sorted(int(e) for e in EventType), dtype=np.uint8)
 _INLINE_SALT_ETYPES = np.array(sorted(int(e) for e in EventType if has_inline_salt(e)), dtype=np.uint8)
 
@@ -257,6 +258,8 @@ class EventBatch:
                 values[fname] = struct.unpack("<d", struct.pack("<q", value))[0]
             elif fkind is FieldKind.BOOL:
                 values[fname] = bool(value)
+            elif fkind is FieldKind.HASH:
+                values[fname] = value & _MASK64
             else:
                 values[fname] = value
         event = Event(etype, slots[0][0], self.producer, int(record["seq"][0]), fields=values, salt_counts=inline_salt)
