@@ -330,7 +330,8 @@ def _sampler_us(requests: list[Request], repetitions: int) -> float:
     from mpcache.shm.ring_reader import RingReader
     from mpcache.shm.segment import Segment, shm_name
 
-    class NothingHeld:  # L1's question for the chunks past a lookup's gap: a dictionary lookup that misses
+    class NothingHeld:  # L1's answer for the chunks past a lookup's gap: a dictionary lookup that misses
+        entry_of = staticmethod(dict[tuple[str, str, int], None]().get)
         contains = staticmethod(set().__contains__)
 
     capacity = 1 << 16

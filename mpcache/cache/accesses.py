@@ -32,6 +32,7 @@ class AccessSampler:
         if not 0 <= exact_chunks <= MAX_EXACT_CHUNKS:
             raise ValueError(f"exact chunks must be 0..{MAX_EXACT_CHUNKS}, got {exact_chunks}")
         self._pub = publisher
+        self._emit_lookup = publisher.fields_emitter(_MRC_LOOKUP_SAMPLED)  # a lookup without sampled keys
         self._threshold = rate * SAMPLE_MODULUS
         self._exact_chunks = exact_chunks
         self._sizes: dict[str, int] = {}  # per model, the object size last published
@@ -49,13 +50,14 @@ class AccessSampler:
         gap_chunk = found // ranks
         firsts = hashes[: exact * ranks : ranks]
         gap_mask = 0
-        contains = l1.contains
+        entry_of = l1.entry_of
         for chunk in range(gap_chunk + 1, exact):
-            if contains((model, salt, firsts[chunk])):
+            entry = entry_of((model, salt, firsts[chunk]))
+            if entry is not None and entry.ready:
                 gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
         if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
-            self._pub.emit(_MRC_LOOKUP_SAMPLED,
-                           (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts, *_NO_HEADS[exact:]))
+            self._emit_lookup((model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts,
+                               *_NO_HEADS[exact:]), "")
             return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
@@ -70,7 +72,7 @@ class AccessSampler:
                     l1_rows.append(row)
                 elif position < found:
                     l2_rows.append(row)
-                elif position // ranks > gap_chunk and contains((model, salt, chunk_hash)):
+                elif position // ranks > gap_chunk and l1.contains((model, salt, chunk_hash)):
                     gap_rows.append(row)
                 else:
                     miss_rows.append(row)

@@ -195,6 +195,14 @@ class Publisher:
         :meth:`name_id`; resolve them once per request, not once per event."""
         return self._emitters[etype]
 
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]:
+        """``emit(fields, session_id)`` for one fixed-field event type, bound once: the compiled emitter where
+        there is one, so a hot caller skips :meth:`emit`'s keyword handling.  Never raises."""
+        plain = self._plain_emitters.get(etype)
+        if plain is None or self._lock is not None:
+            return lambda fields, session_id: self.emit(etype, fields, session_id=session_id)
+        return plain
+
     def name_id(self, name: str) -> int:
         """The interned id of a low-cardinality name (appended to the table on first use)."""
         return self._interner.id_of(name)
@@ -345,6 +353,8 @@ class EventPublisher(Protocol):
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool: ...
 
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]: ...
+
 
 class NullPublisher:
     """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`mpcache.bench.null_cache`)."""
@@ -354,3 +364,6 @@ class NullPublisher:
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
         return True
+
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]:
+        return lambda fields, session_id: True

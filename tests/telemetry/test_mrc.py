@@ -203,6 +203,7 @@ def test_the_sampling_rule_is_the_same_in_another_process():
     ``hash mod 1_000_003 < rate × 1_000_003`` names."""
     code = ("from mpcache.cache.accesses import AccessSampler\n"
             "class P:\n    def emit(self, etype, fields=(), **kw): print(sorted(h for h, _, _ in kw['sampled']))\n"
+            "    def fields_emitter(self, etype): return lambda fields, session_id: True\n"
             "AccessSampler(P(), 0.01).store('m', 's', list(range(0, 10**7, 997)), 1)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"}).stdout
@@ -226,6 +227,9 @@ def test_rate_zero_publishes_no_access_event():
 
         def emit(self, *args, **kwargs):
             self.emitted.append(args)
+
+        def fields_emitter(self, etype):
+            return lambda fields, session_id: self.emitted.append((etype, fields))
 
     recorder = Recorder()
     sampler = AccessSampler(recorder, 0.0)  # type: ignore[arg-type]
