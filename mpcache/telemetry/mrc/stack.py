@@ -71,6 +71,8 @@ class ReuseStack:
     def prune(self, limit: float, weights: list[float]) -> list[tuple[Hashable, int]]:
         """Forget the keys deeper than ``limit``: those whose bytes above them and their own, each stratum's
         × its weight, exceed it (no capacity up to ``limit`` holds them).  Returns them with their strata."""
+        if sum(total * weight for total, weight in zip(self.total_bytes, weights)) <= limit:
+            return []  # the deepest key's depth is every key's bytes: none is past the limit (no sort)
         entries = self._entry
         order = sorted(entries, key=lambda key: entries[key][0], reverse=True)
         depth = 0.0
