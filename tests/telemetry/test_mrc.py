@@ -414,3 +414,13 @@ def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simul
     assert not wrong, wrong[:5]
     assert 8 == len(curves.curves())  # "*" and three tenants, two tiers each
     assert 0.05 < expected["l1"][1.0][(ALL, ALL)] < expected["l1_l2"][16.0][(ALL, ALL)] < 0.9  # mid-curve
+
+
+def test_a_tenant_named_like_the_curve_over_everything_is_counted_in_it_once():
+    """A client may name its model and cache_salt "*": its lookups must count once in the curve over
+    everything, not once as "*" and again as its own curve (which is the same one)."""
+    curves = CurveSet(1.0, 64, {"l1": 1000})
+    curves.store("*", 100, [])
+    curves.lookup("*", "*", 1, [((1, "*", "*"), SAMPLED, MISS, 1)])
+    curves.lookup(MODEL, SALT, 1, [((2, SALT, MODEL), SAMPLED, MISS, 1)])
+    assert 2 == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}[(ALL, ALL)]

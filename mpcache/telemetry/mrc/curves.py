@@ -118,8 +118,8 @@ class CurveSet:
 
     def tenant(self, model: str, salt: str) -> Tenant:
         pair = (model, salt)
-        if pair not in self._curves and len(self._curves) > self.max_tenants:
-            return (OVERFLOW, OVERFLOW)
+        if pair == (ALL, ALL) or (pair not in self._curves and len(self._curves) > self.max_tenants):
+            return (OVERFLOW, OVERFLOW)  # a client's "*" / "*" would be the curve over everything twice over
         return pair
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
