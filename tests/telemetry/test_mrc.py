@@ -424,3 +424,16 @@ def test_a_tenant_named_like_the_curve_over_everything_is_counted_in_it_once():
     curves.lookup("*", "*", 1, [((1, "*", "*"), SAMPLED, MISS, 1)])
     curves.lookup(MODEL, SALT, 1, [((2, SALT, MODEL), SAMPLED, MISS, 1)])
     assert 2 == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}[(ALL, ALL)]
+
+
+def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_rate_below_one():
+    """A key's distance is the bytes above it, scaled by 1 / rate, and its own bytes once: the key is pruned
+    only when that passes the deepest point, not when its own bytes scaled too would."""
+    curves = CurveSet(0.5, 8, {"l1": 100})  # deepest point 1600 bytes; the sampled stratum tracks 4 keys
+    old, older, first, second, third = ((value, SALT, MODEL) for value in (1, 2, 3, 4, 5))  # all pass rate 0.5
+    for row, nbytes in ((older, 500), (old, 500), (first, 300), (second, 400), (third, 200)):
+        curves.store(MODEL, nbytes, [row])  # the fifth key prunes: old and older are past 1600 bytes
+    assert {first, second, third} == set(curves._stack._entry) and 0.5 == curves.rate
+    curves.lookup(MODEL, SALT, 1, [(first, SAMPLED, MISS, 1)])  # distance 2 × (400 + 200) + 300 = 1500
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    assert 1.0 == curve["points"][-1]["hit_ratio"] and 16 * 100 == curve["points"][-1]["capacity_bytes"]
