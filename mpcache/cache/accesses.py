@@ -46,6 +46,7 @@ class AccessSampler:
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
+        l1_hits = min(l1_hits, found)  # a trailing partial chunk given back shrinks found, not the L1 count
         exact = min(self._exact_chunks, len(hashes) // ranks)
         gap_chunk = found // ranks
         firsts = hashes[: exact * ranks : ranks]

@@ -495,6 +495,8 @@ typedef struct {
 /* The slot bits of one field, or -1 (no exception set) when it is not the regular case. */
 static int field_bits(FieldsEmitter *self, char kind, PyObject *value, int64_t *out) {
     if (kind == 'n') {
+        if (!PyUnicode_CheckExact(value)) /* a subclass's __hash__ or __eq__ could change the fields under us */
+            return -1;
         value = PyDict_GetItemWithError(self->ids, value); /* borrowed */
         if (value == NULL) {
             PyErr_Clear(); /* not interned yet, or unhashable: the Python emitter decides */
