@@ -342,6 +342,9 @@ def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as
             self.emitted.append((fields, kwargs))
             return True
 
+        def fields_emitter(self, etype):
+            return lambda fields, session_id: self.emit(etype, fields)
+
     ranks, chunks = 3, 18  # two chunks past the 16 head chunks, their keys sampled at rate 1
     hashes = list(range(10**6, 10**6 + ranks * chunks))
     registry = SessionRegistry(L1(), Recorder())  # type: ignore[arg-type]
