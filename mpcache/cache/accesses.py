@@ -19,7 +19,7 @@ _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
-_NO_HEADS = (0,) * MAX_EXACT_CHUNKS  # the head fields a lookup of fewer chunks leaves empty
+_PADDING = [(0,) * (MAX_EXACT_CHUNKS - n) for n in range(MAX_EXACT_CHUNKS + 1)]  # head fields left empty after n
 
 
 class AccessSampler:
@@ -46,19 +46,22 @@ class AccessSampler:
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
-        l1_hits = min(l1_hits, found)  # a trailing partial chunk given back shrinks found, not the L1 count
-        exact = min(self._exact_chunks, len(hashes) // ranks)
+        if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
+            l1_hits = found
+        count = len(hashes)
+        exact = min(self._exact_chunks, count // ranks)
         gap_chunk = found // ranks
-        firsts = hashes[: exact * ranks : ranks]
+        firsts = hashes[:exact] if ranks == 1 else hashes[: exact * ranks : ranks]
         gap_mask = 0
-        entry_of = l1.entry_of
-        for chunk in range(gap_chunk + 1, exact):
-            entry = entry_of((model, salt, firsts[chunk]))
-            if entry is not None and entry.ready:
-                gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
-        if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
+        if gap_chunk + 1 < exact:
+            entry_of = l1.entry_of
+            for chunk in range(gap_chunk + 1, exact):
+                entry = entry_of((model, salt, firsts[chunk]))
+                if entry is not None and entry.ready:
+                    gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
+        if exact * ranks == count:  # every chunk is a head chunk: nothing else to sample
             self._emit_lookup((model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts,
-                               *_NO_HEADS[exact:]), "")
+                               *_PADDING[exact]), "")
             return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
@@ -79,7 +82,7 @@ class AccessSampler:
                     miss_rows.append(row)
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
                        (model, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
-                        len(gap_rows), *firsts, *_NO_HEADS[exact:]),
+                        len(gap_rows), *firsts, *_PADDING[exact]),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 
     def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
