@@ -304,7 +304,8 @@ def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable
     """Cache-process CPU per request at the default rate over rate 0, interleaved pairs (median ratio), and
     the publishing calls alone (:func:`_sampler_us`) as a share of the CPU per request at rate 0: the pairs
     swing with this machine's load far more than 1 %, the calls' own cost does not."""
-    l1 = median_reuse_bytes(exact_distances(requests))
+    distances = exact_distances(requests)
+    l1 = median_reuse_bytes(distances)
     ratios, off_us = [], []
     for repetition in range(repetitions):
         on = replay(requests, l1, 0.01)["cache_cpu_s"]
@@ -313,15 +314,27 @@ def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable
         off_us.append(off / len(requests) * 1e6)
         progress(f"mrc: sampling cost, pair {repetition + 1}: {on / len(requests) * 1e6:.0f} vs "
                  f"{off_us[-1]:.0f} µs CPU per request")
-    calls = _sampler_us(requests, repetitions)
+    calls = _sampler_us(requests, _found_at(requests, distances, l1), repetitions)
     return {"cpu_on_over_off": round(statistics.median(ratios), 4), "pairs": [round(r, 4) for r in ratios],
             "sampler_us_per_request": round(calls, 2), "cpu_us_per_request_off": round(statistics.median(off_us), 1),
             "sampler_share": round(calls / statistics.median(off_us), 4)}
 
 
-def _sampler_us(requests: list[Request], repetitions: int) -> float:
-    """Thread CPU µs per request of the cache process's sampling calls alone (one lookup event, one store event
-    of what it missed, at the default settings) on a real ring, median over ``repetitions``."""
+def _found_at(requests: list[Request], distances: list[float], capacity: int) -> list[int]:
+    """Per request, the chunks an LRU cache of ``capacity`` bytes finds: its keys up to the first one whose reuse
+    distance does not fit (what a prefix lookup of the replay finds, within the watermark's few per cent)."""
+    out, position = [], 0
+    for _, _, hashes in requests:
+        fits = [distance <= capacity for distance in distances[position : position + len(hashes)]]
+        out.append(fits.index(False) if False in fits else len(hashes))
+        position += len(hashes)
+    return out
+
+
+def _sampler_us(requests: list[Request], found: list[int], repetitions: int) -> float:
+    """Thread CPU µs per request of the cache process's sampling calls alone (one lookup event finding
+    ``found[i]`` chunks, one store event of the rest, at the default settings) on a real ring, median over
+    ``repetitions``."""
     from mpcache.cache.accesses import AccessSampler
     from mpcache.shm import layout
     from mpcache.shm.intern import Interner
@@ -344,10 +357,9 @@ def _sampler_us(requests: list[Request], repetitions: int) -> float:
         reader, held, samples = RingReader(segment), NothingHeld(), []
         for _ in range(repetitions):
             start = time.thread_time_ns()
-            for model, salt, hashes in requests:
-                found = len(hashes) // 2
-                sampler.lookup(held, model, salt, hashes, 1, found, found)  # type: ignore[arg-type]
-                sampler.store(model, salt, hashes[found:], CHUNK_BYTES)
+            for (model, salt, hashes), hits in zip(requests, found):
+                sampler.lookup(held, model, salt, hashes, 1, hits, hits)  # type: ignore[arg-type]
+                sampler.store(model, salt, hashes[hits:], CHUNK_BYTES)
             samples.append((time.thread_time_ns() - start) / len(requests) / 1000)
             while reader.read_batch().size:
                 pass
