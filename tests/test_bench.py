@@ -246,7 +246,7 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     """The benchmark's exact stack distances (Fenwick tree) against a plain list, on random requests."""
     import random
 
-    from mpcache.bench import mrc
+    from mpcache.bench import mrc_traces
 
     rng = random.Random(4)
     requests = [("m", rng.choice("ab"), rng.sample(range(30), rng.randint(1, 5))) for _ in range(400)]
@@ -254,13 +254,13 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     expected: list[float] = []
     for model, salt, hashes in requests:
         keys = [(model, salt, h) for h in hashes]
-        expected += [(len(recency) - recency.index(k)) * mrc.CHUNK_BYTES if k in recency else float("inf")
+        expected += [(len(recency) - recency.index(k)) * mrc_traces.CHUNK_BYTES if k in recency else float("inf")
                      for k in keys]
         for key in keys:
             if key in recency:
                 recency.remove(key)
             recency.append(key)
-    assert expected == mrc.exact_distances(requests)
+    assert expected == mrc_traces.exact_distances(requests)
     assert 0 < sum(d != float("inf") for d in expected) < len(expected)
 
 

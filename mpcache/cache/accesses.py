@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mpcache.cache.headfields import head_fields
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -46,6 +47,11 @@ class AccessSampler:
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
+        fields = head_fields(model, salt, hashes, ranks, l1_hits, found, self._exact_chunks, MAX_EXACT_CHUNKS,
+                             MRC_EXACT_GAP_SHIFT, l1.entry_of)
+        if fields is not None:  # every chunk a head chunk: fixed fields only
+            self._emit_lookup(fields, "")
+            return
         if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
             l1_hits = found
         count = len(hashes)
@@ -62,10 +68,6 @@ class AccessSampler:
                 if entry is not None and entry.ready:
                     gap_mask |= bit
                 bit <<= 1
-        if exact * ranks == count:  # every chunk is a head chunk: nothing else to sample
-            self._emit_lookup((model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts,
-                               *_PADDING[exact]), "")
-            return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []
