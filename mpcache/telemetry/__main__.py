@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                         gauge_reader=gauges, readiness=readiness)
         exporters.add_routes(mrc_routes(metrics_subscribers))
+        exporters.before_scrape.append(bus.flush_between_batches)  # a scrape shows every batch delivered
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:

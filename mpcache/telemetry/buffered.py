@@ -4,6 +4,7 @@ call per (instrument, attribute set), because an SDK call costs 5–20 µs whate
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -67,27 +68,35 @@ class _Named(Protocol):
 
 
 class InstrumentBuffer:
-    """Pending counter sums and histogram samples, per (instrument, attribute set)."""
+    """Pending counter sums and histogram samples, per (instrument, attribute set).
+
+    Thread-safe: the pump thread adds and flushes, and a scrape flushes from the HTTP thread
+    (:meth:`flush` takes what is pending under the lock and makes the SDK calls outside it).
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
 
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         key = (counter, tuple(attributes.items()) if attributes else ())
-        self._sums[key] = self._sums.get(key, 0) + amount
+        with self._lock:
+            self._sums[key] = self._sums.get(key, 0) + amount
 
     def record(self, histogram: Histogram, value: float, attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
-        samples = self._samples.get(key)
-        if samples is None:
-            self._samples[key] = [value]
-        else:
-            samples.append(value)
+        with self._lock:
+            samples = self._samples.get(key)
+            if samples is None:
+                self._samples[key] = [value]
+            else:
+                samples.append(value)
 
     def flush(self) -> None:
-        sums, self._sums = self._sums, {}
-        samples, self._samples = self._samples, {}
+        with self._lock:
+            sums, self._sums = self._sums, {}
+            samples, self._samples = self._samples, {}
         for (counter, attributes), amount in sums.items():
             counter.add(amount, dict(attributes))
         for (histogram, attributes), values in samples.items():

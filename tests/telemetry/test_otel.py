@@ -1,10 +1,12 @@
-"""MeterProvider set-up: Prometheus names and target_info, port 0, OTLP push and a final export at shutdown."""
+"""MeterProvider set-up: Prometheus names and target_info, port 0, OTLP push and a final export at shutdown, the
+flush before a scrape."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import socket
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,8 +14,12 @@ from pathlib import Path
 import pytest
 from opentelemetry.metrics import Observation
 
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
+from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, Subscriber
 from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
 
 SPEC_TSV = Path(__file__).resolve().parents[2] / "spec" / "metrics.tsv"
 HISTOGRAM_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum")
@@ -159,3 +165,65 @@ def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
     assert {"service.name": "mpcache", "host.name": socket.gethostname(),
             "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
+
+
+def _eviction_ticks_pipeline(export, pipeline):
+    """The table-driven counters on a buffered meter of ``export``'s provider, on a bus whose clock stands
+    still, so that its periodic flush (the telemetry process's interval) never comes; a scrape flushes."""
+    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S, clock=lambda: 0.0)
+    buffer = InstrumentBuffer()
+    bus.add_flusher(buffer.flush)
+    pipeline.bus = bus
+    pipeline.subscribe(*counter_subscribers(BufferedMeter(export.meter_provider.get_meter("test"), buffer)))
+    export.before_scrape.append(bus.flush_between_batches)
+    return bus
+
+
+def _ticks(exposition: str) -> tuple[float, float]:
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in exposition.splitlines()
+              if line.startswith("lmcache_mp_l1_eviction_loop_")}
+    return (values.get("lmcache_mp_l1_eviction_loop_ticks_total", 0.0),
+            values.get("lmcache_mp_l1_eviction_loop_triggered_total", 0.0))
+
+
+def test_a_scrape_shows_every_batch_delivered_before_the_periodic_flush(export, pipeline):
+    """/metrics flushes the buffered instruments before collecting: the batch just delivered is in the
+    first scrape after it, exactly, though the bus's own 1 s flush has not come."""
+    _eviction_ticks_pipeline(export, pipeline)
+    for triggered in (True, False, True, True, False):
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, triggered))
+    assert pipeline.deliver() == 5
+    first = _ticks(scrape(export.prometheus_port))
+    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+    pipeline.deliver()
+    assert (first, _ticks(scrape(export.prometheus_port))) == ((5.0, 3.0), (6.0, 4.0))
+
+
+def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
+    """A delivery that does not finish (a subscriber stuck in on_batch) holds a scrape up for
+    FLUSH_WAIT_S at most: the scrape is answered with what was flushed before, and once the
+    delivery ends the next scrape has it."""
+    bus = _eviction_ticks_pipeline(export, pipeline)
+    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+    pipeline.deliver()
+    before = _ticks(scrape(export.prometheus_port))
+    release, entered = threading.Event(), threading.Event()
+
+    class Stuck(Subscriber):
+        event_types = (E.L1_EVICTION_LOOP_TICK,)
+
+        def on_batch(self, batch) -> None:
+            entered.set()
+            release.wait(30)
+
+    bus.subscribe(Stuck())
+    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
+    delivery = threading.Thread(target=pipeline.deliver)
+    delivery.start()
+    try:
+        assert entered.wait(10)
+        during = _ticks(scrape(export.prometheus_port))
+    finally:
+        release.set()
+        delivery.join(10)
+    assert (before, during, _ticks(scrape(export.prometheus_port))) == ((1.0, 1.0), (1.0, 1.0), (2.0, 1.0))
