@@ -32,14 +32,18 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(config.telemetry_nice)
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
     sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
-    board = Segment.attach(config.gauge_board_name())
-    gauges = GaugeBoardReader(board)
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
+
+    def request_stop(*_: object) -> None:
+        stop.set()
+        pump.wake()  # the pump may be sleeping for up to half a second
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    board = Segment.attach(config.gauge_board_name())
+    gauges = GaugeBoardReader(board)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
     # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
     # a probe answered 200 means a scrape is answered too
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                         gauge_reader=gauges, readiness=readiness)
         exporters.add_routes(mrc_routes(metrics_subscribers))
-        exporters.before_scrape.append(bus.flush_between_batches)  # a scrape shows every batch delivered
+        exporters.before_scrape.append(pump.catch_up)  # a scrape shows every record published before it
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:

@@ -4,7 +4,6 @@ call per (instrument, attribute set), because an SDK call costs 5–20 µs whate
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -68,35 +67,27 @@ class _Named(Protocol):
 
 
 class InstrumentBuffer:
-    """Pending counter sums and histogram samples, per (instrument, attribute set).
-
-    Thread-safe: the pump thread adds and flushes, and a scrape flushes from the HTTP thread
-    (:meth:`flush` takes what is pending under the lock and makes the SDK calls outside it).
-    """
+    """Pending counter sums and histogram samples, per (instrument, attribute set)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
 
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         key = (counter, tuple(attributes.items()) if attributes else ())
-        with self._lock:
-            self._sums[key] = self._sums.get(key, 0) + amount
+        self._sums[key] = self._sums.get(key, 0) + amount
 
     def record(self, histogram: Histogram, value: float, attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
-        with self._lock:
-            samples = self._samples.get(key)
-            if samples is None:
-                self._samples[key] = [value]
-            else:
-                samples.append(value)
+        samples = self._samples.get(key)
+        if samples is None:
+            self._samples[key] = [value]
+        else:
+            samples.append(value)
 
     def flush(self) -> None:
-        with self._lock:
-            sums, self._sums = self._sums, {}
-            samples, self._samples = self._samples, {}
+        sums, self._sums = self._sums, {}
+        samples, self._samples = self._samples, {}
         for (counter, attributes), amount in sums.items():
             counter.add(amount, dict(attributes))
         for (histogram, attributes), values in samples.items():

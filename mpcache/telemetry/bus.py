@@ -5,7 +5,6 @@ subscriber that raises is logged, counted and isolated.
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -17,10 +16,9 @@ from mpcache.telemetry.batch import Event, EventBatch
 log = structlog.get_logger("mpcache.telemetry.bus")
 
 # How often the telemetry process flushes buffered instrument calls to the SDK (see
-# mpcache.telemetry.buffered) besides the flush before every /metrics scrape: what an OTLP export shows
-# is at most this much older than the last batch, and what a scrape shows is every batch delivered.
+# mpcache.telemetry.buffered) besides the flush before every /metrics scrape (Pump.catch_up): what an
+# OTLP export shows is at most this much older than the last batch.
 TELEMETRY_FLUSH_INTERVAL_S = 1.0
-FLUSH_WAIT_S = 1.0  # how long a scrape waits for the batch being delivered before it flushes
 
 
 class Subscriber:
@@ -49,11 +47,9 @@ class Subscriber:
 
 class EventBus:
     """``flush_interval_s``: how often the registered flushers (buffered instruments) run after a
-    dispatch — 0 flushes after every batch (tests); the telemetry process uses
-    ``TELEMETRY_FLUSH_INTERVAL_S`` and :meth:`flush_between_batches` before each scrape."""
+    dispatch — 0 flushes after every batch (tests); the telemetry process uses ``TELEMETRY_FLUSH_INTERVAL_S``."""
 
     def __init__(self, flush_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self._delivering = threading.Lock()  # held while a batch or a tick goes through the subscribers
         self._subscribers: list[tuple[Subscriber, frozenset[int]]] = []
         self._exceptions: collections.Counter[str] = collections.Counter()
         self._flushers: list[Callable[[], None]] = []
@@ -75,17 +71,6 @@ class EventBus:
                 self._exceptions["flush"] += 1
                 log.exception("flush_failed")
 
-    def flush_between_batches(self, timeout_s: float = FLUSH_WAIT_S) -> None:
-        """:meth:`flush` from another thread (a scrape): once the batch being delivered, if any, went
-        through every subscriber, so that what it flushes holds whole batches.  A delivery that takes
-        longer than ``timeout_s`` (a stuck subscriber) is not waited for: nothing is flushed, and the
-        scrape shows what the last flush left."""
-        if self._delivering.acquire(timeout=timeout_s):
-            try:
-                self.flush()
-            finally:
-                self._delivering.release()
-
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append((subscriber, frozenset(int(e) for e in subscriber.event_types)))
 
@@ -97,27 +82,24 @@ class EventBus:
         if not len(batch):
             return
         present = batch.etypes_present
-        with self._delivering:
-            for subscriber, wanted in self._subscribers:
-                if wanted.isdisjoint(present):
-                    continue
-                self._call(subscriber, "on_batch", batch)
-            self.records_delivered += len(batch)
-            if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
-                self.flush()
+        for subscriber, wanted in self._subscribers:
+            if wanted.isdisjoint(present):
+                continue
+            self._call(subscriber, "on_batch", batch)
+        self.records_delivered += len(batch)
+        if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
+            self.flush()
 
     def tick(self, now_ns: int) -> None:
-        with self._delivering:
-            for subscriber, _ in self._subscribers:
-                self._call(subscriber, "on_tick", now_ns)
-            if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
-                self.flush()  # an idle bus still publishes what the last batches left buffered
+        for subscriber, _ in self._subscribers:
+            self._call(subscriber, "on_tick", now_ns)
+        if self._flushers and self._clock() - self._last_flush >= self._flush_interval_s:
+            self.flush()  # an idle bus still publishes what the last batches left buffered
 
     def shutdown(self) -> None:
-        with self._delivering:
-            for subscriber, _ in self._subscribers:
-                self._call(subscriber, "shutdown")
-            self.flush()
+        for subscriber, _ in self._subscribers:
+            self._call(subscriber, "shutdown")
+        self.flush()
 
     def subscriber_exception_counts(self) -> dict[str, int]:
         """Exceptions raised so far, by subscriber name (a copy)."""

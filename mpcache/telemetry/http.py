@@ -28,7 +28,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 _TEXT = "text/plain; charset=utf-8"
 
 
-def metrics_route(registry: CollectorRegistry, before: Sequence[Callable[[], None]] = ()) -> Route:
+def metrics_route(registry: CollectorRegistry, before: Sequence[Callable[[], object]] = ()) -> Route:
     """The ``/metrics`` route over ``registry``; each of ``before`` is called first, in order, on every
     scrape (the telemetry process flushes its buffered instruments there)."""
 

@@ -57,7 +57,7 @@ class MetricsExport:
     otlp_reader: PeriodicExportingMetricReader | None
     _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
     _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
-    before_scrape: list[Callable[[], None]]  # called on every /metrics request, before collecting
+    before_scrape: list[Callable[[], object]]  # called on every /metrics request, before collecting
 
     @classmethod
     def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None) -> MetricsExport:
@@ -87,7 +87,7 @@ class MetricsExport:
             except BaseException:
                 provider.shutdown()
                 raise
-        before_scrape: list[Callable[[], None]] = []
+        before_scrape: list[Callable[[], object]] = []
         if endpoint is not None:
             endpoint.routes["/metrics"] = metrics_route(registry, before_scrape)
         return cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,

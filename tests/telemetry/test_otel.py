@@ -3,10 +3,12 @@ flush before a scrape."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -167,16 +169,29 @@ def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_
             "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
 
 
-def _eviction_ticks_pipeline(export, pipeline):
-    """The table-driven counters on a buffered meter of ``export``'s provider, on a bus whose clock stands
-    still, so that its periodic flush (the telemetry process's interval) never comes; a scrape flushes."""
+@contextlib.contextmanager
+def running_pump(export, pipeline, *subscribers):
+    """The table-driven counters (and ``subscribers``) on a buffered meter of ``export``'s provider, fed by a
+    pump running as in the telemetry process, on a bus whose clock stands still, so that its periodic flush
+    never comes; ``export``'s scrapes catch the pump up first, as the telemetry process's do."""
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S, clock=lambda: 0.0)
     buffer = InstrumentBuffer()
     bus.add_flusher(buffer.flush)
     pipeline.bus = bus
-    pipeline.subscribe(*counter_subscribers(BufferedMeter(export.meter_provider.get_meter("test"), buffer)))
-    export.before_scrape.append(bus.flush_between_batches)
-    return bus
+    pipeline.subscribe(*counter_subscribers(BufferedMeter(export.meter_provider.get_meter("test"), buffer)),
+                       *subscribers)
+    pump = pipeline.pump()
+    export.before_scrape.append(pump.catch_up)
+    stop = threading.Event()
+    # it would sleep for an hour between polls: only a scrape's catch-up or the stop wakes it
+    thread = threading.Thread(target=pump.run, args=(stop.is_set,), kwargs={"max_sleep_s": 3600.0})
+    thread.start()
+    try:
+        yield pump
+    finally:
+        stop.set()
+        pump.wake()
+        thread.join(30)
 
 
 def _ticks(exposition: str) -> tuple[float, float]:
@@ -186,44 +201,44 @@ def _ticks(exposition: str) -> tuple[float, float]:
             values.get("lmcache_mp_l1_eviction_loop_triggered_total", 0.0))
 
 
-def test_a_scrape_shows_every_batch_delivered_before_the_periodic_flush(export, pipeline):
-    """/metrics flushes the buffered instruments before collecting: the batch just delivered is in the
-    first scrape after it, exactly, though the bus's own 1 s flush has not come."""
-    _eviction_ticks_pipeline(export, pipeline)
-    for triggered in (True, False, True, True, False):
-        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, triggered))
-    assert pipeline.deliver() == 5
-    first = _ticks(scrape(export.prometheus_port))
-    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
-    pipeline.deliver()
-    assert (first, _ticks(scrape(export.prometheus_port))) == ((5.0, 3.0), (6.0, 4.0))
+def test_a_scrape_shows_every_record_published_before_it(export, pipeline):
+    """/metrics wakes the pump, which polls the rings and flushes the buffered instruments before the
+    collection: what was published just before a scrape is in it, exactly, though the pump sleeps
+    between polls and the bus's own flush never comes."""
+    with running_pump(export, pipeline):
+        for triggered in (True, False, True, True, False):
+            pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, triggered))
+        first = _ticks(scrape(export.prometheus_port))
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+        assert (first, _ticks(scrape(export.prometheus_port))) == ((5.0, 3.0), (6.0, 4.0))
 
 
 def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
-    """A delivery that does not finish (a subscriber stuck in on_batch) holds a scrape up for
-    FLUSH_WAIT_S at most: the scrape is answered with what was flushed before, and once the
-    delivery ends the next scrape has it."""
-    bus = _eviction_ticks_pipeline(export, pipeline)
-    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
-    pipeline.deliver()
-    before = _ticks(scrape(export.prometheus_port))
-    release, entered = threading.Event(), threading.Event()
+    """A poll that does not finish (a subscriber stuck in on_batch) holds a scrape up for CATCH_UP_WAIT_S
+    at most: the scrape is answered with what the last flush left, and once the poll ends the next scrape
+    has it; a pump that is not running holds no scrape up at all."""
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
 
     class Stuck(Subscriber):
         event_types = (E.L1_EVICTION_LOOP_TICK,)
 
         def on_batch(self, batch) -> None:
-            entered.set()
-            release.wait(30)
+            if armed.is_set():
+                entered.set()
+                release.wait(30)
 
-    bus.subscribe(Stuck())
-    pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
-    delivery = threading.Thread(target=pipeline.deliver)
-    delivery.start()
-    try:
-        assert entered.wait(10)
-        during = _ticks(scrape(export.prometheus_port))
-    finally:
-        release.set()
-        delivery.join(10)
-    assert (before, during, _ticks(scrape(export.prometheus_port))) == ((1.0, 1.0), (1.0, 1.0), (2.0, 1.0))
+    with running_pump(export, pipeline, Stuck()) as pump:
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+        before = _ticks(scrape(export.prometheus_port))
+        armed.set()
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
+        try:
+            assert entered.wait(10)
+            during = _ticks(scrape(export.prometheus_port))
+        finally:
+            release.set()
+        after = _ticks(scrape(export.prometheus_port))
+    started = time.monotonic()
+    stopped = pump.catch_up(timeout_s=60)
+    assert (before, during, after, stopped, time.monotonic() - started < 30) == (
+        (1.0, 1.0), (1.0, 1.0), (2.0, 1.0), False, True)
