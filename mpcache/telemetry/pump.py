@@ -105,11 +105,13 @@ class Pump:
         size), so the pump sleeps long enough for about ``target_batch`` records
         to accumulate at the rate it just saw: at low rates it polls twice a
         second (the drain lag stays under ``max_sleep_s``), at high rates every
-        few milliseconds.  The telemetry process so leaves the CPU to the cache
+        few milliseconds; a poll that finds nothing doubles the last sleep, up to
+        ``max_sleep_s``.  The telemetry process so leaves the CPU to the cache
         processes instead of spinning on small batches.  A scrape does not wait
         for the sleep: :meth:`catch_up` wakes the pump.
         """
         last = time.monotonic()
+        sleep = max_sleep_s
         with self._progress:
             self._running = True
         try:
@@ -131,7 +133,9 @@ class Pump:
                 now = time.monotonic()
                 rate = delivered / max(now - last, 1e-3)
                 last = now
-                self._wake.wait(min(max_sleep_s, max(min_sleep_s, target_batch / rate)) if rate else max_sleep_s)
+                # nothing came: back off gradually (a lull in a busy stream is not idleness)
+                sleep = min(max_sleep_s, max(min_sleep_s, target_batch / rate) if rate else 2 * sleep)
+                self._wake.wait(sleep)
         finally:
             with self._progress:
                 self._running = False
