@@ -1,10 +1,11 @@
 """Build configuration beyond pyproject.toml: the optional compiled fast paths.
 
-``mpcache.shm._ringfast`` is the ring producer's hottest call in C, and
+``mpcache.shm._ringfast`` is the ring producer's hottest call in C,
 ``mpcache.cache.lmcache._keyscan`` reads an LMCache key frame's token list
-straight into int64s.  Both are ``optional``: where no C compiler or Python
-headers exist the build warns and installs without them, and mpcache
-publishes and decodes through the pure-Python paths.
+straight into int64s, and ``mpcache.telemetry.mrc._fenwick`` is the
+miss-ratio curves' tree step.  All are ``optional``: where no C compiler or
+Python headers exist the build warns and installs without them, and mpcache
+runs the pure-Python paths.
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,8 @@ setup(
         Extension("mpcache.shm._ringfast", sources=["mpcache/shm/_ringfast.c"], extra_compile_args=_FLAGS,
                   optional=True),
         Extension("mpcache.cache.lmcache._keyscan", sources=["mpcache/cache/lmcache/_keyscan.c"],
+                  extra_compile_args=_FLAGS, optional=True),
+        Extension("mpcache.telemetry.mrc._fenwick", sources=["mpcache/telemetry/mrc/_fenwick.c"],
                   extra_compile_args=_FLAGS, optional=True),
     ]
 )

@@ -99,7 +99,7 @@ def test_the_help_lists_every_setting_once_under_its_flag():
 @pytest.mark.parametrize(("values", "message"), [
     ({"workers": 0}, "--workers: expected an integer >= 1"),
     ({"ring_capacity_cells": 3000}, "--ring-cells: expected a power of two >= 1024"),
-    ({"mrc_exact_chunks": 5}, "--mrc-exact-chunks: expected an integer 0..4"),
+    ({"mrc_exact_chunks": 17}, "--mrc-exact-chunks: expected an integer 0..16"),
     ({"l1_watermark": 0.0}, "--l1-watermark: expected a number in (0, 1]"),
     ({"log_level": "loud"}, "--log-level: expected one of debug, info, warning, error"),
     ({"lmcache_allow_uids": [-1]}, "--lmcache-allow-uid: expected a list, each entry an integer 0..4294967294"),

@@ -6,8 +6,9 @@ and a KV-shaped synthetic one), each
   at the default sample rate: mean absolute error over the points;
 * re-run with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one measured
   (prefix lookups, the watermark eviction loop and all);
-* the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and without the exact
-  head chunks): the error that sampling alone costs;
+* the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and with 4 or no exact
+  head chunks), and a third, long-prompt trace whose accesses lie mostly past the exact chunks: the error
+  that sampling alone costs;
 * sampling's cost: the cache process's CPU per request at the default rate against ``--mrc-sample-rate 0``,
   in interleaved pairs; and the telemetry memory of a curve set filled to ``--mrc-max-keys``.
 """
@@ -91,6 +92,27 @@ def kv_requests(count: int, seed: int = 3) -> list[Request]:
                 conversations.pop(0)
         out.append(("kv-model", tenant, chunk_hashes(tokens, CHUNK_TOKENS)[:MAX_CHUNKS]))
     return out
+
+
+def long_requests(count: int, seed: int = 5, documents: int = 300) -> list[Request]:
+    """Long prompts (retrieval over long documents): one system prompt, one of 300 Zipf-popular documents of
+    20–60 chunks, a fresh question.  Most accesses lie past the exact head chunks, so the 1 % sampling of the
+    rest decides the error here: replayed only, to show where the default rate stops being enough."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, 32000, size=2 * CHUNK_TOKENS)
+    docs = [rng.integers(0, 32000, size=int(rng.integers(20, 61)) * CHUNK_TOKENS) for _ in range(documents)]
+    out = []
+    for _ in range(count):
+        doc = docs[min(int(rng.zipf(1.2)) - 1, documents - 1)]
+        tokens = np.concatenate((system, doc, rng.integers(0, 32000, size=CHUNK_TOKENS)))
+        out.append(("long-model", "tenant-a", chunk_hashes(tokens, CHUNK_TOKENS)))
+    return out
+
+
+def share_past(requests: list[Request], chunks: int) -> float:
+    """The share of lookup accesses past a lookup's first ``chunks`` chunks (the hash-sampled stratum)."""
+    total = sum(len(hashes) for _, _, hashes in requests)
+    return round(sum(max(0, len(hashes) - chunks) for _, _, hashes in requests) / total, 4)
 
 
 # -- the oracle ---------------------------------------------------------------------------------------------------
@@ -256,7 +278,7 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
     return out
 
 
-def replay_mae(requests: list[Request], rate: float, exact_chunks: int = 4, max_keys: int = 8192) -> float:
+def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys: int) -> float:
     """The curve the telemetry process would build from ``requests`` sampled at ``rate`` (fed straight to a
     :class:`~mpcache.telemetry.mrc.curves.CurveSet`, no service) against the exact one: mean absolute error."""
     from mpcache.contract.keys import SAMPLE_MODULUS
@@ -292,12 +314,13 @@ def _sampling_cost(requests: list[Request], repetitions: int, progress: Callable
 
 
 def _curve_memory(max_keys: int = 8192) -> int:
-    """Bytes a curve set holds once fixed-size mode has ``max_keys`` keys (and 50 tenants' curves)."""
+    """Bytes a curve set holds filled to its bounds: ``max_keys`` tracked keys, as many forgotten ones as it
+    remembers (the tiers are small enough that most keys fall below the deepest point), 50 tenants' curves."""
     from mpcache.telemetry.mrc.curves import HEAD, MISS, SAMPLED, CurveSet
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    curves = CurveSet(1.0, max_keys, {"l1": 2**30, "l1_l2": 2**34})
+    curves = CurveSet(1.0, max_keys, {"l1": 2**19, "l1_l2": 2**20})
     rng = np.random.default_rng(1)
     for batch in range(40):
         rows = [(int(h), f"t{batch % 50}", "m") for h in rng.integers(0, 2**63, size=1024)]
@@ -312,14 +335,17 @@ def _curve_memory(max_keys: int = 8192) -> int:
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         requests: int = 40_000) -> dict[str, Any]:
-    rate, watermark = 0.01, Config(instance_id="b", supervisor_pid=0, runtime_dir="/x").l1_watermark
+    defaults = Config(instance_id="b", supervisor_pid=0, runtime_dir="/x")
+    rate, watermark, exact, max_keys = 0.01, defaults.l1_watermark, defaults.mrc_exact_chunks, defaults.mrc_max_keys
     workloads = {"demo": demo_requests(requests), "kv": kv_requests(requests)}
     results: dict[str, Any] = {name: _one_workload(name, reqs, rate, watermark, progress)
                                for name, reqs in workloads.items()}
+    replayed = workloads | {"long (replay only)": long_requests(requests // 2)}
     results["replay_mae_by_rate"] = {
-        name: {f"{rate:g}": replay_mae(reqs, rate) for rate in (0.01, 0.1, 1.0)} | {
-            "0.01 without exact chunks": replay_mae(reqs, 0.01, exact_chunks=0)}
-        for name, reqs in workloads.items()}
+        name: {"share of accesses past the exact chunks": share_past(reqs, exact)} | {
+            f"{rate:g}": replay_mae(reqs, rate, exact, max_keys) for rate in (0.01, 0.1, 1.0)} | {
+            f"0.01 with {chunks} exact chunks": replay_mae(reqs, 0.01, chunks, max_keys) for chunks in (4, 0)}
+        for name, reqs in replayed.items()}
     progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = _sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)
     results["curve_set_bytes_at_max_keys"] = _curve_memory()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
-from mpcache.contract.keys import SAMPLE_MODULUS, ChunkKey
+from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.shm.publish import EventPublisher
 
 _MRC_LOOKUP_SAMPLED = EventType.MRC_LOOKUP_SAMPLED
@@ -19,12 +19,8 @@ _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
-_SIGN = 1 << 63
-
-
-def _int64(value: int) -> int:
-    """A 64-bit hash as the int64 an INT field holds."""
-    return value - (1 << 64) if value & _SIGN else value
+_SIGN, _WRAP = 1 << 63, 1 << 64  # a 64-bit hash as the int64 an INT field holds: minus 2**64 when the top bit is set
+_NO_HEADS = [0] * MAX_EXACT_CHUNKS
 
 
 class AccessSampler:
@@ -47,18 +43,22 @@ class AccessSampler:
         """A finished lookup of ``hashes`` (``ranks`` objects per chunk): ``hashes[:l1_hits]`` were in L1,
         ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
         "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
-        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 4 + i: chunk i after the gap)."""
+        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
         exact = min(self._exact_chunks, len(hashes) // ranks)
         gap_chunk = found // ranks
-        heads = [0] * MAX_EXACT_CHUNKS
+        firsts = hashes[: exact * ranks : ranks]
+        heads = [chunk_hash - _WRAP if chunk_hash & _SIGN else chunk_hash for chunk_hash in firsts]
+        heads += _NO_HEADS[exact:]
         gap_mask = 0
-        for chunk in range(exact):
-            chunk_hash = hashes[chunk * ranks]
-            heads[chunk] = _int64(chunk_hash)
-            if chunk > gap_chunk and l1.contains(ChunkKey(model, salt, chunk_hash)):
+        contains = l1.contains
+        for chunk in range(gap_chunk + 1, exact):
+            if contains((model, salt, firsts[chunk])):
                 gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
+        if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
+            self._pub.emit(_MRC_LOOKUP_SAMPLED, (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *heads))
+            return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []
@@ -72,7 +72,7 @@ class AccessSampler:
                     l1_rows.append(row)
                 elif position < found:
                     l2_rows.append(row)
-                elif position // ranks > gap_chunk and l1.contains(ChunkKey(model, salt, chunk_hash)):
+                elif position // ranks > gap_chunk and contains((model, salt, chunk_hash)):
                     gap_rows.append(row)
                 else:
                     miss_rows.append(row)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -108,8 +108,9 @@ class L1Manager:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def contains(self, key: ChunkKey) -> bool:
-        entry = self._entries.get(key)
+    def contains(self, key: tuple[str, str, int]) -> bool:
+        """A ChunkKey, or the plain tuple of one (which hashes and compares the same: no key to build)."""
+        entry = self._entries.get(cast(ChunkKey, key))
         return entry is not None and entry.ready
 
     def readers(self, key: ChunkKey) -> int:

@@ -127,8 +127,9 @@ class Config:
         "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; 0 = no curves; "
         "default 0.01)", group=TELEMETRY)
     mrc_exact_chunks: int = setting(
-        Integer(0, len(MRC_HEAD_FIELDS)), 4, "the first chunks of every lookup (0..4) that the curves track "
-        "whatever the sample rate: a prefix cache's hottest keys, such as system prompts (default 4)",
+        Integer(0, len(MRC_HEAD_FIELDS)), 16, "the first chunks of every lookup (0..16) that the curves track "
+        "whatever the sample rate, within --mrc-max-keys: a prefix cache's hottest keys, such as system prompts "
+        "and shared documents (default 16)",
         group=TELEMETRY)
     mrc_max_keys: int = setting(
         Integer(64, 1 << 22), 8192, "sampled keys tracked per miss-ratio curve; beyond it the curve lowers its own "

@@ -88,8 +88,8 @@ TEXT_MAX_BYTES = {"message": 512, "stacktrace": 4096}
 BLOCK_REQUEST_ID_MAX_BYTES = 128
 TEXT_FIELD_SESSION = 0  # text field number of session_id; schema texts follow from 1
 TEXT_FIELD_BLOCK_REQUESTS = 16  # request ids of MP_VLLM_BLOCK_ALLOCATION: 16, 17, ...
-MRC_HEAD_FIELDS = ("head_0", "head_1", "head_2", "head_3")  # MRC_LOOKUP_SAMPLED's first chunks, one field each
-MRC_EXACT_GAP_SHIFT = 4  # MRC_LOOKUP_SAMPLED's ``exact``: the head count, | bit 4 + i: head chunk i after the gap
+MRC_HEAD_FIELDS = tuple(f"head_{i}" for i in range(16))  # MRC_LOOKUP_SAMPLED's first chunks, one field each
+MRC_EXACT_GAP_SHIFT = 5  # MRC_LOOKUP_SAMPLED's ``exact``: the head count, | bit 5 + i: head chunk i after the gap
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ _ALL = (
     _s(E.CB_FINGERPRINTS_REGISTERED, "cb.fingerprints.registered", ("num_chunks", I), ("num_tokens", I)),
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
     # One per finished lookup (counts in objects, ``ranks`` per chunk): its first chunks as their first rank's
-    # key (``head_i``, the hash's 64 bits; ``exact`` = how many | bit 4 + i set when chunk i is held by L1 past
+    # key (``head_i``, the hash's 64 bits; ``exact`` = how many | bit 5 + i set when chunk i is held by L1 past
     # the first missing chunk), and the other keys that pass ``--mrc-sample-rate`` as sampled keys, ordered L1
     # hits, L2 hits, misses after the gap, other misses.
     _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),

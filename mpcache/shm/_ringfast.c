@@ -14,7 +14,7 @@
  *
  *   FieldsEmitter  — emit(fields, session_id[, timestamp_ns]) for one event type: its fixed
  *                    fields (ints, bools, floats, interned names) in a head
- *                    cell and at most one FIELDS cell, and a session id of at
+ *                    cell and at most three FIELDS cells, and a session id of at
  *                    most one TEXT cell.  Whatever is not that regular case (a
  *                    name not interned yet, a value that does not fit, a longer
  *                    session id, ...) goes to the Python emitter it was given,
@@ -474,8 +474,9 @@ static PyTypeObject OneCellEmitterType = {
 
 /* ------------------------------------------------------------- FieldsEmitter */
 
-#define MAX_FIELDS 13  /* six in the head cell, seven in one FIELDS cell */
-#define MAX_RECORD_CELLS 3
+#define MAX_FIELD_CELLS 3                         /* FIELDS cells after the head cell */
+#define MAX_FIELDS (6 + 7 * MAX_FIELD_CELLS)      /* six in the head cell, seven in each FIELDS cell */
+#define MAX_RECORD_CELLS (2 + MAX_FIELD_CELLS)    /* head, FIELDS cells, one text cell */
 
 typedef struct {
     PyObject_HEAD
@@ -487,8 +488,8 @@ typedef struct {
     Py_ssize_t n_fields, seq_off, ts_off, text_length_off, text_data_off, text_capacity;
     Py_ssize_t field_cell[MAX_FIELDS], field_off[MAX_FIELDS];
     char field_kind[MAX_FIELDS]; /* 'q' int64 (int, bool), 'd' float64, 'n' interned name */
-    int fields_cell;            /* 1 when the type has a FIELDS cell */
-    unsigned char head_plain[MAX_CELL], head_with_text[MAX_CELL], fields[MAX_CELL], text[MAX_CELL];
+    Py_ssize_t field_cells;     /* the type's FIELDS cells, 0..MAX_FIELD_CELLS */
+    unsigned char head_plain[MAX_CELL], head_with_text[MAX_CELL], fields[MAX_FIELD_CELLS][MAX_CELL], text[MAX_CELL];
 } FieldsEmitter;
 
 /* The slot bits of one field, or -1 (no exception set) when it is not the regular case. */
@@ -577,15 +578,15 @@ static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t n
         return PyObject_Vectorcall(self->fallback, args, nargs, NULL);
     }
     WriterCore *core = self->core;
-    Py_ssize_t cell = core->cell_size, ncells = 1 + self->fields_cell + (text_len > 0);
+    Py_ssize_t cell = core->cell_size, ncells = 1 + self->field_cells + (text_len > 0);
     if (!has_room(core, (unsigned long long)ncells))
         Py_RETURN_FALSE;
     unsigned char record[MAX_RECORD_CELLS * MAX_CELL];
     memcpy(record, text_len > 0 ? self->head_with_text : self->head_plain, cell);
-    if (self->fields_cell)
-        memcpy(record + cell, self->fields, cell);
+    for (Py_ssize_t c = 0; c < self->field_cells; c++)
+        memcpy(record + cell * (1 + c), self->fields[c], cell);
     if (text_len > 0) {
-        unsigned char *text_cell = record + cell * (1 + self->fields_cell);
+        unsigned char *text_cell = record + cell * (1 + self->field_cells);
         memcpy(text_cell, self->text, cell);
         text_cell[self->text_length_off] = (unsigned char)text_len;
         memcpy(text_cell + self->text_data_off, text, text_len);
@@ -603,14 +604,14 @@ static PyObject *fields_call(PyObject *callable, PyObject *const *args, size_t n
 }
 
 static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"core", "head_templates", "fields_template", "text_template", "field_slots",
+    static char *kwlist[] = {"core", "head_templates", "fields_templates", "text_template", "field_slots",
                              "seq_offset", "timestamp_offset", "text_length_offset", "text_data_offset",
                              "ids", "clock", "fallback", NULL};
-    PyObject *core, *head_plain, *head_with_text, *fields_template, *text_template, *slots, *ids, *clock,
+    PyObject *core, *head_plain, *head_with_text, *fields_templates, *text_template, *slots, *ids, *clock,
         *fallback;
     Py_ssize_t seq_off, ts_off, length_off, data_off;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!(OO)OOO!nnnnO!OO", kwlist, &WriterCoreType, &core,
-                                     &head_plain, &head_with_text, &fields_template, &text_template,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!(OO)O!OO!nnnnO!OO", kwlist, &WriterCoreType, &core,
+                                     &head_plain, &head_with_text, &PyTuple_Type, &fields_templates, &text_template,
                                      &PyTuple_Type, &slots, &seq_off, &ts_off, &length_off, &data_off,
                                      &PyDict_Type, &ids, &clock, &fallback))
         return -1;
@@ -621,9 +622,11 @@ static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
     }
     if (!core_ready(writer))
         return -1;
-    Py_ssize_t cell = writer->cell_size, n = PyTuple_GET_SIZE(slots);
-    if (n > MAX_FIELDS || (clock != Py_None && !PyCallable_Check(clock)) || !PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_ValueError, "at most 13 field slots, a callable (or None) clock, a callable fallback");
+    Py_ssize_t cell = writer->cell_size, n = PyTuple_GET_SIZE(slots), field_cells = PyTuple_GET_SIZE(fields_templates);
+    if (n > MAX_FIELDS || field_cells > MAX_FIELD_CELLS || (clock != Py_None && !PyCallable_Check(clock)) ||
+        !PyCallable_Check(fallback)) {
+        PyErr_Format(PyExc_ValueError, "at most %d field slots in %d FIELDS cells, a callable (or None) clock, a "
+                     "callable fallback", MAX_FIELDS, MAX_FIELD_CELLS);
         return -1;
     }
     if (seq_off < 0 || seq_off + 4 > cell || ts_off < 0 || ts_off + 8 > cell || length_off < 0 ||
@@ -631,18 +634,20 @@ static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "an offset does not fit a cell");
         return -1;
     }
-    self->fields_cell = fields_template != Py_None;
+    self->field_cells = field_cells;
     if (copy_cell(head_plain, self->head_plain, cell, "head") ||
         copy_cell(head_with_text, self->head_with_text, cell, "head (with text)") ||
-        (self->fields_cell && copy_cell(fields_template, self->fields, cell, "fields")) ||
         copy_cell(text_template, self->text, cell, "text"))
         return -1;
+    for (Py_ssize_t c = 0; c < field_cells; c++)
+        if (copy_cell(PyTuple_GET_ITEM(fields_templates, c), self->fields[c], cell, "fields"))
+            return -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t which, offset;
         int kind;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(slots, i), "nnC", &which, &offset, &kind))
             return -1;
-        if (which < 0 || which > self->fields_cell || offset < 0 || offset + 8 > cell ||
+        if (which < 0 || which > self->field_cells || offset < 0 || offset + 8 > cell ||
             (kind != 'q' && kind != 'd' && kind != 'n')) {
             PyErr_Format(PyExc_ValueError, "field slot %zd: (cell %zd, offset %zd, kind %c) is not valid", i, which,
                          offset, kind);

@@ -67,7 +67,7 @@ class FieldsEmitter:
         self,
         core: WriterCore,
         head_templates: tuple[ReadableBuffer, ReadableBuffer],
-        fields_template: ReadableBuffer | None,
+        fields_templates: tuple[ReadableBuffer, ...],  # one per FIELDS cell, at most 3
         text_template: ReadableBuffer,
         field_slots: tuple[tuple[int, int, str], ...],  # (cell, byte offset, kind 'q' | 'd' | 'n')
         seq_offset: int,

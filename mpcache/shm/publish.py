@@ -37,6 +37,7 @@ _SALT_FMT = _CELL + "qqq32x"
 _SAMPLED_FMT = _CELL + "Qqq32x"
 _BLOCK_FMT = _CELL + "qqQ32x"
 _TEXT_FMT = layout.CELL_TEXT_FMT[1:]
+PLAIN_FIELD_CELLS = 3  # fixed-field events of up to 6 + 3 × 7 fields take the plain (compiled) emitter
 
 
 class _Shape:
@@ -112,7 +113,7 @@ class Publisher:
         self.emit_salted = self._make_emit_salted()
         self._plain_emitters = {
             etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items()
-            if not shape.inline_salt and len(shape.field_cells) <= 1  # more than 13 fields: the general path
+            if not shape.inline_salt and len(shape.field_cells) <= PLAIN_FIELD_CELLS  # more: the general path
         }
 
     def _make_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
@@ -123,21 +124,25 @@ class Publisher:
         Python closure below as its fallback.  Never raises."""
         python_emit = self._make_python_plain_emitter(shape)
         without_session, with_session = self._plain_records[shape.etype]
-        etype, fields_cell = shape.etype, bool(shape.field_cells)
+        etype, n_cells = shape.etype, len(shape.field_cells)
         zeros = [0.0 if kind == "d" else 0 for kind in shape.slot_kinds]
-        head = [layout.CELL_HEAD, etype, 1 + fields_cell, 0, *zeros[: layout.HEAD_FIELD_SLOTS]]
-        fields = [0, layout.CELL_FIELDS, etype, 1, *zeros[layout.HEAD_FIELD_SLOTS :]] if fields_cell else []
+        head_slots, per_cell = layout.HEAD_FIELD_SLOTS, layout.SLOTS_PER_CELL
+        head = [layout.CELL_HEAD, etype, 1 + n_cells, 0, *zeros[:head_slots]]
+        fields = []
+        for index, (count, _) in enumerate(shape.field_cells):
+            start = head_slots + index * per_cell
+            fields += [0, layout.CELL_FIELDS, etype, 1 + index, *zeros[start : start + count]]
         plain = _cells(without_session.pack(0, *head, *fields))
         head[2] += 1  # the head cell counts the text cell too
-        text = [0, layout.CELL_TEXT, etype, 1 + fields_cell, TEXT_FIELD_SESSION, 0, b""]
+        text = [0, layout.CELL_TEXT, etype, 1 + n_cells, TEXT_FIELD_SESSION, 0, b""]
         with_text = _cells(with_session.pack(0, *head, *fields, *text))
         slots = tuple(
-            (0, layout.slot_offset(1 + i), kind) if i < layout.HEAD_FIELD_SLOTS
-            else (1, layout.slot_offset(i - layout.HEAD_FIELD_SLOTS), kind)
+            (0, layout.slot_offset(1 + i), kind) if i < head_slots
+            else (1 + (i - head_slots) // per_cell, layout.slot_offset((i - head_slots) % per_cell), kind)
             for i, kind in enumerate(shape.slot_kinds)
         )
         return self._writer.fields_emitter(
-            head_templates=(plain[0], with_text[0]), fields_template=plain[1] if fields_cell else None,
+            head_templates=(plain[0], with_text[0]), fields_templates=tuple(plain[1 : 1 + n_cells]),
             text_template=with_text[-1], field_slots=slots, ids=self._ids, clock_ns=self._clock_ns,
             fallback=python_emit,
         )
@@ -146,7 +151,11 @@ class Publisher:
         """The Python form of :meth:`_make_plain_emitter`'s emitter (and its fallback)."""
         without_session, with_session = self._plain_records[shape.etype]
         etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
-        head, fields_cell = layout.HEAD_FIELD_SLOTS, bool(shape.field_cells)  # at most 13 fields: one FIELDS cell
+        head, n_cells = layout.HEAD_FIELD_SLOTS, len(shape.field_cells)
+        cell_ranges = []  # (cell index, first field, end) of each FIELDS cell
+        for index, (count, _) in enumerate(shape.field_cells):
+            start = head + index * layout.SLOTS_PER_CELL
+            cell_ranges.append((1 + index, start, start + count))
         ids, intern, clock_ns, writer = self._ids, self._interner.id_of, self._clock_ns, self._writer
         cell_head, cell_fields, cell_text = layout.CELL_HEAD, layout.CELL_FIELDS, layout.CELL_TEXT
         general = self._emit
@@ -167,11 +176,11 @@ class Publisher:
             if len(data) > layout.TEXT_BYTES_PER_CELL:
                 return general(eventtype, fields, None, (), session_id, (), (), timestamp_ns)
             seq = writer.seq & _MASK32
-            ncells = 1 + fields_cell + (1 if data else 0)
+            ncells = 1 + n_cells + (1 if data else 0)
             timestamp = clock_ns() if timestamp_ns is None else timestamp_ns
             args = [seq, cell_head, etype, ncells, timestamp, *values[:head]]
-            if fields_cell:
-                args += (seq, cell_fields, etype, 1, *values[head:])
+            for index, start, end in cell_ranges:
+                args += (seq, cell_fields, etype, index, *values[start:end])
             if data:
                 args += (seq, cell_text, etype, ncells - 1, TEXT_FIELD_SESSION, len(data), data)
                 return writer.append(with_session, ncells, args)

@@ -231,14 +231,14 @@ class RingWriter(_WriterBase):
 
         return emit
 
-    def fields_emitter(self, *, head_templates: tuple[bytes, bytes], fields_template: bytes | None,
+    def fields_emitter(self, *, head_templates: tuple[bytes, bytes], fields_templates: tuple[bytes, ...],
                        text_template: bytes, field_slots: tuple[tuple[int, int, str], ...], ids: dict[str, int],
                        clock_ns: Callable[[], int], fallback: Callable[..., bool]) -> Callable[..., bool]:
         """``emit(fields, session_id, timestamp_ns=None)`` for records of fixed fields and an optional
         one-cell text.
 
         The compiled emitter stamps the templates (head without / with the
-        text cell, the FIELDS cell or None, the text cell) with the sequence
+        text cell, each FIELDS cell, the text cell) with the sequence
         number, the timestamp (``timestamp_ns``, or the clock's), each field
         at its ``(cell, byte offset, kind)`` slot (kind ``q`` int64, ``d``
         float64, ``n`` a name looked up in ``ids``) and the text; it hands every
@@ -249,7 +249,7 @@ class RingWriter(_WriterBase):
         if _CompiledFieldsEmitter is None:
             return fallback
         return _CompiledFieldsEmitter(
-            core=self, head_templates=head_templates, fields_template=fields_template, text_template=text_template,
+            core=self, head_templates=head_templates, fields_templates=fields_templates, text_template=text_template,
             field_slots=field_slots, seq_offset=layout.CELL_OFF_SEQ, timestamp_offset=layout.slot_offset(0),
             text_length_offset=layout.TEXT_OFF_LENGTH, text_data_offset=layout.TEXT_OFF_DATA, ids=ids,
             clock=None if clock_ns is time.time_ns else clock_ns, fallback=fallback,

@@ -21,6 +21,7 @@ import random
 import sys
 import uuid
 
+from mpcache.contract.events import SCHEMAS
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
@@ -41,7 +42,7 @@ FLOATS = [0.5, -2.25, 3, True, 2**1100, "x", float("inf")]
 def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
     """Fixed-field events (the compiled fields emitter and its Python fallback): every field kind,
     names old and new, session ids at and past one text cell, values that are not the regular case."""
-    choice = rng.randrange(4)
+    choice = rng.randrange(5)
     if choice == 0:
         fields = (rng.choice(FLOATS), rng.choice(FLOATS), rng.choice([True, False, 1, 2**64]))
         return publisher.emit(E.L1_EVICTION_LOOP_TICK, fields)
@@ -54,6 +55,10 @@ def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
     if choice == 2:
         return publisher.emit(E.MP_REQUEST_START, session_id=rng.choice(SESSIONS),
                               timestamp_ns=rng.choice([None, None, 1_600_000_000_000_000_000, 2**64, "x"]))
+    if choice == 3:  # the most fields: a head cell and three FIELDS cells
+        fields = ["model", f"salt{rng.randrange(8)}", *(rng.choice([0, -1, 2**63 - 1, 2**63, 7])
+                                                        for _ in range(len(SCHEMAS[E.MRC_LOOKUP_SAMPLED].fields) - 2))]
+        return publisher.emit(E.MRC_LOOKUP_SAMPLED, tuple(fields), session_id=rng.choice(SESSIONS))
     return publisher.emit(E.CB_RETRIEVE_END, (rng.randrange(3), rng.randrange(9), rng.random() < 0.5, 0),
                           session_id=rng.choice(SESSIONS))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from mpcache.contract.events import SCHEMAS
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm import ring as ring_module
@@ -87,10 +88,14 @@ def test_differential_every_shared_byte_matches_the_pure_python_writer():
 
 @compiled_only
 def test_publisher_hands_out_compiled_emitters(ring):
-    """With the extension, every one-cell emitter is compiled, whatever the clock, on the compiled core."""
+    """With the extension, every one-cell emitter is compiled, whatever the clock, on the compiled core, and
+    so is every fixed-field emitter, up to the widest event (a head cell and three FIELDS cells)."""
     assert "OneCellEmitter" == type(wall_clock_publisher(ring).salted_emitter(E.L1_WRITE_FINISHED)).__name__
     assert "OneCellEmitter" == type(ring.publisher.salted_emitter(E.L1_WRITE_FINISHED)).__name__  # fixed clock
     assert "WriterCore" == type(ring.writer).__mro__[1].__name__
+    plain = wall_clock_publisher(ring)._plain_emitters
+    assert {"FieldsEmitter"} == {type(emit).__name__ for emit in plain.values()}
+    assert E.MRC_LOOKUP_SAMPLED in plain and len(SCHEMAS[E.MRC_LOOKUP_SAMPLED].fields) > 20
 
 
 @compiled_only
@@ -194,16 +199,18 @@ def test_regular_fixed_field_events_never_reach_the_python_emitter(ring, monkeyp
     assert publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5, 1, True))
     assert publisher.emit(E.MP_STORE_START, ("cpu", 3, "llama"), session_id="req-é")
     assert publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, False), session_id="r" * 54, timestamp_ns=77)
+    many = ("llama", "cpu", *range(len(SCHEMAS[E.MRC_LOOKUP_SAMPLED].fields) - 2))  # three FIELDS cells
+    assert publisher.emit(E.MRC_LOOKUP_SAMPLED, many)
     assert [] == fallbacks
     assert publisher.emit(E.MP_STORE_START, ("gpu", 3, "llama"), session_id="req-2")
     assert publisher.emit(E.MP_REQUEST_START, session_id="r" * 55)
     assert [E.MP_STORE_START, E.MP_REQUEST_START] == fallbacks
 
     events = EventBatch(0, ring.reader.read_batch(), ring.names).events()
-    assert [(0.5, 1.0, True), ("cpu", 3, "llama"), (1, 2, 3, 4, 5, 6, False), ("gpu", 3, "llama"), ()] == [
+    assert [(0.5, 1.0, True), ("cpu", 3, "llama"), (1, 2, 3, 4, 5, 6, False), many, ("gpu", 3, "llama"), ()] == [
         tuple(event.fields.values()) for event in events]
-    assert ["", "req-é", "r" * 54, "req-2", "r" * 55] == [event.session_id for event in events]
-    assert list(range(5)) == [event.seq for event in events]
+    assert ["", "req-é", "r" * 54, "", "req-2", "r" * 55] == [event.session_id for event in events]
+    assert list(range(6)) == [event.seq for event in events]
     assert 77 == events[2].timestamp_ns
 
 

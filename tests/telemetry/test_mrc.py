@@ -28,7 +28,7 @@ def test_stack_distances_equal_a_brute_force_recency_list_across_renumberings():
         known = [k for k, _ in recency]
         if key in known:
             above = sum(b for k, b in recency[known.index(key) + 1:])
-            assert [above] == stack.bytes_above(key)
+            assert above == stack.weighted_above(stack.get(key)[0], [1.0])
             checked += 1
             recency.pop(known.index(key))
         if rng.random() < 0.05 and key in stack:
@@ -117,6 +117,59 @@ def test_fixed_size_mode_stays_within_max_keys_and_stays_close_to_exact():
     assert sum(abs(a - b) for a, b in zip(exact, got)) / len(exact) < 0.03
 
 
+def flooded_trace(rng: random.Random, requests: int, size: int) -> list[tuple[str, int, int]]:
+    """Each request: a few of 40 hot keys, then two keys never seen again (fresh questions)."""
+    hot = [rng.getrandbits(64) for _ in range(40)]
+    trace = []
+    for _ in range(requests):
+        chunks = [hot[int(rng.paretovariate(1.2)) % len(hot)] for _ in range(rng.randint(1, 3))]
+        chunks += [rng.getrandbits(64) for _ in range(2)]
+        trace += [("lookup", c, size) for c in chunks] + [("store", c, size) for c in chunks]
+    return trace
+
+
+def test_keys_deeper_than_every_capacity_are_forgotten_so_the_rate_stays_exact():
+    """A flood of one-shot keys, 15× what the curves may track: keys deeper than the largest point (16× the
+    tier) can never hit at any point, so they are forgotten instead of the sampling rate being lowered.
+    Both strata keep rate 1, and every point still equals a simulated LRU cache of that size."""
+    size, capacity = 1000, 8000
+    trace = flooded_trace(random.Random(3), 3000, size)
+    curves = CurveSet(1.0, 400, {"l1": capacity})
+    feed(curves, trace, head=2)
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    expected = [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS]
+    assert (1.0, 1.0) == (curves.rate, curves.head_rate) and curves.tracked_keys <= 400
+    assert expected == [point["hit_ratio"] for point in curve["points"]]
+    assert len({key for _, key, _ in trace}) > 15 * 400 and 0.05 < expected[8] < expected[-1] < 0.9  # 1×: mid-curve
+
+
+def test_a_key_forgotten_for_depth_is_evicted_when_asked_again_not_cold():
+    """A stored key pushed below the deepest point by a flood of new keys leaves the stack, but the curves
+    remember it was seen: asked for again, it is an eviction (and regret), and only the flood is cold."""
+    curves = CurveSet(1.0, 64, {"l1": 100})
+    curves.store(MODEL, 100, [(1, SALT, MODEL)])
+    for key in range(1000, 1100):  # 100 keys of 100 bytes: key 1 falls far below 16 × 100 bytes
+        curves.lookup(MODEL, SALT, 1, [((key, SALT, MODEL), SAMPLED, MISS, 1)])
+        curves.store(MODEL, 100, [(key, SALT, MODEL)])
+    assert (1, SALT, MODEL) not in curves._stack and curves.rate == 1.0
+    curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), SAMPLED, MISS, 1)])
+    misses, regret = curves.take_counts()
+    assert ({("cold", MODEL, SALT): 100.0, ("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == (
+        dict(misses), dict(regret))
+
+
+def test_a_key_named_twice_in_one_lookup_keeps_its_stratum_and_the_budget_holds():
+    """A corrupt lookup that names one key as a head chunk and again as a sampled key: the key stays in the
+    stratum it entered, so each stratum's count stays true and fixed-size mode keeps within the budget."""
+    curves = CurveSet(1.0, 64, {"l1": 10**12})  # a tier so large that no key is deep enough to be forgotten
+    for key in range(500):
+        row = (key, SALT, MODEL)
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1), (row, SAMPLED, MISS, 1)])
+    assert [len(curves._stack.keys_in(HEAD)), len(curves._stack.keys_in(SAMPLED))] == [
+        stratum.keys for stratum in curves._strata]
+    assert 0 < curves.tracked_keys <= 64 and curves.head_rate < 1.0
+
+
 def test_miss_reasons_and_eviction_regret_at_rate_one():
     """Cold: never seen (asked for or stored); evicted: seen, then missed; after_gap: said so by the cache
     process; L2 hits and evicted misses of keys seen before are eviction regret.  Per chunk (÷ ranks)."""
@@ -186,9 +239,10 @@ def test_rate_zero_publishes_no_access_event():
 def test_a_lookup_event_maps_back_to_each_keys_stratum_and_outcome():
     """The head keys' outcomes follow from their chunk (found, l1_hits in objects of ``ranks`` per chunk, the
     after-gap mask) and each stands for the chunk's ranks; the sampled keys' from the class counts."""
+    from mpcache.contract.events import MRC_EXACT_GAP_SHIFT
     from mpcache.telemetry.subscribers.metrics.mrc import lookup_accesses
 
-    fields = {"ranks": 2, "found": 4, "l1_hits": 2, "exact": 4 | 0b1000 << 4,
+    fields = {"ranks": 2, "found": 4, "l1_hits": 2, "exact": 4 | 0b1000 << MRC_EXACT_GAP_SHIFT,
               "sampled_l1_hits": 1, "sampled_l2_hits": 0, "sampled_after_gap": 1,
               "head_0": 10, "head_1": 11, "head_2": 12, "head_3": -1}
     rows = [(i, SALT, MODEL) for i in range(3)]
@@ -204,7 +258,7 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
     import dataclasses
     import math
 
-    from mpcache.contract.events import EventType
+    from mpcache.contract.events import MRC_HEAD_FIELDS, EventType
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 
     rng = random.Random(9)
@@ -217,9 +271,8 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
     for _ in range(400):
         rows = [(rng.getrandbits(64), rng.choice("ab"), "m") for _ in range(rng.randint(0, 5))]
         if rng.random() < 0.5:
-            pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *(rng.choice(values)
-                                                                                     for _ in range(11))),
-                             sampled=rows)
+            fields = [rng.choice(values) for _ in range(7 + len(MRC_HEAD_FIELDS))]
+            pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *fields), sampled=rows)
         else:
             pipeline.publish(EventType.MRC_STORE_SAMPLED, ("m", "a", rng.choice(values), rng.choice(values)),
                              sampled=rows)

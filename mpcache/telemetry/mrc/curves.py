@@ -19,13 +19,15 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 ALL = "*"
 OVERFLOW = "__overflow__"
+FORGOTTEN_PER_KEY = 2  # keys pruned for depth remembered as seen: up to 2 × max_keys (at least max_keys)
+MAX_KEY_BYTES = 1 << 40  # a key's bytes at most (a corrupt size cannot overflow the stack's int64 sums)
 MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve at most; later ones share OVERFLOW's
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
@@ -94,6 +96,7 @@ class CurveSet:
         self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
         self._stack = ReuseStack(max_keys + 2, strata=2)
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
+        self._forgotten: dict[int, None] = {}  # hash() of the keys pruned for depth, oldest first
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
         # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
         # chunks asked for again after L1 evicted them
@@ -126,41 +129,44 @@ class CurveSet:
         evicts nothing, so within a lookup no key's presence depends on another's); then all of them become
         the most recently used, as the hits are and as the engine's store of the misses makes the rest (a key
         seen before, asked for or stored, is held; missing now, it was evicted)."""
-        stack, edges = self._stack, self._edges
-        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
+        stack, edges, forgotten = self._stack, self._edges, self._forgotten
+        thresholds = [stratum.threshold for stratum in self._strata]
+        weights = [SAMPLE_MODULUS / threshold if threshold else 0.0 for threshold in thresholds]
         tenant = self.tenant(model, salt)
         histograms = (self._curve(ALL, ALL), self._curve(*tenant))
         judged: list[tuple[Row, int, int]] = []
         for row, stratum, found, objects in accesses:
-            if row in stack:
-                stratum = stack.stratum_of(row)
-            if not self._strata[stratum].admits(row):
+            entry = stack.get(row)
+            if entry is not None:
+                stratum = entry[2]
+            if not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
                 continue
             weight = weights[stratum] * objects
-            held = row in stack  # asked for or stored before: a miss now is an eviction
-            if held:
-                above = stack.bytes_above(row)
-                distance = above[HEAD] * weights[HEAD] + above[SAMPLED] * weights[SAMPLED] + stack.bytes_of(row)
-                bucket = bisect.bisect_left(edges, distance)
+            if entry is not None:  # asked for or stored before: a miss now is an eviction
+                held = True
+                bucket = bisect.bisect_left(edges, stack.weighted_above(entry[0], weights) + entry[1])
             else:
+                held = bool(forgotten) and hash(row) in forgotten
                 bucket = len(edges)
             for histogram in histograms:
                 histogram.counts[bucket] += weight
                 histogram.total += weight
                 histogram.sampled_accesses += 1
-            self._count(tenant, found, held, weight / ranks)
+            if found != L1_HIT:
+                self._count(tenant, found, held, weight / ranks)
             judged.append((row, stratum, objects))
         size = self._object_bytes.get(model, 0)
         for row, stratum, objects in judged:
-            if row in stack:  # a head key's size follows its model's (a sampled key's comes with its stores)
-                stack.touch(row, size * objects if stratum == HEAD and size else stack.bytes_of(row), stratum)
+            nbytes = min(size * objects, MAX_KEY_BYTES)
+            entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
+            if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
+                stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
             else:
-                self._insert(row, size * objects, stratum)
+                self._insert(row, nbytes, stratum)
 
     def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
-        """Miss reasons and eviction regret of one sampled access (``chunks``: what it stands for)."""
-        if found == L1_HIT:
-            return
+        """Miss reasons and eviction regret of one sampled access that L1 did not serve (``chunks``: what it
+        stands for)."""
         if found == L2_HIT:
             if held:
                 self.regret[tenant] += chunks
@@ -173,6 +179,7 @@ class CurveSet:
     def store(self, model: str, object_bytes: int, rows: Iterable[Row]) -> None:
         """A store's sampled keys (hash-sampled), each now the most recently used (a head key keeps its size:
         it stands for every rank of its chunk)."""
+        object_bytes = min(object_bytes, MAX_KEY_BYTES)
         self._object_bytes[model] = object_bytes
         stack = self._stack
         for row in rows:
@@ -197,21 +204,49 @@ class CurveSet:
 
     def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
         self._stack.touch(row, nbytes, stratum)
+        if self._forgotten:
+            self._forgotten.pop(hash(row), None)
         keys = self._strata[stratum]
         heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
         keys.keys += 1
         if keys.keys > keys.budget:
-            self._lower(keys)
+            self._prune()
+            if keys.keys > keys.budget - keys.budget // 4:
+                self._lower(stratum)
 
-    def _lower(self, keys: _Stratum) -> None:
+    def _prune(self) -> None:
+        """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway."""
+        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
+        for row, stratum in self._stack.prune(self._edges[-1], weights) if self._edges else ():
+            self._strata[stratum].keys -= 1
+            self._forgotten[hash(row)] = None
+        if len(self._forgotten) > FORGOTTEN_PER_KEY * self.max_keys:  # keep the newer half (amortised O(1))
+            newest = list(self._forgotten)[-(FORGOTTEN_PER_KEY * self.max_keys // 2):]
+            self._forgotten = dict.fromkeys(newest)
+
+    def _lower(self, index: int) -> None:
         """SHARDS fixed-size: the stratum's new threshold is its largest tracked hash value; keys at or above
-        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then."""
+        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then.  The
+        heap also holds entries of keys pruned since (skipped, and dropped once they outnumber the live ones)."""
+        keys, stack = self._strata[index], self._stack
+        while keys.heap and not self._live(keys.heap[0][1], index):
+            heapq.heappop(keys.heap)
+        if not keys.heap:  # nothing left to forget (the count cannot outrun the heap, but never trust it)
+            keys.keys = 0
+            return
         new_threshold = -keys.heap[0][0]
         while keys.heap and -keys.heap[0][0] >= new_threshold:
             row = heapq.heappop(keys.heap)[1]
-            self._stack.remove(row)
-            keys.keys -= 1
+            if self._live(row, index):
+                stack.remove(row)
+                keys.keys -= 1
         keys.threshold = new_threshold
+        if len(keys.heap) > 2 * keys.keys + 16:
+            keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in cast(list[Row], stack.keys_in(index))]
+            heapq.heapify(keys.heap)
+
+    def _live(self, row: Row, index: int) -> bool:
+        return row in self._stack and self._stack.stratum_of(row) == index
 
     def _curve(self, model: str, salt: str) -> Histogram:
         histogram = self._curves.get((model, salt))
