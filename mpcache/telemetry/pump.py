@@ -19,7 +19,7 @@ from mpcache.shm.segment import Segment
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import EventBus
 
-CATCH_UP_WAIT_S = 1.0  # how long a scrape waits for the pump's poll and flush before it collects anyway
+CATCH_UP_WAIT_S = 0.5  # how long a scrape waits for the pump's poll and flush before it collects anyway
 
 
 @dataclass

@@ -232,6 +232,7 @@ def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
         before = _ticks(scrape(export.prometheus_port))
         armed.set()
         pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
+        pump.wake()  # its next poll delivers the record and sticks
         try:
             assert entered.wait(10)
             during = _ticks(scrape(export.prometheus_port))
