@@ -74,6 +74,7 @@ FIELD_VALUES = {
     FieldKind.FLOAT: st.floats(allow_nan=False, allow_infinity=False),
     FieldKind.BOOL: st.booleans(),
     FieldKind.NAME: names,
+    FieldKind.HASH: u64,
 }
 
 

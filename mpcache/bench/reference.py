@@ -124,6 +124,9 @@ class InProcessPublisher:
         self._bus.publish(RefEvent(etype, metadata={"key_count_per_salt": {cache_salt: count}}))
         return True
 
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple, str], bool]:
+        return lambda fields, session_id: self.emit(etype, fields, session_id=session_id)
+
 
 def start_inprocess_reference() -> tuple[InProcessPublisher, Callable[[], None]]:
     """A cache process's reference telemetry: (publisher, stop)."""

@@ -19,8 +19,7 @@ _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
-_SIGN, _WRAP = 1 << 63, 1 << 64  # a 64-bit hash as the int64 an INT field holds: minus 2**64 when the top bit is set
-_NO_HEADS = [0] * MAX_EXACT_CHUNKS
+_PADDING = [(0,) * (MAX_EXACT_CHUNKS - n) for n in range(MAX_EXACT_CHUNKS + 1)]  # head fields left empty after n
 
 
 class AccessSampler:
@@ -33,6 +32,7 @@ class AccessSampler:
         if not 0 <= exact_chunks <= MAX_EXACT_CHUNKS:
             raise ValueError(f"exact chunks must be 0..{MAX_EXACT_CHUNKS}, got {exact_chunks}")
         self._pub = publisher
+        self._emit_lookup = publisher.fields_emitter(_MRC_LOOKUP_SAMPLED)  # a lookup without sampled keys
         self._threshold = rate * SAMPLE_MODULUS
         self._exact_chunks = exact_chunks
         self._sizes: dict[str, int] = {}  # per model, the object size last published
@@ -46,18 +46,22 @@ class AccessSampler:
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
-        exact = min(self._exact_chunks, len(hashes) // ranks)
+        if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
+            l1_hits = found
+        count = len(hashes)
+        exact = min(self._exact_chunks, count // ranks)
         gap_chunk = found // ranks
-        firsts = hashes[: exact * ranks : ranks]
-        heads = [chunk_hash - _WRAP if chunk_hash & _SIGN else chunk_hash for chunk_hash in firsts]
-        heads += _NO_HEADS[exact:]
+        firsts = hashes[:exact] if ranks == 1 else hashes[: exact * ranks : ranks]
         gap_mask = 0
-        contains = l1.contains
-        for chunk in range(gap_chunk + 1, exact):
-            if contains((model, salt, firsts[chunk])):
-                gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
-        if exact * ranks == len(hashes):  # every chunk is a head chunk: nothing else to sample
-            self._pub.emit(_MRC_LOOKUP_SAMPLED, (model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *heads))
+        if gap_chunk + 1 < exact:
+            entry_of = l1.entry_of
+            for chunk in range(gap_chunk + 1, exact):
+                entry = entry_of((model, salt, firsts[chunk]))
+                if entry is not None and entry.ready:
+                    gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
+        if exact * ranks == count:  # every chunk is a head chunk: nothing else to sample
+            self._emit_lookup((model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts,
+                               *_PADDING[exact]), "")
             return
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
@@ -72,13 +76,13 @@ class AccessSampler:
                     l1_rows.append(row)
                 elif position < found:
                     l2_rows.append(row)
-                elif position // ranks > gap_chunk and contains((model, salt, chunk_hash)):
+                elif position // ranks > gap_chunk and l1.contains((model, salt, chunk_hash)):
                     gap_rows.append(row)
                 else:
                     miss_rows.append(row)
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
                        (model, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
-                        len(gap_rows), *heads),
+                        len(gap_rows), *firsts, *_PADDING[exact]),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 
     def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
@@ -87,6 +91,12 @@ class AccessSampler:
         if not self.enabled:
             return
         threshold = self._threshold
+        for chunk_hash in hashes:  # most stores hold no sampled key: find that out without building a list
+            if chunk_hash % SAMPLE_MODULUS < threshold:
+                break
+        else:
+            if self._sizes.get(model) == object_bytes:
+                return
         sampled = [(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold]
         if sampled or self._sizes.get(model) != object_bytes:
             if len(self._sizes) >= MAX_MODELS_SIZED and model not in self._sizes:

@@ -7,7 +7,7 @@ it.  Every state change publishes its L1 event.  Single-threaded, so lock-free.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -83,6 +83,7 @@ class L1Manager:
         self._pub = publisher
         self._gate = SampleGate(sample_rate)
         self._entries: dict[ChunkKey, _Entry] = {}
+        self.entry_of = cast(Callable[[tuple[str, str, int]], "_Entry | None"], self._entries.get)
         self._lru: OrderedDict[ChunkKey, _Entry] = OrderedDict()  # ready, unlocked; oldest first
 
     # -- state --------------------------------------------------------------------
@@ -109,7 +110,7 @@ class L1Manager:
         return len(self._entries)
 
     def contains(self, key: tuple[str, str, int]) -> bool:
-        """A ChunkKey, or the plain tuple of one (which hashes and compares the same: no key to build)."""
+        """A ChunkKey or its plain tuple (same hash, same equality); ``entry_of``: the lookup, for many probes."""
         entry = self._entries.get(cast(ChunkKey, key))
         return entry is not None and entry.ready
 

@@ -16,6 +16,7 @@ class FieldKind(enum.Enum):
     FLOAT = "float"
     BOOL = "bool"
     NAME = "name"  # low-cardinality string, interned per producer
+    HASH = "hash"  # a 64-bit key hash, 0..2**64-1: the slot's 8 bytes as unsigned (no conversion to publish it)
 
 
 class EventType(enum.IntEnum):
@@ -80,7 +81,7 @@ class EventType(enum.IntEnum):
     LMCACHE_REQUEST_TIMES = 110
 
 
-I, F, B, N = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME  # noqa: E741 - the schemas' shorthand
+I, F, B, N, H = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME, FieldKind.HASH  # noqa: E741
 
 # Longest text kept, in UTF-8 bytes; longer text is truncated at the producer.
 SESSION_ID_MAX_BYTES = 128
@@ -177,12 +178,12 @@ _ALL = (
     _s(E.CB_FINGERPRINTS_REGISTERED, "cb.fingerprints.registered", ("num_chunks", I), ("num_tokens", I)),
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
     # One per finished lookup (counts in objects, ``ranks`` per chunk): its first chunks as their first rank's
-    # key (``head_i``, the hash's 64 bits; ``exact`` = how many | bit 5 + i set when chunk i is held by L1 past
+    # key (``head_i``, the hash as it is; ``exact`` = how many | bit 5 + i set when chunk i is held by L1 past
     # the first missing chunk), and the other keys that pass ``--mrc-sample-rate`` as sampled keys, ordered L1
     # hits, L2 hits, misses after the gap, other misses.
     _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),
        ("l1_hits", I), ("exact", I), ("sampled_l1_hits", I), ("sampled_l2_hits", I), ("sampled_after_gap", I),
-       *((name, I) for name in MRC_HEAD_FIELDS), sampled=True),
+       *((name, H) for name in MRC_HEAD_FIELDS), sampled=True),
     # One per store that committed objects: how many, their size, and the sampled ones.
     _s(E.MRC_STORE_SAMPLED, "mrc.store.sampled", ("model_name", N), ("cache_salt", N), ("stored", I),
        ("object_bytes", I), sampled=True),

@@ -487,7 +487,7 @@ typedef struct {
     PyObject *fallback; /* the Python emitter: fallback(fields, session_id[, timestamp_ns]) -> bool */
     Py_ssize_t n_fields, seq_off, ts_off, text_length_off, text_data_off, text_capacity;
     Py_ssize_t field_cell[MAX_FIELDS], field_off[MAX_FIELDS];
-    char field_kind[MAX_FIELDS]; /* 'q' int64 (int, bool), 'd' float64, 'n' interned name */
+    char field_kind[MAX_FIELDS]; /* 'q' int64 (int, bool), 'Q' uint64 (a hash), 'd' float64, 'n' interned name */
     Py_ssize_t field_cells;     /* the type's FIELDS cells, 0..MAX_FIELD_CELLS */
     unsigned char head_plain[MAX_CELL], head_with_text[MAX_CELL], fields[MAX_FIELD_CELLS][MAX_CELL], text[MAX_CELL];
 } FieldsEmitter;
@@ -495,6 +495,8 @@ typedef struct {
 /* The slot bits of one field, or -1 (no exception set) when it is not the regular case. */
 static int field_bits(FieldsEmitter *self, char kind, PyObject *value, int64_t *out) {
     if (kind == 'n') {
+        if (!PyUnicode_CheckExact(value)) /* a subclass's __hash__ or __eq__ could change the fields under us */
+            return -1;
         value = PyDict_GetItemWithError(self->ids, value); /* borrowed */
         if (value == NULL) {
             PyErr_Clear(); /* not interned yet, or unhashable: the Python emitter decides */
@@ -519,6 +521,15 @@ static int field_bits(FieldsEmitter *self, char kind, PyObject *value, int64_t *
     }
     if (!PyLong_Check(value)) /* int and bool; anything else is the Python emitter's to judge */
         return -1;
+    if (kind == 'Q') {
+        unsigned long long u = PyLong_AsUnsignedLongLong(value);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        memcpy(out, &u, 8);
+        return 0;
+    }
     long long v = PyLong_AsLongLong(value);
     if (v == -1 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -648,7 +659,7 @@ static int fields_init(FieldsEmitter *self, PyObject *args, PyObject *kwds) {
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(slots, i), "nnC", &which, &offset, &kind))
             return -1;
         if (which < 0 || which > self->field_cells || offset < 0 || offset + 8 > cell ||
-            (kind != 'q' && kind != 'd' && kind != 'n')) {
+            (kind != 'q' && kind != 'Q' && kind != 'd' && kind != 'n')) {
             PyErr_Format(PyExc_ValueError, "field slot %zd: (cell %zd, offset %zd, kind %c) is not valid", i, which,
                          offset, kind);
             return -1;

@@ -69,7 +69,7 @@ class FieldsEmitter:
         head_templates: tuple[ReadableBuffer, ReadableBuffer],
         fields_templates: tuple[ReadableBuffer, ...],  # one per FIELDS cell, at most 3
         text_template: ReadableBuffer,
-        field_slots: tuple[tuple[int, int, str], ...],  # (cell, byte offset, kind 'q' | 'd' | 'n')
+        field_slots: tuple[tuple[int, int, str], ...],  # (cell, byte offset, kind 'q' | 'Q' | 'd' | 'n')
         seq_offset: int,
         timestamp_offset: int,
         text_length_offset: int,

@@ -37,6 +37,7 @@ _SALT_FMT = _CELL + "qqq32x"
 _SAMPLED_FMT = _CELL + "Qqq32x"
 _BLOCK_FMT = _CELL + "qqQ32x"
 _TEXT_FMT = layout.CELL_TEXT_FMT[1:]
+_SLOT_FORMATS = {FieldKind.FLOAT: "d", FieldKind.HASH: "Q"}  # struct formats of the slots; every other kind: q
 PLAIN_FIELD_CELLS = 3  # fixed-field events of up to 6 + 3 × 7 fields take the plain (compiled) emitter
 
 
@@ -50,7 +51,7 @@ class _Shape:
         self.name_positions = tuple(i for i, kind in enumerate(kinds) if kind is FieldKind.NAME)
         self.n_fields = len(kinds)
         self.inline_salt = has_inline_salt(etype)
-        slot_fmt = ["d" if kind is FieldKind.FLOAT else "q" for kind in kinds]
+        slot_fmt = [_SLOT_FORMATS.get(kind, "q") for kind in kinds]
         self.slot_kinds = ["n" if kind is FieldKind.NAME else fmt for kind, fmt in zip(kinds, slot_fmt)]
         head = slot_fmt[: layout.HEAD_FIELD_SLOTS]
         if self.inline_salt:
@@ -193,6 +194,14 @@ class Publisher:
         fields: the hottest publish — one call, one pack, one store.  Ids come from
         :meth:`name_id`; resolve them once per request, not once per event."""
         return self._emitters[etype]
+
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]:
+        """``emit(fields, session_id)`` for one fixed-field event type, bound once: the compiled emitter where
+        there is one, so a hot caller skips :meth:`emit`'s keyword handling.  Never raises."""
+        plain = self._plain_emitters.get(etype)
+        if plain is None or self._lock is not None:
+            return lambda fields, session_id: self.emit(etype, fields, session_id=session_id)
+        return plain
 
     def name_id(self, name: str) -> int:
         """The interned id of a low-cardinality name (appended to the table on first use)."""
@@ -344,6 +353,8 @@ class EventPublisher(Protocol):
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool: ...
 
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]: ...
+
 
 class NullPublisher:
     """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`mpcache.bench.null_cache`)."""
@@ -353,3 +364,6 @@ class NullPublisher:
 
     def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
         return True
+
+    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]:
+        return lambda fields, session_id: True

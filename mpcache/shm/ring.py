@@ -240,7 +240,7 @@ class RingWriter(_WriterBase):
         The compiled emitter stamps the templates (head without / with the
         text cell, each FIELDS cell, the text cell) with the sequence
         number, the timestamp (``timestamp_ns``, or the clock's), each field
-        at its ``(cell, byte offset, kind)`` slot (kind ``q`` int64, ``d``
+        at its ``(cell, byte offset, kind)`` slot (kind ``q`` int64, ``Q`` uint64, ``d``
         float64, ``n`` a name looked up in ``ids``) and the text; it hands every
         call that is not that regular case to ``fallback``, the Python emitter,
         before writing anything.

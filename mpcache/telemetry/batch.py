@@ -56,6 +56,7 @@ def _has_field(etype: EventType, name: str) -> bool:
     return name in SCHEMAS[etype].field_names
 
 
+_MASK64 = (1 << 64) - 1
 _KNOWN_ETYPES = tuple(sorted(int(e) for e in EventType))
 _INLINE_SALT_ETYPES = tuple(sorted(int(e) for e in EventType if has_inline_salt(e)))
 
@@ -302,6 +303,8 @@ class EventBatch:
                 values[fname] = struct.unpack("<d", struct.pack("<q", value))[0]
             elif fkind is FieldKind.BOOL:
                 values[fname] = bool(value)
+            elif fkind is FieldKind.HASH:
+                values[fname] = value & _MASK64
             else:
                 values[fname] = value
         event = Event(etype, slots[0][0], self.producer, int(record["seq"][0]), fields=values, salt_counts=inline_salt)

@@ -55,9 +55,12 @@ def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
     if choice == 2:
         return publisher.emit(E.MP_REQUEST_START, session_id=rng.choice(SESSIONS),
                               timestamp_ns=rng.choice([None, None, 1_600_000_000_000_000_000, 2**64, "x"]))
-    if choice == 3:  # the most fields: a head cell and three FIELDS cells
-        fields = ["model", f"salt{rng.randrange(8)}", *(rng.choice([0, -1, 2**63 - 1, 2**63, 7])
-                                                        for _ in range(len(SCHEMAS[E.MRC_LOOKUP_SAMPLED].fields) - 2))]
+    if choice == 3:  # the most fields: a head cell and three FIELDS cells, ints then 64-bit hashes
+        hashes = len(SCHEMAS[E.MRC_LOOKUP_SAMPLED].fields) - 9
+        fields = ["model", f"salt{rng.randrange(8)}", *(rng.choice([0, -1, 2**63 - 1, -(2**63), 7]) for _ in range(7)),
+                  *(rng.choice([0, 2**63, 2**64 - 1, rng.getrandbits(64)]) for _ in range(hashes))]
+        if rng.random() < 0.2:  # one value that does not fit its slot: the Python emitter drops the record
+            fields[rng.randrange(2, len(fields))] = rng.choice([-1, 2**64, 2**63, 1.5, "x"])
         return publisher.emit(E.MRC_LOOKUP_SAMPLED, tuple(fields), session_id=rng.choice(SESSIONS))
     return publisher.emit(E.CB_RETRIEVE_END, (rng.randrange(3), rng.randrange(9), rng.random() < 0.5, 0),
                           session_id=rng.choice(SESSIONS))

@@ -241,3 +241,24 @@ def test_publish_path_says_which_writer_runs_and_why(environment, block_extensio
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
 
     assert f"{expected} {expected == ring_module.PUBLISH_COMPILED}" == out.stdout.strip(), out.stderr
+
+
+def test_a_name_whose_hash_empties_the_fields_list_cannot_make_the_emitter_read_freed_fields(ring):
+    """The compiled emitter reads a list's items in place; a name field of a str subclass runs Python code
+    (its ``__hash__``) in the middle, which may empty the list.  Only exact str names are looked up there:
+    the rest go to the Python emitter, which copies the fields first."""
+    publisher = ring.publisher
+    publisher.name_id("cpu"), publisher.name_id("llama")
+    fields: list = []
+
+    class Emptying(str):
+        def __hash__(self):
+            fields.clear()
+            fields.extend(object() for _ in range(3))  # the freed items' memory is reused
+            return str.__hash__(self)
+
+    for _ in range(50):  # a 64-cell ring
+        fields[:] = [Emptying("cpu"), 3, "llama"]
+        assert publisher.emit(E.MP_STORE_START, fields)
+    events = EventBatch(0, ring.reader.read_batch(), ring.names).events()
+    assert [("cpu", 3, "llama")] * 50 == [tuple(event.fields.values()) for event in events]

@@ -281,7 +281,8 @@ def random_event(rng: random.Random, etype: EventType) -> tuple[tuple[Any, ...],
     values: list[Any] = []
     for _name, kind in SCHEMAS[etype].fields:
         values.append({FieldKind.INT: lambda: rng.choice((0, 0, 1, 2, 5, 17)), FieldKind.FLOAT: rng.random,
-                       FieldKind.BOOL: lambda: rng.random() < 0.5, FieldKind.NAME: lambda: rng.choice(NAMES)}[kind]())
+                       FieldKind.BOOL: lambda: rng.random() < 0.5, FieldKind.NAME: lambda: rng.choice(NAMES),
+                       FieldKind.HASH: lambda: rng.getrandbits(64)}[kind]())
     salts = None
     if SCHEMAS[etype].salt_counts:
         salts = {(rng.choice(NAMES), rng.choice(NAMES)): rng.randint(1, 9) for _ in range(rng.randint(1, 3))}

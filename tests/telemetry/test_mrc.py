@@ -203,6 +203,7 @@ def test_the_sampling_rule_is_the_same_in_another_process():
     ``hash mod 1_000_003 < rate × 1_000_003`` names."""
     code = ("from mpcache.cache.accesses import AccessSampler\n"
             "class P:\n    def emit(self, etype, fields=(), **kw): print(sorted(h for h, _, _ in kw['sampled']))\n"
+            "    def fields_emitter(self, etype): return lambda fields, session_id: True\n"
             "AccessSampler(P(), 0.01).store('m', 's', list(range(0, 10**7, 997)), 1)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"}).stdout
@@ -226,6 +227,9 @@ def test_rate_zero_publishes_no_access_event():
 
         def emit(self, *args, **kwargs):
             self.emitted.append(args)
+
+        def fields_emitter(self, etype):
+            return lambda fields, session_id: self.emitted.append((etype, fields))
 
     recorder = Recorder()
     sampler = AccessSampler(recorder, 0.0)  # type: ignore[arg-type]
@@ -267,12 +271,17 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
     for counter in (subscriber._misses, subscriber._regret):
         counter.add = lambda amount, attributes=None, add=counter.add: (added.append(amount), add(amount, attributes))
     pipeline.subscribe(subscriber)
+    lookups: list[int] = []  # what reaches the curves (a head field must be a 64-bit hash to be published)
+    subscriber.curves.lookup = lambda *args, lookup=subscriber.curves.lookup: (lookups.append(1), lookup(*args))
     values = (-(2**63), -5, -1, 0, 1, 2, 3, 7, 15, 255, 2**40, 2**63 - 1)
+    hashes = (0, 1, 2**63 - 1, 2**63, 2**64 - 1)
+    published = 0
     for _ in range(400):
         rows = [(rng.getrandbits(64), rng.choice("ab"), "m") for _ in range(rng.randint(0, 5))]
         if rng.random() < 0.5:
-            fields = [rng.choice(values) for _ in range(7 + len(MRC_HEAD_FIELDS))]
-            pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *fields), sampled=rows)
+            fields = [rng.choice(values) for _ in range(7)]
+            fields += [rng.choice((*hashes, rng.getrandbits(64))) for _ in MRC_HEAD_FIELDS]
+            published += pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *fields), sampled=rows)
         else:
             pipeline.publish(EventType.MRC_STORE_SAMPLED, ("m", "a", rng.choice(values), rng.choice(values)),
                              sampled=rows)
@@ -287,3 +296,151 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
                                 all(math.isfinite(v) and v >= 0 for v in counts + added),
                                 all(0 <= v <= 1 for v in ratios))
     assert counts and ratios and added  # the random events did reach the instruments
+    assert published > 150 and len(lookups) > 100  # the lookups themselves reached the curves
+
+
+def test_the_fixed_size_heaps_stay_bounded_when_depth_pruning_alone_keeps_the_budget():
+    """A flood of one-shot keys that depth pruning keeps under the budget (the rate never drops): the heap of
+    each stratum's hash values must not keep an entry for every key ever inserted (memory stays bounded)."""
+    rng = random.Random(12)
+    curves = CurveSet(1.0, 400, {"l1": 8000})
+    for _ in range(20_000):
+        row = (rng.getrandbits(64), SALT, MODEL)
+        curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1)])
+        curves.store(MODEL, 1000, [row])
+    assert (1.0, True) == (curves.rate, curves.tracked_keys <= 400)
+    assert all(len(stratum.heap) <= 2 * stratum.budget + 16 for stratum in curves._strata)
+
+
+def test_a_stratum_threshold_never_rises_within_one_lookup():
+    """SHARDS fixed-size: once the threshold drops below a key's hash value, keys at or above it are not
+    tracked.  One lookup's later keys were judged at the old threshold; they must not be inserted past the
+    new one (which would raise the threshold again when lowered next, and admit keys already dropped)."""
+    curves = CurveSet(1.0, 4, {"l1": 10**15})  # nothing is deep enough to prune: fixed-size mode acts
+    values = (100, 200, 300, 500, 400)  # hash mod P of each key; the sampled stratum tracks 2 keys
+    curves.lookup(MODEL, SALT, 1, [((value, SALT, MODEL), SAMPLED, MISS, 1) for value in values])
+    assert curves.rate * SAMPLE_MODULUS == 300  # 300 went first: 500 and 400 are past the threshold
+    assert {(100, SALT, MODEL), (200, SALT, MODEL)} == set(curves._stack._entry)
+
+
+def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as_an_l1_hit():
+    """An L2 prefetch that ends inside a chunk (some KV ranks missing) gives that chunk's objects back, so the
+    job's ``found`` shrinks but its ``l1_hits`` does not: the objects past ``found`` are misses, never L1 hits."""
+    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.prefetch import PrefetchOutcome
+    from mpcache.cache.sessions import SessionRegistry
+
+    class L1:  # what the registry and the sampler ask of L1 here: nothing is held
+        def __getattr__(self, _name):
+            return lambda *args, **kwargs: 0
+
+    class Recorder:
+        def __init__(self):
+            self.emitted = []
+
+        def emit(self, etype, fields=(), **kwargs):
+            self.emitted.append((fields, kwargs))
+            return True
+
+        def fields_emitter(self, etype):
+            return lambda fields, session_id: self.emit(etype, fields)
+
+    ranks, chunks = 3, 18  # two chunks past the 16 head chunks, their keys sampled at rate 1
+    hashes = list(range(10**6, 10**6 + ranks * chunks))
+    registry = SessionRegistry(L1(), Recorder())  # type: ignore[arg-type]
+    job = registry.add_job("r", MODEL, SALT, hashes, 16 * ranks, ranks=ranks, per_key=True)
+    # the prefetch's run: objects 48, 49 were in L1, 50 came from L2, 51, 52 in L1; object 53 is missing
+    registry.prefetch_finished(job, PrefetchOutcome(locked=5, l1_hits=4, l2_hits=1, landed=1))
+    assert 17 * ranks == job.found
+    recorder = Recorder()
+    AccessSampler(recorder, 1.0).lookup(L1(), MODEL, SALT, hashes, ranks, job.l1_hits, job.found)  # type: ignore[arg-type]
+    [(fields, options)] = recorder.emitted
+    sampled_hits = fields[6] + fields[7]  # the sampled keys' L1 and L2 hits
+    assert 3 == sampled_hits  # objects 48..50: the rest of the sampled keys (51..53) missed
+    assert [h for h, _, _ in options["sampled"][:3]] == hashes[48:51]
+
+
+TENANTS = [("m1", "a"), ("m1", "b"), ("m2", "a")]
+
+
+def shared_lru_hit_ratios(trace, capacity):
+    """Per tenant (and ALL): hits over lookups in one byte LRU cache shared by every tenant."""
+    cache, used, hits, looks = OrderedDict(), 0, {}, {}
+    for op, tenant, key, size in trace:
+        if op == "lookup":
+            for curve in (tenant, (ALL, ALL)):
+                looks[curve] = looks.get(curve, 0) + 1
+            if key in cache:
+                cache.move_to_end(key)
+                for curve in (tenant, (ALL, ALL)):
+                    hits[curve] = hits.get(curve, 0) + 1
+            continue
+        if key in cache:
+            cache.move_to_end(key)
+            continue
+        while cache and used + size > capacity:
+            used -= cache.popitem(last=False)[1]
+        if size <= capacity:
+            cache[key] = size
+            used += size
+    return {curve: hits.get(curve, 0) / looks[curve] for curve in looks}
+
+
+def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simulated_lru_cache():
+    """Three tenants share one cache, two tiers, and a flood of one-shot keys 10x what the curves may track:
+    depth pruning keeps the rate at 1, and every point of every tenant's curve and of "*" equals the tenant's
+    hit ratio in one byte LRU cache of that size shared by all of them."""
+    rng = random.Random(11)
+    size = 1000
+    hot = {t: [rng.getrandbits(64) for _ in range(30)] for t in TENANTS}
+    trace, requests = [], []
+    for _ in range(2500):
+        tenant = rng.choice(TENANTS)
+        model, salt = tenant
+        chunks = [hot[tenant][int(rng.paretovariate(1.2)) % 30] for _ in range(rng.randint(1, 3))]
+        chunks += [rng.getrandbits(64) for _ in range(2)]
+        rows = [(c, salt, model) for c in chunks]
+        requests.append((tenant, rows))
+        trace += [("lookup", tenant, r, size) for r in rows] + [("store", tenant, r, size) for r in rows]
+    caps = {"l1": 4000, "l1_l2": 10000}
+    curves = CurveSet(1.0, 400, caps)
+    for (model, salt), rows in requests:
+        curves.lookup(model, salt, 1, [(r, HEAD if i < 2 else SAMPLED, MISS, 1) for i, r in enumerate(rows)])
+        curves.store(model, size, rows)
+    assert (curves.rate, curves.head_rate) == (1.0, 1.0) and curves.tracked_keys <= 400
+    assert len({r for _, _, r, _ in trace}) > 10 * 400
+    wrong = []
+    expected = {tier: {ratio: shared_lru_hit_ratios(trace, round(capacity * ratio)) for ratio in POINT_RATIOS}
+                for tier, capacity in caps.items()}
+    for curve in curves.curves():
+        tenant = (curve["model_name"], curve["cache_salt"])
+        for ratio, point in zip(POINT_RATIOS, curve["points"]):
+            want = round(expected[curve["tier"]][ratio][tenant], 6)
+            if want != point["hit_ratio"]:
+                wrong.append((curve["tier"], tenant, ratio, want, point["hit_ratio"]))
+    assert not wrong, wrong[:5]
+    assert 8 == len(curves.curves())  # "*" and three tenants, two tiers each
+    assert 0.05 < expected["l1"][1.0][(ALL, ALL)] < expected["l1_l2"][16.0][(ALL, ALL)] < 0.9  # mid-curve
+
+
+def test_a_tenant_named_like_the_curve_over_everything_is_counted_in_it_once():
+    """A client may name its model and cache_salt "*": its lookups must count once in the curve over
+    everything, not once as "*" and again as its own curve (which is the same one)."""
+    curves = CurveSet(1.0, 64, {"l1": 1000})
+    curves.store("*", 100, [])
+    curves.lookup("*", "*", 1, [((1, "*", "*"), SAMPLED, MISS, 1)])
+    curves.lookup(MODEL, SALT, 1, [((2, SALT, MODEL), SAMPLED, MISS, 1)])
+    assert 2 == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}[(ALL, ALL)]
+
+
+def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_rate_below_one():
+    """A key's distance is the bytes above it, scaled by 1 / rate, and its own bytes once: the key is pruned
+    only when that passes the deepest point, not when its own bytes scaled too would."""
+    curves = CurveSet(0.5, 8, {"l1": 100})  # deepest point 1600 bytes; the sampled stratum tracks 4 keys
+    old, older, first, second, third = ((value, SALT, MODEL) for value in (1, 2, 3, 4, 5))  # all pass rate 0.5
+    for row, nbytes in ((older, 500), (old, 500), (first, 300), (second, 400), (third, 200)):
+        curves.store(MODEL, nbytes, [row])  # the fifth key prunes: old and older are past 1600 bytes
+    assert {first, second, third} == set(curves._stack._entry) and 0.5 == curves.rate
+    curves.lookup(MODEL, SALT, 1, [(first, SAMPLED, MISS, 1)])  # distance 2 × (400 + 200) + 300 = 1500
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    assert 1.0 == curve["points"][-1]["hit_ratio"] and 16 * 100 == curve["points"][-1]["capacity_bytes"]

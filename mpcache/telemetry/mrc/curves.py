@@ -19,7 +19,7 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.stack import ReuseStack
@@ -118,8 +118,8 @@ class CurveSet:
 
     def tenant(self, model: str, salt: str) -> Tenant:
         pair = (model, salt)
-        if pair not in self._curves and len(self._curves) > self.max_tenants:
-            return (OVERFLOW, OVERFLOW)
+        if pair == (ALL, ALL) or (pair not in self._curves and len(self._curves) > self.max_tenants):
+            return (OVERFLOW, OVERFLOW)  # a client's "*" / "*" would be the curve over everything twice over
         return pair
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
@@ -161,7 +161,7 @@ class CurveSet:
             entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
             if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
                 stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
-            else:
+            elif self._strata[stratum].admits(row):  # an earlier insert may have lowered the threshold past it
                 self._insert(row, nbytes, stratum)
 
     def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
@@ -220,6 +220,8 @@ class CurveSet:
         for row, stratum in self._stack.prune(self._edges[-1], weights) if self._edges else ():
             self._strata[stratum].keys -= 1
             self._forgotten[hash(row)] = None
+        for index in (HEAD, SAMPLED):  # the pruned keys' heap entries are stale now
+            self._compact(index)
         if len(self._forgotten) > FORGOTTEN_PER_KEY * self.max_keys:  # keep the newer half (amortised O(1))
             newest = list(self._forgotten)[-(FORGOTTEN_PER_KEY * self.max_keys // 2):]
             self._forgotten = dict.fromkeys(newest)
@@ -241,8 +243,16 @@ class CurveSet:
                 stack.remove(row)
                 keys.keys -= 1
         keys.threshold = new_threshold
+        self._compact(index)
+
+    def _compact(self, index: int) -> None:
+        """Drop the stratum's stale heap entries (keys pruned or lowered since they were pushed, and repeats)
+        once they outnumber the live ones: the heap stays within 2 × the stratum's keys + 16, and each rebuild
+        costs the entries pushed since the last (amortised O(1))."""
+        keys = self._strata[index]
         if len(keys.heap) > 2 * keys.keys + 16:
-            keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in cast(list[Row], stack.keys_in(index))]
+            live = dict.fromkeys(row for _, row in keys.heap if self._live(row, index))
+            keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in live]
             heapq.heapify(keys.heap)
 
     def _live(self, row: Row, index: int) -> bool:

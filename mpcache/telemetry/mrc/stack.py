@@ -69,19 +69,22 @@ class ReuseStack:
             self.total_bytes[stratum] -= nbytes
 
     def prune(self, limit: float, weights: list[float]) -> list[tuple[Hashable, int]]:
-        """Forget the keys deeper than ``limit``: those whose bytes above them and their own, each stratum's
-        × its weight, exceed it (no capacity up to ``limit`` holds them).  Returns them with their strata."""
+        """Forget the keys deeper than ``limit``: those whose distance, the bytes above them (each stratum's
+        × its weight) and their own, exceeds it (no capacity up to ``limit`` holds them).  Returns them with
+        their strata.  Weights are at least 1 (or 0: a stratum that admits nothing)."""
+        if sum(total * weight for total, weight in zip(self.total_bytes, weights)) <= limit:
+            return []  # no key's distance passes every key's weighted bytes: none is past the limit (no sort)
         entries = self._entry
         order = sorted(entries, key=lambda key: entries[key][0], reverse=True)
-        depth = 0.0
+        depth = 0.0  # the weighted bytes above the key
         for index, key in enumerate(order):
             _, nbytes, stratum = entries[key]
-            depth += nbytes * weights[stratum]
-            if depth > limit:
+            if depth + nbytes > limit:
                 gone = [(old, entries[old][2]) for old in order[index:]]
                 for old, _ in gone:
                     self.remove(old)
                 return gone
+            depth += nbytes * weights[stratum]
         return []
 
     def _renumber(self) -> None:
