@@ -31,19 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         # resumes at the saved cursors), and a ring that overflows counts its drops.
         os.nice(config.telemetry_nice)
 
+    # The handlers only set the flag: a lock taken in a signal handler can be the one the interrupted code
+    # holds.  The pump sees the flag when its sleep ends (at most half a second).
     stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
     sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
-    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
-    pump = Pump(sources, bus)
-
-    def request_stop(*_: object) -> None:
-        stop.set()
-        pump.wake()  # the pump may be sleeping for up to half a second
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     board = Segment.attach(config.gauge_board_name())
     gauges = GaugeBoardReader(board)
+    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
+    pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
     # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
     # a probe answered 200 means a scrape is answered too

@@ -142,10 +142,6 @@ class Pump:
                 self._progress.notify_all()
         self.drain()
 
-    def wake(self) -> None:
-        """End :meth:`run`'s current sleep now (a stop asked for: it then checks ``should_stop`` at once)."""
-        self._wake.set()
-
     def catch_up(self, timeout_s: float = CATCH_UP_WAIT_S) -> bool:
         """From another thread (before a scrape): wake :meth:`run` and wait until a poll that started after
         this call went through the subscribers and the bus was flushed, so that what is collected next holds

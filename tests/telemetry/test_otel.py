@@ -190,7 +190,7 @@ def running_pump(export, pipeline, *subscribers):
         yield pump
     finally:
         stop.set()
-        pump.wake()
+        pump.catch_up()  # wakes it: it sees the stop
         thread.join(30)
 
 
@@ -232,12 +232,14 @@ def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
         before = _ticks(scrape(export.prometheus_port))
         armed.set()
         pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
-        pump.wake()  # its next poll delivers the record and sticks
+        waker = threading.Thread(target=pump.catch_up)  # wakes the pump: its poll delivers the record and sticks
+        waker.start()
         try:
             assert entered.wait(10)
             during = _ticks(scrape(export.prometheus_port))
         finally:
             release.set()
+            waker.join(10)
         after = _ticks(scrape(export.prometheus_port))
     started = time.monotonic()
     stopped = pump.catch_up(timeout_s=60)
