@@ -106,12 +106,16 @@ class Pump:
         to accumulate at the rate it just saw: at low rates it polls twice a
         second (the drain lag stays under ``max_sleep_s``), at high rates every
         few milliseconds; a poll that finds nothing doubles the last sleep, up to
-        ``max_sleep_s``.  The telemetry process so leaves the CPU to the cache
+        ``max_sleep_s``.  The rate counts every record since the last sleep, those
+        of the polls that read a backlog without sleeping too (counting only the
+        last poll's made the sleep after a backlog the longest one).  The
+        telemetry process so leaves the CPU to the cache
         processes instead of spinning on small batches.  A scrape does not wait
         for the sleep: :meth:`catch_up` wakes the pump.
         """
         last = time.monotonic()
         sleep = max_sleep_s
+        since_last = 0  # records delivered since ``last``, backlog polls included
         with self._progress:
             self._running = True
         try:
@@ -122,7 +126,7 @@ class Pump:
                     number, flush = self._polls_started, self._flush_wanted
                     self._flush_wanted = False
                     self._wake.clear()
-                delivered = self.poll_once()
+                since_last += self.poll_once()
                 if flush:
                     self.bus.flush()
                 with self._progress:
@@ -131,8 +135,8 @@ class Pump:
                 if any(source.reader.pending_cells() > target_batch for source in self.sources):
                     continue  # a backlog: read on without sleeping
                 now = time.monotonic()
-                rate = delivered / max(now - last, 1e-3)
-                last = now
+                rate = since_last / max(now - last, 1e-3)
+                last, since_last = now, 0
                 # nothing came: back off gradually (a lull in a busy stream is not idleness)
                 sleep = min(max_sleep_s, max(min_sleep_s, target_batch / rate) if rate else 2 * sleep)
                 self._wake.wait(sleep)
