@@ -246,7 +246,7 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     """The benchmark's exact stack distances (Fenwick tree) against a plain list, on random requests."""
     import random
 
-    from mpcache.bench import mrc
+    from mpcache.bench import mrc_traces
 
     rng = random.Random(4)
     requests = [("m", rng.choice("ab"), rng.sample(range(30), rng.randint(1, 5))) for _ in range(400)]
@@ -254,13 +254,13 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     expected: list[float] = []
     for model, salt, hashes in requests:
         keys = [(model, salt, h) for h in hashes]
-        expected += [(len(recency) - recency.index(k)) * mrc.CHUNK_BYTES if k in recency else float("inf")
+        expected += [(len(recency) - recency.index(k)) * mrc_traces.CHUNK_BYTES if k in recency else float("inf")
                      for k in keys]
         for key in keys:
             if key in recency:
                 recency.remove(key)
             recency.append(key)
-    assert expected == mrc.exact_distances(requests)
+    assert expected == mrc_traces.exact_distances(requests)
     assert 0 < sum(d != float("inf") for d in expected) < len(expected)
 
 
@@ -269,12 +269,14 @@ def test_report_row_for_mrc(tmp_path):
     long = {"share of accesses past the exact chunks": 0.55, "0.01": 0.07, "0.1": 0.012}
     results = {"mrc": {"demo": side, "kv": side, "curve_set_bytes_at_max_keys": 3 * 2**20,
                        "replay_mae_by_rate": {"long (replay only)": long},
-                       "sampling_cost": {"cpu_on_over_off": 1.004}, "targets_met": {"MAE ≤ 0.01": False}}}
+                       "sampling_cost": {"cpu_on_over_off": 1.004, "sampler_share": 0.0123},
+                       "targets_met": {"MAE ≤ 0.01": False}}}
     path = tmp_path / "PERFORMANCE.md"
     bench_main.write_report(results, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `mrc`")]
     assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row
     assert "long prompts (replayed, 55% of accesses sampled at 1 %): MAE 0.07, 0.012 at rate 0.1" in row
+    assert "sampling calls 1.23% of a request's CPU" in row
 
 
 @pytest.mark.parametrize(("sink", "cache_program", "telemetry", "publishes"), [

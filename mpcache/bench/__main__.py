@@ -100,7 +100,8 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{long['share of accesses past the exact chunks']:.0%} of accesses sampled at 1 %): MAE "
                 f"{long['0.01']}, {long['0.1']} at rate 0.1; curve set "
                 f"{result['curve_set_bytes_at_max_keys'] / 2**20:.1f} MiB at 8192 keys",
-                f"CPU sampling on/off {result['sampling_cost']['cpu_on_over_off']}",
+                f"CPU sampling on/off {result['sampling_cost']['cpu_on_over_off']}; sampling calls "
+                f"{result['sampling_cost']['sampler_share']:.2%} of a request's CPU",
                 "MAE ≤ 0.01; within 0.02; ≤ 1.01", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mpcache.cache.headfields import head_fields
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -46,23 +47,27 @@ class AccessSampler:
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
         if not self.enabled:
             return
+        fields = head_fields(model, salt, hashes, ranks, l1_hits, found, self._exact_chunks, MAX_EXACT_CHUNKS,
+                             MRC_EXACT_GAP_SHIFT, l1.entry_of)
+        if fields is not None:  # every chunk a head chunk: fixed fields only
+            self._emit_lookup(fields, "")
+            return
         if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
             l1_hits = found
         count = len(hashes)
-        exact = min(self._exact_chunks, count // ranks)
+        exact = count // ranks
+        if exact > self._exact_chunks:
+            exact = self._exact_chunks
         gap_chunk = found // ranks
         firsts = hashes[:exact] if ranks == 1 else hashes[: exact * ranks : ranks]
         gap_mask = 0
-        if gap_chunk + 1 < exact:
-            entry_of = l1.entry_of
-            for chunk in range(gap_chunk + 1, exact):
-                entry = entry_of((model, salt, firsts[chunk]))
+        if gap_chunk + 1 < exact:  # the head chunks past the first missing one: held by L1 (after the gap)?
+            entry_of, bit = l1.entry_of, 1 << (MRC_EXACT_GAP_SHIFT + gap_chunk + 1)
+            for chunk_hash in firsts[gap_chunk + 1 :]:
+                entry = entry_of((model, salt, chunk_hash))
                 if entry is not None and entry.ready:
-                    gap_mask |= 1 << (MRC_EXACT_GAP_SHIFT + chunk)
-        if exact * ranks == count:  # every chunk is a head chunk: nothing else to sample
-            self._emit_lookup((model, salt, ranks, found, l1_hits, exact | gap_mask, 0, 0, 0, *firsts,
-                               *_PADDING[exact]), "")
-            return
+                    gap_mask |= bit
+                bit <<= 1
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []
@@ -90,9 +95,9 @@ class AccessSampler:
         Published when a key is sampled or the model's object size is new (the curves size keys by it)."""
         if not self.enabled:
             return
-        threshold = self._threshold
+        threshold, modulus = self._threshold, SAMPLE_MODULUS
         for chunk_hash in hashes:  # most stores hold no sampled key: find that out without building a list
-            if chunk_hash % SAMPLE_MODULUS < threshold:
+            if chunk_hash % modulus < threshold:
                 break
         else:
             if self._sizes.get(model) == object_bytes:

@@ -1,0 +1,48 @@
+"""The fields of a lookup's ``MRC_LOOKUP_SAMPLED`` event when every chunk is a head chunk — the common
+lookup, whose event is fixed fields only: :func:`head_fields` is the compiled builder (``_headfields.c``)
+where it was built, else :func:`head_fields_reference`, the definition a differential test holds it to.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+EntryOf = Callable[[tuple[str, str, int]], Any]
+
+
+def head_fields_reference(model: str, salt: str, hashes: Sequence[int], ranks: int, l1_hits: int, found: int,
+                          exact_chunks: int, head_slots: int, gap_shift: int,
+                          entry_of: EntryOf) -> tuple[Any, ...] | None:
+    """``(model, salt, ranks, found, min(l1_hits, found), exact | gap bits, 0, 0, 0, head_0 …)``: the first
+    rank's key of each chunk, zeros up to ``head_slots``, bit ``gap_shift + i`` for each chunk i past the
+    first missing one that ``entry_of`` says L1 holds (an entry whose ``ready`` is true).  None when it is
+    not that case: ``hashes`` not a list, a count that is not a plain int in 0..sys.maxsize, ``ranks`` < 1, more
+    head chunks asked for than slots, or chunks past the head (keys to sample: the caller's general path)."""
+    counts = (ranks, l1_hits, found, exact_chunks, head_slots, gap_shift)
+    if (type(hashes) is not list or any(type(count) is not int or not 0 <= count <= sys.maxsize for count in counts)
+            or ranks < 1
+            or exact_chunks > head_slots or gap_shift + head_slots > 62):
+        return None
+    exact = min(len(hashes) // ranks, exact_chunks)
+    if exact * ranks != len(hashes):
+        return None
+    heads = list(hashes[::ranks][:exact])
+    gap_mask = 0
+    for chunk in range(found // ranks + 1, exact):
+        entry = entry_of((model, salt, heads[chunk]))
+        if entry is not None and entry.ready:
+            gap_mask |= 1 << (gap_shift + chunk)
+    return (model, salt, ranks, found, min(l1_hits, found), exact | gap_mask, 0, 0, 0, *heads,
+            *(0,) * (head_slots - exact))
+
+
+HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]
+head_fields: HeadFields
+try:
+    from mpcache.cache._headfields import head_fields
+    COMPILED = True
+except ImportError:  # no C compiler at install time
+    head_fields = head_fields_reference
+    COMPILED = False
