@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         # resumes at the saved cursors), and a ring that overflows counts its drops.
         os.nice(config.telemetry_nice)
 
+    # The handlers only set the flag: a lock taken in a signal handler can be the one the interrupted code
+    # holds.  The pump sees the flag when its sleep ends (at most half a second).
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                         gauge_reader=gauges, readiness=readiness)
         exporters.add_routes(mrc_routes(metrics_subscribers))
+        exporters.before_scrape.append(pump.catch_up)  # a scrape shows every record published before it
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:

@@ -15,9 +15,10 @@ from mpcache.telemetry.batch import Event, EventBatch
 
 log = structlog.get_logger("mpcache.telemetry.bus")
 
-# How often the telemetry process flushes buffered instrument calls to the SDK: what /metrics and
-# OTLP show is at most this much older than the last batch (see mpcache.telemetry.buffered).
-TELEMETRY_FLUSH_INTERVAL_S = 0.1
+# How often the telemetry process flushes buffered instrument calls to the SDK (see
+# mpcache.telemetry.buffered) besides the flush before every /metrics scrape (Pump.catch_up): what an
+# OTLP export shows is at most this much older than the last batch.
+TELEMETRY_FLUSH_INTERVAL_S = 1.0
 
 
 class Subscriber:
@@ -46,7 +47,7 @@ class Subscriber:
 
 class EventBus:
     """``flush_interval_s``: how often the registered flushers (buffered instruments) run after a
-    dispatch — 0 flushes after every batch (tests); the telemetry process uses 0.1 s."""
+    dispatch — 0 flushes after every batch (tests); the telemetry process uses ``TELEMETRY_FLUSH_INTERVAL_S``."""
 
     def __init__(self, flush_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._subscribers: list[tuple[Subscriber, frozenset[int]]] = []

@@ -12,7 +12,7 @@ import asyncio
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,9 +28,16 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 _TEXT = "text/plain; charset=utf-8"
 
 
-def metrics_route(registry: CollectorRegistry) -> Route:
-    """The ``/metrics`` route over ``registry``."""
-    return lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST)
+def metrics_route(registry: CollectorRegistry, before: Sequence[Callable[[], object]] = ()) -> Route:
+    """The ``/metrics`` route over ``registry``; each of ``before`` is called first, in order, on every
+    scrape (the telemetry process flushes its buffered instruments there)."""
+
+    def route() -> tuple[int, bytes, str]:
+        for hook in before:
+            hook()
+        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+
+    return route
 
 
 class MetricsHTTPServer:

@@ -57,6 +57,7 @@ class MetricsExport:
     otlp_reader: PeriodicExportingMetricReader | None
     _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
     _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
+    before_scrape: list[Callable[[], object]]  # called on every /metrics request, before collecting
 
     @classmethod
     def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None) -> MetricsExport:
@@ -86,10 +87,11 @@ class MetricsExport:
             except BaseException:
                 provider.shutdown()
                 raise
+        before_scrape: list[Callable[[], object]] = []
         if endpoint is not None:
-            endpoint.routes["/metrics"] = metrics_route(registry)
+            endpoint.routes["/metrics"] = metrics_route(registry, before_scrape)
         return cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
-                   endpoint if owned else None, endpoint)
+                   endpoint if owned else None, endpoint, before_scrape)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
         """Serve more paths next to ``/metrics``; nothing without an HTTP endpoint."""

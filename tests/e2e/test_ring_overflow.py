@@ -81,6 +81,7 @@ def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_event
             during = ring_cells(service)
         finally:
             os.kill(telemetry, signal.SIGCONT)
+        service.scrape()  # wakes the pump now rather than when its sleep ends (up to half a second)
         drained(service)
         assert 1 == store(client, kv, "after", 2)  # its first record is committed right after the overflow's
         last = drained(service)
@@ -103,7 +104,10 @@ def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_event
                       "the store after the overflow on /metrics")
     assert 0 < lost
     assert capacity - frozen.head + first < 64, "the ring was full when the stores ended"
-    assert lost == scrape.total(DROPPED) == frozen.dropped == service.ring_counters(0).dropped
+    # the ring stays full until the pump polls: a record the cache process attempted after `frozen` was read
+    # (its 1 Hz eviction tick) may be lost too, and is in `lost` and in the final counter
+    assert lost == scrape.total(DROPPED) == service.ring_counters(0).dropped
+    assert frozen.dropped <= lost
     assert 0 < counted_overflow < STORES
     assert {"before": 1.0, "overflow": float(counted_overflow), "after": 1.0} == scrape.by_label(
         L1_WRITES, "cache_salt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpcache.contract.events import EventType as E
-from mpcache.telemetry.batch import EventBatch, group_sums
+from mpcache.telemetry.batch import EventBatch, group_sums, rows_of
 
 
 def test_session_ids_match_decoded_events(ring):
@@ -62,3 +62,42 @@ def test_salt_groups_carry_their_records_fields(ring):
                       map(name, fields["reason"].tolist())))
     assert ([("a", "m", 2, "not_found"), ("a", "n", 5, "write_locked"), ("b", "m", 3, "not_found")],
             {("a", "m"): 2, ("b", "m"): 3, ("a", "n"): 5}) == (rows, batch.salt_totals([E.L1_READ_FAILED]))
+
+
+def test_table_and_field_columns_match_decoded_events_for_every_layout(ring):
+    """table() and field_column() agree with decoded events over types whose fields sit in different places:
+    float fields (read back truncated to ints by table()), a field in a continuation cell, a field only
+    some of the types have, one type alone and several together, a type that is not in the batch."""
+    for i in range(3):
+        ring.publisher.emit(E.MP_STORE_END, ("cpu", i, "m", "s", 4096 * i, 512 + i), session_id=f"r{i}")
+        ring.publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5 + i, 0.8, i % 2 == 0))
+        ring.publisher.emit(E.MP_RETRIEVE_END, ("cuda:0", 7, "m", "s", i, 2048 * i, 300 + i), session_id=f"q{i}")
+    batch = EventBatch(0, ring.reader.read_batch(), ring.names)
+    wanted = [E.MP_STORE_END, E.L1_EVICTION_LOOP_TICK, E.MP_RETRIEVE_END, E.MP_STORE_START]
+    names = ("engine_id", "total_bytes", "num_tokens", "usage", "triggered")
+    events = batch.events(wanted)
+
+    def value(event, name):
+        field = event.fields.get(name, 0)
+        return int(field) if isinstance(field, (bool, float)) else field
+
+    expected = ([int(e.etype) for e in events], [e.timestamp_ns for e in events],
+                {name: [value(e, name) for e in events] for name in names})
+    alone = [e for e in events if e.etype == E.MP_RETRIEVE_END]
+    ticks = [e for e in events if e.etype == E.L1_EVICTION_LOOP_TICK]
+    assert (expected, ([int(E.MP_RETRIEVE_END)] * 3, [e.timestamp_ns for e in alone],
+                       {name: [value(e, name) for e in alone] for name in names}),
+            {name: [value(e, name) for e in ticks] for name in ("usage", "triggered")},
+            [e.fields["usage"] for e in ticks], [e.fields["num_tokens"] for e in alone]) == (
+        batch.table(wanted, names), batch.table([E.MP_RETRIEVE_END, E.MP_STORE_START], names),
+        batch.table([E.L1_EVICTION_LOOP_TICK], ("usage", "triggered"))[2],
+        batch.field_column(E.L1_EVICTION_LOOP_TICK, "usage").tolist(),
+        batch.field_column(E.MP_RETRIEVE_END, "num_tokens").tolist())
+
+
+def test_rows_of_is_isin():
+    """rows_of() selects the same rows as np.isin for any event-type bytes, known types or not."""
+    rng = np.random.default_rng(7)
+    column = rng.integers(0, 256, 5000).astype(np.uint8)
+    for wanted in ([], [int(E.MP_STORE_END)], [int(e) for e in E], rng.integers(0, 256, 40).tolist()):
+        assert np.array_equal(np.isin(column, wanted), rows_of(column, wanted))

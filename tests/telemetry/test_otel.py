@@ -1,10 +1,14 @@
-"""MeterProvider set-up: Prometheus names and target_info, port 0, OTLP push and a final export at shutdown."""
+"""MeterProvider set-up: Prometheus names and target_info, port 0, OTLP push and a final export at shutdown, the
+flush before a scrape."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,8 +16,12 @@ from pathlib import Path
 import pytest
 from opentelemetry.metrics import Observation
 
+from mpcache.contract.events import EventType as E
 from mpcache.telemetry import metric_table
+from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
+from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, Subscriber
 from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
 
 SPEC_TSV = Path(__file__).resolve().parents[2] / "spec" / "metrics.tsv"
 HISTOGRAM_SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum")
@@ -159,3 +167,81 @@ def test_the_resource_takes_otel_service_name_and_resource_attributes_but_keeps_
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
     assert {"service.name": "mpcache", "host.name": socket.gethostname(),
             "service.instance.id": config.instance_id} == dict(build_resource(config).attributes)
+
+
+@contextlib.contextmanager
+def running_pump(export, pipeline, *subscribers):
+    """The table-driven counters (and ``subscribers``) on a buffered meter of ``export``'s provider, fed by a
+    pump running as in the telemetry process, on a bus whose clock stands still, so that its periodic flush
+    never comes; ``export``'s scrapes catch the pump up first, as the telemetry process's do."""
+    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S, clock=lambda: 0.0)
+    buffer = InstrumentBuffer()
+    bus.add_flusher(buffer.flush)
+    pipeline.bus = bus
+    pipeline.subscribe(*counter_subscribers(BufferedMeter(export.meter_provider.get_meter("test"), buffer)),
+                       *subscribers)
+    pump = pipeline.pump()
+    export.before_scrape.append(pump.catch_up)
+    stop = threading.Event()
+    # it would sleep for an hour between polls: only a scrape's catch-up or the stop wakes it
+    thread = threading.Thread(target=pump.run, args=(stop.is_set,), kwargs={"max_sleep_s": 3600.0})
+    thread.start()
+    try:
+        yield pump
+    finally:
+        stop.set()
+        pump.catch_up()  # wakes it: it sees the stop
+        thread.join(30)
+
+
+def _ticks(exposition: str) -> tuple[float, float]:
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in exposition.splitlines()
+              if line.startswith("lmcache_mp_l1_eviction_loop_")}
+    return (values.get("lmcache_mp_l1_eviction_loop_ticks_total", 0.0),
+            values.get("lmcache_mp_l1_eviction_loop_triggered_total", 0.0))
+
+
+def test_a_scrape_shows_every_record_published_before_it(export, pipeline):
+    """/metrics wakes the pump, which polls the rings and flushes the buffered instruments before the
+    collection: what was published just before a scrape is in it, exactly, though the pump sleeps
+    between polls and the bus's own flush never comes."""
+    with running_pump(export, pipeline):
+        for triggered in (True, False, True, True, False):
+            pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, triggered))
+        first = _ticks(scrape(export.prometheus_port))
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+        assert (first, _ticks(scrape(export.prometheus_port))) == ((5.0, 3.0), (6.0, 4.0))
+
+
+def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
+    """A poll that does not finish (a subscriber stuck in on_batch) holds a scrape up for CATCH_UP_WAIT_S
+    at most: the scrape is answered with what the last flush left, and once the poll ends the next scrape
+    has it; a pump that is not running holds no scrape up at all."""
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    class Stuck(Subscriber):
+        event_types = (E.L1_EVICTION_LOOP_TICK,)
+
+        def on_batch(self, batch) -> None:
+            if armed.is_set():
+                entered.set()
+                release.wait(30)
+
+    with running_pump(export, pipeline, Stuck()) as pump:
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
+        before = _ticks(scrape(export.prometheus_port))
+        armed.set()
+        pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, False))
+        waker = threading.Thread(target=pump.catch_up)  # wakes the pump: its poll delivers the record and sticks
+        waker.start()
+        try:
+            assert entered.wait(10)
+            during = _ticks(scrape(export.prometheus_port))
+        finally:
+            release.set()
+            waker.join(10)
+        after = _ticks(scrape(export.prometheus_port))
+    started = time.monotonic()
+    stopped = pump.catch_up(timeout_s=60)
+    assert (before, during, after, stopped, time.monotonic() - started < 30) == (
+        (1.0, 1.0), (1.0, 1.0), (2.0, 1.0), False, True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from mpcache.contract.events import EventType, has_inline_salt
 from mpcache.shm import layout
-from mpcache.telemetry.batch import EventBatch
+from mpcache.telemetry.batch import EventBatch, rows_of
 
 
 class SampledRow(NamedTuple):
@@ -34,7 +34,7 @@ class SampledRow(NamedTuple):
 def sampled_rows(batch: EventBatch, etypes: Sequence[EventType]) -> list[SampledRow]:
     """Every sampled key of records of these types, in ring order, without decoding the records."""
     cells = batch.cells
-    positions = np.flatnonzero((cells["kind"] == layout.CELL_SAMPLED) & np.isin(cells["etype"], list(etypes)))
+    positions = np.flatnonzero((cells["kind"] == layout.CELL_SAMPLED) & rows_of(cells["etype"], etypes))
     if len(positions) == 0:
         return []
     heads = positions - cells["index"][positions]
@@ -54,13 +54,13 @@ def sampled_rows(batch: EventBatch, etypes: Sequence[EventType]) -> list[Sampled
 def salt_rows(batch: EventBatch, etypes: Sequence[EventType]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(head position, cache_salt id, count) of every salt group of records of these types, by head position."""
     cells = batch.cells
-    positions = np.flatnonzero((cells["kind"] == layout.CELL_SALT) & np.isin(cells["etype"], list(etypes)))
+    positions = np.flatnonzero((cells["kind"] == layout.CELL_SALT) & rows_of(cells["etype"], etypes))
     heads = [positions - cells["index"][positions]]
     salts = [cells["slots"][positions, 0]]
     counts = [cells["slots"][positions, 2]]
     inline_types = [e for e in etypes if has_inline_salt(e)]
     if inline_types:
-        inline = np.flatnonzero((cells["kind"] == layout.CELL_HEAD) & np.isin(cells["etype"], inline_types))
+        inline = np.flatnonzero((cells["kind"] == layout.CELL_HEAD) & rows_of(cells["etype"], inline_types))
         inline = inline[cells["slots"][inline, layout.INLINE_SALT_SLOT + 2] != 0]
         heads.append(inline)
         salts.append(cells["slots"][inline, layout.INLINE_SALT_SLOT])
