@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpcache.cache.headfields import head_fields
+from mpcache.cache.headfields import head_fields, held_past_gap
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -60,14 +60,7 @@ class AccessSampler:
             exact = self._exact_chunks
         gap_chunk = found // ranks
         firsts = hashes[:exact] if ranks == 1 else hashes[: exact * ranks : ranks]
-        gap_mask = 0
-        if gap_chunk + 1 < exact:  # the head chunks past the first missing one: held by L1 (after the gap)?
-            entry_of, bit = l1.entry_of, 1 << (MRC_EXACT_GAP_SHIFT + gap_chunk + 1)
-            for chunk_hash in firsts[gap_chunk + 1 :]:
-                entry = entry_of((model, salt, chunk_hash))
-                if entry is not None and entry.ready:
-                    gap_mask |= bit
-                bit <<= 1
+        gap_mask = held_past_gap(model, salt, firsts, gap_chunk, MRC_EXACT_GAP_SHIFT, l1.entry_of)
         threshold = self._threshold
         l1_rows: list[tuple[int, str, str]] = []
         l2_rows: list[tuple[int, str, str]] = []
@@ -98,13 +91,13 @@ class AccessSampler:
         threshold, modulus = self._threshold, SAMPLE_MODULUS
         for chunk_hash in hashes:  # most stores hold no sampled key: find that out without building a list
             if chunk_hash % modulus < threshold:
+                sampled = [(h, salt, model) for h in hashes if h % modulus < threshold]
                 break
         else:
             if self._sizes.get(model) == object_bytes:
                 return
-        sampled = [(h, salt, model) for h in hashes if h % SAMPLE_MODULUS < threshold]
-        if sampled or self._sizes.get(model) != object_bytes:
-            if len(self._sizes) >= MAX_MODELS_SIZED and model not in self._sizes:
-                self._sizes.clear()
-            self._sizes[model] = object_bytes
-            self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes), sampled=sampled)
+            sampled = []
+        if len(self._sizes) >= MAX_MODELS_SIZED and model not in self._sizes:
+            self._sizes.clear()
+        self._sizes[model] = object_bytes
+        self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes), sampled=sampled)

@@ -29,13 +29,22 @@ def head_fields_reference(model: str, salt: str, hashes: Sequence[int], ranks: i
     if exact * ranks != len(hashes):
         return None
     heads = list(hashes[::ranks][:exact])
-    gap_mask = 0
-    for chunk in range(found // ranks + 1, exact):
-        entry = entry_of((model, salt, heads[chunk]))
-        if entry is not None and entry.ready:
-            gap_mask |= 1 << (gap_shift + chunk)
+    gap_mask = held_past_gap(model, salt, heads, found // ranks, gap_shift, entry_of)
     return (model, salt, ranks, found, min(l1_hits, found), exact | gap_mask, 0, 0, 0, *heads,
             *(0,) * (head_slots - exact))
+
+
+def held_past_gap(model: str, salt: str, heads: Sequence[int], gap_chunk: int, gap_shift: int,
+                  entry_of: EntryOf) -> int:
+    """Bit ``gap_shift + i`` for each head chunk i past ``gap_chunk`` (the first missing one) that L1 holds:
+    an ``entry_of`` entry whose ``ready`` is true."""
+    mask, bit = 0, 1 << (gap_shift + gap_chunk + 1)
+    for chunk_hash in heads[gap_chunk + 1 :]:
+        entry = entry_of((model, salt, chunk_hash))
+        if entry is not None and entry.ready:
+            mask |= bit
+        bit <<= 1
+    return mask
 
 
 HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]

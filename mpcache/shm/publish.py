@@ -61,9 +61,12 @@ class _Shape:
             self.head_fmt = _CELL + "q" + "".join(head) + "8x" * (layout.HEAD_FIELD_SLOTS - len(head))
         rest = slot_fmt[layout.HEAD_FIELD_SLOTS :]
         self.field_cells: list[tuple[int, str]] = []  # (number of fields, format) per FIELDS cell
+        self.field_ranges: list[tuple[int, int, int]] = []  # (cell index, first field, end) per FIELDS cell
         for start in range(0, len(rest), layout.SLOTS_PER_CELL):
             part = rest[start : start + layout.SLOTS_PER_CELL]
             self.field_cells.append((len(part), _CELL + "".join(part) + "8x" * (layout.SLOTS_PER_CELL - len(part))))
+            first = layout.HEAD_FIELD_SLOTS + start
+            self.field_ranges.append((1 + len(self.field_ranges), first, first + len(part)))
         self.text_fields = tuple(
             (number, TEXT_MAX_BYTES[name]) for number, name in enumerate(schema.texts, start=TEXT_FIELD_SESSION + 1)
         )
@@ -130,9 +133,8 @@ class Publisher:
         head_slots, per_cell = layout.HEAD_FIELD_SLOTS, layout.SLOTS_PER_CELL
         head = [layout.CELL_HEAD, etype, 1 + n_cells, 0, *zeros[:head_slots]]
         fields = []
-        for index, (count, _) in enumerate(shape.field_cells):
-            start = head_slots + index * per_cell
-            fields += [0, layout.CELL_FIELDS, etype, 1 + index, *zeros[start : start + count]]
+        for index, start, end in shape.field_ranges:
+            fields += [0, layout.CELL_FIELDS, etype, index, *zeros[start:end]]
         plain = _cells(without_session.pack(0, *head, *fields))
         head[2] += 1  # the head cell counts the text cell too
         text = [0, layout.CELL_TEXT, etype, 1 + n_cells, TEXT_FIELD_SESSION, 0, b""]
@@ -152,11 +154,7 @@ class Publisher:
         """The Python form of :meth:`_make_plain_emitter`'s emitter (and its fallback)."""
         without_session, with_session = self._plain_records[shape.etype]
         etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
-        head, n_cells = layout.HEAD_FIELD_SLOTS, len(shape.field_cells)
-        cell_ranges = []  # (cell index, first field, end) of each FIELDS cell
-        for index, (count, _) in enumerate(shape.field_cells):
-            start = head + index * layout.SLOTS_PER_CELL
-            cell_ranges.append((1 + index, start, start + count))
+        head, n_cells, cell_ranges = layout.HEAD_FIELD_SLOTS, len(shape.field_cells), shape.field_ranges
         ids, intern, clock_ns, writer = self._ids, self._interner.id_of, self._clock_ns, self._writer
         cell_head, cell_fields, cell_text = layout.CELL_HEAD, layout.CELL_FIELDS, layout.CELL_TEXT
         general = self._emit
@@ -277,10 +275,8 @@ class Publisher:
         et = shape.etype
         args = [seq, layout.CELL_HEAD, et, ncells, timestamp]
         args += values[: layout.HEAD_FIELD_SLOTS]
-        offset = layout.HEAD_FIELD_SLOTS
-        for index, (count, _) in enumerate(shape.field_cells, start=1):
-            args += (seq, layout.CELL_FIELDS, et, index, *values[offset : offset + count])
-            offset += count
+        for index, start, end in shape.field_ranges:
+            args += (seq, layout.CELL_FIELDS, et, index, *values[start:end])
         return args
 
     def _general(self, shape: _Shape, values: list[Any], timestamp: int, salt_counts: SaltCounts | None,

@@ -43,14 +43,20 @@ def test_stack_distances_equal_a_brute_force_recency_list_across_renumberings():
 def lru_hit_ratio(trace: list[tuple[str, int, int]], capacity: int) -> float:
     """Hits over lookups of a byte LRU cache of ``capacity``: a lookup hit touches; a store inserts (evicting
     least recently used objects until it fits) or touches.  (Each request's store follows its lookup.)"""
-    cache: OrderedDict[int, int] = OrderedDict()
-    used = hits = lookups = 0
-    for op, key, size in trace:
+    return shared_lru_hit_ratios([(op, (MODEL, SALT), key, size) for op, key, size in trace], capacity)[(ALL, ALL)]
+
+
+def shared_lru_hit_ratios(trace, capacity):
+    """Per tenant (and ALL): hits over lookups in one byte LRU cache shared by every tenant."""
+    cache, used, hits, looks = OrderedDict(), 0, {}, {}
+    for op, tenant, key, size in trace:
         if op == "lookup":
-            lookups += 1
+            for curve in (tenant, (ALL, ALL)):
+                looks[curve] = looks.get(curve, 0) + 1
             if key in cache:
-                hits += 1
                 cache.move_to_end(key)
+                for curve in (tenant, (ALL, ALL)):
+                    hits[curve] = hits.get(curve, 0) + 1
             continue
         if key in cache:
             cache.move_to_end(key)
@@ -60,7 +66,7 @@ def lru_hit_ratio(trace: list[tuple[str, int, int]], capacity: int) -> float:
         if size <= capacity:
             cache[key] = size
             used += size
-    return hits / lookups
+    return {curve: hits.get(curve, 0) / looks[curve] for curve in looks}
 
 
 def engine_trace(rng: random.Random, requests: int, keys: int, size: int) -> list[tuple[str, int, int]]:
@@ -361,29 +367,6 @@ def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as
 
 
 TENANTS = [("m1", "a"), ("m1", "b"), ("m2", "a")]
-
-
-def shared_lru_hit_ratios(trace, capacity):
-    """Per tenant (and ALL): hits over lookups in one byte LRU cache shared by every tenant."""
-    cache, used, hits, looks = OrderedDict(), 0, {}, {}
-    for op, tenant, key, size in trace:
-        if op == "lookup":
-            for curve in (tenant, (ALL, ALL)):
-                looks[curve] = looks.get(curve, 0) + 1
-            if key in cache:
-                cache.move_to_end(key)
-                for curve in (tenant, (ALL, ALL)):
-                    hits[curve] = hits.get(curve, 0) + 1
-            continue
-        if key in cache:
-            cache.move_to_end(key)
-            continue
-        while cache and used + size > capacity:
-            used -= cache.popitem(last=False)[1]
-        if size <= capacity:
-            cache[key] = size
-            used += size
-    return {curve: hits.get(curve, 0) / looks[curve] for curve in looks}
 
 
 def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simulated_lru_cache():

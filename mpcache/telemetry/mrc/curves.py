@@ -131,7 +131,7 @@ class CurveSet:
         seen before, asked for or stored, is held; missing now, it was evicted)."""
         stack, edges, forgotten = self._stack, self._edges, self._forgotten
         thresholds = [stratum.threshold for stratum in self._strata]
-        weights = [SAMPLE_MODULUS / threshold if threshold else 0.0 for threshold in thresholds]
+        weights = self._weights()
         tenant = self.tenant(model, salt)
         histograms = (self._curve(ALL, ALL), self._curve(*tenant))
         judged: list[tuple[Row, int, int]] = []
@@ -216,8 +216,7 @@ class CurveSet:
 
     def _prune(self) -> None:
         """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway."""
-        weights = [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
-        for row, stratum in self._stack.prune(self._edges[-1], weights) if self._edges else ():
+        for row, stratum in self._stack.prune(self._edges[-1], self._weights()) if self._edges else ():
             self._strata[stratum].keys -= 1
             self._forgotten[hash(row)] = None
         for index in (HEAD, SAMPLED):  # the pruned keys' heap entries are stale now
@@ -254,6 +253,11 @@ class CurveSet:
             live = dict.fromkeys(row for _, row in keys.heap if self._live(row, index))
             keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in live]
             heapq.heapify(keys.heap)
+
+    def _weights(self) -> list[float]:
+        """Per stratum, what one tracked byte or access stands for: 1 / its rate (0 for a stratum that admits
+        nothing)."""
+        return [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
 
     def _live(self, row: Row, index: int) -> bool:
         return row in self._stack and self._stack.stratum_of(row) == index
