@@ -88,7 +88,8 @@ def test_the_demo_survives_kill_9_of_a_cache_process_and_its_tally_bounds_the_me
 
     assert [] == outside(limits, observed(scrape))
     assert 1 <= lost == len(service.lines("demo.connection_lost"))
-    assert [0] == [line["exit_status"] for line in service.lines("child.exited", child_role="demo")]
+    exits = wait_for(lambda: service.lines("child.exited", child_role="demo"), 30, "the demo's exit in the log")
+    assert [0] == [line["exit_status"] for line in exits]
     assert [-signal.SIGKILL] == [line["exit_status"] for line in service.lines("child.exited", child_role="cache")]
     assert scrape.total("lmcache_mp_event_bus_dropped_events_total") <= 1
     assert 0 == service.stop()
