@@ -93,7 +93,7 @@ class CacheProcess:
                                             partial_frame_timeout_s=partial_frame_timeout_s)
             urls = config.lmcache_urls(worker)
             if urls:
-                from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # pyzmq only where it is used
+                from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # only where it is served
 
                 self.lmcache = LMCacheFrontEnd(self.ctx, urls, self._selector)
         except BaseException:

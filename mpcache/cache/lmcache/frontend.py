@@ -1,13 +1,12 @@
-"""The LMCache front end of a cache process: a ZeroMQ ROUTER socket served from the process's selectors loop.
+"""The LMCache front end of a cache process: LMCache's MP protocol on a ZeroMQ ROUTER endpoint
+(:mod:`.router`, ZMTP spoken in this process) served from the process's selectors loop.
 
-ZeroMQ's file descriptor is edge-triggered, so the socket is drained while it reports POLLIN, both
-when the descriptor turns readable and after every pass of the loop (a send can consume the edge).
 Every request gets a reply — the operation's result or its failure value; an operation mpcache does
 not serve is answered as LMCache's server would, with one warning per client naming the fix.
 ``wait_prefetch_status`` is answered when the prefetch finishes or its timeout passes, never by
-blocking the loop.  No message of a connection is handled before its peer is known (:mod:`.gate`, in
-ZeroMQ's ZAP step); every frame is bounded (size, decoded objects) and one pass over the backlog is
-bounded in time, so the loop's timers (the heartbeat above all) run between messages.
+blocking the loop.  No connection is served before its peer is known (:mod:`.gate`, as it is
+accepted); every frame is bounded (size, decoded objects) and one pass over the backlog is bounded in
+time, so the loop's timers (the heartbeat above all) run between messages.
 """
 
 from __future__ import annotations
@@ -20,18 +19,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import served, wire
 from mpcache.cache.lmcache.engine import EngineDriven
-from mpcache.cache.lmcache.frames import readable, recv_frames, send_frames
-from mpcache.cache.lmcache.gate import REMOTE, PeerGate
-from mpcache.cache.lmcache.handshakes import HANDSHAKE_TIMEOUT_MS, Handshakes
+from mpcache.cache.lmcache.gate import PeerGate
+from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
 from mpcache.contract import protocol
-from mpcache.errors import ConfigError, ProtocolError, RequestError
+from mpcache.errors import ProtocolError, RequestError
 from mpcache.shm import layout
 
 MAX_WAITERS = 4096
@@ -39,6 +35,7 @@ INVALID = "invalid"  # the op a reply to a request naming no known operation is 
 _WAIT = "wait_prefetch_status"
 MAX_WARNED_CLIENTS = 4096
 MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 3
+MAX_FRAMES = 64  # a message of more frames drops its connection; up to here it is answered as invalid
 PASS_BUDGET_S = 0.05  # one pass over the backlog stops after this, so the loop's timers run between messages
 class _Waiter:
     __slots__ = ("prefix", "request_id", "deadline", "received_ns")
@@ -68,35 +65,17 @@ class LMCacheFrontEnd:
         self._decode = wire.Decoder(config.lmcache_max_tokens)
         self._max_tokens = config.lmcache_max_tokens
         self._own_uid = os.geteuid()
-        self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, _tcp_listen(urls),
-                             allow_remote=config.lmcache_allow_remote, log=ctx.log,
-                             on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1),
-                             handshake_timeout_s=HANDSHAKE_TIMEOUT_MS / 1000)
-        # with one possible owner no message needs its peer's uid; with several, each carries it (User-Id)
+        self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, allow_remote=config.lmcache_allow_remote,
+                             log=ctx.log, on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1))
+        # with one possible owner no message needs its peer's uid; with several, each connection has its own
         self._one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
         self._waiters: list[_Waiter] = []
-        self._ipc_paths: list[str] = []
         self._backlog = False
-        self._zmq = zmq.Context(io_threads=1)
-        self._socket = self._zmq.socket(zmq.ROUTER)
-        self._handshakes = Handshakes(self._zmq, self._socket, self.gate,  # no client is known at a handshake
-                                      lambda message: errors("handshake", "transport", message))
-        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not vanishes
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, wire.frame_cap(config.lmcache_max_tokens))
-        try:
-            for url in urls:
-                self._bind(url)
-        except BaseException:
-            self.close()
-            raise
+        self._router = Router(urls, selector, self.gate, max_frame=wire.frame_cap(config.lmcache_max_tokens),
+                              max_frames=MAX_FRAMES,
+                              report=lambda message, client: errors("connection", "transport", message, client))
         self.urls = list(urls)
-        self._selector = selector
-        self._fd = int(self._socket.getsockopt(zmq.FD))
-        selector.register(self._fd, selectors.EVENT_READ, self._on_readable)
-        for fd in self._handshakes.fds:  # drained when they signal (and each pass while an answer waits)
-            selector.register(fd, selectors.EVENT_READ, lambda mask: self._handshakes.service())
         engine = self.engine
         self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
             "get_chunk_size": lambda args, owner: ctx.chunk_tokens,
@@ -122,62 +101,25 @@ class LMCacheFrontEnd:
             "report_block_allocation": self._report_block_allocation,
         }
 
-    def _bind(self, url: str) -> None:
-        try:
-            self._socket.bind(url)
-        except zmq.ZMQError as exc:
-            raise ConfigError(f"--lmcache-port/--lmcache-ipc: cannot listen on {url}: {exc.strerror}") from None
-        if url.startswith("ipc://"):
-            path = url[len("ipc://"):]
-            os.chmod(path, 0o600)  # in the 0700 runtime directory; same-user clients only
-            self._ipc_paths.append(path)
-
     def close(self) -> None:
         self._times.flush()
-        if getattr(self, "_selector", None) is not None:
-            try:
-                self._selector.unregister(self._fd)
-            except (KeyError, ValueError):
-                pass
-            for fd in self._handshakes.fds:
-                try:
-                    self._selector.unregister(fd)
-                except (KeyError, ValueError):
-                    pass
         self.engine.close()
-        if getattr(self, "_handshakes", None) is not None:
-            self._handshakes.close()
-        self._socket.close(linger=0)
-        self._zmq.term()
-        for path in self._ipc_paths:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        self._router.close()
 
     # -- the loop's hooks ---------------------------------------------------------------------
 
-    def _on_readable(self, mask: int) -> None:
-        self.service()
-
     def service(self) -> None:
-        """Decide pending handshakes, answer finished waits, then the requests that have arrived, for at
-        most ``PASS_BUDGET_S`` (call after each loop pass; :meth:`next_deadline` says when more is left)."""
-        if self._handshakes.waiting:
-            self._handshakes.service()
+        """Answer finished waits, then the requests that have arrived, for at most ``PASS_BUDGET_S`` (call after
+        each loop pass; :meth:`next_deadline` says when more is left)."""
+        router = self._router
         if self._waiters:
             self._answer_waiters()
-        socket = self._socket
         deadline = time.monotonic() + PASS_BUDGET_S
-        one_owner = self._one_owner
-        while readable(socket):
-            try:
-                if one_owner:
-                    frames, owner = recv_frames(socket), self._own_uid
-                else:
-                    frames, owner = self._recv_with_owner()
-            except zmq.Again:
+        while True:
+            message = router.receive()
+            if message is None:
                 break
+            frames, owner = message
             received_ns = time.monotonic_ns()
             op = self._handle(frames, owner, received_ns)
             if op is not None:
@@ -187,18 +129,15 @@ class LMCacheFrontEnd:
                 return
         self._backlog = False
 
-    def _recv_with_owner(self) -> tuple[list[bytes], int]:
-        """A request and the uid its connection was accepted as (the ZAP reply's user id)."""
-        parts = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
-        user = parts[0].get("User-Id")
-        return [part.bytes for part in parts], REMOTE if user == "remote" else int(user)
-
     def next_deadline(self) -> float | None:
         if self._backlog:
             return time.monotonic()
-        if self._handshakes.waiting:  # an answer waits for a connection to close: look again soon
-            return time.monotonic() + 0.01
-        return min((waiter.deadline for waiter in self._waiters), default=None)
+        self._router.expire()  # handshakes past their deadline (nothing to do, mostly)
+        deadlines = [waiter.deadline for waiter in self._waiters]
+        router_deadline = self._router.next_deadline()
+        if router_deadline is not None:
+            deadlines.append(router_deadline)
+        return min(deadlines, default=None)
 
     def tick(self) -> None:
         """Heartbeat work: publish the service times counted (once a second), abandon prepared transfers past
@@ -276,9 +215,9 @@ class LMCacheFrontEnd:
         """Send a reply; its service time ends here, before the client can have it (``_sent_ns``)."""
         self._sent_ns = time.monotonic_ns()
         try:
-            send_frames(self._socket, frames)
-        except zmq.ZMQError as exc:  # the client went away, or is not reading its replies
-            self._client_error("reply", "transport", f"reply dropped: {exc.strerror}")
+            self._router.send(frames)
+        except Gone:
+            self._client_error("reply", "transport", "reply dropped: the client's connection has closed")
 
     def _warn_once(self, identity: bytes, name: str, event: str, fix: str) -> None:
         """One warning per client and operation."""
@@ -374,13 +313,3 @@ def _request_id(value: Any) -> str:
 
 def _model(value: Any) -> str:
     return protocol.MODEL(value, "model_name")
-
-
-def _tcp_listen(urls: list[str]) -> tuple[str, int] | None:
-    """The address and port of the tcp:// url among ``urls`` (one at most per cache process)."""
-    for url in urls:
-        if url.startswith("tcp://"):
-            host, _, port = url[len("tcp://"):].rpartition(":")
-            host = host.strip("[]")
-            return ("127.0.0.1" if host == "localhost" else host), int(port)
-    return None

@@ -8,9 +8,6 @@ LMCache front end learns the uid behind a TCP peer, which TCP itself never tells
 from __future__ import annotations
 
 import ipaddress
-import os
-import socket
-import struct
 from dataclasses import dataclass
 
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -62,44 +59,5 @@ def established(tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
     return ends
 
 
-ZMTP_GREETING_BYTES = 64  # what a ZMTP 3 server sends before its handshake is answered
-_TCP_INFO_BYTES_ACKED = struct.Struct("<Q")  # struct tcp_info's tcpi_bytes_acked (Linux 4.1+), at offset 120
-_TCP_INFO_BYTES_ACKED_OFFSET = 120
-
-
-def past_greeting(fd: int) -> bool:
-    """Whether the TCP socket on ``fd`` has sent more than a ZMTP greeting, so its handshake was answered
-    (False when that cannot be read)."""
-    try:
-        duplicate = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return False
-    try:
-        info = duplicate.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-    except OSError:
-        return False
-    finally:
-        duplicate.close()
-    if len(info) < _TCP_INFO_BYTES_ACKED_OFFSET + 8:
-        return False
-    (acked,) = _TCP_INFO_BYTES_ACKED.unpack_from(info, _TCP_INFO_BYTES_ACKED_OFFSET)
-    return acked > ZMTP_GREETING_BYTES
-
-
 def parse_ip(text: str) -> IPAddress:
     return _unmapped(ipaddress.ip_address(text.strip("[]")))
-
-
-def shutdown_fd(fd: int) -> None:
-    """End a TCP connection whose descriptor another library owns: shutdown, never close (the
-    descriptor stays valid for its owner, which then sees the connection end)."""
-    try:
-        duplicate = socket.socket(fileno=os.dup(fd))
-    except OSError:  # closed by its owner meanwhile
-        return
-    try:
-        duplicate.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already gone
-        pass
-    finally:
-        duplicate.close()

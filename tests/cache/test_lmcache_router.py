@@ -1,0 +1,206 @@
+"""The LMCache front end's own ZMTP endpoint against what a buggy or hostile client sends on the wire:
+broken greetings, other mechanisms and socket types, handshakes that never finish, frames dribbled a
+byte at a time, too many frames, too many connections, replies never read.  Each bad connection is
+dropped with one error line naming why, and a libzmq client beside it is served throughout."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import zmq
+from lmcache_client import LMClient
+
+from mpcache.cache.lmcache import router, zmtp
+from tests.support.waiting import wait_for
+
+OBJECT = 2 * 2 * 256 * 64 * 2
+
+
+class Lines:
+    """A structlog-like logger keeping every line."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict]] = []
+
+    def __getattr__(self, level: str):
+        return lambda event, *args, **fields: self.lines.append((level, event, fields))
+
+    def errors(self) -> list[str]:
+        return [fields.get("error", "") for _, event, fields in self.lines if event == "client.error"]
+
+
+@pytest.fixture
+def served(cache):
+    log = Lines()
+    harness = cache(server_kwargs={"logger": log}, chunk_size_tokens=256, chunk_bytes=OBJECT,
+                    l1_size_bytes=8 * OBJECT, lmcache_ipc=True)
+    path = harness.config.lmcache_urls(0)[0][len("ipc://"):]
+    client = LMClient(harness.config.lmcache_urls(0)[0])
+    assert client.call("noop") == "OK"
+    yield path, client, log
+    client.close()
+
+
+def _raw(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)
+    sock.settimeout(5)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket, deadline_s: float = 10.0) -> bool:
+    """Read until the server closes the connection (True) or the deadline passes (False)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def _handshaken(path: str) -> socket.socket:
+    """A raw connection past the ZMTP handshake, as a DEALER."""
+    sock = _raw(path)
+    sock.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+    greeting = b""
+    while len(greeting) < len(zmtp.GREETING) + len(zmtp.READY):
+        greeting += sock.recv(4096)
+    assert greeting == zmtp.GREETING + zmtp.READY
+    return sock
+
+
+def _assert_still_serving(client: LMClient) -> None:
+    assert client.call("noop") == "OK"
+
+
+@pytest.mark.parametrize(("sent", "reason"), [
+    (b"GET / HTTP/1.1\r\n\r\n", "not a ZMTP 3 greeting"),
+    (b"\xff" + bytes(8) + b"\x7f\x02\x00" + bytes(52), "ZMTP 2.0"),
+    (b"\xff" + bytes(8) + b"\x7f\x03\x01" + b"CURVE".ljust(20, b"\0") + bytes(32), "mechanism 'CURVE'"),
+    (zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"PUB"})),
+     "a PUB socket cannot talk to a ROUTER"),
+    (zmtp.GREETING + b"\x00\x03abc", "a message before the handshake's READY"),
+    (zmtp.GREETING + zmtp.command(b"HELLO"), "expected READY, got 'HELLO'"),
+])
+def test_a_broken_handshake_is_dropped_naming_why(served, sent, reason) -> None:
+    path, client, log = served
+    sock = _raw(path)
+    sock.sendall(sent)
+    assert _closed_by_server(sock)
+    sock.close()
+    wait_for(lambda: any(reason in error for error in log.errors()), 5, f"an error line naming {reason!r}")
+    _assert_still_serving(client)
+
+
+def test_a_libzmq_client_asking_for_plain_authentication_is_never_answered_and_others_are(served) -> None:
+    """libzmq sees this side's NULL greeting and hangs up itself (before naming its mechanism)."""
+    path, client, log = served
+    context = zmq.Context.instance()
+    plain = context.socket(zmq.DEALER)
+    plain.setsockopt(zmq.PLAIN_USERNAME, b"user")
+    plain.setsockopt(zmq.PLAIN_PASSWORD, b"secret")
+    plain.setsockopt(zmq.LINGER, 0)
+    plain.connect(f"ipc://{path}")
+    try:
+        plain.send_multipart([b"\x00", b"\x18"])
+        assert plain.poll(1000) == 0  # never answered
+        _assert_still_serving(client)
+    finally:
+        plain.close(linger=0)
+
+
+def test_a_handshake_that_never_finishes_is_dropped_after_the_timeout(served, monkeypatch) -> None:
+    path, client, log = served
+    monkeypatch.setattr(router, "HANDSHAKE_TIMEOUT_S", 0.3)
+    sock = _raw(path)
+    sock.sendall(zmtp.GREETING[:20])  # and then nothing
+    assert _closed_by_server(sock)
+    sock.close()
+    wait_for(lambda: any("handshake not finished within 0.3 s" in error for error in log.errors()), 5,
+             "the timeout's error line")
+    _assert_still_serving(client)
+
+
+def test_a_request_dribbled_a_byte_at_a_time_is_answered(served) -> None:
+    """Frames split anywhere (inside a size, inside a long frame) are put back together."""
+    path, client, log = served
+    sock = _handshaken(path)
+    key_like = b"\x91" + b"\xcd\x01\x00" * 100  # a 301-byte frame: a long-size header
+    request = zmtp.encode([b"\x05", b"\x18", key_like])  # uid 5, noop, one (ignored) argument
+    for byte in request:
+        sock.send(bytes([byte]))
+    reply = b""
+    while True:
+        reply += sock.recv(4096)
+        reader = zmtp.FrameReader(1 << 20, 8)
+        reader.buffer += reply
+        message = reader.next()
+        if message is not None:
+            break
+    assert message == [b"\x05", b"\x18", b"\xa2OK"]
+    sock.close()
+
+
+def test_a_message_of_too_many_frames_drops_the_connection(served) -> None:
+    path, client, log = served
+    sock = _handshaken(path)
+    sock.sendall(zmtp.encode([b"x"] * 200))
+    assert _closed_by_server(sock)
+    sock.close()
+    wait_for(lambda: any("a message of more than 64 frames" in error for error in log.errors()), 5, "the error")
+    _assert_still_serving(client)
+
+
+def test_a_command_inside_a_message_drops_the_connection(served) -> None:
+    path, client, log = served
+    sock = _handshaken(path)
+    sock.sendall(b"\x01\x01a" + zmtp.command(b"PING", b"\x00\x00"))
+    assert _closed_by_server(sock)
+    sock.close()
+    wait_for(lambda: any("a command inside a message" in error for error in log.errors()), 5, "the error")
+    _assert_still_serving(client)
+
+
+def test_a_ping_is_answered_with_its_context(served) -> None:
+    path, client, log = served
+    sock = _handshaken(path)
+    sock.sendall(zmtp.command(b"PING", b"\x00\x0actx"))
+    assert sock.recv(4096) == zmtp.command(b"PONG", b"ctx")
+    sock.close()
+
+
+def test_connections_past_the_limit_are_refused_and_the_open_ones_served(served, monkeypatch) -> None:
+    path, client, log = served
+    monkeypatch.setattr(router, "MAX_CONNECTIONS", 3)  # the served client is one
+    held = [_handshaken(path), _handshaken(path)]
+    extra = _raw(path)
+    assert _closed_by_server(extra)
+    wait_for(lambda: any("3 connections are open" in error for error in log.errors()), 5, "the refusal")
+    _assert_still_serving(client)
+    for sock in [extra, *held]:
+        sock.close()
+
+
+def test_a_client_that_never_reads_its_replies_is_dropped_at_the_bound(served, monkeypatch) -> None:
+    """Pipelined requests whose replies are never read fill the kernel's buffers, then the bound."""
+    path, client, log = served
+    monkeypatch.setattr(router, "MAX_UNSENT_BYTES", 64 << 10)
+    sock = _handshaken(path)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = zmtp.encode([b"\x01", b"\x18"]) * 1000  # 1,000 noops: ~14 KiB each way per batch
+    deadline = time.monotonic() + 20
+    sock.settimeout(0.5)
+    while not any("of replies unread" in error for error in log.errors()):
+        assert time.monotonic() < deadline, "never dropped"
+        try:
+            sock.sendall(request)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+    _assert_still_serving(client)
+    sock.close()
