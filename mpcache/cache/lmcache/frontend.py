@@ -24,6 +24,7 @@ from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import served, wire
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
+from mpcache.cache.lmcache.recentkeys import RecentKeys
 from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
 from mpcache.contract import protocol
@@ -63,6 +64,7 @@ class LMCacheFrontEnd:
         self._client: bytes | None = None  # the identity of the client whose request is in hand
         self._client_error = lambda op, kind, message: errors(op, kind, message, client=self._client)
         self._decode = wire.Decoder(config.lmcache_max_tokens)
+        self._recent_keys = RecentKeys()
         self._max_tokens = config.lmcache_max_tokens
         self._own_uid = os.geteuid()
         self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, allow_remote=config.lmcache_allow_remote,
@@ -288,7 +290,10 @@ class LMCacheFrontEnd:
         return request_id if self._one_owner else f"{owner}/{request_id}"
 
     def _key(self, frame: bytes, owner: int) -> wire.Key:
-        key = wire.parse_key_frame(frame, self._max_tokens, self._decode)
+        key = self._recent_keys.get(frame)
+        if key is None:
+            key = wire.parse_key_frame(frame, self._max_tokens, self._decode)
+            self._recent_keys.put(frame, key)
         if self._one_owner:
             return key
         return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))
