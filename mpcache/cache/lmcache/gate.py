@@ -16,7 +16,7 @@ from typing import Any
 from mpcache.cache.lmcache import sockets
 
 REMOTE = -1  # the owner of a non-local peer's requests (only with --lmcache-allow-remote)
-UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, or could not be read
+UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, had no file any more, or could not be read
 REFUSAL_LOG_INTERVAL_S = 60.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -26,7 +26,7 @@ class PeerGate:
 
     def __init__(self, allowed_uids: set[int], *, allow_remote: bool, log: Any, on_refused: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic,
-                 table: Callable[[], list[sockets.TcpEnd]] = sockets.established) -> None:
+                 table: Callable[[], list[sockets.TcpEnd]] = sockets.ends) -> None:
         self.allowed = frozenset(allowed_uids)
         self._allow_remote = allow_remote
         self._log = log
@@ -65,7 +65,7 @@ class PeerGate:
         local_end = (sockets.parse_ip(local[0]), local[1])
         for end in self._table():
             if end.local == peer_end and end.remote == local_end:
-                return end.uid
+                return end.uid if end.inode else UNKNOWN_UID  # a closed end's owner is not known
         if self._allow_remote and not peer_end[0].is_loopback:
             return REMOTE  # no end in this host's table: another host (the operator accepted the network)
         return UNKNOWN_UID
