@@ -6,6 +6,7 @@ dropped with one error line naming why, and a libzmq client beside it is served 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -204,3 +205,50 @@ def test_a_client_that_never_reads_its_replies_is_dropped_at_the_bound(served, m
             pass
     _assert_still_serving(client)
     sock.close()
+
+
+def test_a_handshake_that_never_finishes_is_dropped_while_another_client_keeps_a_backlog(served, monkeypatch) -> None:
+    """The router's timers run while the front end works off a backlog: a client that pipelines requests
+    without pause (every pass ends on the time budget) does not keep a stalled handshake alive."""
+    from mpcache.cache.lmcache import frontend
+
+    path, client, log = served
+    monkeypatch.setattr(router, "HANDSHAKE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(frontend, "PASS_BUDGET_S", 0.0)  # every pass that answers a request ends on the budget
+    flood = _handshaken(path)
+    stop = threading.Event()
+
+    def drain() -> None:
+        flood.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                flood.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    batch = zmtp.encode([b"\x01", b"\x18"]) * 2000
+    try:
+        flood.sendall(batch * 8)  # a backlog before the stalled handshake starts
+        stalled = _raw(path)
+        stalled.sendall(zmtp.GREETING[:20])  # and then nothing
+        stalled.settimeout(0.05)
+        deadline = time.monotonic() + 5.0
+        dropped = False
+        while not dropped and time.monotonic() < deadline:
+            flood.sendall(batch)
+            try:
+                dropped = stalled.recv(4096) == b""
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                dropped = True
+        assert dropped, "a stalled handshake was kept past its timeout while another client had a backlog"
+    finally:
+        stop.set()
+        reader.join(5)
+        flood.close()
+    _assert_still_serving(client)
