@@ -35,7 +35,7 @@ class World:
         self.now = 0.0
         self.gate = PeerGate(set(allowed), allow_remote=allow_remote, log=self.log,
                              on_refused=lambda: self.refused.append(1), clock=lambda: self.now,
-                             table=lambda: list(self.table))
+                             table=lambda port: list(self.table))
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = [self.listener]
@@ -139,7 +139,7 @@ def test_the_kernel_table_names_both_ends_of_a_real_connection() -> None:
     peer = socket.create_connection(("127.0.0.1", port))
     accepted, _ = listener.accept()
     try:
-        mine = [end for end in sockets.ends()
+        mine = [end for end in sockets.ends(port)
                 if end.local == (LOOPBACK, peer.getsockname()[1]) and end.remote == (LOOPBACK, port)]
         assert [end.uid for end in mine] == [os.geteuid()]
         gate = PeerGate({os.geteuid()}, allow_remote=False, log=Log(), on_refused=lambda: None)

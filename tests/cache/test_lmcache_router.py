@@ -5,6 +5,8 @@ dropped with one error line naming why, and a libzmq client beside it is served 
 
 from __future__ import annotations
 
+import os
+import selectors
 import socket
 import threading
 import time
@@ -13,7 +15,9 @@ import pytest
 import zmq
 from lmcache_client import LMClient
 
-from mpcache.cache.lmcache import router, zmtp
+from mpcache.cache.lmcache import frontend, router, sockets, zmtp
+from mpcache.cache.lmcache.gate import PeerGate
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 OBJECT = 2 * 2 * 256 * 64 * 2
@@ -210,8 +214,6 @@ def test_a_client_that_never_reads_its_replies_is_dropped_at_the_bound(served, m
 def test_a_handshake_that_never_finishes_is_dropped_while_another_client_keeps_a_backlog(served, monkeypatch) -> None:
     """The router's timers run while the front end works off a backlog: a client that pipelines requests
     without pause (every pass ends on the time budget) does not keep a stalled handshake alive."""
-    from mpcache.cache.lmcache import frontend
-
     path, client, log = served
     monkeypatch.setattr(router, "HANDSHAKE_TIMEOUT_S", 0.3)
     monkeypatch.setattr(frontend, "PASS_BUDGET_S", 0.0)  # every pass that answers a request ends on the budget
@@ -252,3 +254,32 @@ def test_a_handshake_that_never_finishes_is_dropped_while_another_client_keeps_a
         reader.join(5)
         flood.close()
     _assert_still_serving(client)
+
+
+def test_a_burst_of_tcp_connections_costs_one_read_of_the_socket_table(monkeypatch) -> None:
+    """The socket table is the kernel's text of every TCP socket of the host (a local user can make it
+    long), so the connections accepted together are judged against one reading of it, not one each."""
+    reads: list[int] = []
+
+    def table(*args):
+        reads.append(1)
+        return sockets.ends(*args)
+
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None, table=table)
+    port = free_port()
+    served = router.Router([f"tcp://127.0.0.1:{port}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: None)
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        for key, mask in selector.select(5):  # the listener: all 20 wait in its queue
+            key.data(mask)
+        assert len(reads) == 1, f"{len(reads)} reads of the socket table for one burst of 20 connections"
+        for client in clients:  # and each was judged and greeted
+            client.settimeout(5)
+            assert client.recv(len(zmtp.GREETING)) == zmtp.GREETING
+    finally:
+        for client in clients:
+            client.close()
+        served.close()
+        selector.close()

@@ -174,26 +174,29 @@ class Router:
     # -- connections ------------------------------------------------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
+        accepted: list[socket.socket] = []
         for _ in range(ACCEPTS_PER_WAKE):
             try:
                 sock, _address = listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:  # out of descriptors, most likely: stop watching it for a while
                 self._selector.unregister(listener)
                 self._paused.append((time.monotonic() + ACCEPT_PAUSE_S, listener))
                 self._report(f"accept failed: {exc.strerror}; listening again in {ACCEPT_PAUSE_S:g} s", None)
-                return
-            self._admit(sock)
+                break
+            accepted.append(sock)
+        if accepted:  # judged together: one reading of the socket table
+            for sock, owner in zip(accepted, self._gate.owners(accepted), strict=True):
+                self._admit(sock, owner)
 
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, owner: int | None) -> None:
+        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
+            sock.close()
+            return
         if len(self._open) + len(self._handshaking) >= MAX_CONNECTIONS:
             sock.close()
             self._report(f"connection refused: {MAX_CONNECTIONS} connections are open", None)
-            return
-        owner = self._gate.owner(sock)
-        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
-            sock.close()
             return
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:

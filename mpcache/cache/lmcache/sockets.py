@@ -42,17 +42,21 @@ def _unmapped(ip: IPAddress) -> IPAddress:
     return ip
 
 
-def ends(tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
-    """Every TCP socket end in this network namespace, in any state: a peer that half-closed or closed its
-    end before it was judged has left ESTABLISHED, but is still a local peer, never another host's."""
+def ends(peer_port: int, tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
+    """Every TCP socket end in this network namespace whose peer's port is ``peer_port``, in any state: a
+    peer that half-closed or closed its end before it was judged has left ESTABLISHED, but is still a local
+    peer, never another host's.  Other rows (a local user can make the table long) are skipped unparsed."""
     ends = []
+    port = f":{peer_port:04X}"
     for table in tables:
         try:
             with open(table, encoding="ascii") as handle:
                 next(handle, None)  # the header
                 for line in handle:
+                    if port not in line:
+                        continue
                     fields = line.split()
-                    if len(fields) < 10:
+                    if len(fields) < 10 or not fields[2].endswith(port):
                         continue
                     ends.append(TcpEnd(_address(fields[1]), _address(fields[2]), int(fields[7]), int(fields[9])))
         except FileNotFoundError:  # no IPv6 in this kernel
