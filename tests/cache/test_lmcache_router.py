@@ -283,3 +283,51 @@ def test_a_burst_of_tcp_connections_costs_one_read_of_the_socket_table(monkeypat
             client.close()
         served.close()
         selector.close()
+
+
+def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_them_later(tmp_path) -> None:
+    """Commands (PING) are answered by the router alone, so a connection's buffer full of them would keep
+    one :meth:`~router.Router.receive` call (and the loop's timers) waiting: one call answers at most
+    ``COMMANDS_PER_CALL`` of them and leaves the rest, and the message behind them, to the next calls."""
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
+    path = str(tmp_path / "r.ipc")
+    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: None)
+
+    def pump() -> None:
+        """Dispatch the router's events until none come for 0.2 s (every byte sent has been read)."""
+        while events := selector.select(0.2):
+            for key, mask in events:
+                key.data(mask)
+
+    client = _raw(path)
+    try:
+        client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+        pump()
+        pings = 10_000
+        client.sendall(zmtp.command(b"PING", b"\x00\x00") * pings + zmtp.encode([b"\x05", b"\x18"]))
+        pump()
+        first = served.receive()
+        assert first is None, "one call answered 10,000 PINGs before handing over the message behind them"
+        calls = 1
+        while (message := served.receive()) is None:
+            calls += 1
+            assert calls <= pings, "the message behind the PINGs never came"
+        assert message[0][1:] == [b"\x05", b"\x18"]
+        client.settimeout(0.05)
+        replies = b""
+        expected = len(zmtp.GREETING + zmtp.READY) + pings * len(zmtp.command(b"PONG"))
+        deadline = time.monotonic() + 10
+        while len(replies) < expected and time.monotonic() < deadline:
+            for key, mask in selector.select(0.05):  # the PONGs the kernel had no room for yet
+                key.data(mask)
+            try:
+                replies += client.recv(1 << 20)
+            except TimeoutError:
+                pass
+        assert replies == zmtp.GREETING + zmtp.READY + zmtp.command(b"PONG") * pings, "not every PING was answered"
+    finally:
+        client.close()
+        served.close()
+        selector.close()

@@ -127,7 +127,7 @@ class LMCacheFrontEnd:
             if time.monotonic() >= deadline:
                 self._backlog = True
                 return
-        self._backlog = False
+        self._backlog = router.backlogged
 
     def next_deadline(self) -> float | None:
         self._router.expire()  # handshakes past their deadline, paused listeners (nothing to do, mostly)

@@ -29,6 +29,7 @@ HANDSHAKE_TIMEOUT_S = 5.0  # a connection that has not finished its ZMTP handsha
 MAX_UNSENT_BYTES = 16 << 20
 RECV_BYTES = 256 << 10
 ACCEPTS_PER_WAKE = 64
+COMMANDS_PER_CALL = 256  # commands (PING) one receive() answers; a buffer full of them waits for the next calls
 ACCEPT_PAUSE_S = 1.0  # after accept() fails for want of descriptors, before the listener is watched again
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
@@ -132,8 +133,10 @@ class Router:
 
     def receive(self) -> tuple[list[bytes], int] | None:
         """The next whole message, its connection's routing id first, and the uid it belongs to; None when
-        no connection holds one (connections take turns, a message each)."""
+        no connection holds one (connections take turns, a message each), or after ``COMMANDS_PER_CALL``
+        commands (then :attr:`backlogged`)."""
         ready = self._ready
+        commands = 0
         while ready:
             connection = ready.popleft()
             if connection.closed:
@@ -142,6 +145,10 @@ class Router:
                 item = connection.reader.next()
                 while isinstance(item, bytes):
                     self._command(connection, item)
+                    commands += 1
+                    if commands >= COMMANDS_PER_CALL:
+                        ready.appendleft(connection)  # its turn goes on at the next call
+                        return None
                     item = connection.reader.next()
             except zmtp.ZmtpError as exc:
                 self._close(connection, str(exc))
@@ -154,6 +161,11 @@ class Router:
             item.insert(0, connection.routing_id)
             return item, connection.owner
         return None
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether the last :meth:`receive` stopped with input left to read (commands it had no time for)."""
+        return bool(self._ready)
 
     def send(self, frames: list[bytes]) -> None:
         """Send ``frames[1:]`` to the connection named by ``frames[0]`` (:class:`Gone` when it has closed)."""
