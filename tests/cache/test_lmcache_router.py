@@ -331,3 +331,43 @@ def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_th
         client.close()
         served.close()
         selector.close()
+
+
+@pytest.mark.parametrize("unread", [False, True], ids=["replies-read", "replies-unread"])
+def test_requests_a_client_sent_before_it_closed_are_all_handed_over(tmp_path, unread) -> None:
+    """As libzmq's ROUTER does, the messages that arrived before a peer closed are still handed over (a
+    worker's last ``end_session`` or ``unregister`` before it exits), even when its end of file — or, when
+    it closed with bytes of ours unread, the reset — is read before the front end got to them (a backlog);
+    their replies go nowhere."""
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
+    path = str(tmp_path / "r.ipc")
+    dropped: list[str] = []
+    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: dropped.append(message))
+
+    def pump() -> None:
+        while events := selector.select(0.2):
+            for key, mask in events:
+                key.data(mask)
+
+    client = _raw(path)
+    try:
+        client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+        pump()
+        if not unread:
+            assert client.recv(4096) == zmtp.GREETING + zmtp.READY
+        client.sendall(b"".join(zmtp.encode([bytes([index]), b"\x18"]) for index in range(10)))
+        client.close()
+        pump()  # its requests and its end of file are read before any is handed over
+        received = []
+        while (message := served.receive()) is not None:
+            received.append(message[0][1])
+            with pytest.raises(router.Gone):
+                served.send(message[0][:1] + [b"reply"])
+        assert received == [bytes([index]) for index in range(10)]
+        assert dropped == [], "a peer's ordinary close was reported as a dropped connection"
+    finally:
+        client.close()
+        served.close()
+        selector.close()

@@ -40,7 +40,7 @@ class Gone(Exception):
 
 class _Connection:
     __slots__ = ("sock", "fd", "routing_id", "owner", "reader", "unsent", "deadline", "greeted", "events",
-                 "queued", "closed", "read_ahead")
+                 "queued", "closed", "read_ahead", "ended")
 
     def __init__(self, sock: socket.socket, routing_id: bytes, owner: int, reader: zmtp.FrameReader,
                  deadline: float, read_ahead: int) -> None:
@@ -56,6 +56,7 @@ class _Connection:
         self.queued = False  # in the ready queue
         self.closed = False
         self.read_ahead = read_ahead
+        self.ended = False  # the peer closed it: what it sent before is still handed over, then it is closed
 
 
 class Router:
@@ -154,6 +155,9 @@ class Router:
                 self._close(connection, str(exc))
                 continue
             if item is None:
+                if connection.ended:
+                    self._close(connection, None)
+                    continue
                 connection.queued = False
                 self._watch(connection)  # it may have stopped being read while its input waited
                 continue
@@ -170,7 +174,7 @@ class Router:
     def send(self, frames: list[bytes]) -> None:
         """Send ``frames[1:]`` to the connection named by ``frames[0]`` (:class:`Gone` when it has closed)."""
         connection = self._open.get(frames[0])
-        if connection is None:
+        if connection is None or connection.ended:
             raise Gone
         self._write(connection, zmtp.encode(frames[1:]))
         if connection.closed:
@@ -232,11 +236,11 @@ class Router:
             data = connection.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
-            self._close(connection, f"receive failed: {exc.strerror}")
+        except OSError as exc:  # a reset, mostly: the peer closed with our replies unread
+            self._peer_closed(connection, f"receive failed: {exc.strerror}")
             return
         if not data:
-            self._close(connection, None)  # the peer closed it
+            self._peer_closed(connection, None)
             return
         connection.reader.buffer += data
         if connection.deadline:
@@ -250,6 +254,15 @@ class Router:
             self._ready.append(connection)
         if len(connection.reader.buffer) > connection.read_ahead:
             self._watch(connection)  # held back until the front end has read what is there
+
+    def _peer_closed(self, connection: _Connection, reason: str | None) -> None:
+        """The peer closed (or reset) its end: messages that may wait in its input are handed over first, as
+        libzmq does (a worker's last requests before it exits), and their replies go nowhere."""
+        if connection.queued:
+            connection.ended = True
+            self._watch(connection)
+        else:
+            self._close(connection, reason)
 
     def _handshake(self, connection: _Connection) -> None:
         """The peer's greeting, then its READY; then the connection is open."""
@@ -281,7 +294,7 @@ class Router:
             self._ready.append(connection)
 
     def _write(self, connection: _Connection, data: bytes) -> None:
-        if connection.closed:
+        if connection.closed or connection.ended:
             return
         if connection.unsent:
             connection.unsent += data
@@ -318,8 +331,11 @@ class Router:
         while replies wait."""
         if connection.closed:
             return
-        events = (_READ if len(connection.reader.buffer) <= connection.read_ahead else 0) | (
-            _WRITE if connection.unsent else 0)
+        if connection.ended:
+            events = 0
+        else:
+            events = (_READ if len(connection.reader.buffer) <= connection.read_ahead else 0) | (
+                _WRITE if connection.unsent else 0)
         if events == connection.events:
             return
         if not connection.events:
