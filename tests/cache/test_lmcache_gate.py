@@ -35,7 +35,7 @@ class World:
         self.now = 0.0
         self.gate = PeerGate(set(allowed), allow_remote=allow_remote, log=self.log,
                              on_refused=lambda: self.refused.append(1), clock=lambda: self.now,
-                             table=lambda: list(self.table))
+                             table=lambda port: list(self.table))
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = [self.listener]
@@ -139,11 +139,53 @@ def test_the_kernel_table_names_both_ends_of_a_real_connection() -> None:
     peer = socket.create_connection(("127.0.0.1", port))
     accepted, _ = listener.accept()
     try:
-        mine = [end for end in sockets.established()
+        mine = [end for end in sockets.ends(port)
                 if end.local == (LOOPBACK, peer.getsockname()[1]) and end.remote == (LOOPBACK, port)]
         assert [end.uid for end in mine] == [os.geteuid()]
         gate = PeerGate({os.geteuid()}, allow_remote=False, log=Log(), on_refused=lambda: None)
         assert gate.owner(accepted) == os.geteuid()
+    finally:
+        for sock in (peer, accepted, listener):
+            sock.close()
+
+
+def _this_hosts_own_address() -> str:
+    """A non-loopback address of this host (the source of its default route), or skip."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("198.51.100.1", 9))  # TEST-NET-2: a route lookup, nothing is sent
+        address = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("this host has no default route, so no non-loopback address of its own")
+    finally:
+        probe.close()
+    if ipaddress.ip_address(address).is_loopback:
+        pytest.skip("this host's default route leaves from loopback")
+    return address
+
+
+@pytest.mark.parametrize("end", ["half-closed", "closed"])
+def test_a_local_peer_that_ends_its_side_before_the_check_is_never_taken_for_a_remote_one(end) -> None:
+    """With ``allow_remote``, a local process connecting to this host's own non-loopback address that
+    half-closes (``shutdown(SHUT_WR)``: it can still read replies) or closes before its connection is judged
+    has left ESTABLISHED but is still in the table: it is a local peer of this uid (not allowed here), never
+    ``REMOTE``."""
+    address = _this_hosts_own_address()
+    listener = socket.create_server((address, 0))
+    peer = socket.create_connection((address, listener.getsockname()[1]))
+    if end == "half-closed":
+        peer.shutdown(socket.SHUT_WR)
+    else:
+        peer.close()
+    accepted, _ = listener.accept()
+    refused: list[int] = []
+    log = Log()
+    gate = PeerGate({STRANGER_UID}, allow_remote=True, log=log, on_refused=lambda: refused.append(1))
+    try:
+        assert gate.owner(accepted) is None
+        assert refused == [1]
+        # a half-closed end still has its file, so its owner; a closed one's owner is not known (fail closed)
+        assert [fields["uid"] for _, fields in log.lines] == [SERVICE_UID if end == "half-closed" else UNKNOWN_UID]
     finally:
         for sock in (peer, accepted, listener):
             sock.close()

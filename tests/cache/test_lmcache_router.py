@@ -5,14 +5,19 @@ dropped with one error line naming why, and a libzmq client beside it is served 
 
 from __future__ import annotations
 
+import os
+import selectors
 import socket
+import threading
 import time
 
 import pytest
 import zmq
 from lmcache_client import LMClient
 
-from mpcache.cache.lmcache import router, zmtp
+from mpcache.cache.lmcache import frontend, router, sockets, zmtp
+from mpcache.cache.lmcache.gate import PeerGate
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 OBJECT = 2 * 2 * 256 * 64 * 2
@@ -204,3 +209,165 @@ def test_a_client_that_never_reads_its_replies_is_dropped_at_the_bound(served, m
             pass
     _assert_still_serving(client)
     sock.close()
+
+
+def test_a_handshake_that_never_finishes_is_dropped_while_another_client_keeps_a_backlog(served, monkeypatch) -> None:
+    """The router's timers run while the front end works off a backlog: a client that pipelines requests
+    without pause (every pass ends on the time budget) does not keep a stalled handshake alive."""
+    path, client, log = served
+    monkeypatch.setattr(router, "HANDSHAKE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(frontend, "PASS_BUDGET_S", 0.0)  # every pass that answers a request ends on the budget
+    flood = _handshaken(path)
+    stop = threading.Event()
+
+    def drain() -> None:
+        flood.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                flood.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    batch = zmtp.encode([b"\x01", b"\x18"]) * 2000
+    try:
+        flood.sendall(batch * 8)  # a backlog before the stalled handshake starts
+        stalled = _raw(path)
+        stalled.sendall(zmtp.GREETING[:20])  # and then nothing
+        stalled.settimeout(0.05)
+        deadline = time.monotonic() + 5.0
+        dropped = False
+        while not dropped and time.monotonic() < deadline:
+            flood.sendall(batch)
+            try:
+                dropped = stalled.recv(4096) == b""
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                dropped = True
+        assert dropped, "a stalled handshake was kept past its timeout while another client had a backlog"
+    finally:
+        stop.set()
+        reader.join(5)
+        flood.close()
+    _assert_still_serving(client)
+
+
+def test_a_burst_of_tcp_connections_costs_one_read_of_the_socket_table(monkeypatch) -> None:
+    """The socket table is the kernel's text of every TCP socket of the host (a local user can make it
+    long), so the connections accepted together are judged against one reading of it, not one each."""
+    reads: list[int] = []
+
+    def table(*args):
+        reads.append(1)
+        return sockets.ends(*args)
+
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None, table=table)
+    port = free_port()
+    served = router.Router([f"tcp://127.0.0.1:{port}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: None)
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        for key, mask in selector.select(5):  # the listener: all 20 wait in its queue
+            key.data(mask)
+        assert len(reads) == 1, f"{len(reads)} reads of the socket table for one burst of 20 connections"
+        for client in clients:  # and each was judged and greeted
+            client.settimeout(5)
+            assert client.recv(len(zmtp.GREETING)) == zmtp.GREETING
+    finally:
+        for client in clients:
+            client.close()
+        served.close()
+        selector.close()
+
+
+def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_them_later(tmp_path) -> None:
+    """Commands (PING) are answered by the router alone, so a connection's buffer full of them would keep
+    one :meth:`~router.Router.receive` call (and the loop's timers) waiting: one call answers at most
+    ``COMMANDS_PER_CALL`` of them and leaves the rest, and the message behind them, to the next calls."""
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
+    path = str(tmp_path / "r.ipc")
+    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: None)
+
+    def pump() -> None:
+        """Dispatch the router's events until none come for 0.2 s (every byte sent has been read)."""
+        while events := selector.select(0.2):
+            for key, mask in events:
+                key.data(mask)
+
+    client = _raw(path)
+    try:
+        client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+        pump()
+        pings = 10_000
+        client.sendall(zmtp.command(b"PING", b"\x00\x00") * pings + zmtp.encode([b"\x05", b"\x18"]))
+        pump()
+        first = served.receive()
+        assert first is None, "one call answered 10,000 PINGs before handing over the message behind them"
+        calls = 1
+        while (message := served.receive()) is None:
+            calls += 1
+            assert calls <= pings, "the message behind the PINGs never came"
+        assert message[0][1:] == [b"\x05", b"\x18"]
+        client.settimeout(0.05)
+        replies = b""
+        expected = len(zmtp.GREETING + zmtp.READY) + pings * len(zmtp.command(b"PONG"))
+        deadline = time.monotonic() + 10
+        while len(replies) < expected and time.monotonic() < deadline:
+            for key, mask in selector.select(0.05):  # the PONGs the kernel had no room for yet
+                key.data(mask)
+            try:
+                replies += client.recv(1 << 20)
+            except TimeoutError:
+                pass
+        assert replies == zmtp.GREETING + zmtp.READY + zmtp.command(b"PONG") * pings, "not every PING was answered"
+    finally:
+        client.close()
+        served.close()
+        selector.close()
+
+
+@pytest.mark.parametrize("unread", [False, True], ids=["replies-read", "replies-unread"])
+def test_requests_a_client_sent_before_it_closed_are_all_handed_over(tmp_path, unread) -> None:
+    """As libzmq's ROUTER does, the messages that arrived before a peer closed are still handed over (a
+    worker's last ``end_session`` or ``unregister`` before it exits), even when its end of file — or, when
+    it closed with bytes of ours unread, the reset — is read before the front end got to them (a backlog);
+    their replies go nowhere."""
+    selector = selectors.DefaultSelector()
+    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
+    path = str(tmp_path / "r.ipc")
+    dropped: list[str] = []
+    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
+                           report=lambda message, client: dropped.append(message))
+
+    def pump() -> None:
+        while events := selector.select(0.2):
+            for key, mask in events:
+                key.data(mask)
+
+    client = _raw(path)
+    try:
+        client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+        pump()
+        if not unread:
+            assert client.recv(4096) == zmtp.GREETING + zmtp.READY
+        client.sendall(b"".join(zmtp.encode([bytes([index]), b"\x18"]) for index in range(10)))
+        client.close()
+        pump()  # its requests and its end of file are read before any is handed over
+        received = []
+        while (message := served.receive()) is not None:
+            received.append(message[0][1])
+            with pytest.raises(router.Gone):
+                served.send(message[0][:1] + [b"reply"])
+        assert received == [bytes([index]) for index in range(10)]
+        assert dropped == [], "a peer's ordinary close was reported as a dropped connection"
+    finally:
+        client.close()
+        served.close()
+        selector.close()

@@ -129,12 +129,12 @@ class LMCacheFrontEnd:
             if time.monotonic() >= deadline:
                 self._backlog = True
                 return
-        self._backlog = False
+        self._backlog = router.backlogged
 
     def next_deadline(self) -> float | None:
+        self._router.expire()  # handshakes past their deadline, paused listeners (nothing to do, mostly)
         if self._backlog:
             return time.monotonic()
-        self._router.expire()  # handshakes past their deadline (nothing to do, mostly)
         deadlines = [waiter.deadline for waiter in self._waiters]
         router_deadline = self._router.next_deadline()
         if router_deadline is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from mpcache.cache.lmcache import sockets
 
 REMOTE = -1  # the owner of a non-local peer's requests (only with --lmcache-allow-remote)
-UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, or could not be read
+UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, had no file any more, or could not be read
 REFUSAL_LOG_INTERVAL_S = 60.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -26,7 +26,7 @@ class PeerGate:
 
     def __init__(self, allowed_uids: set[int], *, allow_remote: bool, log: Any, on_refused: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic,
-                 table: Callable[[], list[sockets.TcpEnd]] = sockets.established) -> None:
+                 table: Callable[[int], list[sockets.TcpEnd]] = sockets.ends) -> None:
         self.allowed = frozenset(allowed_uids)
         self._allow_remote = allow_remote
         self._log = log
@@ -39,6 +39,15 @@ class PeerGate:
     def owner(self, connection: socket.socket) -> int | None:
         """The uid the requests of a just-accepted connection belong to (``REMOTE``: another host's, with
         ``allow_remote``), or None: refused, counted and logged."""
+        return self.owners([connection])[0]
+
+    def owners(self, connections: list[socket.socket]) -> list[int | None]:
+        """:meth:`owner` of each connection accepted together, against one reading of the socket table (an
+        end accepted is in it already: its peer finished connecting first)."""
+        tables: dict[int, list[sockets.TcpEnd]] = {}
+        return [self._judge(connection, tables) for connection in connections]
+
+    def _judge(self, connection: socket.socket, tables: dict[int, list[sockets.TcpEnd]]) -> int | None:
         error = None
         if connection.family == socket.AF_UNIX:
             transport = "ipc"
@@ -50,7 +59,10 @@ class PeerGate:
         else:
             transport = "tcp"
             try:
-                uid = self.tcp_owner(connection.getsockname(), connection.getpeername())
+                local, peer = connection.getsockname(), connection.getpeername()
+                if local[1] not in tables:
+                    tables[local[1]] = self._table(local[1])
+                uid = self.tcp_owner(local, peer, tables[local[1]])
             except OSError as exc:  # the peer is gone already, or the socket table could not be read
                 uid, error = UNKNOWN_UID, exc.strerror
         if uid in self.allowed or (uid == REMOTE and transport == "tcp"):
@@ -58,14 +70,16 @@ class PeerGate:
         self._refused(uid, transport, error)
         return None
 
-    def tcp_owner(self, local: tuple[Any, ...], peer: tuple[Any, ...]) -> int:
+    def tcp_owner(self, local: tuple[Any, ...], peer: tuple[Any, ...],
+                  table: list[sockets.TcpEnd] | None = None) -> int:
         """The uid owning the other end of the TCP connection from ``peer`` to ``local`` (addresses as the
-        socket reports them), ``REMOTE``, or ``UNKNOWN_UID``."""
+        socket reports them; ``table``: the socket table's ends with peer port ``local[1]``, read if not
+        given), ``REMOTE``, or ``UNKNOWN_UID``."""
         peer_end = (sockets.parse_ip(peer[0]), peer[1])
         local_end = (sockets.parse_ip(local[0]), local[1])
-        for end in self._table():
+        for end in self._table(local[1]) if table is None else table:
             if end.local == peer_end and end.remote == local_end:
-                return end.uid
+                return end.uid if end.inode else UNKNOWN_UID  # a closed end's owner is not known
         if self._allow_remote and not peer_end[0].is_loopback:
             return REMOTE  # no end in this host's table: another host (the operator accepted the network)
         return UNKNOWN_UID

@@ -29,6 +29,7 @@ HANDSHAKE_TIMEOUT_S = 5.0  # a connection that has not finished its ZMTP handsha
 MAX_UNSENT_BYTES = 16 << 20
 RECV_BYTES = 256 << 10
 ACCEPTS_PER_WAKE = 64
+COMMANDS_PER_CALL = 256  # commands (PING) one receive() answers; a buffer full of them waits for the next calls
 ACCEPT_PAUSE_S = 1.0  # after accept() fails for want of descriptors, before the listener is watched again
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
@@ -39,7 +40,7 @@ class Gone(Exception):
 
 class _Connection:
     __slots__ = ("sock", "fd", "routing_id", "owner", "reader", "unsent", "deadline", "greeted", "events",
-                 "queued", "closed", "read_ahead")
+                 "queued", "closed", "read_ahead", "ended")
 
     def __init__(self, sock: socket.socket, routing_id: bytes, owner: int, reader: zmtp.FrameReader,
                  deadline: float, read_ahead: int) -> None:
@@ -55,6 +56,7 @@ class _Connection:
         self.queued = False  # in the ready queue
         self.closed = False
         self.read_ahead = read_ahead
+        self.ended = False  # the peer closed it: what it sent before is still handed over, then it is closed
 
 
 class Router:
@@ -132,8 +134,10 @@ class Router:
 
     def receive(self) -> tuple[list[bytes], int] | None:
         """The next whole message, its connection's routing id first, and the uid it belongs to; None when
-        no connection holds one (connections take turns, a message each)."""
+        no connection holds one (connections take turns, a message each), or after ``COMMANDS_PER_CALL``
+        commands (then :attr:`backlogged`)."""
         ready = self._ready
+        commands = 0
         while ready:
             connection = ready.popleft()
             if connection.closed:
@@ -142,11 +146,18 @@ class Router:
                 item = connection.reader.next()
                 while isinstance(item, bytes):
                     self._command(connection, item)
+                    commands += 1
+                    if commands >= COMMANDS_PER_CALL:
+                        ready.appendleft(connection)  # its turn goes on at the next call
+                        return None
                     item = connection.reader.next()
             except zmtp.ZmtpError as exc:
                 self._close(connection, str(exc))
                 continue
             if item is None:
+                if connection.ended:
+                    self._close(connection, None)
+                    continue
                 connection.queued = False
                 self._watch(connection)  # it may have stopped being read while its input waited
                 continue
@@ -155,10 +166,15 @@ class Router:
             return item, connection.owner
         return None
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether the last :meth:`receive` stopped with input left to read (commands it had no time for)."""
+        return bool(self._ready)
+
     def send(self, frames: list[bytes]) -> None:
         """Send ``frames[1:]`` to the connection named by ``frames[0]`` (:class:`Gone` when it has closed)."""
         connection = self._open.get(frames[0])
-        if connection is None:
+        if connection is None or connection.ended:
             raise Gone
         self._write(connection, zmtp.encode(frames[1:]))
         if connection.closed:
@@ -174,26 +190,29 @@ class Router:
     # -- connections ------------------------------------------------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
+        accepted: list[socket.socket] = []
         for _ in range(ACCEPTS_PER_WAKE):
             try:
                 sock, _address = listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:  # out of descriptors, most likely: stop watching it for a while
                 self._selector.unregister(listener)
                 self._paused.append((time.monotonic() + ACCEPT_PAUSE_S, listener))
                 self._report(f"accept failed: {exc.strerror}; listening again in {ACCEPT_PAUSE_S:g} s", None)
-                return
-            self._admit(sock)
+                break
+            accepted.append(sock)
+        if accepted:  # judged together: one reading of the socket table
+            for sock, owner in zip(accepted, self._gate.owners(accepted), strict=True):
+                self._admit(sock, owner)
 
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, owner: int | None) -> None:
+        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
+            sock.close()
+            return
         if len(self._open) + len(self._handshaking) >= MAX_CONNECTIONS:
             sock.close()
             self._report(f"connection refused: {MAX_CONNECTIONS} connections are open", None)
-            return
-        owner = self._gate.owner(sock)
-        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
-            sock.close()
             return
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
@@ -217,11 +236,11 @@ class Router:
             data = connection.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
-            self._close(connection, f"receive failed: {exc.strerror}")
+        except OSError as exc:  # a reset, mostly: the peer closed with our replies unread
+            self._peer_closed(connection, f"receive failed: {exc.strerror}")
             return
         if not data:
-            self._close(connection, None)  # the peer closed it
+            self._peer_closed(connection, None)
             return
         connection.reader.buffer += data
         if connection.deadline:
@@ -235,6 +254,15 @@ class Router:
             self._ready.append(connection)
         if len(connection.reader.buffer) > connection.read_ahead:
             self._watch(connection)  # held back until the front end has read what is there
+
+    def _peer_closed(self, connection: _Connection, reason: str | None) -> None:
+        """The peer closed (or reset) its end: messages that may wait in its input are handed over first, as
+        libzmq does (a worker's last requests before it exits), and their replies go nowhere."""
+        if connection.queued:
+            connection.ended = True
+            self._watch(connection)
+        else:
+            self._close(connection, reason)
 
     def _handshake(self, connection: _Connection) -> None:
         """The peer's greeting, then its READY; then the connection is open."""
@@ -266,7 +294,7 @@ class Router:
             self._ready.append(connection)
 
     def _write(self, connection: _Connection, data: bytes) -> None:
-        if connection.closed:
+        if connection.closed or connection.ended:
             return
         if connection.unsent:
             connection.unsent += data
@@ -303,8 +331,11 @@ class Router:
         while replies wait."""
         if connection.closed:
             return
-        events = (_READ if len(connection.reader.buffer) <= connection.read_ahead else 0) | (
-            _WRITE if connection.unsent else 0)
+        if connection.ended:
+            events = 0
+        else:
+            events = (_READ if len(connection.reader.buffer) <= connection.read_ahead else 0) | (
+                _WRITE if connection.unsent else 0)
         if events == connection.events:
             return
         if not connection.events:

@@ -11,14 +11,14 @@ import ipaddress
 from dataclasses import dataclass
 
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-ESTABLISHED = "01"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 @dataclass(frozen=True, slots=True)
 class TcpEnd:
-    """One row of the table: a socket's own address and port, its peer's, its owner and its inode."""
+    """One row of the table: a socket's own address and port, its peer's, its owner and its inode (0: no
+    file any more — closed, or in TIME_WAIT — so its owner is not known)."""
 
     local: tuple[IPAddress, int]
     remote: tuple[IPAddress, int]
@@ -42,16 +42,21 @@ def _unmapped(ip: IPAddress) -> IPAddress:
     return ip
 
 
-def established(tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
-    """Every established TCP socket end in this network namespace that belongs to a file (inode ≠ 0)."""
+def ends(peer_port: int, tables: tuple[str, ...] = TABLES) -> list[TcpEnd]:
+    """Every TCP socket end in this network namespace whose peer's port is ``peer_port``, in any state: a
+    peer that half-closed or closed its end before it was judged has left ESTABLISHED, but is still a local
+    peer, never another host's.  Other rows (a local user can make the table long) are skipped unparsed."""
     ends = []
+    port = f":{peer_port:04X}"
     for table in tables:
         try:
             with open(table, encoding="ascii") as handle:
                 next(handle, None)  # the header
                 for line in handle:
+                    if port not in line:
+                        continue
                     fields = line.split()
-                    if len(fields) < 10 or fields[3] != ESTABLISHED or fields[9] == "0":
+                    if len(fields) < 10 or not fields[2].endswith(port):
                         continue
                     ends.append(TcpEnd(_address(fields[1]), _address(fields[2]), int(fields[7]), int(fields[9])))
         except FileNotFoundError:  # no IPv6 in this kernel
