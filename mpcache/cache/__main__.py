@@ -6,12 +6,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 
 from mpcache.cache.process import CacheProcess, PublisherFactory
 from mpcache.config import Config
 from mpcache.errors import ConfigError, LayoutMismatchError
 from mpcache.logs import configure_logging
+
+DESCRIPTORS_WANTED = 1 << 16  # the Unix socket's and the LMCache front end's 1,024 connections each, and room
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft open-files limit toward the hard one (never lower it): a default soft limit of 1,024 is
+    fewer descriptors than the two transports may accept.  The limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        return wanted
+    return soft
 
 
 def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | None = None) -> int:
@@ -27,6 +41,7 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
         return 2
     # stderr only: the supervisor forwards it, so the log file keeps a single writer
     log = configure_logging("cache", config.instance_id, config.log_level, worker=args.worker)
+    raise_descriptor_limit()
     try:
         process = CacheProcess(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s, parent_pid=os.getppid(),
                                publisher_factory=publisher_factory, logger=log)
