@@ -88,6 +88,14 @@ class InstrumentBuffer:
         else:
             samples.append(value)
 
+    def record_many(self, histogram: Histogram, values: Sequence[float], attributes: Attributes) -> None:
+        key = (histogram, tuple(attributes.items()) if attributes else ())
+        samples = self._samples.get(key)
+        if samples is None:
+            self._samples[key] = list(values)
+        else:
+            samples.extend(values)
+
     def add_buckets(self, histogram: Histogram, attributes: Attributes, edges: Sequence[float],
                     counts: Sequence[int], total: float, low: float, high: float) -> None:
         """Samples counted in ``edges`` (see :func:`~mpcache.telemetry.histograms.record_buckets`), merged with
@@ -132,6 +140,10 @@ class _BufferedHistogram:
 
     def record(self, value: float, attributes: Attributes = None) -> None:
         self._buffer.record(self._histogram, value, attributes)
+
+    def record_many(self, attributes: Attributes, values: Sequence[float]) -> None:
+        """``record`` of every value of ``values``, in order, with one call."""
+        self._buffer.record_many(self._histogram, values, attributes)
 
     def record_buckets(self, attributes: Attributes, edges: Sequence[float], counts: Sequence[int], total: float,
                        low: float, high: float) -> None:
