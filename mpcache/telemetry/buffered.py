@@ -67,10 +67,14 @@ class _Named(Protocol):
     name: str  # the SDK's instruments have it (lower-cased); the API's abstract classes do not declare it
 
 
+MAX_HELD_SAMPLES = 1 << 16  # histogram samples a buffer holds before it asks for a flush (~2 MiB)
+
+
 class InstrumentBuffer:
     """Pending counter sums and histogram samples, per (instrument, attribute set)."""
 
     def __init__(self) -> None:
+        self.held_samples = 0  # histogram samples since the last flush
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
         # (histogram, attributes, edges) -> [bucket counts, sum, min, max] of the samples counted so far
@@ -82,6 +86,7 @@ class InstrumentBuffer:
 
     def record(self, histogram: Histogram, value: float, attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
+        self.held_samples += 1
         samples = self._samples.get(key)
         if samples is None:
             self._samples[key] = [value]
@@ -90,11 +95,16 @@ class InstrumentBuffer:
 
     def record_many(self, histogram: Histogram, values: Sequence[float], attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
+        self.held_samples += len(values)
         samples = self._samples.get(key)
         if samples is None:
             self._samples[key] = list(values)
         else:
             samples.extend(values)
+
+    def full(self) -> bool:
+        """Holds ``MAX_HELD_SAMPLES`` histogram samples or more: flush it now, whatever the interval."""
+        return self.held_samples >= MAX_HELD_SAMPLES
 
     def add_buckets(self, histogram: Histogram, attributes: Attributes, edges: Sequence[float],
                     counts: Sequence[int], total: float, low: float, high: float) -> None:
@@ -114,6 +124,7 @@ class InstrumentBuffer:
         sums, self._sums = self._sums, {}
         samples, self._samples = self._samples, {}
         buckets, self._buckets = self._buckets, {}
+        self.held_samples = 0
         for (counter, attributes), amount in sums.items():
             counter.add(amount, dict(attributes))
         for (histogram, attributes), values in samples.items():
