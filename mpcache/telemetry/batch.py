@@ -180,9 +180,12 @@ class EventBatch:
         per cell of the record where :meth:`field_column` makes one per field."""
         heads = self._type_heads(etype)
         nfields = len(SCHEMAS[etype].fields)
+        extra_cells = -(-max(0, nfields - layout.HEAD_FIELD_SLOTS) // layout.SLOTS_PER_CELL)
+        if extra_cells and len(heads) and int(self.cells["index"][heads].min()) < 1 + extra_cells:
+            raise ValueError(f"a {etype.name} record is shorter than its fields")  # never read the next record's
         slots = self.cells["slots"]
         parts = [slots[heads, 1 : 1 + min(nfields, layout.HEAD_FIELD_SLOTS)]]
-        for cell in range(1, 1 + -(-max(0, nfields - layout.HEAD_FIELD_SLOTS) // layout.SLOTS_PER_CELL)):
+        for cell in range(1, 1 + extra_cells):
             parts.append(slots[heads + cell])
         rows: np.ndarray = np.hstack(parts)[:, :nfields] if len(parts) > 1 else parts[0]
         return rows

@@ -6,6 +6,7 @@ import random
 import struct
 
 import numpy as np
+import pytest
 
 from mpcache.contract.events import MRC_HEAD_FIELDS, SCHEMAS, FieldKind
 from mpcache.contract.events import EventType as E
@@ -135,6 +136,19 @@ def test_fixed_fields_match_decoded_events_for_every_layout(ring):
         got = [[name(value) if kind is FieldKind.NAME else value for value, (_, kind) in zip(row, schema.fields)]
                for row in rows]
         assert (etype, 0 if etype == E.MP_STORE_START else 4, expected) == (etype, len(got), got)
+
+
+def test_fixed_fields_refuse_a_record_shorter_than_its_fields(ring):
+    """A record whose length leaves out FIELDS cells its schema has (a buggy producer) is one clear error, not
+    fields read from the record after it."""
+    ring.publisher.emit(E.LMCACHE_REQUEST_TIMES, ("lookup", *range(len(SCHEMAS[E.LMCACHE_REQUEST_TIMES].fields) - 1)))
+    ring.publisher.emit(E.MP_STORE_END, ("cpu", 1, "m", 2, 4096, 512))
+    cells = ring.reader.read_batch()
+    short = np.concatenate((cells[:1], cells[cells["etype"] == E.MP_STORE_END]))
+    short["index"][0] = 1
+    with pytest.raises(ValueError, match="shorter than its fields"):
+        EventBatch(0, short, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES)
+    assert 1 == len(EventBatch(0, cells, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES))
 
 
 def test_rows_of_is_isin():
