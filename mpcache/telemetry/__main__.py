@@ -14,7 +14,7 @@ from mpcache.config import Config
 from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
-from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
+from mpcache.telemetry.bus import EventBus, subscribe_all, telemetry_flush_interval_s
 from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
 from mpcache.telemetry.health import health_routes
 from mpcache.telemetry.pump import Pump, RingSource
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
     board = Segment.attach(config.gauge_board_name())
     gauges = GaugeBoardReader(board)
-    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
+    bus = EventBus(flush_interval_s=telemetry_flush_interval_s(otlp=bool(config.otlp_endpoint)))
     pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
     # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that

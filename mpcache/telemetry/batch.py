@@ -174,6 +174,22 @@ class EventBatch:
         raw: np.ndarray = self.cells["slots"][heads + cell if cell else heads, slot]
         return raw.view(np.float64) if is_float else raw
 
+    def fixed_fields(self, etype: EventType) -> np.ndarray:
+        """Every fixed field of every record of ``etype``: one row per record in ring order, one column per
+        field in schema order, the slots as they are (names as ids, floats as their int64 bits).  One gather
+        per cell of the record where :meth:`field_column` makes one per field."""
+        heads = self._type_heads(etype)
+        nfields = len(SCHEMAS[etype].fields)
+        extra_cells = -(-max(0, nfields - layout.HEAD_FIELD_SLOTS) // layout.SLOTS_PER_CELL)
+        if extra_cells and len(heads) and int(self.cells["index"][heads].min()) < 1 + extra_cells:
+            raise ValueError(f"a {etype.name} record is shorter than its fields")  # never read the next record's
+        slots = self.cells["slots"]
+        parts = [slots[heads, 1 : 1 + min(nfields, layout.HEAD_FIELD_SLOTS)]]
+        for cell in range(1, 1 + extra_cells):
+            parts.append(slots[heads + cell])
+        rows: np.ndarray = np.hstack(parts)[:, :nfields] if len(parts) > 1 else parts[0]
+        return rows
+
     def _type_heads(self, etype: EventType) -> np.ndarray:
         """Positions of the head cells of ``etype``'s records, in order (computed once per type)."""
         heads = self._heads_by_type.get(etype)

@@ -1,13 +1,14 @@
 """Buffered instruments: subscribers' counter and histogram calls accumulate, and each flush makes one SDK
-call per (instrument, attribute set), because an SDK call costs 5–20 µs whatever it carries.
+call per (instrument, attribute set), because an SDK call costs 5–20 µs whatever it carries.  Bucket counts
+a producer aggregated (:func:`~mpcache.telemetry.histograms.record_buckets`) are merged per attribute set too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from mpcache.telemetry.histograms import record_many
+from mpcache.telemetry.histograms import record_buckets, record_many
 
 if TYPE_CHECKING:  # types only: importing this module must not import OpenTelemetry
     from opentelemetry.metrics import (
@@ -66,12 +67,18 @@ class _Named(Protocol):
     name: str  # the SDK's instruments have it (lower-cased); the API's abstract classes do not declare it
 
 
+MAX_HELD_SAMPLES = 1 << 16  # histogram samples a buffer holds before it asks for a flush (~2 MiB)
+
+
 class InstrumentBuffer:
     """Pending counter sums and histogram samples, per (instrument, attribute set)."""
 
     def __init__(self) -> None:
+        self.held_samples = 0  # histogram samples since the last flush
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
+        # (histogram, attributes, edges) -> [bucket counts, sum, min, max] of the samples counted so far
+        self._buckets: dict[tuple[Histogram, _AttributesKey, tuple[float, ...]], list[Any]] = {}
 
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         key = (counter, tuple(attributes.items()) if attributes else ())
@@ -79,19 +86,51 @@ class InstrumentBuffer:
 
     def record(self, histogram: Histogram, value: float, attributes: Attributes) -> None:
         key = (histogram, tuple(attributes.items()) if attributes else ())
+        self.held_samples += 1
         samples = self._samples.get(key)
         if samples is None:
             self._samples[key] = [value]
         else:
             samples.append(value)
 
+    def record_many(self, histogram: Histogram, values: Sequence[float], attributes: Attributes) -> None:
+        key = (histogram, tuple(attributes.items()) if attributes else ())
+        self.held_samples += len(values)
+        samples = self._samples.get(key)
+        if samples is None:
+            self._samples[key] = list(values)
+        else:
+            samples.extend(values)
+
+    def full(self) -> bool:
+        """Holds ``MAX_HELD_SAMPLES`` histogram samples or more: flush it now, whatever the interval."""
+        return self.held_samples >= MAX_HELD_SAMPLES
+
+    def add_buckets(self, histogram: Histogram, attributes: Attributes, edges: Sequence[float],
+                    counts: Sequence[int], total: float, low: float, high: float) -> None:
+        """Samples counted in ``edges`` (see :func:`~mpcache.telemetry.histograms.record_buckets`), merged with
+        those of the same attribute set since the last flush: counts added, sums added, extremes kept."""
+        key = (histogram, tuple(attributes.items()) if attributes else (), tuple(edges))
+        pending = self._buckets.get(key)
+        if pending is None:
+            self._buckets[key] = [list(counts), total, low, high]
+            return
+        pending[0] = [mine + theirs for mine, theirs in zip(pending[0], counts)]
+        pending[1] += total
+        pending[2] = min(pending[2], low)
+        pending[3] = max(pending[3], high)
+
     def flush(self) -> None:
         sums, self._sums = self._sums, {}
         samples, self._samples = self._samples, {}
+        buckets, self._buckets = self._buckets, {}
+        self.held_samples = 0
         for (counter, attributes), amount in sums.items():
             counter.add(amount, dict(attributes))
         for (histogram, attributes), values in samples.items():
             record_many(histogram, dict(attributes), values)
+        for (histogram, attributes, edges), (counts, total, low, high) in buckets.items():
+            record_buckets(histogram, dict(attributes), edges, counts, total, low, high)
 
 
 class _BufferedCounter:
@@ -113,10 +152,15 @@ class _BufferedHistogram:
     def record(self, value: float, attributes: Attributes = None) -> None:
         self._buffer.record(self._histogram, value, attributes)
 
-    @property
-    def unbuffered(self) -> Histogram:
-        """The SDK's histogram, for a subscriber that adds bucket counts a producer aggregated."""
-        return self._histogram
+    def record_many(self, attributes: Attributes, values: Sequence[float]) -> None:
+        """``record`` of every value of ``values``, in order, with one call."""
+        self._buffer.record_many(self._histogram, values, attributes)
+
+    def record_buckets(self, attributes: Attributes, edges: Sequence[float], counts: Sequence[int], total: float,
+                       low: float, high: float) -> None:
+        """Bucket counts a producer aggregated, as :func:`~mpcache.telemetry.histograms.record_buckets` adds
+        them, merged in the buffer until the flush."""
+        self._buffer.add_buckets(self._histogram, attributes, edges, counts, total, low, high)
 
 
 class BufferedMeter:

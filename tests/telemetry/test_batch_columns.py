@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+import random
+import struct
 
+import numpy as np
+import pytest
+
+from mpcache.contract.events import MRC_HEAD_FIELDS, SCHEMAS, FieldKind
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch, group_sums, rows_of
 
@@ -69,7 +74,7 @@ def test_table_and_field_columns_match_decoded_events_for_every_layout(ring):
     float fields (read back truncated to ints by table()), a field in a continuation cell, a field only
     some of the types have, one type alone and several together, a type that is not in the batch."""
     for i in range(3):
-        ring.publisher.emit(E.MP_STORE_END, ("cpu", i, "m", "s", 4096 * i, 512 + i), session_id=f"r{i}")
+        ring.publisher.emit(E.MP_STORE_END, ("cpu", i, "m", i, 4096 * i, 512 + i), session_id=f"r{i}")
         ring.publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5 + i, 0.8, i % 2 == 0))
         ring.publisher.emit(E.MP_RETRIEVE_END, ("cuda:0", 7, "m", "s", i, 2048 * i, 300 + i), session_id=f"q{i}")
     batch = EventBatch(0, ring.reader.read_batch(), ring.names)
@@ -93,6 +98,57 @@ def test_table_and_field_columns_match_decoded_events_for_every_layout(ring):
         batch.table([E.L1_EVICTION_LOOP_TICK], ("usage", "triggered"))[2],
         batch.field_column(E.L1_EVICTION_LOOP_TICK, "usage").tolist(),
         batch.field_column(E.MP_RETRIEVE_END, "num_tokens").tolist())
+
+
+def test_fixed_fields_match_decoded_events_for_every_layout(ring):
+    """fixed_fields() gives every fixed field of every record of a type, in ring order, as the decoded events
+    have them (names as ids, floats as their bits, hashes as signed slots): a type whose fields fit the head
+    cell, one with exactly the head's six, ones with one and three continuation cells, records with salt,
+    sampled-key and session cells between them, and a type that is not in the batch."""
+    rng = random.Random(11)
+    times_fields = len(SCHEMAS[E.LMCACHE_REQUEST_TIMES].fields)
+    for i in range(4):
+        ring.publisher.emit(E.L1_EVICTION_LOOP_TICK, (0.5 + i, 0.8, i % 2 == 0))
+        ring.publisher.emit(E.MP_STORE_END, ("cpu", i, "m", i, 4096 * i, 512 + i), session_id=f"r{i}")
+        ring.publisher.emit(E.MP_RETRIEVE_END, ("cuda:0", 7, "m", "s", i, 2048 * i, 300 + i), session_id=f"q{i}")
+        ring.publisher.emit(E.MRC_LOOKUP_SAMPLED, ("m", f"s{i}", 2, 3, 1, 4 + 32 * i, 1, 0, 1,
+                                                   *(rng.getrandbits(64) for _ in MRC_HEAD_FIELDS)),
+                            sampled=[(rng.getrandbits(64), f"s{i}", "m")] * i)
+        ring.publisher.emit(E.LMCACHE_REQUEST_TIMES, (f"op{i}", *range(i, i + times_fields - 1)))
+    batch = EventBatch(0, ring.reader.read_batch(), ring.names)
+    name = batch.names.name
+
+    def raw(event, field, kind):
+        value = event.fields[field]
+        if kind is FieldKind.NAME:
+            return value
+        if kind is FieldKind.FLOAT:
+            return struct.unpack("<q", struct.pack("<d", value))[0]
+        if kind is FieldKind.HASH:
+            return value - (1 << 64) if value >= 1 << 63 else value
+        return int(value)
+
+    for etype in (E.L1_EVICTION_LOOP_TICK, E.MP_STORE_END, E.MP_RETRIEVE_END, E.MRC_LOOKUP_SAMPLED,
+                  E.LMCACHE_REQUEST_TIMES, E.MP_STORE_START):
+        schema = SCHEMAS[etype]
+        expected = [[raw(event, field, kind) for field, kind in schema.fields] for event in batch.events([etype])]
+        rows = batch.fixed_fields(etype).tolist()
+        got = [[name(value) if kind is FieldKind.NAME else value for value, (_, kind) in zip(row, schema.fields)]
+               for row in rows]
+        assert (etype, 0 if etype == E.MP_STORE_START else 4, expected) == (etype, len(got), got)
+
+
+def test_fixed_fields_refuse_a_record_shorter_than_its_fields(ring):
+    """A record whose length leaves out FIELDS cells its schema has (a buggy producer) is one clear error, not
+    fields read from the record after it."""
+    ring.publisher.emit(E.LMCACHE_REQUEST_TIMES, ("lookup", *range(len(SCHEMAS[E.LMCACHE_REQUEST_TIMES].fields) - 1)))
+    ring.publisher.emit(E.MP_STORE_END, ("cpu", 1, "m", 2, 4096, 512))
+    cells = ring.reader.read_batch()
+    short = np.concatenate((cells[:1], cells[cells["etype"] == E.MP_STORE_END]))
+    short["index"][0] = 1
+    with pytest.raises(ValueError, match="shorter than its fields"):
+        EventBatch(0, short, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES)
+    assert 1 == len(EventBatch(0, cells, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES))
 
 
 def test_rows_of_is_isin():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -34,6 +36,20 @@ def _batched(histogram) -> None:
     buffer.flush()
 
 
+def _batched_in_runs(histogram) -> None:
+    """The same samples, each attribute set's in runs given to record_many, between single records."""
+    buffer = InstrumentBuffer()
+    m = {"device": "cpu", "model_name": "m"}
+    n = {"device": "cpu", "model_name": "n"}
+    of_m = [value for i, value in enumerate(VALUES) if i % 3]
+    of_n = [value for i, value in enumerate(VALUES) if not i % 3]
+    buffer.record_many(histogram, of_m[:2], m)
+    buffer.record(histogram, of_n[0], n)
+    buffer.record_many(histogram, of_m[2:], m)
+    buffer.record_many(histogram, of_n[1:], n)
+    buffer.flush()
+
+
 def _one_by_one(histogram) -> None:
     for i, value in enumerate(VALUES):
         histogram.record(value, {"device": "cpu", "model_name": "m" if i % 3 else "n"})
@@ -44,6 +60,36 @@ def test_batched_recording_equals_per_sample_recording():
     assert histograms._fast_path_ok
     assert _points(_one_by_one) == _points(_batched)
     assert histograms._fast_path_ok  # the batch really took the fast path
+
+
+def test_samples_given_in_runs_equal_per_sample_recording():
+    assert _points(_one_by_one) == _points(_batched_in_runs)
+    assert histograms._fast_path_ok
+
+
+def test_merged_bucket_counts_equal_per_sample_recording():
+    """Bucket counts that producers aggregated, three events of one attribute set merged in the buffer and
+    added at its flush: the data point of recording every sample, the sum to float rounding."""
+    runs = (VALUES[:4], VALUES[4:5], VALUES[5:])
+
+    def merged(histogram) -> None:
+        buffer = InstrumentBuffer()
+        for run in runs:
+            counts = [0] * (len(BOUNDS) + 1)
+            for value in run:
+                counts[bisect.bisect_left(BOUNDS, value)] += 1
+            buffer.add_buckets(histogram, {"op": "x"}, BOUNDS, counts, sum(run), min(run), max(run))
+        buffer.flush()
+
+    def one_by_one(histogram) -> None:
+        for value in VALUES:
+            histogram.record(value, {"op": "x"})
+
+    ((attributes, count, total, low, high, buckets),) = _points(merged)
+    ((want_attributes, want_count, want_total, want_low, want_high, want_buckets),) = _points(one_by_one)
+    assert (attributes, count, low, high, buckets) == (want_attributes, want_count, want_low, want_high, want_buckets)
+    assert abs(total - want_total) < 1e-9
+    assert histograms._fast_path_ok
 
 
 def test_fallback_records_every_sample(monkeypatch):

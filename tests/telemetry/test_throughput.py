@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry import buffered
+from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
@@ -78,3 +80,22 @@ def test_pending_starts_are_bounded(pipeline, metrics):
         pipeline.publish(E.MP_STORE_START, ("cuda:0", 3, "llama"), session_id=f"r{i}", timestamp_ns=T0 + i)
     pipeline.deliver()
     assert 3 == subscriber.pending
+
+
+def test_buffered_rates_wait_for_the_flush_and_a_full_buffer_does_not(monkeypatch, pipeline, metrics):
+    """On a buffered meter the rates of a batch reach the SDK at the bus's flush, per series in one call and
+    in order (the sum is that of the samples); a buffer that holds MAX_HELD_SAMPLES samples is flushed after
+    the dispatch that filled it, though the interval (an hour, on a clock standing still) has not passed."""
+    monkeypatch.setattr(buffered, "MAX_HELD_SAMPLES", 4)
+    buffer = buffered.InstrumentBuffer()
+    pipeline.bus = EventBus(flush_interval_s=3600.0, clock=lambda: 0.0)
+    pipeline.bus.add_flusher(buffer.flush, buffer.full)
+    pipeline.subscribe(L0L1ThroughputSubscriber(buffered.BufferedMeter(metrics.meter, buffer)))
+    for index, (end_ms, nbytes) in enumerate(((100, 10**9), (1000, 10**9), (50, 10**9))):
+        store(pipeline, f"r{index}", "cuda:0", 0, end_ms, nbytes)
+    pipeline.deliver()
+    held = metrics.histogram_values("lmcache_mp.l0_l1_store_throughput", **ATTRS)
+    store(pipeline, "r3", "cuda:0", 0, 500, 10**9)
+    pipeline.deliver()
+    assert ((0, 0.0), (4, 10.0 + 1.0 + 20.0 + 2.0), 0) == (
+        held, metrics.histogram_values("lmcache_mp.l0_l1_store_throughput", **ATTRS), buffer.held_samples)

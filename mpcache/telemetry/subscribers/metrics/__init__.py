@@ -56,7 +56,7 @@ def build_metrics_subscribers(
     """
     buffer = InstrumentBuffer()
     meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
-    bus.add_flusher(buffer.flush)
+    bus.add_flusher(buffer.flush, buffer.full)
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
     series = config.metric_series_cap

@@ -2,7 +2,8 @@
 
 The cache process counts them in the histogram's own grid (:mod:`mpcache.contract.request_times`) and
 publishes one LMCACHE_REQUEST_TIMES event per operation and heartbeat; each event's counts, sum and
-extremes are added to the histogram as they are (:func:`mpcache.telemetry.histograms.record_buckets`).
+extremes are added to the histogram as they are (:func:`mpcache.telemetry.histograms.record_buckets`), those
+of one operation merged until the buffered meter's flush.  The events are read from cell columns, not decoded.
 An event whose numbers do not add up (counts that do not sum to ``count``, negative values, min above
 max) is dropped and counted in :attr:`LMCacheRequestTimesSubscriber.rejected`; at most ``MAX_OPS`` op
 values are kept apart.
@@ -10,10 +11,13 @@ values are kept apart.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+from mpcache.contract.events import SCHEMAS
 from mpcache.contract.events import EventType as E
-from mpcache.contract.request_times import BUCKET_FIELDS, BUCKETS_S
+from mpcache.contract.request_times import BUCKET_FIELDS, BUCKETS_S, SUMMARY_FIELDS
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -21,6 +25,8 @@ from mpcache.telemetry.histograms import record_buckets
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import OVERFLOW_SALT
 
+_COLUMNS = [SCHEMAS[E.LMCACHE_REQUEST_TIMES].field_names.index(field)
+            for field in ("op", *SUMMARY_FIELDS, *BUCKET_FIELDS)]
 MAX_OPS = 64  # LMCache's protocol has 35 operations; a name past this many is reported as __overflow__
 
 
@@ -29,22 +35,23 @@ class LMCacheRequestTimesSubscriber(Subscriber):
 
     def __init__(self, meter: MeterLike) -> None:
         histogram: Any = create_instrument(meter, "mpcache.lmcache.request")
-        self._histogram = getattr(histogram, "unbuffered", histogram)  # counts are added as they come
+        # a buffered meter's merges the counts per op until its flush; an SDK meter's (tests) takes them as they come
+        buffered = getattr(histogram, "record_buckets", None)
+        self._record: Callable[..., None] = buffered or functools.partial(record_buckets, histogram)
         self._ops: set[str] = set()
         self.rejected = 0
 
     def on_batch(self, batch: EventBatch) -> None:
-        for event in batch.events(self.event_types):
-            fields = event.fields
-            counts = [fields[name] for name in BUCKET_FIELDS]
-            count, total, low, high = fields["count"], fields["sum_ns"], fields["min_ns"], fields["max_ns"]
+        name = batch.names.name
+        rows = batch.fixed_fields(E.LMCACHE_REQUEST_TIMES)[:, _COLUMNS].tolist()
+        for op_id, count, total, low, high, *counts in rows:
             if count < 1 or sum(counts) != count or min(counts) < 0 or not 0 <= low <= high or total < 0:
                 self.rejected += 1
                 continue
-            op = str(fields["op"])
+            op = name(op_id)
             if op not in self._ops:
                 if len(self._ops) >= MAX_OPS:
                     op = OVERFLOW_SALT
                 else:
                     self._ops.add(op)
-            record_buckets(self._histogram, {"op": op}, BUCKETS_S, counts, total / 1e9, low / 1e9, high / 1e9)
+            self._record({"op": op}, BUCKETS_S, counts, total / 1e9, low / 1e9, high / 1e9)
