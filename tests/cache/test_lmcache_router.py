@@ -285,23 +285,42 @@ def test_a_burst_of_tcp_connections_costs_one_read_of_the_socket_table(monkeypat
         selector.close()
 
 
-def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_them_later(tmp_path) -> None:
-    """Commands (PING) are answered by the router alone, so a connection's buffer full of them would keep
-    one :meth:`~router.Router.receive` call (and the loop's timers) waiting: one call answers at most
-    ``COMMANDS_PER_CALL`` of them and leaves the rest, and the message behind them, to the next calls."""
-    selector = selectors.DefaultSelector()
-    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
-    path = str(tmp_path / "r.ipc")
-    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
-                           report=lambda message, client: None)
+class BareRouter:
+    """A Router on ``ipc://path`` over its own selector, outside any cache process; ``dropped`` keeps what it
+    reports."""
 
-    def pump() -> None:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.selector = selectors.DefaultSelector()
+        gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
+        self.dropped: list[str] = []
+        self.router = router.Router([f"ipc://{path}"], self.selector, gate, max_frame=1 << 20, max_frames=8,
+                                    report=lambda message, client: self.dropped.append(message))
+
+    def pump(self) -> None:
         """Dispatch the router's events until none come for 0.2 s (every byte sent has been read)."""
-        while events := selector.select(0.2):
+        while events := self.selector.select(0.2):
             for key, mask in events:
                 key.data(mask)
 
-    client = _raw(path)
+    def close(self) -> None:
+        self.router.close()
+        self.selector.close()
+
+
+@pytest.fixture
+def bare(tmp_path):
+    made = BareRouter(str(tmp_path / "r.ipc"))
+    yield made
+    made.close()
+
+
+def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_them_later(bare) -> None:
+    """Commands (PING) are answered by the router alone, so a connection's buffer full of them would keep
+    one :meth:`~router.Router.receive` call (and the loop's timers) waiting: one call answers at most
+    ``COMMANDS_PER_CALL`` of them and leaves the rest, and the message behind them, to the next calls."""
+    served, selector, pump = bare.router, bare.selector, bare.pump
+    client = _raw(bare.path)
     try:
         client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
         pump()
@@ -329,29 +348,16 @@ def test_one_pass_answers_a_bounded_number_of_commands_and_the_message_behind_th
         assert replies == zmtp.GREETING + zmtp.READY + zmtp.command(b"PONG") * pings, "not every PING was answered"
     finally:
         client.close()
-        served.close()
-        selector.close()
 
 
 @pytest.mark.parametrize("unread", [False, True], ids=["replies-read", "replies-unread"])
-def test_requests_a_client_sent_before_it_closed_are_all_handed_over(tmp_path, unread) -> None:
+def test_requests_a_client_sent_before_it_closed_are_all_handed_over(bare, unread) -> None:
     """As libzmq's ROUTER does, the messages that arrived before a peer closed are still handed over (a
     worker's last ``end_session`` or ``unregister`` before it exits), even when its end of file — or, when
     it closed with bytes of ours unread, the reset — is read before the front end got to them (a backlog);
     their replies go nowhere."""
-    selector = selectors.DefaultSelector()
-    gate = PeerGate({os.geteuid()}, allow_remote=False, log=Lines(), on_refused=lambda: None)
-    path = str(tmp_path / "r.ipc")
-    dropped: list[str] = []
-    served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8,
-                           report=lambda message, client: dropped.append(message))
-
-    def pump() -> None:
-        while events := selector.select(0.2):
-            for key, mask in events:
-                key.data(mask)
-
-    client = _raw(path)
+    served, pump, dropped = bare.router, bare.pump, bare.dropped
+    client = _raw(bare.path)
     try:
         client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
         pump()
@@ -369,5 +375,3 @@ def test_requests_a_client_sent_before_it_closed_are_all_handed_over(tmp_path, u
         assert dropped == [], "a peer's ordinary close was reported as a dropped connection"
     finally:
         client.close()
-        served.close()
-        selector.close()
