@@ -102,8 +102,14 @@ def _fake_lmcache_rounds(rps_by_round: list[dict[str, float]]) -> list[dict]:
               "server_cpu_ms_per_request": 100 / rps, "telemetry_cpu_ms_per_request": 0.0,
               "requests": 10, "cpu_share": {"server": 0.1}}
         return {"tp1": tp, "tp2": dict(tp), **{m: tp[m] for m in lmcache.METRICS}}
-    return [{"order": list(lmcache.SERVERS), **{server: one(rps[server]) for server in lmcache.SERVERS}}
-            for rps in rps_by_round]
+
+    def side_by_side(on_ms: tuple[float, float]) -> dict:  # cache CPU ms with publishing, TP=1 and 2; 1.0 without
+        tps = {f"tp{tp}": {"rps": 50.0, "cache_cpu_ms_per_request": {"mpcache": on, "mpcache_off": 1.0},
+                           "publish_cpu_cost": round(on - 1, 4)} for tp, on in zip((1, 2), on_ms)}
+        return {**tps, "publish_cpu_cost": round(sum(on_ms) / 2 - 1, 4)}
+    sides = [(1.05, 1.10), (1.02, 1.02), (1.20, 1.00), (1.01, 1.01)]
+    return [{"order": list(lmcache.SERVERS), **{server: one(rps[server]) for server in lmcache.SERVERS},
+             "side_by_side": side_by_side(side)} for rps, side in zip(rps_by_round, sides)]
 
 
 def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path):
@@ -120,12 +126,14 @@ def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path)
     assert {"ratio_vs_lmcache": True, "telemetry_on_over_off": False} == {
         name: result["targets_met"][name] for name in ("ratio_vs_lmcache", "telemetry_on_over_off")}
     # CPU per request: 100/rps ms in every process of these rounds; the ratios come from the medians
-    cache, cache_off, server = 100 / 100, 100 / 115, round(100 / 85, 4)
+    cache, server = 100 / 100, round(100 / 85, 4)
     assert {"cache_cpu_over_lmcache": round(cache / server, 4),
-            "cache_and_telemetry_cpu_over_lmcache": round(cache / server, 4),
-            "publish_cpu_cost": round(cache / round(cache_off, 4) - 1, 4)} == {
-        name: result["cpu"][name] for name in ("cache_cpu_over_lmcache", "cache_and_telemetry_cpu_over_lmcache",
-                                               "publish_cpu_cost")}
+            "cache_and_telemetry_cpu_over_lmcache": round(cache / server, 4)} == {
+        name: result["cpu"][name] for name in ("cache_cpu_over_lmcache", "cache_and_telemetry_cpu_over_lmcache")}
+    # publishing's cost: the side-by-side runs' rounds cost +7.5 %, +2 %, +10 % (TP=1 +5, +2, +20; TP=2 +10, +2, 0)
+    assert (0.075, 0.05, 0.02) == (result["cpu"]["publish_cpu_cost"], result["cpu"]["tp1"]["publish_cpu_cost"],
+                                   result["cpu"]["tp2"]["publish_cpu_cost"])
+    assert {"mpcache": 1.05, "mpcache_off": 1.0} == result["cpu"]["side_by_side"]["tp1"]
     assert {"cache_cpu_over_lmcache": False, "publish_cpu_cost": False, "telemetry_cpu_ms_per_request": True,
             "server_p99_ms": False} == {name: result["targets_met"][name] for name in (
                 "cache_cpu_over_lmcache", "publish_cpu_cost", "telemetry_cpu_ms_per_request", "server_p99_ms")}
@@ -179,7 +187,14 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
     cpu = result["cpu"]
     ms = {server: result["servers"][server]["server_cpu_ms_per_request"] for server in lmcache.SERVERS}
     assert cpu["cache_cpu_over_lmcache"] == pytest.approx(ms["mpcache"] / ms["lmcache"], abs=1e-3)
-    assert cpu["publish_cpu_cost"] == pytest.approx(ms["mpcache"] / ms["mpcache_off"] - 1, abs=1e-3)
+    [side] = [one_round["side_by_side"] for one_round in result["per_round"]]
+    for tp in (1, 2):  # publishing's cost: both mpcache modes served the same steps at once, each its share of CPU
+        cache = side[f"tp{tp}"]["cache_cpu_ms_per_request"]
+        assert 0 < cache["mpcache_off"] and 0 < cache["mpcache"]
+        assert side[f"tp{tp}"]["publish_cpu_cost"] == pytest.approx(cache["mpcache"] / cache["mpcache_off"] - 1,
+                                                                     abs=1e-3)
+    assert cpu["publish_cpu_cost"] == pytest.approx((side["tp1"]["publish_cpu_cost"]
+                                                     + side["tp2"]["publish_cpu_cost"]) / 2, abs=1e-3)
     for tp in (1, 2):  # the server-side histogram, read from mpcache's /metrics, has every timed operation
         assert set(lmcache.TIMED_OPS) <= set(cpu[f"tp{tp}"]["server_op_p99_ms"])
     for server in lmcache.SERVERS:

@@ -63,9 +63,11 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
         return [f"mpcache {result['mpcache_rps']:,.1f} req/s (telemetry off {result['mpcache_off_rps']:,.1f}); "
                 f"LMCache {result['lmcache_rps']:,.1f} (observability off {result['lmcache_off_rps']:,.1f}); "
                 f"TP {result['tp']}, {result['object_bytes_per_rank'] >> 20} MiB chunk objects; CPU per request: "
-                f"cache {ms['mpcache']['cache']:.3f} ms + telemetry {ms['mpcache']['telemetry']:.3f} ms (publishing "
-                f"off: cache {ms['mpcache_off']['cache']:.3f} ms), LMCache's server {ms['lmcache']['server']:.3f} ms; "
-                f"server-side p99 ms {p99}",
+                f"cache {ms['mpcache']['cache']:.3f} ms + telemetry {ms['mpcache']['telemetry']:.3f} ms, LMCache's "
+                f"server {ms['lmcache']['server']:.3f} ms; side by side, cache with / without publishing "
+                + ", ".join(f"TP={tp} {side['mpcache']:.3f} / {side['mpcache_off']:.3f} ms"
+                            for tp, side in ((tp, cpu["side_by_side"][f"tp{tp}"]) for tp in result["tp"]))
+                + f"; server-side p99 ms {p99}",
                 f"vs LMCache {result['ratio_vs_lmcache']}×; on/off {result['telemetry_on_over_off']}; cache CPU "
                 f"{cpu['cache_cpu_over_lmcache']}× LMCache's, with telemetry "
                 f"{cpu['cache_and_telemetry_cpu_over_lmcache']}×; "

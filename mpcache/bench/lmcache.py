@@ -26,6 +26,12 @@ end_session, with a sample of every retrieved chunk's bytes checked. It runs at 
 layers, 2 KV heads of 128) and TP=2 (a model with 4 KV heads, 2 per rank), so every rank's
 chunk object is 2 MiB, for ``WARMUP_S`` and then ``seconds`` measured, against each server.
 
+Each round then runs the two mpcache modes side by side (``SIDE_BY_SIDE``): both serve at once and the
+workload sends every step to each in turn (its ``--mirror``), so their cache processes' CPU is measured
+over the same seconds; publishing's cost (``publish_cpu_cost``, on / off − 1) comes from these runs,
+which a shared machine's drifting load cannot tilt (run one after the other, the same two differ by
+±20 % from run to run here; side by side, by 1-2 %).
+
 A round's value for a server is the mean of its TP=1 and TP=2 runs; the headline numbers are
 medians over rounds. ``ratio_vs_lmcache`` = ``mpcache_rps / lmcache_rps`` and
 ``telemetry_on_over_off`` = ``mpcache_rps / mpcache_off_rps``, from the reported values; the
@@ -58,6 +64,7 @@ from mpcache.shm.segment import Segment
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOAD = os.path.join(REPO, "tests", "lmcache", "workload.py")
 SERVERS = ("mpcache", "mpcache_off", "lmcache", "lmcache_off")
+SIDE_BY_SIDE = ("mpcache", "mpcache_off")  # publishing's cost: both at once, the same steps to each in turn
 # A B C D / D C B A / B A D C / C D A B: on/off pairs adjacent, every server once in every position.
 ROUND_ORDERS = ((0, 1, 2, 3), (3, 2, 1, 0), (1, 0, 3, 2), (2, 3, 0, 1))
 TPS = (1, 2)
@@ -77,12 +84,20 @@ TARGET_SERVER_P99_MS = 1.0
 TIMED_OPS = ("lookup", "prepare_store", "prepare_retrieve")
 
 
-def _run_workload(python: str, server: Server, tp: int, seconds: float, warmup_s: float, seed: int,
+def _run_workload(python: str, servers: list[Server], tp: int, seconds: float, warmup_s: float, seed: int,
                   log_path: str) -> dict[str, Any]:
-    argv = [python, WORKLOAD, "--url", f"tcp://127.0.0.1:{server.port}", "--tp", str(tp),
+    """The workload against ``servers[0]``, and side by side against the others (``--mirror``): the CPU of the
+    first one's processes is reported as ``server``/``telemetry``, a mirror's as ``<kind>.server``."""
+    first = servers[0]
+    argv = [python, WORKLOAD, "--url", f"tcp://127.0.0.1:{first.port}", "--tp", str(tp),
             "--seconds", str(seconds), "--warmup", str(warmup_s), "--batch", str(BATCH), "--seed", str(seed)]
-    for name, pids in server.cpu_pids().items():
-        argv += [arg for pid in pids for arg in ("--cpu-pid", f"{name}={pid}")]
+    for server in servers[1:]:
+        argv += ["--mirror", f"tcp://127.0.0.1:{server.port}"]
+    for server in servers:
+        for name, pids in server.cpu_pids().items():
+            group = name if server is first else f"{server.kind}.{name}"
+            argv += [arg for pid in pids for arg in ("--cpu-pid", f"{group}={pid}")]
+    what = " and ".join(server.kind for server in servers)
     with open(log_path, "ab") as log:
         client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                   env={**os.environ, **LMCACHE_ENV})
@@ -94,10 +109,10 @@ def _run_workload(python: str, server: Server, tp: int, seconds: float, warmup_s
     try:
         result = json.loads(lines[-1])
     except (IndexError, ValueError):
-        raise RuntimeError(f"the workload against {server.kind} (TP={tp}) exited {client.returncode} "
+        raise RuntimeError(f"the workload against {what} (TP={tp}) exited {client.returncode} "
                            f"without a result; see {log_path}") from None
     if not result.get("ok"):
-        raise RuntimeError(f"the workload against {server.kind} (TP={tp}) failed: {result.get('reason')}")
+        raise RuntimeError(f"the workload against {what} (TP={tp}) failed: {result.get('reason')}")
     return result
 
 
@@ -153,7 +168,7 @@ def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps:
         for tp in tps:
             sampler = LagSampler(ring) if ring is not None else None
             times_before = service_times.settled(server.prometheus_port) if ring is not None else None
-            result = _run_workload(python, server, tp, seconds, warmup_s, seed,
+            result = _run_workload(python, [server], tp, seconds, warmup_s, seed,
                                    os.path.join(tmp, f"workload-{kind}-{index}.log"))
             runs[f"tp{tp}"] = summary = _summary(result)
             if times_before is not None:  # over warm-up and measured window: the histogram's own numbers
@@ -186,6 +201,35 @@ def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps:
     return runs
 
 
+def _side_by_side(tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
+                  warmup_s: float, seed: int, progress: Callable[[str], None], telemetry_nice: int) -> dict[str, Any]:
+    """Publishing's cost, measured with both mpcache modes serving at once: the workload sends every step to
+    each in turn (``--mirror``), so their cache processes' CPU per request is taken over the same seconds,
+    under the same background load. Per TP: each one's cache CPU ms per request and on / off − 1."""
+    servers = [Server(kind, tmp, python, index + i, l1_gb, telemetry_nice) for i, kind in enumerate(SIDE_BY_SIDE)]
+    runs: dict[str, Any] = {}
+    try:
+        for server in servers:
+            server.wait_ready()
+        for tp in tps:
+            result = _run_workload(python, servers, tp, seconds, warmup_s, seed,
+                                   os.path.join(tmp, f"workload-side-by-side-{index}.log"))
+            rps = result["requests_per_s"]
+            share = result["cpu_share"]
+            cache = {kind: round(share[group] * 1000 / rps, 4) if rps and share.get(group) else 0.0
+                     for kind, group in zip(SIDE_BY_SIDE, ("server", f"{SIDE_BY_SIDE[1]}.server"))}
+            on, off = (cache[kind] for kind in SIDE_BY_SIDE)
+            runs[f"tp{tp}"] = {"rps": rps, "cache_cpu_ms_per_request": cache,
+                               "publish_cpu_cost": round(on / off - 1, 4) if off else 0.0}
+            progress(f"side by side TP={tp} {rps:7.1f} req/s each; cache CPU per request {on:.3f} ms with "
+                     f"telemetry, {off:.3f} ms without: publishing {runs[f'tp{tp}']['publish_cpu_cost']:+.1%}")
+    finally:
+        for server in servers:
+            server.stop()
+    runs["publish_cpu_cost"] = round(statistics.fmean(runs[f"tp{tp}"]["publish_cpu_cost"] for tp in tps), 4)
+    return runs
+
+
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
         warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB,
         telemetry_nice: int = 0) -> dict[str, Any]:
@@ -210,6 +254,9 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, 
                 index += 1
                 this_round[kind] = _one_server(kind, tmp, python, index, l1_gb, tps, seconds, warmup_s, seed, tell,
                                                telemetry_nice)
+            this_round["side_by_side"] = _side_by_side(tmp, python, index + 1, l1_gb, tps, seconds, warmup_s, seed,
+                                                       tell, telemetry_nice)
+            index += len(SIDE_BY_SIDE)
             per_round.append(this_round)
     result = _report(per_round, rounds, seconds, warmup_s, tps, l1_gb)
     result["telemetry_nice"] = telemetry_nice
@@ -297,12 +344,11 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
     return result
 
 
-def _cpu_ratios(cache: float, telemetry: float, cache_off: float, lmcache: float) -> dict[str, float]:
-    """CPU per request of the cache and telemetry processes against LMCache's server, and publishing's cost."""
+def _cpu_ratios(cache: float, telemetry: float, lmcache: float) -> dict[str, float]:
+    """CPU per request of the cache and telemetry processes against LMCache's server."""
     return {
         "cache_cpu_over_lmcache": round(cache / lmcache, 4) if lmcache else 0.0,
         "cache_and_telemetry_cpu_over_lmcache": round((cache + telemetry) / lmcache, 4) if lmcache else 0.0,
-        "publish_cpu_cost": round(cache / cache_off - 1, 4) if cache_off else 0.0,
     }
 
 
@@ -312,22 +358,29 @@ def _cpu_of(entry: dict[str, Any]) -> tuple[float, float]:
 
 def _cpu_report(servers: dict[str, Any], per_round: list[dict[str, Any]], tps: tuple[int, ...]) -> dict[str, Any]:
     """CPU per request per process (ms) for every server, the ratios from those medians, per TP, the same
-    ratios paired within each round, server-side p99 per operation, and the verdicts of issue 21's targets."""
+    ratios paired within each round, publishing's cost (median over the rounds' side-by-side runs),
+    server-side p99 per operation, and the verdicts of issue 21's targets."""
 
     def ratios(entries: dict[str, Any]) -> dict[str, float]:
-        (cache, telemetry), (cache_off, _), (lmcache, _) = (_cpu_of(entries[k]) for k in ("mpcache", "mpcache_off",
-                                                                                          "lmcache"))
-        return _cpu_ratios(cache, telemetry, cache_off, lmcache)
+        (cache, telemetry), (lmcache, _) = (_cpu_of(entries[k]) for k in ("mpcache", "lmcache"))
+        return _cpu_ratios(cache, telemetry, lmcache)
+
+    sides = [rd["side_by_side"] for rd in per_round]
 
     report: dict[str, Any] = {
         "cpu_ms_per_request": {kind: {"cache" if kind.startswith("mpcache") else "server": _cpu_of(servers[kind])[0],
                                       **({"telemetry": _cpu_of(servers[kind])[1]} if kind == "mpcache" else {})}
                                for kind in SERVERS},
         **ratios(servers),
+        "publish_cpu_cost": round(_median([side["publish_cpu_cost"] for side in sides]), 4),
+        "side_by_side": {f"tp{tp}": {kind: round(_median([side[f"tp{tp}"]["cache_cpu_ms_per_request"][kind]
+                                                          for side in sides]), 4) for kind in SIDE_BY_SIDE}
+                         for tp in tps},
     }
     for tp in tps:
         key = f"tp{tp}"
         report[key] = {**ratios({kind: servers[kind][key] for kind in SERVERS}),
+                       "publish_cpu_cost": round(_median([side[key]["publish_cpu_cost"] for side in sides]), 4),
                        "telemetry_cpu_ms_per_request": servers["mpcache"][key]["telemetry_cpu_ms_per_request"],
                        "server_op_p99_ms": servers["mpcache"][key].get("server_op_p99_ms", {})}
     paired = [ratios(rd) for rd in per_round]

@@ -31,7 +31,14 @@ After ``--warmup`` seconds (which also fill the server's L1) it counts for ``--s
 and prints ONE JSON line on stdout: requests/s, stored and retrieved GB/s (10^9 bytes of
 chunk objects the server reserved / handed out, all ranks), p50/p99 latency of a request
 (lookup submit → end_session) and of each step operation, hit ratio and error counts, and the
-CPU share (cores) over the window of this process ("client") and of every ``--cpu-pid`` group.
+CPU share (cores) over the window of this process ("client") and of every ``--cpu-pid`` group
+(schedstat's nanoseconds; clock ticks for a process whose threads changed during the window).
+
+``--mirror URL`` (repeatable) drives more servers side by side: each gets its own adapters and
+KV caches and the same requests (the same seed), every step goes to each server in turn (the
+first one rotating), and each server's numbers are reported under ``mirrors`` (the first
+``--url``'s at the top level). Their CPU is then measured over the same seconds, under the
+same background load, which comparing servers run one after the other cannot give.
 Exit status: 0 ok, 1 errors during the run (see ``reason``), 2 setup failed, 3 overran.
 """
 
@@ -52,6 +59,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,22 +81,39 @@ GB = 1e9
 OPS = ("lookup", "retrieve", "store", "end_session")
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process, all its threads (Linux /proc); None if gone."""
+def process_cpu(pid: int) -> tuple[float, frozenset[str], int] | None:
+    """(user + system CPU seconds of every thread, live or exited, in clock ticks; the live thread ids;
+    their summed on-CPU nanoseconds from schedstat) of a process (Linux /proc); None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
+        tids = frozenset(os.listdir(f"/proc/{pid}/task"))
+        ns = 0
+        for tid in tids:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as handle:
+                ns += int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), tids, ns
 
 
-def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {"client": time.process_time()}
+def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, list[Any] | None]:
+    out: dict[str, list[Any] | None] = {"client": [(time.process_time(), frozenset(), -1)]}
     for name, group in pids.items():
-        values = [process_cpu_s(pid) for pid in group]
-        out[name] = None if any(v is None for v in values) else sum(values)  # type: ignore[misc]
+        values = [process_cpu(pid) for pid in group]
+        out[name] = None if any(v is None for v in values) else values
     return out
+
+
+def cpu_seconds(before: list[Any] | None, after: list[Any] | None) -> float | None:
+    """CPU seconds a group spent between two snapshots: nanoseconds from schedstat where every process kept
+    the same threads, its clock ticks (10 ms steps, exited threads included) where threads came or went."""
+    if before is None or after is None:
+        return None
+    total = 0.0
+    for (ticks0, tids0, ns0), (ticks1, tids1, ns1) in zip(before, after):
+        total += (ns1 - ns0) / 1e9 if tids0 == tids1 and ns0 >= 0 else ticks1 - ticks0
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -251,6 +276,9 @@ class Workload:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", nargs="+", required=True, action="extend", help="server URL(s)")
+    ap.add_argument("--mirror", action="append", default=[], metavar="URL",
+                    help="also drive this server with the same requests, each step against every server in "
+                    "turn, so that all are measured over the same seconds (repeatable; reported under 'mirrors')")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
     ap.add_argument("--seconds", type=float, default=10.0, help="measured wall time")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds run before measuring")
@@ -313,6 +341,69 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+class Run:
+    """One server's side of the run: its engine, its requests (the same as every other side's), its tallies."""
+
+    def __init__(self, args: argparse.Namespace, urls: list[str]) -> None:
+        self.urls = urls
+        self.counters = Counters()
+        self.engine = Engine(argparse.Namespace(**{**vars(args), "url": urls}), self.counters)
+        self.workload = Workload(self.engine, args)
+        self.times: dict[str, list[float]] = {op: [] for op in OPS}
+        self.latencies: list[float] = []
+        self.requests = 0
+
+    def start_window(self) -> None:
+        self.before = self.counters.snapshot()
+        wl = self.workload
+        self.failures_before = (wl.retrieve_failures, wl.store_failures, wl.verify_failures)
+        self.verified_before = wl.verified_chunks
+
+    def step(self, deadline: Deadline, measured: bool) -> None:
+        if measured:
+            self.requests += self.workload.step(deadline, self.times, self.latencies)
+        else:
+            self.workload.step(deadline, {op: [] for op in OPS}, [])
+
+    def report(self, elapsed: float) -> dict[str, Any]:
+        """This side's numbers over the measured window (``ok`` false, with a ``reason``, on any error)."""
+        wl, times, latencies = self.workload, self.times, self.latencies
+        counts = driver.diff(self.counters.snapshot(), self.before)
+        obj_bytes = self.engine.geo.object_bytes(self.engine.chunk)
+        errors = {
+            "retrieve_failed_steps": wl.retrieve_failures - self.failures_before[0],
+            "store_failed_steps": wl.store_failures - self.failures_before[1],
+            "verify_failures": wl.verify_failures - self.failures_before[2],
+            "prepare_retrieve_misses": counts["retrieve_failures"],
+            "store_commit_failures": counts["store_commit_failures"],
+        }
+        looked_up_chunks = counts["hit_chunks"] + counts["stored_chunks"]
+        result: dict[str, Any] = dict(
+            urls=self.urls,
+            model_name=self.engine.model_name,
+            object_bytes=obj_bytes,
+            requests=self.requests,
+            requests_per_s=round(self.requests / elapsed, 2),
+            store_gb_per_s=round(counts["stored_objects"] * obj_bytes / elapsed / GB, 4),
+            retrieve_gb_per_s=round(counts["retrieved_objects"] * obj_bytes / elapsed / GB, 4),
+            latency_p50_ms=round(percentile(latencies, 0.50) * 1000, 3),
+            latency_p99_ms=round(percentile(latencies, 0.99) * 1000, 3),
+            op_latency_ms={op: {"p50": round(percentile(v, 0.50) * 1000, 3),
+                                "p99": round(percentile(v, 0.99) * 1000, 3), "n": len(v)}
+                           for op, v in times.items()},
+            hit_chunk_ratio=round(counts["hit_chunks"] / looked_up_chunks, 4) if looked_up_chunks else 0.0,
+            counts={k: counts[k] for k in ("lookups", "hit_chunks", "stored_chunks", "stored_objects",
+                                           "store_skipped_objects", "retrieved_chunks", "retrieved_objects")},
+            verified_chunks=wl.verified_chunks - self.verified_before,
+            errors=errors,
+        )
+        result["ok"] = not any(errors.values())
+        if not result["ok"]:
+            result["reason"] = wl.first_verify_failure or "errors during the run: " + ", ".join(
+                f"{k}={v}" for k, v in errors.items() if v)
+        return result
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     driver.POLL_S = args.poll_ms / 1000.0  # the driver's lookup/finish polling interval
@@ -327,86 +418,57 @@ def main(argv: list[str]) -> int:
             os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()
-    counters = Counters()
+    runs: list[Run] = []
     try:
-        engine = Engine(args, counters)
+        for urls in [args.url] + [[url] for url in args.mirror]:
+            runs.append(Run(args, urls))
     except Exception as exc:  # noqa: BLE001 - reported in the JSON
         traceback.print_exc(file=sys.stderr)
         result["reason"] = f"setup failed: {type(exc).__name__}: {exc}"
         done.set()
         emit(result)
+        for run in runs:
+            run.engine.shutdown()
         return 2
-    obj_bytes = engine.geo.object_bytes(engine.chunk)
-    result.update(model_name=engine.model_name, object_bytes=obj_bytes,
-                  geometry={"layers": args.layers, "kv_heads": args.kv_heads, "head_size": args.head_size,
-                            "block_size": args.block_size, "dtype": args.dtype, "num_blocks": args.num_blocks})
-    wl = Workload(engine, args)
-    times: dict[str, list[float]] = {op: [] for op in OPS}
-    latencies: list[float] = []
-    requests = 0
+    result["geometry"] = {"layers": args.layers, "kv_heads": args.kv_heads, "head_size": args.head_size,
+                          "block_size": args.block_size, "dtype": args.dtype, "num_blocks": args.num_blocks}
+
+    def steps(measured: bool, until: Callable[[], bool], what: str) -> None:
+        n = 0
+        while not until():  # each step's first side rotates, so that none always goes first
+            for run in runs[n % len(runs):] + runs[: n % len(runs)]:
+                run.step(Deadline(args.op_timeout, what), measured)
+            n += 1
+
     try:
-        start = time.monotonic()
-        warm_end = start + args.warmup
-        while time.monotonic() < warm_end:
-            wl.step(Deadline(args.op_timeout, "warm-up step"), {op: [] for op in OPS}, [])
-        before = counters.snapshot()
-        failures_before = (wl.retrieve_failures, wl.store_failures, wl.verify_failures)
-        verified_before = wl.verified_chunks
+        warm_end = time.monotonic() + args.warmup
+        steps(False, lambda: time.monotonic() >= warm_end, "warm-up step")
+        for run in runs:
+            run.start_window()
         cpu_before = cpu_snapshot(args.cpu_pids)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            requests += wl.step(Deadline(args.op_timeout, "step"), times, latencies)
+        steps(True, lambda: time.monotonic() - t0 >= args.seconds, "step")
         elapsed = time.monotonic() - t0
         cpu_after = cpu_snapshot(args.cpu_pids)
-        engine.check_health()
+        for run in runs:
+            run.engine.check_health()
     except ScenarioFailure as exc:
         result["reason"] = str(exc)
-        done.set()
-        emit(result)
-        engine.shutdown()
-        return 1
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc(file=sys.stderr)
         result["reason"] = f"{type(exc).__name__}: {exc}"
-        done.set()
-        emit(result)
-        engine.shutdown()
-        return 1
-    counts = driver.diff(counters.snapshot(), before)
-    engine.shutdown()
-    errors = {
-        "retrieve_failed_steps": wl.retrieve_failures - failures_before[0],
-        "store_failed_steps": wl.store_failures - failures_before[1],
-        "verify_failures": wl.verify_failures - failures_before[2],
-        "prepare_retrieve_misses": counts["retrieve_failures"],
-        "store_commit_failures": counts["store_commit_failures"],
-    }
-    looked_up_chunks = counts["hit_chunks"] + counts["stored_chunks"]
-    result.update(
-        seconds=round(elapsed, 3),
-        warmup_s=args.warmup,
-        requests=requests,
-        requests_per_s=round(requests / elapsed, 2),
-        store_gb_per_s=round(counts["stored_objects"] * obj_bytes / elapsed / GB, 4),
-        retrieve_gb_per_s=round(counts["retrieved_objects"] * obj_bytes / elapsed / GB, 4),
-        latency_p50_ms=round(percentile(latencies, 0.50) * 1000, 3),
-        latency_p99_ms=round(percentile(latencies, 0.99) * 1000, 3),
-        op_latency_ms={op: {"p50": round(percentile(v, 0.50) * 1000, 3),
-                            "p99": round(percentile(v, 0.99) * 1000, 3), "n": len(v)}
-                       for op, v in times.items()},
-        hit_chunk_ratio=round(counts["hit_chunks"] / looked_up_chunks, 4) if looked_up_chunks else 0.0,
-        counts={k: counts[k] for k in ("lookups", "hit_chunks", "stored_chunks", "stored_objects",
-                                       "store_skipped_objects", "retrieved_chunks", "retrieved_objects")},
-        verified_chunks=wl.verified_chunks - verified_before,
-        cpu_share={name: (None if cpu_after[name] is None or cpu_before[name] is None
-                          else round((cpu_after[name] - cpu_before[name]) / elapsed, 3))
-                   for name in cpu_before},
-        errors=errors,
-    )
-    result["ok"] = not any(errors.values())
-    if not result["ok"]:
-        result["reason"] = wl.first_verify_failure or "errors during the run: " + ", ".join(
-            f"{k}={v}" for k, v in errors.items() if v)
+    else:
+        reports = [run.report(elapsed) for run in runs]
+        result.update(reports[0], seconds=round(elapsed, 3), warmup_s=args.warmup, mirrors=reports[1:])
+        result["cpu_share"] = {name: (None if (seconds := cpu_seconds(cpu_before[name], cpu_after[name])) is None
+                                      else round(seconds / elapsed, 4)) for name in cpu_before}
+        result["ok"] = all(report["ok"] for report in reports)
+        if not result["ok"]:
+            result["reason"] = "; ".join(f"{report['urls'][0]}: {report['reason']}"
+                                         for report in reports if not report["ok"])
+    finally:
+        for run in runs:
+            run.engine.shutdown()
     done.set()
     emit(result)
     return 0 if result["ok"] else 1
