@@ -153,9 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None,
                         help="lmcache: seconds of load before measuring (default 3)")
     parser.add_argument("--l1-gb", type=float, default=None, help="lmcache: every server's L1 in GiB (default 0.25)")
-    parser.add_argument("--telemetry-nice", type=int, default=lmcache_servers.TELEMETRY_NICE,
-                        help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default "
-                        f"{lmcache_servers.TELEMETRY_NICE}, the service's)")
+    parser.add_argument("--telemetry-nice", type=int, default=0,
+                        help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md",
                         help="report: where to write (default docs/PERFORMANCE.md)")

@@ -29,8 +29,8 @@ chunk object is 2 MiB, for ``WARMUP_S`` and then ``seconds`` measured, against e
 Each round then runs the two mpcache modes side by side (``SIDE_BY_SIDE``): both serve at once and the
 workload sends every step to each in turn (its ``--mirror``), so their cache processes' CPU is measured
 over the same seconds; publishing's cost (``publish_cpu_cost``, on / off − 1) comes from these runs,
-which a shared machine's drifting load tilts far less (in one run here, per round and TP: −9 … +22 %
-run one after the other, −6 … +7 % side by side).
+which a shared machine's drifting load cannot tilt (run one after the other, the same two differ by
+±20 % from run to run here; side by side, by 1-2 %).
 
 A round's value for a server is the mean of its TP=1 and TP=2 runs; the headline numbers are
 medians over rounds. ``ratio_vs_lmcache`` = ``mpcache_rps / lmcache_rps`` and
@@ -55,7 +55,6 @@ from mpcache.bench.lmcache_servers import (
     LMCACHE_ENV,
     LMCACHE_MAX_WORKERS,
     OBJECT_BYTES,
-    TELEMETRY_NICE,
     LagSampler,
     Server,
     lmcache_python,
@@ -157,8 +156,7 @@ def _median(values: list[float]) -> float:
 
 
 def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
-                warmup_s: float, seed: int, progress: Callable[[str], None],
-                telemetry_nice: int = TELEMETRY_NICE) -> dict[str, Any]:
+                warmup_s: float, seed: int, progress: Callable[[str], None], telemetry_nice: int = 0) -> dict[str, Any]:
     """Start one server, run the workload at every TP against it, stop it; the round's values for it."""
     runs: dict[str, Any] = {}
     server = Server(kind, tmp, python, index, l1_gb, telemetry_nice)
@@ -234,7 +232,7 @@ def _side_by_side(tmp: str, python: str, index: int, l1_gb: float, tps: tuple[in
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
         warmup_s: float = WARMUP_S, tps: tuple[int, ...] = TPS, l1_gb: float = L1_GB,
-        telemetry_nice: int = TELEMETRY_NICE) -> dict[str, Any]:
+        telemetry_nice: int = 0) -> dict[str, Any]:
     python = lmcache_python()
     rounds = max(1, repetitions)
     orders = "/".join("".join("ABCD"[i] for i in ROUND_ORDERS[r % len(ROUND_ORDERS)]) for r in range(rounds))

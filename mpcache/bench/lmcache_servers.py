@@ -17,14 +17,13 @@ import psutil
 
 from mpcache.bench import service as bench_service
 from mpcache.bench.children import stop
-from mpcache.config import SETTINGS, Config
+from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
 
 OBJECT_BYTES = 2 * 8 * 256 * 256 * 2  # 2 planes x 8 layers x 256 tokens x (2 heads x 128) x fp16, per rank
 LMCACHE_MAX_WORKERS = 2
-TELEMETRY_NICE: int = next(item.default for item in SETTINGS if item.field == "telemetry_nice")  # the service's
 START_TIMEOUT_S = 120.0
 LAG_SAMPLE_S = 0.1
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "lmcache-0.5.6-venv")
@@ -71,8 +70,7 @@ def _accepting(port: int) -> bool:
 class Server:
     """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
 
-    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float,
-                 telemetry_nice: int = TELEMETRY_NICE) -> None:
+    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0) -> None:
         self.kind = kind
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
@@ -86,7 +84,7 @@ class Server:
                     "ring" if kind == "mpcache" else "none", "--workers", "1", "--lmcache-port", str(self.port),
                     "--prometheus-port", str(self.prometheus_port), "--runtime-dir", self.runtime_dir,
                     "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning")
-                if kind == "mpcache":
+                if kind == "mpcache" and telemetry_nice:
                     argv += ["--telemetry-nice", str(telemetry_nice)]
                 env = bench_service.env()
             else:

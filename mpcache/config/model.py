@@ -145,12 +145,10 @@ class Config:
         Integer(1), 1500, "attribute sets per metric before new cache_salt/model_name values read __overflow__ "
         "(default 1500, below the OpenTelemetry SDK's 2000)", group=TELEMETRY)
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
-    # cache processes), so that it yields the CPU to the data path and lags instead (docs/PERFORMANCE.md:
-    # at nice 0 it made the cache process's CPU per request 6-10 % dearer, at 10 not at all)
+    # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
     telemetry_nice: int = setting(
-        Integer(0, 19), 10, "nice increment (0..19) the telemetry process applies to itself, so that the cache "
-        "processes get the CPU first and the drain lags instead (default 10; 0: the cache processes' priority)",
-        group=TELEMETRY)
+        Integer(0, 19), 0, "nice increment (0..19) the telemetry process applies to itself, so that on a busy "
+        "machine the cache processes get the CPU first and the drain lags instead (default 0)", group=TELEMETRY)
     disable_metrics: bool = setting(
         Switch(), False, "run no metrics subscribers and no exporters (/healthz and /ready still answer)",
         group=TELEMETRY, derive=derived.otel_sdk_disabled)
