@@ -321,6 +321,9 @@ def test_the_benchmarks_choose_their_cache_processes_through_the_supervisors_pro
         wait_for(serving, 60, "the service to start", tolerate=())
         modules = sorted(child.cmdline()[2] for child in psutil.Process(process.pid).children())
         e2e.client_loop(str(runtime / "cache0.sock"), 0.5, 0.0, 1)  # stores and lookups
+        counted = e2e._cache_cpu_s(process)  # e2e's CPU per operation: the cache process's, not telemetry's
+        [cache] = [child for child in psutil.Process(process.pid).children() if child.cmdline()[2] == cache_program]
+        assert 0 < counted <= cache.cpu_times().user + cache.cpu_times().system
         ring = Segment.attach(Config.load(str(runtime / "config.json")).ring_name(0), layout.HEADER_SIZE)
         try:
             head = read_counters(ring).head

@@ -46,8 +46,10 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
         return [f"ours {result['events_per_s']:,} events/s; reference {result['reference_events_per_s']:,}",
                 f"{result['ratio']}×", "≥ 1,000,000/s; ≥ 6×", verdict]
     if name == "e2e":
+        cpu = result["cache_cpu_us_per_op"]
         return [f"off {result['off_ops_per_s']:,.0f}; rings {result['rings_ops_per_s']:,.0f}; in-process "
-                f"{result['inprocess_ops_per_s']:,.0f} ops/s", f"rings/off {result['rings_over_off']}; "
+                f"{result['inprocess_ops_per_s']:,.0f} ops/s; cache processes' CPU per op {cpu['none']} / "
+                f"{cpu['ring']} / {cpu['inprocess']} µs", f"rings/off {result['rings_over_off']}; "
                 f"in-process/off {result['inprocess_over_off']}", "rings ≥ 0.97 of off; rings > in-process", verdict]
     if name == "soak":
         return [f"{result['achieved_events_per_s']:,} events/s for {result['seconds']:.0f} s; drops {result['drops']}; "

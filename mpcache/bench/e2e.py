@@ -1,5 +1,6 @@
 """Cache operations per second with telemetry off, through the rings, and with the in-process bus
-(``python -m mpcache.bench.service none|ring|inprocess``, interleaved in one run).
+(``python -m mpcache.bench.service none|ring|inprocess``, interleaved in one run), and the cache processes'
+CPU per operation in each mode (from the start of the clients to their end, warm-up included).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from mpcache.bench import service as bench_service
 from mpcache.bench.children import kill_running, stop
 
@@ -26,7 +29,7 @@ TARGET_RINGS_OVER_OFF = 0.97
 
 
 def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) -> None:
-    """Run in a client process: print the operations completed after the warm-up."""
+    """Run in a client process: print the operations per second after the warm-up, and all operations."""
     import numpy as np
 
     from mpcache.client import CacheClient
@@ -37,7 +40,7 @@ def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) ->
         blocks = buffer.blocks
         assert blocks is not None  # registered until the with block ends
         blocks[:] = rng.integers(0, 255, size=blocks.shape, dtype=np.uint8)
-        ops, n = 0, 0
+        ops, total, n = 0, 0, 0
         start = time.monotonic()
         counting_from = start + warmup_s
         while time.monotonic() - start < seconds:
@@ -57,9 +60,10 @@ def client_loop(socket_path: str, seconds: float, warmup_s: float, seed: int) ->
                              chunk_hashes=hashes[found:], block_ids=range(found, CHUNKS_PER_REQUEST))
                 done += 1
             client.end_session(request)
+            total += done
             if time.monotonic() >= counting_from:
                 ops += done
-        print(ops / (seconds - warmup_s), flush=True)
+        print(ops / (seconds - warmup_s), total, flush=True)
 
 
 def _free_port() -> int:
@@ -68,8 +72,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _one_run(mode: str) -> float:
-    """Start the service in ``mode``, drive it with the clients, return total operations per second."""
+def _cache_cpu_s(service: subprocess.Popen) -> float:
+    """CPU seconds the service's cache processes (every child but the telemetry process) have used."""
+    total = 0.0
+    for child in psutil.Process(service.pid).children():
+        if not any("telemetry" in arg for arg in child.cmdline()):
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def _one_run(mode: str) -> tuple[float, float]:
+    """Start the service in ``mode``, drive it with the clients: (operations per second after the warm-up,
+    the cache processes' CPU µs per operation over the clients' whole run)."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-") as tmp:
         runtime = os.path.join(tmp, "run")
         service = subprocess.Popen(
@@ -85,6 +100,7 @@ def _one_run(mode: str) -> float:
                 if time.monotonic() > deadline or service.poll() is not None:
                     raise RuntimeError(f"the service ({mode}) did not start")
                 time.sleep(0.05)
+            cpu_before = _cache_cpu_s(service)
             clients += [
                 subprocess.Popen(
                     [sys.executable, "-c", f"from mpcache.bench.e2e import client_loop; "
@@ -93,13 +109,16 @@ def _one_run(mode: str) -> float:
                 )
                 for i, path in enumerate(sockets)
             ]
-            total = 0.0
+            rate, operations = 0.0, 0
             for client in clients:
                 out, _ = client.communicate(timeout=SECONDS + 60)
                 if client.returncode != 0:
                     raise RuntimeError(f"a benchmark client exited {client.returncode}")
-                total += float(out.strip())
-            return total
+                client_rate, client_operations = out.split()
+                rate += float(client_rate)
+                operations += int(client_operations)
+            cpu_s = _cache_cpu_s(service) - cpu_before
+            return rate, (cpu_s * 1e6 / operations if operations else 0.0)
         finally:
             kill_running(clients)
             stop(service)
@@ -109,10 +128,13 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
     progress(f"e2e: {CLIENTS} cache processes x {CLIENTS} clients, {SECONDS:.0f} s per run, modes {MODES}, "
              f"{repetitions} repetitions (interleaved)")
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cpu_us: dict[str, list[float]] = {mode: [] for mode in MODES}
     for rep in range(repetitions):
         for mode in MODES:
-            samples[mode].append(_one_run(mode))
-            progress(f"  repetition {rep + 1}: {mode:9s} {samples[mode][-1]:8.0f} ops/s")
+            rate, us = _one_run(mode)
+            samples[mode].append(rate)
+            cpu_us[mode].append(us)
+            progress(f"  repetition {rep + 1}: {mode:9s} {rate:8.0f} ops/s, cache processes {us:6.1f} µs CPU per op")
     off, rings, inprocess = (statistics.median(samples[m]) for m in MODES)
     return {
         "benchmark": "e2e",
@@ -127,4 +149,6 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         "targets_met": {"rings_over_off": rings / off >= TARGET_RINGS_OVER_OFF,
                         "rings_ahead_of_inprocess": rings > inprocess},
         "samples_ops_per_s": {m: [round(x, 1) for x in samples[m]] for m in MODES},
+        "cache_cpu_us_per_op": {m: round(statistics.median(cpu_us[m]), 1) for m in MODES},
+        "samples_cache_cpu_us_per_op": {m: [round(x, 1) for x in cpu_us[m]] for m in MODES},
     }

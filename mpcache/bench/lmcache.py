@@ -50,6 +50,8 @@ from typing import Any
 
 from mpcache.bench import service_times
 from mpcache.bench.children import kill_running
+from mpcache.bench.lmcache_cpu import TIMED_OPS, cpu_report
+from mpcache.bench.lmcache_cpu import median as _median
 from mpcache.bench.lmcache_servers import (
     LMCACHE_ENV,
     LMCACHE_MAX_WORKERS,
@@ -73,14 +75,6 @@ BATCH = 4
 L1_GB = 0.25  # GiB: LMCache's --l1-size-gb counts 2**30 bytes
 TARGET_RATIO_VS_LMCACHE = 1.0
 TARGET_TELEMETRY_ON_OVER_OFF = 0.97
-# CPU per request (issue 21): the cache process against LMCache's server, with and without telemetry; the
-# telemetry process alone; what publishing costs the cache process (on over off - 1); server-side p99
-TARGET_CACHE_CPU_OVER_LMCACHE = 0.25
-TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE = 0.30
-TARGET_TELEMETRY_CPU_MS = 0.1
-TARGET_PUBLISH_CPU_COST = 0.03
-TARGET_SERVER_P99_MS = 1.0
-TIMED_OPS = ("lookup", "prepare_store", "prepare_retrieve")
 
 
 def _run_workload(python: str, servers: list[Server], tp: int, seconds: float, warmup_s: float, seed: int,
@@ -148,10 +142,6 @@ METRICS = ("rps", "store_gb_per_s", "retrieve_gb_per_s", "latency_p50_ms", "late
            "store_accepted_ratio", "client_cpu_ms_per_request", "server_cpu_ms_per_request",
            "telemetry_cpu_ms_per_request")
 LAG_METRICS = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "records_lost")
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
 
 
 def _one_server(kind: str, tmp: str, python: str, index: int, l1_gb: float, tps: tuple[int, ...], seconds: float,
@@ -292,7 +282,7 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
     on_off = round(rps["mpcache"] / rps["mpcache_off"], 4) if rps["mpcache_off"] else 0.0
     accepted = {kind: servers[kind]["store_accepted_ratio"] for kind in SERVERS}
     comparable = abs(accepted["mpcache"] - accepted["lmcache"]) <= 0.05
-    cpu = _cpu_report(servers, per_round, tps)
+    cpu = cpu_report(servers, per_round, tps)
     result = {
         "benchmark": "lmcache",
         "rounds": rounds,
@@ -341,65 +331,6 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
             "full between once-a-second eviction passes); a refused store skips the client's copy, so requests/s "
             "are not like for like: compare hit_chunk_ratio and store GB/s too, or rerun with a larger --l1-gb")
     return result
-
-
-def _cpu_ratios(cache: float, telemetry: float, lmcache: float) -> dict[str, float]:
-    """CPU per request of the cache and telemetry processes against LMCache's server."""
-    return {
-        "cache_cpu_over_lmcache": round(cache / lmcache, 4) if lmcache else 0.0,
-        "cache_and_telemetry_cpu_over_lmcache": round((cache + telemetry) / lmcache, 4) if lmcache else 0.0,
-    }
-
-
-def _cpu_of(entry: dict[str, Any]) -> tuple[float, float]:
-    return entry["server_cpu_ms_per_request"], entry["telemetry_cpu_ms_per_request"]
-
-
-def _cpu_report(servers: dict[str, Any], per_round: list[dict[str, Any]], tps: tuple[int, ...]) -> dict[str, Any]:
-    """CPU per request per process (ms) for every server, the ratios from those medians, per TP, the same
-    ratios paired within each round, publishing's cost (median over the rounds' side-by-side runs),
-    server-side p99 per operation, and the verdicts of issue 21's targets."""
-
-    def ratios(entries: dict[str, Any]) -> dict[str, float]:
-        (cache, telemetry), (lmcache, _) = (_cpu_of(entries[k]) for k in ("mpcache", "lmcache"))
-        return _cpu_ratios(cache, telemetry, lmcache)
-
-    sides = [rd["side_by_side"] for rd in per_round]
-
-    report: dict[str, Any] = {
-        "cpu_ms_per_request": {kind: {"cache" if kind.startswith("mpcache") else "server": _cpu_of(servers[kind])[0],
-                                      **({"telemetry": _cpu_of(servers[kind])[1]} if kind == "mpcache" else {})}
-                               for kind in SERVERS},
-        **ratios(servers),
-        "publish_cpu_cost": round(_median([side["publish_cpu_cost"] for side in sides]), 4),
-        "side_by_side": {f"tp{tp}": {kind: round(_median([side[f"tp{tp}"]["cache_cpu_ms_per_request"][kind]
-                                                          for side in sides]), 4) for kind in SIDE_BY_SIDE}
-                         for tp in tps},
-    }
-    for tp in tps:
-        key = f"tp{tp}"
-        report[key] = {**ratios({kind: servers[kind][key] for kind in SERVERS}),
-                       "publish_cpu_cost": round(_median([side[key]["publish_cpu_cost"] for side in sides]), 4),
-                       "telemetry_cpu_ms_per_request": servers["mpcache"][key]["telemetry_cpu_ms_per_request"],
-                       "server_op_p99_ms": servers["mpcache"][key].get("server_op_p99_ms", {})}
-    paired = [ratios(rd) for rd in per_round]
-    report["paired"] = {name: round(_median([p[name] for p in paired]), 4) for name in paired[0]} if paired else {}
-    p99s = [report[f"tp{tp}"]["server_op_p99_ms"].get(op) for tp in tps for op in TIMED_OPS]
-    telemetry_ms = servers["mpcache"]["telemetry_cpu_ms_per_request"]
-    report["targets"] = {"cache_cpu_over_lmcache": f"<= {TARGET_CACHE_CPU_OVER_LMCACHE}",
-                         "cache_and_telemetry_cpu_over_lmcache": f"<= {TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE}",
-                         "telemetry_cpu_ms_per_request": f"<= {TARGET_TELEMETRY_CPU_MS}",
-                         "publish_cpu_cost": f"<= +{TARGET_PUBLISH_CPU_COST:.0%}",
-                         "server_p99_ms": f"<= {TARGET_SERVER_P99_MS} for {', '.join(TIMED_OPS)}, every TP"}
-    report["targets_met"] = {
-        "cache_cpu_over_lmcache": 0 < report["cache_cpu_over_lmcache"] <= TARGET_CACHE_CPU_OVER_LMCACHE,
-        "cache_and_telemetry_cpu_over_lmcache":
-            0 < report["cache_and_telemetry_cpu_over_lmcache"] <= TARGET_CACHE_AND_TELEMETRY_CPU_OVER_LMCACHE,
-        "telemetry_cpu_ms_per_request": telemetry_ms <= TARGET_TELEMETRY_CPU_MS,
-        "publish_cpu_cost": report["publish_cpu_cost"] <= TARGET_PUBLISH_CPU_COST,
-        "server_p99_ms": all(p is not None and p <= TARGET_SERVER_P99_MS for p in p99s),
-    }
-    return report
 
 
 def for_report(result: dict[str, Any]) -> dict[str, Any]:
