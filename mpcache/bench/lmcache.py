@@ -50,8 +50,7 @@ from typing import Any
 
 from mpcache.bench import service_times
 from mpcache.bench.children import kill_running
-from mpcache.bench.lmcache_cpu import TIMED_OPS, cpu_report
-from mpcache.bench.lmcache_cpu import median as _median
+from mpcache.bench.lmcache_cpu import TIMED_OPS, cpu_report, median
 from mpcache.bench.lmcache_servers import (
     LMCACHE_ENV,
     LMCACHE_MAX_WORKERS,
@@ -256,25 +255,25 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
             tps: tuple[int, ...], l1_gb: float = L1_GB) -> dict[str, Any]:
     servers: dict[str, Any] = {}
     for kind in SERVERS:
-        entry: dict[str, Any] = {m: round(_median([rd[kind][m] for rd in per_round]), 4) for m in METRICS}
+        entry: dict[str, Any] = {m: round(median([rd[kind][m] for rd in per_round]), 4) for m in METRICS}
         for tp in tps:
             key = f"tp{tp}"
-            entry[key] = {m: round(_median([rd[kind][key][m] for rd in per_round]), 4) for m in METRICS}
-            entry[key]["op_p50_ms"] = {op: round(_median([rd[kind][key]["op_p50_ms"][op] for rd in per_round]), 3)
+            entry[key] = {m: round(median([rd[kind][key][m] for rd in per_round]), 4) for m in METRICS}
+            entry[key]["op_p50_ms"] = {op: round(median([rd[kind][key]["op_p50_ms"][op] for rd in per_round]), 3)
                                        for op in per_round[0][kind][key]["op_p50_ms"]}
             shares = {name for rd in per_round for name in rd[kind][key]["cpu_share"]}
             entry[key]["cpu_share"] = {
-                name: round(_median([v for rd in per_round
+                name: round(median([v for rd in per_round
                                      if (v := rd[kind][key]["cpu_share"].get(name)) is not None]), 3)
                 for name in sorted(shares)}
             times = [rd[kind][key]["server_times"] for rd in per_round if "server_times" in rd[kind][key]]
             if times:
                 entry[key]["server_op_p99_ms"] = {
-                    op: round(_median([t[op]["p99_ms"] for t in times if op in t]), 3)
+                    op: round(median([t[op]["p99_ms"] for t in times if op in t]), 3)
                     for op in sorted({op for t in times for op in t})}
             drains = [rd[kind][key]["drain"] for rd in per_round if "drain" in rd[kind][key]]
             if drains:
-                entry[key]["drain"] = {m: round(_median([d[m] for d in drains]), 1) for m in LAG_METRICS}
+                entry[key]["drain"] = {m: round(median([d[m] for d in drains]), 1) for m in LAG_METRICS}
                 entry[key]["drain"]["records_lost"] = sum(d["records_lost"] for d in drains)
         servers[kind] = entry
     rps = {kind: round(servers[kind]["rps"], 2) for kind in SERVERS}
@@ -305,7 +304,7 @@ def _report(per_round: list[dict[str, Any]], rounds: int, seconds: float, warmup
         "lmcache_observability_on_over_off": (round(rps["lmcache"] / rps["lmcache_off"], 4)
                                               if rps["lmcache_off"] else 0.0),
         "paired": {
-            name: {"median": round(_median(values), 4), "per_round": [round(v, 4) for v in values]}
+            name: {"median": round(median(values), 4), "per_round": [round(v, 4) for v in values]}
             for name, values in (
                 ("ratio_vs_lmcache", [rd["mpcache"]["rps"] / rd["lmcache"]["rps"] for rd in per_round]),
                 ("telemetry_on_over_off", [rd["mpcache"]["rps"] / rd["mpcache_off"]["rps"] for rd in per_round]),
