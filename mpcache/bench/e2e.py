@@ -73,12 +73,11 @@ def _free_port() -> int:
 
 
 def _cache_cpu_s(service: subprocess.Popen) -> float:
-    """CPU seconds the service's cache processes (every child but the telemetry process) have used."""
+    """CPU seconds the service's cache processes (not its telemetry process) have used."""
     total = 0.0
-    for child in psutil.Process(service.pid).children():
-        if not any("telemetry" in arg for arg in child.cmdline()):
-            times = child.cpu_times()
-            total += times.user + times.system
+    for pid in bench_service.child_pids(service.pid).get("cache", []):
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
     return total
 
 

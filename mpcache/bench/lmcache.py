@@ -76,6 +76,12 @@ TARGET_RATIO_VS_LMCACHE = 1.0
 TARGET_TELEMETRY_ON_OVER_OFF = 0.97
 
 
+def _cpu_group(server: Server, first: Server, name: str) -> str:
+    """The workload's name for one of ``server``'s CPU groups (``server``, ``telemetry``): as is for the
+    first server, prefixed with its kind for a mirror."""
+    return name if server is first else f"{server.kind}.{name}"
+
+
 def _run_workload(python: str, servers: list[Server], tp: int, seconds: float, warmup_s: float, seed: int,
                   log_path: str) -> dict[str, Any]:
     """The workload against ``servers[0]``, and side by side against the others (``--mirror``): the CPU of the
@@ -87,8 +93,7 @@ def _run_workload(python: str, servers: list[Server], tp: int, seconds: float, w
         argv += ["--mirror", f"tcp://127.0.0.1:{server.port}"]
     for server in servers:
         for name, pids in server.cpu_pids().items():
-            group = name if server is first else f"{server.kind}.{name}"
-            argv += [arg for pid in pids for arg in ("--cpu-pid", f"{group}={pid}")]
+            argv += [arg for pid in pids for arg in ("--cpu-pid", f"{_cpu_group(server, first, name)}={pid}")]
     what = " and ".join(server.kind for server in servers)
     with open(log_path, "ab") as log:
         client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
@@ -204,8 +209,9 @@ def _side_by_side(tmp: str, python: str, index: int, l1_gb: float, tps: tuple[in
                                    os.path.join(tmp, f"workload-side-by-side-{index}.log"))
             rps = result["requests_per_s"]
             share = result["cpu_share"]
+            groups = {server.kind: _cpu_group(server, servers[0], "server") for server in servers}
             cache = {kind: round(share[group] * 1000 / rps, 4) if rps and share.get(group) else 0.0
-                     for kind, group in zip(SIDE_BY_SIDE, ("server", f"{SIDE_BY_SIDE[1]}.server"))}
+                     for kind, group in groups.items()}
             on, off = (cache[kind] for kind in SIDE_BY_SIDE)
             runs[f"tp{tp}"] = {"rps": rps, "cache_cpu_ms_per_request": cache,
                                "publish_cpu_cost": round(on / off - 1, 4) if off else 0.0}

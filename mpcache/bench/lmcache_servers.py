@@ -13,8 +13,6 @@ import threading
 import time
 from typing import Any
 
-import psutil
-
 from mpcache.bench import service as bench_service
 from mpcache.bench.children import stop
 from mpcache.config import Config
@@ -121,11 +119,8 @@ class Server:
         """Processes whose CPU the workload reports: the server's request path, and telemetry apart."""
         if not self.kind.startswith("mpcache"):
             return {"server": [self.process.pid]}
-        groups: dict[str, list[int]] = {"server": [], "telemetry": []}
-        for child in psutil.Process(self.process.pid).children():
-            cmdline = " ".join(child.cmdline())
-            groups["telemetry" if "mpcache.telemetry" in cmdline else "server"].append(child.pid)
-        return {name: pids for name, pids in groups.items() if pids}
+        roles = bench_service.child_pids(self.process.pid)
+        return {"server" if role == "cache" else role: pids for role, pids in roles.items()}
 
     def ring(self) -> Segment | None:
         """The cache process's event ring (mpcache with telemetry), attached read-only for lag sampling."""

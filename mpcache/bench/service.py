@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+import psutil
+
 from mpcache.bench import null_cache, reference_cache
 from mpcache.supervisor.children import Programs
 from mpcache.supervisor.start import main as start_cache
@@ -30,6 +32,17 @@ def env() -> dict[str, str]:
     """This environment, with this mpcache importable (installed or not)."""
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_ROOT, path) if p)}
+
+
+def child_pids(service_pid: int) -> dict[str, list[int]]:
+    """The running service's children by role: ``cache`` (every cache process, whichever program the sink
+    runs) and ``telemetry`` (absent when the sink runs none)."""
+    telemetry = Programs().telemetry
+    roles: dict[str, list[int]] = {}
+    for child in psutil.Process(service_pid).children():
+        role = "telemetry" if telemetry in child.cmdline() else "cache"
+        roles.setdefault(role, []).append(child.pid)
+    return roles
 
 
 def main(args: list[str] | None = None) -> int:

@@ -98,7 +98,9 @@ def process_cpu(pid: int) -> tuple[float, frozenset[str], int] | None:
 
 
 def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, list[Any] | None]:
-    out: dict[str, list[Any] | None] = {"client": [(time.process_time(), frozenset(), -1)]}
+    # this process: its own clock, in nanoseconds, read as one unchanging thread set
+    out: dict[str, list[Any] | None] = {"client": [(time.process_time(), frozenset(["self"]),
+                                                    time.process_time_ns())]}
     for name, group in pids.items():
         values = [process_cpu(pid) for pid in group]
         out[name] = None if any(v is None for v in values) else values
@@ -112,7 +114,7 @@ def cpu_seconds(before: list[Any] | None, after: list[Any] | None) -> float | No
         return None
     total = 0.0
     for (ticks0, tids0, ns0), (ticks1, tids1, ns1) in zip(before, after):
-        total += (ns1 - ns0) / 1e9 if tids0 == tids1 and ns0 >= 0 else ticks1 - ticks0
+        total += (ns1 - ns0) / 1e9 if tids0 == tids1 else ticks1 - ticks0
     return total
 
 
