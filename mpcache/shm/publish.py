@@ -119,6 +119,10 @@ class Publisher:
             etype: self._make_plain_emitter(shape) for etype, shape in self._shapes.items()
             if not shape.inline_salt and len(shape.field_cells) <= PLAIN_FIELD_CELLS  # more: the general path
         }
+        self._salted_fields_emitters = {
+            etype: self._make_salted_fields_emitter(shape) for etype, shape in self._shapes.items()
+            if shape.inline_salt and shape.n_fields
+        }
 
     def _make_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
         """``emit(fields, session_id, timestamp_ns=None)`` for one event type: fixed fields and at most a
@@ -187,6 +191,38 @@ class Publisher:
 
         return emit
 
+    def _make_salted_fields_emitter(self, shape: _Shape) -> Callable[..., bool]:
+        """``emit((*fields, cache_salt, model_name, count), session_id, timestamp_ns=None)`` for an event type
+        with fixed fields and its first salt group in the head cell (``SM_WRITE_FINISHED``, twice a request):
+        one head cell, or two with a one-cell session id.  Compiled as the plain emitters are, the salt group
+        three more slots of the head cell; its fallback is the general encoder.  Never raises."""
+        etype, general, n_fields = EventType(shape.etype), self._emit, shape.n_fields
+
+        def python_emit(values: Any, session_id: str, timestamp_ns: int | None = None) -> bool:
+            try:
+                if len(values) != n_fields + 3:
+                    raise ValueError(f"{etype.name} takes {n_fields} fields and a salt group, got {len(values)}")
+                *fields, salt, model, count = values
+                salt_counts = {(salt, model): count}
+            except Exception:  # noqa: BLE001 - never raise into the data path
+                self._writer.count_drop()
+                return False
+            return general(etype, tuple(fields), salt_counts, (), session_id, (), (), timestamp_ns)
+
+        zeros = [0.0 if kind == "d" else 0 for kind in shape.slot_kinds] + [0, 0, 0]
+        plain = self._compile(shape, (shape.etype, 0, 0, 0, 0)).pack(0, layout.CELL_HEAD, shape.etype, 1, 0, *zeros)
+        text = [0, layout.CELL_TEXT, shape.etype, 1, TEXT_FIELD_SESSION, 0, b""]
+        with_text = _cells(self._compile(shape, (shape.etype, 0, 0, 0, 1)).pack(
+            0, layout.CELL_HEAD, shape.etype, 2, 0, *zeros, *text))
+        salt_slot = layout.INLINE_SALT_SLOT
+        slots = tuple((0, layout.slot_offset(1 + i), kind) for i, kind in enumerate(shape.slot_kinds)) + (
+            (0, layout.slot_offset(salt_slot), "n"), (0, layout.slot_offset(salt_slot + 1), "n"),
+            (0, layout.slot_offset(salt_slot + 2), "q"))
+        return self._writer.fields_emitter(
+            head_templates=(plain, with_text[0]), fields_templates=(), text_template=with_text[1],
+            field_slots=slots, ids=self._ids, clock_ns=self._clock_ns, fallback=python_emit,
+        )
+
     def salted_emitter(self, etype: EventType) -> Callable[[int, int, int], bool]:
         """``emit(cache_salt_id, model_name_id, count)`` for one event type without fixed
         fields: the hottest publish — one call, one pack, one store.  Ids come from
@@ -241,13 +277,27 @@ class Publisher:
     ) -> bool:
         """Publish one event; False if it was dropped (ring full or bad values).  Never raises."""
         if self._lock is None:
-            if not (salt_counts or sampled or texts or blocks):
-                plain = self._plain_emitters.get(etype)
-                if plain is not None:
-                    return plain(fields, session_id, timestamp_ns)
+            if not (sampled or texts or blocks):
+                if not salt_counts:
+                    plain = self._plain_emitters.get(etype)
+                    if plain is not None:
+                        return plain(fields, session_id, timestamp_ns)
+                elif len(salt_counts) == 1 and etype in self._salted_fields_emitters:
+                    return self._emit_one_group(etype, fields, salt_counts, session_id, timestamp_ns)
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
         with self._lock:
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
+
+    def _emit_one_group(self, etype: EventType, fields: tuple[Any, ...], salt_counts: SaltCounts, session_id: str,
+                        timestamp_ns: int | None) -> bool:
+        """An event with fixed fields and one salt group, through its salted fields emitter."""
+        try:
+            ((salt, model), count), = salt_counts.items()
+            values = (*fields, salt, model, count)
+        except Exception:  # noqa: BLE001 - never raise into the data path
+            self._writer.count_drop()
+            return False
+        return self._salted_fields_emitters[etype](values, session_id, timestamp_ns)
 
     def _emit(self, etype: EventType, fields: tuple[Any, ...], salt_counts: SaltCounts | None, sampled: Sampled,
               session_id: str, texts: tuple[str, ...], blocks: Blocks, timestamp_ns: int | None) -> bool:

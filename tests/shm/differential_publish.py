@@ -2,8 +2,9 @@
 
 ``python differential_publish.py FIRST_SEED COUNT`` runs COUNT seeded scripts of
 publishes — one-cell emits with good and bad values, names seen for the first
-time, fixed-field events with short and long session ids, multi-cell records
-(salt groups, sampled keys, blocks, texts), values that do not pack, a ring
+time, fixed-field events with short and long session ids, fixed fields with one
+salt group, multi-cell records (salt groups, sampled keys, blocks, texts),
+values that do not pack, a ring
 that fills and drops, reads that free it, records that wrap — into a 16-cell
 ring with a deterministic clock, and prints one JSON line per seed: the return
 values, the reader's (seq, etype) list, and a hash of the whole segment with
@@ -66,8 +67,26 @@ def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
                           session_id=rng.choice(SESSIONS))
 
 
+def one_group_step(rng: random.Random, publisher: Publisher) -> bool:
+    """Fixed fields and one salt group (the salted fields emitter and its fallback): int and name fields, salt
+    names old and new, counts that do not pack, session ids at and past one text cell, given timestamps."""
+    group = {(f"salt{rng.randrange(6)}", rng.choice(["model", "model2"])): rng.choice([0, 5, 2**40, 2**63, "x"])}
+    session, stamp = rng.choice(SESSIONS[:5]), rng.choice([None, 1_600_000_000_000_000_000, "x"])
+    choice = rng.randrange(3)
+    if choice == 0:
+        fields: tuple = (rng.choice([0, 3, -1, 2**64, None]),)
+        etype = E.SM_WRITE_FINISHED
+    elif choice == 1:
+        fields, etype = ("l1_retrieve", rng.choice(["not_found", "write_locked", 7])), E.L1_READ_FAILED
+    else:
+        fields, etype = tuple(rng.randrange(9) for _ in range(rng.choice([3, 3, 2]))), E.L2_PREFETCH_LOAD_COMPLETED
+    return publisher.emit(etype, fields, salt_counts=group, session_id=session, timestamp_ns=stamp)
+
+
 def one_step(rng: random.Random, publisher: Publisher, reader: RingReader, ids: list[int]) -> object:
-    choice = rng.randrange(13)
+    choice = rng.randrange(14)
+    if choice == 13:
+        return one_group_step(rng, publisher)
     if choice >= 11:
         return fixed_field_step(rng, publisher)
     if choice <= 3:

@@ -124,6 +124,26 @@ def test_salt_cells_of_a_type_without_inline_room(ring16):
     assert expected == cells(ring16, 0, 3)
 
 
+def test_one_salt_group_with_fields_golden_bytes(ring16):
+    """Fixed fields and one salt group make one head cell, the group in slots 4-6; a session id adds its TEXT
+    cell.  The first record of new names takes the general encoder, later ones the compiled emitter."""
+    pub = ring16.publisher
+    for _ in range(2):
+        pub.emit(E.SM_WRITE_FINISHED, (3,), salt_counts={("a", "m"): 8}, timestamp_ns=TS)
+    pub.emit(E.L1_READ_FAILED, ("l1_retrieve", "not_found"), salt_counts={("a", "m"): 2}, session_id="r1",
+             timestamp_ns=TS)
+    pub.emit(E.L1_READ_FAILED, ("l1_retrieve", "not_found"), salt_counts={("a", "m"): 0}, timestamp_ns=TS)
+    expected = (
+        cell(0, 1, 10, 1, TS, 3, 0, 0, 2, 3, 8)  # ids: a=2, m=3
+        + cell(1, 1, 10, 1, TS, 3, 0, 0, 2, 3, 8)
+        + cell(2, 1, 9, 2, TS, 4, 5, 0, 2, 3, 2)  # l1_retrieve=4, not_found=5
+        + text_cell(2, 9, 1, 0, b"r1")
+        + cell(3, 1, 9, 1, TS, 4, 5, 0, 2, 3, 0)
+    )
+
+    assert expected == cells(ring16, 0, 5)
+
+
 def test_sampled_cell_golden_bytes(ring16):
     """A sampled key is a SAMPLED cell (kind 4): the u64 hash bits, salt id, model id."""
     ring16.publisher.emit(

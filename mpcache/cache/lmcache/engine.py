@@ -94,6 +94,9 @@ class EngineDriven:
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
         self._told_unknown: set[int] = set()
         self._chunk_keys = ChunkKeys(ctx.chunk_tokens)
+        self._emit = {etype: ctx.publisher.fields_emitter(etype) for etype in (  # bound once: a dozen a request
+            _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START,
+            _MP_RETRIEVE_END)}
 
     # -- registration ----------------------------------------------------------------------
 
@@ -247,10 +250,9 @@ class EngineDriven:
         keys = self._rank_keys(key, first, last, (key.worker_id or 0,))
         request_id, model, salt = key.request_id, key.model_name, key.cache_salt
         ctx.sessions.open(request_id)
-        pub = ctx.publisher
         device = _device(key)
-        pub.emit(_MP_STORE_SUBMITTED, (device,), session_id=request_id)
-        pub.emit(_MP_STORE_START, (device, instance_id, model), session_id=request_id)
+        self._emit[_MP_STORE_SUBMITTED]((device,), request_id)
+        self._emit[_MP_STORE_START]((device, instance_id, model), request_id)
         held = self._held.get(instance_id, 0)
         size = registration.object_bytes
         limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
@@ -293,8 +295,8 @@ class EngineDriven:
     def _finish_store(self, pending: _Pending, sampled: list) -> None:
         ctx = self._ctx
         stored, nbytes, model, salt = len(pending.keys), pending.nbytes, pending.model, pending.salt
-        ctx.publisher.emit(_MP_STORE_END, (pending.device, pending.instance_id, model, stored, stored * nbytes,
-                                           stored * ctx.chunk_tokens), session_id=pending.request_id)
+        self._emit[_MP_STORE_END]((pending.device, pending.instance_id, model, stored, stored * nbytes,
+                                   stored * ctx.chunk_tokens), pending.request_id)
         ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
                            salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
         if stored and nbytes == ctx.chunk_bytes and ctx.storage.adapters:
@@ -327,8 +329,8 @@ class EngineDriven:
             return {"success": False, "data": b"", "context": {}}
         ctx.sessions.open(request_id)
         device = _device(key)
-        ctx.publisher.emit(_MP_RETRIEVE_SUBMITTED, (device,), session_id=request_id)
-        ctx.publisher.emit(_MP_RETRIEVE_START, (device, instance_id, model), session_id=request_id)
+        self._emit[_MP_RETRIEVE_SUBMITTED]((device,), request_id)
+        self._emit[_MP_RETRIEVE_START]((device, instance_id, model), request_id)
         self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device,
                                          nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
         return {"success": True, "data": b"", "context": {"slots": [
@@ -347,8 +349,8 @@ class EngineDriven:
         sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
         if pending.job is not None:
             ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
-        ctx.publisher.emit(_MP_RETRIEVE_END, (pending.device, instance_id, model, salt, count, count * pending.nbytes,
-                                              count * ctx.chunk_tokens), session_id=pending.request_id)
+        self._emit[_MP_RETRIEVE_END]((pending.device, instance_id, model, salt, count, count * pending.nbytes,
+                                      count * ctx.chunk_tokens), pending.request_id)
         ctx.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): count}, sampled=sampled)
         return True
 
@@ -365,13 +367,11 @@ class EngineDriven:
         if table is self._stores:
             self._release_held(pending)
             ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
-            ctx.publisher.emit(_MP_STORE_END, (pending.device, pending.instance_id, pending.model, 0, 0, 0),
-                               session_id=pending.request_id)
+            self._emit[_MP_STORE_END]((pending.device, pending.instance_id, pending.model, 0, 0, 0), pending.request_id)
         else:
             ctx.l1.release_read(pending.model, pending.salt, pending.keys)
-            ctx.publisher.emit(_MP_RETRIEVE_END, (pending.device, pending.instance_id, pending.model, pending.salt,
-                                                  0, 0, 0),
-                               session_id=pending.request_id)
+            self._emit[_MP_RETRIEVE_END]((pending.device, pending.instance_id, pending.model, pending.salt, 0, 0, 0),
+                                         pending.request_id)
 
     def _release_held(self, pending: _Pending) -> None:
         held = self._held.get(pending.instance_id, 0) - len(pending.keys) * pending.nbytes
