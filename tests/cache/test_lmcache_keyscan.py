@@ -41,6 +41,20 @@ def test_the_compiled_scanner_gives_what_its_python_definition_gives(value, tail
         assert keyscan.split_key(frame, MAX) == keyscan.split_key_reference(frame, MAX)
 
 
+@compiled
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(tokens, min_size=1, max_size=3), st.lists(st.tuples(st.integers(0, 2), maps, st.integers(0, 3),
+                                                                    st.integers(1, 64), st.integers(0, MAX + 2)),
+                                                          min_size=1, max_size=12))
+def test_token_arrays_seen_before_give_what_reading_them_again_gives(arrays, steps):
+    """The scanner keeps the last token arrays it read: frames that share, extend, cut or follow an array with
+    other bytes, under a smaller token cap, one after the other, each give the reference's answer."""
+    for which, others, shape, cut, cap in steps:
+        frame = msgpack.packb({**others, "token_ids": arrays[which % len(arrays)]}, use_bin_type=True)
+        frame = [frame, frame + b"\x00", frame[:-cut], frame][shape]
+        assert keyscan.split_key(frame, cap) == keyscan.split_key_reference(frame, cap)
+
+
 @given(st.lists(st.integers(0, 2**63 - 1), max_size=MAX), st.dictionaries(st.text(max_size=8), scalars, max_size=6))
 @settings(max_examples=300, deadline=None)
 def test_an_accepted_frame_is_its_map_with_the_tokens_as_int64(token_list, others):

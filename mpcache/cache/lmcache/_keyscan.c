@@ -15,6 +15,13 @@
  * nothing by itself and cannot disagree with those checks on what is accepted;
  * mpcache.cache.lmcache.keyscan has the same function in Python, and a
  * differential test holds the two to the same answer, byte for byte.
+ *
+ * LMCache sends a request's token list in the key of every operation, in
+ * frames that otherwise differ (the lookup's, each rank's prepare_store and
+ * prepare_retrieve), so the last few token arrays read are kept, as their
+ * msgpack bytes and their int64s: an array whose bytes start the same way as
+ * a kept one is that array (a msgpack encoding is one value, read the same
+ * way every time), found with one memcmp instead of a read per token.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -115,6 +122,43 @@ static int read_token(Cursor *c, int64_t *out) {
     return 0;
 }
 
+#define RECENT_ARRAYS 4
+#define MAX_KEPT_ARRAY_BYTES (1 << 20)  /* a longer array is read each time, not kept */
+static PyObject *recent_encoded[RECENT_ARRAYS];  /* bytes: a token_ids array as it came, every token valid */
+static PyObject *recent_tokens[RECENT_ARRAYS];   /* bytes: its int64s */
+static int recent_next;
+
+/* The int64s of a kept array that the bytes at c->p start with (a new reference, the cursor moved past it),
+ * or NULL. */
+static PyObject *recent_array(Cursor *c, Py_ssize_t max_tokens) {
+    for (int i = 0; i < RECENT_ARRAYS; i++) {
+        PyObject *encoded = recent_encoded[i];
+        if (encoded == NULL)
+            continue;
+        Py_ssize_t n = PyBytes_GET_SIZE(encoded);
+        if (need(c, n) && memcmp(c->p, PyBytes_AS_STRING(encoded), n) == 0 &&
+            PyBytes_GET_SIZE(recent_tokens[i]) / 8 <= max_tokens) {
+            c->p += n;
+            return Py_NewRef(recent_tokens[i]);
+        }
+    }
+    return NULL;
+}
+
+/* Keep a validated array (its msgpack bytes from array_at to array_end) and its int64s, the oldest out. */
+static void keep_array(const unsigned char *array_at, const unsigned char *array_end, PyObject *tokens) {
+    if (array_end - array_at > MAX_KEPT_ARRAY_BYTES)
+        return;
+    PyObject *encoded = PyBytes_FromStringAndSize((const char *)array_at, array_end - array_at);
+    if (encoded == NULL) {
+        PyErr_Clear();  /* not kept: the next frame reads its tokens again */
+        return;
+    }
+    Py_XSETREF(recent_encoded[recent_next], encoded);
+    Py_XSETREF(recent_tokens[recent_next], Py_NewRef(tokens));
+    recent_next = (recent_next + 1) % RECENT_ARRAYS;
+}
+
 PyDoc_STRVAR(split_key_doc,
 "split_key(frame, max_tokens, /) -> (rest, tokens) | None\n\n"
 "The key map with its token_ids array replaced by nil, and the tokens as little-endian int64 bytes;\n"
@@ -152,6 +196,11 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         }
         if (array_at != NULL || !need(&c, 1)) goto decline;  /* a second token_ids */
         array_at = c.p;
+        tokens = recent_array(&c, max_tokens);
+        if (tokens != NULL) {
+            array_end = c.p;
+            continue;
+        }
         unsigned char a = *c.p++;
         if (a >= 0x90 && a <= 0x9f) count = a & 0x0f;
         else if (a == 0xdc) count = length(&c, 2);
@@ -165,6 +214,7 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
             if (read_token(&c, &out[k]) < 0) goto decline;
         }
         array_end = c.p;
+        keep_array(array_at, array_end, tokens);
     }
     if (array_at == NULL || c.p != c.end) goto decline;
     Py_ssize_t before = array_at - start, after = c.end - array_end;
