@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -219,6 +220,46 @@ def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/lmcache-env" in bench.stderr
+
+
+@pytest.mark.slow
+def test_isolation_benchmark_counts_both_cache_processes_over_the_same_requests():
+    """A short count: both cache processes under callgrind, the one that publishes executes more instructions
+    over the same requests, the ratios are those of the per-request counts, and nothing is left behind."""
+    python = _lmcache_python()
+    if python is None:
+        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_LMCACHE_PYTHON)")
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (Debian: apt-get install valgrind)")
+    before = set(os.listdir(tempfile.gettempdir()))
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "isolation", "--json", "--repetitions", "1",
+                            "--seconds", "4", "--warmup", "2"], capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "MPCACHE_LMCACHE_PYTHON": python})
+    assert 0 == bench.returncode, bench.stderr[-3000:]
+    result = json.loads(bench.stdout.strip().splitlines()[-1])
+
+    assert [1, 2] == result["tp"] and {"instructions_cost"} == set(result["targets_met"])
+    costs = []
+    for tp in (1, 2):
+        entry = result[f"tp{tp}"]
+        on, off = entry["per_request"]["mpcache"], entry["per_request"]["mpcache_off"]
+        assert entry["requests"] > 0
+        assert on["instructions"] > off["instructions"] > 0  # publishing is counted in the process that publishes
+        for name in ("instructions", "data_reads", "l1_data_misses"):
+            assert entry["on_over_off"][name] == pytest.approx(on[name] / off[name], abs=1e-3)
+        costs.append(entry["on_over_off"]["instructions"] - 1)
+        assert f"TP={tp}: 2 s of warm-up, then 4 s counted" in bench.stderr
+    assert result["instructions_cost"] == pytest.approx(max(costs), abs=1e-4)
+    assert set() == {name for name in set(os.listdir(tempfile.gettempdir())) - before
+                     if name.startswith("mpcache-isolation-")}  # the callgrind dumps went with their directory
+
+
+def test_isolation_benchmark_without_valgrind_is_one_clear_line(tmp_path):
+    """No valgrind on the PATH: exit status 2 and one line naming it and its package."""
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "isolation", "--json"], capture_output=True,
+                           text=True, env={**os.environ, "PATH": str(tmp_path)}, timeout=60)
+    assert (2, "") == (bench.returncode, bench.stdout)
+    assert 1 == len(bench.stderr.strip().splitlines()) and "apt-get install valgrind" in bench.stderr
 
 
 def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():

@@ -1,7 +1,6 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,l1,l2,mrc,report} [--json]``; ``report`` runs them
-all
-and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` needs LMCache's venv (``.ci/lmcache-env``)
-and is left out of the report, saying so, without it.
+"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,isolation,l1,l2,mrc,report} [--json]``; ``report``
+runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and ``isolation`` need LMCache's
+venv (``.ci/lmcache-env``), ``isolation`` valgrind too, and each is left out of the report, saying so, without them.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, l1, l2, lmcache, lmcache_servers, mrc, publish, scrape, soak
+from mpcache.bench import drain, e2e, isolation, l1, l2, lmcache, lmcache_servers, mrc, publish, scrape, soak
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
-              "l1": l1, "l2": l2, "mrc": mrc}
+              "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc}
+MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing)  # a benchmark cannot run
 
 
 def _machine() -> str:
@@ -76,6 +76,17 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"publishing {cpu['publish_cpu_cost']:+.1%}",
                 "≥ 1.0× LMCache; on ≥ 0.97 of off; CPU ≤ 0.25× (≤ 0.30× with telemetry); telemetry ≤ 0.1 ms; "
                 "publishing ≤ +3 %; p99 ≤ 1 ms", verdict]
+    if name == "isolation":
+        cells = []
+        for tp in result["tp"]:
+            entry = result[f"tp{tp}"]
+            on, off = entry["per_request"]["mpcache"], entry["per_request"]["mpcache_off"]
+            cells.append(f"TP={tp}: {on['instructions']:,.0f} / {off['instructions']:,.0f} instructions per request, "
+                         f"L1 data misses {on['l1_data_misses']:,.0f} / {off['l1_data_misses']:,.0f}, last-level "
+                         f"{on['last_level_misses']:,.0f} / {off['last_level_misses']:,.0f} ({entry['requests']} "
+                         "requests)")
+        return ["cache process publishing on / off (callgrind): " + "; ".join(cells),
+                f"publishing {result['instructions_cost']:+.2%} instructions", "≤ +3 %", verdict]
     if name == "l1":
         return [f"hit ratio {result['bytes']['hit_ratio']:.3f} by bytes, {result['slots']['hit_ratio']:.3f} in "
                 f"largest-model slots; resident objects fill {result['bytes']['resident_object_fraction']:.0%} vs "
@@ -148,13 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=3,
-                        help="repetitions; medians are reported (default 3; publish uses at least 5)")
+                        help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
+                        "reports the worst)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
-                        "and TP (default 10)")
+                        "and TP (default 10); isolation: counted seconds per TP (default 60)")
     parser.add_argument("--warmup", type=float, default=None,
-                        help="lmcache: seconds of load before measuring (default 3)")
-    parser.add_argument("--l1-gb", type=float, default=None, help="lmcache: every server's L1 in GiB (default 0.25)")
+                        help="lmcache: seconds of load before measuring (default 3); isolation: uncounted seconds "
+                        "per TP (default 15)")
+    parser.add_argument("--l1-gb", type=float, default=None,
+                        help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4)")
     parser.add_argument("--telemetry-nice", type=int, default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
@@ -175,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                        "warmup_s": lmcache.WARMUP_S if args.warmup is None else args.warmup,
                        "l1_gb": lmcache.L1_GB if args.l1_gb is None else args.l1_gb,
                        "telemetry_nice": args.telemetry_nice}
+        elif module is isolation:
+            options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
+                       "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
+                       "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
@@ -183,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
-    except (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing) as exc:
+    except MISSING as exc:
         progress(f"python -m mpcache.bench {args.name}: error: {exc}")
         return 2
 
@@ -194,7 +212,7 @@ def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progres
         for name in BENCHMARKS:
             try:
                 result = one(name)
-            except (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing) as exc:
+            except MISSING as exc:
                 progress(f"report: leaving out {name}: {exc}")
                 continue
             results[name] = getattr(BENCHMARKS[name], "for_report", lambda r: r)(result)  # what the file keeps

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from mpcache.bench import callgrind_cache
 from mpcache.bench import service as bench_service
 from mpcache.bench.children import stop
 from mpcache.config import Config
@@ -68,7 +69,9 @@ def _accepting(port: int) -> bool:
 class Server:
     """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
 
-    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0) -> None:
+    def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0,
+                 callgrind_dir: str | None = None) -> None:
+        """``callgrind_dir``: an mpcache server's cache process runs under callgrind, its output there."""
         self.kind = kind
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
@@ -78,13 +81,21 @@ class Server:
         log = open(self.log_path, "wb")
         try:
             if kind.startswith("mpcache"):
+                sink = "ring" if kind == "mpcache" else "none"
+                env = bench_service.env()
+                if callgrind_dir is not None:
+                    sink += "-callgrind"
+                    env[callgrind_cache.DIR_ENV] = callgrind_dir
+                    env[callgrind_cache.PROGRAM_ENV] = (callgrind_cache.RING_PROGRAM if kind == "mpcache"
+                                                        else callgrind_cache.NULL_PROGRAM)
                 argv = bench_service.argv(
-                    "ring" if kind == "mpcache" else "none", "--workers", "1", "--lmcache-port", str(self.port),
+                    sink, "--workers", "1", "--lmcache-port", str(self.port),
                     "--prometheus-port", str(self.prometheus_port), "--runtime-dir", self.runtime_dir,
                     "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning")
                 if kind == "mpcache" and telemetry_nice:
                     argv += ["--telemetry-nice", str(telemetry_nice)]
-                env = bench_service.env()
+                if callgrind_dir is not None:
+                    argv += ["--hang-timeout", str(callgrind_cache.HANG_TIMEOUT_S)]
             else:
                 argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
                         str(self.port), "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,

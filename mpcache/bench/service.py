@@ -1,7 +1,9 @@
 """``python -m mpcache.bench.service SINK [start-cache flags]``: the service as a benchmark runs it, its cache
 processes publishing into the rings (``ring``: the product, telemetry included), nowhere (``none``) or into
-LMCache's in-process bus (``inprocess``); the last two run no telemetry process.  The supervisor gets the
-benchmark's cache process through its ``programs`` hook, so that the product names no benchmark module.
+LMCache's in-process bus (``inprocess``); the last two run no telemetry process.  ``ring-callgrind`` and
+``none-callgrind`` run the first two's cache process under callgrind (:mod:`mpcache.bench.callgrind_cache`).  The
+supervisor gets the benchmark's cache process through its ``programs`` hook, so that the product names no
+benchmark module.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 
 import psutil
 
-from mpcache.bench import null_cache, reference_cache
+from mpcache.bench import callgrind_cache, null_cache, reference_cache
 from mpcache.supervisor.children import Programs
 from mpcache.supervisor.start import main as start_cache
 
@@ -19,6 +21,9 @@ SINKS = {
     "ring": Programs(),
     "none": Programs(cache=null_cache.__name__, telemetry=None),
     "inprocess": Programs(cache=reference_cache.__name__, telemetry=None),
+    # under callgrind (mpcache.bench.isolation), the ring's or the null publisher's program as its env says
+    "ring-callgrind": Programs(cache=callgrind_cache.__name__),
+    "none-callgrind": Programs(cache=callgrind_cache.__name__, telemetry=None),
 }
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

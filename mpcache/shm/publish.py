@@ -101,11 +101,6 @@ class Publisher:
         self._clock_ns = clock_ns
         self._shapes = {etype: _Shape(etype) for etype in EventType}
         self._structs: dict[_ShapeKey, struct.Struct] = {}
-        self._plain_records = {  # per type: the record without / with a one-cell session id
-            int(etype): (self._compile(shape, (etype, 0, 0, 0, 0)), self._compile(shape, (etype, 0, 0, 0, 1)))
-            for etype, shape in self._shapes.items()
-            if not shape.inline_salt
-        }
         self._one_cell = {
             etype: struct.Struct("<" + self._shapes[etype].head_fmt)
             for etype in EventType
@@ -124,40 +119,40 @@ class Publisher:
             if shape.inline_salt and shape.n_fields
         }
 
-    def _make_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
+    def _make_plain_emitter(self, shape: _Shape, fallback: Callable[..., bool] | None = None) -> Callable[..., bool]:
         """``emit(fields, session_id, timestamp_ns=None)`` for one event type: fixed fields and at most a
-        one-cell session id — the MP server's events, a dozen per request — built once
-        with the record shapes and name positions bound.  Compiled where the ring's
-        writer is (:meth:`~mpcache.shm.ring.RingWriter.fields_emitter`), with the
-        Python closure below as its fallback.  Never raises."""
-        python_emit = self._make_python_plain_emitter(shape)
-        without_session, with_session = self._plain_records[shape.etype]
+        one-cell session id — the MP server's events, a dozen per request — built once with the record shapes
+        and name positions bound.  For a type with its first salt group inline, ``fields`` ends with the
+        group's cache_salt, model_name and count, three more slots of the head cell.  Compiled where the
+        ring's writer is (:meth:`~mpcache.shm.ring.RingWriter.fields_emitter`), with ``fallback`` (the Python
+        closure below by default) for what it declines.  Never raises."""
         etype, n_cells = shape.etype, len(shape.field_cells)
         zeros = [0.0 if kind == "d" else 0 for kind in shape.slot_kinds]
-        head_slots, per_cell = layout.HEAD_FIELD_SLOTS, layout.SLOTS_PER_CELL
-        head = [layout.CELL_HEAD, etype, 1 + n_cells, 0, *zeros[:head_slots]]
+        head_slots, per_cell, group = layout.HEAD_FIELD_SLOTS, layout.SLOTS_PER_CELL, layout.INLINE_SALT_SLOT
+        head = [layout.CELL_HEAD, etype, 1 + n_cells, 0, *zeros[:head_slots], *([0, 0, 0] * shape.inline_salt)]
         fields = []
         for index, start, end in shape.field_ranges:
             fields += [0, layout.CELL_FIELDS, etype, index, *zeros[start:end]]
-        plain = _cells(without_session.pack(0, *head, *fields))
+        plain = _cells(self._compile(shape, (etype, 0, 0, 0, 0)).pack(0, *head, *fields))
         head[2] += 1  # the head cell counts the text cell too
         text = [0, layout.CELL_TEXT, etype, 1 + n_cells, TEXT_FIELD_SESSION, 0, b""]
-        with_text = _cells(with_session.pack(0, *head, *fields, *text))
+        with_text = _cells(self._compile(shape, (etype, 0, 0, 0, 1)).pack(0, *head, *fields, *text))
         slots = tuple(
             (0, layout.slot_offset(1 + i), kind) if i < head_slots
             else (1 + (i - head_slots) // per_cell, layout.slot_offset((i - head_slots) % per_cell), kind)
             for i, kind in enumerate(shape.slot_kinds)
-        )
+        ) + ((0, layout.slot_offset(group), "n"), (0, layout.slot_offset(group + 1), "n"),
+             (0, layout.slot_offset(group + 2), "q")) * shape.inline_salt
         return self._writer.fields_emitter(
             head_templates=(plain[0], with_text[0]), fields_templates=tuple(plain[1 : 1 + n_cells]),
             text_template=with_text[-1], field_slots=slots, ids=self._ids, clock_ns=self._clock_ns,
-            fallback=python_emit,
+            fallback=fallback or self._make_python_plain_emitter(shape),
         )
 
     def _make_python_plain_emitter(self, shape: _Shape) -> Callable[..., bool]:
         """The Python form of :meth:`_make_plain_emitter`'s emitter (and its fallback)."""
-        without_session, with_session = self._plain_records[shape.etype]
         etype, n_fields, name_positions = shape.etype, shape.n_fields, shape.name_positions
+        without_session, with_session = (self._compile(shape, (etype, 0, 0, 0, texts)) for texts in (0, 1))
         head, n_cells, cell_ranges = layout.HEAD_FIELD_SLOTS, len(shape.field_cells), shape.field_ranges
         ids, intern, clock_ns, writer = self._ids, self._interner.id_of, self._clock_ns, self._writer
         cell_head, cell_fields, cell_text = layout.CELL_HEAD, layout.CELL_FIELDS, layout.CELL_TEXT
@@ -192,10 +187,8 @@ class Publisher:
         return emit
 
     def _make_salted_fields_emitter(self, shape: _Shape) -> Callable[..., bool]:
-        """``emit((*fields, cache_salt, model_name, count), session_id, timestamp_ns=None)`` for an event type
-        with fixed fields and its first salt group in the head cell (``SM_WRITE_FINISHED``, twice a request):
-        one head cell, or two with a one-cell session id.  Compiled as the plain emitters are, the salt group
-        three more slots of the head cell; its fallback is the general encoder.  Never raises."""
+        """:meth:`_make_plain_emitter`'s emitter for a type with fixed fields and its first salt group inline
+        (``SM_WRITE_FINISHED``, twice a request), the general encoder its fallback.  Never raises."""
         etype, general, n_fields = EventType(shape.etype), self._emit, shape.n_fields
 
         def python_emit(values: Any, session_id: str, timestamp_ns: int | None = None) -> bool:
@@ -209,19 +202,7 @@ class Publisher:
                 return False
             return general(etype, tuple(fields), salt_counts, (), session_id, (), (), timestamp_ns)
 
-        zeros = [0.0 if kind == "d" else 0 for kind in shape.slot_kinds] + [0, 0, 0]
-        plain = self._compile(shape, (shape.etype, 0, 0, 0, 0)).pack(0, layout.CELL_HEAD, shape.etype, 1, 0, *zeros)
-        text = [0, layout.CELL_TEXT, shape.etype, 1, TEXT_FIELD_SESSION, 0, b""]
-        with_text = _cells(self._compile(shape, (shape.etype, 0, 0, 0, 1)).pack(
-            0, layout.CELL_HEAD, shape.etype, 2, 0, *zeros, *text))
-        salt_slot = layout.INLINE_SALT_SLOT
-        slots = tuple((0, layout.slot_offset(1 + i), kind) for i, kind in enumerate(shape.slot_kinds)) + (
-            (0, layout.slot_offset(salt_slot), "n"), (0, layout.slot_offset(salt_slot + 1), "n"),
-            (0, layout.slot_offset(salt_slot + 2), "q"))
-        return self._writer.fields_emitter(
-            head_templates=(plain, with_text[0]), fields_templates=(), text_template=with_text[1],
-            field_slots=slots, ids=self._ids, clock_ns=self._clock_ns, fallback=python_emit,
-        )
+        return self._make_plain_emitter(shape, python_emit)
 
     def salted_emitter(self, etype: EventType) -> Callable[[int, int, int], bool]:
         """``emit(cache_salt_id, model_name_id, count)`` for one event type without fixed
