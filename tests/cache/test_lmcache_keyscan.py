@@ -55,6 +55,15 @@ def test_token_arrays_seen_before_give_what_reading_them_again_gives(arrays, ste
         assert keyscan.split_key(frame, cap) == keyscan.split_key_reference(frame, cap)
 
 
+@compiled
+def test_a_token_array_too_long_to_keep_is_read_in_full_every_time():
+    """Past 128 Ki tokens an array is not kept: each frame's tokens are read again, the same as the first time."""
+    token_list = [(i * 7919) % 200_000 for i in range((1 << 17) + 5)]
+    for model in ("a", "b", "a"):
+        split = keyscan.split_key(msgpack.packb({"model_name": model, "token_ids": token_list}), 1 << 20)
+        assert split is not None and np.array_equal(np.frombuffer(split[1], dtype="<i8"), token_list)
+
+
 @given(st.lists(st.integers(0, 2**63 - 1), max_size=MAX), st.dictionaries(st.text(max_size=8), scalars, max_size=6))
 @settings(max_examples=300, deadline=None)
 def test_an_accepted_frame_is_its_map_with_the_tokens_as_int64(token_list, others):

@@ -123,7 +123,7 @@ static int read_token(Cursor *c, int64_t *out) {
 }
 
 #define RECENT_ARRAYS 4
-#define MAX_KEPT_ARRAY_BYTES (1 << 20)  /* a longer array is read each time, not kept */
+#define MAX_KEPT_TOKENS (1 << 17)  /* a longer array (past a 128 Ki-token context) is read each time, not kept */
 static PyObject *recent_encoded[RECENT_ARRAYS];  /* bytes: a token_ids array as it came, every token valid */
 static PyObject *recent_tokens[RECENT_ARRAYS];   /* bytes: its int64s */
 static int recent_next;
@@ -147,7 +147,7 @@ static PyObject *recent_array(Cursor *c, Py_ssize_t max_tokens) {
 
 /* Keep a validated array (its msgpack bytes from array_at to array_end) and its int64s, the oldest out. */
 static void keep_array(const unsigned char *array_at, const unsigned char *array_end, PyObject *tokens) {
-    if (array_end - array_at > MAX_KEPT_ARRAY_BYTES)
+    if (PyBytes_GET_SIZE(tokens) / 8 > MAX_KEPT_TOKENS)
         return;
     PyObject *encoded = PyBytes_FromStringAndSize((const char *)array_at, array_end - array_at);
     if (encoded == NULL) {
