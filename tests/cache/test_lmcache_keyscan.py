@@ -43,14 +43,18 @@ def test_the_compiled_scanner_gives_what_its_python_definition_gives(value, tail
 
 @compiled
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(tokens, min_size=1, max_size=3), st.lists(st.tuples(st.integers(0, 2), maps, st.integers(0, 3),
-                                                                    st.integers(1, 64), st.integers(0, MAX + 2)),
-                                                          min_size=1, max_size=12))
+@given(st.lists(tokens, min_size=1, max_size=3),
+       st.lists(st.tuples(st.integers(0, 2), maps, st.sampled_from([None, "a", "b", 7]), st.booleans(),
+                          st.integers(0, 3), st.integers(1, 64), st.integers(0, MAX + 2)), min_size=1, max_size=12))
 def test_token_arrays_seen_before_give_what_reading_them_again_gives(arrays, steps):
-    """The scanner keeps the last token arrays it read: frames that share, extend, cut or follow an array with
-    other bytes, under a smaller token cap, one after the other, each give the reference's answer."""
-    for which, others, shape, cut, cap in steps:
-        frame = msgpack.packb({**others, "token_ids": arrays[which % len(arrays)]}, use_bin_type=True)
+    """The scanner keeps the last token arrays it read, each with its frame's cache_salt: frames that share,
+    extend, cut or follow an array with other bytes, under another salt or a smaller token cap, one after the
+    other, each give the reference's answer."""
+    for which, others, salt, tokens_first, shape, cut, cap in steps:
+        if salt is not None:
+            others = {**others, "cache_salt": salt}
+        array = {"token_ids": arrays[which % len(arrays)]}
+        frame = msgpack.packb({**array, **others} if tokens_first else {**others, **array}, use_bin_type=True)
         frame = [frame, frame + b"\x00", frame[:-cut], frame][shape]
         assert keyscan.split_key(frame, cap) == keyscan.split_key_reference(frame, cap)
 

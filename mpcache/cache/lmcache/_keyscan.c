@@ -21,7 +21,8 @@
  * prepare_retrieve), so the last few token arrays read are kept, as their
  * msgpack bytes and their int64s: an array whose bytes start the same way as
  * a kept one is that array (a msgpack encoding is one value, read the same
- * way every time), found with one memcmp instead of a read per token.
+ * way every time), found with one memcmp instead of a read per token.  It is
+ * reused only for a frame with the same cache_salt.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -122,41 +123,76 @@ static int read_token(Cursor *c, int64_t *out) {
     return 0;
 }
 
-#define RECENT_ARRAYS 4
-#define MAX_KEPT_TOKENS (1 << 17)  /* a longer array (past a 128 Ki-token context) is read each time, not kept */
-static PyObject *recent_encoded[RECENT_ARRAYS];  /* bytes: a token_ids array as it came, every token valid */
-static PyObject *recent_tokens[RECENT_ARRAYS];   /* bytes: its int64s */
-static int recent_next;
-
-/* The int64s of a kept array that the bytes at c->p start with (a new reference, the cursor moved past it),
- * or NULL. */
-static PyObject *recent_array(Cursor *c, Py_ssize_t max_tokens) {
-    for (int i = 0; i < RECENT_ARRAYS; i++) {
-        PyObject *encoded = recent_encoded[i];
-        if (encoded == NULL)
-            continue;
-        Py_ssize_t n = PyBytes_GET_SIZE(encoded);
-        if (need(c, n) && memcmp(c->p, PyBytes_AS_STRING(encoded), n) == 0 &&
-            PyBytes_GET_SIZE(recent_tokens[i]) / 8 <= max_tokens) {
-            c->p += n;
-            return Py_NewRef(recent_tokens[i]);
+/* The token_ids array at c->p as new little-endian int64 bytes in *tokens: 0, -1 when it is not the regular
+ * case, -2 with an exception set. */
+static int read_array(Cursor *c, Py_ssize_t max_tokens, PyObject **tokens) {
+    if (!need(c, 1)) return -1;
+    unsigned char a = *c->p++;
+    Py_ssize_t count;
+    if (a >= 0x90 && a <= 0x9f) count = a & 0x0f;
+    else if (a == 0xdc) count = length(c, 2);
+    else if (a == 0xdd) count = length(c, 4);
+    else return -1;
+    if (count < 0 || count > max_tokens || !need(c, count)) return -1;  /* each element is >= 1 byte */
+    *tokens = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (*tokens == NULL) return -2;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(*tokens);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (read_token(c, &out[k]) < 0) {
+            Py_CLEAR(*tokens);
+            return -1;
         }
     }
-    return NULL;
+    return 0;
 }
 
-/* Keep a validated array (its msgpack bytes from array_at to array_end) and its int64s, the oldest out. */
-static void keep_array(const unsigned char *array_at, const unsigned char *array_end, PyObject *tokens) {
+#define KEPT_ARRAYS 4
+#define MAX_KEPT_TOKENS (1 << 17)  /* a longer array (past a 128 Ki-token context) is read each time, not kept */
+static PyObject *kept_encoded[KEPT_ARRAYS];  /* bytes: a token_ids array as it came, every token valid */
+static PyObject *kept_salt[KEPT_ARRAYS];     /* bytes: its frame's cache_salt value as it came (b"" without) */
+static PyObject *kept_tokens[KEPT_ARRAYS];   /* bytes: its int64s */
+static int kept_next;
+
+/* Which kept arrays the bytes at c->p start with, one bit each; *n their length (a msgpack value is never
+ * a prefix of another, so every match is the same array). */
+static unsigned kept_matches(const Cursor *c, Py_ssize_t max_tokens, Py_ssize_t *n) {
+    unsigned matches = 0;
+    for (int i = 0; i < KEPT_ARRAYS; i++) {
+        PyObject *encoded = kept_encoded[i];
+        if (encoded != NULL && need(c, PyBytes_GET_SIZE(encoded)) &&
+            memcmp(c->p, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded)) == 0 &&
+            PyBytes_GET_SIZE(kept_tokens[i]) / 8 <= max_tokens) {
+            matches |= 1u << i;
+            *n = PyBytes_GET_SIZE(encoded);
+        }
+    }
+    return matches;
+}
+
+/* Whether kept array i came with this cache_salt encoding: a tenant's token list is reused for that tenant
+ * only, so how fast a frame is read tells nobody what another salt sent. */
+static int same_salt(int i, const unsigned char *salt_at, const unsigned char *salt_end) {
+    Py_ssize_t n = salt_end - salt_at;
+    return PyBytes_GET_SIZE(kept_salt[i]) == n && (n == 0 || memcmp(PyBytes_AS_STRING(kept_salt[i]), salt_at, n) == 0);
+}
+
+/* Keep a validated array, its frame's salt and its int64s, the oldest out (not kept if memory runs short). */
+static void keep_array(const unsigned char *array_at, const unsigned char *array_end, const unsigned char *salt_at,
+                       const unsigned char *salt_end, PyObject *tokens) {
     if (PyBytes_GET_SIZE(tokens) / 8 > MAX_KEPT_TOKENS)
         return;
     PyObject *encoded = PyBytes_FromStringAndSize((const char *)array_at, array_end - array_at);
-    if (encoded == NULL) {
-        PyErr_Clear();  /* not kept: the next frame reads its tokens again */
+    PyObject *salt = PyBytes_FromStringAndSize((const char *)salt_at, salt_end - salt_at);
+    if (encoded == NULL || salt == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(encoded);
+        Py_XDECREF(salt);
         return;
     }
-    Py_XSETREF(recent_encoded[recent_next], encoded);
-    Py_XSETREF(recent_tokens[recent_next], Py_NewRef(tokens));
-    recent_next = (recent_next + 1) % RECENT_ARRAYS;
+    Py_XSETREF(kept_encoded[kept_next], encoded);
+    Py_XSETREF(kept_salt[kept_next], salt);
+    Py_XSETREF(kept_tokens[kept_next], Py_NewRef(tokens));
+    kept_next = (kept_next + 1) % KEPT_ARRAYS;
 }
 
 PyDoc_STRVAR(split_key_doc,
@@ -175,8 +211,10 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *start = view.buf;
     Cursor c = {start, start + view.len};
-    const unsigned char *array_at = NULL, *array_end = NULL;
-    Py_ssize_t count = 0, entries;
+    const unsigned char *array_at = NULL, *array_end = NULL, *salt_at = NULL, *salt_end = NULL;
+    Py_ssize_t entries;
+    unsigned kept = 0;  /* the kept arrays this frame's is */
+    Py_ssize_t kept_len = 0;
     PyObject *tokens = NULL, *rest = NULL, *result = NULL;
 
     if (!need(&c, 1)) goto decline;
@@ -191,32 +229,44 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         Py_ssize_t key_len;
         if (read_str(&c, &key, &key_len) < 0) goto decline;
         if (key_len != 9 || memcmp(key, "token_ids", 9) != 0) {
+            int is_salt = key_len == 10 && memcmp(key, "cache_salt", 10) == 0;
+            const unsigned char *value_at = c.p;
             if (skip_scalar(&c) < 0) goto decline;
+            if (is_salt) {
+                salt_at = value_at;
+                salt_end = c.p;
+            }
             continue;
         }
-        if (array_at != NULL || !need(&c, 1)) goto decline;  /* a second token_ids */
+        if (array_at != NULL) goto decline;  /* a second token_ids */
         array_at = c.p;
-        tokens = recent_array(&c, max_tokens);
-        if (tokens != NULL) {
-            array_end = c.p;
-            continue;
-        }
-        unsigned char a = *c.p++;
-        if (a >= 0x90 && a <= 0x9f) count = a & 0x0f;
-        else if (a == 0xdc) count = length(&c, 2);
-        else if (a == 0xdd) count = length(&c, 4);
-        else goto decline;
-        if (count < 0 || count > max_tokens || !need(&c, count)) goto decline;  /* each element is >= 1 byte */
-        tokens = PyBytes_FromStringAndSize(NULL, count * 8);
-        if (tokens == NULL) goto done;
-        int64_t *out = (int64_t *)PyBytes_AS_STRING(tokens);
-        for (Py_ssize_t k = 0; k < count; k++) {
-            if (read_token(&c, &out[k]) < 0) goto decline;
+        kept = kept_matches(&c, max_tokens, &kept_len);
+        if (kept) {
+            c.p += kept_len;
+        } else {
+            int read = read_array(&c, max_tokens, &tokens);
+            if (read == -1) goto decline;
+            if (read == -2) goto done;
         }
         array_end = c.p;
-        keep_array(array_at, array_end, tokens);
     }
     if (array_at == NULL || c.p != c.end) goto decline;
+    int reused = 0;
+    for (int i = 0; i < KEPT_ARRAYS && !reused; i++) {
+        if ((kept >> i & 1) && same_salt(i, salt_at, salt_end)) {
+            tokens = Py_NewRef(kept_tokens[i]);
+            reused = 1;
+        }
+    }
+    if (!reused) {
+        if (tokens == NULL) {  /* kept only with another salt: read as if never seen */
+            Cursor array = {array_at, array_end};
+            int read = read_array(&array, max_tokens, &tokens);
+            if (read == -1) goto decline;  /* not expected: these bytes were read as an array before */
+            if (read == -2) goto done;
+        }
+        keep_array(array_at, array_end, salt_at, salt_end, tokens);
+    }
     Py_ssize_t before = array_at - start, after = c.end - array_end;
     rest = PyBytes_FromStringAndSize(NULL, before + 1 + after);
     if (rest == NULL) goto done;

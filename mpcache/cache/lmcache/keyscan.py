@@ -7,7 +7,8 @@ case (one map, string keys, scalar values, one ``token_ids`` array of at most ``
 0..2**63-1, nothing after it); the caller then decodes the frame the ordinary way, whose checks name the
 problem.  :func:`split_key_reference` is the same function in Python: the definition the compiled one is
 held to, byte for byte, by a differential test.  The compiled one keeps the last few token arrays it read
-and finds a repeated one (a request's token list comes with every operation) with one comparison.
+and finds a repeated one (a request's token list comes with every operation) with one comparison, for frames
+of the same ``cache_salt`` only.
 """
 
 from __future__ import annotations
