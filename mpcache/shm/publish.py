@@ -263,14 +263,16 @@ class Publisher:
                     plain = self._plain_emitters.get(etype)
                     if plain is not None:
                         return plain(fields, session_id, timestamp_ns)
-                elif len(salt_counts) == 1 and etype in self._salted_fields_emitters:
-                    return self._emit_one_group(etype, fields, salt_counts, session_id, timestamp_ns)
+                elif len(salt_counts) == 1:
+                    salted = self._salted_fields_emitters.get(etype)
+                    if salted is not None:
+                        return self._emit_one_group(salted, fields, salt_counts, session_id, timestamp_ns)
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
         with self._lock:
             return self._emit(etype, fields, salt_counts, sampled, session_id, texts, blocks, timestamp_ns)
 
-    def _emit_one_group(self, etype: EventType, fields: tuple[Any, ...], salt_counts: SaltCounts, session_id: str,
-                        timestamp_ns: int | None) -> bool:
+    def _emit_one_group(self, salted: Callable[..., bool], fields: tuple[Any, ...], salt_counts: SaltCounts,
+                        session_id: str, timestamp_ns: int | None) -> bool:
         """An event with fixed fields and one salt group, through its salted fields emitter."""
         try:
             ((salt, model), count), = salt_counts.items()
@@ -278,7 +280,7 @@ class Publisher:
         except Exception:  # noqa: BLE001 - never raise into the data path
             self._writer.count_drop()
             return False
-        return self._salted_fields_emitters[etype](values, session_id, timestamp_ns)
+        return salted(values, session_id, timestamp_ns)
 
     def _emit(self, etype: EventType, fields: tuple[Any, ...], salt_counts: SaltCounts | None, sampled: Sampled,
               session_id: str, texts: tuple[str, ...], blocks: Blocks, timestamp_ns: int | None) -> bool:
