@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(config.telemetry_nice)
 
     # The handlers only set the flag: a lock taken in a signal handler can be the one the interrupted code
-    # holds.  The pump sees the flag when its sleep ends (at most half a second).
+    # holds.  The pump sees the flag when its sleep ends (at most a second: pump.MAX_SLEEP_S).
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -20,6 +20,11 @@ from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.bus import EventBus
 
 CATCH_UP_WAIT_S = 0.5  # how long a scrape waits for the pump's poll and flush before it collects anyway
+# The longest sleep between polls.  At an engine's request rates (tens to hundreds of records a second) the
+# pump sleeps this long, and most of its CPU is per poll, not per record: each poll costs ~1-2 ms of numpy
+# calls and a wake-up on this project's 2-vCPU hosts, so 1 s instead of 0.5 s halves the telemetry process's
+# CPU at those rates (docs/PERFORMANCE.md, issue 21, sixth pass).  A scrape does not wait for it (catch_up).
+MAX_SLEEP_S = 1.0
 
 
 @dataclass
@@ -96,14 +101,14 @@ class Pump:
         should_stop: Callable[[], bool],
         target_batch: int = 4096,
         min_sleep_s: float = 0.001,
-        max_sleep_s: float = 0.5,
+        max_sleep_s: float = MAX_SLEEP_S,
     ) -> None:
         """Poll until ``should_stop()``; then one final drain so nothing committed is left.
 
         Every batch costs about the same fixed work (numpy calls, and waking
         up at all: ~0.2 ms of CPU on a shared 2-vCPU host, whatever the batch
         size), so the pump sleeps long enough for about ``target_batch`` records
-        to accumulate at the rate it just saw: at low rates it polls twice a
+        to accumulate at the rate it just saw: at low rates it polls once a
         second (the drain lag stays under ``max_sleep_s``), at high rates every
         few milliseconds; a poll that finds nothing doubles the last sleep, up to
         ``max_sleep_s``.  The rate counts every record since the last sleep, those

@@ -81,7 +81,7 @@ def test_overflow_while_telemetry_is_stopped_is_counted_exactly_in_dropped_event
             during = ring_cells(service)
         finally:
             os.kill(telemetry, signal.SIGCONT)
-        service.scrape()  # wakes the pump now rather than when its sleep ends (up to half a second)
+        service.scrape()  # wakes the pump now rather than when its sleep ends (up to a second)
         drained(service)
         assert 1 == store(client, kv, "after", 2)  # its first record is committed right after the overflow's
         last = drained(service)
