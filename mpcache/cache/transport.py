@@ -26,7 +26,7 @@ from mpcache.cache.buffers import Peer
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError
 
-RECV_BYTES = 256 * 1024
+RECV_BYTES = 256 * 1024  # read at most this much per wake-up, into one buffer the transport reuses
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 OUTBUF_PAUSE_BYTES = 1 << 20  # stop reading a client's requests while this much of its replies is unsent
 MAX_CONNECTIONS = 1024  # per cache process; more are accepted and closed at once
@@ -75,6 +75,9 @@ class UnixTransport:
         self._connections: dict[int, _Connection] = {}
         self._max_connections = max_connections
         self._partial_frame_timeout_s = partial_frame_timeout_s
+        # recvmsg_into this, not recvmsg(RECV_BYTES): a fresh 256 KiB bytes per read is an mmap, two page
+        # faults and a munmap each time (glibc maps allocations that large)
+        self._recv_view = memoryview(bytearray(RECV_BYTES))
         self.shed = 0  # connections closed at accept: over the cap, or no file descriptor left
         self._listener = self._listen(path)
         self._socket_ino = os.lstat(path).st_ino
@@ -207,18 +210,19 @@ class UnixTransport:
 
     def _on_readable(self, conn: _Connection) -> None:
         try:
-            data, ancillary, flags, _ = conn.sock.recvmsg(RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC)
+            received, ancillary, flags, _ = conn.sock.recvmsg_into([self._recv_view], _ANCILLARY_BYTES,
+                                                                  socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(conn)
             return
         fds = _descriptors(ancillary)
-        if not data:
+        if not received:
             _close_all(fds)
             self._close(conn)
             return
-        conn.inbuf += data
+        conn.inbuf += self._recv_view[:received]
         if fds or flags & socket.MSG_CTRUNC:
             held = conn.fds.setdefault(conn.offset + _start_of_last_frame(conn.inbuf), [])
             held += fds

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -375,3 +377,41 @@ def test_requests_a_client_sent_before_it_closed_are_all_handed_over(bare, unrea
         assert dropped == [], "a peer's ordinary close was reported as a dropped connection"
     finally:
         client.close()
+
+
+# A fresh interpreter, as a cache process is: glibc's threshold for mapping an allocation rises once a large
+# mapped block is freed, which in this long-lived test process may already have happened.
+_FAULTS_PER_READ = """
+import os, resource, selectors, socket, sys, tempfile
+from mpcache.cache.lmcache import router, zmtp
+from mpcache.cache.lmcache.gate import PeerGate
+path = os.path.join(tempfile.mkdtemp(), "r.ipc")
+selector = selectors.DefaultSelector()
+class Log:
+    def __getattr__(self, name): return lambda *a, **k: None
+gate = PeerGate({os.geteuid()}, allow_remote=False, log=Log(), on_refused=lambda: None)
+served = router.Router([f"ipc://{path}"], selector, gate, max_frame=1 << 20, max_frames=8, report=lambda m, c: None)
+client = socket.socket(socket.AF_UNIX); client.connect(path)
+def turn():
+    for key, mask in selector.select(5.0): key.data(mask)
+turn()
+client.sendall(zmtp.GREETING + zmtp.command(b"READY", zmtp.ready_properties({b"Socket-Type": b"DEALER"})))
+for _ in range(3): turn()
+message = zmtp.encode([b"\x05", b"x" * 300]); n = 500
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(n):
+    client.sendall(message); turn()
+    got = served.receive(); assert got is not None and got[0][1:] == [b"\x05", b"x" * 300], got
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_reading_a_message_per_wake_up_allocates_no_fresh_buffer() -> None:
+    """Each read goes into one buffer the router keeps: a fresh ``recv(RECV_BYTES)`` (256 KiB) per message was an
+    mmap, two page faults and a munmap each time, ~17 µs per message on a 2-vCPU VM.  Counted, not timed: 500
+    messages, each read by its own wake-up in a fresh interpreter, fault fewer than 0.5 pages each (1,000 in
+    all before)."""
+    done = subprocess.run([sys.executable, "-c", _FAULTS_PER_READ], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    faults = int(done.stdout.strip())
+    assert faults < 250, f"{faults} page faults for 500 messages read one at a time"

@@ -117,13 +117,14 @@ class FrameReader:
         frames = self._frames
         at = 0
         end = len(buffer)
+        view = memoryview(buffer)  # a frame's bytes copied once (a bytearray slice would copy them twice)
         try:
             while end - at >= 2:
                 flags = buffer[at]
                 if flags & FLAG_LONG:
                     if end - at < 9:
                         return None
-                    size = int.from_bytes(buffer[at + 1:at + 9], "big")
+                    size = int.from_bytes(view[at + 1:at + 9], "big")
                     start = at + 9
                 else:
                     size = buffer[at + 1]
@@ -139,7 +140,7 @@ class FrameReader:
                     raise ZmtpError(f"a message of over {2 * self._max_frame} bytes")
                 if end - start < size:
                     return None
-                body = bytes(buffer[start:start + size])
+                body = bytes(view[start:start + size])
                 at = start + size
                 if flags & FLAG_COMMAND:
                     return body
@@ -153,5 +154,6 @@ class FrameReader:
                     raise ZmtpError(f"a message of more than {self._max_frames} frames")
             return None
         finally:
+            view.release()  # before the buffer shrinks: a bytearray with a live view cannot be resized
             if at:
                 del buffer[:at]
