@@ -21,7 +21,9 @@ from mpcache.client import CacheClient
 CHUNK = 64 * 1024
 L1_CHUNKS = 64
 MODEL, SALT = "llama", "tenant-a"
-FLAGS = ("--workers", "1", "--l1-size", str(L1_CHUNKS * CHUNK), "--mrc-sample-rate", "1")
+# no decay: the curves are compared with exact LRU to 6 decimals, and a 3600 s half-life applied between the
+# pump's batches (1 s apart) moves them by ~1e-6
+FLAGS = ("--workers", "1", "--l1-size", str(L1_CHUNKS * CHUNK), "--mrc-sample-rate", "1", "--mrc-half-life", "0")
 pytestmark = pytest.mark.slow
 
 
