@@ -105,9 +105,9 @@ class Pump:
     ) -> None:
         """Poll until ``should_stop()``; then one final drain so nothing committed is left.
 
-        Every batch costs about the same fixed work (numpy calls, and waking
-        up at all: ~0.2 ms of CPU on a shared 2-vCPU host, whatever the batch
-        size), so the pump sleeps long enough for about ``target_batch`` records
+        Every batch costs about the same fixed work whatever its size (numpy
+        calls and a wake-up: see ``MAX_SLEEP_S``), so the pump sleeps long
+        enough for about ``target_batch`` records
         to accumulate at the rate it just saw: at low rates it polls once a
         second (the drain lag stays under ``max_sleep_s``), at high rates every
         few milliseconds; a poll that finds nothing doubles the last sleep, up to
