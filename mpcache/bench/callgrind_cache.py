@@ -17,10 +17,11 @@ PROGRAMS = (RING_PROGRAM, NULL_PROGRAM)
 HANG_TIMEOUT_S = 120  # --hang-timeout: instrumented, a loop pass takes tens of times longer
 
 
-def valgrind_argv(program: str, out_dir: str, args: list[str]) -> list[str]:
-    """The command line that runs ``python -m program args`` under callgrind, not yet instrumented."""
+def valgrind_argv(program: str, out_dir: str, args: list[str], python: str = sys.executable) -> list[str]:
+    """The command line that runs ``python -m program args`` under callgrind, not yet instrumented (every thread
+    counted into one dump)."""
     return ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--instr-atstart=no", "--quiet",
-            f"--callgrind-out-file={os.path.join(out_dir, 'callgrind.%p')}", sys.executable, "-m", program, *args]
+            f"--callgrind-out-file={os.path.join(out_dir, 'callgrind.%p')}", python, "-m", program, *args]
 
 
 def main() -> int:

@@ -24,8 +24,10 @@ from mpcache.shm.segment import Segment
 OBJECT_BYTES = 2 * 8 * 256 * 256 * 2  # 2 planes x 8 layers x 256 tokens x (2 heads x 128) x fp16, per rank
 LMCACHE_MAX_WORKERS = 2
 START_TIMEOUT_S = 120.0
+CALLGRIND_START_TIMEOUT_S = 600.0  # LMCache's server imports torch under valgrind: ~30 s alone, minutes when loaded
 LAG_SAMPLE_S = 0.1
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "lmcache-0.5.6-venv")
+LMCACHE_SERVER = "lmcache.v1.multiprocess.server"
 LMCACHE_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
 
 
@@ -71,8 +73,10 @@ class Server:
 
     def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0,
                  callgrind_dir: str | None = None) -> None:
-        """``callgrind_dir``: an mpcache server's cache process runs under callgrind, its output there."""
+        """``callgrind_dir``: an mpcache server's cache process, or LMCache's server, runs under callgrind, its
+        output there."""
         self.kind = kind
+        self.start_timeout_s = START_TIMEOUT_S if callgrind_dir is None else CALLGRIND_START_TIMEOUT_S
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
         self.shm_name = f"mpcbench{os.getpid()}x{index}"  # LMCache's pool: /dev/shm/lmcache_l1_pool_<this>
@@ -97,12 +101,16 @@ class Server:
                 if callgrind_dir is not None:
                     argv += ["--hang-timeout", str(callgrind_cache.HANG_TIMEOUT_S)]
             else:
-                argv = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port",
-                        str(self.port), "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
-                        "--l1-size-gb", str(l1_gb), "--no-l1-use-lazy", "--eviction-policy", "LRU",
-                        "--max-workers", str(LMCACHE_MAX_WORKERS), "--prometheus-port", str(self.prometheus_port)]
+                args = ["--host", "127.0.0.1", "--port", str(self.port), "--supported-transfer-mode", "engine_driven",
+                        "--shm-name", self.shm_name, "--l1-size-gb", str(l1_gb), "--no-l1-use-lazy",
+                        "--eviction-policy", "LRU", "--max-workers", str(LMCACHE_MAX_WORKERS),
+                        "--prometheus-port", str(self.prometheus_port)]
                 if kind == "lmcache_off":
-                    argv.append("--disable-observability")
+                    args.append("--disable-observability")
+                if callgrind_dir is not None:  # the same pid: valgrind runs the server itself
+                    argv = callgrind_cache.valgrind_argv(LMCACHE_SERVER, callgrind_dir, args, python)
+                else:
+                    argv = [python, "-m", LMCACHE_SERVER, *args]
                 env = {**os.environ, **LMCACHE_ENV}
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=env)
@@ -110,13 +118,13 @@ class Server:
             log.close()
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while not self._ready():
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited {self.process.returncode} while starting: "
                                    f"{self._log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.kind} did not start within {START_TIMEOUT_S:.0f} s: {self._log_tail()}")
+                raise RuntimeError(f"{self.kind} did not start within {self.start_timeout_s:.0f} s: {self._log_tail()}")
             time.sleep(0.1)
 
     def _ready(self) -> bool:
