@@ -60,7 +60,8 @@ def _require_valgrind() -> None:
 
 
 def read_summary(path: str) -> dict[str, int]:
-    """The event totals of one callgrind dump (its ``events:`` and ``summary:`` lines)."""
+    """The event totals of one callgrind dump (its ``events:`` and ``summary:`` lines; callgrind leaves out
+    trailing zero counts, so ``summary: 0`` is a window that executed nothing)."""
     names: list[str] = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -68,9 +69,9 @@ def read_summary(path: str) -> dict[str, int]:
                 names = line.split()[1:]
             elif line.startswith("summary:"):
                 values = [int(value) for value in line.split()[1:]]
-                if len(values) != len(names):
+                if not names or not values or len(values) > len(names):
                     break
-                return dict(zip(names, values))
+                return dict(zip(names, values + [0] * (len(names) - len(values))))
     raise RuntimeError(f"{path}: not a callgrind dump with an events and a summary line")
 
 
