@@ -144,6 +144,13 @@ class Config:
     metric_series_cap: int = setting(
         Integer(1), 1500, "attribute sets per metric before new cache_salt/model_name values read __overflow__ "
         "(default 1500, below the OpenTelemetry SDK's 2000)", group=TELEMETRY)
+    # the telemetry process's checkpoints (two of them, in a shared-memory segment the supervisor owns) hold its
+    # counters, histograms and subscriber state with the ring cursors they cover, so a restart goes on counting
+    telemetry_state_bytes: int = setting(
+        Size(1 << 16), 8 * _MIB, "room for one checkpoint of the telemetry process's state, which lets a "
+        "restarted telemetry process go on counting exactly where the last one stopped (the supervisor keeps "
+        "two in shared memory; default 8MiB). A state that outgrows it is logged and counted, and a restart "
+        "until it fits again starts every counter from zero", group=TELEMETRY, name="telemetry-state-size")
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
     # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
     telemetry_nice: int = setting(
@@ -257,6 +264,10 @@ class Config:
     def gauge_board_name(self) -> str:
         return shm_name(self.supervisor_pid, self.instance_id, "gauges")
 
+    def telemetry_state_name(self) -> str:
+        """The telemetry process's checkpoints (:mod:`mpcache.shm.checkpoint`)."""
+        return shm_name(self.supervisor_pid, self.instance_id, "telemetry")
+
     def socket_path(self, worker: int) -> str:
         return os.path.join(self.runtime_dir, f"cache{worker}.sock")
 
@@ -271,7 +282,7 @@ class Config:
         return urls
 
     def all_segment_names(self) -> list[str]:
-        names = [self.gauge_board_name()]
+        names = [self.gauge_board_name(), self.telemetry_state_name()]
         for worker in range(self.workers):
             names += [self.ring_name(worker), self.l1_pool_name(worker)]
         return names

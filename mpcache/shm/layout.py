@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the consumer's read cursor (OFF_READ) beside its tail
 
 RING_MAGIC = b"MPCRING1"
 GAUGE_MAGIC = b"MPCGAUGE"
@@ -27,6 +27,10 @@ OFF_DROPPED = 72
 OFF_TORN = 80
 OFF_TAIL = 128
 OFF_MALFORMED = 136
+# Cells the consumer has read (>= tail): [tail, read) is aggregated but not yet covered by a checkpoint of the
+# telemetry process, so the producer may not reuse it.  Advisory (what an observer measures the drain by); the
+# consumer never reads it back.
+OFF_READ = 144
 OFF_INTERN_COUNT = 192
 OFF_INTERN_EPOCH = 200  # bumped when a new producer empties a full table (consumers drop cached names)
 HEADER_SIZE = 256
@@ -97,6 +101,25 @@ G_L2_INFLIGHT_LOADS = 2
 G_L2_INFLIGHT_LOAD_BYTES = 3
 
 
+# Telemetry state segment (one per instance): the telemetry process's checkpoints, two records written in
+# turn, so the one not being written is always whole.  Header, then the records, each 64-aligned.
+STATE_MAGIC = b"MPCSTATE"
+STATE_LAYOUT_VERSION = 1
+STATE_OFF_MAGIC = 0
+STATE_OFF_VERSION = 8  # u32
+STATE_OFF_RECORDS = 12  # u32: records in the segment (STATE_RECORDS)
+STATE_OFF_CAPACITY = 16  # u64: payload bytes a record holds
+STATE_HEADER_SIZE = 64
+STATE_RECORDS = 2
+# A record: this header, then ``length`` payload bytes.
+REC_OFF_SEQUENCE = 0  # u64: 0 = never written, or being written now; else the checkpoint's number
+REC_OFF_LENGTH = 8  # u64: payload bytes
+REC_OFF_TAG = 16  # 16 bytes: the writer's payload format (a hash); another format's record is refused
+REC_OFF_WRITTEN_NS = 32  # u64: wall clock when it was written
+REC_OFF_CHECKSUM = 40  # u32: CRC-32 of bytes 0..39 of this header, then the payload
+REC_HEADER_SIZE = 64
+
+
 def event_segment_size(capacity_cells: int, intern_capacity: int) -> int:
     """Bytes needed for an event segment with these capacities."""
     return cells_offset(intern_capacity) + capacity_cells * CELL_SIZE
@@ -124,3 +147,12 @@ def gauge_board_size(n_slots: int) -> int:
 def gauge_adapter_word(adapter_index: int, which: int) -> int:
     """Word index, within a slot, of one per-adapter gauge."""
     return GAUGE_FIXED_WORDS + GAUGE_ADAPTER_WORDS * adapter_index + which
+
+
+def state_record_offset(record: int, capacity: int) -> int:
+    """Byte offset of record ``record`` (0 or 1) of a state segment whose records hold ``capacity`` bytes."""
+    return STATE_HEADER_SIZE + record * (REC_HEADER_SIZE + (capacity + CELL_SIZE - 1) // CELL_SIZE * CELL_SIZE)
+
+
+def state_segment_size(capacity: int) -> int:
+    return state_record_offset(STATE_RECORDS, capacity)

@@ -29,6 +29,10 @@ class RingCounters:
         return max(0, self.head - self.tail)
 
 
+_HEAD, _TAIL, _READ = layout.OFF_HEAD // 8, layout.OFF_TAIL // 8, layout.OFF_READ // 8
+_MALFORMED = layout.OFF_MALFORMED // 8
+
+
 def read_counters(segment: Segment) -> RingCounters:
     words = segment.buf[: layout.HEADER_SIZE].cast("Q")
     return RingCounters(
@@ -42,11 +46,14 @@ def read_counters(segment: Segment) -> RingCounters:
 
 
 class RingReader:
-    """Consumer side: copies committed records out in batches and advances ``tail``.
+    """Consumer side: copies committed records out in batches, and releases what was read by advancing
+    ``tail``.
 
-    Shared bytes are untrusted: a header that makes no sense or records whose
-    cells disagree are skipped and counted in ``malformed_records``, never
-    raised into the caller.
+    It reads ahead of ``tail`` from a cursor of its own (published in the ``read`` word for observers): what
+    was read stays in the ring until :meth:`commit` or :meth:`release` gives it back to the producer, so a
+    consumer that keeps its state elsewhere (the telemetry process's checkpoint) releases a range only once
+    that state covers it.  Shared bytes are untrusted: a header that makes no sense or records whose
+    cells disagree are skipped and counted in ``malformed_records``, never raised into the caller.
     """
 
     def __init__(self, segment: Segment, max_batch_cells: int = 65536) -> None:
@@ -56,10 +63,12 @@ class RingReader:
             (geometry.capacity,), dtype=layout.CELL_DTYPE, buffer=segment.buf, offset=geometry.cells_offset
         )
         self._words = segment.buf[: layout.HEADER_SIZE].cast("Q")
-        self._capacity = geometry.capacity
+        self.capacity = geometry.capacity
         self._mask = geometry.capacity - 1
         self._max_batch = max_batch_cells
-        self._uncommitted: int | None = None  # cursor after the last batch read, not yet stored
+        # what was read and found malformed, not yet released: tail and malformed_records as they will be
+        self._read = self._words[_TAIL]
+        self._malformed = self._words[_MALFORMED]
         self.intern_capacity = geometry.intern_capacity
 
     def cell_kinds(self) -> np.ndarray:
@@ -68,61 +77,93 @@ class RingReader:
         return kinds
 
     def pending_cells(self) -> int:
-        return max(0, self._words[layout.OFF_HEAD // 8] - self._words[layout.OFF_TAIL // 8])
+        """Cells committed and not yet read (by the consumer: its ``read`` word)."""
+        return max(0, self._words[_HEAD] - self._words[_READ])
+
+    def unreleased_cells(self) -> int:
+        """Cells this reader read and has not released yet."""
+        return max(0, self._read - self._words[_TAIL])
 
     def oldest_pending_timestamp_ns(self) -> int | None:
-        """Timestamp of the oldest committed, unconsumed record (None when empty)."""
-        head = self._words[layout.OFF_HEAD // 8]
-        tail = self._words[layout.OFF_TAIL // 8]
-        if head <= tail or head - tail > self._capacity:
+        """Timestamp of the oldest committed record the consumer has not read (None when there is none)."""
+        head = self._words[_HEAD]
+        read = self._words[_READ]
+        if head <= read or head - read > self.capacity:
             return None
-        cell = self._cells[tail & self._mask]
+        cell = self._cells[read & self._mask]
         if cell["kind"] != layout.CELL_HEAD:
             return None
         return int(cell["slots"][0])
 
-    def read_batch(self, commit: bool = True) -> np.ndarray:
-        """Committed whole records after the consumer cursor (a copy), possibly empty.
+    @property
+    def position(self) -> tuple[int, int]:
+        """(cursor, malformed records): where this reader is, as :meth:`release` and :meth:`resume` take it."""
+        return self._read, self._malformed
 
-        With ``commit=False`` the cursor stays where it was until :meth:`commit`:
-        the telemetry process commits only after the batch went through the
-        subscribers, so one killed mid-batch reads that batch again after its
-        restart instead of losing it (at least once, not at most once).
+    def read_batch(self, commit: bool = True) -> np.ndarray:
+        """Committed whole records after the read cursor (a copy), possibly empty; the cursor moves past them.
+
+        With ``commit=False`` the range stays in the ring until :meth:`commit` or :meth:`release`: the
+        telemetry process releases it only once a checkpoint covers it, so one killed before reads it again
+        after its restart instead of losing it.
         """
-        head = self._words[layout.OFF_HEAD // 8]
-        tail = self._words[layout.OFF_TAIL // 8]
+        head = self._words[_HEAD]
+        read = self._read
         empty: np.ndarray
-        if head == tail:
+        if head == read:
             empty = self._cells[:0].copy()
             return empty
-        if head < tail or head - tail > self._capacity:
+        if head < read or head - self._words[_TAIL] > self.capacity:
             # Nonsense cursors: skip to head and count; never raise into the pump.
-            self._words[layout.OFF_MALFORMED // 8] += 1
-            self._words[layout.OFF_TAIL // 8] = head
+            self._malformed += 1
+            self._read = head
+            self._words[_READ] = head
+            self._words[_MALFORMED] = self._malformed
+            self._words[_TAIL] = head
             empty = self._cells[:0].copy()
             return empty
-        n = min(head - tail, self._max_batch)
-        start = tail & self._mask
+        n = min(head - read, self._max_batch)
+        start = read & self._mask
         first = self._cells[start]
-        if first["kind"] == layout.CELL_HEAD and n < first["index"] <= head - tail:
+        if first["kind"] == layout.CELL_HEAD and n < first["index"] <= head - read:
             n = int(first["index"])  # a record longer than the batch limit is still read whole
-        if start + n <= self._capacity:
+        if start + n <= self.capacity:
             batch = self._cells[start : start + n].copy()
         else:
-            batch = np.concatenate((self._cells[start:], self._cells[: n - (self._capacity - start)]))
-        batch, consumed, malformed = _whole_valid_records(batch, at_head=(tail + n == head))
-        if malformed:
-            self._words[layout.OFF_MALFORMED // 8] += malformed
-        self._uncommitted = tail + consumed
+            batch = np.concatenate((self._cells[start:], self._cells[: n - (self.capacity - start)]))
+        batch, consumed, malformed = _whole_valid_records(batch, at_head=(read + n == head))
+        self._malformed += malformed
+        self._read = read + consumed
+        self._words[_READ] = self._read
         if commit:
             self.commit()
         return batch
 
     def commit(self) -> None:
-        """Advance the shared consumer cursor past the last batch read (the producer may reuse it)."""
-        if self._uncommitted is not None:
-            self._words[layout.OFF_TAIL // 8] = self._uncommitted
-            self._uncommitted = None
+        """Release everything read so far (the producer may reuse it)."""
+        self.release(*self.position)
+
+    def release(self, cursor: int, malformed: int) -> None:
+        """Release the ring up to ``cursor``, a :attr:`position` this reader was at (ignored when not past the
+        tail); ``malformed_records`` becomes ``malformed``, what it was there."""
+        if self._words[_TAIL] < cursor <= self._read:
+            self._words[_MALFORMED] = malformed
+            self._words[_TAIL] = cursor
+
+    def resumable(self, cursor: int) -> bool:
+        """Whether the ring still holds everything from ``cursor`` (a :attr:`position` an earlier reader saved)
+        to ``head``: it was not released past it, and it lies within ``capacity`` before ``head``."""
+        tail, head = self._words[_TAIL], self._words[_HEAD]
+        return tail <= cursor <= head and head - tail <= self.capacity
+
+    def resume(self, cursor: int, malformed: int) -> None:
+        """Read on from ``cursor``, a :meth:`resumable` position an earlier reader saved (``malformed``: what
+        it had counted there), and release the ring up to it."""
+        self._read = cursor
+        self._words[_READ] = cursor
+        self._malformed = max(malformed, self._words[_MALFORMED])
+        self._words[_MALFORMED] = self._malformed
+        self._words[_TAIL] = cursor
 
 
 _KIND_SHIFT, _INDEX_SHIFT = 32, 48

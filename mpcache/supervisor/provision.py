@@ -7,6 +7,7 @@ import mmap
 from mpcache.config import Config
 from mpcache.errors import ConfigError
 from mpcache.shm import layout
+from mpcache.shm.checkpoint import format_state_segment
 from mpcache.shm.gauges import format_gauge_board
 from mpcache.shm.ring import format_event_segment, recover_torn_record
 from mpcache.shm.segment import SHM_DIR, Segment, shm_free_bytes
@@ -17,7 +18,8 @@ _PAGE = mmap.PAGESIZE
 
 def segment_sizes(config: Config) -> dict[str, int]:
     """Every segment of the instance, by name, with its size in bytes."""
-    sizes = {config.gauge_board_name(): layout.gauge_board_size(config.workers)}
+    sizes = {config.gauge_board_name(): layout.gauge_board_size(config.workers),
+             config.telemetry_state_name(): layout.state_segment_size(config.telemetry_state_bytes)}
     for worker in range(config.workers):
         sizes[config.ring_name(worker)] = layout.event_segment_size(config.ring_capacity_cells, config.intern_capacity)
         sizes[config.l1_pool_name(worker)] = config.l1_pool_bytes
@@ -39,13 +41,15 @@ def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
     raise ConfigError(
         f"{SHM_DIR} has {free / mib:.1f} MiB free; the service needs {need / mib:.1f} MiB there "
         f"({config.workers} x (L1 {config.l1_pool_bytes / mib:.1f} MiB + ring {ring / mib:.1f} MiB) "
+        f"+ telemetry state {sizes[config.telemetry_state_name()] / mib:.1f} MiB "
         f"+ {margin / mib:.0f} MiB for clients' buffers): lower --l1-size, --workers or --ring-cells, or give it "
         f"more shared memory (Docker: --shm-size={-(-need // (64 * mib)) * 64}m or more; Kubernetes: an emptyDir "
         f"with medium: Memory and sizeLimit: {-(-need // (64 * mib)) * 64}Mi or more mounted on /dev/shm)")
 
 
 def create_segments(config: Config) -> list[Segment]:
-    """Create the gauge board, one event ring and one L1 pool per cache process (all 0600, allocated now).
+    """Create the gauge board, the telemetry process's state segment, one event ring and one L1 pool per cache
+    process (all 0600, allocated now).
 
     On failure, whatever was already created is unlinked before re-raising; a /dev/shm too small is a
     :class:`~mpcache.errors.SharedMemoryFullError`.
@@ -56,6 +60,9 @@ def create_segments(config: Config) -> list[Segment]:
         board = Segment.create(config.gauge_board_name(), sizes[config.gauge_board_name()])
         format_gauge_board(board, config.workers)
         created.append(board)
+        state = Segment.create(config.telemetry_state_name(), sizes[config.telemetry_state_name()])
+        created.append(state)
+        format_state_segment(state, config.telemetry_state_bytes)
         for worker in range(config.workers):
             ring = Segment.create(config.ring_name(worker), sizes[config.ring_name(worker)])
             format_event_segment(ring, config.ring_capacity_cells, config.intern_capacity)

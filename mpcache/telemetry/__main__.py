@@ -1,5 +1,6 @@
 """``python -m mpcache.telemetry --config PATH``: the telemetry process.  It may be killed and restarted at
-any time: it resumes at the consumer cursors saved in the rings.
+any time: it goes on from its last checkpoint (:mod:`mpcache.telemetry.checkpoint`), reading the rings again
+from the positions the checkpoint covers.
 """
 
 from __future__ import annotations
@@ -48,15 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = open_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
+        from mpcache.telemetry.checkpoint import Checkpoint
         from mpcache.telemetry.otel import MetricsExport
         from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
         from mpcache.telemetry.subscribers.metrics.mrc import mrc_routes
 
-        exporters = MetricsExport.start(config, endpoint)
+        checkpoint = Checkpoint.open(config, log)
+        exporters = MetricsExport.start(config, endpoint, serve=False)
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
-                                                        gauge_reader=gauges, readiness=readiness)
+                                                        gauge_reader=gauges, readiness=readiness,
+                                                        checkpoint=checkpoint)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         exporters.before_scrape.append(pump.catch_up)  # a scrape shows every record published before it
+        exporters.serve_metrics()  # only now: a scrape never sees a series before the checkpoint restored it
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:

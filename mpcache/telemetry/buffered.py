@@ -5,10 +5,13 @@ a producer aggregated (:func:`~mpcache.telemetry.histograms.record_buckets`) are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from mpcache.telemetry.histograms import record_buckets, record_many
+from mpcache.telemetry.series import HistogramSeries, Series, SumSeries, boundaries_of, bucket_values, bucketed
 
 if TYPE_CHECKING:  # types only: importing this module must not import OpenTelemetry
     from opentelemetry.metrics import (
@@ -23,6 +26,8 @@ if TYPE_CHECKING:  # types only: importing this module must not import OpenTelem
     from opentelemetry.util.types import Attributes, AttributeValue
 
     _AttributesKey = tuple[tuple[str, AttributeValue], ...]
+
+log = logging.getLogger(__name__)
 
 
 class CounterLike(Protocol):
@@ -70,15 +75,29 @@ class _Named(Protocol):
 MAX_HELD_SAMPLES = 1 << 16  # histogram samples a buffer holds before it asks for a flush (~2 MiB)
 
 
-class InstrumentBuffer:
-    """Pending counter sums and histogram samples, per (instrument, attribute set)."""
+# (instrument, attributes, the series now, what changed): what a flush gives the SDK
+Change = tuple[Any, "_AttributesKey", Series, "float | HistogramSeries | None"]
 
-    def __init__(self) -> None:
+
+class InstrumentBuffer:
+    """Pending counter sums and histogram samples, per (instrument, attribute set), and every series as it is
+    exported (:attr:`series`): a flush folds the pending part into the series, then writes each series it
+    changed into the SDK (:mod:`mpcache.telemetry.sdkstate`).  So the telemetry process's checkpoint saves
+    exactly what the SDK exports, and a restart that loads it exports the same series, start times included."""
+
+    def __init__(self, clock_ns: Callable[[], int] = time.time_ns, started_ns: int | None = None) -> None:
         self.held_samples = 0  # histogram samples since the last flush
+        self._clock_ns = clock_ns
+        # the start of every observable counter's series: this process's, or that of the checkpoint it goes on from
+        self.started_ns = clock_ns() if started_ns is None else started_ns
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
         # (histogram, attributes, edges) -> [bucket counts, sum, min, max] of the samples counted so far
         self._buckets: dict[tuple[Histogram, _AttributesKey, tuple[float, ...]], list[Any]] = {}
+        self.series: dict[tuple[Any, _AttributesKey], Series] = {}
+        self.instruments: dict[str, Any] = {}  # the SDK's counters and histograms a BufferedMeter made, by name
+        self._started: set[tuple[int, _AttributesKey]] = set()  # observable series started at started_ns
+        self._direct = True  # False once the SDK refused a direct write (logged once)
 
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         key = (counter, tuple(attributes.items()) if attributes else ())
@@ -121,16 +140,125 @@ class InstrumentBuffer:
         pending[3] = max(pending[3], high)
 
     def flush(self) -> None:
+        self.publish(self.fold())
+
+    def fold(self) -> list[Change]:
+        """Add what is pending to :attr:`series` (what the SDK's own calls would drop is dropped: negative or
+        non-finite values); returns what changed, for :meth:`publish`."""
         sums, self._sums = self._sums, {}
         samples, self._samples = self._samples, {}
         buckets, self._buckets = self._buckets, {}
         self.held_samples = 0
+        now = self._clock_ns()
+        changes: list[Change] = []
         for (counter, attributes), amount in sums.items():
-            counter.add(amount, dict(attributes))
+            if not 0 <= amount < math.inf:
+                continue
+            series = self.series.get((counter, attributes))
+            if series is None:
+                series = self.series[(counter, attributes)] = SumSeries(now, 0)
+            series.value += amount  # type: ignore[union-attr]
+            changes.append((counter, attributes, series, amount))
         for (histogram, attributes), values in samples.items():
-            record_many(histogram, dict(attributes), values)
+            self._fold_histogram(changes, now, histogram, attributes, bucketed(boundaries_of(histogram), values))
         for (histogram, attributes, edges), (counts, total, low, high) in buckets.items():
-            record_buckets(histogram, dict(attributes), edges, counts, total, low, high)
+            bounds = boundaries_of(histogram)
+            if sum(counts) > 0:
+                delta = (HistogramSeries(0, bounds, list(counts), total, low, high) if edges == bounds
+                         else bucketed(bounds, bucket_values(edges, counts, low, high), total))
+                self._fold_histogram(changes, now, histogram, attributes, delta)
+        return changes
+
+    def _fold_histogram(self, changes: list[Change], now: int, histogram: Histogram, attributes: _AttributesKey,
+                        delta: HistogramSeries | None) -> None:
+        if delta is None:
+            return
+        series = self.series.get((histogram, attributes))
+        if series is None:
+            series = self.series[(histogram, attributes)] = HistogramSeries(
+                now, delta.boundaries, [0] * len(delta.counts), 0.0, math.inf, -math.inf)
+        series.merge(delta)  # type: ignore[union-attr]
+        changes.append((histogram, attributes, series, delta))
+
+    def publish(self, changes: list[Change], restored: bool = False) -> None:
+        """Write each changed series into the SDK.  ``restored``: the series were loaded from a checkpoint
+        (delta readers have exported them already; an SDK that takes no direct writes gets them whole)."""
+        from mpcache.telemetry import sdkstate
+        from mpcache.telemetry.histograms import record_buckets
+
+        for instrument, key, series, delta in changes:
+            attributes: dict[str, Any] = dict(key)
+            if self._direct:
+                if isinstance(series, SumSeries):
+                    written = sdkstate.write_sum(instrument, attributes, series, 0.0 if restored else float(
+                        cast(float, delta)))
+                else:
+                    written = sdkstate.write_histogram(instrument, attributes, series,
+                                                       None if restored else cast(HistogramSeries, delta))
+                if written:
+                    continue
+                self._direct = False
+                log.warning("series written through the SDK's calls: a restart resets their start times")
+            if isinstance(series, SumSeries):
+                instrument.add(series.value if restored else delta, attributes)
+            else:
+                whole = series if restored else cast(HistogramSeries, delta)
+                record_buckets(instrument, attributes, whole.boundaries, whole.counts, whole.total, whole.low,
+                               whole.high)
+
+    def save_series(self) -> list[list[Any]]:
+        """Every series, for a checkpoint: [name, attributes, start, value] of a counter, [name, attributes,
+        start, bucket counts, sum, min, max] of a histogram."""
+        out: list[list[Any]] = []
+        for (instrument, key), series in self.series.items():
+            if isinstance(series, SumSeries):
+                out.append([instrument.name, key, series.start_ns, series.value])
+            else:
+                out.append([instrument.name, key, series.start_ns, series.counts, series.total, series.low,
+                            series.high])
+        return out
+
+    def load_series(self, saved: object) -> Callable[[], None]:
+        """Check :meth:`save_series` of a buffer with these instruments; returns the step that adopts the series
+        and writes them into the SDK."""
+        from mpcache.telemetry import statecheck
+
+        series: dict[tuple[Any, _AttributesKey], Series] = {}
+        for row in statecheck.items(saved, "l"):
+            name, key = row[0], tuple(tuple(pair) for pair in statecheck.rows(row[1], "ss"))
+            instrument = self.instruments[name]
+            if not hasattr(instrument, "record"):  # a counter
+                start, value = statecheck.rows([row[2:]], "if")[0]
+                if not 0 <= value < math.inf:
+                    raise ValueError(f"{name}: not a counter's value")
+                series[(instrument, key)] = SumSeries(start, value)
+                continue
+            start, counts, total, low, high = statecheck.rows([row[2:]], "ilfff")[0]
+            bounds = boundaries_of(instrument)
+            if len(counts) != len(bounds) + 1 or not all(type(n) is int and n >= 0 for n in counts) or not sum(counts):
+                raise ValueError(f"{name}: not bucket counts of its grid")
+            series[(instrument, key)] = HistogramSeries(start, bounds, counts, total, low, high)
+
+        def adopt() -> None:
+            self.series = series
+            self.publish([(instrument, key, one, None) for (instrument, key), one in series.items()], restored=True)
+        return adopt
+
+    def restart_series(self) -> None:
+        """Observable counters' series start now (a reset: the checkpoint was not loaded)."""
+        self.started_ns = self._clock_ns()
+        self._started.clear()
+
+    def start_observed(self, instrument: Any, observations: list[Any]) -> None:
+        """Start the series of an observable counter's ``observations`` at :attr:`started_ns` (the first time
+        each is seen; nothing where the SDK takes no direct writes)."""
+        for observation in observations:
+            key = tuple(observation.attributes.items()) if observation.attributes else ()
+            if self._direct and (id(instrument), key) not in self._started:
+                from mpcache.telemetry import sdkstate
+
+                if sdkstate.start_series(instrument, dict(key), self.started_ns):
+                    self._started.add((id(instrument), key))
 
 
 class _BufferedCounter:
@@ -171,7 +299,9 @@ class BufferedMeter:
         self._buffer = buffer
 
     def create_counter(self, name: str, unit: str = "", description: str = "") -> _BufferedCounter:
-        return _BufferedCounter(self._meter.create_counter(name, unit, description), self._buffer)
+        counter = self._meter.create_counter(name, unit, description)
+        self._buffer.instruments[name] = counter
+        return _BufferedCounter(counter, self._buffer)
 
     def create_histogram(
         self,
@@ -184,6 +314,7 @@ class BufferedMeter:
         histogram = self._meter.create_histogram(
             name, unit, description, explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory
         )
+        self._buffer.instruments[name] = histogram
         return _BufferedHistogram(histogram, self._buffer)
 
     def create_observable_gauge(
@@ -194,7 +325,20 @@ class BufferedMeter:
     def create_observable_counter(
         self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
     ) -> ObservableCounter:
-        return self._meter.create_observable_counter(name, callbacks, unit, description)
+        """Its series begin at the buffer's ``started_ns``, in this process and in every one that loads its
+        checkpoint (each callback's observations start their series before the SDK takes them)."""
+        made: list[ObservableCounter] = []
+
+        def starting(callback: Any) -> Callable[[Any], list[Any]]:
+            def observe(options: Any) -> list[Any]:
+                observations = list(callback(options))
+                self._buffer.start_observed(made[0], observations)
+                return observations
+            return observe
+
+        made.append(self._meter.create_observable_counter(name, [starting(c) for c in callbacks or ()], unit,
+                                                          description))
+        return made[0]
 
     def create_observable_up_down_counter(
         self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""

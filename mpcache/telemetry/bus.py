@@ -53,6 +53,17 @@ class Subscriber:
     def shutdown(self) -> None:
         """Called once when the telemetry process stops, after the final drain."""
 
+    def save_state(self) -> object:
+        """What this subscriber keeps between batches, for the telemetry process's checkpoint (msgpack types:
+        lists, dicts with str keys, ints, floats, str, bytes, None); None: nothing."""
+        return None
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        """Check ``state`` (what :meth:`save_state` returned in a process now gone) and return the step that
+        adopts it, which cannot fail; ValueError or TypeError, and nothing changed, when it is not such a
+        state."""
+        raise ValueError(f"{self.name} keeps no state")
+
 
 class EventBus:
     """``flush_interval_s``: how often the registered flushers (buffered instruments) run after a
@@ -69,6 +80,7 @@ class EventBus:
         self._clock = clock
         self._last_flush = clock()
         self.records_delivered = 0
+        self._saved_exceptions: dict[str, int] | None = None  # with a checkpoint: the counts it holds
 
     def add_flusher(self, flush: Callable[[], None], full: Callable[[], bool] | None = None) -> None:
         self._flushers.append(flush)
@@ -117,8 +129,19 @@ class EventBus:
         self.flush()
 
     def subscriber_exception_counts(self) -> dict[str, int]:
-        """Exceptions raised so far, by subscriber name (a copy)."""
-        return dict(self._exceptions)
+        """Exceptions raised so far, by subscriber name (a copy); with a checkpoint, as far as it holds them (what
+        is exported never runs ahead of what a restart would load)."""
+        return dict(self._exceptions if self._saved_exceptions is None else self._saved_exceptions)
+
+    def save_exception_counts(self) -> dict[str, int]:
+        """The counts a checkpoint takes; they are what :meth:`subscriber_exception_counts` reports from now on."""
+        self._saved_exceptions = dict(self._exceptions)
+        return self._saved_exceptions
+
+    def load_exception_counts(self, counts: dict[str, int]) -> None:
+        """Counts a checkpoint held: counting goes on from them."""
+        self._exceptions = collections.Counter(counts)
+        self._saved_exceptions = dict(counts)
 
     def _call(self, subscriber: Subscriber, method: str, *args: object) -> None:
         try:
@@ -128,6 +151,12 @@ class EventBus:
             self._exceptions[name] += 1
             if self._exceptions[name] <= 10 or self._exceptions[name] % 1000 == 0:
                 log.exception("subscriber_failed", subscriber=name, method=method, count=self._exceptions[name])
+
+
+def run_all(steps: Iterable[Callable[[], None]]) -> None:
+    """Run every step of a :meth:`Subscriber.load_state` made of several."""
+    for step in steps:
+        step()
 
 
 def subscribe_all(bus: EventBus, subscribers: Iterable[Subscriber]) -> None:

@@ -60,9 +60,10 @@ class MetricsExport:
     before_scrape: list[Callable[[], object]]  # called on every /metrics request, before collecting
 
     @classmethod
-    def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None) -> MetricsExport:
+    def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None, *, serve: bool = True) -> MetricsExport:
         """Build the MeterProvider with its readers and serve ``/metrics``: on ``endpoint``, the telemetry
-        process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``)."""
+        process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``).
+        ``serve=False``: not yet, :meth:`serve_metrics` does it (once what it shows is loaded)."""
         registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=registry)  # process_* of the telemetry process, Prometheus's convention
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
@@ -87,11 +88,16 @@ class MetricsExport:
             except BaseException:
                 provider.shutdown()
                 raise
-        before_scrape: list[Callable[[], object]] = []
-        if endpoint is not None:
-            endpoint.routes["/metrics"] = metrics_route(registry, before_scrape)
-        return cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
-                   endpoint if owned else None, endpoint, before_scrape)
+        export = cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
+                     endpoint if owned else None, endpoint, [])
+        if serve:
+            export.serve_metrics()
+        return export
+
+    def serve_metrics(self) -> None:
+        """Answer ``/metrics`` from now on (nothing without an HTTP endpoint)."""
+        if self._endpoint is not None:
+            self._endpoint.routes["/metrics"] = metrics_route(self.registry, self.before_scrape)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
         """Serve more paths next to ``/metrics``; nothing without an HTTP endpoint."""

@@ -1,6 +1,6 @@
-"""The telemetry process's read loop: rings → batches → EventBus, with an adaptive sleep, cursors stored
-after delivery, a 1 Hz tick, a poll and flush on demand (before a scrape), and the bus's self-monitoring
-from ring state.
+"""The telemetry process's read loop: rings → batches → EventBus, with an adaptive sleep, the rings released
+after delivery (or, with a checkpoint, once it covers them), a 1 Hz tick, a poll and flush on demand (before a
+scrape), and the bus's self-monitoring from ring state.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class RingSource:
         backlog does not balloon the telemetry process's memory with per-batch temporaries."""
         segment = Segment.attach(name, layout.HEADER_SIZE)
         reader = RingReader(segment, max_batch_cells)
+        if reader.resumable(reader.position[0]):
+            reader.resume(*reader.position)  # the consumer now: a dead one's read-ahead is read again
         return cls(producer, segment, reader, NameTable(segment.buf, reader.intern_capacity))
 
 
@@ -54,11 +56,17 @@ class Pump:
     ) -> None:
         self.sources = sources
         self.bus = bus
+        # With a checkpoint (telemetry.checkpoint) the rings are released by release() once it covers them;
+        # else after every poll.  A ring holding this many cells read but not released asks for a flush (which
+        # writes the checkpoint), so the producers keep at least 3/4 of every ring.
+        self.holds_rings = False
+        self._release_at = [source.reader.capacity // 4 for source in sources]
         self._clock_ns = clock_ns
         self._tick_ns = int(tick_interval_s * 1e9)
         self._next_tick = 0
         self.polled_at = time.monotonic()  # when run() last polled the rings (/healthz)
         self.unknown_records = 0
+        self.unknown_released = 0  # unknown_records as of the rings' release: what dropped_events() counts
         # catch_up(): polls run() started and finished, by number; a flush asked for; the wake-up of its sleep
         self._progress = threading.Condition()
         self._running = False
@@ -82,7 +90,12 @@ class Pump:
                 self.unknown_records += batch.unknown_records
                 self.bus.dispatch(batch)
                 delivered += len(batch)
-            source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
+            if not self.holds_rings:
+                source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
+        if not self.holds_rings:
+            self.unknown_released = self.unknown_records
+        elif any(source.reader.unreleased_cells() >= limit for source, limit in zip(self.sources, self._release_at)):
+            self.bus.flush()
         now = self._clock_ns()
         if now >= self._next_tick:
             self._next_tick = now + self._tick_ns
@@ -166,16 +179,41 @@ class Pump:
             self._progress.wait_for(lambda: self._polls_done >= target or not self._running, timeout_s)
             return self._polls_done >= target
 
+    # -- the checkpoint's side --------------------------------------------------
+
+    def positions(self) -> list[tuple[int, int]]:
+        """Where each ring's reader is: what a checkpoint covers (see ``RingReader.position``)."""
+        return [source.reader.position for source in self.sources]
+
+    def release(self, positions: list[tuple[int, int]], unknown_records: int) -> None:
+        """Give the rings back up to ``positions`` (a checkpoint covers them now); ``unknown_records``: the count
+        the checkpoint holds."""
+        for source, (cursor, malformed) in zip(self.sources, positions):
+            source.reader.release(cursor, malformed)
+        self.unknown_released = unknown_records
+
+    def resumable(self, positions: list[tuple[int, int]]) -> bool:
+        """Whether every ring still holds what lies after its position in ``positions`` (none was released
+        past it); see :meth:`resume`."""
+        return len(positions) == len(self.sources) and all(
+            source.reader.resumable(cursor) for source, (cursor, _) in zip(self.sources, positions))
+
+    def resume(self, positions: list[tuple[int, int]], unknown_records: int) -> None:
+        """Read on from a checkpoint's positions (each :meth:`resumable`) with its count of unknown records."""
+        for source, (cursor, malformed) in zip(self.sources, positions):
+            source.reader.resume(cursor, malformed)
+        self.unknown_records = self.unknown_released = unknown_records
+
     # -- self-monitoring -----------------------------------------------------
 
     def queue_depth(self) -> int:
-        """Records committed but not yet consumed, over all rings."""
+        """Records committed but not yet read, over all rings."""
         depth = 0
         for source in self.sources:
-            counters = read_counters(source.segment)
-            pending = counters.pending_cells
-            if pending:
-                depth += _count_heads(source.reader, counters.tail, pending)
+            cursor = source.reader.position[0]
+            pending = read_counters(source.segment).head - cursor
+            if pending > 0:
+                depth += _count_heads(source.reader, cursor, pending)
         return depth
 
     def drain_lag_seconds(self) -> float:
@@ -186,8 +224,9 @@ class Pump:
         return max(0.0, (self._clock_ns() - min(oldest)) / 1e9)
 
     def dropped_events(self) -> int:
-        """Records lost: ring full at the producer, torn by a dead producer, or malformed."""
-        total = self.unknown_records
+        """Records lost: ring full at the producer, torn by a dead producer, or malformed (those read up to the
+        rings' release)."""
+        total = self.unknown_released
         for source in self.sources:
             counters = read_counters(source.segment)
             total += counters.dropped + counters.torn + counters.malformed

@@ -8,7 +8,9 @@ fold them into ``otel_metric_overflow`` with no attributes at all).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from mpcache.telemetry import statecheck
 
 OVERFLOW_SALT = "__overflow__"
 CLIENT_LABELS = frozenset({"cache_salt", "model_name"})
@@ -33,6 +35,14 @@ class SaltCap:
             return salt
         return OVERFLOW_SALT
 
+    def save_state(self) -> list[str]:
+        """The admitted salts, for a checkpoint: a restart admits the same ones (and no more than the cap)."""
+        return list(self._admitted)
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        admitted = set(statecheck.items(state, "s", self._cap))
+        return lambda: setattr(self, "_admitted", admitted)
+
 
 class SeriesCap:
     """The admitted attribute sets of one metric: past ``cap``, a new set keeps its service-chosen values and
@@ -52,3 +62,13 @@ class SeriesCap:
             self._admitted.add(values)
             return values
         return tuple(OVERFLOW_SALT if client else value for value, client in zip(values, self._client))
+
+    def save_state(self) -> list[list[str]]:
+        """The admitted attribute sets, for a checkpoint."""
+        return [list(values) for values in self._admitted]
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        admitted = set(statecheck.rows(state, "s" * len(self._client)))
+        if len(admitted) > self._cap:
+            raise ValueError(f"{len(admitted)} attribute sets, the cap is {self._cap}")
+        return lambda: setattr(self, "_admitted", admitted)

@@ -173,7 +173,8 @@ def test_container_serves_an_engine_container_and_stops_clean(image, names):
     assert (True, mpcache_ipcns, 10001) == (report["pid_namespace"] != mpcache_pidns, report["ipc_namespace"],
                                             report["uid"])
     in_shm = docker("exec", engine, "ls", "-a", "/dev/shm").stdout.split()
-    assert 5 == len([name for name in in_shm if name.startswith("mpcache.")]), in_shm  # board, 2 rings, 2 pools
+    assert 6 == len([name for name in in_shm if name.startswith("mpcache.")]), in_shm  # board, telemetry state,
+    # 2 rings, 2 pools
 
     docker("stop", mpcache, timeout=120)
     assert "0" == docker("inspect", "-f", "{{.State.ExitCode}}", mpcache).stdout.strip()

@@ -166,13 +166,12 @@ def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(s
     """kill -9 of the telemetry process while clients store: the supervisor starts a new one (a second
     ``child.started`` for telemetry, another pid), the cache processes keep serving without a single
     error, and after the load ends the new process's ``lmcache_mp_l1_write_chunks_total`` per cache_salt
-    equals exactly what the clients stored from the moment the old process stopped consuming — through
-    the outage and after the restart — with no ring overflow (0 dropped, on /metrics and in the rings).
+    equals exactly what the clients stored over the whole run — before the kill, through the outage and
+    after the restart: it went on from the killed one's checkpoint in the supervisor's state segment, no
+    reset — with no ring overflow (0 dropped, on /metrics and in the rings) and no checkpoint refused.
 
-    Method: the first phase is drained and checked, then the telemetry process is SIGSTOPped (its ring
-    cursors are frozen at a known point: everything before was counted by it) and SIGKILLed while the
-    load runs.  A counter is per telemetry process: what the killed one had counted is a counter reset
-    for Prometheus, not a loss; every event from its saved cursors on must reach the new one."""
+    Method: the first phase is drained and checked, then the telemetry process is SIGSTOPped (nothing it
+    read after its last checkpoint is released to the producers) and SIGKILLed while the load runs."""
     service = start_service("--workers", "2", *SMALL)
     service.ready(2)
     salts = ("tenant-a", "tenant-b", "tenant-c")
@@ -192,9 +191,10 @@ def test_telemetry_killed_under_load_loses_nothing_published_while_it_was_down(s
     at_restart = [load.requests for load in loads]
     for load, before in zip(loads, at_restart):
         load.wait_requests(before + 50)  # and more after the restart
-    expected = total(*[load.stop() for load in loads])
+    expected = total(*phase1, *[load.stop() for load in loads])
 
     scrape = drained_to(service, expected)
+    assert 0 == scrape.total("mpcache_telemetry_checkpoint_refused_total")
     assert [[], []] == [load.errors for load in loads]
     assert 2 == len(service.pids("telemetry")) and old not in new
     assert [-signal.SIGKILL] == [line["exit_status"] for line in service.lines("child.exited", child_role="telemetry")]
@@ -270,7 +270,7 @@ def test_cache_process_killed_mid_record_is_restarted_and_the_torn_record_counte
 
 def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_service) -> None:
     """SIGTERM to the supervisor while clients store: exit status 0 within 15 s, every child exited 0
-    (none had to be killed), the 5 segments of a 2-worker instance were unlinked (nothing of its pid is
+    (none had to be killed), the 6 segments of a 2-worker instance were unlinked (nothing of its pid is
     left in /dev/shm), and the runtime dir with its sockets is gone."""
     service = start_service("--workers", "2", *SMALL)
     service.ready(2)
@@ -278,7 +278,7 @@ def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_serv
     for load in loads:
         load.wait_requests(30)
     sockets = [Path(service.socket(w)) for w in range(2)]
-    assert 5 == len(service.shm_entries())
+    assert 6 == len(service.shm_entries())
 
     started = time.monotonic()
     service.process.send_signal(signal.SIGTERM)
@@ -295,7 +295,7 @@ def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_serv
     exits = {(line["child_role"], line["index"]): line["exit_status"] for line in service.lines("child.exited")}
     assert {("telemetry", 0): 0, ("cache", 0): 0, ("cache", 1): 0} == exits
     assert [] == service.lines("child.killed")
-    assert [5] == [line["segments_removed"] for line in service.lines("supervisor.stopped")]
+    assert [6] == [line["segments_removed"] for line in service.lines("supervisor.stopped")]
 
 
 def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_service) -> None:

@@ -48,8 +48,10 @@ def ring_cells(service: Service) -> np.ndarray:
 
 
 def drained(service: Service) -> int:
-    """Wait until the telemetry process consumed everything in cache[0]'s ring; returns its head."""
-    counters = wait_for(lambda: (c := service.ring_counters(0)).tail == c.head and c, 30, "the ring to drain")
+    """Wait until the telemetry process consumed and released everything in cache[0]'s ring (a scrape makes it
+    read on and checkpoint, which releases what it read); returns its head."""
+    counters = wait_for(lambda: service.scrape() and (c := service.ring_counters(0)).tail == c.head and c, 30,
+                        "the ring to drain")
     return counters.head
 
 

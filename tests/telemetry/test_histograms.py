@@ -7,7 +7,7 @@ import bisect
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from mpcache.telemetry import histograms
+from mpcache.telemetry import histograms, sdkstate
 from mpcache.telemetry.buffered import InstrumentBuffer
 
 BOUNDS = [0.5, 1.0, 2.0, 4.0, 8.0]
@@ -92,12 +92,28 @@ def test_merged_bucket_counts_equal_per_sample_recording():
     assert histograms._fast_path_ok
 
 
+def _record_many(histogram) -> None:
+    """The same samples through histograms.record_many, one call per attribute set."""
+    for model in ("m", "n"):
+        histograms.record_many(histogram, {"device": "cpu", "model_name": model},
+                               [value for i, value in enumerate(VALUES) if ("m" if i % 3 else "n") == model])
+
+
 def test_fallback_records_every_sample(monkeypatch):
-    """When the SDK internals do not fit, every sample is still recorded (one call each)."""
+    """When the SDK internals do not fit, record_many still records every sample (one call each)."""
     monkeypatch.setattr(histograms, "_fold_into_aggregations", lambda *args: False)
     monkeypatch.setattr(histograms, "_fast_path_ok", True)
-    assert _points(_one_by_one) == _points(_batched)
+    assert _points(_one_by_one) == _points(_record_many)
     assert not histograms._fast_path_ok
+
+
+def test_a_buffer_whose_direct_writes_are_refused_goes_through_the_sdk_calls(monkeypatch):
+    """When the SDK takes no direct write of a series, the buffer's flush makes the SDK's own calls: the same
+    points, the sum to float rounding."""
+    monkeypatch.setattr(sdkstate, "write_histogram", lambda *args: False)
+    points, expected = _points(_batched), _points(_one_by_one)
+    assert [p[:2] + p[3:] for p in expected] == [p[:2] + p[3:] for p in points]
+    assert all(abs(p[2] - q[2]) < 1e-9 for p, q in zip(points, expected))
 
 
 def test_buffered_counter_sums_reach_the_sdk_on_flush():

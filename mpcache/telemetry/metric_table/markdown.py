@@ -86,6 +86,7 @@ def describe(source: Source) -> str:
         d.GAUGE_SUM: " + ".join(words) + ", summed over live processes",
         d.GAUGE_RATIO: " over ".join(words) + ", each summed over live processes",
         d.BUS_STATE: "read from the rings and the bus",
+        d.CHECKPOINT: "read from the telemetry process's checkpoint, which saves it too",
         d.SLOT_COUNT: "the gauge board's slots, one per configured cache process",
         d.LIVE_SLOT_COUNT: f"the slots whose {', '.join(words)} is at most 2 s old",
         d.RESTART_COUNT: f"cache: {', '.join(words)} summed over every slot; telemetry: the board header's count",
@@ -109,6 +110,8 @@ def _origin(label: Label) -> str:
         return f"{label.name} per configured adapter"
     if label.origin is Origin.BUS:
         return f"{label.name} per subscriber"
+    if label.origin is Origin.CHECKPOINT:
+        return f"{label.name} per refusal reason"
     return f"{label.name} of the {label.origin.value}"
 
 

@@ -40,6 +40,7 @@ class Derivation(enum.Enum):
     GAUGE_SUM = "gauge sum"  # gauge-board word(s) ``Source.words`` summed over live cache processes
     GAUGE_RATIO = "gauge ratio"  # the sum of the first word over the sum of the second
     BUS_STATE = "bus state"  # ring and event-bus state
+    CHECKPOINT = "checkpoint"  # the telemetry process's checkpoint (mpcache.telemetry.checkpoint)
     SLOT_COUNT = "slot count"  # the gauge board's slots: one per configured cache process
     LIVE_SLOT_COUNT = "live slot count"  # the slots whose heartbeat is fresh
     RESTART_COUNT = "restart count"  # the supervisor's restart counts, per child role
@@ -70,7 +71,7 @@ _TABLE_DRIVEN = frozenset({
     Derivation.FALSE_COUNT, Derivation.SALT_COUNT,
 })
 _OBSERVABLE = frozenset({
-    Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.SLOT_COUNT,
+    Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.CHECKPOINT, Derivation.SLOT_COUNT,
     Derivation.LIVE_SLOT_COUNT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD, Derivation.BUILD,
     Derivation.RESOURCE, Derivation.PROCESS,
 })
@@ -84,6 +85,7 @@ class Origin(enum.Enum):
     SAMPLED_KEY = "sampled key"  # the cache_salt or model_name of a sampled chunk key (``Label.field``)
     CONFIG = "configuration"  # the configured L2 adapters: their type name or position
     BUS = "event bus"  # a subscriber's name
+    CHECKPOINT = "checkpoint"  # why a checkpoint was refused
     ANALYSIS = "sampled-history analysis"  # a tier, a capacity ratio or a miss reason (docs/MRC.md)
     SLOT = "gauge-board slot"  # the slot's index, which is the cache process's worker index
     CHILD = "child process"  # the role of a child of the supervisor (cache, telemetry)
@@ -99,6 +101,7 @@ class State(enum.Enum):
     SERVER = "server state"
     BUS = "bus state"
     SUPERVISOR = "supervisor state"
+    TELEMETRY = "telemetry state"
     BUILD = "build"
     RESOURCE = "resource"
     PROCESS = "process state"

@@ -253,6 +253,21 @@ SECTIONS: tuple[Section, ...] = (
            "Subscriber callbacks that raised, by subscriber name (its class name, or the name of a table section's "
            "counters subscriber)."),
     )),
+    Section("Checkpoint", "The telemetry process's checkpoint", False, (
+        _m("mpcache.telemetry_checkpoint_refused", "mpcache_telemetry_checkpoint_refused_total", OBSERVABLE_COUNTER,
+           "", Source(Derivation.CHECKPOINT, state=State.TELEMETRY, labels=(Label("reason", Origin.CHECKPOINT),)),
+           "Checkpoints a starting telemetry process found and did not load, by reason (format: not a state "
+           "segment of this build; corrupt: no record passes its checksum; foreign: written by another build or "
+           "configuration; invalid: does not decode; stale: older than what the rings already released): it "
+           "started from zero, a reset of every counter."),
+        _m("mpcache.telemetry_checkpoint_failures", "mpcache_telemetry_checkpoint_failures_total",
+           OBSERVABLE_COUNTER, "", Source(Derivation.CHECKPOINT, state=State.TELEMETRY),
+           "Checkpoints that could not be written (the state outgrew --telemetry-state-size): a restart before the "
+           "next one that is starts from zero."),
+        _m("mpcache.telemetry_checkpoint_bytes", "mpcache_telemetry_checkpoint_bytes", OBSERVABLE_GAUGE, "bytes",
+           Source(Derivation.CHECKPOINT, state=State.TELEMETRY),
+           "Size of the last checkpoint written, against --telemetry-state-size."),
+    )),
     Section("State", "Server, L1 and L2 state", True, (
         _m("lmcache_mp.active_prefetch_jobs", "lmcache_mp_active_prefetch_jobs", OBSERVABLE_GAUGE, "",
            _state(Derivation.GAUGE_SUM, State.SERVER, "G_ACTIVE_PREFETCH"),

@@ -18,10 +18,11 @@ import bisect
 import heapq
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 ALL = "*"
@@ -96,7 +97,7 @@ class CurveSet:
         self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
         self._stack = ReuseStack(max_keys + 2, strata=2)
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
-        self._forgotten: dict[int, None] = {}  # hash() of the keys pruned for depth, oldest first
+        self._forgotten: dict[Row, None] = {}  # the keys pruned for depth, oldest first
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
         # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
         # chunks asked for again after L1 evicted them
@@ -146,7 +147,7 @@ class CurveSet:
                 held = True
                 bucket = bisect.bisect_left(edges, stack.weighted_above(entry[0], weights) + entry[1])
             else:
-                held = bool(forgotten) and hash(row) in forgotten
+                held = bool(forgotten) and row in forgotten
                 bucket = len(edges)
             for histogram in histograms:
                 histogram.counts[bucket] += weight
@@ -205,7 +206,7 @@ class CurveSet:
     def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
         self._stack.touch(row, nbytes, stratum)
         if self._forgotten:
-            self._forgotten.pop(hash(row), None)
+            self._forgotten.pop(row, None)
         keys = self._strata[stratum]
         heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
         keys.keys += 1
@@ -218,7 +219,7 @@ class CurveSet:
         """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway."""
         for row, stratum in self._stack.prune(self._edges[-1], self._weights()) if self._edges else ():
             self._strata[stratum].keys -= 1
-            self._forgotten[hash(row)] = None
+            self._forgotten[row] = None  # type: ignore[index]
         for index in (HEAD, SAMPLED):  # the pruned keys' heap entries are stale now
             self._compact(index)
         if len(self._forgotten) > FORGOTTEN_PER_KEY * self.max_keys:  # keep the newer half (amortised O(1))
@@ -267,6 +268,57 @@ class CurveSet:
         if histogram is None:
             histogram = self._curves[(model, salt)] = Histogram(len(self._edges) + 1)
         return histogram
+
+    # -- the telemetry process's checkpoint (under ``lock``) ------------------------------------------------
+
+    def save_state(self) -> dict[str, Any]:
+        """Everything the curves and the miss reasons go on from: the strata's rates, the tracked keys in stack
+        order (their sizes and strata), the forgotten keys, every curve, the models' object sizes."""
+        return {"strata": [[stratum.threshold, stratum.keys] for stratum in self._strata],
+                "stack": [[*cast(Row, key), nbytes, stratum] for key, (_, nbytes, stratum) in self._stack.entries()],
+                "forgotten": [list(row) for row in self._forgotten],
+                "curves": [[model, salt, h.counts, h.total, h.sampled_accesses]
+                           for (model, salt), h in self._curves.items()],
+                "object_bytes": [[model, size] for model, size in self._object_bytes.items()],
+                "misses": [[*key, value] for key, value in self.misses.items()],
+                "regret": [[*key, value] for key, value in self.regret.items()]}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        """Check a :meth:`save_state` of a curve set of this configuration; returns the step adopting it."""
+        saved = statecheck.fields(state, strata="l", stack="l", forgotten="l", curves="l", object_bytes="l",
+                                  misses="l", regret="l")
+        strata = statecheck.rows(saved["strata"], "fi")
+        stack = [((h, s, m), nbytes, stratum) for h, s, m, nbytes, stratum in statecheck.rows(saved["stack"], "issii")]
+        forgotten = dict.fromkeys(statecheck.rows(saved["forgotten"], "iss"))
+        curves = {(model, salt): (counts, total, sampled)
+                  for model, salt, counts, total, sampled in statecheck.rows(saved["curves"], "sslfi")}
+        buckets = len(self._edges) + 1
+        if (len(strata) != len(self._strata) or len(stack) > 2 * self.max_keys + 16 or (ALL, ALL) not in curves
+                or len(curves) > self.max_tenants + 2
+                or any(len(c) != buckets or not all(statecheck.fits(x, "f") for x in c) for c, _, _ in curves.values())
+                or any(not 0 <= stratum < len(self._strata) or not 0 <= nbytes <= MAX_KEY_BYTES
+                       for _, nbytes, stratum in stack)):
+            raise ValueError("not the curves of this configuration")
+        object_bytes = dict(statecheck.rows(saved["object_bytes"], "si"))
+        misses = statecheck.rows(saved["misses"], "sssf")
+        regret = statecheck.rows(saved["regret"], "ssf")
+
+        def adopt() -> None:
+            self._stack.load(stack)
+            for stratum, (threshold, keys) in zip(self._strata, strata):
+                stratum.threshold, stratum.keys = threshold, keys
+            for index, stratum in enumerate(self._strata):
+                stratum.heap = [(-(key[0] % SAMPLE_MODULUS), key) for key, _, of in stack if of == index]
+                heapq.heapify(stratum.heap)
+            self._forgotten = forgotten
+            self._curves = {}
+            for tenant, (counts, total, sampled) in curves.items():
+                histogram = self._curves[tenant] = Histogram(buckets)
+                histogram.counts, histogram.total, histogram.sampled_accesses = counts, total, sampled
+            self._object_bytes = object_bytes
+            self.misses = defaultdict(float, {(r, m, s): v for r, m, s, v in misses})
+            self.regret = defaultdict(float, {(m, s): v for m, s, v in regret})
+        return adopt
 
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ access slots (renumbered when the slots run out; the tree steps are compiled whe
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 from mpcache.telemetry.mrc import fenwick
 
@@ -49,6 +49,20 @@ class ReuseStack:
 
     def keys_in(self, stratum: int) -> list[Hashable]:
         return [key for key, (_, _, of) in self._entry.items() if of == stratum]
+
+    def entries(self) -> Iterable[tuple[Hashable, tuple[int, int, int]]]:
+        """Every key with its (slot, bytes, stratum), least recently used first (every touch re-inserts its
+        key with the next slot, and a renumbering keeps their order)."""
+        return self._entry.items()
+
+    def load(self, entries: Iterable[tuple[Hashable, int, int]]) -> None:
+        """Replace the keys with ``entries`` ((key, bytes, stratum), least recently used first)."""
+        self._trees = [_empty_tree(self._slots) for _ in self._trees]
+        self._entry = {}
+        self._next = 1
+        self.total_bytes = [0] * len(self._trees)
+        for key, nbytes, stratum in entries:
+            self.touch(key, nbytes, stratum)
 
     def touch(self, key: Hashable, nbytes: int, stratum: int = 0) -> None:
         """``key`` (of ``nbytes``, in ``stratum``) becomes the most recently used."""

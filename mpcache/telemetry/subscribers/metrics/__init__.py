@@ -19,6 +19,7 @@ from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
 from mpcache.telemetry.bus import EventBus, Subscriber
+from mpcache.telemetry.checkpoint import Checkpoint
 from mpcache.telemetry.pump import Pump
 from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
 from mpcache.telemetry.subscribers.metrics.event_bus import (
@@ -48,15 +49,16 @@ def build_metrics_subscribers(
     bus: EventBus,
     gauge_reader: GaugeBoardReader | None,
     readiness: GaugeBoardReader | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> list[Subscriber]:
     """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
 
     Without a ``gauge_reader`` (tests) the gauge-board gauges are not created, without ``readiness`` (the
-    reader whose staleness decides "ready") the service's gauges.
+    reader whose staleness decides "ready") the service's gauges.  With a ``checkpoint`` the subscribers go on
+    from the state it holds, and every flush of the bus writes it.
     """
-    buffer = InstrumentBuffer()
+    buffer = InstrumentBuffer(started_ns=checkpoint.started_ns if checkpoint is not None else None)
     meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
-    bus.add_flusher(buffer.flush, buffer.full)
     cap = config.cache_salt_cap
     l2_names = [config.l2_name(index) for index in range(len(config.l2))]
     series = config.metric_series_cap
@@ -67,7 +69,7 @@ def build_metrics_subscribers(
         L0L1ThroughputSubscriber(meter, series_cap=series),
         L2ThroughputSubscriber(meter),
         L0LifecycleSubscriber(meter, series_cap=series),
-        EventBusSelfMetricsSubscriber(meter, pump, bus),
+        EventBusSelfMetricsSubscriber(meter, pump, bus, checkpoint),
         LMCacheRequestTimesSubscriber(meter),
         MissRatioSubscriber(meter, config),
     ]
@@ -76,5 +78,9 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
-    buffer.flush()  # the zero-valued counters exist from start-up
+    if checkpoint is not None:
+        checkpoint.bind(pump, bus, buffer, subscribers)  # and flushes: the zero-valued counters exist from start-up
+    else:
+        bus.add_flusher(buffer.flush, buffer.full)
+        buffer.flush()  # the zero-valued counters exist from start-up
     return subscribers

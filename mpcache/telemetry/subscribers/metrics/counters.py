@@ -25,7 +25,7 @@ section (the name ``event_bus.subscriber_exceptions`` reports).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from mpcache.contract.events import SCHEMAS, EventType, FieldKind
 from mpcache.telemetry.batch import EventBatch, group_sums
 from mpcache.telemetry.buffered import MeterLike
-from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.bus import Subscriber, run_all
 from mpcache.telemetry.metric_table import SECTIONS, Derivation, Label, Origin, Section, Source
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
@@ -45,9 +45,10 @@ _D = Derivation
 class _Counter:
     """One table-driven counter: its instrument, what it sums and how its attributes are capped."""
 
-    __slots__ = ("instrument", "derivation", "field", "names", "caps", "series")
+    __slots__ = ("name", "instrument", "derivation", "field", "names", "caps", "series")
 
-    def __init__(self, instrument: Any, source: Source, salt_cap: int, series_cap: int) -> None:
+    def __init__(self, name: str, instrument: Any, source: Source, salt_cap: int, series_cap: int) -> None:
+        self.name = name
         self.instrument = instrument
         self.derivation = source.derivation
         self.field = source.field
@@ -172,7 +173,8 @@ class TableCountersSubscriber(Subscriber):
         self._section = section
         plans: dict[tuple[object, ...], _Plan] = {}
         for spec in section.counters:
-            counter = _Counter(create_instrument(meter, spec.otel_name), spec.source, salt_cap, series_cap)
+            counter = _Counter(spec.otel_name, create_instrument(meter, spec.otel_name), spec.source, salt_cap,
+                               series_cap)
             plans.setdefault(_Plan.key(spec.source), _Plan(spec.source)).counters.append(counter)
             if not counter.names:
                 counter.instrument.add(0)
@@ -181,6 +183,9 @@ class TableCountersSubscriber(Subscriber):
                     counter.instrument.add(0, {"l2_name": l2_name})
         self._plans = list(plans.values())
         self.event_types = tuple(dict.fromkeys(etype for plan in self._plans for etype in plan.events))
+        # the counters whose attribute values are capped: what a checkpoint saves of this subscriber
+        self._capped = {counter.name: counter for plan in self._plans for counter in plan.counters
+                        if counter.series is not None or any(counter.caps)}
 
     @property
     def name(self) -> str:
@@ -191,6 +196,32 @@ class TableCountersSubscriber(Subscriber):
         for plan in self._plans:
             if not plan.etype_ids.isdisjoint(present):
                 plan.run(batch)
+
+    def save_state(self) -> object:
+        """Per capped counter, the cache_salt values (per attribute) and attribute sets it admitted."""
+        return {name: [[cap.save_state() if cap else None for cap in counter.caps],
+                       counter.series.save_state() if counter.series else None]
+                for name, counter in self._capped.items()}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        if type(state) is not dict or set(state) != set(self._capped):
+            raise ValueError("not the capped counters of this section")
+        steps: list[Callable[[], None]] = []
+        for name, counter in self._capped.items():
+            entry = state[name]
+            if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not list:
+                raise ValueError(f"{name}: not a counter's caps")
+            caps, series = entry
+            if len(caps) != len(counter.caps) or (series is None) != (counter.series is None):
+                raise ValueError(f"{name}: not its caps")
+            for cap, saved in zip(counter.caps, caps):
+                if (cap is None) != (saved is None):
+                    raise ValueError(f"{name}: not its caps")
+                if cap is not None:
+                    steps.append(cap.load_state(saved))
+            if counter.series is not None:
+                steps.append(counter.series.load_state(series))
+        return lambda: run_all(steps)
 
 
 COUNTER_SECTIONS: tuple[Section, ...] = tuple(section for section in SECTIONS if section.counters)

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -93,6 +94,23 @@ class L0L1ThroughputSubscriber(Subscriber):
                 capped = self._series((str(engine), name(device), name(model)))
                 attrs = attributes[(engine, device, model)] = dict(zip(("engine_id", "device", "model_name"), capped))
             self._record[direction](attrs, values)
+
+    def save_state(self) -> object:
+        """The STARTs waiting for their END, oldest first, and the attribute sets admitted."""
+        return {"pending": [[*key, started_ns] for key, started_ns in self._pending.items()],
+                "series": self._series.save_state()}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, pending="l", series="l")
+        pending = {(d, s, dev, e, p): ns for d, s, dev, e, p, ns in statecheck.rows(saved["pending"], "sbiiii")}
+        if len(pending) > self._max_pending or not {key[0] for key in pending} <= set(_STARTS.values()):
+            raise ValueError("not the pending STARTs of this subscriber")
+        series = self._series.load_state(saved["series"])
+
+        def adopt() -> None:
+            self._pending = pending
+            series()
+        return adopt
 
     def on_tick(self, now_ns: int) -> None:
         pending = self._pending

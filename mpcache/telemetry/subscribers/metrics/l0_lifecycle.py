@@ -28,8 +28,10 @@ at most ``max_tracked`` blocks, the least recently touched dropped first
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -88,6 +90,34 @@ class L0LifecycleSubscriber(Subscriber):
             attributes = {"instance_id": values[0], "model_name": values[1]}
             for request_id, block_id, token_hash in event.blocks:
                 self._allocated((instance_id, block_id), request_id, token_hash, attributes, event.timestamp_ns)
+
+    def save_state(self) -> object:
+        """The tracked blocks, least recently touched first (the request index is rebuilt from their owners),
+        and the attribute sets admitted."""
+        return {"blocks": [[*key, b.token_hash, b.attributes["instance_id"], b.attributes["model_name"],
+                            b.allocated_ns, b.last_access_ns, b.released_ns, list(b.owners)]
+                           for key, b in self._blocks.items()],
+                "series": self._series.save_state()}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, blocks="l", series="l")
+        blocks: OrderedDict[BlockKey, _Block] = OrderedDict()
+        by_request: dict[str, set[BlockKey]] = {}
+        for instance, block_id, token, attr_instance, attr_model, allocated, last, released, owners in (
+                statecheck.rows(saved["blocks"], "iiissiinS")):
+            block = _Block(token, {"instance_id": attr_instance, "model_name": attr_model}, allocated, "")
+            block.last_access_ns, block.released_ns, block.owners = last, released, set(owners)
+            blocks[(instance, block_id)] = block
+            for owner in owners:
+                by_request.setdefault(owner, set()).add((instance, block_id))
+        if len(blocks) > self._max_tracked:
+            raise ValueError("more blocks than this subscriber tracks")
+        series = self._series.load_state(saved["series"])
+
+        def adopt() -> None:
+            self._blocks, self._by_request = blocks, by_request
+            series()
+        return adopt
 
     def _allocated(self, key: BlockKey, request_id: str, token_hash: int, attributes: dict[str, str],
                    now_ns: int) -> None:

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -89,6 +91,24 @@ class L1LifecycleSubscriber(Subscriber):
             if evicted_at.get(key) == evicted_ns:
                 del evicted_at[key]
                 self._evict_reuse_gap.record(self._cap_s)
+
+    def save_state(self) -> object:
+        """The tracked keys, least recently touched first, and the evictions waiting for a rewrite."""
+        return {"live": [[*key, allocated, last] for key, (allocated, last) in self._live.items()],
+                "evicted": [[*key, evicted_ns] for key, evicted_ns in self._evicted_at.items()]}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, live="l", evicted="l")
+        live = OrderedDict(((h, s, m), [a, t]) for h, s, m, a, t in statecheck.rows(saved["live"], "issii"))
+        evicted = {(h, s, m): ns for h, s, m, ns in statecheck.rows(saved["evicted"], "issi")}
+        if max(len(live), len(evicted)) > self._max_tracked:
+            raise ValueError("more keys than this subscriber tracks")
+
+        def adopt() -> None:
+            self._live, self._evicted_at = live, evicted
+            self._expiry = [(evicted_ns, key) for key, evicted_ns in evicted.items()]
+            heapq.heapify(self._expiry)
+        return adopt
 
     def _touched(self, key: ChunkKey, now_ns: int, *, is_write: bool) -> None:
         if is_write:

@@ -23,11 +23,13 @@ a SUBMITTED and its COMPLETED in one batch pair correctly.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import HistogramLike, MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -94,6 +96,17 @@ class L2ThroughputSubscriber(Subscriber):
             if started_ns + self._ttl_ns > now_ns:
                 break
             del pending[key]
+
+    def save_state(self) -> object:
+        """The SUBMITTEDs waiting for their COMPLETED, oldest first."""
+        return [[*key, started_ns, nbytes] for key, (started_ns, nbytes) in self._pending.items()]
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        pending = OrderedDict(((kind, producer, a, b), (ns, nbytes))
+                              for kind, producer, a, b, ns, nbytes in statecheck.rows(state, "siiiii"))
+        if len(pending) > self._max_pending or not {key[0] for key in pending} <= {"store", "load"}:
+            raise ValueError("not the pending tasks of this subscriber")
+        return lambda: setattr(self, "_pending", pending)
 
     def _remember(self, key: tuple[str | int, ...], now_ns: int, nbytes: int) -> None:
         pending = self._pending

@@ -18,6 +18,7 @@ from typing import Any
 from mpcache.contract.events import SCHEMAS
 from mpcache.contract.events import EventType as E
 from mpcache.contract.request_times import BUCKET_FIELDS, BUCKETS_S, SUMMARY_FIELDS
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -40,6 +41,18 @@ class LMCacheRequestTimesSubscriber(Subscriber):
         self._record: Callable[..., None] = buffered or functools.partial(record_buckets, histogram)
         self._ops: set[str] = set()
         self.rejected = 0
+
+    def save_state(self) -> object:
+        """The op values kept apart, and the events dropped."""
+        return {"ops": list(self._ops), "rejected": self.rejected}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, ops="l", rejected="i")
+        ops = set(statecheck.items(saved["ops"], "s", MAX_OPS))
+
+        def adopt() -> None:
+            self._ops, self.rejected = ops, saved["rejected"]
+        return adopt
 
     def on_batch(self, batch: EventBatch) -> None:
         name = batch.names.name

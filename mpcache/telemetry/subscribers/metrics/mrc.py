@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
@@ -133,6 +134,23 @@ class MissRatioSubscriber(Subscriber):
             with self.curves.lock:
                 self.curves.decay(0.5 ** ((now - self._decayed_at) / self._half_life_s))
         self._decayed_at = now
+
+    def save_state(self) -> object:
+        """The curves and miss reasons' history, and when they last decayed (wall clock: a restart decays them
+        over the time it took too)."""
+        with self.curves.lock:
+            curves = self.curves.save_state()
+        return {"curves": curves, "decayed_at_ns": time.time_ns() - int((self._clock() - self._decayed_at) * 1e9)}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, curves="d", decayed_at_ns="i")
+        curves = self.curves.load_state(saved["curves"])
+
+        def adopt() -> None:
+            with self.curves.lock:
+                curves()
+            self._decayed_at = self._clock() - max(0, time.time_ns() - saved["decayed_at_ns"]) / 1e9
+        return adopt
 
     def _hit_ratios(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self.curves.lock:

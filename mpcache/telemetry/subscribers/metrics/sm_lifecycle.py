@@ -13,13 +13,15 @@ in one record (tensor-parallel fan-out) counts once.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
-from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.bus import Subscriber, run_all
 from mpcache.telemetry.otel import create_instrument
 from mpcache.telemetry.salts import SaltCap
 from mpcache.telemetry.subscribers.metrics._views import SampledRow, salt_rows, sampled_rows
@@ -52,6 +54,26 @@ class SMLifecycleSubscriber(Subscriber):
             for salt_id, total in zip(distinct.tolist(), totals.tolist()):
                 salt = batch.names.name(salt_id)
                 self._accesses[salt] = self._accesses.get(salt, 0) + int(total)
+
+    def save_state(self) -> object:
+        """Per cache_salt its access count, the last access of each tracked key (least recent first), and the
+        cache_salt values each histogram admitted."""
+        return {"accesses": [[salt, count] for salt, count in self._accesses.items()],
+                "last": [[*key, ns, position] for key, (ns, position) in self._last.items()],
+                "seconds_cap": self._seconds_cap.save_state(), "objects_cap": self._objects_cap.save_state()}
+
+    def load_state(self, state: object) -> Callable[[], None]:
+        saved = statecheck.fields(state, accesses="l", last="l", seconds_cap="l", objects_cap="l")
+        accesses = dict(statecheck.rows(saved["accesses"], "si"))
+        last = OrderedDict(((h, s, m), (ns, p)) for h, s, m, ns, p in statecheck.rows(saved["last"], "issii"))
+        if len(last) > self._max_tracked:
+            raise ValueError("more keys than this subscriber tracks")
+        caps = (self._seconds_cap.load_state(saved["seconds_cap"]), self._objects_cap.load_state(saved["objects_cap"]))
+
+        def adopt() -> None:
+            self._accesses, self._last = accesses, last
+            run_all(caps)
+        return adopt
 
     def _record(self, batch: EventBatch, samples: list[SampledRow], heads: np.ndarray, salt_ids: np.ndarray,
                 counts: np.ndarray) -> None:

@@ -1,0 +1,197 @@
+"""The telemetry process's state across its restarts: every series as exported (value, bucket counts, sum,
+extremes, start time), every metrics subscriber's state, the bus's own counts, and the ring positions all of
+them cover, saved as one msgpack record of the supervisor's state segment (:mod:`mpcache.shm.checkpoint`).
+
+A checkpoint is written at every flush of the bus (before each scrape, every second with an OTLP exporter,
+every 10 s without one, and whenever a ring holds a quarter of its cells read but not released), in this
+order: the pending counts are folded into the series, the record is written, the SDK is given the new values,
+and only then are the rings released up to the positions the record holds.  So nothing exported ever runs
+ahead of the newest record, and the ring still holds everything after it: a telemetry process killed at any
+instant is followed by one that loads that record, reads the rings again from its positions, and exports
+exactly what an uninterrupted one would — never less, nothing twice, the same start times.  A record that
+cannot be loaded (torn: the previous one is used; corrupt, of another build or configuration, undecodable,
+or older than what the rings already released) is refused with one log line and counted in
+``mpcache_telemetry_checkpoint_refused_total``: the process starts from zero, the one reset there is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+
+from mpcache import __version__
+from mpcache.config import Config
+from mpcache.errors import LayoutMismatchError
+from mpcache.shm.checkpoint import CheckpointRefused, StateStore, format_state_segment
+from mpcache.shm.segment import Segment
+from mpcache.telemetry import metric_table, statecheck
+from mpcache.telemetry.buffered import InstrumentBuffer
+from mpcache.telemetry.bus import EventBus, Subscriber
+from mpcache.telemetry.pump import Pump
+
+# What a record holds and how each subscriber's part reads: bump it when either changes meaning (a record of
+# another format is refused, never misread).
+FORMAT = 1
+REFUSAL_REASONS = ("format", "corrupt", "foreign", "invalid", "stale")
+FAILURE_LOG_INTERVAL_S = 60.0
+_LOAD_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError)
+
+
+def format_tag(config: Config) -> bytes:
+    """What a record's payload means: this format, this build and its metric table, this configuration (the
+    L2 secret left out)."""
+    digest = hashlib.blake2b(digest_size=16, person=b"mpcache-ckpt")
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "l2_secret"}
+    digest.update(repr((FORMAT, __version__, sorted(settings.items()))).encode())
+    digest.update(repr([(s.otel_name, s.instrument, s.buckets) for s in metric_table.METRICS]).encode())
+    return digest.digest()
+
+
+def _decode(payload: bytes) -> dict[str, Any]:
+    """A record's payload as the fields it must have; msgpack's limits are the payload's own length."""
+    def no_extensions(code: int, data: bytes) -> Any:
+        raise ValueError(f"msgpack extension type {code} in a checkpoint")
+
+    state = msgpack.unpackb(payload, raw=False, strict_map_key=True, ext_hook=no_extensions)
+    return statecheck.fields(state, started="i", rings="l", series="l", subscribers="d", exceptions="l",
+                             unknown_records="i", refused="l", failures="i")
+
+
+class Checkpoint:
+    """The telemetry process's side of the state segment: :meth:`open` at start, :meth:`bind` once the metrics
+    subscribers exist (it loads what the record holds into them and registers :meth:`flush` with the bus)."""
+
+    def __init__(self, store: StateStore, tag: bytes, log: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store, self._tag, self._log, self._clock = store, tag, log, clock
+        self._saved: dict[str, Any] | None = None  # the record found at open, until bind loads it
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.failures = 0
+        self.last_bytes = 0  # the size of the last record written
+        self.bound = False  # bind() is done: the counts the record held are loaded
+        self._failure_logged_at = -FAILURE_LOG_INTERVAL_S
+        self._pump: Pump | None = None
+        self._bus: EventBus | None = None
+        self._buffer: InstrumentBuffer | None = None
+        self._subscribers: list[Subscriber] = []
+
+    @classmethod
+    def open(cls, config: Config, log: Any) -> Checkpoint | None:
+        """Attach the state segment and read its newest whole record (refusing what cannot be loaded); None,
+        with a warning, when there is no state segment (a restart then starts every counter from zero)."""
+        try:
+            segment = Segment.attach(config.telemetry_state_name())
+        except LayoutMismatchError as exc:
+            log.warning("telemetry.no_checkpoint", reason=str(exc),
+                        consequence="a restart of the telemetry process starts every counter from zero")
+            return None
+        refusal = None
+        try:
+            store = StateStore(segment)
+        except LayoutMismatchError as exc:  # not a state segment of this build: ours to format again
+            refusal = CheckpointRefused("format", str(exc))
+            format_state_segment(segment, config.telemetry_state_bytes)
+            store = StateStore(segment)
+        checkpoint = cls(store, format_tag(config), log)
+        try:
+            if refusal is not None:
+                raise refusal
+            record = store.latest(checkpoint._tag)
+            if record is not None:
+                checkpoint._saved = _decode(record.payload)
+                log.info("telemetry.checkpoint_found", sequence=record.sequence, bytes=len(record.payload),
+                         age_s=round(max(0, time.time_ns() - record.written_ns) / 1e9, 3))
+        except CheckpointRefused as exc:
+            checkpoint._refuse(exc.reason, exc.detail)
+        except (*_LOAD_ERRORS, msgpack.UnpackException) as exc:
+            checkpoint._refuse("invalid", f"the record does not decode: {exc}")
+        return checkpoint
+
+    @property
+    def started_ns(self) -> int | None:
+        """When the series of the process this one goes on from started (None: they start now)."""
+        return None if self._saved is None else int(self._saved["started"])
+
+    def bind(self, pump: Pump, bus: EventBus, buffer: InstrumentBuffer, subscribers: Sequence[Subscriber]) -> None:
+        """Load the record into the series, the subscribers, the bus and the pump (all of it or, refused,
+        nothing), hold the rings for the checkpoints to release, and write the first one."""
+        self._pump, self._bus, self._buffer, self._subscribers = pump, bus, buffer, list(subscribers)
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            try:
+                self._load(saved)
+            except CheckpointRefused as exc:
+                self._refuse(exc.reason, exc.detail)
+                buffer.restart_series()
+            except _LOAD_ERRORS as exc:
+                self._refuse("invalid", f"{type(exc).__name__}: {exc}")
+                buffer.restart_series()
+        pump.holds_rings = True
+        bus.add_flusher(self.flush, buffer.full)
+        self.flush()
+        self.bound = True
+
+    def _load(self, saved: dict[str, Any]) -> None:
+        """Check everything first, then adopt it (the adopting steps cannot fail)."""
+        assert self._pump is not None and self._bus is not None and self._buffer is not None
+        positions = statecheck.rows(saved["rings"], "ii")
+        if not self._pump.resumable(positions):
+            raise CheckpointRefused("stale", "the rings were released past its positions (a checkpoint was lost) "
+                                             "or are not the rings it read")
+        by_name = {subscriber.name: subscriber for subscriber in self._subscribers}
+        steps = [self._buffer.load_series(saved["series"])]
+        steps += [by_name[name].load_state(state) for name, state in saved["subscribers"].items()]
+        exceptions = dict(statecheck.rows(saved["exceptions"], "si"))
+        refused = dict(statecheck.rows(saved["refused"], "si"))
+        if not set(refused) <= set(REFUSAL_REASONS):
+            raise ValueError(f"unknown refusal reasons {sorted(refused)}")
+        for step in steps:
+            step()
+        self._bus.load_exception_counts(exceptions)
+        self._pump.resume(positions, saved["unknown_records"])
+        self.refused.update(refused)
+        self.failures = saved["failures"]
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self.refused[reason] += 1
+        self._log.error("telemetry.checkpoint_refused", reason=reason, detail=detail,
+                        consequence="the telemetry process starts from zero: every counter resets")
+
+    def flush(self) -> None:
+        """Fold what is pending, write the record, give the SDK its values, release the rings: the bus's
+        flusher.  A record that cannot be written is logged and counted; the rest goes on (the data path never
+        waits for it)."""
+        assert self._pump is not None and self._bus is not None and self._buffer is not None
+        changes = self._buffer.fold()
+        positions = self._pump.positions()
+        unknown = self._pump.unknown_records
+        try:
+            payload = msgpack.packb({
+                "started": self._buffer.started_ns,
+                "rings": positions,
+                "series": self._buffer.save_series(),
+                "subscribers": {s.name: state for s in self._subscribers if (state := s.save_state()) is not None},
+                "exceptions": list(self._bus.save_exception_counts().items()),
+                "unknown_records": unknown,
+                "refused": [[reason, count] for reason, count in self.refused.items() if count],
+                "failures": self.failures,
+            }, use_bin_type=True)
+            self._store.write(payload, self._tag)
+            self.last_bytes = len(payload)
+        except (ValueError, TypeError, OverflowError) as exc:
+            self._failed(exc)
+        self._buffer.publish(changes)
+        self._pump.release(positions, unknown)
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        now = self._clock()
+        if now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            self._failure_logged_at = now
+            self._log.error("telemetry.checkpoint_failed", reason=str(exc), failures=self.failures,
+                            consequence="a restart before the next checkpoint starts every counter from zero",
+                            hint="raise --telemetry-state-size")
