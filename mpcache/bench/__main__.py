@@ -1,6 +1,7 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,scrape,lmcache,isolation,l1,l2,mrc,report} [--json]``; ``report``
-runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and ``isolation`` need LMCache's
-venv (``.ci/lmcache-env``), ``isolation`` valgrind too, and each is left out of the report, saying so, without them.
+"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,l2,mrc,report}
+[--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
+``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, and each is left out of the
+report, saying so, without them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,23 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import drain, e2e, isolation, l1, l2, lmcache, lmcache_servers, mrc, publish, scrape, soak
+from mpcache.bench import (
+    checkpoint,
+    drain,
+    e2e,
+    isolation,
+    l1,
+    l2,
+    lmcache,
+    lmcache_servers,
+    mrc,
+    publish,
+    scrape,
+    soak,
+)
 
-BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "scrape": scrape, "lmcache": lmcache,
-              "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc}
+BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
+              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc}
 MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing)  # a benchmark cannot run
 
 
@@ -56,6 +70,11 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"lag p50 {result['lag_p50_s'] * 1000:.1f} ms, p99 {result['lag_p99_s'] * 1000:.1f} ms; memory "
                 f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
                 verdict]
+    if name == "checkpoint":
+        return [f"the demo's stream at its rate ({result['events_per_s']:,} events/s), side by side: telemetry CPU "
+                f"{result['on_us_per_event']} µs per event with its checkpoint, {result['off_us_per_event']} µs "
+                f"without; {result['checkpoints_per_repetition']:.0f} checkpoints per repetition",
+                f"on/off {result['on_over_off']}", "≤ 1.03", verdict]
     if name == "lmcache":
         cpu = result["cpu"]
         ms = cpu["cpu_ms_per_request"]

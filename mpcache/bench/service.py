@@ -1,6 +1,7 @@
 """``python -m mpcache.bench.service SINK [start-cache flags]``: the service as a benchmark runs it, its cache
-processes publishing into the rings (``ring``: the product, telemetry included), nowhere (``none``) or into
-LMCache's in-process bus (``inprocess``); the last two run no telemetry process.  ``ring-callgrind`` and
+processes publishing into the rings (``ring``: the product, telemetry included; ``ring-unread``: no telemetry
+process reads them), nowhere (``none``) or into LMCache's in-process bus (``inprocess``); the last two run no
+telemetry process.  ``ring-callgrind`` and
 ``none-callgrind`` run the first two's cache process under callgrind (:mod:`mpcache.bench.callgrind_cache`).  The
 supervisor gets the benchmark's cache process through its ``programs`` hook, so that the product names no
 benchmark module.
@@ -19,6 +20,7 @@ from mpcache.supervisor.start import main as start_cache
 
 SINKS = {
     "ring": Programs(),
+    "ring-unread": Programs(telemetry=None),  # the records stay in the rings (mpcache.bench.checkpoint copies them)
     "none": Programs(cache=null_cache.__name__, telemetry=None),
     "inprocess": Programs(cache=reference_cache.__name__, telemetry=None),
     # under callgrind (mpcache.bench.isolation), the ring's or the null publisher's program as its env says

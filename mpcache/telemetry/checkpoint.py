@@ -39,7 +39,7 @@ from mpcache.telemetry.pump import Pump
 FORMAT = 1
 REFUSAL_REASONS = ("format", "corrupt", "foreign", "invalid", "stale")
 FAILURE_LOG_INTERVAL_S = 60.0
-_LOAD_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError)
+_LOAD_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, msgpack.UnpackException)
 
 
 def format_tag(config: Config) -> bytes:
@@ -53,13 +53,9 @@ def format_tag(config: Config) -> bytes:
 
 
 def _decode(payload: bytes) -> dict[str, Any]:
-    """A record's payload as the fields it must have; msgpack's limits are the payload's own length."""
-    def no_extensions(code: int, data: bytes) -> Any:
-        raise ValueError(f"msgpack extension type {code} in a checkpoint")
-
-    state = msgpack.unpackb(payload, raw=False, strict_map_key=True, ext_hook=no_extensions)
-    return statecheck.fields(state, started="i", rings="l", series="l", subscribers="d", exceptions="l",
-                             unknown_records="i", refused="l", failures="i")
+    """A record's payload as the fields it must have."""
+    return statecheck.fields(statecheck.unpack(payload), started="i", rings="l", series="l", subscribers="d",
+                             exceptions="l", unknown_records="i", refused="l", failures="i")
 
 
 class Checkpoint:
@@ -107,7 +103,7 @@ class Checkpoint:
                          age_s=round(max(0, time.time_ns() - record.written_ns) / 1e9, 3))
         except CheckpointRefused as exc:
             checkpoint._refuse(exc.reason, exc.detail)
-        except (*_LOAD_ERRORS, msgpack.UnpackException) as exc:
+        except _LOAD_ERRORS as exc:
             checkpoint._refuse("invalid", f"the record does not decode: {exc}")
         return checkpoint
 

@@ -57,10 +57,8 @@ class Pump:
         self.sources = sources
         self.bus = bus
         # With a checkpoint (telemetry.checkpoint) the rings are released by release() once it covers them;
-        # else after every poll.  A ring holding this many cells read but not released asks for a flush (which
-        # writes the checkpoint), so the producers keep at least 3/4 of every ring.
+        # else after every poll.  See _release_due for when a poll asks for a flush (which writes it).
         self.holds_rings = False
-        self._release_at = [source.reader.capacity // 4 for source in sources]
         self._clock_ns = clock_ns
         self._tick_ns = int(tick_interval_s * 1e9)
         self._next_tick = 0
@@ -94,7 +92,7 @@ class Pump:
                 source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
         if not self.holds_rings:
             self.unknown_released = self.unknown_records
-        elif any(source.reader.unreleased_cells() >= limit for source, limit in zip(self.sources, self._release_at)):
+        elif any(_release_due(source.reader) for source in self.sources):
             self.bus.flush()
         now = self._clock_ns()
         if now >= self._next_tick:
@@ -231,6 +229,15 @@ class Pump:
             counters = read_counters(source.segment)
             total += counters.dropped + counters.torn + counters.malformed
         return total
+
+
+def _release_due(reader: RingReader) -> bool:
+    """Whether a ring held for the checkpoint is to be released now: it holds a quarter of its cells read and not
+    released, or it is half full from its producer's side (a backlog is growing, and what was read must not be
+    what makes it overflow)."""
+    unreleased = reader.unreleased_cells()
+    return unreleased >= reader.capacity // 4 or (
+        unreleased > 0 and reader.pending_cells() + unreleased >= reader.capacity // 2)
 
 
 def _count_heads(reader: RingReader, tail: int, pending: int) -> int:

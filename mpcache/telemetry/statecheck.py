@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
+
 _KINDS: dict[str, tuple[type, ...]] = {"i": (int,), "s": (str,), "b": (bytes,), "f": (int, float), "l": (list,),
                                        "d": (dict,)}
 
@@ -50,3 +52,32 @@ def fields(value: object, **kinds: str) -> dict[str, Any]:
         if not fits(value[name], kind):
             raise ValueError(f"field {name}: expected {kind!r}, got {value[name]!r:.80}")
     return value
+
+
+def entries(value: object, key_kinds: str, value_kinds: str) -> list[tuple[tuple[Any, ...], Any]]:
+    """``value`` as the (key, value) pairs ``list(d.items())`` of a dict keyed by tuples of ``key_kinds`` packs
+    into (a value of one kind as it is, of several as a tuple)."""
+    if type(value) is not list:
+        raise ValueError(f"expected a list of entries, got {type(value).__name__}")
+    single = len(value_kinds) == 1
+    out = []
+    for item in value:
+        if type(item) is not list or len(item) != 2:
+            raise ValueError(f"expected a [key, value] entry, got {item!r:.80}")
+        key, found = item
+        if type(key) is not list or len(key) != len(key_kinds) or not all(map(fits, key, key_kinds)):
+            raise ValueError(f"expected a key of {key_kinds!r}, got {key!r:.80}")
+        if single and not fits(found, value_kinds) or not single and (
+                type(found) is not list or len(found) != len(value_kinds) or not all(map(fits, found, value_kinds))):
+            raise ValueError(f"expected a value of {value_kinds!r}, got {found!r:.80}")
+        out.append((tuple(key), found if single else tuple(found)))
+    return out
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack's decoding of a checkpoint's ``data``, bounded by its own length (msgpack's default limits), with
+    no extension types."""
+    def no_extensions(code: int, _data: bytes) -> Any:
+        raise ValueError(f"msgpack extension type {code} in a checkpoint")
+
+    return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=no_extensions)

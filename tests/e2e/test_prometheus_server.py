@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
 import urllib.parse
 import urllib.request
 
 import pytest
-from support.ports import free_port
+from support.prometheus import PROMETHEUS, PrometheusServer
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-PROMETHEUS = shutil.which("prometheus")
 MODELS = {"llama-3-8b", "qwen-2-7b"}  # mpcache.demo.MODELS: the demo's two models
 SCRAPES_BEFORE_QUERYING = 6  # samples per series in the [1m] window before rates are asked for
 
@@ -34,53 +31,6 @@ L2_STORE_RATE = "sum by (l2_name) (rate(lmcache_mp_l2_store_completed_requests_t
 BLEND_REQUESTED_RATE = "sum(rate(lmcache_blend_lookup_requested_tokens_total[1m]))"
 BLEND_HIT_RATE = (
     "sum(rate(lmcache_blend_lookup_hit_tokens_total[1m])) / " + BLEND_REQUESTED_RATE)
-
-
-class PrometheusServer:
-    """A real ``prometheus`` on 127.0.0.1:<free port> scraping one target every second."""
-
-    def __init__(self, tmp_path, target: str) -> None:
-        self.port = free_port()
-        config = tmp_path / "prometheus.yml"
-        # JSON is YAML: no YAML library needed to write the config.
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "mpcache", "static_configs": [{"targets": [target]}]}],
-        }))
-        self.log = open(tmp_path / "prometheus.log", "wb")
-        self.process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp_path,
-        )
-
-    def ready(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as response:
-            return response.status == 200
-
-    def query(self, promql: str) -> list[dict]:
-        """The instant vector ``promql`` evaluates to now: a list of {"metric": labels, "value": [t, "v"]}."""
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.loads(response.read())
-        assert ("success", "vector") == (body["status"], body["data"]["resultType"]), body
-        return body["data"]["result"]
-
-    def scalar(self, promql: str) -> float | None:
-        """The one value ``promql`` gives, or None when the result is empty."""
-        result = self.query(promql)
-        assert len(result) <= 1, result
-        return float(result[0]["value"][1]) if result else None
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
 
 
 @pytest.fixture

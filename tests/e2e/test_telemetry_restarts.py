@@ -6,10 +6,11 @@ made, tallying what it published (never what telemetry reports), and runs the te
 can kill and restart it at once (under the supervisor a crash-looping telemetry process waits up to 30 s).
 After every restart, with the workload paused, every exported counter and histogram count equals the tally —
 on /metrics and in the last OTLP export — and over the whole run no value ever went down between two scrapes
-or two exports, and no OTLP stream changed its start time.  The workload crosses every restart: chunks written
-before a kill are evicted after it (their lifetime histograms need the lifecycle state), copies started before
-a kill end after it (the throughput histogram needs the pending STARTs), and bursts are published while the
-telemetry process is down.
+or two exports, no OTLP stream changed its start time, and a real Prometheus scraping throughout (when its
+binary is installed) counts no reset: ``resets()`` is 0 for every series.  The workload crosses every
+restart: chunks written before a kill are evicted after it (their lifetime histograms need the lifecycle
+state), copies started before a kill end after it (the throughput histogram needs the pending STARTs), and
+bursts are published while the telemetry process is down.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from support.ports import free_port
+from support.prometheus import PROMETHEUS, PrometheusServer
 from support.service import Scrape
 from support.waiting import wait_for
 
@@ -44,7 +46,7 @@ from mpcache.supervisor.provision import create_segments, unlink_segments
 
 pytestmark = pytest.mark.slow
 
-KILLS = 24
+KILLS = 21
 WORKERS = 2
 SALTS = ("tenant-a", "tenant-b", "tenant-c")
 MODEL = "org/checkpoint-model"
@@ -307,8 +309,22 @@ def provisioned(tmp_path) -> Iterator[tuple[Config, Path]]:
         unlink_segments(config)
 
 
+# every counter and histogram family of the service's own (not the telemetry process's CPU, which is per process)
+MONOTONIC = '{__name__=~"(lmcache|mpcache)_.+(_total|_bucket|_count|_sum)"}'
+
+
+def prometheus_resets(prometheus: PrometheusServer) -> dict[str, float]:
+    """Per family, the counter resets Prometheus saw over the run, and how many series it had."""
+    out = {}
+    for name in prometheus.label_values("__name__", MONOTONIC):
+        out[name] = prometheus.scalar(f"sum(resets({name}[10m]))") or 0.0
+        out[f"{name} series"] = prometheus.scalar(f"count({name})") or 0.0
+    return out
+
+
 def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provisioned, otlp_receiver):
     config, directory = provisioned
+    prometheus = PrometheusServer(directory, f"127.0.0.1:{config.prometheus_port}", "500ms") if PROMETHEUS else None
     receiver = otlp_receiver("grpc")
     config = Config(**{**config.__dict__, "otlp_endpoint": receiver.endpoint, "otlp_interval_s": 0.2})
     config_path = directory / "config.json"
@@ -320,6 +336,8 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
     caught = 0
     try:
         telemetry.start()
+        if prometheus is not None:
+            wait_for(lambda: prometheus.scalar('sum(up{job="mpcache"})'), 30, "prometheus's first scrape")
         for kill in range(KILLS):
             workload.burst(rng.randint(200, 1500))
             stop = threading.Event()
@@ -343,10 +361,20 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
                    if name in OTEL_NAMES}
         assert receiver.wait(lambda r: latest(otlp_streams(r), in_otlp) == in_otlp, 30), (
             latest(otlp_streams(receiver), in_otlp), in_otlp)
+        if prometheus is not None:  # a scrape after the last restart, then the whole run's resets
+            scraped = prometheus.scalar('count_over_time(up{job="mpcache"}[10m])')
+            wait_for(lambda: prometheus.scalar('count_over_time(up{job="mpcache"}[10m])') > scraped + 1, 30,
+                     "prometheus to scrape the last telemetry process")
+            resets = prometheus_resets(prometheus)
+            series = sum(value for name, value in resets.items() if name.endswith(" series"))
+            assert ({}, True) == ({name: value for name, value in resets.items()
+                                   if value and not name.endswith(" series")}, series > 50)
     finally:
         telemetry.stop()
         records.close()
         workload.close()
+        if prometheus is not None:
+            prometheus.stop()
 
     streams = otlp_streams(receiver)
     moved = {key: points for key, points in streams.items() if len({start for start, _ in points}) != 1}

@@ -32,7 +32,7 @@ from mpcache.supervisor.provision import create_segments, unlink_segments
 from mpcache.telemetry.bus import EventBus, subscribe_all
 from mpcache.telemetry.checkpoint import Checkpoint, format_tag
 from mpcache.telemetry.pump import Pump, RingSource
-from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
+from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers, mrc
 
 NOW = 1_800_000_000 * 10**9  # the pump's clock; events are published just before it, so nothing expires
 SALTS = ("a", "b", "c")  # the cap is 2: "c" reads __overflow__ wherever it is capped
@@ -178,23 +178,26 @@ class Stream:
 
 
 def same(expected: dict, got: dict) -> dict:
-    """The points that differ (a float sum to its rounding: batches add in another order)."""
+    """The points that differ (a float sum to its rounding: batches add in another order), but the size of the
+    last checkpoint written."""
     def fields(point: Any) -> tuple:
         if isinstance(point, HistogramDataPoint):
             return point.count, tuple(point.bucket_counts), round(point.sum, 6), point.min, point.max
         return (round(point.value, 6),)
 
-    keys = set(expected) | set(got)
+    keys = {key for key in set(expected) | set(got) if key[0] != "mpcache.telemetry_checkpoint_bytes"}
     return {key: (expected.get(key) and fields(expected[key]), got.get(key) and fields(got[key]))
             for key in keys if key not in expected or key not in got or fields(expected[key]) != fields(got[key])}
 
 
-def test_a_restart_from_the_checkpoint_exports_what_an_uninterrupted_process_does(provision):
+def test_a_restart_from_the_checkpoint_exports_what_an_uninterrupted_process_does(provision, monkeypatch):
     """Two instances get the same records.  One telemetry process reads them all.  In the other, a first
     process reads the first part and checkpoints, reads on past the checkpoint and dies; a second one loads the
     checkpoint, reads the rest (the part the first read after its checkpoint again).  Every point — counters,
     histograms (buckets, sums, extremes), the miss-ratio curves, the observable counters — is the same, and
-    every stream the first process exported keeps its start time."""
+    every stream the first process exported keeps its start time.  (The curves' history is taken at every
+    checkpoint here; by default at most once a minute: see the next test.)"""
+    monkeypatch.setattr(mrc, "HISTORY_EVERY_S", 0.0)
     straight, interrupted = provision(), provision()
     streams = [Stream(config, seed=1) for config in (straight, interrupted)]
     reference, first = Telemetry(straight), Telemetry(interrupted)
@@ -222,6 +225,25 @@ def test_a_restart_from_the_checkpoint_exports_what_an_uninterrupted_process_doe
     assert ([], True) == (second.refusals(), len(started) > 100)
 
 
+def test_the_curves_history_is_taken_at_most_every_history_interval(provision, monkeypatch):
+    """Between two takes of the curves' history (the tracked and forgotten keys), checkpoints carry the last one
+    taken: a restart then goes on from that older history, while the curves and the miss counters are those of
+    the last checkpoint.  Nothing exported goes down."""
+    monkeypatch.setattr(mrc, "HISTORY_EVERY_S", 3600.0)
+    config = provision()
+    stream, first = Stream(config, seed=6), Telemetry(config)  # its first checkpoint takes the (empty) history
+    stream.publish(1500)
+    first.drain()
+    before = first.points()
+    tracked = [s for s in first.bus.subscribers if isinstance(s, mrc.MissRatioSubscriber)][0].curves.tracked_keys
+    second = Telemetry(config)
+    restored = [s for s in second.bus.subscribers if isinstance(s, mrc.MissRatioSubscriber)][0].curves.tracked_keys
+    stream.close()
+
+    assert {} == same(before, second.points())
+    assert (0, True) == (restored, tracked > 0)
+
+
 def test_the_checkpoint_is_written_before_the_sdk_shows_it_and_before_the_rings_are_released(provision):
     """At the moment a record is written, what the SDK exports and the rings' release are still those of the
     record before; right after the flush, both follow."""
@@ -246,6 +268,29 @@ def test_the_checkpoint_is_written_before_the_sdk_shows_it_and_before_the_rings_
     assert [before] == seen
     assert after[0] > before[0] and all(a > b for a, b in zip(after[1], before[1]))
     assert [read_counters(s).head for s in segments] == after[1]
+
+
+def test_a_ring_is_released_once_a_quarter_of_it_is_held_and_at_every_poll_once_half_full(provision):
+    """No flush is due by time here: a ring holding a quarter of its cells read is released (a checkpoint is
+    written, then the tail moves) and the rest held; a ring half full from its producer's side is released at
+    every poll, so what was read never makes a backlog overflow."""
+    config = provision()
+    telemetry = Telemetry(config)
+    stream = Stream(config, seed=7)
+    quarter = config.ring_capacity_cells // 4
+    segment = telemetry.sources[0].segment
+    for _ in range(quarter + 500):
+        assert stream._publishers[0].emit(E.L1_EVICTION_LOOP_TICK, (0.5, 0.8, False))
+    telemetry.pump.drain()
+    counters = read_counters(segment)
+    held = (quarter <= counters.tail < counters.head, telemetry.checkpoint._store._sequence)
+    for _ in range(config.ring_capacity_cells // 2):
+        assert stream._publishers[0].emit(E.L1_EVICTION_LOOP_TICK, (0.5, 0.8, False))
+    telemetry.pump.poll_once()
+    stream.close()
+
+    assert (True, 2) == held  # the first checkpoint (at start) and the one a quarter asked for
+    assert telemetry.sources[0].reader.position[0] == read_counters(segment).tail
 
 
 def _corrupt(config: Config) -> None:
@@ -309,9 +354,11 @@ def test_a_checkpoint_that_cannot_be_loaded_is_refused_logged_once_counted_and_a
     assert ticks[1] < ticks[0] and ticks[1] <= ticks[2]  # a reset, then counting on from its checkpoint
 
 
-def test_a_state_larger_than_a_record_is_counted_the_rings_released_anyway_and_a_restart_refuses(provision):
+def test_a_state_larger_than_a_record_is_counted_the_rings_released_anyway_and_a_restart_refuses(provision,
+                                                                                                 monkeypatch):
     """The records hold 64 KiB and the state outgrows them: each flush counts a failure (logged once) and still
     releases the rings, so the producers never wait; the next process refuses the last record written as stale."""
+    monkeypatch.setattr(mrc, "HISTORY_EVERY_S", 0.0)
     config = provision(telemetry_state_bytes=1 << 16, mrc_max_keys=1 << 16)
     stream, telemetry = Stream(config, seed=4), Telemetry(config)
     rng = random.Random(5)

@@ -19,7 +19,7 @@ import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry import statecheck
@@ -271,25 +271,29 @@ class CurveSet:
 
     # -- the telemetry process's checkpoint (under ``lock``) ------------------------------------------------
 
-    def save_state(self) -> dict[str, Any]:
-        """Everything the curves and the miss reasons go on from: the strata's rates, the tracked keys in stack
-        order (their sizes and strata), the forgotten keys, every curve, the models' object sizes."""
-        return {"strata": [[stratum.threshold, stratum.keys] for stratum in self._strata],
-                "stack": [[*cast(Row, key), nbytes, stratum] for key, (_, nbytes, stratum) in self._stack.entries()],
-                "forgotten": [list(row) for row in self._forgotten],
-                "curves": [[model, salt, h.counts, h.total, h.sampled_accesses]
+    def save_curves(self) -> dict[str, Any]:
+        """What the exported numbers are made of: every curve's counts, the estimates not yet taken by the
+        counters, the models' object sizes (small: saved at every checkpoint)."""
+        return {"curves": [[model, salt, h.counts, h.total, h.sampled_accesses]
                            for (model, salt), h in self._curves.items()],
-                "object_bytes": [[model, size] for model, size in self._object_bytes.items()],
-                "misses": [[*key, value] for key, value in self.misses.items()],
-                "regret": [[*key, value] for key, value in self.regret.items()]}
+                "object_bytes": list(self._object_bytes.items()),
+                "misses": list(self.misses.items()), "regret": list(self.regret.items())}
 
-    def load_state(self, state: object) -> Callable[[], None]:
-        """Check a :meth:`save_state` of a curve set of this configuration; returns the step adopting it."""
-        saved = statecheck.fields(state, strata="l", stack="l", forgotten="l", curves="l", object_bytes="l",
-                                  misses="l", regret="l")
-        strata = statecheck.rows(saved["strata"], "fi")
-        stack = [((h, s, m), nbytes, stratum) for h, s, m, nbytes, stratum in statecheck.rows(saved["stack"], "issii")]
-        forgotten = dict.fromkeys(statecheck.rows(saved["forgotten"], "iss"))
+    def save_history(self) -> dict[str, Any]:
+        """What the next accesses are judged against: the strata's rates, the tracked keys in stack order (their
+        sizes and strata) and the forgotten keys (up to 3 × ``max_keys`` rows: saved less often)."""
+        return {"strata": [[stratum.threshold, stratum.keys] for stratum in self._strata],
+                "stack": list(self._stack.entries()), "forgotten": list(self._forgotten)}
+
+    def load_state(self, curves_state: object, history_state: object) -> Callable[[], None]:
+        """Check a :meth:`save_curves` and a :meth:`save_history` of a curve set of this configuration; returns
+        the step adopting them."""
+        saved = statecheck.fields(curves_state, curves="l", object_bytes="l", misses="l", regret="l")
+        history = statecheck.fields(history_state, strata="l", stack="l", forgotten="l")
+        strata = statecheck.rows(history["strata"], "fi")
+        stack = [(key, nbytes, stratum) for key, (_, nbytes, stratum) in
+                 statecheck.entries(history["stack"], "iss", "iii")]
+        forgotten = dict.fromkeys(statecheck.rows(history["forgotten"], "iss"))
         curves = {(model, salt): (counts, total, sampled)
                   for model, salt, counts, total, sampled in statecheck.rows(saved["curves"], "sslfi")}
         buckets = len(self._edges) + 1
@@ -300,8 +304,8 @@ class CurveSet:
                        for _, nbytes, stratum in stack)):
             raise ValueError("not the curves of this configuration")
         object_bytes = dict(statecheck.rows(saved["object_bytes"], "si"))
-        misses = statecheck.rows(saved["misses"], "sssf")
-        regret = statecheck.rows(saved["regret"], "ssf")
+        misses = statecheck.entries(saved["misses"], "sss", "f")
+        regret = statecheck.entries(saved["regret"], "ss", "f")
 
         def adopt() -> None:
             self._stack.load(stack)
@@ -316,8 +320,8 @@ class CurveSet:
                 histogram = self._curves[tenant] = Histogram(buckets)
                 histogram.counts, histogram.total, histogram.sampled_accesses = counts, total, sampled
             self._object_bytes = object_bytes
-            self.misses = defaultdict(float, {(r, m, s): v for r, m, s, v in misses})
-            self.regret = defaultdict(float, {(m, s): v for m, s, v in regret})
+            self.misses = defaultdict(float, misses)
+            self.regret = defaultdict(float, regret)
         return adopt
 
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------

@@ -97,12 +97,11 @@ class L0L1ThroughputSubscriber(Subscriber):
 
     def save_state(self) -> object:
         """The STARTs waiting for their END, oldest first, and the attribute sets admitted."""
-        return {"pending": [[*key, started_ns] for key, started_ns in self._pending.items()],
-                "series": self._series.save_state()}
+        return {"pending": list(self._pending.items()), "series": self._series.save_state()}
 
     def load_state(self, state: object) -> Callable[[], None]:
         saved = statecheck.fields(state, pending="l", series="l")
-        pending = {(d, s, dev, e, p): ns for d, s, dev, e, p, ns in statecheck.rows(saved["pending"], "sbiiii")}
+        pending = dict(statecheck.entries(saved["pending"], "sbiii", "i"))
         if len(pending) > self._max_pending or not {key[0] for key in pending} <= set(_STARTS.values()):
             raise ValueError("not the pending STARTs of this subscriber")
         series = self._series.load_state(saved["series"])

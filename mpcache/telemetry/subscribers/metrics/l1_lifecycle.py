@@ -94,13 +94,12 @@ class L1LifecycleSubscriber(Subscriber):
 
     def save_state(self) -> object:
         """The tracked keys, least recently touched first, and the evictions waiting for a rewrite."""
-        return {"live": [[*key, allocated, last] for key, (allocated, last) in self._live.items()],
-                "evicted": [[*key, evicted_ns] for key, evicted_ns in self._evicted_at.items()]}
+        return {"live": list(self._live.items()), "evicted": list(self._evicted_at.items())}
 
     def load_state(self, state: object) -> Callable[[], None]:
         saved = statecheck.fields(state, live="l", evicted="l")
-        live = OrderedDict(((h, s, m), [a, t]) for h, s, m, a, t in statecheck.rows(saved["live"], "issii"))
-        evicted = {(h, s, m): ns for h, s, m, ns in statecheck.rows(saved["evicted"], "issi")}
+        live = OrderedDict((key, list(times)) for key, times in statecheck.entries(saved["live"], "iss", "ii"))
+        evicted = dict(statecheck.entries(saved["evicted"], "iss", "i"))
         if max(len(live), len(evicted)) > self._max_tracked:
             raise ValueError("more keys than this subscriber tracks")
 

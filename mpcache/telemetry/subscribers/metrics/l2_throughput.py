@@ -99,11 +99,10 @@ class L2ThroughputSubscriber(Subscriber):
 
     def save_state(self) -> object:
         """The SUBMITTEDs waiting for their COMPLETED, oldest first."""
-        return [[*key, started_ns, nbytes] for key, (started_ns, nbytes) in self._pending.items()]
+        return list(self._pending.items())
 
     def load_state(self, state: object) -> Callable[[], None]:
-        pending = OrderedDict(((kind, producer, a, b), (ns, nbytes))
-                              for kind, producer, a, b, ns, nbytes in statecheck.rows(state, "siiiii"))
+        pending = OrderedDict(statecheck.entries(state, "siii", "ii"))
         if len(pending) > self._max_pending or not {key[0] for key in pending} <= {"store", "load"}:
             raise ValueError("not the pending tasks of this subscriber")
         return lambda: setattr(self, "_pending", pending)

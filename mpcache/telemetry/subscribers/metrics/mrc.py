@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import msgpack
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
@@ -41,6 +42,9 @@ _LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exac
 _LOOKUP_COLUMNS = [SCHEMAS[_LOOKUP].field_names.index(field) for field in _LOOKUP_FIELDS]
 _STORE_COLUMNS = [SCHEMAS[_STORE].field_names.index(field) for field in ("model_name", "object_bytes")]
 _MASK64 = (1 << 64) - 1
+# The curves' history (tracked and forgotten keys: up to 3 x --mrc-max-keys rows, milliseconds to pack) is
+# checkpointed at most this often; the curves and the counts, at every checkpoint.
+HISTORY_EVERY_S = 60.0
 
 
 def _in_ring_order(lookups: list[int], stores: list[int]) -> Iterator[tuple[bool, int]]:
@@ -88,6 +92,8 @@ class MissRatioSubscriber(Subscriber):
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
         self._decayed_at = clock()
+        self._history: bytes | None = None  # the curves' history as the last checkpoint took it, packed
+        self._history_at = 0.0
         create_instrument(meter, "mpcache.mrc_hit_ratio", [self._hit_ratios])
         self._misses = create_instrument(meter, "mpcache.lookup_miss")
         self._regret = create_instrument(meter, "mpcache.l1_evicted_reused")
@@ -136,19 +142,26 @@ class MissRatioSubscriber(Subscriber):
         self._decayed_at = now
 
     def save_state(self) -> object:
-        """The curves and miss reasons' history, and when they last decayed (wall clock: a restart decays them
-        over the time it took too)."""
+        """The curves, the history the next accesses are judged against (taken again at most every
+        ``HISTORY_EVERY_S``: between two, checkpoints carry the last one taken), and when the curves last
+        decayed (wall clock: a restart decays them over the time it took too)."""
+        now = self._clock()
         with self.curves.lock:
-            curves = self.curves.save_state()
-        return {"curves": curves, "decayed_at_ns": time.time_ns() - int((self._clock() - self._decayed_at) * 1e9)}
+            if self._history is None or now - self._history_at >= HISTORY_EVERY_S:
+                self._history = msgpack.packb(self.curves.save_history(), use_bin_type=True)
+                self._history_at = now
+            curves = self.curves.save_curves()
+        return {"curves": curves, "history": self._history,
+                "decayed_at_ns": time.time_ns() - int((now - self._decayed_at) * 1e9)}
 
     def load_state(self, state: object) -> Callable[[], None]:
-        saved = statecheck.fields(state, curves="d", decayed_at_ns="i")
-        curves = self.curves.load_state(saved["curves"])
+        saved = statecheck.fields(state, curves="d", history="b", decayed_at_ns="i")
+        curves = self.curves.load_state(saved["curves"], statecheck.unpack(saved["history"]))
 
         def adopt() -> None:
             with self.curves.lock:
                 curves()
+            self._history = None  # taken at the first checkpoint: what was loaded is older than the curves
             self._decayed_at = self._clock() - max(0, time.time_ns() - saved["decayed_at_ns"]) / 1e9
         return adopt
 

@@ -58,14 +58,13 @@ class SMLifecycleSubscriber(Subscriber):
     def save_state(self) -> object:
         """Per cache_salt its access count, the last access of each tracked key (least recent first), and the
         cache_salt values each histogram admitted."""
-        return {"accesses": [[salt, count] for salt, count in self._accesses.items()],
-                "last": [[*key, ns, position] for key, (ns, position) in self._last.items()],
+        return {"accesses": list(self._accesses.items()), "last": list(self._last.items()),
                 "seconds_cap": self._seconds_cap.save_state(), "objects_cap": self._objects_cap.save_state()}
 
     def load_state(self, state: object) -> Callable[[], None]:
         saved = statecheck.fields(state, accesses="l", last="l", seconds_cap="l", objects_cap="l")
         accesses = dict(statecheck.rows(saved["accesses"], "si"))
-        last = OrderedDict(((h, s, m), (ns, p)) for h, s, m, ns, p in statecheck.rows(saved["last"], "issii"))
+        last = OrderedDict(statecheck.entries(saved["last"], "iss", "ii"))
         if len(last) > self._max_tracked:
             raise ValueError("more keys than this subscriber tracks")
         caps = (self._seconds_cap.load_state(saved["seconds_cap"]), self._objects_cap.load_state(saved["objects_cap"]))
