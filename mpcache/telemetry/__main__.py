@@ -15,7 +15,7 @@ from mpcache.config import Config
 from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
-from mpcache.telemetry.bus import EventBus, subscribe_all, telemetry_flush_interval_s
+from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
 from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
 from mpcache.telemetry.health import health_routes
 from mpcache.telemetry.pump import Pump, RingSource
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
     board = Segment.attach(config.gauge_board_name())
     gauges = GaugeBoardReader(board)
-    bus = EventBus(flush_interval_s=telemetry_flush_interval_s(otlp=bool(config.otlp_endpoint)))
+    bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
     # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         gauge_reader=gauges, readiness=readiness,
                                                         checkpoint=checkpoint)
         exporters.add_routes(mrc_routes(metrics_subscribers))
-        exporters.before_scrape.append(pump.catch_up)  # a scrape shows every record published before it
+        exporters.before_collect.append(pump.catch_up)  # a scrape or export shows every record published before it
         exporters.serve_metrics()  # only now: a scrape never sees a series before the checkpoint restored it
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:

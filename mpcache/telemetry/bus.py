@@ -16,18 +16,12 @@ from mpcache.telemetry.batch import Event, EventBatch
 log = structlog.get_logger("mpcache.telemetry.bus")
 
 # How often the telemetry process flushes buffered instrument calls to the SDK (see
-# mpcache.telemetry.buffered) besides the flush before every /metrics scrape (Pump.catch_up), and as soon
-# as a buffer is full.  With an OTLP exporter, every second: what an export shows is at most that much
-# older than the last batch.  Without one only a scrape reads the SDK, which it does after its own flush,
-# so the periodic flush only bounds how long calls stay buffered (each flush costs ~20-40 µs of CPU per
-# series it changes, on this project's 2-vCPU hosts).
+# mpcache.telemetry.buffered), and so writes its checkpoint (mpcache.telemetry.checkpoint), besides the flush
+# before every /metrics scrape and every OTLP export (Pump.catch_up: what they read is flushed for them), and
+# as soon as a buffer is full.  The periodic flush only bounds how long calls stay buffered and how far the
+# rings' release lags (each flush costs ~20-40 µs of CPU per series it changes, a checkpoint a few ms with the
+# demo's state, on this project's 2-vCPU hosts).
 TELEMETRY_FLUSH_INTERVAL_S = 10.0
-TELEMETRY_OTLP_FLUSH_INTERVAL_S = 1.0
-
-
-def telemetry_flush_interval_s(otlp: bool) -> float:
-    """The telemetry process's periodic flush interval, with an OTLP exporter or without one."""
-    return TELEMETRY_OTLP_FLUSH_INTERVAL_S if otlp else TELEMETRY_FLUSH_INTERVAL_S
 
 
 class Subscriber:
@@ -68,7 +62,7 @@ class Subscriber:
 class EventBus:
     """``flush_interval_s``: how often the registered flushers (buffered instruments) run after a
     dispatch — 0 flushes after every batch (tests); the telemetry process uses
-    :func:`telemetry_flush_interval_s`.  A flusher registered with a ``full`` test also runs after the
+    ``TELEMETRY_FLUSH_INTERVAL_S``.  A flusher registered with a ``full`` test also runs after the
     dispatch that fills it."""
 
     def __init__(self, flush_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:

@@ -57,7 +57,8 @@ class MetricsExport:
     otlp_reader: PeriodicExportingMetricReader | None
     _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
     _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
-    before_scrape: list[Callable[[], object]]  # called on every /metrics request, before collecting
+    # called before every collection: each /metrics request's and each OTLP export's (the pump's catch-up)
+    before_collect: list[Callable[[], object]]
 
     @classmethod
     def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None, *, serve: bool = True) -> MetricsExport:
@@ -71,6 +72,7 @@ class MetricsExport:
         if not config.no_http:
             readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
         otlp_reader = None
+        before_collect: list[Callable[[], object]] = []
         if config.otlp_endpoint:
             otlp_reader = PeriodicExportingMetricReader(
                 build_otlp_exporter(config),
@@ -79,6 +81,8 @@ class MetricsExport:
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
+        if otlp_reader is not None:  # its first export comes after an interval (0.1 s at least)
+            _catching_up(otlp_reader, before_collect)
         create_instrument(provider.get_meter(METER_SERVICE), "mpcache.build_info",
                           [lambda options: [Observation(1, {"version": __version__, "publish_path": PUBLISH_PATH})]])
         owned = endpoint is None
@@ -89,7 +93,7 @@ class MetricsExport:
                 provider.shutdown()
                 raise
         export = cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
-                     endpoint if owned else None, endpoint, [])
+                     endpoint if owned else None, endpoint, before_collect)
         if serve:
             export.serve_metrics()
         return export
@@ -97,7 +101,7 @@ class MetricsExport:
     def serve_metrics(self) -> None:
         """Answer ``/metrics`` from now on (nothing without an HTTP endpoint)."""
         if self._endpoint is not None:
-            self._endpoint.routes["/metrics"] = metrics_route(self.registry, self.before_scrape)
+            self._endpoint.routes["/metrics"] = metrics_route(self.registry, self.before_collect)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
         """Serve more paths next to ``/metrics``; nothing without an HTTP endpoint."""
@@ -115,6 +119,23 @@ class MetricsExport:
         finally:
             if self._http_server is not None:
                 self._http_server.close()
+
+
+def _catching_up(reader: MetricReader, before_collect: list[Callable[[], object]]) -> None:
+    """Every collection of ``reader`` (each OTLP export, the last one at shutdown included) first runs the hooks
+    of ``before_collect``, as a scrape does: an export holds every record published before it, and the bus
+    flushes (and checkpoints) for it then rather than on a timer of its own.  ``MetricReader.collect`` is final:
+    the hook wraps the provider's collection callback it calls (set when the provider was built)."""
+    collect = reader._collect
+    if collect is None:
+        return
+
+    def catching_up(*args: Any, **kwargs: Any) -> Any:
+        for hook in before_collect:
+            hook()
+        return collect(*args, **kwargs)
+
+    reader._collect = catching_up
 
 
 def build_resource(config: Config) -> Resource:

@@ -181,7 +181,7 @@ def running_pump(export, pipeline, *subscribers):
     pipeline.subscribe(*counter_subscribers(BufferedMeter(export.meter_provider.get_meter("test"), buffer)),
                        *subscribers)
     pump = pipeline.pump()
-    export.before_scrape.append(pump.catch_up)
+    export.before_collect.append(pump.catch_up)
     stop = threading.Event()
     # it would sleep for an hour between polls: only a scrape's catch-up or the stop wakes it
     thread = threading.Thread(target=pump.run, args=(stop.is_set,), kwargs={"max_sleep_s": 3600.0})
@@ -211,6 +211,27 @@ def test_a_scrape_shows_every_record_published_before_it(export, pipeline):
         first = _ticks(scrape(export.prometheus_port))
         pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, True))
         assert (first, _ticks(scrape(export.prometheus_port))) == ((5.0, 3.0), (6.0, 4.0))
+
+
+def test_an_otlp_export_shows_every_record_published_before_it(config, otlp_receiver, pipeline):
+    """Each OTLP export first catches the pump up, as a scrape does: with the bus's own flush never coming
+    and no scrape, the exports still carry the records published before them, exactly."""
+    collector = otlp_receiver("grpc")
+    export = MetricsExport.start(dataclasses.replace(
+        config, otlp_endpoint=f"http://{collector.endpoint}", otlp_protocol="grpc", otlp_interval_s=0.2))
+
+    def ticks(receiver) -> list[float]:
+        return [point.as_int for _, metric in receiver.metrics() if metric.name == "lmcache_mp.l1_eviction_loop_ticks"
+                for point in metric.sum.data_points]
+
+    try:
+        with running_pump(export, pipeline):
+            for triggered in (True, False, True):
+                pipeline.publish(E.L1_EVICTION_LOOP_TICK, (0.9, 0.8, triggered))
+            arrived = collector.wait(lambda r: 3 in ticks(r), 30)
+    finally:
+        export.shutdown()
+    assert (True, {3}) == (arrived, set(ticks(collector)) - {0})
 
 
 def test_a_scrape_does_not_wait_for_a_stuck_subscriber(export, pipeline):
