@@ -147,9 +147,9 @@ class Config:
     # the telemetry process's checkpoints (two of them, in a shared-memory segment the supervisor owns) hold its
     # counters, histograms and subscriber state with the ring cursors they cover, so a restart goes on counting
     telemetry_state_bytes: int = setting(
-        Size(1 << 16), 8 * _MIB, "room for one checkpoint of the telemetry process's state, which lets a "
+        Size(1 << 16), 4 * _MIB, "room for one checkpoint of the telemetry process's state, which lets a "
         "restarted telemetry process go on counting exactly where the last one stopped (the supervisor keeps "
-        "two in shared memory; default 8MiB). A state that outgrows it is logged and counted, and a restart "
+        "two in shared memory; default 4MiB). A state that outgrows it is logged and counted, and a restart "
         "until it fits again starts every counter from zero", group=TELEMETRY, name="telemetry-state-size")
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
     # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
