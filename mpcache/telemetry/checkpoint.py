@@ -39,7 +39,6 @@ from mpcache.telemetry.pump import Pump
 FORMAT = 1
 REFUSAL_REASONS = ("format", "corrupt", "foreign", "invalid", "stale")
 FAILURE_LOG_INTERVAL_S = 60.0
-_LOAD_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, msgpack.UnpackException)
 
 
 def format_tag(config: Config) -> bytes:
@@ -103,7 +102,7 @@ class Checkpoint:
                          age_s=round(max(0, time.time_ns() - record.written_ns) / 1e9, 3))
         except CheckpointRefused as exc:
             checkpoint._refuse(exc.reason, exc.detail)
-        except _LOAD_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a record's bytes make msgpack raise: refused
             checkpoint._refuse("invalid", f"the record does not decode: {exc}")
         return checkpoint
 
@@ -117,40 +116,48 @@ class Checkpoint:
         nothing), hold the rings for the checkpoints to release, and write the first one."""
         self._pump, self._bus, self._buffer, self._subscribers = pump, bus, buffer, list(subscribers)
         saved, self._saved = self._saved, None
+        adopt = None
         if saved is not None:
             try:
-                self._load(saved)
+                adopt = self._check(saved)
             except CheckpointRefused as exc:
                 self._refuse(exc.reason, exc.detail)
-                buffer.restart_series()
-            except _LOAD_ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever a record's bytes make a check raise: refused
                 self._refuse("invalid", f"{type(exc).__name__}: {exc}")
-                buffer.restart_series()
+        if adopt is None:
+            buffer.restart_series()
+        else:
+            adopt()
         pump.holds_rings = True
         bus.add_flusher(self.flush, buffer.full)
         self.flush()
         self.bound = True
 
-    def _load(self, saved: dict[str, Any]) -> None:
-        """Check everything first, then adopt it (the adopting steps cannot fail)."""
-        assert self._pump is not None and self._bus is not None and self._buffer is not None
+    def _check(self, saved: dict[str, Any]) -> Callable[[], None]:
+        """Check everything the record holds against the series, the subscribers and the rings; returns the
+        step that adopts it all (which cannot fail), having changed nothing."""
+        pump, bus, buffer = self._pump, self._bus, self._buffer
+        assert pump is not None and bus is not None and buffer is not None
         positions = statecheck.rows(saved["rings"], "ii")
-        if not self._pump.resumable(positions):
+        if not pump.resumable(positions):
             raise CheckpointRefused("stale", "the rings were released past its positions (a checkpoint was lost) "
                                              "or are not the rings it read")
         by_name = {subscriber.name: subscriber for subscriber in self._subscribers}
-        steps = [self._buffer.load_series(saved["series"])]
+        steps = [buffer.load_series(saved["series"])]
         steps += [by_name[name].load_state(state) for name, state in saved["subscribers"].items()]
         exceptions = dict(statecheck.rows(saved["exceptions"], "si"))
         refused = dict(statecheck.rows(saved["refused"], "si"))
         if not set(refused) <= set(REFUSAL_REASONS):
             raise ValueError(f"unknown refusal reasons {sorted(refused)}")
-        for step in steps:
-            step()
-        self._bus.load_exception_counts(exceptions)
-        self._pump.resume(positions, saved["unknown_records"])
-        self.refused.update(refused)
-        self.failures = saved["failures"]
+
+        def adopt() -> None:
+            for step in steps:
+                step()
+            bus.load_exception_counts(exceptions)
+            pump.resume(positions, saved["unknown_records"])
+            self.refused.update(refused)
+            self.failures = saved["failures"]
+        return adopt
 
     def _refuse(self, reason: str, detail: str) -> None:
         self.refused[reason] += 1
@@ -165,7 +172,7 @@ class Checkpoint:
         changes = self._buffer.fold()
         positions = self._pump.positions()
         unknown = self._pump.unknown_records
-        try:
+        try:  # whatever fails here, the SDK and the rings go on: the data path never waits for a checkpoint
             payload = msgpack.packb({
                 "started": self._buffer.started_ns,
                 "rings": positions,
@@ -178,7 +185,7 @@ class Checkpoint:
             }, use_bin_type=True)
             self._store.write(payload, self._tag)
             self.last_bytes = len(payload)
-        except (ValueError, TypeError, OverflowError) as exc:
+        except Exception as exc:  # noqa: BLE001 - counted and logged; a restart then refuses the last one as stale
             self._failed(exc)
         self._buffer.publish(changes)
         self._pump.release(positions, unknown)
