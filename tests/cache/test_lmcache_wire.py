@@ -167,7 +167,7 @@ def test_unsupported_operations_fail_fast_with_one_warning_per_client(lmcache, o
     ("lookup", [key([1] * 256, "x", readers=0), 1], NO_RESULT),  # pre-0.5.5 client: no num_kv_readers
     ("lookup", [key([1] * 256, "x", salt="a/b"), 1], NO_RESULT),  # forbidden character in the salt
     ("register", [registration(1, dtype="complex128")], {"shm_name": "", "pool_size": 0}),
-    ("get_chunk_size", [1, 2, 3], 256),
+    ("get_chunk_size", [1, 2, 3], NO_RESULT),  # arguments it does not take
     (99, [], NO_RESULT),  # unknown operation id
     ("no_such_operation", [], NO_RESULT),
 ])

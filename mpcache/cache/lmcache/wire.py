@@ -1,9 +1,9 @@
-"""LMCache 0.5.x MP-mode wire format: operation ids, argument decoding and validation, failure values.
+"""LMCache 0.5.x MP-mode wire format: argument decoding and validation.
 
 A request is ``[identity, uid, op, arg1, …]``; every frame after the identity is one msgpack object
-(``op`` an integer from LMCache's frozen table or an operation name).  A reply echoes identity, uid
-and op, then the msgpack result, which is left out when the result is None.  LMCache has no error
-frame, so a refused request is answered with its operation's failure value.  Nothing here unpickles.
+(``op`` an integer from LMCache's frozen table or an operation name: :mod:`.operations`).  A reply echoes
+identity, uid and op, then the msgpack result, which is left out when the result is None.  LMCache has no
+error frame, so a refused request is answered with its operation's failure value.  Nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -18,28 +18,6 @@ import numpy as np
 from mpcache.cache.lmcache import keyscan
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError
-
-# LMCache's frozen operation ids (lmcache/v1/multiprocess/transport/zmq_impl/wire.py, 0.5.3 and later).
-OPERATION_IDS: dict[int, str] = {
-    1: "register_kv_cache", 2: "unregister_kv_cache", 3: "register_q_cache", 4: "unregister_q_cache",
-    5: "store_q", 6: "store", 7: "retrieve", 8: "lookup", 9: "query_prefetch_status", 10: "wait_prefetch_status",
-    12: "free_lookup_locks", 13: "end_session", 14: "register_kv_cache_engine_driven_context",
-    15: "unregister_kv_cache_engine_driven_context", 16: "prepare_store", 17: "commit_store",
-    18: "prepare_retrieve", 19: "commit_retrieve", 20: "clear", 21: "get_chunk_size", 22: "ping",
-    23: "report_block_allocation", 24: "noop", 25: "cb_register_rope", 26: "cb_unregister_rope",
-    27: "cb_retrieve_pre_computed", 28: "cb_unified_lookup", 29: "p2p_lookup_and_lock",
-    30: "p2p_query_lookup_results", 31: "p2p_unlock_objects", 32: "get_experimental", 33: "cb_protocol_handshake",
-}
-OPERATION_NAMES = frozenset(OPERATION_IDS.values()) | {"subscribe_kv_events", "server_module_call"}
-
-# What a refused request is answered with (LMCache's failure value of each operation's reply type).
-FAILURE: dict[str, Any] = {
-    "store": [b"", False], "retrieve": [b"", False], "query_prefetch_status": 0, "wait_prefetch_status": 0,
-    "register_kv_cache_engine_driven_context": {"shm_name": "", "pool_size": 0},
-    "prepare_store": {"context": {}}, "commit_store": False,
-    "prepare_retrieve": {"success": False, "data": b"", "context": {}}, "commit_retrieve": False,
-    "ping": False, "noop": "OK", "get_experimental": [], "cb_protocol_handshake": [0, False],
-}
 
 # torch dtype names a worker may register, and their element sizes
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
@@ -127,25 +105,6 @@ _packer = msgpack.Packer(use_bin_type=True)  # one for the loop: no Packer built
 
 def encode(result: Any) -> bytes:
     return _packer.pack(result)
-
-
-_OPERATION_FRAMES = {bytes([op]): name for op, name in OPERATION_IDS.items()}  # a positive fixint: the byte itself
-
-
-def operation_name(frame: bytes) -> str:
-    """The operation a request names, by id or by name; ProtocolError if unknown."""
-    name = _OPERATION_FRAMES.get(frame)
-    if name is not None:
-        return name
-    value = decode(frame)
-    if type(value) is int:
-        name = OPERATION_IDS.get(value)
-        if name is None:
-            raise ProtocolError(f"op: unknown operation id {value}")
-        return name
-    if type(value) is str and value in OPERATION_NAMES:
-        return value
-    raise ProtocolError(f"op: unknown operation {str(value)[:64]!r}")
 
 
 @dataclass(frozen=True, slots=True)
