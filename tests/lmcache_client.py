@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import zmq
 
+OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the KV object of the captured conversations' model (fp16, chunk 256)
 NO_RESULT = object()  # a reply without a result frame (the operation's result was None)
 
 OPS = {"register_kv_cache": 1, "store": 6, "retrieve": 7, "lookup": 8, "query_prefetch_status": 9,

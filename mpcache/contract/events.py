@@ -157,7 +157,7 @@ _ALL = (
     _s(E.MP_LOOKUP_PREFETCH_START, "mp.lookup_prefetch.start"),
     _s(E.MP_LOOKUP_PREFETCH_END, "mp.lookup_prefetch.end", ("model_name", N), ("cache_salt", N), ("found_count", I),
        ("requested_tokens", I), ("hit_tokens", I), ("l1_hit_tokens", I), ("l2_hit_tokens", I),
-       ("early_exit_reason", N)),
+       ("early_exit_reason", N), ("prompt_tokens", I), ("request_hit_tokens", I)),
     _s(E.MP_VLLM_BLOCK_ALLOCATION, "mp.vllm.block_allocation", ("instance_id", I), ("model_name", N),
        ("record_count", I), ("block_count", I), blocks=True),
     _s(E.MP_VLLM_END_SESSION, "mp.vllm.end_session"),

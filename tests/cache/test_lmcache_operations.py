@@ -23,7 +23,7 @@ LMCACHE_IDS = {
     "p2p_query_lookup_results": 30, "p2p_unlock_objects": 31, "get_experimental": 32, "cb_protocol_handshake": 33,
 }
 # The RPC methods LMCache 0.5.7rc3's RequestClient declares that have no id: sent by name.
-LMCACHE_NAMED = {"cb_reorder_plan", "subscribe_kv_events", "server_module_call",
+LMCACHE_NAMED = {"negotiate_chunk_size", "cb_reorder_plan", "subscribe_kv_events", "server_module_call",
                  "server_module_affinity_call"}
 
 

@@ -82,19 +82,19 @@ def test_timeouts_count_events_per_exception_type(pipeline, metrics):
 
 
 def test_lookup_counters_sum_tokens_per_model_and_salt(pipeline, metrics):
-    """requested, hit, hit_l1 and hit_l2 tokens are summed per (model_name, cache_salt)."""
-    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Lookup"], salt_cap=10),
-                       TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["LookupTiers"], salt_cap=10))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, ""))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 1, 512, 256, 256, 0, ""))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("qwen", "b", 0, 0, 0, 0, 0, "no_context"))
+    """requested, hit, hit_l1, hit_l2, prompt and request-hit tokens are summed per (model_name, cache_salt)."""
+    pipeline.subscribe(*(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY[key], salt_cap=10)
+                         for key in ("Lookup", "LookupTiers", "LookupRequests")))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, "", 1100, 768))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 1, 512, 256, 256, 0, "", 800, 512))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("qwen", "b", 0, 0, 0, 0, 0, "no_context", 100, 0))
     pipeline.deliver()
     llama_a = frozenset({("model_name", "llama"), ("cache_salt", "a")})
     qwen_b = frozenset({("model_name", "qwen"), ("cache_salt", "b")})
     assert ([{llama_a: 1536, qwen_b: 0}, {llama_a: 1024, qwen_b: 0}, {llama_a: 768, qwen_b: 0},
-             {llama_a: 256, qwen_b: 0}]) == [
+             {llama_a: 256, qwen_b: 0}, {llama_a: 1900, qwen_b: 100}, {llama_a: 1280, qwen_b: 0}]) == [
         metrics.series(f"lmcache_mp.{name}") for name in ("lookup_requested", "lookup_hit", "lookup_hit_l1",
-                                                         "lookup_hit_l2")]
+                                                         "lookup_hit_l2", "lookup_prompt", "lookup_request_hit")]
 
 
 def test_chunks_loaded_counts_positive_retrieves_by_worker(pipeline, metrics):

@@ -20,12 +20,13 @@ from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.operations import OPERATIONS, refused, served
 from mpcache.cache.lmcache.recentkeys import RecentKeys
 from mpcache.contract import protocol
-from mpcache.errors import ProtocolError
+from mpcache.errors import ProtocolError, RequestError
 
 __all__ = ["OPERATIONS", "LMCacheHandlers", "Wait"]
 
 WarnOnce = Callable[[bytes, str, str, str], None]  # (client, operation, event, fix)
 MAX_TIMEOUT_S = 86400
+MAX_ALIGNMENT = 1 << 20
 
 _ENGINE_DRIVEN = '"lmcache.mp.mp_transfer_mode": "engine_driven"'
 _NO_LMCACHE_DRIVEN = f"lmcache_driven transfer (CUDA IPC handles) is not supported; set {_ENGINE_DRIVEN}"
@@ -87,7 +88,18 @@ class LMCacheHandlers:
 
     @served("get_chunk_size", 21, (0, 0))
     def get_chunk_size(self, args: list[Any], owner: int) -> int:
-        return self._ctx.chunk_tokens
+        return self.engine.registrations.bind_chunk_size()
+
+    @served("negotiate_chunk_size", None, (1, 1))
+    def negotiate_chunk_size(self, args: list[Any], owner: int) -> int:
+        """LMCache 0.5.7's first request: the chunk size, a multiple of the client's alignment.  A size that cannot
+        be one is answered with the bound size, which the client's own check refuses, naming both numbers."""
+        alignment = protocol.int_range(1, MAX_ALIGNMENT)(args[0], "required_chunk_alignment")
+        try:
+            return self.engine.negotiate_chunk_size(alignment)
+        except RequestError as exc:
+            self._warn_once(self.client or b"", "negotiate_chunk_size", "lmcache.chunk_size_refused", str(exc))
+            return self.engine.chunk_tokens
 
     @served("get_experimental", 32, (0, 0), failure=[])
     def get_experimental(self, args: list[Any], owner: int) -> list[str]:
@@ -99,9 +111,9 @@ class LMCacheHandlers:
 
     @served("ping", 22, (0, 1), failure=False)
     def ping(self, args: list[Any], owner: int) -> bool:
-        """True, except once for an instance this process does not know (see :meth:`EngineDriven.ping`)."""
+        """True, except once for an instance this process does not know (see :meth:`.Registrations.ping`)."""
         instance = None if not args or args[0] is None else wire.instance_id(args[0])
-        known = self.engine.ping(instance, owner)
+        known = self.engine.registrations.ping(instance, owner)
         if not known:
             extra = self._unknown_log.allow(self.client, "ping")
             if extra is not None:
@@ -154,9 +166,11 @@ class LMCacheHandlers:
             return Wait(request_id, timeout)
         return self.engine.prefetch_status(request_id)
 
-    @served("free_lookup_locks", 12, (2, 2), keyed=True)
+    @served("free_lookup_locks", 12, (2, 3), keyed=True)
     def free_lookup_locks(self, args: list[Any], owner: int) -> None:
-        self.engine.free_lookup_locks(self._key(args[0], owner))
+        """``(key, tp_size[, extra_ranges])``: 0.5.7 adds the ranges of abandoned lookups."""
+        extra = [] if len(args) < 3 else _ranges(args[2], "extra_ranges")
+        self.engine.free_lookup_locks(self._key(args[0], owner), extra)
 
     @served("end_session", 13, (1, 1))
     def end_session(self, args: list[Any], owner: int) -> None:
@@ -164,8 +178,13 @@ class LMCacheHandlers:
 
     # -- transfers --------------------------------------------------------------------------
 
-    @served("prepare_store", 16, (2, 2), keyed=True, failure={"context": {}})
+    @served("prepare_store", 16, (2, 3), keyed=True, failure={"context": {}})
     def prepare_store(self, args: list[Any], owner: int) -> dict:
+        """``(key, instance_id[, skipped_chunks])``: 0.5.7 adds the chunks each KV cache group skips, which only a
+        registration of several groups sends."""
+        if len(args) > 2 and args[2] != []:
+            raise ProtocolError("skipped_chunks: expected [] (only a registration of several KV cache groups "
+                                "skips chunks)")
         return self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner)
 
     @served("commit_store", 17, (3, 3), keyed=True, failure=False)
@@ -196,3 +215,11 @@ class LMCacheHandlers:
         if self._one_owner:
             return key
         return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))
+
+
+def _ranges(value: Any, name: str) -> list[tuple[int, int]]:
+    """``[[start, end], …]`` token ranges."""
+    if type(value) is not list or not all(type(pair) is list and len(pair) == 2 for pair in value):
+        raise ProtocolError(f"{name}: expected a list of [start, end] pairs")
+    position = protocol.int_range(0, (1 << 62) - 1)
+    return [(position(start, f"{name}.start"), position(end, f"{name}.end")) for start, end in value]

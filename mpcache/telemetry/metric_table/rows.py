@@ -198,6 +198,17 @@ SECTIONS: tuple[Section, ...] = (
            _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
            "Tokens of completed lookups' hits that were in L2."),
     )),
+    Section("LookupRequests", "Request-level hit rate (the engine's prefix cache and this cache)", False, (
+        _m("lmcache_mp.lookup_prompt", "lmcache_mp_lookup_prompt_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "prompt_tokens", *_LOOKUP_LABELS),
+           "Whole prompts of completed lookups, a partial last chunk included: the request-level hit rate's "
+           "denominator (LMCache 0.5.7's series)."),
+        _m("lmcache_mp.lookup_request_hit", "lmcache_mp_lookup_request_hit_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "request_hit_tokens", *_LOOKUP_LABELS),
+           "Prefix of those prompts the engine's own prefix cache or this cache serves, the longer of the two "
+           "(LMCache 0.5.7's series; lookup_requested and lookup_hit leave out the prefix a 0.5.7 lookup starts "
+           "past)."),
+    )),
     Section("L2Failures", "L2 prefetch failures", True, (
         _m("lmcache_mp.l2_prefetch_failure", "lmcache_mp_l2_prefetch_failure_chunks_total", COUNTER, "chunks",
            _salts((E.L2_PREFETCH_FAILED,), _f("reason"), _GROUP_MODEL),
