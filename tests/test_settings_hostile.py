@@ -211,3 +211,85 @@ def test_a_log_file_the_service_did_not_create_is_refused_before_anything_is_wri
     _one_line_exit_2(_check_config(tmp_path, "--log-file", str(path)), expected)
     assert before == _state(planted)
     assert os.path.lexists(path) == (case != "a_rotated_copy_not_ours")
+
+
+def _settings_in(directory: Path, mode: int = 0o700) -> Path:
+    directory.mkdir(exist_ok=True)
+    os.chmod(directory, mode)
+    path = directory / "settings.toml"
+    path.write_text('log-level = "debug"\n')
+    return path
+
+
+@pytest.mark.parametrize("case", ["world_writable", "group_writable", "in_a_0777_directory", "another_users",
+                                  "in_another_users_directory", "a_symlink_to_one_in_a_0777_directory"])
+def test_a_config_file_someone_else_could_have_written_is_refused_naming_it_and_the_fix(tmp_path, case, request):
+    """As sshd's StrictModes: a settings file (or a directory above it) owned by neither root nor the service's
+    uid, or writable by group or others, is one line naming it, why, and what to fix — at a start and in
+    --check-config — and the service starts nothing; a symlink is resolved and its target checked."""
+    path = _settings_in(tmp_path / "conf")
+    named, reason = path, "is writable by group or others (mode 0666)"
+    if case == "world_writable":
+        os.chmod(path, 0o666)
+    elif case == "group_writable":
+        os.chmod(path, 0o620)
+        reason = "is writable by group or others (mode 0620)"
+    elif case in ("in_a_0777_directory", "a_symlink_to_one_in_a_0777_directory"):
+        os.chmod(path.parent, 0o777)
+        named, reason = path.parent, "is writable by group or others (mode 0777)"
+    else:
+        uid = request.getfixturevalue("second_user").uid
+        os.chown(path if case == "another_users" else path.parent, uid, -1)
+        named = path if case == "another_users" else path.parent
+        reason = f"belongs to uid {uid}, not to root or the service's uid {os.geteuid()}"
+    given = path
+    if case.startswith("a_symlink"):
+        given = tmp_path / "link.toml"
+        given.symlink_to(path)
+    expected = f"--config: refusing '{given}': {named} {reason} (a settings file and every directory above it"
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(given)), expected)
+    _one_line_exit_2(_start(tmp_path, "--config", str(given)), expected)
+
+
+@pytest.mark.parametrize("case", ["private", "in_a_sticky_world_writable_directory", "a_symlink_to_a_trusted_one"])
+def test_a_config_file_only_root_or_the_service_could_write_is_read(tmp_path, case):
+    """A private file, one in a sticky world-writable directory (like /tmp: no one else can replace it) and a
+    symlink whose target passes are read: --check-config shows the file as the setting's source."""
+    path = _settings_in(tmp_path / "conf", 0o1777 if case == "in_a_sticky_world_writable_directory" else 0o700)
+    given = path
+    if case == "a_symlink_to_a_trusted_one":
+        given = tmp_path / "link.toml"
+        given.symlink_to(path)
+    shown = _check_config(tmp_path, "--config", str(given))
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert [f"# file {given}"] == [line.split(None, 3)[-1] for line in shown.stdout.splitlines()
+                                   if line.startswith("log-level =")]
+
+
+READ_ONLY_MOUNT = '''
+mount -t tmpfs -o mode=0777 mpcache-test "$1" || exit 97
+printf 'log-level = "debug"\\n' > "$1/settings.toml"
+mount -o remount,ro "$1" || exit 97
+shift
+exec "$@"
+'''
+
+
+def test_a_config_file_in_a_0777_directory_on_a_read_only_mount_is_read(tmp_path):
+    """No one can change what is on a read-only mount: a Kubernetes ConfigMap's volume directory is 0777, the
+    volume mounted read-only, and its settings file is read (here: a tmpfs remounted read-only in a private
+    mount namespace)."""
+    directory = tmp_path / "configmap"
+    directory.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    try:
+        shown = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_MOUNT,
+                                "sh", str(directory), *START_CACHE, "--check-config", "--config",
+                                str(directory / "settings.toml")], capture_output=True, text=True, timeout=60,
+                               env=env, cwd=tmp_path)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed")
+    if shown.returncode == 97 or "unshare failed" in shown.stderr:
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {shown.stderr.strip()}")
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert 'log-level = "debug"' in shown.stdout
