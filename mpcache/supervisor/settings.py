@@ -17,6 +17,7 @@ from mpcache.cache.l2.trust import ensure_private_dir, resolve_l2_key
 from mpcache.config import L2_GB, SETTINGS, Config
 from mpcache.config.kinds import Choice, Kind, Repeated, Switch
 from mpcache.errors import ConfigError
+from mpcache.supervisor import logfile
 from mpcache.supervisor.checks import check_otlp_endpoint, check_socket_path_length
 from mpcache.supervisor.sources import Resolved, describe, resolve, where
 
@@ -120,11 +121,13 @@ def config_from_settings(resolved: Resolved, supervisor_pid: int, runtime_dir: s
 def check_config(resolved: Resolved, supervisor_pid: int, runtime_dir: str) -> int:
     """``--check-config``: every setting and its source on stdout, exit 0; or the error on stderr, exit 2.
     The settings are checked together as at a start, without touching anything (no L2 secret is read, no
-    address resolved, no port or shared memory probed)."""
+    address resolved, no port or shared memory probed; an existing --log-file is read, not written)."""
     try:
         config = config_from_settings(resolved, supervisor_pid, runtime_dir, l2_key=False)
         check_socket_path_length(config)
         check_otlp_endpoint(config)
+        if config.log_file:
+            logfile.check(os.path.abspath(config.log_file), config.log_backups)
     except ConfigError as exc:
         sys.stderr.write(f"start-cache: error: {where(resolved, str(exc))}\n")
         return 2

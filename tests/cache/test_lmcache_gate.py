@@ -42,7 +42,7 @@ class World:
 
     def connect(self, uid: int | None) -> socket.socket:
         """A connection accepted from a client the table says ``uid`` owns (None: absent from the table)."""
-        client = socket.create_connection(("127.0.0.1", self.port))
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=5)
         accepted, _ = self.listener.accept()
         self.sockets += [client, accepted]
         client_port = client.getsockname()[1]
@@ -136,7 +136,7 @@ def test_the_kernel_table_names_both_ends_of_a_real_connection() -> None:
     end is the listener; the real gate finds its owner from the accepted socket."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    peer = socket.create_connection(("127.0.0.1", port))
+    peer = socket.create_connection(("127.0.0.1", port), timeout=5)
     accepted, _ = listener.accept()
     try:
         mine = [end for end in sockets.ends(port)
@@ -172,7 +172,7 @@ def test_a_local_peer_that_ends_its_side_before_the_check_is_never_taken_for_a_r
     ``REMOTE``."""
     address = _this_hosts_own_address()
     listener = socket.create_server((address, 0))
-    peer = socket.create_connection((address, listener.getsockname()[1]))
+    peer = socket.create_connection((address, listener.getsockname()[1]), timeout=5)
     if end == "half-closed":
         peer.shutdown(socket.SHUT_WR)
     else:

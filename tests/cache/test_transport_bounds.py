@@ -19,6 +19,7 @@ from mpcache.errors import RequestError
 
 def _raw(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
     sock.connect(path)
     return sock
 
