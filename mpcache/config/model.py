@@ -149,6 +149,10 @@ class Config:
     telemetry_nice: int = setting(
         Integer(0, 19), 0, "nice increment (0..19) the telemetry process applies to itself, so that on a busy "
         "machine the cache processes get the CPU first and the drain lags instead (default 0)", group=TELEMETRY)
+    telemetry_hang_timeout_s: float = setting(
+        Seconds(1, math.inf, high_open=True), 10.0,
+        "seconds the telemetry process's heartbeat may stand still before it is killed and restarted; the "
+        "cache processes serve on meanwhile (default 10)", group=TELEMETRY, name="telemetry-hang-timeout")
     disable_metrics: bool = setting(
         Switch(), False, "run no metrics subscribers and no exporters (/healthz and /ready still answer)",
         group=TELEMETRY, derive=derived.otel_sdk_disabled)

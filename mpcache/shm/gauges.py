@@ -79,6 +79,33 @@ def set_telemetry_restarts(segment: Segment, count: int) -> None:
     segment.buf[:layout.GAUGE_HEADER_SIZE].cast("q")[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8] = int(count)
 
 
+class TelemetryBeat:
+    """The telemetry process's heartbeat in the board's header: its pid and a time word it advances from its
+    pump loop, which the supervisor's watchdog reads as it reads a cache process's slot (``pid`` and ``beat``,
+    :meth:`clear` once that process is gone)."""
+
+    def __init__(self, segment: Segment, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        _validate(segment)
+        self._header = segment.buf[:layout.GAUGE_HEADER_SIZE].cast("q")
+        self._clock_ns = clock_ns
+
+    def beat(self, pid: int) -> None:
+        self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8] = pid
+        self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8] = self._clock_ns()
+
+    @property
+    def pid(self) -> int:
+        return self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8]
+
+    @property
+    def heartbeat(self) -> int:
+        return self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8]
+
+    def clear(self) -> None:
+        self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8] = 0
+        self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8] = 0
+
+
 class GaugeBoardReader:
     """The telemetry process's read-only view of every slot."""
 

@@ -13,7 +13,7 @@ from typing import Any
 from mpcache.config import Config
 from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeSlot, set_telemetry_restarts
+from mpcache.shm.gauges import GaugeSlot, TelemetryBeat, set_telemetry_restarts
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.children import Child, Role
 from mpcache.systemd import Notifier
@@ -30,6 +30,7 @@ class BoardWriter:
         self._config = config
         self._board: Segment | None = None
         self._slots: dict[int, GaugeSlot] = {}
+        self._telemetry: TelemetryBeat | None = None
 
     def _segment(self) -> Segment | None:
         if self._board is None:
@@ -47,6 +48,14 @@ class BoardWriter:
                 return None
             slot = self._slots[worker] = GaugeSlot(board, worker)
         return slot
+
+    def telemetry(self) -> TelemetryBeat | None:
+        """The telemetry process's heartbeat words (in the board's header)."""
+        if self._telemetry is None:
+            board = self._segment()
+            if board is not None:
+                self._telemetry = TelemetryBeat(board)
+        return self._telemetry
 
     def count_restarts(self, child: Child) -> None:
         if child.role is Role.CACHE:
@@ -72,6 +81,7 @@ class BoardWriter:
 
     def close(self) -> None:
         self._slots.clear()  # views into the board go before its mapping
+        self._telemetry = None
         if self._board is not None:
             self._board.close()
             self._board = None

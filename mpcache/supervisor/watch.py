@@ -38,7 +38,8 @@ class Supervisor:
         self.config = config
         self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
         self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
-        self.liveness = Liveness(config.hang_timeout_s)
+        self.liveness = {Role.CACHE: Liveness(config.hang_timeout_s),
+                         Role.TELEMETRY: Liveness(config.telemetry_hang_timeout_s)}
         self.config_path = config_path
         self.log = log
         self.forwarder = forwarder
@@ -66,6 +67,9 @@ class Supervisor:
                                         stale_socket=_inode(self.config.socket_path(child.index)))
             child.state = "starting"
             self.board.set_state(child.index, "starting")
+        elif child.role is Role.TELEMETRY:
+            child.heartbeat = Heartbeat(started_at=child.started_at, beat_changed_at=child.started_at)
+            child.state = "starting"
         else:
             child.state = "running"
         self.log.info("child.started", child_role=child.role.value, index=child.index, pid=child.process.pid)
@@ -85,9 +89,18 @@ class Supervisor:
     def _caches(self) -> list[Child]:
         return [child for child in self.children if child.role is Role.CACHE]
 
+    def _watched(self) -> list[Child]:
+        """The children whose heartbeat the watchdog follows: telemetry and the cache processes."""
+        return [child for child in self.children if child.role in self.liveness]
+
     def _update_readiness(self) -> None:
-        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do."""
+        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do.
+        Telemetry runs once it heartbeats."""
         changed = False
+        for child in self.children:
+            if child.role is Role.TELEMETRY and child.state == "starting" and child.heartbeat.listening:
+                child.state = "running"
+                changed = True
         for child in self._caches():
             if child.state == "starting" and child.process is not None and child.heartbeat.listening:
                 child.state = "serving"
@@ -107,27 +120,41 @@ class Supervisor:
             self._write_status()
 
     def _check_heartbeats(self, now: float) -> None:
-        """Kill a cache process whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a stuck
-        request): it is restarted like one that died.  Its gauges are cleared at once, so that the dead
-        slot is neither live nor read as an empty cache."""
-        for child in self._caches():
+        """Kill a cache process or telemetry whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a
+        stuck request or subscriber): it is restarted like one that died.  Its words are cleared at once, so
+        that a dead cache process's slot is neither live nor read as an empty cache."""
+        for child in self._watched():
             process = child.process
-            slot = self.board.slot(child.index)
-            if process is None or slot is None or child.state not in ("starting", "serving"):
+            words = self._heartbeat_words(child)
+            if process is None or words is None or child.state not in ("starting", "serving", "running"):
                 continue
-            socket_inode = functools.partial(_inode, self.config.socket_path(child.index))
-            silence = self.liveness.observe(child.heartbeat, process.pid, slot.get(layout.G_PID),
-                                            slot.get(layout.G_HEARTBEAT), socket_inode, now)
+            pid_word, beat, serving, clear = words
+            silence = self.liveness[child.role].observe(child.heartbeat, process.pid, pid_word, beat, serving, now)
             if silence is None:
                 continue
-            self.log.error("cache.unresponsive", worker=child.index, pid=process.pid,
-                           silent_s=round(silence.silent_s, 1),
+            fields = {"worker": child.index} if child.role is Role.CACHE else {}
+            others = "" if child.role is Role.CACHE else "; the cache processes keep serving"
+            self.log.error(f"{child.role.value}.unresponsive", pid=process.pid, silent_s=round(silence.silent_s, 1),
+                           **fields,
                            message=f"{child.label} (pid {process.pid}): {silence.what} for {silence.silent_s:.1f} s "
-                           f"(limit {silence.limit_s:g} s); killing it (SIGKILL) and restarting it")
+                           f"(limit {silence.limit_s:g} s); killing it (SIGKILL) and restarting it{others}")
             child.state = "unresponsive"
-            self.board.clear(child.index, "unresponsive")
+            clear()
             process.kill()
             self._write_status()
+
+    def _heartbeat_words(self, child: Child) -> tuple[int, int, Callable[[], bool], Callable[[], None]] | None:
+        """A watched child's pid and heartbeat words, whether it serves yet and how its words are cleared (a
+        cache process's whole slot); None while the gauge board cannot be read."""
+        if child.role is Role.CACHE:
+            slot = self.board.slot(child.index)
+            if slot is None:
+                return None
+            serving = functools.partial(_replaced, self.config.socket_path(child.index), child.heartbeat.stale_socket)
+            return (slot.get(layout.G_PID), slot.get(layout.G_HEARTBEAT), serving,
+                    functools.partial(self.board.clear, child.index, "unresponsive"))
+        beat = self.board.telemetry()
+        return None if beat is None else (beat.pid, beat.heartbeat, _always, beat.clear)
 
     def _reap(self, child: Child, status: int) -> None:
         assert child.process is not None
@@ -145,6 +172,8 @@ class Supervisor:
                 self.exit_code = 1
             self._write_status()
             return
+        if child.role is Role.TELEMETRY and (words := self.board.telemetry()) is not None:
+            words.clear()
         if child.role is Role.CACHE:
             if recover_ring(self.config, child.index):
                 self.log.warning("ring.torn_record", worker=child.index,
@@ -242,6 +271,17 @@ def _remove_socket(path: str) -> None:
     with contextlib.suppress(OSError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
+
+
+def _replaced(path: str, stale: int | None) -> bool:
+    """A cache process serves once its socket file exists and is not its predecessor's (``stale`` inode)."""
+    inode = _inode(path)
+    return inode is not None and inode != stale
+
+
+def _always() -> bool:
+    """Telemetry serves from its first heartbeat: it writes none before its pump loop runs."""
+    return True
 
 
 def _inode(path: str) -> int | None:

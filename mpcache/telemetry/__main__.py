@@ -12,7 +12,7 @@ import threading
 
 from mpcache.config import Config
 from mpcache.logs import configure_logging
-from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import EventBus, subscribe_all, telemetry_flush_interval_s
 from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
@@ -83,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         nice=os.nice(0),
     )
     parent = os.getppid()
+    pid = os.getpid()
+    heartbeat = TelemetryBeat(board)
 
     def should_stop() -> bool:
+        # Asked once per pump loop (at least every second): the heartbeat the supervisor's watchdog follows.
+        heartbeat.beat(pid)
         # A supervisor that died without stopping us can no longer restart or stop us: exit too.
         return stop.is_set() or os.getppid() != parent
 

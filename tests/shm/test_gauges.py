@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
+from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, TelemetryBeat, format_gauge_board, set_telemetry_restarts
 
 NOW = 1_000_000_000_000
 
@@ -110,3 +110,20 @@ def test_slot_out_of_range(board, slot):
 def test_reader_reports_slot_count(board):
     """The reader takes the slot count from the header."""
     assert 3 == GaugeBoardReader(board).n_slots
+
+
+def test_telemetry_beat_is_two_header_words_that_leave_the_restart_count_alone(board):
+    """Telemetry's heartbeat: its pid at header byte 40 and the time at byte 32, read back by another view (the
+    supervisor's); clearing them keeps the restart count (byte 24) and every slot."""
+    set_telemetry_restarts(board, 3)
+    GaugeSlot(board, 0).heartbeat(pid=11)
+    TelemetryBeat(board, clock_ns=Clock(NOW)).beat(pid=4242)
+    supervisor = TelemetryBeat(board)
+    seen = (supervisor.pid, supervisor.heartbeat, int.from_bytes(board.buf[32:40], "little"),
+            int.from_bytes(board.buf[40:48], "little"))
+    supervisor.clear()
+
+    assert (4242, NOW, NOW, 4242) == seen
+    assert (0, 0, {"cache": 0, "telemetry": 3}) == (supervisor.pid, supervisor.heartbeat,
+                                                    GaugeBoardReader(board).restarts())
+    assert 11 == GaugeBoardReader(board).word(0, layout.G_PID)
