@@ -141,9 +141,11 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.SM_WRITE_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0)
     publish(E.SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk],
             timestamp_ns=t0 + 5)
-    publish(E.MP_LOOKUP_PREFETCH_END, ("m", "a", 1, 256, 256, 256, 0, "", 256, 256))
+    publish(E.MP_LOOKUP_PREFETCH_END, ("m", "a", 1, 256, 256, 256, 0, "", 256, 256, 1, 0))
     for start, end, fields in ((E.MP_STORE_START, E.MP_STORE_END, ("cuda:0", 1, "m", 1, 4096, 256)),
                                (E.MP_RETRIEVE_START, E.MP_RETRIEVE_END, ("cuda:0", 1, "m", "a", 1, 4096, 256))):
+        publish(E.MP_STORE_SUBMITTED if start is E.MP_STORE_START else E.MP_RETRIEVE_SUBMITTED, ("cuda:0",),
+                session_id="r", timestamp_ns=t0)
         publish(start, ("cuda:0", 1, "m"), session_id="r", timestamp_ns=t0)
         publish(end, fields, session_id="r", timestamp_ns=t0 + 1000)
     # L2

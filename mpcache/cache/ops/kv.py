@@ -199,7 +199,8 @@ def report_lookup(ctx: CacheContext, job: Job) -> None:
         request_hit = max(report.engine_hit_tokens, report.covered_chunks * tokens + hit)
     ctx.publisher.emit(
         _MP_LOOKUP_PREFETCH_END,
-        (job.model, job.salt, chunks, requested, hit, l1_hits * tokens, l2_hits * tokens, "", prompt, request_hit),
+        (job.model, job.salt, chunks, requested, hit, l1_hits * tokens, l2_hits * tokens, "", prompt, request_hit,
+         job.l1_hits, job.l2_hits),
         session_id=job.request_id,
     )
     ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)
