@@ -9,7 +9,9 @@ import os
 import numpy as np
 import pytest
 from lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
+from support.waiting import wait_for
 
+from mpcache.cache.lmcache.registrations import REAP_AFTER_S
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 
@@ -181,3 +183,52 @@ def test_a_registration_says_null_block_id_to_a_057_worker_only_and_refuses_seve
     assert {"shm_name": "", "pool_size": 0} == client.call(
         "register", {**registration(3, hidden=128), "group_layouts": [{"num_layers": 2}, {"num_layers": 2}]})
     assert {"shm_name": "", "pool_size": 0} == client.call("register", {**registration(4), "block_size": 0})
+
+
+def _store_one(client: LMClient, instance: int, seed: int) -> None:
+    tokens = list(range(seed * 10_000, seed * 10_000 + CHUNK))
+    stored = key(tokens, f"w{seed}", worker_id=0)
+    assert 1 == len(client.call("prepare_store", stored, instance)["context"]["slots"])
+    assert True is client.call("commit_store", stored, instance, b"")
+
+
+def engine_labels(harness) -> set[int]:
+    batch = harness.events.take()
+    return {event.fields["engine_id"] for event in batch.events([E.MP_STORE_START, E.MP_STORE_END])}
+
+
+def test_an_engine_restarted_fifty_times_keeps_one_engine_label(lmcache, capsys):
+    """Every engine start brings a new random instance id; its events name the engine by the lowest free slot,
+    so fifty restarts in place leave one series, not fifty, and each start and stop is logged once."""
+    harness, client = lmcache()
+    rng = np.random.default_rng(5)
+    for restart in range(50):
+        instance = int(rng.integers(1, 2**63 - 1))
+        client.call("register", registration(instance, hidden=128))
+        _store_one(client, instance, restart)
+        assert NO_RESULT is client.call("unregister", instance)
+    assert {0} == engine_labels(harness)
+    out = capsys.readouterr().out
+    assert (50, 50) == (out.count("lmcache.engine_registered"), out.count("lmcache.engine_unregistered"))
+
+
+def test_an_engine_killed_without_unregistering_is_reaped_and_its_slot_reused(lmcache, capsys):
+    """A registration silent for REAP_AFTER_S (no ping, no transfer) goes, as LMCache 0.5.7's server reaps its
+    workers: its slot is free for the next engine; a live one that pings stays."""
+    now = [1000.0]
+    harness, client = lmcache(server_kwargs={"clock": lambda: now[0]})
+    client.call("register", registration(11, hidden=128))  # killed: never heard of again
+    client.call("register", registration(12, hidden=128))  # alive: pings
+    _store_one(client, 12, 1)
+    now[0] += REAP_AFTER_S - 1
+    assert True is client.call("ping", 12)
+    now[0] += 2
+    registrations = harness.server.lmcache.engine.registrations
+    wait_for(lambda: not registrations.owned(11, os.geteuid()), 10, "the silent registration to be reaped")
+    assert registrations.owned(12, os.geteuid())
+    assert "reason='silent for 120 s (no ping, no transfer)'" in capsys.readouterr().out.replace('"', "'")
+    assert False is client.call("ping", 11)  # told once that it is unknown: it would register again
+    client.call("register", registration(13, hidden=128))  # the next engine takes the reaped one's slot
+    _store_one(client, 13, 2)
+    _store_one(client, 12, 3)
+    assert {0, 1} == engine_labels(harness)

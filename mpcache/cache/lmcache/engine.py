@@ -1,14 +1,14 @@
 """LMCache's engine_driven operations on a cache context: workers copy KV straight into and out of L1 objects.
 
-The server hashes whole chunks of a request's tokens itself (prefix-chained) and folds
-(world_size, rank) into each chunk's key, so every KV rank's piece is its own L1 object.  A lookup
-hit is the prefix of chunks that every rank has; it takes ``num_kv_readers`` read locks per object,
-and each worker's commit_retrieve gives one back (free_lookup_locks a range, end_session the rest).
+The server hashes whole chunks of a request's tokens itself (prefix-chained) and folds (world_size, rank) into each
+chunk's key, so every KV rank's piece is its own L1 object.  A lookup hit is the prefix of chunks that every rank
+has; it takes ``num_kv_readers`` read locks per object, and each worker's commit_retrieve gives one back
+(free_lookup_locks a range, end_session the rest).
 A lookup that starts past the chunks the engine's own prefix cache holds (LMCache 0.5.7's ``key.start``)
 refreshes those chunks for eviction without locking or prefetching them, and its hit counts them.
-Stores are two-phase: prepare_store reserves L1 space and names it (byte offsets into the pool, each
-object the registration's size), commit_store makes it readable; a prepared store or retrieve left
-uncommitted gives its space or locks back after ``pending_ttl_s``.
+Stores are two-phase: prepare_store reserves L1 space and names it (byte offsets into the pool, each object the
+registration's size), commit_store makes it readable; a prepared store or retrieve left uncommitted gives its space
+or locks back after ``pending_ttl_s``.
 Each operation publishes the events its mpcache-protocol twin publishes; store and retrieve are timed
 from prepare to commit.  A registration (:mod:`.registrations`) holds at most a quarter of L1's bytes (or one
 object) in uncommitted stores; one whose object is larger than all of L1 fails each store at prepare_store.
@@ -57,6 +57,7 @@ class _Pending:
     positions: list[int] = field(default_factory=list)  # retrieve: the keys' positions in the lookup's job
     job: Job | None = None
     device: str = "cpu:0"  # the worker's rank: START and END pair per (request, device)
+    engine: int = 0  # the registration's engine slot, its events' engine_id
     failed: int = 0  # store: chunks that got no space
     nbytes: int = 0
     deadline: float = 0.0
@@ -70,11 +71,6 @@ class _Lookup:
 
 
 TransferKey = tuple[int, str, int | None, int, int, str, str, int]
-
-
-def _device(key: wire.Key) -> str:
-    """A worker's transfers are on its own device: shared memory, per KV rank."""
-    return f"cpu:{key.worker_id or 0}"
 
 
 def _transfer_key(key: wire.Key, instance_id: int) -> TransferKey:
@@ -117,16 +113,15 @@ class EngineDriven:
         """Describe the pool a worker maps (any object size)."""
         registration = self.registrations.register(payload, owner)
         ctx = self._ctx
-        reply: dict[str, Any] = {"shm_name": ctx.config.l1_pool_name(ctx.worker).lstrip("/"),
-                                 "pool_size": len(ctx.l1.pool)}
-        if registration.client == wire.CLIENT_057:
-            reply["null_block_id"] = NULL_BLOCK_ID
-        return reply
+        reply = {"shm_name": ctx.config.l1_pool_name(ctx.worker).lstrip("/"), "pool_size": len(ctx.l1.pool)}
+        return {**reply, "null_block_id": NULL_BLOCK_ID} if registration.client == wire.CLIENT_057 else reply
 
     def unregister(self, instance_id: int, owner: int) -> None:
         """Forget an instance and give back what its uncommitted stores and retrieves hold."""
-        if not self.registrations.forget(instance_id, owner, "unregistered by its worker"):
-            return
+        if self.registrations.forget(instance_id, owner, "unregistered by its worker"):
+            self._drop_transfers(instance_id)
+
+    def _drop_transfers(self, instance_id: int) -> None:
         self._held.pop(instance_id, None)
         for table in (self._stores, self._retrieves):
             for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
@@ -242,16 +237,17 @@ class EngineDriven:
         keys = self._rank_keys(key, first, last, (key.worker_id or 0,))
         request_id, model, salt = key.request_id, key.model_name, key.cache_salt
         ctx.sessions.open(request_id)
-        device = _device(key)
+        device = f"cpu:{key.worker_id or 0}"  # a worker's transfers are on its own device
         self._emit[_MP_STORE_SUBMITTED]((device,), request_id)
-        self._emit[_MP_STORE_START]((device, instance_id, model), request_id)
+        engine = self.registrations.slot(instance_id)
+        self._emit[_MP_STORE_START]((device, engine, model), request_id)
         held = self._held.get(instance_id, 0)
         size = registration.object_bytes
         limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
         reservation = reserve_store(ctx, model, salt, keys, limit=limit, nbytes=size)
         pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
-                           device=device, failed=reservation.failed, nbytes=registration.object_bytes,
-                           deadline=ctx.clock() + self._pending_ttl_s)
+                           device=device, engine=engine, failed=reservation.failed,
+                           nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
         if not reservation.positions:  # nothing to copy: the worker will not commit
             self._finish_store(pending, [])
             if size > ctx.l1.max_object_bytes and reservation.failed:
@@ -287,7 +283,7 @@ class EngineDriven:
     def _finish_store(self, pending: _Pending, sampled: list) -> None:
         ctx = self._ctx
         stored, nbytes, model, salt = len(pending.keys), pending.nbytes, pending.model, pending.salt
-        self._emit[_MP_STORE_END]((pending.device, pending.instance_id, model, stored, stored * nbytes,
+        self._emit[_MP_STORE_END]((pending.device, pending.engine, model, stored, stored * nbytes,
                                    stored * self.chunk_tokens), pending.request_id)
         ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
                            salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
@@ -320,10 +316,11 @@ class EngineDriven:
                 ctx.sessions.release_positions(job, positions, every_lock=False)
             return {"success": False, "data": b"", "context": {}}
         ctx.sessions.open(request_id)
-        device = _device(key)
+        device = f"cpu:{key.worker_id or 0}"  # a worker's transfers are on its own device
         self._emit[_MP_RETRIEVE_SUBMITTED]((device,), request_id)
-        self._emit[_MP_RETRIEVE_START]((device, instance_id, model), request_id)
-        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device,
+        engine = self.registrations.slot(instance_id)
+        self._emit[_MP_RETRIEVE_START]((device, engine, model), request_id)
+        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device, engine,
                                          nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
         return {"success": True, "data": b"", "context": {"slots": [
             {"offset": offset, "length": size, "shape": registration.shape, "dtype": registration.dtype}
@@ -341,7 +338,7 @@ class EngineDriven:
         sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
         if pending.job is not None:
             ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
-        self._emit[_MP_RETRIEVE_END]((pending.device, instance_id, model, salt, count, count * pending.nbytes,
+        self._emit[_MP_RETRIEVE_END]((pending.device, pending.engine, model, salt, count, count * pending.nbytes,
                                       count * self.chunk_tokens), pending.request_id)
         ctx.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): count}, sampled=sampled)
         return True
@@ -359,10 +356,10 @@ class EngineDriven:
         if table is self._stores:
             self._release_held(pending)
             ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
-            self._emit[_MP_STORE_END]((pending.device, pending.instance_id, pending.model, 0, 0, 0), pending.request_id)
+            self._emit[_MP_STORE_END]((pending.device, pending.engine, pending.model, 0, 0, 0), pending.request_id)
         else:
             ctx.l1.release_read(pending.model, pending.salt, pending.keys)
-            self._emit[_MP_RETRIEVE_END]((pending.device, pending.instance_id, pending.model, pending.salt, 0, 0, 0),
+            self._emit[_MP_RETRIEVE_END]((pending.device, pending.engine, pending.model, pending.salt, 0, 0, 0),
                                          pending.request_id)
 
     def _release_held(self, pending: _Pending) -> None:
@@ -373,7 +370,9 @@ class EngineDriven:
             self._held.pop(pending.instance_id, None)
 
     def expire(self) -> int:
-        """Abandon prepared transfers past their deadline (oldest first); returns how many."""
+        """Drop silent registrations, abandon transfers past their deadline (oldest first); how many transfers."""
+        for instance_id in self.registrations.reap():
+            self._drop_transfers(instance_id)
         now = self._ctx.clock()
         expired = 0
         for table in (self._stores, self._retrieves):

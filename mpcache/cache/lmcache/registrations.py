@@ -2,7 +2,11 @@
 
 A registration (instance id) belongs to the peer uid that made it: only that uid transfers through it.
 Each is logged once when it comes and once when it goes (instance, model, world size, object layout,
-transfer mode, client version), at info, as LMCache's server logs its workers.
+transfer mode, client version), at info, as LMCache's server logs its workers.  One that is silent (no ping,
+no transfer) for ``REAP_AFTER_S`` is dropped, as LMCache 0.5.7's server reaps its workers: an engine killed
+without unregistering holds nothing for good.  Each registration's events name its engine by a slot (the
+lowest free one, freed when it goes), not by its instance id, which is random at every engine start: an engine
+restarted in place continues its series instead of leaving new ones behind.
 
 The chunk size follows LMCache 0.5.7's negotiation: ``--chunk-size`` is the smallest chunk; the first
 ``negotiate_chunk_size(alignment)`` rounds it up to a multiple of the alignment and binds it, as does the
@@ -12,11 +16,14 @@ size and an incompatible one is refused, as is a change after requests have star
 
 from __future__ import annotations
 
+import heapq
+
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
 from mpcache.errors import RequestError
 
 MAX_INSTANCES = 1024
+REAP_AFTER_S = 120.0  # LMCache 0.5.7's worker_reap_timeout_seconds: more than 3 missed 10 s heartbeats
 TRANSFER_MODE = "engine_driven (shared-memory pool)"
 
 
@@ -31,6 +38,9 @@ class Registrations:
         self._by_id: dict[int, wire.Registration] = {}
         self._owners: dict[int, int] = {}  # instance id → the peer uid that registered it
         self._told_unknown: set[int] = set()
+        self._seen: dict[int, float] = {}  # instance id → when it last pinged, registered or transferred
+        self._slots: dict[int, int] = {}  # instance id → the engine label its events carry
+        self._free_slots: list[int] = []  # a heap: the lowest free slot is taken first
         self._warned_too_large: set[tuple[str, int]] = set()  # (model, object bytes) warned about
 
     # -- the chunk size -------------------------------------------------------------------
@@ -80,10 +90,14 @@ class Registrations:
         self._by_id[instance] = registration
         self._owners[instance] = owner
         self._told_unknown.discard(instance)
+        self._seen[instance] = self._ctx.clock()
+        if instance not in self._slots:
+            self._slots[instance] = heapq.heappop(self._free_slots) if self._free_slots else len(self._slots)
         self._ctx.log.info("lmcache.engine_registered", instance_id=instance, model=registration.model_name,
                            world_size=registration.world_size, shape=registration.shape, dtype=registration.dtype,
                            object_bytes=registration.object_bytes, transfer_mode=TRANSFER_MODE,
-                           client_version=registration.client, uid=owner, chunk_tokens=self.chunk_tokens)
+                           client_version=registration.client, uid=owner, chunk_tokens=self.chunk_tokens,
+                           engine_slot=self._slots[instance])
         return registration
 
     def forget(self, instance_id: int, owner: int, reason: str) -> bool:
@@ -91,6 +105,8 @@ class Registrations:
         if self._owners.get(instance_id) != owner:
             return False
         del self._owners[instance_id]
+        del self._seen[instance_id]
+        heapq.heappush(self._free_slots, self._slots.pop(instance_id))
         registration = self._by_id.pop(instance_id)
         self._ctx.log.info("lmcache.engine_unregistered", instance_id=instance_id, model=registration.model_name,
                            world_size=registration.world_size, uid=owner, reason=reason)
@@ -104,12 +120,28 @@ class Registrations:
         registration = self._by_id.get(instance_id)
         if registration is None or self._owners[instance_id] != owner:
             raise RequestError(f"instance {instance_id} has no engine_driven context registered with this server")
+        self._seen[instance_id] = self._ctx.clock()
         return registration
+
+    def slot(self, instance_id: int) -> int:
+        """The engine label of a registered instance's events."""
+        return self._slots[instance_id]
+
+    def reap(self) -> list[int]:
+        """Drop the registrations silent for ``REAP_AFTER_S``; their instance ids."""
+        silent_since = self._ctx.clock() - REAP_AFTER_S
+        silent = [instance for instance, seen in self._seen.items() if seen < silent_since]
+        for instance in silent:
+            self.forget(instance, self._owners[instance], f"silent for {REAP_AFTER_S:g} s (no ping, no transfer)")
+        return silent
 
     def ping(self, instance_id: int | None, owner: int) -> bool:
         """True, except once for a worker this process does not know (it was restarted since the worker
         registered): the worker then sees its server recover and registers again."""
-        if instance_id is None or self._owners.get(instance_id) == owner or instance_id in self._told_unknown:
+        if instance_id is not None and self._owners.get(instance_id) == owner:
+            self._seen[instance_id] = self._ctx.clock()
+            return True
+        if instance_id is None or instance_id in self._told_unknown:
             return True
         if len(self._told_unknown) >= MAX_INSTANCES:
             self._told_unknown.clear()
