@@ -49,14 +49,6 @@ IMPORT_CHECK = ("import sys, importlib.util as u; "
                 "missing = [m for m in ('torch', 'zmq', 'lmcache') if u.find_spec(m) is None]; "
                 "sys.exit('missing: ' + ', '.join(missing)) if missing else print(sys.prefix)")
 
-# -- ONLY ON BRANCH harness057, remove at the merge with main's LMCache 0.5.7 server support: ---------------
-# mpcache does not speak 0.5.7 yet (it answers negotiate_chunk_size with nothing), so every rc3 client test
-# against mpcache fails here.  The tests are written to pass, byte- and metric-exact, once it does.
-SERVER_057_PENDING = pytest.mark.xfail(strict=False,
-                                       reason="server support for LMCache 0.5.7 lands on main separately")
-# -----------------------------------------------------------------------------------------------------------
-
-
 # -- the LMCache client environments -----------------------------------------------------------------------
 
 
@@ -77,9 +69,8 @@ LMCACHE056 = ClientEnv("0.5.6", "MPCACHE_LMCACHE_PYTHON", "MPCACHE_LMCACHE_VENV"
 LMCACHE057 = ClientEnv("0.5.7rc3", "MPCACHE_LMCACHE057_PYTHON", "MPCACHE_LMCACHE057_VENV",
                        CACHE / "lmcache-0.5.7rc3-venv", REPO / ".ci" / "lmcache057-env", bench=False)
 CLIENTS = {client.version: client for client in (LMCACHE056, LMCACHE057)}
-# The test parameter for each client version; rc3's carries the branch's xfail above.
 CLIENT_PARAMS = [pytest.param(LMCACHE056.version, id="lmcache-0.5.6"),
-                 pytest.param(LMCACHE057.version, id="lmcache-0.5.7rc3", marks=SERVER_057_PENDING)]
+                 pytest.param(LMCACHE057.version, id="lmcache-0.5.7rc3")]
 
 
 def _lmcache_unavailable(what: str, reason: str, how: str):
@@ -380,7 +371,6 @@ def test_lmcache_adapters_against_mpcache(case, client, client_prefix, start_lmc
 SHARING = "cold_miss_then_store,full_hit,partial_hit,prefix_cache_skip,two_salts,concurrent"
 
 
-@SERVER_057_PENDING
 def test_lmcache_056_and_057_clients_share_one_mpcache(lmcache_venv, lmcache057_venv, start_lmcache_service,
                                                        tmp_path) -> None:
     """LMCache 0.5.6's and 0.5.7rc3's adapters (TP 2 each, the same model) at the same time against one cache
