@@ -293,13 +293,13 @@ def test_gauge_board_header_bytes(segment_factory):
 
 
 def test_gauge_slot_word_offsets(segment_factory):
-    """Slot s starts at 64 + 328 s (41 words); adapter a's words start at word 9 + 4 a."""
+    """Slot s starts at 64 + 336 s (42 words); adapter a's words start at word 10 + 4 a."""
     segment = segment_factory(layout.gauge_board_size(2))
     format_gauge_board(segment, 2)
     GaugeSlot(segment, 1).set_adapter(2, layout.G_L2_INFLIGHT_LOADS, 42)
-    word = 9 + 4 * 2 + 2
+    word = 10 + 4 * 2 + 2
 
-    assert 42 == int.from_bytes(segment.buf[64 + 328 + 8 * word : 64 + 328 + 8 * word + 8], "little")
+    assert 42 == int.from_bytes(segment.buf[64 + 336 + 8 * word : 64 + 336 + 8 * word + 8], "little")
 
 
 @pytest.mark.parametrize("attach", [GaugeSlot, GaugeBoardReader])

@@ -358,6 +358,12 @@ Section("Service", "The service", False, (
            "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_REFUSED", labels=(Label("worker", Origin.SLOT),)),
            "LMCache front-end connections refused because their peer's uid is not allowed, per cache process "
            "(kept across its restarts)."),
+        _m("mpcache.lmcache_unidentified_connections", "mpcache_lmcache_unidentified_connections_total",
+           OBSERVABLE_COUNTER, "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_UNIDENTIFIED",
+                                          labels=(Label("worker", Origin.SLOT),)),
+           "LMCache front-end TCP connections closed by their peer before its uid could be identified (a health "
+           "probe's connect-and-close), per cache process (kept across its restarts): closed unanswered, not "
+           "counted as refused."),
         _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "",
            _state(Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"),
            "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "
