@@ -44,9 +44,9 @@ MARKER_FILE = "instance.json"
 MARKER_FORMAT = "mpcache-instance/1"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 PID_NS_PATH = "/proc/self/ns/pid"
-# Everything a run of ours creates in its runtime dir (sockets and their staging names, the child
-# configuration, the status file and its staging names, LMCache ipc sockets, the marker).
-_OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|lmcache\d+\.ipc"
+# Everything a run of ours creates in its runtime dir (sockets and their staging names, telemetry's socket, the
+# child configuration, the status file and its staging names, LMCache ipc sockets, the marker).
+_OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|telemetry\.sock|lmcache\d+\.ipc"
                         r"|\.cache\d+\.sock\.\d+|[a-z]+\.json\.\d+\.tmp)")
 
 

@@ -22,8 +22,9 @@ from mpcache.shm.segment import Segment, shm_name
 from mpcache.supervisor import settings
 from mpcache.supervisor.checks import check_endpoints, check_socket_path_length
 from mpcache.supervisor.children import Programs
+from mpcache.supervisor.front import Front
 from mpcache.supervisor.logforward import ForwardingHandler, LineForwarder
-from mpcache.supervisor.provision import check_shm_space, create_segments
+from mpcache.supervisor.provision import check_shm_space, create_segments, unlink_segments
 from mpcache.supervisor.runtime import (
     Marker,
     RuntimeDir,
@@ -130,14 +131,19 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(config.to_json())
         supervisor.locks.insert(0, _create_segments(config, log))
+        if not config.no_http:
+            supervisor.front = _open_front(config, log, supervisor)
     except (ConfigError, SharedMemoryFullError, OSError) as exc:
+        unlink_segments(config)
         remove_runtime_files(runtime.path, remove_dir=runtime.created)
         for lock in supervisor.locks:
             lock.release()
         forwarder.close()
         return _error(str(exc))
-    _log_started(log, config, pid, runtime)
+    _log_started(log, config, pid, runtime, supervisor.front)
     try:
+        if supervisor.front is not None:
+            supervisor.front.start()
         supervisor.start()
         supervisor.watch()
     finally:
@@ -146,12 +152,24 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
     return supervisor.exit_code
 
 
-def _log_started(log: Any, config: Config, pid: int, runtime: RuntimeDir) -> None:
+def _open_front(config: Config, log: Any, supervisor: Supervisor) -> Front:
+    """The HTTP front on its port; a port taken since the start-up check is the same one-line error."""
+    try:
+        return Front(config, log, supervisor.front_state)
+    except OSError as exc:
+        raise ConfigError(f"--prometheus-port: port {config.prometheus_port} on {config.prometheus_host} is not "
+                          f"available ({exc.strerror})") from None
+
+
+def _log_started(log: Any, config: Config, pid: int, runtime: RuntimeDir, front: Front | None) -> None:
     """The start line with every URL, and a warning for each degraded mode the operator can fix."""
+    base = None
+    if front is not None:
+        host = f"[{config.prometheus_host}]" if ":" in config.prometheus_host else config.prometheus_host
+        base = f"http://{host}:{front.server.server_port}"
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
-             metrics=None if config.disable_metrics or config.no_http
-             else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
-             health=None if config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/healthz",
+             metrics=None if config.disable_metrics or base is None else f"{base}/metrics",
+             health=None if base is None else f"{base}/healthz",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":
