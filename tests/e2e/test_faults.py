@@ -327,11 +327,12 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
 
 
 def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service, tmp_path) -> None:
-    """An fs L2 tier that cannot write: the store tasks complete and are counted
-    (``lmcache_mp_l2_store_completed_requests_total`` moves by one per task), the keys they failed to
-    write are not counted as stored (``l2_store_completed_objects`` stays below
-    ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and retrieving
-    byte-exact from L1 with the same cache process (no restart).
+    """An fs L2 tier that cannot write: its store tasks end and are counted as failed, never as completed
+    (``mpcache_l2_store_failed_requests_total`` moves by one per failed task, with its chunks in
+    ``mpcache_l2_store_failed_chunks_total``; ``lmcache_mp_l2_store_completed_requests_total`` by one for the
+    healthy task only), the keys they failed to write are not counted as stored (``l2_store_completed_objects``
+    stays below ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and
+    retrieving byte-exact from L1 with the same cache process (no restart).
 
     Root-proof methods (tests run as root, so file modes stop nothing): (1) "disk full" — the cache
     process's soft RLIMIT_FSIZE is set to 0 with prlimit(2), so every chunk write fails with EFBIG, exactly as
@@ -348,12 +349,13 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     def settled(submitted_requests: int) -> Scrape:
         def check():
             scrape = service.scrape()
-            completed = scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+            ended = (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+                     + scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"))
             idle = (scrape.total("lmcache_mp_num_inflight_l2_stores") == 0
                     and scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                    and completed == submitted_requests)
+                    and ended == submitted_requests)
             return scrape if idle else None
-        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to complete")
+        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to end")
 
     assert 3 == round_trip(socket_path, "healthy")
     settled(1)
@@ -370,6 +372,9 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     scrape = settled(3)
 
     assert 3.0 == scrape.total("lmcache_mp_l2_store_submitted_requests_total")
+    assert (1.0, 2.0, 6.0) == (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_chunks_total", l2_name="fs"))
     assert {"healthy": 3.0, "disk-full": 3.0, "dir-gone": 3.0} == scrape.by_label(
         "lmcache_mp_l2_store_submitted_objects_chunks_total", "cache_salt")
     assert 3.0 == scrape.total("lmcache_mp_l2_store_completed_objects_chunks_total")
