@@ -28,7 +28,6 @@ from mpcache.supervisor.provision import check_shm_space, create_segments, unlin
 from mpcache.supervisor.runtime import (
     Marker,
     RuntimeDir,
-    SegmentLock,
     claim_default,
     claim_given,
     default_base,
@@ -37,6 +36,7 @@ from mpcache.supervisor.runtime import (
     segment_is_stale,
     segments_with_prefix,
     sweep,
+    sweep_segments,
 )
 from mpcache.supervisor.watch import Supervisor
 from mpcache.systemd import journal_prefixed, stderr_is_journal
@@ -64,16 +64,17 @@ def _claim_runtime_dir(requested: str, base: str, pid: int) -> tuple[RuntimeDir,
         raise ConfigError(f"--runtime-dir: {os.path.dirname(os.path.abspath(requested))} does not exist")
     safe_base = os.path.isdir(base) and not os.path.islink(base)
     swept = sweep(base if safe_base else "", also=requested or None)
+    sweep_segments(swept)  # dead runs whose runtime dir (and marker) is gone
     runtime = claim_given(requested) if requested else claim_default(base, pid)
     lines = [("leftover.removed", fields) for fields in swept.removed]
     lines += [("leftover.kept", fields) for fields in swept.kept]
     return runtime, lines
 
 
-def _create_segments(config: Config, log: Any) -> SegmentLock:
-    """Create every segment and lock the gauge board.  A segment of our exact name (same supervisor pid and
-    --instance-id: a container's PID 1 restarted) whose gauge board no live run holds is a leftover of
-    ours, replaced; one held by a live run is a one-line ConfigError."""
+def _create_segments(config: Config, log: Any) -> None:
+    """Create every segment (the gauge board locked until they are unlinked).  A segment of our exact name
+    (same supervisor pid and --instance-id: a container's PID 1 restarted) whose gauge board no live run
+    holds is a leftover of ours, replaced; one held by a live run is a one-line ConfigError."""
     try:
         create_segments(config)
     except posix_ipc.ExistentialError:
@@ -85,7 +86,6 @@ def _create_segments(config: Config, log: Any) -> SegmentLock:
             if Segment.unlink(name):
                 log.warning("leftover.removed", segment=name, reason="has this run's name and no live run holds it")
         create_segments(config)
-    return SegmentLock(config.gauge_board_name())
 
 
 def main(argv: list[str] | None = None, programs: Programs | None = None) -> int:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
                      0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(config.to_json())
-        supervisor.locks.insert(0, _create_segments(config, log))
+        _create_segments(config, log)
         if not config.no_http:
             supervisor.front = _open_front(config, log, supervisor)
     except (ConfigError, SharedMemoryFullError, OSError) as exc:

@@ -24,7 +24,7 @@ from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.logforward import LineForwarder
 from mpcache.supervisor.provision import recover_ring, unlink_segments
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, RestartPolicy
-from mpcache.supervisor.runtime import Marker, RuntimeDir, SegmentLock, remove_runtime_files
+from mpcache.supervisor.runtime import Marker, RuntimeDir, remove_runtime_files
 from mpcache.supervisor.status import BoardWriter, Reporter, status_line
 
 WATCH_INTERVAL_S = 0.1
@@ -38,7 +38,7 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
-        self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
+        self.locks: list[Marker] = []  # released last, once everything they claim is gone
         self.liveness = {Role.CACHE: Liveness(config.hang_timeout_s),
                          Role.TELEMETRY: Liveness(config.telemetry_hang_timeout_s)}
         self.config_path = config_path

@@ -326,6 +326,33 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
     assert 0 == new.stop()
 
 
+def test_a_killed_tree_whose_runtime_dir_was_wiped_leaves_nothing_after_the_next_start(start_service) -> None:
+    """systemd's topology: ``kill -9`` of the supervisor and every child at once, then the runtime dir — marker
+    included — removed (``RuntimeDirectory=`` does that at every stop).  The next start, in another runtime
+    dir, removes the dead run's 5 segments anyway (found in /dev/shm by their unlocked gauge board), logging
+    ``leftover.removed`` for each, and serves."""
+    old = start_service("--workers", "2", *SMALL)
+    old.ready(2)
+    tree = [old.process.pid, *(line["pid"] for line in old.lines("child.started"))]
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    old.process.wait(10)
+    wait_for(lambda: all(gone(pid) for pid in tree), 10, "the killed tree to be gone")
+    left = old.shm_entries()
+    shutil.rmtree(old.runtime_dir)
+
+    new = start_service("--workers", "2", *SMALL)
+    new.ready(2)
+
+    assert 5 == len(left)
+    assert [] == old.shm_entries()
+    removed = sorted(line["segment"].lstrip("/") for line in new.lines("leftover.removed") if "segment" in line
+                     and line["segment"].startswith(f"/mpcache.{old.process.pid}."))
+    assert left == removed
+    assert 3 == round_trip(new.socket(0), "after-wipe")
+    assert 0 == new.stop()
+
+
 def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service, tmp_path) -> None:
     """An fs L2 tier that cannot write: its store tasks end and are counted as failed, never as completed
     (``mpcache_l2_store_failed_requests_total`` moves by one per failed task, with its chunks in

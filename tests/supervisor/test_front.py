@@ -22,6 +22,7 @@ from mpcache.shm.gauges import GaugeSlot, TelemetryBeat, format_gauge_board
 from mpcache.shm.segment import Segment
 from mpcache.supervisor import front as front_module
 from mpcache.supervisor.front import Front, SupervisorState
+from mpcache.supervisor.runtime import SegmentLock
 
 NOW_NS = 1_700_000_000_000_000_000
 TELEMETRY_PID = 4242
@@ -62,6 +63,7 @@ def served(tmp_path) -> Iterator[Served]:
     config = Config(instance_id=uuid.uuid4().hex[:8], supervisor_pid=os.getpid(), runtime_dir=str(tmp_path),
                     prometheus_port=0, workers=2)
     board = Segment.create(config.gauge_board_name(), layout.gauge_board_size(2))
+    lock = SegmentLock(config.gauge_board_name())  # as a supervisor holds it: no start-cache sweeps it meanwhile
     format_gauge_board(board, 2)
     GaugeSlot(board, 0, clock_ns=lambda: NOW_NS).heartbeat(pid=11)
     TelemetryBeat(board, clock_ns=lambda: NOW_NS - 500_000_000).beat(TELEMETRY_PID)
@@ -76,6 +78,7 @@ def served(tmp_path) -> Iterator[Served]:
         front.close()
         board.close()
         Segment.unlink(config.gauge_board_name())
+        lock.release()
 
 
 def test_healthz_is_the_supervisors_loop_and_carries_telemetrys_state(served):
