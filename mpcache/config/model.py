@@ -105,9 +105,10 @@ class Config:
         "stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)", group=SERVICE,
         name="duration")
     # -- telemetry ----------------------------------------------------------------
-    prometheus_host: str = setting(Text(), "127.0.0.1", "address /metrics binds to (default 127.0.0.1)",
+    prometheus_host: str = setting(Text(), "127.0.0.1", "address /metrics, /healthz and /ready bind to "
+                                   "(default 127.0.0.1)", group=TELEMETRY)
+    prometheus_port: int = setting(Port(), 9090, "port of /metrics, /healthz and /ready (default 9090)",
                                    group=TELEMETRY)
-    prometheus_port: int = setting(Port(), 9090, "port of /metrics (default 9090)", group=TELEMETRY)
     no_http: bool = setting(Switch(), False,
                             "serve no HTTP endpoint (no /metrics, /healthz, /ready): OTLP push only", group=TELEMETRY)
     otlp_endpoint: str = setting(
@@ -268,6 +269,10 @@ class Config:
 
     def socket_path(self, worker: int) -> str:
         return os.path.join(self.runtime_dir, f"cache{worker}.sock")
+
+    def telemetry_socket_path(self) -> str:
+        """Where the telemetry process serves /metrics for the supervisor's front to forward to."""
+        return os.path.join(self.runtime_dir, "telemetry.sock")
 
     def lmcache_urls(self, worker: int) -> list[str]:
         """Where cache process ``worker`` serves LMCache's MP protocol (empty: it does not)."""

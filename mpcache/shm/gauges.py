@@ -19,6 +19,15 @@ def format_gauge_board(segment: Segment, n_slots: int) -> None:
     _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
 
 
+def formatted_by_this_build(header: bytes) -> bool:
+    """Whether ``header`` (a board's first bytes) is a gauge board of this build's layout: the supervisor
+    writes it after locking the board, so only a board that a supervisor of this build locked says so."""
+    if len(header) < _HEADER.size:
+        return False
+    magic, version, _, adapters = _HEADER.unpack_from(header, 0)
+    return (magic, version, adapters) == (layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, layout.MAX_ADAPTERS)
+
+
 def _validate(segment: Segment) -> int:
     n_slots: int
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)

@@ -1,4 +1,10 @@
-"""Creating and removing every shared-memory object of one instance (the supervisor's job)."""
+"""Creating and removing every shared-memory object of one instance (the supervisor's job).
+
+The gauge board is created first and removed last, and locked (``flock``) from before it is formatted until
+after the last segment is gone: a formatted board nobody holds is a dead run's, whose segments (the board's
+name prefix) the next start removes, whatever happened to its runtime dir (:func:`~mpcache.supervisor.runtime.
+sweep_segments`).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,11 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import format_gauge_board
 from mpcache.shm.ring import format_event_segment, recover_torn_record
 from mpcache.shm.segment import SHM_DIR, Segment, shm_free_bytes
+from mpcache.supervisor.runtime import SegmentLock
 
 SHM_MARGIN_BYTES = 16 * 2**20  # beyond the instance's own segments: room for clients' KV buffers
 _PAGE = mmap.PAGESIZE
+_LOCKS: dict[str, SegmentLock] = {}  # gauge board name -> its lock, from create_segments to unlink_segments
 
 
 def segment_sizes(config: Config) -> dict[str, int]:
@@ -45,33 +53,48 @@ def check_shm_space(config: Config, margin: int = SHM_MARGIN_BYTES) -> None:
 
 
 def create_segments(config: Config) -> list[Segment]:
-    """Create the gauge board, one event ring and one L1 pool per cache process (all 0600, allocated now).
+    """Create the gauge board (locked, then formatted), one event ring and one L1 pool per cache process (all
+    0600, allocated now); the board's lock is held until :func:`unlink_segments`.
 
     On failure, whatever was already created is unlinked before re-raising; a /dev/shm too small is a
     :class:`~mpcache.errors.SharedMemoryFullError`.
     """
     created: list[Segment] = []
     sizes = segment_sizes(config)
+    name = config.gauge_board_name()
     try:
-        board = Segment.create(config.gauge_board_name(), sizes[config.gauge_board_name()])
-        format_gauge_board(board, config.workers)
+        board = Segment.create(name, sizes[name])
         created.append(board)
+        _LOCKS[name] = SegmentLock(name)
+        format_gauge_board(board, config.workers)
         for worker in range(config.workers):
             ring = Segment.create(config.ring_name(worker), sizes[config.ring_name(worker)])
             format_event_segment(ring, config.ring_capacity_cells, config.intern_capacity)
             created.append(ring)
             created.append(Segment.create(config.l1_pool_name(worker), sizes[config.l1_pool_name(worker)]))
     except BaseException:
-        for segment in created:
+        for segment in reversed(created):
             segment.close()
             Segment.unlink(segment.name)
+        _release(name)
         raise
     return created
 
 
 def unlink_segments(config: Config) -> list[str]:
-    """Unlink every segment of this instance that still exists; returns the names removed."""
-    return [name for name in config.all_segment_names() if Segment.unlink(name)]
+    """Unlink every segment of this instance that still exists, the gauge board last, then drop its lock;
+    returns the names removed."""
+    board = config.gauge_board_name()
+    removed = [name for name in config.all_segment_names() if name != board and Segment.unlink(name)]
+    removed += [board] if Segment.unlink(board) else []
+    _release(board)
+    return removed
+
+
+def _release(board: str) -> None:
+    lock = _LOCKS.pop(board, None)
+    if lock is not None:
+        lock.release()
 
 
 def recover_ring(config: Config, worker: int) -> bool:

@@ -19,11 +19,12 @@ from typing import Any
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.supervisor.children import STOP_ORDER, Child, Programs, Role, child_argv, spawn, stop_group
+from mpcache.supervisor.front import Front, SupervisorState
 from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.logforward import LineForwarder
 from mpcache.supervisor.provision import recover_ring, unlink_segments
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, RestartPolicy
-from mpcache.supervisor.runtime import Marker, RuntimeDir, SegmentLock, remove_runtime_files
+from mpcache.supervisor.runtime import Marker, RuntimeDir, remove_runtime_files
 from mpcache.supervisor.status import BoardWriter, Reporter, status_line
 
 WATCH_INTERVAL_S = 0.1
@@ -37,7 +38,7 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
-        self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
+        self.locks: list[Marker] = []  # released last, once everything they claim is gone
         self.liveness = {Role.CACHE: Liveness(config.hang_timeout_s),
                          Role.TELEMETRY: Liveness(config.telemetry_hang_timeout_s)}
         self.config_path = config_path
@@ -53,6 +54,8 @@ class Supervisor:
         self._ready_logged = False
         self.board = BoardWriter(config)
         self.reporter = Reporter(config, log)
+        self.front: Front | None = None  # the HTTP front (none with --no-http), closed last at stop
+        self.loop_at = clock()  # when the loop last ran: the front's /healthz
 
     # -- children --------------------------------------------------------------
 
@@ -217,12 +220,21 @@ class Supervisor:
     def _write_status(self) -> None:
         self.reporter.write(self.children, self._stopping, self._ready_logged)
 
+    def front_state(self) -> SupervisorState:
+        """What the HTTP front answers from (called on its thread: reads, never changes, the loop's state)."""
+        telemetry = next((child for child in self.children if child.role is Role.TELEMETRY), None)
+        if telemetry is None:
+            return SupervisorState(self.loop_at, self._stopping or self._signal is not None, "off", None, 0)
+        process = telemetry.process
+        return SupervisorState(self.loop_at, self._stopping or self._signal is not None, telemetry.state,
+                               process.pid if process is not None else None, max(0, telemetry.spawns - 1))
+
     # -- the loop ------------------------------------------------------------------------------
 
     def watch(self) -> int:
         started = self.clock()
         while self._signal is None and not self._stopping:
-            now = self.clock()
+            now = self.loop_at = self.clock()
             for child in self.children:
                 if child.done:
                     continue
@@ -261,6 +273,8 @@ class Supervisor:
         if kept:
             self.log.warning("runtime_dir.kept", runtime_dir=self.runtime.path, entries=kept,
                              reason="not created by mpcache")
+        if self.front is not None:
+            self.front.close()
         for lock in self.locks:
             lock.release()
         self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed),

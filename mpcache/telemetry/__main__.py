@@ -15,8 +15,7 @@ from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import EventBus, subscribe_all, telemetry_flush_interval_s
-from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
-from mpcache.telemetry.health import health_routes
+from mpcache.telemetry.endpoint import metrics_off_route, private_endpoint
 from mpcache.telemetry.pump import Pump, RingSource
 
 
@@ -43,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     bus = EventBus(flush_interval_s=telemetry_flush_interval_s(otlp=bool(config.otlp_endpoint)))
     pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
-    # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
-    # a probe answered 200 means a scrape is answered too
-    endpoint = open_endpoint(config, log)
+    # where the supervisor's front forwards /metrics: bound now, answering once every route is in (below), so
+    # that no request meets a 404 while the process starts
+    endpoint = private_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
         from mpcache.telemetry.otel import MetricsExport
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if endpoint is not None:
         if exporters is None:
             endpoint.routes["/metrics"] = metrics_off_route()
-        endpoint.routes.update(health_routes(lambda: pump.polled_at, readiness))
+        endpoint.start()
     if not config.disable_logging:
         from mpcache.telemetry.subscribers.logging import build_logging_subscribers
 
@@ -77,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "telemetry.started",
         rings=len(sources),
         subscribers=[s.name for s in bus.subscribers],
-        metrics_url=exporters.metrics_url if exporters else None,
-        health_url=endpoint_url(endpoint, config.prometheus_host, "/healthz"),
+        metrics=exporters is not None,
+        endpoint=config.telemetry_socket_path() if endpoint is not None else None,
         otlp_endpoint=config.otlp_endpoint or None,
         nice=os.nice(0),
     )

@@ -28,15 +28,11 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from mpcache import __version__
 from mpcache.config import Config
+from mpcache.httpserver import BoundedHTTPServer, Route
 from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.buffered import MeterLike
-from mpcache.telemetry.endpoint import endpoint_url, open_endpoint
-from mpcache.telemetry.http import (
-    MetricsHTTPServer,
-    Route,
-    metrics_route,
-)
+from mpcache.telemetry.endpoint import endpoint_url, metrics_route, open_endpoint
 
 SERVICE_NAME = "mpcache"
 METER_SERVICE = "mpcache.service"  # the exporter's own instrument (build info), beside the subscribers' meter
@@ -55,12 +51,12 @@ class MetricsExport:
     prometheus_host: str
     prometheus_port: int  # the port actually bound (config port 0 → a free one; 0 with no HTTP endpoint)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
-    _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
+    _http_server: BoundedHTTPServer | None  # a listener of its own, closed by shutdown()
+    _endpoint: BoundedHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
     before_scrape: list[Callable[[], object]]  # called on every /metrics request, before collecting
 
     @classmethod
-    def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None) -> MetricsExport:
+    def start(cls, config: Config, endpoint: BoundedHTTPServer | None = None) -> MetricsExport:
         """Build the MeterProvider with its readers and serve ``/metrics``: on ``endpoint``, the telemetry
         process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``)."""
         registry = CollectorRegistry(auto_describe=True)

@@ -326,12 +326,40 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
     assert 0 == new.stop()
 
 
+def test_a_killed_tree_whose_runtime_dir_was_wiped_leaves_nothing_after_the_next_start(start_service) -> None:
+    """systemd's topology: ``kill -9`` of the supervisor and every child at once, then the runtime dir — marker
+    included — removed (``RuntimeDirectory=`` does that at every stop).  The next start, in another runtime
+    dir, removes the dead run's 5 segments anyway (found in /dev/shm by their unlocked gauge board), logging
+    ``leftover.removed`` for each, and serves."""
+    old = start_service("--workers", "2", *SMALL)
+    old.ready(2)
+    tree = [old.process.pid, *(line["pid"] for line in old.lines("child.started"))]
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    old.process.wait(10)
+    wait_for(lambda: all(gone(pid) for pid in tree), 10, "the killed tree to be gone")
+    left = old.shm_entries()
+    shutil.rmtree(old.runtime_dir)
+
+    new = start_service("--workers", "2", *SMALL)
+    new.ready(2)
+
+    assert 5 == len(left)
+    assert [] == old.shm_entries()
+    removed = sorted(line["segment"].lstrip("/") for line in new.lines("leftover.removed") if "segment" in line
+                     and line["segment"].startswith(f"/mpcache.{old.process.pid}."))
+    assert left == removed
+    assert 3 == round_trip(new.socket(0), "after-wipe")
+    assert 0 == new.stop()
+
+
 def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service, tmp_path) -> None:
-    """An fs L2 tier that cannot write: the store tasks complete and are counted
-    (``lmcache_mp_l2_store_completed_requests_total`` moves by one per task), the keys they failed to
-    write are not counted as stored (``l2_store_completed_objects`` stays below
-    ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and retrieving
-    byte-exact from L1 with the same cache process (no restart).
+    """An fs L2 tier that cannot write: its store tasks end and are counted as failed, never as completed
+    (``mpcache_l2_store_failed_requests_total`` moves by one per failed task, with its chunks in
+    ``mpcache_l2_store_failed_chunks_total``; ``lmcache_mp_l2_store_completed_requests_total`` by one for the
+    healthy task only), the keys they failed to write are not counted as stored (``l2_store_completed_objects``
+    stays below ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and
+    retrieving byte-exact from L1 with the same cache process (no restart).
 
     Root-proof methods (tests run as root, so file modes stop nothing): (1) "disk full" — the cache
     process's soft RLIMIT_FSIZE is set to 0 with prlimit(2), so every chunk write fails with EFBIG, exactly as
@@ -348,12 +376,13 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     def settled(submitted_requests: int) -> Scrape:
         def check():
             scrape = service.scrape()
-            completed = scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+            ended = (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+                     + scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"))
             idle = (scrape.total("lmcache_mp_num_inflight_l2_stores") == 0
                     and scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                    and completed == submitted_requests)
+                    and ended == submitted_requests)
             return scrape if idle else None
-        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to complete")
+        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to end")
 
     assert 3 == round_trip(socket_path, "healthy")
     settled(1)
@@ -370,6 +399,9 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     scrape = settled(3)
 
     assert 3.0 == scrape.total("lmcache_mp_l2_store_submitted_requests_total")
+    assert (1.0, 2.0, 6.0) == (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_chunks_total", l2_name="fs"))
     assert {"healthy": 3.0, "disk-full": 3.0, "dir-gone": 3.0} == scrape.by_label(
         "lmcache_mp_l2_store_submitted_objects_chunks_total", "cache_salt")
     assert 3.0 == scrape.total("lmcache_mp_l2_store_completed_objects_chunks_total")

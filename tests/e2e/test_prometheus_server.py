@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from support.ports import free_port
+from support.silent import silent_listener
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -39,13 +42,14 @@ BLEND_HIT_RATE = (
 class PrometheusServer:
     """A real ``prometheus`` on 127.0.0.1:<free port> scraping one target every second."""
 
-    def __init__(self, tmp_path, target: str) -> None:
+    def __init__(self, tmp_path, target: str, rule_files: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         config = tmp_path / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the config.
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "mpcache", "static_configs": [{"targets": [target]}]}],
+            "rule_files": list(rule_files),
         }))
         self.log = open(tmp_path / "prometheus.log", "wb")
         self.process = subprocess.Popen(
@@ -65,6 +69,12 @@ class PrometheusServer:
             body = json.loads(response.read())
         assert ("success", "vector") == (body["status"], body["data"]["resultType"]), body
         return body["data"]["result"]
+
+    def alerts(self) -> dict[str, str]:
+        """Alert name → state (pending, firing) of the alerts active now."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/alerts", timeout=5) as response:
+            body = json.loads(response.read())
+        return {alert["labels"]["alertname"]: alert["state"] for alert in body["data"]["alerts"]}
 
     def scalar(self, promql: str) -> float | None:
         """The one value ``promql`` gives, or None when the result is empty."""
@@ -90,8 +100,8 @@ def prometheus_server(tmp_path):
         pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
     started: list[PrometheusServer] = []
 
-    def start(target: str) -> PrometheusServer:
-        server = PrometheusServer(tmp_path, target)
+    def start(target: str, rule_files: tuple[str, ...] = ()) -> PrometheusServer:
+        server = PrometheusServer(tmp_path, target, rule_files)
         started.append(server)
         return server
 
@@ -173,3 +183,39 @@ def check_dashboard_variables(prometheus: PrometheusServer, instance: str) -> No
         assert prometheus.scalar(substituted(hit_rate, job, chosen)) == pytest.approx(
             prometheus.scalar(AGGREGATE_HIT_RATE), rel=0.05)
     assert [] == prometheus.query(substituted(hit_rate, "other", ".*"))
+
+
+ALERTS_YML = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+
+
+def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_server):
+    """The demo with a redis tier whose server accepts connections and never answers, scraped every second
+    by a real Prometheus evaluating the shipped deploy/prometheus/alerts.yml: MpcacheL2Failing goes pending,
+    then fires once its ``for:`` has passed, and no other alert of the file fires."""
+    hold_s = _for_seconds("MpcacheL2Failing")
+    with silent_listener() as port:
+        tier = json.dumps({"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "capacity_gb": 0.01,
+                           "socket_timeout_s": 0.3, "connect_timeout_s": 0.3})
+        service = start_service("--demo", "--workers", "1", "--duration", str(hold_s + 120), "--l2", tier)
+        wait_for(service.scrape, 30, "the demo's /metrics")
+        prometheus = prometheus_server(f"127.0.0.1:{service.port}", (str(ALERTS_YML),))
+        wait_for(prometheus.ready, 15, "prometheus to be ready")
+        pending = wait_for(lambda: prometheus.alerts().get("MpcacheL2Failing"), 60, "MpcacheL2Failing to be active")
+        firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing") == "firing" and alerts,
+                          hold_s + 30, "MpcacheL2Failing to fire")
+        failed = prometheus.scalar("sum(mpcache_l2_store_failed_requests_total)")
+        completed = prometheus.scalar("sum(lmcache_mp_l2_store_completed_requests_total)")
+        assert 0 == service.stop()
+
+    assert "pending" == pending or hold_s == 0
+    assert {"MpcacheL2Failing": "firing"} == {name: state for name, state in firing.items() if state == "firing"}
+    assert failed is not None and failed > 0 and completed == 0.0
+
+
+def _for_seconds(alert: str) -> int:
+    """The ``for:`` of ``alert`` in alerts.yml, in seconds (written as Nm or Ns)."""
+    text = ALERTS_YML.read_text()
+    block = text[text.index(f"- alert: {alert}\n"):].split("\n\n")[0]
+    value = re.search(r"^\s+for: (\d+)([ms])$", block, re.MULTILINE)
+    assert value is not None, block
+    return int(value.group(1)) * (60 if value.group(2) == "m" else 1)

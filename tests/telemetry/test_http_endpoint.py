@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from mpcache.telemetry.http import MetricsHTTPServer
+from mpcache.httpserver import BoundedHTTPServer
 
 
 class _Log:
@@ -28,7 +28,7 @@ def endpoint():
         time.sleep(0.2)
         return b"metric_total 1\n"
 
-    server = MetricsHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, collect(), "text/plain")}, _Log(),
+    server = BoundedHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, collect(), "text/plain")}, _Log(),
                                max_connections=64, read_timeout_s=1.0)
     server.start()
     yield server, calls
@@ -100,7 +100,7 @@ def test_closing_while_a_scrape_is_being_answered_logs_no_error(caplog):
         release.wait(10)
         return 200, b"late 1\n", "text/plain"
 
-    server = MetricsHTTPServer(("127.0.0.1", 0), {"/metrics": collect}, _Log(), read_timeout_s=5.0)
+    server = BoundedHTTPServer(("127.0.0.1", 0), {"/metrics": collect}, _Log(), read_timeout_s=5.0)
     server.start()
     client = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
     try:

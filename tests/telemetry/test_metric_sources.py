@@ -56,7 +56,8 @@ IDS = [spec.prometheus_name for spec in METRICS]
 # The kind of field each derivation reads (None: it names no field).
 FIELD_KIND = {
     D.FIELD_SUM: FieldKind.INT, D.POSITIVE_FIELD_SUM: FieldKind.INT, D.THROUGHPUT: FieldKind.INT,
-    D.TRUE_COUNT: FieldKind.BOOL, D.FALSE_COUNT: FieldKind.BOOL,
+    D.TRUE_COUNT: FieldKind.BOOL, D.FALSE_COUNT: FieldKind.BOOL, D.NONZERO_COUNT: FieldKind.INT,
+    D.ZERO_COUNT: FieldKind.INT,
 }
 INSTRUMENTS = {
     **{d: (COUNTER,) for d in D if d.table_driven},
@@ -310,7 +311,8 @@ def expected_series(source: Source, events: list[Any]) -> dict[frozenset, int]:
         if source.derivation is D.POSITIVE_FIELD_SUM and value <= 0:
             continue
         weight = {D.EVENT_COUNT: 1, D.FIELD_SUM: value, D.POSITIVE_FIELD_SUM: value,
-                  D.TRUE_COUNT: int(value is True), D.FALSE_COUNT: int(value is False)}[source.derivation]
+                  D.TRUE_COUNT: int(value is True), D.FALSE_COUNT: int(value is False),
+                  D.NONZERO_COUNT: int(value != 0), D.ZERO_COUNT: int(value == 0)}[source.derivation]
         totals[tuple(attribute(label, event) for label in source.labels)] += weight
     if not source.labels:
         return {frozenset(): totals[()]}

@@ -66,7 +66,8 @@ class LMCacheFrontEnd:
         self._client_error = lambda op, kind, message: errors(op, kind, message, client=self._client)
         self._own_uid = os.geteuid()
         self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, allow_remote=config.lmcache_allow_remote,
-                             log=ctx.log, on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1))
+                             log=ctx.log, on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1),
+                             on_unidentified=lambda: ctx.gauges.add(layout.G_LMCACHE_UNIDENTIFIED, 1))
         # with one possible owner no message needs its peer's uid; with several, each connection has its own
         one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}

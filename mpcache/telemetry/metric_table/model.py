@@ -24,6 +24,8 @@ class Derivation(enum.Enum):
     POSITIVE_FIELD_SUM = "positive field sum"  # the same, over the events whose field is > 0 only
     TRUE_COUNT = "true count"  # +1 per event whose bool field is true
     FALSE_COUNT = "false count"  # +1 per event whose bool field is false
+    NONZERO_COUNT = "nonzero count"  # +1 per event whose int field is not 0 (a task with failed keys)
+    ZERO_COUNT = "zero count"  # +1 per event whose int field is 0 (a task without one)
     SALT_COUNT = "salt-group count"  # + the count of each salt group of each event
     # Histograms, computed by hand-written subscribers with per-key state: a sample is
     # recorded at one of ``Source.events`` and measured from one of ``Source.since``.
@@ -67,7 +69,7 @@ class Derivation(enum.Enum):
 
 _TABLE_DRIVEN = frozenset({
     Derivation.EVENT_COUNT, Derivation.FIELD_SUM, Derivation.POSITIVE_FIELD_SUM, Derivation.TRUE_COUNT,
-    Derivation.FALSE_COUNT, Derivation.SALT_COUNT,
+    Derivation.FALSE_COUNT, Derivation.NONZERO_COUNT, Derivation.ZERO_COUNT, Derivation.SALT_COUNT,
 })
 _OBSERVABLE = frozenset({
     Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.SLOT_COUNT,

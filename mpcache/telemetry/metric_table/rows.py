@@ -36,6 +36,7 @@ from mpcache.telemetry.metric_table.vocabulary import (
     _SALT,
     _count,
     _f,
+    _failed,
     _false,
     _m,
     _salts,
@@ -125,7 +126,9 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.l2_store_submitted_objects", "lmcache_mp_l2_store_submitted_objects_chunks_total", COUNTER,
            "chunks", _salts((E.L2_STORE_SUBMITTED,), _SALT), "Chunks in store tasks submitted to L2 adapters."),
         _m("lmcache_mp.l2_store_completed", "lmcache_mp_l2_store_completed_requests_total", COUNTER, "requests",
-           _count(E.L2_STORE_COMPLETED, _f("l2_name")), "Store tasks an L2 adapter finished, by adapter type."),
+           _failed(E.L2_STORE_COMPLETED, False),
+           "Store tasks an L2 adapter finished with every chunk stored, by adapter type (a task with a failed "
+           "chunk counts in mpcache_l2_store_failed_requests_total instead)."),
         _m("lmcache_mp.l2_store_completed_objects", "lmcache_mp_l2_store_completed_objects_chunks_total", COUNTER,
            "chunks", _salts((E.L2_STORE_COMPLETED,), _SALT), "Chunks an L2 adapter stored successfully."),
         _m("lmcache_mp.l2_prefetch_lookup", "lmcache_mp_l2_prefetch_lookup_requests_total", COUNTER, "requests",
@@ -144,7 +147,9 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.l2_prefetch_load_completed", "lmcache_mp_l2_prefetch_load_completed_chunks_total", COUNTER,
            "chunks", _salts((E.L2_PREFETCH_LOAD_COMPLETED,), _SALT), "Chunks loaded from L2 into L1 by prefetches."),
         _m("lmcache_mp.l2_load_completed", "lmcache_mp_l2_load_completed_requests_total", COUNTER, "requests",
-           _count(E.L2_LOAD_TASK_COMPLETED, _f("l2_name")), "Load tasks an L2 adapter finished, by adapter type."),
+           _failed(E.L2_LOAD_TASK_COMPLETED, False),
+           "Load tasks an L2 adapter finished with every chunk loaded, by adapter type (a task with a failed "
+           "chunk counts in mpcache_l2_load_failed_requests_total instead)."),
         _m("lmcache_mp.l2_evicted", "lmcache_mp_l2_evicted_chunks_total", COUNTER, "chunks",
            _salts((E.L2_KEYS_EVICTED,), _SALT), "Chunks removed from L2 adapters by L2 eviction."),
     )),
@@ -204,6 +209,20 @@ SECTIONS: tuple[Section, ...] = (
            "Chunks an L2 prefetch could not land in L1, by reason: l1_oom, not_found, integrity (a record that "
            "failed its MAC check: corrupt or forged), l2_error (a load's I/O error or timeout) or lookup_error "
            "(a lookup that could not ask its tier)."),
+    )),
+    Section("L2Outcomes", "L2 tasks that failed (an outage at a glance)", False, (
+        _m("mpcache.l2_store_failed", "mpcache_l2_store_failed_requests_total", COUNTER, "requests",
+           _failed(E.L2_STORE_COMPLETED, True), "Store tasks an L2 adapter finished with at least one chunk not "
+           "stored (I/O error, timeout, unreachable or full tier), by adapter type."),
+        _m("mpcache.l2_store_failed_chunks", "mpcache_l2_store_failed_chunks_total", COUNTER, "chunks",
+           _sum(E.L2_STORE_COMPLETED, "failed_count", _f("l2_name")),
+           "Chunks L2 store tasks failed to store, by adapter type."),
+        _m("mpcache.l2_load_failed", "mpcache_l2_load_failed_requests_total", COUNTER, "requests",
+           _failed(E.L2_LOAD_TASK_COMPLETED, True), "Load tasks an L2 adapter finished with at least one chunk not "
+           "loaded (missing, rejected, I/O error or timeout), by adapter type."),
+        _m("mpcache.l2_load_failed_chunks", "mpcache_l2_load_failed_chunks_total", COUNTER, "chunks",
+           _sum(E.L2_LOAD_TASK_COMPLETED, "failed_count", _f("l2_name")),
+           "Chunks L2 load tasks failed to load into L1, by adapter type."),
     )),
     Section("L0Lifecycle", "L0 (GPU) block lifecycle (sampled)", True, (
         _m("lmcache_mp.l0_block_lifetime", "lmcache_mp_l0_block_lifetime_seconds", HISTOGRAM, "seconds", _L0_SOURCE,

@@ -46,6 +46,12 @@ def _false(etype: EventType, field: str) -> Source:
     return Source(Derivation.FALSE_COUNT, (etype,), field=field)
 
 
+def _failed(etype: EventType, failed: bool) -> Source:
+    """Per l2_name, the tasks of ``etype`` with (``failed``) or without a failed chunk."""
+    return Source(Derivation.NONZERO_COUNT if failed else Derivation.ZERO_COUNT, (etype,), field="failed_count",
+                  labels=(_f("l2_name"),))
+
+
 def _salts(etypes: tuple[EventType, ...], *labels: Label) -> Source:
     return Source(Derivation.SALT_COUNT, etypes, labels=labels)
 
