@@ -40,7 +40,7 @@ class PeerGate:
     """Judges each accepted connection (:meth:`owner`)."""
 
     def __init__(self, allowed_uids: set[int], *, allow_remote: bool, log: Any, on_refused: Callable[[], None],
-                 on_unidentified: Callable[[], None], clock: Callable[[], float] = time.monotonic,
+                 on_unidentified: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
                  table: Callable[[int], list[sockets.TcpEnd]] = sockets.ends) -> None:
         self.allowed = frozenset(allowed_uids)
         self._allow_remote = allow_remote
