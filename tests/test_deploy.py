@@ -664,12 +664,27 @@ def operations_sections() -> dict[str, str]:
     return sections
 
 
+RUNBOOK_BASE = ("{{ with $externalLabels.mpcache_runbook_base }}{{ . }}{{ else }}http://{{ $labels.instance }}"
+                "/runbook{{ end }}")
+
+
 def test_every_alert_has_a_runbook_url_to_a_section_of_operations_that_says_what_to_do():
+    """Every alert links to its section of the runbook: by default the page the service itself serves at the
+    alert's instance (/runbook, an absolute URL that works wherever mpcache runs), else the external label
+    mpcache_runbook_base; the section says more than when the alert fires."""
     text = ALERTS_YML.read_text()
     alerts = re.findall(r"- alert: (\S+)\n(?:(?!\n\s*- alert:).)*?runbook_url: \"([^\"]+)\"", text, re.DOTALL)
     sections = operations_sections()
     assert len(alerts) == text.count("- alert:") == len(alert_exprs()) >= 10
     for name, url in alerts:
-        path, _, anchor = url.partition("#")
-        assert ("deploy/OPERATIONS.md", name.lower()) == (path, anchor)
+        base, _, anchor = url.partition("#")
+        assert (RUNBOOK_BASE, name.lower()) == (base, anchor)
         assert anchor in sections and len(sections[anchor].split()) > 15, name  # more than its fires-when line
+
+
+def test_the_packaged_runbook_is_the_alerts_section_of_operations():
+    """mpcache/supervisor/runbook/runbook.md, which the service serves at /runbook, is OPERATIONS.md's alerts
+    section as it stands (python -m mpcache.supervisor.runbook deploy/OPERATIONS.md rewrites it)."""
+    from mpcache.supervisor import runbook
+
+    assert runbook.extract((DEPLOY / "OPERATIONS.md").read_text()) == runbook.packaged()
