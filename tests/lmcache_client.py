@@ -8,7 +8,9 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
+from support.zmq_sockets import dealer
 
+OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the KV object of the captured conversations' model (fp16, chunk 256)
 NO_RESULT = object()  # a reply without a result frame (the operation's result was None)
 
 OPS = {"register_kv_cache": 1, "store": 6, "retrieve": 7, "lookup": 8, "query_prefetch_status": 9,
@@ -21,16 +23,18 @@ class LMClient:
     """One DEALER connection; :meth:`call` sends ``[uid, op, args…]`` and returns the decoded result."""
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        self._context = zmq.Context.instance()
-        self.socket = self._context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self._timeout_ms = int(timeout_s * 1000)
+        self.socket = dealer(timeout_ms=self._timeout_ms)
         self.socket.connect(url)
         self._uids = itertools.count()
-        self._timeout_ms = int(timeout_s * 1000)
 
     def send_raw(self, frames: list[bytes]) -> list[bytes]:
-        """Send frames as they are; the reply's frames (AssertionError when none comes in time)."""
-        self.socket.send_multipart(frames)
+        """Send frames as they are; the reply's frames (AssertionError when they cannot be sent or no reply
+        comes in time)."""
+        try:
+            self.socket.send_multipart(frames)
+        except zmq.Again:
+            raise AssertionError(f"could not send {frames[:2]!r} within {self._timeout_ms} ms") from None
         assert self.socket.poll(self._timeout_ms), f"no reply within {self._timeout_ms} ms to {frames[:2]!r}"
         return self.socket.recv_multipart()
 

@@ -44,7 +44,9 @@ FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
 # Series of the metric table that no panel needs to show: the telemetry process's own process_* (the
 # exporter's convention), and the LMCache front end's service time (its numbers are in docs/PERFORMANCE.md).
 OFF_THE_DASHBOARD = {"process_cpu_seconds_total", "process_max_fds", "process_open_fds",
-                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes"}
+                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes",
+                     # the Compatibility section: LMCache's server's own names for what panels already show
+                     *(spec.prometheus_name for spec in metric_table.SECTIONS_BY_KEY["Compatibility"].rows)}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.

@@ -6,6 +6,11 @@ small msgpack messages (``docs/PROTOCOL.md``).  Refusals raise :class:`~mpcache.
 (:class:`~mpcache.errors.ProtocolError` for a malformed request, :class:`CacheTimeoutError` at a
 server-side deadline).  Not thread-safe.
 
+A connection the cache process closed while it was idle (``--idle-timeout``) is connected again at the next
+call, before anything of it is sent: when the same process answers, buffers are registered again (new ids,
+which calls already made with the old ones are given) and the call goes ahead; :attr:`CacheClient.generation`
+stays (the process's ids are all still good).  A different process is a restart, as below.
+
 Reconnection: when the connection breaks during an operation (the cache process was killed, crashed
 or restarted), the client reconnects to the same socket path — retrying with backoff (50 ms doubling
 to 1 s) for up to ``reconnect_timeout_s`` while the supervisor restarts the process — registers every
@@ -23,6 +28,7 @@ import itertools
 import os
 import secrets
 import socket
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -66,6 +72,33 @@ _RECONNECT_FIRST_PAUSE_S = 0.05
 _RECONNECT_MAX_PAUSE_S = 1.0
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _listener_identity(sock: socket.socket, path: str) -> tuple[int, ...] | None:
+    """Which listening socket a connection reached: the serving process's pid and the socket file's device,
+    inode and change time.  A restarted cache process binds a new socket file; its pid alone would not say
+    so (0 seen from another PID namespace, unchanged for a cache process restarted in-process); None if the
+    file cannot be read."""
+    pid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return pid, info.st_dev, info.st_ino, info.st_ctime_ns
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed this connection while no call was in flight (it has nothing to say
+    unasked, so any pending byte means it is still open)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:  # reset
+        return True
+
+
 class CacheClient:
     """One connection to one cache process (re-established after the process restarts)."""
 
@@ -83,15 +116,18 @@ class CacheClient:
         self._closing = False
         self.generation = 0  # reconnections so far; ids from an earlier generation's process are gone
         self.refused_buffers: list[str] = []  # buffers a new process would not register again, and why
+        self._renamed: dict[int, int] = {}  # the last reconnection's buffer ids: old → new
 
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> socket.socket:
+        """A new connection; notes which listening socket serves it (:func:`_listener_identity`)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout_s)
             sock.connect(self._socket_path)
             sock.settimeout(None)
+            self._listener = _listener_identity(sock, self._socket_path)
         except BaseException:
             sock.close()
             raise
@@ -107,8 +143,8 @@ class CacheClient:
         """:meth:`call`, with ``fds`` sent alongside the request (SCM_RIGHTS)."""
         if self._closed:
             raise ConnectionError("the client is closed")
-        if self._sock is None:  # lost earlier, and not back then: nothing of this op was sent yet
-            self._reconnect(op, None, raise_when_back=False)
+        if self._ensure_open(op) and "buffer_id" in args:  # named by its id on the connection before
+            args = {**args, "buffer_id": self._renamed.get(args["buffer_id"], args["buffer_id"])}
         try:
             reply, ok = self._exchange(op, args, fds)
         except (ConnectionError, OSError) as exc:
@@ -117,6 +153,19 @@ class CacheClient:
             self._reconnect(op, exc)
             raise AssertionError("unreachable") from None
         return self._result(reply, ok)
+
+    def _ensure_open(self, op: str) -> bool:
+        """Connect again, before anything of ``op`` is sent, if the connection is gone; True if it did.  One
+        the cache process closed while no call was in flight is taken up quietly when the same process
+        answers again (it closed an idle connection, ``--idle-timeout``: only this connection's buffer ids
+        changed); a new process raises :class:`CacheConnectionLost` as a break does."""
+        if self._sock is not None and _closed_by_server(self._sock):
+            self._reconnect(op, ConnectionResetError("closed by the cache process"), same=self._listener)
+            return True
+        if self._sock is not None:
+            return False
+        self._reconnect(op, None, raise_when_back=False)
+        return True
 
     def _exchange(self, op: str, args: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], bool]:
         """One request on the current socket, ``fds`` sent with its first byte: its reply and whether it
@@ -160,10 +209,12 @@ class CacheClient:
             self._sock = None
         self._rbuf.clear()
 
-    def _reconnect(self, op: str, cause: BaseException | None, raise_when_back: bool = True) -> None:
+    def _reconnect(self, op: str, cause: BaseException | None, raise_when_back: bool = True,
+                   same: tuple[int, ...] | None = None) -> None:
         """Connect again and register every buffer anew, retrying with backoff; then raise
         :class:`CacheConnectionLost` for ``op`` — also once reconnected if ``raise_when_back`` (``op``
-        was in flight), otherwise return and let ``op`` go ahead."""
+        was in flight) unless the listener is ``same`` (the process served before), otherwise return and
+        let ``op`` go ahead (a new generation unless the process is the same)."""
         self._drop_socket()
         path = self._socket_path
         what = f"the connection to the cache process at {path} broke ({cause})" if cause else \
@@ -175,6 +226,8 @@ class CacheClient:
             try:
                 self._sock = self._connect()
                 self._reregister()
+                if same is not None and self._listener == same:
+                    return
                 self.generation += 1
                 if not raise_when_back:
                     return
@@ -203,14 +256,17 @@ class CacheClient:
         refuses now is dropped from this client (using it is an "unknown buffer" error) and named in
         :attr:`refused_buffers`."""
         registered: dict[int, RegisteredBuffer] = {}
+        self._renamed = {}
         for buffer in self._buffers.values():
             op, args, fds = buffer._registration()
             try:
-                buffer.buffer_id = self._result(*self._exchange(op, args, fds))["buffer_id"]
+                new_id = self._result(*self._exchange(op, args, fds))["buffer_id"]
             except (RequestError, ProtocolError) as exc:
                 self.refused_buffers.append(f"{op} of buffer {buffer.buffer_id}: {exc}")
                 continue
-            registered[buffer.buffer_id] = buffer
+            self._renamed[buffer.buffer_id] = new_id
+            buffer.buffer_id = new_id
+            registered[new_id] = buffer
         self._buffers = registered
 
     def _read_reply(self) -> object:
@@ -266,7 +322,7 @@ class CacheClient:
         if self._buffers.pop(buffer.buffer_id, None) is None:
             return
         try:
-            if not self._closed:
+            if not self._closed and not self._ensure_open("unregister_buffer"):  # a new connection never had it
                 self.call("unregister_buffer", buffer_id=buffer.buffer_id)
         finally:
             buffer._release()

@@ -91,6 +91,11 @@ class Config:
         ">= 32 bytes; the same on every host sharing a redis tier). Default: $MPCACHE_L2_SECRET_FILE, else the first "
         "fs tier's PATH/.mpcache-l2-secret (created once), else a new one per run (redis records are then "
         "unreadable after a restart)", group=SERVICE, metavar="FILE")
+    idle_timeout_s: float = setting(  # 1,024 idle connections would otherwise lock out new clients for good
+        Seconds(0, math.inf, high_open=True), 600.0,
+        "seconds a connection to a cache process's Unix socket may send nothing before it is closed (the client "
+        "reconnects by itself at its next call); 0 never closes one (default 600)", group=SERVICE,
+        name="idle-timeout")
     hang_timeout_s: float = setting(
         Seconds(1, math.inf, high_open=True), 10.0,
         "seconds a cache process's heartbeat may stand still before it is killed and restarted (default 10)",

@@ -79,7 +79,13 @@ def pid_namespace() -> int:
 
 
 def default_base() -> str:
-    return os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
+    """``<temporary directory>/mpcache-<uid>``; ConfigError when no temporary directory is usable (a read-only
+    root filesystem without a writable /tmp), which a --runtime-dir on a volume makes no matter."""
+    try:
+        return os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
+    except FileNotFoundError:  # tempfile found none of $TMPDIR, /tmp, /var/tmp, /usr/tmp, the cwd writable
+        raise ConfigError("--runtime-dir: no usable temporary directory for the default (a read-only root "
+                          "filesystem?): pass --runtime-dir DIR on a writable volume, or set TMPDIR") from None
 
 
 @dataclass

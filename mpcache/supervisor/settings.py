@@ -17,6 +17,7 @@ from mpcache.cache.l2.trust import ensure_private_dir, resolve_l2_key
 from mpcache.config import L2_GB, SETTINGS, Config
 from mpcache.config.kinds import Choice, Kind, Repeated, Switch
 from mpcache.errors import ConfigError
+from mpcache.supervisor import logfile
 from mpcache.supervisor.checks import check_endpoints, check_socket_path_length
 from mpcache.supervisor.provision import check_shm_space
 from mpcache.supervisor.sources import Resolved, describe, resolve, where
@@ -124,12 +125,14 @@ def check_config(resolved: Resolved, supervisor_pid: int, runtime_dir: str) -> i
     """``--check-config``: every setting and its source on stdout, exit 0; or the error on stderr, exit 2.
     The settings are checked together and against this machine as at a start — the ports are free and
     resolve, /dev/shm has room for every segment — creating nothing (no L2 secret is read or made, no
-    segment or file created)."""
+    segment or file created; an existing --log-file is read, not written)."""
     try:
         config = config_from_settings(resolved, supervisor_pid, runtime_dir, l2_key=False)
         check_socket_path_length(config)
         check_endpoints(config)
         check_shm_space(config)
+        if config.log_file:
+            logfile.check(os.path.abspath(config.log_file), config.log_backups)
     except ConfigError as exc:
         sys.stderr.write(error_line(f"start-cache: error: {where(resolved, str(exc))}"))
         return 2

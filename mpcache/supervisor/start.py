@@ -92,8 +92,13 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
     """Run the service; ``programs`` replaces the children's programs (a benchmark's own cache process)."""
     resolved = settings.parse(argv)
     pid = os.getpid()
-    base = default_base()
     requested = resolved.values["runtime-dir"]
+    try:
+        base = default_base()
+    except ConfigError as exc:
+        if not requested:
+            return _error(settings.where(resolved, str(exc)))
+        base = ""  # no temporary directory, so no earlier run of ours left anything in one
     planned = os.path.abspath(requested) if requested else os.path.join(base, str(pid))
     if resolved.check_only:
         return settings.check_config(resolved, pid, planned)

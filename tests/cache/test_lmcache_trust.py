@@ -25,6 +25,7 @@ import pytest
 import zmq
 from lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
 from second_user import User
+from support import zmq_sockets
 from support.ports import free_port
 from support.waiting import wait_for
 from zmq.utils.monitor import recv_monitor_message
@@ -417,7 +418,7 @@ def test_a_frame_over_the_cap_drops_the_connection_unanswered_and_the_process_ke
     thread_ident = service.harness.thread.ident
     client = service.client()
     assert True is client.call("ping", None)  # connected
-    monitor = client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    monitor = zmq_sockets.bounded(client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
     try:
         client.socket.send_multipart(_frames("lookup", msgpack.packb(b"\0" * 40_000_000), msgpack.packb(1)))
         wait_for(lambda: client.socket.poll(0) or monitor.poll(0), timeout_s=20,

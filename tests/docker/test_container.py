@@ -32,7 +32,8 @@ COMPOSE_YAML = REPO / "deploy" / "docker" / "compose.yaml"
 DOCKER = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
 TAG = uuid.uuid4().hex[:8]
 
-pytestmark = pytest.mark.slow
+# Image builds (up to 1200 s each) and compose runs bound each step; the test as a whole gets their sum.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def _skip_or_fail(reason: str) -> None:

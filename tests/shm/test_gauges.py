@@ -100,6 +100,17 @@ def test_clear_zeroes_the_slot(board):
     assert ([], 0) == (reader.live_slots(), reader.word(0, layout.G_ACTIVE_PREFETCH))
 
 
+def test_clear_keeps_the_counters_kept_across_restarts(board):
+    """Restarts and the LMCache connections refused and unidentified survive clear() (a restart's); usage
+    does not."""
+    slot = GaugeSlot(board, 0, clock_ns=Clock(NOW))
+    kept = {layout.G_RESTARTS: 2, layout.G_LMCACHE_REFUSED: 3, layout.G_LMCACHE_UNIDENTIFIED: 4}
+    for word, value in {**kept, layout.G_L1_USED: 5}.items():
+        slot.set(word, value)
+    slot.clear()
+    assert {**kept, layout.G_L1_USED: 0} == {word: slot.get(word) for word in (*kept, layout.G_L1_USED)}
+
+
 @pytest.mark.parametrize("slot", [-1, 3])
 def test_slot_out_of_range(board, slot):
     """A slot index outside the board is a ValueError naming the range."""

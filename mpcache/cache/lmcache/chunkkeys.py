@@ -37,7 +37,7 @@ class ChunkKeys:
 
     def __init__(self, chunk_tokens: int, max_requests: int = MAX_REQUESTS,
                  max_token_bytes: int = MAX_TOKEN_BYTES) -> None:
-        self._chunk_tokens = chunk_tokens
+        self.chunk_tokens = chunk_tokens
         self._max_requests = max_requests
         self._max_token_bytes = max_token_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -63,7 +63,7 @@ class ChunkKeys:
             return entry
         if entry is not None:
             self.forget(request_id)
-        entry = _Entry(tokens, chunk_hashes(np.frombuffer(tokens, dtype="<i8"), self._chunk_tokens))
+        entry = _Entry(tokens, chunk_hashes(np.frombuffer(tokens, dtype="<i8"), self.chunk_tokens))
         entries[request_id] = entry
         self._token_bytes += len(tokens)
         while entries and (len(entries) > self._max_requests or self._token_bytes > self._max_token_bytes):

@@ -210,7 +210,7 @@ class Router:
                 self._admit(sock, owner)
 
     def _admit(self, sock: socket.socket, owner: int | None) -> None:
-        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
+        if owner is None:  # refused, or closed by its peer unidentified, before a byte was sent (the gate counted it)
             sock.close()
             return
         if len(self._open) + len(self._handshaking) >= MAX_CONNECTIONS:

@@ -4,6 +4,8 @@ request-flow events ``docs/PROTOCOL.md`` lists.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
 from mpcache.cache.l1 import WriteReservation
@@ -161,22 +163,44 @@ def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
             "l2_hit_tokens": job.l2_hits * tokens, "l2_loaded_count": job.l2_landed, "expired": job.expired}
 
 
+@dataclass(frozen=True, slots=True)
+class LookupReport:
+    """What an LMCache lookup's END counts beyond its job: the chunk size it was hashed at, the chunks below its
+    start (the engine's own prefix cache holds them: neither requested nor hit, but part of the request's hit),
+    the whole prompt's tokens and the engine's prefix-cache hit the client hinted."""
+
+    chunk_tokens: int
+    covered_chunks: int
+    prompt_tokens: int
+    engine_hit_tokens: int
+
+
 def report_lookup(ctx: CacheContext, job: Job) -> None:
-    """MP_LOOKUP_PREFETCH_END once a job is done (an expired job was abandoned: none), in chunks."""
+    """MP_LOOKUP_PREFETCH_END once a job is done (an expired job was abandoned: none), in chunks.  Beside the
+    looked-up tokens and their hit, the request-level pair: the whole prompt, and the prefix of it the engine's
+    prefix cache or this cache serves (the longer of the two, as LMCache counts it)."""
     if job.pending or job.reported or job.expired:
         return
     job.reported = True
-    tokens, ranks = ctx.chunk_tokens, job.ranks
+    ranks = job.ranks
     chunks = job.found // ranks
     if ranks == 1:
         l1_hits, l2_hits = job.l1_hits, job.l2_hits
     else:  # a chunk is an L2 hit when any of its ranks came from L2
         l2_hits = min(chunks, -(-job.l2_hits // ranks))
         l1_hits = chunks - l2_hits
+    report: LookupReport | None = job.report
+    tokens = ctx.chunk_tokens if report is None else report.chunk_tokens
+    requested, hit = len(job.hashes) // ranks * tokens, chunks * tokens
+    if report is None:
+        prompt, request_hit = requested, hit
+    else:
+        prompt = report.prompt_tokens
+        request_hit = max(report.engine_hit_tokens, report.covered_chunks * tokens + hit)
     ctx.publisher.emit(
         _MP_LOOKUP_PREFETCH_END,
-        (job.model, job.salt, chunks, len(job.hashes) // ranks * tokens, chunks * tokens, l1_hits * tokens,
-         l2_hits * tokens, ""),
+        (job.model, job.salt, chunks, requested, hit, l1_hits * tokens, l2_hits * tokens, "", prompt, request_hit,
+         job.l1_hits, job.l2_hits),
         session_id=job.request_id,
     )
     ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)

@@ -8,7 +8,6 @@ attributes are computed from.
 
 from __future__ import annotations
 
-from mpcache.contract.events import EventType
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.metric_table.grids import (
     LIFECYCLE_SECONDS_BUCKETS,
@@ -23,66 +22,28 @@ from mpcache.telemetry.metric_table.model import (
     OBSERVABLE_GAUGE,
     Derivation,
     Label,
-    MetricSpec,
     Origin,
     Section,
     Source,
     State,
 )
-
-
-def _m(otel: str, prom: str, kind: str, unit: str, source: Source, meaning: str,
-       buckets: tuple[float, ...] | None = None) -> MetricSpec:
-    return MetricSpec(otel, prom, kind, unit, source, meaning, buckets)
-
-
-# -- attributes ----------------------------------------------------------------------------------
-
-
-def _f(name: str, field: str = "", event: EventType | None = None) -> Label:
-    """An attribute read from a fixed field (of that name unless ``field`` says otherwise)."""
-    return Label(name, Origin.FIELD, field or name, event)
-
-
-_SALT = Label("cache_salt", Origin.SALT_GROUP, "cache_salt")  # the salt group's cache_salt
-_GROUP_MODEL = Label("model_name", Origin.SALT_GROUP, "model_name")  # the salt group's model_name
-_KEY_SALT = Label("cache_salt", Origin.SAMPLED_KEY, "cache_salt")  # the sampled key's cache_salt
-_KEY_MODEL = Label("model_name", Origin.SAMPLED_KEY, "model_name")  # the sampled key's model_name
-_L2_NAME = Label("l2_name", Origin.CONFIG)
-_ADAPTER = Label("adapter_index", Origin.CONFIG)
-
-# -- sources -------------------------------------------------------------------------------------
-
-
-def _count(etype: EventType, *labels: Label) -> Source:
-    return Source(Derivation.EVENT_COUNT, (etype,), labels=labels)
-
-
-def _sum(etype: EventType, field: str, *labels: Label) -> Source:
-    return Source(Derivation.FIELD_SUM, (etype,), field=field, labels=labels)
-
-
-def _true(etype: EventType, field: str) -> Source:
-    return Source(Derivation.TRUE_COUNT, (etype,), field=field)
-
-
-def _false(etype: EventType, field: str) -> Source:
-    return Source(Derivation.FALSE_COUNT, (etype,), field=field)
-
-
-def _failed(etype: EventType, failed: bool) -> Source:
-    """Per l2_name, the tasks of ``etype`` with (``failed``) or without a failed chunk."""
-    return Source(Derivation.NONZERO_COUNT if failed else Derivation.ZERO_COUNT, (etype,), field="failed_count",
-                  labels=(_f("l2_name"),))
-
-
-def _salts(etypes: tuple[EventType, ...], *labels: Label) -> Source:
-    return Source(Derivation.SALT_COUNT, etypes, labels=labels)
-
-
-def _state(derivation: Derivation, state: State, *words: str, labels: tuple[Label, ...] = ()) -> Source:
-    return Source(derivation, state=state, words=words, labels=labels)
-
+from mpcache.telemetry.metric_table.vocabulary import (
+    _ADAPTER,
+    _GROUP_MODEL,
+    _KEY_MODEL,
+    _KEY_SALT,
+    _L2_NAME,
+    _SALT,
+    _count,
+    _f,
+    _failed,
+    _false,
+    _m,
+    _salts,
+    _state,
+    _sum,
+    _true,
+)
 
 _BUS = Source(Derivation.BUS_STATE, state=State.BUS)
 _L1R, _L1W, _L1WR, _L1E = (E.L1_READ_FINISHED, E.L1_WRITE_FINISHED, E.L1_WRITE_FINISHED_AND_READ_RESERVED,
@@ -207,6 +168,40 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.lookup_hit_l2", "lmcache_mp_lookup_hit_l2_tokens_total", COUNTER, "tokens",
            _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
            "Tokens of completed lookups' hits that were in L2."),
+    )),
+    Section("LookupRequests", "Request-level hit rate (the engine's prefix cache and this cache)", False, (
+        _m("lmcache_mp.lookup_prompt", "lmcache_mp_lookup_prompt_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "prompt_tokens", *_LOOKUP_LABELS),
+           "Whole prompts of completed lookups, a partial last chunk included: the request-level hit rate's "
+           "denominator (LMCache 0.5.7's series)."),
+        _m("lmcache_mp.lookup_request_hit", "lmcache_mp_lookup_request_hit_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "request_hit_tokens", *_LOOKUP_LABELS),
+           "Prefix of those prompts the engine's own prefix cache or this cache serves, the longer of the two "
+           "(LMCache 0.5.7's series; lookup_requested and lookup_hit leave out the prefix a 0.5.7 lookup starts "
+           "past)."),
+    )),
+    Section("Compatibility", "Series LMCache's own server exports beyond the specification", False, (
+        _m("lmcache_mp.lookups", "lmcache_mp_lookups_requests_total", COUNTER, "requests",
+           _count(E.MP_LOOKUP_PREFETCH_END, *_LOOKUP_LABELS), "Completed lookups."),
+        _m("lmcache_mp.lookup_hit_l1_keys", "lmcache_mp_lookup_hit_l1_keys_total", COUNTER, "keys",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "l1_hit_keys", *_LOOKUP_LABELS),
+           "Objects (one per chunk and KV rank) of completed lookups' hits that L1 already held."),
+        _m("lmcache_mp.lookup_hit_l2_keys", "lmcache_mp_lookup_hit_l2_keys_total", COUNTER, "keys",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_keys", *_LOOKUP_LABELS),
+           "Objects of completed lookups' hits that were loaded from L2."),
+        _m("lmcache_mp.l2_evicted_objects", "lmcache_mp_l2_evicted_objects_chunks_total", COUNTER, "chunks",
+           _salts((E.L2_KEYS_EVICTED,)), "Chunks removed from L2 adapters by L2 eviction, all tenants together."),
+        _m("lmcache_mp.num_submitted_stores", "lmcache_mp_num_submitted_stores_total", COUNTER, "",
+           _count(E.MP_STORE_SUBMITTED, _f("device")), "Stores from an engine's memory into L1 begun, by device."),
+        _m("lmcache_mp.num_finished_stores", "lmcache_mp_num_finished_stores_total", COUNTER, "",
+           _count(E.MP_STORE_END, _f("device")),
+           "Stores from an engine's memory into L1 ended, however many chunks they committed, by device."),
+        _m("lmcache_mp.num_submitted_retrieves", "lmcache_mp_num_submitted_retrieves_total", COUNTER, "",
+           _count(E.MP_RETRIEVE_SUBMITTED, _f("device")),
+           "Retrieves from L1 into an engine's memory begun, by device."),
+        _m("lmcache_mp.num_finished_retrieves", "lmcache_mp_num_finished_retrieves_total", COUNTER, "",
+           _count(E.MP_RETRIEVE_END, _f("device")),
+           "Retrieves from L1 into an engine's memory ended, however many chunks they moved, by device."),
     )),
     Section("L2Failures", "L2 prefetch failures", True, (
         _m("lmcache_mp.l2_prefetch_failure", "lmcache_mp_l2_prefetch_failure_chunks_total", COUNTER, "chunks",
@@ -382,6 +377,12 @@ Section("Service", "The service", False, (
            "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_REFUSED", labels=(Label("worker", Origin.SLOT),)),
            "LMCache front-end connections refused because their peer's uid is not allowed, per cache process "
            "(kept across its restarts)."),
+        _m("mpcache.lmcache_unidentified_connections", "mpcache_lmcache_unidentified_connections_total",
+           OBSERVABLE_COUNTER, "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_UNIDENTIFIED",
+                                          labels=(Label("worker", Origin.SLOT),)),
+           "LMCache front-end TCP connections closed by their peer before its uid could be identified (a health "
+           "probe's connect-and-close), per cache process (kept across its restarts): closed unanswered, not "
+           "counted as refused."),
         _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "",
            _state(Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"),
            "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "
