@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from mpcache.shm.segment import shm_free_bytes
 from mpcache.supervisor.logfile import header
 
 if sys.version_info >= (3, 11):
@@ -25,9 +27,11 @@ START_CACHE = [sys.executable, str(REPO / "bin" / "start-cache")]
 
 
 def _check_config(tmp_path, *argv: str, **environ: str) -> subprocess.CompletedProcess:
+    """``start-cache --check-config`` in a clean environment; its port probe on a port nothing else can hold
+    (port 0) unless the test names one: 9090 may be taken on a shared machine."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
     return subprocess.run([*START_CACHE, "--check-config", *argv], capture_output=True, text=True, timeout=60,
-                          env={**env, **environ}, cwd=tmp_path)
+                          env={**env, "MPCACHE_PROMETHEUS_PORT": "0", **environ}, cwd=tmp_path)
 
 
 def _start(tmp_path, *argv: str) -> subprocess.CompletedProcess:
@@ -118,6 +122,20 @@ def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
     started = _start(tmp_path, *argv)
     _one_line_exit_2(started, expected)
     assert "hunter2" not in started.stderr
+
+
+def test_check_config_refuses_a_taken_port_and_an_l1_that_dev_shm_cannot_hold(tmp_path):
+    """What a start probes, --check-config probes too: a port something listens on, and an L1 larger than
+    /dev/shm's free space, are each the start's own line and exit status 2 (they used to pass the check)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        _one_line_exit_2(_check_config(tmp_path, "--prometheus-port", str(port)),
+                         f"--prometheus-port: port {port} on 127.0.0.1 is not available")
+    too_big = shm_free_bytes() + 2**30
+    _one_line_exit_2(_check_config(tmp_path, "--workers", "1", "--prometheus-port", "0", "--l1-size", str(too_big)),
+                     "/dev/shm has ")
 
 
 @pytest.mark.parametrize(("tier", "expected"), [

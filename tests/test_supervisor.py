@@ -392,3 +392,18 @@ def test_repair_recreates_exactly_the_damaged_segments(instance, damage, expecte
                                                                         config.l1_pool_bytes)
     finally:
         ring.close()
+
+def test_the_status_line_names_children_that_are_not_as_they_should_be() -> None:
+    """systemd's STATUS= line: telemetry starting (before its first heartbeat, as at READY) or running is not
+    named; telemetry restarting or unresponsive is, as a cache process not serving is."""
+    from mpcache.supervisor.status import status_line
+
+    def children(telemetry: str, cache1: str) -> list[Child]:
+        return [Child(Role.TELEMETRY, 0, [], state=telemetry), Child(Role.CACHE, 0, [], state="serving"),
+                Child(Role.CACHE, 1, [], state=cache1)]
+
+    assert ["2/2 cache processes serving", "2/2 cache processes serving",
+            "2/2 cache processes serving; telemetry unresponsive",
+            "1/2 cache processes serving; cache[1] restarting, telemetry restarting"] == [
+        status_line(children("starting", "serving")), status_line(children("running", "serving")),
+        status_line(children("unresponsive", "serving")), status_line(children("restarting", "restarting"))]

@@ -10,9 +10,11 @@ telemetry hangs, restarts or is off, and never 404 (the routes exist from the bi
 * ``/ready`` (readiness): 200 while every cache process's heartbeat is fresher than
   :data:`READY_STALE_AFTER_S` (as ``mpcache_cache_processes_ready``), 503 naming the ones that are not;
 * ``/telemetry``: 200 while the telemetry process runs and heartbeats, 503 otherwise (starting, restarting,
-  unresponsive, off): for operators and monitoring, not for probes — the cache serves without it.
+  unresponsive, off): for operators and monitoring, not for probes — the cache serves without it;
+* ``/runbook``: what to do when each alert fires (:mod:`mpcache.supervisor.runbook`), an HTML page, where the
+  alert rules' ``runbook_url`` points by default.
 
-Both others carry telemetry's state too (``"telemetry"``).  A forwarded request that telemetry cannot answer
+The first two carry telemetry's state too (``"telemetry"``).  A forwarded request that telemetry cannot answer
 (restarting: nothing listens; stopped: nothing answers within :data:`FORWARD_TIMEOUT_S`) is a 503 or 504
 saying so.
 """
@@ -30,6 +32,7 @@ from mpcache.config import Config
 from mpcache.httpserver import TEXT, BoundedHTTPServer, is_loopback
 from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
+from mpcache.supervisor.runbook import packaged, page
 
 STALL_AFTER_S = 5.0  # the loop wakes every 0.1 s
 READY_STALE_AFTER_S = 2.0  # a cache process heartbeats every 0.5 s
@@ -62,7 +65,9 @@ class Front:
         self._board = Segment.attach(config.gauge_board_name())
         self._caches = GaugeBoardReader(self._board, stale_after_s=READY_STALE_AFTER_S, clock_ns=clock_ns)
         self._beat = TelemetryBeat(self._board)
-        routes = {"/healthz": self.healthz, "/ready": self.ready, "/telemetry": self.telemetry}
+        runbook = (200, page(packaged()), "text/html; charset=utf-8")
+        routes = {"/healthz": self.healthz, "/ready": self.ready, "/telemetry": self.telemetry,
+                  "/runbook": lambda: runbook}
         try:
             self.server = BoundedHTTPServer((config.prometheus_host, config.prometheus_port), routes, log,
                                             forward=self.forward)

@@ -39,7 +39,7 @@ from mpcache.supervisor.runtime import (
     sweep_segments,
 )
 from mpcache.supervisor.watch import Supervisor
-from mpcache.systemd import journal_prefixed, stderr_is_journal
+from mpcache.systemd import error_line, journal_prefixed, stderr_is_journal
 
 
 def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
@@ -51,7 +51,7 @@ def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
 
 
 def _error(message: str) -> int:
-    sys.stderr.write(f"start-cache: error: {message}\n")
+    sys.stderr.write(error_line(f"start-cache: error: {message}"))
     return 2
 
 

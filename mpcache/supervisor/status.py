@@ -104,11 +104,13 @@ def status(config: Config, children: Sequence[Child], stopping: bool) -> dict[st
 
 
 def status_line(children: Sequence[Child]) -> str:
-    """systemctl status's one line: how many cache processes serve, and the others' states."""
+    """systemctl status's one line: how many cache processes serve, and the others' states when they are not
+    as they should be (telemetry starting, before its first heartbeat, is as it should be)."""
     caches = [child for child in children if child.role is Role.CACHE]
     serving = sum(child.state == "serving" for child in caches)
     others = [f"{child.label} {child.state}" for child in caches if child.state != "serving"]
-    others += [f"{c.label} {c.state}" for c in children if c.role is not Role.CACHE and c.state != "running"]
+    others += [f"{c.label} {c.state}" for c in children
+               if c.role is not Role.CACHE and c.state not in ("running", "starting")]
     return f"{serving}/{len(caches)} cache processes serving" + (f"; {', '.join(others)}" if others else "")
 
 

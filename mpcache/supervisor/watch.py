@@ -162,8 +162,10 @@ class Supervisor:
     def _reap(self, child: Child, status: int) -> None:
         assert child.process is not None
         now = self.clock()
-        self.log.info("child.exited", child_role=child.role.value, index=child.index, pid=child.process.pid,
-                      exit_status=status)
+        # a child that failed or was killed (a negative status: the signal) is an error; journalctl -p err shows it
+        log = self.log.info if status == 0 else self.log.error
+        log("child.exited", child_role=child.role.value, index=child.index, pid=child.process.pid,
+            exit_status=status)
         child.process = None
         if child.role is Role.DEMO:
             # A client: never restarted (its tally covers one run); its failure never stops the cache.

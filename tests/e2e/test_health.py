@@ -70,6 +70,35 @@ def test_metrics_carry_build_info_readiness_and_process_series(start_service):
 
 
 @pytest.mark.slow
+def test_every_process_of_the_service_is_on_metrics_with_its_descriptors_against_its_limit(start_service):
+    """The supervisor, telemetry and both cache processes each have their CPU, memory, descriptors (in use and
+    the limit) and context switches on /metrics, sampled from outside them: cache[0]'s descriptor limit,
+    lowered from outside to 3,000, is what /metrics says, and each process's descriptors are what its
+    /proc/<pid>/fd holds (within the few that come and go)."""
+    import psutil
+
+    service = start_service("--workers", "2")
+    wait_for(lambda: service.scrape().total("mpcache_cache_processes_ready") == 2, 30, "two ready cache processes")
+    [cache0] = service.pids("cache", 0)
+    _, hard = psutil.Process(cache0).rlimit(psutil.RLIMIT_NOFILE)
+    psutil.Process(cache0).rlimit(psutil.RLIMIT_NOFILE, (3000, hard))
+    scrape = wait_for(lambda: (s := service.scrape()).total("mpcache_process_max_fds", role="cache", worker="0")
+                      == 3000 and s, 30, "cache[0]'s new limit on /metrics")
+    pids = {("supervisor", ""): service.process.pid, ("telemetry", ""): service.pids("telemetry")[-1],
+            ("cache", "0"): cache0, ("cache", "1"): service.pids("cache", 1)[-1]}
+    names = ["mpcache_process_cpu_seconds_total", "mpcache_process_resident_memory_bytes", "mpcache_process_open_fds",
+             "mpcache_process_max_fds", "mpcache_process_voluntary_context_switches_total",
+             "mpcache_process_involuntary_context_switches_total"]
+    seen = {name: {(labels["role"], labels.get("worker", "")) for labels, _ in scrape.samples[name]} for name in names}
+    open_fds = {(labels["role"], labels.get("worker", "")): value
+                for labels, value in scrape.samples["mpcache_process_open_fds"]}
+
+    assert {name: set(pids) for name in names} == seen
+    assert [] == [key for key, pid in pids.items() if abs(open_fds[key] - len(os.listdir(f"/proc/{pid}/fd"))) > 8]
+    assert 0 == service.stop()
+
+
+@pytest.mark.slow
 def test_no_http_serves_nothing_on_the_port(start_service):
     """--no-http: OTLP-only deployments listen on no port at all (the telemetry process still runs)."""
     import socket

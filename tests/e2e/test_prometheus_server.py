@@ -70,11 +70,11 @@ class PrometheusServer:
         assert ("success", "vector") == (body["status"], body["data"]["resultType"]), body
         return body["data"]["result"]
 
-    def alerts(self) -> dict[str, str]:
-        """Alert name → state (pending, firing) of the alerts active now."""
+    def alerts(self) -> dict[str, dict]:
+        """Alert name → the alert (its state, pending or firing, labels and annotations) of those active now."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/alerts", timeout=5) as response:
             body = json.loads(response.read())
-        return {alert["labels"]["alertname"]: alert["state"] for alert in body["data"]["alerts"]}
+        return {alert["labels"]["alertname"]: alert for alert in body["data"]["alerts"]}
 
     def scalar(self, promql: str) -> float | None:
         """The one value ``promql`` gives, or None when the result is empty."""
@@ -191,7 +191,8 @@ ALERTS_YML = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "al
 def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_server):
     """The demo with a redis tier whose server accepts connections and never answers, scraped every second
     by a real Prometheus evaluating the shipped deploy/prometheus/alerts.yml: MpcacheL2Failing goes pending,
-    then fires once its ``for:`` has passed, and no other alert of the file fires."""
+    then fires once its ``for:`` has passed, and no other alert of the file fires; its runbook_url opens the
+    runbook's section on the service itself."""
     hold_s = _for_seconds("MpcacheL2Failing")
     with silent_listener() as port:
         tier = json.dumps({"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "capacity_gb": 0.01,
@@ -201,14 +202,19 @@ def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_se
         prometheus = prometheus_server(f"127.0.0.1:{service.port}", (str(ALERTS_YML),))
         wait_for(prometheus.ready, 15, "prometheus to be ready")
         pending = wait_for(lambda: prometheus.alerts().get("MpcacheL2Failing"), 60, "MpcacheL2Failing to be active")
-        firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing") == "firing" and alerts,
-                          hold_s + 30, "MpcacheL2Failing to fire")
+        firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing", {}).get("state") == "firing"
+                          and alerts, hold_s + 30, "MpcacheL2Failing to fire")
+        runbook_url = firing["MpcacheL2Failing"]["annotations"]["runbook_url"]
+        with urllib.request.urlopen(runbook_url, timeout=5) as response:
+            runbook = response.read().decode()
         failed = prometheus.scalar("sum(mpcache_l2_store_failed_requests_total)")
         completed = prometheus.scalar("sum(lmcache_mp_l2_store_completed_requests_total)")
         assert 0 == service.stop()
 
-    assert "pending" == pending or hold_s == 0
-    assert {"MpcacheL2Failing": "firing"} == {name: state for name, state in firing.items() if state == "firing"}
+    assert "pending" == pending["state"] or hold_s == 0
+    assert ["MpcacheL2Failing"] == [name for name, alert in firing.items() if alert["state"] == "firing"]
+    assert f"http://127.0.0.1:{service.port}/runbook#mpcachel2failing" == runbook_url
+    assert 'id="mpcachel2failing"' in runbook
     assert failed is not None and failed > 0 and completed == 0.0
 
 

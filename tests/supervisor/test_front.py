@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import urllib.error
@@ -13,6 +14,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from mpcache.supervisor import front as front_module
 from mpcache.supervisor.front import Front, SupervisorState
 from mpcache.supervisor.runtime import SegmentLock
 
+REPO = Path(__file__).resolve().parents[2]
 NOW_NS = 1_700_000_000_000_000_000
 TELEMETRY_PID = 4242
 
@@ -119,6 +122,18 @@ def test_telemetry_is_200_only_while_it_runs_and_its_own_heartbeat_is_fresh(serv
     assert (503, 6.0) == (silent[0], silent[1]["heartbeat_age_s"])
     assert (503, "restarting", None, None) == (restarting[0], restarting[1]["state"], restarting[1]["pid"],
                                                restarting[1]["heartbeat_age_s"])
+
+
+def test_runbook_is_an_html_page_with_a_section_per_alert(served):
+    """/runbook answers whatever telemetry does, with an id for every alert of the shipped rules: the target
+    of their default runbook_url, http://<instance>/runbook#<alert, lower case>."""
+    alerts = re.findall(r"- alert: (\S+)", (REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    served.state[0] = replace(served.state[0], telemetry_state="restarting", telemetry_pid=None)
+    status, content_type, body = served.get("/runbook")
+
+    assert (200, "text/html; charset=utf-8") == (status, content_type)
+    assert len(alerts) >= 10
+    assert [] == [alert for alert in alerts if f'id="{alert.lower()}"' not in body]
 
 
 def _telemetry_socket(served: Served, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:

@@ -48,6 +48,7 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.processes import ProcessesSubscriber
 from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
@@ -67,7 +68,7 @@ INSTRUMENTS = {
     D.MRC_HIT_RATIO: (OBSERVABLE_GAUGE,), D.SAMPLED_MISSES: (COUNTER,),
     D.SLOT_COUNT: (OBSERVABLE_GAUGE,), D.LIVE_SLOT_COUNT: (OBSERVABLE_GAUGE,), D.RESTART_COUNT: (OBSERVABLE_COUNTER,),
     D.SLOT_WORD: (OBSERVABLE_COUNTER,), D.BUILD: (OBSERVABLE_GAUGE,), D.RESOURCE: (OBSERVABLE_GAUGE,),
-    D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
+    D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER), D.PROCESS_SAMPLE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
 }
 # Where each attribute origin may appear.
 LABEL_DERIVATIONS = {
@@ -77,8 +78,8 @@ LABEL_DERIVATIONS = {
     Origin.CONFIG: {D.GAUGE_SUM, D.GAUGE_RATIO},
     Origin.BUS: {D.BUS_STATE},
     Origin.ANALYSIS: {D.MRC_HIT_RATIO, D.SAMPLED_MISSES},
-    Origin.SLOT: {D.SLOT_WORD},
-    Origin.CHILD: {D.RESTART_COUNT},
+    Origin.SLOT: {D.SLOT_WORD, D.PROCESS_SAMPLE},
+    Origin.CHILD: {D.RESTART_COUNT, D.PROCESS_SAMPLE},
     Origin.BUILD: {D.BUILD},
     Origin.RESOURCE: {D.RESOURCE},
 }
@@ -227,7 +228,7 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
     bus = EventBus()
     factories = [lambda meter, section=section: TableCountersSubscriber(meter, section, 10, ["fs"])
                  for section in COUNTER_SECTIONS] + [
-        lambda meter: ServiceStateSubscriber(meter, board),
+        lambda meter: ServiceStateSubscriber(meter, board), lambda meter: ProcessesSubscriber(meter, board),
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
         L2ThroughputSubscriber, L0LifecycleSubscriber, LMCacheRequestTimesSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),

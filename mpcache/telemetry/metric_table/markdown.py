@@ -95,6 +95,7 @@ def describe(source: Source) -> str:
         d.BUILD: "1",
         d.RESOURCE: "1 (the Prometheus exporter's rendering of the resource)",
         d.PROCESS: "prometheus_client's process collector, from /proc at scrape time (Prometheus only)",
+        d.PROCESS_SAMPLE: "psutil of each process, read by the telemetry process at collection time",
     }[source.derivation]
     origins = [_origin(label) for label in source.labels]
     return "; ".join([value] + [o for o in origins if o])

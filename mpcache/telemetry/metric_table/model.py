@@ -50,6 +50,7 @@ class Derivation(enum.Enum):
     # Created by the exporters themselves, not from events or shared memory:
     RESOURCE = "resource"  # the OTel resource, as Prometheus's target_info
     PROCESS = "process"  # prometheus_client's process collector: /proc of the telemetry process
+    PROCESS_SAMPLE = "process sample"  # psutil of the service's processes (by role and worker), at collection
 
     @property
     def table_driven(self) -> bool:
@@ -74,7 +75,7 @@ _TABLE_DRIVEN = frozenset({
 _OBSERVABLE = frozenset({
     Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.SLOT_COUNT,
     Derivation.LIVE_SLOT_COUNT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD, Derivation.BUILD,
-    Derivation.RESOURCE, Derivation.PROCESS,
+    Derivation.RESOURCE, Derivation.PROCESS, Derivation.PROCESS_SAMPLE,
 })
 
 
@@ -88,7 +89,7 @@ class Origin(enum.Enum):
     BUS = "event bus"  # a subscriber's name
     ANALYSIS = "sampled-history analysis"  # a tier, a capacity ratio or a miss reason (docs/MRC.md)
     SLOT = "gauge-board slot"  # the slot's index, which is the cache process's worker index
-    CHILD = "child process"  # the role of a child of the supervisor (cache, telemetry)
+    CHILD = "child process"  # the role of a child of the supervisor (cache, telemetry), or the supervisor
     BUILD = "build"  # the mpcache version, the ring writer in use
     RESOURCE = "resource"  # an attribute of the OTel resource
 
@@ -104,6 +105,7 @@ class State(enum.Enum):
     BUILD = "build"
     RESOURCE = "resource"
     PROCESS = "process state"
+    PROCESSES = "the service's processes"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from mpcache.telemetry.metric_table.model import (
     Source,
     State,
 )
+from mpcache.telemetry.metric_table.processes import EXPORTER, PROCESSES
 from mpcache.telemetry.metric_table.vocabulary import (
     _ADAPTER,
     _GROUP_MODEL,
@@ -60,17 +61,6 @@ _PER_ADAPTER = (_L2_NAME, _ADAPTER)
 
 _S, _G, _O = LIFECYCLE_SECONDS_BUCKETS, THROUGHPUT_GBS_BUCKETS, REUSE_GAP_OBJECTS_BUCKETS
 _MRC_KEY = (_KEY_MODEL, _KEY_SALT)
-# prometheus_client's ProcessCollector: its series, of the telemetry process, as it names and describes them.
-_PROCESS = Source(Derivation.PROCESS, state=State.PROCESS)
-_PROCESS_SERIES = (
-    ("process_cpu_seconds_total", OBSERVABLE_COUNTER, "seconds", "Total user and system CPU time spent in seconds."),
-    ("process_max_fds", OBSERVABLE_GAUGE, "", "Maximum number of open file descriptors."),
-    ("process_open_fds", OBSERVABLE_GAUGE, "", "Number of open file descriptors."),
-    ("process_resident_memory_bytes", OBSERVABLE_GAUGE, "bytes", "Resident memory size in bytes."),
-    ("process_start_time_seconds", OBSERVABLE_GAUGE, "seconds",
-     "Start time of the process since unix epoch in seconds."),
-    ("process_virtual_memory_bytes", OBSERVABLE_GAUGE, "bytes", "Virtual memory size in bytes."),
-)
 
 SECTIONS: tuple[Section, ...] = (
     Section("L1", "L1 reads, writes and evictions", True, (
@@ -389,12 +379,6 @@ Section("Service", "The service", False, (
            "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "
            "summed over the live cache processes."),
     )),
-    Section("Exporter", "The exporters' own series (Prometheus only)", False, (
-        _m("", "target_info", OBSERVABLE_GAUGE, "",
-           Source(Derivation.RESOURCE, state=State.RESOURCE, labels=tuple(
-               Label(name, Origin.RESOURCE) for name in ("host_name", "service_instance_id", "service_name"))),
-           "Always 1: the OTel resource every datapoint carries (service.name, service.instance.id, host.name, "
-           "and the attributes of OTEL_RESOURCE_ATTRIBUTES)."),
-        *(_m("", name, kind, unit, _PROCESS, meaning) for name, kind, unit, meaning in _PROCESS_SERIES),
-    )),
+    PROCESSES,
+    EXPORTER,
 )

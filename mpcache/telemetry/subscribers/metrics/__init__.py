@@ -34,6 +34,7 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.processes import ProcessesSubscriber
 from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
@@ -52,7 +53,7 @@ def build_metrics_subscribers(
     """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
 
     Without a ``gauge_reader`` (tests) the gauge-board gauges are not created, without ``readiness`` (the
-    reader whose staleness decides "ready") the service's gauges.
+    reader whose staleness decides "ready") the service's gauges and its processes'.
     """
     buffer = InstrumentBuffer()
     meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
@@ -76,5 +77,6 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
+        subscribers.append(ProcessesSubscriber(meter, readiness))
     buffer.flush()  # the zero-valued counters exist from start-up
     return subscribers

@@ -2,8 +2,8 @@
 ready, restarts by role, refused and unidentified LMCache connections and segments recreated per cache
 process, and L1 fragmentation.
 
-``readiness`` is the board reader whose staleness decides "ready" (the telemetry process's /ready uses the
-same one).  The callbacks run on the exporter's thread; they only read aligned shared-memory words.
+``readiness`` is the board reader whose staleness decides "ready" (2 s, as the supervisor's /ready).  The
+callbacks run on the exporter's thread; they only read aligned shared-memory words.
 """
 
 from __future__ import annotations
