@@ -20,7 +20,7 @@ from typing import Any
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
-from mpcache.cache.lmcache import wire
+from mpcache.cache.lmcache import inline, wire
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
 from mpcache.cache.lmcache.handlers import LMCacheHandlers, Wait
@@ -71,7 +71,9 @@ class LMCacheFrontEnd:
         # with one possible owner no message needs its peer's uid; with several, each connection has its own
         one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
-        self._handlers = LMCacheHandlers(ctx, self.engine, one_owner=one_owner, warn_once=self._warn_once)
+        inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
+        self._handlers = LMCacheHandlers(ctx, self.engine, one_owner=one_owner, warn_once=self._warn_once,
+                                         widen=lambda client: self._router.widen(client, inline_frame))
         self._operation = OperationFrames()
         self._waiters: list[_Waiter] = []
         self._backlog = False

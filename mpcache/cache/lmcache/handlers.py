@@ -25,6 +25,7 @@ from mpcache.errors import ProtocolError, RequestError
 __all__ = ["OPERATIONS", "LMCacheHandlers", "Wait"]
 
 WarnOnce = Callable[[bytes, str, str, str], None]  # (client, operation, event, fix)
+Widen = Callable[[bytes], None]  # a client whose connection may carry KV objects inline
 MAX_TIMEOUT_S = 86400
 MAX_ALIGNMENT = 1 << 20
 
@@ -67,14 +68,17 @@ class Wait:
 
 class LMCacheHandlers:
     """Serves LMCache's operations against ``ctx`` through ``engine``; ``client`` is the identity of the
-    connection whose request is in hand (for one-per-client warnings)."""
+    connection whose request is in hand (for one-per-client warnings, and ``widen`` once it registers: its
+    worker's transfers may carry KV objects inline, LMCache 0.5.7's fallback where the pool cannot be mapped)."""
 
-    def __init__(self, ctx: CacheContext, engine: EngineDriven, *, one_owner: bool, warn_once: WarnOnce) -> None:
+    def __init__(self, ctx: CacheContext, engine: EngineDriven, *, one_owner: bool, warn_once: WarnOnce,
+                 widen: Widen) -> None:
         self._ctx = ctx
         self._log = ctx.log
         self.engine = engine
         self._one_owner = one_owner
         self._warn_once = warn_once
+        self._widen = widen
         self._unknown_log = RateLimit()
         self._decode = wire.Decoder(ctx.config.lmcache_max_tokens)
         self._max_tokens = ctx.config.lmcache_max_tokens
@@ -135,7 +139,9 @@ class LMCacheHandlers:
 
     @served("register_kv_cache_engine_driven_context", 14, (1, 1), failure={"shm_name": "", "pool_size": 0})
     def register_kv_cache_engine_driven_context(self, args: list[Any], owner: int) -> dict:
-        return self.engine.register(args[0], owner)
+        reply = self.engine.register(args[0], owner)
+        self._widen(self.client or b"")
+        return reply
 
     @served("unregister_kv_cache_engine_driven_context", 15, (1, 1))
     def unregister_kv_cache_engine_driven_context(self, args: list[Any], owner: int) -> None:
@@ -180,12 +186,10 @@ class LMCacheHandlers:
 
     @served("prepare_store", 16, (2, 3), keyed=True, failure={"context": {}})
     def prepare_store(self, args: list[Any], owner: int) -> dict:
-        """``(key, instance_id[, skipped_chunks])``: 0.5.7 adds the chunks each KV cache group skips, which only a
-        registration of several groups sends."""
-        if len(args) > 2 and args[2] != []:
-            raise ProtocolError("skipped_chunks: expected [] (only a registration of several KV cache groups "
-                                "skips chunks)")
-        return self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner)
+        """``(key, instance_id[, skipped_chunks])``: 0.5.7 adds the chunks each KV cache group skips (empty, or one
+        list per group of a hybrid model's registration)."""
+        return self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner,
+                                         args[2] if len(args) > 2 else None)
 
     @served("commit_store", 17, (3, 3), keyed=True, failure=False)
     def commit_store(self, args: list[Any], owner: int) -> bool:

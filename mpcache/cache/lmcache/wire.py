@@ -8,7 +8,6 @@ error frame, so a refused request is answered with its operation's failure value
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +16,7 @@ import numpy as np
 
 from mpcache.cache.lmcache import keyscan
 from mpcache.contract import protocol
-from mpcache.errors import ProtocolError, RequestError
-
-# torch dtype names a worker may register, and their element sizes
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
+from mpcache.errors import ProtocolError
 
 MAX_WORLD_SIZE = 4096
 MAX_READERS = 4096
@@ -212,54 +207,6 @@ def chunk_range(key: Key, chunk_tokens: int) -> tuple[int, int]:
     first = -(-key.start // chunk_tokens)
     last = min(key.end, key.num_tokens) // chunk_tokens
     return first, max(first, last)
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A worker's engine_driven registration: the layout of one KV object (one chunk, one rank), and the client
-    version its payload shows (``CLIENT_057`` sends ``group_layouts``, older clients do not)."""
-
-    instance_id: int
-    model_name: str
-    world_size: int
-    shape: list[int]
-    dtype: str
-    object_bytes: int
-    client: str
-
-
-CLIENT_056 = "0.5.3-0.5.6"
-CLIENT_057 = "0.5.7"
-
-
-def parse_registration(value: Any, chunk_tokens: int) -> Registration:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"payload: expected a map, got {type(value).__name__}")
-    instance_id = _I64(_field(value, "instance_id"), "instance_id")
-    model = protocol.MODEL(_field(value, "model_name"), "model_name")
-    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "world_size")
-    layers = protocol.int_range(1, 1 << 16)(_field(value, "num_layers"), "num_layers")
-    hidden = protocol.int_range(1, 1 << 24)(_field(value, "hidden_dim_size"), "hidden_dim_size")
-    dtype = _field(value, "dtype_str")
-    if type(dtype) is not str or dtype not in DTYPE_BYTES:
-        raise ProtocolError(f"dtype_str: {str(dtype)[:32]!r} is not a supported torch dtype name")
-    use_mla = _field(value, "use_mla")
-    if type(use_mla) is not bool:
-        raise ProtocolError("use_mla: expected a boolean")
-    slots = value.get("num_physical_slots")
-    slots = chunk_tokens if slots is None else protocol.int_range(1, 1 << 24)(slots, "num_physical_slots")
-    block_size = value.get("block_size")
-    if block_size is not None:
-        protocol.int_range(1, 1 << 20)(block_size, "block_size")
-    groups = value.get("group_layouts")
-    if groups is not None and type(groups) is not list:
-        raise ProtocolError(f"group_layouts: expected a list, got {type(groups).__name__}")
-    if groups:
-        raise RequestError(f"group_layouts: {len(groups)} KV cache groups (a hybrid model); this server stores "
-                           "models with one KV cache group only")
-    shape = [layers, slots, hidden] if use_mla else [2, layers, slots, hidden]
-    return Registration(instance_id, model, world_size, shape, dtype, math.prod(shape) * DTYPE_BYTES[dtype],
-                        CLIENT_056 if groups is None else CLIENT_057)
 
 
 def instance_id(value: Any, field: str = "instance_id") -> int:

@@ -97,10 +97,11 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
 
 
 def reserve_store(ctx: CacheContext, model: str, salt: str, hashes: list[int], limit: int | None = None,
-                  nbytes: int | None = None) -> WriteReservation:
-    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`), and the store's sampled access."""
+                  nbytes: int | None = None, label: str | None = None) -> WriteReservation:
+    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`), and the store's sampled access (under
+    ``label`` where the curves key it apart from ``model``: a KV cache group of a hybrid model)."""
     reservation = ctx.l1.reserve_write(model, salt, hashes, limit, nbytes)
-    ctx.accesses.store(model, salt, hashes, ctx.chunk_bytes if nbytes is None else nbytes)
+    ctx.accesses.store(label or model, salt, hashes, ctx.chunk_bytes if nbytes is None else nbytes)
     return reservation
 
 
@@ -167,12 +168,14 @@ def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
 class LookupReport:
     """What an LMCache lookup's END counts beyond its job: the chunk size it was hashed at, the chunks below its
     start (the engine's own prefix cache holds them: neither requested nor hit, but part of the request's hit),
-    the whole prompt's tokens and the engine's prefix-cache hit the client hinted."""
+    the whole prompt's tokens and the engine's prefix-cache hit the client hinted; for a hybrid model, each KV
+    cache group's window (its keys are sampled group by group)."""
 
     chunk_tokens: int
     covered_chunks: int
     prompt_tokens: int
     engine_hit_tokens: int
+    windows: tuple[int, ...] = ()
 
 
 def report_lookup(ctx: CacheContext, job: Job) -> None:
@@ -184,12 +187,13 @@ def report_lookup(ctx: CacheContext, job: Job) -> None:
     job.reported = True
     ranks = job.ranks
     chunks = job.found // ranks
-    if ranks == 1:
+    report: LookupReport | None = job.report
+    windows = () if report is None else report.windows
+    if ranks == 1 and not windows:
         l1_hits, l2_hits = job.l1_hits, job.l2_hits
-    else:  # a chunk is an L2 hit when any of its ranks came from L2
+    else:  # a chunk is an L2 hit when any of its ranks (or groups' objects) came from L2
         l2_hits = min(chunks, -(-job.l2_hits // ranks))
         l1_hits = chunks - l2_hits
-    report: LookupReport | None = job.report
     tokens = ctx.chunk_tokens if report is None else report.chunk_tokens
     requested, hit = len(job.hashes) // ranks * tokens, chunks * tokens
     if report is None:
@@ -203,7 +207,10 @@ def report_lookup(ctx: CacheContext, job: Job) -> None:
          job.l1_hits, job.l2_hits),
         session_id=job.request_id,
     )
-    ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)
+    if windows:
+        ctx.accesses.lookup_groups(ctx.l1, job.model, job.salt, job.hashes, ranks, windows, chunks)
+    else:
+        ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)
 
 
 @operation("retrieve",
