@@ -223,3 +223,19 @@ def test_a_worker_that_maps_the_pool_may_still_send_its_objects_inline(lmcache):
                                                                         worker_id=0), 1, [])["context"]["slots"], 6)
     assert 1 == len(written)
     pool.close()
+
+
+def test_an_inline_retrieve_larger_than_an_inline_frame_is_a_miss_that_gives_its_locks_back(unmapped, capsys):
+    harness, client = unmapped
+    client.call("register", {**registration(1), "group_layouts": []})
+    tokens = list(range(2 * CHUNK))
+    assert True is client.call("commit_store", packed_key(tokens, "w", worker_id=0), 1,
+                               inline.encode(OBJECT, objects(2, seed=7)))
+    assert NO_RESULT is client.call("lookup", packed_key(tokens, "r"), 1)
+    assert 2 == client.call("query_prefetch_status", "r")
+    harness.server.lmcache.engine.transfers._max_inline = OBJECT.object_bytes  # as if L1 held more than 16 GiB
+    assert {"success": False, "data": b"", "context": {}} == client.call(
+        "prepare_retrieve", packed_key(tokens, "r", worker_id=0), 1)
+    assert " lmcache.inline_retrieve_too_large " in capsys.readouterr().out
+    keys = rank_hashes(chunk_hashes(tokens, CHUNK), 1, [0])
+    assert [0, 0] == [harness.server.l1.readers(ChunkKey("org/model", "", k)) for k in keys]

@@ -108,6 +108,8 @@ class EngineDriven:
         start_chunk = min(key.start // chunk, last)
         keys = self._keys(key, 0, last, tuple(range(ranks)), count)
         covered = keys[: start_chunk * stride]
+        if covered and layouts is not None:  # a window leaves gaps: refresh each object L1 holds
+            covered = [k for k in covered if ctx.l1.contains((key.model_name, key.cache_salt, k))]
         if covered:  # most recently used, without a lock: a read lock taken and given back at once
             ctx.l1.release_read(key.model_name, key.cache_salt,
                                 covered[: ctx.l1.lock_prefix(key.model_name, key.cache_salt, covered, publish=False)])

@@ -258,8 +258,6 @@ class Transfers:
         """Lock each group's in-window suffix of the key's chunks for this rank while the worker copies them out
         (all of them or a failure), and name them; inline, return them (and give the locks back now)."""
         registration = self._registration(instance_id, key, owner)
-        if registration.inline and registration.client != CLIENT_057:
-            return RETRIEVE_MISS  # a 0.5.6 worker that cannot map the pool reads pickles only
         layouts, ctx, l1 = registration.layouts, self._ctx, self._ctx.l1
         self._make_room(self._retrieves, _transfer_key(key, instance_id))
         first, last = wire.chunk_range(key, self._registrations.chunk_tokens)
@@ -271,9 +269,10 @@ class Transfers:
         spans = [(group, chunk) for group, start in enumerate(starts) for chunk in range(start, last)]
         wanted = [keys[(chunk - first) * groups + group] for group, chunk in spans]
         model, salt = key.model_name, key.cache_salt
-        locked = l1.lock_prefix(model, salt, wanted, publish=False)  # held only while the worker copies
-        reads = l1.read(model, salt, wanted)  # publishes L1_READ_FAILED for what is missing
-        if (locked < len(wanted) or not wanted
+        pickles_only = registration.inline and registration.client != CLIENT_057  # a 0.5.6 worker off the pool
+        locked = 0 if pickles_only else l1.lock_prefix(model, salt, wanted, publish=False)  # while it copies
+        reads = [] if pickles_only else l1.read(model, salt, wanted)  # L1_READ_FAILED for what is missing
+        if (pickles_only or locked < len(wanted) or not wanted
                 or any(size != layouts[group].object_bytes for (_, size), (group, _) in zip(reads, spans))):
             l1.release_read(model, salt, wanted[:locked])
             if job is not None:  # as LMCache: a failed retrieve gives back the lookup's locks on these chunks
@@ -304,8 +303,10 @@ class Transfers:
             views = [pool[offset : offset + size].data for offset in offsets[at : at + count]]
             parts.append((layout, range(start - first, start - first + count), views))
             at += count
-        if pending.nbytes > self._max_inline:
+        if pending.nbytes > self._max_inline:  # a miss, as a failed retrieve: the lookup's locks go too
             self._abandon_retrieve(pending)
+            if pending.job is not None:
+                self._ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
             self._ctx.log.warning("lmcache.inline_retrieve_too_large", request_id=pending.request_id,
                                   object_bytes=pending.nbytes, most=self._max_inline)
             return RETRIEVE_MISS
