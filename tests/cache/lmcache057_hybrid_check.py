@@ -8,7 +8,9 @@ Run with the interpreter of ``.ci/lmcache057-env``'s venv (``lmcache``, ``torch`
     python tests/cache/lmcache057_hybrid_check.py --url tcp://127.0.0.1:PORT --model hybrid [--as-uid UID]
 
 ``--as-uid`` drops to that uid after the imports, before the first connection: the cache (started with
-``--lmcache-allow-uid UID``) then answers ``shm_name ""`` and the worker moves its bytes inline.  The last
+``--lmcache-allow-uid UID``) then answers ``shm_name ""`` and the worker moves its bytes inline.
+``--no-shared-memory`` makes the pool impossible to open (as in a container without the shared ``/dev/shm``):
+the worker falls back to inline transfer by itself.  The last
 stdout line is a JSON summary; exit status 0 when every check passed.
 """
 
@@ -23,6 +25,7 @@ import importlib
 import json
 import sys
 import time
+from multiprocessing import shared_memory
 
 import torch
 import zmq
@@ -171,13 +174,20 @@ def run(engine: Engine, chunks: int) -> dict:
             "blocks_checked": checked, "blocks_wrong": wrong, "bytes_retrieved": moved, **seconds}
 
 
+def _no_pool(*args: object, **kwargs: object) -> None:
+    raise FileNotFoundError("no shared /dev/shm here")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", choices=sorted(MODELS), default="hybrid")
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--as-uid", type=int)
+    parser.add_argument("--no-shared-memory", action="store_true")
     args = parser.parse_args()
+    if args.no_shared_memory:
+        shared_memory.SharedMemory = _no_pool  # type: ignore[misc]
     if args.as_uid is not None:
         for module in LAZY_MODULES:
             importlib.import_module(module)

@@ -9,7 +9,7 @@ import os
 import msgpack
 import numpy as np
 import pytest
-from lmcache_client import NO_RESULT, key, map_pool, packed_key, read_slots, registration, write_slots
+from lmcache_client import NO_RESULT, LMClient, key, packed_key, registration
 
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.groups import layout
@@ -207,22 +207,22 @@ def test_a_056_worker_that_cannot_map_the_pool_is_told_so_and_its_pickles_stay_r
         "prepare_retrieve", key(tokens, "w", worker_id=0), 1)
 
 
-def test_a_worker_that_maps_the_pool_may_still_send_its_objects_inline(lmcache):
-    """As LMCache's server: an inline commit from a registration that was given the pool (its worker fell back,
-    e.g. no shared /dev/shm) is stored; its retrieves still go through the pool."""
+def test_a_worker_given_the_pool_that_sends_its_objects_inline_is_served_inline_from_then_on(lmcache, capsys):
+    """LMCache 0.5.7's worker falls back to inline transfer when it cannot open the pool it was told (a container
+    without the shared /dev/shm): its inline store is taken, as LMCache's server takes it, and from then on its
+    stores get no slot and its retrieves return their objects (a slot it cannot read would be a miss)."""
     _, client = lmcache()
-    pool = map_pool(client.call("register", {**registration(1), "group_layouts": []}))
+    assert client.call("register", {**registration(1), "group_layouts": []})["shm_name"]
     tokens = list(range(2 * CHUNK))
     sent = objects(2, seed=5)
     assert True is client.call("commit_store", packed_key(tokens, "w", worker_id=0), 1, inline.encode(OBJECT, sent))
+    assert "transfer_mode='engine_driven (inline)'" in capsys.readouterr().out
     assert NO_RESULT is client.call("lookup", packed_key(tokens, "r"), 1)
     assert 2 == client.call("query_prefetch_status", "r")
     got = client.call("prepare_retrieve", packed_key(tokens, "r", worker_id=0), 1)
-    assert sent == read_slots(pool, got["context"]["slots"])
-    written = write_slots(pool, client.call("prepare_store", packed_key(tokens + list(range(CHUNK)), "x",
-                                                                        worker_id=0), 1, [])["context"]["slots"], 6)
-    assert 1 == len(written)
-    pool.close()
+    assert sent == inline.decode(got["data"], OBJECT, 2)
+    assert {"context": {}} == client.call("prepare_store", packed_key(tokens + list(range(CHUNK)), "x", worker_id=0),
+                                          1, [])
 
 
 def test_an_inline_retrieve_larger_than_an_inline_frame_is_a_miss_that_gives_its_locks_back(unmapped, capsys):
@@ -239,3 +239,26 @@ def test_an_inline_retrieve_larger_than_an_inline_frame_is_a_miss_that_gives_its
     assert " lmcache.inline_retrieve_too_large " in capsys.readouterr().out
     keys = rank_hashes(chunk_hashes(tokens, CHUNK), 1, [0])
     assert [0, 0] == [harness.server.l1.readers(ChunkKey("org/model", "", k)) for k in keys]
+
+
+def test_a_worker_that_reconnects_moves_large_objects_inline_on_its_new_connection(lmcache, monkeypatch):
+    """The connection that registered is gone (LMCache's client reconnects by itself): the worker's next
+    prepare_store on its new connection lets that one carry an 8 MiB commit and be sent as large a retrieve."""
+    monkeypatch.setattr(registrations, "can_map_pool", lambda owner: False)
+    harness, client = lmcache(l1_size_bytes=64 << 20)
+    client.call("register", {**registration(1, hidden=128), "group_layouts": []})
+    client.close()
+    again = LMClient(harness.config.lmcache_urls(0)[0])
+    try:
+        big = layout([2, 2, CHUNK, 128], "float16")
+        tokens = list(range(32 * CHUNK))
+        sent = objects(32, seed=8, size=big.object_bytes)
+        stored = packed_key(tokens, "w", worker_id=0)
+        assert {"context": {}} == again.call("prepare_store", stored, 1, [])
+        assert True is again.call("commit_store", stored, 1, inline.encode(big, sent))
+        assert NO_RESULT is again.call("lookup", packed_key(tokens, "r"), 1)
+        assert 32 == again.call("query_prefetch_status", "r")
+        got = again.call("prepare_retrieve", packed_key(tokens, "r", worker_id=0), 1)
+        assert sent == inline.decode(got["data"], big, 32)
+    finally:
+        again.close()

@@ -68,8 +68,9 @@ class Wait:
 
 class LMCacheHandlers:
     """Serves LMCache's operations against ``ctx`` through ``engine``; ``client`` is the identity of the
-    connection whose request is in hand (for one-per-client warnings, and ``widen`` once it registers: its
-    worker's transfers may carry KV objects inline, LMCache 0.5.7's fallback where the pool cannot be mapped)."""
+    connection whose request is in hand (for one-per-client warnings, and ``widen`` once it registers or
+    prepares a transfer: its worker's transfers may carry KV objects inline, LMCache 0.5.7's way where the pool
+    cannot be mapped; a worker that reconnects prepares each transfer before it commits one)."""
 
     def __init__(self, ctx: CacheContext, engine: EngineDriven, *, one_owner: bool, warn_once: WarnOnce,
                  widen: Widen) -> None:
@@ -188,8 +189,10 @@ class LMCacheHandlers:
     def prepare_store(self, args: list[Any], owner: int) -> dict:
         """``(key, instance_id[, skipped_chunks])``: 0.5.7 adds the chunks each KV cache group skips (empty, or one
         list per group of a hybrid model's registration)."""
-        return self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner,
-                                         args[2] if len(args) > 2 else None)
+        reply = self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner,
+                                          args[2] if len(args) > 2 else None)
+        self._widen(self.client or b"")
+        return reply
 
     @served("commit_store", 17, (3, 3), keyed=True, failure=False)
     def commit_store(self, args: list[Any], owner: int) -> bool:
@@ -197,7 +200,9 @@ class LMCacheHandlers:
 
     @served("prepare_retrieve", 18, (2, 2), keyed=True, failure={"success": False, "data": b"", "context": {}})
     def prepare_retrieve(self, args: list[Any], owner: int) -> dict:
-        return self.engine.prepare_retrieve(self._key(args[0], owner), wire.instance_id(args[1]), owner)
+        reply = self.engine.prepare_retrieve(self._key(args[0], owner), wire.instance_id(args[1]), owner)
+        self._widen(self.client or b"")  # before the reply is sent: it may carry the objects
+        return reply
 
     @served("commit_retrieve", 19, (2, 2), keyed=True, failure=False)
     def commit_retrieve(self, args: list[Any], owner: int) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpcache.cache.context import CacheContext
@@ -203,6 +203,15 @@ class Registrations:
             self._grouped[(model, world_size)] = layouts[-1]
         else:
             self._grouped.pop((model, world_size), None)
+
+    def went_inline(self, registration: Registration) -> Registration:
+        """A worker given the pool sent its objects inline (LMCache 0.5.7's worker does when it cannot open the
+        pool, e.g. in a container without the shared ``/dev/shm``): it is served inline from now on."""
+        inline = self._by_id[registration.instance_id] = replace(registration, inline=True)
+        self._ctx.log.info("lmcache.transfer_mode_changed", instance_id=registration.instance_id,
+                           model=registration.model_name, transfer_mode=inline.transfer_mode,
+                           reason="the worker sent its objects inline: it cannot map the pool")
+        return inline
 
     def owned(self, instance_id: int, owner: int) -> bool:
         return self._owners.get(instance_id) == owner

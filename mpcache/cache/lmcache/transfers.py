@@ -204,6 +204,8 @@ class Transfers:
         if registration.client != CLIENT_057:
             raise RequestError("commit_store with inline data (pickled tensors) is refused: the worker must map the "
                                "shared-memory pool (same user, same /dev/shm), or use LMCache 0.5.7's inline transfer")
+        if not registration.inline:
+            registration = self._registrations.went_inline(registration)
         layouts, ctx = registration.layouts, self._ctx
         first, last = wire.chunk_range(key, self._registrations.chunk_tokens)
         if registration.grouped:
