@@ -6,20 +6,15 @@ small msgpack messages (``docs/PROTOCOL.md``).  Refusals raise :class:`~mpcache.
 (:class:`~mpcache.errors.ProtocolError` for a malformed request, :class:`CacheTimeoutError` at a
 server-side deadline).  Not thread-safe.
 
-A connection the cache process closed while it was idle (``--idle-timeout``) is connected again at the next
-call, before anything of it is sent: when the same process answers, buffers are registered again (new ids,
-which calls already made with the old ones are given) and the call goes ahead; :attr:`CacheClient.generation`
-stays (the process's ids are all still good).  A different process is a restart, as below.
-
-Reconnection: when the connection breaks during an operation (the cache process was killed, crashed
-or restarted), the client reconnects to the same socket path — retrying with backoff (50 ms doubling
-to 1 s) for up to ``reconnect_timeout_s`` while the supervisor restarts the process — registers every
-buffer again (their ``buffer_id`` changes; their blocks stay where they are) and then raises
-:class:`CacheConnectionLost` naming the operation that was in flight: it is not retried, because it
-may or may not have taken effect.  The next call works on the new connection.  Ids the old process
-handed out (prefetch jobs, blend lookups) mean nothing to the new one: :attr:`CacheClient.generation`
-counts reconnections, so a caller can tell.  If it cannot reconnect in time (or the runtime dir is
-gone: the service stopped), :class:`CacheConnectionLost` says so, and the next call tries again.
+Reconnection: when the connection breaks during an operation (the cache process was killed, crashed or restarted),
+the client reconnects to the same socket path — retrying with backoff (50 ms doubling to 1 s) for up to
+``reconnect_timeout_s`` while the supervisor restarts the process — registers every buffer again (their
+``buffer_id`` changes; their blocks stay where they are) and then raises :class:`CacheConnectionLost` naming the
+operation that was in flight: it is not retried, because it may or may not have taken effect.  The next call works
+on the new connection.  Ids the old process handed out (prefetch jobs, blend lookups) mean nothing to the new one:
+:attr:`CacheClient.generation` counts reconnections, so a caller can tell.  If it cannot reconnect in time (or the
+runtime dir is gone: the service stopped), :class:`CacheConnectionLost` says so, and the next call tries again.  A
+connection closed while idle is taken up quietly (:mod:`mpcache.client.connection`).
 """
 
 from __future__ import annotations
@@ -28,12 +23,20 @@ import itertools
 import os
 import secrets
 import socket
-import struct
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
+from mpcache.client.connection import (
+    RECONNECT_FIRST_PAUSE_S,
+    RECONNECT_MAX_PAUSE_S,
+    CacheConnectionLost,
+    CacheTimeoutError,
+    closed_by_server,
+    connect,
+    listener_identity,
+)
 from mpcache.client.cuda import CudaKVBuffer, register_cuda_buffer
 from mpcache.client.results import (
     BlendLookup,
@@ -50,53 +53,6 @@ from mpcache.errors import ProtocolError, RequestError
 
 # One scheduler step's record: (request id, its newly allocated block ids, those blocks' token ids).
 BlockRecord = tuple[str, Sequence[int], Sequence[int]]
-
-
-class CacheTimeoutError(RequestError, TimeoutError):
-    """The server gave up on an operation at its deadline (it published TIMEOUT_RAISED)."""
-
-
-class CacheConnectionLost(ConnectionError):
-    """The connection broke while ``op`` was in flight; the operation was not retried.
-
-    ``reconnected``: the client is connected again, its buffers registered anew (each has a new
-    ``buffer_id``)."""
-
-    def __init__(self, message: str, op: str, reconnected: bool) -> None:
-        super().__init__(message)
-        self.op = op
-        self.reconnected = reconnected
-
-
-_RECONNECT_FIRST_PAUSE_S = 0.05
-_RECONNECT_MAX_PAUSE_S = 1.0
-
-
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def _listener_identity(sock: socket.socket, path: str) -> tuple[int, ...] | None:
-    """Which listening socket a connection reached: the serving process's pid and the socket file's device,
-    inode and change time.  A restarted cache process binds a new socket file; its pid alone would not say
-    so (0 seen from another PID namespace, unchanged for a cache process restarted in-process); None if the
-    file cannot be read."""
-    pid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return pid, info.st_dev, info.st_ino, info.st_ctime_ns
-
-
-def _closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server closed this connection while no call was in flight (it has nothing to say
-    unasked, so any pending byte means it is still open)."""
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:  # reset
-        return True
 
 
 class CacheClient:
@@ -121,16 +77,9 @@ class CacheClient:
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> socket.socket:
-        """A new connection; notes which listening socket serves it (:func:`_listener_identity`)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self._connect_timeout_s)
-            sock.connect(self._socket_path)
-            sock.settimeout(None)
-            self._listener = _listener_identity(sock, self._socket_path)
-        except BaseException:
-            sock.close()
-            raise
+        """A new connection; notes which listening socket serves it."""
+        sock = connect(self._socket_path, self._connect_timeout_s)
+        self._listener = listener_identity(sock, self._socket_path)
         return sock
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
@@ -155,11 +104,9 @@ class CacheClient:
         return self._result(reply, ok)
 
     def _ensure_open(self, op: str) -> bool:
-        """Connect again, before anything of ``op`` is sent, if the connection is gone; True if it did.  One
-        the cache process closed while no call was in flight is taken up quietly when the same process
-        answers again (it closed an idle connection, ``--idle-timeout``: only this connection's buffer ids
-        changed); a new process raises :class:`CacheConnectionLost` as a break does."""
-        if self._sock is not None and _closed_by_server(self._sock):
+        """Connect again, before anything of ``op`` is sent, if the connection is gone (lost earlier, or closed
+        by the cache process: quietly if the same process answers again); True if it did."""
+        if self._sock is not None and closed_by_server(self._sock):
             self._reconnect(op, ConnectionResetError("closed by the cache process"), same=self._listener)
             return True
         if self._sock is not None:
@@ -220,7 +167,7 @@ class CacheClient:
         what = f"the connection to the cache process at {path} broke ({cause})" if cause else \
             f"not connected to the cache process at {path}"
         deadline = time.monotonic() + self._reconnect_timeout_s
-        pause = _RECONNECT_FIRST_PAUSE_S
+        pause = RECONNECT_FIRST_PAUSE_S
         last: BaseException | None = cause
         while True:
             try:
@@ -247,7 +194,7 @@ class CacheClient:
                 reason = f"could not reconnect within {self._reconnect_timeout_s:g} s ({last})"
                 break
             time.sleep(min(pause, remaining))
-            pause = min(2 * pause, _RECONNECT_MAX_PAUSE_S)
+            pause = min(2 * pause, RECONNECT_MAX_PAUSE_S)
         raise CacheConnectionLost(f"{op} failed: {what}; {reason}; the next call tries again", op,
                                   reconnected=False) from cause
 

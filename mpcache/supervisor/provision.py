@@ -9,12 +9,17 @@ sweep_segments`).
 from __future__ import annotations
 
 import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+
+import posix_ipc
 
 from mpcache.config import Config
-from mpcache.errors import ConfigError
+from mpcache.errors import ConfigError, LayoutMismatchError, RingCorruptError, SharedMemoryFullError
 from mpcache.shm import layout
 from mpcache.shm.gauges import format_gauge_board
-from mpcache.shm.ring import format_event_segment, recover_torn_record
+from mpcache.shm.ring import format_event_segment, read_geometry, recover_torn_record
 from mpcache.shm.segment import SHM_DIR, Segment, shm_free_bytes
 from mpcache.supervisor.runtime import SegmentLock
 
@@ -97,10 +102,68 @@ def _release(board: str) -> None:
         lock.release()
 
 
-def recover_ring(config: Config, worker: int) -> bool:
-    """After a cache process died: count a record it began but never committed."""
-    segment = Segment.attach(config.ring_name(worker), layout.HEADER_SIZE)
+@dataclass
+class Repair:
+    """What :func:`repair_cache_segments` did: a torn record counted, segments recreated (name, what was
+    wrong), segments found damaged that could not be recreated (name, what was wrong, why not)."""
+
+    torn: bool = False
+    recreated: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def repair_cache_segments(config: Config, worker: int) -> Repair:
+    """After cache process ``worker`` died: count a record it began but never committed in its event ring,
+    and recreate its ring or L1 pool if it is gone, of another size, or (the ring) no longer a valid ring of
+    this instance — a peer sharing the IPC namespace truncated or overwrote it — so that its restart maps
+    whole segments instead of dying of the same damage again (its L1 is lost; a restart loses it anyway).
+    Never raises for a segment's state."""
+    repair = Repair()
+    sizes = segment_sizes(config)
+    ring = config.ring_name(worker)
+    for name in (ring, config.l1_pool_name(worker)):
+        damage = _size_problem(name, sizes[name])
+        if damage is None and name == ring:
+            try:
+                repair.torn, damage = _check_ring(config, ring)
+            except (LayoutMismatchError, RingCorruptError, ValueError, IndexError, struct.error) as exc:
+                damage = str(exc)
+        if damage is None:
+            continue
+        try:
+            _recreate(config, name, sizes[name], ring=name == ring)
+            repair.recreated.append((name, damage))
+        except (SharedMemoryFullError, posix_ipc.Error, OSError) as exc:
+            repair.failed.append((name, damage, str(exc)))
+    return repair
+
+
+def _size_problem(name: str, size: int) -> str | None:
     try:
-        return recover_torn_record(segment)
+        found = os.stat(SHM_DIR + name).st_size
+    except OSError:
+        return "it is gone"
+    return None if found == size else f"it is {found} bytes, not {size}"
+
+
+def _check_ring(config: Config, name: str) -> tuple[bool, str | None]:
+    """(a torn record counted, what is wrong with the ring's header or None), for a ring of the right size."""
+    segment = Segment.attach(name)
+    try:
+        geometry = read_geometry(segment)
+        if (geometry.capacity, geometry.intern_capacity) != (config.ring_capacity_cells, config.intern_capacity):
+            return False, f"its header claims {geometry.capacity} cells and {geometry.intern_capacity} names"
+        return recover_torn_record(segment), None
+    finally:
+        segment.close()
+
+
+def _recreate(config: Config, name: str, size: int, *, ring: bool) -> None:
+    """Replace ``name`` with a new segment of ``size`` (a formatted, empty ring if ``ring``)."""
+    Segment.unlink(name)
+    segment = Segment.create(name, size)
+    try:
+        if ring:
+            format_event_segment(segment, config.ring_capacity_cells, config.intern_capacity)
     finally:
         segment.close()

@@ -22,9 +22,9 @@ STATUS_FILE = "status.json"
 
 
 class BoardWriter:
-    """The supervisor's words in the gauge board: each cache process's state and restarts, telemetry's
-    restarts (kept there so that telemetry exports them, mpcache_child_restarts_total, across its own
-    restarts).  Attached on first use; a board that does not validate is left alone."""
+    """The supervisor's words in the gauge board: each cache process's state, restarts and segments
+    recreated, telemetry's restarts (kept there so that telemetry exports them, mpcache_child_restarts_total,
+    across its own restarts).  Attached on first use; a board that does not validate is left alone."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
@@ -66,6 +66,12 @@ class BoardWriter:
             board = self._segment()
             if board is not None:
                 set_telemetry_restarts(board, child.spawns - 1)
+
+    def count_recreated(self, worker: int, count: int) -> None:
+        """``count`` more of cache process ``worker``'s segments were found damaged and recreated."""
+        slot = self.slot(worker)
+        if slot is not None:
+            slot.set(layout.G_SEGMENTS_RECREATED, slot.get(layout.G_SEGMENTS_RECREATED) + count)
 
     def set_state(self, worker: int, state: str) -> None:
         slot = self.slot(worker)

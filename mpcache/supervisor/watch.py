@@ -22,7 +22,7 @@ from mpcache.supervisor.children import STOP_ORDER, Child, Programs, Role, child
 from mpcache.supervisor.front import Front, SupervisorState
 from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.logforward import LineForwarder
-from mpcache.supervisor.provision import recover_ring, unlink_segments
+from mpcache.supervisor.provision import repair_cache_segments, unlink_segments
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, RestartPolicy
 from mpcache.supervisor.runtime import Marker, RuntimeDir, remove_runtime_files
 from mpcache.supervisor.status import BoardWriter, Reporter, status_line
@@ -180,9 +180,7 @@ class Supervisor:
         if child.role is Role.TELEMETRY and (words := self.board.telemetry()) is not None:
             words.clear()
         if child.role is Role.CACHE:
-            if recover_ring(self.config, child.index):
-                self.log.warning("ring.torn_record", worker=child.index,
-                                 detail="a record begun by the dead process was counted as dropped")
+            self._repair_segments(child.index)
             self.board.clear(child.index, "restarting")
             _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
         policy = self.policies[child.role]
@@ -200,6 +198,23 @@ class Supervisor:
                                    "The cache processes keep serving; metrics are not served or pushed meanwhile")
         self.log.warning("child.restart_scheduled", child_role=child.role.value, index=child.index, in_s=backoff)
         self._write_status()
+
+    def _repair_segments(self, worker: int) -> None:
+        """A dead cache process's ring and L1 pool: its torn record counted, a damaged one recreated (and
+        counted, mpcache_segments_recreated_total), so that the restart does not die of the same damage."""
+        repair = repair_cache_segments(self.config, worker)
+        if repair.torn:
+            self.log.warning("ring.torn_record", worker=worker,
+                             detail="a record begun by the dead process was counted as dropped")
+        for name, damage in repair.recreated:
+            self.log.error("segment.recreated", worker=worker, segment=name, damage=damage,
+                           message="a shared-memory segment of this cache process was damaged (truncated, resized "
+                                   "or overwritten by a process sharing the IPC namespace): recreated empty, so "
+                                   "this cache process's L1 is lost")
+        for name, damage, error in repair.failed:
+            self.log.error("segment.recreate_failed", worker=worker, segment=name, damage=damage, error=error)
+        if repair.recreated:
+            self.board.count_recreated(worker, len(repair.recreated))
 
     def _give_up(self, child: Child, status: int, policy: RestartPolicy) -> None:
         """A crash-looping cache process is given up alone; the supervisor stops once none is left."""

@@ -40,6 +40,7 @@ from mpcache.telemetry.metric_table.vocabulary import (
     _failed,
     _false,
     _m,
+    _per_worker,
     _salts,
     _state,
     _sum,
@@ -364,15 +365,15 @@ Section("Service", "The service", False, (
            _state(Derivation.RESTART_COUNT, State.SUPERVISOR, "G_RESTARTS", labels=(Label("role", Origin.CHILD),)),
            "Restarts of the service's child processes, by role (cache, telemetry), since the supervisor started."),
         _m("mpcache.lmcache_refused_connections", "mpcache_lmcache_refused_connections_total", OBSERVABLE_COUNTER,
-           "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_REFUSED", labels=(Label("worker", Origin.SLOT),)),
-           "LMCache front-end connections refused because their peer's uid is not allowed, per cache process "
-           "(kept across its restarts)."),
+           "", _per_worker(State.SERVER, "G_LMCACHE_REFUSED"), "LMCache front-end connections refused because "
+           "their peer's uid is not allowed, per cache process (kept across its restarts)."),
         _m("mpcache.lmcache_unidentified_connections", "mpcache_lmcache_unidentified_connections_total",
-           OBSERVABLE_COUNTER, "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_UNIDENTIFIED",
-                                          labels=(Label("worker", Origin.SLOT),)),
-           "LMCache front-end TCP connections closed by their peer before its uid could be identified (a health "
-           "probe's connect-and-close), per cache process (kept across its restarts): closed unanswered, not "
-           "counted as refused."),
+           OBSERVABLE_COUNTER, "", _per_worker(State.SERVER, "G_LMCACHE_UNIDENTIFIED"), "LMCache TCP connections "
+           "closed by their peer before its uid was known (a health probe's connect-and-close), closed unanswered "
+           "and never counted as refused, per cache process (kept across its restarts)."),
+        _m("mpcache.segments_recreated", "mpcache_segments_recreated_total", OBSERVABLE_COUNTER, "",
+           _per_worker(State.SUPERVISOR, "G_SEGMENTS_RECREATED"), "A cache process's ring or L1 pool found damaged "
+           "after it died and recreated empty (its L1 lost), per cache process (kept across its restarts)."),
         _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "",
            _state(Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"),
            "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "

@@ -58,3 +58,8 @@ def _salts(etypes: tuple[EventType, ...], *labels: Label) -> Source:
 
 def _state(derivation: Derivation, state: State, *words: str, labels: tuple[Label, ...] = ()) -> Source:
     return Source(derivation, state=state, words=words, labels=labels)
+
+
+def _per_worker(state: State, word: str) -> Source:
+    """The gauge-board word ``word`` of every slot, live or not, by worker."""
+    return _state(Derivation.SLOT_WORD, state, word, labels=(Label("worker", Origin.SLOT),))
