@@ -393,7 +393,6 @@ def test_repair_recreates_exactly_the_damaged_segments(instance, damage, expecte
     finally:
         ring.close()
 
-
 def test_the_status_line_names_children_that_are_not_as_they_should_be() -> None:
     """systemd's STATUS= line: telemetry starting (before its first heartbeat, as at READY) or running is not
     named; telemetry restarting or unresponsive is, as a cache process not serving is."""
