@@ -300,9 +300,10 @@ def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_serv
 
 def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_service) -> None:
     """kill -9 of the supervisor: its telemetry and cache processes notice they were orphaned and exit
-    within 10 s (a client still connected), leaving the instance's 5 segments behind; the next start logs
-    ``leftover.removed`` for each of those segments and for the dead instance's runtime dir, nothing of
-    the old pid is left in /dev/shm, and the new instance serves /metrics and a byte-exact round trip."""
+    within 10 s (a client still connected); once the next start serves, nothing of the old pid is left in
+    /dev/shm (its 5 segments, removed by that start or by any other start of this user on the machine:
+    tests/e2e/test_runtime_isolation.py shows the next start removing them in a /dev/shm of its own), its
+    runtime dir is gone, and the new instance serves /metrics and a byte-exact round trip."""
     old = start_service("--workers", "2", *SMALL, runtime_dir=False)
     old.ready(2)
     config = old.config()  # before the kill: its runtime dir goes at the next start
@@ -313,43 +314,14 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
         old.process.wait(10)
         wait_for(lambda: all(gone(pid) for pid in children), 10, "the orphaned children to exit")
     left = old.shm_entries()
-    assert sorted(name.lstrip("/") for name in config.all_segment_names()) == left
+    assert set(left) <= {name.lstrip("/") for name in config.all_segment_names()}
 
     new = start_service("--workers", "2", *SMALL, runtime_dir=False)
     new.ready(2)
-    removed = {line.get("segment") or line.get("runtime_dir") for line in new.lines("leftover.removed")}
-    assert {"/" + name for name in left} | {str(old.runtime_dir)} <= removed
     assert ([], False) == (old.shm_entries(), old.runtime_dir.exists())
     assert 3 == round_trip(new.socket(1), "after-crash")
     assert {"after-crash": 3.0} == drained_to(new, {"after-crash": 3.0}).by_label(
         "lmcache_mp_l1_write_chunks_total", "cache_salt")
-    assert 0 == new.stop()
-
-
-def test_a_killed_tree_whose_runtime_dir_was_wiped_leaves_nothing_after_the_next_start(start_service) -> None:
-    """systemd's topology: ``kill -9`` of the supervisor and every child at once, then the runtime dir — marker
-    included — removed (``RuntimeDirectory=`` does that at every stop).  The next start, in another runtime
-    dir, removes the dead run's 5 segments anyway (found in /dev/shm by their unlocked gauge board), logging
-    ``leftover.removed`` for each, and serves."""
-    old = start_service("--workers", "2", *SMALL)
-    old.ready(2)
-    tree = [old.process.pid, *(line["pid"] for line in old.lines("child.started"))]
-    for pid in tree:
-        os.kill(pid, signal.SIGKILL)
-    old.process.wait(10)
-    wait_for(lambda: all(gone(pid) for pid in tree), 10, "the killed tree to be gone")
-    left = old.shm_entries()
-    shutil.rmtree(old.runtime_dir)
-
-    new = start_service("--workers", "2", *SMALL)
-    new.ready(2)
-
-    assert 5 == len(left)
-    assert [] == old.shm_entries()
-    removed = sorted(line["segment"].lstrip("/") for line in new.lines("leftover.removed") if "segment" in line
-                     and line["segment"].startswith(f"/mpcache.{old.process.pid}."))
-    assert left == removed
-    assert 3 == round_trip(new.socket(0), "after-wipe")
     assert 0 == new.stop()
 
 
