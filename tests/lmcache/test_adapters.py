@@ -643,3 +643,30 @@ def test_lmcache057_driver_against_lmcache057s_own_server(case, lmcache057_venv,
                 L1_WRITE: totals["stored_objects"]}
     scrape = settled_scrape(lambda: Scrape("".join(s.metrics_text() for s in servers)), expected)
     assert expected == {name: scrape.total(name) for name in expected}, f"driver totals {totals}"
+
+
+# -- LMCache 0.5.7's hybrid models and inline transfer, by its own worker adapter -----------------------------------
+
+HYBRID_CHECK = HERE / "hybrid057.py"
+NOBODY = 65534
+
+
+@pytest.mark.parametrize(("model", "transfer"), [("hybrid", "pool"), ("hybrid", "inline"), ("hybrid", "fallback"),
+                                                 ("single", "inline")])
+def test_lmcache057_hybrid_models_and_inline_transfer_round_trip(model, transfer, lmcache057_venv,
+                                                                  start_lmcache_service) -> None:
+    """LMCache 0.5.7rc3's own adapters store, look up and retrieve a hybrid model (a full-attention, a 128-token
+    sliding-window and a recurrent group) and a one-group model: through the pool; inline as another allowed uid
+    (told shm_name ""); inline by the worker's own fallback when it cannot open the pool (a container without the
+    shared /dev/shm). Every retrieved block is compared with what was stored; the whole prompt is a hit."""
+    if transfer == "inline" and os.geteuid() != 0:
+        pytest.skip("switching to another uid needs root")
+    flags = ("--lmcache-allow-uid", str(NOBODY)) if transfer == "inline" else ()
+    service = start_lmcache_service(1, None, *flags)
+    extra = {"pool": [], "inline": ["--as-uid", str(NOBODY)], "fallback": ["--no-shared-memory"]}[transfer]
+    checked = subprocess.run([str(lmcache057_venv / "bin" / "python"), str(HYBRID_CHECK), "--url", service.urls[0],
+                              "--model", model, *extra], env=dict(os.environ, **NO_TRACKING), capture_output=True,
+                             text=True, timeout=300, stdin=subprocess.DEVNULL)
+    summary = json.loads(checked.stdout.strip().splitlines()[-1]) if checked.stdout.strip() else {}
+    assert 0 == checked.returncode and summary.get("ok"), (summary, checked.stderr[-3000:])
+    assert summary["transfer"].endswith("Shm" if transfer == "pool" else "Inline"), summary

@@ -5,7 +5,7 @@ the shared-memory pool or inline, every retrieved byte checked.
 
 Run with the interpreter of ``.ci/lmcache057-env``'s venv (``lmcache``, ``torch``, ``pyzmq``; no mpcache)::
 
-    python tests/cache/lmcache057_hybrid_check.py --url tcp://127.0.0.1:PORT --model hybrid [--as-uid UID]
+    python tests/lmcache/hybrid057.py --url tcp://127.0.0.1:PORT --model hybrid [--as-uid UID]
 
 ``--as-uid`` drops to that uid after the imports, before the first connection: the cache (started with
 ``--lmcache-allow-uid UID``) then answers ``shm_name ""`` and the worker moves its bytes inline.
