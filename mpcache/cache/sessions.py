@@ -48,7 +48,7 @@ class Job:
         self.l1_hits = found  # chunks of hashes[:found] that were in L1 when the job needed them
         self.l2_hits = 0  # chunks of hashes[:found] loaded from L2
         self.l2_landed = 0  # chunks this job's L2 prefetch wrote into L1 (contiguous or not)
-        self.report: Any = None  # how an LMCache lookup's END reports it (ops.kv.LookupReport); None: as it is
+        self.report: Any = None  # how an LMCache lookup's END reports it (requests.LookupReport); None: as it is
 
 
 class SessionRegistry:

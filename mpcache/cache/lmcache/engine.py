@@ -25,7 +25,7 @@ from mpcache.cache.lmcache.chunkkeys import ChunkKeys
 from mpcache.cache.lmcache.groups import GroupLayout
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registrations
 from mpcache.cache.lmcache.transfers import Transfers
-from mpcache.cache.ops.kv import LookupReport, close_session, report_lookup, start_lookup
+from mpcache.cache.requests import LookupReport, close_session, report_lookup, start_lookup
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
 from mpcache.errors import ProtocolError, RequestError

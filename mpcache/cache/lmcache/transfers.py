@@ -26,7 +26,7 @@ from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import inline, wire
 from mpcache.cache.lmcache.groups import GroupLayout, parse_skipped, window_start
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registration, Registrations
-from mpcache.cache.ops.kv import reserve_store, store_to_l2
+from mpcache.cache.requests import reserve_store, store_to_l2
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
 from mpcache.errors import ProtocolError, RequestError
