@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,19 +21,14 @@ def configure_logging(
     role: str,
     instance_id: str,
     level: str = "info",
-    log_file: str = "",
-    max_bytes: int = 50 * 2**20,
-    backup_count: int = 5,
     handlers: list[logging.Handler] | None = None,
     **context: object,
 ) -> structlog.stdlib.BoundLogger:
-    """Route structlog through stdlib logging to ``handlers`` (default: stderr, plus a
-    rotating ``log_file``); return a logger bound to this process's role."""
+    """Route structlog through stdlib logging to ``handlers`` (default: stderr; the supervisor's forward to
+    its log file, which only it writes: :mod:`mpcache.supervisor.logfile`); return a logger bound to this
+    process's role."""
     if handlers is None:
         handlers = [logging.StreamHandler(sys.stderr)]
-        if log_file:
-            handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes,
-                                                                 backupCount=backup_count))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -1,14 +1,21 @@
 """``mpcache-report``: the what-if table of a running service's miss-ratio curves (``GET /mrc``): per tier and
 tenant, the hit ratio now, at ½×, 2× and 4× the capacity, and the capacity a target hit ratio needs.
+
+Whatever the endpoint answers is checked before it is used: an answer that cannot be had (no server, an HTTP
+error, too large, too slow) or is not a /mrc document (not JSON, nested too deeply, a field missing or of the
+wrong type, a number that is not finite) is one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import sys
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -16,37 +23,151 @@ from mpcache import __version__
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 WHAT_IF = (("now", 1.0), ("½×", 0.5), ("2×", 2.0), ("4×", 4.0))
+MAX_DOCUMENT_BYTES = 16 << 20  # /mrc is at most ~100 curves of 29 points, a few hundred kB
+READ_BYTES = 1 << 16
 
 
-def fetch(url: str, timeout_s: float) -> dict[str, Any]:
-    """The ``/mrc`` document at ``url`` (the telemetry endpoint, with or without ``/mrc``)."""
+class Unusable(Exception):
+    """The endpoint cannot be reached, or its answer is not a /mrc document; the message says which."""
+
+
+def fetch(url: str, timeout_s: float) -> bytes:
+    """The body of ``GET /mrc`` at ``url`` (the telemetry endpoint, with or without ``/mrc``): at most
+    MAX_DOCUMENT_BYTES, read within ``timeout_s`` in all (a server that trickles its answer is cut off)."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise Unusable("expected an http:// or https:// URL")
     if not url.rstrip("/").endswith("/mrc"):
         url = url.rstrip("/") + "/mrc"
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.loads(response.read())
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            while chunk := response.read(READ_BYTES):
+                body += chunk
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise Unusable(f"the answer is larger than {MAX_DOCUMENT_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise Unusable(f"the answer took longer than {timeout_s:g} s")
+    except urllib.error.HTTPError as exc:
+        raise Unusable(f"HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise Unusable(str(exc.reason)) from None
+    except (OSError, http.client.HTTPException) as exc:  # a reset, a timeout, a broken HTTP answer
+        raise Unusable(str(exc) or type(exc).__name__) from None
+    return bytes(body)
 
 
-def hit_ratio_at(points: list[dict], capacity: float) -> float | None:
+def _number(value: Any, where: str, low: float = 0.0, high: float = math.inf) -> float:
+    """``value`` if it is a finite number in [low, high] (a JSON bool is not one), else Unusable."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond a float
+            number = math.inf
+        if math.isfinite(number) and low <= number <= high:
+            return number
+    bounds = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+    raise Unusable(f"{where}: expected a number {bounds}, got {_shown(value)}")
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise Unusable(f"{where}: expected an integer >= 0, got {_shown(value)}")
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise Unusable(f"{where}: expected text, got {_shown(value)}")
+
+
+def _field(table: Any, key: str, where: str) -> Any:
+    if not isinstance(table, dict):
+        raise Unusable(f"{where}: expected an object, got {_shown(table)}")
+    if key not in table:
+        raise Unusable(f"{where}: no {key!r}")
+    return table[key]
+
+
+def _shown(value: Any) -> str:
+    """``value``'s type, and the value itself when short: for an error line."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+
+
+def _points(value: Any, where: str) -> list[tuple[float, float]]:
+    """The curve's points as (capacity_bytes, hit_ratio), capacities never decreasing."""
+    if not isinstance(value, list):
+        raise Unusable(f"{where}: expected a list, got {_shown(value)}")
+    points: list[tuple[float, float]] = []
+    for index, point in enumerate(value):
+        at = f"{where}[{index}]"
+        capacity = _number(_field(point, "capacity_bytes", at), f"{at}.capacity_bytes")
+        ratio = _number(_field(point, "hit_ratio", at), f"{at}.hit_ratio", 0.0, 1.0)
+        if points and capacity < points[-1][0]:
+            raise Unusable(f"{at}.capacity_bytes: smaller than the point before it")
+        points.append((capacity, ratio))
+    return points
+
+
+def load(body: bytes) -> Any:
+    """``body`` as JSON (NaN and Infinity allowed: :func:`check` refuses them where it reads a number)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise Unusable("not a /mrc document: JSON nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of too many digits
+        raise Unusable(f"not a /mrc document: {str(exc).partition(';')[0]}") from None
+
+
+def check(document: Any) -> dict[str, Any]:
+    """The fields of a /mrc document the report reads, each checked (types, finite numbers, ratios in
+    [0, 1], points in order): Unusable naming the first that is not.  Other fields are ignored."""
+    curves = _field(document, "curves", "/mrc")
+    if not isinstance(curves, list):
+        raise Unusable(f"curves: expected a list, got {_shown(curves)}")
+    checked: dict[str, Any] = {
+        "sample_rate": _number(_field(document, "sample_rate", "/mrc"), "sample_rate", 0.0, 1.0),
+        "configured_sample_rate": _number(_field(document, "configured_sample_rate", "/mrc"),
+                                          "configured_sample_rate", 0.0, 1.0),
+        "tracked_keys": _count(_field(document, "tracked_keys", "/mrc"), "tracked_keys"),
+        "max_keys": _count(_field(document, "max_keys", "/mrc"), "max_keys"),
+        "curves": [],
+    }
+    for index, curve in enumerate(curves):
+        at = f"curves[{index}]"
+        checked["curves"].append({
+            **{key: _text(_field(curve, key, at), f"{at}.{key}") for key in ("tier", "model_name", "cache_salt")},
+            "capacity_bytes": _number(_field(curve, "capacity_bytes", at), f"{at}.capacity_bytes"),
+            "sampled_accesses": _count(_field(curve, "sampled_accesses", at), f"{at}.sampled_accesses"),
+            "points": _points(_field(curve, "points", at), f"{at}.points"),
+        })
+    return checked
+
+
+def hit_ratio_at(points: list[tuple[float, float]], capacity: float) -> float | None:
     """The curve's hit ratio at ``capacity`` (log-linear between points; None outside them)."""
-    for low, high in zip(points, points[1:]):
-        if low["capacity_bytes"] <= capacity <= high["capacity_bytes"]:
-            span = math.log(high["capacity_bytes"] / low["capacity_bytes"])
-            share = math.log(capacity / low["capacity_bytes"]) / span if span else 0.0
-            return low["hit_ratio"] + share * (high["hit_ratio"] - low["hit_ratio"])
+    for (low, low_ratio), (high, high_ratio) in zip(points, points[1:]):
+        if low <= capacity <= high:
+            share = math.log(capacity / low) / math.log(high / low) if 0 < low < high else 0.0
+            return low_ratio + share * (high_ratio - low_ratio)
     return None
 
 
-def capacity_for(points: list[dict], target: float) -> str:
+def capacity_for(points: list[tuple[float, float]], target: float) -> str:
     """The smallest capacity whose hit ratio reaches ``target``, or where it lies beyond the curve."""
     if not points:
         return "-"
-    if points[0]["hit_ratio"] >= target:
-        return "≤ " + human_bytes(points[0]["capacity_bytes"])
-    for low, high in zip(points, points[1:]):
-        if high["hit_ratio"] >= target:
-            share = (target - low["hit_ratio"]) / (high["hit_ratio"] - low["hit_ratio"])
-            return human_bytes(low["capacity_bytes"] * (high["capacity_bytes"] / low["capacity_bytes"]) ** share)
-    return "> " + human_bytes(points[-1]["capacity_bytes"])
+    if points[0][1] >= target:
+        return "≤ " + human_bytes(points[0][0])
+    for (low, low_ratio), (high, high_ratio) in zip(points, points[1:]):
+        if high_ratio >= target:
+            if low <= 0:
+                return "≤ " + human_bytes(high)
+            share = (target - low_ratio) / (high_ratio - low_ratio)
+            return human_bytes(low * (high / low) ** share)
+    return "> " + human_bytes(points[-1][0])
 
 
 def human_bytes(value: float) -> str:
@@ -57,8 +178,13 @@ def human_bytes(value: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _cell(text: str) -> str:
+    """``text`` for one line on a terminal: control and other unprintable characters escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def render(document: dict[str, Any], target: float) -> str:
-    """The report: one header line about the sampling, then one row per curve."""
+    """The report of a checked document: one header line about the sampling, then one row per curve."""
     lines = [f"sample rate {document['sample_rate']:.6g} (configured {document['configured_sample_rate']:g}); "
              f"{document['tracked_keys']} of at most {document['max_keys']} keys tracked"]
     header = ("tier", "model_name", "cache_salt", "capacity", "sampled", *(name for name, _ in WHAT_IF),
@@ -67,7 +193,7 @@ def render(document: dict[str, Any], target: float) -> str:
     for curve in document["curves"]:
         points, capacity = curve["points"], curve["capacity_bytes"]
         ratios = [hit_ratio_at(points, capacity * factor) for _, factor in WHAT_IF]
-        rows.append((curve["tier"], curve["model_name"], curve["cache_salt"], human_bytes(capacity),
+        rows.append((*(_cell(curve[key]) for key in ("tier", "model_name", "cache_salt")), human_bytes(capacity),
                      str(curve["sampled_accesses"]), *("-" if r is None else f"{r:.3f}" for r in ratios),
                      capacity_for(points, target)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -90,15 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.target_hit_ratio <= 1:
         parser.error("--target-hit-ratio: expected a number in (0, 1]")
     try:
-        document = fetch(args.url, args.timeout)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"mpcache-report: cannot read the curves from {args.url}: {reason}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(document, indent=2))
-    else:
-        print(render(document, args.target_hit_ratio))
+        document = load(fetch(args.url, args.timeout))
+        checked = check(document)
+    except Unusable as exc:
+        # escaped: the reason may quote what the server sent
+        print(_cell(f"mpcache-report: error: cannot read the curves from {args.url}: {exc}"), file=sys.stderr)
+        return 2
+    print(json.dumps(document, indent=2) if args.json else render(checked, args.target_hit_ratio))
     return 0
 
 

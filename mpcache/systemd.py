@@ -61,6 +61,12 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
     return (st.st_dev, st.st_ino) == (int(device), int(inode))
 
 
+def error_line(text: str) -> str:
+    """``text`` as one stderr line of error priority: prefixed for the journal when stderr is the journal, so
+    that ``journalctl -p err`` shows why a start failed (a line without a prefix is info to journald)."""
+    return f"<{PRIORITIES['error']}>{text}\n" if stderr_is_journal() else f"{text}\n"
+
+
 def journal_prefixed(render: Callable[[str], str] | None) -> Callable[[str], str]:
     """``render`` (None: the JSON line as it is) with the line's level as a journal priority prefix."""
     def prefixed(line: str) -> str:

@@ -26,6 +26,9 @@ from mpcache.shm.ring_reader import RingReader
 from mpcache.shm.segment import Segment
 
 FIXED_NS = 1_700_000_000_123_456_789  # the clock every fixture publisher reads
+# The bound of a `slow` test (an end-to-end run of bin/start-cache) that names none of its own: the
+# ini's `timeout` bounds every other test.
+SLOW_TIMEOUT_S = 900
 
 _counter = itertools.count()
 
@@ -42,6 +45,13 @@ def close_quietly(segment: Segment) -> None:
         segment.close()
     except (BufferError, ValueError):
         pass  # a live view still pins the mapping; it goes with the process
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import zmq
 from lmcache_client import OPS
+from support.zmq_sockets import dealer
 
 
 def to_wire(value: Any) -> Any:
@@ -48,8 +49,7 @@ def emit(obj: Any) -> None:
 
 
 def run_job(context: zmq.Context, url: str, job: dict) -> None:
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
+    socket = dealer(context)
     socket.connect(url)
     calls = job["calls"]
     results: list[dict | None] = [None] * len(calls)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import mmap
+import os
 from typing import Any
 
 import msgpack
 import numpy as np
 import zmq
+from support.zmq_sockets import dealer
 
+OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the KV object of the captured conversations' model (fp16, chunk 256)
+HINT = "lmcache.hint.engine_computed_tokens"
 NO_RESULT = object()  # a reply without a result frame (the operation's result was None)
 
 OPS = {"register_kv_cache": 1, "store": 6, "retrieve": 7, "lookup": 8, "query_prefetch_status": 9,
@@ -21,16 +26,18 @@ class LMClient:
     """One DEALER connection; :meth:`call` sends ``[uid, op, args…]`` and returns the decoded result."""
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        self._context = zmq.Context.instance()
-        self.socket = self._context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self._timeout_ms = int(timeout_s * 1000)
+        self.socket = dealer(timeout_ms=self._timeout_ms)
         self.socket.connect(url)
         self._uids = itertools.count()
-        self._timeout_ms = int(timeout_s * 1000)
 
     def send_raw(self, frames: list[bytes]) -> list[bytes]:
-        """Send frames as they are; the reply's frames (AssertionError when none comes in time)."""
-        self.socket.send_multipart(frames)
+        """Send frames as they are; the reply's frames (AssertionError when they cannot be sent or no reply
+        comes in time)."""
+        try:
+            self.socket.send_multipart(frames)
+        except zmq.Again:
+            raise AssertionError(f"could not send {frames[:2]!r} within {self._timeout_ms} ms") from None
         assert self.socket.poll(self._timeout_ms), f"no reply within {self._timeout_ms} ms to {frames[:2]!r}"
         return self.socket.recv_multipart()
 
@@ -54,6 +61,26 @@ def key(tokens: list[int], request_id: str, *, model: str = "org/model", world_s
     return {"model_name": model, "world_size": world_size, "worker_id": worker_id, "token_ids": tokens,
             "start": start, "end": len(tokens) if end is None else end, "request_id": request_id,
             "cache_salt": salt, "request_configs": None, "num_kv_readers": readers}
+
+
+def packed_key(tokens: list[int], request_id: str, *, engine_hit: int | None = None, **fields) -> dict:
+    """A key as LMCache 0.5.7 sends it: ``token_bytes`` (big-endian uint32 per token), the engine's prefix-cache
+    hit in ``request_configs``."""
+    listed = key(tokens, request_id, **fields)
+    del listed["token_ids"]
+    listed["token_bytes"] = np.asarray(tokens, dtype=">u4").tobytes()
+    if engine_hit is not None:
+        listed["request_configs"] = {HINT: engine_hit}
+    return listed
+
+
+def map_pool(reply: dict) -> mmap.mmap:
+    """The L1 pool a registration reply names, mapped as a worker maps it."""
+    fd = os.open(os.path.join("/dev/shm", reply["shm_name"]), os.O_RDWR)
+    try:
+        return mmap.mmap(fd, reply["pool_size"])
+    finally:
+        os.close(fd)
 
 
 def registration(instance_id: int, *, model: str = "org/model", world_size: int = 1, layers: int = 2,

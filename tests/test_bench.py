@@ -162,6 +162,7 @@ def _lmcache_python() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # finding LMCache's venv (600 s) and the benchmark (900 s), each bounded below
 def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
     """One short round against mpcache (telemetry on and off) and LMCache's own server (observability on and off)."""
     python = _lmcache_python()
@@ -223,6 +224,7 @@ def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2100)  # finding LMCache's venv (600 s) and the benchmark under callgrind (1200 s)
 def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_same_requests():
     """A short count: both cache processes and LMCache's server under callgrind, the cache process that publishes
     executes more instructions over the same requests than the one that does not, LMCache's server more than

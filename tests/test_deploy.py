@@ -44,7 +44,9 @@ FLEET = {"mpcache_l2_load_chunks_total", "target_info"}
 # Series of the metric table that no panel needs to show: the telemetry process's own process_* (the
 # exporter's convention), and the LMCache front end's service time (its numbers are in docs/PERFORMANCE.md).
 OFF_THE_DASHBOARD = {"process_cpu_seconds_total", "process_max_fds", "process_open_fds",
-                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes"}
+                     "process_resident_memory_bytes", "process_start_time_seconds", "process_virtual_memory_bytes",
+                     # the Compatibility section: LMCache's server's own names for what panels already show
+                     *(spec.prometheus_name for spec in metric_table.SECTIONS_BY_KEY["Compatibility"].rows)}
 PROMTOOL = shutil.which("promtool")
 
 # The dashboard's rows: one per section of the specification, plus the lookup hit rates up front.
@@ -664,12 +666,62 @@ def operations_sections() -> dict[str, str]:
     return sections
 
 
+RUNBOOK_BASE = ("{{ with $externalLabels.mpcache_runbook_base }}{{ . }}{{ else }}http://{{ $labels.instance }}"
+                "/runbook{{ end }}")
+
+
 def test_every_alert_has_a_runbook_url_to_a_section_of_operations_that_says_what_to_do():
+    """Every alert links to its section of the runbook: by default the page the service itself serves at the
+    alert's instance (/runbook, an absolute URL that works wherever mpcache runs), else the external label
+    mpcache_runbook_base; the section says more than when the alert fires."""
     text = ALERTS_YML.read_text()
     alerts = re.findall(r"- alert: (\S+)\n(?:(?!\n\s*- alert:).)*?runbook_url: \"([^\"]+)\"", text, re.DOTALL)
     sections = operations_sections()
     assert len(alerts) == text.count("- alert:") == len(alert_exprs()) >= 10
     for name, url in alerts:
-        path, _, anchor = url.partition("#")
-        assert ("deploy/OPERATIONS.md", name.lower()) == (path, anchor)
+        base, _, anchor = url.partition("#")
+        assert (RUNBOOK_BASE, name.lower()) == (base, anchor)
         assert anchor in sections and len(sections[anchor].split()) > 15, name  # more than its fires-when line
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
+@pytest.mark.parametrize("base", ["", "https://ops.example/mpcache/runbook"])
+def test_promtool_fires_the_descriptor_alert_with_a_working_runbook_url(tmp_path, base):
+    """promtool's rule unit test on the shipped alerts.yml: a cache process at 90 % of its descriptor limit
+    (telemetry at 1 %) is pending at 4 minutes and firing at 6 for that process alone, and its runbook_url is
+    the service's own /runbook section — or under the external label mpcache_runbook_base when it is set."""
+    labels = 'instance="a:9090", job="mpcache"'
+    series = [(f'mpcache_process_open_fds{{{labels}, role="cache", worker="0"}}', "900x10"),
+              (f'mpcache_process_max_fds{{{labels}, role="cache", worker="0"}}', "1000x10"),
+              (f'mpcache_process_open_fds{{{labels}, role="telemetry"}}', "10x10"),
+              (f'mpcache_process_max_fds{{{labels}, role="telemetry"}}', "1000x10")]
+    fired = {"exp_labels": {"severity": "warning", "instance": "a:9090", "role": "cache", "worker": "0"},
+             "exp_annotations": {
+                 "summary": "mpcache cache0 uses 90% of its file descriptors on a:9090",
+                 "description": alert_annotation("MpcacheDescriptorsNearLimit", "description"),
+                 "runbook_url": f"{base or 'http://a:9090/runbook'}#mpcachedescriptorsnearlimit"}}
+    group: dict = {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                   "alert_rule_test": [
+                       {"eval_time": "4m", "alertname": "MpcacheDescriptorsNearLimit", "exp_alerts": []},
+                       {"eval_time": "6m", "alertname": "MpcacheDescriptorsNearLimit", "exp_alerts": [fired]}]}
+    if base:
+        group["external_labels"] = {"mpcache_runbook_base": base}
+    path = tmp_path / "alerts-test.yml"
+    path.write_text(json.dumps({"rule_files": [str(ALERTS_YML)], "evaluation_interval": "1m", "tests": [group]}))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert 0 == result.returncode, result.stdout + result.stderr
+
+
+def alert_annotation(alert: str, name: str) -> str:
+    """One annotation of one alert of alerts.yml, as written there (a double-quoted one-line value)."""
+    text = ALERTS_YML.read_text()
+    block = text[text.index(f"- alert: {alert}\n"):].split("\n\n")[0]
+    return json.loads(re.search(rf'^\s+{name}: (".*")$', block, re.MULTILINE).group(1))
+
+
+def test_the_packaged_runbook_is_the_alerts_section_of_operations():
+    """mpcache/supervisor/runbook/runbook.md, which the service serves at /runbook, is OPERATIONS.md's alerts
+    section as it stands (python -m mpcache.supervisor.runbook deploy/OPERATIONS.md rewrites it)."""
+    from mpcache.supervisor import runbook
+
+    assert runbook.extract((DEPLOY / "OPERATIONS.md").read_text()) == runbook.packaged()

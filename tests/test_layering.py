@@ -82,7 +82,7 @@ LAYERS = (
     ("mpcache", "mpcache.errors"),
     ("mpcache.contract",),
     ("mpcache.shm",),
-    ("mpcache.config", "mpcache.logs", "mpcache.systemd"),
+    ("mpcache.config", "mpcache.logs", "mpcache.systemd", "mpcache.httpserver"),
     ("mpcache.client",),
     ("mpcache.cache", "mpcache.telemetry", "mpcache.demo"),
     ("mpcache.supervisor",),

@@ -193,6 +193,10 @@ def source_files() -> list[str]:
                 and not junk & set(p.relative_to(REPO).parts) and not p.name.endswith((".so", ".egg-info"))]
 
 
+# The first test to use `built` builds it: a backend install, the sdist and the wheel, 300 s each at most.
+BUILT_TIMEOUT_S = 1500
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict:
     """An sdist built from a copy of the source tree, and a wheel built by ``pip wheel --no-deps`` from that
@@ -237,6 +241,7 @@ def built(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILT_TIMEOUT_S)
 def test_sdist_holds_what_a_build_needs(built):
     """The sdist holds pyproject.toml, setup.py, README.md (the long description), LICENSE, every file of
     the package (the C extension's source among them) and PKG-INFO."""
@@ -246,6 +251,7 @@ def test_sdist_holds_what_a_build_needs(built):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILT_TIMEOUT_S)
 def test_wheel_holds_license_entry_points_and_every_module(built):
     """The wheel's metadata says License-Expression Apache-2.0 and carries LICENSE byte for byte; its
     console scripts are start-cache, mpcache-logs and mpcache-report; it holds every module and data file of the package
@@ -268,6 +274,7 @@ def test_wheel_holds_license_entry_points_and_every_module(built):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILT_TIMEOUT_S)
 def test_wheel_installed_elsewhere_runs_its_console_scripts(built):
     """Installed without its dependencies into a target directory (they come from this interpreter), the
     wheel's start-cache and mpcache-logs print their usage from outside the checkout, importing mpcache from

@@ -16,15 +16,20 @@ import uuid
 
 import pytest
 
+from mpcache.shm import layout
+from mpcache.shm.gauges import format_gauge_board
 from mpcache.shm.segment import SHM_DIR
 from mpcache.supervisor.runtime import (
     MARKER_FILE,
     Marker,
     RuntimeDir,
+    SegmentLock,
+    Swept,
     boot_id,
     pid_namespace,
     remove_runtime_files,
     sweep,
+    sweep_segments,
 )
 
 HOLDER = """
@@ -137,6 +142,42 @@ def test_a_stale_marker_whose_segment_names_a_live_run_holds_removes_none_of_the
     assert [True, True] == present
     assert [] == [line for line in swept.removed if "segment" in line]
     assert [names] == [line["segments"] for line in swept.kept]
+
+
+def test_segments_of_a_dead_run_are_found_in_dev_shm_and_only_provably_dead_ones_of_ours(segment_factory) -> None:
+    """No marker anywhere (its runtime dir is gone): the sweep of /dev/shm removes the ring and L1 pool of the run
+    whose gauge board is ours, formatted by this build and locked by nobody, the board last, saying its
+    supervisor is gone; it leaves a live run's (board locked), another build's (layout version 2), a board
+    not yet formatted (a run being created), another user's, and a longer instance id sharing the dead run's
+    name prefix."""
+    pid = 4_000_000 + uuid.uuid4().int % 100_000  # above pid_max's default: no live process of this pid here
+
+    def run(instance: str, *, version: int | None = layout.GAUGE_LAYOUT_VERSION) -> list[str]:
+        """A run's board (formatted with ``version``; None: not yet), ring and L1 pool."""
+        segments = [segment_factory(4096, f"/mpcache.{pid}.{instance}.{what}") for what in ("gauges", "events0",
+                                                                                           "l1pool0")]
+        if version is not None:
+            format_gauge_board(segments[0], 1)
+            segments[0].buf[8:12] = version.to_bytes(4, "little")
+        return [segment.name for segment in segments]
+
+    tag = uuid.uuid4().hex[:6]
+    dead, live, older, unformatted, foreign = (run(f"d{tag}"), run(f"l{tag}"), run(f"o{tag}", version=2),
+                                               run(f"u{tag}", version=None), run(f"f{tag}"))
+    longer = [segment_factory(4096, f"/mpcache.{pid}.d{tag}.x.events0").name]  # instance id "d<tag>.x..."
+    os.chown(SHM_DIR + foreign[0], 65534, 65534)
+    holder = SegmentLock(live[0])
+    swept = Swept()
+    try:
+        sweep_segments(swept)
+    finally:
+        holder.release()
+
+    assert [False, False, False] == [exists(name) for name in dead]
+    assert all(exists(name) for name in live + older + unformatted + foreign + longer)
+    ours = [line for line in swept.removed if line["segment"].startswith(f"/mpcache.{pid}.")]
+    assert [dead[1], dead[2], dead[0]] == [line["segment"] for line in ours]
+    assert {f"no live run holds its gauge board (supervisor pid {pid} is gone)"} == {line["reason"] for line in ours}
 
 
 def test_at_stop_only_the_files_a_run_creates_are_removed(tmp_path) -> None:

@@ -107,10 +107,12 @@ def _listening(pid: int | None) -> set[tuple[str, int]]:
 
 
 def test_metrics_listens_on_loopback_only_by_default(service) -> None:
-    """Without --prometheus-host the telemetry process listens on exactly 127.0.0.1:<port> and nowhere
-    else, and no cache process listens on any network socket."""
-    assert {("127.0.0.1", service.port)} == _listening(last_pid(service, "telemetry"))
-    assert set() == _listening(last_pid(service, "cache"))
+    """Without --prometheus-host the supervisor (its HTTP front) listens on exactly 127.0.0.1:<port> and
+    nowhere else; neither telemetry (it serves the front through a 0600 socket in the runtime dir) nor any
+    cache process listens on any network socket."""
+    assert {("127.0.0.1", service.port)} == _listening(service.process.pid)
+    assert (set(), set()) == (_listening(last_pid(service, "telemetry")), _listening(last_pid(service, "cache")))
+    assert (0o600, os.getuid()) == _private(service.runtime_dir / "telemetry.sock")
 
 
 def test_metrics_refuses_connections_on_a_non_loopback_address(service) -> None:
@@ -129,8 +131,8 @@ def test_prometheus_host_flag_binds_where_it_says(tmp_path) -> None:
     bound = started_as_an_operator_would(tmp_path, "--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "4MiB",
                                          host=address)
     try:
-        wait_for(lambda: _listening(last_pid(bound, "telemetry")), 60, "the telemetry process to listen")
-        assert {(address, bound.port)} == _listening(last_pid(bound, "telemetry"))
+        wait_for(lambda: _listening(bound.process.pid), 60, "the supervisor to listen")
+        assert {(address, bound.port)} == _listening(bound.process.pid)
         if address != "0.0.0.0":
             url = f"http://{address}:{bound.port}/metrics"
             text = wait_for(lambda: urllib.request.urlopen(url, timeout=5).read(), 30, "/metrics on " + address)

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from mpcache.shm.segment import shm_free_bytes
+from mpcache.supervisor.logfile import header
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,9 +27,18 @@ START_CACHE = [sys.executable, str(REPO / "bin" / "start-cache")]
 
 
 def _check_config(tmp_path, *argv: str, **environ: str) -> subprocess.CompletedProcess:
+    """``start-cache --check-config`` in a clean environment; its port probe on a port nothing else can hold
+    (port 0) unless the test names one: 9090 may be taken on a shared machine."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
     return subprocess.run([*START_CACHE, "--check-config", *argv], capture_output=True, text=True, timeout=60,
-                          env={**env, **environ}, cwd=tmp_path)
+                          env={**env, "MPCACHE_PROMETHEUS_PORT": "0", **environ}, cwd=tmp_path)
+
+
+def _start(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    """``start-cache`` with one small worker for 1 s (refusals come before anything starts)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    return subprocess.run([*START_CACHE, *argv, "--workers", "1", "--prometheus-port", "0", "--duration", "1"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
 
 
 def _one_line_exit_2(result: subprocess.CompletedProcess, expected: str) -> None:
@@ -106,11 +119,23 @@ def test_check_config_output_reads_back_with_names_beyond_the_basic_plane(tmp_pa
 def test_check_config_refuses_what_a_start_refuses(tmp_path, argv, expected):
     """Both say so in the same line, which shows no password."""
     _one_line_exit_2(_check_config(tmp_path, *argv), expected)
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
-    started = subprocess.run([*START_CACHE, *argv, "--workers", "1", "--prometheus-port", "0", "--duration", "1"],
-                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    started = _start(tmp_path, *argv)
     _one_line_exit_2(started, expected)
     assert "hunter2" not in started.stderr
+
+
+def test_check_config_refuses_a_taken_port_and_an_l1_that_dev_shm_cannot_hold(tmp_path):
+    """What a start probes, --check-config probes too: a port something listens on, and an L1 larger than
+    /dev/shm's free space, are each the start's own line and exit status 2 (they used to pass the check)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        _one_line_exit_2(_check_config(tmp_path, "--prometheus-port", str(port)),
+                         f"--prometheus-port: port {port} on 127.0.0.1 is not available")
+    too_big = shm_free_bytes() + 2**30
+    _one_line_exit_2(_check_config(tmp_path, "--workers", "1", "--prometheus-port", "0", "--l1-size", str(too_big)),
+                     "/dev/shm has ")
 
 
 @pytest.mark.parametrize(("tier", "expected"), [
@@ -144,9 +169,145 @@ def test_a_setting_given_twice_in_one_file_is_one_line(tmp_path):
 
 
 def test_a_log_file_that_is_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path):
+    """A FIFO is not a log file the service created: refused before it is opened, so never waited on."""
     os.mkfifo(tmp_path / "log.fifo")
+    _one_line_exit_2(_start(tmp_path, "--log-file", str(tmp_path / "log.fifo")),
+                     f"--log-file: refusing to write '{tmp_path / 'log.fifo'}': it is not a regular file")
+
+
+def _plant(path: Path, case: str, second_user_uid: int | None) -> Path:
+    """Put at ``path`` what ``case`` names; the path whose bytes, owner and mode must stay as they are."""
+    ours = header().decode() + '{"event": "cache.started"}\n'  # a log file of this service's, as it writes one
+    if case == "symlink":
+        target = path.with_name("target.log")
+        target.write_text(ours)
+        path.symlink_to(target)
+        return target
+    if case == "a_rotated_copy_not_ours":
+        path = path.with_name(path.name + ".1")
+    path.write_text(ours if case in ("hard_link", "world_writable", "another_users") else "root:x:0:0::/root:/bin/sh\n")
+    if case == "hard_link":
+        os.link(path, path.with_name("elsewhere.txt"))
+    elif case == "world_writable":
+        os.chmod(path, 0o666)
+    elif case == "another_users":
+        os.chown(path, second_user_uid, -1)
+        os.chmod(path, 0o600)
+    return path
+
+
+def _state(path: Path) -> tuple[bytes, int, int, int, int]:
+    """What writing, renaming or re-owning a file would change: its bytes, mode, owner, links, mtime."""
+    info = os.lstat(path)
+    return path.read_bytes(), info.st_mode, info.st_uid, info.st_nlink, info.st_mtime_ns
+
+
+LOG_FILE_CASES = {
+    "without_the_header": "it does not begin with the header line of a log file the service created",
+    "a_rotated_copy_not_ours": "it does not begin with the header line of a log file the service created",
+    "hard_link": "it has 2 hard links",
+    "world_writable": "it is writable by group or others (mode 0666)",
+    "symlink": "it is a symbolic link",
+    "another_users": "it belongs to uid ",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOG_FILE_CASES))
+def test_a_log_file_the_service_did_not_create_is_refused_before_anything_is_written(tmp_path, case, request):
+    """An existing --log-file (or a rotated copy that rotation would move) that the service cannot prove its
+    own — no header line of its own (as root: any root-owned file, /etc/passwd among them), a second hard link,
+    group/world-writable, a symlink, another user's 0600 file — is one line naming it and why, exit 2, before
+    a byte is written: its bytes, owner and mode stay, and no log file is created.  --check-config says the
+    same."""
+    uid = request.getfixturevalue("second_user").uid if case == "another_users" else None
+    path = tmp_path / "mpcache.log"
+    planted = _plant(path, case, uid)
+    before = _state(planted)
+    named = path if case == "symlink" else planted
+    expected = f"--log-file: refusing to write '{named}': {LOG_FILE_CASES[case]}"
+    _one_line_exit_2(_start(tmp_path, "--log-file", str(path)), expected)
+    _one_line_exit_2(_check_config(tmp_path, "--log-file", str(path)), expected)
+    assert before == _state(planted)
+    assert os.path.lexists(path) == (case != "a_rotated_copy_not_ours")
+
+
+def _settings_in(directory: Path, mode: int = 0o700) -> Path:
+    directory.mkdir(exist_ok=True)
+    os.chmod(directory, mode)
+    path = directory / "settings.toml"
+    path.write_text('log-level = "debug"\n')
+    return path
+
+
+@pytest.mark.parametrize("case", ["world_writable", "group_writable", "in_a_0777_directory", "another_users",
+                                  "in_another_users_directory", "a_symlink_to_one_in_a_0777_directory"])
+def test_a_config_file_someone_else_could_have_written_is_refused_naming_it_and_the_fix(tmp_path, case, request):
+    """As sshd's StrictModes: a settings file (or a directory above it) owned by neither root nor the service's
+    uid, or writable by group or others, is one line naming it, why, and what to fix — at a start and in
+    --check-config — and the service starts nothing; a symlink is resolved and its target checked."""
+    path = _settings_in(tmp_path / "conf")
+    named, reason = path, "is writable by group or others (mode 0666)"
+    if case == "world_writable":
+        os.chmod(path, 0o666)
+    elif case == "group_writable":
+        os.chmod(path, 0o620)
+        reason = "is writable by group or others (mode 0620)"
+    elif case in ("in_a_0777_directory", "a_symlink_to_one_in_a_0777_directory"):
+        os.chmod(path.parent, 0o777)
+        named, reason = path.parent, "is writable by group or others (mode 0777)"
+    else:
+        uid = request.getfixturevalue("second_user").uid
+        os.chown(path if case == "another_users" else path.parent, uid, -1)
+        named = path if case == "another_users" else path.parent
+        reason = f"belongs to uid {uid}, not to root or the service's uid {os.geteuid()}"
+    given = path
+    if case.startswith("a_symlink"):
+        given = tmp_path / "link.toml"
+        given.symlink_to(path)
+    expected = f"--config: refusing '{given}': {named} {reason} (a settings file and every directory above it"
+    _one_line_exit_2(_check_config(tmp_path, "--config", str(given)), expected)
+    _one_line_exit_2(_start(tmp_path, "--config", str(given)), expected)
+
+
+@pytest.mark.parametrize("case", ["private", "in_a_sticky_world_writable_directory", "a_symlink_to_a_trusted_one"])
+def test_a_config_file_only_root_or_the_service_could_write_is_read(tmp_path, case):
+    """A private file, one in a sticky world-writable directory (like /tmp: no one else can replace it) and a
+    symlink whose target passes are read: --check-config shows the file as the setting's source."""
+    path = _settings_in(tmp_path / "conf", 0o1777 if case == "in_a_sticky_world_writable_directory" else 0o700)
+    given = path
+    if case == "a_symlink_to_a_trusted_one":
+        given = tmp_path / "link.toml"
+        given.symlink_to(path)
+    shown = _check_config(tmp_path, "--config", str(given))
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert [f"# file {given}"] == [line.split(None, 3)[-1] for line in shown.stdout.splitlines()
+                                   if line.startswith("log-level =")]
+
+
+READ_ONLY_MOUNT = '''
+mount -t tmpfs -o mode=0777 mpcache-test "$1" || exit 97
+printf 'log-level = "debug"\\n' > "$1/settings.toml"
+mount -o remount,ro "$1" || exit 97
+shift
+exec "$@"
+'''
+
+
+def test_a_config_file_in_a_0777_directory_on_a_read_only_mount_is_read(tmp_path):
+    """No one can change what is on a read-only mount: a Kubernetes ConfigMap's volume directory is 0777, the
+    volume mounted read-only, and its settings file is read (here: a tmpfs remounted read-only in a private
+    mount namespace)."""
+    directory = tmp_path / "configmap"
+    directory.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
-    started = subprocess.run([*START_CACHE, "--log-file", str(tmp_path / "log.fifo"), "--workers", "1",
-                              "--prometheus-port", "0", "--duration", "1"],
-                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
-    _one_line_exit_2(started, f"--log-file: cannot open '{tmp_path / 'log.fifo'}': a FIFO that no process reads")
+    try:
+        shown = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_MOUNT,
+                                "sh", str(directory), *START_CACHE, "--check-config", "--config",
+                                str(directory / "settings.toml")], capture_output=True, text=True, timeout=60,
+                               env=env, cwd=tmp_path)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed")
+    if shown.returncode == 97 or "unshare failed" in shown.stderr:
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {shown.stderr.strip()}")
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert 'log-level = "debug"' in shown.stdout

@@ -130,9 +130,11 @@ def test_every_mpcache_variable_the_project_names_is_a_setting_or_declared_as_an
 
 
 def _check_config(tmp_path, *argv: str, **environ: str) -> subprocess.CompletedProcess:
+    """``start-cache --check-config`` in a clean environment; its port probe on a port nothing else can hold
+    (port 0) unless the test names one: 9090 may be taken on a shared machine."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
     return subprocess.run([*START_CACHE, "--check-config", *argv], capture_output=True, text=True, timeout=60,
-                          env={**env, **environ}, cwd=tmp_path)
+                          env={**env, "MPCACHE_PROMETHEUS_PORT": "0", **environ}, cwd=tmp_path)
 
 
 def test_check_config_prints_every_setting_with_its_source_as_a_file_that_gives_the_same_settings(tmp_path):

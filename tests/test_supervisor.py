@@ -25,11 +25,12 @@ from support.waiting import wait_for
 
 from mpcache.config import Config
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeSlot
+from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot
+from mpcache.shm.ring import read_geometry
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.children import Child, Role
 from mpcache.supervisor.logforward import LineForwarder
-from mpcache.supervisor.provision import create_segments, unlink_segments
+from mpcache.supervisor.provision import create_segments, repair_cache_segments, unlink_segments
 from mpcache.supervisor.restart import RestartPolicy
 from mpcache.supervisor.watch import Supervisor
 
@@ -309,3 +310,100 @@ def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauge
     assert -signal.SIGKILL == exit_status
     assert [0, 0, 0] == words
     assert survivor_alive and [survivor] == running.pids("cache", 1)
+
+
+DAMAGES_ITS_SEGMENTS_ONCE = """
+import os, sys, time
+marker, ring, pool = sys.argv[1:]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    os.truncate("/dev/shm" + ring, 0)  # as a process sharing the IPC namespace can
+    os.truncate("/dev/shm" + pool, 4096)
+    sys.exit(1)
+time.sleep(120)
+"""
+
+
+def test_a_cache_process_whose_segments_were_truncated_gets_them_recreated_and_the_supervisor_lives_on(
+        instance, fast_policy, tmp_path) -> None:
+    """cache[0]'s event ring is truncated to 0 bytes and its L1 pool to 4 KiB, then it exits: the supervisor
+    (which died of ``LayoutMismatchError`` from the torn-record check) recreates both at their sizes, the ring
+    formatted, logs ``segment.recreated`` at error for each, counts 2 in the slot's segments-recreated word,
+    and restarts the cache process, which keeps running."""
+    config = instance(1)
+    cache = Child(Role.CACHE, 0, [sys.executable, "-c", DAMAGES_ITS_SEGMENTS_ONCE, str(tmp_path / "damaged"),
+                                  config.ring_name(0), config.l1_pool_name(0)])
+    running = Running(config, [Child(Role.TELEMETRY, 0, SLEEPER), cache], policies=fast_policy)
+    try:
+        wait_for(lambda: len(running.pids("cache")) == 2 or not running.thread.is_alive(), 30, "the restart",
+                 tolerate=())
+        recreated = running.log.events("segment.recreated", level="error")
+        ring, board = Segment.attach(config.ring_name(0)), Segment.attach(config.gauge_board_name())
+        try:
+            geometry = read_geometry(ring)
+            sizes = (ring.size, os.stat("/dev/shm" + config.l1_pool_name(0)).st_size)
+            counted = GaugeBoardReader(board).word(0, layout.G_SEGMENTS_RECREATED)
+        finally:
+            ring.close()
+            board.close()
+        assert running.thread.is_alive()
+        ring_bytes = layout.event_segment_size(1024, 64)
+        assert [(config.ring_name(0), f"it is 0 bytes, not {ring_bytes}"),
+                (config.l1_pool_name(0), f"it is 4096 bytes, not {config.l1_pool_bytes}")] == [
+            (line["segment"], line["damage"]) for line in recreated]
+        assert (ring_bytes, config.l1_pool_bytes) == sizes
+        assert (1024, 64, 2) == (geometry.capacity, geometry.intern_capacity, counted)
+        running.wait_loops(2)
+        assert running.alive(cache)
+    finally:
+        running.finish()
+        for child in running.supervisor.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.kill()
+                child.process.wait()
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    ("none", []),
+    ("ring_overwritten", [("ring", "not an mpcache event ring")]),
+    ("ring_gone", [("ring", "it is gone")]),
+    ("pool_grown", [("pool", "it is 266240 bytes, not 262144")]),
+])
+def test_repair_recreates_exactly_the_damaged_segments(instance, damage, expected) -> None:
+    """After a cache process died: an intact ring and pool are left as they are (a torn record aside); a ring
+    whose header was overwritten or that is gone, or a pool of another size, is recreated and named with
+    what was wrong."""
+    config = instance(1)
+    names = {"ring": config.ring_name(0), "pool": config.l1_pool_name(0)}
+    if damage == "ring_overwritten":
+        ring = Segment.attach(names["ring"])
+        ring.buf[:8] = b"garbage!"
+        ring.close()
+    elif damage == "ring_gone":
+        Segment.unlink(names["ring"])
+    elif damage == "pool_grown":
+        os.truncate("/dev/shm" + names["pool"], config.l1_pool_bytes + 4096)
+    repair = repair_cache_segments(config, 0)
+    assert ([], [names[what] for what, _ in expected]) == (repair.failed, [name for name, _ in repair.recreated])
+    assert all(fragment in said for (_, fragment), (_, said) in zip(expected, repair.recreated))
+    ring = Segment.attach(names["ring"])
+    try:
+        assert (1024, os.stat("/dev/shm" + names["pool"]).st_size) == (read_geometry(ring).capacity,
+                                                                        config.l1_pool_bytes)
+    finally:
+        ring.close()
+
+def test_the_status_line_names_children_that_are_not_as_they_should_be() -> None:
+    """systemd's STATUS= line: telemetry starting (before its first heartbeat, as at READY) or running is not
+    named; telemetry restarting or unresponsive is, as a cache process not serving is."""
+    from mpcache.supervisor.status import status_line
+
+    def children(telemetry: str, cache1: str) -> list[Child]:
+        return [Child(Role.TELEMETRY, 0, [], state=telemetry), Child(Role.CACHE, 0, [], state="serving"),
+                Child(Role.CACHE, 1, [], state=cache1)]
+
+    assert ["2/2 cache processes serving", "2/2 cache processes serving",
+            "2/2 cache processes serving; telemetry unresponsive",
+            "1/2 cache processes serving; cache[1] restarting, telemetry restarting"] == [
+        status_line(children("starting", "serving")), status_line(children("running", "serving")),
+        status_line(children("unresponsive", "serving")), status_line(children("restarting", "restarting"))]

@@ -1,4 +1,5 @@
-"""The image's HEALTHCHECK: 0 while ``/healthz`` and ``/ready`` answer 200 where this run serves them.
+"""The image's HEALTHCHECK: 0 while ``/healthz`` and ``/ready`` answer 200 where this run serves them (the
+supervisor answers both, whatever the telemetry process does).
 
 Where is read from the run's own ``config.json`` (in ``$MPCACHE_RUNTIME_DIR``), not assumed: a run bound
 to all addresses is asked on the container's own address, as a peer would ask it, and a run bound to

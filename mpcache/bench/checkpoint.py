@@ -15,13 +15,11 @@ CPU from the first record replayed to the last one read, over the records, is th
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +30,7 @@ import psutil
 from mpcache.bench import service as bench_service
 from mpcache.bench.children import stop
 from mpcache.config import Config
+from mpcache.httpserver import get_unix
 from mpcache.shm import layout
 from mpcache.shm.ring import read_geometry
 from mpcache.shm.segment import Segment, shm_name
@@ -92,9 +91,12 @@ class Side:
     """One instance and the telemetry process reading it: with its state segment (``checkpoint``) or without."""
 
     def __init__(self, directory: str, checkpoint: bool, recordings: list[Recording]) -> None:
-        self.config = Config(instance_id=uuid.uuid4().hex, supervisor_pid=os.getpid(), runtime_dir=directory,
+        instance = uuid.uuid4().hex
+        runtime_dir = os.path.join(directory, instance)  # its own: the telemetry process's socket is there
+        os.mkdir(runtime_dir, 0o700)
+        self.config = Config(instance_id=instance, supervisor_pid=os.getpid(), runtime_dir=runtime_dir,
                              workers=WORKERS, ring_capacity_cells=RING_CELLS, l1_size_bytes=1 << 16,
-                             chunk_bytes=1 << 16, prometheus_port=_free_port(), disable_logging=True,
+                             chunk_bytes=1 << 16, disable_logging=True,
                              log_level="warning")
         create_segments(self.config)
         if not checkpoint:
@@ -106,7 +108,7 @@ class Side:
             ring.buf[: layout.HEADER_SIZE].cast("Q")[layout.OFF_INTERN_COUNT // 8] = recording.names
             self._cells.append(np.ndarray((RING_CELLS,), dtype=layout.CELL_DTYPE, buffer=ring.buf,
                                           offset=read_geometry(ring).cells_offset))
-        path = os.path.join(directory, f"{self.config.instance_id}.json")
+        path = os.path.join(runtime_dir, "config.json")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(self.config.to_json())
         self.telemetry = subprocess.Popen([sys.executable, "-m", "mpcache.telemetry", "--config", path],
@@ -119,9 +121,10 @@ class Side:
         self.rings[worker].buf[: layout.HEADER_SIZE].cast("Q")[layout.OFF_HEAD // 8] = end
 
     def scrape(self) -> bytes:
-        url = f"http://127.0.0.1:{self.config.prometheus_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            page: bytes = response.read()
+        """``/metrics`` from the telemetry process's socket (what the supervisor's front forwards to)."""
+        status, page = get_unix(self.config.telemetry_socket_path(), "/metrics")
+        if status != 200:
+            raise OSError(f"/metrics answered {status}")
         return page
 
     def read_to(self, heads: list[int]) -> bool:
@@ -149,12 +152,6 @@ class Side:
         for ring in self.rings:
             ring.close()
         unlink_segments(self.config)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def replay(recordings: list[Recording], directory: str, scrape_every_s: float) -> dict[str, Any]:

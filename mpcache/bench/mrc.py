@@ -58,7 +58,7 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
     configured = curve["capacity_bytes"]  # the allocator's capacity may sit a slab below --l1-size
 
     def predicted(factor: float, effective: float = 1.0) -> float:
-        return float(hit_ratio_at(curve["points"], configured * factor * effective) or 0.0)
+        return float(hit_ratio_at(list(zip(capacities, online)), configured * factor * effective) or 0.0)
 
     out: dict[str, Any] = {
         "requests": len(requests), "lookup_accesses": len(distances), "l1_bytes": l1,
@@ -75,9 +75,9 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
         out[f"{label}_error_at_watermark"] = round(abs(predicted(factor, watermark) - measured), 4)
     out["one_measured"] = round(runs[1]["hit_ratio"], 4)
     out["one_predicted"] = round(predicted(1), 4)
-    exact_points = [{"capacity_bytes": c, "hit_ratio": h} for c, h in zip(capacities, exact)]
     for factor, label in ((0.5, "half"), (1, "one"), (2, "double")):  # what an exact curve would predict
-        out[f"{label}_exact"] = round(float(hit_ratio_at(exact_points, configured * factor) or 0.0), 4)
+        out[f"{label}_exact"] = round(float(hit_ratio_at(list(zip(capacities, exact)), configured * factor) or 0.0),
+                                      4)
     return out
 
 

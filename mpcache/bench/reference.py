@@ -66,7 +66,7 @@ class ReferenceMetrics:
     """The reference subscribers' OpenTelemetry calls for the events a cache request publishes."""
 
     COUNTERS = ("l1_read", "l1_write", "l1_evicted", "lookup_requested", "lookup_hit", "lookup_hit_l1",
-                "lookup_hit_l2", "num_chunks_loaded")
+                "lookup_hit_l2", "lookup_prompt", "lookup_request_hit", "num_chunks_loaded")
 
     def __init__(self, meter) -> None:
         self.counter = {name: meter.create_counter(f"lmcache_mp.{name}") for name in self.COUNTERS}
@@ -82,7 +82,8 @@ class ReferenceMetrics:
         elif etype is E.MP_LOOKUP_PREFETCH_END:
             attrs = {"model_name": meta["model_name"], "cache_salt": meta["cache_salt"]}
             for name, key in (("lookup_requested", "requested_tokens"), ("lookup_hit", "hit_tokens"),
-                              ("lookup_hit_l1", "l1_hit_tokens"), ("lookup_hit_l2", "l2_hit_tokens")):
+                              ("lookup_hit_l1", "l1_hit_tokens"), ("lookup_hit_l2", "l2_hit_tokens"),
+                              ("lookup_prompt", "prompt_tokens"), ("lookup_request_hit", "request_hit_tokens")):
                 self.counter[name].add(meta[key], attrs)
         elif etype in (E.MP_STORE_START, E.MP_RETRIEVE_START):
             self._pending[(etype.name, event.session_id, meta["device"])] = event.timestamp

@@ -18,6 +18,7 @@ _MRC_LOOKUP_SAMPLED = EventType.MRC_LOOKUP_SAMPLED
 _MRC_STORE_SAMPLED = EventType.MRC_STORE_SAMPLED
 
 
+GROUP_LABEL = "{model}@g{group}"  # a hybrid model's KV cache group g > 0 in the curves ('@' is in no model name)
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
 _PADDING = [(0,) * (MAX_EXACT_CHUNKS - n) for n in range(MAX_EXACT_CHUNKS + 1)]  # head fields left empty after n
@@ -40,17 +41,19 @@ class AccessSampler:
         self.enabled = rate > 0
 
     def lookup(self, l1: L1Manager, model: str, salt: str, hashes: Sequence[int], ranks: int, l1_hits: int,
-               found: int) -> None:
+               found: int, label: str | None = None) -> None:
         """A finished lookup of ``hashes`` (``ranks`` objects per chunk): ``hashes[:l1_hits]`` were in L1,
         ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
         "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
-        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap)."""
+        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap).
+        Published under ``label`` where the curves key the keys apart from ``model``."""
         if not self.enabled:
             return
         fields = head_fields(model, salt, hashes, ranks, l1_hits, found, self._exact_chunks, MAX_EXACT_CHUNKS,
                              MRC_EXACT_GAP_SHIFT, l1.entry_of)
+        name = model if label is None else label
         if fields is not None:  # every chunk a head chunk: fixed fields only
-            self._emit_lookup(fields, "")
+            self._emit_lookup(fields if label is None else (label, *fields[1:]), "")
             return
         if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
             l1_hits = found
@@ -69,7 +72,7 @@ class AccessSampler:
         for position in range(exact * ranks, len(hashes)):
             chunk_hash = hashes[position]
             if chunk_hash % SAMPLE_MODULUS < threshold:
-                row = (chunk_hash, salt, model)
+                row = (chunk_hash, salt, name)
                 if position < l1_hits:
                     l1_rows.append(row)
                 elif position < found:
@@ -79,9 +82,26 @@ class AccessSampler:
                 else:
                     miss_rows.append(row)
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
-                       (model, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
+                       (name, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
                         len(gap_rows), *firsts, *_PADDING[exact]),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
+
+    def lookup_groups(self, l1: L1Manager, model: str, salt: str, hashes: Sequence[int], stride: int,
+                      windows: Sequence[int], hit: int) -> None:
+        """A finished lookup of a hybrid model (``hashes`` chunk-major, ``stride`` objects a chunk: per KV cache
+        group, its ranks; a prefix of ``hit`` chunks found in L1), one sampled lookup per group under its own
+        :func:`group_label`: the chunks its window needs for the whole request, of which those up to the hit
+        were found."""
+        if not self.enabled:
+            return
+        ranks = stride // len(windows)
+        chunks = len(hashes) // stride
+        for group, window in enumerate(windows):
+            first = 0 if window <= 0 else max(0, chunks - window)
+            keys = [hashes[chunk * stride + group * ranks + rank] for chunk in range(first, chunks)
+                    for rank in range(ranks)]
+            found = max(0, hit - first) * ranks
+            self.lookup(l1, model, salt, keys, ranks, found, found, label=group_label(model, group))
 
     def store(self, model: str, salt: str, hashes: Sequence[int], object_bytes: int) -> None:
         """A store of ``hashes`` (objects of ``object_bytes``): written now or already held, all touched.
@@ -101,3 +121,9 @@ class AccessSampler:
             self._sizes.clear()
         self._sizes[model] = object_bytes
         self._pub.emit(_MRC_STORE_SAMPLED, (model, salt, len(hashes), object_bytes), sampled=sampled)
+
+
+def group_label(model: str, group: int) -> str:
+    """The model name KV cache group ``group`` of a hybrid model is curved under: the model's own for group 0
+    (keyed as a model of one group), ``model@g<group>`` for the others (each group's objects have their own size)."""
+    return model if group == 0 else GROUP_LABEL.format(model=model, group=group)

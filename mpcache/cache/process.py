@@ -90,7 +90,8 @@ class CacheProcess:
             self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
                                             dispatcher.client_error, self.log, lambda: self._stopping,
                                             max_connections=max_connections,
-                                            partial_frame_timeout_s=partial_frame_timeout_s)
+                                            partial_frame_timeout_s=partial_frame_timeout_s,
+                                            idle_timeout_s=config.idle_timeout_s)
             urls = config.lmcache_urls(worker)
             if urls:
                 from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # only where it is served
@@ -254,7 +255,7 @@ class CacheProcess:
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
                     ctx.sessions.expire()
-                    self._transport.expire_partial_frames(now)
+                    self._transport.expire(now)
                     if lmcache is not None:
                         lmcache.tick()
                     ctx.storage.refresh_usage()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.prefetch import PrefetchOutcome
@@ -22,7 +23,8 @@ class Job:
     """One lookup's view of the chunks it found: ``hashes[:found]`` are read-locked while ``locked``."""
 
     __slots__ = ("job_id", "request_id", "model", "salt", "hashes", "found", "created", "reported", "locked",
-                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers", "ranks", "held")
+                 "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers", "ranks", "held",
+                 "report")
 
     def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
                  created: float, readers: int = 1, ranks: int = 1, per_key: bool = False) -> None:
@@ -46,6 +48,7 @@ class Job:
         self.l1_hits = found  # chunks of hashes[:found] that were in L1 when the job needed them
         self.l2_hits = 0  # chunks of hashes[:found] loaded from L2
         self.l2_landed = 0  # chunks this job's L2 prefetch wrote into L1 (contiguous or not)
+        self.report: Any = None  # how an LMCache lookup's END reports it (requests.LookupReport); None: as it is
 
 
 class SessionRegistry:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -205,14 +206,15 @@ class StorageManager:
                     self._log.warning("l2.store_dropped", adapter_index=index, l2_name=self.names[index],
                                       inflight=self.inflight_stores[index], keys=len(keys))
                 continue
-            task = Task("store", index, self.next_task_id(), self._store_done)
+            task = Task("store", index, self.next_task_id(), functools.partial(self._store_done, keys=len(keys)))
             self._pub.emit(_L2_STORE_SUBMITTED, (index, task.task_id, self.names[index], len(keys), total),
                            salt_counts=groups)
             self.track(task, adapter.submit_store(items))
             submitted += 1
         return submitted
 
-    def _store_done(self, task: Task, future: concurrent.futures.Future) -> None:
+    def _store_done(self, task: Task, future: concurrent.futures.Future, *, keys: int) -> None:
+        """Publish how the store task of ``keys`` chunks ended: one that raised stored none of them."""
         index = task.adapter_index
         name = self.names[index]
         try:
@@ -222,7 +224,7 @@ class StorageManager:
                 self._log.warning("l2.store_raised", adapter_index=index, error=f"{type(exc).__name__}: {exc}")
             result = None
         if result is None:
-            self._pub.emit(_L2_STORE_COMPLETED, (index, task.task_id, name, 0, 0, 0))
+            self._pub.emit(_L2_STORE_COMPLETED, (index, task.task_id, name, 0, 0, keys))
             return
         succeeded = result.stored + result.skipped
         self._pub.emit(_L2_STORE_COMPLETED,

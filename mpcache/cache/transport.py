@@ -42,9 +42,9 @@ ClientError = Callable[[str, str, str], None]
 
 class _Connection:
     __slots__ = ("sock", "inbuf", "offset", "fds", "outbuf", "closing", "paused", "peer", "events",
-                 "partial_since")
+                 "partial_since", "heard_at")
 
-    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+    def __init__(self, sock: socket.socket, peer: Peer, now: float) -> None:
         self.sock = sock
         self.inbuf = bytearray()
         self.offset = 0  # stream offset of inbuf[0], a frame's start
@@ -55,6 +55,7 @@ class _Connection:
         self.peer = peer
         self.events = selectors.EVENT_READ
         self.partial_since = 0.0  # monotonic time the unfinished frame in inbuf began (0: none)
+        self.heard_at = now  # monotonic time its client last sent anything (or connected)
 
 
 class UnixTransport:
@@ -65,7 +66,9 @@ class UnixTransport:
 
     def __init__(self, path: str, selector: selectors.BaseSelector, dispatch: Dispatch, client_error: ClientError,
                  log: Any, stopping: Callable[[], bool], *, max_connections: int = MAX_CONNECTIONS,
-                 partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S) -> None:
+                 partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S, idle_timeout_s: float = 0.0) -> None:
+        """``idle_timeout_s``: close a connection whose client sent nothing for this long and has no reply
+        waiting to be read (0: never)."""
         self.path = path
         self._selector = selector
         self._dispatch = dispatch
@@ -75,6 +78,7 @@ class UnixTransport:
         self._connections: dict[int, _Connection] = {}
         self._max_connections = max_connections
         self._partial_frame_timeout_s = partial_frame_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         # recvmsg_into this, not recvmsg(RECV_BYTES): a fresh 256 KiB bytes per read is an mmap, two page
         # faults and a munmap each time (glibc maps allocations that large)
         self._recv_view = memoryview(bytearray(RECV_BYTES))
@@ -165,7 +169,7 @@ class UnixTransport:
             sock.close()
             return
         sock.setblocking(False)
-        conn = _Connection(sock, Peer())
+        conn = _Connection(sock, Peer(), time.monotonic())
         self._connections[sock.fileno()] = conn
         self._selector.register(sock, selectors.EVENT_READ, lambda mask, conn=conn: self._on_ready(conn, mask))
 
@@ -190,13 +194,22 @@ class UnixTransport:
         self.shed += 1
         self._client_error("accept", "resource", f"new connection closed: {why}")
 
-    def expire_partial_frames(self, now: float) -> None:
-        """Close connections whose unfinished frame has waited longer than the partial-frame timeout."""
+    def expire(self, now: float) -> None:
+        """Close connections whose unfinished frame has waited longer than the partial-frame timeout (one
+        client error each), and those idle longer than the idle timeout (one line for all of them)."""
         horizon = now - self._partial_frame_timeout_s
         for conn in [c for c in self._connections.values() if 0 < c.partial_since <= horizon]:
             self._client_error("?", "protocol", f"a frame left unfinished for {self._partial_frame_timeout_s:g} s; "
                                "closing the connection")
             self._close(conn)
+        if self._idle_timeout_s <= 0:
+            return
+        quiet_since = now - self._idle_timeout_s
+        idle = [c for c in self._connections.values() if c.heard_at <= quiet_since and not c.outbuf]
+        for conn in idle:
+            self._close(conn)
+        if idle:
+            self._log.info("connections.idle_closed", count=len(idle), idle_timeout_s=self._idle_timeout_s)
 
     def _on_ready(self, conn: _Connection, mask: int) -> None:
         try:
@@ -222,6 +235,7 @@ class UnixTransport:
             _close_all(fds)
             self._close(conn)
             return
+        conn.heard_at = time.monotonic()
         conn.inbuf += self._recv_view[:received]
         if fds or flags & socket.MSG_CTRUNC:
             held = conn.fds.setdefault(conn.offset + _start_of_last_frame(conn.inbuf), [])

@@ -1,7 +1,8 @@
 """What an inference engine links: a blocking, typed client for one cache process."""
 
 from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
-from mpcache.client.core import BlockRecord, CacheClient, CacheConnectionLost, CacheTimeoutError
+from mpcache.client.connection import CacheConnectionLost, CacheTimeoutError
+from mpcache.client.core import BlockRecord, CacheClient
 from mpcache.client.cuda import CudaKVBuffer
 from mpcache.client.results import (
     BlendLookup,

@@ -6,15 +6,15 @@ small msgpack messages (``docs/PROTOCOL.md``).  Refusals raise :class:`~mpcache.
 (:class:`~mpcache.errors.ProtocolError` for a malformed request, :class:`CacheTimeoutError` at a
 server-side deadline).  Not thread-safe.
 
-Reconnection: when the connection breaks during an operation (the cache process was killed, crashed
-or restarted), the client reconnects to the same socket path — retrying with backoff (50 ms doubling
-to 1 s) for up to ``reconnect_timeout_s`` while the supervisor restarts the process — registers every
-buffer again (their ``buffer_id`` changes; their blocks stay where they are) and then raises
-:class:`CacheConnectionLost` naming the operation that was in flight: it is not retried, because it
-may or may not have taken effect.  The next call works on the new connection.  Ids the old process
-handed out (prefetch jobs, blend lookups) mean nothing to the new one: :attr:`CacheClient.generation`
-counts reconnections, so a caller can tell.  If it cannot reconnect in time (or the runtime dir is
-gone: the service stopped), :class:`CacheConnectionLost` says so, and the next call tries again.
+Reconnection: when the connection breaks during an operation (the cache process was killed, crashed or restarted),
+the client reconnects to the same socket path — retrying with backoff (50 ms doubling to 1 s) for up to
+``reconnect_timeout_s`` while the supervisor restarts the process — registers every buffer again (their
+``buffer_id`` changes; their blocks stay where they are) and then raises :class:`CacheConnectionLost` naming the
+operation that was in flight: it is not retried, because it may or may not have taken effect.  The next call works
+on the new connection.  Ids the old process handed out (prefetch jobs, blend lookups) mean nothing to the new one:
+:attr:`CacheClient.generation` counts reconnections, so a caller can tell.  If it cannot reconnect in time (or the
+runtime dir is gone: the service stopped), :class:`CacheConnectionLost` says so, and the next call tries again.  A
+connection closed while idle is taken up quietly (:mod:`mpcache.client.connection`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcache.client.buffers import BlockBuffer, KVBuffer, RegisteredBuffer
+from mpcache.client.connection import (
+    RECONNECT_FIRST_PAUSE_S,
+    RECONNECT_MAX_PAUSE_S,
+    CacheConnectionLost,
+    CacheTimeoutError,
+    closed_by_server,
+    connect,
+    listener_identity,
+)
 from mpcache.client.cuda import CudaKVBuffer, register_cuda_buffer
 from mpcache.client.results import (
     BlendLookup,
@@ -44,26 +53,6 @@ from mpcache.errors import ProtocolError, RequestError
 
 # One scheduler step's record: (request id, its newly allocated block ids, those blocks' token ids).
 BlockRecord = tuple[str, Sequence[int], Sequence[int]]
-
-
-class CacheTimeoutError(RequestError, TimeoutError):
-    """The server gave up on an operation at its deadline (it published TIMEOUT_RAISED)."""
-
-
-class CacheConnectionLost(ConnectionError):
-    """The connection broke while ``op`` was in flight; the operation was not retried.
-
-    ``reconnected``: the client is connected again, its buffers registered anew (each has a new
-    ``buffer_id``)."""
-
-    def __init__(self, message: str, op: str, reconnected: bool) -> None:
-        super().__init__(message)
-        self.op = op
-        self.reconnected = reconnected
-
-
-_RECONNECT_FIRST_PAUSE_S = 0.05
-_RECONNECT_MAX_PAUSE_S = 1.0
 
 
 class CacheClient:
@@ -83,18 +72,14 @@ class CacheClient:
         self._closing = False
         self.generation = 0  # reconnections so far; ids from an earlier generation's process are gone
         self.refused_buffers: list[str] = []  # buffers a new process would not register again, and why
+        self._renamed: dict[int, int] = {}  # the last reconnection's buffer ids: old → new
 
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self._connect_timeout_s)
-            sock.connect(self._socket_path)
-            sock.settimeout(None)
-        except BaseException:
-            sock.close()
-            raise
+        """A new connection; notes which listening socket serves it."""
+        sock = connect(self._socket_path, self._connect_timeout_s)
+        self._listener = listener_identity(sock, self._socket_path)
         return sock
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
@@ -107,8 +92,8 @@ class CacheClient:
         """:meth:`call`, with ``fds`` sent alongside the request (SCM_RIGHTS)."""
         if self._closed:
             raise ConnectionError("the client is closed")
-        if self._sock is None:  # lost earlier, and not back then: nothing of this op was sent yet
-            self._reconnect(op, None, raise_when_back=False)
+        if self._ensure_open(op) and "buffer_id" in args:  # named by its id on the connection before
+            args = {**args, "buffer_id": self._renamed.get(args["buffer_id"], args["buffer_id"])}
         try:
             reply, ok = self._exchange(op, args, fds)
         except (ConnectionError, OSError) as exc:
@@ -117,6 +102,17 @@ class CacheClient:
             self._reconnect(op, exc)
             raise AssertionError("unreachable") from None
         return self._result(reply, ok)
+
+    def _ensure_open(self, op: str) -> bool:
+        """Connect again, before anything of ``op`` is sent, if the connection is gone (lost earlier, or closed
+        by the cache process: quietly if the same process answers again); True if it did."""
+        if self._sock is not None and closed_by_server(self._sock):
+            self._reconnect(op, ConnectionResetError("closed by the cache process"), same=self._listener)
+            return True
+        if self._sock is not None:
+            return False
+        self._reconnect(op, None, raise_when_back=False)
+        return True
 
     def _exchange(self, op: str, args: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], bool]:
         """One request on the current socket, ``fds`` sent with its first byte: its reply and whether it
@@ -160,21 +156,25 @@ class CacheClient:
             self._sock = None
         self._rbuf.clear()
 
-    def _reconnect(self, op: str, cause: BaseException | None, raise_when_back: bool = True) -> None:
+    def _reconnect(self, op: str, cause: BaseException | None, raise_when_back: bool = True,
+                   same: tuple[int, ...] | None = None) -> None:
         """Connect again and register every buffer anew, retrying with backoff; then raise
         :class:`CacheConnectionLost` for ``op`` — also once reconnected if ``raise_when_back`` (``op``
-        was in flight), otherwise return and let ``op`` go ahead."""
+        was in flight) unless the listener is ``same`` (the process served before), otherwise return and
+        let ``op`` go ahead (a new generation unless the process is the same)."""
         self._drop_socket()
         path = self._socket_path
         what = f"the connection to the cache process at {path} broke ({cause})" if cause else \
             f"not connected to the cache process at {path}"
         deadline = time.monotonic() + self._reconnect_timeout_s
-        pause = _RECONNECT_FIRST_PAUSE_S
+        pause = RECONNECT_FIRST_PAUSE_S
         last: BaseException | None = cause
         while True:
             try:
                 self._sock = self._connect()
                 self._reregister()
+                if same is not None and self._listener == same:
+                    return
                 self.generation += 1
                 if not raise_when_back:
                     return
@@ -194,7 +194,7 @@ class CacheClient:
                 reason = f"could not reconnect within {self._reconnect_timeout_s:g} s ({last})"
                 break
             time.sleep(min(pause, remaining))
-            pause = min(2 * pause, _RECONNECT_MAX_PAUSE_S)
+            pause = min(2 * pause, RECONNECT_MAX_PAUSE_S)
         raise CacheConnectionLost(f"{op} failed: {what}; {reason}; the next call tries again", op,
                                   reconnected=False) from cause
 
@@ -203,14 +203,17 @@ class CacheClient:
         refuses now is dropped from this client (using it is an "unknown buffer" error) and named in
         :attr:`refused_buffers`."""
         registered: dict[int, RegisteredBuffer] = {}
+        self._renamed = {}
         for buffer in self._buffers.values():
             op, args, fds = buffer._registration()
             try:
-                buffer.buffer_id = self._result(*self._exchange(op, args, fds))["buffer_id"]
+                new_id = self._result(*self._exchange(op, args, fds))["buffer_id"]
             except (RequestError, ProtocolError) as exc:
                 self.refused_buffers.append(f"{op} of buffer {buffer.buffer_id}: {exc}")
                 continue
-            registered[buffer.buffer_id] = buffer
+            self._renamed[buffer.buffer_id] = new_id
+            buffer.buffer_id = new_id
+            registered[new_id] = buffer
         self._buffers = registered
 
     def _read_reply(self) -> object:
@@ -266,7 +269,7 @@ class CacheClient:
         if self._buffers.pop(buffer.buffer_id, None) is None:
             return
         try:
-            if not self._closed:
+            if not self._closed and not self._ensure_open("unregister_buffer"):  # a new connection never had it
                 self.call("unregister_buffer", buffer_id=buffer.buffer_id)
         finally:
             buffer._release()

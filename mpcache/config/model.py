@@ -91,6 +91,11 @@ class Config:
         ">= 32 bytes; the same on every host sharing a redis tier). Default: $MPCACHE_L2_SECRET_FILE, else the first "
         "fs tier's PATH/.mpcache-l2-secret (created once), else a new one per run (redis records are then "
         "unreadable after a restart)", group=SERVICE, metavar="FILE")
+    idle_timeout_s: float = setting(  # 1,024 idle connections would otherwise lock out new clients for good
+        Seconds(0, math.inf, high_open=True), 600.0,
+        "seconds a connection to a cache process's Unix socket may send nothing before it is closed (the client "
+        "reconnects by itself at its next call); 0 never closes one (default 600)", group=SERVICE,
+        name="idle-timeout")
     hang_timeout_s: float = setting(
         Seconds(1, math.inf, high_open=True), 10.0,
         "seconds a cache process's heartbeat may stand still before it is killed and restarted (default 10)",
@@ -100,9 +105,10 @@ class Config:
         "stop by itself after this many seconds and exit 0 (default: run until SIGINT/SIGTERM)", group=SERVICE,
         name="duration")
     # -- telemetry ----------------------------------------------------------------
-    prometheus_host: str = setting(Text(), "127.0.0.1", "address /metrics binds to (default 127.0.0.1)",
+    prometheus_host: str = setting(Text(), "127.0.0.1", "address /metrics, /healthz and /ready bind to "
+                                   "(default 127.0.0.1)", group=TELEMETRY)
+    prometheus_port: int = setting(Port(), 9090, "port of /metrics, /healthz and /ready (default 9090)",
                                    group=TELEMETRY)
-    prometheus_port: int = setting(Port(), 9090, "port of /metrics (default 9090)", group=TELEMETRY)
     no_http: bool = setting(Switch(), False,
                             "serve no HTTP endpoint (no /metrics, /healthz, /ready): OTLP push only", group=TELEMETRY)
     otlp_endpoint: str = setting(
@@ -156,6 +162,10 @@ class Config:
     telemetry_nice: int = setting(
         Integer(0, 19), 0, "nice increment (0..19) the telemetry process applies to itself, so that on a busy "
         "machine the cache processes get the CPU first and the drain lags instead (default 0)", group=TELEMETRY)
+    telemetry_hang_timeout_s: float = setting(
+        Seconds(1, math.inf, high_open=True), 10.0,
+        "seconds the telemetry process's heartbeat may stand still before it is killed and restarted; the "
+        "cache processes serve on meanwhile (default 10)", group=TELEMETRY, name="telemetry-hang-timeout")
     disable_metrics: bool = setting(
         Switch(), False, "run no metrics subscribers and no exporters (/healthz and /ready still answer)",
         group=TELEMETRY, derive=derived.otel_sdk_disabled)
@@ -270,6 +280,10 @@ class Config:
 
     def socket_path(self, worker: int) -> str:
         return os.path.join(self.runtime_dir, f"cache{worker}.sock")
+
+    def telemetry_socket_path(self) -> str:
+        """Where the telemetry process serves /metrics for the supervisor's front to forward to."""
+        return os.path.join(self.runtime_dir, "telemetry.sock")
 
     def lmcache_urls(self, worker: int) -> list[str]:
         """Where cache process ``worker`` serves LMCache's MP protocol (empty: it does not)."""

@@ -19,6 +19,15 @@ def format_gauge_board(segment: Segment, n_slots: int) -> None:
     _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
 
 
+def formatted_by_this_build(header: bytes) -> bool:
+    """Whether ``header`` (a board's first bytes) is a gauge board of this build's layout: the supervisor
+    writes it after locking the board, so only a board that a supervisor of this build locked says so."""
+    if len(header) < _HEADER.size:
+        return False
+    magic, version, _, adapters = _HEADER.unpack_from(header, 0)
+    return (magic, version, adapters) == (layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, layout.MAX_ADAPTERS)
+
+
 def _validate(segment: Segment) -> int:
     n_slots: int
     magic, version, n_slots, adapters = _HEADER.unpack_from(segment.buf, 0)
@@ -67,7 +76,9 @@ class GaugeSlot:
 
     def clear(self) -> None:
         """Zero the slot (a dead process's usage no longer counts), except the counters kept across restarts."""
-        kept = {word: self._words[word] for word in (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED)}
+        kept = {word: self._words[word]
+                for word in (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED, layout.G_LMCACHE_UNIDENTIFIED,
+                             layout.G_SEGMENTS_RECREATED)}
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
         for word, value in kept.items():
@@ -77,6 +88,33 @@ class GaugeSlot:
 def set_telemetry_restarts(segment: Segment, count: int) -> None:
     """The header word counting the telemetry process's restarts (the supervisor's to write)."""
     segment.buf[:layout.GAUGE_HEADER_SIZE].cast("q")[layout.GAUGE_OFF_TELEMETRY_RESTARTS // 8] = int(count)
+
+
+class TelemetryBeat:
+    """The telemetry process's heartbeat in the board's header: its pid and a time word it advances from its
+    pump loop, which the supervisor's watchdog reads as it reads a cache process's slot (``pid`` and ``beat``,
+    :meth:`clear` once that process is gone)."""
+
+    def __init__(self, segment: Segment, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        _validate(segment)
+        self._header = segment.buf[:layout.GAUGE_HEADER_SIZE].cast("q")
+        self._clock_ns = clock_ns
+
+    def beat(self, pid: int) -> None:
+        self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8] = pid
+        self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8] = self._clock_ns()
+
+    @property
+    def pid(self) -> int:
+        return self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8]
+
+    @property
+    def heartbeat(self) -> int:
+        return self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8]
+
+    def clear(self) -> None:
+        self._header[layout.GAUGE_OFF_TELEMETRY_PID // 8] = 0
+        self._header[layout.GAUGE_OFF_TELEMETRY_HEARTBEAT // 8] = 0
 
 
 class GaugeBoardReader:

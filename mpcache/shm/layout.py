@@ -79,8 +79,9 @@ CELL_TEXT_FMT = CELL_PREFIX + "BB54s"
 # Gauge board.
 GAUGE_HEADER_SIZE = 64
 MAX_ADAPTERS = 8
-GAUGE_FIXED_WORDS = 9
-GAUGE_LAYOUT_VERSION = 2  # the gauge board's own version (2: word 8 is L1 fragmentation)
+GAUGE_FIXED_WORDS = 11
+GAUGE_LAYOUT_VERSION = 5  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
+#                           LMCache connections; 5: word 10 counts segments recreated)
 GAUGE_ADAPTER_WORDS = 4
 GAUGE_SLOT_WORDS = GAUGE_FIXED_WORDS + GAUGE_ADAPTER_WORDS * MAX_ADAPTERS
 
@@ -93,9 +94,13 @@ G_STATE = 5  # written by the supervisor: an index into CACHE_STATES
 G_RESTARTS = 6  # written by the supervisor: times this cache process was restarted (kept across restarts)
 G_LMCACHE_REFUSED = 7  # LMCache connections this slot's cache processes refused (kept across restarts)
 G_L1_FRAGMENTATION = 8  # bytes L1's allocator holds in slabs that no object uses
+G_LMCACHE_UNIDENTIFIED = 9  # LMCache connections closed by their peer before it was identified (kept across restarts)
+G_SEGMENTS_RECREATED = 10  # written by the supervisor: this slot's ring or L1 pool found damaged and recreated
 GAUGE_OFF_TELEMETRY_RESTARTS = 24  # header word, written by the supervisor: times telemetry was restarted
+GAUGE_OFF_TELEMETRY_HEARTBEAT = 32  # header word, written by telemetry: its heartbeat (ns), read by the supervisor
+GAUGE_OFF_TELEMETRY_PID = 40  # header word, written by telemetry: the pid that wrote the heartbeat
 CACHE_STATES = ("unknown", "starting", "serving", "restarting", "unresponsive", "given_up")
-G_L2_USAGE = 0  # per-adapter word offsets, relative to 8 + 4 * adapter
+G_L2_USAGE = 0  # per-adapter word offsets, relative to GAUGE_FIXED_WORDS + 4 * adapter
 G_L2_INFLIGHT_STORES = 1
 G_L2_INFLIGHT_LOADS = 2
 G_L2_INFLIGHT_LOAD_BYTES = 3

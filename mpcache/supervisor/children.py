@@ -55,9 +55,10 @@ class Child:
     exits: ExitHistory = field(default_factory=ExitHistory)  # what the restart policy remembers
     restart_at: float = 0.0
     started_at: float = 0.0
-    # starting, serving, restarting, unresponsive (cache); running; finished, failed (demo); given_up (cache)
+    # starting, serving, restarting, unresponsive (cache); starting, running, restarting, unresponsive
+    # (telemetry); running, finished, failed (demo); given_up (cache)
     state: str = "starting"
-    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # cache processes: liveness
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # cache processes and telemetry: liveness
     spawns: int = 0  # times started: every one after the first is a restart
 
     @property

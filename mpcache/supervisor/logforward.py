@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import collections
 import datetime
-import errno
 import json
 import logging
-import logging.handlers
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
+
+from mpcache.supervisor.logfile import LogFile
 
 MAX_QUEUED_BYTES = 2**20  # per sink (stderr, stdout)
 MAX_FILE_QUEUED_BYTES = 8 * 2**20  # the log file: the record, worth more room
@@ -153,27 +153,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class _FileHandler(logging.handlers.RotatingFileHandler):
-    """A rotating file, never opened through a symbolic link (a link planted where ``--log-file`` will be
-    would make the service append to whatever it points at), whose write errors raise (so the sink counts
-    them) instead of printing to stderr."""
-
-    def _open(self) -> IO[str]:  # type: ignore[override]
-        # O_NONBLOCK: a FIFO with no reader is an error (ENXIO) instead of a start that waits for one for ever
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        try:
-            fd = os.open(self.baseFilename, flags, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                raise OSError(exc.errno, "a FIFO that no process reads", self.baseFilename) from None
-            raise
-        os.set_blocking(fd, True)  # written on the sink's own thread, as a regular file is
-        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
-
-    def handleError(self, record: logging.LogRecord) -> None:  # logging's name
-        raise
-
-
 class LineForwarder:
     """Copies children's output lines and the supervisor's own lines to stderr, stdout and the log file,
     without ever blocking the caller (see the module docstring)."""
@@ -186,13 +165,11 @@ class LineForwarder:
         """``render``: how stderr shows a JSON line (a terminal's console format); the file keeps JSON."""
         self.context: dict[str, Any] = {}  # fields of the forwarder's own notes (instance_id, once known)
         self.file: Sink | None = None
-        if log_file:
-            handler = _FileHandler(log_file, maxBytes=max_bytes, backupCount=backup_count)  # opened here: errors raise
-
-            def write_file(line: str) -> None:
-                handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-
-            self.file = Sink("log-file", write_file, max_bytes=max_file_queued_bytes, context=self.context)
+        if log_file:  # opened here: a file that is not ours raises ConfigError, one that cannot be opened OSError
+            # its own failures (a refused rotation, a full disk) are said on stderr, the other's on the file
+            self.file = Sink("log-file", LogFile(log_file, max_bytes, backup_count).write,
+                             max_bytes=max_file_queued_bytes, on_drops=lambda note: self.stderr.put(note),
+                             context=self.context)
         on_drops = self.file.put if self.file is not None else None
         write_stderr = _fd_writer((stderr or sys.stderr).fileno())
         if render is not None:  # rendered on the sink's own thread: the caller never waits for it

@@ -21,12 +21,20 @@ leftovers.  A stale run's segments (the names in its marker, nothing else) and i
 removed at the next start.  Directories without a marker are never touched: PID liveness alone
 cannot tell whose they are.  The boot id and namespace inode only explain, in the log line, why a run
 is stale (an inode number is reused once its namespace is gone, so it cannot decide anything).
+
+The segments do not depend on the marker, which goes with the runtime dir (systemd's
+``RuntimeDirectory=`` removes it at every stop, ``kill -9`` included): :func:`sweep_segments` finds dead
+runs in ``/dev/shm`` itself.  A run's gauge board (``mpcache.<pid>.<instance>.gauges``) is locked by its
+supervisor before it is formatted and until its last segment is unlinked, so a board of this user,
+formatted by this build and locked by nobody, is provably a dead run's: its segments (``<prefix><what>``,
+``what`` a name without a dot such as ``events0``, this user's files) are removed, the board last.  Boards of another
+user, of another build (not provably ours) or held by a live run (in whatever PID namespace) are never
+touched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -38,15 +46,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpcache.errors import ConfigError
-from mpcache.shm.segment import SHM_DIR, Segment
+from mpcache.shm.gauges import formatted_by_this_build
+from mpcache.shm.layout import GAUGE_HEADER_SIZE
+from mpcache.shm.segment import NAME_PREFIX, SHM_DIR, Segment
 
 MARKER_FILE = "instance.json"
+BOARD_SUFFIX = ".gauges"  # a run's gauge board: /dev/shm/mpcache.<pid>.<instance>.gauges
 MARKER_FORMAT = "mpcache-instance/1"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 PID_NS_PATH = "/proc/self/ns/pid"
-# Everything a run of ours creates in its runtime dir (sockets and their staging names, the child
-# configuration, the status file and its staging names, LMCache ipc sockets, the marker).
-_OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|lmcache\d+\.ipc"
+# Everything a run of ours creates in its runtime dir (sockets and their staging names, telemetry's socket, the
+# child configuration, the status file and its staging names, LMCache ipc sockets, the marker).
+_OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|telemetry\.sock|lmcache\d+\.ipc"
                         r"|\.cache\d+\.sock\.\d+|[a-z]+\.json\.\d+\.tmp)")
 
 
@@ -68,7 +79,13 @@ def pid_namespace() -> int:
 
 
 def default_base() -> str:
-    return os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
+    """``<temporary directory>/mpcache-<uid>``; ConfigError when no temporary directory is usable (a read-only
+    root filesystem without a writable /tmp), which a --runtime-dir on a volume makes no matter."""
+    try:
+        return os.path.join(tempfile.gettempdir(), f"mpcache-{os.getuid()}")
+    except FileNotFoundError:  # tempfile found none of $TMPDIR, /tmp, /var/tmp, /usr/tmp, the cwd writable
+        raise ConfigError("--runtime-dir: no usable temporary directory for the default (a read-only root "
+                          "filesystem?): pass --runtime-dir DIR on a writable volume, or set TMPDIR") from None
 
 
 @dataclass
@@ -176,23 +193,31 @@ class Marker:
             self._fd = None
 
 
-def _stale_marker(directory: str) -> tuple[int, dict[str, Any]] | None:
-    """(locked descriptor, contents) of the marker in ``directory`` if its run is over; None otherwise
-    (no marker, not ours, unreadable, or its lock is held: that run is alive, in whatever namespace)."""
+def _lock_if_free(path: str) -> int | None:
+    """A descriptor of ``path`` holding its exclusive lock, if it is a regular file of ours that no live process
+    holds locked (in whatever PID namespace); None otherwise."""
     try:
-        fd = os.open(os.path.join(directory, MARKER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            raise ValueError("not ours")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ValueError("alive") from None
-            raise
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # EWOULDBLOCK: held, its holder is alive
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _stale_marker(directory: str) -> tuple[int, dict[str, Any]] | None:
+    """(locked descriptor, contents) of the marker in ``directory`` if its run is over; None otherwise
+    (no marker, not ours, unreadable, or its lock is held: that run is alive, in whatever namespace)."""
+    fd = _lock_if_free(os.path.join(directory, MARKER_FILE))
+    if fd is None:
+        return None
+    try:
         data = json.loads(os.read(fd, 1 << 20).decode())
         if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT or data.get("uid") != os.getuid():
             raise ValueError("not a marker of ours")
@@ -275,6 +300,54 @@ def sweep(base: str, also: str | None = None) -> Swept:
     return swept
 
 
+def sweep_segments(swept: Swept) -> None:
+    """Remove the segments of every dead run of ours found in /dev/shm: those whose gauge board is this user's,
+    formatted by this build and locked by no live supervisor."""
+    try:
+        entries = sorted(os.listdir(SHM_DIR))
+    except OSError:
+        return
+    for board in entries:
+        if board.startswith(NAME_PREFIX) and board.endswith(BOARD_SUFFIX):
+            prefix = board[:-len(BOARD_SUFFIX) + 1]  # mpcache.<pid>.<instance>.
+            fd = _dead_board(board)
+            if fd is None:
+                continue
+            try:
+                reason = f"no live run holds its gauge board (supervisor pid {prefix.split('.')[1]} is gone)"
+                # <what> has no dot (events0, l1pool0, ...): a longer instance id's names never match
+                run = re.compile(re.escape(prefix) + r"[a-z][a-z0-9]*")
+                for name in [e for e in entries if run.fullmatch(e) and e != board] + [board]:
+                    if _owned_file(name) and Segment.unlink("/" + name):
+                        swept.removed.append({"segment": "/" + name, "reason": reason})
+            finally:
+                os.close(fd)
+
+
+def _dead_board(name: str) -> int | None:
+    """A descriptor holding the lock of gauge board ``name`` if it is a dead run's of ours (see the module's
+    docstring); None otherwise (a live run's, another user's, another build's, one being created)."""
+    fd = _lock_if_free(os.path.join(SHM_DIR, name))
+    if fd is None:
+        return None
+    try:
+        if formatted_by_this_build(os.pread(fd, GAUGE_HEADER_SIZE, 0)):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _owned_file(name: str) -> bool:
+    """``/dev/shm/name`` is a regular file of this user (not a link, not another user's)."""
+    try:
+        st = os.lstat(os.path.join(SHM_DIR, name))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
 class SegmentLock:
     """An exclusive flock on one of this run's shared-memory objects (the gauge board), held while it runs:
     a segment with our exact name that nobody holds is a leftover of a dead run, ours to replace."""
@@ -291,20 +364,11 @@ class SegmentLock:
 
 def segment_is_stale(name: str) -> bool:
     """True if the shared-memory object ``name`` is ours (same uid) and no live run holds its lock."""
-    try:
-        fd = os.open(SHM_DIR + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    fd = _lock_if_free(SHM_DIR + name)
+    if fd is None:
         return False
-    try:
-        if os.fstat(fd).st_uid != os.getuid():
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        return True
-    finally:
-        os.close(fd)
+    os.close(fd)
+    return True
 
 
 def segments_with_prefix(prefix: str) -> list[str]:

@@ -17,8 +17,11 @@ from mpcache.cache.l2.trust import ensure_private_dir, resolve_l2_key
 from mpcache.config import L2_GB, SETTINGS, Config
 from mpcache.config.kinds import Choice, Kind, Repeated, Switch
 from mpcache.errors import ConfigError
-from mpcache.supervisor.checks import check_otlp_endpoint, check_socket_path_length
+from mpcache.supervisor import logfile
+from mpcache.supervisor.checks import check_endpoints, check_socket_path_length
+from mpcache.supervisor.provision import check_shm_space
 from mpcache.supervisor.sources import Resolved, describe, resolve, where
+from mpcache.systemd import error_line
 
 CONFIG_ENV = "MPCACHE_CONFIG"
 
@@ -31,7 +34,7 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
             message += f" (run {self.prog} --help for the accepted flags)"
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(error_line(f"{self.prog}: error: {message}"))
         sys.exit(2)
 
 
@@ -73,7 +76,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                         "MPCACHE_* environment variables override it, flags override both")
     parser.add_argument("--check-config", action="store_true",
                         help="print every setting as resolved, with where its value came from (flag, "
-                        "environment, file or default), and exit: 0, or 2 with the error; starts nothing")
+                        "environment, file or default), after the checks a start makes first (ports free, "
+                        "room in /dev/shm), and exit: 0, or 2 with the error; starts nothing")
     return parser
 
 
@@ -119,14 +123,18 @@ def config_from_settings(resolved: Resolved, supervisor_pid: int, runtime_dir: s
 
 def check_config(resolved: Resolved, supervisor_pid: int, runtime_dir: str) -> int:
     """``--check-config``: every setting and its source on stdout, exit 0; or the error on stderr, exit 2.
-    The settings are checked together as at a start, without touching anything (no L2 secret is read, no
-    address resolved, no port or shared memory probed)."""
+    The settings are checked together and against this machine as at a start — the ports are free and
+    resolve, /dev/shm has room for every segment — creating nothing (no L2 secret is read or made, no
+    segment or file created; an existing --log-file is read, not written)."""
     try:
         config = config_from_settings(resolved, supervisor_pid, runtime_dir, l2_key=False)
         check_socket_path_length(config)
-        check_otlp_endpoint(config)
+        check_endpoints(config)
+        check_shm_space(config)
+        if config.log_file:
+            logfile.check(os.path.abspath(config.log_file), config.log_backups)
     except ConfigError as exc:
-        sys.stderr.write(f"start-cache: error: {where(resolved, str(exc))}\n")
+        sys.stderr.write(error_line(f"start-cache: error: {where(resolved, str(exc))}"))
         return 2
     sys.stdout.write("".join(f"{line}\n" for line in describe(resolved)))
     return 0

@@ -62,16 +62,51 @@ def _given(item: Setting, raw: object, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _why_untrusted(path: str, info: os.stat_result) -> str | None:
+    """Why ``path`` (a settings file or a directory above it, as ``info`` describes it) could have been
+    written by someone other than root and the service's uid, or None.  As sshd's StrictModes: owned by
+    root or the service's uid and writable by no one else; a directory writable by others passes only
+    with the sticky bit (like /tmp: no one else can replace what is in it), and anything on a read-only
+    mount passes (no one can change it: a Kubernetes ConfigMap's 0777 volume directory)."""
+    uid = os.geteuid()
+    if info.st_uid not in (0, uid):
+        return f"{path} belongs to uid {info.st_uid}, not to root or the service's uid {uid}"
+    if not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX:
+        return None
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return None
+    return f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+
+
+def _check_trusted(path: str, real: str, fd: int) -> None:
+    """ConfigError naming the first of the file (open as ``fd``, at ``real``, ``path`` resolved) and the
+    directories above it that someone other than root and the service's uid could have written."""
+    reason = _why_untrusted(real, os.fstat(fd))
+    directory = real
+    while reason is None and directory != os.sep:
+        directory = os.path.dirname(directory)
+        reason = _why_untrusted(directory, os.stat(directory))
+    if reason is not None:
+        raise ConfigError(f"--config: refusing {path!r}: {reason} (a settings file and every directory above "
+                          "it must belong to root or the service's uid and be writable by no one else: fix "
+                          "their owner and mode, or move the file)")
+
+
 def _read_settings_file(path: str) -> str:
-    """The text of the regular file ``path``: opened without blocking (a FIFO waits for a writer for ever),
-    at most MAX_CONFIG_BYTES read (/dev/zero never ends), UTF-8 as TOML requires; ConfigError otherwise."""
+    """The text of the regular file ``path`` (a symlink resolved, the target checked): opened without
+    blocking (a FIFO waits for a writer for ever), trusted only as :func:`_check_trusted` says, at most
+    MAX_CONFIG_BYTES read (/dev/zero never ends), UTF-8 as TOML requires; ConfigError otherwise."""
+    real = os.path.realpath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"--config: cannot read {path!r} (not a regular file)")
+        _check_trusted(path, real, fd)
         try:
             data = handle.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:

@@ -22,12 +22,12 @@ from mpcache.shm.segment import Segment, shm_name
 from mpcache.supervisor import settings
 from mpcache.supervisor.checks import check_endpoints, check_socket_path_length
 from mpcache.supervisor.children import Programs
+from mpcache.supervisor.front import Front
 from mpcache.supervisor.logforward import ForwardingHandler, LineForwarder
-from mpcache.supervisor.provision import check_shm_space, create_segments
+from mpcache.supervisor.provision import check_shm_space, create_segments, unlink_segments
 from mpcache.supervisor.runtime import (
     Marker,
     RuntimeDir,
-    SegmentLock,
     claim_default,
     claim_given,
     default_base,
@@ -36,9 +36,10 @@ from mpcache.supervisor.runtime import (
     segment_is_stale,
     segments_with_prefix,
     sweep,
+    sweep_segments,
 )
 from mpcache.supervisor.watch import Supervisor
-from mpcache.systemd import journal_prefixed, stderr_is_journal
+from mpcache.systemd import error_line, journal_prefixed, stderr_is_journal
 
 
 def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
@@ -50,7 +51,7 @@ def _stderr_renderer(log_format: str) -> Callable[[str], str] | None:
 
 
 def _error(message: str) -> int:
-    sys.stderr.write(f"start-cache: error: {message}\n")
+    sys.stderr.write(error_line(f"start-cache: error: {message}"))
     return 2
 
 
@@ -63,16 +64,17 @@ def _claim_runtime_dir(requested: str, base: str, pid: int) -> tuple[RuntimeDir,
         raise ConfigError(f"--runtime-dir: {os.path.dirname(os.path.abspath(requested))} does not exist")
     safe_base = os.path.isdir(base) and not os.path.islink(base)
     swept = sweep(base if safe_base else "", also=requested or None)
+    sweep_segments(swept)  # dead runs whose runtime dir (and marker) is gone
     runtime = claim_given(requested) if requested else claim_default(base, pid)
     lines = [("leftover.removed", fields) for fields in swept.removed]
     lines += [("leftover.kept", fields) for fields in swept.kept]
     return runtime, lines
 
 
-def _create_segments(config: Config, log: Any) -> SegmentLock:
-    """Create every segment and lock the gauge board.  A segment of our exact name (same supervisor pid and
-    --instance-id: a container's PID 1 restarted) whose gauge board no live run holds is a leftover of
-    ours, replaced; one held by a live run is a one-line ConfigError."""
+def _create_segments(config: Config, log: Any) -> None:
+    """Create every segment (the gauge board locked until they are unlinked).  A segment of our exact name
+    (same supervisor pid and --instance-id: a container's PID 1 restarted) whose gauge board no live run
+    holds is a leftover of ours, replaced; one held by a live run is a one-line ConfigError."""
     try:
         create_segments(config)
     except posix_ipc.ExistentialError:
@@ -84,15 +86,19 @@ def _create_segments(config: Config, log: Any) -> SegmentLock:
             if Segment.unlink(name):
                 log.warning("leftover.removed", segment=name, reason="has this run's name and no live run holds it")
         create_segments(config)
-    return SegmentLock(config.gauge_board_name())
 
 
 def main(argv: list[str] | None = None, programs: Programs | None = None) -> int:
     """Run the service; ``programs`` replaces the children's programs (a benchmark's own cache process)."""
     resolved = settings.parse(argv)
     pid = os.getpid()
-    base = default_base()
     requested = resolved.values["runtime-dir"]
+    try:
+        base = default_base()
+    except ConfigError as exc:
+        if not requested:
+            return _error(settings.where(resolved, str(exc)))
+        base = ""  # no temporary directory, so no earlier run of ours left anything in one
     planned = os.path.abspath(requested) if requested else os.path.join(base, str(pid))
     if resolved.check_only:
         return settings.check_config(resolved, pid, planned)
@@ -129,15 +135,20 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
                      0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(config.to_json())
-        supervisor.locks.insert(0, _create_segments(config, log))
+        _create_segments(config, log)
+        if not config.no_http:
+            supervisor.front = _open_front(config, log, supervisor)
     except (ConfigError, SharedMemoryFullError, OSError) as exc:
+        unlink_segments(config)
         remove_runtime_files(runtime.path, remove_dir=runtime.created)
         for lock in supervisor.locks:
             lock.release()
         forwarder.close()
         return _error(str(exc))
-    _log_started(log, config, pid, runtime)
+    _log_started(log, config, pid, runtime, supervisor.front)
     try:
+        if supervisor.front is not None:
+            supervisor.front.start()
         supervisor.start()
         supervisor.watch()
     finally:
@@ -146,12 +157,24 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
     return supervisor.exit_code
 
 
-def _log_started(log: Any, config: Config, pid: int, runtime: RuntimeDir) -> None:
+def _open_front(config: Config, log: Any, supervisor: Supervisor) -> Front:
+    """The HTTP front on its port; a port taken since the start-up check is the same one-line error."""
+    try:
+        return Front(config, log, supervisor.front_state)
+    except OSError as exc:
+        raise ConfigError(f"--prometheus-port: port {config.prometheus_port} on {config.prometheus_host} is not "
+                          f"available ({exc.strerror})") from None
+
+
+def _log_started(log: Any, config: Config, pid: int, runtime: RuntimeDir, front: Front | None) -> None:
     """The start line with every URL, and a warning for each degraded mode the operator can fix."""
+    base = None
+    if front is not None:
+        host = f"[{config.prometheus_host}]" if ":" in config.prometheus_host else config.prometheus_host
+        base = f"http://{host}:{front.server.server_port}"
     log.info("supervisor.started", pid=pid, workers=config.workers, runtime_dir=runtime.path,
-             metrics=None if config.disable_metrics or config.no_http
-             else f"http://{config.prometheus_host}:{config.prometheus_port}/metrics",
-             health=None if config.no_http else f"http://{config.prometheus_host}:{config.prometheus_port}/healthz",
+             metrics=None if config.disable_metrics or base is None else f"{base}/metrics",
+             health=None if base is None else f"{base}/healthz",
              otlp_endpoint=config.otlp_endpoint or None, publish_path=PUBLISH_PATH,
              lmcache_urls=[url for worker in range(config.workers) for url in config.lmcache_urls(worker)] or None)
     if config.l2_secret_source == "per-run":

@@ -13,7 +13,7 @@ from typing import Any
 from mpcache.config import Config
 from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeSlot, set_telemetry_restarts
+from mpcache.shm.gauges import GaugeSlot, TelemetryBeat, set_telemetry_restarts
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.children import Child, Role
 from mpcache.systemd import Notifier
@@ -22,14 +22,15 @@ STATUS_FILE = "status.json"
 
 
 class BoardWriter:
-    """The supervisor's words in the gauge board: each cache process's state and restarts, telemetry's
-    restarts (kept there so that telemetry exports them, mpcache_child_restarts_total, across its own
-    restarts).  Attached on first use; a board that does not validate is left alone."""
+    """The supervisor's words in the gauge board: each cache process's state, restarts and segments
+    recreated, telemetry's restarts (kept there so that telemetry exports them, mpcache_child_restarts_total,
+    across its own restarts).  Attached on first use; a board that does not validate is left alone."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
         self._board: Segment | None = None
         self._slots: dict[int, GaugeSlot] = {}
+        self._telemetry: TelemetryBeat | None = None
 
     def _segment(self) -> Segment | None:
         if self._board is None:
@@ -48,6 +49,14 @@ class BoardWriter:
             slot = self._slots[worker] = GaugeSlot(board, worker)
         return slot
 
+    def telemetry(self) -> TelemetryBeat | None:
+        """The telemetry process's heartbeat words (in the board's header)."""
+        if self._telemetry is None:
+            board = self._segment()
+            if board is not None:
+                self._telemetry = TelemetryBeat(board)
+        return self._telemetry
+
     def count_restarts(self, child: Child) -> None:
         if child.role is Role.CACHE:
             slot = self.slot(child.index)
@@ -57,6 +66,12 @@ class BoardWriter:
             board = self._segment()
             if board is not None:
                 set_telemetry_restarts(board, child.spawns - 1)
+
+    def count_recreated(self, worker: int, count: int) -> None:
+        """``count`` more of cache process ``worker``'s segments were found damaged and recreated."""
+        slot = self.slot(worker)
+        if slot is not None:
+            slot.set(layout.G_SEGMENTS_RECREATED, slot.get(layout.G_SEGMENTS_RECREATED) + count)
 
     def set_state(self, worker: int, state: str) -> None:
         slot = self.slot(worker)
@@ -72,6 +87,7 @@ class BoardWriter:
 
     def close(self) -> None:
         self._slots.clear()  # views into the board go before its mapping
+        self._telemetry = None
         if self._board is not None:
             self._board.close()
             self._board = None
@@ -88,11 +104,13 @@ def status(config: Config, children: Sequence[Child], stopping: bool) -> dict[st
 
 
 def status_line(children: Sequence[Child]) -> str:
-    """systemctl status's one line: how many cache processes serve, and the others' states."""
+    """systemctl status's one line: how many cache processes serve, and the others' states when they are not
+    as they should be (telemetry starting, before its first heartbeat, is as it should be)."""
     caches = [child for child in children if child.role is Role.CACHE]
     serving = sum(child.state == "serving" for child in caches)
     others = [f"{child.label} {child.state}" for child in caches if child.state != "serving"]
-    others += [f"{c.label} {c.state}" for c in children if c.role is not Role.CACHE and c.state != "running"]
+    others += [f"{c.label} {c.state}" for c in children
+               if c.role is not Role.CACHE and c.state not in ("running", "starting")]
     return f"{serving}/{len(caches)} cache processes serving" + (f"; {', '.join(others)}" if others else "")
 
 

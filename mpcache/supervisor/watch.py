@@ -19,11 +19,12 @@ from typing import Any
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.supervisor.children import STOP_ORDER, Child, Programs, Role, child_argv, spawn, stop_group
+from mpcache.supervisor.front import Front, SupervisorState
 from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.logforward import LineForwarder
-from mpcache.supervisor.provision import recover_ring, unlink_segments
+from mpcache.supervisor.provision import repair_cache_segments, unlink_segments
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, RestartPolicy
-from mpcache.supervisor.runtime import Marker, RuntimeDir, SegmentLock, remove_runtime_files
+from mpcache.supervisor.runtime import Marker, RuntimeDir, remove_runtime_files
 from mpcache.supervisor.status import BoardWriter, Reporter, status_line
 
 WATCH_INTERVAL_S = 0.1
@@ -37,8 +38,9 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.runtime = runtime if runtime is not None else RuntimeDir(config.runtime_dir, created=False)
-        self.locks: list[Marker | SegmentLock] = []  # released last, once everything they claim is gone
-        self.liveness = Liveness(config.hang_timeout_s)
+        self.locks: list[Marker] = []  # released last, once everything they claim is gone
+        self.liveness = {Role.CACHE: Liveness(config.hang_timeout_s),
+                         Role.TELEMETRY: Liveness(config.telemetry_hang_timeout_s)}
         self.config_path = config_path
         self.log = log
         self.forwarder = forwarder
@@ -52,6 +54,8 @@ class Supervisor:
         self._ready_logged = False
         self.board = BoardWriter(config)
         self.reporter = Reporter(config, log)
+        self.front: Front | None = None  # the HTTP front (none with --no-http), closed last at stop
+        self.loop_at = clock()  # when the loop last ran: the front's /healthz
 
     # -- children --------------------------------------------------------------
 
@@ -66,6 +70,9 @@ class Supervisor:
                                         stale_socket=_inode(self.config.socket_path(child.index)))
             child.state = "starting"
             self.board.set_state(child.index, "starting")
+        elif child.role is Role.TELEMETRY:
+            child.heartbeat = Heartbeat(started_at=child.started_at, beat_changed_at=child.started_at)
+            child.state = "starting"
         else:
             child.state = "running"
         self.log.info("child.started", child_role=child.role.value, index=child.index, pid=child.process.pid)
@@ -85,9 +92,18 @@ class Supervisor:
     def _caches(self) -> list[Child]:
         return [child for child in self.children if child.role is Role.CACHE]
 
+    def _watched(self) -> list[Child]:
+        """The children whose heartbeat the watchdog follows: telemetry and the cache processes."""
+        return [child for child in self.children if child.role in self.liveness]
+
     def _update_readiness(self) -> None:
-        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do."""
+        """A cache process serves once its loop heartbeats and its socket exists; the demo starts when all do.
+        Telemetry runs once it heartbeats."""
         changed = False
+        for child in self.children:
+            if child.role is Role.TELEMETRY and child.state == "starting" and child.heartbeat.listening:
+                child.state = "running"
+                changed = True
         for child in self._caches():
             if child.state == "starting" and child.process is not None and child.heartbeat.listening:
                 child.state = "serving"
@@ -107,33 +123,49 @@ class Supervisor:
             self._write_status()
 
     def _check_heartbeats(self, now: float) -> None:
-        """Kill a cache process whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a stuck
-        request): it is restarted like one that died.  Its gauges are cleared at once, so that the dead
-        slot is neither live nor read as an empty cache."""
-        for child in self._caches():
+        """Kill a cache process or telemetry whose heartbeat word stopped advancing (SIGSTOP, a deadlock, a
+        stuck request or subscriber): it is restarted like one that died.  Its words are cleared at once, so
+        that a dead cache process's slot is neither live nor read as an empty cache."""
+        for child in self._watched():
             process = child.process
-            slot = self.board.slot(child.index)
-            if process is None or slot is None or child.state not in ("starting", "serving"):
+            words = self._heartbeat_words(child)
+            if process is None or words is None or child.state not in ("starting", "serving", "running"):
                 continue
-            socket_inode = functools.partial(_inode, self.config.socket_path(child.index))
-            silence = self.liveness.observe(child.heartbeat, process.pid, slot.get(layout.G_PID),
-                                            slot.get(layout.G_HEARTBEAT), socket_inode, now)
+            pid_word, beat, serving, clear = words
+            silence = self.liveness[child.role].observe(child.heartbeat, process.pid, pid_word, beat, serving, now)
             if silence is None:
                 continue
-            self.log.error("cache.unresponsive", worker=child.index, pid=process.pid,
-                           silent_s=round(silence.silent_s, 1),
+            fields = {"worker": child.index} if child.role is Role.CACHE else {}
+            others = "" if child.role is Role.CACHE else "; the cache processes keep serving"
+            self.log.error(f"{child.role.value}.unresponsive", pid=process.pid, silent_s=round(silence.silent_s, 1),
+                           **fields,
                            message=f"{child.label} (pid {process.pid}): {silence.what} for {silence.silent_s:.1f} s "
-                           f"(limit {silence.limit_s:g} s); killing it (SIGKILL) and restarting it")
+                           f"(limit {silence.limit_s:g} s); killing it (SIGKILL) and restarting it{others}")
             child.state = "unresponsive"
-            self.board.clear(child.index, "unresponsive")
+            clear()
             process.kill()
             self._write_status()
+
+    def _heartbeat_words(self, child: Child) -> tuple[int, int, Callable[[], bool], Callable[[], None]] | None:
+        """A watched child's pid and heartbeat words, whether it serves yet and how its words are cleared (a
+        cache process's whole slot); None while the gauge board cannot be read."""
+        if child.role is Role.CACHE:
+            slot = self.board.slot(child.index)
+            if slot is None:
+                return None
+            serving = functools.partial(_replaced, self.config.socket_path(child.index), child.heartbeat.stale_socket)
+            return (slot.get(layout.G_PID), slot.get(layout.G_HEARTBEAT), serving,
+                    functools.partial(self.board.clear, child.index, "unresponsive"))
+        beat = self.board.telemetry()
+        return None if beat is None else (beat.pid, beat.heartbeat, _always, beat.clear)
 
     def _reap(self, child: Child, status: int) -> None:
         assert child.process is not None
         now = self.clock()
-        self.log.info("child.exited", child_role=child.role.value, index=child.index, pid=child.process.pid,
-                      exit_status=status)
+        # a child that failed or was killed (a negative status: the signal) is an error; journalctl -p err shows it
+        log = self.log.info if status == 0 else self.log.error
+        log("child.exited", child_role=child.role.value, index=child.index, pid=child.process.pid,
+            exit_status=status)
         child.process = None
         if child.role is Role.DEMO:
             # A client: never restarted (its tally covers one run); its failure never stops the cache.
@@ -145,10 +177,10 @@ class Supervisor:
                 self.exit_code = 1
             self._write_status()
             return
+        if child.role is Role.TELEMETRY and (words := self.board.telemetry()) is not None:
+            words.clear()
         if child.role is Role.CACHE:
-            if recover_ring(self.config, child.index):
-                self.log.warning("ring.torn_record", worker=child.index,
-                                 detail="a record begun by the dead process was counted as dropped")
+            self._repair_segments(child.index)
             self.board.clear(child.index, "restarting")
             _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
         policy = self.policies[child.role]
@@ -166,6 +198,23 @@ class Supervisor:
                                    "The cache processes keep serving; metrics are not served or pushed meanwhile")
         self.log.warning("child.restart_scheduled", child_role=child.role.value, index=child.index, in_s=backoff)
         self._write_status()
+
+    def _repair_segments(self, worker: int) -> None:
+        """A dead cache process's ring and L1 pool: its torn record counted, a damaged one recreated (and
+        counted, mpcache_segments_recreated_total), so that the restart does not die of the same damage."""
+        repair = repair_cache_segments(self.config, worker)
+        if repair.torn:
+            self.log.warning("ring.torn_record", worker=worker,
+                             detail="a record begun by the dead process was counted as dropped")
+        for name, damage in repair.recreated:
+            self.log.error("segment.recreated", worker=worker, segment=name, damage=damage,
+                           message="a shared-memory segment of this cache process was damaged (truncated, resized "
+                                   "or overwritten by a process sharing the IPC namespace): recreated empty, so "
+                                   "this cache process's L1 is lost")
+        for name, damage, error in repair.failed:
+            self.log.error("segment.recreate_failed", worker=worker, segment=name, damage=damage, error=error)
+        if repair.recreated:
+            self.board.count_recreated(worker, len(repair.recreated))
 
     def _give_up(self, child: Child, status: int, policy: RestartPolicy) -> None:
         """A crash-looping cache process is given up alone; the supervisor stops once none is left."""
@@ -188,12 +237,21 @@ class Supervisor:
     def _write_status(self) -> None:
         self.reporter.write(self.children, self._stopping, self._ready_logged)
 
+    def front_state(self) -> SupervisorState:
+        """What the HTTP front answers from (called on its thread: reads, never changes, the loop's state)."""
+        telemetry = next((child for child in self.children if child.role is Role.TELEMETRY), None)
+        if telemetry is None:
+            return SupervisorState(self.loop_at, self._stopping or self._signal is not None, "off", None, 0)
+        process = telemetry.process
+        return SupervisorState(self.loop_at, self._stopping or self._signal is not None, telemetry.state,
+                               process.pid if process is not None else None, max(0, telemetry.spawns - 1))
+
     # -- the loop ------------------------------------------------------------------------------
 
     def watch(self) -> int:
         started = self.clock()
         while self._signal is None and not self._stopping:
-            now = self.clock()
+            now = self.loop_at = self.clock()
             for child in self.children:
                 if child.done:
                     continue
@@ -232,6 +290,8 @@ class Supervisor:
         if kept:
             self.log.warning("runtime_dir.kept", runtime_dir=self.runtime.path, entries=kept,
                              reason="not created by mpcache")
+        if self.front is not None:
+            self.front.close()
         for lock in self.locks:
             lock.release()
         self.log.info("supervisor.stopped", exit_code=self.exit_code, segments_removed=len(removed),
@@ -242,6 +302,17 @@ def _remove_socket(path: str) -> None:
     with contextlib.suppress(OSError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
+
+
+def _replaced(path: str, stale: int | None) -> bool:
+    """A cache process serves once its socket file exists and is not its predecessor's (``stale`` inode)."""
+    inode = _inode(path)
+    return inode is not None and inode != stale
+
+
+def _always() -> bool:
+    """Telemetry serves from its first heartbeat: it writes none before its pump loop runs."""
+    return True
 
 
 def _inode(path: str) -> int | None:

@@ -13,11 +13,10 @@ import threading
 
 from mpcache.config import Config
 from mpcache.logs import configure_logging
-from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
-from mpcache.telemetry.endpoint import endpoint_url, metrics_off_route, open_endpoint
-from mpcache.telemetry.health import health_routes
+from mpcache.telemetry.endpoint import metrics_off_route, private_endpoint
 from mpcache.telemetry.pump import Pump, RingSource
 
 
@@ -29,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     log = configure_logging("telemetry", config.instance_id, config.log_level)
     if config.telemetry_nice:
         # Yield the CPU to the data path on a contended machine: the rings absorb the lag (a restart
-        # resumes at the saved cursors), and a ring that overflows counts its drops.
+        # goes on from its checkpoint), and a ring that overflows counts its drops.
         os.nice(config.telemetry_nice)
 
     # The handlers only set the flag: a lock taken in a signal handler can be the one the interrupted code
@@ -44,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)
     readiness = GaugeBoardReader(board, stale_after_s=2.0)
-    # /healthz and /ready whatever the metrics settings; they are routed once /metrics is (below), so that
-    # a probe answered 200 means a scrape is answered too
-    endpoint = open_endpoint(config, log)
+    # where the supervisor's front forwards /metrics: bound now, answering once every route is in (below), so
+    # that no request meets a 404 while the process starts
+    endpoint = private_endpoint(config, log)
     exporters = None
     if not config.disable_metrics:
         from mpcache.telemetry.checkpoint import Checkpoint
@@ -55,18 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         from mpcache.telemetry.subscribers.metrics.mrc import mrc_routes
 
         checkpoint = Checkpoint.open(config, log)
-        exporters = MetricsExport.start(config, endpoint, serve=False)
+        exporters = MetricsExport.start(config, endpoint)
+        # loads the checkpoint's state before the endpoint answers (below): no scrape sees a series before
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                         gauge_reader=gauges, readiness=readiness,
                                                         checkpoint=checkpoint)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         exporters.before_collect.append(pump.catch_up)  # a scrape or export shows every record published before it
-        exporters.serve_metrics()  # only now: a scrape never sees a series before the checkpoint restored it
         subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:
             endpoint.routes["/metrics"] = metrics_off_route()
-        endpoint.routes.update(health_routes(lambda: pump.polled_at, readiness))
+        endpoint.start()
     if not config.disable_logging:
         from mpcache.telemetry.subscribers.logging import build_logging_subscribers
 
@@ -82,14 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         "telemetry.started",
         rings=len(sources),
         subscribers=[s.name for s in bus.subscribers],
-        metrics_url=exporters.metrics_url if exporters else None,
-        health_url=endpoint_url(endpoint, config.prometheus_host, "/healthz"),
+        metrics=exporters is not None,
+        endpoint=config.telemetry_socket_path() if endpoint is not None else None,
         otlp_endpoint=config.otlp_endpoint or None,
         nice=os.nice(0),
     )
     parent = os.getppid()
+    pid = os.getpid()
+    heartbeat = TelemetryBeat(board)
 
     def should_stop() -> bool:
+        # Asked once per pump loop (at least every second): the heartbeat the supervisor's watchdog follows.
+        heartbeat.beat(pid)
         # A supervisor that died without stopping us can no longer restart or stop us: exit too.
         return stop.is_set() or os.getppid() != parent
 

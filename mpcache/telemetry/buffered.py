@@ -325,8 +325,15 @@ class BufferedMeter:
     def create_observable_counter(
         self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""
     ) -> ObservableCounter:
-        """Its series begin at the buffer's ``started_ns``, in this process and in every one that loads its
-        checkpoint (each callback's observations start their series before the SDK takes them)."""
+        """One whose value outlives the telemetry process (``Derivation.outlives_telemetry``) has its series
+        begin at the buffer's ``started_ns``, in this process and in every one that loads its checkpoint (each
+        callback's observations start their series before the SDK takes them); another's begin with the
+        process, as its values do."""
+        from mpcache.telemetry.metric_table import BY_NAME
+
+        spec = BY_NAME.get(name)
+        if spec is None or not spec.source.derivation.outlives_telemetry:
+            return self._meter.create_observable_counter(name, callbacks, unit, description)
         made: list[ObservableCounter] = []
 
         def starting(callback: Any) -> Callable[[Any], list[Any]]:

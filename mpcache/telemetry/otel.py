@@ -28,15 +28,11 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from mpcache import __version__
 from mpcache.config import Config
+from mpcache.httpserver import BoundedHTTPServer, Route
 from mpcache.shm.ring import PUBLISH_PATH
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.buffered import MeterLike
-from mpcache.telemetry.endpoint import endpoint_url, open_endpoint
-from mpcache.telemetry.http import (
-    MetricsHTTPServer,
-    Route,
-    metrics_route,
-)
+from mpcache.telemetry.endpoint import endpoint_url, metrics_route, open_endpoint
 
 SERVICE_NAME = "mpcache"
 METER_SERVICE = "mpcache.service"  # the exporter's own instrument (build info), beside the subscribers' meter
@@ -55,16 +51,15 @@ class MetricsExport:
     prometheus_host: str
     prometheus_port: int  # the port actually bound (config port 0 → a free one; 0 with no HTTP endpoint)
     otlp_reader: PeriodicExportingMetricReader | None
-    _http_server: MetricsHTTPServer | None  # a listener of its own, closed by shutdown()
-    _endpoint: MetricsHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
+    _http_server: BoundedHTTPServer | None  # a listener of its own, closed by shutdown()
+    _endpoint: BoundedHTTPServer | None  # where /metrics is served (its own or the telemetry process's)
     # called before every collection: each /metrics request's and each OTLP export's (the pump's catch-up)
     before_collect: list[Callable[[], object]]
 
     @classmethod
-    def start(cls, config: Config, endpoint: MetricsHTTPServer | None = None, *, serve: bool = True) -> MetricsExport:
+    def start(cls, config: Config, endpoint: BoundedHTTPServer | None = None) -> MetricsExport:
         """Build the MeterProvider with its readers and serve ``/metrics``: on ``endpoint``, the telemetry
-        process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``).
-        ``serve=False``: not yet, :meth:`serve_metrics` does it (once what it shows is loaded)."""
+        process's listener (which it keeps), else on a listener of its own (none with ``config.no_http``)."""
         registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=registry)  # process_* of the telemetry process, Prometheus's convention
         # No otel_scope_* labels: every series carries exactly the attributes metrics.tsv lists.
@@ -92,16 +87,10 @@ class MetricsExport:
             except BaseException:
                 provider.shutdown()
                 raise
-        export = cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
-                     endpoint if owned else None, endpoint, before_collect)
-        if serve:
-            export.serve_metrics()
-        return export
-
-    def serve_metrics(self) -> None:
-        """Answer ``/metrics`` from now on (nothing without an HTTP endpoint)."""
-        if self._endpoint is not None:
-            self._endpoint.routes["/metrics"] = metrics_route(self.registry, self.before_collect)
+        if endpoint is not None:
+            endpoint.routes["/metrics"] = metrics_route(registry, before_collect)
+        return cls(provider, registry, config.prometheus_host, endpoint.server_port if endpoint else 0, otlp_reader,
+                   endpoint if owned else None, endpoint, before_collect)
 
     def add_routes(self, routes: dict[str, Route]) -> None:
         """Serve more paths next to ``/metrics``; nothing without an HTTP endpoint."""

@@ -62,7 +62,6 @@ class Pump:
         self._clock_ns = clock_ns
         self._tick_ns = int(tick_interval_s * 1e9)
         self._next_tick = 0
-        self.polled_at = time.monotonic()  # when run() last polled the rings (/healthz)
         self.unknown_records = 0
         self.unknown_released = 0  # unknown_records as of the rings' release: what dropped_events() counts
         # catch_up(): polls run() started and finished, by number; a flush asked for; the wake-up of its sleep
@@ -136,7 +135,6 @@ class Pump:
             self._running = True
         try:
             while not should_stop():
-                self.polled_at = time.monotonic()
                 with self._progress:
                     self._polls_started += 1
                     number, flush = self._polls_started, self._flush_wanted

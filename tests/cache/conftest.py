@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+from lmcache_client import OBJECT_BYTES, LMClient
 from ring_events import EventLog
 
 from mpcache.cache.process import CacheProcess
@@ -139,3 +140,22 @@ def fill_blocks(buffer, seed: int) -> None:
     """Distinct, reproducible bytes in every block of ``buffer``."""
     rng = np.random.default_rng(seed)
     buffer.blocks[:] = rng.integers(0, 256, size=buffer.blocks.shape, dtype=np.uint8)
+
+
+@pytest.fixture
+def lmcache(cache):
+    """Factory: an in-process cache process serving LMCache's protocol on ipc://, and a client to it."""
+    made: list[LMClient] = []
+
+    def start(**overrides) -> tuple[object, LMClient]:
+        values = dict(chunk_size_tokens=256, chunk_bytes=OBJECT_BYTES, l1_size_bytes=64 * OBJECT_BYTES,
+                      lmcache_ipc=True)
+        values.update(overrides)
+        harness = cache(**values)
+        client = LMClient(harness.config.lmcache_urls(0)[0])
+        made.append(client)
+        return harness, client
+
+    yield start
+    for client in made:
+        client.close()

@@ -54,6 +54,8 @@ BAD_PAYLOADS = {
                              "protocol", "timeout_s: expected nil or seconds in 0..86400"),
     "zero blocks": (lambda b: msgpack.packb({"op": "register_buffer", "id": 9, "num_blocks": 0,
                                              "block_bytes": CHUNK_BYTES}), "protocol", "num_blocks: 0 is outside"),
+    "zero-byte blocks": (lambda b: msgpack.packb({"op": "register_buffer", "id": 9, "num_blocks": 4,
+                                                  "block_bytes": 0}), "protocol", "block_bytes: 0 is outside"),
 }
 
 

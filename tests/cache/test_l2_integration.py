@@ -141,7 +141,9 @@ def test_scripted_workload_gives_exact_l2_counters(cache, tmp_path):
     expected = {
         "lmcache_mp.l2_store_submitted": {by(): 4},
         "lmcache_mp.l2_store_submitted_objects": {salt_a: 12, salt_b: 16},
-        "lmcache_mp.l2_store_completed": {mock: 2, fs: 2},
+        "lmcache_mp.l2_store_completed": {mock: 1, fs: 2},  # mock's store of A failed A3: failed, not completed
+        "mpcache.l2_store_failed": {mock: 1, fs: 0},
+        "mpcache.l2_store_failed_chunks": {mock: 1, fs: 0},
         "lmcache_mp.l2_store_completed_objects": {salt_a: 5 + 6, salt_b: 8 + 8},
         "lmcache_mp.l2_prefetch_lookup": {by(): 2},
         "lmcache_mp.l2_prefetch_lookup_objects": {salt_a: 6, salt_b: 8},
@@ -149,7 +151,9 @@ def test_scripted_workload_gives_exact_l2_counters(cache, tmp_path):
         "lmcache_mp.l2_prefetch_load_submitted": {by(): 2 + 1},
         "lmcache_mp.l2_prefetch_load_submitted_objects": {salt_a: 6, salt_b: 2},
         "lmcache_mp.l2_prefetch_load_completed": {salt_a: 5, salt_b: 2},
-        "lmcache_mp.l2_load_completed": {mock: 2, fs: 1},
+        "lmcache_mp.l2_load_completed": {mock: 1, fs: 1},  # mock's load for A failed A5
+        "mpcache.l2_load_failed": {mock: 1, fs: 0},
+        "mpcache.l2_load_failed_chunks": {mock: 1, fs: 0},
         "lmcache_mp.l2_evicted": {salt_a: 2},
         "lmcache_mp.l2_prefetch_failure": {by(reason="l1_oom", model_name=MODEL): 4,
                                            by(reason="not_found", model_name=MODEL): 1},

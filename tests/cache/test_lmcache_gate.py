@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import struct
 
 import pytest
 
@@ -31,10 +32,12 @@ class World:
     def __init__(self, allowed=(SERVICE_UID, ENGINE_UID), allow_remote: bool = False) -> None:
         self.table: list[sockets.TcpEnd] = []
         self.refused: list[int] = []
+        self.unidentified: list[int] = []
         self.log = Log()
         self.now = 0.0
         self.gate = PeerGate(set(allowed), allow_remote=allow_remote, log=self.log,
-                             on_refused=lambda: self.refused.append(1), clock=lambda: self.now,
+                             on_refused=lambda: self.refused.append(1),
+                             on_unidentified=lambda: self.unidentified.append(1), clock=lambda: self.now,
                              table=lambda port: list(self.table))
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -42,7 +45,7 @@ class World:
 
     def connect(self, uid: int | None) -> socket.socket:
         """A connection accepted from a client the table says ``uid`` owns (None: absent from the table)."""
-        client = socket.create_connection(("127.0.0.1", self.port))
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=5)
         accepted, _ = self.listener.accept()
         self.sockets += [client, accepted]
         client_port = client.getsockname()[1]
@@ -101,13 +104,38 @@ def test_a_non_loopback_peer_is_remote_only_with_allow_remote(allow_remote, expe
         world.close()
 
 
-def test_a_peer_that_is_gone_before_its_check_is_refused_with_the_error(world) -> None:
-    """A socket with no peer any more (getpeername fails): refused and logged with the reason, no traceback."""
+def test_a_peer_that_is_gone_before_its_check_is_closed_and_counted_apart_not_refused(world) -> None:
+    """A socket with no peer any more (getpeername fails: reset): closed unanswered, counted as unidentified,
+    not as refused, not logged; no traceback."""
     unconnected = socket.socket()
     world.sockets.append(unconnected)
     assert world.gate.owner(unconnected) is None
-    assert world.refused == [1]
-    assert [(fields["uid"], "error" in fields) for _, fields in world.log.lines] == [(UNKNOWN_UID, True)]
+    assert (world.unidentified, world.refused, world.log.lines) == ([1], [], [])
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_connect_and_close_of_the_services_own_uid_is_counted_apart_not_refused(how) -> None:
+    """A health probe (the service's own uid connects and closes, or resets, before its connection is judged)
+    against the kernel's real socket table: its closed end has no owner any more, so it cannot be admitted —
+    closed unanswered — but it was never refused: it is counted as unidentified and not logged, and the
+    refused count (which alerts watch) stays 0."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    probe = socket.create_connection(("127.0.0.1", listener.getsockname()[1]), timeout=5)
+    if how == "reset":
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    probe.close()
+    accepted, _ = listener.accept()
+    refused: list[int] = []
+    unidentified: list[int] = []
+    log = Log()
+    gate = PeerGate({SERVICE_UID}, allow_remote=False, log=log, on_refused=lambda: refused.append(1),
+                    on_unidentified=lambda: unidentified.append(1))
+    try:
+        assert gate.owner(accepted) is None
+        assert (unidentified, refused, log.lines) == ([1], [], [])
+    finally:
+        accepted.close()
+        listener.close()
 
 
 @pytest.mark.parametrize("allowed_self", [True, False])
@@ -136,7 +164,7 @@ def test_the_kernel_table_names_both_ends_of_a_real_connection() -> None:
     end is the listener; the real gate finds its owner from the accepted socket."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    peer = socket.create_connection(("127.0.0.1", port))
+    peer = socket.create_connection(("127.0.0.1", port), timeout=5)
     accepted, _ = listener.accept()
     try:
         mine = [end for end in sockets.ends(port)
@@ -168,24 +196,28 @@ def _this_hosts_own_address() -> str:
 def test_a_local_peer_that_ends_its_side_before_the_check_is_never_taken_for_a_remote_one(end) -> None:
     """With ``allow_remote``, a local process connecting to this host's own non-loopback address that
     half-closes (``shutdown(SHUT_WR)``: it can still read replies) or closes before its connection is judged
-    has left ESTABLISHED but is still in the table: it is a local peer of this uid (not allowed here), never
-    ``REMOTE``."""
+    has left ESTABLISHED but is still in the table: it is a local peer — of this uid (not allowed here) when
+    half-closed, of no known uid when closed (counted apart, as unidentified) — never ``REMOTE``."""
     address = _this_hosts_own_address()
     listener = socket.create_server((address, 0))
-    peer = socket.create_connection((address, listener.getsockname()[1]))
+    peer = socket.create_connection((address, listener.getsockname()[1]), timeout=5)
     if end == "half-closed":
         peer.shutdown(socket.SHUT_WR)
     else:
         peer.close()
     accepted, _ = listener.accept()
-    refused: list[int] = []
+    counts: dict[str, int] = {"refused": 0, "unidentified": 0}
     log = Log()
-    gate = PeerGate({STRANGER_UID}, allow_remote=True, log=log, on_refused=lambda: refused.append(1))
+    gate = PeerGate({STRANGER_UID}, allow_remote=True, log=log, on_refused=lambda: counts.update(refused=1),
+                    on_unidentified=lambda: counts.update(unidentified=1))
     try:
         assert gate.owner(accepted) is None
-        assert refused == [1]
         # a half-closed end still has its file, so its owner; a closed one's owner is not known (fail closed)
-        assert [fields["uid"] for _, fields in log.lines] == [SERVICE_UID if end == "half-closed" else UNKNOWN_UID]
+        if end == "half-closed":
+            assert ({"refused": 1, "unidentified": 0}, [SERVICE_UID]) == (
+                counts, [fields["uid"] for _, fields in log.lines])
+        else:
+            assert ({"refused": 0, "unidentified": 1}, []) == (counts, log.lines)
     finally:
         for sock in (peer, accepted, listener):
             sock.close()

@@ -25,10 +25,12 @@ import pytest
 import zmq
 from lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
 from second_user import User
+from support import zmq_sockets
 from support.ports import free_port
 from support.waiting import wait_for
 from zmq.utils.monitor import recv_monitor_message
 
+from mpcache.cache.lmcache import groups, inline
 from mpcache.cache.process import CacheProcess
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 from mpcache.errors import ConfigError
@@ -417,7 +419,7 @@ def test_a_frame_over_the_cap_drops_the_connection_unanswered_and_the_process_ke
     thread_ident = service.harness.thread.ident
     client = service.client()
     assert True is client.call("ping", None)  # connected
-    monitor = client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    monitor = zmq_sockets.bounded(client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
     try:
         client.socket.send_multipart(_frames("lookup", msgpack.packb(b"\0" * 40_000_000), msgpack.packb(1)))
         wait_for(lambda: client.socket.poll(0) or monitor.poll(0), timeout_s=20,
@@ -521,6 +523,27 @@ def test_an_allowed_second_uid_cannot_read_or_release_another_uids_request_state
     assert written == read_slots(service.pool, got["context"]["slots"])
     assert True is service.victim.call("commit_retrieve", key(stored, "R", worker_id=0, salt=SALT), 1)
     assert [0, 0] == locks(service, stored)
+
+
+def test_an_allowed_second_uid_moves_its_bytes_inline_and_is_given_no_slot(served, second_user, attacker):
+    """A second uid cannot map the 0600 pool, so it is told ``shm_name ""`` (LMCache 0.5.7's inline transfer):
+    its prepare_store gets no slot and an empty commit_store stores nothing (a slot it never wrote would have
+    become readable with whatever bytes it held); its objects sent inline are the victim's hits, byte for byte."""
+    service = served(lmcache_allow_uids=[second_user.uid])
+    stored = tokens_of(1_200_000, 2)
+    sent = [bytes([index + 1]) * OBJECT for index in range(2)]
+    payload = {"__bytes__": inline.encode(groups.layout([2, LAYERS, CHUNK, HIDDEN], "float16"), sent).hex()}
+    other = attacker(service.url)
+    again = key(stored, "E", worker_id=0, salt=SALT)
+    results = other.run([["register", {**registration(7, layers=LAYERS, hidden=HIDDEN), "group_layouts": []}],
+                         ["prepare_store", again, 7, []], ["commit_store", again, 7, {"__bytes__": ""}]], timeout_s=5.0)
+    assert [{"op": "register", "reply": {"shm_name": "", "pool_size": 0, "null_block_id": 0}},
+            {"op": "prepare_store", "reply": {"context": {}}}, {"op": "commit_store", "reply": False}] == results
+    assert 0 == hits(service.client(), stored, "R0")
+    assert [{"op": "commit_store", "reply": True}] == other.run([["commit_store", again, 7, payload]], timeout_s=5.0)
+    assert 2 == hits(service.victim, stored, "R1")
+    got = service.victim.call("prepare_retrieve", key(stored, "R1", worker_id=0, salt=SALT), 1)
+    assert sent == read_slots(service.pool, got["context"]["slots"])
 
 
 def test_commit_store_of_slots_another_instance_prepared_is_refused(served):

@@ -12,31 +12,11 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lmcache_client import NO_RESULT, LMClient, key, registration
+from lmcache_client import NO_RESULT, OBJECT_BYTES, LMClient, key, registration
 
 from mpcache.cache.slabs import ALIGN
 
 FRAMES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "lmcache_frames")
-OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the larger of the two captures' KV objects (fp16)
-
-
-@pytest.fixture
-def lmcache(cache):
-    """Factory: an in-process cache process serving LMCache's protocol on ipc://, and a client to it."""
-    made: list[LMClient] = []
-
-    def start(**overrides) -> tuple[object, LMClient]:
-        values = dict(chunk_size_tokens=256, chunk_bytes=OBJECT_BYTES, l1_size_bytes=64 * OBJECT_BYTES,
-                      lmcache_ipc=True)
-        values.update(overrides)
-        harness = cache(**values)
-        client = LMClient(harness.config.lmcache_urls(0)[0])
-        made.append(client)
-        return harness, client
-
-    yield start
-    for client in made:
-        client.close()
 
 
 def _conversation(name: str) -> list[tuple[str, str, list]]:
@@ -48,7 +28,8 @@ def _conversation(name: str) -> list[tuple[str, str, list]]:
 def _same_shape(theirs: object, ours: object, op: int) -> None:
     """Replies agree: exact values where the server's choice is not free (hits, flags, chunk indices,
     slot shapes), only the form where it is (pool name and size, byte offsets)."""
-    if op == 14:  # registration: our pool, not theirs
+    if op == 14:  # registration: our pool, not theirs (0.5.7 adds null_block_id, the same in both)
+        assert theirs.get("null_block_id") == ours.get("null_block_id")
         assert set(theirs) == set(ours) and ours["shm_name"] and ours["pool_size"] > 0
     elif op in (16, 18):
         assert set(theirs) == set(ours)
@@ -62,11 +43,14 @@ def _same_shape(theirs: object, ours: object, op: int) -> None:
         assert theirs == ours
 
 
-@pytest.mark.parametrize("capture", ["tp2-engine-driven.jsonl.gz", "tp1-prefix-cache.jsonl.gz"])
+@pytest.mark.parametrize("capture", ["tp2-engine-driven.jsonl.gz", "tp1-prefix-cache.jsonl.gz",
+                                     "0.5.7rc3/tp2-engine-driven.jsonl.gz", "0.5.7rc3/tp1-prefix-cache.jsonl.gz",
+                                     "0.5.7rc3/tp1-lookup-start.jsonl.gz"])
 def test_a_captured_lmcache_conversation_gets_the_same_replies(lmcache, capture):
-    """Every request LMCache 0.5.6's adapters sent to LMCache's own server, replayed in order, gets a reply
-    of the same form from mpcache: the same frames, the same hit counts, slots of the same shapes for the
-    same chunk indices."""
+    """Every request LMCache's adapters (0.5.6, and 0.5.7rc3: packed tokens, chunk-size negotiation, lookups
+    past the engine's prefix cache, the trailing arguments) sent to LMCache's own server of the same version,
+    replayed in order, gets a reply of the same form from mpcache: the same frames, the same hit counts, slots
+    of the same shapes for the same chunk indices."""
     harness, _ = lmcache()
     url = harness.config.lmcache_urls(0)[0]
     clients: dict[str, LMClient] = {}
@@ -167,7 +151,7 @@ def test_unsupported_operations_fail_fast_with_one_warning_per_client(lmcache, o
     ("lookup", [key([1] * 256, "x", readers=0), 1], NO_RESULT),  # pre-0.5.5 client: no num_kv_readers
     ("lookup", [key([1] * 256, "x", salt="a/b"), 1], NO_RESULT),  # forbidden character in the salt
     ("register", [registration(1, dtype="complex128")], {"shm_name": "", "pool_size": 0}),
-    ("get_chunk_size", [1, 2, 3], 256),
+    ("get_chunk_size", [1, 2, 3], NO_RESULT),  # arguments it does not take
     (99, [], NO_RESULT),  # unknown operation id
     ("no_such_operation", [], NO_RESULT),
 ])

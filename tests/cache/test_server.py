@@ -72,7 +72,9 @@ def test_store_lookup_retrieve_round_trip_is_byte_exact_with_exact_events(cache)
     assert [("req-load", {"model_name": MODEL, "cache_salt": SALT, "found_count": 3,
                           "requested_tokens": 4 * CHUNK_TOKENS, "hit_tokens": 3 * CHUNK_TOKENS,
                           "l1_hit_tokens": 3 * CHUNK_TOKENS, "l2_hit_tokens": 0,
-                          "early_exit_reason": ""})] == _mp_fields(batch, E.MP_LOOKUP_PREFETCH_END)
+                          "early_exit_reason": "", "prompt_tokens": 4 * CHUNK_TOKENS,
+                          "request_hit_tokens": 3 * CHUNK_TOKENS, "l1_hit_keys": 3,
+                          "l2_hit_keys": 0})] == _mp_fields(batch, E.MP_LOOKUP_PREFETCH_END)
     assert [[0], [0]] == [[e.fields["failed_count"]] for e in batch.events([E.SM_WRITE_FINISHED,
                                                                              E.SM_READ_PREFETCHED_FINISHED])]
     sampled = [(h, SALT, MODEL) for h in hashes[:3]]  # rate 1.0 samples every key

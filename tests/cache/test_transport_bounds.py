@@ -16,9 +16,12 @@ from support.waiting import wait_for
 from mpcache.contract import protocol
 from mpcache.errors import RequestError
 
+from .conftest import CHUNK_BYTES, MODEL
+
 
 def _raw(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
     sock.connect(path)
     return sock
 
@@ -55,6 +58,43 @@ def test_connections_over_the_cap_are_closed_at_accept(cache):
     assert [0, 0, 0] == [client.ping().worker for client in kept]
     assert 1 == harness.server.shed_connections
     extra.close()
+
+
+def test_idle_connections_are_closed_after_the_idle_timeout_so_new_clients_get_in(cache):
+    """Connections that send nothing fill the cap (a new one is shed); once they have been idle for
+    --idle-timeout the server closes them, and a new client is served.  A client that keeps talking
+    meanwhile is never closed."""
+    harness = cache(server_kwargs={"max_connections": 3, "heartbeat_interval_s": 0.1}, idle_timeout_s=0.5)
+    talking = harness.client()
+    idle = [_raw(harness.config.socket_path(0)) for _ in range(2)]
+    shed = _raw(harness.config.socket_path(0))
+    assert _closed_by_server(shed)
+
+    def idle_ones_closed() -> bool:
+        assert 0 == talking.ping().worker  # every poll: never idle for 0.5 s
+        return all(_closed_by_server(sock, timeout_s=0.01) for sock in idle)
+
+    wait_for(idle_ones_closed, 10, "the idle connections to be closed", tolerate=())
+    assert (0, 0) == (harness.client().ping().worker, talking.generation)
+    for sock in [shed, *idle]:
+        sock.close()
+
+
+def test_a_client_whose_idle_connection_was_closed_goes_on_at_its_next_call_without_an_error(cache):
+    """The client finds its connection closed before it sends and the same process answering again: no
+    CacheConnectionLost, its buffer is registered again, a prefetch job from before the close is retrieved
+    into it by the id the caller holds, and ``generation`` stays 0 (every id of the process is still good)."""
+    harness = cache(server_kwargs={"heartbeat_interval_s": 0.1}, idle_timeout_s=0.3)
+    client = harness.client()
+    kv = client.register_buffer(4, CHUNK_BYTES)
+    assert 2 == client.store(kv, request_id="w", model_name=MODEL, chunk_hashes=[1, 2], block_ids=[0, 1]).stored
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, chunk_hashes=[1, 2])
+    assert 2 == client.wait_prefetch(job).found_count
+    later = _raw(harness.config.socket_path(0))  # idle since after the client's last call
+    assert _closed_by_server(later)
+    later.close()
+    got = client.retrieve(kv, request_id="r", job_id=job, block_ids=[2, 3]).retrieved
+    assert (2, True, 0) == (got, bool((kv.blocks[:2] == kv.blocks[2:]).all()), client.generation)
 
 
 def test_an_error_echoes_a_bounded_part_of_a_huge_request(cache):

@@ -8,7 +8,7 @@ import random
 import socket
 
 import pytest
-import zmq
+from support import zmq_sockets
 
 from mpcache.cache.lmcache import zmtp
 
@@ -26,8 +26,7 @@ def pair(tmp_path):
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
     listener.listen()
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
+    dealer = zmq_sockets.dealer()
     dealer.connect(f"ipc://{path}")
     server, _ = listener.accept()
     server.settimeout(10)

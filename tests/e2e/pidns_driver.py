@@ -1,4 +1,5 @@
-"""Scenarios that need a /dev/shm of their own: supervisors in other PID namespaces, a /dev/shm too small.
+"""Scenarios that need a /dev/shm of their own: supervisors in other PID namespaces, a /dev/shm too small,
+runs killed whose leftovers no other start on the machine may remove first.
 
 ``unshare --mount --propagation private python pidns_driver.py SCENARIO WORKDIR`` mounts a fresh tmpfs
 on /dev/shm (512 MiB, or what the scenario needs: so nothing here can touch, or be touched by, shared
@@ -201,6 +202,38 @@ def pid1_restarted(workdir: str) -> dict:
     return result
 
 
+def killed_runs_leave_nothing(workdir: str) -> dict:
+    """systemd's topology: A, with a --runtime-dir, is killed whole (kill -9 of the supervisor and every child
+    at once) and its runtime dir removed (RuntimeDirectory= does that at every stop), marker included.  B
+    starts: what does it remove?  Then B's supervisor alone is killed (its children exit by themselves) and C
+    starts: what does it remove, and what is left once C stops?"""
+    a = Run(workdir, "a", "--runtime-dir", os.path.join(workdir, "a-run"))
+    result: dict = {"a_serves": pings(a.socket())}
+    tree = [a.process.pid, *(line["pid"] for line in a.events("child.started"))]
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    a.process.wait(10)
+    wait_for(lambda: all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+                         for pid in tree), 10)
+    result["a_left"] = shm()
+    subprocess.run(["rm", "-rf", os.path.join(workdir, "a-run")], check=True)
+    b = Run(workdir, "b")
+    result["b_serves"] = pings(b.socket())
+    result["b_removed"] = [line.get("segment") for line in b.events("leftover.removed") if "segment" in line]
+    children = [line["pid"] for line in b.events("child.started")]
+    b.process.kill()
+    b.process.wait(10)
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                             for pid in children), 15)
+    result["b_left"] = shm()
+    c = Run(workdir, "c")
+    result["c_serves"] = pings(c.socket())
+    result["c_removed"] = [line.get("segment") for line in c.events("leftover.removed") if "segment" in line]
+    result["c_status"] = c.stop()
+    result["left"] = shm()
+    return result
+
+
 SMALL_SHM = "24m"  # /dev/shm of the small_shm scenario: less than its 32 MiB L1 pool
 
 
@@ -246,6 +279,7 @@ def segment_too_big(workdir: str) -> dict:
 
 SCENARIOS = {"live_instance_in_another_namespace": (live_instance_in_another_namespace, "512m"),
              "pid1_restarted": (pid1_restarted, "512m"),
+             "killed_runs_leave_nothing": (killed_runs_leave_nothing, "512m"),
              "small_shm": (small_shm, SMALL_SHM),
              "segment_too_big": (segment_too_big, "1m")}
 

@@ -300,9 +300,10 @@ def test_sigterm_under_load_exits_0_quickly_and_leaves_nothing_behind(start_serv
 
 def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_service) -> None:
     """kill -9 of the supervisor: its telemetry and cache processes notice they were orphaned and exit
-    within 10 s (a client still connected), leaving the instance's 5 segments behind; the next start logs
-    ``leftover.removed`` for each of those segments and for the dead instance's runtime dir, nothing of
-    the old pid is left in /dev/shm, and the new instance serves /metrics and a byte-exact round trip."""
+    within 10 s (a client still connected); once the next start serves, nothing of the old pid is left in
+    /dev/shm (its 5 segments, removed by that start or by any other start of this user on the machine:
+    tests/e2e/test_runtime_isolation.py shows the next start removing them in a /dev/shm of its own), its
+    runtime dir is gone, and the new instance serves /metrics and a byte-exact round trip."""
     old = start_service("--workers", "2", *SMALL, runtime_dir=False)
     old.ready(2)
     config = old.config()  # before the kill: its runtime dir goes at the next start
@@ -313,12 +314,10 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
         old.process.wait(10)
         wait_for(lambda: all(gone(pid) for pid in children), 10, "the orphaned children to exit")
     left = old.shm_entries()
-    assert sorted(name.lstrip("/") for name in config.all_segment_names()) == left
+    assert set(left) <= {name.lstrip("/") for name in config.all_segment_names()}
 
     new = start_service("--workers", "2", *SMALL, runtime_dir=False)
     new.ready(2)
-    removed = {line.get("segment") or line.get("runtime_dir") for line in new.lines("leftover.removed")}
-    assert {"/" + name for name in left} | {str(old.runtime_dir)} <= removed
     assert ([], False) == (old.shm_entries(), old.runtime_dir.exists())
     assert 3 == round_trip(new.socket(1), "after-crash")
     assert {"after-crash": 3.0} == drained_to(new, {"after-crash": 3.0}).by_label(
@@ -327,11 +326,12 @@ def test_supervisor_killed_children_exit_and_the_next_start_cleans_up(start_serv
 
 
 def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service, tmp_path) -> None:
-    """An fs L2 tier that cannot write: the store tasks complete and are counted
-    (``lmcache_mp_l2_store_completed_requests_total`` moves by one per task), the keys they failed to
-    write are not counted as stored (``l2_store_completed_objects`` stays below
-    ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and retrieving
-    byte-exact from L1 with the same cache process (no restart).
+    """An fs L2 tier that cannot write: its store tasks end and are counted as failed, never as completed
+    (``mpcache_l2_store_failed_requests_total`` moves by one per failed task, with its chunks in
+    ``mpcache_l2_store_failed_chunks_total``; ``lmcache_mp_l2_store_completed_requests_total`` by one for the
+    healthy task only), the keys they failed to write are not counted as stored (``l2_store_completed_objects``
+    stays below ``l2_store_submitted_objects`` by exactly the failed chunks), and clients keep storing and
+    retrieving byte-exact from L1 with the same cache process (no restart).
 
     Root-proof methods (tests run as root, so file modes stop nothing): (1) "disk full" — the cache
     process's soft RLIMIT_FSIZE is set to 0 with prlimit(2), so every chunk write fails with EFBIG, exactly as
@@ -348,12 +348,13 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     def settled(submitted_requests: int) -> Scrape:
         def check():
             scrape = service.scrape()
-            completed = scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+            ended = (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs")
+                     + scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"))
             idle = (scrape.total("lmcache_mp_num_inflight_l2_stores") == 0
                     and scrape.total("lmcache_mp_event_bus_queue_depth") == 0
-                    and completed == submitted_requests)
+                    and ended == submitted_requests)
             return scrape if idle else None
-        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to complete")
+        return wait_for(check, 30, f"{submitted_requests} L2 store tasks to end")
 
     assert 3 == round_trip(socket_path, "healthy")
     settled(1)
@@ -370,6 +371,9 @@ def test_failing_fs_tier_counts_failed_stores_and_l1_keeps_serving(start_service
     scrape = settled(3)
 
     assert 3.0 == scrape.total("lmcache_mp_l2_store_submitted_requests_total")
+    assert (1.0, 2.0, 6.0) == (scrape.total("lmcache_mp_l2_store_completed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_requests_total", l2_name="fs"),
+                               scrape.total("mpcache_l2_store_failed_chunks_total", l2_name="fs"))
     assert {"healthy": 3.0, "disk-full": 3.0, "dir-gone": 3.0} == scrape.by_label(
         "lmcache_mp_l2_store_submitted_objects_chunks_total", "cache_salt")
     assert 3.0 == scrape.total("lmcache_mp_l2_store_completed_objects_chunks_total")

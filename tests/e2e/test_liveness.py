@@ -4,10 +4,13 @@
   killing the supervisor and leaving its shared memory and children behind.
 * A cache process that stops answering (SIGSTOP stands in for a deadlock) is found by its gauge-board
   heartbeat standing still for more than 5 s, killed and restarted, while the other keeps serving.
+* The telemetry process alike, by the heartbeat its pump loop writes into the gauge board's header: found,
+  killed, restarted and counted, with the cache processes untouched.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -23,6 +26,8 @@ from mpcache.client import CacheClient
 pytestmark = pytest.mark.slow
 
 HANG_TIMEOUT_S = 5.0  # given as --hang-timeout (the default, 10 s, would only make the test slower)
+TELEMETRY_HANG_TIMEOUT_S = 2.0  # given as --telemetry-hang-timeout (default 10 s)
+TELEMETRY_BEAT_S = 1.0  # telemetry beats once per pump loop, at least this often (pump.MAX_SLEEP_S)
 
 
 def round_trip(socket_path: str, chunks: int = 3) -> bool:
@@ -92,5 +97,44 @@ def test_a_stopped_cache_process_is_found_by_its_heartbeat_killed_and_restarted(
     assert survivor_trips and all(survivor_trips)
     assert round_trip(service.socket(0))
     assert 1 == len(service.pids("cache", 1))
+    assert gone(victim)
+    assert 0 == service.stop()
+
+
+def test_a_stopped_telemetry_process_is_found_by_its_heartbeat_killed_restarted_and_counted(start_service) -> None:
+    """Telemetry is SIGSTOPped: within --telemetry-hang-timeout (2 s) of its last heartbeat (which came up to
+    one pump loop, 1 s, before the SIGSTOP) the supervisor logs ``telemetry.unresponsive`` at error level
+    naming its pid, kills it (exit status -9) and starts a new one, which heartbeats (status.json says
+    running) and exports ``mpcache_child_restarts_total{role="telemetry"} 1``; the cache processes are the
+    ones started first, and served round trips throughout."""
+    service = start_service("--workers", "2", "--telemetry-hang-timeout", str(TELEMETRY_HANG_TIMEOUT_S), *SMALL)
+    service.ready(2)
+    caches = service.pids("cache", None)
+    [victim] = service.pids("telemetry")
+    wait_for(lambda: json.loads((service.runtime_dir / "status.json").read_text())["telemetry"] == "running", 30,
+             "telemetry to heartbeat")
+
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    trips = []
+    while not service.lines("telemetry.unresponsive") and time.monotonic() - stopped_at < TELEMETRY_HANG_TIMEOUT_S + 10:
+        trips.append(round_trip(service.socket(len(trips) % 2)))
+    detected_after = time.monotonic() - stopped_at
+    [restarted] = wait_for(lambda: [p for p in service.pids("telemetry") if p != victim], 15, "a new telemetry")
+    restarts = wait_for(lambda: service.scrape().by_label("mpcache_child_restarts_total", "role"), 30,
+                        "the new telemetry's /metrics")
+    wait_for(lambda: json.loads((service.runtime_dir / "status.json").read_text())["telemetry"] == "running", 30,
+             "the new telemetry to heartbeat")
+    print(f"telemetry SIGSTOPped: unresponsive logged after {detected_after:.2f} s "
+          f"(--telemetry-hang-timeout {TELEMETRY_HANG_TIMEOUT_S:g} s)")
+
+    [unresponsive] = service.lines("telemetry.unresponsive")
+    assert ("error", victim) == (unresponsive["level"], unresponsive["pid"])
+    assert TELEMETRY_HANG_TIMEOUT_S <= unresponsive["silent_s"]
+    assert TELEMETRY_HANG_TIMEOUT_S - TELEMETRY_BEAT_S - 0.2 <= detected_after < TELEMETRY_HANG_TIMEOUT_S + 2
+    assert [-signal.SIGKILL] == [line["exit_status"] for line in service.lines("child.exited", child_role="telemetry")]
+    assert {"cache": 0.0, "telemetry": 1.0} == restarts
+    assert (caches, [victim, restarted]) == (service.pids("cache", None), service.pids("telemetry"))
+    assert trips and all(trips)
     assert gone(victim)
     assert 0 == service.stop()

@@ -13,7 +13,7 @@ import pytest
 from lmcache_client import OPS, LMClient, key, registration
 from support.waiting import wait_for
 
-from mpcache.cache.lmcache.wire import OPERATION_IDS
+from mpcache.cache.lmcache.handlers import OPERATIONS
 
 CHUNK = 256
 OBJECT = 2 * 2 * CHUNK * 64 * 2  # 2 layers, hidden 64, fp16: 128 KiB
@@ -80,7 +80,8 @@ def test_lmcache_traffic_shows_on_metrics(start_service):
     wait_for(lambda: counted() == expected, 30, f"/metrics to count {expected}")
     assert expected == counted()
     # every request timed server-side, receipt to reply sent: within what the client waited for each
-    names = {op: OPERATION_IDS[OPS[op]] for op in sent}  # the client's short names → the operations' names
+    by_id = {row.wire_id: row.name for row in OPERATIONS.values()}
+    names = {op: by_id[OPS[op]] for op in sent}  # the client's short names → the operations' names
 
     def timed_all():
         scrape = service.scrape()

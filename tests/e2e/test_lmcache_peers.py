@@ -5,6 +5,8 @@ served throughout."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
 
 import pytest
 from lmcache_client import LMClient
@@ -40,3 +42,25 @@ def test_a_foreign_uid_is_refused_counted_and_logged(start_service, second_user)
         assert "OK" == own.call("noop")
     finally:
         own.close()
+
+
+@pytest.mark.slow
+def test_health_probes_of_the_services_own_uid_are_never_counted_as_refused(start_service):
+    """20 connect-and-close probes (half of them resets) from the service's own uid, as a load balancer's
+    health check makes them, then an engine's call: the call is answered and
+    ``mpcache_lmcache_refused_connections_total`` stays 0 (the probes used to count as refused peers)."""
+    port = free_port()
+    service = start_service("--workers", "1", "--lmcache-port", str(port))
+    wait_for(lambda: service.lines("cache.start"), 60, "the cache process to listen")
+    for index in range(20):
+        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if index % 2:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        probe.close()
+    own = LMClient(f"tcp://127.0.0.1:{port}")  # accepted after every probe: they were judged first
+    try:
+        assert "OK" == own.call("noop")
+    finally:
+        own.close()
+    assert 0 == service.scrape().total("mpcache_lmcache_refused_connections_total", worker="0")
+    assert [] == service.lines("lmcache.peer_refused")

@@ -25,6 +25,7 @@ from support.service import CHUNK, SMALL, Service
 from support.waiting import wait_for
 
 from mpcache.client import CacheClient
+from mpcache.supervisor.logfile import HEADER_EVENT
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_co
     stores all complete, the pipe is full, and the cache process, killed with -9, is still restarted
     and serves 100 more stores.  Once stderr is read again it carries ``log.lines_dropped`` and every
     line is accounted for: the lines stderr delivered plus the drops it reported equal the lines of the
-    log file, which dropped none.  SIGTERM then exits 0."""
+    log file after its header, which dropped none.  SIGTERM then exits 0."""
     service = start_service("--workers", "1", *SMALL, "--disable-metrics", "--log-level", "debug", stderr_pipe=True)
     service.ready(1, metrics=False)
     stored = store_many(service.socket(0), 1000)
@@ -109,7 +110,8 @@ def test_an_unread_stderr_blocks_neither_the_cache_nor_restarts_and_drops_are_co
     reading.join(30)
 
     on_stderr = json_lines(b"".join(delivered).decode())
-    in_file = service.log_lines()
+    header, *in_file = service.log_lines()  # the file's own first line, never forwarded
+    assert HEADER_EVENT == header["event"]
     reported = [line["dropped"] for line in on_stderr if line.get("event") == "log.lines_dropped"]
     assert 4000 == stored
     assert restarted in service.pids("cache", 0)

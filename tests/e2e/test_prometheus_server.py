@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from support.prometheus import PROMETHEUS, PrometheusServer
+from support.silent import silent_listener
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -40,8 +43,8 @@ def prometheus_server(tmp_path):
         pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
     started: list[PrometheusServer] = []
 
-    def start(target: str) -> PrometheusServer:
-        server = PrometheusServer(tmp_path, target)
+    def start(target: str, rule_files: tuple[str, ...] = ()) -> PrometheusServer:
+        server = PrometheusServer(tmp_path, target, rule_files)
         started.append(server)
         return server
 
@@ -123,3 +126,45 @@ def check_dashboard_variables(prometheus: PrometheusServer, instance: str) -> No
         assert prometheus.scalar(substituted(hit_rate, job, chosen)) == pytest.approx(
             prometheus.scalar(AGGREGATE_HIT_RATE), rel=0.05)
     assert [] == prometheus.query(substituted(hit_rate, "other", ".*"))
+
+
+ALERTS_YML = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+
+
+def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_server):
+    """The demo with a redis tier whose server accepts connections and never answers, scraped every second
+    by a real Prometheus evaluating the shipped deploy/prometheus/alerts.yml: MpcacheL2Failing goes pending,
+    then fires once its ``for:`` has passed, and no other alert of the file fires; its runbook_url opens the
+    runbook's section on the service itself."""
+    hold_s = _for_seconds("MpcacheL2Failing")
+    with silent_listener() as port:
+        tier = json.dumps({"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "capacity_gb": 0.01,
+                           "socket_timeout_s": 0.3, "connect_timeout_s": 0.3})
+        service = start_service("--demo", "--workers", "1", "--duration", str(hold_s + 120), "--l2", tier)
+        wait_for(service.scrape, 30, "the demo's /metrics")
+        prometheus = prometheus_server(f"127.0.0.1:{service.port}", (str(ALERTS_YML),))
+        wait_for(prometheus.ready, 15, "prometheus to be ready")
+        pending = wait_for(lambda: prometheus.alerts().get("MpcacheL2Failing"), 60, "MpcacheL2Failing to be active")
+        firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing", {}).get("state") == "firing"
+                          and alerts, hold_s + 30, "MpcacheL2Failing to fire")
+        runbook_url = firing["MpcacheL2Failing"]["annotations"]["runbook_url"]
+        with urllib.request.urlopen(runbook_url, timeout=5) as response:
+            runbook = response.read().decode()
+        failed = prometheus.scalar("sum(mpcache_l2_store_failed_requests_total)")
+        completed = prometheus.scalar("sum(lmcache_mp_l2_store_completed_requests_total)")
+        assert 0 == service.stop()
+
+    assert "pending" == pending["state"] or hold_s == 0
+    assert ["MpcacheL2Failing"] == [name for name, alert in firing.items() if alert["state"] == "firing"]
+    assert f"http://127.0.0.1:{service.port}/runbook#mpcachel2failing" == runbook_url
+    assert 'id="mpcachel2failing"' in runbook
+    assert failed is not None and failed > 0 and completed == 0.0
+
+
+def _for_seconds(alert: str) -> int:
+    """The ``for:`` of ``alert`` in alerts.yml, in seconds (written as Nm or Ns)."""
+    text = ALERTS_YML.read_text()
+    block = text[text.index(f"- alert: {alert}\n"):].split("\n\n")[0]
+    value = re.search(r"^\s+for: (\d+)([ms])$", block, re.MULTILINE)
+    assert value is not None, block
+    return int(value.group(1)) * (60 if value.group(2) == "m" else 1)

@@ -89,6 +89,23 @@ def test_a_restarted_pid_1_with_a_fixed_instance_id_replaces_its_own_leftovers(t
     assert (0, []) == (result["third_status"], result["left"])
 
 
+@needs_namespaces
+def test_killed_runs_leave_nothing_whatever_removed_their_runtime_dir(tmp_path) -> None:
+    """In a /dev/shm of their own (no other start on the machine may sweep first): A, killed whole (kill -9 of
+    the tree) and its runtime dir wiped as systemd's RuntimeDirectory= does, leaves its 3 segments; B's start
+    removes exactly those, found in /dev/shm by their unlocked gauge board, and serves; B's supervisor alone
+    killed, its children exit and leave B's 3 segments; C's start removes exactly those; C stops with exit 0
+    and nothing is left."""
+    result = run_driver("killed_runs_leave_nothing", tmp_path)
+
+    assert 3 == len(result["a_left"]) and 3 == len(result["b_left"])
+    assert sorted("/" + name for name in result["a_left"]) == sorted(result["b_removed"])
+    assert not set(result["a_left"]) & set(result["b_left"])
+    assert sorted("/" + name for name in result["b_left"]) == sorted(result["c_removed"])
+    assert (True, True, True) == (result["a_serves"], result["b_serves"], result["c_serves"])
+    assert (0, []) == (result["c_status"], result["left"])
+
+
 def test_a_symlinked_default_runtime_base_is_refused(tmp_path) -> None:
     """``$TMPDIR/mpcache-<uid>`` is a symlink to a directory someone else prepared: the supervisor exits 2
     with one line naming the base and the symlink, and the target directory is left as it was (empty,

@@ -108,7 +108,7 @@ def test_stderr_lines_carry_journal_priorities_only_when_stderr_is_the_journal(t
             st = os.fstat(stderr.fileno())
             stream = f"{st.st_dev}:{st.st_ino}" if journal else f"{st.st_dev}:{st.st_ino + 1}"
             env = dict(os.environ, JOURNAL_STREAM=stream)
-            # 0.0.0.0 makes the telemetry process warn (metrics.public_bind): a child's line at another level
+            # 0.0.0.0 makes the supervisor warn (metrics.public_bind), and a child's lines are at info
             service = _start(tmp_path / name, env, stderr, "--workers", "1", "--prometheus-host", "0.0.0.0")
             try:
                 wait_for(lambda path=path: all(word in path.read_bytes() for word in (b"public_bind", b"cache.ready")),
@@ -125,3 +125,45 @@ def test_stderr_lines_carry_journal_priorities_only_when_stderr_is_the_journal(t
             assert {"<4>", "<6>"} <= {prefix for prefix, _ in prefixes}
         else:
             assert all(json.loads(line)["level"] in syslog for line in lines)
+
+
+def _journal_stream(stderr) -> dict[str, str]:
+    """The environment of a start whose stderr (a file here) is what systemd would call the journal."""
+    st = os.fstat(stderr.fileno())
+    return dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+
+
+@pytest.mark.slow
+def test_a_configuration_error_and_a_killed_cache_process_are_errors_in_the_journal(tmp_path):
+    """``journalctl -p err`` shows why a unit failed and that a cache process was killed: under the journal,
+    start-cache's one error line (a bad setting, a refused value, --check-config's) carries priority 3,
+    and so does the ``child.exited`` line of a cache process killed by SIGKILL (its restart stays info)."""
+    refused = []
+    for argv in (["--workers", "0"], ["--l1-size", "1KiB"], ["--check-config", "--l1-size", "1KiB"]):
+        with open(tmp_path / "refused.log", "wb") as stderr:
+            assert 2 == _start(tmp_path, _journal_stream(stderr), stderr, *argv).wait(60)
+        refused.append((tmp_path / "refused.log").read_text())
+    with open(tmp_path / "stderr.log", "wb") as stderr:
+        service = _start(tmp_path, _journal_stream(stderr), stderr, "--workers", "1", "--log-file",
+                         str(tmp_path / "log"))
+        try:
+            def lines(event: str) -> list[dict]:
+                log = tmp_path / "log"
+                return [line for line in map(json.loads, log.read_text().splitlines()) if line["event"] == event] \
+                    if log.exists() else []
+            wait_for(lambda: lines("cache.ready"), 60, "cache.ready")
+            [cache] = [line["pid"] for line in lines("child.started") if line["child_role"] == "cache"]
+            os.kill(cache, signal.SIGKILL)
+            wait_for(lambda: len(lines("cache.start")) == 2, 60, "the cache process to be restarted")
+            service.send_signal(signal.SIGTERM)
+            assert 0 == service.wait(60)
+        finally:
+            service.kill()
+            service.wait()
+    journal = {json.loads(line[3:])["event"]: line[:3] for line in (tmp_path / "stderr.log").read_text().splitlines()
+               if line[3:].startswith("{") and json.loads(line[3:]).get("pid") == cache
+               and json.loads(line[3:])["role"] == "supervisor"}
+
+    assert [1, 1, 1] == [len(text.splitlines()) for text in refused]
+    assert [] == [text for text in refused if not text.startswith("<3>start-cache: error: ")]
+    assert {"child.started": "<6>", "child.exited": "<3>"} == journal

@@ -16,6 +16,7 @@ bursts are published while the telemetry process is down.
 from __future__ import annotations
 
 import collections
+import http.server
 import os
 import random
 import signal
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +37,7 @@ from support.waiting import wait_for
 
 from mpcache.config import Config
 from mpcache.contract.events import EventType as E
+from mpcache.httpserver import get_unix
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner
 from mpcache.shm.publish import Publisher
@@ -57,7 +58,6 @@ REQUEST_TIMES = ("lookup", 3, 4_800_000, 400_000, 4_000_000, 0, 0, 0, 2, 0, 0, 0
 HISTOGRAMS = ("lmcache_mp_l1_chunk_lifetime_seconds", "lmcache_mp_l1_chunk_idle_before_evict_seconds",
               "lmcache_mp_l1_chunk_evict_reuse_gap_seconds", "lmcache_mp_l0_l1_store_throughput_GBs",
               "mpcache_lmcache_request_seconds")
-PER_PROCESS = {"process_cpu_seconds_total"}  # the telemetry process's own CPU: a new process starts it again
 # what an OTLP receiver calls the tallied Prometheus samples (a counter's value, a histogram's count)
 OTEL_NAMES = {"lmcache_mp_l1_write_chunks_total": "lmcache_mp.l1_write",
               "lmcache_mp_l1_evicted_chunks_total": "lmcache_mp.l1_evicted",
@@ -66,6 +66,12 @@ OTEL_NAMES = {"lmcache_mp_l1_write_chunks_total": "lmcache_mp.l1_write",
               "lmcache_mp_l1_chunk_evict_reuse_gap_seconds_count": "lmcache_mp.l1_chunk_evict_reuse_gap",
               "lmcache_mp_l0_l1_store_throughput_GBs_count": "lmcache_mp.l0_l1_store_throughput",
               "mpcache_lmcache_request_seconds_count": "mpcache.lmcache.request"}
+
+
+def per_process(name: str) -> bool:
+    """The service's processes' own CPU and context switches (prometheus_client's process_* and the Processes
+    section's): a new telemetry process counts its own from 0, and they are not what the workload published."""
+    return name == "process_cpu_seconds_total" or name.startswith("mpcache_process_")
 
 
 def _key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
@@ -117,6 +123,7 @@ class Workload:
                 self._emit(worker, E.MP_STORE_END, ("cpu", worker, MODEL, 1, COPY_BYTES, 256), session_id=session,
                            timestamp_ns=started + COPY_NS)
                 labels = {"engine_id": str(worker), "device": "cpu", "model_name": MODEL}
+                self.expected[_key("lmcache_mp_num_finished_stores_total", device="cpu")] += 1
                 self.expected[_key("lmcache_mp_l0_l1_store_throughput_GBs_count", **labels)] += 1
                 self.expected[_key("lmcache_mp_l0_l1_store_throughput_GBs_bucket", **labels, le="2.0")] += 1
             else:  # at the wall clock's time: a START older than a minute is given up on
@@ -152,7 +159,7 @@ def differences(scrape: Scrape, expected: collections.Counter) -> dict[tuple, tu
     every other counter (0), and the histogram families (only those the workload feeds have samples)."""
     got: dict[tuple, float] = {}
     for name, samples in scrape.samples.items():
-        if name in PER_PROCESS:
+        if per_process(name):
             continue
         for labels, value in samples:
             key = (name, frozenset(labels.items()))
@@ -169,9 +176,9 @@ def differences(scrape: Scrape, expected: collections.Counter) -> dict[tuple, tu
 class Telemetry:
     """``python -m mpcache.telemetry`` on the test's configuration: started, scraped, killed, restarted."""
 
-    def __init__(self, config_path: Path, port: int, stderr: Path) -> None:
+    def __init__(self, config_path: Path, socket_path: str, stderr: Path) -> None:
         self._argv = [sys.executable, "-m", "mpcache.telemetry", "--config", str(config_path)]
-        self._url = f"http://127.0.0.1:{port}/metrics"
+        self.socket_path = socket_path  # its endpoint, which the supervisor's front would forward to
         self._stderr = stderr
         self.process: subprocess.Popen[bytes] | None = None
         self.last: dict[tuple, float] = {}  # the highest value of every monotonic sample scraped so far
@@ -184,10 +191,12 @@ class Telemetry:
 
     def scrape(self) -> Scrape:
         """One scrape, checked against every one before: no counter, bucket, count or sum went down."""
-        with urllib.request.urlopen(self._url, timeout=5) as response:
-            scrape = Scrape(response.read().decode())
+        status, body = get_unix(self.socket_path, "/metrics", 5)
+        if status != 200:
+            raise OSError(f"/metrics answered {status}")
+        scrape = Scrape(body.decode())
         for name, samples in scrape.samples.items():
-            if name in PER_PROCESS or not name.endswith(("_total", "_bucket", "_count", "_sum")):
+            if per_process(name) or not name.endswith(("_total", "_bucket", "_count", "_sum")):
                 continue
             for labels, value in samples:
                 key = (name, frozenset(labels.items()))
@@ -272,10 +281,13 @@ def settled(telemetry: Telemetry, expected: collections.Counter) -> dict[tuple, 
 
 
 def otlp_streams(receiver) -> dict[tuple, list[tuple[int, float]]]:
-    """(start time, value or count) of every monotonic sum and histogram stream, in the order they arrived."""
+    """(start time, value or count) of every monotonic sum and histogram stream but the processes' own (each
+    telemetry process starts those), in the order they arrived."""
     streams: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)
     for _, metric in receiver.metrics():
         kind = metric.WhichOneof("data")
+        if metric.name.startswith("mpcache.process_"):
+            continue
         if kind == "sum" and metric.sum.is_monotonic:
             points = [(p, p.as_int if p.WhichOneof("value") == "as_int" else p.as_double)
                       for p in metric.sum.data_points]
@@ -294,6 +306,36 @@ def latest(streams: dict[tuple, list[tuple[int, float]]], keys) -> dict[tuple, f
     return {key: streams[key][-1][1] for key in keys if streams.get(key)}
 
 
+class Front:
+    """What the supervisor's front does for ``/metrics``: a TCP listener on loopback forwarding each request to
+    the telemetry process's socket (a 503 while there is none), for Prometheus to scrape."""
+
+    def __init__(self, socket_path: str) -> None:
+        class Forward(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server's method name
+                try:
+                    status, body = get_unix(socket_path, self.path, 5)
+                except OSError:
+                    status, body = 503, b"no telemetry process\n"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
 @pytest.fixture
 def provisioned(tmp_path) -> Iterator[tuple[Config, Path]]:
     """The supervisor's shared memory for a 2-process instance (rings, gauge board, telemetry state) and the
@@ -309,7 +351,7 @@ def provisioned(tmp_path) -> Iterator[tuple[Config, Path]]:
         unlink_segments(config)
 
 
-# every counter and histogram family of the service's own (not the telemetry process's CPU, which is per process)
+# every counter and histogram family of the service's own (per_process ones left out below)
 MONOTONIC = '{__name__=~"(lmcache|mpcache)_.+(_total|_bucket|_count|_sum)"}'
 
 
@@ -317,6 +359,8 @@ def prometheus_resets(prometheus: PrometheusServer) -> dict[str, float]:
     """Per family, the counter resets Prometheus saw over the run, and how many series it had."""
     out = {}
     for name in prometheus.label_values("__name__", MONOTONIC):
+        if per_process(name):
+            continue
         out[name] = prometheus.scalar(f"sum(resets({name}[10m]))") or 0.0
         out[f"{name} series"] = prometheus.scalar(f"count({name})") or 0.0
     return out
@@ -324,14 +368,15 @@ def prometheus_resets(prometheus: PrometheusServer) -> dict[str, float]:
 
 def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provisioned, otlp_receiver):
     config, directory = provisioned
-    prometheus = PrometheusServer(directory, f"127.0.0.1:{config.prometheus_port}", "500ms") if PROMETHEUS else None
+    front = Front(config.telemetry_socket_path()) if PROMETHEUS else None
+    prometheus = PrometheusServer(directory, front.address, interval="500ms") if front else None
     receiver = otlp_receiver("grpc")
     config = Config(**{**config.__dict__, "otlp_endpoint": receiver.endpoint, "otlp_interval_s": 0.2})
     config_path = directory / "config.json"
     config_path.write_text(config.to_json())
     rng = random.Random(35)
     workload = Workload(config, rng)
-    telemetry = Telemetry(config_path, config.prometheus_port, directory / "telemetry.stderr")
+    telemetry = Telemetry(config_path, config.telemetry_socket_path(), directory / "telemetry.stderr")
     records = StateRecords(config)
     caught = 0
     try:
@@ -373,8 +418,9 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
         telemetry.stop()
         records.close()
         workload.close()
-        if prometheus is not None:
+        if prometheus is not None and front is not None:
             prometheus.stop()
+            front.close()
 
     streams = otlp_streams(receiver)
     moved = {key: points for key, points in streams.items() if len({start for start, _ in points}) != 1}

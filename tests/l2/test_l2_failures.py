@@ -6,15 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from concurrent.futures import wait as wait_all
 from pathlib import Path
 
 import pytest
 from l2_helpers import MAC_KEY, key, payload, wait
+from support.silent import silent_listener
 from support.waiting import wait_for
 
 from mpcache.cache.l2.base import L2LookupError, LoadResult, StoreResult
@@ -109,28 +108,8 @@ def test_enospc_evicts_and_retries_once_without_a_real_device(make_fs, monkeypat
 @pytest.fixture
 def hung_redis():
     """``redis://`` of a TCP listener that accepts connections and never answers (closed after the test)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-    stop.set()
-    thread.join(5)
-    for connection in accepted:
-        connection.close()
-    listener.close()
+    with silent_listener() as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def test_a_hung_redis_cannot_make_lookups_take_seconds(make_redis, hung_redis):

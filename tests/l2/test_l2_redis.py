@@ -145,3 +145,34 @@ def test_a_usage_refresh_answered_before_a_store_does_not_undo_the_stores_usage(
 
     assert [StoreResult([key(1)], [], [], 1000, [])] == raced
     assert Usage(1000, 3000, 1) == adapter.get_usage()
+
+
+@pytest.mark.parametrize(("field", "value"), [("used", "abc"), ("used", "-5"), ("clock", "abc")])
+def test_a_tampered_stats_field_is_repaired_and_the_shard_keeps_serving(make_redis, redis_server, redis_prefix,
+                                                                       field, value):
+    """``HSET …stats used abc`` (or a negative ``used``, or a ``clock`` that is not a number) disabled the shard
+    until someone repaired the key ("attempt to perform arithmetic on local 'used'"): now the next store
+    recomputes ``used`` from the chunks' sizes (a clock restarts at 0), stores, and the tier's usage is right."""
+    adapter = make_redis(capacity_bytes=3000)
+    wait(adapter.submit_store([(key(1), payload(1))]))
+    redis.Redis.from_url(redis_server).hset(f"{redis_prefix}stats", field, value)
+
+    stored = wait(adapter.submit_store([(key(2), payload(2))]))
+
+    assert (StoreResult([key(2)], [], [], 1000, []), {}) == (stored, adapter.failures.totals())
+    assert ([True, True], Usage(2000, 3000, 2)) == (wait(adapter.lookup([key(1), key(2)])), adapter.get_usage())
+
+
+def test_garbage_names_of_evicted_chunks_are_skipped_and_counted_and_the_batch_is_stored(make_redis, redis_server,
+                                                                                          redis_prefix):
+    """A name entry of the index overwritten with garbage reached an unguarded decode when its chunk was
+    evicted and failed the whole store batch: now that name is skipped and counted (``index``), the chunks
+    are stored, and the well-formed evicted name is reported."""
+    adapter = make_redis(capacity_bytes=3000)
+    wait(adapter.submit_store([(key(1), payload(1)), (key(2), payload(2)), (key(3), payload(3))]))
+    redis.Redis.from_url(redis_server).hset(f"{redis_prefix}name", key_digest(key(1)), b"\x01")
+
+    result = wait(adapter.submit_store([(key(4), payload(4)), (key(5), payload(5))]))
+
+    assert StoreResult([key(4), key(5)], [], [], 2000, [key(2)]) == result
+    assert {"index": 1} == adapter.failures.totals()

@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Drive an LMCache-0.5.6-compatible MP server through LMCache's own vLLM adapters.
+"""Drive an LMCache-compatible MP server through LMCache's own vLLM adapters (0.5.6 or 0.5.7rc3).
 
-Run with the interpreter of the venv that ``.ci/lmcache-env`` builds (it needs
-``lmcache``, ``torch`` and ``pyzmq``; it never imports mpcache or pytest)::
+Run with the interpreter of the venv that ``.ci/lmcache-env`` (LMCache 0.5.6) or
+``.ci/lmcache057-env`` (LMCache 0.5.7rc3) builds (it needs ``lmcache``, ``torch`` and
+``pyzmq``; it never imports mpcache or pytest)::
 
     "$(.ci/lmcache-env | tail -n1)/bin/python" tests/lmcache/driver.py \
         --url tcp://127.0.0.1:5555 --scenario all [--tp 2] [--mla]
+
+The installed client decides the protocol: 0.5.7rc3 (recognised by its token codec) gets
+keys of packed tokens, negotiates the chunk size with ``--chunk-alignment`` and sends
+start-aware lookups with the ``lmcache.hint.engine_computed_tokens`` hint, as rc3's
+connector does; its ``all`` adds the ``lookup_start`` scenario.
 
 It plays the part vLLM's ``LMCacheMPConnector`` plays
 (``lmcache/integration/vllm/lmcache_mp_connector.py``): one
@@ -37,6 +43,7 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -51,6 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import lmcache
 import torch
 import zmq
 from lmcache.integration.vllm.kv_cache_groups import (
@@ -63,6 +71,16 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import (
     ParallelStrategy,
 )
 
+# LMCache 0.5.7rc3 changed the adapters' API with the wire protocol; it is recognised by its token
+# codec (keys carry tokens packed as big-endian uint32 instead of a list of ints).
+try:
+    from lmcache.v1.multiprocess.token_codec import pack_token_ids
+except ImportError:  # LMCache 0.5.6
+    pack_token_ids = None
+CLIENT_057 = pack_token_ids is not None
+# rc3's connector puts vLLM's prefix-cache hit into every lookup's request_configs under this name.
+ENGINE_COMPUTED_HINT = "lmcache.hint.engine_computed_tokens"
+
 SCENARIOS = (
     "cold_miss_then_store",
     "full_hit",
@@ -72,6 +90,8 @@ SCENARIOS = (
     "concurrent",
     "eviction",
 )
+# Part of "all" with LMCache 0.5.7rc3 only: lookups that start past vLLM's prefix cache.
+SCENARIOS_057 = ("lookup_start",)
 # Not part of "all": lock_release clears the server's whole cache (a non-forced CLEAR);
 # survive_restart waits for someone to kill and restart a server (see its docstring).
 EXTRA_SCENARIOS = ("lock_release", "survive_restart")
@@ -122,9 +142,10 @@ def poll(fn: Callable[[], Any], deadline: Deadline, doing: str) -> Any:
 COUNTER_NAMES = (
     "lookups",  # scheduler lookups (each goes to every server)
     "lookup_rpcs",  # lookups x servers
-    "requested_chunks",  # per lookup RPC: whole chunks of the lookup key (what each server hashes)
+    "requested_chunks",  # per lookup RPC: whole chunks of the key from its start (what each server looks up)
     "hit_chunks",  # sum of the hit chunk counts the scheduler adapter returned
-    "server_hit_chunks",  # per lookup RPC: the hit chunks that server answered (sum over servers)
+    "server_hit_chunks",  # per lookup RPC: the hit chunks that server answered past the start (sum over servers)
+    "covered_chunks",  # per lookup RPC: chunks below a start-aware lookup's start (answered as hit, not looked up)
     "free_lookup_locks",  # free_lookup_locks calls (each goes to every server)
     "end_sessions",
     "store_requests",  # per writing rank, submit_store_request calls that reached the server
@@ -233,6 +254,12 @@ def expected_chunk(
 # ---------------------------------------------------------------------------
 
 
+def load_store_op(req: Request, blocks: list[int], start: int, end: int, skip: int = 0) -> LoadStoreOp:
+    """A store or retrieve of [start, end) into one KV group's blocks, in this client's key form."""
+    tokens = {"token_bytes" if CLIENT_057 else "token_ids": req.key_tokens}
+    return LoadStoreOp(**tokens, block_ids=[blocks], start=start, end=end, skip_first_n_tokens=skip)
+
+
 @dataclass
 class Request:
     rid: str
@@ -242,10 +269,20 @@ class Request:
     vllm_hit_tokens: int = 0  # tokens vLLM's own prefix cache already holds
     lmcache_hit_tokens: int = 0
     content_salt: str | None = None  # salt mixed into the fill (defaults to salt)
+    # 0.5.7rc3's connector: where the last lookup started, whether the next one must start at 0 (vLLM's
+    # cached prefix shrank below an earlier start), and the ranges abandoned lookups left locked.
+    lookup_start: int = 0
+    need_full_lookup: bool = False
+    pending_free_ranges: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def fill_salt(self) -> str:
         return self.salt if self.content_salt is None else self.content_salt
+
+    @functools.cached_property
+    def key_tokens(self) -> list[int] | bytes:
+        """The tokens as this client's keys carry them: packed (0.5.7rc3) or a list (0.5.6)."""
+        return self.tokens if pack_token_ids is None else pack_token_ids(self.tokens)
 
 
 class Engine:
@@ -274,6 +311,10 @@ class Engine:
             "lmcache.mp.heartbeat_interval": args.heartbeat_interval,
             "lmcache.mp.mp_transfer_mode": "engine_driven",
         }
+        # 0.5.7rc3's connector always asks the server for a chunk size aligned to its block size.
+        self.alignment = (
+            {"required_chunk_alignment": args.chunk_alignment or None} if CLIENT_057 else {}
+        )
         self.zmq_context = zmq.Context.instance()
         n_servers = len(self.urls)
         self.strategies = [
@@ -296,6 +337,7 @@ class Engine:
             vllm_block_size=args.block_size,
             parallel_strategy=self.strategies[0],
             extra_config=self.extra_config,
+            **self.alignment,
         )
         self.chunk = self.scheduler.lmcache_tokens_per_chunk
         self.blocks_per_chunk = self.chunk // args.block_size
@@ -312,6 +354,7 @@ class Engine:
                 vllm_block_size=args.block_size,
                 parallel_strategy=self.strategies[rank],
                 extra_config=self.extra_config,
+                **self.alignment,
             )
             self.workers.append(worker)
             self.kv.append(
@@ -371,8 +414,8 @@ class Engine:
                 counters.add("store_commit_failures")
             return ok
 
-        def probe_prepare_retrieve(key: Any, instance_id: int) -> Any:
-            result = prepare_retrieve(key, instance_id)
+        def probe_prepare_retrieve(key: Any, instance_id: int, *expected_count: int) -> Any:
+            result = prepare_retrieve(key, instance_id, *expected_count)  # rc3 passes expected_count
             if result is None:
                 counters.add("retrieve_failures")
             else:
@@ -498,7 +541,7 @@ class Engine:
     def lookup_many(self, reqs: list[Request], deadline: Deadline) -> list[int]:
         """maybe_submit_lookup_request for all, then poll check_lookup_result for all."""
         for req in reqs:
-            self.scheduler.maybe_submit_lookup_request(req.rid, req.tokens, cache_salt=req.salt)
+            self.submit_lookup(req)
             self.counters.add("lookups")
             self.counters.add("lookup_rpcs", len(self.urls))
         hits: dict[str, int] = {}
@@ -526,21 +569,54 @@ class Engine:
             raise ScenarioFailure("scheduler adapter marked a server unhealthy during lookup")
         return out
 
-    def _count_server_hits(self, req: Request) -> None:
-        """What each server answered for this lookup (the adapter reports only the minimum).
+    def submit_lookup(self, req: Request) -> None:
+        """One lookup, as this client version's connector sends it.
 
-        Read from the scheduler adapter's per-request table (LMCache 0.5.6's
-        ``_per_server_hits``, kept until ``cleanup_lookup_result``): the numbers a
-        server's own lookup metrics are made of.
+        0.5.7rc3: the lookup starts at vLLM's prefix-cache hit floored to a chunk (0 after
+        that hit shrank below an earlier start) and carries the hit as a hint.
         """
-        per_server = getattr(self.scheduler, "_per_server_hits", {}).get(req.rid)
+        if not CLIENT_057:
+            self.scheduler.maybe_submit_lookup_request(req.rid, req.tokens, cache_salt=req.salt)
+            return
+        req.lookup_start = 0 if req.need_full_lookup else req.vllm_hit_tokens // self.chunk * self.chunk
+        if not self.scheduler.maybe_submit_lookup_request(
+            req.rid,
+            req.key_tokens,
+            cache_salt=req.salt,
+            request_configs={ENGINE_COMPUTED_HINT: req.vllm_hit_tokens},
+            start=req.lookup_start,
+        ):
+            raise ScenarioFailure(f"{req.rid}: the scheduler adapter sent no LOOKUP")
+
+    def _server_hits(self, rid: str) -> list[int] | None:
+        """Each server's answer to a lookup, from the scheduler adapter's private per-request
+        state (kept until ``cleanup_lookup_result``): 0.5.6's ``_per_server_hits``, 0.5.7rc3's
+        ``_lookups`` (a ``LookupState`` with one ``_Server`` per URL)."""
+        if CLIENT_057:
+            lookup = self.scheduler._lookups.get(rid)
+            return None if lookup is None else [s.hit_chunks for s in lookup._servers.values()]
+        per_server = getattr(self.scheduler, "_per_server_hits", {}).get(rid)
+        return None if per_server is None else [int(v) for v in per_server.values()]
+
+    def _count_server_hits(self, req: Request) -> None:
+        """What each server answered for this lookup (the adapter reports only the minimum): the
+        numbers a server's own lookup metrics are made of.  Chunks below a start-aware lookup's
+        start are answered as hit but never looked up, so they count apart from both."""
+        per_server = self._server_hits(req.rid)
         if per_server is None or len(per_server) != len(self.urls):
             raise ScenarioFailure(
                 f"{req.rid}: the scheduler adapter holds no per-server hit counts "
                 f"({per_server!r}); the driver cannot count what each server answered"
             )
-        self.counters.add("server_hit_chunks", sum(int(v) for v in per_server.values()))
-        self.counters.add("requested_chunks", len(self.urls) * (len(req.tokens) // self.chunk))
+        covered = req.lookup_start // self.chunk
+        if min(per_server) < covered:
+            raise ScenarioFailure(
+                f"{req.rid}: a server answered {min(per_server)} hit chunks for a lookup starting at chunk "
+                f"{covered}; the chunks below the start count as hit"
+            )
+        self.counters.add("server_hit_chunks", sum(per_server) - covered * len(self.urls))
+        self.counters.add("covered_chunks", covered * len(self.urls))
+        self.counters.add("requested_chunks", len(self.urls) * (len(req.tokens) // self.chunk - covered))
 
     def after_alloc(self, req: Request) -> bool:
         """update_state_after_alloc: drop lookup state, free locks vLLM won't consume.
@@ -549,18 +625,30 @@ class Engine:
         """
         self.scheduler.cleanup_lookup_result(req.rid)
         needs_retrieve = req.lmcache_hit_tokens > req.vllm_hit_tokens
+        free_end = 0
         if req.lmcache_hit_tokens > 0:
             free_end = req.vllm_hit_tokens if needs_retrieve else req.lmcache_hit_tokens
-            if free_end > 0:
-                self.scheduler.free_lookup_locks(
-                    token_ids=req.tokens,
-                    start=0,
-                    end=free_end,
-                    request_id=req.rid,
-                    cache_salt=req.salt,
-                )
-                self.counters.add("free_lookup_locks")
+        if free_end > 0 or req.pending_free_ranges:
+            self.free_lookup_locks(req, free_end)
         return needs_retrieve
+
+    def free_lookup_locks(self, req: Request, end: int) -> None:
+        """free_lookup_locks(0, end); with 0.5.7rc3 also the ranges abandoned lookups left locked."""
+        if CLIENT_057:
+            self.scheduler.free_lookup_locks(
+                packed_token_ids=req.key_tokens,
+                start=0,
+                end=end,
+                request_id=req.rid,
+                cache_salt=req.salt,
+                extra_ranges=tuple(req.pending_free_ranges),
+            )
+            req.pending_free_ranges = []
+        else:
+            self.scheduler.free_lookup_locks(
+                token_ids=req.tokens, start=0, end=end, request_id=req.rid, cache_salt=req.salt
+            )
+        self.counters.add("free_lookup_locks")
 
     def end_session(self, req: Request) -> None:
         self.scheduler.end_session(req.rid)
@@ -588,12 +676,8 @@ class Engine:
                 continue
             bs = self.geo.block_size
             ops.append(
-                LoadStoreOp(
-                    token_ids=req.tokens,
-                    block_ids=[req.blocks[start // bs : end // bs]],
-                    start=start,
-                    end=end,
-                    skip_first_n_tokens=req.vllm_hit_tokens - start,
+                load_store_op(
+                    req, req.blocks[start // bs : end // bs], start, end, skip=req.vllm_hit_tokens - start
                 )
             )
             ids.append(req.rid)
@@ -629,14 +713,7 @@ class Engine:
             if end <= start:
                 continue
             bs = self.geo.block_size
-            ops.append(
-                LoadStoreOp(
-                    token_ids=req.tokens,
-                    block_ids=[req.blocks[start // bs : end // bs]],
-                    start=start,
-                    end=end,
-                )
-            )
+            ops.append(load_store_op(req, req.blocks[start // bs : end // bs], start, end))
             ids.append(req.rid)
             salts.append(req.salt)
             self.counters.add("stored_chunks", (end - start) // self.chunk)
@@ -721,6 +798,35 @@ class Scenarios:
         if got != want:
             raise ScenarioFailure(f"{what}: expected {want}, got {got}")
 
+    def clear(self) -> None:
+        """A non-forced CLEAR (the scheduler adapter's reset_cache): drops what no read lock holds."""
+        if not self.e.scheduler.reset_cache():
+            raise ScenarioFailure("CLEAR (force=False) was not answered")
+
+    def apc_request(self, tag: str, tokens: list[int], dl: Deadline, vllm_hit: int, want_hits: int,
+                    want_retrieve: bool) -> Request:
+        """A request whose first ``vllm_hit`` tokens vLLM's prefix cache already holds (their blocks
+        carry a sentinel a retrieve must leave alone): lookup, free the locks vLLM will not use, and
+        retrieve and verify LMCache's hit past them.  The caller ends it (or stores it first)."""
+        e = self.e
+        r = self.req(tag, tokens)
+        r.vllm_hit_tokens = vllm_hit
+        vllm_blocks = vllm_hit // e.geo.block_size
+        e.set_blocks(r, 0, vllm_blocks, SENTINEL)
+        [hits] = e.lookup_many([r], dl)
+        self.expect(f"{r.rid} lookup hit chunks", hits, want_hits)
+        self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), want_retrieve)
+        if want_retrieve:
+            self.retrieve_past_apc(r, dl)
+        e.check_blocks_equal(r, 0, vllm_blocks, SENTINEL, "vLLM prefix-cache blocks")
+        return r
+
+    def retrieve_past_apc(self, r: Request, dl: Deadline) -> None:
+        """Retrieve from the chunk holding vLLM's hit on (its first tokens skipped) and verify it."""
+        self.e.retrieve_many([r], dl)
+        self.e.verify_chunks(r, r.vllm_hit_tokens // self.chunk, r.lmcache_hit_tokens // self.chunk,
+                             skip_tokens=r.vllm_hit_tokens % self.chunk)
+
     def cold_store(self, tag: str, tokens: list[int], dl: Deadline, salt: str = "",
                    content_salt: str | None = None) -> int:
         """A request nobody cached yet: lookup (miss), compute, store, finish."""
@@ -803,29 +909,13 @@ class Scenarios:
         p = self.prompt(4)
         self.cold_store("apc-p", p, dl)
         for vllm_hit in (self.chunk + 2 * bs, 7 * bs):
-            # vLLM's prefix cache already holds the first vllm_hit tokens: those blocks carry
-            # a sentinel and a retrieve must leave them alone.
-            r = self.req("apc", p)
-            r.vllm_hit_tokens = vllm_hit
-            vllm_blocks = vllm_hit // bs
-            e.set_blocks(r, 0, vllm_blocks, SENTINEL)
-            [hits] = e.lookup_many([r], dl)
-            self.expect(f"{r.rid} lookup hit chunks", hits, 4)
             # free_lookup_locks(0, vllm_hit): the server frees the whole chunks below
             # vllm_hit (floor), the retrieve then starts at the chunk containing vllm_hit.
-            self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), True)
-            e.retrieve_many([r], dl)
-            e.check_blocks_equal(r, 0, vllm_blocks, SENTINEL, "vLLM prefix-cache blocks")
-            e.verify_chunks(r, vllm_hit // self.chunk, hits,
-                            skip_tokens=vllm_hit - vllm_hit // self.chunk * self.chunk)
+            r = self.apc_request("apc", p, dl, vllm_hit, want_hits=4, want_retrieve=True)
             e.end_session(r)
             e.release(r)
         # vLLM holds everything LMCache has: no retrieve, every lock freed.
-        r = self.req("apc-all", p)
-        r.vllm_hit_tokens = 4 * self.chunk
-        [hits] = e.lookup_many([r], dl)
-        self.expect(f"{r.rid} lookup hit chunks", hits, 4)
-        self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), False)
+        r = self.apc_request("apc-all", p, dl, 4 * self.chunk, want_hits=4, want_retrieve=False)
         e.end_session(r)
         e.release(r)
         # The same prompt can still be looked up and retrieved in full afterwards.
@@ -884,6 +974,33 @@ class Scenarios:
         # The extensions' new chunks landed.
         for t in extended:
             self.warm("conc-3", t, dl, want_hits=len(t) // self.chunk, store=False)
+
+    def lookup_start(self, dl: Deadline) -> None:
+        """0.5.7rc3's start-aware lookups: vLLM's prefix cache holds a chunk-aligned prefix, so the
+        lookup starts there (the server locks and prefetches only the rest) and the server answers
+        the covered chunks as hit, whether it holds them or not; the retrieve starts at the start."""
+        e = self.e
+        p = self.prompt(4)
+        self.cold_store("start-p", p, dl)
+        # vLLM holds chunks 0..1: lookup [512, 1024) answered 2 covered + 2 found, free(0, 512),
+        # retrieve chunks 2..3; then all 4: the lookup starts at its aligned end, nothing to retrieve.
+        for covered, retrieve in ((2, True), (4, False)):
+            r = self.apc_request("start-p", p, dl, covered * self.chunk, want_hits=4, want_retrieve=retrieve)
+            e.end_session(r)
+            e.release(r)
+        # vLLM holds chunk 0 of a prompt the server never saw: answered as hit all the same, so
+        # the connector stores from chunk 1 on and the server never gets chunk 0 ...
+        q = self.prompt(3)
+        r = self.apc_request("start-new", q, dl, self.chunk, want_hits=1, want_retrieve=False)
+        e.write_blocks(r, 1, 3)
+        e.store_many([r], dl)
+        e.end_session(r)
+        e.release(r)
+        # ... so a lookup from 0 stops at chunk 0, while one past it finds chunks 1..2.
+        for covered, want_hits in ((0, 0), (1, 3)):
+            r = self.apc_request("start-new", q, dl, covered * self.chunk, want_hits, want_retrieve=want_hits > 0)
+            e.end_session(r)
+            e.release(r)
 
     def eviction(self, dl: Deadline) -> None:
         e = self.e
@@ -1035,8 +1152,7 @@ class Scenarios:
             self.warm("rs-new-check", t, dl, want_hits=3, store=False)
         # Every request above ended with end_session after its retrieve or lock frees: a
         # non-forced CLEAR drops everything that is not read-locked, so nothing may hit.
-        if not e.scheduler.reset_cache():
-            raise ScenarioFailure("CLEAR (force=False) was not answered")
+        self.clear()
         r = self.req("rs-after-clear", t)
         [hits] = e.lookup_many([r], dl)
         r.vllm_hit_tokens = r.lmcache_hit_tokens
@@ -1071,8 +1187,7 @@ class Scenarios:
         e.after_alloc(freed)
         e.end_session(freed)
         e.release(freed)
-        if not e.scheduler.reset_cache():
-            raise ScenarioFailure("CLEAR (force=False) was not answered")
+        self.clear()
 
         def probe(tag: str, tokens: list[int]) -> int:
             r = self.req(tag, tokens)
@@ -1093,10 +1208,37 @@ class Scenarios:
         e.verify_chunks(held, 0, 4)
         e.end_session(held)
         e.release(held)
-        if not e.scheduler.reset_cache():
-            raise ScenarioFailure("CLEAR (force=False) was not answered")
+        self.clear()
         self.expect("after retrieving and a second CLEAR, P's hit chunks (locks all given back)",
                     probe("lock-p-final", p), 0)
+        if CLIENT_057:
+            self.abandoned_lookup_locks(dl, probe)
+
+    def abandoned_lookup_locks(self, dl: Deadline, probe: Callable[[str, list[int]], int]) -> None:
+        """0.5.7rc3: vLLM's cached prefix shrinks below a start-aware lookup's start, so the
+        connector abandons that lookup, looks up again from 0, and gives the first lookup's
+        locks back as ``extra_ranges`` of the one free_lookup_locks; a CLEAR then drops it all."""
+        e = self.e
+        p = self.prompt(4)
+        self.cold_store("shrink-p", p, dl)
+        r = self.req("shrink", p)
+        r.vllm_hit_tokens = 2 * self.chunk
+        [hits] = e.lookup_many([r], dl)  # locks chunks 2..3
+        self.expect(f"{r.rid} start-aware lookup hit chunks", hits, 4)
+        r.pending_free_ranges.append((r.lookup_start, r.lmcache_hit_tokens))
+        e.scheduler.cleanup_lookup_result(r.rid)
+        r.vllm_hit_tokens, r.need_full_lookup = self.chunk, True
+        e.set_blocks(r, 0, e.blocks_per_chunk, SENTINEL)
+        [hits] = e.lookup_many([r], dl)  # locks chunks 0..3
+        self.expect(f"{r.rid} lookup from 0 after the shrink: hit chunks", hits, 4)
+        self.expect(f"{r.rid} retrieve follows", e.after_alloc(r), True)
+        self.retrieve_past_apc(r, dl)
+        e.check_blocks_equal(r, 0, e.blocks_per_chunk, SENTINEL, "vLLM prefix-cache blocks")
+        e.end_session(r)
+        e.release(r)
+        self.clear()
+        self.expect("after CLEAR, the abandoned and the retrieved lookup's chunks: hit chunks",
+                    probe("shrink-after", p), 0)
 
 
 # ---------------------------------------------------------------------------
@@ -1109,7 +1251,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--url", nargs="+", required=True, action="extend",
                     help="server URL(s), e.g. tcp://127.0.0.1:5555; several = one per server")
     ap.add_argument("--scenario", default="all",
-                    help=f"one of {', '.join(SCENARIOS)}, 'all' (those, in that order), or a comma-separated list; "
+                    help=f"one of {', '.join(SCENARIOS + SCENARIOS_057)}, 'all' (those, in that order; "
+                    f"{', '.join(SCENARIOS_057)} only with LMCache 0.5.7), or a comma-separated list; "
                     "also lock_release (not in 'all': it clears the server's cache) and "
                     "survive_restart (not in 'all': it waits for a server restart)")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
@@ -1119,6 +1262,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--head-size", type=int, default=None,
                     help="head size; default 64, or 576 (DeepSeek's latent width) with --mla")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--chunk-alignment", type=int, default=None,
+                    help="LMCache 0.5.7rc3: the alignment the adapters negotiate the chunk size with "
+                    "(default the block size, as vLLM's connector; 0: ask get_chunk_size instead)")
     ap.add_argument("--dtype", default="float16", choices=sorted(DTYPES))
     ap.add_argument("--num-blocks", type=int, default=1024, help="paged blocks per rank")
     ap.add_argument("--model-name", default="", help="default derives from the geometry")
@@ -1143,16 +1289,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.head_size = 576 if args.mla else 64
     if args.seed is None:
         args.seed = (time.time_ns() ^ (os.getpid() << 20)) % 1_000_000_007
+    if args.chunk_alignment is None:
+        args.chunk_alignment = args.block_size
+    elif not CLIENT_057:
+        ap.error("--chunk-alignment needs LMCache 0.5.7's adapters (0.5.6 only asks get_chunk_size)")
+    version_scenarios = SCENARIOS_057 if CLIENT_057 else ()
     args.scenarios = []
     for name in (s.strip() for s in args.scenario.split(",")):
         if name == "all":
-            args.scenarios.extend(SCENARIOS)
+            args.scenarios.extend(SCENARIOS + version_scenarios)
         elif name:
             args.scenarios.append(name)
-    unknown = [s for s in args.scenarios if s not in SCENARIOS + EXTRA_SCENARIOS]
+    known = SCENARIOS + version_scenarios + EXTRA_SCENARIOS
+    unknown = [s for s in args.scenarios if s not in known]
     if unknown or not args.scenarios:
-        ap.error(f"unknown scenario(s) {unknown}; choose from "
-                 f"{list(SCENARIOS + EXTRA_SCENARIOS)} or all")
+        ap.error(f"unknown scenario(s) {unknown}; choose from {list(known)} or all"
+                 + ("" if CLIENT_057 else f" ({list(SCENARIOS_057)} need LMCache 0.5.7)"))
     if args.tp % len(args.url):
         ap.error("--tp must be a multiple of the number of --url servers (as vLLM requires)")
     if not args.mla and args.kv_heads % args.tp:
@@ -1171,6 +1323,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     base: dict[str, Any] = {
         "ok": False,
+        "lmcache_version": lmcache.__version__,
         "urls": args.url,
         "tp": args.tp,
         "mla": args.mla,

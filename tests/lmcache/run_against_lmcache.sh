@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# Run the LMCache harness against LMCache 0.5.6's OWN MP server (the reference behaviour):
-# the driver at TP=1, TP=2, MLA, MLA+TP=2 and TP=2 over two servers, the edge-case probe,
-# and `lmcache bench server` via run_bench_client.py.  Starts its servers on free loopback
-# ports with their own shared-memory names and stops them (and removes their segments) on exit.
+# Run the LMCache harness against LMCache's OWN MP server (the reference behaviour): the driver
+# at TP=1, TP=2, MLA, MLA+TP=2 and TP=2 over two servers; with 0.5.6 also the edge-case probe and
+# `lmcache bench server` via run_bench_client.py (both speak 0.5.6's protocol).  Starts its
+# servers on free loopback ports with their own shared-memory names and stops them (and removes
+# their segments) on exit.
 #
-#   tests/lmcache/run_against_lmcache.sh            # everything
+#   tests/lmcache/run_against_lmcache.sh            # everything, LMCache 0.5.6
 #   SCENARIO=full_hit tests/lmcache/run_against_lmcache.sh
+#   LMCACHE=0.5.7rc3 tests/lmcache/run_against_lmcache.sh   # rc3's driver against rc3's server
+#                                                           # (.ci/lmcache057-server-env)
 #
 # Exit status: 0 when every run passed.  Logs and JSON results go to $OUT (default a temp dir).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 LMCACHE_DISABLE_BANNER=1
-VENV="$(.ci/lmcache-env | tail -n1)"
+case "${LMCACHE:-0.5.6}" in
+    0.5.6)
+        VENV="$(.ci/lmcache-env | tail -n1)"
+        SERVER=("$VENV/bin/python")
+        ;;
+    0.5.7rc3)
+        VENV="$(.ci/lmcache057-env | tail -n1)"
+        SERVER_VENV="$(.ci/lmcache057-server-env | tail -n1)"
+        SERVER=(env PYTHONPATH="$SERVER_VENV/hook"
+                LMCACHE056_NATIVE_SO="$SERVER_VENV/lmcache056/lmcache_native.cpython-311-x86_64-linux-gnu.so"
+                "$SERVER_VENV/bin/python")
+        ;;
+    *) echo "LMCACHE must be 0.5.6 or 0.5.7rc3" >&2; exit 2 ;;
+esac
 PY="$VENV/bin/python"
 OUT="${OUT:-$(mktemp -d /tmp/lmcache-harness.XXXXXX)}"
 SCENARIO="${SCENARIO:-all,lock_release}"
 L1_GB="${L1_GB:-0.25}"
+mkdir -p "$OUT"
 echo "results in $OUT" >&2
 
 PIDS=()
@@ -46,7 +63,7 @@ start_server() {
     metrics="$(free_port)"
     name="harness$$_$port"
     log="$OUT/server-$port.log"
-    "$PY" -m lmcache.v1.multiprocess.server --host 127.0.0.1 --port "$port" \
+    "${SERVER[@]}" -m lmcache.v1.multiprocess.server --host 127.0.0.1 --port "$port" \
         --supported-transfer-mode engine_driven --shm-name "$name" --l1-size-gb "$L1_GB" \
         --no-l1-use-lazy --eviction-policy LRU --max-workers 2 \
         --prometheus-port "$metrics" >"$log" 2>&1 &
@@ -86,9 +103,11 @@ run driver-tp2 "$PY" "${D[@]}" --url "$URL1" --tp 2
 run driver-mla "$PY" "${D[@]}" --url "$URL1" --mla
 run driver-mla-tp2 "$PY" "${D[@]}" --url "$URL1" --mla --tp 2
 run driver-tp2-2servers "$PY" "${D[@]}" --url "$URL1" "$URL2" --tp 2
-run probe "$PY" tests/lmcache/probe_edges.py --url "$URL2"
-run bench-tp1 python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8
-run bench-tp2 python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8 --tp 2
-run bench-mla python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8 --mla
+if [[ "${LMCACHE:-0.5.6}" == 0.5.6 ]]; then
+    run probe "$PY" tests/lmcache/probe_edges.py --url "$URL2"
+    run bench-tp1 python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8
+    run bench-tp2 python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8 --tp 2
+    run bench-mla python3 tests/lmcache/run_bench_client.py --venv "$VENV" --rpc-url "$URL1" --requests 8 --mla
+fi
 echo "$failures failed" >&2
 [[ $failures -eq 0 ]]

@@ -1,10 +1,14 @@
-"""LMCache 0.5.6's own client code against ``bin/start-cache --lmcache-port``: its vLLM adapters
-(``driver.py``) and its load client (``lmcache bench server``), each checked against /metrics.
+"""LMCache's own client code against ``bin/start-cache --lmcache-port``: the vLLM adapters of LMCache 0.5.6
+and of 0.5.7rc3 (``driver.py``, which plays whichever is installed) and 0.5.6's load client (``lmcache
+bench server``), each checked against /metrics; and, as the harness's own check, the rc3 driver against
+rc3's own server.
 
-The LMCache code runs in its own virtual environment (torch, lmcache), never in mpcache's: the
-tests start it as a subprocess.  Its interpreter is ``$MPCACHE_LMCACHE_PYTHON``; when that is
-unset, the venv ``.ci/lmcache-env`` builds is used if it is already complete.  Without one the
-tests skip, saying how to get it; with ``MPCACHE_REQUIRE_LMCACHE=1`` (CI sets it) they fail.
+The LMCache code runs in its own virtual environments (torch, lmcache), never in mpcache's: the tests
+start it as a subprocess.  The interpreters are ``$MPCACHE_LMCACHE_PYTHON`` (0.5.6) and
+``$MPCACHE_LMCACHE057_PYTHON`` (0.5.7rc3); when one is unset, the venv ``.ci/lmcache-env`` or
+``.ci/lmcache057-env`` builds is used if it is already complete (rc3's own server:
+``.ci/lmcache057-server-env``'s).  Without one the tests that need it skip, saying how to get it; with
+``MPCACHE_REQUIRE_LMCACHE=1`` (CI sets it) they fail.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,8 +38,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DRIVER = HERE / "driver.py"
 BENCH = HERE / "run_bench_client.py"
-LMCACHE_ENV = REPO / ".ci" / "lmcache-env"
-DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "lmcache-0.5.6-venv"
+CACHE = Path.home() / ".cache" / "mpcache"
 # Every process that imports lmcache: no usage reports leave the machine.
 NO_TRACKING = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
 CHUNK = 256  # tokens per chunk (mpcache's default --chunk-size, what the adapters read)
@@ -43,49 +49,97 @@ IMPORT_CHECK = ("import sys, importlib.util as u; "
                 "missing = [m for m in ('torch', 'zmq', 'lmcache') if u.find_spec(m) is None]; "
                 "sys.exit('missing: ' + ', '.join(missing)) if missing else print(sys.prefix)")
 
+# -- the LMCache client environments -----------------------------------------------------------------------
 
-# -- the LMCache client environment ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClientEnv:
+    """Where one LMCache version's client venv comes from."""
+
+    version: str  # what the driver reports (lmcache.__version__) starts with this
+    python_var: str  # names its interpreter explicitly
+    venv_var: str  # names where the build script keeps it
+    default_venv: Path
+    script: Path  # builds it; --reuse-only validates it, building nothing
+    bench: bool  # its bin/lmcache (``lmcache bench server``) is used too
 
 
-def _lmcache_unavailable(reason: str):
+LMCACHE056 = ClientEnv("0.5.6", "MPCACHE_LMCACHE_PYTHON", "MPCACHE_LMCACHE_VENV", CACHE / "lmcache-0.5.6-venv",
+                       REPO / ".ci" / "lmcache-env", bench=True)
+LMCACHE057 = ClientEnv("0.5.7rc3", "MPCACHE_LMCACHE057_PYTHON", "MPCACHE_LMCACHE057_VENV",
+                       CACHE / "lmcache-0.5.7rc3-venv", REPO / ".ci" / "lmcache057-env", bench=False)
+CLIENTS = {client.version: client for client in (LMCACHE056, LMCACHE057)}
+CLIENT_PARAMS = [pytest.param(LMCACHE056.version, id="lmcache-0.5.6"),
+                 pytest.param(LMCACHE057.version, id="lmcache-0.5.7rc3")]
+
+
+def _lmcache_unavailable(what: str, reason: str, how: str):
     if os.environ.get("MPCACHE_REQUIRE_LMCACHE") == "1":
-        pytest.fail(f"MPCACHE_REQUIRE_LMCACHE=1, but LMCache's client environment is unusable: {reason}",
-                    pytrace=False)
-    pytest.skip(f"LMCache 0.5.6 client environment not available: {reason} (build it with "
-                f".ci/lmcache-env, minutes and the package index; or point MPCACHE_LMCACHE_PYTHON at "
-                f"its python)")
+        pytest.fail(f"MPCACHE_REQUIRE_LMCACHE=1, but {what} is unusable: {reason}", pytrace=False)
+    pytest.skip(f"{what} not available: {reason} ({how})")
+
+
+def reuse_venv(script: Path, what: str, how: str) -> Path:
+    """The venv ``script --reuse-only`` names: it validates the marker's hash and the imports, building
+    nothing."""
+    try:
+        found = subprocess.run([str(script), "--reuse-only"], env=dict(os.environ, **NO_TRACKING),
+                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        _lmcache_unavailable(what, f"{script} --reuse-only did not finish within 180 s", how)
+    if found.returncode != 0 or not found.stdout.strip():
+        _lmcache_unavailable(what, f"{script} --reuse-only exited {found.returncode}: "
+                             f"{found.stderr.strip()[-800:]}", how)
+    return Path(found.stdout.strip().splitlines()[-1])
+
+
+def client_venv(client: ClientEnv) -> Path:
+    """The client venv's prefix (its ``bin/python`` runs the driver, 0.5.6's ``bin/lmcache`` the bench)."""
+    what = f"LMCache {client.version}'s client environment"
+    how = (f"build it with {client.script.relative_to(REPO)}, minutes and the package index; or point "
+           f"{client.python_var} at its python")
+    python = os.environ.get(client.python_var)
+    if not python:
+        venv = Path(os.environ.get(client.venv_var) or client.default_venv)
+        if not (venv / ".complete").is_file():
+            _lmcache_unavailable(what, f"no complete venv at {venv} (no .complete marker) and {client.python_var} "
+                                 "unset", how)
+        python = str(reuse_venv(client.script, what, how) / "bin" / "python")
+    try:
+        checked = subprocess.run([python, "-c", IMPORT_CHECK], env=dict(os.environ, **NO_TRACKING),
+                                 capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _lmcache_unavailable(what, f"{python} does not run: {exc}", how)
+    if checked.returncode != 0:
+        _lmcache_unavailable(what, f"{python} lacks LMCache's packages: {checked.stderr.strip()[-800:]}", how)
+    prefix = Path(checked.stdout.strip().splitlines()[-1])
+    if client.bench and not (prefix / "bin" / "lmcache").exists():
+        _lmcache_unavailable(what, f"{prefix}/bin/lmcache missing (the `lmcache bench server` client)", how)
+    return prefix
 
 
 @pytest.fixture(scope="session")
 def lmcache_venv() -> Path:
-    """The LMCache venv's prefix (its ``bin/python`` runs the driver, its ``bin/lmcache`` the bench)."""
-    env = dict(os.environ, **NO_TRACKING)
-    python = os.environ.get("MPCACHE_LMCACHE_PYTHON")
-    if not python:
-        venv = Path(os.environ.get("MPCACHE_LMCACHE_VENV") or DEFAULT_VENV)
-        if not (venv / ".complete").is_file():
-            _lmcache_unavailable(f"no complete venv at {venv} (no .complete marker) and MPCACHE_LMCACHE_PYTHON "
-                                 "unset")
-        try:  # validates the marker's hash and the imports; builds nothing
-            found = subprocess.run([str(LMCACHE_ENV), "--reuse-only"], env=env, capture_output=True, text=True,
-                                   timeout=180, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            _lmcache_unavailable(f"{LMCACHE_ENV} --reuse-only did not finish within 180 s")
-        if found.returncode != 0 or not found.stdout.strip():
-            _lmcache_unavailable(f"{LMCACHE_ENV} --reuse-only exited {found.returncode}: "
-                                 f"{found.stderr.strip()[-800:]}")
-        python = str(Path(found.stdout.strip().splitlines()[-1]) / "bin" / "python")
-    try:
-        checked = subprocess.run([python, "-c", IMPORT_CHECK], env=env, capture_output=True, text=True,
-                                 timeout=180, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _lmcache_unavailable(f"{python} does not run: {exc}")
-    if checked.returncode != 0:
-        _lmcache_unavailable(f"{python} lacks LMCache's packages: {checked.stderr.strip()[-800:]}")
-    prefix = Path(checked.stdout.strip().splitlines()[-1])
-    if not (prefix / "bin" / "lmcache").exists():
-        _lmcache_unavailable(f"{prefix}/bin/lmcache missing (the `lmcache bench server` client)")
-    return prefix
+    """LMCache 0.5.6's client venv."""
+    return client_venv(LMCACHE056)
+
+
+@pytest.fixture(scope="session")
+def lmcache057_venv() -> Path:
+    """LMCache 0.5.7rc3's client venv."""
+    return client_venv(LMCACHE057)
+
+
+@pytest.fixture
+def client(request) -> str:
+    """The client version a test is parametrized with (``CLIENT_PARAMS``)."""
+    return request.param
+
+
+@pytest.fixture
+def client_prefix(request, client) -> Path:
+    """That version's client venv."""
+    return request.getfixturevalue("lmcache_venv" if client == LMCACHE056.version else "lmcache057_venv")
 
 
 # -- services --------------------------------------------------------------------------------------
@@ -95,12 +149,12 @@ class LMService(Service):
     """``bin/start-cache --lmcache-port`` with ``workers`` cache processes; ``urls[i]`` is cache process i.
     ``--lmcache-allow-clear``: the driver's scenarios reveal leftover read locks with a CLEAR."""
 
-    def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int | None, *flags: str) -> None:
+    def __init__(self, tmp_path: Path, workers: int, chunk_bytes: int | None, *flags: str, slots: int = SLOTS) -> None:
         self.workers = workers
         self.chunk_bytes = chunk_bytes
-        # chunk_bytes None: no size flag at all (the default L1); else an L1 of SLOTS such objects, so that
-        # the driver's eviction scenario overfills it quickly
-        self.l1_bytes = 256 * 2**20 if chunk_bytes is None else SLOTS * chunk_bytes
+        # chunk_bytes None: no size flag at all (the default L1); else an L1 of `slots` such objects (SLOTS: the
+        # driver's eviction scenario overfills it quickly)
+        self.l1_bytes = 256 * 2**20 if chunk_bytes is None else slots * chunk_bytes
         sizes = () if chunk_bytes is None else ("--chunk-bytes", str(chunk_bytes), "--l1-size", str(self.l1_bytes))
         base = free_ports(workers, run=True)[0]  # cache process i listens on base + i
         self.urls = [f"tcp://127.0.0.1:{base + i}" for i in range(workers)]
@@ -125,10 +179,11 @@ class LMService(Service):
 
 @pytest.fixture
 def start_lmcache_service(start_service):
-    """``start(workers, chunk_bytes, *flags)`` → a ready :class:`LMService`, torn down by ``start_service``."""
+    """``start(workers, chunk_bytes, *flags, slots=SLOTS)`` → a ready :class:`LMService`, torn down by
+    ``start_service``."""
 
-    def start(workers: int, chunk_bytes: int | None, *flags: str) -> LMService:
-        service = start_service(workers, chunk_bytes, *flags, kind=LMService)
+    def start(workers: int, chunk_bytes: int | None, *flags: str, slots: int = SLOTS) -> LMService:
+        service = start_service(workers, chunk_bytes, *flags, kind=LMService, slots=slots)
         service.ready()
         return service
 
@@ -145,15 +200,17 @@ def object_bytes(tp: int, mla: bool, layers: int = 2, kv_heads: int = 2, head_si
     return 2 * layers * CHUNK * (kv_heads // tp) * (head_size or 64) * 2
 
 
-def driver_command(venv: Path, service: LMService, urls: list[str], tp: int, mla: bool, scenario: str,
+def driver_command(venv: Path, l1_bytes: int, urls: list[str], tp: int, mla: bool, scenario: str,
                    *extra: str) -> list[str]:
     cmd = [str(venv / "bin" / "python"), str(DRIVER), "--url", *urls, "--scenario", scenario, "--tp", str(tp),
-           "--l1-size-gb", repr(service.l1_bytes / 2**30), "--concurrency", "4", "--mq-timeout", "20",
+           "--l1-size-gb", repr(l1_bytes / 2**30), "--concurrency", "4", "--mq-timeout", "20",
            "--scenario-timeout", "120", "--timeout", "280", *extra]
     return cmd + (["--mla"] if mla else [])
 
 
-def driver_verdict(stdout: str, returncode: int, stderr_path: Path) -> dict:
+def driver_verdict(stdout: str, returncode: int, stderr_path: Path, client: str) -> dict:
+    """The driver's JSON verdict; AssertionError, with its reasons and stderr, unless every scenario passed
+    under the client version the test meant to run."""
     lines = stdout.strip().splitlines()
     try:
         result = json.loads(lines[-1])
@@ -166,17 +223,33 @@ def driver_verdict(stdout: str, returncode: int, stderr_path: Path) -> dict:
         raise AssertionError(
             f"driver exited {returncode}: {(result or {}).get('reason')!r}; failed scenarios {failed}\n"
             f"last stdout line: {lines[-1] if lines else ''!r}\ndriver stderr (tail):\n{stderr}")
+    assert result["lmcache_version"].startswith(client), f"the driver ran LMCache {result['lmcache_version']}"
     return result
 
 
-def run_driver(venv: Path, service: LMService, urls: list[str], tp: int, mla: bool, scenario: str,
+def start_driver(venv: Path, l1_bytes: int, urls: list[str], tp: int, mla: bool, scenario: str,
+                 stderr_path: Path, *extra: str) -> subprocess.Popen:
+    with open(stderr_path, "w") as stderr:
+        return subprocess.Popen(driver_command(venv, l1_bytes, urls, tp, mla, scenario, *extra),
+                                env=dict(os.environ, **NO_TRACKING), stdout=subprocess.PIPE, stderr=stderr,
+                                stdin=subprocess.DEVNULL, text=True, cwd=REPO)
+
+
+def wait_driver(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[str, int]:
+    """(stdout, exit status) of a driver :func:`start_driver` started, killed at the deadline."""
+    try:
+        stdout, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, _ = proc.communicate()
+    return stdout, proc.returncode
+
+
+def run_driver(venv: Path, client: str, l1_bytes: int, urls: list[str], tp: int, mla: bool, scenario: str,
                tmp_path: Path, *extra: str) -> dict:
     stderr_path = tmp_path / "driver.stderr"
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.run(driver_command(venv, service, urls, tp, mla, scenario, *extra),
-                              env=dict(os.environ, **NO_TRACKING), stdout=subprocess.PIPE, stderr=stderr,
-                              stdin=subprocess.DEVNULL, text=True, timeout=300, cwd=REPO)
-    return driver_verdict(proc.stdout, proc.returncode, stderr_path)
+    proc = start_driver(venv, l1_bytes, urls, tp, mla, scenario, stderr_path, *extra)
+    return driver_verdict(*wait_driver(proc), stderr_path, client)
 
 
 # -- /metrics against the driver's counts ----------------------------------------------------------
@@ -199,7 +272,9 @@ def expected_metrics(totals: dict) -> dict[str, float]:
     Every lookup RPC is answered by one server, whose status the scheduler adapter consumes exactly
     once: one lookup record per RPC, requesting the key's whole chunks and hitting what that server
     answered (``server_hit_chunks`` sums the per-server answers; ``hit_chunks`` is their minimum per
-    lookup, so it undercounts with two servers).  An L1 object is one (chunk, KV rank) piece: every
+    lookup, so it undercounts with two servers).  A 0.5.7 start-aware lookup never looks up the chunks
+    below its start, which the server answers as hit: they count in neither (``covered_chunks``), as
+    LMCache 0.5.7rc3's own server counts them.  An L1 object is one (chunk, KV rank) piece: every
     object a prepare_store reserved was committed (the driver fails on a False commit), every slot a
     prepare_retrieve handed out was committed back.  One throughput sample per transfer that moved
     bytes: a prepare_store with at least one slot, or a prepare_retrieve with at least one slot.
@@ -218,38 +293,43 @@ def expected_metrics(totals: dict) -> dict[str, float]:
     return expected
 
 
-def settled_scrape(service: LMService, expected: dict[str, float], timeout_s: float = 30) -> Scrape:
-    """The first scrape showing every expected value (the telemetry process drains the rings
-    asynchronously), or, at the deadline, the last one, for the assertions to report on."""
+def settled_scrape(scrape_now: Callable[[], Scrape], expected: dict[str, float], timeout_s: float = 30) -> Scrape:
+    """The first scrape showing every expected value (metrics are counted asynchronously), or, at the
+    deadline, the last one, for the assertions to report on."""
     last: list[Scrape] = []
 
     def matches():
-        scrape = service.scrape()
+        scrape = scrape_now()
         last[:] = [scrape]
         return scrape if all(scrape.total(name) == value for name, value in expected.items()) else None
 
     try:
         return wait_for(matches, timeout_s, "/metrics to show the driver's counts")
     except AssertionError:
-        return last[0] if last else service.scrape()
+        return last[0] if last else scrape_now()
 
 
-def check_metrics(service: LMService, result: dict, tp: int, mla: bool, servers: int) -> Scrape:
+def check_driver_totals(totals: dict, servers: int) -> None:
+    """The driver's own bookkeeping is consistent with what the servers answered: a lookup's hit is the
+    minimum over the servers (covered chunks included), so each server answered at least that."""
+    answered = totals["server_hit_chunks"] + totals["covered_chunks"]
+    if servers == 1:
+        assert answered == totals["hit_chunks"]
+    else:
+        assert answered >= servers * totals["hit_chunks"]
+    assert totals["requested_chunks"] >= totals["server_hit_chunks"] > 0
+    assert totals["stored_objects"] > 0 and totals["verified_chunks"] == totals["retrieved_objects"] > 0
+
+
+def check_metrics(service: LMService, result: dict, servers: int) -> Scrape:
     totals = result["totals"]
     expected = expected_metrics(totals)
-    scrape = settled_scrape(service, expected)
+    scrape = settled_scrape(service.scrape, expected)
     got = {name: scrape.total(name) for name in expected}
     print(f"\n/metrics {got}\nload samples {scrape.total(LOAD_SAMPLES)}, driver totals {totals}")
     assert got == expected, f"/metrics vs the driver's counts (totals {totals})"
-    # The driver's own bookkeeping is consistent with what the servers answered: a lookup's hit is
-    # the minimum over the servers, so each server answered at least that.
-    if servers == 1:
-        assert totals["server_hit_chunks"] == totals["hit_chunks"]
-    else:
-        assert totals["server_hit_chunks"] >= servers * totals["hit_chunks"]
-    assert totals["requested_chunks"] >= totals["server_hit_chunks"] > 0
+    check_driver_totals(totals, servers)
     assert totals["retrieve_failures"] == 0 and totals["store_commit_failures"] == 0
-    assert totals["stored_objects"] > 0 and totals["retrieved_objects"] > 0
     # A store the server refused for lack of room (the eviction scenario) shows as skipped objects, but
     # so does a rank's chunk that was already cached while the prefix missed on another rank; so the
     # allocation failures can only be bounded by the skipped objects, not equated with them.
@@ -268,26 +348,51 @@ CASES = {  # id: (cache processes, TP, MLA); the driver's TP ranks spread evenly
 }
 
 
+@pytest.mark.parametrize("client", CLIENT_PARAMS, indirect=True)
 @pytest.mark.parametrize("case", list(CASES))
-def test_lmcache_adapters_against_mpcache(case, lmcache_venv, start_lmcache_service, tmp_path) -> None:
-    """LMCache 0.5.6's vLLM scheduler and worker adapters run every driver scenario against
-    ``--lmcache-port`` with byte-exact retrieves (``all`` plus ``lock_release``: after a retrieve or a
-    lock free and ``end_session`` no read lock is left, which a non-forced CLEAR would reveal), and
-    /metrics agrees with what the adapters were told: lookup requested/hit tokens, L1 writes and
-    reads, chunks loaded, one throughput sample per transfer, nothing dropped."""
+def test_lmcache_adapters_against_mpcache(case, client, client_prefix, start_lmcache_service, tmp_path) -> None:
+    """LMCache's vLLM scheduler and worker adapters (0.5.6's, and 0.5.7rc3's with its negotiated chunk size,
+    packed keys and start-aware lookups) run every driver scenario against ``--lmcache-port`` with
+    byte-exact retrieves (``all`` plus ``lock_release``: after a retrieve or a lock free and ``end_session``
+    no read lock is left, which a non-forced CLEAR would reveal), and /metrics agrees with what the adapters
+    were told: lookup requested/hit tokens, L1 writes and reads, chunks loaded, one throughput sample per
+    transfer, nothing dropped."""
     workers, tp, mla = CASES[case]
     service = start_lmcache_service(workers, object_bytes(tp, mla))
     urls = service.urls[:workers]
-    result = run_driver(lmcache_venv, service, urls, tp, mla, "all,lock_release", tmp_path)
+    result = run_driver(client_prefix, client, service.l1_bytes, urls, tp, mla, "all,lock_release", tmp_path)
     eviction = result["scenarios"]["eviction"]["eviction"]
     assert eviction["hit_chunks_after_fill"] < eviction["requests"] * eviction["chunks_per_request"]
-    check_metrics(service, result, tp, mla, workers)
+    check_metrics(service, result, workers)
+    assert 0 == service.stop()
+
+
+# Scenarios that leave another client's chunks alone (no CLEAR, no eviction): two drivers at once.
+SHARING = "cold_miss_then_store,full_hit,partial_hit,prefix_cache_skip,two_salts,concurrent"
+
+
+def test_lmcache_056_and_057_clients_share_one_mpcache(lmcache_venv, lmcache057_venv, start_lmcache_service,
+                                                       tmp_path) -> None:
+    """LMCache 0.5.6's and 0.5.7rc3's adapters (TP 2 each, the same model) at the same time against one cache
+    process, each speaking its own protocol on the same port: every retrieve of both is byte-exact (rc3 adds its
+    start-aware lookups), and /metrics counts exactly the sum of what both were told."""
+    service = start_lmcache_service(1, object_bytes(2, False), slots=1024)  # room for both: nothing evicted
+    runs = {LMCACHE056.version: (lmcache_venv, SHARING),
+            LMCACHE057.version: (lmcache057_venv, SHARING + ",lookup_start")}
+    stderr_paths = {version: tmp_path / f"driver-{version}.stderr" for version in runs}
+    started = {version: start_driver(venv, service.l1_bytes, service.urls, 2, False, scenarios, stderr_paths[version])
+               for version, (venv, scenarios) in runs.items()}
+    outputs = {version: wait_driver(proc) for version, proc in started.items()}  # both end before either is judged
+    results = {version: driver_verdict(*output, stderr_paths[version], version) for version, output in outputs.items()}
+    totals = {name: sum(result["totals"][name] for result in results.values())
+              for name in results[LMCACHE056.version]["totals"]}
+    check_metrics(service, {"totals": totals}, 1)
     assert 0 == service.stop()
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_service, tmp_path) -> None:
-    """LMCache's own load client, ``lmcache bench server`` (engine_driven, CPU) with its *default* KV shape
+    """LMCache 0.5.6's own load client, ``lmcache bench server`` (engine_driven, CPU) with its *default* KV shape
     (32 layers, 8 KV heads of 128, fp16: a 32 MiB object per chunk at TP 1), passes against a default
     ``start-cache --lmcache-port`` (no size flag): every sequence a cold miss then a stored store, a warm full
     hit, a retrieve and a checksum match (``run_bench_client.py`` judges it); /metrics counts exactly its
@@ -306,7 +411,7 @@ def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_se
     objects = requests * chunks * tp
     expected = {REQUESTED: 2 * requests * chunks * CHUNK, HIT: requests * chunks * CHUNK, L1_WRITE: objects,
                 L1_READ: objects, LOADED: objects, DROPPED: 0}
-    scrape = settled_scrape(service, expected)
+    scrape = settled_scrape(service.scrape, expected)
     assert expected == {name: scrape.total(name) for name in expected}
     assert scrape.total(STORE_SAMPLES) > 0 and scrape.total(LOAD_SAMPLES) > 0
     assert 0 == service.stop()
@@ -383,12 +488,14 @@ RESTART_CASES = {  # id: (cache processes, TP, the cache process to kill)
 }
 
 
+@pytest.mark.parametrize("client", CLIENT_PARAMS, indirect=True)
 @pytest.mark.parametrize("case", list(RESTART_CASES))
-def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, start_lmcache_service,
+def test_adapters_recover_after_a_cache_process_is_killed(case, client, client_prefix, start_lmcache_service,
                                                           tmp_path) -> None:
     """A cache process kill -9ed under running LMCache adapters (heartbeat 1 s) is restarted by the
     supervisor; the adapters recover within the driver's deadline (each worker of that server is
-    answered one ping False by the new process, turns unhealthy, and re-registers on the next ping),
+    answered one ping False by the new process, turns unhealthy, and re-registers on the next ping;
+    0.5.7rc3's adapters also negotiate the chunk size again),
     and then complete verified store and full-hit retrieve round trips on new tokens; after their
     end_sessions no read lock is left (a CLEAR empties the cache).  /metrics still agrees exactly with
     the driver's counts across the restart, and nothing was dropped."""
@@ -397,8 +504,8 @@ def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, st
     stderr_path = tmp_path / "driver.stderr"
     stderr = open(stderr_path, "w")
     driver = subprocess.Popen(
-        driver_command(lmcache_venv, service, service.urls, tp, False, "survive_restart", "--heartbeat-interval", "1",
-                       "--restart-wait", "90", "--recovery-timeout", "30"),
+        driver_command(client_prefix, service.l1_bytes, service.urls, tp, False, "survive_restart",
+                       "--heartbeat-interval", "1", "--restart-wait", "90", "--recovery-timeout", "30"),
         env=dict(os.environ, **NO_TRACKING), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
         text=True, cwd=REPO)
     try:
@@ -426,7 +533,7 @@ def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, st
             driver.kill()
             driver.wait()
         stderr.close()
-    result = driver_verdict(stdout, driver.returncode, stderr_path)
+    result = driver_verdict(stdout, driver.returncode, stderr_path, client)
     recovery = result["scenarios"]["survive_restart"]["restart"]
     print(f"\n[{case}] kill -9 -> restarted process listening: {restart_s:.2f} s; "
           f"go-ahead -> adapters recovered (re-registered, healthy): {recovery['recovery_seconds']:.2f} s")
@@ -438,5 +545,128 @@ def test_adapters_recover_after_a_cache_process_is_killed(case, lmcache_venv, st
         f"(lmcache.unknown_instance); it logged that for instances {sorted(told)}, expected one per re-registered "
         f"rank {recovery['reregistered_ranks']}")
     assert [victim, restarted] == service.pids("cache", victim_index)
-    check_metrics(service, result, tp, False, workers)
+    check_metrics(service, result, workers)
     assert 0 == service.stop()
+
+
+# -- the harness's own check, independent of mpcache: the rc3 driver against LMCache 0.5.7rc3's own server --
+
+LMCACHE057_SERVER_ENV = REPO / ".ci" / "lmcache057-server-env"
+REFERENCE_L1_BYTES = 2**28  # 0.25 GiB per server: the driver's eviction scenario overfills it in seconds
+
+
+@pytest.fixture(scope="session")
+def lmcache057_server_venv(lmcache057_venv) -> Path:
+    """The venv that runs LMCache 0.5.7rc3's own server (``.ci/lmcache057-server-env``), validated, not built."""
+    return reuse_venv(LMCACHE057_SERVER_ENV, "LMCache 0.5.7rc3's own server environment",
+                      "build it with .ci/lmcache057-server-env, a minute and the package index")
+
+
+class ReferenceServer:
+    """LMCache 0.5.7rc3's own MP server on CPU (engine_driven), on LMCache 0.5.6's compiled core through the
+    server venv's import hook; ready once it logs that it is running."""
+
+    def __init__(self, venv: Path, directory: Path) -> None:
+        self.port, self.metrics_port = free_ports(2)
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.shm_name = f"mpcache-ref-{os.getpid()}-{self.port}"
+        self.log_path = directory / f"lmcache-server-{self.port}.log"
+        env = dict(os.environ, **NO_TRACKING, PYTHONPATH=str(venv / "hook"),
+                   LMCACHE056_NATIVE_SO=str(venv / "lmcache056" / "lmcache_native.cpython-311-x86_64-linux-gnu.so"))
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [str(venv / "bin" / "python"), "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm_name,
+                 "--l1-size-gb", repr(REFERENCE_L1_BYTES / 2**30), "--no-l1-use-lazy", "--eviction-policy", "LRU",
+                 "--max-workers", "2", "--prometheus-port", str(self.metrics_port)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: self.process.poll() is not None or "LMCache cache server is running" in self.log_tail(),
+                 120, f"LMCache's server on port {self.port} to run")
+        assert self.process.poll() is None, f"LMCache's server exited {self.process.returncode}: {self.log_tail()}"
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def stop(self) -> None:
+        """SIGTERM (it unlinks its shared memory on the way out), SIGKILL after 30 s; its segment goes either way."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        Path(f"/dev/shm/lmcache_l1_pool_{self.shm_name}").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def reference_servers(lmcache057_server_venv, tmp_path) -> Iterator[Callable[[int], list[ReferenceServer]]]:
+    """``start(n)`` → n ready :class:`ReferenceServer` s, stopped at the end."""
+    started: list[ReferenceServer] = []
+
+    def start(n: int) -> list[ReferenceServer]:
+        servers = [ReferenceServer(lmcache057_server_venv, tmp_path) for _ in range(n)]
+        started.extend(servers)
+        for server in servers:
+            server.wait_ready()
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+REFERENCE_CASES = {"tp1": (1, 1), "tp2-two-servers": (2, 2)}  # id: (servers, TP)
+
+
+@pytest.mark.parametrize("case", list(REFERENCE_CASES))
+def test_lmcache057_driver_against_lmcache057s_own_server(case, lmcache057_venv, reference_servers,
+                                                          tmp_path) -> None:
+    """The rc3 driver is right independently of mpcache: against LMCache 0.5.7rc3's own server it passes every
+    scenario (``all``, with ``lookup_start``, plus ``lock_release`` with its abandoned start-aware lookup) with
+    byte-exact retrieves, and that server's own metrics equal the driver's counts of looked-up and hit tokens
+    (the engine-covered chunks left out of both) and of stored objects."""
+    n, tp = REFERENCE_CASES[case]
+    servers = reference_servers(n)
+    result = run_driver(lmcache057_venv, LMCACHE057.version, REFERENCE_L1_BYTES, [s.url for s in servers], tp,
+                        False, "all,lock_release", tmp_path)
+    totals = result["totals"]
+    check_driver_totals(totals, n)
+    assert totals["covered_chunks"] > 0 and totals["retrieve_failures"] == 0
+    expected = {REQUESTED: totals["requested_chunks"] * CHUNK, HIT: totals["server_hit_chunks"] * CHUNK,
+                L1_WRITE: totals["stored_objects"]}
+    scrape = settled_scrape(lambda: Scrape("".join(s.metrics_text() for s in servers)), expected)
+    assert expected == {name: scrape.total(name) for name in expected}, f"driver totals {totals}"
+
+
+# -- LMCache 0.5.7's hybrid models and inline transfer, by its own worker adapter -----------------------------------
+
+HYBRID_CHECK = HERE / "hybrid057.py"
+NOBODY = 65534
+
+
+@pytest.mark.parametrize(("model", "transfer"), [("hybrid", "pool"), ("hybrid", "inline"), ("hybrid", "fallback"),
+                                                 ("single", "inline")])
+def test_lmcache057_hybrid_models_and_inline_transfer_round_trip(model, transfer, lmcache057_venv,
+                                                                  start_lmcache_service) -> None:
+    """LMCache 0.5.7rc3's own adapters store, look up and retrieve a hybrid model (a full-attention, a 128-token
+    sliding-window and a recurrent group) and a one-group model: through the pool; inline as another allowed uid
+    (told shm_name ""); inline by the worker's own fallback when it cannot open the pool (a container without the
+    shared /dev/shm). Every retrieved block is compared with what was stored; the whole prompt is a hit."""
+    if transfer == "inline" and os.geteuid() != 0:
+        pytest.skip("switching to another uid needs root")
+    flags = ("--lmcache-allow-uid", str(NOBODY)) if transfer == "inline" else ()
+    service = start_lmcache_service(1, None, *flags)
+    extra = {"pool": [], "inline": ["--as-uid", str(NOBODY)], "fallback": ["--no-shared-memory"]}[transfer]
+    checked = subprocess.run([str(lmcache057_venv / "bin" / "python"), str(HYBRID_CHECK), "--url", service.urls[0],
+                              "--model", model, *extra], env=dict(os.environ, **NO_TRACKING), capture_output=True,
+                             text=True, timeout=300, stdin=subprocess.DEVNULL)
+    summary = json.loads(checked.stdout.strip().splitlines()[-1]) if checked.stdout.strip() else {}
+    assert 0 == checked.returncode and summary.get("ok"), (summary, checked.stderr[-3000:])
+    assert summary["transfer"].endswith("Shm" if transfer == "pool" else "Inline"), summary

@@ -332,8 +332,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     blocks_per_chunk = 256 // args.block_size
     if args.num_blocks is None:
         args.num_blocks = args.batch * (args.max_chunks + args.turn_chunks[1] + 2) * blocks_per_chunk
-    # what driver.Engine reads
+    # what driver.Engine reads (the chunk alignment only with LMCache 0.5.7: the block size, as vLLM's connector)
     args.mla = False
+    args.chunk_alignment = args.block_size
     return args
 
 

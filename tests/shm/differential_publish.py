@@ -48,7 +48,7 @@ def fixed_field_step(rng: random.Random, publisher: Publisher) -> bool:
         fields = (rng.choice(FLOATS), rng.choice(FLOATS), rng.choice([True, False, 1, 2**64]))
         return publisher.emit(E.L1_EVICTION_LOOP_TICK, fields)
     if choice == 1:
-        fields = ["model", f"salt{rng.randrange(8)}", 3, 4, 5, 6, 7, rng.choice(["none", "l1_miss", 9])]
+        fields = ["model", f"salt{rng.randrange(8)}", 3, 4, 5, 6, 7, rng.choice(["none", "l1_miss", 9]), 8, 9, 10, 11]
         if rng.random() < 0.1:
             fields = fields[:-1]  # the wrong number of fields
         return publisher.emit(E.MP_LOOKUP_PREFETCH_END, tuple(fields) if rng.random() < 0.5 else fields,

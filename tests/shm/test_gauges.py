@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
+from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, TelemetryBeat, format_gauge_board, set_telemetry_restarts
 
 NOW = 1_000_000_000_000
 
@@ -100,6 +100,18 @@ def test_clear_zeroes_the_slot(board):
     assert ([], 0) == (reader.live_slots(), reader.word(0, layout.G_ACTIVE_PREFETCH))
 
 
+def test_clear_keeps_the_counters_kept_across_restarts(board):
+    """Restarts, the LMCache connections refused and unidentified and the segments recreated survive clear()
+    (a restart's); usage does not."""
+    slot = GaugeSlot(board, 0, clock_ns=Clock(NOW))
+    kept = {layout.G_RESTARTS: 2, layout.G_LMCACHE_REFUSED: 3, layout.G_LMCACHE_UNIDENTIFIED: 4,
+            layout.G_SEGMENTS_RECREATED: 6}
+    for word, value in {**kept, layout.G_L1_USED: 5}.items():
+        slot.set(word, value)
+    slot.clear()
+    assert {**kept, layout.G_L1_USED: 0} == {word: slot.get(word) for word in (*kept, layout.G_L1_USED)}
+
+
 @pytest.mark.parametrize("slot", [-1, 3])
 def test_slot_out_of_range(board, slot):
     """A slot index outside the board is a ValueError naming the range."""
@@ -110,3 +122,20 @@ def test_slot_out_of_range(board, slot):
 def test_reader_reports_slot_count(board):
     """The reader takes the slot count from the header."""
     assert 3 == GaugeBoardReader(board).n_slots
+
+
+def test_telemetry_beat_is_two_header_words_that_leave_the_restart_count_alone(board):
+    """Telemetry's heartbeat: its pid at header byte 40 and the time at byte 32, read back by another view (the
+    supervisor's); clearing them keeps the restart count (byte 24) and every slot."""
+    set_telemetry_restarts(board, 3)
+    GaugeSlot(board, 0).heartbeat(pid=11)
+    TelemetryBeat(board, clock_ns=Clock(NOW)).beat(pid=4242)
+    supervisor = TelemetryBeat(board)
+    seen = (supervisor.pid, supervisor.heartbeat, int.from_bytes(board.buf[32:40], "little"),
+            int.from_bytes(board.buf[40:48], "little"))
+    supervisor.clear()
+
+    assert (4242, NOW, NOW, 4242) == seen
+    assert (0, 0, {"cache": 0, "telemetry": 3}) == (supervisor.pid, supervisor.heartbeat,
+                                                    GaugeBoardReader(board).restarts())
+    assert 11 == GaugeBoardReader(board).word(0, layout.G_PID)

@@ -2,12 +2,15 @@
 
 Expected values are worked out by hand from the documented rules (README: 0.5 s doubling to 8 s for a
 cache process, 30 s for telemetry; 5 exits within 30 s give a cache process up; a heartbeat silent for the
-hang timeout, or no socket within the start timeout, makes it unresponsive)."""
+hang timeout, or no socket within the start timeout, makes it unresponsive; telemetry's heartbeat alike)."""
 
 from __future__ import annotations
 
+import functools
+
 from mpcache.supervisor.liveness import Heartbeat, Liveness
 from mpcache.supervisor.restart import CACHE_POLICY, TELEMETRY_POLICY, Decision, ExitHistory, RestartPolicy
+from mpcache.supervisor.watch import _always, _replaced
 
 
 class FakeClock:
@@ -79,28 +82,50 @@ def test_the_policy_does_not_change_the_history_it_is_given() -> None:
 
 
 PID = 4242
-SOCKET_INODE = 77
 
 
-def test_a_cache_process_serves_once_its_own_socket_replaces_the_stale_one() -> None:
-    """The socket file of the previous process (inode 5) does not count; its own (another inode) with its
-    pid in the slot does."""
+def test_a_cache_process_serves_once_its_own_socket_replaces_the_stale_one(tmp_path) -> None:
+    """The socket file of the previous process does not count; its own (another inode, renamed over it) with
+    its pid in the slot does."""
+    path = tmp_path / "cache0.sock"
+    path.write_bytes(b"")
+    stale_inode = path.stat().st_ino
     liveness, clock = Liveness(hang_timeout_s=10.0, start_timeout_s=120.0), FakeClock()
-    heartbeat = Heartbeat(started_at=clock(), stale_socket=5, beat_changed_at=clock())
+    heartbeat = Heartbeat(started_at=clock(), stale_socket=stale_inode, beat_changed_at=clock())
+    serving = functools.partial(_replaced, str(path), stale_inode)
 
-    stale = liveness.observe(heartbeat, PID, PID, 1, lambda: 5, clock.advance(1.0))
+    stale = liveness.observe(heartbeat, PID, PID, 1, serving, clock.advance(1.0))
     listening_before = heartbeat.listening
-    fresh = liveness.observe(heartbeat, PID, PID, 2, lambda: SOCKET_INODE, clock.advance(1.0))
+    (tmp_path / "staged").write_bytes(b"")
+    (tmp_path / "staged").rename(path)
+    fresh = liveness.observe(heartbeat, PID, PID, 2, serving, clock.advance(1.0))
 
     assert (None, False, None, True) == (stale, listening_before, fresh, heartbeat.listening)
+
+
+def test_telemetry_serves_from_its_first_own_heartbeat_and_is_unresponsive_after_its_hang_timeout() -> None:
+    """Its predecessor's words (another pid) do not count; its first beat does; then 3.5 s without a new beat
+    is unresponsive under a 3 s timeout (--telemetry-hang-timeout)."""
+    liveness, clock = Liveness(hang_timeout_s=3.0), FakeClock()
+    heartbeat = Heartbeat(started_at=clock(), beat_changed_at=clock())
+
+    foreign = liveness.observe(heartbeat, PID, PID + 1, 50, _always, clock.advance(1.0))
+    listening_before = heartbeat.listening
+    first = liveness.observe(heartbeat, PID, PID, 51, _always, clock.advance(1.0))
+    beating = liveness.observe(heartbeat, PID, PID, 52, _always, clock.advance(1.0))
+    silent = liveness.observe(heartbeat, PID, PID, 52, _always, clock.advance(3.5))
+
+    assert (None, False, None, None, True) == (foreign, listening_before, first, beating, heartbeat.listening)
+    assert silent is not None and (3.5, 3.0, "its heartbeat stopped advancing") == (
+        silent.silent_s, silent.limit_s, silent.what)
 
 
 def test_a_cache_process_that_never_listens_is_unresponsive_after_the_start_timeout() -> None:
     liveness, clock = Liveness(hang_timeout_s=10.0, start_timeout_s=120.0), FakeClock()
     heartbeat = Heartbeat(started_at=clock(), beat_changed_at=clock())
 
-    at_limit = liveness.observe(heartbeat, PID, 0, 0, lambda: None, clock.advance(120.0))
-    after = liveness.observe(heartbeat, PID, 0, 0, lambda: None, clock.advance(0.5))
+    at_limit = liveness.observe(heartbeat, PID, 0, 0, lambda: False, clock.advance(120.0))
+    after = liveness.observe(heartbeat, PID, 0, 0, lambda: False, clock.advance(0.5))
 
     assert at_limit is None
     assert after is not None and (120.5, 120.0, "it never started serving") == (
@@ -112,11 +137,11 @@ def test_a_listening_cache_process_whose_heartbeat_stands_still_is_unresponsive_
     A beat written under another pid (its predecessor's) does not count as its own."""
     liveness, clock = Liveness(hang_timeout_s=10.0, start_timeout_s=120.0), FakeClock()
     heartbeat = Heartbeat(started_at=clock(), beat_changed_at=clock())
-    liveness.observe(heartbeat, PID, PID, 1, lambda: SOCKET_INODE, clock.advance(0.5))
-    seen = [liveness.observe(heartbeat, PID, PID, beat, lambda: SOCKET_INODE, clock.advance(1.0))
+    liveness.observe(heartbeat, PID, PID, 1, lambda: True, clock.advance(0.5))
+    seen = [liveness.observe(heartbeat, PID, PID, beat, lambda: True, clock.advance(1.0))
             for beat in range(2, 7)]
-    foreign = liveness.observe(heartbeat, PID, PID + 1, 99, lambda: SOCKET_INODE, clock.advance(5.0))
-    silent = liveness.observe(heartbeat, PID, PID, 6, lambda: SOCKET_INODE, clock.advance(5.5))
+    foreign = liveness.observe(heartbeat, PID, PID + 1, 99, lambda: True, clock.advance(5.0))
+    silent = liveness.observe(heartbeat, PID, PID, 6, lambda: True, clock.advance(5.5))
 
     assert [None] * 6 == [*seen, foreign]
     assert silent is not None and (10.5, 10.0, "its heartbeat stopped advancing") == (

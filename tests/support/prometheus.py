@@ -1,5 +1,5 @@
 """A real ``prometheus`` server (Debian package ``prometheus``; ``.ci/run`` installs it) on loopback, its TSDB in
-a test's directory, scraping one target: what a test asks PromQL of."""
+a test's directory, scraping one target: what a test asks PromQL (and the alerts of rule files) of."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ PROMETHEUS = shutil.which("prometheus")
 class PrometheusServer:
     """A real ``prometheus`` on 127.0.0.1:<free port> scraping one target every ``interval`` (1s)."""
 
-    def __init__(self, tmp_path, target: str, interval: str = "1s") -> None:
+    def __init__(self, tmp_path, target: str, rule_files: tuple[str, ...] = (), interval: str = "1s") -> None:
         self.port = free_port()
         config = tmp_path / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the config.
         config.write_text(json.dumps({
             "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
             "scrape_configs": [{"job_name": "mpcache", "static_configs": [{"targets": [target]}]}],
+            "rule_files": list(rule_files),
         }))
         self.log = open(tmp_path / "prometheus.log", "wb")
         self.process = subprocess.Popen(
@@ -43,6 +44,12 @@ class PrometheusServer:
             body = json.loads(response.read())
         assert ("success", "vector") == (body["status"], body["data"]["resultType"]), body
         return body["data"]["result"]
+
+    def alerts(self) -> dict[str, dict]:
+        """Alert name → the alert (its state, pending or firing, labels and annotations) of those active now."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/alerts", timeout=5) as response:
+            body = json.loads(response.read())
+        return {alert["labels"]["alertname"]: alert for alert in body["data"]["alerts"]}
 
     def scalar(self, promql: str) -> float | None:
         """The one value ``promql`` gives, or None when the result is empty."""

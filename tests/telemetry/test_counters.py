@@ -82,19 +82,19 @@ def test_timeouts_count_events_per_exception_type(pipeline, metrics):
 
 
 def test_lookup_counters_sum_tokens_per_model_and_salt(pipeline, metrics):
-    """requested, hit, hit_l1 and hit_l2 tokens are summed per (model_name, cache_salt)."""
-    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Lookup"], salt_cap=10),
-                       TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["LookupTiers"], salt_cap=10))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, ""))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 1, 512, 256, 256, 0, ""))
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("qwen", "b", 0, 0, 0, 0, 0, "no_context"))
+    """requested, hit, hit_l1, hit_l2, prompt and request-hit tokens are summed per (model_name, cache_salt)."""
+    pipeline.subscribe(*(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY[key], salt_cap=10)
+                         for key in ("Lookup", "LookupTiers", "LookupRequests")))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, "", 1100, 768, 2, 1))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 1, 512, 256, 256, 0, "", 800, 512, 1, 0))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("qwen", "b", 0, 0, 0, 0, 0, "no_context", 100, 0, 0, 0))
     pipeline.deliver()
     llama_a = frozenset({("model_name", "llama"), ("cache_salt", "a")})
     qwen_b = frozenset({("model_name", "qwen"), ("cache_salt", "b")})
     assert ([{llama_a: 1536, qwen_b: 0}, {llama_a: 1024, qwen_b: 0}, {llama_a: 768, qwen_b: 0},
-             {llama_a: 256, qwen_b: 0}]) == [
+             {llama_a: 256, qwen_b: 0}, {llama_a: 1900, qwen_b: 100}, {llama_a: 1280, qwen_b: 0}]) == [
         metrics.series(f"lmcache_mp.{name}") for name in ("lookup_requested", "lookup_hit", "lookup_hit_l1",
-                                                         "lookup_hit_l2")]
+                                                         "lookup_hit_l2", "lookup_prompt", "lookup_request_hit")]
 
 
 def test_chunks_loaded_counts_positive_retrieves_by_worker(pipeline, metrics):
@@ -106,3 +106,25 @@ def test_chunks_loaded_counts_positive_retrieves_by_worker(pipeline, metrics):
     pipeline.deliver()
     assert {frozenset({("worker_id", "7"), ("model_name", "llama"), ("cache_salt", "a")}): 6} == metrics.series(
         "lmcache_mp.num_chunks_loaded")
+
+
+def test_lmcaches_own_series_count_lookups_hit_objects_and_transfers(pipeline, metrics):
+    """The Compatibility section: completed lookups and their hit objects per (model, salt), L2 evictions in all,
+    transfers begun and ended per device."""
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["Compatibility"], salt_cap=10))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 3, 1024, 768, 512, 256, "", 1100, 768, 4, 2))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "a", 0, 512, 0, 0, 0, "", 600, 0, 0, 0))
+    pipeline.publish(E.L2_KEYS_EVICTED, (0, "fs", 5), salt_counts={("a", "llama"): 3, ("b", "llama"): 2})
+    for device in ("cpu:0", "cpu:1", "cpu:0"):
+        pipeline.publish(E.MP_STORE_SUBMITTED, (device,), session_id="s")
+        pipeline.publish(E.MP_RETRIEVE_SUBMITTED, (device,), session_id="r")
+    pipeline.publish(E.MP_STORE_END, ("cpu:1", 7, "llama", 0, 0, 0), session_id="s")
+    pipeline.publish(E.MP_RETRIEVE_END, ("cpu:0", 7, "llama", "a", 2, 2, 512), session_id="r")
+    pipeline.deliver()
+    llama_a = frozenset({("model_name", "llama"), ("cache_salt", "a")})
+    cpu0, cpu1 = frozenset({("device", "cpu:0")}), frozenset({("device", "cpu:1")})
+    assert [{llama_a: 2}, {llama_a: 4}, {llama_a: 2}, {frozenset(): 5}, {cpu0: 2, cpu1: 1}, {cpu1: 1},
+            {cpu0: 2, cpu1: 1}, {cpu0: 1}] == [
+        metrics.series(f"lmcache_mp.{name}") for name in (
+            "lookups", "lookup_hit_l1_keys", "lookup_hit_l2_keys", "l2_evicted_objects", "num_submitted_stores",
+            "num_finished_stores", "num_submitted_retrieves", "num_finished_retrieves")]

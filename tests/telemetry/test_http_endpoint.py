@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from mpcache.telemetry.http import MetricsHTTPServer
+from mpcache.httpserver import BoundedHTTPServer
 
 
 class _Log:
@@ -28,7 +28,7 @@ def endpoint():
         time.sleep(0.2)
         return b"metric_total 1\n"
 
-    server = MetricsHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, collect(), "text/plain")}, _Log(),
+    server = BoundedHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, collect(), "text/plain")}, _Log(),
                                max_connections=64, read_timeout_s=1.0)
     server.start()
     yield server, calls
@@ -45,7 +45,7 @@ def test_half_open_connections_neither_add_threads_nor_starve_a_scrape(endpoint)
     threads_before = threading.active_count()
     attackers = []
     for _ in range(300):
-        sock = socket.create_connection(("127.0.0.1", server.server_port))
+        sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
         sock.sendall(b"GET /metr")  # never finishes its request line
         attackers.append(sock)
     started = time.monotonic()
@@ -71,9 +71,8 @@ def test_concurrent_scrapes_share_one_collection(endpoint):
 
 def test_a_request_that_never_completes_is_closed_after_the_read_timeout(endpoint):
     server, _ = endpoint
-    sock = socket.create_connection(("127.0.0.1", server.server_port))
+    sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
     sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: headers never end
-    sock.settimeout(5)
     started = time.monotonic()
     assert b"" == sock.recv(100)
     assert 0.8 < time.monotonic() - started < 4.0
@@ -84,9 +83,8 @@ def test_a_request_that_never_completes_is_closed_after_the_read_timeout(endpoin
                                                       (b"garbage", 400)])
 def test_other_requests_get_one_short_answer(endpoint, request_line, status):
     server, _ = endpoint
-    sock = socket.create_connection(("127.0.0.1", server.server_port))
+    sock = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
     sock.sendall(request_line + b"\r\n\r\n")
-    sock.settimeout(5)
     assert sock.recv(100).startswith(b"HTTP/1.0 %d" % status)
     sock.close()
 
@@ -102,9 +100,9 @@ def test_closing_while_a_scrape_is_being_answered_logs_no_error(caplog):
         release.wait(10)
         return 200, b"late 1\n", "text/plain"
 
-    server = MetricsHTTPServer(("127.0.0.1", 0), {"/metrics": collect}, _Log(), read_timeout_s=5.0)
+    server = BoundedHTTPServer(("127.0.0.1", 0), {"/metrics": collect}, _Log(), read_timeout_s=5.0)
     server.start()
-    client = socket.create_connection(("127.0.0.1", server.server_port))
+    client = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
     try:
         client.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
         assert collecting.wait(10), "the scrape never reached its collection"
@@ -112,7 +110,6 @@ def test_closing_while_a_scrape_is_being_answered_logs_no_error(caplog):
             server.close()
         release.set()
         assert [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"] == []
-        client.settimeout(5)
         assert client.recv(100) == b""  # the connection was closed, not left hanging
     finally:
         release.set()

@@ -20,23 +20,30 @@ UNLABELLED = frozenset()
 
 
 def test_store_counters_count_tasks_and_chunks(pipeline, metrics):
-    """Store tasks count +1 per event (per l2_name once completed); chunks sum salt_counts per cache_salt."""
+    """Store tasks count +1 per event, per l2_name once completed — only those that stored every chunk: one
+    with a failed chunk counts as failed, never as completed; chunks sum salt_counts per cache_salt (stored
+    ones once completed) and failed_count per l2_name."""
     pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2Outcomes"]))
     pipeline.publish(E.L2_STORE_SUBMITTED, (0, 1, "fs", 7, 7000), salt_counts={("a", "llama"): 4, ("b", "llama"): 3})
     pipeline.publish(E.L2_STORE_SUBMITTED, (1, 1, "mock", 2, 2000), salt_counts={("a", "qwen"): 2})
     pipeline.publish(E.L2_STORE_COMPLETED, (0, 1, "fs", 6000, 6, 1), salt_counts={("a", "llama"): 4, ("b", "llama"): 2})
     pipeline.publish(E.L2_STORE_COMPLETED, (1, 1, "mock", 2000, 2, 0), salt_counts={("a", "qwen"): 2})
     pipeline.publish(E.L2_STORE_COMPLETED, (2, 5, "fs", 0, 0, 3))  # a failed task: no succeeded keys
     pipeline.deliver()
-    assert ({UNLABELLED: 2}, {salt("a"): 6, salt("b"): 3}, {l2("fs"): 2, l2("mock"): 1},
+    assert ({UNLABELLED: 2}, {salt("a"): 6, salt("b"): 3}, {l2("fs"): 0, l2("mock"): 1},
             {salt("a"): 6, salt("b"): 2}) == (
         metrics.series("lmcache_mp.l2_store_submitted"), metrics.series("lmcache_mp.l2_store_submitted_objects"),
         metrics.series("lmcache_mp.l2_store_completed"), metrics.series("lmcache_mp.l2_store_completed_objects"))
+    assert ({l2("fs"): 2, l2("mock"): 0}, {l2("fs"): 4, l2("mock"): 0}) == (
+        metrics.series("mpcache.l2_store_failed"), metrics.series("mpcache.l2_store_failed_chunks"))
 
 
 def test_prefetch_counters_follow_the_reference_calculations(pipeline, metrics):
-    """Lookups +1 each, hits +prefix_hit_count, load submissions +adapter_count, chunks per salt, tasks per l2_name."""
+    """Lookups +1 each, hits +prefix_hit_count, load submissions +adapter_count, chunks per salt, tasks per l2_name
+    (a load task with a failed chunk as failed, not completed)."""
     pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2"], salt_cap=10))
+    pipeline.subscribe(TableCountersSubscriber(metrics.meter, SECTIONS_BY_KEY["L2Outcomes"]))
     pipeline.publish(E.L2_PREFETCH_LOOKUP_SUBMITTED, (1, 8, 2), salt_counts={("a", "m"): 8})
     pipeline.publish(E.L2_PREFETCH_LOOKUP_SUBMITTED, (2, 5, 2), salt_counts={("b", "m"): 5})
     pipeline.publish(E.L2_PREFETCH_LOOKUP_COMPLETED, (1, 6))
@@ -49,9 +56,11 @@ def test_prefetch_counters_follow_the_reference_calculations(pipeline, metrics):
     pipeline.publish(E.L2_PREFETCH_LOAD_COMPLETED, (1, 5, 1), salt_counts={("a", "m"): 5})
     pipeline.deliver()
     assert ({UNLABELLED: 2}, {salt("a"): 8, salt("b"): 5}, {UNLABELLED: 6}, {UNLABELLED: 2}, {salt("a"): 6},
-            {salt("a"): 5}, {l2("fs"): 1, l2("mock"): 1}) == tuple(metrics.series(f"lmcache_mp.{name}") for name in (
+            {salt("a"): 5}, {l2("fs"): 1, l2("mock"): 0}) == tuple(metrics.series(f"lmcache_mp.{name}") for name in (
                 "l2_prefetch_lookup", "l2_prefetch_lookup_objects", "l2_prefetch_hit", "l2_prefetch_load_submitted",
                 "l2_prefetch_load_submitted_objects", "l2_prefetch_load_completed", "l2_load_completed"))
+    assert ({l2("fs"): 0, l2("mock"): 1}, {l2("fs"): 0, l2("mock"): 1}) == (
+        metrics.series("mpcache.l2_load_failed"), metrics.series("mpcache.l2_load_failed_chunks"))
 
 
 def test_evictions_count_chunks_per_salt(pipeline, metrics):

@@ -48,6 +48,7 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.processes import ProcessesSubscriber
 from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
@@ -56,7 +57,8 @@ IDS = [spec.prometheus_name for spec in METRICS]
 # The kind of field each derivation reads (None: it names no field).
 FIELD_KIND = {
     D.FIELD_SUM: FieldKind.INT, D.POSITIVE_FIELD_SUM: FieldKind.INT, D.THROUGHPUT: FieldKind.INT,
-    D.TRUE_COUNT: FieldKind.BOOL, D.FALSE_COUNT: FieldKind.BOOL,
+    D.TRUE_COUNT: FieldKind.BOOL, D.FALSE_COUNT: FieldKind.BOOL, D.NONZERO_COUNT: FieldKind.INT,
+    D.ZERO_COUNT: FieldKind.INT,
 }
 INSTRUMENTS = {
     **{d: (COUNTER,) for d in D if d.table_driven},
@@ -67,7 +69,7 @@ INSTRUMENTS = {
     D.MRC_HIT_RATIO: (OBSERVABLE_GAUGE,), D.SAMPLED_MISSES: (COUNTER,),
     D.SLOT_COUNT: (OBSERVABLE_GAUGE,), D.LIVE_SLOT_COUNT: (OBSERVABLE_GAUGE,), D.RESTART_COUNT: (OBSERVABLE_COUNTER,),
     D.SLOT_WORD: (OBSERVABLE_COUNTER,), D.BUILD: (OBSERVABLE_GAUGE,), D.RESOURCE: (OBSERVABLE_GAUGE,),
-    D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
+    D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER), D.PROCESS_SAMPLE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
 }
 # Where each attribute origin may appear.
 LABEL_DERIVATIONS = {
@@ -78,8 +80,8 @@ LABEL_DERIVATIONS = {
     Origin.BUS: {D.BUS_STATE},
     Origin.CHECKPOINT: {D.CHECKPOINT},
     Origin.ANALYSIS: {D.MRC_HIT_RATIO, D.SAMPLED_MISSES},
-    Origin.SLOT: {D.SLOT_WORD},
-    Origin.CHILD: {D.RESTART_COUNT},
+    Origin.SLOT: {D.SLOT_WORD, D.PROCESS_SAMPLE},
+    Origin.CHILD: {D.RESTART_COUNT, D.PROCESS_SAMPLE},
     Origin.BUILD: {D.BUILD},
     Origin.RESOURCE: {D.RESOURCE},
 }
@@ -228,7 +230,7 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
     bus = EventBus()
     factories = [lambda meter, section=section: TableCountersSubscriber(meter, section, 10, ["fs"])
                  for section in COUNTER_SECTIONS] + [
-        lambda meter: ServiceStateSubscriber(meter, board),
+        lambda meter: ServiceStateSubscriber(meter, board), lambda meter: ProcessesSubscriber(meter, board),
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
         L2ThroughputSubscriber, L0LifecycleSubscriber, LMCacheRequestTimesSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),
@@ -312,7 +314,8 @@ def expected_series(source: Source, events: list[Any]) -> dict[frozenset, int]:
         if source.derivation is D.POSITIVE_FIELD_SUM and value <= 0:
             continue
         weight = {D.EVENT_COUNT: 1, D.FIELD_SUM: value, D.POSITIVE_FIELD_SUM: value,
-                  D.TRUE_COUNT: int(value is True), D.FALSE_COUNT: int(value is False)}[source.derivation]
+                  D.TRUE_COUNT: int(value is True), D.FALSE_COUNT: int(value is False),
+                  D.NONZERO_COUNT: int(value != 0), D.ZERO_COUNT: int(value == 0)}[source.derivation]
         totals[tuple(attribute(label, event) for label in source.labels)] += weight
     if not source.labels:
         return {frozenset(): totals[()]}

@@ -27,15 +27,21 @@ def test_table_matches_spec_row_for_row():
 
 
 def test_rows_beyond_the_spec_are_named_mpcache():
-    """A series the specification does not list is named ``mpcache.*`` (Prometheus ``mpcache_*``), but for the
-    L1/L2 split of lookup_hit, which the reference system exports under its prefix, and the exporters' standard
-    series: target_info and prometheus_client's process collector."""
+    """A series the specification does not list is named ``mpcache.*`` (Prometheus ``mpcache_*``), but for those
+    LMCache's server exports under its prefix (the L1/L2 split of lookup_hit, 0.5.7's request-level hit rate, and
+    the Compatibility section, each a name LMCache's own code registers) and the exporters' standard series:
+    target_info and prometheus_client's process collector."""
     beyond = [spec for section in SECTIONS if not section.specified for spec in section.rows]
-    otherwise = [spec.prometheus_name for spec in beyond
+    otherwise = [spec.otel_name or spec.prometheus_name for spec in beyond
                  if not (spec.otel_name.startswith("mpcache.") and spec.prometheus_name.startswith("mpcache_"))]
-    assert ["lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total", "target_info",
-            "process_cpu_seconds_total", "process_max_fds", "process_open_fds", "process_resident_memory_bytes",
-            "process_start_time_seconds", "process_virtual_memory_bytes"] == otherwise
+    lmcache = ["lmcache_mp.lookup_hit_l1", "lmcache_mp.lookup_hit_l2", "lmcache_mp.lookup_prompt",
+               "lmcache_mp.lookup_request_hit", "lmcache_mp.lookups", "lmcache_mp.lookup_hit_l1_keys",
+               "lmcache_mp.lookup_hit_l2_keys", "lmcache_mp.l2_evicted_objects", "lmcache_mp.num_submitted_stores",
+               "lmcache_mp.num_finished_stores", "lmcache_mp.num_submitted_retrieves",
+               "lmcache_mp.num_finished_retrieves"]
+    assert lmcache + ["target_info", "process_cpu_seconds_total", "process_max_fds", "process_open_fds",
+                      "process_resident_memory_bytes", "process_start_time_seconds",
+                      "process_virtual_memory_bytes"] == otherwise
 
 
 def test_exactly_histograms_have_increasing_buckets():

@@ -55,8 +55,8 @@ def test_usage_ratio_is_zero_without_live_slots(segment_factory, metrics):
 
 def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_factory, metrics):
     """3 slots configured, 2 ready (fresh heartbeats); cache restarts summed over every slot (the stale one
-    too), telemetry restarts from the board's header; refused LMCache connections per slot, stale or not;
-    L1 fragmentation over the ready slots only."""
+    too), telemetry restarts from the board's header; refused and unidentified LMCache connections and segments
+    recreated per slot, stale or not; L1 fragmentation over the ready slots only."""
     segment = segment_factory(layout.gauge_board_size(3))
     format_gauge_board(segment, 3)
     beats = {0: NOW, 1: NOW - 1, 2: NOW - 60 * 10**9}
@@ -64,15 +64,19 @@ def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_fact
         writer = GaugeSlot(segment, slot, clock_ns=lambda beat=beats[slot]: beat)
         writer.set(layout.G_RESTARTS, restarts)
         writer.set(layout.G_LMCACHE_REFUSED, refused)
+        writer.set(layout.G_LMCACHE_UNIDENTIFIED, 10 * refused + 7)
+        writer.set(layout.G_SEGMENTS_RECREATED, restarts)
         writer.set(layout.G_L1_FRAGMENTATION, fragmentation)
         writer.heartbeat(pid=1000 + slot)
     segment.buf[layout.GAUGE_OFF_TELEMETRY_RESTARTS:layout.GAUGE_OFF_TELEMETRY_RESTARTS + 8] = (5).to_bytes(8, "little")
     ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, stale_after_s=2.0, clock_ns=lambda: NOW))
     worker = [frozenset({("worker", str(slot))}) for slot in range(3)]
     assert (3, 2, {frozenset({("role", "cache")}): 3, frozenset({("role", "telemetry")}): 5},
-            {worker[0]: 0, worker[1]: 4, worker[2]: 1}, 96) == (
+            {worker[0]: 0, worker[1]: 4, worker[2]: 1}, {worker[0]: 7, worker[1]: 47, worker[2]: 17},
+            {worker[0]: 1, worker[1]: 0, worker[2]: 2}, 96) == (
         metrics.value("mpcache.cache_processes"), metrics.value("mpcache.cache_processes_ready"),
         metrics.series("mpcache.child_restarts"), metrics.series("mpcache.lmcache_refused_connections"),
+        metrics.series("mpcache.lmcache_unidentified_connections"), metrics.series("mpcache.segments_recreated"),
         metrics.value("mpcache.l1_fragmentation_bytes"))
 
 
@@ -141,9 +145,11 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.SM_WRITE_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk], timestamp_ns=t0)
     publish(E.SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={("a", "m"): 1}, sampled=[chunk],
             timestamp_ns=t0 + 5)
-    publish(E.MP_LOOKUP_PREFETCH_END, ("m", "a", 1, 256, 256, 256, 0, ""))
+    publish(E.MP_LOOKUP_PREFETCH_END, ("m", "a", 1, 256, 256, 256, 0, "", 256, 256, 1, 0))
     for start, end, fields in ((E.MP_STORE_START, E.MP_STORE_END, ("cuda:0", 1, "m", 1, 4096, 256)),
                                (E.MP_RETRIEVE_START, E.MP_RETRIEVE_END, ("cuda:0", 1, "m", "a", 1, 4096, 256))):
+        publish(E.MP_STORE_SUBMITTED if start is E.MP_STORE_START else E.MP_RETRIEVE_SUBMITTED, ("cuda:0",),
+                session_id="r", timestamp_ns=t0)
         publish(start, ("cuda:0", 1, "m"), session_id="r", timestamp_ns=t0)
         publish(end, fields, session_id="r", timestamp_ns=t0 + 1000)
     # L2

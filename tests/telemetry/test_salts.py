@@ -40,7 +40,8 @@ def test_thousands_of_model_names_stay_below_the_sdks_series_limit(pipeline, rin
     lookups = SECTIONS_BY_KEY["Lookup"]
     pipeline.subscribe(TableCountersSubscriber(metrics.provider.get_meter("t"), lookups, 10_000, (), 1500))
     for i in range(4200):
-        pipeline.publish(E.MP_LOOKUP_PREFETCH_END, (f"m{i}", "tenant", 1, 256, 256, 256, 0, ""), session_id=f"r{i}")
+        pipeline.publish(E.MP_LOOKUP_PREFETCH_END, (f"m{i}", "tenant", 1, 256, 256, 256, 0, "", 256, 256, 1, 0),
+                         session_id=f"r{i}")
         if i % 500 == 499:
             pipeline.deliver()
     pipeline.deliver()

@@ -182,8 +182,8 @@ def test_lookup_prefetch_end_puts_hit_rate_attributes_on_the_root(pipeline, span
     pipeline.publish(E.MP_REQUEST_START, session_id="r1", timestamp_ns=at(0))
     pipeline.publish(E.MP_LOOKUP_PREFETCH_START, session_id="r1", timestamp_ns=at(1))
     pipeline.deliver()
-    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "tenant", 3, 1024, 768, 512, 256, ""), session_id="r1",
-                     timestamp_ns=at(8))
+    pipeline.publish(E.MP_LOOKUP_PREFETCH_END, ("llama", "tenant", 3, 1024, 768, 512, 256, "", 1100, 768, 2, 1),
+                     session_id="r1", timestamp_ns=at(8))
     pipeline.publish(E.MP_REQUEST_END, session_id="r1", timestamp_ns=at(9))
     pipeline.deliver()
     root, lookup = spans.one("request"), spans.one("mp.lookup_prefetch")

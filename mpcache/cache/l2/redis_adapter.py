@@ -204,7 +204,7 @@ class RedisL2Adapter(PooledAdapter):
                 continue
             status, used, count, clock, *victims = reply
             self._note_usage(index, used, count, clock)
-            evicted.extend(decode_name(name) for name in victims if name)
+            evicted.extend(self._evicted_names(index, victims))
             if status == 0:
                 stored.append(key)
                 written += size
@@ -213,6 +213,20 @@ class RedisL2Adapter(PooledAdapter):
             else:
                 failed.append(key)
         return StoreResult(stored, skipped, failed, written, evicted)
+
+    def _evicted_names(self, shard: int, names: list[bytes]) -> list[ChunkKey]:
+        """The chunks a store's eviction names; a name that does not decode (the index was written by someone
+        else) is skipped and counted as ``index``: its chunk is gone either way."""
+        keys = []
+        for name in names:
+            if not name:
+                continue
+            try:
+                keys.append(decode_name(name))
+            except (struct.error, UnicodeDecodeError, ValueError) as exc:
+                self.failures.note("index", detail=f"an evicted chunk's name in {self._shards[shard].name} does not "
+                                                   f"decode ({exc})")
+        return keys
 
     def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
         if not keys:

@@ -10,11 +10,40 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
+# What every script reads from the index checked first: a field someone overwrote with what is not a number (the
+# index is writable by whoever can write the server) is repaired, never arithmetic on nil that fails the shard.
+# ``tick``: the shard's clock, advanced (one that is not an integer starts again at 0).  ``number``: a size or
+# ``used``, 0 if not a number.  ``used_of``: the shard's bytes, recomputed from its chunks' sizes when missing,
+# not a number or negative.
+_CHECKED = """
+local function tick(stats)
+  local clock = redis.call('HGET', stats, 'clock')
+  if clock and not string.match(clock, '^%-?%d+$') then
+    redis.call('HSET', stats, 'clock', 0)
+  end
+  return redis.call('HINCRBY', stats, 'clock', 1)
+end
+local function number(value)
+  return tonumber(value) or 0
+end
+local function used_of(stats, sizes)
+  local used = tonumber(redis.call('HGET', stats, 'used'))
+  if used == nil or used < 0 then
+    used = 0
+    for _, size in ipairs(redis.call('HVALS', sizes)) do
+      used = used + number(size)
+    end
+    redis.call('HSET', stats, 'used', used)
+  end
+  return used
+end
+"""
+
 # KEYS: lru, size, name, stats, writer, data key.  ARGV: capacity, data prefix, digest, name, size, record, writer.
 # Reply: {status (0 stored, 1 present, 2 no room), used, count, clock, evicted names...}
-_STORE = """
-local clock = redis.call('HINCRBY', KEYS[4], 'clock', 1)
-local used = tonumber(redis.call('HGET', KEYS[4], 'used') or '0')
+_STORE = _CHECKED + """
+local clock = tick(KEYS[4])
+local used = used_of(KEYS[4], KEYS[2])
 if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
   redis.call('ZADD', KEYS[1], clock, ARGV[3])
   return {1, used, redis.call('ZCARD', KEYS[1]), clock}
@@ -32,7 +61,7 @@ while used + size > capacity do
     break
   end
   local digest = victim[1]
-  used = used - tonumber(redis.call('HGET', KEYS[2], digest) or '0')
+  used = used - number(redis.call('HGET', KEYS[2], digest))
   reply[#reply + 1] = redis.call('HGET', KEYS[3], digest) or ''
   redis.call('HDEL', KEYS[2], digest)
   redis.call('HDEL', KEYS[3], digest)
@@ -52,19 +81,19 @@ return reply
 """
 
 # KEYS: lru, stats.  ARGV: digests.  Reply: {used, count, clock, 1/0 per digest}.
-_LOOKUP = """
-local clock = redis.call('HINCRBY', KEYS[2], 'clock', 1)
+_LOOKUP = _CHECKED + """
+local clock = tick(KEYS[2])
 local reply = {0, 0, 0}
 for i = 1, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    clock = redis.call('HINCRBY', KEYS[2], 'clock', 1)
+    clock = tick(KEYS[2])
     redis.call('ZADD', KEYS[1], clock, ARGV[i])
     reply[i + 3] = 1
   else
     reply[i + 3] = 0
   end
 end
-reply[1] = tonumber(redis.call('HGET', KEYS[2], 'used') or '0')
+reply[1] = number(redis.call('HGET', KEYS[2], 'used'))
 reply[2] = redis.call('ZCARD', KEYS[1])
 reply[3] = clock
 return reply
@@ -73,9 +102,9 @@ return reply
 # KEYS: lru, size, name, stats, writer, data keys...  ARGV: digests.
 # Reply: {used, count, clock, then per key: record or nil, writer or nil}.  A key whose record is gone (the
 # server evicted or someone deleted it) leaves the index; one that has its record is touched.
-_LOAD = """
-local clock = redis.call('HINCRBY', KEYS[4], 'clock', 1)
-local used = tonumber(redis.call('HGET', KEYS[4], 'used') or '0')
+_LOAD = _CHECKED + """
+local clock = tick(KEYS[4])
+local used = used_of(KEYS[4], KEYS[2])
 local reply = {0, 0, 0}
 for i = 1, #ARGV do
   local record = false
@@ -83,12 +112,12 @@ for i = 1, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
     record = redis.call('GET', KEYS[i + 5])
     if record then
-      clock = redis.call('HINCRBY', KEYS[4], 'clock', 1)
+      clock = tick(KEYS[4])
       redis.call('ZADD', KEYS[1], clock, ARGV[i])
       writer = redis.call('HGET', KEYS[5], ARGV[i])
     else
       redis.call('ZREM', KEYS[1], ARGV[i])
-      used = used - tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
+      used = used - number(redis.call('HGET', KEYS[2], ARGV[i]))
       redis.call('HDEL', KEYS[2], ARGV[i])
       redis.call('HDEL', KEYS[3], ARGV[i])
       redis.call('HDEL', KEYS[5], ARGV[i])
@@ -105,14 +134,14 @@ return reply
 """
 
 # KEYS: lru, size, name, stats, writer.  ARGV: data prefix, digests...  Reply: {used, count, clock, removed}.
-_DELETE = """
-local clock = redis.call('HINCRBY', KEYS[4], 'clock', 1)
-local used = tonumber(redis.call('HGET', KEYS[4], 'used') or '0')
+_DELETE = _CHECKED + """
+local clock = tick(KEYS[4])
+local used = used_of(KEYS[4], KEYS[2])
 local removed = 0
 for i = 2, #ARGV do
   local digest = ARGV[i]
   if redis.call('ZREM', KEYS[1], digest) == 1 then
-    used = used - tonumber(redis.call('HGET', KEYS[2], digest) or '0')
+    used = used - number(redis.call('HGET', KEYS[2], digest))
     removed = removed + 1
   end
   redis.call('HDEL', KEYS[2], digest)
@@ -129,9 +158,9 @@ return {used, count, clock, removed}
 """
 
 # KEYS: lru, stats.  Reply: {used, count, clock}.
-_USAGE = """
-local clock = redis.call('HINCRBY', KEYS[2], 'clock', 1)
-return {tonumber(redis.call('HGET', KEYS[2], 'used') or '0'), redis.call('ZCARD', KEYS[1]), clock}
+_USAGE = _CHECKED + """
+local clock = tick(KEYS[2])
+return {number(redis.call('HGET', KEYS[2], 'used')), redis.call('ZCARD', KEYS[1]), clock}
 """
 
 

@@ -14,11 +14,12 @@ from collections import OrderedDict
 
 import numpy as np
 
+from mpcache.cache.lmcache.groups import group_keys
 from mpcache.contract.keys import chunk_hashes, rank_hashes
 
 MAX_REQUESTS = 4096
 MAX_TOKEN_BYTES = 64 << 20  # the token lists kept, in all
-MAX_LAYOUTS = 16  # (world size, ranks) kept per request: a TP group's ranks and its lookup's
+MAX_LAYOUTS = 16  # (world size, ranks, groups) kept per request: a TP group's ranks and its lookup's
 MAX_LAYOUT_KEYS = 1 << 16  # a layout with more keys than this is computed each time, not kept
 
 
@@ -28,32 +29,37 @@ class _Entry:
     def __init__(self, tokens: bytes, hashes: list[int]) -> None:
         self.tokens = tokens
         self.hashes = hashes  # prefix-chained hashes of every whole chunk
-        self.ranked: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # (world size, ranks) → every chunk's keys
+        # (world size, ranks, KV cache groups) → every chunk's keys
+        self.ranked: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
 
 
 class ChunkKeys:
-    """``keys(request_id, tokens, world_size, ranks, first, last)``: the L1 keys of chunks
-    ``[first, last)`` for each of ``ranks``, chunk-major (as :func:`~mpcache.contract.keys.rank_hashes`)."""
+    """``keys(request_id, tokens, world_size, ranks, first, last, groups)``: the L1 keys of chunks
+    ``[first, last)`` for each of ``groups`` KV cache groups and each of ``ranks``, chunk-major and rank-minor
+    (:func:`~mpcache.contract.keys.rank_hashes`, then :func:`.groups.group_keys`)."""
 
     def __init__(self, chunk_tokens: int, max_requests: int = MAX_REQUESTS,
                  max_token_bytes: int = MAX_TOKEN_BYTES) -> None:
-        self._chunk_tokens = chunk_tokens
+        self.chunk_tokens = chunk_tokens
         self._max_requests = max_requests
         self._max_token_bytes = max_token_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._token_bytes = 0
 
     def keys(self, request_id: str, tokens: bytes, world_size: int, ranks: tuple[int, ...], first: int,
-             last: int) -> list[int]:
+             last: int, groups: int = 1) -> list[int]:
         entry = self._entry(request_id, tokens)
-        ranked = entry.ranked.get((world_size, ranks))
+        layout = (world_size, ranks, groups)
+        ranked = entry.ranked.get(layout)
         if ranked is None:
             ranked = rank_hashes(entry.hashes, world_size, ranks)
+            if groups > 1:
+                ranked = group_keys(ranked, len(ranks), groups)
             if len(ranked) <= MAX_LAYOUT_KEYS:
                 if len(entry.ranked) >= MAX_LAYOUTS:
                     entry.ranked.clear()
-                entry.ranked[(world_size, ranks)] = ranked
-        per = len(ranks)
+                entry.ranked[layout] = ranked
+        per = len(ranks) * groups
         return ranked[first * per : last * per]
 
     def _entry(self, request_id: str, tokens: bytes) -> _Entry:
@@ -63,7 +69,7 @@ class ChunkKeys:
             return entry
         if entry is not None:
             self.forget(request_id)
-        entry = _Entry(tokens, chunk_hashes(np.frombuffer(tokens, dtype="<i8"), self._chunk_tokens))
+        entry = _Entry(tokens, chunk_hashes(np.frombuffer(tokens, dtype="<i8"), self.chunk_tokens))
         entries[request_id] = entry
         self._token_bytes += len(tokens)
         while entries and (len(entries) > self._max_requests or self._token_bytes > self._max_token_bytes):

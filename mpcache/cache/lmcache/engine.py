@@ -1,81 +1,47 @@
 """LMCache's engine_driven operations on a cache context: workers copy KV straight into and out of L1 objects.
 
 The server hashes whole chunks of a request's tokens itself (prefix-chained) and folds
-(world_size, rank) into each chunk's key, so every KV rank's piece is its own L1 object.  A lookup
-hit is the prefix of chunks that every rank has; it takes ``num_kv_readers`` read locks per object,
-and each worker's commit_retrieve gives one back (free_lookup_locks a range, end_session the rest).
-Stores are two-phase: prepare_store reserves L1 space and names it (byte offsets into the pool, each
-object the registration's size), commit_store makes it readable; a prepared store or retrieve left
-uncommitted gives its space or locks back after ``pending_ttl_s``.
-Each operation publishes the events its mpcache-protocol twin publishes; store and retrieve are timed
-from prepare to commit.  A registration (instance id) belongs to the peer uid that made it: only that uid
-prepares and commits through it, and it holds at most a quarter of L1's bytes (or one object) uncommitted.
-An object larger than all of L1 is still registered (the worker maps the pool, never pickling KV into a
-frame) and warned about once; each store of it fails at once, at prepare_store.
+(world_size, rank) into each chunk's key, and for a hybrid model the KV cache group (:mod:`.groups`), so
+every KV rank's piece of every group is its own L1 object.  A lookup hit is the longest prefix every group
+can serve, each under its own window (full attention: every chunk of it; a sliding-window or recurrent
+group: its last chunks), with every rank; it takes ``num_kv_readers`` read locks on each object a group
+needs for that prefix, and each worker's retrieve gives one back (free_lookup_locks a range, end_session
+the rest).  A lookup that starts past the chunks the engine's own prefix cache holds (LMCache 0.5.7's
+``key.start``) refreshes those chunks for eviction without locking or prefetching them, and its hit counts
+them.  A lookup of one group also prefetches from L2; a hybrid model's lookup reads L1 only.  Stores and
+retrieves are :mod:`.transfers`'; registrations :mod:`.registrations`'.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from mpcache.cache.context import CacheContext
-from mpcache.cache.lmcache import wire
+from mpcache.cache.lmcache import groups, wire
 from mpcache.cache.lmcache.chunkkeys import ChunkKeys
-from mpcache.cache.ops.kv import close_session, report_lookup, reserve_store, start_lookup, store_to_l2
+from mpcache.cache.lmcache.groups import GroupLayout
+from mpcache.cache.lmcache.registrations import CLIENT_057, Registrations
+from mpcache.cache.lmcache.transfers import Transfers
+from mpcache.cache.requests import LookupReport, close_session, report_lookup, start_lookup
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
 from mpcache.errors import ProtocolError, RequestError
 
-_MP_STORE_SUBMITTED = EventType.MP_STORE_SUBMITTED
-_MP_STORE_START = EventType.MP_STORE_START
-_MP_STORE_END = EventType.MP_STORE_END
-_MP_RETRIEVE_SUBMITTED = EventType.MP_RETRIEVE_SUBMITTED
-_MP_RETRIEVE_START = EventType.MP_RETRIEVE_START
-_MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
-_SM_WRITE_FINISHED, _SM_READ_PREFETCHED_FINISHED = EventType.SM_WRITE_FINISHED, EventType.SM_READ_PREFETCHED_FINISHED
-
-MAX_INSTANCES = 1024
-MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
+_MP_LOOKUP_PREFETCH_START = EventType.MP_LOOKUP_PREFETCH_START
 MAX_LOOKUPS = 65536  # requests whose lookup result or locks are kept
-PENDING_SHARE = 4  # a registration holds at most 1/PENDING_SHARE of L1's bytes in prepared, uncommitted stores
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A prepared store (space reserved, not readable) or retrieve (keys read-locked) awaiting its commit."""
-
-    instance_id: int
-    request_id: str
-    model: str
-    salt: str
-    keys: list[int]  # the L1 keys reserved (store) or locked (retrieve)
-    positions: list[int] = field(default_factory=list)  # retrieve: the keys' positions in the lookup's job
-    job: Job | None = None
-    device: str = "cpu:0"  # the worker's rank: START and END pair per (request, device)
-    failed: int = 0  # store: chunks that got no space
-    nbytes: int = 0
-    deadline: float = 0.0
+MAX_EXTRA_RANGES = 64  # free_lookup_locks: abandoned lookups' ranges named in one request
+NULL_BLOCK_ID = 0  # the engine block id LMCache 0.5.7 clients treat as absent KV (its servers' default)
 
 
 @dataclass(slots=True)
 class _Lookup:
     job_id: int
+    start_chunk: int = 0  # chunks below the lookup's start: the engine holds them, not locked here
+    groups: int = 1  # KV cache groups: each chunk's keys are groups × ranks, group-major
     answered: bool = False
-
-
-TransferKey = tuple[int, str, int | None, int, int, str, str, int]
-
-
-def _device(key: wire.Key) -> str:
-    """A worker's transfers are on its own device: shared memory, per KV rank."""
-    return f"cpu:{key.worker_id or 0}"
-
-
-def _transfer_key(key: wire.Key, instance_id: int) -> TransferKey:
-    return (instance_id, key.request_id, key.worker_id, key.start, key.end, key.model_name, key.cache_salt,
-            key.world_size)
 
 
 class EngineDriven:
@@ -83,102 +49,108 @@ class EngineDriven:
 
     def __init__(self, ctx: CacheContext, pending_ttl_s: float = 60.0) -> None:
         self._ctx = ctx
-        self._pending_ttl_s = pending_ttl_s
-        self._registrations: dict[int, wire.Registration] = {}
-        self._owners: dict[int, int] = {}  # instance id → the peer uid that registered it
-        self._held: dict[int, int] = {}  # instance id → bytes its uncommitted stores reserve
-        self._max_held = ctx.l1.capacity_bytes // PENDING_SHARE
-        self._warned_too_large: set[tuple[str, int]] = set()  # (model, object bytes) warned about
-        self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
-        self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
+        self.registrations = Registrations(ctx)
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
-        self._told_unknown: set[int] = set()
-        self._chunk_keys = ChunkKeys(ctx.chunk_tokens)
-        self._emit = {etype: ctx.publisher.fields_emitter(etype) for etype in (  # bound once: a dozen a request
-            _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START,
-            _MP_RETRIEVE_END)}
+        self._chunk_keys = ChunkKeys(self.registrations.chunk_tokens)
+        self.transfers = Transfers(ctx, self.registrations, self._keys, self._held_by, pending_ttl_s)
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.registrations.chunk_tokens
 
     # -- registration ----------------------------------------------------------------------
 
+    def negotiate_chunk_size(self, alignment: int) -> int:
+        """LMCache 0.5.7's chunk-size negotiation (:meth:`Registrations.negotiate_chunk_size`)."""
+        busy = bool(self._lookups) or self.transfers.busy
+        chunk = self.registrations.negotiate_chunk_size(alignment, busy)
+        if chunk != self._chunk_keys.chunk_tokens:
+            self._chunk_keys = ChunkKeys(chunk)
+        return chunk
+
     def register(self, payload: Any, owner: int) -> dict:
-        """Describe the pool a worker maps (any object size); an instance id another uid registered is refused.
-        An object larger than the whole L1 gets one warning naming the sizes and the flag."""
+        """Describe the pool a worker maps (any object sizes), or ``shm_name ""`` to one whose peer cannot map it:
+        LMCache 0.5.7's sign for inline transfer (0.5.6 falls back to pickles, which are refused)."""
+        registration = self.registrations.register(payload, owner)
         ctx = self._ctx
-        registration = wire.parse_registration(payload, ctx.chunk_tokens)
-        if self._owners.get(registration.instance_id, owner) != owner:
-            raise RequestError(f"instance_id {registration.instance_id} is registered by another user")
-        if registration.instance_id not in self._registrations and len(self._registrations) >= MAX_INSTANCES:
-            raise RequestError(f"at most {MAX_INSTANCES} registered instances per cache process")
-        self._warn_if_too_large(registration)
-        self._registrations[registration.instance_id] = registration
-        self._owners[registration.instance_id] = owner
-        pool = ctx.config.l1_pool_name(ctx.worker)
-        return {"shm_name": pool.lstrip("/"), "pool_size": len(ctx.l1.pool)}
-
-    def _warn_if_too_large(self, registration: wire.Registration) -> None:
-        l1_bytes, size, warned = self._ctx.l1.max_object_bytes, registration.object_bytes, self._warned_too_large
-        if size <= l1_bytes or (registration.model_name, size) in warned:
-            return
-        if len(warned) >= MAX_INSTANCES:
-            warned.clear()
-        warned.add((registration.model_name, size))
-        self._ctx.log.warning(
-            "lmcache.object_larger_than_l1", model=registration.model_name, object_bytes=size,
-            shape=registration.shape, dtype=registration.dtype, l1_bytes=l1_bytes,
-            fix=f"every store of this model fails: one KV chunk object is {size} bytes but L1 holds {l1_bytes} "
-                f"bytes; start the cache with --l1-size {-(-size // 2**20)}MiB or more")
-
-    def ping(self, instance_id: int | None, owner: int) -> bool:
-        """True, except once for a worker this process does not know (it was restarted since the worker
-        registered): the worker then sees its server recover and registers again."""
-        if instance_id is None or self._owners.get(instance_id) == owner or instance_id in self._told_unknown:
-            return True
-        if len(self._told_unknown) >= MAX_INSTANCES:
-            self._told_unknown.clear()
-        self._told_unknown.add(instance_id)
-        return False
+        reply: dict[str, Any] = {"shm_name": ctx.config.l1_pool_name(ctx.worker).lstrip("/"),
+                                 "pool_size": len(ctx.l1.pool)}
+        if registration.inline:
+            reply = {"shm_name": "", "pool_size": 0}
+        if registration.client == CLIENT_057:
+            reply["null_block_id"] = NULL_BLOCK_ID
+        return reply
 
     def unregister(self, instance_id: int, owner: int) -> None:
         """Forget an instance and give back what its uncommitted stores and retrieves hold."""
-        if self._owners.get(instance_id) != owner:
-            return
-        del self._owners[instance_id]
-        self._held.pop(instance_id, None)
-        if self._registrations.pop(instance_id, None) is None:
-            return
-        for table in (self._stores, self._retrieves):
-            for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
-                self._abandon(table, tkey)
+        if self.registrations.forget(instance_id, owner, "unregistered by its worker"):
+            self.transfers.forget(instance_id)
 
-    def _registration(self, instance_id: int, key: wire.Key, owner: int) -> wire.Registration:
-        registration = self._registrations.get(instance_id)
-        if registration is None or self._owners[instance_id] != owner:
-            raise RequestError(f"instance {instance_id} has no engine_driven context registered with this server")
-        if key.worker_id is None:
-            raise ProtocolError("key.worker_id: a worker's transfer names its rank")
-        return registration
-
-    def _rank_keys(self, key: wire.Key, first: int, last: int, ranks: tuple[int, ...]) -> list[int]:
-        return self._chunk_keys.keys(key.request_id, key.tokens, key.world_size, ranks, first, last)
+    def _keys(self, key: wire.Key, first: int, last: int, ranks: tuple[int, ...], groups: int = 1) -> list[int]:
+        return self._chunk_keys.keys(key.request_id, key.tokens, key.world_size, ranks, first, last, groups)
 
     # -- lookups -----------------------------------------------------------------------------
 
     def lookup(self, key: wire.Key) -> None:
-        """Lock the prefix of chunks every rank has (``num_kv_readers`` locks per object), prefetch the rest."""
+        """Lock what every group needs for the longest prefix they can all serve (``num_kv_readers`` locks per
+        object), prefetch the rest of a one-group prefix; the chunks below ``key.start`` (the engine holds them)
+        are only refreshed for eviction."""
         if key.num_kv_readers < 1:
             raise ProtocolError("key.num_kv_readers: this server needs clients that send it (LMCache 0.5.5+)")
         ctx = self._ctx
         previous = self._lookups.pop(key.request_id, None)
-        if previous is not None:
+        if previous is not None:  # an abandoned lookup: its locks go now (a later free names them in extra_ranges)
             self._drop_job(previous.job_id)
-        last = min(key.end, key.num_tokens) // ctx.chunk_tokens
-        keys = self._rank_keys(key, 0, last, tuple(range(key.world_size)))
-        job = start_lookup(ctx, key.request_id, key.model_name, key.cache_salt, keys, readers=key.num_kv_readers,
-                           ranks=key.world_size, per_key=True)
-        self._lookups[key.request_id] = _Lookup(job.job_id)
+        layouts = self.registrations.groups_of(key.model_name, key.world_size)
+        chunk, ranks, count = self.chunk_tokens, key.world_size, 1 if layouts is None else len(layouts)
+        stride = ranks * count
+        last = min(key.end, key.num_tokens) // chunk
+        start_chunk = min(key.start // chunk, last)
+        keys = self._keys(key, 0, last, tuple(range(ranks)), count)
+        covered = keys[: start_chunk * stride]
+        if covered and layouts is not None:  # a window leaves gaps: refresh each object L1 holds
+            covered = [k for k in covered if ctx.l1.contains((key.model_name, key.cache_salt, k))]
+        if covered:  # most recently used, without a lock: a read lock taken and given back at once
+            ctx.l1.release_read(key.model_name, key.cache_salt,
+                                covered[: ctx.l1.lock_prefix(key.model_name, key.cache_salt, covered, publish=False)])
+        if layouts is None:
+            job = start_lookup(ctx, key.request_id, key.model_name, key.cache_salt, keys[start_chunk * stride :],
+                               readers=key.num_kv_readers, ranks=ranks, per_key=True)
+        else:
+            job = self._grouped_lookup(key, keys[start_chunk * stride :], layouts)
+        windows = () if layouts is None else tuple(layout.window for layout in layouts)
+        job.report = LookupReport(chunk, start_chunk, key.num_tokens, key.engine_hit_tokens, windows)
+        self._lookups[key.request_id] = _Lookup(job.job_id, start_chunk, count)
         while len(self._lookups) > MAX_LOOKUPS:
             _, oldest = self._lookups.popitem(last=False)
             self._drop_job(oldest.job_id)
+
+    def _grouped_lookup(self, key: wire.Key, keys: list[int], layouts: tuple[GroupLayout, ...]) -> Job:
+        """A hybrid model's lookup of ``keys`` (chunk-major, then group, then rank), from L1: the hit is
+        :func:`.groups.hit_length` of what L1 holds, and each group read-locks the chunks it needs for it."""
+        ctx, model, salt, readers = self._ctx, key.model_name, key.cache_salt, key.num_kv_readers
+        ctx.sessions.open(key.request_id)
+        ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=key.request_id)
+        ranks, count = key.world_size, len(layouts)
+        stride = ranks * count
+        held = [ctx.l1.contains((model, salt, chunk_key)) for chunk_key in keys]
+        present = [[all(held[chunk * stride + group * ranks : chunk * stride + (group + 1) * ranks])
+                    for chunk in range(len(keys) // stride)] for group in range(count)]
+        length = groups.hit_length(present, [layout.window for layout in layouts])
+        retained = [chunk * stride + group * ranks + rank for chunk in range(length)
+                    for group, layout in enumerate(layouts) if chunk >= groups.window_start(length, layout.window)
+                    for rank in range(ranks)]
+        for _ in range(readers):
+            ctx.l1.lock_prefix(model, salt, [keys[position] for position in retained])
+        job = ctx.sessions.add_job(key.request_id, model, salt, keys, length * stride, readers, stride, per_key=True)
+        job.l1_hits = len(retained)  # the objects hit: those a window leaves out hold no lock
+        if job.held is not None:
+            kept = set(retained)
+            for position in range(length * stride):
+                if position not in kept:
+                    job.held[position] = 0
+        ctx.sessions.trim()
+        return job
 
     def _job(self, request_id: str) -> tuple[_Lookup, Job] | None:
         lookup = self._lookups.get(request_id)
@@ -190,6 +162,17 @@ class EngineDriven:
             del self._lookups[request_id]
             return None
 
+    def _held_by(self, key: wire.Key, count: int, spans: list[tuple[int, int, int]]) -> tuple[Job | None, list[int]]:
+        """The lookup job holding ``key``'s request's locks, and the places in it of each span's objects
+        (chunks ``[first, last)`` at one (group, rank) offset); none when it was made for another number of
+        KV cache groups."""
+        found = self._job(key.request_id)
+        if found is None or found[0].groups != count:
+            return None, []
+        lookup, job = found
+        return job, [position for first, last, offset in spans
+                     for position in _positions(job, lookup.start_chunk, first, last, (offset,))]
+
     def _drop_job(self, job_id: int) -> None:
         try:
             self._ctx.sessions.drop(self._ctx.sessions.job(job_id))
@@ -197,7 +180,8 @@ class EngineDriven:
             pass
 
     def prefetch_status(self, request_id: str) -> int | None:
-        """Hit chunks once (then 0, as LMCache's exactly-once status), None while the L2 prefetch runs."""
+        """Hit chunks once, counting those below the lookup's start (then 0, as LMCache's exactly-once status),
+        None while the L2 prefetch runs."""
         found = self._job(request_id)
         if found is None:
             return 0
@@ -208,14 +192,19 @@ class EngineDriven:
             return 0
         lookup.answered = True
         report_lookup(self._ctx, job)
-        return job.found // job.ranks
+        return lookup.start_chunk + job.found // job.ranks
 
     def is_pending(self, request_id: str) -> bool:
         found = self._job(request_id)
         return found is not None and found[1].pending
 
-    def free_lookup_locks(self, key: wire.Key) -> None:
-        """Give back every lock the lookup holds on the key's whole chunks (one rank, or all with no worker_id)."""
+    def free_lookup_locks(self, key: wire.Key, extra_ranges: list[tuple[int, int]]) -> None:
+        """Give back every lock the lookup holds on the key's whole chunks (one rank of every group, or all with
+        no worker_id).  The lookup locked nothing below its start; ``extra_ranges`` name abandoned lookups'
+        locks, which this server gave back when the next lookup replaced them, so there is nothing left to
+        release for them."""
+        if len(extra_ranges) > MAX_EXTRA_RANGES:
+            raise ProtocolError(f"extra_ranges: at most {MAX_EXTRA_RANGES} ranges")
         found = self._job(key.request_id)
         if found is None or found[1].pending:
             return
@@ -223,178 +212,44 @@ class EngineDriven:
         if not lookup.answered:  # LMCache hands the result over first; a later status query says 0
             lookup.answered = True
             report_lookup(self._ctx, job)
-        first, last = wire.chunk_range(key, self._ctx.chunk_tokens)
-        last = min(last, job.found // job.ranks)
-        ranks = range(job.ranks) if key.worker_id is None else (key.worker_id,)
-        positions = [chunk * job.ranks + rank for chunk in range(first, last) for rank in ranks]
-        self._ctx.sessions.release_positions(job, positions, every_lock=True)
+        first, last = wire.chunk_range(key, self.chunk_tokens)
+        ranks = job.ranks // lookup.groups
+        offsets = range(job.ranks) if key.worker_id is None else [
+            group * ranks + key.worker_id for group in range(lookup.groups)]
+        self._ctx.sessions.release_positions(job, _positions(job, lookup.start_chunk, first, last, offsets),
+                                             every_lock=True)
 
     def end_session(self, request_id: str) -> None:
         self._lookups.pop(request_id, None)
         self._chunk_keys.forget(request_id)
         close_session(self._ctx, request_id)
 
-    # -- stores ------------------------------------------------------------------------------
+    # -- transfers ---------------------------------------------------------------------------
 
-    def prepare_store(self, key: wire.Key, instance_id: int, owner: int) -> dict:
-        """Reserve L1 space for the key's chunks not cached yet and describe it (no more than the
-        registration's share of L1 left: the chunks beyond get none).  A registration whose object can never
-        fit gets no context: the worker skips its copy into L1 and its commit fails at once."""
-        ctx = self._ctx
-        registration = self._registration(instance_id, key, owner)
-        tkey = _transfer_key(key, instance_id)
-        if tkey in self._stores:
-            self._abandon(self._stores, tkey)
-        self._check_room()
-        first, last = wire.chunk_range(key, ctx.chunk_tokens)
-        keys = self._rank_keys(key, first, last, (key.worker_id or 0,))
-        request_id, model, salt = key.request_id, key.model_name, key.cache_salt
-        ctx.sessions.open(request_id)
-        device = _device(key)
-        self._emit[_MP_STORE_SUBMITTED]((device,), request_id)
-        self._emit[_MP_STORE_START]((device, instance_id, model), request_id)
-        held = self._held.get(instance_id, 0)
-        size = registration.object_bytes
-        limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
-        reservation = reserve_store(ctx, model, salt, keys, limit=limit, nbytes=size)
-        pending = _Pending(instance_id, request_id, model, salt, [keys[i] for i in reservation.positions],
-                           device=device, failed=reservation.failed, nbytes=registration.object_bytes,
-                           deadline=ctx.clock() + self._pending_ttl_s)
-        if not reservation.positions:  # nothing to copy: the worker will not commit
-            self._finish_store(pending, [])
-            if size > ctx.l1.max_object_bytes and reservation.failed:
-                return {"context": {}}  # no slots: the worker's store fails (its commit finds nothing prepared)
-            return {"context": {"slots": [], "chunk_indices": []}}
-        self._stores[tkey] = pending
-        self._held[instance_id] = held + len(pending.keys) * size
-        slots = [{"offset": offset, "length": size, "shape": registration.shape, "dtype": registration.dtype}
-                 for offset in reservation.offsets]
-        return {"context": {"slots": slots, "chunk_indices": reservation.positions}}
+    def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any = None) -> dict:
+        return self.transfers.prepare_store(key, instance_id, owner, skipped)
 
     def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
-        """Make the prepared objects readable: only the uid, registration and key that prepared them can;
-        a non-empty ``data`` (pickled tensors) is refused, never read."""
-        tkey = _transfer_key(key, instance_id)
-        if type(data) is not bytes:
-            raise ProtocolError("data: expected bytes")
-        if self._owners.get(instance_id) != owner:
-            return False
-        if data:
-            if tkey in self._stores:
-                self._abandon(self._stores, tkey)
-            raise RequestError("commit_store with inline data (pickled tensors) is refused: the worker must map the "
-                               "shared-memory pool (same user, same /dev/shm)")
-        pending = self._stores.pop(tkey, None)
-        if pending is None:
-            return False
-        self._release_held(pending)
-        sampled = self._ctx.l1.commit_write(pending.model, pending.salt, pending.keys, pending.nbytes)
-        self._finish_store(pending, sampled)
-        return True
-
-    def _finish_store(self, pending: _Pending, sampled: list) -> None:
-        ctx = self._ctx
-        stored, nbytes, model, salt = len(pending.keys), pending.nbytes, pending.model, pending.salt
-        self._emit[_MP_STORE_END]((pending.device, pending.instance_id, model, stored, stored * nbytes,
-                                   stored * ctx.chunk_tokens), pending.request_id)
-        ctx.publisher.emit(_SM_WRITE_FINISHED, (pending.failed,),
-                           salt_counts={(salt, model): stored} if stored else None, sampled=sampled)
-        if stored and nbytes == ctx.chunk_bytes and ctx.storage.adapters:
-            offsets = [offset for offset, _ in ctx.l1.read(model, salt, pending.keys)]
-            store_to_l2(ctx, model, salt, pending.keys[: len(offsets)], offsets)
-
-    # -- retrieves ---------------------------------------------------------------------------
+        return self.transfers.commit_store(key, instance_id, data, owner)
 
     def prepare_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> dict:
-        """Lock the key's chunks for this rank while the worker copies them out; all of them or a failure."""
-        ctx = self._ctx
-        registration = self._registration(instance_id, key, owner)
-        tkey = _transfer_key(key, instance_id)
-        if tkey in self._retrieves:
-            self._abandon(self._retrieves, tkey)
-        self._check_room()
-        first, last = wire.chunk_range(key, ctx.chunk_tokens)
-        rank = key.worker_id or 0
-        keys = self._rank_keys(key, first, last, (rank,))
-        found = self._job(key.request_id)
-        job = found[1] if found is not None else None
-        positions = [] if job is None else [chunk * job.ranks + rank for chunk in range(first, last)]
-        request_id, model, salt, l1 = key.request_id, key.model_name, key.cache_salt, ctx.l1
-        locked = l1.lock_prefix(model, salt, keys, publish=False)  # held only while the worker copies
-        reads = l1.read(model, salt, keys)  # publishes L1_READ_FAILED for what is missing
-        if locked < len(keys) or not keys or any(size != registration.object_bytes for _, size in reads):
-            l1.release_read(model, salt, keys[:locked])
-            if job is not None:  # as LMCache: a failed retrieve gives back the lookup's locks on these chunks
-                ctx.sessions.release_positions(job, positions, every_lock=False)
-            return {"success": False, "data": b"", "context": {}}
-        ctx.sessions.open(request_id)
-        device = _device(key)
-        self._emit[_MP_RETRIEVE_SUBMITTED]((device,), request_id)
-        self._emit[_MP_RETRIEVE_START]((device, instance_id, model), request_id)
-        self._retrieves[tkey] = _Pending(instance_id, request_id, model, salt, keys, positions, job, device,
-                                         nbytes=registration.object_bytes, deadline=ctx.clock() + self._pending_ttl_s)
-        return {"success": True, "data": b"", "context": {"slots": [
-            {"offset": offset, "length": size, "shape": registration.shape, "dtype": registration.dtype}
-            for offset, size in reads]}}
+        return self.transfers.prepare_retrieve(key, instance_id, owner)
 
     def commit_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> bool:
-        """The worker has copied: drop this transfer's locks and one of the lookup's per object."""
-        if self._owners.get(instance_id) != owner:
-            return True  # as for a transfer never prepared
-        pending = self._retrieves.pop(_transfer_key(key, instance_id), None)
-        if pending is None:
-            return True  # as LMCache: nothing was prepared (or the prepare failed)
-        ctx = self._ctx
-        model, salt, count = pending.model, pending.salt, len(pending.keys)
-        sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
-        if pending.job is not None:
-            ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
-        self._emit[_MP_RETRIEVE_END]((pending.device, instance_id, model, salt, count, count * pending.nbytes,
-                                      count * ctx.chunk_tokens), pending.request_id)
-        ctx.publisher.emit(_SM_READ_PREFETCHED_FINISHED, (0,), salt_counts={(salt, model): count}, sampled=sampled)
-        return True
-
-    # -- housekeeping ------------------------------------------------------------------------
-
-    def _check_room(self) -> None:
-        if len(self._stores) + len(self._retrieves) >= MAX_PENDING:
-            raise RequestError(f"more than {MAX_PENDING} prepared transfers are waiting for their commit")
-
-    def _abandon(self, table: OrderedDict[TransferKey, _Pending], tkey: TransferKey) -> None:
-        """Give back what an uncommitted transfer holds; its END event says nothing moved."""
-        pending = table.pop(tkey)
-        ctx = self._ctx
-        if table is self._stores:
-            self._release_held(pending)
-            ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
-            self._emit[_MP_STORE_END]((pending.device, pending.instance_id, pending.model, 0, 0, 0), pending.request_id)
-        else:
-            ctx.l1.release_read(pending.model, pending.salt, pending.keys)
-            self._emit[_MP_RETRIEVE_END]((pending.device, pending.instance_id, pending.model, pending.salt, 0, 0, 0),
-                                         pending.request_id)
-
-    def _release_held(self, pending: _Pending) -> None:
-        held = self._held.get(pending.instance_id, 0) - len(pending.keys) * pending.nbytes
-        if held > 0:
-            self._held[pending.instance_id] = held
-        else:
-            self._held.pop(pending.instance_id, None)
+        return self.transfers.commit_retrieve(key, instance_id, owner)
 
     def expire(self) -> int:
-        """Abandon prepared transfers past their deadline (oldest first); returns how many."""
-        now = self._ctx.clock()
-        expired = 0
-        for table in (self._stores, self._retrieves):
-            while table:
-                tkey, pending = next(iter(table.items()))
-                if pending.deadline > now:
-                    break
-                self._abandon(table, tkey)
-                expired += 1
-        return expired
+        """Drop silent registrations, abandon transfers past their deadline (oldest first); how many transfers."""
+        for instance_id in self.registrations.reap():
+            self.transfers.forget(instance_id)
+        return self.transfers.expire()
 
     def close(self) -> None:
-        for table in (self._stores, self._retrieves):
-            while table:
-                self._abandon(table, next(iter(table)))
+        self.transfers.close()
 
+
+def _positions(job: Job, start_chunk: int, first: int, last: int, offsets: Iterable[int]) -> list[int]:
+    """Where chunks ``[first, last)`` at these (group, rank) offsets stand in a lookup's job, which begins at
+    ``start_chunk`` and holds what it found (the chunks outside hold no lock of it)."""
+    first, last = max(first, start_chunk), min(last, start_chunk + job.found // job.ranks)
+    return [(chunk - start_chunk) * job.ranks + offset for chunk in range(first, last) for offset in offsets]

@@ -2,7 +2,8 @@
 (:mod:`.router`, ZMTP spoken in this process) served from the process's selectors loop.
 
 Every request gets a reply — the operation's result or its failure value; an operation mpcache does
-not serve is answered as LMCache's server would, with one warning per client naming the fix.
+not serve is answered with its failure value and one warning per client naming the fix.  What each operation
+takes, how it fails and which handler serves it is its row in :mod:`.operations`.
 ``wait_prefetch_status`` is answered when the prefetch finishes or its timeout passes, never by
 blocking the loop.  No connection is served before its peer is known (:mod:`.gate`, as it is
 accepted); every frame is bounded (size, decoded objects) and one pass over the backlog is bounded in
@@ -11,20 +12,19 @@ time, so the loop's timers (the heartbeat above all) run between messages.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import selectors
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
-from mpcache.cache.lmcache import served, wire
+from mpcache.cache.lmcache import inline, wire
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
-from mpcache.cache.lmcache.recentkeys import RecentKeys
+from mpcache.cache.lmcache.handlers import LMCacheHandlers, Wait
+from mpcache.cache.lmcache.operations import OperationFrames
 from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
 from mpcache.contract import protocol
@@ -35,9 +35,11 @@ MAX_WAITERS = 4096
 INVALID = "invalid"  # the op a reply to a request naming no known operation is timed under
 _WAIT = "wait_prefetch_status"
 MAX_WARNED_CLIENTS = 4096
-MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 3
+MAX_ARGUMENTS = 8  # frames after the operation; LMCache's largest request has 5
 MAX_FRAMES = 64  # a message of more frames drops its connection; up to here it is answered as invalid
 PASS_BUDGET_S = 0.05  # one pass over the backlog stops after this, so the loop's timers run between messages
+
+
 class _Waiter:
     __slots__ = ("prefix", "request_id", "deadline", "received_ns")
 
@@ -59,49 +61,26 @@ class LMCacheFrontEnd:
         self._times = RequestTimes(ctx.publisher)
         self._sent_ns = 0  # when the last reply was handed to the socket
         errors = ErrorLog(ctx.log)
-        self._unknown_log = RateLimit()
         self._failure_log = RateLimit()
         self._client: bytes | None = None  # the identity of the client whose request is in hand
         self._client_error = lambda op, kind, message: errors(op, kind, message, client=self._client)
-        self._decode = wire.Decoder(config.lmcache_max_tokens)
-        self._recent_keys = RecentKeys()
-        self._max_tokens = config.lmcache_max_tokens
         self._own_uid = os.geteuid()
         self.gate = PeerGate({self._own_uid, *config.lmcache_allow_uids}, allow_remote=config.lmcache_allow_remote,
-                             log=ctx.log, on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1))
+                             log=ctx.log, on_refused=lambda: ctx.gauges.add(layout.G_LMCACHE_REFUSED, 1),
+                             on_unidentified=lambda: ctx.gauges.add(layout.G_LMCACHE_UNIDENTIFIED, 1))
         # with one possible owner no message needs its peer's uid; with several, each connection has its own
-        self._one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
+        one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
+        inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
+        self._handlers = LMCacheHandlers(ctx, self.engine, one_owner=one_owner, warn_once=self._warn_once,
+                                         widen=lambda client: self._router.widen(client, inline_frame))
+        self._operation = OperationFrames()
         self._waiters: list[_Waiter] = []
         self._backlog = False
         self._router = Router(urls, selector, self.gate, max_frame=wire.frame_cap(config.lmcache_max_tokens),
                               max_frames=MAX_FRAMES,
                               report=lambda message, client: errors("connection", "transport", message, client))
         self.urls = list(urls)
-        engine = self.engine
-        self._handlers: dict[str, Callable[[list[Any], int], Any]] = {
-            "get_chunk_size": lambda args, owner: ctx.chunk_tokens,
-            "get_experimental": lambda args, owner: [],
-            "noop": lambda args, owner: "OK",
-            "ping": self._ping,
-            "register_kv_cache_engine_driven_context": lambda args, owner: engine.register(_one(args), owner),
-            "unregister_kv_cache_engine_driven_context":
-                lambda args, owner: engine.unregister(wire.instance_id(_one(args)), owner),
-            "lookup": lambda args, owner: engine.lookup(self._key(_arg(args, 0, 2), owner)),
-            "query_prefetch_status":
-                lambda args, owner: engine.prefetch_status(self._scoped(_request_id(_one(args)), owner)),
-            "free_lookup_locks": lambda args, owner: engine.free_lookup_locks(self._key(_arg(args, 0, 2), owner)),
-            "end_session": lambda args, owner: engine.end_session(self._scoped(_request_id(_one(args)), owner)),
-            "prepare_store": lambda args, owner: engine.prepare_store(*self._key_and_instance(args, 2, owner), owner),
-            "commit_store":
-                lambda args, owner: engine.commit_store(*self._key_and_instance(args, 3, owner), args[2], owner),
-            "prepare_retrieve":
-                lambda args, owner: engine.prepare_retrieve(*self._key_and_instance(args, 2, owner), owner),
-            "commit_retrieve":
-                lambda args, owner: engine.commit_retrieve(*self._key_and_instance(args, 2, owner), owner),
-            "clear": self._clear,
-            "report_block_allocation": self._report_block_allocation,
-        }
 
     def close(self) -> None:
         self._times.flush()
@@ -169,33 +148,44 @@ class LMCacheFrontEnd:
         if op_frame == b"":  # stream credit or cancel; no stream is ever open here
             return None
         try:
-            name = wire.operation_name(op_frame)
+            operation = self._operation(op_frame)
         except ProtocolError as exc:
             self._client_error("?", "protocol", str(exc))
             self._send(prefix)
             return INVALID
+        name = operation.name
         self._ctx.sessions.expire()
-        if name in served.UNSUPPORTED:
-            self._warn_once(identity, name, "lmcache.unsupported_operation", served.UNSUPPORTED[name])
-            self._reply(prefix, wire.FAILURE.get(name))
+        if operation.unsupported is not None:
+            self._warn_once(identity, name, "lmcache.unsupported_operation", operation.unsupported)
+            self._reply(prefix, operation.failure)
             return name
-        if name == "wait_prefetch_status":
-            return self._wait(prefix, payloads, owner, received_ns)
-        decode = self._decode
+        handlers = self._handlers
+        handlers.client = identity
         try:
-            if name in served.KEYED:  # the key stays a frame: its token list is read straight into int64s
-                args = [payloads[0], *[decode(payload) for payload in payloads[1:]]] if payloads else []
+            fewest, most = operation.arguments
+            if not fewest <= len(payloads) <= most:
+                expected = fewest if fewest == most else f"{fewest} to {most}"
+                raise ProtocolError(f"expected {expected} arguments, got {len(payloads)}")
+            decode = handlers.decode
+            if operation.keyed:  # the key stays a frame: its token list is read straight into int64s
+                args = [payloads[0], *[decode(payload) for payload in payloads[1:]]]
             else:
                 args = [decode(payload) for payload in payloads]
-            result = self._handlers[name](args, owner)
+            result = operation.handler(handlers, args, owner)  # type: ignore[misc]
         except (ProtocolError, RequestError) as exc:
             self._client_error(name, "request" if isinstance(exc, RequestError) else "protocol", str(exc))
-            result = wire.FAILURE.get(name)
+            result = operation.failure
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
             self._internal_error(name, exc)
-            result = wire.FAILURE.get(name)
+            result = operation.failure
         finally:
             self._ctx.update_gauges()
+        if type(result) is Wait:
+            if len(self._waiters) < MAX_WAITERS:
+                self._waiters.append(_Waiter(prefix, result.request_id, time.monotonic() + result.timeout,
+                                             received_ns))
+                return None  # timed when answered
+            result = self.engine.prefetch_status(result.request_id)
         self._reply(prefix, result)
         return name
 
@@ -231,23 +221,6 @@ class LMCacheFrontEnd:
         warned.add(name)
         self._log.warning(event, op=name, client=identity.hex()[:32], fix=fix)
 
-    def _wait(self, prefix: list[bytes], payloads: list[bytes], owner: int, received_ns: int) -> str | None:
-        try:
-            args = [self._decode(payload) for payload in payloads]
-            request_id = self._scoped(_request_id(_arg(args, 0, 2)), owner)
-            timeout = args[1]
-            if type(timeout) not in (int, float) or not 0 <= timeout <= 86400:
-                raise ProtocolError("timeout: expected seconds in 0..86400")
-        except ProtocolError as exc:
-            self._client_error("wait_prefetch_status", "protocol", str(exc))
-            self._reply(prefix, 0)
-            return _WAIT
-        if not self.engine.is_pending(request_id) or len(self._waiters) >= MAX_WAITERS:
-            self._reply(prefix, self.engine.prefetch_status(request_id))
-            return _WAIT
-        self._waiters.append(_Waiter(prefix, request_id, time.monotonic() + timeout, received_ns))
-        return None  # timed when answered
-
     def _answer_waiters(self) -> None:
         now = time.monotonic()
         waiting = []
@@ -261,60 +234,3 @@ class LMCacheFrontEnd:
                 continue
             self._times.record(_WAIT, self._sent_ns - waiter.received_ns)
         self._waiters = waiting
-
-    def _clear(self, args: list[Any], owner: int) -> None:
-        if not self._ctx.config.lmcache_allow_clear:
-            self._warn_once(self._client or b"", "clear", "lmcache.clear_refused",
-                            "clear empties L1 for every engine: an operator action; start the cache with "
-                            "--lmcache-allow-clear to let LMCache clients do it")
-            return
-        evicted = self._ctx.l1.clear()
-        self._log.info("lmcache.clear", evicted=evicted, uid=owner)
-
-    def _ping(self, args: list[Any], owner: int) -> bool:
-        instance = None if not args or args[0] is None else wire.instance_id(args[0])
-        known = self.engine.ping(instance, owner)
-        if not known:
-            extra = self._unknown_log.allow(self._client, "ping")
-            if extra is not None:
-                self._log.info("lmcache.unknown_instance", instance_id=instance,
-                               action="answered one ping False so that the worker registers again", **extra)
-        return known
-
-    def _report_block_allocation(self, args: list[Any], owner: int) -> None:
-        self._ctx.l0.report(wire.instance_id(_arg(args, 0, 3)), _model(args[1]), wire.parse_block_records(args[2]))
-
-    def _scoped(self, request_id: str, owner: int) -> str:
-        """Request state belongs to the uid that created it: with several possible owners, request ids
-        are kept per uid."""
-        return request_id if self._one_owner else f"{owner}/{request_id}"
-
-    def _key(self, frame: bytes, owner: int) -> wire.Key:
-        key = self._recent_keys.get(frame)
-        if key is None:
-            key = wire.parse_key_frame(frame, self._max_tokens, self._decode)
-            self._recent_keys.put(frame, key)
-        if self._one_owner:
-            return key
-        return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))
-
-    def _key_and_instance(self, args: list[Any], count: int, owner: int) -> tuple[wire.Key, int]:
-        return self._key(_arg(args, 0, count), owner), wire.instance_id(args[1])
-
-
-def _arg(args: list[Any], index: int, count: int) -> Any:
-    if len(args) != count:
-        raise ProtocolError(f"expected {count} arguments, got {len(args)}")
-    return args[index]
-
-
-def _one(args: list[Any]) -> Any:
-    return _arg(args, 0, 1)
-
-
-def _request_id(value: Any) -> str:
-    return protocol.REQUEST_ID(value, "request_id")
-
-
-def _model(value: Any) -> str:
-    return protocol.MODEL(value, "model_name")

@@ -1,8 +1,10 @@
 """Who may talk to the LMCache front end, decided once per connection as it is accepted, before a byte is
 sent to it: the peer's uid from the kernel — ``SO_PEERCRED`` for ``ipc://``, the socket table for
 ``tcp://`` (TCP never tells a server who its peer is) — against the allowed uids.  A refused connection
-is closed unanswered; every refusal is counted, and logged at most once a minute per uid.  See
-docs/SECURITY.md.
+is closed unanswered; every refusal is counted, and logged at most once a minute per uid.  A TCP peer
+that closed its end before it could be identified (a health probe's connect-and-close: its closed end
+has no owner any more) is closed too, but counted apart and not logged: it was never refused, and an
+alert on refusals must not fire on a load balancer's probes.  See docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -19,18 +21,32 @@ REMOTE = -1  # the owner of a non-local peer's requests (only with --lmcache-all
 UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, had no file any more, or could not be read
 REFUSAL_LOG_INTERVAL_S = 60.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Linux's TCP states (include/net/tcp_states.h), tcp_info's first byte: the peer sent its FIN (CLOSE_WAIT), or
+# its RST (CLOSE); this end has not closed, so no other state means the peer is gone.
+_TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8
+
+
+def _closed_by_peer(connection: socket.socket) -> bool:
+    """Whether the peer of an accepted TCP connection has closed (or reset) its end."""
+    try:
+        connection.getpeername()
+        state = connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:  # ENOTCONN: reset and gone
+        return True
+    return state in (_TCP_CLOSE, _TCP_CLOSE_WAIT)
 
 
 class PeerGate:
     """Judges each accepted connection (:meth:`owner`)."""
 
     def __init__(self, allowed_uids: set[int], *, allow_remote: bool, log: Any, on_refused: Callable[[], None],
-                 clock: Callable[[], float] = time.monotonic,
+                 on_unidentified: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
                  table: Callable[[int], list[sockets.TcpEnd]] = sockets.ends) -> None:
         self.allowed = frozenset(allowed_uids)
         self._allow_remote = allow_remote
         self._log = log
         self._on_refused = on_refused
+        self._on_unidentified = on_unidentified
         self._clock = clock
         self._table = table
         self._logged_at: dict[int, float] = {}
@@ -38,7 +54,8 @@ class PeerGate:
 
     def owner(self, connection: socket.socket) -> int | None:
         """The uid the requests of a just-accepted connection belong to (``REMOTE``: another host's, with
-        ``allow_remote``), or None: refused, counted and logged."""
+        ``allow_remote``), or None: refused (counted and logged), or closed by its peer before it could be
+        identified (counted apart)."""
         return self.owners([connection])[0]
 
     def owners(self, connections: list[socket.socket]) -> list[int | None]:
@@ -67,7 +84,10 @@ class PeerGate:
                 uid, error = UNKNOWN_UID, exc.strerror
         if uid in self.allowed or (uid == REMOTE and transport == "tcp"):
             return uid
-        self._refused(uid, transport, error)
+        if uid == UNKNOWN_UID and transport == "tcp" and _closed_by_peer(connection):
+            self._on_unidentified()
+        else:
+            self._refused(uid, transport, error)
         return None
 
     def tcp_owner(self, local: tuple[Any, ...], peer: tuple[Any, ...],

@@ -5,8 +5,8 @@ before sending it a byte, speaks ZMTP with it (:mod:`.zmtp`), and hands over who
 ROUTER would — the connection's routing id first — with the uid they belong to.  Replies go back by
 routing id.  Bounded: at most ``MAX_CONNECTIONS``; a handshake finishes within ``HANDSHAKE_TIMEOUT_S``;
 a connection's input is not read past one frame cap ahead of the front end (TCP then holds the client
-back); replies a client does not read are held up to ``MAX_UNSENT_BYTES``, then it is dropped.  A
-connection that breaks the protocol or a bound is closed with one error line naming why; the others go on.
+back); replies a client does not read are held up to ``MAX_UNSENT_BYTES`` (or what it may send), then it is
+dropped.  A connection that breaks the protocol or a bound is closed with one error line naming why.
 """
 
 from __future__ import annotations
@@ -113,6 +113,14 @@ class Router:
         self._listeners.append(listener)
         self._watch_listener(listener)
 
+    def widen(self, routing_id: bytes, max_frame: int) -> None:
+        """Let an open connection send (and leave unread) frames of up to ``max_frame`` bytes: KV objects inline."""
+        connection = self._open.get(routing_id)
+        if connection is not None and max_frame + RECV_BYTES > connection.read_ahead:
+            connection.reader.widen(max_frame)
+            connection.read_ahead = max_frame + RECV_BYTES
+            self._watch(connection)
+
     def _watch_listener(self, listener: socket.socket) -> None:
         self._selector.register(listener, _READ, lambda mask: self._accept(listener))
 
@@ -210,7 +218,7 @@ class Router:
                 self._admit(sock, owner)
 
     def _admit(self, sock: socket.socket, owner: int | None) -> None:
-        if owner is None:  # refused before a byte was sent (the gate counted and logged it)
+        if owner is None:  # refused, or closed by its peer unidentified, before a byte was sent (the gate counted it)
             sock.close()
             return
         if len(self._open) + len(self._handshaking) >= MAX_CONNECTIONS:
@@ -312,8 +320,9 @@ class Router:
             if sent == len(data):
                 return
             connection.unsent += data[sent:]
-        if len(connection.unsent) > MAX_UNSENT_BYTES:
-            self._close(connection, f"over {MAX_UNSENT_BYTES >> 20} MiB of replies unread")
+        most = max(MAX_UNSENT_BYTES, connection.read_ahead)  # as much as it may send, where that is more
+        if len(connection.unsent) > most:
+            self._close(connection, f"over {most >> 20} MiB of replies unread")
             return
         self._watch(connection)
 

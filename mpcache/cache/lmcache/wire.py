@@ -1,14 +1,13 @@
-"""LMCache 0.5.x MP-mode wire format: operation ids, argument decoding and validation, failure values.
+"""LMCache 0.5.x MP-mode wire format: argument decoding and validation.
 
 A request is ``[identity, uid, op, arg1, …]``; every frame after the identity is one msgpack object
-(``op`` an integer from LMCache's frozen table or an operation name).  A reply echoes identity, uid
-and op, then the msgpack result, which is left out when the result is None.  LMCache has no error
-frame, so a refused request is answered with its operation's failure value.  Nothing here unpickles.
+(``op`` an integer from LMCache's frozen table or an operation name: :mod:`.operations`).  A reply echoes
+identity, uid and op, then the msgpack result, which is left out when the result is None.  LMCache has no
+error frame, so a refused request is answered with its operation's failure value.  Nothing here unpickles.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,32 +17,6 @@ import numpy as np
 from mpcache.cache.lmcache import keyscan
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError
-
-# LMCache's frozen operation ids (lmcache/v1/multiprocess/transport/zmq_impl/wire.py, 0.5.3 and later).
-OPERATION_IDS: dict[int, str] = {
-    1: "register_kv_cache", 2: "unregister_kv_cache", 3: "register_q_cache", 4: "unregister_q_cache",
-    5: "store_q", 6: "store", 7: "retrieve", 8: "lookup", 9: "query_prefetch_status", 10: "wait_prefetch_status",
-    12: "free_lookup_locks", 13: "end_session", 14: "register_kv_cache_engine_driven_context",
-    15: "unregister_kv_cache_engine_driven_context", 16: "prepare_store", 17: "commit_store",
-    18: "prepare_retrieve", 19: "commit_retrieve", 20: "clear", 21: "get_chunk_size", 22: "ping",
-    23: "report_block_allocation", 24: "noop", 25: "cb_register_rope", 26: "cb_unregister_rope",
-    27: "cb_retrieve_pre_computed", 28: "cb_unified_lookup", 29: "p2p_lookup_and_lock",
-    30: "p2p_query_lookup_results", 31: "p2p_unlock_objects", 32: "get_experimental", 33: "cb_protocol_handshake",
-}
-OPERATION_NAMES = frozenset(OPERATION_IDS.values()) | {"subscribe_kv_events", "server_module_call"}
-
-# What a refused request is answered with (LMCache's failure value of each operation's reply type).
-FAILURE: dict[str, Any] = {
-    "store": [b"", False], "retrieve": [b"", False], "query_prefetch_status": 0, "wait_prefetch_status": 0,
-    "register_kv_cache_engine_driven_context": {"shm_name": "", "pool_size": 0},
-    "prepare_store": {"context": {}}, "commit_store": False,
-    "prepare_retrieve": {"success": False, "data": b"", "context": {}}, "commit_retrieve": False,
-    "ping": False, "noop": "OK", "get_experimental": [], "cb_protocol_handshake": [0, False],
-}
-
-# torch dtype names a worker may register, and their element sizes
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8}
 
 MAX_WORLD_SIZE = 4096
 MAX_READERS = 4096
@@ -129,29 +102,12 @@ def encode(result: Any) -> bytes:
     return _packer.pack(result)
 
 
-_OPERATION_FRAMES = {bytes([op]): name for op, name in OPERATION_IDS.items()}  # a positive fixint: the byte itself
-
-
-def operation_name(frame: bytes) -> str:
-    """The operation a request names, by id or by name; ProtocolError if unknown."""
-    name = _OPERATION_FRAMES.get(frame)
-    if name is not None:
-        return name
-    value = decode(frame)
-    if type(value) is int:
-        name = OPERATION_IDS.get(value)
-        if name is None:
-            raise ProtocolError(f"op: unknown operation id {value}")
-        return name
-    if type(value) is str and value in OPERATION_NAMES:
-        return value
-    raise ProtocolError(f"op: unknown operation {str(value)[:64]!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class Key:
     """LMCache's IPCCacheServerKey: which tokens of which request, for which rank of which model
-    (``tokens``: the token ids as little-endian int64 bytes)."""
+    (``tokens``: the token ids as little-endian int64 bytes, whichever way the client spelled them, so a chunk
+    hashes the same for every client version).  ``engine_hit_tokens``: the prompt's prefix the engine's own
+    prefix cache holds, as a 0.5.7 client hints it (``request_configs``), else 0."""
 
     model_name: str
     world_size: int
@@ -162,10 +118,16 @@ class Key:
     request_id: str
     cache_salt: str
     num_kv_readers: int
+    engine_hit_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.tokens) // 8
+
+
+ENGINE_HIT_HINT = "lmcache.hint.engine_computed_tokens"
+PACKED_TOKEN_BYTES = 4  # LMCache 0.5.7's token_bytes: each token a big-endian uint32
+_BOTH_SPELLINGS = "key: token_ids and token_bytes both given; a key carries one of them"
 
 
 def _field(value: dict, name: str) -> Any:
@@ -175,25 +137,42 @@ def _field(value: dict, name: str) -> Any:
 
 
 def parse_key_frame(frame: bytes, max_tokens: int, decode: Decoder) -> Key:
-    """A key frame as a Key: its token list read straight into int64s where the compiled scanner takes the
-    frame (:mod:`.keyscan`), else decoded and checked element by element (which names what is wrong)."""
+    """A key frame as a Key: a ``token_ids`` list read straight into int64s where the compiled scanner takes the
+    frame (:mod:`.keyscan`), else the frame decoded and checked field by field (which names what is wrong)."""
     split = keyscan.split_key(frame, max_tokens) if keyscan.split_key is not None else None
     if split is None:
         return parse_key(decode(frame), max_tokens)
     rest, tokens = split
-    return _key(decode(rest), tokens)
+    value = decode(rest)
+    if "token_bytes" in value:
+        raise ProtocolError(_BOTH_SPELLINGS)
+    return _key(value, tokens)
 
 
 def parse_key(value: Any, max_tokens: int) -> Key:
-    """Validate an IPCCacheServerKey map; ProtocolError names the first bad field."""
+    """Validate an IPCCacheServerKey map (0.5.6's ``token_ids`` or 0.5.7's ``token_bytes``); ProtocolError names
+    the first bad field."""
     if not isinstance(value, dict):
         raise ProtocolError(f"key: expected a map, got {type(value).__name__}")
+    if "token_bytes" in value:
+        if "token_ids" in value:
+            raise ProtocolError(_BOTH_SPELLINGS)
+        return _key(value, unpack_token_bytes(value["token_bytes"], max_tokens))
     tokens = _field(value, "token_ids")
     if type(tokens) is not list or len(tokens) > max_tokens:
         raise ProtocolError(f"key.token_ids: expected a list of at most {max_tokens} token ids (--lmcache-max-tokens)")
     if not all(type(t) is int and 0 <= t <= _I64_MAX for t in tokens):
         raise ProtocolError("key.token_ids: every entry must be an integer in 0..2**63-1")
     return _key(value, np.array(tokens, dtype="<i8").tobytes())
+
+
+def unpack_token_bytes(packed: Any, max_tokens: int) -> bytes:
+    """0.5.7's packed tokens (big-endian uint32 each) as little-endian int64 bytes, without a Python int per
+    token."""
+    if type(packed) is not bytes or len(packed) % PACKED_TOKEN_BYTES or len(packed) > max_tokens * PACKED_TOKEN_BYTES:
+        raise ProtocolError(f"key.token_bytes: expected bytes of whole 4-byte tokens, at most {max_tokens} tokens "
+                            "(--lmcache-max-tokens)")
+    return np.frombuffer(packed, dtype=">u4").astype("<i8").tobytes()
 
 
 def _key(value: dict, tokens: bytes) -> Key:
@@ -210,7 +189,16 @@ def _key(value: dict, tokens: bytes) -> Key:
     salt = value.get("cache_salt") or ""
     return Key(protocol.MODEL(_field(value, "model_name"), "key.model_name"), world_size, worker_id, tokens,
                start, end, protocol.REQUEST_ID(_field(value, "request_id"), "key.request_id"),
-               protocol.SALT(salt, "key.cache_salt"), readers)
+               protocol.SALT(salt, "key.cache_salt"), readers, _engine_hit_tokens(value.get("request_configs")))
+
+
+def _engine_hit_tokens(configs: Any) -> int:
+    """The engine's prefix-cache hit a 0.5.7 lookup hints; 0 without the hint."""
+    if configs is None:
+        return 0
+    if not isinstance(configs, dict):
+        raise ProtocolError(f"key.request_configs: expected a map, got {type(configs).__name__}")
+    return _POSITION(configs.get(ENGINE_HIT_HINT, 0), f"key.request_configs[{ENGINE_HIT_HINT!r}]")
 
 
 def chunk_range(key: Key, chunk_tokens: int) -> tuple[int, int]:
@@ -219,38 +207,6 @@ def chunk_range(key: Key, chunk_tokens: int) -> tuple[int, int]:
     first = -(-key.start // chunk_tokens)
     last = min(key.end, key.num_tokens) // chunk_tokens
     return first, max(first, last)
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A worker's engine_driven registration: the layout of one KV object (one chunk, one rank)."""
-
-    instance_id: int
-    model_name: str
-    world_size: int
-    shape: list[int]
-    dtype: str
-    object_bytes: int
-
-
-def parse_registration(value: Any, chunk_tokens: int) -> Registration:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"payload: expected a map, got {type(value).__name__}")
-    instance_id = _I64(_field(value, "instance_id"), "instance_id")
-    model = protocol.MODEL(_field(value, "model_name"), "model_name")
-    world_size = protocol.int_range(1, MAX_WORLD_SIZE)(_field(value, "world_size"), "world_size")
-    layers = protocol.int_range(1, 1 << 16)(_field(value, "num_layers"), "num_layers")
-    hidden = protocol.int_range(1, 1 << 24)(_field(value, "hidden_dim_size"), "hidden_dim_size")
-    dtype = _field(value, "dtype_str")
-    if type(dtype) is not str or dtype not in DTYPE_BYTES:
-        raise ProtocolError(f"dtype_str: {str(dtype)[:32]!r} is not a supported torch dtype name")
-    use_mla = _field(value, "use_mla")
-    if type(use_mla) is not bool:
-        raise ProtocolError("use_mla: expected a boolean")
-    slots = value.get("num_physical_slots")
-    slots = chunk_tokens if slots is None else protocol.int_range(1, 1 << 24)(slots, "num_physical_slots")
-    shape = [layers, slots, hidden] if use_mla else [2, layers, slots, hidden]
-    return Registration(instance_id, model, world_size, shape, dtype, math.prod(shape) * DTYPE_BYTES[dtype])
 
 
 def instance_id(value: Any, field: str = "instance_id") -> int:

@@ -110,6 +110,10 @@ class FrameReader:
         self._max_frame = max_frame
         self._max_frames = max_frames
 
+    def widen(self, max_frame: int) -> None:
+        """Raise the frame cap (a connection whose requests carry KV objects)."""
+        self._max_frame = max(self._max_frame, max_frame)
+
     def next(self) -> list[bytes] | bytes | None:
         """The next whole message (a list of frames), command (its body, as bytes), or None until more bytes
         come."""

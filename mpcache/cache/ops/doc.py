@@ -9,6 +9,7 @@ import argparse
 import inspect
 import sys
 
+from mpcache.cache.lmcache import doc as lmcache_doc
 from mpcache.cache.ops import OPERATIONS, Operation
 from mpcache.cache.transport import MAX_FDS_PER_FRAME, OUTBUF_PAUSE_BYTES
 from mpcache.contract import protocol as p
@@ -189,6 +190,7 @@ def render_markdown() -> str:
     lines.append("")
     for op in ordered():
         lines += render_operation(op)
+    lines.append(lmcache_doc.render_markdown())
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
-from mpcache.cache.l1 import WriteReservation
 from mpcache.cache.ops.registry import Args, Reply, operation
-from mpcache.cache.sessions import Job
+from mpcache.cache.requests import close_session, report_lookup, reserve_store, start_lookup, store_to_l2
 from mpcache.cache.timeouts import Deadline
 from mpcache.cache.transfer import Transfer
 from mpcache.contract import protocol as p
@@ -94,23 +93,6 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     return {"stored_count": stored, "skipped_count": reservation.present, "failed_count": reservation.failed}
 
 
-def reserve_store(ctx: CacheContext, model: str, salt: str, hashes: list[int], limit: int | None = None,
-                  nbytes: int | None = None) -> WriteReservation:
-    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`), and the store's sampled access."""
-    reservation = ctx.l1.reserve_write(model, salt, hashes, limit, nbytes)
-    ctx.accesses.store(model, salt, hashes, ctx.chunk_bytes if nbytes is None else nbytes)
-    return reservation
-
-
-def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], offsets: list[int]) -> None:
-    """Hand freshly committed chunks (``chunk_bytes`` each, at these pool offsets) to every L2 tier.  The tasks
-    get copies: the L1 objects stay readable (and evictable) while adapters write."""
-    if ctx.storage.adapters:
-        pool, size = ctx.l1.pool, ctx.chunk_bytes
-        ctx.storage.store(model, salt, [(chunk_hash, pool[offset : offset + size].tobytes())
-                                        for chunk_hash, offset in zip(hashes, offsets)])
-
-
 @operation("lookup_prefetch",
            ("request_id", p.REQUEST_ID, _REQUIRED), ("model_name", p.MODEL, _REQUIRED), ("cache_salt", p.SALT, ""),
            ("chunk_hashes", p.HASHES, _REQUIRED),
@@ -120,28 +102,6 @@ def lookup_prefetch(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     the run after it from L2 into L1.  Returns a prefetch job to poll with ``query_prefetch_status``."""
     job = start_lookup(ctx, args["request_id"], args["model_name"], args["cache_salt"], args["chunk_hashes"])
     return {"job_id": job.job_id}
-
-
-def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], *, readers: int = 1,
-                 ranks: int = 1, per_key: bool = False) -> Job:
-    """MP_LOOKUP_PREFETCH_START, ``readers`` read locks on each key of the L1 prefix, an L2 prefetch of the
-    rest.  With ``ranks`` > 1 the keys are a chunk's KV ranks in turn, and only whole chunks count;
-    ``per_key`` counts the locks per key, for owners that give them back piecemeal."""
-    ctx.sessions.open(request_id)
-    ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=request_id)
-    l1 = ctx.l1
-    found = l1.lock_prefix(model, salt, hashes)
-    partial = found % ranks
-    if partial:
-        l1.release_read(model, salt, hashes[found - partial : found])
-        found -= partial
-    for _ in range(readers - 1):
-        l1.lock_prefix(model, salt, hashes[:found])
-    job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers, ranks, per_key)
-    if found < len(hashes) and ctx.prefetch.start(job.job_id, model, salt, hashes[found:], job):
-        job.pending = True
-    ctx.sessions.trim()
-    return job
 
 
 @operation("query_prefetch_status", ("job_id", p.ID, _REQUIRED),
@@ -159,27 +119,6 @@ def query_prefetch_status(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     return {"done": done, "found_count": job.found, "requested_count": len(job.hashes),
             "hit_tokens": job.found * tokens, "l1_hit_tokens": job.l1_hits * tokens,
             "l2_hit_tokens": job.l2_hits * tokens, "l2_loaded_count": job.l2_landed, "expired": job.expired}
-
-
-def report_lookup(ctx: CacheContext, job: Job) -> None:
-    """MP_LOOKUP_PREFETCH_END once a job is done (an expired job was abandoned: none), in chunks."""
-    if job.pending or job.reported or job.expired:
-        return
-    job.reported = True
-    tokens, ranks = ctx.chunk_tokens, job.ranks
-    chunks = job.found // ranks
-    if ranks == 1:
-        l1_hits, l2_hits = job.l1_hits, job.l2_hits
-    else:  # a chunk is an L2 hit when any of its ranks came from L2
-        l2_hits = min(chunks, -(-job.l2_hits // ranks))
-        l1_hits = chunks - l2_hits
-    ctx.publisher.emit(
-        _MP_LOOKUP_PREFETCH_END,
-        (job.model, job.salt, chunks, len(job.hashes) // ranks * tokens, chunks * tokens, l1_hits * tokens,
-         l2_hits * tokens, ""),
-        session_id=job.request_id,
-    )
-    ctx.accesses.lookup(ctx.l1, job.model, job.salt, job.hashes, ranks, job.l1_hits, job.found)
 
 
 @operation("retrieve",
@@ -244,10 +183,3 @@ def end_session(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     """End a request: release its read locks and close its session, blend and L0 bookkeeping.
     ``known`` is false for a request id this process never saw."""
     return {"known": close_session(ctx, args["request_id"])}
-
-
-def close_session(ctx: CacheContext, request_id: str) -> bool:
-    """CB_REQUEST_END, MP_VLLM_END_SESSION and MP_REQUEST_END as they apply; whether the request was known."""
-    blended = ctx.blend.end_session(request_id)
-    owned_blocks = ctx.l0.end_session(request_id)
-    return ctx.sessions.end(request_id) or owned_blocks or blended

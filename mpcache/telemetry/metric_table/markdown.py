@@ -73,6 +73,8 @@ def describe(source: Source) -> str:
         d.POSITIVE_FIELD_SUM: f"+ {field} where it is > 0",
         d.TRUE_COUNT: f"+1 per event whose {field} is true",
         d.FALSE_COUNT: f"+1 per event whose {field} is false",
+        d.NONZERO_COUNT: f"+1 per event whose {field} is not 0",
+        d.ZERO_COUNT: f"+1 per event whose {field} is 0",
         d.SALT_COUNT: "+ the count of each salt group",
         d.SAMPLED_KEY_SECONDS: f"seconds from {since} to {events} of a sampled chunk",
         d.SAMPLED_KEY_ACCESSES: f"chunks of the cache_salt accessed from {since} to {events} of a sampled chunk",
@@ -94,6 +96,7 @@ def describe(source: Source) -> str:
         d.BUILD: "1",
         d.RESOURCE: "1 (the Prometheus exporter's rendering of the resource)",
         d.PROCESS: "prometheus_client's process collector, from /proc at scrape time (Prometheus only)",
+        d.PROCESS_SAMPLE: "psutil of each process, read by the telemetry process at collection time",
     }[source.derivation]
     origins = [_origin(label) for label in source.labels]
     return "; ".join([value] + [o for o in origins if o])

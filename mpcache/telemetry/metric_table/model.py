@@ -24,6 +24,8 @@ class Derivation(enum.Enum):
     POSITIVE_FIELD_SUM = "positive field sum"  # the same, over the events whose field is > 0 only
     TRUE_COUNT = "true count"  # +1 per event whose bool field is true
     FALSE_COUNT = "false count"  # +1 per event whose bool field is false
+    NONZERO_COUNT = "nonzero count"  # +1 per event whose int field is not 0 (a task with failed keys)
+    ZERO_COUNT = "zero count"  # +1 per event whose int field is 0 (a task without one)
     SALT_COUNT = "salt-group count"  # + the count of each salt group of each event
     # Histograms, computed by hand-written subscribers with per-key state: a sample is
     # recorded at one of ``Source.events`` and measured from one of ``Source.since``.
@@ -49,6 +51,7 @@ class Derivation(enum.Enum):
     # Created by the exporters themselves, not from events or shared memory:
     RESOURCE = "resource"  # the OTel resource, as Prometheus's target_info
     PROCESS = "process"  # prometheus_client's process collector: /proc of the telemetry process
+    PROCESS_SAMPLE = "process sample"  # psutil of the service's processes (by role and worker), at collection
 
     @property
     def table_driven(self) -> bool:
@@ -61,6 +64,12 @@ class Derivation(enum.Enum):
         return self in _OBSERVABLE
 
     @property
+    def outlives_telemetry(self) -> bool:
+        """An observable counter whose value a telemetry restart keeps (in shared memory or the telemetry
+        process's checkpoint): its series start when the supervisor's first telemetry process did."""
+        return self in (Derivation.BUS_STATE, Derivation.CHECKPOINT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD)
+
+    @property
     def exporter_made(self) -> bool:
         """Exported by the exporters (:class:`mpcache.telemetry.otel.MetricsExport`), not by a subscriber."""
         return self in (Derivation.BUILD, Derivation.RESOURCE, Derivation.PROCESS)
@@ -68,12 +77,12 @@ class Derivation(enum.Enum):
 
 _TABLE_DRIVEN = frozenset({
     Derivation.EVENT_COUNT, Derivation.FIELD_SUM, Derivation.POSITIVE_FIELD_SUM, Derivation.TRUE_COUNT,
-    Derivation.FALSE_COUNT, Derivation.SALT_COUNT,
+    Derivation.FALSE_COUNT, Derivation.NONZERO_COUNT, Derivation.ZERO_COUNT, Derivation.SALT_COUNT,
 })
 _OBSERVABLE = frozenset({
     Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.CHECKPOINT, Derivation.SLOT_COUNT,
     Derivation.LIVE_SLOT_COUNT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD, Derivation.BUILD,
-    Derivation.RESOURCE, Derivation.PROCESS,
+    Derivation.RESOURCE, Derivation.PROCESS, Derivation.PROCESS_SAMPLE,
 })
 
 
@@ -88,7 +97,7 @@ class Origin(enum.Enum):
     CHECKPOINT = "checkpoint"  # why a checkpoint was refused
     ANALYSIS = "sampled-history analysis"  # a tier, a capacity ratio or a miss reason (docs/MRC.md)
     SLOT = "gauge-board slot"  # the slot's index, which is the cache process's worker index
-    CHILD = "child process"  # the role of a child of the supervisor (cache, telemetry)
+    CHILD = "child process"  # the role of a child of the supervisor (cache, telemetry), or the supervisor
     BUILD = "build"  # the mpcache version, the ring writer in use
     RESOURCE = "resource"  # an attribute of the OTel resource
 
@@ -105,6 +114,7 @@ class State(enum.Enum):
     BUILD = "build"
     RESOURCE = "resource"
     PROCESS = "process state"
+    PROCESSES = "the service's processes"
 
 
 @dataclass(frozen=True)

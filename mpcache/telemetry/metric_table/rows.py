@@ -8,7 +8,6 @@ attributes are computed from.
 
 from __future__ import annotations
 
-from mpcache.contract.events import EventType
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.metric_table.grids import (
     LIFECYCLE_SECONDS_BUCKETS,
@@ -23,60 +22,30 @@ from mpcache.telemetry.metric_table.model import (
     OBSERVABLE_GAUGE,
     Derivation,
     Label,
-    MetricSpec,
     Origin,
     Section,
     Source,
     State,
 )
-
-
-def _m(otel: str, prom: str, kind: str, unit: str, source: Source, meaning: str,
-       buckets: tuple[float, ...] | None = None) -> MetricSpec:
-    return MetricSpec(otel, prom, kind, unit, source, meaning, buckets)
-
-
-# -- attributes ----------------------------------------------------------------------------------
-
-
-def _f(name: str, field: str = "", event: EventType | None = None) -> Label:
-    """An attribute read from a fixed field (of that name unless ``field`` says otherwise)."""
-    return Label(name, Origin.FIELD, field or name, event)
-
-
-_SALT = Label("cache_salt", Origin.SALT_GROUP, "cache_salt")  # the salt group's cache_salt
-_GROUP_MODEL = Label("model_name", Origin.SALT_GROUP, "model_name")  # the salt group's model_name
-_KEY_SALT = Label("cache_salt", Origin.SAMPLED_KEY, "cache_salt")  # the sampled key's cache_salt
-_KEY_MODEL = Label("model_name", Origin.SAMPLED_KEY, "model_name")  # the sampled key's model_name
-_L2_NAME = Label("l2_name", Origin.CONFIG)
-_ADAPTER = Label("adapter_index", Origin.CONFIG)
-
-# -- sources -------------------------------------------------------------------------------------
-
-
-def _count(etype: EventType, *labels: Label) -> Source:
-    return Source(Derivation.EVENT_COUNT, (etype,), labels=labels)
-
-
-def _sum(etype: EventType, field: str, *labels: Label) -> Source:
-    return Source(Derivation.FIELD_SUM, (etype,), field=field, labels=labels)
-
-
-def _true(etype: EventType, field: str) -> Source:
-    return Source(Derivation.TRUE_COUNT, (etype,), field=field)
-
-
-def _false(etype: EventType, field: str) -> Source:
-    return Source(Derivation.FALSE_COUNT, (etype,), field=field)
-
-
-def _salts(etypes: tuple[EventType, ...], *labels: Label) -> Source:
-    return Source(Derivation.SALT_COUNT, etypes, labels=labels)
-
-
-def _state(derivation: Derivation, state: State, *words: str, labels: tuple[Label, ...] = ()) -> Source:
-    return Source(derivation, state=state, words=words, labels=labels)
-
+from mpcache.telemetry.metric_table.processes import EXPORTER, PROCESSES
+from mpcache.telemetry.metric_table.vocabulary import (
+    _ADAPTER,
+    _GROUP_MODEL,
+    _KEY_MODEL,
+    _KEY_SALT,
+    _L2_NAME,
+    _SALT,
+    _count,
+    _f,
+    _failed,
+    _false,
+    _m,
+    _per_worker,
+    _salts,
+    _state,
+    _sum,
+    _true,
+)
 
 _BUS = Source(Derivation.BUS_STATE, state=State.BUS)
 _L1R, _L1W, _L1WR, _L1E = (E.L1_READ_FINISHED, E.L1_WRITE_FINISHED, E.L1_WRITE_FINISHED_AND_READ_RESERVED,
@@ -92,17 +61,6 @@ _PER_ADAPTER = (_L2_NAME, _ADAPTER)
 
 _S, _G, _O = LIFECYCLE_SECONDS_BUCKETS, THROUGHPUT_GBS_BUCKETS, REUSE_GAP_OBJECTS_BUCKETS
 _MRC_KEY = (_KEY_MODEL, _KEY_SALT)
-# prometheus_client's ProcessCollector: its series, of the telemetry process, as it names and describes them.
-_PROCESS = Source(Derivation.PROCESS, state=State.PROCESS)
-_PROCESS_SERIES = (
-    ("process_cpu_seconds_total", OBSERVABLE_COUNTER, "seconds", "Total user and system CPU time spent in seconds."),
-    ("process_max_fds", OBSERVABLE_GAUGE, "", "Maximum number of open file descriptors."),
-    ("process_open_fds", OBSERVABLE_GAUGE, "", "Number of open file descriptors."),
-    ("process_resident_memory_bytes", OBSERVABLE_GAUGE, "bytes", "Resident memory size in bytes."),
-    ("process_start_time_seconds", OBSERVABLE_GAUGE, "seconds",
-     "Start time of the process since unix epoch in seconds."),
-    ("process_virtual_memory_bytes", OBSERVABLE_GAUGE, "bytes", "Virtual memory size in bytes."),
-)
 
 SECTIONS: tuple[Section, ...] = (
     Section("L1", "L1 reads, writes and evictions", True, (
@@ -159,7 +117,9 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.l2_store_submitted_objects", "lmcache_mp_l2_store_submitted_objects_chunks_total", COUNTER,
            "chunks", _salts((E.L2_STORE_SUBMITTED,), _SALT), "Chunks in store tasks submitted to L2 adapters."),
         _m("lmcache_mp.l2_store_completed", "lmcache_mp_l2_store_completed_requests_total", COUNTER, "requests",
-           _count(E.L2_STORE_COMPLETED, _f("l2_name")), "Store tasks an L2 adapter finished, by adapter type."),
+           _failed(E.L2_STORE_COMPLETED, False),
+           "Store tasks an L2 adapter finished with every chunk stored, by adapter type (a task with a failed "
+           "chunk counts in mpcache_l2_store_failed_requests_total instead)."),
         _m("lmcache_mp.l2_store_completed_objects", "lmcache_mp_l2_store_completed_objects_chunks_total", COUNTER,
            "chunks", _salts((E.L2_STORE_COMPLETED,), _SALT), "Chunks an L2 adapter stored successfully."),
         _m("lmcache_mp.l2_prefetch_lookup", "lmcache_mp_l2_prefetch_lookup_requests_total", COUNTER, "requests",
@@ -178,7 +138,9 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.l2_prefetch_load_completed", "lmcache_mp_l2_prefetch_load_completed_chunks_total", COUNTER,
            "chunks", _salts((E.L2_PREFETCH_LOAD_COMPLETED,), _SALT), "Chunks loaded from L2 into L1 by prefetches."),
         _m("lmcache_mp.l2_load_completed", "lmcache_mp_l2_load_completed_requests_total", COUNTER, "requests",
-           _count(E.L2_LOAD_TASK_COMPLETED, _f("l2_name")), "Load tasks an L2 adapter finished, by adapter type."),
+           _failed(E.L2_LOAD_TASK_COMPLETED, False),
+           "Load tasks an L2 adapter finished with every chunk loaded, by adapter type (a task with a failed "
+           "chunk counts in mpcache_l2_load_failed_requests_total instead)."),
         _m("lmcache_mp.l2_evicted", "lmcache_mp_l2_evicted_chunks_total", COUNTER, "chunks",
            _salts((E.L2_KEYS_EVICTED,), _SALT), "Chunks removed from L2 adapters by L2 eviction."),
     )),
@@ -198,12 +160,60 @@ SECTIONS: tuple[Section, ...] = (
            _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_tokens", *_LOOKUP_LABELS),
            "Tokens of completed lookups' hits that were in L2."),
     )),
+    Section("LookupRequests", "Request-level hit rate (the engine's prefix cache and this cache)", False, (
+        _m("lmcache_mp.lookup_prompt", "lmcache_mp_lookup_prompt_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "prompt_tokens", *_LOOKUP_LABELS),
+           "Whole prompts of completed lookups, a partial last chunk included: the request-level hit rate's "
+           "denominator (LMCache 0.5.7's series)."),
+        _m("lmcache_mp.lookup_request_hit", "lmcache_mp_lookup_request_hit_tokens_total", COUNTER, "tokens",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "request_hit_tokens", *_LOOKUP_LABELS),
+           "Prefix of those prompts the engine's own prefix cache or this cache serves, the longer of the two "
+           "(LMCache 0.5.7's series; lookup_requested and lookup_hit leave out the prefix a 0.5.7 lookup starts "
+           "past)."),
+    )),
+    Section("Compatibility", "Series LMCache's own server exports beyond the specification", False, (
+        _m("lmcache_mp.lookups", "lmcache_mp_lookups_requests_total", COUNTER, "requests",
+           _count(E.MP_LOOKUP_PREFETCH_END, *_LOOKUP_LABELS), "Completed lookups."),
+        _m("lmcache_mp.lookup_hit_l1_keys", "lmcache_mp_lookup_hit_l1_keys_total", COUNTER, "keys",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "l1_hit_keys", *_LOOKUP_LABELS),
+           "Objects (one per chunk and KV rank) of completed lookups' hits that L1 already held."),
+        _m("lmcache_mp.lookup_hit_l2_keys", "lmcache_mp_lookup_hit_l2_keys_total", COUNTER, "keys",
+           _sum(E.MP_LOOKUP_PREFETCH_END, "l2_hit_keys", *_LOOKUP_LABELS),
+           "Objects of completed lookups' hits that were loaded from L2."),
+        _m("lmcache_mp.l2_evicted_objects", "lmcache_mp_l2_evicted_objects_chunks_total", COUNTER, "chunks",
+           _salts((E.L2_KEYS_EVICTED,)), "Chunks removed from L2 adapters by L2 eviction, all tenants together."),
+        _m("lmcache_mp.num_submitted_stores", "lmcache_mp_num_submitted_stores_total", COUNTER, "",
+           _count(E.MP_STORE_SUBMITTED, _f("device")), "Stores from an engine's memory into L1 begun, by device."),
+        _m("lmcache_mp.num_finished_stores", "lmcache_mp_num_finished_stores_total", COUNTER, "",
+           _count(E.MP_STORE_END, _f("device")),
+           "Stores from an engine's memory into L1 ended, however many chunks they committed, by device."),
+        _m("lmcache_mp.num_submitted_retrieves", "lmcache_mp_num_submitted_retrieves_total", COUNTER, "",
+           _count(E.MP_RETRIEVE_SUBMITTED, _f("device")),
+           "Retrieves from L1 into an engine's memory begun, by device."),
+        _m("lmcache_mp.num_finished_retrieves", "lmcache_mp_num_finished_retrieves_total", COUNTER, "",
+           _count(E.MP_RETRIEVE_END, _f("device")),
+           "Retrieves from L1 into an engine's memory ended, however many chunks they moved, by device."),
+    )),
     Section("L2Failures", "L2 prefetch failures", True, (
         _m("lmcache_mp.l2_prefetch_failure", "lmcache_mp_l2_prefetch_failure_chunks_total", COUNTER, "chunks",
            _salts((E.L2_PREFETCH_FAILED,), _f("reason"), _GROUP_MODEL),
            "Chunks an L2 prefetch could not land in L1, by reason: l1_oom, not_found, integrity (a record that "
            "failed its MAC check: corrupt or forged), l2_error (a load's I/O error or timeout) or lookup_error "
            "(a lookup that could not ask its tier)."),
+    )),
+    Section("L2Outcomes", "L2 tasks that failed (an outage at a glance)", False, (
+        _m("mpcache.l2_store_failed", "mpcache_l2_store_failed_requests_total", COUNTER, "requests",
+           _failed(E.L2_STORE_COMPLETED, True), "Store tasks an L2 adapter finished with at least one chunk not "
+           "stored (I/O error, timeout, unreachable or full tier), by adapter type."),
+        _m("mpcache.l2_store_failed_chunks", "mpcache_l2_store_failed_chunks_total", COUNTER, "chunks",
+           _sum(E.L2_STORE_COMPLETED, "failed_count", _f("l2_name")),
+           "Chunks L2 store tasks failed to store, by adapter type."),
+        _m("mpcache.l2_load_failed", "mpcache_l2_load_failed_requests_total", COUNTER, "requests",
+           _failed(E.L2_LOAD_TASK_COMPLETED, True), "Load tasks an L2 adapter finished with at least one chunk not "
+           "loaded (missing, rejected, I/O error or timeout), by adapter type."),
+        _m("mpcache.l2_load_failed_chunks", "mpcache_l2_load_failed_chunks_total", COUNTER, "chunks",
+           _sum(E.L2_LOAD_TASK_COMPLETED, "failed_count", _f("l2_name")),
+           "Chunks L2 load tasks failed to load into L1, by adapter type."),
     )),
     Section("L0Lifecycle", "L0 (GPU) block lifecycle (sampled)", True, (
         _m("lmcache_mp.l0_block_lifetime", "lmcache_mp_l0_block_lifetime_seconds", HISTOGRAM, "seconds", _L0_SOURCE,
@@ -370,20 +380,20 @@ Section("Service", "The service", False, (
            _state(Derivation.RESTART_COUNT, State.SUPERVISOR, "G_RESTARTS", labels=(Label("role", Origin.CHILD),)),
            "Restarts of the service's child processes, by role (cache, telemetry), since the supervisor started."),
         _m("mpcache.lmcache_refused_connections", "mpcache_lmcache_refused_connections_total", OBSERVABLE_COUNTER,
-           "", _state(Derivation.SLOT_WORD, State.SERVER, "G_LMCACHE_REFUSED", labels=(Label("worker", Origin.SLOT),)),
-           "LMCache front-end connections refused because their peer's uid is not allowed, per cache process "
-           "(kept across its restarts)."),
+           "", _per_worker(State.SERVER, "G_LMCACHE_REFUSED"), "LMCache front-end connections refused because "
+           "their peer's uid is not allowed, per cache process (kept across its restarts)."),
+        _m("mpcache.lmcache_unidentified_connections", "mpcache_lmcache_unidentified_connections_total",
+           OBSERVABLE_COUNTER, "", _per_worker(State.SERVER, "G_LMCACHE_UNIDENTIFIED"), "LMCache TCP connections "
+           "closed by their peer before its uid was known (a health probe's connect-and-close), closed unanswered "
+           "and never counted as refused, per cache process (kept across its restarts)."),
+        _m("mpcache.segments_recreated", "mpcache_segments_recreated_total", OBSERVABLE_COUNTER, "",
+           _per_worker(State.SUPERVISOR, "G_SEGMENTS_RECREATED"), "A cache process's ring or L1 pool found damaged "
+           "after it died and recreated empty (its L1 lost), per cache process (kept across its restarts)."),
         _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "",
            _state(Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"),
            "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "
            "summed over the live cache processes."),
     )),
-    Section("Exporter", "The exporters' own series (Prometheus only)", False, (
-        _m("", "target_info", OBSERVABLE_GAUGE, "",
-           Source(Derivation.RESOURCE, state=State.RESOURCE, labels=tuple(
-               Label(name, Origin.RESOURCE) for name in ("host_name", "service_instance_id", "service_name"))),
-           "Always 1: the OTel resource every datapoint carries (service.name, service.instance.id, host.name, "
-           "and the attributes of OTEL_RESOURCE_ATTRIBUTES)."),
-        *(_m("", name, kind, unit, _PROCESS, meaning) for name, kind, unit, meaning in _PROCESS_SERIES),
-    )),
+    PROCESSES,
+    EXPORTER,
 )

@@ -35,6 +35,7 @@ from mpcache.telemetry.subscribers.metrics.l2_gauges import L2StateGaugesSubscri
 from mpcache.telemetry.subscribers.metrics.l2_throughput import L2ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.lmcache_requests import LMCacheRequestTimesSubscriber
 from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+from mpcache.telemetry.subscribers.metrics.processes import ProcessesSubscriber
 from mpcache.telemetry.subscribers.metrics.service import ServiceStateSubscriber
 from mpcache.telemetry.subscribers.metrics.sm_lifecycle import SMLifecycleSubscriber
 
@@ -54,8 +55,8 @@ def build_metrics_subscribers(
     """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
 
     Without a ``gauge_reader`` (tests) the gauge-board gauges are not created, without ``readiness`` (the
-    reader whose staleness decides "ready") the service's gauges.  With a ``checkpoint`` the subscribers go on
-    from the state it holds, and every flush of the bus writes it.
+    reader whose staleness decides "ready") the service's gauges and its processes'.  With a ``checkpoint`` the
+    subscribers go on from the state it holds, and every flush of the bus writes it.
     """
     buffer = InstrumentBuffer(started_ns=checkpoint.started_ns if checkpoint is not None else None)
     meter = BufferedMeter(meter_provider.get_meter(METER_NAME), buffer)
@@ -78,6 +79,7 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
+        subscribers.append(ProcessesSubscriber(meter, readiness))
     if checkpoint is not None:
         checkpoint.bind(pump, bus, buffer, subscribers)  # and flushes: the zero-valued counters exist from start-up
     else:

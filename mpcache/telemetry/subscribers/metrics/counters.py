@@ -2,8 +2,8 @@
 code.
 
 Every counter whose :class:`~mpcache.telemetry.metric_table.Source` has a
-table-driven derivation (event count, field sum, true/false count, salt-group
-count) is computed here from its row of the table alone.  Per batch, the
+table-driven derivation (event count, field sum, true/false or zero/nonzero
+count, salt-group count) is computed here from its row of the table alone.  Per batch, the
 counters that read the same rows (the records of the same event types, or
 their salt groups) by the same attributes share one
 :func:`~mpcache.telemetry.batch.group_sums` over cell columns — no decoding —
@@ -144,10 +144,10 @@ def _weight(batch: EventBatch, etype: EventType, counter: _Counter) -> np.ndarra
     if derivation is _D.EVENT_COUNT:
         return np.ones(len(batch.heads_of((etype,))), dtype=np.int64)
     column = batch.field_column(etype, counter.field)
-    if derivation is _D.TRUE_COUNT:
+    if derivation is _D.TRUE_COUNT or derivation is _D.NONZERO_COUNT:  # a bool field is 0 or 1
         tested: np.ndarray = column != 0
         return tested
-    if derivation is _D.FALSE_COUNT:
+    if derivation is _D.FALSE_COUNT or derivation is _D.ZERO_COUNT:
         tested = column == 0
         return tested
     return column

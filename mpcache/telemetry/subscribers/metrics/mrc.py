@@ -16,11 +16,11 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
+from mpcache.httpserver import Route
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
-from mpcache.telemetry.http import Route
 from mpcache.telemetry.mrc.curves import (
     AFTER_GAP,
     HEAD,

@@ -1,11 +1,14 @@
 """The service's own gauges, read from the gauge board at collection time: cache processes configured and
-ready, restarts by role, refused LMCache connections per cache process, and L1 fragmentation.
+ready, restarts by role, refused and unidentified LMCache connections and segments recreated per cache
+process, and L1 fragmentation.
 
-``readiness`` is the board reader whose staleness decides "ready" (the telemetry process's /ready uses the
-same one).  The callbacks run on the exporter's thread; they only read aligned shared-memory words.
+``readiness`` is the board reader whose staleness decides "ready" (2 s, as the supervisor's /ready).  The
+callbacks run on the exporter's thread; they only read aligned shared-memory words.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -24,7 +27,10 @@ class ServiceStateSubscriber(Subscriber):
         create_instrument(meter, "mpcache.cache_processes", [self._configured])
         create_instrument(meter, "mpcache.cache_processes_ready", [self._ready])
         create_instrument(meter, "mpcache.child_restarts", [self._restarts])
-        create_instrument(meter, "mpcache.lmcache_refused_connections", [self._refused])
+        create_instrument(meter, "mpcache.lmcache_refused_connections", [self._per_slot(layout.G_LMCACHE_REFUSED)])
+        create_instrument(meter, "mpcache.lmcache_unidentified_connections",
+                          [self._per_slot(layout.G_LMCACHE_UNIDENTIFIED)])
+        create_instrument(meter, "mpcache.segments_recreated", [self._per_slot(layout.G_SEGMENTS_RECREATED)])
         create_instrument(meter, "mpcache.l1_fragmentation_bytes", [self._fragmentation])
 
     def _configured(self, _options: CallbackOptions) -> list[Observation]:
@@ -36,10 +42,14 @@ class ServiceStateSubscriber(Subscriber):
     def _restarts(self, _options: CallbackOptions) -> list[Observation]:
         return [Observation(count, {"role": role}) for role, count in self._board.restarts().items()]
 
-    def _refused(self, _options: CallbackOptions) -> list[Observation]:
+    def _per_slot(self, word: int) -> Callable[[CallbackOptions], list[Observation]]:
+        """A callback observing ``word`` of every slot, live or not, by worker."""
         board = self._board
-        return [Observation(board.word(slot, layout.G_LMCACHE_REFUSED), {"worker": str(slot)})
-                for slot in range(board.n_slots)]
+
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(board.word(slot, word), {"worker": str(slot)}) for slot in range(board.n_slots)]
+
+        return observe
 
     def _fragmentation(self, _options: CallbackOptions) -> list[Observation]:
         return [Observation(self._board.total(layout.G_L1_FRAGMENTATION))]

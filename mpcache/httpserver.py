@@ -1,52 +1,49 @@
-"""The telemetry process's HTTP endpoint (``/metrics``): one asyncio thread, bounded whatever clients do.
+"""The service's HTTP listeners: one asyncio thread each, bounded whatever clients do.
 
-Any local user can connect, so nothing a client does costs more than a bounded amount: connections
-are read without a thread each, a request must arrive within ``read_timeout_s`` and fit in
-``MAX_REQUEST_BYTES``, at most ``max_connections`` are open (a new one evicts the oldest that has not
-finished sending its request), and requests that arrive while an answer is being built share it.
+The supervisor's front (the public port: health answered by itself, everything else forwarded) and the
+telemetry process's private endpoint (``/metrics`` on a Unix socket in the runtime dir) are both this server.
+Any local user can connect to the public one, so nothing a client does costs more than a bounded amount:
+connections are read without a thread each, a request must arrive within ``read_timeout_s`` and fit in
+``MAX_REQUEST_BYTES``, at most ``max_connections`` are open (a new one evicts the oldest that has not finished
+sending its request), and requests that arrive while an answer is being built share it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
+import ipaddress
+import os
 import socket
+import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-Route = Callable[[], tuple[int, bytes, str]]  # () -> (status, body, content type)
+Route = Callable[[], tuple[int, bytes, str]]  # () -> (status, body, content type), run on the collector thread
+Forward = Callable[[bytes], Awaitable[tuple[int, bytes, str]]]  # request head -> answer, awaited on the loop
 
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_READ_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-            503: "Service Unavailable"}
-_TEXT = "text/plain; charset=utf-8"
+            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+TEXT = "text/plain; charset=utf-8"
 
 
-def metrics_route(registry: CollectorRegistry, before: Sequence[Callable[[], object]] = ()) -> Route:
-    """The ``/metrics`` route over ``registry``; each of ``before`` is called first, in order, on every
-    scrape (the telemetry process flushes its buffered instruments there)."""
+class BoundedHTTPServer:
+    """Serves ``routes`` on ``address`` (host and port, or a Unix socket's path) from its own thread; a path
+    with no route goes to ``forward`` when given, else is a 404.  Construct (binds: connections wait in the
+    backlog), :meth:`start` (answers them), :meth:`close`."""
 
-    def route() -> tuple[int, bytes, str]:
-        for hook in before:
-            hook()
-        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
-
-    return route
-
-
-class MetricsHTTPServer:
-    """Serves ``routes`` on ``address`` from its own thread; construct (binds), :meth:`start`, :meth:`close`."""
-
-    def __init__(self, address: tuple[str, int], routes: dict[str, Route], log: Any, *,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    def __init__(self, address: tuple[str, int] | str, routes: dict[str, Route], log: Any, *,
+                 forward: Forward | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.routes = routes
+        self._forward = forward
         self._log = log
         self._max_connections = max_connections
         self._read_timeout_s = read_timeout_s
@@ -54,17 +51,22 @@ class MetricsHTTPServer:
         self._reading: OrderedDict[int, asyncio.StreamWriter] = OrderedDict()  # still sending their request
         self._open = 0
         self._next_id = 0
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        try:
+        if isinstance(address, str):
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            _remove_stale_socket(address)  # a killed predecessor's
+        else:
+            self._socket = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
             self._socket.bind(address)
+            if isinstance(address, str):
+                os.chmod(address, 0o600)  # in the 0700 runtime dir already: the service's uid alone
             self._socket.listen(128)
             self._socket.setblocking(False)
         except BaseException:
             self._socket.close()
             raise
-        self.server_port: int = self._socket.getsockname()[1]
+        self.server_port: int = 0 if isinstance(address, str) else self._socket.getsockname()[1]
         self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-collect")
         self._inflight: dict[str, asyncio.Future[tuple[int, bytes, str]]] = {}  # path -> the answer being built
         self._loop = asyncio.new_event_loop()
@@ -132,13 +134,15 @@ class MetricsHTTPServer:
     async def _answer(self, head: bytes) -> tuple[int, bytes, str]:
         parts = head.split(b"\r\n", 1)[0].split()
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-            return 400, b"bad request\n", _TEXT
+            return 400, b"bad request\n", TEXT
         if parts[0] not in (b"GET", b"HEAD"):
-            return 405, b"only GET\n", _TEXT
+            return 405, b"only GET\n", TEXT
         path = parts[1].split(b"?", 1)[0].decode("latin-1")
         route = self.routes.get(path)
+        if route is None and self._forward is not None:
+            return await self._forward(head)
         if route is None:
-            return 404, b"not found: try /metrics\n", _TEXT
+            return 404, f"not found: try {', '.join(sorted(self.routes))}\n".encode(), TEXT
         answer = self._inflight.get(path)
         if answer is None:  # requests that arrive while it is being built share it
             answer = self._inflight[path] = self._loop.run_in_executor(self._collector, route)
@@ -151,4 +155,35 @@ class MetricsHTTPServer:
             return await asyncio.shield(answer)
         except Exception:  # noqa: BLE001 - one failed collection must not take the endpoint down
             self._log.exception("http.route_failed", path=parts[1][:64].decode("latin-1"))
-            return 500, b"collection failed\n", _TEXT
+            return 500, b"collection failed\n", TEXT
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Unlink the socket file at ``path`` (a killed listener's), nothing else that may be there."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def get_unix(path: str, url_path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """(status, body) of ``GET url_path`` from the listener on the Unix socket ``path`` (the telemetry process's
+    endpoint, read without the supervisor's front: a benchmark's, a test's); OSError when nothing answers."""
+    connection = http.client.HTTPConnection("localhost", timeout=timeout_s)
+    connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.sock.settimeout(timeout_s)
+    try:
+        connection.sock.connect(path)
+        connection.request("GET", url_path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
