@@ -1,6 +1,7 @@
-"""Buffered instruments: subscribers' counter and histogram calls accumulate, and each flush makes one SDK
-call per (instrument, attribute set), because an SDK call costs 5–20 µs whatever it carries.  Bucket counts
-a producer aggregated (:func:`~mpcache.telemetry.histograms.record_buckets`) are merged per attribute set too.
+"""Buffered instruments: subscribers' counter and histogram calls accumulate, and each flush folds them into
+the series as exported and writes each changed series into the SDK once (an SDK call costs 5–20 µs whatever it
+carries).  Bucket counts a producer aggregated (:func:`~mpcache.telemetry.histograms.record_buckets`) are
+merged per attribute set too.
 """
 
 from __future__ import annotations

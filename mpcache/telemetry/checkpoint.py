@@ -2,10 +2,10 @@
 extremes, start time), every metrics subscriber's state, the bus's own counts, and the ring positions all of
 them cover, saved as one msgpack record of the supervisor's state segment (:mod:`mpcache.shm.checkpoint`).
 
-A checkpoint is written at every flush of the bus (before each scrape, every second with an OTLP exporter,
-every 10 s without one, and whenever a ring holds a quarter of its cells read but not released), in this
-order: the pending counts are folded into the series, the record is written, the SDK is given the new values,
-and only then are the rings released up to the positions the record holds.  So nothing exported ever runs
+A checkpoint is written at every flush of the bus (before each scrape and each OTLP export, every 10 s, and
+whenever a ring holds a quarter of its cells read but not released or is half full), in this order: the
+pending counts are folded into the series, the record is written, the SDK is given the new values, and only
+then are the rings released up to the positions the record holds.  So nothing exported ever runs
 ahead of the newest record, and the ring still holds everything after it: a telemetry process killed at any
 instant is followed by one that loads that record, reads the rings again from its positions, and exports
 exactly what an uninterrupted one would — never less, nothing twice, the same start times.  A record that
@@ -89,7 +89,12 @@ class Checkpoint:
             store = StateStore(segment)
         except LayoutMismatchError as exc:  # not a state segment of this build: ours to format again
             refusal = CheckpointRefused("format", str(exc))
-            format_state_segment(segment, config.telemetry_state_bytes)
+            try:
+                format_state_segment(segment, config.telemetry_state_bytes)
+            except ValueError as too_small:  # not even of the configured size: run without
+                log.warning("telemetry.no_checkpoint", reason=f"{exc}; {too_small}",
+                            consequence="a restart of the telemetry process starts every counter from zero")
+                return None
             store = StateStore(segment)
         checkpoint = cls(store, format_tag(config), log)
         try:

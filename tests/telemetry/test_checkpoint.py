@@ -293,6 +293,29 @@ def test_a_ring_is_released_once_a_quarter_of_it_is_held_and_at_every_poll_once_
     assert telemetry.sources[0].reader.position[0] == read_counters(segment).tail
 
 
+def test_a_ring_that_fills_while_telemetry_is_down_loses_only_what_was_counted_as_dropped(provision):
+    """The killed process had read past its checkpoint; then the producer fills the ring: it can only fill up
+    to the checkpoint's position (nothing read after it was released), so the new process reads every record
+    that was published, and what did not fit is counted as dropped — the ring's own count, in
+    dropped_events_total."""
+    config = provision(ring_capacity_cells=1024)
+    first, stream = Telemetry(config), Stream(config, seed=8)
+    publish = stream._publishers[0].emit
+    published = sum(publish(E.L1_EVICTION_LOOP_TICK, (0.5, 0.8, True)) for _ in range(300))
+    first.drain()
+    published += sum(publish(E.L1_EVICTION_LOOP_TICK, (0.5, 0.8, True)) for _ in range(200))
+    first.pump.poll_once()  # read, aggregated, not checkpointed: then killed
+    attempts = 2000
+    more = sum(publish(E.L1_EVICTION_LOOP_TICK, (0.5, 0.8, True)) for _ in range(attempts))
+    second = Telemetry(config)
+    second.drain()
+    stream.close()
+
+    assert (True, published + more) == (more < attempts, second.value("lmcache_mp.l1_eviction_loop_ticks"))
+    assert attempts - more == second.value("lmcache_mp.event_bus.dropped_events_total") == read_counters(
+        second.sources[0].segment).dropped
+
+
 def _corrupt(config: Config) -> None:
     segment = Segment.attach(config.telemetry_state_name())
     for record in (0, 1):
