@@ -64,8 +64,8 @@ def _private(path: str | Path) -> tuple[int, int]:
 
 
 def test_shared_memory_sockets_and_dirs_are_private_even_under_umask_0(service) -> None:
-    """Under umask 0: the instance's 3 shared-memory objects (gauge board, event ring, L1 pool) are 0600
-    and owned by the running user, the cache socket is a socket, 0600 and owned by the user, the runtime
+    """Under umask 0: the instance's 4 shared-memory objects (gauge board, telemetry state, event ring, L1 pool)
+    are 0600 and owned by the running user, the cache socket is a socket, 0600 and owned by the user, the runtime
     dir and its parent are 0700, the child config file is 0600, and a client's KV buffer is 0600."""
     uid = os.getuid()
     entries = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"mpcache.{service.process.pid}."))
@@ -80,7 +80,7 @@ def test_shared_memory_sockets_and_dirs_are_private_even_under_umask_0(service) 
     finally:
         os.umask(previous)
 
-    assert 3 == len(entries)
+    assert 4 == len(entries)
     assert {name: (0o600, uid) for name in entries} == {name: _private("/dev/shm/" + name) for name in entries}
     assert stat.S_ISSOCK(os.lstat(sock).st_mode)
     assert (0o600, uid) == _private(sock)
