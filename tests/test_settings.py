@@ -59,6 +59,19 @@ def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
         {name: resolved.sources[name] for name in ("workers", "l1-watermark", "log-level", "chunk-size")}
 
 
+def test_a_deprecated_setting_given_by_any_source_is_one_warning_and_by_default_none(tmp_path):
+    """--l1-watermark is still accepted (and checked) but ignored: given by a flag, the environment or the
+    file, the start logs one warning naming it and its source; left at its default, none."""
+    for argv, environ, text, source in ((["--l1-watermark", "0.8"], {}, None, "flag --l1-watermark"),
+                                        ([], {"MPCACHE_L1_WATERMARK": "0.8"}, None,
+                                         "environment MPCACHE_L1_WATERMARK"),
+                                        ([], {}, "l1-watermark = 0.8\n", f"file {tmp_path / 'mpcache.toml'}")):
+        _, resolved = _config(tmp_path, text, argv, environ)
+        assert [("l1-watermark", source)] == [(w["setting"], w["source"]) for w in settings.deprecated_given(resolved)]
+    _, resolved = _config(tmp_path, None, [], {})
+    assert [] == settings.deprecated_given(resolved)
+
+
 def test_environment_alone_and_booleans(tmp_path):
     config, _ = _config(tmp_path, None, [], {"MPCACHE_DEMO": "true", "MPCACHE_LMCACHE_IPC": "1",
                                             "MPCACHE_L2": '[{"type": "mock", "capacity_gb": 1}]'})
