@@ -1,0 +1,102 @@
+"""``python -m mpcache.bench trace``: its offline LRU is L1's own order, Belady's MIN is what it claims, and the
+benchmark replays a trace (generated here, multi-turn with shared system prompts) through a real service."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+
+import numpy as np
+
+from mpcache.bench import trace
+from mpcache.bench.trace_sim import TraceRequest, belady, load, lru
+from mpcache.cache.l1 import L1Manager
+from mpcache.shm.publish import NullPublisher
+
+
+def _trace(count: int, seed: int) -> list[TraceRequest]:
+    """Conversations that come back with one more turn, over one of four shared system prompts, and one-off
+    requests: what the synthetic trace's requests look like, small."""
+    rng = random.Random(seed)
+    fresh = itertools.count(1000)
+    systems = [[next(fresh) for _ in range(rng.randint(1, 4))] for _ in range(4)]
+    conversations: list[list[int]] = []
+    out = []
+    for _ in range(count):
+        if conversations and rng.random() < 0.5:
+            index = rng.randrange(len(conversations))
+            conversations[index] = conversations[index] + [next(fresh) for _ in range(rng.randint(1, 3))]
+            hashes = conversations[index]
+        else:
+            hashes = rng.choice(systems) + [next(fresh) for _ in range(rng.randint(1, 6))]
+            conversations.append(hashes)
+        out.append(TraceRequest(list(hashes), len(hashes) * 512 - rng.randrange(512)))
+    return out
+
+
+def _write(path, requests: list[TraceRequest]) -> None:
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": r.input_tokens, "output_length": 1,
+                                        "hash_ids": r.hashes}) + "\n" for i, r in enumerate(requests)))
+
+
+def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
+    """The same trace through an L1Manager of N native chunks (lookup locks the prefix, the rest is stored, the
+    prefix released) and through the offline LRU of N blocks: the same prefix found for every request."""
+    requests = _trace(600, seed=1)
+    for blocks in (6, 20, 60):
+        l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64)
+        found = []
+        for request in requests:
+            hashes = request.hashes
+            hit = l1.lock_prefix("m", "", hashes, publish=False)
+            reservation = l1.reserve_write("m", "", hashes[hit:])
+            l1.commit_write("m", "", [hashes[hit + p] for p in reservation.positions], 64)
+            l1.release_read("m", "", hashes[:hit])
+            found.append(hit)
+        assert found == lru(requests, blocks).found
+
+
+def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
+    """Belady's MIN holds at least LRU's blocks at every size; with room for everything both find every
+    block seen before (a one-turn trace where each request repeats the previous one: all but the first)."""
+    requests = _trace(600, seed=2)
+    for blocks in (4, 10, 30, 100):
+        assert belady(requests, blocks).hit_ratio >= lru(requests, blocks).hit_ratio
+    repeated = [TraceRequest([1, 2, 3], 1536)] * 5
+    assert [0, 3, 3, 3, 3] == lru(repeated, math.inf).found == belady(repeated, 1000).found
+
+
+def test_belady_keeps_the_block_used_soonest():
+    """Room for one block: Belady keeps block 1, asked for again before block 2, and does not store 2; LRU
+    replaces 1 with 2 and then 2 with 1, finding nothing."""
+    requests = [TraceRequest([1], 512), TraceRequest([2], 512), TraceRequest([1], 512), TraceRequest([2], 512)]
+    assert ([0, 0, 1, 0], [0, 0, 0, 0]) == (belady(requests, 1).found, lru(requests, 1).found)
+
+
+def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
+    """At the three sizes it derives, mpcache (eviction on demand) finds exactly the offline LRU's blocks, Belady
+    at least as many, and the table shows every policy at every size."""
+    path = tmp_path / "trace.jsonl"
+    _write(path, _trace(300, seed=3))
+    assert 300 == len(load(str(path)))
+    result = trace.run(path=str(path))
+    assert ["small", "middle", "large"] == list(result["sizes"])
+    blocks = [size["blocks"] for size in result["sizes"].values()]
+    assert blocks == sorted(blocks) and blocks[0] > 0
+    for size in result["sizes"].values():
+        assert size["mpcache"] == size["offline_lru"]
+        assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
+    table = trace.render(result)
+    assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
+
+
+def test_trace_benchmark_without_a_file_is_one_clear_line():
+    """No trace file: exit status 2 and one line saying how to give one."""
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "trace"], capture_output=True, text=True,
+                           timeout=60)
+    assert (2, "") == (bench.returncode, bench.stdout)
+    assert 1 == len(bench.stderr.strip().splitlines()) and "trace PATH" in bench.stderr
