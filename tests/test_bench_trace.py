@@ -1,52 +1,24 @@
-"""``python -m mpcache.bench trace``: its offline LRU is L1's own order, Belady's MIN is what it claims, and the
-benchmark replays a trace (generated here, multi-turn with shared system prompts) through a real service."""
+"""``python -m mpcache.bench trace``: its offline LRU is L1's own order, Belady's MIN and ARC are what they claim,
+and the benchmark replays a trace (``trace_gen``'s conversations) through a real service."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import random
 import subprocess
 import sys
 
 import numpy as np
 
-from mpcache.bench import trace
-from mpcache.bench.trace_sim import TraceRequest, belady, load, lru
+from mpcache.bench import trace, trace_gen
+from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru
 from mpcache.cache.l1 import L1Manager
 from mpcache.shm.publish import NullPublisher
-
-
-def _trace(count: int, seed: int) -> list[TraceRequest]:
-    """Conversations that come back with one more turn, over one of four shared system prompts, and one-off
-    requests: what the synthetic trace's requests look like, small."""
-    rng = random.Random(seed)
-    fresh = itertools.count(1000)
-    systems = [[next(fresh) for _ in range(rng.randint(1, 4))] for _ in range(4)]
-    conversations: list[list[int]] = []
-    out = []
-    for _ in range(count):
-        if conversations and rng.random() < 0.5:
-            index = rng.randrange(len(conversations))
-            conversations[index] = conversations[index] + [next(fresh) for _ in range(rng.randint(1, 3))]
-            hashes = conversations[index]
-        else:
-            hashes = rng.choice(systems) + [next(fresh) for _ in range(rng.randint(1, 6))]
-            conversations.append(hashes)
-        out.append(TraceRequest(list(hashes), len(hashes) * 512 - rng.randrange(512)))
-    return out
-
-
-def _write(path, requests: list[TraceRequest]) -> None:
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": r.input_tokens, "output_length": 1,
-                                        "hash_ids": r.hashes}) + "\n" for i, r in enumerate(requests)))
 
 
 def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
     """The same trace through an L1Manager of N native chunks (lookup locks the prefix, the rest is stored, the
     prefix released) and through the offline LRU of N blocks: the same prefix found for every request."""
-    requests = _trace(600, seed=1)
+    requests = trace_gen.conversations(600, seed=1)
     for blocks in (6, 20, 60):
         l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64)
         found = []
@@ -63,7 +35,7 @@ def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
 def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
     """Belady's MIN holds at least LRU's blocks at every size; with room for everything both find every
     block seen before (a one-turn trace where each request repeats the previous one: all but the first)."""
-    requests = _trace(600, seed=2)
+    requests = trace_gen.conversations(600, seed=2)
     for blocks in (4, 10, 30, 100):
         assert belady(requests, blocks).hit_ratio >= lru(requests, blocks).hit_ratio
     repeated = [TraceRequest([1, 2, 3], 1536)] * 5
@@ -77,11 +49,29 @@ def test_belady_keeps_the_block_used_soonest():
     assert ([0, 0, 1, 0], [0, 0, 0, 0]) == (belady(requests, 1).found, lru(requests, 1).found)
 
 
+def test_arc_keeps_what_was_seen_twice_through_a_scan_that_lru_lets_flush_it():
+    """Room for three blocks: 1 and 2 are asked for twice, then a scan of one-off blocks, then 1 and 2 again.
+    ARC keeps the twice-seen blocks in T2 and finds them; LRU has evicted them for the scan."""
+    requests = [TraceRequest([h], 512) for h in (1, 2, 1, 2, 10, 11, 12, 13, 1, 2)]
+    assert (2, 0) == (sum(arc(requests, 3).found[8:]), sum(lru(requests, 3).found[8:]))
+
+
+def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
+    """Each kind writes requests whose blocks repeat across requests (something to cache) and reads back
+    as written."""
+    for kind, make in trace_gen.KINDS.items():
+        requests = make(200, 1)
+        path = tmp_path / f"{kind}.jsonl"
+        trace_gen.write(requests, str(path))
+        assert requests == load(str(path))
+        assert 0 < lru(requests, math.inf).hit_ratio < 1, kind
+
+
 def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
     """At the three sizes it derives, mpcache (eviction on demand) finds exactly the offline LRU's blocks, Belady
     at least as many, and the table shows every policy at every size."""
     path = tmp_path / "trace.jsonl"
-    _write(path, _trace(300, seed=3))
+    trace_gen.write(trace_gen.conversations(300, seed=3), str(path))
     assert 300 == len(load(str(path)))
     result = trace.run(path=str(path))
     assert ["small", "middle", "large"] == list(result["sizes"])
@@ -92,6 +82,7 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
         assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
     table = trace.render(result)
     assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
+    assert {"arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])
 
 
 def test_trace_benchmark_without_a_file_is_one_clear_line():

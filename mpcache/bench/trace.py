@@ -2,9 +2,11 @@
 replayed through a real one-process service with the native client, one request at a time as an engine does
 (lookup; store what missed; end), at three L1 sizes derived from the trace: where an offline LRU reaches 1/3,
 2/3 and 90 % of the infinite cache's hit ratio.  Beside mpcache, at each size: the offline LRU and Belady's
-MIN (the offline optimum) computed from the same trace.  Each reports its prefix-hit ratio (blocks) and the
-prefill tokens it saved per GiB of L1, a block being ``BLOCK_TOKENS`` tokens of ``KV_BYTES_PER_TOKEN`` each
-(the service itself stores small stand-in objects: what is measured is which blocks it holds).
+MIN (the offline optimum) computed from the same trace, and ARC simulated on it (touching a request's blocks
+first to last, and last to first): candidates for a policy that beats LRU.  Each reports its prefix-hit
+ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BLOCK_TOKENS`` tokens of
+``KV_BYTES_PER_TOKEN`` each (the service itself stores small stand-in objects: what is measured is which blocks
+it holds).
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcache.bench import mrc_traces
-from mpcache.bench.trace_sim import BLOCK_TOKENS, Outcome, TraceRequest, belady, load, lru, lru_capacity_for, outcome
+from mpcache.bench.trace_sim import (
+    BLOCK_TOKENS,
+    Outcome,
+    TraceRequest,
+    arc,
+    belady,
+    load,
+    lru,
+    lru_capacity_for,
+    outcome,
+)
 
 SHARES = {"small": 1 / 3, "middle": 2 / 3, "large": 0.9}  # of the infinite cache's hit ratio, reached by LRU
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B in bf16: 32 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes
@@ -55,12 +67,15 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
         sizes[name] = {"blocks": blocks, "l1_gib": round(l1_gib, 2), "share_of_infinite": round(share, 4),
                        "offline_lru": _columns(lru(requests, blocks), l1_gib),
                        "belady": _columns(belady(requests, blocks), l1_gib),
+                       "arc_simulated": _columns(arc(requests, blocks), l1_gib),
+                       "arc_tail_first_simulated": _columns(arc(requests, blocks, tail_first=True), l1_gib),
                        "mpcache": _columns(outcome(requests, mpcache_found(requests, blocks)), l1_gib)}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,
             "mpcache_over_offline_lru": {name: _ratio(size, "mpcache", "offline_lru") for name, size in sizes.items()},
-            "belady_over_offline_lru": {name: _ratio(size, "belady", "offline_lru") for name, size in sizes.items()}}
+            **{f"{policy}_over_offline_lru": {name: _ratio(size, policy, "offline_lru") for name, size in sizes.items()}
+               for policy in ("belady", "arc_simulated", "arc_tail_first_simulated")}}
 
 
 def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
@@ -70,7 +85,7 @@ def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
 
 def render(result: dict[str, Any]) -> str:
     """The side-by-side table: per size, each policy's prefix-hit ratio and prefill tokens saved per GiB."""
-    policies = ("offline_lru", "belady", "mpcache")
+    policies = ("offline_lru", "belady", "arc_simulated", "arc_tail_first_simulated", "mpcache")
     lines = [f"{result['trace']}: {result['requests']} requests, infinite-cache hit ratio "
              f"{result['infinite_hit_ratio']:.3f}; a block is {result['block_tokens']} tokens of "
              f"{result['kv_bytes_per_token']} bytes",

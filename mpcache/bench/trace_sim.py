@@ -1,7 +1,10 @@
 """Request traces of prefix block hashes (Mooncake's format, one JSON object a line: ``hash_ids``, one per
 ``BLOCK_TOKENS``-token block of the input, and ``input_length``) and their block-level simulation, offline:
 LRU as mpcache's L1 does it, and Belady's MIN (evict the block used farthest in the future, or do not store
-a block used later than every evictable one: the offline optimum for a cache of whole blocks).
+a block used later than every evictable one: the offline optimum for a cache of whole blocks); and ARC
+(Megiddo and Modha's adaptive replacement cache, online, as LMCache ships it), touching a request's blocks
+first to last or last to first (``tail_first``: a prefix's tail is then evicted before its head, which
+the tail cannot be used without).
 
 Both count a request's hit as its longest cached prefix, as a prefix lookup does.  A request's own blocks
 are never evicted to make room for it (L1 locks the prefix it found and the blocks it is writing), and the
@@ -140,6 +143,85 @@ def belady(requests: list[TraceRequest], capacity: float) -> Outcome:
                 del next_use[victim[1]]
             next_use[h] = use
             heapq.heappush(heap, (-use, h))
+    return outcome(requests, found_per)
+
+
+class _Arc:
+    """ARC's four lists over ``capacity`` blocks: T1 (seen once) and T2 (seen again) cached, B1 and B2 their
+    ghosts; ``target`` is T1's adaptive share.  A request's own blocks (``mine``) are never evicted."""
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+        self.target = 0.0
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.t1 or block in self.t2
+
+    def _replace(self, in_b2: bool, mine: set[int]) -> bool:
+        """Evict one block to its ghost list, from T1 when it is over its share, else from T2."""
+        first = (self.t1, self.b1), (self.t2, self.b2)
+        if not (self.t1 and (len(self.t1) > self.target or (in_b2 and len(self.t1) == self.target))):
+            first = first[::-1]
+        for cached, ghosts in first:
+            victim = next((block for block in cached if block not in mine), None)
+            if victim is not None:
+                del cached[victim]
+                ghosts[victim] = None
+                return True
+        return False
+
+    def _room(self, in_b2: bool, mine: set[int]) -> bool:
+        return len(self.t1) + len(self.t2) < self.capacity or self._replace(in_b2, mine)
+
+    def touch(self, block: int, mine: set[int]) -> None:
+        """One access (a hit is promoted to T2; a miss is admitted if anything can make room)."""
+        t1, t2, b1, b2, size = self.t1, self.t2, self.b1, self.b2, self.capacity
+        if block in t1:
+            del t1[block]
+            t2[block] = None
+        elif block in t2:
+            t2.move_to_end(block)
+        elif block in b1 or block in b2:
+            in_b2 = block in b2
+            if in_b2:
+                self.target = max(0.0, self.target - max(len(b1) / len(b2), 1))
+            else:
+                self.target = min(size, self.target + max(len(b2) / len(b1), 1))
+            if self._room(in_b2, mine):
+                del (b2 if in_b2 else b1)[block]
+                t2[block] = None
+        else:
+            if len(t1) + len(b1) >= size:
+                if len(t1) < size:
+                    b1.popitem(last=False)
+                elif not self._evict_t1(mine):
+                    return
+            elif len(t1) + len(t2) + len(b1) + len(b2) >= 2 * size:
+                (b2 or b1).popitem(last=False)
+            if self._room(False, mine):
+                t1[block] = None
+
+    def _evict_t1(self, mine: set[int]) -> bool:
+        victim = next((block for block in self.t1 if block not in mine), None)
+        if victim is not None:
+            del self.t1[victim]
+        return victim is not None
+
+
+def arc(requests: list[TraceRequest], capacity: float, tail_first: bool = False) -> Outcome:
+    """ARC over ``capacity`` blocks, a request's blocks touched first to last (or last to first)."""
+    cache = _Arc(capacity)
+    found_per = []
+    for request in requests:
+        hashes = request.hashes
+        found_per.append(_prefix(hashes, cache))
+        mine = set(hashes)
+        for block in reversed(hashes) if tail_first else hashes:
+            cache.touch(block, mine)
     return outcome(requests, found_per)
 
 
