@@ -42,6 +42,13 @@ def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
     assert [0, 3, 3, 3, 3] == lru(repeated, math.inf).found == belady(repeated, 1000).found
 
 
+def test_lru_tail_first_evicts_a_prefix_from_its_tail():
+    """Room for three blocks: [1, 2] then [3, 4] (its store makes room for 4). First to last, the head 1 goes
+    and [1, 2] finds nothing after; last to first, the tail 2 goes and [1, 2] still finds 1."""
+    requests = [TraceRequest([1, 2], 1024), TraceRequest([3, 4], 1024), TraceRequest([1, 2], 1024)]
+    assert ([0, 0, 0], [0, 0, 1]) == (lru(requests, 3).found, lru(requests, 3, tail_first=True).found)
+
+
 def test_belady_keeps_the_block_used_soonest():
     """Room for one block: Belady keeps block 1, asked for again before block 2, and does not store 2; LRU
     replaces 1 with 2 and then 2 with 1, finding nothing."""
@@ -82,7 +89,7 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
         assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
     table = trace.render(result)
     assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
-    assert {"arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])
+    assert {"lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])
 
 
 def test_trace_benchmark_without_a_file_is_one_clear_line():

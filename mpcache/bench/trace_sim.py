@@ -10,6 +10,7 @@ Both count a request's hit as its longest cached prefix, as a prefix lookup does
 are never evicted to make room for it (L1 locks the prefix it found and the blocks it is writing), and the
 LRU order after a request is mpcache's: blocks present past the prefix, then the blocks stored, then the
 prefix (its read locks are released last).  With one object size mpcache's L1 is exactly this LRU.
+``tail_first`` puts a request's blocks into the order last to first instead, the head most recently used.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _prefix(hashes: list[int], cached) -> int:
     return found
 
 
-def lru(requests: list[TraceRequest], capacity: float) -> Outcome:
+def lru(requests: list[TraceRequest], capacity: float, tail_first: bool = False) -> Outcome:
     """LRU over ``capacity`` blocks (``math.inf``: the infinite cache)."""
     order: OrderedDict[int, None] = OrderedDict()  # evictable blocks, least recently used first
     found_per = []
@@ -88,7 +89,12 @@ def lru(requests: list[TraceRequest], capacity: float) -> Outcome:
                     break
                 order.popitem(last=False)
             stored.append(h)
-        for h in (*present, *stored, *prefix):
+        if tail_first:
+            kept = {*present, *stored, *prefix}
+            touched = [h for h in reversed(hashes) if h in kept]
+        else:
+            touched = [*present, *stored, *prefix]
+        for h in touched:
             order[h] = None
         found_per.append(found)
     return outcome(requests, found_per)
