@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from mpcache.bench import __main__ as bench_main
 from mpcache.bench import trace, trace_gen
 from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru
 from mpcache.cache.l1 import L1Manager
@@ -76,7 +77,7 @@ def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
 
 def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
     """At the three sizes it derives, mpcache (eviction on demand) finds exactly the offline LRU's blocks, Belady
-    at least as many, and the table shows every policy at every size."""
+    at least as many; the table shows every policy at every size, and the report's row every size."""
     path = tmp_path / "trace.jsonl"
     trace_gen.write(trace_gen.conversations(300, seed=3), str(path))
     assert 300 == len(load(str(path)))
@@ -90,6 +91,10 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
     table = trace.render(result)
     assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
     assert {"lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])
+    report = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report({"trace": result}, str(report))
+    [row] = [line for line in report.read_text().splitlines() if line.startswith("| `trace`")]
+    assert all(f"{name} L1 ({size['blocks']:,} blocks)" in row for name, size in result["sizes"].items())
 
 
 def test_trace_benchmark_without_a_file_is_one_clear_line():
