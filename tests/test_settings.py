@@ -59,6 +59,31 @@ def test_flags_win_over_the_environment_which_wins_over_the_file(tmp_path):
         {name: resolved.sources[name] for name in ("workers", "l1-watermark", "log-level", "chunk-size")}
 
 
+def test_a_deprecated_setting_given_by_any_source_is_one_warning_and_by_default_none(tmp_path):
+    """--l1-watermark is still accepted (and checked) but ignored: given by a flag, the environment or the
+    file, the start logs one warning naming it and its source; left at its default, none."""
+    for argv, environ, text, source in ((["--l1-watermark", "0.8"], {}, None, "flag --l1-watermark"),
+                                        ([], {"MPCACHE_L1_WATERMARK": "0.8"}, None,
+                                         "environment MPCACHE_L1_WATERMARK"),
+                                        ([], {}, "l1-watermark = 0.8\n", f"file {tmp_path / 'mpcache.toml'}")):
+        _, resolved = _config(tmp_path, text, argv, environ)
+        assert [("l1-watermark", source)] == [(w["setting"], w["source"]) for w in settings.deprecated_given(resolved)]
+    _, resolved = _config(tmp_path, None, [], {})
+    assert [] == settings.deprecated_given(resolved)
+
+
+def test_a_start_with_the_deprecated_watermark_logs_one_warning_and_serves(tmp_path):
+    """start-cache --l1-watermark 0.8 starts, serves for its --duration and exits 0, with exactly one
+    supervisor.deprecated_setting line naming the flag."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MPCACHE_", "OTEL_"))}
+    result = subprocess.run([sys.executable, os.path.join(REPO, "bin", "start-cache"), "--l1-watermark", "0.8",
+                             "--workers", "1", "--l1-size", "8MiB", "--prometheus-port", "0", "--duration", "1"],
+                            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    warnings = [line for line in result.stderr.splitlines() if "supervisor.deprecated_setting" in line]
+    assert (0, 1) == (result.returncode, len(warnings)), result.stderr
+    assert "flag --l1-watermark" in warnings[0]
+
+
 def test_environment_alone_and_booleans(tmp_path):
     config, _ = _config(tmp_path, None, [], {"MPCACHE_DEMO": "true", "MPCACHE_LMCACHE_IPC": "1",
                                             "MPCACHE_L2": '[{"type": "mock", "capacity_gb": 1}]'})

@@ -1,7 +1,7 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,l2,mrc,report}
+"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,l2,mrc,trace,report}
 [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
-``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, and each is left out of the
-report, saying so, without them.
+``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``trace`` a trace file
+(``trace PATH``), and each is left out of the report, saying so, without them.
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ from mpcache.bench import (
     publish,
     scrape,
     soak,
+    trace,
 )
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
-              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc}
-MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing)  # a benchmark cannot run
+              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc,
+              "trace": trace}
+# a benchmark cannot run
+MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing)
 
 
 def _machine() -> str:
@@ -134,6 +137,12 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"load {single['ratio']['load_GBps']}×; "
                 f"cluster store {cluster['ratio']['store_GBps']}×, load {cluster['ratio']['load_GBps']}×; hit "
                 f"{result['hit_ratio_sharded_over_unsharded']}×", "—", "—"]
+    if name == "trace":
+        cells = [f"{n} L1 ({s['blocks']:,} blocks): hit ratio offline LRU {s['offline_lru']['hit_ratio']:.3f}, "
+                 f"Belady {s['belady']['hit_ratio']:.3f}, mpcache {s['mpcache']['hit_ratio']:.3f}"
+                 for n, s in result["sizes"].items()]
+        ratios = ", ".join(f"{n} {v}" for n, v in result["mpcache_over_offline_lru"].items())
+        return ["; ".join(cells), f"mpcache / offline LRU tokens saved: {ratios}", "—", "—"]
     if name == "mrc":
         demo, kv = result["demo"], result["kv"]
         long = result["replay_mae_by_rate"]["long (replay only)"]
@@ -185,6 +194,10 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpcache.bench")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
+    parser.add_argument("path", nargs="?", default=None,
+                        help="trace (and report): a trace file of prefix block hashes, one JSON object a line")
+    parser.add_argument("--trace-requests", type=int, default=None,
+                        help="trace: replay only the trace's first N requests (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=3,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
@@ -221,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
                        "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
+        elif module is trace:
+            options = {"path": args.path, "limit": args.trace_requests}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
@@ -248,8 +263,11 @@ def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progres
         progress(f"wrote {args.output}")
         return 0
     result = one(args.name)
+    render = getattr(BENCHMARKS[args.name], "render", None)
     if args.json:
         print(json.dumps(result, sort_keys=True))
+    elif render is not None:
+        print(render(result))
     else:
         for key, value in result.items():
             print(f"{key:>32}  {value}")

@@ -5,7 +5,7 @@ and a KV-shaped synthetic one), each
   keys over access times, independent of ``mpcache.telemetry.mrc``), against the service's online curve
   at the default sample rate: mean absolute error over the points;
 * re-run with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one measured
-  (prefix lookups, the watermark eviction loop and all);
+  (prefix lookups, eviction on demand and all);
 * the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and with 4 or no exact
   head chunks), and a third, long-prompt trace whose accesses lie mostly past the exact chunks: the error
   that sampling alone costs;
@@ -45,7 +45,7 @@ def _overall(document: dict[str, Any]) -> dict[str, Any]:
 # -- the benchmark -------------------------------------------------------------------------------------------------
 
 
-def _one_workload(name: str, requests: list[Request], rate: float, watermark: float,
+def _one_workload(name: str, requests: list[Request], rate: float,
                   progress: Callable[[str], None]) -> dict[str, Any]:
     distances = exact_distances(requests)
     l1 = median_reuse_bytes(distances)
@@ -57,8 +57,8 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
     online = [point["hit_ratio"] for point in curve["points"]]
     configured = curve["capacity_bytes"]  # the allocator's capacity may sit a slab below --l1-size
 
-    def predicted(factor: float, effective: float = 1.0) -> float:
-        return float(hit_ratio_at(list(zip(capacities, online)), configured * factor * effective) or 0.0)
+    def predicted(factor: float) -> float:
+        return float(hit_ratio_at(list(zip(capacities, online)), configured * factor) or 0.0)
 
     out: dict[str, Any] = {
         "requests": len(requests), "lookup_accesses": len(distances), "l1_bytes": l1,
@@ -71,8 +71,6 @@ def _one_workload(name: str, requests: list[Request], rate: float, watermark: fl
         out[f"{label}_measured"] = round(measured, 4)
         out[f"{label}_predicted"] = round(predicted(factor), 4)
         out[f"{label}_error"] = round(abs(predicted(factor) - measured), 4)
-        out[f"{label}_predicted_at_watermark"] = round(predicted(factor, watermark), 4)
-        out[f"{label}_error_at_watermark"] = round(abs(predicted(factor, watermark) - measured), 4)
     out["one_measured"] = round(runs[1]["hit_ratio"], 4)
     out["one_predicted"] = round(predicted(1), 4)
     for factor, label in ((0.5, "half"), (1, "one"), (2, "double")):  # what an exact curve would predict
@@ -106,9 +104,9 @@ def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         requests: int = 40_000) -> dict[str, Any]:
     defaults = Config(instance_id="b", supervisor_pid=0, runtime_dir="/x")
-    rate, watermark, exact, max_keys = 0.01, defaults.l1_watermark, defaults.mrc_exact_chunks, defaults.mrc_max_keys
+    rate, exact, max_keys = 0.01, defaults.mrc_exact_chunks, defaults.mrc_max_keys
     workloads = {"demo": demo_requests(requests), "kv": kv_requests(requests)}
-    results: dict[str, Any] = {name: _one_workload(name, reqs, rate, watermark, progress)
+    results: dict[str, Any] = {name: _one_workload(name, reqs, rate, progress)
                                for name, reqs in workloads.items()}
     replayed = workloads | {"long (replay only)": long_requests(requests // 2)}
     results["replay_mae_by_rate"] = {

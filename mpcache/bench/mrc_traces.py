@@ -168,8 +168,8 @@ def _free_port() -> int:
 
 def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
     """Run ``requests`` against a fresh one-process service as an engine does (lookup; the prefix found is
-    released; the rest is stored); returns the measured hit ratio, the cache process's CPU seconds and
-    the ``/mrc`` document once every sampled lookup has arrived."""
+    released; the rest is stored); returns the measured hit ratio, each request's prefix found (``found``),
+    the cache process's CPU seconds and the ``/mrc`` document once every sampled lookup has arrived."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-mrc-") as tmp:
         runtime, port = os.path.join(tmp, "run"), _free_port()
         service = subprocess.Popen(
@@ -187,8 +187,9 @@ def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int
             cache = next(p for p in psutil.Process(service.pid).children(recursive=True)
                          if "mpcache.cache" in " ".join(p.cmdline()))
             client = CacheClient(path)
-            buffer = client.register_buffer(MAX_CHUNKS, chunk_bytes)
+            buffer = client.register_buffer(max(len(hashes) for _, _, hashes in requests), chunk_bytes)
             asked = found_total = 0
+            founds = []
             cpu_before = sum(cache.cpu_times()[:2])
             for number, (model, salt, hashes) in enumerate(requests):
                 request_id = f"b{number}"
@@ -200,10 +201,11 @@ def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int
                                  chunk_hashes=hashes[found:], block_ids=range(len(hashes) - found))
                 client.end_session(request_id)
                 asked, found_total = asked + len(hashes), found_total + found
+                founds.append(found)
             cpu = sum(cache.cpu_times()[:2]) - cpu_before
             document = _settled_mrc(port) if rate > 0 else {}
             client.close()
-            return {"hit_ratio": found_total / asked, "cache_cpu_s": cpu, "mrc": document}
+            return {"hit_ratio": found_total / asked, "found": founds, "cache_cpu_s": cpu, "mrc": document}
         finally:
             stop(service)
 

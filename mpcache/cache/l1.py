@@ -1,7 +1,8 @@
 """The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
 :class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and exact LRU eviction across every size: an object
 that gets no space evicts the least recently used unlocked objects, oldest first, until the allocator places
-it.  Every state change publishes its L1 event.  Single-threaded, so lock-free.
+it: eviction happens only then, exactly what is needed.  Every state change publishes its L1 event.
+Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class L1Manager:
     ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``: the
     allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`)."""
 
-    def __init__(self, pool: np.ndarray, publisher, sample_rate: float, watermark: float, chunk_bytes: int,
+    def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
                  slab_bytes: int | None = None) -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
@@ -79,12 +80,12 @@ class L1Manager:
         self.chunk_bytes = chunk_bytes
         self.allocator = SlabAllocator(len(pool), slab_bytes or default_slab_bytes(len(pool), chunk_bytes))
         self.capacity_bytes = self.allocator.capacity_bytes
-        self.watermark = watermark
         self._pub = publisher
         self._gate = SampleGate(sample_rate)
         self._entries: dict[ChunkKey, _Entry] = {}
         self.entry_of = cast(Callable[[tuple[str, str, int]], "_Entry | None"], self._entries.get)
         self._lru: OrderedDict[ChunkKey, _Entry] = OrderedDict()  # ready, unlocked; oldest first
+        self._made_room = False  # whether an allocation evicted since the last evict_tick
 
     # -- state --------------------------------------------------------------------
 
@@ -340,17 +341,12 @@ class L1Manager:
     # -- eviction -----------------------------------------------------------------
 
     def evict_tick(self) -> tuple[float, bool]:
-        """One iteration of the eviction loop: at or above the watermark, evict
-        LRU entries until usage is below it.  Publishes ``L1_KEYS_EVICTED`` (if
-        any) and ``L1_EVICTION_LOOP_TICK``; returns (usage before, triggered)."""
-        usage = self.usage
-        triggered = usage >= self.watermark
-        if triggered:
-            evicted = _Evicted()
-            while self._lru and self.usage >= self.watermark:
-                self._evict_one(evicted)
-            self._publish_evicted(evicted)
-        self._pub.emit(_L1_EVICTION_LOOP_TICK, (usage, self.watermark, triggered))
+        """One iteration of the eviction loop.  It evicts nothing (a store evicts what it needs, when it needs
+        it): it publishes ``L1_EVICTION_LOOP_TICK`` with the usage now, watermark 1.0 (L1 evicts only when
+        full) and triggered = whether allocations evicted since the previous tick; returns (usage, triggered)."""
+        usage, triggered = self.usage, self._made_room
+        self._made_room = False
+        self._pub.emit(_L1_EVICTION_LOOP_TICK, (usage, 1.0, triggered))
         return usage, triggered
 
     def clear(self) -> int:
@@ -374,6 +370,7 @@ class L1Manager:
             lru = self._lru
             while offset is None and lru:
                 self._evict_one(evicted)
+                self._made_room = True
                 offset = alloc(size)
         return offset
 

@@ -58,11 +58,12 @@ class Config:
         "L1's slabs are made of (default 64KiB); LMCache objects of any size need no flag", group=SERVICE)
     chunk_size_tokens: int = setting(Integer(1), 256, "tokens per chunk (default 256)", group=SERVICE,
                                      name="chunk-size")
-    l1_watermark: float = setting(Number(0, 1, low_open=True), 0.8,
-                                  "L1 usage in (0, 1] above which the eviction loop evicts (default 0.8)",
-                                  group=SERVICE)
+    l1_watermark: float = setting(Number(0, 1, low_open=True), 1.0,  # DEPRECATED: read, checked, unused
+                                  "deprecated and ignored (one warning at start when set): a store evicts what "
+                                  "it needs when L1 is full", group=SERVICE)
     eviction_interval_s: float = setting(Seconds(0.01), 1.0,  # below 10 ms the loop only burns CPU
-                                         "seconds between eviction-loop runs (default 1)", group=SERVICE,
+                                         "seconds between eviction-loop ticks, which report L1 usage and "
+                                         "whether stores evicted (default 1)", group=SERVICE,
                                          name="eviction-interval")
     prefetch_job_ttl_s: float = setting(  # an unretrieved prefetch releases its read locks after this
         Seconds(0, math.inf, low_open=True, high_open=True), 60.0,

@@ -25,7 +25,13 @@ from mpcache.systemd import error_line
 
 CONFIG_ENV = "MPCACHE_CONFIG"
 
-__all__ = ["build_parser", "check_config", "config_from_settings", "parse", "where"]
+__all__ = ["build_parser", "check_config", "config_from_settings", "deprecated_given", "parse", "where"]
+
+# settings still accepted (and checked) but ignored: name → what replaced them, for the one warning at start
+DEPRECATED = {
+    "l1-watermark": "L1 evicts on demand: a store that needs room evicts just what it needs, least recently "
+                    "used first, so no loop trims L1 below a watermark; the value is ignored",
+}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,6 +99,12 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     except ConfigError as exc:
         parser.error(str(exc))
     return Resolved(resolved.values, resolved.sources, check_only=args.check_config)
+
+
+def deprecated_given(resolved: Resolved) -> list[dict[str, str]]:
+    """One warning's fields for each deprecated setting given by flag, environment or file (not by default)."""
+    return [{"setting": name, "source": resolved.sources[name], "message": message}
+            for name, message in DEPRECATED.items() if resolved.sources.get(name, "default") != "default"]
 
 
 def _l2_specs(specs: list[dict], chunk_bytes: int) -> list[dict]:

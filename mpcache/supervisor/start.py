@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None, programs: Programs | None = None) -> int
         forwarder.close()
         return _error(str(exc))
     _log_started(log, config, pid, runtime, supervisor.front)
+    for fields in settings.deprecated_given(resolved):
+        log.warning("supervisor.deprecated_setting", **fields)
     try:
         if supervisor.front is not None:
             supervisor.front.start()

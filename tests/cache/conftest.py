@@ -54,7 +54,6 @@ def make_config(runtime_dir: str, **overrides) -> Config:
         intern_capacity=256,
         metrics_sample_rate=1.0,
         eviction_interval_s=3600.0,  # tests that want the loop ask for a short interval
-        l1_watermark=0.75,
         l2_secret=TEST_L2_SECRET,  # what the supervisor resolves for fs and redis tiers (the fs tier's secret file)
     )
     values.update(overrides)

@@ -22,11 +22,11 @@ def l1_env(provisioned):
     """Factory: an L1Manager with ``slots`` slots publishing into a real ring, and its EventLog."""
     opened = []
 
-    def make(slots: int = 4, watermark: float = 0.75, sample_rate: float = 1.0):
+    def make(slots: int = 4, sample_rate: float = 1.0):
         config = provisioned(metrics_sample_rate=sample_rate)
         ring = Segment.attach(config.ring_name(0))
         publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity))
-        l1 = L1Manager(np.zeros(slots * 64, dtype=np.uint8), publisher, sample_rate, watermark, 64)
+        l1 = L1Manager(np.zeros(slots * 64, dtype=np.uint8), publisher, sample_rate, 64)
         log = EventLog(config)
         opened.append((ring, log))
         return l1, log
@@ -93,42 +93,35 @@ def test_chunks_already_present_are_not_rewritten_and_not_evicted_by_their_own_s
     assert (True, False) == (l1.contains(ChunkKey(M, S, 1)), l1.contains(ChunkKey(M, S, 2)))
 
 
-def test_eviction_tick_evicts_below_the_watermark_and_reports_usage(l1_env):
-    """At or above the watermark the tick evicts LRU entries until usage is below it, then
-    publishes L1_EVICTION_LOOP_TICK with the usage it measured and triggered=True."""
-    l1, log = l1_env(slots=4, watermark=0.5)
+def test_a_full_l1_stays_full_and_the_tick_evicts_nothing(l1_env):
+    """Eviction happens on demand only: the tick of a full L1 evicts nothing and reports the usage it
+    measured with watermark 1.0; triggered says whether a store evicted since the previous tick."""
+    l1, log = l1_env(slots=4)
     _store(l1, [1, 2, 3, 4])
     log.take()
+    assert (1.0, False) == l1.evict_tick()  # filled without evicting
+    _store(l1, [5])
     assert (1.0, True) == l1.evict_tick()
+    assert (1.0, False) == l1.evict_tick()
     batch = log.take()
-    assert 1 == len(l1)  # 1/4 < 0.5, 2/4 is not
-    assert {(S, M): 3} == batch.salt_totals([E.L1_KEYS_EVICTED])
+    assert 4 == len(l1)
+    assert {(S, M): 1} == batch.salt_totals([E.L1_KEYS_EVICTED])
     ticks = [event.fields for event in batch.events([E.L1_EVICTION_LOOP_TICK])]
-    assert [{"usage": 1.0, "watermark": 0.5, "triggered": True}] == ticks
-    assert l1.contains(ChunkKey(M, S, 4))
+    assert [{"usage": 1.0, "watermark": 1.0, "triggered": t} for t in (False, True, False)] == ticks
 
 
-def test_eviction_tick_below_the_watermark_evicts_nothing(l1_env):
-    """Below the watermark the tick only reports: triggered=False, no L1_KEYS_EVICTED."""
-    l1, log = l1_env(slots=4, watermark=0.75)
-    _store(l1, [1, 2])
+def test_a_store_into_a_full_l1_evicts_one_lru_entry_per_new_chunk_skipping_locked_ones(l1_env):
+    """Three new chunks into a full L1 whose oldest entry is read-locked evict exactly the three least
+    recently used unlocked entries, no more: L1 stays full."""
+    l1, log = l1_env(slots=6)
+    _store(l1, [1, 2, 3, 4, 5, 6])
+    assert 1 == l1.lock_prefix(M, S, [1])
     log.take()
-    assert (0.5, False) == l1.evict_tick()
-    batch = log.take()
-    assert 0 == batch.count([E.L1_KEYS_EVICTED])
-    assert [False] == [event.fields["triggered"] for event in batch.events([E.L1_EVICTION_LOOP_TICK])]
-
-
-def test_read_locked_entries_survive_the_eviction_loop(l1_env):
-    """Read locks keep entries in L1 even when usage stays above the watermark."""
-    l1, log = l1_env(slots=2, watermark=0.5)
-    _store(l1, [1, 2])
-    l1.lock_prefix(M, S, [1, 2])
-    l1.evict_tick()
-    assert (2, 1, 1) == (len(l1), l1.readers(ChunkKey(M, S, 1)), l1.readers(ChunkKey(M, S, 2)))
-    l1.release_read(M, S, [1, 2])
-    l1.evict_tick()
-    assert 0 == len(l1)
+    reservation = l1.reserve_write(M, S, [7, 8, 9])
+    assert ([0, 1, 2], 0) == (reservation.positions, reservation.failed)
+    assert {(S, M): 3} == log.take().salt_totals([E.L1_KEYS_EVICTED])
+    assert [True, False, False, False, True, True] == [l1.contains(ChunkKey(M, S, h)) for h in range(1, 7)]
+    assert (6, 1.0) == (len(l1), l1.usage)
 
 
 def test_read_of_missing_or_unfinished_chunk_publishes_read_failed(l1_env):
@@ -147,11 +140,11 @@ def test_read_of_missing_or_unfinished_chunk_publishes_read_failed(l1_env):
 def test_events_group_keys_by_salt_and_sample_by_the_gate(l1_env):
     """Eviction of mixed keys groups salt_counts per (salt, model); sampled lists only keys whose
     chunk_hash passes the gate (rate 0.5: hash mod 1_000_003 < 500_001)."""
-    l1, log = l1_env(slots=3, watermark=0.3, sample_rate=0.5)
+    l1, log = l1_env(slots=3, sample_rate=0.5)
     _store(l1, [10, 900_000], salt="a")
     _store(l1, [20], salt="b")
     log.take()
-    l1.evict_tick()
+    assert 3 == l1.clear()
     evicted = log.take().events([E.L1_KEYS_EVICTED])
     assert 1 == len(evicted)
     assert {("a", M, 2), ("b", M, 1)} == set(evicted[0].salt_counts)

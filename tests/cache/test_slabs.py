@@ -99,7 +99,7 @@ class _Recorder(NullPublisher):
 @pytest.fixture
 def l1():
     """An 8 MiB L1 of 1 MiB slabs; the default (native) object is 64 KiB."""
-    return L1Manager(np.zeros(8 * MIB, dtype=np.uint8), _Recorder(), 1.0, 0.8, 64 * KIB, slab_bytes=MIB)
+    return L1Manager(np.zeros(8 * MIB, dtype=np.uint8), _Recorder(), 1.0, 64 * KIB, slab_bytes=MIB)
 
 
 def _store(l1: L1Manager, model: str, hashes: list[int], size: int) -> list[int]:
@@ -163,11 +163,13 @@ def test_locked_objects_are_never_evicted_and_the_store_fails_when_nothing_else_
     assert all(np.all(l1.pool[h * MIB : (h + 1) * MIB] == h % 251) for h in (0, 2, 4, 6))
 
 
-def test_the_eviction_tick_counts_bytes(l1):
-    """usage is bytes held by objects over L1's bytes: at 7 of 8 MiB with watermark 0.8 the tick evicts the
-    LRU objects until below 6.4 MiB."""
+def test_a_store_evicts_only_what_it_needs_and_the_tick_counts_bytes(l1):
+    """usage is bytes held by objects over L1's bytes: at 7 of 8 MiB the tick evicts nothing (reporting 7/8);
+    a 2 MiB object then evicts the least recently used 2 MiB object and nothing else."""
     _store(l1, "big", [1, 2, 3], 2 * MIB)
     _store(l1, "small", list(range(16)), 64 * KIB)
-    assert (7 * MIB / (8 * MIB), True) == l1.evict_tick()
-    assert (False, True) == (l1.contains(ChunkKey("big", "", 1)), l1.contains(ChunkKey("big", "", 2)))
-    assert 5 * MIB == l1.used_bytes
+    assert (7 * MIB / (8 * MIB), False) == l1.evict_tick()
+    _store(l1, "big", [4], 2 * MIB)
+    assert [{("", "big"): 1}] == l1._pub.evicted
+    assert [False, True, True, True] == [l1.contains(ChunkKey("big", "", h)) for h in (1, 2, 3, 4)]
+    assert (7 * MIB, True) == (l1.used_bytes, l1.evict_tick()[1])

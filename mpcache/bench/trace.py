@@ -1,0 +1,100 @@
+"""``python -m mpcache.bench trace PATH``: a request trace of prefix block hashes (:mod:`mpcache.bench.trace_sim`)
+replayed through a real one-process service with the native client, one request at a time as an engine does
+(lookup; store what missed; end), at three L1 sizes derived from the trace: where an offline LRU reaches 1/3,
+2/3 and 90 % of the infinite cache's hit ratio.  Beside mpcache, at each size: the offline LRU and Belady's
+MIN (the offline optimum) computed from the same trace, and LRU and ARC simulated on it touching a request's
+blocks last to first (and ARC first to last): candidates for a policy that beats LRU.  Each reports its prefix-hit
+ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BLOCK_TOKENS`` tokens of
+``KV_BYTES_PER_TOKEN`` each (the service itself stores small stand-in objects: what is measured is which blocks
+it holds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from mpcache.bench import mrc_traces
+from mpcache.bench.trace_sim import (
+    BLOCK_TOKENS,
+    Outcome,
+    TraceRequest,
+    arc,
+    belady,
+    load,
+    lru,
+    lru_capacity_for,
+    outcome,
+)
+
+SHARES = {"small": 1 / 3, "middle": 2 / 3, "large": 0.9}  # of the infinite cache's hit ratio, reached by LRU
+KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B in bf16: 32 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes
+STAND_IN_BYTES = 4096  # the service's object per block
+MODEL = "trace-model"
+
+
+class TraceMissing(Exception):
+    """``trace`` was run without a trace file (``report`` leaves it out)."""
+
+
+def _columns(result: Outcome, l1_gib: float) -> dict[str, float]:
+    return {"hit_ratio": round(result.hit_ratio, 4), "tokens_saved": result.tokens_saved,
+            "tokens_saved_per_gib": round(result.tokens_saved / l1_gib)}
+
+
+def mpcache_found(requests: list[TraceRequest], blocks: int) -> list[int]:
+    """The prefix mpcache found for each request, replayed through a fresh service whose L1 holds ``blocks``."""
+    replayed = mrc_traces.replay([(MODEL, "", r.hashes) for r in requests], blocks * STAND_IN_BYTES, 0.0,
+                                 chunk_bytes=STAND_IN_BYTES)
+    return replayed["found"]
+
+
+def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
+        limit: int | None = None, shares: dict[str, float] | None = None) -> dict[str, Any]:
+    """The table's numbers as one JSON object (``repetitions`` is unused: the replay is deterministic)."""
+    if path is None:
+        raise TraceMissing("trace needs a trace file: python -m mpcache.bench trace PATH")
+    requests = load(path, limit)
+    infinite = lru(requests, math.inf)
+    progress(f"trace: {len(requests)} requests, {sum(len(r.hashes) for r in requests)} blocks, infinite-cache "
+             f"hit ratio {infinite.hit_ratio:.4f}")
+    sizes: dict[str, Any] = {}
+    for name, share in (shares or SHARES).items():
+        blocks = lru_capacity_for(requests, share, infinite.hit_ratio)
+        l1_gib = blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN / 2**30
+        progress(f"trace: {name}: {blocks} blocks ({l1_gib:.1f} GiB of KV): offline LRU and Belady, then mpcache")
+        sizes[name] = {"blocks": blocks, "l1_gib": round(l1_gib, 2), "share_of_infinite": round(share, 4),
+                       "offline_lru": _columns(lru(requests, blocks), l1_gib),
+                       "belady": _columns(belady(requests, blocks), l1_gib),
+                       "lru_tail_first_simulated": _columns(lru(requests, blocks, tail_first=True), l1_gib),
+                       "arc_simulated": _columns(arc(requests, blocks), l1_gib),
+                       "arc_tail_first_simulated": _columns(arc(requests, blocks, tail_first=True), l1_gib),
+                       "mpcache": _columns(outcome(requests, mpcache_found(requests, blocks)), l1_gib)}
+    return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
+            "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
+            "sizes": sizes,
+            "mpcache_over_offline_lru": {name: _ratio(size, "mpcache", "offline_lru") for name, size in sizes.items()},
+            **{f"{policy}_over_offline_lru": {name: _ratio(size, policy, "offline_lru") for name, size in sizes.items()}
+               for policy in ("belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated")}}
+
+
+def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
+    base = size[theirs]["tokens_saved"]
+    return round(size[ours]["tokens_saved"] / base, 3) if base else None
+
+
+def render(result: dict[str, Any]) -> str:
+    """The side-by-side table: per size, each policy's prefix-hit ratio and prefill tokens saved per GiB."""
+    policies = ("offline_lru", "belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated",
+                "mpcache")
+    lines = [f"{result['trace']}: {result['requests']} requests, infinite-cache hit ratio "
+             f"{result['infinite_hit_ratio']:.3f}; a block is {result['block_tokens']} tokens of "
+             f"{result['kv_bytes_per_token']} bytes",
+             "",
+             "| L1 | blocks (GiB) | " + " | ".join(f"{p} hit / tokens per GiB" for p in policies) + " |",
+             "|---|---|" + "---|" * len(policies)]
+    for name, size in result["sizes"].items():
+        cells = [f"{size[p]['hit_ratio']:.3f} / {size[p]['tokens_saved_per_gib']:,}" for p in policies]
+        lines.append(f"| {name} | {size['blocks']:,} ({size['l1_gib']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

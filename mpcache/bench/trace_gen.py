@@ -1,0 +1,119 @@
+"""``python -m mpcache.bench.trace_gen KIND COUNT PATH [--seed N]``: a request trace of our own in Mooncake's
+format (:mod:`mpcache.bench.trace_sim`), for ``python -m mpcache.bench trace``.  Block ids are fresh integers;
+a request repeats the ids of the prefix it shares.  Kinds:
+
+* ``conversations``: one of four shared system prompts and a question; half the requests are a turn of an
+  earlier conversation, which extends its own prefix;
+* ``agentic``: sessions behind one system prompt that come back within seconds with a tool result (the
+  most recent sessions most often), a new session one request in ten;
+* ``multitenant``: 20 tenants of Pareto popularity, each with five system prompts; a third of the requests
+  continue one of the last 300 conversations;
+* ``rag``: one of 2,000 documents of Zipf popularity (2 to 30 blocks) behind a shared system prompt, and a
+  fresh question; no request continues another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+from collections.abc import Callable
+
+from mpcache.bench.trace_sim import BLOCK_TOKENS, TraceRequest
+
+
+def conversations(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(1)
+    systems = [[next(fresh) for _ in range(rng.randint(1, 4))] for _ in range(4)]
+    live: list[list[int]] = []
+    out = []
+    for _ in range(count):
+        if live and rng.random() < 0.5:
+            index = rng.randrange(len(live))
+            live[index] = live[index] + [next(fresh) for _ in range(rng.randint(1, 3))]
+            hashes = live[index]
+        else:
+            hashes = rng.choice(systems) + [next(fresh) for _ in range(rng.randint(1, 6))]
+            live.append(hashes)
+        out.append(TraceRequest(list(hashes), len(hashes) * BLOCK_TOKENS - rng.randrange(BLOCK_TOKENS)))
+    return out
+
+
+def agentic(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(1)
+    system = [next(fresh) for _ in range(8)]
+    live: list[list[int]] = []
+    out = []
+    for _ in range(count):
+        if not live or rng.random() < 0.1:
+            live = [*live[-39:], system + [next(fresh) for _ in range(rng.randint(2, 10))]]
+            index = len(live) - 1
+        else:
+            index = len(live) - 1 - min(int(rng.expovariate(0.2)), len(live) - 1)
+            live[index] = live[index] + [next(fresh) for _ in range(rng.randint(1, 4))]
+            if len(live[index]) > 200:  # the context is full: the agent starts over
+                live[index] = system + [next(fresh)]
+        out.append(TraceRequest(list(live[index]), len(live[index]) * BLOCK_TOKENS))
+    return out
+
+
+def multitenant(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(1)
+    tenants = [[[next(fresh) for _ in range(rng.randint(2, 20))] for _ in range(5)] for _ in range(20)]
+    live: list[list[int]] = []
+    out = []
+    for _ in range(count):
+        if live and rng.random() < 0.35:
+            index = rng.randrange(max(0, len(live) - 300), len(live))
+            live[index] = live[index] + [next(fresh) for _ in range(rng.randint(1, 6))]
+            hashes = live[index]
+        else:
+            tenant = tenants[min(int(rng.paretovariate(1.0)) - 1, len(tenants) - 1)]
+            hashes = rng.choice(tenant) + [next(fresh) for _ in range(rng.randint(1, 30))]
+            live.append(hashes)
+        out.append(TraceRequest(list(hashes), len(hashes) * BLOCK_TOKENS))
+    return out
+
+
+def rag(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(1)
+    system = [next(fresh) for _ in range(2)]
+    documents = [[next(fresh) for _ in range(rng.randint(2, 30))] for _ in range(2000)]
+    out = []
+    for _ in range(count):
+        document = documents[min(int(rng.paretovariate(0.8)) - 1, len(documents) - 1)]
+        hashes = system + document + [next(fresh)]
+        out.append(TraceRequest(hashes, len(hashes) * BLOCK_TOKENS))
+    return out
+
+
+KINDS: dict[str, Callable[[int, int], list[TraceRequest]]] = {
+    "conversations": conversations, "agentic": agentic, "multitenant": multitenant, "rag": rag}
+
+
+def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
+    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average."""
+    rng = random.Random(seed)
+    now = 0.0
+    with open(path, "w", encoding="utf-8") as handle:
+        for request in requests:
+            handle.write(json.dumps({"timestamp": int(now), "input_length": request.input_tokens,
+                                     "output_length": 1, "hash_ids": request.hashes}) + "\n")
+            now += rng.expovariate(1 / 100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpcache.bench.trace_gen")
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("count", type=int)
+    parser.add_argument("path")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    write(KINDS[args.kind](args.count, args.seed), args.path, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""``python -m mpcache.bench trace``: its offline LRU is L1's own order, Belady's MIN and ARC are what they claim,
+and the benchmark replays a trace (``trace_gen``'s conversations) through a real service."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+
+from mpcache.bench import __main__ as bench_main
+from mpcache.bench import trace, trace_gen
+from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru
+from mpcache.cache.l1 import L1Manager
+from mpcache.shm.publish import NullPublisher
+
+
+def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
+    """The same trace through an L1Manager of N native chunks (lookup locks the prefix, the rest is stored, the
+    prefix released) and through the offline LRU of N blocks: the same prefix found for every request."""
+    requests = trace_gen.conversations(600, seed=1)
+    for blocks in (6, 20, 60):
+        l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64)
+        found = []
+        for request in requests:
+            hashes = request.hashes
+            hit = l1.lock_prefix("m", "", hashes, publish=False)
+            reservation = l1.reserve_write("m", "", hashes[hit:])
+            l1.commit_write("m", "", [hashes[hit + p] for p in reservation.positions], 64)
+            l1.release_read("m", "", hashes[:hit])
+            found.append(hit)
+        assert found == lru(requests, blocks).found
+
+
+def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
+    """Belady's MIN holds at least LRU's blocks at every size; with room for everything both find every
+    block seen before (a one-turn trace where each request repeats the previous one: all but the first)."""
+    requests = trace_gen.conversations(600, seed=2)
+    for blocks in (4, 10, 30, 100):
+        assert belady(requests, blocks).hit_ratio >= lru(requests, blocks).hit_ratio
+    repeated = [TraceRequest([1, 2, 3], 1536)] * 5
+    assert [0, 3, 3, 3, 3] == lru(repeated, math.inf).found == belady(repeated, 1000).found
+
+
+def test_lru_tail_first_evicts_a_prefix_from_its_tail():
+    """Room for three blocks: [1, 2] then [3, 4] (its store makes room for 4). First to last, the head 1 goes
+    and [1, 2] finds nothing after; last to first, the tail 2 goes and [1, 2] still finds 1."""
+    requests = [TraceRequest([1, 2], 1024), TraceRequest([3, 4], 1024), TraceRequest([1, 2], 1024)]
+    assert ([0, 0, 0], [0, 0, 1]) == (lru(requests, 3).found, lru(requests, 3, tail_first=True).found)
+
+
+def test_belady_keeps_the_block_used_soonest():
+    """Room for one block: Belady keeps block 1, asked for again before block 2, and does not store 2; LRU
+    replaces 1 with 2 and then 2 with 1, finding nothing."""
+    requests = [TraceRequest([1], 512), TraceRequest([2], 512), TraceRequest([1], 512), TraceRequest([2], 512)]
+    assert ([0, 0, 1, 0], [0, 0, 0, 0]) == (belady(requests, 1).found, lru(requests, 1).found)
+
+
+def test_arc_keeps_what_was_seen_twice_through_a_scan_that_lru_lets_flush_it():
+    """Room for three blocks: 1 and 2 are asked for twice, then a scan of one-off blocks, then 1 and 2 again.
+    ARC keeps the twice-seen blocks in T2 and finds them; LRU has evicted them for the scan."""
+    requests = [TraceRequest([h], 512) for h in (1, 2, 1, 2, 10, 11, 12, 13, 1, 2)]
+    assert (2, 0) == (sum(arc(requests, 3).found[8:]), sum(lru(requests, 3).found[8:]))
+
+
+def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
+    """Each kind writes requests whose blocks repeat across requests (something to cache) and reads back
+    as written."""
+    for kind, make in trace_gen.KINDS.items():
+        requests = make(200, 1)
+        path = tmp_path / f"{kind}.jsonl"
+        trace_gen.write(requests, str(path))
+        assert requests == load(str(path))
+        assert 0 < lru(requests, math.inf).hit_ratio < 1, kind
+
+
+def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
+    """At the three sizes it derives, mpcache (eviction on demand) finds exactly the offline LRU's blocks, Belady
+    at least as many; the table shows every policy at every size, and the report's row every size."""
+    path = tmp_path / "trace.jsonl"
+    trace_gen.write(trace_gen.conversations(300, seed=3), str(path))
+    assert 300 == len(load(str(path)))
+    result = trace.run(path=str(path))
+    assert ["small", "middle", "large"] == list(result["sizes"])
+    blocks = [size["blocks"] for size in result["sizes"].values()]
+    assert blocks == sorted(blocks) and blocks[0] > 0
+    for size in result["sizes"].values():
+        assert size["mpcache"] == size["offline_lru"]
+        assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
+    table = trace.render(result)
+    assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
+    assert {"lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])
+    report = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report({"trace": result}, str(report))
+    [row] = [line for line in report.read_text().splitlines() if line.startswith("| `trace`")]
+    assert all(f"{name} L1 ({size['blocks']:,} blocks)" in row for name, size in result["sizes"].items())
+
+
+def test_trace_benchmark_without_a_file_is_one_clear_line():
+    """No trace file: exit status 2 and one line saying how to give one."""
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "trace"], capture_output=True, text=True,
+                           timeout=60)
+    assert (2, "") == (bench.returncode, bench.stdout)
+    assert 1 == len(bench.stderr.strip().splitlines()) and "trace PATH" in bench.stderr
