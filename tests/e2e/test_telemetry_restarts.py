@@ -428,5 +428,5 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
                  if any(later < earlier for (_, earlier), (_, later) in zip(points, points[1:]))}
     assert ({}, {}) == (moved, went_down)
 
-    assert telemetry.scrapes > 3 * KILLS
+    assert telemetry.scrapes > KILLS  # at least one scrape settled each restart (how many more depends on the pace)
     assert caught >= KILLS // 6, f"only {caught} kills landed while a checkpoint was being written"
