@@ -83,7 +83,7 @@ class Checkpoint:
         self._subscribers: list[Subscriber] = []
 
     @classmethod
-    def open(cls, config: Config, log: Any) -> Checkpoint | None:
+    def open(cls, config: Config, log: Any, clock: Callable[[], float] = time.monotonic) -> Checkpoint | None:
         """Attach the state segment and read its newest whole record (refusing what cannot be loaded); None,
         with a warning, when there is no state segment (a restart then starts every counter from zero)."""
         try:
@@ -104,7 +104,7 @@ class Checkpoint:
                             consequence="a restart of the telemetry process starts every counter from zero")
                 return None
             store = StateStore(segment)
-        checkpoint = cls(store, format_tag(config), log, config.telemetry_checkpoint_interval_s)
+        checkpoint = cls(store, format_tag(config), log, config.telemetry_checkpoint_interval_s, clock)
         try:
             if refusal is not None:
                 raise refusal
