@@ -373,6 +373,23 @@ def test_report_row_for_mrc(tmp_path):
     assert "sampling calls 1.23% of a request's CPU" in row
 
 
+def test_report_row_for_checkpoint_names_each_interval_each_side_and_the_counted_ratio(tmp_path):
+    def interval(on: float, every: float) -> dict:
+        return {"on_us_per_event": 10.3, "every_flush_us_per_event": 10.9, "off_us_per_event": 10.0,
+                "on_over_off": on, "every_flush_over_off": every, "on_checkpoints_per_repetition": 3.0,
+                "every_flush_checkpoints_per_repetition": 26.0}
+
+    results = {"checkpoint": {"events_per_s": 6761, "checkpoint_interval_s": 10.0,
+                              "scraped every 15 s": interval(1.008, 1.02), "scraped every 1 s": interval(1.012, 1.083),
+                              "counted": {"on_over_off": 1.016, "every_flush_over_off": 1.098},
+                              "targets_met": {"on_over_off": True, "counted_on_over_off": True}}}
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report(results, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `checkpoint`")]
+    assert "(6,761 events/s)" in row and "10.3 µs per event with checkpoints every 10 s (3 per repetition)" in row
+    assert "on/off 15 s: 1.008 (1.02 at every flush); 1 s: 1.012 (1.083 at every flush); counted 1.016" in row
+
+
 @pytest.mark.parametrize(("sink", "cache_program", "telemetry", "publishes"), [
     ("ring", "mpcache.cache", True, True),
     ("none", "mpcache.bench.null_cache", False, False),
