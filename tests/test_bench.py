@@ -15,7 +15,8 @@ import pytest
 from support.waiting import wait_for
 
 from mpcache.bench import __main__ as bench_main
-from mpcache.bench import drain, lmcache, lmcache_servers, publish
+from mpcache.bench import drain, lmcache, lmcache_servers, publish, recorded
+from mpcache.contract.events import EventType as E
 from mpcache.shm.ring import COMPILED_PUBLISH
 
 
@@ -371,6 +372,48 @@ def test_report_row_for_mrc(tmp_path):
     assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row
     assert "long prompts (replayed, 55% of accesses sampled at 1 %): MAE 0.07, 0.012 at rate 0.1" in row
     assert "sampling calls 1.23% of a request's CPU" in row
+
+
+def test_the_counted_checkpoint_side_replays_the_whole_recording_between_its_two_lines(ring_factory, tmp_path):
+    """mpcache.bench.checkpoint_counted, each side (what callgrind counts in the checkpoint benchmark): built, it
+    says ready; given a line, it feeds the whole recording (3 s of two rings) and says done with every record
+    delivered; given another it exits 0, leaving no shared memory of its own."""
+    recordings = []
+    for _ in range(recorded.WORKERS):
+        ring = ring_factory(capacity=1024)
+        for n in range(300):
+            assert ring.publisher.emit(E.L1_WRITE_FINISHED, salt_counts={("a", "m"): 1},
+                                       timestamp_ns=1_800_000_000 * 10**9 + n * 10**7)
+        recordings.append(recorded.Recording.of(ring.segment))
+    path = tmp_path / "recording.npz"
+    recorded.save(recordings, str(path))
+    outcomes = {}
+    for side in recorded.SIDES:
+        child = subprocess.Popen([sys.executable, "-m", "mpcache.bench.checkpoint_counted", "--recording", str(path),
+                                  "--side", side, "--workdir", str(tmp_path)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        out, _ = child.communicate("go\nexit\n", timeout=120)
+        outcomes[side] = (child.returncode, out.split(), [n for n in os.listdir("/dev/shm")
+                                                          if n.startswith(f"mpcache.{child.pid}.")])
+
+    assert {side: (0, ["ready", "done", "600"], []) for side in recorded.SIDES} == outcomes
+
+
+def test_report_row_for_checkpoint_names_each_interval_each_side_and_the_counted_ratio(tmp_path):
+    def interval(on: float, every: float) -> dict:
+        return {"on_us_per_event": 10.3, "every_flush_us_per_event": 10.9, "off_us_per_event": 10.0,
+                "on_over_off": on, "every_flush_over_off": every, "on_checkpoints_per_repetition": 3.0,
+                "every_flush_checkpoints_per_repetition": 26.0}
+
+    results = {"checkpoint": {"events_per_s": 6761, "checkpoint_interval_s": 10.0,
+                              "scraped every 15 s": interval(1.008, 1.02), "scraped every 1 s": interval(1.012, 1.083),
+                              "counted": {"on_over_off": 1.016, "every_flush_over_off": 1.098},
+                              "targets_met": {"on_over_off": True, "counted_on_over_off": True}}}
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report(results, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `checkpoint`")]
+    assert "(6,761 events/s)" in row and "10.3 µs per event with checkpoints every 10 s (3 per repetition)" in row
+    assert "on/off 15 s: 1.008 (1.02 at every flush); 1 s: 1.012 (1.083 at every flush); counted 1.016" in row
 
 
 @pytest.mark.parametrize(("sink", "cache_program", "telemetry", "publishes"), [

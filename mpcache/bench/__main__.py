@@ -74,12 +74,19 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{result['rss_start_mb']} → {result['rss_end_mb']} MiB", "—", "0 drops; p99 < 50 ms; flat memory",
                 verdict]
     if name == "checkpoint":
-        second = result["scraped_every_second"]
-        return [f"the demo's stream at its rate ({result['events_per_s']:,} events/s), side by side, scraped every "
-                f"15 s: telemetry CPU {result['on_us_per_event']} µs per event with its checkpoint, "
-                f"{result['off_us_per_event']} µs without ({result['checkpoints_per_repetition']:.0f} checkpoints "
-                f"per repetition); every second: {second['on_us_per_event']} / {second['off_us_per_event']} µs",
-                f"on/off {result['on_over_off']} (every second: {second['on_over_off']})", "≤ 1.03", verdict]
+        parts, shares = [], []
+        for every in ("15", "1"):
+            entry = result[f"scraped every {every} s"]
+            parts.append(f"scraped every {every} s: {entry['on_us_per_event']} µs per event with checkpoints every "
+                         f"{result['checkpoint_interval_s']:g} s ({entry['on_checkpoints_per_repetition']:.0f} per "
+                         f"repetition), {entry['every_flush_us_per_event']} µs with one at every flush, "
+                         f"{entry['off_us_per_event']} µs without")
+            shares.append(f"{every} s: {entry['on_over_off']} ({entry['every_flush_over_off']} at every flush)")
+        counted = result["counted"]
+        if counted is not None:
+            shares.append(f"counted {counted['on_over_off']} ({counted['every_flush_over_off']} at every flush)")
+        return [f"the demo's stream at its rate ({result['events_per_s']:,} events/s), side by side; "
+                + "; ".join(parts), "on/off " + "; ".join(shares), "≤ 1.03", verdict]
     if name == "lmcache":
         cpu = result["cpu"]
         ms = cpu["cpu_ms_per_request"]

@@ -107,7 +107,6 @@ def _drain_once(config: Config) -> tuple[float, int]:
     from mpcache.telemetry.bus import (
         TELEMETRY_FLUSH_INTERVAL_S,
         EventBus,
-        subscribe_all,
     )
     from mpcache.telemetry.pump import Pump, RingSource
     from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
@@ -125,7 +124,7 @@ def _drain_once(config: Config) -> tuple[float, int]:
         provider = MeterProvider(metric_readers=[reader])
         bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)  # as in the telemetry process
         pump = Pump([RingSource.attach(i, config.ring_name(i)) for i in range(config.workers)], bus)
-        subscribe_all(bus, build_metrics_subscribers(config, provider, pump=pump, bus=bus, gauge_reader=None))
+        build_metrics_subscribers(config, provider, pump=pump, bus=bus, gauge_reader=None)
         start = time.perf_counter()
         pump.drain()
         bus.flush()

@@ -50,7 +50,7 @@ class ValgrindMissing(RuntimeError):
     """valgrind (with callgrind_control) is not installed: the benchmark cannot count (one line, for the user)."""
 
 
-def _require_valgrind() -> None:
+def require_valgrind() -> None:
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:
         raise ValgrindMissing(f"{' and '.join(missing)} not found: install valgrind (Debian: apt-get install valgrind)")
@@ -72,13 +72,13 @@ def read_summary(path: str) -> dict[str, int]:
     raise RuntimeError(f"{path}: not a callgrind dump with an events and a summary line")
 
 
-def _callgrind_control(pid: int, *options: str) -> None:
+def callgrind_control(pid: int, *options: str) -> None:
     done = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise RuntimeError(f"callgrind_control {' '.join(options)} {pid} failed: {done.stderr.strip()[-300:]}")
 
 
-def _read_dump(out_dir: str, pid: int, number: int) -> dict[str, int]:
+def read_dump(out_dir: str, pid: int, number: int) -> dict[str, int]:
     """The totals of dump ``number`` of process ``pid``, once callgrind has written it."""
     path = os.path.join(out_dir, f"callgrind.{pid}.{number}")
     deadline = time.monotonic() + DUMP_TIMEOUT_S
@@ -103,7 +103,7 @@ def _counted(pids: list[int], out_dir: str, dump: int,
     while) and counts."""
     zeroed = []
     for pid in pids:
-        _callgrind_control(pid, "--zero")
+        callgrind_control(pid, "--zero")
         zeroed.append(time.monotonic())
     try:
         result = window()
@@ -111,8 +111,8 @@ def _counted(pids: list[int], out_dir: str, dump: int,
         elapsed = []
         for pid, start in zip(pids, zeroed):
             elapsed.append(time.monotonic() - start)
-            _callgrind_control(pid, "--dump")
-    return result, elapsed, [_read_dump(out_dir, pid, dump) for pid in pids]
+            callgrind_control(pid, "--dump")
+    return result, elapsed, [read_dump(out_dir, pid, dump) for pid in pids]
 
 
 def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: int, seconds: float, warmup_s: float,
@@ -122,14 +122,14 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     _run_workload(python, servers, tp, warmup_s, 0.0, tp, log_path)
     pids = [_cache_pid(server) for server in servers]
     for pid in pids:
-        _callgrind_control(pid, "--instr=on")  # turning instrumentation back on keeps stale costs: each window zeroes
+        callgrind_control(pid, "--instr=on")  # turning instrumentation back on keeps stale costs: each window zeroes
     try:
         _, idle_elapsed, idle = _counted(pids, out_dir, dump, lambda: time.sleep(idle_s))
         result, elapsed, counts = _counted(
             pids, out_dir, dump + 1, lambda: _run_workload(python, servers, tp, seconds, 0.0, 100 + tp, log_path))
     finally:
         for pid in pids:
-            _callgrind_control(pid, "--instr=off")
+            callgrind_control(pid, "--instr=off")
     sides = [result, *result["mirrors"]]
     if len({side["requests"] for side in sides}) != 1:
         raise RuntimeError(f"the mirrored servers saw different requests: {[side['requests'] for side in sides]}")
@@ -167,7 +167,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
         warmup_s: float = WARMUP_S, l1_gb: float = L1_GB, tps: tuple[int, ...] = TPS,
         idle_s: float = IDLE_S) -> dict[str, Any]:
     """The three servers under callgrind, each TP measured once per repetition (the counts barely move)."""
-    _require_valgrind()
+    require_valgrind()
     python = lmcache_python()
     per_tp: dict[str, list[dict[str, Any]]] = {f"tp{tp}": [] for tp in tps}
     for repetition in range(repetitions):

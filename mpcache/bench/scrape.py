@@ -44,7 +44,7 @@ def _publish(publisher: Publisher) -> None:
 
 
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    from mpcache.telemetry.bus import EventBus, subscribe_all
+    from mpcache.telemetry.bus import EventBus
     from mpcache.telemetry.otel import MetricsExport
     from mpcache.telemetry.pump import Pump, RingSource
     from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
@@ -60,8 +60,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None) 
         export = MetricsExport.start(config)
         bus = EventBus()
         pump = Pump([RingSource.attach(0, config.ring_name(0))], bus)
-        subscribe_all(bus, build_metrics_subscribers(config, export.meter_provider, pump=pump, bus=bus,
-                                                     gauge_reader=None))
+        build_metrics_subscribers(config, export.meter_provider, pump=pump, bus=bus, gauge_reader=None)
         pump.drain()
         bus.flush()
         url = export.metrics_url

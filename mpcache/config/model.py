@@ -24,6 +24,7 @@ from mpcache.shm.segment import shm_name
 
 _L2_SECRET_RE = re.compile(r"[0-9a-f]{64}")
 _MIB = 2**20
+CHECKPOINT_INTERVAL_S = 10.0  # --telemetry-checkpoint-interval's default (the benchmark of its cost reads it)
 
 SHARED_L2_TYPES = frozenset({"redis"})  # L2 adapter types every cache process shares (others: one per process)
 L2_GB = 10**9  # capacity_gb's unit
@@ -158,6 +159,13 @@ class Config:
         "restarted telemetry process go on counting exactly where the last one stopped (the supervisor keeps "
         "two in shared memory; default 4MiB). A state that outgrows it is logged and counted, and a restart "
         "until it fits again starts every counter from zero", group=TELEMETRY, name="telemetry-state-size")
+    # how often a checkpoint is written: every flush (each scrape and OTLP export) exports, but a record is written
+    # only this long after the last one or when a ring needs releasing; a restart reads on from the record
+    telemetry_checkpoint_interval_s: float = setting(
+        Seconds(0, math.inf, high_open=True), CHECKPOINT_INTERVAL_S,
+        "seconds between two checkpoints of the telemetry process's state (0: one at every flush, that is every "
+        "scrape and OTLP export); the rings hold what came after the last one, which a restarted telemetry "
+        "process reads again (default 10)", group=TELEMETRY, name="telemetry-checkpoint-interval")
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
     # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
     telemetry_nice: int = setting(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUT_VERSION = 2  # 2: the consumer's read cursor (OFF_READ) beside its tail
+LAYOUT_VERSION = 3  # 2: the consumer's read cursor (OFF_READ) beside its tail; 3: its exported cursor (OFF_EXPORTED)
 
 RING_MAGIC = b"MPCRING1"
 GAUGE_MAGIC = b"MPCGAUGE"
@@ -31,6 +31,10 @@ OFF_MALFORMED = 136
 # telemetry process, so the producer may not reuse it.  Advisory (what an observer measures the drain by); the
 # consumer never reads it back.
 OFF_READ = 144
+# Cells whose counts the consumer has exported (tail <= exported <= read, while one consumer reads): a telemetry
+# process may export more than its last checkpoint covers, and the next one exports nothing before it has read
+# this far again, so that no exported value goes down across a restart.
+OFF_EXPORTED = 152
 OFF_INTERN_COUNT = 192
 OFF_INTERN_EPOCH = 200  # bumped when a new producer empties a full table (consumers drop cached names)
 HEADER_SIZE = 256

@@ -30,6 +30,7 @@ class RingCounters:
 
 
 _HEAD, _TAIL, _READ = layout.OFF_HEAD // 8, layout.OFF_TAIL // 8, layout.OFF_READ // 8
+_EXPORTED = layout.OFF_EXPORTED // 8
 _MALFORMED = layout.OFF_MALFORMED // 8
 
 
@@ -149,6 +150,17 @@ class RingReader:
         if self._words[_TAIL] < cursor <= self._read:
             self._words[_MALFORMED] = malformed
             self._words[_TAIL] = cursor
+
+    def mark_exported(self, cursor: int) -> None:
+        """What was read up to ``cursor`` (a :attr:`position`) is about to be exported: the next reader exports
+        nothing before it has read this far again (:meth:`exported`)."""
+        self._words[_EXPORTED] = cursor
+
+    def exported(self) -> int:
+        """How far the next export must have read: the last exported cursor where it lies between this reader's
+        cursor and ``head``, else the cursor itself (nothing to read first: nothing, or nonsense, was marked)."""
+        exported = self._words[_EXPORTED]
+        return exported if self._read <= exported <= self._words[_HEAD] else self._read
 
     def resumable(self, cursor: int) -> bool:
         """Whether the ring still holds everything from ``cursor`` (a :attr:`position` an earlier reader saved)

@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
                                                         checkpoint=checkpoint)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         exporters.before_collect.append(pump.catch_up)  # a scrape or export shows every record published before it
-        subscribe_all(bus, metrics_subscribers)
     if endpoint is not None:
         if exporters is None:
             endpoint.routes["/metrics"] = metrics_off_route()

@@ -89,7 +89,8 @@ class InstrumentBuffer:
     def __init__(self, clock_ns: Callable[[], int] = time.time_ns, started_ns: int | None = None) -> None:
         self.held_samples = 0  # histogram samples since the last flush
         self._clock_ns = clock_ns
-        # the start of every observable counter's series: this process's, or that of the checkpoint it goes on from
+        # the start of every series (counted from zero then): this process's, or that of the checkpoint it goes on
+        # from, so that a series a restart creates again (exported after the last record) keeps its start time
         self.started_ns = clock_ns() if started_ns is None else started_ns
         self._sums: dict[tuple[Counter, _AttributesKey], float] = {}
         self._samples: dict[tuple[Histogram, _AttributesKey], list[float]] = {}
@@ -150,34 +151,34 @@ class InstrumentBuffer:
         samples, self._samples = self._samples, {}
         buckets, self._buckets = self._buckets, {}
         self.held_samples = 0
-        now = self._clock_ns()
+        start = self.started_ns
         changes: list[Change] = []
         for (counter, attributes), amount in sums.items():
             if not 0 <= amount < math.inf:
                 continue
             series = self.series.get((counter, attributes))
             if series is None:
-                series = self.series[(counter, attributes)] = SumSeries(now, 0)
+                series = self.series[(counter, attributes)] = SumSeries(start, 0)
             series.value += amount  # type: ignore[union-attr]
             changes.append((counter, attributes, series, amount))
         for (histogram, attributes), values in samples.items():
-            self._fold_histogram(changes, now, histogram, attributes, bucketed(boundaries_of(histogram), values))
+            self._fold_histogram(changes, start, histogram, attributes, bucketed(boundaries_of(histogram), values))
         for (histogram, attributes, edges), (counts, total, low, high) in buckets.items():
             bounds = boundaries_of(histogram)
             if sum(counts) > 0:
                 delta = (HistogramSeries(0, bounds, list(counts), total, low, high) if edges == bounds
                          else bucketed(bounds, bucket_values(edges, counts, low, high), total))
-                self._fold_histogram(changes, now, histogram, attributes, delta)
+                self._fold_histogram(changes, start, histogram, attributes, delta)
         return changes
 
-    def _fold_histogram(self, changes: list[Change], now: int, histogram: Histogram, attributes: _AttributesKey,
+    def _fold_histogram(self, changes: list[Change], start: int, histogram: Histogram, attributes: _AttributesKey,
                         delta: HistogramSeries | None) -> None:
         if delta is None:
             return
         series = self.series.get((histogram, attributes))
         if series is None:
             series = self.series[(histogram, attributes)] = HistogramSeries(
-                now, delta.boundaries, [0] * len(delta.counts), 0.0, math.inf, -math.inf)
+                start, delta.boundaries, [0] * len(delta.counts), 0.0, math.inf, -math.inf)
         series.merge(delta)  # type: ignore[union-attr]
         changes.append((histogram, attributes, series, delta))
 
@@ -221,7 +222,7 @@ class InstrumentBuffer:
 
     def load_series(self, saved: object) -> Callable[[], None]:
         """Check :meth:`save_series` of a buffer with these instruments; returns the step that adopts the series
-        and writes them into the SDK."""
+        (:meth:`publish_restored` writes them into the SDK)."""
         from mpcache.telemetry import statecheck
 
         series: dict[tuple[Any, _AttributesKey], Series] = {}
@@ -242,11 +243,15 @@ class InstrumentBuffer:
 
         def adopt() -> None:
             self.series = series
-            self.publish([(instrument, key, one, None) for (instrument, key), one in series.items()], restored=True)
         return adopt
 
+    def publish_restored(self) -> None:
+        """Write every series into the SDK whole: they were loaded from a checkpoint (and read on as far as the
+        process gone had exported), so delta readers have exported them already."""
+        self.publish([(instrument, key, one, None) for (instrument, key), one in self.series.items()], restored=True)
+
     def restart_series(self) -> None:
-        """Observable counters' series start now (a reset: the checkpoint was not loaded)."""
+        """Every series starts now (a reset: the checkpoint was not loaded)."""
         self.started_ns = self._clock_ns()
         self._started.clear()
 

@@ -2,22 +2,25 @@
 extremes, start time), every metrics subscriber's state, the bus's own counts, and the ring positions all of
 them cover, saved as one msgpack record of the supervisor's state segment (:mod:`mpcache.shm.checkpoint`).
 
-A checkpoint is written at every flush of the bus (before each scrape and each OTLP export, every 10 s, and
-whenever a ring holds a quarter of its cells read but not released or is half full), in this order: the
-pending counts are folded into the series, the record is written, the SDK is given the new values, and only
-then are the rings released up to the positions the record holds.  So nothing exported ever runs
-ahead of the newest record, and the ring still holds everything after it: a telemetry process killed at any
-instant is followed by one that loads that record, reads the rings again from its positions, and exports
-exactly what an uninterrupted one would — never less, nothing twice, the same start times.  A record that
-cannot be loaded (torn: the previous one is used; corrupt, of another build or configuration, undecodable,
-or older than what the rings already released) is refused with one log line and counted in
-``mpcache_telemetry_checkpoint_refused_total``: the process starts from zero, the one reset there is.
+Every flush of the bus (before each scrape and each OTLP export, every 10 s, and whenever a ring holds a quarter
+of its cells read but not released or is half full) folds the pending counts into the series, marks in each ring
+how far it read (``exported``), and only then gives the SDK the new values.  A record is written at the first
+flush, then at a flush once ``--telemetry-checkpoint-interval`` seconds have passed since the last one or a ring
+needs releasing, before the SDK is given anything; only then are the rings released, up to the positions the
+record holds.  So the rings still hold everything after the newest record, and a telemetry process killed at
+any instant is followed by one that loads that record, reads the rings again from its positions — at least as
+far as the one gone exported, before it exports anything itself — and exports exactly what an uninterrupted one
+would: never less, nothing twice, the same start times.  A scrape every second thus costs a flush a second, not a
+checkpoint a second.  A record that cannot be loaded (torn: the previous one is used; corrupt, of another build
+or configuration, undecodable, or older than what the rings already released) is refused with one log line and
+counted in ``mpcache_telemetry_checkpoint_refused_total``: the process starts from zero, the one reset there is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,13 +42,15 @@ from mpcache.telemetry.pump import Pump
 FORMAT = 1
 REFUSAL_REASONS = ("format", "corrupt", "foreign", "invalid", "stale")
 FAILURE_LOG_INTERVAL_S = 60.0
+# settings a record's meaning does not depend on: a secret, and how often records are written
+UNTAGGED = ("l2_secret", "telemetry_checkpoint_interval_s")
 
 
 def format_tag(config: Config) -> bytes:
-    """What a record's payload means: this format, this build and its metric table, this configuration (the
-    L2 secret left out)."""
+    """What a record's payload means: this format, this build and its metric table, this configuration (but
+    ``UNTAGGED``)."""
     digest = hashlib.blake2b(digest_size=16, person=b"mpcache-ckpt")
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "l2_secret"}
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNTAGGED}
     digest.update(repr((FORMAT, __version__, sorted(settings.items()))).encode())
     digest.update(repr([(s.otel_name, s.instrument, s.buckets) for s in metric_table.METRICS]).encode())
     return digest.digest()
@@ -61,8 +66,11 @@ class Checkpoint:
     """The telemetry process's side of the state segment: :meth:`open` at start, :meth:`bind` once the metrics
     subscribers exist (it loads what the record holds into them and registers :meth:`flush` with the bus)."""
 
-    def __init__(self, store: StateStore, tag: bytes, log: Any, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: StateStore, tag: bytes, log: Any, interval_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._store, self._tag, self._log, self._clock = store, tag, log, clock
+        self._interval_s = interval_s  # a record at a flush once this long after the last one (0: at every flush)
+        self._recorded_at = -math.inf  # when the last record was written (or failed to be)
         self._saved: dict[str, Any] | None = None  # the record found at open, until bind loads it
         self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
         self.failures = 0
@@ -75,7 +83,7 @@ class Checkpoint:
         self._subscribers: list[Subscriber] = []
 
     @classmethod
-    def open(cls, config: Config, log: Any) -> Checkpoint | None:
+    def open(cls, config: Config, log: Any, clock: Callable[[], float] = time.monotonic) -> Checkpoint | None:
         """Attach the state segment and read its newest whole record (refusing what cannot be loaded); None,
         with a warning, when there is no state segment (a restart then starts every counter from zero)."""
         try:
@@ -96,7 +104,7 @@ class Checkpoint:
                             consequence="a restart of the telemetry process starts every counter from zero")
                 return None
             store = StateStore(segment)
-        checkpoint = cls(store, format_tag(config), log)
+        checkpoint = cls(store, format_tag(config), log, config.telemetry_checkpoint_interval_s, clock)
         try:
             if refusal is not None:
                 raise refusal
@@ -118,7 +126,8 @@ class Checkpoint:
 
     def bind(self, pump: Pump, bus: EventBus, buffer: InstrumentBuffer, subscribers: Sequence[Subscriber]) -> None:
         """Load the record into the series, the subscribers, the bus and the pump (all of it or, refused,
-        nothing), hold the rings for the checkpoints to release, and write the first one."""
+        nothing), hold the rings for the checkpoints to release, read them as far as the process gone exported,
+        write the first record and give the SDK the series."""
         self._pump, self._bus, self._buffer, self._subscribers = pump, bus, buffer, list(subscribers)
         saved, self._saved = self._saved, None
         adopt = None
@@ -129,13 +138,17 @@ class Checkpoint:
                 self._refuse(exc.reason, exc.detail)
             except Exception as exc:  # noqa: BLE001 - whatever a record's bytes make a check raise: refused
                 self._refuse("invalid", f"{type(exc).__name__}: {exc}")
+        pump.holds_rings = True
         if adopt is None:
             buffer.restart_series()
         else:
             adopt()
-        pump.holds_rings = True
+            replayed = pump.read_exported()
+            if replayed:
+                self._log.info("telemetry.checkpoint_read_on", records=replayed,
+                               detail="records the process gone had exported after its last checkpoint")
         bus.add_flusher(self.flush, buffer.full)
-        self.flush()
+        self._flush(record=True, restored=adopt is not None)
         self.bound = True
 
     def _check(self, saved: dict[str, Any]) -> Callable[[], None]:
@@ -170,13 +183,33 @@ class Checkpoint:
                         consequence="the telemetry process starts from zero: every counter resets")
 
     def flush(self) -> None:
-        """Fold what is pending, write the record, give the SDK its values, release the rings: the bus's
-        flusher.  A record that cannot be written is logged and counted; the rest goes on (the data path never
-        waits for it)."""
+        """The bus's flusher: fold what is pending, mark the rings exported, give the SDK its values, with a
+        record first (and the rings released after) when one is due.  A record that cannot be written is logged
+        and counted; the rest goes on (the data path never waits for it)."""
+        assert self._pump is not None
+        due = self._clock() - self._recorded_at >= self._interval_s or self._pump.release_due()
+        self._flush(record=due, restored=False)
+
+    def _flush(self, record: bool, restored: bool) -> None:
+        """``restored``: the series were loaded from a record, and go into the SDK whole."""
         assert self._pump is not None and self._bus is not None and self._buffer is not None
         changes = self._buffer.fold()
         positions = self._pump.positions()
         unknown = self._pump.unknown_records
+        if record:
+            self._recorded_at = self._clock()
+            self._write(positions, unknown)
+        self._pump.mark_exported(positions)
+        if restored:
+            self._buffer.publish_restored()
+        else:
+            self._buffer.publish(changes)
+        if record:
+            self._pump.release(positions, unknown)
+
+    def _write(self, positions: list[tuple[int, int]], unknown: int) -> None:
+        """The record of the series and the subscribers as they are now, covering ``positions``."""
+        assert self._bus is not None and self._buffer is not None
         try:  # whatever fails here, the SDK and the rings go on: the data path never waits for a checkpoint
             payload = msgpack.packb({
                 "started": self._buffer.started_ns,
@@ -192,8 +225,6 @@ class Checkpoint:
             self.last_bytes = len(payload)
         except Exception as exc:  # noqa: BLE001 - counted and logged; a restart then refuses the last one as stale
             self._failed(exc)
-        self._buffer.publish(changes)
-        self._pump.release(positions, unknown)
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1

@@ -91,7 +91,7 @@ class Pump:
                 source.reader.commit()  # only now: a crash before this re-reads the batch after a restart
         if not self.holds_rings:
             self.unknown_released = self.unknown_records
-        elif any(_release_due(source.reader) for source in self.sources):
+        elif self.release_due():
             self.bus.flush()
         now = self._clock_ns()
         if now >= self._next_tick:
@@ -187,6 +187,28 @@ class Pump:
         for source, (cursor, malformed) in zip(self.sources, positions):
             source.reader.release(cursor, malformed)
         self.unknown_released = unknown_records
+
+    def release_due(self) -> bool:
+        """Whether a ring held for the checkpoint needs releasing now (see ``_release_due``)."""
+        return any(_release_due(source.reader) for source in self.sources)
+
+    def mark_exported(self, positions: list[tuple[int, int]]) -> None:
+        """What was read up to ``positions`` is about to be exported (see :meth:`read_exported`)."""
+        for source, (cursor, _) in zip(self.sources, positions):
+            source.reader.mark_exported(cursor)
+
+    def read_exported(self) -> int:
+        """Poll until every ring is read as far as the last process exported from it (what it exported may run
+        ahead of its checkpoint: a process that resumed from that checkpoint reads it again before it exports
+        anything, so no exported value goes down); returns the records read."""
+        targets = [source.reader.exported() for source in self.sources]
+        total = 0
+        while any(source.reader.position[0] < target for source, target in zip(self.sources, targets)):
+            before = self.positions()
+            total += self.poll_once()
+            if self.positions() == before:  # nothing whole left to read: the ring's own counts say why
+                break
+        return total
 
     def resumable(self, positions: list[tuple[int, int]]) -> bool:
         """Whether every ring still holds what lies after its position in ``positions`` (none was released

@@ -20,7 +20,7 @@ from support.waiting import wait_for
 
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey
-from mpcache.telemetry.bus import EventBus, subscribe_all
+from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
@@ -57,8 +57,7 @@ class Telemetry:
         events = harness.events
         bus = EventBus()
         self.pump = Pump([RingSource(0, events.segment, events.reader, events.names)], bus)
-        subscribe_all(bus, build_metrics_subscribers(harness.config, self.provider, pump=self.pump, bus=bus,
-                                                     gauge_reader=harness.board))
+        build_metrics_subscribers(harness.config, self.provider, pump=self.pump, bus=bus, gauge_reader=harness.board)
 
     def drain(self) -> dict[str, dict[frozenset, object]]:
         self.pump.drain()

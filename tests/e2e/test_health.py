@@ -1,9 +1,11 @@
 """/healthz, /ready and /telemetry of a running service, answered by the supervisor's front: ready while every
 cache process serves, 503 while a killed one restarts, ready again after; 200 throughout while telemetry is
-stopped, killed by the watchdog and restarted, and never a 404; /metrics forwarded to telemetry."""
+stopped for 60 s, killed by the watchdog and restarted, and never a 404, with every count exact afterwards;
+/metrics forwarded to telemetry."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -13,8 +15,14 @@ import urllib.request
 from datetime import datetime
 
 import pytest
-from support.service import SMALL
+from lmcache_client import OPS, LMClient, key, registration
+from support.service import gone
 from support.waiting import wait_for
+
+from mpcache.cache.lmcache.handlers import OPERATIONS
+from mpcache.supervisor.restart import TELEMETRY_POLICY
+from mpcache.supervisor.watch import WATCH_INTERVAL_S
+from mpcache.telemetry import pump
 
 
 def _status(port: int, path: str) -> tuple[int, str]:
@@ -155,47 +163,129 @@ def test_no_404_from_the_first_answer_on_and_metrics_once_telemetry_serves(start
     assert 0 == service.stop()
 
 
-TELEMETRY_HANG_TIMEOUT_S = 2.0  # --telemetry-hang-timeout (default 10 s)
+STOPPED_S = 60.0  # how long the telemetry process is held SIGSTOPped (issue 35)
+PROBE_PERIOD_S = 0.1  # the probes' and the lookups' period while it is
+LOOKUP_TOKENS, LMCACHE_CHUNK = 1024, 256
+LMCACHE_OBJECT = 2 * 2 * LMCACHE_CHUNK * 64 * 2  # lmcache_client.registration(): 2 layers, hidden 64, fp16
+
+
+class Lookups:
+    """One hand-framed LMCache client per cache process, each lookup 1,024 tokens of a prompt nobody stored, and
+    the tally of what was sent (requests per operation), kept here, never read from the service."""
+
+    def __init__(self, runtime_dir, workers: int) -> None:
+        self._clients = [LMClient(f"ipc://{runtime_dir}/lmcache{worker}.ipc") for worker in range(workers)]
+        self.sent: collections.Counter[str] = collections.Counter()
+        self.lookups = 0
+        for instance, client in enumerate(self._clients):
+            self._call(client, "register", registration(instance + 1))
+
+    def _call(self, client: LMClient, op: str, *args: object) -> object:
+        self.sent[op] += 1  # a request sent is a request the service times, answered or not
+        return client.call(op, *args)
+
+    def one(self) -> None:
+        """A lookup, its status query and its end, on the next cache process in turn."""
+        client = self._clients[self.lookups % len(self._clients)]
+        request = f"r{self.lookups}"
+        tokens = list(range(self.lookups * LOOKUP_TOKENS, (self.lookups + 1) * LOOKUP_TOKENS))
+        self.lookups += 1
+        self._call(client, "lookup", key(tokens, request), 1)
+        self._call(client, "query_prefetch_status", request)
+        self._call(client, "end_session", request)
+
+    def expected(self) -> dict[tuple[str, str], float]:
+        """(series, op) -> value: the tokens asked for, and every request's service time counted once."""
+        names = {row.wire_id: row.name for row in OPERATIONS.values()}
+        out = {("lmcache_mp_lookup_requested_tokens_total", ""): float(LOOKUP_TOKENS * self.lookups),
+               ("lmcache_mp_lookup_hit_tokens_total", ""): 0.0,
+               ("lmcache_mp_event_bus_dropped_events_total", ""): 0.0}
+        out |= {("mpcache_lmcache_request_seconds_count", names[OPS[op]]): float(n) for op, n in self.sent.items()}
+        return out
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+def _counted(scrape, expected: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    return {(name, op): scrape.total(name, **({"op": op} if op else {})) for name, op in expected}
 
 
 @pytest.mark.slow
-def test_probes_answer_200_throughout_a_telemetry_hang_and_its_restart(start_service):
-    """Telemetry is SIGSTOPped: /healthz and /ready, polled every 50 ms, answer 200 every time — while it is
-    stopped, killed by the watchdog (within --telemetry-hang-timeout plus a second) and restarted — and each
-    reports telemetry's state; /telemetry answers 503 meanwhile and 200 once the new one heartbeats; the
-    cache processes keep their pids; /metrics is telemetry's again afterwards, counting one restart."""
-    service = start_service("--workers", "2", "--telemetry-hang-timeout", str(TELEMETRY_HANG_TIMEOUT_S), *SMALL)
+def test_kill_stop_of_telemetry_for_60_s_keeps_probes_200_the_caches_and_every_count(start_service):
+    """Telemetry is SIGSTOPped for 60 s while 1,024-token LMCache lookups keep coming: /healthz and /ready,
+    polled every 0.1 s throughout, answer 200 every time and never 404; the watchdog kills the stopped process
+    within the configured --telemetry-hang-timeout (plus the supervisor's two looks) and starts the next one
+    after its first backoff; /telemetry answers 503 meanwhile and 200 once the new one heartbeats; the cache
+    processes keep their pids; and afterwards /metrics counts exactly what was sent — the lookups' tokens and
+    every request's service time, before, during and after the stop — with one telemetry restart."""
+    service = start_service("--workers", "2", "--lmcache-ipc", "--chunk-bytes", str(LMCACHE_OBJECT),
+                            "--l1-size", "8MiB")
     service.ready(2)
+    hang_timeout_s = service.config().telemetry_hang_timeout_s
     wait_for(lambda: _status(service.port, "/telemetry")[0] == 200, 30, "telemetry to heartbeat")
     caches = service.pids("cache", None)
     [victim] = service.pids("telemetry")
+    lookups = Lookups(service.runtime_dir, 2)
     probes: list[tuple[str, int, str]] = []
-    telemetry_answers: list[int] = []
+    telemetry_answers: list[tuple[float, int, int | None]] = []  # (seconds after the stop, status, pid)
+    try:
+        for _ in range(200):
+            lookups.one()
+        before = lookups.expected()
+        wait_for(lambda: _counted(service.scrape(), before) == before, 30, "the lookups before the stop on /metrics")
+        os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.time()
+        while (elapsed := time.time() - stopped_at) < STOPPED_S:
+            lookups.one()
+            for path in ("/healthz", "/ready"):
+                status, body = _json(service.port, path)
+                probes.append((path, status, body["telemetry"]["state"]))
+            status, report = _json(service.port, "/telemetry")
+            telemetry_answers.append((elapsed, status, report["pid"]))
+            time.sleep(PROBE_PERIOD_S)  # the probes' period, as a kubelet's; nothing waits on a condition here
+        victim_gone = gone(victim)
+        if not victim_gone:
+            os.kill(victim, signal.SIGCONT)  # kill -CONT after the 60 s, as an operator would
+        for _ in range(200):
+            lookups.one()
+        expected = lookups.expected()
+        counted: dict[tuple[str, str], float] = {}
 
-    def probe_until_restarted() -> bool:
-        for path in ("/healthz", "/ready"):
-            status, body = _json(service.port, path)
-            probes.append((path, status, body["telemetry"]["state"]))
-        telemetry_status, report = _json(service.port, "/telemetry")
-        telemetry_answers.append(telemetry_status)
-        return telemetry_status == 200 and report["pid"] != victim
+        def all_counted():
+            scrape = service.scrape()
+            counted.update(_counted(scrape, expected))
+            return scrape if counted == expected else None
 
-    os.kill(victim, signal.SIGSTOP)
-    stopped_at = time.time()
-    wait_for(probe_until_restarted, 60, "a new telemetry process to heartbeat", interval_s=0.05)
-    back_after = time.time() - stopped_at
+        try:
+            scrape = wait_for(all_counted, 60, "/metrics to count every lookup")
+        except AssertionError:
+            assert expected == counted  # which series are off, and by how much
+    finally:
+        lookups.close()
     [unresponsive] = service.lines("telemetry.unresponsive")
     killed_after = _seconds(unresponsive["timestamp"]) - stopped_at
-    print(f"telemetry SIGSTOPped: killed after {killed_after:.2f} s, serving again after {back_after:.2f} s; "
-          f"{len(probes)} probes")
+    [_, successor] = service.lines("child.started", child_role="telemetry")
+    spawned_after = _seconds(successor["timestamp"]) - stopped_at
+    serving_again = min(elapsed for elapsed, status, pid in telemetry_answers if status == 200 and pid != victim)
+    print(f"telemetry SIGSTOPped for {STOPPED_S:g} s: killed after {killed_after:.2f} s, started again after "
+          f"{spawned_after:.2f} s, serving after {serving_again:.2f} s; {len(probes)} probes, "
+          f"{lookups.lookups} lookups")
 
-    assert [] == [probe for probe in probes if probe[1] != 200]
+    assert (True, [], 2 * len(telemetry_answers)) == (
+        victim_gone, [probe for probe in probes if probe[1] != 200], len(probes))
     assert {"running", "unresponsive", "restarting", "starting"} >= {state for _, _, state in probes}
-    assert 503 in telemetry_answers and {200, 503} >= set(telemetry_answers)
-    assert killed_after < TELEMETRY_HANG_TIMEOUT_S + 1.0
+    # the watchdog's bound: silent for the timeout from the last beat it saw (the supervisor looks every 0.1 s),
+    # then the first restart's backoff; a second of slack for a loaded machine
+    kill_bound_s = hang_timeout_s + 2 * WATCH_INTERVAL_S
+    assert 0 < killed_after - hang_timeout_s + pump.MAX_SLEEP_S and killed_after < kill_bound_s + 1.0
+    assert spawned_after < kill_bound_s + TELEMETRY_POLICY.backoff_initial_s + WATCH_INTERVAL_S + 1.0
+    assert 503 in {status for _, status, _ in telemetry_answers} and {200, 503} >= {
+        status for _, status, _ in telemetry_answers}
     assert caches == service.pids("cache", None)
-    assert {"cache": 0.0, "telemetry": 1.0} == wait_for(
-        lambda: service.scrape().by_label("mpcache_child_restarts_total", "role"), 30, "/metrics from the new one")
+    assert {"cache": 0.0, "telemetry": 1.0} == scrape.by_label("mpcache_child_restarts_total", "role")
+    assert 0 == scrape.total("mpcache_telemetry_checkpoint_refused_total")
     assert 0 == service.stop()
 
 

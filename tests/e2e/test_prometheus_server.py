@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 from support.prometheus import PROMETHEUS, PrometheusServer
 from support.silent import silent_listener
 from support.waiting import wait_for
@@ -131,26 +132,33 @@ def check_dashboard_variables(prometheus: PrometheusServer, instance: str) -> No
 ALERTS_YML = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 
 
-def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_server):
-    """The demo with a redis tier whose server accepts connections and never answers, scraped every second
-    by a real Prometheus evaluating the shipped deploy/prometheus/alerts.yml: MpcacheL2Failing goes pending,
-    then fires once its ``for:`` has passed, and no other alert of the file fires; its runbook_url opens the
-    runbook's section on the service itself."""
+def test_the_shipped_l2_alert_fires_on_an_unreachable_then_hung_redis(start_service, prometheus_server):
+    """The demo with a redis tier where nothing listens, scraped every second by a real Prometheus evaluating the
+    shipped deploy/prometheus/alerts.yml: MpcacheL2Failing goes pending, then fires once its ``for:`` has passed,
+    and no other alert of the file fires; its runbook_url opens the runbook's section on the service itself.
+    Then a server comes up on that port that accepts connections and never answers: the tier connects to it, the
+    failure counters go on moving, nothing completes, and the alert stays firing."""
     hold_s = _for_seconds("MpcacheL2Failing")
-    with silent_listener() as port:
-        tier = json.dumps({"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "capacity_gb": 0.01,
-                           "socket_timeout_s": 0.3, "connect_timeout_s": 0.3})
-        service = start_service("--demo", "--workers", "1", "--duration", str(hold_s + 120), "--l2", tier)
-        wait_for(service.scrape, 30, "the demo's /metrics")
-        prometheus = prometheus_server(f"127.0.0.1:{service.port}", (str(ALERTS_YML),))
-        wait_for(prometheus.ready, 15, "prometheus to be ready")
-        pending = wait_for(lambda: prometheus.alerts().get("MpcacheL2Failing"), 60, "MpcacheL2Failing to be active")
-        firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing", {}).get("state") == "firing"
-                          and alerts, hold_s + 30, "MpcacheL2Failing to fire")
-        runbook_url = firing["MpcacheL2Failing"]["annotations"]["runbook_url"]
-        with urllib.request.urlopen(runbook_url, timeout=5) as response:
-            runbook = response.read().decode()
-        failed = prometheus.scalar("sum(mpcache_l2_store_failed_requests_total)")
+    port = free_port()
+    tier = json.dumps({"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "capacity_gb": 0.01,
+                       "socket_timeout_s": 0.3, "connect_timeout_s": 0.3})
+    service = start_service("--demo", "--workers", "1", "--duration", str(hold_s + 180), "--l2", tier)
+    wait_for(service.scrape, 30, "the demo's /metrics")
+    prometheus = prometheus_server(f"127.0.0.1:{service.port}", (str(ALERTS_YML),))
+    wait_for(prometheus.ready, 15, "prometheus to be ready")
+    pending = wait_for(lambda: prometheus.alerts().get("MpcacheL2Failing"), 60, "MpcacheL2Failing to be active")
+    firing = wait_for(lambda: (alerts := prometheus.alerts()).get("MpcacheL2Failing", {}).get("state") == "firing"
+                      and alerts, hold_s + 30, "MpcacheL2Failing to fire")
+    runbook_url = firing["MpcacheL2Failing"]["annotations"]["runbook_url"]
+    with urllib.request.urlopen(runbook_url, timeout=5) as response:
+        runbook = response.read().decode()
+    failed = "sum(mpcache_l2_store_failed_requests_total)"
+    unreachable = prometheus.scalar(failed)
+    accepted: list = []
+    with silent_listener(port, accepted):
+        hung = wait_for(lambda: accepted and prometheus.scalar(failed) > unreachable + 1 and prometheus.scalar(failed),
+                        60, "store failures against the hung server")
+        still = prometheus.alerts().get("MpcacheL2Failing", {}).get("state")
         completed = prometheus.scalar("sum(lmcache_mp_l2_store_completed_requests_total)")
         assert 0 == service.stop()
 
@@ -158,7 +166,8 @@ def test_the_shipped_l2_alert_fires_on_a_hung_redis(start_service, prometheus_se
     assert ["MpcacheL2Failing"] == [name for name, alert in firing.items() if alert["state"] == "firing"]
     assert f"http://127.0.0.1:{service.port}/runbook#mpcachel2failing" == runbook_url
     assert 'id="mpcachel2failing"' in runbook
-    assert failed is not None and failed > 0 and completed == 0.0
+    assert (True, True, "firing", 0.0) == (unreachable is not None and unreachable > 0, hung > unreachable, still,
+                                           completed)
 
 
 def _for_seconds(alert: str) -> int:

@@ -4,6 +4,9 @@ counted is lost or counted twice.
 The test is the cache processes here: it publishes a known workload into the rings the supervisor's provisioning
 made, tallying what it published (never what telemetry reports), and runs the telemetry process itself, so it
 can kill and restart it at once (under the supervisor a crash-looping telemetry process waits up to 30 s).
+Most processes run with the default --telemetry-checkpoint-interval (10 s), so they export (at every scrape and
+OTLP export) far past their last checkpoint and the next one reads the rings on from it; every third one writes
+a checkpoint at every flush, and is killed while writing one.
 After every restart, with the workload paused, every exported counter and histogram count equals the tally —
 on /metrics and in the last OTLP export — and over the whole run no value ever went down between two scrapes
 or two exports, no OTLP stream changed its start time, and a real Prometheus scraping throughout (when its
@@ -371,15 +374,22 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
     front = Front(config.telemetry_socket_path()) if PROMETHEUS else None
     prometheus = PrometheusServer(directory, front.address, interval="500ms") if front else None
     receiver = otlp_receiver("grpc")
-    config = Config(**{**config.__dict__, "otlp_endpoint": receiver.endpoint, "otlp_interval_s": 0.2})
+    config = Config(**{**config.__dict__, "otlp_endpoint": receiver.endpoint, "otlp_interval_s": 0.2,
+                        "log_level": "info"})
     config_path = directory / "config.json"
-    config_path.write_text(config.to_json())
+
+    def configure(kill: int) -> None:
+        """The next process's configuration: a checkpoint at every flush where it is to be killed writing one."""
+        interval = 0.0 if kill % 3 == 2 else config.telemetry_checkpoint_interval_s
+        config_path.write_text(Config(**{**config.__dict__, "telemetry_checkpoint_interval_s": interval}).to_json())
+
     rng = random.Random(35)
     workload = Workload(config, rng)
     telemetry = Telemetry(config_path, config.telemetry_socket_path(), directory / "telemetry.stderr")
     records = StateRecords(config)
     caught = 0
     try:
+        configure(0)
         telemetry.start()
         if prometheus is not None:
             wait_for(lambda: prometheus.scalar('sum(up{job="mpcache"})'), 30, "prometheus's first scrape")
@@ -400,6 +410,7 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
                 stop.set()
                 producer.join()
             workload.burst(rng.randint(0, 500))  # published while nothing reads the rings
+            configure(kill + 1)
             telemetry.start()
             assert {} == settled(telemetry, workload.expected)
         in_otlp = {(OTEL_NAMES[name], labels): value for (name, labels), value in workload.expected.items()
@@ -428,5 +439,9 @@ def test_kill_9_at_random_instants_loses_nothing_and_counts_nothing_twice(provis
                  if any(later < earlier for (_, earlier), (_, later) in zip(points, points[1:]))}
     assert ({}, {}) == (moved, went_down)
 
+    # the restarts that read on past their checkpoint (the process gone had exported past it): those after the
+    # kills of processes that checkpoint every 10 s, all but a few of which exported at least once (every 0.2 s)
+    read_on = (directory / "telemetry.stderr").read_text().count('"event": "telemetry.checkpoint_read_on"')
+    assert read_on >= KILLS // 2, read_on
     assert telemetry.scrapes > KILLS  # at least one scrape settled each restart (how many more depends on the pace)
     assert caught >= KILLS // 6, f"only {caught} kills landed while a checkpoint was being written"

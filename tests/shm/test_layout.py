@@ -51,8 +51,8 @@ def cells(ring, start: int, count: int) -> bytes:
 
 
 def test_header_bytes(ring16):
-    """The event segment header: magic, version 2, cell size 64, capacity, intern capacity, producer pid."""
-    expected = b"MPCRING1" + struct.pack("<IIQQq", 2, 64, 64, 16, os.getpid())
+    """The event segment header: magic, version 3, cell size 64, capacity, intern capacity, producer pid."""
+    expected = b"MPCRING1" + struct.pack("<IIQQq", 3, 64, 64, 16, os.getpid())
 
     assert expected == bytes(ring16.segment.buf[:40])
 
@@ -183,18 +183,21 @@ def test_text_cells_golden_bytes(ring16):
 
 
 def test_bookkeeping_words_offsets(ring16):
-    """head at byte 64, dropped at 72, tail at 128, read at 144, intern count at 192, each a u64."""
+    """head at byte 64, dropped at 72, tail at 128, read at 144, exported at 152, intern count at 192, each a
+    u64."""
     ring16.publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, True))
     ring16.publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, True, 8))  # wrong arity: dropped
     ring16.reader.read_batch()
     ring16.publisher.emit(E.CB_LOOKUP_END, (1, 2, 3, 4, 5, 6, True))
     ring16.reader.read_batch(commit=False)  # read, not released
+    ring16.reader.mark_exported(3)
     buf = ring16.segment.buf
-    expected = {"head": 4, "dropped": 1, "torn": 0, "tail": 2, "malformed": 0, "read": 4, "interned": 2}
+    expected = {"head": 4, "dropped": 1, "torn": 0, "tail": 2, "malformed": 0, "read": 4, "exported": 3,
+                "interned": 2}
     actual = {
         name: int.from_bytes(buf[offset : offset + 8], "little")
         for name, offset in [("head", 64), ("dropped", 72), ("torn", 80), ("tail", 128), ("malformed", 136),
-                             ("read", 144), ("interned", 192)]
+                             ("read", 144), ("exported", 152), ("interned", 192)]
     }
 
     assert expected == actual
@@ -240,7 +243,7 @@ def test_other_layout_version_is_a_layout_mismatch(formatted, attach):
     """A ring written by another layout version names both versions in the error."""
     struct.pack_into("<I", formatted.buf, 8, 1)
 
-    with pytest.raises(LayoutMismatchError, match=r"ring layout version 1 .*this build reads version 2"):
+    with pytest.raises(LayoutMismatchError, match=r"ring layout version 1 .*this build reads version 3"):
         attach(formatted)
 
 

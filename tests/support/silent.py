@@ -10,12 +10,14 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def silent_listener() -> Iterator[int]:
-    """The port of a loopback listener that accepts every connection and never sends a byte."""
+def silent_listener(port: int = 0, accepted: list[socket.socket] | None = None) -> Iterator[int]:
+    """The port (``port``, or a free one) of a loopback listener that accepts every connection and never sends a
+    byte; each connection it accepted is appended to ``accepted`` where one is given."""
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
     listener.listen(128)
-    accepted: list[socket.socket] = []
+    accepted = [] if accepted is None else accepted
     stop = threading.Event()
 
     def accept() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import Histogram, HistogramDataPoint, InMemoryMetricReader, Sum
 
 from mpcache.config import Config
 from mpcache.contract.events import MRC_HEAD_FIELDS
@@ -29,7 +29,7 @@ from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.ring_reader import RingReader, read_counters
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.provision import create_segments, unlink_segments
-from mpcache.telemetry.bus import EventBus, subscribe_all
+from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.checkpoint import Checkpoint, format_tag
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers, mrc
@@ -52,7 +52,8 @@ def new_config(tmp_path, **changes: Any) -> Config:
     settings: dict[str, Any] = dict(
         instance_id=uuid.uuid4().hex, supervisor_pid=os.getpid(), runtime_dir=str(tmp_path), workers=2,
         ring_capacity_cells=1 << 15, l1_size_bytes=1 << 16, chunk_bytes=1 << 16, prometheus_port=0, cache_salt_cap=2,
-        mrc_sample_rate=1.0, mrc_half_life_s=0, telemetry_state_bytes=1 << 20, l2=[{"type": "mock", "capacity_gb": 1}])
+        mrc_sample_rate=1.0, mrc_half_life_s=0, telemetry_state_bytes=1 << 20, l2=[{"type": "mock", "capacity_gb": 1}],
+        telemetry_checkpoint_interval_s=0)  # a record at every flush, unless a test says otherwise
     return Config(**(settings | changes))
 
 
@@ -83,8 +84,8 @@ class Telemetry:
         self.bus = EventBus(flush_interval_s=3600)  # flushed (and checkpointed) when a test says so
         self.pump = Pump(self.sources, self.bus, clock_ns=lambda: NOW)
         self.checkpoint = Checkpoint.open(config, self.log)
-        subscribe_all(self.bus, build_metrics_subscribers(config, self.provider, pump=self.pump, bus=self.bus,
-                                                          gauge_reader=None, checkpoint=self.checkpoint))
+        build_metrics_subscribers(config, self.provider, pump=self.pump, bus=self.bus, gauge_reader=None,
+                                  checkpoint=self.checkpoint)
 
     def drain(self) -> None:
         self.pump.drain()
@@ -175,6 +176,13 @@ class Stream:
         del self._publishers
         for segment in self._segments:
             segment.close()
+
+
+def monotonic(telemetry: Telemetry) -> set[str]:
+    """The names of the counters and histograms ``telemetry`` exports (not its gauges, which may go down)."""
+    return {metric.name for resource_metrics in telemetry.reader.get_metrics_data().resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics for metric in scope_metrics.metrics
+            if isinstance(metric.data, Histogram) or (isinstance(metric.data, Sum) and metric.data.is_monotonic)}
 
 
 def same(expected: dict, got: dict) -> dict:
@@ -271,10 +279,10 @@ def test_the_checkpoint_is_written_before_the_sdk_shows_it_and_before_the_rings_
 
 
 def test_a_ring_is_released_once_a_quarter_of_it_is_held_and_at_every_poll_once_half_full(provision):
-    """No flush is due by time here: a ring holding a quarter of its cells read is released (a checkpoint is
-    written, then the tail moves) and the rest held; a ring half full from its producer's side is released at
-    every poll, so what was read never makes a backlog overflow."""
-    config = provision()
+    """No flush and no checkpoint is due by time here: a ring holding a quarter of its cells read is released (a
+    checkpoint is written, then the tail moves) and the rest held; a ring half full from its producer's side is
+    released at every poll, so what was read never makes a backlog overflow."""
+    config = provision(telemetry_checkpoint_interval_s=3600)
     telemetry = Telemetry(config)
     stream = Stream(config, seed=7)
     quarter = config.ring_capacity_cells // 4
@@ -291,6 +299,83 @@ def test_a_ring_is_released_once_a_quarter_of_it_is_held_and_at_every_poll_once_
 
     assert (True, 2) == held  # the first checkpoint (at start) and the one a quarter asked for
     assert telemetry.sources[0].reader.position[0] == read_counters(segment).tail
+
+
+def test_a_flush_exports_and_a_record_is_written_only_once_the_interval_has_passed(provision):
+    """--telemetry-checkpoint-interval 10: the first flush writes a record; one 5 s later exports (the SDK shows
+    every record read, each ring marks how far it was exported) but writes none and releases nothing; the one at
+    10 s writes the next record and releases the rings up to it."""
+    config = provision(telemetry_checkpoint_interval_s=10)
+    stream, telemetry = Stream(config, seed=9), Telemetry(config)
+    now = [0.0]
+    telemetry.checkpoint._clock = lambda: now[0]
+    telemetry.checkpoint._recorded_at = 0.0  # the record of the start, written at 0
+    segments = [source.segment for source in telemetry.sources]
+
+    def state() -> tuple[Any, int, list[int], list[int]]:
+        words = [struct.unpack_from("<Q", segment.buf, layout.OFF_EXPORTED)[0] for segment in segments]
+        return (telemetry.value("lmcache_mp.l1_eviction_loop_ticks"), telemetry.checkpoint._store._sequence,
+                [read_counters(segment).tail for segment in segments], words)
+
+    stream.publish(400)
+    now[0] = 5.0
+    telemetry.drain()
+    between = state()
+    read = [source.reader.position[0] for source in telemetry.sources]
+    stream.publish(400)
+    now[0] = 10.0
+    telemetry.drain()
+    after = state()
+    stream.close()
+
+    assert (1, [0, 0], read) == between[1:] and between[0] > 0
+    assert (2, [read_counters(segment).head for segment in segments]) == (after[1], after[2]) == (2, after[3])
+    assert after[0] > between[0]
+
+
+def test_a_restart_between_checkpoints_reads_on_as_far_as_the_one_gone_exported_before_it_exports(provision):
+    """One cache process (one ring: its records are read in one order, whatever the batches).  The first
+    telemetry process checkpoints only at its start (interval 3600 s), exports twice, reads on and dies.  The
+    second, once built (before anything of it is exported), shows no value below what the first exported, having
+    read the ring again from the record's position; it then exports exactly what a process that never died does,
+    with the first one's start times.  The ring was never released past the record."""
+    straight = provision(workers=1)
+    interrupted = provision(workers=1, telemetry_checkpoint_interval_s=3600)
+    streams = [Stream(config, seed=10) for config in (straight, interrupted)]
+    reference, first = Telemetry(straight), Telemetry(interrupted)
+    for stream in streams:
+        stream.publish(1000)
+    first.drain()
+    for stream in streams:
+        stream.publish(1000)
+    first.drain()
+    exported = first.points()
+    for stream in streams:
+        stream.publish(500)
+    for _ in range(5):
+        first.pump.poll_once()  # read, aggregated, not exported: then killed
+    tail = read_counters(first.sources[0].segment).tail
+    second = Telemetry(interrupted)
+    at_start = second.points()
+    for stream in streams:
+        stream.publish(300)
+    reference.drain()
+    second.drain()
+    for stream in streams:
+        stream.close()
+
+    def count(point: Any) -> float:
+        return point.count if isinstance(point, HistogramDataPoint) else point.value
+
+    lower = {key: (count(point), at_start.get(key) and count(at_start[key])) for key, point in exported.items()
+             if key[0] in monotonic(first) and (key not in at_start or count(at_start[key]) < count(point))}
+    read_on = [fields["records"] for _, event, fields in second.log.lines if event == "telemetry.checkpoint_read_on"]
+    assert ({}, 0, 1) == (lower, tail, first.checkpoint._store._sequence)
+    assert len(read_on) == 1 and read_on[0] >= 2000
+    assert {} == same(reference.points(), second.points())
+    assert {} == {key: point.start_time_unix_nano for key, point in exported.items()
+                  if getattr(point, "start_time_unix_nano", None) not in (None, getattr(
+                      second.points().get(key), "start_time_unix_nano", None))}
 
 
 def test_a_ring_that_fills_while_telemetry_is_down_loses_only_what_was_counted_as_dropped(provision):

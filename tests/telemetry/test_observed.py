@@ -128,9 +128,9 @@ EVERY_METRIC = {spec.otel_name for spec in metric_table.METRICS
 def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     """build_metrics_subscribers wires every metric of the table: one event of each kind shows all of them."""
     config = dataclasses.replace(config, l2=[{"type": "fs"}, {"type": "mock"}])
-    subscribers = build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus,
-                                            gauge_reader=board, readiness=board)
-    pipeline.subscribe(*subscribers, Exploding())
+    build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus, gauge_reader=board,
+                              readiness=board)
+    pipeline.subscribe(Exploding())
     chunk = (7, "a", "m")
     publish = pipeline.publish
     t0 = pipeline.ring.timestamp_ns

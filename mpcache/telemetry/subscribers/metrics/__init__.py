@@ -18,7 +18,7 @@ from opentelemetry.metrics import MeterProvider
 from mpcache.config import Config
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
-from mpcache.telemetry.bus import EventBus, Subscriber
+from mpcache.telemetry.bus import EventBus, Subscriber, subscribe_all
 from mpcache.telemetry.checkpoint import Checkpoint
 from mpcache.telemetry.pump import Pump
 from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
@@ -52,7 +52,8 @@ def build_metrics_subscribers(
     readiness: GaugeBoardReader | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> list[Subscriber]:
-    """Every metrics subscriber, instruments created on ``meter_provider``; the caller subscribes them to ``bus``.
+    """Every metrics subscriber, instruments created on ``meter_provider``, subscribed to ``bus`` (which flushes
+    their buffer).
 
     Without a ``gauge_reader`` (tests) the gauge-board gauges are not created, without ``readiness`` (the
     reader whose staleness decides "ready") the service's gauges and its processes'.  With a ``checkpoint`` the
@@ -80,6 +81,7 @@ def build_metrics_subscribers(
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
         subscribers.append(ProcessesSubscriber(meter, readiness))
+    subscribe_all(bus, subscribers)  # before the checkpoint reads the rings on for them
     if checkpoint is not None:
         checkpoint.bind(pump, bus, buffer, subscribers)  # and flushes: the zero-valued counters exist from start-up
     else:
