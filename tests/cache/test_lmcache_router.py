@@ -279,6 +279,8 @@ def test_the_peer_check_never_reads_the_socket_table(monkeypatch) -> None:
     served = router.Router([f"tcp://127.0.0.1:{port}"], selector, gate, max_frame=1 << 20, max_frames=8,
                            report=lambda message, client: None)
     clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+    for client in clients:  # as libzmq does, at once (the listener defers accepting until the client speaks)
+        client.sendall(zmtp.GREETING)
     try:
         for key, mask in selector.select(5):  # the listener: all 20 wait in its queue
             key.data(mask)

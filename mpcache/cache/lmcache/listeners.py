@@ -8,11 +8,16 @@ import stat
 
 from mpcache.errors import ConfigError
 
+# TCP_DEFER_ACCEPT: a connection is queued for accept() once its client has sent something (a ZMTP client sends
+# its greeting at once), so a flood of connects that never speak, or reset at once, costs this process nothing
+DEFER_ACCEPT_S = 10
+
 
 def listen(url: str) -> tuple[socket.socket, str | None]:
     """A non-blocking socket listening on ``url`` and, for ``ipc://``, the path it made (ConfigError, one line,
     when it cannot).  The backlog is ``SOMAXCONN``: a connect flood fills a short queue, and an allowed
-    client's SYN that finds it full waits a second to be sent again."""
+    client's SYN that finds it full waits a second to be sent again.  A TCP connection is accepted once its
+    client has spoken (``DEFER_ACCEPT_S``)."""
     path = None
     try:
         if url.startswith("ipc://"):
@@ -27,6 +32,7 @@ def listen(url: str) -> tuple[socket.socket, str | None]:
                 host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
             listener = socket.socket(family, kind, proto)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT_S)
             listener.bind(address)
         else:
             raise ConfigError(f"{url}: only tcp:// and ipc:// are served")
