@@ -1,5 +1,5 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,l2,mrc,trace,peers,
-report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
+"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
+peers,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
 ``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root (it makes a
 second local user), ``trace`` a trace file
 (``trace PATH``), and each is left out of the report, saying so, without them.
@@ -26,6 +26,7 @@ from mpcache.bench import (
     l2,
     lmcache,
     lmcache_servers,
+    mixed_sizes,
     mrc,
     peers,
     publish,
@@ -35,7 +36,8 @@ from mpcache.bench import (
 )
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
-              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc,
+              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "mixed": mixed_sizes, "l2": l2,
+              "mrc": mrc,
               "trace": trace, "peers": peers}
 # a benchmark cannot run
 MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing,
@@ -128,6 +130,14 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{result['flood']['foreign_connections']:,} flooded)",
                 f"p99 held/alone {result['held_p99_over_alone']}×, flood/alone {result['flood_p99_over_alone']}×",
                 "p99 ≤ 50 ms; fresh ≤ 1 s", verdict]
+    if name == "mixed":
+        pressures = "; ".join(
+            f"{name} a round: uniform {p['uniform']['hit_ratio']}, mixed {p['mixed']['hit_ratio']} (exact LRU "
+            f"{p['uniform']['ideal_lru_hit_ratio']} / {p['mixed']['ideal_lru_hit_ratio']})"
+            for name, p in result["pressures"].items())
+        return [f"a well-behaved client's hit ratio beside {len(result['mixed_object_bytes'])} registrations pushing "
+                f"the same bytes through {result['l1_bytes'] >> 20} MiB of L1 per registration: {pressures}",
+                f"cost of mixed sizes at worst {result['worst_cost_of_mixed']}", "≤ 0.05", verdict]
     if name == "l1":
         return [f"hit ratio {result['bytes']['hit_ratio']:.3f} by bytes, {result['slots']['hit_ratio']:.3f} in "
                 f"largest-model slots; resident objects fill {result['bytes']['resident_object_fraction']:.0%} vs "
