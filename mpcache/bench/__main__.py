@@ -1,6 +1,7 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,l2,mrc,trace,report}
-[--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
-``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``trace`` a trace file
+"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
+peers,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
+``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root (it makes a
+second local user), ``trace`` a trace file
 (``trace PATH``), and each is left out of the report, saying so, without them.
 """
 
@@ -25,7 +26,9 @@ from mpcache.bench import (
     l2,
     lmcache,
     lmcache_servers,
+    mixed_sizes,
     mrc,
+    peers,
     publish,
     scrape,
     soak,
@@ -33,10 +36,12 @@ from mpcache.bench import (
 )
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
-              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "l2": l2, "mrc": mrc,
-              "trace": trace}
+              "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "mixed": mixed_sizes, "l2": l2,
+              "mrc": mrc,
+              "trace": trace, "peers": peers}
 # a benchmark cannot run
-MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing)
+MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing,
+           peers.SecondUserMissing)
 
 
 def _machine() -> str:
@@ -125,6 +130,21 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"publishing {result['instructions_cost']:+.2%} instructions; cache "
                 f"{result['cache_instructions_over_lmcache']:.4f}× LMCache's server (worst TP)",
                 "≤ +3 %; ≤ 0.25×", verdict]
+    if name == "peers":
+        phases = [f"{phase}: p99 {result[phase]['p99_ms']} ms, fresh registrations ≤ {result[phase]['fresh_max_s']} s"
+                  for phase in ("alone", "held", "flood")]
+        return ["; ".join(phases) + f" ({result['held']['foreign_connections']:,} foreign connections held, "
+                f"{result['flood']['foreign_connections']:,} flooded)",
+                f"p99 held/alone {result['held_p99_over_alone']}×, flood/alone {result['flood_p99_over_alone']}×",
+                "p99 ≤ 50 ms; fresh ≤ 1 s", verdict]
+    if name == "mixed":
+        pressures = "; ".join(
+            f"{name} a round: uniform {p['uniform']['hit_ratio']}, mixed {p['mixed']['hit_ratio']} (exact LRU "
+            f"{p['uniform']['ideal_lru_hit_ratio']} / {p['mixed']['ideal_lru_hit_ratio']})"
+            for name, p in result["pressures"].items())
+        return [f"a well-behaved client's hit ratio beside {len(result['mixed_object_bytes'])} registrations pushing "
+                f"the same bytes through {result['l1_bytes'] >> 20} MiB of L1 per registration: {pressures}",
+                f"cost of mixed sizes at worst {result['worst_cost_of_mixed']}", "≤ 0.05", verdict]
     if name == "l1":
         return [f"hit ratio {result['bytes']['hit_ratio']:.3f} by bytes, {result['slots']['hit_ratio']:.3f} in "
                 f"largest-model slots; resident objects fill {result['bytes']['resident_object_fraction']:.0%} vs "
@@ -211,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                         "reports the worst)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
-                        "and TP (default 10); isolation: counted seconds per TP (default 60)")
+                        "and TP (default 10); isolation: counted seconds per TP (default 60); peers: per phase "
+                        "(default 20)")
     parser.add_argument("--warmup", type=float, default=None,
                         help="lmcache: seconds of load before measuring (default 3); isolation: uncounted seconds "
                         "per TP (default 15)")
@@ -243,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                        "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
         elif module is trace:
             options = {"path": args.path, "limit": args.trace_requests}
+        elif module is peers:
+            options = {"seconds": peers.SECONDS if args.seconds is None else args.seconds}
         return module.run(repetitions=args.repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too

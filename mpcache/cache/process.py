@@ -18,7 +18,7 @@ import structlog
 from mpcache.cache.accesses import AccessSampler
 from mpcache.cache.blend import BlendState
 from mpcache.cache.blocks import BlockReporter
-from mpcache.cache.buffers import close_segment
+from mpcache.cache.buffers import BufferBudget, close_segment
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import Dispatcher
 from mpcache.cache.l1 import L1Manager
@@ -87,11 +87,13 @@ class CacheProcess:
             self.ctx = self._build_context(clock, clock_ns, job_ttl_s, (max_jobs, max_job_hashes), max_sessions,
                                            publisher_factory)
             dispatcher = Dispatcher(self.ctx, OPERATIONS)
+            gauges = self.ctx.gauges
             self._transport = UnixTransport(config.socket_path(worker), self._selector, dispatcher,
                                             dispatcher.client_error, self.log, lambda: self._stopping,
                                             max_connections=max_connections,
                                             partial_frame_timeout_s=partial_frame_timeout_s,
-                                            idle_timeout_s=config.idle_timeout_s)
+                                            idle_timeout_s=config.idle_timeout_s,
+                                            budget=BufferBudget(lambda: gauges.add(layout.G_BUFFERS_REFUSED, 1)))
             urls = config.lmcache_urls(worker)
             if urls:
                 from mpcache.cache.lmcache.frontend import LMCacheFrontEnd  # only where it is served

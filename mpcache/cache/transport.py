@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.cache.buffers import Peer
+from mpcache.cache.buffers import BufferBudget, Peer
 from mpcache.contract import protocol
 from mpcache.errors import ConfigError
 
@@ -66,9 +66,11 @@ class UnixTransport:
 
     def __init__(self, path: str, selector: selectors.BaseSelector, dispatch: Dispatch, client_error: ClientError,
                  log: Any, stopping: Callable[[], bool], *, max_connections: int = MAX_CONNECTIONS,
-                 partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S, idle_timeout_s: float = 0.0) -> None:
+                 partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S, idle_timeout_s: float = 0.0,
+                 budget: BufferBudget | None = None) -> None:
         """``idle_timeout_s``: close a connection whose client sent nothing for this long and has no reply
-        waiting to be read (0: never)."""
+        waiting to be read (0: never); ``budget``: what every connection's buffers may hold together."""
+        self._budget = BufferBudget() if budget is None else budget
         self.path = path
         self._selector = selector
         self._dispatch = dispatch
@@ -169,7 +171,7 @@ class UnixTransport:
             sock.close()
             return
         sock.setblocking(False)
-        conn = _Connection(sock, Peer(), time.monotonic())
+        conn = _Connection(sock, Peer(self._budget), time.monotonic())
         self._connections[sock.fileno()] = conn
         self._selector.register(sock, selectors.EVENT_READ, lambda mask, conn=conn: self._on_ready(conn, mask))
 

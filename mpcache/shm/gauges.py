@@ -15,8 +15,18 @@ from mpcache.shm.segment import Segment
 _HEADER = struct.Struct("<8sIII")
 
 
+# a slot's counters kept across its cache process's restarts (clear() leaves them)
+KEPT_WORDS = (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED, layout.G_LMCACHE_UNIDENTIFIED, layout.G_SEGMENTS_RECREATED,
+              layout.G_BUFFERS_REFUSED)
+
+
+def gauge_header(n_slots: int) -> bytes:
+    """A board's first bytes: magic, layout version, slots, adapters per slot."""
+    return _HEADER.pack(layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
+
+
 def format_gauge_board(segment: Segment, n_slots: int) -> None:
-    _HEADER.pack_into(segment.buf, 0, layout.GAUGE_MAGIC, layout.GAUGE_LAYOUT_VERSION, n_slots, layout.MAX_ADAPTERS)
+    segment.buf[:_HEADER.size] = gauge_header(n_slots)
 
 
 def formatted_by_this_build(header: bytes) -> bool:
@@ -76,9 +86,7 @@ class GaugeSlot:
 
     def clear(self) -> None:
         """Zero the slot (a dead process's usage no longer counts), except the counters kept across restarts."""
-        kept = {word: self._words[word]
-                for word in (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED, layout.G_LMCACHE_UNIDENTIFIED,
-                             layout.G_SEGMENTS_RECREATED)}
+        kept = {word: self._words[word] for word in KEPT_WORDS}
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
         for word, value in kept.items():

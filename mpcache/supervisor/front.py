@@ -30,8 +30,8 @@ from typing import Any
 
 from mpcache.config import Config
 from mpcache.httpserver import TEXT, BoundedHTTPServer, is_loopback
-from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
-from mpcache.shm.segment import Segment
+from mpcache.shm import layout
+from mpcache.shm.boardfile import BoardFile, FileBeat, slot_offset
 from mpcache.supervisor.runbook import packaged, page
 
 STALL_AFTER_S = 5.0  # the loop wakes every 0.1 s
@@ -62,9 +62,8 @@ class Front:
         self._clock = clock
         self._clock_ns = clock_ns
         self._telemetry_socket = config.telemetry_socket_path()
-        self._board = Segment.attach(config.gauge_board_name())
-        self._caches = GaugeBoardReader(self._board, stale_after_s=READY_STALE_AFTER_S, clock_ns=clock_ns)
-        self._beat = TelemetryBeat(self._board)
+        self._board = BoardFile(config.gauge_board_name(), config.workers)  # read, never mapped: no SIGBUS here
+        self._beat = FileBeat(self._board)
         runbook = (200, page(packaged()), "text/html; charset=utf-8")
         routes = {"/healthz": self.healthz, "/ready": self.ready, "/telemetry": self.telemetry,
                   "/runbook": lambda: runbook}
@@ -87,8 +86,13 @@ class Front:
         self._release()
 
     def _release(self) -> None:
-        del self._caches, self._beat  # their views of the board go before its mapping
         self._board.close()
+
+    def _live_slots(self) -> set[int]:
+        """Cache processes whose heartbeat is recent."""
+        now, stale = self._clock_ns(), int(READY_STALE_AFTER_S * 1e9)
+        beats = [self._board.read(slot_offset(worker, layout.G_HEARTBEAT)) for worker in range(self._board.n_slots)]
+        return {worker for worker, beat in enumerate(beats) if beat > 0 and now - beat <= stale}
 
     # -- routes (the server's collector thread) -------------------------------------------------------------
 
@@ -110,10 +114,10 @@ class Front:
 
     def ready(self) -> tuple[int, bytes, str]:
         state = self._state()
-        live = set(self._caches.live_slots())
-        missing = [f"cache[{worker}]" for worker in range(self._caches.n_slots) if worker not in live]
+        live = self._live_slots()
+        missing = [f"cache[{worker}]" for worker in range(self._board.n_slots) if worker not in live]
         ready = not missing and not state.stopping
-        return _answer(200 if ready else 503, ready=ready, cache_processes=self._caches.n_slots,
+        return _answer(200 if ready else 503, ready=ready, cache_processes=self._board.n_slots,
                        serving=len(live), not_serving=missing, stopping=state.stopping,
                        telemetry=self._telemetry(state))
 

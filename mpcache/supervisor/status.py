@@ -11,10 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcache.config import Config
-from mpcache.errors import LayoutMismatchError
 from mpcache.shm import layout
-from mpcache.shm.gauges import GaugeSlot, TelemetryBeat, set_telemetry_restarts
-from mpcache.shm.segment import Segment
+from mpcache.shm.boardfile import BoardFile, FileBeat, FileSlot, slot_offset
 from mpcache.supervisor.children import Child, Role
 from mpcache.systemd import Notifier
 
@@ -24,70 +22,72 @@ STATUS_FILE = "status.json"
 class BoardWriter:
     """The supervisor's words in the gauge board: each cache process's state, restarts and segments
     recreated, telemetry's restarts (kept there so that telemetry exports them, mpcache_child_restarts_total,
-    across its own restarts).  Attached on first use; a board that does not validate is left alone."""
+    across its own restarts).  Read and written through a descriptor (:mod:`mpcache.shm.boardfile`), never a
+    mapping, so a board truncated under it is never a SIGBUS here; :meth:`repair` restores a damaged one."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
-        self._board: Segment | None = None
-        self._slots: dict[int, GaugeSlot] = {}
-        self._telemetry: TelemetryBeat | None = None
+        self._board: BoardFile | None = None
+        self._written: dict[int, int] = {}  # offset → what this supervisor last wrote there (restored with it)
 
-    def _segment(self) -> Segment | None:
+    def _file(self) -> BoardFile | None:
         if self._board is None:
             try:
-                self._board = Segment.attach(self._config.gauge_board_name())
-            except LayoutMismatchError:
+                self._board = BoardFile(self._config.gauge_board_name(), self._config.workers)
+            except OSError:
                 return None
         return self._board
 
-    def slot(self, worker: int) -> GaugeSlot | None:
-        slot = self._slots.get(worker)
-        if slot is None:
-            board = self._segment()
-            if board is None:
-                return None
-            slot = self._slots[worker] = GaugeSlot(board, worker)
-        return slot
+    def slot(self, worker: int) -> FileSlot | None:
+        board = self._file()
+        return None if board is None else FileSlot(board, worker)
 
-    def telemetry(self) -> TelemetryBeat | None:
+    def telemetry(self) -> FileBeat | None:
         """The telemetry process's heartbeat words (in the board's header)."""
-        if self._telemetry is None:
-            board = self._segment()
-            if board is not None:
-                self._telemetry = TelemetryBeat(board)
-        return self._telemetry
+        board = self._file()
+        return None if board is None else FileBeat(board)
+
+    def _keep(self, offset: int, value: int) -> None:
+        board = self._file()
+        if board is not None:
+            self._written[offset] = value
+            board.write(offset, value)
 
     def count_restarts(self, child: Child) -> None:
         if child.role is Role.CACHE:
-            slot = self.slot(child.index)
-            if slot is not None:
-                slot.set(layout.G_RESTARTS, child.spawns - 1)
+            self._keep(slot_offset(child.index, layout.G_RESTARTS), child.spawns - 1)
         elif child.role is Role.TELEMETRY:
-            board = self._segment()
-            if board is not None:
-                set_telemetry_restarts(board, child.spawns - 1)
+            self._keep(layout.GAUGE_OFF_TELEMETRY_RESTARTS, child.spawns - 1)
 
     def count_recreated(self, worker: int, count: int) -> None:
         """``count`` more of cache process ``worker``'s segments were found damaged and recreated."""
         slot = self.slot(worker)
         if slot is not None:
-            slot.set(layout.G_SEGMENTS_RECREATED, slot.get(layout.G_SEGMENTS_RECREATED) + count)
+            self._keep(slot_offset(worker, layout.G_SEGMENTS_RECREATED), slot.get(layout.G_SEGMENTS_RECREATED) + count)
 
     def set_state(self, worker: int, state: str) -> None:
-        slot = self.slot(worker)
-        if slot is not None:
-            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+        self._keep(slot_offset(worker, layout.G_STATE), layout.CACHE_STATES.index(state))
 
     def clear(self, worker: int, state: str) -> None:
         """Zero a dead (or killed) cache process's words, heartbeat included: its usage no longer counts."""
         slot = self.slot(worker)
         if slot is not None:
             slot.clear()
-            slot.set(layout.G_STATE, layout.CACHE_STATES.index(state))
+            self.set_state(worker, state)
+
+    def repair(self) -> str | None:
+        """What is wrong with the board, after restoring it in place (its size, header and this supervisor's
+        words; the children's other words are lost), or None when nothing is."""
+        board = self._file()
+        damage = None if board is None else board.damage()
+        if board is None or damage is None:
+            return None
+        board.restore()
+        for offset, value in self._written.items():
+            board.write(offset, value)
+        return damage
 
     def close(self) -> None:
-        self._slots.clear()  # views into the board go before its mapping
-        self._telemetry = None
         if self._board is not None:
             self._board.close()
             self._board = None

@@ -180,6 +180,7 @@ class Supervisor:
         if child.role is Role.TELEMETRY and (words := self.board.telemetry()) is not None:
             words.clear()
         if child.role is Role.CACHE:
+            self._repair_board()
             self._repair_segments(child.index)
             self.board.clear(child.index, "restarting")
             _remove_socket(self.config.socket_path(child.index))  # clients get "no such file", not a dead socket
@@ -215,6 +216,20 @@ class Supervisor:
             self.log.error("segment.recreate_failed", worker=worker, segment=name, damage=damage, error=error)
         if repair.recreated:
             self.board.count_recreated(worker, len(repair.recreated))
+
+    def _repair_board(self) -> None:
+        """A gauge board truncated or overwritten under the service (a process sharing the IPC namespace) is
+        restored in place before anything reads it again; the children that died of it are restarted as any."""
+        try:
+            damage = self.board.repair()
+        except OSError as exc:
+            self.log.error("segment.recreate_failed", segment=self.config.gauge_board_name(), error=str(exc))
+            return
+        if damage is not None:
+            self.log.error("segment.recreated", segment=self.config.gauge_board_name(), damage=damage,
+                           message="the gauge board was damaged (truncated or overwritten by a process sharing the "
+                                   "IPC namespace): restored where it is; the cache processes' counters in it are "
+                                   "lost, and a child that faulted on it is restarted")
 
     def _give_up(self, child: Child, status: int, policy: RestartPolicy) -> None:
         """A crash-looping cache process is given up alone; the supervisor stops once none is left."""
@@ -252,6 +267,7 @@ class Supervisor:
         started = self.clock()
         while self._signal is None and not self._stopping:
             now = self.loop_at = self.clock()
+            self._repair_board()
             for child in self.children:
                 if child.done:
                     continue

@@ -17,8 +17,10 @@ import pytest
 from raw_frames import RawConn
 from support.waiting import wait_for
 
+from mpcache.cache import buffers
 from mpcache.cache.transport import MAX_FDS_PER_FRAME
 from mpcache.contract import protocol
+from mpcache.shm import layout
 
 from .conftest import CHUNK_BYTES, MODEL, CapturedLog
 
@@ -82,8 +84,9 @@ def served(cache):
 
 def test_a_sealed_memfd_is_mapped_and_its_bytes_round_trip(served):
     """A hand-crafted client's memfd, sealed with F_SEAL_SHRINK, registers; a store reads the bytes the client
-    wrote into it, a retrieve writes them back into other blocks, and the server keeps no descriptor of its
-    own beyond its mapping's."""
+    wrote into it, a retrieve writes them back into other blocks, and the server keeps no descriptor for it:
+    its mapping is all it holds (Python's mmap kept a duplicate descriptor per buffer, and one client's sparse
+    buffers drove a cache process to its descriptor limit in 1.6 s)."""
     harness, conn, _ = served
     fd = memfd(2 * BLOCKS * CHUNK_BYTES)
     view = np.frombuffer(mmap.mmap(fd, 2 * BLOCKS * CHUNK_BYTES), dtype=np.uint8).reshape(-1, CHUNK_BYTES)
@@ -98,7 +101,7 @@ def test_a_sealed_memfd_is_mapped_and_its_bytes_round_trip(served):
                           "block_ids": list(range(BLOCKS, 2 * BLOCKS))})
     os.close(fd)
     assert (BLOCKS, True) == (reply["retrieved_count"], bool(np.array_equal(view[:BLOCKS], view[BLOCKS:])))
-    assert before + 1 == registered  # the mapping's own descriptor (Python's mmap keeps one)
+    assert before == registered
 
 
 # name -> (descriptors to send, built in the test; error_type; part of the one-line error)
@@ -250,3 +253,44 @@ def test_the_client_buffer_is_a_memfd_its_owner_cannot_shrink(cache):
     assert (2 * CHUNK_BYTES, fcntl.F_SEAL_SHRINK) == (os.fstat(kv.fd).st_size, seals & fcntl.F_SEAL_SHRINK)
     assert [] == [n for n in os.listdir("/dev/shm") if kv.name in n]
     assert f"/memfd:{kv.name}" == os.readlink(f"/proc/self/fd/{kv.fd}").split(" ")[0]
+
+
+def _refused_buffers(harness) -> int:
+    return harness.board.word(0, layout.G_BUFFERS_REFUSED)
+
+
+def test_a_connection_past_its_buffer_budget_is_refused_in_one_line_and_counted(served):
+    """The 65th buffer of one connection is refused with one line naming the budget and the fix, counted in
+    the gauge word ``mpcache_buffers_refused_total`` reads; after one is unregistered, another registers."""
+    harness, conn, log = served
+    fd = memfd(BLOCKS * CHUNK_BYTES)
+    try:
+        ids = [register(conn, [fd])["buffer_id"] for _ in range(buffers.MAX_BUFFERS_PER_PEER)]
+        refused = register(conn, [fd])
+        assert (False, "request") == (refused["ok"], refused["error_type"])
+        assert f"at most {buffers.MAX_BUFFERS_PER_PEER} buffers per connection" in refused["error"]
+        assert 1 == _refused_buffers(harness)
+        assert conn.request({"op": "unregister_buffer", "id": 3, "buffer_id": ids[0]})["ok"]
+        assert register(conn, [fd])["ok"]
+    finally:
+        os.close(fd)
+
+
+def test_many_connections_cannot_take_more_buffers_than_the_process_budget(served, monkeypatch):
+    """Connections each within their own budget still share the process's (its mappings and address space):
+    with a process budget of 3 buffers, two connections get 3 in all, the fourth is refused and counted, and
+    a buffer given back by a closed connection can be registered again."""
+    harness, conn, log = served
+    monkeypatch.setattr(buffers, "MAX_BUFFERS", 3)
+    other = RawConn(harness.config.socket_path(0))
+    fd = memfd(BLOCKS * CHUNK_BYTES)
+    try:
+        assert [True, True] == [register(conn, [fd])["ok"] for _ in range(2)]
+        assert register(other, [fd])["ok"]
+        refused = register(other, [fd])
+        assert (False, 1) == (refused["ok"], _refused_buffers(harness))
+        assert "every connection's" in refused["error"]
+        other.close()
+        wait_for(lambda: register(conn, [fd])["ok"], 10, "the closed connection's buffer given back")
+    finally:
+        os.close(fd)

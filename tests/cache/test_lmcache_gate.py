@@ -38,10 +38,16 @@ class World:
         self.gate = PeerGate(set(allowed), allow_remote=allow_remote, log=self.log,
                              on_refused=lambda: self.refused.append(1),
                              on_unidentified=lambda: self.unidentified.append(1), clock=lambda: self.now,
-                             table=lambda port: list(self.table))
+                             ends=self._find)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = [self.listener]
+
+    def _find(self, local, peer):
+        for end in self.table:
+            if end.local == peer and end.remote == local:
+                return end.uid, end.inode
+        return None
 
     def connect(self, uid: int | None) -> socket.socket:
         """A connection accepted from a client the table says ``uid`` owns (None: absent from the table)."""

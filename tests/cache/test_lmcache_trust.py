@@ -395,6 +395,44 @@ def test_a_prepare_store_storm_reserves_at_most_a_quarter_of_l1(served):
     assert 4 == hits(service.victim, stored, "after")
 
 
+def _reserved(client: LMClient, instance: int, base: int, requests: int) -> int:
+    """Slots ``requests`` uncommitted one-chunk prepare_stores of ``instance`` got, each a new prefix."""
+    replies = [client.call("prepare_store", key(tokens_of(base + i * CHUNK * 7, 1), f"p{instance}-{i}", worker_id=0,
+                                                salt=SALT), instance) for i in range(requests)]
+    return sum(len(reply["context"].get("slots", [])) for reply in replies)
+
+
+def test_one_connection_with_many_registrations_reserves_at_most_a_quarter_of_l1(served):
+    """The uncommitted share is the connection's, not each instance id's: one connection that registers four
+    instance ids and prepares stores under each (they used to get a quarter each: all of L1, until the TTL)
+    holds at most a quarter of L1's bytes in all (4 of 16 objects), and the victim's chunks stay hits."""
+    service = served(l1_size_bytes=16 * OBJECT)
+    stored = tokens_of(620_000, 4)
+    store(service, stored, "w", seed=9)
+    storm = service.client()
+    for instance in (2, 3, 4, 5):
+        storm.call("register", registration(instance, layers=LAYERS, hidden=HIDDEN))
+    reserved = sum(_reserved(storm, instance, 2_000_000 + instance * 100_000, 6) for instance in (2, 3, 4, 5))
+    assert 1 <= reserved <= 16 // 4, f"one connection's uncommitted prepare_stores reserved {reserved} of 16 slots"
+    assert 4 == hits(service.victim, stored, "after")
+
+
+def test_many_connections_of_one_uid_reserve_at_most_half_of_l1(served):
+    """A uid's connections share one bound as well, half of L1's bytes: eight connections of one uid, each
+    with its own registration and a quarter's worth of uncommitted prepare_stores, reserve at most 8 of 16
+    objects (they used to take all of L1), so reconnecting cannot pile up shares; the victim's chunks stay."""
+    service = served(l1_size_bytes=16 * OBJECT)
+    stored = tokens_of(640_000, 4)
+    store(service, stored, "w", seed=10)
+    reserved = 0
+    for instance in range(10, 18):
+        storm = service.client()
+        storm.call("register", registration(instance, layers=LAYERS, hidden=HIDDEN))
+        reserved += _reserved(storm, instance, 3_000_000 + instance * 100_000, 4)
+    assert 4 < reserved <= 16 // 2, f"one uid's connections reserved {reserved} of 16 slots"
+    assert 4 == hits(service.victim, stored, "after")
+
+
 # -- 4: one request cannot stop or stall the process ---------------------------------------------------
 
 

@@ -49,3 +49,29 @@ def test_a_truncated_segment_costs_one_cache_processes_l1_not_the_service(start_
     wait_for(lambda: service.scrape().total("mpcache_segments_recreated_total", worker="0") == 1, 30,
              "the recreation counted in /metrics")
     assert 0 == service.stop()
+
+
+def test_a_truncated_gauge_board_is_restored_and_the_supervisor_serves_on(start_service) -> None:
+    """Truncate the gauge board to 0 bytes: the supervisor, which reads every child's heartbeat from it, used
+    to die of SIGBUS within a second (and every cache process of it, restarted onto a 0-byte board).  Now it
+    restores the board where it is (its size, its header, its own words; the children's counters are lost),
+    logs ``segment.recreated`` at error naming it, and the service serves on: a store succeeds, /metrics
+    answers, and SIGTERM exits 0."""
+    service = start_service("--workers", "1", *SMALL)
+    service.ready(1)
+    [path] = glob.glob(f"/dev/shm/mpcache.{service.process.pid}.*.gauges")
+    size = os.stat(path).st_size
+    client = CacheClient(service.socket(0), reconnect_timeout_s=30)
+    try:
+        kv = client.register_buffer(2, CHUNK)
+        kv.blocks[:] = np.random.default_rng(2).integers(0, 256, kv.blocks.shape, dtype=np.uint8)
+        os.truncate(path, 0)
+        [recreated] = wait_for(lambda: service.lines("segment.recreated"), 30, "segment.recreated")
+        assert 2 == wait_for(lambda: _store(client, kv, "after"), 30, "a store after the board was restored",
+                             tolerate=(ConnectionError,))
+    finally:
+        client.close()
+    assert (path[len("/dev/shm"):], "error", None, size) == (recreated["segment"], recreated["level"],
+                                                             service.process.poll(), os.stat(path).st_size)
+    wait_for(lambda: service.scrape().total("mpcache_cache_processes") == 1, 30, "/metrics served")
+    assert 0 == service.stop()

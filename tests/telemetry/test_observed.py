@@ -56,7 +56,7 @@ def test_usage_ratio_is_zero_without_live_slots(segment_factory, metrics):
 def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_factory, metrics):
     """3 slots configured, 2 ready (fresh heartbeats); cache restarts summed over every slot (the stale one
     too), telemetry restarts from the board's header; refused and unidentified LMCache connections and segments
-    recreated per slot, stale or not; L1 fragmentation over the ready slots only."""
+    recreated and buffers refused per slot, stale or not; L1 fragmentation over the ready slots only."""
     segment = segment_factory(layout.gauge_board_size(3))
     format_gauge_board(segment, 3)
     beats = {0: NOW, 1: NOW - 1, 2: NOW - 60 * 10**9}
@@ -66,6 +66,7 @@ def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_fact
         writer.set(layout.G_LMCACHE_REFUSED, refused)
         writer.set(layout.G_LMCACHE_UNIDENTIFIED, 10 * refused + 7)
         writer.set(layout.G_SEGMENTS_RECREATED, restarts)
+        writer.set(layout.G_BUFFERS_REFUSED, 3 * refused + 1)
         writer.set(layout.G_L1_FRAGMENTATION, fragmentation)
         writer.heartbeat(pid=1000 + slot)
     segment.buf[layout.GAUGE_OFF_TELEMETRY_RESTARTS:layout.GAUGE_OFF_TELEMETRY_RESTARTS + 8] = (5).to_bytes(8, "little")
@@ -73,11 +74,11 @@ def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_fact
     worker = [frozenset({("worker", str(slot))}) for slot in range(3)]
     assert (3, 2, {frozenset({("role", "cache")}): 3, frozenset({("role", "telemetry")}): 5},
             {worker[0]: 0, worker[1]: 4, worker[2]: 1}, {worker[0]: 7, worker[1]: 47, worker[2]: 17},
-            {worker[0]: 1, worker[1]: 0, worker[2]: 2}, 96) == (
+            {worker[0]: 1, worker[1]: 0, worker[2]: 2}, {worker[0]: 1, worker[1]: 13, worker[2]: 4}, 96) == (
         metrics.value("mpcache.cache_processes"), metrics.value("mpcache.cache_processes_ready"),
         metrics.series("mpcache.child_restarts"), metrics.series("mpcache.lmcache_refused_connections"),
         metrics.series("mpcache.lmcache_unidentified_connections"), metrics.series("mpcache.segments_recreated"),
-        metrics.value("mpcache.l1_fragmentation_bytes"))
+        metrics.series("mpcache.buffers_refused"), metrics.value("mpcache.l1_fragmentation_bytes"))
 
 
 class Exploding(Subscriber):

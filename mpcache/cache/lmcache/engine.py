@@ -226,8 +226,9 @@ class EngineDriven:
 
     # -- transfers ---------------------------------------------------------------------------
 
-    def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any = None) -> dict:
-        return self.transfers.prepare_store(key, instance_id, owner, skipped)
+    def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any = None,
+                      connection: bytes = b"") -> dict:
+        return self.transfers.prepare_store(key, instance_id, owner, skipped, connection)
 
     def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
         return self.transfers.commit_store(key, instance_id, data, owner)

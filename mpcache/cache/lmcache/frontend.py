@@ -86,20 +86,19 @@ class LMCacheFrontEnd:
         self._times.flush()
         self.engine.close()
         self._router.close()
+        self.gate.close()
 
     # -- the loop's hooks ---------------------------------------------------------------------
 
     def service(self) -> None:
-        """Answer finished waits, then the requests that have arrived, for at most ``PASS_BUDGET_S`` (call after
-        each loop pass; :meth:`next_deadline` says when more is left)."""
+        """Answer finished waits, then the requests that have arrived, for at most ``PASS_BUDGET_S``, then accept
+        new connections (call after each loop pass; :meth:`next_deadline` says when more is left)."""
         router = self._router
         if self._waiters:
             self._answer_waiters()
         deadline = time.monotonic() + PASS_BUDGET_S
-        while True:
-            message = router.receive()
-            if message is None:
-                break
+        self._backlog = False
+        while (message := router.receive()) is not None:
             frames, owner = message
             received_ns = time.monotonic_ns()
             op = self._handle(frames, owner, received_ns)
@@ -107,8 +106,9 @@ class LMCacheFrontEnd:
                 self._times.record(op, self._sent_ns - received_ns)
             if time.monotonic() >= deadline:
                 self._backlog = True
-                return
-        self._backlog = router.backlogged
+                break
+        self._backlog = self._backlog or router.backlogged
+        router.accept_waiting()
 
     def next_deadline(self) -> float | None:
         self._router.expire()  # handshakes past their deadline, paused listeners (nothing to do, mostly)

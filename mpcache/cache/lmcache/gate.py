@@ -1,6 +1,7 @@
 """Who may talk to the LMCache front end, decided once per connection as it is accepted, before a byte is
-sent to it: the peer's uid from the kernel — ``SO_PEERCRED`` for ``ipc://``, the socket table for
-``tcp://`` (TCP never tells a server who its peer is) — against the allowed uids.  A refused connection
+sent to it: the peer's uid from the kernel — ``SO_PEERCRED`` for ``ipc://``, the kernel's owner of the
+peer's socket for ``tcp://`` (TCP never tells a server who its peer is; :mod:`.sockdiag` asks for that one
+socket) — against the allowed uids.  A refused connection
 is closed unanswered; every refusal is counted, and logged at most once a minute per uid.  A TCP peer
 that closed its end before it could be identified (a health probe's connect-and-close: its closed end
 has no owner any more) is closed too, but counted apart and not logged: it was never refused, and an
@@ -15,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.cache.lmcache import sockets
+from mpcache.cache.lmcache import sockdiag
 
 REMOTE = -1  # the owner of a non-local peer's requests (only with --lmcache-allow-remote)
-UNKNOWN_UID = -3  # a peer whose socket-table entry was gone, had no file any more, or could not be read
+UNKNOWN_UID = -3  # a peer whose socket was gone, had no file any more, or could not be looked up
 REFUSAL_LOG_INTERVAL_S = 60.0
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Linux's TCP states (include/net/tcp_states.h), tcp_info's first byte: the peer sent its FIN (CLOSE_WAIT), or
@@ -41,14 +42,18 @@ class PeerGate:
 
     def __init__(self, allowed_uids: set[int], *, allow_remote: bool, log: Any, on_refused: Callable[[], None],
                  on_unidentified: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
-                 table: Callable[[int], list[sockets.TcpEnd]] = sockets.ends) -> None:
+                 ends: Callable[[sockdiag.End, sockdiag.End], tuple[int, int] | None] | None = None) -> None:
         self.allowed = frozenset(allowed_uids)
         self._allow_remote = allow_remote
         self._log = log
         self._on_refused = on_refused
         self._on_unidentified = on_unidentified
         self._clock = clock
-        self._table = table
+        self._owners: sockdiag.EndOwners | None = None
+        if ends is None:
+            self._owners = sockdiag.EndOwners(log)
+            ends = self._owners.peer_end
+        self._ends = ends
         self._logged_at: dict[int, float] = {}
         self._suppressed: dict[int, int] = {}
 
@@ -59,12 +64,14 @@ class PeerGate:
         return self.owners([connection])[0]
 
     def owners(self, connections: list[socket.socket]) -> list[int | None]:
-        """:meth:`owner` of each connection accepted together, against one reading of the socket table (an
-        end accepted is in it already: its peer finished connecting first)."""
-        tables: dict[int, list[sockets.TcpEnd]] = {}
-        return [self._judge(connection, tables) for connection in connections]
+        """:meth:`owner` of each connection accepted together."""
+        return [self._judge(connection) for connection in connections]
 
-    def _judge(self, connection: socket.socket, tables: dict[int, list[sockets.TcpEnd]]) -> int | None:
+    def close(self) -> None:
+        if self._owners is not None:
+            self._owners.close()
+
+    def _judge(self, connection: socket.socket) -> int | None:
         error = None
         if connection.family == socket.AF_UNIX:
             transport = "ipc"
@@ -76,11 +83,8 @@ class PeerGate:
         else:
             transport = "tcp"
             try:
-                local, peer = connection.getsockname(), connection.getpeername()
-                if local[1] not in tables:
-                    tables[local[1]] = self._table(local[1])
-                uid = self.tcp_owner(local, peer, tables[local[1]])
-            except OSError as exc:  # the peer is gone already, or the socket table could not be read
+                uid = self.tcp_owner(connection.getsockname(), connection.getpeername())
+            except OSError as exc:  # the peer is gone already, or the kernel could not be asked
                 uid, error = UNKNOWN_UID, exc.strerror
         if uid in self.allowed or (uid == REMOTE and transport == "tcp"):
             return uid
@@ -90,18 +94,18 @@ class PeerGate:
             self._refused(uid, transport, error)
         return None
 
-    def tcp_owner(self, local: tuple[Any, ...], peer: tuple[Any, ...],
-                  table: list[sockets.TcpEnd] | None = None) -> int:
+    def tcp_owner(self, local: tuple[Any, ...], peer: tuple[Any, ...]) -> int:
         """The uid owning the other end of the TCP connection from ``peer`` to ``local`` (addresses as the
-        socket reports them; ``table``: the socket table's ends with peer port ``local[1]``, read if not
-        given), ``REMOTE``, or ``UNKNOWN_UID``."""
-        peer_end = (sockets.parse_ip(peer[0]), peer[1])
-        local_end = (sockets.parse_ip(local[0]), local[1])
-        for end in self._table(local[1]) if table is None else table:
-            if end.local == peer_end and end.remote == local_end:
-                return end.uid if end.inode else UNKNOWN_UID  # a closed end's owner is not known
+        socket reports them; ``ends`` finds that end's owner and inode: :mod:`.sockdiag`'s by default),
+        ``REMOTE``, or ``UNKNOWN_UID``.  The peer's socket is found in any state: one
+        that half-closed or closed before it was judged is still a local peer, never another host's."""
+        local_end, peer_end = sockdiag.end(local), sockdiag.end(peer)
+        found = self._ends(local_end, peer_end)
+        if found is not None:
+            uid, inode = found
+            return uid if inode else UNKNOWN_UID  # a closed end's owner is not known
         if self._allow_remote and not peer_end[0].is_loopback:
-            return REMOTE  # no end in this host's table: another host (the operator accepted the network)
+            return REMOTE  # no such socket on this host: another host (the operator accepted the network)
         return UNKNOWN_UID
 
     def _refused(self, uid: int, transport: str, error: str | None) -> None:

@@ -190,7 +190,7 @@ class LMCacheHandlers:
         """``(key, instance_id[, skipped_chunks])``: 0.5.7 adds the chunks each KV cache group skips (empty, or one
         list per group of a hybrid model's registration)."""
         reply = self.engine.prepare_store(self._key(args[0], owner), wire.instance_id(args[1]), owner,
-                                          args[2] if len(args) > 2 else None)
+                                          args[2] if len(args) > 2 else None, self.client or b"")
         self._widen(self.client or b"")
         return reply
 

@@ -16,22 +16,22 @@ import os
 import secrets
 import selectors
 import socket
-import stat
+import struct
 import time
 from collections.abc import Callable
 
-from mpcache.cache.lmcache import zmtp
+from mpcache.cache.lmcache import listeners, zmtp
 from mpcache.cache.lmcache.gate import PeerGate
-from mpcache.errors import ConfigError
 
 MAX_CONNECTIONS = 1024
 HANDSHAKE_TIMEOUT_S = 5.0  # a connection that has not finished its ZMTP handshake by then is dropped
 MAX_UNSENT_BYTES = 16 << 20
 RECV_BYTES = 256 << 10  # read at most this much per wake-up, into one buffer the router reuses
-ACCEPTS_PER_WAKE = 64
+ACCEPTS_PER_WAKE = 64  # per loop pass, after the open connections' messages (:meth:`Router.accept_waiting`)
 COMMANDS_PER_CALL = 256  # commands (PING) one receive() answers; a buffer full of them waits for the next calls
 ACCEPT_PAUSE_S = 1.0  # after accept() fails for want of descriptors, before the listener is watched again
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 class Gone(Exception):
@@ -73,6 +73,7 @@ class Router:
         self._listeners: list[socket.socket] = []
         self._ipc_paths: list[str] = []
         self._paused: list[tuple[float, socket.socket]] = []  # listeners not watched until then
+        self._waiting: list[socket.socket] = []  # listeners with connections to accept, after this pass's messages
         self._open: dict[bytes, _Connection] = {}  # routing id → a connection past its handshake
         self._handshaking: dict[bytes, _Connection] = {}
         self._ready: collections.deque[_Connection] = collections.deque()  # may hold a whole message
@@ -88,28 +89,9 @@ class Router:
             raise
 
     def _listen(self, url: str) -> None:
-        try:
-            if url.startswith("ipc://"):
-                path = url[len("ipc://"):]
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                _remove_stale_socket(path)
-                listener.bind(path)
-                os.chmod(path, 0o600)  # in the 0700 runtime directory; the peer check decides who is served
-                self._ipc_paths.append(path)
-            elif url.startswith("tcp://"):
-                host, _, port = url[len("tcp://"):].rpartition(":")
-                family, kind, proto, _, address = socket.getaddrinfo(
-                    host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-                listener = socket.socket(family, kind, proto)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind(address)
-            else:
-                raise ConfigError(f"{url}: only tcp:// and ipc:// are served")
-            listener.listen(128)
-        except (OSError, ValueError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ConfigError(f"--lmcache-port/--lmcache-ipc: cannot listen on {url}: {reason}") from None
-        listener.setblocking(False)
+        listener, ipc_path = listeners.listen(url)
+        if ipc_path is not None:
+            self._ipc_paths.append(ipc_path)
         self._listeners.append(listener)
         self._watch_listener(listener)
 
@@ -122,7 +104,7 @@ class Router:
             self._watch(connection)
 
     def _watch_listener(self, listener: socket.socket) -> None:
-        self._selector.register(listener, _READ, lambda mask: self._accept(listener))
+        self._selector.register(listener, _READ, lambda mask: self._waiting.append(listener))
 
     def close(self) -> None:
         for connection in [*self._open.values(), *self._handshaking.values()]:
@@ -200,6 +182,15 @@ class Router:
 
     # -- connections ------------------------------------------------------------------------------
 
+    def accept_waiting(self) -> None:
+        """Accept up to ``ACCEPTS_PER_WAKE`` connections on each listener that had some this loop pass: called
+        once the open connections' messages are answered, so a flood of new connections (a foreign user's,
+        refused) delays the engines already connected by one bounded batch a pass at most."""
+        waiting, self._waiting = self._waiting, []
+        for listener in dict.fromkeys(waiting):
+            if listener.fileno() >= 0 and not any(paused is listener for _, paused in self._paused):
+                self._accept(listener)
+
     def _accept(self, listener: socket.socket) -> None:
         accepted: list[socket.socket] = []
         for _ in range(ACCEPTS_PER_WAKE):
@@ -219,6 +210,7 @@ class Router:
 
     def _admit(self, sock: socket.socket, owner: int | None) -> None:
         if owner is None:  # refused, or closed by its peer unidentified, before a byte was sent (the gate counted it)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)  # a reset: nothing of it is kept
             sock.close()
             return
         if len(self._open) + len(self._handshaking) >= MAX_CONNECTIONS:
@@ -390,11 +382,3 @@ class Router:
             self._paused.remove(entry)
             self._watch_listener(entry[1])
 
-
-def _remove_stale_socket(path: str) -> None:
-    """A socket file left at ``path`` by a cache process that did not close (our own runtime directory)."""
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -7,7 +7,8 @@ read-locks the objects and names them, commit_retrieve gives the locks back.  In
 peer that cannot map the pool), commit_store carries the objects and prepare_retrieve returns them, so each
 is done in one request; an inline registration is never given a slot, so it cannot make readable what it
 did not write.  A retrieve returns each group's in-window suffix of the request's chunks, all of them or
-nothing.  A registration holds at most a quarter of L1's bytes (or one object) in uncommitted stores; a
+nothing.  Uncommitted stores are charged to their peer: a connection holds at most a quarter of L1's bytes (or
+one object) in them, whatever instance ids it registers, and a uid's connections half of L1 together; a
 prepared store or retrieve left uncommitted gives its space or locks back after ``pending_ttl_s``.  Each
 transfer publishes the events its mpcache-protocol twin publishes, timed from prepare to commit.
 """
@@ -40,7 +41,8 @@ _MP_RETRIEVE_END = EventType.MP_RETRIEVE_END
 _SM_WRITE_FINISHED, _SM_READ_PREFETCHED_FINISHED = EventType.SM_WRITE_FINISHED, EventType.SM_READ_PREFETCHED_FINISHED
 
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
-PENDING_SHARE = 4  # a registration holds at most 1/PENDING_SHARE of L1's bytes in prepared, uncommitted stores
+CONNECTION_SHARE = 4  # a connection holds at most 1/CONNECTION_SHARE of L1's bytes in prepared, uncommitted stores
+UID_SHARE = 2  # and a uid's connections together at most 1/UID_SHARE
 RETRIEVE_MISS = {"success": False, "data": b"", "context": {}}
 
 TransferKey = tuple[int, str, int | None, int, int, str, str, int]
@@ -67,6 +69,7 @@ class _Pending:
     chunks: int = 0  # chunk positions it covers (its tokens: chunks × chunk size)
     failed: int = 0  # store: objects that got no space
     deadline: float = 0.0
+    peer: tuple[int, bytes] = (0, b"")  # store: the uid and connection its reserved bytes are charged to
 
     @property
     def nbytes(self) -> int:
@@ -96,8 +99,9 @@ class Transfers:
         self._keys_of = keys_of
         self._held_by = held_by
         self._pending_ttl_s = pending_ttl_s
-        self._held: dict[int, int] = {}  # instance id → bytes its uncommitted stores reserve
-        self._max_held = ctx.l1.capacity_bytes // PENDING_SHARE
+        self._held: dict[tuple[int, bytes] | int, int] = {}  # (uid, connection), uid → uncommitted bytes reserved
+        self._max_held = ctx.l1.capacity_bytes // CONNECTION_SHARE
+        self._max_held_uid = ctx.l1.capacity_bytes // UID_SHARE
         self._max_inline = inline.frame_bytes(ctx.l1.capacity_bytes)
         self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
@@ -134,9 +138,9 @@ class Transfers:
 
     # -- stores ------------------------------------------------------------------------------
 
-    def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any) -> dict:
+    def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any, connection: bytes = b"") -> dict:
         """Reserve L1 space for the key's objects not cached yet, less the chunks each group skips, and describe
-        it (no more than the registration's share of L1 left: the objects beyond get none).  An inline
+        it (no more than the share of L1 its connection and its uid have left: the objects beyond get none).  An inline
         registration gets no space (its objects come with commit_store); one whose object can never fit gets
         no context (the worker skips its copy and its commit fails at once)."""
         registration = self._registration(instance_id, key, owner)
@@ -148,7 +152,9 @@ class Transfers:
         self._make_room(self._stores, _transfer_key(key, instance_id))
         keys = self._keys_of(key, first, last, (key.worker_id or 0,), len(layouts))
         pending = self._start(key, instance_id, _MP_STORE_SUBMITTED, _MP_STORE_START)
-        held = self._held.get(instance_id, 0)
+        peer = (owner, connection)
+        pending.peer = peer
+        held, held_uid = self._held.get(peer, 0), self._held.get(owner, 0)
         slots: list[dict[str, Any]] = []
         indices: list[int] = []
         group_ids: list[int] = []
@@ -156,7 +162,8 @@ class Transfers:
         for group, layout in enumerate(layouts):
             wanted = [chunk for chunk in range(last - first) if chunk not in skips[group]]
             size = layout.object_bytes
-            limit = (self._max_held - held) // size if held else max(1, self._max_held // size)
+            room = min(self._max_held - held, self._max_held_uid - held_uid)
+            limit = max(0, room) // size if held or held_uid else max(1, self._max_held // size)
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
                                         [keys[chunk * len(layouts) + group] for chunk in wanted], limit=limit,
                                         nbytes=size, label=group_label(key.model_name, group))
@@ -164,6 +171,7 @@ class Transfers:
             pending.failed += reservation.failed
             never_fits |= size > ctx.l1.max_object_bytes and bool(reservation.failed)
             held += len(reservation.positions) * size
+            held_uid += len(reservation.positions) * size
             slots.extend(_slot(offset, layout) for offset in reservation.offsets)
             indices.extend(wanted[p] for p in reservation.positions)
             group_ids.extend([group] * len(reservation.positions))
@@ -175,7 +183,7 @@ class Transfers:
             self._finish_store(pending, [])
             return {"context": {}} if never_fits else {"context": context}
         self._stores[_transfer_key(key, instance_id)] = pending
-        self._held[instance_id] = held
+        self._held[peer], self._held[owner] = held, held_uid
         return {"context": context}
 
     def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
@@ -339,7 +347,6 @@ class Transfers:
 
     def forget(self, instance_id: int) -> None:
         """Give back what an unregistered instance's uncommitted stores and retrieves hold."""
-        self._held.pop(instance_id, None)
         for table in (self._stores, self._retrieves):
             for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
                 self._abandon(table, tkey)
@@ -360,11 +367,12 @@ class Transfers:
                                      pending.request_id)
 
     def _release_held(self, pending: _Pending) -> None:
-        held = self._held.get(pending.instance_id, 0) - pending.nbytes
-        if held > 0:
-            self._held[pending.instance_id] = held
-        else:
-            self._held.pop(pending.instance_id, None)
+        for charged in (pending.peer, pending.peer[0]):
+            held = self._held.get(charged, 0) - pending.nbytes
+            if held > 0:
+                self._held[charged] = held
+            else:
+                self._held.pop(charged, None)
 
     def expire(self) -> int:
         """Abandon prepared transfers past their deadline (oldest first); returns how many."""

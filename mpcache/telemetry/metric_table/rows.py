@@ -373,9 +373,8 @@ Section("Service", "The service", False, (
            "Always 1: the mpcache version and the ring writer the cache processes use (compiled or python)."),
         _m("mpcache.cache_processes", "mpcache_cache_processes", OBSERVABLE_GAUGE, "",
            Source(Derivation.SLOT_COUNT, state=State.SUPERVISOR), "Cache processes configured (--workers)."),
-        _m("mpcache.cache_processes_ready", "mpcache_cache_processes_ready", OBSERVABLE_GAUGE, "",
-           _state(Derivation.LIVE_SLOT_COUNT, State.SUPERVISOR, "G_HEARTBEAT"),
-           "Cache processes whose heartbeat is fresh (serving)."),
+        _m("mpcache.cache_processes_ready", "mpcache_cache_processes_ready", OBSERVABLE_GAUGE, "", _state(
+           Derivation.LIVE_SLOT_COUNT, State.SUPERVISOR, "G_HEARTBEAT"), "Cache processes with a fresh heartbeat."),
         _m("mpcache.child_restarts", "mpcache_child_restarts_total", OBSERVABLE_COUNTER, "",
            _state(Derivation.RESTART_COUNT, State.SUPERVISOR, "G_RESTARTS", labels=(Label("role", Origin.CHILD),)),
            "Restarts of the service's child processes, by role (cache, telemetry), since the supervisor started."),
@@ -386,13 +385,15 @@ Section("Service", "The service", False, (
            OBSERVABLE_COUNTER, "", _per_worker(State.SERVER, "G_LMCACHE_UNIDENTIFIED"), "LMCache TCP connections "
            "closed by their peer before its uid was known (a health probe's connect-and-close), closed unanswered "
            "and never counted as refused, per cache process (kept across its restarts)."),
-        _m("mpcache.segments_recreated", "mpcache_segments_recreated_total", OBSERVABLE_COUNTER, "",
-           _per_worker(State.SUPERVISOR, "G_SEGMENTS_RECREATED"), "A cache process's ring or L1 pool found damaged "
-           "after it died and recreated empty (its L1 lost), per cache process (kept across its restarts)."),
-        _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "",
-           _state(Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"),
-           "Bytes L1's allocators hold in slabs that no object uses (free spots, alignment padding, slab tails), "
-           "summed over the live cache processes."),
+        _m("mpcache.segments_recreated", "mpcache_segments_recreated_total", OBSERVABLE_COUNTER, "", _per_worker(
+           State.SUPERVISOR, "G_SEGMENTS_RECREATED"), "A cache process's ring or L1 pool found damaged after it died "
+           "and recreated empty (its L1 lost), per cache process (kept across its restarts)."),
+        _m("mpcache.buffers_refused", "mpcache_buffers_refused_total", OBSERVABLE_COUNTER, "", _per_worker(
+           State.SERVER, "G_BUFFERS_REFUSED"), "Client KV buffers refused by their connection's or the cache "
+           "process's budget of buffers and mapped bytes, per cache process (kept across its restarts)."),
+        _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "", _state(
+           Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"), "Bytes L1's allocators hold in slabs that no "
+           "object uses (free spots, alignment padding, slab tails), summed over the live cache processes."),
     )),
     PROCESSES,
     EXPORTER,

@@ -1,6 +1,6 @@
 """The service's own gauges, read from the gauge board at collection time: cache processes configured and
-ready, restarts by role, refused and unidentified LMCache connections and segments recreated per cache
-process, and L1 fragmentation.
+ready, restarts by role, refused and unidentified LMCache connections, segments recreated and client buffers
+refused per cache process, and L1 fragmentation.
 
 ``readiness`` is the board reader whose staleness decides "ready" (2 s, as the supervisor's /ready).  The
 callbacks run on the exporter's thread; they only read aligned shared-memory words.
@@ -31,6 +31,7 @@ class ServiceStateSubscriber(Subscriber):
         create_instrument(meter, "mpcache.lmcache_unidentified_connections",
                           [self._per_slot(layout.G_LMCACHE_UNIDENTIFIED)])
         create_instrument(meter, "mpcache.segments_recreated", [self._per_slot(layout.G_SEGMENTS_RECREATED)])
+        create_instrument(meter, "mpcache.buffers_refused", [self._per_slot(layout.G_BUFFERS_REFUSED)])
         create_instrument(meter, "mpcache.l1_fragmentation_bytes", [self._fragmentation])
 
     def _configured(self, _options: CallbackOptions) -> list[Observation]:
