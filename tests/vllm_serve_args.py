@@ -17,9 +17,9 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 
-from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
-from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: E402
-from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
 def parse(argv: list[str]) -> dict:
