@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.image_env import image_environment
 from support.vllm_args import parse_with_vllm
 
 from mpcache.supervisor import settings
@@ -30,14 +31,6 @@ def compose() -> dict:
 def defaults(value: str) -> str:
     """A compose value with every ``${NAME:-default}`` replaced by its default."""
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
-
-
-def image_environment() -> dict[str, str]:
-    """The ENV settings of deploy/docker/Dockerfile's final stage (the mpcache image)."""
-    text = re.sub(r"\\\n", " ", (DOCKER / "Dockerfile").read_text())
-    final = text.split("\nFROM ")[-1]
-    return dict(word.split("=", 1) for line in final.splitlines() if line.startswith("ENV ")
-                for word in line[4:].split())
 
 
 def mpcache_values() -> dict:

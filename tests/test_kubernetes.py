@@ -15,6 +15,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from support.image_env import image_environment
 from support.vllm_args import parse_with_vllm
 
 from mpcache.config import parse_size
@@ -80,14 +81,6 @@ def name(workload: dict) -> str:
 
 def quantity(text: str) -> int:
     return parse_size(text.replace("Mi", "MiB").replace("Gi", "GiB"), "quantity")
-
-
-def image_environment() -> dict[str, str]:
-    """The ENV settings of deploy/docker/Dockerfile's final stage (the mpcache:latest the manifests run)."""
-    text = re.sub(r"\\\n", " ", (REPO / "deploy" / "docker" / "Dockerfile").read_text())
-    final = text.split("\nFROM ")[-1]
-    return dict(word.split("=", 1) for line in final.splitlines() if line.startswith("ENV ")
-                for word in line[4:].split())
 
 
 def configmap_named(config_name: str) -> dict:
@@ -385,3 +378,18 @@ def test_vllms_own_parser_reads_every_vllm_command_line():
                  "kv_transfer_config": kv_transfer_config(c)} for c in commands]
     assert expected == [{key: p.get(key) for key in expected[0]} for p in parsed[:-1]]
     assert "unrecognized arguments: --tensor-paralel-size 2" in parsed[-1]["error"]
+
+
+def test_operations_states_the_sizes_the_vllm_shapes_have(tmp_path):
+    """deploy/OPERATIONS.md's choice between the vLLM shapes states each one's mpcache need and /dev/shm as
+    the manifests have them."""
+    text = (REPO / "deploy" / "OPERATIONS.md").read_text()
+    section = text[text.index("## Next to vLLM"):text.index("## Collecting metrics")]
+    stated = []
+    for workload in vllm_workloads():
+        server = mpcache_for(workload)
+        stated.append(f"{math.ceil(shm_needed(mpcache_settings(server, tmp_path)) / MIB)} MiB")
+        volumes = {volume["name"]: volume for volume in pod_spec(server)["volumes"]}
+        stated += [volumes[m["name"]]["emptyDir"]["sizeLimit"] for m in mpcache_container(server)["volumeMounts"]
+                   if m["mountPath"] == "/dev/shm"]
+    assert (len(stated) == 3, [size for size in stated if size not in section]) == (True, [])
