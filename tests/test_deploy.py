@@ -408,7 +408,7 @@ def test_compose_gives_mpcache_a_dev_shm_that_holds_its_segments_and_shares_it()
     environ = {**image_environment(), **mpcache["environment"]}
     values = settings.parse([], environ=environ).values
     needed = values["workers"] * (values["l1-size"] + values["ring-cells"] * 64)
-    assert ({"mpcache", "prometheus", "otel-collector", "engine-example"}, "shareable", True, True) == (
+    assert ({"mpcache", "prometheus", "otel-collector", "engine-example", "vllm"}, "shareable", True, True) == (
         set(services), mpcache.get("ipc"), compose_size(mpcache.get("shm_size", "64m")) >= needed > 64 * 2**20,
         compose_seconds(mpcache["stop_grace_period"]) > 3 * STOP_GRACE_S)
     assert ("0.0.0.0", 9090, "otel-collector:4317", True, ["127.0.0.1:9090:9090"]) == (
