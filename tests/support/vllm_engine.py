@@ -83,11 +83,12 @@ class Engine:
         self.metrics = reply["metrics"]
         return reply
 
-    def log_has(self, text: str) -> bool:
-        return text in self.stderr_tail(1 << 20)
+    def log_count(self, text: str) -> int:
+        return self.stderr_tail(1 << 22).count(text)
 
-    def wait_log(self, text: str, timeout_s: float) -> None:
-        wait_for(lambda: self.log_has(text), timeout_s, f"the engine to log {text!r}")
+    def wait_log(self, text: str, timeout_s: float, times: int = 1) -> None:
+        """Until its stderr holds ``text`` at least ``times`` times."""
+        wait_for(lambda: self.log_count(text) >= times, timeout_s, f"the engine to log {text!r} {times} times")
 
     def stop(self, timeout_s: float = 60) -> int | None:
         """Ask it to exit; killed at the deadline."""

@@ -14,6 +14,7 @@ import json
 import random
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ CHUNK = 256  # tokens per chunk: start-cache's default --chunk-size, which LMCac
 VOCAB = 1024  # the tiny model's (engine.py SIZES["tiny"])
 MAX_TOKENS = 8
 PROMPT_LENGTHS = {"first": 2000, "second": 1500}  # neither a multiple of CHUNK: the tail is always computed
-# LMCache's adapter logs these when its heartbeat sees the server go and come back.
-DEGRADED = "LMCache server is unhealthy"
-RECOVERED = "LMCache server is healthy again"
+# LMCache's adapters log these when their heartbeats see the server go, and come back (after re-registering). An
+# engine has two, each with its own heartbeat: the scheduler's (lookups) and the worker's (stores and loads).
+DEGRADED = "LMCache server is unhealthy — entering degraded mode"
+RECOVERED = "LMCache server is healthy again — resuming normal operation"
+ADAPTERS = 2
 REQUESTED = "lmcache_mp_lookup_requested_tokens_total"
 HIT = "lmcache_mp_lookup_hit_tokens_total"
 L1_WRITE = "lmcache_mp_l1_write_chunks_total"
@@ -181,14 +184,53 @@ def test_vllm_takes_prefixes_from_mpcache_shares_them_and_survives_its_restart(
 
     assert 0 == service.stop()
     for engine in (a, b):
-        engine.wait_log(DEGRADED, 60)
+        engine.wait_log(DEGRADED, 60, times=ADAPTERS)
     assert ask(a, second, reference["second"]) == computed_all(second), "served while mpcache was down"
 
     service = start_cache(start_service, flags, port)
     for engine in (a, b):
-        wait_for(lambda engine=engine: engine.log_has(RECOVERED), 60, "the engine to see the new mpcache")
+        engine.wait_log(RECOVERED, 60, times=ADAPTERS)
     assert ask(a, second, reference["second"]) == computed_all(second), "the new mpcache started empty"
     assert ask(b, second, reference["second"]) == loaded_all_chunks(second), "caching did not resume"
     expected = traffic(lookups=[second] * 2, stored=[second], loaded=[second])
     assert settled(service, expected) == expected
     assert 0 == service.stop()
+
+
+PRIVATE_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=2g,mode=1777 tmpfs /dev/shm && exec "$0" "$@"']
+PICKLE_FALLBACK = "falling back to pickle transport"  # LMCache 0.5.6's worker, when it cannot open the pool
+
+
+@pytest.fixture
+def private_shm() -> list[str]:
+    """A launcher that runs a command in its own mount namespace with an empty /dev/shm (a container that does not
+    share the cache's); skipped, saying why, where one cannot be made."""
+    try:
+        probe = subprocess.run([*PRIVATE_SHM, "sh", "-c", 'test -z "$(ls -A /dev/shm)"'], capture_output=True,
+                               text=True, timeout=30)
+    except OSError as exc:
+        pytest.skip(f"cannot make a private /dev/shm here: {exc}")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private /dev/shm here (needs root and unshare): {probe.stderr.strip()[-300:]}")
+    return PRIVATE_SHM
+
+
+def test_an_engine_without_the_shared_dev_shm_keeps_serving_and_mpcache_says_why(
+        reference, start_engine, start_service, private_shm) -> None:
+    """vLLM in a mount namespace of its own (an empty /dev/shm, as in a container that does not share the cache's):
+    LMCache 0.5.6's worker cannot open mpcache's pool and falls back to pickled tensors, which mpcache refuses; vLLM
+    keeps serving, computing every prompt with the connector-less engine's output, nothing is stored, and
+    mpcache's log says what to fix."""
+    port = free_ports(1, run=True)[0]
+    flags, config = with_port(*readme_configuration(), port)
+    first = prompts()["first"]
+    service = start_cache(start_service, flags, port)
+    engine = start_engine("private-shm", config, launcher=private_shm)
+    engine.wait_ready()
+    for _ in range(2):
+        assert ask(engine, first, reference["first"]) == computed_all(first)
+    assert engine.log_count(PICKLE_FALLBACK), "the engine did not meet the case this test is about"
+    refusals = wait_for(lambda: service.lines("client.error", op="commit_store"), 30, "mpcache's refusal")
+    assert "map the shared-memory pool (same user, same /dev/shm)" in refusals[0]["error"]
+    expected = traffic(lookups=[first] * 2, stored=[], loaded=[])
+    assert settled(service, expected) == expected
