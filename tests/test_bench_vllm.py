@@ -30,6 +30,7 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
         kind: result["median_ms"][kind]["prefill_s"] for kind in vllm.KINDS}
     assert (4.0, 3.2, 1.25) == (result["prefill_none_over_mpcache"], result["prefill_none_over_lmcache"],
                                 result["prefill_lmcache_over_mpcache"])
+    assert 10.0 == result["median_ms"]["mpcache"]["before_prefill_s"]  # every sample's ttft is its prefill + 10 ms
     assert result["comparable_work"] and [1792] == result["loaded_tokens_per_request"]["mpcache"]
     samples["lmcache"][1] = sample(0.2, 1536)
     assert not vllm._result(model, first, samples, 3, 0.5)["comparable_work"]
@@ -38,6 +39,7 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
     bench_main.write_report({"vllm": result}, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `vllm`")]
     assert "prefill no connector 800 ms, mpcache 200 ms, LMCache 250 ms" in row
+    assert "(before prefill 10 / 10 / 10 ms)" in row
     assert "prefill 4.0× faster with mpcache, 3.2× with LMCache; LMCache / mpcache 1.25×" in row
 
 

@@ -153,7 +153,11 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"prompt repeated ({result['repetitions']} times, medians): prefill no connector "
                 f"{ms['none']['prefill_s']:.0f} ms, mpcache {ms['mpcache']['prefill_s']:.0f} ms, LMCache "
                 f"{ms['lmcache']['prefill_s']:.0f} ms; time to first token {ms['none']['ttft_s']:.0f} / "
-                f"{ms['mpcache']['ttft_s']:.0f} / {ms['lmcache']['ttft_s']:.0f} ms; tokens loaded per request "
+                f"{ms['mpcache']['ttft_s']:.0f} / {ms['lmcache']['ttft_s']:.0f} ms"
+                + ("" if "before_prefill_s" not in ms["mpcache"] else
+                   f" (before prefill {ms['none']['before_prefill_s']:.0f} / {ms['mpcache']['before_prefill_s']:.0f}"
+                   f" / {ms['lmcache']['before_prefill_s']:.0f} ms)")
+                + "; tokens loaded per request "
                 f"{result['loaded_tokens_per_request']['mpcache']} / {result['loaded_tokens_per_request']['lmcache']}",
                 f"prefill {result['prefill_none_over_mpcache']}× faster with mpcache, "
                 f"{result['prefill_none_over_lmcache']}× with LMCache; LMCache / mpcache "
