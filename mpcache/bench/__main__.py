@@ -1,7 +1,7 @@
 """``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
-peers,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``); ``lmcache`` and
-``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root (it makes a
-second local user), ``trace`` a trace file
+peers,vllm,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``);
+``lmcache`` and ``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root
+(it makes a second local user), ``vllm`` vLLM's venv (``.ci/vllm-env``) and LMCache's, ``trace`` a trace file
 (``trace PATH``), and each is left out of the report, saying so, without them.
 """
 
@@ -33,15 +33,16 @@ from mpcache.bench import (
     scrape,
     soak,
     trace,
+    vllm,
 )
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
               "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "mixed": mixed_sizes, "l2": l2,
-              "mrc": mrc,
-              "trace": trace, "peers": peers}
+              "mrc": mrc, "trace": trace, "peers": peers, "vllm": vllm}
+DEFAULT_REPETITIONS = 3
 # a benchmark cannot run
 MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing,
-           peers.SecondUserMissing)
+           peers.SecondUserMissing, vllm.VllmEnvMissing)
 
 
 def _machine() -> str:
@@ -170,6 +171,23 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                  for n, s in result["sizes"].items()]
         ratios = ", ".join(f"{n} {v}" for n, v in result["mpcache_over_offline_lru"].items())
         return ["; ".join(cells), f"mpcache / offline LRU tokens saved: {ratios}", "—", "—"]
+    if name == "vllm":
+        ms = result["median_ms"]
+        return [f"{result['model_parameters'] / 1e6:.0f}M-parameter Llama on CPU, a {result['prompt_tokens']:,}-token "
+                f"prompt repeated ({result['repetitions']} times, medians): prefill no connector "
+                f"{ms['none']['prefill_s']:.0f} ms, mpcache {ms['mpcache']['prefill_s']:.0f} ms, LMCache "
+                f"{ms['lmcache']['prefill_s']:.0f} ms; time to first token {ms['none']['ttft_s']:.0f} / "
+                f"{ms['mpcache']['ttft_s']:.0f} / {ms['lmcache']['ttft_s']:.0f} ms"
+                + ("" if "before_prefill_s" not in ms["mpcache"] else
+                   f" (before prefill {ms['none']['before_prefill_s']:.0f} / {ms['mpcache']['before_prefill_s']:.0f}"
+                   f" / {ms['lmcache']['before_prefill_s']:.0f} ms)")
+                + "; tokens loaded per request "
+                f"{result['loaded_tokens_per_request']['mpcache']} / {result['loaded_tokens_per_request']['lmcache']}",
+                f"prefill {result['prefill_none_over_mpcache']}× faster with mpcache, "
+                f"{result['prefill_none_over_lmcache']}× with LMCache; LMCache / mpcache "
+                f"{result['prefill_lmcache_over_mpcache']}× (time to first token "
+                f"{result['ttft_lmcache_over_mpcache']}×)",
+                "—", "—"]
     if name == "mrc":
         demo, kv = result["demo"], result["kv"]
         long = result["replay_mae_by_rate"]["long (replay only)"]
@@ -226,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-requests", type=int, default=None,
                         help="trace: replay only the trace's first N requests (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--repetitions", type=int, default=3,
+    parser.add_argument("--repetitions", type=int, default=None,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
-                        "reports the worst)")
+                        "reports the worst; vllm 19)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
                         "and TP (default 10); isolation: counted seconds per TP (default 60); peers: per phase "
@@ -237,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="lmcache: seconds of load before measuring (default 3); isolation: uncounted seconds "
                         "per TP (default 15)")
     parser.add_argument("--l1-gb", type=float, default=None,
-                        help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4)")
+                        help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4); "
+                        "vllm: the same (default 0.5)")
     parser.add_argument("--telemetry-nice", type=int, default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
@@ -262,11 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
                        "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
+        elif module is vllm:
+            options = {"l1_gb": vllm.L1_GB if args.l1_gb is None else args.l1_gb}
         elif module is trace:
             options = {"path": args.path, "limit": args.trace_requests}
         elif module is peers:
             options = {"seconds": peers.SECONDS if args.seconds is None else args.seconds}
-        return module.run(repetitions=args.repetitions, progress=progress, **options)
+        repetitions = args.repetitions or (vllm.REPETITIONS if module is vllm else DEFAULT_REPETITIONS)
+        return module.run(repetitions=repetitions, progress=progress, **options)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
     try:

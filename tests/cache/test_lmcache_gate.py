@@ -85,6 +85,16 @@ def test_a_foreign_connection_is_refused_counted_and_logged_with_its_uid(world) 
         ("lmcache.peer_refused", STRANGER_UID, "tcp")]
 
 
+def test_a_refused_engines_fix_names_its_uid_and_the_caches(world) -> None:
+    """An engine of the wrong uid (vLLM's images run as root) sees only "cannot reach the server" (the handshake is
+    refused before any message is read, tests/vllm shows it); the log line's fix is the one to act on: the flag
+    with that uid, or the cache's own uid to run the engine as."""
+    world.gate.owner(world.connect(STRANGER_UID))
+    [(_, fields)] = world.log.lines
+    assert f"--lmcache-allow-uid {STRANGER_UID}" in fields["fix"]
+    assert f"run the engine as uid {os.getuid()}" in fields["fix"]
+
+
 def test_refusals_log_once_a_minute_per_uid_with_the_count(world) -> None:
     """Every refusal is counted; one line per uid per minute, the next one saying how many were not logged."""
     for _ in range(5):

