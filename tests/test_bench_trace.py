@@ -11,26 +11,32 @@ import numpy as np
 
 from mpcache.bench import __main__ as bench_main
 from mpcache.bench import trace, trace_gen
-from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru
+from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru, outcome
 from mpcache.cache.l1 import L1Manager
 from mpcache.shm.publish import NullPublisher
 
 
+def _l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
+    """The trace through an L1Manager of ``blocks`` native chunks in process (lookup locks the prefix, the rest
+    is stored, the prefix released): the prefix found per request."""
+    l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+    found = []
+    for request in requests:
+        hashes = request.hashes
+        hit = l1.lock_prefix("m", "", hashes, publish=False)
+        reservation = l1.reserve_write("m", "", hashes[hit:])
+        l1.commit_write("m", "", [hashes[hit + p] for p in reservation.positions], 64)
+        l1.release_read("m", "", hashes[:hit])
+        found.append(hit)
+    return found
+
+
 def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
-    """The same trace through an L1Manager of N native chunks (lookup locks the prefix, the rest is stored, the
-    prefix released) and through the offline LRU of N blocks: the same prefix found for every request."""
+    """The same trace through L1 (--l1-policy lru) and through the offline LRU of N blocks: the same prefix
+    found for every request."""
     requests = trace_gen.conversations(600, seed=1)
     for blocks in (6, 20, 60):
-        l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64)
-        found = []
-        for request in requests:
-            hashes = request.hashes
-            hit = l1.lock_prefix("m", "", hashes, publish=False)
-            reservation = l1.reserve_write("m", "", hashes[hit:])
-            l1.commit_write("m", "", [hashes[hit + p] for p in reservation.positions], 64)
-            l1.release_read("m", "", hashes[:hit])
-            found.append(hit)
-        assert found == lru(requests, blocks).found
+        assert _l1_found(requests, blocks, "lru") == lru(requests, blocks).found
 
 
 def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
@@ -76,18 +82,24 @@ def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
 
 
 def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
-    """At the three sizes it derives, mpcache (eviction on demand) finds exactly the offline LRU's blocks, Belady
-    at least as many; the table shows every policy at every size, and the report's row every size."""
+    """At the three sizes it derives, mpcache with --l1-policy lru finds exactly the offline LRU's blocks and
+    with adaptive and arc exactly what L1 in process finds with that order (adaptive, somewhere, not LRU's), Belady
+    at least as many as LRU; the table shows every policy at every size, and the report's row every size."""
     path = tmp_path / "trace.jsonl"
-    trace_gen.write(trace_gen.conversations(300, seed=3), str(path))
+    requests = trace_gen.conversations(300, seed=3)
+    trace_gen.write(requests, str(path))
     assert 300 == len(load(str(path)))
     result = trace.run(path=str(path))
     assert ["small", "middle", "large"] == list(result["sizes"])
     blocks = [size["blocks"] for size in result["sizes"].values()]
     assert blocks == sorted(blocks) and blocks[0] > 0
     for size in result["sizes"].values():
-        assert size["mpcache"] == size["offline_lru"]
+        assert size["mpcache_lru"] == size["offline_lru"]
+        for policy in ("adaptive", "arc"):
+            expected = outcome(requests, _l1_found(requests, size["blocks"], policy)).tokens_saved
+            assert expected == size[f"mpcache_{policy}"]["tokens_saved"], (policy, size["blocks"])
         assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
+    assert any(s["mpcache_adaptive"] != s["mpcache_lru"] for s in result["sizes"].values())
     table = trace.render(result)
     assert 3 == sum(line.startswith(("| small", "| middle", "| large")) for line in table.splitlines())
     assert {"lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated"} <= set(result["sizes"]["small"])

@@ -167,10 +167,11 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"{result['hit_ratio_sharded_over_unsharded']}×", "—", "—"]
     if name == "trace":
         cells = [f"{n} L1 ({s['blocks']:,} blocks): hit ratio offline LRU {s['offline_lru']['hit_ratio']:.3f}, "
-                 f"Belady {s['belady']['hit_ratio']:.3f}, mpcache {s['mpcache']['hit_ratio']:.3f}"
-                 for n, s in result["sizes"].items()]
-        ratios = ", ".join(f"{n} {v}" for n, v in result["mpcache_over_offline_lru"].items())
-        return ["; ".join(cells), f"mpcache / offline LRU tokens saved: {ratios}", "—", "—"]
+                 f"Belady {s['belady']['hit_ratio']:.3f}, mpcache adaptive / lru / arc "
+                 f"{s['mpcache_adaptive']['hit_ratio']:.3f} / {s['mpcache_lru']['hit_ratio']:.3f} / "
+                 f"{s['mpcache_arc']['hit_ratio']:.3f}" for n, s in result["sizes"].items()]
+        ratios = ", ".join(f"{n} {v}" for n, v in result["mpcache_adaptive_over_offline_lru"].items())
+        return ["; ".join(cells), f"mpcache (adaptive) / offline LRU tokens saved: {ratios}", "—", "—"]
     if name == "vllm":
         ms = result["median_ms"]
         return [f"{result['model_parameters'] / 1e6:.0f}M-parameter Llama on CPU, a {result['prompt_tokens']:,}-token "

@@ -166,17 +166,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
-    """Run ``requests`` against a fresh one-process service as an engine does (lookup; the prefix found is
-    released; the rest is stored); returns the measured hit ratio, each request's prefix found (``found``),
-    the cache process's CPU seconds and the ``/mrc`` document once every sampled lookup has arrived."""
+def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int = CHUNK_BYTES,
+           policy: str = "lru") -> dict[str, Any]:
+    """Run ``requests`` against a fresh one-process service (``--l1-policy policy``: LRU, which the curves
+    model, unless told) as an engine does (lookup; the prefix found is released; the rest is stored); returns
+    the measured hit ratio, each request's prefix found (``found``), the cache process's CPU seconds and the
+    ``/mrc`` document once every sampled lookup has arrived."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-mrc-") as tmp:
         runtime, port = os.path.join(tmp, "run"), _free_port()
         service = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", "1", "--chunk-bytes",
-             str(chunk_bytes), "--chunk-size", str(CHUNK_TOKENS), "--l1-size", str(l1_bytes), "--mrc-sample-rate",
-             str(rate), "--mrc-half-life", "0", "--prometheus-port", str(port), "--runtime-dir", runtime,
-             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             str(chunk_bytes), "--chunk-size", str(CHUNK_TOKENS), "--l1-size", str(l1_bytes), "--l1-policy", policy,
+             "--mrc-sample-rate", str(rate), "--mrc-half-life", "0", "--prometheus-port", str(port), "--runtime-dir",
+             runtime, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             path = os.path.join(runtime, "cache0.sock")
             deadline = time.monotonic() + 60

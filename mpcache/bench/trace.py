@@ -1,7 +1,8 @@
 """``python -m mpcache.bench trace PATH``: a request trace of prefix block hashes (:mod:`mpcache.bench.trace_sim`)
 replayed through a real one-process service with the native client, one request at a time as an engine does
 (lookup; store what missed; end), at three L1 sizes derived from the trace: where an offline LRU reaches 1/3,
-2/3 and 90 % of the infinite cache's hit ratio.  Beside mpcache, at each size: the offline LRU and Belady's
+2/3 and 90 % of the infinite cache's hit ratio, once per ``--l1-policy`` (adaptive, the default; lru; arc).
+Beside mpcache, at each size: the offline LRU and Belady's
 MIN (the offline optimum) computed from the same trace, and LRU and ARC simulated on it touching a request's
 blocks last to first (and ARC first to last): candidates for a policy that beats LRU.  Each reports its prefix-hit
 ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BLOCK_TOKENS`` tokens of
@@ -27,11 +28,13 @@ from mpcache.bench.trace_sim import (
     lru_capacity_for,
     outcome,
 )
+from mpcache.config.derived import L1_POLICIES
 
 SHARES = {"small": 1 / 3, "middle": 2 / 3, "large": 0.9}  # of the infinite cache's hit ratio, reached by LRU
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B in bf16: 32 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes
 STAND_IN_BYTES = 4096  # the service's object per block
 MODEL = "trace-model"
+MPCACHE = tuple(f"mpcache_{policy}" for policy in L1_POLICIES)  # the service replayed with each --l1-policy
 
 
 class TraceMissing(Exception):
@@ -43,10 +46,11 @@ def _columns(result: Outcome, l1_gib: float) -> dict[str, float]:
             "tokens_saved_per_gib": round(result.tokens_saved / l1_gib)}
 
 
-def mpcache_found(requests: list[TraceRequest], blocks: int) -> list[int]:
-    """The prefix mpcache found for each request, replayed through a fresh service whose L1 holds ``blocks``."""
+def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru") -> list[int]:
+    """The prefix mpcache found for each request, replayed through a fresh service whose L1 holds ``blocks``
+    and evicts in ``policy``'s order."""
     replayed = mrc_traces.replay([(MODEL, "", r.hashes) for r in requests], blocks * STAND_IN_BYTES, 0.0,
-                                 chunk_bytes=STAND_IN_BYTES)
+                                 chunk_bytes=STAND_IN_BYTES, policy=policy)
     return replayed["found"]
 
 
@@ -63,20 +67,22 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
     for name, share in (shares or SHARES).items():
         blocks = lru_capacity_for(requests, share, infinite.hit_ratio)
         l1_gib = blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN / 2**30
-        progress(f"trace: {name}: {blocks} blocks ({l1_gib:.1f} GiB of KV): offline LRU and Belady, then mpcache")
+        progress(f"trace: {name}: {blocks} blocks ({l1_gib:.1f} GiB of KV): offline LRU and Belady, then mpcache "
+                 f"with each policy")
         sizes[name] = {"blocks": blocks, "l1_gib": round(l1_gib, 2), "share_of_infinite": round(share, 4),
                        "offline_lru": _columns(lru(requests, blocks), l1_gib),
                        "belady": _columns(belady(requests, blocks), l1_gib),
                        "lru_tail_first_simulated": _columns(lru(requests, blocks, tail_first=True), l1_gib),
                        "arc_simulated": _columns(arc(requests, blocks), l1_gib),
                        "arc_tail_first_simulated": _columns(arc(requests, blocks, tail_first=True), l1_gib),
-                       "mpcache": _columns(outcome(requests, mpcache_found(requests, blocks)), l1_gib)}
+                       **{f"mpcache_{policy}": _columns(outcome(requests, mpcache_found(requests, blocks, policy)),
+                                                        l1_gib) for policy in L1_POLICIES}}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,
-            "mpcache_over_offline_lru": {name: _ratio(size, "mpcache", "offline_lru") for name, size in sizes.items()},
             **{f"{policy}_over_offline_lru": {name: _ratio(size, policy, "offline_lru") for name, size in sizes.items()}
-               for policy in ("belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated")}}
+               for policy in ("belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated",
+                              *MPCACHE)}}
 
 
 def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
@@ -87,7 +93,7 @@ def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
 def render(result: dict[str, Any]) -> str:
     """The side-by-side table: per size, each policy's prefix-hit ratio and prefill tokens saved per GiB."""
     policies = ("offline_lru", "belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated",
-                "mpcache")
+                *MPCACHE)
     lines = [f"{result['trace']}: {result['requests']} requests, infinite-cache hit ratio "
              f"{result['infinite_hit_ratio']:.3f}; a block is {result['block_tokens']} tokens of "
              f"{result['kv_bytes_per_token']} bytes",

@@ -9,7 +9,12 @@ a request repeats the ids of the prefix it shares.  Kinds:
 * ``multitenant``: 20 tenants of Pareto popularity, each with five system prompts; a third of the requests
   continue one of the last 300 conversations;
 * ``rag``: one of 2,000 documents of Zipf popularity (2 to 30 blocks) behind a shared system prompt, and a
-  fresh question; no request continues another.
+  fresh question; no request continues another;
+* ``scan`` (adversarial for LRU): the conversations above, with two requests in five a one-off long prompt (20 to
+  60 blocks, never seen again) that pushes them out;
+* ``loop`` (adversarial for LRU): 150 documents of 10 to 30 blocks behind a shared system prompt, asked for in
+  the same cyclic order over and over (LRU, holding less than the cycle, finds only the system prompt), one
+  request in four a conversation's turn instead.
 """
 
 from __future__ import annotations
@@ -89,8 +94,39 @@ def rag(count: int, seed: int) -> list[TraceRequest]:
     return out
 
 
+def scan(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(10**9)
+    chat = iter(conversations(count, seed))
+    out = []
+    for _ in range(count):
+        if rng.random() < 0.4:
+            hashes = [next(fresh) for _ in range(rng.randint(20, 60))]
+            out.append(TraceRequest(hashes, len(hashes) * BLOCK_TOKENS))
+        else:
+            out.append(next(chat))
+    return out
+
+
+def loop(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(10**9)
+    system = [next(fresh) for _ in range(2)]
+    documents = [system + [next(fresh) for _ in range(rng.randint(10, 30))] for _ in range(150)]
+    chat = iter(conversations(count, seed))
+    out = []
+    turn = 0
+    for _ in range(count):
+        if rng.random() < 0.25:
+            out.append(next(chat))
+        else:
+            hashes = documents[turn % len(documents)] + [next(fresh)]
+            turn += 1
+            out.append(TraceRequest(hashes, len(hashes) * BLOCK_TOKENS))
+    return out
+
+
 KINDS: dict[str, Callable[[int, int], list[TraceRequest]]] = {
-    "conversations": conversations, "agentic": agentic, "multitenant": multitenant, "rag": rag}
+    "conversations": conversations, "agentic": agentic, "multitenant": multitenant, "rag": rag,
+    "scan": scan, "loop": loop}
 
 
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:

@@ -1,18 +1,20 @@
 """The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
-:class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and exact LRU eviction across every size: an object
-that gets no space evicts the least recently used unlocked objects, oldest first, until the allocator places
-it: eviction happens only then, exactly what is needed.  Every state change publishes its L1 event.
-Single-threaded, so lock-free.
+:class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and eviction across every size in the order of
+``--l1-policy`` (:mod:`mpcache.cache.l1_order`): an object that gets no space evicts unlocked objects in that
+order until the allocator places it: eviction happens only then, exactly what is needed.  Every state change
+publishes its L1 event.  Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, cast
+from typing import cast
 
 import numpy as np
 
+from mpcache.cache import l1_order
+from mpcache.cache.l1_entries import Entry, PrefetchReservation, WriteReservation
 from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
@@ -28,34 +30,6 @@ _L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
 _L1_READ_FAILED = EventType.L1_READ_FAILED
 
 
-class _Entry:
-    __slots__ = ("offset", "size", "nbytes", "readers", "ready")
-
-    def __init__(self, offset: int, size: int) -> None:
-        self.offset = offset  # byte offset in the pool, fixed while the entry lives
-        self.size = size  # bytes the allocator holds for it
-        self.nbytes = 0  # bytes written (at most size)
-        self.readers = 0
-        self.ready = False
-
-
-class WriteReservation(NamedTuple):
-    """Outcome of :meth:`L1Manager.reserve_write` for one request's chunk hashes."""
-
-    positions: list[int]  # index into the request's hashes of each reserved chunk, in order
-    offsets: list[int]  # the byte offset in the pool reserved for each of them
-    present: int  # chunks already in L1 (not rewritten)
-    failed: int  # chunks that got no space
-
-
-class PrefetchReservation(NamedTuple):
-    """Outcome of :meth:`L1Manager.reserve_prefetch` for the chunks an L2 prefetch wants to land."""
-
-    offsets: list[int]  # per covered chunk, in order: its landing offset, or -1 when it was already ready (now locked)
-    failed: int  # chunks that needed space and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
-    stopped: int  # chunks not covered because one of them is being written by someone else (or repeats)
-
-
 class _Evicted:
     """What one operation evicted, published as one ``L1_KEYS_EVICTED``."""
 
@@ -68,12 +42,13 @@ class _Evicted:
 
 
 class L1Manager:
-    """Entries, byte ranges, locks and LRU order of one L1 pool (``pool``: its bytes, one-dimensional uint8).
-    ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``: the
-    allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`)."""
+    """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
+    uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
+    the allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`); ``policy``: the eviction
+    order, one of :data:`~mpcache.cache.l1_order.POLICIES`."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
-                 slab_bytes: int | None = None) -> None:
+                 slab_bytes: int | None = None, policy: str = "adaptive") -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool
@@ -82,9 +57,11 @@ class L1Manager:
         self.capacity_bytes = self.allocator.capacity_bytes
         self._pub = publisher
         self._gate = SampleGate(sample_rate)
-        self._entries: dict[ChunkKey, _Entry] = {}
-        self.entry_of = cast(Callable[[tuple[str, str, int]], "_Entry | None"], self._entries.get)
-        self._lru: OrderedDict[ChunkKey, _Entry] = OrderedDict()  # ready, unlocked; oldest first
+        self._entries: dict[ChunkKey, Entry] = {}
+        self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
+        self._order = l1_order.build(policy, self.capacity_bytes, self._entries.get)  # ready, unlocked
+        self.policy = policy
+        self._prefix_aware = self._order.prefix_aware
         self._made_room = False  # whether an allocation evicted since the last evict_tick
 
     # -- state --------------------------------------------------------------------
@@ -123,29 +100,31 @@ class L1Manager:
 
     def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None,
                       nbytes: int | None = None) -> WriteReservation:
-        """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting LRU entries
-        (of any size) until each fits.
+        """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting entries (of any
+        size, in the policy's order) until each fits.
 
-        Chunks already present are touched (most recently used) and not
+        Chunks already present are touched (used again) and not
         reserved again.  Chunks get space in order; when nothing more can be
         evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
         (``L1_ALLOCATION_FAILED``, during=l1_store).
         """
         size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
-        lru = self._lru
+        order = self._order
+        take = order.take
         new: list[int] = []
-        pinned: list[tuple[ChunkKey, _Entry]] = []
-        seen: set[ChunkKey] = set()
+        pinned: list[tuple[ChunkKey, Entry]] = []
+        seen: dict[ChunkKey, None] = {}  # in the request's order
         for position, chunk_hash in enumerate(hashes):
             key = ChunkKey(model, salt, chunk_hash)
             if key in seen:
                 continue  # a repeated hash within one request: written once
-            seen.add(key)
+            seen[key] = None
             entry = entries.get(key)
             if entry is None:
                 new.append(position)
-            elif lru.pop(key, None) is not None:
+            elif entry.ready and entry.readers == 0:
+                take(key, entry)
                 pinned.append((key, entry))  # kept out of eviction's reach during this call
         present = len(seen) - len(new)
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
@@ -156,12 +135,17 @@ class L1Manager:
             offset = self._allocate(size, evicted)
             if offset is None:
                 break
-            entries[ChunkKey(model, salt, hashes[position])] = _Entry(offset, size)
+            key = ChunkKey(model, salt, hashes[position])
+            entries[key] = entry = Entry(offset, size)
+            order.new(key, entry)
             positions.append(position)
             offsets.append(offset)
         self._publish_evicted(evicted)
-        for key, entry in pinned:
-            lru[key] = entry  # touched: now the most recently used
+        if self._prefix_aware:
+            order.link_store(list(seen))
+        put = order.put
+        for key, entry in reversed(pinned) if order.tail_first else pinned:
+            put(key, entry)  # touched: used again
         failed = len(new) - len(positions)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
         return WriteReservation(positions, offsets, present, failed)
@@ -174,24 +158,26 @@ class L1Manager:
             self._pub.emit(_L1_ALLOCATION_FAILED, (during,), salt_counts={(salt, model): failed})
 
     def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
-        """Make reserved chunks readable (``L1_WRITE_FINISHED``); they become the most recently used.
+        """Make reserved chunks readable (``L1_WRITE_FINISHED``); they enter the eviction order as just used.
 
         Returns the sampled subset published with the event (callers reuse it)."""
         entries = self._entries
-        lru = self._lru
-        for chunk_hash in hashes:
+        put = self._order.put
+        for chunk_hash in reversed(hashes) if self._order.tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries[key]
             entry.ready = True
             entry.nbytes = nbytes
-            lru[key] = entry
+            put(key, entry)
         return self._emit_keys(_L1_WRITE_FINISHED, model, salt, hashes) if hashes else []
 
     def abort_write(self, model: str, salt: str, hashes: Sequence[int]) -> None:
         """Give back reserved space whose data never arrived (publishes nothing)."""
         for chunk_hash in hashes:
-            entry = self._entries.pop(ChunkKey(model, salt, chunk_hash), None)
+            key = ChunkKey(model, salt, chunk_hash)
+            entry = self._entries.pop(key, None)
             if entry is not None:
+                self._order.forget(key, entry)
                 self.allocator.free(entry.offset, entry.size)
 
     # -- L2 -> L1 prefetch landings -------------------------------------------------
@@ -202,15 +188,15 @@ class L1Manager:
         The walk stops before the first chunk that is being written (another
         prefetch or store owns it) or that repeats (``stopped`` counts what is
         left).  A chunk already ready in L1 is read-locked instead (offset -1).
-        Missing chunks get space, evicting LRU entries as needed; from the
+        Missing chunks get space, evicting in the policy's order as needed; from the
         first one that gets none, every missing chunk fails
         (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
         are unlocked again.  Reserved space is not readable until
         :meth:`commit_prefetch` (or given back with :meth:`abort_write`).
         """
         entries = self._entries
-        lru = self._lru
-        covered: list[tuple[ChunkKey, _Entry | None]] = []
+        take = self._order.take
+        covered: list[tuple[ChunkKey, Entry | None]] = []
         seen: set[ChunkKey] = set()
         for chunk_hash in hashes:
             key = ChunkKey(model, salt, chunk_hash)
@@ -226,7 +212,7 @@ class L1Manager:
                 missing += 1
             else:
                 if entry.readers == 0:
-                    del lru[key]
+                    take(key, entry)
                 entry.readers += 1
         size = self.chunk_bytes
         offsets: list[int] = []
@@ -242,7 +228,8 @@ class L1Manager:
                 failed = sum(1 for _, e in rest if e is None)
                 self._unlock(model, salt, [k.chunk_hash for k, e in rest if e is not None])
                 break
-            entries[key] = _Entry(offset, size)
+            entries[key] = landing = Entry(offset, size)
+            self._order.new(key, landing)
             offsets.append(offset)
         self._publish_evicted(evicted)
         self._report_reserved(model, salt, sum(1 for offset in offsets if offset >= 0), failed, "l2_prefetch")
@@ -269,15 +256,18 @@ class L1Manager:
         evicted until :meth:`finish_read` or :meth:`release_read`.
         """
         entries = self._entries
-        lru = self._lru
+        take = self._order.take
         found = 0
+        key = None
         for chunk_hash in hashes:
-            key = ChunkKey(model, salt, chunk_hash)
+            previous, key = key, ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
             if entry is None or not entry.ready:
+                if found and self._prefix_aware:
+                    self._order.hint(key, previous)
                 break
             if entry.readers == 0:
-                del lru[key]
+                take(key, entry)
             entry.readers += 1
             found += 1
         if found and publish:
@@ -328,15 +318,15 @@ class L1Manager:
 
     def _unlock(self, model: str, salt: str, hashes: Sequence[int]) -> None:
         entries = self._entries
-        lru = self._lru
-        for chunk_hash in hashes:
+        put = self._order.put
+        for chunk_hash in reversed(hashes) if self._order.tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
             if entry is None or entry.readers == 0:
                 continue
             entry.readers -= 1
             if entry.readers == 0:
-                lru[key] = entry  # most recently used
+                put(key, entry)  # used again
 
     # -- eviction -----------------------------------------------------------------
 
@@ -351,37 +341,40 @@ class L1Manager:
 
     def clear(self) -> int:
         """Evict every entry that is neither locked nor being written (LMCache's ``clear``); returns how many."""
-        return self._evict(len(self._lru))
+        return self._evict(len(self._order))
 
     def _evict(self, count: int) -> int:
-        """Evict up to ``count`` least recently used unlocked entries (one L1_KEYS_EVICTED); returns how many."""
+        """Evict up to ``count`` unlocked entries in the policy's order (one L1_KEYS_EVICTED); returns how many."""
         evicted = _Evicted()
-        while evicted.count < count and self._lru:
-            self._evict_one(evicted)
+        while evicted.count < count and self._evict_one(evicted):
+            pass
         self._publish_evicted(evicted)
         return evicted.count
 
     def _allocate(self, size: int, evicted: _Evicted) -> int | None:
-        """Space for one object: evict least recently used unlocked entries until the allocator places it
+        """Space for one object: evict unlocked entries in the policy's order until the allocator places it
         (None, evicting nothing, for an object larger than the pool)."""
         alloc = self.allocator.alloc
         offset = alloc(size)
         if offset is None and size <= self.capacity_bytes:
-            lru = self._lru
-            while offset is None and lru:
-                self._evict_one(evicted)
+            while offset is None and self._evict_one(evicted):
                 self._made_room = True
                 offset = alloc(size)
         return offset
 
-    def _evict_one(self, evicted: _Evicted) -> None:
-        key, entry = self._lru.popitem(last=False)
+    def _evict_one(self, evicted: _Evicted) -> bool:
+        """Evict the policy's next victim; False when every entry is locked or being written."""
+        chosen = self._order.victim()
+        if chosen is None:
+            return False
+        key, entry = chosen
         del self._entries[key]
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1
+        return True
 
     def _publish_evicted(self, evicted: _Evicted) -> None:
         if evicted.count:

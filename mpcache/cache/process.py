@@ -145,7 +145,7 @@ class CacheProcess:
                                   threadsafe=False, clock_ns=clock_ns)
         pool_seg = self._attach(config.l1_pool_name(worker), config.l1_pool_bytes)
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
-        l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes)
+        l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy)
         board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
         gauges = GaugeSlot(board, worker)
         gauges.set(layout.G_L1_CAPACITY, l1.capacity_bytes)

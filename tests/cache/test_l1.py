@@ -26,7 +26,7 @@ def l1_env(provisioned):
         config = provisioned(metrics_sample_rate=sample_rate)
         ring = Segment.attach(config.ring_name(0))
         publisher = Publisher(RingWriter(ring), Interner(ring.buf, read_geometry(ring).intern_capacity))
-        l1 = L1Manager(np.zeros(slots * 64, dtype=np.uint8), publisher, sample_rate, 64)
+        l1 = L1Manager(np.zeros(slots * 64, dtype=np.uint8), publisher, sample_rate, 64, policy="lru")
         log = EventLog(config)
         opened.append((ring, log))
         return l1, log

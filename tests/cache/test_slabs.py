@@ -99,7 +99,7 @@ class _Recorder(NullPublisher):
 @pytest.fixture
 def l1():
     """An 8 MiB L1 of 1 MiB slabs; the default (native) object is 64 KiB."""
-    return L1Manager(np.zeros(8 * MIB, dtype=np.uint8), _Recorder(), 1.0, 64 * KIB, slab_bytes=MIB)
+    return L1Manager(np.zeros(8 * MIB, dtype=np.uint8), _Recorder(), 1.0, 64 * KIB, slab_bytes=MIB, policy="lru")
 
 
 def _store(l1: L1Manager, model: str, hashes: list[int], size: int) -> list[int]:

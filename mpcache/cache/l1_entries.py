@@ -1,0 +1,41 @@
+"""What L1 holds (an :class:`Entry` per object) and what its reservations hand back."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mpcache.contract.keys import ChunkKey
+
+
+class Entry:
+    """One L1 object: its byte range, locks, and its place in the eviction order."""
+
+    __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "orphan", "parent", "children")
+
+    def __init__(self, offset: int, size: int) -> None:
+        self.offset = offset  # byte offset in the pool, fixed while the entry lives
+        self.size = size  # bytes the allocator holds for it
+        self.nbytes = 0  # bytes written (at most size)
+        self.readers = 0
+        self.ready = False
+        self.tier = 0  # the eviction order's list (ARC: 0 seen once, 1 seen again)
+        self.orphan = False  # its parent was evicted (prefix-aware order)
+        self.parent: ChunkKey | None = None  # the chunk before it in a request (prefix-aware order)
+        self.children: set[ChunkKey] | None = None
+
+
+class WriteReservation(NamedTuple):
+    """Outcome of :meth:`L1Manager.reserve_write` for one request's chunk hashes."""
+
+    positions: list[int]  # index into the request's hashes of each reserved chunk, in order
+    offsets: list[int]  # the byte offset in the pool reserved for each of them
+    present: int  # chunks already in L1 (not rewritten)
+    failed: int  # chunks that got no space
+
+
+class PrefetchReservation(NamedTuple):
+    """Outcome of :meth:`L1Manager.reserve_prefetch` for the chunks an L2 prefetch wants to land."""
+
+    offsets: list[int]  # per covered chunk, in order: its landing offset, or -1 when it was already ready (now locked)
+    failed: int  # chunks that needed space and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
+    stopped: int  # chunks not covered because one of them is being written by someone else (or repeats)

@@ -1,0 +1,94 @@
+"""L1's eviction orders (``--l1-policy``): ARC's lists and ghosts, and the adaptive order's prefix awareness,
+on hand-made objects whose victims follow from the definitions; and through L1Manager, tails before heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpcache.cache.l1 import L1Manager
+from mpcache.cache.l1_entries import Entry
+from mpcache.cache.l1_order import ArcOrder, build
+from mpcache.contract.keys import ChunkKey
+from mpcache.shm.publish import NullPublisher
+
+
+def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, Entry]]:
+    entries: dict[str, Entry] = {}
+    return ArcOrder(capacity, entries.get, prefix_aware=prefix_aware), entries
+
+
+def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str) -> None:
+    """Reserve and commit each key (one byte each), in this order."""
+    for key in keys:
+        entries[key] = entry = Entry(0, 1)
+        order.new(key, entry)
+        order.put(key, entry)
+
+
+def _victims(order: ArcOrder, entries: dict[str, Entry]) -> list[str]:
+    out = []
+    while (chosen := order.victim()) is not None:
+        out.append(chosen[0])
+        del entries[chosen[0]]
+    return out
+
+
+@pytest.mark.parametrize("prefix_aware, expected", [(False, ["x", "p", "y", "c"]), (True, ["x", "p", "c", "y"])])
+def test_an_orphan_goes_before_everything_else(prefix_aware, expected):
+    """c follows p in a store; once p is evicted c is worth nothing, so the adaptive order evicts it next, ahead
+    of y, which ARC alone (all four seen once, least recently used first) would take before it."""
+    order, entries = _order(prefix_aware)
+    _add(order, entries, "x", "p", "y", "c")
+    order.link_store(["p", "c"])
+    assert expected == _victims(order, entries)
+
+
+def test_a_lookup_hint_makes_the_first_stored_chunk_its_prefix_s_child():
+    """A store reserves only what its lookup missed: the lookup's hint links its first chunk to the prefix."""
+    order, entries = _order(True)
+    _add(order, entries, "p", "x", "c")
+    order.hint("c", "p")
+    order.link_store(["c"])
+    assert ["p", "c", "x"] == _victims(order, entries)
+
+
+def test_a_ghost_hit_in_b1_grows_t1_s_share_and_comes_back_seen_again():
+    """ARC: a miss on T1's ghost moves T1's target up by the object's size (B2 being empty, at least once) and
+    the object enters T2; with T1 now at its target, the next victim is T2's."""
+    order, entries = _order(False)
+    _add(order, entries, "a", "b")
+    assert ["a"] == [order.victim()[0]]
+    del entries["a"]
+    _add(order, entries, "a")
+    assert 1.0 == order.target
+    assert 1 == entries["a"].tier
+    assert ["a", "b"] == _victims(order, entries)
+
+
+def test_the_ghosts_hold_at_most_l1_s_capacity_in_bytes():
+    """Ten objects of one byte through four bytes of L1: six evicted, the four newest ghosts kept."""
+    order, entries = _order(False, capacity=4)
+    for number in range(10):
+        _add(order, entries, f"k{number}")
+        if len(order) > 4:
+            chosen = order.victim()
+            assert chosen is not None
+            del entries[chosen[0]]
+    assert ["k2", "k3", "k4", "k5"] == [*order._b1, *order._b2]
+
+
+def test_an_unknown_policy_is_one_clear_error():
+    with pytest.raises(ValueError, match="unknown L1 policy 'mru': expected one of adaptive, lru, arc"):
+        build("mru", 10, {}.get)
+
+
+@pytest.mark.parametrize("policy, evicted", [("lru", 1), ("arc", 1), ("adaptive", 3)])
+def test_a_full_l1_evicts_a_prefix_tail_first_only_with_the_adaptive_order(policy, evicted):
+    """Three slots hold a request's chunks 1, 2, 3; a fourth chunk evicts 3 under the adaptive order (the tail,
+    worthless without its head) and 1 under LRU and ARC (released head first, so least recently used)."""
+    l1 = L1Manager(np.zeros(3 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+    for hashes in ([1, 2, 3], [4]):
+        reservation = l1.reserve_write("m", "", hashes)
+        l1.commit_write("m", "", [hashes[p] for p in reservation.positions], 64)
+    assert [h != evicted for h in (1, 2, 3, 4)] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
