@@ -23,7 +23,8 @@ from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import inline, wire
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
-from mpcache.cache.lmcache.handlers import LMCacheHandlers, Wait
+from mpcache.cache.lmcache.handlers import LMCacheHandlers, Subscribe, Wait
+from mpcache.cache.lmcache.kvevents import KVEventStreams
 from mpcache.cache.lmcache.operations import OperationFrames
 from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
@@ -72,7 +73,9 @@ class LMCacheFrontEnd:
         one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
         inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
-        self._handlers = LMCacheHandlers(ctx, self.engine, one_owner=one_owner, warn_once=self._warn_once,
+        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send)
+        self._handlers = LMCacheHandlers(ctx, self.engine, self.streams, one_owner=one_owner,
+                                         warn_once=self._warn_once,
                                          widen=lambda client: self._router.widen(client, inline_frame))
         self._operation = OperationFrames()
         self._waiters: list[_Waiter] = []
@@ -84,6 +87,7 @@ class LMCacheFrontEnd:
 
     def close(self) -> None:
         self._times.flush()
+        self.streams.close()
         self.engine.close()
         self._router.close()
 
@@ -96,6 +100,7 @@ class LMCacheFrontEnd:
         if self._waiters:
             self._answer_waiters()
         deadline = time.monotonic() + PASS_BUDGET_S
+        backlog = False
         while True:
             message = router.receive()
             if message is None:
@@ -106,9 +111,10 @@ class LMCacheFrontEnd:
             if op is not None:
                 self._times.record(op, self._sent_ns - received_ns)
             if time.monotonic() >= deadline:
-                self._backlog = True
-                return
-        self._backlog = router.backlogged
+                backlog = True
+                break
+        self._backlog = backlog or router.backlogged
+        self.streams.pump()  # what this pass (or the other front end's, before it) changed in L1
 
     def next_deadline(self) -> float | None:
         self._router.expire()  # handshakes past their deadline, paused listeners (nothing to do, mostly)
@@ -145,7 +151,8 @@ class LMCacheFrontEnd:
             return INVALID
         identity, uid, op_frame, payloads = frames[0], frames[1], frames[2], frames[3:]
         prefix = [identity, uid, op_frame]
-        if op_frame == b"":  # stream credit or cancel; no stream is ever open here
+        if op_frame == b"":  # a stream's credit or cancel
+            self.streams.control(identity, uid, payloads[0] if len(payloads) == 1 else b"")
             return None
         try:
             operation = self._operation(op_frame)
@@ -180,6 +187,10 @@ class LMCacheFrontEnd:
             result = operation.failure
         finally:
             self._ctx.update_gauges()
+        if type(result) is Subscribe:
+            self.streams.subscribe(prefix, result.instance_id, result.model_name, result.cursor, result.max_events)
+            self.streams.pump()  # its first batch, at once
+            return name
         if type(result) is Wait:
             if len(self._waiters) < MAX_WAITERS:
                 self._waiters.append(_Waiter(prefix, result.request_id, time.monotonic() + result.timeout,
@@ -210,6 +221,15 @@ class LMCacheFrontEnd:
             self._router.send(frames)
         except Gone:
             self._client_error("reply", "transport", "reply dropped: the client's connection has closed")
+
+    def _stream_send(self, prefix: list[bytes], batch: Any) -> bool:
+        """A stream's batch (None: the reply that ends it); False when its connection has closed."""
+        self._sent_ns = time.monotonic_ns()
+        try:
+            self._router.send(prefix if batch is None else prefix + [wire.encode(batch)])
+        except Gone:
+            return False
+        return True
 
     def _warn_once(self, identity: bytes, name: str, event: str, fix: str) -> None:
         """One warning per client and operation."""

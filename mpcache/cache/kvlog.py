@@ -1,0 +1,148 @@
+"""The cache process's KV event log: every L1 object that became readable (``stored``) and every one that stopped
+being readable (``removed``: eviction, ``clear``), in order, for LMCache's ``subscribe_kv_events`` (cache-aware
+routers, through the engines' KV-event publishers).
+
+Append-only and fixed-size, so the data path allocates nothing per chunk and never waits for a reader: a record
+is a row of preallocated columns holding references to objects that exist already (the key's hash, the model
+and salt strings, the request's token bytes), overwritten oldest first.  A stored record keeps its request's
+token bytes alive, ``token_budget`` bytes in all (oldest records dropped past it), so the log's memory is bounded
+by its capacity and that budget.  Sequence numbers count from 1 in each incarnation (a fresh one per start of
+the process); a reader whose cursor fell out of the window is told it ``lost`` records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+STORED, REMOVED = 0, 1
+TOKEN_BYTES_PER_RECORD = 1024  # the token budget, per record of capacity (32 MiB at the default 32,768)
+
+
+class Detail(NamedTuple):
+    """What a stored chunk's record says besides its key, aligned with the committed hashes: the request's
+    token ids (little-endian int64 bytes), tokens per chunk, each hash's chunk index in them and its parent
+    (the same rank's and group's key of the chunk before; None for the first)."""
+
+    tokens: bytes
+    chunk_tokens: int
+    chunks: Sequence[int]
+    parents: Sequence[int | None]
+
+
+class Record(NamedTuple):
+    seq: int
+    kind: int
+    model: str
+    salt: str
+    key: int
+    parent: int | None
+    tokens: bytes | None
+    token_at: int  # byte offset of the chunk's tokens in ``tokens``
+    token_count: int
+
+
+class KVEventLog:
+    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists."""
+
+    def __init__(self, capacity: int, token_budget: int | None = None) -> None:
+        if capacity <= 0:
+            raise ValueError("a KV event log holds at least one record")
+        self.capacity = capacity
+        self.token_budget = capacity * TOKEN_BYTES_PER_RECORD if token_budget is None else token_budget
+        self.incarnation = time.time_ns()
+        self.first = 1  # the oldest record held
+        self.next = 1  # the next record's sequence number
+        self._kind = [0] * capacity
+        self._model = [""] * capacity
+        self._salt = [""] * capacity
+        self._key = [0] * capacity
+        self._parent: list[int | None] = [None] * capacity
+        self._tokens: list[bytes | None] = [None] * capacity
+        self._at = [0] * capacity
+        self._count = [0] * capacity
+        self._held = [0] * capacity  # token bytes a record accounts for (the first of a run sharing them)
+        self._token_bytes = 0
+        self._last_tokens: bytes | None = None
+
+    @property
+    def last(self) -> int:
+        return self.next - 1
+
+    @property
+    def dropped(self) -> int:
+        """Records no longer held (overwritten or dropped for the token budget)."""
+        return self.first - 1
+
+    def stored(self, model: str, salt: str, hashes: Sequence[int], detail: Detail | None) -> None:
+        """Chunks that became readable (``detail`` None: their tokens are not known here)."""
+        if detail is None:
+            for key in hashes:
+                self._append(STORED, model, salt, key, None, None, 0, 0, 0)
+            return
+        tokens: bytes | None = detail.tokens
+        count, held = detail.chunk_tokens, 0
+        if tokens is not self._last_tokens:
+            self._last_tokens = tokens
+            held = len(detail.tokens)
+            if held > self.token_budget:
+                tokens, count, held = None, 0, 0
+        step = count * 8
+        for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
+            self._append(STORED, model, salt, key, parent, tokens, chunk * step, count, held)
+            held = 0
+
+    def removed(self, model: str, salt: str, key: int) -> None:
+        """One chunk no longer readable."""
+        self._append(REMOVED, model, salt, key, None, None, 0, 0, 0)
+
+    def _append(self, kind: int, model: str, salt: str, key: int, parent: int | None, tokens: bytes | None,
+                at: int, count: int, held: int) -> None:
+        """One record; ``held``: the bytes of a token list no record held so far accounts for."""
+        seq = self.next
+        if seq - self.first >= self.capacity:
+            self._drop_oldest()
+        if held:
+            self._token_bytes += held
+            while self._token_bytes > self.token_budget and self.first < seq:
+                self._drop_oldest()
+        i = seq % self.capacity
+        self._held[i] = held
+        self._kind[i] = kind
+        self._model[i] = model
+        self._salt[i] = salt
+        self._key[i] = key
+        self._parent[i] = parent
+        self._tokens[i] = tokens
+        self._at[i] = at
+        self._count[i] = count
+        self.next = seq + 1
+
+    def _drop_oldest(self) -> None:
+        """Forget the oldest record; a token list it accounted for passes to the next record sharing it."""
+        seq = self.first
+        i = seq % self.capacity
+        held, tokens = self._held[i], self._tokens[i]
+        if held:
+            following = (seq + 1) % self.capacity
+            if seq + 1 < self.next and self._tokens[following] is tokens:
+                self._held[following] = held
+            else:
+                self._token_bytes -= held
+                if tokens is self._last_tokens:
+                    self._last_tokens = None  # no record holds it any more: the next use counts it again
+            self._held[i] = 0
+        self._tokens[i] = None
+        self.first = seq + 1
+        if self.first == self.next:
+            self._last_tokens = None
+
+    def record(self, seq: int) -> Record:
+        """The record ``seq`` (which must be held)."""
+        i = seq % self.capacity
+        return Record(seq, self._kind[i], self._model[i], self._salt[i], self._key[i], self._parent[i],
+                      self._tokens[i], self._at[i], self._count[i])
+
+    def model_of(self, seq: int) -> str:
+        return self._model[seq % self.capacity]
