@@ -75,6 +75,7 @@ class Index:
         self.resyncs = 0
         self.removed_unknown = 0  # removals of blocks the index did not hold (a feed out of order shows here)
         self.cursor = 0
+        self.records = 0  # stored and removed records applied
 
     def apply(self, batch: dict) -> None:
         assert batch["enabled"]
@@ -83,6 +84,7 @@ class Index:
                 self.resyncs += 1
             self.blocks.clear()
             self.incarnation = batch["incarnation"]
+        self.records += len(batch["events"])
         for event in batch["events"]:
             assert event["medium"] == "CPU" and len(event["block_hashes"]) == 1
             block = (event["model_name"], event["block_hashes"][0])
