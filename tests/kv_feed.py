@@ -67,10 +67,12 @@ class Stream:
 
 
 class Index:
-    """What a router knows from the feed: (model, block hash) of each readable object, with its record."""
+    """What a router knows from the feed: (model, block hash) of each readable L1 object, with its record
+    (``blocks``), and of each object an L2 tier holds, by the tier's medium (``tiers``)."""
 
     def __init__(self) -> None:
         self.blocks: dict[tuple[str, bytes], dict] = {}
+        self.tiers: dict[str, dict[tuple[str, bytes], dict]] = {}
         self.incarnation: int | None = None
         self.resyncs = 0
         self.removed_unknown = 0  # removals of blocks the index did not hold (a feed out of order shows here)
@@ -83,16 +85,19 @@ class Index:
             if self.incarnation is not None:
                 self.resyncs += 1
             self.blocks.clear()
+            self.tiers.clear()
             self.incarnation = batch["incarnation"]
         self.records += len(batch["events"])
         for event in batch["events"]:
-            assert event["medium"] == "CPU" and len(event["block_hashes"]) == 1
+            assert len(event["block_hashes"]) == 1
+            medium = event["medium"]
+            held = self.blocks if medium == "CPU" else self.tiers.setdefault(medium, {})
             block = (event["model_name"], event["block_hashes"][0])
             if event["kind"] == "stored":
-                self.blocks[block] = event
+                held[block] = event
             else:
                 assert event["kind"] == "removed", event
-                if self.blocks.pop(block, None) is None:
+                if held.pop(block, None) is None:
                     self.removed_unknown += 1
 
     def catch_up(self, stream: Stream, last: int) -> None:

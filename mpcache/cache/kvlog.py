@@ -1,6 +1,7 @@
 """The cache process's KV event log: every L1 object that became readable (``stored``) and every one that stopped
-being readable (``removed``: eviction, ``clear``), in order, for LMCache's ``subscribe_kv_events`` (cache-aware
-routers, through the engines' KV-event publishers).
+being readable (``removed``: eviction, ``clear``), and what its L2 store tasks wrote and evicted (medium
+``L2:<tier>``), in order, for LMCache's ``subscribe_kv_events`` (cache-aware routers, through the engines'
+KV-event publishers).
 
 Append-only and fixed-size, so the data path allocates nothing per chunk and never waits for a reader: a record
 is a row of preallocated columns holding references to objects that exist already (the key's hash, the model
@@ -16,7 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from mpcache.contract.keys import ChunkKey
+
 STORED, REMOVED = 0, 1
+CPU = "CPU"  # L1's medium, as LMCache names it; an L2 tier's is "L2:<its name>"
 TOKEN_BYTES_PER_RECORD = 1024  # the token budget, per record of capacity (32 MiB at the default 32,768)
 
 
@@ -34,6 +38,7 @@ class Detail(NamedTuple):
 class Record(NamedTuple):
     seq: int
     kind: int
+    medium: str
     model: str
     salt: str
     key: int
@@ -55,6 +60,7 @@ class KVEventLog:
         self.first = 1  # the oldest record held
         self.next = 1  # the next record's sequence number
         self._kind = [0] * capacity
+        self._medium = [CPU] * capacity
         self._model = [""] * capacity
         self._salt = [""] * capacity
         self._key = [0] * capacity
@@ -79,7 +85,7 @@ class KVEventLog:
         """Chunks that became readable (``detail`` None: their tokens are not known here)."""
         if detail is None:
             for key in hashes:
-                self._append(STORED, model, salt, key, None, None, 0, 0, 0)
+                self._append(STORED, CPU, model, salt, key, None, None, 0, 0, 0)
             return
         tokens: bytes | None = detail.tokens
         count, held = detail.chunk_tokens, 0
@@ -90,15 +96,22 @@ class KVEventLog:
                 tokens, count, held = None, 0, 0
         step = count * 8
         for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
-            self._append(STORED, model, salt, key, parent, tokens, chunk * step, count, held)
+            self._append(STORED, CPU, model, salt, key, parent, tokens, chunk * step, count, held)
             held = 0
 
     def removed(self, model: str, salt: str, key: int) -> None:
         """One chunk no longer readable."""
-        self._append(REMOVED, model, salt, key, None, None, 0, 0, 0)
+        self._append(REMOVED, CPU, model, salt, key, None, None, 0, 0, 0)
 
-    def _append(self, kind: int, model: str, salt: str, key: int, parent: int | None, tokens: bytes | None,
-                at: int, count: int, held: int) -> None:
+    def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
+        """What one L2 store task wrote and evicted (the evictions first: they made its room)."""
+        for key in removed:
+            self._append(REMOVED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0)
+        for key in stored:
+            self._append(STORED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0)
+
+    def _append(self, kind: int, medium: str, model: str, salt: str, key: int, parent: int | None,
+                tokens: bytes | None, at: int, count: int, held: int) -> None:
         """One record; ``held``: the bytes of a token list no record held so far accounts for."""
         seq = self.next
         if seq - self.first >= self.capacity:
@@ -110,6 +123,7 @@ class KVEventLog:
         i = seq % self.capacity
         self._held[i] = held
         self._kind[i] = kind
+        self._medium[i] = medium
         self._model[i] = model
         self._salt[i] = salt
         self._key[i] = key
@@ -141,7 +155,7 @@ class KVEventLog:
     def record(self, seq: int) -> Record:
         """The record ``seq`` (which must be held)."""
         i = seq % self.capacity
-        return Record(seq, self._kind[i], self._model[i], self._salt[i], self._key[i], self._parent[i],
+        return Record(seq, self._kind[i], self._medium[i], self._model[i], self._salt[i], self._key[i], self._parent[i],
                       self._tokens[i], self._at[i], self._count[i])
 
     def model_of(self, seq: int) -> str:

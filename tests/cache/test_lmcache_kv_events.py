@@ -22,13 +22,13 @@ def served(cache):
     and its mapped pool."""
     made = []
 
-    def start(**overrides):
+    def start(hidden: int = 64, **overrides):
         values = dict(chunk_size_tokens=CHUNK, chunk_bytes=OBJECT_BYTES, lmcache_ipc=True, lmcache_allow_clear=True,
                       l1_size_bytes=8 * OBJECT_BYTES)  # 16 of the registration's objects (half the size)
         values.update(overrides)
         harness = cache(**values)
         client = LMClient(harness.config.lmcache_urls(0)[0])
-        pool = map_pool(client.call("register", registration(1)))
+        pool = map_pool(client.call("register", registration(1, hidden=hidden)))
         made.append((client, pool))
         return harness, client, pool
 
@@ -134,3 +134,31 @@ def test_a_reader_past_the_log_gets_lost_and_a_snapshot_of_what_l1_holds(served)
     assert index.blocks.keys() == _held(harness)
     stream.close()
 
+
+
+def test_l2_writes_and_evictions_are_records_of_the_tier(served):
+    """A store's objects of L2's chunk size go on to the L2 tier: what each store task wrote is a ``stored`` record
+    of medium ``L2:<tier>``, what it evicted to make room a ``removed`` one, so the feed's view of the tier is
+    what the tier holds (asked by key)."""
+    harness, client, pool = served(hidden=128, l1_size_bytes=32 * OBJECT_BYTES,
+                                   l2=[{"type": "mock", "capacity_gb": 6.5 * OBJECT_BYTES / 1e9, "failure_rate": 0.0,
+                                        "seed": 1}])
+    medium = f"L2:{harness.server.storage.names[0]}"
+    stream = Stream(harness.config.lmcache_urls(0)[0], MODEL)
+    index = Index()
+    index.catch_up(stream, 0)
+    prompts = [list(range(n * 10_000, n * 10_000 + 2 * CHUNK)) for n in range(5)]
+    for n, tokens in enumerate(prompts):
+        assert 2 == _store(client, pool, tokens, f"l2-{n}")
+    stored_in_tier = 0
+    while stored_in_tier < 10:  # the tier's tasks finish on its own threads
+        batch = stream.next()
+        index.apply(batch)
+        stored_in_tier += sum(1 for e in batch["events"] if e["medium"] == medium and e["kind"] == "stored")
+    keys = [key for tokens in prompts for key in _keys(tokens)]
+    present = harness.server.storage.adapters[0].lookup(keys).result(timeout=10)
+    assert sum(present) == 6  # 6.5 objects of room: four were evicted
+    assert set(index.tiers[medium]) == {block_hash(key) for key, there in zip(keys, present) if there}
+    assert index.blocks.keys() == _held(harness) and len(index.blocks) == 10
+    assert index.removed_unknown == 0
+    stream.close()

@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from mpcache.cache.kvlog import STORED, Detail, KVEventLog, Record
+from mpcache.cache.kvlog import CPU, STORED, Detail, KVEventLog, Record
 from mpcache.cache.l1 import L1Manager
 
 MAX_SUBSCRIPTIONS = 64  # per cache process; a new one past it ends the one silent longest
 MAX_EVENTS = 1024  # LMCache's own bound on a batch
 CAPABILITY = "kv_event_stream"  # what get_experimental says (LMCache 0.5.6 subscribes only then)
-MEDIUM_CPU = "CPU"
 _KINDS = {STORED: "stored", 1: "removed"}
 
 Send = Callable[[list[bytes], Any], bool]  # (prefix, batch or None) → False when the connection is gone
@@ -64,7 +63,7 @@ def block_hash(key: int, salt: str) -> bytes:
 def _event(record: Record, seq: int) -> dict:
     tokens = [] if record.tokens is None else np.frombuffer(
         record.tokens, dtype="<i8", count=record.token_count, offset=record.token_at).tolist()
-    return {"seq": seq, "kind": _KINDS[record.kind], "medium": MEDIUM_CPU, "model_name": record.model,
+    return {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
             "block_hashes": [block_hash(record.key, record.salt)],
             "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
             "token_ids": tokens}
@@ -190,14 +189,14 @@ class KVEventStreams:
         for seq in range(log.first, log.next):
             if log.model_of(seq) == sub.model:
                 record = log.record(seq)
-                if record.kind == STORED:
+                if record.kind == STORED and record.medium == CPU:
                     latest[(record.salt, record.key)] = record
         seq = sub.snapshot_at = log.last
         snapshot = []
         for key in self._l1.readable(sub.model):
             known = latest.get((key.cache_salt, key.chunk_hash))
             if known is None:
-                known = Record(seq, STORED, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0)
+                known = Record(seq, STORED, CPU, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0)
             snapshot.append(_event(known, seq))
         sub.snapshot = snapshot
         sub.snapshot_lost = True
