@@ -53,5 +53,5 @@ def test_gauge_board_words_match_the_layout_constants():
                                                                      r"|active prefetch jobs)", board))
     assert {"heartbeat": layout.G_HEARTBEAT, "pid": layout.G_PID, "L1 bytes used": layout.G_L1_USED,
             "L1 capacity": layout.G_L1_CAPACITY, "active prefetch jobs": layout.G_ACTIVE_PREFETCH} == fixed
-    assert "11+4a bytes held, 12+4a in-flight store tasks, 13+4a in-flight load tasks, 14+4a" in board
-    assert (11, 4, 8) == (layout.GAUGE_FIXED_WORDS, layout.GAUGE_ADAPTER_WORDS, layout.MAX_ADAPTERS)
+    assert "16+4a bytes held, 17+4a in-flight store tasks, 18+4a in-flight load tasks, 19+4a" in board
+    assert (16, 4, 8) == (layout.GAUGE_FIXED_WORDS, layout.GAUGE_ADAPTER_WORDS, layout.MAX_ADAPTERS)

@@ -78,7 +78,8 @@ class GaugeSlot:
         """Zero the slot (a dead process's usage no longer counts), except the counters kept across restarts."""
         kept = {word: self._words[word]
                 for word in (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED, layout.G_LMCACHE_UNIDENTIFIED,
-                             layout.G_SEGMENTS_RECREATED)}
+                             layout.G_SEGMENTS_RECREATED, layout.G_KV_RECORDS, layout.G_KV_SKIPPED,
+                             layout.G_KV_RESYNCS)}
         for i in range(layout.GAUGE_SLOT_WORDS):
             self._words[i] = 0
         for word, value in kept.items():

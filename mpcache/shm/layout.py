@@ -79,9 +79,9 @@ CELL_TEXT_FMT = CELL_PREFIX + "BB54s"
 # Gauge board.
 GAUGE_HEADER_SIZE = 64
 MAX_ADAPTERS = 8
-GAUGE_FIXED_WORDS = 11
-GAUGE_LAYOUT_VERSION = 5  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
-#                           LMCache connections; 5: word 10 counts segments recreated)
+GAUGE_FIXED_WORDS = 16
+GAUGE_LAYOUT_VERSION = 6  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
+#                           LMCache connections; 5: word 10 counts segments recreated; 6: words 11-15, the KV feed)
 GAUGE_ADAPTER_WORDS = 4
 GAUGE_SLOT_WORDS = GAUGE_FIXED_WORDS + GAUGE_ADAPTER_WORDS * MAX_ADAPTERS
 
@@ -96,6 +96,11 @@ G_LMCACHE_REFUSED = 7  # LMCache connections this slot's cache processes refused
 G_L1_FRAGMENTATION = 8  # bytes L1's allocator holds in slabs that no object uses
 G_LMCACHE_UNIDENTIFIED = 9  # LMCache connections closed by their peer before it was identified (kept across restarts)
 G_SEGMENTS_RECREATED = 10  # written by the supervisor: this slot's ring or L1 pool found damaged and recreated
+G_KV_SUBSCRIBERS = 11  # subscribe_kv_events streams open
+G_KV_LAG = 12  # records the furthest-behind stream has yet to read
+G_KV_RECORDS = 13  # records appended to the KV event log (kept across restarts)
+G_KV_SKIPPED = 14  # records streams never got: the log let them go before they read them (kept across restarts)
+G_KV_RESYNCS = 15  # lost batches sent: resyncs from a snapshot (kept across restarts)
 GAUGE_OFF_TELEMETRY_RESTARTS = 24  # header word, written by the supervisor: times telemetry was restarted
 GAUGE_OFF_TELEMETRY_HEARTBEAT = 32  # header word, written by telemetry: its heartbeat (ns), read by the supervisor
 GAUGE_OFF_TELEMETRY_PID = 40  # header word, written by telemetry: the pid that wrote the heartbeat

@@ -72,8 +72,9 @@ def test_stored_records_carry_hash_parent_and_tokens_and_come_one_batch_per_cred
     harness, client, pool = served()
     stream = Stream(harness.config.lmcache_urls(0)[0], MODEL)
     first = stream.next()
+    # the capacity LMCache's client passes over: L1's 16 objects of this model, 256 tokens each
     assert first == {"enabled": True, "incarnation": first["incarnation"], "next_cursor": 0, "lost": False,
-                     "events": []}
+                     "events": [], "capacity": {"L1": {"bytes": 8 * OBJECT_BYTES, "tokens": 16 * CHUNK}}}
     tokens = list(range(5000, 5000 + 3 * CHUNK + 40))
     assert 3 == _store(client, pool, tokens, "a")
     # no credit: nothing is sent, so the reply to a ping on the same connection comes first
@@ -161,4 +162,5 @@ def test_l2_writes_and_evictions_are_records_of_the_tier(served):
     assert set(index.tiers[medium]) == {block_hash(key) for key, there in zip(keys, present) if there}
     assert index.blocks.keys() == _held(harness) and len(index.blocks) == 10
     assert index.removed_unknown == 0
+    assert batch["capacity"][medium]["tokens"] == 6 * CHUNK  # 6.5 objects of room: 6 chunks of this model
     stream.close()

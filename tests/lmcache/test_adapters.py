@@ -376,7 +376,8 @@ def test_lmcaches_worker_consumes_the_kv_event_stream_and_announces_exactly_what
     ``enable_kv_cache_events`` alone) subscribes to ``subscribe_kv_events`` and re-publishes it as vLLM's cache
     events: stored events with each chunk's tokens and its parent, removals for what L1 evicted (30 prompts of 4
     chunks into 64 objects).  What it still announces at the end is exactly what L1 holds: every announced block
-    is found by a lookup on the native socket, and there are as many as L1's bytes in use hold objects."""
+    is found by a lookup on the native socket, and there are as many as L1's bytes in use hold objects; /metrics
+    counts the 120 + 56 records appended, none skipped."""
     service = start_lmcache_service(1, object_bytes(1, False))
     result = run_driver(client_prefix, client, service.l1_bytes, service.urls, 1, False, "kv_events", tmp_path,
                         "--kv-events")
@@ -395,6 +396,11 @@ def test_lmcaches_worker_consumes_the_kv_event_stream_and_announces_exactly_what
         native.close()
     used = service.scrape().total("lmcache_mp_l1_memory_usage_bytes")
     assert used == len(announced) * object_bytes(1, False)
+    # the feed's own series: every record appended (the worker got them all: none skipped, no resync)
+    feed = ("mpcache_kv_event_records_total", "mpcache_kv_event_skipped_records_total",
+            "mpcache_kv_event_resyncs_total")
+    wait_for(lambda: [service.scrape().total(name) for name in feed] == [176, 0, 0], 30,
+             "the feed's counts on /metrics")
     assert 0 == service.stop()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import inline, wire
+from mpcache.cache.lmcache.capacity import Capacity
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
 from mpcache.cache.lmcache.handlers import LMCacheHandlers, Subscribe, Wait
@@ -73,7 +74,8 @@ class LMCacheFrontEnd:
         one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
         inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
-        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send)
+        self.capacity = Capacity(ctx, self.engine.registrations)
+        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send, self.capacity.of)
         self._handlers = LMCacheHandlers(ctx, self.engine, self.streams, one_owner=one_owner,
                                          warn_once=self._warn_once,
                                          widen=lambda client: self._router.widen(client, inline_frame))
@@ -127,9 +129,11 @@ class LMCacheFrontEnd:
         return min(deadlines, default=None)
 
     def tick(self) -> None:
-        """Heartbeat work: publish the service times counted (once a second), abandon prepared transfers past
-        their deadline."""
+        """Heartbeat work: publish the service times counted (once a second) and what each model takes of the
+        tiers, report the KV event feed, abandon prepared transfers past their deadline."""
         self._times.tick(time.monotonic_ns())
+        self.capacity.publish()
+        self.streams.report(self._ctx.gauges)
         expired = self.engine.expire()
         if expired:
             self._log.warning("lmcache.transfers_abandoned", count=expired,

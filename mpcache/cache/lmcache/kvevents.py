@@ -29,6 +29,8 @@ import numpy as np
 
 from mpcache.cache.kvlog import CPU, STORED, Detail, KVEventLog, Record
 from mpcache.cache.l1 import L1Manager
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeSlot
 
 MAX_SUBSCRIPTIONS = 64  # per cache process; a new one past it ends the one silent longest
 MAX_EVENTS = 1024  # LMCache's own bound on a batch
@@ -36,6 +38,7 @@ CAPABILITY = "kv_event_stream"  # what get_experimental says (LMCache 0.5.6 subs
 _KINDS = {STORED: "stored", 1: "removed"}
 
 Send = Callable[[list[bytes], Any], bool]  # (prefix, batch or None) → False when the connection is gone
+CapacityOf = Callable[[str], dict[str, dict[str, int]]]  # model → tier → {"bytes", "tokens"} (:mod:`.capacity`)
 
 
 class _Subscription:
@@ -72,14 +75,17 @@ def _event(record: Record, seq: int) -> dict:
 class KVEventStreams:
     """The subscriptions of one cache process (``log`` None: the stream is off, and says so once)."""
 
-    def __init__(self, log: KVEventLog | None, l1: L1Manager, send: Send) -> None:
+    def __init__(self, log: KVEventLog | None, l1: L1Manager, send: Send, capacity: CapacityOf) -> None:
         self._log = log
         self._l1 = l1
         self._send = send
+        self._capacity = capacity
         self._incarnation = log.incarnation if log is not None else time.time_ns()
         self._subs: OrderedDict[tuple[bytes, bytes], _Subscription] = OrderedDict()  # oldest activity first
         self.published = 0  # batches sent
         self.resyncs = 0  # lost batches sent (snapshots started)
+        self.skipped = 0  # records streams never got: the log let them go before they read them
+        self._reported = (0, 0, 0)  # (records, skipped, resyncs) as last added to the gauge board
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +100,19 @@ class KVEventStreams:
         if log is None or not self._subs:
             return 0
         return max(log.last - min(sub.cursor, log.last) for sub in self._subs.values())
+
+    def report(self, gauges: GaugeSlot) -> None:
+        """The feed's gauge-board words: streams open and their lag, and what was appended, skipped and resynced
+        since the last report (added: those words outlive the process)."""
+        log = self._log
+        gauges.set(layout.G_KV_SUBSCRIBERS, len(self._subs))
+        gauges.set(layout.G_KV_LAG, self.lag())
+        now = (log.last if log is not None else 0, self.skipped, self.resyncs)
+        for word, value, before in zip((layout.G_KV_RECORDS, layout.G_KV_SKIPPED, layout.G_KV_RESYNCS), now,
+                                       self._reported):
+            if value != before:
+                gauges.add(word, value - before)
+        self._reported = now
 
     def subscribe(self, prefix: list[bytes], instance_id: int, model: str, cursor: int, max_events: int) -> None:
         """A new subscription (one per instance id: a worker's new one ends its old one)."""
@@ -147,28 +166,32 @@ class KVEventStreams:
     def _batch(self, sub: _Subscription) -> dict | None:
         log = self._log
         if log is None:
-            return self._wrap(False, 0, False, [])
+            return self._wrap(sub, False, 0, False, [])
         if sub.snapshot is not None and log.first > sub.snapshot_at + 1:
             sub.snapshot = None  # the log moved past the snapshot's point while it went out: take another
             sub.cursor = 0
         if sub.snapshot is None:
             lost = sub.cursor + 1 < log.first or sub.cursor > log.last
             if lost:
+                if sub.cursor + 1 < log.first:
+                    self.skipped += log.first - 1 - sub.cursor
                 self._take_snapshot(sub, log)
             else:
                 events, sub.cursor = self._read(sub, log)
-                return self._wrap(True, sub.cursor, False, events) if events or not sub.started else None
+                return self._wrap(sub, True, sub.cursor, False, events) if events or not sub.started else None
         assert sub.snapshot is not None
         page, sub.snapshot = sub.snapshot[: sub.max_events], sub.snapshot[sub.max_events :]
         lost, sub.snapshot_lost = sub.snapshot_lost, False
         if not sub.snapshot:
             sub.snapshot = None
             sub.cursor = sub.snapshot_at
-        return self._wrap(True, sub.cursor if sub.snapshot is None else 0, lost, page)
+        return self._wrap(sub, True, sub.cursor if sub.snapshot is None else 0, lost, page)
 
-    def _wrap(self, enabled: bool, next_cursor: int, lost: bool, events: list[dict]) -> dict:
+    def _wrap(self, sub: _Subscription, enabled: bool, next_cursor: int, lost: bool, events: list[dict]) -> dict:
+        """A KVEventBatch; ``capacity`` (what the tiers hold of the subscription's model) is a key LMCache's
+        client does not know and passes over."""
         return {"enabled": enabled, "incarnation": self._incarnation, "next_cursor": next_cursor, "lost": lost,
-                "events": events}
+                "events": events, "capacity": self._capacity(sub.model)}
 
     def _read(self, sub: _Subscription, log: KVEventLog) -> tuple[list[dict], int]:
         """The subscription's model's records after its cursor, at most a batch of them; and the new cursor."""

@@ -26,6 +26,7 @@ from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.kv_feed import KVFeedSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
@@ -79,6 +80,7 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
+        subscribers.append(KVFeedSubscriber(meter, readiness))
         subscribers.append(ProcessesSubscriber(meter, readiness))
     if checkpoint is not None:
         checkpoint.bind(pump, bus, buffer, subscribers)  # and flushes: the zero-valued counters exist from start-up
