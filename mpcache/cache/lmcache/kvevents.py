@@ -140,9 +140,10 @@ class KVEventStreams:
         """Send a batch to every subscription that has a credit and something to read."""
         if not self._subs:
             return
+        last = self._log.last if self._log is not None else -1  # -1: no log, so never "nothing new"
         for stream, sub in list(self._subs.items()):
-            if not sub.credit:
-                continue
+            if not sub.credit or (sub.started and sub.snapshot is None and sub.cursor == last):
+                continue  # nothing to send (the common case: a worker waiting with its credit)
             if self._log is None and sub.started:  # it was told the stream is off; ended once it has read that
                 self._end(stream)
                 continue
