@@ -26,11 +26,13 @@ TOKEN_BYTES_PER_RECORD = 1024  # the token budget, per record of capacity (32 Mi
 
 class Detail(NamedTuple):
     """What a stored chunk's record says besides its key, aligned with the committed hashes: the request's
-    token ids (little-endian int64 bytes), tokens per chunk, each hash's chunk index in them and its parent
+    token ids (little-endian int64 bytes), tokens per chunk, each hash's chunk index in them (``first`` plus
+    its entry of ``chunks``: the objects the request already holds, so a record allocates none) and its parent
     (the same rank's and group's key of the chunk before; None for the first)."""
 
     tokens: bytes
     chunk_tokens: int
+    first: int
     chunks: Sequence[int]
     parents: Sequence[int | None]
 
@@ -44,8 +46,8 @@ class Record(NamedTuple):
     key: int
     parent: int | None
     tokens: bytes | None
-    token_at: int  # byte offset of the chunk's tokens in ``tokens``
-    token_count: int
+    chunk: int  # the chunk's index in ``tokens``
+    token_count: int  # tokens per chunk
 
 
 class KVEventLog:
@@ -66,6 +68,7 @@ class KVEventLog:
         self._key = [0] * capacity
         self._parent: list[int | None] = [None] * capacity
         self._tokens: list[bytes | None] = [None] * capacity
+        self._first = [0] * capacity
         self._at = [0] * capacity
         self._count = [0] * capacity
         self._held = [0] * capacity  # token bytes a record accounts for (the first of a run sharing them)
@@ -85,33 +88,32 @@ class KVEventLog:
         """Chunks that became readable (``detail`` None: their tokens are not known here)."""
         if detail is None:
             for key in hashes:
-                self._append(STORED, CPU, model, salt, key, None, None, 0, 0, 0)
+                self._append(STORED, CPU, model, salt, key, None, None, 0, 0, 0, 0)
             return
         tokens: bytes | None = detail.tokens
-        count, held = detail.chunk_tokens, 0
+        count, first, held = detail.chunk_tokens, detail.first, 0
         if tokens is not self._last_tokens:
             self._last_tokens = tokens
             held = len(detail.tokens)
             if held > self.token_budget:
                 tokens, count, held = None, 0, 0
-        step = count * 8
         for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
-            self._append(STORED, CPU, model, salt, key, parent, tokens, chunk * step, count, held)
+            self._append(STORED, CPU, model, salt, key, parent, tokens, first, chunk, count, held)
             held = 0
 
     def removed(self, model: str, salt: str, key: int) -> None:
         """One chunk no longer readable."""
-        self._append(REMOVED, CPU, model, salt, key, None, None, 0, 0, 0)
+        self._append(REMOVED, CPU, model, salt, key, None, None, 0, 0, 0, 0)
 
     def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
         """What one L2 store task wrote and evicted (the evictions first: they made its room)."""
         for key in removed:
-            self._append(REMOVED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0)
+            self._append(REMOVED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0, 0)
         for key in stored:
-            self._append(STORED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0)
+            self._append(STORED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0, 0)
 
     def _append(self, kind: int, medium: str, model: str, salt: str, key: int, parent: int | None,
-                tokens: bytes | None, at: int, count: int, held: int) -> None:
+                tokens: bytes | None, first: int, at: int, count: int, held: int) -> None:
         """One record; ``held``: the bytes of a token list no record held so far accounts for."""
         seq = self.next
         if seq - self.first >= self.capacity:
@@ -129,6 +131,7 @@ class KVEventLog:
         self._key[i] = key
         self._parent[i] = parent
         self._tokens[i] = tokens
+        self._first[i] = first
         self._at[i] = at
         self._count[i] = count
         self.next = seq + 1
@@ -156,7 +159,7 @@ class KVEventLog:
         """The record ``seq`` (which must be held)."""
         i = seq % self.capacity
         return Record(seq, self._kind[i], self._medium[i], self._model[i], self._salt[i], self._key[i], self._parent[i],
-                      self._tokens[i], self._at[i], self._count[i])
+                      self._tokens[i], self._first[i] + self._at[i], self._count[i])
 
     def model_of(self, seq: int) -> str:
         return self._model[seq % self.capacity]

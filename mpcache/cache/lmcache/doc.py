@@ -41,14 +41,17 @@ Such a peer gets no slot. A 0.5.6 worker told `shm_name ""` falls back to pickle
 
 KV events (`subscribe_kv_events`, for cache-aware routers through the engines' KV-event publishers): each cache
 process logs every L1 object made readable (`stored`: its key, its parent's, the chunk's tokens where the store
-carried them) and every one that stops being readable (`removed`: eviction, `clear`) in a log of
+carried them) and every one that stops being readable (`removed`: eviction, `clear`), and what its L2 store
+tasks wrote and evicted (medium `L2:<tier>`; LMCache's worker keeps `CPU` records only), in a log of
 `--kv-event-log-size` records (0: off; up to {TOKEN_BYTES_PER_RECORD} bytes of token lists per record) with a
 fresh `incarnation` at every start, and `get_experimental` says `{kvevents.CAPABILITY}` while it is on (LMCache
 0.5.6's worker subscribes only then). A subscription gets one `KVEventBatch` at once and one more per credit
 (`[uid, b"", b"ack"]`), at most {kvevents.MAX_EVENTS} records of its model each; `[uid, b"", b"cancel"]` ends it,
 as does the server with a reply that has no batch frame. A cursor the log no longer covers is answered with
 `lost` and a snapshot (`stored` records of everything L1 holds readable), then the log from there; at most
-{kvevents.MAX_SUBSCRIPTIONS} subscriptions per cache process (one per instance id).
+{kvevents.MAX_SUBSCRIPTIONS} subscriptions per cache process (one per instance id). Every batch also carries
+`capacity`, per tier the bytes and the tokens of the subscription's model alone it holds, a key LMCache's client
+passes over.
 
 Every request gets a reply: its result, or its operation's failure reply (empty: no result frame), with one
 log line naming what was wrong; an operation that is not served gets its failure reply and one warning per

@@ -65,7 +65,7 @@ def block_hash(key: int, salt: str) -> bytes:
 
 def _event(record: Record, seq: int) -> dict:
     tokens = [] if record.tokens is None else np.frombuffer(
-        record.tokens, dtype="<i8", count=record.token_count, offset=record.token_at).tolist()
+        record.tokens, dtype="<i8", count=record.token_count, offset=record.chunk * record.token_count * 8).tolist()
     return {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
             "block_hashes": [block_hash(record.key, record.salt)],
             "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
@@ -244,6 +244,6 @@ def details(feed: tuple, sizes: list[tuple[int, int]]) -> list[Detail]:
         runs = zip(chunks[at : at + count], group_ids[at : at + count])
         parents = [keys[(chunk - 1) * groups + group] if chunk else (before[group] if before else None)
                    for chunk, group in runs]
-        out.append(Detail(tokens, chunk_tokens, [first + chunk for chunk in chunks[at : at + count]], parents))
+        out.append(Detail(tokens, chunk_tokens, first, chunks[at : at + count], parents))
         at += count
     return out
