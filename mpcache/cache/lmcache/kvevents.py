@@ -43,7 +43,7 @@ CapacityOf = Callable[[str], dict[str, dict[str, int]]]  # model → tier → {"
 
 class _Subscription:
     __slots__ = ("prefix", "instance_id", "model", "cursor", "max_events", "credit", "started", "snapshot",
-                 "snapshot_at", "snapshot_lost")
+                 "snapshot_sent", "snapshot_at", "snapshot_lost")
 
     def __init__(self, prefix: list[bytes], instance_id: int, model: str, cursor: int, max_events: int) -> None:
         self.prefix = prefix
@@ -53,7 +53,8 @@ class _Subscription:
         self.max_events = max_events
         self.credit = True  # the first batch is free
         self.started = False
-        self.snapshot: list[dict] | None = None  # snapshot records still to send
+        self.snapshot: list[Record] | None = None  # the snapshot's records (made into events page by page)
+        self.snapshot_sent = 0  # how many of them went out
         self.snapshot_at = 0  # the last record the snapshot covers
         self.snapshot_lost = False  # its next page is the first (says lost)
 
@@ -180,10 +181,12 @@ class KVEventStreams:
             else:
                 events, sub.cursor = self._read(sub, log)
                 return self._wrap(sub, True, sub.cursor, False, events) if events or not sub.started else None
-        assert sub.snapshot is not None
-        page, sub.snapshot = sub.snapshot[: sub.max_events], sub.snapshot[sub.max_events :]
+        snapshot, start = sub.snapshot, sub.snapshot_sent
+        assert snapshot is not None
+        page = [_event(record, sub.snapshot_at) for record in snapshot[start : start + sub.max_events]]
+        sub.snapshot_sent = start + len(page)
         lost, sub.snapshot_lost = sub.snapshot_lost, False
-        if not sub.snapshot:
+        if sub.snapshot_sent >= len(snapshot):
             sub.snapshot = None
             sub.cursor = sub.snapshot_at
         return self._wrap(sub, True, sub.cursor if sub.snapshot is None else 0, lost, page)
@@ -221,9 +224,8 @@ class KVEventStreams:
             known = latest.get((key.cache_salt, key.chunk_hash))
             if known is None:
                 known = Record(seq, STORED, CPU, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0)
-            snapshot.append(_event(known, seq))
-        sub.snapshot = snapshot
-        sub.snapshot_lost = True
+            snapshot.append(known)
+        sub.snapshot, sub.snapshot_sent, sub.snapshot_lost = snapshot, 0, True
 
 
 def feed_of(key: Any, chunk_tokens: int, first: int, keys: list[int], chunks: list[int], group_ids: list[int],
