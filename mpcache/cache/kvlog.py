@@ -20,6 +20,7 @@ from typing import NamedTuple
 from mpcache.contract.keys import ChunkKey
 
 STORED, REMOVED = 0, 1
+_TIER = 2  # added to the kind of an L2 tier's record
 CPU = "CPU"  # L1's medium, as LMCache names it; an L2 tier's is "L2:<its name>"
 TOKEN_BYTES_PER_RECORD = 1024  # the token budget, per record of capacity (32 MiB at the default 32,768)
 
@@ -51,7 +52,12 @@ class Record(NamedTuple):
 
 
 class KVEventLog:
-    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists."""
+    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists.  A record's columns are
+    written only where its kind reads them (an L1 removal: four and its cleared token list), so appending is a
+    handful of list stores."""
+
+    __slots__ = ("capacity", "token_budget", "incarnation", "first", "next", "_kind", "_medium", "_model", "_salt",
+                 "_key", "_parent", "_tokens", "_first", "_at", "_count", "_held", "_token_bytes", "_last_tokens")
 
     def __init__(self, capacity: int, token_budget: int | None = None) -> None:
         if capacity <= 0:
@@ -61,17 +67,17 @@ class KVEventLog:
         self.incarnation = time.time_ns()
         self.first = 1  # the oldest record held
         self.next = 1  # the next record's sequence number
-        self._kind = [0] * capacity
+        self._kind = [0] * capacity  # STORED or REMOVED in L1; + _TIER in an L2 tier (whose name is _medium's)
         self._medium = [CPU] * capacity
         self._model = [""] * capacity
         self._salt = [""] * capacity
         self._key = [0] * capacity
-        self._parent: list[int | None] = [None] * capacity
+        self._parent: list[int | None] = [None] * capacity  # stored records only
         self._tokens: list[bytes | None] = [None] * capacity
-        self._first = [0] * capacity
-        self._at = [0] * capacity
-        self._count = [0] * capacity
-        self._held = [0] * capacity  # token bytes a record accounts for (the first of a run sharing them)
+        self._first = [0] * capacity  # with tokens only: the request's first chunk, the chunk's place after it,
+        self._at = [0] * capacity  # tokens per chunk, and the token bytes this record accounts for (the first
+        self._count = [0] * capacity  # record of a run sharing one list)
+        self._held = [0] * capacity
         self._token_bytes = 0
         self._last_tokens: bytes | None = None
 
@@ -86,9 +92,22 @@ class KVEventLog:
 
     def stored(self, model: str, salt: str, hashes: Sequence[int], detail: Detail | None) -> None:
         """Chunks that became readable (``detail`` None: their tokens are not known here)."""
+        capacity = self.capacity
+        kinds, models, salts, keys, parents, token_lists = (self._kind, self._model, self._salt, self._key,
+                                                            self._parent, self._tokens)
         if detail is None:
             for key in hashes:
-                self._append(STORED, CPU, model, salt, key, None, None, 0, 0, 0, 0)
+                seq = self.next
+                if seq - self.first >= capacity:
+                    self._drop_oldest()
+                i = seq % capacity
+                kinds[i] = STORED
+                models[i] = model
+                salts[i] = salt
+                keys[i] = key
+                parents[i] = None
+                token_lists[i] = None
+                self.next = seq + 1
             return
         tokens: bytes | None = detail.tokens
         count, first, held = detail.chunk_tokens, detail.first, 0
@@ -97,51 +116,69 @@ class KVEventLog:
             held = len(detail.tokens)
             if held > self.token_budget:
                 tokens, count, held = None, 0, 0
+        firsts, places, counts, helds = self._first, self._at, self._count, self._held
         for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
-            self._append(STORED, CPU, model, salt, key, parent, tokens, first, chunk, count, held)
+            seq = self.next
+            if seq - self.first >= capacity:
+                self._drop_oldest()
+            if held:
+                self._make_room(held, seq)
+            i = seq % capacity
+            kinds[i] = STORED
+            models[i] = model
+            salts[i] = salt
+            keys[i] = key
+            parents[i] = parent
+            token_lists[i] = tokens
+            firsts[i] = first
+            places[i] = chunk
+            counts[i] = count
+            helds[i] = held
             held = 0
+            self.next = seq + 1
 
     def removed(self, model: str, salt: str, key: int) -> None:
         """One chunk no longer readable."""
-        self._append(REMOVED, CPU, model, salt, key, None, None, 0, 0, 0, 0)
-
-    def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
-        """What one L2 store task wrote and evicted (the evictions first: they made its room)."""
-        for key in removed:
-            self._append(REMOVED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0, 0)
-        for key in stored:
-            self._append(STORED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0, 0, 0)
-
-    def _append(self, kind: int, medium: str, model: str, salt: str, key: int, parent: int | None,
-                tokens: bytes | None, first: int, at: int, count: int, held: int) -> None:
-        """One record; ``held``: the bytes of a token list no record held so far accounts for."""
         seq = self.next
         if seq - self.first >= self.capacity:
             self._drop_oldest()
-        if held:
-            self._token_bytes += held
-            while self._token_bytes > self.token_budget and self.first < seq:
-                self._drop_oldest()
         i = seq % self.capacity
-        self._held[i] = held
-        self._kind[i] = kind
-        self._medium[i] = medium
+        self._kind[i] = REMOVED
         self._model[i] = model
         self._salt[i] = salt
         self._key[i] = key
-        self._parent[i] = parent
-        self._tokens[i] = tokens
-        self._first[i] = first
-        self._at[i] = at
-        self._count[i] = count
+        self._tokens[i] = None
         self.next = seq + 1
+
+    def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
+        """What one L2 store task wrote and evicted (the evictions first: they made its room)."""
+        for kind, keys in ((REMOVED, removed), (STORED, stored)):
+            for key in keys:
+                seq = self.next
+                if seq - self.first >= self.capacity:
+                    self._drop_oldest()
+                i = seq % self.capacity
+                self._kind[i] = kind + _TIER
+                self._medium[i] = medium
+                self._model[i] = key.model_name
+                self._salt[i] = key.cache_salt
+                self._key[i] = key.chunk_hash
+                self._parent[i] = self._tokens[i] = None
+                self.next = seq + 1
+
+    def _make_room(self, nbytes: int, seq: int) -> None:
+        """Account for a token list the next record ``seq`` holds, dropping the oldest records past the budget."""
+        self._token_bytes += nbytes
+        while self._token_bytes > self.token_budget and self.first < seq:
+            self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         """Forget the oldest record; a token list it accounted for passes to the next record sharing it."""
         seq = self.first
         i = seq % self.capacity
-        held, tokens = self._held[i], self._tokens[i]
-        if held:
+        tokens = self._tokens[i]
+        if tokens is not None and self._held[i]:
+            held = self._held[i]
             following = (seq + 1) % self.capacity
             if seq + 1 < self.next and self._tokens[following] is tokens:
                 self._held[following] = held
@@ -158,8 +195,13 @@ class KVEventLog:
     def record(self, seq: int) -> Record:
         """The record ``seq`` (which must be held)."""
         i = seq % self.capacity
-        return Record(seq, self._kind[i], self._medium[i], self._model[i], self._salt[i], self._key[i], self._parent[i],
-                      self._tokens[i], self._first[i] + self._at[i], self._count[i])
+        kind, tokens = self._kind[i], self._tokens[i]
+        medium = CPU if kind < _TIER else self._medium[i]
+        parent = self._parent[i] if kind % _TIER == STORED else None
+        if tokens is None:
+            return Record(seq, kind % _TIER, medium, self._model[i], self._salt[i], self._key[i], parent, None, 0, 0)
+        return Record(seq, kind % _TIER, medium, self._model[i], self._salt[i], self._key[i], parent, tokens,
+                      self._first[i] + self._at[i], self._count[i])
 
     def model_of(self, seq: int) -> str:
         return self._model[seq % self.capacity]
