@@ -86,6 +86,11 @@ class KVEventLog:
         return self.next - 1
 
     @property
+    def token_bytes(self) -> int:
+        """Bytes of token lists the records held account for."""
+        return self._token_bytes
+
+    @property
     def dropped(self) -> int:
         """Records no longer held (overwritten or dropped for the token budget)."""
         return self.first - 1
