@@ -52,12 +52,16 @@ class Record(NamedTuple):
 
 
 class KVEventLog:
-    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists.  A record's columns are
-    written only where its kind reads them (an L1 removal: four and its cleared token list), so appending is a
-    handful of list stores."""
+    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists.
 
-    __slots__ = ("capacity", "token_budget", "incarnation", "first", "next", "_kind", "_medium", "_model", "_salt",
-                 "_key", "_parent", "_tokens", "_first", "_at", "_count", "_held", "_token_bytes", "_last_tokens")
+    A record writes only the columns its kind reads: its kind; its scope (an L1 store's ``(model, salt)``, made
+    once per call; a removal's or an L2 record's ``ChunkKey`` itself); a store's key and parent; and the run of a
+    store that said its tokens (``(tokens, first chunk, tokens per chunk)``, once per call), its chunk's place
+    in it and the token bytes it accounts for (the first record of a run sharing one list).  An L1 removal is
+    three list stores."""
+
+    __slots__ = ("capacity", "token_budget", "incarnation", "first", "next", "_kind", "_scope", "_key", "_parent",
+                 "_run", "_at", "_held", "_medium", "_token_bytes", "_last_tokens")
 
     def __init__(self, capacity: int, token_budget: int | None = None) -> None:
         if capacity <= 0:
@@ -68,16 +72,13 @@ class KVEventLog:
         self.first = 1  # the oldest record held
         self.next = 1  # the next record's sequence number
         self._kind = [0] * capacity  # STORED or REMOVED in L1; + _TIER in an L2 tier (whose name is _medium's)
-        self._medium = [CPU] * capacity
-        self._model = [""] * capacity
-        self._salt = [""] * capacity
+        self._scope: list[tuple] = [("", "")] * capacity
         self._key = [0] * capacity
-        self._parent: list[int | None] = [None] * capacity  # stored records only
-        self._tokens: list[bytes | None] = [None] * capacity
-        self._first = [0] * capacity  # with tokens only: the request's first chunk, the chunk's place after it,
-        self._at = [0] * capacity  # tokens per chunk, and the token bytes this record accounts for (the first
-        self._count = [0] * capacity  # record of a run sharing one list)
+        self._parent: list[int | None] = [None] * capacity
+        self._run: list[tuple[bytes, int, int] | None] = [None] * capacity
+        self._at = [0] * capacity
         self._held = [0] * capacity
+        self._medium = [CPU] * capacity
         self._token_bytes = 0
         self._last_tokens: bytes | None = None
 
@@ -98,8 +99,8 @@ class KVEventLog:
     def stored(self, model: str, salt: str, hashes: Sequence[int], detail: Detail | None) -> None:
         """Chunks that became readable (``detail`` None: their tokens are not known here)."""
         capacity = self.capacity
-        kinds, models, salts, keys, parents, token_lists = (self._kind, self._model, self._salt, self._key,
-                                                            self._parent, self._tokens)
+        kinds, scopes, keys, parents, runs = self._kind, self._scope, self._key, self._parent, self._run
+        scope = (model, salt)
         if detail is None:
             for key in hashes:
                 seq = self.next
@@ -107,21 +108,20 @@ class KVEventLog:
                     self._drop_oldest()
                 i = seq % capacity
                 kinds[i] = STORED
-                models[i] = model
-                salts[i] = salt
+                scopes[i] = scope
                 keys[i] = key
                 parents[i] = None
-                token_lists[i] = None
+                runs[i] = None
                 self.next = seq + 1
             return
-        tokens: bytes | None = detail.tokens
-        count, first, held = detail.chunk_tokens, detail.first, 0
-        if tokens is not self._last_tokens:
-            self._last_tokens = tokens
+        held = 0
+        run: tuple[bytes, int, int] | None = (detail.tokens, detail.first, detail.chunk_tokens)
+        if detail.tokens is not self._last_tokens:
+            self._last_tokens = detail.tokens
             held = len(detail.tokens)
-            if held > self.token_budget:
-                tokens, count, held = None, 0, 0
-        firsts, places, counts, helds = self._first, self._at, self._count, self._held
+            if held > self.token_budget:  # not kept (nor taken for kept by the next call naming it)
+                run, held, self._last_tokens = None, 0, None
+        places, helds = self._at, self._held
         for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
             seq = self.next
             if seq - self.first >= capacity:
@@ -130,29 +130,24 @@ class KVEventLog:
                 self._make_room(held, seq)
             i = seq % capacity
             kinds[i] = STORED
-            models[i] = model
-            salts[i] = salt
+            scopes[i] = scope
             keys[i] = key
             parents[i] = parent
-            token_lists[i] = tokens
-            firsts[i] = first
+            runs[i] = run
             places[i] = chunk
-            counts[i] = count
             helds[i] = held
             held = 0
             self.next = seq + 1
 
-    def removed(self, model: str, salt: str, key: int) -> None:
-        """One chunk no longer readable."""
+    def removed(self, key: ChunkKey) -> None:
+        """One L1 object no longer readable."""
         seq = self.next
         if seq - self.first >= self.capacity:
             self._drop_oldest()
         i = seq % self.capacity
         self._kind[i] = REMOVED
-        self._model[i] = model
-        self._salt[i] = salt
-        self._key[i] = key
-        self._tokens[i] = None
+        self._scope[i] = key
+        self._run[i] = None
         self.next = seq + 1
 
     def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
@@ -164,11 +159,9 @@ class KVEventLog:
                     self._drop_oldest()
                 i = seq % self.capacity
                 self._kind[i] = kind + _TIER
+                self._scope[i] = key
+                self._run[i] = None
                 self._medium[i] = medium
-                self._model[i] = key.model_name
-                self._salt[i] = key.cache_salt
-                self._key[i] = key.chunk_hash
-                self._parent[i] = self._tokens[i] = None
                 self.next = seq + 1
 
     def _make_room(self, nbytes: int, seq: int) -> None:
@@ -181,18 +174,19 @@ class KVEventLog:
         """Forget the oldest record; a token list it accounted for passes to the next record sharing it."""
         seq = self.first
         i = seq % self.capacity
-        tokens = self._tokens[i]
-        if tokens is not None and self._held[i]:
-            held = self._held[i]
+        run = self._run[i]
+        if run is not None and self._held[i]:
+            held, tokens = self._held[i], run[0]
             following = (seq + 1) % self.capacity
-            if seq + 1 < self.next and self._tokens[following] is tokens:
+            after = self._run[following] if seq + 1 < self.next else None
+            if after is not None and after[0] is tokens:
                 self._held[following] = held
             else:
                 self._token_bytes -= held
                 if tokens is self._last_tokens:
                     self._last_tokens = None  # no record holds it any more: the next use counts it again
             self._held[i] = 0
-        self._tokens[i] = None
+        self._run[i] = None
         self.first = seq + 1
         if self.first == self.next:
             self._last_tokens = None
@@ -200,13 +194,15 @@ class KVEventLog:
     def record(self, seq: int) -> Record:
         """The record ``seq`` (which must be held)."""
         i = seq % self.capacity
-        kind, tokens = self._kind[i], self._tokens[i]
-        medium = CPU if kind < _TIER else self._medium[i]
-        parent = self._parent[i] if kind % _TIER == STORED else None
-        if tokens is None:
-            return Record(seq, kind % _TIER, medium, self._model[i], self._salt[i], self._key[i], parent, None, 0, 0)
-        return Record(seq, kind % _TIER, medium, self._model[i], self._salt[i], self._key[i], parent, tokens,
-                      self._first[i] + self._at[i], self._count[i])
+        kind, scope, run = self._kind[i], self._scope[i], self._run[i]
+        if kind != STORED:  # an L1 removal, or an L2 tier's record: the scope is its ChunkKey
+            medium = CPU if kind < _TIER else self._medium[i]
+            return Record(seq, kind % _TIER, medium, scope[0], scope[1], scope[2], None, None, 0, 0)
+        if run is None:
+            return Record(seq, STORED, CPU, scope[0], scope[1], self._key[i], self._parent[i], None, 0, 0)
+        tokens, first, count = run
+        return Record(seq, STORED, CPU, scope[0], scope[1], self._key[i], self._parent[i], tokens,
+                      first + self._at[i], count)
 
     def model_of(self, seq: int) -> str:
-        return self._model[seq % self.capacity]
+        return self._scope[seq % self.capacity][0]

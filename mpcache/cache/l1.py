@@ -379,7 +379,7 @@ class L1Manager:
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
         if self.feed is not None:
-            self.feed.removed(key.model_name, key.cache_salt, key.chunk_hash)
+            self.feed.removed(key)
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1

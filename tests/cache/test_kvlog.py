@@ -5,6 +5,7 @@ larger than the whole budget is not kept."""
 from __future__ import annotations
 
 from mpcache.cache.kvlog import REMOVED, STORED, Detail, KVEventLog
+from mpcache.contract.keys import ChunkKey
 
 
 def _detail(tokens: bytes, first: int, n: int) -> Detail:
@@ -14,8 +15,8 @@ def _detail(tokens: bytes, first: int, n: int) -> Detail:
 def test_a_full_log_overwrites_its_oldest_records():
     log = KVEventLog(4)
     log.stored("m", "", [1, 2, 3], None)
-    log.removed("m", "s", 1)
-    log.removed("m", "", 2)
+    log.removed(ChunkKey("m", "s", 1))
+    log.removed(ChunkKey("m", "", 2))
     assert (log.first, log.last, log.dropped) == (2, 5, 1)
     assert [(r.seq, r.kind, r.salt, r.key) for r in map(log.record, range(2, 6))] == [
         (2, STORED, "", 2), (3, STORED, "", 3), (4, REMOVED, "s", 1), (5, REMOVED, "", 2)]
@@ -37,16 +38,18 @@ def test_a_run_whose_first_record_is_overwritten_still_counts_its_list():
     log = KVEventLog(3, token_budget=1000)
     tokens = bytes(48)
     log.stored("m", "", [1, 2, 3], _detail(tokens, 5, 3))
-    log.removed("m", "", 9)  # overwrites the run's first record: the second now accounts for the list
+    log.removed(ChunkKey("m", "", 9))  # overwrites the run's first record: the second now accounts for the list
     assert (log.first, log.token_bytes) == (2, 48)
     assert log.record(2).tokens is tokens and log.record(2).chunk == 6
-    log.removed("m", "", 8)
-    log.removed("m", "", 7)  # the run's last record goes: its list is no longer held
+    log.removed(ChunkKey("m", "", 8))
+    log.removed(ChunkKey("m", "", 7))  # the run's last record goes: its list is no longer held
     assert (log.first, log.token_bytes) == (4, 0)
 
 
 def test_a_list_larger_than_the_budget_is_not_kept():
     log = KVEventLog(10, token_budget=16)
-    log.stored("m", "", [1], _detail(bytes(32), 0, 1))
-    record = log.record(1)
-    assert (record.kind, record.key, record.tokens, log.token_bytes) == (STORED, 1, None, 0)
+    tokens = bytes(32)
+    log.stored("m", "", [1], _detail(tokens, 0, 1))
+    log.stored("m", "", [2], _detail(tokens, 1, 1))  # the same list again: still not kept
+    assert [(r.kind, r.key, r.tokens) for r in map(log.record, (1, 2))] == [(STORED, 1, None), (STORED, 2, None)]
+    assert log.token_bytes == 0
