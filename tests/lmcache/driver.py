@@ -1312,7 +1312,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help=f"one of {', '.join(SCENARIOS + SCENARIOS_057)}, 'all' (those, in that order; "
                     f"{', '.join(SCENARIOS_057)} only with LMCache 0.5.7), or a comma-separated list; "
                     "also lock_release (not in 'all': it clears the server's cache) and "
-                    "survive_restart (not in 'all': it waits for a server restart)")
+                    "survive_restart (not in 'all': it waits for a server restart) and kv_events (not in 'all': "
+                    "it needs --kv-events)")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
     ap.add_argument("--mla", action="store_true", help="MLA model: one replicated KV plane")
     ap.add_argument("--layers", type=int, default=2)
