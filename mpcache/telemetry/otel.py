@@ -4,19 +4,16 @@ and OTLP push; instruments are created from :mod:`mpcache.telemetry.metric_table
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
     MetricReader,
     PeriodicExportingMetricReader,
 )
@@ -30,13 +27,12 @@ from mpcache import __version__
 from mpcache.config import Config
 from mpcache.httpserver import BoundedHTTPServer, Route
 from mpcache.shm.ring import PUBLISH_PATH
-from mpcache.telemetry import metric_table
+from mpcache.telemetry import metric_table, otlp
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.endpoint import endpoint_url, metrics_route, open_endpoint
 
 SERVICE_NAME = "mpcache"
 METER_SERVICE = "mpcache.service"  # the exporter's own instrument (build info), beside the subscribers' meter
-HTTP_METRICS_PATH = "/v1/metrics"
 _SHUTDOWN_TIMEOUT_MS = 10_000
 
 ObservableCallback = Callable[[CallbackOptions], Iterable[Observation]]
@@ -69,10 +65,11 @@ class MetricsExport:
         otlp_reader = None
         before_collect: list[Callable[[], object]] = []
         if config.otlp_endpoint:
+            bound_s = min(otlp.EXPORT_TIMEOUT_S, config.otlp_interval_s)  # an export ends before the next is due
             otlp_reader = PeriodicExportingMetricReader(
-                build_otlp_exporter(config),
+                otlp.build_exporter(config, otlp.METRICS, bound_s),
                 export_interval_millis=config.otlp_interval_s * 1000,
-                export_timeout_millis=min(10.0, config.otlp_interval_s) * 1000,
+                export_timeout_millis=bound_s * 1000,
             )
             readers.append(otlp_reader)
         provider = MeterProvider(resource=build_resource(config), metric_readers=readers)
@@ -134,38 +131,6 @@ def build_resource(config: Config) -> Resource:
     from_environment = OTELResourceDetector().detect()
     return (Resource({SERVICE_NAME_KEY: SERVICE_NAME, HOST_NAME_KEY: socket.gethostname()}).merge(from_environment)
             .merge(Resource({SERVICE_INSTANCE_ID_KEY: config.instance_id})))
-
-
-def build_otlp_exporter(config: Config) -> MetricExporter:
-    """The OTLP metric exporter for ``config.otlp_protocol`` and ``config.otlp_endpoint``.
-
-    gRPC takes ``host:port`` or ``http(s)://host:port`` (plain text unless
-    https).  HTTP takes a URL; a bare ``http://host:4318`` gets the standard
-    ``/v1/metrics`` path.
-    """
-    endpoint = config.otlp_endpoint
-    timeout_s = otlp_timeout_s(config)
-    if config.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcExporter,
-        )
-
-        return GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=timeout_s)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpExporter,
-    )
-
-    if urlsplit(endpoint).path in ("", "/"):
-        endpoint = endpoint.rstrip("/") + HTTP_METRICS_PATH
-    return HttpExporter(endpoint=endpoint, timeout=timeout_s)
-
-
-def otlp_timeout_s(config: Config) -> float | None:
-    """None where ``OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]TIMEOUT`` is set (the SDK reads it), else at most 10 s."""
-    if any(name in os.environ for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-                                           "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")):
-        return None
-    return min(10.0, config.otlp_interval_s)
 
 
 def create_instrument(meter: MeterLike, otel_name: str, callbacks: Iterable[ObservableCallback] = ()) -> Any:

@@ -5,17 +5,15 @@ batching OTLP span exporter; :meth:`TracingExport.shutdown` flushes what is queu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from mpcache.config import Config
+from mpcache.telemetry import otlp
 from mpcache.telemetry.otel import build_resource
 
-HTTP_TRACES_PATH = "/v1/traces"
-_EXPORT_TIMEOUT_S = 10.0
 _SHUTDOWN_TIMEOUT_MS = 10_000
 # Explicit, so that no OTEL_BSP_* environment variable changes them behind the configuration.
 _MAX_QUEUE_SIZE = 16_384
@@ -35,11 +33,11 @@ class TracingExport:
         """Build the provider.  ``processor`` replaces the OTLP batch processor (tests use an in-memory one)."""
         if processor is None:
             processor = BatchSpanProcessor(
-                build_otlp_span_exporter(config),
+                otlp.build_exporter(config, otlp.TRACES),
                 max_queue_size=_MAX_QUEUE_SIZE,
                 schedule_delay_millis=_SCHEDULE_DELAY_MS,
                 max_export_batch_size=_MAX_EXPORT_BATCH_SIZE,
-                export_timeout_millis=_EXPORT_TIMEOUT_S * 1000,
+                export_timeout_millis=otlp.EXPORT_TIMEOUT_S * 1000,
             )
         provider = TracerProvider(resource=build_resource(config), sampler=ALWAYS_ON)
         provider.add_span_processor(processor)
@@ -55,28 +53,3 @@ class TracingExport:
             self.tracer_provider.force_flush(_SHUTDOWN_TIMEOUT_MS)
         finally:
             self.tracer_provider.shutdown()
-
-
-def build_otlp_span_exporter(config: Config) -> SpanExporter:
-    """The OTLP span exporter for ``config.otlp_protocol`` and ``config.otlp_endpoint``.
-
-    Same endpoint rules as the metric exporter: gRPC takes ``host:port`` or
-    ``http(s)://host:port`` (plain text unless https); HTTP takes a URL and a
-    bare ``http://host:4318`` gets the standard ``/v1/traces`` path.
-    """
-    endpoint = config.otlp_endpoint
-    if not endpoint:
-        raise ValueError("tracing needs config.otlp_endpoint (--otlp-endpoint)")
-    if config.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-
-        return GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=_EXPORT_TIMEOUT_S)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpExporter,
-    )
-
-    if urlsplit(endpoint).path in ("", "/"):
-        endpoint = endpoint.rstrip("/") + HTTP_TRACES_PATH
-    return HttpExporter(endpoint=endpoint, timeout=_EXPORT_TIMEOUT_S)

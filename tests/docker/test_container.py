@@ -103,9 +103,10 @@ def names(request):
 
 
 def documented_docker_run() -> list[str]:
-    """docs/DEPLOYMENT.md's `docker run` line, as words."""
+    """The `docker run` line of docs/DEPLOYMENT.md's build-and-run block (the one after `docker build`), as
+    words."""
     deployment = (REPO / "docs" / "DEPLOYMENT.md").read_text()
-    [line] = re.findall(r"^docker run .*$", deployment, re.MULTILINE)
+    [line] = re.findall(r"^docker build .*\n(docker run .*)$", deployment, re.MULTILINE)
     return line.split("#")[0].split()
 
 

@@ -17,10 +17,10 @@ import pytest
 from opentelemetry.metrics import Observation
 
 from mpcache.contract.events import EventType as E
-from mpcache.telemetry import metric_table
+from mpcache.telemetry import metric_table, otlp
 from mpcache.telemetry.buffered import BufferedMeter, InstrumentBuffer
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, Subscriber
-from mpcache.telemetry.otel import MetricsExport, build_otlp_exporter, create_instrument
+from mpcache.telemetry.otel import MetricsExport, create_instrument
 from mpcache.telemetry.subscribers.metrics.counters import counter_subscribers
 
 SPEC_TSV = Path(__file__).resolve().parents[2] / "spec" / "metrics.tsv"
@@ -112,8 +112,8 @@ def test_observable_instrument_without_callbacks_is_refused(metrics):
 
 def test_http_endpoint_without_path_gets_v1_metrics(config):
     """A bare OTLP/HTTP base URL is completed with the standard /v1/metrics path."""
-    exporter = build_otlp_exporter(dataclasses.replace(config, otlp_endpoint="http://collector:4318",
-                                                       otlp_protocol="http"))
+    exporter = otlp.build_exporter(dataclasses.replace(config, otlp_endpoint="http://collector:4318",
+                                                       otlp_protocol="http"), otlp.METRICS)
     assert "http://collector:4318/v1/metrics" == exporter._endpoint
 
 

@@ -16,13 +16,14 @@ from opentelemetry.trace import StatusCode
 
 from mpcache.contract.events import EventType as E
 from mpcache.errors import ConfigError
+from mpcache.telemetry import otlp
 from mpcache.telemetry.subscribers.spans import INCOMPLETE
 from mpcache.telemetry.subscribers.tracing import (
     ROOT_INFERRED,
     TracingSubscriber,
     build_tracing_subscribers,
 )
-from mpcache.telemetry.tracing import TracingExport, build_otlp_span_exporter
+from mpcache.telemetry.tracing import TracingExport
 
 T0 = 1_700_000_000 * 10**9
 MS = 10**6
@@ -305,8 +306,8 @@ def test_enable_tracing_without_endpoint_is_refused(config):
 ])
 def test_span_exporter_follows_otlp_protocol(config, protocol, endpoint, expected):
     """``--otlp-protocol`` picks the gRPC or the HTTP OTLP span exporter."""
-    exporter = build_otlp_span_exporter(replace(config, enable_tracing=True, otlp_endpoint=endpoint,
-                                                otlp_protocol=protocol))
+    exporter = otlp.build_exporter(replace(config, enable_tracing=True, otlp_endpoint=endpoint, otlp_protocol=protocol),
+                                   otlp.TRACES)
     try:
         assert expected == (type(exporter).__name__, type(exporter).__module__)
     finally:
@@ -315,9 +316,34 @@ def test_span_exporter_follows_otlp_protocol(config, protocol, endpoint, expecte
 
 def test_http_span_exporter_gets_the_standard_traces_path(config):
     """A bare HTTP endpoint gets ``/v1/traces``; an explicit path is kept."""
-    bare = build_otlp_span_exporter(replace(config, enable_tracing=True, otlp_endpoint="http://127.0.0.1:4318",
-                                            otlp_protocol="http"))
-    explicit = build_otlp_span_exporter(replace(config, enable_tracing=True, otlp_protocol="http",
-                                                otlp_endpoint="http://127.0.0.1:4318/custom/traces"))
+    bare = otlp.build_exporter(replace(config, enable_tracing=True, otlp_endpoint="http://127.0.0.1:4318",
+                                       otlp_protocol="http"), otlp.TRACES)
+    explicit = otlp.build_exporter(replace(config, enable_tracing=True, otlp_protocol="http",
+                                           otlp_endpoint="http://127.0.0.1:4318/custom/traces"), otlp.TRACES)
     assert ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/custom/traces") == (
         bare._endpoint, explicit._endpoint)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize(("variable", "signal", "honoured"), [
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", otlp.TRACES, True),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", otlp.TRACES, True),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", otlp.METRICS, True),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", otlp.METRICS, False),  # the other signal's variable
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", otlp.TRACES, False),
+])
+def test_each_signal_honours_its_own_otlp_timeout_variable(config, monkeypatch, protocol, variable, signal, honoured):
+    """The exporter of each signal takes ``OTEL_EXPORTER_OTLP_TIMEOUT`` and its own signal's variable, as
+    docs/CONFIGURATION.md says; the other signal's variable leaves it at the bound it was built with."""
+    for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                 "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "3")
+    endpoint = "127.0.0.1:4317" if protocol == "grpc" else "http://127.0.0.1:4318"
+    exporter = otlp.build_exporter(replace(config, otlp_endpoint=endpoint, otlp_protocol=protocol), signal,
+                                   bound_s=7.0)
+    try:
+        timeout_s = exporter._timeout if protocol == "grpc" else exporter._client._timeout  # the SDK's own field
+        assert (3.0 if honoured else 7.0) == timeout_s
+    finally:
+        exporter.shutdown()
