@@ -67,6 +67,7 @@ SECTIONS = [
     "Service",
     "Capacity planning and miss reasons",
     "Fleet (shared L2)",
+    "KV events for cache-aware routers",
 ]
 # Panels that must exist (title → the metrics its queries must use): the hit rates the spec asks for.
 REQUIRED_PANELS = {

@@ -15,6 +15,7 @@ import numpy as np
 
 from mpcache.cache import l1_order
 from mpcache.cache.l1_entries import Entry, PrefetchReservation, WriteReservation
+from mpcache.cache.kvlog import Detail, KVEventLog
 from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
@@ -63,6 +64,7 @@ class L1Manager:
         self.policy = policy
         self._prefix_aware = self._order.prefix_aware
         self._made_room = False  # whether an allocation evicted since the last evict_tick
+        self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
     # -- state --------------------------------------------------------------------
 
@@ -76,13 +78,8 @@ class L1Manager:
         """Bytes the allocator holds in slabs that no object uses (free spots, padding, slab tails)."""
         return self.allocator.fragmentation_bytes
 
-    @property
-    def max_object_bytes(self) -> int:  # the largest object L1 can ever hold: all of it
-        return self.capacity_bytes
-
-    @property
-    def usage(self) -> float:
-        return self.used_bytes / self.capacity_bytes
+    usage = property(lambda self: self.used_bytes / self.capacity_bytes)
+    max_object_bytes = property(lambda self: self.capacity_bytes)  # the largest object L1 can ever hold: all of it
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -95,6 +92,10 @@ class L1Manager:
     def readers(self, key: ChunkKey) -> int:
         entry = self._entries.get(key)
         return entry.readers if entry is not None else 0
+
+    def readable(self, model: str) -> list[ChunkKey]:
+        """Every readable object of ``model`` (what the feed's resync snapshot lists)."""
+        return [key for key, entry in self._entries.items() if entry.ready and key.model_name == model]
 
     # -- writes -------------------------------------------------------------------
 
@@ -157,10 +158,11 @@ class L1Manager:
         if failed:
             self._pub.emit(_L1_ALLOCATION_FAILED, (during,), salt_counts={(salt, model): failed})
 
-    def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
-        """Make reserved chunks readable (``L1_WRITE_FINISHED``); they enter the eviction order as just used.
-
-        Returns the sampled subset published with the event (callers reuse it)."""
+    def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int,
+                     detail: Detail | None = None) -> list[tuple[int, str, str]]:
+        """Make reserved chunks readable (``L1_WRITE_FINISHED``, and ``stored`` in the feed with ``detail``); they
+        enter the eviction order as just used.  Returns the sampled subset published with the event (callers
+        reuse it)."""
         entries = self._entries
         put = self._order.put
         for chunk_hash in reversed(hashes) if self._order.tail_first else hashes:
@@ -169,6 +171,8 @@ class L1Manager:
             entry.ready = True
             entry.nbytes = nbytes
             put(key, entry)
+        if self.feed is not None:
+            self.feed.stored(model, salt, hashes, detail)
         return self._emit_keys(_L1_WRITE_FINISHED, model, salt, hashes) if hashes else []
 
     def abort_write(self, model: str, salt: str, hashes: Sequence[int]) -> None:
@@ -244,17 +248,16 @@ class L1Manager:
             entry.ready = True
             entry.nbytes = nbytes
             entry.readers = 1  # locked, so not in the LRU order until released
+        if self.feed is not None:
+            self.feed.stored(model, salt, hashes, None)
         return self._emit_keys(_L1_WRITE_FINISHED_AND_READ_RESERVED, model, salt, hashes) if hashes else []
 
     # -- reads --------------------------------------------------------------------
 
     def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True) -> int:
         """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED`` unless
-        ``publish`` is False: a lock held only for the length of one copy).
-
-        Returns its length in chunks.  The locks keep those chunks from being
-        evicted until :meth:`finish_read` or :meth:`release_read`.
-        """
+        ``publish`` is False: a lock held only for the length of one copy).  Returns its length in chunks.  The
+        locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`."""
         entries = self._entries
         take = self._order.take
         found = 0
@@ -371,6 +374,8 @@ class L1Manager:
         del self._entries[key]
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
+        if self.feed is not None:
+            self.feed.removed(key)
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1

@@ -21,6 +21,7 @@ from mpcache.cache.blocks import BlockReporter
 from mpcache.cache.buffers import BufferBudget, close_segment
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import Dispatcher
+from mpcache.cache.kvlog import KVEventLog
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.ops import OPERATIONS
 from mpcache.cache.prefetch import PrefetchController
@@ -146,6 +147,8 @@ class CacheProcess:
         pool_seg = self._attach(config.l1_pool_name(worker), config.l1_pool_bytes)
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
         l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy)
+        if config.kv_event_log_size and config.lmcache_urls(worker):
+            l1.feed = KVEventLog(config.kv_event_log_size)
         board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
         gauges = GaugeSlot(board, worker)
         gauges.set(layout.G_L1_CAPACITY, l1.capacity_bytes)
@@ -159,6 +162,7 @@ class CacheProcess:
         names = [config.l2_name(index) for index in range(len(config.l2))]
         storage = StorageManager(build_adapters(config, worker), names, publisher, gauges, self._wake, worker=worker,
                                  chunk_bytes=config.chunk_bytes, logger=self.log)
+        storage.feed = l1.feed
         prefetch = PrefetchController(storage, l1, publisher, sessions.prefetch_finished)  # type: ignore[arg-type]
         blend = BlendState(l1, publisher, config.chunk_size_tokens,
                            table_capacity=max(1024, 4 * (config.l1_pool_bytes // config.chunk_bytes)))

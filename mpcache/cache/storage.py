@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from mpcache.cache.kvlog import KVEventLog
 from mpcache.cache.l2.base import L2Adapter, StoreResult
 from mpcache.cache.l2.failures import FailureLog
 from mpcache.cache.l2.spec import build_adapter
@@ -107,6 +108,7 @@ class StorageManager:
         self.inflight_load_bytes = [0] * len(adapters)
         self.stores_dropped = [0] * len(adapters)
         self._next_task_id = 1
+        self.feed: KVEventLog | None = None  # told what each store task wrote and evicted
         self.refresh_usage()
 
     def __len__(self) -> int:
@@ -230,6 +232,8 @@ class StorageManager:
         self._pub.emit(_L2_STORE_COMPLETED,
                        (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
                        salt_counts=salt_groups(succeeded))
+        if self.feed is not None and (result.stored or result.evicted):
+            self.feed.tier_changed(f"L2:{name}", result.stored, result.evicted)
         if result.evicted:
             self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)),
                            salt_counts=salt_groups(result.evicted))

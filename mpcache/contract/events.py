@@ -79,6 +79,8 @@ class EventType(enum.IntEnum):
     MRC_STORE_SAMPLED = 101
     # LMCache front end: service times aggregated per operation (mpcache.contract.request_times)
     LMCACHE_REQUEST_TIMES = 110
+    # LMCache front end: what one chunk of a registered model takes of each tier, once a heartbeat
+    KV_CAPACITY = 111
 
 
 I, F, B, N, H = FieldKind.INT, FieldKind.FLOAT, FieldKind.BOOL, FieldKind.NAME, FieldKind.HASH  # noqa: E741
@@ -190,6 +192,9 @@ _ALL = (
        ("object_bytes", I), sampled=True),
     _s(E.LMCACHE_REQUEST_TIMES, "mp.lmcache.request_times", ("op", N),
        *((name, I) for name in request_times.SUMMARY_FIELDS + request_times.BUCKET_FIELDS)),
+    # Per registered model and tier ("L1", or an L2 tier's name): the tier's bytes and the tokens of that model
+    # alone they hold (0: the model's chunks do not go to that tier).
+    _s(E.KV_CAPACITY, "mp.kv.capacity", ("model_name", N), ("tier", N), ("bytes", I), ("tokens", I)),
 )
 
 SCHEMAS: dict[EventType, EventSchema] = {schema.etype: schema for schema in _ALL}

@@ -50,8 +50,9 @@ def test_a_captured_lmcache_conversation_gets_the_same_replies(lmcache, capture)
     """Every request LMCache's adapters (0.5.6, and 0.5.7rc3: packed tokens, chunk-size negotiation, lookups
     past the engine's prefix cache, the trailing arguments) sent to LMCache's own server of the same version,
     replayed in order, gets a reply of the same form from mpcache: the same frames, the same hit counts, slots
-    of the same shapes for the same chunk indices."""
-    harness, _ = lmcache()
+    of the same shapes for the same chunk indices.  The captured servers recorded no KV events (their
+    ``get_experimental`` said ``[]``), so neither does this one."""
+    harness, _ = lmcache(kv_event_log_size=0)
     url = harness.config.lmcache_urls(0)[0]
     clients: dict[str, LMClient] = {}
     replies: dict[tuple[str, bytes], list[bytes]] = {}
@@ -78,7 +79,7 @@ def test_every_served_operation_answers_with_lmcaches_reply_shape(lmcache):
     """One call of each operation the engine_driven connector uses, checked against LMCache's types."""
     _, client = lmcache()
     assert 256 == client.call("get_chunk_size")
-    assert [] == client.call("get_experimental")
+    assert ["kv_event_stream"] == client.call("get_experimental")  # --kv-event-log-size is on by default
     assert "OK" == client.call("noop")
     assert True is client.call("ping", None)  # the scheduler's probe
     reply = client.call("register", registration(7, hidden=128))
@@ -127,10 +128,9 @@ def harness_pool_name(reply: dict) -> str:
     ("retrieve", [key([1] * 256, "x", worker_id=0), 1, [[0]], b"", 0], [b"", False]),
     (33, ["0.5.6"], [0, False]),  # cb_protocol_handshake
     (29, [], NO_RESULT),  # p2p_lookup_and_lock
-    ("subscribe_kv_events", [], NO_RESULT),  # a stream that ends at once
 ])
 def test_unsupported_operations_fail_fast_with_one_warning_per_client(lmcache, op, args, expected, capsys):
-    """lmcache_driven transfers, blending, p2p and event streams get LMCache's failure value (or an empty
+    """lmcache_driven transfers, blending and p2p get LMCache's failure value (or an empty
     reply) at once, and the log says once per client what to change."""
     _, client = lmcache()
     assert expected == client.call(op, *args)

@@ -65,6 +65,8 @@ from lmcache.integration.vllm.kv_cache_groups import (
     create_engine_group_infos_from_vllm,
 )
 from lmcache.integration.vllm.vllm_multi_process_adapter import (
+    CacheRemoveEvent,
+    CacheStoreEvent,
     LMCacheMPSchedulerAdapter,
     LMCacheMPWorkerAdapter,
     LoadStoreOp,
@@ -93,8 +95,9 @@ SCENARIOS = (
 # Part of "all" with LMCache 0.5.7rc3 only: lookups that start past vLLM's prefix cache.
 SCENARIOS_057 = ("lookup_start",)
 # Not part of "all": lock_release clears the server's whole cache (a non-forced CLEAR);
-# survive_restart waits for someone to kill and restart a server (see its docstring).
-EXTRA_SCENARIOS = ("lock_release", "survive_restart")
+# survive_restart waits for someone to kill and restart a server (see its docstring); kv_events
+# needs --kv-events (the workers consume the server's KV event stream).
+EXTRA_SCENARIOS = ("lock_release", "survive_restart", "kv_events")
 # survive_restart prints this line on stdout when the servers may be killed and restarted.
 RESTART_READY = "[driver] survive_restart: READY for the server restart"
 
@@ -354,6 +357,7 @@ class Engine:
                 vllm_block_size=args.block_size,
                 parallel_strategy=self.strategies[rank],
                 extra_config=self.extra_config,
+                enable_kv_events=getattr(args, "kv_events", False),  # workload.py builds its own args
                 **self.alignment,
             )
             self.workers.append(worker)
@@ -1077,6 +1081,60 @@ class Scenarios:
         self.evict_summary["recovery_tries"] = attempts
 
 
+    def kv_events(self, dl: Deadline) -> None:
+        """LMCache's own worker consumes the server's KV event stream (``--kv-events``): every chunk stored comes
+        back as one stored event carrying exactly that chunk's tokens and the previous chunk's hash as its parent,
+        and every hash removed was announced before.  Once every store's event is in (a removal precedes the
+        store that evicted it), the hashes still announced are reported, for the caller to hold against what
+        the server holds."""
+        e = self.e
+        if not self.args.kv_events:
+            raise ScenarioFailure("kv_events needs --kv-events")
+        worker = e.workers[0]  # the elected subscriber of its server (rank 0)
+        announced: dict[bytes, CacheStoreEvent] = {}
+        by_tokens: dict[tuple[int, ...], bytes] = {}
+        seen = {"stored": 0, "removed": 0, "unknown_removals": 0}
+
+        def drain() -> None:
+            for event in worker.get_kv_events():  # the first call starts the subscription
+                if isinstance(event, CacheStoreEvent):
+                    for block in event.block_hashes:
+                        seen["stored"] += 1
+                        announced[block] = event
+                        by_tokens[tuple(event.token_ids)] = block
+                elif isinstance(event, CacheRemoveEvent):
+                    for block in event.block_hashes:
+                        seen["removed"] += 1
+                        if announced.pop(block, None) is None:
+                            seen["unknown_removals"] += 1
+
+        drain()
+        prompts = [self.prompt(4) for _ in range(self.args.kv_events_prompts)]
+        before = e.counters.snapshot()["stored_objects"]
+        for index, tokens in enumerate(prompts):
+            self.cold_store(f"kv{index}", tokens, dl)
+        stored = e.counters.snapshot()["stored_objects"] - before
+
+        def all_stores_in() -> bool | None:
+            drain()
+            return True if seen["stored"] >= stored else None
+
+        poll(all_stores_in, dl, f"the stored events of {stored} objects")
+        self.expect("stored events", seen["stored"], stored)
+        self.expect("removals of hashes never announced", seen["unknown_removals"], 0)
+        for index, tokens in enumerate(prompts):
+            blocks = [by_tokens.get(tuple(tokens[c * self.chunk : (c + 1) * self.chunk])) for c in range(4)]
+            if None in blocks:
+                raise ScenarioFailure(f"prompt {index}: no stored event carries the tokens of chunk "
+                                      f"{blocks.index(None)}")
+            for c in range(1, 4):
+                event = announced.get(blocks[c])
+                if event is not None and event.parent_block_hash != blocks[c - 1]:
+                    raise ScenarioFailure(f"prompt {index} chunk {c}: parent {event.parent_block_hash!r}, "
+                                          f"expected chunk {c - 1}'s hash {blocks[c - 1]!r}")
+        self.kv_summary = {"model_name": e.model_name, "stored": seen["stored"], "removed": seen["removed"],
+                           "announced": sorted(block.hex() for block in announced)}
+
     def survive_restart(self, dl: Deadline) -> None:
         """A server killed and restarted under a running engine; the adapters must recover.
 
@@ -1254,7 +1312,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help=f"one of {', '.join(SCENARIOS + SCENARIOS_057)}, 'all' (those, in that order; "
                     f"{', '.join(SCENARIOS_057)} only with LMCache 0.5.7), or a comma-separated list; "
                     "also lock_release (not in 'all': it clears the server's cache) and "
-                    "survive_restart (not in 'all': it waits for a server restart)")
+                    "survive_restart (not in 'all': it waits for a server restart) and kv_events (not in 'all': "
+                    "it needs --kv-events)")
     ap.add_argument("--tp", type=int, default=1, choices=(1, 2))
     ap.add_argument("--mla", action="store_true", help="MLA model: one replicated KV plane")
     ap.add_argument("--layers", type=int, default=2)
@@ -1282,6 +1341,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="survive_restart: how long to wait on stdin for the go-ahead")
     ap.add_argument("--recovery-timeout", type=float, default=60.0,
                     help="survive_restart: how long the adapters may take to recover")
+    ap.add_argument("--kv-events", action="store_true",
+                    help="the workers consume the server's KV event stream (vLLM's enable_kv_cache_events)")
+    ap.add_argument("--kv-events-prompts", type=int, default=30,
+                    help="kv_events: prompts of 4 chunks stored (enough to overfill the L1 the test gives)")
     ap.add_argument("--scenario-timeout", type=float, default=180.0)
     ap.add_argument("--timeout", type=float, default=900.0, help="whole run")
     args = ap.parse_args(argv)
@@ -1386,6 +1449,8 @@ def main(argv: list[str]) -> int:
             entry["counts"] = diff(counters.snapshot(), before)
             if name == "eviction" and hasattr(scenarios, "evict_summary"):
                 entry["eviction"] = scenarios.evict_summary
+            if name == "kv_events" and hasattr(scenarios, "kv_summary"):
+                entry["kv_events"] = scenarios.kv_summary
             if name == "survive_restart" and hasattr(scenarios, "restart_summary"):
                 entry["restart"] = scenarios.restart_summary
             base["scenarios"][name] = entry

@@ -32,6 +32,8 @@ from support.ports import free_ports
 from support.service import Scrape, Service
 from support.waiting import wait_for
 
+from mpcache.client import CacheClient
+
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
@@ -364,6 +366,41 @@ def test_lmcache_adapters_against_mpcache(case, client, client_prefix, start_lmc
     eviction = result["scenarios"]["eviction"]["eviction"]
     assert eviction["hit_chunks_after_fill"] < eviction["requests"] * eviction["chunks_per_request"]
     check_metrics(service, result, workers)
+    assert 0 == service.stop()
+
+
+@pytest.mark.parametrize("client", CLIENT_PARAMS, indirect=True)
+def test_lmcaches_worker_consumes_the_kv_event_stream_and_announces_exactly_what_l1_holds(
+        client, client_prefix, start_lmcache_service, tmp_path) -> None:
+    """LMCache's own worker (0.5.6's through the ``kv_event_stream`` capability, 0.5.7rc3's by vLLM's
+    ``enable_kv_cache_events`` alone) subscribes to ``subscribe_kv_events`` and re-publishes it as vLLM's cache
+    events: stored events with each chunk's tokens and its parent, removals for what L1 evicted (30 prompts of 4
+    chunks into 64 objects).  What it still announces at the end is exactly what L1 holds: every announced block
+    is found by a lookup on the native socket, and there are as many as L1's bytes in use hold objects; /metrics
+    counts the 120 + 56 records appended, none skipped."""
+    service = start_lmcache_service(1, object_bytes(1, False))
+    result = run_driver(client_prefix, client, service.l1_bytes, service.urls, 1, False, "kv_events", tmp_path,
+                        "--kv-events")
+    summary = result["scenarios"]["kv_events"]["kv_events"]
+    assert summary["stored"] == 120 and summary["removed"] == 120 - SLOTS
+    announced = [int(block, 16) for block in summary["announced"]]
+    assert len(announced) == SLOTS
+    native = CacheClient(service.socket(0))
+    try:
+        for index, block in enumerate(announced):
+            job = native.lookup_prefetch(request_id=f"probe{index}", model_name=summary["model_name"],
+                                         chunk_hashes=[block])
+            assert 1 == native.wait_prefetch(job).found_count, f"announced block {block:016x} is not in L1"
+            native.end_session(f"probe{index}")
+    finally:
+        native.close()
+    used = service.scrape().total("lmcache_mp_l1_memory_usage_bytes")
+    assert used == len(announced) * object_bytes(1, False)
+    # the feed's own series: every record appended (the worker got them all: none skipped, no resync)
+    feed = ("mpcache_kv_event_records_total", "mpcache_kv_event_skipped_records_total",
+            "mpcache_kv_event_resyncs_total")
+    wait_for(lambda: [service.scrape().total(name) for name in feed] == [176, 0, 0], 30,
+             "the feed's counts on /metrics")
     assert 0 == service.stop()
 
 

@@ -298,13 +298,13 @@ def test_gauge_board_header_bytes(segment_factory):
 
 
 def test_gauge_slot_word_offsets(segment_factory):
-    """Slot s starts at 64 + 352 s (44 words); adapter a's words start at word 12 + 4 a."""
+    """Slot s starts at 64 + 392 s (49 words); adapter a's words start at word 17 + 4 a."""
     segment = segment_factory(layout.gauge_board_size(2))
     format_gauge_board(segment, 2)
     GaugeSlot(segment, 1).set_adapter(2, layout.G_L2_INFLIGHT_LOADS, 42)
-    word = 12 + 4 * 2 + 2
+    word = 17 + 4 * 2 + 2
 
-    assert 42 == int.from_bytes(segment.buf[64 + 352 + 8 * word : 64 + 352 + 8 * word + 8], "little")
+    assert 42 == int.from_bytes(segment.buf[64 + 392 + 8 * word : 64 + 392 + 8 * word + 8], "little")
 
 
 @pytest.mark.parametrize("attach", [GaugeSlot, GaugeBoardReader])

@@ -41,6 +41,7 @@ from mpcache.telemetry.subscribers.metrics.counters import (
 )
 from mpcache.telemetry.subscribers.metrics.event_bus import EventBusSelfMetricsSubscriber
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.kv_feed import KVFeedSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import L0L1ThroughputSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
 from mpcache.telemetry.subscribers.metrics.l1_lifecycle import L1LifecycleSubscriber
@@ -58,7 +59,7 @@ IDS = [spec.prometheus_name for spec in METRICS]
 FIELD_KIND = {
     D.FIELD_SUM: FieldKind.INT, D.POSITIVE_FIELD_SUM: FieldKind.INT, D.THROUGHPUT: FieldKind.INT,
     D.TRUE_COUNT: FieldKind.BOOL, D.FALSE_COUNT: FieldKind.BOOL, D.NONZERO_COUNT: FieldKind.INT,
-    D.ZERO_COUNT: FieldKind.INT,
+    D.ZERO_COUNT: FieldKind.INT, D.LATEST_FIELD: FieldKind.INT,
 }
 INSTRUMENTS = {
     **{d: (COUNTER,) for d in D if d.table_driven},
@@ -68,7 +69,8 @@ INSTRUMENTS = {
     D.CHECKPOINT: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
     D.MRC_HIT_RATIO: (OBSERVABLE_GAUGE,), D.SAMPLED_MISSES: (COUNTER,),
     D.SLOT_COUNT: (OBSERVABLE_GAUGE,), D.LIVE_SLOT_COUNT: (OBSERVABLE_GAUGE,), D.RESTART_COUNT: (OBSERVABLE_COUNTER,),
-    D.SLOT_WORD: (OBSERVABLE_COUNTER,), D.BUILD: (OBSERVABLE_GAUGE,), D.RESOURCE: (OBSERVABLE_GAUGE,),
+    D.SLOT_WORD: (OBSERVABLE_COUNTER, OBSERVABLE_GAUGE), D.LATEST_FIELD: (OBSERVABLE_GAUGE,),
+    D.BUILD: (OBSERVABLE_GAUGE,), D.RESOURCE: (OBSERVABLE_GAUGE,),
     D.PROCESS: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER), D.PROCESS_SAMPLE: (OBSERVABLE_GAUGE, OBSERVABLE_COUNTER),
 }
 # Where each attribute origin may appear.
@@ -112,7 +114,7 @@ def test_source_events_are_catalogue_events_and_fit_the_instrument(spec: MetricS
                  if len(set(part)) != len(part)]
     problems += [] if set(source.listed) <= set(source.all_events) else [f"listed {source.listed} not all read"]
     counted_elsewhere = source.derivation.table_driven or source.derivation.observable or (
-        source.derivation is D.PRODUCER_BUCKETS)  # the producer measured the interval
+        source.derivation in (D.PRODUCER_BUCKETS, D.LATEST_FIELD))  # the producer measured it; a value, no interval
     problems += [] if source.since or counted_elsewhere else ["no since"]
     problems += [] if not source.since or not source.derivation.table_driven else ["a counter with since"]
     problems += [] if spec.instrument in INSTRUMENTS[source.derivation] else [f"{spec.instrument} is not "
@@ -231,6 +233,7 @@ def subscribers_and_metrics(pipeline, board) -> list[tuple[Subscriber, list[str]
     factories = [lambda meter, section=section: TableCountersSubscriber(meter, section, 10, ["fs"])
                  for section in COUNTER_SECTIONS] + [
         lambda meter: ServiceStateSubscriber(meter, board), lambda meter: ProcessesSubscriber(meter, board),
+        lambda meter: KVFeedSubscriber(meter, board),
         L1LifecycleSubscriber, lambda meter: SMLifecycleSubscriber(meter, 10), L0L1ThroughputSubscriber,
         L2ThroughputSubscriber, L0LifecycleSubscriber, LMCacheRequestTimesSubscriber,
         lambda meter: EventBusSelfMetricsSubscriber(meter, pipeline.pump(), bus),

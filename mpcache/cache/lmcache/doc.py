@@ -3,7 +3,8 @@ client versions and model shapes are served, and every operation with its wire i
 
 from __future__ import annotations
 
-from mpcache.cache.lmcache import groups, inline, wire
+from mpcache.cache.kvlog import TOKEN_BYTES_PER_RECORD
+from mpcache.cache.lmcache import groups, inline, kvevents, wire
 from mpcache.cache.lmcache.handlers import OPERATIONS
 from mpcache.cache.lmcache.registrations import CLIENT_056, CLIENT_057, REAP_AFTER_S
 
@@ -38,6 +39,20 @@ KV cache group), never a pickle: each checked against its group's layout, with t
 ({_INLINE_BOUNDS}) and no more than L1 holds.
 Such a peer gets no slot. A 0.5.6 worker told `shm_name ""` falls back to pickles, which are refused.
 
+KV events (`subscribe_kv_events`, for cache-aware routers through the engines' KV-event publishers): each cache
+process logs every L1 object made readable (`stored`: its key, its parent's, the chunk's tokens where the store
+carried them) and every one that stops being readable (`removed`: eviction, `clear`), and what its L2 store
+tasks wrote and evicted (medium `L2:<tier>`; LMCache's worker keeps `CPU` records only), in a log of
+`--kv-event-log-size` records (0: off; up to {TOKEN_BYTES_PER_RECORD} bytes of token lists per record) with a
+fresh `incarnation` at every start, and `get_experimental` says `{kvevents.CAPABILITY}` while it is on (LMCache
+0.5.6's worker subscribes only then). A subscription gets one `KVEventBatch` at once and one more per credit
+(`[uid, b"", b"ack"]`), at most {kvevents.MAX_EVENTS} records of its model each; `[uid, b"", b"cancel"]` ends it,
+as does the server with a reply that has no batch frame. A cursor the log no longer covers is answered with
+`lost` and a snapshot (`stored` records of everything L1 holds readable), then the log from there; at most
+{kvevents.MAX_SUBSCRIPTIONS} subscriptions per cache process (one per instance id). Every batch also carries
+`capacity`, per tier the bytes and the tokens of the subscription's model alone it holds, a key LMCache's client
+passes over.
+
 Every request gets a reply: its result, or its operation's failure reply (empty: no result frame), with one
 log line naming what was wrong; an operation that is not served gets its failure reply and one warning per
 client saying why.
@@ -56,6 +71,7 @@ def render_markdown() -> str:
     lines = [INTRO.rstrip("\n")]
     for op in sorted(OPERATIONS.values(), key=lambda op: (op.wire_id is None, op.wire_id or 0, op.name)):
         served = "yes" if op.unsupported is None else f"no: {op.unsupported}"
+        served += ", a stream (a reply per credit, then one that ends it)" if op.stream else ""
         arguments = "—" if op.unsupported is not None else _arguments(*op.arguments)
         failure = "empty" if op.failure is None else f"`{op.failure!r}`"
         lines.append(f"| `{op.name}` | {op.wire_id if op.wire_id is not None else 'by name'} | {arguments} | "

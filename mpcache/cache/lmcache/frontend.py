@@ -21,9 +21,11 @@ from typing import Any
 from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import ErrorLog, RateLimit
 from mpcache.cache.lmcache import inline, wire
+from mpcache.cache.lmcache.capacity import Capacity
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.gate import PeerGate
-from mpcache.cache.lmcache.handlers import LMCacheHandlers, Wait
+from mpcache.cache.lmcache.handlers import LMCacheHandlers, Subscribe, Wait
+from mpcache.cache.lmcache.kvevents import KVEventStreams
 from mpcache.cache.lmcache.operations import OperationFrames
 from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
@@ -72,7 +74,10 @@ class LMCacheFrontEnd:
         one_owner = len(self.gate.allowed) == 1 and not config.lmcache_allow_remote
         self._warned: dict[bytes, set[str]] = {}
         inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
-        self._handlers = LMCacheHandlers(ctx, self.engine, one_owner=one_owner, warn_once=self._warn_once,
+        self.capacity = Capacity(ctx, self.engine.registrations)
+        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send, self.capacity.of)
+        self._handlers = LMCacheHandlers(ctx, self.engine, self.streams, one_owner=one_owner,
+                                         warn_once=self._warn_once,
                                          widen=lambda client: self._router.widen(client, inline_frame))
         self._operation = OperationFrames()
         self._waiters: list[_Waiter] = []
@@ -84,6 +89,7 @@ class LMCacheFrontEnd:
 
     def close(self) -> None:
         self._times.flush()
+        self.streams.close()
         self.engine.close()
         self._router.close()
         self.gate.close()
@@ -109,6 +115,7 @@ class LMCacheFrontEnd:
                 break
         self._backlog = self._backlog or router.backlogged
         router.accept_waiting()
+        self.streams.pump()  # what this pass (or the other front end's, before it) changed in L1
 
     def next_deadline(self) -> float | None:
         self._router.expire()  # handshakes past their deadline, paused listeners (nothing to do, mostly)
@@ -121,9 +128,11 @@ class LMCacheFrontEnd:
         return min(deadlines, default=None)
 
     def tick(self) -> None:
-        """Heartbeat work: publish the service times counted (once a second), abandon prepared transfers past
-        their deadline."""
+        """Heartbeat work: publish the service times counted (once a second) and what each model takes of the
+        tiers, report the KV event feed, abandon prepared transfers past their deadline."""
         self._times.tick(time.monotonic_ns())
+        self.capacity.publish()
+        self.streams.report(self._ctx.gauges)
         expired = self.engine.expire()
         if expired:
             self._log.warning("lmcache.transfers_abandoned", count=expired,
@@ -145,7 +154,8 @@ class LMCacheFrontEnd:
             return INVALID
         identity, uid, op_frame, payloads = frames[0], frames[1], frames[2], frames[3:]
         prefix = [identity, uid, op_frame]
-        if op_frame == b"":  # stream credit or cancel; no stream is ever open here
+        if op_frame == b"":  # a stream's credit or cancel
+            self.streams.control(identity, uid, payloads[0] if len(payloads) == 1 else b"")
             return None
         try:
             operation = self._operation(op_frame)
@@ -180,6 +190,10 @@ class LMCacheFrontEnd:
             result = operation.failure
         finally:
             self._ctx.update_gauges()
+        if type(result) is Subscribe:
+            self.streams.subscribe(prefix, result.instance_id, result.model_name, result.cursor, result.max_events)
+            self.streams.pump()  # its first batch, at once
+            return name
         if type(result) is Wait:
             if len(self._waiters) < MAX_WAITERS:
                 self._waiters.append(_Waiter(prefix, result.request_id, time.monotonic() + result.timeout,
@@ -210,6 +224,15 @@ class LMCacheFrontEnd:
             self._router.send(frames)
         except Gone:
             self._client_error("reply", "transport", "reply dropped: the client's connection has closed")
+
+    def _stream_send(self, prefix: list[bytes], batch: Any) -> bool:
+        """A stream's batch (None: the reply that ends it); False when its connection has closed."""
+        self._sent_ns = time.monotonic_ns()
+        try:
+            self._router.send(prefix if batch is None else prefix + [wire.encode(batch)])
+        except Gone:
+            return False
+        return True
 
     def _warn_once(self, identity: bytes, name: str, event: str, fix: str) -> None:
         """One warning per client and operation."""

@@ -17,12 +17,13 @@ from mpcache.cache.context import CacheContext
 from mpcache.cache.dispatch import RateLimit
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
+from mpcache.cache.lmcache.kvevents import CAPABILITY, MAX_EVENTS, KVEventStreams
 from mpcache.cache.lmcache.operations import OPERATIONS, refused, served
 from mpcache.cache.lmcache.recentkeys import RecentKeys
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 
-__all__ = ["OPERATIONS", "LMCacheHandlers", "Wait"]
+__all__ = ["OPERATIONS", "LMCacheHandlers", "Subscribe", "Wait"]
 
 WarnOnce = Callable[[bytes, str, str, str], None]  # (client, operation, event, fix)
 Widen = Callable[[bytes], None]  # a client whose connection may carry KV objects inline
@@ -53,7 +54,6 @@ refused("p2p_query_lookup_results", 30, _NO_P2P)
 refused("p2p_unlock_objects", 31, _NO_P2P)
 refused("cb_protocol_handshake", 33, _NO_BLENDING, [0, False])
 refused("cb_reorder_plan", None, _NO_BLENDING, [])
-refused("subscribe_kv_events", None, "KV event streams are not supported")
 refused("server_module_call", None, _NO_SERVER_MODULES)
 refused("server_module_affinity_call", None, _NO_SERVER_MODULES)
 
@@ -66,15 +66,26 @@ class Wait:
     timeout: float
 
 
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """subscribe_kv_events: a stream to open (its batches follow as credits allow)."""
+
+    instance_id: int
+    model_name: str
+    cursor: int
+    max_events: int
+
+
 class LMCacheHandlers:
     """Serves LMCache's operations against ``ctx`` through ``engine``; ``client`` is the identity of the
     connection whose request is in hand (for one-per-client warnings, and ``widen`` once it registers or
     prepares a transfer: its worker's transfers may carry KV objects inline, LMCache 0.5.7's way where the pool
     cannot be mapped; a worker that reconnects prepares each transfer before it commits one)."""
 
-    def __init__(self, ctx: CacheContext, engine: EngineDriven, *, one_owner: bool, warn_once: WarnOnce,
-                 widen: Widen) -> None:
+    def __init__(self, ctx: CacheContext, engine: EngineDriven, streams: KVEventStreams, *, one_owner: bool,
+                 warn_once: WarnOnce, widen: Widen) -> None:
         self._ctx = ctx
+        self._streams = streams
         self._log = ctx.log
         self.engine = engine
         self._one_owner = one_owner
@@ -108,7 +119,15 @@ class LMCacheHandlers:
 
     @served("get_experimental", 32, (0, 0), failure=[])
     def get_experimental(self, args: list[Any], owner: int) -> list[str]:
-        return []
+        """The KV event stream where it is on (LMCache 0.5.6's worker subscribes only then)."""
+        return [CAPABILITY] if self._streams.enabled else []
+
+    @served("subscribe_kv_events", None, (4, 4), stream=True)
+    def subscribe_kv_events(self, args: list[Any], owner: int) -> Subscribe:
+        """``(instance_id, model_name, cursor, max_events)``: a stream of L1's changes (:mod:`.kvevents`)."""
+        return Subscribe(wire.instance_id(args[0]), protocol.MODEL(args[1], "model_name"),
+                         protocol.int_range(0, (1 << 63) - 1)(args[2], "cursor"),
+                         protocol.int_range(1, MAX_EVENTS)(args[3], "max_events"))
 
     @served("noop", 24, (0, 0), failure="OK")
     def noop(self, args: list[Any], owner: int) -> str:

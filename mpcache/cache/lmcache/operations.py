@@ -2,7 +2,8 @@
 operation sent by name only, as every operation from 0.5.7 on), how many argument frames it takes,
 whether its first argument is a key (:func:`.wire.parse_key_frame`), the value a refused request is
 answered with (LMCache's failure value of its reply type; None: a reply with no result frame), and either
-its handler or the reason it is not served.
+its handler or the reason it is not served.  A stream (``subscribe_kv_events``) is answered by a reply per credit
+the client grants, then one with no result frame that ends it; its failure value is that end.
 
 Every operation is declared in :mod:`.handlers`: a served one on its handler (:func:`served`), one mpcache
 does not serve as a row (:func:`refused`).  The front end dispatches by this table alone.
@@ -33,6 +34,7 @@ class Operation:
     failure: Any
     handler: Handler | None = None
     unsupported: str | None = None
+    stream: bool = False
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -47,11 +49,11 @@ def _declare(operation: Operation) -> None:
 
 
 def served(name: str, wire_id: int | None, arguments: tuple[int, int], *, keyed: bool = False,
-           failure: Any = None) -> Callable[[Handler], Handler]:
-    """Declare the decorated method as the handler of operation ``name``."""
+           failure: Any = None, stream: bool = False) -> Callable[[Handler], Handler]:
+    """Declare the decorated method as the handler of operation ``name`` (``stream``: it opens a stream)."""
 
     def register(handler: Handler) -> Handler:
-        _declare(Operation(name, wire_id, arguments, keyed, failure, handler=handler))
+        _declare(Operation(name, wire_id, arguments, keyed, failure, handler=handler, stream=stream))
         return handler
 
     return register

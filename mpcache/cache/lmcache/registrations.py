@@ -191,6 +191,9 @@ class Registrations:
                            world_size=registration.world_size, uid=owner, reason=reason)
         return True
 
+    def registered(self) -> list[Registration]:
+        return list(self._by_id.values())
+
     def groups_of(self, model: str, world_size: int) -> tuple[GroupLayout, ...] | None:
         """The KV cache groups of a model's latest grouped registration at this world size (a lookup names no
         instance); None when none is registered: one group."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from mpcache.cache.accesses import group_label
 from mpcache.cache.context import CacheContext
-from mpcache.cache.lmcache import inline, wire
+from mpcache.cache.lmcache import inline, kvevents, wire
 from mpcache.cache.lmcache.groups import GroupLayout, parse_skipped, window_start
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registration, Registrations
 from mpcache.cache.requests import reserve_store, store_to_l2
@@ -67,6 +67,7 @@ class _Pending:
     positions: list[int] = field(default_factory=list)  # retrieve: the keys' places in the lookup's job
     job: Job | None = None
     chunks: int = 0  # chunk positions it covers (its tokens: chunks × chunk size)
+    feed: tuple | None = None  # store, where L1 has a feed: what its stored records say (:func:`.kvevents.details`)
     failed: int = 0  # store: objects that got no space
     deadline: float = 0.0
     peer: tuple[int, bytes] = (0, b"")  # store: the uid and connection its reserved bytes are charged to
@@ -176,6 +177,9 @@ class Transfers:
             indices.extend(wanted[p] for p in reservation.positions)
             group_ids.extend([group] * len(reservation.positions))
         pending.chunks = len(set(indices))
+        if ctx.l1.feed is not None and pending.keys:
+            pending.feed = kvevents.feed_of(key, self._registrations.chunk_tokens, first, keys, indices, group_ids,
+                                            len(layouts), self._keys_of)
         context: dict[str, Any] = {"slots": slots, "chunk_indices": indices}
         if registration.grouped:
             context["group_ids"] = group_ids
@@ -225,6 +229,8 @@ class Transfers:
         pending = self._start(key, registration.instance_id, _MP_STORE_SUBMITTED, _MP_STORE_START)
         pool = ctx.l1.pool
         stored: set[int] = set()
+        chunks: list[int] = []
+        group_ids: list[int] = []
         for group, (layout, (positions, objects)) in enumerate(zip(layouts, groups)):
             size = layout.object_bytes
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
@@ -235,15 +241,22 @@ class Transfers:
             pending.add([keys[positions[p] * len(layouts) + group] for p in reservation.positions], size)
             pending.failed += reservation.failed
             stored.update(positions[p] for p in reservation.positions)
+            chunks.extend(positions[p] for p in reservation.positions)
+            group_ids.extend([group] * len(reservation.positions))
         pending.chunks = len(stored)
+        if ctx.l1.feed is not None and pending.keys:
+            pending.feed = kvevents.feed_of(key, self._registrations.chunk_tokens, first, keys, chunks, group_ids,
+                                            len(layouts), self._keys_of)
         self._commit(pending)
         return True
 
     def _commit(self, pending: _Pending) -> None:
         sampled: list[tuple[int, str, str]] = []
+        feed = kvevents.details(pending.feed, pending.sizes) if pending.feed is not None else None
         at = 0
-        for count, size in pending.sizes:
-            sampled += self._ctx.l1.commit_write(pending.model, pending.salt, pending.keys[at : at + count], size)
+        for run, (count, size) in enumerate(pending.sizes):
+            sampled += self._ctx.l1.commit_write(pending.model, pending.salt, pending.keys[at : at + count], size,
+                                                 feed[run] if feed is not None else None)
             at += count
         self._finish_store(pending, sampled)
 

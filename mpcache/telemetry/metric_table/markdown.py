@@ -80,6 +80,8 @@ def describe(source: Source) -> str:
         d.SAMPLED_KEY_ACCESSES: f"chunks of the cache_salt accessed from {since} to {events} of a sampled chunk",
         d.BLOCK_SECONDS: f"seconds from {since} to {events} of a GPU block",
         d.THROUGHPUT: f"{field} over the time from {since} to {events}",
+        d.LATEST_FIELD: (f"{field} of each cache process's newest {events}, summed over the processes heard from "
+                         "in the last 5 s"),
         d.PRODUCER_BUCKETS: (f"the bucket counts, sum and extremes each {events} carries (the cache "
                              "process counts every request in this grid)"),
         d.MRC_HIT_RATIO: (f"share of the sampled {events} keys whose LRU reuse distance (bytes, "

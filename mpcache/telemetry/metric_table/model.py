@@ -34,6 +34,9 @@ class Derivation(enum.Enum):
     BLOCK_SECONDS = "block seconds"  # seconds between events of the same client GPU block
     THROUGHPUT = "throughput"  # the byte field over the time from a ``since`` event to its ``events`` one
     PRODUCER_BUCKETS = "producer buckets"  # bucket counts, sum and extremes a cache process counted, added as they are
+    # Gauges from events: the int field ``Source.field`` of the newest event per cache process and attribute set
+    # (forgotten a few seconds after its last), summed over cache processes, read at collection time:
+    LATEST_FIELD = "latest field"
     # Miss-ratio curves and miss reasons (mpcache.telemetry.mrc), from the sampled keys of ``events`` (lookups)
     # against the history that they and ``since`` (stores) build; scaled by 1 / the sampling rate:
     MRC_HIT_RATIO = "miss-ratio curve"  # the curve's hit ratio at a capacity, read at collection time

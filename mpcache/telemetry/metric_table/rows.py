@@ -1,9 +1,8 @@
 """The metric table: every series mpcache exports, one row each, in sections.
 
 The sections of the specification (``spec/metrics.tsv``, whose rows they hold in its order) come first, each
-followed by mpcache's rows that extend it; then mpcache's own sections.  A row is a
-:class:`~mpcache.telemetry.metric_table.model.MetricSpec`; its :class:`Source` says what the value and the
-attributes are computed from.
+followed by mpcache's rows that extend it; then mpcache's own sections.  A row is a :class:`MetricSpec`; its
+:class:`Source` says what the value and the attributes are computed from.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from mpcache.telemetry.metric_table.grids import (
     REUSE_GAP_OBJECTS_BUCKETS,
     THROUGHPUT_GBS_BUCKETS,
 )
+from mpcache.telemetry.metric_table.kvfeed import KV_EVENTS
 from mpcache.telemetry.metric_table.model import (
     COUNTER,
     HISTOGRAM,
@@ -395,6 +395,7 @@ Section("Service", "The service", False, (
            Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"), "Bytes L1's allocators hold in slabs that no "
            "object uses (free spots, alignment padding, slab tails), summed over the live cache processes."),
     )),
+    KV_EVENTS,
     PROCESSES,
     EXPORTER,
 )

@@ -26,6 +26,7 @@ from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
+from mpcache.telemetry.subscribers.metrics.kv_feed import KVFeedSubscriber
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
@@ -80,6 +81,7 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
+        subscribers.append(KVFeedSubscriber(meter, readiness))
         subscribers.append(ProcessesSubscriber(meter, readiness))
     subscribe_all(bus, subscribers)  # before the checkpoint reads the rings on for them
     if checkpoint is not None:

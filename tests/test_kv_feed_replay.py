@@ -1,0 +1,139 @@
+"""The KV event feed replayed against what the cache holds: a mixed workload of more than 10⁵ chunk events through
+``bin/start-cache`` (stores of fresh and repeated chunks in two tenants into a small L1, so every store evicts;
+``clear``; ``kill -9`` of the cache process, and of the telemetry process, which the feed never touches), and an
+index a router builds from ``subscribe_kv_events`` alone equals L1's actual contents at every checkpoint: every
+block it holds is found by one lookup on the native socket (0 stale) and it holds as many blocks as L1's bytes
+in use hold objects (0 missing)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+from kv_feed import Index, Stream, block_hash
+from lmcache_client import LMClient
+from support.waiting import wait_for
+
+from mpcache.client import CacheClient
+from mpcache.contract.keys import ChunkKey
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.segment import Segment
+
+CHUNK = 4096  # bytes per object (the native protocol's chunks)
+SLOTS = 256  # L1 objects
+BATCH = 64  # chunks per store
+MODEL = "org/replay"
+SALTS = ("", "tenant-b")
+EVENTS = 100_000
+
+
+class Cache:
+    """The service's cache process 0 as the test reaches it: a native client with a buffer, an LMCache client
+    (for clear), a subscription to its feed and the gauge board."""
+
+    def __init__(self, service, board: GaugeBoardReader) -> None:
+        self.service, self.board = service, board
+        self.native = CacheClient(service.socket(0))
+        self.buffer = self.native.register_buffer(BATCH, CHUNK)
+        url = service.config().lmcache_urls(0)[0]
+        self.lmcache = LMClient(url)
+        self.stream = Stream(url, MODEL)
+
+    def close(self) -> None:
+        self.native.close()
+        self.lmcache.close()
+        self.stream.close()
+
+    def objects(self) -> int:
+        used = self.board.word(0, layout.G_L1_USED)
+        assert used % CHUNK == 0
+        return used // CHUNK
+
+
+def _kill_and_wait(service, role: str) -> None:
+    """``kill -9`` the child and wait until its successor serves (a cache process: its socket answers)."""
+    pids = service.pids(role)
+    os.kill(pids[-1], signal.SIGKILL)
+    wait_for(lambda: len(service.pids(role)) > len(pids) and (
+        role != "cache" or service.lines("cache.start", pid=service.pids(role)[-1])), 60, f"a new {role} process")
+
+
+def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_service):
+    service = start_service("--workers", "1", "--lmcache-ipc", "--lmcache-allow-clear", "--chunk-bytes", str(CHUNK),
+                            "--l1-size", str(SLOTS * CHUNK), "--chunk-size", "16")
+    service.ready(metrics=False)
+    segment = Segment.attach(service.config().gauge_board_name())
+    board = GaugeBoardReader(segment)
+    rng = random.Random(38)
+    known: dict[tuple[str, bytes], ChunkKey] = {}  # what the test stored, by the feed's name for it
+    recent: list[tuple[str, int]] = []
+    cache = Cache(service, board)
+    index = Index()
+    checkpoints = restarts = marker_seq = 0
+    try:
+        for step in range(2_000):
+            if index.records >= EVENTS and restarts >= 2:
+                break
+            salt = SALTS[step % 2]
+            hashes = [rng.getrandbits(63) for _ in range(BATCH)]
+            if step % 5 == 0:  # repeats: those still held are touched, evicted ones are stored again
+                again = [h for s, h in recent if s == salt]
+                hashes[: BATCH // 2] = rng.sample(again, min(BATCH // 2, len(again)))
+                hashes = list(dict.fromkeys(hashes))
+            for h in hashes:
+                known[block_hash(ChunkKey(MODEL, salt, h))] = ChunkKey(MODEL, salt, h)
+            recent = (recent + [(salt, h) for h in hashes])[-4 * SLOTS:]
+            cache.native.store(cache.buffer, request_id=f"s{step}", model_name=MODEL, cache_salt=salt,
+                                        chunk_hashes=hashes, block_ids=list(range(len(hashes))))
+            cache.native.end_session(f"s{step}")
+            if step % 97 == 96:
+                cache.lmcache.call("clear")
+            if step % 331 == 330:
+                _kill_and_wait(service, "telemetry")  # the feed does not go through it
+            if step % 40 == 39 or step % 97 == 96:
+                marker_seq += 1
+                _checkpoint(cache, index, known, marker_seq)
+                checkpoints += 1
+            if step in (450, 900):  # kill -9 the cache process: the feed's next incarnation starts from nothing
+                _checkpoint(cache, index, known, marker_seq + 1000)
+                cache.close()
+                _kill_and_wait(service, "cache")
+                restarts += 1
+                cache = Cache(service, board)
+                before = index.resyncs
+                _checkpoint(cache, index, known, marker_seq + 2000)
+                assert index.resyncs == before + 1  # the new incarnation
+        _checkpoint(cache, index, known, marker_seq + 3000)
+        assert index.records >= EVENTS and restarts == 2 and checkpoints >= 20
+        assert index.removed_unknown == 0
+    finally:
+        cache.close()
+        board = None
+        segment.close()
+
+
+def _checkpoint(cache: Cache, index: Index, known: dict, marker: int) -> None:
+    """Store a marker chunk, read the feed until its stored record, and hold the index against L1."""
+    marker_hash = (1 << 63) | marker
+    key = ChunkKey(MODEL, "", marker_hash)
+    known[block_hash(key)] = key
+    cache.native.store(cache.buffer, request_id=f"m{marker}", model_name=MODEL, chunk_hashes=[marker_hash],
+                       block_ids=[0])
+    cache.native.end_session(f"m{marker}")
+    wanted = block_hash(key)
+    while wanted not in index.blocks:
+        batch = cache.stream.next()
+        assert batch is not None, "the stream ended"
+        index.apply(batch)
+    assert set(index.blocks) <= set(known), "the feed names a block nobody stored"
+    for salt in SALTS:
+        held = [known[block].chunk_hash for block in index.blocks if known[block].cache_salt == salt]
+        if held:
+            job = cache.native.lookup_prefetch(request_id=f"probe{marker}{salt}", model_name=MODEL, cache_salt=salt,
+                                               chunk_hashes=held)
+            found = cache.native.wait_prefetch(job).found_count
+            cache.native.end_session(f"probe{marker}{salt}")
+            assert found == len(held), f"stale: {len(held) - found} of {len(held)} blocks of {salt!r} not in L1"
+    assert len(index.blocks) == cache.objects(), "missing: L1 holds objects the feed never announced"
