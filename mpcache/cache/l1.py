@@ -101,8 +101,13 @@ class L1Manager:
         """Bytes the allocator holds in slabs that no object uses (free spots, padding, slab tails)."""
         return self.allocator.fragmentation_bytes
 
-    usage = property(lambda self: self.used_bytes / self.capacity_bytes)
-    max_object_bytes = property(lambda self: self.capacity_bytes)  # the largest object L1 can ever hold: all of it
+    @property
+    def max_object_bytes(self) -> int:  # the largest object L1 can ever hold: all of it
+        return self.capacity_bytes
+
+    @property
+    def usage(self) -> float:
+        return self.used_bytes / self.capacity_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -125,13 +130,9 @@ class L1Manager:
     def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None,
                       nbytes: int | None = None) -> WriteReservation:
         """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting LRU entries
-        (of any size) until each fits.
-
-        Chunks already present are touched (most recently used) and not
-        reserved again.  Chunks get space in order; when nothing more can be
-        evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
-        (``L1_ALLOCATION_FAILED``, during=l1_store).
-        """
+        (of any size) until each fits.  Chunks already present are touched (most recently used) and not reserved
+        again.  Chunks get space in order; when nothing more can be evicted, or ``limit`` chunks are reserved, the
+        remaining new chunks fail (``L1_ALLOCATION_FAILED``, during=l1_store)."""
         size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
         lru = self._lru
