@@ -78,8 +78,13 @@ class L1Manager:
         """Bytes the allocator holds in slabs that no object uses (free spots, padding, slab tails)."""
         return self.allocator.fragmentation_bytes
 
-    usage = property(lambda self: self.used_bytes / self.capacity_bytes)
-    max_object_bytes = property(lambda self: self.capacity_bytes)  # the largest object L1 can ever hold: all of it
+    @property
+    def max_object_bytes(self) -> int:  # the largest object L1 can ever hold: all of it
+        return self.capacity_bytes
+
+    @property
+    def usage(self) -> float:
+        return self.used_bytes / self.capacity_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
