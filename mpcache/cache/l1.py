@@ -14,8 +14,8 @@ from typing import cast
 import numpy as np
 
 from mpcache.cache import l1_order
-from mpcache.cache.l1_entries import Entry, PrefetchReservation, WriteReservation
 from mpcache.cache.kvlog import Detail, KVEventLog
+from mpcache.cache.l1_entries import Entry, Evicted, PrefetchReservation, WriteReservation
 from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
@@ -29,17 +29,6 @@ _L1_KEYS_EVICTED = EventType.L1_KEYS_EVICTED
 _L1_EVICTION_LOOP_TICK = EventType.L1_EVICTION_LOOP_TICK
 _L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
 _L1_READ_FAILED = EventType.L1_READ_FAILED
-
-
-class _Evicted:
-    """What one operation evicted, published as one ``L1_KEYS_EVICTED``."""
-
-    __slots__ = ("count", "groups", "sampled")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.groups: Counter[tuple[str, str]] = Counter()
-        self.sampled: list[tuple[int, str, str]] = []
 
 
 class L1Manager:
@@ -60,9 +49,12 @@ class L1Manager:
         self._gate = SampleGate(sample_rate)
         self._entries: dict[ChunkKey, Entry] = {}
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
-        self._order = l1_order.build(policy, self.capacity_bytes, self._entries.get)  # ready, unlocked
+        self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get)
+        self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
+        self._again, self._promote = order.again, order.promote  # an entry taken out is used again
+        self._tail_first = order.tail_first
+        self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
-        self._prefix_aware = self._order.prefix_aware
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -116,42 +108,43 @@ class L1Manager:
         """
         size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
-        order = self._order
-        take = order.take
+        lists, again, joined, hints = self._lists, self._again, self._order.new, self._hints
         new: list[int] = []
+        keys: list[ChunkKey] = []  # by position
         pinned: list[tuple[ChunkKey, Entry]] = []
-        seen: dict[ChunkKey, None] = {}  # in the request's order
+        seen: set[ChunkKey] = set()
         for position, chunk_hash in enumerate(hashes):
             key = ChunkKey(model, salt, chunk_hash)
+            keys.append(key)
             if key in seen:
                 continue  # a repeated hash within one request: written once
-            seen[key] = None
+            seen.add(key)
             entry = entries.get(key)
             if entry is None:
                 new.append(position)
             elif entry.ready and entry.readers == 0:
-                take(key, entry)
+                del lists[entry.tier][key]
+                if entry.tier != again:
+                    self._promote(entry)
                 pinned.append((key, entry))  # kept out of eviction's reach during this call
         present = len(seen) - len(new)
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
         positions: list[int] = []
         offsets: list[int] = []
-        evicted = _Evicted()
+        evicted = Evicted()
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:
                 break
-            key = ChunkKey(model, salt, hashes[position])
+            key = keys[position]
             entries[key] = entry = Entry(offset, size)
-            order.new(key, entry)
+            if joined is not None:  # its parent: the chunk before it, or the prefix its lookup found
+                joined(key, entry, keys[position - 1] if position else hints.pop(key, None))
             positions.append(position)
             offsets.append(offset)
         self._publish_evicted(evicted)
-        if self._prefix_aware:
-            order.link_store(list(seen))
-        put = order.put
-        for key, entry in reversed(pinned) if order.tail_first else pinned:
-            put(key, entry)  # touched: used again
+        for key, entry in reversed(pinned) if self._tail_first else pinned:
+            lists[entry.tier][key] = entry  # touched: used again
         failed = len(new) - len(positions)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
         return WriteReservation(positions, offsets, present, failed)
@@ -165,17 +158,16 @@ class L1Manager:
 
     def commit_write(self, model: str, salt: str, hashes: Sequence[int], nbytes: int,
                      detail: Detail | None = None) -> list[tuple[int, str, str]]:
-        """Make reserved chunks readable (``L1_WRITE_FINISHED``, and ``stored`` in the feed with ``detail``); they
-        enter the eviction order as just used.  Returns the sampled subset published with the event (callers
-        reuse it)."""
+        """Make reserved chunks readable (``L1_WRITE_FINISHED``, and ``stored`` in the feed with ``detail``), just
+        used in the eviction order.  Returns the sampled subset published with the event (callers reuse it)."""
         entries = self._entries
-        put = self._order.put
-        for chunk_hash in reversed(hashes) if self._order.tail_first else hashes:
+        lists = self._lists
+        for chunk_hash in reversed(hashes) if self._tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries[key]
             entry.ready = True
             entry.nbytes = nbytes
-            put(key, entry)
+            lists[entry.tier][key] = entry
         if self.feed is not None:
             self.feed.stored(model, salt, hashes, detail)
         return self._emit_keys(_L1_WRITE_FINISHED, model, salt, hashes) if hashes else []
@@ -204,7 +196,6 @@ class L1Manager:
         :meth:`commit_prefetch` (or given back with :meth:`abort_write`).
         """
         entries = self._entries
-        take = self._order.take
         covered: list[tuple[ChunkKey, Entry | None]] = []
         seen: set[ChunkKey] = set()
         for chunk_hash in hashes:
@@ -221,12 +212,12 @@ class L1Manager:
                 missing += 1
             else:
                 if entry.readers == 0:
-                    take(key, entry)
+                    self._take(key, entry)
                 entry.readers += 1
         size = self.chunk_bytes
         offsets: list[int] = []
         failed = 0
-        evicted = _Evicted()
+        evicted = Evicted()
         for index, (key, entry) in enumerate(covered):
             if entry is not None:
                 offsets.append(-1)
@@ -238,7 +229,8 @@ class L1Manager:
                 self._unlock(model, salt, [k.chunk_hash for k, e in rest if e is not None])
                 break
             entries[key] = landing = Entry(offset, size)
-            self._order.new(key, landing)
+            if self._order.new is not None:
+                self._order.new(key, landing, None)
             offsets.append(offset)
         self._publish_evicted(evicted)
         self._report_reserved(model, salt, sum(1 for offset in offsets if offset >= 0), failed, "l2_prefetch")
@@ -264,18 +256,20 @@ class L1Manager:
         ``publish`` is False: a lock held only for the length of one copy).  Returns its length in chunks.  The
         locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`."""
         entries = self._entries
-        take = self._order.take
+        lists, again = self._lists, self._again
         found = 0
         key = None
         for chunk_hash in hashes:
             previous, key = key, ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
             if entry is None or not entry.ready:
-                if found and self._prefix_aware:
+                if found and self._order.prefix_aware:
                     self._order.hint(key, previous)
                 break
             if entry.readers == 0:
-                take(key, entry)
+                del lists[entry.tier][key]
+                if entry.tier != again:
+                    self._promote(entry)
             entry.readers += 1
             found += 1
         if found and publish:
@@ -324,17 +318,23 @@ class L1Manager:
         """Drop read locks of chunks that were never read (publishes nothing)."""
         self._unlock(model, salt, hashes)
 
+    def _take(self, key: ChunkKey, entry: Entry) -> None:
+        """Out of the eviction order (locked or pinned): used again."""
+        del self._lists[entry.tier][key]
+        if entry.tier != self._again:
+            self._promote(entry)
+
     def _unlock(self, model: str, salt: str, hashes: Sequence[int]) -> None:
         entries = self._entries
-        put = self._order.put
-        for chunk_hash in reversed(hashes) if self._order.tail_first else hashes:
+        lists = self._lists
+        for chunk_hash in reversed(hashes) if self._tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
             if entry is None or entry.readers == 0:
                 continue
             entry.readers -= 1
             if entry.readers == 0:
-                put(key, entry)  # used again
+                lists[entry.tier][key] = entry  # used again
 
     # -- eviction -----------------------------------------------------------------
 
@@ -353,13 +353,13 @@ class L1Manager:
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` unlocked entries in the policy's order (one L1_KEYS_EVICTED); returns how many."""
-        evicted = _Evicted()
+        evicted = Evicted()
         while evicted.count < count and self._evict_one(evicted):
             pass
         self._publish_evicted(evicted)
         return evicted.count
 
-    def _allocate(self, size: int, evicted: _Evicted) -> int | None:
+    def _allocate(self, size: int, evicted: Evicted) -> int | None:
         """Space for one object: evict unlocked entries in the policy's order until the allocator places it
         (None, evicting nothing, for an object larger than the pool)."""
         alloc = self.allocator.alloc
@@ -370,7 +370,7 @@ class L1Manager:
                 offset = alloc(size)
         return offset
 
-    def _evict_one(self, evicted: _Evicted) -> bool:
+    def _evict_one(self, evicted: Evicted) -> bool:
         """Evict the policy's next victim; False when every entry is locked or being written."""
         chosen = self._order.victim()
         if chosen is None:
@@ -386,7 +386,7 @@ class L1Manager:
         evicted.count += 1
         return True
 
-    def _publish_evicted(self, evicted: _Evicted) -> None:
+    def _publish_evicted(self, evicted: Evicted) -> None:
         if evicted.count:
             self._pub.emit(_L1_KEYS_EVICTED, salt_counts=evicted.groups, sampled=evicted.sampled)
 

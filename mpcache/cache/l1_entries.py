@@ -1,7 +1,8 @@
-"""What L1 holds (an :class:`Entry` per object) and what its reservations hand back."""
+"""What L1 holds (an :class:`Entry` per object), what its reservations hand back and what one operation evicted."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 from mpcache.contract.keys import ChunkKey
@@ -39,3 +40,14 @@ class PrefetchReservation(NamedTuple):
     offsets: list[int]  # per covered chunk, in order: its landing offset, or -1 when it was already ready (now locked)
     failed: int  # chunks that needed space and got none (L1_ALLOCATION_FAILED, during=l2_prefetch)
     stopped: int  # chunks not covered because one of them is being written by someone else (or repeats)
+
+
+class Evicted:
+    """What one operation evicted, published as one ``L1_KEYS_EVICTED``."""
+
+    __slots__ = ("count", "groups", "sampled")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.groups: Counter[tuple[str, str]] = Counter()
+        self.sampled: list[tuple[int, str, str]] = []

@@ -18,12 +18,19 @@ def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, 
     return ArcOrder(capacity, entries.get, prefix_aware=prefix_aware), entries
 
 
-def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str) -> None:
-    """Reserve and commit each key (one byte each), in this order."""
+def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str, parent: str | None = None) -> None:
+    """Reserve and commit each key (one byte each), in this order, as L1 does (the first one ``parent``'s child,
+    each next one the child of the one before)."""
     for key in keys:
         entries[key] = entry = Entry(0, 1)
-        order.new(key, entry)
-        order.put(key, entry)
+        order.new(key, entry, parent)
+        order.lists[entry.tier][key] = entry
+        parent = key
+
+
+def _store(l1: L1Manager, hashes: list[int]) -> None:
+    reservation = l1.reserve_write("m", "", hashes)
+    l1.commit_write("m", "", [hashes[p] for p in reservation.positions], 64)
 
 
 def _victims(order: ArcOrder, entries: dict[str, Entry]) -> list[str]:
@@ -39,18 +46,22 @@ def test_an_orphan_goes_before_everything_else(prefix_aware, expected):
     """c follows p in a store; once p is evicted c is worth nothing, so the adaptive order evicts it next, ahead
     of y, which ARC alone (all four seen once, least recently used first) would take before it."""
     order, entries = _order(prefix_aware)
-    _add(order, entries, "x", "p", "y", "c")
-    order.link_store(["p", "c"])
+    _add(order, entries, "x", "p")
+    _add(order, entries, "y")
+    _add(order, entries, "c", parent="p")
     assert expected == _victims(order, entries)
 
 
-def test_a_lookup_hint_makes_the_first_stored_chunk_its_prefix_s_child():
-    """A store reserves only what its lookup missed: the lookup's hint links its first chunk to the prefix."""
-    order, entries = _order(True)
-    _add(order, entries, "p", "x", "c")
-    order.hint("c", "p")
-    order.link_store(["c"])
-    assert ["p", "c", "x"] == _victims(order, entries)
+@pytest.mark.parametrize("looked_up", [False, True])
+def test_a_lookup_hint_makes_the_first_stored_chunk_its_prefix_s_child(looked_up):
+    """A store reserves only what its lookup missed: the lookup of 1, 2 that found 1 makes the store of 2 alone
+    the child of 1 (so evicting 1 makes 2 an orphan); without that lookup 2 has no parent."""
+    l1 = L1Manager(np.zeros(3 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _store(l1, [1])
+    if looked_up:
+        assert 1 == l1.lock_prefix("m", "", [1, 2])
+    _store(l1, [2])
+    assert (ChunkKey("m", "", 1) if looked_up else None) == l1.entry_of(("m", "", 2)).parent
 
 
 def test_a_ghost_hit_in_b1_grows_t1_s_share_and_comes_back_seen_again():
@@ -89,6 +100,5 @@ def test_a_full_l1_evicts_a_prefix_tail_first_only_with_the_adaptive_order(polic
     worthless without its head) and 1 under LRU and ARC (released head first, so least recently used)."""
     l1 = L1Manager(np.zeros(3 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
     for hashes in ([1, 2, 3], [4]):
-        reservation = l1.reserve_write("m", "", hashes)
-        l1.commit_write("m", "", [hashes[p] for p in reservation.positions], 64)
+        _store(l1, hashes)
     assert [h != evicted for h in (1, 2, 3, 4)] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
