@@ -25,6 +25,7 @@ import json
 import os
 import queue
 import random
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -33,7 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.children import stop
 from mpcache.bench.lmcache_servers import LMCACHE_ENV, Server, lmcache_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,6 +46,7 @@ REPETITIONS = 19
 L1_GB = 0.5
 START_TIMEOUT_S = 900.0  # three engines importing torch and loading the model at once on 2 cores
 REQUEST_TIMEOUT_S = 300.0
+EXIT_TIMEOUT_S = 60.0
 KINDS = ("none", "mpcache", "lmcache")
 TTFT = "vllm:time_to_first_token_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
@@ -84,7 +85,7 @@ class Engine:
         self.log_path = log_path
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                            text=True, env={**os.environ, **ENGINE_ENV})
+                                            text=True, env={**os.environ, **ENGINE_ENV}, start_new_session=True)
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.metrics: dict[str, float] = {}
@@ -100,14 +101,23 @@ class Engine:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise RuntimeError(f"the {self.kind} engine did not answer {what} within {timeout_s:.0f} s "
-                               f"(log {self.log_path})") from None
+            raise RuntimeError(f"the {self.kind} engine did not answer {what} within {timeout_s:.0f} s: "
+                               f"{self.log_error()}") from None
         if line is None:
-            raise RuntimeError(f"the {self.kind} engine exited {self.process.poll()} (log {self.log_path})")
+            raise RuntimeError(f"the {self.kind} engine exited {self.process.poll()}: {self.log_error()}")
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"the {self.kind} engine failed {what}: {reply['error']}")
         return reply
+
+    def log_error(self) -> str:
+        """The last error line of its log (the log goes with the benchmark's temporary directory)."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                lines = [line.strip() for line in handle if "Error" in line or "ERROR" in line]
+        except OSError:
+            return "(no log)"
+        return lines[-1][-600:] if lines else "(no error in its log)"
 
     def wait_ready(self, deadline: float) -> None:
         self._reply(max(1.0, deadline - time.monotonic()), "its start-up")
@@ -123,13 +133,23 @@ class Engine:
         return moved
 
     def stop(self) -> None:
+        """Asked to exit (vLLM then stops its engine-core and worker processes), then its whole process group
+        killed: a front end killed first would leave those two running, orphaned."""
         if self.process.poll() is None and self.process.stdin is not None:
             try:
                 self.process.stdin.write('{"op": "exit"}\n')
                 self.process.stdin.close()
             except (BrokenPipeError, ValueError):
                 pass
-        stop(self.process)
+        try:
+            self.process.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
 
 def _one_request(moved: dict[str, float]) -> dict[str, float]:

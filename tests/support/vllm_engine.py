@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -37,7 +38,7 @@ class Engine:
         with open(stderr_path, "wb") as stderr:
             self.process = subprocess.Popen((launcher or []) + argv, env=dict(os.environ, **ENGINE_ENV, **(env or {})),
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                            cwd=REPO)
+                                            cwd=REPO, start_new_session=True)
         self._replies: queue.Queue[dict | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.ready: dict[str, Any] | None = None
@@ -91,7 +92,8 @@ class Engine:
         wait_for(lambda: self.log_count(text) >= times, timeout_s, f"the engine to log {text!r} {times} times")
 
     def stop(self, timeout_s: float = 60) -> int | None:
-        """Ask it to exit; killed at the deadline."""
+        """Ask it to exit (vLLM stops its engine-core and worker processes), then kill whatever is left of its
+        process group: its exit status, or None if it had to be killed."""
         if self.process.poll() is None and self.process.stdin is not None:
             try:
                 self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
@@ -99,11 +101,15 @@ class Engine:
             except (BrokenPipeError, ValueError):
                 pass
         try:
-            return self.process.wait(timeout_s)
+            status: int | None = self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            return None
+            status = None
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        return status
 
 
 def wait_all_ready(*engines: Engine) -> None:
