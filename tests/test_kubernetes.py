@@ -32,7 +32,7 @@ MIB = 2**20
 # vLLM's own /dev/shm: what vLLM's Kubernetes guide (docs/deployment/k8s.md) gives it, a 2Gi memory emptyDir.
 VLLM_SHM = 2048 * MIB
 # Bytes beyond its segments that mpcache's memory limit leaves its processes.
-MPCACHE_PROCESSES = 256 * MIB
+CACHE_PROCESS_BYTES = 256 * MIB
 GPU = "nvidia.com/gpu"
 
 
@@ -219,7 +219,7 @@ def test_dev_shm_holds_mpcache_and_its_engines_and_the_limits_hold_their_pages(w
                   if m["mountPath"] == "/dev/shm"}
     engines = [c["name"] for c in vllm_containers(workload)]
     limit = quantity(mpcache["resources"]["limits"]["memory"])
-    assert limit >= need + MPCACHE_PROCESSES
+    assert limit >= need + CACHE_PROCESS_BYTES
     if pod.get("hostIPC"):
         assert {} == shm_mounts
     else:

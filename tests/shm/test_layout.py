@@ -289,10 +289,10 @@ def test_format_rejects_capacity_not_a_power_of_two(segment_factory):
 
 
 def test_gauge_board_header_bytes(segment_factory):
-    """The gauge board header: MPCGAUGE, gauge layout version 6, slot count, adapters per slot (8)."""
+    """The gauge board header: MPCGAUGE, gauge layout version 7, slot count, adapters per slot (8)."""
     segment = segment_factory(layout.gauge_board_size(3))
     format_gauge_board(segment, 3)
-    expected = b"MPCGAUGE" + struct.pack("<III", 6, 3, 8)
+    expected = b"MPCGAUGE" + struct.pack("<III", 7, 3, 8)
 
     assert expected == bytes(segment.buf[:20])
 
@@ -315,5 +315,5 @@ def test_gauge_board_version_mismatch(segment_factory, attach):
     struct.pack_into("<I", segment.buf, 8, 9)
     args = (segment, 0) if attach is GaugeSlot else (segment,)
 
-    with pytest.raises(LayoutMismatchError, match="gauge board layout version 9, this build reads 6"):
+    with pytest.raises(LayoutMismatchError, match="gauge board layout version 9, this build reads 7"):
         attach(*args)

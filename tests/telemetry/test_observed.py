@@ -171,6 +171,7 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.MP_VLLM_BLOCK_ALLOCATION, (3, "m", 1, 1), blocks=[("r2", 5, 111)], timestamp_ns=t0 + 2)
     publish(E.MP_VLLM_BLOCK_ALLOCATION, (3, "m", 1, 1), blocks=[("r3", 5, 222)], timestamp_ns=t0 + 3)
     publish(E.LMCACHE_REQUEST_TIMES, ("lookup", 1, 2000, 2000, 2000, *[1] + [0] * 14))
+    publish(E.KV_CAPACITY, ("m", "L1", 1 << 30, 4096))
     # a sampled store, then a lookup that misses it (evicted, eviction regret) and a key never stored (cold)
     publish(E.MRC_STORE_SAMPLED, ("m", "a", 1, 4096), sampled=[chunk])
     publish(E.MRC_LOOKUP_SAMPLED, ("m", "a", 1, 0, 0, 0, 0, 0, 0, *[0] * len(MRC_HEAD_FIELDS)),
