@@ -48,9 +48,9 @@ def test_the_feeds_words_are_read_per_cache_process(metrics, segment_factory):
         slot.set(word, value)
     assert [(0, 2), (0, 17), (0, 900), (0, 40), (0, 3)] == [
         (metrics.value(name, worker="0"), metrics.value(name, worker="1"))
-        for name in ("mpcache.kv_event_subscribers", "mpcache.kv_event_lag", "mpcache.kv_event_records",
+        for name in ("mpcache.kv_event_subscribers", "mpcache.kv_event_lag_records", "mpcache.kv_event_records",
                      "mpcache.kv_event_skipped_records", "mpcache.kv_event_resyncs")]
     slot.clear()  # a cache process gone: its gauges drop, its counts stay
     assert [0, 0, 900, 40, 3] == [metrics.value(name, worker="1") for name in (
-        "mpcache.kv_event_subscribers", "mpcache.kv_event_lag", "mpcache.kv_event_records",
+        "mpcache.kv_event_subscribers", "mpcache.kv_event_lag_records", "mpcache.kv_event_records",
         "mpcache.kv_event_skipped_records", "mpcache.kv_event_resyncs")]

@@ -29,7 +29,7 @@ KV_EVENTS = Section("KVEvents", "KV events for cache-aware routers", False, (
        "cache group registered there) times the chunk size; 0 for an L2 tier the model's objects do not fit."),
     _m("mpcache.kv_event_subscribers", "mpcache_kv_event_subscribers", OBSERVABLE_GAUGE, "",
        _per_worker(State.SERVER, "G_KV_SUBSCRIBERS"), "subscribe_kv_events streams open, per cache process."),
-    _m("mpcache.kv_event_lag", "mpcache_kv_event_lag_records", OBSERVABLE_GAUGE, "",
+    _m("mpcache.kv_event_lag_records", "mpcache_kv_event_lag_records", OBSERVABLE_GAUGE, "",
        _per_worker(State.SERVER, "G_KV_LAG"),
        "Records of the KV event log the furthest-behind stream has yet to read, per cache process."),
     _m("mpcache.kv_event_records", "mpcache_kv_event_records_total", OBSERVABLE_COUNTER, "",
