@@ -7,10 +7,10 @@ read-locks the objects and names them, commit_retrieve gives the locks back.  In
 peer that cannot map the pool), commit_store carries the objects and prepare_retrieve returns them, so each
 is done in one request; an inline registration is never given a slot, so it cannot make readable what it
 did not write.  A retrieve returns each group's in-window suffix of the request's chunks, all of them or
-nothing.  Uncommitted stores are charged to their peer: a connection holds at most a quarter of L1's bytes (or
-one object) in them, whatever instance ids it registers, and a uid's connections half of L1 together; a
-prepared store or retrieve left uncommitted gives its space or locks back after ``pending_ttl_s``.  Each
-transfer publishes the events its mpcache-protocol twin publishes, timed from prepare to commit.
+nothing.  Uncommitted stores are charged to their peer, the connection (of one uid) they came on: it holds at
+most a quarter of L1's bytes (or one object) in them, whatever instance ids it registers; a prepared store or
+retrieve left uncommitted gives its space or locks back after ``pending_ttl_s``.  Each transfer publishes the
+events its mpcache-protocol twin publishes, timed from prepare to commit.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ _SM_WRITE_FINISHED, _SM_READ_PREFETCHED_FINISHED = EventType.SM_WRITE_FINISHED, 
 
 MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
 CONNECTION_SHARE = 4  # a connection holds at most 1/CONNECTION_SHARE of L1's bytes in prepared, uncommitted stores
-UID_SHARE = 2  # and a uid's connections together at most 1/UID_SHARE
 RETRIEVE_MISS = {"success": False, "data": b"", "context": {}}
 
 TransferKey = tuple[int, str, int | None, int, int, str, str, int]
@@ -100,9 +99,8 @@ class Transfers:
         self._keys_of = keys_of
         self._held_by = held_by
         self._pending_ttl_s = pending_ttl_s
-        self._held: dict[tuple[int, bytes] | int, int] = {}  # (uid, connection), uid → uncommitted bytes reserved
+        self._held: dict[tuple[int, bytes], int] = {}  # (uid, connection) → uncommitted bytes it reserves
         self._max_held = ctx.l1.capacity_bytes // CONNECTION_SHARE
-        self._max_held_uid = ctx.l1.capacity_bytes // UID_SHARE
         self._max_inline = inline.frame_bytes(ctx.l1.capacity_bytes)
         self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
         self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
@@ -141,7 +139,7 @@ class Transfers:
 
     def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any, connection: bytes = b"") -> dict:
         """Reserve L1 space for the key's objects not cached yet, less the chunks each group skips, and describe
-        it (no more than the share of L1 its connection and its uid have left: the objects beyond get none).  An inline
+        it (no more than the share of L1 its connection has left: the objects beyond get none).  An inline
         registration gets no space (its objects come with commit_store); one whose object can never fit gets
         no context (the worker skips its copy and its commit fails at once)."""
         registration = self._registration(instance_id, key, owner)
@@ -155,7 +153,7 @@ class Transfers:
         pending = self._start(key, instance_id, _MP_STORE_SUBMITTED, _MP_STORE_START)
         peer = (owner, connection)
         pending.peer = peer
-        held, held_uid = self._held.get(peer, 0), self._held.get(owner, 0)
+        held = self._held.get(peer, 0)
         slots: list[dict[str, Any]] = []
         indices: list[int] = []
         group_ids: list[int] = []
@@ -163,8 +161,7 @@ class Transfers:
         for group, layout in enumerate(layouts):
             wanted = [chunk for chunk in range(last - first) if chunk not in skips[group]]
             size = layout.object_bytes
-            room = min(self._max_held - held, self._max_held_uid - held_uid)
-            limit = max(0, room) // size if held or held_uid else max(1, self._max_held // size)
+            limit = max(0, self._max_held - held) // size if held else max(1, self._max_held // size)
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
                                         [keys[chunk * len(layouts) + group] for chunk in wanted], limit=limit,
                                         nbytes=size, label=group_label(key.model_name, group))
@@ -172,7 +169,6 @@ class Transfers:
             pending.failed += reservation.failed
             never_fits |= size > ctx.l1.max_object_bytes and bool(reservation.failed)
             held += len(reservation.positions) * size
-            held_uid += len(reservation.positions) * size
             slots.extend(_slot(offset, layout) for offset in reservation.offsets)
             indices.extend(wanted[p] for p in reservation.positions)
             group_ids.extend([group] * len(reservation.positions))
@@ -187,7 +183,7 @@ class Transfers:
             self._finish_store(pending, [])
             return {"context": {}} if never_fits else {"context": context}
         self._stores[_transfer_key(key, instance_id)] = pending
-        self._held[peer], self._held[owner] = held, held_uid
+        self._held[peer] = held
         return {"context": context}
 
     def commit_store(self, key: wire.Key, instance_id: int, data: Any, owner: int) -> bool:
@@ -380,12 +376,11 @@ class Transfers:
                                      pending.request_id)
 
     def _release_held(self, pending: _Pending) -> None:
-        for charged in (pending.peer, pending.peer[0]):
-            held = self._held.get(charged, 0) - pending.nbytes
-            if held > 0:
-                self._held[charged] = held
-            else:
-                self._held.pop(charged, None)
+        held = self._held.get(pending.peer, 0) - pending.nbytes
+        if held > 0:
+            self._held[pending.peer] = held
+        else:
+            self._held.pop(pending.peer, None)
 
     def expire(self) -> int:
         """Abandon prepared transfers past their deadline (oldest first); returns how many."""
