@@ -191,7 +191,7 @@ class BlendState:
                  block_ids: list[int]) -> tuple[int, int, int]:
         """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
         l1 = self._l1
-        reservation = l1.reserve_write(model, salt, hashes)
+        reservation = l1.reserve_write(model, salt, hashes, chained=False)  # fingerprints: no prefix
         committed = [hashes[p] for p in reservation.positions]
         nbytes = buffer.block_bytes
         try:

@@ -97,11 +97,12 @@ class L1Manager:
     # -- writes -------------------------------------------------------------------
 
     def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None,
-                      nbytes: int | None = None) -> WriteReservation:
+                      nbytes: int | None = None, chained: bool = True) -> WriteReservation:
         """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting entries (of any
         size, in the policy's order) until each fits.
 
-        Chunks already present are touched (used again) and not
+        ``chained``: each chunk's hash names its prefix (False: position-independent chunks, which the
+        prefix-aware order must not treat as a prefix).  Chunks already present are touched (used again) and not
         reserved again.  Chunks get space in order; when nothing more can be
         evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
         (``L1_ALLOCATION_FAILED``, during=l1_store).
@@ -139,7 +140,7 @@ class L1Manager:
             key = keys[position]
             entries[key] = entry = Entry(offset, size)
             if joined is not None:  # its parent: the chunk before it, or the prefix its lookup found
-                joined(key, entry, keys[position - 1] if position else hints.pop(key, None))
+                joined(key, entry, None if not chained else keys[position - 1] if position else hints.pop(key, None))
             positions.append(position)
             offsets.append(offset)
         self._publish_evicted(evicted)

@@ -141,8 +141,12 @@ class ArcOrder:
             while counts[0] + counts[1] > self.capacity:  # the larger ghost list loses its oldest
                 larger = 0 if counts[0] > counts[1] else 1
                 counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
-        if entry.children or entry.parent is not None:  # only the prefix-aware order links entries
-            self._orphan_children(key, entry)
+        if entry.parent is not None:  # only the prefix-aware order links entries
+            parent = self._entry_of(entry.parent)
+            if parent is not None and parent.children:
+                parent.children.discard(key)
+        if entry.children:
+            self._orphan_children(entry)
         return key, entry
 
     def hint(self, key: Any, parent_key: Any) -> None:
@@ -152,8 +156,7 @@ class ArcOrder:
         if len(hints) > PARENT_HINTS:
             hints.popitem(last=False)
 
-    def _orphan_children(self, key: Any, entry: Any) -> None:
-        self.forget(key, entry, resident=False)
+    def _orphan_children(self, entry: Any) -> None:
         lists = self.lists
         for child_key in entry.children or ():
             child = self._entry_of(child_key)
@@ -166,10 +169,9 @@ class ArcOrder:
                 child.tier = 2
                 lists[2][child_key] = child
 
-    def forget(self, key: Any, entry: Any, resident: bool = True) -> None:
-        """A reservation given back (or, not ``resident``, an evicted object): no longer its parent's child."""
-        if resident:
-            self.sizes[entry.tier] -= entry.size
+    def forget(self, key: Any, entry: Any) -> None:
+        """A reservation given back: no longer in T1's or T2's size, nor its parent's child."""
+        self.sizes[entry.tier] -= entry.size
         if entry.parent is not None:
             parent = self._entry_of(entry.parent)
             if parent is not None and parent.children:

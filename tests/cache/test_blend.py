@@ -31,7 +31,7 @@ def cb_events(batch) -> list[tuple[str, tuple, str]]:
 
 @pytest.fixture
 def scripted(cache):
-    harness = cache(l1_size_bytes=L1_SLOTS * CHUNK_BYTES)
+    harness = cache(l1_size_bytes=L1_SLOTS * CHUNK_BYTES, l1_policy="lru")  # the script's evictions are LRU's
     harness.events.take()
     out = run_script(harness)
     return harness, out, harness.events.take()

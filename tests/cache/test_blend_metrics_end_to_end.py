@@ -40,7 +40,7 @@ def test_every_blend_counter_after_the_scripted_workload(cache, prometheus):
     provider, registry = prometheus
     bus = EventBus()
     bus.subscribe(TableCountersSubscriber(provider.get_meter("test"), SECTIONS_BY_KEY["Blend"]))
-    harness = cache(l1_size_bytes=L1_SLOTS * CHUNK_BYTES)
+    harness = cache(l1_size_bytes=L1_SLOTS * CHUNK_BYTES, l1_policy="lru")  # the script's evictions are LRU's
     harness.events.take()
     run_script(harness)
     bus.dispatch(harness.events.take())

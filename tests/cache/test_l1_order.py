@@ -102,3 +102,12 @@ def test_a_full_l1_evicts_a_prefix_tail_first_only_with_the_adaptive_order(polic
     for hashes in ([1, 2, 3], [4]):
         _store(l1, hashes)
     assert [h != evicted for h in (1, 2, 3, 4)] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_position_independent_chunks_have_no_parent(chained):
+    """Blend's fingerprints (``chained=False``) name no prefix: none is another's parent, so none is orphaned."""
+    l1 = L1Manager(np.zeros(3 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    reservation = l1.reserve_write("m", "", [1, 2], chained=chained)
+    l1.commit_write("m", "", [[1, 2][p] for p in reservation.positions], 64)
+    assert (ChunkKey("m", "", 1) if chained else None) == l1.entry_of(("m", "", 2)).parent

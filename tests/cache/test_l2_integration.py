@@ -93,7 +93,7 @@ def test_scripted_workload_gives_exact_l2_counters(cache, tmp_path):
     """A scripted workload over [mock (seeded failures), fs (12 chunks)] and an 8-slot L1 yields, after the
     telemetry side drained the ring, exactly the hand-computed value of every L2 counter per cache_salt and
     l2_name, the L2 throughput sample counts, the lookup L1/L2 split, and L2 gauges that match the adapters."""
-    harness = cache(l2=[mock_spec(), fs_spec(tmp_path / "fs")])
+    harness = cache(l2=[mock_spec(), fs_spec(tmp_path / "fs")], l1_policy="lru")  # the script's evictions are LRU's
     telemetry = Telemetry(harness)
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)

@@ -235,8 +235,8 @@ def test_store_beyond_l1_capacity_publishes_allocation_failure(cache):
 
 def test_store_into_full_l1_evicts_least_recently_used_chunks(cache):
     """When L1 is full, a new store evicts the least recently used chunks (L1_KEYS_EVICTED) and a
-    chunk read in between survives."""
-    harness = cache()
+    chunk read in between survives (--l1-policy lru)."""
+    harness = cache(l1_policy="lru")
     client = harness.client()
     kv = client.register_buffer(10, CHUNK_BYTES)
     old = _hashes(8)

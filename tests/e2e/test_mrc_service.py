@@ -22,8 +22,9 @@ CHUNK = 64 * 1024
 L1_CHUNKS = 64
 MODEL, SALT = "llama", "tenant-a"
 # no decay: the curves are compared with exact LRU to 6 decimals, and a 3600 s half-life applied between the
-# pump's batches (1 s apart) moves them by ~1e-6
-FLAGS = ("--workers", "1", "--l1-size", str(L1_CHUNKS * CHUNK), "--mrc-sample-rate", "1", "--mrc-half-life", "0")
+# pump's batches (1 s apart) moves them by ~1e-6; L1 evicts in LRU order, the cache the curves model
+FLAGS = ("--workers", "1", "--l1-size", str(L1_CHUNKS * CHUNK), "--l1-policy", "lru", "--mrc-sample-rate", "1",
+         "--mrc-half-life", "0")
 pytestmark = pytest.mark.slow
 
 
