@@ -1,8 +1,8 @@
 """The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
 :class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and eviction across every size in the order of
 ``--l1-policy`` (:mod:`mpcache.cache.l1_order`): an object that gets no space evicts unlocked objects in that
-order until the allocator places it: eviction happens only then, exactly what is needed.  Every state change
-publishes its L1 event.  Single-threaded, so lock-free.
+order until the allocator places it, only then and only what is needed.  Every state change publishes its L1
+event.  Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
@@ -103,10 +103,8 @@ class L1Manager:
 
         ``chained``: each chunk's hash names its prefix (False: position-independent chunks, which the
         prefix-aware order must not treat as a prefix).  Chunks already present are touched (used again) and not
-        reserved again.  Chunks get space in order; when nothing more can be
-        evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
-        (``L1_ALLOCATION_FAILED``, during=l1_store).
-        """
+        reserved again.  Chunks get space in order; when nothing more can be evicted, or ``limit`` chunks are
+        reserved, the remaining new chunks fail (``L1_ALLOCATION_FAILED``, during=l1_store)."""
         size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
         lists, again, joined, hints = self._lists, self._again, self._order.new, self._hints
@@ -187,15 +185,12 @@ class L1Manager:
     def reserve_prefetch(self, model: str, salt: str, hashes: Sequence[int]) -> PrefetchReservation:
         """Landing space (``chunk_bytes`` each) for chunks an L2 prefetch will load, in the order of ``hashes``.
 
-        The walk stops before the first chunk that is being written (another
-        prefetch or store owns it) or that repeats (``stopped`` counts what is
-        left).  A chunk already ready in L1 is read-locked instead (offset -1).
-        Missing chunks get space, evicting in the policy's order as needed; from the
-        first one that gets none, every missing chunk fails
-        (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
-        are unlocked again.  Reserved space is not readable until
-        :meth:`commit_prefetch` (or given back with :meth:`abort_write`).
-        """
+        The walk stops before the first chunk that is being written (another prefetch or store owns it) or that
+        repeats (``stopped`` counts what is left).  A chunk already ready in L1 is read-locked instead (offset
+        -1).  Missing chunks get space, evicting in the policy's order as needed; from the first one that gets
+        none, every missing chunk fails (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
+        are unlocked again.  Reserved space is not readable until :meth:`commit_prefetch` (or given back with
+        :meth:`abort_write`)."""
         entries = self._entries
         covered: list[tuple[ChunkKey, Entry | None]] = []
         seen: set[ChunkKey] = set()

@@ -3,14 +3,13 @@ chunk, KV rank and KV cache group) move through the shared-memory pool or inline
 
 Through the pool, stores are two-phase: prepare_store reserves L1 space and names it (byte offsets, each
 object its group's size; none for the chunks a group skips), commit_store makes it readable; prepare_retrieve
-read-locks the objects and names them, commit_retrieve gives the locks back.  Inline (:mod:`.inline`, for a
-peer that cannot map the pool), commit_store carries the objects and prepare_retrieve returns them, so each
-is done in one request; an inline registration is never given a slot, so it cannot make readable what it
-did not write.  A retrieve returns each group's in-window suffix of the request's chunks, all of them or
-nothing.  Uncommitted stores are charged to their peer, the connection (of one uid) they came on: it holds at
-most a quarter of L1's bytes (or one object) in them, whatever instance ids it registers; a prepared store or
-retrieve left uncommitted gives its space or locks back after ``pending_ttl_s``.  Each transfer publishes the
-events its mpcache-protocol twin publishes, timed from prepare to commit.
+read-locks the objects and names them, commit_retrieve gives the locks back.  Inline (:mod:`.inline`, for a peer
+that cannot map the pool), commit_store carries the objects and prepare_retrieve returns them, each in one
+request; an inline registration gets no slot, so it cannot make readable what it did not write.  A retrieve
+returns each group's in-window suffix of the request's chunks, all of them or nothing.  Uncommitted stores are
+charged to their peer, the connection (of one uid) they came on: at most a quarter of L1's bytes (or one
+object), whatever instance ids it registers; a transfer left uncommitted gives its space or locks back after
+``pending_ttl_s``.  Each publishes its mpcache-protocol twin's events, timed from prepare to commit.
 """
 
 from __future__ import annotations
@@ -139,9 +138,8 @@ class Transfers:
 
     def prepare_store(self, key: wire.Key, instance_id: int, owner: int, skipped: Any, connection: bytes = b"") -> dict:
         """Reserve L1 space for the key's objects not cached yet, less the chunks each group skips, and describe
-        it (no more than the share of L1 its connection has left: the objects beyond get none).  An inline
-        registration gets no space (its objects come with commit_store); one whose object can never fit gets
-        no context (the worker skips its copy and its commit fails at once)."""
+        it (within its connection's share of L1: the objects beyond get none).  An inline registration gets no
+        space (its objects come with commit_store); one whose object never fits gets no context."""
         registration = self._registration(instance_id, key, owner)
         first, last = wire.chunk_range(key, self._registrations.chunk_tokens)
         skips = parse_skipped(skipped, len(registration.layouts) if registration.grouped else 0, last - first)

@@ -38,7 +38,8 @@ class KVFeedSubscriber(Subscriber):
         create_instrument(meter, "mpcache.kv_capacity_bytes", [self._observe(0)])
         create_instrument(meter, "mpcache.kv_capacity_tokens", [self._observe(1)])
         for name, word in (("mpcache.kv_event_subscribers", layout.G_KV_SUBSCRIBERS),
-                           ("mpcache.kv_event_lag_records", layout.G_KV_LAG), ("mpcache.kv_event_records", layout.G_KV_RECORDS),
+                           ("mpcache.kv_event_lag_records", layout.G_KV_LAG),
+                           ("mpcache.kv_event_records", layout.G_KV_RECORDS),
                            ("mpcache.kv_event_skipped_records", layout.G_KV_SKIPPED),
                            ("mpcache.kv_event_resyncs", layout.G_KV_RESYNCS)):
             create_instrument(meter, name, [self._per_slot(word)])
