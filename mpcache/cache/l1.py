@@ -38,7 +38,7 @@ class L1Manager:
     order, one of :data:`~mpcache.cache.l1_order.POLICIES`."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
-                 slab_bytes: int | None = None, policy: str = "adaptive") -> None:
+                 slab_bytes: int | None = None, policy: str = "lru") -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool

@@ -1,11 +1,11 @@
 """The order in which L1 evicts (``--l1-policy``): which ready, unlocked object goes first when a store needs room.
 
-* ``lru``: least recently used first, a request's chunks released head to tail (mpcache's order before the
-  policy flag, and the one the miss-ratio curves model).
+* ``lru`` (the default): least recently used first, a request's chunks released head to tail (the order the
+  miss-ratio curves model).
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
-* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
+* ``adaptive``: ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
   anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.

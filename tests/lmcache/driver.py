@@ -1233,6 +1233,7 @@ class Scenarios:
         """
         e = self.e
         p, q = self.prompt(4), self.prompt(2)
+        self.clear()  # room for P and Q whatever the scenarios before left and whatever L1's eviction order
         self.cold_store("lock-p", p, dl)
         self.cold_store("lock-q", q, dl)
         held = self.req("lock-held", p)  # looks up P and keeps its locks for now
