@@ -62,7 +62,7 @@ def _kill_and_wait(service, role: str) -> None:
 
 def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_service):
     service = start_service("--workers", "1", "--lmcache-ipc", "--lmcache-allow-clear", "--chunk-bytes", str(CHUNK),
-                            "--l1-size", str(SLOTS * CHUNK), "--chunk-size", "16")
+                            "--l1-size", str(SLOTS * CHUNK), "--chunk-size", "16", "--kv-event-log-size", "32768")
     service.ready(metrics=False)
     segment = Segment.attach(service.config().gauge_board_name())
     board = GaugeBoardReader(segment)
