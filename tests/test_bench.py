@@ -149,10 +149,10 @@ def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path)
 
 
 def _lmcache_python() -> str | None:
-    """The LMCache venv's python: $MPCACHE_LMCACHE_PYTHON, else .ci/lmcache-env's venv if it is complete."""
-    if os.environ.get("MPCACHE_LMCACHE_PYTHON"):
-        return os.environ["MPCACHE_LMCACHE_PYTHON"]
-    venv = os.environ.get("MPCACHE_LMCACHE_VENV") or lmcache_servers.DEFAULT_VENV
+    """The LMCache venv's python: $MPCACHE_TEST_LMCACHE_PYTHON, else .ci/lmcache-env's venv if it is complete."""
+    if os.environ.get("MPCACHE_TEST_LMCACHE_PYTHON"):
+        return os.environ["MPCACHE_TEST_LMCACHE_PYTHON"]
+    venv = os.environ.get("MPCACHE_TEST_LMCACHE_VENV") or lmcache_servers.DEFAULT_VENV
     if not os.path.isfile(os.path.join(venv, ".complete")):
         return None
     found = subprocess.run(["bash", os.path.join(lmcache.REPO, ".ci", "lmcache-env")], capture_output=True, text=True,
@@ -168,10 +168,10 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
     """One short round against mpcache (telemetry on and off) and LMCache's own server (observability on and off)."""
     python = _lmcache_python()
     if python is None:
-        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_LMCACHE_PYTHON)")
+        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_TEST_LMCACHE_PYTHON)")
     bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "lmcache", "--json", "--repetitions", "1",
                               "--seconds", "1", "--warmup", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, "MPCACHE_LMCACHE_PYTHON": python})
+                             text=True, env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python})
     try:
         stdout, stderr = bench.communicate(timeout=900)
     finally:
@@ -216,8 +216,8 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
 
 def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
     """No LMCache venv: exit status 2 and one line saying to run .ci/lmcache-env."""
-    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_LMCACHE_PYTHON"}
-    env["MPCACHE_LMCACHE_VENV"] = str(tmp_path / "no-venv")
+    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_TEST_LMCACHE_PYTHON"}
+    env["MPCACHE_TEST_LMCACHE_VENV"] = str(tmp_path / "no-venv")
     bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "lmcache", "--json"], capture_output=True, text=True,
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
@@ -233,7 +233,7 @@ def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_sam
     LMCache), and nothing is left behind."""
     python = _lmcache_python()
     if python is None:
-        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_LMCACHE_PYTHON)")
+        pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_TEST_LMCACHE_PYTHON)")
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed (Debian: apt-get install valgrind)")
     before = set(os.listdir(tempfile.gettempdir()))
@@ -241,7 +241,7 @@ def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_sam
     # publishing's ~2 % to stand above what a step's timers and collections add to one server or the other
     bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "isolation", "--json", "--repetitions", "1",
                             "--seconds", "20", "--warmup", "2"], capture_output=True, text=True, timeout=1200,
-                           env={**os.environ, "MPCACHE_LMCACHE_PYTHON": python})
+                           env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python})
     assert 0 == bench.returncode, bench.stderr[-3000:]
     result = json.loads(bench.stdout.strip().splitlines()[-1])
 

@@ -44,8 +44,8 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
 
 
 def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_VLLM_PYTHON"}
-    env["MPCACHE_VLLM_VENV"] = str(tmp_path / "no-venv")
+    env = {key: value for key, value in os.environ.items() if key != "MPCACHE_TEST_VLLM_PYTHON"}
+    env["MPCACHE_TEST_VLLM_VENV"] = str(tmp_path / "no-venv")
     bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "vllm", "--json"], capture_output=True, text=True,
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)

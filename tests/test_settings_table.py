@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from mpcache.config import OTHER_VARIABLES, SETTINGS, Config
+from mpcache.config import FOREIGN_PREFIXES, OTHER_VARIABLES, SETTINGS, Config
 from mpcache.config.kinds import Choice, Integer, JsonObject, Number, Repeated, Size, Switch, Text
 from mpcache.errors import ConfigError
 from mpcache.supervisor import settings
@@ -123,9 +123,14 @@ def test_every_mpcache_variable_the_project_names_is_a_setting_or_declared_as_an
             if path.is_file() and path.suffix not in (".pyc", ".so", ".png") and path.name not in MISSPELT_HERE:
                 named |= set(re.findall(r"\bMPCACHE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
     named |= set(re.findall(r"\bMPCACHE_[A-Z0-9_]*[A-Z0-9]\b", (REPO / "README.md").read_text()))
-    assert set() == named - {item.env for item in SETTINGS} - set(OTHER_VARIABLES)
+    tests_and_ci = {name for name in named if name.startswith(FOREIGN_PREFIXES)}
+    assert {"MPCACHE_TEST_LMCACHE_PYTHON", "MPCACHE_CI_CACHE"} <= tests_and_ci  # the scan sees .ci and tests
+    assert set() == named - {item.env for item in SETTINGS} - set(OTHER_VARIABLES) - tests_and_ci
     assert set() == set(OTHER_VARIABLES) & {item.env for item in SETTINGS}
-    resolved = settings.parse([], {name: "1" for name in OTHER_VARIABLES if name != "MPCACHE_CONFIG"})
+    assert [] == [item.env for item in SETTINGS if item.env.startswith(FOREIGN_PREFIXES)]
+    assert [] == [name for name in OTHER_VARIABLES if name.startswith(FOREIGN_PREFIXES)]
+    resolved = settings.parse([], {**{name: "1" for name in OTHER_VARIABLES if name != "MPCACHE_CONFIG"},
+                                   **dict.fromkeys(tests_and_ci, "1")})
     assert all(source == "default" or source.startswith("default") for source in resolved.sources.values())
 
 
@@ -142,7 +147,7 @@ def test_check_config_prints_every_setting_with_its_source_as_a_file_that_gives_
     toml.write_text('workers = 4\nl1-size = "1GiB"\n[[l2]]\ntype = "mock"\ncapacity_gb = 1\n')
     result = _check_config(tmp_path, "--config", str(toml), "--log-level", "debug", "--demo",
                            MPCACHE_LMCACHE_PORT="5555", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4317",
-                           MPCACHE_LMCACHE_PYTHON="/nonexistent/python")
+                           MPCACHE_TEST_LMCACHE_PYTHON="/nonexistent/python")
     assert (0, "") == (result.returncode, result.stderr)
     printed = tomllib.loads(result.stdout)
     assert [item.name for item in SETTINGS] == list(printed)

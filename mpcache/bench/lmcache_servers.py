@@ -36,16 +36,16 @@ class LMCacheEnvMissing(RuntimeError):
 
 
 def lmcache_python() -> str:
-    """The LMCache venv's python: ``$MPCACHE_LMCACHE_PYTHON``, else the complete venv ``.ci/lmcache-env`` built."""
-    given = os.environ.get("MPCACHE_LMCACHE_PYTHON", "")
+    """The LMCache venv's python: ``$MPCACHE_TEST_LMCACHE_PYTHON``, else the complete venv ``.ci/lmcache-env`` built."""
+    given = os.environ.get("MPCACHE_TEST_LMCACHE_PYTHON", "")
     if given:
-        python, where = given, f"MPCACHE_LMCACHE_PYTHON={given}"
+        python, where = given, f"MPCACHE_TEST_LMCACHE_PYTHON={given}"
     else:
-        venv = os.environ.get("MPCACHE_LMCACHE_VENV", "") or DEFAULT_VENV
+        venv = os.environ.get("MPCACHE_TEST_LMCACHE_VENV", "") or DEFAULT_VENV
         python, where = os.path.join(venv, "bin", "python"), f"the LMCache venv {venv}"
         if not os.path.isfile(os.path.join(venv, ".complete")):
             raise LMCacheEnvMissing(f"{where} is missing or incomplete: run .ci/lmcache-env first "
-                                    "(or set MPCACHE_LMCACHE_PYTHON to a python that has lmcache 0.5.6)")
+                                    "(or set MPCACHE_TEST_LMCACHE_PYTHON to a python that has lmcache 0.5.6)")
     if not os.access(python, os.X_OK):
         raise LMCacheEnvMissing(f"{where}: no python there: run .ci/lmcache-env first")
     probe = subprocess.run([python, "-c", "import importlib.util, sys; "

@@ -59,13 +59,13 @@ class VllmEnvMissing(RuntimeError):
 
 
 def vllm_python() -> str:
-    """``$MPCACHE_VLLM_PYTHON``, else the complete venv ``.ci/vllm-env`` built."""
-    given = os.environ.get("MPCACHE_VLLM_PYTHON", "")
-    venv = os.environ.get("MPCACHE_VLLM_VENV", "") or DEFAULT_VENV
+    """``$MPCACHE_TEST_VLLM_PYTHON``, else the complete venv ``.ci/vllm-env`` built."""
+    given = os.environ.get("MPCACHE_TEST_VLLM_PYTHON", "")
+    venv = os.environ.get("MPCACHE_TEST_VLLM_VENV", "") or DEFAULT_VENV
     python = given or os.path.join(venv, "bin", "python")
     if not given and not os.path.isfile(os.path.join(venv, ".complete")):
         raise VllmEnvMissing(f"the vLLM venv {venv} is missing or incomplete: run .ci/vllm-env first "
-                             "(or set MPCACHE_VLLM_PYTHON to a python that has vllm and lmcache 0.5.6)")
+                             "(or set MPCACHE_TEST_VLLM_PYTHON to a python that has vllm and lmcache 0.5.6)")
     if not os.access(python, os.X_OK):
         raise VllmEnvMissing(f"no python at {python}: run .ci/vllm-env first")
     return python

@@ -4,6 +4,7 @@ start-cache's settings it is declared with (:data:`SETTINGS`).
 
 from mpcache.config.kinds import parse_size
 from mpcache.config.model import L2_GB, SETTINGS, SHARED_L2_TYPES, Config
-from mpcache.config.setting import ENV_PREFIX, OTHER_VARIABLES, Setting
+from mpcache.config.setting import ENV_PREFIX, FOREIGN_PREFIXES, OTHER_VARIABLES, Setting
 
-__all__ = ["ENV_PREFIX", "L2_GB", "OTHER_VARIABLES", "SETTINGS", "SHARED_L2_TYPES", "Config", "Setting", "parse_size"]
+__all__ = ["ENV_PREFIX", "FOREIGN_PREFIXES", "L2_GB", "OTHER_VARIABLES", "SETTINGS", "SHARED_L2_TYPES", "Config",
+           "Setting", "parse_size"]

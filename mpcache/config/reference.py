@@ -8,7 +8,7 @@ from typing import Any
 
 from mpcache.config.kinds import Size, Switch
 from mpcache.config.model import SETTINGS
-from mpcache.config.setting import OTHER_VARIABLES, Setting
+from mpcache.config.setting import FOREIGN_PREFIXES, OTHER_VARIABLES, Setting
 
 BEGIN, END = "<!-- settings reference: python -m mpcache.config.reference -->", "<!-- end of settings reference -->"
 
@@ -40,6 +40,9 @@ def markdown() -> str:
     lines += ["", "`MPCACHE_*` variables that are not settings (start-cache accepts them in its environment):", "",
               "| variable | what it is |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in OTHER_VARIABLES.items()]
+    prefixes = " and ".join(f"`{prefix}*`" for prefix in FOREIGN_PREFIXES)
+    lines += ["", f"Variables named {prefixes} belong to the project's tests and CI (docs/DEVELOPMENT.md); "
+              "start-cache passes over them."]
     return "\n".join([*lines, "", END])
 
 

@@ -22,6 +22,10 @@ ENV_PREFIX = "MPCACHE_"
 # keep the value: the defaults that depend on --demo, or on OpenTelemetry's own OTEL_* variables
 Derivation = Callable[[Any, bool, Mapping[str, Any], Mapping[str, str]], "tuple[Any, str] | None"]
 
+# the project's tests and CI name their own variables under these prefixes, which no setting takes: start-cache
+# passes over them by prefix, so the product holds no list of its tests' knobs
+FOREIGN_PREFIXES = ("MPCACHE_TEST_", "MPCACHE_CI_")
+
 # MPCACHE_* variables that start-cache accepts in its environment although they are not settings
 OTHER_VARIABLES = {
     "MPCACHE_CONFIG": "the TOML file of settings (--config)",
@@ -34,23 +38,6 @@ OTHER_VARIABLES = {
     "MPCACHE_COLLECTOR_PORT": "deploy/docker/compose.yaml: the host port of the collector",
     "MPCACHE_VLLM_IMAGE": "deploy/docker/compose.yaml: the vLLM engine image's name",
     "MPCACHE_VLLM_PORT": "deploy/docker/compose.yaml: the host port of vLLM's OpenAI server",
-    "MPCACHE_LMCACHE_PYTHON": "tests and benchmarks: LMCache's Python",
-    "MPCACHE_LMCACHE_VENV": "tests and benchmarks: LMCache's virtual environment",
-    "MPCACHE_LMCACHE057_PYTHON": "tests: LMCache 0.5.7rc3's Python",
-    "MPCACHE_LMCACHE057_VENV": "tests: LMCache 0.5.7rc3's client virtual environment",
-    "MPCACHE_LMCACHE057_SERVER_VENV": "tests: the virtual environment of LMCache 0.5.7rc3's own server",
-    "MPCACHE_REQUIRE_LMCACHE": "tests: fail, not skip, without LMCache",
-    "MPCACHE_VLLM_PYTHON": "tests: vLLM's Python (.ci/vllm-env)",
-    "MPCACHE_VLLM_VENV": "benchmarks: vLLM's virtual environment",
-    "MPCACHE_REQUIRE_VLLM": "tests: fail, not skip, without vLLM",
-    "MPCACHE_VLLM_COMPOSE": "tests: run the compose file's vLLM engines (builds the CPU vLLM image)",
-    "MPCACHE_VLLM_ENV_STEP_TIMEOUT": ".ci: seconds each step of building vLLM's venv may take",
-    "MPCACHE_REQUIRE_DOCKER": "tests: fail, not skip, without Docker",
-    "MPCACHE_DOCKER_BASE_IMAGE": "tests: the container tests' base image",
-    "MPCACHE_PROMETHEUS_IMAGE": "tests: the container tests' Prometheus image",
-    "MPCACHE_COLLECTOR_IMAGE": "tests: the container tests' collector image",
-    "MPCACHE_CI_CACHE": ".ci: where CI keeps what it builds once",
-    "MPCACHE_DEBIAN_MIRROR": ".ci: the Debian mirror of the container tests' base image",
 }
 
 

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
-from mpcache.config import ENV_PREFIX, OTHER_VARIABLES, SETTINGS, Setting
+from mpcache.config import ENV_PREFIX, FOREIGN_PREFIXES, OTHER_VARIABLES, SETTINGS, Setting
 from mpcache.errors import ConfigError
 
 BY_NAME = {item.name: item for item in SETTINGS}
@@ -145,7 +145,7 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings ``MPCACHE_*`` variables give, by name (a repeatable setting's: a JSON list)."""
     values = {}
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
+        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES or name.startswith(FOREIGN_PREFIXES):
             continue
         item = _BY_ENV.get(name)
         if item is None:

@@ -4,8 +4,8 @@ namespace and socket volume) doing verified round trips, ``docker stop``, a kill
 again, Docker's default 64 MiB /dev/shm, and compose.yaml.
 
 Skipped, saying why, where no Docker daemon answers or no base image is at hand (``.ci/run`` starts
-the daemon and makes the base image with ``.ci/docker-base``; ``MPCACHE_REQUIRE_DOCKER=1`` turns those
-skips into failures).  ``MPCACHE_DOCKER_BASE_IMAGE`` names the base image (default python:3.11-slim).
+the daemon and makes the base image with ``.ci/docker-base``; ``MPCACHE_TEST_REQUIRE_DOCKER=1`` turns those
+skips into failures).  ``MPCACHE_TEST_DOCKER_BASE_IMAGE`` names the base image (default python:3.11-slim).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("MPCACHE_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"MPCACHE_REQUIRE_DOCKER=1: {reason}")
+    if os.environ.get("MPCACHE_TEST_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"MPCACHE_TEST_REQUIRE_DOCKER=1: {reason}")
     pytest.skip(reason)
 
 
@@ -68,7 +68,7 @@ def build_args() -> list[str]:
     return args
 
 
-BASE_IMAGE = os.environ.get("MPCACHE_DOCKER_BASE_IMAGE", "python:3.11-slim")
+BASE_IMAGE = os.environ.get("MPCACHE_TEST_DOCKER_BASE_IMAGE", "python:3.11-slim")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def image():
         _skip_or_fail(f"no Docker daemon answers: {info.stderr.strip()[:200]}")
     if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
         _skip_or_fail(f"the base image {BASE_IMAGE} is not here (.ci/docker-base makes one; its name goes in "
-                      "MPCACHE_DOCKER_BASE_IMAGE)")
+                      "MPCACHE_TEST_DOCKER_BASE_IMAGE)")
     name = f"mpcache-test:{TAG}"
     docker("build", "-q", "-f", str(DOCKERFILE), *build_args(), "-t", name, str(REPO), timeout=1200,
            env={**os.environ, "DOCKER_BUILDKIT": "1"})
@@ -232,12 +232,12 @@ def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(im
         dockerfile = HERE / ("Dockerfile.prometheus" if service == "prometheus" else "Dockerfile.otlp-standin")
         docker("build", "-q", "-f", str(dockerfile), "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
                "--build-arg", f"MPCACHE_IMAGE={image}", "-t", local, str(HERE), timeout=900)
-        env["MPCACHE_PROMETHEUS_IMAGE" if service == "prometheus" else "MPCACHE_COLLECTOR_IMAGE"] = local
+        env["MPCACHE_TEST_PROMETHEUS_IMAGE" if service == "prometheus" else "MPCACHE_TEST_COLLECTOR_IMAGE"] = local
         stand_ins.append(f"{service}: {upstream_image} cannot be pulled, {local} stands in")
     if stand_ins:
         files += ["-f", str(HERE / "compose.local-images.yaml")]
-        env.setdefault("MPCACHE_PROMETHEUS_IMAGE", upstream["prometheus"])
-        env.setdefault("MPCACHE_COLLECTOR_IMAGE", upstream["otel-collector"])
+        env.setdefault("MPCACHE_TEST_PROMETHEUS_IMAGE", upstream["prometheus"])
+        env.setdefault("MPCACHE_TEST_COLLECTOR_IMAGE", upstream["otel-collector"])
         print("compose test:", "; ".join(stand_ins))
     project = ["-p", names.replace("_", "-").lower()]
 
@@ -276,6 +276,6 @@ def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(im
         assert "0" == docker("inspect", "-f", "{{.State.ExitCode}}", mpcache).stdout.strip()
     finally:
         run("--profile", "engine-example", "down", "-v", "--remove-orphans", check=False, timeout=300)
-        for variable in ("MPCACHE_PROMETHEUS_IMAGE", "MPCACHE_COLLECTOR_IMAGE"):
+        for variable in ("MPCACHE_TEST_PROMETHEUS_IMAGE", "MPCACHE_TEST_COLLECTOR_IMAGE"):
             if env.get(variable, "").startswith("mpcache-test-"):
                 docker("rmi", "-f", env[variable], check=False)

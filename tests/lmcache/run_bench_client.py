@@ -4,7 +4,7 @@
 `lmcache bench server` exits 0 even when lookups miss, stores fail or checksums
 differ, so this wrapper reads its output and exits non-zero on any failure.
 Standard library only; any python3 runs it.  The LMCache venv comes from
-``--venv``, else ``$MPCACHE_LMCACHE_VENV``, else the default path of
+``--venv``, else ``$MPCACHE_TEST_LMCACHE_VENV``, else the default path of
 ``.ci/lmcache-env``::
 
     python3 tests/lmcache/run_bench_client.py --rpc-url tcp://127.0.0.1:5555 \
@@ -131,7 +131,7 @@ def judge(stdout: str, requests: int) -> tuple[list[str], dict]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rpc-url", required=True, help="e.g. tcp://127.0.0.1:5555")
-    ap.add_argument("--venv", default=os.environ.get("MPCACHE_LMCACHE_VENV", str(DEFAULT_VENV)))
+    ap.add_argument("--venv", default=os.environ.get("MPCACHE_TEST_LMCACHE_VENV", str(DEFAULT_VENV)))
     ap.add_argument("--requests", type=int, default=8, help="sequences (each cold + warm)")
     ap.add_argument("--start", type=int, default=None, help="first sequence number (default random)")
     ap.add_argument("--tp", type=int, default=1)

@@ -4,11 +4,11 @@ bench server``), each checked against /metrics; and, as the harness's own check,
 rc3's own server.
 
 The LMCache code runs in its own virtual environments (torch, lmcache), never in mpcache's: the tests
-start it as a subprocess.  The interpreters are ``$MPCACHE_LMCACHE_PYTHON`` (0.5.6) and
-``$MPCACHE_LMCACHE057_PYTHON`` (0.5.7rc3); when one is unset, the venv ``.ci/lmcache-env`` or
+start it as a subprocess.  The interpreters are ``$MPCACHE_TEST_LMCACHE_PYTHON`` (0.5.6) and
+``$MPCACHE_TEST_LMCACHE057_PYTHON`` (0.5.7rc3); when one is unset, the venv ``.ci/lmcache-env`` or
 ``.ci/lmcache057-env`` builds is used if it is already complete (rc3's own server:
 ``.ci/lmcache057-server-env``'s).  Without one the tests that need it skip, saying how to get it; with
-``MPCACHE_REQUIRE_LMCACHE=1`` (CI sets it) they fail.
+``MPCACHE_TEST_REQUIRE_LMCACHE=1`` (CI sets it) they fail.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class ClientEnv:
     bench: bool  # its bin/lmcache (``lmcache bench server``) is used too
 
 
-LMCACHE056 = ClientEnv("0.5.6", "MPCACHE_LMCACHE_PYTHON", "MPCACHE_LMCACHE_VENV", CACHE / "lmcache-0.5.6-venv",
-                       REPO / ".ci" / "lmcache-env", bench=True)
-LMCACHE057 = ClientEnv("0.5.7rc3", "MPCACHE_LMCACHE057_PYTHON", "MPCACHE_LMCACHE057_VENV",
+LMCACHE056 = ClientEnv("0.5.6", "MPCACHE_TEST_LMCACHE_PYTHON", "MPCACHE_TEST_LMCACHE_VENV",
+                       CACHE / "lmcache-0.5.6-venv", REPO / ".ci" / "lmcache-env", bench=True)
+LMCACHE057 = ClientEnv("0.5.7rc3", "MPCACHE_TEST_LMCACHE057_PYTHON", "MPCACHE_TEST_LMCACHE057_VENV",
                        CACHE / "lmcache-0.5.7rc3-venv", REPO / ".ci" / "lmcache057-env", bench=False)
 CLIENTS = {client.version: client for client in (LMCACHE056, LMCACHE057)}
 CLIENT_PARAMS = [pytest.param(LMCACHE056.version, id="lmcache-0.5.6"),
@@ -76,8 +76,8 @@ CLIENT_PARAMS = [pytest.param(LMCACHE056.version, id="lmcache-0.5.6"),
 
 
 def _lmcache_unavailable(what: str, reason: str, how: str):
-    if os.environ.get("MPCACHE_REQUIRE_LMCACHE") == "1":
-        pytest.fail(f"MPCACHE_REQUIRE_LMCACHE=1, but {what} is unusable: {reason}", pytrace=False)
+    if os.environ.get("MPCACHE_TEST_REQUIRE_LMCACHE") == "1":
+        pytest.fail(f"MPCACHE_TEST_REQUIRE_LMCACHE=1, but {what} is unusable: {reason}", pytrace=False)
     pytest.skip(f"{what} not available: {reason} ({how})")
 
 

