@@ -5,11 +5,13 @@ and its parent for the supervisor; each series is checked against /proc read ind
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import psutil
 import pytest
+from support.waiting import wait_for
 
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
@@ -23,6 +25,12 @@ HOLDER = (f"import os, sys; fds = [os.open('/dev/null', os.O_RDONLY) for _ in ra
           "print(1, flush=True); sys.stdin.read()")
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc/PID/stat (after the parenthesised command name)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.fixture
 def cache0():
     """A process holding 20 extra descriptors until its stdin closes, its soft descriptor limit lowered to 77."""
@@ -31,6 +39,8 @@ def cache0():
     _, hard = psutil.Process(process.pid).rlimit(psutil.RLIMIT_NOFILE)
     psutil.Process(process.pid).rlimit(psutil.RLIMIT_NOFILE, (77, hard))
     yield process
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGCONT)  # stopped by a test that needs its counters to hold still
     process.stdin.close()
     process.wait(10)
     process.stdout.close()
@@ -45,6 +55,10 @@ def board(segment_factory):
 
 
 def test_each_process_is_reported_by_role_and_worker_with_proc_s_own_numbers(metrics, board, cache0):
+    # stopped, its context switches hold still between the collection and /proc's read (running, it could still
+    # be on its way into the read it blocks in: CI once saw 1 voluntary switch in /proc where 0 were collected)
+    os.kill(cache0.pid, signal.SIGSTOP)
+    wait_for(lambda: _state(cache0.pid) == "T", 30, "the stand-in cache process to stop")
     GaugeSlot(board, 0).heartbeat(pid=cache0.pid)
     ProcessesSubscriber(metrics.meter, GaugeBoardReader(board, stale_after_s=60.0))
     collected = metrics.collect()
