@@ -386,7 +386,7 @@ class EventPublisher(Protocol):
 
 
 class NullPublisher:
-    """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`mpcache.bench.null_cache`)."""
+    """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`benchmarks.null_cache`)."""
 
     def emit(self, etype: EventType, fields: tuple[Any, ...] = (), **_options: object) -> bool:
         return True

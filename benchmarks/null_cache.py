@@ -1,5 +1,5 @@
-"""``python -m mpcache.bench.null_cache``: a cache process that publishes nothing, the benchmarks'
-telemetry-off baseline (started through the supervisor's programs hook: ``mpcache.bench.service none``).
+"""``python -m benchmarks.null_cache``: a cache process that publishes nothing, the benchmarks'
+telemetry-off baseline (started through the supervisor's programs hook: ``benchmarks.service none``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench mixed``: what mixed object sizes cost a well-behaved client, told apart from plain
+"""``python -m benchmarks mixed``: what mixed object sizes cost a well-behaved client, told apart from plain
 eviction pressure.
 
 One 64 MiB L1 (the allocator this build ships, driven through :class:`~mpcache.cache.l1.L1Manager`), a

