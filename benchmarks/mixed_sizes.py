@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
-from mpcache.shm.publish import NullPublisher
 
 KIB, MIB = 1024, 1024 * 1024
 L1_BYTES = 64 * MIB

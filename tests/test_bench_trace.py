@@ -11,9 +11,9 @@ import numpy as np
 
 from benchmarks import __main__ as bench_main
 from benchmarks import trace, trace_gen
+from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
 from mpcache.cache.l1 import L1Manager
-from mpcache.shm.publish import NullPublisher
 
 
 def _l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
