@@ -1,17 +1,18 @@
 """``python -m benchmarks isolation``: what publishing costs inside the cache process, and what the cache process
 executes against LMCache's server, counted instead of timed.
 
-Three servers at once: one whose cache process publishes into its ring (the telemetry process reading it), one
-whose cache process publishes nowhere, and LMCache 0.5.6's MP server; both cache processes and LMCache's server run
-under valgrind's callgrind (:mod:`benchmarks.callgrind_cache`).  LMCache's own adapters
-(``tests/lmcache/workload.py``) send every step to each in turn (``--mirror``): first a warm-up, not instrumented,
-then an idle window (no requests, instrumented: what each server's own timers cost per second), then the measured
-window, instrumented.  Per request: instructions, data reads and writes, simulated first-level and last-level cache
-misses; publishing on over off (gross counts), and the publishing cache process over LMCache's server net of idle
+Three servers at once: one whose cache process publishes into its ring (the telemetry process reading it), one whose
+cache process publishes nowhere, and LMCache 0.5.6's MP server; both cache processes and LMCache's server run under
+valgrind's callgrind (:mod:`benchmarks.callgrind_cache`). LMCache's own adapters (``tests/lmcache/workload.py``)
+send every step to each in turn (``--mirror``): first a warm-up, not instrumented, then an idle window (no requests,
+instrumented: what each server's own timers cost per second), then the measured window, instrumented. Per request:
+instructions, data reads and writes, simulated first-level and last-level cache misses, and the ring cells each
+cache process published (read from its ring's head: whether publishing ran is a count, not a difference of two noisy
+totals); publishing on over off (gross counts), and the publishing cache process over LMCache's server net of idle
 (callgrind runs tens of times slower than the CPU, so a server's once-a-second work would otherwise weigh tens of
-times more per request than it does at full speed).  The counts come from the same code and the same requests, so
+times more per request than it does at full speed). The counts come from the same code and the same requests, so
 they move by fractions of a percent between runs where CPU time on a shared VM moves by several percent
-(docs/BENCHMARKS.md).  Callgrind counts user space only: the kernel's share is the ``lmcache`` benchmark's.
+(docs/BENCHMARKS.md). Callgrind counts user space only: the kernel's share is the ``lmcache`` benchmark's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from benchmarks.lmcache import _run_workload
 from benchmarks.lmcache_cpu import TARGET_CACHE_CPU_OVER_LMCACHE  # the lmcache benchmark's CPU target, counted
 from benchmarks.lmcache_servers import Server, lmcache_python
+from mpcache.shm.ring_reader import read_counters
 
 TPS = (1, 2)
 SECONDS = 60.0  # measured, per TP: 100-160 requests at callgrind's pace (LMCache's server paces the steps)
@@ -121,20 +123,26 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     server's counts and counted seconds, its idle counts per second, and the requests."""
     _run_workload(python, servers, tp, warmup_s, 0.0, tp, log_path)
     pids = [_cache_pid(server) for server in servers]
+    rings = {server.kind: ring for server in servers if (ring := server.ring()) is not None}
     for pid in pids:
         callgrind_control(pid, "--instr=on")  # turning instrumentation back on keeps stale costs: each window zeroes
     try:
         _, idle_elapsed, idle = _counted(pids, out_dir, dump, lambda: time.sleep(idle_s))
+        heads = {kind: read_counters(ring).head for kind, ring in rings.items()}
         result, elapsed, counts = _counted(
             pids, out_dir, dump + 1, lambda: _run_workload(python, servers, tp, seconds, 0.0, 100 + tp, log_path))
+        published = {kind: read_counters(ring).head - heads[kind] for kind, ring in rings.items()}
     finally:
         for pid in pids:
             callgrind_control(pid, "--instr=off")
+        for ring in rings.values():
+            ring.close()
     sides = [result, *result["mirrors"]]
     if len({side["requests"] for side in sides}) != 1:
         raise RuntimeError(f"the mirrored servers saw different requests: {[side['requests'] for side in sides]}")
     kinds = [server.kind for server in servers]
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
+            "ring_cells": {kind: published.get(kind, 0) for kind in kinds},
             "idle_per_s": {kind: {event: value / seconds_idle for event, value in one.items()}
                            for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)}}
 
@@ -157,6 +165,8 @@ def _per_request(measured: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"LMCache's server executed no more instructions over {requests} requests than idle: "
                            "callgrind did not count it")
     return {"requests": requests, "seconds": {kind: round(value, 3) for kind, value in measured["seconds"].items()},
+            "ring_cells_per_request": {kind: round(cells / requests, 2)
+                                       for kind, cells in measured["ring_cells"].items()},
             "per_request": per, "idle_per_s": idle, "net_per_request": net,
             "on_over_off": {name: round(on[name] / off[name], 4) if off[name] else None for name in COUNTERS},
             "cache_over_lmcache": {name: round(net["mpcache"][name] / lmcache[name], 4) if lmcache[name] else None
