@@ -14,8 +14,8 @@ import psutil
 import pytest
 from support.waiting import wait_for
 
-from mpcache.bench import __main__ as bench_main
-from mpcache.bench import drain, lmcache, lmcache_servers, publish, recorded
+from benchmarks import __main__ as bench_main
+from benchmarks import drain, lmcache, lmcache_servers, publish, recorded
 from mpcache.contract.events import EventType as E
 from mpcache.shm.ring import COMPILED_PUBLISH
 
@@ -75,7 +75,7 @@ def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
 
 def test_sigterm_stops_a_benchmark_with_its_children_and_shared_memory():
     """SIGTERM mid-soak: exit status 130, every child process gone, no segment of the run left."""
-    bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "soak", "--seconds", "30", "--rate", "20000"],
+    bench = subprocess.Popen([sys.executable, "-m", "benchmarks", "soak", "--seconds", "30", "--rate", "20000"],
                              stderr=subprocess.PIPE, text=True)
     try:
         def started_children() -> list[psutil.Process] | None:
@@ -169,7 +169,7 @@ def test_lmcache_benchmark_reports_all_four_servers_and_ratios_from_their_rps():
     python = _lmcache_python()
     if python is None:
         pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_TEST_LMCACHE_PYTHON)")
-    bench = subprocess.Popen([sys.executable, "-m", "mpcache.bench", "lmcache", "--json", "--repetitions", "1",
+    bench = subprocess.Popen([sys.executable, "-m", "benchmarks", "lmcache", "--json", "--repetitions", "1",
                               "--seconds", "1", "--warmup", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python})
     try:
@@ -218,7 +218,7 @@ def test_lmcache_benchmark_without_the_venv_is_one_clear_line(tmp_path):
     """No LMCache venv: exit status 2 and one line saying to run .ci/lmcache-env."""
     env = {key: value for key, value in os.environ.items() if key != "MPCACHE_TEST_LMCACHE_PYTHON"}
     env["MPCACHE_TEST_LMCACHE_VENV"] = str(tmp_path / "no-venv")
-    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "lmcache", "--json"], capture_output=True, text=True,
+    bench = subprocess.run([sys.executable, "-m", "benchmarks", "lmcache", "--json"], capture_output=True, text=True,
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/lmcache-env" in bench.stderr
@@ -239,7 +239,7 @@ def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_sam
     before = set(os.listdir(tempfile.gettempdir()))
     # 20 s: LMCache's server under callgrind paces the mirrored steps (~2 s each); a few steps are not enough for
     # publishing's ~2 % to stand above what a step's timers and collections add to one server or the other
-    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "isolation", "--json", "--repetitions", "1",
+    bench = subprocess.run([sys.executable, "-m", "benchmarks", "isolation", "--json", "--repetitions", "1",
                             "--seconds", "20", "--warmup", "2"], capture_output=True, text=True, timeout=1200,
                            env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python})
     assert 0 == bench.returncode, bench.stderr[-3000:]
@@ -282,7 +282,7 @@ def test_callgrind_summary_of_a_window_that_ran_nothing_reads_as_zeros(tmp_path)
     """callgrind leaves out trailing zero counts: a process that executed nothing over a window (blocked in a
     system call all along, as an idle server can be) is dumped with ``summary: 0`` under nine events, and that
     is zeros, not a half-written dump to wait for (the isolation benchmark once waited 120 s on one)."""
-    from mpcache.bench.isolation import read_summary
+    from benchmarks.isolation import read_summary
 
     events = ["Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw"]
     idle = tmp_path / "callgrind.1.1"  # what callgrind 3.19 wrote for `sleep` instrumented over one second
@@ -300,7 +300,7 @@ def test_callgrind_summary_of_a_window_that_ran_nothing_reads_as_zeros(tmp_path)
 
 def test_isolation_benchmark_without_valgrind_is_one_clear_line(tmp_path):
     """No valgrind on the PATH: exit status 2 and one line naming it and its package."""
-    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "isolation", "--json"], capture_output=True,
+    bench = subprocess.run([sys.executable, "-m", "benchmarks", "isolation", "--json"], capture_output=True,
                            text=True, env={**os.environ, "PATH": str(tmp_path)}, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and "apt-get install valgrind" in bench.stderr
@@ -308,7 +308,7 @@ def test_isolation_benchmark_without_valgrind_is_one_clear_line(tmp_path):
 
 def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():
     """From cumulative buckets read before and after a run: the difference, and quantiles worked out by hand."""
-    from mpcache.bench import service_times
+    from benchmarks import service_times
 
     inf = float("inf")
     before = {"lookup": {0.001: 10.0, 0.002: 10.0, 0.004: 10.0, inf: 10.0}}
@@ -328,7 +328,7 @@ def test_service_time_quantiles_interpolate_within_buckets_as_prometheus_does():
 def test_l2_benchmark_measures_single_and_cluster_against_the_floor_and_both_indexes(monkeypatch):
     """l2 (tiny sizes) reports ours and the raw-pipeline floor for the single server and the cluster, each
     ratio ours / floor, and a hit ratio in (0, 1) for the sharded and the unsharded index."""
-    from mpcache.bench import l2
+    from benchmarks import l2
 
     for name, value in (("CHUNKS", 32), ("LOOKUPS", 20), ("HIT_DISTINCT", 200), ("HIT_REQUESTS", 300),
                         ("HIT_CAPACITY_CHUNKS", 50)):
@@ -346,7 +346,7 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     """The benchmark's exact stack distances (Fenwick tree) against a plain list, on random requests."""
     import random
 
-    from mpcache.bench import mrc_traces
+    from benchmarks import mrc_traces
 
     rng = random.Random(4)
     requests = [("m", rng.choice("ab"), rng.sample(range(30), rng.randint(1, 5))) for _ in range(400)]
@@ -380,7 +380,7 @@ def test_report_row_for_mrc(tmp_path):
 
 
 def test_the_counted_checkpoint_side_replays_the_whole_recording_between_its_two_lines(ring_factory, tmp_path):
-    """mpcache.bench.checkpoint_counted, each side (what callgrind counts in the checkpoint benchmark): built, it
+    """benchmarks.checkpoint_counted, each side (what callgrind counts in the checkpoint benchmark): built, it
     says ready; given a line, it feeds the whole recording (3 s of two rings) and says done with every record
     delivered; given another it exits 0, leaving no shared memory of its own."""
     recordings = []
@@ -394,7 +394,7 @@ def test_the_counted_checkpoint_side_replays_the_whole_recording_between_its_two
     recorded.save(recordings, str(path))
     outcomes = {}
     for side in recorded.SIDES:
-        child = subprocess.Popen([sys.executable, "-m", "mpcache.bench.checkpoint_counted", "--recording", str(path),
+        child = subprocess.Popen([sys.executable, "-m", "benchmarks.checkpoint_counted", "--recording", str(path),
                                   "--side", side, "--workdir", str(tmp_path)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
         out, _ = child.communicate("go\nexit\n", timeout=120)
@@ -423,14 +423,14 @@ def test_report_row_for_checkpoint_names_each_interval_each_side_and_the_counted
 
 @pytest.mark.parametrize(("sink", "cache_program", "telemetry", "publishes"), [
     ("ring", "mpcache.cache", True, True),
-    ("none", "mpcache.bench.null_cache", False, False),
-    ("inprocess", "mpcache.bench.reference_cache", False, False),
+    ("none", "benchmarks.null_cache", False, False),
+    ("inprocess", "benchmarks.reference_cache", False, False),
 ])
 def test_the_benchmarks_choose_their_cache_processes_through_the_supervisors_programs(
         tmp_path, sink, cache_program, telemetry, publishes):
-    """mpcache.bench.service SINK runs the service with the cache program the sink names (the product's for
+    """benchmarks.service SINK runs the service with the cache program the sink names (the product's for
     ring), a telemetry process only when the rings are read, and events in the ring only for ring."""
-    from mpcache.bench import e2e, service
+    from benchmarks import e2e, service
     from mpcache.config import Config
     from mpcache.shm import layout
     from mpcache.shm.ring_reader import read_counters

@@ -3,7 +3,7 @@ through L1 (only object sizes differ), and its exact-LRU reference is a real LRU
 
 from __future__ import annotations
 
-from mpcache.bench import mixed_sizes
+from benchmarks import mixed_sizes
 
 
 def _noise_bytes(rounds) -> int:

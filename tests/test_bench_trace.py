@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench trace``: its offline LRU is L1's own order, Belady's MIN and ARC are what they claim,
+"""``python -m benchmarks trace``: its offline LRU is L1's own order, Belady's MIN and ARC are what they claim,
 and the benchmark replays a trace (``trace_gen``'s conversations) through a real service."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 
 import numpy as np
 
-from mpcache.bench import __main__ as bench_main
-from mpcache.bench import trace, trace_gen
-from mpcache.bench.trace_sim import TraceRequest, arc, belady, load, lru, outcome
+from benchmarks import __main__ as bench_main
+from benchmarks import trace, trace_gen
+from benchmarks.null_cache import NullPublisher
+from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
 from mpcache.cache.l1 import L1Manager
-from mpcache.shm.publish import NullPublisher
 
 
 def _l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
@@ -111,7 +111,7 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
 
 def test_trace_benchmark_without_a_file_is_one_clear_line():
     """No trace file: exit status 2 and one line saying how to give one."""
-    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "trace"], capture_output=True, text=True,
+    bench = subprocess.run([sys.executable, "-m", "benchmarks", "trace"], capture_output=True, text=True,
                            timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and "trace PATH" in bench.stderr

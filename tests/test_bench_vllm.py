@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench vllm``'s arithmetic and its report row (synthetic samples: no engine runs here; the
+"""``python -m benchmarks vllm``'s arithmetic and its report row (synthetic samples: no engine runs here; the
 benchmark itself runs vLLM and is run by hand, docs/BENCHMARKS.md), and its one line without vLLM's venv."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from mpcache.bench import __main__ as bench_main
-from mpcache.bench import vllm
+from benchmarks import __main__ as bench_main
+from benchmarks import vllm
 
 
 def sample(prefill_s: float, loaded: int) -> dict[str, float]:
@@ -46,7 +46,7 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
 def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
     env = {key: value for key, value in os.environ.items() if key != "MPCACHE_TEST_VLLM_PYTHON"}
     env["MPCACHE_TEST_VLLM_VENV"] = str(tmp_path / "no-venv")
-    bench = subprocess.run([sys.executable, "-m", "mpcache.bench", "vllm", "--json"], capture_output=True, text=True,
+    bench = subprocess.run([sys.executable, "-m", "benchmarks", "vllm", "--json"], capture_output=True, text=True,
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/vllm-env" in bench.stderr

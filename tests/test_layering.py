@@ -13,8 +13,10 @@ import mpcache
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(mpcache.__file__).resolve().parent
+BENCHMARKS = REPO / "benchmarks"  # outside the wheel, held to the same rules as the package
+SOURCES = (PACKAGE, BENCHMARKS)
 FORBIDDEN = ("opentelemetry", "prometheus_client")
-EXCLUDED = ("mpcache.telemetry", "mpcache.bench")
+EXCLUDED = ("mpcache.telemetry",)
 
 IMPORT_ALL = r'''
 import importlib, json, sys
@@ -30,7 +32,7 @@ print(json.dumps(culprits))
 
 
 def data_path_modules() -> list[str]:
-    """Every mpcache module outside telemetry and bench, found by walking the package."""
+    """Every mpcache module outside telemetry, found by walking the package."""
     found = ["mpcache"]
     for info in pkgutil.walk_packages(mpcache.__path__, "mpcache."):
         name = info.name
@@ -65,10 +67,11 @@ PICKLE = re.compile(r"^\s*(import|from)\s+(c?pickle|_pickle|cPickle)\b|\bc?[pP]i
 
 
 def test_package_source_has_no_pickle():
-    """No mpcache source file imports pickle or calls pickle.load(s)/dump(s): shared bytes are never unpickled."""
+    """No mpcache or benchmark source file imports pickle or calls pickle.load(s)/dump(s): shared bytes are never
+    unpickled."""
     hits = [
         f"{path.relative_to(REPO)}:{source.count(chr(10), 0, match.start()) + 1}: {match.group(0).strip()}"
-        for path in sorted(PACKAGE.rglob("*.py"))
+        for root in SOURCES for path in sorted(root.rglob("*.py"))
         for source in [path.read_text(encoding="utf-8")]
         for match in PICKLE.finditer(source)
     ]
@@ -87,21 +90,21 @@ LAYERS = (
     ("mpcache.cache", "mpcache.telemetry", "mpcache.demo"),
     ("mpcache.supervisor",),
     ("mpcache.logtail", "mpcache.report"),
-    ("mpcache.bench",),
+    ("benchmarks",),
 )
 MAX_MODULE_LINES = 400
 
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    for path in (path for root in SOURCES for path in root.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 
 def _module_imports() -> dict[str, set[str]]:
-    """Module → the mpcache modules it names: every import statement wherever it stands (module level,
+    """Module → the mpcache and benchmark modules it names: every import statement wherever it stands (module level,
     inside functions, under ``TYPE_CHECKING``), relative ones resolved, and every string that is exactly a
     module's name (``python -m NAME`` children), so that nothing hides a dependency."""
     import ast
@@ -148,7 +151,7 @@ def test_the_import_graph_sees_imports_inside_functions_under_type_checking_and_
     assert "mpcache.telemetry.otel" in graph["mpcache.telemetry.__main__"]
     assert "mpcache.cache.context" in graph["mpcache.cache.ops.registry"]
     assert {"mpcache.cache", "mpcache.telemetry", "mpcache.demo"} <= graph["mpcache.supervisor.children"]
-    assert {"mpcache.bench.null_cache", "mpcache.bench.reference_cache"} <= graph["mpcache.bench.service"]
+    assert {"benchmarks.null_cache", "benchmarks.reference_cache"} <= graph["benchmarks.service"]
 
 
 def test_no_import_cycles():
@@ -198,13 +201,13 @@ def test_contract_imports_nothing_of_the_processes():
 def test_the_service_imports_nothing_from_the_benchmarks():
     """Benchmarks may import the service, never the other way round (module names in strings included)."""
     graph = _module_imports()
-    assert {} == {name: sorted(t for t in targets if t.startswith("mpcache.bench"))
+    assert {} == {name: sorted(t for t in targets if _in(t, "benchmarks"))
                   for name, targets in graph.items()
-                  if not name.startswith("mpcache.bench") and any(t.startswith("mpcache.bench") for t in targets)}
+                  if not _in(name, "benchmarks") and any(_in(t, "benchmarks") for t in targets)}
 
 
 def test_no_module_grows_past_400_lines():
-    """One responsibility per module: no module of any package grows past 400 lines."""
-    long = {str(path.relative_to(REPO)): lines for path in sorted(PACKAGE.rglob("*.py"))
+    """One responsibility per module: no module of any package (the benchmarks' included) grows past 400 lines."""
+    long = {str(path.relative_to(REPO)): lines for root in SOURCES for path in sorted(root.rglob("*.py"))
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert {} == long

@@ -9,6 +9,7 @@ for numpy, psutil, ...) and print the interpreter they run on, so every test see
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shutil
@@ -273,17 +274,23 @@ def test_wheel_holds_license_entry_points_and_every_module(built):
             "mpcache-report": "mpcache.report:main"} == dict(scripts["console_scripts"])
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(BUILT_TIMEOUT_S)
-def test_wheel_installed_elsewhere_runs_its_console_scripts(built):
-    """Installed without its dependencies into a target directory (they come from this interpreter), the
-    wheel's start-cache and mpcache-logs print their usage from outside the checkout, importing mpcache from
-    the target."""
+@pytest.fixture(scope="module")
+def installed(built) -> Path:
+    """The wheel installed without its dependencies (they come from this interpreter) into a target directory."""
     target = built["work"] / "target"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                               "--no-deps", "--no-index", "--target", str(target), str(built["wheel"])],
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILT_TIMEOUT_S)
+def test_wheel_installed_elsewhere_runs_its_console_scripts(built, installed):
+    """Installed into a target directory, the wheel's start-cache and mpcache-logs print their usage from outside
+    the checkout, importing mpcache from the target."""
+    target = installed
     env = dict(os.environ, PYTHONPATH=str(target))
     where = subprocess.run([sys.executable, "-c", "import mpcache.supervisor as s; print(s.__file__)"],
                            cwd=target.parent, env=env, capture_output=True, text=True, timeout=60)
@@ -291,6 +298,51 @@ def test_wheel_installed_elsewhere_runs_its_console_scripts(built):
                             capture_output=True, text=True, timeout=60) for script in SCRIPTS]
     assert (str(target / "mpcache" / "supervisor" / "__init__.py"), [(0, f"usage: {s}") for s in SCRIPTS]) == (
         where.stdout.strip(), [(h.returncode, h.stdout[:len(f"usage: {s}")]) for h, s in zip(helps, SCRIPTS)])
+
+
+# Imports every module of the installed package with the benchmarks made unimportable; a ``__main__`` (a program,
+# run by importing it) is held to the modules it imports instead.
+IMPORT_WITHOUT_BENCHMARKS = r'''
+import ast, importlib, json, pathlib, sys
+sys.modules["benchmarks"] = None  # absent, wherever it might be found: importing it raises ImportError
+root = pathlib.Path(sys.argv[1])
+failed, count = {}, 0
+for path in sorted((root / "mpcache").rglob("*")):
+    if path.suffix not in (".py", ".so"):
+        continue
+    name = ".".join(path.relative_to(root).parts).split(".cpython-")[0].removesuffix(".py").removesuffix(".__init__")
+    names = [name]
+    if path.name == "__main__.py":
+        names = [n.module if isinstance(n, ast.ImportFrom) else a.name for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0)
+                 for a in (n.names if isinstance(n, ast.Import) else [None])]
+    for module in names:
+        count += 1
+        try:
+            loaded = importlib.import_module(module)
+            assert not module.startswith("mpcache") or loaded.__file__.startswith(str(root)), loaded.__file__
+        except BaseException as exc:
+            failed[f"{name}: {module}"] = repr(exc)
+print(json.dumps({"imported": count, "failed": failed}))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILT_TIMEOUT_S)
+def test_wheel_holds_no_benchmark_and_every_module_imports_without_them(built, installed, tmp_path):
+    """The benchmarks (top-level ``benchmarks/``) stay in the checkout: the wheel's only package is mpcache, nothing
+    in it named bench; installed, every module of it imports (from the target, not the checkout) with the
+    benchmarks absent."""
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        names = wheel.namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith((".dist-info", ".data"))}
+    result = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_BENCHMARKS, str(installed)], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(installed)), capture_output=True, text=True,
+                            timeout=300)
+    assert 0 == result.returncode, result.stderr[-3000:]
+    imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ({"mpcache"}, [], {}) == (top, [name for name in names if "bench" in name], imported["failed"])
+    assert imported["imported"] >= len([n for n in names if n.endswith((".py", ".so")) and "__main__" not in n])
 
 
 def test_changelog_newest_release_is_the_packages_version():

@@ -373,8 +373,8 @@ class Publisher:
 
 
 class EventPublisher(Protocol):
-    """What a cache process publishes through: the ring's :class:`Publisher`, or one that drops
-    everything (:class:`NullPublisher`) or feeds another sink (the benchmarks' reference)."""
+    """What a cache process publishes through: the ring's :class:`Publisher`, or a benchmark's (one that drops
+    everything, one that feeds LMCache-style in-process sinks)."""
 
     def emit(self, etype: EventType, fields: tuple[Any, ...] = (), *, salt_counts: SaltCounts | None = None,
              sampled: Sampled = (), session_id: str = "", texts: tuple[str, ...] = (), blocks: Blocks = (),
@@ -384,15 +384,3 @@ class EventPublisher(Protocol):
 
     def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]: ...
 
-
-class NullPublisher:
-    """Publishes nothing: the telemetry-off baseline of the benchmarks (:mod:`mpcache.bench.null_cache`)."""
-
-    def emit(self, etype: EventType, fields: tuple[Any, ...] = (), **_options: object) -> bool:
-        return True
-
-    def emit_salted(self, etype: EventType, cache_salt: str, model_name: str, count: int) -> bool:
-        return True
-
-    def fields_emitter(self, etype: EventType) -> Callable[[tuple[Any, ...], str], bool]:
-        return lambda fields, session_id: True

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.slabs import ALIGN, SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey
-from mpcache.shm.publish import NullPublisher
 
 KIB, MIB = 2**10, 2**20
 

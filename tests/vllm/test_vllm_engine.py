@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from support.ports import free_ports
 from support.service import Scrape, Service
-from support.vllm_engine import Engine, wait_all_ready
 from support.waiting import wait_for
+
+from benchmarks.vllm_engine import Engine, wait_all_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -157,6 +158,12 @@ def ask(engine: Engine, prompt: list[int], reference_tokens: list[int]) -> dict:
     return moved
 
 
+def wait_logged(engines: tuple[Engine, ...], text: str, timeout_s: float = 60) -> None:
+    """Until every engine's stderr holds ``text`` once per adapter (each adapter's heartbeat logs it)."""
+    wait_for(lambda: all(engine.log_count(text) >= ADAPTERS for engine in engines), timeout_s,
+             f"the engines to log {text!r} {ADAPTERS} times each")
+
+
 def loaded_all_chunks(prompt: list[int]) -> dict[str, int]:
     return {EXTERNAL: whole_chunks(prompt) * CHUNK, COMPUTED: len(prompt) - whole_chunks(prompt) * CHUNK}
 
@@ -187,13 +194,11 @@ def test_vllm_takes_prefixes_from_mpcache_shares_them_and_survives_its_restart(
     assert settled(service, expected) == expected
 
     assert 0 == service.stop()
-    for engine in (a, b):
-        engine.wait_log(DEGRADED, 60, times=ADAPTERS)
+    wait_logged((a, b), DEGRADED)
     assert ask(a, second, reference["second"]) == computed_all(second), "served while mpcache was down"
 
     service = start_cache(start_service, flags, port)
-    for engine in (a, b):
-        engine.wait_log(RECOVERED, 60, times=ADAPTERS)
+    wait_logged((a, b), RECOVERED)
     assert ask(a, second, reference["second"]) == computed_all(second), "the new mpcache started empty"
     assert ask(b, second, reference["second"]) == loaded_all_chunks(second), "caching did not resume"
     expected = traffic(lookups=[second] * 2, stored=[second], loaded=[second])

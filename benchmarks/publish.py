@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.reference import InProcessBus, RefEvent
+from benchmarks.reference import InProcessBus, RefEvent
 from mpcache.contract.events import EventType
 from mpcache.shm import layout
 from mpcache.shm.intern import Interner

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench trace PATH``: a request trace of prefix block hashes (:mod:`mpcache.bench.trace_sim`)
+"""``python -m benchmarks trace PATH``: a request trace of prefix block hashes (:mod:`benchmarks.trace_sim`)
 replayed through a real one-process service with the native client, one request at a time as an engine does
 (lookup; store what missed; end), at three L1 sizes derived from the trace: where an offline LRU reaches 1/3,
 2/3 and 90 % of the infinite cache's hit ratio, once per ``--l1-policy`` (lru, the default; adaptive; arc).
@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import mrc_traces
-from mpcache.bench.trace_sim import (
+from benchmarks import mrc_traces
+from benchmarks.trace_sim import (
     BLOCK_TOKENS,
     Outcome,
     TraceRequest,
@@ -58,7 +58,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
         limit: int | None = None, shares: dict[str, float] | None = None) -> dict[str, Any]:
     """The table's numbers as one JSON object (``repetitions`` is unused: the replay is deterministic)."""
     if path is None:
-        raise TraceMissing("trace needs a trace file: python -m mpcache.bench trace PATH")
+        raise TraceMissing("trace needs a trace file: python -m benchmarks trace PATH")
     requests = load(path, limit)
     infinite = lru(requests, math.inf)
     progress(f"trace: {len(requests)} requests, {sum(len(r.hashes) for r in requests)} blocks, infinite-cache "

@@ -12,7 +12,7 @@ scrape interval or ``--otlp-interval 1`` would (each scrape or export flushes). 
 replayed to the last one read, over the records, is the CPU per event.
 
 Timing on a shared machine is noisy, so the same comparison is also counted: the pipeline of each side runs in
-one process under callgrind (:mod:`mpcache.bench.checkpoint_counted`), fed the same records second by second of
+one process under callgrind (:mod:`benchmarks.checkpoint_counted`), fed the same records second by second of
 their own timestamps with a flush and a collection after each, and its instructions per event are compared.
 """
 
@@ -30,9 +30,9 @@ from typing import Any
 
 import psutil
 
-from mpcache.bench import service as bench_service
-from mpcache.bench.children import stop
-from mpcache.bench.recorded import RING_CELLS, SIDES, WORKERS, Feeder, Recording, bench_config, save
+from benchmarks import service as bench_service
+from benchmarks.children import stop
+from benchmarks.recorded import RING_CELLS, SIDES, WORKERS, Feeder, Recording, bench_config, save
 from mpcache.httpserver import get_unix
 from mpcache.shm import layout
 from mpcache.shm.segment import Segment, shm_name
@@ -185,9 +185,9 @@ def replay(recordings: list[Recording], directory: str, scrape_every_s: float, r
 
 def count_instructions(recordings: list[Recording], directory: str,
                        progress: Callable[[str], None]) -> dict[str, Any]:
-    """Instructions per event of each side's pipeline under callgrind (:mod:`mpcache.bench.checkpoint_counted`),
+    """Instructions per event of each side's pipeline under callgrind (:mod:`benchmarks.checkpoint_counted`),
     and each checkpointing side's over the side without; ValgrindMissing without valgrind."""
-    from mpcache.bench import checkpoint_counted, isolation
+    from benchmarks import checkpoint_counted, isolation
 
     isolation.require_valgrind()
     path = os.path.join(directory, "recording.npz")

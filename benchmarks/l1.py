@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
-from mpcache.shm.publish import NullPublisher
 
 MIB = 2**20
 L1_BYTES = 2 * 2**30

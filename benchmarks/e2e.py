@@ -1,5 +1,5 @@
 """Cache operations per second with telemetry off, through the rings, and with the in-process bus
-(``python -m mpcache.bench.service none|ring|inprocess``, interleaved in one run), and the cache processes'
+(``python -m benchmarks.service none|ring|inprocess``, interleaved in one run), and the cache processes'
 CPU per operation in each mode (from the start of the clients to their end, warm-up included).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 
-from mpcache.bench import service as bench_service
-from mpcache.bench.children import kill_running, stop
+from benchmarks import service as bench_service
+from benchmarks.children import kill_running, stop
 
 MODES = ("none", "ring", "inprocess")
 CLIENTS = 2
@@ -102,7 +102,7 @@ def _one_run(mode: str) -> tuple[float, float]:
             cpu_before = _cache_cpu_s(service)
             clients += [
                 subprocess.Popen(
-                    [sys.executable, "-c", f"from mpcache.bench.e2e import client_loop; "
+                    [sys.executable, "-c", f"from benchmarks.e2e import client_loop; "
                      f"client_loop({path!r}, {SECONDS}, {WARMUP_S}, {i + 1})"],
                     stdout=subprocess.PIPE, text=True,
                 )

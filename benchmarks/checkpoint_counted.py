@@ -1,5 +1,5 @@
-"""``python -m mpcache.bench.checkpoint_counted --recording PATH --side {on,every_flush,off} --workdir DIR``: one
-side of the checkpoint benchmark (:mod:`mpcache.bench.checkpoint`) as one process, for callgrind to count.
+"""``python -m benchmarks.checkpoint_counted --recording PATH --side {on,every_flush,off} --workdir DIR``: one
+side of the checkpoint benchmark (:mod:`benchmarks.checkpoint`) as one process, for callgrind to count.
 
 It builds the telemetry pipeline over an instance of its own (with the side's checkpoint interval, or no state
 segment), prints ``ready`` and waits for a line; then it feeds the recorded records second by second of their
@@ -19,9 +19,9 @@ import sys
 import tempfile
 from typing import IO, Any
 
-from mpcache.bench import service as bench_service
-from mpcache.bench.isolation import callgrind_control, read_dump
-from mpcache.bench.recorded import SIDES, Feeder, bench_config, load
+from benchmarks import service as bench_service
+from benchmarks.isolation import callgrind_control, read_dump
+from benchmarks.recorded import SIDES, Feeder, bench_config, load
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.provision import create_segments, unlink_segments
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpcache.telemetry.pump import Pump, RingSource
     from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 
-    parser = argparse.ArgumentParser(prog="mpcache.bench.checkpoint_counted")
+    parser = argparse.ArgumentParser(prog="benchmarks.checkpoint_counted")
     parser.add_argument("--recording", required=True)
     parser.add_argument("--side", required=True, choices=sorted(SIDES))
     parser.add_argument("--workdir", required=True)
@@ -96,7 +96,7 @@ def count(recording: str, side: str, directory: str) -> int:
     out_dir = tempfile.mkdtemp(prefix="callgrind-", dir=directory)
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--quiet",
             f"--callgrind-out-file={os.path.join(out_dir, 'callgrind.%p')}", sys.executable, "-m",
-            "mpcache.bench.checkpoint_counted", "--recording", recording, "--side", side, "--workdir", directory]
+            "benchmarks.checkpoint_counted", "--recording", recording, "--side", side, "--workdir", directory]
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                env=bench_service.env())
     assert process.stdin is not None and process.stdout is not None

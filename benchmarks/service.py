@@ -1,8 +1,8 @@
-"""``python -m mpcache.bench.service SINK [start-cache flags]``: the service as a benchmark runs it, its cache
+"""``python -m benchmarks.service SINK [start-cache flags]``: the service as a benchmark runs it, its cache
 processes publishing into the rings (``ring``: the product, telemetry included; ``ring-unread``: no telemetry
 process reads them), nowhere (``none``) or into LMCache's in-process bus (``inprocess``); the last two run no
 telemetry process.  ``ring-callgrind`` and
-``none-callgrind`` run the first two's cache process under callgrind (:mod:`mpcache.bench.callgrind_cache`).  The
+``none-callgrind`` run the first two's cache process under callgrind (:mod:`benchmarks.callgrind_cache`).  The
 supervisor gets the benchmark's cache process through its ``programs`` hook, so that the product names no
 benchmark module.
 """
@@ -14,20 +14,20 @@ import sys
 
 import psutil
 
-from mpcache.bench import callgrind_cache, null_cache, reference_cache
+from benchmarks import callgrind_cache, null_cache, reference_cache
 from mpcache.supervisor.children import Programs
 from mpcache.supervisor.start import main as start_cache
 
 SINKS = {
     "ring": Programs(),
-    "ring-unread": Programs(telemetry=None),  # the records stay in the rings (mpcache.bench.checkpoint copies them)
+    "ring-unread": Programs(telemetry=None),  # the records stay in the rings (benchmarks.checkpoint copies them)
     "none": Programs(cache=null_cache.__name__, telemetry=None),
     "inprocess": Programs(cache=reference_cache.__name__, telemetry=None),
-    # under callgrind (mpcache.bench.isolation), the ring's or the null publisher's program as its env says
+    # under callgrind (benchmarks.isolation), the ring's or the null publisher's program as its env says
     "ring-callgrind": Programs(cache=callgrind_cache.__name__),
     "none-callgrind": Programs(cache=callgrind_cache.__name__, telemetry=None),
 }
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def argv(sink: str, *flags: str) -> list[str]:
@@ -55,7 +55,7 @@ def child_pids(service_pid: int) -> dict[str, list[int]]:
 def main(args: list[str] | None = None) -> int:
     args = sys.argv[1:] if args is None else args
     if not args or args[0] not in SINKS:
-        sys.stderr.write(f"mpcache.bench.service: error: the first argument is one of {', '.join(SINKS)}\n")
+        sys.stderr.write(f"benchmarks.service: error: the first argument is one of {', '.join(SINKS)}\n")
         return 2
     return start_cache(args[1:], programs=SINKS[args[0]])
 

@@ -1,5 +1,5 @@
-"""The servers under test of the LMCache benchmark (``mpcache.bench.lmcache``): mpcache (through
-``mpcache.bench.service``) or LMCache's MP server, started, their CPU-bearing pids found, stopped with their
+"""The servers under test of the LMCache benchmark (``benchmarks.lmcache``): mpcache (through
+``benchmarks.service``) or LMCache's MP server, started, their CPU-bearing pids found, stopped with their
 shared memory removed; and the sampler of the telemetry process's drain lag.
 """
 
@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any
 
-from mpcache.bench import callgrind_cache
-from mpcache.bench import service as bench_service
-from mpcache.bench.children import stop
+from benchmarks import callgrind_cache
+from benchmarks import service as bench_service
+from benchmarks.children import stop
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.shm.ring_reader import RingReader, read_counters

@@ -1,6 +1,6 @@
 """The demo's recorded event stream (a cache process's ring copied out: its intern table and cells), kept in a
 file and fed back into an instance's rings at the pace of its timestamps, for the checkpoint benchmark's sides
-(:mod:`mpcache.bench.checkpoint`, :mod:`mpcache.bench.checkpoint_counted`).
+(:mod:`benchmarks.checkpoint`, :mod:`benchmarks.checkpoint_counted`).
 """
 
 from __future__ import annotations

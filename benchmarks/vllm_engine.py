@@ -1,6 +1,6 @@
-"""A real vLLM engine driven from the tests: ``tests/vllm/engine.py serve`` started with the python of vLLM's venv
-(``.ci/vllm-env``), asked one request at a time over its stdin/stdout (tests/vllm, and the errors an engine meets in
-tests/vllm/test_engine_errors.py).
+"""A real vLLM engine: ``tests/vllm/engine.py serve`` started with the python of vLLM's venv (``.ci/vllm-env``),
+asked one request at a time over its stdin/stdout.  The one engine starter of ``python -m benchmarks vllm`` and of
+the tests (tests/vllm).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from support.waiting import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "tests" / "vllm" / "engine.py"
 # Every process that imports vllm or lmcache: no usage reports leave the machine; one OpenMP thread on shared cores.
 ENGINE_ENV = {"DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1", "LMCACHE_TRACK_USAGE": "false",
@@ -26,15 +24,28 @@ START_TIMEOUT_S = 420  # import torch + vLLM and start the engine on 2 busy core
 REQUEST_TIMEOUT_S = 180
 
 
+def lmcache_mp_connector(port: int) -> dict[str, Any]:
+    """The ``kv_transfer_config`` of LMCache 0.5.6's MP connector on a server at 127.0.0.1:``port``."""
+    return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port,
+                                          "lmcache.mp.mq_timeout": 60}}
+
+
+class EngineFailed(RuntimeError):
+    """The engine exited, did not answer in time, or answered a request with an error (its stderr's tail said)."""
+
+
 class Engine:
     """``engine.py serve`` in vLLM's venv: one ``vllm.LLM``, asked one request at a time, its stderr in a file."""
 
-    def __init__(self, python: str, model: Path, stderr_path: Path, kv_transfer_config: dict | None = None,
-                 env: dict[str, str] | None = None, launcher: list[str] | None = None) -> None:
+    def __init__(self, python: str, model: str | Path, stderr_path: str | Path,
+                 kv_transfer_config: dict | None = None, env: dict[str, str] | None = None,
+                 launcher: list[str] | None = None, name: str = "vLLM") -> None:
         argv = [python, str(ENGINE), "serve", "--model", str(model)]
         if kv_transfer_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-        self.stderr_path = stderr_path
+        self.name = name
+        self.stderr_path = Path(stderr_path)
         with open(stderr_path, "wb") as stderr:
             self.process = subprocess.Popen((launcher or []) + argv, env=dict(os.environ, **ENGINE_ENV, **(env or {})),
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
@@ -60,16 +71,17 @@ class Engine:
         try:
             reply = self._replies.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"no reply within {timeout_s} s to {what}; engine stderr:\n"
-                                 f"{self.stderr_tail()}") from None
+            raise EngineFailed(f"the {self.name} engine did not answer {what} within {timeout_s:.0f} s; stderr:\n"
+                               f"{self.stderr_tail()}") from None
         if reply is None:
-            raise AssertionError(f"the engine exited ({self.process.poll()}) before answering {what}; "
-                                 f"stderr:\n{self.stderr_tail()}")
+            raise EngineFailed(f"the {self.name} engine exited ({self.process.poll()}) before answering {what}; "
+                               f"stderr:\n{self.stderr_tail()}")
         return reply
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict:
         self.ready = self._next(timeout_s, "its start-up")
-        assert self.ready.get("ready"), self.ready
+        if not self.ready.get("ready"):
+            raise EngineFailed(f"the {self.name} engine did not start: {self.ready}")
         return self.ready
 
     def generate(self, prompt: list[int], max_tokens: int, timeout_s: float = REQUEST_TIMEOUT_S) -> dict:
@@ -79,7 +91,9 @@ class Engine:
         self.process.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "max_tokens": max_tokens}) + "\n")
         self.process.stdin.flush()
         reply = self._next(timeout_s, f"a request of {len(prompt)} tokens")
-        assert "error" not in reply, f"{reply['error']}\n{reply.get('traceback', '')}\n{self.stderr_tail()}"
+        if "error" in reply:
+            raise EngineFailed(f"the {self.name} engine failed a request: {reply['error']}\n"
+                               f"{reply.get('traceback', '')}\n{self.stderr_tail()}")
         reply["moved"] = {name: value - self.metrics.get(name, 0) for name, value in reply["metrics"].items()}
         self.metrics = reply["metrics"]
         return reply
@@ -87,13 +101,10 @@ class Engine:
     def log_count(self, text: str) -> int:
         return self.stderr_tail(1 << 22).count(text)
 
-    def wait_log(self, text: str, timeout_s: float, times: int = 1) -> None:
-        """Until its stderr holds ``text`` at least ``times`` times."""
-        wait_for(lambda: self.log_count(text) >= times, timeout_s, f"the engine to log {text!r} {times} times")
-
     def stop(self, timeout_s: float = 60) -> int | None:
         """Ask it to exit (vLLM stops its engine-core and worker processes), then kill whatever is left of its
-        process group: its exit status, or None if it had to be killed."""
+        process group (a front end killed first would leave those two running, orphaned): its exit status, or None
+        if it had to be killed."""
         if self.process.poll() is None and self.process.stdin is not None:
             try:
                 self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
@@ -112,8 +123,8 @@ class Engine:
         return status
 
 
-def wait_all_ready(*engines: Engine) -> None:
+def wait_all_ready(*engines: Engine, timeout_s: float = START_TIMEOUT_S) -> None:
     """Started together, waited for together (their start-ups overlap)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for engine in engines:
         engine.wait_ready(max(1.0, deadline - time.monotonic()))

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench mixed``: what mixed object sizes cost a well-behaved client, told apart from plain
+"""``python -m benchmarks mixed``: what mixed object sizes cost a well-behaved client, told apart from plain
 eviction pressure.
 
 One 64 MiB L1 (the allocator this build ships, driven through :class:`~mpcache.cache.l1.L1Manager`), a
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
-from mpcache.shm.publish import NullPublisher
 
 KIB, MIB = 1024, 1024 * 1024
 L1_BYTES = 64 * MIB

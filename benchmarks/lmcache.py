@@ -5,7 +5,7 @@ always run back to back, and so do the two LMCache modes (each on/off pair share
 moment of a shared machine's background load); over every 4 rounds each server runs once in
 each position (``ROUND_ORDERS``):
 
-* ``mpcache``: ``python -m mpcache.bench.service ring --workers 1 --lmcache-port P`` — the
+* ``mpcache``: ``python -m benchmarks.service ring --workers 1 --lmcache-port P`` — the
   product, with its telemetry process draining the rings and exporting every metric;
 * ``mpcache_off``: the same with ``none`` (nothing published, no telemetry
   process);
@@ -48,10 +48,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import service_times
-from mpcache.bench.children import kill_running
-from mpcache.bench.lmcache_cpu import TIMED_OPS, cpu_report, median
-from mpcache.bench.lmcache_servers import (
+from benchmarks import service_times
+from benchmarks.children import kill_running
+from benchmarks.lmcache_cpu import TIMED_OPS, cpu_report, median
+from benchmarks.lmcache_servers import (
     LMCACHE_ENV,
     LMCACHE_MAX_WORKERS,
     OBJECT_BYTES,
@@ -61,7 +61,7 @@ from mpcache.bench.lmcache_servers import (
 )
 from mpcache.shm.segment import Segment
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = os.path.join(REPO, "tests", "lmcache", "workload.py")
 SERVERS = ("mpcache", "mpcache_off", "lmcache", "lmcache_off")
 SIDE_BY_SIDE = ("mpcache", "mpcache_off")  # publishing's cost: both at once, the same steps to each in turn

@@ -1,5 +1,5 @@
-"""``python -m mpcache.bench.trace_gen KIND COUNT PATH [--seed N]``: a request trace of our own in Mooncake's
-format (:mod:`mpcache.bench.trace_sim`), for ``python -m mpcache.bench trace``.  Block ids are fresh integers;
+"""``python -m benchmarks.trace_gen KIND COUNT PATH [--seed N]``: a request trace of our own in Mooncake's
+format (:mod:`benchmarks.trace_sim`), for ``python -m benchmarks trace``.  Block ids are fresh integers;
 a request repeats the ids of the prefix it shares.  Kinds:
 
 * ``conversations``: one of four shared system prompts and a question; half the requests are a turn of an
@@ -26,7 +26,7 @@ import random
 import sys
 from collections.abc import Callable
 
-from mpcache.bench.trace_sim import BLOCK_TOKENS, TraceRequest
+from benchmarks.trace_sim import BLOCK_TOKENS, TraceRequest
 
 
 def conversations(count: int, seed: int) -> list[TraceRequest]:
@@ -141,7 +141,7 @@ def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpcache.bench.trace_gen")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_gen")
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("count", type=int)
     parser.add_argument("path")

@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench.foreign_peers MODE PORT ...``: the hostile local user of ``python -m mpcache.bench
+"""``python -m benchmarks.foreign_peers MODE PORT ...``: the hostile local user of ``python -m benchmarks
 peers``, run as another uid (standard library only, so that any user's Python can run it).
 
 * ``hold PORT N ROWS RATE``: ``N`` connections to the LMCache port (each refused), held open; ``ROWS`` rows of

@@ -1,4 +1,4 @@
-"""The miss-ratio benchmark's traces and their truth (``python -m mpcache.bench mrc``): the demo's, a KV-shaped
+"""The miss-ratio benchmark's traces and their truth (``python -m benchmarks mrc``): the demo's, a KV-shaped
 and a long-prompt workload as chunk-hash requests; an exact LRU stack-distance computation of a trace,
 written here independently of ``mpcache.telemetry.mrc``; and a trace's replay through a real one-process
 service, as an engine does (lookup, store what missed, end).
@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import psutil
 
-from mpcache.bench.children import stop
+from benchmarks.children import stop
 from mpcache.client import CacheClient
 from mpcache.config import Config
 from mpcache.contract.keys import chunk_hashes
 from mpcache.demo.run import Workload
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK_BYTES = 4096  # small objects: many keys through the real service in little time
 CHUNK_TOKENS = 16
 MAX_CHUNKS = 32

@@ -1,4 +1,4 @@
-"""What the miss-ratio curves cost (``python -m mpcache.bench mrc``): the cache process's CPU per request at
+"""What the miss-ratio curves cost (``python -m benchmarks mrc``): the cache process's CPU per request at
 the default sample rate against rate 0 in interleaved pairs, the sampling calls alone as a share of it, and
 the telemetry memory of a curve set filled to its bounds.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcache.bench.mrc_traces import CHUNK_BYTES, Request, exact_distances, median_reuse_bytes, replay
+from benchmarks.mrc_traces import CHUNK_BYTES, Request, exact_distances, median_reuse_bytes, replay
 from mpcache.config import Config
 
 COST_CHUNK_BYTES = 64 * 1024  # the e2e benchmark's objects: the request shape the sampling cost is measured at

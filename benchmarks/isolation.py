@@ -1,9 +1,9 @@
-"""``python -m mpcache.bench isolation``: what publishing costs inside the cache process, and what the cache process
+"""``python -m benchmarks isolation``: what publishing costs inside the cache process, and what the cache process
 executes against LMCache's server, counted instead of timed.
 
 Three servers at once: one whose cache process publishes into its ring (the telemetry process reading it), one whose
 cache process publishes nowhere, and LMCache 0.5.6's MP server; both cache processes and LMCache's server run under
-valgrind's callgrind (:mod:`mpcache.bench.callgrind_cache`). LMCache's own adapters (``tests/lmcache/workload.py``)
+valgrind's callgrind (:mod:`benchmarks.callgrind_cache`). LMCache's own adapters (``tests/lmcache/workload.py``)
 send every step to each in turn (``--mirror``): first a warm-up, not instrumented, then an idle window (no requests,
 instrumented: what each server's own timers cost per second), then the measured window, instrumented. Per request:
 instructions, data reads and writes, simulated first-level and last-level cache misses, and the ring cells each
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.lmcache import _run_workload
-from mpcache.bench.lmcache_cpu import TARGET_CACHE_CPU_OVER_LMCACHE  # the lmcache benchmark's CPU target, counted
-from mpcache.bench.lmcache_servers import Server, lmcache_python
+from benchmarks.lmcache import _run_workload
+from benchmarks.lmcache_cpu import TARGET_CACHE_CPU_OVER_LMCACHE  # the lmcache benchmark's CPU target, counted
+from benchmarks.lmcache_servers import Server, lmcache_python
 from mpcache.shm.ring_reader import read_counters
 
 TPS = (1, 2)

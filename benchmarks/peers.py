@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench peers``: whether a foreign local user can starve the engines a cache process serves
+"""``python -m benchmarks peers``: whether a foreign local user can starve the engines a cache process serves
 over ``--lmcache-port``.
 
 A one-process service; an engine of the service's uid, connected first, asks ``get_chunk_size`` every 10 ms
@@ -7,7 +7,7 @@ connects, registers an engine_driven context and unregisters it (connect to regi
 Three phases side by side: no foreign peer; another uid holding ``CONNECTIONS`` connections to the port (each
 refused) with ``TABLE_ROWS`` rows of its own loopback pairs in the host's socket table and ``TRICKLE_PER_S``
 connections a second more; and ``FLOOD_PROCESSES`` processes of that uid connecting and resetting as fast as
-they can.  The foreign side is :mod:`mpcache.bench.foreign_peers`, run as a throwaway system user made with
+they can.  The foreign side is :mod:`benchmarks.foreign_peers`, run as a throwaway system user made with
 ``useradd`` (so the benchmark needs root), in ``HOLD_PROCESSES`` processes whose RLIMIT_NOFILE is raised to
 what they hold.  Targets: p99 ≤ 50 ms and every
 fresh registration within 1 s in every phase.
@@ -34,8 +34,8 @@ from typing import Any
 
 import msgpack
 
-from mpcache.bench import service as bench_service
-from mpcache.bench.lmcache_servers import Server
+from benchmarks import service as bench_service
+from benchmarks.lmcache_servers import Server
 from mpcache.cache.lmcache import zmtp
 
 CONNECTIONS = 28_000
@@ -197,7 +197,7 @@ def _second_user() -> Iterator[int]:
 
 def _foreign(uid: int, *args: str) -> subprocess.Popen[str]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": bench_service.PACKAGE_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([_python_for_others(), "-m", "mpcache.bench.foreign_peers", *args], user=uid, group=uid,
+    return subprocess.Popen([_python_for_others(), "-m", "benchmarks.foreign_peers", *args], user=uid, group=uid,
                             extra_groups=[], cwd="/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
 

@@ -1,4 +1,4 @@
-"""CPU per request in the LMCache benchmark (``mpcache.bench.lmcache``, issue 21): every server's processes,
+"""CPU per request in the LMCache benchmark (``benchmarks.lmcache``, issue 21): every server's processes,
 mpcache's cache process against LMCache's server with and without telemetry, what publishing costs the cache
 process (from each round's side-by-side run), server-side p99 per operation, and the targets' verdicts.
 """

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from mpcache.bench.mrc_cost import curve_memory, sampling_cost
-from mpcache.bench.mrc_traces import (
+from benchmarks.mrc_cost import curve_memory, sampling_cost
+from benchmarks.mrc_traces import (
     CHUNK_BYTES,
     Request,
     demo_requests,

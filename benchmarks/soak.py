@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from mpcache.bench.children import kill_running, stop
+from benchmarks.children import kill_running, stop
 from mpcache.config import Config
 from mpcache.shm import layout
 from mpcache.shm.ring_reader import RingReader, read_counters
@@ -30,7 +30,7 @@ TARGET_LAG_P99_S = 0.05
 
 def paced_produce(ring_name: str, rate: int, seconds: float, seed: int) -> None:
     """Run in a producer process: publish ``rate`` events/s for ``seconds``; print events published."""
-    from mpcache.bench.drain import request_emitter
+    from benchmarks.drain import request_emitter
 
     segment = Segment.attach(ring_name, layout.HEADER_SIZE)
     publish_request, events_per_request = request_emitter(segment, seed)
@@ -81,7 +81,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             progress(f"soak: {PRODUCERS} producers x {rate:,} events/s for {seconds:.0f} s; "
                      f"telemetry anonymous memory at start {rss_start:.1f} MiB")
             producers += [
-                subprocess.Popen([sys.executable, "-c", f"from mpcache.bench.soak import paced_produce; "
+                subprocess.Popen([sys.executable, "-c", f"from benchmarks.soak import paced_produce; "
                                   f"paced_produce({config.ring_name(i)!r}, {rate}, {seconds}, {i})"],
                                  stdout=subprocess.PIPE, text=True)
                 for i in range(PRODUCERS)

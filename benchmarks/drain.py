@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench.children import kill_running
-from mpcache.bench.reference import ReferenceMetrics, RefEvent
+from benchmarks.children import kill_running
+from benchmarks.reference import ReferenceMetrics, RefEvent
 from mpcache.config import Config
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
@@ -81,7 +81,7 @@ def _fill_rings(config: Config) -> int:
     """Start the producers, wait for them; returns records dropped (0 unless the rings are too small)."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", f"from mpcache.bench.drain import produce; "
+            [sys.executable, "-c", f"from benchmarks.drain import produce; "
              f"produce({config.ring_name(i)!r}, {REQUESTS_PER_PRODUCER}, {i})"],
             stdout=subprocess.PIPE, text=True,
         )

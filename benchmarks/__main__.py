@@ -1,4 +1,4 @@
-"""``python -m mpcache.bench {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
+"""``python -m benchmarks {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
 peers,vllm,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``);
 ``lmcache`` and ``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root
 (it makes a second local user), ``vllm`` vLLM's venv (``.ci/vllm-env``) and LMCache's, ``trace`` a trace file
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpcache.bench import (
+from benchmarks import (
     checkpoint,
     drain,
     e2e,
@@ -222,7 +222,7 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
     lines = [
         "# Performance",
         "",
-        f"Measured {datetime.date.today().isoformat()} on {_machine()}, by `python -m mpcache.bench report` "
+        f"Measured {datetime.date.today().isoformat()} on {_machine()}, by `python -m benchmarks report` "
         "(each benchmark measures our way and its comparison in the same run; the machine is shared, so the "
         "ratios are the numbers to trust).",
         "",
@@ -238,7 +238,7 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpcache.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("path", nargs="?", default=None,
                         help="trace (and report): a trace file of prefix block hashes, one JSON object a line")
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         progress("interrupted: the benchmark's child processes and shared memory were cleaned up")
         return 130
     except MISSING as exc:
-        progress(f"python -m mpcache.bench {args.name}: error: {exc}")
+        progress(f"python -m benchmarks {args.name}: error: {exc}")
         return 2
 
 
