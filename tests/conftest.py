@@ -113,9 +113,9 @@ def ring(ring_factory) -> Ring:
 
 @pytest.fixture(scope="module")
 def second_user():
-    """A throwaway local account (tests/second_user.py), removed after the module; skipped, saying why, where
+    """A throwaway local account (tests/support/second_user.py), removed after the module; skipped, saying why, where
     none can be made (not root, no useradd)."""
-    from second_user import Unavailable, throwaway_user
+    from support.second_user import Unavailable, throwaway_user
 
     try:
         with throwaway_user() as user:

@@ -11,8 +11,8 @@ import os
 import random
 import signal
 
-from kv_feed import Index, Stream, block_hash
-from lmcache_client import LMClient
+from support.kv_feed import Index, Stream, block_hash
+from support.lmcache_client import LMClient
 from support.waiting import wait_for
 
 from mpcache.client import CacheClient

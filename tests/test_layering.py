@@ -92,7 +92,9 @@ LAYERS = (
     ("mpcache.logtail", "mpcache.report"),
     ("benchmarks",),
 )
-MAX_MODULE_LINES = 400
+# A bound on a module's growth, not a size to split by: a module splits where its responsibilities part (at 400
+# lines, six modules were being cut to fit, not on a seam); past this many lines it holds more than one.
+MAX_MODULE_LINES = 600
 
 
 def _modules() -> dict[str, Path]:
@@ -206,8 +208,11 @@ def test_the_service_imports_nothing_from_the_benchmarks():
                   if not _in(name, "benchmarks") and any(_in(t, "benchmarks") for t in targets)}
 
 
-def test_no_module_grows_past_400_lines():
-    """One responsibility per module: no module of any package (the benchmarks' included) grows past 400 lines."""
+def test_no_module_grows_past_the_line_bound():
+    """One responsibility per module: no module of any package (the benchmarks' included) grows past
+    MAX_MODULE_LINES."""
     long = {str(path.relative_to(REPO)): lines for root in SOURCES for path in sorted(root.rglob("*.py"))
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert {} == long
+    stated = re.findall(r"no module grows past (\d+) lines", (REPO / "docs" / "ARCHITECTURE.md").read_text())
+    assert [str(MAX_MODULE_LINES)] == stated

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import zmq
-from lmcache_client import LMClient
 from support import zmq_sockets
+from support.lmcache_client import LMClient
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,8 +10,8 @@ import uuid
 
 import numpy as np
 import pytest
-from lmcache_client import OBJECT_BYTES, LMClient
-from ring_events import EventLog
+from support.lmcache_client import OBJECT_BYTES, LMClient
+from support.ring_events import EventLog
 
 from mpcache.cache.process import CacheProcess
 from mpcache.client import CacheClient

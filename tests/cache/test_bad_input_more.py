@@ -9,7 +9,7 @@ import os
 
 import msgpack
 import pytest
-from raw_frames import RawConn
+from support.raw_frames import RawConn
 
 from mpcache.shm.memfd import create_sealed
 

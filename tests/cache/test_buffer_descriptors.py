@@ -14,7 +14,7 @@ import socket
 import msgpack
 import numpy as np
 import pytest
-from raw_frames import RawConn
+from support.raw_frames import RawConn
 from support.waiting import wait_for
 
 from mpcache.cache import buffers

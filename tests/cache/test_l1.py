@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ring_events import EventLog
+from support.ring_events import EventLog
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.events import EventType as E

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
+from support.lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
 from support.waiting import wait_for
 
 from mpcache.cache.lmcache.registrations import REAP_AFTER_S

@@ -10,7 +10,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
+from support.lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
 
 from mpcache.cache.lmcache import groups
 from mpcache.contract.events import EventType as E

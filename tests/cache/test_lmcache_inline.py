@@ -9,7 +9,7 @@ import os
 import msgpack
 import numpy as np
 import pytest
-from lmcache_client import NO_RESULT, LMClient, key, packed_key, registration
+from support.lmcache_client import NO_RESULT, LMClient, key, packed_key, registration
 
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.groups import layout

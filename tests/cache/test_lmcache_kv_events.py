@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from kv_feed import Index, Stream, block_hash
-from lmcache_client import OBJECT_BYTES, LMClient, key, map_pool, registration, write_slots
+from support.kv_feed import Index, Stream, block_hash
+from support.lmcache_client import OBJECT_BYTES, LMClient, key, map_pool, registration, write_slots
 
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 

@@ -7,7 +7,7 @@ import itertools
 import time
 
 import pytest
-from lmcache_client import NO_RESULT, LMClient, key, registration
+from support.lmcache_client import NO_RESULT, LMClient, key, registration
 
 OBJECT = 2 * 2 * 256 * 64 * 2
 WRONG = [None, True, -1, 2**64 - 1, 1.5, "x", b"\x00", [], [1, "a"], {}, {"a": {"b": []}}]

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from lmcache_client import LMClient, key, registration
+from support.lmcache_client import LMClient, key, registration
 
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout

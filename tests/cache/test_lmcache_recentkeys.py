@@ -4,7 +4,7 @@ one token or one field (same length) are never taken for each other, and only th
 from __future__ import annotations
 
 import msgpack
-from lmcache_client import key
+from support.lmcache_client import key
 
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.recentkeys import RECENT, RecentKeys

@@ -16,8 +16,8 @@ import time
 
 import pytest
 import zmq
-from lmcache_client import LMClient
 from support import zmq_sockets
+from support.lmcache_client import LMClient
 
 from mpcache.cache.lmcache import frontend, router, sockets, zmtp
 from mpcache.cache.lmcache.gate import PeerGate

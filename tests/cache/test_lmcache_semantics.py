@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
+from support.lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
 from support.waiting import wait_for
 
 from mpcache.contract.events import EventType as E

@@ -4,8 +4,9 @@ poisoning, no membership oracle, no wipe), request state belongs to the uid that
 stall the process, a client cannot flood the log, and a non-loopback host needs ``lmcache_allow_remote``.
 
 The service is the in-process harness (this process's uid) on ``tcp://127.0.0.1:P``; the foreign peer is
-``tests/lmcache_attacker.py`` run as a throwaway system user (``tests/second_user.py``).  Log lines are the
-harness's ``logger=`` (a recorder), so every front-end line must go through the cache process's logger.
+``tests/support/lmcache_attacker.py`` run as a throwaway system user (``tests/support/second_user.py``).  Log
+lines are the harness's ``logger=`` (a recorder), so every front-end line must go through the cache process's
+logger.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
-from second_user import User
 from support import zmq_sockets
+from support.lmcache_client import NO_RESULT, OPS, LMClient, key, read_slots, registration, write_slots
 from support.ports import free_port
+from support.second_user import User
 from support.waiting import wait_for
 from zmq.utils.monitor import recv_monitor_message
 
@@ -149,11 +150,11 @@ def served(cache):
 
 
 class Attacker:
-    """``tests/lmcache_attacker.py`` running as another user, driven one job at a time."""
+    """``tests/support/lmcache_attacker.py`` running as another user, driven one job at a time."""
 
     def __init__(self, user: User, url: str) -> None:
         self.user = user
-        self.process = user.popen("lmcache_attacker", url, stderr=subprocess.STDOUT)
+        self.process = user.popen("support.lmcache_attacker", url, stderr=subprocess.STDOUT)
         self._lines: queue.Queue[str] = queue.Queue()
         self.noise: list[str] = []  # anything it printed that is not one of its JSON lines (a traceback)
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lmcache_client import NO_RESULT, OBJECT_BYTES, LMClient, key, registration
+from support.lmcache_client import NO_RESULT, OBJECT_BYTES, LMClient, key, registration
 
 from mpcache.cache.slabs import ALIGN
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ring_events import EventLog
+from support.ring_events import EventLog
 
 from mpcache.cache.timeouts import Deadline, MpcacheTimeoutError, publish_timeout
 from mpcache.contract.events import EventType as E

@@ -16,7 +16,7 @@ import secrets
 import msgpack
 import numpy as np
 import pytest
-from raw_frames import RawConn
+from support.raw_frames import RawConn
 from support.service import Scrape
 from support.waiting import wait_for
 

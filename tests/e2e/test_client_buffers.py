@@ -16,16 +16,16 @@ import threading
 
 import numpy as np
 import pytest
+from support.namespaces import needs_namespaces
 from support.service import REPO
 from support.waiting import wait_for
-from test_runtime_isolation import needs_namespaces
 
 from mpcache.client import CacheClient
 
 pytestmark = pytest.mark.slow
 
 MODEL = "org/buffer-model"
-CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "buffer_client.py")
+CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "buffer_client.py")
 BIG_CHUNK = 1 << 20
 BIG_BLOCKS = 16
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.demo import l1_writes
 from support.waiting import wait_for
 
 from mpcache.shm.ring import PUBLISH_PATH
@@ -45,15 +46,6 @@ HISTOGRAMS = [
     "lmcache_mp_l0_l1_store_throughput_GBs",
     "lmcache_mp_l0_l1_load_throughput_GBs",
 ]
-
-
-def l1_writes(tally: dict) -> dict[str, float]:
-    """L1 writes per cache_salt the demo caused: its stores plus chunks its prefetches landed from L2."""
-    out: dict[str, float] = {}
-    for part in ("stored_chunks", "prefetched_chunks"):
-        for salt, count in tally.get(part, {}).items():
-            out[salt] = out.get(salt, 0.0) + float(count)
-    return out
 
 
 def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:

@@ -12,8 +12,8 @@ import os
 import signal
 
 import pytest
+from support.demo import l1_writes
 from support.waiting import wait_for
-from test_demo_end_to_end import l1_writes
 
 pytestmark = pytest.mark.slow
 

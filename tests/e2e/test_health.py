@@ -15,7 +15,7 @@ import urllib.request
 from datetime import datetime
 
 import pytest
-from lmcache_client import OPS, LMClient, key, registration
+from support.lmcache_client import OPS, LMClient, key, registration
 from support.service import gone
 from support.waiting import wait_for
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
-from private_network import PrivateNetwork, Unavailable
+from support.cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
+from support.private_network import PrivateNetwork, Unavailable
 from support.service import Service
 from support.waiting import wait_for
 

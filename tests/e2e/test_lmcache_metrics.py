@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from lmcache_client import OPS, LMClient, key, registration
+from support.lmcache_client import OPS, LMClient, key, registration
 from support.waiting import wait_for
 
 from mpcache.cache.lmcache.handlers import OPERATIONS

@@ -9,7 +9,7 @@ import socket
 import struct
 
 import pytest
-from lmcache_client import LMClient
+from support.lmcache_client import LMClient
 from support.ports import free_port
 from support.waiting import wait_for
 
@@ -24,7 +24,7 @@ def test_a_foreign_uid_is_refused_counted_and_logged(start_service, second_user)
     wait_for(lambda: service.lines("cache.start"), 60, "the cache process to listen")
     own = LMClient(url)
     assert "OK" == own.call("noop")
-    attacker = second_user.popen("lmcache_attacker", url)
+    attacker = second_user.popen("support.lmcache_attacker", url)
     try:
         attacker.stdin.write(json.dumps({"calls": [["ping", None]], "timeout_s": 3.0}) + "\n")
         attacker.stdin.flush()

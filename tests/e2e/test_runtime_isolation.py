@@ -16,32 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.namespaces import needs_namespaces, run_driver
 from support.ports import free_port
 from support.service import REPO, START_CACHE
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pidns_driver.py")
 SMALL = ["--workers", "1", "--chunk-bytes", "4KiB", "--l1-size", "2MiB", "--ring-cells", "4096", "--disable-metrics"]
-
-
-def can_unshare() -> bool:
-    try:
-        return subprocess.run(["unshare", "--mount", "--pid", "--fork", "true"], capture_output=True,
-                              timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-needs_namespaces = pytest.mark.skipif(not can_unshare(), reason="unshare cannot create mount and PID namespaces here")
-
-
-def run_driver(scenario: str, workdir: Path) -> dict:
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, DRIVER, scenario,
-                             str(workdir)], capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert 0 == result.returncode, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def start_cache(tmpdir: Path, *flags: str, timeout_s: float = 60) -> subprocess.CompletedProcess:

@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from support.namespaces import needs_namespaces, run_driver
 from support.ports import free_port
 from support.service import REPO
-from test_runtime_isolation import needs_namespaces, run_driver
 
 pytestmark = pytest.mark.slow
 

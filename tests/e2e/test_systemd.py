@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from buffer_client import round_trip
+from support.buffer_client import round_trip
 from support.ports import free_port
 from support.service import REPO, SMALL, START_CACHE
 from support.waiting import wait_for

@@ -20,7 +20,7 @@ import threading
 import uuid
 
 import pytest
-from ring_events import EventLog
+from support.ring_events import EventLog
 
 from mpcache.cache import transfer
 from mpcache.cache.process import CacheProcess

@@ -1,4 +1,4 @@
-"""Fixtures for the L2 adapters: adapter factories and a real redis-server (helpers: l2_helpers).
+"""Fixtures for the L2 adapters: adapter factories and a real redis-server (helpers: support.l2).
 
 Every adapter a factory makes is closed at teardown; fs directories are pytest
 temp dirs.  ``redis_server`` starts one ``redis-server`` on a free loopback
@@ -192,9 +192,9 @@ OTHER_USER = "mpcache-other"
 
 @pytest.fixture(scope="session")
 def other_user():
-    """An :class:`l2_helpers.OtherUser` for ``mpcache-other`` (created with ``useradd -M`` if absent);
+    """An :class:`support.l2.OtherUser` for ``mpcache-other`` (created with ``useradd -M`` if absent);
     skipped, saying why, unless we are root with setpriv."""
-    from l2_helpers import OtherUser
+    from support.l2 import OtherUser
 
     if os.geteuid() != 0:
         pytest.skip("needs root: a second local user must own files and directories for this test")
@@ -235,7 +235,7 @@ def closing() -> Iterator[Callable[[L2Adapter], L2Adapter]]:
 def make_fs(tmp_path, closing) -> Callable[..., FsL2Adapter]:
     """``make_fs(capacity_bytes=4000, path=None, **options)``: an fs adapter (default dir: tmp_path/l2)."""
 
-    from l2_helpers import MAC_KEY  # here, not at the top: tests/cache loads this file for _start_redis
+    from support.l2 import MAC_KEY  # here, not at the top: tests/cache loads this file for _start_redis
 
     def make(capacity_bytes: int = 4000, path=None, **options) -> FsL2Adapter:
         options.setdefault("mac_key", MAC_KEY)
@@ -263,7 +263,7 @@ def redis_prefix() -> str:
 @pytest.fixture
 def make_redis(request, closing, redis_prefix) -> Callable[..., L2Adapter]:
     """``make_redis(capacity_bytes=4000, key_prefix=<this test's>, url=<the server>, **options)``."""
-    from l2_helpers import MAC_KEY
+    from support.l2 import MAC_KEY
 
     from mpcache.cache.l2.redis_adapter import RedisL2Adapter
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import wait as wait_all
 
 import numpy as np
-from l2_helpers import TIMEOUT_S, key, payload, wait
+from support.l2 import TIMEOUT_S, key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult, StoreResult, Usage
 

@@ -12,7 +12,7 @@ from concurrent.futures import wait as wait_all
 from pathlib import Path
 
 import pytest
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.l2 import MAC_KEY, key, payload, wait
 from support.silent import silent_listener
 from support.waiting import wait_for
 

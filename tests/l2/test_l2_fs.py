@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.l2 import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult, Usage, encode_record
 

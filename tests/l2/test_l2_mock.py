@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
-from l2_helpers import key, payload, wait
+from support.l2 import key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult
 

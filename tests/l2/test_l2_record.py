@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from l2_helpers import MAC_KEY
+from support.l2 import MAC_KEY
 
 from mpcache.cache.l2.base import (
     HEADER_BYTES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.l2 import MAC_KEY, key, payload, wait
 from support.ports import free_port
 
 from mpcache.cache.l2.base import (

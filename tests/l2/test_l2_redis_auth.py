@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.l2 import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult, StoreResult
 from mpcache.cache.l2.spec import build_adapter, parse_l2_spec

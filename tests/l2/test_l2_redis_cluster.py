@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.cluster_nodes import REDIS_CLI, REDIS_NOT_YET, REDIS_SERVER, Cluster
+from support.l2 import MAC_KEY, key, payload, wait
 from support.waiting import wait_for
 
 from mpcache.cache.l2.base import L2LookupError, key_digest

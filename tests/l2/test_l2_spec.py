@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from l2_helpers import MAC_KEY
+from support.l2 import MAC_KEY
 
 from mpcache.cache.l2.fs import FsL2Adapter
 from mpcache.cache.l2.mock import MockL2Adapter

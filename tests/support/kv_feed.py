@@ -7,9 +7,9 @@ import hashlib
 import itertools
 
 import msgpack
-from support.zmq_sockets import dealer
 
 from mpcache.contract.keys import ChunkKey
+from support.zmq_sockets import dealer
 
 OP = msgpack.packb("subscribe_kv_events")
 
