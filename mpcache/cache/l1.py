@@ -53,6 +53,7 @@ class L1Manager:
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first = order.tail_first
+        self._counts_accesses = order.new is not None  # ARC orders: a lookup begins an access
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
         self._made_room = False  # whether an allocation evicted since the last evict_tick
@@ -247,10 +248,14 @@ class L1Manager:
 
     # -- reads --------------------------------------------------------------------
 
-    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True) -> int:
+    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True,
+                    lookup: bool = True) -> int:
         """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED`` unless
         ``publish`` is False: a lock held only for the length of one copy).  Returns its length in chunks.  The
-        locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`."""
+        locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`.  A lookup
+        begins a new access for the eviction order (``lookup`` False: locks for a copy or a landing, which do not)."""
+        if lookup and self._counts_accesses:
+            self._order.access += 1
         entries = self._entries
         lists, again = self._lists, self._again
         found = 0

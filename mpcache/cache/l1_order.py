@@ -5,6 +5,9 @@
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
+  An access is what stores reserve between two lookups (an engine step's stores, one per TP rank): as ARC
+  never evicts the page it admits, T1 gives up none of the current access's objects while T2 has one to give
+  (else a request's second rank's store would evict what its first rank's store just wrote).
 * ``adaptive``: ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
@@ -40,6 +43,8 @@ class LruOrder:
     again = 0  # the tier of an object used again: its own, so promote is never called
 
     new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held
+
+    access = 0  # not counted: LRU evicts the newest objects last, so it never splits an access
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> None:
         self.lists: tuple[OrderedDict[Any, Any], ...] = (OrderedDict(),)
@@ -78,6 +83,7 @@ class ArcOrder:
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
+        self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
     def __len__(self) -> int:
         return sum(len(listed) for listed in self.lists)
@@ -94,11 +100,12 @@ class ArcOrder:
                     parent.children = {key}
                 else:
                     parent.children.add(key)
-        size = self._b1.pop(key, None)
+        entry.access = self.access
+        size = self._b1.pop(key, None) if self._b1 else None  # no ghost before L1's first eviction
         if size is not None:
             self._ghost_hit(0, size, entry.size)
         else:
-            size = self._b2.pop(key, None)
+            size = self._b2.pop(key, None) if self._b2 else None
             if size is None:
                 self.sizes[0] += entry.size  # a new entry's tier is 0: T1
                 return
@@ -125,7 +132,7 @@ class ArcOrder:
             key, entry = orphans.popitem(last=False)
         else:
             sizes = self.sizes
-            if t1 and (sizes[0] > self.target or not t2):
+            if t1 and (not t2 or (sizes[0] > self.target and next(iter(t1.values())).access != self.access)):
                 key, entry = t1.popitem(last=False)
                 sizes[0] -= entry.size
                 self._b1[key] = entry.size
