@@ -132,14 +132,24 @@ class L1Manager:
         positions: list[int] = []
         offsets: list[int] = []
         evicted = Evicted()
+        linked = chained and self._order.prefix_aware
+        made, made_entry = -1, None  # the position reserved last, and its entry
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:
                 break
             key = keys[position]
+            parent = None
+            if linked:  # its parent: the chunk before it (often the one just reserved), or the prefix its lookup found
+                if not position:
+                    hinted = hints.pop(key, None)
+                    parent = None if hinted is None else entries.get(hinted)
+                else:
+                    parent = made_entry if position == made + 1 else entries.get(keys[position - 1])
             entries[key] = entry = Entry(offset, size)
-            if joined is not None:  # its parent: the chunk before it, or the prefix its lookup found
-                joined(key, entry, None if not chained else keys[position - 1] if position else hints.pop(key, None))
+            if joined is not None:
+                joined(key, entry, parent)
+                made, made_entry = position, entry
             positions.append(position)
             offsets.append(offset)
         self._publish_evicted(evicted)

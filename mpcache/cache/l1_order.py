@@ -15,7 +15,7 @@
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
 locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
-state is bounded: the ghosts by that budget, the rest a list slot, a tier, a parent and its children per
+state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a parent and its children per
 resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
@@ -88,18 +88,17 @@ class ArcOrder:
     def __len__(self) -> int:
         return sum(len(listed) for listed in self.lists)
 
-    def new(self, key: Any, entry: Any, parent_key: Any) -> None:
-        """Space reserved for ``key`` (stored right after ``parent_key``, None: not known): it joins T1, or T2
-        after a ghost hit, which moves T1's target by the object's bytes times the other ghost list's weight
-        over this one's (at least once).  Prefix-aware, it is an orphan once its parent is evicted."""
-        if parent_key is not None and self.prefix_aware:
-            parent = self._entry_of(parent_key)
-            if parent is not None:
-                entry.parent = parent_key
-                if parent.children is None:
-                    parent.children = {key}
-                else:
-                    parent.children.add(key)
+    def new(self, key: Any, entry: Any, parent: Any) -> None:
+        """Space reserved for ``key`` (stored right after the resident ``parent`` entry, which L1 names only to a
+        prefix-aware order; None: not known): it joins T1, or T2 after a ghost hit, which moves T1's target by
+        the object's bytes times the other ghost list's weight over this one's (at least once).  With a parent,
+        it is an orphan once its parent is evicted."""
+        if parent is not None:
+            entry.parent = parent
+            if parent.children is None:
+                parent.children = {key}
+            else:
+                parent.children.add(key)
         entry.access = self.access
         size = self._b1.pop(key, None) if self._b1 else None  # no ghost before L1's first eviction
         if size is not None:
@@ -148,10 +147,9 @@ class ArcOrder:
             while counts[0] + counts[1] > self.capacity:  # the larger ghost list loses its oldest
                 larger = 0 if counts[0] > counts[1] else 1
                 counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
-        if entry.parent is not None:  # only the prefix-aware order links entries
-            parent = self._entry_of(entry.parent)
-            if parent is not None and parent.children:
-                parent.children.discard(key)
+        parent = entry.parent  # only the prefix-aware order links entries
+        if parent is not None and parent.children:
+            parent.children.discard(key)
         if entry.children:
             self._orphan_children(entry)
         return key, entry
@@ -179,10 +177,9 @@ class ArcOrder:
     def forget(self, key: Any, entry: Any) -> None:
         """A reservation given back: no longer in T1's or T2's size, nor its parent's child."""
         self.sizes[entry.tier] -= entry.size
-        if entry.parent is not None:
-            parent = self._entry_of(entry.parent)
-            if parent is not None and parent.children:
-                parent.children.discard(key)
+        parent = entry.parent
+        if parent is not None and parent.children:
+            parent.children.discard(key)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> LruOrder | ArcOrder:
