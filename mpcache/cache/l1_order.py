@@ -131,8 +131,13 @@ class ArcOrder:
             key, entry = orphans.popitem(last=False)
         else:
             sizes = self.sizes
-            if t1 and (not t2 or (sizes[0] > self.target and next(iter(t1.values())).access != self.access)):
-                key, entry = t1.popitem(last=False)
+            chosen = t1.popitem(last=False) if t1 and (sizes[0] > self.target or not t2) else None
+            if chosen is not None and t2 and chosen[1].access == self.access:  # being admitted: T2 gives one
+                t1[chosen[0]] = chosen[1]
+                t1.move_to_end(chosen[0], last=False)
+                chosen = None
+            if chosen is not None:
+                key, entry = chosen
                 sizes[0] -= entry.size
                 self._b1[key] = entry.size
                 self._ghost_bytes[0] += entry.size
