@@ -95,10 +95,13 @@ class ArcOrder:
         it is an orphan once its parent is evicted."""
         if parent is not None:
             entry.parent = parent
-            if parent.children is None:
-                parent.children = {key}
+            children = parent.children
+            if children is None:
+                parent.children = key  # an only child (a chain's every link): its key, no set to allocate
+            elif type(children) is set:
+                children.add(key)
             else:
-                parent.children.add(key)
+                parent.children = {children, key}
         entry.access = self.access
         size = self._b1.pop(key, None) if self._b1 else None  # no ghost before L1's first eviction
         if size is not None:
@@ -154,7 +157,7 @@ class ArcOrder:
                 counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
         parent = entry.parent  # only the prefix-aware order links entries
         if parent is not None and parent.children:
-            parent.children.discard(key)
+            _drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
         return key, entry
@@ -168,7 +171,8 @@ class ArcOrder:
 
     def _orphan_children(self, entry: Any) -> None:
         lists = self.lists
-        for child_key in entry.children or ():
+        children = entry.children
+        for child_key in children if type(children) is set else (children,):
             child = self._entry_of(child_key)
             if child is None or child.tier == 2:
                 continue
@@ -184,7 +188,7 @@ class ArcOrder:
         self.sizes[entry.tier] -= entry.size
         parent = entry.parent
         if parent is not None and parent.children:
-            parent.children.discard(key)
+            _drop_child(parent, key)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> LruOrder | ArcOrder:
@@ -194,3 +198,12 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> L
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive")
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
+
+
+def _drop_child(parent: Any, key: Any) -> None:
+    """``key`` is no longer ``parent``'s child (an only child is its key, more are a set)."""
+    children = parent.children
+    if type(children) is set:
+        children.discard(key)
+    elif children == key:
+        parent.children = None
