@@ -52,8 +52,7 @@ class L1Manager:
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
-        self._tail_first = order.tail_first
-        self._counts_accesses = order.new is not None  # ARC orders: a lookup begins an access
+        self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
         self._made_room = False  # whether an allocation evicted since the last evict_tick
@@ -139,13 +138,10 @@ class L1Manager:
             if offset is None:
                 break
             key = keys[position]
-            parent = None
-            if linked:  # its parent: the chunk before it (often the one just reserved), or the prefix its lookup found
-                if not position:
-                    hinted = hints.pop(key, None)
-                    parent = None if hinted is None else entries.get(hinted)
-                else:
-                    parent = made_entry if position == made + 1 else entries.get(keys[position - 1])
+            parent = None  # linked: the chunk before it (often the one just reserved), or its lookup's prefix
+            if linked:
+                parent = made_entry if position and position == made + 1 else entries.get(
+                    keys[position - 1] if position else hints.pop(key, None))
             entries[key] = entry = Entry(offset, size)
             if joined is not None:
                 joined(key, entry, parent)
@@ -213,11 +209,8 @@ class L1Manager:
             seen.add(key)
             covered.append((key, entry))
         stopped = len(hashes) - len(covered)
-        missing = 0
         for key, entry in covered:  # pin what is ready first, so making room cannot evict it
-            if entry is None:
-                missing += 1
-            else:
+            if entry is not None:
                 if entry.readers == 0:
                     self._take(key, entry)
                 entry.readers += 1
@@ -266,10 +259,8 @@ class L1Manager:
         begins a new access for the eviction order (``lookup`` False: locks for a copy or a landing, which do not)."""
         if lookup and self._counts_accesses:
             self._order.access += 1
-        entries = self._entries
-        lists, again = self._lists, self._again
-        found = 0
-        key = None
+        entries, lists, again = self._entries, self._lists, self._again
+        found, key = 0, None
         for chunk_hash in hashes:
             previous, key = key, ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
@@ -290,12 +281,10 @@ class L1Manager:
     def read(self, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, int]]:
         """(byte offset, nbytes) of the longest readable prefix of chunks that lookup reported present.
 
-        A chunk that is missing (``not_found``) or still being written
-        (``write_locked``) is an anomaly, not a miss: every such chunk from the
-        first one on is counted in ``L1_READ_FAILED`` (during=l1_retrieve, one
-        event per reason).  Readable chunks after the gap are not returned
-        either (a prefix cannot use them) but are not read failures.
-        """
+        A chunk that is missing (``not_found``) or still being written (``write_locked``) is an anomaly, not a
+        miss: every such chunk from the first one on is counted in ``L1_READ_FAILED`` (during=l1_retrieve, one
+        event per reason).  Readable chunks after the gap are not returned either (a prefix cannot use them)
+        but are not read failures."""
         entries = self._entries
         out = []
         for chunk_hash in hashes:
