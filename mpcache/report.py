@@ -1,5 +1,6 @@
 """``mpcache-report``: the what-if table of a running service's miss-ratio curves (``GET /mrc``): per tier and
-tenant, the hit ratio now, at ½×, 2× and 4× the capacity, and the capacity a target hit ratio needs.
+tenant, the hit ratio now, at ½×, 2× and 4× the capacity, and the capacity a target hit ratio needs.  The curves
+model LRU: where L1 runs another ``--l1-policy`` the report says so and predicts nothing.
 
 Whatever the endpoint answers is checked before it is used: an answer that cannot be had (no server, an HTTP
 error, too large, too slow) or is not a /mrc document (not JSON, nested too deeply, a field missing or of the
@@ -133,6 +134,8 @@ def check(document: Any) -> dict[str, Any]:
                                           "configured_sample_rate", 0.0, 1.0),
         "tracked_keys": _count(_field(document, "tracked_keys", "/mrc"), "tracked_keys"),
         "max_keys": _count(_field(document, "max_keys", "/mrc"), "max_keys"),
+        # absent: a server from before they were said, taken as running lru (its default then)
+        **{key: _text(document.get(key, "lru"), key) for key in ("curves_model", "l1_policy")},
         "curves": [],
     }
     for index, curve in enumerate(curves):
@@ -187,15 +190,20 @@ def render(document: dict[str, Any], target: float) -> str:
     """The report of a checked document: one header line about the sampling, then one row per curve."""
     lines = [f"sample rate {document['sample_rate']:.6g} (configured {document['configured_sample_rate']:g}); "
              f"{document['tracked_keys']} of at most {document['max_keys']} keys tracked"]
+    model, policy = document["curves_model"], document["l1_policy"]
+    predicts = model == policy
+    if not predicts:  # an LRU curve is not what another order would hit: no prediction shown as one
+        lines.append(_cell(f"the curves model --l1-policy {model}; L1 runs --l1-policy {policy}: no hit ratio or "
+                           f"capacity is predicted (restart with --l1-policy {model} for a prediction)"))
     header = ("tier", "model_name", "cache_salt", "capacity", "sampled", *(name for name, _ in WHAT_IF),
               f"for {target:.0%}")
     rows = [header]
     for curve in document["curves"]:
         points, capacity = curve["points"], curve["capacity_bytes"]
-        ratios = [hit_ratio_at(points, capacity * factor) for _, factor in WHAT_IF]
+        ratios = [hit_ratio_at(points, capacity * factor) if predicts else None for _, factor in WHAT_IF]
         rows.append((*(_cell(curve[key]) for key in ("tier", "model_name", "cache_salt")), human_bytes(capacity),
                      str(curve["sampled_accesses"]), *("-" if r is None else f"{r:.3f}" for r in ratios),
-                     capacity_for(points, target)))
+                     capacity_for(points, target) if predicts else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:

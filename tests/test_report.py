@@ -90,6 +90,23 @@ def test_an_answer_that_is_not_a_mrc_document_is_one_line_naming_what_is_wrong(b
     assert expected in _refused(*_run(body, "--json"))
 
 
+@pytest.mark.parametrize("policy", [None, "lru", "adaptive"])
+def test_lru_curves_are_shown_as_a_prediction_only_for_an_lru_cache(policy) -> None:
+    """The curves model LRU (``curves_model``); under another ``l1_policy`` no ratio or capacity is shown, and
+    the report says why.  A document without the fields (an older server) is read as an LRU cache's."""
+    document = dict(VALID) if policy is None else {**VALID, "curves_model": "lru", "l1_policy": policy}
+    status, stdout, _ = _run(json.dumps(document).encode())
+    row = stdout.splitlines()[-1].split()
+    assert status == 0
+    if policy == "adaptive":
+        assert "the curves model --l1-policy lru; L1 runs --l1-policy adaptive" in stdout
+        assert row[-5:] == ["-"] * 5
+    else:
+        assert "L1 runs" not in stdout
+        # 4 MiB on POINTS: 0.2, ½× 0.1, 2× 0.3, 4× 0.4; 80 % beyond its last point, 32 MiB at 0.5
+        assert row[-7:] == ["0.200", "0.100", "0.300", "0.400", ">", "32.0", "MiB"]
+
+
 def test_points_at_capacity_zero_or_repeated_are_rendered_not_divided_by() -> None:
     """A tiny tier's first points round to 0 bytes and repeat (the service can send these): no division."""
     points = [{"capacity_bytes": c, "hit_ratio": h} for c, h in [(0, 0.0), (0, 0.0), (1, 0.5), (1, 0.5), (8, 0.9)]]

@@ -52,7 +52,7 @@ class L1Manager:
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
-        self._tail_first = order.tail_first
+        self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
         self._made_room = False  # whether an allocation evicted since the last evict_tick
@@ -131,14 +131,21 @@ class L1Manager:
         positions: list[int] = []
         offsets: list[int] = []
         evicted = Evicted()
+        linked = chained and self._order.prefix_aware
+        made, made_entry = -1, None  # the position reserved last, and its entry
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:
                 break
             key = keys[position]
+            parent = None  # linked: the chunk before it (often the one just reserved), or its lookup's prefix
+            if linked:
+                parent = made_entry if position and position == made + 1 else entries.get(
+                    keys[position - 1] if position else hints.pop(key, None))
             entries[key] = entry = Entry(offset, size)
-            if joined is not None:  # its parent: the chunk before it, or the prefix its lookup found
-                joined(key, entry, None if not chained else keys[position - 1] if position else hints.pop(key, None))
+            if joined is not None:
+                joined(key, entry, parent)
+                made, made_entry = position, entry
             positions.append(position)
             offsets.append(offset)
         self._publish_evicted(evicted)
@@ -202,11 +209,8 @@ class L1Manager:
             seen.add(key)
             covered.append((key, entry))
         stopped = len(hashes) - len(covered)
-        missing = 0
         for key, entry in covered:  # pin what is ready first, so making room cannot evict it
-            if entry is None:
-                missing += 1
-            else:
+            if entry is not None:
                 if entry.readers == 0:
                     self._take(key, entry)
                 entry.readers += 1
@@ -247,14 +251,16 @@ class L1Manager:
 
     # -- reads --------------------------------------------------------------------
 
-    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True) -> int:
+    def lock_prefix(self, model: str, salt: str, hashes: Sequence[int], publish: bool = True,
+                    lookup: bool = True) -> int:
         """Read-lock the longest prefix of ``hashes`` that is ready in L1 (``L1_READ_RESERVED`` unless
         ``publish`` is False: a lock held only for the length of one copy).  Returns its length in chunks.  The
-        locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`."""
-        entries = self._entries
-        lists, again = self._lists, self._again
-        found = 0
-        key = None
+        locks keep those chunks from being evicted until :meth:`finish_read` or :meth:`release_read`.  A lookup
+        begins a new access for the eviction order (``lookup`` False: locks for a copy or a landing, which do not)."""
+        if lookup and self._counts_accesses:
+            self._order.access += 1
+        entries, lists, again = self._entries, self._lists, self._again
+        found, key = 0, None
         for chunk_hash in hashes:
             previous, key = key, ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
@@ -275,12 +281,10 @@ class L1Manager:
     def read(self, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, int]]:
         """(byte offset, nbytes) of the longest readable prefix of chunks that lookup reported present.
 
-        A chunk that is missing (``not_found``) or still being written
-        (``write_locked``) is an anomaly, not a miss: every such chunk from the
-        first one on is counted in ``L1_READ_FAILED`` (during=l1_retrieve, one
-        event per reason).  Readable chunks after the gap are not returned
-        either (a prefix cannot use them) but are not read failures.
-        """
+        A chunk that is missing (``not_found``) or still being written (``write_locked``) is an anomaly, not a
+        miss: every such chunk from the first one on is counted in ``L1_READ_FAILED`` (during=l1_retrieve, one
+        event per reason).  Readable chunks after the gap are not returned either (a prefix cannot use them)
+        but are not read failures."""
         entries = self._entries
         out = []
         for chunk_hash in hashes:

@@ -11,7 +11,7 @@ from mpcache.contract.keys import ChunkKey
 class Entry:
     """One L1 object: its byte range, locks, and its place in the eviction order."""
 
-    __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "orphan", "parent", "children")
+    __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "access", "parent", "children")
 
     def __init__(self, offset: int, size: int) -> None:
         self.offset = offset  # byte offset in the pool, fixed while the entry lives
@@ -20,9 +20,9 @@ class Entry:
         self.readers = 0
         self.ready = False
         self.tier = 0  # the eviction order's list (ARC: 0 seen once, 1 seen again)
-        self.orphan = False  # its parent was evicted (prefix-aware order)
-        self.parent: ChunkKey | None = None  # the chunk before it in a request (prefix-aware order)
-        self.children: set[ChunkKey] | None = None
+        self.access = 0  # the lookup that preceded its reservation (ARC orders: one access is never split)
+        self.parent: Entry | None = None  # the chunk before it in a request, while resident (prefix-aware order)
+        self.children: ChunkKey | set[ChunkKey] | None = None  # the one child's key, or a set of several
 
 
 class WriteReservation(NamedTuple):

@@ -1,18 +1,21 @@
 """The order in which L1 evicts (``--l1-policy``): which ready, unlocked object goes first when a store needs room.
 
-* ``lru`` (the default): least recently used first, a request's chunks released head to tail (the order the
+* ``lru``: least recently used first, a request's chunks released head to tail (the order the
   miss-ratio curves model).
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
-* ``adaptive``: ARC made prefix-aware.  A request's chunks are released tail to head, so within
+  An access is what stores reserve between two lookups (an engine step's stores, one per TP rank): as ARC
+  never evicts the page it admits, T1 gives up none of the current access's objects while T2 has one to give
+  (else a request's second rank's store would evict what its first rank's store just wrote).
+* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
   anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
 locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
-state is bounded: the ghosts by that budget, the rest a list slot, a tier, a parent and its children per
+state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a parent and its children per
 resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
@@ -40,6 +43,8 @@ class LruOrder:
     again = 0  # the tier of an object used again: its own, so promote is never called
 
     new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held
+
+    access = 0  # not counted: LRU evicts the newest objects last, so it never splits an access
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> None:
         self.lists: tuple[OrderedDict[Any, Any], ...] = (OrderedDict(),)
@@ -78,27 +83,31 @@ class ArcOrder:
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
+        self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
     def __len__(self) -> int:
         return sum(len(listed) for listed in self.lists)
 
-    def new(self, key: Any, entry: Any, parent_key: Any) -> None:
-        """Space reserved for ``key`` (stored right after ``parent_key``, None: not known): it joins T1, or T2
-        after a ghost hit, which moves T1's target by the object's bytes times the other ghost list's weight
-        over this one's (at least once).  Prefix-aware, it is an orphan once its parent is evicted."""
-        if parent_key is not None and self.prefix_aware:
-            parent = self._entry_of(parent_key)
-            if parent is not None:
-                entry.parent = parent_key
-                if parent.children is None:
-                    parent.children = {key}
-                else:
-                    parent.children.add(key)
-        size = self._b1.pop(key, None)
+    def new(self, key: Any, entry: Any, parent: Any) -> None:
+        """Space reserved for ``key`` (stored right after the resident ``parent`` entry, which L1 names only to a
+        prefix-aware order; None: not known): it joins T1, or T2 after a ghost hit, which moves T1's target by
+        the object's bytes times the other ghost list's weight over this one's (at least once).  With a parent,
+        it is an orphan once its parent is evicted."""
+        if parent is not None:
+            entry.parent = parent
+            children = parent.children
+            if children is None:
+                parent.children = key  # an only child (a chain's every link): its key, no set to allocate
+            elif type(children) is set:
+                children.add(key)
+            else:
+                parent.children = {children, key}
+        entry.access = self.access
+        size = self._b1.pop(key, None) if self._b1 else None  # no ghost before L1's first eviction
         if size is not None:
             self._ghost_hit(0, size, entry.size)
         else:
-            size = self._b2.pop(key, None)
+            size = self._b2.pop(key, None) if self._b2 else None
             if size is None:
                 self.sizes[0] += entry.size  # a new entry's tier is 0: T1
                 return
@@ -125,8 +134,13 @@ class ArcOrder:
             key, entry = orphans.popitem(last=False)
         else:
             sizes = self.sizes
-            if t1 and (sizes[0] > self.target or not t2):
-                key, entry = t1.popitem(last=False)
+            chosen = t1.popitem(last=False) if t1 and (sizes[0] > self.target or not t2) else None
+            if chosen is not None and t2 and chosen[1].access == self.access:  # being admitted: T2 gives one
+                t1[chosen[0]] = chosen[1]
+                t1.move_to_end(chosen[0], last=False)
+                chosen = None
+            if chosen is not None:
+                key, entry = chosen
                 sizes[0] -= entry.size
                 self._b1[key] = entry.size
                 self._ghost_bytes[0] += entry.size
@@ -141,10 +155,9 @@ class ArcOrder:
             while counts[0] + counts[1] > self.capacity:  # the larger ghost list loses its oldest
                 larger = 0 if counts[0] > counts[1] else 1
                 counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
-        if entry.parent is not None:  # only the prefix-aware order links entries
-            parent = self._entry_of(entry.parent)
-            if parent is not None and parent.children:
-                parent.children.discard(key)
+        parent = entry.parent  # only the prefix-aware order links entries
+        if parent is not None and parent.children:
+            _drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
         return key, entry
@@ -158,7 +171,8 @@ class ArcOrder:
 
     def _orphan_children(self, entry: Any) -> None:
         lists = self.lists
-        for child_key in entry.children or ():
+        children = entry.children
+        for child_key in children if type(children) is set else (children,):
             child = self._entry_of(child_key)
             if child is None or child.tier == 2:
                 continue
@@ -172,10 +186,9 @@ class ArcOrder:
     def forget(self, key: Any, entry: Any) -> None:
         """A reservation given back: no longer in T1's or T2's size, nor its parent's child."""
         self.sizes[entry.tier] -= entry.size
-        if entry.parent is not None:
-            parent = self._entry_of(entry.parent)
-            if parent is not None and parent.children:
-                parent.children.discard(key)
+        parent = entry.parent
+        if parent is not None and parent.children:
+            _drop_child(parent, key)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> LruOrder | ArcOrder:
@@ -185,3 +198,12 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> L
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive")
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
+
+
+def _drop_child(parent: Any, key: Any) -> None:
+    """``key`` is no longer ``parent``'s child (an only child is its key, more are a set)."""
+    children = parent.children
+    if type(children) is set:
+        children.discard(key)
+    elif children == key:
+        parent.children = None

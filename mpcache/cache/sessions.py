@@ -138,7 +138,7 @@ class SessionRegistry:
             self._l1.release_read(job.model, job.salt, landed)
             return
         for _ in range(job.readers - 1):  # the landing took one read lock per chunk
-            self._l1.lock_prefix(job.model, job.salt, landed)
+            self._l1.lock_prefix(job.model, job.salt, landed, lookup=False)
         job.found += outcome.locked
         job.l1_hits += outcome.l1_hits
         job.l2_hits += outcome.l2_hits

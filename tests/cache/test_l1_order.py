@@ -20,10 +20,10 @@ def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, 
 
 def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str, parent: str | None = None) -> None:
     """Reserve and commit each key (one byte each), in this order, as L1 does (the first one ``parent``'s child,
-    each next one the child of the one before)."""
+    each next one the child of the one before, for a prefix-aware order)."""
     for key in keys:
         entries[key] = entry = Entry(0, 1)
-        order.new(key, entry, parent)
+        order.new(key, entry, entries[parent] if parent is not None and order.prefix_aware else None)
         order.lists[entry.tier][key] = entry
         parent = key
 
@@ -61,7 +61,7 @@ def test_a_lookup_hint_makes_the_first_stored_chunk_its_prefix_s_child(looked_up
     if looked_up:
         assert 1 == l1.lock_prefix("m", "", [1, 2])
     _store(l1, [2])
-    assert (ChunkKey("m", "", 1) if looked_up else None) == l1.entry_of(("m", "", 2)).parent
+    assert (l1.entry_of(("m", "", 1)) if looked_up else None) is l1.entry_of(("m", "", 2)).parent
 
 
 def test_a_ghost_hit_in_b1_grows_t1_s_share_and_comes_back_seen_again():
@@ -110,4 +110,22 @@ def test_position_independent_chunks_have_no_parent(chained):
     l1 = L1Manager(np.zeros(3 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
     reservation = l1.reserve_write("m", "", [1, 2], chained=chained)
     l1.commit_write("m", "", [[1, 2][p] for p in reservation.positions], 64)
-    assert (ChunkKey("m", "", 1) if chained else None) == l1.entry_of(("m", "", 2)).parent
+    assert (l1.entry_of(("m", "", 1)) if chained else None) is l1.entry_of(("m", "", 2)).parent
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "adaptive"])
+def test_a_request_stored_one_tp_rank_at_a_time_keeps_every_rank_s_chunks(policy):
+    """LMCache at TP 2: one lookup per request (its chunks' objects, rank-interleaved), then one store per rank.
+    Eight slots: requests 1 and 2 (2 chunks × 2 ranks each, looked up again after their stores: seen again) fill
+    L1, so request 3's stores evict.  Rank 1's store must not evict what rank 0's store of the same request
+    just wrote (ARC's T1, over its target of 0, would): each request's second lookup finds all four objects."""
+    l1 = L1Manager(np.zeros(8 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+    for request in (1, 2, 3):
+        ranks = [[10 * request + chunk + 5 * rank for chunk in (0, 1)] for rank in (0, 1)]
+        looked_up = [key for chunk in zip(*ranks) for key in chunk]
+        assert 0 == l1.lock_prefix("m", "", looked_up)
+        for hashes in ranks:
+            _store(l1, hashes)
+        found = l1.lock_prefix("m", "", looked_up)
+        l1.release_read("m", "", looked_up[:found])
+        assert (request, 4) == (request, found)

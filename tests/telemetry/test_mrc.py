@@ -427,3 +427,18 @@ def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_ra
     curves.lookup(MODEL, SALT, 1, [(first, SAMPLED, MISS, 1)])  # distance 2 × (400 + 200) + 300 = 1500
     [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
     assert 1.0 == curve["points"][-1]["hit_ratio"] and 16 * 100 == curve["points"][-1]["capacity_bytes"]
+
+
+@pytest.mark.parametrize("policy", ["lru", "adaptive"])
+def test_the_mrc_answer_says_which_order_the_curves_model_and_which_l1_runs(metrics, config, policy):
+    """``GET /mrc`` names the order the curves simulate (LRU) beside the configured ``--l1-policy``, so a reader
+    (``mpcache-report``) knows whether they predict this cache."""
+    import dataclasses
+    import json
+
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
+
+    subscriber = MissRatioSubscriber(metrics.meter, dataclasses.replace(config, l1_policy=policy))
+    status, body, _ = mrc_routes([subscriber])["/mrc"]()
+    document = json.loads(body)
+    assert (200, "lru", policy) == (status, document["curves_model"], document["l1_policy"])

@@ -287,7 +287,7 @@ class Transfers:
         wanted = [keys[(chunk - first) * groups + group] for group, chunk in spans]
         model, salt = key.model_name, key.cache_salt
         pickles_only = registration.inline and registration.client != CLIENT_057  # a 0.5.6 worker off the pool
-        locked = 0 if pickles_only else l1.lock_prefix(model, salt, wanted, publish=False)  # while it copies
+        locked = 0 if pickles_only else l1.lock_prefix(model, salt, wanted, publish=False, lookup=False)  # copying
         reads = [] if pickles_only else l1.read(model, salt, wanted)  # L1_READ_FAILED for what is missing
         if (pickles_only or locked < len(wanted) or not wanted
                 or any(size != layouts[group].object_bytes for (_, size), (group, _) in zip(reads, spans))):

@@ -89,6 +89,7 @@ class MissRatioSubscriber(Subscriber):
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap))
+        self.l1_policy = config.l1_policy  # the curves model LRU, whichever order L1 evicts in
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
         self._decayed_at = clock()
@@ -171,21 +172,26 @@ class MissRatioSubscriber(Subscriber):
         return [Observation(value, attributes) for value, attributes in points]
 
 
-def mrc_document(curves: CurveSet) -> dict[str, Any]:
-    """The ``GET /mrc`` answer: the sampling state and every curve with its points."""
+CURVES_MODEL = "lru"  # the eviction order the curves simulate
+
+
+def mrc_document(curves: CurveSet, l1_policy: str = CURVES_MODEL) -> dict[str, Any]:
+    """The ``GET /mrc`` answer: the sampling state, the order the curves model beside the one L1 runs
+    (``--l1-policy``: the curves predict the cache only where they are the same), and every curve."""
     with curves.lock:
-        return {"sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
+        return {"curves_model": CURVES_MODEL, "l1_policy": l1_policy,
+                "sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
                 "head_sample_rate": curves.head_rate,
                 "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}
 
 
-def _mrc_route(curves: CurveSet) -> Route:
-    return lambda: (200, json.dumps(mrc_document(curves)).encode(), "application/json")
+def _mrc_route(curves: CurveSet, l1_policy: str) -> Route:
+    return lambda: (200, json.dumps(mrc_document(curves, l1_policy)).encode(), "application/json")
 
 
 def mrc_routes(subscribers: Iterable[Subscriber]) -> dict[str, Route]:
     """``/mrc`` over the miss-ratio subscriber among ``subscribers`` (none without one)."""
     for subscriber in subscribers:
         if isinstance(subscriber, MissRatioSubscriber):
-            return {"/mrc": _mrc_route(subscriber.curves)}
+            return {"/mrc": _mrc_route(subscriber.curves, subscriber.l1_policy)}
     return {}
