@@ -1,7 +1,7 @@
 """``python -m benchmarks trace PATH``: a request trace of prefix block hashes (:mod:`benchmarks.trace_sim`)
 replayed through a real one-process service with the native client, one request at a time as an engine does
 (lookup; store what missed; end), at three L1 sizes derived from the trace: where an offline LRU reaches 1/3,
-2/3 and 90 % of the infinite cache's hit ratio, once per ``--l1-policy`` (adaptive, the default; lru; arc).
+2/3 and 90 % of the infinite cache's hit ratio, once per ``--l1-policy`` (lru, the default; adaptive; arc).
 Beside mpcache, at each size: the offline LRU and Belady's
 MIN (the offline optimum) computed from the same trace, and LRU and ARC simulated on it touching a request's
 blocks last to first (and ARC first to last): candidates for a policy that beats LRU.  Each reports its prefix-hit
