@@ -270,7 +270,13 @@ class L1Manager(PrefetchLandings):
                 continue
             entry.readers -= 1
             if entry.readers == 0:
-                lists[entry.tier][key] = entry  # used again
+                if entry.ready:
+                    lists[entry.tier][key] = entry  # used again
+                else:  # lost while it was locked (lose_all): gone now
+                    evicted = Evicted()
+                    self._order.forget(key, entry)
+                    self._drop(key, entry, evicted)
+                    self._publish_evicted(evicted)
 
     # -- eviction -----------------------------------------------------------------
 
@@ -286,6 +292,18 @@ class L1Manager(PrefetchLandings):
     def clear(self) -> int:
         """Evict every entry that is neither locked nor being written (LMCache's ``clear``); returns how many."""
         return self._evict(len(self._order))
+
+    def lose_all(self) -> int:
+        """The pool's bytes were lost (a peer truncated it): every readable object goes, evicted at once if it
+        is unlocked, else made unreadable now and evicted when its last reader lets go (its offset stays valid
+        meanwhile).  Space being written keeps its reservation: its writer's bytes come after.  Returns how
+        many objects were lost."""
+        lost = self.clear()
+        for entry in self._entries.values():
+            if entry.ready:  # read-locked
+                entry.ready = False
+                lost += 1
+        return lost
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` unlocked entries in the policy's order (one L1_KEYS_EVICTED); returns how many."""
@@ -331,6 +349,11 @@ class L1Manager(PrefetchLandings):
         if chosen is None:
             return False
         key, entry = chosen
+        self._drop(key, entry, evicted)
+        return True
+
+    def _drop(self, key: ChunkKey, entry: Entry, evicted: Evicted) -> None:
+        """Evict one entry already out of the eviction order: its space freed, counted in ``evicted``."""
         del self._entries[key]
         del self._at[entry.offset]
         self.allocator.free(entry.offset, entry.size)
@@ -340,7 +363,6 @@ class L1Manager(PrefetchLandings):
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1
-        return True
 
     def _publish_evicted(self, evicted: Evicted) -> None:
         if evicted.count:

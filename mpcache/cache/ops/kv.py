@@ -155,8 +155,12 @@ def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
         for _, size in reads:
             if size != nbytes:
                 raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
+        faults = ctx.pool_faults()
         timing = mover.from_l1(l1.pool, [(block, offset) for (offset, _), block in zip(reads, block_ids)], nbytes,
                                lambda: deadline.check("retrieve", session_id=request_id))
+        if ctx.pool_faults() != faults:
+            raise RequestError("the L1 pool was truncated by another process during the copy: the blocks do not "
+                               "hold the chunks, and this cache process's L1 is lost; store them again")
     except BaseException:
         pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
         raise  # the job keeps its locks: the client may retry or end the session
