@@ -40,7 +40,6 @@ class CacheContext:
     accesses: AccessSampler
     clock: Callable[[], float] = time.monotonic
     clock_ns: Callable[[], int] = time.time_ns
-    pool_faults: Callable[[], int] = lambda: 0  # faults survived in L1's pool so far (a peer truncated it)
     _next_buffer_id: int = field(default=1, repr=False)
 
     @property

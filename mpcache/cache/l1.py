@@ -33,6 +33,14 @@ _L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
 _L1_READ_FAILED = EventType.L1_READ_FAILED
 
 
+POOL_LOST = ("the L1 pool was truncated by another process during the copy: this cache process's L1 is lost "
+             "and the copy holds no valid bytes")
+
+
+def _no_faults() -> int:
+    return 0
+
+
 class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
@@ -58,6 +66,9 @@ class L1Manager(PrefetchLandings):
         self._tail_first = order.tail_first
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
+        self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
+        self._losses = 0  # lose_all calls
+        self.lost_copies = 0  # objects whose copy or reservation the generation check failed (counted by callers)
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -293,11 +304,18 @@ class L1Manager(PrefetchLandings):
         """Evict every entry that is neither locked nor being written (LMCache's ``clear``); returns how many."""
         return self._evict(len(self._order))
 
+    def generation(self) -> int:
+        """Changes whenever the pool's bytes may have been lost (a fault in it, :meth:`lose_all`): a copy or a
+        reservation that began at another generation holds no valid bytes and must fail."""
+        return self._losses + self.pool_faults()
+
     def lose_all(self) -> int:
         """The pool's bytes were lost (a peer truncated it): every readable object goes, evicted at once if it
         is unlocked, else made unreadable now and evicted when its last reader lets go (its offset stays valid
-        meanwhile).  Space being written keeps its reservation: its writer's bytes come after.  Returns how
+        meanwhile).  Space being written keeps its reservation until its writer, finding :meth:`generation`
+        changed, gives it back.  Returns how
         many objects were lost."""
+        self._losses += 1
         lost = self.clear()
         for entry in self._entries.values():
             if entry.ready:  # read-locked

@@ -150,6 +150,7 @@ class CacheProcess:
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
         self._pool_guard = guard = ShrinkGuard(pool_seg, pool)
         l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy)
+        l1.pool_faults = lambda: guard.faults
         if config.kv_event_log_size and config.lmcache_urls(worker):
             l1.feed = KVEventLog(config.kv_event_log_size)
         board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
@@ -173,7 +174,7 @@ class CacheProcess:
                             storage=storage, prefetch=prefetch, sessions=sessions,
                             l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend,
                             accesses=AccessSampler(publisher, config.mrc_sample_rate, config.mrc_exact_chunks),
-                            clock=clock, clock_ns=clock_ns, pool_faults=lambda: guard.faults)
+                            clock=clock, clock_ns=clock_ns)
 
     def _pool_damaged(self, damage: str) -> None:
         """L1's pool was truncated by a peer and its size given back (by the fault handler, or by the heartbeat

@@ -1,0 +1,89 @@
+"""L1's pool truncated by a same-uid peer (issue 36, item 10) under an in-process cache process: a copy that
+faulted in it, or a store whose space was reserved before it was lost, fails with its protocol's failure reply
+and is counted; nothing it read or wrote is served as if it were the chunks.  The truncate is real (the SIGBUS
+guard gives the pool its size back), so is the copy that meets it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from lmcache_client import NO_RESULT, packed_key, registration
+from support.waiting import wait_for
+
+from mpcache.cache.lmcache import inline, registrations
+from mpcache.cache.lmcache.transfers import RETRIEVE_MISS
+from mpcache.errors import RequestError
+from mpcache.shm import shrink_guard
+
+from .conftest import CHUNK_BYTES, MODEL, fill_blocks
+from .test_lmcache_inline import CHUNK, OBJECT, objects
+
+pytestmark = pytest.mark.skipif(shrink_guard._busguard is None, reason="built without the C extension")
+
+
+def _truncate(harness) -> str:
+    path = "/dev/shm" + harness.config.l1_pool_name(0)
+    os.truncate(path, 0)
+    return path
+
+
+def _found(client, tokens: list[int], request_id: str) -> int:
+    assert NO_RESULT is client.call("lookup", packed_key(tokens, request_id), 1)
+    return client.call("query_prefetch_status", request_id)
+
+
+def test_a_native_store_whose_copy_faulted_fails_and_stores_nothing(cache):
+    """Before: the store's bytes landed on the restored pool after the fault and the chunks were readable."""
+    harness = cache()
+    client = harness.client()
+    kv = client.register_buffer(2, CHUNK_BYTES)
+    fill_blocks(kv, 1)
+    _truncate(harness)
+    with pytest.raises(RequestError, match="truncated by another process during the copy.*nothing was stored"):
+        client.store(kv, request_id="s", model_name=MODEL, chunk_hashes=[1, 2], block_ids=[0, 1])
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, chunk_hashes=[1, 2])
+    assert 0 == client.wait_prefetch(job).found_count
+    assert 2 == harness.server.l1.lost_copies
+
+
+def test_an_inline_copy_from_or_into_a_truncated_pool_fails_and_the_next_one_is_served(lmcache, monkeypatch):
+    """An inline retrieve whose copy out of the pool faulted is a miss (before: a success carrying zeros), its
+    locks given back; an inline store whose copy faulted is refused and not found (before: stored as zeros);
+    both counted.  The pool has its size back and the next store and retrieve are byte for byte."""
+    monkeypatch.setattr(registrations, "can_map_pool", lambda owner: False)
+    harness, client = lmcache()
+    l1 = harness.server.l1
+    client.call("register", {**registration(1), "group_layouts": []})
+    tokens = list(range(2 * CHUNK))
+    sent = objects(2, seed=11)
+    assert True is client.call("commit_store", packed_key(tokens, "w", worker_id=0), 1, inline.encode(OBJECT, sent))
+    assert 2 == _found(client, tokens, "r")
+    path = _truncate(harness)
+    retrieved = client.call("prepare_retrieve", packed_key(tokens, "r", worker_id=0), 1)
+    size = os.stat(path).st_size
+    _truncate(harness)
+    stored = client.call("commit_store", packed_key(tokens, "w2", worker_id=0), 1, inline.encode(OBJECT, sent))
+    assert (RETRIEVE_MISS, False, 0, l1.pool.nbytes, l1.pool.nbytes) == (
+        retrieved, stored, _found(client, tokens, "r2"), size, os.stat(path).st_size)
+    assert 4 == l1.lost_copies
+    assert True is client.call("commit_store", packed_key(tokens, "w3", worker_id=0), 1, inline.encode(OBJECT, sent))
+    assert 2 == _found(client, tokens, "r3")
+    got = client.call("prepare_retrieve", packed_key(tokens, "r3", worker_id=0), 1)
+    assert sent == inline.decode(got["data"], OBJECT, 2)
+
+
+def test_a_store_prepared_before_the_pool_was_lost_is_refused_at_its_commit(lmcache):
+    """The worker got its slots, then the pool was lost (found short at the heartbeat, no copy meeting it): its
+    commit is refused and the objects are not found (before: committed, readable zeros), counted."""
+    harness, client = lmcache()
+    l1 = harness.server.l1
+    client.call("register", {**registration(1), "group_layouts": []})
+    tokens = list(range(2 * CHUNK))
+    stored = packed_key(tokens, "w", worker_id=0)
+    slots = client.call("prepare_store", stored, 1, [])["context"]["slots"]
+    path = _truncate(harness)
+    wait_for(lambda: os.stat(path).st_size == l1.pool.nbytes, 10, "the heartbeat giving the pool its size back")
+    committed = client.call("commit_store", stored, 1, b"")
+    assert (2, False, 0) == (len(slots), committed, _found(client, tokens, "r"))
+    assert 2 == l1.lost_copies
