@@ -56,7 +56,8 @@ def test_a_copy_from_a_truncated_l1_pool_is_survived_and_the_next_request_answer
     """Store two chunks, look them up (locked), truncate the pool to 0 bytes from this process, then retrieve
     them: the copy reads past the pool's new end, which was a SIGBUS that killed the cache process.  Now the
     retrieve is one error reply, the same cache process (no second ``cache.start``) logs ``segment.recreated``
-    at error, counts it in ``mpcache_segments_recreated_total{worker="0"}``, has given the pool its size back,
+    at error, counts it in ``mpcache_segments_recreated_total{worker="0"}`` (and the two chunks the copy read
+    in ``mpcache_l1_lost_copies_total``), has given the pool its size back,
     has lost its L1 (the chunks are no longer found) and serves the next store and retrieve byte for byte."""
     service = start_service("--workers", "1", *SMALL)
     service.ready(1)
@@ -86,8 +87,9 @@ def test_a_copy_from_a_truncated_l1_pool_is_survived_and_the_next_request_answer
     assert (path[len("/dev/shm"):], "error", "truncated under a copy", size, 1) == (
         recreated["segment"], recreated["level"], recreated["damage"], os.stat(path).st_size,
         len(service.lines("cache.start")))
-    wait_for(lambda: service.scrape().total("mpcache_segments_recreated_total", worker="0") == 1, 30,
-             "the recreation counted in /metrics")
+    wait_for(lambda: [service.scrape().total(name, worker="0") for name in (
+        "mpcache_segments_recreated_total", "mpcache_l1_lost_copies_total")] == [1, 2], 30,
+             "the recreation and the two chunks the faulted copy read counted in /metrics")
     assert 0 == service.stop()
 
 
