@@ -13,10 +13,12 @@ from support.waiting import wait_for
 
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.transfers import RETRIEVE_MISS
+from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
 from mpcache.shm import shrink_guard
 
 from .conftest import CHUNK_BYTES, MODEL, fill_blocks
+from .test_l2_integration import fs_spec, l2_idle
 from .test_lmcache_inline import CHUNK, OBJECT, objects
 
 pytestmark = pytest.mark.skipif(shrink_guard._busguard is None, reason="built without the C extension")
@@ -87,3 +89,23 @@ def test_a_store_prepared_before_the_pool_was_lost_is_refused_at_its_commit(lmca
     committed = client.call("commit_store", stored, 1, b"")
     assert (2, False, 0) == (len(slots), committed, _found(client, tokens, "r"))
     assert 2 == l1.lost_copies
+
+
+def test_an_l2_prefetch_that_lands_in_a_truncated_pool_fails_as_l1_lost(cache, tmp_path):
+    """Chunks L1 evicted come back from an fs tier into a pool truncated meanwhile: the L2 thread's copy faults,
+    and the landing fails with reason l1_lost (before: found, their bytes zeros), counted."""
+    harness = cache(l2=[fs_spec(tmp_path / "fs", chunks=100)])
+    client = harness.client()
+    kv = client.register_buffer(8, CHUNK_BYTES)
+    fill_blocks(kv, 5)
+    client.store(kv, request_id="w1", model_name=MODEL, chunk_hashes=[1, 2, 3], block_ids=[0, 1, 2])
+    l2_idle(harness)
+    client.store(kv, request_id="w2", model_name=MODEL, chunk_hashes=list(range(50, 58)), block_ids=list(range(8)))
+    l2_idle(harness)  # 1..3 evicted from L1, held by L2
+    harness.events.take()
+    _truncate(harness)
+    job = client.lookup_prefetch(request_id="r", model_name=MODEL, chunk_hashes=[1, 2, 3])
+    found = client.wait_prefetch(job).found_count
+    failed = [(e.fields["reason"], e.salt_counts) for e in harness.events.take().events([E.L2_PREFETCH_FAILED])]
+    assert (0, [("l1_lost", [("", MODEL, 3)])]) == (found, failed)
+    assert 3 == harness.server.l1.lost_copies
