@@ -6,13 +6,16 @@ guard gives the pool its size back), so is the copy that meets it."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from lmcache_client import NO_RESULT, packed_key, registration
 from support.waiting import wait_for
 
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.transfers import RETRIEVE_MISS
+from mpcache.cache.requests import store_to_l2
 from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
 from mpcache.shm import shrink_guard
@@ -109,3 +112,18 @@ def test_an_l2_prefetch_that_lands_in_a_truncated_pool_fails_as_l1_lost(cache, t
     failed = [(e.fields["reason"], e.salt_counts) for e in harness.events.take().events([E.L2_PREFETCH_FAILED])]
     assert (0, [("l1_lost", [("", MODEL, 3)])]) == (found, failed)
     assert 3 == harness.server.l1.lost_copies
+
+
+@pytest.mark.parametrize("generations", [(0, 0), (0, 1)])
+def test_chunks_copied_out_for_l2_are_written_only_if_the_pool_was_not_lost_under_the_copy(generations):
+    """The copy for L2 reads the pool on the loop; a fault under it (the generation changes) means zeros, which
+    must not be written to L2 as the chunks."""
+    written: list[tuple] = []
+    seen = iter(generations)
+    l1 = SimpleNamespace(pool=np.arange(16, dtype=np.uint8), generation=lambda: next(seen), lost_copies=0)
+    ctx = SimpleNamespace(l1=l1, chunk_bytes=8, storage=SimpleNamespace(adapters=[object()],
+                                                                        store=lambda *args: written.append(args)))
+    store_to_l2(ctx, MODEL, "", [1, 2], [8, 0])
+    lost = generations[0] != generations[1]
+    assert ([] if lost else [(MODEL, "", [(1, bytes(range(8, 16))), (2, bytes(range(8)))])], 2 if lost else 0) == (
+        written, l1.lost_copies)
