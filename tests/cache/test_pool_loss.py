@@ -20,6 +20,7 @@ from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
 from mpcache.shm import shrink_guard
 
+from .blend_script import SALT, documents
 from .conftest import CHUNK_BYTES, MODEL, fill_blocks
 from .test_l2_integration import fs_spec, l2_idle
 from .test_lmcache_inline import CHUNK, OBJECT, objects
@@ -127,3 +128,26 @@ def test_chunks_copied_out_for_l2_are_written_only_if_the_pool_was_not_lost_unde
     lost = generations[0] != generations[1]
     assert ([] if lost else [(MODEL, "", [(1, bytes(range(8, 16))), (2, bytes(range(8)))])], 2 if lost else 0) == (
         written, l1.lost_copies)
+
+
+def test_blend_copies_from_or_into_a_truncated_pool_fail_and_store_nothing(cache):
+    """cb_retrieve whose copy faulted is an error (before: the blocks got zeros as a success); a pre-computed
+    store whose copy faulted is an error and its chunks are no hits (before: stored as zeros); both counted."""
+    harness = cache()
+    client = harness.client()
+    kv = client.register_buffer(4, CHUNK_BYTES)
+    fill_blocks(kv, 7)
+    d = documents()
+    client.cb_store_pre_computed(kv, request_id="pre", model_name=MODEL, cache_salt=SALT, tokens=d["A"],
+                                 block_ids=[0, 1])
+    lookup = client.cb_lookup(request_id="r", model_name=MODEL, cache_salt=SALT, tokens=d["A"])
+    _truncate(harness)
+    with pytest.raises(RequestError, match="truncated by another process during the copy"):
+        client.cb_retrieve(kv, request_id="r", lookup_id=lookup.lookup_id, chunk_indices=[0, 1], block_ids=[2, 3])
+    _truncate(harness)
+    with pytest.raises(RequestError, match="truncated by another process during the copy"):
+        client.cb_store_pre_computed(kv, request_id="pre2", model_name=MODEL, cache_salt=SALT, tokens=d["B"] + d["C"],
+                                     block_ids=[0, 1])
+    again = client.cb_lookup(request_id="r2", model_name=MODEL, cache_salt=SALT, tokens=d["B"] + d["C"])
+    assert (2, 0, 4) == (lookup.fingerprint_hits + lookup.prefix_hits, again.fingerprint_hits + again.prefix_hits,
+                         harness.server.l1.lost_copies)
