@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from mpcache.cache.buffers import Buffer, Peer
-from mpcache.cache.l1 import L1Manager
+from mpcache.cache.l1 import POOL_LOST, L1Manager
 from mpcache.contract.blending import (
     FINGERPRINT_HIT,
     MISS,
@@ -191,12 +191,14 @@ class BlendState:
                  block_ids: list[int]) -> tuple[int, int, int]:
         """Client blocks → L1 (as ``store`` does); returns (stored, already present, failed)."""
         l1 = self._l1
+        generation = l1.generation()
         reservation = l1.reserve_write(model, salt, hashes, chained=False)  # fingerprints: no prefix
         committed = [hashes[p] for p in reservation.positions]
         nbytes = buffer.block_bytes
         try:
             buffer.transfer.to_l1(l1.pool, [(block_ids[p], offset) for p, offset in zip(reservation.positions,
                                                                                          reservation.offsets)], nbytes)
+            _check_generation(l1, generation, len(committed))
         except BaseException:
             l1.abort_write(model, salt, committed)
             raise
@@ -294,6 +296,7 @@ class BlendState:
         model, salt = lookup.model, lookup.salt
         l1 = self._l1
         hashes = [key.chunk_hash for key in keys]
+        generation = l1.generation()
         # Read-lock what is still there, run by run (L1_READ_RESERVED); a chunk gone since the lookup breaks a run
         locked_at: list[int] = []
         missing: list[int] = []
@@ -318,6 +321,7 @@ class BlendState:
             if read:
                 buffer.transfer.from_l1(l1.pool, [(block_ids[i], offset) for i, (offset, _) in zip(locked_at, objects)],
                                         nbytes)
+                _check_generation(l1, generation, len(read))
         except BaseException:
             l1.release_read(model, salt, read)
             raise
@@ -326,3 +330,10 @@ class BlendState:
         self._pub.emit(_SM_READ_PREFETCHED_FINISHED, (len(keys) - retrieved,),
                                     salt_counts={(salt, model): retrieved} if retrieved else None, sampled=sampled)
         return retrieved
+
+
+def _check_generation(l1: L1Manager, generation: int, objects: int) -> None:
+    """RequestError (the ``objects`` counted as lost copies) if L1's pool was lost since ``generation``."""
+    if l1.generation() != generation:
+        l1.lost_copies += objects
+        raise RequestError(POOL_LOST)

@@ -59,4 +59,5 @@ class CacheContext:
     def update_gauges(self) -> None:
         self.gauges.set(layout.G_L1_USED, self.l1.used_bytes)
         self.gauges.set(layout.G_L1_FRAGMENTATION, self.l1.fragmentation_bytes)
+        self.gauges.set(layout.G_L1_LOST_COPIES, self.l1.lost_copies)
         self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)

@@ -1,8 +1,10 @@
 """The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
 :class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and eviction across every size in the order of
 ``--l1-policy`` (:mod:`mpcache.cache.l1_order`): an object that gets no space evicts unlocked objects in that
-order until the allocator places it, only then and only what is needed.  Every state change publishes its L1
-event.  Single-threaded, so lock-free.
+order until the allocator places it, only then and only what is needed; before each eviction it lets the
+allocator compact (move ready, unlocked objects out of a class's emptiest slab: a mix of object sizes would
+otherwise strand space in partly used slabs).  Every state change publishes its L1 event.  Single-threaded, so
+lock-free.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 
 from mpcache.cache import l1_order
 from mpcache.cache.kvlog import Detail, KVEventLog
-from mpcache.cache.l1_entries import Entry, Evicted, PrefetchReservation, WriteReservation
+from mpcache.cache.l1_entries import Entry, Evicted, WriteReservation
+from mpcache.cache.l1_landings import PrefetchLandings
 from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
@@ -24,14 +27,21 @@ _L1_READ_RESERVED = EventType.L1_READ_RESERVED
 _L1_READ_FINISHED = EventType.L1_READ_FINISHED
 _L1_WRITE_RESERVED = EventType.L1_WRITE_RESERVED
 _L1_WRITE_FINISHED = EventType.L1_WRITE_FINISHED
-_L1_WRITE_FINISHED_AND_READ_RESERVED = EventType.L1_WRITE_FINISHED_AND_READ_RESERVED
 _L1_KEYS_EVICTED = EventType.L1_KEYS_EVICTED
 _L1_EVICTION_LOOP_TICK = EventType.L1_EVICTION_LOOP_TICK
 _L1_ALLOCATION_FAILED = EventType.L1_ALLOCATION_FAILED
 _L1_READ_FAILED = EventType.L1_READ_FAILED
 
 
-class L1Manager:
+POOL_LOST = ("the L1 pool was truncated by another process during the copy: this cache process's L1 is lost "
+             "and the copy holds no valid bytes")
+
+
+def _no_faults() -> int:
+    return 0
+
+
+class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
     the allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`); ``policy``: the eviction
@@ -48,6 +58,7 @@ class L1Manager:
         self._pub = publisher
         self._gate = SampleGate(sample_rate)
         self._entries: dict[ChunkKey, Entry] = {}
+        self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
@@ -55,6 +66,9 @@ class L1Manager:
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
         self.policy = policy
+        self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
+        self._losses = 0  # lose_all calls
+        self.lost_copies = 0  # objects whose copy or reservation the generation check failed (counted by callers)
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -143,6 +157,7 @@ class L1Manager:
                 parent = made_entry if position and position == made + 1 else entries.get(
                     keys[position - 1] if position else hints.pop(key, None))
             entries[key] = entry = Entry(offset, size)
+            self._at[offset] = key
             if joined is not None:
                 joined(key, entry, parent)
                 made, made_entry = position, entry
@@ -185,69 +200,8 @@ class L1Manager:
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._order.forget(key, entry)
+                del self._at[entry.offset]
                 self.allocator.free(entry.offset, entry.size)
-
-    # -- L2 -> L1 prefetch landings -------------------------------------------------
-
-    def reserve_prefetch(self, model: str, salt: str, hashes: Sequence[int]) -> PrefetchReservation:
-        """Landing space (``chunk_bytes`` each) for chunks an L2 prefetch will load, in the order of ``hashes``.
-
-        The walk stops before the first chunk that is being written (another prefetch or store owns it) or that
-        repeats (``stopped`` counts what is left).  A chunk already ready in L1 is read-locked instead (offset
-        -1).  Missing chunks get space, evicting in the policy's order as needed; from the first one that gets
-        none, every missing chunk fails (``L1_ALLOCATION_FAILED``, during=l2_prefetch) and ready ones after it
-        are unlocked again.  Reserved space is not readable until :meth:`commit_prefetch` (or given back with
-        :meth:`abort_write`)."""
-        entries = self._entries
-        covered: list[tuple[ChunkKey, Entry | None]] = []
-        seen: set[ChunkKey] = set()
-        for chunk_hash in hashes:
-            key = ChunkKey(model, salt, chunk_hash)
-            entry = entries.get(key)
-            if key in seen or (entry is not None and not entry.ready):
-                break
-            seen.add(key)
-            covered.append((key, entry))
-        stopped = len(hashes) - len(covered)
-        for key, entry in covered:  # pin what is ready first, so making room cannot evict it
-            if entry is not None:
-                if entry.readers == 0:
-                    self._take(key, entry)
-                entry.readers += 1
-        size = self.chunk_bytes
-        offsets: list[int] = []
-        failed = 0
-        evicted = Evicted()
-        for index, (key, entry) in enumerate(covered):
-            if entry is not None:
-                offsets.append(-1)
-                continue
-            offset = self._allocate(size, evicted)
-            if offset is None:
-                rest = covered[index:]
-                failed = sum(1 for _, e in rest if e is None)
-                self._unlock(model, salt, [k.chunk_hash for k, e in rest if e is not None])
-                break
-            entries[key] = landing = Entry(offset, size)
-            if self._order.new is not None:
-                self._order.new(key, landing, None)
-            offsets.append(offset)
-        self._publish_evicted(evicted)
-        self._report_reserved(model, salt, sum(1 for offset in offsets if offset >= 0), failed, "l2_prefetch")
-        return PrefetchReservation(offsets, failed, stopped)
-
-    def commit_prefetch(self, model: str, salt: str, hashes: Sequence[int], nbytes: int) -> list[tuple[int, str, str]]:
-        """Chunks landed from L2 in their reserved space: readable, each holding one read lock for the
-        prefetch (``L1_WRITE_FINISHED_AND_READ_RESERVED``, which counts as a write).  Returns the sampled subset."""
-        entries = self._entries
-        for chunk_hash in hashes:
-            entry = entries[ChunkKey(model, salt, chunk_hash)]
-            entry.ready = True
-            entry.nbytes = nbytes
-            entry.readers = 1  # locked, so not in the LRU order until released
-        if self.feed is not None:
-            self.feed.stored(model, salt, hashes, None)
-        return self._emit_keys(_L1_WRITE_FINISHED_AND_READ_RESERVED, model, salt, hashes) if hashes else []
 
     # -- reads --------------------------------------------------------------------
 
@@ -334,7 +288,13 @@ class L1Manager:
                 continue
             entry.readers -= 1
             if entry.readers == 0:
-                lists[entry.tier][key] = entry  # used again
+                if entry.ready:
+                    lists[entry.tier][key] = entry  # used again
+                else:  # lost while it was locked (lose_all): gone now
+                    evicted = Evicted()
+                    self._order.forget(key, entry)
+                    self._drop(key, entry, evicted)
+                    self._publish_evicted(evicted)
 
     # -- eviction -----------------------------------------------------------------
 
@@ -351,6 +311,25 @@ class L1Manager:
         """Evict every entry that is neither locked nor being written (LMCache's ``clear``); returns how many."""
         return self._evict(len(self._order))
 
+    def generation(self) -> int:
+        """Changes whenever the pool's bytes may have been lost (a fault in it, :meth:`lose_all`): a copy or a
+        reservation that began at another generation holds no valid bytes and must fail."""
+        return self._losses + self.pool_faults()
+
+    def lose_all(self) -> int:
+        """The pool's bytes were lost (a peer truncated it): every readable object goes, evicted at once if it
+        is unlocked, else made unreadable now and evicted when its last reader lets go (its offset stays valid
+        meanwhile).  Space being written keeps its reservation until its writer, finding :meth:`generation`
+        changed, gives it back.  Returns how
+        many objects were lost."""
+        self._losses += 1
+        lost = self.clear()
+        for entry in self._entries.values():
+            if entry.ready:  # read-locked
+                entry.ready = False
+                lost += 1
+        return lost
+
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` unlocked entries in the policy's order (one L1_KEYS_EVICTED); returns how many."""
         evicted = Evicted()
@@ -360,15 +339,34 @@ class L1Manager:
         return evicted.count
 
     def _allocate(self, size: int, evicted: Evicted) -> int | None:
-        """Space for one object: evict unlocked entries in the policy's order until the allocator places it
-        (None, evicting nothing, for an object larger than the pool)."""
+        """Space for one object: let the allocator compact, else evict unlocked entries in the policy's order,
+        until the allocator places it (None, evicting nothing, for an object larger than the pool)."""
         alloc = self.allocator.alloc
         offset = alloc(size)
         if offset is None and size <= self.capacity_bytes:
-            while offset is None and self._evict_one(evicted):
-                self._made_room = True
+            compact = self.allocator.compact
+            while offset is None:
+                if not compact(self._movable, self._move):
+                    if not self._evict_one(evicted):
+                        break
+                    self._made_room = True
                 offset = alloc(size)
         return offset
+
+    def _movable(self, offset: int) -> bool:
+        """Whether the object at ``offset`` may move: ready and unlocked, so no one holds its offset (readers
+        and writers are given offsets under a read lock or a write reservation)."""
+        entry = self._entries[self._at[offset]]
+        return entry.ready and not entry.readers
+
+    def _move(self, old: int, new: int) -> None:
+        """Move the object at ``old`` to ``new``: its bytes and its entry."""
+        key = self._at.pop(old)
+        entry = self._entries[key]
+        pool = self.pool
+        pool[new : new + entry.nbytes] = pool[old : old + entry.nbytes]
+        entry.offset = new
+        self._at[new] = key
 
     def _evict_one(self, evicted: Evicted) -> bool:
         """Evict the policy's next victim; False when every entry is locked or being written."""
@@ -376,7 +374,13 @@ class L1Manager:
         if chosen is None:
             return False
         key, entry = chosen
+        self._drop(key, entry, evicted)
+        return True
+
+    def _drop(self, key: ChunkKey, entry: Entry, evicted: Evicted) -> None:
+        """Evict one entry already out of the eviction order: its space freed, counted in ``evicted``."""
         del self._entries[key]
+        del self._at[entry.offset]
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
         if self.feed is not None:
@@ -384,7 +388,6 @@ class L1Manager:
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1
-        return True
 
     def _publish_evicted(self, evicted: Evicted) -> None:
         if evicted.count:

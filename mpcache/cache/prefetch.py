@@ -34,7 +34,7 @@ class PrefetchOutcome(NamedTuple):
 
 class _Prefetch:
     __slots__ = ("request_id", "model", "salt", "hashes", "token", "lookups_left", "held", "offsets", "loads_left",
-                 "landed", "failed", "failed_by_reason")
+                 "landed", "failed", "failed_by_reason", "generation")
 
     def __init__(self, request_id: int, model: str, salt: str, hashes: list[int], token: object,
                  adapters: int) -> None:
@@ -49,7 +49,8 @@ class _Prefetch:
         self.loads_left = 0
         self.landed: set[int] = set()  # positions in hashes loaded into L1
         self.failed = 0
-        self.failed_by_reason: dict[str, int] = {}  # of ``failed``: not_found, integrity, l2_error
+        self.failed_by_reason: dict[str, int] = {}  # of ``failed``: not_found, integrity, l2_error, l1_lost
+        self.generation = 0  # L1's when its space was reserved: loads that end at another one landed nothing
 
 
 class PrefetchController:
@@ -120,6 +121,7 @@ class PrefetchController:
         if not owners:
             self._finish(prefetch)
             return
+        prefetch.generation = self._l1.generation()
         reservation = self._l1.reserve_prefetch(model, salt, prefetch.hashes[: len(owners)])
         prefetch.offsets = reservation.offsets
         if reservation.failed:
@@ -166,12 +168,18 @@ class PrefetchController:
             peer = len(result.peer)
         except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
             loaded_keys = set()
+        l1 = self._l1
+        if l1.generation() != prefetch.generation:  # L1's pool was lost meanwhile: the loads landed on nothing
+            l1.lost_copies += len(loaded_keys)
+            rejected, errors, lost, loaded_keys = set(), set(), set(loaded_keys), set()
+        else:
+            lost = set()
         loaded = [p for p in positions if hashes[p] in loaded_keys]
         failed = [p for p in positions if hashes[p] not in loaded_keys]
         for p in failed:
-            reason = "integrity" if hashes[p] in rejected else "l2_error" if hashes[p] in errors else "not_found"
+            reason = ("l1_lost" if hashes[p] in lost else "integrity" if hashes[p] in rejected
+                      else "l2_error" if hashes[p] in errors else "not_found")
             prefetch.failed_by_reason[reason] = prefetch.failed_by_reason.get(reason, 0) + 1
-        l1 = self._l1
         if loaded:
             l1.commit_prefetch(model, salt, [hashes[p] for p in loaded], l1.chunk_bytes)
         if failed:

@@ -36,6 +36,7 @@ from mpcache.shm.intern import Interner, reclaim_if_drained
 from mpcache.shm.publish import EventPublisher, Publisher
 from mpcache.shm.ring import RingWriter, read_geometry
 from mpcache.shm.segment import Segment
+from mpcache.shm.shrink_guard import ShrinkGuard
 
 if TYPE_CHECKING:
     from mpcache.cache.lmcache.frontend import LMCacheFrontEnd
@@ -82,6 +83,7 @@ class CacheProcess:
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
         self.ctx: CacheContext | None = None
+        self._pool_guard: ShrinkGuard | None = None
         self._transport: UnixTransport | None = None
         self.lmcache: LMCacheFrontEnd | None = None
         try:
@@ -125,8 +127,8 @@ class CacheProcess:
 
     # -- set-up and tear-down ---------------------------------------------------------
 
-    def _attach(self, name: str, size: int) -> Segment:
-        segment = Segment.attach(name, size)
+    def _attach(self, name: str, size: int, keep_fd: bool = False) -> Segment:
+        segment = Segment.attach(name, size, keep_fd)
         self._segments.append(segment)
         return segment
 
@@ -144,9 +146,11 @@ class CacheProcess:
                 self.log.info("cache.names_reclaimed", capacity=intern_capacity)
             publisher = Publisher(RingWriter(ring), Interner(ring.buf, intern_capacity),
                                   threadsafe=False, clock_ns=clock_ns)
-        pool_seg = self._attach(config.l1_pool_name(worker), config.l1_pool_bytes)
+        pool_seg = self._attach(config.l1_pool_name(worker), config.l1_pool_bytes, keep_fd=True)
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
+        self._pool_guard = guard = ShrinkGuard(pool_seg, pool)
         l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy)
+        l1.pool_faults = lambda: guard.faults
         if config.kv_event_log_size and config.lmcache_urls(worker):
             l1.feed = KVEventLog(config.kv_event_log_size)
         board = self._attach(config.gauge_board_name(), layout.gauge_board_size(config.workers))
@@ -171,6 +175,19 @@ class CacheProcess:
                             l0=BlockReporter(publisher, config.metrics_sample_rate), blend=blend,
                             accesses=AccessSampler(publisher, config.mrc_sample_rate, config.mrc_exact_chunks),
                             clock=clock, clock_ns=clock_ns)
+
+    def _pool_damaged(self, damage: str) -> None:
+        """L1's pool was truncated by a peer and its size given back (by the fault handler, or by the heartbeat
+        that found it short): its bytes are lost, so are L1's objects; counted and logged, and serving goes on."""
+        ctx, guard = self.ctx, self._pool_guard
+        assert ctx is not None and guard is not None
+        guard.seen = guard.faults
+        lost = ctx.l1.lose_all()
+        ctx.gauges.add(layout.G_SEGMENTS_RECREATED, 1)
+        ctx.update_gauges()
+        self.log.error("segment.recreated", worker=self.worker, segment=guard.name, damage=damage, objects_lost=lost,
+                       message="L1's shared-memory pool was truncated by a process sharing the IPC namespace: its "
+                               "size was given back, and this cache process's L1 is lost")
 
     def _wake(self) -> None:
         """Make the loop's select return (any thread; L2 adapter threads call it when a task completes)."""
@@ -219,6 +236,8 @@ class CacheProcess:
         if self._stop_publisher is not None:
             self._stop_publisher()
         self.ctx = None  # views into the segments must go before the mappings can be closed
+        if self._pool_guard is not None:
+            self._pool_guard.close()
         for segment in self._segments:
             close_segment(segment)
         self._segments.clear()
@@ -240,6 +259,8 @@ class CacheProcess:
         next_evict = now + self.config.eviction_interval_s
         next_beat = now + self._heartbeat_interval_s
         select = self._selector.select
+        guard = self._pool_guard
+        assert guard is not None
         try:
             while not self._stopping:
                 wake_at = min(next_evict, next_beat)
@@ -247,10 +268,14 @@ class CacheProcess:
                     wake_at = min(wake_at, lmcache.next_deadline() or wake_at)
                 for key, mask in select(max(0.0, wake_at - time.monotonic())):
                     key.data(mask)
+                    if guard.faults != guard.seen:
+                        self._pool_damaged("truncated under a copy")
                     if self._stopping:
                         break
                 if lmcache is not None and not self._stopping:
                     lmcache.service()  # its descriptor is edge-triggered: what arrived meanwhile
+                    if guard.faults != guard.seen:
+                        self._pool_damaged("truncated under a copy")
                 now = time.monotonic()
                 if now >= next_evict and not self._stopping:
                     ctx.l1.evict_tick()
@@ -260,6 +285,8 @@ class CacheProcess:
                     if self._parent_pid is not None and os.getppid() != self._parent_pid:
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
+                    if guard.shrunk():
+                        self._pool_damaged("truncated")
                     ctx.sessions.expire()
                     self._transport.expire(now)
                     if lmcache is not None:

@@ -26,11 +26,16 @@ def reserve_store(ctx: CacheContext, model: str, salt: str, hashes: list[int], l
 
 def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], offsets: list[int]) -> None:
     """Hand freshly committed chunks (``chunk_bytes`` each, at these pool offsets) to every L2 tier.  The tasks
-    get copies: the L1 objects stay readable (and evictable) while adapters write."""
+    get copies: the L1 objects stay readable (and evictable) while adapters write; none if the pool was lost
+    under the copy."""
     if ctx.storage.adapters:
-        pool, size = ctx.l1.pool, ctx.chunk_bytes
-        ctx.storage.store(model, salt, [(chunk_hash, pool[offset : offset + size].tobytes())
-                                        for chunk_hash, offset in zip(hashes, offsets)])
+        l1 = ctx.l1
+        pool, size, generation = l1.pool, ctx.chunk_bytes, l1.generation()
+        chunks = [(chunk_hash, pool[offset : offset + size].tobytes()) for chunk_hash, offset in zip(hashes, offsets)]
+        if l1.generation() != generation:  # a fault under the copy: zeros, not the chunks
+            l1.lost_copies += len(chunks)
+            return
+        ctx.storage.store(model, salt, chunks)
 
 
 def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hashes: list[int], *, readers: int = 1,
@@ -41,6 +46,7 @@ def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hash
     ctx.sessions.open(request_id)
     ctx.publisher.emit(_MP_LOOKUP_PREFETCH_START, session_id=request_id)
     l1 = ctx.l1
+    generation = l1.generation()
     found = l1.lock_prefix(model, salt, hashes)
     partial = found % ranks
     if partial:
@@ -49,6 +55,7 @@ def start_lookup(ctx: CacheContext, request_id: str, model: str, salt: str, hash
     for _ in range(readers - 1):
         l1.lock_prefix(model, salt, hashes[:found])
     job = ctx.sessions.add_job(request_id, model, salt, hashes, found, readers, ranks, per_key)
+    job.generation = generation
     if found < len(hashes) and ctx.prefetch.start(job.job_id, model, salt, hashes[found:], job):
         job.pending = True
     ctx.sessions.trim()

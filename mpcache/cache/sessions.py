@@ -24,7 +24,7 @@ class Job:
 
     __slots__ = ("job_id", "request_id", "model", "salt", "hashes", "found", "created", "reported", "locked",
                  "expired", "retrieved", "pending", "l1_hits", "l2_hits", "l2_landed", "readers", "ranks", "held",
-                 "report")
+                 "report", "generation")
 
     def __init__(self, job_id: int, request_id: str, model: str, salt: str, hashes: list[int], found: int,
                  created: float, readers: int = 1, ranks: int = 1, per_key: bool = False) -> None:
@@ -49,6 +49,7 @@ class Job:
         self.l2_hits = 0  # chunks of hashes[:found] loaded from L2
         self.l2_landed = 0  # chunks this job's L2 prefetch wrote into L1 (contiguous or not)
         self.report: Any = None  # how an LMCache lookup's END reports it (requests.LookupReport); None: as it is
+        self.generation = 0  # L1's generation when it locked hashes[:found]: a retrieve at another one fails
 
 
 class SessionRegistry:

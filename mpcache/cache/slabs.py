@@ -5,8 +5,14 @@ Every object size seen (rounded up to :data:`ALIGN`) is a size class.  A class o
 slab packs ``slab_bytes // size`` of them into each slab it owns; a larger object takes a run of
 ``ceil(size / slab_bytes)`` contiguous slabs of its own.  A slab is carved from the free slabs when its class
 has no free spot, and given back as soon as its last object is freed, so space moves between classes (models)
-as their share of the recently used objects moves.  Offsets are byte offsets into the pool and never change
-while an object lives.
+as their share of the recently used objects moves.  Offsets are byte offsets into the pool.
+
+Compaction: free spots of one class are no use to another, and a slab only goes back when its last object
+goes, so a mix of sizes strands space in partly used slabs (eviction in LRU order then empties whole slabs
+by evicting far more than one object's bytes).  :meth:`SlabAllocator.compact` gives a slab back without
+evicting: when a class's free spots add up to a slab's worth, the live objects of its emptiest slab fit in
+its other slabs' free spots, and the caller moves them there (only objects it may move: ready and unlocked);
+an object moves only then, so offsets are fixed otherwise.
 
 Accounting: ``used_bytes`` is the sum of the sizes callers asked for (bytes held by objects);
 ``carved_bytes`` is what the classes own; ``fragmentation_bytes`` is the difference (free spots in partly
@@ -14,6 +20,8 @@ used slabs, alignment padding and slab tails).  Single-threaded, like the cache 
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 ALIGN = 64  # object offsets are multiples of this (cache lines; every dtype's alignment)
 MAX_SLAB_BYTES = 64 * 2**20  # the most one slab holds
@@ -31,7 +39,7 @@ def default_slab_bytes(pool_bytes: int, chunk_bytes: int) -> int:
 class _Class:
     """One object size: its slabs with free spots (slab → free offsets) and live objects per slab."""
 
-    __slots__ = ("spot", "per_slab", "run", "pattern", "partial", "live")
+    __slots__ = ("spot", "per_slab", "run", "pattern", "partial", "live", "free_spots")
 
     def __init__(self, spot: int, slab_bytes: int) -> None:
         self.spot = spot
@@ -42,6 +50,7 @@ class _Class:
         self.pattern = bytes(self.run)  # a run of free slabs, as the slab table spells it
         self.partial: dict[int, list[int]] = {}  # first slab → free spot offsets (only slabs with some)
         self.live: dict[int, int] = {}  # first slab → objects allocated in it
+        self.free_spots = 0  # spots in ``partial`` together
 
 
 class SlabAllocator:
@@ -59,6 +68,7 @@ class SlabAllocator:
         self._by_size: dict[int, _Class] = {}  # by the sizes asked for (a few: one per model and TP layout)
         self.used_bytes = 0
         self.carved_bytes = 0
+        self.moved_bytes = 0  # bytes of objects compaction moved, in all
 
     @property
     def fragmentation_bytes(self) -> int:
@@ -92,6 +102,7 @@ class SlabAllocator:
             first = next(iter(partial))
             spots = partial[first]
             offset = spots.pop()
+            cls.free_spots -= 1
             if not spots:
                 del partial[first]
         else:
@@ -107,6 +118,7 @@ class SlabAllocator:
             offset = base
             if cls.per_slab > 1:  # the rest of the slab's spots, handed out from the lowest offset up
                 partial[first] = [base + i * spot for i in range(cls.per_slab - 1, 0, -1)]
+                cls.free_spots += cls.per_slab - 1
         cls.live[first] = cls.live.get(first, 0) + 1
         self.used_bytes += size
         return offset
@@ -120,11 +132,52 @@ class SlabAllocator:
         if live:
             cls.live[first] = live
             cls.partial.setdefault(first, []).append(offset)
+            cls.free_spots += 1
             return
         del cls.live[first]
-        cls.partial.pop(first, None)
+        self._release(cls, first)
+
+    def _release(self, cls: _Class, first: int) -> None:
+        """An emptied slab (run) goes back to the free slabs."""
+        cls.free_spots -= len(cls.partial.pop(first, ()))
         self._owner[first : first + cls.run] = bytes(cls.run)
         self.carved_bytes -= cls.run * self.slab_bytes
+
+    def compact(self, movable: Callable[[int], bool], move: Callable[[int, int], None]) -> bool:
+        """Give one slab back without evicting.  In a class whose free spots add up to a slab's worth (so the
+        live objects of its emptiest slab fit in its other slabs' spots), the emptiest slab at most half full
+        whose objects are all ``movable(offset)`` (ready and unlocked, say) is vacated: ``move(old, new)``
+        moves each object to a free spot elsewhere in the class.  At most half a slab moves per slab given
+        back, and the work is per class and per slab of that class, never per object of the pool.  True when
+        a slab went back."""
+        for cls in self._classes.values():
+            if cls.free_spots < cls.per_slab or cls.per_slab == 1:
+                continue
+            live, partial = cls.live, cls.partial
+            for first in sorted(partial, key=live.__getitem__):
+                if live[first] * 2 > cls.per_slab:
+                    break
+                base, spot = first * self.slab_bytes, cls.spot
+                vacant = set(partial[first])
+                objects = [old for old in range(base, base + cls.per_slab * spot, spot) if old not in vacant]
+                if all(map(movable, objects)):
+                    self._vacate(cls, first, objects, move)
+                    return True
+        return False
+
+    def _vacate(self, cls: _Class, first: int, objects: list[int], move: Callable[[int, int], None]) -> None:
+        live, partial = cls.live, cls.partial
+        for old in objects:
+            target = next(slab for slab in partial if slab != first)
+            spots = partial[target]
+            move(old, spots.pop())
+            if not spots:
+                del partial[target]
+            partial[first].append(old)
+            live[target] += 1
+        self.moved_bytes += len(objects) * cls.spot
+        del live[first]
+        self._release(cls, first)
 
     def classes(self) -> dict[int, tuple[int, int]]:
         """Per class (spot bytes): (slabs it owns, objects it holds); for tests and the benchmark."""

@@ -83,10 +83,10 @@ CELL_TEXT_FMT = CELL_PREFIX + "BB54s"
 # Gauge board.
 GAUGE_HEADER_SIZE = 64
 MAX_ADAPTERS = 8
-GAUGE_FIXED_WORDS = 17
-GAUGE_LAYOUT_VERSION = 7  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
+GAUGE_FIXED_WORDS = 18
+GAUGE_LAYOUT_VERSION = 8  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
 #                           LMCache connections; 5: word 10 counts segments recreated; 6: word 11 buffers refused;
-#                           7: words 12-16, the KV feed)
+#                           7: words 12-16, the KV feed; 8: word 17 counts copies L1's loss voided)
 GAUGE_ADAPTER_WORDS = 4
 GAUGE_SLOT_WORDS = GAUGE_FIXED_WORDS + GAUGE_ADAPTER_WORDS * MAX_ADAPTERS
 
@@ -100,13 +100,14 @@ G_RESTARTS = 6  # written by the supervisor: times this cache process was restar
 G_LMCACHE_REFUSED = 7  # LMCache connections this slot's cache processes refused (kept across restarts)
 G_L1_FRAGMENTATION = 8  # bytes L1's allocator holds in slabs that no object uses
 G_LMCACHE_UNIDENTIFIED = 9  # LMCache connections closed by their peer before it was identified (kept across restarts)
-G_SEGMENTS_RECREATED = 10  # written by the supervisor: this slot's ring or L1 pool found damaged and recreated
+G_SEGMENTS_RECREATED = 10  # this slot's ring or L1 pool found damaged and recreated (supervisor or cache process)
 G_BUFFERS_REFUSED = 11  # client buffers refused by a budget (a connection's, or the process's; kept across restarts)
 G_KV_SUBSCRIBERS = 12  # subscribe_kv_events streams open
 G_KV_LAG = 13  # records the furthest-behind stream has yet to read
 G_KV_RECORDS = 14  # records appended to the KV event log (kept across restarts)
 G_KV_SKIPPED = 15  # records streams never got: the log let them go before they read them (kept across restarts)
 G_KV_RESYNCS = 16  # lost batches sent: resyncs from a snapshot (kept across restarts)
+G_L1_LOST_COPIES = 17  # objects whose copy or reservation L1's pool's loss voided (a peer truncated it)
 GAUGE_OFF_TELEMETRY_RESTARTS = 24  # header word, written by the supervisor: times telemetry was restarted
 GAUGE_OFF_TELEMETRY_HEARTBEAT = 32  # header word, written by telemetry: its heartbeat (ns), read by the supervisor
 GAUGE_OFF_TELEMETRY_PID = 40  # header word, written by telemetry: the pid that wrote the heartbeat

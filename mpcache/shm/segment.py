@@ -19,11 +19,12 @@ NAME_PREFIX = "mpcache."
 class Segment:
     """One mapped shared-memory object.  ``buf`` is a writable memoryview of it."""
 
-    def __init__(self, name: str, mapping: mmap.mmap) -> None:
+    def __init__(self, name: str, mapping: mmap.mmap, fd: int = -1) -> None:
         self.name = name
         self._mmap = mapping
         self.buf = memoryview(mapping)
         self.size = len(mapping)
+        self.fd = fd  # a descriptor of the object, kept only when asked for (attach's keep_fd); -1 otherwise
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
@@ -45,8 +46,9 @@ class Segment:
         return cls(name, mapping)
 
     @classmethod
-    def attach(cls, name: str, min_size: int = 1) -> Segment:
-        """Map an existing segment; raise LayoutMismatchError if it is too small."""
+    def attach(cls, name: str, min_size: int = 1, keep_fd: bool = False) -> Segment:
+        """Map an existing segment; raise LayoutMismatchError if it is too small.  ``keep_fd``: keep a
+        descriptor of it (``fd``, closed by :meth:`close`), to restore its size should a peer shrink it."""
         try:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError as exc:
@@ -57,9 +59,10 @@ class Segment:
                     f"shared memory {name!r} is {shm.size} bytes, expected at least {min_size}"
                 )
             mapping = mmap.mmap(shm.fd, shm.size)
+            fd = os.dup(shm.fd) if keep_fd else -1
         finally:
             shm.close_fd()
-        return cls(name, mapping)
+        return cls(name, mapping, fd)
 
     def close(self) -> None:
         """Drop this process's mapping (the segment itself stays).
@@ -67,6 +70,9 @@ class Segment:
         Views derived from ``buf`` (numpy arrays, casts) keep the mapping alive;
         then it is unmapped when the last of them is garbage-collected instead.
         """
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self.buf.release()
             self._mmap.close()

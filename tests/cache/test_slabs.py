@@ -173,3 +173,40 @@ def test_a_store_evicts_only_what_it_needs_and_the_tick_counts_bytes(l1):
     assert [{("", "big"): 1}] == l1._pub.evicted
     assert [False, True, True, True] == [l1.contains(ChunkKey("big", "", h)) for h in (1, 2, 3, 4)]
     assert (7 * MIB, True) == (l1.used_bytes, l1.evict_tick()[1])
+
+
+def test_a_new_size_gets_a_slab_by_compaction_not_eviction_when_its_space_is_stranded(l1):
+    """Every slab of a class half used (its free spots worth four slabs): a new size used to evict the
+    oldest objects in LRU order until one slab emptied (8 objects lost for one 100 KiB object).  Now the
+    allocator compacts: the emptiest slab whose objects are all unlocked is vacated into the class's free
+    spots, each moved object keeps its bytes and is read at its new offset; a read-locked object is never
+    moved (its slab is passed over).  Nothing is evicted."""
+    reservation = l1.reserve_write("a", "", list(range(128)), nbytes=64 * KIB)  # 16 per slab: all 8 slabs
+    for chunk_hash, offset in zip(range(128), reservation.offsets):
+        l1.pool[offset : offset + 64 * KIB] = chunk_hash % 251
+    l1.commit_write("a", "", list(range(0, 128, 2)), 64 * KIB)
+    l1.abort_write("a", "", list(range(1, 128, 2)))  # half of every slab free
+    assert 1 == l1.lock_prefix("a", "", [0])  # slab 0 holds a reader
+    locked_at = l1.read("a", "", [0])
+    _store(l1, "b", [7], 100 * KIB)
+    assert ([], locked_at) == (l1._pub.evicted, l1.read("a", "", [0]))
+    placed = {h: l1.read("a", "", [h])[0][0] for h in range(0, 128, 2)}
+    assert all(np.all(l1.pool[offset : offset + 64 * KIB] == h % 251) for h, offset in placed.items())
+    assert 8 == sum(1 for h, offset in placed.items() if offset != h * 64 * KIB)  # slab 1's eight moved
+    assert ((7, 64), 8 * 64 * KIB) == (l1.allocator.classes()[64 * KIB], l1.allocator.moved_bytes)
+
+
+def test_lose_all_drops_every_readable_object_and_a_locked_one_when_its_reader_lets_go(l1):
+    """After the pool's bytes were lost (a peer truncated it): unlocked objects are evicted at once, a
+    read-locked one is unreadable at once and evicted when its reader lets go (so storing it again is not
+    skipped as present), and space being written keeps its reservation for its writer's commit."""
+    _store(l1, "a", [1, 2, 3], 64 * KIB)
+    assert 1 == l1.lock_prefix("a", "", [3])
+    writing = l1.reserve_write("a", "", [4], nbytes=64 * KIB)
+    assert 3 == l1.lose_all()
+    assert ([], 0) == (l1.read("a", "", [3]), l1.lock_prefix("a", "", [1, 2, 3]))
+    l1.release_read("a", "", [3])
+    l1.commit_write("a", "", [4], 64 * KIB)
+    assert ([{("", "a"): 2}, {("", "a"): 1}], [False, False, False, True], 1) == (
+        l1._pub.evicted, [l1.contains(ChunkKey("a", "", h)) for h in (1, 2, 3, 4)], len(writing.positions))
+    assert [0] == l1.reserve_write("a", "", [3], nbytes=64 * KIB).positions  # stored again, not skipped

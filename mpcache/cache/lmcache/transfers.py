@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mpcache.cache.accesses import group_label
 from mpcache.cache.context import CacheContext
+from mpcache.cache.l1 import POOL_LOST
 from mpcache.cache.lmcache import inline, kvevents, wire
-from mpcache.cache.lmcache.groups import GroupLayout, parse_skipped, window_start
+from mpcache.cache.lmcache.groups import parse_skipped, window_start
+from mpcache.cache.lmcache.pending import Pending, TransferKey, slot, transfer_key
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registration, Registrations
 from mpcache.cache.requests import reserve_store, store_to_l2
 from mpcache.cache.sessions import Job
@@ -43,49 +44,9 @@ MAX_PENDING = 4096  # prepared, uncommitted stores plus retrieves
 CONNECTION_SHARE = 4  # a connection holds at most 1/CONNECTION_SHARE of L1's bytes in prepared, uncommitted stores
 RETRIEVE_MISS = {"success": False, "data": b"", "context": {}}
 
-TransferKey = tuple[int, str, int | None, int, int, str, str, int]
 KeysOf = Callable[[wire.Key, int, int, tuple[int, ...], int], list[int]]  # key, first, last, ranks, groups
 # the lookup holding a request's locks, and the places in it of (first chunk, last chunk, (group, rank) offset)
 HeldBy = Callable[[wire.Key, int, list[tuple[int, int, int]]], tuple[Job | None, list[int]]]
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A prepared store (space reserved, not readable) or retrieve (keys read-locked) awaiting its commit:
-    its keys group by group, ``sizes`` the (count, bytes) of each group's run of them."""
-
-    instance_id: int
-    request_id: str
-    model: str
-    salt: str
-    device: str  # the worker's rank: START and END pair per (request, device)
-    engine: int  # the registration's engine slot, its events' engine_id
-    keys: list[int] = field(default_factory=list)
-    sizes: list[tuple[int, int]] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)  # retrieve: the keys' places in the lookup's job
-    job: Job | None = None
-    chunks: int = 0  # chunk positions it covers (its tokens: chunks × chunk size)
-    feed: tuple | None = None  # store, where L1 has a feed: what its stored records say (:func:`.kvevents.details`)
-    failed: int = 0  # store: objects that got no space
-    deadline: float = 0.0
-    peer: tuple[int, bytes] = (0, b"")  # store: the uid and connection its reserved bytes are charged to
-
-    @property
-    def nbytes(self) -> int:
-        return sum(count * size for count, size in self.sizes)
-
-    def add(self, keys: list[int], size: int) -> None:
-        self.keys.extend(keys)
-        self.sizes.append((len(keys), size))
-
-
-def _transfer_key(key: wire.Key, instance_id: int) -> TransferKey:
-    return (instance_id, key.request_id, key.worker_id, key.start, key.end, key.model_name, key.cache_salt,
-            key.world_size)
-
-
-def _slot(offset: int, layout: GroupLayout) -> dict[str, Any]:
-    return {"offset": offset, "length": layout.object_bytes, "shape": list(layout.shape), "dtype": layout.dtype}
 
 
 class Transfers:
@@ -101,8 +62,8 @@ class Transfers:
         self._held: dict[tuple[int, bytes], int] = {}  # (uid, connection) → uncommitted bytes it reserves
         self._max_held = ctx.l1.capacity_bytes // CONNECTION_SHARE
         self._max_inline = inline.frame_bytes(ctx.l1.capacity_bytes)
-        self._stores: OrderedDict[TransferKey, _Pending] = OrderedDict()
-        self._retrieves: OrderedDict[TransferKey, _Pending] = OrderedDict()
+        self._stores: OrderedDict[TransferKey, Pending] = OrderedDict()
+        self._retrieves: OrderedDict[TransferKey, Pending] = OrderedDict()
         self._emit = {etype: ctx.publisher.fields_emitter(etype) for etype in (  # bound once: a dozen a request
             _MP_STORE_SUBMITTED, _MP_STORE_START, _MP_STORE_END, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START,
             _MP_RETRIEVE_END)}
@@ -117,22 +78,38 @@ class Transfers:
             raise ProtocolError("key.worker_id: a worker's transfer names its rank")
         return registration
 
-    def _make_room(self, table: OrderedDict[TransferKey, _Pending], tkey: TransferKey) -> None:
+    def _make_room(self, table: OrderedDict[TransferKey, Pending], tkey: TransferKey) -> None:
         """Give back the transfer this one replaces; RequestError when too many wait for their commit."""
         if tkey in table:
             self._abandon(table, tkey)
         if len(self._stores) + len(self._retrieves) >= MAX_PENDING:
             raise RequestError(f"more than {MAX_PENDING} prepared transfers are waiting for their commit")
 
-    def _start(self, key: wire.Key, instance_id: int, submitted: EventType, start: EventType) -> _Pending:
+    def _start(self, key: wire.Key, instance_id: int, submitted: EventType, start: EventType) -> Pending:
         """A transfer under way: its session, SUBMITTED and START."""
         self._ctx.sessions.open(key.request_id)
         device = f"cpu:{key.worker_id or 0}"  # a worker's transfers are on its own device
         engine = self._registrations.slot(instance_id)
         self._emit[submitted]((device,), key.request_id)
         self._emit[start]((device, engine, key.model_name), key.request_id)
-        return _Pending(instance_id, key.request_id, key.model_name, key.cache_salt, device, engine,
-                        deadline=self._ctx.clock() + self._pending_ttl_s)
+        return Pending(instance_id, key.request_id, key.model_name, key.cache_salt, device, engine,
+                        deadline=self._ctx.clock() + self._pending_ttl_s, generation=self._ctx.l1.generation())
+
+    def _lost(self, pending: Pending) -> bool:
+        """Whether L1's pool was lost since ``pending`` reserved or locked its objects (they are counted then)."""
+        l1 = self._ctx.l1
+        if l1.generation() == pending.generation:
+            return False
+        l1.lost_copies += len(pending.keys)
+        return True
+
+    def _refuse_store(self, pending: Pending) -> bool:
+        """A store whose bytes were lost: its space given back, its END saying nothing moved; False (refused)."""
+        self._ctx.l1.abort_write(pending.model, pending.salt, pending.keys)
+        self._emit[_MP_STORE_END]((pending.device, pending.engine, pending.model, 0, 0, 0), pending.request_id)
+        self._ctx.log.warning("lmcache.store_refused", request_id=pending.request_id, objects=len(pending.keys),
+                              reason=POOL_LOST)
+        return False
 
     # -- stores ------------------------------------------------------------------------------
 
@@ -146,7 +123,7 @@ class Transfers:
         if registration.inline:
             return {"context": {}}
         layouts, ctx = registration.layouts, self._ctx
-        self._make_room(self._stores, _transfer_key(key, instance_id))
+        self._make_room(self._stores, transfer_key(key, instance_id))
         keys = self._keys_of(key, first, last, (key.worker_id or 0,), len(layouts))
         pending = self._start(key, instance_id, _MP_STORE_SUBMITTED, _MP_STORE_START)
         peer = (owner, connection)
@@ -167,7 +144,7 @@ class Transfers:
             pending.failed += reservation.failed
             never_fits |= size > ctx.l1.max_object_bytes and bool(reservation.failed)
             held += len(reservation.positions) * size
-            slots.extend(_slot(offset, layout) for offset in reservation.offsets)
+            slots.extend(slot(offset, layout) for offset in reservation.offsets)
             indices.extend(wanted[p] for p in reservation.positions)
             group_ids.extend([group] * len(reservation.positions))
         pending.chunks = len(set(indices))
@@ -180,7 +157,7 @@ class Transfers:
         if not pending.keys:  # nothing to copy: the worker will not commit
             self._finish_store(pending, [])
             return {"context": {}} if never_fits else {"context": context}
-        self._stores[_transfer_key(key, instance_id)] = pending
+        self._stores[transfer_key(key, instance_id)] = pending
         self._held[peer] = held
         return {"context": context}
 
@@ -192,7 +169,7 @@ class Transfers:
             raise ProtocolError("data: expected bytes")
         if not self._registrations.owned(instance_id, owner):
             return False
-        tkey = _transfer_key(key, instance_id)
+        tkey = transfer_key(key, instance_id)
         if data:
             if tkey in self._stores:
                 self._abandon(self._stores, tkey)
@@ -201,6 +178,8 @@ class Transfers:
         if pending is None:
             return False
         self._release_held(pending)
+        if self._lost(pending):  # reserved before the pool was lost: what the worker wrote is gone
+            return self._refuse_store(pending)
         self._commit(pending)
         return True
 
@@ -219,7 +198,7 @@ class Transfers:
         else:
             groups = [(list(range(last - first)), inline.decode(data, layouts[0], last - first))]
         keys = self._keys_of(key, first, last, (key.worker_id or 0,), len(layouts))
-        self._make_room(self._stores, _transfer_key(key, registration.instance_id))
+        self._make_room(self._stores, transfer_key(key, registration.instance_id))
         pending = self._start(key, registration.instance_id, _MP_STORE_SUBMITTED, _MP_STORE_START)
         pool = ctx.l1.pool
         stored: set[int] = set()
@@ -238,13 +217,15 @@ class Transfers:
             chunks.extend(positions[p] for p in reservation.positions)
             group_ids.extend([group] * len(reservation.positions))
         pending.chunks = len(stored)
+        if self._lost(pending):  # a fault under the copy
+            return self._refuse_store(pending)
         if ctx.l1.feed is not None and pending.keys:
             pending.feed = kvevents.feed_of(key, self._registrations.chunk_tokens, first, keys, chunks, group_ids,
                                             len(layouts), self._keys_of)
         self._commit(pending)
         return True
 
-    def _commit(self, pending: _Pending) -> None:
+    def _commit(self, pending: Pending) -> None:
         sampled: list[tuple[int, str, str]] = []
         feed = kvevents.details(pending.feed, pending.sizes) if pending.feed is not None else None
         at = 0
@@ -254,7 +235,7 @@ class Transfers:
             at += count
         self._finish_store(pending, sampled)
 
-    def _finish_store(self, pending: _Pending, sampled: list) -> None:
+    def _finish_store(self, pending: Pending, sampled: list) -> None:
         ctx = self._ctx
         stored, model, salt = len(pending.keys), pending.model, pending.salt
         self._emit[_MP_STORE_END]((pending.device, pending.engine, model, stored, pending.nbytes,
@@ -276,7 +257,7 @@ class Transfers:
         (all of them or a failure), and name them; inline, return them (and give the locks back now)."""
         registration = self._registration(instance_id, key, owner)
         layouts, ctx, l1 = registration.layouts, self._ctx, self._ctx.l1
-        self._make_room(self._retrieves, _transfer_key(key, instance_id))
+        self._make_room(self._retrieves, transfer_key(key, instance_id))
         first, last = wire.chunk_range(key, self._registrations.chunk_tokens)
         rank, groups = key.worker_id or 0, len(layouts)
         keys = self._keys_of(key, first, last, (rank,), groups)
@@ -286,6 +267,7 @@ class Transfers:
         spans = [(group, chunk) for group, start in enumerate(starts) for chunk in range(start, last)]
         wanted = [keys[(chunk - first) * groups + group] for group, chunk in spans]
         model, salt = key.model_name, key.cache_salt
+        generation = l1.generation()
         pickles_only = registration.inline and registration.client != CLIENT_057  # a 0.5.6 worker off the pool
         locked = 0 if pickles_only else l1.lock_prefix(model, salt, wanted, publish=False, lookup=False)  # copying
         reads = [] if pickles_only else l1.read(model, salt, wanted)  # L1_READ_FAILED for what is missing
@@ -297,20 +279,21 @@ class Transfers:
             return RETRIEVE_MISS
         pending = self._start(key, instance_id, _MP_RETRIEVE_SUBMITTED, _MP_RETRIEVE_START)
         pending.positions, pending.job, pending.chunks = positions, job, last - min(starts)
+        pending.generation = generation
         for group, layout in enumerate(layouts):
             pending.add(wanted[len(pending.keys) : len(pending.keys) + last - starts[group]], layout.object_bytes)
         offsets = [offset for offset, _ in reads]
         if registration.inline:
             return self._retrieve_inline(pending, registration, offsets, starts, first)
-        self._retrieves[_transfer_key(key, instance_id)] = pending
-        context: dict[str, Any] = {"slots": [_slot(offset, layouts[group]) for offset, (group, _) in
+        self._retrieves[transfer_key(key, instance_id)] = pending
+        context: dict[str, Any] = {"slots": [slot(offset, layouts[group]) for offset, (group, _) in
                                              zip(offsets, spans)]}
         if registration.grouped:
             context["group_ids"] = [group for group, _ in spans]
             context["chunk_indices"] = [chunk - first for _, chunk in spans]
         return {"success": True, "data": b"", "context": context}
 
-    def _retrieve_inline(self, pending: _Pending, registration: Registration, offsets: list[int],
+    def _retrieve_inline(self, pending: Pending, registration: Registration, offsets: list[int],
                          starts: list[int], first: int) -> dict:
         """The locked objects as an inline envelope, the transfer finished at once; a miss if it is larger than
         an inline transfer may be."""
@@ -321,26 +304,33 @@ class Transfers:
             parts.append((layout, range(start - first, start - first + count), views))
             at += count
         if pending.nbytes > self._max_inline:  # a miss, as a failed retrieve: the lookup's locks go too
-            self._abandon_retrieve(pending)
-            if pending.job is not None:
-                self._ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
             self._ctx.log.warning("lmcache.inline_retrieve_too_large", request_id=pending.request_id,
                                   object_bytes=pending.nbytes, most=self._max_inline)
-            return RETRIEVE_MISS
+            return self._fail_retrieve(pending)
         data = inline.encode_grouped(parts) if registration.grouped else inline.encode(layouts[0], parts[0][2])
+        if self._lost(pending):  # the copy read zeros, not the objects
+            self._ctx.log.warning("lmcache.retrieve_failed", request_id=pending.request_id, reason=POOL_LOST)
+            return self._fail_retrieve(pending)
         self._finish_retrieve(pending)
         return {"success": True, "data": data, "context": {}}
+
+    def _fail_retrieve(self, pending: Pending) -> dict:
+        """A prepared retrieve that fails: its locks and the lookup's on its objects given back; a miss."""
+        self._abandon_retrieve(pending)
+        if pending.job is not None:
+            self._ctx.sessions.release_positions(pending.job, pending.positions, every_lock=False)
+        return RETRIEVE_MISS
 
     def commit_retrieve(self, key: wire.Key, instance_id: int, owner: int) -> bool:
         """The worker has copied: drop this transfer's locks and one of the lookup's per object."""
         if not self._registrations.owned(instance_id, owner):
             return True  # as for a transfer never prepared
-        pending = self._retrieves.pop(_transfer_key(key, instance_id), None)
+        pending = self._retrieves.pop(transfer_key(key, instance_id), None)
         if pending is not None:  # else as LMCache: nothing was prepared (or it failed, or it was inline)
             self._finish_retrieve(pending)
         return True
 
-    def _finish_retrieve(self, pending: _Pending) -> None:
+    def _finish_retrieve(self, pending: Pending) -> None:
         ctx = self._ctx
         model, salt, count = pending.model, pending.salt, len(pending.keys)
         sampled = ctx.l1.finish_read(model, salt, pending.keys, unlock=True)
@@ -358,7 +348,7 @@ class Transfers:
             for tkey in [tkey for tkey in table if tkey[0] == instance_id]:
                 self._abandon(table, tkey)
 
-    def _abandon(self, table: OrderedDict[TransferKey, _Pending], tkey: TransferKey) -> None:
+    def _abandon(self, table: OrderedDict[TransferKey, Pending], tkey: TransferKey) -> None:
         """Give back what an uncommitted transfer holds; its END event says nothing moved."""
         pending = table.pop(tkey)
         if table is self._stores:
@@ -368,12 +358,12 @@ class Transfers:
         else:
             self._abandon_retrieve(pending)
 
-    def _abandon_retrieve(self, pending: _Pending) -> None:
+    def _abandon_retrieve(self, pending: Pending) -> None:
         self._ctx.l1.release_read(pending.model, pending.salt, pending.keys)
         self._emit[_MP_RETRIEVE_END]((pending.device, pending.engine, pending.model, pending.salt, 0, 0, 0),
                                      pending.request_id)
 
-    def _release_held(self, pending: _Pending) -> None:
+    def _release_held(self, pending: Pending) -> None:
         held = self._held.get(pending.peer, 0) - pending.nbytes
         if held > 0:
             self._held[pending.peer] = held

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
+from mpcache.cache.l1 import POOL_LOST
 from mpcache.cache.ops.registry import Args, Reply, operation
 from mpcache.cache.requests import close_session, report_lookup, reserve_store, start_lookup, store_to_l2
 from mpcache.cache.timeouts import Deadline
@@ -69,12 +70,16 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     mover = begin_copy(ctx, buffer, request_id, _MP_STORE_SUBMITTED, _MP_STORE_START, engine, model)
     device = mover.device
     l1 = ctx.l1
+    generation = l1.generation()
     reservation = reserve_store(ctx, model, salt, hashes)
     committed = [hashes[i] for i in reservation.positions]
     nbytes = buffer.block_bytes
     try:
         timing = mover.to_l1(l1.pool, [(block_ids[i], offset) for i, offset in zip(reservation.positions,
                                                                                     reservation.offsets)], nbytes)
+        if l1.generation() != generation:
+            l1.lost_copies += len(committed)
+            raise RequestError(f"{POOL_LOST}; nothing was stored: store the chunks again")
     except BaseException:
         l1.abort_write(model, salt, committed)
         pub.emit(_MP_STORE_END, (device, engine, model, 0, 0, 0), session_id=request_id)
@@ -157,6 +162,9 @@ def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
                 raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
         timing = mover.from_l1(l1.pool, [(block, offset) for (offset, _), block in zip(reads, block_ids)], nbytes,
                                lambda: deadline.check("retrieve", session_id=request_id))
+        if l1.generation() != job.generation:  # lost since the lookup locked them, or under the copy
+            l1.lost_copies += len(reads)
+            raise RequestError(f"{POOL_LOST}; the blocks do not hold the chunks: store them again")
     except BaseException:
         pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
         raise  # the job keeps its locks: the client may retry or end the session

@@ -198,8 +198,8 @@ SECTIONS: tuple[Section, ...] = (
         _m("lmcache_mp.l2_prefetch_failure", "lmcache_mp_l2_prefetch_failure_chunks_total", COUNTER, "chunks",
            _salts((E.L2_PREFETCH_FAILED,), _f("reason"), _GROUP_MODEL),
            "Chunks an L2 prefetch could not land in L1, by reason: l1_oom, not_found, integrity (a record that "
-           "failed its MAC check: corrupt or forged), l2_error (a load's I/O error or timeout) or lookup_error "
-           "(a lookup that could not ask its tier)."),
+           "failed its MAC check: corrupt or forged), l2_error (a load's I/O error or timeout), lookup_error "
+           "(a lookup that could not ask its tier) or l1_lost (L1's pool truncated by another process meanwhile)."),
     )),
     Section("L2Outcomes", "L2 tasks that failed (an outage at a glance)", False, (
         _m("mpcache.l2_store_failed", "mpcache_l2_store_failed_requests_total", COUNTER, "requests",

@@ -37,6 +37,10 @@ SERVICE = Section("Service", "The service", False, (
         _m("mpcache.segments_recreated", "mpcache_segments_recreated_total", OBSERVABLE_COUNTER, "", _per_worker(
            State.SUPERVISOR, "G_SEGMENTS_RECREATED"), "A cache process's ring or L1 pool found damaged after it died "
            "and recreated empty (its L1 lost), per cache process (kept across its restarts)."),
+        _m("mpcache.l1_lost_copies", "mpcache_l1_lost_copies_total", OBSERVABLE_COUNTER, "", _per_worker(
+           State.SERVER, "G_L1_LOST_COPIES"), "Objects whose copy into or out of L1's pool, or whose reserved "
+           "space, its loss voided (a peer truncated the pool): failed, never served or stored as if valid, per "
+           "cache process since it started."),
         _m("mpcache.buffers_refused", "mpcache_buffers_refused_total", OBSERVABLE_COUNTER, "", _per_worker(
            State.SERVER, "G_BUFFERS_REFUSED"), "Client KV buffers refused by their connection's or the cache "
            "process's budget of buffers and mapped bytes, per cache process (kept across its restarts)."),

@@ -32,6 +32,7 @@ class ServiceStateSubscriber(Subscriber):
                           [self._per_slot(layout.G_LMCACHE_UNIDENTIFIED)])
         create_instrument(meter, "mpcache.segments_recreated", [self._per_slot(layout.G_SEGMENTS_RECREATED)])
         create_instrument(meter, "mpcache.buffers_refused", [self._per_slot(layout.G_BUFFERS_REFUSED)])
+        create_instrument(meter, "mpcache.l1_lost_copies", [self._per_slot(layout.G_L1_LOST_COPIES)])
         create_instrument(meter, "mpcache.l1_fragmentation_bytes", [self._fragmentation])
 
     def _configured(self, _options: CallbackOptions) -> list[Observation]:
