@@ -3,7 +3,7 @@
 ``mpcache.shm._ringfast`` is the ring producer's hottest call in C,
 ``mpcache.cache.lmcache._keyscan`` reads an LMCache key frame's token list
 straight into int64s, ``mpcache.telemetry.mrc._fenwick`` is the
-miss-ratio curves' tree step, and ``mpcache.cache._headfields`` builds a
+miss-ratio curves' tree step, and ``mpcache.cache.mrc._headfields`` builds a
 lookup's miss-ratio event.  All are ``optional``: where no C compiler or
 Python headers exist the build warns and installs without them, and mpcache
 runs the pure-Python paths.
@@ -21,7 +21,7 @@ setup(
                   extra_compile_args=_FLAGS, optional=True),
         Extension("mpcache.telemetry.mrc._fenwick", sources=["mpcache/telemetry/mrc/_fenwick.c"],
                   extra_compile_args=_FLAGS, optional=True),
-        Extension("mpcache.cache._headfields", sources=["mpcache/cache/_headfields.c"],
+        Extension("mpcache.cache.mrc._headfields", sources=["mpcache/cache/mrc/_headfields.c"],
                   extra_compile_args=_FLAGS, optional=True),
     ]
 )

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from mpcache.cache.accesses import group_label
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import inline, kvevents, wire
 from mpcache.cache.lmcache.groups import GroupLayout, parse_skipped, window_start
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registration, Registrations
+from mpcache.cache.mrc.accesses import group_label
 from mpcache.cache.requests import reserve_store, store_to_l2
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType
