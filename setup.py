@@ -3,7 +3,7 @@
 ``mpcache.shm._ringfast`` is the ring producer's hottest call in C,
 ``mpcache.cache.lmcache._keyscan`` reads an LMCache key frame's token list
 straight into int64s, ``mpcache.telemetry.mrc._fenwick`` is the
-miss-ratio curves' tree step, ``mpcache.cache._headfields`` builds a
+miss-ratio curves' tree step, ``mpcache.cache.mrc._headfields`` builds a
 lookup's miss-ratio event, and ``mpcache.shm._busguard`` survives a SIGBUS on a
 shared-memory segment a peer truncated.  All are ``optional``: where no C compiler or
 Python headers exist the build warns and installs without them, and mpcache
@@ -22,7 +22,7 @@ setup(
                   extra_compile_args=_FLAGS, optional=True),
         Extension("mpcache.telemetry.mrc._fenwick", sources=["mpcache/telemetry/mrc/_fenwick.c"],
                   extra_compile_args=_FLAGS, optional=True),
-        Extension("mpcache.cache._headfields", sources=["mpcache/cache/_headfields.c"],
+        Extension("mpcache.cache.mrc._headfields", sources=["mpcache/cache/mrc/_headfields.c"],
                   extra_compile_args=_FLAGS, optional=True),
         Extension("mpcache.shm._busguard", sources=["mpcache/shm/_busguard.c"], extra_compile_args=_FLAGS,
                   optional=True),

@@ -35,7 +35,7 @@ from benchmarks.mrc_traces import (
     share_past,
 )
 from mpcache.config import Config
-from mpcache.report import hit_ratio_at
+from mpcache.tools.report import hit_ratio_at
 
 
 def _overall(document: dict[str, Any]) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def _sampler_us(requests: list[Request], found: list[int], repetitions: int) -> 
     """Thread CPU µs per request of the cache process's sampling calls alone (one lookup event finding
     ``found[i]`` chunks, one store event of the rest, at the default settings) on a real ring, median over
     ``repetitions``."""
-    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.mrc.accesses import AccessSampler
     from mpcache.shm import layout
     from mpcache.shm.intern import Interner
     from mpcache.shm.publish import Publisher

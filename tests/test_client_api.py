@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from mpcache.cache.ops import OPERATIONS
+from mpcache.cache.native.ops import OPERATIONS
 from mpcache.client import BlockBuffer, CacheClient, CudaKVBuffer, KVBuffer
 from mpcache.client.results import from_reply, reply_keys
 from mpcache.contract.protocol import REQUIRED
@@ -27,7 +27,7 @@ PLAIN_REPLIES = {
 }
 
 
-# A new operation is one declaration (mpcache.cache.ops); `client.call(op, **fields)` reaches it at once. The
+# A new operation is one declaration (mpcache.cache.native.ops); `client.call(op, **fields)` reaches it at once. The
 # typed methods are sugar over `call`: the ones that exist are held to the table here.
 TYPED = sorted(op for op in OPERATIONS if hasattr(CacheClient, op))
 

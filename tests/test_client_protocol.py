@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from mpcache.cache.ops import OPERATIONS
+from mpcache.cache.native.ops import OPERATIONS
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError
 

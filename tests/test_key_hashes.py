@@ -3,7 +3,7 @@
 ``chunk_hashes`` is a client contract: an engine computes the keys it stores and looks up with it, and
 the fs tier names its files after them, so the files written before a restart (or an upgrade) are found
 only if every input still maps to the same hash.  ``token_hash`` (the L0 block contents, see
-:mod:`mpcache.cache.blocks`) and ``block_sample_hash`` (which blocks are tracked) must agree across
+:mod:`mpcache.cache.l0`) and ``block_sample_hash`` (which blocks are tracked) must agree across
 processes and restarts in the same way.
 
 Each value is checked twice: against a re-implementation of the documented algorithm written here with
@@ -22,7 +22,7 @@ import struct
 import numpy as np
 import pytest
 
-from mpcache.cache.blocks import block_sample_hash
+from mpcache.cache.l0 import block_sample_hash
 from mpcache.cache.l2.fs import FsL2Adapter
 from mpcache.contract.keys import ChunkKey, chunk_hashes, token_hash
 

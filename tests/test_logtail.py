@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.logtail import parse_since
+from mpcache.tools.logtail import parse_since
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = str(ROOT / "bin" / "mpcache-logs")

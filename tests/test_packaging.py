@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = {"start-cache": "supervisor", "mpcache-logs": "logtail"}
+SCRIPTS = {"start-cache": "supervisor", "mpcache-logs": "tools/logtail"}
 INSTALL_HINT = "python3 -m venv .venv && .venv/bin/pip install -e ."
 DEP = "mpcache_launcher_test_dependency"
 STUB = f"""import os
@@ -68,6 +68,8 @@ def checkout(tmp_path) -> Path:
     (root / "mpcache" / "__init__.py").write_text("")
     for script, module in SCRIPTS.items():
         shutil.copy2(REPO / "bin" / script, root / "bin" / script)
+        (root / "mpcache" / module).parent.mkdir(exist_ok=True)
+        (root / "mpcache" / module).parent.joinpath("__init__.py").write_text("")
         (root / "mpcache" / f"{module}.py").write_text(STUB)
     return root
 
@@ -270,8 +272,8 @@ def test_wheel_holds_license_entry_points_and_every_module(built):
     assert ("Apache-2.0", (REPO / "LICENSE").read_bytes(), set(), True) == (
         dict(re.findall(r"^([\w-]+): (.*)$", metadata, re.M)).get("License-Expression"), license_text,
         package - names, compiled or not compiler_and_headers())
-    assert {"start-cache": "mpcache.supervisor:main", "mpcache-logs": "mpcache.logtail:main",
-            "mpcache-report": "mpcache.report:main"} == dict(scripts["console_scripts"])
+    assert {"start-cache": "mpcache.supervisor:main", "mpcache-logs": "mpcache.tools.logtail:main",
+            "mpcache-report": "mpcache.tools.report:main"} == dict(scripts["console_scripts"])
 
 
 @pytest.fixture(scope="module")

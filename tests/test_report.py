@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpcache import report
+from mpcache.tools import report
 
 POINTS = [{"capacity_bytes": 1 << (20 + k), "hit_ratio": round(0.1 * k, 1)} for k in range(6)]
 VALID = {"sample_rate": 0.01, "configured_sample_rate": 0.01, "head_sample_rate": 1.0, "tracked_keys": 812,

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcache.cache.accesses import AccessSampler
 from mpcache.cache.blend import BlendState
-from mpcache.cache.blocks import BlockReporter
+from mpcache.cache.l0 import BlockReporter
 from mpcache.cache.l1 import L1Manager
+from mpcache.cache.mrc.accesses import AccessSampler
 from mpcache.cache.prefetch import PrefetchController
 from mpcache.cache.sessions import SessionRegistry
 from mpcache.cache.storage import StorageManager

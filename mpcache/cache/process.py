@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
-from mpcache.cache.accesses import AccessSampler
 from mpcache.cache.blend import BlendState
-from mpcache.cache.blocks import BlockReporter
 from mpcache.cache.buffers import BufferBudget, close_segment
 from mpcache.cache.context import CacheContext
-from mpcache.cache.dispatch import Dispatcher
 from mpcache.cache.kvlog import KVEventLog
+from mpcache.cache.l0 import BlockReporter
 from mpcache.cache.l1 import L1Manager
-from mpcache.cache.ops import OPERATIONS
+from mpcache.cache.mrc.accesses import AccessSampler
+from mpcache.cache.native.dispatch import Dispatcher
+from mpcache.cache.native.ops import OPERATIONS
+from mpcache.cache.native.transport import MAX_CONNECTIONS, PARTIAL_FRAME_TIMEOUT_S, UnixTransport
 from mpcache.cache.prefetch import PrefetchController
 from mpcache.cache.sessions import SessionRegistry
 from mpcache.cache.storage import StorageManager, build_adapters
-from mpcache.cache.transport import MAX_CONNECTIONS, PARTIAL_FRAME_TIMEOUT_S, UnixTransport
 from mpcache.config import Config
 from mpcache.errors import ConfigError
 from mpcache.shm import layout

@@ -2,7 +2,7 @@
 
 Each field reads one key of its operation's reply (the key is the field's name unless it says
 otherwise), and a test holds every type to the reply fields its operation declares in
-:data:`mpcache.cache.ops.OPERATIONS`, so the client cannot drift from the server.
+:data:`mpcache.cache.native.ops.OPERATIONS`, so the client cannot drift from the server.
 """
 
 from __future__ import annotations

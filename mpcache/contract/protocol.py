@@ -156,7 +156,7 @@ WORKER_ID = int_range(-1, _I64_MAX)
 
 
 def _block_records(value: Any, field: str) -> list[tuple[str, list[int], list[int]]]:
-    """``[[request_id, [block_id, …], [token_id, …]], …]`` of one scheduler step (see mpcache.cache.blocks)."""
+    """``[[request_id, [block_id, …], [token_id, …]], …]`` of one scheduler step (see mpcache.cache.l0)."""
     if type(value) is not list:
         raise ProtocolError(f"{field}: expected a list of [request_id, block_ids, token_ids], "
                             f"got {type(value).__name__}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpcache.cache.blocks import (
+from mpcache.cache.l0 import (
     MAX_BLOCKS_PER_EVENT,
     MAX_CELLS_PER_EVENT,
     block_sample_hash,

@@ -18,7 +18,7 @@ from support.raw_frames import RawConn
 from support.waiting import wait_for
 
 from mpcache.cache import buffers
-from mpcache.cache.transport import MAX_FDS_PER_FRAME
+from mpcache.cache.native.transport import MAX_FDS_PER_FRAME
 from mpcache.contract import protocol
 from mpcache.shm import layout
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from mpcache.cache import headfields
+from mpcache.cache.mrc import headfields
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS
 
-compiled = pytest.mark.skipif(not headfields.COMPILED, reason="mpcache.cache._headfields was not built")
+compiled = pytest.mark.skipif(not headfields.COMPILED, reason="mpcache.cache.mrc._headfields was not built")
 SLOTS, SHIFT = len(MRC_HEAD_FIELDS), MRC_EXACT_GAP_SHIFT
 
 
@@ -43,7 +43,7 @@ def test_the_extension_is_built_where_a_compiler_exists():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if not (shutil.which(compiler) and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()):
         pytest.skip("no C compiler or Python headers here: the Python definition is expected")
-    importlib.import_module("mpcache.cache._headfields")  # ImportError fails the test
+    importlib.import_module("mpcache.cache.mrc._headfields")  # ImportError fails the test
 
 
 def test_the_reference_builds_the_event_a_reader_expects():
@@ -104,7 +104,7 @@ def test_the_compiled_builder_keeps_every_reference_count():
 
 def test_a_lookup_of_head_chunks_publishes_the_builders_fields():
     """AccessSampler publishes exactly the builder's tuple for a lookup of head chunks only."""
-    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.mrc.accesses import AccessSampler
 
     class Recorder:
         emitted: list = []

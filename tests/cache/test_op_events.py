@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from mpcache.cache.ops import OPERATIONS
+from mpcache.cache.native.ops import OPERATIONS
 from mpcache.client import CacheTimeoutError
 from mpcache.contract.events import EventType
 from mpcache.errors import RequestError

@@ -6,13 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mpcache.cache.ops import OPERATIONS, doc
+from mpcache.cache.native.ops import OPERATIONS, doc
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_committed_protocol_reference_is_current():
-    """docs/PROTOCOL.md is exactly what ``python -m mpcache.cache.ops.doc --markdown`` prints (regenerate
+    """docs/PROTOCOL.md is exactly what ``python -m mpcache.cache.native.ops.doc --markdown`` prints (regenerate
     it after changing an operation's fields, replies, events or docstring)."""
     assert doc.render_markdown() == (REPO / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
 
@@ -29,6 +29,6 @@ def test_every_operation_and_field_is_described():
 
 def test_the_command_prints_the_reference():
     """The module's command line prints the same text (what the file is regenerated with)."""
-    result = subprocess.run([sys.executable, "-m", "mpcache.cache.ops.doc", "--markdown"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "mpcache.cache.native.ops.doc", "--markdown"], capture_output=True,
                             text=True, cwd=REPO, timeout=60)
     assert (0, doc.render_markdown()) == (result.returncode, result.stdout)

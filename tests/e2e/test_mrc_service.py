@@ -127,7 +127,7 @@ def test_exact_curve_and_miss_reasons_at_rate_one(start_service):
     assert curve["points"][8]["hit_ratio"] == pytest.approx(scrape.total(
         "mpcache_mrc_hit_ratio", tier="l1", model_name="*", cache_salt="*", capacity_ratio="1"), abs=1e-6)
 
-    report = subprocess.run([sys.executable, "-m", "mpcache.report", "--url", f"http://127.0.0.1:{service.port}"],
+    report = subprocess.run([sys.executable, "-m", "mpcache.tools.report", "--url", f"http://127.0.0.1:{service.port}"],
                             capture_output=True, text=True, timeout=30, check=True).stdout
     [row] = [line.split() for line in report.splitlines() if line.startswith("l1") and " * " in line]
     assert (["l1", "*", "*", "4.0", "MiB", str(lookups), f"{curve['points'][8]['hit_ratio']:.3f}"]) == row[:7]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mpcache.contract.events import EventType as E
+from mpcache.telemetry.cardinality import OVERFLOW_SALT
 from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
-from mpcache.telemetry.salts import OVERFLOW_SALT
 from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
 
 

@@ -207,7 +207,7 @@ def test_keys_above_the_threshold_are_ignored_and_estimates_scale_by_one_over_th
 def test_the_sampling_rule_is_the_same_in_another_process():
     """A fresh interpreter (another process, another PYTHONHASHSEED) samples exactly the keys that
     ``hash mod 1_000_003 < rate × 1_000_003`` names."""
-    code = ("from mpcache.cache.accesses import AccessSampler\n"
+    code = ("from mpcache.cache.mrc.accesses import AccessSampler\n"
             "class P:\n    def emit(self, etype, fields=(), **kw): print(sorted(h for h, _, _ in kw['sampled']))\n"
             "    def fields_emitter(self, etype): return lambda fields, session_id: True\n"
             "AccessSampler(P(), 0.01).store('m', 's', list(range(0, 10**7, 997)), 1)\n")
@@ -219,14 +219,14 @@ def test_the_sampling_rule_is_the_same_in_another_process():
 
 @pytest.mark.parametrize("rate", [-0.1, 1.5])
 def test_a_rate_outside_zero_to_one_is_refused(rate):
-    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.mrc.accesses import AccessSampler
 
     with pytest.raises(ValueError, match="sample rate"):
         AccessSampler(object(), rate)  # type: ignore[arg-type]
 
 
 def test_rate_zero_publishes_no_access_event():
-    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.mrc.accesses import AccessSampler
 
     class Recorder:
         emitted: list = []
@@ -332,7 +332,7 @@ def test_a_stratum_threshold_never_rises_within_one_lookup():
 def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as_an_l1_hit():
     """An L2 prefetch that ends inside a chunk (some KV ranks missing) gives that chunk's objects back, so the
     job's ``found`` shrinks but its ``l1_hits`` does not: the objects past ``found`` are misses, never L1 hits."""
-    from mpcache.cache.accesses import AccessSampler
+    from mpcache.cache.mrc.accesses import AccessSampler
     from mpcache.cache.prefetch import PrefetchOutcome
     from mpcache.cache.sessions import SessionRegistry
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from mpcache.cache.accesses import group_label
 from mpcache.cache.context import CacheContext
 from mpcache.cache.l1 import POOL_LOST
 from mpcache.cache.lmcache import inline, kvevents, wire
 from mpcache.cache.lmcache.groups import parse_skipped, window_start
 from mpcache.cache.lmcache.pending import Pending, TransferKey, slot, transfer_key
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registration, Registrations
+from mpcache.cache.mrc.accesses import group_label
 from mpcache.cache.requests import reserve_store, store_to_l2
 from mpcache.cache.sessions import Job
 from mpcache.contract.events import EventType

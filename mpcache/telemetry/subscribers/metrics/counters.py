@@ -11,7 +11,7 @@ and each gets one ``add`` per attribute set of the batch:
 
 * attributes come from fixed fields of the record (NAME values as is, INT ones
   as decimal strings) or from the salt group (its cache_salt or model_name);
-  ``cache_salt`` is capped per metric (:class:`~mpcache.telemetry.salts.SaltCap`),
+  ``cache_salt`` is capped per metric (:class:`~mpcache.telemetry.cardinality.SaltCap`),
   admitting values in the order of their intern ids within a batch;
 * an attribute set is reported when the batch has rows for it (a sum of 0
   included); an unlabelled counter only when its total is not 0, since it
@@ -34,9 +34,9 @@ from mpcache.contract.events import SCHEMAS, EventType, FieldKind
 from mpcache.telemetry.batch import EventBatch, group_sums
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber, run_all
+from mpcache.telemetry.cardinality import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
 from mpcache.telemetry.metric_table import SECTIONS, Derivation, Label, Origin, Section, Source
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import CLIENT_LABELS, DEFAULT_SERIES_CAP, SaltCap, SeriesCap
 
 DEFAULT_SALT_CAP = 1000
 _D = Derivation
@@ -162,7 +162,7 @@ class TableCountersSubscriber(Subscriber):
     """The table-driven counters of one section of the metric table.
 
     ``salt_cap``: distinct cache_salt values per metric; ``series_cap``: attribute sets per metric
-    (:mod:`mpcache.telemetry.salts`); ``l2_names``: the configured adapters' type names, exported as 0
+    (:mod:`mpcache.telemetry.cardinality`); ``l2_names``: the configured adapters' type names, exported as 0
     until they complete a task.
     """
 

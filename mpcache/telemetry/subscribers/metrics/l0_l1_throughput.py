@@ -18,9 +18,9 @@ from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.cardinality import DEFAULT_SERIES_CAP, SeriesCap
 from mpcache.telemetry.histograms import record_many
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
 
 DEFAULT_PENDING_TTL_S = 60.0
 DEFAULT_MAX_PENDING = 65_536

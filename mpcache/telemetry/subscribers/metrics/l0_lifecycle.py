@@ -35,8 +35,8 @@ from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.cardinality import DEFAULT_SERIES_CAP, SeriesCap
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import DEFAULT_SERIES_CAP, SeriesCap
 
 DEFAULT_MAX_TRACKED = 100_000
 

@@ -22,9 +22,9 @@ from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.cardinality import OVERFLOW_SALT
 from mpcache.telemetry.histograms import record_buckets
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import OVERFLOW_SALT
 
 _COLUMNS = [SCHEMAS[E.LMCACHE_REQUEST_TIMES].field_names.index(field)
             for field in ("op", *SUMMARY_FIELDS, *BUCKET_FIELDS)]

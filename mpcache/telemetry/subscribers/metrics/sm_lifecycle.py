@@ -22,8 +22,8 @@ from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
 from mpcache.telemetry.buffered import MeterLike
 from mpcache.telemetry.bus import Subscriber, run_all
+from mpcache.telemetry.cardinality import SaltCap
 from mpcache.telemetry.otel import create_instrument
-from mpcache.telemetry.salts import SaltCap
 from mpcache.telemetry.subscribers.metrics._views import SampledRow, salt_rows, sampled_rows
 
 DEFAULT_MAX_TRACKED = 100_000

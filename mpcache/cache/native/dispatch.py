@@ -12,7 +12,7 @@ from typing import Any
 
 from mpcache.cache.buffers import Peer
 from mpcache.cache.context import CacheContext
-from mpcache.cache.ops.registry import Operation
+from mpcache.cache.native.ops.registry import Operation
 from mpcache.cache.timeouts import MpcacheTimeoutError, publish_timeout
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpcache.cache.headfields import head_fields, held_past_gap
 from mpcache.cache.l1 import L1Manager
+from mpcache.cache.mrc.headfields import head_fields, held_past_gap
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.shm.publish import EventPublisher

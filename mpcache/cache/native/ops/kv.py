@@ -7,7 +7,7 @@ from __future__ import annotations
 from mpcache.cache.buffers import Buffer, Peer
 from mpcache.cache.context import CacheContext
 from mpcache.cache.l1 import POOL_LOST
-from mpcache.cache.ops.registry import Args, Reply, operation
+from mpcache.cache.native.ops.registry import Args, Reply, operation
 from mpcache.cache.requests import close_session, report_lookup, reserve_store, start_lookup, store_to_l2
 from mpcache.cache.timeouts import Deadline
 from mpcache.cache.transfer import Transfer

@@ -6,7 +6,7 @@ import os
 
 from mpcache.cache.buffers import Peer
 from mpcache.cache.context import CacheContext
-from mpcache.cache.ops.registry import Args, Reply, operation
+from mpcache.cache.native.ops.registry import Args, Reply, operation
 from mpcache.contract import protocol as p
 from mpcache.contract.events import EventType
 

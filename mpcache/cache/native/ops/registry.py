@@ -3,7 +3,7 @@
 :func:`operation` declares an operation's request fields (validators from
 :mod:`mpcache.contract.protocol`), whether a file descriptor comes with it, its reply fields and the
 request-flow events it publishes.  The
-dispatcher, the client's typed calls (a test) and ``docs/PROTOCOL.md`` (:mod:`mpcache.cache.ops.doc`)
+dispatcher, the client's typed calls (a test) and ``docs/PROTOCOL.md`` (:mod:`mpcache.cache.native.ops.doc`)
 all follow this table.
 """
 

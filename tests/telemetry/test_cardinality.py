@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpcache.telemetry.salts import OVERFLOW_SALT, SaltCap
+from mpcache.telemetry.cardinality import OVERFLOW_SALT, SaltCap
 
 
 def test_salts_beyond_the_cap_become_overflow_and_admitted_ones_stay():
@@ -22,7 +22,7 @@ def test_cap_below_one_is_rejected():
 def test_a_metric_admits_series_up_to_its_cap_then_folds_client_labels_into_overflow():
     """Past the cap, a new attribute set keeps its service labels and reports cache_salt and model_name as
     __overflow__; admitted sets keep passing unchanged."""
-    from mpcache.telemetry.salts import SeriesCap
+    from mpcache.telemetry.cardinality import SeriesCap
 
     cap = SeriesCap(("during", "model_name", "cache_salt"), 2)
     assert [("l1", "m1", "a"), ("l1", "m2", "a"), ("l2", OVERFLOW_SALT, OVERFLOW_SALT), ("l1", "m1", "a")] == [

@@ -10,7 +10,7 @@
  * head_0 .. head_{head_slots-1})`` with ``l1_hits`` capped at ``found``, the first rank's key of each chunk
  * and zeros after them, and bit ``gap_shift + i`` set for each chunk i past the first missing one that L1
  * holds.  None when it is not that case (another type, a negative count, chunks past the head): the caller
- * then builds the event in Python.  mpcache.cache.headfields has the same function in Python; a
+ * then builds the event in Python.  mpcache.cache.mrc.headfields has the same function in Python; a
  * differential test holds the two to the same answers and the same exceptions (those of ``entry_of``).
  */
 

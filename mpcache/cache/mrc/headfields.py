@@ -50,7 +50,7 @@ def held_past_gap(model: str, salt: str, heads: Sequence[int], gap_chunk: int, g
 HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]
 head_fields: HeadFields
 try:
-    from mpcache.cache._headfields import head_fields
+    from mpcache.cache.mrc._headfields import head_fields
     COMPILED = True
 except ImportError:  # no C compiler at install time
     head_fields = head_fields_reference

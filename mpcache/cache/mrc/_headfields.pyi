@@ -1,4 +1,4 @@
-"""Type stub of the optional C extension ``mpcache.cache._headfields`` (``_headfields.c``).
+"""Type stub of the optional C extension ``mpcache.cache.mrc._headfields`` (``_headfields.c``).
 
 What its PyMethodDef table defines.  Keep it in step with the C file.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mpcache.cache import transfer
 from mpcache.cache.buffers import Peer, SharedMemoryBuffer
 from mpcache.cache.context import CacheContext
-from mpcache.cache.ops.registry import Args, Reply, operation
+from mpcache.cache.native.ops.registry import Args, Reply, operation
 from mpcache.contract import protocol as p
 from mpcache.errors import RequestError
 
