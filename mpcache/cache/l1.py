@@ -376,7 +376,7 @@ class L1Manager:
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
         if self.feed is not None:
-            self.feed.removed(key)
+            evicted.keys.append(key)
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1
@@ -385,6 +385,8 @@ class L1Manager:
     def _publish_evicted(self, evicted: Evicted) -> None:
         if evicted.count:
             self._pub.emit(_L1_KEYS_EVICTED, salt_counts=evicted.groups, sampled=evicted.sampled)
+            if evicted.keys and self.feed is not None:
+                self.feed.removed(evicted.keys)
 
     def _emit_keys(self, etype: EventType, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, str, str]]:
         gate = self._gate

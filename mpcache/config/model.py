@@ -214,9 +214,9 @@ class Config:
         Switch(), False, "let LMCache clients empty L1 with clear (an operator action; default: refused)",
         group=LMCACHE)
     kv_event_log_size: int = setting(
-        Integer(0, 1 << 22), 0,  # off by default: the feed costs the cache processes instructions on every store
+        Integer(0, 1 << 22), 32768,  # LMCache's default
         "records of L1 changes each cache process keeps for subscribe_kv_events (cache-aware routers, through "
-        "the engines' KV-event publishers; 32768 is LMCache's size); 0, the default, disables the stream",
+        "the engines' KV-event publishers; default 32768, LMCache's size); 0 disables the stream",
         group=LMCACHE)
     lmcache_max_tokens: int = setting(  # derives the frame cap
         Integer(1 << 8, 1 << 26), 1 << 20,

@@ -201,10 +201,10 @@ class KVEventStreams:
         """The subscription's model's records after its cursor, at most a batch of them; and the new cursor."""
         events: list[dict] = []
         cursor = min(sub.cursor, log.last)
-        for seq in range(max(sub.cursor + 1, log.first), log.last + 1):
-            cursor = seq
-            if log.model_of(seq) == sub.model:
-                events.append(_event(log.record(seq), seq))
+        for record in log.records(sub.cursor):
+            cursor = record.seq
+            if record.model == sub.model:
+                events.append(_event(record, record.seq))
                 if len(events) == sub.max_events:
                     break
         return events, cursor
@@ -213,11 +213,9 @@ class KVEventStreams:
         """``stored`` records of everything readable now (tokens and parents where the log still has them)."""
         self.resyncs += 1
         latest: dict[tuple[str, int], Record] = {}
-        for seq in range(log.first, log.next):
-            if log.model_of(seq) == sub.model:
-                record = log.record(seq)
-                if record.kind == STORED and record.medium == CPU:
-                    latest[(record.salt, record.key)] = record
+        for record in log.records():
+            if record.model == sub.model and record.kind == STORED and record.medium == CPU:
+                latest[(record.salt, record.key)] = record
         seq = sub.snapshot_at = log.last
         snapshot = []
         for key in self._l1.readable(sub.model):
@@ -229,23 +227,20 @@ class KVEventStreams:
 
 
 def feed_of(key: Any, chunk_tokens: int, first: int, keys: list[int], chunks: list[int], group_ids: list[int],
-            groups: int, keys_of: Callable[..., list[int]]) -> tuple:
-    """What a store's stored records will need (:func:`details`), taken when its keys are known: ``key`` its
-    wire key, ``keys`` the keys of its chunks [first, last) chunk-major and group-minor, ``chunks`` and
-    ``group_ids`` each reserved key's chunk index relative to ``first`` and its group."""
+            groups: int, keys_of: Callable[..., list[int]]) -> Detail:
+    """What a store's stored records will need, taken when its keys are known: ``key`` its wire key, ``keys``
+    the keys of its chunks [first, last) chunk-major and group-minor, ``chunks`` and ``group_ids`` each reserved
+    key's chunk index relative to ``first`` and its group (none of them changed afterwards: the log keeps them)."""
     before = keys_of(key, first - 1, first, (key.worker_id or 0,), groups) if first else None
-    return (key.tokens, chunk_tokens, first, keys, chunks, group_ids, groups, before)
+    return Detail(key.tokens, chunk_tokens, first, chunks, group_ids, keys, groups, before, 0)
 
 
-def details(feed: tuple, sizes: list[tuple[int, int]]) -> list[Detail]:
-    """What a store's stored records say, per run of its keys (one run per KV cache group), from :func:`feed_of`."""
-    tokens, chunk_tokens, first, keys, chunks, group_ids, groups, before = feed
+def details(feed: Detail, sizes: list[tuple[int, int]]) -> list[Detail]:
+    """The :class:`Detail` of each run of a store's keys (one run per KV cache group) from :func:`feed_of`: the
+    same references, each from where its run begins (parents are worked out only when a record is read)."""
     out = []
     at = 0
     for count, _ in sizes:
-        runs = zip(chunks[at : at + count], group_ids[at : at + count])
-        parents = [keys[(chunk - 1) * groups + group] if chunk else (before[group] if before else None)
-                   for chunk, group in runs]
-        out.append(Detail(tokens, chunk_tokens, first, chunks[at : at + count], parents))
+        out.append(feed._replace(at=at) if at else feed)
         at += count
     return out
