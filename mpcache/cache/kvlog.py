@@ -3,39 +3,56 @@ being readable (``removed``: eviction, ``clear``), and what its L2 store tasks w
 ``L2:<tier>``), in order, for LMCache's ``subscribe_kv_events`` (cache-aware routers, through the engines'
 KV-event publishers).
 
-Append-only and fixed-size, so the data path allocates nothing per chunk and never waits for a reader: a record
-is a row of preallocated columns holding references to objects that exist already (the key's hash, the model
-and salt strings, the request's token bytes), overwritten oldest first.  A stored record keeps its request's
-token bytes alive, ``token_budget`` bytes in all (oldest records dropped past it), so the log's memory is bounded
-by its capacity and that budget.  Sequence numbers count from 1 in each incarnation (a fresh one per start of
-the process); a reader whose cursor fell out of the window is told it ``lost`` records.
+Append-only and bounded, and as cheap on the data path as a reference: each call appends one row, a tuple of
+objects that exist already (the committed hashes' list and the store's :class:`Detail`, or the ``ChunkKey``
+list of what one operation evicted), whatever its number of chunks; the records a reader gets (one per chunk,
+each its own sequence number) are made from the rows when read.  At most ``capacity`` records are held (the
+oldest go first, a row once all of its records went) and ``token_budget`` bytes of token lists (oldest rows
+dropped past it).  Sequence numbers count from 1 in each incarnation (a fresh one per start of the process); a
+reader whose cursor fell out of the window is told it ``lost`` records.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from operator import itemgetter
 from typing import NamedTuple
 
 from mpcache.contract.keys import ChunkKey
 
 STORED, REMOVED = 0, 1
-_TIER = 2  # added to the kind of an L2 tier's record
+_KEYED = 2  # added to the kind of a row of ChunkKeys (removals, an L2 tier's stores)
 CPU = "CPU"  # L1's medium, as LMCache names it; an L2 tier's is "L2:<its name>"
 TOKEN_BYTES_PER_RECORD = 1024  # the token budget, per record of capacity (32 MiB at the default 32,768)
 
 
 class Detail(NamedTuple):
-    """What a stored chunk's record says besides its key, aligned with the committed hashes: the request's
-    token ids (little-endian int64 bytes), tokens per chunk, each hash's chunk index in them (``first`` plus
-    its entry of ``chunks``: the objects the request already holds, so a record allocates none) and its parent
-    (the same rank's and group's key of the chunk before; None for the first)."""
+    """What a store's stored records say besides their keys, as the store already holds it: the request's token
+    ids (little-endian int64 bytes), tokens per chunk, the first chunk's index in them, each reserved key's
+    chunk (relative to ``first``) and KV cache group, the store's keys (chunk-major, group-minor, ``groups`` per
+    chunk) and the keys of the chunk before ``first`` (per group; None at the request's start).  A commit's
+    hashes are the reserved keys from ``at`` on; a hash's parent is its group's key of the chunk before."""
 
     tokens: bytes
     chunk_tokens: int
     first: int
     chunks: Sequence[int]
-    parents: Sequence[int | None]
+    group_ids: Sequence[int]
+    keys: Sequence[int]
+    groups: int
+    before: Sequence[int] | None
+    at: int
+
+    def parent(self, index: int) -> int | None:
+        """The parent of the commit's ``index``-th hash."""
+        chunk, group = self.chunks[self.at + index], self.group_ids[self.at + index]
+        if chunk:
+            return self.keys[(chunk - 1) * self.groups + group]
+        return None if self.before is None else self.before[group]
 
 
 class Record(NamedTuple):
@@ -51,17 +68,15 @@ class Record(NamedTuple):
     token_count: int  # tokens per chunk
 
 
+# A row: (first seq, records, kind, scope, keys, detail, token bytes held).  Its scope is an L1 store's
+# (model, salt) (keys its hashes), or a keyed row's medium (keys its ChunkKeys).
+_START = itemgetter(0)
+
+
 class KVEventLog:
-    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists.
+    """At most ``capacity`` records (> 0) and ``token_budget`` bytes of token lists."""
 
-    A record writes only the columns its kind reads: its kind; its scope (an L1 store's ``(model, salt)``, made
-    once per call; a removal's or an L2 record's ``ChunkKey`` itself); a store's key and parent; and the run of a
-    store that said its tokens (``(tokens, first chunk, tokens per chunk)``, once per call), its chunk's place
-    in it and the token bytes it accounts for (the first record of a run sharing one list).  An L1 removal is
-    three list stores."""
-
-    __slots__ = ("capacity", "token_budget", "incarnation", "first", "next", "_kind", "_scope", "_key", "_parent",
-                 "_run", "_at", "_held", "_medium", "_token_bytes", "_last_tokens")
+    __slots__ = ("capacity", "token_budget", "incarnation", "first", "next", "_rows", "_token_bytes")
 
     def __init__(self, capacity: int, token_budget: int | None = None) -> None:
         if capacity <= 0:
@@ -71,16 +86,8 @@ class KVEventLog:
         self.incarnation = time.time_ns()
         self.first = 1  # the oldest record held
         self.next = 1  # the next record's sequence number
-        self._kind = [0] * capacity  # STORED or REMOVED in L1; + _TIER in an L2 tier (whose name is _medium's)
-        self._scope: list[tuple] = [("", "")] * capacity
-        self._key = [0] * capacity
-        self._parent: list[int | None] = [None] * capacity
-        self._run: list[tuple[bytes, int, int] | None] = [None] * capacity
-        self._at = [0] * capacity
-        self._held = [0] * capacity
-        self._medium = [CPU] * capacity
+        self._rows: deque[tuple] = deque()
         self._token_bytes = 0
-        self._last_tokens: bytes | None = None
 
     @property
     def last(self) -> int:
@@ -88,7 +95,7 @@ class KVEventLog:
 
     @property
     def token_bytes(self) -> int:
-        """Bytes of token lists the records held account for."""
+        """Bytes of token lists the rows held account for."""
         return self._token_bytes
 
     @property
@@ -97,112 +104,90 @@ class KVEventLog:
         return self.first - 1
 
     def stored(self, model: str, salt: str, hashes: Sequence[int], detail: Detail | None) -> None:
-        """Chunks that became readable (``detail`` None: their tokens are not known here)."""
-        capacity = self.capacity
-        kinds, scopes, keys, parents, runs = self._kind, self._scope, self._key, self._parent, self._run
-        scope = (model, salt)
-        if detail is None:
-            for key in hashes:
-                seq = self.next
-                if seq - self.first >= capacity:
-                    self._drop_oldest()
-                i = seq % capacity
-                kinds[i] = STORED
-                scopes[i] = scope
-                keys[i] = key
-                parents[i] = None
-                runs[i] = None
-                self.next = seq + 1
+        """Chunks that became readable (``detail`` None: their tokens are not known here).  ``hashes`` is kept,
+        not copied: the caller never changes it."""
+        count = len(hashes)
+        if not count:
             return
         held = 0
-        run: tuple[bytes, int, int] | None = (detail.tokens, detail.first, detail.chunk_tokens)
-        if detail.tokens is not self._last_tokens:
-            self._last_tokens = detail.tokens
-            held = len(detail.tokens)
-            if held > self.token_budget:  # not kept (nor taken for kept by the next call naming it)
-                run, held, self._last_tokens = None, 0, None
-        places, helds = self._at, self._held
-        for key, chunk, parent in zip(hashes, detail.chunks, detail.parents):
-            seq = self.next
-            if seq - self.first >= capacity:
-                self._drop_oldest()
-            if held:
-                self._make_room(held, seq)
-            i = seq % capacity
-            kinds[i] = STORED
-            scopes[i] = scope
-            keys[i] = key
-            parents[i] = parent
-            runs[i] = run
-            places[i] = chunk
-            helds[i] = held
-            held = 0
-            self.next = seq + 1
-
-    def removed(self, key: ChunkKey) -> None:
-        """One L1 object no longer readable."""
+        if detail is not None:
+            rows = self._rows
+            if not rows or rows[-1][5] is None or rows[-1][5].tokens is not detail.tokens:  # else: counted there
+                held = len(detail.tokens)
+                if held > self.token_budget:  # never kept
+                    detail, held = None, 0
+                else:
+                    self._make_room(held)
         seq = self.next
-        if seq - self.first >= self.capacity:
-            self._drop_oldest()
-        i = seq % self.capacity
-        self._kind[i] = REMOVED
-        self._scope[i] = key
-        self._run[i] = None
-        self.next = seq + 1
+        self._rows.append((seq, count, STORED, (model, salt), hashes, detail, held))
+        self.next = seq + count
+        if seq + count - self.first > self.capacity:
+            self._forget_before(seq + count - self.capacity)
+
+    def removed(self, keys: Sequence[ChunkKey], medium: str = CPU) -> None:
+        """Objects no longer readable in ``medium`` (kept, not copied: the caller never changes the list)."""
+        self._keyed(REMOVED, medium, keys)
 
     def tier_changed(self, medium: str, stored: Sequence[ChunkKey], removed: Sequence[ChunkKey]) -> None:
         """What one L2 store task wrote and evicted (the evictions first: they made its room)."""
-        for kind, keys in ((REMOVED, removed), (STORED, stored)):
-            for key in keys:
-                seq = self.next
-                if seq - self.first >= self.capacity:
-                    self._drop_oldest()
-                i = seq % self.capacity
-                self._kind[i] = kind + _TIER
-                self._scope[i] = key
-                self._run[i] = None
-                self._medium[i] = medium
-                self.next = seq + 1
+        self._keyed(REMOVED, medium, removed)
+        self._keyed(STORED, medium, stored)
 
-    def _make_room(self, nbytes: int, seq: int) -> None:
-        """Account for a token list the next record ``seq`` holds, dropping the oldest records past the budget."""
+    def _keyed(self, kind: int, medium: str, keys: Sequence[ChunkKey]) -> None:
+        count = len(keys)
+        if count:
+            seq = self.next
+            self._rows.append((seq, count, kind + _KEYED, medium, keys, None, 0))
+            self.next = seq + count
+            if seq + count - self.first > self.capacity:
+                self._forget_before(seq + count - self.capacity)
+
+    def _make_room(self, nbytes: int) -> None:
+        """Account for a token list the next row holds, dropping the oldest rows past the budget."""
+        rows = self._rows
+        while rows and self._token_bytes + nbytes > self.token_budget:
+            self._forget_before(rows[0][0] + rows[0][1])
         self._token_bytes += nbytes
-        while self._token_bytes > self.token_budget and self.first < seq:
-            self._drop_oldest()
 
-    def _drop_oldest(self) -> None:
-        """Forget the oldest record; a token list it accounted for passes to the next record sharing it."""
-        seq = self.first
-        i = seq % self.capacity
-        run = self._run[i]
-        if run is not None and self._held[i]:
-            held, tokens = self._held[i], run[0]
-            following = (seq + 1) % self.capacity
-            after = self._run[following] if seq + 1 < self.next else None
-            if after is not None and after[0] is tokens:
-                self._held[following] = held
-            else:
-                self._token_bytes -= held
-                if tokens is self._last_tokens:
-                    self._last_tokens = None  # no record holds it any more: the next use counts it again
-            self._held[i] = 0
-        self._run[i] = None
-        self.first = seq + 1
-        if self.first == self.next:
-            self._last_tokens = None
+    def _forget_before(self, seq: int) -> None:
+        """Forget the records before ``seq``, and every row all of whose records went; a token list a row
+        accounted for passes to the next row when that one shares it."""
+        rows = self._rows
+        while rows and rows[0][0] + rows[0][1] <= seq:
+            row = rows.popleft()
+            if row[6]:
+                after = rows[0] if rows else None
+                if after is not None and after[5] is not None and after[5].tokens is row[5].tokens:
+                    rows[0] = after[:6] + (row[6],)
+                else:
+                    self._token_bytes -= row[6]
+        self.first = max(self.first, seq)
+
+    def records(self, after: int = 0) -> Iterator[Record]:
+        """The records held after sequence number ``after``, oldest first (the log must not change while they
+        are read: it is read between the loop's steps only)."""
+        rows, start = self._rows, max(after + 1, self.first)
+        if start >= self.next:
+            return
+        for row in islice(rows, bisect.bisect_right(rows, start, key=_START) - 1, None):
+            for offset in range(max(0, start - row[0]), row[1]):
+                yield _record(row, offset)
 
     def record(self, seq: int) -> Record:
         """The record ``seq`` (which must be held)."""
-        i = seq % self.capacity
-        kind, scope, run = self._kind[i], self._scope[i], self._run[i]
-        if kind != STORED:  # an L1 removal, or an L2 tier's record: the scope is its ChunkKey
-            medium = CPU if kind < _TIER else self._medium[i]
-            return Record(seq, kind % _TIER, medium, scope[0], scope[1], scope[2], None, None, 0, 0)
-        if run is None:
-            return Record(seq, STORED, CPU, scope[0], scope[1], self._key[i], self._parent[i], None, 0, 0)
-        tokens, first, count = run
-        return Record(seq, STORED, CPU, scope[0], scope[1], self._key[i], self._parent[i], tokens,
-                      first + self._at[i], count)
+        if not self.first <= seq < self.next:
+            raise IndexError(f"record {seq} is not held ({self.first}..{self.last})")
+        return next(self.records(seq - 1))
 
-    def model_of(self, seq: int) -> str:
-        return self._scope[seq % self.capacity][0]
+
+def _record(row: tuple, offset: int) -> Record:
+    seq, _, kind, scope, keys, detail, _ = row
+    seq += offset
+    if kind >= _KEYED:  # the scope is the medium
+        key = keys[offset]
+        return Record(seq, kind - _KEYED, scope, key[0], key[1], key[2], None, None, 0, 0)
+    model, salt = scope
+    if detail is None:
+        return Record(seq, STORED, CPU, model, salt, keys[offset], None, None, 0, 0)
+    return Record(seq, STORED, CPU, model, salt, keys[offset], detail.parent(offset), detail.tokens,
+                  detail.first + detail.chunks[detail.at + offset], detail.chunk_tokens)

@@ -105,8 +105,8 @@ class L1Manager(PrefetchLandings):
         return entry.readers if entry is not None else 0
 
     def readable(self, model: str) -> list[ChunkKey]:
-        """Every readable object of ``model`` (what the feed's resync snapshot lists)."""
-        return [key for key, entry in self._entries.items() if entry.ready and key.model_name == model]
+        """Every readable object of ``model`` ("": of every model; what the feed's resync snapshot lists)."""
+        return [key for key, entry in self._entries.items() if entry.ready and (not model or key.model_name == model)]
 
     # -- writes -------------------------------------------------------------------
 
@@ -384,7 +384,7 @@ class L1Manager(PrefetchLandings):
         self.allocator.free(entry.offset, entry.size)
         evicted.groups[(key.cache_salt, key.model_name)] += 1
         if self.feed is not None:
-            self.feed.removed(key)
+            evicted.keys.append(key)
         if self._gate(key.chunk_hash):
             evicted.sampled.append((key.chunk_hash, key.cache_salt, key.model_name))
         evicted.count += 1
@@ -392,6 +392,8 @@ class L1Manager(PrefetchLandings):
     def _publish_evicted(self, evicted: Evicted) -> None:
         if evicted.count:
             self._pub.emit(_L1_KEYS_EVICTED, salt_counts=evicted.groups, sampled=evicted.sampled)
+            if evicted.keys and self.feed is not None:
+                self.feed.removed(evicted.keys)
 
     def _emit_keys(self, etype: EventType, model: str, salt: str, hashes: Sequence[int]) -> list[tuple[int, str, str]]:
         gate = self._gate

@@ -43,11 +43,13 @@ class PrefetchReservation(NamedTuple):
 
 
 class Evicted:
-    """What one operation evicted, published as one ``L1_KEYS_EVICTED``."""
+    """What one operation evicted, published as one ``L1_KEYS_EVICTED`` (and, where L1 has a feed, as one row
+    of removals: ``keys``)."""
 
-    __slots__ = ("count", "groups", "sampled")
+    __slots__ = ("count", "groups", "sampled", "keys")
 
     def __init__(self) -> None:
         self.count = 0
         self.groups: Counter[tuple[str, str]] = Counter()
         self.sampled: list[tuple[int, str, str]] = []
+        self.keys: list[ChunkKey] = []

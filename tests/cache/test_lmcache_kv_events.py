@@ -25,7 +25,7 @@ def served(cache):
     def start(hidden: int = 64, **overrides):
         values = dict(chunk_size_tokens=CHUNK, chunk_bytes=OBJECT_BYTES, lmcache_ipc=True, lmcache_allow_clear=True,
                       l1_size_bytes=8 * OBJECT_BYTES,  # 16 of the registration's objects (half the size)
-                      kv_event_log_size=32768)  # LMCache's size; the feed is off by default
+                      kv_event_log_size=32768)  # LMCache's size, the default
         values.update(overrides)
         harness = cache(**values)
         client = LMClient(harness.config.lmcache_urls(0)[0])

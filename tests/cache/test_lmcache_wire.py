@@ -79,7 +79,7 @@ def test_every_served_operation_answers_with_lmcaches_reply_shape(lmcache):
     """One call of each operation the engine_driven connector uses, checked against LMCache's types."""
     _, client = lmcache()
     assert 256 == client.call("get_chunk_size")
-    assert [] == client.call("get_experimental")  # the KV event stream is off by default (--kv-event-log-size)
+    assert ["kv_event_stream"] == client.call("get_experimental")  # on by default (--kv-event-log-size 32768)
     assert "OK" == client.call("noop")
     assert True is client.call("ping", None)  # the scheduler's probe
     reply = client.call("register", registration(7, hidden=128))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcache.cache.lmcache import wire
+from mpcache.cache.lmcache import kvevents, wire
 from mpcache.cache.lmcache.groups import GroupLayout
 from mpcache.cache.sessions import Job
 
@@ -28,7 +28,7 @@ class Pending:
     positions: list[int] = field(default_factory=list)  # retrieve: the keys' places in the lookup's job
     job: Job | None = None
     chunks: int = 0  # chunk positions it covers (its tokens: chunks × chunk size)
-    feed: tuple | None = None  # store, where L1 has a feed: what its stored records say (:func:`.kvevents.details`)
+    feed: kvevents.Detail | None = None  # store, where L1 has a feed: what its stored records say
     failed: int = 0  # store: objects that got no space
     deadline: float = 0.0
     peer: tuple[int, bytes] = (0, b"")  # store: the uid and connection its reserved bytes are charged to
