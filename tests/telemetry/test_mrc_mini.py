@@ -26,16 +26,16 @@ def prefix_trace(rng: random.Random, requests: int) -> list[list[int]]:
 
 def l1_hit_ratio(trace: list[list[int]], policy: str, capacity: int) -> float:
     """Chunks found over chunks looked up by L1 running ``policy`` in ``capacity`` bytes: each request looks up
-    every chunk (one access), stores the ones it missed, then releases the ones it found."""
+    its prefix, stores the rest, then releases the prefix it found (as the engine's lookup, store and retrieve)."""
     l1 = L1Manager(np.zeros(capacity, dtype=np.uint8), NullPublisher(), 1.0, SIZE, policy=policy)
     hits = looked = 0
     for hashes in trace:
-        found = [h for index, h in enumerate(hashes) if l1.lock_prefix(MODEL, SALT, [h], False, index == 0)]
-        missing = [h for h in hashes if h not in set(found)]
-        reservation = l1.reserve_write(MODEL, SALT, missing)
-        l1.commit_write(MODEL, SALT, [missing[p] for p in reservation.positions], SIZE)
-        l1.release_read(MODEL, SALT, found)
-        hits, looked = hits + len(found), looked + len(hashes)
+        found = l1.lock_prefix(MODEL, SALT, hashes)
+        rest = hashes[found:]
+        reservation = l1.reserve_write(MODEL, SALT, rest)
+        l1.commit_write(MODEL, SALT, [rest[p] for p in reservation.positions], SIZE)
+        l1.release_read(MODEL, SALT, hashes[:found])
+        hits, looked = hits + found, looked + len(hashes)
     return hits / looked
 
 
