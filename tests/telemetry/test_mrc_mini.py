@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
+from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry.mrc.curves import ALL, MISS, POINT_RATIOS, SAMPLED, CurveSet
 
 MODEL, SALT, SIZE = "m", "s", 64
@@ -57,3 +58,20 @@ def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(p
         measured = l1_hit_ratio(trace, policy, size)
         assert 0.1 < measured < 0.9, measured  # the sizes are on the curve's slope, where an error would show
         assert abs(predicted[size] - measured) <= 0.02, (factor, predicted[size], measured)
+
+
+def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_scaled_capacity():
+    """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out and holds
+    at most its capacity × the new rate, in resident bytes that add up."""
+    curves = CurveSet(1.0, 400, {"l1": CAPACITY}, policy="adaptive")
+    for hashes in prefix_trace(random.Random(3), 3000):
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
+        curves.store(MODEL, SIZE, rows)
+    threshold = curves.rate * SAMPLE_MODULUS
+    assert curves.rate < 0.5
+    for edge, mini in zip(curves._edges, curves._minis):
+        assert mini.capacity == pytest.approx(edge * curves.rate)
+        assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
+        assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity
+        assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)

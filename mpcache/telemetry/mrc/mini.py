@@ -77,13 +77,7 @@ class MiniCache:
         before = dict(zip(sequence[1:], sequence[:-1])) if order.prefix_aware else {}
         stored = []
         for key, nbytes in missing:
-            while self.used + nbytes > self.capacity:
-                chosen = order.victim()
-                if chosen is None:
-                    break
-                del entries[chosen[0]]
-                self.used -= chosen[1].size
-            if self.used + nbytes > self.capacity:
+            if not self._make_room(nbytes):
                 continue  # larger than what can be evicted: not stored, as L1 fails the allocation
             entries[key] = entry = _Entry(nbytes)
             self.used += nbytes
@@ -93,9 +87,19 @@ class MiniCache:
         for key, entry in reversed(stored) if order.tail_first else stored:
             order.lists[entry.tier][key] = entry
 
+    def _make_room(self, nbytes: int) -> bool:
+        """Evict in the order's turn until ``nbytes`` more fit; False when they cannot."""
+        while self.used + nbytes > self.capacity:
+            chosen = self.order.victim()
+            if chosen is None:
+                return False
+            del self.entries[chosen[0]]
+            self.used -= chosen[1].size
+        return True
+
     def keep(self, admits: Any, factor: float) -> None:
         """The sample rate dropped by ``factor``: forget the resident keys ``admits`` no longer passes, and
-        shrink to the new scaled capacity."""
+        shrink to the new scaled capacity (evicting in the order's turn what still does not fit)."""
         order = self.order
         for key in [key for key in self.entries if not admits(key)]:
             entry = self.entries.pop(key)
@@ -107,3 +111,4 @@ class MiniCache:
         if isinstance(order, eviction_order.ArcOrder):
             order.capacity = int(self.capacity)
             order.target *= factor
+        self._make_room(0)
