@@ -1,5 +1,6 @@
-"""``python -m benchmarks {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,trace,
-peers,vllm,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or ``--output``);
+"""``python -m benchmarks {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,
+mrc_policy,trace,peers,vllm,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or
+``--output``);
 ``lmcache`` and ``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root
 (it makes a second local user), ``vllm`` vLLM's venv (``.ci/vllm-env``) and LMCache's, ``trace`` a trace file
 (``trace PATH``), and each is left out of the report, saying so, without them.
@@ -28,6 +29,7 @@ from benchmarks import (
     lmcache_servers,
     mixed_sizes,
     mrc,
+    mrc_policy,
     peers,
     publish,
     scrape,
@@ -38,7 +40,7 @@ from benchmarks import (
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
               "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "mixed": mixed_sizes, "l2": l2,
-              "mrc": mrc, "trace": trace, "peers": peers, "vllm": vllm}
+              "mrc": mrc, "mrc_policy": mrc_policy, "trace": trace, "peers": peers, "vllm": vllm}
 DEFAULT_REPETITIONS = 3
 # a benchmark cannot run
 MISSING = (lmcache_servers.LMCacheEnvMissing, l2.RedisMissing, isolation.ValgrindMissing, trace.TraceMissing,
@@ -201,6 +203,15 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
                 f"CPU sampling on/off {result['sampling_cost']['cpu_on_over_off']}; sampling calls "
                 f"{result['sampling_cost']['sampler_share']:.2%} of a request's CPU",
                 "MAE ≤ 0.01; within 0.02; ≤ 1.01", verdict]
+    if name == "mrc_policy":
+        rates = [key for key in result if key.startswith("rate ")]
+        numbers = "; ".join(f"{key}: " + ", ".join(
+            f"{policy} {value:,} records/s ({result[key]['bytes_held'][policy] / 2**20:.1f} MiB)"
+            for policy, value in result[key]["records_per_s"].items()) for key in rates)
+        ratios = "; ".join(f"{key}: " + ", ".join(
+            f"{policy}/lru {value}" for policy, value in result[key]["over_lru"].items() if policy != "lru")
+            for key in rates)
+        return [numbers, ratios, "—", verdict]
     return [f"{result['scrape_s'] * 1000:.0f} ms (max {result['scrape_max_s'] * 1000:.0f} ms), "
             f"{result['page_bytes'] / 1024:.0f} KiB", "—", "—", verdict]
 

@@ -86,7 +86,7 @@ LAYERS = (
     ("mpcache.contract",),
     ("mpcache.shm",),
     ("mpcache.config", "mpcache.logs", "mpcache.systemd", "mpcache.httpserver"),
-    ("mpcache.client",),
+    ("mpcache.client", "mpcache.eviction"),
     ("mpcache.cache", "mpcache.telemetry", "mpcache.demo"),
     ("mpcache.supervisor",),
     ("mpcache.tools",),

@@ -1,6 +1,6 @@
 """The L1 tier: objects of any size in the process's shared-memory pool (byte ranges of a
 :class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and eviction across every size in the order of
-``--l1-policy`` (:mod:`mpcache.cache.l1_order`): an object that gets no space evicts unlocked objects in that
+``--l1-policy`` (:mod:`mpcache.eviction.order`): an object that gets no space evicts unlocked objects in that
 order until the allocator places it, only then and only what is needed; before each eviction it lets the
 allocator compact (move ready, unlocked objects out of a class's emptiest slab: a mix of object sizes would
 otherwise strand space in partly used slabs).  Every state change publishes its L1 event.  Single-threaded, so
@@ -15,13 +15,13 @@ from typing import cast
 
 import numpy as np
 
-from mpcache.cache import l1_order
 from mpcache.cache.kvlog import Detail, KVEventLog
 from mpcache.cache.l1_entries import Entry, Evicted, WriteReservation
 from mpcache.cache.l1_landings import PrefetchLandings
 from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
+from mpcache.eviction import order as l1_order
 
 _L1_READ_RESERVED = EventType.L1_READ_RESERVED
 _L1_READ_FINISHED = EventType.L1_READ_FINISHED
@@ -45,7 +45,7 @@ class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
     the allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`); ``policy``: the eviction
-    order, one of :data:`~mpcache.cache.l1_order.POLICIES`."""
+    order, one of :data:`~mpcache.eviction.order.POLICIES`."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
                  slab_bytes: int | None = None, policy: str = "lru") -> None:

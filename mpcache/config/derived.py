@@ -13,7 +13,7 @@ from mpcache.config.setting import Derivation
 from mpcache.errors import ConfigError
 
 _MIB = 2**20
-L1_POLICIES = ("adaptive", "lru", "arc")  # --l1-policy: the orders mpcache.cache.l1_order builds
+L1_POLICIES = ("adaptive", "lru", "arc")  # --l1-policy: the orders mpcache.eviction.order builds
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http")
 
 

@@ -192,7 +192,7 @@ def render(document: dict[str, Any], target: float) -> str:
              f"{document['tracked_keys']} of at most {document['max_keys']} keys tracked"]
     model, policy = document["curves_model"], document["l1_policy"]
     predicts = model == policy
-    if not predicts:  # an LRU curve is not what another order would hit: no prediction shown as one
+    if not predicts:  # a server whose curves model another order than L1's: no prediction shown as one
         lines.append(_cell(f"the curves model --l1-policy {model}; L1 runs --l1-policy {policy}: no hit ratio or "
                            f"capacity is predicted (restart with --l1-policy {model} for a prediction)"))
     header = ("tier", "model_name", "cache_salt", "capacity", "sampled", *(name for name, _ in WHAT_IF),

@@ -9,8 +9,8 @@ import pytest
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
-from mpcache.cache.l1_order import ArcOrder, build
 from mpcache.contract.keys import ChunkKey
+from mpcache.eviction.order import ArcOrder, build
 
 
 def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, Entry]]:

@@ -431,14 +431,22 @@ def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_ra
 
 @pytest.mark.parametrize("policy", ["lru", "adaptive"])
 def test_the_mrc_answer_says_which_order_the_curves_model_and_which_l1_runs(metrics, config, policy):
-    """``GET /mrc`` names the order the curves simulate (LRU) beside the configured ``--l1-policy``, so a reader
-    (``mpcache-report``) knows whether they predict this cache."""
+    """``GET /mrc`` names the order the curves simulate (the configured one) beside ``--l1-policy``, so a reader
+    (``mpcache-report``) knows they predict this cache, and the report shows its predictions."""
     import dataclasses
     import json
 
+    from mpcache.tools.report import check, render
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
 
-    subscriber = MissRatioSubscriber(metrics.meter, dataclasses.replace(config, l1_policy=policy))
+    subscriber = MissRatioSubscriber(metrics.meter, dataclasses.replace(config, l1_policy=policy, mrc_sample_rate=1.0))
+    row = (7, SALT, MODEL)
+    for _ in range(2):  # one key stored, then asked for twice: the second lookup hits at every size
+        subscriber.curves.store(MODEL, 64, [row])
+        subscriber.curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1)])
     status, body, _ = mrc_routes([subscriber])["/mrc"]()
     document = json.loads(body)
-    assert (200, "lru", policy) == (status, document["curves_model"], document["l1_policy"])
+    assert (200, policy, policy) == (status, document["curves_model"], document["l1_policy"])
+    report = render(check(document), 0.8)
+    assert "no hit ratio or capacity is predicted" not in report  # the report predicts the policy that runs
+    assert any(line.startswith("l1 ") and " 1.000 " in line for line in report.splitlines()), report

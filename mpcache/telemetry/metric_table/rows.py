@@ -353,8 +353,9 @@ SECTIONS: tuple[Section, ...] = (
         _m("mpcache.mrc_hit_ratio", "mpcache_mrc_hit_ratio", OBSERVABLE_GAUGE, "",
            Source(Derivation.MRC_HIT_RATIO, (E.MRC_LOOKUP_SAMPLED,), since=(E.MRC_STORE_SAMPLED,),
                   labels=(Label("tier", Origin.ANALYSIS), *_MRC_KEY, Label("capacity_ratio", Origin.ANALYSIS))),
-           "Hit ratio an LRU tier of capacity_ratio × its configured capacity would have had on the sampled "
-           "lookups (tier l1: L1 of all cache processes; l1_l2: L1 plus every L2 tier); model_name and "
+           "Hit ratio a tier of capacity_ratio × its configured capacity would have had on the sampled "
+           "lookups under --l1-policy's order (lru by reuse distance, arc and adaptive by miniature simulation) "
+           "(tier l1: L1 of all cache processes; l1_l2: L1 plus every L2 tier); model_name and "
            "cache_salt \"*\": every lookup."),
         _m("mpcache.lookup_miss", "mpcache_lookup_miss_chunks_total", COUNTER, "chunks",
            Source(Derivation.SAMPLED_MISSES, (E.MRC_LOOKUP_SAMPLED,), since=(E.MRC_STORE_SAMPLED,),

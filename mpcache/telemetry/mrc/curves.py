@@ -23,6 +23,7 @@ from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry import statecheck
+from mpcache.telemetry.mrc.mini import MiniCache
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 ALL = "*"
@@ -84,11 +85,14 @@ class _Stratum:
 
 
 class CurveSet:
-    """The curves of one service: ``capacities`` maps a tier name to its configured bytes."""
+    """The curves of one service: ``capacities`` maps a tier name to its configured bytes; ``policy`` is the
+    eviction order they model (``--l1-policy``): LRU from the reuse distances, any other by a miniature
+    simulation per capacity (:mod:`~mpcache.telemetry.mrc.mini`) over the hash-sampled keys."""
 
     def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int],
-                 max_tenants: int = MAX_TENANT_CURVES) -> None:
+                 max_tenants: int = MAX_TENANT_CURVES, policy: str = "lru") -> None:
         self.lock = threading.Lock()
+        self.policy = policy
         self.max_tenants = max_tenants
         self.configured_rate = sample_rate
         self.max_keys = max_keys
@@ -96,6 +100,7 @@ class CurveSet:
         self._strata = (_Stratum(1.0, max_keys // 2), _Stratum(sample_rate, max_keys - max_keys // 2))
         self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
         self._stack = ReuseStack(max_keys + 2, strata=2)
+        self._minis = None if policy == "lru" else [MiniCache(policy, edge * sample_rate) for edge in self._edges]
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
         self._forgotten: dict[Row, None] = {}  # the keys pruned for depth, oldest first
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
@@ -143,20 +148,21 @@ class CurveSet:
             if not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
                 continue
             weight = weights[stratum] * objects
-            if entry is not None:  # asked for or stored before: a miss now is an eviction
-                held = True
-                bucket = bisect.bisect_left(edges, stack.weighted_above(entry[0], weights) + entry[1])
-            else:
-                held = bool(forgotten) and row in forgotten
-                bucket = len(edges)
-            for histogram in histograms:
-                histogram.counts[bucket] += weight
-                histogram.total += weight
-                histogram.sampled_accesses += 1
+            held = entry is not None or (bool(forgotten) and row in forgotten)  # a miss now is an eviction
+            if self._minis is None:
+                bucket = len(edges) if entry is None else bisect.bisect_left(
+                    edges, stack.weighted_above(entry[0], weights) + entry[1])
+                for histogram in histograms:
+                    histogram.counts[bucket] += weight
+                    histogram.total += weight
+                    histogram.sampled_accesses += 1
             if found != L1_HIT:
                 self._count(tenant, found, held, weight / ranks)
             judged.append((row, stratum, objects))
         size = self._object_bytes.get(model, 0)
+        if self._minis is not None:
+            self._simulate(histograms, [(row, min(size * objects, MAX_KEY_BYTES), weights[SAMPLED] * objects)
+                                        for row, _, objects in judged if self._strata[SAMPLED].admits(row)])
         for row, stratum, objects in judged:
             nbytes = min(size * objects, MAX_KEY_BYTES)
             entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
@@ -164,6 +170,29 @@ class CurveSet:
                 stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
             elif self._strata[stratum].admits(row):  # an earlier insert may have lowered the threshold past it
                 self._insert(row, nbytes, stratum)
+
+    def _simulate(self, histograms: Sequence[Histogram], keys: list[tuple[Row, int, float]]) -> None:
+        """One lookup's hash-sampled keys (key, bytes, weight) through every miniature: an access hit at the
+        capacities whose miniature held its key (not monotone in the capacity: a bucket's count is the change
+        in hits from the edge before, and may be negative)."""
+        if not keys:
+            return
+        sized = [(row, nbytes) for row, nbytes, _ in keys]
+        hits = [mini.lookup(sized) for mini in self._minis or ()]
+        for index, (_, _, weight) in enumerate(keys):
+            changes, before = [], False
+            for of_mini in hits:
+                hit = of_mini[index]
+                changes.append(weight * (hit - before))
+                before = hit
+            changes.append(weight * (1 - before))
+            for histogram in histograms:
+                counts = histogram.counts
+                for bucket, change in enumerate(changes):
+                    if change:
+                        counts[bucket] += change
+                histogram.total += weight
+                histogram.sampled_accesses += 1
 
     def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
         """Miss reasons and eviction regret of one sampled access that L1 did not serve (``chunks``: what it
@@ -183,6 +212,11 @@ class CurveSet:
         object_bytes = min(object_bytes, MAX_KEY_BYTES)
         self._object_bytes[model] = object_bytes
         stack = self._stack
+        if self._minis is not None:
+            sampled = self._strata[SAMPLED]
+            admitted = [(row, object_bytes) for row in rows if sampled.admits(row)]
+            for mini in self._minis:
+                mini.store(admitted)
         for row in rows:
             stratum = stack.stratum_of(row) if row in stack else SAMPLED
             if self._strata[stratum].admits(row):
@@ -242,6 +276,9 @@ class CurveSet:
             if self._live(row, index):
                 stack.remove(row)
                 keys.keys -= 1
+        if index == SAMPLED and self._minis is not None and keys.threshold:
+            for mini in self._minis:
+                mini.keep(lambda key: key[0] % SAMPLE_MODULUS < new_threshold, new_threshold / keys.threshold)
         keys.threshold = new_threshold
         self._compact(index)
 

@@ -88,8 +88,8 @@ class MissRatioSubscriber(Subscriber):
 
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
-                               max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap))
-        self.l1_policy = config.l1_policy  # the curves model LRU, whichever order L1 evicts in
+                               max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy)
+        self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
         self._decayed_at = clock()
@@ -172,14 +172,12 @@ class MissRatioSubscriber(Subscriber):
         return [Observation(value, attributes) for value, attributes in points]
 
 
-CURVES_MODEL = "lru"  # the eviction order the curves simulate
-
-
-def mrc_document(curves: CurveSet, l1_policy: str = CURVES_MODEL) -> dict[str, Any]:
+def mrc_document(curves: CurveSet, l1_policy: str | None = None) -> dict[str, Any]:
     """The ``GET /mrc`` answer: the sampling state, the order the curves model beside the one L1 runs
-    (``--l1-policy``: the curves predict the cache only where they are the same), and every curve."""
+    (``--l1-policy``, by default the modelled one: the curves predict the cache only where they are the same),
+    and every curve."""
     with curves.lock:
-        return {"curves_model": CURVES_MODEL, "l1_policy": l1_policy,
+        return {"curves_model": curves.policy, "l1_policy": curves.policy if l1_policy is None else l1_policy,
                 "sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
                 "head_sample_rate": curves.head_rate,
                 "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}

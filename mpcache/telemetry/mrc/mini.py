@@ -1,0 +1,114 @@
+"""Miniature simulations (Waldspurger et al., ATC 2017) of an eviction order that is not a stack algorithm (ARC,
+``adaptive``): one small L1 per curve capacity, fed the spatially sampled keys only (rate R) and holding
+``capacity × R`` bytes, run by the order :mod:`mpcache.eviction.order` builds for L1 itself; the share of
+sampled accesses each one hits is the curve at its capacity.
+
+A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
+stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
+order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
+locks after the store.  A store's keys not resident are stored too.  Memory: each miniature holds at most its
+scaled capacity in resident keys and as much again in ghosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from mpcache.eviction import order as eviction_order
+
+Key = tuple[Hashable, int]  # (key, bytes)
+
+
+class _Entry:
+    """What the order reads and writes of a resident object (L1's entry, less the pool's fields)."""
+
+    __slots__ = ("size", "tier", "access", "parent", "children")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tier = 0
+        self.access = 0
+        self.parent: _Entry | None = None
+        self.children: Any = None
+
+
+class MiniCache:
+    """One miniature L1 of ``capacity_bytes`` under ``policy``."""
+
+    def __init__(self, policy: str, capacity_bytes: float) -> None:
+        self.capacity = capacity_bytes
+        self.used = 0
+        self.entries: dict[Hashable, _Entry] = {}
+        self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
+
+    def lookup(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key was resident; afterwards every key is (as far as it fits)."""
+        order, entries = self.order, self.entries
+        lists, again = order.lists, order.again
+        if order.new is not None:
+            order.access += 1  # a lookup begins an access
+        found: list[tuple[Hashable, _Entry]] = []
+        hits = []
+        for key, _ in keys:
+            entry = entries.get(key)
+            hits.append(entry is not None)
+            if entry is not None:
+                del lists[entry.tier][key]
+                if entry.tier != again:
+                    order.promote(entry)
+                found.append((key, entry))
+        self._store([key for key, hit in zip(keys, hits) if not hit], [key for key, _ in keys])
+        for key, entry in reversed(found) if order.tail_first else found:
+            lists[entry.tier][key] = entry
+        return hits
+
+    def store(self, keys: Sequence[Key]) -> None:
+        """A store's keys: those not resident are given space."""
+        entries = self.entries
+        self._store([key for key in keys if key[0] not in entries], [key for key, _ in keys])
+
+    def _store(self, missing: Sequence[Key], sequence: Sequence[Hashable]) -> None:
+        """Space for each of ``missing`` (in ``sequence``'s order, each linked to the key before it there),
+        evicting in the order's turn; the keys stored join the order once all have space."""
+        if not missing:
+            return
+        order, entries = self.order, self.entries
+        before = dict(zip(sequence[1:], sequence[:-1])) if order.prefix_aware else {}
+        stored = []
+        for key, nbytes in missing:
+            if not self._make_room(nbytes):
+                continue  # larger than what can be evicted: not stored, as L1 fails the allocation
+            entries[key] = entry = _Entry(nbytes)
+            self.used += nbytes
+            if order.new is not None:
+                order.new(key, entry, entries.get(before.get(key)))
+            stored.append((key, entry))
+        for key, entry in reversed(stored) if order.tail_first else stored:
+            order.lists[entry.tier][key] = entry
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Evict in the order's turn until ``nbytes`` more fit; False when they cannot."""
+        while self.used + nbytes > self.capacity:
+            chosen = self.order.victim()
+            if chosen is None:
+                return False
+            del self.entries[chosen[0]]
+            self.used -= chosen[1].size
+        return True
+
+    def keep(self, admits: Any, factor: float) -> None:
+        """The sample rate dropped by ``factor``: forget the resident keys ``admits`` no longer passes, and
+        shrink to the new scaled capacity (evicting in the order's turn what still does not fit)."""
+        order = self.order
+        for key in [key for key in self.entries if not admits(key)]:
+            entry = self.entries.pop(key)
+            del order.lists[entry.tier][key]
+            if entry.tier in (0, 1) and order.new is not None:  # an orphan (tier 2) is in no size
+                order.forget(key, entry)
+            self.used -= entry.size
+        self.capacity *= factor
+        if isinstance(order, eviction_order.ArcOrder):
+            order.capacity = int(self.capacity)
+            order.target *= factor
+        self._make_room(0)

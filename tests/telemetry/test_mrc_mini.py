@@ -1,0 +1,77 @@
+"""Curves of the orders that are not stack algorithms (``--l1-policy arc``/``adaptive``): miniature simulations over
+the sampled keys, checked against L1 itself running that order over the whole trace."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from benchmarks.null_cache import NullPublisher
+from mpcache.cache.l1 import L1Manager
+from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.telemetry.mrc.curves import ALL, MISS, POINT_RATIOS, SAMPLED, CurveSet
+
+MODEL, SALT, SIZE = "m", "s", 64
+CAPACITY = 1500 * SIZE  # the size the curves are taken at: 150 sampled objects at rate 0.1
+
+
+def prefix_trace(rng: random.Random, requests: int) -> list[list[int]]:
+    """Requests of shared prefixes: one of 4000 documents (Pareto popularity, 2–12 chunks each) followed by 1–3
+    chunks of its own; chunk hashes uniform, as content hashes are."""
+    documents = [[rng.getrandbits(64) for _ in range(rng.randint(2, 12))] for _ in range(4000)]
+    return [documents[int(rng.paretovariate(0.9) * 50) % len(documents)]
+            + [rng.getrandbits(64) for _ in range(rng.randint(1, 3))] for _ in range(requests)]
+
+
+def l1_hit_ratio(trace: list[list[int]], policy: str, capacity: int) -> float:
+    """Chunks found over chunks looked up by L1 running ``policy`` in ``capacity`` bytes: each request looks up
+    its prefix, stores the rest, then releases the prefix it found (as the engine's lookup, store and retrieve)."""
+    l1 = L1Manager(np.zeros(capacity, dtype=np.uint8), NullPublisher(), 1.0, SIZE, policy=policy)
+    hits = looked = 0
+    for hashes in trace:
+        found = l1.lock_prefix(MODEL, SALT, hashes)
+        rest = hashes[found:]
+        reservation = l1.reserve_write(MODEL, SALT, rest)
+        l1.commit_write(MODEL, SALT, [rest[p] for p in reservation.positions], SIZE)
+        l1.release_read(MODEL, SALT, hashes[:found])
+        hits, looked = hits + found, looked + len(hashes)
+    return hits / looked
+
+
+@pytest.mark.parametrize("policy", ["arc", "adaptive"])
+def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(policy):
+    """At rate 0.1 the curve of a run (one lookup and one store per request, as the events carry them) is within
+    0.02 of L1 running the same order at half, once and twice the size, and says which order it models."""
+    trace = prefix_trace(random.Random(7), 12_000)
+    curves = CurveSet(0.1, 1 << 16, {"l1": CAPACITY}, policy=policy)
+    for hashes in trace:
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
+        curves.store(MODEL, SIZE, rows)
+    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    predicted = {point["capacity_bytes"]: point["hit_ratio"] for point in curve["points"]}
+    assert 0.5 in POINT_RATIOS and 2.0 in POINT_RATIOS and curves.rate == 0.1 and curves.policy == policy
+    for factor in (0.5, 1.0, 2.0):
+        size = round(CAPACITY * factor)
+        measured = l1_hit_ratio(trace, policy, size)
+        assert 0.1 < measured < 0.9, measured  # the sizes are on the curve's slope, where an error would show
+        assert abs(predicted[size] - measured) <= 0.02, (factor, predicted[size], measured)
+
+
+def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_scaled_capacity():
+    """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out and holds
+    at most its capacity × the new rate, in resident bytes that add up."""
+    curves = CurveSet(1.0, 400, {"l1": CAPACITY}, policy="adaptive")
+    for hashes in prefix_trace(random.Random(3), 3000):
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
+        curves.store(MODEL, SIZE, rows)
+    threshold = curves.rate * SAMPLE_MODULUS
+    assert curves.rate < 0.5
+    for edge, mini in zip(curves._edges, curves._minis):
+        assert mini.capacity == pytest.approx(edge * curves.rate)
+        assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
+        assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity
+        assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)
