@@ -436,8 +436,8 @@ def test_the_mrc_answer_says_which_order_the_curves_model_and_which_l1_runs(metr
     import dataclasses
     import json
 
-    from mpcache.tools.report import check, render
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
+    from mpcache.tools.report import check, render
 
     subscriber = MissRatioSubscriber(metrics.meter, dataclasses.replace(config, l1_policy=policy, mrc_sample_rate=1.0))
     row = (7, SALT, MODEL)
