@@ -11,16 +11,8 @@ import os
 import random
 import signal
 
-<<<<<<< HEAD
-import msgpack
-from support.kv_feed import Index, PubIndex, Stream, block_hash
+from support.kv_feed import Index, Stream, block_hash
 from support.lmcache_client import LMClient
-from support.ports import free_ports
-from support.vllm_args import vllm_python
-=======
-from kv_feed import Index, Stream, block_hash
-from lmcache_client import LMClient
->>>>>>> parent of 6279748 (--kv-events-endpoint: the KV event feed in vLLM's ZeroMQ format (PUB + replay ROUTER), relayed by the telemetry process)
 from support.waiting import wait_for
 
 from mpcache.client import CacheClient
@@ -145,46 +137,3 @@ def _checkpoint(cache: Cache, index: Index, known: dict, marker: int) -> None:
             cache.native.end_session(f"probe{marker}{salt}")
             assert found == len(held), f"stale: {len(held) - found} of {len(held)} blocks of {salt!r} not in L1"
     assert len(index.blocks) == cache.objects(), "missing: L1 holds objects the feed never announced"
-<<<<<<< HEAD
-    expected = {block for _, block in index.blocks}  # what L1 holds, just checked
-
-    def caught_up() -> bool:
-        while pub.take(0):
-            pass
-        return pub.blocks == expected
-
-    try:
-        wait_for(caught_up, 60, "the PUB feed's index to equal L1's contents")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {len(pub.payloads)} messages applied (next {pub.expected}), "
-                             f"{len(pub.blocks - expected)} stale, {len(expected - pub.blocks)} missing: "
-                             f"{sorted(pub.blocks - expected)[:2]} {sorted(expected - pub.blocks)[:2]} replays "
-                             f"{pub.replays}, cleared {pub.cleared}") from None
-
-
-DECODE = """import json, sys, msgpack, msgspec
-from vllm.distributed.kv_events import KVEventBatch
-decoder = msgspec.msgpack.Decoder(KVEventBatch)
-batches = [decoder.decode(p) for p in msgpack.unpackb(open(sys.argv[1], "rb").read())]
-print(json.dumps([[[type(e).__name__, [h.hex() for h in getattr(e, "block_hashes", [])], getattr(e, "medium", None)]
-                   for e in b.events] for b in batches]))
-"""
-
-
-def decoded_by_vllm(payloads: list[bytes], tmp_path) -> None:
-    """vLLM's own decoder (``KVEventBatch`` of vllm.distributed.kv_events) reads every payload the PUB index
-    applied as the same events."""
-    python = vllm_python()
-    if python is None:
-        assert os.environ.get("MPCACHE_TEST_REQUIRE_VLLM") != "1", "MPCACHE_TEST_REQUIRE_VLLM=1: no vLLM venv"
-        return
-    path = tmp_path / "payloads.msgpack"
-    path.write_bytes(msgpack.packb(payloads))
-    done = subprocess.run([python, "-c", DECODE, str(path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    ours = [[[e["type"], [h.hex() for h in e.get("block_hashes", [])], e.get("medium")] for e in
-             msgpack.unpackb(p, raw=False)[1]] for p in payloads]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ours
-=======
->>>>>>> parent of 6279748 (--kv-events-endpoint: the KV event feed in vLLM's ZeroMQ format (PUB + replay ROUTER), relayed by the telemetry process)
