@@ -379,7 +379,7 @@ def test_buffer_used_as_context_manager_is_unregistered_and_removed(cache):
 def test_client_error_lines_are_rate_limited_and_count_what_they_dropped():
     """At most 10 client-error lines a second are logged; the first line of the next second says how
     many were suppressed."""
-    from mpcache.cache.native.dispatch import ErrorLog as _ErrorLog
+    from mpcache.cache.client_errors import ErrorLog as _ErrorLog
 
     class Recorder:
         def __init__(self):

@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any
 
+from mpcache.cache.client_errors import ErrorLog, RateLimit
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import inline, wire
 from mpcache.cache.lmcache.capacity import Capacity
@@ -28,7 +29,6 @@ from mpcache.cache.lmcache.kvevents import KVEventStreams
 from mpcache.cache.lmcache.operations import OperationFrames
 from mpcache.cache.lmcache.router import Gone, Router
 from mpcache.cache.lmcache.timing import RequestTimes
-from mpcache.cache.native.dispatch import ErrorLog, RateLimit
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 from mpcache.shm import layout

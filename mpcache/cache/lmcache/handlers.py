@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mpcache.cache.client_errors import RateLimit
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
 from mpcache.cache.lmcache.kvevents import CAPABILITY, MAX_EVENTS, KVEventStreams
 from mpcache.cache.lmcache.operations import OPERATIONS, refused, served
 from mpcache.cache.lmcache.recentkeys import RecentKeys
-from mpcache.cache.native.dispatch import RateLimit
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 
