@@ -320,8 +320,7 @@ class L1Manager(PrefetchLandings):
         """The pool's bytes were lost (a peer truncated it): every readable object goes, evicted at once if it
         is unlocked, else made unreadable now and evicted when its last reader lets go (its offset stays valid
         meanwhile).  Space being written keeps its reservation until its writer, finding :meth:`generation`
-        changed, gives it back.  Returns how
-        many objects were lost."""
+        changed, gives it back.  Returns how many objects were lost."""
         self._losses += 1
         lost = self.clear()
         for entry in self._entries.values():
