@@ -334,6 +334,5 @@ class BlendState:
 
 def _check_generation(l1: L1Manager, generation: int, objects: int) -> None:
     """RequestError (the ``objects`` counted as lost copies) if L1's pool was lost since ``generation``."""
-    if l1.generation() != generation:
-        l1.lost_copies += objects
+    if l1.lost_since(generation, objects):
         raise RequestError(POOL_LOST)

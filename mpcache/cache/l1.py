@@ -68,7 +68,7 @@ class L1Manager(PrefetchLandings):
         self.policy = policy
         self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
         self._losses = 0  # lose_all calls
-        self.lost_copies = 0  # objects whose copy or reservation the generation check failed (counted by callers)
+        self.lost_copies = 0  # objects whose copy or reservation spanned a loss (:meth:`lost_since`)
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -315,6 +315,14 @@ class L1Manager(PrefetchLandings):
         """Changes whenever the pool's bytes may have been lost (a fault in it, :meth:`lose_all`): a copy or a
         reservation that began at another generation holds no valid bytes and must fail."""
         return self._losses + self.pool_faults()
+
+    def lost_since(self, generation: int, objects: int) -> bool:
+        """Whether the pool was lost since ``generation`` (a copy or reservation begun then holds no valid
+        bytes); if so, its ``objects`` are counted as lost copies."""
+        if self.generation() == generation:
+            return False
+        self.lost_copies += objects
+        return True
 
     def lose_all(self) -> int:
         """The pool's bytes were lost (a peer truncated it): every readable object goes, evicted at once if it

@@ -169,8 +169,7 @@ class PrefetchController:
         except Exception:  # noqa: BLE001 - a broken adapter loaded nothing
             loaded_keys = set()
         l1 = self._l1
-        if l1.generation() != prefetch.generation:  # L1's pool was lost meanwhile: the loads landed on nothing
-            l1.lost_copies += len(loaded_keys)
+        if l1.lost_since(prefetch.generation, len(loaded_keys)):  # the pool was lost: the loads landed on nothing
             rejected, errors, lost, loaded_keys = set(), set(), set(loaded_keys), set()
         else:
             lost = set()

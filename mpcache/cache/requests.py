@@ -32,8 +32,7 @@ def store_to_l2(ctx: CacheContext, model: str, salt: str, hashes: list[int], off
         l1 = ctx.l1
         pool, size, generation = l1.pool, ctx.chunk_bytes, l1.generation()
         chunks = [(chunk_hash, pool[offset : offset + size].tobytes()) for chunk_hash, offset in zip(hashes, offsets)]
-        if l1.generation() != generation:  # a fault under the copy: zeros, not the chunks
-            l1.lost_copies += len(chunks)
+        if l1.lost_since(generation, len(chunks)):  # a fault under the copy: zeros, not the chunks
             return
         ctx.storage.store(model, salt, chunks)
 

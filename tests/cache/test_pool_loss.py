@@ -5,6 +5,7 @@ guard gives the pool its size back), so is the copy that meets it."""
 
 from __future__ import annotations
 
+import functools
 import os
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import pytest
 from support.lmcache_client import NO_RESULT, packed_key, registration
 from support.waiting import wait_for
 
+from mpcache.cache.l1 import L1Manager
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.transfers import RETRIEVE_MISS
 from mpcache.cache.requests import store_to_l2
@@ -122,6 +124,7 @@ def test_chunks_copied_out_for_l2_are_written_only_if_the_pool_was_not_lost_unde
     written: list[tuple] = []
     seen = iter(generations)
     l1 = SimpleNamespace(pool=np.arange(16, dtype=np.uint8), generation=lambda: next(seen), lost_copies=0)
+    l1.lost_since = functools.partial(L1Manager.lost_since, l1)  # L1's own check, over the stub's generations
     ctx = SimpleNamespace(l1=l1, chunk_bytes=8, storage=SimpleNamespace(adapters=[object()],
                                                                         store=lambda *args: written.append(args)))
     store_to_l2(ctx, MODEL, "", [1, 2], [8, 0])

@@ -97,11 +97,7 @@ class Transfers:
 
     def _lost(self, pending: Pending) -> bool:
         """Whether L1's pool was lost since ``pending`` reserved or locked its objects (they are counted then)."""
-        l1 = self._ctx.l1
-        if l1.generation() == pending.generation:
-            return False
-        l1.lost_copies += len(pending.keys)
-        return True
+        return self._ctx.l1.lost_since(pending.generation, len(pending.keys))
 
     def _refuse_store(self, pending: Pending) -> bool:
         """A store whose bytes were lost: its space given back, its END saying nothing moved; False (refused)."""

@@ -77,8 +77,7 @@ def store(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
     try:
         timing = mover.to_l1(l1.pool, [(block_ids[i], offset) for i, offset in zip(reservation.positions,
                                                                                     reservation.offsets)], nbytes)
-        if l1.generation() != generation:
-            l1.lost_copies += len(committed)
+        if l1.lost_since(generation, len(committed)):
             raise RequestError(f"{POOL_LOST}; nothing was stored: store the chunks again")
     except BaseException:
         l1.abort_write(model, salt, committed)
@@ -162,8 +161,7 @@ def retrieve(ctx: CacheContext, peer: Peer, args: Args) -> Reply:
                 raise RequestError(f"chunks were stored from {size}-byte blocks; this buffer has {nbytes}-byte blocks")
         timing = mover.from_l1(l1.pool, [(block, offset) for (offset, _), block in zip(reads, block_ids)], nbytes,
                                lambda: deadline.check("retrieve", session_id=request_id))
-        if l1.generation() != job.generation:  # lost since the lookup locked them, or under the copy
-            l1.lost_copies += len(reads)
+        if l1.lost_since(job.generation, len(reads)):  # lost since the lookup locked them, or under the copy
             raise RequestError(f"{POOL_LOST}; the blocks do not hold the chunks: store them again")
     except BaseException:
         pub.emit(_MP_RETRIEVE_END, (device, engine, model, salt, 0, 0, 0), session_id=request_id)
