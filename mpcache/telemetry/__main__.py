@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
         tracing = TracingExport.start(config)
         subscribe_all(bus, build_tracing_subscribers(config, tracing.tracer_provider))
+    relay = None
+    if config.kv_events_endpoint:  # routers' KV event feed, relayed from the cache processes' streams
+        from mpcache.telemetry.kvpub import KVEventRelay
+
+        relay = KVEventRelay([(config.lmcache_urls(worker)[0], *config.kv_events_endpoints(worker))
+                              for worker in range(config.workers)], log=log)
+        relay.start()
     log.info(
         "telemetry.started",
         rings=len(sources),
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.is_set() or os.getppid() != parent
 
     pump.run(should_stop)
+    if relay is not None:
+        relay.stop()
     bus.shutdown()
     if tracing is not None:  # after bus.shutdown(), which ends the spans still open
         tracing.shutdown()

@@ -112,3 +112,83 @@ class Index:
         assert batch is not None, "the stream ended"
         self.apply(batch)
         self.cursor = batch["next_cursor"]
+
+
+class PubIndex:
+    """What a router subscribed to mpcache's vLLM-format PUB socket knows: (model-less) block hashes of what L1
+    holds, from ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` (medium ``CPU``), a gap in the sequence
+    numbers filled through the replay socket.  ``drop_next`` throws the next message away, unread: a forced gap.
+    Every payload applied is kept (``payloads``) for vLLM's own decoder to read afterwards."""
+
+    def __init__(self, endpoint: str, replay: str) -> None:
+        import zmq
+
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.replay_endpoint = replay
+        self.blocks: set[bytes] = set()
+        self.expected = -1  # the next sequence number to apply (-1: none came yet)
+        self.drop_next = False
+        self.replays = 0
+        self.dropped = 0
+        self.cleared = 0
+        self.payloads: list[bytes] = []
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+
+    def take(self, timeout_ms: int) -> bool:
+        """Apply the next message (and what replay gives for a gap before it); False when none came in time."""
+        if not self.sub.poll(timeout_ms):
+            return False
+        _, seq_bytes, payload = self.sub.recv_multipart()
+        seq = int.from_bytes(seq_bytes, "big")
+        if self.expected < 0:  # what the relay sent before the subscription connected: replayed from its start
+            self.expected = 0
+            self._replay(0)
+            return True
+        if self.drop_next and self.sub.poll(0):  # dropped only with a message after it, which shows the gap
+            self.drop_next = False
+            self.dropped += 1
+            return True
+        if seq < self.expected:  # applied already through replay
+            return True
+        if seq > self.expected:  # a gap (a restarted relay's first messages too): replay from what is missing
+            self._replay(self.expected)
+            return True
+        self._apply(seq, payload)
+        return True
+
+    def _replay(self, start: int) -> None:
+        socket = dealer()
+        socket.connect(self.replay_endpoint)
+        try:
+            socket.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                _, _, seq_bytes, payload = socket.recv_multipart()
+                seq = int.from_bytes(seq_bytes, "big", signed=True)
+                if seq < 0:
+                    break
+                if seq >= self.expected:
+                    self._apply(seq, payload)
+        finally:
+            socket.close(linger=0)
+        self.replays += 1
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.payloads.append(payload)
+        _, events, _ = msgpack.unpackb(payload, raw=False)
+        for event in events:
+            if event["type"] == "AllBlocksCleared":
+                self.blocks.clear()
+                self.cleared += 1
+            elif event["medium"] != "CPU":
+                continue
+            elif event["type"] == "BlockStored":
+                self.blocks.update(event["block_hashes"])
+            else:
+                assert event["type"] == "BlockRemoved", event
+                self.blocks.difference_update(event["block_hashes"])
+        self.expected = seq + 1
