@@ -121,13 +121,8 @@ class PubIndex:
     Every payload applied is kept (``payloads``) for vLLM's own decoder to read afterwards."""
 
     def __init__(self, endpoint: str, replay: str) -> None:
-        import zmq
-
-        self.sub = zmq.Context.instance().socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(endpoint)
-        self.replay_endpoint = replay
+        self.endpoint, self.replay_endpoint = endpoint, replay
+        self.connect()
         self.blocks: set[bytes] = set()
         self.expected = -1  # the next sequence number to apply (-1: none came yet)
         self.drop_next = False
@@ -135,6 +130,15 @@ class PubIndex:
         self.dropped = 0
         self.cleared = 0
         self.payloads: list[bytes] = []
+
+    def connect(self) -> None:
+        """A new SUB connection (what it missed meanwhile comes back through replay)."""
+        import zmq
+
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(self.endpoint)
 
     def close(self) -> None:
         self.sub.close(linger=0)
