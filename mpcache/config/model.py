@@ -7,6 +7,7 @@ children as a JSON file; every check raises a :class:`~mpcache.errors.ConfigErro
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import math
@@ -221,7 +222,8 @@ class Config:
     kv_events_endpoint: str = setting(
         Text(), "", "also publish the KV event feed in vLLM's format from the telemetry process: ZeroMQ PUB on "
         "tcp://HOST:PORT (cache process i on PORT+2i, its replay ROUTER on PORT+2i+1; HOST loopback unless "
-        "--lmcache-allow-remote); needs --lmcache-port or --lmcache-ipc (default: off)",
+        "--lmcache-allow-remote); needs --lmcache-port or --lmcache-ipc, and pyzmq (pip install "
+        "'mpcache[kv-events]') (default: off)",
         group=LMCACHE)
     lmcache_max_tokens: int = setting(  # derives the frame cap
         Integer(1 << 8, 1 << 26), 1 << 20,
@@ -263,6 +265,9 @@ class Config:
                 "--lmcache-allow-remote to accept peers on other hosts without any identity check")
         if self.kv_events_endpoint:
             self.kv_events_endpoints(self.workers - 1)  # refuses a malformed one
+            if importlib.util.find_spec("zmq") is None:
+                raise ConfigError("--kv-events-endpoint: needs pyzmq, which is not installed (pip install "
+                                  "'mpcache[kv-events]')")
         if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
             raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:

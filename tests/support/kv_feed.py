@@ -116,29 +116,31 @@ class Index:
 
 class PubIndex:
     """What a router subscribed to mpcache's vLLM-format PUB socket knows: (model-less) block hashes of what L1
-    holds, from ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` (medium ``CPU``), a gap in the sequence
-    numbers filled through the replay socket.  ``drop_next`` throws the next message away, unread: a forced gap.
-    Every payload applied is kept (``payloads``) for vLLM's own decoder to read afterwards."""
+    holds (``blocks``) and of what each L2 tier holds (``tiers``, by medium), from
+    ``BlockStored``/``BlockRemoved``/``AllBlocksCleared``.  A gap in the sequence numbers is filled through the
+    replay socket; one the replay cannot fill (its first message comes after the gap's start: older than the
+    relay's buffer, or from before a restarted relay) drops the index, which is built again from the next
+    ``AllBlocksCleared`` (vLLM's resync).  ``drop_next`` throws the next message away, unread: a forced gap.  Every
+    payload applied is kept (``payloads``) for vLLM's own decoder to read afterwards."""
 
     def __init__(self, endpoint: str, replay: str) -> None:
-        self.endpoint, self.replay_endpoint = endpoint, replay
-        self.connect()
-        self.blocks: set[bytes] = set()
-        self.expected = -1  # the next sequence number to apply (-1: none came yet)
-        self.drop_next = False
-        self.replays = 0
-        self.dropped = 0
-        self.cleared = 0
-        self.payloads: list[bytes] = []
-
-    def connect(self) -> None:
-        """A new SUB connection (what it missed meanwhile comes back through replay)."""
         import zmq
 
         self.sub = zmq.Context.instance().socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(self.endpoint)
+        self.sub.connect(endpoint)
+        self.replay_endpoint = replay
+        self.blocks: set[bytes] = set()
+        self.tiers: dict[str, set[bytes]] = {}
+        self.expected = -1  # the next sequence number to apply (-1: none came yet)
+        self.synced = False  # the index follows an AllBlocksCleared it applied (else: waiting for one)
+        self.drop_next = False
+        self.replays = 0
+        self.resyncs = 0  # gaps the replay could not fill
+        self.dropped = 0
+        self.cleared = 0
+        self.payloads: list[bytes] = []
 
     def close(self) -> None:
         self.sub.close(linger=0)
@@ -149,25 +151,19 @@ class PubIndex:
             return False
         _, seq_bytes, payload = self.sub.recv_multipart()
         seq = int.from_bytes(seq_bytes, "big")
-        if self.expected < 0:  # what the relay sent before the subscription connected: replayed from its start
-            self.expected = 0
-            self._replay(0)
-            return True
-        if self.drop_next and self.sub.poll(0):  # dropped only with a message after it, which shows the gap
+        if self.drop_next and self.expected >= 0 and self.sub.poll(0):  # with a message after it, showing the gap
             self.drop_next = False
             self.dropped += 1
-            return True
-        if seq < self.expected:  # applied already through replay
-            return True
-        if seq > self.expected:  # a gap (a restarted relay's first messages too): replay from what is missing
-            self._replay(self.expected)
-            return True
-        self._apply(seq, payload)
+        elif seq > self.expected:  # a gap (the first message: everything before it) filled through replay
+            self._replay(max(self.expected, 0))
+        elif seq == self.expected:
+            self._apply(seq, payload)
         return True
 
     def _replay(self, start: int) -> None:
         socket = dealer()
         socket.connect(self.replay_endpoint)
+        first = None
         try:
             socket.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
@@ -175,6 +171,11 @@ class PubIndex:
                 seq = int.from_bytes(seq_bytes, "big", signed=True)
                 if seq < 0:
                     break
+                if first is None:
+                    first = seq
+                    if seq > start:  # the gap cannot be filled: start again from the next AllBlocksCleared
+                        self.synced = False
+                        self.resyncs += 1
                 if seq >= self.expected:
                     self._apply(seq, payload)
         finally:
@@ -182,17 +183,22 @@ class PubIndex:
         self.replays += 1
 
     def _apply(self, seq: int, payload: bytes) -> None:
-        self.payloads.append(payload)
+        self.expected = seq + 1
         _, events, _ = msgpack.unpackb(payload, raw=False)
+        if events and events[0]["type"] == "AllBlocksCleared":
+            self.synced = True
+        if not self.synced:
+            return
+        self.payloads.append(payload)
         for event in events:
             if event["type"] == "AllBlocksCleared":
                 self.blocks.clear()
+                self.tiers.clear()
                 self.cleared += 1
-            elif event["medium"] != "CPU":
                 continue
-            elif event["type"] == "BlockStored":
-                self.blocks.update(event["block_hashes"])
+            held = self.blocks if event["medium"] == "CPU" else self.tiers.setdefault(event["medium"], set())
+            if event["type"] == "BlockStored":
+                held.update(event["block_hashes"])
             else:
                 assert event["type"] == "BlockRemoved", event
-                self.blocks.difference_update(event["block_hashes"])
-        self.expected = seq + 1
+                held.difference_update(event["block_hashes"])

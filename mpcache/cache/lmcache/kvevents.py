@@ -66,13 +66,17 @@ def block_hash(key: int, salt: str) -> bytes:
     return raw if not salt else hashlib.blake2b(salt.encode() + b"\0" + raw, digest_size=8).digest()
 
 
-def _event(record: Record, seq: int) -> dict:
+def _event(record: Record, seq: int, salted: bool = False) -> dict:
+    """A KVEventRecord (``salted``: with its ``cache_salt``, a key only mpcache's own relay asks for)."""
     tokens = [] if record.tokens is None else np.frombuffer(
         record.tokens, dtype="<i8", count=record.token_count, offset=record.chunk * record.token_count * 8).tolist()
-    return {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
-            "block_hashes": [block_hash(record.key, record.salt)],
-            "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
-            "token_ids": tokens}
+    event = {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
+             "block_hashes": [block_hash(record.key, record.salt)],
+             "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
+             "token_ids": tokens}
+    if salted:
+        event["cache_salt"] = record.salt
+    return event
 
 
 class KVEventStreams:
@@ -185,7 +189,8 @@ class KVEventStreams:
                 return self._wrap(sub, True, sub.cursor, False, events) if events or not sub.started else None
         snapshot, start = sub.snapshot, sub.snapshot_sent
         assert snapshot is not None
-        page = [_event(record, sub.snapshot_at) for record in snapshot[start : start + sub.max_events]]
+        salted = sub.model == ALL_MODELS
+        page = [_event(record, sub.snapshot_at, salted) for record in snapshot[start : start + sub.max_events]]
         sub.snapshot_sent = start + len(page)
         lost, sub.snapshot_lost = sub.snapshot_lost, False
         if sub.snapshot_sent >= len(snapshot):
@@ -206,7 +211,7 @@ class KVEventStreams:
         for record in log.records(sub.cursor):
             cursor = record.seq
             if sub.model in (record.model, ALL_MODELS):
-                events.append(_event(record, record.seq))
+                events.append(_event(record, record.seq, sub.model == ALL_MODELS))
                 if len(events) == sub.max_events:
                     break
         return events, cursor
