@@ -122,6 +122,10 @@ def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_servic
         assert index.records >= EVENTS and restarts == 2 and checkpoints >= 20
         assert index.removed_unknown == 0
         assert pub.dropped >= 5 and pub.replays >= pub.dropped and pub.cleared >= 3  # gaps filled; restarts resynced
+        # the relay's own metrics: this router's SUB, what it published, the gaps it filled
+        scrape = wait_for(service.scrape, 30, "/metrics")
+        assert scrape.total("mpcache_kv_pub_subscribers", worker="0") == 1
+        assert scrape.total("mpcache_kv_pub_records_total") > 0 and scrape.total("mpcache_kv_pub_replays_total") > 0
         decoded_by_vllm(pub.payloads, tmp_path)
         assert kvpub.ALL_MODELS == kvevents.ALL_MODELS  # the relay's subscription, named in two layers
     finally:

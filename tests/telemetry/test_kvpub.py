@@ -82,6 +82,7 @@ def test_losses_show_as_gaps_and_resyncs(monkeypatch, tmp_path):
         _, seq, payload = wait_for(lambda: sub.poll(100) and sub.recv_multipart(), 10, "a heartbeat")
         assert int.from_bytes(seq, "big") > base and msgpack.unpackb(payload)[1] == []  # the missed one: a gap
         assert replay(replay_port, base)[0][0] == base  # ... which replay fills
+        wait_for(lambda: relay.counts[0].subscribers == 1, 10, "the SUB counted")
         assert len(cache.subscriptions) == 1  # quiet, never subscribed again for it
 
         wait_for(lambda: relay.counts[0].messages > kvpub.BUFFER_STEPS + 1, 10, "heartbeats past the buffer")
