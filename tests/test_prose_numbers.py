@@ -68,11 +68,21 @@ def _n(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
+def _assigned(path: str, name: str) -> int:
+    """The integer ``name = N`` sets in a file that is not imported here (pyproject.toml's pytest-timeout bound,
+    the root conftest's bound on a slow test)."""
+    [value] = re.findall(rf"^{name} = (\d+)$", _text(path), re.MULTILINE)
+    return int(value)
+
+
 def _default(function, parameter: str):
     return inspect.signature(function).parameters[parameter].default
 
 
 def _claims() -> list[tuple[str, str, str]]:
+    from benchmarks import isolation as bench_isolation
+    from benchmarks import lmcache as bench_lmcache
+    from benchmarks import vllm as bench_vllm
     from mpcache.cache import buffers, client_errors, l0, slabs, storage
     from mpcache.cache import process as cache_process
     from mpcache.cache.__main__ import DESCRIPTORS_WANTED
@@ -189,6 +199,21 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/ARCHITECTURE.md", r"cache process of (\d+) \+ (\d+) × (\d+) i64 words",
          f"{layout.GAUGE_FIXED_WORDS} / {layout.GAUGE_ADAPTER_WORDS} / {layout.MAX_ADAPTERS}"),
         ("docs/ARCHITECTURE.md", r"truncation \(polling every (\d+) ms\)", _n(logtail.POLL_INTERVAL_S * 1000)),
+        ("docs/ARCHITECTURE.md", r"records of `--telemetry-state-size` bytes each \((\d+) MiB by default\)",
+         str(Config.telemetry_state_bytes // mib)),
+        ("docs/ARCHITECTURE.md", r"in the gauge board \(word (\d+) of its slot\)", str(layout.G_STATE)),
+        ("docs/ARCHITECTURE.md", r"`used_bytes` \(gauge word (\d+),", str(layout.G_L1_USED)),
+        ("docs/ARCHITECTURE.md", r"`fragmentation_bytes` \(word (\d+),", str(layout.G_L1_FRAGMENTATION)),
+        ("docs/ARCHITECTURE.md", r"i64 words at byte (\d+): telemetry's restarts, written by the supervisor; (\d+): "
+                                 r"telemetry's heartbeat ns and (\d+): its pid",
+         f"{layout.GAUGE_OFF_TELEMETRY_RESTARTS} / {layout.GAUGE_OFF_TELEMETRY_HEARTBEAT} / "
+         f"{layout.GAUGE_OFF_TELEMETRY_PID}"),
+        ("docs/ARCHITECTURE.md", r"(\d+) objects whose copy L1's pool's loss voided, then per adapter \*a\*: (\d+)\+4a "
+                                 r"bytes held, (\d+)\+4a in-flight store tasks, (\d+)\+4a in-flight load tasks, "
+                                 r"(\d+)\+4a in-flight load bytes",
+         " / ".join(str(word) for word in (layout.G_L1_LOST_COPIES, *(layout.GAUGE_FIXED_WORDS + offset for offset in (
+             layout.G_L2_USAGE, layout.G_L2_INFLIGHT_STORES, layout.G_L2_INFLIGHT_LOADS,
+             layout.G_L2_INFLIGHT_LOAD_BYTES))))),
         # docs/SECURITY.md
         ("docs/SECURITY.md", r"A frame is at most `(\d+) × --lmcache-max-tokens \+ (\d+) MiB` \(default (\d+) Mi "
                              r"tokens: (\d+) MiB",
@@ -241,6 +266,19 @@ def _claims() -> list[tuple[str, str, str]]:
         # docs/DEPLOYMENT.md
         ("docs/DEPLOYMENT.md", r"`--ring-cells` × (\d+) bytes, default (\d+)MiB",
          f"{layout.CELL_SIZE} / {cells_mib}"),
+        ("docs/DEPLOYMENT.md", r"ring\) \+ telemetry state \+ (\d+) MiB`", str(provision.SHM_MARGIN_BYTES // mib)),
+        # docs/DEVELOPMENT.md
+        ("docs/DEVELOPMENT.md", r"`metrics\.tsv`: the (\d+) metrics'", str(len(SPECIFIED))),
+        ("docs/DEVELOPMENT.md", r"one that runs past (\d+) s \((\d+) s for a `slow` one",
+         f"{_assigned('pyproject.toml', 'timeout')} / {_assigned('tests/conftest.py', 'SLOW_TIMEOUT_S')}"),
+        # docs/BENCHMARKS.md (the benchmarks' own defaults)
+        ("docs/BENCHMARKS.md", r"repetition \((\d+) by default, `--repetitions`\)", str(bench_vllm.REPETITIONS)),
+        ("docs/BENCHMARKS.md", r"`--l1-gb` sets both caches' L1 \(default ([\d.]+) GiB\)", f"{bench_vllm.L1_GB:g}"),
+        ("docs/BENCHMARKS.md", r"server's L1 \(default ([\d.]+) GiB", f"{bench_lmcache.L1_GB:g}"),
+        ("docs/BENCHMARKS.md", r"\(`--l1-gb`, default (\d+) GiB\)", f"{bench_isolation.L1_GB:g}"),
+        ("docs/BENCHMARKS.md", r"\(`--warmup`, default (\d+) s, uncounted\), an idle window \((\d+) s, counted, no "
+                               r"requests\) and the measured window \(`--seconds`, default (\d+)\)",
+         f"{bench_isolation.WARMUP_S:g} / {bench_isolation.IDLE_S:g} / {bench_isolation.SECONDS:g}"),
         # docs/CONFIGURATION.md (its prose; the table is generated)
         ("docs/CONFIGURATION.md", r"a smaller `--l1-size` \((\d+MiB), (\d+MiB) with `--l2`\), `--prefetch-job-ttl "
                                   r"(\d+)` and `--metrics-sample-rate ([\d.]+)`",
