@@ -351,3 +351,19 @@ def test_the_help_and_metrics_page_quote_the_sdks_cardinality_limit_and_the_decl
     assert re.findall(r"below the OpenTelemetry SDK's (\d+)", series_cap.help) == [str(_DEFAULT_CARDINALITY_LIMIT)]
     assert re.findall(r"`--metrics-sample-rate`, default ([\d.]+) %", " ".join(_text("docs/METRICS.md").split())) == [
         f"{Config.metrics_sample_rate * 100:g}"]
+
+
+def test_the_architectures_ring_header_table_is_the_layouts():
+    """docs/ARCHITECTURE.md draws the event segment's header: a row at every offset layout.py names, and no other;
+    its magic, cell size and intern entries as layout.py has them."""
+    from mpcache.shm import layout
+
+    text = _text("docs/ARCHITECTURE.md")
+    start = text.index(f"| 0 | 8 | magic `{layout.RING_MAGIC.decode()}` |")
+    table = text[start:text.index("The producer's, the tail's", start)]
+    offsets = [int(offset) for offset in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)]
+    named = {value for name, value in vars(layout).items() if name.startswith("OFF_")}
+    assert sorted(named | {layout.HEADER_SIZE}) == offsets
+    assert f"| {layout.OFF_CELL_SIZE} | 4 | cell size (u32, {layout.CELL_SIZE}) |" in table
+    assert (f"| {layout.HEADER_SIZE} | … | intern entries, {layout.INTERN_ENTRY_SIZE} bytes each: u32 length, 4 pad "
+            f"bytes, up to {layout.INTERN_MAX_BYTES} bytes of UTF-8 |") in table
