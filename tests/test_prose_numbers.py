@@ -367,3 +367,32 @@ def test_the_architectures_ring_header_table_is_the_layouts():
     assert f"| {layout.OFF_CELL_SIZE} | 4 | cell size (u32, {layout.CELL_SIZE}) |" in table
     assert (f"| {layout.HEADER_SIZE} | … | intern entries, {layout.INTERN_ENTRY_SIZE} bytes each: u32 length, 4 pad "
             f"bytes, up to {layout.INTERN_MAX_BYTES} bytes of UTF-8 |") in table
+
+
+def test_the_architectures_l2_record_and_cell_tables_are_the_codes():
+    """The chunk record's table: each field's offset and size as the record's struct packs them, its version
+    and MAC size; a cell's slots and a text cell's bytes as layout.py has them."""
+    import struct
+
+    from mpcache.cache.l2 import base
+    from mpcache.shm import layout
+
+    text = " ".join(_text("docs/ARCHITECTURE.md").split())
+    # magic, version, model_len, salt_len, the reserved pad, chunk_hash, payload_len
+    codes = re.findall(r"\d*[a-wyzA-Z]|x+", base._FIXED.format.lstrip("<"))
+    sizes = {struct.calcsize("<" + "".join(codes[:index])): struct.calcsize("<" + code)
+             for index, code in enumerate(codes)}
+    assert sizes == {
+        int(offset): int(size) for offset, size in re.findall(r"\| (\d+) \| (\d+) \| (?:magic `MPL2`|version|model_len|"
+                                                               r"salt_len|reserved|chunk_hash|payload_len)", text)}
+    mac = base.HEADER_BYTES - base._FIXED.size
+    assert f"| {base._FIXED.size} | {mac} | MAC: blake2b-{mac * 8} keyed" in text
+    assert f"| {base.HEADER_BYTES} | M+S | model_name, then cache_salt |" in text
+    assert f"| 4 | 2 | version ({base.RECORD_VERSION}; version {base.RECORD_VERSION - 1} records" in text
+    assert base.RECORD_MAGIC.decode() == "MPL2"
+    words = {3: "three", 6: "six", 7: "seven"}
+    assert f"then {words[layout.SLOTS_PER_CELL]} 8-byte slots" in text
+    assert f"then the first {words[layout.HEAD_FIELD_SLOTS]} fixed fields" in text
+    assert (f"byte {layout.CELL_OFF_SLOTS}: text field number, byte {layout.TEXT_OFF_LENGTH}: bytes used "
+            f"(≤ {layout.TEXT_BYTES_PER_CELL}), bytes {layout.TEXT_OFF_DATA}–{layout.CELL_SIZE - 1}: UTF-8") in text
+    assert f"inline* in slots {layout.INLINE_SALT_SLOT}–{layout.SLOTS_PER_CELL - 1}" in text
