@@ -396,3 +396,25 @@ def test_the_architectures_l2_record_and_cell_tables_are_the_codes():
     assert (f"byte {layout.CELL_OFF_SLOTS}: text field number, byte {layout.TEXT_OFF_LENGTH}: bytes used "
             f"(≤ {layout.TEXT_BYTES_PER_CELL}), bytes {layout.TEXT_OFF_DATA}–{layout.CELL_SIZE - 1}: UTF-8") in text
     assert f"inline* in slots {layout.INLINE_SALT_SLOT}–{layout.SLOTS_PER_CELL - 1}" in text
+    kinds = {name: f"{'u' if layout.CELL_DTYPE[name].kind == 'u' else 'i'}{layout.CELL_DTYPE[name].itemsize * 8}"
+             for name in ("seq", "kind", "etype", "index")}
+    assert re.findall(r"`(seq|kind|etype|index)` ([ui]\d+)", text[text.index("**Cell**"):]) [:4] == list(kinds.items())
+    extending = " ".join(_text("docs/EXTENDING.md").split())
+    assert f"an unused id below {2 ** (8 * layout.CELL_DTYPE['etype'].itemsize)}" in extending
+
+
+def test_the_readmes_numbers_follow_from_its_own_commands_and_the_chunk_size():
+    """The demo's run time the quick start states is its command's; the mq_timeout the mistakes table quotes is
+    the configuration block's; the tokens vLLM loads of its repeated prompt are the prompt's whole chunks of
+    --chunk-size's default."""
+    from mpcache.config.model import Config
+
+    text = " ".join(_text("README.md").split())
+    assert re.findall(r"--demo --duration (\d+)", text) == re.findall(r"load generator for (\d+) s", text) != []
+    [configured] = re.findall(r'"lmcache\.mp\.mq_timeout": (\d+)', text)
+    assert [configured] == re.findall(r"so `mq_timeout` is (\d+) s", text)
+    assert set(re.findall(r"within (\d+)\.0s", text)) == {configured}
+    [(prompt, loaded, chunk)] = re.findall(r"a ([\d,]+)-token prompt comes, vLLM takes ([\d,]+) of its tokens \(its "
+                                           r"whole (\d+)-token chunks\)", text)
+    prompt_tokens, chunk_tokens = int(prompt.replace(",", "")), Config.chunk_size_tokens
+    assert (int(chunk), int(loaded.replace(",", ""))) == (chunk_tokens, prompt_tokens // chunk_tokens * chunk_tokens)
