@@ -224,6 +224,8 @@ def _claims() -> list[tuple[str, str, str]]:
          f"{inline.MAX_TOTAL_BYTES // gib} / {inline.METADATA_BYTES_PER_TENSOR * inline.MAX_TENSORS // mib}"),
         ("docs/SECURITY.md", r"at most ([\d,]+) connections, each finishing its handshake within (\d+) s",
          f"{router.MAX_CONNECTIONS:,} / {_n(router.HANDSHAKE_TIMEOUT_S)}"),
+        ("docs/SECURITY.md", r"no map over (\d+) entries, in a frame over (\d+) KiB", f"{wire.MAX_MAP_ENTRIES} / "
+                                                                                f"{wire.SMALL_FRAME_BYTES // ki}"),
         ("docs/SECURITY.md", r"carries at most (\d+) arguments", str(frontend.MAX_ARGUMENTS)),
         ("docs/SECURITY.md", r"for at most (\d+) ms per pass", _n(frontend.PASS_BUDGET_S * 1000)),
         ("docs/SECURITY.md", r"connection holds at most a (\w+) of L1's bytes", share),
