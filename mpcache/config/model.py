@@ -7,6 +7,7 @@ children as a JSON file; every check raises a :class:`~mpcache.errors.ConfigErro
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import math
@@ -225,6 +226,12 @@ class Config:
         "records of L1 changes each cache process keeps for subscribe_kv_events (cache-aware routers, through "
         "the engines' KV-event publishers; default {default}, LMCache's size); 0 disables the stream",
         group=LMCACHE)
+    kv_events_endpoint: str = setting(
+        Text(), "", "also publish the KV event feed in vLLM's format from the telemetry process: ZeroMQ PUB on "
+        "tcp://HOST:PORT (cache process i on PORT+2i, its replay ROUTER on PORT+2i+1; HOST loopback unless "
+        "--lmcache-allow-remote); needs --lmcache-port or --lmcache-ipc, and pyzmq (pip install "
+        "'mpcache[kv-events]') (default: off)",
+        group=LMCACHE)
     lmcache_max_tokens: int = setting(  # derives the frame cap
         Integer(1 << 8, 1 << 26), 1 << 20,
         "the longest token list a request may carry; bounds every frame (default {default})", group=LMCACHE)
@@ -263,6 +270,11 @@ class Config:
                 f"--lmcache-host: {self.lmcache_host} is not a loopback address; LMCache clients share this host's "
                 "memory (engine_driven transfer maps the L1 pool), so they run here: use 127.0.0.1, or pass "
                 "--lmcache-allow-remote to accept peers on other hosts without any identity check")
+        if self.kv_events_endpoint:
+            self.kv_events_endpoints(self.workers - 1)  # refuses a malformed one
+            if importlib.util.find_spec("zmq") is None:
+                raise ConfigError("--kv-events-endpoint: needs pyzmq, which is not installed (pip install "
+                                  "'mpcache[kv-events]')")
         if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
             raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:
@@ -318,6 +330,22 @@ class Config:
         if self.lmcache_ipc:
             urls.append(f"ipc://{os.path.join(self.runtime_dir, f'lmcache{worker}.ipc')}")
         return urls
+
+    def kv_events_endpoints(self, worker: int) -> tuple[str, str]:
+        """Where the telemetry process publishes cache process ``worker``'s KV events, and its replay socket."""
+        endpoint = self.kv_events_endpoint
+        if not self.lmcache_urls(worker) or not self.kv_event_log_size:
+            raise ConfigError("--kv-events-endpoint: needs --lmcache-port or --lmcache-ipc, and a KV event log")
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not endpoint.startswith("tcp://") or not port.isdigit() or not host:
+            raise ConfigError(f"--kv-events-endpoint: expected tcp://HOST:PORT, got {endpoint!r}")
+        if not self.lmcache_allow_remote and not _is_loopback(host):
+            raise ConfigError(f"--kv-events-endpoint: {host} is not a loopback address (--lmcache-allow-remote "
+                              "publishes to other hosts, unauthenticated)")
+        first = int(port) + 2 * worker
+        if first + 1 > 65535:
+            raise ConfigError("--kv-events-endpoint: PORT + 2 × workers goes past 65535")
+        return f"tcp://{host}:{first}", f"tcp://{host}:{first + 1}"
 
     def all_segment_names(self) -> list[str]:
         names = [self.gauge_board_name(), self.telemetry_state_name()]

@@ -17,7 +17,7 @@ from mpcache.cache.client_errors import RateLimit
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
-from mpcache.cache.lmcache.kvevents import CAPABILITY, MAX_EVENTS, KVEventStreams
+from mpcache.cache.lmcache.kvevents import ALL_MODELS, CAPABILITY, MAX_EVENTS, KVEventStreams
 from mpcache.cache.lmcache.operations import OPERATIONS, refused, served
 from mpcache.cache.lmcache.recentkeys import RecentKeys
 from mpcache.contract import protocol
@@ -125,7 +125,8 @@ class LMCacheHandlers:
     @served("subscribe_kv_events", None, (4, 4), stream=True)
     def subscribe_kv_events(self, args: list[Any], owner: int) -> Subscribe:
         """``(instance_id, model_name, cursor, max_events)``: a stream of L1's changes (:mod:`.kvevents`)."""
-        return Subscribe(wire.instance_id(args[0]), protocol.MODEL(args[1], "model_name"),
+        model = ALL_MODELS if args[1] == ALL_MODELS else protocol.MODEL(args[1], "model_name")
+        return Subscribe(wire.instance_id(args[0]), model,
                          protocol.int_range(0, (1 << 63) - 1)(args[2], "cursor"),
                          protocol.int_range(1, MAX_EVENTS)(args[3], "max_events"))
 

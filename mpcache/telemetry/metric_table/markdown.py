@@ -97,6 +97,7 @@ def describe(source: Source) -> str:
         d.LIVE_SLOT_COUNT: f"the slots whose {', '.join(words)} is at most 2 s old",
         d.RESTART_COUNT: f"cache: {', '.join(words)} summed over every slot; telemetry: the board header's count",
         d.SLOT_WORD: f"{', '.join(words)} of every slot, live or not",
+        d.KV_RELAY: f"the KV event relay's count of {field}, per cache process it relays (none without it)",
         d.BUILD: "1",
         d.RESOURCE: "1 (the Prometheus exporter's rendering of the resource)",
         d.PROCESS: "prometheus_client's process collector, from /proc at scrape time (Prometheus only)",
