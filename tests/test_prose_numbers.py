@@ -1,5 +1,6 @@
 """Numbers and names the documents quote agree with the code they describe: the C extensions setup.py builds,
-the pump's sleep bounds and batch target, and every code name docs/ARCHITECTURE.md cites."""
+the key cache's candidates and bound, the pump's sleep bounds and batch target, and every code name
+docs/ARCHITECTURE.md cites."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from mpcache.cache.lmcache import keycache
 from mpcache.telemetry import pump
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,3 +55,11 @@ def test_every_code_name_the_architecture_cites_exists_in_the_repository():
         words |= set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", (REPO / path).read_text(encoding="utf-8",
                                                                                     errors="replace")))
     assert sorted(code_like - words - FOREIGN_NAMES) == []
+
+
+def test_the_key_caches_candidates_and_bound_are_the_codes_where_the_docs_give_them():
+    """ARCHITECTURE.md and SECURITY.md give how many token lists the scanner is handed and the one bound."""
+    for name in ("docs/ARCHITECTURE.md", "docs/SECURITY.md"):
+        text = " ".join(_text(name).split())
+        assert re.findall(r"the (\w+) most recently used token lists", text) == [NUMBER_WORDS[keycache.CANDIDATES]]
+        assert re.findall(r"(\d+) MiB[,.]? (?:charged|in all)", text) == [str(keycache.MAX_BYTES >> 20)]
