@@ -165,7 +165,11 @@ static int read_bin(Cursor *c, Py_ssize_t max_tokens, PyObject **tokens) {
     *tokens = PyBytes_FromStringAndSize(NULL, n * 2);
     if (*tokens == NULL) return -2;
     int64_t *out = (int64_t *)PyBytes_AS_STRING(*tokens);
-    for (Py_ssize_t k = 0; k < n / 4; k++) out[k] = (int64_t)be(c->p + 4 * k, 4);
+    for (Py_ssize_t k = 0; k < n / 4; k++) {
+        uint32_t v;
+        memcpy(&v, c->p + 4 * k, 4);
+        out[k] = (int64_t)__builtin_bswap32(v);  /* big-endian on a little-endian build (checked above) */
+    }
     c->p += n;
     return 0;
 }

@@ -80,19 +80,25 @@ class KeyCache:
             self._entry(key, None, scope)
             return key
         rest, found, encoded, salt = split
+        hit = None
         if type(found) is int:
             hit = self._candidates[found]
             if hit.scope == scope:
                 known = hit.keys.get(rest)
                 if known is not None:
-                    self._touch(hit)
+                    if self._newest is not hit or self._candidates[0] is not hit:
+                        self._touch(hit)
                     return known
             tokens, kept = hit.tokens, hit.kept
         else:
             assert isinstance(found, bytes) and encoded is not None and salt is not None
             tokens, kept = found, (salt, encoded)
         key = _scoped(wire.key_from_map(self._decode(rest), tokens), scope)
-        entry = self._entry(key, kept, scope)
+        if hit is not None and hit.request_id == key.request_id:  # the request's own list, under its salt
+            entry: _TokenList | None = hit
+            self._touch(hit)
+        else:
+            entry = self._entry(key, kept, scope)
         if entry is not None and entry.scope == scope and self._grow(entry, KEY_BYTES + len(rest)):
             entry.keys[rest] = key
         return key
@@ -100,7 +106,10 @@ class KeyCache:
     def chunk_keys(self, key: wire.Key, ranks: tuple[int, ...], first: int, last: int, groups: int = 1) -> list[int]:
         """The L1 keys of chunks ``[first, last)`` for each of ``groups`` KV cache groups and each of ``ranks``,
         chunk-major and rank-minor (:func:`~mpcache.contract.keys.rank_hashes`, then :func:`.groups.group_keys`)."""
-        entry = self._entry(key, None, None)
+        entry = self._newest  # the key's, most often: key() has just given it
+        if (entry is None or entry.tokens is not key.tokens or entry.request_id != key.request_id
+                or entry.cache_salt != key.cache_salt):
+            entry = self._entry(key, None, None)
         hashes = None if entry is None else entry.hashes
         if hashes is None:
             hashes = chunk_hashes(np.frombuffer(key.tokens, dtype="<i8"), self.chunk_tokens)
@@ -189,7 +198,8 @@ class KeyCache:
             return False
         entry.charge += size
         self.bytes_kept += size
-        self._trim()
+        if self.bytes_kept > self.max_bytes:
+            self._trim()
         return True
 
     def _trim(self) -> None:
