@@ -1,5 +1,6 @@
 """Numbers and names the documents quote agree with the code they describe: the C extensions setup.py builds,
-the pump's sleep bounds and batch target, and every code name docs/ARCHITECTURE.md cites."""
+the key cache's candidates and bound, the pump's sleep bounds and batch target, and every code name
+docs/ARCHITECTURE.md cites."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mpcache.cache.lmcache import keycache
 from mpcache.telemetry import pump
 
 REPO = Path(__file__).resolve().parents[1]
@@ -420,3 +422,11 @@ def test_the_readmes_numbers_follow_from_its_own_commands_and_the_chunk_size():
                                            r"whole (\d+)-token chunks\)", text)
     prompt_tokens, chunk_tokens = int(prompt.replace(",", "")), Config.chunk_size_tokens
     assert (int(chunk), int(loaded.replace(",", ""))) == (chunk_tokens, prompt_tokens // chunk_tokens * chunk_tokens)
+
+
+def test_the_key_caches_candidates_and_bound_are_the_codes_where_the_docs_give_them():
+    """ARCHITECTURE.md and SECURITY.md give how many token lists the scanner is handed and the one bound."""
+    for name in ("docs/ARCHITECTURE.md", "docs/SECURITY.md"):
+        text = " ".join(_text(name).split())
+        assert re.findall(r"the (\w+) most recently used token lists", text) == [NUMBER_WORDS[keycache.CANDIDATES]]
+        assert re.findall(r"(\d+) MiB[,.]? (?:charged|in all)", text) == [str(keycache.MAX_BYTES >> 20)]
