@@ -34,7 +34,8 @@ def mrc(port: int) -> dict:
 
 
 def overall(port: int) -> dict:
-    return next(c for c in mrc(port)["curves"] if c["tier"] == "l1" and c["model_name"] == "*")
+    return next(c for c in mrc(port)["curves"]
+                if c["tier"] == "l1" and (c["model_name"], c["cache_salt"]) == ("*", "*"))
 
 
 class Engine:
