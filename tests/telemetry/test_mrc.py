@@ -11,7 +11,18 @@ from collections import OrderedDict
 import pytest
 
 from mpcache.contract.keys import SAMPLE_MODULUS
-from mpcache.telemetry.mrc.curves import AFTER_GAP, ALL, HEAD, L1_HIT, L2_HIT, MISS, POINT_RATIOS, SAMPLED, CurveSet
+from mpcache.telemetry.mrc.curves import (
+    AFTER_GAP,
+    ALL,
+    HEAD,
+    L1_HIT,
+    L2_HIT,
+    MISS,
+    OVERFLOW,
+    POINT_RATIOS,
+    SAMPLED,
+    CurveSet,
+)
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 MODEL, SALT = "m", "s"
@@ -426,13 +437,29 @@ def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simul
 
 
 def test_a_tenant_named_like_the_curve_over_everything_is_counted_in_it_once():
-    """A client may name its model and cache_salt "*": its lookups must count once in the curve over
-    everything, not once as "*" and again as its own curve (which is the same one)."""
+    """A client may name its model or its cache_salt "*": its lookups must count once in the curve over
+    everything, never in a marginal curve's name ((model, "*") is that model across tenants), but in the
+    overflow curves."""
     curves = CurveSet(1.0, 64, {"l1": 1000})
     curves.store("*", 100, [])
     curves.lookup("*", "*", 1, [((1, "*", "*"), SAMPLED, MISS, 1)])
+    curves.lookup(MODEL, "*", 1, [((3, "*", MODEL), SAMPLED, MISS, 1)])
     curves.lookup(MODEL, SALT, 1, [((2, SALT, MODEL), SAMPLED, MISS, 1)])
-    assert 2 == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}[(ALL, ALL)]
+    assert {(ALL, ALL): 3, (OVERFLOW, OVERFLOW): 2, (OVERFLOW, ALL): 2, (ALL, OVERFLOW): 2, (MODEL, SALT): 1,
+            (MODEL, ALL): 1, (ALL, SALT): 1} == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"]
+                                                 for c in curves.curves()}
+
+
+def test_pair_model_and_salt_curves_are_each_capped_and_the_rest_share_the_overflow_curves():
+    """At most ``max_tenants`` curves of each kind (pairs, models across salts, salts across models); the
+    lookups of the others count in the overflow curve of that kind, so every kind still adds up to the whole."""
+    curves = CurveSet(1.0, 64, {"l1": 1000}, max_tenants=2)
+    tenants = [(f"m{i}", f"s{j}") for i in range(3) for j in range(3)]
+    for key, (model, salt) in enumerate(tenants):
+        curves.lookup(model, salt, 1, [((key, salt, model), SAMPLED, MISS, 1)])
+    counts = {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}
+    assert {(ALL, ALL): 9, ("m0", "s0"): 1, ("m0", "s1"): 1, (OVERFLOW, OVERFLOW): 7, ("m0", ALL): 3,
+            ("m1", ALL): 3, (OVERFLOW, ALL): 3, (ALL, "s0"): 3, (ALL, "s1"): 3, (ALL, OVERFLOW): 3} == counts
 
 
 def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_rate_below_one():
@@ -529,3 +556,33 @@ def test_two_cache_processes_curves_equal_two_simulated_lru_caches_fed_the_same_
     assert expected == [point["hit_ratio"] for point in curve["points"]]
     assert expected[POINT_RATIOS.index(1.0)] == curve["measured_hit_ratio"]
     assert 0.05 < expected[0] < expected[-1] < 0.95 and curves.processes == 2  # the workload spans the curve
+
+
+def test_each_ring_is_its_own_cache_process_for_the_curves_and_the_miss_reasons(ring_factory, metrics, config):
+    """The subscriber judges a ring's events against that cache process's history: a key stored by process 0
+    and asked for in process 1 is cold there (process 1 never stored it) and evicted in process 0; /mrc says
+    the two processes, and the capacities are the tier's over both."""
+    import dataclasses
+    import json
+
+    from mpcache.contract.events import MRC_HEAD_FIELDS, EventType
+    from mpcache.telemetry.batch import EventBatch
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
+
+    config = dataclasses.replace(config, workers=2, mrc_sample_rate=1.0)
+    subscriber = MissRatioSubscriber(metrics.meter, config)
+    rings = [ring_factory(capacity=256, intern_capacity=64) for _ in range(2)]
+    row = (12345, SALT, MODEL)
+    empty = (0,) * len(MRC_HEAD_FIELDS)
+
+    def deliver(producer: int, etype: EventType, fields: tuple) -> None:
+        rings[producer].publisher.emit(etype, fields, sampled=[row])
+        subscriber.on_batch(EventBatch(producer, rings[producer].reader.read_batch(), rings[producer].names))
+
+    deliver(0, EventType.MRC_STORE_SAMPLED, (MODEL, SALT, 1, 64))
+    for producer in (1, 0):  # a sampled key that missed (no sampled hits): ranks 1, found 0, no head chunks
+        deliver(producer, EventType.MRC_LOOKUP_SAMPLED, (MODEL, SALT, 1, 0, 0, 0, 0, 0, 0, *empty))
+    collected = metrics.collect()["mpcache.lookup_miss"]
+    assert {"cold": 1, "evicted": 1} == {dict(attributes)["reason"]: value for attributes, value in collected.items()}
+    document = json.loads(mrc_routes([subscriber])["/mrc"]()[1])
+    assert (2, 2 * config.l1_pool_bytes) == (document["processes"], document["curves"][0]["capacity_bytes"])

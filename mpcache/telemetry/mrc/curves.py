@@ -166,13 +166,12 @@ class CurveSet:
         self._curves[key] = Histogram(len(self._edges) + 1)
         return True
 
-    def _histograms(self, tenant: Tenant) -> list[Histogram]:
-        """The curves an access of ``tenant`` counts in: everything, its pair, its model's and its salt's."""
-        model, salt = tenant
-        by_model = (model, ALL) if tenant != _OVERFLOW_KEYS[PAIR] and self._own((model, ALL), BY_MODEL) \
-            else _OVERFLOW_KEYS[BY_MODEL]
-        by_salt = (ALL, salt) if tenant != _OVERFLOW_KEYS[PAIR] and self._own((ALL, salt), BY_SALT) \
-            else _OVERFLOW_KEYS[BY_SALT]
+    def _histograms(self, model: str, salt: str, tenant: Tenant) -> list[Histogram]:
+        """The curves an access of (``model``, ``salt``) counts in: everything, its pair's (``tenant``), its
+        model's across salts and its salt's across models (a name ``"*"`` counts in the overflow curves)."""
+        named = ALL not in (model, salt)
+        by_model = (model, ALL) if named and self._own((model, ALL), BY_MODEL) else _OVERFLOW_KEYS[BY_MODEL]
+        by_salt = (ALL, salt) if named and self._own((ALL, salt), BY_SALT) else _OVERFLOW_KEYS[BY_SALT]
         return [self._curve(key) for key in ((ALL, ALL), tenant, by_model, by_salt)]
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
@@ -182,7 +181,7 @@ class CurveSet:
         history (:meth:`History.lookup <mpcache.telemetry.mrc.history.History.lookup>`).  A miss of a key that
         process stored before is ``evicted``, of one it never stored ``cold``."""
         tenant = self.tenant(model, salt)
-        histograms = self._histograms(tenant)
+        histograms = self._histograms(model, salt, tenant)
         curve, reasons = self._histories[process].lookup(accesses, self._object_bytes.get(model, 0))
         self._add(histograms, curve)
         for found, stored, weight in reasons:

@@ -216,7 +216,7 @@ class History:
 
     def save(self) -> dict[str, Any]:
         """The strata's rates, the tracked keys in stack order (sizes and strata), which of them are stored, and
-        the stored keys forgotten for depth (up to 3 × ``max_keys`` rows)."""
+        the stored keys forgotten for depth (up to 4 × ``max_keys`` rows)."""
         return {"strata": [[stratum.threshold, stratum.keys] for stratum in self.strata],
                 "stack": list(self.stack.entries()), "stored": list(self.stored), "forgotten": list(self.forgotten)}
 

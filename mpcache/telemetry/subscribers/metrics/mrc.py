@@ -42,7 +42,7 @@ _LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exac
 _LOOKUP_COLUMNS = [SCHEMAS[_LOOKUP].field_names.index(field) for field in _LOOKUP_FIELDS]
 _STORE_COLUMNS = [SCHEMAS[_STORE].field_names.index(field) for field in ("model_name", "object_bytes")]
 _MASK64 = (1 << 64) - 1
-# The curves' history (tracked and forgotten keys: up to 3 x --mrc-max-keys rows, milliseconds to pack) is
+# The curves' history (tracked, stored and forgotten keys: up to 4 x --mrc-max-keys rows, milliseconds to pack) is
 # checkpointed at most this often; the curves and the counts, at every checkpoint.
 HISTORY_EVERY_S = 60.0
 
