@@ -63,21 +63,22 @@ class Histogram:
         self.l1_hits = 0.0
         self.l2_hits = 0.0
 
-    def add(self, weight: float, found: str, bucket: int | None, changes: list[float] | None) -> None:
-        """One access: its distance's bucket, or a miniature simulation's changes in hits per edge."""
+    def add(self, curve: Sequence[Judged], total: float, l1_hits: float, l2_hits: float) -> None:
+        """One lookup's judged accesses (their weights sum to ``total``, of which the lookup found ``l1_hits``
+        in L1 and ``l2_hits`` in L2): each its distance's bucket, or a miniature simulation's changes in hits
+        per edge."""
         counts = self.counts
-        if bucket is not None:
-            counts[bucket] += weight
-        else:
-            for index, change in enumerate(changes or ()):
-                if change:
-                    counts[index] += change
-        self.total += weight
-        self.sampled_accesses += 1
-        if found == L1_HIT:
-            self.l1_hits += weight
-        elif found == L2_HIT:
-            self.l2_hits += weight
+        for weight, _, bucket, changes in curve:
+            if bucket is not None:
+                counts[bucket] += weight
+            else:
+                for index, change in enumerate(changes or ()):
+                    if change:
+                        counts[index] += change
+        self.total += total
+        self.sampled_accesses += len(curve)
+        self.l1_hits += l1_hits
+        self.l2_hits += l2_hits
 
     def scale(self, factor: float) -> None:
         self.counts = [count * factor for count in self.counts]
@@ -190,9 +191,17 @@ class CurveSet:
 
     @staticmethod
     def _add(histograms: list[Histogram], curve: list[Judged]) -> None:
-        for weight, found, bucket, changes in curve:
-            for histogram in histograms:
-                histogram.add(weight, found, bucket, changes)
+        if not curve:
+            return
+        total = l1_hits = l2_hits = 0.0
+        for weight, found, _, _ in curve:
+            total += weight
+            if found == L1_HIT:
+                l1_hits += weight
+            elif found == L2_HIT:
+                l2_hits += weight
+        for histogram in histograms:
+            histogram.add(curve, total, l1_hits, l2_hits)
 
     def _count(self, tenant: Tenant, found: str, stored: bool, chunks: float) -> None:
         """Miss reasons and eviction regret of one sampled access that L1 did not serve (``chunks``: what it
