@@ -170,7 +170,7 @@ def test_a_key_forgotten_for_depth_is_evicted_when_asked_again_not_cold():
     for key in range(1000, 1100):  # 100 keys of 100 bytes: key 1 falls far below 16 × 100 bytes
         curves.lookup(MODEL, SALT, 1, [((key, SALT, MODEL), SAMPLED, MISS, 1)])
         curves.store(MODEL, 100, [(key, SALT, MODEL)])
-    assert (1, SALT, MODEL) not in curves.history().stack and curves.rate == 1.0
+    assert (1, SALT, MODEL) not in curves._histories[0].stack and curves.rate == 1.0
     curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), SAMPLED, MISS, 1)])
     misses, regret = curves.take_counts()
     assert ({("cold", MODEL, SALT): 100.0, ("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == (
@@ -184,8 +184,8 @@ def test_a_key_named_twice_in_one_lookup_keeps_its_stratum_and_the_budget_holds(
     for key in range(500):
         row = (key, SALT, MODEL)
         curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1), (row, SAMPLED, MISS, 1)])
-    assert [len(curves.history().stack.keys_in(HEAD)), len(curves.history().stack.keys_in(SAMPLED))] == [
-        stratum.keys for stratum in curves.history().strata]
+    assert [len(curves._histories[0].stack.keys_in(HEAD)), len(curves._histories[0].stack.keys_in(SAMPLED))] == [
+        stratum.keys for stratum in curves._histories[0].strata]
     assert 0 < curves.tracked_keys <= 64 and curves.head_rate < 1.0
 
 
@@ -344,7 +344,7 @@ def test_the_fixed_size_heaps_stay_bounded_when_depth_pruning_alone_keeps_the_bu
         curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1)])
         curves.store(MODEL, 1000, [row])
     assert (1.0, True) == (curves.rate, curves.tracked_keys <= 400)
-    assert all(len(stratum.heap) <= 2 * stratum.budget + 16 for stratum in curves.history().strata)
+    assert all(len(stratum.heap) <= 2 * stratum.budget + 16 for stratum in curves._histories[0].strata)
 
 
 def test_a_stratum_threshold_never_rises_within_one_lookup():
@@ -355,7 +355,7 @@ def test_a_stratum_threshold_never_rises_within_one_lookup():
     values = (100, 200, 300, 500, 400)  # hash mod P of each key; the sampled stratum tracks 2 keys
     curves.lookup(MODEL, SALT, 1, [((value, SALT, MODEL), SAMPLED, MISS, 1) for value in values])
     assert curves.rate * SAMPLE_MODULUS == 300  # 300 went first: 500 and 400 are past the threshold
-    assert {(100, SALT, MODEL), (200, SALT, MODEL)} == set(curves.history().stack._entry)
+    assert {(100, SALT, MODEL), (200, SALT, MODEL)} == set(curves._histories[0].stack._entry)
 
 
 def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as_an_l1_hit():
@@ -469,7 +469,7 @@ def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_ra
     old, older, first, second, third = ((value, SALT, MODEL) for value in (1, 2, 3, 4, 5))  # all pass rate 0.5
     for row, nbytes in ((older, 500), (old, 500), (first, 300), (second, 400), (third, 200)):
         curves.store(MODEL, nbytes, [row])  # the fifth key prunes: old and older are past 1600 bytes
-    assert {first, second, third} == set(curves.history().stack._entry) and 0.5 == curves.rate
+    assert {first, second, third} == set(curves._histories[0].stack._entry) and 0.5 == curves.rate
     curves.lookup(MODEL, SALT, 1, [(first, SAMPLED, MISS, 1)])  # distance 2 × (400 + 200) + 300 = 1500
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     assert 1.0 == curve["points"][-1]["hit_ratio"] and 16 * 100 == curve["points"][-1]["capacity_bytes"]

@@ -70,7 +70,7 @@ def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_
         curves.store(MODEL, SIZE, rows)
     threshold = curves.rate * SAMPLE_MODULUS
     assert curves.rate < 0.5
-    for edge, mini in zip(curves.history().edges, curves.history().minis):
+    for edge, mini in zip(curves._histories[0].edges, curves._histories[0].minis):
         assert mini.capacity == pytest.approx(edge * curves.rate)
         assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
         assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity

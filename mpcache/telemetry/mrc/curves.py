@@ -148,9 +148,6 @@ class CurveSet:
     def tracked_keys(self) -> int:
         return sum(len(history.stack) for history in self._histories)
 
-    def history(self, process: int = 0) -> History:
-        return self._histories[process]
-
     def tenant(self, model: str, salt: str) -> Tenant:
         """The pair a lookup's miss counts and pair curve go under: its own while at most ``max_tenants`` pairs
         have one, and never one naming ``"*"`` (it would be a marginal curve, or the curve over everything)."""
