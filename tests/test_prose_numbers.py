@@ -104,7 +104,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.supervisor import provision, restart, watch
     from mpcache.telemetry import buffered, bus
     from mpcache.telemetry.metric_table import SPECIFIED
-    from mpcache.telemetry.mrc import curves
+    from mpcache.telemetry.mrc import curves, history
     from mpcache.telemetry.subscribers import tracing
     from mpcache.telemetry.subscribers.metrics import mrc
     from mpcache.tools import logtail
@@ -250,8 +250,10 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/MRC.md", r"every curve as JSON, (\d+) points from ([\d.]+)× to (\d+)×",
          f"{len(curves.POINT_RATIOS)} / {curves.POINT_RATIOS[0]:g} / {curves.POINT_RATIOS[-1]:g}"),
         ("docs/MRC.md", r"At most (\d+) tenants get their own curve", str(curves.MAX_TENANT_CURVES)),
-        ("docs/MRC.md", r"more than (\d+) × `--mrc-max-keys` keys were forgotten", str(curves.FORGOTTEN_PER_KEY)),
-        ("docs/MRC.md", r"the last (\d+) × `--mrc-max-keys` of them", str(curves.FORGOTTEN_PER_KEY)),
+        ("docs/MRC.md", r"each history tracks `--mrc-max-keys` / N keys \(at least (\d+)",
+         str(curves.MIN_KEYS_PER_PROCESS)),
+        ("docs/MRC.md", r"more than (\d+) × `--mrc-max-keys` keys were forgotten", str(history.FORGOTTEN_PER_KEY)),
+        ("docs/MRC.md", r"the last (\d+) × `--mrc-max-keys` of them", str(history.FORGOTTEN_PER_KEY)),
         ("docs/MRC.md", r"chunks \(default (\d+), at most (\d+)\)",
          f"{Config.mrc_exact_chunks} / {len(MRC_HEAD_FIELDS)}"),
         ("docs/MRC.md", r"They travel as (\d+) fixed fields", str(len(MRC_HEAD_FIELDS))),
