@@ -1,12 +1,14 @@
 """The KV event feed replayed against what the cache holds: a mixed workload of more than 10⁵ chunk events through
-``bin/start-cache`` (stores of fresh and repeated chunks in two tenants into a small L1, so every store evicts;
-``clear``; ``kill -9`` of the cache process, and of the telemetry process, which this stream never touches), and an
-index a router builds from ``subscribe_kv_events`` alone equals L1's actual contents at every checkpoint: every
-block it holds is found by one lookup on the native socket (0 stale) and it holds as many blocks as L1's bytes
-in use hold objects (0 missing).  A router's index built from the vLLM-format PUB feed the telemetry process
-relays (``--kv-events-endpoint``) equals it too at every checkpoint, through a dropped message every third
-checkpoint (filled through the replay socket), both cache restarts and the relay's own ``kill -9``; vLLM's own
-``KVEventBatch`` decoder reads every message it applied as the same events."""
+``bin/start-cache`` (stores of fresh and repeated chunks in two tenants into a small L1, so every store evicts, each
+written through to a small fs L2 tier that evicts under pressure too; ``clear``, which empties L1 and leaves L2 as it
+is; ``kill -9`` of the cache process, whose fs tier keeps its chunks, and of the telemetry process, which this
+stream never touches), and an index a router builds from ``subscribe_kv_events`` alone equals L1's and L2's actual
+contents at every checkpoint: every L1 block it holds is found by one lookup on the native socket, all in L1
+(0 stale), it holds as many blocks as L1's bytes in use hold objects (0 missing), and its L2 blocks are exactly the
+chunk files the tier's directory holds, read from outside the service.  A router's index built from the
+vLLM-format PUB feed the telemetry process relays (``--kv-events-endpoint``) equals both too at every checkpoint,
+through a dropped message every third checkpoint (filled through the replay socket), both cache restarts and the
+relay's own ``kill -9``; vLLM's own ``KVEventBatch`` decoder reads every message it applied as the same events."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from support.ports import free_ports
 from support.vllm_args import vllm_python
 from support.waiting import wait_for
 
+from mpcache.cache.l2.base import name_end, parse_header
 from mpcache.cache.lmcache import kvevents
 from mpcache.client import CacheClient
 from mpcache.contract.keys import ChunkKey
@@ -37,6 +40,8 @@ BATCH = 64  # chunks per store
 MODEL = "org/replay"
 SALTS = ("", "tenant-b")
 EVENTS = 100_000
+L2_SLOTS = 4 * SLOTS  # the fs tier's capacity, in chunks
+L2 = "L2:fs"  # its medium
 
 
 class Cache:
@@ -56,6 +61,10 @@ class Cache:
         self.lmcache.close()
         self.stream.close()
 
+    def l2_settled(self) -> bool:
+        """No L2 store task in flight (each one's changes are in the feed once it is off this count)."""
+        return self.board.adapter_word(0, 0, layout.G_L2_INFLIGHT_STORES) == 0
+
     def objects(self) -> int:
         used = self.board.word(0, layout.G_L1_USED)
         assert used % CHUNK == 0
@@ -70,9 +79,27 @@ def _kill_and_wait(service, role: str) -> None:
         role != "cache" or service.lines("cache.start", pid=service.pids(role)[-1])), 60, f"a new {role} process")
 
 
-def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_service, tmp_path):
-    service = start_service("--workers", "1", "--lmcache-ipc", "--lmcache-allow-clear", "--chunk-bytes", str(CHUNK),
-                            "--l1-size", str(SLOTS * CHUNK), "--chunk-size", "16", "--kv-event-log-size", "32768",
+def l2_files(root) -> set[tuple[str, bytes]]:
+    """What the fs tier holds, by the feed's name for each chunk: the key in each chunk file's record header."""
+    held = set()
+    for directory, _, filenames in os.walk(root):
+        for filename in filenames:
+            if filename.endswith(".chunk"):
+                with open(os.path.join(directory, filename), "rb") as handle:
+                    head = handle.read(4096)
+                end = name_end(head)
+                header = None if end is None else parse_header(head[:end])
+                assert header is not None, f"{filename}: not a chunk record"
+                held.add(block_hash(header.key))
+    return held
+
+
+def test_an_index_built_from_the_feed_equals_l1_and_l2_at_every_checkpoint(start_service, tmp_path):
+    l2_root = tmp_path / "l2"
+    tier = {"type": "fs", "path": str(l2_root), "capacity_gb": L2_SLOTS * CHUNK / 1e9}
+    service = start_service("--l2", json.dumps(tier), "--workers", "1", "--lmcache-ipc", "--lmcache-allow-clear",
+                            "--chunk-bytes", str(CHUNK), "--l1-size", str(SLOTS * CHUNK), "--chunk-size", "16",
+                            "--kv-event-log-size", "32768",
                             "--kv-events-endpoint", f"tcp://127.0.0.1:{free_ports(2, run=True)[0]}")
     service.ready(metrics=False)
     segment = Segment.attach(service.config().gauge_board_name())
@@ -107,24 +134,26 @@ def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_servic
             if step % 40 == 39 or step % 97 == 96:
                 marker_seq += 1
                 pub.drop_next = checkpoints % 3 == 0  # a forced gap, filled through the replay socket
-                _checkpoint(cache, index, known, marker_seq, pub)
+                _checkpoint(cache, index, known, marker_seq, pub, l2_root)
                 checkpoints += 1
             if step in (450, 900):  # kill -9 the cache process: the feed's next incarnation starts from nothing
-                _checkpoint(cache, index, known, marker_seq + 1000, pub)
+                _checkpoint(cache, index, known, marker_seq + 1000, pub, l2_root)
                 cache.close()
                 _kill_and_wait(service, "cache")
                 restarts += 1
                 cache = Cache(service, board)
                 before = index.resyncs
-                _checkpoint(cache, index, known, marker_seq + 2000, pub)
+                _checkpoint(cache, index, known, marker_seq + 2000, pub, l2_root)
                 assert index.resyncs == before + 1  # the new incarnation
-        _checkpoint(cache, index, known, marker_seq + 3000, pub)
+        _checkpoint(cache, index, known, marker_seq + 3000, pub, l2_root)
+
         assert index.records >= EVENTS and restarts == 2 and checkpoints >= 20
-        assert index.removed_unknown == 0
+        assert index.removed_unknown == 0 and index.l2_removed > L2_SLOTS  # L2 evicted under pressure
         assert pub.dropped >= 5 and pub.replays >= pub.dropped and pub.cleared >= 3  # gaps filled; restarts resynced
         # the relay's own metrics: this router's SUB, what it published, the gaps it filled
         scrape = wait_for(service.scrape, 30, "/metrics")
         assert scrape.total("mpcache_kv_pub_subscribers", worker="0") == 1
+        assert scrape.total("lmcache_mp_l2_evicted_chunks_total") > L2_SLOTS
         assert scrape.total("mpcache_kv_pub_records_total") > 0 and scrape.total("mpcache_kv_pub_replays_total") > 0
         decoded_by_vllm(pub.payloads, tmp_path)
         assert kvpub.ALL_MODELS == kvevents.ALL_MODELS  # the relay's subscription, named in two layers
@@ -135,8 +164,10 @@ def test_an_index_built_from_the_feed_equals_l1_at_every_checkpoint(start_servic
         segment.close()
 
 
-def _checkpoint(cache: Cache, index: Index, known: dict, marker: int, pub: PubIndex) -> None:
-    """Store a marker chunk, read the feed until its stored record, and hold the index against L1."""
+def _checkpoint(cache: Cache, index: Index, known: dict, marker: int, pub: PubIndex, l2_root) -> None:
+    """Once no L2 store task is in flight, store a marker chunk, read the feed until its stored records in L1 and
+    in L2 (its tier's last change), and hold the index against L1 and the fs tier's files."""
+    wait_for(cache.l2_settled, 60, "the L2 store tasks to finish")
     marker_hash = (1 << 63) | marker
     key = ChunkKey(MODEL, "", marker_hash)
     known[block_hash(key)] = key
@@ -144,7 +175,7 @@ def _checkpoint(cache: Cache, index: Index, known: dict, marker: int, pub: PubIn
                        block_ids=[0])
     cache.native.end_session(f"m{marker}")
     wanted = block_hash(key)
-    while wanted not in index.blocks:
+    while wanted not in index.blocks or wanted not in index.tiers.get(L2, {}):
         batch = cache.stream.next()
         assert batch is not None, "the stream ended"
         index.apply(batch)
@@ -154,22 +185,30 @@ def _checkpoint(cache: Cache, index: Index, known: dict, marker: int, pub: PubIn
         if held:
             job = cache.native.lookup_prefetch(request_id=f"probe{marker}{salt}", model_name=MODEL, cache_salt=salt,
                                                chunk_hashes=held)
-            found = cache.native.wait_prefetch(job).found_count
+            status = cache.native.wait_prefetch(job)
             cache.native.end_session(f"probe{marker}{salt}")
-            assert found == len(held), f"stale: {len(held) - found} of {len(held)} blocks of {salt!r} not in L1"
+            assert status.found_count == len(held), (
+                f"stale: {len(held) - status.found_count} of {len(held)} blocks of {salt!r} not in L1")
+            assert status.l2_loaded_count == 0, f"stale: {status.l2_loaded_count} blocks of {salt!r} only in L2"
     assert len(index.blocks) == cache.objects(), "missing: L1 holds objects the feed never announced"
+    in_l2 = l2_files(l2_root)
+    held_l2 = set(index.tiers[L2])
+    assert held_l2 == in_l2, f"L2: {len(held_l2 - in_l2)} stale, {len(in_l2 - held_l2)} missing of {len(in_l2)}"
     expected = {block for _, block in index.blocks}  # what L1 holds, just checked
+    expected_l2 = {block for _, block in in_l2}
 
     def caught_up() -> bool:
         while pub.take(0):
             pass
-        return pub.synced and pub.blocks == expected
+        return pub.synced and pub.blocks == expected and pub.tiers.get(L2, set()) == expected_l2
 
     try:
-        wait_for(caught_up, 60, "the PUB feed's index to equal L1's contents")
+        wait_for(caught_up, 60, "the PUB feed's index to equal L1's and L2's contents")
     except AssertionError as exc:
+        l2 = pub.tiers.get(L2, set())
         raise AssertionError(f"{exc}: {len(pub.payloads)} messages applied (next {pub.expected}), "
-                             f"{len(pub.blocks - expected)} stale, {len(expected - pub.blocks)} missing: "
+                             f"{len(pub.blocks - expected)} stale, {len(expected - pub.blocks)} missing in L1, "
+                             f"{len(l2 - expected_l2)} stale, {len(expected_l2 - l2)} missing in L2: "
                              f"replays {pub.replays}, cleared {pub.cleared}, resyncs {pub.resyncs}, "
                              f"synced {pub.synced}") from None
 

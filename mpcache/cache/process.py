@@ -166,7 +166,7 @@ class CacheProcess:
         names = [config.l2_name(index) for index in range(len(config.l2))]
         storage = StorageManager(build_adapters(config, worker), names, publisher, gauges, self._wake, worker=worker,
                                  chunk_bytes=config.chunk_bytes, logger=self.log)
-        storage.feed = l1.feed
+        storage.attach_feed(l1.feed)
         prefetch = PrefetchController(storage, l1, publisher, sessions.prefetch_finished)  # type: ignore[arg-type]
         blend = BlendState(l1, publisher, config.chunk_size_tokens,
                            table_capacity=max(1024, 4 * (config.l1_pool_bytes // config.chunk_bytes)))

@@ -108,11 +108,32 @@ class StorageManager:
         self.inflight_load_bytes = [0] * len(adapters)
         self.stores_dropped = [0] * len(adapters)
         self._next_task_id = 1
-        self.feed: KVEventLog | None = None  # told what each store task wrote and evicted
+        self.feed: KVEventLog | None = None  # told what each store task wrote and evicted (:meth:`attach_feed`)
         self.refresh_usage()
 
     def __len__(self) -> int:
         return len(self.adapters)
+
+    # -- the KV event feed ------------------------------------------------------------------
+
+    def attach_feed(self, feed: KVEventLog | None) -> None:
+        """Log what each listable tier holds already (an fs tier keeps its chunks across a restart: a new
+        incarnation's log starts from them), then every store task's changes."""
+        self.feed = feed
+        if feed is not None:
+            for medium, keys in self.held(""):
+                feed.tier_changed(medium, keys, ())
+
+    def held(self, model: str) -> list[tuple[str, list[ChunkKey]]]:
+        """``(medium, keys)`` of ``model`` ("": every model) in each tier that keeps its own index here (fs,
+        mock; not a shared redis): the feed's resync snapshot lists them."""
+        held = []
+        for index, adapter in enumerate(self.adapters):
+            if adapter.listing is not None:
+                keys = adapter.listing.keys_lru()
+                held.append((f"L2:{self.names[index]}", [key for key in keys if key.model_name == model]
+                             if model else keys))
+        return held
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -233,10 +254,22 @@ class StorageManager:
                        (index, task.task_id, name, result.bytes_written, len(succeeded), len(result.failed)),
                        salt_counts=salt_groups(succeeded))
         if self.feed is not None and (result.stored or result.evicted):
-            self.feed.tier_changed(f"L2:{name}", result.stored, result.evicted)
+            self._log_changes(self.feed, self.adapters[index], f"L2:{name}", result.stored, result.evicted)
         if result.evicted:
             self._pub.emit(_L2_KEYS_EVICTED, (index, name, len(result.evicted)),
                            salt_counts=salt_groups(result.evicted))
+
+    @staticmethod
+    def _log_changes(feed: KVEventLog, adapter: L2Adapter, medium: str, stored: list[ChunkKey],
+                     evicted: list[ChunkKey]) -> None:
+        """Log a store task's changes as its tier holds them now: tasks run concurrently and complete in any
+        order (one may evict what another stored after), so each says only what is still true, and the last
+        record of a key is its state (a tier with no index here: as the task said)."""
+        listing = adapter.listing
+        if listing is not None:
+            stored = [key for key, held in zip(stored, listing.present(stored)) if held]
+            evicted = [key for key, held in zip(evicted, listing.present(evicted)) if not held]
+        feed.tier_changed(medium, stored, evicted)
 
     # -- shutdown ------------------------------------------------------------------------
 

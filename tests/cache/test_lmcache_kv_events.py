@@ -9,6 +9,7 @@ import msgpack
 import pytest
 from support.kv_feed import Index, Stream, block_hash
 from support.lmcache_client import OBJECT_BYTES, LMClient, key, map_pool, registration, write_slots
+from support.waiting import wait_for
 
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 
@@ -141,7 +142,7 @@ def test_a_reader_past_the_log_gets_lost_and_a_snapshot_of_what_l1_holds(served)
 def test_l2_writes_and_evictions_are_records_of_the_tier(served):
     """A store's objects of L2's chunk size go on to the L2 tier: what each store task wrote is a ``stored`` record
     of medium ``L2:<tier>``, what it evicted to make room a ``removed`` one, so the feed's view of the tier is
-    what the tier holds (asked by key)."""
+    what the tier holds (asked by key), and a resync's snapshot lists what the tier holds."""
     harness, client, pool = served(hidden=128, l1_size_bytes=32 * OBJECT_BYTES,
                                    l2=[{"type": "mock", "capacity_gb": 6.5 * OBJECT_BYTES / 1e9, "failure_rate": 0.0,
                                         "seed": 1}])
@@ -152,16 +153,20 @@ def test_l2_writes_and_evictions_are_records_of_the_tier(served):
     prompts = [list(range(n * 10_000, n * 10_000 + 2 * CHUNK)) for n in range(5)]
     for n, tokens in enumerate(prompts):
         assert 2 == _store(client, pool, tokens, f"l2-{n}")
-    stored_in_tier = 0
-    while stored_in_tier < 10:  # the tier's tasks finish on its own threads
-        batch = stream.next()
-        index.apply(batch)
-        stored_in_tier += sum(1 for e in batch["events"] if e["medium"] == medium and e["kind"] == "stored")
+    wait_for(lambda: harness.server.storage.inflight == 0, 30, "the tier's store tasks (on its own threads)")
     keys = [key for tokens in prompts for key in _keys(tokens)]
     present = harness.server.storage.adapters[0].lookup(keys).result(timeout=10)
     assert sum(present) == 6  # 6.5 objects of room: four were evicted
-    assert set(index.tiers[medium]) == {block_hash(key) for key, there in zip(keys, present) if there}
+    in_tier = {block_hash(key) for key, there in zip(keys, present) if there}
+    while set(index.tiers.get(medium, {})) != in_tier:  # a batch within 10 s each, or the test fails
+        batch = stream.next()
+        index.apply(batch)
     assert index.blocks.keys() == _held(harness) and len(index.blocks) == 10
     assert index.removed_unknown == 0
     assert batch["capacity"][medium]["tokens"] == 6 * CHUNK  # 6.5 objects of room: 6 chunks of this model
+    stream.close()
+    resynced = Index()  # a cursor the log does not cover: lost, and a snapshot that lists the tier too
+    stream = Stream(harness.config.lmcache_urls(0)[0], MODEL, instance_id=8, cursor=1 << 40)
+    resynced.catch_up(stream, harness.server.l1.feed.last)
+    assert set(resynced.tiers[medium]) == in_tier and resynced.blocks.keys() == _held(harness)
     stream.close()

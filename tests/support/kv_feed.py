@@ -75,7 +75,9 @@ class Index:
         self.tiers: dict[str, dict[tuple[str, bytes], dict]] = {}
         self.incarnation: int | None = None
         self.resyncs = 0
-        self.removed_unknown = 0  # removals of blocks the index did not hold (a feed out of order shows here)
+        self.removed_unknown = 0  # removals of L1 blocks the index did not hold (a feed out of order shows here)
+        self.l2_removed = 0  # L2 removed records (one may name a block already gone from the index: an L2 record
+        # says what the tier holds when its store task completes, which a resync's listing may already show)
         self.cursor = 0
         self.records = 0  # stored and removed records applied
 
@@ -97,7 +99,10 @@ class Index:
                 held[block] = event
             else:
                 assert event["kind"] == "removed", event
-                if held.pop(block, None) is None:
+                if held is not self.blocks:
+                    self.l2_removed += 1
+                    held.pop(block, None)
+                elif held.pop(block, None) is None:
                     self.removed_unknown += 1
 
     def catch_up(self, stream: Stream, last: int) -> None:

@@ -76,6 +76,9 @@ class L2Adapter(ABC):
     name: str  # the type name: "fs", "mock", "redis"
     capacity_bytes: int
     failures: FailureCounts  # what went wrong, by kind (read and logged by the storage manager)
+    # the tier's own index of what it holds, where this process keeps one (fs, mock): the KV event feed lists it
+    # in a resync and checks each store task's changes against it; None where it cannot (a shared redis)
+    listing: LruIndex | None = None
 
     @abstractmethod
     def submit_store(self, items: list[tuple[ChunkKey, bytes | memoryview]]) -> Future[StoreResult]:
@@ -377,6 +380,12 @@ class LruIndex:
         """Present keys, least recently used first."""
         with self.lock:
             return list(self._entries)
+
+    def present(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Which of ``keys`` are committed now (no access counted), under one lock."""
+        with self.lock:
+            entries = self._entries
+            return [key in entries for key in keys]
 
 
 def check_load_args(keys: Sequence[ChunkKey], destinations: Sequence[memoryview]) -> None:

@@ -92,7 +92,7 @@ class FsL2Adapter(PooledAdapter):
         self.failures = FailureCounts()
         self._mac_key = check_mac_key(mac_key)
         ensure_private_dir(self.path, "--l2: fs path")
-        self._index = LruIndex(capacity_bytes)
+        self._index = self.listing = LruIndex(capacity_bytes)
         self._scan(stale_temp_s)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="l2-fs")
 

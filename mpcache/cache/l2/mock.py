@@ -51,7 +51,7 @@ class MockL2Adapter(L2Adapter):
         self.failures = FailureCounts()  # stays empty: injected failures are the point, not news
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
-        self._index = LruIndex(capacity_bytes)
+        self._index = self.listing = LruIndex(capacity_bytes)
         self._data: dict[ChunkKey, bytes] = {}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="l2-mock")
 

@@ -48,7 +48,9 @@ fresh `incarnation` at every start, and `get_experimental` says `{kvevents.CAPAB
 0.5.6's worker subscribes only then). A subscription gets one `KVEventBatch` at once and one more per credit
 (`[uid, b"", b"ack"]`), at most {kvevents.MAX_EVENTS} records of its model each; `[uid, b"", b"cancel"]` ends it,
 as does the server with a reply that has no batch frame. A cursor the log no longer covers is answered with
-`lost` and a snapshot (`stored` records of everything L1 holds readable), then the log from there; at most
+`lost` and a snapshot (`stored` records of everything L1 holds readable, and of what each fs or mock tier's index
+lists; a shared redis tier is not listed), then the log from there, whose first rows at a start are what an fs tier
+kept across the restart; at most
 {kvevents.MAX_SUBSCRIPTIONS} subscriptions per cache process (one per instance id). Every batch also carries
 `capacity`, per tier the bytes and the tokens of the subscription's model alone it holds, a key LMCache's client
 passes over.

@@ -75,7 +75,8 @@ class LMCacheFrontEnd:
         self._warned: dict[bytes, set[str]] = {}
         inline_frame = inline.frame_bytes(ctx.l1.capacity_bytes)
         self.capacity = Capacity(ctx, self.engine.registrations)
-        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send, self.capacity.of)
+        self.streams = KVEventStreams(ctx.l1.feed, ctx.l1, self._stream_send, self.capacity.of,
+                                      ctx.storage.held)
         self._handlers = LMCacheHandlers(ctx, self.engine, self.streams, one_owner=one_owner,
                                          warn_once=self._warn_once,
                                          widen=lambda client: self._router.widen(client, inline_frame))

@@ -8,10 +8,11 @@ it. The server ends a stream with a reply that has no batch frame, only once the
 subscription's model only (every model's for ``ALL_MODELS``: mpcache's own relay); with none, nothing is sent until
 there are some (a credit waits). A cursor outside the log's window (records overwritten before the client read them,
 or a cursor from elsewhere) is answered with ``lost`` and a snapshot: a ``stored`` record for every object L1 holds
-readable now, after which the log goes on from where the snapshot was taken, so a client that drops what it knew at
-``lost`` (LMCache's worker does) and applies the records knows exactly what is readable. Nothing here runs on the
-data path: the log is read only for a client with credit, and a client that stops reading costs nothing but its
-place here.
+readable now and every one each L2 tier that keeps its own index here lists (fs, mock; a shared redis cannot list
+its keys cheaply: its part of a router's view is best-effort after a resync), after which the log goes on from
+where the snapshot was taken, so a client that drops what it knew at ``lost`` (LMCache's worker does) and applies
+the records knows exactly what is readable. Nothing here runs on the data path: the log is read only for a client
+with credit, and a client that stops reading costs nothing but its place here.
 
 A record's ``block_hashes`` is its object's key (8 bytes, big-endian; with a ``cache_salt``, blake2b-64 of the
 salt and those bytes, so one tenant's chunk is never another's), its ``parent_block_hash`` the key of the same
@@ -30,6 +31,7 @@ import numpy as np
 
 from mpcache.cache.kvlog import CPU, STORED, Detail, KVEventLog, Record
 from mpcache.cache.l1 import L1Manager
+from mpcache.contract.keys import ChunkKey
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
 
@@ -41,6 +43,7 @@ _KINDS = {STORED: "stored", 1: "removed"}
 
 Send = Callable[[list[bytes], Any], bool]  # (prefix, batch or None) → False when the connection is gone
 CapacityOf = Callable[[str], dict[str, dict[str, int]]]  # model → tier → {"bytes", "tokens"} (:mod:`.capacity`)
+HeldIn = Callable[[str], list[tuple[str, list[ChunkKey]]]]  # model ("": all) → (L2 medium, keys) (StorageManager.held)
 
 
 class _Subscription:
@@ -82,9 +85,11 @@ def _event(record: Record, seq: int, salted: bool = False) -> dict:
 class KVEventStreams:
     """The subscriptions of one cache process (``log`` None: the stream is off, and says so once)."""
 
-    def __init__(self, log: KVEventLog | None, l1: L1Manager, send: Send, capacity: CapacityOf) -> None:
+    def __init__(self, log: KVEventLog | None, l1: L1Manager, send: Send, capacity: CapacityOf,
+                 held_in_l2: HeldIn) -> None:
         self._log = log
         self._l1 = l1
+        self._held_in_l2 = held_in_l2
         self._send = send
         self._capacity = capacity
         self._incarnation = log.incarnation if log is not None else time.time_ns()
@@ -217,7 +222,8 @@ class KVEventStreams:
         return events, cursor
 
     def _take_snapshot(self, sub: _Subscription, log: KVEventLog) -> None:
-        """``stored`` records of everything readable now (tokens and parents where the log still has them)."""
+        """``stored`` records of everything readable now in L1 (tokens and parents where the log still has them)
+        and in each listable L2 tier."""
         self.resyncs += 1
         latest: dict[tuple[str, int], Record] = {}
         for record in log.records():
@@ -230,6 +236,9 @@ class KVEventStreams:
             if known is None:
                 known = Record(seq, STORED, CPU, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0)
             snapshot.append(known)
+        for medium, keys in self._held_in_l2("" if sub.model == ALL_MODELS else sub.model):
+            snapshot.extend(Record(seq, STORED, medium, key.model_name, key.cache_salt, key.chunk_hash, None, None,
+                                   0, 0) for key in keys)
         sub.snapshot, sub.snapshot_sent, sub.snapshot_lost = snapshot, 0, True
 
 

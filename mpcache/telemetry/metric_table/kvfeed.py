@@ -45,8 +45,9 @@ KV_EVENTS = Section("KVEvents", "KV events for cache-aware routers", False, (
        _per_worker(State.SERVER, "G_KV_SKIPPED"), "Records a stream never got because the log (--kv-event-log-size) "
        "let them go before it read them, per cache process (kept across its restarts)."),
     _m("mpcache.kv_event_resyncs", "mpcache_kv_event_resyncs_total", OBSERVABLE_COUNTER, "",
-       _per_worker(State.SERVER, "G_KV_RESYNCS"), "Batches sent with lost (a resync from a snapshot of L1): each "
-       "makes LMCache's worker withdraw what it announced, per cache process (kept across its restarts)."),
+       _per_worker(State.SERVER, "G_KV_RESYNCS"), "Batches sent with lost (a resync from a snapshot of L1 and "
+       "of the L2 tiers it can list): each makes LMCache's worker withdraw what it announced, per cache process "
+       "(kept across its restarts)."),
     _m("mpcache.kv_pub_subscribers", "mpcache_kv_pub_subscribers", OBSERVABLE_GAUGE, "", _relay("subscribers"),
        "Connections to the PUB socket of --kv-events-endpoint (routers' SUBs), per cache process relayed."),
     _m("mpcache.kv_pub_messages", "mpcache_kv_pub_messages_total", OBSERVABLE_COUNTER, "", _relay("messages"),
