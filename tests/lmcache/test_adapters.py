@@ -378,7 +378,7 @@ def test_lmcaches_worker_consumes_the_kv_event_stream_and_announces_exactly_what
     chunks into 64 objects).  What it still announces at the end is exactly what L1 holds: every announced block
     is found by a lookup on the native socket, and there are as many as L1's bytes in use hold objects; /metrics
     counts the 120 + 56 records appended, none skipped."""
-    service = start_lmcache_service(1, object_bytes(1, False), "--kv-event-log-size", "32768")  # off by default
+    service = start_lmcache_service(1, object_bytes(1, False), "--kv-event-log-size", "32768")  # the default, named
     result = run_driver(client_prefix, client, service.l1_bytes, service.urls, 1, False, "kv_events", tmp_path,
                         "--kv-events")
     summary = result["scenarios"]["kv_events"]["kv_events"]
