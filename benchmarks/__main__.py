@@ -269,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l1-gb", type=float, default=None,
                         help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4); "
                         "vllm: the same (default 0.5)")
+    parser.add_argument("--policies", default=None,
+                        help="isolation: compare these --l1-policy values (comma-separated; e.g. lru,adaptive) "
+                        "instead of publishing's cost and LMCache's server")
+    parser.add_argument("--tp", default=None, help="isolation: the TPs to run, comma-separated (default 1,2)")
     parser.add_argument("--telemetry-nice", type=int, default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
@@ -292,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         elif module is isolation:
             options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
-                       "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
+                       "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb,
+                       "policies": tuple(args.policies.split(",")) if args.policies else (),
+                       "tps": tuple(int(tp) for tp in args.tp.split(",")) if args.tp else isolation.TPS}
         elif module is vllm:
             options = {"l1_gb": vllm.L1_GB if args.l1_gb is None else args.l1_gb}
         elif module is trace:
