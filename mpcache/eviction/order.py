@@ -1,14 +1,14 @@
 """The order in which L1 evicts (``--l1-policy``): which ready, unlocked object goes first when a store needs room.
 
-* ``lru`` (the default): least recently used first, a request's chunks released head to tail (the order the
-  miss-ratio curves model).
+* ``lru``: least recently used first, a request's chunks released head to tail (one pass over the reuse
+  distances gives its miss-ratio curve at every size).
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
   An access is what stores reserve between two lookups (an engine step's stores, one per TP rank): as ARC
   never evicts the page it admits, T1 gives up none of the current access's objects while T2 has one to give
   (else a request's second rank's store would evict what its first rank's store just wrote).
-* ``adaptive``: ARC made prefix-aware.  A request's chunks are released tail to head, so within
+* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
   anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
