@@ -117,7 +117,7 @@ class ArcOrder:
 
     def _ghost_hit(self, tier: int, ghost_size: int, size: int) -> None:
         ghosts = self._ghost_bytes
-        step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0)
+        step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0) if ghosts[tier] else size  # 0: empty ghosts
         ghosts[tier] -= ghost_size
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
