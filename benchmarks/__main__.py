@@ -1,6 +1,6 @@
 """``python -m benchmarks {publish,drain,e2e,soak,checkpoint,scrape,lmcache,isolation,l1,mixed,l2,mrc,
 mrc_policy,trace,peers,vllm,report} [--json]``; ``report`` runs them all and writes ``docs/PERFORMANCE.md`` (or
-``--output``);
+``--output``) and its raw results beside it (``docs/PERFORMANCE.json``);
 ``lmcache`` and ``isolation`` need LMCache's venv (``.ci/lmcache-env``), ``isolation`` valgrind too, ``peers`` root
 (it makes a second local user), ``vllm`` vLLM's venv (``.ci/vllm-env``) and LMCache's, ``trace`` a trace file
 (``trace PATH``), and each is left out of the report, saying so, without them.
@@ -222,9 +222,15 @@ ANALYSIS_HEADING = "## Analysis"
 RAW_HEADING = "## Raw results"
 
 
+def raw_results_path(path: str) -> str:
+    """Where the report's raw results go: beside the page, as JSON (docs/PERFORMANCE.md → docs/PERFORMANCE.json),
+    so that the page stays short."""
+    return os.path.splitext(path)[0] + ".json"
+
+
 def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
-    """Write the table and raw results; the hand-written section from ``## Analysis`` up to the
-    raw results is kept."""
+    """Write the table, and the raw results to :func:`raw_results_path`; the hand-written section from
+    ``## Analysis`` up to the raw results is kept."""
     analysis = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
@@ -244,8 +250,12 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
     ]
     for name, result in results.items():
         lines.append(f"| `{name}` | " + " | ".join(_row(name, result)) + " |")
-    lines += ["", analysis.rstrip() + "\n" if analysis else "", RAW_HEADING, "", "```json",
-              json.dumps(results, indent=1, sort_keys=True), "```", ""]
+    raw = raw_results_path(path)
+    lines += ["", analysis.rstrip() + "\n" if analysis else "", RAW_HEADING, "",
+              f"Every number of the table above, as the benchmarks returned it: [{os.path.basename(raw)}]"
+              f"({os.path.basename(raw)}).", ""]
+    with open(raw, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines))
 
@@ -334,7 +344,7 @@ def _run(args: argparse.Namespace, one: Callable[[str], dict[str, Any]], progres
                 continue
             results[name] = getattr(BENCHMARKS[name], "for_report", lambda r: r)(result)  # what the file keeps
         write_report(results, args.output)
-        progress(f"wrote {args.output}")
+        progress(f"wrote {args.output} and {raw_results_path(args.output)}")
         return 0
     result = one(args.name)
     render = getattr(BENCHMARKS[args.name], "render", None)

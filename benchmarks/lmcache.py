@@ -29,7 +29,7 @@ chunk object is 2 MiB, for ``WARMUP_S`` and then ``seconds`` measured, against e
 Each round then runs the two mpcache modes side by side (``SIDE_BY_SIDE``): both serve at once and the
 workload sends every step to each in turn (its ``--mirror``), so their cache processes' CPU is measured
 over the same seconds; publishing's cost (``publish_cpu_cost``, on / off − 1) comes from these runs,
-which a shared machine's drifting load tilts less (docs/PERFORMANCE.md has how much).
+which a shared machine's drifting load tilts less (benchmarks/HISTORY.md has how much).
 
 A round's value for a server is the mean of its TP=1 and TP=2 runs; the headline numbers are
 medians over rounds. ``ratio_vs_lmcache`` = ``mpcache_rps / lmcache_rps`` and

@@ -39,7 +39,7 @@ from mpcache.tools.report import hit_ratio_at
 
 
 def _overall(document: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in document["curves"] if c["tier"] == "l1" and c["model_name"] == "*")
+    return next(c for c in document["curves"] if c["tier"] == "l1" and (c["model_name"], c["cache_salt"]) == ("*", "*"))
 
 
 # -- the benchmark -------------------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys
         curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
                       + [(row, SAMPLED, MISS, 1) for row in sampled])
         curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
-    [curve] = [c for c in curves.curves() if c["model_name"] == "*"]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == ("*", "*")]
     exact = exact_curve(distances, [round(capacity * ratio) for ratio in POINT_RATIOS])
     return round(float(np.mean(np.abs(np.subtract([p["hit_ratio"] for p in curve["points"]], exact)))), 4)
 

@@ -40,10 +40,15 @@ class Engine:
 
     def __init__(self, python: str, model: str | Path, stderr_path: str | Path,
                  kv_transfer_config: dict | None = None, env: dict[str, str] | None = None,
-                 launcher: list[str] | None = None, name: str = "vLLM") -> None:
+                 launcher: list[str] | None = None, name: str = "vLLM", kv_events_topic: str | None = None,
+                 prefix_caching: bool = False) -> None:
         argv = [python, str(ENGINE), "serve", "--model", str(model)]
         if kv_transfer_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        if kv_events_topic is not None:
+            argv += ["--kv-events-topic", kv_events_topic]
+        if prefix_caching:
+            argv.append("--prefix-caching")
         self.name = name
         self.stderr_path = Path(stderr_path)
         with open(stderr_path, "wb") as stderr:
@@ -97,6 +102,14 @@ class Engine:
         reply["moved"] = {name: value - self.metrics.get(name, 0) for name, value in reply["metrics"].items()}
         self.metrics = reply["metrics"]
         return reply
+
+    def kv_events(self, timeout_s: float = REQUEST_TIMEOUT_S) -> list[dict]:
+        """The KV-event batches vLLM published since the last call, as its ``--kv-events-topic`` subscriber
+        decoded them (``topic``, ``seq``, ``events``)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": "kv_events"}) + "\n")
+        self.process.stdin.flush()
+        return self._next(timeout_s, "a read of its KV events")["kv_events"]
 
     def log_count(self, text: str) -> int:
         return self.stderr_tail(1 << 22).count(text)

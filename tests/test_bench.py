@@ -63,7 +63,8 @@ def test_report_keeps_the_hand_written_analysis(tmp_path):
 
 
 def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
-    """The raw results after the analysis are replaced on every run, never kept and appended to."""
+    """The raw results go beside the page (PERFORMANCE.json), replaced on every run, never kept and appended to;
+    the page links to them once."""
     path = tmp_path / "PERFORMANCE.md"
     scrape = {"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}}
     path.write_text("# Performance\n\n## Analysis\n\nwhy\n")
@@ -71,6 +72,8 @@ def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
     bench_main.write_report(scrape, str(path))
     text = path.read_text()
     assert (1, 1, 1) == (text.count("## Analysis"), text.count("## Raw results"), text.count("\nwhy\n"))
+    assert 1 == text.count("[PERFORMANCE.json](PERFORMANCE.json)")
+    assert scrape == json.loads((tmp_path / "PERFORMANCE.json").read_text())
 
 
 def test_sigterm_stops_a_benchmark_with_its_children_and_shared_memory():
@@ -145,7 +148,8 @@ def test_lmcache_report_takes_medians_over_rounds_and_ratios_from_them(tmp_path)
     bench_main.write_report({"lmcache": lmcache.for_report(result)}, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `lmcache`")]
     assert "ratio_vs_lmcache met, telemetry_on_over_off MISSED" in row
-    assert "per_round" not in path.read_text()  # the file keeps medians; --json has every round
+    raw = (tmp_path / "PERFORMANCE.json").read_text()
+    assert '"lmcache"' in raw and "per_round" not in raw  # the file keeps medians; --json has every round
 
 
 def _lmcache_python() -> str | None:

@@ -1,7 +1,9 @@
-"""Layering rules: telemetry out of the data path, no import cycle, no upward import, small modules."""
+"""Layering rules: telemetry out of the data path, no import cycle, no upward import, small modules, and tests
+that take their helpers from tests/support/ only."""
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import re
@@ -216,3 +218,30 @@ def test_no_module_grows_past_the_line_bound():
     assert {} == long
     stated = re.findall(r"no module grows past (\d+) lines", (REPO / "docs" / "ARCHITECTURE.md").read_text())
     assert [str(MAX_MODULE_LINES)] == stated
+
+
+def _helper_imports(path: Path) -> list[str]:
+    """The imports of a file under tests/ that reach a helper outside tests/support/: any import of a ``test_*``
+    module, and from a test module or conftest a relative import or one through the ``tests`` package."""
+    test_module = path.name.startswith("test_") or path.name == "conftest.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{alias.name}" for alias in node.names]
+            relative = node.level > 0
+        elif isinstance(node, ast.Import):
+            names, relative = [alias.name for alias in node.names], False
+        else:
+            continue
+        if any(part.startswith("test_") for name in names for part in name.split(".")) or test_module and (
+                relative or any(name.split(".")[0] == "tests" for name in names)):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_test_modules_import_helpers_only_from_support():
+    """A helper two test modules share lives in tests/support/ (imported as ``support.*``): no file of tests/
+    imports a test module, and no test module or conftest imports a sibling by a relative path or through the
+    ``tests`` package."""
+    files = [path for path in sorted((REPO / "tests").rglob("*.py")) if "support" not in path.relative_to(REPO).parts]
+    assert [] == [hit for path in files for hit in _helper_imports(path)]

@@ -53,7 +53,9 @@ def _with(path: tuple, value) -> bytes:
     target = document
     for key in parents:
         target = target[key]
-    if value is DELETE:
+    if value is DELETE and isinstance(target, dict):
+        target.pop(last, None)  # a field an older server does not send either
+    elif value is DELETE:
         del target[last]
     else:
         target[last] = value
@@ -62,10 +64,26 @@ def _with(path: tuple, value) -> bytes:
 
 
 def test_a_valid_document_is_rendered() -> None:
+    """A server from before /mrc said its processes and measured ratios: one process, nothing measured."""
     status, stdout, stderr = _run(json.dumps(VALID).encode())
     assert (0, "") == (status, stderr)
-    [row] = [line.split() for line in stdout.splitlines() if line.startswith("l1")]
-    assert ["l1", "*", "*", "4.0", "MiB", "5120", "0.200"] == row[:7]
+    [row] = [line.split() for line in stdout.splitlines() if line.startswith("l1 ")]
+    assert ["l1", "*", "*", "4.0", "MiB", "4.0", "MiB", "5120", "-", "0.200"] == row[:10]
+
+
+def test_the_measured_hit_ratio_is_beside_the_prediction_and_capacities_are_per_service_and_per_process() -> None:
+    """Two cache processes: each capacity is the whole service's and, beside it, one process's half (what
+    --l1-size takes); the measured hit ratio is shown as the server gave it, next to the predicted now, ½×, 2×,
+    4× (the points at 4, 2, 8, 16 MiB) and the capacity for the target (8 MiB: 0.3 in POINTS)."""
+    document = copy.deepcopy(VALID)
+    document["processes"] = 2
+    document["curves"][0]["measured_hit_ratio"] = 0.428
+    status, stdout, stderr = _run(json.dumps(document).encode(), "--target-hit-ratio", "0.3")
+    assert (0, "") == (status, stderr)
+    [row] = [line.split() for line in stdout.splitlines() if line.startswith("l1 ")]
+    assert ["l1", "*", "*", "4.0", "MiB", "2.0", "MiB", "5120", "0.428", "0.200", "0.100", "0.300", "0.400",
+            "8.0", "MiB", "4.0", "MiB"] == row
+    assert "the whole service's (2 cache processes)" in stdout and "--l1-size" in stdout
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -100,11 +118,11 @@ def test_lru_curves_are_shown_as_a_prediction_only_for_an_lru_cache(policy) -> N
     assert status == 0
     if policy == "adaptive":
         assert "the curves model --l1-policy lru; L1 runs --l1-policy adaptive" in stdout
-        assert row[-5:] == ["-"] * 5
+        assert row[-6:] == ["-"] * 6
     else:
         assert "L1 runs" not in stdout
-        # 4 MiB on POINTS: 0.2, ½× 0.1, 2× 0.3, 4× 0.4; 80 % beyond its last point, 32 MiB at 0.5
-        assert row[-7:] == ["0.200", "0.100", "0.300", "0.400", ">", "32.0", "MiB"]
+        # 4 MiB on POINTS: 0.2, ½× 0.1, 2× 0.3, 4× 0.4; 80 % beyond its last point, 32 MiB at 0.5 (one process)
+        assert row[-10:] == ["0.200", "0.100", "0.300", "0.400", ">", "32.0", "MiB", ">", "32.0", "MiB"]
 
 
 def test_points_at_capacity_zero_or_repeated_are_rendered_not_divided_by() -> None:
@@ -118,7 +136,7 @@ def test_points_at_capacity_zero_or_repeated_are_rendered_not_divided_by() -> No
 def test_control_characters_in_names_are_escaped_and_cannot_add_lines() -> None:
     hostile = "evil\x1b[2J\nfake row\r"
     status, stdout, _ = _run(_with(("curves", 0, "cache_salt"), hostile))
-    assert (0, 3, False) == (status, len(stdout.splitlines()), "\x1b" in stdout)
+    assert (0, 5, False) == (status, len(stdout.splitlines()), "\x1b" in stdout)  # 3 header lines, 2 rows
     assert "evil\\x1b[2J\\nfake row\\r" in stdout
 
 
@@ -128,9 +146,10 @@ JSON_VALUES = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(
         st.sampled_from(["curves", "points", "tier", "model_name", "cache_salt", "capacity_bytes", "hit_ratio",
                          "sample_rate", "configured_sample_rate", "tracked_keys", "max_keys", "sampled_accesses",
-                         "x"]), children, max_size=6),
+                         "processes", "measured_hit_ratio", "x"]), children, max_size=6),
     max_leaves=30)
 PATHS = st.sampled_from([("sample_rate",), ("configured_sample_rate",), ("tracked_keys",), ("max_keys",),
+                         ("processes",), ("curves", 0, "measured_hit_ratio"),
                          ("curves",), ("curves", 0), ("curves", 0, "tier"), ("curves", 0, "capacity_bytes"),
                          ("curves", 0, "sampled_accesses"), ("curves", 0, "points"), ("curves", 0, "points", 0),
                          ("curves", 0, "points", 2, "capacity_bytes"), ("curves", 0, "points", 2, "hit_ratio")])

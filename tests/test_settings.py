@@ -143,6 +143,25 @@ def test_a_non_loopback_lmcache_host_needs_allow_remote(tmp_path, host):
     assert config.lmcache_allow_remote and config.lmcache_host == host
 
 
+def test_the_kv_events_endpoint_is_loopback_tcp_with_two_ports_per_cache_process(tmp_path):
+    """--kv-events-endpoint: cache process i's PUB on PORT+2i and its replay socket on PORT+2i+1; refused when
+    malformed, without an LMCache front end or the KV event log, or off loopback without --lmcache-allow-remote."""
+    base = ["--lmcache-port", "5555", "--workers", "2"]
+    config, _ = _config(tmp_path, None, [*base, "--kv-events-endpoint", "tcp://127.0.0.1:6000"])
+    assert [config.kv_events_endpoints(i) for i in (0, 1)] == [
+        ("tcp://127.0.0.1:6000", "tcp://127.0.0.1:6001"), ("tcp://127.0.0.1:6002", "tcp://127.0.0.1:6003")]
+    refusals = [([*base, "--kv-events-endpoint", "ipc:///tmp/x"], "expected tcp://HOST:PORT"),
+                (["--kv-events-endpoint", "tcp://127.0.0.1:6000"], "needs --lmcache-port"),
+                ([*base, "--kv-event-log-size", "0", "--kv-events-endpoint", "tcp://127.0.0.1:6000"], "needs"),
+                ([*base, "--kv-events-endpoint", "tcp://192.0.2.1:6000"], "not a loopback address")]
+    for argv, message in refusals:
+        with pytest.raises(ConfigError, match=f"^--kv-events-endpoint: .*{message}"):
+            _config(tmp_path, None, argv)
+    config, _ = _config(tmp_path, None, [*base, "--lmcache-allow-remote", "--kv-events-endpoint",
+                                         "tcp://192.0.2.1:6000"])
+    assert config.kv_events_endpoints(1)[1] == "tcp://192.0.2.1:6003"
+
+
 def test_a_file_describes_a_cluster_tier_shared_by_a_fleet(tmp_path):
     """[[l2]] with cluster = true and shards is the same tier as the --l2 JSON; a cluster URL with a db is one
     line naming --l2."""

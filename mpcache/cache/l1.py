@@ -105,8 +105,8 @@ class L1Manager(PrefetchLandings):
         return entry.readers if entry is not None else 0
 
     def readable(self, model: str) -> list[ChunkKey]:
-        """Every readable object of ``model`` (what the feed's resync snapshot lists)."""
-        return [key for key, entry in self._entries.items() if entry.ready and key.model_name == model]
+        """Every readable object of ``model`` ("": of every model; what the feed's resync snapshot lists)."""
+        return [key for key, entry in self._entries.items() if entry.ready and (not model or key.model_name == model)]
 
     # -- writes -------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ from mpcache.config.setting import Derivation
 from mpcache.errors import ConfigError
 
 _MIB = 2**20
+DEMO_L1_SIZE, DEMO_L1_SIZE_WITH_L2 = 32 * _MIB, 8 * _MIB  # the demo's L1: small, so that it evicts
+DEMO_PREFETCH_JOB_TTL_S = 3.0
+DEMO_METRICS_SAMPLE_RATE = 0.1
 L1_POLICIES = ("adaptive", "lru", "arc")  # --l1-policy: the orders mpcache.eviction.order builds
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http")
 
@@ -27,7 +30,8 @@ def demo_l1_size(value: Any, explicit: bool, values: Mapping[str, Any],
     """The demo's L1 is small so that it evicts; smaller still with L2, so that prefetches come from L2."""
     if explicit or not values["demo"]:
         return None
-    return (8 * _MIB, "default with --demo and --l2") if values["l2"] else (32 * _MIB, "default with --demo")
+    return (DEMO_L1_SIZE_WITH_L2, "default with --demo and --l2") if values["l2"] else (DEMO_L1_SIZE,
+                                                                                     "default with --demo")
 
 
 def with_demo(demo_default: float) -> Derivation:

@@ -7,6 +7,7 @@ children as a JSON file; every check raises a :class:`~mpcache.errors.ConfigErro
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import math
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 
 from mpcache.config import derived
 from mpcache.config.kinds import Choice, Integer, JsonObject, Number, Port, Repeated, Seconds, Size, Switch, Text
-from mpcache.config.setting import Setting, setting, settings_of
+from mpcache.config.setting import Setting, setting, settings_of, shown
 from mpcache.contract.events import MRC_HEAD_FIELDS
 from mpcache.errors import ConfigError
-from mpcache.shm.layout import MAX_ADAPTERS
+from mpcache.shm.layout import CELL_SIZE, MAX_ADAPTERS
 from mpcache.shm.segment import shm_name
 
 _L2_SECRET_RE = re.compile(r"[0-9a-f]{64}")
@@ -28,6 +29,9 @@ CHECKPOINT_INTERVAL_S = 10.0  # --telemetry-checkpoint-interval's default (the b
 
 SHARED_L2_TYPES = frozenset({"redis"})  # L2 adapter types every cache process shares (others: one per process)
 L2_GB = 10**9  # capacity_gb's unit
+NICE_MAX = 19  # the largest nice increment (POSIX)
+_DEMO_L1 = (f"{shown(Size(), derived.DEMO_L1_SIZE)} with --demo, "
+            f"{shown(Size(), derived.DEMO_L1_SIZE_WITH_L2)} with --demo and --l2")
 
 SERVICE, TELEMETRY, LOGGING, DEMO = "service", "telemetry", "logging", "demo"
 LMCACHE = "LMCache clients (vLLM's LMCacheMPConnector, engine_driven transfer)"
@@ -44,7 +48,7 @@ def _is_loopback(host: str) -> bool:
 class Config:
     supervisor_pid: int
     # -- service ------------------------------------------------------------------
-    workers: int = setting(Integer(1), 2, "cache processes to run (default 2)", group=SERVICE)
+    workers: int = setting(Integer(1), 2, "cache processes to run (default {default})", group=SERVICE)
     instance_id: str = setting(  # its first 8 characters name shared memory
         Text(r"[A-Za-z0-9._:-]{1,128}", "1 to 128 characters from A-Z a-z 0-9 . _ : -", blank_is_default=True), "",
         "service.instance.id on every metric (default: a new UUID4)", group=SERVICE, derive=derived.new_instance_id)
@@ -52,31 +56,33 @@ class Config:
     # protocol's chunk (its clients' largest block, L2 records, prefetch landings) and the slab unit
     l1_size_bytes: int = setting(
         Size(blank_is_default=True), 256 * _MIB, "L1 pool per cache process, e.g. 512MiB "
-        "(default 256MiB; 32MiB with --demo, 8MiB with --demo and --l2)", group=SERVICE, name="l1-size",
+        f"(default {{default}}; {_DEMO_L1})", group=SERVICE, name="l1-size",
         derive=derived.demo_l1_size)
     chunk_bytes: int = setting(
         Size(1), 64 * 2**10, "the native protocol's chunk: its clients' largest block, L2 records and the unit "
-        "L1's slabs are made of (default 64KiB); LMCache objects of any size need no flag", group=SERVICE)
-    chunk_size_tokens: int = setting(Integer(1), 256, "tokens per chunk (default 256)", group=SERVICE,
+        "L1's slabs are made of (default {default}); LMCache objects of any size need no flag", group=SERVICE)
+    chunk_size_tokens: int = setting(Integer(1), 256, "tokens per chunk (default {default})", group=SERVICE,
                                      name="chunk-size")
     l1_policy: str = setting(Choice(derived.L1_POLICIES), "adaptive",
                              "the order L1 evicts in, and the miss-ratio curves model: adaptive (ARC made "
-                             "prefix-aware: orphans, then tails, first), lru or arc (default adaptive)",
+                             "prefix-aware: orphans, then tails, first), lru or arc (default {default})",
                              group=SERVICE)
     l1_watermark: float = setting(Number(0, 1, low_open=True), 1.0,  # DEPRECATED: read, checked, unused
                                   "deprecated and ignored (one warning at start when set): a store evicts what "
                                   "it needs when L1 is full", group=SERVICE)
     eviction_interval_s: float = setting(Seconds(0.01), 1.0,  # below 10 ms the loop only burns CPU
                                          "seconds between eviction-loop ticks, which report L1 usage and "
-                                         "whether stores evicted (default 1)", group=SERVICE,
+                                         "whether stores evicted (default {default})", group=SERVICE,
                                          name="eviction-interval")
     prefetch_job_ttl_s: float = setting(  # an unretrieved prefetch releases its read locks after this
         Seconds(0, math.inf, low_open=True, high_open=True), 60.0,
-        "seconds an unretrieved prefetch keeps its chunks locked (default 60; 3 with --demo)", group=SERVICE,
-        name="prefetch-job-ttl", derive=derived.with_demo(3.0))
+        "seconds an unretrieved prefetch keeps its chunks locked (default {default}; "
+        f"{shown(Seconds(), derived.DEMO_PREFETCH_JOB_TTL_S)} with --demo)", group=SERVICE,
+        name="prefetch-job-ttl", derive=derived.with_demo(derived.DEMO_PREFETCH_JOB_TTL_S))
     ring_capacity_cells: int = setting(
         Integer(1024, power_of_two=True), 1 << 18,
-        "event ring size per cache process, in 64-byte cells, a power of two (default 262144)", group=SERVICE,
+        f"event ring size per cache process, in {CELL_SIZE}-byte cells, a power of two (default {{default}})",
+        group=SERVICE,
         name="ring-cells")
     runtime_dir: str = setting(  # the supervisor puts the directory it claimed here
         Text(), "", "where sockets and the child config live: absent (it is created) or an empty "
@@ -100,11 +106,11 @@ class Config:
     idle_timeout_s: float = setting(  # 1,024 idle connections would otherwise lock out new clients for good
         Seconds(0, math.inf, high_open=True), 600.0,
         "seconds a connection to a cache process's Unix socket may send nothing before it is closed (the client "
-        "reconnects by itself at its next call); 0 never closes one (default 600)", group=SERVICE,
+        "reconnects by itself at its next call); 0 never closes one (default {default})", group=SERVICE,
         name="idle-timeout")
     hang_timeout_s: float = setting(
         Seconds(1, math.inf, high_open=True), 10.0,
-        "seconds a cache process's heartbeat may stand still before it is killed and restarted (default 10)",
+        "seconds a cache process's heartbeat may stand still before it is killed and restarted (default {default})",
         group=SERVICE, name="hang-timeout")
     duration_s: float = setting(
         Seconds(0), 0.0,
@@ -112,8 +118,8 @@ class Config:
         name="duration")
     # -- telemetry ----------------------------------------------------------------
     prometheus_host: str = setting(Text(), "127.0.0.1", "address /metrics, /healthz and /ready bind to "
-                                   "(default 127.0.0.1)", group=TELEMETRY)
-    prometheus_port: int = setting(Port(), 9090, "port of /metrics, /healthz and /ready (default 9090)",
+                                   "(default {default})", group=TELEMETRY)
+    prometheus_port: int = setting(Port(), 9090, "port of /metrics, /healthz and /ready (default {default})",
                                    group=TELEMETRY)
     no_http: bool = setting(Switch(), False,
                             "serve no HTTP endpoint (no /metrics, /healthz, /ready): OTLP push only", group=TELEMETRY)
@@ -123,45 +129,46 @@ class Config:
         derive=derived.otlp_endpoint)
     otlp_protocol: str = setting(
         Choice(derived.OTLP_PROTOCOLS), "grpc", "OTLP transport: grpc or http/protobuf (http is the same); default "
-        "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc", group=TELEMETRY, derive=derived.otlp_protocol)
+        "OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else {default}", group=TELEMETRY, derive=derived.otlp_protocol)
     otlp_interval_s: float = setting(
         Seconds(0.1), 10.0,  # an export takes longer than a shorter interval: collections would time out
-        "seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)", group=TELEMETRY,
+        "seconds between OTLP exports (default OTEL_METRIC_EXPORT_INTERVAL in ms, else {default})", group=TELEMETRY,
         name="otlp-interval", derive=derived.otlp_interval)
     metrics_sample_rate: float = setting(
         Number(0, 1, low_open=True), 0.01,
-        "fraction of chunks, in (0, 1], tracked by lifecycle histograms (default 0.01; 0.1 with --demo)",
-        group=TELEMETRY, derive=derived.with_demo(0.1))
+        "fraction of chunks, in (0, 1], tracked by lifecycle histograms (default {default}; "
+        f"{derived.DEMO_METRICS_SAMPLE_RATE} with --demo)", group=TELEMETRY,
+        derive=derived.with_demo(derived.DEMO_METRICS_SAMPLE_RATE))
     # miss-ratio curves (docs/MRC.md): the chunk keys sampled (SHARDS), the keys tracked per curve (the rate
     # is lowered below mrc_sample_rate to stay within it), and the half-life of the curves' access counts
     mrc_sample_rate: float = setting(
         Number(0, 1), 0.01, "fraction of chunk keys, in [0, 1], whose lookups and stores feed the miss-ratio "
         "curves and miss reasons (SHARDS spatial sampling; 1 = every access, exact; 0 = no curves; "
-        "default 0.01)", group=TELEMETRY)
+        "default {default})", group=TELEMETRY)
     mrc_exact_chunks: int = setting(
-        Integer(0, len(MRC_HEAD_FIELDS)), 16, "the first chunks of every lookup (0..16) that the curves track "
-        "whatever the sample rate, within --mrc-max-keys: a prefix cache's hottest keys, such as system prompts "
-        "and shared documents (default 16)",
+        Integer(0, len(MRC_HEAD_FIELDS)), 16, f"the first chunks of every lookup (0..{len(MRC_HEAD_FIELDS)}) that "
+        "the curves track whatever the sample rate, within --mrc-max-keys: a prefix cache's hottest keys, such as "
+        "system prompts and shared documents (default {default})",
         group=TELEMETRY)
     mrc_max_keys: int = setting(
-        Integer(64, 1 << 22), 8192, "sampled keys tracked per miss-ratio curve; beyond it the curve lowers its own "
-        "rate (SHARDS fixed-size; default 8192)", group=TELEMETRY)
+        Integer(64, 1 << 22), 8192, "sampled keys the miss-ratio curves track, split among the cache processes; beyond "
+        "it a process's history lowers its own rate (SHARDS fixed-size; default {default})", group=TELEMETRY)
     mrc_half_life_s: float = setting(
         Seconds(0, math.inf, high_open=True), 3600.0,
         "seconds after which an access weighs half in the miss-ratio curves, so they follow "
-        "a changing workload (0: never decay; default 3600)", group=TELEMETRY, name="mrc-half-life")
+        "a changing workload (0: never decay; default {default})", group=TELEMETRY, name="mrc-half-life")
     cache_salt_cap: int = setting(Integer(1), 1000,
-                                  "distinct cache_salt values per metric before __overflow__ (default 1000)",
+                                  "distinct cache_salt values per metric before __overflow__ (default {default})",
                                   group=TELEMETRY)
     metric_series_cap: int = setting(
         Integer(1), 1500, "attribute sets per metric before new cache_salt/model_name values read __overflow__ "
-        "(default 1500, below the OpenTelemetry SDK's 2000)", group=TELEMETRY)
+        "(default {default}, below the OpenTelemetry SDK's 2000)", group=TELEMETRY)
     # the telemetry process's checkpoints (two of them, in a shared-memory segment the supervisor owns) hold its
     # counters, histograms and subscriber state with the ring cursors they cover, so a restart goes on counting
     telemetry_state_bytes: int = setting(
         Size(1 << 16), 4 * _MIB, "room for one checkpoint of the telemetry process's state, which lets a "
         "restarted telemetry process go on counting exactly where the last one stopped (the supervisor keeps "
-        "two in shared memory; default 4MiB). A state that outgrows it is logged and counted, and a restart "
+        "two in shared memory; default {default}). A state that outgrows it is logged and counted, and a restart "
         "until it fits again starts every counter from zero", group=TELEMETRY, name="telemetry-state-size")
     # how often a checkpoint is written: every flush (each scrape and OTLP export) exports, but a record is written
     # only this long after the last one or when a ring needs releasing; a restart reads on from the record
@@ -169,16 +176,17 @@ class Config:
         Seconds(0, math.inf, high_open=True), CHECKPOINT_INTERVAL_S,
         "seconds between two checkpoints of the telemetry process's state (0: one at every flush, that is every "
         "scrape and OTLP export); the rings hold what came after the last one, which a restarted telemetry "
-        "process reads again (default 10)", group=TELEMETRY, name="telemetry-checkpoint-interval")
+        "process reads again (default {default})", group=TELEMETRY, name="telemetry-checkpoint-interval")
     # the telemetry process lowers its own scheduling priority by this nice increment at start (0: as the
     # cache processes), so that on a contended machine it yields the CPU to the data path and lags instead
     telemetry_nice: int = setting(
-        Integer(0, 19), 0, "nice increment (0..19) the telemetry process applies to itself, so that on a busy "
-        "machine the cache processes get the CPU first and the drain lags instead (default 0)", group=TELEMETRY)
+        Integer(0, NICE_MAX), 0, f"nice increment (0..{NICE_MAX}) the telemetry process applies to itself, so that "
+        "on a busy machine the cache processes get the CPU first and the drain lags instead (default {default})",
+        group=TELEMETRY)
     telemetry_hang_timeout_s: float = setting(
         Seconds(1, math.inf, high_open=True), 10.0,
         "seconds the telemetry process's heartbeat may stand still before it is killed and restarted; the "
-        "cache processes serve on meanwhile (default 10)", group=TELEMETRY, name="telemetry-hang-timeout")
+        "cache processes serve on meanwhile (default {default})", group=TELEMETRY, name="telemetry-hang-timeout")
     disable_metrics: bool = setting(
         Switch(), False, "run no metrics subscribers and no exporters (/healthz and /ready still answer)",
         group=TELEMETRY, derive=derived.otel_sdk_disabled)
@@ -186,22 +194,22 @@ class Config:
     enable_tracing: bool = setting(Switch(), False, "export request spans over OTLP (needs --otlp-endpoint)",
                                    group=TELEMETRY)
     # -- logging ------------------------------------------------------------------
-    log_level: str = setting(Choice(("debug", "info", "warning", "error")), "info", "default info", group=LOGGING)
+    log_level: str = setting(Choice(("debug", "info", "warning", "error")), "info", "default {default}", group=LOGGING)
     log_file: str = setting(Text(), "", "also write the JSON log lines here (size-rotated)", group=LOGGING)
     log_format: str = setting(
         Choice(("auto", "console", "json")), "auto", "stderr: one readable line per event (console) or JSON lines; "
         "auto (default): console on a terminal, JSON otherwise. --log-file is always JSON", group=LOGGING)
     log_max_bytes: int = setting(Size(), 50 * _MIB,
-                                 "rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default 50MiB)",
+                                 "rotate --log-file at this size, e.g. 100MiB; 0 never rotates (default {default})",
                                  group=LOGGING)
-    log_backups: int = setting(Integer(0), 5, "rotated --log-file copies kept: FILE.1 .. FILE.N (default 5)",
+    log_backups: int = setting(Integer(0), 5, "rotated --log-file copies kept: FILE.1 .. FILE.N (default {default})",
                                group=LOGGING)
     # -- LMCache MP-protocol front end: cache process i listens on tcp://lmcache_host:(lmcache_port + i)
     # when lmcache_port > 0, and/or on ipc://<runtime_dir>/lmcache<i>.ipc with lmcache_ipc
     lmcache_port: int = setting(
         Port(), 0, "serve LMCache's MP protocol over ZeroMQ: cache process i listens on tcp://HOST:PORT+i "
         "(default: off)", group=LMCACHE)
-    lmcache_host: str = setting(Text(), "127.0.0.1", "address for --lmcache-port (default 127.0.0.1)", group=LMCACHE)
+    lmcache_host: str = setting(Text(), "127.0.0.1", "address for --lmcache-port (default {default})", group=LMCACHE)
     lmcache_ipc: bool = setting(
         Switch(), False, "also serve it on ipc://RUNTIME_DIR/lmcache<i>.ipc (mode 0600: same-user clients only)",
         group=LMCACHE)
@@ -217,11 +225,17 @@ class Config:
     kv_event_log_size: int = setting(
         Integer(0, 1 << 22), 32768,  # LMCache's default
         "records of L1 changes each cache process keeps for subscribe_kv_events (cache-aware routers, through "
-        "the engines' KV-event publishers; default 32768, LMCache's size); 0 disables the stream",
+        "the engines' KV-event publishers; default {default}, LMCache's size); 0 disables the stream",
+        group=LMCACHE)
+    kv_events_endpoint: str = setting(
+        Text(), "", "also publish the KV event feed in vLLM's format from the telemetry process: ZeroMQ PUB on "
+        "tcp://HOST:PORT (cache process i on PORT+2i, its replay ROUTER on PORT+2i+1; HOST loopback unless "
+        "--lmcache-allow-remote); needs --lmcache-port or --lmcache-ipc, and pyzmq (pip install "
+        "'mpcache[kv-events]') (default: off)",
         group=LMCACHE)
     lmcache_max_tokens: int = setting(  # derives the frame cap
         Integer(1 << 8, 1 << 26), 1 << 20,
-        "the longest token list a request may carry; bounds every frame (default 1048576)", group=LMCACHE)
+        "the longest token list a request may carry; bounds every frame (default {default})", group=LMCACHE)
     # -- demo ---------------------------------------------------------------------
     demo: bool = setting(Switch(), False, "also run the built-in load generator", group=DEMO)
     demo_seconds: float = setting(
@@ -257,6 +271,11 @@ class Config:
                 f"--lmcache-host: {self.lmcache_host} is not a loopback address; LMCache clients share this host's "
                 "memory (engine_driven transfer maps the L1 pool), so they run here: use 127.0.0.1, or pass "
                 "--lmcache-allow-remote to accept peers on other hosts without any identity check")
+        if self.kv_events_endpoint:
+            self.kv_events_endpoints(self.workers - 1)  # refuses a malformed one
+            if importlib.util.find_spec("zmq") is None:
+                raise ConfigError("--kv-events-endpoint: needs pyzmq, which is not installed (pip install "
+                                  "'mpcache[kv-events]')")
         if self.l2_secret and not _L2_SECRET_RE.fullmatch(self.l2_secret):
             raise ConfigError("l2_secret: expected 64 hex digits (the supervisor's resolved L2 key)")
         if len(self.l2) > MAX_ADAPTERS:
@@ -312,6 +331,22 @@ class Config:
         if self.lmcache_ipc:
             urls.append(f"ipc://{os.path.join(self.runtime_dir, f'lmcache{worker}.ipc')}")
         return urls
+
+    def kv_events_endpoints(self, worker: int) -> tuple[str, str]:
+        """Where the telemetry process publishes cache process ``worker``'s KV events, and its replay socket."""
+        endpoint = self.kv_events_endpoint
+        if not self.lmcache_urls(worker) or not self.kv_event_log_size:
+            raise ConfigError("--kv-events-endpoint: needs --lmcache-port or --lmcache-ipc, and a KV event log")
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not endpoint.startswith("tcp://") or not port.isdigit() or not host:
+            raise ConfigError(f"--kv-events-endpoint: expected tcp://HOST:PORT, got {endpoint!r}")
+        if not self.lmcache_allow_remote and not _is_loopback(host):
+            raise ConfigError(f"--kv-events-endpoint: {host} is not a loopback address (--lmcache-allow-remote "
+                              "publishes to other hosts, unauthenticated)")
+        first = int(port) + 2 * worker
+        if first + 1 > 65535:
+            raise ConfigError("--kv-events-endpoint: PORT + 2 × workers goes past 65535")
+        return f"tcp://{host}:{first}", f"tcp://{host}:{first + 1}"
 
     def all_segment_names(self) -> list[str]:
         names = [self.gauge_board_name(), self.telemetry_state_name()]

@@ -4,26 +4,10 @@ the ``MPCACHE_*`` variables that are not settings), made from the table itself s
 
 from __future__ import annotations
 
-from typing import Any
-
-from mpcache.config.kinds import Size, Switch
 from mpcache.config.model import SETTINGS
-from mpcache.config.setting import FOREIGN_PREFIXES, OTHER_VARIABLES, Setting
+from mpcache.config.setting import FOREIGN_PREFIXES, OTHER_VARIABLES, shown
 
 BEGIN, END = "<!-- settings reference: python -m mpcache.config.reference -->", "<!-- end of settings reference -->"
-
-
-def _default(item: Setting) -> str:
-    value: Any = item.default
-    if isinstance(item.kind, Switch):
-        return "off" if not value else "on"
-    if isinstance(item.kind, Size):
-        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if value and value % size == 0:
-                return f"{value // size}{unit}"
-    if value in ("", []):
-        return "none"
-    return str(value)
 
 
 def _cell(text: str) -> str:
@@ -35,8 +19,8 @@ def markdown() -> str:
     lines = [BEGIN, "", "| flag | variable | default | accepts | meaning |", "|---|---|---|---|---|"]
     for item in SETTINGS:
         flag = item.flag + (" (repeatable)" if item.repeated else "")
-        lines.append(f"| `{flag}` | `{item.env}` | {_cell(_default(item))} | {_cell(item.kind.expected)} | "
-                     f"{_cell(item.help)} |")
+        cells = (f"`{flag}`", f"`{item.env}`", shown(item.kind, item.default), item.kind.expected, item.help)
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     lines += ["", "`MPCACHE_*` variables that are not settings (start-cache accepts them in its environment):", "",
               "| variable | what it is |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in OTHER_VARIABLES.items()]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpcache.config.kinds import Kind, Repeated
+from mpcache.config.kinds import Kind, Repeated, Size, Switch
 
 ENV_PREFIX = "MPCACHE_"
 
@@ -65,10 +65,28 @@ class Setting:
         return isinstance(self.kind, Repeated)
 
 
+def shown(kind: Kind, value: Any) -> str:
+    """A value as --help and the reference table write it: a switch off or on, a size in its largest whole binary
+    unit (256MiB), a whole number without its ``.0``, an empty value as none."""
+    if isinstance(kind, Switch):
+        return "on" if value else "off"
+    if isinstance(kind, Size):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value and value % size == 0:
+                return f"{value // size}{unit}"
+    if value in ("", []):
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def setting(kind: Kind, default: Any, help: str, *, group: str, name: str = "", metavar: str | None = None,
             derive: Derivation | None = None) -> Any:
-    """A Config field that is a setting (``name``: its flag without dashes; default: the field's name)."""
-    declared = Setting(name, "", kind, default, help, group, metavar, derive)
+    """A Config field that is a setting (``name``: its flag without dashes; default: the field's name).  A
+    ``{default}`` in ``help`` is the declared default as :func:`shown` writes it, so --help cannot drift from it."""
+    declared = Setting(name, "", kind, default, help.replace("{default}", shown(kind, default)), group, metavar,
+                       derive)
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"setting": declared})
     return dataclasses.field(default=default, metadata={"setting": declared})

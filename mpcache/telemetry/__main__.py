@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     # where the supervisor's front forwards /metrics: bound now, answering once every route is in (below), so
     # that no request meets a 404 while the process starts
     endpoint = private_endpoint(config, log)
+    relay = None
+    if config.kv_events_endpoint:  # routers' KV event feed, relayed from the cache processes' streams
+        from mpcache.telemetry.kvpub import KVEventRelay
+
+        relay = KVEventRelay([(config.lmcache_urls(worker)[0], *config.kv_events_endpoints(worker))
+                              for worker in range(config.workers)], log=log)
     exporters = None
     if not config.disable_metrics:
         from mpcache.telemetry.checkpoint import Checkpoint
@@ -58,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         # loads the checkpoint's state before the endpoint answers (below): no scrape sees a series before
         metrics_subscribers = build_metrics_subscribers(config, exporters.meter_provider, pump=pump, bus=bus,
                                                         gauge_reader=gauges, readiness=readiness,
-                                                        checkpoint=checkpoint)
+                                                        checkpoint=checkpoint,
+                                                        kv_relay=(lambda: relay.counts) if relay is not None else None)
         exporters.add_routes(mrc_routes(metrics_subscribers))
         exporters.before_collect.append(pump.catch_up)  # a scrape or export shows every record published before it
     if endpoint is not None:
@@ -76,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tracing = TracingExport.start(config)
         subscribe_all(bus, build_tracing_subscribers(config, tracing.tracer_provider))
+    if relay is not None:
+        relay.start()
     log.info(
         "telemetry.started",
         rings=len(sources),
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.is_set() or os.getppid() != parent
 
     pump.run(should_stop)
+    if relay is not None:
+        relay.stop()
     bus.shutdown()
     if tracing is not None:  # after bus.shutdown(), which ends the spans still open
         tracing.shutdown()

@@ -23,7 +23,7 @@ CATCH_UP_WAIT_S = 0.5  # how long a scrape waits for the pump's poll and flush b
 # The longest sleep between polls.  At an engine's request rates (tens to hundreds of records a second) the
 # pump sleeps this long, and most of its CPU is per poll, not per record: each poll costs ~1-2 ms of numpy
 # calls and a wake-up on this project's 2-vCPU hosts, so 1 s instead of 0.5 s halves the telemetry process's
-# CPU at those rates (docs/PERFORMANCE.md, issue 21, sixth pass).  A scrape does not wait for it (catch_up).
+# CPU at those rates (benchmarks/HISTORY.md, issue 21, sixth pass).  A scrape does not wait for it (catch_up).
 MAX_SLEEP_S = 1.0
 
 

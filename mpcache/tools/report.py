@@ -1,6 +1,7 @@
 """``mpcache-report``: the what-if table of a running service's miss-ratio curves (``GET /mrc``): per tier and
-tenant, the hit ratio now, at ½×, 2× and 4× the capacity, and the capacity a target hit ratio needs.  The curves
-model LRU: where L1 runs another ``--l1-policy`` the report says so and predicts nothing.
+tenant, the hit ratio the lookups measured beside the one predicted now, at ½×, 2× and 4× the capacity, and the
+capacity a target hit ratio needs, each for the whole service and per cache process (what ``--l1-size`` takes).
+Where the curves model another order than the ``--l1-policy`` L1 runs, the report says so and predicts nothing.
 
 Whatever the endpoint answers is checked before it is used: an answer that cannot be had (no server, an HTTP
 error, too large, too slow) or is not a /mrc document (not JSON, nested too deeply, a field missing or of the
@@ -133,6 +134,8 @@ def check(document: Any) -> dict[str, Any]:
         "configured_sample_rate": _number(_field(document, "configured_sample_rate", "/mrc"),
                                           "configured_sample_rate", 0.0, 1.0),
         "tracked_keys": _count(_field(document, "tracked_keys", "/mrc"), "tracked_keys"),
+        # absent: a server from before it was said, which modelled the service as one cache
+        "processes": max(1, _count(document.get("processes", 1), "processes")),
         "max_keys": _count(_field(document, "max_keys", "/mrc"), "max_keys"),
         # absent: a server from before they were said, taken as running lru (its default then)
         **{key: _text(document.get(key, "lru"), key) for key in ("curves_model", "l1_policy")},
@@ -144,9 +147,16 @@ def check(document: Any) -> dict[str, Any]:
             **{key: _text(_field(curve, key, at), f"{at}.{key}") for key in ("tier", "model_name", "cache_salt")},
             "capacity_bytes": _number(_field(curve, "capacity_bytes", at), f"{at}.capacity_bytes"),
             "sampled_accesses": _count(_field(curve, "sampled_accesses", at), f"{at}.sampled_accesses"),
+            "measured_hit_ratio": _measured(curve, at),
             "points": _points(_field(curve, "points", at), f"{at}.points"),
         })
     return checked
+
+
+def _measured(curve: Any, where: str) -> float | None:
+    """The curve's measured hit ratio: None where not measured yet (null) or not said (an older server)."""
+    value = curve.get("measured_hit_ratio") if isinstance(curve, dict) else None
+    return None if value is None else _number(value, f"{where}.measured_hit_ratio", 0.0, 1.0)
 
 
 def hit_ratio_at(points: list[tuple[float, float]], capacity: float) -> float | None:
@@ -158,19 +168,24 @@ def hit_ratio_at(points: list[tuple[float, float]], capacity: float) -> float | 
     return None
 
 
-def capacity_for(points: list[tuple[float, float]], target: float) -> str:
-    """The smallest capacity whose hit ratio reaches ``target``, or where it lies beyond the curve."""
+def capacity_for(points: list[tuple[float, float]], target: float) -> tuple[str, float] | None:
+    """(bound, capacity): the smallest capacity whose hit ratio reaches ``target`` ("" bound), at most the
+    first point ("≤ "), or beyond the last ("> "); None without points."""
     if not points:
-        return "-"
+        return None
     if points[0][1] >= target:
-        return "≤ " + human_bytes(points[0][0])
+        return "≤ ", points[0][0]
     for (low, low_ratio), (high, high_ratio) in zip(points, points[1:]):
         if high_ratio >= target:
             if low <= 0:
-                return "≤ " + human_bytes(high)
+                return "≤ ", high
             share = (target - low_ratio) / (high_ratio - low_ratio)
-            return human_bytes(low * (high / low) ** share)
-    return "> " + human_bytes(points[-1][0])
+            return "", low * (high / low) ** share
+    return "> ", points[-1][0]
+
+
+def _bound(needed: tuple[str, float]) -> str:
+    return needed[0] + human_bytes(needed[1])
 
 
 def human_bytes(value: float) -> str:
@@ -187,23 +202,33 @@ def _cell(text: str) -> str:
 
 
 def render(document: dict[str, Any], target: float) -> str:
-    """The report of a checked document: one header line about the sampling, then one row per curve."""
+    """The report of a checked document: a header about the sampling and the capacities, then one row per
+    curve."""
+    processes = document["processes"]
     lines = [f"sample rate {document['sample_rate']:.6g} (configured {document['configured_sample_rate']:g}); "
-             f"{document['tracked_keys']} of at most {document['max_keys']} keys tracked"]
+             f"{document['tracked_keys']} of at most {document['max_keys']} keys tracked",
+             f"capacity: the whole service's ({processes} cache process{'es' if processes > 1 else ''}); "
+             "per process: each one's own cache (tier l1: what --l1-size takes)",
+             "measured: the share of the same sampled chunks the lookups found (a usable prefix); now … 4×: predicted"]
     model, policy = document["curves_model"], document["l1_policy"]
     predicts = model == policy
     if not predicts:  # a server whose curves model another order than L1's: no prediction shown as one
         lines.append(_cell(f"the curves model --l1-policy {model}; L1 runs --l1-policy {policy}: no hit ratio or "
                            f"capacity is predicted (restart with --l1-policy {model} for a prediction)"))
-    header = ("tier", "model_name", "cache_salt", "capacity", "sampled", *(name for name, _ in WHAT_IF),
-              f"for {target:.0%}")
+    header = ("tier", "model_name", "cache_salt", "capacity", "per process", "sampled", "measured",
+              *(name for name, _ in WHAT_IF), f"for {target:.0%}", "per process")
     rows = [header]
     for curve in document["curves"]:
         points, capacity = curve["points"], curve["capacity_bytes"]
         ratios = [hit_ratio_at(points, capacity * factor) if predicts else None for _, factor in WHAT_IF]
+        needed = capacity_for(points, target) if predicts else None
+        measured = curve["measured_hit_ratio"]
         rows.append((*(_cell(curve[key]) for key in ("tier", "model_name", "cache_salt")), human_bytes(capacity),
-                     str(curve["sampled_accesses"]), *("-" if r is None else f"{r:.3f}" for r in ratios),
-                     capacity_for(points, target) if predicts else "-"))
+                     human_bytes(capacity / processes), str(curve["sampled_accesses"]),
+                     "-" if measured is None else f"{measured:.3f}",
+                     *("-" if r is None else f"{r:.3f}" for r in ratios),
+                     "-" if needed is None else _bound(needed),
+                     "-" if needed is None else _bound((needed[0], needed[1] / processes))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:

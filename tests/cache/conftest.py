@@ -1,92 +1,22 @@
-"""Fixtures for cache-process tests: a small instance's shared memory, an
-in-process server on a thread, and a reader of the events it published."""
+"""Fixtures for cache-process tests: a small instance's shared memory, an in-process server on a thread
+(support/cache_harness.py), one serving LMCache's protocol, and a raw connection for hostile input."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-import threading
-import uuid
 
-import numpy as np
 import pytest
+from support.bad_requests import BLOCKS
+from support.cache_harness import CHUNK_BYTES, Harness, make_config
 from support.lmcache_client import OBJECT_BYTES, LMClient
-from support.ring_events import EventLog
+from support.raw_frames import RawConn
 
 from mpcache.cache.process import CacheProcess
-from mpcache.client import CacheClient
 from mpcache.config import Config
-from mpcache.shm.gauges import GaugeBoardReader
+from mpcache.shm.memfd import create_sealed
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.provision import create_segments, unlink_segments
-
-CHUNK_BYTES = 4096
-CHUNK_TOKENS = 16
-MODEL = "org/model-7b"
-
-
-class CapturedLog:
-    """A structlog-like logger for the in-process server that keeps its warning lines."""
-
-    def __init__(self) -> None:
-        self.warnings: list[tuple[str, dict]] = []
-
-    def warning(self, event: str, **fields) -> None:
-        self.warnings.append((event, fields))
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None  # info, debug, exception, ...
-
-
-TEST_L2_SECRET = "5e" * 32  # a fixed L2 record key (hex), so fs tiers survive a harness restart
-
-
-def make_config(runtime_dir: str, **overrides) -> Config:
-    values = dict(
-        instance_id=uuid.uuid4().hex,
-        supervisor_pid=os.getpid(),
-        runtime_dir=runtime_dir,
-        workers=1,
-        l1_size_bytes=8 * CHUNK_BYTES,
-        chunk_bytes=CHUNK_BYTES,
-        chunk_size_tokens=CHUNK_TOKENS,
-        ring_capacity_cells=1 << 14,
-        intern_capacity=256,
-        metrics_sample_rate=1.0,
-        eviction_interval_s=3600.0,  # tests that want the loop ask for a short interval
-        l2_secret=TEST_L2_SECRET,  # what the supervisor resolves for fs and redis tiers (the fs tier's secret file)
-    )
-    values.update(overrides)
-    return Config(**values)
-
-
-class Harness:
-    """A running in-process cache server, its config and its event log."""
-
-    def __init__(self, config: Config, server: CacheProcess) -> None:
-        self.config = config
-        self.server = server
-        self.events = EventLog(config)
-        self.thread = threading.Thread(target=server.run, name="cache-server", daemon=True)
-        self.thread.start()
-        self.clients: list[CacheClient] = []
-        self._board_segment = Segment.attach(config.gauge_board_name())
-        self.board = GaugeBoardReader(self._board_segment)
-
-    def client(self) -> CacheClient:
-        client = CacheClient(self.config.socket_path(0))
-        self.clients.append(client)
-        return client
-
-    def stop(self) -> None:
-        for client in self.clients:
-            client.close()
-        self.server.stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "the server thread did not stop"
-        self.events.close()
-        self.board = None
-        self._board_segment.close()
 
 
 @pytest.fixture
@@ -135,12 +65,6 @@ def cache(provisioned):
         harness.stop()
 
 
-def fill_blocks(buffer, seed: int) -> None:
-    """Distinct, reproducible bytes in every block of ``buffer``."""
-    rng = np.random.default_rng(seed)
-    buffer.blocks[:] = rng.integers(0, 256, size=buffer.blocks.shape, dtype=np.uint8)
-
-
 @pytest.fixture
 def lmcache(cache):
     """Factory: an in-process cache process serving LMCache's protocol on ipc://, and a client to it."""
@@ -158,3 +82,18 @@ def lmcache(cache):
     yield start
     for client in made:
         client.close()
+
+
+@pytest.fixture
+def raw(cache):
+    """A running server, a raw connection with one registered 4-block buffer, and a bystander client."""
+    harness = cache()
+    conn = RawConn(harness.config.socket_path(0))
+    fd = create_sealed("rawtest", BLOCKS * CHUNK_BYTES)
+    reply = conn.request({"op": "register_buffer", "id": 1, "num_blocks": BLOCKS, "block_bytes": CHUNK_BYTES}, [fd])
+    os.close(fd)
+    assert True is reply["ok"], reply
+    bystander = harness.client()
+    bystander_kv = bystander.register_buffer(1, CHUNK_BYTES)
+    yield harness, conn, reply["buffer_id"], bystander, bystander_kv
+    conn.close()

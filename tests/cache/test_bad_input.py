@@ -7,62 +7,35 @@ import os
 
 import msgpack
 import pytest
+from support.bad_requests import BLOCKS, DROP, assert_refused_harmlessly, store_msg
+from support.cache_harness import CHUNK_BYTES, MODEL
 from support.raw_frames import RawConn
 
 from mpcache.contract import protocol
 from mpcache.shm.memfd import create_sealed
-
-from .conftest import CHUNK_BYTES, MODEL
-
-BLOCKS = 4
-
-
-@pytest.fixture
-def raw(cache):
-    """A running server, a raw connection with one registered 4-block buffer, and a bystander client."""
-    harness = cache()
-    conn = RawConn(harness.config.socket_path(0))
-    fd = create_sealed("rawtest", BLOCKS * CHUNK_BYTES)
-    reply = conn.request({"op": "register_buffer", "id": 1, "num_blocks": BLOCKS, "block_bytes": CHUNK_BYTES}, [fd])
-    os.close(fd)
-    assert True is reply["ok"], reply
-    bystander = harness.client()
-    bystander_kv = bystander.register_buffer(1, CHUNK_BYTES)
-    yield harness, conn, reply["buffer_id"], bystander, bystander_kv
-    conn.close()
-
-
-def _store(buffer_id: int, **changes) -> dict:
-    message = {"op": "store", "id": 9, "buffer_id": buffer_id, "request_id": "req", "model_name": MODEL,
-               "cache_salt": "s", "chunk_hashes": [11, 12], "block_ids": [0, 1]}
-    message.update(changes)
-    return {key: value for key, value in message.items() if value is not _DROP}
-
-
-_DROP = object()
 
 # name -> (message builder taking the buffer id, error_type, part of the error message)
 BAD_REQUESTS = {
     "not a map": (lambda b: [1, 2], "protocol", "a request must be a map"),
     "unknown op": (lambda b: {"op": "explode", "id": 9}, "protocol", "unknown operation 'explode'"),
     "missing id": (lambda b: {"op": "ping"}, "protocol", "id: expected an integer"),
-    "unknown field": (lambda b: _store(b, colour="red"), "protocol", "unexpected field(s) for store: colour"),
-    "missing field": (lambda b: _store(b, chunk_hashes=_DROP), "protocol", "chunk_hashes: missing"),
-    "unknown buffer": (lambda b: _store(b + 100), "request", "unknown buffer"),
-    "block id out of range": (lambda b: _store(b, block_ids=[0, BLOCKS]), "request", f"block {BLOCKS} is outside"),
-    "negative block id": (lambda b: _store(b, block_ids=[0, -1]), "protocol", "block_ids: every entry"),
-    "counts differ": (lambda b: _store(b, block_ids=[0]), "protocol", "1 entries for 2 chunk_hashes"),
-    "hash not an int": (lambda b: _store(b, chunk_hashes=[1, "2"]), "protocol", "chunk_hashes: every entry"),
-    "bool engine id": (lambda b: _store(b, engine_id=True), "protocol", "engine_id: expected an integer"),
-    "salt with slash": (lambda b: _store(b, cache_salt="a/b"), "protocol", "cache_salt: contains a forbidden"),
-    "salt with at": (lambda b: _store(b, cache_salt="a@b"), "protocol", "cache_salt: contains a forbidden"),
-    "salt with backslash": (lambda b: _store(b, cache_salt="a\\b"), "protocol", "cache_salt: contains a forbidden"),
-    "salt with NUL": (lambda b: _store(b, cache_salt="a\0b"), "protocol", "cache_salt: contains a forbidden"),
-    "salt with newline": (lambda b: _store(b, cache_salt="a\nb"), "protocol", "cache_salt: contains a forbidden"),
-    "salt too long": (lambda b: _store(b, cache_salt="é" * 65), "protocol", "cache_salt: longer than 128 bytes"),
-    "salt not a string": (lambda b: _store(b, cache_salt=b"bytes"), "protocol", "cache_salt: expected a string"),
-    "model with at": (lambda b: _store(b, model_name="m@1"), "protocol", "model_name: contains a forbidden"),
-    "empty model": (lambda b: _store(b, model_name=""), "protocol", "model_name: must not be empty"),
+    "unknown field": (lambda b: store_msg(b, colour="red"), "protocol", "unexpected field(s) for store: colour"),
+    "missing field": (lambda b: store_msg(b, chunk_hashes=DROP), "protocol", "chunk_hashes: missing"),
+    "unknown buffer": (lambda b: store_msg(b + 100), "request", "unknown buffer"),
+    "block id out of range": (lambda b: store_msg(b, block_ids=[0, BLOCKS]), "request", f"block {BLOCKS} is outside"),
+    "negative block id": (lambda b: store_msg(b, block_ids=[0, -1]), "protocol", "block_ids: every entry"),
+    "counts differ": (lambda b: store_msg(b, block_ids=[0]), "protocol", "1 entries for 2 chunk_hashes"),
+    "hash not an int": (lambda b: store_msg(b, chunk_hashes=[1, "2"]), "protocol", "chunk_hashes: every entry"),
+    "bool engine id": (lambda b: store_msg(b, engine_id=True), "protocol", "engine_id: expected an integer"),
+    "salt with slash": (lambda b: store_msg(b, cache_salt="a/b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with at": (lambda b: store_msg(b, cache_salt="a@b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with backslash": (lambda b: store_msg(b, cache_salt="a\\b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with NUL": (lambda b: store_msg(b, cache_salt="a\0b"), "protocol", "cache_salt: contains a forbidden"),
+    "salt with newline": (lambda b: store_msg(b, cache_salt="a\nb"), "protocol", "cache_salt: contains a forbidden"),
+    "salt too long": (lambda b: store_msg(b, cache_salt="é" * 65), "protocol", "cache_salt: longer than 128 bytes"),
+    "salt not a string": (lambda b: store_msg(b, cache_salt=b"bytes"), "protocol", "cache_salt: expected a string"),
+    "model with at": (lambda b: store_msg(b, model_name="m@1"), "protocol", "model_name: contains a forbidden"),
+    "empty model": (lambda b: store_msg(b, model_name=""), "protocol", "model_name: must not be empty"),
     "unknown job": (lambda b: {"op": "query_prefetch_status", "id": 9, "job_id": 424242}, "request",
                     "unknown or expired prefetch job"),
     "negative timeout": (lambda b: {"op": "retrieve", "id": 9, "buffer_id": b, "request_id": "r", "job_id": 1,
@@ -94,19 +67,6 @@ def test_bad_request_gets_an_error_reply_and_the_server_keeps_serving(raw, case)
     for fd in fds:
         os.close(fd)
     assert_refused_harmlessly(raw, reply, error_type, fragment)
-
-
-def assert_refused_harmlessly(raw, reply: dict, error_type: str, fragment: str) -> None:
-    """``reply`` is a one-line error of ``error_type`` naming ``fragment``; since the events were last
-    taken nothing was published and no L1 slot used; the connection and a bystander then store."""
-    harness, conn, buffer_id, bystander, bystander_kv = raw
-    assert (False, error_type) == (reply["ok"], reply["error_type"])
-    assert fragment in reply["error"] and "\n" not in reply["error"]
-    assert 0 == len(harness.events.take())
-    assert 0 == harness.server.l1.used_bytes
-    assert True is conn.request(_store(buffer_id))["ok"]
-    assert 1 == bystander.store(bystander_kv, request_id="b", model_name=MODEL, chunk_hashes=[77],
-                                block_ids=[0]).stored
 
 
 def test_reply_to_a_request_with_an_id_carries_that_id(raw):

@@ -9,15 +9,11 @@ import os
 
 import msgpack
 import pytest
+from support.bad_requests import assert_refused_harmlessly, store_msg
+from support.cache_harness import CHUNK_BYTES, MODEL
 from support.raw_frames import RawConn
 
 from mpcache.shm.memfd import create_sealed
-
-from . import test_bad_input
-from .conftest import CHUNK_BYTES, MODEL
-from .test_bad_input import _store, assert_refused_harmlessly
-
-raw = test_bad_input.raw  # the fixture, requested by name below
 
 # name -> (payload bytes built from the raw connection's buffer id, error_type, part of the error message)
 BAD_PAYLOADS = {
@@ -28,21 +24,22 @@ BAD_PAYLOADS = {
                                 "malformed frame"),
     "extension type as the request": (lambda b: msgpack.packb(msgpack.ExtType(1, b"\0" * 8)), "protocol",
                                       "a request must be a map"),
-    "extension type as a hash": (lambda b: msgpack.packb(_store(b, chunk_hashes=[1, msgpack.ExtType(1, b"x")])),
+    "extension type as a hash": (lambda b: msgpack.packb(store_msg(b, chunk_hashes=[1, msgpack.ExtType(1, b"x")])),
                                  "protocol", "chunk_hashes: every entry"),
-    "binary salt": (lambda b: msgpack.packb(_store(b, cache_salt=b"tenant"), use_bin_type=True), "protocol",
+    "binary salt": (lambda b: msgpack.packb(store_msg(b, cache_salt=b"tenant"), use_bin_type=True), "protocol",
                     "cache_salt: expected a string"),
-    "request id of 257 bytes": (lambda b: msgpack.packb(_store(b, request_id="r" * 257)), "protocol",
+    "request id of 257 bytes": (lambda b: msgpack.packb(store_msg(b, request_id="r" * 257)), "protocol",
                                 "request_id: longer than 256 bytes"),
-    "request id with a newline": (lambda b: msgpack.packb(_store(b, request_id="r\nX-Injected: 1")), "protocol",
+    "request id with a newline": (lambda b: msgpack.packb(store_msg(b, request_id="r\nX-Injected: 1")), "protocol",
                                   "request_id: longer than 256 bytes or has control characters"),
-    "model of 129 bytes": (lambda b: msgpack.packb(_store(b, model_name="m" * 129)), "protocol",
+    "model of 129 bytes": (lambda b: msgpack.packb(store_msg(b, model_name="m" * 129)), "protocol",
                            "model_name: longer than 128 bytes"),
-    "model with a control character": (lambda b: msgpack.packb(_store(b, model_name="m\x1bv")), "protocol",
+    "model with a control character": (lambda b: msgpack.packb(store_msg(b, model_name="m\x1bv")), "protocol",
                                        "model_name: contains a forbidden character"),
-    "65537 chunk hashes": (lambda b: msgpack.packb(_store(b, chunk_hashes=list(range(65537)), block_ids=[0] * 65537)),
+    "65537 chunk hashes": (lambda b: msgpack.packb(store_msg(b, chunk_hashes=list(range(65537)),
+                                                           block_ids=[0] * 65537)),
                            "protocol", "chunk_hashes: 65537 entries, the limit is 65536"),
-    "block id past the protocol limit": (lambda b: msgpack.packb(_store(b, block_ids=[0, 1 << 24])), "protocol",
+    "block id past the protocol limit": (lambda b: msgpack.packb(store_msg(b, block_ids=[0, 1 << 24])), "protocol",
                                          "block_ids: every entry must be an integer in 0..16777215"),
     "unregister an unknown buffer": (lambda b: msgpack.packb({"op": "unregister_buffer", "id": 9, "buffer_id": b + 50}),
                                      "request", "unknown buffer"),
@@ -88,7 +85,7 @@ def test_retrieve_of_another_requests_job_or_of_more_than_it_found_is_refused(ra
     """A retrieve naming a prefetch job of another request, or more blocks than the job found, is a
     request error that publishes nothing and copies nothing; the job's own request then retrieves it."""
     harness, conn, buffer_id, _, _ = raw
-    assert 2 == conn.request(_store(buffer_id, chunk_hashes=[31, 32]))["stored_count"]
+    assert 2 == conn.request(store_msg(buffer_id, chunk_hashes=[31, 32]))["stored_count"]
     job = _lookup(conn, "owner", [31, 32])
     harness.events.take()
     other = conn.request(_retrieve(buffer_id, "intruder", job, [2, 3]))
@@ -108,7 +105,7 @@ def test_a_65th_buffer_on_one_connection_is_refused(raw):
     try:
         replies = [conn.request({"op": "register_buffer", "id": i, "num_blocks": 1, "block_bytes": CHUNK_BYTES}, [fd])
                    for i, fd in enumerate(fds)]
-        stored = conn.request(_store(buffer_id, chunk_hashes=[41], block_ids=[0]))
+        stored = conn.request(store_msg(buffer_id, chunk_hashes=[41], block_ids=[0]))
     finally:
         for fd in fds:
             os.close(fd)

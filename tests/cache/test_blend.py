@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.blend_script import L1_SLOTS, SALT, documents, expected_cb_events, run_script
+from support.cache_harness import CHUNK_BYTES, CHUNK_TOKENS, MODEL
 
 from mpcache.cache.blend import FingerprintTable
 from mpcache.client import BlendStoreResult, RetrieveResult
@@ -18,9 +20,6 @@ from mpcache.contract.blending import (
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import ProtocolError, RequestError
-
-from .blend_script import L1_SLOTS, SALT, documents, expected_cb_events, run_script
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL
 
 CB_TYPES = [e for e in E if e.name.startswith("CB_")]
 

@@ -8,13 +8,12 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.blend_script import EXPECTED_COUNTERS, L1_SLOTS, run_script
+from support.cache_harness import CHUNK_BYTES
 
 from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
 from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
-
-from .blend_script import EXPECTED_COUNTERS, L1_SLOTS, run_script
-from .conftest import CHUNK_BYTES
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.cache_harness import CHUNK_BYTES, MODEL
 
 from mpcache.cache.l0 import (
     MAX_BLOCKS_PER_EVENT,
@@ -14,8 +15,6 @@ from mpcache.client import BlockReport
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import SampleGate, token_hash
 from mpcache.errors import ProtocolError
-
-from .conftest import CHUNK_BYTES, MODEL
 
 ALLOC = E.MP_VLLM_BLOCK_ALLOCATION
 END = E.MP_VLLM_END_SESSION

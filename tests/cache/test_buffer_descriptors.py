@@ -14,6 +14,7 @@ import socket
 import msgpack
 import numpy as np
 import pytest
+from support.cache_harness import CHUNK_BYTES, MODEL, CapturedLog
 from support.raw_frames import RawConn
 from support.waiting import wait_for
 
@@ -21,8 +22,6 @@ from mpcache.cache import buffers
 from mpcache.cache.native.transport import MAX_FDS_PER_FRAME
 from mpcache.contract import protocol
 from mpcache.shm import layout
-
-from .conftest import CHUNK_BYTES, MODEL, CapturedLog
 
 BLOCKS = 4
 

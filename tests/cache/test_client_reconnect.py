@@ -12,11 +12,10 @@ import time
 
 import numpy as np
 import pytest
+from support.cache_harness import CHUNK_BYTES, MODEL, Harness, fill_blocks
 
 from mpcache.cache.process import CacheProcess
 from mpcache.client import CacheClient
-
-from .conftest import CHUNK_BYTES, MODEL, Harness, fill_blocks
 
 
 def restart_later(config, old: Harness, delay_s: float, started: list[Harness]) -> threading.Thread:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.cache_harness import MODEL
 
 from mpcache.demo import scheduler as demo_scheduler
 from mpcache.demo.scheduler import BlockPool, Scheduler
 from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
-
-from .conftest import MODEL
 
 
 def test_block_pool_shares_reuses_and_reallocates_least_recently_released_first():

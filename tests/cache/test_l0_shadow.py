@@ -9,11 +9,10 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from support.cache_harness import MODEL
 
 from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.subscribers.metrics.l0_lifecycle import L0LifecycleSubscriber
-
-from .conftest import MODEL
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9

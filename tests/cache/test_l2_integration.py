@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from support.cache_harness import CHUNK_BYTES, CHUNK_TOKENS, MODEL, CapturedLog, fill_blocks, fs_spec, l2_idle
 from support.waiting import wait_for
 
 from mpcache.contract.events import EventType as E
@@ -23,8 +24,6 @@ from mpcache.contract.keys import ChunkKey
 from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.pump import Pump, RingSource
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
-
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, CapturedLog, fill_blocks
 
 SEED = 331  # see test_the_seed_draws_the_failures_the_script_expects
 FAILURE_RATE = 0.2
@@ -35,16 +34,6 @@ FS_CAPACITY_CHUNKS = 12
 
 def mock_spec(**extra) -> dict:
     return {"type": "mock", "capacity_gb": 1.0, "failure_rate": FAILURE_RATE, "seed": SEED, **extra}
-
-
-def fs_spec(path, chunks: int = FS_CAPACITY_CHUNKS) -> dict:
-    return {"type": "fs", "path": str(path), "capacity_gb": chunks * CHUNK_BYTES / 1e9}
-
-
-def l2_idle(harness) -> None:
-    """Wait until the server has handled every L2 completion."""
-    storage = harness.server.storage
-    wait_for(lambda: storage.inflight == 0 and not storage.has_completions, 10, "L2 tasks to finish", tolerate=())
 
 
 class Telemetry:
@@ -93,7 +82,8 @@ def test_scripted_workload_gives_exact_l2_counters(cache, tmp_path):
     """A scripted workload over [mock (seeded failures), fs (12 chunks)] and an 8-slot L1 yields, after the
     telemetry side drained the ring, exactly the hand-computed value of every L2 counter per cache_salt and
     l2_name, the L2 throughput sample counts, the lookup L1/L2 split, and L2 gauges that match the adapters."""
-    harness = cache(l2=[mock_spec(), fs_spec(tmp_path / "fs")], l1_policy="lru")  # the script's evictions are LRU's
+    # the script's evictions are LRU's
+    harness = cache(l2=[mock_spec(), fs_spec(tmp_path / "fs", FS_CAPACITY_CHUNKS)], l1_policy="lru")
     telemetry = Telemetry(harness)
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)

@@ -10,6 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 from support.lmcache_client import NO_RESULT, LMClient, key, packed_key, registration
+from support.lmcache_inline import CHUNK, OBJECT, objects
 
 from mpcache.cache.lmcache import inline, registrations
 from mpcache.cache.lmcache.groups import layout
@@ -17,8 +18,6 @@ from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 from mpcache.errors import ProtocolError
 
-CHUNK = 256
-OBJECT = layout([2, 2, CHUNK, 64], "float16")  # registration(hidden=64)'s object
 # LMCache 0.5.7rc3's tensor_wire.encode_tensors([a, a + 1]) and encode_grouped_tensors([([0, 2], [a, a + 1]),
 # ([1], [arange(3, float32)])]), a = arange(8, dtype=float16).reshape(2, 4)
 RC3_FLAT = bytes.fromhex(
@@ -108,11 +107,6 @@ def unmapped(lmcache, monkeypatch):
     """A cache process whose LMCache peers cannot map its pool (as another allowed uid), and a client."""
     monkeypatch.setattr(registrations, "can_map_pool", lambda owner: False)
     return lmcache()
-
-
-def objects(count: int, seed: int, size: int = OBJECT.object_bytes) -> list[bytes]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
 
 
 def test_a_worker_that_cannot_map_the_pool_stores_and_retrieves_inline(unmapped, capsys):

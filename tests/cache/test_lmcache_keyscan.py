@@ -1,5 +1,6 @@
 """The key-frame scanner: the compiled ``split_key`` and its Python definition agree byte for byte on any
-frame, what they accept decodes to the same key as the ordinary path, and what they decline is left to it."""
+frame and any token lists kept before, what they accept decodes to the same key as the ordinary path, and what
+they decline is left to it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpcache.cache.lmcache import keyscan, wire
+from mpcache.cache.lmcache.keycache import KeyCache
 from mpcache.errors import ProtocolError
 
 compiled = pytest.mark.skipif(keyscan.split_key is None, reason="mpcache.cache.lmcache._keyscan was not built")
@@ -22,7 +24,8 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), 
 tokens = st.lists(st.one_of(st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**64 - 1), st.floats(), st.booleans(),
                             st.text(max_size=2)), max_size=MAX + 4)
 values = st.one_of(scalars, tokens, st.dictionaries(st.text(max_size=4), scalars, max_size=3))
-maps = st.dictionaries(st.one_of(st.sampled_from(["token_ids", "start", "end", "model_name"]), st.text(max_size=12),
+maps = st.dictionaries(st.one_of(st.sampled_from(["token_ids", "token_bytes", "start", "end", "model_name"]),
+                                 st.text(max_size=12),
                                  st.integers(0, 9)), values, max_size=9)
 
 
@@ -38,34 +41,35 @@ def test_the_compiled_scanner_gives_what_its_python_definition_gives(value, tail
     """Maps of scalars, lists and nested maps, with good and bad token lists, whole, with trailing bytes and
     truncated: the compiled answer is the reference's, byte for byte."""
     for frame in _frames(value, tail, cut):
-        assert keyscan.split_key(frame, MAX) == keyscan.split_key_reference(frame, MAX)
+        assert keyscan.split_key(frame, MAX, ()) == keyscan.split_key_reference(frame, MAX)
 
 
 @compiled
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(tokens, min_size=1, max_size=3),
        st.lists(st.tuples(st.integers(0, 2), maps, st.sampled_from([None, "a", "b", 7]), st.booleans(),
-                          st.integers(0, 3), st.integers(1, 64), st.integers(0, MAX + 2)), min_size=1, max_size=12))
-def test_token_arrays_seen_before_give_what_reading_them_again_gives(arrays, steps):
-    """The scanner keeps the last token arrays it read, each with its frame's cache_salt: frames that share,
-    extend, cut or follow an array with other bytes, under another salt or a smaller token cap, one after the
-    other, each give the reference's answer."""
-    for which, others, salt, tokens_first, shape, cut, cap in steps:
+                          st.booleans(), st.integers(0, 3), st.integers(1, 64), st.integers(0, MAX + 2)),
+                min_size=1, max_size=12))
+def test_token_lists_kept_before_give_what_reading_them_again_gives(lists, steps):
+    """Given the (salt, token list) pairs of its last answers, as its owner keeps them: frames that share, extend,
+    cut or follow a list with other bytes, in either spelling, under another salt or a smaller token cap, one after
+    the other, each give the reference's answer."""
+    kept: list[tuple[bytes, bytes]] = []
+    for which, others, salt, packed, tokens_first, shape, cut, cap in steps:
         if salt is not None:
             others = {**others, "cache_salt": salt}
-        array = {"token_ids": arrays[which % len(arrays)]}
-        frame = msgpack.packb({**array, **others} if tokens_first else {**others, **array}, use_bin_type=True)
+        chosen = lists[which % len(lists)]
+        if packed:
+            listed = {"token_bytes": b"".join(int(t).to_bytes(4, "big") for t in chosen
+                                              if type(t) is int and 0 <= t < 2**32)}
+        else:
+            listed = {"token_ids": chosen}
+        frame = msgpack.packb({**listed, **others} if tokens_first else {**others, **listed}, use_bin_type=True)
         frame = [frame, frame + b"\x00", frame[:-cut], frame][shape]
-        assert keyscan.split_key(frame, cap) == keyscan.split_key_reference(frame, cap)
-
-
-@compiled
-def test_a_token_array_too_long_to_keep_is_read_in_full_every_time():
-    """Past 128 Ki tokens an array is not kept: each frame's tokens are read again, the same as the first time."""
-    token_list = [(i * 7919) % 200_000 for i in range((1 << 17) + 5)]
-    for model in ("a", "b", "a"):
-        split = keyscan.split_key(msgpack.packb({"model_name": model, "token_ids": token_list}), 1 << 20)
-        assert split is not None and np.array_equal(np.frombuffer(split[1], dtype="<i8"), token_list)
+        split = keyscan.split_key(frame, cap, tuple(kept))
+        assert split == keyscan.split_key_reference(frame, cap, tuple(kept))
+        if split is not None and split[2] is not None:
+            kept = [(split[3], split[2]), *kept][:4]
 
 
 @given(st.lists(st.integers(0, 2**63 - 1), max_size=MAX), st.dictionaries(st.text(max_size=8), scalars, max_size=6))
@@ -76,7 +80,8 @@ def test_an_accepted_frame_is_its_map_with_the_tokens_as_int64(token_list, other
     frame = msgpack.packb({**others, "token_ids": token_list}, use_bin_type=True)
     split = keyscan.split_key_reference(frame, MAX)
     assert split is not None
-    rest, data = split
+    rest, data, _, _ = split
+    assert type(data) is bytes
     assert msgpack.unpackb(rest, raw=False, strict_map_key=False) == {**others, "token_ids": None}
     assert np.frombuffer(data, dtype="<i8").tolist() == token_list
 
@@ -97,11 +102,15 @@ def test_an_accepted_frame_is_its_map_with_the_tokens_as_int64(token_list, other
     b"\x81\xa9token_ids\xdd\xff\xff\xff\xff\x01",  # a count far past the frame
     b"\x81\xa9token_ids\x92\xd3\x00\x00\x00",  # a truncated int64
     msgpack.packb({"token_ids": [1], "x": msgpack.ExtType(1, b"a")}),  # an extension type
+    msgpack.packb({"token_bytes": b"\x00\x00\x01"}, use_bin_type=True),  # not whole 4-byte tokens
+    msgpack.packb({"token_bytes": "abcd"}, use_bin_type=True),  # a str, not a bin
+    msgpack.packb({"token_bytes": bytes(4 * (MAX + 1))}, use_bin_type=True),  # over the cap
+    msgpack.packb({"token_ids": [1], "token_bytes": bytes(4)}, use_bin_type=True),  # both spellings
 ])
 def test_a_frame_off_the_regular_case_is_declined_by_both(frame):
     assert keyscan.split_key_reference(frame, MAX) is None
     if keyscan.split_key is not None:
-        assert keyscan.split_key(frame, MAX) is None
+        assert keyscan.split_key(frame, MAX, ()) is None
 
 
 def test_every_integer_encoding_of_a_token_is_read():
@@ -111,8 +120,9 @@ def test_every_integer_encoding_of_a_token_is_read():
     frame = b"\x81\xa9token_ids" + bytes([0x90 | len(elements)]) + b"".join(elements)
     want = [5, 255, 256, 65536, 2**63 - 1, 127, 32767, 7, 2**40]
     for scan in filter(None, (keyscan.split_key, keyscan.split_key_reference)):
-        split = scan(frame, MAX)
-        assert split is not None and np.frombuffer(split[1], dtype="<i8").tolist() == want
+        split = scan(frame, MAX, ())
+        assert split is not None and type(split[1]) is bytes
+        assert np.frombuffer(split[1], dtype="<i8").tolist() == want
 
 
 def _key_map(token_list: object) -> dict:
@@ -124,7 +134,7 @@ def _key_map(token_list: object) -> dict:
 @settings(max_examples=200, deadline=None)
 def test_a_key_frame_parses_to_the_key_the_ordinary_path_gives(token_list):
     frame = msgpack.packb(_key_map(token_list))
-    assert wire.parse_key_frame(frame, MAX, wire.decode) == wire.parse_key(msgpack.unpackb(frame), MAX)
+    assert KeyCache(MAX, 4).key(frame) == wire.parse_key(msgpack.unpackb(frame), MAX)
 
 
 @pytest.mark.parametrize(("token_list", "message"), [
@@ -133,4 +143,4 @@ def test_a_key_frame_parses_to_the_key_the_ordinary_path_gives(token_list):
 ])
 def test_a_declined_key_frame_gets_the_ordinary_paths_error(token_list, message):
     with pytest.raises(ProtocolError, match=message):
-        wire.parse_key_frame(msgpack.packb(_key_map(token_list)), MAX, wire.Decoder(MAX))
+        KeyCache(MAX, 4).key(msgpack.packb(_key_map(token_list)))

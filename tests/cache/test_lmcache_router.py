@@ -18,11 +18,11 @@ import pytest
 import zmq
 from support import zmq_sockets
 from support.lmcache_client import LMClient
+from support.ports import free_port
+from support.waiting import wait_for
 
 from mpcache.cache.lmcache import frontend, router, sockets, zmtp
 from mpcache.cache.lmcache.gate import PeerGate
-from tests.support.ports import free_port
-from tests.support.waiting import wait_for
 
 OBJECT = 2 * 2 * 256 * 64 * 2
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from support.blend_script import documents
+from support.cache_harness import CHUNK_BYTES, MODEL
 
 from mpcache.cache.native.ops import OPERATIONS
 from mpcache.client import CacheTimeoutError
 from mpcache.contract.events import EventType
 from mpcache.errors import RequestError
-
-from .blend_script import documents
-from .conftest import CHUNK_BYTES, MODEL
 
 TIER_PREFIXES = ("L1_", "L2_")  # the chunk tiers' own events, not declared per operation
 

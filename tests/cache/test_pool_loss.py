@@ -11,7 +11,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from support.blend_script import SALT, documents
+from support.cache_harness import CHUNK_BYTES, MODEL, fill_blocks, fs_spec, l2_idle
 from support.lmcache_client import NO_RESULT, packed_key, registration
+from support.lmcache_inline import CHUNK, OBJECT, objects
 from support.waiting import wait_for
 
 from mpcache.cache.l1 import L1Manager
@@ -21,11 +24,6 @@ from mpcache.cache.requests import store_to_l2
 from mpcache.contract.events import EventType as E
 from mpcache.errors import RequestError
 from mpcache.shm import shrink_guard
-
-from .blend_script import SALT, documents
-from .conftest import CHUNK_BYTES, MODEL, fill_blocks
-from .test_l2_integration import fs_spec, l2_idle
-from .test_lmcache_inline import CHUNK, OBJECT, objects
 
 pytestmark = pytest.mark.skipif(shrink_guard._busguard is None, reason="built without the C extension")
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from support.cache_harness import CHUNK_BYTES, MODEL
 from support.waiting import wait_for
 
 from mpcache.client import CacheClient
@@ -17,8 +18,6 @@ from mpcache.errors import ProtocolError
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader
 from mpcache.shm.segment import Segment
-
-from .conftest import CHUNK_BYTES, MODEL
 
 
 def test_cache_process_serves_logs_and_stops_cleanly_on_sigterm(provisioned, runtime_dir):

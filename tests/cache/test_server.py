@@ -8,6 +8,7 @@ import stat
 
 import numpy as np
 import pytest
+from support.cache_harness import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks
 from support.waiting import wait_for
 
 from mpcache.client import CacheTimeoutError, PrefetchStatus
@@ -16,8 +17,6 @@ from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import RequestError
 from mpcache.shm import layout
 from mpcache.shm.segment import Segment
-
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks
 
 SALT = "tenant-a"
 

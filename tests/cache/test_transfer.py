@@ -9,11 +9,10 @@ import importlib.util
 
 import numpy as np
 import pytest
+from support.cache_harness import CHUNK_BYTES
 
 from mpcache.cache import transfer
 from mpcache.errors import ProtocolError, RequestError
-
-from .conftest import CHUNK_BYTES
 
 NO_CUDA_HERE = transfer.cuda_device_count() == 0
 HAS_CUPY = importlib.util.find_spec("cupy") is not None

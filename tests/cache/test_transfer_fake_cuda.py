@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.cache_harness import CHUNK_BYTES, MODEL, fill_blocks
 
 from mpcache.cache import transfer
 from mpcache.contract.events import EventType as E
@@ -23,8 +24,6 @@ from mpcache.telemetry.bus import EventBus
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
-
-from .conftest import CHUNK_BYTES, MODEL, fill_blocks
 
 T0 = 1_700_000_000 * 10**9
 

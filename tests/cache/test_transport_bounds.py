@@ -11,12 +11,11 @@ import sys
 
 import msgpack
 import pytest
+from support.cache_harness import CHUNK_BYTES, MODEL
 from support.waiting import wait_for
 
 from mpcache.contract import protocol
 from mpcache.errors import RequestError
-
-from .conftest import CHUNK_BYTES, MODEL
 
 
 def _raw(path: str) -> socket.socket:

@@ -34,7 +34,8 @@ def mrc(port: int) -> dict:
 
 
 def overall(port: int) -> dict:
-    return next(c for c in mrc(port)["curves"] if c["tier"] == "l1" and c["model_name"] == "*")
+    return next(c for c in mrc(port)["curves"]
+                if c["tier"] == "l1" and (c["model_name"], c["cache_salt"]) == ("*", "*"))
 
 
 class Engine:
@@ -105,32 +106,40 @@ def test_exact_curve_and_miss_reasons_at_rate_one(start_service):
     assert {"cold": 2.0, "evicted": 20.0, "after_gap": 2.0} == reasons
     assert 20.0 == service.scrape().total("mpcache_l1_evicted_reused_chunks_total", model_name=MODEL)
 
-    missed = 0
+    missed, found = 0, 0
     for round_ in range(30):  # a reuse pattern over 4 × L1, looked up then stored, as engines do
         chunks = [1000 + (round_ * 7 + i * 13) % 256 for i in range(8)]
-        missed += len(chunks) - engine.lookup(chunks)
+        hits = engine.lookup(chunks)
+        missed, found = missed + len(chunks) - hits, found + hits
     lookups = sum(len(chunks) for op, chunks in engine.trace if op == "lookup")
     curve = wait_for(lambda: (c := overall(service.port))["sampled_accesses"] == lookups and c, 30,
                      f"{lookups} sampled lookups in /mrc")
     expected = [round(lru_hit_ratio(engine.trace, point["capacity_bytes"]), 6) for point in curve["points"]]
     assert expected == [point["hit_ratio"] for point in curve["points"]]
     assert expected[0] < expected[-1]  # the curve is not flat: the check can fail
-    # cold: every lookup access of a chunk never asked for or stored before; the other misses were seen
-    seen: set[int] = set()
-    never_seen = 0
+    # cold: every lookup access of a chunk never stored before (5000 and 6000, and each round's chunks the first
+    # time they are asked for); the other misses were stored before
+    stored: set[int] = set()
+    never_stored = 0
     for op, chunks in engine.trace:
-        never_seen += sum(chunk not in seen for chunk in chunks) if op == "lookup" else 0
-        seen.update(chunks)
+        if op == "lookup":
+            never_stored += sum(chunk not in stored for chunk in chunks)
+        else:
+            stored.update(chunks)
     scrape = service.scrape()
     reasons = scrape.by_label("mpcache_lookup_miss_chunks_total", "reason")
-    assert (never_seen, 24.0 + missed - never_seen) == (reasons["cold"], reasons["evicted"] + reasons["after_gap"])
+    assert (never_stored, 24.0 + missed - never_stored) == (
+        reasons["cold"], reasons["evicted"] + reasons["after_gap"])
+    # measured: what the lookups found (the client's own counts: 20 + 3 + 1 scripted lookups found nothing)
+    assert round(found / lookups, 6) == curve["measured_hit_ratio"]
     assert curve["points"][8]["hit_ratio"] == pytest.approx(scrape.total(
         "mpcache_mrc_hit_ratio", tier="l1", model_name="*", cache_salt="*", capacity_ratio="1"), abs=1e-6)
 
     report = subprocess.run([sys.executable, "-m", "mpcache.tools.report", "--url", f"http://127.0.0.1:{service.port}"],
                             capture_output=True, text=True, timeout=30, check=True).stdout
-    [row] = [line.split() for line in report.splitlines() if line.startswith("l1") and " * " in line]
-    assert (["l1", "*", "*", "4.0", "MiB", str(lookups), f"{curve['points'][8]['hit_ratio']:.3f}"]) == row[:7]
+    [row] = [cells for line in report.splitlines() if (cells := line.split())[:3] == ["l1", "*", "*"]]
+    assert (["l1", "*", "*", "4.0", "MiB", "4.0", "MiB", str(lookups), f"{found / lookups:.3f}",
+             f"{curve['points'][8]['hit_ratio']:.3f}"]) == row[:10]
     assert 0 == service.stop()
 
 

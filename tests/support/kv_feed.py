@@ -112,3 +112,93 @@ class Index:
         assert batch is not None, "the stream ended"
         self.apply(batch)
         self.cursor = batch["next_cursor"]
+
+
+class PubIndex:
+    """What a router subscribed to mpcache's vLLM-format PUB socket knows: (model-less) block hashes of what L1
+    holds (``blocks``) and of what each L2 tier holds (``tiers``, by medium), from
+    ``BlockStored``/``BlockRemoved``/``AllBlocksCleared``.  A gap in the sequence numbers is filled through the
+    replay socket; one the replay cannot fill (its first message comes after the gap's start: older than the
+    relay's buffer, or from before a restarted relay) drops the index, which is built again from the next
+    ``AllBlocksCleared`` (vLLM's resync).  ``drop_next`` throws the next message away, unread: a forced gap.  Every
+    payload applied is kept (``payloads``) for vLLM's own decoder to read afterwards."""
+
+    def __init__(self, endpoint: str, replay: str) -> None:
+        import zmq
+
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.replay_endpoint = replay
+        self.blocks: set[bytes] = set()
+        self.tiers: dict[str, set[bytes]] = {}
+        self.expected = -1  # the next sequence number to apply (-1: none came yet)
+        self.synced = False  # the index follows an AllBlocksCleared it applied (else: waiting for one)
+        self.drop_next = False
+        self.replays = 0
+        self.resyncs = 0  # gaps the replay could not fill
+        self.dropped = 0
+        self.cleared = 0
+        self.payloads: list[bytes] = []
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+
+    def take(self, timeout_ms: int) -> bool:
+        """Apply the next message (and what replay gives for a gap before it); False when none came in time."""
+        if not self.sub.poll(timeout_ms):
+            return False
+        _, seq_bytes, payload = self.sub.recv_multipart()
+        seq = int.from_bytes(seq_bytes, "big")
+        if self.drop_next and self.expected >= 0 and self.sub.poll(0):  # with a message after it, showing the gap
+            self.drop_next = False
+            self.dropped += 1
+        elif seq > self.expected:  # a gap (the first message: everything before it) filled through replay
+            self._replay(max(self.expected, 0))
+        elif seq == self.expected:
+            self._apply(seq, payload)
+        return True
+
+    def _replay(self, start: int) -> None:
+        socket = dealer()
+        socket.connect(self.replay_endpoint)
+        first = None
+        try:
+            socket.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                _, _, seq_bytes, payload = socket.recv_multipart()
+                seq = int.from_bytes(seq_bytes, "big", signed=True)
+                if seq < 0:
+                    break
+                if first is None:
+                    first = seq
+                    if seq > start:  # the gap cannot be filled: start again from the next AllBlocksCleared
+                        self.synced = False
+                        self.resyncs += 1
+                if seq >= self.expected:
+                    self._apply(seq, payload)
+        finally:
+            socket.close(linger=0)
+        self.replays += 1
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.expected = seq + 1
+        _, events, _ = msgpack.unpackb(payload, raw=False)
+        if events and events[0]["type"] == "AllBlocksCleared":
+            self.synced = True
+        if not self.synced:
+            return
+        self.payloads.append(payload)
+        for event in events:
+            if event["type"] == "AllBlocksCleared":
+                self.blocks.clear()
+                self.tiers.clear()
+                self.cleared += 1
+                continue
+            held = self.blocks if event["medium"] == "CPU" else self.tiers.setdefault(event["medium"], set())
+            if event["type"] == "BlockStored":
+                held.update(event["block_hashes"])
+            else:
+                assert event["type"] == "BlockRemoved", event
+                held.difference_update(event["block_hashes"])

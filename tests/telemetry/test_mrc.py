@@ -11,7 +11,18 @@ from collections import OrderedDict
 import pytest
 
 from mpcache.contract.keys import SAMPLE_MODULUS
-from mpcache.telemetry.mrc.curves import AFTER_GAP, ALL, HEAD, L1_HIT, L2_HIT, MISS, POINT_RATIOS, SAMPLED, CurveSet
+from mpcache.telemetry.mrc.curves import (
+    AFTER_GAP,
+    ALL,
+    HEAD,
+    L1_HIT,
+    L2_HIT,
+    MISS,
+    OVERFLOW,
+    POINT_RATIOS,
+    SAMPLED,
+    CurveSet,
+)
 from mpcache.telemetry.mrc.stack import ReuseStack
 
 MODEL, SALT = "m", "s"
@@ -47,15 +58,17 @@ def lru_hit_ratio(trace: list[tuple[str, int, int]], capacity: int) -> float:
 
 
 def shared_lru_hit_ratios(trace, capacity):
-    """Per tenant (and ALL): hits over lookups in one byte LRU cache shared by every tenant."""
+    """Per tenant, per model across tenants (model, ALL), per cache_salt across models (ALL, salt), and ALL:
+    hits over lookups in one byte LRU cache shared by every tenant."""
     cache, used, hits, looks = OrderedDict(), 0, {}, {}
     for op, tenant, key, size in trace:
         if op == "lookup":
-            for curve in (tenant, (ALL, ALL)):
+            curves = (tenant, (tenant[0], ALL), (ALL, tenant[1]), (ALL, ALL))
+            for curve in curves:
                 looks[curve] = looks.get(curve, 0) + 1
             if key in cache:
                 cache.move_to_end(key)
-                for curve in (tenant, (ALL, ALL)):
+                for curve in curves:
                     hits[curve] = hits.get(curve, 0) + 1
             continue
         if key in cache:
@@ -102,7 +115,7 @@ def test_at_rate_one_every_point_equals_a_simulated_lru_cache_of_that_size():
     trace = engine_trace(random.Random(1), 3000, 400, size)
     curves = CurveSet(1.0, 8192, {"l1": capacity})
     feed(curves, trace)
-    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     expected = [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS]
     assert expected == [point["hit_ratio"] for point in curve["points"]]
     assert sum(op == "lookup" for op, _, _ in trace) == curve["sampled_accesses"]
@@ -116,7 +129,7 @@ def test_fixed_size_mode_stays_within_max_keys_and_stays_close_to_exact():
     trace = engine_trace(random.Random(2), 20_000, 4000, size)
     curves = CurveSet(1.0, 800, {"l1": capacity})
     feed(curves, trace, head=0)  # these keys have no fixed position in their requests: sampled only
-    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     exact = [lru_hit_ratio(trace, round(capacity * ratio)) for ratio in POINT_RATIOS[::4]]
     got = [point["hit_ratio"] for point in curve["points"][::4]]
     assert curves.tracked_keys <= 400 and curves.rate < 0.5
@@ -142,7 +155,7 @@ def test_keys_deeper_than_every_capacity_are_forgotten_so_the_rate_stays_exact()
     trace = flooded_trace(random.Random(3), 3000, size)
     curves = CurveSet(1.0, 400, {"l1": capacity})
     feed(curves, trace, head=2)
-    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     expected = [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS]
     assert (1.0, 1.0) == (curves.rate, curves.head_rate) and curves.tracked_keys <= 400
     assert expected == [point["hit_ratio"] for point in curve["points"]]
@@ -151,13 +164,13 @@ def test_keys_deeper_than_every_capacity_are_forgotten_so_the_rate_stays_exact()
 
 def test_a_key_forgotten_for_depth_is_evicted_when_asked_again_not_cold():
     """A stored key pushed below the deepest point by a flood of new keys leaves the stack, but the curves
-    remember it was seen: asked for again, it is an eviction (and regret), and only the flood is cold."""
+    remember it was stored: asked for again, it is an eviction (and regret), and only the flood is cold."""
     curves = CurveSet(1.0, 64, {"l1": 100})
     curves.store(MODEL, 100, [(1, SALT, MODEL)])
     for key in range(1000, 1100):  # 100 keys of 100 bytes: key 1 falls far below 16 × 100 bytes
         curves.lookup(MODEL, SALT, 1, [((key, SALT, MODEL), SAMPLED, MISS, 1)])
         curves.store(MODEL, 100, [(key, SALT, MODEL)])
-    assert (1, SALT, MODEL) not in curves._stack and curves.rate == 1.0
+    assert (1, SALT, MODEL) not in curves._histories[0].stack and curves.rate == 1.0
     curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), SAMPLED, MISS, 1)])
     misses, regret = curves.take_counts()
     assert ({("cold", MODEL, SALT): 100.0, ("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == (
@@ -171,14 +184,14 @@ def test_a_key_named_twice_in_one_lookup_keeps_its_stratum_and_the_budget_holds(
     for key in range(500):
         row = (key, SALT, MODEL)
         curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1), (row, SAMPLED, MISS, 1)])
-    assert [len(curves._stack.keys_in(HEAD)), len(curves._stack.keys_in(SAMPLED))] == [
-        stratum.keys for stratum in curves._strata]
+    assert [len(curves._histories[0].stack.keys_in(HEAD)), len(curves._histories[0].stack.keys_in(SAMPLED))] == [
+        stratum.keys for stratum in curves._histories[0].strata]
     assert 0 < curves.tracked_keys <= 64 and curves.head_rate < 1.0
 
 
 def test_miss_reasons_and_eviction_regret_at_rate_one():
-    """Cold: never seen (asked for or stored); evicted: seen, then missed; after_gap: said so by the cache
-    process; L2 hits and evicted misses of keys seen before are eviction regret.  Per chunk (÷ ranks)."""
+    """Cold: never stored; evicted: stored, then missed; after_gap: said so by the cache process; L2 hits and
+    evicted misses of keys stored before are eviction regret.  Per chunk (÷ ranks)."""
     curves = CurveSet(1.0, 8192, {"l1": 10_000})
     curves.store(MODEL, 100, [(1, SALT, MODEL), (2, SALT, MODEL), (3, SALT, MODEL)])
     curves.lookup(MODEL, SALT, 1, [((1, SALT, MODEL), HEAD, L1_HIT, 1), ((2, SALT, MODEL), HEAD, L2_HIT, 1),
@@ -187,10 +200,26 @@ def test_miss_reasons_and_eviction_regret_at_rate_one():
     misses, regret = curves.take_counts()
     assert ({("after_gap", MODEL, SALT): 1.0, ("evicted", MODEL, SALT): 1.0, ("cold", MODEL, SALT): 1.0},
             {(MODEL, SALT): 2.0}) == (dict(misses), dict(regret))
-    curves.lookup(MODEL, SALT, 1, [((9, SALT, MODEL), SAMPLED, MISS, 1)])  # asked for before: stored since, gone
-    assert ({("evicted", MODEL, SALT): 1.0}, {(MODEL, SALT): 1.0}) == tuple(dict(c) for c in curves.take_counts())
     curves.lookup(MODEL, SALT, 2, [((7, SALT, MODEL), SAMPLED, MISS, 1), ((8, SALT, MODEL), SAMPLED, MISS, 1)])
     assert ({("cold", MODEL, SALT): 1.0}, {}) == tuple(dict(c) for c in curves.take_counts())  # 2 ranks, 1 chunk
+
+
+def test_a_key_looked_up_but_never_stored_stays_cold_until_a_store_or_a_hit_shows_it_stored():
+    """docs/METRICS.md: ``cold`` is never stored in the sampled history.  A key asked for again and again whose
+    store never came (the engine did not store it, or the store was refused) misses ``cold`` every time, and is
+    no eviction regret; once a store names it, or a lookup finds it (in L1, in L2, or held past the gap: it was
+    stored), its next miss is ``evicted``."""
+    curves = CurveSet(1.0, 8192, {"l1": 10_000})
+    never, hit_once, gap_once, l2_once = ((value, SALT, MODEL) for value in (9, 10, 11, 12))
+    curves.lookup(MODEL, SALT, 1, [(never, SAMPLED, MISS, 1)])
+    curves.lookup(MODEL, SALT, 1, [(never, SAMPLED, MISS, 1)])  # asked for before, never stored
+    assert ({("cold", MODEL, SALT): 2.0}, {}) == tuple(dict(c) for c in curves.take_counts())
+    curves.store(MODEL, 100, [never])
+    curves.lookup(MODEL, SALT, 1, [(hit_once, HEAD, L1_HIT, 1), (l2_once, HEAD, L2_HIT, 1),
+                                   (gap_once, SAMPLED, AFTER_GAP, 1)])  # first seen found: stored, no store seen
+    curves.take_counts()
+    curves.lookup(MODEL, SALT, 1, [(key, HEAD, MISS, 1) for key in (never, hit_once, l2_once, gap_once)])
+    assert ({("evicted", MODEL, SALT): 4.0}, {(MODEL, SALT): 4.0}) == tuple(dict(c) for c in curves.take_counts())
 
 
 def test_keys_above_the_threshold_are_ignored_and_estimates_scale_by_one_over_the_rate():
@@ -315,7 +344,7 @@ def test_the_fixed_size_heaps_stay_bounded_when_depth_pruning_alone_keeps_the_bu
         curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1)])
         curves.store(MODEL, 1000, [row])
     assert (1.0, True) == (curves.rate, curves.tracked_keys <= 400)
-    assert all(len(stratum.heap) <= 2 * stratum.budget + 16 for stratum in curves._strata)
+    assert all(len(stratum.heap) <= 2 * stratum.budget + 16 for stratum in curves._histories[0].strata)
 
 
 def test_a_stratum_threshold_never_rises_within_one_lookup():
@@ -326,7 +355,7 @@ def test_a_stratum_threshold_never_rises_within_one_lookup():
     values = (100, 200, 300, 500, 400)  # hash mod P of each key; the sampled stratum tracks 2 keys
     curves.lookup(MODEL, SALT, 1, [((value, SALT, MODEL), SAMPLED, MISS, 1) for value in values])
     assert curves.rate * SAMPLE_MODULUS == 300  # 300 went first: 500 and 400 are past the threshold
-    assert {(100, SALT, MODEL), (200, SALT, MODEL)} == set(curves._stack._entry)
+    assert {(100, SALT, MODEL), (200, SALT, MODEL)} == set(curves._histories[0].stack._entry)
 
 
 def test_a_lookup_whose_trailing_partial_chunk_was_given_back_reports_no_miss_as_an_l1_hit():
@@ -371,8 +400,9 @@ TENANTS = [("m1", "a"), ("m1", "b"), ("m2", "a")]
 
 def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simulated_lru_cache():
     """Three tenants share one cache, two tiers, and a flood of one-shot keys 10x what the curves may track:
-    depth pruning keeps the rate at 1, and every point of every tenant's curve and of "*" equals the tenant's
-    hit ratio in one byte LRU cache of that size shared by all of them."""
+    depth pruning keeps the rate at 1, and every point of every tenant's curve, of each model's across tenants,
+    of each cache_salt's across models and of "*" equals that share's hit ratio in one byte LRU cache of that
+    size shared by all of them."""
     rng = random.Random(11)
     size = 1000
     hot = {t: [rng.getrandbits(64) for _ in range(30)] for t in TENANTS}
@@ -402,18 +432,34 @@ def test_at_rate_one_pruned_curves_of_every_tenant_and_tier_equal_a_shared_simul
             if want != point["hit_ratio"]:
                 wrong.append((curve["tier"], tenant, ratio, want, point["hit_ratio"]))
     assert not wrong, wrong[:5]
-    assert 8 == len(curves.curves())  # "*" and three tenants, two tiers each
+    assert 16 == len(curves.curves())  # "*", three tenants, two models, two salts: two tiers each
     assert 0.05 < expected["l1"][1.0][(ALL, ALL)] < expected["l1_l2"][16.0][(ALL, ALL)] < 0.9  # mid-curve
 
 
 def test_a_tenant_named_like_the_curve_over_everything_is_counted_in_it_once():
-    """A client may name its model and cache_salt "*": its lookups must count once in the curve over
-    everything, not once as "*" and again as its own curve (which is the same one)."""
+    """A client may name its model or its cache_salt "*": its lookups must count once in the curve over
+    everything, never in a marginal curve's name ((model, "*") is that model across tenants), but in the
+    overflow curves."""
     curves = CurveSet(1.0, 64, {"l1": 1000})
     curves.store("*", 100, [])
     curves.lookup("*", "*", 1, [((1, "*", "*"), SAMPLED, MISS, 1)])
+    curves.lookup(MODEL, "*", 1, [((3, "*", MODEL), SAMPLED, MISS, 1)])
     curves.lookup(MODEL, SALT, 1, [((2, SALT, MODEL), SAMPLED, MISS, 1)])
-    assert 2 == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}[(ALL, ALL)]
+    assert {(ALL, ALL): 3, (OVERFLOW, OVERFLOW): 2, (OVERFLOW, ALL): 2, (ALL, OVERFLOW): 2, (MODEL, SALT): 1,
+            (MODEL, ALL): 1, (ALL, SALT): 1} == {(c["model_name"], c["cache_salt"]): c["sampled_accesses"]
+                                                 for c in curves.curves()}
+
+
+def test_pair_model_and_salt_curves_are_each_capped_and_the_rest_share_the_overflow_curves():
+    """At most ``max_tenants`` curves of each kind (pairs, models across salts, salts across models); the
+    lookups of the others count in the overflow curve of that kind, so every kind still adds up to the whole."""
+    curves = CurveSet(1.0, 64, {"l1": 1000}, max_tenants=2)
+    tenants = [(f"m{i}", f"s{j}") for i in range(3) for j in range(3)]
+    for key, (model, salt) in enumerate(tenants):
+        curves.lookup(model, salt, 1, [((key, salt, model), SAMPLED, MISS, 1)])
+    counts = {(c["model_name"], c["cache_salt"]): c["sampled_accesses"] for c in curves.curves()}
+    assert {(ALL, ALL): 9, ("m0", "s0"): 1, ("m0", "s1"): 1, (OVERFLOW, OVERFLOW): 7, ("m0", ALL): 3,
+            ("m1", ALL): 3, (OVERFLOW, ALL): 3, (ALL, "s0"): 3, (ALL, "s1"): 3, (ALL, OVERFLOW): 3} == counts
 
 
 def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_rate_below_one():
@@ -423,9 +469,9 @@ def test_depth_pruning_keeps_a_key_whose_distance_fits_the_deepest_point_at_a_ra
     old, older, first, second, third = ((value, SALT, MODEL) for value in (1, 2, 3, 4, 5))  # all pass rate 0.5
     for row, nbytes in ((older, 500), (old, 500), (first, 300), (second, 400), (third, 200)):
         curves.store(MODEL, nbytes, [row])  # the fifth key prunes: old and older are past 1600 bytes
-    assert {first, second, third} == set(curves._stack._entry) and 0.5 == curves.rate
+    assert {first, second, third} == set(curves._histories[0].stack._entry) and 0.5 == curves.rate
     curves.lookup(MODEL, SALT, 1, [(first, SAMPLED, MISS, 1)])  # distance 2 × (400 + 200) + 300 = 1500
-    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     assert 1.0 == curve["points"][-1]["hit_ratio"] and 16 * 100 == curve["points"][-1]["capacity_bytes"]
 
 
@@ -450,3 +496,93 @@ def test_the_mrc_answer_says_which_order_the_curves_model_and_which_l1_runs(metr
     report = render(check(document), 0.8)
     assert "no hit ratio or capacity is predicted" not in report  # the report predicts the policy that runs
     assert any(line.startswith("l1 ") and " 1.000 " in line for line in report.splitlines()), report
+
+
+class ByteLru:
+    """A byte-capacity LRU cache as one cache process's L1 runs it: a lookup hit touches, a store inserts
+    (evicting the least recently used until it fits) or touches."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.used, self.keys = capacity, 0, OrderedDict()
+
+    def lookup(self, key) -> bool:
+        if key in self.keys:
+            self.keys.move_to_end(key)
+            return True
+        return False
+
+    def store(self, key, size: int) -> None:
+        if key in self.keys:
+            self.keys.move_to_end(key)
+            return
+        while self.keys and self.used + size > self.capacity:
+            self.used -= self.keys.popitem(last=False)[1]
+        if size <= self.capacity:
+            self.keys[key] = size
+            self.used += size
+
+
+def test_two_cache_processes_curves_equal_two_simulated_lru_caches_fed_the_same_routing():
+    """Two cache processes, each an L1 of its own (half the tier), and a router that sends some prefixes to
+    both: at rate 1 every point of the curve equals the hits of two byte LRU caches of half that capacity fed
+    the same routing, over all lookups; the measured hit ratio (what the lookups found, here as the 1× caches
+    found it) equals their hit ratio at 1×, and so does the curve's point there."""
+    rng = random.Random(21)
+    size, capacity = 1000, 40_000  # the tier over both processes: 20 kB each
+    hashes = [rng.getrandbits(64) for _ in range(300)]
+    requests = []
+    for _ in range(2500):
+        chunks = list(dict.fromkeys(hashes[int(rng.paretovariate(1.1) * 10) % 300] for _ in range(rng.randint(1, 5))))
+        process = chunks[0] % 2 if rng.random() < 0.8 else rng.randrange(2)  # 20 %: the other process too
+        requests.append((process, [(c, SALT, MODEL) for c in chunks]))
+    now = [ByteLru(capacity // 2) for _ in range(2)]
+    curves = CurveSet(1.0, 8192, {"l1": capacity}, processes=2)
+    for process, rows in requests:
+        found = [now[process].lookup(row) for row in rows]
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD, L1_HIT if hit else MISS, 1) for row, hit in zip(rows, found)],
+                      process)
+        for row in rows:
+            now[process].store(row, size)
+        curves.store(MODEL, size, rows, process)
+    expected = []
+    for ratio in POINT_RATIOS:
+        caches, hits = [ByteLru(round(capacity / 2 * ratio)) for _ in range(2)], 0
+        for process, rows in requests:
+            hits += sum(caches[process].lookup(row) for row in rows)
+            for row in rows:
+                caches[process].store(row, size)
+        expected.append(round(hits / sum(len(rows) for _, rows in requests), 6))
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    assert expected == [point["hit_ratio"] for point in curve["points"]]
+    assert expected[POINT_RATIOS.index(1.0)] == curve["measured_hit_ratio"]
+    assert 0.05 < expected[0] < expected[-1] < 0.95 and curves.processes == 2  # the workload spans the curve
+
+
+def test_each_ring_is_its_own_cache_process_for_the_curves_and_the_miss_reasons(ring_factory, metrics, config):
+    """The subscriber judges a ring's events against that cache process's history: a key stored by process 0
+    and asked for in process 1 is cold there (process 1 never stored it) and evicted in process 0; /mrc says
+    the two processes, and the capacities are the tier's over both."""
+    import dataclasses
+    import json
+
+    from mpcache.contract.events import MRC_HEAD_FIELDS, EventType
+    from mpcache.telemetry.batch import EventBatch
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
+
+    config = dataclasses.replace(config, workers=2, mrc_sample_rate=1.0)
+    subscriber = MissRatioSubscriber(metrics.meter, config)
+    rings = [ring_factory(capacity=256, intern_capacity=64) for _ in range(2)]
+    row = (12345, SALT, MODEL)
+    empty = (0,) * len(MRC_HEAD_FIELDS)
+
+    def deliver(producer: int, etype: EventType, fields: tuple) -> None:
+        rings[producer].publisher.emit(etype, fields, sampled=[row])
+        subscriber.on_batch(EventBatch(producer, rings[producer].reader.read_batch(), rings[producer].names))
+
+    deliver(0, EventType.MRC_STORE_SAMPLED, (MODEL, SALT, 1, 64))
+    for producer in (1, 0):  # a sampled key that missed (no sampled hits): ranks 1, found 0, no head chunks
+        deliver(producer, EventType.MRC_LOOKUP_SAMPLED, (MODEL, SALT, 1, 0, 0, 0, 0, 0, 0, *empty))
+    collected = metrics.collect()["mpcache.lookup_miss"]
+    assert {"cold": 1, "evicted": 1} == {dict(attributes)["reason"]: value for attributes, value in collected.items()}
+    document = json.loads(mrc_routes([subscriber])["/mrc"]()[1])
+    assert (2, 2 * config.l1_pool_bytes) == (document["processes"], document["curves"][0]["capacity_bytes"])

@@ -52,7 +52,7 @@ def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(p
         rows = [(h, SALT, MODEL) for h in hashes]
         curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
         curves.store(MODEL, SIZE, rows)
-    [curve] = [c for c in curves.curves() if c["model_name"] == ALL]
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     predicted = {point["capacity_bytes"]: point["hit_ratio"] for point in curve["points"]}
     assert 0.5 in POINT_RATIOS and 2.0 in POINT_RATIOS and curves.rate == 0.1 and curves.policy == policy
     for factor in (0.5, 1.0, 2.0):
@@ -72,7 +72,7 @@ def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_
         curves.store(MODEL, SIZE, rows)
     threshold = curves.rate * SAMPLE_MODULUS
     assert curves.rate < 0.5
-    for edge, mini in zip(curves._edges, curves._minis):
+    for edge, mini in zip(curves._histories[0].edges, curves._histories[0].minis):
         assert mini.capacity == pytest.approx(edge * curves.rate)
         assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
         assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity

@@ -12,6 +12,7 @@ from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
 from mpcache.telemetry import metric_table
 from mpcache.telemetry.bus import Subscriber
+from mpcache.telemetry.kvpub import FeedCounts
 from mpcache.telemetry.subscribers.metrics import build_metrics_subscribers
 from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
@@ -127,10 +128,11 @@ EVERY_METRIC = {spec.otel_name for spec in metric_table.METRICS
 
 
 def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
-    """build_metrics_subscribers wires every metric of the table: one event of each kind shows all of them."""
+    """build_metrics_subscribers wires every metric of the table: one event of each kind shows all of them (the
+    KV event relay's counts as the telemetry process hands them over with --kv-events-endpoint)."""
     config = dataclasses.replace(config, l2=[{"type": "fs"}, {"type": "mock"}])
     build_metrics_subscribers(config, metrics.provider, pump=pipeline.pump(), bus=pipeline.bus, gauge_reader=board,
-                              readiness=board)
+                              readiness=board, kv_relay=lambda: [FeedCounts()])
     pipeline.subscribe(Exploding())
     chunk = (7, "a", "m")
     publish = pipeline.publish

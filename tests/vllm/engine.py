@@ -8,13 +8,16 @@ never mpcache's; it imports nothing of mpcache.  Two commands:
     transformers: no hub is needed.  ``tiny`` (2 layers) for the tests, ``bench`` (~100M parameters) for
     the benchmark, large enough that prefill dominates a request on a CPU.
 
-``serve --model DIR [--kv-transfer-config JSON]``
-    starts one engine (prefix cache off, so every prompt token is either computed or loaded through the
-    connector; ``skip_tokenizer_init``: prompts are token ids), prints ``{"ready": ...}`` on a line, then
-    answers one JSON line per JSON line read:
+``serve --model DIR [--kv-transfer-config JSON] [--kv-events-topic TOPIC] [--prefix-caching]``
+    starts one engine (prefix cache off unless asked, so every prompt token is either computed or loaded
+    through the connector; ``skip_tokenizer_init``: prompts are token ids), prints ``{"ready": ...}`` on a
+    line, then answers one JSON line per JSON line read:
     ``{"op": "generate", "prompt": [ids], "max_tokens": n}`` → the generated token ids, the tokens vLLM
     counted as cached for the request, the wall time, and vLLM's own counters after the request;
+    ``{"op": "kv_events"}`` → the KV-event batches received since the last time (below);
     ``{"op": "exit"}`` ends it.  An exception in a request is answered ``{"error": ...}``; the engine stays up.
+    With ``--kv-events-topic``, vLLM publishes its KV events (``kv_events_config``: ZeroMQ, that topic) to a
+    SUB socket this process binds on loopback first, as a router does, and decodes with vLLM's own types.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -74,22 +78,86 @@ def read_metrics(llm) -> dict:
     return out
 
 
-def serve(model: str, kv_transfer_config: str | None, kv_cache_gb: int) -> None:
+class KVEventFeed:
+    """What a router receives from vLLM's KV-event publisher: a SUB socket bound on loopback (vLLM's publisher
+    connects to an endpoint with a host), read by a thread, each batch decoded with vLLM's own msgspec types."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self._batches: list[dict] = []
+        self._lock = threading.Lock()
+        self._bound = threading.Event()
+        self.endpoint = ""
+        threading.Thread(target=self._receive, daemon=True, name="kv-event-feed").start()
+        if not self._bound.wait(60):
+            raise RuntimeError("the KV-event SUB socket was not bound within 60 s")
+
+    def _receive(self) -> None:
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        socket = zmq.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        socket.bind("tcp://127.0.0.1:0")
+        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._bound.set()
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        while True:
+            topic, seq, payload = socket.recv_multipart()
+            batch = decoder.decode(payload)
+            decoded = {"topic": topic.decode(), "seq": int.from_bytes(seq, "big"),
+                       "events": [_event(event) for event in batch.events]}
+            with self._lock:
+                self._batches.append(decoded)
+
+    def take(self) -> list[dict]:
+        with self._lock:
+            batches, self._batches = self._batches, []
+        return batches
+
+
+def _event(event) -> dict:
+    """One event as JSON: its type and what a router reads of it (hashes as vLLM sent them: ints by default,
+    bytes as hex)."""
+    def block_hash(value):
+        return value.hex() if isinstance(value, bytes) else value
+
+    out = {"type": type(event).__name__, "medium": getattr(event, "medium", None)}
+    if hasattr(event, "block_hashes"):
+        out["block_hashes"] = [block_hash(value) for value in event.block_hashes]
+    if hasattr(event, "token_ids"):
+        out.update(parent_block_hash=block_hash(event.parent_block_hash), token_ids=list(event.token_ids),
+                   block_size=event.block_size)
+    return out
+
+
+def serve(model: str, kv_transfer_config: str | None, kv_cache_gb: int, kv_events_topic: str | None,
+          prefix_caching: bool) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
     import vllm
     from vllm import LLM, SamplingParams
+    from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
 
-    options = {"kv_transfer_config": json.loads(kv_transfer_config)} if kv_transfer_config else {}
+    options: dict = {"kv_transfer_config": json.loads(kv_transfer_config)} if kv_transfer_config else {}
+    feed = KVEventFeed(kv_events_topic) if kv_events_topic is not None else None
+    if feed is not None:
+        options["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                     endpoint=feed.endpoint, topic=feed.topic)
     started = time.monotonic()
-    llm = LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=False, enforce_eager=True,
+    llm = LLM(model=model, skip_tokenizer_init=True, enable_prefix_caching=prefix_caching, enforce_eager=True,
               max_model_len=MAX_MODEL_LEN, seed=SEED, disable_log_stats=False, **options)
     reply({"ready": True, "vllm": vllm.__version__, "start_s": round(time.monotonic() - started, 3),
-           "block_size": llm.llm_engine.vllm_config.cache_config.block_size})
+           "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+           "kv_events_endpoint": feed.endpoint if feed is not None else None})
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("op") == "exit":
             break
+        if command.get("op") == "kv_events":
+            reply({"kv_events": feed.take() if feed is not None else []})
+            continue
         try:
             params = SamplingParams(max_tokens=command["max_tokens"], temperature=0.0, detokenize=False)
             begun = time.monotonic()
@@ -115,11 +183,13 @@ def main() -> None:
     run.add_argument("--model", required=True)
     run.add_argument("--kv-transfer-config", default=None, help="vLLM's kv_transfer_config, JSON")
     run.add_argument("--kv-cache-gb", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE unless set (default 1)")
+    run.add_argument("--kv-events-topic", default=None, help="publish vLLM's KV events on this topic and read them")
+    run.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache on (default off)")
     args = parser.parse_args()
     if args.command == "make-model":
         reply(make_model(args.directory, args.size))
     else:
-        serve(args.model, args.kv_transfer_config, args.kv_cache_gb)
+        serve(args.model, args.kv_transfer_config, args.kv_cache_gb, args.kv_events_topic, args.prefix_caching)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from support.service import Scrape, Service
 from support.waiting import wait_for
 
 from benchmarks.vllm_engine import Engine, wait_all_ready
+from mpcache.client import CacheClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -243,3 +244,99 @@ def test_an_engine_without_the_shared_dev_shm_keeps_serving_and_mpcache_says_why
     assert "map the shared-memory pool (same user, same /dev/shm)" in refusals[0]["error"]
     expected = traffic(lookups=[first] * 2, stored=[], loaded=[])
     assert settled(service, expected) == expected
+
+
+# -- KV events ---------------------------------------------------------------------------------------------------
+
+EVICTED = "lmcache_mp_l1_evicted_chunks_total"
+L1_USED = "lmcache_mp_l1_memory_usage_bytes"
+# One L1 object per chunk of the tiny model (engine.py SIZES["tiny"], bf16): layers x (K, V) x tokens x KV heads x
+# head size x 2 bytes.
+OBJECT_BYTES = 2 * 2 * CHUNK * 2 * (128 // 2) * 2
+L1_OBJECTS = 16  # --l1-size: a store may hold a quarter of L1 uncommitted, so 4 objects per store at most
+EVICTING = {"prompts": 7, "chunks": 4}  # 28 chunks stored into 16 objects' room: evictions
+TOPIC = "kv@mpcache-test"
+LMCACHE_MEDIUM = "CPU"  # the medium LMCache's worker gives what it re-publishes of the server's records
+VLLM_MEDIUM = "GPU"  # vLLM's own prefix cache's medium (even on its CPU build)
+
+
+def evicting_prompts() -> list[list[int]]:
+    chooser = random.Random(38)
+    return [[chooser.randrange(VOCAB) for _ in range(EVICTING["chunks"] * CHUNK + 50)]
+            for _ in range(EVICTING["prompts"])]
+
+
+def test_vllm_publishes_mpcaches_stores_and_evictions_as_kv_events(start_engine, start_service) -> None:
+    """vLLM with KV events on (ZeroMQ, as a router subscribes) against an mpcache whose L1 holds fewer objects
+    than the prompts have whole chunks.  LMCache 0.5.6's worker subscribes to mpcache's ``subscribe_kv_events`` (the
+    ``kv_event_stream`` capability) and vLLM publishes, besides its own prefix cache's events (medium GPU), one
+    ``BlockStored`` (medium CPU) per chunk mpcache stored, with that chunk's tokens and its parent, and one
+    ``BlockRemoved`` per chunk mpcache evicted (both counted by /metrics).  What the feed still holds is exactly
+    what L1 holds: every such block is found by a lookup on the native socket, every removed one is not, and
+    their number fills L1's bytes in use."""
+    port = free_ports(1, run=True)[0]
+    flags, config = with_port(*readme_configuration(), port)
+    service = start_cache(start_service, [*flags, "--l1-size", str(L1_OBJECTS * OBJECT_BYTES)], port)
+    engine = start_engine("kv-events", config, kv_events_topic=TOPIC, prefix_caching=True)
+    engine.wait_ready()
+    prompts_sent = evicting_prompts()
+    for prompt in prompts_sent:
+        engine.generate(prompt, 1)
+
+    batches: list[dict] = []
+    stored_chunks = EVICTING["prompts"] * EVICTING["chunks"]
+
+    def published(kind: str) -> list[dict]:
+        return [event for batch in batches for event in batch["events"]
+                if event["type"] == kind and event["medium"] == LMCACHE_MEDIUM]
+
+    seen: dict[str, tuple[float, float]] = {}
+
+    def caught_up() -> bool:
+        # vLLM publishes what the worker received at its next step: a request of less than a chunk (nothing to
+        # store) makes one
+        engine.generate(prompts_sent[0][:20], 1)
+        batches.extend(engine.kv_events())
+        scrape = service.scrape()
+        seen["mpcache"] = (scrape.total(L1_WRITE), scrape.total(EVICTED))
+        seen["vLLM"] = (len(published("BlockStored")), len(published("BlockRemoved")))
+        return seen["mpcache"][0] == stored_chunks and seen["mpcache"] == seen["vLLM"]
+
+    try:
+        wait_for(caught_up, 120, "vLLM to publish what mpcache stored and evicted")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; (stored, evicted) chunks: {seen}") from None
+    assert [batch["seq"] for batch in batches] == list(range(len(batches))), "a batch went missing"
+    assert {batch["topic"] for batch in batches} == {TOPIC}
+    assert not [e for b in batches for e in b["events"] if e["type"] == "AllBlocksCleared"]
+
+    stored = published("BlockStored")
+    assert [event["token_ids"] for event in stored] == [
+        prompt[i * CHUNK:(i + 1) * CHUNK] for prompt in prompts_sent for i in range(EVICTING["chunks"])]
+    assert all(len(event["block_hashes"]) == 1 and event["block_size"] == CHUNK for event in stored)
+    hashes = [event["block_hashes"][0] for event in stored]
+    assert len(set(hashes)) == len(hashes)
+    parents = [event["parent_block_hash"] for event in stored]
+    chunks = EVICTING["chunks"]
+    assert parents == [None if i % chunks == 0 else hashes[i - 1] for i in range(len(hashes))], "a parent is wrong"
+
+    removed = [block for event in published("BlockRemoved") for block in event["block_hashes"]]
+    assert removed and len(set(removed)) == len(removed) and set(removed) <= set(hashes)
+    held = [block for block in hashes if block not in set(removed)]
+    assert settled(service, {L1_USED: len(held) * OBJECT_BYTES}) == {L1_USED: len(held) * OBJECT_BYTES}
+    model = service.lines("lmcache.engine_registered")[0]["model"]
+    native = CacheClient(service.socket(0))
+    try:
+        found = {}
+        for index, block in enumerate(hashes):
+            job = native.lookup_prefetch(request_id=f"probe{index}", model_name=model, chunk_hashes=[block])
+            found[block] = native.wait_prefetch(job).found_count
+            native.end_session(f"probe{index}")
+    finally:
+        native.close()
+    assert found == {block: int(block in held) for block in hashes}, "the feed and L1 disagree"
+
+    own = [event for batch in batches for event in batch["events"] if event["medium"] == VLLM_MEDIUM]
+    assert own and not {block for event in own for block in event["block_hashes"]} & set(hashes)
+    assert {event["medium"] for batch in batches for event in batch["events"]} == {LMCACHE_MEDIUM, VLLM_MEDIUM}
+    assert 0 == service.stop()

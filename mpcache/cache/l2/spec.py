@@ -12,12 +12,14 @@ from mpcache.cache.l2.base import L2Adapter
 from mpcache.config import L2_GB
 from mpcache.errors import ConfigError
 
+SHARDS, CLUSTER_SHARDS, MAX_SHARDS = 1, 16, 1024  # a redis tier's index shards: default, default on a cluster, most
+
 ACCEPTED = (
     'a JSON object such as {"type": "fs", "path": "/var/cache/mpcache", "capacity_gb": 4}; '
     "fs {path, capacity_gb, threads?}, "
     "mock {capacity_gb, latency_ms?, bandwidth_gbps?, failure_rate? in [0,1], seed?}, "
     "redis {url: redis[s]://[user[:password]@]host:port/db, capacity_gb, cluster? (the url a seed node, db 0), "
-    "shards? (1..1024; default 1, 16 with cluster), key_prefix?, threads?, "
+    f"shards? (1..{MAX_SHARDS}; default {SHARDS}, {CLUSTER_SHARDS} with cluster), key_prefix?, threads?, "
     "socket_timeout_s?, connect_timeout_s?, password_file?, tls_ca_file?, tls_cert_file?, tls_key_file?}"
 )
 
@@ -66,7 +68,7 @@ _KEYS: dict[str, dict[str, tuple]] = {
         "capacity_gb": _CAPACITY,
         "key_prefix": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
         "cluster": (lambda v: isinstance(v, bool), "true or false"),
-        "shards": (lambda v: _integer(v) and 1 <= v <= 1024, "an integer in 1..1024"),
+        "shards": (lambda v: _integer(v) and 1 <= v <= MAX_SHARDS, f"an integer in 1..{MAX_SHARDS}"),
         "threads": _THREADS,
         "socket_timeout_s": _SECONDS,
         "connect_timeout_s": _SECONDS,
@@ -136,7 +138,7 @@ def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None, wr
     capacity = int(spec["capacity_gb"] * L2_GB)
     if capacity < chunk_bytes:
         raise _fail(f"{kind} capacity_gb {spec['capacity_gb']!r} is smaller than one chunk ({chunk_bytes} bytes)")
-    shards = spec.get("shards", 16 if spec.get("cluster") else 1) if kind == "redis" else 1
+    shards = spec.get("shards", CLUSTER_SHARDS if spec.get("cluster") else SHARDS) if kind == "redis" else 1
     if capacity // shards < chunk_bytes:
         raise _fail(f"redis capacity_gb {spec['capacity_gb']!r} split over {shards} shards holds less than one "
                     f"chunk ({chunk_bytes} bytes) per shard")
@@ -165,9 +167,7 @@ def build_adapter(spec: dict, chunk_bytes: int, mac_key: bytes | None = None, wr
     password = None
     if "password_file" in spec:
         password = read_private_file(spec["password_file"], "--l2: redis password_file", min_bytes=1).decode()
-    return RedisL2Adapter(spec["url"], capacity, mac_key=mac_key, key_prefix=spec.get("key_prefix", "mpcache:l2:"),
-                          cluster=spec.get("cluster", False), shards=shards, writer=writer,
-                          threads=spec.get("threads", 4), socket_timeout_s=spec.get("socket_timeout_s", 1.0),
-                          connect_timeout_s=spec.get("connect_timeout_s", 1.0), password=password,
-                          tls_ca_file=spec.get("tls_ca_file"), tls_cert_file=spec.get("tls_cert_file"),
-                          tls_key_file=spec.get("tls_key_file"))
+    given = {name: spec[name] for name in ("key_prefix", "cluster", "threads", "socket_timeout_s", "connect_timeout_s",
+                                           "tls_ca_file", "tls_cert_file", "tls_key_file") if name in spec}
+    return RedisL2Adapter(spec["url"], capacity, mac_key=mac_key, shards=shards, writer=writer, password=password,
+                          **given)  # the fields not given take the adapter's defaults

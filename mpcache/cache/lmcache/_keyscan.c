@@ -1,28 +1,33 @@
 /* The token list of an LMCache key frame, straight from msgpack bytes into int64s (optional).
  *
- *   split_key(frame, max_tokens) -> (rest, tokens) | None
+ *   split_key(frame, max_tokens, kept) -> (rest, found, token_list, salt) | None
  *
  * A key frame is one msgpack map whose values are scalars, one of them the
- * "token_ids" array.  split_key scans the frame once: it checks the map, finds
- * the array, reads every element into a little-endian int64 (each must be an
- * integer in 0..2**63-1) and returns the frame with that array replaced by nil
- * (``rest``, a few dozen bytes for msgpack to decode) and the tokens' int64
- * bytes.  Anything else — another top-level type, a key that is not a string,
- * a container or extension among the other values, a second "token_ids", an
- * element that is not such an integer, more than max_tokens elements,
+ * token list: LMCache 0.5.6's "token_ids" (an array of integers) or 0.5.7's
+ * "token_bytes" (a bin of big-endian uint32s).  split_key scans the frame
+ * once: it checks the map, finds the token list, reads every token into a
+ * little-endian int64 (a token_ids element must be an integer in
+ * 0..2**63-1, token_bytes whole 4-byte tokens) and returns the frame with the
+ * token list replaced by nil (``rest``, a few dozen bytes for msgpack to
+ * decode).  Anything else — another top-level type, a key that is not a
+ * string, a container or extension among the other values, a second token
+ * list, an element that is not such an integer, more than max_tokens tokens,
  * truncation, trailing bytes — returns None: the caller then decodes the whole
  * frame the ordinary way, whose checks name the problem.  So this file refuses
  * nothing by itself and cannot disagree with those checks on what is accepted;
  * mpcache.cache.lmcache.keyscan has the same function in Python, and a
  * differential test holds the two to the same answer, byte for byte.
  *
- * LMCache sends a request's token list in the key of every operation, in
- * frames that otherwise differ (the lookup's, each rank's prepare_store and
- * prepare_retrieve), so the last few token arrays read are kept, as their
- * msgpack bytes and their int64s: an array whose bytes start the same way as
- * a kept one is that array (a msgpack encoding is one value, read the same
- * way every time), found with one memcmp instead of a read per token.  It is
- * reused only for a frame with the same cache_salt.
+ * ``kept`` is a tuple of (salt, token_list) byte pairs that split_key returned
+ * for earlier frames, chosen by their one owner (keycache.py).  Where this
+ * frame's token list and cache_salt value are the bytes of one pair,
+ * ``found`` is that pair's index and the list is not read again (one memcmp
+ * instead of a read per token: a msgpack value is never a prefix of another,
+ * so every pair matching at the list's position is that list), and
+ * ``token_list`` and ``salt`` are None.  Otherwise ``found`` is the tokens
+ * read, as int64 bytes, and ``token_list`` and ``salt`` this frame's
+ * encodings of them (b"" without a cache_salt), for the owner to keep or not.
+ * This file keeps nothing between calls.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -146,76 +151,125 @@ static int read_array(Cursor *c, Py_ssize_t max_tokens, PyObject **tokens) {
     return 0;
 }
 
-#define KEPT_ARRAYS 4
-#define MAX_KEPT_TOKENS (1 << 17)  /* a longer array (past a 128 Ki-token context) is read each time, not kept */
-static PyObject *kept_encoded[KEPT_ARRAYS];  /* bytes: a token_ids array as it came, every token valid */
-static PyObject *kept_salt[KEPT_ARRAYS];     /* bytes: its frame's cache_salt value as it came (b"" without) */
-static PyObject *kept_tokens[KEPT_ARRAYS];   /* bytes: its int64s */
-static int kept_next;
+/* The bin of token_bytes at c->p as new little-endian int64 bytes in *tokens: 0, -1 when it is not the regular case
+ * (not a bin, not whole 4-byte tokens, over max_tokens, truncated), -2 with an exception set. */
+static int read_bin(Cursor *c, Py_ssize_t max_tokens, PyObject **tokens) {
+    if (!need(c, 1)) return -1;
+    unsigned char t = *c->p++;
+    Py_ssize_t n;
+    if (t == 0xc4) n = length(c, 1);
+    else if (t == 0xc5) n = length(c, 2);
+    else if (t == 0xc6) n = length(c, 4);
+    else return -1;
+    if (n < 0 || n % 4 || n / 4 > max_tokens || !need(c, n)) return -1;
+    *tokens = PyBytes_FromStringAndSize(NULL, n * 2);
+    if (*tokens == NULL) return -2;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(*tokens);
+    for (Py_ssize_t k = 0; k < n / 4; k++) {
+        uint32_t v;
+        memcpy(&v, c->p + 4 * k, 4);
+        out[k] = (int64_t)__builtin_bswap32(v);  /* big-endian on a little-endian build (checked above) */
+    }
+    c->p += n;
+    return 0;
+}
 
-/* Which kept arrays the bytes at c->p start with, one bit each; *n their length (a msgpack value is never
- * a prefix of another, so every match is the same array). */
-static unsigned kept_matches(const Cursor *c, Py_ssize_t max_tokens, Py_ssize_t *n) {
+#define MAX_KEPT 32  /* pairs in ``kept``: one bit each below */
+
+enum { NO_LIST, ARRAY, BIN };
+
+/* Which spelling of the token list a key names (token_ids: ARRAY, token_bytes: BIN), else NO_LIST. */
+static int list_kind(const unsigned char *key, Py_ssize_t n) {
+    if (n == 9 && memcmp(key, "token_ids", 9) == 0) return ARRAY;
+    if (n == 11 && memcmp(key, "token_bytes", 11) == 0) return BIN;
+    return NO_LIST;
+}
+
+/* The tokens an encoded list of this kind announces in its header; -1 when it is not of that kind. */
+static Py_ssize_t announced(PyObject *encoded, int kind) {
+    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(encoded),
+                (const unsigned char *)PyBytes_AS_STRING(encoded) + PyBytes_GET_SIZE(encoded)};
+    if (!need(&c, 1)) return -1;
+    unsigned char t = *c.p++;
+    if (kind == ARRAY) {
+        if (t >= 0x90 && t <= 0x9f) return t & 0x0f;
+        if (t == 0xdc) return length(&c, 2);
+        if (t == 0xdd) return length(&c, 4);
+        return -1;
+    }
+    Py_ssize_t n = t == 0xc4 ? length(&c, 1) : t == 0xc5 ? length(&c, 2) : t == 0xc6 ? length(&c, 4) : -1;
+    return n < 0 ? -1 : n / 4;
+}
+
+/* Which kept lists the bytes at c->p start with, one bit each; *n their length. */
+static unsigned kept_matches(const Cursor *c, PyObject *kept, int kind, Py_ssize_t max_tokens, Py_ssize_t *n) {
     unsigned matches = 0;
-    for (int i = 0; i < KEPT_ARRAYS; i++) {
-        PyObject *encoded = kept_encoded[i];
-        if (encoded != NULL && need(c, PyBytes_GET_SIZE(encoded)) &&
-            memcmp(c->p, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded)) == 0 &&
-            PyBytes_GET_SIZE(kept_tokens[i]) / 8 <= max_tokens) {
-            matches |= 1u << i;
-            *n = PyBytes_GET_SIZE(encoded);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kept); i++) {
+        PyObject *encoded = PyTuple_GET_ITEM(PyTuple_GET_ITEM(kept, i), 1);
+        Py_ssize_t size = PyBytes_GET_SIZE(encoded);
+        if (need(c, size) && memcmp(c->p, PyBytes_AS_STRING(encoded), size) == 0) {
+            Py_ssize_t count = announced(encoded, kind);
+            if (count >= 0 && count <= max_tokens) {
+                matches |= 1u << i;
+                *n = size;
+            }
         }
     }
     return matches;
 }
 
-/* Whether kept array i came with this cache_salt encoding: a tenant's token list is reused for that tenant
- * only, so how fast a frame is read tells nobody what another salt sent. */
-static int same_salt(int i, const unsigned char *salt_at, const unsigned char *salt_end) {
+/* Whether kept pair i came with this cache_salt encoding. */
+static int same_salt(PyObject *kept, Py_ssize_t i, const unsigned char *salt_at, const unsigned char *salt_end) {
+    PyObject *salt = PyTuple_GET_ITEM(PyTuple_GET_ITEM(kept, i), 0);
     Py_ssize_t n = salt_end - salt_at;
-    return PyBytes_GET_SIZE(kept_salt[i]) == n && (n == 0 || memcmp(PyBytes_AS_STRING(kept_salt[i]), salt_at, n) == 0);
+    return PyBytes_GET_SIZE(salt) == n && (n == 0 || memcmp(PyBytes_AS_STRING(salt), salt_at, n) == 0);
 }
 
-/* Keep a validated array, its frame's salt and its int64s, the oldest out (not kept if memory runs short). */
-static void keep_array(const unsigned char *array_at, const unsigned char *array_end, const unsigned char *salt_at,
-                       const unsigned char *salt_end, PyObject *tokens) {
-    if (PyBytes_GET_SIZE(tokens) / 8 > MAX_KEPT_TOKENS)
-        return;
-    PyObject *encoded = PyBytes_FromStringAndSize((const char *)array_at, array_end - array_at);
-    PyObject *salt = PyBytes_FromStringAndSize((const char *)salt_at, salt_end - salt_at);
-    if (encoded == NULL || salt == NULL) {
-        PyErr_Clear();
-        Py_XDECREF(encoded);
-        Py_XDECREF(salt);
-        return;
+/* 0 when kept is a tuple of at most MAX_KEPT (bytes, bytes) pairs, else -1 with TypeError set. */
+static int check_kept(PyObject *kept) {
+    if (PyTuple_Check(kept) && PyTuple_GET_SIZE(kept) <= MAX_KEPT) {
+        Py_ssize_t i = 0;
+        for (; i < PyTuple_GET_SIZE(kept); i++) {
+            PyObject *pair = PyTuple_GET_ITEM(kept, i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(pair, 0)) ||
+                !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)))
+                break;
+        }
+        if (i == PyTuple_GET_SIZE(kept)) return 0;
     }
-    Py_XSETREF(kept_encoded[kept_next], encoded);
-    Py_XSETREF(kept_salt[kept_next], salt);
-    Py_XSETREF(kept_tokens[kept_next], Py_NewRef(tokens));
-    kept_next = (kept_next + 1) % KEPT_ARRAYS;
+    PyErr_SetString(PyExc_TypeError, "split_key: kept must be a tuple of at most 32 (bytes, bytes) pairs");
+    return -1;
+}
+
+static int read_list(Cursor *c, int kind, Py_ssize_t max_tokens, PyObject **tokens) {
+    return kind == ARRAY ? read_array(c, max_tokens, tokens) : read_bin(c, max_tokens, tokens);
 }
 
 PyDoc_STRVAR(split_key_doc,
-"split_key(frame, max_tokens, /) -> (rest, tokens) | None\n\n"
-"The key map with its token_ids array replaced by nil, and the tokens as little-endian int64 bytes;\n"
-"None when the frame is not that regular case (decode it the ordinary way).");
+"split_key(frame, max_tokens, kept, /) -> (rest, found, token_list, salt) | None\n\n"
+"The key map with its token list replaced by nil; found: the index of the kept (salt, token_list) pair the\n"
+"frame repeats, or the tokens read as little-endian int64 bytes (then token_list and salt are the frame's\n"
+"encodings of them). None when the frame is not that regular case (decode it the ordinary way).");
 
 static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "split_key takes (frame, max_tokens)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "split_key takes (frame, max_tokens, kept)");
         return NULL;
     }
     Py_ssize_t max_tokens = PyLong_AsSsize_t(args[1]);
     if (max_tokens == -1 && PyErr_Occurred()) return NULL;
+    PyObject *kept = args[2];
+    if (check_kept(kept) < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *start = view.buf;
     Cursor c = {start, start + view.len};
-    const unsigned char *array_at = NULL, *array_end = NULL, *salt_at = NULL, *salt_end = NULL;
+    const unsigned char *list_at = NULL, *list_end = NULL, *salt_at = NULL, *salt_end = NULL;
+    int kind = NO_LIST;
     Py_ssize_t entries;
-    unsigned kept = 0;  /* the kept arrays this frame's is */
-    Py_ssize_t kept_len = 0;
-    PyObject *tokens = NULL, *rest = NULL, *result = NULL;
+    unsigned matches = 0;  /* the kept lists this frame's is */
+    Py_ssize_t match_len = 0;
+    PyObject *tokens = NULL, *rest = NULL, *found = NULL, *encoded = NULL, *salt = NULL, *result = NULL;
 
     if (!need(&c, 1)) goto decline;
     unsigned char t = *c.p++;
@@ -228,7 +282,8 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
         const unsigned char *key;
         Py_ssize_t key_len;
         if (read_str(&c, &key, &key_len) < 0) goto decline;
-        if (key_len != 9 || memcmp(key, "token_ids", 9) != 0) {
+        int which = list_kind(key, key_len);
+        if (which == NO_LIST) {
             int is_salt = key_len == 10 && memcmp(key, "cache_salt", 10) == 0;
             const unsigned char *value_at = c.p;
             if (skip_scalar(&c) < 0) goto decline;
@@ -238,43 +293,46 @@ static PyObject *split_key(PyObject *module, PyObject *const *args, Py_ssize_t n
             }
             continue;
         }
-        if (array_at != NULL) goto decline;  /* a second token_ids */
-        array_at = c.p;
-        kept = kept_matches(&c, max_tokens, &kept_len);
-        if (kept) {
-            c.p += kept_len;
+        if (list_at != NULL) goto decline;  /* a second token list */
+        list_at = c.p;
+        kind = which;
+        matches = kept_matches(&c, kept, kind, max_tokens, &match_len);
+        if (matches) {
+            c.p += match_len;
         } else {
-            int read = read_array(&c, max_tokens, &tokens);
+            int read = read_list(&c, kind, max_tokens, &tokens);
             if (read == -1) goto decline;
             if (read == -2) goto done;
         }
-        array_end = c.p;
+        list_end = c.p;
     }
-    if (array_at == NULL || c.p != c.end) goto decline;
-    int reused = 0;
-    for (int i = 0; i < KEPT_ARRAYS && !reused; i++) {
-        if ((kept >> i & 1) && same_salt(i, salt_at, salt_end)) {
-            tokens = Py_NewRef(kept_tokens[i]);
-            reused = 1;
+    if (list_at == NULL || c.p != c.end) goto decline;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kept) && found == NULL; i++) {
+        if ((matches >> i & 1) && same_salt(kept, i, salt_at, salt_end)) {
+            found = PyLong_FromSsize_t(i);
+            if (found == NULL) goto done;
         }
     }
-    if (!reused) {
+    if (found == NULL) {
         if (tokens == NULL) {  /* kept only with another salt: read as if never seen */
-            Cursor array = {array_at, array_end};
-            int read = read_array(&array, max_tokens, &tokens);
-            if (read == -1) goto decline;  /* not expected: these bytes were read as an array before */
+            Cursor list = {list_at, list_end};
+            int read = read_list(&list, kind, max_tokens, &tokens);
+            if (read == -1) goto decline;  /* not expected: these bytes were read as a token list before */
             if (read == -2) goto done;
         }
-        keep_array(array_at, array_end, salt_at, salt_end, tokens);
+        encoded = PyBytes_FromStringAndSize((const char *)list_at, list_end - list_at);
+        salt = PyBytes_FromStringAndSize((const char *)salt_at, salt_end - salt_at);
+        if (encoded == NULL || salt == NULL) goto done;
     }
-    Py_ssize_t before = array_at - start, after = c.end - array_end;
+    Py_ssize_t before = list_at - start, after = c.end - list_end;
     rest = PyBytes_FromStringAndSize(NULL, before + 1 + after);
     if (rest == NULL) goto done;
     char *r = PyBytes_AS_STRING(rest);
     memcpy(r, start, before);
     r[before] = (char)0xc0;
-    memcpy(r + before + 1, array_end, after);
-    result = PyTuple_Pack(2, rest, tokens);
+    memcpy(r + before + 1, list_end, after);
+    if (found != NULL) result = PyTuple_Pack(4, rest, found, Py_None, Py_None);
+    else result = PyTuple_Pack(4, rest, tokens, encoded, salt);
     goto done;
 
 decline:
@@ -282,6 +340,9 @@ decline:
 done:
     Py_XDECREF(tokens);
     Py_XDECREF(rest);
+    Py_XDECREF(found);
+    Py_XDECREF(encoded);
+    Py_XDECREF(salt);
     PyBuffer_Release(&view);
     return result;
 }

@@ -5,4 +5,6 @@ What its PyMethodDef table defines.  Keep it in step with the C file.
 
 from _typeshed import ReadableBuffer
 
-def split_key(frame: ReadableBuffer, max_tokens: int, /) -> tuple[bytes, bytes] | None: ...  # METH_FASTCALL
+def split_key(
+    frame: ReadableBuffer, max_tokens: int, kept: tuple[tuple[bytes, bytes], ...], /
+) -> tuple[bytes, int, None, None] | tuple[bytes, bytes, bytes, bytes] | None: ...  # METH_FASTCALL

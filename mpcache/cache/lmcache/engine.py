@@ -21,8 +21,8 @@ from typing import Any
 
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import groups, wire
-from mpcache.cache.lmcache.chunkkeys import ChunkKeys
 from mpcache.cache.lmcache.groups import GroupLayout
+from mpcache.cache.lmcache.keycache import KeyCache
 from mpcache.cache.lmcache.registrations import CLIENT_057, Registrations
 from mpcache.cache.lmcache.transfers import Transfers
 from mpcache.cache.requests import LookupReport, close_session, report_lookup, start_lookup
@@ -51,7 +51,7 @@ class EngineDriven:
         self._ctx = ctx
         self.registrations = Registrations(ctx)
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
-        self._chunk_keys = ChunkKeys(self.registrations.chunk_tokens)
+        self.keys = KeyCache(ctx.config.lmcache_max_tokens, self.registrations.chunk_tokens)
         self.transfers = Transfers(ctx, self.registrations, self._keys, self._held_by, pending_ttl_s)
 
     @property
@@ -64,8 +64,8 @@ class EngineDriven:
         """LMCache 0.5.7's chunk-size negotiation (:meth:`Registrations.negotiate_chunk_size`)."""
         busy = bool(self._lookups) or self.transfers.busy
         chunk = self.registrations.negotiate_chunk_size(alignment, busy)
-        if chunk != self._chunk_keys.chunk_tokens:
-            self._chunk_keys = ChunkKeys(chunk)
+        if chunk != self.keys.chunk_tokens:
+            self.keys.rechunk(chunk)
         return chunk
 
     def register(self, payload: Any, owner: int) -> dict:
@@ -87,7 +87,7 @@ class EngineDriven:
             self.transfers.forget(instance_id)
 
     def _keys(self, key: wire.Key, first: int, last: int, ranks: tuple[int, ...], groups: int = 1) -> list[int]:
-        return self._chunk_keys.keys(key.request_id, key.tokens, key.world_size, ranks, first, last, groups)
+        return self.keys.chunk_keys(key, ranks, first, last, groups)
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -221,7 +221,7 @@ class EngineDriven:
 
     def end_session(self, request_id: str) -> None:
         self._lookups.pop(request_id, None)
-        self._chunk_keys.forget(request_id)
+        self.keys.forget(request_id)
         close_session(self._ctx, request_id)
 
     # -- transfers ---------------------------------------------------------------------------

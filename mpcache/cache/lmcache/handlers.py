@@ -8,7 +8,6 @@ Request state belongs to the uid that created it: with several possible owners, 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +16,8 @@ from mpcache.cache.client_errors import RateLimit
 from mpcache.cache.context import CacheContext
 from mpcache.cache.lmcache import wire
 from mpcache.cache.lmcache.engine import EngineDriven
-from mpcache.cache.lmcache.kvevents import CAPABILITY, MAX_EVENTS, KVEventStreams
+from mpcache.cache.lmcache.kvevents import ALL_MODELS, CAPABILITY, MAX_EVENTS, KVEventStreams
 from mpcache.cache.lmcache.operations import OPERATIONS, refused, served
-from mpcache.cache.lmcache.recentkeys import RecentKeys
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError, RequestError
 
@@ -93,8 +91,6 @@ class LMCacheHandlers:
         self._widen = widen
         self._unknown_log = RateLimit()
         self._decode = wire.Decoder(ctx.config.lmcache_max_tokens)
-        self._max_tokens = ctx.config.lmcache_max_tokens
-        self._recent_keys = RecentKeys()
         self.client: bytes | None = None
 
     def decode(self, frame: bytes) -> Any:
@@ -125,7 +121,8 @@ class LMCacheHandlers:
     @served("subscribe_kv_events", None, (4, 4), stream=True)
     def subscribe_kv_events(self, args: list[Any], owner: int) -> Subscribe:
         """``(instance_id, model_name, cursor, max_events)``: a stream of L1's changes (:mod:`.kvevents`)."""
-        return Subscribe(wire.instance_id(args[0]), protocol.MODEL(args[1], "model_name"),
+        model = ALL_MODELS if args[1] == ALL_MODELS else protocol.MODEL(args[1], "model_name")
+        return Subscribe(wire.instance_id(args[0]), model,
                          protocol.int_range(0, (1 << 63) - 1)(args[2], "cursor"),
                          protocol.int_range(1, MAX_EVENTS)(args[3], "max_events"))
 
@@ -236,13 +233,7 @@ class LMCacheHandlers:
         return self._scoped(protocol.REQUEST_ID(value, "request_id"), owner)
 
     def _key(self, frame: bytes, owner: int) -> wire.Key:
-        key = self._recent_keys.get(frame)
-        if key is None:
-            key = wire.parse_key_frame(frame, self._max_tokens, self._decode)
-            self._recent_keys.put(frame, key)
-        if self._one_owner:
-            return key
-        return dataclasses.replace(key, request_id=self._scoped(key.request_id, owner))
+        return self.engine.keys.key(frame, "" if self._one_owner else f"{owner}/")
 
 
 def _ranges(value: Any, name: str) -> list[tuple[int, int]]:

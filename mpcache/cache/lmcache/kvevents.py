@@ -1,16 +1,17 @@
 """``subscribe_kv_events``: LMCache's KV event stream over the cache process's :class:`~mpcache.cache.kvlog.KVEventLog`.
 
-A subscription is answered by batches (``KVEventBatch{enabled, incarnation, next_cursor, lost, events}``), each
-a reply frame to the subscribing request: the first is sent at once, every next one only for a credit the client
-grants with a control frame ``[uid, b"", b"ack"]`` (LMCache's client holds one batch at a time); ``b"cancel"``
-ends it.  The server ends a stream with a reply that has no batch frame, only once the client has read the
-batch before it (a client drops a batch still queued when its stream ends).  A batch carries the records after
-the cursor, of the subscription's model only; with none, nothing is sent until there are some (a credit waits).
-A cursor outside the log's window (records overwritten before the client read them, or a cursor from elsewhere)
-is answered with ``lost`` and a snapshot: a ``stored`` record for every object L1 holds readable now, after which
-the log goes on from where the snapshot was taken, so a client that drops what it knew at ``lost`` (LMCache's
-worker does) and applies the records knows exactly what is readable.  Nothing here runs on the data path: the
-log is read only for a client with credit, and a client that stops reading costs nothing but its place here.
+A subscription is answered by batches (``KVEventBatch{enabled, incarnation, next_cursor, lost, events}``), each a
+reply frame to the subscribing request: the first is sent at once, every next one only for a credit the client
+grants with a control frame ``[uid, b"", b"ack"]`` (LMCache's client holds one batch at a time); ``b"cancel"`` ends
+it. The server ends a stream with a reply that has no batch frame, only once the client has read the batch before it
+(a client drops a batch still queued when its stream ends). A batch carries the records after the cursor, of the
+subscription's model only (every model's for ``ALL_MODELS``: mpcache's own relay); with none, nothing is sent until
+there are some (a credit waits). A cursor outside the log's window (records overwritten before the client read them,
+or a cursor from elsewhere) is answered with ``lost`` and a snapshot: a ``stored`` record for every object L1 holds
+readable now, after which the log goes on from where the snapshot was taken, so a client that drops what it knew at
+``lost`` (LMCache's worker does) and applies the records knows exactly what is readable. Nothing here runs on the
+data path: the log is read only for a client with credit, and a client that stops reading costs nothing but its
+place here.
 
 A record's ``block_hashes`` is its object's key (8 bytes, big-endian; with a ``cache_salt``, blake2b-64 of the
 salt and those bytes, so one tenant's chunk is never another's), its ``parent_block_hash`` the key of the same
@@ -34,6 +35,7 @@ from mpcache.shm.gauges import GaugeSlot
 
 MAX_SUBSCRIPTIONS = 64  # per cache process; a new one past it ends the one silent longest
 MAX_EVENTS = 1024  # LMCache's own bound on a batch
+ALL_MODELS = "@all"  # a subscription to every model's records (mpcache's PUB relay; "@" is in no model name)
 CAPABILITY = "kv_event_stream"  # what get_experimental says (LMCache 0.5.6 subscribes only then)
 _KINDS = {STORED: "stored", 1: "removed"}
 
@@ -64,13 +66,17 @@ def block_hash(key: int, salt: str) -> bytes:
     return raw if not salt else hashlib.blake2b(salt.encode() + b"\0" + raw, digest_size=8).digest()
 
 
-def _event(record: Record, seq: int) -> dict:
+def _event(record: Record, seq: int, salted: bool = False) -> dict:
+    """A KVEventRecord (``salted``: with its ``cache_salt``, a key only mpcache's own relay asks for)."""
     tokens = [] if record.tokens is None else np.frombuffer(
         record.tokens, dtype="<i8", count=record.token_count, offset=record.chunk * record.token_count * 8).tolist()
-    return {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
-            "block_hashes": [block_hash(record.key, record.salt)],
-            "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
-            "token_ids": tokens}
+    event = {"seq": seq, "kind": _KINDS[record.kind], "medium": record.medium, "model_name": record.model,
+             "block_hashes": [block_hash(record.key, record.salt)],
+             "parent_block_hash": None if record.parent is None else block_hash(record.parent, record.salt),
+             "token_ids": tokens}
+    if salted:
+        event["cache_salt"] = record.salt
+    return event
 
 
 class KVEventStreams:
@@ -183,7 +189,8 @@ class KVEventStreams:
                 return self._wrap(sub, True, sub.cursor, False, events) if events or not sub.started else None
         snapshot, start = sub.snapshot, sub.snapshot_sent
         assert snapshot is not None
-        page = [_event(record, sub.snapshot_at) for record in snapshot[start : start + sub.max_events]]
+        salted = sub.model == ALL_MODELS
+        page = [_event(record, sub.snapshot_at, salted) for record in snapshot[start : start + sub.max_events]]
         sub.snapshot_sent = start + len(page)
         lost, sub.snapshot_lost = sub.snapshot_lost, False
         if sub.snapshot_sent >= len(snapshot):
@@ -203,8 +210,8 @@ class KVEventStreams:
         cursor = min(sub.cursor, log.last)
         for record in log.records(sub.cursor):
             cursor = record.seq
-            if record.model == sub.model:
-                events.append(_event(record, record.seq))
+            if sub.model in (record.model, ALL_MODELS):
+                events.append(_event(record, record.seq, sub.model == ALL_MODELS))
                 if len(events) == sub.max_events:
                     break
         return events, cursor
@@ -214,11 +221,11 @@ class KVEventStreams:
         self.resyncs += 1
         latest: dict[tuple[str, int], Record] = {}
         for record in log.records():
-            if record.model == sub.model and record.kind == STORED and record.medium == CPU:
+            if record.kind == STORED and record.medium == CPU and sub.model in (record.model, ALL_MODELS):
                 latest[(record.salt, record.key)] = record
         seq = sub.snapshot_at = log.last
         snapshot = []
-        for key in self._l1.readable(sub.model):
+        for key in self._l1.readable("" if sub.model == ALL_MODELS else sub.model):
             known = latest.get((key.cache_salt, key.chunk_hash))
             if known is None:
                 known = Record(seq, STORED, CPU, key.model_name, key.cache_salt, key.chunk_hash, None, None, 0, 0)

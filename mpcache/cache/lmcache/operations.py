@@ -1,6 +1,6 @@
 """LMCache's MP-mode operations, one declaration each: its name, LMCache's frozen wire id (None for an
 operation sent by name only, as every operation from 0.5.7 on), how many argument frames it takes,
-whether its first argument is a key (:func:`.wire.parse_key_frame`), the value a refused request is
+whether its first argument is a key (:meth:`.keycache.KeyCache.key`), the value a refused request is
 answered with (LMCache's failure value of its reply type; None: a reply with no result frame), and either
 its handler or the reason it is not served.  A stream (``subscribe_kv_events``) is answered by a reply per credit
 the client grants, then one with no result frame that ends it; its failure value is that end.

@@ -14,7 +14,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from mpcache.cache.lmcache import keyscan
 from mpcache.contract import protocol
 from mpcache.errors import ProtocolError
 
@@ -136,19 +135,6 @@ def _field(value: dict, name: str) -> Any:
     return value[name]
 
 
-def parse_key_frame(frame: bytes, max_tokens: int, decode: Decoder) -> Key:
-    """A key frame as a Key: a ``token_ids`` list read straight into int64s where the compiled scanner takes the
-    frame (:mod:`.keyscan`), else the frame decoded and checked field by field (which names what is wrong)."""
-    split = keyscan.split_key(frame, max_tokens) if keyscan.split_key is not None else None
-    if split is None:
-        return parse_key(decode(frame), max_tokens)
-    rest, tokens = split
-    value = decode(rest)
-    if "token_bytes" in value:
-        raise ProtocolError(_BOTH_SPELLINGS)
-    return _key(value, tokens)
-
-
 def parse_key(value: Any, max_tokens: int) -> Key:
     """Validate an IPCCacheServerKey map (0.5.6's ``token_ids`` or 0.5.7's ``token_bytes``); ProtocolError names
     the first bad field."""
@@ -157,13 +143,13 @@ def parse_key(value: Any, max_tokens: int) -> Key:
     if "token_bytes" in value:
         if "token_ids" in value:
             raise ProtocolError(_BOTH_SPELLINGS)
-        return _key(value, unpack_token_bytes(value["token_bytes"], max_tokens))
+        return key_from_map(value, unpack_token_bytes(value["token_bytes"], max_tokens))
     tokens = _field(value, "token_ids")
     if type(tokens) is not list or len(tokens) > max_tokens:
         raise ProtocolError(f"key.token_ids: expected a list of at most {max_tokens} token ids (--lmcache-max-tokens)")
     if not all(type(t) is int and 0 <= t <= _I64_MAX for t in tokens):
         raise ProtocolError("key.token_ids: every entry must be an integer in 0..2**63-1")
-    return _key(value, np.array(tokens, dtype="<i8").tobytes())
+    return key_from_map(value, np.array(tokens, dtype="<i8").tobytes())
 
 
 def unpack_token_bytes(packed: Any, max_tokens: int) -> bytes:
@@ -175,8 +161,8 @@ def unpack_token_bytes(packed: Any, max_tokens: int) -> bytes:
     return np.frombuffer(packed, dtype=">u4").astype("<i8").tobytes()
 
 
-def _key(value: dict, tokens: bytes) -> Key:
-    """The key's other fields, checked, around its token ids (validated int64 bytes)."""
+def key_from_map(value: dict, tokens: bytes) -> Key:
+    """A key map's fields besides its token list, checked, around its tokens (validated int64 bytes)."""
     world_size = _WORLD_SIZE(_field(value, "world_size"), "key.world_size")
     worker_id = value.get("worker_id")
     if worker_id is not None and (type(worker_id) is not int or not 0 <= worker_id < world_size):

@@ -2,7 +2,7 @@
 as a ROUTER speaks it: the 64-byte greeting, the READY command, and framed messages (ZeroMQ RFC 23).
 
 The LMCache front end speaks it itself rather than through libzmq, whose I/O thread adds two thread
-wake-ups to every message of a request-reply protocol (docs/PERFORMANCE.md).  Everything here is
+wake-ups to every message of a request-reply protocol (benchmarks/HISTORY.md, issue 21, third pass).  Everything here is
 bounded: a frame over the cap, a message of too many frames, a malformed command each raise
 :class:`ZmtpError` before anything is buffered for them.
 """

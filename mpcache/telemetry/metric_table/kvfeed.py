@@ -8,6 +8,8 @@ from mpcache.telemetry.metric_table.model import (
     OBSERVABLE_COUNTER,
     OBSERVABLE_GAUGE,
     Derivation,
+    Label,
+    Origin,
     Section,
     Source,
     State,
@@ -18,6 +20,10 @@ from mpcache.telemetry.metric_table.vocabulary import _f, _m, _per_worker
 def _capacity(field: str) -> Source:
     return Source(Derivation.LATEST_FIELD, (E.KV_CAPACITY,), field=field,
                   labels=(_f("model_name"), _f("tier")))
+
+
+def _relay(count: str) -> Source:
+    return Source(Derivation.KV_RELAY, field=count, state=State.TELEMETRY, labels=(Label("worker", Origin.SLOT),))
 
 
 KV_EVENTS = Section("KVEvents", "KV events for cache-aware routers", False, (
@@ -41,4 +47,17 @@ KV_EVENTS = Section("KVEvents", "KV events for cache-aware routers", False, (
     _m("mpcache.kv_event_resyncs", "mpcache_kv_event_resyncs_total", OBSERVABLE_COUNTER, "",
        _per_worker(State.SERVER, "G_KV_RESYNCS"), "Batches sent with lost (a resync from a snapshot of L1): each "
        "makes LMCache's worker withdraw what it announced, per cache process (kept across its restarts)."),
+    _m("mpcache.kv_pub_subscribers", "mpcache_kv_pub_subscribers", OBSERVABLE_GAUGE, "", _relay("subscribers"),
+       "Connections to the PUB socket of --kv-events-endpoint (routers' SUBs), per cache process relayed."),
+    _m("mpcache.kv_pub_messages", "mpcache_kv_pub_messages_total", OBSERVABLE_COUNTER, "", _relay("messages"),
+       "KVEventBatch messages published on it, heartbeats included, per cache process (since the telemetry "
+       "process started)."),
+    _m("mpcache.kv_pub_records", "mpcache_kv_pub_records_total", OBSERVABLE_COUNTER, "", _relay("records"),
+       "BlockStored and BlockRemoved events published on it, per cache process."),
+    _m("mpcache.kv_pub_replays", "mpcache_kv_pub_replays_total", OBSERVABLE_COUNTER, "", _relay("replays"),
+       "Replay requests answered: gaps routers saw (a PUB drops silently, so this is how drops show), per cache "
+       "process."),
+    _m("mpcache.kv_pub_resyncs", "mpcache_kv_pub_resyncs_total", OBSERVABLE_COUNTER, "", _relay("resyncs"),
+       "AllBlocksCleared published (a new cache incarnation, a lost log, or a router's gap older than the replay "
+       "buffer): each makes the routers rebuild their index of that cache process."),
 ))

@@ -4,6 +4,7 @@ its typed source), the deviation from the specification's text, and the histogra
 
 from __future__ import annotations
 
+from mpcache.config import Config
 from mpcache.contract.events import EventType
 from mpcache.telemetry.metric_table.grids import GRID_TITLES
 from mpcache.telemetry.metric_table.model import Derivation, Label, MetricSpec, Origin, Section, Source
@@ -31,7 +32,8 @@ _INTRODUCTION = [
     "Every datapoint carries the resource attributes `service.name=mpcache` and",
     "`service.instance.id` (on Prometheus: the `target_info` series). Counters without",
     "attributes are exported from start-up with value 0. Lifecycle histograms are sampled",
-    "(`--metrics-sample-rate`, default 1 %); counters count every event. `cache_salt` is capped",
+    f"(`--metrics-sample-rate`, default {Config.metrics_sample_rate * 100:g} %); counters count every event. "
+    "`cache_salt` is capped",
     "per metric (`--cache-salt-cap`): values beyond the cap are reported as `__overflow__`.",
     "A subscriber that raises is counted in `lmcache_mp_event_bus_subscriber_exceptions_total` under its",
     "name; the one that computes a section's plain counters is named under the section's heading.",
@@ -95,6 +97,7 @@ def describe(source: Source) -> str:
         d.LIVE_SLOT_COUNT: f"the slots whose {', '.join(words)} is at most 2 s old",
         d.RESTART_COUNT: f"cache: {', '.join(words)} summed over every slot; telemetry: the board header's count",
         d.SLOT_WORD: f"{', '.join(words)} of every slot, live or not",
+        d.KV_RELAY: f"the KV event relay's count of {field}, per cache process it relays (none without it)",
         d.BUILD: "1",
         d.RESOURCE: "1 (the Prometheus exporter's rendering of the resource)",
         d.PROCESS: "prometheus_client's process collector, from /proc at scrape time (Prometheus only)",

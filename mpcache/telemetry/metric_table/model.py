@@ -50,6 +50,7 @@ class Derivation(enum.Enum):
     LIVE_SLOT_COUNT = "live slot count"  # the slots whose heartbeat is fresh
     RESTART_COUNT = "restart count"  # the supervisor's restart counts, per child role
     SLOT_WORD = "slot word"  # the word ``Source.words`` of every slot, live or not
+    KV_RELAY = "kv relay"  # the telemetry process's KV event relay (--kv-events-endpoint): its count ``Source.field``
     BUILD = "build"  # 1, with this build's version
     # Created by the exporters themselves, not from events or shared memory:
     RESOURCE = "resource"  # the OTel resource, as Prometheus's target_info
@@ -84,7 +85,7 @@ _TABLE_DRIVEN = frozenset({
 })
 _OBSERVABLE = frozenset({
     Derivation.GAUGE_SUM, Derivation.GAUGE_RATIO, Derivation.BUS_STATE, Derivation.CHECKPOINT, Derivation.SLOT_COUNT,
-    Derivation.LIVE_SLOT_COUNT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD, Derivation.BUILD,
+    Derivation.LIVE_SLOT_COUNT, Derivation.RESTART_COUNT, Derivation.SLOT_WORD, Derivation.KV_RELAY, Derivation.BUILD,
     Derivation.RESOURCE, Derivation.PROCESS, Derivation.PROCESS_SAMPLE,
 })
 
@@ -145,7 +146,8 @@ class Source:
     * ``since``: for histograms, the event types the measured interval starts
       at (or that otherwise move the per-key state the sample is taken from);
     * ``field``: the event field summed, tested or (throughput) divided, read
-      from ``field_event`` when given, else from every type of ``events``;
+      from ``field_event`` when given, else from every type of ``events``
+      (``KV_RELAY``: the relay's count, an attribute of ``kvpub.FeedCounts``);
     * ``labels``: the attributes, in the order the table lists them;
     * ``state`` / ``words``: for observable instruments, what they read
       (``words``: names of gauge-board word offsets in :mod:`mpcache.shm.layout`);

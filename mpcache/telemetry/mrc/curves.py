@@ -1,60 +1,90 @@
 """Miss-ratio curves over the sampled chunk accesses — SHARDS (Waldspurger et al., FAST 2015) with the
 hottest keys tracked exactly (Carra et al., ATC 2020) — and the miss reasons decided from the same history.
 
-Two strata of keys: the first ``exact_chunks`` chunks of every lookup (system prompts and popular
-documents: a prefix cache's hot keys), all of them, and every other chunk whose hash passes the sampling
-rule.  Each stratum keeps at most half of ``max_keys``: past it, its threshold drops to its largest tracked
-hash value and the keys at or above it go (SHARDS' fixed-size mode), so a stratum samples at
-``threshold / P``.  One byte-weighted LRU stack holds the tracked keys of the whole service; an access's
-reuse distance is the bytes above it, each stratum's scaled by 1 / its rate, and it counts 1 / its stratum's
-rate in the histogram of the curve over everything (``"*"``) and of its (model_name, cache_salt).  A curve's
-hit ratio at a capacity is the weighted share of lookup accesses whose distance fits.  Thread-safe through
-``lock``: the pump feeds it, the HTTP and metric threads read it.
+Each cache process's L1 is a cache of its own (``--l1-size``), so each has its own history
+(:mod:`~mpcache.telemetry.mrc.history`: its tracked keys, their reuse distances or miniature caches, the keys
+it stored), read at that process's share of each tier.  The curves add every process's accesses up: a point's
+hit ratio is the hits of every process at its share of that capacity over the accesses of all of them, the
+processes' predictions weighted by their accesses.  An access counts 1 / its stratum's rate in the curve over
+everything (``"*"``), in its (model_name, cache_salt)'s, and in the marginal curves of its model across
+tenants (``(model_name, "*")``) and of its cache_salt across models (``("*", cache_salt)``).  Beside the
+prediction each curve keeps what the lookups measured of the same accesses: the share found in L1, and in L1
+or L2.  Thread-safe through ``lock``: the pump feeds it, the HTTP and metric threads read it.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry import statecheck
-from mpcache.telemetry.mrc.mini import MiniCache
-from mpcache.telemetry.mrc.stack import ReuseStack
+from mpcache.telemetry.mrc.history import (
+    AFTER_GAP,
+    HEAD,
+    L1_HIT,
+    L2_HIT,
+    MAX_KEY_BYTES,
+    MISS,
+    SAMPLED,
+    Access,
+    History,
+    Judged,
+    Row,
+)
+
+__all__ = ["AFTER_GAP", "ALL", "HEAD", "L1_HIT", "L2_HIT", "MISS", "OVERFLOW", "SAMPLED", "Access", "CurveSet", "Row"]
 
 ALL = "*"
 OVERFLOW = "__overflow__"
-FORGOTTEN_PER_KEY = 2  # keys pruned for depth remembered as seen: up to 2 × max_keys (at least max_keys)
-MAX_KEY_BYTES = 1 << 40  # a key's bytes at most (a corrupt size cannot overflow the stack's int64 sums)
-MAX_TENANT_CURVES = 50  # (model_name, cache_salt) pairs with their own curve at most; later ones share OVERFLOW's
+MAX_TENANT_CURVES = 50  # own curves at most, per kind (pairs, models, cache_salts); later ones share OVERFLOW
+MIN_KEYS_PER_PROCESS = 16  # each cache process's history tracks max_keys / processes keys, at least this many
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
-HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sampled rest
-L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
+PAIR, BY_MODEL, BY_SALT = 0, 1, 2  # a curve's kind: one (model, salt), one model across salts, one salt across models
+_OVERFLOW_KEYS = ((OVERFLOW, OVERFLOW), (OVERFLOW, ALL), (ALL, OVERFLOW))
 
-Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
-Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, objects it stands for)
 Tenant = tuple[str, str]  # (model_name, cache_salt)
 
 
 class Histogram:
     """Weighted lookup accesses per capacity edge (``counts[i]``: distance in (edges[i-1], edges[i]];
-    the last bucket: beyond every edge, or a key not seen before)."""
+    the last bucket: beyond every edge, or a key not seen before), and of them those the lookups found in L1
+    (``l1_hits``) and in L2 (``l2_hits``): the measured hit ratio over the same accesses and window."""
 
-    __slots__ = ("counts", "total", "sampled_accesses")
+    __slots__ = ("counts", "total", "sampled_accesses", "l1_hits", "l2_hits")
 
     def __init__(self, buckets: int) -> None:
         self.counts = [0.0] * buckets
         self.total = 0.0  # the accesses these stand for
         self.sampled_accesses = 0  # the sampled accesses, never decayed: the sample size behind the curve
+        self.l1_hits = 0.0
+        self.l2_hits = 0.0
+
+    def add(self, curve: Sequence[Judged], total: float, l1_hits: float, l2_hits: float) -> None:
+        """One lookup's judged accesses (their weights sum to ``total``, of which the lookup found ``l1_hits``
+        in L1 and ``l2_hits`` in L2): each its distance's bucket, or a miniature simulation's changes in hits
+        per edge."""
+        counts = self.counts
+        for weight, _, bucket, changes in curve:
+            if bucket is not None:
+                counts[bucket] += weight
+            else:
+                for index, change in enumerate(changes or ()):
+                    if change:
+                        counts[index] += change
+        self.total += total
+        self.sampled_accesses += len(curve)
+        self.l1_hits += l1_hits
+        self.l2_hits += l2_hits
 
     def scale(self, factor: float) -> None:
         self.counts = [count * factor for count in self.counts]
         self.total *= factor
+        self.l1_hits *= factor
+        self.l2_hits *= factor
 
     def hit_ratios(self) -> list[float] | None:
         """The hit ratio at each edge (None before any access)."""
@@ -66,43 +96,39 @@ class Histogram:
             out.append(min(1.0, cumulative / self.total))
         return out
 
+    def measured(self, tier: str) -> float | None:
+        """The share of the accesses the lookups found in L1 (tier ``l1``) or in L1 or L2 (None before any)."""
+        if self.total <= 0:
+            return None
+        return min(1.0, (self.l1_hits + (0.0 if tier == "l1" else self.l2_hits)) / self.total)
 
-class _Stratum:
-    """One stratum's sampling threshold (in units of ``1/P``) and its tracked keys, largest hash first."""
 
-    def __init__(self, rate: float, budget: int) -> None:
-        self.threshold = rate * SAMPLE_MODULUS
-        self.budget = budget
-        self.heap: list[tuple[int, Row]] = []
-        self.keys = 0
-
-    @property
-    def rate(self) -> float:
-        return self.threshold / SAMPLE_MODULUS
-
-    def admits(self, row: Row) -> bool:
-        return row[0] % SAMPLE_MODULUS < self.threshold
+def curve_kind(key: Tenant) -> int:
+    """PAIR, BY_MODEL or BY_SALT for a curve's (model_name, cache_salt) other than (ALL, ALL)."""
+    return BY_MODEL if key[1] == ALL else BY_SALT if key[0] == ALL else PAIR
 
 
 class CurveSet:
-    """The curves of one service: ``capacities`` maps a tier name to its configured bytes; ``policy`` is the
-    eviction order they model (``--l1-policy``): LRU from the reuse distances, any other by a miniature
-    simulation per capacity (:mod:`~mpcache.telemetry.mrc.mini`) over the hash-sampled keys."""
+    """The curves of one service of ``processes`` cache processes: ``capacities`` maps a tier name to its bytes
+    over every process (each process's share: capacity / processes); ``policy`` is the eviction order they model
+    (``--l1-policy``): LRU from the reuse distances, any other by a miniature simulation per capacity
+    (:mod:`~mpcache.telemetry.mrc.mini`) over the hash-sampled keys."""
 
     def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int],
-                 max_tenants: int = MAX_TENANT_CURVES, policy: str = "lru") -> None:
+                 max_tenants: int = MAX_TENANT_CURVES, policy: str = "lru", processes: int = 1) -> None:
         self.lock = threading.Lock()
         self.policy = policy
         self.max_tenants = max_tenants
         self.configured_rate = sample_rate
         self.max_keys = max_keys
+        self.processes = processes
         self.capacities = dict(capacities)
-        self._strata = (_Stratum(1.0, max_keys // 2), _Stratum(sample_rate, max_keys - max_keys // 2))
-        self._edges = sorted({round(capacity * ratio) for capacity in capacities.values() for ratio in POINT_RATIOS})
-        self._stack = ReuseStack(max_keys + 2, strata=2)
-        self._minis = None if policy == "lru" else [MiniCache(policy, edge * sample_rate) for edge in self._edges]
+        self._edges = sorted({round(capacity / processes * ratio) for capacity in capacities.values()
+                              for ratio in POINT_RATIOS})
+        per_process = max(min(max_keys, MIN_KEYS_PER_PROCESS), max_keys // processes)
+        self._histories = [History(sample_rate, per_process, self._edges, policy) for _ in range(processes)]
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
-        self._forgotten: dict[Row, None] = {}  # the keys pruned for depth, oldest first
+        self._owned = [0, 0, 0]  # curves of their own, per kind
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said
         # estimates not yet taken by the counters: (reason, model_name, cache_salt) → chunks, and per tenant the
         # chunks asked for again after L1 evicted them
@@ -111,120 +137,86 @@ class CurveSet:
 
     @property
     def rate(self) -> float:
-        """The sampling rate of the chunks past a lookup's first ones."""
-        return self._strata[SAMPLED].rate
+        """The sampling rate of the chunks past a lookup's first ones (the lowest of any process's)."""
+        return min(history.strata[SAMPLED].rate for history in self._histories)
 
     @property
     def head_rate(self) -> float:
-        return self._strata[HEAD].rate
+        return min(history.strata[HEAD].rate for history in self._histories)
 
     @property
     def tracked_keys(self) -> int:
-        return len(self._stack)
+        return sum(len(history.stack) for history in self._histories)
 
     def tenant(self, model: str, salt: str) -> Tenant:
+        """The pair a lookup's miss counts and pair curve go under: its own while at most ``max_tenants`` pairs
+        have one, and never one naming ``"*"`` (it would be a marginal curve, or the curve over everything)."""
         pair = (model, salt)
-        if pair == (ALL, ALL) or (pair not in self._curves and len(self._curves) > self.max_tenants):
-            return (OVERFLOW, OVERFLOW)  # a client's "*" / "*" would be the curve over everything twice over
-        return pair
+        return pair if ALL not in pair and self._own(pair, PAIR) else _OVERFLOW_KEYS[PAIR]
+
+    def _own(self, key: Tenant, kind: int) -> bool:
+        """Whether ``key`` has, or now gets, a curve of its own (at most ``max_tenants`` of each kind)."""
+        if key in self._curves:
+            return True
+        if self._owned[kind] >= self.max_tenants:
+            return False
+        self._owned[kind] += 1
+        self._curves[key] = Histogram(len(self._edges) + 1)
+        return True
+
+    def _histograms(self, model: str, salt: str, tenant: Tenant) -> list[Histogram]:
+        """The curves an access of (``model``, ``salt``) counts in: everything, its pair's (``tenant``), its
+        model's across salts and its salt's across models (a name ``"*"`` counts in the overflow curves)."""
+        named = ALL not in (model, salt)
+        by_model = (model, ALL) if named and self._own((model, ALL), BY_MODEL) else _OVERFLOW_KEYS[BY_MODEL]
+        by_salt = (ALL, salt) if named and self._own((ALL, salt), BY_SALT) else _OVERFLOW_KEYS[BY_SALT]
+        return [self._curve(key) for key in ((ALL, ALL), tenant, by_model, by_salt)]
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
 
-    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access]) -> None:
-        """One lookup's sampled keys, in order.  Every key's distance is taken before any is touched (a hit
-        evicts nothing, so within a lookup no key's presence depends on another's); then all of them become
-        the most recently used, as the hits are and as the engine's store of the misses makes the rest (a key
-        seen before, asked for or stored, is held; missing now, it was evicted)."""
-        stack, edges, forgotten = self._stack, self._edges, self._forgotten
-        thresholds = [stratum.threshold for stratum in self._strata]
-        weights = self._weights()
+    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access], process: int = 0) -> None:
+        """One lookup's sampled keys, in order, by cache process ``process``: judged against that process's
+        history (:meth:`History.lookup <mpcache.telemetry.mrc.history.History.lookup>`).  A miss of a key that
+        process stored before is ``evicted``, of one it never stored ``cold``."""
         tenant = self.tenant(model, salt)
-        histograms = (self._curve(ALL, ALL), self._curve(*tenant))
-        judged: list[tuple[Row, int, int]] = []
-        for row, stratum, found, objects in accesses:
-            entry = stack.get(row)
-            if entry is not None:
-                stratum = entry[2]
-            if not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
-                continue
-            weight = weights[stratum] * objects
-            held = entry is not None or (bool(forgotten) and row in forgotten)  # a miss now is an eviction
-            if self._minis is None:
-                bucket = len(edges) if entry is None else bisect.bisect_left(
-                    edges, stack.weighted_above(entry[0], weights) + entry[1])
-                for histogram in histograms:
-                    histogram.counts[bucket] += weight
-                    histogram.total += weight
-                    histogram.sampled_accesses += 1
+        histograms = self._histograms(model, salt, tenant)
+        curve, reasons = self._histories[process].lookup(accesses, self._object_bytes.get(model, 0))
+        self._add(histograms, curve)
+        for found, stored, weight in reasons:
             if found != L1_HIT:
-                self._count(tenant, found, held, weight / ranks)
-            judged.append((row, stratum, objects))
-        size = self._object_bytes.get(model, 0)
-        if self._minis is not None:
-            self._simulate(histograms, [(row, min(size * objects, MAX_KEY_BYTES), weights[SAMPLED] * objects)
-                                        for row, _, objects in judged if self._strata[SAMPLED].admits(row)])
-        for row, stratum, objects in judged:
-            nbytes = min(size * objects, MAX_KEY_BYTES)
-            entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
-            if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
-                stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
-            elif self._strata[stratum].admits(row):  # an earlier insert may have lowered the threshold past it
-                self._insert(row, nbytes, stratum)
+                self._count(tenant, found, stored, weight / ranks)
 
-    def _simulate(self, histograms: Sequence[Histogram], keys: list[tuple[Row, int, float]]) -> None:
-        """One lookup's hash-sampled keys (key, bytes, weight) through every miniature: an access hit at the
-        capacities whose miniature held its key (not monotone in the capacity: a bucket's count is the change
-        in hits from the edge before, and may be negative)."""
-        if not keys:
+    @staticmethod
+    def _add(histograms: list[Histogram], curve: list[Judged]) -> None:
+        if not curve:
             return
-        sized = [(row, nbytes) for row, nbytes, _ in keys]
-        hits = [mini.lookup(sized) for mini in self._minis or ()]
-        for index, (_, _, weight) in enumerate(keys):
-            changes, before = [], False
-            for of_mini in hits:
-                hit = of_mini[index]
-                changes.append(weight * (hit - before))
-                before = hit
-            changes.append(weight * (1 - before))
-            for histogram in histograms:
-                counts = histogram.counts
-                for bucket, change in enumerate(changes):
-                    if change:
-                        counts[bucket] += change
-                histogram.total += weight
-                histogram.sampled_accesses += 1
+        total = l1_hits = l2_hits = 0.0
+        for weight, found, _, _ in curve:
+            total += weight
+            if found == L1_HIT:
+                l1_hits += weight
+            elif found == L2_HIT:
+                l2_hits += weight
+        for histogram in histograms:
+            histogram.add(curve, total, l1_hits, l2_hits)
 
-    def _count(self, tenant: Tenant, found: str, held: bool, chunks: float) -> None:
+    def _count(self, tenant: Tenant, found: str, stored: bool, chunks: float) -> None:
         """Miss reasons and eviction regret of one sampled access that L1 did not serve (``chunks``: what it
-        stands for)."""
+        stands for; ``stored``: whether that process stored the key before)."""
         if found == L2_HIT:
-            if held:
+            if stored:
                 self.regret[tenant] += chunks
             return
-        reason = "after_gap" if found == AFTER_GAP else "evicted" if held else "cold"
+        reason = "after_gap" if found == AFTER_GAP else "evicted" if stored else "cold"
         self.misses[(reason, tenant[0], tenant[1])] += chunks
         if reason == "evicted":
             self.regret[tenant] += chunks
 
-    def store(self, model: str, object_bytes: int, rows: Iterable[Row]) -> None:
-        """A store's sampled keys (hash-sampled), each now the most recently used (a head key keeps its size:
-        it stands for every rank of its chunk)."""
+    def store(self, model: str, object_bytes: int, rows: Iterable[Row], process: int = 0) -> None:
+        """A store's sampled keys by cache process ``process``: each now its most recently used, and stored."""
         object_bytes = min(object_bytes, MAX_KEY_BYTES)
         self._object_bytes[model] = object_bytes
-        stack = self._stack
-        if self._minis is not None:
-            sampled = self._strata[SAMPLED]
-            admitted = [(row, object_bytes) for row in rows if sampled.admits(row)]
-            for mini in self._minis:
-                mini.store(admitted)
-        for row in rows:
-            stratum = stack.stratum_of(row) if row in stack else SAMPLED
-            if self._strata[stratum].admits(row):
-                if row in stack:
-                    keep = stratum == HEAD and stack.bytes_of(row)
-                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stratum)
-                else:
-                    self._insert(row, object_bytes, stratum)
+        self._histories[process].store(object_bytes, rows)
 
     def take_counts(self) -> tuple[dict[tuple[str, str, str], float], dict[Tenant, float]]:
         """The miss and regret estimates added since the last call (the counters' increments)."""
@@ -237,125 +229,57 @@ class CurveSet:
         for histogram in self._curves.values():
             histogram.scale(factor)
 
-    def _insert(self, row: Row, nbytes: int, stratum: int) -> None:
-        self._stack.touch(row, nbytes, stratum)
-        if self._forgotten:
-            self._forgotten.pop(row, None)
-        keys = self._strata[stratum]
-        heapq.heappush(keys.heap, (-(row[0] % SAMPLE_MODULUS), row))
-        keys.keys += 1
-        if keys.keys > keys.budget:
-            self._prune()
-            if keys.keys > keys.budget - keys.budget // 4:
-                self._lower(stratum)
-
-    def _prune(self) -> None:
-        """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway."""
-        for row, stratum in self._stack.prune(self._edges[-1], self._weights()) if self._edges else ():
-            self._strata[stratum].keys -= 1
-            self._forgotten[row] = None  # type: ignore[index]
-        for index in (HEAD, SAMPLED):  # the pruned keys' heap entries are stale now
-            self._compact(index)
-        if len(self._forgotten) > FORGOTTEN_PER_KEY * self.max_keys:  # keep the newer half (amortised O(1))
-            newest = list(self._forgotten)[-(FORGOTTEN_PER_KEY * self.max_keys // 2):]
-            self._forgotten = dict.fromkeys(newest)
-
-    def _lower(self, index: int) -> None:
-        """SHARDS fixed-size: the stratum's new threshold is its largest tracked hash value; keys at or above
-        it go.  Weights recorded at the old rate stay what they were: estimates of the accesses then.  The
-        heap also holds entries of keys pruned since (skipped, and dropped once they outnumber the live ones)."""
-        keys, stack = self._strata[index], self._stack
-        while keys.heap and not self._live(keys.heap[0][1], index):
-            heapq.heappop(keys.heap)
-        if not keys.heap:  # nothing left to forget (the count cannot outrun the heap, but never trust it)
-            keys.keys = 0
-            return
-        new_threshold = -keys.heap[0][0]
-        while keys.heap and -keys.heap[0][0] >= new_threshold:
-            row = heapq.heappop(keys.heap)[1]
-            if self._live(row, index):
-                stack.remove(row)
-                keys.keys -= 1
-        if index == SAMPLED and self._minis is not None and keys.threshold:
-            for mini in self._minis:
-                mini.keep(lambda key: key[0] % SAMPLE_MODULUS < new_threshold, new_threshold / keys.threshold)
-        keys.threshold = new_threshold
-        self._compact(index)
-
-    def _compact(self, index: int) -> None:
-        """Drop the stratum's stale heap entries (keys pruned or lowered since they were pushed, and repeats)
-        once they outnumber the live ones: the heap stays within 2 × the stratum's keys + 16, and each rebuild
-        costs the entries pushed since the last (amortised O(1))."""
-        keys = self._strata[index]
-        if len(keys.heap) > 2 * keys.keys + 16:
-            live = dict.fromkeys(row for _, row in keys.heap if self._live(row, index))
-            keys.heap = [(-(row[0] % SAMPLE_MODULUS), row) for row in live]
-            heapq.heapify(keys.heap)
-
-    def _weights(self) -> list[float]:
-        """Per stratum, what one tracked byte or access stands for: 1 / its rate (0 for a stratum that admits
-        nothing)."""
-        return [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self._strata]
-
-    def _live(self, row: Row, index: int) -> bool:
-        return row in self._stack and self._stack.stratum_of(row) == index
-
-    def _curve(self, model: str, salt: str) -> Histogram:
-        histogram = self._curves.get((model, salt))
+    def _curve(self, key: Tenant) -> Histogram:
+        histogram = self._curves.get(key)
         if histogram is None:
-            histogram = self._curves[(model, salt)] = Histogram(len(self._edges) + 1)
+            histogram = self._curves[key] = Histogram(len(self._edges) + 1)
         return histogram
+
+    def _edge(self, capacity: int, ratio: float) -> int:
+        """The index of the edge of each process's share of ``ratio`` × ``capacity``."""
+        return bisect.bisect_left(self._edges, round(capacity / self.processes * ratio))
 
     # -- the telemetry process's checkpoint (under ``lock``) ------------------------------------------------
 
     def save_curves(self) -> dict[str, Any]:
-        """What the exported numbers are made of: every curve's counts, the estimates not yet taken by the
-        counters, the models' object sizes (small: saved at every checkpoint)."""
-        return {"curves": [[model, salt, h.counts, h.total, h.sampled_accesses]
+        """What the exported numbers are made of: every curve's counts and measured hits, the estimates not yet
+        taken by the counters, the models' object sizes (small: saved at every checkpoint)."""
+        return {"curves": [[model, salt, h.counts, h.total, h.sampled_accesses, h.l1_hits, h.l2_hits]
                            for (model, salt), h in self._curves.items()],
                 "object_bytes": list(self._object_bytes.items()),
                 "misses": list(self.misses.items()), "regret": list(self.regret.items())}
 
     def save_history(self) -> dict[str, Any]:
-        """What the next accesses are judged against: the strata's rates, the tracked keys in stack order (their
-        sizes and strata) and the forgotten keys (up to 3 × ``max_keys`` rows: saved less often)."""
-        return {"strata": [[stratum.threshold, stratum.keys] for stratum in self._strata],
-                "stack": list(self._stack.entries()), "forgotten": list(self._forgotten)}
+        """What the next accesses are judged against: each process's history (saved less often)."""
+        return {"processes": [history.save() for history in self._histories]}
 
     def load_state(self, curves_state: object, history_state: object) -> Callable[[], None]:
         """Check a :meth:`save_curves` and a :meth:`save_history` of a curve set of this configuration; returns
         the step adopting them."""
         saved = statecheck.fields(curves_state, curves="l", object_bytes="l", misses="l", regret="l")
-        history = statecheck.fields(history_state, strata="l", stack="l", forgotten="l")
-        strata = statecheck.rows(history["strata"], "fi")
-        stack = [(key, nbytes, stratum) for key, (_, nbytes, stratum) in
-                 statecheck.entries(history["stack"], "iss", "iii")]
-        forgotten = dict.fromkeys(statecheck.rows(history["forgotten"], "iss"))
-        curves = {(model, salt): (counts, total, sampled)
-                  for model, salt, counts, total, sampled in statecheck.rows(saved["curves"], "sslfi")}
+        histories = statecheck.items(statecheck.fields(history_state, processes="l")["processes"], "d")
+        if len(histories) != self.processes:
+            raise ValueError(f"the history of {len(histories)} cache processes, not {self.processes}")
+        adopt_histories = [history.check(state) for history, state in zip(self._histories, histories)]
+        curves = {(model, salt): row for model, salt, *row in statecheck.rows(saved["curves"], "sslfiff")}
         buckets = len(self._edges) + 1
-        if (len(strata) != len(self._strata) or len(stack) > 2 * self.max_keys + 16 or (ALL, ALL) not in curves
-                or len(curves) > self.max_tenants + 2
-                or any(len(c) != buckets or not all(statecheck.fits(x, "f") for x in c) for c, _, _ in curves.values())
-                or any(not 0 <= stratum < len(self._strata) or not 0 <= nbytes <= MAX_KEY_BYTES
-                       for _, nbytes, stratum in stack)):
+        if ((ALL, ALL) not in curves or len(curves) > 3 * (self.max_tenants + 1) + 1
+                or any(len(c) != buckets or not all(statecheck.fits(x, "f") for x in c) for c, *_ in curves.values())):
             raise ValueError("not the curves of this configuration")
         object_bytes = dict(statecheck.rows(saved["object_bytes"], "si"))
         misses = statecheck.entries(saved["misses"], "sss", "f")
         regret = statecheck.entries(saved["regret"], "ss", "f")
 
         def adopt() -> None:
-            self._stack.load(stack)
-            for stratum, (threshold, keys) in zip(self._strata, strata):
-                stratum.threshold, stratum.keys = threshold, keys
-            for index, stratum in enumerate(self._strata):
-                stratum.heap = [(-(key[0] % SAMPLE_MODULUS), key) for key, _, of in stack if of == index]
-                heapq.heapify(stratum.heap)
-            self._forgotten = forgotten
-            self._curves = {}
-            for tenant, (counts, total, sampled) in curves.items():
-                histogram = self._curves[tenant] = Histogram(buckets)
+            for step in adopt_histories:
+                step()
+            self._curves, self._owned = {}, [0, 0, 0]
+            for key, (counts, total, sampled, l1_hits, l2_hits) in curves.items():
+                histogram = self._curves[key] = Histogram(buckets)
                 histogram.counts, histogram.total, histogram.sampled_accesses = counts, total, sampled
+                histogram.l1_hits, histogram.l2_hits = l1_hits, l2_hits
+                if key != (ALL, ALL) and key not in _OVERFLOW_KEYS:
+                    self._owned[curve_kind(key)] += 1
             self._object_bytes = object_bytes
             self.misses = defaultdict(float, misses)
             self.regret = defaultdict(float, regret)
@@ -364,31 +288,31 @@ class CurveSet:
     # -- readers (any thread, under ``lock``) --------------------------------------------------------------
 
     def curves(self) -> list[dict[str, Any]]:
-        """Every curve of every tier, as ``GET /mrc`` lists them."""
+        """Every curve of every tier, as ``GET /mrc`` lists them: the whole, each pair, each model across salts,
+        each salt across models.  Capacities are a tier's over every process."""
         out = []
         for (model, salt), histogram in self._curves.items():
             ratios = histogram.hit_ratios()
             for tier, capacity in self.capacities.items():
-                points = []
-                if ratios is not None:
-                    for ratio in POINT_RATIOS:
-                        size = round(capacity * ratio)
-                        points.append({"capacity_bytes": size,
-                                       "hit_ratio": round(ratios[bisect.bisect_left(self._edges, size)], 6)})
+                points = [] if ratios is None else [
+                    {"capacity_bytes": round(capacity * ratio),
+                     "hit_ratio": round(ratios[self._edge(capacity, ratio)], 6)} for ratio in POINT_RATIOS]
+                measured = histogram.measured(tier)
                 out.append({"tier": tier, "model_name": model, "cache_salt": salt, "capacity_bytes": capacity,
-                            "sampled_accesses": histogram.sampled_accesses, "points": points})
+                            "sampled_accesses": histogram.sampled_accesses,
+                            "measured_hit_ratio": None if measured is None else round(measured, 6), "points": points})
         return out
 
     def gauge_points(self) -> list[tuple[float, dict[str, str]]]:
-        """(hit ratio, attributes) at each of ``GAUGE_RATIOS`` of each tier, for every curve with data."""
+        """(hit ratio, attributes) at each of ``GAUGE_RATIOS`` of each tier, for the curve over everything and
+        every pair's with data (the marginal curves are in ``/mrc`` only: no new series)."""
         out = []
         for (model, salt), histogram in self._curves.items():
             ratios = histogram.hit_ratios()
-            if ratios is None:
+            if ratios is None or (model == ALL) != (salt == ALL):
                 continue
             for tier, capacity in self.capacities.items():
                 for ratio in GAUGE_RATIOS:
-                    value = ratios[bisect.bisect_left(self._edges, round(capacity * ratio))]
-                    out.append((value, {"tier": tier, "model_name": model, "cache_salt": salt,
-                                        "capacity_ratio": f"{ratio:g}"}))
+                    out.append((ratios[self._edge(capacity, ratio)], {
+                        "tier": tier, "model_name": model, "cache_salt": salt, "capacity_ratio": f"{ratio:g}"}))
         return out

@@ -26,7 +26,7 @@ from mpcache.telemetry.subscribers.metrics.event_bus import (
     EventBusSelfMetricsSubscriber,
 )
 from mpcache.telemetry.subscribers.metrics.gauges import L1StateGaugesSubscriber
-from mpcache.telemetry.subscribers.metrics.kv_feed import KVFeedSubscriber
+from mpcache.telemetry.subscribers.metrics.kv_feed import KVFeedSubscriber, RelayCounts
 from mpcache.telemetry.subscribers.metrics.l0_l1_throughput import (
     L0L1ThroughputSubscriber,
 )
@@ -52,6 +52,7 @@ def build_metrics_subscribers(
     gauge_reader: GaugeBoardReader | None,
     readiness: GaugeBoardReader | None = None,
     checkpoint: Checkpoint | None = None,
+    kv_relay: RelayCounts | None = None,
 ) -> list[Subscriber]:
     """Every metrics subscriber, instruments created on ``meter_provider``, subscribed to ``bus`` (which flushes
     their buffer).
@@ -81,7 +82,7 @@ def build_metrics_subscribers(
         subscribers.append(L2StateGaugesSubscriber(meter, gauge_reader, l2_names))
     if readiness is not None:
         subscribers.append(ServiceStateSubscriber(meter, readiness))
-        subscribers.append(KVFeedSubscriber(meter, readiness))
+        subscribers.append(KVFeedSubscriber(meter, readiness, relay=kv_relay))
         subscribers.append(ProcessesSubscriber(meter, readiness))
     subscribe_all(bus, subscribers)  # before the checkpoint reads the rings on for them
     if checkpoint is not None:

@@ -42,7 +42,7 @@ _LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exac
 _LOOKUP_COLUMNS = [SCHEMAS[_LOOKUP].field_names.index(field) for field in _LOOKUP_FIELDS]
 _STORE_COLUMNS = [SCHEMAS[_STORE].field_names.index(field) for field in ("model_name", "object_bytes")]
 _MASK64 = (1 << 64) - 1
-# The curves' history (tracked and forgotten keys: up to 3 x --mrc-max-keys rows, milliseconds to pack) is
+# The curves' history (tracked, stored and forgotten keys: up to 4 x --mrc-max-keys rows, milliseconds to pack) is
 # checkpointed at most this often; the curves and the counts, at every checkpoint.
 HISTORY_EVERY_S = 60.0
 
@@ -88,7 +88,8 @@ class MissRatioSubscriber(Subscriber):
 
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
-                               max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy)
+                               max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
+                               processes=config.workers)
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
@@ -125,10 +126,12 @@ class MissRatioSubscriber(Subscriber):
                     rows = rows_by_head.get(lookups[index], [])
                     if rows or fields["exact"]:
                         model, salt = name(fields["model_name"]), name(fields["cache_salt"])
-                        curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields))
+                        curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields),
+                                      batch.producer)
                 else:  # a store: sampled keys, or only its model's object size
                     model_id, object_bytes = store_values[index]
-                    curves.store(name(model_id), max(0, object_bytes), rows_by_head.get(stores[index], ()))
+                    curves.store(name(model_id), max(0, object_bytes), rows_by_head.get(stores[index], ()),
+                                 batch.producer)
             misses, regret = curves.take_counts()
         for (reason, model, salt), value in misses.items():
             self._misses.add(value, {"reason": reason, "model_name": model, "cache_salt": salt})
@@ -175,11 +178,12 @@ class MissRatioSubscriber(Subscriber):
 def mrc_document(curves: CurveSet, l1_policy: str | None = None) -> dict[str, Any]:
     """The ``GET /mrc`` answer: the sampling state, the order the curves model beside the one L1 runs
     (``--l1-policy``, by default the modelled one: the curves predict the cache only where they are the same),
-    and every curve."""
+    the cache processes a tier's capacity is shared by (each process's share is its own cache), and every
+    curve."""
     with curves.lock:
         return {"curves_model": curves.policy, "l1_policy": curves.policy if l1_policy is None else l1_policy,
                 "sample_rate": curves.rate, "configured_sample_rate": curves.configured_rate,
-                "head_sample_rate": curves.head_rate,
+                "head_sample_rate": curves.head_rate, "processes": curves.processes,
                 "tracked_keys": curves.tracked_keys, "max_keys": curves.max_keys, "curves": curves.curves()}
 
 

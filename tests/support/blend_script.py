@@ -1,4 +1,5 @@
-"""The scripted cache-blending workload shared by test_blend.py and test_blend_metrics_end_to_end.py.
+"""The scripted cache-blending workload shared by tests/cache/'s blend, blend metrics,
+op events and pool loss tests.
 
 L1 has 32 slots; chunks are 16 tokens.  Documents: A (chunks a1 a2), B (b1), C (c1); Q is a question
 chunk q1 plus 5 trailing tokens.  Every count below is worked out by hand in the comments.
@@ -9,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpcache.errors import RequestError
-
-from .conftest import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks
+from support.cache_harness import CHUNK_BYTES, CHUNK_TOKENS, MODEL, fill_blocks
 
 SALT = "tenant-cb"
 ENGINE = 7
