@@ -171,7 +171,9 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
         cells = [f"{n} L1 ({s['blocks']:,} blocks): hit ratio offline LRU {s['offline_lru']['hit_ratio']:.3f}, "
                  f"Belady {s['belady']['hit_ratio']:.3f}, mpcache adaptive / lru / arc "
                  f"{s['mpcache_adaptive']['hit_ratio']:.3f} / {s['mpcache_lru']['hit_ratio']:.3f} / "
-                 f"{s['mpcache_arc']['hit_ratio']:.3f}" for n, s in result["sizes"].items()]
+                 f"{s['mpcache_arc']['hit_ratio']:.3f}"
+                 + (f", LMCache's server {s['lmcache_server']['hit_ratio']:.3f}" if "lmcache_server" in s else "")
+                 for n, s in result["sizes"].items()]
         ratios = ", ".join(f"{n} {v}" for n, v in result["mpcache_adaptive_over_offline_lru"].items())
         return ["; ".join(cells), f"mpcache (adaptive) / offline LRU tokens saved: {ratios}", "—", "—"]
     if name == "vllm":
@@ -265,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="trace (and report): a trace file of prefix block hashes, one JSON object a line")
     parser.add_argument("--trace-requests", type=int, default=None,
                         help="trace: replay only the trace's first N requests (default: all)")
+    parser.add_argument("--no-lmcache", action="store_true",
+                        help="trace: leave out LMCache's own server (its column needs the LMCache venv)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=None,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
@@ -279,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l1-gb", type=float, default=None,
                         help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4); "
                         "vllm: the same (default 0.5)")
+    parser.add_argument("--policies", default=None,
+                        help="isolation: compare these --l1-policy values (comma-separated; e.g. lru,adaptive) "
+                        "instead of publishing's cost and LMCache's server")
+    parser.add_argument("--tp", default=None, help="isolation: the TPs to run, comma-separated (default 1,2)")
     parser.add_argument("--telemetry-nice", type=int, default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
@@ -302,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         elif module is isolation:
             options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
-                       "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb}
+                       "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb,
+                       "policies": tuple(args.policies.split(",")) if args.policies else (),
+                       "tps": tuple(int(tp) for tp in args.tp.split(",")) if args.tp else isolation.TPS}
         elif module is vllm:
             options = {"l1_gb": vllm.L1_GB if args.l1_gb is None else args.l1_gb}
         elif module is trace:
-            options = {"path": args.path, "limit": args.trace_requests}
+            options = {"path": args.path, "limit": args.trace_requests, "lmcache": not args.no_lmcache}
         elif module is peers:
             options = {"seconds": peers.SECONDS if args.seconds is None else args.seconds}
         repetitions = args.repetitions or (vllm.REPETITIONS if module is vllm else DEFAULT_REPETITIONS)

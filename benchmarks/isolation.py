@@ -13,6 +13,11 @@ totals); publishing on over off (gross counts), and the publishing cache process
 times more per request than it does at full speed). The counts come from the same code and the same requests, so
 they move by fractions of a percent between runs where CPU time on a shared VM moves by several percent
 (docs/BENCHMARKS.md). Callgrind counts user space only: the kernel's share is the ``lmcache`` benchmark's.
+
+``--policies lru,adaptive`` compares L1 eviction policies instead: one publishing mpcache server per
+``--l1-policy``, both under callgrind and mirrored (the same requests to each), no LMCache server; with an L1 small
+enough (``--l1-gb``) that the window evicts, what each policy's engine path executes per request, over the
+first policy's (each server's evicted chunks in the window, from its ``/metrics``, say whether it evicted).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +44,9 @@ DUMP_TIMEOUT_S = 120.0
 IDLE_S = 5.0  # instrumented with no requests, per TP: each server's timers, subtracted from the measured window
 TARGET_INSTRUCTIONS_COST = 0.03  # publishing on vs off, instructions per request
 KINDS = ("mpcache", "mpcache_off", "lmcache")
+EVICTED_SERIES = b"lmcache_mp_l1_evicted_chunks_total"
+SETTLE_S = 0.5  # /metrics read again after this long until it stops moving (the telemetry process drains)
+SETTLE_TIMEOUT_S = 30.0
 COUNTERS = {  # what the report calls each sum of callgrind events
     "instructions": ("Ir",),
     "data_reads": ("Dr",),
@@ -93,6 +102,21 @@ def read_dump(out_dir: str, pid: int, number: int) -> dict[str, int]:
             time.sleep(0.2)
 
 
+def evicted_chunks(server: Server) -> int:
+    """L1 chunks ``server`` evicted so far, from its ``/metrics`` once two reads ``SETTLE_S`` apart agree."""
+    deadline, last = time.monotonic() + SETTLE_TIMEOUT_S, None
+    while True:
+        url = f"http://127.0.0.1:{server.prometheus_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            page = response.read()
+        now = sum(int(float(line.rsplit(b" ", 1)[1])) for line in page.splitlines()
+                  if line.startswith(EVICTED_SERIES))
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(SETTLE_S)
+
+
 def _cache_pid(server: Server) -> int:
     [pid] = server.cpu_pids()["server"]
     return pid
@@ -126,12 +150,15 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     rings = {server.kind: ring for server in servers if (ring := server.ring()) is not None}
     for pid in pids:
         callgrind_control(pid, "--instr=on")  # turning instrumentation back on keeps stale costs: each window zeroes
+    publishing = [server for server in servers if server.publishes]
     try:
         _, idle_elapsed, idle = _counted(pids, out_dir, dump, lambda: time.sleep(idle_s))
         heads = {kind: read_counters(ring).head for kind, ring in rings.items()}
+        evicted = {server.kind: evicted_chunks(server) for server in publishing}
         result, elapsed, counts = _counted(
             pids, out_dir, dump + 1, lambda: _run_workload(python, servers, tp, seconds, 0.0, 100 + tp, log_path))
         published = {kind: read_counters(ring).head - heads[kind] for kind, ring in rings.items()}
+        evicted = {server.kind: evicted_chunks(server) - evicted[server.kind] for server in publishing}
     finally:
         for pid in pids:
             callgrind_control(pid, "--instr=off")
@@ -142,7 +169,8 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
         raise RuntimeError(f"the mirrored servers saw different requests: {[side['requests'] for side in sides]}")
     kinds = [server.kind for server in servers]
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
-            "ring_cells": {kind: published.get(kind, 0) for kind in kinds},
+            "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,
+            "hit_chunk_ratio": dict(zip(kinds, (side["hit_chunk_ratio"] for side in sides))),
             "idle_per_s": {kind: {event: value / seconds_idle for event, value in one.items()}
                            for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)}}
 
@@ -173,10 +201,30 @@ def _per_request(measured: dict[str, Any]) -> dict[str, Any]:
                                    for name in COUNTERS}}
 
 
+def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
+    """Each policy's server per request, gross and net of idle, and every server over the first (net)."""
+    requests = measured["requests"]
+    per, net = {}, {}
+    for kind, counts in measured["counts"].items():
+        idle_per_s, seconds = measured["idle_per_s"][kind], measured["seconds"][kind]
+        per[kind] = {name: round(sum(counts.get(event, 0) for event in events) / requests, 1)
+                     for name, events in COUNTERS.items()}
+        net[kind] = {name: round(max(0.0, per[kind][name] - sum(idle_per_s.get(event, 0) for event in events)
+                                     * seconds / requests), 1) for name, events in COUNTERS.items()}
+    first = next(iter(net.values()))
+    return {"requests": requests, "per_request": per, "net_per_request": net,
+            "evicted_chunks_per_request": {kind: round(count / requests, 2)
+                                           for kind, count in measured["evicted_chunks"].items()},
+            "hit_chunk_ratio": measured["hit_chunk_ratio"],
+            "instructions_over_first": {kind: round(one["instructions"] / first["instructions"], 4)
+                                        for kind, one in net.items()}}
+
+
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
         warmup_s: float = WARMUP_S, l1_gb: float = L1_GB, tps: tuple[int, ...] = TPS,
-        idle_s: float = IDLE_S) -> dict[str, Any]:
-    """The three servers under callgrind, each TP measured once per repetition (the counts barely move)."""
+        idle_s: float = IDLE_S, policies: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The three servers under callgrind (or one publishing mpcache server per policy of ``policies``), each TP
+    measured once per repetition (the counts barely move)."""
     require_valgrind()
     python = lmcache_python()
     per_tp: dict[str, list[dict[str, Any]]] = {f"tp{tp}": [] for tp in tps}
@@ -186,21 +234,25 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
             os.mkdir(out_dir, 0o700)
             servers: list[Server] = []
             try:
-                for index, kind in enumerate(KINDS):
-                    servers.append(Server(kind, tmp, python, index, l1_gb, callgrind_dir=out_dir))
-                progress(f"isolation: repetition {repetition + 1}/{repetitions}: starting {', '.join(KINDS)} under "
-                         "callgrind (LMCache's server imports torch: a minute or more)")
+                for index, (kind, policy) in enumerate(
+                        [("mpcache", policy) for policy in policies] or [(kind, None) for kind in KINDS]):
+                    servers.append(Server(kind, tmp, python, index, l1_gb, callgrind_dir=out_dir, l1_policy=policy))
+                progress(f"isolation: repetition {repetition + 1}/{repetitions}: starting "
+                         f"{', '.join(server.kind for server in servers)} under callgrind (a minute or more)")
                 for server in servers:
                     server.wait_ready()
                 for number, tp in enumerate(tps):
                     progress(f"isolation: repetition {repetition + 1}/{repetitions}, TP={tp}: {warmup_s:.0f} s of "
-                             f"warm-up, {idle_s:.0f} s idle, then {seconds:.0f} s counted (all three under callgrind)")
+                             f"warm-up, {idle_s:.0f} s idle, then {seconds:.0f} s counted (all under callgrind)")
                     measured = _measure(python, servers, out_dir, tp, 2 * number + 1, seconds, warmup_s, idle_s,
                                         os.path.join(tmp, "workload.log"))
-                    per_tp[f"tp{tp}"].append(_per_request(measured))
+                    per_tp[f"tp{tp}"].append((_policies_per_request if policies else _per_request)(measured))
             finally:
                 for server in servers:
                     server.stop()  # the dumps go with the temporary directory
+    if policies:
+        return {"policies": list(policies), "l1_gb": l1_gb, "repetitions": repetitions, "seconds": seconds,
+                "warmup_s": warmup_s, "tp": list(tps), **{name: rounds for name, rounds in per_tp.items()}}
     return _report(per_tp, repetitions, seconds, warmup_s, idle_s)
 
 

@@ -72,10 +72,11 @@ class Server:
     """One server under test: started, its CPU-bearing pids found, stopped with its segments removed."""
 
     def __init__(self, kind: str, tmp: str, python: str, index: int, l1_gb: float, telemetry_nice: int = 0,
-                 callgrind_dir: str | None = None) -> None:
+                 callgrind_dir: str | None = None, l1_policy: str | None = None) -> None:
         """``callgrind_dir``: an mpcache server's cache process, or LMCache's server, runs under callgrind, its
-        output there."""
-        self.kind = kind
+        output there.  ``l1_policy``: an mpcache server's ``--l1-policy`` (its kind then ends ``_<policy>``)."""
+        self.kind = kind if l1_policy is None else f"{kind}_{l1_policy}"
+        self.publishes = kind == "mpcache"
         self.start_timeout_s = START_TIMEOUT_S if callgrind_dir is None else CALLGRIND_START_TIMEOUT_S
         self.port = _free_port()
         self.log_path = os.path.join(tmp, f"{kind}-{index}.log")
@@ -98,6 +99,8 @@ class Server:
                     "--l1-size", str(int(l1_gb * 2**30)), "--chunk-bytes", str(OBJECT_BYTES), "--log-level", "warning")
                 if kind == "mpcache" and telemetry_nice:
                     argv += ["--telemetry-nice", str(telemetry_nice)]
+                if l1_policy is not None:
+                    argv += ["--l1-policy", l1_policy]
                 if callgrind_dir is not None:
                     argv += ["--hang-timeout", str(callgrind_cache.HANG_TIMEOUT_S)]
             else:
@@ -143,7 +146,7 @@ class Server:
 
     def ring(self) -> Segment | None:
         """The cache process's event ring (mpcache with telemetry), attached read-only for lag sampling."""
-        if self.kind != "mpcache":
+        if not self.publishes:
             return None
         config = Config.load(os.path.join(self.runtime_dir, "config.json"))
         return Segment.attach(config.ring_name(0), layout.HEADER_SIZE)

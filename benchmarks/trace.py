@@ -7,16 +7,24 @@ MIN (the offline optimum) computed from the same trace, and LRU and ARC simulate
 blocks last to first (and ARC first to last): candidates for a policy that beats LRU.  Each reports its prefix-hit
 ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BLOCK_TOKENS`` tokens of
 ``KV_BYTES_PER_TOKEN`` each (the service itself stores small stand-in objects: what is measured is which blocks
-it holds).
+it holds).  And LMCache 0.5.6's own MP server at the same size in blocks (``lmcache_server``: its
+``--l1-size-gb`` the blocks times the replay's object bytes, LRU), the trace replayed through LMCache's own
+vLLM adapters (``tests/lmcache/trace_replay.py``, in the LMCache venv); left out, saying so, without that venv.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks import mrc_traces
+from benchmarks.children import kill_running
+from benchmarks.lmcache_servers import LMCACHE_ENV, LMCacheEnvMissing, Server, lmcache_python
 from benchmarks.trace_sim import (
     BLOCK_TOKENS,
     Outcome,
@@ -35,6 +43,10 @@ KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B in bf16: 32 layers Ã— 8 KV heads Ã
 STAND_IN_BYTES = 4096  # the service's object per block
 MODEL = "trace-model"
 MPCACHE = tuple(f"mpcache_{policy}" for policy in L1_POLICIES)  # the service replayed with each --l1-policy
+LMCACHE_REPLAY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "lmcache",
+                              "trace_replay.py")
+LMCACHE_OBJECT_BYTES = 2 * 1 * 256 * 16 * 2  # the replay's chunk: K and V, 1 layer, 256 tokens, 1 head of 16, fp16
+LMCACHE_REPLAY_TIMEOUT_S = 3600.0
 
 
 class TraceMissing(Exception):
@@ -54,12 +66,47 @@ def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru"
     return replayed["found"]
 
 
+def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> list[int]:
+    """The prefix LMCache's own server (L1 of ``blocks`` of the replay's chunks) found for each request, the trace
+    replayed through LMCache's adapters."""
+    with tempfile.TemporaryDirectory(prefix="mpcache-bench-trace-") as tmp:
+        path = os.path.join(tmp, "requests.jsonl")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r.hashes) + "\n" for r in requests)
+        server = Server("lmcache", tmp, python, 0, blocks * LMCACHE_OBJECT_BYTES / 2**30)
+        try:
+            server.wait_ready()
+            client = subprocess.Popen([python, LMCACHE_REPLAY, "--url", f"tcp://127.0.0.1:{server.port}",
+                                       "--requests", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      stdin=subprocess.DEVNULL, env={**os.environ, **LMCACHE_ENV})
+            try:
+                out, _ = client.communicate(timeout=LMCACHE_REPLAY_TIMEOUT_S)
+            finally:
+                kill_running([client])
+        finally:
+            server.stop()
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    result: dict[str, Any] = json.loads(lines[-1]) if lines else {"reason": f"exited {client.returncode}"}
+    if not result.get("ok"):
+        raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}")
+    if result["object_bytes"] != LMCACHE_OBJECT_BYTES:
+        raise RuntimeError(f"the replay's chunk is {result['object_bytes']} bytes, not {LMCACHE_OBJECT_BYTES}")
+    return result["found"]
+
+
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
-        limit: int | None = None, shares: dict[str, float] | None = None) -> dict[str, Any]:
-    """The table's numbers as one JSON object (``repetitions`` is unused: the replay is deterministic)."""
+        limit: int | None = None, shares: dict[str, float] | None = None, lmcache: bool = True) -> dict[str, Any]:
+    """The table's numbers as one JSON object (``repetitions`` is unused: the replay is deterministic; LMCache's
+    server, with ``lmcache``, is not: it evicts once a second)."""
     if path is None:
         raise TraceMissing("trace needs a trace file: python -m benchmarks trace PATH")
     requests = load(path, limit)
+    python = None
+    if lmcache:
+        try:
+            python = lmcache_python()
+        except LMCacheEnvMissing as exc:
+            progress(f"trace: leaving out LMCache's server: {exc}")
     infinite = lru(requests, math.inf)
     progress(f"trace: {len(requests)} requests, {sum(len(r.hashes) for r in requests)} blocks, infinite-cache "
              f"hit ratio {infinite.hit_ratio:.4f}")
@@ -77,12 +124,16 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                        "arc_tail_first_simulated": _columns(arc(requests, blocks, tail_first=True), l1_gib),
                        **{f"mpcache_{policy}": _columns(outcome(requests, mpcache_found(requests, blocks, policy)),
                                                         l1_gib) for policy in L1_POLICIES}}
+        if python is not None:
+            progress(f"trace: {name}: LMCache's server, the trace through its adapters")
+            sizes[name]["lmcache_server"] = _columns(outcome(requests, lmcache_found(requests, blocks, python)),
+                                                     l1_gib)
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,
             **{f"{policy}_over_offline_lru": {name: _ratio(size, policy, "offline_lru") for name, size in sizes.items()}
                for policy in ("belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated",
-                              *MPCACHE)}}
+                              *MPCACHE, *(("lmcache_server",) if python is not None else ()))}}
 
 
 def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
@@ -93,7 +144,7 @@ def _ratio(size: dict[str, Any], ours: str, theirs: str) -> float | None:
 def render(result: dict[str, Any]) -> str:
     """The side-by-side table: per size, each policy's prefix-hit ratio and prefill tokens saved per GiB."""
     policies = ("offline_lru", "belady", "lru_tail_first_simulated", "arc_simulated", "arc_tail_first_simulated",
-                *MPCACHE)
+                *MPCACHE, *(("lmcache_server",) if "lmcache_server" in next(iter(result["sizes"].values())) else ()))
     lines = [f"{result['trace']}: {result['requests']} requests, infinite-cache hit ratio "
              f"{result['infinite_hit_ratio']:.3f}; a block is {result['block_tokens']} tokens of "
              f"{result['kv_bytes_per_token']} bytes",

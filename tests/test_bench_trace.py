@@ -4,13 +4,16 @@ and the benchmark replays a trace (``trace_gen``'s conversations) through a real
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from benchmarks import __main__ as bench_main
 from benchmarks import trace, trace_gen
+from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
 from mpcache.cache.l1 import L1Manager
@@ -89,7 +92,7 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
     requests = trace_gen.conversations(300, seed=3)
     trace_gen.write(requests, str(path))
     assert 300 == len(load(str(path)))
-    result = trace.run(path=str(path))
+    result = trace.run(path=str(path), lmcache=False)
     assert ["small", "middle", "large"] == list(result["sizes"])
     blocks = [size["blocks"] for size in result["sizes"].values()]
     assert blocks == sorted(blocks) and blocks[0] > 0
@@ -115,3 +118,19 @@ def test_trace_benchmark_without_a_file_is_one_clear_line():
                            timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and "trace PATH" in bench.stderr
+
+
+def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_every_repeat_with_room():
+    """LMCache's own server, the trace replayed through LMCache's adapters, with room for twice the trace's
+    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost)."""
+    try:
+        python = lmcache_python()
+    except LMCacheEnvMissing as exc:
+        if os.environ.get("MPCACHE_TEST_REQUIRE_LMCACHE") == "1":
+            pytest.fail(f"MPCACHE_TEST_REQUIRE_LMCACHE=1, but LMCache 0.5.6 is unusable: {exc}", pytrace=False)
+        pytest.skip(f"LMCache 0.5.6 not available: {exc}")
+    requests = trace_gen.conversations(150, seed=4)
+    distinct = len({h for request in requests for h in request.hashes})
+    expected = lru(requests, math.inf).found
+    assert sum(expected) > 0
+    assert expected == trace.lmcache_found(requests, 2 * distinct, python)

@@ -2,9 +2,9 @@
 :class:`~mpcache.cache.slabs.SlabAllocator`), read locks, and eviction across every size in the order of
 ``--l1-policy`` (:mod:`mpcache.eviction.order`): an object that gets no space evicts unlocked objects in that
 order until the allocator places it, only then and only what is needed; before each eviction it lets the
-allocator compact (move ready, unlocked objects out of a class's emptiest slab: a mix of object sizes would
-otherwise strand space in partly used slabs).  Every state change publishes its L1 event.  Single-threaded, so
-lock-free.
+allocator compact where that could free a slab (move ready, unlocked objects out of a class's emptiest slab: a
+mix of object sizes would otherwise strand space in partly used slabs).  Every state change publishes its L1
+event.  Single-threaded, so lock-free.
 """
 
 from __future__ import annotations
@@ -348,16 +348,21 @@ class L1Manager(PrefetchLandings):
     def _allocate(self, size: int, evicted: Evicted) -> int | None:
         """Space for one object: let the allocator compact, else evict unlocked entries in the policy's order,
         until the allocator places it (None, evicting nothing, for an object larger than the pool)."""
-        alloc = self.allocator.alloc
-        offset = alloc(size)
+        allocator = self.allocator
+        offset = allocator.alloc(size)
         if offset is None and size <= self.capacity_bytes:
-            compact = self.allocator.compact
+            # compaction frees a slab only where a class's free spots add up to over half a slab, which the
+            # allocator's free bytes then exceed: below that, no call (the common case: one object size)
+            half_slab, victim = allocator.slab_bytes // 2, self._order.victim
             while offset is None:
-                if not compact(self._movable, self._move):
-                    if not self._evict_one(evicted):
+                if (allocator.carved_bytes - allocator.used_bytes <= half_slab
+                        or not allocator.compact(self._movable, self._move)):
+                    chosen = victim()
+                    if chosen is None:  # every entry is locked or being written
                         break
+                    self._drop(chosen[0], chosen[1], evicted)
                     self._made_room = True
-                offset = alloc(size)
+                offset = allocator.alloc(size)
         return offset
 
     def _movable(self, offset: int) -> bool:

@@ -63,9 +63,10 @@ class Config:
         "L1's slabs are made of (default {default}); LMCache objects of any size need no flag", group=SERVICE)
     chunk_size_tokens: int = setting(Integer(1), 256, "tokens per chunk (default {default})", group=SERVICE,
                                      name="chunk-size")
-    l1_policy: str = setting(Choice(derived.L1_POLICIES), "lru",
-                             "the order L1 evicts in, and the miss-ratio curves model: lru, adaptive (ARC made "
-                             "prefix-aware: orphans, then tails, first) or arc (default {default})", group=SERVICE)
+    l1_policy: str = setting(Choice(derived.L1_POLICIES), "adaptive",
+                             "the order L1 evicts in, and the miss-ratio curves model: adaptive (ARC made "
+                             "prefix-aware: orphans, then tails, first), lru or arc (default {default})",
+                             group=SERVICE)
     l1_watermark: float = setting(Number(0, 1, low_open=True), 1.0,  # DEPRECATED: read, checked, unused
                                   "deprecated and ignored (one warning at start when set): a store evicts what "
                                   "it needs when L1 is full", group=SERVICE)

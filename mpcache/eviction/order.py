@@ -1,14 +1,14 @@
 """The order in which L1 evicts (``--l1-policy``): which ready, unlocked object goes first when a store needs room.
 
-* ``lru`` (the default): least recently used first, a request's chunks released head to tail (the order the
-  miss-ratio curves model).
+* ``lru``: least recently used first, a request's chunks released head to tail (one pass over the reuse
+  distances gives its miss-ratio curve at every size).
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
   An access is what stores reserve between two lookups (an engine step's stores, one per TP rank): as ARC
   never evicts the page it admits, T1 gives up none of the current access's objects while T2 has one to give
   (else a request's second rank's store would evict what its first rank's store just wrote).
-* ``adaptive``: ARC made prefix-aware.  A request's chunks are released tail to head, so within
+* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
   anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
@@ -117,7 +117,7 @@ class ArcOrder:
 
     def _ghost_hit(self, tier: int, ghost_size: int, size: int) -> None:
         ghosts = self._ghost_bytes
-        step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0)
+        step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0) if ghosts[tier] else size  # 0: empty ghosts
         ghosts[tier] -= ghost_size
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
@@ -133,34 +133,47 @@ class ArcOrder:
         if orphans:
             key, entry = orphans.popitem(last=False)
         else:
-            sizes = self.sizes
-            chosen = t1.popitem(last=False) if t1 and (sizes[0] > self.target or not t2) else None
-            if chosen is not None and t2 and chosen[1].access == self.access:  # being admitted: T2 gives one
-                t1[chosen[0]] = chosen[1]
-                t1.move_to_end(chosen[0], last=False)
-                chosen = None
-            if chosen is not None:
-                key, entry = chosen
-                sizes[0] -= entry.size
-                self._b1[key] = entry.size
-                self._ghost_bytes[0] += entry.size
+            sizes, ghosts = self.sizes, self._ghost_bytes
+            if t1 and (not t2 or sizes[0] > self.target):
+                key, entry = t1.popitem(last=False)
+                if t2 and entry.access == self.access:  # being admitted: T2 gives one instead
+                    t1[key] = entry
+                    t1.move_to_end(key, last=False)
+                    key, entry = t2.popitem(last=False)
+                    tier = 1
+                else:
+                    tier = 0
             elif t2:
                 key, entry = t2.popitem(last=False)
-                sizes[1] -= entry.size
-                self._b2[key] = entry.size
-                self._ghost_bytes[1] += entry.size
+                tier = 1
             else:
                 return None
-            counts = self._ghost_bytes
-            while counts[0] + counts[1] > self.capacity:  # the larger ghost list loses its oldest
-                larger = 0 if counts[0] > counts[1] else 1
-                counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
+            size = entry.size
+            sizes[tier] -= size
+            ghosts[tier] += size
+            if tier:
+                self._b2[key] = size
+            else:
+                self._b1[key] = size
+            if ghosts[0] + ghosts[1] > self.capacity:
+                self._trim_ghosts()
         parent = entry.parent  # only the prefix-aware order links entries
-        if parent is not None and parent.children:
-            _drop_child(parent, key)
+        if parent is not None:
+            children = parent.children
+            if children == key:
+                parent.children = None
+            elif type(children) is set:
+                children.discard(key)
         if entry.children:
             self._orphan_children(entry)
         return key, entry
+
+    def _trim_ghosts(self) -> None:
+        """The larger ghost list loses its oldest until both fit L1's capacity."""
+        counts = self._ghost_bytes
+        while counts[0] + counts[1] > self.capacity:
+            larger = 0 if counts[0] > counts[1] else 1
+            counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

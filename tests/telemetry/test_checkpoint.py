@@ -53,7 +53,8 @@ def new_config(tmp_path, **changes: Any) -> Config:
         instance_id=uuid.uuid4().hex, supervisor_pid=os.getpid(), runtime_dir=str(tmp_path), workers=2,
         ring_capacity_cells=1 << 15, l1_size_bytes=1 << 16, chunk_bytes=1 << 16, prometheus_port=0, cache_salt_cap=2,
         mrc_sample_rate=1.0, mrc_half_life_s=0, telemetry_state_bytes=1 << 20, l2=[{"type": "mock", "capacity_gb": 1}],
-        telemetry_checkpoint_interval_s=0)  # a record at every flush, unless a test says otherwise
+        telemetry_checkpoint_interval_s=0,  # a record at every flush, unless a test says otherwise
+        l1_policy="lru")  # LRU's curves, whose history is checkpointed (adaptive's miniatures restart empty)
     return Config(**(settings | changes))
 
 

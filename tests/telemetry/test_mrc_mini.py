@@ -11,7 +11,9 @@ import pytest
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.eviction import order as eviction_order
 from mpcache.telemetry.mrc.curves import ALL, MISS, POINT_RATIOS, SAMPLED, CurveSet
+from mpcache.telemetry.mrc.mini import MiniCache, _Entry
 
 MODEL, SALT, SIZE = "m", "s", 64
 CAPACITY = 1500 * SIZE  # the size the curves are taken at: 150 sampled objects at rate 0.1
@@ -75,3 +77,27 @@ def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_
         assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
         assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity
         assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)
+
+
+@pytest.mark.parametrize("policy", ["arc", "adaptive"])
+def test_a_key_repeated_in_one_lookup_is_judged_as_its_first_and_held_once(policy):
+    """A lookup naming a key twice (a repeated hash, as L1 writes once): resident, both are hits and it stays
+    resident; new, both are misses and it takes its bytes once."""
+    mini = MiniCache(policy, 10 * SIZE)
+    a, b = ((MODEL, 1), SIZE), ((MODEL, 2), SIZE)
+    assert [False] == mini.lookup([a])
+    assert ([True, True], [False, False]) == (mini.lookup([a, a]), mini.lookup([b, b]))
+    assert (2 * SIZE, 2, [True, True]) == (mini.used, len(mini.order), mini.lookup([a, b]))
+
+
+
+def test_a_ghost_of_no_bytes_coming_back_is_a_ghost_hit_without_failing():
+    """An object of 0 bytes (a lookup whose size is unknown) evicted, its ghost the only one, stored again: the
+    ghost hit is taken (it comes back seen again, T2), no division by the ghost list's 0 bytes."""
+    order = eviction_order.build("adaptive", SIZE, {}.get)
+    first, again = _Entry(0), _Entry(0)
+    order.new("k", first, None)
+    order.lists[first.tier]["k"] = first
+    assert ("k", first) == order.victim()
+    order.new("k", again, None)
+    assert 1 == again.tier

@@ -49,15 +49,19 @@ class MiniCache:
         if order.new is not None:
             order.access += 1  # a lookup begins an access
         found: list[tuple[Hashable, _Entry]] = []
+        judged: dict[Hashable, bool] = {}  # a key repeated in the lookup is judged as its first time
         hits = []
         for key, _ in keys:
-            entry = entries.get(key)
-            hits.append(entry is not None)
-            if entry is not None:
-                del lists[entry.tier][key]
-                if entry.tier != again:
-                    order.promote(entry)
-                found.append((key, entry))
+            hit = judged.get(key)
+            if hit is None:
+                entry = entries.get(key)
+                hit = judged[key] = entry is not None
+                if entry is not None:
+                    del lists[entry.tier][key]
+                    if entry.tier != again:
+                        order.promote(entry)
+                    found.append((key, entry))
+            hits.append(hit)
         self._store([key for key, hit in zip(keys, hits) if not hit], [key for key, _ in keys])
         for key, entry in reversed(found) if order.tail_first else found:
             lists[entry.tier][key] = entry
@@ -77,6 +81,8 @@ class MiniCache:
         before = dict(zip(sequence[1:], sequence[:-1])) if order.prefix_aware else {}
         stored = []
         for key, nbytes in missing:
+            if key in entries:
+                continue  # repeated: stored once, as L1 writes a repeated hash once
             if not self._make_room(nbytes):
                 continue  # larger than what can be evicted: not stored, as L1 fails the allocation
             entries[key] = entry = _Entry(nbytes)
