@@ -3,7 +3,7 @@ executes against LMCache's server, counted instead of timed.
 
 Three servers at once: one whose cache process publishes into its ring (the telemetry process reading it), one whose
 cache process publishes nowhere, and LMCache 0.5.6's MP server; both cache processes and LMCache's server run under
-valgrind's callgrind (:mod:`benchmarks.callgrind_cache`). LMCache's own adapters (``tests/lmcache/workload.py``)
+valgrind's callgrind (:mod:`benchmarks.callgrind_cache`). LMCache's own adapters (``benchmarks/harness/workload.py``)
 send every step to each in turn (``--mirror``): first a warm-up, not instrumented, then an idle window (no requests,
 instrumented: what each server's own timers cost per second), then the measured window, instrumented. Per request:
 instructions, data reads and writes, simulated first-level and last-level cache misses, and the ring cells each

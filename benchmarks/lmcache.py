@@ -18,7 +18,7 @@ LMCache's ``--l1-size-gb``, which counts GiB); mpcache's slots are one rank's ch
 (``--chunk-bytes 2MiB``). At 0.25 GiB LMCache refuses most stores (a full L1 between its
 once-a-second eviction passes), which spares its clients the copies: the result says when the
 servers' work differed (``comparable_work``, ``note``); ``--l1-gb 4`` makes it comparable. The load is
-``tests/lmcache/workload.py`` run with the LMCache venv's python (``.ci/lmcache-env``): LMCache's
+``benchmarks/harness/workload.py`` run with the LMCache venv's python (``.ci/lmcache-env``): LMCache's
 scheduler and worker adapters with paged CPU KV caches, 4 new requests per step (half of them open
 with one of 4 shared 2-chunk system prompts, a quarter continue a recent conversation, a quarter
 are unrelated), each one lookup → prefetch status → retrieve the hits → store the misses →
@@ -62,7 +62,7 @@ from benchmarks.lmcache_servers import (
 from mpcache.shm.segment import Segment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOAD = os.path.join(REPO, "tests", "lmcache", "workload.py")
+WORKLOAD = os.path.join(REPO, "benchmarks", "harness", "workload.py")
 SERVERS = ("mpcache", "mpcache_off", "lmcache", "lmcache_off")
 SIDE_BY_SIDE = ("mpcache", "mpcache_off")  # publishing's cost: both at once, the same steps to each in turn
 # A B C D / D C B A / B A D C / C D A B: on/off pairs adjacent, every server once in every position.

@@ -9,7 +9,7 @@ ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BL
 ``KV_BYTES_PER_TOKEN`` each (the service itself stores small stand-in objects: what is measured is which blocks
 it holds).  And LMCache 0.5.6's own MP server at the same size in blocks (``lmcache_server``: its
 ``--l1-size-gb`` the blocks times the replay's object bytes, LRU), the trace replayed through LMCache's own
-vLLM adapters (``tests/lmcache/trace_replay.py``, in the LMCache venv); left out, saying so, without that venv.
+vLLM adapters (``benchmarks/harness/trace_replay.py``, in the LMCache venv); left out, saying so, without that venv.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B in bf16: 32 layers Ã— 8 KV heads Ã
 STAND_IN_BYTES = 4096  # the service's object per block
 MODEL = "trace-model"
 MPCACHE = tuple(f"mpcache_{policy}" for policy in L1_POLICIES)  # the service replayed with each --l1-policy
-LMCACHE_REPLAY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "lmcache",
-                              "trace_replay.py")
+LMCACHE_REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness", "trace_replay.py")
 LMCACHE_OBJECT_BYTES = 2 * 1 * 256 * 16 * 2  # the replay's chunk: K and V, 1 layer, 256 tokens, 1 head of 16, fp16
 LMCACHE_REPLAY_TIMEOUT_S = 3600.0
 

@@ -1,8 +1,8 @@
 """Time to first token and prefill time of a repeated long prompt in a real vLLM engine: no connector, mpcache, and
 LMCache 0.5.6's own MP server, side by side in one run.
 
-Three engines (``tests/vllm/engine.py serve`` in the venv ``.ci/vllm-env`` builds: vLLM's CPU build, prefix cache
-off, greedy, one OpenMP thread each) run at once on the same ~100M-parameter Llama with random weights
+Three engines (``benchmarks/harness/engine.py serve`` in the venv ``.ci/vllm-env`` builds: vLLM's CPU build, prefix
+cache off, greedy, one OpenMP thread each) run at once on the same ~100M-parameter Llama with random weights
 (``engine.py make-model --size bench``, fixed seed): one without a connector, one with ``LMCacheMPConnector`` on
 ``start-cache --workers 1 --lmcache-port P`` (through ``benchmarks.service``, telemetry on), one on
 ``python -m lmcache.v1.multiprocess.server`` from LMCache 0.5.6's venv (``.ci/lmcache-env``; the 0.5.6 connector

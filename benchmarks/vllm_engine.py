@@ -1,4 +1,4 @@
-"""A real vLLM engine: ``tests/vllm/engine.py serve`` started with the python of vLLM's venv (``.ci/vllm-env``),
+"""A real vLLM engine: ``benchmarks/harness/engine.py serve`` started with the python of vLLM's venv (``.ci/vllm-env``),
 asked one request at a time over its stdin/stdout.  The one engine starter of ``python -m benchmarks vllm`` and of
 the tests (tests/vllm).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE = REPO / "tests" / "vllm" / "engine.py"
+ENGINE = REPO / "benchmarks" / "harness" / "engine.py"
 # Every process that imports vllm or lmcache: no usage reports leave the machine; one OpenMP thread on shared cores.
 ENGINE_ENV = {"DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1", "LMCACHE_TRACK_USAGE": "false",
               "LMCACHE_DISABLE_BANNER": "1", "OMP_NUM_THREADS": "1"}

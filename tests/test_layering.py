@@ -212,9 +212,11 @@ def test_the_service_imports_nothing_from_the_benchmarks():
 
 def test_no_module_grows_past_the_line_bound():
     """One responsibility per module: no module of any package (the benchmarks' included) grows past
-    MAX_MODULE_LINES."""
+    MAX_MODULE_LINES.  The harness's scripts (``benchmarks/harness/``, no package: the tests' side of LMCache
+    and vLLM, run in their venvs) are bound as the tests are, not as modules."""
     long = {str(path.relative_to(REPO)): lines for root in SOURCES for path in sorted(root.rglob("*.py"))
-            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+            if (path.parent / "__init__.py").exists()
+            and (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert {} == long
     stated = re.findall(r"no module grows past (\d+) lines", (REPO / "docs" / "ARCHITECTURE.md").read_text())
     assert [str(MAX_MODULE_LINES)] == stated

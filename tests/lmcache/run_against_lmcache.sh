@@ -97,7 +97,7 @@ run() {
     fi
 }
 
-D=(tests/lmcache/driver.py --scenario "$SCENARIO" --l1-size-gb "$L1_GB")
+D=(benchmarks/harness/driver.py --scenario "$SCENARIO" --l1-size-gb "$L1_GB")
 run driver-tp1 "$PY" "${D[@]}" --url "$URL1" --tp 1
 run driver-tp2 "$PY" "${D[@]}" --url "$URL1" --tp 2
 run driver-mla "$PY" "${D[@]}" --url "$URL1" --mla

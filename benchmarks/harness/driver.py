@@ -5,7 +5,7 @@ Run with the interpreter of the venv that ``.ci/lmcache-env`` (LMCache 0.5.6) or
 ``.ci/lmcache057-env`` (LMCache 0.5.7rc3) builds (it needs ``lmcache``, ``torch`` and
 ``pyzmq``; it never imports mpcache or pytest)::
 
-    "$(.ci/lmcache-env | tail -n1)/bin/python" tests/lmcache/driver.py \
+    "$(.ci/lmcache-env | tail -n1)/bin/python" benchmarks/harness/driver.py \
         --url tcp://127.0.0.1:5555 --scenario all [--tp 2] [--mla]
 
 The installed client decides the protocol: 0.5.7rc3 (recognised by its token codec) gets

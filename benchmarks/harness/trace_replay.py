@@ -4,7 +4,7 @@
 Run with the interpreter of the venv that ``.ci/lmcache-env`` builds, against any LMCache-compatible MP
 server (``benchmarks.trace`` runs it against LMCache's own server)::
 
-    "$(.ci/lmcache-env | tail -n1)/bin/python" tests/lmcache/trace_replay.py \
+    "$(.ci/lmcache-env | tail -n1)/bin/python" benchmarks/harness/trace_replay.py \
         --url tcp://127.0.0.1:5555 --requests REQUESTS.jsonl
 
 ``REQUESTS.jsonl`` holds one JSON list of block hashes per request.  Each trace block becomes one LMCache

@@ -4,7 +4,7 @@
 Run with the interpreter of the venv that ``.ci/lmcache-env`` builds, against any
 LMCache-0.5.6-compatible MP server (mpcache with ``--lmcache-port``, or LMCache's own)::
 
-    "$(.ci/lmcache-env | tail -n1)/bin/python" tests/lmcache/workload.py \
+    "$(.ci/lmcache-env | tail -n1)/bin/python" benchmarks/harness/workload.py \
         --url tcp://127.0.0.1:5555 --tp 1 --seconds 10 --warmup 3
 
 The engine (one ``LMCacheMPSchedulerAdapter``, one ``LMCacheMPWorkerAdapter`` per TP rank,
