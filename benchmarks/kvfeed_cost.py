@@ -2,8 +2,10 @@
 process per chunk, counted: instructions under callgrind of LMCache stores into a full L1 (each store of
 ``BATCH`` fresh chunks evicts as many), with the feed on and off, the ring publisher publishing in both.
 
-Only the stores after L1 is full are counted (callgrind collects inside the ``functools.reduce`` that runs
-them), with ``PYTHONHASHSEED`` fixed, so the counts repeat exactly.  The stores go the way an LMCache ``store``
+Only the stores after L1 and the log are full are counted, as the log runs once its first ``LOG_RECORDS``
+records are in (while it grows, what it keeps makes the garbage collector run: a cost paid once); callgrind
+collects inside the ``functools.reduce`` that runs them, with ``PYTHONHASHSEED`` fixed, so the counts repeat
+exactly.  The stores go the way an LMCache ``store``
 goes once its objects are copied: the feed's details taken (:func:`~mpcache.cache.lmcache.kvevents.feed_of`,
 :func:`~mpcache.cache.lmcache.kvevents.details`), then :meth:`~mpcache.cache.l1.L1Manager.commit_write`.
 """
@@ -26,6 +28,7 @@ STORES = 500
 CHUNK_TOKENS = 256
 SLOTS = 256  # L1 objects: full after the first 16 stores
 CHUNK_BYTES = 4096
+LOG_RECORDS = 32768  # --kv-event-log-size's default
 
 
 def workload(stores: int, feed: bool) -> None:
@@ -46,7 +49,7 @@ def workload(stores: int, feed: bool) -> None:
         format_event_segment(segment, capacity, 64)
         publisher = Publisher(RingWriter(segment), Interner(segment.buf, 64))
         l1 = L1Manager(np.zeros(SLOTS * CHUNK_BYTES, dtype=np.uint8), publisher, 0.01, CHUNK_BYTES)
-        l1.feed = KVEventLog(32768) if feed else None
+        l1.feed = KVEventLog(LOG_RECORDS) if feed else None
         tokens = np.arange(BATCH * CHUNK_TOKENS, dtype="<i8").tobytes()
         key = SimpleNamespace(tokens=tokens, worker_id=0)
         chunks, group_ids = list(range(BATCH)), [0] * BATCH
@@ -61,8 +64,8 @@ def workload(stores: int, feed: bool) -> None:
                 detail = kvevents.details(taken, [(len(committed), CHUNK_BYTES)])[0]
             l1.commit_write("m", "", committed, CHUNK_BYTES, detail)
 
-        fill = SLOTS // BATCH + 1
-        for number in range(fill):  # not counted: L1 fills, then every store evicts
+        fill = LOG_RECORDS // (2 * BATCH) + 1  # a store adds BATCH stored and BATCH removed records
+        for number in range(fill):  # not counted: L1 and the log fill, then every store evicts and overwrites
             store(None, number)
         functools.reduce(store, range(fill, fill + stores), None)  # counted (callgrind collects inside reduce)
     finally:
