@@ -267,8 +267,9 @@ class StorageManager:
         record of a key is its state (a tier with no index here: as the task said)."""
         listing = adapter.listing
         if listing is not None:
-            stored = [key for key, held in zip(stored, listing.present(stored)) if held]
-            evicted = [key for key, held in zip(evicted, listing.present(evicted)) if not held]
+            held = listing.present([*stored, *evicted])  # one look under the index's lock
+            stored, evicted = ([key for key, now in zip(stored, held) if now],
+                               [key for key, now in zip(evicted, held[len(stored):]) if not now])
         feed.tier_changed(medium, stored, evicted)
 
     # -- shutdown ------------------------------------------------------------------------

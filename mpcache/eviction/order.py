@@ -159,11 +159,7 @@ class ArcOrder:
                 self._trim_ghosts()
         parent = entry.parent  # only the prefix-aware order links entries
         if parent is not None:
-            children = parent.children
-            if children == key:
-                parent.children = None
-            elif type(children) is set:
-                children.discard(key)
+            _drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
         return key, entry
