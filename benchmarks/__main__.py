@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="isolation: compare these --l1-policy values (comma-separated; e.g. lru,adaptive) "
                         "instead of publishing's cost and LMCache's server")
     parser.add_argument("--tp", default=None, help="isolation: the TPs to run, comma-separated (default 1,2)")
+    parser.add_argument("--workload", default="mixed", choices=sorted(isolation.WORKLOADS),
+                        help="isolation: the request mix (default mixed; unique: every prompt new, so nothing is "
+                        "found and a full L1 evicts a chunk per chunk stored: policies compared like for like)")
     parser.add_argument("--telemetry-nice", type=int, default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
     parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
@@ -312,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
                        "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb,
                        "policies": tuple(args.policies.split(",")) if args.policies else (),
-                       "tps": tuple(int(tp) for tp in args.tp.split(",")) if args.tp else isolation.TPS}
+                       "tps": tuple(int(tp) for tp in args.tp.split(",")) if args.tp else isolation.TPS,
+                       "workload": args.workload}
         elif module is vllm:
             options = {"l1_gb": vllm.L1_GB if args.l1_gb is None else args.l1_gb}
         elif module is trace:

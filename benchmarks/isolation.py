@@ -17,7 +17,10 @@ they move by fractions of a percent between runs where CPU time on a shared VM m
 ``--policies lru,adaptive`` compares L1 eviction policies instead: one publishing mpcache server per
 ``--l1-policy``, both under callgrind and mirrored (the same requests to each), no LMCache server; with an L1 small
 enough (``--l1-gb``) that the window evicts, what each policy's engine path executes per request, over the
-first policy's (each server's evicted chunks in the window, from its ``/metrics``, say whether it evicted).
+first policy's (each server's evicted chunks in the window, from its ``/metrics``, say whether it evicted), and
+the chunks each found and stored per request (a policy that finds more serves more hits, which cost more than
+misses).  ``--workload unique`` makes every prompt new: no policy finds anything and, with a full L1, every stored
+chunk evicts one, so the policies' counts differ by their order's work alone (like for like).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ DUMP_TIMEOUT_S = 120.0
 IDLE_S = 5.0  # instrumented with no requests, per TP: each server's timers, subtracted from the measured window
 TARGET_INSTRUCTIONS_COST = 0.03  # publishing on vs off, instructions per request
 KINDS = ("mpcache", "mpcache_off", "lmcache")
+WORKLOADS = {  # --workload: the request mix's options to the workload (benchmarks/harness/workload.py)
+    "mixed": (),  # its default: shared system prompts, follow-ups, new prompts
+    "unique": ("--shared-fraction", "0", "--followup-fraction", "0"),  # every prompt new: nothing is ever found
+}
 EVICTED_SERIES = b"lmcache_mp_l1_evicted_chunks_total"
 SETTLE_S = 0.5  # /metrics read again after this long until it stops moving (the telemetry process drains)
 SETTLE_TIMEOUT_S = 30.0
@@ -142,10 +149,11 @@ def _counted(pids: list[int], out_dir: str, dump: int,
 
 
 def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: int, seconds: float, warmup_s: float,
-             idle_s: float, log_path: str) -> dict[str, Any]:
+             idle_s: float, log_path: str, options: tuple[str, ...] = ()) -> dict[str, Any]:
     """One TP: the warm-up, then the idle window (dump ``dump``), then the measured one (dump ``dump + 1``); each
-    server's counts and counted seconds, its idle counts per second, and the requests."""
-    _run_workload(python, servers, tp, warmup_s, 0.0, tp, log_path)
+    server's counts and counted seconds, its idle counts per second, the requests and the chunks each found and
+    stored.  ``options``: the workload's request mix (:data:`WORKLOADS`)."""
+    _run_workload(python, servers, tp, warmup_s, 0.0, tp, log_path, options)
     pids = [_cache_pid(server) for server in servers]
     rings = {server.kind: ring for server in servers if (ring := server.ring()) is not None}
     for pid in pids:
@@ -155,8 +163,8 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
         _, idle_elapsed, idle = _counted(pids, out_dir, dump, lambda: time.sleep(idle_s))
         heads = {kind: read_counters(ring).head for kind, ring in rings.items()}
         evicted = {server.kind: evicted_chunks(server) for server in publishing}
-        result, elapsed, counts = _counted(
-            pids, out_dir, dump + 1, lambda: _run_workload(python, servers, tp, seconds, 0.0, 100 + tp, log_path))
+        result, elapsed, counts = _counted(pids, out_dir, dump + 1, lambda: _run_workload(
+            python, servers, tp, seconds, 0.0, 100 + tp, log_path, options))
         published = {kind: read_counters(ring).head - heads[kind] for kind, ring in rings.items()}
         evicted = {server.kind: evicted_chunks(server) - evicted[server.kind] for server in publishing}
     finally:
@@ -171,6 +179,8 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
             "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,
             "hit_chunk_ratio": dict(zip(kinds, (side["hit_chunk_ratio"] for side in sides))),
+            "chunks": dict(zip(kinds, ({name: side["counts"][name] for name in ("hit_chunks", "stored_chunks")}
+                                       for side in sides))),
             "idle_per_s": {kind: {event: value / seconds_idle for event, value in one.items()}
                            for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)}}
 
@@ -216,15 +226,21 @@ def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
             "evicted_chunks_per_request": {kind: round(count / requests, 2)
                                            for kind, count in measured["evicted_chunks"].items()},
             "hit_chunk_ratio": measured["hit_chunk_ratio"],
+            "hit_chunks_per_request": {kind: round(chunks["hit_chunks"] / requests, 2)
+                                       for kind, chunks in measured["chunks"].items()},
+            "stored_chunks_per_request": {kind: round(chunks["stored_chunks"] / requests, 2)
+                                          for kind, chunks in measured["chunks"].items()},
             "instructions_over_first": {kind: round(one["instructions"] / first["instructions"], 4)
                                         for kind, one in net.items()}}
 
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, seconds: float = SECONDS,
         warmup_s: float = WARMUP_S, l1_gb: float = L1_GB, tps: tuple[int, ...] = TPS,
-        idle_s: float = IDLE_S, policies: tuple[str, ...] = ()) -> dict[str, Any]:
+        idle_s: float = IDLE_S, policies: tuple[str, ...] = (), workload: str = "mixed") -> dict[str, Any]:
     """The three servers under callgrind (or one publishing mpcache server per policy of ``policies``), each TP
-    measured once per repetition (the counts barely move)."""
+    measured once per repetition (the counts barely move), under ``workload``'s request mix (:data:`WORKLOADS`)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
     require_valgrind()
     python = lmcache_python()
     per_tp: dict[str, list[dict[str, Any]]] = {f"tp{tp}": [] for tp in tps}
@@ -245,14 +261,14 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                     progress(f"isolation: repetition {repetition + 1}/{repetitions}, TP={tp}: {warmup_s:.0f} s of "
                              f"warm-up, {idle_s:.0f} s idle, then {seconds:.0f} s counted (all under callgrind)")
                     measured = _measure(python, servers, out_dir, tp, 2 * number + 1, seconds, warmup_s, idle_s,
-                                        os.path.join(tmp, "workload.log"))
+                                        os.path.join(tmp, "workload.log"), WORKLOADS[workload])
                     per_tp[f"tp{tp}"].append((_policies_per_request if policies else _per_request)(measured))
             finally:
                 for server in servers:
                     server.stop()  # the dumps go with the temporary directory
     if policies:
-        return {"policies": list(policies), "l1_gb": l1_gb, "repetitions": repetitions, "seconds": seconds,
-                "warmup_s": warmup_s, "tp": list(tps), **{name: rounds for name, rounds in per_tp.items()}}
+        return {"policies": list(policies), "workload": workload, "l1_gb": l1_gb, "repetitions": repetitions,
+                "seconds": seconds, "warmup_s": warmup_s, "tp": list(tps), **per_tp}
     return _report(per_tp, repetitions, seconds, warmup_s, idle_s)
 
 

@@ -83,12 +83,13 @@ def _cpu_group(server: Server, first: Server, name: str) -> str:
 
 
 def _run_workload(python: str, servers: list[Server], tp: int, seconds: float, warmup_s: float, seed: int,
-                  log_path: str) -> dict[str, Any]:
+                  log_path: str, options: tuple[str, ...] = ()) -> dict[str, Any]:
     """The workload against ``servers[0]``, and side by side against the others (``--mirror``): the CPU of the
-    first one's processes is reported as ``server``/``telemetry``, a mirror's as ``<kind>.server``."""
+    first one's processes is reported as ``server``/``telemetry``, a mirror's as ``<kind>.server``.  ``options``:
+    more of the workload's own options (its request mix)."""
     first = servers[0]
     argv = [python, WORKLOAD, "--url", f"tcp://127.0.0.1:{first.port}", "--tp", str(tp),
-            "--seconds", str(seconds), "--warmup", str(warmup_s), "--batch", str(BATCH), "--seed", str(seed)]
+            "--seconds", str(seconds), "--warmup", str(warmup_s), "--batch", str(BATCH), "--seed", str(seed), *options]
     for server in servers[1:]:
         argv += ["--mirror", f"tcp://127.0.0.1:{server.port}"]
     for server in servers:

@@ -302,6 +302,25 @@ def test_callgrind_summary_of_a_window_that_ran_nothing_reads_as_zeros(tmp_path)
             read_summary(str(tmp_path / "broken"))
 
 
+def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net_of_idle():
+    """Two policies' windows, counts made up by hand: per request, each one's hit and stored chunks (the work a
+    policy that finds more does besides its order's), evictions, and instructions net of idle over the first's;
+    an unknown ``--workload`` is refused before anything starts."""
+    from benchmarks import isolation
+
+    measured = {"requests": 10, "seconds": {"a": 2.0, "b": 2.0},
+                "counts": {"a": {"Ir": 10_000}, "b": {"Ir": 13_000}}, "idle_per_s": {"a": {"Ir": 500}, "b": {}},
+                "evicted_chunks": {"a": 31, "b": 30}, "hit_chunk_ratio": {"a": 0.25, "b": 0.5},
+                "chunks": {"a": {"hit_chunks": 10, "stored_chunks": 30}, "b": {"hit_chunks": 20, "stored_chunks": 20}}}
+    report = isolation._policies_per_request(measured)
+    assert {"a": 1.0, "b": 2.0} == report["hit_chunks_per_request"]
+    assert {"a": 3.0, "b": 2.0} == report["stored_chunks_per_request"]
+    assert {"a": 3.1, "b": 3.0} == report["evicted_chunks_per_request"]
+    assert {"a": 1.0, "b": 1.4444} == report["instructions_over_first"]  # (1300) over (1000 - 500 * 2 / 10)
+    with pytest.raises(ValueError, match="unknown workload 'shared'"):
+        isolation.run(policies=("lru",), workload="shared")
+
+
 def test_isolation_benchmark_without_valgrind_is_one_clear_line(tmp_path):
     """No valgrind on the PATH: exit status 2 and one line naming it and its package."""
     bench = subprocess.run([sys.executable, "-m", "benchmarks", "isolation", "--json"], capture_output=True,

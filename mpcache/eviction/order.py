@@ -60,7 +60,7 @@ class LruOrder:
         return None
 
     def victim(self) -> tuple[Any, Any] | None:
-        return self.lists[0].popitem(last=False) if self.lists[0] else None
+        return self.lists[0].popitem(False) if self.lists[0] else None  # last=False, positional: no keyword parse
 
     def forget(self, key: Any, entry: Any) -> None:
         return None
@@ -79,6 +79,7 @@ class ArcOrder:
         self.lists: tuple[OrderedDict[Any, Any], ...] = (OrderedDict(), OrderedDict(), OrderedDict())
         self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
         self._b2: OrderedDict[Any, int] = OrderedDict()
+        self._ghosts = (self._b1, self._b2)
         self.sizes = [0, 0]  # bytes of T1's and T2's resident objects
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
@@ -103,15 +104,14 @@ class ArcOrder:
             else:
                 parent.children = {children, key}
         entry.access = self.access
-        size = self._b1.pop(key, None) if self._b1 else None  # no ghost before L1's first eviction
-        if size is not None:
-            self._ghost_hit(0, size, entry.size)
+        b1, b2 = self._ghosts
+        if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
+            self._ghost_hit(0, b1.pop(key), entry.size)
+        elif key in b2:
+            self._ghost_hit(1, b2.pop(key), entry.size)
         else:
-            size = self._b2.pop(key, None) if self._b2 else None
-            if size is None:
-                self.sizes[0] += entry.size  # a new entry's tier is 0: T1
-                return
-            self._ghost_hit(1, size, entry.size)
+            self.sizes[0] += entry.size  # a new entry's tier is 0: T1
+            return
         entry.tier = 1
         self.sizes[1] += entry.size
 
@@ -129,34 +129,35 @@ class ArcOrder:
         entry.tier = 1
 
     def victim(self) -> tuple[Any, Any] | None:
+        """The next object to evict, out of the order (its ghost kept, the larger ghost list trimmed until both
+        fit L1's capacity); None when every object is locked or being written.  (``popitem(False)``: last=False
+        passed by position, which skips a keyword parse per call.)"""
         t1, t2, orphans = self.lists
         if orphans:
-            key, entry = orphans.popitem(last=False)
+            key, entry = orphans.popitem(False)
         else:
-            sizes, ghosts = self.sizes, self._ghost_bytes
+            sizes = self.sizes
             if t1 and (not t2 or sizes[0] > self.target):
-                key, entry = t1.popitem(last=False)
+                key, entry = t1.popitem(False)
+                tier = 0
                 if t2 and entry.access == self.access:  # being admitted: T2 gives one instead
                     t1[key] = entry
-                    t1.move_to_end(key, last=False)
-                    key, entry = t2.popitem(last=False)
+                    t1.move_to_end(key, False)
+                    key, entry = t2.popitem(False)
                     tier = 1
-                else:
-                    tier = 0
             elif t2:
-                key, entry = t2.popitem(last=False)
+                key, entry = t2.popitem(False)
                 tier = 1
             else:
                 return None
             size = entry.size
             sizes[tier] -= size
-            ghosts[tier] += size
-            if tier:
-                self._b2[key] = size
-            else:
-                self._b1[key] = size
-            if ghosts[0] + ghosts[1] > self.capacity:
-                self._trim_ghosts()
+            ghosts, ghost_bytes = self._ghosts, self._ghost_bytes
+            ghosts[tier][key] = size
+            ghost_bytes[tier] += size
+            while ghost_bytes[0] + ghost_bytes[1] > self.capacity:
+                larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
+                ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
         parent = entry.parent  # only the prefix-aware order links entries
         if parent is not None:
             _drop_child(parent, key)
@@ -164,19 +165,12 @@ class ArcOrder:
             self._orphan_children(entry)
         return key, entry
 
-    def _trim_ghosts(self) -> None:
-        """The larger ghost list loses its oldest until both fit L1's capacity."""
-        counts = self._ghost_bytes
-        while counts[0] + counts[1] > self.capacity:
-            larger = 0 if counts[0] > counts[1] else 1
-            counts[larger] -= (self._b1, self._b2)[larger].popitem(last=False)[1]
-
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""
         hints = self.hints
         hints[key] = parent_key
         if len(hints) > PARENT_HINTS:
-            hints.popitem(last=False)
+            hints.popitem(False)
 
     def _orphan_children(self, entry: Any) -> None:
         lists = self.lists
