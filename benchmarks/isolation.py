@@ -18,9 +18,11 @@ they move by fractions of a percent between runs where CPU time on a shared VM m
 ``--l1-policy``, both under callgrind and mirrored (the same requests to each), no LMCache server; with an L1 small
 enough (``--l1-gb``) that the window evicts, what each policy's engine path executes per request, over the
 first policy's (each server's evicted chunks in the window, from its ``/metrics``, say whether it evicted), and
-the chunks each found and stored per request (a policy that finds more serves more hits, which cost more than
-misses).  ``--workload unique`` makes every prompt new: no policy finds anything and, with a full L1, every stored
-chunk evicts one, so the policies' counts differ by their order's work alone (like for like).
+the chunks each found and stored per request and its steps that retrieved (a policy that finds more serves more
+hits, and a step with a hit makes retrieve calls a step without one does not), and the calls each server
+served per request by operation (``mpcache_lmcache_request_seconds``' counts: polls included).
+``--workload unique`` makes every prompt new: no policy finds anything and, with a full L1, every stored chunk
+evicts one, so the policies' counts differ by their order's work alone (like for like).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks import service_times
 from benchmarks.lmcache import _run_workload
 from benchmarks.lmcache_cpu import TARGET_CACHE_CPU_OVER_LMCACHE  # the lmcache benchmark's CPU target, counted
 from benchmarks.lmcache_servers import Server, lmcache_python
@@ -163,10 +166,13 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
         _, idle_elapsed, idle = _counted(pids, out_dir, dump, lambda: time.sleep(idle_s))
         heads = {kind: read_counters(ring).head for kind, ring in rings.items()}
         evicted = {server.kind: evicted_chunks(server) for server in publishing}
+        calls_before = {server.kind: service_times.settled(server.prometheus_port) for server in publishing}
         result, elapsed, counts = _counted(pids, out_dir, dump + 1, lambda: _run_workload(
             python, servers, tp, seconds, 0.0, 100 + tp, log_path, options))
         published = {kind: read_counters(ring).head - heads[kind] for kind, ring in rings.items()}
         evicted = {server.kind: evicted_chunks(server) - evicted[server.kind] for server in publishing}
+        calls = {server.kind: {op: edges[float("inf")] for op, edges in service_times.difference(
+            service_times.settled(server.prometheus_port), calls_before[server.kind]).items()} for server in publishing}
     finally:
         for pid in pids:
             callgrind_control(pid, "--instr=off")
@@ -178,9 +184,12 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     kinds = [server.kind for server in servers]
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
             "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,
+            "server_calls": calls,
             "hit_chunk_ratio": dict(zip(kinds, (side["hit_chunk_ratio"] for side in sides))),
             "chunks": dict(zip(kinds, ({name: side["counts"][name] for name in ("hit_chunks", "stored_chunks")}
                                        for side in sides))),
+            "retrieve_steps": dict(zip(kinds, (side["op_latency_ms"].get("retrieve", {}).get("n", 0)
+                                               for side in sides))),
             "idle_per_s": {kind: {event: value / seconds_idle for event, value in one.items()}
                            for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)}}
 
@@ -230,6 +239,11 @@ def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
                                        for kind, chunks in measured["chunks"].items()},
             "stored_chunks_per_request": {kind: round(chunks["stored_chunks"] / requests, 2)
                                           for kind, chunks in measured["chunks"].items()},
+            "retrieve_steps_per_request": {kind: round(steps / requests, 3)  # a step retrieves (one call per
+                                           for kind, steps in measured["retrieve_steps"].items()},  # rank) or not
+            "server_calls_per_request": {kind: {op: round(count / requests, 3) for op, count in sorted(ops.items())
+                                                if count}
+                                         for kind, ops in measured["server_calls"].items()},
             "instructions_over_first": {kind: round(one["instructions"] / first["instructions"], 4)
                                         for kind, one in net.items()}}
 

@@ -311,11 +311,15 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
     measured = {"requests": 10, "seconds": {"a": 2.0, "b": 2.0},
                 "counts": {"a": {"Ir": 10_000}, "b": {"Ir": 13_000}}, "idle_per_s": {"a": {"Ir": 500}, "b": {}},
                 "evicted_chunks": {"a": 31, "b": 30}, "hit_chunk_ratio": {"a": 0.25, "b": 0.5},
-                "chunks": {"a": {"hit_chunks": 10, "stored_chunks": 30}, "b": {"hit_chunks": 20, "stored_chunks": 20}}}
+                "chunks": {"a": {"hit_chunks": 10, "stored_chunks": 30}, "b": {"hit_chunks": 20, "stored_chunks": 20}},
+                "retrieve_steps": {"a": 2, "b": 3},
+                "server_calls": {"a": {"lookup": 12.0, "retrieve": 0.0}, "b": {"lookup": 15.0, "retrieve": 4.0}}}
     report = isolation._policies_per_request(measured)
     assert {"a": 1.0, "b": 2.0} == report["hit_chunks_per_request"]
     assert {"a": 3.0, "b": 2.0} == report["stored_chunks_per_request"]
     assert {"a": 3.1, "b": 3.0} == report["evicted_chunks_per_request"]
+    assert {"a": 0.2, "b": 0.3} == report["retrieve_steps_per_request"]
+    assert {"a": {"lookup": 1.2}, "b": {"lookup": 1.5, "retrieve": 0.4}} == report["server_calls_per_request"]
     assert {"a": 1.0, "b": 1.4444} == report["instructions_over_first"]  # (1300) over (1000 - 500 * 2 / 10)
     with pytest.raises(ValueError, match="unknown workload 'shared'"):
         isolation.run(policies=("lru",), workload="shared")
