@@ -84,6 +84,27 @@ def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
         assert 0 < lru(requests, math.inf).hit_ratio < 1, kind
 
 
+def test_production_kind_mixes_one_off_long_prompts_with_sessions_behind_shared_prompts():
+    """``production``: every request starts with the platform's prompt; about 35 % are one-off long prompts
+    (20 to 80 blocks after the prompt that no other request asks for) and about 40 % a session's next turn
+    (an earlier request's blocks, extended)."""
+    requests = trace_gen.production(2000, 1)
+    platform = requests[0].hashes[:2]
+    assert all(r.hashes[:2] == platform for r in requests)
+    seen: dict[int, int] = {}
+    for r in requests:
+        for h in r.hashes:
+            seen[h] = seen.get(h, 0) + 1
+    one_off = [r for r in requests if sum(seen[h] == 1 for h in r.hashes) >= 20]
+    previous: set[tuple[int, ...]] = set()
+    turns = 0
+    for r in requests:
+        turns += any(tuple(r.hashes[:n]) in previous for n in range(len(r.hashes) - 1, 2, -1))
+        previous.add(tuple(r.hashes))
+    assert 0.3 < len(one_off) / len(requests) < 0.4
+    assert 0.35 < turns / len(requests) < 0.45
+
+
 def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
     """At the three sizes it derives, mpcache with --l1-policy lru finds exactly the offline LRU's blocks and
     with adaptive and arc exactly what L1 in process finds with that order (adaptive, somewhere, not LRU's), Belady
