@@ -65,9 +65,10 @@ def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru"
     return replayed["found"]
 
 
-def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> list[int]:
+def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int]:
     """The prefix LMCache's own server (L1 of ``blocks`` of the replay's chunks) found for each request, the trace
-    replayed through LMCache's adapters."""
+    replayed through LMCache's adapters; and how many requests' stores it refused (its L1 full between its
+    once-a-second evictions: what it then finds depends on timing)."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-trace-") as tmp:
         path = os.path.join(tmp, "requests.jsonl")
         with open(path, "w", encoding="utf-8") as handle:
@@ -90,7 +91,7 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> lis
         raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}")
     if result["object_bytes"] != LMCACHE_OBJECT_BYTES:
         raise RuntimeError(f"the replay's chunk is {result['object_bytes']} bytes, not {LMCACHE_OBJECT_BYTES}")
-    return result["found"]
+    return result["found"], result["refused_store_requests"]
 
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
@@ -125,8 +126,9 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                                                         l1_gib) for policy in L1_POLICIES}}
         if python is not None:
             progress(f"trace: {name}: LMCache's server, the trace through its adapters")
-            sizes[name]["lmcache_server"] = _columns(outcome(requests, lmcache_found(requests, blocks, python)),
-                                                     l1_gib)
+            found, refused = lmcache_found(requests, blocks, python)
+            sizes[name]["lmcache_server"] = {**_columns(outcome(requests, found), l1_gib),
+                                             "refused_store_requests": refused}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import __main__ as bench_main
-from benchmarks import trace, trace_gen
+from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
@@ -143,7 +143,8 @@ def test_trace_benchmark_without_a_file_is_one_clear_line():
 
 def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_every_repeat_with_room():
     """LMCache's own server, the trace replayed through LMCache's adapters, with room for twice the trace's
-    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost)."""
+    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost), and
+    no store is refused."""
     try:
         python = lmcache_python()
     except LMCacheEnvMissing as exc:
@@ -154,4 +155,20 @@ def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_ever
     distinct = len({h for request in requests for h in request.hashes})
     expected = lru(requests, math.inf).found
     assert sum(expected) > 0
-    assert expected == trace.lmcache_found(requests, 2 * distinct, python)
+    assert (expected, 0) == trace.lmcache_found(requests, 2 * distinct, python)
+
+
+def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monkeypatch):
+    """The cache process killed mid-replay (SIGKILL): the replay's error carries the service's log, which names
+    the exit and its status (what a cut-off benchmark run needs to be explained)."""
+    engine_steps = mrc_traces._engine_steps
+
+    def killed_midway(client, cache, *args):
+        cache.kill()
+        cache.wait(30)
+        return engine_steps(client, cache, *args)
+
+    monkeypatch.setattr(mrc_traces, "_engine_steps", killed_midway)
+    with pytest.raises(RuntimeError) as failed:
+        mrc_traces.replay([("m", "", [1, 2, 3])], 64 * 4096, 0.0)
+    assert "child.exited" in str(failed.value) and "-9" in str(failed.value)
