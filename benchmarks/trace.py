@@ -19,6 +19,8 @@ import math
 import os
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,7 @@ MPCACHE = tuple(f"mpcache_{policy}" for policy in L1_POLICIES)  # the service re
 LMCACHE_REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness", "trace_replay.py")
 LMCACHE_OBJECT_BYTES = 2 * 1 * 256 * 16 * 2  # the replay's chunk: K and V, 1 layer, 256 tokens, 1 head of 16, fp16
 LMCACHE_REPLAY_TIMEOUT_S = 3600.0
+ALLOCATION_FAILURES_SETTLE_S = 15.0
 
 
 class TraceMissing(Exception):
@@ -65,10 +68,11 @@ def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru"
     return replayed["found"]
 
 
-def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int]:
+def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int, int]:
     """The prefix LMCache's own server (L1 of ``blocks`` of the replay's chunks) found for each request, the trace
-    replayed through LMCache's adapters; and how many requests' stores it refused (its L1 full between its
-    once-a-second evictions: what it then finds depends on timing)."""
+    replayed through LMCache's adapters; how many requests' stores it told the client it refused; and how many
+    chunks its L1 failed to allocate (its own counter: a full L1 between its once-a-second evictions drops
+    stores, told or not, so what it finds depends on timing)."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-trace-") as tmp:
         path = os.path.join(tmp, "requests.jsonl")
         with open(path, "w", encoding="utf-8") as handle:
@@ -83,6 +87,7 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tup
                 out, _ = client.communicate(timeout=LMCACHE_REPLAY_TIMEOUT_S)
             finally:
                 kill_running([client])
+            failures = _allocation_failures(server.prometheus_port)
         finally:
             server.stop()
     lines = out.decode("utf-8", "replace").strip().splitlines()
@@ -91,7 +96,22 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tup
         raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}")
     if result["object_bytes"] != LMCACHE_OBJECT_BYTES:
         raise RuntimeError(f"the replay's chunk is {result['object_bytes']} bytes, not {LMCACHE_OBJECT_BYTES}")
-    return result["found"], result["refused_store_requests"]
+    return result["found"], result["refused_store_requests"], failures
+
+
+def _allocation_failures(port: int) -> int:
+    """LMCache's server's ``lmcache_mp.l1_allocation_failure`` (chunks), once two scrapes a second apart agree
+    (its subscribers count from an event queue)."""
+    previous, deadline = -1, time.monotonic() + ALLOCATION_FAILURES_SETTLE_S
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            page = response.read().decode("utf-8", "replace")
+        count = round(sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                          if line.startswith("lmcache_mp_l1_allocation_failure")))
+        if count == previous or time.monotonic() > deadline:
+            return count
+        previous = count
+        time.sleep(1.0)
 
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
@@ -126,9 +146,9 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                                                         l1_gib) for policy in L1_POLICIES}}
         if python is not None:
             progress(f"trace: {name}: LMCache's server, the trace through its adapters")
-            found, refused = lmcache_found(requests, blocks, python)
+            found, refused, failures = lmcache_found(requests, blocks, python)
             sizes[name]["lmcache_server"] = {**_columns(outcome(requests, found), l1_gib),
-                                             "refused_store_requests": refused}
+                                             "refused_store_requests": refused, "allocation_failures": failures}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,

@@ -3,6 +3,8 @@ and the benchmark replays a trace (``trace_gen``'s conversations) through a real
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import os
 import subprocess
@@ -143,8 +145,9 @@ def test_trace_benchmark_without_a_file_is_one_clear_line():
 
 def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_every_repeat_with_room():
     """LMCache's own server, the trace replayed through LMCache's adapters, with room for twice the trace's
-    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost), and
-    no store is refused."""
+    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost), no
+    store is refused and its L1 never fails an allocation; with room for 6 blocks its L1 fails allocations, and
+    the client is told of none."""
     try:
         python = lmcache_python()
     except LMCacheEnvMissing as exc:
@@ -155,7 +158,9 @@ def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_ever
     distinct = len({h for request in requests for h in request.hashes})
     expected = lru(requests, math.inf).found
     assert sum(expected) > 0
-    assert (expected, 0) == trace.lmcache_found(requests, 2 * distinct, python)
+    assert (expected, 0, 0) == trace.lmcache_found(requests, 2 * distinct, python)
+    _, refused, failures = trace.lmcache_found(requests, 6, python)  # three requests' worth: full all the time
+    assert (0, True) == (refused, failures > 0)  # it drops stores it cannot place, and tells the client nothing
 
 
 def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monkeypatch):
@@ -172,3 +177,29 @@ def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monke
     with pytest.raises(RuntimeError) as failed:
         mrc_traces.replay([("m", "", [1, 2, 3])], 64 * 4096, 0.0)
     assert "child.exited" in str(failed.value) and "-9" in str(failed.value)
+
+
+def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
+    """Each row of docs/PERFORMANCE.md's table of trace_gen's traces reads the numbers docs/PERFORMANCE.json
+    keeps from ``python -m benchmarks trace PATH --json`` (every trace, every size, no row without its run)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        raw = json.load(handle)["trace_gen"]
+    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    header = lines.index(TRACE_GEN_HEADER)
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
+            for line in itertools.takewhile(lambda line: line.startswith("| "), lines[header + 2:])]
+    expected = []
+    for kind, result in raw.items():
+        for name, size in result["sizes"].items():
+            expected.append([f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}",
+                             *(f"{size[c]['hit_ratio']:.4f}" if c in size else "—" for c in TRACE_GEN_COLUMNS),
+                             str(result["mpcache_adaptive_over_offline_lru"][name])])
+    assert len(expected) == 3 * len(raw) >= 21
+    assert sorted(expected) == sorted(rows)
+
+
+TRACE_GEN_COLUMNS = ("offline_lru", "belady", "arc_simulated", "mpcache_adaptive", "mpcache_lru", "lmcache_server")
+TRACE_GEN_HEADER = ("| trace (requests) | L1 | blocks | " + " | ".join(TRACE_GEN_COLUMNS)
+                    + " | adaptive × offline LRU's prefill |")
