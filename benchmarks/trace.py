@@ -68,11 +68,11 @@ def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru"
     return replayed["found"]
 
 
-def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int, int]:
+def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int, int | None]:
     """The prefix LMCache's own server (L1 of ``blocks`` of the replay's chunks) found for each request, the trace
     replayed through LMCache's adapters; how many requests' stores it told the client it refused; and how many
     chunks its L1 failed to allocate (its own counter: a full L1 between its once-a-second evictions drops
-    stores, told or not, so what it finds depends on timing)."""
+    stores, told or not, so what it finds depends on timing; None where it could not be read)."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-trace-") as tmp:
         path = os.path.join(tmp, "requests.jsonl")
         with open(path, "w", encoding="utf-8") as handle:
@@ -87,13 +87,19 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tup
                 out, _ = client.communicate(timeout=LMCACHE_REPLAY_TIMEOUT_S)
             finally:
                 kill_running([client])
-            failures = _allocation_failures(server.prometheus_port)
+            try:
+                failures: int | None = _allocation_failures(server.prometheus_port)
+            except OSError:
+                failures = None
+            status = server.process.poll()
+            state = (f"LMCache's server {'still ran' if status is None else f'exited {status}'}, its log ends: "
+                     f"{server.log_tail()}")
         finally:
             server.stop()
     lines = out.decode("utf-8", "replace").strip().splitlines()
     result: dict[str, Any] = json.loads(lines[-1]) if lines else {"reason": f"exited {client.returncode}"}
     if not result.get("ok"):
-        raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}")
+        raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}; {state}")
     if result["object_bytes"] != LMCACHE_OBJECT_BYTES:
         raise RuntimeError(f"the replay's chunk is {result['object_bytes']} bytes, not {LMCACHE_OBJECT_BYTES}")
     return result["found"], result["refused_store_requests"], failures
@@ -147,6 +153,8 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
         if python is not None:
             progress(f"trace: {name}: LMCache's server, the trace through its adapters")
             found, refused, failures = lmcache_found(requests, blocks, python)
+            if failures is None:
+                progress(f"trace: {name}: LMCache's server's allocation-failure counter could not be read")
             sizes[name]["lmcache_server"] = {**_columns(outcome(requests, found), l1_gib),
                                              "refused_store_requests": refused, "allocation_failures": failures}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
