@@ -125,9 +125,9 @@ class Server:
         while not self._ready():
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited {self.process.returncode} while starting: "
-                                   f"{self._log_tail()}")
+                                   f"{self.log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.kind} did not start within {self.start_timeout_s:.0f} s: {self._log_tail()}")
+                raise RuntimeError(f"{self.kind} did not start within {self.start_timeout_s:.0f} s: {self.log_tail()}")
             time.sleep(0.1)
 
     def _ready(self) -> bool:
@@ -151,7 +151,7 @@ class Server:
         config = Config.load(os.path.join(self.runtime_dir, "config.json"))
         return Segment.attach(config.ring_name(0), layout.HEADER_SIZE)
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
         try:
             with open(self.log_path, "rb") as handle:
                 lines = handle.read().decode("utf-8", "replace").strip().splitlines()

@@ -172,13 +172,14 @@ def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int
     model, unless told) as an engine does (lookup; the prefix found is released; the rest is stored); returns
     the measured hit ratio, each request's prefix found (``found``), the cache process's CPU seconds and the
     ``/mrc`` document once every sampled lookup has arrived."""
-    with tempfile.TemporaryDirectory(prefix="mpcache-bench-mrc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mpcache-bench-mrc-") as tmp, \
+            open(os.path.join(tmp, "service.log"), "w+", encoding="utf-8") as log:
         runtime, port = os.path.join(tmp, "run"), _free_port()
         service = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "bin", "start-cache"), "--workers", "1", "--chunk-bytes",
              str(chunk_bytes), "--chunk-size", str(CHUNK_TOKENS), "--l1-size", str(l1_bytes), "--l1-policy", policy,
              "--mrc-sample-rate", str(rate), "--mrc-half-life", "0", "--prometheus-port", str(port), "--runtime-dir",
-             runtime, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             runtime, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=log)
         try:
             path = os.path.join(runtime, "cache0.sock")
             deadline = time.monotonic() + 60
@@ -188,28 +189,51 @@ def replay(requests: list[Request], l1_bytes: int, rate: float, chunk_bytes: int
                 time.sleep(0.05)
             cache = next(p for p in psutil.Process(service.pid).children(recursive=True)
                          if "mpcache.cache" in " ".join(p.cmdline()))
-            client = CacheClient(path)
-            buffer = client.register_buffer(max(len(hashes) for _, _, hashes in requests), chunk_bytes)
-            asked = found_total = 0
-            founds = []
-            cpu_before = sum(cache.cpu_times()[:2])
-            for number, (model, salt, hashes) in enumerate(requests):
-                request_id = f"b{number}"
-                job = client.lookup_prefetch(request_id=request_id, model_name=model, cache_salt=salt,
-                                             chunk_hashes=hashes)
-                found = client.query_prefetch_status(job).found_count
-                if found < len(hashes):
-                    client.store(buffer, request_id=request_id, model_name=model, cache_salt=salt,
-                                 chunk_hashes=hashes[found:], block_ids=range(len(hashes) - found))
-                client.end_session(request_id)
-                asked, found_total = asked + len(hashes), found_total + found
-                founds.append(found)
-            cpu = sum(cache.cpu_times()[:2]) - cpu_before
-            document = _settled_mrc(port) if rate > 0 else {}
-            client.close()
-            return {"hit_ratio": found_total / asked, "found": founds, "cache_cpu_s": cpu, "mrc": document}
+            try:
+                return _engine_steps(CacheClient(path), cache, requests, chunk_bytes, rate, port)
+            except Exception as exc:
+                status = _exit_status(service)
+                stop(service)  # its log then holds every child's exit
+                raise RuntimeError(f"the replay through the service failed ({exc}); the service {status}, its "
+                                   f"log ends:\n{_tail(log)}") from exc
         finally:
             stop(service)
+
+
+def _exit_status(service: subprocess.Popen) -> str:
+    status = service.poll()
+    return "still runs" if status is None else f"exited {status}"
+
+
+def _tail(log: Any, lines: int = 20) -> str:
+    """The last ``lines`` of the service's log (warnings and errors: why a cache process went away)."""
+    log.flush()
+    log.seek(0)
+    return "".join(log.readlines()[-lines:]) or "(empty)"
+
+
+def _engine_steps(client: CacheClient, cache: psutil.Process, requests: list[Request], chunk_bytes: int,
+                  rate: float, port: int) -> dict[str, Any]:
+    """The requests as an engine sends them: lookup; the rest stored; end."""
+    buffer = client.register_buffer(max(len(hashes) for _, _, hashes in requests), chunk_bytes)
+    asked = found_total = 0
+    founds = []
+    cpu_before = sum(cache.cpu_times()[:2])
+    for number, (model, salt, hashes) in enumerate(requests):
+        request_id = f"b{number}"
+        job = client.lookup_prefetch(request_id=request_id, model_name=model, cache_salt=salt,
+                                     chunk_hashes=hashes)
+        found = client.query_prefetch_status(job).found_count
+        if found < len(hashes):
+            client.store(buffer, request_id=request_id, model_name=model, cache_salt=salt,
+                         chunk_hashes=hashes[found:], block_ids=range(len(hashes) - found))
+        client.end_session(request_id)
+        asked, found_total = asked + len(hashes), found_total + found
+        founds.append(found)
+    cpu = sum(cache.cpu_times()[:2]) - cpu_before
+    document = _settled_mrc(port) if rate > 0 else {}
+    client.close()
+    return {"hit_ratio": found_total / asked, "found": founds, "cache_cpu_s": cpu, "mrc": document}
 
 
 def _settled_mrc(port: int) -> dict[str, Any]:

@@ -19,6 +19,8 @@ import math
 import os
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,7 @@ MPCACHE = tuple(f"mpcache_{policy}" for policy in L1_POLICIES)  # the service re
 LMCACHE_REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness", "trace_replay.py")
 LMCACHE_OBJECT_BYTES = 2 * 1 * 256 * 16 * 2  # the replay's chunk: K and V, 1 layer, 256 tokens, 1 head of 16, fp16
 LMCACHE_REPLAY_TIMEOUT_S = 3600.0
+ALLOCATION_FAILURES_SETTLE_S = 15.0
 
 
 class TraceMissing(Exception):
@@ -65,9 +68,11 @@ def mpcache_found(requests: list[TraceRequest], blocks: int, policy: str = "lru"
     return replayed["found"]
 
 
-def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> list[int]:
+def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tuple[list[int], int, int | None]:
     """The prefix LMCache's own server (L1 of ``blocks`` of the replay's chunks) found for each request, the trace
-    replayed through LMCache's adapters."""
+    replayed through LMCache's adapters; how many requests' stores it told the client it refused; and how many
+    chunks its L1 failed to allocate (its own counter: a full L1 between its once-a-second evictions drops
+    stores, told or not, so what it finds depends on timing; None where it could not be read)."""
     with tempfile.TemporaryDirectory(prefix="mpcache-bench-trace-") as tmp:
         path = os.path.join(tmp, "requests.jsonl")
         with open(path, "w", encoding="utf-8") as handle:
@@ -82,15 +87,37 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> lis
                 out, _ = client.communicate(timeout=LMCACHE_REPLAY_TIMEOUT_S)
             finally:
                 kill_running([client])
+            try:
+                failures: int | None = _allocation_failures(server.prometheus_port)
+            except OSError:
+                failures = None
+            status = server.process.poll()
+            state = (f"LMCache's server {'still ran' if status is None else f'exited {status}'}, its log ends: "
+                     f"{server.log_tail()}")
         finally:
             server.stop()
     lines = out.decode("utf-8", "replace").strip().splitlines()
     result: dict[str, Any] = json.loads(lines[-1]) if lines else {"reason": f"exited {client.returncode}"}
     if not result.get("ok"):
-        raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}")
+        raise RuntimeError(f"the trace replay against LMCache's server failed: {result.get('reason')}; {state}")
     if result["object_bytes"] != LMCACHE_OBJECT_BYTES:
         raise RuntimeError(f"the replay's chunk is {result['object_bytes']} bytes, not {LMCACHE_OBJECT_BYTES}")
-    return result["found"]
+    return result["found"], result["refused_store_requests"], failures
+
+
+def _allocation_failures(port: int) -> int:
+    """LMCache's server's ``lmcache_mp.l1_allocation_failure`` (chunks), once two scrapes a second apart agree
+    (its subscribers count from an event queue)."""
+    previous, deadline = -1, time.monotonic() + ALLOCATION_FAILURES_SETTLE_S
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            page = response.read().decode("utf-8", "replace")
+        count = round(sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                          if line.startswith("lmcache_mp_l1_allocation_failure")))
+        if count == previous or time.monotonic() > deadline:
+            return count
+        previous = count
+        time.sleep(1.0)
 
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
@@ -125,8 +152,11 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                                                         l1_gib) for policy in L1_POLICIES}}
         if python is not None:
             progress(f"trace: {name}: LMCache's server, the trace through its adapters")
-            sizes[name]["lmcache_server"] = _columns(outcome(requests, lmcache_found(requests, blocks, python)),
-                                                     l1_gib)
+            found, refused, failures = lmcache_found(requests, blocks, python)
+            if failures is None:
+                progress(f"trace: {name}: LMCache's server's allocation-failure counter could not be read")
+            sizes[name]["lmcache_server"] = {**_columns(outcome(requests, found), l1_gib),
+                                             "refused_store_requests": refused, "allocation_failures": failures}
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,

@@ -14,7 +14,11 @@ a request repeats the ids of the prefix it shares.  Kinds:
   60 blocks, never seen again) that pushes them out;
 * ``loop`` (adversarial for LRU): 150 documents of 10 to 30 blocks behind a shared system prompt, asked for in
   the same cyclic order over and over (LRU, holding less than the cycle, finds only the system prompt), one
-  request in four a conversation's turn instead.
+  request in four a conversation's turn instead;
+* ``production`` (LRU leaves much on the table): 30 tenants of Pareto popularity, each with three system
+  prompts behind one platform-wide prompt; 35 % of requests a one-off long prompt (20 to 80 blocks, a pasted
+  document, never seen again) behind a tenant's prompt, 25 % a new session, 40 % the next turn of one of the
+  last 400 sessions (the most recent most often).
 """
 
 from __future__ import annotations
@@ -124,9 +128,32 @@ def loop(count: int, seed: int) -> list[TraceRequest]:
     return out
 
 
+def production(count: int, seed: int) -> list[TraceRequest]:
+    rng, fresh = random.Random(seed), itertools.count(1)
+    platform = [next(fresh) for _ in range(2)]
+    tenants = [[platform + [next(fresh) for _ in range(rng.randint(2, 10))] for _ in range(3)] for _ in range(30)]
+    live: list[list[int]] = []
+    out = []
+    for _ in range(count):
+        draw = rng.random()
+        if live and draw < 0.4:
+            index = len(live) - 1 - min(int(rng.expovariate(1 / 60)), len(live) - 1)
+            live[index] = live[index] + [next(fresh) for _ in range(rng.randint(1, 4))]
+            hashes = live[index]
+        else:
+            prompt = rng.choice(tenants[min(int(rng.paretovariate(1.0)) - 1, len(tenants) - 1)])
+            if draw < 0.75:
+                hashes = prompt + [next(fresh) for _ in range(rng.randint(20, 80))]
+            else:
+                hashes = prompt + [next(fresh) for _ in range(rng.randint(1, 6))]
+                live = [*live[-399:], hashes]
+        out.append(TraceRequest(list(hashes), len(hashes) * BLOCK_TOKENS - rng.randrange(BLOCK_TOKENS)))
+    return out
+
+
 KINDS: dict[str, Callable[[int, int], list[TraceRequest]]] = {
     "conversations": conversations, "agentic": agentic, "multitenant": multitenant, "rag": rag,
-    "scan": scan, "loop": loop}
+    "scan": scan, "loop": loop, "production": production}
 
 
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:

@@ -3,6 +3,8 @@ and the benchmark replays a trace (``trace_gen``'s conversations) through a real
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import os
 import subprocess
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import __main__ as bench_main
-from benchmarks import trace, trace_gen
+from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
@@ -84,6 +86,27 @@ def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
         assert 0 < lru(requests, math.inf).hit_ratio < 1, kind
 
 
+def test_production_kind_mixes_one_off_long_prompts_with_sessions_behind_shared_prompts():
+    """``production``: every request starts with the platform's prompt; about 35 % are one-off long prompts
+    (20 to 80 blocks after the prompt that no other request asks for) and about 40 % a session's next turn
+    (an earlier request's blocks, extended)."""
+    requests = trace_gen.production(2000, 1)
+    platform = requests[0].hashes[:2]
+    assert all(r.hashes[:2] == platform for r in requests)
+    seen: dict[int, int] = {}
+    for r in requests:
+        for h in r.hashes:
+            seen[h] = seen.get(h, 0) + 1
+    one_off = [r for r in requests if sum(seen[h] == 1 for h in r.hashes) >= 20]
+    previous: set[tuple[int, ...]] = set()
+    turns = 0
+    for r in requests:
+        turns += any(tuple(r.hashes[:n]) in previous for n in range(len(r.hashes) - 1, 2, -1))
+        previous.add(tuple(r.hashes))
+    assert 0.3 < len(one_off) / len(requests) < 0.4
+    assert 0.35 < turns / len(requests) < 0.45
+
+
 def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru(tmp_path):
     """At the three sizes it derives, mpcache with --l1-policy lru finds exactly the offline LRU's blocks and
     with adaptive and arc exactly what L1 in process finds with that order (adaptive, somewhere, not LRU's), Belady
@@ -122,7 +145,9 @@ def test_trace_benchmark_without_a_file_is_one_clear_line():
 
 def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_every_repeat_with_room():
     """LMCache's own server, the trace replayed through LMCache's adapters, with room for twice the trace's
-    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost)."""
+    blocks: every request finds exactly the blocks an infinite cache finds (none it never stored, none lost), no
+    store is refused and its L1 never fails an allocation; with room for 6 blocks its L1 fails allocations, and
+    the client is told of none."""
     try:
         python = lmcache_python()
     except LMCacheEnvMissing as exc:
@@ -133,4 +158,48 @@ def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_ever
     distinct = len({h for request in requests for h in request.hashes})
     expected = lru(requests, math.inf).found
     assert sum(expected) > 0
-    assert expected == trace.lmcache_found(requests, 2 * distinct, python)
+    assert (expected, 0, 0) == trace.lmcache_found(requests, 2 * distinct, python)
+    _, refused, failures = trace.lmcache_found(requests, 6, python)  # three requests' worth: full all the time
+    assert (0, True) == (refused, failures > 0)  # it drops stores it cannot place, and tells the client nothing
+
+
+def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monkeypatch):
+    """The cache process killed mid-replay (SIGKILL): the replay's error carries the service's log, which names
+    the exit and its status (what a cut-off benchmark run needs to be explained)."""
+    engine_steps = mrc_traces._engine_steps
+
+    def killed_midway(client, cache, *args):
+        cache.kill()
+        cache.wait(30)
+        return engine_steps(client, cache, *args)
+
+    monkeypatch.setattr(mrc_traces, "_engine_steps", killed_midway)
+    with pytest.raises(RuntimeError) as failed:
+        mrc_traces.replay([("m", "", [1, 2, 3])], 64 * 4096, 0.0)
+    assert "child.exited" in str(failed.value) and "-9" in str(failed.value)
+
+
+def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
+    """Each row of docs/PERFORMANCE.md's table of trace_gen's traces reads the numbers docs/PERFORMANCE.json
+    keeps from ``python -m benchmarks trace PATH --json`` (every trace, every size, no row without its run)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        raw = json.load(handle)["trace_gen"]
+    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    header = lines.index(TRACE_GEN_HEADER)
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
+            for line in itertools.takewhile(lambda line: line.startswith("| "), lines[header + 2:])]
+    expected = []
+    for kind, result in raw.items():
+        for name, size in result["sizes"].items():
+            expected.append([f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}",
+                             *(f"{size[c]['hit_ratio']:.4f}" if c in size else "—" for c in TRACE_GEN_COLUMNS),
+                             str(result["mpcache_adaptive_over_offline_lru"][name])])
+    assert len(expected) == 3 * len(raw) >= 21
+    assert sorted(expected) == sorted(rows)
+
+
+TRACE_GEN_COLUMNS = ("offline_lru", "belady", "arc_simulated", "mpcache_adaptive", "mpcache_lru", "lmcache_server")
+TRACE_GEN_HEADER = ("| trace (requests) | L1 | blocks | " + " | ".join(TRACE_GEN_COLUMNS)
+                    + " | adaptive × offline LRU's prefill |")
