@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.mrc_accuracy import feed
 from benchmarks.mrc_cost import curve_memory, sampling_cost
 from benchmarks.mrc_traces import (
     CHUNK_BYTES,
@@ -82,20 +83,13 @@ def _one_workload(name: str, requests: list[Request], rate: float,
 def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys: int) -> float:
     """The curve the telemetry process would build from ``requests`` sampled at ``rate`` (fed straight to a
     :class:`~mpcache.telemetry.mrc.curves.CurveSet`, no service) against the exact one: mean absolute error."""
-    from mpcache.contract.keys import SAMPLE_MODULUS
-    from mpcache.telemetry.mrc.curves import HEAD, MISS, POINT_RATIOS, SAMPLED, CurveSet
+    from mpcache.telemetry.mrc.curves import POINT_RATIOS, CurveSet
 
     distances = exact_distances(requests)
     finite = sorted(d for d in distances if d != float("inf"))
     capacity = int(finite[len(finite) // 2])  # not rounded to whole chunks: the replay has no slabs
     curves = CurveSet(rate, max_keys, {"l1": capacity})
-    threshold = rate * SAMPLE_MODULUS
-    for model, salt, hashes in requests:
-        rows = [(h, salt, model) for h in hashes]
-        sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
-        curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
-                      + [(row, SAMPLED, MISS, 1) for row in sampled])
-        curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+    feed(curves, requests, rate, exact_chunks)
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == ("*", "*")]
     exact = exact_curve(distances, [round(capacity * ratio) for ratio in POINT_RATIOS])
     return round(float(np.mean(np.abs(np.subtract([p["hit_ratio"] for p in curve["points"]], exact)))), 4)
@@ -116,7 +110,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         for name, reqs in replayed.items()}
     progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)
-    results["curve_set_bytes_at_max_keys"] = curve_memory()
+    results["curve_set_bytes_at_max_keys"] = curve_memory(max_keys)
     results["targets_met"] = {
         "MAE ≤ 0.01": all(results[n]["mae_online_vs_exact"] <= 0.01 for n in workloads),
         "prediction within 0.02": all(results[n][f"{x}_error"] <= 0.02 for n in workloads for x in ("half", "double")),
