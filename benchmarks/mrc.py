@@ -113,6 +113,7 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         for name, reqs in replayed.items()}
     progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)
+    results["max_keys"] = max_keys
     results["curve_set_bytes_at_max_keys"] = curve_memory(max_keys)
     results["targets_met"] = {
         "MAE ≤ 0.01": all(results[n]["mae_online_vs_exact"] <= 0.01 for n in workloads),
