@@ -196,12 +196,13 @@ def _row(name: str, result: dict[str, Any]) -> list[str]:
     if name == "mrc":
         demo, kv = result["demo"], result["kv"]
         long = result["replay_mae_by_rate"]["long (replay only)"]
-        return [f"MAE vs exact LRU: demo {demo['mae_online_vs_exact']}, kv {kv['mae_online_vs_exact']} (rate "
+        return [f"MAE vs exact {kv['policy']}: demo {demo['mae_online_vs_exact']}, kv {kv['mae_online_vs_exact']} "
+                f"(rate "
                 f"{kv['sample_rate']:g}); predicted − measured at ½×/2× L1: demo {demo['half_error']}/"
                 f"{demo['double_error']}, kv {kv['half_error']}/{kv['double_error']}; long prompts (replayed, "
                 f"{long['share of accesses past the exact chunks']:.0%} of accesses sampled at 1 %): MAE "
                 f"{long['0.01']}, {long['0.1']} at rate 0.1; curve set "
-                f"{result['curve_set_bytes_at_max_keys'] / 2**20:.1f} MiB at 8192 keys",
+                f"{result['curve_set_bytes_at_max_keys'] / 2**20:.1f} MiB at {result['max_keys']} keys",
                 f"CPU sampling on/off {result['sampling_cost']['cpu_on_over_off']}; sampling calls "
                 f"{result['sampling_cost']['sampler_share']:.2%} of a request's CPU",
                 "MAE ≤ 0.01; within 0.02; ≤ 1.01", verdict]

@@ -1,11 +1,11 @@
 """Miss-ratio curves against the truth: two deterministic workloads through the real service (the demo's,
 and a KV-shaped synthetic one), each
 
-* replayed offline by an exact LRU stack-distance computation (``mrc_traces``: a Fenwick tree of distinct
-  keys over access times, independent of ``mpcache.telemetry.mrc``), against the service's online curve
-  at the default sample rate: mean absolute error over the points;
-* re-run with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one measured
-  (prefix lookups, eviction on demand and all);
+* replayed offline by an exact simulation of the default ``--l1-policy`` (for LRU a stack-distance computation,
+  ``mrc_traces``, independent of ``mpcache.telemetry.mrc``; otherwise its order run at full size over every key)
+  against the service's online curve at the default settings: mean absolute error over the points;
+* re-run under that policy with L1 at ½× and 2×: the hit ratio the 1× curve predicted there against the one
+  measured (prefix lookups, eviction on demand and all);
 * the same traces fed straight to the telemetry's curve code at rates 0.01, 0.1 and 1 (and with 4 or no exact
   head chunks), and a third, long-prompt trace whose accesses lie mostly past the exact chunks: the error
   that sampling alone costs;
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.mrc_accuracy import exact_policy_curve, feed
 from benchmarks.mrc_cost import curve_memory, sampling_cost
 from benchmarks.mrc_traces import (
     CHUNK_BYTES,
@@ -45,15 +46,17 @@ def _overall(document: dict[str, Any]) -> dict[str, Any]:
 # -- the benchmark -------------------------------------------------------------------------------------------------
 
 
-def _one_workload(name: str, requests: list[Request], rate: float,
-                  progress: Callable[[str], None]) -> dict[str, Any]:
+def _one_workload(name: str, requests: list[Request], rate: float, progress: Callable[[str], None],
+                  policy: str) -> dict[str, Any]:
     distances = exact_distances(requests)
     l1 = median_reuse_bytes(distances)
-    progress(f"mrc: {name}: {len(requests)} requests, {len(distances)} lookup accesses, L1 {l1 >> 10} KiB")
-    runs = {factor: replay(requests, int(l1 * factor) // CHUNK_BYTES * CHUNK_BYTES, rate) for factor in (1, 0.5, 2)}
+    progress(f"mrc: {name}: {len(requests)} requests, {len(distances)} lookup accesses, L1 {l1 >> 10} KiB, "
+             f"--l1-policy {policy}")
+    runs = {factor: replay(requests, int(l1 * factor) // CHUNK_BYTES * CHUNK_BYTES, rate, policy=policy)
+            for factor in (1, 0.5, 2)}
     curve = _overall(runs[1]["mrc"])
     capacities = [point["capacity_bytes"] for point in curve["points"]]
-    exact = exact_curve(distances, capacities)
+    exact = exact_policy_curve(requests, policy, capacities)
     online = [point["hit_ratio"] for point in curve["points"]]
     configured = curve["capacity_bytes"]  # the allocator's capacity may sit a slab below --l1-size
 
@@ -61,7 +64,8 @@ def _one_workload(name: str, requests: list[Request], rate: float,
         return float(hit_ratio_at(list(zip(capacities, online)), configured * factor) or 0.0)
 
     out: dict[str, Any] = {
-        "requests": len(requests), "lookup_accesses": len(distances), "l1_bytes": l1,
+        "policy": policy, "curves_model": runs[1]["mrc"]["curves_model"], "requests": len(requests),
+        "lookup_accesses": len(distances), "l1_bytes": l1,
         "sample_rate": runs[1]["mrc"]["sample_rate"], "sampled_accesses": curve["sampled_accesses"],
         "mae_online_vs_exact": round(float(np.mean(np.abs(np.subtract(online, exact)))), 4),
         "max_error_online_vs_exact": round(float(np.max(np.abs(np.subtract(online, exact)))), 4),
@@ -82,20 +86,13 @@ def _one_workload(name: str, requests: list[Request], rate: float,
 def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys: int) -> float:
     """The curve the telemetry process would build from ``requests`` sampled at ``rate`` (fed straight to a
     :class:`~mpcache.telemetry.mrc.curves.CurveSet`, no service) against the exact one: mean absolute error."""
-    from mpcache.contract.keys import SAMPLE_MODULUS
-    from mpcache.telemetry.mrc.curves import HEAD, MISS, POINT_RATIOS, SAMPLED, CurveSet
+    from mpcache.telemetry.mrc.curves import POINT_RATIOS, CurveSet
 
     distances = exact_distances(requests)
     finite = sorted(d for d in distances if d != float("inf"))
     capacity = int(finite[len(finite) // 2])  # not rounded to whole chunks: the replay has no slabs
     curves = CurveSet(rate, max_keys, {"l1": capacity})
-    threshold = rate * SAMPLE_MODULUS
-    for model, salt, hashes in requests:
-        rows = [(h, salt, model) for h in hashes]
-        sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
-        curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
-                      + [(row, SAMPLED, MISS, 1) for row in sampled])
-        curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+    feed(curves, requests, rate, exact_chunks)
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == ("*", "*")]
     exact = exact_curve(distances, [round(capacity * ratio) for ratio in POINT_RATIOS])
     return round(float(np.mean(np.abs(np.subtract([p["hit_ratio"] for p in curve["points"]], exact)))), 4)
@@ -104,9 +101,9 @@ def replay_mae(requests: list[Request], rate: float, exact_chunks: int, max_keys
 def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         requests: int = 40_000) -> dict[str, Any]:
     defaults = Config(instance_id="b", supervisor_pid=0, runtime_dir="/x")
-    rate, exact, max_keys = 0.01, defaults.mrc_exact_chunks, defaults.mrc_max_keys
+    rate, exact, max_keys = defaults.mrc_sample_rate, defaults.mrc_exact_chunks, defaults.mrc_max_keys
     workloads = {"demo": demo_requests(requests), "kv": kv_requests(requests)}
-    results: dict[str, Any] = {name: _one_workload(name, reqs, rate, progress)
+    results: dict[str, Any] = {name: _one_workload(name, reqs, rate, progress, defaults.l1_policy)
                                for name, reqs in workloads.items()}
     replayed = workloads | {"long (replay only)": long_requests(requests // 2)}
     results["replay_mae_by_rate"] = {
@@ -116,7 +113,8 @@ def run(repetitions: int = 3, progress: Callable[[str], None] = lambda _: None,
         for name, reqs in replayed.items()}
     progress(f"mrc: replayed MAE by rate {results['replay_mae_by_rate']}")
     results["sampling_cost"] = sampling_cost(workloads["kv"][: requests // 4], repetitions, progress)
-    results["curve_set_bytes_at_max_keys"] = curve_memory()
+    results["max_keys"] = max_keys
+    results["curve_set_bytes_at_max_keys"] = curve_memory(max_keys)
     results["targets_met"] = {
         "MAE ≤ 0.01": all(results[n]["mae_online_vs_exact"] <= 0.01 for n in workloads),
         "prediction within 0.02": all(results[n][f"{x}_error"] <= 0.02 for n in workloads for x in ("half", "double")),

@@ -93,16 +93,17 @@ def _sampler_us(requests: list[Request], found: list[int], repetitions: int) -> 
         segment.close()
 
 
-def curve_memory(max_keys: int = 8192) -> int:
-    """Bytes a curve set holds filled to its bounds: ``max_keys`` tracked keys, as many forgotten ones as it
-    remembers (the tiers are small enough that most keys fall below the deepest point), 50 tenants' curves."""
+def curve_memory(max_keys: int, policy: str = "lru") -> int:
+    """Bytes a curve set modelling ``policy`` holds filled to its bounds: ``max_keys`` tracked keys, as many
+    forgotten ones as it remembers (the tiers are small enough that most keys fall below the deepest point), 50
+    tenants' curves, and for an order other than LRU its miniatures full."""
     from mpcache.telemetry.mrc.curves import HEAD, MISS, SAMPLED, CurveSet
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    curves = CurveSet(1.0, max_keys, {"l1": 2**19, "l1_l2": 2**20})
+    curves = CurveSet(1.0, max_keys, {"l1": 2**19, "l1_l2": 2**20}, policy=policy)
     rng = np.random.default_rng(1)
-    for batch in range(40):
+    for batch in range(max(40, 5 * max_keys // 1024)):
         rows = [(int(h), f"t{batch % 50}", "m") for h in rng.integers(0, 2**63, size=1024)]
         curves.store("m", 4096, rows)
         accesses = [(row, HEAD if i < 4 else SAMPLED, MISS, 1) for i, row in enumerate(rows)]

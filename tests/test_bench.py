@@ -392,16 +392,18 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
 
 
 def test_report_row_for_mrc(tmp_path):
-    side = {"mae_online_vs_exact": 0.05, "sample_rate": 0.01, "half_error": 0.01, "double_error": 0.03}
+    side = {"policy": "adaptive", "mae_online_vs_exact": 0.05, "sample_rate": 0.01, "half_error": 0.01,
+            "double_error": 0.03}
     long = {"share of accesses past the exact chunks": 0.55, "0.01": 0.07, "0.1": 0.012}
-    results = {"mrc": {"demo": side, "kv": side, "curve_set_bytes_at_max_keys": 3 * 2**20,
+    results = {"mrc": {"demo": side, "kv": side, "curve_set_bytes_at_max_keys": 3 * 2**20, "max_keys": 32768,
                        "replay_mae_by_rate": {"long (replay only)": long},
                        "sampling_cost": {"cpu_on_over_off": 1.004, "sampler_share": 0.0123},
                        "targets_met": {"MAE ≤ 0.01": False}}}
     path = tmp_path / "PERFORMANCE.md"
     bench_main.write_report(results, str(path))
     [row] = [line for line in path.read_text().splitlines() if line.startswith("| `mrc`")]
-    assert "MAE vs exact LRU: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row
+    assert "MAE vs exact adaptive: demo 0.05, kv 0.05" in row and "MAE ≤ 0.01 MISSED" in row and "1.004" in row
+    assert "curve set 3.0 MiB at 32768 keys" in row
     assert "long prompts (replayed, 55% of accesses sampled at 1 %): MAE 0.07, 0.012 at rate 0.1" in row
     assert "sampling calls 1.23% of a request's CPU" in row
 

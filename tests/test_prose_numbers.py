@@ -257,6 +257,7 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/MRC.md", r"chunks \(default (\d+), at most (\d+)\)",
          f"{Config.mrc_exact_chunks} / {len(MRC_HEAD_FIELDS)}"),
         ("docs/MRC.md", r"They travel as (\d+) fixed fields", str(len(MRC_HEAD_FIELDS))),
+        ("docs/MRC.md", r"half of `--mrc-max-keys` \(default (\d+)\) keys", str(Config.mrc_max_keys)),
         ("docs/MRC.md", r"`chunk_hash mod ([\d_]+) <", f"{SAMPLE_MODULUS:_}"),
         ("docs/MRC.md", r"stack than the largest capacity of any curve \((\d+)× the largest tier\)",
          f"{curves.POINT_RATIOS[-1]:g}"),

@@ -151,8 +151,8 @@ class Config:
         "system prompts and shared documents (default {default})",
         group=TELEMETRY)
     mrc_max_keys: int = setting(
-        Integer(64, 1 << 22), 8192, "sampled keys the miss-ratio curves track, split among the cache processes; beyond "
-        "it a process's history lowers its own rate (SHARDS fixed-size; default {default})", group=TELEMETRY)
+        Integer(64, 1 << 22), 32768, "sampled keys the miss-ratio curves track, split among the cache processes; "
+        "beyond it a process's history lowers its own rate (SHARDS fixed-size; default {default})", group=TELEMETRY)
     mrc_half_life_s: float = setting(
         Seconds(0, math.inf, high_open=True), 3600.0,
         "seconds after which an access weighs half in the miss-ratio curves, so they follow "

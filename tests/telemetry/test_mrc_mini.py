@@ -12,7 +12,7 @@ from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.eviction import order as eviction_order
-from mpcache.telemetry.mrc.curves import ALL, MISS, POINT_RATIOS, SAMPLED, CurveSet
+from mpcache.telemetry.mrc.curves import ALL, HEAD, MISS, POINT_RATIOS, SAMPLED, CurveSet
 from mpcache.telemetry.mrc.mini import MiniCache, _Entry
 
 MODEL, SALT, SIZE = "m", "s", 64
@@ -62,21 +62,45 @@ def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(p
         assert abs(predicted[size] - measured) <= 0.02, (factor, predicted[size], measured)
 
 
-def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_within_its_scaled_capacity():
-    """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out and holds
-    at most its capacity × the new rate, in resident bytes that add up."""
+def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_in_bytes_that_add_up():
+    """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out (unless
+    the history still tracks them), holds at most its capacity, in resident bytes that add up."""
     curves = CurveSet(1.0, 400, {"l1": CAPACITY}, policy="adaptive")
     for hashes in prefix_trace(random.Random(3), 3000):
         rows = [(h, SALT, MODEL) for h in hashes]
         curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
         curves.store(MODEL, SIZE, rows)
     threshold = curves.rate * SAMPLE_MODULUS
+    history = curves._histories[0]
     assert curves.rate < 0.5
-    for edge, mini in zip(curves._histories[0].edges, curves._histories[0].minis):
-        assert mini.capacity == pytest.approx(edge * curves.rate)
-        assert all(key[0] % SAMPLE_MODULUS < threshold for key in mini.entries)
-        assert mini.used == sum(entry.size for entry in mini.entries.values()) <= mini.capacity
+    for edge, mini in zip(history.edges, history.minis):
+        assert mini.capacity == edge
+        assert all(key[0] % SAMPLE_MODULUS < threshold or key in history.stack for key in mini.entries)
+        assert mini.used == pytest.approx(sum(entry.size for entry in mini.entries.values()))
+        assert mini.used <= mini.capacity
         assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)
+
+
+def test_the_miniatures_hold_a_lookups_first_chunks_exactly_at_a_low_rate():
+    """Prompts no longer than the exact chunks, at the default rate 0.01: every key is a head key, tracked at rate
+    1, so the curve is the order itself at each size (the miniatures once took the 1 % hash-sampled keys only,
+    about 4 keys in a miniature of 1× here, and were off by 0.2–0.3)."""
+    trace = [hashes[:16] for hashes in prefix_trace(random.Random(11), 6000)]
+    curves = CurveSet(0.01, 1 << 15, {"l1": CAPACITY // 4}, policy="adaptive")
+    for hashes in trace:
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1) for row in rows])
+        curves.store(MODEL, SIZE, [row for row in rows if row[0] % SAMPLE_MODULUS < 0.01 * SAMPLE_MODULUS])
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    predicted = {point["capacity_bytes"]: point["hit_ratio"] for point in curve["points"]}
+    for factor in (0.5, 1.0, 2.0):
+        size = round(CAPACITY // 4 * factor)
+        mini, hits, looked = MiniCache("adaptive", size), 0, 0
+        for hashes in trace:  # the order run over every key at full size, apart from the curve code
+            found = mini.lookup([((h, SALT, MODEL), SIZE) for h in hashes])
+            hits, looked = hits + sum(found), looked + len(found)
+        assert 0.1 < hits / looked < 0.9
+        assert abs(predicted[size] - hits / looked) <= 0.005, (factor, predicted[size], hits / looked)
 
 
 @pytest.mark.parametrize("policy", ["arc", "adaptive"])

@@ -59,7 +59,7 @@ class History:
         self.edges = edges
         self.strata = (Stratum(1.0, max_keys // 2), Stratum(sample_rate, max_keys - max_keys // 2))
         self.stack = ReuseStack(max_keys + 2, strata=2)
-        self.minis = None if policy == "lru" else [MiniCache(policy, edge * sample_rate) for edge in edges]
+        self.minis = None if policy == "lru" else [MiniCache(policy, edge) for edge in edges]
         self.stored: set[Row] = set()
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
@@ -89,8 +89,8 @@ class History:
             reasons.append((found, row in stored or (bool(forgotten) and row in forgotten), weight))
             judged.append((row, stratum, objects, weight, found))
         if self.minis is not None:
-            curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES), weight, found)
-                                    for row, _, objects, weight, found in judged if self.strata[SAMPLED].admits(row)])
+            curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
+                                    for row, stratum, objects, weight, found in judged])
         for row, stratum, objects, _, found in judged:
             nbytes = min(size * objects, MAX_KEY_BYTES)
             entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
@@ -104,10 +104,10 @@ class History:
                 stored.add(row)
         return curve, reasons
 
-    def _simulate(self, keys: list[tuple[Row, int, float, str]]) -> list[Judged]:
-        """One lookup's hash-sampled keys (key, bytes, weight, found) through every miniature: an access hit at
-        the capacities whose miniature held its key (not monotone in the capacity: a bucket's count is the change
-        in hits from the edge before, and may be negative)."""
+    def _simulate(self, keys: list[tuple[Row, float, float, str]]) -> list[Judged]:
+        """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
+        miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
+        bucket's count is the change in hits from the edge before, and may be negative)."""
         if not keys:
             return []
         sized = [(row, nbytes) for row, nbytes, _, _ in keys]
@@ -129,8 +129,13 @@ class History:
         rows = list(rows)
         stack = self.stack
         if self.minis is not None:
-            sampled = self.strata[SAMPLED]
-            admitted = [(row, object_bytes) for row in rows if sampled.admits(row)]
+            weights = self.weights()
+            admitted = []
+            for row in rows:
+                stratum = stack.stratum_of(row) if row in stack else SAMPLED
+                if self.strata[stratum].admits(row):
+                    admitted.append((row, (stack.bytes_of(row) if stratum == HEAD and row in stack else object_bytes)
+                                     * weights[stratum]))
             for mini in self.minis:
                 mini.store(admitted)
         for row in rows:
@@ -188,9 +193,11 @@ class History:
                 stack.remove(row)
                 self.stored.discard(row)
                 keys.keys -= 1
-        if index == SAMPLED and self.minis is not None and keys.threshold:
+        if self.minis is not None:  # the miniatures forget what the stack forgot, and any untracked key past it
+            def admits(row: Row) -> bool:
+                return row in stack or row[0] % SAMPLE_MODULUS < new_threshold
             for mini in self.minis:
-                mini.keep(lambda key: key[0] % SAMPLE_MODULUS < new_threshold, new_threshold / keys.threshold)
+                mini.keep(admits)
         keys.threshold = new_threshold
         self._compact(index)
 

@@ -1,23 +1,25 @@
 """Miniature simulations (Waldspurger et al., ATC 2017) of an eviction order that is not a stack algorithm (ARC,
-``adaptive``): one small L1 per curve capacity, fed the spatially sampled keys only (rate R) and holding
-``capacity × R`` bytes, run by the order :mod:`mpcache.eviction.order` builds for L1 itself; the share of
-sampled accesses each one hits is the curve at its capacity.
+``adaptive``): one L1 per curve capacity, fed the history's tracked keys only (a lookup's first chunks and the
+hash-sampled rest), each key standing for its bytes ÷ its stratum's rate, so that a miniature of the full
+capacity holds the head keys as they are and a sample of the others; run by the order
+:mod:`mpcache.eviction.order` builds for L1 itself; the weighted share of tracked accesses each one hits is the
+curve at its capacity.
 
 A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
 stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
 order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
 locks after the store.  A store's keys not resident are stored too.  Memory: each miniature holds at most its
-scaled capacity in resident keys and as much again in ghosts.
+capacity in scaled bytes of resident keys and as much again in ghosts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from mpcache.eviction import order as eviction_order
 
-Key = tuple[Hashable, int]  # (key, bytes)
+Key = tuple[Hashable, float]  # (key, bytes it stands for)
 
 
 class _Entry:
@@ -25,7 +27,7 @@ class _Entry:
 
     __slots__ = ("size", "tier", "access", "parent", "children")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: float) -> None:
         self.size = size
         self.tier = 0
         self.access = 0
@@ -38,7 +40,7 @@ class MiniCache:
 
     def __init__(self, policy: str, capacity_bytes: float) -> None:
         self.capacity = capacity_bytes
-        self.used = 0
+        self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
 
@@ -93,7 +95,7 @@ class MiniCache:
         for key, entry in reversed(stored) if order.tail_first else stored:
             order.lists[entry.tier][key] = entry
 
-    def _make_room(self, nbytes: int) -> bool:
+    def _make_room(self, nbytes: float) -> bool:
         """Evict in the order's turn until ``nbytes`` more fit; False when they cannot."""
         while self.used + nbytes > self.capacity:
             chosen = self.order.victim()
@@ -103,9 +105,9 @@ class MiniCache:
             self.used -= chosen[1].size
         return True
 
-    def keep(self, admits: Any, factor: float) -> None:
-        """The sample rate dropped by ``factor``: forget the resident keys ``admits`` no longer passes, and
-        shrink to the new scaled capacity (evicting in the order's turn what still does not fit)."""
+    def keep(self, admits: Callable[[Any], bool]) -> None:
+        """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
+        bytes they were stored with, as the weights recorded at the old rate stay."""
         order = self.order
         for key in [key for key in self.entries if not admits(key)]:
             entry = self.entries.pop(key)
@@ -113,8 +115,3 @@ class MiniCache:
             if entry.tier in (0, 1) and order.new is not None:  # an orphan (tier 2) is in no size
                 order.forget(key, entry)
             self.used -= entry.size
-        self.capacity *= factor
-        if isinstance(order, eviction_order.ArcOrder):
-            order.capacity = int(self.capacity)
-            order.target *= factor
-        self._make_room(0)

@@ -1,0 +1,174 @@
+"""``python -m benchmarks.mrc_accuracy [--trace PATH] [--max-keys N ...] [--rates R ...]``: the online curves'
+error against an exact simulation of the order they model, on both kinds of trace: the KV-shaped and long-prompt
+workloads of ``mrc_traces`` and production-like traces (Mooncake-format files given by ``--trace PATH``, and
+``trace_gen``'s kinds).
+
+Each trace is fed straight to a :class:`~mpcache.telemetry.mrc.curves.CurveSet` as the cache process would
+sample it (a lookup's first ``--mrc-exact-chunks`` keys, the hash-sampled rest, the store's hash-sampled keys),
+at one process's L1 of the median finite reuse distance.  The truth: for ``lru`` an exact stack-distance
+computation (``mrc_traces.exact_curve``), for ``adaptive`` the same order run by a full-size cache over every
+key at each capacity.  Reported per trace, policy and key budget: mean and largest absolute error over the
+capacities ½×, 1×, 2× (and ¼×, 4×), the rates the history ended at, and the curve set's bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks import trace_gen, trace_sim
+from benchmarks.mrc_traces import CHUNK_BYTES, Request, exact_curve, exact_distances, kv_requests, long_requests
+from mpcache.config import Config
+from mpcache.contract.keys import SAMPLE_MODULUS
+
+RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
+GENERATED = ("conversations", "multitenant", "rag", "agentic")
+
+
+def _mix(block: int) -> int:
+    """A trace's block id as a chunk hash (splitmix64, 63 bits): the ids are consecutive integers, which the
+    hash-sampling rule would otherwise take a contiguous slice of."""
+    z = (block + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
+
+
+def _as_requests(trace: list[trace_sim.TraceRequest]) -> list[Request]:
+    return [("trace-model", "", [_mix(h) for h in request.hashes]) for request in trace]
+
+
+def traces(count: int, paths: tuple[str, ...] = ()) -> dict[str, list[Request]]:
+    """The traces measured: KV-shaped and long prompts (chunks of 16 tokens), each trace file of ``paths`` (its
+    first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each)."""
+    out = {"kv": kv_requests(count), "long": long_requests(count // 2)}
+    for path in paths:
+        out[os.path.splitext(os.path.basename(path))[0]] = _as_requests(trace_sim.load(path, count))
+    for kind in GENERATED:
+        out[kind] = _as_requests(trace_gen.KINDS[kind](count, 1))
+    return out
+
+
+def exact_policy_curve(requests: list[Request], policy: str, capacities: list[int]) -> list[float]:
+    """The share of lookup accesses a cache of each capacity running ``policy`` holds, every key simulated:
+    for LRU the stack distances, otherwise the order run at full size (what a miniature at rate 1 is)."""
+    if policy == "lru":
+        return exact_curve(exact_distances(requests), capacities)
+    from mpcache.telemetry.mrc.mini import MiniCache
+
+    out = []
+    for capacity in capacities:
+        cache, hits, total = MiniCache(policy, capacity), 0, 0
+        for model, salt, hashes in requests:
+            found = cache.lookup([((h, salt, model), CHUNK_BYTES) for h in hashes])
+            hits, total = hits + sum(found), total + len(found)
+        out.append(hits / total)
+    return out
+
+
+def feed(curves: Any, requests: list[Request], rate: float, exact_chunks: int) -> None:
+    """Each request's lookup and store events as the cache process ships them, into ``curves`` (a
+    :class:`~mpcache.telemetry.mrc.curves.CurveSet`): the first ``exact_chunks`` keys and the hash-sampled rest."""
+    from mpcache.telemetry.mrc.curves import HEAD, MISS, SAMPLED
+
+    threshold = rate * SAMPLE_MODULUS
+    for model, salt, hashes in requests:
+        rows = [(h, salt, model) for h in hashes]
+        sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
+        curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
+                      + [(row, SAMPLED, MISS, 1) for row in sampled])
+        curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+
+
+def online_curve(requests: list[Request], policy: str, rate: float, max_keys: int, exact_chunks: int,
+                 capacity: int, measure_memory: bool = False) -> dict[str, Any]:
+    """The curve a telemetry process builds from ``requests`` as the cache process samples them."""
+    from mpcache.telemetry.mrc.curves import POINT_RATIOS, CurveSet
+
+    if measure_memory:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0] if measure_memory else 0
+    curves = CurveSet(rate, max_keys, {"l1": capacity}, policy=policy)
+    feed(curves, requests, rate, exact_chunks)
+    held = tracemalloc.get_traced_memory()[0] - before if measure_memory else None
+    if measure_memory:
+        tracemalloc.stop()
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == ("*", "*")]
+    points = {round(ratio, 6): point["hit_ratio"] for ratio, point in zip(POINT_RATIOS, curve["points"])}
+    return {"points": [points[ratio] for ratio in RATIOS], "rate": curves.rate, "head_rate": curves.head_rate,
+            "bytes": held}
+
+
+def measure(requests: list[Request], policy: str, rate: float, max_keys: int, exact_chunks: int,
+            truth: list[float], capacity: int, measure_memory: bool = False) -> dict[str, Any]:
+    online = online_curve(requests, policy, rate, max_keys, exact_chunks, capacity, measure_memory)
+    errors = np.abs(np.subtract(online["points"], truth))
+    middle = errors[[RATIOS.index(r) for r in (0.5, 1.0, 2.0)]]
+    out = {"mae": round(float(np.mean(errors)), 4), "max": round(float(np.max(errors)), 4),
+           "max_half_to_double": round(float(np.max(middle)), 4),
+           "rate_end": round(online["rate"], 5), "head_rate_end": round(online["head_rate"], 4)}
+    if online["bytes"] is not None:
+        out["curve_set_bytes"] = online["bytes"]
+    return out
+
+
+def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, requests: int = 6000,
+        max_keys: tuple[int, ...] = (), rates: tuple[float, ...] = (),
+        policies: tuple[str, ...] = ("lru", "adaptive"), only: tuple[str, ...] = (),
+        paths: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Per trace and policy: the truth at ¼×…4× and the online curve's error at each (key budget, rate); the
+    defaults unless told."""
+    del repetitions  # deterministic: one pass
+    defaults = Config(instance_id="bench", supervisor_pid=0, runtime_dir="/nonexistent")
+    budgets = max_keys or (defaults.mrc_max_keys,)
+    sample_rates = rates or (defaults.mrc_sample_rate,)
+    result: dict[str, Any] = {"benchmark": "mrc_accuracy", "requests": requests, "ratios": list(RATIOS),
+                              "default_max_keys": defaults.mrc_max_keys,
+                              "default_sample_rate": defaults.mrc_sample_rate, "traces": {}}
+    for name, trace in traces(requests, paths).items():
+        if only and name not in only:
+            continue
+        finite = sorted(d for d in exact_distances(trace) if d != float("inf"))
+        capacity = int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES
+        capacities = [round(capacity * ratio) for ratio in RATIOS]
+        entry: dict[str, Any] = {"requests": len(trace), "accesses": sum(len(h) for _, _, h in trace),
+                                 "distinct_keys": len({h for _, _, hashes in trace for h in hashes}),
+                                 "l1_chunks": capacity // CHUNK_BYTES}
+        for policy in policies:
+            truth = exact_policy_curve(trace, policy, capacities)
+            entry[policy] = {"truth": [round(v, 4) for v in truth]}
+            for budget in budgets:
+                for rate in sample_rates:
+                    entry[policy][f"{budget} keys, rate {rate:g}"] = measured = measure(
+                        trace, policy, rate, budget, defaults.mrc_exact_chunks, truth, capacity,
+                        measure_memory=budget == budgets[-1] and rate == sample_rates[-1])
+                    progress(f"mrc_accuracy: {name} {policy} {budget} keys rate {rate:g}: {measured}")
+        result["traces"][name] = entry
+    return result
+
+
+def main() -> None:
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--max-keys", type=int, nargs="*", default=[])
+    parser.add_argument("--rates", type=float, nargs="*", default=[])
+    parser.add_argument("--policies", nargs="*", default=["lru", "adaptive"])
+    parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
+    args = parser.parse_args()
+    out = run(progress=lambda line: print(line, file=sys.stderr, flush=True), requests=args.requests,
+              max_keys=tuple(args.max_keys), rates=tuple(args.rates), policies=tuple(args.policies),
+              only=tuple(args.only), paths=tuple(args.trace))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
