@@ -22,7 +22,7 @@ class Entry:
         self.tier = 0  # the eviction order's list (ARC: 0 seen once, 1 seen again)
         self.access = 0  # the lookup that preceded its reservation (ARC orders: one access is never split)
         self.parent: Entry | None = None  # the chunk before it in a request, while resident (prefix-aware order)
-        self.children: ChunkKey | set[ChunkKey] | None = None  # the one child's key, or a set of several
+        self.children: ChunkKey | dict[ChunkKey, None] | None = None  # the one child's key, or several, in store order
 
 
 class WriteReservation(NamedTuple):

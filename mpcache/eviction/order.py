@@ -98,11 +98,11 @@ class ArcOrder:
             entry.parent = parent
             children = parent.children
             if children is None:
-                parent.children = key  # an only child (a chain's every link): its key, no set to allocate
-            elif type(children) is set:
-                children.add(key)
+                parent.children = key  # an only child (a chain's every link): its key, no dict to allocate
+            elif type(children) is dict:
+                children[key] = None
             else:
-                parent.children = {children, key}
+                parent.children = {children: None, key: None}  # a dict, not a set: orphaned in the stores' order
         entry.access = self.access
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
@@ -175,7 +175,7 @@ class ArcOrder:
     def _orphan_children(self, entry: Any) -> None:
         lists = self.lists
         children = entry.children
-        for child_key in children if type(children) is set else (children,):
+        for child_key in children if type(children) is dict else (children,):
             child = self._entry_of(child_key)
             if child is None or child.tier == 2:
                 continue
@@ -204,9 +204,9 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> L
 
 
 def _drop_child(parent: Any, key: Any) -> None:
-    """``key`` is no longer ``parent``'s child (an only child is its key, more are a set)."""
+    """``key`` is no longer ``parent``'s child (an only child is its key, more are a dict's keys)."""
     children = parent.children
-    if type(children) is set:
-        children.discard(key)
+    if type(children) is dict:
+        children.pop(key, None)
     elif children == key:
         parent.children = None

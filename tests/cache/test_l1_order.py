@@ -129,3 +129,14 @@ def test_a_request_stored_one_tp_rank_at_a_time_keeps_every_rank_s_chunks(policy
         found = l1.lock_prefix("m", "", looked_up)
         l1.release_read("m", "", looked_up[:found])
         assert (request, 4) == (request, found)
+
+
+def test_a_parent_s_children_are_orphaned_in_the_order_they_were_stored():
+    """An evicted parent's children go first, oldest first: the order is the stores', not the keys' hashes (which
+    differ with the interpreter's hash seed, and made one trace's evictions differ from run to run)."""
+    order, entries = _order(prefix_aware=True, capacity=100)
+    children = [f"child-{i}" for i in range(12)]
+    _add(order, entries, "parent")
+    for child in children:
+        _add(order, entries, child, parent="parent")
+    assert _victims(order, entries) == ["parent", *children]
