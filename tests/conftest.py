@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from support import scheduling
 from support.otlp_receiver import OtlpReceiver
 from support.service import Started
 
@@ -47,11 +48,15 @@ def close_quietly(segment: Segment) -> None:
         pass  # a live view still pins the mapping; it goes with the process
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S."""
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S; on an xdist
+    worker (``-n 2``), give each test its group and put the heaviest groups first (support/scheduling.py)."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    if hasattr(config, "workerinput"):
+        scheduling.group_and_order(items)
 
 
 @pytest.fixture
