@@ -48,15 +48,20 @@ def close_quietly(segment: Segment) -> None:
         pass  # a live view still pins the mapping; it goes with the process
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S; on an xdist
-    worker (``-n 2``), give each test its group and put the heaviest groups first (support/scheduling.py)."""
+    worker (``-n 2``), put the heaviest units of work first (support/scheduling.py)."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if hasattr(config, "workerinput"):
-        scheduling.group_and_order(items)
+        scheduling.order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n 2`` sends each file, or all the engine-starting files together, to one worker (support/scheduling.py)."""
+    return scheduling.make_scheduler(config, log)
 
 
 @pytest.fixture

@@ -68,8 +68,8 @@ def test_kills_its_worker():
 def test_under_xdist_a_hang_and_a_killed_worker_each_fail_their_test_by_name_and_the_run_ends(tmp_path) -> None:
     """With the test command's ``-n 2`` and pyproject.toml's options, one worker blocked for good and the other
     killed mid-test: the hang fails with its timeout and the line it was blocked on, the killed worker's test
-    fails naming the worker and the test, and the run ends with exit status 1 (xdist 3.8 hangs if it replaces a
-    killed worker under --dist loadgroup: pyproject.toml's --max-worker-restart 0 ends the run instead)."""
+    fails naming the worker and the test, and the run ends with exit status 1 (xdist 3.8 can hang replacing a
+    killed worker under scope scheduling, which tests/conftest.py's is: --max-worker-restart 0 ends the run)."""
     (tmp_path / "test_inner.py").write_text(UNDER_XDIST.format(started=str(tmp_path / "hang-started")))
     run = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir",
                           str(tmp_path), "-p", "no:cacheprovider", "-o", "timeout=2", "-n", "2", str(tmp_path)],
@@ -81,32 +81,28 @@ def test_under_xdist_a_hang_and_a_killed_worker_each_fail_their_test_by_name_and
 
 
 class _Item:
-    """What support.scheduling reads of a collected test: its node id, its `slow` mark, the marks added."""
+    """What support.scheduling reads of a collected test: its node id and its `slow` mark."""
 
     def __init__(self, nodeid: str, slow: bool = False) -> None:
-        self.nodeid, self.slow, self.added = nodeid, slow, []
+        self.nodeid, self.slow = nodeid, slow
 
     def get_closest_marker(self, name: str):
         return name == "slow" and self.slow or None
 
-    def add_marker(self, mark) -> None:
-        self.added.append((mark.name, mark.args))
 
-
-def test_each_file_is_one_group_the_engine_files_one_and_the_groups_go_heaviest_first() -> None:
+def test_each_file_is_one_unit_the_engine_files_one_and_the_units_go_heaviest_first() -> None:
     """The engine-starting files first (in collection order), then files by how many slow tests they have,
-    ties in collection order; each test in one group, its file's or ``engines``; files stay contiguous."""
+    ties in collection order, each file's tests together; a test's unit is ``engines`` or its file."""
     collected = [_Item("tests/a.py::t1"), _Item("tests/vllm/test_e.py::t1", slow=True), _Item("tests/b.py::t1"),
                  _Item("tests/b.py::t2", slow=True), _Item("tests/c.py::t1", slow=True),
-                 _Item("tests/c.py::t2", slow=True), _Item("tests/test_bench.py::t1"), _Item("tests/d.py::t1")]
+                 _Item("tests/c.py::t2[x::y]", slow=True), _Item("tests/test_bench.py::t1"), _Item("tests/d.py::t1")]
     items = list(collected)
-    scheduling.group_and_order(items)
+    scheduling.order(items)
 
-    assert ["tests/vllm/test_e.py::t1", "tests/test_bench.py::t1", "tests/c.py::t1", "tests/c.py::t2",
+    assert ["tests/vllm/test_e.py::t1", "tests/test_bench.py::t1", "tests/c.py::t1", "tests/c.py::t2[x::y]",
             "tests/b.py::t1", "tests/b.py::t2", "tests/a.py::t1", "tests/d.py::t1"] == [i.nodeid for i in items]
-    groups = ["tests/a.py", "engines", "tests/b.py", "tests/b.py", "tests/c.py", "tests/c.py", "engines",
-              "tests/d.py"]
-    assert [[("xdist_group", (group,))] for group in groups] == [item.added for item in collected]
+    assert ["tests/a.py", "engines", "tests/b.py", "tests/b.py", "tests/c.py", "tests/c.py", "engines",
+            "tests/d.py"] == [scheduling.group_of(item.nodeid) for item in collected]
 
 
 def test_a_dealer_with_no_peer_fails_its_send_and_receive_instead_of_waiting_forever() -> None:
