@@ -95,11 +95,11 @@ def test_each_file_is_one_unit_the_engine_files_one_and_the_units_go_heaviest_fi
     ties in collection order, each file's tests together; a test's unit is ``engines`` or its file."""
     collected = [_Item("tests/a.py::t1"), _Item("tests/vllm/test_e.py::t1", slow=True), _Item("tests/b.py::t1"),
                  _Item("tests/b.py::t2", slow=True), _Item("tests/c.py::t1", slow=True),
-                 _Item("tests/c.py::t2[x::y]", slow=True), _Item("tests/test_bench.py::t1"), _Item("tests/d.py::t1")]
+                 _Item("tests/c.py::t2[x::y]", slow=True), _Item("tests/docker/test_c.py::t1"), _Item("tests/d.py::t1")]
     items = list(collected)
     scheduling.order(items)
 
-    assert ["tests/vllm/test_e.py::t1", "tests/test_bench.py::t1", "tests/c.py::t1", "tests/c.py::t2[x::y]",
+    assert ["tests/vllm/test_e.py::t1", "tests/docker/test_c.py::t1", "tests/c.py::t1", "tests/c.py::t2[x::y]",
             "tests/b.py::t1", "tests/b.py::t2", "tests/a.py::t1", "tests/d.py::t1"] == [i.nodeid for i in items]
     assert ["tests/a.py", "engines", "tests/b.py", "tests/b.py", "tests/c.py", "tests/c.py", "engines",
             "tests/d.py"] == [scheduling.group_of(item.nodeid) for item in collected]

@@ -1,9 +1,9 @@
 """How ``pytest -n 2`` shares the suite between its two workers (pytest-xdist; tests/conftest.py's hooks).
 
 Each test file is one unit of work, so a module's fixtures are set up once and its tests run in order on one
-worker.  The files that start vLLM engines, Docker containers or LMCache's torch clients form one unit, ENGINES:
-on 2 cores and a few GiB of memory two of them at once would slow each other past their start-up bounds, so they
-run one after the other on one worker while the other takes the rest.  The units are sent heaviest first
+worker.  The files that start vLLM engines or Docker containers form one unit, ENGINES: on 2 cores two engines at
+once would slow each other past their start-up bounds, so they run one after the other on one worker while the
+other takes the rest.  The units are sent heaviest first
 (ENGINES, then by how many `slow` tests a file has), so that no long file starts last and runs alone.
 
 The units are xdist's scopes (a scope scheduler whose scope is :func:`group_of`), not ``xdist_group`` marks: with
@@ -19,8 +19,7 @@ import pytest
 
 ENGINES = "engines"
 # Path prefixes (from the repository root) of the files in ENGINES.
-ENGINE_FILES = ("tests/vllm/", "tests/docker/", "tests/lmcache/", "tests/test_bench.py", "tests/test_bench_vllm.py",
-                "tests/test_kv_feed_replay.py")
+ENGINE_FILES = ("tests/vllm/", "tests/docker/")
 
 
 def group_of(nodeid: str) -> str:
