@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from support import scheduling
 from support.otlp_receiver import OtlpReceiver
 from support.service import Started
 
@@ -47,11 +48,20 @@ def close_quietly(segment: Segment) -> None:
         pass  # a live view still pins the mapping; it goes with the process
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every `slow` test without a `timeout` mark of its own the longer bound, SLOW_TIMEOUT_S; on an xdist
+    worker (``-n 2``), put the heaviest units of work first (support/scheduling.py)."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    if hasattr(config, "workerinput"):
+        scheduling.order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n 2`` sends each file, or all the engine-starting files together, to one worker (support/scheduling.py)."""
+    return scheduling.make_scheduler(config, log)
 
 
 @pytest.fixture

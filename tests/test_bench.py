@@ -240,12 +240,18 @@ def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_sam
         pytest.skip("LMCache 0.5.6 venv not built: run .ci/lmcache-env (or set MPCACHE_TEST_LMCACHE_PYTHON)")
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed (Debian: apt-get install valgrind)")
-    before = set(os.listdir(tempfile.gettempdir()))
-    # 20 s: LMCache's server under callgrind paces the mirrored steps (~2 s each); a few steps are not enough for
-    # publishing's ~2 % to stand above what a step's timers and collections add to one server or the other
-    bench = subprocess.run([sys.executable, "-m", "benchmarks", "isolation", "--json", "--repetitions", "1",
-                            "--seconds", "20", "--warmup", "2"], capture_output=True, text=True, timeout=1200,
-                           env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python})
+    # a TMPDIR of its own (short: sockets go beneath it), so that what is left in it is this run's and nobody
+    # else's (another worker's, another checkout's benchmark)
+    tmpdir = tempfile.mkdtemp(prefix="mpi-")
+    try:
+        # 20 s: LMCache's server under callgrind paces the mirrored steps (~2 s each); a few steps are not enough
+        # for publishing's ~2 % to stand above what a step's timers and collections add to one server or the other
+        bench = subprocess.run([sys.executable, "-m", "benchmarks", "isolation", "--json", "--repetitions", "1",
+                                "--seconds", "20", "--warmup", "2"], capture_output=True, text=True, timeout=1200,
+                               env={**os.environ, "MPCACHE_TEST_LMCACHE_PYTHON": python, "TMPDIR": tmpdir})
+        left = [name for name in os.listdir(tmpdir) if name.startswith("mpcache-isolation-")]
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     assert 0 == bench.returncode, bench.stderr[-3000:]
     result = json.loads(bench.stdout.strip().splitlines()[-1])
 
@@ -278,8 +284,7 @@ def test_isolation_benchmark_counts_the_cache_processes_and_lmcache_over_the_sam
         assert f"TP={tp}: 2 s of warm-up, 5 s idle, then 20 s counted" in bench.stderr
     assert result["instructions_cost"] == pytest.approx(max(costs), abs=1e-4)
     assert result["cache_instructions_over_lmcache"] == max(over_lmcache)
-    assert set() == {name for name in set(os.listdir(tempfile.gettempdir())) - before
-                     if name.startswith("mpcache-isolation-")}  # the callgrind dumps went with their directory
+    assert [] == left  # the callgrind dumps went with their directory
 
 
 def test_callgrind_summary_of_a_window_that_ran_nothing_reads_as_zeros(tmp_path):

@@ -83,7 +83,8 @@ def test_a_copy_from_a_truncated_l1_pool_is_survived_and_the_next_request_answer
                                    bool(np.array_equal(kv.blocks[:2], kv.blocks[2:])))
     finally:
         client.close()
-    [recreated] = service.lines("segment.recreated", worker=0)
+    # logged after the reply, not before it: waited for, as the other two tests here do
+    [recreated] = wait_for(lambda: service.lines("segment.recreated", worker=0), 30, "segment.recreated")
     assert (path[len("/dev/shm"):], "error", "truncated under a copy", size, 1) == (
         recreated["segment"], recreated["level"], recreated["damage"], os.stat(path).st_size,
         len(service.lines("cache.start")))

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,13 +37,23 @@ def start_cache(tmpdir: Path, *flags: str, timeout_s: float = 60) -> subprocess.
                           cwd=REPO)
 
 
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A directory of the scenario's own under a short path: its supervisors' default runtime base is beneath it,
+    and ``<base>/mpcache-<uid>/<pid>/cache0.sock`` must fit in sun_path's 108 bytes, which an xdist worker's
+    tmp_path (one directory deeper, ``popen-gwN/``) did not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="pidns-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @needs_namespaces
-def test_a_live_instance_in_another_pid_namespace_is_never_touched(tmp_path) -> None:
+def test_a_live_instance_in_another_pid_namespace_is_never_touched(workdir) -> None:
     """Instance A runs; instance B starts in a new PID namespace (where A's pid does not exist) with the
     same runtime base and /dev/shm: B removes nothing, A's 4 segments and runtime dir are still there, and
     both serve a byte-exact round trip — B to a client outside its namespace, whose pid there is 0; both
     stop with exit 0 and leave nothing."""
-    result = run_driver("live_instance_in_another_namespace", tmp_path)
+    result = run_driver("live_instance_in_another_namespace", workdir)
 
     assert 4 == len(result["a_segments_before"])
     assert result["a_segments_before"] == result["a_segments_after_b"]
@@ -50,20 +63,20 @@ def test_a_live_instance_in_another_pid_namespace_is_never_touched(tmp_path) -> 
 
 
 @needs_namespaces
-def test_a_restarted_pid_1_with_a_fixed_instance_id_replaces_its_own_leftovers(tmp_path) -> None:
+def test_a_restarted_pid_1_with_a_fixed_instance_id_replaces_its_own_leftovers(workdir) -> None:
     """A supervisor that is PID 1 of a PID namespace, with a fixed --instance-id, is SIGKILLed and started
     again as PID 1 of a new namespace (a container restarted): the same segment names.  The second start
     finds the first's marker, removes exactly its 4 segments and its runtime dir, saying that supervisor
     (pid 1) is gone, and serves; the third, whose predecessor ran in a --runtime-dir it cannot see, recognises
     the 4 segments of its own name by their free lock, replaces them and serves; nothing is left at the end."""
-    result = run_driver("pid1_restarted", tmp_path)
+    result = run_driver("pid1_restarted", workdir)
     names = sorted(f"mpcache.1.{result['instance'][:8]}.{what}" for what in ("events0", "gauges", "l1pool0",
                                                                               "telemetry"))
 
     assert result["first_serves"] and names == result["left_by_first"] == result["left_by_second"]
     assert result["second_serves"] and names == result["second_segments"]
     removed = dict(result["second_removed"])
-    assert {"/" + name for name in names} | {str(tmp_path / "tmp" / f"mpcache-{os.getuid()}" / "1")} == set(removed)
+    assert {"/" + name for name in names} | {str(workdir / "tmp" / f"mpcache-{os.getuid()}" / "1")} == set(removed)
     # "(pid 1 in PID namespace N) is gone" — or without the namespace, when the kernel gave the new namespace
     # the dead one's inode number: the marker's free lock is what tells, not the inode.
     assert all(reason.startswith("its supervisor (pid 1") and reason.endswith("is gone") for reason in removed.values())
@@ -73,13 +86,13 @@ def test_a_restarted_pid_1_with_a_fixed_instance_id_replaces_its_own_leftovers(t
 
 
 @needs_namespaces
-def test_killed_runs_leave_nothing_whatever_removed_their_runtime_dir(tmp_path) -> None:
+def test_killed_runs_leave_nothing_whatever_removed_their_runtime_dir(workdir) -> None:
     """In a /dev/shm of their own (no other start on the machine may sweep first): A, killed whole (kill -9 of
     the tree) and its runtime dir wiped as systemd's RuntimeDirectory= does, leaves its 4 segments; B's start
     removes exactly those, found in /dev/shm by their unlocked gauge board, and serves; B's supervisor alone
     killed, its children exit and leave B's 4 segments; C's start removes exactly those; C stops with exit 0
     and nothing is left."""
-    result = run_driver("killed_runs_leave_nothing", tmp_path)
+    result = run_driver("killed_runs_leave_nothing", workdir)
 
     assert 4 == len(result["a_left"]) and 4 == len(result["b_left"])
     assert sorted("/" + name for name in result["a_left"]) == sorted(result["b_removed"])
