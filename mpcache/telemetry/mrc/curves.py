@@ -93,7 +93,7 @@ class Histogram:
         cumulative, out = 0.0, []
         for count in self.counts[:-1]:
             cumulative += count
-            out.append(min(1.0, cumulative / self.total))
+            out.append(max(0.0, min(1.0, cumulative / self.total)))  # an interpolated point may overshoot
         return out
 
     def measured(self, tier: str) -> float | None:

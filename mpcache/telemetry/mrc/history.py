@@ -34,24 +34,48 @@ Judged = tuple[float, str, "int | None", "list[tuple[int, float]] | None"]
 
 
 def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
-    """Per miniature, the edges its change in hits (from the miniature below) goes to, and the share of each: the
-    edges above the miniature below, up to its own, each the step in log capacity it adds (a straight line between
-    the two miniatures' hit ratios); the lowest miniature's change goes to the first edge (the edges below it
-    read its hit ratio)."""
+    """Per miniature, the (edge index, share) its change in hits from the miniature below goes to: a key held
+    from miniature i up weighs, at each edge, the sum of the interpolation's weights of miniatures i and above
+    (:func:`_interpolation`), and each edge's bucket holds the change from the edge before."""
+    nodes = [math.log(capacity + 1) for capacity in mini_edges]
+    above = []  # per edge, per miniature: the weights of it and the miniatures above it
+    for edge in edges:
+        weights, total = _interpolation(math.log(edge + 1), nodes), 0.0
+        sums = [0.0] * len(nodes)
+        for index in range(len(nodes) - 1, -1, -1):
+            total += weights[index]
+            sums[index] = total
+        above.append(sums)
     out: list[list[tuple[int, float]]] = []
-    below = None
-    for capacity in mini_edges:
-        top = bisect.bisect_left(edges, capacity)
-        if below is None or below <= 0:
-            out.append([(0 if below is None else top, 1.0)])
-        else:
-            first = bisect.bisect_right(edges, below)
-            span = math.log(capacity / below)
-            steps = [math.log(edges[index] / below) / span for index in range(first, top + 1)]
-            out.append([(index, step - previous)
-                        for index, step, previous in zip(range(first, top + 1), steps, [0.0] + steps[:-1])])
-        below = capacity
+    for index in range(len(nodes)):
+        shares, before = [], 0.0
+        for edge, sums in enumerate(above):
+            if abs(sums[index] - before) > 1e-12:
+                shares.append((edge, sums[index] - before))
+            before = sums[index]
+        out.append(shares)
     return out
+
+
+def _interpolation(x: float, nodes: list[float]) -> list[float]:
+    """The weight of each miniature's hit ratio in the curve at ``x`` (log capacity; ``nodes``: the miniatures'):
+    a cubic Hermite spline through their points, each tangent the slope between its neighbours (Catmull-Rom,
+    one-sided at the ends), its own hit ratio at a miniature's capacity and the nearest one's past the ends."""
+    weights = [0.0] * len(nodes)
+    upper = bisect.bisect_left(nodes, x)
+    if upper == len(nodes) or nodes[upper] == x or upper == 0:
+        weights[min(upper, len(nodes) - 1)] = 1.0
+        return weights
+    width = nodes[upper] - nodes[upper - 1]
+    t = (x - nodes[upper - 1]) / width
+    weights[upper - 1] += 2 * t ** 3 - 3 * t ** 2 + 1
+    weights[upper] += 3 * t ** 2 - 2 * t ** 3
+    for node, factor in ((upper - 1, width * (t ** 3 - 2 * t ** 2 + t)), (upper, width * (t ** 3 - t ** 2))):
+        low, high = max(node - 1, 0), min(node + 1, len(nodes) - 1)
+        slope = factor / (nodes[high] - nodes[low])
+        weights[high] += slope
+        weights[low] -= slope
+    return weights
 
 
 class Stratum:
@@ -134,7 +158,7 @@ class History:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
         miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
         bucket's count is the change in hits from the edge before, and may be negative), each change spread
-        over the edges from the miniature below (interpolated in log capacity)."""
+        over the edges by the interpolation between the miniatures (:func:`_spread`)."""
         if not keys:
             return []
         minis = self.minis or []
