@@ -3,6 +3,7 @@ the sampled keys, checked against L1 itself running that order over the whole tr
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -73,12 +74,45 @@ def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_in_bytes_th
     threshold = curves.rate * SAMPLE_MODULUS
     history = curves._histories[0]
     assert curves.rate < 0.5
-    for edge, mini in zip(history.edges, history.minis):
+    for edge, mini in zip(history.mini_edges, history.minis, strict=True):
         assert mini.capacity == edge
         assert all(key[0] % SAMPLE_MODULUS < threshold or key in history.stack for key in mini.entries)
         assert mini.used == pytest.approx(sum(entry.size for entry in mini.entries.values()))
         assert mini.used <= mini.capacity
         assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)
+
+
+def test_the_miniatures_run_at_the_octaves_of_distinct_capacities_and_the_points_between_lie_on_a_spline():
+    """A miniature per octave of each distinct capacity (l1_l2 equal to l1: one set; at 4×: two more, 32× and 64×),
+    not one per quarter-octave point; a point between two octaves lies on the cubic Hermite spline (in log
+    capacity, Catmull-Rom tangents) through the octaves' hit ratios, computed here from the octave points alone."""
+    assert [] == [r for r in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16) if r not in POINT_RATIOS]  # what the spline joins
+    equal = CurveSet(0.1, 1 << 16, {"l1": CAPACITY, "l1_l2": CAPACITY}, policy="adaptive")._histories[0]
+    wider = CurveSet(0.1, 1 << 16, {"l1": CAPACITY, "l1_l2": 4 * CAPACITY}, policy="adaptive")._histories[0]
+    assert [round(CAPACITY * 2.0 ** k) for k in range(-3, 5)] == [mini.capacity for mini in equal.minis]
+    assert [round(CAPACITY * 2.0 ** k) for k in range(-3, 7)] == [mini.capacity for mini in wider.minis]
+    curves = CurveSet(0.1, 1 << 16, {"l1": CAPACITY}, policy="adaptive")
+    for hashes in prefix_trace(random.Random(5), 3000):
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, SAMPLED, MISS, 1) for row in rows])
+        curves.store(MODEL, SIZE, rows)
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    ratios = [point["hit_ratio"] for point in curve["points"]]
+    sizes = [math.log(point["capacity_bytes"]) for point in curve["points"]]
+    assert 0.05 < ratios[12] < 0.95  # 1×: on the slope, where a wrong spline would show
+    octaves = list(range(0, 29, 4))  # POINT_RATIOS[octave] = 2 ** (octave / 4 - 3)
+
+    def tangent(position: int) -> float:
+        low, high = octaves[max(position - 1, 0)], octaves[min(position + 1, len(octaves) - 1)]
+        return (ratios[high] - ratios[low]) / (sizes[high] - sizes[low])
+
+    for position, octave in enumerate(octaves[:-1]):
+        width = sizes[octave + 4] - sizes[octave]
+        for step in (1, 2, 3):
+            t = (sizes[octave + step] - sizes[octave]) / width
+            expected = ((2 * t**3 - 3 * t**2 + 1) * ratios[octave] + (3 * t**2 - 2 * t**3) * ratios[octave + 4]
+                        + width * ((t**3 - 2 * t**2 + t) * tangent(position) + (t**3 - t**2) * tangent(position + 1)))
+            assert ratios[octave + step] == pytest.approx(max(0.0, min(1.0, expected)), abs=1e-4), (octave, step)
 
 
 def test_the_miniatures_hold_a_lookups_first_chunks_exactly_at_a_low_rate():

@@ -43,6 +43,7 @@ MAX_TENANT_CURVES = 50  # own curves at most, per kind (pairs, models, cache_sal
 MIN_KEYS_PER_PROCESS = 16  # each cache process's history tracks max_keys / processes keys, at least this many
 GAUGE_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # capacity ratios exported as mpcache_mrc_hit_ratio
 POINT_RATIOS = tuple(2.0 ** (k / 4) for k in range(-12, 17))  # /mrc points: 0.125× … 16×, quarter octaves
+MINI_RATIOS = POINT_RATIOS[::4]  # where a policy other than LRU runs a miniature: the octaves (the rest interpolated)
 PAIR, BY_MODEL, BY_SALT = 0, 1, 2  # a curve's kind: one (model, salt), one model across salts, one salt across models
 _OVERFLOW_KEYS = ((OVERFLOW, OVERFLOW), (OVERFLOW, ALL), (ALL, OVERFLOW))
 
@@ -72,9 +73,8 @@ class Histogram:
             if bucket is not None:
                 counts[bucket] += weight
             else:
-                for index, change in enumerate(changes or ()):
-                    if change:
-                        counts[index] += change
+                for index, change in changes or ():
+                    counts[index] += change
         self.total += total
         self.sampled_accesses += len(curve)
         self.l1_hits += l1_hits
@@ -93,7 +93,7 @@ class Histogram:
         cumulative, out = 0.0, []
         for count in self.counts[:-1]:
             cumulative += count
-            out.append(min(1.0, cumulative / self.total))
+            out.append(max(0.0, min(1.0, cumulative / self.total)))  # an interpolated point may overshoot
         return out
 
     def measured(self, tier: str) -> float | None:
@@ -125,8 +125,11 @@ class CurveSet:
         self.capacities = dict(capacities)
         self._edges = sorted({round(capacity / processes * ratio) for capacity in capacities.values()
                               for ratio in POINT_RATIOS})
+        mini_edges = sorted({round(capacity / processes * ratio) for capacity in capacities.values()
+                             for ratio in MINI_RATIOS})
         per_process = max(min(max_keys, MIN_KEYS_PER_PROCESS), max_keys // processes)
-        self._histories = [History(sample_rate, per_process, self._edges, policy) for _ in range(processes)]
+        self._histories = [History(sample_rate, per_process, self._edges, policy, mini_edges)
+                           for _ in range(processes)]
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
         self._owned = [0, 0, 0]  # curves of their own, per kind
         self._object_bytes: dict[str, int] = {}  # per model, the size its last store said

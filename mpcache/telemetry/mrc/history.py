@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,8 +29,53 @@ L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a look
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
 Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, objects it stands for)
 # What a lookup's judged key adds to its curves: (weight, what the lookup found, bucket of its distance or
-# None, per-edge changes in hits from a miniature simulation or None)
-Judged = tuple[float, str, "int | None", "list[float] | None"]
+# None, the (edge index, change in hits) a miniature simulation gives, or None)
+Judged = tuple[float, str, "int | None", "list[tuple[int, float]] | None"]
+
+
+def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
+    """Per miniature, the (edge index, share) its change in hits from the miniature below goes to: a key held
+    from miniature i up weighs, at each edge, the sum of the interpolation's weights of miniatures i and above
+    (:func:`_interpolation`), and each edge's bucket holds the change from the edge before."""
+    nodes = [math.log(capacity + 1) for capacity in mini_edges]
+    above = []  # per edge, per miniature: the weights of it and the miniatures above it
+    for edge in edges:
+        weights, total = _interpolation(math.log(edge + 1), nodes), 0.0
+        sums = [0.0] * len(nodes)
+        for index in range(len(nodes) - 1, -1, -1):
+            total += weights[index]
+            sums[index] = total
+        above.append(sums)
+    out: list[list[tuple[int, float]]] = []
+    for index in range(len(nodes)):
+        shares, before = [], 0.0
+        for edge, sums in enumerate(above):
+            if abs(sums[index] - before) > 1e-12:
+                shares.append((edge, sums[index] - before))
+            before = sums[index]
+        out.append(shares)
+    return out
+
+
+def _interpolation(x: float, nodes: list[float]) -> list[float]:
+    """The weight of each miniature's hit ratio in the curve at ``x`` (log capacity; ``nodes``: the miniatures'):
+    a cubic Hermite spline through their points, each tangent the slope between its neighbours (Catmull-Rom,
+    one-sided at the ends), its own hit ratio at a miniature's capacity and the nearest one's past the ends."""
+    weights = [0.0] * len(nodes)
+    upper = bisect.bisect_left(nodes, x)
+    if upper == len(nodes) or nodes[upper] == x or upper == 0:
+        weights[min(upper, len(nodes) - 1)] = 1.0
+        return weights
+    width = nodes[upper] - nodes[upper - 1]
+    t = (x - nodes[upper - 1]) / width
+    weights[upper - 1] += 2 * t ** 3 - 3 * t ** 2 + 1
+    weights[upper] += 3 * t ** 2 - 2 * t ** 3
+    for node, factor in ((upper - 1, width * (t ** 3 - 2 * t ** 2 + t)), (upper, width * (t ** 3 - t ** 2))):
+        low, high = max(node - 1, 0), min(node + 1, len(nodes) - 1)
+        slope = factor / (nodes[high] - nodes[low])
+        weights[high] += slope
+        weights[low] -= slope
+    return weights
 
 
 class Stratum:
@@ -51,15 +97,19 @@ class Stratum:
 
 class History:
     """The keys one cache process touched: ``edges`` are the capacities (of that process's share of a tier) the
-    curves are read at; ``policy`` the order its L1 runs (LRU from the stack, any other by a miniature per
-    edge); ``stored`` the tracked keys known stored there (a store named them, or a lookup found them)."""
+    curves are read at; ``policy`` the order its L1 runs (LRU from the stack, any other by a miniature at each of
+    ``mini_edges``, a subset of ``edges``, the others interpolated); ``stored`` the tracked keys known stored
+    there (a store named them, or a lookup found them)."""
 
-    def __init__(self, sample_rate: float, max_keys: int, edges: list[int], policy: str) -> None:
+    def __init__(self, sample_rate: float, max_keys: int, edges: list[int], policy: str,
+                 mini_edges: list[int] | None = None) -> None:
         self.max_keys = max_keys
         self.edges = edges
         self.strata = (Stratum(1.0, max_keys // 2), Stratum(sample_rate, max_keys - max_keys // 2))
         self.stack = ReuseStack(max_keys + 2, strata=2)
-        self.minis = None if policy == "lru" else [MiniCache(policy, edge) for edge in edges]
+        self.mini_edges = sorted(set(edges if mini_edges is None else mini_edges))
+        self.minis = None if policy == "lru" else [MiniCache(policy, edge) for edge in self.mini_edges]
+        self._spread = _spread(edges, self.mini_edges)
         self.stored: set[Row] = set()
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
@@ -107,19 +157,26 @@ class History:
     def _simulate(self, keys: list[tuple[Row, float, float, str]]) -> list[Judged]:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
         miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
-        bucket's count is the change in hits from the edge before, and may be negative)."""
+        bucket's count is the change in hits from the edge before, and may be negative), each change spread
+        over the edges by the interpolation between the miniatures (:func:`_spread`)."""
         if not keys:
             return []
+        minis = self.minis or []
         sized = [(row, nbytes) for row, nbytes, _, _ in keys]
-        hits = [mini.lookup(sized) for mini in self.minis or ()]
+        parents = minis[0].parents(sized) if minis else {}  # the same for every miniature: made once
+        hits = [mini.lookup(sized, parents) for mini in minis]
+        spread, beyond = self._spread, len(self.edges)
         out: list[Judged] = []
         for index, (_, _, weight, found) in enumerate(keys):
-            changes, before = [], False
-            for of_mini in hits:
-                hit = of_mini[index]
-                changes.append(weight * (hit - before))
-                before = hit
-            changes.append(weight * (1 - before))
+            changes: list[tuple[int, float]] = []
+            before = False
+            for of_mini, shares in zip(hits, spread):
+                if of_mini[index] != before:
+                    before = not before
+                    change = weight if before else -weight
+                    changes += [(edge, change * share) for edge, share in shares]
+            if not before:
+                changes.append((beyond, weight))
             out.append((weight, found, None, changes))
         return out
 
@@ -136,8 +193,9 @@ class History:
                 if self.strata[stratum].admits(row):
                     admitted.append((row, (stack.bytes_of(row) if stratum == HEAD and row in stack else object_bytes)
                                      * weights[stratum]))
+            parents = self.minis[0].parents(admitted) if self.minis else {}
             for mini in self.minis:
-                mini.store(admitted)
+                mini.store(admitted, parents)
         for row in rows:
             stratum = stack.stratum_of(row) if row in stack else SAMPLED
             if self.strata[stratum].admits(row):

@@ -14,12 +14,18 @@ capacity in scaled bytes of resident keys and as much again in ghosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from mpcache.eviction import order as eviction_order
 
 Key = tuple[Hashable, float]  # (key, bytes it stands for)
+
+
+def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
+    """Each key of a lookup or store mapped to the key before it (a repeated key: before its last time)."""
+    sequence = [key for key, _ in keys]
+    return dict(zip(sequence[1:], sequence[:-1]))
 
 
 class _Entry:
@@ -44,66 +50,70 @@ class MiniCache:
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
 
-    def lookup(self, keys: Sequence[Key]) -> list[bool]:
-        """Whether each key was resident; afterwards every key is (as far as it fits)."""
+    def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:
+        """Whether each key was resident; afterwards every key is (as far as it fits).  ``parents``: each key's
+        key before it in ``keys`` (:func:`parents`; given once for many miniatures, else made here)."""
         order, entries = self.order, self.entries
         lists, again = order.lists, order.again
         if order.new is not None:
             order.access += 1  # a lookup begins an access
         found: list[tuple[Hashable, _Entry]] = []
-        judged: dict[Hashable, bool] = {}  # a key repeated in the lookup is judged as its first time
-        hits = []
-        for key, _ in keys:
-            hit = judged.get(key)
-            if hit is None:
-                entry = entries.get(key)
-                hit = judged[key] = entry is not None
-                if entry is not None:
-                    del lists[entry.tier][key]
-                    if entry.tier != again:
-                        order.promote(entry)
-                    found.append((key, entry))
-            hits.append(hit)
-        self._store([key for key, hit in zip(keys, hits) if not hit], [key for key, _ in keys])
+        hits: list[bool] = []
+        missing: list[Key] = []
+        for item in keys:
+            key = item[0]
+            entry = entries.get(key)
+            if entry is None:  # a key repeated in the lookup is judged as its first time: still missing
+                hits.append(False)
+                missing.append(item)
+                continue
+            if lists[entry.tier].pop(key, None) is not None:  # out of the order already: a repeat, judged a hit
+                if entry.tier != again:
+                    order.promote(entry)
+                found.append((key, entry))
+            hits.append(True)
+        if missing:
+            self._store(missing, parents if parents is not None else self.parents(keys))
         for key, entry in reversed(found) if order.tail_first else found:
             lists[entry.tier][key] = entry
         return hits
 
-    def store(self, keys: Sequence[Key]) -> None:
+    def store(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> None:
         """A store's keys: those not resident are given space."""
         entries = self.entries
-        self._store([key for key in keys if key[0] not in entries], [key for key, _ in keys])
+        missing = [key for key in keys if key[0] not in entries]
+        if missing:
+            self._store(missing, parents if parents is not None else self.parents(keys))
 
-    def _store(self, missing: Sequence[Key], sequence: Sequence[Hashable]) -> None:
-        """Space for each of ``missing`` (in ``sequence``'s order, each linked to the key before it there),
-        evicting in the order's turn; the keys stored join the order once all have space."""
-        if not missing:
-            return
+    def parents(self, keys: Sequence[Key]) -> Mapping[Hashable, Hashable]:
+        """Each key's key before it in ``keys``, for an order that links a stored key to its parent (else none)."""
+        return parents(keys) if self.order.prefix_aware else {}
+
+    def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> None:
+        """Space for each of ``missing`` (in order, each linked to its key in ``parents``), evicting in the
+        order's turn until it fits (one larger than what can be evicted is not stored, as L1 fails the
+        allocation); the keys stored join the order once all have space."""
         order, entries = self.order, self.entries
-        before = dict(zip(sequence[1:], sequence[:-1])) if order.prefix_aware else {}
+        new, victim, capacity = order.new, order.victim, self.capacity
         stored = []
         for key, nbytes in missing:
             if key in entries:
                 continue  # repeated: stored once, as L1 writes a repeated hash once
-            if not self._make_room(nbytes):
-                continue  # larger than what can be evicted: not stored, as L1 fails the allocation
-            entries[key] = entry = _Entry(nbytes)
-            self.used += nbytes
-            if order.new is not None:
-                order.new(key, entry, entries.get(before.get(key)))
-            stored.append((key, entry))
+            while self.used + nbytes > capacity:
+                chosen = victim()
+                if chosen is None:
+                    break
+                del entries[chosen[0]]
+                self.used -= chosen[1].size
+            else:
+                entries[key] = entry = _Entry(nbytes)
+                self.used += nbytes
+                if new is not None:
+                    new(key, entry, entries.get(parents.get(key)))
+                stored.append((key, entry))
+        lists = order.lists
         for key, entry in reversed(stored) if order.tail_first else stored:
-            order.lists[entry.tier][key] = entry
-
-    def _make_room(self, nbytes: float) -> bool:
-        """Evict in the order's turn until ``nbytes`` more fit; False when they cannot."""
-        while self.used + nbytes > self.capacity:
-            chosen = self.order.victim()
-            if chosen is None:
-                return False
-            del self.entries[chosen[0]]
-            self.used -= chosen[1].size
-        return True
+            lists[entry.tier][key] = entry
 
     def keep(self, admits: Callable[[Any], bool]) -> None:
         """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
