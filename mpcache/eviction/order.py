@@ -27,7 +27,7 @@ when a reservation is given back.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
@@ -59,6 +59,9 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
+    def admitting(self, keys: Sequence[Any] | None) -> None:
+        return None  # LRU admits every store
+
     def victim(self) -> tuple[Any, Any] | None:
         return self.lists[0].popitem(False) if self.lists[0] else None  # last=False, positional: no keyword parse
 
@@ -83,6 +86,9 @@ class ArcOrder:
         self.sizes = [0, 0]  # bytes of T1's and T2's resident objects
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
+        self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
+        self._evidence: bool | None = None  # whether one was evicted or refused before (None: not looked yet)
+        self._refused: OrderedDict[Any, None] = OrderedDict()  # keys of refused stores, newest last
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
@@ -107,8 +113,10 @@ class ArcOrder:
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
+            self._evidence = True
         elif key in b2:
             self._ghost_hit(1, b2.pop(key), entry.size)
+            self._evidence = True
         else:
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
             return
@@ -145,7 +153,7 @@ class ArcOrder:
                     t1.move_to_end(key, False)
                     key, entry = t2.popitem(False)
                     tier = 1
-            elif t2:
+            elif t2 and (t1 or self._admits()):  # T1 has nothing to give: a store may be refused
                 key, entry = t2.popitem(False)
                 tier = 1
             else:
@@ -164,6 +172,29 @@ class ArcOrder:
         if entry.children:
             self._orphan_children(entry)
         return key, entry
+
+    def admitting(self, keys: Sequence[Any] | None) -> None:
+        """A store begins reserving ``keys`` (None: it ended)."""
+        self.storing = keys
+        self._evidence = None
+
+    def _admits(self) -> bool:
+        """Whether the store being reserved may evict an object seen again (T2): the adaptive order refuses a
+        store none of whose objects was evicted (a ghost) or refused before, as an object seen once is worth less
+        than one seen again; a refused store's keys are remembered (the newest, at most one per T2 object) so that
+        storing them again admits them.  What is not a store (an L2 landing) and ARC always may."""
+        storing = self.storing
+        if storing is None or not self.prefix_aware:
+            return True
+        if self._evidence is None:
+            b1, b2, refused = self._b1, self._b2, self._refused
+            self._evidence = any(key in b1 or key in b2 or key in refused for key in storing)
+            if not self._evidence:
+                for key in storing:
+                    refused[key] = None
+                while len(refused) > len(self.lists[1]):
+                    refused.popitem(False)
+        return self._evidence
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

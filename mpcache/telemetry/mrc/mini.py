@@ -82,6 +82,7 @@ class MiniCache:
         order, entries = self.order, self.entries
         before = dict(zip(sequence[1:], sequence[:-1])) if order.prefix_aware else {}
         stored = []
+        order.admitting(sequence)  # the order may refuse the store, as L1's does
         for key, nbytes in missing:
             if key in entries:
                 continue  # repeated: stored once, as L1 writes a repeated hash once
@@ -92,6 +93,7 @@ class MiniCache:
             if order.new is not None:
                 order.new(key, entry, entries.get(before.get(key)))
             stored.append((key, entry))
+        order.admitting(None)
         for key, entry in reversed(stored) if order.tail_first else stored:
             order.lists[entry.tier][key] = entry
 
