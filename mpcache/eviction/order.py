@@ -11,7 +11,11 @@
 * ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
-  anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
+  anything else.  It admits on second sight where room costs an object seen again: a store none of whose
+  chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
+  room (counted as L1's allocation failure, the client told as for a full L1); its keys are remembered (the
+  newest, at most one per T2 object), so the same store a second time is admitted (else a stale T2 would lock
+  new content out).  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
 locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -20,8 +24,8 @@ resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
-(ARC: seen again), ``new`` (unless None: LRU) when it reserves space, ``victim`` to evict one and ``forget``
-when a reservation is given back.
+(ARC: seen again), ``admitting`` around a store's reservations, ``new`` (unless None: LRU) when it reserves
+space, ``victim`` to evict one and ``forget`` when a reservation is given back.
 """
 
 from __future__ import annotations
