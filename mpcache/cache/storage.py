@@ -268,8 +268,8 @@ class StorageManager:
         listing = adapter.listing
         if listing is not None:
             held = listing.present([*stored, *evicted])  # one look under the index's lock
-            stored, evicted = ([key for key, now in zip(stored, held) if now],
-                               [key for key, now in zip(evicted, held[len(stored):]) if not now])
+            evicted = [key for key, now in zip(evicted, held[len(stored):]) if not now]
+            stored = [key for key, now in zip(stored, held) if now]
         feed.tier_changed(medium, stored, evicted)
 
     # -- shutdown ------------------------------------------------------------------------
