@@ -147,6 +147,7 @@ class L1Manager(PrefetchLandings):
         evicted = Evicted()
         linked = chained and self._order.prefix_aware
         made, made_entry = -1, None  # the position reserved last, and its entry
+        self._order.admitting(keys)  # the order may refuse a store that would evict what it values more
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:
@@ -163,6 +164,7 @@ class L1Manager(PrefetchLandings):
                 made, made_entry = position, entry
             positions.append(position)
             offsets.append(offset)
+        self._order.admitting(None)
         self._publish_evicted(evicted)
         for key, entry in reversed(pinned) if self._tail_first else pinned:
             lists[entry.tier][key] = entry  # touched: used again

@@ -11,7 +11,11 @@
 * ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
-  anything else.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
+  anything else.  It admits on second sight where room costs an object seen again: a store none of whose
+  chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
+  room (counted as L1's allocation failure, the client told as for a full L1); its keys are remembered (the
+  newest, at most one per T2 object), so the same store a second time is admitted (else a stale T2 would lock
+  new content out).  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
 locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -20,14 +24,14 @@ resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
-(ARC: seen again), ``new`` (unless None: LRU) when it reserves space, ``victim`` to evict one and ``forget``
-when a reservation is given back.
+(ARC: seen again), ``admitting`` around a store's reservations, ``new`` (unless None: LRU) when it reserves
+space, ``victim`` to evict one and ``forget`` when a reservation is given back.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
@@ -59,6 +63,9 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
+    def admitting(self, keys: Sequence[Any] | None) -> None:
+        return None  # LRU admits every store
+
     def victim(self) -> tuple[Any, Any] | None:
         return self.lists[0].popitem(False) if self.lists[0] else None  # last=False, positional: no keyword parse
 
@@ -83,6 +90,9 @@ class ArcOrder:
         self.sizes = [0, 0]  # bytes of T1's and T2's resident objects
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
+        self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
+        self._evidence: bool | None = None  # whether one was evicted or refused before (None: not looked yet)
+        self._refused: OrderedDict[Any, None] = OrderedDict()  # keys of refused stores, newest last
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
@@ -107,8 +117,10 @@ class ArcOrder:
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
+            self._evidence = True
         elif key in b2:
             self._ghost_hit(1, b2.pop(key), entry.size)
+            self._evidence = True
         else:
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
             return
@@ -145,7 +157,7 @@ class ArcOrder:
                     t1.move_to_end(key, False)
                     key, entry = t2.popitem(False)
                     tier = 1
-            elif t2:
+            elif t2 and (t1 or self._admits()):  # T1 has nothing to give: a store may be refused
                 key, entry = t2.popitem(False)
                 tier = 1
             else:
@@ -164,6 +176,29 @@ class ArcOrder:
         if entry.children:
             self._orphan_children(entry)
         return key, entry
+
+    def admitting(self, keys: Sequence[Any] | None) -> None:
+        """A store begins reserving ``keys`` (None: it ended)."""
+        self.storing = keys
+        self._evidence = None
+
+    def _admits(self) -> bool:
+        """Whether the store being reserved may evict an object seen again (T2): the adaptive order refuses a
+        store none of whose objects was evicted (a ghost) or refused before, as an object seen once is worth less
+        than one seen again; a refused store's keys are remembered (the newest, at most one per T2 object) so that
+        storing them again admits them.  What is not a store (an L2 landing) and ARC always may."""
+        storing = self.storing
+        if storing is None or not self.prefix_aware:
+            return True
+        if self._evidence is None:
+            b1, b2, refused = self._b1, self._b2, self._refused
+            self._evidence = any(key in b1 or key in b2 or key in refused for key in storing)
+            if not self._evidence:
+                for key in storing:
+                    refused[key] = None
+                while len(refused) > len(self.lists[1]):
+                    refused.popitem(False)
+        return self._evidence
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

@@ -9,6 +9,7 @@ import pytest
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
+from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
 from mpcache.eviction.order import ArcOrder, build
 
@@ -26,6 +27,18 @@ def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str, parent: str | N
         order.new(key, entry, entries[parent] if parent is not None and order.prefix_aware else None)
         order.lists[entry.tier][key] = entry
         parent = key
+
+
+class _FailuresCounted(NullPublisher):
+    """Records each L1_ALLOCATION_FAILED event: its ``during`` and its per-(salt, model) chunk counts."""
+
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, dict]] = []
+
+    def emit(self, etype: EventType, fields: tuple = (), **options: object) -> bool:
+        if etype is EventType.L1_ALLOCATION_FAILED:
+            self.failures.append((fields[0], options["salt_counts"]))
+        return True
 
 
 def _store(l1: L1Manager, hashes: list[int]) -> None:
@@ -116,10 +129,11 @@ def test_position_independent_chunks_have_no_parent(chained):
 @pytest.mark.parametrize("policy", ["lru", "arc", "adaptive"])
 def test_a_request_stored_one_tp_rank_at_a_time_keeps_every_rank_s_chunks(policy):
     """LMCache at TP 2: one lookup per request (its chunks' objects, rank-interleaved), then one store per rank.
-    Eight slots: requests 1 and 2 (2 chunks × 2 ranks each, looked up again after their stores: seen again) fill
-    L1, so request 3's stores evict.  Rank 1's store must not evict what rank 0's store of the same request
-    just wrote (ARC's T1, over its target of 0, would): each request's second lookup finds all four objects."""
-    l1 = L1Manager(np.zeros(8 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+    Ten slots: requests 1 and 2 (2 chunks × 2 ranks each, looked up again after their stores: seen again) fill
+    eight and request 3's rank 0 the last two, so request 3's rank 1 store evicts.  Rank 1's store must not evict
+    what rank 0's store of the same request just wrote (ARC's T1, over its target of 0, would): each request's
+    second lookup finds all four objects."""
+    l1 = L1Manager(np.zeros(10 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
     for request in (1, 2, 3):
         ranks = [[10 * request + chunk + 5 * rank for chunk in (0, 1)] for rank in (0, 1)]
         looked_up = [key for chunk in zip(*ranks) for key in chunk]
@@ -129,6 +143,28 @@ def test_a_request_stored_one_tp_rank_at_a_time_keeps_every_rank_s_chunks(policy
         found = l1.lock_prefix("m", "", looked_up)
         l1.release_read("m", "", looked_up[:found])
         assert (request, 4) == (request, found)
+
+
+@pytest.mark.parametrize("policy, first_refused", [("lru", 0), ("arc", 0), ("adaptive", 1)])
+def test_a_store_seen_once_is_refused_where_only_objects_seen_again_could_give_room(policy, first_refused):
+    """Four slots hold 1-4, each looked up again (seen twice: ARC's T2; T1 is empty).  A store of 5 never seen
+    before would evict one of them: the adaptive order refuses it (failed, and counted as L1_ALLOCATION_FAILED
+    during l1_store, as a full L1's store is), and admits it when it is stored again (second sight), evicting 1,
+    the least recently used; LRU and ARC admit it the first time."""
+    publisher = _FailuresCounted()
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy)
+    for key in (1, 2, 3, 4):
+        _store(l1, [key])
+        assert 1 == l1.lock_prefix("m", "", [key])
+        l1.release_read("m", "", [key])
+    failed = []
+    for _ in range(2):
+        reservation = l1.reserve_write("m", "", [5])
+        l1.commit_write("m", "", [5 for _ in reservation.positions], 64)
+        failed.append(reservation.failed)
+    assert [first_refused, 0] == failed
+    assert [("l1_store", {("", "m"): 1})] * first_refused == publisher.failures
+    assert [False, True, True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 5)]
 
 
 def test_a_parent_s_children_are_orphaned_in_the_order_they_were_stored():

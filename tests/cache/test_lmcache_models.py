@@ -37,8 +37,11 @@ def _tokens(model: str, round_: int) -> list[int]:
 
 @pytest.fixture
 def shared(cache):
-    """An 8 MiB L1 (16 slabs of 512 KiB; native chunk 64 KiB) serving LMCache on ipc://, and the pool mapped."""
-    harness = cache(chunk_size_tokens=CHUNK, chunk_bytes=64 * KIB, l1_size_bytes=8 * MIB, lmcache_ipc=True)
+    """An 8 MiB LRU L1 (16 slabs of 512 KiB; native chunk 64 KiB) serving LMCache on ipc://, and the pool mapped."""
+    # LRU: every store must get its slots and evict across object sizes; the default order may refuse a store
+    # seen once where only objects seen again could give room, which is not what this tests.
+    harness = cache(chunk_size_tokens=CHUNK, chunk_bytes=64 * KIB, l1_size_bytes=8 * MIB, lmcache_ipc=True,
+                    l1_policy="lru")
     url = harness.config.lmcache_urls(0)[0]
     setup = LMClient(url)
     for model, (instances, fields, _) in MODELS.items():

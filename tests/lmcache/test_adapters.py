@@ -360,7 +360,9 @@ def test_lmcache_adapters_against_mpcache(case, client, client_prefix, start_lmc
     were told: lookup requested/hit tokens, L1 writes and reads, chunks loaded, one throughput sample per
     transfer, nothing dropped."""
     workers, tp, mla = CASES[case]
-    service = start_lmcache_service(workers, object_bytes(tp, mla))
+    # LRU: the driver's scenarios share one L1 and expect a prompt stored once into the L1 its eviction scenario
+    # filled with objects seen again to be readable, which the adaptive order admits on second sight only.
+    service = start_lmcache_service(workers, object_bytes(tp, mla), "--l1-policy", "lru")
     urls = service.urls[:workers]
     result = run_driver(client_prefix, client, service.l1_bytes, urls, tp, mla, "all,lock_release", tmp_path)
     eviction = result["scenarios"]["eviction"]["eviction"]
@@ -435,7 +437,9 @@ def test_lmcache_bench_server_against_mpcache(tp, lmcache_venv, start_lmcache_se
     hit, a retrieve and a checksum match (``run_bench_client.py`` judges it); /metrics counts exactly its
     chunks."""
     requests, chunks = 3, 2  # --num-tokens 512; 3 x 2 x 32 MiB stays below the 80% watermark of 256 MiB
-    service = start_lmcache_service(1, None)
+    # LRU: at TP 2 the third sequence's store needs room that only the first two's objects, seen again by their warm
+    # hits, can give, and the adaptive order refuses a store seen once there; the protocol is what this tests.
+    service = start_lmcache_service(1, None, "--l1-policy", "lru")
     bench = subprocess.run(
         [sys.executable, str(BENCH), "--rpc-url", service.urls[0], "--venv", str(lmcache_venv), "--tp", str(tp),
          "--requests", str(requests), "--num-tokens", str(chunks * CHUNK), "--default-shape", "--timeout", "400"],

@@ -82,7 +82,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("L1Failures", "L1 failures and timeouts", True, (
         _m("lmcache_mp.l1_allocation_failure", "lmcache_mp_l1_allocation_failure_chunks_total", COUNTER, "chunks",
            _salts((E.L1_ALLOCATION_FAILED,), _f("during"), _GROUP_MODEL),
-           "Chunks L1 had no room for, split by whether a client store or an L2 prefetch asked."),
+           "Chunks L1 had no room for (or, under --l1-policy adaptive, refused a store seen once), split by "
+           "whether a client store or an L2 prefetch asked."),
         _m("lmcache_mp.l1_read_failure", "lmcache_mp_l1_read_failure_chunks_total", COUNTER, "chunks",
            _salts((E.L1_READ_FAILED,), _f("during"), _f("reason"), _GROUP_MODEL),
            "Chunks that lookup reported present but could not be read (a race or unexpected eviction, not a miss)."),

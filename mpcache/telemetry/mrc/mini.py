@@ -96,6 +96,7 @@ class MiniCache:
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
         stored = []
+        order.admitting([key for key, _ in missing])  # the order may refuse the store, as L1's does
         for key, nbytes in missing:
             if key in entries:
                 continue  # repeated: stored once, as L1 writes a repeated hash once
@@ -111,6 +112,7 @@ class MiniCache:
                 if new is not None:
                     new(key, entry, entries.get(parents.get(key)))
                 stored.append((key, entry))
+        order.admitting(None)
         lists = order.lists
         for key, entry in reversed(stored) if order.tail_first else stored:
             lists[entry.tier][key] = entry
