@@ -216,7 +216,7 @@ class L1Manager(PrefetchLandings):
         if lookup and self._counts_accesses:
             self._order.access += 1
         entries, lists, again = self._entries, self._lists, self._again
-        found, key = 0, None
+        found, key, reused = 0, None, False
         for chunk_hash in hashes:
             previous, key = key, ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
@@ -228,8 +228,12 @@ class L1Manager(PrefetchLandings):
                 del lists[entry.tier][key]
                 if entry.tier != again:
                     self._promote(entry)
+                else:
+                    reused = True
             entry.readers += 1
             found += 1
+        if reused:
+            self._order.reused = True  # an object seen again is used: the order may refuse a store for it
         if found and publish:
             self._pub.emit_salted(_L1_READ_RESERVED, salt, model, found)
         return found

@@ -208,8 +208,11 @@ class Demo:
             for block_id, chunk_hash in zip(block_ids, missing):
                 fill_chunk(buffer.blocks[block_id], chunk_hash)
             self._doubt(tenant, l1_write=len(missing), l1_allocation_failure=len(missing))
-            tally.stored[tenant] += client.store(buffer, request_id=request_id, model_name=model, cache_salt=tenant,
-                                                 chunk_hashes=missing, block_ids=block_ids).stored
+            result = client.store(buffer, request_id=request_id, model_name=model, cache_salt=tenant,
+                                  chunk_hashes=missing, block_ids=block_ids)
+            tally.stored[tenant] += result.stored
+            # a full L1, or the eviction order refusing chunks seen once, fails them: the client is told
+            tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
         self._doubt()
         client.end_session(request_id)
         if self._due("big_store", BIG_STORE_EVERY_S):

@@ -47,6 +47,7 @@ class LruOrder:
     again = 0  # the tier of an object used again: its own, so promote is never called
 
     new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held
+    reused = False  # set by lookups, read by no one: LRU admits every store
 
     access = 0  # not counted: LRU evicts the newest objects last, so it never splits an access
 
@@ -91,7 +92,8 @@ class ArcOrder:
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
         self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
-        self._evidence: bool | None = None  # whether one was evicted or refused before (None: not looked yet)
+        self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
+        self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
         self._refused: OrderedDict[Any, None] = OrderedDict()  # keys of refused stores, newest last
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
@@ -117,10 +119,10 @@ class ArcOrder:
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
-            self._evidence = True
+            self._admitted = True
         elif key in b2:
             self._ghost_hit(1, b2.pop(key), entry.size)
-            self._evidence = True
+            self._admitted = True
         else:
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
             return
@@ -180,25 +182,28 @@ class ArcOrder:
     def admitting(self, keys: Sequence[Any] | None) -> None:
         """A store begins reserving ``keys`` (None: it ended)."""
         self.storing = keys
-        self._evidence = None
+        self._admitted = None
 
     def _admits(self) -> bool:
-        """Whether the store being reserved may evict an object seen again (T2): the adaptive order refuses a
+        """Whether the store being reserved may evict an object seen again (T2).  The adaptive order refuses a
         store none of whose objects was evicted (a ghost) or refused before, as an object seen once is worth less
-        than one seen again; a refused store's keys are remembered (the newest, at most one per T2 object) so that
-        storing them again admits them.  What is not a store (an L2 landing) and ARC always may."""
+        than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
+        an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
+        store's keys are remembered (the newest, at most one per T2 object) so that storing them again admits
+        them.  What is not a store (an L2 landing) and ARC always may."""
         storing = self.storing
         if storing is None or not self.prefix_aware:
             return True
-        if self._evidence is None:
+        if self._admitted is None:
             b1, b2, refused = self._b1, self._b2, self._refused
-            self._evidence = any(key in b1 or key in b2 or key in refused for key in storing)
-            if not self._evidence:
+            self._admitted = not self.reused or any(key in b1 or key in b2 or key in refused for key in storing)
+            if not self._admitted:
+                self.reused = False
                 for key in storing:
                     refused[key] = None
                 while len(refused) > len(self.lists[1]):
                     refused.popitem(False)
-        return self._evidence
+        return self._admitted
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

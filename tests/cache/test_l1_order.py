@@ -145,18 +145,26 @@ def test_a_request_stored_one_tp_rank_at_a_time_keeps_every_rank_s_chunks(policy
         assert (request, 4) == (request, found)
 
 
+def _seen_again(l1: L1Manager, key: int, lookups: int) -> None:
+    """``key`` looked up ``lookups`` times: the first finds it seen once (T1) and makes it seen again (T2), each
+    later one uses it in T2."""
+    for _ in range(lookups):
+        assert 1 == l1.lock_prefix("m", "", [key])
+        l1.release_read("m", "", [key])
+
+
 @pytest.mark.parametrize("policy, first_refused", [("lru", 0), ("arc", 0), ("adaptive", 1)])
-def test_a_store_seen_once_is_refused_where_only_objects_seen_again_could_give_room(policy, first_refused):
-    """Four slots hold 1-4, each looked up again (seen twice: ARC's T2; T1 is empty).  A store of 5 never seen
-    before would evict one of them: the adaptive order refuses it (failed, and counted as L1_ALLOCATION_FAILED
-    during l1_store, as a full L1's store is), and admits it when it is stored again (second sight), evicting 1,
-    the least recently used; LRU and ARC admit it the first time."""
+def test_a_store_seen_once_is_refused_where_only_objects_seen_again_and_in_use_could_give_room(policy,
+                                                                                               first_refused):
+    """Four slots hold 1-4, each looked up twice (seen again: ARC's T2, T1 empty; and used there).  A store of 5
+    never seen before would evict one of them: the adaptive order refuses it (failed, and counted as
+    L1_ALLOCATION_FAILED during l1_store, as a full L1's store is), and admits it when it is stored again (second
+    sight), evicting 1, the least recently used; LRU and ARC admit it the first time."""
     publisher = _FailuresCounted()
     l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy)
     for key in (1, 2, 3, 4):
         _store(l1, [key])
-        assert 1 == l1.lock_prefix("m", "", [key])
-        l1.release_read("m", "", [key])
+        _seen_again(l1, key, 2)
     failed = []
     for _ in range(2):
         reservation = l1.reserve_write("m", "", [5])
@@ -165,6 +173,23 @@ def test_a_store_seen_once_is_refused_where_only_objects_seen_again_could_give_r
     assert [first_refused, 0] == failed
     assert [("l1_store", {("", "m"): 1})] * first_refused == publisher.failures
     assert [False, True, True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 5)]
+
+
+def test_objects_seen_twice_and_never_used_again_do_not_keep_new_stores_out():
+    """Each store is looked up once right after (a client's round trip): L1 fills with objects seen twice that
+    no one uses again.  The adaptive order refuses a new store only while an object seen again is in use, so
+    every round trip finds its chunks; and after a refusal it admits the next store unless T2 was used since."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    failed = []
+    for key in range(1, 21):
+        reservation = l1.reserve_write("m", "", [key])
+        l1.commit_write("m", "", [key for _ in reservation.positions], 64)
+        failed.append(reservation.failed)
+        if not reservation.failed:
+            _seen_again(l1, key, 1)
+    assert [0] * 20 == failed
+    _seen_again(l1, 20, 1)  # used in T2: the next store seen once is refused, the one after it is not
+    assert [1, 0] == [l1.reserve_write("m", "", [key]).failed for key in (21, 22)]
 
 
 def test_a_parent_s_children_are_orphaned_in_the_order_they_were_stored():

@@ -175,9 +175,7 @@ def test_late_retrieve_of_an_expired_job_reports_chunks_evicted_meanwhile_as_rea
     copies nothing and publishes L1_READ_FAILED(l1_retrieve, not_found) for the chunks lookup had
     reported present, SM_READ_PREFETCHED_FINISHED with them as failed, and a zero MP_RETRIEVE_END."""
     now = [1000.0]
-    # LRU: the new store must evict the expired job's chunks, which the lookup made seen-again ones that the
-    # default (adaptive) order would keep by refusing a store seen once; the policy is not what this tests.
-    harness = cache(server_kwargs={"clock": lambda: now[0], "job_ttl_s": 30.0}, l1_policy="lru")
+    harness = cache(server_kwargs={"clock": lambda: now[0], "job_ttl_s": 30.0})
     client = harness.client()
     kv = client.register_buffer(8, CHUNK_BYTES)
     hashes = _hashes(2)

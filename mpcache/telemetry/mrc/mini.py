@@ -70,6 +70,8 @@ class MiniCache:
             if lists[entry.tier].pop(key, None) is not None:  # out of the order already: a repeat, judged a hit
                 if entry.tier != again:
                     order.promote(entry)
+                else:
+                    order.reused = True  # as L1's lookup tells its order
                 found.append((key, entry))
             hits.append(True)
         if missing:
