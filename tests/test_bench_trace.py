@@ -10,30 +10,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
-from benchmarks.null_cache import NullPublisher
+from benchmarks.policy_matrix import l1_found, lmcache_sim
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
-from mpcache.cache.l1 import L1Manager
-
-
-def _l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
-    """The trace through an L1Manager of ``blocks`` native chunks in process (lookup locks the prefix, the rest
-    is stored, the prefix released): the prefix found per request."""
-    l1 = L1Manager(np.zeros(blocks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
-    found = []
-    for request in requests:
-        hashes = request.hashes
-        hit = l1.lock_prefix("m", "", hashes, publish=False)
-        reservation = l1.reserve_write("m", "", hashes[hit:])
-        l1.commit_write("m", "", [hashes[hit + p] for p in reservation.positions], 64)
-        l1.release_read("m", "", hashes[:hit])
-        found.append(hit)
-    return found
 
 
 def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
@@ -41,7 +24,17 @@ def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
     found for every request."""
     requests = trace_gen.conversations(600, seed=1)
     for blocks in (6, 20, 60):
-        assert _l1_found(requests, blocks, "lru") == lru(requests, blocks).found
+        assert l1_found(requests, blocks, "lru") == lru(requests, blocks).found
+
+
+def test_lmcache_sim_trims_to_80_percent_on_its_period_and_drops_a_store_it_has_no_room_for():
+    """Two blocks: [1, 2] fills them; before the second request the trim takes the oldest (2, as a store's chunks
+    are kept head last-used); [3, 4] has no room beside 1 and is dropped, so [1, 2] finds 1 only.  With room for
+    everything it finds what the infinite LRU does."""
+    requests = [TraceRequest([1, 2], 1024), TraceRequest([3, 4], 1024), TraceRequest([1, 2], 1024)]
+    assert [0, 0, 1] == lmcache_sim(requests, 2, 1).found
+    conversations = trace_gen.conversations(300, seed=3)
+    assert lru(conversations, math.inf).found == lmcache_sim(conversations, 10**6, 1).found
 
 
 def test_belady_is_never_below_lru_and_an_infinite_cache_finds_every_repeat():
@@ -122,7 +115,7 @@ def test_trace_benchmark_replays_through_the_service_and_matches_the_offline_lru
     for size in result["sizes"].values():
         assert size["mpcache_lru"] == size["offline_lru"]
         for policy in ("adaptive", "arc"):
-            expected = outcome(requests, _l1_found(requests, size["blocks"], policy)).tokens_saved
+            expected = outcome(requests, l1_found(requests, size["blocks"], policy)).tokens_saved
             assert expected == size[f"mpcache_{policy}"]["tokens_saved"], (policy, size["blocks"])
         assert size["belady"]["tokens_saved"] >= size["offline_lru"]["tokens_saved"] > 0
     assert any(s["mpcache_adaptive"] != s["mpcache_lru"] for s in result["sizes"].values())

@@ -84,6 +84,7 @@ def _default(function, parameter: str):
 def _claims() -> list[tuple[str, str, str]]:
     from benchmarks import isolation as bench_isolation
     from benchmarks import lmcache as bench_lmcache
+    from benchmarks import policy_matrix
     from benchmarks import vllm as bench_vllm
     from mpcache.cache import buffers, client_errors, l0, slabs, storage
     from mpcache.cache import process as cache_process
@@ -286,6 +287,11 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/BENCHMARKS.md", r"\(`--warmup`, default (\d+) s, uncounted\), an idle window \((\d+) s, counted, no "
                                r"requests\) and the measured window \(`--seconds`, default (\d+)\)",
          f"{bench_isolation.WARMUP_S:g} / {bench_isolation.IDLE_S:g} / {bench_isolation.SECONDS:g}"),
+        ("docs/BENCHMARKS.md", r"every `trace_gen` kind \(([\d,]+) requests, seed (\d+)\) and each `--trace`, whole "
+                               r"and its first ([\d,]+) requests",
+         f"{policy_matrix.REQUESTS:,} / {policy_matrix.SEED} / {policy_matrix.FIRST:,}"),
+        ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",
+         f"{len(policy_matrix.LMCACHE_PERIODS)} / {policy_matrix.TOLERANCE:g}"),
         # docs/CONFIGURATION.md (its prose; the table is generated)
         ("docs/CONFIGURATION.md", r"a smaller `--l1-size` \((\d+MiB), (\d+MiB) with `--l2`\), `--prefetch-job-ttl "
                                   r"(\d+)` and `--metrics-sample-rate ([\d.]+)`",

@@ -13,9 +13,10 @@
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
   anything else.  It admits on second sight where room costs an object seen again: a store none of whose
   chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
-  room (counted as L1's allocation failure, the client told as for a full L1); its keys are remembered (the
-  newest, at most one per T2 object), so the same store a second time is admitted (else a stale T2 would lock
-  new content out).  It adapts by ARC's ghost hits alone: nothing to tune per workload.
+  room, while T2 is in use: after a refusal, the next waits until a lookup finds an object in T2 again (else
+  objects seen twice and never again would keep out every new one).  A refusal is counted as L1's allocation
+  failure, the client told as for a full L1; its keys are remembered (the newest, at most one per T2 object),
+  so the same store a second time is admitted.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
 locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The

@@ -1,0 +1,149 @@
+"""``python -m benchmarks.policy_matrix [--trace PATH ...] [--requests N] [--first N] [--policies P ...] [--jobs J]``:
+L1's eviction orders replayed in process on every ``trace_gen`` kind (and any Mooncake-format ``--trace``), at the
+three sizes of ``bench trace``, against the offline LRU, ARC and a simulation of LMCache's server.
+
+The service's ``bench trace`` takes minutes per trace and size; this takes seconds, so a policy change can be
+judged on 8 traces × 3 sizes × (whole, first ``--first`` requests) before it goes near the service.  Each
+request is fed to a real :class:`~mpcache.cache.l1.L1Manager` (64-byte objects) as the LMCache front end drives
+it: lookup (read-lock the found prefix), store the rest, release.  The references, from the same requests:
+``lru`` and ``arc`` (``trace_sim``, exact, offline) and ``lmcache_sim``: LMCache's server modelled as an LRU that
+refuses a store it has no room for and, every k-th request, trims to 80 % of its capacity once above it (its
+1 Hz eviction loop), the best over k in :data:`LMCACHE_PERIODS` (the real server's result swings with its
+timing: ``bench trace`` runs it).  Flagged per row: a policy more than 0.005 below ``lru`` or ``arc``, or below
+``lmcache_sim``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import sys
+import tempfile
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from benchmarks import trace_gen
+from benchmarks.null_cache import NullPublisher
+from benchmarks.trace import SHARES
+from benchmarks.trace_sim import Outcome, TraceRequest, arc, load, lru, lru_capacity_for, outcome
+from mpcache.cache.l1 import L1Manager
+
+LMCACHE_PERIODS = (1, 5, 10, 20, 50, 100, 200)  # requests between two of the simulated server's trims
+OBJECT_BYTES = 64
+TOLERANCE = 0.005  # below the offline LRU or ARC by more than this is flagged (issue 39's bar)
+REQUESTS, FIRST, SEED = 6000, 1500, 1  # each generated trace's length and seed; its first requests also replayed
+
+
+def lmcache_sim(requests: list[TraceRequest], blocks: int, period: int) -> Outcome:
+    """LMCache's server as an LRU of ``blocks`` that trims to 80 % every ``period`` requests once above it and
+    drops a store it has no room for."""
+    order: OrderedDict[int, None] = OrderedDict()
+    found_per: list[int] = []
+    for index, request in enumerate(requests):
+        if index % period == 0 and len(order) >= 0.8 * blocks:
+            for _ in range(max(1, int(0.2 * blocks))):
+                if order:
+                    order.popitem(last=False)
+        found = 0
+        for chunk in request.hashes:
+            if chunk not in order:
+                break
+            found += 1
+        for chunk in reversed(request.hashes[:found]):
+            order.move_to_end(chunk)
+        new = [chunk for chunk in request.hashes[found:] if chunk not in order]
+        for chunk in request.hashes[found:]:
+            if chunk in order:
+                order.move_to_end(chunk)
+        if len(order) + len(new) <= blocks:
+            for chunk in reversed(new):
+                order[chunk] = None
+        found_per.append(found)
+    return outcome(requests, found_per)
+
+
+def l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
+    """``requests`` through an L1 of ``blocks`` objects under ``policy``: the prefix found per request."""
+    l1 = L1Manager(np.zeros(blocks * OBJECT_BYTES, dtype=np.uint8), NullPublisher(), 1.0, OBJECT_BYTES,
+                   policy=policy)
+    found_per: list[int] = []
+    for request in requests:
+        hashes = request.hashes
+        found = l1.lock_prefix("m", "", hashes, publish=False)
+        reservation = l1.reserve_write("m", "", hashes[found:])
+        l1.commit_write("m", "", [hashes[found + position] for position in reservation.positions], OBJECT_BYTES)
+        l1.release_read("m", "", hashes[:found])
+        found_per.append(found)
+    return found_per
+
+
+def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, Any]]:
+    name, path, limit, policies = job
+    requests = load(path, limit)
+    infinite = lru(requests, math.inf).hit_ratio
+    rows = []
+    for size, share in SHARES.items():
+        blocks = lru_capacity_for(requests, share, infinite)
+        row: dict[str, Any] = {"trace": name, "requests": len(requests), "size": size, "blocks": blocks,
+                               "lru": lru(requests, blocks).hit_ratio, "arc": arc(requests, blocks).hit_ratio,
+                               "lmcache_sim": max(lmcache_sim(requests, blocks, k).hit_ratio for k in LMCACHE_PERIODS)}
+        for policy in policies:
+            value = row[f"l1_{policy}"] = outcome(requests, l1_found(requests, blocks, policy)).hit_ratio
+            flags = [ref for ref in ("lru", "arc") if value < row[ref] - TOLERANCE]
+            flags += ["lmcache_sim"] if value < row["lmcache_sim"] else []
+            row[f"flags_{policy}"] = flags
+        rows.append(row)
+    return rows
+
+
+def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:
+    """Every trace in ``paths`` (name → file), whole (up to ``requests``) and its first ``first`` requests."""
+    work = [(name, path, limit, policies) for name, path in paths.items() for limit in (requests, first)]
+    with multiprocessing.Pool(jobs) as pool:
+        out = []
+        for rows in pool.imap(_rows, work):
+            out.extend(rows)
+            print(f"[policy_matrix] {rows[0]['trace']} ({rows[0]['requests']} requests) done", file=sys.stderr,
+                  flush=True)
+    return out
+
+
+def render(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    columns = ["lru", "arc", "lmcache_sim", *(f"l1_{policy}" for policy in policies)]
+    lines = ["| trace | requests | size | blocks | " + " | ".join(columns) + " | "
+             + " | ".join(f"{policy}: below" for policy in policies) + " |",
+             "|" + "---|" * (4 + len(columns) + len(policies))]
+    for row in rows:
+        lines.append(f"| {row['trace']} | {row['requests']} | {row['size']} | {row['blocks']} | "
+                     + " | ".join(f"{row[column]:.4f}" for column in columns) + " | "
+                     + " | ".join(", ".join(row[f"flags_{policy}"]) or "–" for policy in policies) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.policy_matrix", description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
+    parser.add_argument("--requests", type=int, default=REQUESTS, help="requests of each generated trace (and the "
+                        "most read of a --trace file)")
+    parser.add_argument("--first", type=int, default=FIRST, help="also replay each trace's first N requests")
+    parser.add_argument("--policies", nargs="+", default=["adaptive", "arc", "lru"])
+    parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
+        paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
+        for kind in trace_gen.KINDS:
+            paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
+            trace_gen.write(trace_gen.KINDS[kind](args.requests, SEED), paths[kind], SEED)
+        rows = run(paths, args.requests, args.first, tuple(args.policies), args.jobs)
+    print(json.dumps(rows, indent=1) if args.json else render(rows, tuple(args.policies)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
