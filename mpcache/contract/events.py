@@ -183,8 +183,8 @@ _ALL = (
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
     # One per finished lookup (counts in objects, ``ranks`` per chunk): its first chunks as their first rank's
     # key (``head_i``, the hash as it is; ``exact`` = how many | bit 5 + i set when chunk i is held by L1 past
-    # the first missing chunk | the objects past them << 21), and the other keys that pass ``--mrc-sample-rate`` as sampled keys, ordered L1
-    # hits, L2 hits, misses after the gap, other misses.
+    # the first missing chunk | the objects past them << 21), and the other keys that pass
+    # ``--mrc-sample-rate`` as sampled keys, ordered L1 hits, L2 hits, misses after the gap, other misses.
     _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),
        ("l1_hits", I), ("exact", I), ("sampled_l1_hits", I), ("sampled_l2_hits", I), ("sampled_after_gap", I),
        *((name, H) for name in MRC_HEAD_FIELDS), sampled=True),

@@ -244,7 +244,7 @@ class History:
             if stratum != HEAD and self._touch_judged(row, stratum, min(size * objects, MAX_KEY_BYTES), size,
                                                       found):
                 tails.append(row)
-        if covering and head in stack:
+        if covering and head is not None and head in stack:
             stack.touch(second_half, min((tail - tail // 2) * size, MAX_KEY_BYTES), TAIL)
             before = self.tails.get(head)
             old = before.keys if before is not None else []
@@ -446,7 +446,8 @@ class History:
         the stored keys forgotten for depth (up to 4 × ``max_keys`` rows)."""
         return {"strata": [[stratum.threshold, stratum.keys] for stratum in self.strata],
                 "stack": [(key, (slot, nbytes, _sampling(stratum))) for key, (slot, nbytes, stratum)
-                          in self.stack.entries() if stratum != TAIL], "stored": list(self.stored), "forgotten": list(self.forgotten)}
+                          in self.stack.entries() if stratum != TAIL],
+                "stored": list(self.stored), "forgotten": list(self.forgotten)}
 
     def check(self, state: object) -> Any:
         """Check a :meth:`save` of a history of this configuration; returns the step adopting it."""
