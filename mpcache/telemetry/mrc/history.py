@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -28,6 +28,9 @@ HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sample
 # its bytes counted there), and that tail itself (TAIL: two keys per head key, the bytes of its last tail)
 COVERED, TAIL = 2, 3
 _TAIL_KEY_OFFSET = 1 << 64  # a tail key's hash: below zero, where no chunk's is (never checkpointed)
+SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
+SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 4, 8  # a tail's new objects: in up to 4 segments of at least 8 objects
+SEGMENTS_PER_HEAD = 16  # at most, per head key (then its first two become one): a lookup's keys stay bounded
 TAIL_DECAY = 0.99  # per lookup of a head key, the weight of what its earlier tails said
 USUAL_DECAY = 0.999  # per lookup with a tail, the weight of what every head key's tails said before
 TAIL_PRIOR = 1.0  # the expected sampled keys that every head key's share of new tail objects counts as, for one
@@ -125,10 +128,11 @@ class TailSeen:
     per lookup, the sampled keys that differed from the tail before (``divergent``) against how many would
     have had every object differed (``expected``): the share of a tail that is new."""
 
-    __slots__ = ("objects", "keys", "divergent", "expected")
+    __slots__ = ("objects", "keys", "divergent", "expected", "segments")
 
     def __init__(self, objects: int, keys: list[Row], divergent: float, expected: float) -> None:
         self.objects, self.keys, self.divergent, self.expected = objects, keys, divergent, expected
+        self.segments: list[tuple[Hashable, int]] = []  # under a miniature: the last tail's (key, objects)
 
     def common(self, objects: int, usual: float) -> int:
         """The objects a tail of ``objects`` likely shares with the last one (from its start), where the tails
@@ -173,6 +177,8 @@ class History:
         self.stored: set[Row] = set()
         self.tails: dict[Row, TailSeen] = {}
         self._divergent = self._expected = 0.0  # TailSeen's counts over every head key
+        self._segment = 0  # the last tail segment's number (a miniature's key for a tail's objects)
+        self._segments: list[tuple[Hashable, int]] = []  # the segments the lookup being judged left
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
     def lookup(self, accesses: Sequence[Access], size: int, tail: int = 0,
@@ -197,6 +203,7 @@ class History:
         reasons: list[tuple[str, bool, float]] = []
         head = None  # the last head chunk's key: the prefix every tail object chains
         uncovered: list[tuple[float, str]] = []  # the sampled tail keys its last tail did not hold
+        held: set[Row] = set()  # and those it held
         for row, stratum, found, objects in accesses:
             if stratum == HEAD:
                 head = row
@@ -207,18 +214,23 @@ class History:
             if stratum == TAIL or not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
                 continue
             weight = weights[stratum] * objects
-            if self.minis is None and tail > 0 and stratum == SAMPLED:
-                if not covered:  # judged where it is; its judgment from the last tail is taken back below
-                    curve.append((weight, found, len(edges) if entry is None else bisect.bisect_left(
-                        edges, stack.weighted_above(entry[0], depth) + entry[1]), None))
+            if tail > 0 and stratum == SAMPLED:
+                if covered:
+                    held.add(row)
+                else:
                     uncovered.append((weight, found))
+                    if self.minis is None:  # judged where it is; its judgment as a miss is taken back below
+                        curve.append((weight, found, len(edges) if entry is None else bisect.bisect_left(
+                            edges, stack.weighted_above(entry[0], depth) + entry[1]), None))
             elif self.minis is None:
                 bucket = len(edges) if entry is None else bisect.bisect_left(
                     edges, stack.weighted_above(entry[0], depth) + entry[1])
                 curve.append((weight, found, bucket, None))
             reasons.append((found, row in stored or (bool(forgotten) and row in forgotten), weight))
             judged.append((row, stratum, objects, weight, found))
-        if self.minis is not None:
+        if self.minis is not None and tail > 0:
+            curve = self._simulate_tail(judged, held, head, tail, tail_found, size, weights)
+        elif self.minis is not None:
             curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
                                     for row, stratum, objects, weight, found in judged])
         elif tail > 0:
@@ -235,7 +247,7 @@ class History:
         heads = [item for item in judged if item[1] == HEAD]
         for row, _, objects, _, found in heads:
             self._touch_judged(row, HEAD, min(size * objects, MAX_KEY_BYTES), size, found)
-        covering = self.minis is None and tail > 0 and size > 0 and head is not None and head in stack
+        covering = tail > 0 and size > 0 and head is not None and head in stack
         first_half, second_half = _tail_keys(head) if head is not None else (None, None)
         if covering:
             stack.touch(first_half, min(tail // 2 * size, MAX_KEY_BYTES), TAIL)
@@ -249,9 +261,11 @@ class History:
             before = self.tails.get(head)
             old = before.keys if before is not None else []
             if before is None:
-                self.tails[head] = TailSeen(tail, tails, 0.0, 0.0)
+                before = self.tails[head] = TailSeen(tail, tails, 0.0, 0.0)
             else:
                 before.objects, before.keys = tail, tails
+            if self.minis is not None:
+                before.segments = self._segments
             now = set(tails)
             for row in tails:
                 stack.restratum(row, COVERED)
@@ -304,7 +318,57 @@ class History:
             if self.stack.stratum_of_or(row) == COVERED:
                 self.stack.restratum(row, SAMPLED)
 
-    def _simulate(self, keys: list[tuple[Row, float, float, str]]) -> list[Judged]:
+    def _simulate_tail(self, judged: list[tuple[Row, int, int, float, str]], held: set[Row], head: Row | None,
+                       tail: int, tail_found: tuple[int, int], size: int, weights: list[float]) -> list[Judged]:
+        """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
+        tail's segments that hold the objects this one likely shares with it, then one of the new objects: a
+        segment is a key of its objects' bytes, so a miniature keeps or evicts it whole), each tail object judged
+        by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
+        tail's), for their place in the order, and those the last tail did not hold (not in ``held``) count
+        where they are, × 1 / rate, in place of a miss."""
+        seen = self.tails.get(head) if head is not None else None
+        common = 0 if seen is None else seen.common(tail, self._divergent / self._expected if self._expected else 0.0)
+        ranges: list[tuple[Hashable, int, int, int]] = []  # (segment, its objects, first and last one it judges)
+        end = 0
+        for key, objects in seen.segments if seen is not None else ():
+            if end >= min(common, tail):
+                break
+            ranges.append((key, objects, end + 1, min(end + objects, common, tail)))
+            end = ranges[-1][3]
+        step = max(SEGMENT_MIN_OBJECTS, -(-(tail - end) // SEGMENT_PIECES))
+        while tail > end:  # the new objects in pieces (a miniature evicts a piece whole)
+            self._segment += 1
+            objects = min(step, tail - end)
+            ranges.append(((SEGMENT, self._segment), objects, end + 1, end + objects))
+            end += objects
+        while len(ranges) > SEGMENTS_PER_HEAD:  # the first two as one (a miss of theirs, once): bounded keys
+            self._segment += 1
+            (_, objects, first, _), (_, more, _, last) = ranges[:2]
+            ranges[:2] = [((SEGMENT, self._segment), objects + more, first, last)]
+        self._segments = [(key, objects) for key, objects, _, _ in ranges]
+        in_l1 = max(0, min(tail, tail_found[0]))
+        in_l2 = max(0, min(tail - in_l1, tail_found[1]))
+        keys: list[tuple[Hashable, float, float, str]] = [
+            (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
+            for row, stratum, objects, weight, found in judged if stratum == HEAD]
+        for key, objects, first, last in ranges:
+            nbytes = float(min(objects * size, MAX_KEY_BYTES))
+            for low, high, found in ((1, in_l1, L1_HIT), (in_l1 + 1, in_l1 + in_l2, L2_HIT),
+                                     (in_l1 + in_l2 + 1, tail, MISS)):
+                part = min(high, last) - max(low, first) + 1
+                if part > 0:
+                    keys.append((key, nbytes, float(part), found))
+        sampled = [(row, weight, found) for row, stratum, _, weight, found in judged if stratum != HEAD]
+        keys += [(row, float(size), weight, found) for row, weight, found in sampled]
+        out = self._simulate(keys)
+        beyond, judged_sampled = len(self.edges), out[len(out) - len(sampled):]
+        out = out[: len(out) - len(sampled)]
+        for (row, weight, found), one in zip(sampled, judged_sampled):
+            if row not in held:
+                out += [one, (-weight, found, None, [(beyond, -weight)])]
+        return out
+
+    def _simulate(self, keys: list[tuple[Hashable, float, float, str]]) -> list[Judged]:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
         miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
         bucket's count is the change in hits from the edge before, and may be negative), each change spread
@@ -408,8 +472,8 @@ class History:
                 self.stored.discard(row)
                 keys.keys -= 1
         if self.minis is not None:  # the miniatures forget what the stack forgot, and any untracked key past it
-            def admits(row: Row) -> bool:
-                return row in stack or row[0] % SAMPLE_MODULUS < new_threshold
+            def admits(row: Any) -> bool:
+                return row[0] == SEGMENT or row in stack or row[0] % SAMPLE_MODULUS < new_threshold
             for mini in self.minis:
                 mini.keep(admits)
         keys.threshold = new_threshold
