@@ -650,6 +650,24 @@ def test_long_prompts_tails_judged_from_their_head_key_keep_the_curve_within_0_0
     assert errors[False] > 0.02 and errors[True] <= 0.01, errors
 
 
+def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_stays_exact():
+    """Above ``TAIL_MAX_RATE`` the sampled keys judge a tail alone: at rate 1 the long-prompt curve equals the
+    simulated LRU caches at every point, the tail count given or not."""
+    size, capacity = 1000, 200_000
+    trace, lengths = long_prompt_trace(random.Random(3), 300, size)
+    curves = CurveSet(1.0, 32768, {"l1": capacity})
+    position = 0
+    for length in lengths:
+        keys = [(key, SALT, MODEL) for _, key, _ in trace[position:position + length]]
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD if index < 16 else SAMPLED, MISS, 1)
+                                       for index, row in enumerate(keys)], tail=length - 16)
+        curves.store(MODEL, size, keys)
+        position += 2 * length
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    assert [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS] == [
+        point["hit_ratio"] for point in curve["points"]]
+
+
 def test_a_lookup_event_carries_its_tail_and_where_the_found_prefix_ends_in_it():
     """The cache process sends how many objects lay past the head chunks (the sampled keys' population); the
     telemetry side reads it back with the tail's L1 and L2 hits placed by the found counts."""

@@ -28,6 +28,7 @@ HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sample
 # its bytes counted there), and that tail itself (TAIL: two keys per head key, the bytes of its last tail)
 COVERED, TAIL = 2, 3
 _TAIL_KEY_OFFSET = 1 << 64  # a tail key's hash: below zero, where no chunk's is (never checkpointed)
+TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys alone judge a tail
 SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
 SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 4, 8  # a tail's new objects: in up to 4 segments of at least 8 objects
 SEGMENTS_PER_HEAD = 16  # at most, per head key (then its first two become one): a lookup's keys stay bounded
@@ -196,6 +197,8 @@ class History:
         differs from the last tail there, which a tail does at its end (a new question, a new turn)."""
         stack, edges, forgotten, stored = self.stack, self.edges, self.forgotten, self.stored
         thresholds = [stratum.threshold for stratum in self.strata]
+        if not 0 < thresholds[SAMPLED] <= TAIL_MAX_RATE * SAMPLE_MODULUS:
+            tail = 0  # a sample this dense judges the tail well by itself (at rate 1 exactly); none, not at all
         weights = self.weights()
         depth = self._depth_weights(weights)
         judged: list[tuple[Row, int, int, float, str]] = []
@@ -351,8 +354,9 @@ class History:
         keys: list[tuple[Hashable, float, float, str]] = [
             (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
             for row, stratum, objects, weight, found in judged if stratum == HEAD]
+        share = 1.0 - 1.0 / weights[SAMPLED]  # of the tail's bytes: the sampled keys bring the rest
         for key, objects, first, last in ranges:
-            nbytes = float(min(objects * size, MAX_KEY_BYTES))
+            nbytes = float(min(objects * size, MAX_KEY_BYTES)) * share
             for low, high, found in ((1, in_l1, L1_HIT), (in_l1 + 1, in_l1 + in_l2, L2_HIT),
                                      (in_l1 + in_l2 + 1, tail, MISS)):
                 part = min(high, last) - max(low, first) + 1
