@@ -193,8 +193,10 @@ class History:
         ``tail``: the objects past the head chunks (``tail_found``: how many of them the lookup found in L1, and
         in L2).  Only their hash-sampled keys are seen, but every one of them chains the last head key's prefix,
         so each is judged from that key's last tail (:func:`imputed`), its bytes sit in the stack as that key's
-        tail keys, and a sampled key corrects the judgment (× 1 / rate) only where it was not in that tail: it
-        differs from the last tail there, which a tail does at its end (a new question, a new turn)."""
+        tail keys, and a sampled key corrects the judgment (× 1 / rate) only where it was not in that tail.  How
+        much of the last tail a tail keeps (from its start) is estimated per head key from the sampled keys that
+        changed (:class:`TailSeen`): a document asked about again keeps all but its question, a system prompt
+        shared by many conversations next to nothing."""
         stack, edges, forgotten, stored = self.stack, self.edges, self.forgotten, self.stored
         thresholds = [stratum.threshold for stratum in self.strata]
         if not 0 < thresholds[SAMPLED] <= TAIL_MAX_RATE * SAMPLE_MODULUS:
@@ -295,9 +297,9 @@ class History:
 
     def _tail(self, head: Row | None, tail: int, tail_found: tuple[int, int], size: int, depth: list[float],
               uncovered: list[tuple[float, str]]) -> list[Judged]:
-        """What a lookup's ``tail`` objects add to its curves: each judged from ``head``'s last tail, less, for
-        each of the ``uncovered`` sampled keys ((weight, found): judged where they are), its weight judged as the
-        tail's last object."""
+        """What a lookup's ``tail`` objects add to its curves: each judged from ``head``'s last tail (the share it
+        likely keeps; the rest a miss), less, for each of the ``uncovered`` sampled keys ((weight, found): judged
+        where they are), its weight as a miss."""
         previous, common, base = 0, 0, 0.0
         seen = self.tails.get(head) if head is not None else None
         second = self.stack.get(_tail_keys(head)[1]) if seen is not None and head is not None else None
@@ -324,8 +326,9 @@ class History:
     def _simulate_tail(self, judged: list[tuple[Row, int, int, float, str]], held: set[Row], head: Row | None,
                        tail: int, tail_found: tuple[int, int], size: int, weights: list[float]) -> list[Judged]:
         """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
-        tail's segments that hold the objects this one likely shares with it, then one of the new objects: a
-        segment is a key of its objects' bytes, so a miniature keeps or evicts it whole), each tail object judged
+        tail's segments that hold the objects this one likely shares with it, then the new objects in up to
+        ``SEGMENT_PIECES``: a segment is a key of 1 - rate of its objects' bytes, so a miniature keeps or evicts
+        it whole), each tail object judged
         by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
         tail's), for their place in the order, and those the last tail did not hold (not in ``held``) count
         where they are, × 1 / rate, in place of a miss."""
