@@ -80,7 +80,7 @@ def feed(curves: Any, requests: list[Request], rate: float, exact_chunks: int) -
         rows = [(h, salt, model) for h in hashes]
         sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
         curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
-                      + [(row, SAMPLED, MISS, 1) for row in sampled])
+                      + [(row, SAMPLED, MISS, 1) for row in sampled], tail=max(0, len(rows) - exact_chunks))
         curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
 
 

@@ -586,3 +586,115 @@ def test_each_ring_is_its_own_cache_process_for_the_curves_and_the_miss_reasons(
     assert {"cold": 1, "evicted": 1} == {dict(attributes)["reason"]: value for attributes, value in collected.items()}
     document = json.loads(mrc_routes([subscriber])["/mrc"]()[1])
     assert (2, 2 * config.l1_pool_bytes) == (document["processes"], document["curves"][0]["capacity_bytes"])
+
+
+def long_prompt_trace(rng: random.Random, requests: int, size: int) -> tuple[list[tuple[str, int, int]], list[int]]:
+    """Retrieval over long documents: a system prompt of 2 chunks, one of 60 Zipf-popular documents of 20–50
+    chunks, a fresh question; each chunk's key stands for its whole prefix.  Returns the trace and each request's
+    chunk count."""
+    system = [rng.getrandbits(63) for _ in range(2)]
+    documents = [[rng.getrandbits(63) for _ in range(rng.randint(20, 50))] for _ in range(60)]
+    trace, lengths = [], []
+    for _ in range(requests):
+        chunks = system + documents[min(int(rng.paretovariate(1.2)) - 1, 59)] + [rng.getrandbits(63)]
+        trace += [("lookup", c, size) for c in chunks] + [("store", c, size) for c in chunks]
+        lengths.append(len(chunks))
+    return trace, lengths
+
+
+def order_hit_ratio(trace: list[tuple[str, int, int]], policy: str, capacity: int) -> float:
+    """Hits over lookups of one L1 of ``capacity`` running ``policy`` over every key (each request a lookup)."""
+    from mpcache.telemetry.mrc.mini import MiniCache
+
+    cache, hits, looks, request = MiniCache(policy, capacity), 0, 0, []
+    for op, key, size in trace + [("store", 0, 0)]:
+        if op == "lookup":
+            request.append(((key, SALT, MODEL), size))
+        elif request:
+            found = cache.lookup(request)
+            hits, looks, request = hits + sum(found), looks + len(found), []
+    return hits / looks
+
+
+@pytest.mark.parametrize("policy", ["lru", "adaptive"])
+def test_long_prompts_tails_judged_from_their_head_key_keep_the_curve_within_0_01_at_rate_0_01(policy):
+    """Most accesses lie past the 16 head chunks, where 1 % of a few thousand keys is sampled: weighing only
+    those (as before the tail count was sent) puts the curve off by more than 0.02; judging every tail object
+    from its head key's last tail, with the sampled keys correcting where a tail changed, keeps it within 0.01
+    of the simulated caches (mean absolute error over ¼×–4×; for ``adaptive``, whose miniatures hold a tail
+    in segments of at least 8 objects, over ½×–4×: at ¼× this L1 holds about one document, and its point is
+    0.05 low)."""
+    size, capacity = 1000, 200_000
+    trace, lengths = long_prompt_trace(random.Random(11), 1500, size)
+    ratios = (0.25, 0.5, 1.0, 2.0, 4.0)
+    if policy == "lru":
+        exact = [lru_hit_ratio(trace, round(capacity * ratio)) for ratio in ratios]
+    else:
+        exact = [order_hit_ratio(trace, policy, round(capacity * ratio)) for ratio in ratios]
+    errors = {}
+    for with_tail in (False, True):
+        curves = CurveSet(0.01, 32768, {"l1": capacity}, policy=policy)
+        position = 0
+        for length in lengths:
+            keys = [(key, SALT, MODEL) for _, key, _ in trace[position:position + length]]
+            curves.lookup(MODEL, SALT, 1, [(row, HEAD if index < 16 else SAMPLED, MISS, 1)
+                                           for index, row in enumerate(keys)],
+                          tail=max(0, length - 16) if with_tail else 0)
+            curves.store(MODEL, size, keys)
+            position += 2 * length
+        [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+        points = {round(ratio, 6): point["hit_ratio"] for ratio, point in zip(POINT_RATIOS, curve["points"])}
+        judged = ratios if policy == "lru" else ratios[1:]
+        errors[with_tail] = sum(abs(exact[ratios.index(ratio)] - points[ratio]) for ratio in judged) / len(judged)
+    assert 0.1 < exact[0] and exact[-1] < 0.95  # the capacities span the curve
+    assert errors[False] > 0.02 and errors[True] <= 0.01, errors
+
+
+def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_stays_exact():
+    """Above ``TAIL_MAX_RATE`` the sampled keys judge a tail alone: at rate 1 the long-prompt curve equals the
+    simulated LRU caches at every point, the tail count given or not."""
+    size, capacity = 1000, 200_000
+    trace, lengths = long_prompt_trace(random.Random(3), 300, size)
+    curves = CurveSet(1.0, 32768, {"l1": capacity})
+    position = 0
+    for length in lengths:
+        keys = [(key, SALT, MODEL) for _, key, _ in trace[position:position + length]]
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD if index < 16 else SAMPLED, MISS, 1)
+                                       for index, row in enumerate(keys)], tail=length - 16)
+        curves.store(MODEL, size, keys)
+        position += 2 * length
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    assert [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS] == [
+        point["hit_ratio"] for point in curve["points"]]
+
+
+def test_a_lookup_event_carries_its_tail_and_where_the_found_prefix_ends_in_it():
+    """The cache process sends how many objects lay past the head chunks (the sampled keys' population); the
+    telemetry side reads it back with the tail's L1 and L2 hits placed by the found counts."""
+    from mpcache.cache.mrc.accesses import AccessSampler
+    from mpcache.contract.events import MRC_EXACT_TAIL_SHIFT
+    from mpcache.telemetry.subscribers.metrics.mrc import lookup_tail
+
+    class Recorder:
+        emitted: list = []
+
+        def emit(self, etype, fields, sampled=()):
+            self.emitted.append(fields)
+
+        def fields_emitter(self, etype):
+            return lambda fields, session_id: self.emitted.append(fields)
+
+    class NoL1:
+        def entry_of(self, key):
+            return None
+
+        def contains(self, key):
+            return False
+
+    hashes = list(range(1, 2 * 20 + 1))  # 20 chunks of 2 ranks: 16 head chunks, 8 objects past them
+    AccessSampler(Recorder(), 0.01).lookup(NoL1(), "m", "s", hashes, 2, 36, 38)  # type: ignore[arg-type]
+    [fields] = Recorder.emitted
+    assert (8, 16) == (fields[5] >> MRC_EXACT_TAIL_SHIFT, fields[5] & 31)
+    named = dict(zip(("ranks", "found", "l1_hits", "exact"), fields[2:6]))
+    assert (8, (4, 2)) == lookup_tail(named)  # objects 32..35 in L1, 36..37 in L2
+    assert (0, (0, 0)) == lookup_tail({"ranks": 1, "found": 3, "l1_hits": 3, "exact": 3})

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.mrc.headfields import head_fields, held_past_gap
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, EventType
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_EXACT_TAIL_SHIFT, MRC_HEAD_FIELDS, EventType
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.shm.publish import EventPublisher
 
@@ -45,7 +45,8 @@ class AccessSampler:
         """A finished lookup of ``hashes`` (``ranks`` objects per chunk): ``hashes[:l1_hits]`` were in L1,
         ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
         "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
-        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap).
+        chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap,
+        | the objects past them << 21).
         Published under ``label`` where the curves key the keys apart from ``model``."""
         if not self.enabled:
             return
@@ -81,8 +82,10 @@ class AccessSampler:
                     gap_rows.append(row)
                 else:
                     miss_rows.append(row)
+        tail = count - exact * ranks  # the objects the sampled keys are drawn from: the curves judge all of them
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
-                       (name, salt, ranks, found, l1_hits, exact | gap_mask, len(l1_rows), len(l2_rows),
+                       (name, salt, ranks, found, l1_hits, exact | gap_mask | tail << MRC_EXACT_TAIL_SHIFT,
+                        len(l1_rows), len(l2_rows),
                         len(gap_rows), *firsts, *_PADDING[exact]),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 

@@ -64,10 +64,10 @@ class Histogram:
         self.l1_hits = 0.0
         self.l2_hits = 0.0
 
-    def add(self, curve: Sequence[Judged], total: float, l1_hits: float, l2_hits: float) -> None:
+    def add(self, curve: Sequence[Judged], total: float, l1_hits: float, l2_hits: float, sampled: int) -> None:
         """One lookup's judged accesses (their weights sum to ``total``, of which the lookup found ``l1_hits``
-        in L1 and ``l2_hits`` in L2): each its distance's bucket, or a miniature simulation's changes in hits
-        per edge."""
+        in L1 and ``l2_hits`` in L2; ``sampled`` of them keys, the others its tail judged from its head): each
+        its distance's bucket, or a miniature simulation's changes in hits per edge."""
         counts = self.counts
         for weight, _, bucket, changes in curve:
             if bucket is not None:
@@ -76,7 +76,7 @@ class Histogram:
                 for index, change in changes or ():
                     counts[index] += change
         self.total += total
-        self.sampled_accesses += len(curve)
+        self.sampled_accesses += sampled
         self.l1_hits += l1_hits
         self.l2_hits += l2_hits
 
@@ -177,20 +177,23 @@ class CurveSet:
 
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
 
-    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access], process: int = 0) -> None:
-        """One lookup's sampled keys, in order, by cache process ``process``: judged against that process's
+    def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access], process: int = 0,
+               tail: int = 0, tail_found: tuple[int, int] = (0, 0)) -> None:
+        """One lookup's sampled keys, in order, by cache process ``process``, and how many objects lay past its
+        head chunks (``tail``; ``tail_found``: of them found in L1, in L2): judged against that process's
         history (:meth:`History.lookup <mpcache.telemetry.mrc.history.History.lookup>`).  A miss of a key that
         process stored before is ``evicted``, of one it never stored ``cold``."""
         tenant = self.tenant(model, salt)
         histograms = self._histograms(model, salt, tenant)
-        curve, reasons = self._histories[process].lookup(accesses, self._object_bytes.get(model, 0))
-        self._add(histograms, curve)
+        curve, reasons = self._histories[process].lookup(accesses, self._object_bytes.get(model, 0), tail,
+                                                         tail_found)
+        self._add(histograms, curve, len(reasons))
         for found, stored, weight in reasons:
             if found != L1_HIT:
                 self._count(tenant, found, stored, weight / ranks)
 
     @staticmethod
-    def _add(histograms: list[Histogram], curve: list[Judged]) -> None:
+    def _add(histograms: list[Histogram], curve: list[Judged], sampled: int) -> None:
         if not curve:
             return
         total = l1_hits = l2_hits = 0.0
@@ -201,7 +204,7 @@ class CurveSet:
             elif found == L2_HIT:
                 l2_hits += weight
         for histogram in histograms:
-            histogram.add(curve, total, l1_hits, l2_hits)
+            histogram.add(curve, total, l1_hits, l2_hits, sampled)
 
     def _count(self, tenant: Tenant, found: str, stored: bool, chunks: float) -> None:
         """Miss reasons and eviction regret of one sampled access that L1 did not serve (``chunks``: what it

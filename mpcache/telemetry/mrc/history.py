@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -24,6 +24,17 @@ from mpcache.telemetry.mrc.stack import ReuseStack
 FORGOTTEN_PER_KEY = 2  # stored keys pruned for depth remembered: up to 2 × max_keys (at least max_keys)
 MAX_KEY_BYTES = 1 << 40  # a key's bytes at most (a corrupt size cannot overflow the stack's int64 sums)
 HEAD, SAMPLED = 0, 1  # the strata: a lookup's first chunks, and the hash-sampled rest
+# Two more places a key can sit in the stack: a hash-sampled key that its head key's tail stands for (COVERED,
+# its bytes counted there), and that tail itself (TAIL: two keys per head key, the bytes of its last tail)
+COVERED, TAIL = 2, 3
+_TAIL_KEY_OFFSET = 1 << 64  # a tail key's hash: below zero, where no chunk's is (never checkpointed)
+TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys alone judge a tail
+SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
+SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 4, 8  # a tail's new objects: in up to 4 segments of at least 8 objects
+SEGMENTS_PER_HEAD = 16  # at most, per head key (then its first two become one): a lookup's keys stay bounded
+TAIL_DECAY = 0.99  # per lookup of a head key, the weight of what its earlier tails said
+USUAL_DECAY = 0.999  # per lookup with a tail, the weight of what every head key's tails said before
+TAIL_PRIOR = 1.0  # the expected sampled keys that every head key's share of new tail objects counts as, for one
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
@@ -31,6 +42,41 @@ Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, obje
 # What a lookup's judged key adds to its curves: (weight, what the lookup found, bucket of its distance or
 # None, the (edge index, change in hits) a miniature simulation gives, or None)
 Judged = tuple[float, str, "int | None", "list[tuple[int, float]] | None"]
+
+
+def _sampling(stack_stratum: int) -> int:
+    """The sampling stratum of a key in ``stack_stratum``."""
+    return SAMPLED if stack_stratum == COVERED else stack_stratum
+
+
+def _tail_keys(head: Row) -> tuple[Row, Row]:
+    """The two stack keys carrying the bytes of ``head``'s last tail: its first half and the rest."""
+    return (-1 - head[0], head[1], head[2]), (-1 - _TAIL_KEY_OFFSET - head[0], head[1], head[2])
+
+
+def imputed(edges: list[int], base: float, previous: int, common: int, segments: Sequence[tuple[int, str]],
+            size: int) -> list[Judged]:
+    """The tail objects of a lookup, ``segments`` of (how many, what the lookup found of them) in order, judged
+    from the head key's last tail of ``previous`` objects, of which the first ``common`` are this one's too: its
+    object j (from 1) was touched ``previous - j`` objects before the tail's end, ``base`` bytes ago, so its
+    distance is ``base + (previous - j + 1) × size``; one past ``common`` is judged a miss (beyond every edge)
+    here, and by the sampled keys there."""
+    out: list[Judged] = []
+    beyond, start = len(edges), 1
+    for count, found in segments:
+        low, high = start, start + count - 1
+        start += count
+        last = min(high, common) if size > 0 else low - 1  # the objects with a distance: low..last
+        position = last
+        while position >= low:  # the distance falls as the position rises: one run of positions per bucket
+            bucket = bisect.bisect_left(edges, base + (previous - position + 1) * size)
+            first = low if bucket == beyond else max(low, min(position, previous + 1 - int((edges[bucket] - base)
+                                                                                           // size)))
+            out.append((float(position - first + 1), found, bucket, None))
+            position = first - 1
+        if high > max(last, low - 1):
+            out.append((float(high - max(last, low - 1)), found, beyond, None))
+    return out
 
 
 def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
@@ -78,6 +124,25 @@ def _interpolation(x: float, nodes: list[float]) -> list[float]:
     return weights
 
 
+class TailSeen:
+    """What a head key knows of the tails after it: the last one's objects and tracked sampled keys, and, decayed
+    per lookup, the sampled keys that differed from the tail before (``divergent``) against how many would
+    have had every object differed (``expected``): the share of a tail that is new."""
+
+    __slots__ = ("objects", "keys", "divergent", "expected", "segments")
+
+    def __init__(self, objects: int, keys: list[Row], divergent: float, expected: float) -> None:
+        self.objects, self.keys, self.divergent, self.expected = objects, keys, divergent, expected
+        self.segments: list[tuple[Hashable, int]] = []  # under a miniature: the last tail's (key, objects)
+
+    def common(self, objects: int, usual: float) -> int:
+        """The objects a tail of ``objects`` likely shares with the last one (from its start), where the tails
+        after every head key have ``usual`` of their objects new (what this key's own have said weighs more as
+        they say more)."""
+        new = min(1.0, (self.divergent + TAIL_PRIOR * usual) / (self.expected + TAIL_PRIOR))
+        return max(0, min(objects, self.objects, round((objects + self.objects) * (1.0 - new) / 2)))
+
+
 class Stratum:
     """One stratum's sampling threshold (in units of ``1/P``) and its tracked keys, largest hash first."""
 
@@ -106,55 +171,211 @@ class History:
         self.max_keys = max_keys
         self.edges = edges
         self.strata = (Stratum(1.0, max_keys // 2), Stratum(sample_rate, max_keys - max_keys // 2))
-        self.stack = ReuseStack(max_keys + 2, strata=2)
+        self.stack = ReuseStack(max_keys + 2, strata=4)
         self.mini_edges = sorted(set(edges if mini_edges is None else mini_edges))
         self.minis = None if policy == "lru" else [MiniCache(policy, edge) for edge in self.mini_edges]
         self._spread = _spread(edges, self.mini_edges)
         self.stored: set[Row] = set()
+        self.tails: dict[Row, TailSeen] = {}
+        self._divergent = self._expected = 0.0  # TailSeen's counts over every head key
+        self._segment = 0  # the last tail segment's number (a miniature's key for a tail's objects)
+        self._segments: list[tuple[Hashable, int]] = []  # the segments the lookup being judged left
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
-    def lookup(self, accesses: Sequence[Access], size: int) -> tuple[list[Judged], list[tuple[str, bool, float]]]:
+    def lookup(self, accesses: Sequence[Access], size: int, tail: int = 0,
+               tail_found: tuple[int, int] = (0, 0)) -> tuple[list[Judged], list[tuple[str, bool, float]]]:
         """One lookup's sampled keys, in order (objects of ``size`` bytes): what each adds to the curves, and
         (found, stored before, weight) of each for the miss reasons.  Every key's distance is taken before any
         is touched (a hit evicts nothing, so within a lookup no key's presence depends on another's); then all
         of them become the most recently used, as the hits are and as the engine's store of the misses makes
-        the rest.  Only a store, or a lookup that found it, makes a key stored."""
+        the rest.  Only a store, or a lookup that found it, makes a key stored.
+
+        ``tail``: the objects past the head chunks (``tail_found``: how many of them the lookup found in L1, and
+        in L2).  Only their hash-sampled keys are seen, but every one of them chains the last head key's prefix,
+        so each is judged from that key's last tail (:func:`imputed`), its bytes sit in the stack as that key's
+        tail keys, and a sampled key corrects the judgment (× 1 / rate) only where it was not in that tail.  How
+        much of the last tail a tail keeps (from its start) is estimated per head key from the sampled keys that
+        changed (:class:`TailSeen`): a document asked about again keeps all but its question, a system prompt
+        shared by many conversations next to nothing."""
         stack, edges, forgotten, stored = self.stack, self.edges, self.forgotten, self.stored
         thresholds = [stratum.threshold for stratum in self.strata]
+        if not 0 < thresholds[SAMPLED] <= TAIL_MAX_RATE * SAMPLE_MODULUS:
+            tail = 0  # a sample this dense judges the tail well by itself (at rate 1 exactly); none, not at all
         weights = self.weights()
+        depth = self._depth_weights(weights)
         judged: list[tuple[Row, int, int, float, str]] = []
         curve: list[Judged] = []
         reasons: list[tuple[str, bool, float]] = []
+        head = None  # the last head chunk's key: the prefix every tail object chains
+        uncovered: list[tuple[float, str]] = []  # the sampled tail keys its last tail did not hold
+        held: set[Row] = set()  # and those it held
         for row, stratum, found, objects in accesses:
+            if stratum == HEAD:
+                head = row
             entry = stack.get(row)
+            covered = entry is not None and entry[2] == COVERED
             if entry is not None:
-                stratum = entry[2]
-            if not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
+                stratum = _sampling(entry[2])
+            if stratum == TAIL or not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
                 continue
             weight = weights[stratum] * objects
-            if self.minis is None:
+            if tail > 0 and stratum == SAMPLED:
+                if covered:
+                    held.add(row)
+                else:
+                    uncovered.append((weight, found))
+                    if self.minis is None:  # judged where it is; its judgment as a miss is taken back below
+                        curve.append((weight, found, len(edges) if entry is None else bisect.bisect_left(
+                            edges, stack.weighted_above(entry[0], depth) + entry[1]), None))
+            elif self.minis is None:
                 bucket = len(edges) if entry is None else bisect.bisect_left(
-                    edges, stack.weighted_above(entry[0], weights) + entry[1])
+                    edges, stack.weighted_above(entry[0], depth) + entry[1])
                 curve.append((weight, found, bucket, None))
             reasons.append((found, row in stored or (bool(forgotten) and row in forgotten), weight))
             judged.append((row, stratum, objects, weight, found))
-        if self.minis is not None:
+        if self.minis is not None and tail > 0:
+            curve = self._simulate_tail(judged, held, head, tail, tail_found, size, weights)
+        elif self.minis is not None:
             curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
                                     for row, stratum, objects, weight, found in judged])
+        elif tail > 0:
+            curve += self._tail(head, tail, tail_found, size, depth, uncovered)
+        seen = self.tails.get(head) if head is not None else None
+        if seen is not None and tail > 0:  # what this tail says of how tails after ``head`` differ
+            now = {row for row, stratum, _, _, _ in judged if stratum == SAMPLED}
+            dropped = sum(1 for row in seen.keys if row not in now)
+            expected = (tail + seen.objects) / weights[SAMPLED]
+            seen.divergent = seen.divergent * TAIL_DECAY + dropped + len(uncovered)
+            seen.expected = seen.expected * TAIL_DECAY + expected
+            self._divergent = self._divergent * USUAL_DECAY + dropped + len(uncovered)
+            self._expected = self._expected * USUAL_DECAY + expected
+        heads = [item for item in judged if item[1] == HEAD]
+        for row, _, objects, _, found in heads:
+            self._touch_judged(row, HEAD, min(size * objects, MAX_KEY_BYTES), size, found)
+        covering = tail > 0 and size > 0 and head is not None and head in stack
+        first_half, second_half = _tail_keys(head) if head is not None else (None, None)
+        if covering:
+            stack.touch(first_half, min(tail // 2 * size, MAX_KEY_BYTES), TAIL)
+        tails = []
         for row, stratum, objects, _, found in judged:
-            nbytes = min(size * objects, MAX_KEY_BYTES)
-            entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
-            if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
-                stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
-            elif self.strata[stratum].admits(row):  # an earlier insert may have lowered the threshold past it
-                self._insert(row, nbytes, stratum)
+            if stratum != HEAD and self._touch_judged(row, stratum, min(size * objects, MAX_KEY_BYTES), size,
+                                                      found):
+                tails.append(row)
+        if covering and head is not None and head in stack:
+            stack.touch(second_half, min((tail - tail // 2) * size, MAX_KEY_BYTES), TAIL)
+            before = self.tails.get(head)
+            old = before.keys if before is not None else []
+            if before is None:
+                before = self.tails[head] = TailSeen(tail, tails, 0.0, 0.0)
             else:
-                continue
-            if found != MISS:  # found in a tier, or held past the gap: stored here
-                stored.add(row)
+                before.objects, before.keys = tail, tails
+            if self.minis is not None:
+                before.segments = self._segments
+            now = set(tails)
+            for row in tails:
+                stack.restratum(row, COVERED)
+            for row in old:
+                if row not in now and stack.stratum_of_or(row) == COVERED:
+                    stack.restratum(row, SAMPLED)
+        elif head is not None and head in self.tails:
+            self._untail(head)
         return curve, reasons
 
-    def _simulate(self, keys: list[tuple[Row, float, float, str]]) -> list[Judged]:
+    def _touch_judged(self, row: Row, stratum: int, nbytes: int, size: int, found: str) -> bool:
+        """A judged key becomes the most recently used (a new one inserted); whether it is tracked now."""
+        stack = self.stack
+        entry = stack.get(row)  # a key an earlier insert of this loop made the stack forget is inserted anew
+        if entry is not None:  # a head key's size follows its model's (a sampled key's comes with its stores)
+            stack.touch(row, nbytes if entry[2] == HEAD and size else entry[1], entry[2])  # a key keeps its stratum
+        elif self.strata[stratum].admits(row):  # an earlier insert may have lowered the threshold past it
+            self._insert(row, nbytes, stratum)
+        else:
+            return False
+        if found != MISS:  # found in a tier, or held past the gap: stored here
+            self.stored.add(row)
+        return row in stack
+
+    def _tail(self, head: Row | None, tail: int, tail_found: tuple[int, int], size: int, depth: list[float],
+              uncovered: list[tuple[float, str]]) -> list[Judged]:
+        """What a lookup's ``tail`` objects add to its curves: each judged from ``head``'s last tail (the share it
+        likely keeps; the rest a miss), less, for each of the ``uncovered`` sampled keys ((weight, found): judged
+        where they are), its weight as a miss."""
+        previous, common, base = 0, 0, 0.0
+        seen = self.tails.get(head) if head is not None else None
+        second = self.stack.get(_tail_keys(head)[1]) if seen is not None and head is not None else None
+        if seen is not None and second is not None:
+            previous = seen.objects
+            common = seen.common(tail, self._divergent / self._expected if self._expected > 0 else 0.0)
+            base = self.stack.weighted_above(second[0], depth)
+        in_l1 = max(0, min(tail, tail_found[0]))
+        in_l2 = max(0, min(tail - in_l1, tail_found[1]))
+        segments = ((in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS))
+        out = imputed(self.edges, base, previous, common, segments, size)
+        beyond = len(self.edges)
+        return out + [(-weight, found, beyond, None) for weight, found in uncovered]
+
+    def _untail(self, head: Row) -> None:
+        """``head`` no longer stands for a tail: its tail keys go, and the sampled keys it covered count again."""
+        seen = self.tails.pop(head, None)
+        for key in _tail_keys(head):
+            self.stack.remove(key)
+        for row in seen.keys if seen is not None else ():
+            if self.stack.stratum_of_or(row) == COVERED:
+                self.stack.restratum(row, SAMPLED)
+
+    def _simulate_tail(self, judged: list[tuple[Row, int, int, float, str]], held: set[Row], head: Row | None,
+                       tail: int, tail_found: tuple[int, int], size: int, weights: list[float]) -> list[Judged]:
+        """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
+        tail's segments that hold the objects this one likely shares with it, then the new objects in up to
+        ``SEGMENT_PIECES``: a segment is a key of 1 - rate of its objects' bytes, so a miniature keeps or evicts
+        it whole), each tail object judged
+        by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
+        tail's), for their place in the order, and those the last tail did not hold (not in ``held``) count
+        where they are, × 1 / rate, in place of a miss."""
+        seen = self.tails.get(head) if head is not None else None
+        common = 0 if seen is None else seen.common(tail, self._divergent / self._expected if self._expected else 0.0)
+        ranges: list[tuple[Hashable, int, int, int]] = []  # (segment, its objects, first and last one it judges)
+        end = 0
+        for key, objects in seen.segments if seen is not None else ():
+            if end >= min(common, tail):
+                break
+            ranges.append((key, objects, end + 1, min(end + objects, common, tail)))
+            end = ranges[-1][3]
+        step = max(SEGMENT_MIN_OBJECTS, -(-(tail - end) // SEGMENT_PIECES))
+        while tail > end:  # the new objects in pieces (a miniature evicts a piece whole)
+            self._segment += 1
+            objects = min(step, tail - end)
+            ranges.append(((SEGMENT, self._segment), objects, end + 1, end + objects))
+            end += objects
+        while len(ranges) > SEGMENTS_PER_HEAD:  # the first two as one (a miss of theirs, once): bounded keys
+            self._segment += 1
+            (_, objects, first, _), (_, more, _, last) = ranges[:2]
+            ranges[:2] = [((SEGMENT, self._segment), objects + more, first, last)]
+        self._segments = [(key, objects) for key, objects, _, _ in ranges]
+        in_l1 = max(0, min(tail, tail_found[0]))
+        in_l2 = max(0, min(tail - in_l1, tail_found[1]))
+        keys: list[tuple[Hashable, float, float, str]] = [
+            (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
+            for row, stratum, objects, weight, found in judged if stratum == HEAD]
+        share = 1.0 - 1.0 / weights[SAMPLED]  # of the tail's bytes: the sampled keys bring the rest
+        for key, objects, first, last in ranges:
+            nbytes = float(min(objects * size, MAX_KEY_BYTES)) * share
+            for low, high, found in ((1, in_l1, L1_HIT), (in_l1 + 1, in_l1 + in_l2, L2_HIT),
+                                     (in_l1 + in_l2 + 1, tail, MISS)):
+                part = min(high, last) - max(low, first) + 1
+                if part > 0:
+                    keys.append((key, nbytes, float(part), found))
+        sampled = [(row, weight, found) for row, stratum, _, weight, found in judged if stratum != HEAD]
+        keys += [(row, float(size), weight, found) for row, weight, found in sampled]
+        out = self._simulate(keys)
+        beyond, judged_sampled = len(self.edges), out[len(out) - len(sampled):]
+        out = out[: len(out) - len(sampled)]
+        for (row, weight, found), one in zip(sampled, judged_sampled):
+            if row not in held:
+                out += [one, (-weight, found, None, [(beyond, -weight)])]
+        return out
+
+    def _simulate(self, keys: list[tuple[Hashable, float, float, str]]) -> list[Judged]:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
         miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
         bucket's count is the change in hits from the edge before, and may be negative), each change spread
@@ -189,7 +410,7 @@ class History:
             weights = self.weights()
             admitted = []
             for row in rows:
-                stratum = stack.stratum_of(row) if row in stack else SAMPLED
+                stratum = _sampling(stack.stratum_of(row)) if row in stack else SAMPLED
                 if self.strata[stratum].admits(row):
                     admitted.append((row, (stack.bytes_of(row) if stratum == HEAD and row in stack else object_bytes)
                                      * weights[stratum]))
@@ -197,11 +418,11 @@ class History:
             for mini in self.minis:
                 mini.store(admitted, parents)
         for row in rows:
-            stratum = stack.stratum_of(row) if row in stack else SAMPLED
+            stratum = _sampling(stack.stratum_of(row)) if row in stack else SAMPLED
             if self.strata[stratum].admits(row):
                 if row in stack:
                     keep = stratum == HEAD and stack.bytes_of(row)
-                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stratum)
+                    stack.touch(row, stack.bytes_of(row) if keep else object_bytes, stack.stratum_of(row))
                 else:
                     self._insert(row, object_bytes, stratum)
                 if row in stack:
@@ -223,8 +444,12 @@ class History:
     def _prune(self) -> None:
         """Forget the keys deeper than the largest capacity of any curve: every capacity misses them anyway (the
         stored ones are remembered as stored)."""
-        for row, stratum in self.stack.prune(self.edges[-1], self.weights()) if self.edges else ():
-            self.strata[stratum].keys -= 1
+        for row, stratum in self.stack.prune(self.edges[-1], self._depth_weights(self.weights())) if self.edges else ():
+            if stratum == TAIL:
+                continue
+            if stratum == HEAD and row in self.tails:
+                self._untail(row)
+            self.strata[_sampling(stratum)].keys -= 1
             if row in self.stored:
                 self.stored.discard(row)
                 self.forgotten[row] = None
@@ -249,11 +474,13 @@ class History:
             row = heapq.heappop(keys.heap)[1]
             if self._live(row, index):
                 stack.remove(row)
+                if row in self.tails:
+                    self._untail(row)
                 self.stored.discard(row)
                 keys.keys -= 1
         if self.minis is not None:  # the miniatures forget what the stack forgot, and any untracked key past it
-            def admits(row: Row) -> bool:
-                return row in stack or row[0] % SAMPLE_MODULUS < new_threshold
+            def admits(row: Any) -> bool:
+                return row[0] == SEGMENT or row in stack or row[0] % SAMPLE_MODULUS < new_threshold
             for mini in self.minis:
                 mini.keep(admits)
         keys.threshold = new_threshold
@@ -274,8 +501,14 @@ class History:
         nothing)."""
         return [SAMPLE_MODULUS / stratum.threshold if stratum.threshold else 0.0 for stratum in self.strata]
 
+    @staticmethod
+    def _depth_weights(weights: list[float]) -> list[float]:
+        """Per place in the stack, what one byte there stands for in a distance: a head or hash-sampled key's
+        1 / its rate, a covered key's nothing (its head key's tail counts it), a tail key's its bytes."""
+        return [*weights, 0.0, 1.0]
+
     def _live(self, row: Row, index: int) -> bool:
-        return row in self.stack and self.stack.stratum_of(row) == index
+        return row in self.stack and _sampling(self.stack.stratum_of(row)) == index
 
     # -- the telemetry process's checkpoint -------------------------------------------------------------
 
@@ -283,7 +516,9 @@ class History:
         """The strata's rates, the tracked keys in stack order (sizes and strata), which of them are stored, and
         the stored keys forgotten for depth (up to 4 × ``max_keys`` rows)."""
         return {"strata": [[stratum.threshold, stratum.keys] for stratum in self.strata],
-                "stack": list(self.stack.entries()), "stored": list(self.stored), "forgotten": list(self.forgotten)}
+                "stack": [(key, (slot, nbytes, _sampling(stratum))) for key, (slot, nbytes, stratum)
+                          in self.stack.entries() if stratum != TAIL],
+                "stored": list(self.stored), "forgotten": list(self.forgotten)}
 
     def check(self, state: object) -> Any:
         """Check a :meth:`save` of a history of this configuration; returns the step adopting it."""
@@ -307,5 +542,6 @@ class History:
                 stratum.heap = [(-(key[0] % SAMPLE_MODULUS), key) for key, _, of in stack if of == index]
                 heapq.heapify(stratum.heap)
             self.stored = {row for row in stored if row in self.stack}
+            self.tails = {}
             self.forgotten = forgotten
         return adopt

@@ -47,6 +47,10 @@ class ReuseStack:
     def stratum_of(self, key: Hashable) -> int:
         return self._entry[key][2]
 
+    def stratum_of_or(self, key: Hashable, default: int = -1) -> int:
+        entry = self._entry.get(key)
+        return default if entry is None else entry[2]
+
     def keys_in(self, stratum: int) -> list[Hashable]:
         return [key for key, (_, _, of) in self._entry.items() if of == stratum]
 
@@ -74,6 +78,17 @@ class ReuseStack:
         self._entry[key] = (slot, nbytes, stratum)
         fenwick.add(self._trees[stratum], slot, nbytes)
         self.total_bytes[stratum] += nbytes
+
+    def restratum(self, key: Hashable, stratum: int) -> None:
+        """``key`` moves to ``stratum`` where it is in the stack, keeping its place and bytes."""
+        entry = self._entry.get(key)
+        if entry is not None and entry[2] != stratum:
+            slot, nbytes, old = entry
+            fenwick.add(self._trees[old], slot, -nbytes)
+            self.total_bytes[old] -= nbytes
+            fenwick.add(self._trees[stratum], slot, nbytes)
+            self.total_bytes[stratum] += nbytes
+            self._entry[key] = (slot, nbytes, stratum)
 
     def remove(self, key: Hashable) -> None:
         entry = self._entry.pop(key, None)

@@ -15,7 +15,7 @@ import msgpack
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_EXACT_TAIL_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
 from mpcache.httpserver import Route
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
@@ -81,6 +81,16 @@ def lookup_accesses(model: str, salt: str, rows: list[Row], fields: dict[str, in
     return out
 
 
+def lookup_tail(fields: dict[str, int]) -> tuple[int, tuple[int, int]]:
+    """A lookup event's objects past its head chunks, and of them those found in L1 and in L2 (the found ones
+    are a prefix: the counts place them)."""
+    head = (fields["exact"] & (1 << MRC_EXACT_GAP_SHIFT) - 1) * max(1, fields["ranks"])
+    tail = max(0, fields["exact"] >> MRC_EXACT_TAIL_SHIFT)
+    found = max(0, fields["found"])
+    in_l1 = max(0, min(fields["l1_hits"], found) - head)
+    return tail, (in_l1, max(0, found - head - in_l1))
+
+
 class MissRatioSubscriber(Subscriber):
     """``mpcache.mrc_hit_ratio``, ``mpcache.lookup_miss`` and ``mpcache.l1_evicted_reused``."""
 
@@ -127,7 +137,7 @@ class MissRatioSubscriber(Subscriber):
                     if rows or fields["exact"]:
                         model, salt = name(fields["model_name"]), name(fields["cache_salt"])
                         curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields),
-                                      batch.producer)
+                                      batch.producer, *lookup_tail(fields))
                 else:  # a store: sampled keys, or only its model's object size
                     model_id, object_bytes = store_values[index]
                     curves.store(name(model_id), max(0, object_bytes), rows_by_head.get(stores[index], ()),
