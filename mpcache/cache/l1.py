@@ -147,7 +147,7 @@ class L1Manager(PrefetchLandings):
         evicted = Evicted()
         linked = chained and self._order.prefix_aware
         made, made_entry = -1, None  # the position reserved last, and its entry
-        self._order.admitting(keys)  # the order may refuse a store that would evict what it values more
+        self._order.admitting(keys, size)  # the order may refuse a store that would evict what it values more
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:

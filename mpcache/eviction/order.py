@@ -15,7 +15,7 @@
   chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
   room, while T2 is in use: after a refusal, the next waits until a lookup finds an object in T2 again (else
   objects seen twice and never again would keep out every new one).  A refusal is counted as L1's allocation
-  failure, the client told as for a full L1; its keys are remembered (the newest, at most one per T2 object),
+  failure, the client told as for a full L1; its keys are remembered (the newest, as many bytes as T2 holds),
   so the same store a second time is admitted.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
@@ -65,7 +65,7 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
-    def admitting(self, keys: Sequence[Any] | None) -> None:
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[int] | int = 0) -> None:
         return None  # LRU admits every store
 
     def victim(self) -> tuple[Any, Any] | None:
@@ -95,7 +95,9 @@ class ArcOrder:
         self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
-        self._refused: OrderedDict[Any, None] = OrderedDict()  # keys of refused stores, newest last
+        self.storing_bytes: Sequence[int] | int = 0  # each key's bytes (an int: every key's)
+        self._refused: OrderedDict[Any, int] = OrderedDict()  # keys of refused stores → bytes, newest last
+        self._refused_bytes = 0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
@@ -180,9 +182,9 @@ class ArcOrder:
             self._orphan_children(entry)
         return key, entry
 
-    def admitting(self, keys: Sequence[Any] | None) -> None:
-        """A store begins reserving ``keys`` (None: it ended)."""
-        self.storing = keys
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[int] | int = 0) -> None:
+        """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended."""
+        self.storing, self.storing_bytes = keys, nbytes
         self._admitted = None
 
     def _admits(self) -> bool:
@@ -190,7 +192,7 @@ class ArcOrder:
         store none of whose objects was evicted (a ghost) or refused before, as an object seen once is worth less
         than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
-        store's keys are remembered (the newest, at most one per T2 object) so that storing them again admits
+        store's keys are remembered (the newest, as many bytes as T2 holds) so that storing them again admits
         them.  What is not a store (an L2 landing) and ARC always may."""
         storing = self.storing
         if storing is None or not self.prefix_aware:
@@ -200,10 +202,13 @@ class ArcOrder:
             self._admitted = not self.reused or any(key in b1 or key in b2 or key in refused for key in storing)
             if not self._admitted:
                 self.reused = False
-                for key in storing:
-                    refused[key] = None
-                while len(refused) > len(self.lists[1]):
-                    refused.popitem(False)
+                nbytes = self.storing_bytes
+                sizes = [nbytes] * len(storing) if isinstance(nbytes, int) else nbytes
+                for key, size in zip(storing, sizes):
+                    self._refused_bytes += size - refused.pop(key, 0)
+                    refused[key] = size
+                while self._refused_bytes > self.sizes[1]:
+                    self._refused_bytes -= refused.popitem(False)[1]
         return self._admitted
 
     def hint(self, key: Any, parent_key: Any) -> None:

@@ -98,7 +98,8 @@ class MiniCache:
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
         stored = []
-        order.admitting([key for key, _ in missing])  # the order may refuse the store, as L1's does
+        # the order may refuse the store, as L1's does
+        order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         for key, nbytes in missing:
             if key in entries:
                 continue  # repeated: stored once, as L1 writes a repeated hash once
