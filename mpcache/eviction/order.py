@@ -65,7 +65,7 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
-    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[int] | int = 0) -> None:
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0) -> None:
         return None  # LRU admits every store
 
     def victim(self) -> tuple[Any, Any] | None:
@@ -95,9 +95,9 @@ class ArcOrder:
         self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
-        self.storing_bytes: Sequence[int] | int = 0  # each key's bytes (an int: every key's)
-        self._refused: OrderedDict[Any, int] = OrderedDict()  # keys of refused stores → bytes, newest last
-        self._refused_bytes = 0
+        self.storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
+        self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
+        self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
@@ -182,7 +182,7 @@ class ArcOrder:
             self._orphan_children(entry)
         return key, entry
 
-    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[int] | int = 0) -> None:
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0) -> None:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended."""
         self.storing, self.storing_bytes = keys, nbytes
         self._admitted = None
@@ -203,7 +203,7 @@ class ArcOrder:
             if not self._admitted:
                 self.reused = False
                 nbytes = self.storing_bytes
-                sizes = [nbytes] * len(storing) if isinstance(nbytes, int) else nbytes
+                sizes = [nbytes] * len(storing) if isinstance(nbytes, (int, float)) else nbytes
                 for key, size in zip(storing, sizes):
                     self._refused_bytes += size - refused.pop(key, 0)
                     refused[key] = size
