@@ -159,3 +159,24 @@ def test_a_ghost_of_no_bytes_coming_back_is_a_ghost_hit_without_failing():
     assert ("k", first) == order.victim()
     order.new("k", again, None)
     assert 1 == again.tier
+
+
+def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_stays_refused():
+    """A miniature's lookup stores its misses (the engine's store); the store event that follows is that same
+    store, not a second one: under ``adaptive`` a refused key stays out until the next lookup of it (whose
+    store is admitted, the key refused before), as L1 stores once per lookup.  Storing it again at once would
+    let the remembered refusal admit it, evicting what the order kept (the curves once lost 0.07 at ½×)."""
+    mini = MiniCache("adaptive", 3 * SIZE)
+    held = [((MODEL, n), SIZE) for n in range(3)]
+    for key in held:
+        mini.lookup([key])
+        mini.lookup([key])  # seen again: T2, which now fills the miniature, T1 empty
+    new = ((MODEL, 9), SIZE)
+    assert [True] == mini.lookup(held[:1])  # found in T2: the order may refuse a store for it
+    assert [False] == mini.lookup([new])
+    mini.store([new])
+    assert ({key for key, _ in held}, [False]) == (set(mini.entries), mini.lookup([new]))
+    assert new[0] in mini.entries and 3 * SIZE == mini.used
+    other = ((MODEL, 8), SIZE)
+    mini.store([other])  # a key no lookup failed to store is given space as before
+    assert other[0] in mini.entries

@@ -8,18 +8,22 @@ curve at its capacity.
 A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
 stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
 order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
-locks after the store.  A store's keys not resident are stored too.  Memory: each miniature holds at most its
-capacity in scaled bytes of resident keys and as much again in ghosts.
+locks after the store.  A store's keys not resident are stored too, but for those a lookup's store could not
+store (the order refused it): the store that follows a lookup is the one its misses already made, and storing
+them again would have the order admit them as refused before.  Memory: each miniature holds at most its
+capacity in scaled bytes of resident keys, as much again in ghosts, and :data:`UNSTORED_KEYS` keys unstored.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from mpcache.eviction import order as eviction_order
 
 Key = tuple[Hashable, float]  # (key, bytes it stands for)
+UNSTORED_KEYS = 4096  # the newest keys lookups could not store, whose store may yet come: within moments
 
 
 def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
@@ -49,6 +53,7 @@ class MiniCache:
         self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
+        self.unstored: OrderedDict[Hashable, None] = OrderedDict()  # keys a lookup's store could not store
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:
         """Whether each key was resident; afterwards every key is (as far as it fits).  ``parents``: each key's
@@ -75,15 +80,22 @@ class MiniCache:
                 found.append((key, entry))
             hits.append(True)
         if missing:
-            self._store(missing, parents if parents is not None else self.parents(keys))
+            unstored = self.unstored  # what this lookup's store could not store, its earlier ones' forgotten
+            for key, _ in missing:
+                unstored.pop(key, None)
+            for key in self._store(missing, parents if parents is not None else self.parents(keys)):
+                unstored[key] = None
+            while len(unstored) > UNSTORED_KEYS:
+                unstored.popitem(False)
         for key, entry in reversed(found) if order.tail_first else found:
             lists[entry.tier][key] = entry
         return hits
 
     def store(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> None:
-        """A store's keys: those not resident are given space."""
-        entries = self.entries
-        missing = [key for key in keys if key[0] not in entries]
+        """A store's keys: those not resident are given space, but for those a lookup could not store (this
+        store is the one that lookup made: it stays refused or unfit), each skipped once."""
+        entries, unstored = self.entries, self.unstored
+        missing = [key for key in keys if key[0] not in entries and unstored.pop(key[0], True)]  # None: skipped
         if missing:
             self._store(missing, parents if parents is not None else self.parents(keys))
 
@@ -91,13 +103,13 @@ class MiniCache:
         """Each key's key before it in ``keys``, for an order that links a stored key to its parent (else none)."""
         return parents(keys) if self.order.prefix_aware else {}
 
-    def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> None:
+    def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> list[Hashable]:
         """Space for each of ``missing`` (in order, each linked to its key in ``parents``), evicting in the
         order's turn until it fits (one larger than what can be evicted is not stored, as L1 fails the
         allocation); the keys stored join the order once all have space."""
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
-        stored = []
+        stored, unstored = [], []
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         for key, nbytes in missing:
@@ -106,6 +118,7 @@ class MiniCache:
             while self.used + nbytes > capacity:
                 chosen = victim()
                 if chosen is None:
+                    unstored.append(key)
                     break
                 del entries[chosen[0]]
                 self.used -= chosen[1].size
@@ -119,6 +132,7 @@ class MiniCache:
         lists = order.lists
         for key, entry in reversed(stored) if order.tail_first else stored:
             lists[entry.tier][key] = entry
+        return unstored
 
     def keep(self, admits: Callable[[Any], bool]) -> None:
         """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
