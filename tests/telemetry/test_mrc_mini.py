@@ -187,3 +187,22 @@ def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_sta
     other = ((MODEL, 8), SIZE)
     mini.store([other])  # a key no lookup failed to store is given space as before
     assert other[0] in mini.entries
+
+
+def test_refused_keys_of_float_bytes_trimmed_to_an_empty_t2s_bytes_leave_no_residue_to_trim():
+    """A miniature's keys are scaled (float bytes): refused keys of 0.1 and 0.2 bytes sum to more than the 0.1 and
+    0.2 taken off again, so trimming them to T2's bytes (0: it holds an object of unknown size) once ran past
+    the last key and failed; the store is refused and nothing is remembered past T2's bytes."""
+    entries: dict = {}
+    order = eviction_order.build("adaptive", SIZE, entries.get)
+    entries["held"] = held = _Entry(0)
+    order.new("held", held, None)
+    order.promote(held)  # seen again: T2, 0 bytes
+    order.lists[held.tier]["held"] = held
+    order.reused = True
+    order.admitting(["a", "b"], [0.1, 0.2])
+    assert (None, 1) == (order.victim(), len(order.lists[1]))
+    order.admitting(None)
+    order.reused = True  # T2 in use again: "a" is refused again, none of its bytes remembered past T2's 0
+    order.admitting(["a"], [0.1])
+    assert order.victim() is None
