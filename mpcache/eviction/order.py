@@ -207,8 +207,10 @@ class ArcOrder:
                 for key, size in zip(storing, sizes):
                     self._refused_bytes += size - refused.pop(key, 0)
                     refused[key] = size
-                while self._refused_bytes > self.sizes[1]:
+                while refused and self._refused_bytes > self.sizes[1]:
                     self._refused_bytes -= refused.popitem(False)[1]
+                if not refused:  # float bytes (the curves' miniatures) leave a residue
+                    self._refused_bytes = 0.0
         return self._admitted
 
     def hint(self, key: Any, parent_key: Any) -> None:

@@ -159,3 +159,50 @@ def test_a_ghost_of_no_bytes_coming_back_is_a_ghost_hit_without_failing():
     assert ("k", first) == order.victim()
     order.new("k", again, None)
     assert 1 == again.tier
+
+
+def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_stays_refused():
+    """A miniature's lookup stores its misses (the engine's store); the store event that follows is that same
+    store, not a second one: under ``adaptive`` a refused key stays out until the next lookup of it (whose
+    store is admitted, the key refused before), as L1 stores once per lookup.  Storing it again at once would
+    let the remembered refusal admit it, evicting what the order kept.  A key that did not fit (the lookup's
+    own keys were all there was to evict) is no refusal: the store gives it space."""
+    mini = MiniCache("adaptive", 3 * SIZE)
+    unfit = [((MODEL, n), SIZE) for n in range(10, 14)]
+    assert [False] * 4 == mini.lookup(unfit)
+    assert unfit[3][0] not in mini.entries
+    mini.store(unfit[3:])
+    assert unfit[3][0] in mini.entries
+    mini = MiniCache("adaptive", 3 * SIZE)
+    held = [((MODEL, n), SIZE) for n in range(3)]
+    for key in held:
+        mini.lookup([key])
+        mini.lookup([key])  # seen again: T2, which now fills the miniature, T1 empty
+    new = ((MODEL, 9), SIZE)
+    assert [True] == mini.lookup(held[:1])  # found in T2: the order may refuse a store for it
+    assert [False] == mini.lookup([new])
+    mini.store([new])
+    assert ({key for key, _ in held}, [False]) == (set(mini.entries), mini.lookup([new]))
+    assert new[0] in mini.entries and 3 * SIZE == mini.used
+    other = ((MODEL, 8), SIZE)
+    mini.store([other])  # a key no lookup failed to store is given space as before
+    assert other[0] in mini.entries
+
+
+def test_refused_keys_of_float_bytes_trimmed_to_an_empty_t2s_bytes_leave_no_residue_to_trim():
+    """A miniature's keys are scaled (float bytes): refused keys of 0.1 and 0.2 bytes sum to more than the 0.1 and
+    0.2 taken off again, so trimming them to T2's bytes (0: it holds an object of unknown size) once ran past
+    the last key and failed; the store is refused and nothing is remembered past T2's bytes."""
+    entries: dict = {}
+    order = eviction_order.build("adaptive", SIZE, entries.get)
+    entries["held"] = held = _Entry(0)
+    order.new("held", held, None)
+    order.promote(held)  # seen again: T2, 0 bytes
+    order.lists[held.tier]["held"] = held
+    order.reused = True
+    order.admitting(["a", "b"], [0.1, 0.2])
+    assert (None, 1) == (order.victim(), len(order.lists[1]))
+    order.admitting(None)
+    order.reused = True  # T2 in use again: "a" is refused again, none of its bytes remembered past T2's 0
+    order.admitting(["a"], [0.1])
+    assert order.victim() is None

@@ -8,18 +8,22 @@ curve at its capacity.
 A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
 stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
 order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
-locks after the store.  A store's keys not resident are stored too.  Memory: each miniature holds at most its
-capacity in scaled bytes of resident keys and as much again in ghosts.
+locks after the store.  A store's keys not resident are stored too, but for those the order refused a lookup's
+store of: the store that follows a lookup is the one its misses already made, and storing them again would have
+the order admit them as refused before.  Memory: each miniature holds at most its capacity in scaled bytes of
+resident keys, as much again in ghosts, and :data:`REFUSED_KEYS` keys refused.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from mpcache.eviction import order as eviction_order
 
 Key = tuple[Hashable, float]  # (key, bytes it stands for)
+REFUSED_KEYS = 4096  # the newest keys lookups' stores were refused, whose store event may yet come: within moments
 
 
 def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
@@ -49,6 +53,7 @@ class MiniCache:
         self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
+        self.refused: OrderedDict[Hashable, None] = OrderedDict()  # keys the order refused a lookup's store of
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:
         """Whether each key was resident; afterwards every key is (as far as it fits).  ``parents``: each key's
@@ -75,15 +80,22 @@ class MiniCache:
                 found.append((key, entry))
             hits.append(True)
         if missing:
-            self._store(missing, parents if parents is not None else self.parents(keys))
+            refused = self.refused  # what the order refused of this lookup's store, its earlier ones' forgotten
+            for key, _ in missing:
+                refused.pop(key, None)
+            for key in self._store(missing, parents if parents is not None else self.parents(keys)):
+                refused[key] = None
+            while len(refused) > REFUSED_KEYS:
+                refused.popitem(False)
         for key, entry in reversed(found) if order.tail_first else found:
             lists[entry.tier][key] = entry
         return hits
 
     def store(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> None:
-        """A store's keys: those not resident are given space."""
-        entries = self.entries
-        missing = [key for key in keys if key[0] not in entries]
+        """A store's keys: those not resident are given space, but for those the order refused a lookup's store
+        of (this store is the one that lookup made: it stays refused), each skipped once."""
+        entries, refused = self.entries, self.refused
+        missing = [key for key in keys if key[0] not in entries and refused.pop(key[0], True)]  # None: skipped
         if missing:
             self._store(missing, parents if parents is not None else self.parents(keys))
 
@@ -91,13 +103,13 @@ class MiniCache:
         """Each key's key before it in ``keys``, for an order that links a stored key to its parent (else none)."""
         return parents(keys) if self.order.prefix_aware else {}
 
-    def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> None:
+    def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> list[Hashable]:
         """Space for each of ``missing`` (in order, each linked to its key in ``parents``), evicting in the
         order's turn until it fits (one larger than what can be evicted is not stored, as L1 fails the
-        allocation); the keys stored join the order once all have space."""
+        allocation); the keys stored join the order once all have space.  Returns the keys the order refused."""
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
-        stored = []
+        stored, refused, seen_again = [], [], order.lists[order.again]
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         for key, nbytes in missing:
@@ -106,6 +118,8 @@ class MiniCache:
             while self.used + nbytes > capacity:
                 chosen = victim()
                 if chosen is None:
+                    if seen_again:  # an object seen again was there to evict: the order refused the store
+                        refused.append(key)
                     break
                 del entries[chosen[0]]
                 self.used -= chosen[1].size
@@ -119,6 +133,7 @@ class MiniCache:
         lists = order.lists
         for key, entry in reversed(stored) if order.tail_first else stored:
             lists[entry.tier][key] = entry
+        return refused
 
     def keep(self, admits: Callable[[Any], bool]) -> None:
         """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
