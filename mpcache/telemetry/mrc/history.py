@@ -79,6 +79,13 @@ def imputed(edges: list[int], base: float, previous: int, common: int, segments:
     return out
 
 
+def _found_in(tail: int, tail_found: tuple[int, int]) -> tuple[int, int]:
+    """Of a lookup's ``tail`` objects, how many it found in L1 and in L2 (``tail_found`` as the event says,
+    clamped to the tail)."""
+    in_l1 = max(0, min(tail, tail_found[0]))
+    return in_l1, max(0, min(tail - in_l1, tail_found[1]))
+
+
 def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
     """Per miniature, the (edge index, share) its change in hits from the miniature below goes to: a key held
     from miniature i up weighs, at each edge, the sum of the interpolation's weights of miniatures i and above
@@ -179,7 +186,6 @@ class History:
         self.tails: dict[Row, TailSeen] = {}
         self._divergent = self._expected = 0.0  # TailSeen's counts over every head key
         self._segment = 0  # the last tail segment's number (a miniature's key for a tail's objects)
-        self._segments: list[tuple[Hashable, int]] = []  # the segments the lookup being judged left
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
     def lookup(self, accesses: Sequence[Access], size: int, tail: int = 0,
@@ -233,8 +239,9 @@ class History:
                 curve.append((weight, found, bucket, None))
             reasons.append((found, row in stored or (bool(forgotten) and row in forgotten), weight))
             judged.append((row, stratum, objects, weight, found))
+        segments: list[tuple[Hashable, int]] = []  # under the miniatures: the segments this lookup's tail left
         if self.minis is not None and tail > 0:
-            curve = self._simulate_tail(judged, held, head, tail, tail_found, size, weights)
+            curve, segments = self._simulate_tail(judged, held, head, tail, tail_found, size, weights)
         elif self.minis is not None:
             curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
                                     for row, stratum, objects, weight, found in judged])
@@ -270,7 +277,7 @@ class History:
             else:
                 before.objects, before.keys = tail, tails
             if self.minis is not None:
-                before.segments = self._segments
+                before.segments = segments
             now = set(tails)
             for row in tails:
                 stack.restratum(row, COVERED)
@@ -305,14 +312,17 @@ class History:
         second = self.stack.get(_tail_keys(head)[1]) if seen is not None and head is not None else None
         if seen is not None and second is not None:
             previous = seen.objects
-            common = seen.common(tail, self._divergent / self._expected if self._expected > 0 else 0.0)
+            common = seen.common(tail, self._usual())
             base = self.stack.weighted_above(second[0], depth)
-        in_l1 = max(0, min(tail, tail_found[0]))
-        in_l2 = max(0, min(tail - in_l1, tail_found[1]))
+        in_l1, in_l2 = _found_in(tail, tail_found)
         segments = ((in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS))
         out = imputed(self.edges, base, previous, common, segments, size)
         beyond = len(self.edges)
         return out + [(-weight, found, beyond, None) for weight, found in uncovered]
+
+    def _usual(self) -> float:
+        """The share of a tail's objects that are new, over the tails after every head key."""
+        return self._divergent / self._expected if self._expected > 0 else 0.0
 
     def _untail(self, head: Row) -> None:
         """``head`` no longer stands for a tail: its tail keys go, and the sampled keys it covered count again."""
@@ -324,16 +334,18 @@ class History:
                 self.stack.restratum(row, SAMPLED)
 
     def _simulate_tail(self, judged: list[tuple[Row, int, int, float, str]], held: set[Row], head: Row | None,
-                       tail: int, tail_found: tuple[int, int], size: int, weights: list[float]) -> list[Judged]:
+                       tail: int, tail_found: tuple[int, int], size: int,
+                       weights: list[float]) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
         """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
         tail's segments that hold the objects this one likely shares with it, then the new objects in up to
         ``SEGMENT_PIECES``: a segment is a key of 1 - rate of its objects' bytes, so a miniature keeps or evicts
         it whole), each tail object judged
         by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
         tail's), for their place in the order, and those the last tail did not hold (not in ``held``) count
-        where they are, × 1 / rate, in place of a miss."""
+        where they are, × 1 / rate, in place of a miss.  Returns the judgments and the tail's segments
+        (key, objects)."""
         seen = self.tails.get(head) if head is not None else None
-        common = 0 if seen is None else seen.common(tail, self._divergent / self._expected if self._expected else 0.0)
+        common = 0 if seen is None else seen.common(tail, self._usual())
         ranges: list[tuple[Hashable, int, int, int]] = []  # (segment, its objects, first and last one it judges)
         end = 0
         for key, objects in seen.segments if seen is not None else ():
@@ -351,9 +363,7 @@ class History:
             self._segment += 1
             (_, objects, first, _), (_, more, _, last) = ranges[:2]
             ranges[:2] = [((SEGMENT, self._segment), objects + more, first, last)]
-        self._segments = [(key, objects) for key, objects, _, _ in ranges]
-        in_l1 = max(0, min(tail, tail_found[0]))
-        in_l2 = max(0, min(tail - in_l1, tail_found[1]))
+        in_l1, in_l2 = _found_in(tail, tail_found)
         keys: list[tuple[Hashable, float, float, str]] = [
             (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
             for row, stratum, objects, weight, found in judged if stratum == HEAD]
@@ -373,7 +383,7 @@ class History:
         for (row, weight, found), one in zip(sampled, judged_sampled):
             if row not in held:
                 out += [one, (-weight, found, None, [(beyond, -weight)])]
-        return out
+        return out, [(key, objects) for key, objects, _, _ in ranges]
 
     def _simulate(self, keys: list[tuple[Hashable, float, float, str]]) -> list[Judged]:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
