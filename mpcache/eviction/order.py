@@ -92,10 +92,10 @@ class ArcOrder:
         self.sizes = [0, 0]  # bytes of T1's and T2's resident objects
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
-        self.storing: Sequence[Any] | None = None  # the keys a store is reserving (L1 sets it): its evidence
+        self._storing: Sequence[Any] | None = None  # the keys the store being reserved names (``admitting``)
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
-        self.storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
+        self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
         self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -184,7 +184,7 @@ class ArcOrder:
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0) -> None:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended."""
-        self.storing, self.storing_bytes = keys, nbytes
+        self._storing, self._storing_bytes = keys, nbytes
         self._admitted = None
 
     def _admits(self) -> bool:
@@ -194,7 +194,7 @@ class ArcOrder:
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
         store's keys are remembered (the newest, as many bytes as T2 holds) so that storing them again admits
         them.  What is not a store (an L2 landing) and ARC always may."""
-        storing = self.storing
+        storing = self._storing
         if storing is None or not self.prefix_aware:
             return True
         if self._admitted is None:
@@ -202,7 +202,7 @@ class ArcOrder:
             self._admitted = not self.reused or any(key in b1 or key in b2 or key in refused for key in storing)
             if not self._admitted:
                 self.reused = False
-                nbytes = self.storing_bytes
+                nbytes = self._storing_bytes
                 sizes = [nbytes] * len(storing) if isinstance(nbytes, (int, float)) else nbytes
                 for key, size in zip(storing, sizes):
                     self._refused_bytes += size - refused.pop(key, 0)
