@@ -1,9 +1,11 @@
-"""``python -m benchmarks.policy_matrix [--trace PATH ...] [--requests N] [--first N] [--policies P ...] [--jobs J]``:
+"""``python -m benchmarks.policy_matrix [--trace PATH ...] [--requests N] [--first N] [--seed S] [--policies P ...]
+[--jobs J]``:
 L1's eviction orders replayed in process on every ``trace_gen`` kind (and any Mooncake-format ``--trace``), at the
 three sizes of ``bench trace``, against the offline LRU, ARC and a simulation of LMCache's server.
 
 The service's ``bench trace`` takes minutes per trace and size; this takes seconds, so a policy change can be
-judged on 8 traces × 3 sizes × (whole, first ``--first`` requests) before it goes near the service.  Each
+judged on 8 traces × 3 sizes × (whole, first ``--first`` requests) before it goes near the service; ``--seed``
+draws other traces of the same kinds, held out from whatever a change was tuned on.  Each
 request is fed to a real :class:`~mpcache.cache.l1.L1Manager` (64-byte objects) as the LMCache front end drives
 it: lookup (read-lock the found prefix), store the rest, release.  The references, from the same requests:
 ``lru`` and ``arc`` (``trace_sim``, exact, offline) and ``lmcache_sim``: LMCache's server modelled as an LRU that
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests of each generated trace (and the "
                         "most read of a --trace file)")
     parser.add_argument("--first", type=int, default=FIRST, help="also replay each trace's first N requests")
+    parser.add_argument("--seed", type=int, default=SEED, help="the generated traces' seed (another: held-out traces)")
     parser.add_argument("--policies", nargs="+", default=["adaptive", "arc", "lru"])
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
         for kind in trace_gen.KINDS:
             paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
-            trace_gen.write(trace_gen.KINDS[kind](args.requests, SEED), paths[kind], SEED)
+            trace_gen.write(trace_gen.KINDS[kind](args.requests, args.seed), paths[kind], args.seed)
         rows = run(paths, args.requests, args.first, tuple(args.policies), args.jobs)
     print(json.dumps(rows, indent=1) if args.json else render(rows, tuple(args.policies)))
     return 0

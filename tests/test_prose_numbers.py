@@ -287,7 +287,8 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/BENCHMARKS.md", r"\(`--warmup`, default (\d+) s, uncounted\), an idle window \((\d+) s, counted, no "
                                r"requests\) and the measured window \(`--seconds`, default (\d+)\)",
          f"{bench_isolation.WARMUP_S:g} / {bench_isolation.IDLE_S:g} / {bench_isolation.SECONDS:g}"),
-        ("docs/BENCHMARKS.md", r"every `trace_gen` kind \(([\d,]+) requests, seed (\d+)\) and each `--trace`, whole "
+        ("docs/BENCHMARKS.md", r"every `trace_gen` kind \(([\d,]+) requests, seed (\d+); `--seed` draws held-out "
+                               r"ones\) and each `--trace`, whole "
                                r"and its first ([\d,]+) requests",
          f"{policy_matrix.REQUESTS:,} / {policy_matrix.SEED} / {policy_matrix.FIRST:,}"),
         ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",

@@ -49,6 +49,7 @@ class LruOrder:
 
     new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held
     reused = False  # set by lookups, read by no one: LRU admits every store
+    refusing = False  # LRU refuses no store
 
     access = 0  # not counted: LRU evicts the newest objects last, so it never splits an access
 
@@ -186,6 +187,12 @@ class ArcOrder:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended."""
         self._storing, self._storing_bytes = keys, nbytes
         self._admitted = None
+
+    @property
+    def refusing(self) -> bool:
+        """Whether the order refused the store being reserved (``victim`` gave None for it: not for want of an
+        object to evict)."""
+        return self._admitted is False
 
     def _admits(self) -> bool:
         """Whether the store being reserved may evict an object seen again (T2).  The adaptive order refuses a

@@ -206,3 +206,23 @@ def test_refused_keys_of_float_bytes_trimmed_to_an_empty_t2s_bytes_leave_no_resi
     order.reused = True  # T2 in use again: "a" is refused again, none of its bytes remembered past T2's 0
     order.admitting(["a"], [0.1])
     assert order.victim() is None
+
+
+def test_the_order_says_a_store_was_refused_only_when_it_kept_an_object_it_could_have_evicted():
+    """A miniature locks nothing, so ``victim`` giving None means a refusal or an empty order; ``refusing``
+    tells them apart (what the miniature records as refused), and is reset by the store's end."""
+    entries: dict = {}
+    order = eviction_order.build("adaptive", SIZE, entries.get)
+    order.admitting(["a"], [1])
+    assert (None, False) == (order.victim(), order.refusing)  # nothing to evict: no refusal
+    order.admitting(None)
+    entries["held"] = held = _Entry(1)
+    order.new("held", held, None)
+    order.promote(held)  # seen again: T2
+    order.lists[held.tier]["held"] = held
+    order.reused = True
+    order.admitting(["a"], [1])
+    assert (None, True) == (order.victim(), order.refusing)
+    order.admitting(None)
+    assert not order.refusing
+    assert not eviction_order.build("lru", SIZE, entries.get).refusing

@@ -109,7 +109,7 @@ class MiniCache:
         allocation); the keys stored join the order once all have space.  Returns the keys the order refused."""
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
-        stored, refused, seen_again = [], [], order.lists[order.again]
+        stored, refused = [], []
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         for key, nbytes in missing:
@@ -118,7 +118,7 @@ class MiniCache:
             while self.used + nbytes > capacity:
                 chosen = victim()
                 if chosen is None:
-                    if seen_again:  # an object seen again was there to evict: the order refused the store
+                    if order.refusing:
                         refused.append(key)
                     break
                 del entries[chosen[0]]
