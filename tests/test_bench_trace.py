@@ -196,3 +196,47 @@ def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
 TRACE_GEN_COLUMNS = ("offline_lru", "belady", "arc_simulated", "mpcache_adaptive", "mpcache_lru", "lmcache_server")
 TRACE_GEN_HEADER = ("| trace (requests) | L1 | blocks | " + " | ".join(TRACE_GEN_COLUMNS)
                     + " | adaptive × offline LRU's prefill |")
+
+
+def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's ``policy_matrix`` tables (seed 1 and the held-out seeds 2 and 3) are rendered from the
+    rows docs/PERFORMANCE.json keeps, and the held-out paragraph's numbers are computed from them."""
+    from benchmarks.policy_matrix import render
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        seeds = json.load(handle)["policy_matrix"]
+    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    policies = ("adaptive", "arc", "lru")
+    assert all(render(rows, policies) in text for rows in seeds.values()) and len(seeds) == 3
+    held = seeds["2"] + seeds["3"]
+    prose = " ".join(text.split())
+    flagged = [sum(1 for row in held if row[f"flags_{policy}"]) for policy in policies]
+    assert (f"`adaptive` is flagged in {flagged[0]} of {len(held)} rows, `arc` in {flagged[1]} and `lru` in "
+            f"{flagged[2]}.") in prose
+
+    def row(seed: str, trace: str, requests: int, size: str) -> dict:
+        [found] = [r for r in seeds[seed] if (r["trace"], r["requests"], r["size"]) == (trace, requests, size)]
+        return found
+
+    def gain(seed: str, trace: str, requests: int, size: str) -> float:
+        found = row(seed, trace, requests, size)
+        return found["l1_adaptive"] / found["lru"]
+
+    def below(seed: str, trace: str, requests: int, size: str) -> str:
+        found = row(seed, trace, requests, size)
+        return f"{found['lru'] - found['l1_adaptive']:.4f}"
+
+    for seed in ("2", "3"):
+        ratios = " / ".join(f"{gain(seed, 'production', 6000, size):.2f}×" for size in ("small", "middle", "large"))
+        assert f"{ratios} (seed {seed})" in prose
+    assert all(r["l1_adaptive"] > r["lmcache_sim"] for r in held if r["trace"] == "production")
+    cold = [below(seed, "multitenant", 1500, "large") for seed in ("2", "3")]
+    assert f"({cold[0]} and {cold[1]} below the offline LRU" in prose
+    assert f"seed 2, {below('2', 'multitenant', 6000, 'large')} below" in prose
+    conversations = max(r["lru"] - r["l1_adaptive"] for r in held
+                        if r["trace"] == "conversations" and r["size"] != "small")
+    assert f"(up to {conversations:.4f} below the LRU" in prose
+    sim = max(r["lmcache_sim"] - r["l1_adaptive"] for r in held if r["trace"] in ("scan", "conversations"))
+    assert f"`lmcache_sim`, the best of its 7 periods, on `scan` and `conversations` (up to {sim:.4f})." in prose
