@@ -240,3 +240,21 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
     assert f"(up to {conversations:.4f} below the LRU" in prose
     sim = max(r["lmcache_sim"] - r["l1_adaptive"] for r in held if r["trace"] in ("scan", "conversations"))
     assert f"`lmcache_sim`, the best of its 7 periods, on `scan` and `conversations` (up to {sim:.4f})." in prose
+
+
+def test_performance_md_half_and_double_predictions_are_the_benchmark_s_raw_output():
+    """The ½× / 2× predictions docs/PERFORMANCE.md and docs/MRC.md state for ``trace_gen``'s multitenant and rag
+    are the errors docs/PERFORMANCE.json keeps from ``mrc._one_workload`` (each within issue 39's 0.02)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        runs = json.load(handle)["mrc_half_double"]
+    texts = []
+    for page in ("PERFORMANCE.md", "MRC.md"):
+        with open(os.path.join(repo, "docs", page), encoding="utf-8") as handle:
+            texts.append(" ".join(handle.read().split()))
+    for name in ("multitenant", "rag"):
+        run = runs[name]
+        assert max(run["half_error"], run["double_error"]) <= 0.02
+        assert f"{run['mae_online_vs_exact']:.4f} / {run['max_error_online_vs_exact']:.4f} ({name})" in texts[0]
+        pair = f"{run['half_error']:.4f} / {run['double_error']:.4f}"
+        assert f"{pair} ({name})" in texts[0] and f"{pair} (`trace_gen {name}`)" in texts[1]
