@@ -258,3 +258,33 @@ def test_performance_md_half_and_double_predictions_are_the_benchmark_s_raw_outp
         assert f"{run['mae_online_vs_exact']:.4f} / {run['max_error_online_vs_exact']:.4f} ({name})" in texts[0]
         pair = f"{run['half_error']:.4f} / {run['double_error']:.4f}"
         assert f"{pair} ({name})" in texts[0] and f"{pair} (`trace_gen {name}`)" in texts[1]
+
+
+def test_performance_md_trace_gen_prose_is_computed_from_the_raw_output():
+    """The paragraph under docs/PERFORMANCE.md's table of trace_gen's traces states what docs/PERFORMANCE.json's
+    runs show: the worst point against the offline LRU and ARC, the points above LMCache's server, and the one
+    below it."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        raw = json.load(handle)["trace_gen"]
+    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
+        prose = " ".join(handle.read().split())
+    points = [(kind, name, size) for kind, result in raw.items() for name, size in result["sizes"].items()]
+
+    def hit(size: dict, column: str) -> float:
+        return size[column]["hit_ratio"]
+
+    assert all(hit(size, "mpcache_adaptive") >= hit(size, "arc_simulated") for _, _, size in points)
+    kind, name, worst = min(points, key=lambda p: hit(p[2], "mpcache_adaptive") - hit(p[2], "offline_lru"))
+    gap = hit(worst, "offline_lru") - hit(worst, "mpcache_adaptive")
+    assert f"below the offline LRU by at most {gap:.4f} (`{kind}` {name})" in prose
+    below = [(k, n, s) for k, n, s in points if hit(s, "mpcache_adaptive") < hit(s, "lmcache_server")]
+    assert f"above LMCache's server at {len(points) - len(below)} of the {len(points)} points" in prose
+    [(kind, name, size)] = below
+    assert (f"at `{kind}` {name} ({size['blocks']} blocks) the server read {hit(size, 'lmcache_server'):.4f} "
+            f"against {hit(size, 'mpcache_adaptive'):.4f}") in prose
+    assert f"{size['lmcache_server']['allocation_failures']:,} chunks dropped in this one" in prose
+    production, gain = raw["production"]["sizes"]["small"], raw["production"]["mpcache_adaptive_over_offline_lru"]
+    assert (f"`adaptive` reads {hit(production, 'mpcache_adaptive'):.4f} against the server's "
+            f"{hit(production, 'lmcache_server'):.4f}: {gain['small']}× the offline LRU's prefill") in prose
+    assert f"({production['lmcache_server']['allocation_failures']:,} chunks at `production` small" in prose
