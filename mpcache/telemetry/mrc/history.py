@@ -14,6 +14,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -42,6 +43,7 @@ Access = tuple[Row, int, str, int]  # (key, stratum, what the lookup found, obje
 # What a lookup's judged key adds to its curves: (weight, what the lookup found, bucket of its distance or
 # None, the (edge index, change in hits) a miniature simulation gives, or None)
 Judged = tuple[float, str, "int | None", "list[tuple[int, float]] | None"]
+JudgedKey = tuple[Row, int, int, float, str]  # a lookup's sampled key judged: (key, stratum, objects, weight, found)
 
 
 def _sampling(stack_stratum: int) -> int:
@@ -150,6 +152,18 @@ class TailSeen:
         return max(0, min(objects, self.objects, round((objects + self.objects) * (1.0 - new) / 2)))
 
 
+@dataclass(slots=True)
+class _Judgment:
+    """A lookup's sampled keys as judged before any is touched (:meth:`History._judge`)."""
+
+    keys: list[JudgedKey] = field(default_factory=list)
+    curve: list[Judged] = field(default_factory=list)  # under the stack: what they add to the curves
+    reasons: list[tuple[str, bool, float]] = field(default_factory=list)  # (found, stored before, weight)
+    head: Row | None = None  # the last head chunk's key: the prefix every tail object chains
+    uncovered: list[tuple[float, str]] = field(default_factory=list)  # the sampled tail keys its last tail lacked
+    held: set[Row] = field(default_factory=set)  # and those it held
+
+
 class Stratum:
     """One stratum's sampling threshold (in units of ``1/P``) and its tracked keys, largest hash first."""
 
@@ -203,21 +217,27 @@ class History:
         much of the last tail a tail keeps (from its start) is estimated per head key from the sampled keys that
         changed (:class:`TailSeen`): a document asked about again keeps all but its question, a system prompt
         shared by many conversations next to nothing."""
-        stack, edges, forgotten, stored = self.stack, self.edges, self.forgotten, self.stored
-        thresholds = [stratum.threshold for stratum in self.strata]
-        if not 0 < thresholds[SAMPLED] <= TAIL_MAX_RATE * SAMPLE_MODULUS:
+        if not 0 < self.strata[SAMPLED].threshold <= TAIL_MAX_RATE * SAMPLE_MODULUS:
             tail = 0  # a sample this dense judges the tail well by itself (at rate 1 exactly); none, not at all
         weights = self.weights()
         depth = self._depth_weights(weights)
-        judged: list[tuple[Row, int, int, float, str]] = []
-        curve: list[Judged] = []
-        reasons: list[tuple[str, bool, float]] = []
-        head = None  # the last head chunk's key: the prefix every tail object chains
-        uncovered: list[tuple[float, str]] = []  # the sampled tail keys its last tail did not hold
-        held: set[Row] = set()  # and those it held
+        judgment = self._judge(accesses, tail, weights, depth)
+        curve, segments = self._contributions(judgment, size, tail, tail_found, weights, depth)
+        if tail > 0:
+            self._learn_tail_change(judgment, tail, weights)
+        self._touch_keys(judgment, size, tail, segments)
+        return curve, judgment.reasons
+
+    def _judge(self, accesses: Sequence[Access], tail: int, weights: list[float], depth: list[float]) -> _Judgment:
+        """Each sampled key its stratum (the one it sits in, if tracked) still admits, judged where it sits before
+        any is touched: its weight, whether it was stored (the miss reasons) and, under the stack, its distance's
+        bucket.  With a tail, a hash-sampled key the head key's last tail held counts there (``held``); one it
+        did not hold is ``uncovered``, judged where it sits, its imputed miss taken back (:meth:`_tail`)."""
+        stack, thresholds = self.stack, [stratum.threshold for stratum in self.strata]
+        judgment = _Judgment()
         for row, stratum, found, objects in accesses:
             if stratum == HEAD:
-                head = row
+                judgment.head = row
             entry = stack.get(row)
             covered = entry is not None and entry[2] == COVERED
             if entry is not None:
@@ -225,68 +245,90 @@ class History:
             if stratum == TAIL or not row[0] % SAMPLE_MODULUS < thresholds[stratum]:
                 continue
             weight = weights[stratum] * objects
-            if tail > 0 and stratum == SAMPLED:
-                if covered:
-                    held.add(row)
-                else:
-                    uncovered.append((weight, found))
-                    if self.minis is None:  # judged where it is; its judgment as a miss is taken back below
-                        curve.append((weight, found, len(edges) if entry is None else bisect.bisect_left(
-                            edges, stack.weighted_above(entry[0], depth) + entry[1]), None))
-            elif self.minis is None:
-                bucket = len(edges) if entry is None else bisect.bisect_left(
-                    edges, stack.weighted_above(entry[0], depth) + entry[1])
-                curve.append((weight, found, bucket, None))
-            reasons.append((found, row in stored or (bool(forgotten) and row in forgotten), weight))
-            judged.append((row, stratum, objects, weight, found))
-        segments: list[tuple[Hashable, int]] = []  # under the miniatures: the segments this lookup's tail left
+            in_tail = tail > 0 and stratum == SAMPLED
+            if in_tail and covered:
+                judgment.held.add(row)
+            else:
+                if in_tail:
+                    judgment.uncovered.append((weight, found))
+                if self.minis is None:
+                    bucket = len(self.edges) if entry is None else bisect.bisect_left(
+                        self.edges, stack.weighted_above(entry[0], depth) + entry[1])
+                    judgment.curve.append((weight, found, bucket, None))
+            stored = row in self.stored or (bool(self.forgotten) and row in self.forgotten)
+            judgment.reasons.append((found, stored, weight))
+            judgment.keys.append((row, stratum, objects, weight, found))
+        return judgment
+
+    def _contributions(self, judgment: _Judgment, size: int, tail: int, tail_found: tuple[int, int],
+                       weights: list[float], depth: list[float]) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
+        """What the judged keys and the tail add to the curves, and the segments the tail left in the miniatures:
+        the miniatures simulate the lookup (:meth:`_simulate_tail`, :meth:`_simulate`); under the stack the keys
+        are judged already and the tail's objects are imputed (:meth:`_tail`)."""
         if self.minis is not None and tail > 0:
-            curve, segments = self._simulate_tail(judged, held, head, tail, tail_found, size, weights)
-        elif self.minis is not None:
-            curve = self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
-                                    for row, stratum, objects, weight, found in judged])
-        elif tail > 0:
-            curve += self._tail(head, tail, tail_found, size, depth, uncovered)
-        seen = self.tails.get(head) if head is not None else None
-        if seen is not None and tail > 0:  # what this tail says of how tails after ``head`` differ
-            now = {row for row, stratum, _, _, _ in judged if stratum == SAMPLED}
-            dropped = sum(1 for row in seen.keys if row not in now)
-            expected = (tail + seen.objects) / weights[SAMPLED]
-            seen.divergent = seen.divergent * TAIL_DECAY + dropped + len(uncovered)
-            seen.expected = seen.expected * TAIL_DECAY + expected
-            self._divergent = self._divergent * USUAL_DECAY + dropped + len(uncovered)
-            self._expected = self._expected * USUAL_DECAY + expected
-        heads = [item for item in judged if item[1] == HEAD]
-        for row, _, objects, _, found in heads:
-            self._touch_judged(row, HEAD, min(size * objects, MAX_KEY_BYTES), size, found)
-        covering = tail > 0 and size > 0 and head is not None and head in stack
-        first_half, second_half = _tail_keys(head) if head is not None else (None, None)
-        if covering:
-            stack.touch(first_half, min(tail // 2 * size, MAX_KEY_BYTES), TAIL)
-        tails = []
-        for row, stratum, objects, _, found in judged:
+            return self._simulate_tail(judgment.keys, judgment.held, judgment.head, tail, tail_found, size, weights)
+        if self.minis is not None:
+            return self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
+                                   for row, stratum, objects, weight, found in judgment.keys]), []
+        if tail > 0:
+            return judgment.curve + self._tail(judgment.head, tail, tail_found, size, depth, judgment.uncovered), []
+        return judgment.curve, []
+
+    def _learn_tail_change(self, judgment: _Judgment, tail: int, weights: list[float]) -> None:
+        """What a tail says of how the tails after its head key differ (:class:`TailSeen`, for that key and over
+        every head key): the last tail's sampled keys missing from it and its own the last one did not hold,
+        against as many as there would be were every object new."""
+        seen = self.tails.get(judgment.head) if judgment.head is not None else None
+        if seen is None:
+            return
+        now = {row for row, stratum, _, _, _ in judgment.keys if stratum == SAMPLED}
+        dropped = sum(1 for row in seen.keys if row not in now)
+        expected = (tail + seen.objects) / weights[SAMPLED]
+        seen.divergent = seen.divergent * TAIL_DECAY + dropped + len(judgment.uncovered)
+        seen.expected = seen.expected * TAIL_DECAY + expected
+        self._divergent = self._divergent * USUAL_DECAY + dropped + len(judgment.uncovered)
+        self._expected = self._expected * USUAL_DECAY + expected
+
+    def _touch_keys(self, judgment: _Judgment, size: int, tail: int, segments: list[tuple[Hashable, int]]) -> None:
+        """The judged keys become the most recently used in the engine's order: the head keys, the first half of
+        the tail's bytes (the head key's first tail key), the hash-sampled keys, the rest; the head key then
+        stands for this tail (:meth:`_cover`), or, with none or the head key no longer tracked, for none."""
+        stack, head = self.stack, judgment.head
+        for row, stratum, objects, _, found in judgment.keys:
+            if stratum == HEAD:
+                self._touch_judged(row, HEAD, min(size * objects, MAX_KEY_BYTES), size, found)
+        cover = head if tail > 0 and size > 0 and head is not None and head in stack else None
+        if cover is not None:
+            stack.touch(_tail_keys(cover)[0], min(tail // 2 * size, MAX_KEY_BYTES), TAIL)
+        tracked = []
+        for row, stratum, objects, _, found in judgment.keys:
             if stratum != HEAD and self._touch_judged(row, stratum, min(size * objects, MAX_KEY_BYTES), size,
                                                       found):
-                tails.append(row)
-        if covering and head is not None and head in stack:
-            stack.touch(second_half, min((tail - tail // 2) * size, MAX_KEY_BYTES), TAIL)
-            before = self.tails.get(head)
-            old = before.keys if before is not None else []
-            if before is None:
-                before = self.tails[head] = TailSeen(tail, tails, 0.0, 0.0)
-            else:
-                before.objects, before.keys = tail, tails
-            if self.minis is not None:
-                before.segments = segments
-            now = set(tails)
-            for row in tails:
-                stack.restratum(row, COVERED)
-            for row in old:
-                if row not in now and stack.stratum_of_or(row) == COVERED:
-                    stack.restratum(row, SAMPLED)
+                tracked.append(row)
+        if cover is not None and cover in stack:
+            stack.touch(_tail_keys(cover)[1], min((tail - tail // 2) * size, MAX_KEY_BYTES), TAIL)
+            self._cover(cover, tail, tracked, segments)
         elif head is not None and head in self.tails:
             self._untail(head)
-        return curve, reasons
+
+    def _cover(self, head: Row, tail: int, keys: list[Row], segments: list[tuple[Hashable, int]]) -> None:
+        """``head``'s last tail is now one of ``tail`` objects whose tracked hash-sampled keys are ``keys`` (and,
+        under the miniatures, ``segments``): they count as covered (its tail keys hold their bytes), and those
+        of the tail before that this one lacks count again."""
+        seen = self.tails.get(head)
+        old = seen.keys if seen is not None else []
+        if seen is None:
+            seen = self.tails[head] = TailSeen(tail, keys, 0.0, 0.0)
+        else:
+            seen.objects, seen.keys = tail, keys
+        if self.minis is not None:
+            seen.segments = segments
+        now = set(keys)
+        for row in keys:
+            self.stack.restratum(row, COVERED)
+        for row in old:
+            if row not in now and self.stack.stratum_of_or(row) == COVERED:
+                self.stack.restratum(row, SAMPLED)
 
     def _touch_judged(self, row: Row, stratum: int, nbytes: int, size: int, found: str) -> bool:
         """A judged key becomes the most recently used (a new one inserted); whether it is tracked now."""
@@ -333,7 +375,7 @@ class History:
             if self.stack.stratum_of_or(row) == COVERED:
                 self.stack.restratum(row, SAMPLED)
 
-    def _simulate_tail(self, judged: list[tuple[Row, int, int, float, str]], held: set[Row], head: Row | None,
+    def _simulate_tail(self, judged: list[JudgedKey], held: set[Row], head: Row | None,
                        tail: int, tail_found: tuple[int, int], size: int,
                        weights: list[float]) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
         """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
