@@ -52,7 +52,7 @@ def test_stop_leaves_none_of_the_multiprocessing_segments_its_outliving_children
     engine = Engine("python", tmp_path / "model", tmp_path / "stderr", launcher=[sys.executable, str(script)])
     names = engine.wait_ready(120)["names"]
     assert 4 == len(names) and all(os.path.exists(f"/dev/shm/{name}") for name in names), names
-    assert 0 == engine.stop(timeout_s=3)
+    assert 0 == engine.stop(timeout_s=1)
     assert [names[0]] == engine.swept
     assert [] == [name for name in names if os.path.exists(f"/dev/shm/{name}")], engine.stderr_tail()
 
