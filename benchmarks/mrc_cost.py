@@ -74,6 +74,7 @@ def _sampler_us(requests: list[Request], found: list[int], repetitions: int) -> 
 
     capacity = 1 << 16
     segment = Segment.create(shm_name(os.getpid(), os.urandom(6).hex(), "mrc"), layout.event_segment_size(capacity, 64))
+    Segment.unlink(segment.name)  # mapped here only: nothing is left in /dev/shm, even if this run is killed
     try:
         format_event_segment(segment, capacity, 64)
         defaults = Config(instance_id="b", supervisor_pid=0, runtime_dir="/x")

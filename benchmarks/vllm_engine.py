@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.process_group import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "benchmarks" / "harness" / "engine.py"
@@ -51,6 +52,8 @@ class Engine:
             argv.append("--prefix-caching")
         self.name = name
         self.stderr_path = Path(stderr_path)
+        self.started_at = time.time()
+        self.swept: list[str] = []
         with open(stderr_path, "wb") as stderr:
             self.process = subprocess.Popen((launcher or []) + argv, env=dict(os.environ, **ENGINE_ENV, **(env or {})),
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
@@ -115,25 +118,19 @@ class Engine:
         return self.stderr_tail(1 << 22).count(text)
 
     def stop(self, timeout_s: float = 60) -> int | None:
-        """Ask it to exit (vLLM stops its engine-core and worker processes), then kill whatever is left of its
-        process group (a front end killed first would leave those two running, orphaned): its exit status, or None
-        if it had to be killed."""
+        """Ask it to exit (vLLM stops its engine-core and worker processes), then end whatever is left of its
+        process group (a front end killed first would leave those two running, orphaned) without leaving its
+        shared memory behind (:func:`~benchmarks.process_group.stop_group`): the front end's exit status, or None
+        if it had to be killed.  ``swept``: the segments the group left, unlinked here."""
         if self.process.poll() is None and self.process.stdin is not None:
             try:
                 self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
                 self.process.stdin.close()
             except (BrokenPipeError, ValueError):
                 pass
-        try:
-            status: int | None = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            status = None
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-        return status
+        self.swept = stop_group(self.process.pid, timeout_s, self.started_at)
+        status = self.process.wait()
+        return status if status >= 0 else None
 
 
 def wait_all_ready(*engines: Engine, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -396,6 +396,20 @@ def test_mrc_oracle_equals_a_brute_force_recency_list():
     assert 0 < sum(d != float("inf") for d in expected) < len(expected)
 
 
+def test_mrc_sampling_cost_leaves_no_segment_in_dev_shm():
+    """The sampling calls' own cost runs on a real ring of this process (``mpcache.<pid>.<random>.mrc``), which
+    every run used to leave in /dev/shm: none of this process's segments is left after it."""
+    from benchmarks import mrc_cost
+
+    def ours() -> list[str]:
+        return sorted(name for name in os.listdir("/dev/shm") if name.startswith(f"mpcache.{os.getpid()}."))
+
+    before = ours()
+    requests = [("m", "s", [i * 4 + j for j in range(4)]) for i in range(20)]
+    assert mrc_cost._sampler_us(requests, [2] * len(requests), 1) > 0
+    assert before == ours()
+
+
 def test_report_row_for_mrc(tmp_path):
     side = {"policy": "adaptive", "mae_online_vs_exact": 0.05, "sample_rate": 0.01, "half_error": 0.01,
             "double_error": 0.03}

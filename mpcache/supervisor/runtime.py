@@ -30,6 +30,13 @@ formatted by this build and locked by nobody, is provably a dead run's: its segm
 ``what`` a name without a dot such as ``events0``, this user's files) are removed, the board last.  Boards of another
 user, of another build (not provably ours) or held by a live run (in whatever PID namespace) are never
 touched.
+
+A segment of our name (``mpcache.<pid>.<instance>.<what>``, ``instance`` at most 8 characters) that belongs to no run
+(no gauge board of its prefix: a run's board is created first and unlinked last, so only a benchmark's or tool's own
+segment is ever without one) is an orphan of a dead owner when its pid is not a live process here and it is a
+regular file of this user, mode 0600, as :meth:`~mpcache.shm.segment.Segment.create` makes them
+(:func:`sweep_orphan_segments`): a ``kill -9`` left it.  A live pid's, another user's, another mode's, a name not
+ours are never touched.
 """
 
 from __future__ import annotations
@@ -324,6 +331,41 @@ def sweep_segments(swept: Swept) -> None:
                 os.close(fd)
 
 
+# mpcache.<owner pid>.<instance id's first 8 characters>.<what>: shm_name's names, nothing longer
+_OUR_SEGMENT = re.compile(r"mpcache\.([1-9][0-9]{0,9})\.([A-Za-z0-9._:-]{1,8})\.([a-z][a-z0-9]*)")
+
+
+def sweep_orphan_segments(swept: Swept) -> None:
+    """Remove the segments of ours that no run holds and whose owner died (see the module's docstring)."""
+    try:
+        entries = sorted(os.listdir(SHM_DIR))
+    except OSError:
+        return
+    present = set(entries)
+    for name in entries:
+        match = _OUR_SEGMENT.fullmatch(name)
+        if match is None or match[3] == BOARD_SUFFIX[1:]:
+            continue
+        pid, instance = int(match[1]), match[2]
+        in_a_run = f"{NAME_PREFIX}{pid}.{instance}{BOARD_SUFFIX}" in present
+        if in_a_run or _pid_alive(pid) or not _owned_file(name, private=True):
+            continue
+        if Segment.unlink("/" + name):
+            swept.removed.append({"segment": "/" + name,
+                                  "reason": f"no run holds it (no gauge board) and its owner pid {pid} is gone"})
+
+
+def _pid_alive(pid: int) -> bool:
+    """A process of this pid exists in this PID namespace (whoever's it is)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a pid this kernel cannot have: never ours to judge
+    return True
+
+
 def _dead_board(name: str) -> int | None:
     """A descriptor holding the lock of gauge board ``name`` if it is a dead run's of ours (see the module's
     docstring); None otherwise (a live run's, another user's, another build's, one being created)."""
@@ -339,13 +381,15 @@ def _dead_board(name: str) -> int | None:
     return None
 
 
-def _owned_file(name: str) -> bool:
-    """``/dev/shm/name`` is a regular file of this user (not a link, not another user's)."""
+def _owned_file(name: str, private: bool = False) -> bool:
+    """``/dev/shm/name`` is a regular file of this user (not a link, not another user's); if ``private``, also of
+    mode 0600 (what Segment.create makes)."""
     try:
         st = os.lstat(os.path.join(SHM_DIR, name))
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+            and (not private or stat.S_IMODE(st.st_mode) == 0o600))
 
 
 class SegmentLock:

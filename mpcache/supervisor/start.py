@@ -36,6 +36,7 @@ from mpcache.supervisor.runtime import (
     segment_is_stale,
     segments_with_prefix,
     sweep,
+    sweep_orphan_segments,
     sweep_segments,
 )
 from mpcache.supervisor.watch import Supervisor
@@ -65,6 +66,7 @@ def _claim_runtime_dir(requested: str, base: str, pid: int) -> tuple[RuntimeDir,
     safe_base = os.path.isdir(base) and not os.path.islink(base)
     swept = sweep(base if safe_base else "", also=requested or None)
     sweep_segments(swept)  # dead runs whose runtime dir (and marker) is gone
+    sweep_orphan_segments(swept)  # segments of no run (a benchmark's, a tool's) whose owner died
     runtime = claim_given(requested) if requested else claim_default(base, pid)
     lines = [("leftover.removed", fields) for fields in swept.removed]
     lines += [("leftover.kept", fields) for fields in swept.kept]

@@ -202,11 +202,40 @@ def pid1_restarted(workdir: str) -> dict:
     return result
 
 
+ORPHAN = ("import os, sys\nfrom mpcache.shm.segment import Segment, shm_name\n"
+          "Segment.create(shm_name(os.getpid(), sys.argv[1], 'mrc'), 4096)\nprint(os.getpid(), flush=True)\n"
+          "sys.stdin.read()\n")
+
+
+def orphans(workdir: str) -> dict[str, list[str]]:
+    """A process that made a segment of its own (``mpcache.<pid>.<tag>.mrc``, as a benchmark does) is killed -9:
+    ``killed`` names it.  ``kept`` names segments a start must leave: one of a live pid (this driver's), and of the
+    dead pid one of another user, one of mode 0644, one whose run has a gauge board, two not of our names."""
+    tag = secrets.token_hex(4)
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN, tag], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                             preexec_fn=_die_with_the_driver)
+    pid = int(child.stdout.readline())  # type: ignore[union-attr]
+    child.kill()
+    child.wait(10)
+    dead = f"mpcache.{pid}."
+    kept = {f"mpcache.{os.getpid()}.{tag}.mrc": 0o600, f"{dead}u{tag[1:]}.mrc": 0o600, f"{dead}m{tag[1:]}.mrc": 0o644,
+            f"{dead}b{tag[1:]}.gauges": 0o600, f"{dead}b{tag[1:]}.events0": 0o600,
+            f"{dead}{tag}.x.mrc": 0o600, f"{dead}{tag}.MRC": 0o600}
+    for name, mode in kept.items():
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+        os.fchmod(fd, mode)
+        os.close(fd)
+    os.chown(f"/dev/shm/{dead}u{tag[1:]}.mrc", 65534, 65534)
+    return {"killed": [f"{dead}{tag}.mrc"], "kept": sorted(kept)}
+
+
 def killed_runs_leave_nothing(workdir: str) -> dict:
     """systemd's topology: A, with a --runtime-dir, is killed whole (kill -9 of the supervisor and every child
-    at once) and its runtime dir removed (RuntimeDirectory= does that at every stop), marker included.  B
-    starts: what does it remove?  Then B's supervisor alone is killed (its children exit by themselves) and C
-    starts: what does it remove, and what is left once C stops?"""
+    at once) and its runtime dir removed (RuntimeDirectory= does that at every stop), marker included; a process
+    that made a segment of no run is killed -9 too (:func:`orphans`).  B starts: what does it remove, and which
+    of the segments it must leave are still there?  Then B's supervisor alone is killed (its children exit by
+    themselves) and C starts: what does it remove, and what is left once C stops (the kept ones removed here)?"""
     a = Run(workdir, "a", "--runtime-dir", os.path.join(workdir, "a-run"))
     result: dict = {"a_serves": pings(a.socket())}
     tree = [a.process.pid, *(line["pid"] for line in a.events("child.started"))]
@@ -217,9 +246,15 @@ def killed_runs_leave_nothing(workdir: str) -> dict:
                          for pid in tree), 10)
     result["a_left"] = shm()
     subprocess.run(["rm", "-rf", os.path.join(workdir, "a-run")], check=True)
+    result["orphans"] = orphans(workdir)
     b = Run(workdir, "b")
     result["b_serves"] = pings(b.socket())
     result["b_removed"] = [line.get("segment") for line in b.events("leftover.removed") if "segment" in line]
+    result["b_reasons"] = {line["segment"]: line["reason"] for line in b.events("leftover.removed")
+                           if "segment" in line}
+    result["kept_after_b"] = [name for name in result["orphans"]["kept"] if os.path.exists(f"/dev/shm/{name}")]
+    for name in result["kept_after_b"]:
+        os.unlink(f"/dev/shm/{name}")
     children = [line["pid"] for line in b.events("child.started")]
     b.process.kill()
     b.process.wait(10)

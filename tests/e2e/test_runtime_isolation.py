@@ -88,14 +88,20 @@ def test_a_restarted_pid_1_with_a_fixed_instance_id_replaces_its_own_leftovers(w
 @needs_namespaces
 def test_killed_runs_leave_nothing_whatever_removed_their_runtime_dir(workdir) -> None:
     """In a /dev/shm of their own (no other start on the machine may sweep first): A, killed whole (kill -9 of
-    the tree) and its runtime dir wiped as systemd's RuntimeDirectory= does, leaves its 4 segments; B's start
-    removes exactly those, found in /dev/shm by their unlocked gauge board, and serves; B's supervisor alone
-    killed, its children exit and leave B's 4 segments; C's start removes exactly those; C stops with exit 0
-    and nothing is left."""
+    the tree) and its runtime dir wiped as systemd's RuntimeDirectory= does, leaves its 4 segments; a process
+    that made a segment of no run (a benchmark's ``mpcache.<pid>.<tag>.mrc``) is killed -9 and leaves it.  B's
+    start removes exactly those 5: A's found by their unlocked gauge board, the orphan because its owner is gone
+    (saying so); it leaves a live pid's segment, and of the dead pid another user's, a 0644 one, a run's whose
+    gauge board is there and names not of our pattern; B serves.  B's supervisor alone killed, its children exit
+    and leave B's 4 segments; C's start removes exactly those; C stops with exit 0 and nothing is left."""
     result = run_driver("killed_runs_leave_nothing", workdir)
+    [orphan] = result["orphans"]["killed"]
+    pid = orphan.split(".")[1]
 
-    assert 4 == len(result["a_left"]) and 4 == len(result["b_left"])
-    assert sorted("/" + name for name in result["a_left"]) == sorted(result["b_removed"])
+    assert 4 == len(result["a_left"]) and 4 == len(result["b_left"]) and 7 == len(result["orphans"]["kept"])
+    assert sorted("/" + name for name in [*result["a_left"], orphan]) == sorted(result["b_removed"])
+    assert f"no run holds it (no gauge board) and its owner pid {pid} is gone" == result["b_reasons"]["/" + orphan]
+    assert result["orphans"]["kept"] == result["kept_after_b"]
     assert not set(result["a_left"]) & set(result["b_left"])
     assert sorted("/" + name for name in result["b_left"]) == sorted(result["c_removed"])
     assert (True, True, True) == (result["a_serves"], result["b_serves"], result["c_serves"])
