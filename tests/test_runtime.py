@@ -18,7 +18,8 @@ import pytest
 
 from mpcache.shm import layout
 from mpcache.shm.gauges import format_gauge_board
-from mpcache.shm.segment import SHM_DIR
+from mpcache.shm.segment import SHM_DIR, Segment
+from mpcache.supervisor import runtime
 from mpcache.supervisor.runtime import (
     MARKER_FILE,
     Marker,
@@ -29,6 +30,7 @@ from mpcache.supervisor.runtime import (
     pid_namespace,
     remove_runtime_files,
     sweep,
+    sweep_orphan_segments,
     sweep_segments,
 )
 
@@ -219,3 +221,30 @@ def test_the_marker_is_created_once_never_through_a_link_and_locked(tmp_path) ->
         os.close(fd)
     assert 0o600 == os.stat(marker.path).st_mode & 0o777
     assert ["/mpcache.1.x.gauges"] == json.loads(open(marker.path).read())["segments"]
+
+
+@pytest.mark.parametrize("pid_ns, ipc_ns, judged", [
+    (0xEFFFFFFC, 0xEFFFFFFF, True),  # the host's namespaces
+    (4026532500, 4026532501, True),  # a container's own (docker's default): its /dev/shm is its own too
+    (4026532500, 0xEFFFFFFF, False),  # a hostIPC pod, an --ipc=host container: the host's /dev/shm, not its pids
+    (None, 0xEFFFFFFF, False),  # /proc does not say
+])
+def test_an_orphan_is_kept_where_its_owner_pid_cannot_be_judged(monkeypatch, pid_ns, ipc_ns, judged) -> None:
+    """A segment of no run whose pid is not alive here is removed at start-up only where that pid says something:
+    not from a PID namespace of its own that shares the host's IPC namespace (and /dev/shm), where the owner may
+    live in another namespace.  There it stays, in a leftover.kept line."""
+    monkeypatch.setattr(runtime, "_namespace", {"pid": pid_ns, "ipc": ipc_ns}.get)
+    assert runtime.pids_judge_shared_memory() is judged
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: no process of this pid here now
+    name = f"/mpcache.{dead.pid}.o{uuid.uuid4().hex[:6]}.mrc"
+    segment = Segment.create(name, 4096)
+    segment.close()
+    swept = Swept()
+    try:
+        sweep_orphan_segments(swept)
+        assert exists(name) is not judged
+        assert [name] == [line["segment"] for line in (swept.kept if not judged else swept.removed)
+                          if line["segment"] == name]
+    finally:
+        Segment.unlink(name)

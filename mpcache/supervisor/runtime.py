@@ -36,7 +36,8 @@ A segment of our name (``mpcache.<pid>.<instance>.<what>``, ``instance`` at most
 segment is ever without one) is an orphan of a dead owner when its pid is not a live process here and it is a
 regular file of this user, mode 0600, as :meth:`~mpcache.shm.segment.Segment.create` makes them
 (:func:`sweep_orphan_segments`): a ``kill -9`` left it.  A live pid's, another user's, another mode's, a name not
-ours are never touched.
+ours are never touched, nor any where a pid cannot be judged: from a PID namespace of its own sharing the host's
+IPC namespace (and /dev/shm), whose pids are not the other namespaces'.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ MARKER_FILE = "instance.json"
 BOARD_SUFFIX = ".gauges"  # a run's gauge board: /dev/shm/mpcache.<pid>.<instance>.gauges
 MARKER_FORMAT = "mpcache-instance/1"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-PID_NS_PATH = "/proc/self/ns/pid"
 # Everything a run of ours creates in its runtime dir (sockets and their staging names, telemetry's socket, the
 # child configuration, the status file and its staging names, LMCache ipc sockets, the marker).
 _OUR_FILES = re.compile(r"(config\.json|status\.json|instance\.json|cache\d+\.sock|telemetry\.sock|lmcache\d+\.ipc"
@@ -79,10 +79,15 @@ def boot_id() -> str:
 
 def pid_namespace() -> int:
     """The inode of this process's PID namespace (0 where /proc does not say)."""
+    return _namespace("pid") or 0
+
+
+def _namespace(kind: str) -> int | None:
+    """The inode of this process's namespace of ``kind`` (``pid``, ``ipc``); None where /proc does not say."""
     try:
-        return os.stat(PID_NS_PATH).st_ino
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
     except OSError:
-        return 0
+        return None
 
 
 def default_base() -> str:
@@ -335,13 +340,19 @@ def sweep_segments(swept: Swept) -> None:
 _OUR_SEGMENT = re.compile(r"mpcache\.([1-9][0-9]{0,9})\.([A-Za-z0-9._:-]{1,8})\.([a-z][a-z0-9]*)")
 
 
+# The inode numbers the kernel gives the initial PID and IPC namespaces (include/linux/proc_ns.h)
+_INITIAL_PID_NS, _INITIAL_IPC_NS = 0xEFFFFFFC, 0xEFFFFFFF
+
+
 def sweep_orphan_segments(swept: Swept) -> None:
-    """Remove the segments of ours that no run holds and whose owner died (see the module's docstring)."""
+    """Remove the segments of ours that no run holds and whose owner died (see the module's docstring); where a
+    pid cannot be judged from here (:func:`pids_judge_shared_memory`), keep them, each in a leftover.kept line."""
     try:
         entries = sorted(os.listdir(SHM_DIR))
     except OSError:
         return
     present = set(entries)
+    judged = pids_judge_shared_memory()
     for name in entries:
         match = _OUR_SEGMENT.fullmatch(name)
         if match is None or match[3] == BOARD_SUFFIX[1:]:
@@ -350,9 +361,22 @@ def sweep_orphan_segments(swept: Swept) -> None:
         in_a_run = f"{NAME_PREFIX}{pid}.{instance}{BOARD_SUFFIX}" in present
         if in_a_run or _pid_alive(pid) or not _owned_file(name, private=True):
             continue
+        if not judged:
+            swept.kept.append({"segment": "/" + name, "reason": f"no run holds it, but whether its owner pid {pid} "
+                               "is gone cannot be told here: this PID namespace is not the host's, whose IPC "
+                               "namespace (and so /dev/shm) this process shares"})
+            continue
         if Segment.unlink("/" + name):
             swept.removed.append({"segment": "/" + name,
                                   "reason": f"no run holds it (no gauge board) and its owner pid {pid} is gone"})
+
+
+def pids_judge_shared_memory() -> bool:
+    """Whether a pid that is not alive here is a dead owner of a segment in /dev/shm: not where this process shares
+    the host's IPC namespace, and so its /dev/shm (a hostIPC pod, an ``--ipc=host`` container), from a PID
+    namespace of its own, which does not see the processes of the others."""
+    pid_ns, ipc_ns = _namespace("pid"), _namespace("ipc")
+    return pid_ns is not None and ipc_ns is not None and (pid_ns == _INITIAL_PID_NS or ipc_ns != _INITIAL_IPC_NS)
 
 
 def _pid_alive(pid: int) -> bool:
