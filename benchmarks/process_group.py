@@ -18,7 +18,8 @@ import signal
 import stat
 import time
 
-SHM_DIR = "/dev/shm"
+from mpcache.shm.segment import SHM_DIR
+
 # What multiprocessing creates: SharedMemory's psm_<hex>, a named semaphore's sem.mp-<random>
 MULTIPROCESSING_NAME = re.compile(r"(psm_[0-9a-f]+|sem\.mp-[a-z0-9_]+)")
 POLL_S = 0.05

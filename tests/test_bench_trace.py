@@ -18,6 +18,8 @@ from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.policy_matrix import l1_found, lmcache_sim
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
     """The same trace through L1 (--l1-policy lru) and through the offline LRU of N blocks: the same prefix
@@ -172,14 +174,21 @@ def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monke
     assert "child.exited" in str(failed.value) and "-9" in str(failed.value)
 
 
+def _doc(page: str) -> str:
+    """A page of the repository's docs/."""
+    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _raw_results() -> dict:
+    """docs/PERFORMANCE.json: the raw results the tables and prose of docs/PERFORMANCE.md are read from."""
+    return json.loads(_doc("PERFORMANCE.json"))
+
 def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
     """Each row of docs/PERFORMANCE.md's table of trace_gen's traces reads the numbers docs/PERFORMANCE.json
     keeps from ``python -m benchmarks trace PATH --json`` (every trace, every size, no row without its run)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
-        raw = json.load(handle)["trace_gen"]
-    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    raw = _raw_results()["trace_gen"]
+    lines = _doc("PERFORMANCE.md").splitlines()
     header = lines.index(TRACE_GEN_HEADER)
     rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
             for line in itertools.takewhile(lambda line: line.startswith("| "), lines[header + 2:])]
@@ -203,11 +212,8 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
     rows docs/PERFORMANCE.json keeps, and the held-out paragraph's numbers are computed from them."""
     from benchmarks.policy_matrix import render
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
-        seeds = json.load(handle)["policy_matrix"]
-    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
-        text = handle.read()
+    seeds = _raw_results()["policy_matrix"]
+    text = _doc("PERFORMANCE.md")
     policies = ("adaptive", "arc", "lru")
     assert all(render(rows, policies) in text for rows in seeds.values()) and len(seeds) == 3
     held = seeds["2"] + seeds["3"]
@@ -245,13 +251,8 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
 def test_performance_md_half_and_double_predictions_are_the_benchmark_s_raw_output():
     """The ½× / 2× predictions docs/PERFORMANCE.md and docs/MRC.md state for ``trace_gen``'s multitenant and rag
     are the errors docs/PERFORMANCE.json keeps from ``mrc._one_workload`` (each within issue 39's 0.02)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
-        runs = json.load(handle)["mrc_half_double"]
-    texts = []
-    for page in ("PERFORMANCE.md", "MRC.md"):
-        with open(os.path.join(repo, "docs", page), encoding="utf-8") as handle:
-            texts.append(" ".join(handle.read().split()))
+    runs = _raw_results()["mrc_half_double"]
+    texts = [" ".join(_doc(page).split()) for page in ("PERFORMANCE.md", "MRC.md")]
     for name in ("multitenant", "rag"):
         run = runs[name]
         assert max(run["half_error"], run["double_error"]) <= 0.02
@@ -264,11 +265,8 @@ def test_performance_md_trace_gen_prose_is_computed_from_the_raw_output():
     """The paragraph under docs/PERFORMANCE.md's table of trace_gen's traces states what docs/PERFORMANCE.json's
     runs show: the worst point against the offline LRU and ARC, the points above LMCache's server, and the one
     below it."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
-        raw = json.load(handle)["trace_gen"]
-    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
-        prose = " ".join(handle.read().split())
+    raw = _raw_results()["trace_gen"]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
     points = [(kind, name, size) for kind, result in raw.items() for name, size in result["sizes"].items()]
 
     def hit(size: dict, column: str) -> float:

@@ -337,7 +337,7 @@ def sweep_segments(swept: Swept) -> None:
 
 
 # mpcache.<owner pid>.<instance id's first 8 characters>.<what>: shm_name's names, nothing longer
-_OUR_SEGMENT = re.compile(r"mpcache\.([1-9][0-9]{0,9})\.([A-Za-z0-9._:-]{1,8})\.([a-z][a-z0-9]*)")
+_OUR_SEGMENT = re.compile(re.escape(NAME_PREFIX) + r"([1-9][0-9]{0,9})\.([A-Za-z0-9._:-]{1,8})\.([a-z][a-z0-9]*)")
 
 
 # The inode numbers the kernel gives the initial PID and IPC namespaces (include/linux/proc_ns.h)
