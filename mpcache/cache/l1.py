@@ -148,6 +148,9 @@ class L1Manager(PrefetchLandings):
         linked = chained and self._order.prefix_aware
         made, made_entry = -1, None  # the position reserved last, and its entry
         self._order.admitting(keys, size)  # the order may refuse a store that would evict what it values more
+        allocator = self.allocator
+        if wanted and self._order.refuses(wanted * size - (allocator.capacity_bytes - allocator.used_bytes)):
+            wanted = 0  # refused whole, before any of it evicts
         for position in new[:wanted]:
             offset = self._allocate(size, evicted)
             if offset is None:

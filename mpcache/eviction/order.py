@@ -14,7 +14,9 @@
   anything else.  It admits on second sight where room costs an object seen again: a store none of whose
   chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
   room, while T2 is in use: after a refusal, the next waits until a lookup finds an object in T2 again (else
-  objects seen twice and never again would keep out every new one).  A refusal is counted as L1's allocation
+  objects seen twice and never again would keep out every new one).  Such a store is judged whole: one that needs
+  more room than T1 and the orphans hold is refused before any of it is placed (placed in part, its head would
+  evict T1's objects and its tail be refused all the same).  A refusal is counted as L1's allocation
   failure, the client told as for a full L1; its keys are remembered (the newest, as many bytes as T2 holds),
   so the same store a second time is admitted.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
@@ -25,8 +27,8 @@ resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
-(ARC: seen again), ``admitting`` around a store's reservations, ``new`` (unless None: LRU) when it reserves
-space, ``victim`` to evict one and ``forget`` when a reservation is given back.
+(ARC: seen again), ``admitting`` around a store's reservations and ``refuses`` before the first, ``new`` (unless
+None: LRU) when it reserves space, ``victim`` to evict one and ``forget`` when a reservation is given back.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class LruOrder:
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0) -> None:
         return None  # LRU admits every store
+
+    def refuses(self, need: float) -> bool:
+        return False  # LRU admits every store
 
     def victim(self) -> tuple[Any, Any] | None:
         return self.lists[0].popitem(False) if self.lists[0] else None  # last=False, positional: no keyword parse
@@ -187,6 +192,16 @@ class ArcOrder:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended."""
         self._storing, self._storing_bytes = keys, nbytes
         self._admitted = None
+
+    def refuses(self, need: float) -> bool:
+        """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
+        T1 and the orphans hold less than that, so it would evict an object seen again (T2), and :meth:`_admits`
+        says no (its refusal then counted and remembered as one found part way would be).  Placed in part
+        instead, its head would take the place of T1's objects only for its tail to be refused."""
+        sizes = self.sizes
+        if need <= sizes[0] or not self.prefix_aware or not self.lists[1]:
+            return False  # the orphans are few (evicted first) and summed only past this point
+        return need > sizes[0] + sum(entry.size for entry in self.lists[2].values()) and not self._admits()
 
     @property
     def refusing(self) -> bool:

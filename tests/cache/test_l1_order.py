@@ -175,6 +175,28 @@ def test_a_store_seen_once_is_refused_where_only_objects_seen_again_and_in_use_c
     assert [False, True, True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 5)]
 
 
+@pytest.mark.parametrize("policy, refused", [("lru", 0), ("arc", 0), ("adaptive", 3)])
+def test_a_store_that_only_objects_seen_again_could_make_room_for_is_refused_whole(policy, refused):
+    """Four slots: 1 and 2 seen again and in use (T2), 3 seen once (T1), one free.  A store of 5, 6, 7 never seen
+    before needs two slots more than are free and T1 holds one: the adaptive order refuses all three before any
+    is placed (3 stays; placed in part, 5 would take the free slot and 6 evict 3, only for 7 to be refused), and
+    admits the same store the next time.  LRU and ARC place all three, evicting what their order says."""
+    publisher = _FailuresCounted()
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy)
+    for key in (1, 2):
+        _store(l1, [key])
+        _seen_again(l1, key, 2)
+    _store(l1, [3])
+    first = l1.reserve_write("m", "", [5, 6, 7])
+    l1.commit_write("m", "", [[5, 6, 7][p] for p in first.positions], 64)
+    assert refused == first.failed
+    assert [("l1_store", {("", "m"): 3})] * bool(refused) == publisher.failures
+    if refused:
+        assert [True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3)]
+        second = l1.reserve_write("m", "", [5, 6, 7])
+        assert (0, [0, 1, 2]) == (second.failed, second.positions)
+
+
 def test_objects_seen_twice_and_never_used_again_do_not_keep_new_stores_out():
     """Each store is looked up once right after (a client's round trip): L1 fills with objects seen twice that
     no one uses again.  The adaptive order refuses a new store only while an object seen again is in use, so

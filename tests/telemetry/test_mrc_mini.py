@@ -189,6 +189,23 @@ def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_sta
     assert other[0] in mini.entries
 
 
+def test_a_miniature_refuses_a_store_whole_where_l1_does():
+    """The scene of L1's test of refusals whole, in a miniature: 1 and 2 seen again and in use, 3 seen once, one
+    slot free.  The lookup of 5, 6, 7 stores none of them (3 is kept); looked up again, all three are stored."""
+    mini = MiniCache("adaptive", 4 * SIZE)
+    held = [((MODEL, n), SIZE) for n in (1, 2)]
+    for key in held:
+        mini.lookup([key])
+        mini.lookup([key])
+        mini.lookup([key])  # in use in T2
+    mini.lookup([((MODEL, 3), SIZE)])
+    new = [((MODEL, n), SIZE) for n in (5, 6, 7)]
+    assert [False] * 3 == mini.lookup(new)
+    assert {(MODEL, n) for n in (1, 2, 3)} == set(mini.entries)
+    assert [False] * 3 == mini.lookup(new)
+    assert {(MODEL, n) for n in (5, 6, 7)} <= set(mini.entries)
+
+
 def test_refused_keys_of_float_bytes_trimmed_to_an_empty_t2s_bytes_leave_no_residue_to_trim():
     """A miniature's keys are scaled (float bytes): refused keys of 0.1 and 0.2 bytes sum to more than the 0.1 and
     0.2 taken off again, so trimming them to T2's bytes (0: it holds an object of unknown size) once ran past

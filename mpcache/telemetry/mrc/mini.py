@@ -112,6 +112,10 @@ class MiniCache:
         stored, refused = [], []
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
+        placed = {key: nbytes for key, nbytes in missing if key not in entries}
+        if placed and order.refuses(sum(placed.values()) - (capacity - self.used)):
+            order.admitting(None)
+            return list(placed)  # refused whole, as L1 refuses it
         for key, nbytes in missing:
             if key in entries:
                 continue  # repeated: stored once, as L1 writes a repeated hash once
