@@ -20,8 +20,8 @@
   failure, the client told as for a full L1; its keys are remembered (the newest, as many bytes as T2 holds),
   so the same store a second time is admitted.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
 
-Sizes are bytes (objects of different models differ): T1's and T2's sizes (every resident object of each,
-locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
+Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
+of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
 state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a parent and its children per
 resident object, and the newest :data:`PARENT_HINTS` lookups' hints.
 
@@ -83,7 +83,7 @@ class LruOrder:
 
 class ArcOrder:
     """ARC over bytes; with ``prefix_aware``, orphans first and tails before heads (the ``adaptive`` policy).
-    Tiers: 0 T1 (seen once), 1 T2 (seen again), 2 orphans (in neither size)."""
+    Tiers: 0 T1 (seen once), 1 T2 (seen again), 2 orphans (neither, evicted first)."""
 
     again = 1
 
@@ -95,7 +95,7 @@ class ArcOrder:
         self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
         self._b2: OrderedDict[Any, int] = OrderedDict()
         self._ghosts = (self._b1, self._b2)
-        self.sizes = [0, 0]  # bytes of T1's and T2's resident objects
+        self.sizes = [0, 0, 0]  # bytes of T1's, T2's and the orphans' resident objects
         self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
         self._storing: Sequence[Any] | None = None  # the keys the store being reserved names (``admitting``)
@@ -146,9 +146,9 @@ class ArcOrder:
 
     def promote(self, entry: Any) -> None:
         """An object of T1 (or an orphan) was taken out of the order to be used: it is seen again, T2."""
-        if entry.tier == 0:
-            self.sizes[0] -= entry.size
-        self.sizes[1] += entry.size
+        sizes = self.sizes
+        sizes[entry.tier] -= entry.size
+        sizes[1] += entry.size
         entry.tier = 1
 
     def victim(self) -> tuple[Any, Any] | None:
@@ -158,6 +158,7 @@ class ArcOrder:
         t1, t2, orphans = self.lists
         if orphans:
             key, entry = orphans.popitem(False)
+            self.sizes[2] -= entry.size
         else:
             sizes = self.sizes
             if t1 and (not t2 or sizes[0] > self.target):
@@ -199,9 +200,9 @@ class ArcOrder:
         says no (its refusal then counted and remembered as one found part way would be).  Placed in part
         instead, its head would take the place of T1's objects only for its tail to be refused."""
         sizes = self.sizes
-        if need <= sizes[0] or not self.prefix_aware or not self.lists[1]:
-            return False  # the orphans are few (evicted first) and summed only past this point
-        return need > sizes[0] + sum(entry.size for entry in self.lists[2].values()) and not self._admits()
+        if need <= sizes[0] + sizes[2] or not self.prefix_aware or not self.lists[1]:
+            return False
+        return not self._admits()
 
     @property
     def refusing(self) -> bool:
@@ -253,11 +254,13 @@ class ArcOrder:
             if child_key in lists[child.tier]:  # evictable: it goes first; a locked child is left alone
                 del lists[child.tier][child_key]
                 self.sizes[child.tier] -= child.size
+                self.sizes[2] += child.size
                 child.tier = 2
                 lists[2][child_key] = child
 
     def forget(self, key: Any, entry: Any) -> None:
-        """A reservation given back: no longer in T1's or T2's size, nor its parent's child."""
+        """An object gone other than by ``victim`` (a reservation given back, a miniature's key forgotten): no
+        longer in its list's size, nor its parent's child."""
         self.sizes[entry.tier] -= entry.size
         parent = entry.parent
         if parent is not None and parent.children:

@@ -253,3 +253,19 @@ def test_one_tenant_s_or_model_s_one_off_prompts_do_not_push_out_another_s_reuse
                 l1.commit_write(*flooder, [one_off[p] for p in reservation.positions], 64)
         found_per_round.append(found)
     assert found_per_round == [0, 0] + ([24] * 4 if kept else [0] * 4)
+
+
+def test_the_orphans_bytes_are_kept_as_they_come_and_go():
+    """The orphans' size (what a store may take before it would evict an object seen again) follows every way an
+    orphan comes and goes: orphaned with its parent's eviction, evicted, or used again (T2)."""
+    order, entries = _order(prefix_aware=True, capacity=100)
+    _add(order, entries, "parent")
+    for child in ("a", "b", "c"):
+        _add(order, entries, child, parent="parent")
+    assert [4, 0, 0] == order.sizes
+    assert "parent" == order.victim()[0]
+    assert [0, 0, 3] == order.sizes
+    assert "a" == order.victim()[0]
+    del order.lists[2]["b"]  # taken out by a lookup: used again
+    order.promote(entries["b"])
+    assert [0, 1, 1] == order.sizes

@@ -146,6 +146,6 @@ class MiniCache:
         for key in [key for key in self.entries if not admits(key)]:
             entry = self.entries.pop(key)
             del order.lists[entry.tier][key]
-            if entry.tier in (0, 1) and order.new is not None:  # an orphan (tier 2) is in no size
+            if order.new is not None:
                 order.forget(key, entry)
             self.used -= entry.size
