@@ -230,9 +230,11 @@ class Demo:
 
     def _late_retrieve(self, worker: int, request_id: str, job, found: int, tenant: str, model: str) -> None:
         """Retrieve a prefetch after it expired, once a big store has evicted its chunks:
-        what is gone is an L1 read failure (not_found), what is left is retrieved."""
+        what is gone is an L1 read failure (not_found), what is left is retrieved.  The big store is sent twice:
+        the adaptive order refuses a store of chunks never seen whole where it would evict objects seen again,
+        and admits the same store the second time."""
         client, buffer = self.clients[worker], self.buffers[worker]
-        self._big_store_fault(client, worker, tenant, model)
+        self._big_store_fault(client, worker, tenant, model, times=2)
         self.tally.injected["late_retrieve"] += 1
         self._doubt(tenant, num_chunks_loaded=found, l1_read_failure=found)
         got = client.retrieve(buffer, request_id=request_id, job_id=job, block_ids=range(found)).retrieved
@@ -260,20 +262,21 @@ class Demo:
         else:
             raise RuntimeError("a retrieve with a 1 ns deadline did not time out")
 
-    def _big_store_fault(self, client, worker: int, tenant: str, model: str) -> None:
-        """A store of more chunks than L1 holds: the surplus must fail allocation."""
+    def _big_store_fault(self, client, worker: int, tenant: str, model: str, times: int = 1) -> None:
+        """A store of more chunks than L1 holds (the same one ``times`` times): the surplus must fail allocation."""
         n = self.config.l1_pool_bytes // self.config.chunk_bytes + 4
         self._doubt()
         with client.register_buffer(n, self.config.chunk_bytes) as big:
             hashes = [int(h) for h in self.workload.rng.integers(1, 2**62, size=n)]
-            self._doubt(tenant, l1_write=n, l1_allocation_failure=n)
-            result = client.store(big, request_id=f"big-{os.getpid()}-{self.tally.requests}", model_name=model,
-                                  cache_salt=tenant, chunk_hashes=hashes, block_ids=range(n))
-            self._doubt()
-            # counted before the buffer goes: losing the connection while unregistering it loses nothing
-            self.tally.stored[tenant] += result.stored
-            self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
-            self.tally.injected["store_larger_than_l1"] += 1
+            for attempt in range(times):
+                self._doubt(tenant, l1_write=n, l1_allocation_failure=n)
+                result = client.store(big, request_id=f"big-{os.getpid()}-{self.tally.requests}-{attempt}",
+                                      model_name=model, cache_salt=tenant, chunk_hashes=hashes, block_ids=range(n))
+                self._doubt()
+                # counted before the buffer goes: losing the connection while unregistering it loses nothing
+                self.tally.stored[tenant] += result.stored
+                self.tally.expected_faults["l1_allocation_failed_chunks"] += result.failed
+                self.tally.injected["store_larger_than_l1"] += 1
 
     def _events_published(self) -> int:
         return sum(read_counters(ring).head for ring in self.rings)
