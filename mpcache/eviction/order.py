@@ -200,9 +200,7 @@ class ArcOrder:
         says no (its refusal then counted and remembered as one found part way would be).  Placed in part
         instead, its head would take the place of T1's objects only for its tail to be refused."""
         sizes = self.sizes
-        if need <= sizes[0] + sizes[2] or not self.prefix_aware or not self.lists[1]:
-            return False
-        return not self._admits()
+        return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
     @property
     def refusing(self) -> bool:
