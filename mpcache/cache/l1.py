@@ -10,7 +10,7 @@ event.  Single-threaded, so lock-free.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
 import numpy as np
@@ -111,14 +111,17 @@ class L1Manager(PrefetchLandings):
     # -- writes -------------------------------------------------------------------
 
     def reserve_write(self, model: str, salt: str, hashes: Sequence[int], limit: int | None = None,
-                      nbytes: int | None = None, chained: bool = True) -> WriteReservation:
+                      nbytes: int | None = None, chained: bool = True, store: Hashable | None = None
+                      ) -> WriteReservation:
         """Reserve ``nbytes`` (default ``chunk_bytes``) for every chunk not yet in L1, evicting entries (of any
         size, in the policy's order) until each fits.
 
         ``chained``: each chunk's hash names its prefix (False: position-independent chunks, which the
-        prefix-aware order must not treat as a prefix).  Chunks already present are touched (used again) and not
-        reserved again.  Chunks get space in order; when nothing more can be evicted, or ``limit`` chunks are
-        reserved, the remaining new chunks fail (``L1_ALLOCATION_FAILED``, during=l1_store)."""
+        prefix-aware order must not treat as a prefix).  ``store``: a name the store's other reservations share
+        (its request's other TP ranks, other KV cache groups), so that the order admits or refuses them alike.
+        Chunks already present are touched (used again) and not reserved again.  Chunks get space in order; when
+        nothing more can be evicted, or ``limit`` chunks are reserved, the remaining new chunks fail
+        (``L1_ALLOCATION_FAILED``, during=l1_store)."""
         size = self.chunk_bytes if nbytes is None else nbytes
         entries = self._entries
         lists, again, joined, hints = self._lists, self._again, self._order.new, self._hints
@@ -147,7 +150,7 @@ class L1Manager(PrefetchLandings):
         evicted = Evicted()
         linked = chained and self._order.prefix_aware
         made, made_entry = -1, None  # the position reserved last, and its entry
-        self._order.admitting(keys, size)  # the order may refuse a store that would evict what it values more
+        self._order.admitting(keys, size, store)  # the order may refuse a store that would evict what it values more
         allocator = self.allocator
         if wanted and self._order.refuses(wanted * size - (allocator.capacity_bytes - allocator.used_bytes)):
             wanted = 0  # refused whole, before any of it evicts

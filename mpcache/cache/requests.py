@@ -4,6 +4,7 @@ end, closing a session.  Each publishes the events its callers' operations list.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from mpcache.cache.context import CacheContext
@@ -16,10 +17,12 @@ _MP_LOOKUP_PREFETCH_END = EventType.MP_LOOKUP_PREFETCH_END
 
 
 def reserve_store(ctx: CacheContext, model: str, salt: str, hashes: list[int], limit: int | None = None,
-                  nbytes: int | None = None, label: str | None = None) -> WriteReservation:
-    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`), and the store's sampled access (under
-    ``label`` where the curves key it apart from ``model``: a KV cache group of a hybrid model)."""
-    reservation = ctx.l1.reserve_write(model, salt, hashes, limit, nbytes)
+                  nbytes: int | None = None, label: str | None = None, store: Hashable | None = None
+                  ) -> WriteReservation:
+    """L1 space for a store's new chunks (:meth:`L1Manager.reserve_write`, ``store`` naming it across its TP ranks
+    and KV cache groups), and the store's sampled access (under ``label`` where the curves key it apart from
+    ``model``: a KV cache group of a hybrid model)."""
+    reservation = ctx.l1.reserve_write(model, salt, hashes, limit, nbytes, store=store)
     ctx.accesses.store(label or model, salt, hashes, ctx.chunk_bytes if nbytes is None else nbytes)
     return reservation
 

@@ -11,7 +11,7 @@ from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
-from mpcache.eviction.order import ArcOrder, build
+from mpcache.eviction.order import STORE_VERDICTS, ArcOrder, build
 
 
 def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, Entry]]:
@@ -41,9 +41,11 @@ class _FailuresCounted(NullPublisher):
         return True
 
 
-def _store(l1: L1Manager, hashes: list[int]) -> None:
-    reservation = l1.reserve_write("m", "", hashes)
+def _store(l1: L1Manager, hashes: list[int], store: object = None) -> int:
+    """Reserve and commit ``hashes`` (a store named ``store``); the chunks that got no space."""
+    reservation = l1.reserve_write("m", "", hashes, store=store)
     l1.commit_write("m", "", [hashes[p] for p in reservation.positions], 64)
+    return reservation.failed
 
 
 def _victims(order: ArcOrder, entries: dict[str, Entry]) -> list[str]:
@@ -195,6 +197,56 @@ def test_a_store_that_only_objects_seen_again_could_make_room_for_is_refused_who
         assert [True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3)]
         second = l1.reserve_write("m", "", [5, 6, 7])
         assert (0, [0, 1, 2]) == (second.failed, second.positions)
+
+
+def _t2_in_use(l1: L1Manager, keys: tuple[int, ...]) -> None:
+    """Each key stored and looked up twice: seen again (T2), and used there."""
+    for key in keys:
+        _store(l1, [key])
+        _seen_again(l1, key, 2)
+
+
+@pytest.mark.parametrize("named, rank_1_failed", [(False, 0), (True, 1)])
+def test_a_named_store_s_other_reservations_are_refused_with_its_first(named, rank_1_failed):
+    """Four slots, 1-4 seen again and in use.  A request's rank 0 store of 5 is refused; its rank 1 store of 6
+    (the same chunk's other KV rank) comes next.  Unnamed it is a store of its own, admitted, as the refusal
+    waits for T2 to be used again, and evicts 1 for an object no lookup can use without 5.  Named as rank 0's
+    was, it is refused with it and 1-4 stay."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _t2_in_use(l1, (1, 2, 3, 4))
+    name = ("uid", "m", "", "request", 0, 1) if named else None
+    assert [1, rank_1_failed] == [_store(l1, [key], name) for key in (5, 6)]
+    assert [True] * 3 + [named] == [l1.contains(ChunkKey("m", "", h)) for h in (4, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_named_store_s_objects_are_kept_from_its_other_reservations_across_lookups(named):
+    """Four slots, 1-3 seen again (T2).  A request's rank 0 store of 4 takes the last slot; a lookup of another
+    request comes before its rank 1 store of 5.  Unnamed, that lookup began a new access, so rank 1's store
+    evicts 4 (T1's oldest) and the request is never whole; named as rank 0's was, 4 is still the current
+    access's and T2 gives one instead."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for key in (1, 2, 3):
+        _store(l1, [key])
+        _seen_again(l1, key, 1)
+    name = ("uid", "m", "", "request", 0, 1) if named else None
+    assert 0 == _store(l1, [4], name)
+    assert 0 == l1.lock_prefix("m", "", [99])
+    assert 0 == _store(l1, [5], name)
+    assert [named, True] == [l1.contains(ChunkKey("m", "", h)) for h in (4, 5)]
+
+
+def test_named_verdicts_are_kept_for_the_newest_stores_only():
+    """A refused store's name keeps its verdict for :data:`STORE_VERDICTS` named stores, then is forgotten: the
+    order's memory of names is bounded whatever names clients send."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _t2_in_use(l1, (1, 2, 3, 4))
+    assert 1 == l1.reserve_write("m", "", [5], store="refused").failed  # after it, T2 is not in use
+    for name in range(STORE_VERDICTS - 1):
+        assert 1 == l1.reserve_write("m", "", [1], store=name).present  # nothing reserved: admitted
+    assert 1 == l1.reserve_write("m", "", [6], store="refused").failed  # still refused: its name's verdict
+    l1.reserve_write("m", "", [1], store="one more")
+    assert 0 == l1.reserve_write("m", "", [7], store="refused").failed  # forgotten: judged afresh, admitted
 
 
 def test_objects_seen_twice_and_never_used_again_do_not_keep_new_stores_out():

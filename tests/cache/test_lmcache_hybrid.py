@@ -254,3 +254,31 @@ def test_a_tensor_parallel_hybrid_model_locks_and_returns_each_ranks_objects(lmc
               for k in object_keys(tokens, range(2), group, rank, 2)]
     assert not any(counts)
     pool.close()
+
+
+def test_a_hybrid_store_s_groups_get_one_admission_verdict(lmcache):
+    """Two full-attention groups, L1's 16 objects four prompts' (2 chunks × 2 groups), each looked up twice (seen
+    again, and in use).  A new prompt's store would evict them: the adaptive order refuses group 0's objects,
+    and group 1's of the same store with them (admitted, they would evict another prompt's object for objects no
+    lookup can use without group 0's).  The same prompt stored by a later request is admitted whole."""
+    harness, client = lmcache(l1_size_bytes=16 * OBJECT_BYTES[0], chunk_bytes=OBJECT_BYTES[0])
+    assert 256 == client.call("negotiate_chunk_size", 16)
+    pool = map_pool(client.call("register", hybrid(1, [FULL, FULL])))
+    prompts = [list(range(base, base + 2 * CHUNK)) for base in (10_000, 20_000, 30_000, 40_000)]
+    for n, tokens in enumerate(prompts):
+        assert 4 == len(store(client, pool, packed_key(tokens, f"s{n}", worker_id=0), [[], []], seed=n))
+
+    def found(tokens: list[int], request: str) -> int:
+        assert NO_RESULT is client.call("lookup", packed_key(tokens, request), 1)
+        hit = client.call("query_prefetch_status", request)
+        client.call("end_session", request)
+        return hit
+
+    for round_ in range(2):
+        assert [2] * 4 == [found(tokens, f"l{round_}-{n}") for n, tokens in enumerate(prompts)]
+    new = list(range(50_000, 50_000 + 2 * CHUNK))
+    assert [] == client.call("prepare_store", packed_key(new, "e", worker_id=0), 1, [[], []])["context"]["slots"]
+    assert [2] * 4 == [found(tokens, f"after-{n}") for n, tokens in enumerate(prompts)]
+    assert 4 == len(store(client, pool, packed_key(new, "f", worker_id=0), [[], []], seed=9))
+    assert 2 == found(new, "g")
+    pool.close()

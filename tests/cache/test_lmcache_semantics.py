@@ -90,6 +90,38 @@ def test_a_hit_needs_every_kv_rank_and_each_rank_reads_its_own_bytes(served):
     assert [0] * 4 == _locks(harness, tokens, world_size=2)
 
 
+def _found_and_released(client: LMClient, tokens: list[int], request: str, world_size: int) -> int:
+    """The chunks a lookup finds on every rank, its read locks given back as each rank's retrieve would."""
+    client.call("lookup", key(tokens, request, world_size=world_size), 1)
+    found = client.call("query_prefetch_status", request)
+    client.call("end_session", request)
+    return found
+
+
+def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
+    """TP=2, L1's 16 objects four requests' (2 chunks × 2 ranks), each looked up twice (seen again, and in use).
+    A new prompt's store would evict them: the adaptive order refuses rank 0's, and rank 1's store of the same
+    request is refused with it (admitted, it would evict another request's object for objects no lookup can use
+    without rank 0's).  The same prompt stored by a later request is admitted on both ranks (second sight)."""
+    harness, client, pool = served
+    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=2))
+    ranks = ((0, 1), (1, 2))  # (worker, instance)
+    prompts = [list(range(base, base + 2 * CHUNK)) for base in (10_000, 20_000, 30_000, 40_000)]
+    for n, tokens in enumerate(prompts):
+        for worker, instance in ranks:
+            _store(client, pool, tokens, f"s{n}", seed=n, worker=worker, world_size=2, instance=instance)
+    for round_ in range(2):
+        assert [2] * 4 == [_found_and_released(client, t, f"l{round_}-{n}", 2) for n, t in enumerate(prompts)]
+    new = list(range(50_000, 50_000 + 2 * CHUNK))
+    refused = [client.call("prepare_store", key(new, "e", worker_id=worker, world_size=2), instance)["context"]
+               for worker, instance in ranks]
+    assert [[], []] == [context["slots"] for context in refused]
+    assert [2] * 4 == [_found_and_released(client, t, f"after-{n}", 2) for n, t in enumerate(prompts)]
+    for worker, instance in ranks:
+        assert 2 == len(_store(client, pool, new, "f", seed=9, worker=worker, world_size=2, instance=instance))
+    assert 2 == _found_and_released(client, new, "g", 2)
+
+
 def test_mla_readers_each_release_one_lock(served):
     """MLA: one stored copy read by num_kv_readers workers; the lookup takes that many locks per chunk and
     each commit_retrieve gives back one."""

@@ -129,13 +129,14 @@ class Transfers:
         indices: list[int] = []
         group_ids: list[int] = []
         never_fits = False
+        store = _store_name(owner, key, first, last)
         for group, layout in enumerate(layouts):
             wanted = [chunk for chunk in range(last - first) if chunk not in skips[group]]
             size = layout.object_bytes
             limit = max(0, self._max_held - held) // size if held else max(1, self._max_held // size)
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
                                         [keys[chunk * len(layouts) + group] for chunk in wanted], limit=limit,
-                                        nbytes=size, label=group_label(key.model_name, group))
+                                        nbytes=size, label=group_label(key.model_name, group), store=store)
             pending.add([keys[wanted[p] * len(layouts) + group] for p in reservation.positions], size)
             pending.failed += reservation.failed
             never_fits |= size > ctx.l1.max_object_bytes and bool(reservation.failed)
@@ -169,7 +170,7 @@ class Transfers:
         if data:
             if tkey in self._stores:
                 self._abandon(self._stores, tkey)
-            return self._store_inline(key, self._registration(instance_id, key, owner), data)
+            return self._store_inline(key, self._registration(instance_id, key, owner), data, owner)
         pending = self._stores.pop(tkey, None)
         if pending is None:
             return False
@@ -179,7 +180,7 @@ class Transfers:
         self._commit(pending)
         return True
 
-    def _store_inline(self, key: wire.Key, registration: Registration, data: bytes) -> bool:
+    def _store_inline(self, key: wire.Key, registration: Registration, data: bytes, owner: int) -> bool:
         """Store the objects of an inline envelope, each group's at its chunk positions: every object checked
         against its group's layout before any is written; objects L1 holds already are kept as they are."""
         if registration.client != CLIENT_057:
@@ -200,11 +201,12 @@ class Transfers:
         stored: set[int] = set()
         chunks: list[int] = []
         group_ids: list[int] = []
+        store = _store_name(owner, key, first, last)
         for group, (layout, (positions, objects)) in enumerate(zip(layouts, groups)):
             size = layout.object_bytes
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
                                         [keys[chunk * len(layouts) + group] for chunk in positions], nbytes=size,
-                                        label=group_label(key.model_name, group))
+                                        label=group_label(key.model_name, group), store=store)
             for index, offset in zip(reservation.positions, reservation.offsets):
                 pool[offset : offset + size] = np.frombuffer(objects[index], dtype=np.uint8)
             pending.add([keys[positions[p] * len(layouts) + group] for p in reservation.positions], size)
@@ -384,3 +386,8 @@ class Transfers:
             while table:
                 self._abandon(table, next(iter(table)))
 
+
+def _store_name(owner: int, key: wire.Key, first: int, last: int) -> tuple:
+    """What names one store across its TP ranks' and KV cache groups' reservations, so that L1's order admits or
+    refuses them alike: the client's uid, and the request's model, salt, id and chunk range (not the rank)."""
+    return (owner, key.model_name, key.cache_salt, key.request_id, first, last)
