@@ -286,3 +286,29 @@ def test_performance_md_trace_gen_prose_is_computed_from_the_raw_output():
     assert (f"`adaptive` reads {hit(production, 'mpcache_adaptive'):.4f} against the server's "
             f"{hit(production, 'lmcache_server'):.4f}: {gain['small']}× the offline LRU's prefill") in prose
     assert f"({production['lmcache_server']['allocation_failures']:,} chunks at `production` small" in prose
+
+
+def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
+    """The isolation rerun's paragraph in docs/PERFORMANCE.md states what docs/PERFORMANCE.json keeps of
+    ``python -m benchmarks isolation --policies lru,adaptive`` (each workload, and the older tree measured beside),
+    the like-for-like ratio within issue 39's 5 %, and the machine's factor over the earlier run it names."""
+    runs = {name: run["tp1"][0] for name, run in _raw_results()["isolation_policies"].items()}
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+
+    def instructions(run: dict, policy: str) -> str:
+        return f"{run['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
+
+    unique, mixed, older = runs["unique"], runs["mixed"], runs["unique_at_a567282"]
+    assert unique["instructions_over_first"]["mpcache_adaptive"] <= 1.05
+    assert (f"`adaptive` {instructions(unique, 'adaptive')} against `lru` {instructions(unique, 'lru')} instructions "
+            f"per request, **{unique['instructions_over_first']['mpcache_adaptive']}×**") in prose
+    assert (f"The default mix ({mixed['requests']} requests): {instructions(mixed, 'adaptive')} against "
+            f"{instructions(mixed, 'lru')}, {mixed['instructions_over_first']['mpcache_adaptive']}×, with chunk hit "
+            f"ratios {mixed['hit_chunk_ratio']['mpcache_adaptive']} against {mixed['hit_chunk_ratio']['mpcache_lru']}"
+            ) in prose
+    assert (f"gave `lru` {instructions(older, 'lru')} and `adaptive` {instructions(older, 'adaptive')} "
+            f"({older['instructions_over_first']['mpcache_adaptive']}×, {older['requests']} requests)") in prose
+    earlier = 1_464_424  # the like-for-like `lru` count of the earlier run, as the page states it
+    assert "1,464,424 against 1,501,003, **1.025×**" in prose
+    factor = unique["net_per_request"]["mpcache_lru"]["instructions"] / earlier
+    assert f"about {factor:.1f} times the instructions per request" in prose
