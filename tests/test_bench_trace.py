@@ -312,3 +312,15 @@ def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
     assert "1,464,424 against 1,501,003, **1.025×**" in prose
     factor = unique["net_per_request"]["mpcache_lru"]["instructions"] / earlier
     assert f"about {factor:.1f} times the instructions per request" in prose
+
+
+def test_performance_md_trace_gen_rerun_prose_is_the_benchmark_s_raw_output():
+    """The rerun of ``conversations`` the trace_gen paragraph cites reads, at the small size, what
+    docs/PERFORMANCE.json keeps of it, and ``adaptive`` the same as in the table's run at every size."""
+    rerun, first = _raw_results()["trace_gen_reruns"]["conversations"], _raw_results()["trace_gen"]["conversations"]
+    small = rerun["sizes"]["small"]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"with named stores, the server read {small['lmcache_server']['hit_ratio']:.4f} against "
+            f"{small['mpcache_adaptive']['hit_ratio']:.4f}, `adaptive` the same at every size") in prose
+    assert all(rerun["sizes"][size]["mpcache_adaptive"]["hit_ratio"] == first["sizes"][size]["mpcache_adaptive"][
+        "hit_ratio"] for size in first["sizes"])
