@@ -5,10 +5,10 @@
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
-  An access is what stores reserve between two lookups (an engine step's stores, one per TP rank), or what a
-  named store reserves (a request's TP ranks however many lookups come between; see ``admitting``): as ARC never
-  evicts the page it admits, T1 gives up none of the current access's objects while T2 has one to give (else a
-  request's second rank's store would evict what its first rank's store just wrote).
+  An access is what stores reserve between two lookups (an engine step's stores, one per TP rank): as ARC never
+  evicts the page it admits, T1 gives up none of the current access's objects, nor of the current named store's
+  however many lookups came between its parts (see ``admitting``), while T2 has one to give (else a request's
+  second rank's store would evict what its first rank's store just wrote).
 * ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
   each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
   store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
@@ -17,11 +17,13 @@
   room, while T2 is in use: after a refusal, the next waits until a lookup finds an object in T2 again (else
   objects seen twice and never again would keep out every new one).  Such a store is judged whole: one that needs
   more room than T1 and the orphans hold is refused before any of it is placed (placed in part, its head would
-  evict T1's objects and its tail be refused all the same).  The reservations one store makes under one name
-  (a request's TP ranks, each storing its own objects of the same chunks; a hybrid model's KV cache groups) get
-  one verdict: a rank's objects are of no use without the others'.  A refusal is counted as L1's allocation
-  failure, the client told as for a full L1; its keys are remembered (the newest, as many bytes as T2 holds),
-  so the same store a second time is admitted.  It adapts by ARC's ghost hits alone: nothing to tune per workload.
+  evict T1's objects and its tail be refused all the same).  The parts of one named store (a request's TP
+  ranks, each storing its own objects of the same chunks; a hybrid model's KV cache groups) follow the verdict of
+  the first part that was judged or placed an object: a rank's objects are of no use without the others', so a
+  later part is refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
+  counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
+  many bytes as T2 holds), so the same store a second time is admitted.  It adapts by ARC's ghost hits alone:
+  nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -108,6 +110,7 @@ class ArcOrder:
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
+        self._placed = False  # whether the named store being reserved has placed an object
         self._verdicts: OrderedDict[Any, bool] = OrderedDict()  # named stores → admitted, newest last
         self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
         self._refused_bytes = 0.0
@@ -131,7 +134,11 @@ class ArcOrder:
                 children[key] = None
             else:
                 parent.children = {children: None, key: None}  # a dict, not a set: orphaned in the stores' order
-        entry.access = self.access if self._store is None else self._store
+        entry.access = self.access
+        store = self._store
+        if store is not None:
+            entry.store = store
+            self._placed = True
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
@@ -171,8 +178,8 @@ class ArcOrder:
             if t1 and (not t2 or sizes[0] > self.target):
                 key, entry = t1.popitem(False)
                 tier = 0
-                if t2 and entry.access == (self.access if self._store is None else self._store):
-                    t1[key] = entry  # being admitted (the current access's): T2 gives one instead
+                if t2 and (entry.access == self.access or self._store is not None and entry.store == self._store):
+                    t1[key] = entry  # being admitted (the current access's or store's): T2 gives one instead
                     t1.move_to_end(key, False)
                     key, entry = t2.popitem(False)
                     tier = 1
@@ -198,15 +205,19 @@ class ArcOrder:
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended.
-        ``store`` names it across the reservations that make it up (a request's TP ranks, a hybrid model's KV
-        cache groups), which get the verdict the first of them got (admitted unless refused)."""
-        if keys is None and self._store is not None and self.prefix_aware:
+        ``store`` names it across the parts that make it up (a request's TP ranks, a hybrid model's KV cache
+        groups): the first part judged (:meth:`_admits`) or placing an object gives the name its verdict, admitted
+        unless refused; a part with nothing to place gives none."""
+        named = self._store
+        if (keys is None and named is not None and self.prefix_aware and named not in self._verdicts
+                and (self._admitted is not None or self._placed)):
             verdicts = self._verdicts
-            verdicts[self._store] = self._admitted is not False
+            verdicts[named] = self._admitted is not False
             if len(verdicts) > STORE_VERDICTS:
                 verdicts.popitem(False)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
+        self._placed = False
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
@@ -228,8 +239,8 @@ class ArcOrder:
         than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
         store's keys are remembered (the newest, as many bytes as T2 holds) so that storing them again admits
-        them.  A named store another part of which was judged keeps that verdict (unless its own objects were
-        evicted or refused before).  What is not a store (an L2 landing) and ARC always may."""
+        them.  A part of a named store whose name has a verdict (:meth:`admitting`) keeps it, unless its own
+        objects were evicted or refused before.  What is not a store (an L2 landing) and ARC always may."""
         storing = self._storing
         if storing is None or not self.prefix_aware:
             return True

@@ -237,16 +237,43 @@ def test_a_named_store_s_objects_are_kept_from_its_other_reservations_across_loo
 
 
 def test_named_verdicts_are_kept_for_the_newest_stores_only():
-    """A refused store's name keeps its verdict for :data:`STORE_VERDICTS` named stores, then is forgotten: the
-    order's memory of names is bounded whatever names clients send."""
+    """A refused store's name keeps its verdict for :data:`STORE_VERDICTS` named stores judged after it, then is
+    forgotten: the order's memory of names is bounded whatever names clients send."""
     l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
     _t2_in_use(l1, (1, 2, 3, 4))
-    assert 1 == l1.reserve_write("m", "", [5], store="refused").failed  # after it, T2 is not in use
+    assert 1 == _store(l1, [5], "refused")
     for name in range(STORE_VERDICTS - 1):
-        assert 1 == l1.reserve_write("m", "", [1], store=name).present  # nothing reserved: admitted
-    assert 1 == l1.reserve_write("m", "", [6], store="refused").failed  # still refused: its name's verdict
-    l1.reserve_write("m", "", [1], store="one more")
-    assert 0 == l1.reserve_write("m", "", [7], store="refused").failed  # forgotten: judged afresh, admitted
+        _seen_again(l1, 1, 1)  # T2 used: the next store is judged and refused, and its name gets that verdict
+        assert 1 == _store(l1, [10 + name], name)
+    assert 1 == _store(l1, [6], "refused")  # its name's verdict, though T2 was not used since the last refusal
+    _seen_again(l1, 1, 1)
+    assert 1 == _store(l1, [7], "one more")
+    assert 0 == _store(l1, [8], "refused")  # forgotten: judged afresh, T2 not used since the last refusal
+
+
+def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():
+    """Four slots, 1-4 seen again and in use.  A named store's first part has nothing to place (its chunk is in
+    L1 already, as a hybrid group whose chunks are all skipped, or one cut to nothing by its connection's share):
+    it is not judged, so it gives its name no verdict, and the next part is judged on its own: refused."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _t2_in_use(l1, (1, 2, 3, 4))
+    assert 1 == l1.reserve_write("m", "", [1], store="request").present
+    assert 1 == _store(l1, [5], "request")
+    assert [True] * 4 == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_two_requests_stored_rank_by_rank_in_one_step_keep_each_other_s_objects(named):
+    """Four slots, 1 and 2 seen again (T2).  One engine step stores requests A and B rank by rank, A0 B0 A1 B1,
+    no lookup between: A1 and B1 each need a slot, and T2 gives both, as neither may evict what the step's other
+    stores just wrote (named or not)."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for key in (1, 2):
+        _store(l1, [key])
+        _seen_again(l1, key, 1)
+    for key, request in ((10, "A"), (20, "B"), (11, "A"), (21, "B")):
+        assert 0 == _store(l1, [key], request if named else None)
+    assert [True] * 4 == [l1.contains(ChunkKey("m", "", h)) for h in (10, 20, 11, 21)]
 
 
 def test_objects_seen_twice_and_never_used_again_do_not_keep_new_stores_out():

@@ -122,6 +122,23 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
     assert 2 == _found_and_released(client, new, "g", 2)
 
 
+def test_two_engines_of_one_user_requests_of_one_id_get_verdicts_of_their_own(served):
+    """Two engines of one uid send request id "r" over the same chunk range with other prompts (vLLM's offline
+    request ids start at "0" in every engine).  L1 full of prompts seen again and in use: engine 1's store is
+    refused, and engine 2's store of another prompt is judged on its own, admitted as T2 was not used since."""
+    harness, client, pool = served
+    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN))
+    prompts = [list(range(base, base + 2 * CHUNK)) for base in range(10_000, 90_000, 10_000)]
+    for n, tokens in enumerate(prompts):
+        _store(client, pool, tokens, f"s{n}", seed=n)
+    for round_ in range(2):
+        assert [2] * 8 == [_found_and_released(client, t, f"l{round_}-{n}", 1) for n, t in enumerate(prompts)]
+    slots = [len(client.call("prepare_store", key(tokens, "r", worker_id=0), instance)["context"]["slots"])
+             for tokens, instance in ((list(range(100_000, 100_000 + 2 * CHUNK)), 1),
+                                      (list(range(200_000, 200_000 + 2 * CHUNK)), 2))]
+    assert [0, 2] == slots
+
+
 def test_mla_readers_each_release_one_lock(served):
     """MLA: one stored copy read by num_kv_readers workers; the lookup takes that many locks per chunk and
     each commit_retrieve gives back one."""

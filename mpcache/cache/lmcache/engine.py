@@ -52,7 +52,8 @@ class EngineDriven:
         self.registrations = Registrations(ctx)
         self._lookups: OrderedDict[str, _Lookup] = OrderedDict()
         self.keys = KeyCache(ctx.config.lmcache_max_tokens, self.registrations.chunk_tokens)
-        self.transfers = Transfers(ctx, self.registrations, self._keys, self._held_by, pending_ttl_s)
+        self.transfers = Transfers(ctx, self.registrations, self._keys, self.keys.prefix_hash, self._held_by,
+                                   pending_ttl_s)
 
     @property
     def chunk_tokens(self) -> int:

@@ -106,15 +106,7 @@ class KeyCache:
     def chunk_keys(self, key: wire.Key, ranks: tuple[int, ...], first: int, last: int, groups: int = 1) -> list[int]:
         """The L1 keys of chunks ``[first, last)`` for each of ``groups`` KV cache groups and each of ``ranks``,
         chunk-major and rank-minor (:func:`~mpcache.contract.keys.rank_hashes`, then :func:`.groups.group_keys`)."""
-        entry = self._newest  # the key's, most often: key() has just given it
-        if (entry is None or entry.tokens is not key.tokens or entry.request_id != key.request_id
-                or entry.cache_salt != key.cache_salt):
-            entry = self._entry(key, None, None)
-        hashes = None if entry is None else entry.hashes
-        if hashes is None:
-            hashes = chunk_hashes(np.frombuffer(key.tokens, dtype="<i8"), self.chunk_tokens)
-            if entry is not None and self._grow(entry, INT_BYTES * len(hashes)):
-                entry.hashes = hashes
+        entry, hashes = self._hashes(key)
         layout = (key.world_size, ranks, groups)
         ranked = None if entry is None else entry.ranked.get(layout)
         if ranked is None:
@@ -125,6 +117,24 @@ class KeyCache:
                 entry.ranked[layout] = ranked
         per = len(ranks) * groups
         return ranked[first * per : last * per]
+
+    def prefix_hash(self, key: wire.Key, last: int) -> int:
+        """The hash of the key's first ``last`` chunks (of its tokens alone: the same for every rank and group), 0
+        for none."""
+        return self._hashes(key)[1][last - 1] if last > 0 else 0
+
+    def _hashes(self, key: wire.Key) -> tuple[_TokenList | None, list[int]]:
+        """The key's request's entry (None: past the bound) and its chunks' prefix-chained hashes, computed once."""
+        entry = self._newest  # the key's, most often: key() has just given it
+        if (entry is None or entry.tokens is not key.tokens or entry.request_id != key.request_id
+                or entry.cache_salt != key.cache_salt):
+            entry = self._entry(key, None, None)
+        hashes = None if entry is None else entry.hashes
+        if hashes is None:
+            hashes = chunk_hashes(np.frombuffer(key.tokens, dtype="<i8"), self.chunk_tokens)
+            if entry is not None and self._grow(entry, INT_BYTES * len(hashes)):
+                entry.hashes = hashes
+        return entry, hashes
 
     def forget(self, request_id: str) -> None:
         """A request's end_session: its entry goes."""

@@ -45,6 +45,7 @@ CONNECTION_SHARE = 4  # a connection holds at most 1/CONNECTION_SHARE of L1's by
 RETRIEVE_MISS = {"success": False, "data": b"", "context": {}}
 
 KeysOf = Callable[[wire.Key, int, int, tuple[int, ...], int], list[int]]  # key, first, last, ranks, groups
+PrefixOf = Callable[[wire.Key, int], int]  # key, last: the hash of its first ``last`` chunks' tokens
 # the lookup holding a request's locks, and the places in it of (first chunk, last chunk, (group, rank) offset)
 HeldBy = Callable[[wire.Key, int, list[tuple[int, int, int]]], tuple[Job | None, list[int]]]
 
@@ -52,11 +53,12 @@ HeldBy = Callable[[wire.Key, int, list[tuple[int, int, int]]], tuple[Job | None,
 class Transfers:
     """The prepared stores and retrieves of one cache process's registrations (single-threaded, like its loop)."""
 
-    def __init__(self, ctx: CacheContext, registrations: Registrations, keys_of: KeysOf, held_by: HeldBy,
-                 pending_ttl_s: float) -> None:
+    def __init__(self, ctx: CacheContext, registrations: Registrations, keys_of: KeysOf, prefix_of: PrefixOf,
+                 held_by: HeldBy, pending_ttl_s: float) -> None:
         self._ctx = ctx
         self._registrations = registrations
         self._keys_of = keys_of
+        self._prefix_of = prefix_of
         self._held_by = held_by
         self._pending_ttl_s = pending_ttl_s
         self._held: dict[tuple[int, bytes], int] = {}  # (uid, connection) → uncommitted bytes it reserves
@@ -129,7 +131,7 @@ class Transfers:
         indices: list[int] = []
         group_ids: list[int] = []
         never_fits = False
-        store = _store_name(owner, key, first, last)
+        store = self._store_name(owner, key, first, last)
         for group, layout in enumerate(layouts):
             wanted = [chunk for chunk in range(last - first) if chunk not in skips[group]]
             size = layout.object_bytes
@@ -201,7 +203,7 @@ class Transfers:
         stored: set[int] = set()
         chunks: list[int] = []
         group_ids: list[int] = []
-        store = _store_name(owner, key, first, last)
+        store = self._store_name(owner, key, first, last)
         for group, (layout, (positions, objects)) in enumerate(zip(layouts, groups)):
             size = layout.object_bytes
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
@@ -222,6 +224,13 @@ class Transfers:
                                             len(layouts), self._keys_of)
         self._commit(pending)
         return True
+
+    def _store_name(self, owner: int, key: wire.Key, first: int, last: int) -> tuple:
+        """What names one store across its TP ranks' and KV cache groups' reservations, so that L1's order admits
+        or refuses them alike: the client's uid, the request's model, salt, id and chunk range, and the hash of
+        its tokens up to the range's end (not the rank: another engine's or a later request of the same id and
+        range names its own)."""
+        return (owner, key.model_name, key.cache_salt, key.request_id, first, last, self._prefix_of(key, last))
 
     def _commit(self, pending: Pending) -> None:
         sampled: list[tuple[int, str, str]] = []
@@ -386,8 +395,3 @@ class Transfers:
             while table:
                 self._abandon(table, next(iter(table)))
 
-
-def _store_name(owner: int, key: wire.Key, first: int, last: int) -> tuple:
-    """What names one store across its TP ranks' and KV cache groups' reservations, so that L1's order admits or
-    refuses them alike: the client's uid, and the request's model, salt, id and chunk range (not the rank)."""
-    return (owner, key.model_name, key.cache_salt, key.request_id, first, last)

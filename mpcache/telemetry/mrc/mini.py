@@ -35,12 +35,13 @@ def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
 class _Entry:
     """What the order reads and writes of a resident object (L1's entry, less the pool's fields)."""
 
-    __slots__ = ("size", "tier", "access", "parent", "children")
+    __slots__ = ("size", "tier", "access", "store", "parent", "children")
 
     def __init__(self, size: float) -> None:
         self.size = size
         self.tier = 0
         self.access = 0
+        self.store: object = None  # a miniature's stores are never named
         self.parent: _Entry | None = None
         self.children: Any = None
 
