@@ -304,8 +304,9 @@ def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
             f"per request, **{unique['instructions_over_first']['mpcache_adaptive']}×**") in prose
     assert (f"The default mix ({mixed['requests']} requests): {instructions(mixed, 'adaptive')} against "
             f"{instructions(mixed, 'lru')}, {mixed['instructions_over_first']['mpcache_adaptive']}×, with chunk hit "
-            f"ratios {mixed['hit_chunk_ratio']['mpcache_adaptive']} against {mixed['hit_chunk_ratio']['mpcache_lru']}"
-            ) in prose
+            f"ratios {mixed['hit_chunk_ratio']['mpcache_adaptive']} against {mixed['hit_chunk_ratio']['mpcache_lru']} "
+            f"and {mixed['server_calls_per_request']['mpcache_adaptive']['prepare_retrieve']} against "
+            f"{mixed['server_calls_per_request']['mpcache_lru']['prepare_retrieve']} `prepare_retrieve` calls") in prose
     assert (f"gave `lru` {instructions(older, 'lru')} and `adaptive` {instructions(older, 'adaptive')} "
             f"({older['instructions_over_first']['mpcache_adaptive']}×, {older['requests']} requests)") in prose
     earlier = 1_464_424  # the like-for-like `lru` count of the earlier run, as the page states it
