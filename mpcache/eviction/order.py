@@ -27,9 +27,9 @@
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
-state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a parent and its children per
-resident object, the newest :data:`PARENT_HINTS` lookups' hints and the newest :data:`STORE_VERDICTS` named stores'
-verdicts.
+state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a store's name, a parent and
+its children per resident object, the newest :data:`PARENT_HINTS` lookups' hints and the newest
+:data:`STORE_VERDICTS` named stores' verdicts.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``

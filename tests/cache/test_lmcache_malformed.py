@@ -84,3 +84,16 @@ def test_the_log_of_a_malformed_flood_is_bounded(served) -> None:
     errors = [fields for _, event, fields in log.lines if event == "client.error"]
     assert 1 <= len(errors) <= len({op for op, _ in requests}) * seconds
     assert all(fields["client"] for fields in errors)
+
+
+@pytest.mark.parametrize("start, end", [(600, 700), (512, 10_000), (0, 10_000)])
+def test_a_store_whose_range_lies_past_its_tokens_is_answered_with_nothing_to_write(served, start, end) -> None:
+    """A key of 300 tokens (one whole chunk) whose ``[start, end)`` begins or ends past them: the store covers
+    at most that one chunk, and nothing past it is named, hashed or failed internally."""
+    _, client, log = served
+    client.call("register", registration(1))
+    tokens = list(range(300))
+    context = client.call("prepare_store", key(tokens, "r", worker_id=0, start=start, end=end), 1)["context"]
+    assert (0 if start else 1) == len(context.get("slots", []))
+    assert [] == [fields for level, event, fields in log.lines if fields.get("error_type") == "internal"
+                  or event in ("lmcache.request_failed", "request.failed") or level == "exception"]

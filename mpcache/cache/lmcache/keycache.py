@@ -119,9 +119,10 @@ class KeyCache:
         return ranked[first * per : last * per]
 
     def prefix_hash(self, key: wire.Key, last: int) -> int:
-        """The hash of the key's first ``last`` chunks (of its tokens alone: the same for every rank and group), 0
-        for none."""
-        return self._hashes(key)[1][last - 1] if last > 0 else 0
+        """The hash of the key's first ``last`` chunks, as many as its tokens hold (of its tokens alone: the same
+        for every rank and group), 0 for none."""
+        hashes = self._hashes(key)[1]
+        return hashes[min(last, len(hashes)) - 1] if last > 0 and hashes else 0
 
     def _hashes(self, key: wire.Key) -> tuple[_TokenList | None, list[int]]:
         """The key's request's entry (None: past the bound) and its chunks' prefix-chained hashes, computed once."""
