@@ -111,7 +111,8 @@ class ArcOrder:
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
         self._placed = False  # whether the named store being reserved has placed an object
-        self._verdicts: OrderedDict[Any, bool] = OrderedDict()  # named stores → admitted, newest last
+        # named stores → [admitted, the first key of each part that had something to place], newest last
+        self._verdicts: OrderedDict[Any, list[Any]] = OrderedDict()
         self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -207,14 +208,21 @@ class ArcOrder:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended.
         ``store`` names it across the parts that make it up (a request's TP ranks, a hybrid model's KV cache
         groups): the first part judged (:meth:`_admits`) or placing an object gives the name its verdict, admitted
-        unless refused; a part with nothing to place gives none."""
+        unless refused; a part with nothing to place gives none, and a part stored again (a retry) is judged afresh
+        and gives the name its new verdict."""
         named = self._store
-        if (keys is None and named is not None and self.prefix_aware and named not in self._verdicts
+        if (keys is None and named is not None and self.prefix_aware and self._storing
                 and (self._admitted is not None or self._placed)):
-            verdicts = self._verdicts
-            verdicts[named] = self._admitted is not False
-            if len(verdicts) > STORE_VERDICTS:
-                verdicts.popitem(False)
+            verdicts, first = self._verdicts, self._storing[0]
+            record = verdicts.get(named)
+            if record is None:
+                verdicts[named] = [self._admitted is not False, {first}]
+                if len(verdicts) > STORE_VERDICTS:
+                    verdicts.popitem(False)
+            else:
+                if first in record[1]:
+                    record[0] = self._admitted is not False
+                record[1].add(first)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
         self._placed = False
@@ -223,7 +231,10 @@ class ArcOrder:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
         T1 and the orphans hold less than that, so it would evict an object seen again (T2), and :meth:`_admits`
         says no (its refusal then counted and remembered as one found part way would be).  Placed in part
-        instead, its head would take the place of T1's objects only for its tail to be refused."""
+        instead, its head would take the place of T1's objects only for its tail to be refused.  A part of a
+        named store refused before is refused whole whatever room there is (unless :meth:`_admits` says yes)."""
+        if self._verdict() is False:
+            return not self._admits()
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
@@ -246,7 +257,7 @@ class ArcOrder:
             return True
         if self._admitted is None:
             b1, b2, refused = self._b1, self._b2, self._refused
-            verdict = None if self._store is None else self._verdicts.get(self._store)
+            verdict = self._verdict()
             self._admitted = (not self.reused if verdict is None else verdict) or any(
                 key in b1 or key in b2 or key in refused for key in storing)
             if not self._admitted:
@@ -262,6 +273,15 @@ class ArcOrder:
                 if not refused:  # float bytes (the curves' miniatures) leave a residue
                     self._refused_bytes = 0.0
         return self._admitted
+
+    def _verdict(self) -> bool | None:
+        """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored
+        again (its first key is a part's the name already had), which is judged afresh."""
+        named, storing = self._store, self._storing
+        if named is None or not storing:
+            return None
+        record = self._verdicts.get(named)
+        return None if record is None or storing[0] in record[1] else record[0]
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

@@ -262,6 +262,31 @@ def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():
     assert [True] * 4 == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
 
 
+@pytest.mark.parametrize("named, rank_1_failed", [(False, 0), (True, 1)])
+def test_a_refused_store_s_later_part_is_refused_though_it_would_fit(named, rank_1_failed):
+    """Five slots, 1-4 seen again and in use, one free.  A request's rank 0 store of 5 and 6 needs two and is
+    refused; its rank 1 store of 7 would fit the free slot.  Unnamed it is placed, where no lookup can use it
+    without rank 0's; named as rank 0's was, it is refused with it and the slot stays free."""
+    l1 = L1Manager(np.zeros(5 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _t2_in_use(l1, (1, 2, 3, 4))
+    name = "request" if named else None
+    assert [2, rank_1_failed] == [_store(l1, [5, 6], name), _store(l1, [7], name)]
+    assert [True] * 4 + [not named] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 7)]
+
+
+def test_a_refused_part_stored_again_is_judged_afresh_once_its_keys_are_forgotten():
+    """Four slots, 1-4 seen again and in use.  A named store's part of 5 and 6 is refused; another refusal's
+    four keys then push 5 and 6 out of the keys remembered as refused (as many bytes as T2 holds).  The same part
+    stored again (a retry) is judged afresh, not by the name's old verdict: T2 has not been used since the last
+    refusal, so it is admitted."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    _t2_in_use(l1, (1, 2, 3, 4))
+    assert 2 == _store(l1, [5, 6], "request")
+    _seen_again(l1, 1, 1)
+    assert 4 == _store(l1, [7, 8, 9, 10])
+    assert 0 == _store(l1, [5, 6], "request")
+
+
 @pytest.mark.parametrize("named", [False, True])
 def test_two_requests_stored_rank_by_rank_in_one_step_keep_each_other_s_objects(named):
     """Four slots, 1 and 2 seen again (T2).  One engine step stores requests A and B rank by rank, A0 B0 A1 B1,

@@ -122,20 +122,25 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
     assert 2 == _found_and_released(client, new, "g", 2)
 
 
-def test_two_engines_of_one_user_requests_of_one_id_get_verdicts_of_their_own(served):
-    """Two engines of one uid send request id "r" over the same chunk range with other prompts (vLLM's offline
-    request ids start at "0" in every engine).  L1 full of prompts seen again and in use: engine 1's store is
-    refused, and engine 2's store of another prompt is judged on its own, admitted as T2 was not used since."""
+@pytest.mark.parametrize("second_prompt, second_world_size", [(200_000, 1), (100_000, 2)])
+def test_two_engines_of_one_user_requests_of_one_id_get_verdicts_of_their_own(served, second_prompt,
+                                                                              second_world_size):
+    """Two engines of one uid send request id "r" over the same chunk range (vLLM's offline request ids start at
+    "0" in every engine), with other prompts, or the same prompt at another TP size.  L1 full of prompts seen
+    again and in use: engine 1's store is refused, and engine 2's is judged on its own, admitted as T2 was not
+    used since."""
     harness, client, pool = served
-    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN))
+    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=second_world_size))
     prompts = [list(range(base, base + 2 * CHUNK)) for base in range(10_000, 90_000, 10_000)]
     for n, tokens in enumerate(prompts):
         _store(client, pool, tokens, f"s{n}", seed=n)
     for round_ in range(2):
         assert [2] * 8 == [_found_and_released(client, t, f"l{round_}-{n}", 1) for n, t in enumerate(prompts)]
-    slots = [len(client.call("prepare_store", key(tokens, "r", worker_id=0), instance)["context"]["slots"])
-             for tokens, instance in ((list(range(100_000, 100_000 + 2 * CHUNK)), 1),
-                                      (list(range(200_000, 200_000 + 2 * CHUNK)), 2))]
+    slots = [len(client.call("prepare_store", key(tokens, "r", worker_id=0, world_size=world_size),
+                             instance)["context"]["slots"])
+             for tokens, world_size, instance in (
+                 (list(range(100_000, 100_000 + 2 * CHUNK)), 1, 1),
+                 (list(range(second_prompt, second_prompt + 2 * CHUNK)), second_world_size, 2))]
     assert [0, 2] == slots
 
 

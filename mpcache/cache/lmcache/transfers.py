@@ -227,10 +227,11 @@ class Transfers:
 
     def _store_name(self, owner: int, key: wire.Key, first: int, last: int) -> tuple:
         """What names one store across its TP ranks' and KV cache groups' reservations, so that L1's order admits
-        or refuses them alike: the client's uid, the request's model, salt, id and chunk range, and the hash of
-        its tokens up to the range's end (not the rank: another engine's or a later request of the same id and
-        range names its own)."""
-        return (owner, key.model_name, key.cache_salt, key.request_id, first, last, self._prefix_of(key, last))
+        or refuses them alike: the client's uid, the request's model, salt, id, TP size and chunk range, and the
+        hash of its tokens up to the range's end (not the rank: another engine's or a later request of the same id
+        and range names its own, unless it stores the same tokens at the same TP size)."""
+        return (owner, key.model_name, key.cache_salt, key.request_id, key.world_size, first, last,
+                self._prefix_of(key, last))
 
     def _commit(self, pending: Pending) -> None:
         sampled: list[tuple[int, str, str]] = []
