@@ -25,11 +25,11 @@
   many bytes as T2 holds), so the same store a second time is admitted.  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
-  age.  Once B2's ghost hits exceed their share of the ghost bytes by :data:`SPLIT_SIGMAS` standard deviations
-  it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's target starts at 0 and
-  climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU for thousands of
-  requests; where it is not, the excess shows within tens of ghost hits).  It adapts by ghost hits alone:
-  nothing to tune per workload.
+  age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
+  standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
+  target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
+  for thousands of requests; where it is not, the excess shows within tens of ghost hits).  It adapts by ghost
+  hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -110,7 +110,10 @@ class ArcOrder:
         self.recency = prefix_aware
         if prefix_aware:
             self.lists[1] = self.lists[0]
-        self._phase_hits = [0, 0]  # ghost hits in B1 and B2 during the recency phase
+        # the recency phase's B2 ghost hits, and the sum and variance of what they would be were an object seen
+        # again no likelier to return than one seen once (``_judge_recency``)
+        self._phase_b2_hits = 0
+        self._phase_expected = self._phase_variance = 0.0
         self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
         self._b2: OrderedDict[Any, int] = OrderedDict()
         self._ghosts = (self._b1, self._b2)
@@ -175,20 +178,24 @@ class ArcOrder:
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
     def _judge_recency(self, tier: int) -> None:
-        """A ghost hit in the recency phase: it ends once B2's ghosts (objects seen again, evicted at the age T1's
-        are) have been hit more than their share of the ghost bytes by :data:`SPLIT_SIGMAS` standard deviations:
-        an object seen again is then more likely to return than one seen once, which ARC's two lists use."""
-        hits, ghost_bytes = self._phase_hits, self._ghost_bytes
-        hits[tier] += 1
-        total = ghost_bytes[0] + ghost_bytes[1]
-        if not total:
-            return
-        share, judged = ghost_bytes[1] / total, hits[0] + hits[1]
-        if hits[1] - judged * share > SPLIT_SIGMAS * (judged * share * (1 - share)) ** 0.5:
+        """A ghost hit in the recency phase, in B2 (``tier`` 1: an object seen again, evicted at the age an object
+        seen once is) or B1.  Were an object seen again no likelier to return, the hit would fall in B2 with the
+        chance of B2's share of the ghosts just before it (by count: a ghost hit is one object, whatever its
+        bytes); the phase ends once B2's hits exceed the sum of those chances by :data:`SPLIT_SIGMAS` standard
+        deviations of that sum (at least one): then ARC's two lists have something to use."""
+        b1, b2 = len(self._b1) + 1 - tier, len(self._b2) + tier  # the hit's ghost was taken out just before
+        share = b2 / (b1 + b2)
+        self._phase_b2_hits += tier
+        self._phase_expected += share
+        self._phase_variance += share * (1.0 - share)
+        if self._phase_b2_hits - self._phase_expected > SPLIT_SIGMAS * max(self._phase_variance, 1.0) ** 0.5:
             self.split()
 
     def split(self) -> None:
-        """End the recency phase: the objects seen again leave T1's list for T2's, in their order."""
+        """End the recency phase (once; ARC's order has none): the objects seen again leave T1's list for T2's,
+        in their order."""
+        if not self.recency:
+            return
         self.recency = False
         t1 = self.lists[0]
         t2 = OrderedDict((key, entry) for key, entry in t1.items() if entry.tier == 1)
