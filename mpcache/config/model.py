@@ -64,9 +64,10 @@ class Config:
     chunk_size_tokens: int = setting(Integer(1), 256, "tokens per chunk (default {default})", group=SERVICE,
                                      name="chunk-size")
     l1_policy: str = setting(Choice(derived.L1_POLICIES), "adaptive",
-                             "the order L1 evicts in, and the miss-ratio curves model: adaptive (ARC made "
-                             "prefix-aware: orphans, then tails, first; a store seen once may not evict what was "
-                             "seen again until it is stored a second time), lru or arc (default {default})",
+                             "the order L1 evicts in, and the miss-ratio curves model: adaptive (LRU until what "
+                             "was seen again proves likelier to return, then ARC made prefix-aware: orphans, then "
+                             "tails, first; a store seen once may not evict what was seen again until it is stored "
+                             "a second time), lru or arc (default {default})",
                              group=SERVICE)
     l1_watermark: float = setting(Number(0, 1, low_open=True), 1.0,  # DEPRECATED: read, checked, unused
                                   "deprecated and ignored (one warning at start when set): a store evicts what "

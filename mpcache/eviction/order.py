@@ -22,8 +22,14 @@
   the first part that was judged or placed an object: a rank's objects are of no use without the others', so a
   later part is refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
   counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
-  many bytes as T2 holds), so the same store a second time is admitted.  It adapts by ARC's ghost hits alone:
-  nothing to tune per workload.
+  many bytes as T2 holds), so the same store a second time is admitted.  It starts in a recency phase: T1 and
+  T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
+  (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
+  age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
+  standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
+  target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
+  for thousands of requests; where it is not, the excess shows within tens of ghost hits).  It adapts by ghost
+  hits alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -47,6 +53,7 @@ from mpcache.config.derived import L1_POLICIES as POLICIES
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
+SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
 
 
 class LruOrder:
@@ -98,7 +105,15 @@ class ArcOrder:
         self.capacity = capacity_bytes
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
-        self.lists: tuple[OrderedDict[Any, Any], ...] = (OrderedDict(), OrderedDict(), OrderedDict())
+        # T1, T2, orphans; in the recency phase T1 and T2 are one list (``recency``)
+        self.lists: list[OrderedDict[Any, Any]] = [OrderedDict(), OrderedDict(), OrderedDict()]
+        self.recency = prefix_aware
+        if prefix_aware:
+            self.lists[1] = self.lists[0]
+        # the recency phase's B2 ghost hits, and the sum and variance of what they would be were an object seen
+        # again no likelier to return than one seen once (``_judge_recency``)
+        self._phase_b2_hits = 0
+        self._phase_expected = self._phase_variance = 0.0
         self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
         self._b2: OrderedDict[Any, int] = OrderedDict()
         self._ghosts = (self._b1, self._b2)
@@ -119,7 +134,8 @@ class ArcOrder:
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
 
     def __len__(self) -> int:
-        return sum(len(listed) for listed in self.lists)
+        t1, t2, orphans = self.lists
+        return len(t1) + len(orphans) + (0 if t2 is t1 else len(t2))
 
     def new(self, key: Any, entry: Any, parent: Any) -> None:
         """Space reserved for ``key`` (stored right after the resident ``parent`` entry, which L1 names only to a
@@ -157,7 +173,35 @@ class ArcOrder:
         ghosts = self._ghost_bytes
         step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0) if ghosts[tier] else size  # 0: empty ghosts
         ghosts[tier] -= ghost_size
+        if self.recency:
+            self._judge_recency(tier)
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
+
+    def _judge_recency(self, tier: int) -> None:
+        """A ghost hit in the recency phase, in B2 (``tier`` 1: an object seen again, evicted at the age an object
+        seen once is) or B1.  Were an object seen again no likelier to return, the hit would fall in B2 with the
+        chance of B2's share of the ghosts just before it (by count: a ghost hit is one object, whatever its
+        bytes); the phase ends once B2's hits exceed the sum of those chances by :data:`SPLIT_SIGMAS` standard
+        deviations of that sum (at least one): then ARC's two lists have something to use."""
+        b1, b2 = len(self._b1) + 1 - tier, len(self._b2) + tier  # the hit's ghost was taken out just before
+        share = b2 / (b1 + b2)
+        self._phase_b2_hits += tier
+        self._phase_expected += share
+        self._phase_variance += share * (1.0 - share)
+        if self._phase_b2_hits - self._phase_expected > SPLIT_SIGMAS * max(self._phase_variance, 1.0) ** 0.5:
+            self.split()
+
+    def split(self) -> None:
+        """End the recency phase (once; ARC's order has none): the objects seen again leave T1's list for T2's,
+        in their order."""
+        if not self.recency:
+            return
+        self.recency = False
+        t1 = self.lists[0]
+        t2 = OrderedDict((key, entry) for key, entry in t1.items() if entry.tier == 1)
+        for key in t2:
+            del t1[key]
+        self.lists[1] = t2
 
     def promote(self, entry: Any) -> None:
         """An object of T1 (or an orphan) was taken out of the order to be used: it is seen again, T2."""
@@ -176,7 +220,12 @@ class ArcOrder:
             self.sizes[2] -= entry.size
         else:
             sizes = self.sizes
-            if t1 and (not t2 or sizes[0] > self.target):
+            if t2 is t1:  # the recency phase: one list, least recently used first, its ghost by its tier
+                if not t1:
+                    return None
+                key, entry = t1.popitem(False)
+                tier = entry.tier
+            elif t1 and (not t2 or sizes[0] > self.target):
                 key, entry = t1.popitem(False)
                 tier = 0
                 if t2 and (entry.access == self.access or self._store is not None and entry.store == self._store):
@@ -233,6 +282,8 @@ class ArcOrder:
         says no (its refusal then counted and remembered as one found part way would be).  Placed in part
         instead, its head would take the place of T1's objects only for its tail to be refused.  A part of a
         named store refused before is refused whole whatever room there is (unless :meth:`_admits` says yes)."""
+        if self.recency:
+            return False  # the recency phase admits every store, as LRU does
         if self._verdict() is False:
             return not self._admits()
         sizes = self.sizes

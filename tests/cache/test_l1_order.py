@@ -3,6 +3,8 @@ on hand-made objects whose victims follow from the definitions; and through L1Ma
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,15 @@ def _add(order: ArcOrder, entries: dict[str, Entry], *keys: str, parent: str | N
         order.new(key, entry, entries[parent] if parent is not None and order.prefix_aware else None)
         order.lists[entry.tier][key] = entry
         parent = key
+
+
+def _learned(l1: L1Manager) -> L1Manager:
+    """``l1`` with its adaptive order past the recency phase, as once objects seen again have proved likelier to
+    return than objects seen once (``test_the_recency_phase_ends_...``): ARC's lists and second-sight admission."""
+    order = l1._order
+    if getattr(order, "recency", False):
+        order.split()
+    return l1
 
 
 class _FailuresCounted(NullPublisher):
@@ -163,7 +174,7 @@ def test_a_store_seen_once_is_refused_where_only_objects_seen_again_and_in_use_c
     L1_ALLOCATION_FAILED during l1_store, as a full L1's store is), and admits it when it is stored again (second
     sight), evicting 1, the least recently used; LRU and ARC admit it the first time."""
     publisher = _FailuresCounted()
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy)
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy))
     for key in (1, 2, 3, 4):
         _store(l1, [key])
         _seen_again(l1, key, 2)
@@ -184,7 +195,7 @@ def test_a_store_that_only_objects_seen_again_could_make_room_for_is_refused_who
     is placed (3 stays; placed in part, 5 would take the free slot and 6 evict 3, only for 7 to be refused), and
     admits the same store the next time.  LRU and ARC place all three, evicting what their order says."""
     publisher = _FailuresCounted()
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy)
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy=policy))
     for key in (1, 2):
         _store(l1, [key])
         _seen_again(l1, key, 2)
@@ -212,7 +223,7 @@ def test_a_named_store_s_other_reservations_are_refused_with_its_first(named, ra
     (the same chunk's other KV rank) comes next.  Unnamed it is a store of its own, admitted, as the refusal
     waits for T2 to be used again, and evicts 1 for an object no lookup can use without 5.  Named as rank 0's
     was, it is refused with it and 1-4 stay."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     name = ("uid", "m", "", "request", 0, 1) if named else None
     assert [1, rank_1_failed] == [_store(l1, [key], name) for key in (5, 6)]
@@ -225,7 +236,7 @@ def test_a_named_store_s_objects_are_kept_from_its_other_reservations_across_loo
     request comes before its rank 1 store of 5.  Unnamed, that lookup began a new access, so rank 1's store
     evicts 4 (T1's oldest) and the request is never whole; named as rank 0's was, 4 is still the current
     access's and T2 gives one instead."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     for key in (1, 2, 3):
         _store(l1, [key])
         _seen_again(l1, key, 1)
@@ -239,7 +250,7 @@ def test_a_named_store_s_objects_are_kept_from_its_other_reservations_across_loo
 def test_named_verdicts_are_kept_for_the_newest_stores_only():
     """A refused store's name keeps its verdict for :data:`STORE_VERDICTS` named stores judged after it, then is
     forgotten: the order's memory of names is bounded whatever names clients send."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     assert 1 == _store(l1, [5], "refused")
     for name in range(STORE_VERDICTS - 1):
@@ -255,7 +266,7 @@ def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():
     """Four slots, 1-4 seen again and in use.  A named store's first part has nothing to place (its chunk is in
     L1 already, as a hybrid group whose chunks are all skipped, or one cut to nothing by its connection's share):
     it is not judged, so it gives its name no verdict, and the next part is judged on its own: refused."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     assert 1 == l1.reserve_write("m", "", [1], store="request").present
     assert 1 == _store(l1, [5], "request")
@@ -267,7 +278,7 @@ def test_a_refused_store_s_later_part_is_refused_though_it_would_fit(named, rank
     """Five slots, 1-4 seen again and in use, one free.  A request's rank 0 store of 5 and 6 needs two and is
     refused; its rank 1 store of 7 would fit the free slot.  Unnamed it is placed, where no lookup can use it
     without rank 0's; named as rank 0's was, it is refused with it and the slot stays free."""
-    l1 = L1Manager(np.zeros(5 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(5 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     name = "request" if named else None
     assert [2, rank_1_failed] == [_store(l1, [5, 6], name), _store(l1, [7], name)]
@@ -279,7 +290,7 @@ def test_a_refused_part_stored_again_is_judged_afresh_once_its_keys_are_forgotte
     four keys then push 5 and 6 out of the keys remembered as refused (as many bytes as T2 holds).  The same part
     stored again (a retry) is judged afresh, not by the name's old verdict: T2 has not been used since the last
     refusal, so it is admitted."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     assert 2 == _store(l1, [5, 6], "request")
     _seen_again(l1, 1, 1)
@@ -305,7 +316,7 @@ def test_objects_seen_twice_and_never_used_again_do_not_keep_new_stores_out():
     """Each store is looked up once right after (a client's round trip): L1 fills with objects seen twice that
     no one uses again.  The adaptive order refuses a new store only while an object seen again is in use, so
     every round trip finds its chunks; and after a refusal it admits the next store unless T2 was used since."""
-    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     failed = []
     for key in range(1, 21):
         reservation = l1.reserve_write("m", "", [key])
@@ -338,7 +349,7 @@ def test_one_tenant_s_or_model_s_one_off_prompts_do_not_push_out_another_s_reuse
     first tenant never finds anything.  ARC and the adaptive order remember what they evicted (ghosts, as many
     bytes as L1 holds): a prompt asked again within that is seen again (round 2) and kept apart from the objects
     seen once, so from the third round on the first tenant finds every chunk of every prompt."""
-    l1 = L1Manager(np.zeros(64 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+    l1 = _learned(L1Manager(np.zeros(64 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy))
     prompts = [list(range(base, base + 8)) for base in (1000, 2000, 3000)]
     flood = iter(range(10**6, 2 * 10**6))
     found_per_round = []
@@ -373,3 +384,119 @@ def test_the_orphans_bytes_are_kept_as_they_come_and_go():
     del order.lists[2]["b"]  # taken out by a lookup: used again
     order.promote(entries["b"])
     assert [0, 1, 1] == order.sizes
+
+
+def _use(order: ArcOrder, entries: dict[str, Entry], *keys: str) -> None:
+    """Each key taken out of the order and put back, as a lookup's read does: used again."""
+    for key in keys:
+        entry = entries[key]
+        del order.lists[entry.tier][key]
+        if entry.tier != order.again:
+            order.promote(entry)
+        order.lists[entry.tier][key] = entry
+
+
+@pytest.mark.parametrize("split, expected", [(False, ["a", "b", "c"]), (True, ["b", "c", "a"])])
+def test_the_adaptive_order_starts_in_a_recency_phase_that_evicts_least_recently_used_first(split, expected):
+    """a is used again (seen again: T2), then b and c are stored (seen once).  In the recency phase the adaptive
+    order evicts as LRU does, a first (used longest ago), its ghost kept by its tier; past it, as ARC with T1's
+    target at 0: T1's b and c before T2's a."""
+    order, entries = _order(True)
+    _add(order, entries, "a")
+    _use(order, entries, "a")
+    _add(order, entries, "b")
+    _add(order, entries, "c")  # not b's child: each its own store
+    assert (True, 3) == (order.recency, len(order))
+    order.access += 1  # a lookup: none of them is the current access's, which ARC would spare
+    if split:
+        order.split()
+        assert (["b", "c"], ["a"]) == (list(order.lists[0]), list(order.lists[1]))
+    assert expected == _victims(order, entries)
+    assert (["b", "c"], ["a"]) == (list(order._b1), list(order._b2))
+
+
+def _ghosts(order: ArcOrder, entries: dict[str, Entry], count: int) -> None:
+    """``count`` objects seen once (s0…) and ``count`` seen again (t0…), all evicted: B1 and B2 ``count`` bytes each."""
+    for n in range(count):
+        _add(order, entries, f"s{n}")
+        _add(order, entries, f"t{n}")
+        _use(order, entries, f"t{n}")
+    _victims(order, entries)
+    assert [count, count] == order._ghost_bytes
+
+
+def test_the_recency_phase_ends_once_objects_seen_again_return_more_often_than_their_share_by_three_sigmas():
+    """B1 and B2 hold 20 ghosts each and only B2's come back.  The k-th hit finds 21 - k of the 41 - k ghosts in
+    B2 (its share s_k, the chance of a hit in B2 were an object seen again no likelier to return): the phase ends
+    at the first k where k - sum(s_i) exceeds 3 standard deviations of that sum, sqrt(sum(s_i * (1 - s_i))), at
+    least 3; here k = 8 (7: 3.79 against 3.95; 8: 4.40 against 4.21).  T2 then holds what was seen again, in its
+    order, and the next hit.  Splitting again changes nothing."""
+    order, entries = _order(True, capacity=40)
+    _ghosts(order, entries, 20)
+    phases = []
+    for n in range(9):
+        _add(order, entries, f"t{n}")
+        phases.append(order.recency)
+    assert [True] * 7 + [False] * 2 == phases
+    assert ([], [f"t{n}" for n in range(9)]) == (list(order.lists[0]), list(order.lists[1]))
+    order.split()
+    assert ([], [f"t{n}" for n in range(9)]) == (list(order.lists[0]), list(order.lists[1]))
+
+
+def test_the_recency_phase_lasts_while_objects_seen_again_return_no_more_often_than_those_seen_once():
+    """B1 and B2 hold 20 ghosts each and come back alternately, each at its share: the order stays in the
+    recency phase (LRU's order), as an object seen again is no likelier to return."""
+    order, entries = _order(True, capacity=40)
+    _ghosts(order, entries, 20)
+    for n in range(20):
+        _add(order, entries, f"s{n}" if n % 2 == 0 else f"t{n}")
+        assert order.recency
+    assert order.lists[0] is order.lists[1] and 20 == len(order)
+
+
+def test_the_recency_phase_admits_the_store_the_second_sight_refuses():
+    """The scene of the second-sight refusal (four slots, 1-4 seen again and in use; a store of 5 never seen
+    before) in the recency phase: 5 is admitted at once and evicts 1, the least recently used, as under LRU."""
+    publisher = _FailuresCounted()
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), publisher, 1.0, 64, policy="adaptive")
+    for key in (1, 2, 3, 4):
+        _store(l1, [key])
+        _seen_again(l1, key, 2)
+    assert (0, []) == (_store(l1, [5]), publisher.failures)
+    assert [False, True, True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 5)]
+
+
+def test_the_recency_phase_weighs_a_ghost_hit_as_one_object_whatever_its_bytes():
+    """B1 holds 10 ghosts of 10 bytes, B2 10 of 1 byte, and they come back alternately: each list at its share of
+    the objects.  The phase lasts (by bytes B2 would have looked hit ten times too often)."""
+    order, entries = _order(True, capacity=200)
+    for n in range(10):
+        entries[f"s{n}"] = Entry(0, 10)
+        order.new(f"s{n}", entries[f"s{n}"], None)
+        order.lists[0][f"s{n}"] = entries[f"s{n}"]
+        _add(order, entries, f"t{n}")
+        _use(order, entries, f"t{n}")
+    _victims(order, entries)
+    assert [100, 10] == order._ghost_bytes
+    for n in range(10):
+        key = f"s{n}" if n % 2 == 0 else f"t{n}"
+        entries[key] = Entry(0, 10 if key[0] == "s" else 1)
+        order.new(key, entries[key], None)
+        assert order.recency
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_l1_of_uniformly_drawn_keys_stays_in_the_recency_phase(seed):
+    """Each request one chunk drawn uniformly from 80 into an L1 of 40: an object seen again is exactly as likely to
+    return as one seen once, so over 6,000 requests the order stays LRU's.  (Judged against B2's share as it was
+    at the end, B2's hits drifted above it by more than three deviations within 1,800–4,500 requests.)"""
+    rng = random.Random(seed)
+    l1 = L1Manager(np.zeros(40 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for _ in range(6000):
+        key = rng.randrange(80)
+        found = l1.lock_prefix("m", "", [key], publish=False)
+        if found:
+            l1.release_read("m", "", [key])
+        else:
+            _store(l1, [key])
+    assert l1._order.recency and l1._order._phase_b2_hits > 1000

@@ -262,6 +262,7 @@ def test_a_hybrid_store_s_groups_get_one_admission_verdict(lmcache):
     and group 1's of the same store with them (admitted, they would evict another prompt's object for objects no
     lookup can use without group 0's).  The same prompt stored by a later request is admitted whole."""
     harness, client = lmcache(l1_size_bytes=16 * OBJECT_BYTES[0], chunk_bytes=OBJECT_BYTES[0])
+    harness.server.l1._order.split()  # past the recency phase: ARC's lists and second-sight admission
     assert 256 == client.call("negotiate_chunk_size", 16)
     pool = map_pool(client.call("register", hybrid(1, [FULL, FULL])))
     prompts = [list(range(base, base + 2 * CHUNK)) for base in (10_000, 20_000, 30_000, 40_000)]

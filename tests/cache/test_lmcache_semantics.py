@@ -104,6 +104,7 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
     request is refused with it (admitted, it would evict another request's object for objects no lookup can use
     without rank 0's).  The same prompt stored by a later request is admitted on both ranks (second sight)."""
     harness, client, pool = served
+    harness.server.l1._order.split()  # past the recency phase: ARC's lists and second-sight admission
     client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=2))
     ranks = ((0, 1), (1, 2))  # (worker, instance)
     prompts = [list(range(base, base + 2 * CHUNK)) for base in (10_000, 20_000, 30_000, 40_000)]
@@ -130,6 +131,7 @@ def test_two_engines_of_one_user_requests_of_one_id_get_verdicts_of_their_own(se
     again and in use: engine 1's store is refused, and engine 2's is judged on its own, admitted as T2 was not
     used since."""
     harness, client, pool = served
+    harness.server.l1._order.split()  # past the recency phase: ARC's lists and second-sight admission
     client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=second_world_size))
     prompts = [list(range(base, base + 2 * CHUNK)) for base in range(10_000, 90_000, 10_000)]
     for n, tokens in enumerate(prompts):

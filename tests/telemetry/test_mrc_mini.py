@@ -63,6 +63,13 @@ def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(p
         assert abs(predicted[size] - measured) <= 0.02, (factor, predicted[size], measured)
 
 
+
+def _learned(mini: MiniCache) -> MiniCache:
+    """``mini`` with its adaptive order past the recency phase (as L1's once objects seen again have proved
+    likelier to return than objects seen once): ARC's lists and second-sight admission."""
+    mini.order.split()
+    return mini
+
 def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_in_bytes_that_add_up():
     """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out (unless
     the history still tracks them), holds at most its capacity, in resident bytes that add up."""
@@ -79,7 +86,7 @@ def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_in_bytes_th
         assert all(key[0] % SAMPLE_MODULUS < threshold or key in history.stack for key in mini.entries)
         assert mini.used == pytest.approx(sum(entry.size for entry in mini.entries.values()))
         assert mini.used <= mini.capacity
-        assert len(mini.entries) == sum(len(listed) for listed in mini.order.lists)
+        assert len(mini.entries) == len(mini.order)  # each resident key in one of the order's lists
 
 
 def test_the_miniatures_run_at_the_octaves_of_distinct_capacities_and_the_points_between_lie_on_a_spline():
@@ -173,7 +180,7 @@ def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_sta
     assert unfit[3][0] not in mini.entries
     mini.store(unfit[3:])
     assert unfit[3][0] in mini.entries
-    mini = MiniCache("adaptive", 3 * SIZE)
+    mini = _learned(MiniCache("adaptive", 3 * SIZE))
     held = [((MODEL, n), SIZE) for n in range(3)]
     for key in held:
         mini.lookup([key])
@@ -192,7 +199,7 @@ def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_sta
 def test_a_miniature_refuses_a_store_whole_where_l1_does():
     """The scene of L1's test of refusals whole, in a miniature: 1 and 2 seen again and in use, 3 seen once, one
     slot free.  The lookup of 5, 6, 7 stores none of them (3 is kept); looked up again, all three are stored."""
-    mini = MiniCache("adaptive", 4 * SIZE)
+    mini = _learned(MiniCache("adaptive", 4 * SIZE))
     held = [((MODEL, n), SIZE) for n in (1, 2)]
     for key in held:
         mini.lookup([key])
@@ -212,6 +219,7 @@ def test_refused_keys_of_float_bytes_trimmed_to_an_empty_t2s_bytes_leave_no_resi
     the last key and failed; the store is refused and nothing is remembered past T2's bytes."""
     entries: dict = {}
     order = eviction_order.build("adaptive", SIZE, entries.get)
+    order.split()  # past the recency phase: ARC's lists and second-sight admission
     entries["held"] = held = _Entry(0)
     order.new("held", held, None)
     order.promote(held)  # seen again: T2, 0 bytes
@@ -230,6 +238,7 @@ def test_the_order_says_a_store_was_refused_only_when_it_kept_an_object_it_could
     tells them apart (what the miniature records as refused), and is reset by the store's end."""
     entries: dict = {}
     order = eviction_order.build("adaptive", SIZE, entries.get)
+    order.split()  # past the recency phase: ARC's lists and second-sight admission
     order.admitting(["a"], [1])
     assert (None, False) == (order.victim(), order.refusing)  # nothing to evict: no refusal
     order.admitting(None)
