@@ -184,14 +184,20 @@ def _raw_results() -> dict:
     """docs/PERFORMANCE.json: the raw results the tables and prose of docs/PERFORMANCE.md are read from."""
     return json.loads(_doc("PERFORMANCE.json"))
 
+
+def _table_rows(header: str) -> list[list[str]]:
+    """The cells of each row of docs/PERFORMANCE.md's table under ``header`` (its separator line skipped)."""
+    lines = _doc("PERFORMANCE.md").splitlines()
+    start = lines.index(header) + 2
+    return [[cell.strip() for cell in line.strip("|").split(" | ")]
+            for line in itertools.takewhile(lambda line: line.startswith("| "), lines[start:])]
+
+
 def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
     """Each row of docs/PERFORMANCE.md's table of trace_gen's traces reads the numbers docs/PERFORMANCE.json
     keeps from ``python -m benchmarks trace PATH --json`` (every trace, every size, no row without its run)."""
     raw = _raw_results()["trace_gen"]
-    lines = _doc("PERFORMANCE.md").splitlines()
-    header = lines.index(TRACE_GEN_HEADER)
-    rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
-            for line in itertools.takewhile(lambda line: line.startswith("| "), lines[header + 2:])]
+    rows = _table_rows(TRACE_GEN_HEADER)
     expected = []
     for kind, result in raw.items():
         for name, size in result["sizes"].items():
@@ -343,10 +349,7 @@ def test_performance_md_recency_phase_table_and_prose_are_the_benchmark_s_raw_ou
     LMCache's server, whose code the phase does not touch), and its paragraph states the worst point against the
     offline LRU and the points against that server, computed from them."""
     rerun, before = _raw_results()["trace_gen_recency_phase"], _raw_results()["trace_gen"]
-    lines = _doc("PERFORMANCE.md").splitlines()
-    header = lines.index(RECENCY_HEADER)
-    rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
-            for line in itertools.takewhile(lambda line: line.startswith("| "), lines[header + 2:])]
+    rows = _table_rows(RECENCY_HEADER)
     expected, points = [], []
     for kind, result in rerun.items():
         for name, size in result["sizes"].items():

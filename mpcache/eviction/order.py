@@ -107,7 +107,6 @@ class ArcOrder:
         self._entry_of = entry_of
         # T1, T2, orphans; in the recency phase T1 and T2 are one list (``recency``)
         self.lists: list[OrderedDict[Any, Any]] = [OrderedDict(), OrderedDict(), OrderedDict()]
-        self.recency = prefix_aware
         if prefix_aware:
             self.lists[1] = self.lists[0]
         # the recency phase's B2 ghost hits, and the sum and variance of what they would be were an object seen
@@ -132,6 +131,11 @@ class ArcOrder:
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
+
+    @property
+    def recency(self) -> bool:
+        """Whether the order is in its recency phase (T1 and T2 one list, least recently used first)."""
+        return self.lists[1] is self.lists[0]
 
     def __len__(self) -> int:
         t1, t2, orphans = self.lists
@@ -196,7 +200,6 @@ class ArcOrder:
         in their order."""
         if not self.recency:
             return
-        self.recency = False
         t1 = self.lists[0]
         t2 = OrderedDict((key, entry) for key, entry in t1.items() if entry.tier == 1)
         for key in t2:

@@ -63,12 +63,12 @@ def test_the_curve_at_one_size_predicts_the_policy_at_half_and_twice_that_size(p
         assert abs(predicted[size] - measured) <= 0.02, (factor, predicted[size], measured)
 
 
-
 def _learned(mini: MiniCache) -> MiniCache:
     """``mini`` with its adaptive order past the recency phase (as L1's once objects seen again have proved
     likelier to return than objects seen once): ARC's lists and second-sight admission."""
     mini.order.split()
     return mini
+
 
 def test_when_the_rate_drops_each_miniature_keeps_only_admitted_keys_in_bytes_that_add_up():
     """Fixed-size mode lowers the sampled rate: every miniature forgets the keys the new rate leaves out (unless
