@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -210,6 +212,70 @@ def compose_command() -> list[str] | None:
     return [standalone] if standalone else None
 
 
+def compose_runner(command: list[str], env: dict[str, str]):
+    """``run(*args)``: the compose command with ``args`` under ``env``; a non-zero exit raises unless
+    ``check=False``."""
+    def run(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        result = subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"compose {' '.join(args)}: exit {result.returncode}\n{result.stdout}{result.stderr}")
+        return result
+    return run
+
+
+HOST_PORTS = ("MPCACHE_METRICS_PORT", "MPCACHE_PROMETHEUS_UI_PORT", "MPCACHE_COLLECTOR_PORT")
+
+
+def up_on_free_ports(run, env: dict[str, str], attempts: int = 3) -> None:
+    """``compose up`` on newly chosen host ports.  A port probed free can be taken by another test's
+    listener before Docker binds it (CI failed that way); then the project comes down and goes up again on
+    new ports."""
+    for attempt in range(1, attempts + 1):
+        env.update({variable: str(free_port()) for variable in HOST_PORTS})
+        result = run("up", "-d", "--no-build", check=False, timeout=600)
+        if result.returncode == 0:
+            return
+        output = result.stdout + result.stderr
+        if "address already in use" not in output or attempt == attempts:
+            raise AssertionError(f"compose up -d --no-build: exit {result.returncode}\n{output}")
+        run("down", "-v", "--remove-orphans", check=False, timeout=300)
+
+
+def test_compose_up_starts_again_on_new_ports_when_a_port_was_taken_in_the_gap(image, names, tmp_path,
+                                                                              monkeypatch):
+    """A host port taken after it was probed free (here by this test's listener) fails one `compose up`, as
+    it failed CI; with attempts left, the project comes down and goes up on new ports."""
+    compose = compose_command()
+    if compose is None:
+        _skip_or_fail("neither `docker compose` nor `docker-compose` is installed (Debian: docker-compose)")
+    spec = tmp_path / "compose.yaml"
+    spec.write_text('services:\n  listener:\n    image: ${MPCACHE_IMAGE}\n    entrypoint: ["sleep", "600"]\n'
+                    '    ports:\n      - "127.0.0.1:${MPCACHE_METRICS_PORT}:9090"\n')
+    env = {**os.environ, "MPCACHE_IMAGE": image}
+    run = compose_runner([*compose, "-f", str(spec), "-p", names.replace("_", "-").lower()], env)
+    choose = free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+
+        def held_port_first():
+            choices = iter([held])
+            return lambda: next(choices, 0) or choose()
+        try:
+            monkeypatch.setattr(sys.modules[__name__], "free_port", held_port_first())
+            with pytest.raises(AssertionError, match="address already in use"):
+                up_on_free_ports(run, env, attempts=1)
+            run("down", "-v", check=False)
+            monkeypatch.setattr(sys.modules[__name__], "free_port", held_port_first())
+            up_on_free_ports(run, env, attempts=3)
+            listener = run("ps", "-q", "listener").stdout.strip()
+            published = int(docker("port", listener, "9090/tcp").stdout.split()[0].rsplit(":", 1)[1])
+            assert held != published == int(env["MPCACHE_METRICS_PORT"])
+        finally:
+            run("down", "-v", check=False)
+
+
 def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(image, names):
     """compose.yaml as shipped, on this checkout's image: mpcache turns healthy, Prometheus scrapes it
     (target up), its OTLP push reaches the collector, the engine example completes verified round trips,
@@ -220,8 +286,7 @@ def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(im
         _skip_or_fail("neither `docker compose` nor `docker-compose` is installed (Debian: docker-compose)")
     spec = COMPOSE_YAML.read_text()
     upstream = dict(re.findall(r"^  (prometheus|otel-collector):\n    image: (\S+)$", spec, re.MULTILINE))
-    env = {**os.environ, "MPCACHE_IMAGE": image, "MPCACHE_METRICS_PORT": str(free_port()),
-           "MPCACHE_PROMETHEUS_UI_PORT": str(free_port()), "MPCACHE_COLLECTOR_PORT": str(free_port())}
+    env = {**os.environ, "MPCACHE_IMAGE": image}
     files = ["-f", str(COMPOSE_YAML)]
     stand_ins = []
     for service, upstream_image in upstream.items():
@@ -239,17 +304,9 @@ def test_compose_runs_mpcache_prometheus_the_collector_and_the_engine_example(im
         env.setdefault("MPCACHE_TEST_PROMETHEUS_IMAGE", upstream["prometheus"])
         env.setdefault("MPCACHE_TEST_COLLECTOR_IMAGE", upstream["otel-collector"])
         print("compose test:", "; ".join(stand_ins))
-    project = ["-p", names.replace("_", "-").lower()]
-
-    def run(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        result = subprocess.run([*compose, *files, *project, *args], capture_output=True, text=True, env=env,
-                                timeout=timeout)
-        if check and result.returncode != 0:
-            raise AssertionError(f"compose {' '.join(args)}: exit {result.returncode}\n{result.stdout}{result.stderr}")
-        return result
-
+    run = compose_runner([*compose, *files, "-p", names.replace("_", "-").lower()], env)
     try:
-        run("up", "-d", "--no-build", timeout=600)
+        up_on_free_ports(run, env)
         mpcache = run("ps", "-q", "mpcache").stdout.strip()
         assert "healthy" == wait_for(lambda: (state := health(mpcache)) != "starting" and state, 90,
                                      "mpcache's first health check")
