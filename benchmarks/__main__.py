@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--repetitions", type=int, default=None,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
-                        "reports the worst; vllm 19)")
+                        "reports the worst; vllm 19; trace: LMCache's server's runs, mpcache's replay being "
+                        "deterministic)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
                         "and TP (default 10); isolation: counted seconds per TP (default 60); peers: per phase "

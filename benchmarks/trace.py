@@ -9,7 +9,9 @@ ratio (blocks) and the prefill tokens it saved per GiB of L1, a block being ``BL
 ``KV_BYTES_PER_TOKEN`` each (the service itself stores small stand-in objects: what is measured is which blocks
 it holds).  And LMCache 0.5.6's own MP server at the same size in blocks (``lmcache_server``: its
 ``--l1-size-gb`` the blocks times the replay's object bytes, LRU), the trace replayed through LMCache's own
-vLLM adapters (``benchmarks/harness/trace_replay.py``, in the LMCache venv); left out, saying so, without that venv.
+vLLM adapters (``benchmarks/harness/trace_replay.py``, in the LMCache venv), ``--repetitions`` times (its
+result swings with the timing of its evictions: the median run, every run's hit ratio beside it); left out, saying
+so, without that venv.
 """
 
 from __future__ import annotations
@@ -105,6 +107,24 @@ def lmcache_found(requests: list[TraceRequest], blocks: int, python: str) -> tup
     return result["found"], result["refused_store_requests"], failures
 
 
+def _lmcache_server(requests: list[TraceRequest], blocks: int, python: str, l1_gib: float, runs: int,
+                    progress: Callable[[str], None], prefix: str) -> dict[str, Any]:
+    """LMCache's server's column: ``runs`` replays (its result swings with the timing of its evictions), the
+    median run's columns (of an even count, the lower middle one's), every run's hit ratio and allocation failures
+    beside them."""
+    results: list[dict[str, Any]] = []
+    for run_number in range(1, runs + 1):
+        progress(f"{prefix}LMCache's server, the trace through its adapters (run {run_number} of {runs})")
+        found, refused, failures = lmcache_found(requests, blocks, python)
+        if failures is None:
+            progress(f"{prefix}LMCache's server's allocation-failure counter could not be read")
+        results.append({**_columns(outcome(requests, found), l1_gib), "refused_store_requests": refused,
+                        "allocation_failures": failures})
+    median = sorted(results, key=lambda result: result["hit_ratio"])[(runs - 1) // 2]
+    return {**median, "runs": [{"hit_ratio": result["hit_ratio"], "allocation_failures": result["allocation_failures"]}
+                               for result in results]}
+
+
 def _allocation_failures(port: int) -> int:
     """LMCache's server's ``lmcache_mp.l1_allocation_failure`` (chunks), once two scrapes a second apart agree
     (its subscribers count from an event queue)."""
@@ -122,8 +142,9 @@ def _allocation_failures(port: int) -> int:
 
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, path: str | None = None,
         limit: int | None = None, shares: dict[str, float] | None = None, lmcache: bool = True) -> dict[str, Any]:
-    """The table's numbers as one JSON object (``repetitions`` is unused: the replay is deterministic; LMCache's
-    server, with ``lmcache``, is not: it evicts once a second)."""
+    """The table's numbers as one JSON object.  mpcache's replay is deterministic; LMCache's server (with
+    ``lmcache``) evicts once a second, so it is replayed ``repetitions`` times and its median run reported, each
+    run's hit ratio beside it."""
     if path is None:
         raise TraceMissing("trace needs a trace file: python -m benchmarks trace PATH")
     requests = load(path, limit)
@@ -151,12 +172,8 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                        **{f"mpcache_{policy}": _columns(outcome(requests, mpcache_found(requests, blocks, policy)),
                                                         l1_gib) for policy in L1_POLICIES}}
         if python is not None:
-            progress(f"trace: {name}: LMCache's server, the trace through its adapters")
-            found, refused, failures = lmcache_found(requests, blocks, python)
-            if failures is None:
-                progress(f"trace: {name}: LMCache's server's allocation-failure counter could not be read")
-            sizes[name]["lmcache_server"] = {**_columns(outcome(requests, found), l1_gib),
-                                             "refused_store_requests": refused, "allocation_failures": failures}
+            sizes[name]["lmcache_server"] = _lmcache_server(requests, blocks, python, l1_gib, max(1, repetitions),
+                                                            progress, f"trace: {name}: ")
     return {"trace": path, "requests": len(requests), "block_tokens": BLOCK_TOKENS,
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "infinite_hit_ratio": round(infinite.hit_ratio, 4),
             "sizes": sizes,
@@ -181,6 +198,13 @@ def render(result: dict[str, Any]) -> str:
              "| L1 | blocks (GiB) | " + " | ".join(f"{p} hit / tokens per GiB" for p in policies) + " |",
              "|---|---|" + "---|" * len(policies)]
     for name, size in result["sizes"].items():
-        cells = [f"{size[p]['hit_ratio']:.3f} / {size[p]['tokens_saved_per_gib']:,}" for p in policies]
+        cells = [f"{size[p]['hit_ratio']:.3f} / {size[p]['tokens_saved_per_gib']:,}{_spread(size[p])}"
+                 for p in policies]
         lines.append(f"| {name} | {size['blocks']:,} ({size['l1_gib']}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _spread(column: dict[str, Any]) -> str:
+    """A column replayed more than once (LMCache's server): the median run's, then the runs' range."""
+    runs = [run["hit_ratio"] for run in column.get("runs", ())]
+    return f" (median of {len(runs)} runs, {min(runs):.4f}–{max(runs):.4f})" if len(runs) > 1 else ""

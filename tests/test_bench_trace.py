@@ -158,6 +158,23 @@ def test_lmcache_server_column_replays_through_lmcache_s_adapters_and_finds_ever
     assert (0, True) == (refused, failures > 0)  # it drops stores it cannot place, and tells the client nothing
 
 
+def test_lmcache_server_column_is_its_median_run_with_every_run_beside_it(monkeypatch):
+    """LMCache's server replayed three times (its result swings with timing): the column is the middle run's
+    (hit ratio, tokens saved, failures), every run listed in order, and the table shows their range."""
+    requests = [TraceRequest(hashes=[1, 2, 3, 4], input_tokens=4 * 512)] * 2
+    runs = iter([([0, 2], 0, 30), ([0, 4], 0, 10), ([0, 1], 1, 40)])  # found per request, refused, failures
+    monkeypatch.setattr(trace, "lmcache_found", lambda *_: next(runs))
+    progress: list[str] = []
+    column = trace._lmcache_server(requests, 6, "python", 1.0, 3, progress.append, "trace: small: ")
+    assert (0.25, 2 * 512, 0, 30) == (column["hit_ratio"], column["tokens_saved"], column["refused_store_requests"],
+                                      column["allocation_failures"])
+    assert [(0.25, 30), (0.5, 10), (0.125, 40)] == [(run["hit_ratio"], run["allocation_failures"])
+                                                     for run in column["runs"]]
+    assert "trace: small: LMCache's server, the trace through its adapters (run 3 of 3)" == progress[-1]
+    assert " (median of 3 runs, 0.1250–0.5000)" == trace._spread(column)
+    assert "" == trace._spread({**column, "runs": column["runs"][:1]})
+
+
 def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monkeypatch):
     """The cache process killed mid-replay (SIGKILL): the replay's error carries the service's log, which names
     the exit and its status (what a cut-off benchmark run needs to be explained)."""
