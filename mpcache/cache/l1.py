@@ -65,6 +65,7 @@ class L1Manager(PrefetchLandings):
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted
         self._hints = order.hints  # the chunk after a lookup's prefix → that prefix's last chunk
+        self._asked = order.asked if order.prefix_aware else None  # counts what lookups find and stores reserve
         self.policy = policy
         self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
         self._losses = 0  # lose_all calls
@@ -144,6 +145,10 @@ class L1Manager(PrefetchLandings):
                     self._promote(entry)
                 pinned.append((key, entry))  # kept out of eviction's reach during this call
         present = len(seen) - len(new)
+        asked = self._asked
+        if asked is not None:
+            for position in new:
+                asked(keys[position])
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
         positions: list[int] = []
         offsets: list[int] = []
@@ -222,6 +227,7 @@ class L1Manager(PrefetchLandings):
         if lookup and self._counts_accesses:
             self._order.access += 1
         entries, lists, again = self._entries, self._lists, self._again
+        asked = self._asked if lookup else None
         found, key, reused = 0, None, False
         for chunk_hash in hashes:
             previous, key = key, ChunkKey(model, salt, chunk_hash)
@@ -238,6 +244,8 @@ class L1Manager(PrefetchLandings):
                     reused = True
             entry.readers += 1
             found += 1
+            if asked is not None:
+                asked(key)
         if reused:
             self._order.reused = True  # an object seen again is used: the order may refuse a store for it
         if found and publish:

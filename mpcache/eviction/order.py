@@ -22,7 +22,10 @@
   the first part that was judged or placed an object: a rank's objects are of no use without the others', so a
   later part is refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
   counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
-  many bytes as T2 holds), so the same store a second time is admitted.  It starts in a recency phase: T1 and
+  many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it:
+  none of its keys asked for more often lately (:mod:`~mpcache.eviction.frequency`) than T2's least recently
+  used object, and the gate's earlier such decisions proved right (what they would have evicted was asked for
+  again before the store was, see ``_gate``).  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
@@ -34,13 +37,16 @@
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
 state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a store's name, a parent and
-its children per resident object, the newest :data:`PARENT_HINTS` lookups' hints and the newest
-:data:`STORE_VERDICTS` named stores' verdicts.
+its children per resident object, the newest :data:`PARENT_HINTS` lookups' hints, the newest
+:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters, each as wide as
+its window rounded up to a power of two: :data:`FREQUENCY_WINDOW` counts per resident object) and the gate's
+newest :data:`GATE_DECISIONS` decisions.
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
 (ARC: seen again), ``admitting`` around a store's reservations and ``refuses`` before the first, ``new`` (unless
-None: LRU) when it reserves space, ``victim`` to evict one and ``forget`` when a reservation is given back.
+None: LRU) when it reserves space, ``victim`` to evict one and ``forget`` when a reservation is given back; and, for
+a prefix-aware order, ``asked`` for each object a lookup finds and each new one a store reserves.
 """
 
 from __future__ import annotations
@@ -50,10 +56,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
+from mpcache.eviction.frequency import FrequencySketch
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
+FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
+GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
+GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
+GATE_LIMIT = 16  # the gate's score is held within ±this: it turns within that many settled decisions
 
 
 class LruOrder:
@@ -81,6 +92,9 @@ class LruOrder:
 
     def promote(self, entry: Any) -> None:
         return None
+
+    def asked(self, key: Any) -> None:
+        return None  # LRU counts nothing
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
         return None  # LRU admits every store
@@ -131,6 +145,14 @@ class ArcOrder:
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
+        self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16)  # how often each key was asked for lately
+        # the frequency gate's decisions awaiting evidence (``_gate``): decision → None, oldest first; the keys each
+        # would evict → decision, and each store's first key → decision; the score (gate on at 0 and above)
+        self._gate_open: OrderedDict[int, None] = OrderedDict()
+        self._gate_protected: OrderedDict[Any, int] = OrderedDict()
+        self._gate_contested: OrderedDict[Any, int] = OrderedDict()
+        self._gate_decisions = 0
+        self.gate_score = -1
 
     @property
     def recency(self) -> bool:
@@ -314,6 +336,8 @@ class ArcOrder:
             verdict = self._verdict()
             self._admitted = (not self.reused if verdict is None else verdict) or any(
                 key in b1 or key in b2 or key in refused for key in storing)
+            if self._admitted and verdict is None and self.reused and storing and self.lists[1]:
+                self._admitted = not self._gate(storing)
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
@@ -327,6 +351,46 @@ class ArcOrder:
                 if not refused:  # float bytes (the curves' miniatures) leave a residue
                     self._refused_bytes = 0.0
         return self._admitted
+
+    def asked(self, key: Any) -> None:
+        """A lookup found ``key``, or a store reserves it (once per request, as L1 calls it): counted in the
+        frequency sketch, and evidence for the gate's decisions (:meth:`_gate`)."""
+        pending = self._gate_open
+        if pending:
+            decision = self._gate_protected.pop(key, None)
+            if decision is not None and decision in pending:
+                del pending[decision]
+                self.gate_score = min(self.gate_score + 1, GATE_LIMIT)
+            decision = self._gate_contested.pop(key, None)
+            if decision is not None and decision in pending:
+                del pending[decision]
+                self.gate_score = max(self.gate_score - 1, -GATE_LIMIT)
+        if self.frequency.add(key):
+            self.frequency.resize(FREQUENCY_WINDOW * max(len(self), 16))
+
+    def _gate(self, storing: Sequence[Any]) -> bool:
+        """Whether the frequency gate refuses a store that second sight admits while T2 is in use: none of its
+        keys was asked for more often lately than T2's least recently used object, the first it would evict.
+        Each such store is a decision, refused only while the gate's score is 0 or more (it starts at -1), and
+        settled by what is asked for first: one of the objects it would evict (as many as it has keys, from
+        T2's head: the gate was right, +1) or its first key (the gate was wrong, -1).  Where what is asked for
+        often stays asked for (a popular document), the gate keeps it from what is asked for twice; where
+        recency rules (an agent's growing context), the store comes back first and the gate stays off."""
+        frequency = self.frequency
+        t2 = self.lists[1]
+        if max(frequency.estimate(key) for key in storing) >= frequency.estimate(next(iter(t2))):
+            return False
+        self._gate_decisions += 1
+        decision, protected, contested = self._gate_decisions, self._gate_protected, self._gate_contested
+        for victim, _ in zip(t2, storing):
+            protected[victim] = decision
+        contested[storing[0]] = decision
+        self._gate_open[decision] = None
+        for pending, bound in ((self._gate_open, GATE_DECISIONS), (protected, GATE_PROTECTED_KEYS),
+                               (contested, GATE_DECISIONS)):
+            while len(pending) > bound:
+                pending.popitem(False)
+        return self.gate_score >= 0
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored

@@ -500,3 +500,63 @@ def test_an_l1_of_uniformly_drawn_keys_stays_in_the_recency_phase(seed):
         else:
             _store(l1, [key])
     assert l1._order.recency and l1._order._phase_b2_hits > 1000
+
+
+@pytest.mark.parametrize("asked_first, refused", [("evicted", 1), ("admitted", 0)])
+def test_the_frequency_gate_keeps_out_a_store_asked_for_twice_once_it_has_proved_right(asked_first, refused):
+    """Four slots hold 1-4, each stored once and looked up four times (T2; asked for five times each).  A store
+    of 10 is refused on first sight and admitted on its second: asked for twice, less often than T2's least
+    recently used object (1), the frequency gate would refuse it, but its score starts below 0, so it only
+    records the decision, and 10 evicts 1.  If 1 is then asked for again (stored again) before 10 is, the gate
+    was right: the next store asked for twice (20) is refused on its second sight too, and 1-4 stay.  If 10 is
+    asked for first (looked up), the gate was wrong and stays off: 20 is admitted on its second sight."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    for key in (1, 2, 3, 4):
+        _store(l1, [key])
+        _seen_again(l1, key, 4)
+
+    def second_sight(key: int, looked_up: tuple[int, ...]) -> list[int]:
+        """``key`` stored twice, an object of T2 looked up before each (T2 in use): the chunks each failed."""
+        failed = []
+        for _ in range(2):
+            for used in looked_up:
+                _seen_again(l1, used, 1)
+            failed.append(_store(l1, [key]))
+        return failed
+
+    assert [1, 0] == second_sight(10, (2,))
+    assert [False, True, True, True, True] == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4, 10)]
+    if asked_first == "evicted":
+        _seen_again(l1, 2, 1)  # a new access: 10 is no longer among the objects being admitted
+        assert 0 == _store(l1, [1])  # a ghost of T2: admitted, and 10 (T1) makes room
+        kept = (1, 2, 3, 4)
+    else:
+        _seen_again(l1, 10, 1)
+        kept = (2, 3, 4, 10)
+    assert [1, refused] == second_sight(20, kept)  # T2's least recently used: kept[0]
+    assert [bool(refused), True, True, True, not refused] == [l1.contains(ChunkKey("m", "", h)) for h in (*kept, 20)]
+
+
+def test_the_frequency_gate_s_evidence_is_bounded_and_settles_each_decision_once():
+    """Decisions nobody settles are forgotten past GATE_DECISIONS (and their keys past GATE_PROTECTED_KEYS); a
+    decision settled by the keys it would evict is not settled again by the store's own key."""
+    from mpcache.eviction import order as module
+
+    order, entries = _order(True, capacity=4)
+    order.split()
+    _add(order, entries, "a", "b", "c", "d")
+    for key in ("a", "b", "c", "d"):
+        order.promote(entries[key])
+        del order.lists[0][key]
+        order.lists[1][key] = entries[key]
+        for _ in range(5):
+            order.asked(key)
+    for number in range(module.GATE_DECISIONS + 10):
+        assert order._gate([f"new-{number}"]) is False  # the score starts at -1: recorded, not refused
+    assert (module.GATE_DECISIONS, module.GATE_DECISIONS) == (len(order._gate_open), len(order._gate_contested))
+    assert len(order._gate_protected) <= module.GATE_PROTECTED_KEYS
+    newest = module.GATE_DECISIONS + 9
+    order.asked("a")  # the key every open decision would evict first: settles the newest decision naming it
+    assert 0 == order.gate_score
+    order.asked(f"new-{newest}")  # that decision's store: already settled, no change
+    assert 0 == order.gate_score

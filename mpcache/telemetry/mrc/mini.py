@@ -61,6 +61,7 @@ class MiniCache:
         key before it in ``keys`` (:func:`parents`; given once for many miniatures, else made here)."""
         order, entries = self.order, self.entries
         lists, again = order.lists, order.again
+        asked = order.asked if order.prefix_aware else None  # as L1 counts what its lookups find
         if order.new is not None:
             order.access += 1  # a lookup begins an access
         found: list[tuple[Hashable, _Entry]] = []
@@ -79,6 +80,8 @@ class MiniCache:
                 else:
                     order.reused = True  # as L1's lookup tells its order
                 found.append((key, entry))
+                if asked is not None:
+                    asked(key)
             hits.append(True)
         if missing:
             refused = self.refused  # what the order refused of this lookup's store, its earlier ones' forgotten
@@ -111,6 +114,9 @@ class MiniCache:
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
         stored, refused = [], []
+        if order.prefix_aware:  # as L1 counts what a store reserves
+            for key, _ in missing:
+                order.asked(key)
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         placed = {key: nbytes for key, nbytes in missing if key not in entries}

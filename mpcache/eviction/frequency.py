@@ -1,0 +1,58 @@
+"""How often each key was asked for lately, in bounded memory: the ``adaptive`` order compares a store it would
+admit with what that store would evict (TinyLFU's comparison, Einziger, Friedman and Manes)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+SATURATED = 255  # a counter is one byte
+MIN_WIDTH = 1024  # counters per row at the least
+_HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
+_MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over both rows' indexes
+_WORD = (1 << 64) - 1
+
+
+class FrequencySketch:
+    """A count-min sketch: two rows of byte counters; a key is counted in one counter of each row (two parts of
+    its mixed hash) and its estimate is the smaller.  Once ``window`` counts are held every counter is halved
+    (and so is what they hold), so what was asked for long ago fades; the owner sets the window again at each
+    halving (a row has at least that many counters: new, empty rows when it grows past them)."""
+
+    def __init__(self, window: int) -> None:
+        self._rows = (bytearray(0), bytearray(0))
+        self._mask = -1
+        self._counted = 0
+        self.window = 0
+        self.resize(window)
+
+    def resize(self, window: int) -> None:
+        """Halve once ``window`` counts are held; rows narrower than ``window`` are replaced by empty ones as wide."""
+        self.window = max(1, window)
+        width = max(MIN_WIDTH, 1 << (self.window - 1).bit_length())
+        if width > self._mask + 1:
+            self._rows = (bytearray(width), bytearray(width))
+            self._mask = width - 1
+
+    def add(self, key: Hashable) -> bool:
+        """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
+        mixed = (hash(key) * _MIX) & _WORD
+        mask = self._mask
+        first, second = self._rows
+        index = mixed & mask
+        if first[index] < SATURATED:
+            first[index] += 1
+        index = (mixed >> 32) & mask
+        if second[index] < SATURATED:
+            second[index] += 1
+        self._counted += 1
+        if self._counted < self.window:
+            return False
+        self._rows = (first.translate(_HALF), second.translate(_HALF))
+        self._counted >>= 1  # the counts halved: the next window ends sooner by what they still hold
+        return True
+
+    def estimate(self, key: Hashable) -> int:
+        """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""
+        mixed = (hash(key) * _MIX) & _WORD
+        mask = self._mask
+        return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])
