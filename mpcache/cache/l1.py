@@ -41,6 +41,12 @@ def _no_faults() -> int:
     return 0
 
 
+def _chunk_code(key: ChunkKey) -> int:
+    """A chunk's number for the eviction order's frequency sketch: its hash's, not its key's (whose strings hash
+    differently in each process), so that the order decides the same in every run."""
+    return hash(key.chunk_hash)
+
+
 class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
@@ -60,7 +66,7 @@ class L1Manager(PrefetchLandings):
         self._entries: dict[ChunkKey, Entry] = {}
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
-        self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get)
+        self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted

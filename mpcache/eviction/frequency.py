@@ -3,10 +3,11 @@ admit with what that store would evict (TinyLFU's comparison, Einziger, Friedman
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 SATURATED = 255  # a counter is one byte
 MIN_WIDTH = 1024  # counters per row at the least
+COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys share both their counters
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
 _MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over both rows' indexes
 _WORD = (1 << 64) - 1
@@ -14,11 +15,14 @@ _WORD = (1 << 64) - 1
 
 class FrequencySketch:
     """A count-min sketch: two rows of byte counters; a key is counted in one counter of each row (two parts of
-    its mixed hash) and its estimate is the smaller.  Once ``window`` counts are held every counter is halved
-    (and so is what they hold), so what was asked for long ago fades; the owner sets the window again at each
-    halving (a row has at least that many counters: new, empty rows when it grows past them)."""
+    its mixed ``code``, by default its hash: a number that does not change between processes keeps the estimates,
+    and what the order decides on them, the same from run to run) and its estimate is the smaller.  Once
+    ``window`` counts are held every counter is halved (and so is what they hold), so what was asked for long ago
+    fades; the owner sets the window again at each halving (a row has :data:`COUNTERS_PER_COUNT` counters per
+    count: new, empty rows when it grows past them)."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, code: Callable[[Hashable], int] = hash) -> None:
+        self._code = code
         self._rows = (bytearray(0), bytearray(0))
         self._mask = -1
         self._counted = 0
@@ -26,16 +30,16 @@ class FrequencySketch:
         self.resize(window)
 
     def resize(self, window: int) -> None:
-        """Halve once ``window`` counts are held; rows narrower than ``window`` are replaced by empty ones as wide."""
+        """Halve once ``window`` counts are held; rows too narrow for it are replaced by empty ones wide enough."""
         self.window = max(1, window)
-        width = max(MIN_WIDTH, 1 << (self.window - 1).bit_length())
+        width = max(MIN_WIDTH, 1 << (COUNTERS_PER_COUNT * self.window - 1).bit_length())
         if width > self._mask + 1:
             self._rows = (bytearray(width), bytearray(width))
             self._mask = width - 1
 
     def add(self, key: Hashable) -> bool:
         """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
-        mixed = (hash(key) * _MIX) & _WORD
+        mixed = (self._code(key) * _MIX) & _WORD
         mask = self._mask
         first, second = self._rows
         index = mixed & mask
@@ -53,6 +57,6 @@ class FrequencySketch:
 
     def estimate(self, key: Hashable) -> int:
         """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""
-        mixed = (hash(key) * _MIX) & _WORD
+        mixed = (self._code(key) * _MIX) & _WORD
         mask = self._mask
         return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])

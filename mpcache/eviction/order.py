@@ -22,10 +22,11 @@
   the first part that was judged or placed an object: a rank's objects are of no use without the others', so a
   later part is refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
   counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
-  many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it:
-  none of its keys asked for more often lately (:mod:`~mpcache.eviction.frequency`) than T2's least recently
-  used object, and the gate's earlier such decisions proved right (what they would have evicted was asked for
-  again before the store was, see ``_gate``).  It starts in a recency phase: T1 and
+  many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it (or
+  a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
+  (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such
+  decisions proved right (what they would have evicted was asked for again before the store was, see
+  ``_gate``).  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
@@ -115,7 +116,8 @@ class ArcOrder:
 
     again = 1
 
-    def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False) -> None:
+    def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
+                 code: Callable[[Any], int] = hash) -> None:
         self.capacity = capacity_bytes
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
@@ -145,12 +147,12 @@ class ArcOrder:
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
-        self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16)  # how often each key was asked for lately
+        self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
         # the frequency gate's decisions awaiting evidence (``_gate``): decision → None, oldest first; the keys each
-        # would evict → decision, and each store's first key → decision; the score (gate on at 0 and above)
+        # would evict → those decisions, each store's first new key → those decisions; the score (on at 0 and above)
         self._gate_open: OrderedDict[int, None] = OrderedDict()
-        self._gate_protected: OrderedDict[Any, int] = OrderedDict()
-        self._gate_contested: OrderedDict[Any, int] = OrderedDict()
+        self._gate_protected: OrderedDict[Any, list[int]] = OrderedDict()
+        self._gate_contested: OrderedDict[Any, list[int]] = OrderedDict()
         self._gate_decisions = 0
         self.gate_score = -1
 
@@ -357,34 +359,36 @@ class ArcOrder:
         frequency sketch, and evidence for the gate's decisions (:meth:`_gate`)."""
         pending = self._gate_open
         if pending:
-            decision = self._gate_protected.pop(key, None)
-            if decision is not None and decision in pending:
-                del pending[decision]
-                self.gate_score = min(self.gate_score + 1, GATE_LIMIT)
-            decision = self._gate_contested.pop(key, None)
-            if decision is not None and decision in pending:
-                del pending[decision]
-                self.gate_score = max(self.gate_score - 1, -GATE_LIMIT)
-        if self.frequency.add(key):
-            self.frequency.resize(FREQUENCY_WINDOW * max(len(self), 16))
+            for evidence, step in ((self._gate_protected, 1), (self._gate_contested, -1)):
+                for decision in evidence.pop(key, ()):
+                    if decision in pending:
+                        del pending[decision]
+                        self.gate_score = max(-GATE_LIMIT, min(self.gate_score + step, GATE_LIMIT))
+        frequency = self.frequency
+        if frequency.add(key):  # a window ended: the next one from the objects held now, never narrower
+            frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
     def _gate(self, storing: Sequence[Any]) -> bool:
-        """Whether the frequency gate refuses a store that second sight admits while T2 is in use: none of its
-        keys was asked for more often lately than T2's least recently used object, the first it would evict.
-        Each such store is a decision, refused only while the gate's score is 0 or more (it starts at -1), and
-        settled by what is asked for first: one of the objects it would evict (as many as it has keys, from
-        T2's head: the gate was right, +1) or its first key (the gate was wrong, -1).  Where what is asked for
-        often stays asked for (a popular document), the gate keeps it from what is asked for twice; where
-        recency rules (an agent's growing context), the store comes back first and the gate stays off."""
-        frequency = self.frequency
-        t2 = self.lists[1]
-        if max(frequency.estimate(key) for key in storing) >= frequency.estimate(next(iter(t2))):
+        """Whether the frequency gate refuses a store that second sight admits while T2 is in use (a ghost's, or
+        one refused before): none of its new keys was asked for more often lately than T2's least recently used
+        object, the first it would evict.  Each such store is a decision, refused only while the gate's score is
+        0 or more (it starts at -1), and settled by what is asked for first: one of the objects it would evict
+        (as many as it has new keys, from T2's head: the gate was right, +1) or its first new key (the gate was
+        wrong, -1).  Where what is asked for often stays asked for (a popular document), the gate keeps it from
+        what is asked for twice; where recency rules (an agent's growing context), the store comes back first
+        and the gate stays off."""
+        entry_of = self._entry_of
+        fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
+        if not fresh:
+            return False
+        frequency, t2 = self.frequency, self.lists[1]
+        if max(frequency.estimate(key) for key in fresh) >= frequency.estimate(next(iter(t2))):
             return False
         self._gate_decisions += 1
         decision, protected, contested = self._gate_decisions, self._gate_protected, self._gate_contested
-        for victim, _ in zip(t2, storing):
-            protected[victim] = decision
-        contested[storing[0]] = decision
+        for victim, _ in zip(t2, fresh):
+            _note(protected, victim, decision)
+        _note(contested, fresh[0], decision)
         self._gate_open[decision] = None
         for pending, bound in ((self._gate_open, GATE_DECISIONS), (protected, GATE_PROTECTED_KEYS),
                                (contested, GATE_DECISIONS)):
@@ -432,13 +436,22 @@ class ArcOrder:
             _drop_child(parent, key)
 
 
-def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> LruOrder | ArcOrder:
-    """The order ``--l1-policy`` names."""
+def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
+          code: Callable[[Any], int] = hash) -> LruOrder | ArcOrder:
+    """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default)."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
-        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive")
+        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
+
+
+def _note(evidence: OrderedDict[Any, list[int]], key: Any, decision: int) -> None:
+    """``key``'s being asked for settles ``decision`` too (and at most the newest :data:`GATE_DECISIONS` others)."""
+    decisions = evidence.setdefault(key, [])
+    decisions.append(decision)
+    if len(decisions) > GATE_DECISIONS:
+        del decisions[0]
 
 
 def _drop_child(parent: Any, key: Any) -> None:

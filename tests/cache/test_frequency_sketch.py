@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 from mpcache.contract.keys import ChunkKey
-from mpcache.eviction.frequency import MIN_WIDTH, SATURATED, FrequencySketch
+from mpcache.eviction.frequency import COUNTERS_PER_COUNT, MIN_WIDTH, SATURATED, FrequencySketch
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_sketch_never_counts_a_key_less_than_it_was_asked_for_and_seldom_more():
@@ -48,10 +55,46 @@ def test_every_count_is_halved_once_a_window_of_counts_is_held():
     assert SATURATED == saturated.estimate("a")
 
 
-def test_a_wider_window_gets_wider_empty_rows_and_a_narrower_one_keeps_the_counts():
+def test_a_wider_window_gets_wider_empty_rows_and_one_that_fits_keeps_the_counts():
     sketch = FrequencySketch(10)
     sketch.add("a")
-    sketch.resize(MIN_WIDTH // 2)
+    sketch.resize(MIN_WIDTH // COUNTERS_PER_COUNT)  # rows of MIN_WIDTH still hold it
     assert 1 == sketch.estimate("a")
-    sketch.resize(4 * MIN_WIDTH)
-    assert (0, 4 * MIN_WIDTH) == (sketch.estimate("a"), sketch.window)
+    sketch.resize(MIN_WIDTH)
+    assert (0, MIN_WIDTH) == (sketch.estimate("a"), sketch.window)
+
+
+def test_keys_are_counted_by_their_code():
+    """Two keys of one code share their counters (the code, not the key's own hash, places them)."""
+    sketch = FrequencySketch(100, code=len)
+    for _ in range(3):
+        sketch.add("ab")
+    assert (3, 3, 0) == (sketch.estimate("ab"), sketch.estimate("xy"), sketch.estimate("xyz"))
+
+
+REPLAY = """
+import hashlib, json, sys
+from benchmarks import trace_gen
+from benchmarks.null_cache import NullPublisher
+import numpy as np
+from mpcache.cache.l1 import L1Manager
+l1 = L1Manager(np.zeros(20 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+found = []
+for request in trace_gen.rag(800, seed=2):
+    found.append(l1.lock_prefix("m", "", request.hashes, publish=False))
+    reservation = l1.reserve_write("m", "", request.hashes[found[-1]:])
+    l1.commit_write("m", "", [request.hashes[found[-1] + p] for p in reservation.positions], 64)
+    l1.release_read("m", "", request.hashes[:found[-1]])
+rows = b"".join(l1._order.frequency._rows)
+print(json.dumps([found, hashlib.sha256(rows).hexdigest(), l1._order.gate_score]))
+"""
+
+
+def test_l1_counts_and_decides_the_same_in_every_process():
+    """The same trace through L1 in processes whose string hashes differ (PYTHONHASHSEED): the same sketch,
+    counter for counter, the same gate score and the same prefix found per request (a key's strings, hashed,
+    would place its counts differently in each)."""
+    runs = [subprocess.run([sys.executable, "-c", REPLAY], capture_output=True, text=True, check=True, timeout=120,
+                           cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    first = json.loads(runs[0])
+    assert sum(first[0]) > 0 and runs[0] == runs[1]

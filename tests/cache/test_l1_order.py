@@ -537,9 +537,11 @@ def test_the_frequency_gate_keeps_out_a_store_asked_for_twice_once_it_has_proved
     assert [bool(refused), True, True, True, not refused] == [l1.contains(ChunkKey("m", "", h)) for h in (*kept, 20)]
 
 
-def test_the_frequency_gate_s_evidence_is_bounded_and_settles_each_decision_once():
-    """Decisions nobody settles are forgotten past GATE_DECISIONS (and their keys past GATE_PROTECTED_KEYS); a
-    decision settled by the keys it would evict is not settled again by the store's own key."""
+def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_its_evidence_bounded():
+    """Stores of one new key each against T2's head (a, asked for more often): each is a decision that would
+    protect a.  When a is asked for, every open decision naming it is settled right (+1 each, the score held
+    within GATE_LIMIT); a store's key asked for afterwards settles nothing more.  However many decisions are
+    made, GATE_DECISIONS stay open and a key names at most that many."""
     from mpcache.eviction import order as module
 
     order, entries = _order(True, capacity=4)
@@ -551,12 +553,14 @@ def test_the_frequency_gate_s_evidence_is_bounded_and_settles_each_decision_once
         order.lists[1][key] = entries[key]
         for _ in range(5):
             order.asked(key)
-    for number in range(module.GATE_DECISIONS + 10):
-        assert order._gate([f"new-{number}"]) is False  # the score starts at -1: recorded, not refused
-    assert (module.GATE_DECISIONS, module.GATE_DECISIONS) == (len(order._gate_open), len(order._gate_contested))
-    assert len(order._gate_protected) <= module.GATE_PROTECTED_KEYS
-    newest = module.GATE_DECISIONS + 9
-    order.asked("a")  # the key every open decision would evict first: settles the newest decision naming it
-    assert 0 == order.gate_score
-    order.asked(f"new-{newest}")  # that decision's store: already settled, no change
-    assert 0 == order.gate_score
+    decisions = module.GATE_LIMIT + 5
+    assert [False] * decisions == [order._gate([f"new-{n}"]) for n in range(decisions)]  # off: recorded only
+    order.asked("a")
+    assert (module.GATE_LIMIT, 0) == (order.gate_score, len(order._gate_open))
+    order.asked("new-0")
+    assert module.GATE_LIMIT == order.gate_score
+    assert order._gate(["new-x"]) is True  # proved right: refused
+    for number in range(2 * module.GATE_DECISIONS):
+        order._gate([f"more-{number}"])
+    assert module.GATE_DECISIONS == len(order._gate_open) == len(order._gate_protected["a"])
+    assert module.GATE_DECISIONS == len(order._gate_contested)

@@ -252,3 +252,38 @@ def test_the_order_says_a_store_was_refused_only_when_it_kept_an_object_it_could
     order.admitting(None)
     assert not order.refusing
     assert not eviction_order.build("lru", SIZE, entries.get).refusing
+
+
+@pytest.mark.parametrize("asked_first, kept", [("evicted", {1, 2, 3, 4}), ("admitted", {3, 4, 10, 20})])
+def test_a_miniature_s_frequency_gate_decides_as_l1_s(asked_first, kept):
+    """L1's frequency-gate scene in a miniature: four objects asked for five times each (T2); 10, stored on its
+    second sight while the gate is off, evicts 1.  If 1 is asked for again before 10, the gate has proved right
+    and 20 is refused on its second sight too; if 10 is asked for first, 20 is admitted and evicts T2's least
+    recently used object (2)."""
+    mini = _learned(MiniCache("adaptive", 4 * SIZE))
+
+    def key(number: int) -> tuple[tuple[str, int], int]:
+        return (MODEL, number), SIZE
+
+    for number in (1, 2, 3, 4):
+        for _ in range(5):
+            mini.lookup([key(number)])
+
+    def second_sight(number: int, used: tuple[int, ...]) -> list[bool]:
+        stored = []
+        for _ in range(2):
+            for other in used:
+                mini.lookup([key(other)])
+            mini.lookup([key(number)])
+            stored.append((MODEL, number) in mini.entries)
+        return stored
+
+    assert [False, True] == second_sight(10, (2,))
+    assert {(MODEL, n) for n in (2, 3, 4, 10)} == set(mini.entries)
+    if asked_first == "evicted":
+        mini.lookup([key(1)])
+        assert [False, False] == second_sight(20, (1, 2, 3, 4))
+    else:
+        mini.lookup([key(10)])
+        assert [False, True] == second_sight(20, (2, 3, 4, 10))
+    assert {(MODEL, n) for n in kept} == set(mini.entries)
