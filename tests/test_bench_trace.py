@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -410,3 +411,54 @@ def test_performance_md_synthetic_trace_table_and_ratios_are_the_benchmark_s_raw
     assert (f"over the offline LRU: {gain('offline_lru')} hit ratio at the small / middle / large size, "
             f"{ratios}") in prose
     assert f"over LMCache's server {gain('lmcache_server')}." in prose
+
+
+GATE_HEADER = ("| trace (requests) | L1 | blocks | offline_lru | mpcache_adaptive | before the gate | "
+               "lmcache_server (the runs below) | adaptive × offline LRU's prefill |")
+
+
+def _gate_rows() -> list[tuple[list[str], dict[str, float]]]:
+    """The frequency gate's table as docs/PERFORMANCE.json's runs give it: each row's cells, and its values."""
+    raw = _raw_results()
+    rows = []
+    for kind, result in raw["frequency_gate"]["trace"].items():
+        before, server = ((raw["trace_synthetic"], raw["trace_synthetic"]) if kind == "synthetic_trace" else
+                          (raw["trace_gen_recency_phase"][kind], raw["trace_gen"][kind]))
+        for name, size in result["sizes"].items():
+            assert (size["blocks"], size["offline_lru"]) == (before["sizes"][name]["blocks"],
+                                                            before["sizes"][name]["offline_lru"])  # the same trace
+            values = {"ours": size["mpcache_adaptive"]["hit_ratio"], "lru": size["offline_lru"]["hit_ratio"],
+                      "before": before["sizes"][name]["mpcache_adaptive"]["hit_ratio"],
+                      "server": server["sizes"][name]["lmcache_server"]["hit_ratio"],
+                      "gain": result["mpcache_adaptive_over_offline_lru"][name]}
+            rows.append(([f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}", f"{values['lru']:.4f}",
+                          f"{values['ours']:.4f}", f"{values['before']:.4f}", f"{values['server']:.4f}",
+                          str(values["gain"])], values))
+    return rows
+
+
+def test_performance_md_frequency_gate_table_and_prose_are_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's table of the runs with the frequency gate reads what docs/PERFORMANCE.json keeps of
+    them beside the runs before the gate and LMCache's server; its paragraph states the `rag` small gain, the
+    points below the offline LRU and the engine-path cost, computed from them."""
+    rows = _gate_rows()
+    assert sorted(cells for cells, _ in rows) == sorted(_table_rows(GATE_HEADER))
+    values = {(cells[0].split()[0], cells[1]): value for cells, value in rows}
+    rag = values[("rag", "small")]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"`rag` small {rag['ours']:.4f} against {rag['before']:.4f} before the gate, {rag['gain']}× the offline "
+            f"LRU's prefill") in prose
+    below = max(value["lru"] - value["ours"] for _, value in rows)
+    assert (f"below the offline LRU by at most {below:.4f}" if below > 0 else "never below the offline LRU") in prose
+    requests = _raw_results()["frequency_gate"]["trace"]["rag"]["requests"]  # trace_gen's rag, seed 1
+    documents = Counter(request.hashes[2] for request in trace_gen.rag(requests, seed=1)).most_common(2)
+    assert ("the gate keeps the one asked for by {} % of the requests from the one asked for by {} %".format(
+        *(round(100 * count / requests) for _, count in documents))) in prose
+    above = sum(value["ours"] > value["server"] for _, value in rows)
+    assert f"above LMCache's server at {above} of the {len(rows)} points" in prose
+    isolation = _raw_results()["frequency_gate"]["isolation"]
+    run = isolation["tp1"][0]
+    ours, theirs = (round(run["net_per_request"][f"mpcache_{p}"]["instructions"]) for p in ("adaptive", "lru"))
+    assert (f"`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle "
+            f"({run['requests']} requests), **{run['instructions_over_first']['mpcache_adaptive']}×**") in prose
+    assert run["instructions_over_first"]["mpcache_adaptive"] <= 1.05
