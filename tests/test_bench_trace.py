@@ -462,3 +462,17 @@ def test_performance_md_frequency_gate_table_and_prose_are_the_benchmark_s_raw_o
     assert (f"`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle "
             f"({run['requests']} requests), **{run['instructions_over_first']['mpcache_adaptive']}×**") in prose
     assert run["instructions_over_first"]["mpcache_adaptive"] <= 1.05
+
+
+def test_performance_md_states_lmcache_s_server_spread_against_adaptive_from_the_raw_output():
+    """The five runs of LMCache's server at `conversations` small that docs/PERFORMANCE.md cites: their range,
+    their median (the column's value) and how many `adaptive`'s hit ratio is above, from docs/PERFORMANCE.json."""
+    small = _raw_results()["frequency_gate"]["lmcache_server_repeated"]["sizes"]["small"]
+    runs = [run["hit_ratio"] for run in small["lmcache_server"]["runs"]]
+    ours, median = small["mpcache_adaptive"]["hit_ratio"], small["lmcache_server"]["hit_ratio"]
+    assert 5 == len(runs) and median == sorted(runs)[2] and min(runs) <= ours <= max(runs)
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"LMCache's own server reads {min(runs):.4f}–{max(runs):.4f} over five runs (median {median:.4f}; "
+            "`python -m benchmarks trace conversations.jsonl --json --repetitions 5`") in prose
+    assert (f"against `adaptive`'s {ours:.4f}: within the server's spread, above {sum(ours > r for r in runs)} of "
+            "its 5 runs") in prose
