@@ -39,9 +39,11 @@ Sizes are bytes (objects of different models differ): T1's, T2's and the orphans
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
 state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a store's name, a parent and
 its children per resident object, the newest :data:`PARENT_HINTS` lookups' hints, the newest
-:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters, each as wide as
-its window rounded up to a power of two: :data:`FREQUENCY_WINDOW` counts per resident object) and the gate's
-newest :data:`GATE_DECISIONS` decisions.
+:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
+:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
+counts per evictable object, the most it has been set to at a halving) and the gate's newest
+:data:`GATE_DECISIONS` decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they would
+evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -66,6 +68,7 @@ FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, pe
 GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
 GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
 GATE_LIMIT = 16  # the gate's score is held within ±this: it turns within that many settled decisions
+GATE_KEY_DECISIONS = 2 * GATE_LIMIT  # open decisions one key settles at most: enough to move the score end to end
 
 
 class LruOrder:
@@ -386,15 +389,23 @@ class ArcOrder:
             return False
         self._gate_decisions += 1
         decision, protected, contested = self._gate_decisions, self._gate_protected, self._gate_contested
-        for victim, _ in zip(t2, fresh):
-            _note(protected, victim, decision)
-        _note(contested, fresh[0], decision)
         self._gate_open[decision] = None
+        for victim, _ in zip(t2, fresh):
+            self._note(protected, victim, decision)
+        self._note(contested, fresh[0], decision)
         for pending, bound in ((self._gate_open, GATE_DECISIONS), (protected, GATE_PROTECTED_KEYS),
                                (contested, GATE_DECISIONS)):
             while len(pending) > bound:
                 pending.popitem(False)
         return self.gate_score >= 0
+
+    def _note(self, evidence: OrderedDict[Any, list[int]], key: Any, decision: int) -> None:
+        """``key``'s being asked for settles ``decision`` too, and the newest others it names that are still open
+        (at most :data:`GATE_KEY_DECISIONS` in all; the key noted most recently kept longest)."""
+        pending = self._gate_open
+        decisions = [earlier for earlier in evidence.pop(key, ()) if earlier in pending][1 - GATE_KEY_DECISIONS:]
+        decisions.append(decision)
+        evidence[key] = decisions
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored
@@ -444,14 +455,6 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
-
-
-def _note(evidence: OrderedDict[Any, list[int]], key: Any, decision: int) -> None:
-    """``key``'s being asked for settles ``decision`` too (and at most the newest :data:`GATE_DECISIONS` others)."""
-    decisions = evidence.setdefault(key, [])
-    decisions.append(decision)
-    if len(decisions) > GATE_DECISIONS:
-        del decisions[0]
 
 
 def _drop_child(parent: Any, key: Any) -> None:

@@ -541,18 +541,11 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     """Stores of one new key each against T2's head (a, asked for more often): each is a decision that would
     protect a.  When a is asked for, every open decision naming it is settled right (+1 each, the score held
     within GATE_LIMIT); a store's key asked for afterwards settles nothing more.  However many decisions are
-    made, GATE_DECISIONS stay open and a key names at most that many."""
+    made, GATE_DECISIONS stay open and a key names at most GATE_KEY_DECISIONS of them."""
     from mpcache.eviction import order as module
 
     order, entries = _order(True, capacity=4)
-    order.split()
-    _add(order, entries, "a", "b", "c", "d")
-    for key in ("a", "b", "c", "d"):
-        order.promote(entries[key])
-        del order.lists[0][key]
-        order.lists[1][key] = entries[key]
-        for _ in range(5):
-            order.asked(key)
+    _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
     assert [False] * decisions == [order._gate([f"new-{n}"]) for n in range(decisions)]  # off: recorded only
     order.asked("a")
@@ -562,5 +555,44 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     assert order._gate(["new-x"]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
         order._gate([f"more-{number}"])
-    assert module.GATE_DECISIONS == len(order._gate_open) == len(order._gate_protected["a"])
-    assert module.GATE_DECISIONS == len(order._gate_contested)
+    assert module.GATE_DECISIONS == len(order._gate_open) == len(order._gate_contested)
+    assert module.GATE_KEY_DECISIONS == len(order._gate_protected["a"])
+
+
+def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
+    """a, b, c, d in T2, each asked for five times."""
+    order.split()
+    _add(order, entries, "a", "b", "c", "d")
+    for key in ("a", "b", "c", "d"):
+        order.promote(entries[key])
+        del order.lists[0][key]
+        order.lists[1][key] = entries[key]
+        for _ in range(5):
+            order.asked(key)
+
+
+def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
+    """A store naming a resident key asked for often (d) and a new one: the gate weighs only the new key against
+    T2's head, so it makes a decision, contested by the new key, as for the new key alone."""
+    order, entries = _order(True, capacity=4)
+    _hot_t2(order, entries)
+    assert order._gate(["d", "new"]) is False  # the score starts at -1: recorded, not refused
+    assert ([1], False) == (order._gate_contested.get("new"), "d" in order._gate_contested)
+
+
+def test_the_sketch_s_window_never_narrows_while_objects_are_locked():
+    """2,000 objects in the order set a window of FREQUENCY_WINDOW counts each; taken out of it (read-locked, as
+    lookups do), they are still resident, and the next halving keeps that window rather than the floor's."""
+    from mpcache.eviction import order as module
+
+    order, entries = _order(True, capacity=4000)
+    _add(order, entries, *(f"k{n}" for n in range(2000)))
+    for n in range(module.FREQUENCY_WINDOW * 16):
+        order.asked(f"k{n % 2000}")
+    wide = module.FREQUENCY_WINDOW * 2000
+    assert wide == order.frequency.window
+    for key in list(order.lists[0]):
+        del order.lists[0][key]
+    for n in range(wide):
+        order.asked(f"k{n % 2000}")
+    assert wide == order.frequency.window

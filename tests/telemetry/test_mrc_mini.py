@@ -262,8 +262,8 @@ def test_a_miniature_s_frequency_gate_decides_as_l1_s(asked_first, kept):
     recently used object (2)."""
     mini = _learned(MiniCache("adaptive", 4 * SIZE))
 
-    def key(number: int) -> tuple[tuple[str, int], int]:
-        return (MODEL, number), SIZE
+    def key(number: int) -> tuple[tuple[int, str, str], int]:
+        return (number, SALT, MODEL), SIZE  # a row as producers ship it: (chunk hash, salt, model)
 
     for number in (1, 2, 3, 4):
         for _ in range(5):
@@ -275,15 +275,15 @@ def test_a_miniature_s_frequency_gate_decides_as_l1_s(asked_first, kept):
             for other in used:
                 mini.lookup([key(other)])
             mini.lookup([key(number)])
-            stored.append((MODEL, number) in mini.entries)
+            stored.append((number, SALT, MODEL) in mini.entries)
         return stored
 
     assert [False, True] == second_sight(10, (2,))
-    assert {(MODEL, n) for n in (2, 3, 4, 10)} == set(mini.entries)
+    assert {(n, SALT, MODEL) for n in (2, 3, 4, 10)} == set(mini.entries)
     if asked_first == "evicted":
         mini.lookup([key(1)])
         assert [False, False] == second_sight(20, (1, 2, 3, 4))
     else:
         mini.lookup([key(10)])
         assert [False, True] == second_sight(20, (2, 3, 4, 10))
-    assert {(MODEL, n) for n in kept} == set(mini.entries)
+    assert {(n, SALT, MODEL) for n in kept} == set(mini.entries)
