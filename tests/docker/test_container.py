@@ -17,7 +17,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -226,12 +225,12 @@ def compose_runner(command: list[str], env: dict[str, str]):
 HOST_PORTS = ("MPCACHE_METRICS_PORT", "MPCACHE_PROMETHEUS_UI_PORT", "MPCACHE_COLLECTOR_PORT")
 
 
-def up_on_free_ports(run, env: dict[str, str], attempts: int = 3) -> None:
-    """``compose up`` on newly chosen host ports.  A port probed free can be taken by another test's
-    listener before Docker binds it (CI failed that way); then the project comes down and goes up again on
-    new ports."""
+def up_on_free_ports(run, env: dict[str, str], attempts: int = 3, choose_port=free_port) -> None:
+    """``compose up`` on host ports newly chosen by ``choose_port``.  A port probed free can be taken by another
+    test's listener before Docker binds it (CI failed that way); then the project comes down and goes up again
+    on new ports."""
     for attempt in range(1, attempts + 1):
-        env.update({variable: str(free_port()) for variable in HOST_PORTS})
+        env.update({variable: str(choose_port()) for variable in HOST_PORTS})
         result = run("up", "-d", "--no-build", check=False, timeout=600)
         if result.returncode == 0:
             return
@@ -241,8 +240,7 @@ def up_on_free_ports(run, env: dict[str, str], attempts: int = 3) -> None:
         run("down", "-v", "--remove-orphans", check=False, timeout=300)
 
 
-def test_compose_up_starts_again_on_new_ports_when_a_port_was_taken_in_the_gap(image, names, tmp_path,
-                                                                              monkeypatch):
+def test_compose_up_starts_again_on_new_ports_when_a_port_was_taken_in_the_gap(image, names, tmp_path):
     """A host port taken after it was probed free (here by this test's listener) fails one `compose up`, as
     it failed CI; with attempts left, the project comes down and goes up on new ports."""
     compose = compose_command()
@@ -253,7 +251,6 @@ def test_compose_up_starts_again_on_new_ports_when_a_port_was_taken_in_the_gap(i
                     '    ports:\n      - "127.0.0.1:${MPCACHE_METRICS_PORT}:9090"\n')
     env = {**os.environ, "MPCACHE_IMAGE": image}
     run = compose_runner([*compose, "-f", str(spec), "-p", names.replace("_", "-").lower()], env)
-    choose = free_port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -261,14 +258,12 @@ def test_compose_up_starts_again_on_new_ports_when_a_port_was_taken_in_the_gap(i
 
         def held_port_first():
             choices = iter([held])
-            return lambda: next(choices, 0) or choose()
+            return lambda: next(choices, 0) or free_port()
         try:
-            monkeypatch.setattr(sys.modules[__name__], "free_port", held_port_first())
             with pytest.raises(AssertionError, match="address already in use"):
-                up_on_free_ports(run, env, attempts=1)
+                up_on_free_ports(run, env, attempts=1, choose_port=held_port_first())
             run("down", "-v", check=False)
-            monkeypatch.setattr(sys.modules[__name__], "free_port", held_port_first())
-            up_on_free_ports(run, env, attempts=3)
+            up_on_free_ports(run, env, attempts=3, choose_port=held_port_first())
             listener = run("ps", "-q", "listener").stdout.strip()
             published = int(docker("port", listener, "9090/tcp").stdout.split()[0].rsplit(":", 1)[1])
             assert held != published == int(env["MPCACHE_METRICS_PORT"])
