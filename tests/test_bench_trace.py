@@ -16,8 +16,9 @@ import pytest
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
-from benchmarks.policy_matrix import l1_found, lmcache_sim
-from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, outcome
+from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_sim
+from benchmarks.trace import SHARES
+from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, lru_capacity_for, outcome
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +29,21 @@ def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
     requests = trace_gen.conversations(600, seed=1)
     for blocks in (6, 20, 60):
         assert l1_found(requests, blocks, "lru") == lru(requests, blocks).found
+
+
+def test_adaptive_undoes_its_split_where_a_large_l1_is_better_served_by_lru(monkeypatch):
+    """``trace_gen``'s agentic seed 8 at the large size: kept split (``join`` a no-op), ARC's lists trail the offline
+    LRU by more than issue 39's tolerance; ``adaptive`` ends ARC's phase once L1 trails its shadow LRU, and stays
+    within it."""
+    from mpcache.eviction.order import ArcOrder
+
+    requests = trace_gen.agentic(6000, seed=8)
+    blocks = lru_capacity_for(requests, SHARES["large"], lru(requests, math.inf).hit_ratio)
+    offline = lru(requests, blocks).hit_ratio
+    joined = outcome(requests, l1_found(requests, blocks, "adaptive")).hit_ratio
+    monkeypatch.setattr(ArcOrder, "join", lambda order: None)
+    kept_split = outcome(requests, l1_found(requests, blocks, "adaptive")).hit_ratio
+    assert kept_split < offline - TOLERANCE <= joined
 
 
 def test_lmcache_sim_trims_to_80_percent_on_its_period_and_drops_a_store_it_has_no_room_for():
@@ -476,3 +492,35 @@ def test_performance_md_states_lmcache_s_server_spread_against_adaptive_from_the
             "`python -m benchmarks trace conversations.jsonl --json --repetitions 5`") in prose
     assert (f"against `adaptive`'s {ours:.4f}: within the server's spread, above {sum(ours > r for r in runs)} of "
             "its 5 runs") in prose
+
+
+JOIN_HEADER = ("| trace (requests) | L1 | blocks | offline_lru | lru_tail_first_simulated | arc_simulated | "
+               "mpcache_arc | mpcache_adaptive |")
+
+
+def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's table of the runs where ``adaptive`` undoes its split reads what docs/PERFORMANCE.json
+    keeps of them (``shadow_join``), each `mpcache_adaptive` equals L1 replayed in process on the same trace, and
+    the engine-path counts its paragraph states are those runs'."""
+    raw = _raw_results()["shadow_join"]
+    columns = ("offline_lru", "lru_tail_first_simulated", "arc_simulated", "mpcache_arc", "mpcache_adaptive")
+    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
+                + [f"{size[column]['hit_ratio']:.4f}" for column in columns]
+                for kind, result in raw["trace"].items() for name, size in result["sizes"].items()]
+    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER))
+    requests = trace_gen.agentic(raw["trace"]["agentic"]["requests"], seed=8)
+    large = raw["trace"]["agentic"]["sizes"]["large"]
+    assert large["mpcache_adaptive"]["tokens_saved"] == outcome(requests, l1_found(requests, large["blocks"],
+                                                                                   "adaptive")).tokens_saved
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"`adaptive` at `agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} against the offline "
+            f"LRU's {large['offline_lru']['hit_ratio']:.4f}") in prose
+    stated = ("`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle ({requests} "
+              "requests), **{ratio}×**", "{ours:,} against {theirs:,}, {ratio}× ({requests} requests)",
+              "{ours:,} against {theirs:,}, {ratio}×")
+    keys = ("isolation", "isolation_before", "isolation_first_variant_python_fallbacks")
+    for key, sentence in zip(keys, stated):
+        run = raw[key]["tp1"][0]
+        ours, theirs = (round(run["net_per_request"][f"mpcache_{p}"]["instructions"]) for p in ("adaptive", "lru"))
+        assert sentence.format(ours=ours, theirs=theirs, requests=run["requests"],
+                               ratio=run["instructions_over_first"]["mpcache_adaptive"]) in prose

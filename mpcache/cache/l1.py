@@ -154,7 +154,7 @@ class L1Manager(PrefetchLandings):
         asked = self._asked
         if asked is not None:
             for position in new:
-                asked(keys[position])
+                asked(keys[position], size, False)
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
         positions: list[int] = []
         offsets: list[int] = []
@@ -183,7 +183,9 @@ class L1Manager(PrefetchLandings):
             offsets.append(offset)
         self._order.admitting(None)
         self._publish_evicted(evicted)
+        access = self._order.access
         for key, entry in reversed(pinned) if self._tail_first else pinned:
+            entry.used = access
             lists[entry.tier][key] = entry  # touched: used again
         failed = len(new) - len(positions)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
@@ -202,11 +204,13 @@ class L1Manager(PrefetchLandings):
         used in the eviction order.  Returns the sampled subset published with the event (callers reuse it)."""
         entries = self._entries
         lists = self._lists
+        access = self._order.access
         for chunk_hash in reversed(hashes) if self._tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries[key]
             entry.ready = True
             entry.nbytes = nbytes
+            entry.used = access
             lists[entry.tier][key] = entry
         if self.feed is not None:
             self.feed.stored(model, salt, hashes, detail)
@@ -251,7 +255,7 @@ class L1Manager(PrefetchLandings):
             entry.readers += 1
             found += 1
             if asked is not None:
-                asked(key)
+                asked(key, entry.size, True)
         if reused:
             self._order.reused = True  # an object seen again is used: the order may refuse a store for it
         if found and publish:
@@ -307,6 +311,7 @@ class L1Manager(PrefetchLandings):
     def _unlock(self, model: str, salt: str, hashes: Sequence[int]) -> None:
         entries = self._entries
         lists = self._lists
+        access = self._order.access
         for chunk_hash in reversed(hashes) if self._tail_first else hashes:
             key = ChunkKey(model, salt, chunk_hash)
             entry = entries.get(key)
@@ -315,6 +320,7 @@ class L1Manager(PrefetchLandings):
             entry.readers -= 1
             if entry.readers == 0:
                 if entry.ready:
+                    entry.used = access
                     lists[entry.tier][key] = entry  # used again
                 else:  # lost while it was locked (lose_all): gone now
                     evicted = Evicted()

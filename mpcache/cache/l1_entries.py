@@ -11,7 +11,8 @@ from mpcache.contract.keys import ChunkKey
 class Entry:
     """One L1 object: its byte range, locks, and its place in the eviction order."""
 
-    __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "access", "store", "parent", "children")
+    __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "access", "used", "store", "parent",
+                 "children")
 
     def __init__(self, offset: int, size: int) -> None:
         self.offset = offset  # byte offset in the pool, fixed while the entry lives
@@ -21,6 +22,7 @@ class Entry:
         self.ready = False
         self.tier = 0  # the eviction order's list (ARC: 0 seen once, 1 seen again)
         self.access = 0  # the lookup that preceded its reservation (ARC orders: one access is never split)
+        self.used = 0  # the lookup before it last went (back) into the order (ARC orders: T1 and T2 joined by it)
         self.store: object = None  # the name of the store that reserved it, if named (its other ranks spare it)
         self.parent: Entry | None = None  # the chunk before it in a request, while resident (prefix-aware order)
         self.children: ChunkKey | dict[ChunkKey, None] | None = None  # the one child's key, or several, in store order

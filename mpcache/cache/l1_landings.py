@@ -23,6 +23,7 @@ class PrefetchLandings:
     _entries: dict[ChunkKey, Entry]
     _at: dict[int, ChunkKey]
     _order: Any
+    _asked: Callable[[ChunkKey, float, bool], None] | None
     _take: Callable[[ChunkKey, Entry], None]
     _unlock: Callable[[str, str, Sequence[int]], None]
     _allocate: Callable[[int, Evicted], int | None]
@@ -56,6 +57,11 @@ class PrefetchLandings:
                     self._take(key, entry)
                 entry.readers += 1
         size = self.chunk_bytes
+        asked = self._asked
+        if asked is not None:  # what lands was asked for and missed, as a store's new chunks are
+            for key, entry in covered:
+                if entry is None:
+                    asked(key, size, False)
         offsets: list[int] = []
         failed = 0
         evicted = Evicted()

@@ -32,13 +32,19 @@
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
   standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
   target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
-  for thousands of requests; where it is not, the excess shows within tens of ghost hits).  It adapts by ghost
-  hits alone: nothing to tune per workload.
+  for thousands of requests; where it is not, the excess shows within tens of ghost hits).  The split is undone
+  where it does not pay: an LRU of L1's capacity, run from the split on a sample of the keys asked for
+  (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once L1 trails it
+  by :data:`JOIN_SIGMAS` standard deviations since the split, an access counted as one piece of evidence
+  (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency phase's test,
+  asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and that comparison
+  alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
-state is bounded: the ghosts by that budget, the rest a list slot, a tier, an access, a store's name, a parent and
-its children per resident object, the newest :data:`PARENT_HINTS` lookups' hints, the newest
+state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its store's and its last
+use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the newest :data:`PARENT_HINTS` lookups' hints, the newest
 :data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
 counts per evictable object, the most it has been set to at a halving) and the gate's newest
@@ -54,16 +60,19 @@ a prefix-aware order, ``asked`` for each object a lookup finds and each new one 
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
 from mpcache.eviction.frequency import FrequencySketch
+from mpcache.eviction.shadow import ShadowLru
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
+JOIN_SIGMAS = 4.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
 GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
 GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
@@ -97,7 +106,7 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
-    def asked(self, key: Any) -> None:
+    def asked(self, key: Any, nbytes: float, found: bool) -> None:
         return None  # LRU counts nothing
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
@@ -158,6 +167,16 @@ class ArcOrder:
         self._gate_contested: OrderedDict[Any, list[int]] = OrderedDict()
         self._gate_decisions = 0
         self.gate_score = -1
+        # in ARC's phase, what an LRU of L1's capacity would find of a sample of the keys asked for (``_compare``):
+        # the bytes left to miss before it counts (``_settling``), L1's lead over it and the sum of the squares of
+        # the accesses' steps, the current access's step so far; ``joins``: ARC phases ended so far
+        self._code = code
+        self._shadow: ShadowLru | None = None
+        self._shadow_missed_at = -1  # the access whose lookup the shadow LRU missed a key of (it finds a prefix)
+        self._settling = 0.0
+        self._lead = self._squares = self._step = 0
+        self._step_access = -1
+        self.joins = 0
 
     @property
     def recency(self) -> bool:
@@ -182,7 +201,7 @@ class ArcOrder:
                 children[key] = None
             else:
                 parent.children = {children: None, key: None}  # a dict, not a set: orphaned in the stores' order
-        entry.access = self.access
+        entry.access = entry.used = self.access
         store = self._store
         if store is not None:
             entry.store = store
@@ -219,12 +238,14 @@ class ArcOrder:
         self._phase_b2_hits += tier
         self._phase_expected += share
         self._phase_variance += share * (1.0 - share)
-        if self._phase_b2_hits - self._phase_expected > SPLIT_SIGMAS * max(self._phase_variance, 1.0) ** 0.5:
+        sigmas = SPLIT_SIGMAS * 2 ** self.joins
+        if self._phase_b2_hits - self._phase_expected > sigmas * max(self._phase_variance, 1.0) ** 0.5:
             self.split()
 
     def split(self) -> None:
-        """End the recency phase (once; ARC's order has none): the objects seen again leave T1's list for T2's,
-        in their order."""
+        """End the recency phase (ARC's order has none): the objects seen again leave T1's list for T2's, in their
+        order.  L1's lead over an LRU counts from here, once L1 has missed its capacity's bytes (the objects an
+        LRU chose give way to ARC's choice first, and what ARC keeps instead is asked for later)."""
         if not self.recency:
             return
         t1 = self.lists[0]
@@ -232,6 +253,21 @@ class ArcOrder:
         for key in t2:
             del t1[key]
         self.lists[1] = t2
+        self._shadow = ShadowLru(self.capacity, self._code)
+        self._settling = float(self.capacity)
+        self._lead = self._squares = self._step = 0
+
+    def join(self) -> None:
+        """End ARC's phase: T1 and T2 are one list again, least recently used first, and the recency phase's test
+        starts over, asking for twice the standard deviations it asked for before (the split was wrong here)."""
+        t1, t2 = self.lists[0], self.lists[1]
+        if t2 is t1:
+            return
+        self.lists[0] = self.lists[1] = OrderedDict(heapq.merge(t1.items(), t2.items(), key=_last_used_item))
+        self._shadow = None
+        self.joins += 1
+        self._phase_b2_hits = 0
+        self._phase_expected = self._phase_variance = 0.0
 
     def promote(self, entry: Any) -> None:
         """An object of T1 (or an orphan) was taken out of the order to be used: it is seen again, T2."""
@@ -357,9 +393,15 @@ class ArcOrder:
                     self._refused_bytes = 0.0
         return self._admitted
 
-    def asked(self, key: Any) -> None:
-        """A lookup found ``key``, or a store reserves it (once per request, as L1 calls it): counted in the
-        frequency sketch, and evidence for the gate's decisions (:meth:`_gate`)."""
+    def asked(self, key: Any, nbytes: float, found: bool) -> None:
+        """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
+        counted in the frequency sketch, evidence for the gate's decisions (:meth:`_gate`) and, when sampled,
+        compared with an LRU's find (:meth:`_compare`)."""
+        shadow = self._shadow
+        if shadow is not None:
+            lru_found = shadow.sees(key, nbytes, self.access)
+            if lru_found is not None:
+                self._compare(nbytes * (1 << shadow.halvings), found, lru_found)
         pending = self._gate_open
         if pending:
             for evidence, step in ((self._gate_protected, 1), (self._gate_contested, -1)):
@@ -370,6 +412,33 @@ class ArcOrder:
         frequency = self.frequency
         if frequency.add(key):  # a window ended: the next one from the objects held now, never narrower
             frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
+
+    def _compare(self, stands_for: float, found: bool, lru_found: bool) -> None:
+        """In ARC's phase, a sampled key asked for (standing for ``stands_for`` bytes), which L1 ``found`` and an LRU
+        of its capacity, releasing a request's chunks tail first as the recency phase does, holds (``lru_found``;
+        nothing after its first miss in the access: it finds a prefix too).  Once L1 has missed its capacity's
+        bytes since the split (the shadow LRU, started then, holds what an LRU would), each access's keys that one
+        found and the other did not add up to its step (+1 each where L1 found it); ARC's phase ends (:meth:`join`)
+        once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the root of their squares' sum (a
+        request's chunks are kept or lost together, so the access, not the key, is the unit of evidence)."""
+        if self._shadow_missed_at == self.access:
+            lru_found = False
+        elif not lru_found:
+            self._shadow_missed_at = self.access
+        if self._settling > 0:
+            if not found:
+                self._settling -= stands_for
+            return
+        if self._step_access != self.access:  # a new access: the one before's net lead is one observation
+            step, self._step_access, self._step = self._step, self.access, 0
+            if step:
+                self._lead += step
+                self._squares += step * step
+                if self._lead < -JOIN_SIGMAS * self._squares ** 0.5:
+                    self.join()
+                    return
+        if found != lru_found:
+            self._step += 1 if found else -1
 
     def _gate(self, storing: Sequence[Any]) -> bool:
         """Whether the frequency gate refuses a store that second sight admits while T2 is in use (a ghost's, or
@@ -455,6 +524,11 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
+
+
+def _last_used_item(item: tuple[Any, Any]) -> int:
+    """An evictable (key, entry)'s last use: the access before it last went (back) into its list."""
+    return item[1].used
 
 
 def _drop_child(parent: Any, key: Any) -> None:

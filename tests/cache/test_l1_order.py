@@ -393,6 +393,7 @@ def _use(order: ArcOrder, entries: dict[str, Entry], *keys: str) -> None:
         del order.lists[entry.tier][key]
         if entry.tier != order.again:
             order.promote(entry)
+        entry.used = order.access
         order.lists[entry.tier][key] = entry
 
 
@@ -452,6 +453,114 @@ def test_the_recency_phase_lasts_while_objects_seen_again_return_no_more_often_t
         _add(order, entries, f"s{n}" if n % 2 == 0 else f"t{n}")
         assert order.recency
     assert order.lists[0] is order.lists[1] and 20 == len(order)
+
+
+def _asked_alone(order: ArcOrder, key: str, found: bool) -> None:
+    """``key`` (one byte) asked for by a lookup of its own (a new access), which L1 ``found`` or missed."""
+    order.access += 1
+    order.asked(key, 1, found)
+
+
+def _trail_an_lru(order: ArcOrder, capacity: int, keys_per_access: int = 1) -> int:
+    """Past the split, L1 misses its capacity's bytes (new keys, settling) and then, access after access, the same
+    ``keys_per_access`` keys, which an LRU holds (asked for in the access before); returns how many such accesses
+    it took to end ARC's phase (an access's step counts once the next access asks its first key)."""
+    for n in range(capacity):
+        _asked_alone(order, f"new-{n}", False)
+    hot = [f"hot-{n}" for n in range(keys_per_access)]
+    order.access += 1
+    for key in hot:
+        order.asked(key, 1, False)  # missed by both (new to the shadow too): no disagreement
+    accesses = 0
+    while not order.recency:
+        order.access += 1
+        for key in hot:
+            order.asked(key, 1, False)  # the LRU holds it, L1 missed it: this access's step -1 per key
+            if order.recency:
+                break
+        accesses += 1
+        assert accesses < 1000
+    return accesses - 1  # the last access only ended the phase with the step of the one before
+
+
+def test_arc_s_phase_ends_once_l1_trails_an_lru_of_its_capacity_by_join_sigmas():
+    """Past the split, once L1 has missed its capacity's bytes, each access's sampled keys that an LRU of its
+    capacity finds and L1 does not (or the other way) add up to its step.  With n accesses of one such key each
+    the lead is -n and the root of the squares' sum sqrt(n): ARC's phase ends at the first n with sqrt(n) >
+    JOIN_SIGMAS.  T1 and T2 are then one list again, least recently used first across both: b (used at access 1),
+    c (stored at 2), a (used at 3), d (stored at 4), which neither list's order alone gives."""
+    from mpcache.eviction import order as module
+
+    order, entries = _order(True, capacity=8)
+    _add(order, entries, "a", "b")
+    order.access = 1
+    _use(order, entries, "b")
+    order.access = 2
+    _add(order, entries, "c")
+    order.access = 3
+    _use(order, entries, "a")
+    order.access = 4
+    _add(order, entries, "d")
+    order.split()
+    assert (["c", "d"], ["b", "a"]) == (list(order.lists[0]), list(order.lists[1]))
+    expected = next(n for n in range(1, 1000) if n ** 0.5 > module.JOIN_SIGMAS)
+    assert expected == _trail_an_lru(order, 8)
+    assert order.lists[0] is order.lists[1] and ["b", "c", "a", "d"] == list(order.lists[0])
+    assert 1 == order.joins
+    order.join()  # joined already: nothing changes
+    assert 1 == order.joins and ["b", "c", "a", "d"] == list(order.lists[0])
+
+
+def test_a_request_s_chunks_kept_or_lost_together_are_one_piece_of_evidence():
+    """Eight keys an access, each held by the LRU and missed by L1: the lead is -8n and the squares' sum 64n, so
+    ARC's phase ends after as many accesses as with one key each, not after an eighth of them."""
+    one, eight = _order(True, capacity=16)[0], _order(True, capacity=16)[0]
+    one.split()
+    eight.split()
+    assert _trail_an_lru(one, 16) == _trail_an_lru(eight, 16, keys_per_access=8)
+
+
+def test_l1_stamps_each_object_s_last_use_and_a_join_orders_t1_and_t2_by_it():
+    """Through L1: 10 and 20 stored (accesses 1, 2), 10 looked up (3), 30 stored (4), 20 looked up (5), 40 stored
+    (6).  Split, T1 holds 30, 40 and T2 10, 20; joined, they are one list in their last uses: 10, 30, 20, 40."""
+    l1 = L1Manager(np.zeros(8 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for chunk in (10, 20, 10, 30, 20, 40):
+        found = l1.lock_prefix("m", "", [chunk], publish=False)
+        if not found:
+            _store(l1, [chunk])
+        l1.release_read("m", "", [chunk][:found])
+    order = l1._order
+    order.split()
+    assert ([30, 40], [10, 20]) == ([key.chunk_hash for key in order.lists[0]],
+                                    [key.chunk_hash for key in order.lists[1]])
+    order.join()
+    assert [10, 30, 20, 40] == [key.chunk_hash for key in order.lists[0]] and order.lists[1] is order.lists[0]
+
+
+def test_arc_s_phase_lasts_while_l1_finds_what_an_lru_would_not():
+    """The other way round: past the split and its settling, L1 finds a key the LRU would not hold (asked for
+    once, long before: evicted from the LRU's capacity since) again and again; ARC's phase lasts."""
+    order, entries = _order(True, capacity=8)
+    order.split()
+    for n in range(8):
+        _asked_alone(order, f"new-{n}", False)
+    for n in range(500):
+        _asked_alone(order, f"old-{n}", True)  # the LRU never held it: L1's lead +1
+        assert not order.recency
+    assert 0 == order.joins
+
+
+def test_after_a_join_the_recency_phase_asks_for_twice_the_evidence_before_it_splits_again():
+    """The scene of ``test_the_recency_phase_ends_once_...`` after one join: B2's hits exceed their share by 4.40
+    standard deviations at the 8th, past the 3 that split it before but short of the 6 it asks for now."""
+    order, entries = _order(True, capacity=40)
+    order.split()
+    _trail_an_lru(order, 40)
+    assert order.recency and 1 == order.joins
+    _ghosts(order, entries, 20)
+    for n in range(9):
+        _add(order, entries, f"t{n}")
+        assert order.recency
 
 
 def test_the_recency_phase_admits_the_store_the_second_sight_refuses():
@@ -548,9 +657,9 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
     assert [False] * decisions == [order._gate([f"new-{n}"]) for n in range(decisions)]  # off: recorded only
-    order.asked("a")
+    order.asked("a", 1, True)
     assert (module.GATE_LIMIT, 0) == (order.gate_score, len(order._gate_open))
-    order.asked("new-0")
+    order.asked("new-0", 1, False)
     assert module.GATE_LIMIT == order.gate_score
     assert order._gate(["new-x"]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
@@ -568,7 +677,7 @@ def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
         del order.lists[0][key]
         order.lists[1][key] = entries[key]
         for _ in range(5):
-            order.asked(key)
+            order.asked(key, 1, True)
 
 
 def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
@@ -588,11 +697,25 @@ def test_the_sketch_s_window_never_narrows_while_objects_are_locked():
     order, entries = _order(True, capacity=4000)
     _add(order, entries, *(f"k{n}" for n in range(2000)))
     for n in range(module.FREQUENCY_WINDOW * 16):
-        order.asked(f"k{n % 2000}")
+        order.asked(f"k{n % 2000}", 1, True)
     wide = module.FREQUENCY_WINDOW * 2000
     assert wide == order.frequency.window
     for key in list(order.lists[0]):
         del order.lists[0][key]
     for n in range(wide):
-        order.asked(f"k{n % 2000}")
+        order.asked(f"k{n % 2000}", 1, True)
     assert wide == order.frequency.window
+
+
+def test_what_an_l2_prefetch_lands_is_asked_for_as_a_miss():
+    """A landing's new chunks were asked for by a lookup and missed, as a store's are: the adaptive order counts
+    each once (its frequency sketch) and, in ARC's phase, its shadow LRU takes them in, so that a later hit on a
+    landed chunk is one an LRU would have had too."""
+    l1 = L1Manager(np.zeros(8 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    order = l1._order
+    order.split()
+    l1.lock_prefix("m", "", [7, 8], publish=False)  # the lookup the prefetch serves: both missing
+    l1.reserve_prefetch("m", "", [7, 8])
+    assert [1, 1] == [order.frequency.estimate(ChunkKey("m", "", chunk)) for chunk in (7, 8)]
+    l1.lock_prefix("m", "", [9], publish=False)  # the next access: the landing's keys go into the shadow LRU
+    assert [True, True] == [order._shadow.sees(ChunkKey("m", "", chunk), 64, order.access) for chunk in (7, 8)]

@@ -35,12 +35,12 @@ def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
 class _Entry:
     """What the order reads and writes of a resident object (L1's entry, less the pool's fields)."""
 
-    __slots__ = ("size", "tier", "access", "store", "parent", "children")
+    __slots__ = ("size", "tier", "access", "used", "store", "parent", "children")
 
     def __init__(self, size: float) -> None:
         self.size = size
         self.tier = 0
-        self.access = 0
+        self.access = self.used = 0
         self.store: object = None  # a miniature's stores are never named
         self.parent: _Entry | None = None
         self.children: Any = None
@@ -81,7 +81,7 @@ class MiniCache:
                     order.reused = True  # as L1's lookup tells its order
                 found.append((key, entry))
                 if asked is not None:
-                    asked(key)
+                    asked(key, entry.size, True)
             hits.append(True)
         if missing:
             refused = self.refused  # what the order refused of this lookup's store, its earlier ones' forgotten
@@ -92,6 +92,7 @@ class MiniCache:
             while len(refused) > REFUSED_KEYS:
                 refused.popitem(False)
         for key, entry in reversed(found) if order.tail_first else found:
+            entry.used = order.access
             lists[entry.tier][key] = entry
         return hits
 
@@ -115,8 +116,8 @@ class MiniCache:
         new, victim, capacity = order.new, order.victim, self.capacity
         stored, refused = [], []
         if order.prefix_aware:  # as L1 counts what a store reserves
-            for key, _ in missing:
-                order.asked(key)
+            for key, nbytes in missing:
+                order.asked(key, nbytes, False)
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         placed = {key: nbytes for key, nbytes in missing if key not in entries}

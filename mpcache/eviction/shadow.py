@@ -1,0 +1,74 @@
+"""What an LRU L1 of the same capacity would find, on a hash-sampled share of the keys asked for (SHARDS,
+Waldspurger et al., FAST 2015): the ``adaptive`` order compares it with what L1 found of the same keys, and
+leaves ARC's two lists for one LRU list where LRU would be finding more."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
+_MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits the sample reads
+_WORD = (1 << 64) - 1
+
+
+class ShadowLru:
+    """An LRU list of the sampled keys within ``capacity_bytes`` × the sampling rate.  Every key is sampled
+    while that holds at most ``max_keys`` (:data:`SHADOW_KEYS`) keys; past it the rate halves (a key is sampled
+    while the top bits of its mixed ``code`` are zero, one bit more per halving), which keeps a key's fate the
+    same in every run, and a key sampled at a rate sampled at every higher one."""
+
+    def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int] = hash,
+                 max_keys: int = SHADOW_KEYS) -> None:
+        self._capacity = float(capacity_bytes)
+        self._code = code
+        self._max_keys = max_keys
+        self._keys: OrderedDict[Hashable, float] = OrderedDict()  # sampled key → bytes, least recently used first
+        self._bytes = 0.0
+        self._asked: list[tuple[Hashable, float]] = []  # the current access's sampled keys, in the order asked
+        self._access = -1
+        self.halvings = 0  # the sampling rate is 1 / 2 ** halvings
+
+    def sees(self, key: Hashable, nbytes: float, access: int) -> bool | None:
+        """``key`` (of ``nbytes``) is asked for by ``access`` (a lookup and its store): whether the LRU holds it;
+        None when the key is not sampled.  An access's keys become the newest once the next access begins, its
+        last key first and its first key last, as L1 releases a request's chunks tail first (a prefix loses its
+        tail before its head)."""
+        if access != self._access:
+            self._settle()
+            self._access = access
+        halvings = self.halvings
+        if halvings and ((self._code(key) * _MIX) & _WORD) >> (64 - halvings):
+            return None
+        self._asked.append((key, nbytes))
+        return key in self._keys
+
+    def _settle(self) -> None:
+        """The access before's keys become the newest, tail first; the oldest keys leave while over capacity."""
+        asked, keys = self._asked, self._keys
+        if not asked:
+            return
+        for key, nbytes in reversed(asked):
+            held = keys.pop(key, None)
+            keys[key] = nbytes
+            self._bytes += nbytes - (held or 0.0)
+        asked.clear()
+        capacity = self._capacity / (1 << self.halvings)
+        while self._bytes > capacity and keys:
+            self._bytes -= keys.popitem(False)[1]
+        if len(keys) > self._max_keys:
+            self._halve()
+
+    def _halve(self) -> None:
+        """Sample half as many keys: those no longer sampled leave (the others keep their order)."""
+        self.halvings += 1
+        shift, code = 64 - self.halvings, self._code
+        self._keys = OrderedDict((key, nbytes) for key, nbytes in self._keys.items()
+                                 if not ((code(key) * _MIX) & _WORD) >> shift)
+        self._bytes = sum(self._keys.values())
+        capacity = self._capacity / (1 << self.halvings)
+        while self._bytes > capacity and self._keys:
+            self._bytes -= self._keys.popitem(False)[1]
+
+    def __len__(self) -> int:
+        return len(self._keys)

@@ -1,0 +1,66 @@
+"""The shadow LRU the adaptive order compares L1 with: an LRU of L1's capacity that takes an access's keys tail
+first, on a hash-sampled share of the keys once they outgrow its key budget; checked against a plain list kept in
+least-recently-used order."""
+
+from __future__ import annotations
+
+import random
+
+from mpcache.eviction.shadow import _MIX, _WORD, ShadowLru
+
+
+def _plain_lru(asks: list[tuple[int, int]], capacity: int) -> list[bool]:
+    """Whether an LRU of ``capacity`` bytes held each (key, bytes) asked for: a list, most recently used last."""
+    held: list[tuple[int, int]] = []
+    found = []
+    for key, nbytes in asks:
+        before = [item for item in held if item[0] == key]
+        found.append(bool(before))
+        held = [item for item in held if item[0] != key] + [(key, nbytes)]
+        while sum(size for _, size in held) > capacity:
+            held.pop(0)
+    return found
+
+
+def test_every_key_is_sampled_while_the_budget_holds_and_finds_are_an_lru_s():
+    """Keys of 1-3 bytes drawn from 40, asked for 3,000 times, each by an access of its own, in an LRU of 30
+    bytes: each find equals a plain list's, and no key is left out of the sample (30 bytes hold at most 30 keys,
+    under the budget of 64)."""
+    rng = random.Random(7)
+    sizes = {key: rng.randint(1, 3) for key in range(40)}
+    asks = [(key, sizes[key]) for key in (rng.randrange(40) for _ in range(3000))]
+    shadow = ShadowLru(30, max_keys=64)
+    assert _plain_lru(asks, 30) == [shadow.sees(key, nbytes, access) for access, (key, nbytes) in enumerate(asks)]
+    assert 0 == shadow.halvings
+
+
+def _sampled(key: int, halvings: int) -> bool:
+    return not ((hash(key) * _MIX) & _WORD) >> (64 - halvings) if halvings else True
+
+
+def test_past_the_budget_the_rate_halves_and_the_sampled_keys_make_an_lru_of_the_scaled_capacity():
+    """An LRU of 4,000 one-byte keys with a budget of 500 keys halves its rate three times (4,000 / 8 = 500 bytes
+    fit the budget, 4,000 / 4 do not).  Then a key outside the sample is answered None, and the sampled keys'
+    finds equal a plain LRU's of the capacity scaled by the rate, fed those keys alone."""
+    shadow = ShadowLru(4000, max_keys=500)
+    rng = random.Random(3)
+    warm = list(range(10_000))
+    for access, key in enumerate(warm):
+        shadow.sees(key, 1, access)
+    assert 3 == shadow.halvings and len(shadow) <= 500
+    asks = [rng.randrange(20_000) for _ in range(20_000)]
+    answers = [shadow.sees(key, 1, len(warm) + access) for access, key in enumerate(asks)]
+    assert [None if not _sampled(key, 3) else answer for key, answer in zip(asks, answers)] == answers
+    sampled = [(key, 1) for key in warm + asks if _sampled(key, 3)]
+    expected = _plain_lru(sampled, 500)[-sum(1 for key in asks if _sampled(key, 3)):]
+    assert expected == [answer for answer in answers if answer is not None]
+    assert 3 == shadow.halvings
+
+
+def test_an_access_s_keys_become_the_newest_tail_first_once_the_next_access_begins():
+    """An access asks a, b, c (a prompt's head to tail) in an LRU of two keys: none is held yet, and none is until
+    the next access begins.  Then a and b are held (the head, newest; c, taken first, left first), as L1's
+    recency phase releases a request's chunks tail first and so loses a prefix's tail before its head."""
+    shadow = ShadowLru(2)
+    assert [False, False, False] == [shadow.sees(key, 1, 1) for key in ("a", "b", "c")]
+    assert [False, True, True] == [shadow.sees(key, 1, 2) for key in ("c", "b", "a")]
