@@ -31,8 +31,9 @@ class ShadowLru:
 
     def sees(self, key: Hashable, nbytes: float, access: int) -> bool | None:
         """``key`` (of ``nbytes``) is asked for by ``access`` (a lookup and its store): whether the LRU holds it;
-        None when the key is not sampled.  An access's keys become the newest once the next access begins, its
-        last key first and its first key last, as L1 releases a request's chunks tail first (a prefix loses its
+        None when the key is not sampled.  An access's keys become the newest once the next access begins (or
+        ``max_keys`` of them wait), its last key first and its first key last, as L1's recency phase takes a
+        request's chunks back when its store is committed before its read locks are released (a prefix loses its
         tail before its head)."""
         if access != self._access:
             self._settle()
@@ -40,8 +41,12 @@ class ShadowLru:
         halvings = self.halvings
         if halvings and ((self._code(key) * _MIX) & _WORD) >> (64 - halvings):
             return None
-        self._asked.append((key, nbytes))
-        return key in self._keys
+        asked = self._asked
+        asked.append((key, nbytes))
+        held = key in self._keys
+        if len(asked) >= self._max_keys:  # an access this long (stores with no lookup between): settled in parts
+            self._settle()
+        return held
 
     def _settle(self) -> None:
         """The access before's keys become the newest, tail first; the oldest keys leave while over capacity."""
@@ -56,7 +61,7 @@ class ShadowLru:
         capacity = self._capacity / (1 << self.halvings)
         while self._bytes > capacity and keys:
             self._bytes -= keys.popitem(False)[1]
-        if len(keys) > self._max_keys:
+        while len(self._keys) > self._max_keys:
             self._halve()
 
     def _halve(self) -> None:

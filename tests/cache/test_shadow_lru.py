@@ -64,3 +64,14 @@ def test_an_access_s_keys_become_the_newest_tail_first_once_the_next_access_begi
     shadow = ShadowLru(2)
     assert [False, False, False] == [shadow.sees(key, 1, 1) for key in ("a", "b", "c")]
     assert [False, True, True] == [shadow.sees(key, 1, 2) for key in ("c", "b", "a")]
+
+
+def test_an_access_that_never_ends_holds_at_most_the_key_budget_waiting():
+    """Stores with no lookup between them are one access: its keys wait to be taken in, fewer than ``max_keys``
+    at a time (taken in, tail first, whenever that many wait), and what is taken in halves the sampling rate
+    as it would over many accesses, so the shadow's memory stays bounded."""
+    shadow = ShadowLru(10_000, max_keys=64)
+    for key in range(1_000):
+        shadow.sees(key, 1, 0)
+        assert len(shadow._asked) < 64 and len(shadow) <= 64
+    assert shadow.halvings >= 3  # 1,000 distinct keys into a budget of 64

@@ -8,10 +8,12 @@ curve at its capacity.
 A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
 stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
 order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
-locks after the store.  A store's keys not resident are stored too, but for those the order refused a lookup's
+locks where a request's store commits first (an engine that releases them before it stores puts them back
+first).  A store's keys not resident are stored too, but for those the order refused a lookup's
 store of: the store that follows a lookup is the one its misses already made, and storing them again would have
 the order admit them as refused before.  Memory: each miniature holds at most its capacity in scaled bytes of
-resident keys, as much again in ghosts, and :data:`REFUSED_KEYS` keys refused.
+resident keys, as much again in ghosts, its order's shadow LRU (at most
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys) and :data:`REFUSED_KEYS` keys refused.
 """
 
 from __future__ import annotations
