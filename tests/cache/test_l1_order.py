@@ -719,3 +719,22 @@ def test_what_an_l2_prefetch_lands_is_asked_for_as_a_miss():
     assert [1, 1] == [order.frequency.estimate(ChunkKey("m", "", chunk)) for chunk in (7, 8)]
     l1.lock_prefix("m", "", [9], publish=False)  # the next access: the landing's keys go into the shadow LRU
     assert [True, True] == [order._shadow.sees(ChunkKey("m", "", chunk), 64, order.access) for chunk in (7, 8)]
+
+
+@pytest.mark.parametrize("head_missed, joined", [(True, False), (False, True)])
+def test_the_shadow_lru_finds_a_prefix_nothing_after_its_first_miss_in_an_access(head_missed, joined):
+    """Past the split and its settling, access after access asks for p, which the shadow LRU holds and L1 misses.
+    Where each access first asks for a key new to both (its head, missed), the LRU would not find p either (a
+    prefix ends at its first miss): no disagreement, and ARC's phase lasts.  Asked for alone, p is one the LRU
+    finds and L1 does not, and the phase ends."""
+    order, _ = _order(True, capacity=64)
+    order.split()
+    for n in range(64):
+        _asked_alone(order, f"settle-{n}", False)
+    _asked_alone(order, "p", False)  # p into the shadow (missed by both)
+    for n in range(200):
+        order.access += 1
+        if head_missed:
+            order.asked(f"head-{n}", 1, False)
+        order.asked("p", 1, False)
+    assert joined == order.recency

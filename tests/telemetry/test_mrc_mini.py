@@ -287,3 +287,16 @@ def test_a_miniature_s_frequency_gate_decides_as_l1_s(asked_first, kept):
         mini.lookup([key(10)])
         assert [False, True] == second_sight(20, (2, 3, 4, 10))
     assert {(n, SALT, MODEL) for n in kept} == set(mini.entries)
+
+
+def test_a_miniature_stamps_each_key_s_last_use_as_l1_does_so_a_join_orders_by_it():
+    """a and b stored (lookups 1, 2), a found (3), c stored (4), b found (5), d stored (6).  Split, T1 holds c, d and
+    T2 a, b; joined, one list in their last uses, a, c, b, d (as L1's own test of the same scene)."""
+    mini = MiniCache("adaptive", 8.0)
+    for key in ("a", "b", "a", "c", "b", "d"):
+        mini.lookup([(key, 1.0)])
+    order = mini.order
+    order.split()
+    assert (["c", "d"], ["a", "b"]) == (list(order.lists[0]), list(order.lists[1]))
+    order.join()
+    assert ["a", "c", "b", "d"] == list(order.lists[0])
