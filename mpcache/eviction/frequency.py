@@ -10,7 +10,6 @@ MIN_WIDTH = 1024  # counters per row at the least
 COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys share both their counters
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
 _MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over both rows' indexes
-_WORD = (1 << 64) - 1
 
 
 class FrequencySketch:
@@ -39,17 +38,19 @@ class FrequencySketch:
 
     def add(self, key: Hashable) -> bool:
         """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
-        mixed = (self._code(key) * _MIX) & _WORD
+        mixed = self._code(key) * _MIX  # its low 64 bits are all a row's index reads: no mask to the word needed
         mask = self._mask
         first, second = self._rows
         index = mixed & mask
-        if first[index] < SATURATED:
-            first[index] += 1
+        count = first[index]
+        if count < SATURATED:
+            first[index] = count + 1
         index = (mixed >> 32) & mask
-        if second[index] < SATURATED:
-            second[index] += 1
-        self._counted += 1
-        if self._counted < self.window:
+        count = second[index]
+        if count < SATURATED:
+            second[index] = count + 1
+        counted = self._counted = self._counted + 1
+        if counted < self.window:
             return False
         self._rows = (first.translate(_HALF), second.translate(_HALF))
         self._counted >>= 1  # the counts halved: the next window ends sooner by what they still hold
@@ -57,6 +58,6 @@ class FrequencySketch:
 
     def estimate(self, key: Hashable) -> int:
         """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""
-        mixed = (self._code(key) * _MIX) & _WORD
+        mixed = self._code(key) * _MIX
         mask = self._mask
         return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])

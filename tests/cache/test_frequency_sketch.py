@@ -98,3 +98,21 @@ def test_l1_counts_and_decides_the_same_in_every_process():
                            cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
     first = json.loads(runs[0])
     assert sum(first[0]) > 0 and runs[0] == runs[1]
+
+
+def test_a_code_counts_in_the_counters_its_mixed_64_bit_word_names():
+    """Codes of every sign and size (a chunk hash may be negative or wider than 64 bits): each count lands in the
+    counter of the first row named by the low bits of (code × 0x9E3779B97F4A7C15) mod 2^64, and of the second row
+    by its bits from 32 up, as a reference computed here from that word finds."""
+    rng = random.Random(11)
+    codes = [rng.randrange(-(1 << 70), 1 << 70) for _ in range(300)] + [0, -1, 1, (1 << 64) - 1, -(1 << 63)]
+    sketch = FrequencySketch(1 << 20, code=lambda key: key)
+    width = len(sketch._rows[0])
+    expected = (Counter(), Counter())
+    for code in codes:
+        sketch.add(code)
+        word = (code * 0x9E3779B97F4A7C15) % (1 << 64)
+        expected[0][word % width] += 1
+        expected[1][(word >> 32) % width] += 1
+    for row, counts in zip(sketch._rows, expected):
+        assert {index: count for index, count in enumerate(row) if count} == dict(counts)
