@@ -517,8 +517,8 @@ def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output(
             f"LRU's {large['offline_lru']['hit_ratio']:.4f}") in prose
     stated = ("`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle ({requests} "
               "requests), **{ratio}×**", "{ours:,} against {theirs:,}, {ratio}× ({requests} requests)",
-              "{ours:,} against {theirs:,}, {ratio}×")
-    keys = ("isolation", "isolation_before", "isolation_first_variant_python_fallbacks")
+              "{ours:,} against {theirs:,}, {ratio}×", "{ours:,} against {theirs:,}, {ratio}× ({requests} requests)")
+    keys = ("isolation", "isolation_before", "isolation_first_variant_python_fallbacks", "isolation_sketch_count")
     for key, sentence in zip(keys, stated):
         run = raw[key]["tp1"][0]
         ours, theirs = (round(run["net_per_request"][f"mpcache_{p}"]["instructions"]) for p in ("adaptive", "lru"))
