@@ -401,7 +401,7 @@ class ArcOrder:
         if shadow is not None:
             lru_found = shadow.sees(key, nbytes, self.access)
             if lru_found is not None:
-                self._compare(nbytes * (1 << shadow.halvings), found, lru_found)
+                self._compare(nbytes, found, lru_found)
         pending = self._gate_open
         if pending:
             for evidence, step in ((self._gate_protected, 1), (self._gate_contested, -1)):
@@ -413,10 +413,10 @@ class ArcOrder:
         if frequency.add(key):  # a window ended: the next one from the objects held now, never narrower
             frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
-    def _compare(self, stands_for: float, found: bool, lru_found: bool) -> None:
-        """In ARC's phase, a sampled key asked for (standing for ``stands_for`` bytes), which L1 ``found`` and an LRU
-        of its capacity, releasing a request's chunks tail first as the recency phase does, holds (``lru_found``;
-        nothing after its first miss in the access: it finds a prefix too).  Once L1 has missed its capacity's
+    def _compare(self, nbytes: float, found: bool, lru_found: bool) -> None:
+        """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity,
+        releasing a request's chunks tail first as the recency phase does, holds (``lru_found``; nothing after its
+        first miss in the access: it finds a prefix too).  Once L1 has missed its capacity's
         bytes since the split (the shadow LRU, started then, holds what an LRU would), each access's keys that one
         found and the other did not add up to its step (+1 each where L1 found it); ARC's phase ends (:meth:`join`)
         once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the root of their squares' sum (a
@@ -426,8 +426,8 @@ class ArcOrder:
         elif not lru_found:
             self._shadow_missed_at = self.access
         if self._settling > 0:
-            if not found:
-                self._settling -= stands_for
+            if not found and self._shadow is not None:
+                self._settling -= nbytes * (1 << self._shadow.halvings)  # the bytes the sampled key stands for
             return
         if self._step_access != self.access:  # a new access: the one before's net lead is one observation
             step, self._step_access, self._step = self._step, self.access, 0

@@ -38,8 +38,7 @@ class ShadowLru:
         if access != self._access:
             self._settle()
             self._access = access
-        halvings = self.halvings
-        if halvings and ((self._code(key) * _MIX) & _WORD) >> (64 - halvings):
+        if self.halvings and not self._sampled(key, self.halvings):
             return None
         asked = self._asked
         asked.append((key, nbytes))
@@ -58,22 +57,27 @@ class ShadowLru:
             keys[key] = nbytes
             self._bytes += nbytes - (held or 0.0)
         asked.clear()
-        capacity = self._capacity / (1 << self.halvings)
-        while self._bytes > capacity and keys:
-            self._bytes -= keys.popitem(False)[1]
+        self._trim()
         while len(self._keys) > self._max_keys:
             self._halve()
 
     def _halve(self) -> None:
         """Sample half as many keys: those no longer sampled leave (the others keep their order)."""
         self.halvings += 1
-        shift, code = 64 - self.halvings, self._code
         self._keys = OrderedDict((key, nbytes) for key, nbytes in self._keys.items()
-                                 if not ((code(key) * _MIX) & _WORD) >> shift)
+                                 if self._sampled(key, self.halvings))
         self._bytes = sum(self._keys.values())
-        capacity = self._capacity / (1 << self.halvings)
-        while self._bytes > capacity and self._keys:
-            self._bytes -= self._keys.popitem(False)[1]
+        self._trim()
+
+    def _trim(self) -> None:
+        """The least recently used keys leave while the rest hold more than the capacity at the sampling rate."""
+        keys, capacity = self._keys, self._capacity / (1 << self.halvings)
+        while self._bytes > capacity and keys:
+            self._bytes -= keys.popitem(False)[1]
+
+    def _sampled(self, key: Hashable, halvings: int) -> bool:
+        """Whether ``key`` is sampled at the rate 1 / 2 ** ``halvings``: the top bits of its mixed code are zero."""
+        return not ((self._code(key) * _MIX) & _WORD) >> (64 - halvings)
 
     def __len__(self) -> int:
         return len(self._keys)
