@@ -529,3 +529,28 @@ def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output(
         ours, theirs = _instructions(run)
         assert sentence.format(ours=ours, theirs=theirs, requests=run["requests"],
                                ratio=run["instructions_over_first"]["mpcache_adaptive"]) in prose
+
+
+SKETCH_HEADER = "| the frequency sketch | `adaptive` | `lru` | requests | `adaptive` × `lru` |"
+
+
+def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's table of engine-path counts with the compiled and the Python frequency sketch reads
+    the isolation runs docs/PERFORMANCE.json keeps (``sketch_compiled``), in the order they ran, and its in-process
+    counts are the ones kept there."""
+    raw = _raw_results()["sketch_compiled"]
+    names = {"isolation": "compiled (`_sketch.c`)", "isolation_python_sketch": "Python (`FrequencySketchReference`)",
+             "isolation_again": "compiled, again"}
+    expected = []
+    for key, name in names.items():
+        run = raw[key]["tp1"][0]
+        ours, theirs = _instructions(run)
+        ratio = run["instructions_over_first"]["mpcache_adaptive"]
+        expected.append([name, f"{ours:,}", f"{theirs:,}", str(run["requests"]),
+                         f"**{ratio}×**" if ratio <= 1.05 else f"{ratio}×"])
+    assert expected == _table_rows(SKETCH_HEADER)
+    counts = raw["l1_in_process"]["instructions_per_request"]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"`adaptive` takes {counts['adaptive_compiled_sketch']:,} instructions a request with the compiled "
+            f"sketch and {counts['adaptive_python_sketch']:,} with the Python one, against `lru`'s "
+            f"{counts['lru']:,}") in prose

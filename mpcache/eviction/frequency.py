@@ -1,5 +1,8 @@
 """How often each key was asked for lately, in bounded memory: the ``adaptive`` order compares a store it would
-admit with what that store would evict (TinyLFU's comparison, Einziger, Friedman and Manes)."""
+admit with what that store would evict (TinyLFU's comparison, Einziger, Friedman and Manes).
+:data:`FrequencySketch` is the compiled sketch (``_sketch.c``) where it was built, else
+:class:`FrequencySketchReference`, the definition a differential test holds it to.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,13 @@ from collections.abc import Callable, Hashable
 
 SATURATED = 255  # a counter is one byte
 MIN_WIDTH = 1024  # counters per row at the least
+MAX_WIDTH = 1 << 32  # counters per row at the most: a row's index reads the mixed word's low 64 bits only
 COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys share both their counters
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
 _MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over both rows' indexes
 
 
-class FrequencySketch:
+class FrequencySketchReference:
     """A count-min sketch: two rows of byte counters; a key is counted in one counter of each row (two parts of
     its mixed ``code``, by default its hash: a number that does not change between processes keeps the estimates,
     and what the order decides on them, the same from run to run) and its estimate is the smaller.  Once
@@ -31,7 +35,7 @@ class FrequencySketch:
     def resize(self, window: int) -> None:
         """Halve once ``window`` counts are held; rows too narrow for it are replaced by empty ones wide enough."""
         self.window = max(1, window)
-        width = max(MIN_WIDTH, 1 << (COUNTERS_PER_COUNT * self.window - 1).bit_length())
+        width = min(MAX_WIDTH, max(MIN_WIDTH, 1 << (COUNTERS_PER_COUNT * self.window - 1).bit_length()))
         if width > self._mask + 1:
             self._rows = (bytearray(width), bytearray(width))
             self._mask = width - 1
@@ -61,3 +65,14 @@ class FrequencySketch:
         mixed = self._code(key) * _MIX
         mask = self._mask
         return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])
+
+
+FrequencySketch: type[FrequencySketchReference] | type[_sketch.FrequencySketch]
+try:
+    from mpcache.eviction import _sketch
+
+    FrequencySketch = _sketch.FrequencySketch
+    COMPILED = True
+except ImportError:  # no C compiler at install time
+    FrequencySketch = FrequencySketchReference
+    COMPILED = False

@@ -1,27 +1,46 @@
-"""The adaptive order's frequency sketch, against exact counts kept beside it."""
+"""The adaptive order's frequency sketch, against exact counts kept beside it: the compiled one (``_sketch.c``)
+and its Python definition alike, and the two against each other."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import sysconfig
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from mpcache.contract.keys import ChunkKey
-from mpcache.eviction.frequency import COUNTERS_PER_COUNT, MIN_WIDTH, SATURATED, FrequencySketch
+from mpcache.eviction import frequency
+from mpcache.eviction.frequency import COUNTERS_PER_COUNT, MIN_WIDTH, SATURATED, FrequencySketchReference
 
 REPO = Path(__file__).resolve().parents[2]
+compiled = pytest.mark.skipif(not frequency.COMPILED, reason="mpcache.eviction._sketch was not built")
+WAYS = [pytest.param(FrequencySketchReference, id="python"),
+        pytest.param(frequency.FrequencySketch, id="compiled", marks=compiled)]
 
 
-def test_the_sketch_never_counts_a_key_less_than_it_was_asked_for_and_seldom_more():
+def test_the_extension_is_built_where_a_compiler_exists():
+    """Where a C compiler and the Python headers exist, the install must have built the extension."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not (shutil.which(compiler) and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()):
+        pytest.skip("no C compiler or Python headers here: the Python sketch is expected")
+    importlib.import_module("mpcache.eviction._sketch")  # ImportError fails the test
+
+
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_the_sketch_never_counts_a_key_less_than_it_was_asked_for_and_seldom_more(sketch_type):
     """10,000 counts of 2,000 keys drawn with a skew (within one window): no estimate below the exact count,
     and with rows wider than the keys few above it."""
     rng = random.Random(7)
     keys = [ChunkKey("m", "", rng.getrandbits(64)) for _ in range(2000)]
-    sketch, exact = FrequencySketch(20_000), Counter()
+    sketch, exact = sketch_type(20_000), Counter()
     for _ in range(10_000):
         key = keys[min(int(rng.paretovariate(1.0)) - 1, len(keys) - 1)]
         sketch.add(key)
@@ -31,32 +50,35 @@ def test_the_sketch_never_counts_a_key_less_than_it_was_asked_for_and_seldom_mor
     assert sum(estimates[key] != min(exact[key], SATURATED) for key in keys) < 0.05 * len(keys)
 
 
-def test_small_integer_keys_spread_over_both_rows():
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_small_integer_keys_spread_over_both_rows(sketch_type):
     """Keys that hash to themselves (the curves' miniatures' integers) get exact counts too."""
-    sketch = FrequencySketch(10_000)
+    sketch = sketch_type(10_000)
     for key in range(1, 301):
         for _ in range(key % 7):
             sketch.add(key)
     assert [key % 7 for key in range(1, 301)] == [sketch.estimate(key) for key in range(1, 301)]
 
 
-def test_every_count_is_halved_once_a_window_of_counts_is_held():
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_every_count_is_halved_once_a_window_of_counts_is_held(sketch_type):
     """A window of 100: the 100th count halves every counter (and what they hold), so the next halving comes
     after 50 more counts; a counter stops at 255."""
-    sketch = FrequencySketch(100)
+    sketch = sketch_type(100)
     ended = [sketch.add("a") for _ in range(99)]
     assert (False, 99) == (any(ended), sketch.estimate("a"))
     assert sketch.add("b") is True
     assert (49, 0) == (sketch.estimate("a"), sketch.estimate("b"))
     assert [False] * 49 + [True] == [sketch.add("c") for _ in range(50)]
-    saturated = FrequencySketch(10_000)
+    saturated = sketch_type(10_000)
     for _ in range(300):
         saturated.add("a")
     assert SATURATED == saturated.estimate("a")
 
 
-def test_a_wider_window_gets_wider_empty_rows_and_one_that_fits_keeps_the_counts():
-    sketch = FrequencySketch(10)
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_a_wider_window_gets_wider_empty_rows_and_one_that_fits_keeps_the_counts(sketch_type):
+    sketch = sketch_type(10)
     sketch.add("a")
     sketch.resize(MIN_WIDTH // COUNTERS_PER_COUNT)  # rows of MIN_WIDTH still hold it
     assert 1 == sketch.estimate("a")
@@ -64,9 +86,10 @@ def test_a_wider_window_gets_wider_empty_rows_and_one_that_fits_keeps_the_counts
     assert (0, MIN_WIDTH) == (sketch.estimate("a"), sketch.window)
 
 
-def test_keys_are_counted_by_their_code():
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_keys_are_counted_by_their_code(sketch_type):
     """Two keys of one code share their counters (the code, not the key's own hash, places them)."""
-    sketch = FrequencySketch(100, code=len)
+    sketch = sketch_type(100, code=len)
     for _ in range(3):
         sketch.add("ab")
     assert (3, 3, 0) == (sketch.estimate("ab"), sketch.estimate("xy"), sketch.estimate("xyz"))
@@ -100,13 +123,14 @@ def test_l1_counts_and_decides_the_same_in_every_process():
     assert sum(first[0]) > 0 and runs[0] == runs[1]
 
 
-def test_a_code_counts_in_the_counters_its_mixed_64_bit_word_names():
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_a_code_counts_in_the_counters_its_mixed_64_bit_word_names(sketch_type):
     """Codes of every sign and size (a chunk hash may be negative or wider than 64 bits): each count lands in the
     counter of the first row named by the low bits of (code × 0x9E3779B97F4A7C15) mod 2^64, and of the second row
     by its bits from 32 up, as a reference computed here from that word finds."""
     rng = random.Random(11)
     codes = [rng.randrange(-(1 << 70), 1 << 70) for _ in range(300)] + [0, -1, 1, (1 << 64) - 1, -(1 << 63)]
-    sketch = FrequencySketch(1 << 20, code=lambda key: key)
+    sketch = sketch_type(1 << 20, code=lambda key: key)
     width = len(sketch._rows[0])
     expected = (Counter(), Counter())
     for code in codes:
@@ -116,3 +140,76 @@ def test_a_code_counts_in_the_counters_its_mixed_64_bit_word_names():
         expected[1][(word >> 32) % width] += 1
     for row, counts in zip(sketch._rows, expected):
         assert {index: count for index, count in enumerate(row) if count} == dict(counts)
+
+
+def _outcome(call, *args):
+    try:
+        return call(*args)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return type(exc)
+
+
+@compiled
+def test_the_compiled_sketch_counts_halves_and_answers_as_its_python_definition_does():
+    """Random adds, estimates and resizes (keys of every kind: ints of every sign and size, strings, tuples, some
+    unhashable; windows that end and rows that widen), by the key's hash and by a code: the same answer or the same
+    exception, the same window and the same counters after every step."""
+    rng = random.Random(12)
+    for code in (hash, lambda key: key[0] * 3 - (1 << 70) if isinstance(key, tuple) else len(str(key))):
+        sketches = (FrequencySketchReference(50, code), frequency.FrequencySketch(50, code))
+        keys = ([rng.randrange(-(1 << 80), 1 << 80) for _ in range(40)] + [0, -1, -2, (1 << 64) - 1]
+                + [f"key{n}" for n in range(40)] + [(n, "m") for n in range(40)] + [[1], {}])
+        ended = 0
+        for step in range(6000):
+            choice, key = rng.random(), rng.choice(keys)
+            if choice < 0.7:
+                answers = [_outcome(sketch.add, key) for sketch in sketches]
+                ended += answers[0] is True
+            elif choice < 0.995:
+                answers = [_outcome(sketch.estimate, key) for sketch in sketches]
+            else:
+                window = rng.choice([0, -3, 1, 49, 260, 300, 4000])
+                answers = [_outcome(sketch.resize, window) for sketch in sketches]
+            assert answers[0] == answers[1], (step, key, answers)
+            assert sketches[0].window == sketches[1].window
+            assert bytes(b"".join(sketches[0]._rows)) == b"".join(sketches[1]._rows), step
+        assert ended > 10  # windows ended, and rows were halved and widened alike
+
+
+@compiled
+def test_the_compiled_sketch_s_constants_are_its_python_definition_s():
+    from mpcache.eviction import _sketch
+    assert ((frequency.SATURATED, frequency.MIN_WIDTH, frequency.MAX_WIDTH, frequency.COUNTERS_PER_COUNT,
+             frequency._MIX) == (_sketch.SATURATED, _sketch.MIN_WIDTH, _sketch.MAX_WIDTH,
+                                 _sketch.COUNTERS_PER_COUNT, _sketch.MIX))
+
+
+@compiled
+def test_a_code_that_raises_or_is_not_an_int_is_an_error_of_the_call_and_counts_nothing():
+    """What ``code`` raises reaches the caller; a code that is not an int is a TypeError; no counter moves."""
+    def failing(key):
+        raise ValueError("no code")
+
+    for code, error in ((failing, ValueError), (str, TypeError)):
+        sketch = frequency.FrequencySketch(100, code)
+        with pytest.raises(error):
+            sketch.add("a")
+        with pytest.raises(error):
+            sketch.estimate("a")
+        assert not any(b"".join(sketch._rows))
+    with pytest.raises(TypeError):
+        frequency.FrequencySketch(100, code=3)
+
+
+def test_l1_decides_the_same_with_the_compiled_sketch_and_its_python_definition(monkeypatch):
+    """The replay below through L1 with each sketch: the same prefixes found, gate score and counters."""
+    if not frequency.COMPILED:
+        pytest.skip("mpcache.eviction._sketch was not built")
+    from mpcache.eviction import order as eviction_order
+    runs = []
+    for sketch_type in (FrequencySketchReference, frequency.FrequencySketch):
+        monkeypatch.setattr(eviction_order, "FrequencySketch", sketch_type)
+        namespace: dict = {}
+        exec(REPLAY.replace("print(", "result = ("), namespace)
+        runs.append(namespace["result"])
+    assert sum(json.loads(runs[0])[0]) > 0 and runs[0] == runs[1]

@@ -1,0 +1,24 @@
+"""Type stub of the optional C extension ``mpcache.eviction._sketch`` (``_sketch.c``).
+
+What its type and module constants define.  Keep it in step with the C file.
+"""
+
+from collections.abc import Callable, Hashable
+from typing import final
+
+SATURATED: int
+MIN_WIDTH: int
+MAX_WIDTH: int
+COUNTERS_PER_COUNT: int
+MIX: int
+
+@final
+class FrequencySketch:
+    @property
+    def window(self) -> int: ...
+    @property
+    def _rows(self) -> tuple[bytes, bytes]: ...
+    def __init__(self, window: int, code: Callable[[Hashable], int] = ...) -> None: ...
+    def add(self, key: Hashable, /) -> bool: ...
+    def estimate(self, key: Hashable, /) -> int: ...
+    def resize(self, window: int, /) -> None: ...
