@@ -7,7 +7,8 @@
  *   _rows                   both rows' counters, as two bytes objects (a copy, for tests)
  *
  * mpcache.eviction.frequency.FrequencySketchReference is the same sketch in Python; a differential test holds the
- * two to the same counters, windows and answers.  A key's code (``code(key)``, or its hash) is taken modulo 2^64
+ * two to the same counters, windows and answers.  A sketch is set up when it is made (``__init__`` again changes
+ * nothing), and a code that returns what is not an int is a TypeError.  A key's code (``code(key)``, or its hash) is taken modulo 2^64
  * and multiplied by MIX modulo 2^64: the first row's counter is that word's low bits, the second's its bits from
  * 32 up (rows are at most MAX_WIDTH counters wide, so no index reads past the word).  ``add`` is called for every
  * chunk a lookup finds and every chunk a store reserves: in C, a call instead of about twenty Python operations.
@@ -45,9 +46,11 @@ static Py_ssize_t width_for(Py_ssize_t window) {
     return (Py_ssize_t)width;
 }
 
-/* Sets the window (at least 1) and, where the rows are too narrow for it, replaces them by empty, wider ones. */
+/* Sets the window (at least 1; past Py_ssize_t clipped: a window that long never ends) and, where the rows are too
+ * narrow for it, replaces them by empty, wider ones; on an error (the window not an int, no memory for the rows)
+ * nothing changes. */
 static int set_window(Sketch *self, PyObject *window_arg) {
-    Py_ssize_t window = PyNumber_AsSsize_t(window_arg, PyExc_OverflowError);
+    Py_ssize_t window = PyNumber_AsSsize_t(window_arg, NULL);
     if (window == -1 && PyErr_Occurred())
         return -1;
     if (window < 1)
@@ -76,7 +79,9 @@ static int mixed_word(Sketch *self, PyObject *key, uint64_t *word) {
         *word = (uint64_t)hash * MIX;
         return 0;
     }
-    PyObject *code = PyObject_CallOneArg(self->code, key);
+    PyObject *callable = Py_NewRef(self->code); /* held across the call, whatever it does */
+    PyObject *code = PyObject_CallOneArg(callable, key);
+    Py_DECREF(callable);
     if (code == NULL)
         return -1;
     if (!PyLong_Check(code)) {
@@ -92,23 +97,27 @@ static int mixed_word(Sketch *self, PyObject *key, uint64_t *word) {
     return 0;
 }
 
-static int sketch_init(Sketch *self, PyObject *args, PyObject *kwargs) {
+/* Everything is set up here, not in __init__: a sketch has its rows from the moment it exists, and none can be
+ * set up again. */
+static PyObject *sketch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"window", "code", NULL};
     PyObject *window = NULL, *code = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:FrequencySketch", keywords, &window, &code))
-        return -1;
+        return NULL;
     if (code != NULL && !PyCallable_Check(code)) {
         PyErr_SetString(PyExc_TypeError, "code must be callable");
-        return -1;
+        return NULL;
     }
-    PyMem_Free(self->rows);
-    self->rows = NULL;
-    self->width = 0;
-    self->counted = 0;
-    Py_CLEAR(self->code);
+    Sketch *self = (Sketch *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
     if (code != NULL && code != builtin_hash)
         self->code = Py_NewRef(code);
-    return set_window(self, window);
+    if (set_window(self, window) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
 }
 
 static PyObject *sketch_add(Sketch *self, PyObject *key) {
@@ -191,8 +200,7 @@ static PyTypeObject SketchType = {
     .tp_doc = "A count-min sketch of two rows of byte counters, halved once a window of counts is held.",
     .tp_basicsize = sizeof(Sketch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sketch_init,
+    .tp_new = sketch_new,
     .tp_dealloc = (destructor)sketch_dealloc,
     .tp_traverse = (traverseproc)sketch_traverse,
     .tp_clear = (inquiry)sketch_clear,

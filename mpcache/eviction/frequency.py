@@ -6,6 +6,8 @@ admit with what that store would evict (TinyLFU's comparison, Einziger, Friedman
 
 from __future__ import annotations
 
+import operator
+import sys
 from collections.abc import Callable, Hashable
 
 SATURATED = 255  # a counter is one byte
@@ -25,6 +27,8 @@ class FrequencySketchReference:
     count: new, empty rows when it grows past them)."""
 
     def __init__(self, window: int, code: Callable[[Hashable], int] = hash) -> None:
+        if not callable(code):
+            raise TypeError("code must be callable")
         self._code = code
         self._rows = (bytearray(0), bytearray(0))
         self._mask = -1
@@ -32,15 +36,17 @@ class FrequencySketchReference:
         self.window = 0
         self.resize(window)
 
-    def resize(self, window: int) -> None:
-        """Halve once ``window`` counts are held; rows too narrow for it are replaced by empty ones wide enough."""
-        self.window = max(1, window)
-        width = min(MAX_WIDTH, max(MIN_WIDTH, 1 << (COUNTERS_PER_COUNT * self.window - 1).bit_length()))
+    def resize(self, window: int, /) -> None:
+        """Halve once ``window`` counts are held (at least 1; past ``sys.maxsize`` clipped: a window that long never
+        ends); rows too narrow for it are replaced by empty ones wide enough (on an error nothing changes)."""
+        window = min(max(1, operator.index(window)), sys.maxsize)
+        width = min(MAX_WIDTH, max(MIN_WIDTH, 1 << (COUNTERS_PER_COUNT * window - 1).bit_length()))
         if width > self._mask + 1:
             self._rows = (bytearray(width), bytearray(width))
             self._mask = width - 1
+        self.window = window
 
-    def add(self, key: Hashable) -> bool:
+    def add(self, key: Hashable, /) -> bool:
         """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
         mixed = self._code(key) * _MIX  # its low 64 bits are all a row's index reads: no mask to the word needed
         mask = self._mask
@@ -60,7 +66,7 @@ class FrequencySketchReference:
         self._counted >>= 1  # the counts halved: the next window ends sooner by what they still hold
         return True
 
-    def estimate(self, key: Hashable) -> int:
+    def estimate(self, key: Hashable, /) -> int:
         """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""
         mixed = self._code(key) * _MIX
         mask = self._mask

@@ -168,7 +168,7 @@ def test_the_compiled_sketch_counts_halves_and_answers_as_its_python_definition_
             elif choice < 0.995:
                 answers = [_outcome(sketch.estimate, key) for sketch in sketches]
             else:
-                window = rng.choice([0, -3, 1, 49, 260, 300, 4000])
+                window = rng.choice([0, -3, -(1 << 70), True, 1, 49, 260, 300, 4000, "7", 2.0])
                 answers = [_outcome(sketch.resize, window) for sketch in sketches]
             assert answers[0] == answers[1], (step, key, answers)
             assert sketches[0].window == sketches[1].window
@@ -199,6 +199,32 @@ def test_a_code_that_raises_or_is_not_an_int_is_an_error_of_the_call_and_counts_
         assert not any(b"".join(sketch._rows))
     with pytest.raises(TypeError):
         frequency.FrequencySketch(100, code=3)
+
+
+@compiled
+def test_the_compiled_sketch_cannot_be_left_without_its_rows():
+    """It is set up when made, never again: made without a window is an error, ``__init__`` called again with a
+    window it cannot take changes nothing, and a code that calls back into the sketch counts as the Python one."""
+    sketch_type = frequency.FrequencySketch
+    with pytest.raises(TypeError):
+        sketch_type.__new__(sketch_type)
+    sketch = sketch_type(100)
+    sketch.__init__(-(1 << 64))  # object's __init__: the arguments were taken when it was made
+    sketch.__init__(object())
+    assert (False, 1, 100) == (sketch.add(5), sketch.estimate(5), sketch.window)
+    answers = []
+    for sketch_type in (FrequencySketchReference, frequency.FrequencySketch):
+        holder: list = []
+
+        def reentrant(key, holder=holder):
+            if key > 0:
+                holder[0].add(-key)
+            return key
+
+        sketch = sketch_type(100, reentrant)
+        holder.append(sketch)
+        answers.append(([sketch.add(key) for key in range(1, 60)], sketch.estimate(-3), sketch._rows))
+    assert answers[0][:2] == answers[1][:2] and b"".join(answers[0][2]) == b"".join(answers[1][2])
 
 
 def test_l1_decides_the_same_with_the_compiled_sketch_and_its_python_definition(monkeypatch):
