@@ -33,8 +33,9 @@
   standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
   target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
   for thousands of requests; where it is not, the excess shows within tens of ghost hits).  The split is undone
-  where it does not pay: an LRU of L1's capacity, run from the split on a sample of the keys asked for
-  (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once L1 trails it
+  where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on a sample of the
+  keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once
+  L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes since the split and then trails it
   by :data:`JOIN_SIGMAS` standard deviations since the split, an access counted as one piece of evidence
   (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency phase's test,
   asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and that comparison
@@ -72,7 +73,8 @@ from mpcache.eviction.shadow import ShadowLru
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
-JOIN_SIGMAS = 4.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
+JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
+JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
 GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
 GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
@@ -244,17 +246,19 @@ class ArcOrder:
 
     def split(self) -> None:
         """End the recency phase (ARC's order has none): the objects seen again leave T1's list for T2's, in their
-        order.  L1's lead over an LRU counts from here, once L1 has missed its capacity's bytes (the objects an
-        LRU chose give way to ARC's choice first, and what ARC keeps instead is asked for later)."""
+        order.  The shadow LRU starts from the one list, which is an LRU's order, and L1's lead over it counts
+        once L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes (the objects an LRU chose give way to
+        ARC's choice first, and what ARC keeps instead is asked for later)."""
         if not self.recency:
             return
         t1 = self.lists[0]
+        self._shadow = ShadowLru(self.capacity, self._code)
+        self._shadow.seed((key, entry.size) for key, entry in t1.items())
         t2 = OrderedDict((key, entry) for key, entry in t1.items() if entry.tier == 1)
         for key in t2:
             del t1[key]
         self.lists[1] = t2
-        self._shadow = ShadowLru(self.capacity, self._code)
-        self._settling = float(self.capacity)
+        self._settling = JOIN_SETTLING * self.capacity
         self._lead = self._squares = self._step = 0
 
     def join(self) -> None:
@@ -416,9 +420,9 @@ class ArcOrder:
     def _compare(self, nbytes: float, found: bool, lru_found: bool) -> None:
         """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity,
         releasing a request's chunks tail first as the recency phase does, holds (``lru_found``; nothing after its
-        first miss in the access: it finds a prefix too).  Once L1 has missed its capacity's
-        bytes since the split (the shadow LRU, started then, holds what an LRU would), each access's keys that one
-        found and the other did not add up to its step (+1 each where L1 found it); ARC's phase ends (:meth:`join`)
+        first miss in the access: it finds a prefix too).  Once L1 has missed :data:`JOIN_SETTLING` of its capacity
+        in bytes since the split (the shadow LRU started then from the one list), each access's keys that one found
+        and the other did not add up to its step (+1 each where L1 found it); ARC's phase ends (:meth:`join`)
         once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the root of their squares' sum (a
         request's chunks are kept or lost together, so the access, not the key, is the unit of evidence)."""
         if self._shadow_missed_at == self.access:

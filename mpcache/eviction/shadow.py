@@ -5,7 +5,7 @@ leaves ARC's two lists for one LRU list where LRU would be finding more."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
 _MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits the sample reads
@@ -46,6 +46,18 @@ class ShadowLru:
         if len(asked) >= self._max_keys:  # an access this long (stores with no lookup between): settled in parts
             self._settle()
         return held
+
+    def seed(self, held: Iterable[tuple[Hashable, float]]) -> None:
+        """Start from what an LRU holds now: ``held`` (key, bytes), least recently used first (the sampled ones;
+        the oldest leave while over capacity)."""
+        for key, nbytes in held:
+            if self.halvings and not self._sampled(key, self.halvings):
+                continue
+            self._keys[key] = nbytes
+            self._bytes += nbytes
+            self._trim()
+            if len(self._keys) > self._max_keys:
+                self._halve()
 
     def _settle(self) -> None:
         """The access before's keys become the newest, tail first; the oldest keys leave while over capacity."""

@@ -511,6 +511,32 @@ def test_arc_s_phase_ends_once_l1_trails_an_lru_of_its_capacity_by_join_sigmas()
     assert 1 == order.joins and ["b", "c", "a", "d"] == list(order.lists[0])
 
 
+def test_the_shadow_lru_starts_from_the_one_list_and_l1_s_lead_counts_after_join_settling():
+    """40 objects stored in the recency phase, then the split: the shadow LRU starts holding them, as an LRU
+    would (the one list is its order).  L1 misses JOIN_SETTLING of its capacity in new keys (each pushing an old
+    one out of the shadow); then, access after access, it misses a newer half's key the shadow still holds: ARC's
+    phase ends at the first n with sqrt(n) > JOIN_SIGMAS, evidence only a shadow started from the list has."""
+    from mpcache.eviction import order as module
+
+    order, entries = _order(True, capacity=40)
+    old = [f"old-{n}" for n in range(40)]
+    for key in old:
+        order.access += 1
+        _add(order, entries, key)
+    order.split()
+    settling = int(module.JOIN_SETTLING * 40)
+    for n in range(settling):
+        _asked_alone(order, f"new-{n}", False)
+    accesses = 0
+    for key in old[settling:]:
+        _asked_alone(order, key, False)  # held by the shadow since the split, missed by L1: a step of -1
+        if order.recency:
+            break
+        accesses += 1
+    assert next(n for n in range(1, 1000) if n ** 0.5 > module.JOIN_SIGMAS) == accesses
+    assert 1 == order.joins
+
+
 def test_a_request_s_chunks_kept_or_lost_together_are_one_piece_of_evidence():
     """Eight keys an access, each held by the LRU and missed by L1: the lead is -8n and the squares' sum 64n, so
     ARC's phase ends after as many accesses as with one key each, not after an eighth of them."""

@@ -75,3 +75,29 @@ def test_an_access_that_never_ends_holds_at_most_the_key_budget_waiting():
         shadow.sees(key, 1, 0)
         assert len(shadow._asked) < 64 and len(shadow) <= 64
     assert shadow.halvings >= 3  # 1,000 distinct keys into a budget of 64
+
+
+def test_seeded_it_holds_what_an_lru_that_had_seen_those_keys_holds():
+    """Seeded with 10,000 one-byte keys, least recently used first, into an LRU of 4,000 with a budget of 500:
+    the rate halves as if the keys had been asked for one by one (three times), and every later find equals that
+    of a shadow fed the same keys by accesses and a plain LRU's of the sampled keys (4,000 / 8 = 500 bytes)."""
+    held = [(key, 1) for key in range(10_000)]
+    seeded, fed = ShadowLru(4000, max_keys=500), ShadowLru(4000, max_keys=500)
+    seeded.seed(held)
+    for access, (key, nbytes) in enumerate(held):
+        fed.sees(key, nbytes, access)
+    assert (3, 3) == (seeded.halvings, fed.halvings) and len(seeded) <= 500
+    rng = random.Random(5)
+    asks = [rng.randrange(12_000) for _ in range(5_000)]
+    answers = [seeded.sees(key, 1, len(held) + access) for access, key in enumerate(asks)]
+    assert [fed.sees(key, 1, len(held) + access) for access, key in enumerate(asks)] == answers
+    sampled = [(key, 1) for key, _ in held if _sampled(key, 3)] + [(key, 1) for key in asks if _sampled(key, 3)]
+    expected = _plain_lru(sampled, 500)[-sum(1 for key in asks if _sampled(key, 3)):]
+    assert expected == [answer for answer in answers if answer is not None] and any(expected)
+
+
+def test_seeded_with_more_bytes_than_it_holds_the_oldest_leave():
+    """Seeded with keys of 3 bytes into an LRU of 10: the newest three are held, the rest are not."""
+    shadow = ShadowLru(10)
+    shadow.seed([(key, 3) for key in "abcde"])
+    assert [False, False, True, True, True] == [shadow.sees(key, 3, 1) for key in "abcde"]
