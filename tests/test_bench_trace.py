@@ -584,3 +584,23 @@ def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output_and_l1_s
             f"LRU's {large['offline_lru']['hit_ratio']:.4f} ({large_before['mpcache_adaptive']['hit_ratio']:.4f} in "
             f"that section), and at `multitenant` large {tenants['mpcache_adaptive']['hit_ratio']:.4f} "
             f"({tenants_before['mpcache_adaptive']['hit_ratio']:.4f})") in prose
+
+
+def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
+    """The ratios docs/PERFORMANCE.md states for the later isolation runs of the compiled sketch are the runs
+    docs/PERFORMANCE.json keeps (``sketch_compiled.isolation_later``), in order, and so are the counts of the one
+    over target."""
+    runs = [run["tp1"][0] for run in _raw_results()["sketch_compiled"]["isolation_later"]]
+    ratios = [f"{run['instructions_over_first']['mpcache_adaptive']}×" for run in runs]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"read {ratios[0]} (5dac5d5, 02:00 UTC, beside other benchmarks: {runs[0]['requests']} requests), then, "
+            f"on 8c6ebfa") in prose
+    assert f"{ratios[1]}, {ratios[2]} and {ratios[3]} (02:34–02:41 UTC)" in prose
+    [over] = [run for run in runs if run["instructions_over_first"]["mpcache_adaptive"] > 1.05]
+    ours, theirs = _instructions(over)
+    assert (f"In the {ratios[1]} run `adaptive` counted {ours:,} instructions a request against `lru`'s "
+            f"{theirs:,}") in prose
+    raw = _raw_results()["sketch_compiled"]
+    compiled = runs + [raw[key]["tp1"][0] for key in ("isolation", "isolation_again")]
+    met = sum(run["instructions_over_first"]["mpcache_adaptive"] <= 1.05 for run in compiled)
+    assert f"met in {met} of the {len(compiled)} compiled runs, not in that one" in prose
