@@ -49,12 +49,12 @@ class ShadowLru:
 
     def seed(self, held: Iterable[tuple[Hashable, float]]) -> None:
         """Start from what an LRU holds now: ``held`` (key, bytes), least recently used first (the sampled ones;
-        the oldest leave while over capacity)."""
+        a key given again becomes the newest; the oldest leave while over capacity)."""
         for key, nbytes in held:
             if self.halvings and not self._sampled(key, self.halvings):
                 continue
+            self._bytes += nbytes - self._keys.pop(key, 0.0)
             self._keys[key] = nbytes
-            self._bytes += nbytes
             self._trim()
             if len(self._keys) > self._max_keys:
                 self._halve()

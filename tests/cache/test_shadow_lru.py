@@ -101,3 +101,12 @@ def test_seeded_with_more_bytes_than_it_holds_the_oldest_leave():
     shadow = ShadowLru(10)
     shadow.seed([(key, 3) for key in "abcde"])
     assert [False, False, True, True, True] == [shadow.sees(key, 3, 1) for key in "abcde"]
+
+
+def test_a_key_seeded_again_becomes_the_newest_and_counts_its_bytes_once():
+    """Seeded a (3 bytes), b, then a again, into an LRU of 6 bytes, then c: a is the newest but one and held, b
+    the oldest and pushed out by c (a counted twice would have pushed a out as well)."""
+    shadow = ShadowLru(6)
+    shadow.seed([("a", 3), ("b", 3), ("a", 3)])
+    shadow.seed([("c", 3)])
+    assert [False, True, True] == [shadow.sees(key, 3, 1) for key in ("b", "a", "c")]
