@@ -35,8 +35,8 @@
   for thousands of requests; where it is not, the excess shows within tens of ghost hits).  The split is undone
   where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on a sample of the
   keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once
-  L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes since the split and then trails it
-  by :data:`JOIN_SIGMAS` standard deviations since the split, an access counted as one piece of evidence
+  L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS` standard
+  deviations since the split, an access counted as one piece of evidence
   (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency phase's test,
   asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and that comparison
   alone: nothing to tune per workload.
@@ -246,7 +246,8 @@ class ArcOrder:
 
     def split(self) -> None:
         """End the recency phase (ARC's order has none): the objects seen again leave T1's list for T2's, in their
-        order.  The shadow LRU starts from the one list, which is an LRU's order, and L1's lead over it counts
+        order.  The shadow LRU starts from the one list, in an LRU's order (less what the current access holds
+        locked or is writing, and the orphans), and L1's lead over it counts
         once L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes (the objects an LRU chose give way to
         ARC's choice first, and what ARC keeps instead is asked for later)."""
         if not self.recency:
@@ -405,7 +406,7 @@ class ArcOrder:
         if shadow is not None:
             lru_found = shadow.sees(key, nbytes, self.access)
             if lru_found is not None:
-                self._compare(nbytes, found, lru_found)
+                self._compare(shadow, nbytes, found, lru_found)
         pending = self._gate_open
         if pending:
             for evidence, step in ((self._gate_protected, 1), (self._gate_contested, -1)):
@@ -417,21 +418,22 @@ class ArcOrder:
         if frequency.add(key):  # a window ended: the next one from the objects held now, never narrower
             frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
-    def _compare(self, nbytes: float, found: bool, lru_found: bool) -> None:
-        """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity,
-        releasing a request's chunks tail first as the recency phase does, holds (``lru_found``; nothing after its
-        first miss in the access: it finds a prefix too).  Once L1 has missed :data:`JOIN_SETTLING` of its capacity
-        in bytes since the split (the shadow LRU started then from the one list), each access's keys that one found
-        and the other did not add up to its step (+1 each where L1 found it); ARC's phase ends (:meth:`join`)
-        once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the root of their squares' sum (a
-        request's chunks are kept or lost together, so the access, not the key, is the unit of evidence)."""
+    def _compare(self, shadow: ShadowLru, nbytes: float, found: bool, lru_found: bool) -> None:
+        """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity
+        (``shadow``), releasing a request's chunks tail first as the recency phase does, holds (``lru_found``;
+        nothing after its first miss in the access: it finds a prefix too).  Once L1 has missed
+        :data:`JOIN_SETTLING` of its capacity in bytes since the split (the shadow LRU started then from the one
+        list), each access's keys that one found and the other did not add up to its step (+1 each where L1 found
+        it); ARC's phase ends (:meth:`join`) once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the
+        root of their squares' sum (a request's chunks are kept or lost together, so the access, not the key, is
+        the unit of evidence)."""
         if self._shadow_missed_at == self.access:
             lru_found = False
         elif not lru_found:
             self._shadow_missed_at = self.access
         if self._settling > 0:
-            if not found and self._shadow is not None:
-                self._settling -= nbytes * (1 << self._shadow.halvings)  # the bytes the sampled key stands for
+            if not found:
+                self._settling -= nbytes * (1 << shadow.halvings)  # the bytes the sampled key stands for
             return
         if self._step_access != self.access:  # a new access: the one before's net lead is one observation
             step, self._step_access, self._step = self._step, self.access, 0
