@@ -50,6 +50,7 @@ DUMP_TIMEOUT_S = 120.0
 IDLE_S = 5.0  # instrumented with no requests, per TP: each server's timers, subtracted from the measured window
 TARGET_INSTRUCTIONS_COST = 0.03  # publishing on vs off, instructions per request
 KINDS = ("mpcache", "mpcache_off", "lmcache")
+COLLECTOR = "gc_collect_main"  # CPython's cyclic collector: what each collection runs
 WORKLOADS = {  # --workload: the request mix's options to the workload (benchmarks/harness/workload.py)
     "mixed": (),  # its default: shared system prompts, follow-ups, new prompts
     "unique": ("--shared-fraction", "0", "--followup-fraction", "0"),  # every prompt new: nothing is ever found
@@ -91,6 +92,29 @@ def read_summary(path: str) -> dict[str, int]:
                     break
                 return dict(zip(names, values + [0] * (len(names) - len(values))))
     raise RuntimeError(f"{path}: not a callgrind dump with an events and a summary line")
+
+
+def read_collector(path: str) -> tuple[int, int]:
+    """How often the cyclic collector ran in the callgrind dump ``path`` and the instructions it executed there in
+    all (every collection, of any generation, is a call of :data:`COLLECTOR`; a call's record carries what it
+    executed inclusively)."""
+    names: dict[str, str] = {}
+    runs = instructions = 0
+    position_fields = 1
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        lines = handle.read().splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("positions:"):
+            position_fields = len(line.split()) - 1
+        elif line.startswith(("fn=(", "cfn=(")):
+            ident, _, name = line.partition("=")[2].partition(" ")
+            if name:
+                names[ident] = name
+            if (line.startswith("cfn=") and names.get(ident) == COLLECTOR and index + 2 < len(lines)
+                    and lines[index + 1].startswith("calls=")):
+                runs += int(lines[index + 1].split()[0].removeprefix("calls="))
+                instructions += int(lines[index + 2].split()[position_fields])
+    return runs, instructions
 
 
 def callgrind_control(pid: int, *options: str) -> None:
@@ -182,7 +206,10 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     if len({side["requests"] for side in sides}) != 1:
         raise RuntimeError(f"the mirrored servers saw different requests: {[side['requests'] for side in sides]}")
     kinds = [server.kind for server in servers]
+    collector = {kind: read_collector(os.path.join(out_dir, f"callgrind.{pid}.{dump + 1}"))
+                 for kind, pid in zip(kinds, pids)}
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
+            "collector": collector,
             "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,
             "server_calls": calls,
             "hit_chunk_ratio": dict(zip(kinds, (side["hit_chunk_ratio"] for side in sides))),
@@ -221,7 +248,9 @@ def _per_request(measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
-    """Each policy's server per request, gross and net of idle, and every server over the first (net)."""
+    """Each policy's server per request, gross and net of idle, and every server over the first (net), also with
+    the cyclic collector's instructions left out of both (a full collection falls in a window or not: its cost
+    is real, but whether a 60-second window holds one is chance)."""
     requests = measured["requests"]
     per, net = {}, {}
     for kind, counts in measured["counts"].items():
@@ -231,7 +260,13 @@ def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
         net[kind] = {name: round(max(0.0, per[kind][name] - sum(idle_per_s.get(event, 0) for event in events)
                                      * seconds / requests), 1) for name, events in COUNTERS.items()}
     first = next(iter(net.values()))
-    return {"requests": requests, "per_request": per, "net_per_request": net,
+    collector = {kind: {"collections": runs, "instructions_per_request": round(instructions / requests, 1)}
+                 for kind, (runs, instructions) in measured["collector"].items()}
+    outside = {kind: one["instructions"] - collector[kind]["instructions_per_request"] for kind, one in net.items()}
+    first_outside = next(iter(outside.values()))
+    return {"requests": requests, "per_request": per, "net_per_request": net, "collector": collector,
+            "instructions_over_first_outside_collector": {kind: round(value / first_outside, 4)
+                                                          for kind, value in outside.items()},
             "evicted_chunks_per_request": {kind: round(count / requests, 2)
                                            for kind, count in measured["evicted_chunks"].items()},
             "hit_chunk_ratio": measured["hit_chunk_ratio"],

@@ -307,6 +307,27 @@ def test_callgrind_summary_of_a_window_that_ran_nothing_reads_as_zeros(tmp_path)
             read_summary(str(tmp_path / "broken"))
 
 
+def test_the_collector_s_runs_and_instructions_are_read_from_its_callers_call_records(tmp_path):
+    """A dump shaped as callgrind writes one (names compressed to an id after their first use, a call's inclusive
+    cost on the line after its ``calls=``): every call of the collector, from each caller, summed; a function whose
+    name only ends like the collector's, and a call of another, are not counted."""
+    from benchmarks.isolation import read_collector
+
+    dump = tmp_path / "callgrind.7.2"
+    dump.write_text("\n".join([
+        "# callgrind format", "version: 1", "positions: line", "events: Ir Dr Dw",
+        "fn=(1) _PyObject_GC_Link", "12 40 3 1",
+        "cfn=(2) gc_collect_main", "calls=2 100", "13 9000 700 300",
+        "fn=(3) gc_collect_generations",
+        "cfn=(2)", "calls=1 100", "* 5000 400 100",
+        "cfn=(4) my_gc_collect_main", "calls=5 10", "+2 777 1 1",
+        "fn=(2)", "100 20 2 2", "summary: 15000", ""]))
+    assert (3, 14000) == read_collector(str(dump))
+    lines = dump.read_text().replace("positions: line", "positions: instr line").replace("13 9000", "0x10 13 9000")
+    dump.write_text(lines.replace("* 5000", "* * 5000"))
+    assert (3, 14000) == read_collector(str(dump))
+
+
 def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net_of_idle():
     """Two policies' windows, counts made up by hand: per request, each one's hit and stored chunks (the work a
     policy that finds more does besides its order's), evictions, and instructions net of idle over the first's;
@@ -318,7 +339,8 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
                 "evicted_chunks": {"a": 31, "b": 30}, "hit_chunk_ratio": {"a": 0.25, "b": 0.5},
                 "chunks": {"a": {"hit_chunks": 10, "stored_chunks": 30}, "b": {"hit_chunks": 20, "stored_chunks": 20}},
                 "retrieve_steps": {"a": 2, "b": 3},
-                "server_calls": {"a": {"lookup": 12.0, "retrieve": 0.0}, "b": {"lookup": 15.0, "retrieve": 4.0}}}
+                "server_calls": {"a": {"lookup": 12.0, "retrieve": 0.0}, "b": {"lookup": 15.0, "retrieve": 4.0}},
+                "collector": {"a": (2, 1_000), "b": (3, 4_000)}}
     report = isolation._policies_per_request(measured)
     assert {"a": 1.0, "b": 2.0} == report["hit_chunks_per_request"]
     assert {"a": 3.0, "b": 2.0} == report["stored_chunks_per_request"]
@@ -326,6 +348,9 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
     assert {"a": 0.2, "b": 0.3} == report["retrieve_steps_per_request"]
     assert {"a": {"lookup": 1.2}, "b": {"lookup": 1.5, "retrieve": 0.4}} == report["server_calls_per_request"]
     assert {"a": 1.0, "b": 1.4444} == report["instructions_over_first"]  # (1300) over (1000 - 500 * 2 / 10)
+    assert {"a": {"collections": 2, "instructions_per_request": 100.0},
+            "b": {"collections": 3, "instructions_per_request": 400.0}} == report["collector"]
+    assert {"a": 1.0, "b": 1.125} == report["instructions_over_first_outside_collector"]  # (1300 - 400) / (900 - 100)
     with pytest.raises(ValueError, match="unknown workload 'shared'"):
         isolation.run(policies=("lru",), workload="shared")
 

@@ -19,6 +19,7 @@ from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_sim
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, lru_capacity_for, outcome
+from mpcache.eviction.order import STORE_VERDICTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -604,3 +605,50 @@ def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
     compiled = runs + [raw[key]["tp1"][0] for key in ("isolation", "isolation_again")]
     met = sum(run["instructions_over_first"]["mpcache_adaptive"] <= 1.05 for run in compiled)
     assert f"met in {met} of the {len(compiled)} compiled runs, not in that one" in prose
+
+
+COLLECTOR_SECTION = "### `isolation`, 2026-12-05, morning (the cache process's collector)"
+COLLECTOR_HEADER = ("| code | `adaptive` | `lru` | requests | collections | collector's instructions a request | "
+                    "`adaptive` × `lru` | outside the collector |")
+
+
+def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's table of the engine-path counts with start-up frozen and verdicts untracked, and before
+    (53b61bb), reads the isolation runs docs/PERFORMANCE.json keeps (``collector_frozen``) in the order they ran; the
+    prose's verdicts, ranges and collector counts are theirs, and the verdicts it names are kept for as many named
+    stores as the order keeps."""
+    raw = _raw_results()["collector_frozen"]
+    runs = {"start-up frozen, verdicts untracked": [run["tp1"][0] for run in raw["after"]],
+            "53b61bb": [run["tp1"][0] for run in raw["before"]]}
+    expected = []
+    for name, measured in runs.items():
+        for run in measured:
+            ours, theirs = _instructions(run)
+            collector = run["collector"]
+            expected.append([name, f"{ours:,}", f"{theirs:,}", str(run["requests"]),
+                             f"{collector['mpcache_adaptive']['collections']} / "
+                             f"{collector['mpcache_lru']['collections']}",
+                             f"{round(collector['mpcache_adaptive']['instructions_per_request']):,} / "
+                             f"{round(collector['mpcache_lru']['instructions_per_request']):,}",
+                             f"{run['instructions_over_first']['mpcache_adaptive']}×",
+                             f"{run['instructions_over_first_outside_collector']['mpcache_adaptive']}×"])
+    assert expected == _table_rows(COLLECTOR_HEADER, COLLECTOR_SECTION)
+    after, before = runs["start-up frozen, verdicts untracked"], runs["53b61bb"]
+    ratios = [run["instructions_over_first"]["mpcache_adaptive"] for run in after]
+    outside = {name: [run["instructions_over_first_outside_collector"]["mpcache_adaptive"] for run in measured]
+               for name, measured in runs.items()}
+    over = [run for run in before if run["instructions_over_first"]["mpcache_adaptive"] > 1.05]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert max(ratios) <= 1.05 and len(over) == 2
+    assert f"met in all three runs of this code, {min(ratios)}–{max(ratios)}×" in prose
+    assert (f"two of three runs were over it, {over[0]['instructions_over_first']['mpcache_adaptive']}× and "
+            f"{over[1]['instructions_over_first']['mpcache_adaptive']}×") in prose
+    assert (f"executed {round(over[0]['collector']['mpcache_adaptive']['instructions_per_request']):,} and "
+            f"{round(over[1]['collector']['mpcache_adaptive']['instructions_per_request']):,} instructions a request "
+            f"in `adaptive`'s window against "
+            f"{round(over[0]['collector']['mpcache_lru']['instructions_per_request']):,} and "
+            f"{round(over[1]['collector']['mpcache_lru']['instructions_per_request']):,} in `lru`'s") in prose
+    now, then = outside["start-up frozen, verdicts untracked"], outside["53b61bb"]
+    assert f"({min(now)}–{max(now)}× now, {min(then)}–{max(then)}× before)" in prose
+    assert f"What remains between runs of this code, {round(max(ratios) - min(ratios), 4)}," in prose
+    assert f"kept for the newest {STORE_VERDICTS:,} stores" in prose

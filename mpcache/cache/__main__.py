@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
     except (ConfigError, LayoutMismatchError, OSError) as exc:
         log.error("cache.start_failed", error=str(exc))
         return 2
-    process.run(install_signals=True)
+    process.run(install_signals=True, freeze=True)
     return 0
 
 

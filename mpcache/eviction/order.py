@@ -155,8 +155,10 @@ class ArcOrder:
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
         self._placed = False  # whether the named store being reserved has placed an object
-        # named stores → [admitted, the first key of each part that had something to place], newest last
-        self._verdicts: OrderedDict[Any, list[Any]] = OrderedDict()
+        # named stores → (admitted, the hash of the first key of each part that had something to place...), newest
+        # last: a tuple of numbers, which the cyclic collector stops tracking (a list and a set of keys it would
+        # walk at every collection, for as long as the verdict is kept)
+        self._verdicts: OrderedDict[Any, tuple[bool | int, ...]] = OrderedDict()
         self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -333,16 +335,16 @@ class ArcOrder:
         named = self._store
         if (keys is None and named is not None and self.prefix_aware and self._storing
                 and (self._admitted is not None or self._placed)):
-            verdicts, first = self._verdicts, self._storing[0]
+            verdicts, part, admitted = self._verdicts, hash(self._storing[0]), self._admitted is not False
             record = verdicts.get(named)
             if record is None:
-                verdicts[named] = [self._admitted is not False, {first}]
+                verdicts[named] = (admitted, part)
                 if len(verdicts) > STORE_VERDICTS:
                     verdicts.popitem(False)
+            elif part in record[1:]:  # a part stored again: the name takes its new verdict
+                verdicts[named] = (admitted, *record[1:])
             else:
-                if first in record[1]:
-                    record[0] = self._admitted is not False
-                record[1].add(first)
+                verdicts[named] = record + (part,)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
         self._placed = False
@@ -484,12 +486,12 @@ class ArcOrder:
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored
-        again (its first key is a part's the name already had), which is judged afresh."""
+        again (its first key hashes as a part's the name already had), which is judged afresh."""
         named, storing = self._store, self._storing
         if named is None or not storing:
             return None
         record = self._verdicts.get(named)
-        return None if record is None or storing[0] in record[1] else record[0]
+        return None if record is None or hash(storing[0]) in record[1:] else bool(record[0])
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

@@ -3,14 +3,11 @@ and its Python definition alike, and the two against each other."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -26,12 +23,6 @@ WAYS = [pytest.param(FrequencySketchReference, id="python"),
         pytest.param(frequency.FrequencySketch, id="compiled", marks=compiled)]
 
 
-def test_the_extension_is_built_where_a_compiler_exists():
-    """Where a C compiler and the Python headers exist, the install must have built the extension."""
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not (shutil.which(compiler) and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()):
-        pytest.skip("no C compiler or Python headers here: the Python sketch is expected")
-    importlib.import_module("mpcache.eviction._sketch")  # ImportError fails the test
 
 
 @pytest.mark.parametrize("sketch_type", WAYS)

@@ -3,6 +3,7 @@ on hand-made objects whose victims follow from the definitions; and through L1Ma
 
 from __future__ import annotations
 
+import gc
 import random
 
 import numpy as np
@@ -260,6 +261,24 @@ def test_named_verdicts_are_kept_for_the_newest_stores_only():
     _seen_again(l1, 1, 1)
     assert 1 == _store(l1, [7], "one more")
     assert 0 == _store(l1, [8], "refused")  # forgotten: judged afresh, T2 not used since the last refusal
+
+
+def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
+    """A verdict lives for :data:`STORE_VERDICTS` named stores, far longer than a young collection: kept as
+    containers of keys it would be walked at every collection for as long as it is kept (and a full one walks
+    them all); kept as a tuple of numbers, under a name of strings and numbers, the collector stops tracking it
+    at the first collection it survives."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3, 4))
+    names = [("client", "m", "", f"request-{n}", 2, 0, 1, n) for n in range(3)]  # as the LMCache front end names
+    for number, name in enumerate(names):
+        _seen_again(l1, 1, 1)
+        for rank in range(2):
+            assert 1 == _store(l1, [10 + 2 * number + rank], name)  # refused, rank by rank
+    verdicts = l1._order._verdicts
+    gc.collect()
+    assert names == list(verdicts) and not any(gc.is_tracked(verdict) for verdict in verdicts.values())
+    assert not any(gc.is_tracked(name) for name in verdicts)
 
 
 def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():

@@ -3,12 +3,8 @@ leave the same trees and give the same sums and the same errors, and both equal 
 
 from __future__ import annotations
 
-import importlib
 import random
-import shutil
-import sysconfig
 from array import array
-from pathlib import Path
 
 import pytest
 
@@ -19,12 +15,6 @@ WAYS = [pytest.param((fenwick.add_reference, fenwick.prefix_reference), id="pyth
         pytest.param((fenwick.add, fenwick.prefix), id="compiled", marks=compiled)]
 
 
-def test_the_extension_is_built_where_a_compiler_exists():
-    """Where a C compiler and the Python headers exist, the install must have built the extension."""
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not (shutil.which(compiler) and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()):
-        pytest.skip("no C compiler or Python headers here: the Python steps are expected")
-    importlib.import_module("mpcache.telemetry.mrc._fenwick")  # ImportError fails the test
 
 
 @pytest.mark.parametrize("way", WAYS)
