@@ -94,10 +94,11 @@ def read_summary(path: str) -> dict[str, int]:
     raise RuntimeError(f"{path}: not a callgrind dump with an events and a summary line")
 
 
-def read_collector(path: str) -> tuple[int, int]:
+def read_collector(path: str) -> tuple[int, int] | None:
     """How often the cyclic collector ran in the callgrind dump ``path`` and the instructions it executed there in
     all (every collection, of any generation, is a call of :data:`COLLECTOR`; a call's record carries what it
-    executed inclusively)."""
+    executed inclusively); None where no call of it is recorded (a window without a collection, or an interpreter
+    whose collector is inlined or named otherwise: not told apart, so not reported as zero)."""
     names: dict[str, str] = {}
     runs = instructions = 0
     position_fields = 1
@@ -114,7 +115,7 @@ def read_collector(path: str) -> tuple[int, int]:
                     and lines[index + 1].startswith("calls=")):
                 runs += int(lines[index + 1].split()[0].removeprefix("calls="))
                 instructions += int(lines[index + 2].split()[position_fields])
-    return runs, instructions
+    return (runs, instructions) if runs else None
 
 
 def callgrind_control(pid: int, *options: str) -> None:
@@ -260,13 +261,15 @@ def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
         net[kind] = {name: round(max(0.0, per[kind][name] - sum(idle_per_s.get(event, 0) for event in events)
                                      * seconds / requests), 1) for name, events in COUNTERS.items()}
     first = next(iter(net.values()))
-    collector = {kind: {"collections": runs, "instructions_per_request": round(instructions / requests, 1)}
-                 for kind, (runs, instructions) in measured["collector"].items()}
-    outside = {kind: one["instructions"] - collector[kind]["instructions_per_request"] for kind, one in net.items()}
+    collector = {kind: None if counted is None else {"collections": counted[0],
+                                                     "instructions_per_request": round(counted[1] / requests, 1)}
+                 for kind, counted in measured["collector"].items()}
+    outside = {kind: one["instructions"] - (collector[kind] or {}).get("instructions_per_request", 0.0)
+               for kind, one in net.items()}
     first_outside = next(iter(outside.values()))
     return {"requests": requests, "per_request": per, "net_per_request": net, "collector": collector,
-            "instructions_over_first_outside_collector": {kind: round(value / first_outside, 4)
-                                                          for kind, value in outside.items()},
+            "instructions_over_first_outside_collector": None if None in collector.values() else {
+                kind: round(value / first_outside, 4) for kind, value in outside.items()},
             "evicted_chunks_per_request": {kind: round(count / requests, 2)
                                            for kind, count in measured["evicted_chunks"].items()},
             "hit_chunk_ratio": measured["hit_chunk_ratio"],
@@ -311,6 +314,10 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
                              f"warm-up, {idle_s:.0f} s idle, then {seconds:.0f} s counted (all under callgrind)")
                     measured = _measure(python, servers, out_dir, tp, 2 * number + 1, seconds, warmup_s, idle_s,
                                         os.path.join(tmp, "workload.log"), WORKLOADS[workload])
+                    unread = [kind for kind, counted in measured["collector"].items() if counted is None]
+                    if unread:
+                        progress(f"isolation: no call of {COLLECTOR} in the counted window of {', '.join(unread)}: "
+                                 "the collector's share is not reported")
                     per_tp[f"tp{tp}"].append((_policies_per_request if policies else _per_request)(measured))
             finally:
                 for server in servers:

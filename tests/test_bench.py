@@ -326,6 +326,8 @@ def test_the_collector_s_runs_and_instructions_are_read_from_its_callers_call_re
     lines = dump.read_text().replace("positions: line", "positions: instr line").replace("13 9000", "0x10 13 9000")
     dump.write_text(lines.replace("* 5000", "* * 5000"))
     assert (3, 14000) == read_collector(str(dump))
+    dump.write_text(lines.replace("gc_collect_main", "gc_collect_increment"))  # another interpreter's collector
+    assert None is read_collector(str(dump))
 
 
 def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net_of_idle():
@@ -351,6 +353,8 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
     assert {"a": {"collections": 2, "instructions_per_request": 100.0},
             "b": {"collections": 3, "instructions_per_request": 400.0}} == report["collector"]
     assert {"a": 1.0, "b": 1.125} == report["instructions_over_first_outside_collector"]  # (1300 - 400) / (900 - 100)
+    unread = isolation._policies_per_request({**measured, "collector": {"a": (2, 1_000), "b": None}})
+    assert (None, None) == (unread["collector"]["b"], unread["instructions_over_first_outside_collector"])
     with pytest.raises(ValueError, match="unknown workload 'shared'"):
         isolation.run(policies=("lru",), workload="shared")
 

@@ -614,7 +614,7 @@ COLLECTOR_HEADER = ("| code | `adaptive` | `lru` | requests | collections | coll
 
 def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the engine-path counts with start-up frozen and verdicts untracked, and before
-    (53b61bb), reads the isolation runs docs/PERFORMANCE.json keeps (``collector_frozen``) in the order they ran; the
+    (53b61bb), reads the isolation runs docs/PERFORMANCE.json keeps (``collector_frozen``), this code's first; the
     prose's verdicts, ranges and collector counts are theirs, and the verdicts it names are kept for as many named
     stores as the order keeps."""
     raw = _raw_results()["collector_frozen"]

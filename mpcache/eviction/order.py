@@ -155,10 +155,11 @@ class ArcOrder:
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
         self._placed = False  # whether the named store being reserved has placed an object
-        # named stores → (admitted, the hash of the first key of each part that had something to place...), newest
-        # last: a tuple of numbers, which the cyclic collector stops tracking (a list and a set of keys it would
-        # walk at every collection, for as long as the verdict is kept)
-        self._verdicts: OrderedDict[Any, tuple[bool | int, ...]] = OrderedDict()
+        # named stores → admitted, newest last, and each one's parts: the hashes of the first keys of the parts that
+        # had something to place (numbers: the cyclic collector does not track a dict of them, where a set of keys
+        # kept for as long as the verdict is would be walked by every full collection)
+        self._verdicts: OrderedDict[Any, bool] = OrderedDict()
+        self._parts: dict[Any, dict[int, None]] = {}
         self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
         self._refused_bytes = 0.0
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -336,15 +337,16 @@ class ArcOrder:
         if (keys is None and named is not None and self.prefix_aware and self._storing
                 and (self._admitted is not None or self._placed)):
             verdicts, part, admitted = self._verdicts, hash(self._storing[0]), self._admitted is not False
-            record = verdicts.get(named)
-            if record is None:
-                verdicts[named] = (admitted, part)
+            parts = self._parts.get(named)
+            if parts is None:
+                verdicts[named] = admitted
+                self._parts[named] = {part: None}
                 if len(verdicts) > STORE_VERDICTS:
-                    verdicts.popitem(False)
-            elif part in record[1:]:  # a part stored again: the name takes its new verdict
-                verdicts[named] = (admitted, *record[1:])
+                    del self._parts[verdicts.popitem(False)[0]]
             else:
-                verdicts[named] = record + (part,)
+                if part in parts:  # a part stored again: the name takes its new verdict
+                    verdicts[named] = admitted
+                parts[part] = None
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
         self._placed = False
@@ -490,8 +492,8 @@ class ArcOrder:
         named, storing = self._store, self._storing
         if named is None or not storing:
             return None
-        record = self._verdicts.get(named)
-        return None if record is None or hash(storing[0]) in record[1:] else bool(record[0])
+        parts = self._parts.get(named)
+        return None if parts is None or hash(storing[0]) in parts else self._verdicts[named]
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

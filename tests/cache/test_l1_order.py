@@ -265,9 +265,9 @@ def test_named_verdicts_are_kept_for_the_newest_stores_only():
 
 def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
     """A verdict lives for :data:`STORE_VERDICTS` named stores, far longer than a young collection: kept as
-    containers of keys it would be walked at every collection for as long as it is kept (and a full one walks
-    them all); kept as a tuple of numbers, under a name of strings and numbers, the collector stops tracking it
-    at the first collection it survives."""
+    containers of keys, every full collection would walk them for as long as they are kept; kept as a flag and a
+    dict of numbers, under a name of strings and numbers, the collector does not track them (the name: from the
+    first collection it survives)."""
     l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     names = [("client", "m", "", f"request-{n}", 2, 0, 1, n) for n in range(3)]  # as the LMCache front end names
@@ -275,10 +275,11 @@ def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
         _seen_again(l1, 1, 1)
         for rank in range(2):
             assert 1 == _store(l1, [10 + 2 * number + rank], name)  # refused, rank by rank
-    verdicts = l1._order._verdicts
+    verdicts, parts = l1._order._verdicts, l1._order._parts
     gc.collect()
-    assert names == list(verdicts) and not any(gc.is_tracked(verdict) for verdict in verdicts.values())
-    assert not any(gc.is_tracked(name) for name in verdicts)
+    assert names == list(verdicts) == list(parts) and [False] * 3 == list(verdicts.values())
+    assert [2] * 3 == [len(kept) for kept in parts.values()]  # both ranks' parts
+    assert not any(gc.is_tracked(kept) for kept in parts.values()) and not any(gc.is_tracked(name) for name in parts)
 
 
 def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():
