@@ -209,6 +209,7 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     kinds = [server.kind for server in servers]
     collector = {kind: read_collector(os.path.join(out_dir, f"callgrind.{pid}.{dump + 1}"))
                  for kind, pid in zip(kinds, pids)}
+    idle_collector = [read_collector(os.path.join(out_dir, f"callgrind.{pid}.{dump}")) for pid in pids]
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
             "collector": collector,
             "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,
@@ -219,7 +220,9 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
             "retrieve_steps": dict(zip(kinds, (side["op_latency_ms"].get("retrieve", {}).get("n", 0)
                                                for side in sides))),
             "idle_per_s": {kind: {event: value / seconds_idle for event, value in one.items()}
-                           for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)}}
+                           for kind, one, seconds_idle in zip(kinds, idle, idle_elapsed)},
+            "idle_collector_per_s": {kind: (counted[1] if counted else 0) / seconds_idle  # no call: none ran idle
+                                     for kind, counted, seconds_idle in zip(kinds, idle_collector, idle_elapsed)}}
 
 
 def _per_request(measured: dict[str, Any]) -> dict[str, Any]:
@@ -250,8 +253,8 @@ def _per_request(measured: dict[str, Any]) -> dict[str, Any]:
 
 def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
     """Each policy's server per request, gross and net of idle, and every server over the first (net), also with
-    the cyclic collector's instructions left out of both (a full collection falls in a window or not: its cost
-    is real, but whether a 60-second window holds one is chance)."""
+    the cyclic collector's instructions left out of both, in the counted window and in the idle one (a full
+    collection falls in a window or not: its cost is real, but whether a 60-second window holds one is chance)."""
     requests = measured["requests"]
     per, net = {}, {}
     for kind, counts in measured["counts"].items():
@@ -264,7 +267,10 @@ def _policies_per_request(measured: dict[str, Any]) -> dict[str, Any]:
     collector = {kind: None if counted is None else {"collections": counted[0],
                                                      "instructions_per_request": round(counted[1] / requests, 1)}
                  for kind, counted in measured["collector"].items()}
+    # net of idle already took out the idle window's collections (at its rate): they are put back before the
+    # counted window's are taken out, so that none is taken out twice
     outside = {kind: one["instructions"] - (collector[kind] or {}).get("instructions_per_request", 0.0)
+               + measured["idle_collector_per_s"][kind] * measured["seconds"][kind] / requests
                for kind, one in net.items()}
     first_outside = next(iter(outside.values()))
     return {"requests": requests, "per_request": per, "net_per_request": net, "collector": collector,

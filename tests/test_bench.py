@@ -342,7 +342,7 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
                 "chunks": {"a": {"hit_chunks": 10, "stored_chunks": 30}, "b": {"hit_chunks": 20, "stored_chunks": 20}},
                 "retrieve_steps": {"a": 2, "b": 3},
                 "server_calls": {"a": {"lookup": 12.0, "retrieve": 0.0}, "b": {"lookup": 15.0, "retrieve": 4.0}},
-                "collector": {"a": (2, 1_000), "b": (3, 4_000)}}
+                "collector": {"a": (2, 1_000), "b": (3, 4_000)}, "idle_collector_per_s": {"a": 50.0, "b": 0.0}}
     report = isolation._policies_per_request(measured)
     assert {"a": 1.0, "b": 2.0} == report["hit_chunks_per_request"]
     assert {"a": 3.0, "b": 2.0} == report["stored_chunks_per_request"]
@@ -352,7 +352,8 @@ def test_isolation_policies_report_each_policys_chunks_per_request_and_ratio_net
     assert {"a": 1.0, "b": 1.4444} == report["instructions_over_first"]  # (1300) over (1000 - 500 * 2 / 10)
     assert {"a": {"collections": 2, "instructions_per_request": 100.0},
             "b": {"collections": 3, "instructions_per_request": 400.0}} == report["collector"]
-    assert {"a": 1.0, "b": 1.125} == report["instructions_over_first_outside_collector"]  # (1300 - 400) / (900 - 100)
+    # (1300 - 400) / (900 - 100 + 50 * 2 / 10): a's idle window's collections were in what net of idle took out
+    assert {"a": 1.0, "b": 1.1111} == report["instructions_over_first_outside_collector"]
     unread = isolation._policies_per_request({**measured, "collector": {"a": (2, 1_000), "b": None}})
     assert (None, None) == (unread["collector"]["b"], unread["instructions_over_first_outside_collector"])
     with pytest.raises(ValueError, match="unknown workload 'shared'"):
