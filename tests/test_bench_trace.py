@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -505,6 +506,8 @@ JOIN_HEADER = ("| trace (requests) | L1 | blocks | offline_lru | lru_tail_first_
                "mpcache_arc | mpcache_adaptive |")
 JOIN_SECTION = "### `trace`, 2026-12-04, late night (`adaptive` undoes a split that does not pay)"
 JOIN_SOONER_SECTION = "### `trace`, 2026-12-05 (`adaptive` undoes a split sooner)"
+JOIN_FROM_PEAK_SECTION = "### `trace`, 2026-12-05, later (`adaptive` joins from its highest lead)"
+JOIN_COLUMNS = ("offline_lru", "lru_tail_first_simulated", "arc_simulated", "mpcache_arc", "mpcache_adaptive")
 
 
 def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output():
@@ -556,26 +559,29 @@ def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw
             f"{counts['lru']:,}") in prose
 
 
-def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+def _moved(runs: dict[str, Any], before: dict[str, Any], columns: tuple[str, ...]) -> set[tuple[str, str, str]]:
+    """The (trace, size, column) points of ``runs`` whose hit ratio differs from ``before``'s (traces in both)."""
+    return {(kind, name, column) for kind, result in runs.items() if kind in before
+            for name, size in result["sizes"].items() for column in columns
+            if size[column]["hit_ratio"] != before[kind]["sizes"][name][column]["hit_ratio"]}
+
+
+def _table_is_the_raw_output(runs: dict[str, Any], section: str) -> None:
+    """The table under ``section`` (``JOIN_HEADER``'s columns) reads what ``runs`` keeps."""
+    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
+                + [f"{size[column]['hit_ratio']:.4f}" for column in JOIN_COLUMNS]
+                for kind, result in runs.items() for name, size in result["sizes"].items()]
+    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER, section))
+
+
+def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` undoes a split sooner reads what
-    docs/PERFORMANCE.json keeps of them (``join_sooner``), every ``mpcache_adaptive`` equals L1 replayed in process
-    on the same trace (``trace_gen``'s agentic seed 8 and multitenant seed 1), and its prose states those runs'
-    large points beside the runs before (``shadow_join``)."""
+    docs/PERFORMANCE.json keeps of them (``join_sooner``), and its prose states those runs' large points beside the
+    runs before (``shadow_join``)."""
     raw = _raw_results()
     runs, before = raw["join_sooner"]["trace"], raw["shadow_join"]["trace"]
-    columns = ("offline_lru", "lru_tail_first_simulated", "arc_simulated", "mpcache_arc", "mpcache_adaptive")
-    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
-                + [f"{size[column]['hit_ratio']:.4f}" for column in columns]
-                for kind, result in runs.items() for name, size in result["sizes"].items()]
-    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER, JOIN_SOONER_SECTION))
-    for kind, seed in (("agentic", 8), ("multitenant", 1)):
-        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
-        for size in runs[kind]["sizes"].values():
-            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
-            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
-    moved = {(kind, name, column) for kind, result in runs.items() for name, size in result["sizes"].items()
-             for column in columns
-             if size[column]["hit_ratio"] != before[kind]["sizes"][name][column]["hit_ratio"]}
+    _table_is_the_raw_output(runs, JOIN_SOONER_SECTION)
+    moved = _moved(runs, before, JOIN_COLUMNS)
     assert {("agentic", "large", "mpcache_adaptive"), ("multitenant", "large", "mpcache_adaptive")} == moved
     prose = " ".join(_doc("PERFORMANCE.md").split())
     assert "no other point moves" in prose
@@ -585,6 +591,37 @@ def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output_and_l1_s
             f"LRU's {large['offline_lru']['hit_ratio']:.4f} ({large_before['mpcache_adaptive']['hit_ratio']:.4f} in "
             f"that section), and at `multitenant` large {tenants['mpcache_adaptive']['hit_ratio']:.4f} "
             f"({tenants_before['mpcache_adaptive']['hit_ratio']:.4f})") in prose
+
+
+def test_performance_md_join_from_peak_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+    """docs/PERFORMANCE.md's table of the runs where ``adaptive`` joins from its highest lead reads what
+    docs/PERFORMANCE.json keeps of them (``join_from_peak``), every ``mpcache_adaptive`` equals L1 replayed in
+    process on the same trace, only ``agentic``'s large point moved from the runs before
+    (``join_sooner``), and its prose states them and the in-process run of the order before that it keeps."""
+    raw = _raw_results()
+    kept = raw["join_from_peak"]
+    runs, before = kept["trace"], raw["join_sooner"]["trace"]
+    _table_is_the_raw_output(runs, JOIN_FROM_PEAK_SECTION)
+    for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
+        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
+        for size in runs[kind]["sizes"].values():
+            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
+            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
+    assert {("agentic", "large", "mpcache_adaptive")} == _moved(runs, before, JOIN_COLUMNS)
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    middle = runs["conversations"]["sizes"]["middle"]
+    [in_process_before] = [row["l1_adaptive"] for row in kept["policy_matrix_conversations_seed14"]["before"]
+                           if row["size"] == "middle"]
+    [in_process_after] = [row["l1_adaptive"] for row in kept["policy_matrix_conversations_seed14"]["after"]
+                          if row["size"] == "middle"]
+    assert round(in_process_after, 4) == middle["mpcache_adaptive"]["hit_ratio"]
+    gap = middle["offline_lru"]["hit_ratio"] - middle["mpcache_adaptive"]["hit_ratio"]
+    assert (f"`conversations` middle reads {middle['mpcache_adaptive']['hit_ratio']:.4f}, {gap:.4f} below the "
+            f"offline LRU, where the order before read {in_process_before:.4f}") in prose
+    large, large_before = runs["agentic"]["sizes"]["large"], before["agentic"]["sizes"]["large"]
+    assert (f"`agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} "
+            f"({large_before['mpcache_adaptive']['hit_ratio']:.4f} in the section below); no other point of the two "
+            "6,000-request traces moves") in prose
 
 
 def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():

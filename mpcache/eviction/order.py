@@ -36,10 +36,11 @@
   where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on a sample of the
   keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once
   L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS` standard
-  deviations since the split, an access counted as one piece of evidence
-  (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency phase's test,
-  asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and that comparison
-  alone: nothing to tune per workload.
+  deviations since the split, or trails it and has fallen by :data:`JOIN_FALL_SIGMAS` since its lead was highest (a
+  lead built while ARC served better does not hide for long that it no longer does), an access counted as one
+  piece of evidence (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency
+  phase's test, asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and
+  that comparison alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -74,6 +75,7 @@ PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store fol
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
 JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
+JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
 JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
 GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
@@ -174,12 +176,13 @@ class ArcOrder:
         self.gate_score = -1
         # in ARC's phase, what an LRU of L1's capacity would find of a sample of the keys asked for (``_compare``):
         # the bytes left to miss before it counts (``_settling``), L1's lead over it and the sum of the squares of
-        # the accesses' steps, the current access's step so far; ``joins``: ARC phases ended so far
+        # the accesses' steps, the highest lead and that sum since it, the current access's step so far;
+        # ``joins``: ARC phases ended so far
         self._code = code
         self._shadow: ShadowLru | None = None
         self._shadow_missed_at = -1  # the access whose lookup the shadow LRU missed a key of (it finds a prefix)
         self._settling = 0.0
-        self._lead = self._squares = self._step = 0
+        self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
 
@@ -263,7 +266,7 @@ class ArcOrder:
             del t1[key]
         self.lists[1] = t2
         self._settling = JOIN_SETTLING * self.capacity
-        self._lead = self._squares = self._step = 0
+        self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
 
     def join(self) -> None:
         """End ARC's phase: T1 and T2 are one list again, least recently used first, and the recency phase's test
@@ -430,7 +433,11 @@ class ArcOrder:
         list), each access's keys that one found and the other did not add up to its step (+1 each where L1 found
         it); ARC's phase ends (:meth:`join`) once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the
         root of their squares' sum (a request's chunks are kept or lost together, so the access, not the key, is
-        the unit of evidence)."""
+        the unit of evidence), or below 0 having fallen from its highest (0 at first) by more than
+        :data:`JOIN_FALL_SIGMAS` times the root of the squares' sum of the steps since: a lead ARC built while it
+        served better hides for no longer than it takes to lose it that it no longer does.  The fall asks for more
+        standard deviations, and for a lead below 0, because it is tested afresh from every new highest: a run of
+        losses that comes by chance to a phase that lasts should not end one that pays."""
         if self._shadow_missed_at == self.access:
             lru_found = False
         elif not lru_found:
@@ -442,9 +449,14 @@ class ArcOrder:
         if self._step_access != self.access:  # a new access: the one before's net lead is one observation
             step, self._step_access, self._step = self._step, self.access, 0
             if step:
-                self._lead += step
+                lead = self._lead = self._lead + step
                 self._squares += step * step
-                if self._lead < -JOIN_SIGMAS * self._squares ** 0.5:
+                if lead >= self._peak_lead:
+                    self._peak_lead, self._fall_squares = lead, 0
+                else:
+                    self._fall_squares += step * step
+                if lead < 0 and (lead < -JOIN_SIGMAS * self._squares ** 0.5
+                                 or lead - self._peak_lead < -JOIN_FALL_SIGMAS * self._fall_squares ** 0.5):
                     self.join()
                     return
         if found != lru_found:

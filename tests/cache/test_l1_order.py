@@ -596,6 +596,42 @@ def test_arc_s_phase_lasts_while_l1_finds_what_an_lru_would_not():
     assert 0 == order.joins
 
 
+def _lead_then_trail(order: ArcOrder, lead: int) -> int:
+    """Past a split and its settling (8 bytes: the capacity of ``_order(True, capacity=8)``), L1 finds ``lead``
+    keys the LRU would not, one access each; then, access after access, it misses a key the LRU holds.  Returns how
+    many such accesses it took to end ARC's phase."""
+    order.split()
+    for n in range(8):
+        _asked_alone(order, f"new-{order.joins}-{n}", False)
+    for n in range(lead):
+        _asked_alone(order, f"old-{order.joins}-{n}", True)  # the LRU never held it: L1's lead +1
+    hot = f"hot-{order.joins}"
+    _asked_alone(order, hot, False)  # missed by both: the LRU holds it from here on
+    accesses = 0
+    while not order.recency:
+        _asked_alone(order, hot, False)  # the LRU holds it, L1 missed it: -1, counted at the next access
+        accesses += 1
+        assert accesses < 1000
+    return accesses - 1
+
+
+def test_arc_s_phase_ends_once_l1_trails_an_lru_and_has_fallen_from_its_highest_lead_by_join_fall_sigmas():
+    """Past the split, L1 first leads the LRU by 100 accesses' keys (+1 each), then trails it access after access
+    (-1 each): ARC's phase ends at the first n of those where the lead, 100 - n, is below 0 and has fallen from its
+    highest by more than JOIN_FALL_SIGMAS times the root of the n steps' squares (n > JOIN_FALL_SIGMAS * sqrt(n)),
+    or is below -JOIN_SIGMAS times the root of every step's squares since the split, sqrt(100 + n): n = 101 where
+    the second test alone needs 148.  A second phase measures from its own split: a lead of 5 there, below the
+    first phase's highest, ends it at the first n > 5 with n > JOIN_FALL_SIGMAS * sqrt(n)."""
+    from mpcache.eviction import order as module
+
+    order = _order(True, capacity=8)[0]
+    for lead, phases in ((100, 1), (5, 2)):
+        expected = next(n for n in range(1, 1000) if lead - n < 0 and (
+            n > module.JOIN_FALL_SIGMAS * n ** 0.5 or lead - n < -module.JOIN_SIGMAS * (lead + n) ** 0.5))
+        assert expected == _lead_then_trail(order, lead)
+        assert phases == order.joins
+
+
 def test_after_a_join_the_recency_phase_asks_for_twice_the_evidence_before_it_splits_again():
     """The scene of ``test_the_recency_phase_ends_once_...`` after one join: B2's hits exceed their share by 4.40
     standard deviations at the 8th, past the 3 that split it before but short of the 6 it asks for now."""
