@@ -36,11 +36,11 @@
   where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on a sample of the
   keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once
   L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS` standard
-  deviations since the split, or trails it and has fallen by :data:`JOIN_FALL_SIGMAS` since its lead was highest (a
-  lead built while ARC served better does not hide for long that it no longer does), an access counted as one
-  piece of evidence (``_compare``), T1 and T2 are one list again, in their objects' last uses, until the recency
-  phase's test, asking for twice its standard deviations per join, splits it again.  It adapts by ghost hits and
-  that comparison alone: nothing to tune per workload.
+  deviations since the split, or trails it and has fallen by more than :data:`JOIN_FALL_SIGMAS` standard deviations
+  of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
+  longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
+  objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
+  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The

@@ -596,10 +596,11 @@ def test_arc_s_phase_lasts_while_l1_finds_what_an_lru_would_not():
     assert 0 == order.joins
 
 
-def _lead_then_trail(order: ArcOrder, lead: int) -> int:
+def _lead_then_trail(order: ArcOrder, lead: int, dip: bool = False) -> int:
     """Past a split and its settling (8 bytes: the capacity of ``_order(True, capacity=8)``), L1 finds ``lead``
-    keys the LRU would not, one access each; then, access after access, it misses a key the LRU holds.  Returns how
-    many such accesses it took to end ARC's phase."""
+    keys the LRU would not, one access each (with ``dip``, then misses one the LRU holds and finds one more: back to
+    its highest lead); then, access after access, it misses a key the LRU holds.  Returns how many such accesses
+    it took to end ARC's phase."""
     order.split()
     for n in range(8):
         _asked_alone(order, f"new-{order.joins}-{n}", False)
@@ -607,6 +608,9 @@ def _lead_then_trail(order: ArcOrder, lead: int) -> int:
         _asked_alone(order, f"old-{order.joins}-{n}", True)  # the LRU never held it: L1's lead +1
     hot = f"hot-{order.joins}"
     _asked_alone(order, hot, False)  # missed by both: the LRU holds it from here on
+    if dip:
+        _asked_alone(order, hot, False)  # -1
+        _asked_alone(order, f"old-{order.joins}-dip", True)  # +1: the lead is at its highest again
     accesses = 0
     while not order.recency:
         _asked_alone(order, hot, False)  # the LRU holds it, L1 missed it: -1, counted at the next access
@@ -621,14 +625,15 @@ def test_arc_s_phase_ends_once_l1_trails_an_lru_and_has_fallen_from_its_highest_
     highest by more than JOIN_FALL_SIGMAS times the root of the n steps' squares (n > JOIN_FALL_SIGMAS * sqrt(n)),
     or is below -JOIN_SIGMAS times the root of every step's squares since the split, sqrt(100 + n): n = 101 where
     the second test alone needs 148.  A second phase measures from its own split: a lead of 5 there, below the
-    first phase's highest, ends it at the first n > 5 with n > JOIN_FALL_SIGMAS * sqrt(n)."""
+    first phase's highest, ends it at the first n > 5 with n > JOIN_FALL_SIGMAS * sqrt(n).  A third, whose lead of
+    5 dips by one and comes back before the losses, measures the fall from where it came back: the same n."""
     from mpcache.eviction import order as module
 
     order = _order(True, capacity=8)[0]
-    for lead, phases in ((100, 1), (5, 2)):
+    for lead, dip, phases in ((100, False, 1), (5, False, 2), (5, True, 3)):
         expected = next(n for n in range(1, 1000) if lead - n < 0 and (
-            n > module.JOIN_FALL_SIGMAS * n ** 0.5 or lead - n < -module.JOIN_SIGMAS * (lead + n) ** 0.5))
-        assert expected == _lead_then_trail(order, lead)
+            n > module.JOIN_FALL_SIGMAS * n ** 0.5 or lead - n < -module.JOIN_SIGMAS * (lead + 2 * dip + n) ** 0.5))
+        assert expected == _lead_then_trail(order, lead, dip)
         assert phases == order.joins
 
 
