@@ -124,9 +124,14 @@ def callgrind_control(pid: int, *options: str) -> None:
         raise RuntimeError(f"callgrind_control {' '.join(options)} {pid} failed: {done.stderr.strip()[-300:]}")
 
 
+def dump_path(out_dir: str, pid: int, number: int) -> str:
+    """Where callgrind writes dump ``number`` of process ``pid``."""
+    return os.path.join(out_dir, f"callgrind.{pid}.{number}")
+
+
 def read_dump(out_dir: str, pid: int, number: int) -> dict[str, int]:
     """The totals of dump ``number`` of process ``pid``, once callgrind has written it."""
-    path = os.path.join(out_dir, f"callgrind.{pid}.{number}")
+    path = dump_path(out_dir, pid, number)
     deadline = time.monotonic() + DUMP_TIMEOUT_S
     while True:
         try:
@@ -207,9 +212,8 @@ def _measure(python: str, servers: list[Server], out_dir: str, tp: int, dump: in
     if len({side["requests"] for side in sides}) != 1:
         raise RuntimeError(f"the mirrored servers saw different requests: {[side['requests'] for side in sides]}")
     kinds = [server.kind for server in servers]
-    collector = {kind: read_collector(os.path.join(out_dir, f"callgrind.{pid}.{dump + 1}"))
-                 for kind, pid in zip(kinds, pids)}
-    idle_collector = [read_collector(os.path.join(out_dir, f"callgrind.{pid}.{dump}")) for pid in pids]
+    collector = {kind: read_collector(dump_path(out_dir, pid, dump + 1)) for kind, pid in zip(kinds, pids)}
+    idle_collector = [read_collector(dump_path(out_dir, pid, dump)) for pid in pids]
     return {"requests": result["requests"], "seconds": dict(zip(kinds, elapsed)), "counts": dict(zip(kinds, counts)),
             "collector": collector,
             "ring_cells": {kind: published.get(kind, 0) for kind in kinds}, "evicted_chunks": evicted,

@@ -510,15 +510,26 @@ JOIN_FROM_PEAK_SECTION = "### `trace`, 2026-12-05, later (`adaptive` joins from 
 JOIN_COLUMNS = ("offline_lru", "lru_tail_first_simulated", "arc_simulated", "mpcache_arc", "mpcache_adaptive")
 
 
+def _moved(runs: dict[str, Any], before: dict[str, Any], columns: tuple[str, ...]) -> set[tuple[str, str, str]]:
+    """The (trace, size, column) points of ``runs`` whose hit ratio differs from ``before``'s (traces in both)."""
+    return {(kind, name, column) for kind, result in runs.items() if kind in before
+            for name, size in result["sizes"].items() for column in columns
+            if size[column]["hit_ratio"] != before[kind]["sizes"][name][column]["hit_ratio"]}
+
+
+def _table_is_the_raw_output(runs: dict[str, Any], section: str) -> None:
+    """The table under ``section`` (``JOIN_HEADER``'s columns) reads what ``runs`` keeps."""
+    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
+                + [f"{size[column]['hit_ratio']:.4f}" for column in JOIN_COLUMNS]
+                for kind, result in runs.items() for name, size in result["sizes"].items()]
+    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER, section))
+
+
 def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` undoes its split reads what docs/PERFORMANCE.json
     keeps of them (``shadow_join``), and the engine-path counts its paragraph states are those runs'."""
     raw = _raw_results()["shadow_join"]
-    columns = ("offline_lru", "lru_tail_first_simulated", "arc_simulated", "mpcache_arc", "mpcache_adaptive")
-    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
-                + [f"{size[column]['hit_ratio']:.4f}" for column in columns]
-                for kind, result in raw["trace"].items() for name, size in result["sizes"].items()]
-    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER, JOIN_SECTION))
+    _table_is_the_raw_output(raw["trace"], JOIN_SECTION)
     large = raw["trace"]["agentic"]["sizes"]["large"]
     prose = " ".join(_doc("PERFORMANCE.md").split())
     assert (f"`adaptive` at `agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} against the offline "
@@ -557,21 +568,6 @@ def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw
     assert (f"`adaptive` takes {counts['adaptive_compiled_sketch']:,} instructions a request with the compiled "
             f"sketch and {counts['adaptive_python_sketch']:,} with the Python one, against `lru`'s "
             f"{counts['lru']:,}") in prose
-
-
-def _moved(runs: dict[str, Any], before: dict[str, Any], columns: tuple[str, ...]) -> set[tuple[str, str, str]]:
-    """The (trace, size, column) points of ``runs`` whose hit ratio differs from ``before``'s (traces in both)."""
-    return {(kind, name, column) for kind, result in runs.items() if kind in before
-            for name, size in result["sizes"].items() for column in columns
-            if size[column]["hit_ratio"] != before[kind]["sizes"][name][column]["hit_ratio"]}
-
-
-def _table_is_the_raw_output(runs: dict[str, Any], section: str) -> None:
-    """The table under ``section`` (``JOIN_HEADER``'s columns) reads what ``runs`` keeps."""
-    expected = [[f"{kind} ({result['requests']:,})", name, f"{size['blocks']:,}"]
-                + [f"{size[column]['hit_ratio']:.4f}" for column in JOIN_COLUMNS]
-                for kind, result in runs.items() for name, size in result["sizes"].items()]
-    assert sorted(expected) == sorted(_table_rows(JOIN_HEADER, section))
 
 
 def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output():
