@@ -219,8 +219,9 @@ def orphans(workdir: str) -> dict[str, list[str]]:
     child.kill()
     child.wait(10)
     dead = f"mpcache.{pid}."
+    # the other instances' first letters are not hex digits: never the killed one's tag
     kept = {f"mpcache.{os.getpid()}.{tag}.mrc": 0o600, f"{dead}u{tag[1:]}.mrc": 0o600, f"{dead}m{tag[1:]}.mrc": 0o644,
-            f"{dead}b{tag[1:]}.gauges": 0o600, f"{dead}b{tag[1:]}.events0": 0o600,
+            f"{dead}r{tag[1:]}.gauges": 0o600, f"{dead}r{tag[1:]}.events0": 0o600,
             f"{dead}{tag}.x.mrc": 0o600, f"{dead}{tag}.MRC": 0o600}
     for name, mode in kept.items():
         fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
