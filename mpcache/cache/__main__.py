@@ -5,7 +5,6 @@ A start-up problem (bad configuration, missing or foreign shared memory) is one 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 
@@ -43,7 +42,10 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
     log = configure_logging("cache", config.instance_id, config.log_level, worker=args.worker)
     raise_descriptor_limit()
     try:
-        process = CacheProcess(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s, parent_pid=os.getppid(),
+        # the supervisor named in the config, not the parent found now: one killed before this line ran left
+        # this process to another parent already, which a comparison with that parent would never notice
+        process = CacheProcess(config, args.worker, job_ttl_s=config.prefetch_job_ttl_s,
+                               parent_pid=config.supervisor_pid,
                                publisher_factory=publisher_factory, logger=log)
     except (ConfigError, LayoutMismatchError, OSError) as exc:
         log.error("cache.start_failed", error=str(exc))

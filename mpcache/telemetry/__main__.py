@@ -94,17 +94,22 @@ def main(argv: list[str] | None = None) -> int:
         otlp_endpoint=config.otlp_endpoint or None,
         nice=os.nice(0),
     )
-    parent = os.getppid()
     pid = os.getpid()
     heartbeat = TelemetryBeat(board)
+    orphaned = False
 
     def should_stop() -> bool:
+        nonlocal orphaned
         # Asked once per pump loop (at least every second): the heartbeat the supervisor's watchdog follows.
         heartbeat.beat(pid)
-        # A supervisor that died without stopping us can no longer restart or stop us: exit too.
-        return stop.is_set() or os.getppid() != parent
+        # A supervisor that died without stopping us can no longer restart or stop us: exit too.  Its pid from the
+        # config, not our parent's at start: one killed while we started had left us to another parent already.
+        orphaned = os.getppid() != config.supervisor_pid
+        return stop.is_set() or orphaned
 
     pump.run(should_stop)
+    if orphaned:
+        log.warning("telemetry.orphaned", supervisor_pid=config.supervisor_pid)
     if relay is not None:
         relay.stop()
     bus.shutdown()

@@ -259,8 +259,8 @@ def killed_runs_leave_nothing(workdir: str) -> dict:
     children = [line["pid"] for line in b.events("child.started")]
     b.process.kill()
     b.process.wait(10)
-    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                             for pid in children), 15)
+    result["b_children_exited"] = bool(wait_for(lambda: not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in children), 15))
     result["b_left"] = shm()
     c = Run(workdir, "c")
     result["c_serves"] = pings(c.socket())

@@ -104,7 +104,8 @@ def test_killed_runs_leave_nothing_whatever_removed_their_runtime_dir(workdir) -
     assert result["orphans"]["kept"] == result["kept_after_b"]
     assert not set(result["a_left"]) & set(result["b_left"])
     assert sorted("/" + name for name in result["b_left"]) == sorted(result["c_removed"])
-    assert (True, True, True) == (result["a_serves"], result["b_serves"], result["c_serves"])
+    assert (True, True, True, True) == (result["a_serves"], result["b_serves"], result["b_children_exited"],
+                                        result["c_serves"])
     assert (0, []) == (result["c_status"], result["left"])
 
 

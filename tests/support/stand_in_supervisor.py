@@ -1,0 +1,74 @@
+"""A cache or telemetry process started by a stand-in supervisor: a launcher that made the shared memory and the
+configuration (naming itself as the supervisor) and started the child, so that a test can take the supervisor away
+while the child serves, or before the child has got as far as asking who its parent is."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+
+from mpcache.config import Config
+from mpcache.supervisor.provision import unlink_segments
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(TESTS)
+
+LAUNCHER = """
+import json, os, subprocess, sys, time
+sys.path[:0] = sys.argv[1:3]
+from support.cache_harness import make_config
+from mpcache.supervisor.provision import create_segments
+runtime_dir, module, leave, overrides = sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6])
+config = make_config(runtime_dir, **overrides)  # supervisor_pid: this launcher's
+create_segments(config)
+path = os.path.join(runtime_dir, "config.json")
+with open(path, "w", encoding="utf-8") as handle:
+    handle.write(config.to_json())
+extra = ["--worker", "0"] if module == "mpcache.cache" else []
+with open(os.path.join(runtime_dir, "child.stderr"), "wb") as stderr:
+    child = subprocess.Popen([sys.executable, "-m", module, "--config", path, *extra], stderr=stderr)
+print(child.pid, flush=True)
+if leave == "at_once":
+    os._exit(0)  # while the child still imports: it is left to another parent before it can ask for its own
+time.sleep(300)
+"""
+
+
+class StandInSupervisor:
+    """The launcher (``supervisor_pid`` in the child's config) and its child running ``module``; ``leave``:
+    ``at_once`` (the launcher exits as soon as the child is started) or ``when_killed``."""
+
+    def __init__(self, module: str, runtime_dir: str, leave: str, **overrides) -> None:
+        self.runtime_dir = runtime_dir
+        self.launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, REPO, TESTS, runtime_dir, module, leave,
+                                          json.dumps(overrides)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.child_pid = int(self.launcher.stdout.readline())  # type: ignore[union-attr]
+        self.config = Config.load(os.path.join(runtime_dir, "config.json"))
+
+    def kill(self) -> None:
+        self.launcher.kill()
+        self.launcher.wait()
+
+    def child_gone(self) -> bool:
+        try:
+            return psutil.Process(self.child_pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    def child_events(self, event: str) -> list[dict]:
+        with open(os.path.join(self.runtime_dir, "child.stderr"), encoding="utf-8") as handle:
+            lines = [json.loads(line) for line in handle if line.startswith("{")]
+        return [line for line in lines if line.get("event") == event]
+
+    def close(self) -> None:
+        """Kill whatever still runs and remove the shared memory the launcher made."""
+        self.kill()
+        self.launcher.stdout.close()  # type: ignore[union-attr]
+        if not self.child_gone():
+            os.kill(self.child_pid, signal.SIGKILL)
+        unlink_segments(self.config)
