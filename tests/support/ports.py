@@ -5,13 +5,16 @@ A port found with ``bind(0)`` is in the kernel's ephemeral range, which the kern
 another test's ``bind(0)`` listener or to any outgoing connection — in the gap before the other process binds
 it (CI failed that way).  These ports are chosen at random *below* that range
 (``/proc/sys/net/ipv4/ip_local_port_range``), where only an explicit bind can take them, probed free, and
-never handed out twice by this process.  Where another process still reports its port taken, the caller
+never handed out twice by this process; each pytest-xdist worker picks from a slice of its own (:func:`share`), so
+that two workers never pick the same port between one's probe and its listener's bind.  Where another process
+still reports its port taken, the caller
 starts it again on new ports (:meth:`support.service.Service.ready`, ``cluster_nodes``, ``l2/conftest``).
 A test that listens itself binds port 0 and reads the port instead.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -29,6 +32,18 @@ def ephemeral_low() -> int:
         return 32768
 
 
+def share() -> tuple[int, int]:
+    """The lowest and highest port this process picks from: all of those below the ephemeral range, or this
+    pytest-xdist worker's slice of them (``gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``)."""
+    low, high = LOWEST, ephemeral_low() - 1
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 1:
+        width = (high - low + 1) // int(workers)
+        low += int(worker[2:]) % int(workers) * width
+        high = low + width - 1
+    return low, high
+
+
 def bindable(host: str, port: int) -> bool:
     try:
         with socket.socket() as probe:
@@ -44,9 +59,10 @@ def free_ports(count: int = 1, host: str = "127.0.0.1", *, run: bool = False,
     run of consecutive ports (P, P+1, ...); ``also_offset``: each port's ``port + also_offset`` must be free
     and below the range too (a Redis Cluster node's bus port)."""
     extra = also_offset or 0
-    highest = ephemeral_low() - 1 - extra - (count - 1 if run else 0)
-    if highest < LOWEST + count:
-        raise RuntimeError(f"no room below the ephemeral port range for {count} ports (+{extra})")
+    lowest, top = share()
+    highest = top - extra - (count - 1 if run else 0)
+    if highest < lowest + count:
+        raise RuntimeError(f"no room in ports {lowest}-{top} for {count} ports (+{extra})")
 
     def usable(port: int) -> bool:
         return (port not in _handed_out and bindable(host, port)
@@ -55,12 +71,12 @@ def free_ports(count: int = 1, host: str = "127.0.0.1", *, run: bool = False,
     ports: list[int] = []
     for _ in range(count * 200):
         if run:
-            base = _chooser.randint(LOWEST, highest)
+            base = _chooser.randint(lowest, highest)
             candidate = list(range(base, base + count))
             if all(usable(port) for port in candidate):
                 ports = candidate
         else:
-            port = _chooser.randint(LOWEST, highest)
+            port = _chooser.randint(lowest, highest)
             if port not in ports and usable(port):
                 ports.append(port)
         if len(ports) == count:
