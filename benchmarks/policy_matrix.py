@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,18 +70,22 @@ def lmcache_sim(requests: list[TraceRequest], blocks: int, period: int) -> Outco
     return outcome(requests, found_per)
 
 
-def l1_found(requests: list[TraceRequest], blocks: int, policy: str) -> list[int]:
-    """``requests`` through an L1 of ``blocks`` objects under ``policy``: the prefix found per request."""
+def l1_found(requests: list[TraceRequest], blocks: int, policy: str,
+             after: Callable[[int, L1Manager], None] | None = None) -> list[int]:
+    """``requests`` through an L1 of ``blocks`` objects under ``policy``: the prefix found per request.  ``after``:
+    called with each request's index and the L1 once the request is done (a benchmark following the order)."""
     l1 = L1Manager(np.zeros(blocks * OBJECT_BYTES, dtype=np.uint8), NullPublisher(), 1.0, OBJECT_BYTES,
                    policy=policy)
     found_per: list[int] = []
-    for request in requests:
+    for index, request in enumerate(requests):
         hashes = request.hashes
         found = l1.lock_prefix("m", "", hashes, publish=False)
         reservation = l1.reserve_write("m", "", hashes[found:])
         l1.commit_write("m", "", [hashes[found + position] for position in reservation.positions], OBJECT_BYTES)
         l1.release_read("m", "", hashes[:found])
         found_per.append(found)
+        if after is not None:
+            after(index, l1)
     return found_per
 
 

@@ -82,6 +82,11 @@ class L1Manager(PrefetchLandings):
     # -- state --------------------------------------------------------------------
 
     @property
+    def order(self) -> l1_order.LruOrder | l1_order.ArcOrder:
+        """The eviction order (:mod:`mpcache.eviction.order`): read by a benchmark that follows its phases."""
+        return self._order
+
+    @property
     def used_bytes(self) -> int:
         """Bytes held by objects (reserved or readable)."""
         return self.allocator.used_bytes
