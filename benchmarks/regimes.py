@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=["adaptive", "arc", "lru"])
     parser.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
     args = parser.parse_args(argv)
+    if args.requests < 1:
+        parser.error(f"--requests {args.requests}: expected at least 1")
     try:
         result = run(args.specs, args.requests, args.size, args.policies)
     except ValueError as exc:

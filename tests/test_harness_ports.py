@@ -5,26 +5,31 @@ from __future__ import annotations
 import pytest
 from support.ports import LOWEST, ephemeral_low, free_ports, share
 
+BUS_OFFSET = 10_000  # a Redis Cluster node's bus port
 
-def test_xdist_workers_pick_from_disjoint_slices_below_the_ephemeral_range(monkeypatch) -> None:
-    """Two workers' slices do not overlap and lie below the ephemeral range; a worker's ports (a Redis Cluster
-    node's bus port, 10,000 above, included) stay in its slice; outside xdist the whole range is one's."""
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    assert (LOWEST, ephemeral_low() - 1) == share()
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_xdist_workers_pick_from_disjoint_slices_below_the_ephemeral_range(monkeypatch, workers: int) -> None:
+    """The workers' slices do not overlap and lie below the ephemeral range; a worker's plain ports stay in its
+    slice; a port with its bus port 10,000 above is found whatever the slice's width (in the slice when both fit)."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
     slices = []
-    for worker in ("gw0", "gw1"):
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-        slices.append(share())
-        low, high = slices[-1]
-        ports = free_ports(8, also_offset=10_000)
-        assert all(low <= port and port + 10_000 <= high for port in ports), (slices[-1], ports)
-    (low0, high0), (low1, high1) = slices
-    assert LOWEST == low0 <= high0 < low1 <= high1 < ephemeral_low()
+    for index in range(workers):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        low, high = share()
+        slices.append((low, high))
+        assert all(low <= port <= high for port in free_ports(4)), (low, high)
+        pairs = free_ports(2, also_offset=BUS_OFFSET)
+        assert all(LOWEST <= port and port + BUS_OFFSET < ephemeral_low() for port in pairs)
+        if high - low > BUS_OFFSET + 2:
+            assert all(low <= port and port + BUS_OFFSET <= high for port in pairs), ((low, high), pairs)
+    assert LOWEST == slices[0][0] and slices[-1][1] < ephemeral_low()
+    assert all(high < next_low for (_, high), (next_low, _) in zip(slices, slices[1:]))
 
 
-@pytest.mark.parametrize("worker, workers", [("gw0", "1"), ("master", "2"), ("gw1", "x")])
-def test_without_a_worker_index_and_count_the_whole_range_is_picked_from(monkeypatch, worker, workers) -> None:
+@pytest.mark.parametrize("worker, workers", [("gw0", "1"), ("master", "2"), ("gw1", "x"), ("gw2", "2")])
+def test_without_a_worker_index_below_a_count_the_whole_range_is_picked_from(monkeypatch, worker, workers) -> None:
+    """Outside xdist, with one worker, or a replacement worker (index not below the count)."""
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
     assert (LOWEST, ephemeral_low() - 1) == share()

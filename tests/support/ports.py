@@ -34,12 +34,14 @@ def ephemeral_low() -> int:
 
 def share() -> tuple[int, int]:
     """The lowest and highest port this process picks from: all of those below the ephemeral range, or this
-    pytest-xdist worker's slice of them (``gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``)."""
+    pytest-xdist worker's slice of them (``gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``; a replacement worker, whose
+    index is not below the count, gets the whole range).  A port and its ``also_offset`` twin that do not fit in
+    the slice are picked from the whole range (many workers, a low ephemeral range)."""
     low, high = LOWEST, ephemeral_low() - 1
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 1:
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(worker[2:]) < int(workers) > 1:
         width = (high - low + 1) // int(workers)
-        low += int(worker[2:]) % int(workers) * width
+        low += int(worker[2:]) * width
         high = low + width - 1
     return low, high
 
@@ -60,9 +62,11 @@ def free_ports(count: int = 1, host: str = "127.0.0.1", *, run: bool = False,
     and below the range too (a Redis Cluster node's bus port)."""
     extra = also_offset or 0
     lowest, top = share()
+    if top - extra - (count - 1 if run else 0) < lowest + count:  # a slice too narrow for the offset: the whole range
+        lowest, top = LOWEST, ephemeral_low() - 1
     highest = top - extra - (count - 1 if run else 0)
     if highest < lowest + count:
-        raise RuntimeError(f"no room in ports {lowest}-{top} for {count} ports (+{extra})")
+        raise RuntimeError(f"no room below the ephemeral port range for {count} ports (+{extra})")
 
     def usable(port: int) -> bool:
         return (port not in _handed_out and bindable(host, port)
