@@ -80,10 +80,10 @@ def render(result: dict[str, Any]) -> str:
              "| segment | requests | " + " | ".join(columns) + " |", "|" + "---|" * (2 + len(columns))]
     lines += [f"| {row['segment']} | {row['first']}–{row['end']} | " + " | ".join(f"{row[c]:.4f}" for c in columns)
               + " |" for row in result["rows"]]
-    for policy, changes in result["phase_changes"].items():
-        if policy == "adaptive":
-            lines.append(f"{policy}: " + (", ".join(f"{what} after request {index}" for index, what in changes)
-                                          or "no phase change"))
+    changes = result["phase_changes"].get("adaptive")
+    if changes is not None:
+        lines.append("adaptive: " + (", ".join(f"{what} after request {index}" for index, what in changes)
+                                     or "no phase change"))
     return "\n".join(lines)
 
 

@@ -7,8 +7,8 @@ it (CI failed that way).  These ports are chosen at random *below* that range
 (``/proc/sys/net/ipv4/ip_local_port_range``), where only an explicit bind can take them, probed free, and
 never handed out twice by this process; each pytest-xdist worker picks from a slice of its own (:func:`share`), so
 that two workers never pick the same port between one's probe and its listener's bind.  Where another process
-still reports its port taken, the caller
-starts it again on new ports (:meth:`support.service.Service.ready`, ``cluster_nodes``, ``l2/conftest``).
+still reports its port taken, the caller starts it again on new ports (:meth:`support.service.Service.ready`,
+``cluster_nodes``, ``l2/conftest``).
 A test that listens itself binds port 0 and reads the port instead.
 """
 
@@ -35,8 +35,7 @@ def ephemeral_low() -> int:
 def share() -> tuple[int, int]:
     """The lowest and highest port this process picks from: all of those below the ephemeral range, or this
     pytest-xdist worker's slice of them (``gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``; a replacement worker, whose
-    index is not below the count, gets the whole range).  A port and its ``also_offset`` twin that do not fit in
-    the slice are picked from the whole range (many workers, a low ephemeral range)."""
+    index is not below the count, gets the whole range)."""
     low, high = LOWEST, ephemeral_low() - 1
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(worker[2:]) < int(workers) > 1:
@@ -59,12 +58,14 @@ def free_ports(count: int = 1, host: str = "127.0.0.1", *, run: bool = False,
                also_offset: int | None = None) -> list[int]:
     """``count`` ports free on ``host`` now, below the ephemeral range and new to this process.  ``run``: a
     run of consecutive ports (P, P+1, ...); ``also_offset``: each port's ``port + also_offset`` must be free
-    and below the range too (a Redis Cluster node's bus port)."""
+    and below the range too (a Redis Cluster node's bus port), picked from the whole range where this worker's
+    slice (:func:`share`) is too narrow for the offset."""
     extra = also_offset or 0
+    above = extra + (count - 1 if run else 0)  # the ports taken above a chosen one
     lowest, top = share()
-    if top - extra - (count - 1 if run else 0) < lowest + count:  # a slice too narrow for the offset: the whole range
+    if top - above < lowest + count:
         lowest, top = LOWEST, ephemeral_low() - 1
-    highest = top - extra - (count - 1 if run else 0)
+    highest = top - above
     if highest < lowest + count:
         raise RuntimeError(f"no room below the ephemeral port range for {count} ports (+{extra})")
 

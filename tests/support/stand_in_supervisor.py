@@ -10,10 +10,9 @@ import signal
 import subprocess
 import sys
 
-import psutil
-
 from mpcache.config import Config
 from mpcache.supervisor.provision import unlink_segments
+from support.service import gone
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS)
@@ -55,10 +54,7 @@ class StandInSupervisor:
         self.launcher.wait()
 
     def child_gone(self) -> bool:
-        try:
-            return psutil.Process(self.child_pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
+        return gone(self.child_pid)
 
     def child_events(self, event: str) -> list[dict]:
         with open(os.path.join(self.runtime_dir, "child.stderr"), encoding="utf-8") as handle:
