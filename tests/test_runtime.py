@@ -1,7 +1,9 @@
 """Which leftovers are a run's own: the marker, its lock, and the sweep.
 
 Every test works in its own base directory and creates its own uniquely named segments, unlinked at
-teardown (``segment_factory``).
+teardown (``segment_factory``).  The two that leave a dead run's or an orphan's segments for a sweep of
+/dev/shm run in a /dev/shm of their own (``support.private_shm``): a ``start-cache`` that another test starts
+at the same time sweeps the machine's /dev/shm, and would remove them first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 import uuid
 
 import pytest
+from support.namespaces import needs_namespaces
+from support.private_shm import in_private_shm
 
 from mpcache.shm import layout
 from mpcache.shm.gauges import format_gauge_board
@@ -146,40 +150,47 @@ def test_a_stale_marker_whose_segment_names_a_live_run_holds_removes_none_of_the
     assert [names] == [line["segments"] for line in swept.kept]
 
 
-def test_segments_of_a_dead_run_are_found_in_dev_shm_and_only_provably_dead_ones_of_ours(segment_factory) -> None:
-    """No marker anywhere (its runtime dir is gone): the sweep of /dev/shm removes the ring and L1 pool of the run
-    whose gauge board is ours, formatted by this build and locked by nobody, the board last, saying its
-    supervisor is gone; it leaves a live run's (board locked), another build's (layout version 2), a board
-    not yet formatted (a run being created), another user's, and a longer instance id sharing the dead run's
-    name prefix."""
+def runs_of_every_kind_swept() -> dict:
+    """In test_segments_of_a_dead_run_are_found_in_dev_shm_and_only_provably_dead_ones_of_ours's private
+    /dev/shm: each kind of run's segments, what sweep_segments removed, and which segments are left."""
     pid = 4_000_000 + uuid.uuid4().int % 100_000  # above pid_max's default: no live process of this pid here
 
     def run(instance: str, *, version: int | None = layout.GAUGE_LAYOUT_VERSION) -> list[str]:
         """A run's board (formatted with ``version``; None: not yet), ring and L1 pool."""
-        segments = [segment_factory(4096, f"/mpcache.{pid}.{instance}.{what}") for what in ("gauges", "events0",
-                                                                                           "l1pool0")]
+        segments = [Segment.create(f"/mpcache.{pid}.{instance}.{what}", 4096) for what in ("gauges", "events0",
+                                                                                            "l1pool0")]
         if version is not None:
             format_gauge_board(segments[0], 1)
             segments[0].buf[8:12] = version.to_bytes(4, "little")
         return [segment.name for segment in segments]
 
-    tag = uuid.uuid4().hex[:6]
-    dead, live, older, unformatted, foreign = (run(f"d{tag}"), run(f"l{tag}"), run(f"o{tag}", version=2),
-                                               run(f"u{tag}", version=None), run(f"f{tag}"))
-    longer = [segment_factory(4096, f"/mpcache.{pid}.d{tag}.x.events0").name]  # instance id "d<tag>.x..."
-    os.chown(SHM_DIR + foreign[0], 65534, 65534)
-    holder = SegmentLock(live[0])
+    runs = {"dead": run("d"), "live": run("l"), "older": run("o", version=2), "unformatted": run("u", version=None),
+            "foreign": run("f")}
+    runs["longer"] = [Segment.create(f"/mpcache.{pid}.d.x.events0", 4096).name]  # instance id "d.x..."
+    os.chown(SHM_DIR + runs["foreign"][0], 65534, 65534)
+    holder = SegmentLock(runs["live"][0])
     swept = Swept()
     try:
         sweep_segments(swept)
     finally:
         holder.release()
+    return {"pid": pid, "runs": runs, "removed": swept.removed, "left": sorted("/" + n for n in os.listdir(SHM_DIR))}
 
-    assert [False, False, False] == [exists(name) for name in dead]
-    assert all(exists(name) for name in live + older + unformatted + foreign + longer)
-    ours = [line for line in swept.removed if line["segment"].startswith(f"/mpcache.{pid}.")]
-    assert [dead[1], dead[2], dead[0]] == [line["segment"] for line in ours]
-    assert {f"no live run holds its gauge board (supervisor pid {pid} is gone)"} == {line["reason"] for line in ours}
+
+@needs_namespaces
+def test_segments_of_a_dead_run_are_found_in_dev_shm_and_only_provably_dead_ones_of_ours() -> None:
+    """No marker anywhere (its runtime dir is gone): the sweep of /dev/shm removes the ring and L1 pool of the run
+    whose gauge board is ours, formatted by this build and locked by nobody, the board last, saying its
+    supervisor is gone; it leaves a live run's (board locked), another build's (layout version 2), a board
+    not yet formatted (a run being created), another user's, and a longer instance id sharing the dead run's
+    name prefix.  In a /dev/shm of its own: a start-cache elsewhere would sweep the dead run first."""
+    seen = in_private_shm(runs_of_every_kind_swept)
+
+    dead = seen["runs"].pop("dead")
+    assert [dead[1], dead[2], dead[0]] == [line["segment"] for line in seen["removed"]]
+    assert {f"no live run holds its gauge board (supervisor pid {seen['pid']} is gone)"} == {
+        line["reason"] for line in seen["removed"]}
+    assert sorted(name for names in seen["runs"].values() for name in names) == seen["left"]
 
 
 def test_at_stop_only_the_files_a_run_creates_are_removed(tmp_path) -> None:
@@ -223,28 +234,34 @@ def test_the_marker_is_created_once_never_through_a_link_and_locked(tmp_path) ->
     assert ["/mpcache.1.x.gauges"] == json.loads(open(marker.path).read())["segments"]
 
 
+def an_orphan_swept(pid_ns: int | None, ipc_ns: int) -> dict:
+    """In test_an_orphan_is_kept_where_its_owner_pid_cannot_be_judged's private /dev/shm, with /proc saying
+    these namespaces: whether pids judge shared memory, the orphan's name, and what the sweep did with it."""
+    runtime._namespace = {"pid": pid_ns, "ipc": ipc_ns}.get  # the child process is this test's alone
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: no process of this pid here now
+    name = f"/mpcache.{dead.pid}.o{uuid.uuid4().hex[:6]}.mrc"
+    Segment.create(name, 4096).close()
+    swept = Swept()
+    sweep_orphan_segments(swept)
+    return {"judged": runtime.pids_judge_shared_memory(), "name": name, "exists": exists(name),
+            "kept": [line["segment"] for line in swept.kept], "removed": [line["segment"] for line in swept.removed]}
+
+
+@needs_namespaces
 @pytest.mark.parametrize("pid_ns, ipc_ns, judged", [
     (0xEFFFFFFC, 0xEFFFFFFF, True),  # the host's namespaces
     (4026532500, 4026532501, True),  # a container's own (docker's default): its /dev/shm is its own too
     (4026532500, 0xEFFFFFFF, False),  # a hostIPC pod, an --ipc=host container: the host's /dev/shm, not its pids
     (None, 0xEFFFFFFF, False),  # /proc does not say
 ])
-def test_an_orphan_is_kept_where_its_owner_pid_cannot_be_judged(monkeypatch, pid_ns, ipc_ns, judged) -> None:
+def test_an_orphan_is_kept_where_its_owner_pid_cannot_be_judged(pid_ns, ipc_ns, judged) -> None:
     """A segment of no run whose pid is not alive here is removed at start-up only where that pid says something:
     not from a PID namespace of its own that shares the host's IPC namespace (and /dev/shm), where the owner may
-    live in another namespace.  There it stays, in a leftover.kept line."""
-    monkeypatch.setattr(runtime, "_namespace", {"pid": pid_ns, "ipc": ipc_ns}.get)
-    assert runtime.pids_judge_shared_memory() is judged
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # reaped: no process of this pid here now
-    name = f"/mpcache.{dead.pid}.o{uuid.uuid4().hex[:6]}.mrc"
-    segment = Segment.create(name, 4096)
-    segment.close()
-    swept = Swept()
-    try:
-        sweep_orphan_segments(swept)
-        assert exists(name) is not judged
-        assert [name] == [line["segment"] for line in (swept.kept if not judged else swept.removed)
-                          if line["segment"] == name]
-    finally:
-        Segment.unlink(name)
+    live in another namespace.  There it stays, in a leftover.kept line.  In a /dev/shm of its own: a start-cache
+    elsewhere would remove the orphan first."""
+    seen = in_private_shm(an_orphan_swept, pid_ns, ipc_ns)
+
+    assert judged is seen["judged"]
+    assert (not judged, [] if judged else [seen["name"]], [seen["name"]] if judged else []) == (
+        seen["exists"], seen["kept"], seen["removed"])
