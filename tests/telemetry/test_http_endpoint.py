@@ -57,16 +57,45 @@ def test_half_open_connections_neither_add_threads_nor_starve_a_scrape(endpoint)
         sock.close()
 
 
-def test_concurrent_scrapes_share_one_collection(endpoint):
-    server, calls = endpoint
+class _CountingServer(BoundedHTTPServer):
+    """Releases ``arrived`` once for each request read, on its way to share (or start) the collection."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrived = threading.Semaphore(0)
+
+    async def _answer(self, head: bytes) -> tuple[int, bytes, str]:
+        self.arrived.release()
+        return await super()._answer(head)
+
+
+def test_concurrent_scrapes_share_one_collection():
+    """Eight scrapes that arrive while a collection is being built all get its answer, and it is the only
+    collection: it is held until the server has read all eight (whatever the load, they overlap)."""
+    calls, release = [], threading.Event()
+
+    def collect() -> tuple[int, bytes, str]:
+        calls.append(time.monotonic())
+        release.wait(10)
+        return 200, b"metric_total 1\n", "text/plain"
+
+    server = _CountingServer(("127.0.0.1", 0), {"/metrics": collect}, _Log(), read_timeout_s=10.0)
+    server.start()
     results = []
-    scrapers = [threading.Thread(target=lambda: results.append(_get(server.server_port))) for _ in range(8)]
-    for scraper in scrapers:
-        scraper.start()
-    for scraper in scrapers:
-        scraper.join(10)
+    scrapers = [threading.Thread(target=lambda: results.append(_get(server.server_port, timeout_s=20)))
+                for _ in range(8)]
+    try:
+        for scraper in scrapers:
+            scraper.start()
+        # each request joins the collection in the loop step that counted it: the collection cannot end first
+        assert all(server.arrived.acquire(timeout=10) for _ in range(8)), "not all eight scrapes arrived"
+    finally:
+        release.set()
+        for scraper in scrapers:
+            scraper.join(10)
+        server.close()
     assert [(200, b"metric_total 1\n")] * 8 == results
-    assert len(calls) <= 2  # those arriving while one is built share it
+    assert 1 == len(calls)
 
 
 def test_a_request_that_never_completes_is_closed_after_the_read_timeout(endpoint):
