@@ -16,6 +16,7 @@ from support.zmq_sockets import dealer
 OBJECT_BYTES = 2 * 2 * 256 * 128 * 2  # the KV object of the captured conversations' model (fp16, chunk 256)
 HINT = "lmcache.hint.engine_computed_tokens"
 NO_RESULT = object()  # a reply without a result frame (the operation's result was None)
+REPLY_TIMEOUT_S = 5.0  # how long a call waits for its reply, unless told otherwise
 
 OPS = {"register_kv_cache": 1, "store": 6, "retrieve": 7, "lookup": 8, "query_prefetch_status": 9,
        "wait_prefetch_status": 10, "free_lookup_locks": 12, "end_session": 13, "register": 14, "unregister": 15,
@@ -26,7 +27,7 @@ OPS = {"register_kv_cache": 1, "store": 6, "retrieve": 7, "lookup": 8, "query_pr
 class LMClient:
     """One DEALER connection; :meth:`call` sends ``[uid, op, args…]`` and returns the decoded result."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = REPLY_TIMEOUT_S) -> None:
         self._timeout_ms = int(timeout_s * 1000)
         self.socket = dealer(timeout_ms=self._timeout_ms)
         self.socket.connect(url)
