@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,18 +71,21 @@ def lmcache_sim(requests: list[TraceRequest], blocks: int, period: int) -> Outco
 
 
 def l1_found(requests: list[TraceRequest], blocks: int, policy: str,
-             after: Callable[[int, L1Manager], None] | None = None) -> list[int]:
+             after: Callable[[int, L1Manager], None] | None = None,
+             groups: Sequence[tuple[str, str]] | None = None) -> list[int]:
     """``requests`` through an L1 of ``blocks`` objects under ``policy``: the prefix found per request.  ``after``:
-    called with each request's index and the L1 once the request is done (a benchmark following the order)."""
+    called with each request's index and the L1 once the request is done (a benchmark following the order);
+    ``groups``: each request's model and tenant (None: one model, one tenant)."""
     l1 = L1Manager(np.zeros(blocks * OBJECT_BYTES, dtype=np.uint8), NullPublisher(), 1.0, OBJECT_BYTES,
                    policy=policy)
     found_per: list[int] = []
     for index, request in enumerate(requests):
         hashes = request.hashes
-        found = l1.lock_prefix("m", "", hashes, publish=False)
-        reservation = l1.reserve_write("m", "", hashes[found:])
-        l1.commit_write("m", "", [hashes[found + position] for position in reservation.positions], OBJECT_BYTES)
-        l1.release_read("m", "", hashes[:found])
+        model, salt = ("m", "") if groups is None else groups[index]
+        found = l1.lock_prefix(model, salt, hashes, publish=False)
+        reservation = l1.reserve_write(model, salt, hashes[found:])
+        l1.commit_write(model, salt, [hashes[found + position] for position in reservation.positions], OBJECT_BYTES)
+        l1.release_read(model, salt, hashes[:found])
         found_per.append(found)
         if after is not None:
             after(index, l1)

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import trace_gen
@@ -87,22 +88,32 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.regimes", description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="+", metavar="KIND:SEED", help="the segments, in order")
-    parser.add_argument("--requests", type=int, default=4000, help="requests per segment")
-    parser.add_argument("--size", choices=sorted(SHARES), default="large")
+def command(argv: list[str] | None, prog: str, doc: str, metavar: str, requests: tuple[int, str], size: str,
+            run_specs: Callable[[list[str], int, str, list[str]], dict[str, Any]],
+            render_result: Callable[[dict[str, Any]], str]) -> int:
+    """The command line of an in-process replay of ``trace_gen`` specs (this one's, ``benchmarks.tenants``'): the
+    specs, ``--requests`` (default and help: ``requests``), ``--size`` (default ``size``), ``--policies`` and
+    ``--json``; a bad argument is one line and exit status 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("specs", nargs="+", metavar=metavar)
+    parser.add_argument("--requests", type=int, default=requests[0], help=requests[1])
+    parser.add_argument("--size", choices=sorted(SHARES), default=size)
     parser.add_argument("--policies", nargs="+", default=["adaptive", "arc", "lru"])
     parser.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error(f"--requests {args.requests}: expected at least 1")
     try:
-        result = run(args.specs, args.requests, args.size, args.policies)
+        result = run_specs(args.specs, args.requests, args.size, args.policies)
     except ValueError as exc:
         parser.error(str(exc))
-    print(json.dumps(result, indent=1) if args.json else render(result))
+    print(json.dumps(result, indent=1) if args.json else render_result(result))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command(argv, "python -m benchmarks.regimes", __doc__, "KIND:SEED", (4000, "requests per segment"),
+                   "large", run, render)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@
   of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
   longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.
+  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.  Where groups (a model
+  and tenant each) share L1, an object of an active group within its reserve is passed over while another
+  group's can go (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -49,9 +51,10 @@ use's), a store's name, a parent and its children per resident object, the shado
 :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the newest :data:`PARENT_HINTS` lookups' hints, the newest
 :data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
-counts per evictable object, the most it has been set to at a halving) and the gate's newest
+counts per evictable object, the most it has been set to at a halving), the gate's newest
 :data:`GATE_DECISIONS` decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they would
-evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions).
+evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions), and
+the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -64,10 +67,11 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
+from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import FrequencySketch
 from mpcache.eviction.shadow import ShadowLru
 
@@ -133,7 +137,7 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] = hash) -> None:
+                 code: Callable[[Any], int] = hash, group: Callable[[Any], Hashable] | None = None) -> None:
         self.capacity = capacity_bytes
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
@@ -185,6 +189,10 @@ class ArcOrder:
         self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
+        # each group's share of L1 (a key's model and tenant: ``group``), for the prefix-aware order; the access whose
+        # lookup touched its group last
+        self.fair = FairShares(capacity_bytes, group) if prefix_aware and group is not None else None
+        self._fair_access = -1
 
     @property
     def recency(self) -> bool:
@@ -214,6 +222,12 @@ class ArcOrder:
         if store is not None:
             entry.store = store
             self._placed = True
+        fair = self.fair
+        if fair is not None:
+            if self._storing is None:  # not a store (an L2 landing): its group is touched here
+                fair.touched(key, self.access, self)
+            if fair.groups is not None:
+                fair.placed(key, entry.size)
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
@@ -292,10 +306,13 @@ class ArcOrder:
         fit L1's capacity); None when every object is locked or being written.  (``popitem(False)``: last=False
         passed by position, which skips a keyword parse per call.)"""
         t1, t2, orphans = self.lists
+        fair = self.fair
         if orphans:
             key, entry = orphans.popitem(False)
             self.sizes[2] -= entry.size
         else:
+            if fair is not None and fair.groups is not None and fair.sharing:
+                fair.pass_over((t1,) if t2 is t1 else (t1, t2))  # orphans, worth nothing to any group, never
             sizes = self.sizes
             if t2 is t1:  # the recency phase: one list, least recently used first, its ghost by its tier
                 if not t1:
@@ -328,6 +345,8 @@ class ArcOrder:
             _drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
+        if fair is not None and fair.groups is not None:
+            fair.gone(key, entry.size)
         return key, entry
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
@@ -353,6 +372,8 @@ class ArcOrder:
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
         self._placed = False
+        if keys and self.fair is not None:
+            self.fair.touched(keys[0], self.access, self)
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
@@ -409,6 +430,9 @@ class ArcOrder:
         """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
         counted in the frequency sketch, evidence for the gate's decisions (:meth:`_gate`) and, when sampled,
         compared with an LRU's find (:meth:`_compare`)."""
+        if self._fair_access != self.access and self.fair is not None:
+            self._fair_access = self.access
+            self.fair.touched(key, self.access, self)
         shadow = self._shadow
         if shadow is not None:
             lru_found = shadow.sees(key, nbytes, self.access)
@@ -536,15 +560,18 @@ class ArcOrder:
         parent = entry.parent
         if parent is not None and parent.children:
             _drop_child(parent, key)
+        if self.fair is not None and self.fair.groups is not None:
+            self.fair.gone(key, entry.size)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
-          code: Callable[[Any], int] = hash) -> LruOrder | ArcOrder:
-    """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default)."""
+          code: Callable[[Any], int] = hash, group: Callable[[Any], Hashable] | None = None) -> LruOrder | ArcOrder:
+    """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default);
+    ``group``: a key's model and tenant, whose fair share ``adaptive`` keeps (None: no shares kept)."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
-        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code)
+        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, group=group)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 
