@@ -47,11 +47,6 @@ def _chunk_code(key: ChunkKey) -> int:
     return hash(key.chunk_hash)
 
 
-def _chunk_group(key: ChunkKey) -> tuple[str, str]:
-    """A chunk's group, whose fair share of L1 the eviction order keeps: its model and tenant (cache salt)."""
-    return key.model_name, key.cache_salt
-
-
 class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
@@ -72,7 +67,7 @@ class L1Manager(PrefetchLandings):
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
-                                                 _chunk_group)
+                                                 fair=True)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted

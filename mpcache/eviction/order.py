@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
@@ -137,7 +137,7 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] = hash, group: Callable[[Any], Hashable] | None = None) -> None:
+                 code: Callable[[Any], int] = hash, fair: bool = False) -> None:
         self.capacity = capacity_bytes
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
@@ -189,9 +189,11 @@ class ArcOrder:
         self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
-        # each group's share of L1 (a key's model and tenant: ``group``), for the prefix-aware order; the access whose
-        # lookup touched its group last
-        self.fair = FairShares(capacity_bytes, group) if prefix_aware and group is not None else None
+        # each group's reserve of L1 (keys' model and tenant: their first two fields), for the prefix-aware order with
+        # ``fair``; ``fair`` once two groups are counted (one group alone costs a store or an access a compare, and an
+        # object nothing); the access whose lookup touched its group last
+        self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
+        self.fair: FairShares | None = None
         self._fair_access = -1
 
     @property
@@ -222,12 +224,11 @@ class ArcOrder:
         if store is not None:
             entry.store = store
             self._placed = True
-        fair = self.fair
-        if fair is not None:
-            if self._storing is None:  # not a store (an L2 landing): its group is touched here
-                fair.touched(key, self.access, self)
-            if fair.groups is not None:
-                fair.placed(key, entry.size)
+        shares = self._shares
+        if self._storing is None and shares is not None and (self.fair is not None or key[:2] != shares.first):
+            self.fair = shares.touched(key, self)  # not a store (an L2 landing): touched here
+        if self.fair is not None:
+            self.fair.placed(key, entry.size)
         b1, b2 = self._ghosts
         if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
             self._ghost_hit(0, b1.pop(key), entry.size)
@@ -310,26 +311,29 @@ class ArcOrder:
         if orphans:
             key, entry = orphans.popitem(False)
             self.sizes[2] -= entry.size
-        else:
-            if fair is not None and fair.groups is not None and fair.sharing:
-                fair.pass_over((t1,) if t2 is t1 else (t1, t2))  # orphans, worth nothing to any group, never
-            sizes = self.sizes
+        else:  # (groups' reserves: ``fair`` passes over what it spares, in the list evicted from; orphans never)
+            sizes, sharing = self.sizes, fair if fair is not None and fair.sharing else None
             if t2 is t1:  # the recency phase: one list, least recently used first, its ghost by its tier
                 if not t1:
                     return None
+                if sharing is not None:
+                    sharing.pass_over(t1)
                 key, entry = t1.popitem(False)
                 tier = entry.tier
             elif t1 and (not t2 or sizes[0] > self.target):
-                key, entry = t1.popitem(False)
-                tier = 0
-                if t2 and (entry.access == self.access or self._store is not None and entry.store == self._store):
+                source = sharing.pick(t1, t2) if sharing is not None else t1
+                key, entry = source.popitem(False)
+                tier = 0 if source is t1 else 1
+                if tier == 0 and t2 and (entry.access == self.access or self._store is not None
+                                         and entry.store == self._store):
                     t1[key] = entry  # being admitted (the current access's or store's): T2 gives one instead
                     t1.move_to_end(key, False)
-                    key, entry = t2.popitem(False)
+                    key, entry = (sharing.pick(t2, t2) if sharing is not None else t2).popitem(False)
                     tier = 1
             elif t2 and (t1 or self._admits()):  # T1 has nothing to give: a store may be refused
-                key, entry = t2.popitem(False)
-                tier = 1
+                source = sharing.pick(t2, t1) if sharing is not None else t2
+                key, entry = source.popitem(False)
+                tier = 1 if source is t2 else 0
             else:
                 return None
             size = entry.size
@@ -345,7 +349,7 @@ class ArcOrder:
             _drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
-        if fair is not None and fair.groups is not None:
+        if fair is not None:
             fair.gone(key, entry.size)
         return key, entry
 
@@ -372,8 +376,9 @@ class ArcOrder:
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         self._admitted = None
         self._placed = False
-        if keys and self.fair is not None:
-            self.fair.touched(keys[0], self.access, self)
+        shares = self._shares
+        if keys and shares is not None and (self.fair is not None or keys[0][:2] != shares.first):
+            self.fair = shares.touched(keys[0], self)
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
@@ -430,9 +435,11 @@ class ArcOrder:
         """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
         counted in the frequency sketch, evidence for the gate's decisions (:meth:`_gate`) and, when sampled,
         compared with an LRU's find (:meth:`_compare`)."""
-        if self._fair_access != self.access and self.fair is not None:
+        shares = self._shares
+        if shares is not None and self._fair_access != self.access:
             self._fair_access = self.access
-            self.fair.touched(key, self.access, self)
+            if self.fair is not None or key[:2] != shares.first:
+                self.fair = shares.touched(key, self)
         shadow = self._shadow
         if shadow is not None:
             lru_found = shadow.sees(key, nbytes, self.access)
@@ -560,18 +567,19 @@ class ArcOrder:
         parent = entry.parent
         if parent is not None and parent.children:
             _drop_child(parent, key)
-        if self.fair is not None and self.fair.groups is not None:
+        if self.fair is not None:
             self.fair.gone(key, entry.size)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
-          code: Callable[[Any], int] = hash, group: Callable[[Any], Hashable] | None = None) -> LruOrder | ArcOrder:
+          code: Callable[[Any], int] = hash, fair: bool = False) -> LruOrder | ArcOrder:
     """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default);
-    ``group``: a key's model and tenant, whose fair share ``adaptive`` keeps (None: no shares kept)."""
+    ``fair``: ``adaptive`` keeps each model and tenant a reserve (keys are :class:`~mpcache.contract.keys.ChunkKey`
+    tuples: their first two fields)."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
-        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, group=group)
+        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 

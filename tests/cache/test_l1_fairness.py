@@ -1,5 +1,5 @@
 """The adaptive order's fair shares (:mod:`mpcache.eviction.fairness`): through L1Manager, a group (model and
-tenant) that holds no more than its reserve (half of L1 over the active groups) keeps its objects while another
+tenant) that holds no more than its reserve (a quarter of L1 over the active groups) keeps its objects while another
 group's can go, one that holds more or is idle does not, and one group alone decides as if no shares were kept."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from benchmarks import trace_gen
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache import l1 as l1_module
 from mpcache.cache.l1 import L1Manager
+from mpcache.cache.l1_entries import Entry
 from mpcache.contract.keys import ChunkKey
 from mpcache.eviction.fairness import MAX_GROUPS, FairShares
+from mpcache.eviction.order import ArcOrder
 
-CHUNKS = 64  # L1's objects in these tests: two active groups' reserves are 16 each
+CHUNKS = 128  # L1's objects in these tests: two active groups' reserves are 16 each
 
 
 def _l1(chunks: int = CHUNKS) -> L1Manager:
@@ -37,9 +39,9 @@ def _resident(l1: L1Manager, group: tuple[str, str], hashes: range) -> list[int]
 
 @pytest.mark.parametrize("flooder", [("m", "other-tenant"), ("other-model", ""), ("m", "tenant")])
 def test_a_flood_takes_room_from_its_own_group_while_the_order_judges_by_recency(flooder):
-    """A tenant asks its 2 prompts of 8 chunks in turn (16 chunks, its reserve), and after each, 2 prompts of 16
-    chunks never seen again come from another tenant or model (72 chunks between two asks of one prompt: an LRU of
-    64 finds nothing).  Nothing comes back from a ghost, so the order stays in its recency phase (an LRU's order)
+    """A tenant asks its 2 prompts of 8 chunks in turn (16 chunks, its reserve), and after each, 2 prompts of 32
+    chunks never seen again come from another tenant or model (136 chunks between two asks of one prompt: an LRU of
+    128 finds nothing).  Nothing comes back from a ghost, so the order stays in its recency phase (an LRU's order)
     throughout: what keeps the prompts from the second round on is the reserve.  The same flood
     from the tenant itself (one group: nothing to share) leaves it finding nothing in the second round, as the
     LRU would, still in the recency phase (the prompts then come back as ghosts, and ARC's lists keep them)."""
@@ -52,7 +54,7 @@ def test_a_flood_takes_room_from_its_own_group_while_the_order_judges_by_recency
         for prompt in prompts:
             found += _request(l1, ("m", "tenant"), prompt)
             for _ in range(2):
-                _request(l1, flooder, [next(flood) for _ in range(16)])
+                _request(l1, flooder, [next(flood) for _ in range(32)])
         rounds.append((found, l1.order.recency))
     if flooder == ("m", "tenant"):
         assert rounds[:2] == [(0, True), (0, True)]
@@ -61,24 +63,24 @@ def test_a_flood_takes_room_from_its_own_group_while_the_order_judges_by_recency
 
 
 def test_a_group_over_its_reserve_gives_up_its_own_objects_before_an_older_one_of_a_group_within_it():
-    """Tenant b stores 16 chunks, then tenant a 48 (L1 full: a over its reserve of 16, b within it).  When either
+    """Tenant b stores 16 chunks, then tenant a 112 (L1 full: a over its reserve of 16, b within it).  When either
     stores 8 more, the 8 evicted are a's oldest, though b's 16 are older (LRU's victims); b keeps all of its."""
     for newcomer in ("a", "b"):
         l1 = _l1()
         _request(l1, ("m", "b"), list(range(100, 116)))
-        for start in range(200, 248, 8):
+        for start in range(200, 312, 8):
             _request(l1, ("m", "a"), list(range(start, start + 8)))
-        assert len(_resident(l1, ("m", "a"), range(200, 248))) == 48
-        _request(l1, ("m", newcomer), list(range(300, 308)))
+        assert len(_resident(l1, ("m", "a"), range(200, 312))) == 112
+        _request(l1, ("m", newcomer), list(range(400, 408)))
         assert _resident(l1, ("m", "b"), range(100, 116)) == list(range(100, 116)), newcomer
-        assert _resident(l1, ("m", "a"), range(200, 248)) == list(range(208, 248)), newcomer
-        assert _resident(l1, ("m", newcomer), range(300, 308)) == list(range(300, 308))
+        assert _resident(l1, ("m", "a"), range(200, 312)) == list(range(208, 312)), newcomer
+        assert _resident(l1, ("m", newcomer), range(400, 408)) == list(range(400, 408))
 
 
 @pytest.mark.parametrize("asks_every", [None, 20])
 def test_a_group_that_has_not_asked_for_anything_lately_is_not_spared(asks_every):
-    """Tenant a stores one prompt of 8 chunks; tenant b then makes 400 requests of 4 new chunks each (80 between
-    two of a's asks every 20 requests: an LRU of 64 keeps nothing of a's); an epoch is 64 accesses here (L1's
+    """Tenant a stores one prompt of 8 chunks; tenant b then makes 400 requests of 8 new chunks each (160 between
+    two of a's asks every 20 requests: an LRU of 128 keeps nothing of a's); an epoch is 128 touches here (L1's
     objects).  Where a asks again every 20 requests, it stays active and within its reserve: every ask finds the
     whole prompt, and the order never leaves its recency phase (no ghost comes back).  Where a never asks again,
     it is idle after two epochs and its prompt goes in LRU's order (b's requests fill L1 many times over)."""
@@ -89,13 +91,73 @@ def test_a_group_that_has_not_asked_for_anything_lately_is_not_spared(asks_every
     for index in range(400):
         if asks_every and index % asks_every == 0:
             found.append(_request(l1, ("m", "a"), prompt))
-        _request(l1, ("m", "b"), list(range(10**6 + 4 * index, 10**6 + 4 * index + 4)))
+        _request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
     if asks_every:
         assert found == [8] * (400 // asks_every)
         assert l1.order.recency
         assert _resident(l1, ("m", "a"), range(1, 9)) == prompt
     else:
         assert _resident(l1, ("m", "a"), range(1, 9)) == []
+
+
+@pytest.mark.parametrize("length", [24, 40, 60])
+def test_a_prompt_longer_than_a_pass_keeps_within_its_reserve_whole(length):
+    """An L1 of 512 chunks, two groups (reserves of 64): a tenant asks one prompt of up to 60 chunks again and again
+    while the other sends 640 chunks never seen again between two asks.  The whole prompt is passed over, not just
+    its first chunks: every ask after the first finds all of it, the order still in its recency phase."""
+    l1 = _l1(512)
+    prompt = list(range(1, length + 1))
+    flood = iter(range(10**6, 2 * 10**6))
+    found = []
+    for _ in range(6):
+        found.append(_request(l1, ("m", "a"), prompt))
+        for _ in range(40):
+            _request(l1, ("m", "b"), [next(flood) for _ in range(16)])
+    assert found == [0] + [length] * 5
+    assert l1.order.recency
+
+
+def test_a_group_active_while_l1_fills_stays_active():
+    """A fresh L1 of 2,048 chunks: tenant b stores 8 new chunks a request, tenant a asks its 8-chunk prompt every
+    300 of b's requests (2,400 chunks between two asks: an LRU keeps nothing of a's).  An epoch is as long as L1
+    holds objects now, so while L1 fills a is not idle between its asks: every ask after the first finds its
+    prompt."""
+    l1 = _l1(2048)
+    prompt = list(range(1, 9))
+    found = []
+    for index in range(1500):
+        if index % 300 == 0:
+            found.append(_request(l1, ("m", "a"), prompt))
+        _request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
+    assert found == [0] + [8] * 4
+    assert l1.order.recency
+
+
+def test_an_idle_group_is_not_spared_while_two_others_share_l1():
+    """Tenant a stores 8 chunks (within any reserve here) and goes idle; tenants b and c, both active, store 4 new
+    chunks a request in turn.  a is counted in no share and spared by none: its chunks go in LRU's order."""
+    l1 = _l1()
+    _request(l1, ("m", "a"), list(range(1, 9)))
+    for index in range(200):
+        _request(l1, ("m", "bc"[index % 2]), list(range(10**6 + 4 * index, 10**6 + 4 * index + 4)))
+    assert _resident(l1, ("m", "a"), range(1, 9)) == []
+    assert l1.order.fair is not None and l1.order.fair.sharing
+
+
+def test_a_landing_of_another_group_starts_the_counting():
+    """An object placed with no store being reserved (an L2 landing) touches its group as a store does: a second
+    group's landing starts the counting, the first group credited with all L1 held."""
+    entries: dict[ChunkKey, Entry] = {}
+    order = ArcOrder(100, entries.get, prefix_aware=True, fair=True)
+    for number, group in ((1, "a"), (2, "a"), (3, "b")):
+        key = ChunkKey("m", group, number)
+        if group == "a":
+            order.admitting([key], 10)
+        entries[key] = entry = Entry(0, 10)
+        order.new(key, entry, None)
+        order.admitting(None)
+        order.lists[entry.tier][key] = entry
+    assert order.fair is not None and order.fair.groups == {("m", "a"): [20.0, 0.0], ("m", "b"): [10.0, 0]}
 
 
 @pytest.mark.parametrize("kind", ["conversations", "multitenant", "scan"])
@@ -109,34 +171,44 @@ def test_one_group_alone_decides_as_without_shares(kind, monkeypatch):
         return [_request(l1, ("m", "t"), request.hashes) for request in requests]
 
     with_shares = replay()
-    monkeypatch.setattr(l1_module, "_chunk_group", None)
+    build = l1_module.l1_order.build
+    monkeypatch.setattr(l1_module.l1_order, "build", lambda *args, **kwargs: build(*args, **{**kwargs, "fair": False}))
     without = replay()
     assert with_shares == without
     assert sum(with_shares) > 0
 
 
 def test_shares_split_l1_among_the_active_groups_and_the_groups_tracked_are_bounded():
-    """Four active groups: each is spared up to half a quarter of L1 (12.5 bytes of 100) and not beyond; groups
-    past MAX_GROUPS are not tracked (neither spared nor counted), so a client that invents tenants cannot grow the
-    state."""
+    """Four active groups: each is spared up to a quarter of a quarter of L1 (6.25 bytes of 100) and not beyond.  Past
+    MAX_GROUPS a group is not tracked (neither spared nor counted), so a client that invents tenants cannot grow
+    the state; and a group that holds nothing leaves once idle (two epochs without a touch), so the table does not
+    fill up with tenants long gone."""
 
     class Order:
         sizes = [40.0, 0.0, 0.0]
+        objects = 10**6  # an epoch of a million touches: none ends while the table fills
 
         def __len__(self) -> int:
-            return 1000
+            return self.objects
 
-    shares = FairShares(100, lambda key: key[0])
-    for access, group in enumerate("abcd"):
-        shares.touched((group,), access, Order())
-    shares.placed(("b",), 12.5)
-    shares.placed(("c",), 13)
+    order = Order()
+    shares = FairShares(100)
+    for tenant in "abcd":
+        shares.touched(("m", tenant, 1), order)
+    shares.placed(("m", "b", 2), 6.25)
+    shares.placed(("m", "c", 3), 6.5)
     assert shares.sharing
-    assert shares.spares(("a",)) is False  # 40 bytes, all L1 held when a second group came: over 12.5
-    assert shares.spares(("b",)) is True
-    assert shares.spares(("c",)) is False
-    assert shares.spares(("d",)) is True
+    assert shares.spares(("m", "a", 4)) is False  # 40 bytes, all L1 held when a second group came: over 6.25
+    assert shares.spares(("m", "b", 5)) is True
+    assert shares.spares(("m", "c", 6)) is False
+    assert shares.spares(("m", "d", 7)) is True
     for index in range(2 * MAX_GROUPS):
-        shares.touched((f"tenant-{index}",), 10, Order())
+        shares.touched(("m", f"tenant-{index}", 8), order)
     assert shares.groups is not None and len(shares.groups) == MAX_GROUPS
-    assert shares.spares(("tenant-999999",)) is False
+    assert shares.spares(("m", f"tenant-{2 * MAX_GROUPS - 1}", 9)) is False  # not tracked
+    order.objects = 16  # epochs of 16 touches: three of them by one tenant leave the others idle
+    for _ in range(3 * 16):
+        shares.touched(("m", "z", 10), order)
+    assert sorted(shares.groups) == [("m", "a"), ("m", "b"), ("m", "c"), ("m", "z")]  # the three hold bytes
+    shares.gone(("m", "b", 2), 6.25)
+    assert sorted(shares.groups) == [("m", "a"), ("m", "c"), ("m", "z")]
