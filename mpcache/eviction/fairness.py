@@ -12,20 +12,20 @@ least :data:`MIN_EPOCH_TOUCHES`).  Until a second group asks for something nothi
 one group has L1 to itself.  Tenants are what clients say they are: one client that spreads its requests over
 many cache salts makes many groups, and every reserve smaller.  State: a resident-bytes count and the epoch last
 active per group, at most :data:`MAX_GROUPS` groups (one more is not tracked: neither spared nor counted; its
-objects, if it is tracked later, count from 0), and the groups active in the two epochs; a group leaves once it
-holds nothing and is not active.
+objects are not counted, so its count errs low by them once it is tracked, and never goes below 0), and the
+groups active in the two epochs; a group leaves once its count is 0 and it is not active.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
-RESERVED_SHARE = 0.25  # of an equal share, what a group keeps whatever the others store (at most half of L1 in all)
+RESERVED_SHARE = 0.25  # of an equal share, what a group keeps whatever the others store (a quarter of L1 in all)
 MAX_GROUPS = 4096  # groups tracked at most: a client that invents tenants cannot grow the order's state past it
 MIN_EPOCH_TOUCHES = 16  # an epoch's touches at the least (an L1 of a handful of objects still needs a window)
-SPARED_PER_EVICTION = 1024  # spared objects passed over at most in a list per eviction: a bound on its cost
+SPARED_PER_EVICTION = 64  # objects looked at, at most, from a list's head for one not spared: a bound on the cost
 
 
 class FairShares:
@@ -111,20 +111,30 @@ class FairShares:
         return state[0] <= RESERVED_SHARE * self.capacity / (len(self._now) + self._carried)
 
     def pass_over(self, objects: OrderedDict[Any, Any]) -> bool:
-        """Move the spared objects at the head of one of the order's lists to its end, at most
-        :data:`SPARED_PER_EVICTION`: whether the head is now one that is not spared (what the order evicts next is
-        then the first object of a group over its reserve, or not active, in the order's turn)."""
-        for _ in range(min(SPARED_PER_EVICTION, len(objects))):
-            key = next(iter(objects))
+        """Whether one of the first :data:`SPARED_PER_EVICTION` objects of one of the order's lists is not spared;
+        if so the spared ones before it move to the list's end, and it is the head (the first object of a group
+        over its reserve, or not active, in the order's turn).  If not, nothing moves: the reserve gives way, in
+        the list's own order (a prompt's tail first)."""
+        spared = []
+        for key in objects:
             if not self.spares(key):
-                return True
+                break
+            spared.append(key)
+            if len(spared) == SPARED_PER_EVICTION:
+                return False
+        else:
+            return False
+        for key in spared:
             objects.move_to_end(key)
-        return False
+        return True
 
-    def pick(self, preferred: OrderedDict[Any, Any], other: OrderedDict[Any, Any]) -> OrderedDict[Any, Any]:
+    def pick(self, preferred: OrderedDict[Any, Any], other: OrderedDict[Any, Any],
+             usable: Callable[[Any], bool]) -> OrderedDict[Any, Any]:
         """The list to evict from: the order's ``preferred`` (passed over), unless all it has near its head is
-        spared and ``other`` (passed over) has an object that is not: a group's reserve in one list is not given
-        up while another group's object over its reserve waits in the other."""
-        if self.pass_over(preferred) or other is preferred or not other or not self.pass_over(other):
+        spared and ``other`` (passed over) has an object that is not and that the order may evict (``usable``, its
+        entry): a group's reserve in one list is not given up while another group's object over its reserve waits
+        in the other."""
+        if self.pass_over(preferred) or not other or not self.pass_over(other) or not usable(
+                next(iter(other.values()))):
             return preferred
         return other

@@ -40,9 +40,8 @@
   of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
   longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.  Where groups (a model
-  and tenant each) share L1, an object of an active group within its reserve is passed over while another
-  group's can go (:mod:`~mpcache.eviction.fairness`).
+  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.  Each model and tenant
+  keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
 of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
@@ -189,9 +188,7 @@ class ArcOrder:
         self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
-        # each group's reserve of L1 (keys' model and tenant: their first two fields), for the prefix-aware order with
-        # ``fair``; ``fair`` once two groups are counted (one group alone costs a store or an access a compare, and an
-        # object nothing); the access whose lookup touched its group last
+        # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
         self._fair_access = -1
@@ -321,17 +318,19 @@ class ArcOrder:
                 key, entry = t1.popitem(False)
                 tier = entry.tier
             elif t1 and (not t2 or sizes[0] > self.target):
-                source = sharing.pick(t1, t2) if sharing is not None else t1
-                key, entry = source.popitem(False)
-                tier = 0 if source is t1 else 1
-                if tier == 0 and t2 and (entry.access == self.access or self._store is not None
-                                         and entry.store == self._store):
+                if sharing is not None:
+                    sharing.pass_over(t1)
+                key, entry = t1.popitem(False)
+                tier = 0
+                if t2 and not self._evictable_now(entry):
                     t1[key] = entry  # being admitted (the current access's or store's): T2 gives one instead
                     t1.move_to_end(key, False)
-                    key, entry = (sharing.pick(t2, t2) if sharing is not None else t2).popitem(False)
+                    if sharing is not None:
+                        sharing.pass_over(t2)
+                    key, entry = t2.popitem(False)
                     tier = 1
             elif t2 and (t1 or self._admits()):  # T1 has nothing to give: a store may be refused
-                source = sharing.pick(t2, t1) if sharing is not None else t2
+                source = sharing.pick(t2, t1, self._evictable_now) if sharing is not None else t2
                 key, entry = source.popitem(False)
                 tier = 1 if source is t2 else 0
             else:
@@ -352,6 +351,10 @@ class ArcOrder:
         if fair is not None:
             fair.gone(key, entry.size)
         return key, entry
+
+    def _evictable_now(self, entry: Any) -> bool:
+        """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""
+        return entry.access != self.access and (self._store is None or entry.store != self._store)
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended.

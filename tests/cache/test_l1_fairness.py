@@ -13,7 +13,7 @@ from mpcache.cache import l1 as l1_module
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
 from mpcache.contract.keys import ChunkKey
-from mpcache.eviction.fairness import MAX_GROUPS, FairShares
+from mpcache.eviction.fairness import MAX_GROUPS, SPARED_PER_EVICTION, FairShares
 from mpcache.eviction.order import ArcOrder
 
 CHUNKS = 128  # L1's objects in these tests: two active groups' reserves are 16 each
@@ -158,6 +158,76 @@ def test_a_landing_of_another_group_starts_the_counting():
         order.admitting(None)
         order.lists[entry.tier][key] = entry
     assert order.fair is not None and order.fair.groups == {("m", "a"): [20.0, 0.0], ("m", "b"): [10.0, 0]}
+
+
+def _placed(order: ArcOrder, entries: dict, group: str, number: int, again: bool = False,
+            store: object = None) -> ChunkKey:
+    """One object of 10 bytes of ``group`` stored (its own store, named ``store``); ``again``: then used again
+    (T2, in ARC's phase)."""
+    key = ChunkKey("m", group, number)
+    order.admitting([key], 10, store=store)
+    entries[key] = entry = Entry(0, 10)
+    order.new(key, entry, None)
+    order.admitting(None)
+    order.lists[entry.tier][key] = entry
+    if again:
+        del order.lists[entry.tier][key]
+        order.promote(entry)
+        order.lists[entry.tier][key] = entry
+    return key
+
+
+def test_a_reserve_never_makes_a_store_evict_what_it_is_admitting():
+    """ARC's phase, T1 within its target, so T2 gives the next object: T2 holds only tenant v's object, within its
+    reserve, and T1 only what the current request's first part just wrote.  The request's second part evicts v's
+    object, as with no reserves, not its own first part's (T1 never gives up what it is admitting)."""
+    for fair in (False, True):
+        entries: dict[ChunkKey, Entry] = {}
+        order = ArcOrder(100, entries.get, prefix_aware=True, fair=fair)
+        order.split()
+        kept = _placed(order, entries, "v", 1, again=True)
+        order.access = 2
+        written = [_placed(order, entries, "a", 100 + number, store="request") for number in range(4)]
+        order.target = 60.0
+        order.admitting([ChunkKey("m", "a", 200)], 10, store="request")
+        assert order.victim()[0] == kept, fair
+        assert all(key in order.lists[0] for key in written)
+        assert fair is (order.fair is not None and order.fair.sharing)
+
+
+def test_finding_an_object_to_evict_looks_at_a_bounded_number_of_objects():
+    """ARC's phase: 200 small tenants' objects seen again (T2, each tenant within its reserve) and a large tenant's
+    seen once (T1), T1 within ARC's target, so T2 is the list ARC evicts from, and its head is all spared.  Each
+    eviction asks whether an object is spared at most SPARED_PER_EVICTION times in T2 and once in T1, whose head
+    gives one instead: the large tenant's stores evict its own objects, none of the small tenants'."""
+    entries: dict[ChunkKey, Entry] = {}
+    order = ArcOrder(10 * 1400, entries.get, prefix_aware=True, fair=True)
+    order.split()
+    small = [_placed(order, entries, f"small-{number % 100}", number, again=True) for number in range(200)]
+    for number in range(1200):
+        _placed(order, entries, "large", 10**6 + number)
+    order.target = float(10 * 1400)
+    asked = []
+    spares = order.fair.spares
+
+    def counted(key) -> bool:
+        asked.append(key)
+        return spares(key)
+
+    order.fair.spares = counted
+    for number in range(300):
+        order.access += 1
+        key = ChunkKey("m", "large", 10**8 + number)
+        order.admitting([key], 10)
+        asked.clear()
+        victim, _ = order.victim()
+        entries.pop(victim)
+        assert victim.cache_salt == "large" and len(asked) <= SPARED_PER_EVICTION + 1
+        entries[key] = entry = Entry(0, 10)
+        order.new(key, entry, None)
+        order.admitting(None)
+        order.lists[entry.tier][key] = entry
+    assert all(key in entries for key in small)
 
 
 @pytest.mark.parametrize("kind", ["conversations", "multitenant", "scan"])
