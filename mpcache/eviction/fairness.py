@@ -33,7 +33,7 @@ class FairShares:
 
     def __init__(self, capacity_bytes: float) -> None:
         self.capacity = float(capacity_bytes)
-        self.first: Hashable = None  # the only group seen while ``groups`` is None (its owner skips it unasked)
+        self.first: Hashable = None  # the only group seen while ``groups`` is None (the order checks a key against it)
         self.groups: dict[Hashable, list[float]] | None = None  # group → [resident bytes, epoch last active]
         self._epoch = 0
         self._touches = 0  # touches since the epoch began

@@ -230,6 +230,29 @@ def test_finding_an_object_to_evict_looks_at_a_bounded_number_of_objects():
     assert all(key in entries for key in small)
 
 
+def test_a_reserve_is_a_quarter_of_l1_over_the_groups_active_now_not_over_every_group_held():
+    """Three groups hold objects, one of them idle for two epochs: the reserve is a quarter of L1 (120 bytes) over
+    the two active ones, 15 bytes, so a group holding 14 is spared (over all three it would be 10, and it would
+    not)."""
+
+    class Order:
+        sizes = [50.0, 0.0, 0.0]
+
+        def __len__(self) -> int:
+            return 16
+
+    shares = FairShares(120)
+    shares.touched(("m", "idle", 1), Order())  # the first group: all L1 holds (50 bytes)
+    shares.touched(("m", "b", 2), Order())
+    shares.placed(("m", "b", 2), 14)
+    for _ in range(2 * 16):
+        shares.touched(("m", "b", 3), Order())
+        shares.touched(("m", "c", 4), Order())
+    assert shares.groups is not None and sorted(shares.groups) == [("m", "b"), ("m", "c"), ("m", "idle")]
+    assert shares.spares(("m", "b", 2)) is True
+    assert shares.spares(("m", "idle", 1)) is False
+
+
 @pytest.mark.parametrize("kind", ["conversations", "multitenant", "scan"])
 def test_one_group_alone_decides_as_without_shares(kind, monkeypatch):
     """One model and tenant: every request's prefix found is the same as under an order built without shares."""
