@@ -96,6 +96,7 @@ def test_the_measured_hit_ratio_is_beside_the_prediction_and_capacities_are_per_
     (_with(("curves",), {"l1": 1}), "curves: expected a list, got dict"),
     (_with(("sample_rate",), "0.01"), "sample_rate: expected a number [0, 1], got str '0.01'"),
     (_with(("tracked_keys",), True), "tracked_keys: expected an integer >= 0, got bool True"),
+    (_with(("processes",), 10**200), "processes: expected an integer in [0, 65535], got int"),  # was OverflowError
     (_with(("curves", 0, "points", 1, "hit_ratio"), float("nan")),
      "curves[0].points[1].hit_ratio: expected a number [0, 1], got float nan"),
     (_with(("curves", 0, "capacity_bytes"), 10 ** 400), "curves[0].capacity_bytes: expected a number >= 0, got int"),

@@ -26,6 +26,7 @@ from mpcache import __version__
 DEFAULT_URL = "http://127.0.0.1:9090"
 WHAT_IF = (("now", 1.0), ("½×", 0.5), ("2×", 2.0), ("4×", 4.0))
 MAX_DOCUMENT_BYTES = 16 << 20  # /mrc is at most ~100 curves of 29 points, a few hundred kB
+MAX_PROCESSES = 65535  # cache processes a service can run at most: each listens on a port of its own
 READ_BYTES = 1 << 16
 
 
@@ -72,10 +73,11 @@ def _number(value: Any, where: str, low: float = 0.0, high: float = math.inf) ->
     raise Unusable(f"{where}: expected a number {bounds}, got {_shown(value)}")
 
 
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+def _count(value: Any, where: str, high: int | None = None) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0 and (high is None or value <= high):
         return value
-    raise Unusable(f"{where}: expected an integer >= 0, got {_shown(value)}")
+    bounds = ">= 0" if high is None else f"in [0, {high}]"
+    raise Unusable(f"{where}: expected an integer {bounds}, got {_shown(value)}")
 
 
 def _text(value: Any, where: str) -> str:
@@ -135,7 +137,7 @@ def check(document: Any) -> dict[str, Any]:
                                           "configured_sample_rate", 0.0, 1.0),
         "tracked_keys": _count(_field(document, "tracked_keys", "/mrc"), "tracked_keys"),
         # absent: a server from before it was said, which modelled the service as one cache
-        "processes": max(1, _count(document.get("processes", 1), "processes")),
+        "processes": max(1, _count(document.get("processes", 1), "processes", MAX_PROCESSES)),
         "max_keys": _count(_field(document, "max_keys", "/mrc"), "max_keys"),
         # absent: a server from before they were said, taken as running lru (its default then)
         **{key: _text(document.get(key, "lru"), key) for key in ("curves_model", "l1_policy")},
