@@ -15,7 +15,7 @@ MIN_WIDTH = 1024  # counters per row at the least
 MAX_WIDTH = 1 << 32  # counters per row at the most: a row's index reads the mixed word's low 64 bits only
 COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys share both their counters
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
-_MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over both rows' indexes
+MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits an index or a sample reads
 
 
 class FrequencySketchReference:
@@ -48,7 +48,7 @@ class FrequencySketchReference:
 
     def add(self, key: Hashable, /) -> bool:
         """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
-        mixed = self._code(key) * _MIX  # its low 64 bits are all a row's index reads: no mask to the word needed
+        mixed = self._code(key) * MIX  # its low 64 bits are all a row's index reads: no mask to the word needed
         mask = self._mask
         first, second = self._rows
         index = mixed & mask
@@ -68,7 +68,7 @@ class FrequencySketchReference:
 
     def estimate(self, key: Hashable, /) -> int:
         """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""
-        mixed = self._code(key) * _MIX
+        mixed = self._code(key) * MIX
         mask = self._mask
         return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
+from mpcache.eviction.frequency import MIX
+
 SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
-_MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits the sample reads
 _WORD = (1 << 64) - 1
 
 
@@ -89,7 +90,7 @@ class ShadowLru:
 
     def _sampled(self, key: Hashable, halvings: int) -> bool:
         """Whether ``key`` is sampled at the rate 1 / 2 ** ``halvings``: the top bits of its mixed code are zero."""
-        return not ((self._code(key) * _MIX) & _WORD) >> (64 - halvings)
+        return not ((self._code(key) * MIX) & _WORD) >> (64 - halvings)
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -171,7 +171,7 @@ def test_the_compiled_sketch_counts_halves_and_answers_as_its_python_definition_
 def test_the_compiled_sketch_s_constants_are_its_python_definition_s():
     from mpcache.eviction import _sketch
     assert ((frequency.SATURATED, frequency.MIN_WIDTH, frequency.MAX_WIDTH, frequency.COUNTERS_PER_COUNT,
-             frequency._MIX) == (_sketch.SATURATED, _sketch.MIN_WIDTH, _sketch.MAX_WIDTH,
+             frequency.MIX) == (_sketch.SATURATED, _sketch.MIN_WIDTH, _sketch.MAX_WIDTH,
                                  _sketch.COUNTERS_PER_COUNT, _sketch.MIX))
 
 
