@@ -5,9 +5,9 @@ Each ``KIND:SEED:WEIGHT`` is a tenant (cache salt ``tenant-<i>``) whose requests
 ids moved apart from every other tenant's; the ``--requests`` requests are drawn from the tenants in proportion to
 their weights (a fixed random order, the same in every run).  L1 is sized on the whole (``bench trace``'s
 ``--size``).  Per tenant it prints the hit ratio of the offline LRU and ARC (one cache for all) and of L1 under
-each policy, and, for ``adaptive``, of the same requests sent as one tenant (``adaptive_one_tenant``: the order with
-no shares to keep, since one group has L1 to itself): what the fair shares give each tenant and what they cost the
-whole.
+each policy, and, for ``adaptive``, of the same requests sent as one tenant (``l1_adaptive_one_tenant``: the order
+with no reserves to keep, since one group has L1 to itself): what the reserves give each tenant and what they cost
+the whole.
 """
 
 from __future__ import annotations

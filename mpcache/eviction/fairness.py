@@ -74,7 +74,7 @@ class FairShares:
         groups = self.groups
         assert groups is not None
         for group in self._before - self._now:
-            if groups.get(group, (1.0,))[0] <= 0:
+            if groups[group][0] <= 0:  # every group active lately is tracked (gone() keeps them)
                 del groups[group]
         self._before, self._now = self._now, set()
         self._carried = len(self._before)

@@ -28,6 +28,7 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
+from support.private_shm import mount_shm  # noqa: E402
 from support.waiting import wait_for as wait_or_fail  # noqa: E402
 
 from mpcache.client import CacheClient  # noqa: E402
@@ -323,7 +324,7 @@ SCENARIOS = {"live_instance_in_another_namespace": (live_instance_in_another_nam
 def main() -> int:
     scenario, workdir = sys.argv[1], sys.argv[2]
     run, size = SCENARIOS[scenario]
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", "/dev/shm"], check=True)
+    mount_shm(size)
     tmp = os.path.join(workdir, "tmp")
     os.makedirs(tmp, exist_ok=True)
     os.environ["TMPDIR"] = tmp

@@ -3,7 +3,6 @@ that skips them where ``unshare`` may not create namespaces (not root, or a cont
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support.private_shm import in_mount_namespace
 from support.service import REPO
 
 DRIVER = os.path.join(REPO, "tests", "e2e", "pidns_driver.py")
@@ -29,7 +29,4 @@ needs_namespaces = pytest.mark.skipif(not can_unshare(), reason="unshare cannot 
 
 def run_driver(scenario: str, workdir: Path) -> dict:
     """``pidns_driver.py SCENARIO WORKDIR`` in a private mount namespace: its last stdout line, as JSON."""
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, DRIVER, scenario,
-                             str(workdir)], capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert 0 == result.returncode, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return in_mount_namespace([sys.executable, DRIVER, scenario, str(workdir)], 240)
