@@ -1,7 +1,7 @@
 """The order in which L1 evicts (``--l1-policy``): which ready, unlocked object goes first when a store needs room.
 
 * ``lru``: least recently used first, a request's chunks released head to tail (one pass over the reuse
-  distances gives its miss-ratio curve at every size).
+  distances gives its miss-ratio curve at every size; :mod:`~mpcache.eviction.lru_order`).
 * ``arc``: Megiddo and Modha's adaptive replacement cache, which LMCache ships: objects seen once (T1) and seen
   again (T2) in two LRU lists; a miss on the ghost of what T1 evicted (B1) grows T1's target share, one on
   what T2 evicted (B2) shrinks it; a request's chunks released head to tail.
@@ -43,17 +43,17 @@
   again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.  Each model and tenant
   keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
-Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object
-of each, locked or not), T1's target and the ghosts' budget (L1's capacity, the larger ghost list trimmed first).  The
-state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its store's and its last
-use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
-:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the newest :data:`PARENT_HINTS` lookups' hints, the newest
-:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
-:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
-counts per evictable object, the most it has been set to at a halving), the gate's newest
-:data:`GATE_DECISIONS` decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they would
-evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions), and
-the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
+Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
+each, locked or not), T1's target and the ghosts' budget (L1's capacity: ``arc`` keeps T1 and B1 within it and gives
+up B2 first, as ARC does; ``adaptive`` trims the larger ghost list first).  The state is bounded: the ghosts by that
+budget, the rest a list slot, a tier, two accesses (its store's and its last use's), a store's name, a parent and
+its children per resident object, the shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the
+newest :data:`PARENT_HINTS` lookups' hints, the newest :data:`STORE_VERDICTS` named stores' verdicts, the frequency
+sketch (two rows of byte counters, :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window,
+which is :data:`FREQUENCY_WINDOW` counts per evictable object, the most it has been set to at a halving), the gate's
+newest :data:`GATE_DECISIONS` decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they
+would evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS`
+decisions), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -72,6 +72,7 @@ from typing import Any
 from mpcache.config.derived import L1_POLICIES as POLICIES
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import FrequencySketch
+from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.shadow import ShadowLru
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
@@ -85,48 +86,6 @@ GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
 GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
 GATE_LIMIT = 16  # the gate's score is held within ±this: it turns within that many settled decisions
 GATE_KEY_DECISIONS = 2 * GATE_LIMIT  # open decisions one key settles at most: enough to move the score end to end
-
-
-class LruOrder:
-    """Least recently used first: one list, every object in tier 0."""
-
-    tail_first = False
-    prefix_aware = False
-    again = 0  # the tier of an object used again: its own, so promote is never called
-
-    new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held
-    reused = False  # set by lookups, read by no one: LRU admits every store
-    refusing = False  # LRU refuses no store
-
-    access = 0  # not counted: LRU evicts the newest objects last, so it never splits an access
-
-    def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any]) -> None:
-        self.lists: tuple[OrderedDict[Any, Any], ...] = (OrderedDict(),)
-        self.hints: dict[Any, Any] = {}  # never hinted: LRU is not prefix-aware
-
-    def __len__(self) -> int:
-        return len(self.lists[0])
-
-    def hint(self, key: Any, parent_key: Any) -> None:
-        return None
-
-    def promote(self, entry: Any) -> None:
-        return None
-
-    def asked(self, key: Any, nbytes: float, found: bool) -> None:
-        return None  # LRU counts nothing
-
-    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
-        return None  # LRU admits every store
-
-    def refuses(self, need: float) -> bool:
-        return False  # LRU admits every store
-
-    def victim(self) -> tuple[Any, Any] | None:
-        return self.lists[0].popitem(False) if self.lists[0] else None  # last=False, positional: no keyword parse
-
-    def forget(self, key: Any, entry: Any) -> None:
-        return None
 
 
 class ArcOrder:
@@ -300,8 +259,9 @@ class ArcOrder:
         entry.tier = 1
 
     def victim(self) -> tuple[Any, Any] | None:
-        """The next object to evict, out of the order (its ghost kept, the larger ghost list trimmed until both
-        fit L1's capacity); None when every object is locked or being written.  (``popitem(False)``: last=False
+        """The next object to evict, out of the order (its ghost kept, the ghosts trimmed until both lists fit
+        L1's capacity: ``arc`` as ARC does, the adaptive order the larger list first); None when every object is
+        locked or being written.  (``popitem(False)``: last=False
         passed by position, which skips a keyword parse per call.)"""
         t1, t2, orphans = self.lists
         fair = self.fair
@@ -340,6 +300,8 @@ class ArcOrder:
             ghosts, ghost_bytes = self._ghosts, self._ghost_bytes
             ghosts[tier][key] = size
             ghost_bytes[tier] += size
+            if not self.prefix_aware:
+                self._trim_ghosts_as_arc()
             while ghost_bytes[0] + ghost_bytes[1] > self.capacity:
                 larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
                 ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
@@ -351,6 +313,16 @@ class ArcOrder:
         if fair is not None:
             fair.gone(key, entry.size)
         return key, entry
+
+    def _trim_ghosts_as_arc(self) -> None:
+        """``arc``'s ghosts kept as ARC (and LMCache's ARC) keeps them: T1's and B1's bytes within L1's capacity,
+        then B2 given up before B1 until both fit it (T2 and B2 within it too, since L1 is full).  The adaptive
+        order trims the larger ghost list instead (benchmarks/HISTORY.md: it found more across the policy matrix)."""
+        ghost_bytes, b1, b2 = self._ghost_bytes, self._b1, self._b2
+        while b1 and self.sizes[0] + ghost_bytes[0] > self.capacity:
+            ghost_bytes[0] -= b1.popitem(False)[1]
+        while b2 and ghost_bytes[0] + ghost_bytes[1] > self.capacity:
+            ghost_bytes[1] -= b2.popitem(False)[1]
 
     def _evictable_now(self, entry: Any) -> bool:
         """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""
