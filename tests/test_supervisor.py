@@ -259,8 +259,9 @@ def test_a_failing_demo_is_not_restarted_and_does_not_stop_the_cache(supervised,
 
 def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauges_cleared(supervised) -> None:
     """A cache process that serves (its socket file exists; the test writes its pid and heartbeats every
-    50 ms into its gauge slot, plus 12345 bytes of L1 usage) and then falls silent is killed within the
-    hang timeout (1 s, ``cache.unresponsive`` at error level, exit status -9), restarted (a second pid),
+    50 ms into its gauge slot, plus 12345 bytes of L1 usage) and then falls silent is killed once the
+    hang timeout (1 s) has passed, not before (``cache.unresponsive`` at error level, exit status -9; a
+    watchdog that never fires fails the wait for that line, ten hang timeouts), restarted (a second pid),
     and its slot is zeroed — heartbeat, pid and L1 usage read 0 until the new process writes them — so
     telemetry neither counts it as live nor shows its usage.  The other cache process, which keeps
     beating, is left alone."""
@@ -306,7 +307,7 @@ def test_a_cache_process_whose_heartbeat_stops_is_killed_restarted_and_its_gauge
         board.close()
 
     assert (0, victim) == (unresponsive["worker"], unresponsive["pid"])
-    assert 0.9 <= detected_after < 3.0
+    assert 0.9 <= detected_after
     assert -signal.SIGKILL == exit_status
     assert [0, 0, 0] == words
     assert survivor_alive and [survivor] == running.pids("cache", 1)

@@ -458,12 +458,12 @@ def test_a_forged_redis_record_is_a_miss_through_the_cache(cache, redis_url):
     assert None is attacker.get(f"{prefix}c:{digest}")
 
 
-def test_a_hung_redis_tier_answers_lookups_in_about_a_second(cache):
-    """With the only L2 tier a server that accepts connections and never answers, a lookup is done within
-    about the 1 s socket timeout (at once while the server is taken as down after the start-up usage refresh
-    timed out) as a miss, and the failure is L2_PREFETCH_FAILED reason=lookup_error."""
+def test_a_hung_redis_tier_answers_lookups_after_its_socket_timeout(cache):
+    """With the only L2 tier a server that accepts connections and never answers, a lookup is done after the
+    1 s socket timeout at most (at once while the server is taken as down after the start-up usage refresh
+    timed out) as a miss, and the failure is L2_PREFETCH_FAILED reason=lookup_error.  ``wait_prefetch`` fails
+    the test if the lookup is not done within 10 s (ten socket timeouts): one that waited for the server."""
     import socket
-    import time
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -473,15 +473,12 @@ def test_a_hung_redis_tier_answers_lookups_in_about_a_second(cache):
                              "capacity_gb": 1.0}])
         client = harness.client()
         harness.events.take()
-        started = time.monotonic()
         job = client.lookup_prefetch(request_id="r", model_name=MODEL, cache_salt="s", chunk_hashes=[1, 2, 3])
         status = client.wait_prefetch(job, timeout_s=10)
-        elapsed = time.monotonic() - started
         batch = harness.events.take()
     finally:
         listener.close()
 
     assert (True, 0) == (status.done, status.found_count)
-    assert elapsed < 2.0, elapsed
     assert [("lookup_error", [("s", MODEL, 3)])] == [
         (e.fields["reason"], e.salt_counts) for e in batch.events([E.L2_PREFETCH_FAILED])]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 
 import pytest
 from support.lmcache_client import NO_RESULT, LMClient, key, read_slots, registration, write_slots
@@ -229,11 +228,10 @@ def test_a_stored_chunk_is_skipped_and_a_retrieve_of_a_missing_chunk_fails(serve
 
 
 def test_wait_prefetch_status_answers_without_blocking_the_loop(served):
-    """While one client waits, another is served; an unknown request answers 0 at once."""
+    """An unknown request answers 0 at once: though it may wait a minute, it is answered within the client's
+    reply deadline (REPLY_TIMEOUT_S, 5 s), which a wait for its timeout would outlast."""
     _, client, _ = served
-    started = time.monotonic()
-    assert 0 == client.call("wait_prefetch_status", "never-looked-up", 5.0)
-    assert time.monotonic() - started < 2.0
+    assert 0 == client.call("wait_prefetch_status", "never-looked-up", 60.0)
 
 
 def test_chunks_evicted_from_l1_come_back_from_l2_with_their_bytes(cache, tmp_path):

@@ -468,9 +468,11 @@ def test_a_frame_over_the_cap_drops_the_connection_unanswered_and_the_process_ke
     _still_serving(service, thread_ident, stored, "after")
 
 
-def test_a_frame_of_millions_of_empty_maps_gets_the_failure_value_within_2_s(served):
-    """About 4 MiB of empty msgpack maps (under the cap) as a lookup's key is answered with the failure
-    value (no result frame) within 2 s, and the process keeps serving unchanged."""
+def test_a_frame_of_millions_of_empty_maps_is_refused_by_the_decoders_budget(served):
+    """About 4 MiB of empty msgpack maps (under the cap) as a lookup's key is refused by the decoder's container
+    budget (at most one container per 8 bytes of frame: it stops before building millions of dicts) and answered
+    with the failure value (no result frame), and the process keeps serving unchanged.  How fast that is belongs
+    to the benchmarks; here the answer only has to come within the deadline of the 40 MB frame above."""
     service = served()
     stored = tokens_of(800_000, 2)
     store(service, stored, "w", seed=9)
@@ -480,12 +482,12 @@ def test_a_frame_of_millions_of_empty_maps_gets_the_failure_value_within_2_s(ser
     maps = msgpack.packb([[{}] * 1024] * 4096)
     assert 4 << 20 <= len(maps) < 5 << 20
     sent = _frames("lookup", maps, msgpack.packb(1))
-    started = time.monotonic()
+    mark = service.log.mark()
     client.socket.send_multipart(sent)
-    assert client.socket.poll(2000), "no answer within 2 s to a lookup of 4 MiB of empty maps"
-    elapsed = time.monotonic() - started
+    assert client.socket.poll(20_000), "no answer within 20 s to a lookup of 4 MiB of empty maps"
     assert sent[:2] == client.socket.recv_multipart(), "the failure value of a lookup is a reply without a result"
-    assert elapsed < 2.0
+    assert ["malformed frame: more nested containers than its size allows"] == [
+        fields["error"] for fields in service.log.events("client.error", since=mark, op="lookup")]
     _still_serving(service, thread_ident, stored, "after")
 
 
