@@ -216,10 +216,11 @@ def _counted(scrape, expected: dict[tuple[str, str], float]) -> dict[tuple[str, 
 def test_kill_stop_of_telemetry_for_60_s_keeps_probes_200_the_caches_and_every_count(start_service):
     """Telemetry is SIGSTOPped for 60 s while 1,024-token LMCache lookups keep coming: /healthz and /ready,
     polled every 0.1 s throughout, answer 200 every time and never 404; the watchdog kills the stopped process
-    within the configured --telemetry-hang-timeout (plus the supervisor's two looks) and starts the next one
-    after its first backoff; /telemetry answers 503 meanwhile and 200 once the new one heartbeats; the cache
-    processes keep their pids; and afterwards /metrics counts exactly what was sent — the lookups' tokens and
-    every request's service time, before, during and after the stop — with one telemetry restart."""
+    once the configured --telemetry-hang-timeout has passed (plus the supervisor's two looks, and slack for a
+    loaded machine) and starts the next one after its first backoff; /telemetry answers 503 meanwhile and 200
+    once the new one heartbeats; the cache processes keep their pids; and afterwards /metrics counts exactly
+    what was sent — the lookups' tokens and every request's service time, before, during and after the stop —
+    with one telemetry restart."""
     service = start_service("--workers", "2", "--lmcache-ipc", "--chunk-bytes", str(LMCACHE_OBJECT),
                             "--l1-size", "8MiB")
     service.ready(2)
@@ -277,10 +278,12 @@ def test_kill_stop_of_telemetry_for_60_s_keeps_probes_200_the_caches_and_every_c
         victim_gone, [probe for probe in probes if probe[1] != 200], len(probes))
     assert {"running", "unresponsive", "restarting", "starting"} >= {state for _, _, state in probes}
     # the watchdog's bound: silent for the timeout from the last beat it saw (the supervisor looks every 0.1 s),
-    # then the first restart's backoff; a second of slack for a loaded machine
+    # then the first restart's backoff; slack that only a watchdog which does not fire in time gets near (a
+    # loaded machine delays the supervisor's looks by far less), well inside the stop
     kill_bound_s = hang_timeout_s + 2 * WATCH_INTERVAL_S
-    assert 0 < killed_after - hang_timeout_s + pump.MAX_SLEEP_S and killed_after < kill_bound_s + 1.0
-    assert spawned_after < kill_bound_s + TELEMETRY_POLICY.backoff_initial_s + WATCH_INTERVAL_S + 1.0
+    slack_s = 10.0
+    assert 0 < killed_after - hang_timeout_s + pump.MAX_SLEEP_S and killed_after < kill_bound_s + slack_s
+    assert spawned_after < kill_bound_s + TELEMETRY_POLICY.backoff_initial_s + WATCH_INTERVAL_S + slack_s
     assert 503 in {status for _, status, _ in telemetry_answers} and {200, 503} >= {
         status for _, status, _ in telemetry_answers}
     assert caches == service.pids("cache", None)
