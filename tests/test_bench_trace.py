@@ -685,3 +685,31 @@ def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_out
     assert f"({min(now)}–{max(now)}× now, {min(then)}–{max(then)}× before)" in prose
     assert f"What remains between runs of this code, {round(max(ratios) - min(ratios), 4)}," in prose
     assert f"kept for the newest {STORE_VERDICTS:,} stores" in prose
+
+
+def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's section on the public production trace is ``trace.render`` of the run
+    docs/PERFORMANCE.json keeps, and the numbers its prose and *What is missed* state are computed from the two
+    runs kept (LMCache's server's runs from both; the service's ``arc`` equal to the offline ARC in the last)."""
+    from benchmarks.trace import render
+
+    raw = _raw_results()["trace_public_conversation"]
+    final, before = raw["final"], raw["arc_before_ghost_bounds"]
+    text = _doc("PERFORMANCE.md")
+    assert render(final) in text
+    prose = " ".join(text.split())
+    ours, belady = final["mpcache_adaptive_over_offline_lru"], final["belady_over_offline_lru"]["small"]
+    assert f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill" in prose
+    assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
+    assert f"(Belady's MIN: {belady}×)" in prose and f"Belady's MIN {belady}× at the small size" in prose
+    runs = [run["hit_ratio"] for result in (before, final)
+            for run in result["sizes"]["small"]["lmcache_server"]["runs"]]
+    found = final["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
+    above = sum(found > run for run in runs)
+    assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of both hours; `adaptive`'s {found:.4f} "
+            f"is above {above} of them") in prose
+    assert f"Above LMCache's server in {above} of its {len(runs)} runs there" in prose
+    assert all(size["mpcache_arc"] == size["arc_simulated"] for size in final["sizes"].values())
+    earlier = " / ".join(f"{before['sizes'][name]['mpcache_arc']['hit_ratio']:.4f}"
+                         for name in ("small", "middle", "large"))
+    assert f"({earlier} before)" in prose
