@@ -22,6 +22,7 @@ from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
 from mpcache.eviction import order as l1_order
+from mpcache.eviction.lru_order import LruOrder
 
 _L1_READ_RESERVED = EventType.L1_READ_RESERVED
 _L1_READ_FINISHED = EventType.L1_READ_FINISHED
@@ -83,7 +84,7 @@ class L1Manager(PrefetchLandings):
     # -- state --------------------------------------------------------------------
 
     @property
-    def order(self) -> l1_order.LruOrder | l1_order.ArcOrder:
+    def order(self) -> LruOrder | l1_order.ArcOrder:
         """The eviction order (:mod:`mpcache.eviction.order`): read by a benchmark that follows its phases."""
         return self._order
 
