@@ -706,8 +706,8 @@ def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_o
             for run in result["sizes"]["small"]["lmcache_server"]["runs"]]
     found = final["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
     above = sum(found > run for run in runs)
-    assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of both hours; `adaptive`'s {found:.4f} "
-            f"is above {above} of them") in prose
+    assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of the two benchmark runs; "
+            f"`adaptive`'s {found:.4f} is above {above} of them") in prose
     assert f"Above LMCache's server in {above} of its {len(runs)} runs there" in prose
     assert all(size["mpcache_arc"] == size["arc_simulated"] for size in final["sizes"].values())
     earlier = " / ".join(f"{before['sizes'][name]['mpcache_arc']['hit_ratio']:.4f}"

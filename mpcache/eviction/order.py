@@ -44,16 +44,17 @@
   keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
-each, locked or not), T1's target and the ghosts' budget (L1's capacity: ``arc`` keeps T1 and B1 within it and gives
-up B2 first, as ARC does; ``adaptive`` trims the larger ghost list first).  The state is bounded: the ghosts by that
-budget, the rest a list slot, a tier, two accesses (its store's and its last use's), a store's name, a parent and
-its children per resident object, the shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the
-newest :data:`PARENT_HINTS` lookups' hints, the newest :data:`STORE_VERDICTS` named stores' verdicts, the frequency
-sketch (two rows of byte counters, :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window,
-which is :data:`FREQUENCY_WINDOW` counts per evictable object, the most it has been set to at a halving), the gate's
-newest :data:`GATE_DECISIONS` decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they
-would evict and :data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS`
-decisions), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
+each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
+within twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within L1's capacity, the larger
+trimmed first).  The state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its
+store's and its last use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the newest :data:`PARENT_HINTS` lookups' hints, the newest
+:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
+:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
+counts per evictable object, the most it has been set to at a halving), the gate's newest :data:`GATE_DECISIONS`
+decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they would evict and
+:data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions), and the fair
+shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -194,9 +195,13 @@ class ArcOrder:
             self._admitted = True
         else:
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
+            if not self.prefix_aware:
+                self._trim_ghosts_as_arc()
             return
         entry.tier = 1
         self.sizes[1] += entry.size
+        if not self.prefix_aware:
+            self._trim_ghosts_as_arc()
 
     def _ghost_hit(self, tier: int, ghost_size: int, size: int) -> None:
         ghosts = self._ghost_bytes
@@ -302,9 +307,10 @@ class ArcOrder:
             ghost_bytes[tier] += size
             if not self.prefix_aware:
                 self._trim_ghosts_as_arc()
-            while ghost_bytes[0] + ghost_bytes[1] > self.capacity:
-                larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
-                ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
+            else:
+                while ghost_bytes[0] + ghost_bytes[1] > self.capacity:
+                    larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
+                    ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
         parent = entry.parent  # only the prefix-aware order links entries
         if parent is not None:
             _drop_child(parent, key)
@@ -315,14 +321,18 @@ class ArcOrder:
         return key, entry
 
     def _trim_ghosts_as_arc(self) -> None:
-        """``arc``'s ghosts kept as ARC (and LMCache's ARC) keeps them: T1's and B1's bytes within L1's capacity,
-        then B2 given up before B1 until both fit it (T2 and B2 within it too, since L1 is full).  The adaptive
-        order trims the larger ghost list instead (benchmarks/HISTORY.md: it found more across the policy matrix)."""
-        ghost_bytes, b1, b2 = self._ghost_bytes, self._b1, self._b2
-        while b1 and self.sizes[0] + ghost_bytes[0] > self.capacity:
+        """``arc``'s ghosts bounded as ARC (and LMCache's ARC) bounds them, after each eviction and each object
+        that joins: T1's and B1's bytes within L1's capacity (B1 gives up its oldest), and the resident objects'
+        and both ghost lists' within twice it (B2 gives up its oldest first).  Trimmed once the object that an
+        eviction made room for has joined, so a store of B2's oldest ghost is a ghost hit, as in ARC, where the
+        eviction comes after the miss.  The adaptive order trims the larger ghost list to L1's capacity instead
+        (benchmarks/HISTORY.md: it found more across the policy matrix)."""
+        sizes, ghost_bytes, b1, b2, bound = self.sizes, self._ghost_bytes, self._b1, self._b2, self.capacity
+        while b1 and sizes[0] + ghost_bytes[0] > bound:
             ghost_bytes[0] -= b1.popitem(False)[1]
-        while b2 and ghost_bytes[0] + ghost_bytes[1] > self.capacity:
-            ghost_bytes[1] -= b2.popitem(False)[1]
+        while (b1 or b2) and sizes[0] + sizes[1] + ghost_bytes[0] + ghost_bytes[1] > 2 * bound:
+            tier = 1 if b2 else 0
+            ghost_bytes[tier] -= self._ghosts[tier].popitem(False)[1]
 
     def _evictable_now(self, entry: Any) -> bool:
         """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""

@@ -118,22 +118,12 @@ def test_the_ghosts_hold_at_most_l1_s_capacity_in_bytes(prefix_aware, ghosts):
     assert ghosts == [*order._b1, *order._b2]
 
 
-def _use(order: ArcOrder, entries: dict[str, Entry], key: str) -> None:
-    """``key`` taken out of its list and put back as L1 does after a lookup found it: seen again, T2."""
-    entry = entries[key]
-    del order.lists[entry.tier][key]
-    if entry.tier != order.again:
-        order.promote(entry)
-    order.lists[entry.tier][key] = entry
-
-
-@pytest.mark.parametrize("prefix_aware, b1, b2", [(False, ["a", "b", "c"], ["y"]), (True, ["b", "c"], ["x", "y"])])
-def test_arc_gives_up_b2_s_ghosts_before_b1_s_and_the_adaptive_order_the_larger_list_s(prefix_aware, b1, b2):
-    """Four bytes of L1: x, y, z seen again (T2) and a, b, c evicted from T1 (B1, with T1's one object four bytes);
-    then x and y evicted from T2 (T1's target set past T1) make five ghosts.  ARC (and LMCache's ARC) trims B2
-    while T1 and B1 fit L1's capacity, so B1 keeps all three; the adaptive order trims the larger list, B1."""
-    order, entries = _order(prefix_aware, capacity=4)
-    order.split()  # the adaptive order's ARC phase (ARC has no other)
+def test_the_adaptive_order_gives_up_the_larger_ghost_list_s_oldest_first():
+    """Four bytes of L1 in ARC's phase: x, y, z seen again (T2) and a, b, c evicted from T1 (B1); then x and y
+    evicted from T2 (T1's target set past T1) make five ghosts, one more than L1's capacity: the larger list, B1,
+    gives up its oldest (ARC would give up B2's first, T1 and B1 being within the capacity)."""
+    order, entries = _order(True, capacity=4)
+    order.split()
 
     def evict(expected: str) -> None:
         order.access += 1
@@ -143,8 +133,7 @@ def test_arc_gives_up_b2_s_ghosts_before_b1_s_and_the_adaptive_order_the_larger_
 
     for key in ("a", "x", "y", "z"):
         _add(order, entries, key)  # one by one: no parents, so no orphans
-    for key in ("x", "y", "z"):
-        _use(order, entries, key)
+    _use(order, entries, "x", "y", "z")
     for key, evicted in (("b", "a"), ("c", "b"), ("d", "c")):
         order.access += 1
         _add(order, entries, key)
@@ -155,7 +144,54 @@ def test_arc_gives_up_b2_s_ghosts_before_b1_s_and_the_adaptive_order_the_larger_
         _add(order, entries, key)
         _use(order, entries, key)
         evict(evicted)
-    assert (b1, b2) == ([*order._b1], [*order._b2])
+    assert (["b", "c"], ["x", "y"]) == ([*order._b1], [*order._b2])
+
+
+def _request(l1: L1Manager, hashes: list[int]) -> int:
+    """One engine request as the LMCache front end drives L1: look up the prefix (read-locked), store the rest,
+    release; the chunks found."""
+    found = l1.lock_prefix("m", "", hashes, publish=False)
+    _store(l1, hashes[found:])
+    l1.release_read("m", "", hashes[:found])
+    return found
+
+
+def _ghosts_of(l1: L1Manager) -> tuple[list[int], list[int]]:
+    """B1's and B2's chunks, oldest first."""
+    order = l1.order
+    assert isinstance(order, ArcOrder)
+    return [key.chunk_hash for key in order._b1], [key.chunk_hash for key in order._b2]
+
+
+def test_arc_keeps_t1_and_b1_within_l1_s_capacity_and_gives_up_b2_s_ghosts_first():
+    """``arc`` through L1, four chunks, each request a lookup and a store: 1–4 stored and found again (T2); 5 and
+    6 each stored (T2's oldest evicted: B2 1, 2) and found again; 7 stored (3 evicted: B2 1, 2, 3); 8, 9 and 10
+    each evict T1's one object (B1 7, 8, 9).  ARC (Megiddo and Modha; LMCache's ``eviction_policy/arc.py``) holds
+    T1 and B1 within the capacity and all four lists within twice it, B2 giving up its oldest first: 9's miss
+    finds the lists at twice the capacity and drops B2's 1, 10's drops 2.  Trimming the larger ghost list to the
+    capacity would keep B1 8, 9 and B2 2, 3."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="arc")
+    _request(l1, [1, 2, 3, 4])
+    assert 4 == _request(l1, [1, 2, 3, 4])
+    for chunk in (5, 6):
+        _request(l1, [chunk])
+        assert 1 == _request(l1, [chunk])
+    for chunk in (7, 8, 9, 10):
+        assert 0 == _request(l1, [chunk])
+    assert ([7, 8, 9], [3]) == _ghosts_of(l1)
+
+
+def test_arc_takes_a_store_of_b2_s_oldest_ghost_as_a_ghost_hit():
+    """``arc`` through L1, two chunks: 1 and 2 stored and found again (T2), 3 and 4 stored by one request (T2
+    gives both: B2 1, 2).  1 stored again evicts 3 (B1) first; as in ARC, whose eviction comes after the miss,
+    that does not drop 1's ghost (all four lists then hold twice the capacity), so 1 comes back seen again (T2)."""
+    l1 = L1Manager(np.zeros(2 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="arc")
+    _request(l1, [1, 2])
+    assert 2 == _request(l1, [1, 2])
+    _request(l1, [3, 4])
+    assert ([], [1, 2]) == _ghosts_of(l1)
+    assert 0 == _request(l1, [1])
+    assert (1, ([3], [2])) == (l1.entry_of(("m", "", 1)).tier, _ghosts_of(l1))
 
 
 def test_an_unknown_policy_is_one_clear_error():
