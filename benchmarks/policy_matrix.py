@@ -1,7 +1,8 @@
-"""``python -m benchmarks.policy_matrix [--trace PATH ...] [--requests N] [--first N] [--seed S] [--policies P ...]
-[--jobs J]``:
-L1's eviction orders replayed in process on every ``trace_gen`` kind (and any Mooncake-format ``--trace``), at the
-three sizes of ``bench trace``, against the offline LRU, ARC and a simulation of LMCache's server.
+"""``python -m benchmarks.policy_matrix [--trace PATH ...] [--kinds [KIND ...]] [--requests N] [--first N] [--seed S]
+[--policies P ...] [--jobs J]``:
+L1's eviction orders replayed in process on every ``trace_gen`` kind (or those ``--kinds`` names; none: only the
+``--trace`` files) and any Mooncake-format ``--trace``, at the three sizes of ``bench trace``, against the offline
+LRU, ARC and a simulation of LMCache's server.
 
 The service's ``bench trace`` takes minutes per trace and size; this takes seconds, so a policy change can be
 judged on 8 traces × 3 sizes × (whole, first ``--first`` requests) before it goes near the service; ``--seed``
@@ -35,6 +36,7 @@ from benchmarks.null_cache import NullPublisher
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import Outcome, TraceRequest, arc, load, lru, lru_capacity_for, outcome
 from mpcache.cache.l1 import L1Manager
+from mpcache.config.derived import L1_POLICIES
 
 LMCACHE_PERIODS = (1, 5, 10, 20, 50, 100, 200)  # requests between two of the simulated server's trims
 OBJECT_BYTES = 64
@@ -142,13 +144,26 @@ def main(argv: list[str] | None = None) -> int:
                         "most read of a --trace file)")
     parser.add_argument("--first", type=int, default=FIRST, help="also replay each trace's first N requests")
     parser.add_argument("--seed", type=int, default=SEED, help="the generated traces' seed (another: held-out traces)")
-    parser.add_argument("--policies", nargs="+", default=["adaptive", "arc", "lru"])
+    parser.add_argument("--kinds", nargs="*", choices=sorted(trace_gen.KINDS), default=list(trace_gen.KINDS),
+                        help="the trace_gen kinds replayed (all by default; none: only the --trace files)")
+    parser.add_argument("--policies", nargs="+", choices=L1_POLICIES, default=["adaptive", "arc", "lru"])
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     args = parser.parse_args(argv)
+    for flag in ("requests", "first", "jobs"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} {getattr(args, flag)}: expected at least 1")
+    if not args.kinds and not args.trace:
+        parser.error("nothing to replay: no --trace file and no --kinds")
+    for path in args.trace:
+        try:
+            if not load(path, args.requests):  # every request the replay will read, read once here
+                parser.error(f"--trace {path}: no request in it")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--trace {path}: not a readable Mooncake-format trace ({exc})")
     with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
         paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
-        for kind in trace_gen.KINDS:
+        for kind in args.kinds:
             paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
             trace_gen.write(trace_gen.KINDS[kind](args.requests, args.seed), paths[kind], args.seed)
         rows = run(paths, args.requests, args.first, tuple(args.policies), args.jobs)

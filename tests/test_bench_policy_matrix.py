@@ -1,0 +1,44 @@
+"""``python -m benchmarks.policy_matrix``'s command line: a held-out trace replayed alone, and bad arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import trace_gen
+
+
+def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
+    """``--trace FILE --kinds`` (none) replays only the file, whole and its first requests, at three sizes; L1
+    under ``lru`` finds what the offline LRU does (the same order, computed apart by ``trace_sim``)."""
+    path = tmp_path / "held_out.jsonl"
+    trace_gen.write(trace_gen.KINDS["conversations"](300, 7), str(path), 7)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.policy_matrix", "--trace", str(path), "--kinds",
+                           "--requests", "300", "--first", "100", "--policies", "lru", "--json", "--jobs", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert 0 == done.returncode, done.stderr
+    rows = json.loads(done.stdout)
+    assert {("held_out", 300), ("held_out", 100)} == {(row["trace"], row["requests"]) for row in rows}
+    assert 6 == len(rows)
+    assert [row["lru"] for row in rows] == [row["l1_lru"] for row in rows]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kinds"], "nothing to replay: no --trace file and no --kinds"),
+    (["--kinds", "nosuch"], "argument --kinds: invalid choice: 'nosuch'"),
+    (["--policies", "mru"], "argument --policies: invalid choice: 'mru'"),
+    (["--requests", "0"], "--requests 0: expected at least 1"),
+    (["--trace", "/nonexistent/held_out.jsonl", "--kinds"], "--trace /nonexistent/held_out.jsonl: not a readable "
+                                                             "Mooncake-format trace"),
+    (["--trace", "{junk}", "--kinds"], "not a readable Mooncake-format trace"),
+    (["--trace", "{empty}", "--kinds"], "no request in it")])
+def test_a_bad_argument_is_one_line_and_exit_status_2(tmp_path, args: list[str], message: str) -> None:
+    (tmp_path / "junk.jsonl").write_text('{"hash_ids": [1, 2]}\nnot json\n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    args = [arg.format(junk=tmp_path / "junk.jsonl", empty=tmp_path / "empty.jsonl") for arg in args]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.policy_matrix", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert 2 == done.returncode and message in done.stderr.strip().splitlines()[-1], done.stderr
