@@ -264,10 +264,10 @@ class ArcOrder:
         entry.tier = 1
 
     def victim(self) -> tuple[Any, Any] | None:
-        """The next object to evict, out of the order (its ghost kept, the ghosts trimmed until both lists fit
-        L1's capacity: ``arc`` as ARC does, the adaptive order the larger list first); None when every object is
-        locked or being written.  (``popitem(False)``: last=False
-        passed by position, which skips a keyword parse per call.)"""
+        """The next object to evict, out of the order (its ghost kept; the ghosts trimmed: ``arc``'s as ARC bounds
+        them, the adaptive order's the larger list first until both fit L1's capacity); None when every object is
+        locked or being written.  (``popitem(False)``: last=False passed by position, which skips a keyword parse
+        per call.)"""
         t1, t2, orphans = self.lists
         fair = self.fair
         if orphans:

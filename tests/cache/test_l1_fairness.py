@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.l1_requests import engine_request
 
 from benchmarks import trace_gen
 from benchmarks.null_cache import NullPublisher
@@ -21,16 +22,6 @@ CHUNKS = 128  # L1's objects in these tests: two active groups' reserves are 16 
 
 def _l1(chunks: int = CHUNKS) -> L1Manager:
     return L1Manager(np.zeros(chunks * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
-
-
-def _request(l1: L1Manager, group: tuple[str, str], hashes: list[int]) -> int:
-    """One request as LMCache's front end makes it: look up (read-lock the prefix found), store the rest, release;
-    returns the chunks found."""
-    found = l1.lock_prefix(*group, hashes, publish=False)
-    reservation = l1.reserve_write(*group, hashes[found:])
-    l1.commit_write(*group, [hashes[found + position] for position in reservation.positions], 64)
-    l1.release_read(*group, hashes[:found])
-    return found
 
 
 def _resident(l1: L1Manager, group: tuple[str, str], hashes: range) -> list[int]:
@@ -52,9 +43,9 @@ def test_a_flood_takes_room_from_its_own_group_while_the_order_judges_by_recency
     for _ in range(6):
         found = 0
         for prompt in prompts:
-            found += _request(l1, ("m", "tenant"), prompt)
+            found += engine_request(l1, ("m", "tenant"), prompt)
             for _ in range(2):
-                _request(l1, flooder, [next(flood) for _ in range(32)])
+                engine_request(l1, flooder, [next(flood) for _ in range(32)])
         rounds.append((found, l1.order.recency))
     if flooder == ("m", "tenant"):
         assert rounds[:2] == [(0, True), (0, True)]
@@ -67,11 +58,11 @@ def test_a_group_over_its_reserve_gives_up_its_own_objects_before_an_older_one_o
     stores 8 more, the 8 evicted are a's oldest, though b's 16 are older (LRU's victims); b keeps all of its."""
     for newcomer in ("a", "b"):
         l1 = _l1()
-        _request(l1, ("m", "b"), list(range(100, 116)))
+        engine_request(l1, ("m", "b"), list(range(100, 116)))
         for start in range(200, 312, 8):
-            _request(l1, ("m", "a"), list(range(start, start + 8)))
+            engine_request(l1, ("m", "a"), list(range(start, start + 8)))
         assert len(_resident(l1, ("m", "a"), range(200, 312))) == 112
-        _request(l1, ("m", newcomer), list(range(400, 408)))
+        engine_request(l1, ("m", newcomer), list(range(400, 408)))
         assert _resident(l1, ("m", "b"), range(100, 116)) == list(range(100, 116)), newcomer
         assert _resident(l1, ("m", "a"), range(200, 312)) == list(range(208, 312)), newcomer
         assert _resident(l1, ("m", newcomer), range(400, 408)) == list(range(400, 408))
@@ -86,12 +77,12 @@ def test_a_group_that_has_not_asked_for_anything_lately_is_not_spared(asks_every
     it is idle after two epochs and its prompt goes in LRU's order (b's requests fill L1 many times over)."""
     l1 = _l1()
     prompt = list(range(1, 9))
-    _request(l1, ("m", "a"), prompt)
+    engine_request(l1, ("m", "a"), prompt)
     found = []
     for index in range(400):
         if asks_every and index % asks_every == 0:
-            found.append(_request(l1, ("m", "a"), prompt))
-        _request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
+            found.append(engine_request(l1, ("m", "a"), prompt))
+        engine_request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
     if asks_every:
         assert found == [8] * (400 // asks_every)
         assert l1.order.recency
@@ -110,9 +101,9 @@ def test_a_prompt_longer_than_a_pass_keeps_within_its_reserve_whole(length):
     flood = iter(range(10**6, 2 * 10**6))
     found = []
     for _ in range(6):
-        found.append(_request(l1, ("m", "a"), prompt))
+        found.append(engine_request(l1, ("m", "a"), prompt))
         for _ in range(40):
-            _request(l1, ("m", "b"), [next(flood) for _ in range(16)])
+            engine_request(l1, ("m", "b"), [next(flood) for _ in range(16)])
     assert found == [0] + [length] * 5
     assert l1.order.recency
 
@@ -127,8 +118,8 @@ def test_a_group_active_while_l1_fills_stays_active():
     found = []
     for index in range(1500):
         if index % 300 == 0:
-            found.append(_request(l1, ("m", "a"), prompt))
-        _request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
+            found.append(engine_request(l1, ("m", "a"), prompt))
+        engine_request(l1, ("m", "b"), list(range(10**6 + 8 * index, 10**6 + 8 * index + 8)))
     assert found == [0] + [8] * 4
     assert l1.order.recency
 
@@ -137,9 +128,9 @@ def test_an_idle_group_is_not_spared_while_two_others_share_l1():
     """Tenant a stores 8 chunks (within any reserve here) and goes idle; tenants b and c, both active, store 4 new
     chunks a request in turn.  a is counted in no share and spared by none: its chunks go in LRU's order."""
     l1 = _l1()
-    _request(l1, ("m", "a"), list(range(1, 9)))
+    engine_request(l1, ("m", "a"), list(range(1, 9)))
     for index in range(200):
-        _request(l1, ("m", "bc"[index % 2]), list(range(10**6 + 4 * index, 10**6 + 4 * index + 4)))
+        engine_request(l1, ("m", "bc"[index % 2]), list(range(10**6 + 4 * index, 10**6 + 4 * index + 4)))
     assert _resident(l1, ("m", "a"), range(1, 9)) == []
     assert l1.order.fair is not None and l1.order.fair.sharing
 
@@ -261,7 +252,7 @@ def test_one_group_alone_decides_as_without_shares(kind, monkeypatch):
 
     def replay() -> list[int]:
         l1 = _l1(blocks)
-        return [_request(l1, ("m", "t"), request.hashes) for request in requests]
+        return [engine_request(l1, ("m", "t"), request.hashes) for request in requests]
 
     with_shares = replay()
     build = l1_module.l1_order.build

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from support.l1_requests import engine_request
 
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
@@ -147,15 +148,6 @@ def test_the_adaptive_order_gives_up_the_larger_ghost_list_s_oldest_first():
     assert (["b", "c"], ["x", "y"]) == ([*order._b1], [*order._b2])
 
 
-def _request(l1: L1Manager, hashes: list[int]) -> int:
-    """One engine request as the LMCache front end drives L1: look up the prefix (read-locked), store the rest,
-    release; the chunks found."""
-    found = l1.lock_prefix("m", "", hashes, publish=False)
-    _store(l1, hashes[found:])
-    l1.release_read("m", "", hashes[:found])
-    return found
-
-
 def _ghosts_of(l1: L1Manager) -> tuple[list[int], list[int]]:
     """B1's and B2's chunks, oldest first."""
     order = l1.order
@@ -171,13 +163,13 @@ def test_arc_keeps_t1_and_b1_within_l1_s_capacity_and_gives_up_b2_s_ghosts_first
     finds the lists at twice the capacity and drops B2's 1, 10's drops 2.  Trimming the larger ghost list to the
     capacity would keep B1 8, 9 and B2 2, 3."""
     l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="arc")
-    _request(l1, [1, 2, 3, 4])
-    assert 4 == _request(l1, [1, 2, 3, 4])
+    engine_request(l1, ("m", ""), [1, 2, 3, 4])
+    assert 4 == engine_request(l1, ("m", ""), [1, 2, 3, 4])
     for chunk in (5, 6):
-        _request(l1, [chunk])
-        assert 1 == _request(l1, [chunk])
+        engine_request(l1, ("m", ""), [chunk])
+        assert 1 == engine_request(l1, ("m", ""), [chunk])
     for chunk in (7, 8, 9, 10):
-        assert 0 == _request(l1, [chunk])
+        assert 0 == engine_request(l1, ("m", ""), [chunk])
     assert ([7, 8, 9], [3]) == _ghosts_of(l1)
 
 
@@ -186,11 +178,11 @@ def test_arc_takes_a_store_of_b2_s_oldest_ghost_as_a_ghost_hit():
     gives both: B2 1, 2).  1 stored again evicts 3 (B1) first; as in ARC, whose eviction comes after the miss,
     that does not drop 1's ghost (all four lists then hold twice the capacity), so 1 comes back seen again (T2)."""
     l1 = L1Manager(np.zeros(2 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="arc")
-    _request(l1, [1, 2])
-    assert 2 == _request(l1, [1, 2])
-    _request(l1, [3, 4])
+    engine_request(l1, ("m", ""), [1, 2])
+    assert 2 == engine_request(l1, ("m", ""), [1, 2])
+    engine_request(l1, ("m", ""), [3, 4])
     assert ([], [1, 2]) == _ghosts_of(l1)
-    assert 0 == _request(l1, [1])
+    assert 0 == engine_request(l1, ("m", ""), [1])
     assert (1, ([3], [2])) == (l1.entry_of(("m", "", 1)).tier, _ghosts_of(l1))
 
 
