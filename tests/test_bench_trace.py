@@ -591,18 +591,12 @@ def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output():
 
 def test_performance_md_join_from_peak_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` joins from its highest lead reads what
-    docs/PERFORMANCE.json keeps of them (``join_from_peak``), every ``mpcache_adaptive`` equals L1 replayed in
-    process on the same trace, only ``agentic``'s large point moved from the runs before
-    (``join_sooner``), and its prose states them and the in-process run of the order before that it keeps."""
+    docs/PERFORMANCE.json keeps of them (``join_from_peak``), only ``agentic``'s large point moved from the runs
+    before (``join_sooner``), and its prose states them and the in-process run of the order before that it keeps."""
     raw = _raw_results()
     kept = raw["join_from_peak"]
     runs, before = kept["trace"], raw["join_sooner"]["trace"]
     _table_is_the_raw_output(runs, JOIN_FROM_PEAK_SECTION)
-    for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
-        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
-        for size in runs[kind]["sizes"].values():
-            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
-            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
     assert {("agentic", "large", "mpcache_adaptive")} == _moved(runs, before, JOIN_COLUMNS)
     prose = " ".join(_doc("PERFORMANCE.md").split())
     middle = runs["conversations"]["sizes"]["middle"]
@@ -618,6 +612,29 @@ def test_performance_md_join_from_peak_table_is_the_benchmark_s_raw_output_and_l
     assert (f"`agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} "
             f"({large_before['mpcache_adaptive']['hit_ratio']:.4f} in the section below); no other point of the two "
             "6,000-request traces moves") in prose
+
+
+CHANCE_SECTION = "### `trace`, 2026-12-05, 18:10–18:12 UTC (`adaptive` admits by chance where it pays)"
+
+
+def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+    """docs/PERFORMANCE.md's table of the runs with admission by chance reads what docs/PERFORMANCE.json keeps of
+    them (``admission_by_chance``), every ``mpcache_adaptive`` equals L1 replayed in process on the same trace, and
+    of ``adaptive``'s points only the one its prose names moved from the runs before (``join_from_peak``)."""
+    raw = _raw_results()
+    runs, before = raw["admission_by_chance"]["trace"], raw["join_from_peak"]["trace"]
+    _table_is_the_raw_output(runs, CHANCE_SECTION)
+    for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
+        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
+        for size in runs[kind]["sizes"].values():
+            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
+            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
+    moved = {point for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive"}
+    assert moved == {("conversations", "large", "mpcache_adaptive")}
+    large, large_before = runs["conversations"]["sizes"]["large"], before["conversations"]["sizes"]["large"]
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    assert (f"only `conversations` large moves, from {large_before['mpcache_adaptive']['hit_ratio']:.4f} to "
+            f"{large['mpcache_adaptive']['hit_ratio']:.4f}") in prose
 
 
 def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
@@ -689,30 +706,33 @@ def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_out
 
 def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's section on the public production trace is ``trace.render`` of the run
-    docs/PERFORMANCE.json keeps, and the numbers its prose and *What is missed* state are computed from the two
-    runs kept (LMCache's server's runs from both; the service's ``arc`` equal to the offline ARC in the last)."""
+    docs/PERFORMANCE.json keeps, and the numbers its prose and *What is missed* state are computed from the three
+    runs kept (LMCache's server's runs from all; ``adaptive`` before admission by chance from the one before; the
+    service's ``arc`` equal to the offline ARC in the last)."""
     from benchmarks.trace import render
 
     raw = _raw_results()["trace_public_conversation"]
-    final, before = raw["final"], raw["arc_before_ghost_bounds"]
+    final, before, first = raw["final"], raw["before_chance"], raw["arc_before_ghost_bounds"]
     text = _doc("PERFORMANCE.md")
     assert render(final) in text
     prose = " ".join(text.split())
     ours, belady = final["mpcache_adaptive_over_offline_lru"], final["belady_over_offline_lru"]["small"]
+    earlier = before["mpcache_adaptive_over_offline_lru"]
     assert f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill" in prose
+    assert f"{earlier['small']}× / {earlier['middle']}× / {earlier['large']}× before it admitted by chance" in prose
     assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
     assert f"(Belady's MIN: {belady}×)" in prose and f"Belady's MIN {belady}× at the small size" in prose
-    runs = [run["hit_ratio"] for result in (before, final)
+    runs = [run["hit_ratio"] for result in (first, before, final)
             for run in result["sizes"]["small"]["lmcache_server"]["runs"]]
     found = final["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
     above = sum(found > run for run in runs)
-    assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of the two benchmark runs; "
+    assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of the three benchmark runs; "
             f"`adaptive`'s {found:.4f} is above {above} of them") in prose
     assert f"Above LMCache's server in {above} of its {len(runs)} runs there" in prose
     assert all(size["mpcache_arc"] == size["arc_simulated"] for size in final["sizes"].values())
-    earlier = " / ".join(f"{before['sizes'][name]['mpcache_arc']['hit_ratio']:.4f}"
-                         for name in ("small", "middle", "large"))
-    assert f"({earlier} before)" in prose
+    arc_first = " / ".join(f"{first['sizes'][name]['mpcache_arc']['hit_ratio']:.4f}"
+                           for name in ("small", "middle", "large"))
+    assert f"({arc_first} before it kept ARC's ghost bounds)" in prose
 
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():

@@ -55,7 +55,7 @@ class L1Manager(PrefetchLandings):
     order, one of :data:`~mpcache.eviction.order.POLICIES`."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
-                 slab_bytes: int | None = None, policy: str = "lru") -> None:
+                 slab_bytes: int | None = None, policy: str = "lru", by_chance: bool = True) -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool
@@ -68,7 +68,7 @@ class L1Manager(PrefetchLandings):
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
-                                                 fair=True)
+                                             fair=True, by_chance=by_chance)
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted

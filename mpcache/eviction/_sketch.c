@@ -1,6 +1,9 @@
 /* The adaptive order's frequency sketch in C (optional): FrequencySketch(window, code=hash).
  *
- *   add(key) -> bool        count ``key`` once; True when this count ended a window (every counter halved)
+ *   add(key) -> int         count ``key`` once: ENDED (1) where this count ended a window (every counter halved),
+ *                           plus SAMPLED (2) where the key is sampled at ``sample_bits``
+ *   sample_bits             -1 (at first): no key sampled; 0: every key; n (to 64): a key whose mixed word's top n
+ *                           bits are 0 (another value: ValueError, or TypeError for what is not an int)
  *   estimate(key) -> int    the smaller of its two counters
  *   resize(window)          halve once ``window`` counts are held; rows too narrow for it become wider, empty ones
  *   window                  the counts a window holds (read-only)
@@ -35,7 +38,20 @@ typedef struct {
     Py_ssize_t width;    /* counters per row, a power of two */
     Py_ssize_t window;   /* counts between two halvings */
     Py_ssize_t counted;  /* counts held since the last halving (halved with the counters) */
+    int sample_bits;     /* which keys ``add`` says are sampled (see the top of the file) */
 } Sketch;
+
+#define ENDED 1
+#define SAMPLED 2
+
+/* Whether a key of mixed word ``word`` is sampled at ``bits``. */
+static int sampled(uint64_t word, int bits) {
+    if (bits < 0)
+        return 0;
+    if (bits == 0)
+        return 1;
+    return bits >= 64 ? word == 0 : (word >> (64 - bits)) == 0;
+}
 
 /* The width a window of ``window`` counts needs: the power of two at or above COUNTERS_PER_COUNT * window,
  * within MIN_WIDTH..MAX_WIDTH (compared as width / COUNTERS_PER_COUNT: the product may not fit). */
@@ -113,6 +129,7 @@ static PyObject *sketch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     if (code != NULL && code != builtin_hash)
         self->code = Py_NewRef(code);
+    self->sample_bits = -1;
     if (set_window(self, window) < 0) {
         Py_DECREF(self);
         return NULL;
@@ -132,12 +149,13 @@ static PyObject *sketch_add(Sketch *self, PyObject *key) {
     counter = second + ((word >> 32) & mask);
     if (*counter < SATURATED)
         *counter += 1;
+    long flags = sampled(word, self->sample_bits) ? SAMPLED : 0;
     if (++self->counted < self->window)
-        Py_RETURN_FALSE;
+        return PyLong_FromLong(flags);
     for (Py_ssize_t at = 0, end = 2 * self->width; at < end; at++)
         self->rows[at] >>= 1;
     self->counted >>= 1; /* the counts halved: the next window ends sooner by what they still hold */
-    Py_RETURN_TRUE;
+    return PyLong_FromLong(flags | ENDED);
 }
 
 static PyObject *sketch_estimate(Sketch *self, PyObject *key) {
@@ -178,7 +196,7 @@ static void sketch_dealloc(Sketch *self) {
 }
 
 static PyMethodDef sketch_methods[] = {
-    {"add", (PyCFunction)sketch_add, METH_O, "add(key) -> bool: counts key once; True when a window ended"},
+    {"add", (PyCFunction)sketch_add, METH_O, "add(key) -> int: counts key once; ENDED | SAMPLED flags"},
     {"estimate", (PyCFunction)sketch_estimate, METH_O, "estimate(key) -> int: how often key was counted lately"},
     {"resize", (PyCFunction)sketch_resize, METH_O, "resize(window): halve once window counts are held"},
     {NULL, NULL, 0, NULL},
@@ -189,7 +207,31 @@ static PyMemberDef sketch_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyObject *sketch_get_sample_bits(Sketch *self, void *closure) {
+    return PyLong_FromLong(self->sample_bits);
+}
+
+/* An int from -1 to 64, else ValueError (TypeError for what is not an int), the sketch unchanged. */
+static int sketch_set_sample_bits(Sketch *self, PyObject *value, void *closure) {
+    if (value == NULL || !PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "sample_bits must be an int");
+        return -1;
+    }
+    int overflow = 0;
+    long bits = PyLong_AsLongAndOverflow(value, &overflow);
+    if (bits == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || bits < -1 || bits > 64) {
+        PyErr_SetString(PyExc_ValueError, "sample_bits must be from -1 to 64");
+        return -1;
+    }
+    self->sample_bits = (int)bits;
+    return 0;
+}
+
 static PyGetSetDef sketch_getset[] = {
+    {"sample_bits", (getter)sketch_get_sample_bits, (setter)sketch_set_sample_bits,
+     "which keys add says are sampled: -1 none, 0 every key, n those whose mixed word's top n bits are 0", NULL},
     {"_rows", (getter)sketch_rows, NULL, "both rows' counters (a copy)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -231,6 +273,8 @@ PyMODINIT_FUNC PyInit__sketch(void) {
         || PyModule_AddIntConstant(module, "MIN_WIDTH", MIN_WIDTH) < 0
         || PyModule_AddObjectRef(module, "MAX_WIDTH", max_width) < 0
         || PyModule_AddIntConstant(module, "COUNTERS_PER_COUNT", COUNTERS_PER_COUNT) < 0
+        || PyModule_AddIntConstant(module, "ENDED", ENDED) < 0
+        || PyModule_AddIntConstant(module, "SAMPLED", SAMPLED) < 0
         || PyModule_AddObjectRef(module, "MIX", mix) < 0;
     Py_XDECREF(max_width);
     Py_XDECREF(mix);

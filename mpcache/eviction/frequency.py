@@ -15,6 +15,9 @@ MIN_WIDTH = 1024  # counters per row at the least
 MAX_WIDTH = 1 << 32  # counters per row at the most: a row's index reads the mixed word's low 64 bits only
 COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys share both their counters
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
+ENDED = 1  # ``add``'s flag: the count ended a window
+SAMPLED = 2  # ``add``'s flag: the key is sampled at ``sample_bits``
+_WORD = (1 << 64) - 1
 MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits an index or a sample reads
 
 
@@ -34,6 +37,7 @@ class FrequencySketchReference:
         self._mask = -1
         self._counted = 0
         self.window = 0
+        self._sample_bits = -1
         self.resize(window)
 
     def resize(self, window: int, /) -> None:
@@ -46,8 +50,24 @@ class FrequencySketchReference:
             self._mask = width - 1
         self.window = window
 
-    def add(self, key: Hashable, /) -> bool:
-        """Counts ``key`` once.  Returns True when this count ended a window (every counter was halved)."""
+    @property
+    def sample_bits(self) -> int:
+        """Which keys :meth:`add` says are sampled: -1 (at first) none, 0 every key, n (to 64) a key whose mixed
+        word's top n bits are 0; another value is a ValueError (a TypeError for what is not an int)."""
+        return self._sample_bits
+
+    @sample_bits.setter
+    def sample_bits(self, bits: int) -> None:
+        if not isinstance(bits, int):
+            raise TypeError("sample_bits must be an int")
+        if not -1 <= bits <= 64:
+            raise ValueError("sample_bits must be from -1 to 64")
+        self._sample_bits = int(bits)
+
+    def add(self, key: Hashable, /) -> int:
+        """Counts ``key`` once.  Returns :data:`ENDED` where this count ended a window (every counter was halved),
+        plus :data:`SAMPLED` where the key is sampled at ``sample_bits`` (a cheap test for a sampled simulation:
+        the word is mixed here anyway)."""
         mixed = self._code(key) * MIX  # its low 64 bits are all a row's index reads: no mask to the word needed
         mask = self._mask
         first, second = self._rows
@@ -59,12 +79,14 @@ class FrequencySketchReference:
         count = second[index]
         if count < SATURATED:
             second[index] = count + 1
+        bits = self._sample_bits
+        flags = SAMPLED if bits == 0 or bits > 0 and not (mixed & _WORD) >> max(0, 64 - bits) else 0
         counted = self._counted = self._counted + 1
         if counted < self.window:
-            return False
+            return flags
         self._rows = (first.translate(_HALF), second.translate(_HALF))
         self._counted >>= 1  # the counts halved: the next window ends sooner by what they still hold
-        return True
+        return flags | ENDED
 
     def estimate(self, key: Hashable, /) -> int:
         """How often ``key`` was counted lately (never less; more where other keys share both its counters)."""

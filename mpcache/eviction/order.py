@@ -40,15 +40,18 @@
   of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
   longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  It adapts by ghost hits and that comparison alone: nothing to tune per workload.  Each model and tenant
-  keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
+  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1, L1 admits so (a
+  refusal counted and remembered as above), and where one admitting every store does, it admits every store
+  (:mod:`~mpcache.eviction.admission`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
+  workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
 each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
 within twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within L1's capacity, the larger
 trimmed first).  The state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its
 store's and its last use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
-:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the newest :data:`PARENT_HINTS` lookups' hints, the newest
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the admission trial's two LRUs (as many each, and the keys their
+refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, the newest
 :data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
 counts per evictable object, the most it has been set to at a halving), the gate's newest :data:`GATE_DECISIONS`
@@ -71,9 +74,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
+from mpcache.eviction.admission import ChanceTrial
 from mpcache.eviction.fairness import FairShares
-from mpcache.eviction.frequency import FrequencySketch
+from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.lru_order import LruOrder
+from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.shadow import ShadowLru
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
@@ -96,7 +101,7 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] = hash, fair: bool = False) -> None:
+                 code: Callable[[Any], int] = hash, fair: bool = False, by_chance: bool = True) -> None:
         self.capacity = capacity_bytes
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
@@ -125,8 +130,7 @@ class ArcOrder:
         # kept for as long as the verdict is would be walked by every full collection)
         self._verdicts: OrderedDict[Any, bool] = OrderedDict()
         self._parts: dict[Any, dict[int, None]] = {}
-        self._refused: OrderedDict[Any, float] = OrderedDict()  # keys of refused stores → bytes, newest last
-        self._refused_bytes = 0.0
+        self._refused = RefusedKeys()
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
         self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
@@ -148,6 +152,7 @@ class ArcOrder:
         self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
+        self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if prefix_aware and by_chance else None
         # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
@@ -157,6 +162,11 @@ class ArcOrder:
     def recency(self) -> bool:
         """Whether the order is in its recency phase (T1 and T2 one list, least recently used first)."""
         return self.lists[1] is self.lists[0]
+
+    @property
+    def chance(self) -> float:
+        """The chance a first-sight store is admitted while it needs room (:mod:`~mpcache.eviction.admission`)."""
+        return 1.0 if self._trial is None else self._trial.chance
 
     def __len__(self) -> int:
         t1, t2, orphans = self.lists
@@ -228,10 +238,9 @@ class ArcOrder:
 
     def split(self) -> None:
         """End the recency phase (ARC's order has none): the objects seen again leave T1's list for T2's, in their
-        order.  The shadow LRU starts from the one list, in an LRU's order (less what the current access holds
-        locked or is writing, and the orphans), and L1's lead over it counts
-        once L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes (the objects an LRU chose give way to
-        ARC's choice first, and what ARC keeps instead is asked for later)."""
+        order.  The shadow LRU starts from the one list (less what the current access holds locked or is writing,
+        and the orphans); L1's lead over it counts once L1 has missed :data:`JOIN_SETTLING` of its capacity in
+        bytes (what an LRU chose gives way to ARC's choice first; what ARC keeps instead is asked for later)."""
         if not self.recency:
             return
         t1 = self.lists[0]
@@ -321,12 +330,8 @@ class ArcOrder:
         return key, entry
 
     def _trim_ghosts_as_arc(self) -> None:
-        """``arc``'s ghosts bounded as ARC (and LMCache's ARC) bounds them, after each eviction and each object
-        that joins: T1's and B1's bytes within L1's capacity (B1 gives up its oldest), and the resident objects'
-        and both ghost lists' within twice it (B2 gives up its oldest first).  Trimmed once the object that an
-        eviction made room for has joined, so a store of B2's oldest ghost is a ghost hit, as in ARC, where the
-        eviction comes after the miss.  The adaptive order trims the larger ghost list to L1's capacity instead
-        (benchmarks/HISTORY.md: it found more across the policy matrix)."""
+        """``arc``'s ghosts bounded as ARC bounds them, after each eviction and each object that joins (so a store of
+        B2's oldest ghost is a ghost hit, as in ARC, where the eviction comes after the miss)."""
         sizes, ghost_bytes, b1, b2, bound = self.sizes, self._ghost_bytes, self._b1, self._b2, self.capacity
         while b1 and sizes[0] + ghost_bytes[0] > bound:
             ghost_bytes[0] -= b1.popitem(False)[1]
@@ -366,22 +371,38 @@ class ArcOrder:
             self.fair = shares.touched(keys[0], self)
 
     def refuses(self, need: float) -> bool:
-        """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole:
-        T1 and the orphans hold less than that, so it would evict an object seen again (T2), and :meth:`_admits`
-        says no (its refusal then counted and remembered as one found part way would be).  Placed in part
-        instead, its head would take the place of T1's objects only for its tail to be refused.  A part of a
-        named store refused before is refused whole whatever room there is (unless :meth:`_admits` says yes)."""
-        if self.recency:
-            return False  # the recency phase admits every store, as LRU does
+        """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: by
+        chance, or as T1 and the orphans hold less than that, so it would evict an object seen again (T2), and
+        :meth:`_admits` says no (placed in part, its head would evict T1's objects only for its tail to be refused).
+        A named store's part refused before is refused whole whatever room there is, unless :meth:`_admits` admits."""
+        if need > 0 and self.chance < 1.0 and self._refuses_by_chance():
+            return True
+        if self.recency and (self.chance == 1.0 or self._verdict() is not False):
+            return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
         if self._verdict() is False:
             return not self._admits()
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
+    def _refuses_by_chance(self) -> bool:
+        """Whether admission by chance refuses this store: a first sight (none of it evicted or refused), unlucky."""
+        storing = self._storing
+        if not storing or self._admitted is not None or self._verdict() is not None:
+            return self._admitted is False
+        b1, b2, refused = self._b1, self._b2, self._refused
+        if draw(self.access) < self.chance or any(key in b1 or key in b2 or key in refused for key in storing):
+            return False
+        self._admitted = False
+        self._refused.remember(storing, self._storing_bytes, self._refused_bound())
+        return True
+
+    def _refused_bound(self) -> float:
+        """Refused stores' keys remembered: the newest, as many bytes as T2 holds (L1's capacity by chance)."""
+        return self.sizes[1] if self.chance == 1.0 else self.capacity
+
     @property
     def refusing(self) -> bool:
-        """Whether the order refused the store being reserved (``victim`` gave None for it: not for want of an
-        object to evict)."""
+        """Whether the order refused the store being reserved (``victim`` gave None for it: not for want of room)."""
         return self._admitted is False
 
     def _admits(self) -> bool:
@@ -389,7 +410,7 @@ class ArcOrder:
         store none of whose objects was evicted (a ghost) or refused before, as an object seen once is worth less
         than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
-        store's keys are remembered (the newest, as many bytes as T2 holds) so that storing them again admits
+        store's keys are remembered (the newest, see ``_refused_bound``) so that storing them again admits
         them.  A part of a named store whose name has a verdict (:meth:`admitting`) keeps it, unless its own
         objects were evicted or refused before.  What is not a store (an L2 landing) and ARC always may."""
         storing = self._storing
@@ -405,15 +426,7 @@ class ArcOrder:
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
-                nbytes = self._storing_bytes
-                sizes = [nbytes] * len(storing) if isinstance(nbytes, (int, float)) else nbytes
-                for key, size in zip(storing, sizes):
-                    self._refused_bytes += size - refused.pop(key, 0)
-                    refused[key] = size
-                while refused and self._refused_bytes > self.sizes[1]:
-                    self._refused_bytes -= refused.popitem(False)[1]
-                if not refused:  # float bytes (the curves' miniatures) leave a residue
-                    self._refused_bytes = 0.0
+                self._refused.remember(storing, self._storing_bytes, self._refused_bound())
         return self._admitted
 
     def asked(self, key: Any, nbytes: float, found: bool) -> None:
@@ -438,8 +451,12 @@ class ArcOrder:
                         del pending[decision]
                         self.gate_score = max(-GATE_LIMIT, min(self.gate_score + step, GATE_LIMIT))
         frequency = self.frequency
-        if frequency.add(key):  # a window ended: the next one from the objects held now, never narrower
-            frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
+        counted = frequency.add(key)
+        if counted:
+            if counted & SAMPLED and self._trial is not None:  # sampled for the trial (it sets the sketch's sampling)
+                self._trial.sees(key, nbytes, self.access, found)
+            if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
+                frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
     def _compare(self, shadow: ShadowLru, nbytes: float, found: bool, lru_found: bool) -> None:
         """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity
@@ -450,10 +467,9 @@ class ArcOrder:
         it); ARC's phase ends (:meth:`join`) once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the
         root of their squares' sum (a request's chunks are kept or lost together, so the access, not the key, is
         the unit of evidence), or below 0 having fallen from its highest (0 at first) by more than
-        :data:`JOIN_FALL_SIGMAS` times the root of the squares' sum of the steps since: a lead ARC built while it
-        served better hides for no longer than it takes to lose it that it no longer does.  The fall asks for more
-        standard deviations, and for a lead below 0, because it is tested afresh from every new highest: a run of
-        losses that comes by chance to a phase that lasts should not end one that pays."""
+        :data:`JOIN_FALL_SIGMAS` times the root of the squares' sum of the steps since (a lead ARC built while it
+        served better hides no longer than it takes to lose it; it asks for more, and for a lead below 0, as it is
+        tested afresh from every new highest)."""
         if self._shadow_missed_at == self.access:
             lru_found = False
         elif not lru_found:
@@ -556,15 +572,16 @@ class ArcOrder:
             self.fair.gone(key, entry.size)
 
 
-def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any],
-          code: Callable[[Any], int] = hash, fair: bool = False) -> LruOrder | ArcOrder:
+def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] = hash,
+          fair: bool = False, by_chance: bool = True) -> LruOrder | ArcOrder:
     """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default);
     ``fair``: ``adaptive`` keeps each model and tenant a reserve (keys are :class:`~mpcache.contract.keys.ChunkKey`
-    tuples: their first two fields)."""
+    tuples: their first two fields); ``by_chance``: :class:`~mpcache.eviction.admission.ChanceTrial`."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
-        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair)
+        return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair,
+                        by_chance=by_chance)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 

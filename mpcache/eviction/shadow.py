@@ -1,6 +1,7 @@
 """What an LRU L1 of the same capacity would find, on a hash-sampled share of the keys asked for (SHARDS,
 Waldspurger et al., FAST 2015): the ``adaptive`` order compares it with what L1 found of the same keys, and
-leaves ARC's two lists for one LRU list where LRU would be finding more."""
+leaves ARC's two lists for one LRU list where LRU would be finding more; and what one that admits a first-sight
+store by chance would (:mod:`~mpcache.eviction.admission`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
 from mpcache.eviction.frequency import MIX
+from mpcache.eviction.refusal import RefusedKeys, draw
 
 SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
 _WORD = (1 << 64) - 1
@@ -17,29 +19,34 @@ class ShadowLru:
     """An LRU list of the sampled keys within ``capacity_bytes`` × the sampling rate.  Every key is sampled
     while that holds at most ``max_keys`` (:data:`SHADOW_KEYS`) keys; past it the rate halves (a key is sampled
     while the top bits of its mixed ``code`` are zero, one bit more per halving), which keeps a key's fate the
-    same in every run, and a key sampled at a rate sampled at every higher one."""
+    same in every run, and a key sampled at a rate sampled at every higher one.  With ``admit`` below 1, an
+    access's keys it does not hold are admitted only where they fit without an eviction, where the access's draw
+    (:func:`~mpcache.eviction.refusal.draw` of its number) is below ``admit``, or where one of the access's keys
+    was refused before (within the capacity's bytes of refused keys, as L1 remembers them)."""
 
     def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int] = hash,
-                 max_keys: int = SHADOW_KEYS) -> None:
+                 max_keys: int = SHADOW_KEYS, admit: float = 1.0) -> None:
         self._capacity = float(capacity_bytes)
         self._code = code
         self._max_keys = max_keys
+        self._admit = admit
+        self._refused = RefusedKeys()
         self._keys: OrderedDict[Hashable, float] = OrderedDict()  # sampled key → bytes, least recently used first
         self._bytes = 0.0
         self._asked: list[tuple[Hashable, float]] = []  # the current access's sampled keys, in the order asked
         self._access = -1
         self.halvings = 0  # the sampling rate is 1 / 2 ** halvings
 
-    def sees(self, key: Hashable, nbytes: float, access: int) -> bool | None:
+    def sees(self, key: Hashable, nbytes: float, access: int, sampled: bool = False) -> bool | None:
         """``key`` (of ``nbytes``) is asked for by ``access`` (a lookup and its store): whether the LRU holds it;
         None when the key is not sampled.  An access's keys become the newest once the next access begins (or
         ``max_keys`` of them wait), its last key first and its first key last, as L1's recency phase takes a
         request's chunks back when its store is committed before its read locks are released (a prefix loses its
-        tail before its head)."""
+        tail before its head).  ``sampled``: the caller knows the key is sampled at the current rate."""
         if access != self._access:
             self._settle()
             self._access = access
-        if self.halvings and not self._sampled(key, self.halvings):
+        if not sampled and self.halvings and not self._sampled(key, self.halvings):
             return None
         asked = self._asked
         asked.append((key, nbytes))
@@ -65,6 +72,11 @@ class ShadowLru:
         asked, keys = self._asked, self._keys
         if not asked:
             return
+        if self._admit < 1.0:
+            new = [(key, nbytes) for key, nbytes in asked if key not in keys]
+            if new and not self._admits(new, asked):
+                self._refused.remember_pairs(new, self._capacity / (1 << self.halvings))
+                asked[:] = [(key, nbytes) for key, nbytes in asked if key in keys]
         for key, nbytes in reversed(asked):
             held = keys.pop(key, None)
             keys[key] = nbytes
@@ -72,6 +84,19 @@ class ShadowLru:
         asked.clear()
         self._trim()
         while len(self._keys) > self._max_keys:
+            self._halve()
+
+    def _admits(self, new: list[tuple[Hashable, float]], asked: list[tuple[Hashable, float]]) -> bool:
+        """Whether the access's ``new`` keys (those it does not hold) are admitted (``admit`` below 1): the
+        cheapest tests first."""
+        if self._bytes + sum(nbytes for _, nbytes in new) <= self._capacity / (1 << self.halvings):
+            return True
+        refused = self._refused
+        return any(key in refused for key, _ in asked) or draw(self._access) < self._admit
+
+    def follow(self, halvings: int) -> None:
+        """Sample at 1 / 2 ** ``halvings`` at the most (as another shadow that has halved so far does)."""
+        while self.halvings < halvings:
             self._halve()
 
     def _halve(self) -> None:

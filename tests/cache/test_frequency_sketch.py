@@ -15,7 +15,14 @@ import pytest
 
 from mpcache.contract.keys import ChunkKey
 from mpcache.eviction import frequency
-from mpcache.eviction.frequency import COUNTERS_PER_COUNT, MIN_WIDTH, SATURATED, FrequencySketchReference
+from mpcache.eviction.frequency import (
+    COUNTERS_PER_COUNT,
+    ENDED,
+    MIN_WIDTH,
+    SAMPLED,
+    SATURATED,
+    FrequencySketchReference,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 compiled = pytest.mark.skipif(not frequency.COMPILED, reason="mpcache.eviction._sketch was not built")
@@ -57,10 +64,10 @@ def test_every_count_is_halved_once_a_window_of_counts_is_held(sketch_type):
     after 50 more counts; a counter stops at 255."""
     sketch = sketch_type(100)
     ended = [sketch.add("a") for _ in range(99)]
-    assert (False, 99) == (any(ended), sketch.estimate("a"))
-    assert sketch.add("b") is True
+    assert (0, 99) == (max(ended), sketch.estimate("a"))
+    assert sketch.add("b") == ENDED
     assert (49, 0) == (sketch.estimate("a"), sketch.estimate("b"))
-    assert [False] * 49 + [True] == [sketch.add("c") for _ in range(50)]
+    assert [0] * 49 + [ENDED] == [sketch.add("c") for _ in range(50)]
     saturated = sketch_type(10_000)
     for _ in range(300):
         saturated.add("a")
@@ -133,6 +140,22 @@ def test_a_code_counts_in_the_counters_its_mixed_64_bit_word_names(sketch_type):
         assert {index: count for index, count in enumerate(row) if count} == dict(counts)
 
 
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_a_count_says_whether_the_key_is_sampled_at_the_sample_bits(sketch_type):
+    """None at first (-1); every key at 0; at n, a key whose (code × 0x9E3779B97F4A7C15) mod 2^64 has its top n bits
+    0, as computed here from that word; what a count says of sampling never changes what it counts."""
+    rng = random.Random(5)
+    codes = [rng.randrange(-(1 << 70), 1 << 70) for _ in range(3000)] + [0, (1 << 64) - 1]
+    sketch = sketch_type(1 << 20, code=lambda key: key)
+    assert {sketch.add(code) for code in codes} == {0}
+    for bits in (0, 1, 4, 64):
+        sketch.sample_bits = bits
+        told = [code for code in codes if sketch.add(code) == SAMPLED]
+        assert told == [code for code in codes if (code * 0x9E3779B97F4A7C15) % (1 << 64) >> (64 - bits) == 0]
+    assert len(told) == 1  # 64 bits: only the code whose word is 0
+    assert sketch.estimate(codes[7]) == 5
+
+
 def _outcome(call, *args):
     try:
         return call(*args)
@@ -155,12 +178,16 @@ def test_the_compiled_sketch_counts_halves_and_answers_as_its_python_definition_
             choice, key = rng.random(), rng.choice(keys)
             if choice < 0.7:
                 answers = [_outcome(sketch.add, key) for sketch in sketches]
-                ended += answers[0] is True
+                ended += answers[0] in (ENDED, ENDED | SAMPLED)
             elif choice < 0.995:
                 answers = [_outcome(sketch.estimate, key) for sketch in sketches]
-            else:
+            elif choice < 0.997:
                 window = rng.choice([0, -3, -(1 << 70), True, 1, 49, 260, 300, 4000, "7", 2.0])
                 answers = [_outcome(sketch.resize, window) for sketch in sketches]
+            else:
+                bits = rng.choice([-(1 << 70), -(1 << 31) - 1, -5, -2, -1, 0, 1, 2, 4, 63, 64, 65, 1 << 31, 1 << 32,
+                                   1 << 64, True, 2.0, "3", None])
+                answers = [(_outcome(setattr, sketch, "sample_bits", bits), sketch.sample_bits) for sketch in sketches]
             assert answers[0] == answers[1], (step, key, answers)
             assert sketches[0].window == sketches[1].window
             assert bytes(b"".join(sketches[0]._rows)) == b"".join(sketches[1]._rows), step
@@ -202,7 +229,7 @@ def test_the_compiled_sketch_cannot_be_left_without_its_rows():
     sketch = sketch_type(100)
     sketch.__init__(-(1 << 64))  # object's __init__: the arguments were taken when it was made
     sketch.__init__(object())
-    assert (False, 1, 100) == (sketch.add(5), sketch.estimate(5), sketch.window)
+    assert (0, 1, 100) == (sketch.add(5), sketch.estimate(5), sketch.window)
     answers = []
     for sketch_type in (FrequencySketchReference, frequency.FrequencySketch):
         holder: list = []

@@ -12,8 +12,9 @@ locks where a request's store commits first (an engine that releases them before
 first).  A store's keys not resident are stored too, but for those the order refused a lookup's
 store of: the store that follows a lookup is the one its misses already made, and storing them again would have
 the order admit them as refused before.  Memory: each miniature holds at most its capacity in scaled bytes of
-resident keys, as much again in ghosts, its order's shadow LRU (at most
-:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys) and :data:`REFUSED_KEYS` keys refused.
+resident keys, as much again in ghosts, its order's shadow LRU and its admission trial's two (at most
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals remember within the
+capacity's bytes) and :data:`REFUSED_KEYS` keys refused.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
     return dict(zip(sequence[1:], sequence[:-1]))
 
 
+def _stable_code(key: Any) -> int:
+    """A key's number for the order's sketch and samples, the same in every process (a string's hash is not): a
+    row's chunk hash, a segment's number (any other key: its hash)."""
+    if type(key) is tuple and len(key) > 1:
+        return key[0] if type(key[0]) is int else hash(key[1])
+    return hash(key)
+
+
 class _Entry:
     """What the order reads and writes of a resident object (L1's entry, less the pool's fields)."""
 
@@ -51,11 +60,12 @@ class _Entry:
 class MiniCache:
     """One miniature L1 of ``capacity_bytes`` under ``policy``."""
 
-    def __init__(self, policy: str, capacity_bytes: float) -> None:
+    def __init__(self, policy: str, capacity_bytes: float, by_chance: bool = True) -> None:
         self.capacity = capacity_bytes
         self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
-        self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get)
+        self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get, _stable_code,
+                                          by_chance=by_chance)
         self.refused: OrderedDict[Hashable, None] = OrderedDict()  # keys the order refused a lookup's store of
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:

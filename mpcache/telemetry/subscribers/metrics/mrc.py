@@ -99,7 +99,7 @@ class MissRatioSubscriber(Subscriber):
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
-                               processes=config.workers)
+                               processes=config.workers, by_chance=not config.l2)  # as the cache processes' L1
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock

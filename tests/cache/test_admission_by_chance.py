@@ -1,0 +1,273 @@
+"""Admission by chance (``adaptive``): L1 admits a first-sight store with a chance of ``CHANCE`` where an LRU that
+does so finds more than L1, and every store where one that does not finds more; a refusal is reported to the store
+and its second sight admitted."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from support.l1_requests import engine_request
+
+from benchmarks.null_cache import NullPublisher
+from benchmarks.trace_sim import TraceRequest, lru
+from mpcache.cache.l1 import L1Manager
+from mpcache.eviction.admission import CHANCE, CHANCE_SIGMAS, TRIAL_HALVINGS, TRIAL_MIN_KEYS, ChanceTrial
+from mpcache.eviction.frequency import FrequencySketchReference
+from mpcache.eviction.refusal import RefusedKeys, draw
+from mpcache.eviction.shadow import ShadowLru
+
+REPO = Path(__file__).resolve().parents[2]
+CAPACITY = 4096  # chunks of L1: at least the trial's minimum
+BLOCKS = 8  # new chunks per request
+
+
+def _returning(requests: int, soonest: int, latest: int, seed: int = 7) -> list[list[int]]:
+    """New conversations of BLOCKS chunks; with a chance of 0.3 a request returns ``soonest``..``latest`` requests
+    later as its next turn (its chunks and BLOCKS more), which may return in turn."""
+    rng = random.Random(seed)
+    due: dict[int, list[int]] = {}
+    fresh = 0
+    out = []
+    for index in range(requests):
+        prompt = due.pop(index, []) + list(range(fresh, fresh + BLOCKS))
+        fresh += BLOCKS
+        out.append(prompt)
+        if rng.random() < 0.3:
+            at = index + rng.randint(soonest, latest)
+            while at in due:
+                at += 1
+            due[at] = prompt
+    return out
+
+
+def _l1(capacity: int = CAPACITY) -> L1Manager:
+    return L1Manager(np.zeros(capacity * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+
+
+def _offline_lru(trace: list[list[int]]) -> int:
+    return sum(lru([TraceRequest(hashes, len(hashes) * 512) for hashes in trace], CAPACITY).found)
+
+
+def test_draws_are_the_same_in_every_run_and_spread_evenly_over_0_to_1():
+    draws = [draw(number) for number in range(20_000)]
+    assert draws == [draw(number) for number in range(20_000)]
+    assert all(0.0 <= value < 1.0 for value in draws)
+    for bound in (0.1, 0.25, 0.5, 0.9):  # a uniform draw is below ``bound`` with that chance (±4 sigma)
+        share = sum(value < bound for value in draws) / len(draws)
+        assert abs(share - bound) < 4 * (bound * (1 - bound) / len(draws)) ** 0.5, (bound, share)
+    assert len(set(draws)) == len(draws)
+
+
+def test_where_turns_return_later_than_l1_keeps_them_l1_admits_by_chance_and_finds_what_lru_cannot():
+    """A conversation's next turn comes 512-1,024 requests later, while a full L1 holds the last 512 requests'
+    chunks: an LRU finds none of them; admitting a quarter of first-sight stores keeps those four times longer."""
+    trace = _returning(8000, CAPACITY // BLOCKS, 2 * CAPACITY // BLOCKS)
+    l1 = _l1()
+    found = sum(engine_request(l1, ("m", ""), hashes) for hashes in trace)
+    assert _offline_lru(trace) == 0
+    assert l1._order.chance == CHANCE
+    returning = sum(len(hashes) - BLOCKS for hashes in trace)  # the chunks a turn shares with the turn before
+    assert found > 0.15 * returning, (found, returning)
+
+
+def test_where_turns_return_while_l1_keeps_them_every_store_is_admitted_as_lru_admits_it():
+    trace = _returning(6000, CAPACITY // BLOCKS // 8, CAPACITY // BLOCKS // 4)
+    l1 = _l1()
+    found = sum(engine_request(l1, ("m", ""), hashes) for hashes in trace)
+    assert l1._order.chance == 1.0
+    assert found == _offline_lru(trace) > 0
+
+
+def test_a_store_refused_by_chance_is_told_so_and_its_second_sight_is_admitted():
+    l1 = _l1()
+    order = l1._order
+    for index in range(2 * CAPACITY // BLOCKS):  # L1 full of requests never asked for again (the recency phase)
+        engine_request(l1, ("m", ""), list(range(index * BLOCKS, (index + 1) * BLOCKS)))
+    order._trial.chance = CHANCE  # as the trial sets it where an LRU admitting by chance finds more
+    refused: list[int] = []
+    admitted: list[int] = []
+    fresh = 10**9
+    while not refused or not admitted:
+        hashes = list(range(fresh, fresh + BLOCKS))
+        fresh += BLOCKS
+        assert l1.lock_prefix("m", "", hashes, publish=False) == 0
+        unlucky = draw(order.access) >= CHANCE
+        reservation = l1.reserve_write("m", "", hashes)
+        l1.commit_write("m", "", [hashes[position] for position in reservation.positions], 64)
+        if unlucky:
+            assert (reservation.positions, reservation.failed) == ([], BLOCKS)
+            refused = refused or hashes
+        else:
+            assert (len(reservation.positions), reservation.failed) == (BLOCKS, 0)
+            admitted = admitted or hashes
+    assert order.recency
+    assert engine_request(l1, ("m", ""), refused) == 0  # its second sight: admitted whatever its draw
+    assert engine_request(l1, ("m", ""), refused) == BLOCKS
+
+
+def test_a_shadow_lru_that_admits_by_chance_refuses_a_first_sight_access_only_when_full():
+    shadow = ShadowLru(2, admit=CHANCE)
+    lucky = [access for access in range(100) if draw(access) < CHANCE]
+    unlucky = [access for access in range(100) if draw(access) >= CHANCE]
+    shadow.sees("x", 1, unlucky[0])
+    shadow.sees("y", 1, unlucky[0])
+    shadow.sees("z", 1, unlucky[1])  # settles the access before: admitted, there was room
+    assert len(shadow) == 2
+    assert shadow.sees("z", 1, unlucky[2]) is False  # refused: full, a first sight, an unlucky draw
+    assert shadow.sees("x", 1, unlucky[2]) is True  # and nothing evicted for it
+    shadow.sees("w", 1, unlucky[3])  # z asked for again by unlucky[2]: its second sight, admitted
+    assert shadow.sees("z", 1, unlucky[4]) is True
+    shadow.sees("v", 1, lucky[0])
+    shadow.sees("u", 1, unlucky[5])  # a lucky draw admits a first sight
+    assert shadow.sees("v", 1, unlucky[6]) is True
+
+
+def test_refused_keys_are_kept_within_their_bound_newest_last():
+    refused = RefusedKeys()
+    refused.remember(["a", "b", "c"], 2.0, 5.0)
+    assert ("a" in refused, "b" in refused, "c" in refused, len(refused)) == (False, True, True, 2)
+    refused.remember(["b", "d"], [2.0, 2.0], 5.0)
+    assert ("b" in refused, "c" in refused, "d" in refused) == (True, False, True)
+
+
+def _observed(trial: ChanceTrial, lru_found: int, by_chance_found: int, l1_found: int, accesses: int) -> None:
+    """``accesses`` accesses in which the two LRUs and L1 found so many sampled keys each."""
+    for _ in range(accesses):
+        trial._found[:] = [lru_found, by_chance_found]
+        trial._l1 = l1_found
+        trial._settle()
+
+
+def test_the_trial_follows_an_lru_only_where_it_leads_both_l1_and_the_other_lru():
+    """Admission by chance helping an LRU is not enough where L1 (ARC's lists) finds more than both; an LRU
+    leading L1 is not enough where the other LRU finds as much."""
+    arc_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    arc_serves._settling = 0
+    _observed(arc_serves, 2, 3, 4, 1000)
+    assert (arc_serves.chance, arc_serves.switches) == (1.0, 0)
+    recency_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    recency_serves._settling = 0
+    _observed(recency_serves, 3, 3, 2, 1000)  # an LRU finds more than L1, by chance or not
+    assert (recency_serves.chance, recency_serves.switches) == (1.0, 0)
+    chance_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    chance_serves._settling = 0
+    _observed(chance_serves, 2, 3, 2, 9)  # one more key per access than both: 3 sigma is crossed at the 10th
+    assert chance_serves.chance == 1.0
+    _observed(chance_serves, 2, 3, 2, 1)
+    assert (chance_serves.chance, chance_serves.switches) == (CHANCE, 1)
+    _observed(chance_serves, 3, 2, 2, 10)  # then admitting every store leads both: back
+    assert (chance_serves.chance, chance_serves.switches) == (1.0, 2)
+
+
+def test_the_trial_s_evidence_counts_once_l1_has_missed_its_capacity():
+    trial = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    _observed(trial, 2, 5, 2, 1000)
+    assert trial.chance == 1.0
+
+
+def test_a_request_s_tp_ranks_are_refused_by_chance_together_in_either_phase():
+    """The parts of one named store (a request's ranks) follow the first part's verdict: a rank's chunks are of no
+    use without the others'."""
+    for split in (False, True):
+        l1 = _l1(8)
+        for key in range(1000, 1008):  # full
+            reservation = l1.reserve_write("m", "", [key])
+            l1.commit_write("m", "", [key], 64)
+        if split:
+            l1._order.split()
+        l1._order._trial.chance = CHANCE
+        while True:  # a lookup whose access draws a refusal
+            assert l1.lock_prefix("m", "", [10**9 + l1._order.access], publish=False) == 0
+            if draw(l1._order.access) >= CHANCE:
+                break
+        failed = []
+        for rank_chunk in (5, 6):  # rank 0's chunk, rank 1's chunk, one store
+            reservation = l1.reserve_write("m", "", [rank_chunk], store="request")
+            l1.commit_write("m", "", [rank_chunk for _ in reservation.positions], 64)
+            failed.append(reservation.failed)
+        assert (l1._order.recency, failed) == (not split, [1, 1])
+
+
+def test_where_a_refused_store_would_not_reach_l2_either_l1_admits_every_store():
+    trace = _returning(6000, CAPACITY // BLOCKS, 2 * CAPACITY // BLOCKS)
+    l1 = L1Manager(np.zeros(CAPACITY * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive",
+                   by_chance=False)
+    failed = 0
+    for hashes in trace:
+        found = l1.lock_prefix("m", "", hashes, publish=False)
+        reservation = l1.reserve_write("m", "", hashes[found:])
+        l1.commit_write("m", "", [hashes[found + position] for position in reservation.positions], 64)
+        l1.release_read("m", "", hashes[:found])
+        failed += reservation.failed
+    assert (l1._order.chance, failed) == (1.0, 0)
+
+
+def test_the_cache_process_and_the_curves_admit_by_chance_only_without_an_l2_tier():
+    from mpcache.telemetry.mrc.curves import CurveSet
+
+    for by_chance in (True, False):
+        curves = CurveSet(0.01, 4096, {"l1": 1 << 20}, policy="adaptive", by_chance=by_chance)
+        minis = [mini for history in curves._histories for mini in history.minis]
+        assert minis and all((mini.order._trial is not None) == by_chance for mini in minis)
+    process = (REPO / "mpcache/cache/process.py").read_text(encoding="utf-8")
+    metrics = (REPO / "mpcache/telemetry/subscribers/metrics/mrc.py").read_text(encoding="utf-8")
+    assert "by_chance=not config.l2" in process and "by_chance=not config.l2" in metrics
+
+
+def test_a_miniature_decides_the_same_whatever_the_process_s_string_hashes():
+    """The curves' miniatures run the order on (chunk hash, salt, model) rows: their admission trial, sketch and
+    shadow LRUs number a row by its chunk hash, not by a hash that changes with PYTHONHASHSEED."""
+    script = """
+import random
+from mpcache.telemetry.mrc.mini import MiniCache
+rng = random.Random(7)
+due, fresh, found = {}, 0, 0
+mini = MiniCache("adaptive", 4096.0)
+for index in range(8000):
+    prompt = due.pop(index, []) + list(range(fresh, fresh + 8))
+    fresh += 8
+    if rng.random() < 0.3:
+        due.setdefault(index + rng.randint(512, 1024), prompt)
+    keys = [((chunk, "salt", "model"), 1.0) for chunk in prompt]
+    found += sum(mini.lookup(keys))
+    mini.store(keys)
+print(found, mini.order._trial.switches, mini.order._trial.chance)
+"""
+    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(outputs) == 1, outputs
+    found, switches, _ = next(iter(outputs)).split()
+    assert int(found) > 0 and int(switches) >= 1
+
+
+def test_an_l1_too_small_for_the_trial_to_tell_anything_admits_every_store_and_samples_no_key_for_it():
+    """Below TRIAL_MIN_KEYS << TRIAL_HALVINGS objects, the trial's LRUs would hold fewer than TRIAL_MIN_KEYS sampled
+    keys: the trial ends at its first key, and the frequency sketch samples none for it again."""
+    small = TRIAL_MIN_KEYS << TRIAL_HALVINGS
+    trace = _returning(3000, small // 4 // BLOCKS, small // 2 // BLOCKS)
+    l1 = _l1(small // 2)
+    for hashes in trace:
+        engine_request(l1, ("m", ""), hashes)
+    assert (l1._order.chance, l1._order.frequency.sample_bits) == (1.0, -1)
+    large = _l1(small)
+    engine_request(large, ("m", ""), list(range(small)))
+    assert large._order.frequency.sample_bits == TRIAL_HALVINGS
+
+
+def test_the_docs_state_the_trial_s_numbers_as_the_code_has_them():
+    changelog, history = (" ".join((REPO / path).read_text(encoding="utf-8").split())
+                          for path in ("CHANGELOG.md", "benchmarks/HISTORY.md"))
+    chance = str(Fraction(CHANCE))
+    minimum = TRIAL_MIN_KEYS << TRIAL_HALVINGS
+    assert f"with a chance of {chance} while it needs room" in changelog
+    assert f"nor where L1 holds fewer than {minimum:,} objects" in changelog
+    assert f"a first-sight store with a chance of {chance}" in history
+    assert f"top {TRIAL_HALVINGS} bits are 0 (1/{1 << TRIAL_HALVINGS};" in history
+    assert f"by {CHANCE_SIGMAS:g} σ" in history
+    assert f"({TRIAL_MIN_KEYS} sampled keys in an LRU of L1's capacity, {minimum:,} objects)" in history
