@@ -22,6 +22,7 @@ from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
 from mpcache.eviction import order as l1_order
+from mpcache.eviction.admission import worth_a_trial
 from mpcache.eviction.lru_order import LruOrder
 
 _L1_READ_RESERVED = EventType.L1_READ_RESERVED
@@ -68,7 +69,8 @@ class L1Manager(PrefetchLandings):
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
-                                             fair=True, by_chance=by_chance)
+                                             fair=True, by_chance=by_chance and worth_a_trial(self.capacity_bytes,
+                                                                                             chunk_bytes))
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted

@@ -5,8 +5,8 @@ sight is admitted: a conversation whose turn was refused is kept from its next t
 on each workload, not assumed: two LRUs of L1's capacity, one that admits so and one that admits every store, run
 on a hash-sampled share of the keys asked for (:mod:`~mpcache.eviction.shadow`), and L1 admits as the one it does
 not follow does once that one's finds lead both L1's and the other LRU's by :data:`CHANCE_SIGMAS` standard
-deviations (L1 ahead of both, ARC's lists are what serve, not the admission: where admitting by chance helped an
-LRU early on but not ARC's lists later, following the LRUs alone cost 0.0096 of a hit ratio).
+deviations (leading L1 alone was not enough on one trace: benchmarks/HISTORY.md, *Admission by chance where it
+pays*).
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ TRIAL_HALVINGS = 5  # the trial's LRUs see 1 / 2 ** this of the keys at the most
 TRIAL_MIN_KEYS = 64  # fewer sampled keys than this in an LRU of L1's capacity tell nothing: no trial (L1 too small)
 
 
+def worth_a_trial(capacity_bytes: float, object_bytes: float) -> bool:
+    """Whether an L1 of ``capacity_bytes`` holding objects of ``object_bytes`` is large enough for a trial: its LRUs
+    would hold at least :data:`TRIAL_MIN_KEYS` sampled keys (fewer tell nothing, at the cost of their work)."""
+    return capacity_bytes >= object_bytes * (TRIAL_MIN_KEYS << TRIAL_HALVINGS)
+
+
 class ChanceTrial:
     """Whether L1 should admit first-sight stores by chance (``chance``: 1, or :data:`CHANCE`): an LRU of its
     capacity that does (``by_chance``) and one that does not (``lru``), against what L1 finds of the same sampled
@@ -33,10 +39,9 @@ class ChanceTrial:
     prefix: nothing after its first miss in the access).  Once L1 has missed its capacity's worth of bytes, L1
     follows that LRU when the first sum and the second (by chance: positive, else negative) are each above
     :data:`CHANCE_SIGMAS` times the root of their steps' squares' sum (a request's chunks are kept or lost
-    together, so the access is the unit of evidence), and the sums start over.  Where L1 holds fewer than
-    :data:`TRIAL_MIN_KEYS` × 2 ** :data:`TRIAL_HALVINGS` objects of the first key's size, the LRUs would hold too
-    few sampled keys to tell anything: the trial ends at that key, L1 admitting every store.  The order has none
-    where it may not admit by chance (``by_chance`` False: a store L1 refuses would not reach an L2 tier either).
+    together, so the access is the unit of evidence), and the sums start over.  The order has none where it may not
+    admit by chance (``by_chance`` False: a store L1 refuses would not reach an L2 tier either, or L1 is too small
+    for a trial, :func:`worth_a_trial`).
     A miniature's (:mod:`~mpcache.telemetry.mrc.mini`) samples the keys L1's does, of those it is given."""
 
     def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int], sketch: Any) -> None:
@@ -45,7 +50,6 @@ class ChanceTrial:
         for shadow in (self.lru, self.by_chance):
             shadow.follow(TRIAL_HALVINGS)
         self._sketch = sketch
-        self._capacity = capacity_bytes
         sketch.sample_bits = self.halvings = TRIAL_HALVINGS
         self.chance = 1.0
         self.switches = 0
@@ -61,14 +65,15 @@ class ChanceTrial:
     def sees(self, key: Hashable, nbytes: float, access: int, found: bool) -> None:
         """A sampled ``key`` (of ``nbytes``) asked for by ``access``, which L1 ``found``."""
         if access != self._access:
-            if self._access < 0 and self._capacity < nbytes * (TRIAL_MIN_KEYS << TRIAL_HALVINGS):
-                self._sketch.sample_bits = -1  # L1 too small for a trial: off, and no key sampled for it again
-                return
             self._settle()
             self._access = access
         counts, missed = self._found, self._missed
-        for index, held in enumerate((self.lru.sees(key, nbytes, access, True),
-                                      self.by_chance.sees(key, nbytes, access, True))):
+        lru, by_chance = self.lru, self.by_chance
+        answers = (lru.sees(key, nbytes, access, True), by_chance.sees(key, nbytes, access, True))
+        if lru.halvings != self.halvings or by_chance.halvings != self.halvings:
+            self._follow()  # one of them halved as it settled the access before: this key may not be sampled now
+            return
+        for index, held in enumerate(answers):
             if not held:
                 missed[index] = True
             elif not missed[index]:
@@ -98,8 +103,9 @@ class ChanceTrial:
                 self._sums, self._lows, self._since = [0, 0], [0, 0], [0, 0]
         counts[0] = counts[1] = self._l1 = 0
         self._missed[0] = self._missed[1] = False
-        halvings = max(self.lru.halvings, self.by_chance.halvings)
-        if halvings != self.halvings:  # one of them halved: the other and the sketch follow
-            self.halvings = self._sketch.sample_bits = halvings
-            for shadow in (self.lru, self.by_chance):
-                shadow.follow(halvings)
+
+    def _follow(self) -> None:
+        """One LRU halved its sampling rate: the other and the sketch follow."""
+        halvings = self.halvings = self._sketch.sample_bits = max(self.lru.halvings, self.by_chance.halvings)
+        for shadow in (self.lru, self.by_chance):
+            shadow.follow(halvings)

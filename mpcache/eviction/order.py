@@ -40,8 +40,8 @@
   of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
   longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1, L1 admits so (a
-  refusal counted and remembered as above), and where one admitting every store does, it admits every store
+  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one
+  admitting every store, L1 admits so (a refusal counted and remembered as above), and the other way round
   (:mod:`~mpcache.eviction.admission`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
   workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
@@ -377,7 +377,7 @@ class ArcOrder:
         A named store's part refused before is refused whole whatever room there is, unless :meth:`_admits` admits."""
         if need > 0 and self.chance < 1.0 and self._refuses_by_chance():
             return True
-        if self.recency and (self.chance == 1.0 or self._verdict() is not False):
+        if self.recency and (self._trial is None or self._verdict() is not False):
             return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
         if self._verdict() is False:
             return not self._admits()

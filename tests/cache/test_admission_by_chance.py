@@ -17,8 +17,15 @@ from support.l1_requests import engine_request
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, lru
 from mpcache.cache.l1 import L1Manager
-from mpcache.eviction.admission import CHANCE, CHANCE_SIGMAS, TRIAL_HALVINGS, TRIAL_MIN_KEYS, ChanceTrial
-from mpcache.eviction.frequency import FrequencySketchReference
+from mpcache.eviction.admission import (
+    CHANCE,
+    CHANCE_SIGMAS,
+    TRIAL_HALVINGS,
+    TRIAL_MIN_KEYS,
+    ChanceTrial,
+    worth_a_trial,
+)
+from mpcache.eviction.frequency import MIX, FrequencySketchReference
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.shadow import ShadowLru
 
@@ -169,14 +176,21 @@ def test_the_trial_s_evidence_counts_once_l1_has_missed_its_capacity():
     trial = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
     _observed(trial, 2, 5, 2, 1000)
     assert trial.chance == 1.0
+    sampled = next(number for number in range(10**6) if not (number * MIX) % (1 << 64) >> (64 - TRIAL_HALVINGS))
+    for access in range(CAPACITY // (1 << TRIAL_HALVINGS)):  # L1 misses a sampled key standing for 2 ** 5 objects
+        trial.sees(sampled, 64.0, access, False)
+    assert trial._settling <= 0
+    _observed(trial, 2, 5, 2, 10)
+    assert trial.chance == CHANCE
 
 
 def test_a_request_s_tp_ranks_are_refused_by_chance_together_in_either_phase():
     """The parts of one named store (a request's ranks) follow the first part's verdict: a rank's chunks are of no
     use without the others'."""
     for split in (False, True):
-        l1 = _l1(8)
-        for key in range(1000, 1008):  # full
+        slots = TRIAL_MIN_KEYS << TRIAL_HALVINGS
+        l1 = _l1(slots)
+        for key in range(10**6, 10**6 + slots):  # full
             reservation = l1.reserve_write("m", "", [key])
             l1.commit_write("m", "", [key], 64)
         if split:
@@ -208,16 +222,32 @@ def test_where_a_refused_store_would_not_reach_l2_either_l1_admits_every_store()
     assert (l1._order.chance, failed) == (1.0, 0)
 
 
-def test_the_cache_process_and_the_curves_admit_by_chance_only_without_an_l2_tier():
-    from mpcache.telemetry.mrc.curves import CurveSet
+def test_the_curves_model_admission_by_chance_only_where_the_cache_processes_l1_admits_so(tmp_path):
+    """The miniatures run the trial where L1 does: no L2 tier, and an L1 worth a trial."""
+    from support.cache_harness import make_config
 
-    for by_chance in (True, False):
-        curves = CurveSet(0.01, 4096, {"l1": 1 << 20}, policy="adaptive", by_chance=by_chance)
-        minis = [mini for history in curves._histories for mini in history.minis]
-        assert minis and all((mini.order._trial is not None) == by_chance for mini in minis)
-    process = (REPO / "mpcache/cache/process.py").read_text(encoding="utf-8")
-    metrics = (REPO / "mpcache/telemetry/subscribers/metrics/mrc.py").read_text(encoding="utf-8")
-    assert "by_chance=not config.l2" in process and "by_chance=not config.l2" in metrics
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+
+    large, small = (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64, (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 32
+    tier = [{"type": "mock", "capacity_gb": 1}]
+    for l1_bytes, l2, trial in ((large, [], True), (small, [], False), (large, tier, False)):
+        config = make_config(str(tmp_path), l1_size_bytes=l1_bytes, chunk_bytes=64, l1_policy="adaptive", l2=l2)
+        subscriber = MissRatioSubscriber(_NullMeter(), config)
+        minis = [mini for history in subscriber.curves._histories for mini in history.minis]
+        assert minis and {mini.order._trial is not None for mini in minis} == {trial}, (l1_bytes, l2)
+        l1 = L1Manager(np.zeros(l1_bytes, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive",
+                       by_chance=not l2)
+        assert (l1._order._trial is not None) == trial
+
+
+def test_a_miniature_numbers_a_row_as_l1_numbers_its_chunk():
+    """So that the miniatures' trial samples the keys L1's does (chunk hashes are 64-bit, where ``hash`` differs)."""
+    from mpcache.cache.l1 import _chunk_code
+    from mpcache.contract.keys import ChunkKey
+    from mpcache.telemetry.mrc.mini import _stable_code
+
+    for chunk in (7, -5, (1 << 61) - 1, (1 << 63) + 12345, (1 << 64) - 1):
+        assert _stable_code((chunk, "salt", "model")) == _chunk_code(ChunkKey("model", "salt", chunk))
 
 
 def test_a_miniature_decides_the_same_whatever_the_process_s_string_hashes():
@@ -246,18 +276,16 @@ print(found, mini.order._trial.switches, mini.order._trial.chance)
     assert int(found) > 0 and int(switches) >= 1
 
 
-def test_an_l1_too_small_for_the_trial_to_tell_anything_admits_every_store_and_samples_no_key_for_it():
+def test_an_l1_too_small_for_the_trial_to_tell_anything_has_none_and_samples_no_key_for_it():
     """Below TRIAL_MIN_KEYS << TRIAL_HALVINGS objects, the trial's LRUs would hold fewer than TRIAL_MIN_KEYS sampled
-    keys: the trial ends at its first key, and the frequency sketch samples none for it again."""
-    small = TRIAL_MIN_KEYS << TRIAL_HALVINGS
-    trace = _returning(3000, small // 4 // BLOCKS, small // 2 // BLOCKS)
-    l1 = _l1(small // 2)
-    for hashes in trace:
-        engine_request(l1, ("m", ""), hashes)
-    assert (l1._order.chance, l1._order.frequency.sample_bits) == (1.0, -1)
-    large = _l1(small)
-    engine_request(large, ("m", ""), list(range(small)))
-    assert large._order.frequency.sample_bits == TRIAL_HALVINGS
+    keys."""
+    minimum = TRIAL_MIN_KEYS << TRIAL_HALVINGS
+    assert (worth_a_trial(minimum * 64, 64), worth_a_trial(minimum * 64 - 1, 64)) == (True, False)
+    small = _l1(minimum - 1)
+    for hashes in _returning(3000, minimum // 4 // BLOCKS, minimum // 2 // BLOCKS):
+        engine_request(small, ("m", ""), hashes)
+    assert (small._order._trial, small._order.chance, small._order.frequency.sample_bits) == (None, 1.0, -1)
+    assert _l1(minimum)._order.frequency.sample_bits == TRIAL_HALVINGS
 
 
 def test_the_docs_state_the_trial_s_numbers_as_the_code_has_them():
@@ -271,3 +299,10 @@ def test_the_docs_state_the_trial_s_numbers_as_the_code_has_them():
     assert f"top {TRIAL_HALVINGS} bits are 0 (1/{1 << TRIAL_HALVINGS};" in history
     assert f"by {CHANCE_SIGMAS:g} σ" in history
     assert f"({TRIAL_MIN_KEYS} sampled keys in an LRU of L1's capacity, {minimum:,} objects)" in history
+
+
+class _NullMeter:
+    """A meter whose instruments take anything and keep nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: _NullMeter()

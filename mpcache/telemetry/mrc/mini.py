@@ -39,7 +39,7 @@ def _stable_code(key: Any) -> int:
     """A key's number for the order's sketch and samples, the same in every process (a string's hash is not): a
     row's chunk hash, a segment's number (any other key: its hash)."""
     if type(key) is tuple and len(key) > 1:
-        return key[0] if type(key[0]) is int else hash(key[1])
+        return hash(key[0]) if type(key[0]) is int else hash(key[1])  # as L1 numbers a chunk: its hash's hash
     return hash(key)
 
 

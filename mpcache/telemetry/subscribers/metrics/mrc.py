@@ -16,6 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
 from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_EXACT_TAIL_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
+from mpcache.eviction.admission import worth_a_trial
 from mpcache.httpserver import Route
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
@@ -99,7 +100,8 @@ class MissRatioSubscriber(Subscriber):
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
-                               processes=config.workers, by_chance=not config.l2)  # as the cache processes' L1
+                               processes=config.workers,  # admitting by chance as the cache processes' L1 does
+                               by_chance=not config.l2 and worth_a_trial(config.l1_pool_bytes, config.chunk_bytes))
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
