@@ -91,6 +91,12 @@ class L1Manager(PrefetchLandings):
         return self._order
 
     @property
+    def admission_chance(self) -> float:
+        """The chance a first-sight store is admitted while L1 needs room: below 1 while ``adaptive`` admits by
+        chance (:mod:`mpcache.eviction.admission`), else 1."""
+        return self._order.chance
+
+    @property
     def used_bytes(self) -> int:
         """Bytes held by objects (reserved or readable)."""
         return self.allocator.used_bytes

@@ -267,6 +267,7 @@ class CacheProcess:
         now = time.monotonic()
         next_evict = now + self.config.eviction_interval_s
         next_beat = now + self._heartbeat_interval_s
+        admitting = ctx.l1.admission_chance  # logged on each change: an operator sees when admission by chance is on
         select = self._selector.select
         guard = self._pool_guard
         assert guard is not None
@@ -302,6 +303,9 @@ class CacheProcess:
                         lmcache.tick()
                     ctx.storage.refresh_usage()
                     ctx.storage.report_failures()  # held L2 failure counts, once their rate limit allows
+                    if ctx.l1.admission_chance != admitting:
+                        admitting = ctx.l1.admission_chance
+                        self.log.info("cache.l1_admission", chance=admitting, policy=ctx.l1.policy)
                     ctx.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s
         finally:

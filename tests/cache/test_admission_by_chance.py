@@ -12,7 +12,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+from support.cache_harness import CapturedLog
 from support.l1_requests import engine_request
+from support.waiting import wait_for
 
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, lru
@@ -306,3 +308,23 @@ class _NullMeter:
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: _NullMeter()
+
+
+def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
+    """``cache.l1_admission`` with the chance, once per change, at the heartbeat: an operator sees when admission by
+    chance is on (its refusals are L1 allocation failures)."""
+    log = CapturedLog()
+    harness = cache(server_kwargs={"logger": log, "heartbeat_interval_s": 0.05}, l1_policy="adaptive",
+                    chunk_bytes=64, l1_size_bytes=(TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64)
+    l1 = harness.server.ctx.l1
+    assert l1.admission_chance == 1.0
+
+    def logged() -> list[dict]:
+        return [fields for event, fields in log.infos if event == "cache.l1_admission"]
+
+    l1.order._trial.chance = CHANCE  # as the trial sets it
+    wait_for(lambda: logged(), timeout_s=30, what="the log line")
+    l1.order._trial.chance = 1.0
+    wait_for(lambda: len(logged()) == 2, timeout_s=30, what="the second log line")
+    assert [entry["chance"] for entry in logged()] == [CHANCE, 1.0]
+    assert {entry["policy"] for entry in logged()} == {"adaptive"}

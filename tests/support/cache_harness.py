@@ -23,13 +23,17 @@ MODEL = "org/model-7b"
 
 
 class CapturedLog:
-    """A structlog-like logger for the in-process server that keeps its warning lines."""
+    """A structlog-like logger for the in-process server that keeps its warning and info lines."""
 
     def __init__(self) -> None:
         self.warnings: list[tuple[str, dict]] = []
+        self.infos: list[tuple[str, dict]] = []
 
     def warning(self, event: str, **fields) -> None:
         self.warnings.append((event, fields))
+
+    def info(self, event: str, **fields) -> None:
+        self.infos.append((event, fields))
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None  # info, debug, exception, ...
