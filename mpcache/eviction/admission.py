@@ -32,17 +32,16 @@ class ChanceTrial:
     """Whether L1 should admit first-sight stores by chance (``chance``: 1, or :data:`CHANCE`): an LRU of its
     capacity that does (``by_chance``) and one that does not (``lru``), against what L1 finds of the same sampled
     keys: 1 / 2 ** ``halvings`` of them at most (:data:`TRIAL_HALVINGS` at first), those whose mixed code's top
-    ``halvings`` bits are 0,
-    which ``sketch`` (the order's frequency sketch, set to sample so) tells as it counts a key.  Each access is a
-    step of two sums: the keys that the LRU whose admission L1 does not follow found and L1 did not, less the other
-    way round; and the keys that ``by_chance`` found and ``lru`` did not, less the other way round (each finds a
-    prefix: nothing after its first miss in the access).  Once L1 has missed its capacity's worth of bytes, L1
-    follows that LRU when the first sum and the second (by chance: positive, else negative) are each above
-    :data:`CHANCE_SIGMAS` times the root of their steps' squares' sum (a request's chunks are kept or lost
-    together, so the access is the unit of evidence), and the sums start over.  The order has none where it may not
-    admit by chance (``by_chance`` False: a store L1 refuses would not reach an L2 tier either, or L1 is too small
-    for a trial, :func:`worth_a_trial`).
-    A miniature's (:mod:`~mpcache.telemetry.mrc.mini`) samples the keys L1's does, of those it is given."""
+    ``halvings`` bits are 0, which ``sketch`` (the order's frequency sketch, set to sample so) tells as it counts a
+    key.  Each access is a step of two sums: the keys that the LRU whose admission L1 does not follow found and L1
+    did not, less the other way round; and the keys that ``by_chance`` found and ``lru`` did not, less the other
+    way round (each finds a prefix: nothing after its first miss in the access).  Once L1 has missed its capacity's
+    worth of bytes, L1 follows that LRU when the first sum and the second (by chance: positive, else negative) are
+    each above :data:`CHANCE_SIGMAS` times the root of their steps' squares' sum (a request's chunks are kept or
+    lost together, so the access is the unit of evidence), and the sums start over.  The order has none where it
+    may not admit by chance (``by_chance`` False: a store L1 refuses would not reach an L2 tier either, or L1 is
+    too small for a trial, :func:`worth_a_trial`).  A miniature's (:mod:`~mpcache.telemetry.mrc.mini`) samples
+    the keys L1's does, of those it is given."""
 
     def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int], sketch: Any) -> None:
         self.lru = ShadowLru(capacity_bytes, code)

@@ -17,7 +17,7 @@ COUNTERS_PER_COUNT = 4  # a row's counters per count its window holds: few keys 
 _HALF = bytes(count >> 1 for count in range(256))  # every counter halved, by bytearray.translate
 ENDED = 1  # ``add``'s flag: the count ended a window
 SAMPLED = 2  # ``add``'s flag: the key is sampled at ``sample_bits``
-_WORD = (1 << 64) - 1
+WORD = (1 << 64) - 1  # a mixed code is its product with MIX modulo 2 ** 64
 MIX = 0x9E3779B97F4A7C15  # spreads a small integer's hash (its own value) over the bits an index or a sample reads
 
 
@@ -80,7 +80,7 @@ class FrequencySketchReference:
         if count < SATURATED:
             second[index] = count + 1
         bits = self._sample_bits
-        flags = SAMPLED if bits == 0 or bits > 0 and not (mixed & _WORD) >> max(0, 64 - bits) else 0
+        flags = SAMPLED if bits >= 0 and not (mixed & WORD) >> (64 - bits) else 0
         counted = self._counted = self._counted + 1
         if counted < self.window:
             return flags

@@ -7,16 +7,14 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import repeat
 
-from mpcache.eviction.frequency import MIX
-
-_WORD = (1 << 64) - 1
+from mpcache.eviction.frequency import MIX, WORD
 
 
 def draw(number: int) -> float:
     """``number``'s draw in [0, 1), the same in every run (the finaliser of splitmix64 over the number)."""
-    mixed = (number * MIX) & _WORD
-    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
-    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _WORD
+    mixed = (number * MIX) & WORD
+    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & WORD
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & WORD
     return (mixed ^ (mixed >> 31)) / 2.0 ** 64
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
-from mpcache.eviction.frequency import MIX
+from mpcache.eviction.frequency import MIX, WORD
 from mpcache.eviction.refusal import RefusedKeys, draw
 
 SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
-_WORD = (1 << 64) - 1
 
 
 class ShadowLru:
@@ -115,7 +114,7 @@ class ShadowLru:
 
     def _sampled(self, key: Hashable, halvings: int) -> bool:
         """Whether ``key`` is sampled at the rate 1 / 2 ** ``halvings``: the top bits of its mixed code are zero."""
-        return not ((self._code(key) * MIX) & _WORD) >> (64 - halvings)
+        return not ((self._code(key) * MIX) & WORD) >> (64 - halvings)
 
     def __len__(self) -> int:
         return len(self._keys)

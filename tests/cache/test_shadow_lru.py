@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from mpcache.eviction.frequency import MIX
-from mpcache.eviction.shadow import _WORD, ShadowLru
+from mpcache.eviction.frequency import MIX, WORD
+from mpcache.eviction.shadow import ShadowLru
 
 
 def _plain_lru(asks: list[tuple[int, int]], capacity: int) -> list[bool]:
@@ -36,7 +36,7 @@ def test_every_key_is_sampled_while_the_budget_holds_and_finds_are_an_lru_s():
 
 
 def _sampled(key: int, halvings: int) -> bool:
-    return not ((hash(key) * MIX) & _WORD) >> (64 - halvings) if halvings else True
+    return not ((hash(key) * MIX) & WORD) >> (64 - halvings) if halvings else True
 
 
 def test_past_the_budget_the_rate_halves_and_the_sampled_keys_make_an_lru_of_the_scaled_capacity():
