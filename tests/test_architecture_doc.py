@@ -53,5 +53,5 @@ def test_gauge_board_words_match_the_layout_constants():
                                                                      r"|active prefetch jobs)", board))
     assert {"heartbeat": layout.G_HEARTBEAT, "pid": layout.G_PID, "L1 bytes used": layout.G_L1_USED,
             "L1 capacity": layout.G_L1_CAPACITY, "active prefetch jobs": layout.G_ACTIVE_PREFETCH} == fixed
-    assert "18+4a bytes held, 19+4a in-flight store tasks, 20+4a in-flight load tasks, 21+4a" in board
-    assert (18, 4, 8) == (layout.GAUGE_FIXED_WORDS, layout.GAUGE_ADAPTER_WORDS, layout.MAX_ADAPTERS)
+    assert "20+4a bytes held, 21+4a in-flight store tasks, 22+4a in-flight load tasks, 23+4a" in board
+    assert (20, 4, 8) == (layout.GAUGE_FIXED_WORDS, layout.GAUGE_ADAPTER_WORDS, layout.MAX_ADAPTERS)

@@ -302,6 +302,39 @@ def test_promtool_accepts_the_prometheus_config_and_alert_rules():
     assert (0, 0) == (config.returncode, rules.returncode), config.stdout + config.stderr + rules.stdout + rules.stderr
 
 
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
+def test_the_l1_allocation_alert_fires_on_a_full_l1_not_on_the_stores_the_eviction_order_refuses(tmp_path):
+    """``promtool test rules`` on the shipped alerts.yml, 15 minutes into these counters (chunks a minute):
+    failures that are all the order's refusals (two workers' worth) fire nothing; failures with no refusal fire at
+    10 chunks/s; 900 failures of which 600 refused fire at 5; an instance with no refusal counter (a build before it)
+    fires; and L2 prefetch failures fire whatever the stores' refusals."""
+    failures = 'lmcache_mp_l1_allocation_failure_chunks_total{{instance="{}", during="{}", model_name="m"}}'
+    refused = 'mpcache_l1_refused_chunks_total{{instance="{}", worker="{}"}}'
+    series = [(failures.format("all_refused", "l1_store"), 600), (refused.format("all_refused", 0), 250),
+              (refused.format("all_refused", 1), 350),
+              (failures.format("full", "l1_store"), 600), (refused.format("full", 0), 0),
+              (failures.format("both", "l1_store"), 900), (refused.format("both", 0), 600),
+              (failures.format("older_build", "l1_store"), 600),
+              (failures.format("prefetch", "l1_store"), 600), (failures.format("prefetch", "l2_prefetch"), 600),
+              (refused.format("prefetch", 0), 600)]
+    text = ALERTS_YML.read_text()
+    description = json.loads(re.search(r'- alert: MpcacheL1AllocationFailures\n(?:.*\n)*?\s+description: (".*")',
+                                       text).group(1))
+    expected = [{"exp_labels": {"severity": "warning", "instance": instance, "during": during},
+                 "exp_annotations": {"summary": f"mpcache L1 has no room for {during} writes ({rate} chunks/s) on "
+                                                f"{instance}", "description": description,
+                                     "runbook_url": f"http://{instance}/runbook#mpcachel1allocationfailures"}}
+                for instance, during, rate in (("full", "l1_store", 10), ("both", "l1_store", 5),
+                                               ("older_build", "l1_store", 10), ("prefetch", "l2_prefetch", 10))]
+    tests = {"rule_files": [str(ALERTS_YML)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": name, "values": f"0+{step}x30"} for name, step in series],
+        "alert_rule_test": [{"eval_time": "15m", "alertname": "MpcacheL1AllocationFailures",
+                             "exp_alerts": expected}]}]}
+    (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML
+    run = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True)
+    assert 0 == run.returncode, run.stdout + run.stderr
+
+
 def test_prometheus_config_scrapes_mpcache_on_its_default_port_and_alerts_watch_the_health_metrics():
     """prometheus.yml scrapes 127.0.0.1:9090 (mpcache's default /metrics) and loads alerts.yml, whose
     alert exprs name only spec metrics (or ``up``) and cover dropped events, drain lag, subscriber

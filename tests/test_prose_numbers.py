@@ -212,10 +212,12 @@ def _claims() -> list[tuple[str, str, str]]:
                                  r"telemetry's heartbeat ns and (\d+): its pid",
          f"{layout.GAUGE_OFF_TELEMETRY_RESTARTS} / {layout.GAUGE_OFF_TELEMETRY_HEARTBEAT} / "
          f"{layout.GAUGE_OFF_TELEMETRY_PID}"),
-        ("docs/ARCHITECTURE.md", r"(\d+) objects whose copy L1's pool's loss voided, then per adapter \*a\*: (\d+)\+4a "
-                                 r"bytes held, (\d+)\+4a in-flight store tasks, (\d+)\+4a in-flight load tasks, "
-                                 r"(\d+)\+4a in-flight load bytes",
-         " / ".join(str(word) for word in (layout.G_L1_LOST_COPIES, *(layout.GAUGE_FIXED_WORDS + offset for offset in (
+        ("docs/ARCHITECTURE.md", r"(\d+) objects whose copy L1's pool's loss voided, (\d+) L1's admission chance "
+                                 r"times its capacity \(bytes\), (\d+) chunks L1's eviction order refused, then per "
+                                 r"adapter \*a\*: (\d+)\+4a bytes held, (\d+)\+4a in-flight store tasks, (\d+)\+4a "
+                                 r"in-flight load tasks, (\d+)\+4a in-flight load bytes",
+         " / ".join(str(word) for word in (layout.G_L1_LOST_COPIES, layout.G_L1_ADMITTING, layout.G_L1_REFUSED, *(
+             layout.GAUGE_FIXED_WORDS + offset for offset in (
              layout.G_L2_USAGE, layout.G_L2_INFLIGHT_STORES, layout.G_L2_INFLIGHT_LOADS,
              layout.G_L2_INFLIGHT_LOAD_BYTES))))),
         # docs/SECURITY.md

@@ -60,4 +60,6 @@ class CacheContext:
         self.gauges.set(layout.G_L1_USED, self.l1.used_bytes)
         self.gauges.set(layout.G_L1_FRAGMENTATION, self.l1.fragmentation_bytes)
         self.gauges.set(layout.G_L1_LOST_COPIES, self.l1.lost_copies)
+        self.gauges.set(layout.G_L1_ADMITTING, round(self.l1.capacity_bytes * self.l1.admission_chance))
+        self.gauges.set(layout.G_L1_REFUSED, self.l1.refused_chunks)
         self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)

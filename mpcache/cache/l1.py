@@ -80,6 +80,7 @@ class L1Manager(PrefetchLandings):
         self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
         self._losses = 0  # lose_all calls
         self.lost_copies = 0  # objects whose copy or reservation spanned a loss (:meth:`lost_since`)
+        self.refused_chunks = 0  # chunks of stores the eviction order refused (not for want of room)
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -196,13 +197,15 @@ class L1Manager(PrefetchLandings):
                 made, made_entry = position, entry
             positions.append(position)
             offsets.append(offset)
+        failed = len(new) - len(positions)
+        if failed and self._order.refusing:
+            self.refused_chunks += failed
         self._order.admitting(None)
         self._publish_evicted(evicted)
         access = self._order.access
         for key, entry in reversed(pinned) if self._tail_first else pinned:
             entry.used = access
             lists[entry.tier][key] = entry  # touched: used again
-        failed = len(new) - len(positions)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
         return WriteReservation(positions, offsets, present, failed)
 

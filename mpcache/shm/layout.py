@@ -83,10 +83,11 @@ CELL_TEXT_FMT = CELL_PREFIX + "BB54s"
 # Gauge board.
 GAUGE_HEADER_SIZE = 64
 MAX_ADAPTERS = 8
-GAUGE_FIXED_WORDS = 18
-GAUGE_LAYOUT_VERSION = 8  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
+GAUGE_FIXED_WORDS = 20
+GAUGE_LAYOUT_VERSION = 9  # the gauge board's own version (3: telemetry's heartbeat; 4: word 9 counts unidentified
 #                           LMCache connections; 5: word 10 counts segments recreated; 6: word 11 buffers refused;
-#                           7: words 12-16, the KV feed; 8: word 17 counts copies L1's loss voided)
+#                           7: words 12-16, the KV feed; 8: word 17 counts copies L1's loss voided; 9: words 18-19,
+#                           L1's admission)
 GAUGE_ADAPTER_WORDS = 4
 GAUGE_SLOT_WORDS = GAUGE_FIXED_WORDS + GAUGE_ADAPTER_WORDS * MAX_ADAPTERS
 
@@ -108,6 +109,8 @@ G_KV_RECORDS = 14  # records appended to the KV event log (kept across restarts)
 G_KV_SKIPPED = 15  # records streams never got: the log let them go before they read them (kept across restarts)
 G_KV_RESYNCS = 16  # lost batches sent: resyncs from a snapshot (kept across restarts)
 G_L1_LOST_COPIES = 17  # objects whose copy or reservation L1's pool's loss voided (a peer truncated it)
+G_L1_ADMITTING = 18  # L1's capacity (bytes) times the chance it admits a store seen first while it needs room
+G_L1_REFUSED = 19  # chunks of stores L1's eviction order refused (not for want of room)
 GAUGE_OFF_TELEMETRY_RESTARTS = 24  # header word, written by the supervisor: times telemetry was restarted
 GAUGE_OFF_TELEMETRY_HEARTBEAT = 32  # header word, written by telemetry: its heartbeat (ns), read by the supervisor
 GAUGE_OFF_TELEMETRY_PID = 40  # header word, written by telemetry: the pid that wrote the heartbeat

@@ -12,13 +12,14 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from support.cache_harness import CapturedLog
+from support.cache_harness import CapturedLog, Harness
 from support.l1_requests import engine_request
 from support.waiting import wait_for
 
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace_sim import TraceRequest, lru
 from mpcache.cache.l1 import L1Manager
+from mpcache.cache.process import CacheProcess
 from mpcache.eviction.admission import (
     CHANCE,
     CHANCE_SIGMAS,
@@ -30,6 +31,9 @@ from mpcache.eviction.admission import (
 from mpcache.eviction.frequency import MIX, FrequencySketchReference
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.shadow import ShadowLru
+from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeSlot
+from mpcache.shm.segment import Segment
 
 REPO = Path(__file__).resolve().parents[2]
 CAPACITY = 4096  # chunks of L1: at least the trial's minimum
@@ -116,8 +120,36 @@ def test_a_store_refused_by_chance_is_told_so_and_its_second_sight_is_admitted()
             assert (len(reservation.positions), reservation.failed) == (BLOCKS, 0)
             admitted = admitted or hashes
     assert order.recency
+    refusals = l1.refused_chunks
     assert engine_request(l1, ("m", ""), refused) == 0  # its second sight: admitted whatever its draw
     assert engine_request(l1, ("m", ""), refused) == BLOCKS
+    assert l1.refused_chunks == refusals
+
+
+def test_l1_counts_the_chunks_its_order_refuses_apart_from_those_it_has_no_room_for():
+    """Stores refused by chance are counted in ``refused_chunks``; a store that fails because every object is locked
+    is an allocation failure too, but not a refusal."""
+    l1 = _l1()
+    order = l1._order
+    for index in range(2 * CAPACITY // BLOCKS):
+        engine_request(l1, ("m", ""), list(range(index * BLOCKS, (index + 1) * BLOCKS)))
+    assert l1.refused_chunks == 0
+    order._trial.chance = CHANCE
+    fresh, failed = 10**9, 0
+    for _ in range(64):
+        hashes = list(range(fresh, fresh + BLOCKS))
+        fresh += BLOCKS
+        l1.lock_prefix("m", "", hashes, publish=False)
+        reservation = l1.reserve_write("m", "", hashes)
+        l1.commit_write("m", "", [hashes[position] for position in reservation.positions], 64)
+        failed += reservation.failed
+    expected = BLOCKS * sum(draw(access) >= CHANCE for access in range(order.access - 63, order.access + 1))
+    assert l1.refused_chunks == failed == expected > 0
+    order._trial.chance = 1.0
+    held = [key.chunk_hash for key in l1.readable("m")]
+    assert l1.lock_prefix("m", "", held, publish=False) == len(held) > 0  # every object locked: no room to make
+    reservation = l1.reserve_write("m", "", [fresh, fresh + 1])
+    assert (reservation.failed, l1.refused_chunks) == (2, expected)
 
 
 def test_a_shadow_lru_that_admits_by_chance_refuses_a_first_sight_access_only_when_full():
@@ -328,3 +360,44 @@ def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
     wait_for(lambda: len(logged()) == 2, timeout_s=30, what="the second log line")
     assert [entry["chance"] for entry in logged()] == [CHANCE, 1.0]
     assert {entry["policy"] for entry in logged()} == {"adaptive"}
+
+
+def test_a_restarted_cache_process_shows_its_own_admission_from_its_first_heartbeat(provisioned):
+    """The words a cache process before it left in its slot (a quarter admitted, refusals counted) are its own from
+    the heartbeat that makes it live, not from its first eviction tick (a minute away here)."""
+    config = provisioned(l1_policy="adaptive", chunk_bytes=64, l1_size_bytes=(TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64,
+                         eviction_interval_s=60.0)
+    board = Segment.attach(config.gauge_board_name())
+    try:
+        earlier = GaugeSlot(board, 0)
+        for word, value in ((layout.G_L1_ADMITTING, 1000), (layout.G_L1_REFUSED, 99), (layout.G_L1_LOST_COPIES, 5),
+                            (layout.G_HEARTBEAT, 0)):
+            earlier.set(word, value)
+        harness = Harness(config, CacheProcess(config, 0))
+        try:
+            wait_for(lambda: harness.board.word(0, layout.G_HEARTBEAT) > 0, timeout_s=30, what="the first heartbeat")
+            capacity = harness.board.word(0, layout.G_L1_CAPACITY)
+            assert (harness.board.word(0, layout.G_L1_ADMITTING), harness.board.word(0, layout.G_L1_REFUSED),
+                    harness.board.word(0, layout.G_L1_LOST_COPIES)) == (capacity, 0, 0)
+            assert capacity == harness.server.ctx.l1.capacity_bytes > 0
+        finally:
+            harness.stop()
+    finally:
+        board.close()
+
+
+def test_the_cache_process_shows_l1_s_admission_and_refusals_on_the_gauge_board(cache):
+    """The gauge board's words that ``mpcache_l1_admission_chance`` and ``mpcache_l1_refused_chunks_total`` read:
+    L1's capacity times its chance, and the chunks its order refused, as the process's L1 has them."""
+    harness = cache(server_kwargs={"heartbeat_interval_s": 0.05}, l1_policy="adaptive", chunk_bytes=64,
+                    l1_size_bytes=(TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64, eviction_interval_s=0.05)
+    l1, gauges = harness.server.ctx.l1, harness.server.ctx.gauges
+    capacity = l1.capacity_bytes
+
+    def board() -> tuple[int, int]:
+        return gauges.get(layout.G_L1_ADMITTING), gauges.get(layout.G_L1_REFUSED)
+
+    wait_for(lambda: board() == (capacity, 0), timeout_s=30, what="every store admitted, none refused")
+    l1.order._trial.chance = CHANCE  # as the trial sets it
+    l1.refused_chunks = 123  # as refusals count them
+    wait_for(lambda: board() == (round(capacity * CHANCE), 123), timeout_s=30, what="the chance and the refusals")

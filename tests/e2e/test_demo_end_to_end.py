@@ -8,6 +8,7 @@ import pytest
 from support.demo import l1_writes
 from support.waiting import wait_for
 
+from mpcache.eviction.admission import CHANCE
 from mpcache.shm.ring import PUBLISH_PATH
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,7 @@ COUNTERS = [
     "lmcache_mp_num_chunks_loaded_total",
     "lmcache_mp_event_bus_dropped_events_total",
     "lmcache_mp_event_bus_subscriber_exceptions_total",
+    "mpcache_l1_refused_chunks_total",
 ]
 GAUGES = [
     "lmcache_mp_l1_usage_ratio",
@@ -35,6 +37,7 @@ GAUGES = [
     "lmcache_mp_active_prefetch_jobs",
     "lmcache_mp_event_bus_queue_depth",
     "lmcache_mp_event_bus_drain_lag_seconds",
+    "mpcache_l1_admission_chance",
 ]
 HISTOGRAMS = [
     "lmcache_mp_l1_chunk_lifetime_seconds",
@@ -93,6 +96,9 @@ def test_demo_metrics_agree_with_the_demo_tally(start_service) -> None:
     expected, observed = comparison(scrape)
     assert expected == observed
 
+    # the order's refusals are among the allocation failures the client was told of; the chance is L1's
+    assert scrape.total("mpcache_l1_refused_chunks_total") <= observed["l1_allocation_failure"]
+    assert CHANCE <= scrape.total("mpcache_l1_admission_chance") <= 1.0
     missing = [n for n in COUNTERS + GAUGES if n not in scrape.samples]
     missing += [n for n in HISTOGRAMS if n + "_count" not in scrape.samples or scrape.total(n + "_count") == 0]
     assert [] == missing

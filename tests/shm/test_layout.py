@@ -289,22 +289,22 @@ def test_format_rejects_capacity_not_a_power_of_two(segment_factory):
 
 
 def test_gauge_board_header_bytes(segment_factory):
-    """The gauge board header: MPCGAUGE, gauge layout version 8, slot count, adapters per slot (8)."""
+    """The gauge board header: MPCGAUGE, gauge layout version 9, slot count, adapters per slot (8)."""
     segment = segment_factory(layout.gauge_board_size(3))
     format_gauge_board(segment, 3)
-    expected = b"MPCGAUGE" + struct.pack("<III", 8, 3, 8)
+    expected = b"MPCGAUGE" + struct.pack("<III", 9, 3, 8)
 
     assert expected == bytes(segment.buf[:20])
 
 
 def test_gauge_slot_word_offsets(segment_factory):
-    """Slot s starts at 64 + 400 s (50 words); adapter a's words start at word 18 + 4 a."""
+    """Slot s starts at 64 + 416 s (52 words); adapter a's words start at word 20 + 4 a."""
     segment = segment_factory(layout.gauge_board_size(2))
     format_gauge_board(segment, 2)
     GaugeSlot(segment, 1).set_adapter(2, layout.G_L2_INFLIGHT_LOADS, 42)
-    word = 18 + 4 * 2 + 2
+    word = 20 + 4 * 2 + 2
 
-    assert 42 == int.from_bytes(segment.buf[64 + 400 + 8 * word : 64 + 400 + 8 * word + 8], "little")
+    assert 42 == int.from_bytes(segment.buf[64 + 416 + 8 * word : 64 + 416 + 8 * word + 8], "little")
 
 
 @pytest.mark.parametrize("attach", [GaugeSlot, GaugeBoardReader])
@@ -312,8 +312,8 @@ def test_gauge_board_version_mismatch(segment_factory, attach):
     """A gauge board of another layout version is refused with both versions named."""
     segment = segment_factory(layout.gauge_board_size(2))
     format_gauge_board(segment, 2)
-    struct.pack_into("<I", segment.buf, 8, 9)
+    struct.pack_into("<I", segment.buf, 8, 10)
     args = (segment, 0) if attach is GaugeSlot else (segment,)
 
-    with pytest.raises(LayoutMismatchError, match="gauge board layout version 9, this build reads 8"):
+    with pytest.raises(LayoutMismatchError, match="gauge board layout version 10, this build reads 9"):
         attach(*args)

@@ -38,6 +38,19 @@ def board(segment_factory):
     return GaugeBoardReader(segment, stale_after_s=5.0, clock_ns=lambda: NOW)
 
 
+def _two_live_one_stale(segment_factory, words: dict[int, dict[int, int]]):
+    """A 3-slot gauge board with each slot's ``words``: slots 0 and 1 with fresh heartbeats, slot 2 a minute old."""
+    segment = segment_factory(layout.gauge_board_size(3))
+    format_gauge_board(segment, 3)
+    beats = {0: NOW, 1: NOW - 1, 2: NOW - 60 * 10**9}
+    for slot, values in words.items():
+        writer = GaugeSlot(segment, slot, clock_ns=lambda beat=beats[slot]: beat)
+        for word, value in values.items():
+            writer.set(word, value)
+        writer.heartbeat(pid=1000 + slot)
+    return segment
+
+
 def test_l1_gauges_sum_live_slots_only(board, metrics):
     """Usage ratio 400/2000, 400 bytes and 3 prefetch jobs: the stale slot is left out."""
     L1StateGaugesSubscriber(metrics.meter, board)
@@ -58,18 +71,11 @@ def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_fact
     """3 slots configured, 2 ready (fresh heartbeats); cache restarts summed over every slot (the stale one
     too), telemetry restarts from the board's header; refused and unidentified LMCache connections and segments
     recreated and buffers refused per slot, stale or not; L1 fragmentation over the ready slots only."""
-    segment = segment_factory(layout.gauge_board_size(3))
-    format_gauge_board(segment, 3)
-    beats = {0: NOW, 1: NOW - 1, 2: NOW - 60 * 10**9}
-    for slot, (restarts, refused, fragmentation) in {0: (1, 0, 64), 1: (0, 4, 32), 2: (2, 1, 999)}.items():
-        writer = GaugeSlot(segment, slot, clock_ns=lambda beat=beats[slot]: beat)
-        writer.set(layout.G_RESTARTS, restarts)
-        writer.set(layout.G_LMCACHE_REFUSED, refused)
-        writer.set(layout.G_LMCACHE_UNIDENTIFIED, 10 * refused + 7)
-        writer.set(layout.G_SEGMENTS_RECREATED, restarts)
-        writer.set(layout.G_BUFFERS_REFUSED, 3 * refused + 1)
-        writer.set(layout.G_L1_FRAGMENTATION, fragmentation)
-        writer.heartbeat(pid=1000 + slot)
+    segment = _two_live_one_stale(segment_factory, {slot: {
+        layout.G_RESTARTS: restarts, layout.G_LMCACHE_REFUSED: refused, layout.G_LMCACHE_UNIDENTIFIED: 10 * refused + 7,
+        layout.G_SEGMENTS_RECREATED: restarts, layout.G_BUFFERS_REFUSED: 3 * refused + 1,
+        layout.G_L1_FRAGMENTATION: fragmentation}
+        for slot, (restarts, refused, fragmentation) in {0: (1, 0, 64), 1: (0, 4, 32), 2: (2, 1, 999)}.items()})
     segment.buf[layout.GAUGE_OFF_TELEMETRY_RESTARTS:layout.GAUGE_OFF_TELEMETRY_RESTARTS + 8] = (5).to_bytes(8, "little")
     ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, stale_after_s=2.0, clock_ns=lambda: NOW))
     worker = [frozenset({("worker", str(slot))}) for slot in range(3)]
@@ -80,6 +86,26 @@ def test_service_gauges_read_slots_heartbeats_restarts_and_refusals(segment_fact
         metrics.series("mpcache.child_restarts"), metrics.series("mpcache.lmcache_refused_connections"),
         metrics.series("mpcache.lmcache_unidentified_connections"), metrics.series("mpcache.segments_recreated"),
         metrics.series("mpcache.buffers_refused"), metrics.value("mpcache.l1_fragmentation_bytes"))
+
+
+def test_l1_admission_reads_the_chance_weighted_by_capacity_and_the_refusals_per_slot(segment_factory, metrics):
+    """Two live slots, one of 3,000 bytes admitting every store and one of 1,000 admitting a quarter: 3,250 of
+    4,000 bytes admit, 0.8125; the stale slot (chance 0) is left out of the chance, its refusals still shown."""
+    segment = _two_live_one_stale(segment_factory, {
+        slot: {layout.G_L1_CAPACITY: capacity, layout.G_L1_ADMITTING: admitting, layout.G_L1_REFUSED: refused}
+        for slot, (capacity, admitting, refused) in {0: (3000, 3000, 0), 1: (1000, 250, 96), 2: (5000, 0, 7)}.items()})
+    ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, stale_after_s=2.0, clock_ns=lambda: NOW))
+    worker = [frozenset({("worker", str(slot))}) for slot in range(3)]
+    assert (0.8125, {worker[0]: 0, worker[1]: 96, worker[2]: 7}) == (
+        metrics.value("mpcache.l1_admission_chance"), metrics.series("mpcache.l1_refused"))
+
+
+def test_l1_admission_chance_has_no_value_without_a_live_slot(segment_factory, metrics):
+    """No cache process running: no chance to report (not a division error, nor a made-up 0 or 1)."""
+    segment = segment_factory(layout.gauge_board_size(2))
+    format_gauge_board(segment, 2)
+    ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, clock_ns=lambda: NOW))
+    assert {} == metrics.series("mpcache.l1_admission_chance")
 
 
 class Exploding(Subscriber):

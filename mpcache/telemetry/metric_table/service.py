@@ -1,8 +1,9 @@
-"""The metric table's section on the service itself: its build, its processes' count, readiness and restarts, and
-the per-cache-process counters of what it refused or recreated."""
+"""The metric table's section on the service itself: its build, its processes' count, readiness and restarts, the
+per-cache-process counters of what it refused or recreated, and L1's state (fragmentation, admission)."""
 
 from __future__ import annotations
 
+from mpcache.eviction.admission import CHANCE
 from mpcache.telemetry.metric_table.model import (
     OBSERVABLE_COUNTER,
     OBSERVABLE_GAUGE,
@@ -47,4 +48,14 @@ SERVICE = Section("Service", "The service", False, (
         _m("mpcache.l1_fragmentation_bytes", "mpcache_l1_fragmentation_bytes", OBSERVABLE_GAUGE, "", _state(
            Derivation.GAUGE_SUM, State.L1, "G_L1_FRAGMENTATION"), "Bytes L1's allocators hold in slabs that no "
            "object uses (free spots, alignment padding, slab tails), summed over the live cache processes."),
+        _m("mpcache.l1_admission_chance", "mpcache_l1_admission_chance", OBSERVABLE_GAUGE, "", _state(
+           Derivation.GAUGE_RATIO, State.L1, "G_L1_ADMITTING", "G_L1_CAPACITY"), "The chance L1 admits a store "
+           "seen first while it needs room, weighted by L1 capacity over the live cache processes: 1 where every "
+           f"store is admitted (lru, arc, and adaptive unless admitting by chance pays), {CHANCE} where adaptive "
+           "admits by chance as that pays on the workload (docs/ARCHITECTURE.md)."),
+        _m("mpcache.l1_refused", "mpcache_l1_refused_chunks_total", OBSERVABLE_COUNTER, "chunks", _per_worker(
+           State.L1, "G_L1_REFUSED"), "Chunks of client stores L1's eviction order refused with room to make "
+           "(adaptive: by chance, or a store seen once that would evict what was seen again), per cache process "
+           "since it started; they are in lmcache_mp_l1_allocation_failure_chunks_total too, which this tells "
+           "from a full L1."),
     ))

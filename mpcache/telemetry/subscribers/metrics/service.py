@@ -1,6 +1,6 @@
 """The service's own gauges, read from the gauge board at collection time: cache processes configured and
 ready, restarts by role, refused and unidentified LMCache connections, segments recreated and client buffers
-refused per cache process, and L1 fragmentation.
+refused per cache process, L1 fragmentation, and L1's admission (its chance, and the chunks its order refused).
 
 ``readiness`` is the board reader whose staleness decides "ready" (2 s, as the supervisor's /ready).  The
 callbacks run on the exporter's thread; they only read aligned shared-memory words.
@@ -34,6 +34,8 @@ class ServiceStateSubscriber(Subscriber):
         create_instrument(meter, "mpcache.buffers_refused", [self._per_slot(layout.G_BUFFERS_REFUSED)])
         create_instrument(meter, "mpcache.l1_lost_copies", [self._per_slot(layout.G_L1_LOST_COPIES)])
         create_instrument(meter, "mpcache.l1_fragmentation_bytes", [self._fragmentation])
+        create_instrument(meter, "mpcache.l1_admission_chance", [self._admission_chance])
+        create_instrument(meter, "mpcache.l1_refused", [self._per_slot(layout.G_L1_REFUSED)])
 
     def _configured(self, _options: CallbackOptions) -> list[Observation]:
         return [Observation(self._board.n_slots)]
@@ -55,3 +57,11 @@ class ServiceStateSubscriber(Subscriber):
 
     def _fragmentation(self, _options: CallbackOptions) -> list[Observation]:
         return [Observation(self._board.total(layout.G_L1_FRAGMENTATION))]
+
+    def _admission_chance(self, _options: CallbackOptions) -> list[Observation]:
+        """L1's admission chance weighted by capacity over the live cache processes (none live: no observation)."""
+        board = self._board
+        slots = board.live_slots()  # once: both sums over the same processes
+        capacity = sum(board.word(slot, layout.G_L1_CAPACITY) for slot in slots)
+        admitting = sum(board.word(slot, layout.G_L1_ADMITTING) for slot in slots)
+        return [Observation(admitting / capacity)] if capacity > 0 else []
