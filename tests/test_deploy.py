@@ -305,13 +305,15 @@ def test_promtool_accepts_the_prometheus_config_and_alert_rules():
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
 def test_the_l1_allocation_alert_fires_on_a_full_l1_not_on_the_stores_the_eviction_order_refuses(tmp_path):
     """``promtool test rules`` on the shipped alerts.yml, 15 minutes into these counters (chunks a minute):
-    failures that are all the order's refusals (two workers' worth) fire nothing; failures with no refusal fire at
+    failures that are all the order's refusals (two workers' worth, or shown a scrape late) fire nothing; failures
+    with no refusal fire at
     10 chunks/s; 900 failures of which 600 refused fire at 5; an instance with no refusal counter (a build before it)
     fires; and L2 prefetch failures fire whatever the stores' refusals."""
     failures = 'lmcache_mp_l1_allocation_failure_chunks_total{{instance="{}", during="{}", model_name="m"}}'
     refused = 'mpcache_l1_refused_chunks_total{{instance="{}", worker="{}"}}'
     series = [(failures.format("all_refused", "l1_store"), 600), (refused.format("all_refused", 0), 250),
               (refused.format("all_refused", 1), 350),
+              (failures.format("refusals_late", "l1_store"), 600), (refused.format("refusals_late", 0), "0 0+600x29"),
               (failures.format("full", "l1_store"), 600), (refused.format("full", 0), 0),
               (failures.format("both", "l1_store"), 900), (refused.format("both", 0), 600),
               (failures.format("older_build", "l1_store"), 600),
@@ -327,7 +329,8 @@ def test_the_l1_allocation_alert_fires_on_a_full_l1_not_on_the_stores_the_evicti
                 for instance, during, rate in (("full", "l1_store", 10), ("both", "l1_store", 5),
                                                ("older_build", "l1_store", 10), ("prefetch", "l2_prefetch", 10))]
     tests = {"rule_files": [str(ALERTS_YML)], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": [{"series": name, "values": f"0+{step}x30"} for name, step in series],
+        "interval": "1m", "input_series": [{"series": name, "values": step if isinstance(step, str) else f"0+{step}x30"}
+                                        for name, step in series],
         "alert_rule_test": [{"eval_time": "15m", "alertname": "MpcacheL1AllocationFailures",
                              "exp_alerts": expected}]}]}
     (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML

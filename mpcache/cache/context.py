@@ -41,6 +41,7 @@ class CacheContext:
     clock: Callable[[], float] = time.monotonic
     clock_ns: Callable[[], int] = time.time_ns
     _next_buffer_id: int = field(default=1, repr=False)
+    _refused_shown: int = field(default=0, repr=False)  # the L1 refusals added to the gauge board so far
 
     @property
     def chunk_tokens(self) -> int:
@@ -61,5 +62,8 @@ class CacheContext:
         self.gauges.set(layout.G_L1_FRAGMENTATION, self.l1.fragmentation_bytes)
         self.gauges.set(layout.G_L1_LOST_COPIES, self.l1.lost_copies)
         self.gauges.set(layout.G_L1_ADMITTING, round(self.l1.capacity_bytes * self.l1.admission_chance))
-        self.gauges.set(layout.G_L1_REFUSED, self.l1.refused_chunks)
+        refused = self.l1.refused_chunks - self._refused_shown
+        if refused:  # added: the word keeps the counts of this slot's earlier cache processes
+            self.gauges.add(layout.G_L1_REFUSED, refused)
+            self._refused_shown += refused
         self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)

@@ -80,7 +80,7 @@ class L1Manager(PrefetchLandings):
         self.pool_faults: Callable[[], int] = _no_faults  # set by the cache process: faults survived in the pool
         self._losses = 0  # lose_all calls
         self.lost_copies = 0  # objects whose copy or reservation spanned a loss (:meth:`lost_since`)
-        self.refused_chunks = 0  # chunks of stores the eviction order refused (not for want of room)
+        self.refused_chunks = 0  # chunks of stores the eviction order refused where room could be made
         self._made_room = False  # whether an allocation evicted since the last evict_tick
         self.feed: KVEventLog | None = None  # told of every object made readable and every one evicted
 
@@ -179,6 +179,7 @@ class L1Manager(PrefetchLandings):
         made, made_entry = -1, None  # the position reserved last, and its entry
         self._order.admitting(keys, size, store)  # the order may refuse a store that would evict what it values more
         allocator = self.allocator
+        allowed = wanted
         if wanted and self._order.refuses(wanted * size - (allocator.capacity_bytes - allocator.used_bytes)):
             wanted = 0  # refused whole, before any of it evicts
         for position in new[:wanted]:
@@ -197,15 +198,15 @@ class L1Manager(PrefetchLandings):
                 made, made_entry = position, entry
             positions.append(position)
             offsets.append(offset)
-        failed = len(new) - len(positions)
-        if failed and self._order.refusing:
-            self.refused_chunks += failed
+        if len(positions) < allowed and self._order.refusing and size <= self.capacity_bytes and any(self._lists):
+            self.refused_chunks += allowed - len(positions)  # kept out by the order, where room could be made
         self._order.admitting(None)
         self._publish_evicted(evicted)
         access = self._order.access
         for key, entry in reversed(pinned) if self._tail_first else pinned:
             entry.used = access
             lists[entry.tier][key] = entry  # touched: used again
+        failed = len(new) - len(positions)
         self._report_reserved(model, salt, len(positions), failed, "l1_store")
         return WriteReservation(positions, offsets, present, failed)
 

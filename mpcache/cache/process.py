@@ -162,7 +162,6 @@ class CacheProcess:
         gauges.set(layout.G_L1_FRAGMENTATION, 0)
         gauges.set(layout.G_L1_LOST_COPIES, 0)
         gauges.set(layout.G_L1_ADMITTING, l1.capacity_bytes)  # every store admitted, until adaptive's trial says
-        gauges.set(layout.G_L1_REFUSED, 0)
         gauges.set(layout.G_ACTIVE_PREFETCH, 0)
         gauges.heartbeat(os.getpid())
         sessions = SessionRegistry(l1, publisher, job_ttl_s=job_ttl_s, max_jobs=job_limits[0],

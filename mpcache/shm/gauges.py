@@ -17,7 +17,8 @@ _HEADER = struct.Struct("<8sIII")
 
 # a slot's counters kept across its cache process's restarts (clear() leaves them)
 KEPT_WORDS = (layout.G_RESTARTS, layout.G_LMCACHE_REFUSED, layout.G_LMCACHE_UNIDENTIFIED, layout.G_SEGMENTS_RECREATED,
-              layout.G_BUFFERS_REFUSED, layout.G_KV_RECORDS, layout.G_KV_SKIPPED, layout.G_KV_RESYNCS)
+              layout.G_BUFFERS_REFUSED, layout.G_KV_RECORDS, layout.G_KV_SKIPPED, layout.G_KV_RESYNCS,
+              layout.G_L1_REFUSED)
 
 
 def gauge_header(n_slots: int) -> bytes:

@@ -4,6 +4,7 @@ and its second sight admitted."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -126,30 +127,37 @@ def test_a_store_refused_by_chance_is_told_so_and_its_second_sight_is_admitted()
     assert l1.refused_chunks == refusals
 
 
-def test_l1_counts_the_chunks_its_order_refuses_apart_from_those_it_has_no_room_for():
-    """Stores refused by chance are counted in ``refused_chunks``; a store that fails because every object is locked
-    is an allocation failure too, but not a refusal."""
+def _store(l1: L1Manager, hashes: list[int], limit: int | None = None) -> int:
+    """A lookup and the store of ``hashes`` (at most ``limit`` new chunks), committed: the chunks that failed."""
+    l1.lock_prefix("m", "", hashes, publish=False)
+    reservation = l1.reserve_write("m", "", hashes, limit=limit)
+    l1.commit_write("m", "", [hashes[position] for position in reservation.positions], 64)
+    return reservation.failed
+
+
+def test_l1_counts_the_chunks_its_order_refuses_where_it_could_make_room():
+    """Stores refused by chance are counted in ``refused_chunks``, up to a store's ``limit`` (what is past it fails
+    for the budget, not the order); with every object locked there is no room to make, and what fails, refused by
+    chance or not, is an allocation failure but no refusal."""
     l1 = _l1()
     order = l1._order
     for index in range(2 * CAPACITY // BLOCKS):
         engine_request(l1, ("m", ""), list(range(index * BLOCKS, (index + 1) * BLOCKS)))
     assert l1.refused_chunks == 0
     order._trial.chance = CHANCE
-    fresh, failed = 10**9, 0
-    for _ in range(64):
-        hashes = list(range(fresh, fresh + BLOCKS))
-        fresh += BLOCKS
-        l1.lock_prefix("m", "", hashes, publish=False)
-        reservation = l1.reserve_write("m", "", hashes)
-        l1.commit_write("m", "", [hashes[position] for position in reservation.positions], 64)
-        failed += reservation.failed
+    fresh = itertools.count(10**9, BLOCKS)
+    failed = sum(_store(l1, list(range(start, start + BLOCKS))) for start in itertools.islice(fresh, 64))
     expected = BLOCKS * sum(draw(access) >= CHANCE for access in range(order.access - 63, order.access + 1))
     assert l1.refused_chunks == failed == expected > 0
-    order._trial.chance = 1.0
+    while draw(order.access + 1) < CHANCE:  # the next lookup's draw refuses its store
+        engine_request(l1, ("m", ""), [next(fresh)])
+    start = next(fresh)
+    assert (_store(l1, list(range(start, start + BLOCKS)), limit=2), l1.refused_chunks) == (BLOCKS, expected + 2)
     held = [key.chunk_hash for key in l1.readable("m")]
     assert l1.lock_prefix("m", "", held, publish=False) == len(held) > 0  # every object locked: no room to make
-    reservation = l1.reserve_write("m", "", [fresh, fresh + 1])
-    assert (reservation.failed, l1.refused_chunks) == (2, expected)
+    failed = sum(_store(l1, list(range(start, start + BLOCKS))) for start in itertools.islice(fresh, 16))
+    assert any(draw(access) >= CHANCE for access in range(order.access - 15, order.access + 1))
+    assert (failed, l1.refused_chunks) == (16 * BLOCKS, expected + 2)
 
 
 def test_a_shadow_lru_that_admits_by_chance_refuses_a_first_sight_access_only_when_full():
@@ -363,8 +371,9 @@ def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
 
 
 def test_a_restarted_cache_process_shows_its_own_admission_from_its_first_heartbeat(provisioned):
-    """The words a cache process before it left in its slot (a quarter admitted, refusals counted) are its own from
-    the heartbeat that makes it live, not from its first eviction tick (a minute away here)."""
+    """A cache process's words are its own from the heartbeat that makes it live, not from its first eviction tick
+    (a minute away here), whatever the one before it left in the slot (a quarter admitted, copies lost) once the
+    supervisor cleared it; the refusals counted before are kept, as the counter's series goes on."""
     config = provisioned(l1_policy="adaptive", chunk_bytes=64, l1_size_bytes=(TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64,
                          eviction_interval_s=60.0)
     board = Segment.attach(config.gauge_board_name())
@@ -373,12 +382,13 @@ def test_a_restarted_cache_process_shows_its_own_admission_from_its_first_heartb
         for word, value in ((layout.G_L1_ADMITTING, 1000), (layout.G_L1_REFUSED, 99), (layout.G_L1_LOST_COPIES, 5),
                             (layout.G_HEARTBEAT, 0)):
             earlier.set(word, value)
+        earlier.clear()  # as the supervisor clears a dead cache process's slot
         harness = Harness(config, CacheProcess(config, 0))
         try:
             wait_for(lambda: harness.board.word(0, layout.G_HEARTBEAT) > 0, timeout_s=30, what="the first heartbeat")
             capacity = harness.board.word(0, layout.G_L1_CAPACITY)
             assert (harness.board.word(0, layout.G_L1_ADMITTING), harness.board.word(0, layout.G_L1_REFUSED),
-                    harness.board.word(0, layout.G_L1_LOST_COPIES)) == (capacity, 0, 0)
+                    harness.board.word(0, layout.G_L1_LOST_COPIES)) == (capacity, 99, 0)
             assert capacity == harness.server.ctx.l1.capacity_bytes > 0
         finally:
             harness.stop()
@@ -399,5 +409,7 @@ def test_the_cache_process_shows_l1_s_admission_and_refusals_on_the_gauge_board(
 
     wait_for(lambda: board() == (capacity, 0), timeout_s=30, what="every store admitted, none refused")
     l1.order._trial.chance = CHANCE  # as the trial sets it
-    l1.refused_chunks = 123  # as refusals count them
+    l1.refused_chunks += 123  # as refusals count them
     wait_for(lambda: board() == (round(capacity * CHANCE), 123), timeout_s=30, what="the chance and the refusals")
+    l1.refused_chunks += 7
+    wait_for(lambda: board()[1] == 130, timeout_s=30, what="the refusals added")

@@ -101,11 +101,11 @@ def test_clear_zeroes_the_slot(board):
 
 
 def test_clear_keeps_the_counters_kept_across_restarts(board):
-    """Restarts, the LMCache connections refused and unidentified, the segments recreated and the buffers
-    refused survive clear() (a restart's); usage does not."""
+    """Restarts, the LMCache connections refused and unidentified, the segments recreated, the buffers refused and
+    the chunks L1's order refused survive clear() (a restart's); usage does not."""
     slot = GaugeSlot(board, 0, clock_ns=Clock(NOW))
     kept = {layout.G_RESTARTS: 2, layout.G_LMCACHE_REFUSED: 3, layout.G_LMCACHE_UNIDENTIFIED: 4,
-            layout.G_SEGMENTS_RECREATED: 6, layout.G_BUFFERS_REFUSED: 7}
+            layout.G_SEGMENTS_RECREATED: 6, layout.G_BUFFERS_REFUSED: 7, layout.G_L1_REFUSED: 8}
     for word, value in {**kept, layout.G_L1_USED: 5}.items():
         slot.set(word, value)
     slot.clear()

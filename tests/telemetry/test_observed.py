@@ -100,6 +100,18 @@ def test_l1_admission_reads_the_chance_weighted_by_capacity_and_the_refusals_per
         metrics.value("mpcache.l1_admission_chance"), metrics.series("mpcache.l1_refused"))
 
 
+def test_l1_admission_chance_holds_each_slot_within_its_capacity(segment_factory, metrics):
+    """Torn or cleared words never take the chance out of 0..1: a slot admitting more than its capacity counts its
+    capacity, one below 0 counts 0, and one whose capacity reads 0 (being cleared) is left out: 1,000 of 2,000."""
+    segment = _two_live_one_stale(segment_factory, {
+        0: {layout.G_L1_CAPACITY: 1000, layout.G_L1_ADMITTING: 5000},
+        1: {layout.G_L1_CAPACITY: 1000, layout.G_L1_ADMITTING: -3}})
+    GaugeSlot(segment, 2, clock_ns=lambda: NOW).heartbeat(pid=1002)  # live, its capacity word 0
+    GaugeSlot(segment, 2).set(layout.G_L1_ADMITTING, 800)
+    ServiceStateSubscriber(metrics.meter, GaugeBoardReader(segment, stale_after_s=2.0, clock_ns=lambda: NOW))
+    assert 0.5 == metrics.value("mpcache.l1_admission_chance")
+
+
 def test_l1_admission_chance_has_no_value_without_a_live_slot(segment_factory, metrics):
     """No cache process running: no chance to report (not a division error, nor a made-up 0 or 1)."""
     segment = segment_factory(layout.gauge_board_size(2))

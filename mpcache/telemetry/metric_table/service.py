@@ -50,12 +50,13 @@ SERVICE = Section("Service", "The service", False, (
            "object uses (free spots, alignment padding, slab tails), summed over the live cache processes."),
         _m("mpcache.l1_admission_chance", "mpcache_l1_admission_chance", OBSERVABLE_GAUGE, "", _state(
            Derivation.GAUGE_RATIO, State.L1, "G_L1_ADMITTING", "G_L1_CAPACITY"), "The chance L1 admits a store "
-           "seen first while it needs room, weighted by L1 capacity over the live cache processes: 1 where every "
-           f"store is admitted (lru, arc, and adaptive unless admitting by chance pays), {CHANCE} where adaptive "
-           "admits by chance as that pays on the workload (docs/ARCHITECTURE.md)."),
+           "seen first while it needs room, by chance alone (adaptive's second-sight rule refuses some at any "
+           "chance: mpcache_l1_refused_chunks_total), weighted by L1 capacity over the live cache processes: "
+           f"each process's is 1 (lru, arc, and adaptive unless admitting by chance pays) or {CHANCE} (adaptive "
+           "while it does, docs/ARCHITECTURE.md)."),
         _m("mpcache.l1_refused", "mpcache_l1_refused_chunks_total", OBSERVABLE_COUNTER, "chunks", _per_worker(
-           State.L1, "G_L1_REFUSED"), "Chunks of client stores L1's eviction order refused with room to make "
-           "(adaptive: by chance, or a store seen once that would evict what was seen again), per cache process "
-           "since it started; they are in lmcache_mp_l1_allocation_failure_chunks_total too, which this tells "
-           "from a full L1."),
+           State.L1, "G_L1_REFUSED"), "Chunks of client stores L1's eviction order refused where it could have "
+           "made room (adaptive: by chance, or a store seen once that would evict what was seen again), per cache "
+           "process (kept across its restarts); they are in lmcache_mp_l1_allocation_failure_chunks_total too, "
+           "which this tells from a full L1."),
     ))

@@ -59,9 +59,13 @@ class ServiceStateSubscriber(Subscriber):
         return [Observation(self._board.total(layout.G_L1_FRAGMENTATION))]
 
     def _admission_chance(self, _options: CallbackOptions) -> list[Observation]:
-        """L1's admission chance weighted by capacity over the live cache processes (none live: no observation)."""
+        """L1's admission chance weighted by capacity over the live cache processes (none live: no observation), each
+        slot's two words read together and held within 0..its capacity (a slot being cleared, a word torn)."""
         board = self._board
-        slots = board.live_slots()  # once: both sums over the same processes
-        capacity = sum(board.word(slot, layout.G_L1_CAPACITY) for slot in slots)
-        admitting = sum(board.word(slot, layout.G_L1_ADMITTING) for slot in slots)
+        capacity = admitting = 0
+        for slot in board.live_slots():
+            slot_capacity = board.word(slot, layout.G_L1_CAPACITY)
+            if slot_capacity > 0:
+                capacity += slot_capacity
+                admitting += min(max(board.word(slot, layout.G_L1_ADMITTING), 0), slot_capacity)
         return [Observation(admitting / capacity)] if capacity > 0 else []
