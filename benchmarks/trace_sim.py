@@ -6,7 +6,10 @@ a block used later than every evictable one: the offline optimum for a cache of 
 first to last or last to first (``tail_first``: a prefix's tail is then evicted before its head, which
 the tail cannot be used without).
 
-Both count a request's hit as its longest cached prefix, as a prefix lookup does.  A request's own blocks
+And W-TinyLFU (Caffeine's policy, online: a window LRU, then a segmented LRU that a block enters only if asked for
+more often lately than what it would evict), the frequency-based policy of the state of the art.
+
+All count a request's hit as its longest cached prefix, as a prefix lookup does.  A request's own blocks
 are never evicted to make room for it (L1 locks the prefix it found and the blocks it is writing), and the
 LRU order after a request is mpcache's: blocks present past the prefix, then the blocks stored, then the
 prefix (its read locks are released last).  With one object size mpcache's L1 is exactly this LRU.
@@ -220,7 +223,12 @@ class _Arc:
 
 def arc(requests: list[TraceRequest], capacity: float, tail_first: bool = False) -> Outcome:
     """ARC over ``capacity`` blocks, a request's blocks touched first to last (or last to first)."""
-    cache = _Arc(capacity)
+    return _replay(requests, _Arc(capacity), tail_first)
+
+
+def _replay(requests: list[TraceRequest], cache: _Arc | _WTinyLfu, tail_first: bool) -> Outcome:
+    """Each request's prefix found in ``cache``, then its blocks touched first to last (or last to first), each
+    touch given the request's blocks (one set per request)."""
     found_per = []
     for request in requests:
         hashes = request.hashes
@@ -229,6 +237,90 @@ def arc(requests: list[TraceRequest], capacity: float, tail_first: bool = False)
         for block in reversed(hashes) if tail_first else hashes:
             cache.touch(block, mine)
     return outcome(requests, found_per)
+
+
+TINYLFU_WINDOW = 0.01  # W-TinyLFU's admission window: its share of the capacity (Caffeine's default)
+TINYLFU_PROTECTED = 0.8  # the main area's protected segment's share of it (Caffeine's)
+TINYLFU_SAMPLE = 10  # counts between two halvings of the frequencies, per block of capacity (Caffeine's)
+
+
+class _WTinyLfu:
+    """W-TinyLFU (Einziger, Friedman and Manes, ACM ToS 2017; Caffeine's policy) over ``capacity`` blocks: a window
+    LRU of :data:`TINYLFU_WINDOW` of it, then a segmented LRU (probation, and :data:`TINYLFU_PROTECTED` of the rest
+    protected, where a block asked for again in probation goes); a block the window evicts enters the main area only
+    if it was asked for more often lately than the block the main area would evict for it (probation's least
+    recently used, else protected's).  Frequencies are exact counts halved every :data:`TINYLFU_SAMPLE` × capacity
+    counts (an ideal sketch: no collisions).  A request's own blocks (``mine``) are never evicted; the blocks it
+    stores pass through the window and the filter as any other (one refused is not stored).  It never holds more
+    than ``capacity`` blocks."""
+
+    def __init__(self, capacity: float) -> None:
+        self.window_size = max(1, int(capacity * TINYLFU_WINDOW))
+        self.main_size = capacity - self.window_size
+        self.protected_size = int(self.main_size * TINYLFU_PROTECTED)
+        self.window: OrderedDict[int, None] = OrderedDict()
+        self.probation: OrderedDict[int, None] = OrderedDict()
+        self.protected: OrderedDict[int, None] = OrderedDict()
+        self.frequency: dict[int, int] = {}
+        self._counted = 0
+        self._period = max(1.0, TINYLFU_SAMPLE * capacity)
+        self._mine: set[int] = set()  # the current request's blocks, and those of them held when it came
+        self._held: set[int] = set()
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.window or block in self.probation or block in self.protected
+
+    def _count(self, block: int) -> None:
+        self.frequency[block] = self.frequency.get(block, 0) + 1
+        self._counted += 1
+        if self._counted >= self._period:
+            self._counted = 0
+            self.frequency = {key: count // 2 for key, count in self.frequency.items() if count > 1}
+
+    def touch(self, block: int, mine: set[int]) -> None:
+        """One access of the request whose blocks are ``mine``: counted; a hit is used again (from probation into
+        protected); a miss enters the window, whose least recently used block but those held when the request came
+        moves on to the main area."""
+        if mine is not self._mine:  # the request's first touch: what it found or had is held for it
+            self._mine, self._held = mine, {key for key in mine if key in self}
+        held = self._held
+        self._count(block)
+        if block in self.window:
+            self.window.move_to_end(block)
+        elif block in self.probation:
+            del self.probation[block]
+            self.protected[block] = None
+            while len(self.protected) > self.protected_size:
+                self.probation[self.protected.popitem(last=False)[0]] = None
+        elif block in self.protected:
+            self.protected.move_to_end(block)
+        else:
+            self.window[block] = None
+            while len(self.window) > self.window_size:
+                candidate = next(key for key in self.window if key not in held)  # ``block`` is not held
+                del self.window[candidate]
+                self._admit(candidate, mine)
+
+    def _admit(self, candidate: int, mine: set[int]) -> None:
+        """The window's victim enters the main area where there is room, or where it was asked for more often than
+        the block the main area would evict for it (which then goes); else it goes (a block the request stores is
+        then not stored)."""
+        if len(self.probation) + len(self.protected) < self.main_size:
+            self.probation[candidate] = None
+            return
+        for segment in (self.probation, self.protected):
+            victim = next((key for key in segment if key not in mine), None)
+            if victim is not None:
+                if self.frequency.get(candidate, 0) > self.frequency.get(victim, 0):
+                    del segment[victim]
+                    self.probation[candidate] = None
+                return
+
+
+def wtinylfu(requests: list[TraceRequest], capacity: float) -> Outcome:
+    """W-TinyLFU over ``capacity`` blocks (:class:`_WTinyLfu`), a request's blocks touched last to first (a prefix's
+    head most recently used, so that its tail goes first: better for it here than first to last)."""
+    return _replay(requests, _WTinyLfu(capacity), True)
 
 
 def lru_capacity_for(requests: list[TraceRequest], share: float, infinite: float) -> int:

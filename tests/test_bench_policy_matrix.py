@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from benchmarks import trace_gen
+from benchmarks.policy_matrix import render
+from benchmarks.trace_sim import load, wtinylfu
 
 
 def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
@@ -24,6 +26,11 @@ def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
     assert {("held_out", 300), ("held_out", 100)} == {(row["trace"], row["requests"]) for row in rows}
     assert 6 == len(rows)
     assert [row["lru"] for row in rows] == [row["l1_lru"] for row in rows]
+    requests = load(str(path), 300)  # W-TinyLFU beside them, computed from the same requests at the same sizes
+    whole = [row for row in rows if row["requests"] == 300]
+    assert [row["wtinylfu"] for row in whole] == [wtinylfu(requests, row["blocks"]).hit_ratio for row in whole]
+    assert render(rows, ("lru",)).splitlines()[0] == ("| trace | requests | size | blocks | lru | arc | wtinylfu | "
+                                                      "lmcache_sim | l1_lru | lru: below |")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,5 +1,5 @@
-"""``python -m benchmarks trace``: its offline LRU is L1's own order, Belady's MIN and ARC are what they claim,
-and the benchmark replays a trace (``trace_gen``'s conversations) through a real service."""
+"""``python -m benchmarks trace``: its offline LRU is L1's own order, Belady's MIN, ARC and W-TinyLFU are what they
+claim, and the benchmark replays a trace (``trace_gen``'s conversations) through a real service."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_sim
 from benchmarks.trace import SHARES
-from benchmarks.trace_sim import TraceRequest, arc, belady, load, lru, lru_capacity_for, outcome
+from benchmarks.trace_sim import TraceRequest, _WTinyLfu, arc, belady, load, lru, lru_capacity_for, outcome, wtinylfu
 from mpcache.eviction.order import STORE_VERDICTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +87,31 @@ def test_arc_keeps_what_was_seen_twice_through_a_scan_that_lru_lets_flush_it():
     ARC keeps the twice-seen blocks in T2 and finds them; LRU has evicted them for the scan."""
     requests = [TraceRequest([h], 512) for h in (1, 2, 1, 2, 10, 11, 12, 13, 1, 2)]
     assert (2, 0) == (sum(arc(requests, 3).found[8:]), sum(lru(requests, 3).found[8:]))
+
+
+def test_wtinylfu_keeps_what_is_asked_for_often_through_a_scan_that_lru_lets_flush_it():
+    """Room for four blocks (a window of one, a main area of three): 1 and 2 are asked for three times each, then
+    ten one-off blocks, then 1 and 2 again.  Each one-off block the window lets go was asked for once, less often
+    than 1 and 2, so the main area keeps them and W-TinyLFU finds both; LRU has evicted them for the scan."""
+    requests = [TraceRequest([h], 512) for h in (1, 2, 1, 2, 1, 2, *range(10, 20), 1, 2)]
+    assert (2, 0) == (sum(wtinylfu(requests, 4).found[16:]), sum(lru(requests, 4).found[16:]))
+
+
+def test_wtinylfu_holds_at_most_its_capacity_and_never_evicts_what_a_request_found():
+    """On generated conversations at several sizes, after every request W-TinyLFU holds at most its capacity, and
+    every block a request found or had is still held once it is done; with room for every block it finds what the
+    infinite LRU does."""
+    requests = trace_gen.conversations(800, seed=4)
+    for capacity in (4, 10, 30, 100):
+        cache = _WTinyLfu(capacity)
+        for request in requests:
+            held, mine = {block for block in request.hashes if block in cache}, set(request.hashes)
+            for block in reversed(request.hashes):
+                cache.touch(block, mine)
+            assert len(cache.window) + len(cache.probation) + len(cache.protected) <= capacity
+            assert all(block in cache for block in held)
+    everything = len({block for request in requests for block in request.hashes})
+    assert wtinylfu(requests, everything + 100).found == lru(requests, math.inf).found
 
 
 def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
