@@ -25,8 +25,8 @@
   many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it (or
   a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
   (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such
-  decisions proved right (what they would have evicted was asked for again before the store was, see
-  ``_gate``).  It starts in a recency phase: T1 and
+  decisions proved right (what they would have evicted was asked for again before the store was:
+  :mod:`~mpcache.eviction.gate`).  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
@@ -54,10 +54,9 @@ store's and its last use's), a store's name, a parent and its children per resid
 refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, the newest
 :data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
-counts per evictable object, the most it has been set to at a halving), the gate's newest :data:`GATE_DECISIONS`
-decisions, with the keys that settle them (at most :data:`GATE_PROTECTED_KEYS` they would evict and
-:data:`GATE_DECISIONS` stores' first keys, each naming at most :data:`GATE_KEY_DECISIONS` decisions), and the fair
-shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
+counts per evictable object, the most it has been set to at a halving), the gate's decisions
+(:mod:`~mpcache.eviction.gate`), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS`
+groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -77,6 +76,7 @@ from mpcache.config.derived import L1_POLICIES as POLICIES
 from mpcache.eviction.admission import ChanceTrial
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
+from mpcache.eviction.gate import FrequencyGate
 from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.shadow import ShadowLru
@@ -88,10 +88,6 @@ JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in 
 JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
 JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
-GATE_DECISIONS = 256  # the newest frequency-gate decisions awaiting evidence
-GATE_PROTECTED_KEYS = 64 * GATE_DECISIONS  # the newest keys those decisions would have evicted
-GATE_LIMIT = 16  # the gate's score is held within ±this: it turns within that many settled decisions
-GATE_KEY_DECISIONS = 2 * GATE_LIMIT  # open decisions one key settles at most: enough to move the score end to end
 
 
 class ArcOrder:
@@ -134,13 +130,7 @@ class ArcOrder:
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
         self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
-        # the frequency gate's decisions awaiting evidence (``_gate``): decision → None, oldest first; the keys each
-        # would evict → those decisions, each store's first new key → those decisions; the score (on at 0 and above)
-        self._gate_open: OrderedDict[int, None] = OrderedDict()
-        self._gate_protected: OrderedDict[Any, list[int]] = OrderedDict()
-        self._gate_contested: OrderedDict[Any, list[int]] = OrderedDict()
-        self._gate_decisions = 0
-        self.gate_score = -1
+        self.gate = FrequencyGate()  # its decisions to refuse a store asked for less often than what it evicts
         # in ARC's phase, what an LRU of L1's capacity would find of a sample of the keys asked for (``_compare``):
         # the bytes left to miss before it counts (``_settling``), L1's lead over it and the sum of the squares of
         # the accesses' steps, the highest lead and that sum since it, the current access's step so far;
@@ -431,7 +421,7 @@ class ArcOrder:
 
     def asked(self, key: Any, nbytes: float, found: bool) -> None:
         """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
-        counted in the frequency sketch, evidence for the gate's decisions (:meth:`_gate`) and, when sampled,
+        counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when sampled,
         compared with an LRU's find (:meth:`_compare`)."""
         shares = self._shares
         if shares is not None and self._fair_access != self.access:
@@ -443,13 +433,9 @@ class ArcOrder:
             lru_found = shadow.sees(key, nbytes, self.access)
             if lru_found is not None:
                 self._compare(shadow, nbytes, found, lru_found)
-        pending = self._gate_open
-        if pending:
-            for evidence, step in ((self._gate_protected, 1), (self._gate_contested, -1)):
-                for decision in evidence.pop(key, ()):
-                    if decision in pending:
-                        del pending[decision]
-                        self.gate_score = max(-GATE_LIMIT, min(self.gate_score + step, GATE_LIMIT))
+        gate = self.gate
+        if gate.open:
+            gate.asked(key)
         frequency = self.frequency
         counted = frequency.add(key)
         if counted:
@@ -497,12 +483,8 @@ class ArcOrder:
     def _gate(self, storing: Sequence[Any]) -> bool:
         """Whether the frequency gate refuses a store that second sight admits while T2 is in use (a ghost's, or
         one refused before): none of its new keys was asked for more often lately than T2's least recently used
-        object, the first it would evict.  Each such store is a decision, refused only while the gate's score is
-        0 or more (it starts at -1), and settled by what is asked for first: one of the objects it would evict
-        (as many as it has new keys, from T2's head: the gate was right, +1) or its first new key (the gate was
-        wrong, -1).  Where what is asked for often stays asked for (a popular document), the gate keeps it from
-        what is asked for twice; where recency rules (an agent's growing context), the store comes back first
-        and the gate stays off."""
+        object, the first it would evict, and the gate's score says its decisions proved right (each such store is
+        one, :class:`~mpcache.eviction.gate.FrequencyGate`)."""
         entry_of = self._entry_of
         fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
         if not fresh:
@@ -510,25 +492,7 @@ class ArcOrder:
         frequency, t2 = self.frequency, self.lists[1]
         if max(frequency.estimate(key) for key in fresh) >= frequency.estimate(next(iter(t2))):
             return False
-        self._gate_decisions += 1
-        decision, protected, contested = self._gate_decisions, self._gate_protected, self._gate_contested
-        self._gate_open[decision] = None
-        for victim, _ in zip(t2, fresh):
-            self._note(protected, victim, decision)
-        self._note(contested, fresh[0], decision)
-        for pending, bound in ((self._gate_open, GATE_DECISIONS), (protected, GATE_PROTECTED_KEYS),
-                               (contested, GATE_DECISIONS)):
-            while len(pending) > bound:
-                pending.popitem(False)
-        return self.gate_score >= 0
-
-    def _note(self, evidence: OrderedDict[Any, list[int]], key: Any, decision: int) -> None:
-        """``key``'s being asked for settles ``decision`` too, and the newest others it names that are still open
-        (at most :data:`GATE_KEY_DECISIONS` in all; the key noted most recently kept longest)."""
-        pending = self._gate_open
-        decisions = [earlier for earlier in evidence.pop(key, ()) if earlier in pending][1 - GATE_KEY_DECISIONS:]
-        decisions.append(decision)
-        evidence[key] = decisions
+        return self.gate.decide(fresh, t2)
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored

@@ -107,7 +107,7 @@ for request in trace_gen.rag(800, seed=2):
     l1.commit_write("m", "", [request.hashes[found[-1] + p] for p in reservation.positions], 64)
     l1.release_read("m", "", request.hashes[:found[-1]])
 rows = b"".join(l1._order.frequency._rows)
-print(json.dumps([found, hashlib.sha256(rows).hexdigest(), l1._order.gate_score]))
+print(json.dumps([found, hashlib.sha256(rows).hexdigest(), l1._order.gate.score]))
 """
 
 

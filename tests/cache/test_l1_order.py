@@ -810,21 +810,21 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     protect a.  When a is asked for, every open decision naming it is settled right (+1 each, the score held
     within GATE_LIMIT); a store's key asked for afterwards settles nothing more.  However many decisions are
     made, GATE_DECISIONS stay open and a key names at most GATE_KEY_DECISIONS of them."""
-    from mpcache.eviction import order as module
+    from mpcache.eviction import gate as module
 
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
     assert [False] * decisions == [order._gate([f"new-{n}"]) for n in range(decisions)]  # off: recorded only
     order.asked("a", 1, True)
-    assert (module.GATE_LIMIT, 0) == (order.gate_score, len(order._gate_open))
+    assert (module.GATE_LIMIT, 0) == (order.gate.score, len(order.gate.open))
     order.asked("new-0", 1, False)
-    assert module.GATE_LIMIT == order.gate_score
+    assert module.GATE_LIMIT == order.gate.score
     assert order._gate(["new-x"]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
         order._gate([f"more-{number}"])
-    assert module.GATE_DECISIONS == len(order._gate_open) == len(order._gate_contested)
-    assert module.GATE_KEY_DECISIONS == len(order._gate_protected["a"])
+    assert module.GATE_DECISIONS == len(order.gate.open) == len(order.gate.contested)
+    assert module.GATE_KEY_DECISIONS == len(order.gate.protected["a"])
 
 
 def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
@@ -845,7 +845,7 @@ def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
     assert order._gate(["d", "new"]) is False  # the score starts at -1: recorded, not refused
-    assert ([1], False) == (order._gate_contested.get("new"), "d" in order._gate_contested)
+    assert ([1], False) == (order.gate.contested.get("new"), "d" in order.gate.contested)
 
 
 def test_the_sketch_s_window_never_narrows_while_objects_are_locked():
