@@ -644,22 +644,41 @@ CHANCE_SECTION = "### `trace`, 2026-12-05, 18:10–18:12 UTC (`adaptive` admits 
 
 def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
     """docs/PERFORMANCE.md's table of the runs with admission by chance reads what docs/PERFORMANCE.json keeps of
-    them (``admission_by_chance``), every ``mpcache_adaptive`` equals L1 replayed in process on the same trace, and
-    of ``adaptive``'s points only the one its prose names moved from the runs before (``join_from_peak``)."""
+    them (``admission_by_chance``), and of ``adaptive``'s points only the one its prose names moved from the runs
+    before (``join_from_peak``)."""
     raw = _raw_results()
     runs, before = raw["admission_by_chance"]["trace"], raw["join_from_peak"]["trace"]
     _table_is_the_raw_output(runs, CHANCE_SECTION)
-    for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
-        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
-        for size in runs[kind]["sizes"].values():
-            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
-            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
     moved = {point for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive"}
     assert moved == {("conversations", "large", "mpcache_adaptive")}
     large, large_before = runs["conversations"]["sizes"]["large"], before["conversations"]["sizes"]["large"]
     prose = " ".join(_doc("PERFORMANCE.md").split())
     assert (f"only `conversations` large moves, from {large_before['mpcache_adaptive']['hit_ratio']:.4f} to "
             f"{large['mpcache_adaptive']['hit_ratio']:.4f}") in prose
+
+
+FREQUENCY_SECTION = "### `trace`, 2026-12-05, 21:02–21:05 UTC (first-sight stores judged by the frequency gate)"
+
+
+def test_performance_md_first_sight_frequency_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+    """docs/PERFORMANCE.md's table of the runs with first-sight stores judged by the frequency gate reads what
+    docs/PERFORMANCE.json keeps of them (``first_sight_frequency``), every ``mpcache_adaptive`` equals L1 replayed in
+    process on the same trace, and its prose names every ``adaptive`` point that moved from the runs before
+    (``admission_by_chance``), and only those."""
+    raw = _raw_results()
+    runs, before = raw["first_sight_frequency"]["trace"], raw["admission_by_chance"]["trace"]
+    _table_is_the_raw_output(runs, FREQUENCY_SECTION)
+    for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
+        requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
+        for size in runs[kind]["sizes"].values():
+            replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
+            assert size["mpcache_adaptive"]["tokens_saved"] == replayed
+    moved = sorted(point[:2] for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive")
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    named = "; ".join(f"`{kind}` {name} {before[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f} → "
+                      f"{runs[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f}"
+                      for kind in runs for name in runs[kind]["sizes"] if (kind, name) in moved)
+    assert f"Of `mpcache_adaptive`, {len(moved)} points move: {named}; L1 replayed" in prose
 
 
 def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
@@ -745,19 +764,51 @@ def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_o
     earlier = before["mpcache_adaptive_over_offline_lru"]
     assert f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill" in prose
     assert f"{earlier['small']}× / {earlier['middle']}× / {earlier['large']}× before it admitted by chance" in prose
-    assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
-    assert f"(Belady's MIN: {belady}×)" in prose and f"Belady's MIN {belady}× at the small size" in prose
+    assert f"Belady's MIN {belady}× at the small size" in prose
     runs = [run["hit_ratio"] for result in (first, before, final)
             for run in result["sizes"]["small"]["lmcache_server"]["runs"]]
     found = final["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
     above = sum(found > run for run in runs)
     assert (f"read {min(runs):.4f}–{max(runs):.4f} over the {len(runs)} runs of the three benchmark runs; "
             f"`adaptive`'s {found:.4f} is above {above} of them") in prose
-    assert f"Above LMCache's server in {above} of its {len(runs)} runs there" in prose
     assert all(size["mpcache_arc"] == size["arc_simulated"] for size in final["sizes"].values())
     arc_first = " / ".join(f"{first['sizes'][name]['mpcache_arc']['hit_ratio']:.4f}"
                            for name in ("small", "middle", "large"))
     assert f"({arc_first} before it kept ARC's ghost bounds)" in prose
+
+
+def test_performance_md_public_production_trace_with_the_frequency_gate_is_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's later section on the public production trace is ``trace.render`` of the run
+    docs/PERFORMANCE.json keeps (``frequency``), and its prose and *What is missed* state that run's ratios, the one
+    before's, LMCache's server's runs and the in-process replays it keeps beside them."""
+    from benchmarks.trace import render
+
+    raw = _raw_results()["trace_public_conversation"]
+    run, before = raw["frequency"], raw["final"]
+    text = _doc("PERFORMANCE.md")
+    assert render(run) in text
+    prose = " ".join(text.split())
+    ours, earlier = run["mpcache_adaptive_over_offline_lru"], before["mpcache_adaptive_over_offline_lru"]
+    assert (f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at the small / middle / large size "
+            f"({earlier['small']}× / {earlier['middle']}× / {earlier['large']}× in the section below)") in prose
+    assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
+    assert f"(Belady's MIN: {run['belady_over_offline_lru']['small']}×)" in prose
+    runs = [entry["hit_ratio"] for entry in run["sizes"]["small"]["lmcache_server"]["runs"]]
+    found = run["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
+    above = sum(found > entry for entry in runs)
+    assert (f"read {min(runs):.4f}–{max(runs):.4f} over its {len(runs)} runs; `adaptive`'s {found:.4f} is above "
+            f"{above} of them") in prose
+    assert f"Above LMCache's server in {above} of its {len(runs)} runs there" in prose
+    later, whole = run["in_process"]["requests_4001_12031"], run["in_process"]["whole_trace"]
+
+    def ratios(values: list[float]) -> str:
+        return " / ".join(f"{value}×" for value in values)
+
+    assert (f"never looked at for this change, read {ratios(later['after'])} ({ratios(later['before'])} before), and "
+            f"the whole trace {ratios(whole['after'])} ({ratios(whole['before'])} before)") in prose
+    assert (f"never looked at for this, read {later['after'][0]}× in process; the whole trace {whole['after'][0]}×, "
+            f"but {whole['after'][1]}× at the middle size ({whole['before'][1]}× before") in prose
+    assert ours["large"] >= 0.995 and f"at the large size ({ours['large']}×)" in prose
 
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():

@@ -53,10 +53,12 @@ class L1Manager(PrefetchLandings):
     """Entries, byte ranges, locks and eviction order of one L1 pool (``pool``: its bytes, one-dimensional
     uint8).  ``chunk_bytes``: the native protocol's (and L2 landings') object size, the default; ``slab_bytes``:
     the allocator's slab (default :func:`~mpcache.cache.slabs.default_slab_bytes`); ``policy``: the eviction
-    order, one of :data:`~mpcache.eviction.order.POLICIES`."""
+    order, one of :data:`~mpcache.eviction.order.POLICIES`; ``first_sight``: whether ``adaptive`` may refuse a store
+    seen first (by frequency, and by chance where L1 is large enough for its trial), False where a store L1 refuses
+    would reach no L2 tier either."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
-                 slab_bytes: int | None = None, policy: str = "lru", by_chance: bool = True) -> None:
+                 slab_bytes: int | None = None, policy: str = "lru", first_sight: bool = True) -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool
@@ -69,7 +71,8 @@ class L1Manager(PrefetchLandings):
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
-                                             fair=True, by_chance=by_chance and worth_a_trial(self.capacity_bytes,
+                                             fair=True, first_sight=first_sight,
+                                             by_chance=first_sight and worth_a_trial(self.capacity_bytes,
                                                                                              chunk_bytes))
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again

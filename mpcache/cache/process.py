@@ -151,7 +151,7 @@ class CacheProcess:
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
         self._pool_guard = guard = ShrinkGuard(pool_seg, pool)
         l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy,
-                       by_chance=not config.l2)  # a store L1 refuses reaches no L2 tier either
+                       first_sight=not config.l2)  # a store L1 refuses reaches no L2 tier either
         l1.pool_faults = lambda: guard.faults
         if config.kv_event_log_size and config.lmcache_urls(worker):
             l1.feed = KVEventLog(config.kv_event_log_size)

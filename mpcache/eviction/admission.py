@@ -39,8 +39,8 @@ class ChanceTrial:
     worth of bytes, L1 follows that LRU when the first sum and the second (by chance: positive, else negative) are
     each above :data:`CHANCE_SIGMAS` times the root of their steps' squares' sum (a request's chunks are kept or
     lost together, so the access is the unit of evidence), and the sums start over.  The order has none where it
-    may not admit by chance (``by_chance`` False: a store L1 refuses would not reach an L2 tier either, or L1 is
-    too small for a trial, :func:`worth_a_trial`).  A miniature's (:mod:`~mpcache.telemetry.mrc.mini`) samples
+    may not admit by chance (a store L1 refuses would not reach an L2 tier either, or L1 is too small for a trial,
+    :func:`worth_a_trial`).  A miniature's (:mod:`~mpcache.telemetry.mrc.mini`) samples
     the keys L1's does, of those it is given."""
 
     def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int], sketch: Any) -> None:

@@ -26,7 +26,9 @@
   a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
   (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such
   decisions proved right (what they would have evicted was asked for again before the store was:
-  :mod:`~mpcache.eviction.gate`).  It starts in a recency phase: T1 and
+  :mod:`~mpcache.eviction.gate`).  The gate judges a first-sight store too, wherever it needs room (T1's least
+  recently used the first it would evict while T1 holds more than its target), where ``first_sight`` (no L2
+  tier, which a refused store would not reach either).  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
@@ -97,8 +99,10 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] = hash, fair: bool = False, by_chance: bool = True) -> None:
+                 code: Callable[[Any], int] = hash, fair: bool = False, by_chance: bool = True,
+                 first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
+        self.first_sight = prefix_aware and first_sight  # whether a first-sight store may be refused by frequency
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
         # T1, T2, orphans; in the recency phase T1 and T2 are one list (``recency``)
@@ -142,7 +146,7 @@ class ArcOrder:
         self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
         self._step_access = -1
         self.joins = 0
-        self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if prefix_aware and by_chance else None
+        self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if self.first_sight and by_chance else None
         # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
@@ -362,15 +366,18 @@ class ArcOrder:
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: by
-        chance, or as T1 and the orphans hold less than that, so it would evict an object seen again (T2), and
-        :meth:`_admits` says no (placed in part, its head would evict T1's objects only for its tail to be refused).
-        A named store's part refused before is refused whole whatever room there is, unless :meth:`_admits` admits."""
+        chance; in ARC's phase by frequency (:meth:`_refuses_by_frequency`); or as T1 and the orphans hold less than
+        that, so it would evict an object seen again (T2), and :meth:`_admits` says no (placed in part, its head
+        would evict T1's objects only for its tail to be refused).  A named store's part refused before is refused
+        whole whatever room there is, unless :meth:`_admits` admits."""
         if need > 0 and self.chance < 1.0 and self._refuses_by_chance():
             return True
         if self.recency and (self._trial is None or self._verdict() is not False):
             return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
         if self._verdict() is False:
             return not self._admits()
+        if need > 0 and self.first_sight and self._refuses_by_frequency():
+            return True
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
@@ -379,12 +386,32 @@ class ArcOrder:
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False
-        b1, b2, refused = self._b1, self._b2, self._refused
-        if draw(self.access) < self.chance or any(key in b1 or key in b2 or key in refused for key in storing):
+        if draw(self.access) < self.chance or self._seen(storing):
             return False
         self._admitted = False
         self._refused.remember(storing, self._storing_bytes, self._refused_bound())
         return True
+
+    def _refuses_by_frequency(self) -> bool:
+        """Whether the frequency gate refuses a first-sight store (none of it evicted or refused before) that needs
+        room in ARC's phase: none of its new keys was asked for more often lately than the object it would evict
+        first (T1's least recently used while T1 holds more than its target, else T2's), and the gate's decisions
+        proved right (:meth:`_gate`).  The next refusal on second sight waits, as after one (:meth:`_admits`)."""
+        storing = self._storing
+        if not storing or self._admitted is not None or self._verdict() is not None:
+            return self._admitted is False
+        t1, t2 = self.lists[0], self.lists[1]
+        source = t1 if t1 and (not t2 or self.sizes[0] > self.target) else t2
+        if not source or self._seen(storing) or not self._gate(storing, source):
+            return False
+        self._admitted = self.reused = False
+        self._refused.remember(storing, self._storing_bytes, self.capacity)
+        return True
+
+    def _seen(self, storing: Sequence[Any]) -> bool:
+        """Whether a key of the store was evicted (a ghost) or refused before: its second sight."""
+        b1, b2, refused = self._b1, self._b2, self._refused
+        return any(key in b1 or key in b2 or key in refused for key in storing)
 
     def _refused_bound(self) -> float:
         """Refused stores' keys remembered: the newest, as many bytes as T2 holds (L1's capacity by chance)."""
@@ -407,12 +434,10 @@ class ArcOrder:
         if storing is None or not self.prefix_aware:
             return True
         if self._admitted is None:
-            b1, b2, refused = self._b1, self._b2, self._refused
             verdict = self._verdict()
-            self._admitted = (not self.reused if verdict is None else verdict) or any(
-                key in b1 or key in b2 or key in refused for key in storing)
+            self._admitted = (not self.reused if verdict is None else verdict) or self._seen(storing)
             if self._admitted and verdict is None and self.reused and storing and self.lists[1]:
-                self._admitted = not self._gate(storing)
+                self._admitted = not self._gate(storing, self.lists[1])
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
@@ -480,19 +505,20 @@ class ArcOrder:
         if found != lru_found:
             self._step += 1 if found else -1
 
-    def _gate(self, storing: Sequence[Any]) -> bool:
-        """Whether the frequency gate refuses a store that second sight admits while T2 is in use (a ghost's, or
-        one refused before): none of its new keys was asked for more often lately than T2's least recently used
-        object, the first it would evict, and the gate's score says its decisions proved right (each such store is
-        one, :class:`~mpcache.eviction.gate.FrequencyGate`)."""
+    def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any]) -> bool:
+        """Whether the frequency gate refuses a store that would evict from ``source`` (T2 for one that second sight
+        admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's phase): none
+        of its new keys was asked for more often lately than the least recently used object there, the first it
+        would evict, and the gate's score says its decisions proved right (each such store is one,
+        :class:`~mpcache.eviction.gate.FrequencyGate`)."""
         entry_of = self._entry_of
         fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
         if not fresh:
             return False
-        frequency, t2 = self.frequency, self.lists[1]
-        if max(frequency.estimate(key) for key in fresh) >= frequency.estimate(next(iter(t2))):
+        frequency = self.frequency
+        if max(frequency.estimate(key) for key in fresh) >= frequency.estimate(next(iter(source))):
             return False
-        return self.gate.decide(fresh, t2)
+        return self.gate.decide(fresh, source)
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored
@@ -537,15 +563,17 @@ class ArcOrder:
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] = hash,
-          fair: bool = False, by_chance: bool = True) -> LruOrder | ArcOrder:
+          fair: bool = False, by_chance: bool = True, first_sight: bool = True) -> LruOrder | ArcOrder:
     """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default);
     ``fair``: ``adaptive`` keeps each model and tenant a reserve (keys are :class:`~mpcache.contract.keys.ChunkKey`
-    tuples: their first two fields); ``by_chance``: :class:`~mpcache.eviction.admission.ChanceTrial`."""
+    tuples: their first two fields); ``first_sight``: ``adaptive`` may refuse a store seen first (by frequency, and
+    by chance where ``by_chance``: :class:`~mpcache.eviction.admission.ChanceTrial`); False where a store L1
+    refuses would reach no L2 tier either."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair,
-                        by_chance=by_chance)
+                        by_chance=by_chance, first_sight=first_sight)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 

@@ -253,7 +253,7 @@ def test_a_request_s_tp_ranks_are_refused_by_chance_together_in_either_phase():
 def test_where_a_refused_store_would_not_reach_l2_either_l1_admits_every_store():
     trace = _returning(6000, CAPACITY // BLOCKS, 2 * CAPACITY // BLOCKS)
     l1 = L1Manager(np.zeros(CAPACITY * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive",
-                   by_chance=False)
+                   first_sight=False)
     failed = 0
     for hashes in trace:
         found = l1.lock_prefix("m", "", hashes, publish=False)
@@ -278,7 +278,7 @@ def test_the_curves_model_admission_by_chance_only_where_the_cache_processes_l1_
         minis = [mini for history in subscriber.curves._histories for mini in history.minis]
         assert minis and {mini.order._trial is not None for mini in minis} == {trial}, (l1_bytes, l2)
         l1 = L1Manager(np.zeros(l1_bytes, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive",
-                       by_chance=not l2)
+                       first_sight=not l2)
         assert (l1._order._trial is not None) == trial
 
 

@@ -237,6 +237,53 @@ def _seen_again(l1: L1Manager, key: int, lookups: int) -> None:
         l1.release_read("m", "", [key])
 
 
+@pytest.mark.parametrize("gate_score, refused", [(-1, 0), (0, 1)])
+def test_a_first_sight_store_asked_for_less_often_than_what_it_would_evict_is_refused_once_the_gate_proved_right(
+        gate_score, refused):
+    """Four slots hold 1-4, seen again and in use (each asked for three times); T2 has not been used since a
+    refusal, so second sight would admit a store of 5, never seen before.  Asked for once, less often than 1 (T2's
+    least recently used, the first it would evict), it is a decision of the frequency gate: refused (counted as
+    the order's refusal, 1-4 kept) while the gate's score is 0 or more, admitted (1 evicted, a decision left open
+    that 1 settles) below 0."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3, 4))
+    order = l1._order
+    order.gate.score, order.reused = gate_score, False
+    opened = order.gate.decisions
+    assert (refused, refused) == (_store(l1, [5]), l1.refused_chunks)
+    assert order.gate.decisions == opened + 1 and ChunkKey("m", "", 1) in order.gate.protected
+    assert [bool(refused), True, True, True, not refused] == [l1.contains(ChunkKey("m", "", h)) for h in range(1, 6)]
+
+
+@pytest.mark.parametrize("policy, phase, first_sight", [
+    ("adaptive", "recency", True), ("adaptive", "arc", False), ("arc", "arc", True)])
+def test_no_store_is_refused_by_frequency_in_the_recency_phase_nor_under_arc_nor_with_an_l2_tier(policy, phase,
+                                                                                                 first_sight):
+    """The same four slots and store of 5, the gate on: the recency phase admits every store, as LRU does; ``arc``
+    knows no gate; and where a store L1 refuses would reach no L2 tier either (``first_sight`` False) it admits."""
+    l1 = L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy, first_sight=first_sight)
+    if phase == "arc":
+        _learned(l1)
+    _t2_in_use(l1, (1, 2, 3, 4))
+    order = l1._order
+    order.gate.score, order.reused = 0, False
+    assert (0, 0) == (_store(l1, [5]), l1.refused_chunks)
+
+
+def test_a_first_sight_store_asked_for_as_often_as_the_seen_once_object_it_would_evict_is_admitted():
+    """T1 holds 9, seen once and asked for once, and is over its target, so 9 is what a store of 5 would evict:
+    asked for as often, 5 is admitted in 9's place, whatever the gate's score, and no decision is made."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3))
+    _store(l1, [9])
+    assert 0 == l1.lock_prefix("m", "", [77])  # a lookup: the store of 5 is another access than 9's
+    order = l1._order
+    order.gate.score, decisions = 0, order.gate.decisions
+    assert order.sizes[0] > order.target
+    assert (0, decisions) == (_store(l1, [5]), order.gate.decisions)
+    assert (False, True) == (l1.contains(ChunkKey("m", "", 9)), l1.contains(ChunkKey("m", "", 5)))
+
+
 @pytest.mark.parametrize("policy, first_refused", [("lru", 0), ("arc", 0), ("adaptive", 1)])
 def test_a_store_seen_once_is_refused_where_only_objects_seen_again_and_in_use_could_give_room(policy,
                                                                                                first_refused):
@@ -378,13 +425,14 @@ def test_a_refused_store_s_later_part_is_refused_though_it_would_fit(named, rank
 def test_a_refused_part_stored_again_is_judged_afresh_once_its_keys_are_forgotten():
     """Four slots, 1-4 seen again and in use.  A named store's part of 5 and 6 is refused; another refusal's
     four keys then push 5 and 6 out of the keys remembered as refused (as many bytes as T2 holds).  The same part
-    stored again (a retry) is judged afresh, not by the name's old verdict: T2 has not been used since the last
-    refusal, so it is admitted."""
+    stored again (a retry) is judged afresh, not by the name's old verdict: with the frequency gate off (its
+    decisions proved wrong), T2 has not been used since the last refusal, so it is admitted."""
     l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     assert 2 == _store(l1, [5, 6], "request")
     _seen_again(l1, 1, 1)
     assert 4 == _store(l1, [7, 8, 9, 10])
+    l1._order.gate.score = -1
     assert 0 == _store(l1, [5, 6], "request")
 
 
@@ -815,14 +863,15 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
-    assert [False] * decisions == [order._gate([f"new-{n}"]) for n in range(decisions)]  # off: recorded only
+    off = [order._gate([f"new-{n}"], order.lists[1]) for n in range(decisions)]
+    assert [False] * decisions == off  # off: recorded only
     order.asked("a", 1, True)
     assert (module.GATE_LIMIT, 0) == (order.gate.score, len(order.gate.open))
     order.asked("new-0", 1, False)
     assert module.GATE_LIMIT == order.gate.score
-    assert order._gate(["new-x"]) is True  # proved right: refused
+    assert order._gate(["new-x"], order.lists[1]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
-        order._gate([f"more-{number}"])
+        order._gate([f"more-{number}"], order.lists[1])
     assert module.GATE_DECISIONS == len(order.gate.open) == len(order.gate.contested)
     assert module.GATE_KEY_DECISIONS == len(order.gate.protected["a"])
 
@@ -844,7 +893,7 @@ def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
     T2's head, so it makes a decision, contested by the new key, as for the new key alone."""
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
-    assert order._gate(["d", "new"]) is False  # the score starts at -1: recorded, not refused
+    assert order._gate(["d", "new"], order.lists[1]) is False  # the score starts at -1: recorded, not refused
     assert ([1], False) == (order.gate.contested.get("new"), "d" in order.gate.contested)
 
 

@@ -260,7 +260,8 @@ def test_a_hybrid_store_s_groups_get_one_admission_verdict(lmcache):
     """Two full-attention groups, L1's 16 objects four prompts' (2 chunks × 2 groups), each looked up twice (seen
     again, and in use).  A new prompt's store would evict them: the adaptive order refuses group 0's objects,
     and group 1's of the same store with them (admitted, they would evict another prompt's object for objects no
-    lookup can use without group 0's).  The same prompt stored by a later request is admitted whole."""
+    lookup can use without group 0's).  With the frequency gate off (its decisions proved wrong), the same prompt
+    stored by a later request is admitted whole (second sight)."""
     harness, client = lmcache(l1_size_bytes=16 * OBJECT_BYTES[0], chunk_bytes=OBJECT_BYTES[0])
     harness.server.l1._order.split()  # past the recency phase: ARC's lists and second-sight admission
     assert 256 == client.call("negotiate_chunk_size", 16)
@@ -280,6 +281,7 @@ def test_a_hybrid_store_s_groups_get_one_admission_verdict(lmcache):
     new = list(range(50_000, 50_000 + 2 * CHUNK))
     assert [] == client.call("prepare_store", packed_key(new, "e", worker_id=0), 1, [[], []])["context"]["slots"]
     assert [2] * 4 == [found(tokens, f"after-{n}") for n, tokens in enumerate(prompts)]
+    harness.server.l1._order.gate.score = -1  # the refusal's decision, settled by those lookups, had turned it on
     assert 4 == len(store(client, pool, packed_key(new, "f", worker_id=0), [[], []], seed=9))
     assert 2 == found(new, "g")
     pool.close()

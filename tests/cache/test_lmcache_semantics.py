@@ -101,7 +101,8 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
     """TP=2, L1's 16 objects four requests' (2 chunks × 2 ranks), each looked up twice (seen again, and in use).
     A new prompt's store would evict them: the adaptive order refuses rank 0's, and rank 1's store of the same
     request is refused with it (admitted, it would evict another request's object for objects no lookup can use
-    without rank 0's).  The same prompt stored by a later request is admitted on both ranks (second sight)."""
+    without rank 0's).  With the frequency gate off (its decisions proved wrong), the same prompt stored by a later
+    request is admitted on both ranks (second sight)."""
     harness, client, pool = served
     harness.server.l1._order.split()  # past the recency phase: ARC's lists and second-sight admission
     client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=2))
@@ -117,6 +118,7 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
                for worker, instance in ranks]
     assert [[], []] == [context["slots"] for context in refused]
     assert [2] * 4 == [_found_and_released(client, t, f"after-{n}", 2) for n, t in enumerate(prompts)]
+    harness.server.l1._order.gate.score = -1  # the refusal's decision, settled by those lookups, had turned it on
     for worker, instance in ranks:
         assert 2 == len(_store(client, pool, new, "f", seed=9, worker=worker, world_size=2, instance=instance))
     assert 2 == _found_and_released(client, new, "g", 2)

@@ -116,7 +116,7 @@ class CurveSet:
 
     def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int],
                  max_tenants: int = MAX_TENANT_CURVES, policy: str = "lru", processes: int = 1,
-                 by_chance: bool = True) -> None:
+                 by_chance: bool = True, first_sight: bool = True) -> None:
         self.lock = threading.Lock()
         self.policy = policy
         self.max_tenants = max_tenants
@@ -129,7 +129,7 @@ class CurveSet:
         mini_edges = sorted({round(capacity / processes * ratio) for capacity in capacities.values()
                              for ratio in MINI_RATIOS})
         per_process = max(min(max_keys, MIN_KEYS_PER_PROCESS), max_keys // processes)
-        self._histories = [History(sample_rate, per_process, self._edges, policy, mini_edges, by_chance)
+        self._histories = [History(sample_rate, per_process, self._edges, policy, mini_edges, by_chance, first_sight)
                            for _ in range(processes)]
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
         self._owned = [0, 0, 0]  # curves of their own, per kind

@@ -188,13 +188,14 @@ class History:
     there (a store named them, or a lookup found them)."""
 
     def __init__(self, sample_rate: float, max_keys: int, edges: list[int], policy: str,
-                 mini_edges: list[int] | None = None, by_chance: bool = True) -> None:
+                 mini_edges: list[int] | None = None, by_chance: bool = True, first_sight: bool = True) -> None:
         self.max_keys = max_keys
         self.edges = edges
         self.strata = (Stratum(1.0, max_keys // 2), Stratum(sample_rate, max_keys - max_keys // 2))
         self.stack = ReuseStack(max_keys + 2, strata=4)
         self.mini_edges = sorted(set(edges if mini_edges is None else mini_edges))
-        self.minis = None if policy == "lru" else [MiniCache(policy, edge, by_chance) for edge in self.mini_edges]
+        self.minis = None if policy == "lru" else [MiniCache(policy, edge, by_chance, first_sight)
+                                                     for edge in self.mini_edges]
         self._spread = _spread(edges, self.mini_edges)
         self.stored: set[Row] = set()
         self.tails: dict[Row, TailSeen] = {}

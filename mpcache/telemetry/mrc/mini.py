@@ -60,12 +60,12 @@ class _Entry:
 class MiniCache:
     """One miniature L1 of ``capacity_bytes`` under ``policy``."""
 
-    def __init__(self, policy: str, capacity_bytes: float, by_chance: bool = True) -> None:
+    def __init__(self, policy: str, capacity_bytes: float, by_chance: bool = True, first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
         self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get, _stable_code,
-                                          by_chance=by_chance)
+                                          by_chance=by_chance, first_sight=first_sight)
         self.refused: OrderedDict[Hashable, None] = OrderedDict()  # keys the order refused a lookup's store of
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:

@@ -100,7 +100,8 @@ class MissRatioSubscriber(Subscriber):
     def __init__(self, meter: MeterLike, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.curves = CurveSet(config.mrc_sample_rate, config.mrc_max_keys, config.tier_capacities(),
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
-                               processes=config.workers,  # admitting by chance as the cache processes' L1 does
+                               processes=config.workers,  # admitting as the cache processes' L1 does
+                               first_sight=not config.l2,
                                by_chance=not config.l2 and worth_a_trial(config.l1_pool_bytes, config.chunk_bytes))
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
