@@ -657,7 +657,7 @@ def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_
             f"{large['mpcache_adaptive']['hit_ratio']:.4f}") in prose
 
 
-FREQUENCY_SECTION = "### `trace`, 2026-12-05, 21:02–21:05 UTC (first-sight stores judged by the frequency gate)"
+FREQUENCY_SECTION = "### `trace`, 2026-12-05, 21:16–21:18 UTC (first-sight stores judged by the frequency gate)"
 
 
 def test_performance_md_first_sight_frequency_table_is_the_benchmark_s_raw_output_and_l1_s_replay():

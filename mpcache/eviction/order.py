@@ -26,9 +26,9 @@
   a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
   (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such
   decisions proved right (what they would have evicted was asked for again before the store was:
-  :mod:`~mpcache.eviction.gate`).  The gate judges a first-sight store too, wherever it needs room (T1's least
-  recently used the first it would evict while T1 holds more than its target), where ``first_sight`` (no L2
-  tier, which a refused store would not reach either).  It starts in a recency phase: T1 and
+  :mod:`~mpcache.eviction.gate`).  The gate judges a first-sight store too, wherever it needs more room than the
+  orphans give (against T1's least recently used while T1 holds more than its target), where ``first_sight`` (no
+  L2 tier, which a refused store would not reach either).  It starts in a recency phase: T1 and
   T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
   (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
   age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
@@ -376,7 +376,7 @@ class ArcOrder:
             return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
         if self._verdict() is False:
             return not self._admits()
-        if need > 0 and self.first_sight and self._refuses_by_frequency():
+        if need > self.sizes[2] and self.first_sight and self._refuses_by_frequency():
             return True
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
@@ -394,9 +394,10 @@ class ArcOrder:
 
     def _refuses_by_frequency(self) -> bool:
         """Whether the frequency gate refuses a first-sight store (none of it evicted or refused before) that needs
-        room in ARC's phase: none of its new keys was asked for more often lately than the object it would evict
-        first (T1's least recently used while T1 holds more than its target, else T2's), and the gate's decisions
-        proved right (:meth:`_gate`).  The next refusal on second sight waits, as after one (:meth:`_admits`)."""
+        more room in ARC's phase than the orphans give: none of its new keys was asked for more often lately than
+        the object it would evict first (T1's least recently used while T1 holds more than its target, else T2's),
+        and the gate's decisions proved right (:meth:`_gate`).  Its keys are remembered (as many bytes as L1's
+        capacity, as by chance); the next refusal on second sight waits, as after one (:meth:`_admits`)."""
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False

@@ -265,7 +265,8 @@ def test_where_a_refused_store_would_not_reach_l2_either_l1_admits_every_store()
 
 
 def test_the_curves_model_admission_by_chance_only_where_the_cache_processes_l1_admits_so(tmp_path):
-    """The miniatures run the trial where L1 does: no L2 tier, and an L1 worth a trial."""
+    """The miniatures run the trial where L1 does: no L2 tier, and an L1 worth a trial; and refuse first-sight
+    stores by frequency where L1 does: no L2 tier, whatever L1's size."""
     from support.cache_harness import make_config
 
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
@@ -280,6 +281,7 @@ def test_the_curves_model_admission_by_chance_only_where_the_cache_processes_l1_
         l1 = L1Manager(np.zeros(l1_bytes, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive",
                        first_sight=not l2)
         assert (l1._order._trial is not None) == trial
+        assert {mini.order.first_sight for mini in minis} == {l1._order.first_sight} == {not l2}
 
 
 def test_a_miniature_numbers_a_row_as_l1_numbers_its_chunk():

@@ -270,6 +270,23 @@ def test_no_store_is_refused_by_frequency_in_the_recency_phase_nor_under_arc_nor
     assert (0, 0) == (_store(l1, [5]), l1.refused_chunks)
 
 
+def test_a_first_sight_store_an_orphan_makes_room_for_is_not_judged_by_frequency():
+    """Five slots: 1-3 seen again, 11 seen again after its parent 10 was evicted (an orphan, evicted before anything
+    else), 20 seen again; the gate on.  A store of 30, never seen, needs one slot, which the orphan gives: it is
+    admitted in 11's place, whatever 30 was asked for against T2's head."""
+    l1 = _learned(L1Manager(np.zeros(5 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3))
+    _store(l1, [10, 11])
+    _seen_again(l1, 11, 2)
+    assert 0 == _store(l1, [20])
+    _seen_again(l1, 20, 2)
+    order = l1._order
+    assert [ChunkKey("m", "", 11)] == list(order.lists[2])
+    order.gate.score = 0
+    assert (0, 0) == (_store(l1, [30]), l1.refused_chunks)
+    assert (False, True) == (l1.contains(ChunkKey("m", "", 11)), l1.contains(ChunkKey("m", "", 30)))
+
+
 def test_a_first_sight_store_asked_for_as_often_as_the_seen_once_object_it_would_evict_is_admitted():
     """T1 holds 9, seen once and asked for once, and is over its target, so 9 is what a store of 5 would evict:
     asked for as often, 5 is admitted in 9's place, whatever the gate's score, and no decision is made."""
