@@ -513,16 +513,9 @@ def test_one_tenant_s_or_model_s_one_off_prompts_do_not_push_out_another_s_reuse
     for _ in range(6):
         found = 0
         for prompt in prompts:
-            hit = l1.lock_prefix("m", "tenant", prompt, publish=False)
-            reservation = l1.reserve_write("m", "tenant", prompt[hit:])
-            l1.commit_write("m", "tenant", [prompt[hit + p] for p in reservation.positions], 64)
-            l1.release_read("m", "tenant", prompt[:hit])
-            found += hit
+            found += engine_request(l1, ("m", "tenant"), prompt)
             for _ in range(2):
-                one_off = [next(flood) for _ in range(16)]
-                l1.lock_prefix(*flooder, one_off, publish=False)
-                reservation = l1.reserve_write(*flooder, one_off)
-                l1.commit_write(*flooder, [one_off[p] for p in reservation.positions], 64)
+                engine_request(l1, flooder, [next(flood) for _ in range(16)])
         found_per_round.append(found)
     assert found_per_round == [0, 0] + ([24] * 4 if kept else [0] * 4)
 
