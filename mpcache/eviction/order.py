@@ -429,14 +429,15 @@ class ArcOrder:
         than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
         store's keys are remembered (the newest, see ``_refused_bound``) so that storing them again admits
-        them.  A part of a named store whose name has a verdict (:meth:`admitting`) keeps it, unless its own
-        objects were evicted or refused before.  What is not a store (an L2 landing) and ARC always may."""
+        them.  A part of a named store whose name has a verdict (:meth:`admitting`) keeps it, even where its
+        own objects were evicted or refused before (one part's keys may be remembered longer than another's: its
+        parts are admitted or refused alike).  What is not a store (an L2 landing) and ARC always may."""
         storing = self._storing
         if storing is None or not self.prefix_aware:
             return True
         if self._admitted is None:
             verdict = self._verdict()
-            self._admitted = (not self.reused if verdict is None else verdict) or self._seen(storing)
+            self._admitted = (not self.reused or self._seen(storing)) if verdict is None else verdict
             if self._admitted and verdict is None and self.reused and storing and self.lists[1]:
                 self._admitted = not self._gate(storing, self.lists[1])
             if not self._admitted:

@@ -453,6 +453,20 @@ def test_a_refused_part_stored_again_is_judged_afresh_once_its_keys_are_forgotte
     assert 0 == _store(l1, [5, 6], "request")
 
 
+def test_a_named_store_s_parts_take_its_verdict_where_one_part_s_keys_outlast_the_other_s():
+    """Four slots, 1-4 seen again and in use.  Rank 1's key of a chunk (6) is remembered as refused where rank 0's
+    (5) is not: the memory forgets its oldest keys, so one part's can outlast another's.  A request stores the
+    chunk rank by rank: rank 0's store of 5 is a first sight, refused; rank 1's store of 6 would be a second sight,
+    but it takes its name's verdict, so both ranks are refused and 1-4 stay (admitted, 6 would evict one of them
+    for an object no lookup can use without 5).  The next time both keys are remembered: both ranks admitted."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3, 4))
+    l1._order._refused.remember([ChunkKey("m", "", 6)], 64, 4 * 64)
+    assert [1, 1] == [_store(l1, [key], "S") for key in (5, 6)]
+    assert [True] * 4 == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
+    assert [0, 0] == [_store(l1, [key], "T") for key in (5, 6)]
+
+
 @pytest.mark.parametrize("named", [False, True])
 def test_two_requests_stored_rank_by_rank_in_one_step_keep_each_other_s_objects(named):
     """Four slots, 1 and 2 seen again (T2).  One engine step stores requests A and B rank by rank, A0 B0 A1 B1,
