@@ -33,12 +33,12 @@ class FrequencyGate:
         self.score = -1
 
     def decide(self, fresh: Sequence[Any], victims: Iterable[Any]) -> bool:
-        """A store whose new keys are ``fresh`` would evict ``victims`` first (as many as it has new keys): the
-        decision is recorded, and the store refused while the score is 0 or more."""
+        """A store whose new keys are ``fresh`` would evict ``victims`` (those its room needs): the decision is
+        recorded, and the store refused while the score is 0 or more."""
         self.decisions += 1
         decision, protected, contested = self.decisions, self.protected, self.contested
         self.open[decision] = None
-        for victim, _ in zip(victims, fresh):
+        for victim in victims:
             self._note(protected, victim, decision)
         self._note(contested, fresh[0], decision)
         for pending, bound in ((self.open, GATE_DECISIONS), (protected, GATE_PROTECTED_KEYS),

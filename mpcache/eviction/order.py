@@ -123,6 +123,7 @@ class ArcOrder:
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
+        self._need = 0.0  # the bytes the store being reserved needs beyond L1's free bytes (``refuses``)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
         self._placed = False  # whether the named store being reserved has placed an object
         # named stores → admitted, newest last, and each one's parts: the hashes of the first keys of the parts that
@@ -368,8 +369,9 @@ class ArcOrder:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: by
         chance; in ARC's phase by frequency (:meth:`_refuses_by_frequency`); or as T1 and the orphans hold less than
         that, so it would evict an object seen again (T2), and :meth:`_admits` says no (placed in part, its head
-        would evict T1's objects only for its tail to be refused).  A named store's part refused before is refused
-        whole whatever room there is, unless :meth:`_admits` admits."""
+        would evict T1's objects only for its tail to be refused).  A later part of a named store refused before is
+        refused whole whatever room there is."""
+        self._need = need
         if need > 0 and self.chance < 1.0 and self._refuses_by_chance():
             return True
         if self.recency and (self._trial is None or self._verdict() is not False):
@@ -403,7 +405,7 @@ class ArcOrder:
             return self._admitted is False
         t1, t2 = self.lists[0], self.lists[1]
         source = t1 if t1 and (not t2 or self.sizes[0] > self.target) else t2
-        if not source or self._seen(storing) or not self._gate(storing, source):
+        if not source or self._seen(storing) or not self._gate(storing, source, self._need - self.sizes[2]):
             return False
         self._admitted = self.reused = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)
@@ -439,7 +441,8 @@ class ArcOrder:
             verdict = self._verdict()
             self._admitted = (not self.reused or self._seen(storing)) if verdict is None else verdict
             if self._admitted and verdict is None and self.reused and storing and self.lists[1]:
-                self._admitted = not self._gate(storing, self.lists[1])
+                sizes = self.sizes
+                self._admitted = not self._gate(storing, self.lists[1], self._need - sizes[0] - sizes[2])
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
@@ -461,7 +464,7 @@ class ArcOrder:
             if lru_found is not None:
                 self._compare(shadow, nbytes, found, lru_found)
         gate = self.gate
-        if gate.open:
+        if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
             gate.asked(key)
         frequency = self.frequency
         counted = frequency.add(key)
@@ -507,20 +510,28 @@ class ArcOrder:
         if found != lru_found:
             self._step += 1 if found else -1
 
-    def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any]) -> bool:
-        """Whether the frequency gate refuses a store that would evict from ``source`` (T2 for one that second sight
-        admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's phase): none
-        of its new keys was asked for more often lately than the least recently used object there, the first it
-        would evict, and the gate's score says its decisions proved right (each such store is one,
-        :class:`~mpcache.eviction.gate.FrequencyGate`)."""
+    def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any], room: float) -> bool:
+        """Whether the frequency gate refuses a store that needs ``room`` bytes from ``source`` (T2 for one that
+        second sight admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's
+        phase): none of its new keys was asked for more often lately than the least recently used object there, the
+        first it would evict, and the gate's score says its decisions proved right (each such store is one, naming
+        the objects it would evict: from the least recently used, as many as make ``room``, at least one and at most
+        one per new key; :class:`~mpcache.eviction.gate.FrequencyGate`)."""
         entry_of = self._entry_of
         fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
         if not fresh:
             return False
         frequency = self.frequency
-        if max(frequency.estimate(key) for key in fresh) >= frequency.estimate(next(iter(source))):
+        first = frequency.estimate(next(iter(source)))
+        if any(frequency.estimate(key) >= first for key in fresh):
             return False
-        return self.gate.decide(fresh, source)
+        victims: list[Any] = []
+        for key, entry in source.items():
+            victims.append(key)
+            room -= entry.size
+            if room <= 0 or len(victims) == len(fresh):
+                break
+        return self.gate.decide(fresh, victims)
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored

@@ -887,17 +887,28 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
-    off = [order._gate([f"new-{n}"], order.lists[1]) for n in range(decisions)]
+    off = [order._gate([f"new-{n}"], order.lists[1], 1) for n in range(decisions)]
     assert [False] * decisions == off  # off: recorded only
     order.asked("a", 1, True)
     assert (module.GATE_LIMIT, 0) == (order.gate.score, len(order.gate.open))
     order.asked("new-0", 1, False)
     assert module.GATE_LIMIT == order.gate.score
-    assert order._gate(["new-x"], order.lists[1]) is True  # proved right: refused
+    assert order._gate(["new-x"], order.lists[1], 1) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
-        order._gate([f"more-{number}"], order.lists[1])
+        order._gate([f"more-{number}"], order.lists[1], 1)
     assert module.GATE_DECISIONS == len(order.gate.open) == len(order.gate.contested)
     assert module.GATE_KEY_DECISIONS == len(order.gate.protected["a"])
+
+
+@pytest.mark.parametrize("room, named", [(1, ["a"]), (2, ["a", "b"]), (10, ["a", "b", "c"])])
+def test_a_gate_decision_names_the_objects_its_store_s_room_needs(room, named):
+    """A store of three new keys against T2's a, b, c, d (each asked for more often): its decision names as would-be
+    victims the least recently used objects that make the room it needs (one, two), never more than one per new key
+    (three where it needs ten), so that only what the store would have evicted can prove the gate right."""
+    order, entries = _order(True, capacity=4)
+    _hot_t2(order, entries)
+    assert order._gate(["n1", "n2", "n3"], order.lists[1], room) is False  # the score starts at -1: recorded
+    assert named == list(order.gate.protected)
 
 
 def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
@@ -917,7 +928,7 @@ def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
     T2's head, so it makes a decision, contested by the new key, as for the new key alone."""
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
-    assert order._gate(["d", "new"], order.lists[1]) is False  # the score starts at -1: recorded, not refused
+    assert order._gate(["d", "new"], order.lists[1], 1) is False  # the score starts at -1: recorded, not refused
     assert ([1], False) == (order.gate.contested.get("new"), "d" in order.gate.contested)
 
 
