@@ -20,7 +20,7 @@ from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
 from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_sim
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import TraceRequest, _WTinyLfu, arc, belady, load, lru, lru_capacity_for, outcome, wtinylfu
-from mpcache.eviction.order import STORE_VERDICTS
+from mpcache.eviction.verdicts import STORE_VERDICTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -660,19 +660,38 @@ def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_
 FREQUENCY_SECTION = "### `trace`, 2026-12-05, 21:16–21:18 UTC (first-sight stores judged by the frequency gate)"
 
 
-def test_performance_md_first_sight_frequency_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+def test_performance_md_first_sight_frequency_table_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs with first-sight stores judged by the frequency gate reads what
-    docs/PERFORMANCE.json keeps of them (``first_sight_frequency``), every ``mpcache_adaptive`` equals L1 replayed in
-    process on the same trace, and its prose names every ``adaptive`` point that moved from the runs before
-    (``admission_by_chance``), and only those."""
+    docs/PERFORMANCE.json keeps of them (``first_sight_frequency``), and its prose names every ``adaptive`` point that
+    moved from the runs before (``admission_by_chance``), and only those."""
     raw = _raw_results()
     runs, before = raw["first_sight_frequency"]["trace"], raw["admission_by_chance"]["trace"]
     _table_is_the_raw_output(runs, FREQUENCY_SECTION)
+    _moved_points_are_named(runs, before)
+
+
+GATE_ROOM_SECTION = ("### `trace`, 2026-12-06, 00:25–00:28 UTC (the frequency gate's decisions bounded to the room a "
+                     "store needs)")
+
+
+def test_performance_md_gate_room_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+    """docs/PERFORMANCE.md's table of the runs with the frequency gate's decisions bounded to the room a store needs
+    reads what docs/PERFORMANCE.json keeps of them (``gate_room``), every ``mpcache_adaptive`` equals L1 replayed in
+    process on the same trace, and its prose names every ``adaptive`` point that moved from the runs before
+    (``first_sight_frequency``), and only those."""
+    raw = _raw_results()
+    runs, before = raw["gate_room"]["trace"], raw["first_sight_frequency"]["trace"]
+    _table_is_the_raw_output(runs, GATE_ROOM_SECTION)
     for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
         requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
         for size in runs[kind]["sizes"].values():
             replayed = outcome(requests, l1_found(requests, size["blocks"], "adaptive")).tokens_saved
             assert size["mpcache_adaptive"]["tokens_saved"] == replayed
+    _moved_points_are_named(runs, before)
+
+
+def _moved_points_are_named(runs: dict[str, Any], before: dict[str, Any]) -> None:
+    """docs/PERFORMANCE.md names every ``mpcache_adaptive`` point of ``runs`` that moved from ``before``, in order."""
     moved = sorted(point[:2] for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive")
     prose = " ".join(_doc("PERFORMANCE.md").split())
     named = "; ".join(f"`{kind}` {name} {before[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f} → "

@@ -18,9 +18,8 @@
   objects seen twice and never again would keep out every new one).  Such a store is judged whole: one that needs
   more room than T1 and the orphans hold is refused before any of it is placed (placed in part, its head would
   evict T1's objects and its tail be refused all the same).  The parts of one named store (a request's TP
-  ranks, each storing its own objects of the same chunks; a hybrid model's KV cache groups) follow the verdict of
-  the first part that was judged or placed an object: a rank's objects are of no use without the others', so a
-  later part is refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
+  ranks, a hybrid model's KV cache groups) take one verdict (:mod:`~mpcache.eviction.verdicts`): a later part is
+  refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
   counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
   many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it (or
   a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
@@ -53,8 +52,8 @@ within twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists 
 trimmed first).  The state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its
 store's and its last use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
 :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the admission trial's two LRUs (as many each, and the keys their
-refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, the newest
-:data:`STORE_VERDICTS` named stores' verdicts, the frequency sketch (two rows of byte counters,
+refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, named
+stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
 counts per evictable object, the most it has been set to at a halving), the gate's decisions
 (:mod:`~mpcache.eviction.gate`), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS`
@@ -70,6 +69,7 @@ a prefix-aware order, ``asked`` for each object a lookup finds and each new one 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -82,9 +82,9 @@ from mpcache.eviction.gate import FrequencyGate
 from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.shadow import ShadowLru
+from mpcache.eviction.verdicts import StoreVerdicts
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
-STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
 JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
 JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
@@ -123,14 +123,10 @@ class ArcOrder:
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
         self.reused = False  # whether a lookup found an object seen again (T2) since the last refusal
         self._storing_bytes: Sequence[float] | float = 0  # each key's bytes (one number: every key's)
-        self._need = 0.0  # the bytes the store being reserved needs beyond L1's free bytes (``refuses``)
+        self._need = 0.0  # the bytes the store being reserved still needs beyond L1's free bytes (``refuses``)
         self._store: Any = None  # the name of the store being reserved (``admitting``), None: unnamed
         self._placed = False  # whether the named store being reserved has placed an object
-        # named stores → admitted, newest last, and each one's parts: the hashes of the first keys of the parts that
-        # had something to place (numbers: the cyclic collector does not track a dict of them, where a set of keys
-        # kept for as long as the verdict is would be walked by every full collection)
-        self._verdicts: OrderedDict[Any, bool] = OrderedDict()
-        self._parts: dict[Any, dict[int, None]] = {}
+        self.named = StoreVerdicts()  # named stores' verdicts, which their later parts take
         self._refused = RefusedKeys()
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
@@ -322,6 +318,8 @@ class ArcOrder:
             self._orphan_children(entry)
         if fair is not None:
             fair.gone(key, entry.size)
+        if self._storing is not None:
+            self._need -= entry.size  # what the store still needs, should it be judged now (``_admits``)
         return key, entry
 
     def _trim_ghosts_as_arc(self) -> None:
@@ -340,25 +338,15 @@ class ArcOrder:
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
         """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended.
-        ``store`` names it across the parts that make it up (a request's TP ranks, a hybrid model's KV cache
-        groups): the first part judged (:meth:`_admits`) or placing an object gives the name its verdict, admitted
-        unless refused; a part with nothing to place gives none, and a part stored again (a retry) is judged afresh
-        and gives the name its new verdict."""
+        ``store`` names it across the parts that make it up: the first part judged (:meth:`_admits`) or placing an
+        object gives the name its verdict (:mod:`~mpcache.eviction.verdicts`); a part with nothing to place gives
+        none."""
         named = self._store
         if (keys is None and named is not None and self.prefix_aware and self._storing
                 and (self._admitted is not None or self._placed)):
-            verdicts, part, admitted = self._verdicts, hash(self._storing[0]), self._admitted is not False
-            parts = self._parts.get(named)
-            if parts is None:
-                verdicts[named] = admitted
-                self._parts[named] = {part: None}
-                if len(verdicts) > STORE_VERDICTS:
-                    del self._parts[verdicts.popitem(False)[0]]
-            else:
-                if part in parts:  # a part stored again: the name takes its new verdict
-                    verdicts[named] = admitted
-                parts[part] = None
+            self.named.record(named, self._storing, self._admitted is not False)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
+        self._need = 0.0
         self._admitted = None
         self._placed = False
         shares = self._shares
@@ -405,7 +393,7 @@ class ArcOrder:
             return self._admitted is False
         t1, t2 = self.lists[0], self.lists[1]
         source = t1 if t1 and (not t2 or self.sizes[0] > self.target) else t2
-        if not source or self._seen(storing) or not self._gate(storing, source, self._need - self.sizes[2]):
+        if not source or self._seen(storing) or not self._gate(storing, source):
             return False
         self._admitted = self.reused = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)
@@ -431,9 +419,9 @@ class ArcOrder:
         than one seen again, but only while T2 is in use: after a refusal, the next one waits until a lookup finds
         an object in T2 again (else objects seen twice and never again would keep out every new one).  A refused
         store's keys are remembered (the newest, see ``_refused_bound``) so that storing them again admits
-        them.  A part of a named store whose name has a verdict (:meth:`admitting`) keeps it, even where its
-        own objects were evicted or refused before (one part's keys may be remembered longer than another's: its
-        parts are admitted or refused alike).  What is not a store (an L2 landing) and ARC always may."""
+        them.  A later part of a named store takes its name's verdict, even where its own objects were evicted or
+        refused before (one part's keys may be remembered longer than another's; :mod:`~mpcache.eviction.verdicts`).
+        What is not a store (an L2 landing) and ARC always may."""
         storing = self._storing
         if storing is None or not self.prefix_aware:
             return True
@@ -441,8 +429,7 @@ class ArcOrder:
             verdict = self._verdict()
             self._admitted = (not self.reused or self._seen(storing)) if verdict is None else verdict
             if self._admitted and verdict is None and self.reused and storing and self.lists[1]:
-                sizes = self.sizes
-                self._admitted = not self._gate(storing, self.lists[1], self._need - sizes[0] - sizes[2])
+                self._admitted = not self._gate(storing, self.lists[1])
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
@@ -510,13 +497,12 @@ class ArcOrder:
         if found != lru_found:
             self._step += 1 if found else -1
 
-    def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any], room: float) -> bool:
-        """Whether the frequency gate refuses a store that needs ``room`` bytes from ``source`` (T2 for one that
-        second sight admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's
-        phase): none of its new keys was asked for more often lately than the least recently used object there, the
-        first it would evict, and the gate's score says its decisions proved right (each such store is one, naming
-        the objects it would evict: from the least recently used, as many as make ``room``, at least one and at most
-        one per new key; :class:`~mpcache.eviction.gate.FrequencyGate`)."""
+    def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any]) -> bool:
+        """Whether the frequency gate refuses a store that would evict from ``source`` (T2 for one that second sight
+        admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's phase): none
+        of its new keys was asked for more often lately than the least recently used object there, the first it
+        would evict, and the gate's score says its decisions proved right (each such store is one, naming the
+        objects it would evict: :meth:`_would_evict`; :class:`~mpcache.eviction.gate.FrequencyGate`)."""
         entry_of = self._entry_of
         fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
         if not fresh:
@@ -525,22 +511,32 @@ class ArcOrder:
         first = frequency.estimate(next(iter(source)))
         if any(frequency.estimate(key) >= first for key in fresh):
             return False
-        victims: list[Any] = []
-        for key, entry in source.items():
-            victims.append(key)
-            room -= entry.size
-            if room <= 0 or len(victims) == len(fresh):
+        return self.gate.decide(fresh, self._would_evict(len(fresh)))
+
+    def _would_evict(self, most: int) -> list[Any]:
+        """The objects the store being reserved would evict for the room it still needs beyond the orphans, in
+        :meth:`victim`'s turn (T1's least recently used while T1 holds more than its target, then T2's, then the
+        rest of T1's): at least one, at most ``most`` (one per new key)."""
+        t1, t2, room = self.lists[0], self.lists[1], self._need - self.sizes[2]
+        over, first = self.sizes[0] - self.target, 0  # T1 gives its oldest first while it holds more than its target
+        for entry in itertools.islice(t1.values(), most):
+            if over <= 0:
                 break
-        return self.gate.decide(fresh, victims)
+            over, first = over - entry.size, first + 1
+        named: list[Any] = []
+        for key, entry in itertools.chain(itertools.islice(t1.items(), first), t2.items(),
+                                          itertools.islice(t1.items(), first, None)):
+            if named and (room <= 0 or len(named) == most):
+                break
+            named.append(key)
+            room -= entry.size
+        return named
 
     def _verdict(self) -> bool | None:
-        """The verdict the store being reserved takes from its name; None: unnamed, not judged yet, or a part stored
-        again (its first key hashes as a part's the name already had), which is judged afresh."""
+        """The verdict the store being reserved takes from its name (:mod:`~mpcache.eviction.verdicts`); None:
+        unnamed, not judged yet, or a part stored again, which is judged afresh."""
         named, storing = self._store, self._storing
-        if named is None or not storing:
-            return None
-        parts = self._parts.get(named)
-        return None if parts is None or hash(storing[0]) in parts else self._verdicts[named]
+        return None if named is None or not storing else self.named.of(named, storing)
 
     def hint(self, key: Any, parent_key: Any) -> None:
         """``key`` comes right after a lookup's prefix, whose last chunk is its parent once a store reserves it."""

@@ -15,7 +15,8 @@ from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
-from mpcache.eviction.order import STORE_VERDICTS, ArcOrder, build
+from mpcache.eviction.order import ArcOrder, build
+from mpcache.eviction.verdicts import STORE_VERDICTS
 
 
 def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, Entry]]:
@@ -409,7 +410,7 @@ def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
         _seen_again(l1, 1, 1)
         for rank in range(2):
             assert 1 == _store(l1, [10 + 2 * number + rank], name)  # refused, rank by rank
-    verdicts, parts = l1._order._verdicts, l1._order._parts
+    verdicts, parts = l1._order.named.verdicts, l1._order.named.parts
     gc.collect()
     assert names == list(verdicts) == list(parts) and [False] * 3 == list(verdicts.values())
     assert [2] * 3 == [len(kept) for kept in parts.values()]  # both ranks' parts
@@ -465,6 +466,23 @@ def test_a_named_store_s_parts_take_its_verdict_where_one_part_s_keys_outlast_th
     assert [1, 1] == [_store(l1, [key], "S") for key in (5, 6)]
     assert [True] * 4 == [l1.contains(ChunkKey("m", "", h)) for h in (1, 2, 3, 4)]
     assert [0, 0] == [_store(l1, [key], "T") for key in (5, 6)]
+
+
+def test_a_retried_named_store_s_later_parts_take_the_retry_s_verdict():
+    """Four slots, 1-4 seen again and in use.  A named store's parts A (5, 15) and B (6) are refused; another
+    refusal then pushes 5 and 15, not 6, out of the keys remembered as refused.  The store is retried, B first:
+    B is judged afresh (6 remembered: admitted, the gate off) and gives the name its verdict, which A, stored again
+    after it, takes, so both parts are stored (judged afresh too, A would be refused, B's object useless)."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3, 4))
+    assert [2, 1] == [_store(l1, [5, 15], "S"), _store(l1, [6], "S")]
+    _seen_again(l1, 1, 1)
+    assert 3 == _store(l1, [7, 8, 9])
+    assert [False, False, True] == [ChunkKey("m", "", h) in l1._order._refused for h in (5, 15, 6)]
+    _seen_again(l1, 1, 1)
+    l1._order.gate.score = -1
+    assert [0, 0] == [_store(l1, [6], "S"), _store(l1, [5, 15], "S")]
+    assert [True] * 3 == [l1.contains(ChunkKey("m", "", h)) for h in (5, 15, 6)]
 
 
 @pytest.mark.parametrize("named", [False, True])
@@ -887,15 +905,15 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
     decisions = module.GATE_LIMIT + 5
-    off = [order._gate([f"new-{n}"], order.lists[1], 1) for n in range(decisions)]
+    off = [order._gate([f"new-{n}"], order.lists[1]) for n in range(decisions)]
     assert [False] * decisions == off  # off: recorded only
     order.asked("a", 1, True)
     assert (module.GATE_LIMIT, 0) == (order.gate.score, len(order.gate.open))
     order.asked("new-0", 1, False)
     assert module.GATE_LIMIT == order.gate.score
-    assert order._gate(["new-x"], order.lists[1], 1) is True  # proved right: refused
+    assert order._gate(["new-x"], order.lists[1]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
-        order._gate([f"more-{number}"], order.lists[1], 1)
+        order._gate([f"more-{number}"], order.lists[1])
     assert module.GATE_DECISIONS == len(order.gate.open) == len(order.gate.contested)
     assert module.GATE_KEY_DECISIONS == len(order.gate.protected["a"])
 
@@ -907,8 +925,45 @@ def test_a_gate_decision_names_the_objects_its_store_s_room_needs(room, named):
     (three where it needs ten), so that only what the store would have evicted can prove the gate right."""
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
-    assert order._gate(["n1", "n2", "n3"], order.lists[1], room) is False  # the score starts at -1: recorded
+    order._need = room  # the bytes the store needs beyond the free ones (``refuses``)
+    assert order._gate(["n1", "n2", "n3"], order.lists[1]) is False  # the score starts at -1: recorded
     assert named == list(order.gate.protected)
+
+
+def _decision_names(l1: L1Manager, hashes: list[int], reused: int) -> tuple[list[int], list[int]]:
+    """A second-sight store of ``hashes`` (the first remembered as refused; T2 in use: ``reused`` looked up; the
+    gate off: it records and admits): what it evicted of 1-3 and the objects its decision names."""
+    order = l1._order
+    order._refused.remember([ChunkKey("m", "", hashes[0])], 64, order.capacity)
+    _seen_again(l1, reused, 1)
+    order.gate.score = -1
+    named_before = dict(order.gate.protected)
+    assert 0 == l1.reserve_write("m", "", hashes).failed
+    evicted = [h for h in (1, 2, 3) if not l1.contains(ChunkKey("m", "", h))]
+    return evicted, [key.chunk_hash for key, decisions in order.gate.protected.items()
+                     if named_before.get(key) != decisions]
+
+
+def test_a_gate_decision_names_what_its_store_evicts_from_t2_while_t1_is_within_its_target():
+    """Four slots: 1 and 2 seen again (T2), 3 seen once (T1), one free; T1's target above what T1 holds (as after
+    B1 ghost hits).  A second-sight store of three new chunks takes the free slot, then evicts T2's 1 and 2 (T1 is
+    within its target): its decision names both, not only what T1 could not give."""
+    l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2))
+    _store(l1, [3])
+    l1._order.target = float(l1._order.capacity)
+    assert ([1, 2], [1, 2]) == _decision_names(l1, [20, 21, 22], 2)
+
+
+def test_a_gate_decision_made_while_a_store_is_placed_names_what_it_still_evicts():
+    """Six slots: 1-3 seen again (T2); another request's store of 10 and 11 reserved, its data not yet written (T1,
+    not evictable).  A second-sight store of three new chunks is not judged before it starts (T1 holds more than it
+    needs), takes the free slot, and is judged once T1 has nothing to give: its decision names the two objects of T2
+    it still evicts."""
+    l1 = _learned(L1Manager(np.zeros(6 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
+    _t2_in_use(l1, (1, 2, 3))
+    assert 0 == l1.reserve_write("m", "", [10, 11]).failed
+    assert ([1, 2], [1, 2]) == _decision_names(l1, [20, 21, 22], 3)
 
 
 def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
@@ -928,7 +983,7 @@ def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
     T2's head, so it makes a decision, contested by the new key, as for the new key alone."""
     order, entries = _order(True, capacity=4)
     _hot_t2(order, entries)
-    assert order._gate(["d", "new"], order.lists[1], 1) is False  # the score starts at -1: recorded, not refused
+    assert order._gate(["d", "new"], order.lists[1]) is False  # the score starts at -1: recorded, not refused
     assert ([1], False) == (order.gate.contested.get("new"), "d" in order.gate.contested)
 
 
