@@ -72,8 +72,7 @@ class L1Manager(PrefetchLandings):
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
                                              fair=True, first_sight=first_sight,
-                                             by_chance=first_sight and worth_a_trial(self.capacity_bytes,
-                                                                                             chunk_bytes))
+                                             by_chance=worth_a_trial(self.capacity_bytes, chunk_bytes))
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted

@@ -102,7 +102,7 @@ class MissRatioSubscriber(Subscriber):
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
                                processes=config.workers,  # admitting as the cache processes' L1 does
                                first_sight=not config.l2,
-                               by_chance=not config.l2 and worth_a_trial(config.l1_pool_bytes, config.chunk_bytes))
+                               by_chance=worth_a_trial(config.l1_pool_bytes, config.chunk_bytes))
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
