@@ -355,47 +355,42 @@ class ArcOrder:
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: by
-        chance; in ARC's phase by frequency (:meth:`_refuses_by_frequency`); or as T1 and the orphans hold less than
+        chance or in ARC's phase by frequency (:meth:`_refuses_first_sight`); or as T1 and the orphans hold less than
         that, so it would evict an object seen again (T2), and :meth:`_admits` says no (placed in part, its head
         would evict T1's objects only for its tail to be refused).  A later part of a named store refused before is
         refused whole whatever room there is."""
         self._need = need
-        if need > 0 and self.chance < 1.0 and self._refuses_by_chance():
+        if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False):
             return True
         if self.recency and (self._trial is None or self._verdict() is not False):
             return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
         if self._verdict() is False:
             return not self._admits()
-        if need > self.sizes[2] and self.first_sight and self._refuses_by_frequency():
+        if need > self.sizes[2] and self.first_sight and self._refuses_first_sight(True):
             return True
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
-    def _refuses_by_chance(self) -> bool:
-        """Whether admission by chance refuses this store: a first sight (none of it evicted or refused), unlucky."""
+    def _refuses_first_sight(self, by_frequency: bool) -> bool:
+        """Whether a first-sight store (none of it evicted or refused before), not judged yet, is refused: by
+        chance, unlucky; or ``by_frequency``, as it needs more room in ARC's phase than the orphans give: none of
+        its new keys was asked for more often lately than the object it would evict first (T1's least recently
+        used while T1 holds more than its target, else T2's), and the gate's decisions proved right
+        (:meth:`_gate`), and then the next refusal on second sight waits, as after one (:meth:`_admits`).  Its
+        keys are remembered, as many bytes as L1's capacity."""
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False
-        if draw(self.access) < self.chance or self._seen(storing):
-            return False
+        if not by_frequency:
+            if draw(self.access) < self.chance or self._seen(storing):
+                return False
+        else:
+            t1, t2 = self.lists[0], self.lists[1]
+            source = t1 if t1 and (not t2 or self.sizes[0] > self.target) else t2
+            if not source or self._seen(storing) or not self._gate(storing, source):
+                return False
+            self.reused = False
         self._admitted = False
-        self._refused.remember(storing, self._storing_bytes, self._refused_bound())
-        return True
-
-    def _refuses_by_frequency(self) -> bool:
-        """Whether the frequency gate refuses a first-sight store (none of it evicted or refused before) that needs
-        more room in ARC's phase than the orphans give: none of its new keys was asked for more often lately than
-        the object it would evict first (T1's least recently used while T1 holds more than its target, else T2's),
-        and the gate's decisions proved right (:meth:`_gate`).  Its keys are remembered (as many bytes as L1's
-        capacity, as by chance); the next refusal on second sight waits, as after one (:meth:`_admits`)."""
-        storing = self._storing
-        if not storing or self._admitted is not None or self._verdict() is not None:
-            return self._admitted is False
-        t1, t2 = self.lists[0], self.lists[1]
-        source = t1 if t1 and (not t2 or self.sizes[0] > self.target) else t2
-        if not source or self._seen(storing) or not self._gate(storing, source):
-            return False
-        self._admitted = self.reused = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)
         return True
 
