@@ -857,13 +857,16 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
     """The curves' errors docs/MRC.md states for the public production trace are those docs/PERFORMANCE.json keeps
-    from ``benchmarks.mrc_accuracy`` (each within issue 39's 0.01)."""
+    from ``benchmarks.mrc_accuracy`` (each within issue 39's 0.01), and the ``adaptive`` curve's of the run before."""
     [result] = _raw_results()["mrc_accuracy_public_conversation"]["traces"].values()
     lru, adaptive = (result[policy]["32768 keys, rate 0.01"] for policy in ("lru", "adaptive"))
     prose = " ".join(_doc("MRC.md").split())
     assert (f"LRU curve {lru['mae']:.4f}, `adaptive` curve {adaptive['mae']:.4f} (largest point of ½×–2× "
             f"{lru['max_half_to_double']:.4f} and {adaptive['max_half_to_double']:.4f})") in prose
     assert max(lru["mae"], adaptive["mae"]) <= 0.01
+    before = result["adaptive_frequency_gate"]["32768 keys, rate 0.01"]
+    assert (f"({before['mae']:.4f} and {before['max_half_to_double']:.4f} before, `adaptive_frequency_gate`)"
+            in prose)
 
 
 def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_worst_row_replays():
