@@ -835,11 +835,14 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
     """docs/PERFORMANCE.md's latest section on the public production trace is ``trace.render`` of the run
     docs/PERFORMANCE.json keeps (``gate_room``), and its prose and *What is missed* state that run's ratios, the
     frequency gate's run's, LMCache's server's runs and the in-process replays kept beside them."""
-    run, before, prose, runs, found = _public_trace_section("gate_room", "frequency", "in the section of 2026-12-05")
+    where = "in the section of 2026-12-05, 20:43–20:57 UTC"
+    run, before, prose, runs, found = _public_trace_section("gate_room", "frequency", where)
+    assert "### `trace` on a public production trace, 2026-12-05, 20:43–20:57 UTC" in _doc("PERFORMANCE.md")
     ours = run["mpcache_adaptive_over_offline_lru"]
     assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
     assert f"(Belady's MIN: {run['belady_over_offline_lru']['small']}×)" in prose
-    earlier_runs = [entry["hit_ratio"] for entry in before["sizes"]["small"]["lmcache_server"]["runs"]]
+    earlier_runs = [entry["hit_ratio"] for name, kept in _raw_results()["trace_public_conversation"].items()
+                    if name != "gate_room" for entry in kept["sizes"]["small"]["lmcache_server"]["runs"]]
     assert max(runs) < min(earlier_runs) and (f"read {min(runs):.4f}–{max(runs):.4f} over its {len(runs)} runs, below "
                                               f"its runs of the earlier sections") in prose
     above = sum(found > entry for entry in runs)
@@ -892,7 +895,23 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     assert {(row["trace"], row["size"]) for row in whole} == {("conversations", "middle")}
     assert (f"{len(whole)} of the 336 rows of 4,000 requests, the length of the issue's production replay, are below "
             f"the offline LRU or ARC by more than 0.005, all `conversations` middle (up to "
-            f"{max(map(gap, whole)):.4f}:") in prose
+            f"{max(map(gap, whole)):.4f}).") in prose
+    by_seed = {row["seed"]: row for row in whole}
+    assert sorted(by_seed) == [1, 10, 13]
+    assert {f"{by_seed[seed]['arc'] - by_seed[seed]['lru']:.3f}" for seed in (10, 13)} == {"0.009"}
+    assert "On seeds 10 and 13 ARC is ahead of the LRU by 0.009" in prose
+    phases: list[tuple[int, bool]] = []
+    seed_1 = trace_gen.conversations(4000, 1)
+
+    def follow(index: int, l1: Any) -> None:
+        if not phases or phases[-1][1] != l1._order.recency:
+            phases.append((index, l1._order.recency))
+
+    assert outcome(seed_1, l1_found(seed_1, by_seed[1]["blocks"], "adaptive", after=follow)).hit_ratio == (
+        pytest.approx(by_seed[1]["l1_adaptive"], abs=1e-12))
+    assert phases == [(0, True), (1085, False)]  # ARC's lists from the 1,086th request, never joined
+    assert (f"on seed 1 ARC's phase, from request 1,086 on, is never undone, and `adaptive` ends "
+            f"{by_seed[1]['lru'] - by_seed[1]['l1_adaptive']:.4f} below the LRU itself") in prose
     kinds = Counter((row["trace"], row["size"]) for row in first)
 
     def worst(trace: str, size: str) -> str:
@@ -911,5 +930,6 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     row = max(whole, key=gap)
     requests = trace_gen.KINDS[row["trace"]](4000, row["seed"])
     assert lru(requests, row["blocks"]).hit_ratio == pytest.approx(row["lru"], abs=1e-12)
+    assert arc(requests, row["blocks"]).hit_ratio == pytest.approx(row["arc"], abs=1e-12)
     assert outcome(requests, l1_found(requests, row["blocks"], "adaptive")).hit_ratio == pytest.approx(
         row["l1_adaptive"], abs=1e-12)

@@ -42,9 +42,10 @@
   longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
   again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one
-  admitting every store, L1 admits so (a refusal counted and remembered as above), and the other way round
-  (:mod:`~mpcache.eviction.admission`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
-  workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
+  admitting every store, L1 admits so (a refusal counted as above, its keys remembered as many bytes as L1's
+  capacity), and the other way round (:mod:`~mpcache.eviction.admission`).  It adapts by ghost hits and those
+  comparisons alone: nothing to tune per workload.  Each model and tenant keeps a reserve of L1 from the others'
+  stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
 each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
@@ -400,7 +401,8 @@ class ArcOrder:
         return any(key in b1 or key in b2 or key in refused for key in storing)
 
     def _refused_bound(self) -> float:
-        """Refused stores' keys remembered: the newest, as many bytes as T2 holds (L1's capacity by chance)."""
+        """Keys of stores second sight refuses remembered: the newest, as many bytes as T2 holds (L1's capacity
+        while L1 admits by chance, as for the stores it refuses by chance or frequency)."""
         return self.sizes[1] if self.chance == 1.0 else self.capacity
 
     @property
