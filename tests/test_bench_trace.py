@@ -875,8 +875,9 @@ def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
 def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_worst_row_replays():
     """*What is missed*'s ``policy_matrix`` numbers are counted from the 16 seeds' rows docs/PERFORMANCE.json keeps
     (``policy_matrix_adaptive``), each row judged here against issue 39's bar (0.005 below the offline LRU or ARC)
-    and the simulated server, not by the flags the run wrote; and the worst row of 4,000 requests replays: its
-    trace regenerated from its seed, the offline LRU and L1 under ``adaptive`` find what the run kept."""
+    and the simulated server, not by the flags the run wrote; the worst row of 4,000 requests replays (its trace
+    regenerated from its seed, the offline LRU, ARC and L1 under ``adaptive`` find what the run kept), and seed 1's
+    row replays with the phases the prose gives it."""
     seeds = _raw_results()["policy_matrix_adaptive"]["seeds"]
     assert sorted(seeds, key=int) == [str(seed) for seed in range(1, 17)]
     rows = [dict(row, seed=int(seed)) for seed, kept in seeds.items() for row in kept]

@@ -377,8 +377,8 @@ class ArcOrder:
         chance, unlucky; or ``by_frequency``, as it needs more room in ARC's phase than the orphans give: none of
         its new keys was asked for more often lately than the object it would evict first (T1's least recently
         used while T1 holds more than its target, else T2's), and the gate's decisions proved right
-        (:meth:`_gate`), and then the next refusal on second sight waits, as after one (:meth:`_admits`).  Its
-        keys are remembered, as many bytes as L1's capacity."""
+        (:meth:`_gate`); after a refusal by frequency, the next refusal on second sight waits as after its own
+        (:meth:`_admits`).  The keys of a refused store are remembered, as many bytes as L1's capacity."""
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False
