@@ -361,26 +361,29 @@ class ArcOrder:
         would evict T1's objects only for its tail to be refused).  A later part of a named store refused before is
         refused whole whatever room there is."""
         self._need = need
-        if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False):
+        if self.recency and self._trial is None:
+            return False  # the recency phase admits every store, as LRU does (no trial: nothing refused by chance)
+        verdict = self._verdict()
+        if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False, verdict):
             return True
-        if self.recency and (self._trial is None or self._verdict() is not False):
-            return False  # the recency phase admits every store, as LRU does, but the parts of one refused by chance
-        if self._verdict() is False:
+        if self.recency and verdict is not False:
+            return False  # as above, but a later part of a store refused by chance is refused too
+        if verdict is False:
             return not self._admits()
-        if need > self.sizes[2] and self.first_sight and self._refuses_first_sight(True):
+        if need > self.sizes[2] and self.first_sight and self._refuses_first_sight(True, verdict):
             return True
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
-    def _refuses_first_sight(self, by_frequency: bool) -> bool:
-        """Whether a first-sight store (none of it evicted or refused before), not judged yet, is refused: by
-        chance, unlucky; or ``by_frequency``, as it needs more room in ARC's phase than the orphans give: none of
-        its new keys was asked for more often lately than the object it would evict first (T1's least recently
-        used while T1 holds more than its target, else T2's), and the gate's decisions proved right
-        (:meth:`_gate`); after a refusal by frequency, the next refusal on second sight waits as after its own
-        (:meth:`_admits`).  The keys of a refused store are remembered, as many bytes as L1's capacity."""
+    def _refuses_first_sight(self, by_frequency: bool, verdict: bool | None) -> bool:
+        """Whether a first-sight store (none of it evicted or refused before), not judged (nor its name's
+        ``verdict``), is refused: by chance, unlucky; or ``by_frequency``, as it needs more room in ARC's phase than
+        the orphans give: none of its new keys was asked for more often lately than the object it would evict first
+        (T1's least recently used while T1 holds more than its target, else T2's), and the gate's decisions proved
+        right (:meth:`_gate`); then the next refusal on second sight waits as after its own (:meth:`_admits`).  A
+        refused store's keys are remembered, as many bytes as L1's capacity."""
         storing = self._storing
-        if not storing or self._admitted is not None or self._verdict() is not None:
+        if not storing or self._admitted is not None or verdict is not None:
             return self._admitted is False
         if not by_frequency:
             if draw(self.access) < self.chance or self._seen(storing):
