@@ -674,14 +674,28 @@ GATE_ROOM_SECTION = ("### `trace`, 2026-12-06, 00:25–00:28 UTC (the frequency 
                      "store needs)")
 
 
-def test_performance_md_gate_room_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+def test_performance_md_gate_room_table_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs with the frequency gate's decisions bounded to the room a store needs
-    reads what docs/PERFORMANCE.json keeps of them (``gate_room``), every ``mpcache_adaptive`` equals L1 replayed in
-    process on the same trace, and its prose names every ``adaptive`` point that moved from the runs before
-    (``first_sight_frequency``), and only those."""
+    reads what docs/PERFORMANCE.json keeps of them (``gate_room``), and its prose names every ``adaptive`` point that
+    moved from the runs before (``first_sight_frequency``), and only those."""
     raw = _raw_results()
     runs, before = raw["gate_room"]["trace"], raw["first_sight_frequency"]["trace"]
     _table_is_the_raw_output(runs, GATE_ROOM_SECTION)
+    _moved_points_are_named(runs, before)
+
+
+LARGE_STORES_SECTION = ("### `trace`, 2026-12-06, 05:54–06:00 UTC (large stores refused while they return less "
+                        "often)")
+
+
+def test_performance_md_large_stores_table_is_the_benchmark_s_raw_output_and_l1_s_replay():
+    """docs/PERFORMANCE.md's table of the runs with large stores refused while they return less often reads what
+    docs/PERFORMANCE.json keeps of them (``large_stores``), every ``mpcache_adaptive`` equals L1 replayed in process
+    on the same trace, and its prose names every ``adaptive`` point that moved from the runs before (``gate_room``),
+    and only those."""
+    raw = _raw_results()
+    runs, before = raw["large_stores"]["trace"], raw["gate_room"]["trace"]
+    _table_is_the_raw_output(runs, LARGE_STORES_SECTION)
     for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
         requests = getattr(trace_gen, kind)(runs[kind]["requests"], seed=seed)
         for size in runs[kind]["sizes"].values():
@@ -697,7 +711,8 @@ def _moved_points_are_named(runs: dict[str, Any], before: dict[str, Any]) -> Non
     named = "; ".join(f"`{kind}` {name} {before[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f} → "
                       f"{runs[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f}"
                       for kind in runs for name in runs[kind]["sizes"] if (kind, name) in moved)
-    assert f"Of `mpcache_adaptive`, {len(moved)} points move: {named}; L1 replayed" in prose
+    points = "1 point moves" if len(moved) == 1 else f"{len(moved)} points move"
+    assert f"Of `mpcache_adaptive`, {points}: {named}; L1 replayed" in prose
 
 
 def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
@@ -934,3 +949,20 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     assert arc(requests, row["blocks"]).hit_ratio == pytest.approx(row["arc"], abs=1e-12)
     assert outcome(requests, l1_found(requests, row["blocks"], "adaptive")).hit_ratio == pytest.approx(
         row["l1_adaptive"], abs=1e-12)
+
+
+def test_performance_md_states_the_isolation_runs_beside_the_large_store_refusal_as_kept():
+    """*What is missed*'s engine-path ratios and counts for the order that refuses large stores and the one before
+    are the runs docs/PERFORMANCE.json keeps (``large_stores.isolation``)."""
+    runs = {name: run["tp1"][0] for name, run in _raw_results()["large_stores"]["isolation"].items()}
+    prose = " ".join(_doc("PERFORMANCE.md").split())
+    after, before = runs["this_change"], runs["c4f191d"]
+    (ours, theirs), (ours_before, theirs_before) = _instructions(after), _instructions(before)
+    assert (f"{after['instructions_over_first']['mpcache_adaptive']}× with large stores refused while they return "
+            f"less often (`adaptive` {ours:,} instructions a request against `lru`'s {theirs:,}, "
+            f"{after['requests']} requests), against {before['instructions_over_first']['mpcache_adaptive']}× for "
+            f"c4f191d's order run just before it ({ours_before:,} against {theirs_before:,}, {before['requests']} "
+            f"requests;") in prose
+    assert (f"`adaptive` counts {ours - ours_before:,} more a request and `lru` {theirs - theirs_before:,} more: the "
+            f"stores watched for their return cost about {round(ours - ours_before - theirs + theirs_before, -3):,.0f} "
+            f"instructions a request") in prose

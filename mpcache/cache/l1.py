@@ -179,7 +179,7 @@ class L1Manager(PrefetchLandings):
         evicted = Evicted()
         linked = chained and self._order.prefix_aware
         made, made_entry = -1, None  # the position reserved last, and its entry
-        self._order.admitting(keys, size, store)  # the order may refuse a store that would evict what it values more
+        self._order.admitting(keys, size, store, new)  # the order may refuse it, if what it evicts is worth more
         allocator = self.allocator
         allowed = wanted
         if wanted and self._order.refuses(wanted * size - (allocator.capacity_bytes - allocator.used_bytes)):

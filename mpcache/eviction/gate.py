@@ -10,6 +10,7 @@ off.  The state is bounded: the newest :data:`GATE_DECISIONS` decisions, with th
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -64,3 +65,24 @@ class FrequencyGate:
         decisions = [earlier for earlier in evidence.pop(key, ()) if earlier in pending][1 - GATE_KEY_DECISIONS:]
         decisions.append(decision)
         evidence[key] = decisions
+
+
+def would_evict(lists: Sequence[OrderedDict[Any, Any]], sizes: Sequence[float], target: float, room: float,
+                most: int) -> list[Any]:
+    """The objects a store needing ``room`` bytes beyond the orphans would evict from ARC's ``lists`` (T1, T2 of
+    ``sizes``, T1's ``target``), in the order's turn (T1's least recently used while T1 holds more than its target,
+    then T2's, then the rest of T1's): at least one, at most ``most`` (one per new key)."""
+    t1, t2 = lists[0], lists[1]
+    over, first = sizes[0] - target, 0  # T1 gives its oldest first while it holds more than its target
+    for entry in itertools.islice(t1.values(), most):
+        if over <= 0:
+            break
+        over, first = over - entry.size, first + 1
+    named: list[Any] = []
+    for key, entry in itertools.chain(itertools.islice(t1.items(), first), t2.items(),
+                                      itertools.islice(t1.items(), first, None)):
+        if named and (room <= 0 or len(named) == most):
+            break
+        named.append(key)
+        room -= entry.size
+    return named

@@ -38,7 +38,8 @@ class LruOrder:
     def asked(self, key: Any, nbytes: float, found: bool) -> None:
         return None  # LRU counts nothing
 
-    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None,
+                  new: Sequence[int] | None = None) -> None:
         return None  # LRU admits every store
 
     def refuses(self, need: float) -> bool:

@@ -28,9 +28,9 @@
   :mod:`~mpcache.eviction.gate`).  The gate judges a first-sight store too, wherever it needs more room than the
   orphans give (against T1's least recently used while T1 holds more than its target), where ``first_sight`` (no
   L2 tier, which a refused store would not reach either).  It starts in a recency phase: T1 and
-  T2 are one list, least recently used first, and every store is admitted, as under LRU, while the ghosts
-  (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the same
-  age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
+  T2 are one list, least recently used first, and every store is admitted as under LRU (but as below), while the
+  ghosts (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the
+  same age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
   standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
   target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
   for thousands of requests; where it is not, the excess shows within tens of ghost hits).  The split is undone
@@ -43,9 +43,11 @@
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
   again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one
   admitting every store, L1 admits so (a refusal counted as above, its keys remembered as many bytes as L1's
-  capacity), and the other way round (:mod:`~mpcache.eviction.admission`).  It adapts by ghost hits and those
-  comparisons alone: nothing to tune per workload.  Each model and tenant keeps a reserve of L1 from the others'
-  stores (:mod:`~mpcache.eviction.fairness`).
+  capacity), and the other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a store that
+  needs more than :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first sight
+  (counted and remembered alike) while stores that large return less often than smaller ones
+  (:mod:`~mpcache.eviction.returns`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
+  workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
 each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
@@ -57,8 +59,8 @@ refusals remember within L1's capacity in sampled bytes), the newest :data:`PARE
 stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
 :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
 counts per evictable object, the most it has been set to at a halving), the gate's decisions
-(:mod:`~mpcache.eviction.gate`), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS`
-groups).
+(:mod:`~mpcache.eviction.gate`), the stores watched for their return (:mod:`~mpcache.eviction.returns`), and the
+fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -70,7 +72,6 @@ a prefix-aware order, ``asked`` for each object a lookup finds and each new one 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,9 +80,10 @@ from mpcache.config.derived import L1_POLICIES as POLICIES
 from mpcache.eviction.admission import ChanceTrial
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
-from mpcache.eviction.gate import FrequencyGate
+from mpcache.eviction.gate import FrequencyGate, would_evict
 from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.refusal import RefusedKeys, draw
+from mpcache.eviction.returns import StoreReturns
 from mpcache.eviction.shadow import ShadowLru
 from mpcache.eviction.verdicts import StoreVerdicts
 
@@ -129,6 +131,9 @@ class ArcOrder:
         self._placed = False  # whether the named store being reserved has placed an object
         self.named = StoreVerdicts()  # named stores' verdicts, which their later parts take
         self._refused = RefusedKeys()
+        self.returns = StoreReturns(capacity_bytes)  # how often large stores and smaller ones are asked for again
+        self._large_need = self.returns.large_bytes if self.first_sight else float("inf")  # a large store's need
+        self._refused_large = False  # whether a large store was refused: later parts take its verdict in any phase
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
         self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
@@ -337,16 +342,20 @@ class ArcOrder:
         """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""
         return entry.access != self.access and (self._store is None or entry.store != self._store)
 
-    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None) -> None:
-        """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key); None: it ended.
-        ``store`` names it across the parts that make it up: the first part judged (:meth:`_admits`) or placing an
-        object gives the name its verdict (:mod:`~mpcache.eviction.verdicts`); a part with nothing to place gives
-        none."""
+    def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None,
+                  new: Sequence[int] | None = None) -> None:
+        """A store begins reserving ``keys`` of ``nbytes`` each (or those bytes, key by key), those at ``new`` not
+        held (None: all), watched for its return (:mod:`~mpcache.eviction.returns`); None: it ended.  ``store``
+        names it across the parts that make it up: the first part judged (:meth:`_admits`) or placing an object
+        gives the name its verdict (:mod:`~mpcache.eviction.verdicts`); a part with nothing to place gives none."""
         named = self._store
         if (keys is None and named is not None and self.prefix_aware and self._storing
                 and (self._admitted is not None or self._placed)):
             self.named.record(named, self._storing, self._admitted is not False)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
+        if keys and self.first_sight and new != []:  # (bytes key by key: a miniature's, every key new)
+            first, count = (keys[new[0]], len(new)) if new else (keys[0], len(keys))
+            self.returns.stored(first, nbytes * count if isinstance(nbytes, (int, float)) else sum(nbytes))
         self._need = 0.0
         self._admitted = None
         self._placed = False
@@ -355,38 +364,43 @@ class ArcOrder:
             self.fair = shares.touched(keys[0], self)
 
     def refuses(self, need: float) -> bool:
-        """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: by
-        chance or in ARC's phase by frequency (:meth:`_refuses_first_sight`); or as T1 and the orphans hold less than
-        that, so it would evict an object seen again (T2), and :meth:`_admits` says no (placed in part, its head
-        would evict T1's objects only for its tail to be refused).  A later part of a named store refused before is
-        refused whole whatever room there is."""
+        """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: in
+        either phase as large while large stores return less often than smaller ones
+        (:mod:`~mpcache.eviction.returns`), by chance, or in ARC's phase by frequency (:meth:`_refuses_first_sight`);
+        or as T1 and the orphans hold less than that, so it would evict an object seen again (T2), and
+        :meth:`_admits` says no (placed in part, its head would evict T1's objects only for its tail to be refused).
+        A later part of a named store refused before is refused whole whatever room there is."""
         self._need = need
-        if self.recency and self._trial is None:
-            return False  # the recency phase admits every store, as LRU does (no trial: nothing refused by chance)
+        if need > self._large_need and self.returns.large_return_less():
+            if self._refuses_first_sight(False, self._verdict(), 0.0):
+                self._refused_large = True
+                return True
+        if self.recency and self._trial is None and not self._refused_large:
+            return False  # the recency phase admits every store, as LRU does (nothing refused by chance or size)
         verdict = self._verdict()
-        if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False, verdict):
+        if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False, verdict, self.chance):
             return True
         if self.recency and verdict is not False:
             return False  # as above, but a later part of a store refused by chance is refused too
         if verdict is False:
             return not self._admits()
-        if need > self.sizes[2] and self.first_sight and self._refuses_first_sight(True, verdict):
+        if need > self.sizes[2] and self.first_sight and self._refuses_first_sight(True, verdict, 1.0):
             return True
         sizes = self.sizes
         return need > sizes[0] + sizes[2] and bool(self.lists[1]) and not self._admits()  # ARC: _admits says yes
 
-    def _refuses_first_sight(self, by_frequency: bool, verdict: bool | None) -> bool:
+    def _refuses_first_sight(self, by_frequency: bool, verdict: bool | None, chance: float) -> bool:
         """Whether a first-sight store (none of it evicted or refused before), not judged (nor its name's
-        ``verdict``), is refused: by chance, unlucky; or ``by_frequency``, as it needs more room in ARC's phase than
-        the orphans give: none of its new keys was asked for more often lately than the object it would evict first
-        (T1's least recently used while T1 holds more than its target, else T2's), and the gate's decisions proved
-        right (:meth:`_gate`); then the next refusal on second sight waits as after its own (:meth:`_admits`).  A
-        refused store's keys are remembered, as many bytes as L1's capacity."""
+        ``verdict``), is refused: admitted with ``chance`` (0: never), unlucky; or ``by_frequency``, as it needs more
+        room in ARC's phase than the orphans give: none of its new keys was asked for more often lately than the
+        object it would evict first (T1's least recently used while T1 holds more than its target, else T2's), and
+        the gate's decisions proved right (:meth:`_gate`); then the next refusal on second sight waits as after its
+        own (:meth:`_admits`).  A refused store's keys are remembered, as many bytes as L1's capacity."""
         storing = self._storing
         if not storing or self._admitted is not None or verdict is not None:
             return self._admitted is False
         if not by_frequency:
-            if draw(self.access) < self.chance or self._seen(storing):
+            if draw(self.access) < chance or self._seen(storing):
                 return False
         else:
             t1, t2 = self.lists[0], self.lists[1]
@@ -439,7 +453,10 @@ class ArcOrder:
     def asked(self, key: Any, nbytes: float, found: bool) -> None:
         """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
         counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when sampled,
-        compared with an LRU's find (:meth:`_compare`)."""
+        compared with an LRU's find (:meth:`_compare`); a watched store's return (:attr:`returns`)."""
+        returns = self.returns
+        if key in returns.watched:
+            returns.asked(key)
         shares = self._shares
         if shares is not None and self._fair_access != self.access:
             self._fair_access = self.access
@@ -502,7 +519,7 @@ class ArcOrder:
         admits while T2 is in use, a ghost's or one refused before; T1 or T2 for a first sight in ARC's phase): none
         of its new keys was asked for more often lately than the least recently used object there, the first it
         would evict, and the gate's score says its decisions proved right (each such store is one, naming the
-        objects it would evict: :meth:`_would_evict`; :class:`~mpcache.eviction.gate.FrequencyGate`)."""
+        objects it would evict, :func:`~mpcache.eviction.gate.would_evict`: the gate's class in that module)."""
         entry_of = self._entry_of
         fresh = [key for key in storing if entry_of(key) is None]  # what it would place: the objects it has not
         if not fresh:
@@ -511,26 +528,8 @@ class ArcOrder:
         first = frequency.estimate(next(iter(source)))
         if any(frequency.estimate(key) >= first for key in fresh):
             return False
-        return self.gate.decide(fresh, self._would_evict(len(fresh)))
-
-    def _would_evict(self, most: int) -> list[Any]:
-        """The objects the store being reserved would evict for the room it still needs beyond the orphans, in
-        :meth:`victim`'s turn (T1's least recently used while T1 holds more than its target, then T2's, then the
-        rest of T1's): at least one, at most ``most`` (one per new key)."""
-        t1, t2, room = self.lists[0], self.lists[1], self._need - self.sizes[2]
-        over, first = self.sizes[0] - self.target, 0  # T1 gives its oldest first while it holds more than its target
-        for entry in itertools.islice(t1.values(), most):
-            if over <= 0:
-                break
-            over, first = over - entry.size, first + 1
-        named: list[Any] = []
-        for key, entry in itertools.chain(itertools.islice(t1.items(), first), t2.items(),
-                                          itertools.islice(t1.items(), first, None)):
-            if named and (room <= 0 or len(named) == most):
-                break
-            named.append(key)
-            room -= entry.size
-        return named
+        victims = would_evict(self.lists, self.sizes, self.target, self._need - self.sizes[2], len(fresh))
+        return self.gate.decide(fresh, victims)
 
     def _verdict(self) -> bool | None:
         """The verdict the store being reserved takes from its name (:mod:`~mpcache.eviction.verdicts`); None:
