@@ -447,7 +447,8 @@ class ArcOrder:
             if not self._admitted:
                 if verdict is None:
                     self.reused = False
-                self._refused.remember(storing, self._storing_bytes, self._refused_bound())
+                bound = self._refused_bound() if verdict is None else self.capacity  # the first part's kept too
+                self._refused.remember(storing, self._storing_bytes, bound)
         return self._admitted
 
     def asked(self, key: Any, nbytes: float, found: bool) -> None:

@@ -2,9 +2,11 @@
 new bytes exceed :data:`LARGE_STORE_SHARE` of L1's capacity evicts that much of what L1 holds; where such stores
 are one-off prompts (a pasted document) that is a loss every time, where they are a conversation's long first turn
 it is not.  Which, is measured, not assumed: each store's first new key is watched until it is asked for again (the
-store returned) or until newer stores' new bytes fill L1's capacity (it did not: an LRU admitting them all would
-have evicted it by then), and the returns are counted for large and smaller stores apart, halved every
-:data:`RETURNS_WINDOW` settled stores (the recent ones count most).  Large stores are refused on first sight only
+store returned) or until, the oldest watched, the watched stores' new bytes exceed L1's capacity (it did not: about
+when an LRU admitting them all would have evicted it; a store that returned leaves the window, so one watched with
+many that return is watched longer), and the returns are counted for large and smaller stores apart, halved every
+:data:`RETURNS_WINDOW` settled stores (the recent ones count most: a size that makes up less than
+:data:`RETURNS_MIN` of a window's stores is never compared).  Large stores are refused on first sight only
 while they return less often than smaller ones, by :data:`RETURNS_SIGMAS` standard deviations of the difference,
 on :data:`RETURNS_MIN` settled stores of each at least (a large store refused that would have returned costs its
 whole return); a refused store's return is its second sight, which admits it, and is counted all the same.  The
@@ -36,7 +38,10 @@ class StoreReturns:
 
     def stored(self, first_new: Hashable, new_bytes: float) -> None:
         """A store reserves ``new_bytes`` of objects L1 does not hold, ``first_new`` the first: watched, and the
-        oldest watched stores settled as not returned while they hold more than L1's capacity."""
+        oldest watched stores settled as not returned while the watched hold more than L1's capacity (a store larger
+        than L1 at once)."""
+        if new_bytes <= 0:
+            return  # nothing to evict for: no evidence either way
         watched = self.watched
         watching = len(watched)
         watched.setdefault(first_new, new_bytes)
@@ -47,12 +52,13 @@ class StoreReturns:
             nbytes = watched.popitem(False)[1]
             held -= nbytes
             self._settle(nbytes, 0)
-        self._watched_bytes = held
+        self._watched_bytes = held if watched else 0.0  # a miniature's float bytes leave a residue
 
     def asked(self, key: Hashable) -> None:
         """A watched store's first new key was asked for again: it returned."""
-        nbytes = self.watched.pop(key)
-        self._watched_bytes -= nbytes
+        watched = self.watched
+        nbytes = watched.pop(key)
+        self._watched_bytes = self._watched_bytes - nbytes if watched else 0.0
         self._settle(nbytes, 1)
 
     def _settle(self, nbytes: float, returned: int) -> None:

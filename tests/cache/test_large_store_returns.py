@@ -185,3 +185,29 @@ def test_the_changelog_states_the_large_store_numbers_as_the_code_has_them():
     words = {0.1: "a tenth", 2.0: "two", 3.0: "three"}
     assert f"more than {words[LARGE_STORE_SHARE]} of L1 (`LARGE_STORE_SHARE`)" in changelog
     assert f"by {words[RETURNS_SIGMAS]} standard deviations of the difference (on {RETURNS_MIN} settled" in changelog
+
+
+def test_a_named_store_refused_as_large_is_admitted_whole_on_its_second_sight():
+    """The later part's keys, refused by its name's verdict, are remembered beside the first part's (not within
+    what T2 holds, which would forget the first part's): stored again, every part is its second sight."""
+    l1 = _l1()
+    for hashes in _conversations_and_long_prompts(1000, long_returns=False):
+        engine_request(l1, ("m", ""), hashes)
+    l1._order.join()
+    for start in range(5 * 10**9, 5 * 10**9 + CAPACITY, SHORT):  # L1 full of stores seen once: T2 holds little
+        engine_request(l1, ("m", ""), list(range(start, start + SHORT)))
+    parts = (list(range(10**9, 10**9 + LONG)), list(range(2 * 10**9, 2 * 10**9 + SHORT)))
+    assert l1._order.sizes[1] < 64 * (LONG + SHORT) and l1._order.returns.large_return_less()
+    for name, expected in (("request", [LONG, SHORT]), ("its retry", [0, 0])):
+        failed = []
+        for part in parts:
+            reservation = l1.reserve_write("m", "", part, store=name)
+            l1.commit_write("m", "", [part[position] for position in reservation.positions], 64)
+            failed.append(reservation.failed)
+        assert failed == expected, name
+
+
+def test_a_store_of_no_bytes_is_not_watched():
+    returns = StoreReturns(1000.0)
+    returns.stored("empty", 0.0)
+    assert not returns.watched and returns.settled == [0, 0]

@@ -14,7 +14,8 @@ store of: the store that follows a lookup is the one its misses already made, an
 the order admit them as refused before.  Memory: each miniature holds at most its capacity in scaled bytes of
 resident keys, as much again in ghosts, its order's shadow LRU and its admission trial's two (at most
 :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals remember within the
-capacity's bytes) and :data:`REFUSED_KEYS` keys refused.
+capacity's bytes, and the stores it watches for their return, as many as its capacity in scaled bytes) and
+:data:`REFUSED_KEYS` keys refused.
 """
 
 from __future__ import annotations
