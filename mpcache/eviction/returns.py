@@ -43,10 +43,9 @@ class StoreReturns:
         if new_bytes <= 0:
             return  # nothing to evict for: no evidence either way
         watched = self.watched
-        watching = len(watched)
-        watched.setdefault(first_new, new_bytes)
-        if len(watched) == watching:
-            return
+        if first_new in watched:
+            return  # watched already (a retried store)
+        watched[first_new] = new_bytes
         held = self._watched_bytes + new_bytes
         while held > self.capacity and watched:  # (``popitem(False)``: last=False by position, no keyword parse)
             nbytes = watched.popitem(False)[1]
