@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -43,10 +44,10 @@ def _no_faults() -> int:
     return 0
 
 
-def _chunk_code(key: ChunkKey) -> int:
-    """A chunk's number for the eviction order's frequency sketch: its hash's, not its key's (whose strings hash
-    differently in each process), so that the order decides the same in every run."""
-    return hash(key.chunk_hash)
+# a chunk's number for the eviction order's frequency sketch and samples: its hash, not its key's (whose strings
+# hash differently in each process), so that the order decides the same in every run; a C callable (no Python
+# frame for each key asked for)
+_chunk_code = attrgetter("chunk_hash")
 
 
 class L1Manager(PrefetchLandings):
@@ -151,6 +152,7 @@ class L1Manager(PrefetchLandings):
         entries = self._entries
         lists, again, joined, hints = self._lists, self._again, self._order.new, self._hints
         new: list[int] = []
+        new_keys: list[ChunkKey] = []  # at those positions
         keys: list[ChunkKey] = []  # by position
         pinned: list[tuple[ChunkKey, Entry]] = []
         seen: set[ChunkKey] = set()
@@ -163,6 +165,7 @@ class L1Manager(PrefetchLandings):
             entry = entries.get(key)
             if entry is None:
                 new.append(position)
+                new_keys.append(key)
             elif entry.ready and entry.readers == 0:
                 del lists[entry.tier][key]
                 if entry.tier != again:
@@ -171,8 +174,7 @@ class L1Manager(PrefetchLandings):
         present = len(seen) - len(new)
         asked = self._asked
         if asked is not None:
-            for position in new:
-                asked(keys[position], size, False)
+            asked(new_keys, size, False)
         wanted = len(new) if limit is None else max(0, min(limit, len(new)))
         positions: list[int] = []
         offsets: list[int] = []
@@ -276,7 +278,7 @@ class L1Manager(PrefetchLandings):
             entry.readers += 1
             found += 1
             if asked is not None:
-                asked(key, entry.size, True)
+                asked((key,), entry.size, True)
         if reused:
             self._order.reused = True  # an object seen again is used: the order may refuse a store for it
         if found and publish:

@@ -4,7 +4,7 @@ of the manager is declared below."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mpcache.cache.kvlog import KVEventLog
@@ -23,7 +23,7 @@ class PrefetchLandings:
     _entries: dict[ChunkKey, Entry]
     _at: dict[int, ChunkKey]
     _order: Any
-    _asked: Callable[[ChunkKey, float, bool], None] | None
+    _asked: Callable[[Iterable[ChunkKey], float, bool], None] | None
     _take: Callable[[ChunkKey, Entry], None]
     _unlock: Callable[[str, str, Sequence[int]], None]
     _allocate: Callable[[int, Evicted], int | None]
@@ -59,9 +59,7 @@ class PrefetchLandings:
         size = self.chunk_bytes
         asked = self._asked
         if asked is not None:  # what lands was asked for and missed, as a store's new chunks are
-            for key, entry in covered:
-                if entry is None:
-                    asked(key, size, False)
+            asked([key for key, entry in covered if entry is None], size, False)
         offsets: list[int] = []
         failed = 0
         evicted = Evicted()

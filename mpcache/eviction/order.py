@@ -9,45 +9,43 @@
   evicts the page it admits, T1 gives up none of the current access's objects, nor of the current named store's
   however many lookups came between its parts (see ``admitting``), while T2 has one to give (else a request's
   second rank's store would evict what its first rank's store just wrote).
-* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within
-  each list a prefix loses its tail before its head; and an object whose parent (the chunk before it in the
-  store that wrote it) is evicted is an orphan, worth nothing until its parent is back, so orphans go before
-  anything else.  It admits on second sight where room costs an object seen again: a store none of whose
-  chunks was evicted (a ghost) or refused before is refused when T1 has nothing to give and only T2 could make
-  room, while T2 is in use: after a refusal, the next waits until a lookup finds an object in T2 again (else
-  objects seen twice and never again would keep out every new one).  Such a store is judged whole: one that needs
-  more room than T1 and the orphans hold is refused before any of it is placed (placed in part, its head would
-  evict T1's objects and its tail be refused all the same).  The parts of one named store (a request's TP
-  ranks, a hybrid model's KV cache groups) take one verdict (:mod:`~mpcache.eviction.verdicts`): a later part is
-  refused even once T2 is no longer in use, and admitted even if it is again.  A refusal is
-  counted as L1's allocation failure, the client told as for a full L1; its keys are remembered (the newest, as
-  many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate refuses it (or
-  a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
-  (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such
-  decisions proved right (what they would have evicted was asked for again before the store was:
-  :mod:`~mpcache.eviction.gate`).  The gate judges a first-sight store too, wherever it needs more room than the
-  orphans give (against T1's least recently used while T1 holds more than its target), where ``first_sight`` (no
-  L2 tier, which a refused store would not reach either).  It starts in a recency phase: T1 and
-  T2 are one list, least recently used first, and every store is admitted as under LRU (but as below), while the
-  ghosts (kept by tier) measure whether an object seen again returns more often than one seen once evicted at the
-  same age.  Once B2's ghost hits exceed what B2's share of the ghosts at each hit would give by :data:`SPLIT_SIGMAS`
-  standard deviations it splits into ARC's lists, with the target ARC's ghost hits moved meanwhile (ARC's
-  target starts at 0 and climbs one object per B1 ghost hit: where recency is all there is, it stayed below LRU
-  for thousands of requests; where it is not, the excess shows within tens of ghost hits).  The split is undone
-  where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on a sample of the
-  keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have found, and once
-  L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS` standard
-  deviations since the split, or trails it and has fallen by more than :data:`JOIN_FALL_SIGMAS` standard deviations
-  of the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no
-  longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
+* ``adaptive`` (the default): ARC made prefix-aware.  A request's chunks are released tail to head, so within each list
+  a prefix loses its tail before its head; and an object whose parent (the chunk before it in the store that wrote it)
+  is evicted is an orphan, worth nothing until its parent is back, so orphans go before anything else.  It admits on
+  second sight where room costs an object seen again: a store none of whose chunks was evicted (a ghost) or refused
+  before is refused when T1 has nothing to give and only T2 could make room, while T2 is in use: after a refusal, the
+  next waits until a lookup finds an object in T2 again (else objects seen twice and never again would keep out every
+  new one).  Such a store is judged whole: one that needs more room than T1 and the orphans hold is refused before any
+  of it is placed (placed in part, its head would evict T1's objects and its tail be refused all the same).  The parts
+  of one named store (a request's TP ranks, a hybrid model's KV cache groups) take one verdict
+  (:mod:`~mpcache.eviction.verdicts`): a later part is refused even once T2 is no longer in use, and admitted even if it
+  is again.  A refusal is counted as L1's allocation failure, the client told as for a full L1; its keys are remembered
+  (the newest, as many bytes as T2 holds), so the same store a second time is admitted, unless the frequency gate
+  refuses it (or a store of a ghost's key, admitted alike): none of its new keys asked for more often lately
+  (:mod:`~mpcache.eviction.frequency`) than T2's least recently used object, and the gate's earlier such decisions
+  proved right (what they would have evicted was asked for again before the store was: :mod:`~mpcache.eviction.gate`).
+  The gate judges a first-sight store too, wherever it needs more room than the orphans give (against T1's least
+  recently used while T1 holds more than its target), where ``first_sight`` (no L2 tier, which a refused store would not
+  reach either).  It starts in a recency phase: T1 and T2 are one list, least recently used first, and every store is
+  admitted as under LRU (but as below), while the ghosts (kept by tier) measure whether an object seen again returns
+  more often than one seen once evicted at the same age.  Once B2's ghost hits exceed what B2's share of the ghosts at
+  each hit would give by :data:`SPLIT_SIGMAS` standard deviations it splits into ARC's lists, with the target ARC's
+  ghost hits moved meanwhile (ARC's target starts at 0 and climbs one object per B1 ghost hit: where recency is all
+  there is, it stayed below LRU for thousands of requests; where it is not, the excess shows within tens of ghost hits).
+  The split is undone where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on
+  a sample of the keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have
+  found, and once L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS`
+  standard deviations since the split, or trails it and has fallen by more than :data:`JOIN_FALL_SIGMAS` standard
+  deviations of the steps since its lead was highest (a lead built while ARC served better does not hide for long that
+  it no longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
   objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one
-  admitting every store, L1 admits so (a refusal counted as above, its keys remembered as many bytes as L1's
-  capacity), and the other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a store that
-  needs more than :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first sight
-  (counted and remembered alike) while stores that large return less often than smaller ones
-  (:mod:`~mpcache.eviction.returns`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
-  workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
+  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one admitting
+  every store, L1 admits so (a refusal counted as above, its keys remembered as many bytes as L1's capacity), and the
+  other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a store that needs more than
+  :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first sight (counted and remembered
+  alike) while stores that large return less often than smaller ones (:mod:`~mpcache.eviction.returns`).  It adapts by
+  ghost hits and those comparisons alone: nothing to tune per workload.  Each model and tenant keeps a reserve of L1
+  from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
 each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
@@ -66,14 +64,14 @@ fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` group
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
 (ARC: seen again), ``admitting`` around a store's reservations and ``refuses`` before the first, ``new`` (unless
 None: LRU) when it reserves space, ``victim`` to evict one and ``forget`` when a reservation is given back; and, for
-a prefix-aware order, ``asked`` for each object a lookup finds and each new one a store reserves.
+a prefix-aware order, ``asked`` for the objects a lookup finds and the new ones a store reserves.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
@@ -132,6 +130,7 @@ class ArcOrder:
         self.named = StoreVerdicts()  # named stores' verdicts, which their later parts take
         self._refused = RefusedKeys()
         self.returns = StoreReturns(capacity_bytes)  # how often large stores and smaller ones are asked for again
+        self._watched = self.returns.watched
         self._large_need = self.returns.large_bytes if self.first_sight else float("inf")  # a large store's need
         self._refused_large = False  # whether a large store was refused: later parts take its verdict in any phase
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -256,7 +255,7 @@ class ArcOrder:
         t1, t2 = self.lists[0], self.lists[1]
         if t2 is t1:
             return
-        self.lists[0] = self.lists[1] = OrderedDict(heapq.merge(t1.items(), t2.items(), key=_last_used_item))
+        self.lists[0] = self.lists[1] = OrderedDict(heapq.merge(t1.items(), t2.items(), key=lambda kv: kv[1].used))
         self._shadow = None
         self.joins += 1
         self._phase_b2_hits = 0
@@ -272,8 +271,7 @@ class ArcOrder:
     def victim(self) -> tuple[Any, Any] | None:
         """The next object to evict, out of the order (its ghost kept; the ghosts trimmed: ``arc``'s as ARC bounds
         them, the adaptive order's the larger list first until both fit L1's capacity); None when every object is
-        locked or being written.  (``popitem(False)``: last=False passed by position, which skips a keyword parse
-        per call.)"""
+        locked or being written.  (``popitem(False)``: last=False by position, which skips a keyword parse.)"""
         t1, t2, orphans = self.lists
         fair = self.fair
         if orphans:
@@ -318,8 +316,12 @@ class ArcOrder:
                     larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
                     ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
         parent = entry.parent  # only the prefix-aware order links entries
-        if parent is not None:
-            _drop_child(parent, key)
+        if parent is not None:  # no longer its child (inline: a call per eviction costs more than the test)
+            children = parent.children
+            if type(children) is dict:
+                children.pop(key, None)
+            elif children == key:
+                parent.children = None
         if entry.children:
             self._orphan_children(entry)
         if fair is not None:
@@ -354,8 +356,9 @@ class ArcOrder:
             self.named.record(named, self._storing, self._admitted is not False)
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         if keys and self.first_sight and new != []:  # (bytes key by key: a miniature's, every key new)
-            first, count = (keys[new[0]], len(new)) if new else (keys[0], len(keys))
-            self.returns.stored(first, nbytes * count if isinstance(nbytes, (int, float)) else sum(nbytes))
+            new_bytes = nbytes * len(new or keys) if isinstance(nbytes, (int, float)) else sum(nbytes)
+            if new_bytes > self.returns.watch_above:  # (no call for a store not watched)
+                self.returns.stored(keys[new[0]] if new else keys[0], new_bytes)
         self._need = 0.0
         self._admitted = None
         self._placed = False
@@ -451,33 +454,31 @@ class ArcOrder:
                 self._refused.remember(storing, self._storing_bytes, bound)
         return self._admitted
 
-    def asked(self, key: Any, nbytes: float, found: bool) -> None:
-        """A lookup ``found`` ``key`` (of ``nbytes``), or a store reserves it (once per request, as L1 calls it):
-        counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when sampled,
-        compared with an LRU's find (:meth:`_compare`); a watched store's return (:attr:`returns`)."""
-        returns = self.returns
-        if key in returns.watched:
-            returns.asked(key)
-        shares = self._shares
-        if shares is not None and self._fair_access != self.access:
-            self._fair_access = self.access
-            if self.fair is not None or key[:2] != shares.first:
-                self.fair = shares.touched(key, self)
-        shadow = self._shadow
-        if shadow is not None:
-            lru_found = shadow.sees(key, nbytes, self.access)
-            if lru_found is not None:
-                self._compare(shadow, nbytes, found, lru_found)
-        gate = self.gate
-        if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
-            gate.asked(key)
-        frequency = self.frequency
-        counted = frequency.add(key)
-        if counted:
-            if counted & SAMPLED and self._trial is not None:  # sampled for the trial (it sets the sketch's sampling)
-                self._trial.sees(key, nbytes, self.access, found)
-            if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
-                frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
+    def asked(self, keys: Iterable[Any], nbytes: float, found: bool) -> None:
+        """A lookup ``found`` each of ``keys`` (of ``nbytes``), or a store reserves them (once per request, as L1 calls
+        it), in order: counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when
+        sampled, compared with an LRU's find (:meth:`_compare`); a watched store's return (:attr:`returns`)."""
+        watched, shares, gate, frequency = self._watched, self._shares, self.gate, self.frequency
+        for key in keys:
+            if watched and key in watched:
+                self.returns.asked(key)
+            if shares is not None and self._fair_access != self.access:
+                self._fair_access = self.access
+                if self.fair is not None or key[:2] != shares.first:
+                    self.fair = shares.touched(key, self)
+            shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
+            if shadow is not None:
+                lru_found = shadow.sees(key, nbytes, self.access)
+                if lru_found is not None:
+                    self._compare(shadow, nbytes, found, lru_found)
+            if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
+                gate.asked(key)
+            counted = frequency.add(key)
+            if counted:
+                if counted & SAMPLED and self._trial is not None:  # sampled for the trial (it sets the sampling)
+                    self._trial.sees(key, nbytes, self.access, found)
+                if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
+                    frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
     def _compare(self, shadow: ShadowLru, nbytes: float, found: bool, lru_found: bool) -> None:
         """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity
@@ -584,11 +585,6 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair,
                         by_chance=by_chance, first_sight=first_sight)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
-
-
-def _last_used_item(item: tuple[Any, Any]) -> int:
-    """An evictable (key, entry)'s last use: the access before it last went (back) into its list."""
-    return item[1].used
 
 
 def _drop_child(parent: Any, key: Any) -> None:

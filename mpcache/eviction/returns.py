@@ -1,16 +1,17 @@
-"""Whether large stores come back, the ``adaptive`` order's measure for refusing them on first sight.  A store whose
-new bytes exceed :data:`LARGE_STORE_SHARE` of L1's capacity evicts that much of what L1 holds; where such stores
-are one-off prompts (a pasted document) that is a loss every time, where they are a conversation's long first turn
-it is not.  Which, is measured, not assumed: each store's first new key is watched until it is asked for again (the
+"""Whether large stores come back, the ``adaptive`` order's measure for refusing them on first sight.  A store whose new
+bytes exceed :data:`LARGE_STORE_SHARE` of L1's capacity evicts that much of what L1 holds; where such stores are
+one-off prompts (a pasted document) that is a loss every time, where they are a conversation's long first turn it is
+not.  Which, is measured, not assumed: from the first large store on (before it there is nothing to refuse, and a
+workload of smaller stores pays nothing), each store's first new key is watched until it is asked for again (the
 store returned) or until, the oldest watched, the watched stores' new bytes exceed L1's capacity (it did not: about
 when an LRU admitting them all would have evicted it; a store that returned leaves the window, so one watched with
 many that return is watched longer), and the returns are counted for large and smaller stores apart, halved every
-:data:`RETURNS_WINDOW` settled stores (the recent ones count most: a size that makes up less than
-:data:`RETURNS_MIN` of a window's stores is never compared).  Large stores are refused on first sight only
-while they return less often than smaller ones, by :data:`RETURNS_SIGMAS` standard deviations of the difference,
-on :data:`RETURNS_MIN` settled stores of each at least (a large store refused that would have returned costs its
-whole return); a refused store's return is its second sight, which admits it, and is counted all the same.  The
-state is bounded: watched keys as many as L1's capacity in stores' new bytes, and four counts.
+:data:`RETURNS_WINDOW` settled stores (the recent ones count most: a size that makes up less than :data:`RETURNS_MIN`
+of a window's stores is never compared).  Large stores are refused on first sight only while they return less often
+than smaller ones, by :data:`RETURNS_SIGMAS` standard deviations of the difference, on :data:`RETURNS_MIN` settled
+stores of each at least (a large store refused that would have returned costs its whole return); a refused store's
+return is its second sight, which admits it, and is counted all the same.  The state is bounded: watched keys as many
+as L1's capacity in stores' new bytes, and four counts.
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ class StoreReturns:
         self.capacity = capacity_bytes
         self.large_bytes = LARGE_STORE_SHARE * capacity_bytes
         self.watched: OrderedDict[Hashable, float] = OrderedDict()
+        self.watch_above = self.large_bytes  # the new bytes a store watched has more of: 0 from the first large one
         self._watched_bytes = 0.0
         self.settled = [0.0, 0.0]
         self.returned = [0.0, 0.0]
 
     def stored(self, first_new: Hashable, new_bytes: float) -> None:
-        """A store reserves ``new_bytes`` of objects L1 does not hold, ``first_new`` the first: watched, and the
-        oldest watched stores settled as not returned while the watched hold more than L1's capacity (a store larger
-        than L1 at once)."""
-        if new_bytes <= 0:
-            return  # nothing to evict for: no evidence either way
+        """A store reserves ``new_bytes`` of objects L1 does not hold, ``first_new`` the first: watched from the first
+        large store on, and the oldest watched stores settled as not returned while the watched hold more than L1's
+        capacity (a store larger than L1 at once)."""
+        if new_bytes <= self.watch_above:
+            return  # before the first large store, nothing to refuse; a store of no new bytes evicts nothing
+        self.watch_above = 0.0
         watched = self.watched
         if first_new in watched:
             return  # watched already (a retried store)

@@ -3,9 +3,10 @@
 admitted or refused alike, as a rank's objects are of no use without the others'.  The first part judged or placing
 an object gives the name its verdict; a part stored again (a retry: its first key hashes as a part's the name
 already had) is judged afresh and gives the name its new verdict, which the retry's later parts take.  The newest
-:data:`STORE_VERDICTS` names are kept, each as a flag and a dict of its parts' numbers (the hashes of their first
-keys: the cyclic collector does not track a dict of numbers, where a set of keys kept for as long as the verdict is
-would be walked by every full collection).
+:data:`STORE_VERDICTS` names are kept, each as one tuple: the flag, then its parts' numbers (the hashes of their
+first keys; a name is hashed twice per store, and the cyclic collector stops tracking a tuple of numbers from the first
+collection it survives, where a set of keys kept for as long as the verdict is would be walked by every full
+collection).
 """
 
 from __future__ import annotations
@@ -17,29 +18,24 @@ STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a reques
 
 
 class StoreVerdicts:
-    """Named stores → admitted (``verdicts``, newest last) and each one's parts (``parts``)."""
+    """Named stores, newest last → (admitted, then each of their parts' numbers) (``verdicts``)."""
 
     def __init__(self) -> None:
-        self.verdicts: OrderedDict[Hashable, bool] = OrderedDict()
-        self.parts: dict[Hashable, dict[int, None]] = {}
+        self.verdicts: OrderedDict[Hashable, tuple[bool | int, ...]] = OrderedDict()
 
     def of(self, name: Hashable, storing: Sequence[Hashable]) -> bool | None:
         """The verdict a part storing ``storing`` takes from its ``name``; None: not judged yet, or a part stored
         again, which is judged afresh."""
-        parts = self.parts.get(name)
-        return None if parts is None or hash(storing[0]) in parts else self.verdicts[name]
+        held = self.verdicts.get(name)
+        return None if held is None or hash(storing[0]) in held[1:] else held[0] is True
 
     def record(self, name: Hashable, storing: Sequence[Hashable], admitted: bool) -> None:
         """A part storing ``storing`` was judged, or placed an object, and ``admitted`` (or not)."""
         verdicts, part = self.verdicts, hash(storing[0])
-        parts = self.parts.get(name)
-        if parts is None:
-            verdicts[name] = admitted
-            self.parts[name] = {part: None}
+        held = verdicts.get(name)
+        if held is None or part in held[1:]:  # new, or a part stored again (a retry): its verdict the name's
+            verdicts[name] = (admitted, part)  # (a name already kept keeps its place)
             if len(verdicts) > STORE_VERDICTS:
-                del self.parts[verdicts.popitem(False)[0]]
-            return
-        if part in parts:  # a part stored again (a retry): the name takes its verdict, its later parts too
-            verdicts[name] = admitted
-            parts = self.parts[name] = {}
-        parts[part] = None
+                verdicts.popitem(False)
+        else:
+            verdicts[name] = held + (part,)

@@ -400,9 +400,9 @@ def test_named_verdicts_are_kept_for_the_newest_stores_only():
 
 def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
     """A verdict lives for :data:`STORE_VERDICTS` named stores, far longer than a young collection: kept as
-    containers of keys, every full collection would walk them for as long as they are kept; kept as a flag and a
-    dict of numbers, under a name of strings and numbers, the collector does not track them (the name: from the
-    first collection it survives)."""
+    containers of keys, every full collection would walk them for as long as they are kept; kept as a tuple of a
+    flag and numbers, under a name of strings and numbers, the collector does not track them (from the first
+    collection they survive)."""
     l1 = _learned(L1Manager(np.zeros(4 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive"))
     _t2_in_use(l1, (1, 2, 3, 4))
     names = [("client", "m", "", f"request-{n}", 2, 0, 1, n) for n in range(3)]  # as the LMCache front end names
@@ -410,11 +410,11 @@ def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
         _seen_again(l1, 1, 1)
         for rank in range(2):
             assert 1 == _store(l1, [10 + 2 * number + rank], name)  # refused, rank by rank
-    verdicts, parts = l1._order.named.verdicts, l1._order.named.parts
+    verdicts = l1._order.named.verdicts
     gc.collect()
-    assert names == list(verdicts) == list(parts) and [False] * 3 == list(verdicts.values())
-    assert [2] * 3 == [len(kept) for kept in parts.values()]  # both ranks' parts
-    assert not any(gc.is_tracked(kept) for kept in parts.values()) and not any(gc.is_tracked(name) for name in parts)
+    assert names == list(verdicts) and [False] * 3 == [kept[0] for kept in verdicts.values()]
+    assert [3] * 3 == [len(kept) for kept in verdicts.values()]  # the flag and both ranks' parts
+    assert not any(gc.is_tracked(kept) for kept in verdicts.values()) and not any(map(gc.is_tracked, verdicts))
 
 
 def test_a_named_part_with_nothing_to_place_gives_its_name_no_verdict():
@@ -640,7 +640,7 @@ def test_the_recency_phase_lasts_while_objects_seen_again_return_no_more_often_t
 def _asked_alone(order: ArcOrder, key: str, found: bool) -> None:
     """``key`` (one byte) asked for by a lookup of its own (a new access), which L1 ``found`` or missed."""
     order.access += 1
-    order.asked(key, 1, found)
+    order.asked((key,), 1, found)
 
 
 def _trail_an_lru(order: ArcOrder, capacity: int, keys_per_access: int = 1) -> int:
@@ -652,12 +652,12 @@ def _trail_an_lru(order: ArcOrder, capacity: int, keys_per_access: int = 1) -> i
     hot = [f"hot-{n}" for n in range(keys_per_access)]
     order.access += 1
     for key in hot:
-        order.asked(key, 1, False)  # missed by both (new to the shadow too): no disagreement
+        order.asked((key,), 1, False)  # missed by both (new to the shadow too): no disagreement
     accesses = 0
     while not order.recency:
         order.access += 1
         for key in hot:
-            order.asked(key, 1, False)  # the LRU holds it, L1 missed it: this access's step -1 per key
+            order.asked((key,), 1, False)  # the LRU holds it, L1 missed it: this access's step -1 per key
             if order.recency:
                 break
         accesses += 1
@@ -907,9 +907,9 @@ def test_the_frequency_gate_settles_every_decision_a_key_names_once_and_keeps_it
     decisions = module.GATE_LIMIT + 5
     off = [order._gate([f"new-{n}"], order.lists[1]) for n in range(decisions)]
     assert [False] * decisions == off  # off: recorded only
-    order.asked("a", 1, True)
+    order.asked(("a",), 1, True)
     assert (module.GATE_LIMIT, 0) == (order.gate.score, len(order.gate.open))
-    order.asked("new-0", 1, False)
+    order.asked(("new-0",), 1, False)
     assert module.GATE_LIMIT == order.gate.score
     assert order._gate(["new-x"], order.lists[1]) is True  # proved right: refused
     for number in range(2 * module.GATE_DECISIONS):
@@ -975,7 +975,7 @@ def _hot_t2(order: ArcOrder, entries: dict[str, Entry]) -> None:
         del order.lists[0][key]
         order.lists[1][key] = entries[key]
         for _ in range(5):
-            order.asked(key, 1, True)
+            order.asked((key,), 1, True)
 
 
 def test_the_frequency_gate_judges_a_store_by_the_keys_it_would_place():
@@ -995,13 +995,13 @@ def test_the_sketch_s_window_never_narrows_while_objects_are_locked():
     order, entries = _order(True, capacity=4000)
     _add(order, entries, *(f"k{n}" for n in range(2000)))
     for n in range(module.FREQUENCY_WINDOW * 16):
-        order.asked(f"k{n % 2000}", 1, True)
+        order.asked((f"k{n % 2000}",), 1, True)
     wide = module.FREQUENCY_WINDOW * 2000
     assert wide == order.frequency.window
     for key in list(order.lists[0]):
         del order.lists[0][key]
     for n in range(wide):
-        order.asked(f"k{n % 2000}", 1, True)
+        order.asked((f"k{n % 2000}",), 1, True)
     assert wide == order.frequency.window
 
 
@@ -1033,6 +1033,6 @@ def test_the_shadow_lru_finds_a_prefix_nothing_after_its_first_miss_in_an_access
     for n in range(200):
         order.access += 1
         if head_missed:
-            order.asked(f"head-{n}", 1, False)
-        order.asked("p", 1, False)
+            order.asked((f"head-{n}",), 1, False)
+        order.asked(("p",), 1, False)
     assert joined == order.recency

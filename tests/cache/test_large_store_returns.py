@@ -211,3 +211,17 @@ def test_a_store_of_no_bytes_is_not_watched():
     returns = StoreReturns(1000.0)
     returns.stored("empty", 0.0)
     assert not returns.watched and returns.settled == [0, 0]
+
+
+def test_stores_are_watched_only_from_the_first_large_store_on():
+    """A workload of smaller stores has nothing to refuse for its size: L1 watches none of them (no work per store)."""
+    l1 = _l1()
+    small = _conversations_and_long_prompts(400, long_returns=False, seed=5)
+    for hashes in (hashes for hashes in small if len(hashes) < LONG):
+        engine_request(l1, ("m", ""), hashes)
+    returns = l1._order.returns
+    assert not returns.watched and returns.settled == [0, 0]
+    long_prompt = list(range(10**6, 10**6 + LONG))
+    engine_request(l1, ("m", ""), long_prompt)
+    engine_request(l1, ("m", ""), [10**7, 10**7 + 1])
+    assert list(returns.watched) == [("m", "", long_prompt[0]), ("m", "", 10**7)]

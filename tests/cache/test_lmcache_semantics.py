@@ -124,6 +124,20 @@ def test_a_request_s_tp_ranks_get_one_admission_verdict(served):
     assert 2 == _found_and_released(client, new, "g", 2)
 
 
+def test_a_store_of_one_part_keeps_no_verdict_and_a_tp_store_s_ranks_share_one(served):
+    """A TP=1 store of one KV cache group has no other part to take its verdict: L1's order keeps none for it (a
+    verdict kept per store would cost every store); a TP=2 request's ranks share one name and one verdict."""
+    harness, client, pool = served
+    named = harness.server.l1._order.named
+    _store(client, pool, list(range(10_000, 10_000 + 2 * CHUNK)), "one", seed=1)
+    assert not named.verdicts
+    client.call("register", registration(2, layers=LAYERS, hidden=HIDDEN, world_size=2))
+    tokens = list(range(20_000, 20_000 + 2 * CHUNK))
+    for worker, instance in ((0, 1), (1, 2)):
+        _store(client, pool, tokens, "two", seed=2, worker=worker, world_size=2, instance=instance)
+    assert [(True, 2)] == [(kept[0], len(kept) - 1) for kept in named.verdicts.values()]  # admitted, both ranks
+
+
 @pytest.mark.parametrize("second_prompt, second_world_size", [(200_000, 1), (100_000, 2)])
 def test_two_engines_of_one_user_requests_of_one_id_get_verdicts_of_their_own(served, second_prompt,
                                                                               second_world_size):

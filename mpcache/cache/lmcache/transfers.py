@@ -131,7 +131,7 @@ class Transfers:
         indices: list[int] = []
         group_ids: list[int] = []
         never_fits = False
-        store = self._store_name(owner, key, first, last)
+        store = self._store_name(owner, key, first, last, len(layouts))
         for group, layout in enumerate(layouts):
             wanted = [chunk for chunk in range(last - first) if chunk not in skips[group]]
             size = layout.object_bytes
@@ -203,7 +203,7 @@ class Transfers:
         stored: set[int] = set()
         chunks: list[int] = []
         group_ids: list[int] = []
-        store = self._store_name(owner, key, first, last)
+        store = self._store_name(owner, key, first, last, len(layouts))
         for group, (layout, (positions, objects)) in enumerate(zip(layouts, groups)):
             size = layout.object_bytes
             reservation = reserve_store(ctx, key.model_name, key.cache_salt,
@@ -225,11 +225,15 @@ class Transfers:
         self._commit(pending)
         return True
 
-    def _store_name(self, owner: int, key: wire.Key, first: int, last: int) -> tuple:
+    def _store_name(self, owner: int, key: wire.Key, first: int, last: int, groups: int) -> tuple | None:
         """What names one store across its TP ranks' and KV cache groups' reservations, so that L1's order admits
         or refuses them alike: the client's uid, the request's model, salt, id, TP size and chunk range, and the
         hash of its tokens up to the range's end (not the rank: another engine's or a later request of the same id
-        and range names its own, unless it stores the same tokens at the same TP size)."""
+        and range names its own, unless it stores the same tokens at the same TP size).  None for a store of one
+        part (TP 1, one group of ``groups``): it has no other part to share a verdict with, and a name costs the
+        order a verdict kept per store."""
+        if key.world_size == 1 and groups == 1:
+            return None
         return (owner, key.model_name, key.cache_salt, key.request_id, key.world_size, first, last,
                 self._prefix_of(key, last))
 

@@ -40,7 +40,7 @@ def _stable_code(key: Any) -> int:
     """A key's number for the order's sketch and samples, the same in every process (a string's hash is not): a
     row's chunk hash, a segment's number (any other key: its hash)."""
     if type(key) is tuple and len(key) > 1:
-        return hash(key[0]) if type(key[0]) is int else hash(key[1])  # as L1 numbers a chunk: its hash's hash
+        return key[0] if type(key[0]) is int else hash(key[1])  # as L1 numbers a chunk: its hash
     return hash(key)
 
 
@@ -94,7 +94,7 @@ class MiniCache:
                     order.reused = True  # as L1's lookup tells its order
                 found.append((key, entry))
                 if asked is not None:
-                    asked(key, entry.size, True)
+                    asked((key,), entry.size, True)
             hits.append(True)
         if missing:
             refused = self.refused  # what the order refused of this lookup's store, its earlier ones' forgotten
@@ -130,7 +130,7 @@ class MiniCache:
         stored, refused = [], []
         if order.prefix_aware:  # as L1 counts what a store reserves
             for key, nbytes in missing:
-                order.asked(key, nbytes, False)
+                order.asked((key,), nbytes, False)
         # the order may refuse the store, as L1's does
         order.admitting([key for key, _ in missing], [nbytes for _, nbytes in missing])
         placed = {key: nbytes for key, nbytes in missing if key not in entries}
