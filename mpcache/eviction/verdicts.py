@@ -4,9 +4,9 @@ admitted or refused alike, as a rank's objects are of no use without the others'
 an object gives the name its verdict; a part stored again (a retry: its first key hashes as a part's the name
 already had) is judged afresh and gives the name its new verdict, which the retry's later parts take.  The newest
 :data:`STORE_VERDICTS` names are kept, each as one tuple: the flag, then its parts' numbers (the hashes of their
-first keys; a name is hashed twice per store, and the cyclic collector stops tracking a tuple of numbers from the first
-collection it survives, where a set of keys kept for as long as the verdict is would be walked by every full
-collection).
+first keys; a store's first part hashes its name twice, and the cyclic collector stops tracking a tuple of
+numbers from the first collection it survives, where a set of keys kept for as long as the verdict is would be
+walked by every full collection).
 """
 
 from __future__ import annotations
