@@ -130,7 +130,6 @@ class ArcOrder:
         self.named = StoreVerdicts()  # named stores' verdicts, which their later parts take
         self._refused = RefusedKeys()
         self.returns = StoreReturns(capacity_bytes)  # how often large stores and smaller ones are asked for again
-        self._watched = self.returns.watched
         self._large_need = self.returns.large_bytes if self.first_sight else float("inf")  # a large store's need
         self._refused_large = False  # whether a large store was refused: later parts take its verdict in any phase
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
@@ -458,7 +457,7 @@ class ArcOrder:
         """A lookup ``found`` each of ``keys`` (of ``nbytes``), or a store reserves them (once per request, as L1 calls
         it), in order: counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when
         sampled, compared with an LRU's find (:meth:`_compare`); a watched store's return (:attr:`returns`)."""
-        watched, shares, gate, frequency = self._watched, self._shares, self.gate, self.frequency
+        watched, shares, gate, frequency = self.returns.watched, self._shares, self.gate, self.frequency
         for key in keys:
             if watched and key in watched:
                 self.returns.asked(key)
