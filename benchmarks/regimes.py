@@ -51,7 +51,7 @@ def phases(requests: list[TraceRequest], blocks: int, policy: str) -> tuple[list
 
     def follow(index: int, l1: L1Manager) -> None:
         order = l1.order
-        now = [getattr(order, "recency", True), getattr(order, "joins", 0)]
+        now = [getattr(order, "recency", True), getattr(getattr(order, "phases", None), "joins", 0)]
         if now != state:
             changes.append((index, "join" if now[0] else "split"))
             state[:] = now

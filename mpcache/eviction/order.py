@@ -27,25 +27,15 @@
   The gate judges a first-sight store too, wherever it needs more room than the orphans give (against T1's least
   recently used while T1 holds more than its target), where ``first_sight`` (no L2 tier, which a refused store would not
   reach either).  It starts in a recency phase: T1 and T2 are one list, least recently used first, and every store is
-  admitted as under LRU (but as below), while the ghosts (kept by tier) measure whether an object seen again returns
-  more often than one seen once evicted at the same age.  Once B2's ghost hits exceed what B2's share of the ghosts at
-  each hit would give by :data:`SPLIT_SIGMAS` standard deviations it splits into ARC's lists, with the target ARC's
-  ghost hits moved meanwhile (ARC's target starts at 0 and climbs one object per B1 ghost hit: where recency is all
-  there is, it stayed below LRU for thousands of requests; where it is not, the excess shows within tens of ghost hits).
-  The split is undone where it does not pay: an LRU of L1's capacity, started at the split from the one list and run on
-  a sample of the keys asked for (:mod:`~mpcache.eviction.shadow`), says which the recency phase's order would have
-  found, and once L1, past :data:`JOIN_SETTLING` of its capacity in bytes missed, trails it by :data:`JOIN_SIGMAS`
-  standard deviations since the split, or trails it and has fallen by more than :data:`JOIN_FALL_SIGMAS` standard
-  deviations of the steps since its lead was highest (a lead built while ARC served better does not hide for long that
-  it no longer does), an access counted as one piece of evidence (``_compare``), T1 and T2 are one list again, in their
-  objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits it
-  again.  In either phase, where an LRU admitting first-sight stores by chance finds more than L1 and than one admitting
-  every store, L1 admits so (a refusal counted as above, its keys remembered as many bytes as L1's capacity), and the
-  other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a store that needs more than
-  :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first sight (counted and remembered
-  alike) while stores that large return less often than smaller ones (:mod:`~mpcache.eviction.returns`).  It adapts by
-  ghost hits and those comparisons alone: nothing to tune per workload.  Each model and tenant keeps a reserve of L1
-  from the others' stores (:mod:`~mpcache.eviction.fairness`).
+  admitted as under LRU (but as below); it splits into ARC's lists once objects seen again prove likelier to return
+  than objects seen once, and joins them again where an LRU of L1's capacity would find more
+  (:mod:`~mpcache.eviction.phases`).  In either phase, where an LRU admitting first-sight stores by chance finds more
+  than L1 and than one admitting every store, L1 admits so (a refusal counted as above, its keys remembered as many
+  bytes as L1's capacity), and the other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a
+  store that needs more than :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first
+  sight (counted and remembered alike) while stores that large return less often than smaller ones
+  (:mod:`~mpcache.eviction.returns`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
+  workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
 Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
 each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
@@ -80,16 +70,13 @@ from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.gate import FrequencyGate, would_evict
 from mpcache.eviction.lru_order import LruOrder
+from mpcache.eviction.phases import PhaseTests
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.returns import StoreReturns
 from mpcache.eviction.shadow import ShadowLru
 from mpcache.eviction.verdicts import StoreVerdicts
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
-SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
-JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
-JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
-JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
 
 
@@ -110,10 +97,7 @@ class ArcOrder:
         self.lists: list[OrderedDict[Any, Any]] = [OrderedDict(), OrderedDict(), OrderedDict()]
         if prefix_aware:
             self.lists[1] = self.lists[0]
-        # the recency phase's B2 ghost hits, and the sum and variance of what they would be were an object seen
-        # again no likelier to return than one seen once (``_judge_recency``)
-        self._phase_b2_hits = 0
-        self._phase_expected = self._phase_variance = 0.0
+        self.phases = PhaseTests(capacity_bytes)  # the evidence that splits the one list and joins ARC's lists again
         self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
         self._b2: OrderedDict[Any, int] = OrderedDict()
         self._ghosts = (self._b1, self._b2)
@@ -136,17 +120,8 @@ class ArcOrder:
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
         self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
         self.gate = FrequencyGate()  # its decisions to refuse a store asked for less often than what it evicts
-        # in ARC's phase, what an LRU of L1's capacity would find of a sample of the keys asked for (``_compare``):
-        # the bytes left to miss before it counts (``_settling``), L1's lead over it and the sum of the squares of
-        # the accesses' steps, the highest lead and that sum since it, the current access's step so far;
-        # ``joins``: ARC phases ended so far
         self._code = code
-        self._shadow: ShadowLru | None = None
-        self._shadow_missed_at = -1  # the access whose lookup the shadow LRU missed a key of (it finds a prefix)
-        self._settling = 0.0
-        self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
-        self._step_access = -1
-        self.joins = 0
+        self._shadow: ShadowLru | None = None  # in ARC's phase, an LRU of L1's capacity on sampled keys asked for
         self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if self.first_sight and by_chance else None
         # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
@@ -212,30 +187,14 @@ class ArcOrder:
         ghosts = self._ghost_bytes
         step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0) if ghosts[tier] else size  # 0: empty ghosts
         ghosts[tier] -= ghost_size
-        if self.recency:
-            self._judge_recency(tier)
-        self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
-
-    def _judge_recency(self, tier: int) -> None:
-        """A ghost hit in the recency phase, in B2 (``tier`` 1: an object seen again, evicted at the age an object
-        seen once is) or B1.  Were an object seen again no likelier to return, the hit would fall in B2 with the
-        chance of B2's share of the ghosts just before it (by count: a ghost hit is one object, whatever its
-        bytes); the phase ends once B2's hits exceed the sum of those chances by :data:`SPLIT_SIGMAS` standard
-        deviations of that sum (at least one): then ARC's two lists have something to use."""
-        b1, b2 = len(self._b1) + 1 - tier, len(self._b2) + tier  # the hit's ghost was taken out just before
-        share = b2 / (b1 + b2)
-        self._phase_b2_hits += tier
-        self._phase_expected += share
-        self._phase_variance += share * (1.0 - share)
-        sigmas = SPLIT_SIGMAS * 2 ** self.joins
-        if self._phase_b2_hits - self._phase_expected > sigmas * max(self._phase_variance, 1.0) ** 0.5:
+        if self.recency and self.phases.split_due(tier, len(self._b1), len(self._b2)):
             self.split()
+        self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
     def split(self) -> None:
         """End the recency phase (ARC's order has none): the objects seen again leave T1's list for T2's, in their
         order.  The shadow LRU starts from the one list (less what the current access holds locked or is writing,
-        and the orphans); L1's lead over it counts once L1 has missed :data:`JOIN_SETTLING` of its capacity in
-        bytes (what an LRU chose gives way to ARC's choice first; what ARC keeps instead is asked for later)."""
+        and the orphans), for the join test (:meth:`~mpcache.eviction.phases.PhaseTests.join_due`)."""
         if not self.recency:
             return
         t1 = self.lists[0]
@@ -245,8 +204,7 @@ class ArcOrder:
         for key in t2:
             del t1[key]
         self.lists[1] = t2
-        self._settling = JOIN_SETTLING * self.capacity
-        self._lead = self._squares = self._peak_lead = self._fall_squares = self._step = 0
+        self.phases.split()
 
     def join(self) -> None:
         """End ARC's phase: T1 and T2 are one list again, least recently used first, and the recency phase's test
@@ -256,9 +214,7 @@ class ArcOrder:
             return
         self.lists[0] = self.lists[1] = OrderedDict(heapq.merge(t1.items(), t2.items(), key=lambda kv: kv[1].used))
         self._shadow = None
-        self.joins += 1
-        self._phase_b2_hits = 0
-        self._phase_expected = self._phase_variance = 0.0
+        self.phases.join()
 
     def promote(self, entry: Any) -> None:
         """An object of T1 (or an orphan) was taken out of the order to be used: it is seen again, T2."""
@@ -456,8 +412,10 @@ class ArcOrder:
     def asked(self, keys: Iterable[Any], nbytes: float, found: bool) -> None:
         """A lookup ``found`` each of ``keys`` (of ``nbytes``), or a store reserves them (once per request, as L1 calls
         it), in order: counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when
-        sampled, compared with an LRU's find (:meth:`_compare`); a watched store's return (:attr:`returns`)."""
+        sampled in ARC's phase, compared with an LRU's find (:attr:`phases`); a watched store's return
+        (:attr:`returns`)."""
         watched, shares, gate, frequency = self.returns.watched, self._shares, self.gate, self.frequency
+        phases = self.phases
         for key in keys:
             if watched and key in watched:
                 self.returns.asked(key)
@@ -468,8 +426,8 @@ class ArcOrder:
             shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
             if shadow is not None:
                 lru_found = shadow.sees(key, nbytes, self.access)
-                if lru_found is not None:
-                    self._compare(shadow, nbytes, found, lru_found)
+                if lru_found is not None and phases.join_due(shadow, nbytes, found, lru_found, self.access):
+                    self.join()
             if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
                 gate.asked(key)
             counted = frequency.add(key)
@@ -478,42 +436,6 @@ class ArcOrder:
                     self._trial.sees(key, nbytes, self.access, found)
                 if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
                     frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
-
-    def _compare(self, shadow: ShadowLru, nbytes: float, found: bool, lru_found: bool) -> None:
-        """In ARC's phase, a sampled key of ``nbytes`` asked for, which L1 ``found`` and an LRU of its capacity
-        (``shadow``), releasing a request's chunks tail first as the recency phase does, holds (``lru_found``;
-        nothing after its first miss in the access: it finds a prefix too).  Once L1 has missed
-        :data:`JOIN_SETTLING` of its capacity in bytes since the split (the shadow LRU started then from the one
-        list), each access's keys that one found and the other did not add up to its step (+1 each where L1 found
-        it); ARC's phase ends (:meth:`join`) once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS` times the
-        root of their squares' sum (a request's chunks are kept or lost together, so the access, not the key, is
-        the unit of evidence), or below 0 having fallen from its highest (0 at first) by more than
-        :data:`JOIN_FALL_SIGMAS` times the root of the squares' sum of the steps since (a lead ARC built while it
-        served better hides no longer than it takes to lose it; it asks for more, and for a lead below 0, as it is
-        tested afresh from every new highest)."""
-        if self._shadow_missed_at == self.access:
-            lru_found = False
-        elif not lru_found:
-            self._shadow_missed_at = self.access
-        if self._settling > 0:
-            if not found:
-                self._settling -= nbytes * (1 << shadow.halvings)  # the bytes the sampled key stands for
-            return
-        if self._step_access != self.access:  # a new access: the one before's net lead is one observation
-            step, self._step_access, self._step = self._step, self.access, 0
-            if step:
-                lead = self._lead = self._lead + step
-                self._squares += step * step
-                if lead >= self._peak_lead:
-                    self._peak_lead, self._fall_squares = lead, 0
-                else:
-                    self._fall_squares += step * step
-                if lead < 0 and (lead < -JOIN_SIGMAS * self._squares ** 0.5
-                                 or lead - self._peak_lead < -JOIN_FALL_SIGMAS * self._fall_squares ** 0.5):
-                    self.join()
-                    return
-        if found != lru_found:
-            self._step += 1 if found else -1
 
     def _gate(self, storing: Sequence[Any], source: OrderedDict[Any, Any]) -> bool:
         """Whether the frequency gate refuses a store that would evict from ``source`` (T2 for one that second sight

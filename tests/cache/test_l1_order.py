@@ -671,7 +671,7 @@ def test_arc_s_phase_ends_once_l1_trails_an_lru_of_its_capacity_by_join_sigmas()
     the lead is -n and the root of the squares' sum sqrt(n): ARC's phase ends at the first n with sqrt(n) >
     JOIN_SIGMAS.  T1 and T2 are then one list again, least recently used first across both: b (used at access 1),
     c (stored at 2), a (used at 3), d (stored at 4), which neither list's order alone gives."""
-    from mpcache.eviction import order as module
+    from mpcache.eviction import phases as module
 
     order, entries = _order(True, capacity=8)
     _add(order, entries, "a", "b")
@@ -688,9 +688,9 @@ def test_arc_s_phase_ends_once_l1_trails_an_lru_of_its_capacity_by_join_sigmas()
     expected = next(n for n in range(1, 1000) if n ** 0.5 > module.JOIN_SIGMAS)
     assert expected == _trail_an_lru(order, 8)
     assert order.lists[0] is order.lists[1] and ["b", "c", "a", "d"] == list(order.lists[0])
-    assert 1 == order.joins
+    assert 1 == order.phases.joins
     order.join()  # joined already: nothing changes
-    assert 1 == order.joins and ["b", "c", "a", "d"] == list(order.lists[0])
+    assert 1 == order.phases.joins and ["b", "c", "a", "d"] == list(order.lists[0])
 
 
 def test_the_shadow_lru_starts_from_the_one_list_and_l1_s_lead_counts_after_join_settling():
@@ -698,7 +698,7 @@ def test_the_shadow_lru_starts_from_the_one_list_and_l1_s_lead_counts_after_join
     would (the one list is its order).  L1 misses JOIN_SETTLING of its capacity in new keys (each pushing an old
     one out of the shadow); then, access after access, it misses a newer half's key the shadow still holds: ARC's
     phase ends at the first n with sqrt(n) > JOIN_SIGMAS, evidence only a shadow started from the list has."""
-    from mpcache.eviction import order as module
+    from mpcache.eviction import phases as module
 
     order, entries = _order(True, capacity=40)
     old = [f"old-{n}" for n in range(40)]
@@ -716,7 +716,7 @@ def test_the_shadow_lru_starts_from_the_one_list_and_l1_s_lead_counts_after_join
             break
         accesses += 1
     assert next(n for n in range(1, 1000) if n ** 0.5 > module.JOIN_SIGMAS) == accesses
-    assert 1 == order.joins
+    assert 1 == order.phases.joins
 
 
 def test_a_request_s_chunks_kept_or_lost_together_are_one_piece_of_evidence():
@@ -755,7 +755,7 @@ def test_arc_s_phase_lasts_while_l1_finds_what_an_lru_would_not():
     for n in range(500):
         _asked_alone(order, f"old-{n}", True)  # the LRU never held it: L1's lead +1
         assert not order.recency
-    assert 0 == order.joins
+    assert 0 == order.phases.joins
 
 
 def _lead_then_trail(order: ArcOrder, lead: int, dip: bool = False) -> int:
@@ -765,14 +765,14 @@ def _lead_then_trail(order: ArcOrder, lead: int, dip: bool = False) -> int:
     it took to end ARC's phase."""
     order.split()
     for n in range(8):
-        _asked_alone(order, f"new-{order.joins}-{n}", False)
+        _asked_alone(order, f"new-{order.phases.joins}-{n}", False)
     for n in range(lead):
-        _asked_alone(order, f"old-{order.joins}-{n}", True)  # the LRU never held it: L1's lead +1
-    hot = f"hot-{order.joins}"
+        _asked_alone(order, f"old-{order.phases.joins}-{n}", True)  # the LRU never held it: L1's lead +1
+    hot = f"hot-{order.phases.joins}"
     _asked_alone(order, hot, False)  # missed by both: the LRU holds it from here on
     if dip:
         _asked_alone(order, hot, False)  # -1
-        _asked_alone(order, f"old-{order.joins}-dip", True)  # +1: the lead is at its highest again
+        _asked_alone(order, f"old-{order.phases.joins}-dip", True)  # +1: the lead is at its highest again
     accesses = 0
     while not order.recency:
         _asked_alone(order, hot, False)  # the LRU holds it, L1 missed it: -1, counted at the next access
@@ -789,14 +789,14 @@ def test_arc_s_phase_ends_once_l1_trails_an_lru_and_has_fallen_from_its_highest_
     the second test alone needs 148.  A second phase measures from its own split: a lead of 5 there, below the
     first phase's highest, ends it at the first n > 5 with n > JOIN_FALL_SIGMAS * sqrt(n).  A third, whose lead of
     5 dips by one and comes back before the losses, measures the fall from where it came back: the same n."""
-    from mpcache.eviction import order as module
+    from mpcache.eviction import phases as module
 
     order = _order(True, capacity=8)[0]
     for lead, dip, phases in ((100, False, 1), (5, False, 2), (5, True, 3)):
         expected = next(n for n in range(1, 1000) if lead - n < 0 and (
             n > module.JOIN_FALL_SIGMAS * n ** 0.5 or lead - n < -module.JOIN_SIGMAS * (lead + 2 * dip + n) ** 0.5))
         assert expected == _lead_then_trail(order, lead, dip)
-        assert phases == order.joins
+        assert phases == order.phases.joins
 
 
 def test_after_a_join_the_recency_phase_asks_for_twice_the_evidence_before_it_splits_again():
@@ -805,7 +805,7 @@ def test_after_a_join_the_recency_phase_asks_for_twice_the_evidence_before_it_sp
     order, entries = _order(True, capacity=40)
     order.split()
     _trail_an_lru(order, 40)
-    assert order.recency and 1 == order.joins
+    assert order.recency and 1 == order.phases.joins
     _ghosts(order, entries, 20)
     for n in range(9):
         _add(order, entries, f"t{n}")
@@ -857,7 +857,7 @@ def test_an_l1_of_uniformly_drawn_keys_stays_in_the_recency_phase(seed):
             l1.release_read("m", "", [key])
         else:
             _store(l1, [key])
-    assert l1._order.recency and l1._order._phase_b2_hits > 1000
+    assert l1._order.recency and l1._order.phases._b2_hits > 1000
 
 
 @pytest.mark.parametrize("asked_first, refused", [("evicted", 1), ("admitted", 0)])
