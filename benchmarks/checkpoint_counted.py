@@ -12,21 +12,15 @@ runs it under callgrind, counting only between the two.
 from __future__ import annotations
 
 import argparse
-import os
-import select
-import subprocess
 import sys
-import tempfile
-from typing import IO, Any
+from typing import Any
 
-from benchmarks import service as bench_service
-from benchmarks.isolation import callgrind_control, read_dump
+from benchmarks import counted_side
 from benchmarks.recorded import SIDES, Feeder, bench_config, load
 from mpcache.shm.segment import Segment
 from mpcache.supervisor.provision import create_segments, unlink_segments
 
 STEP_NS = 10**9  # a scrape every second of the stream
-READY_TIMEOUT_S = 300.0  # building the pipeline, uninstrumented
 DONE_TIMEOUT_S = 3600.0  # the whole stream, instrumented: ~50 times slower than natively
 
 
@@ -84,39 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _expect(stream: IO[str], word: str, timeout_s: float) -> None:
-    ready, _, _ = select.select([stream], [], [], timeout_s)
-    line = stream.readline().strip() if ready else "(nothing)"
-    if line.split(" ")[0] != word:
-        raise RuntimeError(f"the counted checkpoint side said {line!r} where {word!r} was due")
-
-
 def count(recording: str, side: str, directory: str) -> int:
     """Instructions (callgrind's Ir) ``side`` executes over the whole recording."""
-    out_dir = tempfile.mkdtemp(prefix="callgrind-", dir=directory)
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--quiet",
-            f"--callgrind-out-file={os.path.join(out_dir, 'callgrind.%p')}", sys.executable, "-m",
-            "benchmarks.checkpoint_counted", "--recording", recording, "--side", side, "--workdir", directory]
-    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env=bench_service.env())
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        _expect(process.stdout, "ready", READY_TIMEOUT_S)
-        callgrind_control(process.pid, "--instr=on")
-        callgrind_control(process.pid, "--zero")
-        process.stdin.write("go\n")
-        process.stdin.flush()
-        _expect(process.stdout, "done", DONE_TIMEOUT_S)
-        callgrind_control(process.pid, "--dump")
-        instructions = read_dump(out_dir, process.pid, 1)["Ir"]
-        process.stdin.write("exit\n")
-        process.stdin.flush()
-        process.wait(READY_TIMEOUT_S)
-        return instructions
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    instructions, _ = counted_side.count(["benchmarks.checkpoint_counted", "--recording", recording, "--side", side,
+                                          "--workdir", directory], directory, DONE_TIMEOUT_S)
+    return instructions
 
 
 if __name__ == "__main__":

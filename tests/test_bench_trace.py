@@ -954,7 +954,7 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
 
 def test_performance_md_states_the_engine_path_runs_as_kept():
     """*What is missed*'s engine-path ratios and counts are the runs docs/PERFORMANCE.json keeps (``engine_path``):
-    two of this code's and 58053df's between them, and the in-process counts beside them."""
+    two of this code's and 58053df's between them, and the in-process counts beside them (``l1_counted``)."""
     kept = _raw_results()["engine_path"]
     ours, before = [run["tp1"][0] for run in kept["runs"]["this_change"]], kept["runs"]["58053df"]["tp1"][0]
     prose = " ".join(_doc("PERFORMANCE.md").split())
@@ -970,11 +970,23 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     fewer = round(before_adaptive - (first + second) / 2, -3), round(before_lru - (first_lru + second_lru) / 2, -3)
     assert (f"`adaptive` counts about {fewer[0]:,.0f} fewer a request than 58053df's and `lru` about {fewer[1]:,.0f} "
             f"fewer. At the target, not under it:") in prose
-    counts = kept["in_process"]["instructions_per_request"]
-    small, large = counts["l1_32_objects"], counts["l1_2048_objects"]
-    assert (f"`adaptive` takes {small['adaptive']:,} instructions a request in an L1 of 32 objects "
-            f"({small['adaptive_58053df']:,} before) and {large['adaptive']:,} in one of 2,048, where no store is "
-            f"large ({large['adaptive_58053df']:,}), against `lru`'s {small['lru']:,} and {large['lru']:,}.") in prose
+    counted = _raw_results()["l1_counted"]
+    count = {(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
+             for row in counted["rows"]}
+    unique = {policy: (count["unique", 32, policy], count["unique", 2048, policy])
+              for policy in ("adaptive", "lru", "arc")}
+    over_lru = [round(count["shared", objects, "adaptive"] / count["shared", objects, "lru"], 4)
+                for objects in (32, 2048)]
+    over_arc = sorted(100 * (count[workload, objects, "adaptive"] / count[workload, objects, "arc"] - 1)
+                      for workload in ("unique", "shared") for objects in (32, 2048))
+    assert (f"In process (`python -m benchmarks.l1_counted --json`, PERFORMANCE.json's `l1_counted`: L1 alone, the "
+            f"same {counted['requests']:,} requests counted), `adaptive` takes {unique['adaptive'][0]:,} instructions "
+            f"a request in an L1 of 32 objects and {unique['adaptive'][1]:,} in one of 2,048, where no store is large, "
+            f"against `lru`'s {unique['lru'][0]:,} and {unique['lru'][1]:,} and `arc`'s {unique['arc'][0]:,} and "
+            f"{unique['arc'][1]:,}: ARC's own lists and ghosts are most of what `adaptive` adds to `lru`'s count, its "
+            f"own measures {over_arc[0]:.1f}–{over_arc[-1]:.1f} % more. With lookups that find a shared prefix, "
+            f"{over_lru[0]}× and {over_lru[1]}× `lru`'s.") in prose
+    assert counted["over_lru"]["unique_32_objects"]["adaptive"] == round(unique["adaptive"][0] / unique["lru"][0], 4)
     objects = round(kept["runs"]["this_change"][0]["l1_gb"] * 2**30) // (2 << 20)  # the workload's 2 MiB objects
     large_from = next(chunks for chunks in range(1, objects) if chunks > LARGE_STORE_SHARE * objects)
     average = sorted(run["stored_chunks_per_request"]["mpcache_adaptive"] for run in ours)
