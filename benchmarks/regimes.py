@@ -51,6 +51,8 @@ def phases(requests: list[TraceRequest], blocks: int, policy: str) -> tuple[list
 
     def follow(index: int, l1: L1Manager) -> None:
         order = l1.order
+        if not order.prefix_aware:
+            return  # ``lru`` and ``arc`` keep one order throughout: ``arc`` is in ARC's lists from the start
         now = [getattr(order, "recency", True), getattr(getattr(order, "phases", None), "joins", 0)]
         if now != state:
             changes.append((index, "join" if now[0] else "split"))

@@ -16,7 +16,8 @@ def test_segments_share_no_block_l1_under_lru_reads_the_offline_lru_and_every_ph
         monkeypatch) -> None:
     """The same workload twice: an LRU warm with the first segment's blocks finds in the second exactly what a
     cold one finds in that workload alone (no block carried over), offline and in L1 under ``lru``, whose column
-    equals the offline LRU's in every row; ``adaptive``'s reported splits and joins are those its order made."""
+    equals the offline LRU's in every row; ``adaptive``'s reported splits and joins are those its order made, and
+    ``lru`` and ``arc``, which keep one order throughout, report none."""
     made: list[str] = []
     for name in ("split", "join"):
         real = getattr(ArcOrder, name)
@@ -28,7 +29,8 @@ def test_segments_share_no_block_l1_under_lru_reads_the_offline_lru_and_every_ph
                 made.append(name)
 
         monkeypatch.setattr(ArcOrder, name, spy)
-    result = regimes.run(["agentic:3", "agentic:3", "scan:2"], 300, "large", ["lru", "adaptive"])  # 2 splits, 2 joins
+    policies = ["lru", "arc", "adaptive"]
+    result = regimes.run(["agentic:3", "agentic:3", "scan:2"], 300, "large", policies)  # 2 splits, 2 joins
     first, second = result["rows"][:2]
     alone = trace_gen.KINDS["agentic"](300, 3)
     expected = sum(lru(alone, result["blocks"]).found) / sum(len(request.hashes) for request in alone)
@@ -38,6 +40,7 @@ def test_segments_share_no_block_l1_under_lru_reads_the_offline_lru_and_every_ph
     assert expected == first["lru"] == second["lru"] == first["l1_lru"] == second["l1_lru"] > 0
     assert [row["lru"] for row in result["rows"]] == [row["l1_lru"] for row in result["rows"]]
     assert ["split", "join", "split", "join"] == made == [what for _, what in result["phase_changes"]["adaptive"]]
+    assert [] == result["phase_changes"]["arc"] == result["phase_changes"]["lru"]  # one order throughout
 
 
 @pytest.mark.parametrize("args, message", [(["agentic:1", "nosuch:2"], "'nosuch:2': expected KIND:SEED"),
