@@ -961,7 +961,7 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     (first, first_lru), (second, second_lru) = map(_instructions, ours)
     before_adaptive, before_lru = _instructions(before)
     ratios = [run["instructions_over_first"]["mpcache_adaptive"] for run in ours]
-    assert (f"{ratios[0]}× and {ratios[1]}× in two runs of this code (`adaptive` {first:,} and {second:,} instructions "
+    assert (f"{ratios[0]}× and {ratios[1]}× in two runs of fb4d283 (`adaptive` {first:,} and {second:,} instructions "
             f"a request against `lru`'s {first_lru:,} and {second_lru:,}; {ours[0]['requests']} and "
             f"{ours[1]['requests']} requests), {before['instructions_over_first']['mpcache_adaptive']}× for 58053df's "
             f"order run between them ({before_adaptive:,} against {before_lru:,}, {before['requests']} requests;"
@@ -970,6 +970,12 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     fewer = round(before_adaptive - (first + second) / 2, -3), round(before_lru - (first_lru + second_lru) / 2, -3)
     assert (f"`adaptive` counts about {fewer[0]:,.0f} fewer a request than 58053df's and `lru` about {fewer[1]:,.0f} "
             f"fewer. At the target, not under it:") in prose
+    later = [run["tp1"][0] for run in kept["runs"]["8c24924"]]
+    (third, third_lru), (fourth, fourth_lru) = map(_instructions, later)
+    assert (f"Two runs of 8c24924 (the phase tests in a module of their own, no change in behaviour; 10:48–10:51 UTC) "
+            f"read {later[0]['instructions_over_first']['mpcache_adaptive']}× and "
+            f"{later[1]['instructions_over_first']['mpcache_adaptive']}× ({third:,} and {fourth:,} against "
+            f"{third_lru:,} and {fourth_lru:,}; {later[0]['requests']} and {later[1]['requests']} requests).") in prose
     counted = _raw_results()["l1_counted"]
     count = {(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
              for row in counted["rows"]}
