@@ -1,6 +1,7 @@
-"""``python -m benchmarks.l1_counted [--requests N] [--warmup N] [--jobs J] [--json]``: what each L1 eviction order
-costs a request, counted: the instructions (callgrind's Ir) :class:`~mpcache.cache.l1.L1Manager` executes over the
-same requests, one process per policy, L1 size and workload, and each policy's count over ``lru``'s.
+"""``python -m benchmarks.l1_counted [--requests N] [--warmup N] [--jobs J] [--policies P,...] [--json]``: what each
+L1 eviction order costs a request, counted: the instructions (callgrind's Ir) :class:`~mpcache.cache.l1.L1Manager`
+executes over the same requests, one process per policy, L1 size and workload, and each policy's count over
+``lru``'s.
 
 :mod:`benchmarks.isolation` counts the whole cache process behind LMCache's own client, where L1 is one part of a
 request beside the wire, the front end and the ring, which move the count between runs; this holds them still, so a
@@ -11,13 +12,15 @@ commit them and release the locks.  Workloads: ``unique``, :data:`NEW_CHUNKS` ne
 --workload unique``'s shape); ``shared``, one of :data:`SHARED_PREFIXES` prefixes of :data:`PREFIX_CHUNKS` chunks in
 turn, then :data:`NEW_CHUNKS` new ones (lookups find chunks).  Sizes (:data:`L1_OBJECTS`): an L1 of 32 objects,
 where a store of more than 3 new chunks is large (so ``adaptive`` watches every store for its return from the first
-on), and one of 2,048, where none is.
+on), and one of 2,048, where none is.  No evicted chunk is asked for again in either workload, so ``adaptive`` is
+counted in its recency phase (no ghost hit, no split): ARC's phase and the phase tests are not in the count.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +36,7 @@ NEW_CHUNKS = 5
 SHARED_PREFIXES, PREFIX_CHUNKS = 4, 3
 WORKLOADS = ("unique", "shared")
 REQUESTS, WARMUP = 4000, 1000
-DONE_TIMEOUT_S = 1800.0  # the counted requests, instrumented: ~50 times slower than natively
+DONE_TIMEOUT_S = 1800.0  # per REQUESTS counted requests, instrumented: ~50 times slower than natively
 HASH_SEED = "0"  # the processes' string hashes, hence the dicts' layouts, hence the count: the same every run
 
 
@@ -86,7 +89,7 @@ def count(policy: str, objects: int, workload: str, requests: int, warmup: int, 
     """``policy``'s instructions a request on ``workload`` in an L1 of ``objects``, and the chunks it found."""
     instructions, done = counted_side.count(
         ["benchmarks.l1_counted", "--child", policy, str(objects), workload, "--requests", str(requests), "--warmup",
-         str(warmup)], directory, DONE_TIMEOUT_S, {"PYTHONHASHSEED": HASH_SEED})
+         str(warmup)], directory, DONE_TIMEOUT_S * max(1.0, requests / REQUESTS), {"PYTHONHASHSEED": HASH_SEED})
     found = int(done[1])
     return {"policy": policy, "objects": objects, "workload": workload,
             "instructions_per_request": round(instructions / requests), "found_per_request": found / requests}
@@ -95,26 +98,32 @@ def count(policy: str, objects: int, workload: str, requests: int, warmup: int, 
 def run(requests: int = REQUESTS, warmup: int = WARMUP, jobs: int = 2, policies: tuple[str, ...] = L1_POLICIES,
         progress: Any = None) -> dict[str, Any]:
     """Every policy's count on every workload and L1 size (``jobs`` counted at once: the counts do not depend on
-    it), and each over ``lru``'s on the same."""
+    it), and each over ``lru``'s on the same (``policies`` include it)."""
     require_valgrind()
+    if warmup * NEW_CHUNKS < max(L1_OBJECTS):
+        raise RuntimeError(f"{warmup} warm-up requests store at most {warmup * NEW_CHUNKS:,} new chunks, too few to "
+                           f"fill an L1 of {max(L1_OBJECTS):,} objects: give more (--warmup)")
     sides = [(policy, objects, workload) for workload in WORKLOADS for objects in L1_OBJECTS for policy in policies]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="mpcache-l1-counted-") as directory, ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(count, *side, requests, warmup, directory) for side in sides]
-        rows = []
-        for future in futures:
-            rows.append(future.result())
-            if progress is not None:
-                row = rows[-1]
-                progress(f"{row['workload']}, {row['objects']} objects, {row['policy']}: "
-                         f"{row['instructions_per_request']:,} instructions a request ({len(rows)}/{len(sides)})")
+        try:
+            for future in futures:
+                rows.append(future.result())
+                if progress is not None:
+                    row = rows[-1]
+                    progress(f"{row['workload']}, {row['objects']} objects, {row['policy']}: "
+                             f"{row['instructions_per_request']:,} instructions a request ({len(rows)}/{len(sides)})")
+        except BaseException:  # a side failed, or an interrupt: count no side not yet started
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     over_lru = {}
     for workload in WORKLOADS:
         for objects in L1_OBJECTS:
             same = {row["policy"]: row["instructions_per_request"] for row in rows
                     if (row["workload"], row["objects"]) == (workload, objects)}
-            if "lru" in same:
-                over_lru[f"{workload}_{objects}_objects"] = {policy: round(n / same["lru"], 4)
-                                                             for policy, n in same.items() if policy != "lru"}
+            over_lru[f"{workload}_{objects}_objects"] = {policy: round(n / same["lru"], 4)
+                                                         for policy, n in same.items() if policy != "lru"}
     return {"requests": requests, "warmup": warmup, "new_chunks": NEW_CHUNKS, "rows": rows, "over_lru": over_lru}
 
 
@@ -132,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --jobs must be at least 1, --warmup at least 0")
     if unknown := [p for p in policies if p not in L1_POLICIES]:
         parser.error(f"unknown policy {', '.join(unknown)}: expected some of {', '.join(L1_POLICIES)}")
+    if "lru" not in policies or len(set(policies)) < len(policies):
+        parser.error(f"--policies {args.policies}: each order once, lru among them (the ratios' baseline)")
     if args.child:
         policy, objects, workload = args.child
         return child(policy, int(objects), workload, args.requests, args.warmup)
     try:
         result = run(args.requests, args.warmup, args.jobs, policies,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except RuntimeError as error:  # valgrind missing, or a side that failed (which said why above)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:  # valgrind missing, or a side failed (it said why)
         print(f"benchmarks.l1_counted: error: {error}", file=sys.stderr)
         return 1
     if args.json:

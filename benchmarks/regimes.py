@@ -23,6 +23,7 @@ from benchmarks.policy_matrix import l1_found
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import TraceRequest, arc, lru, lru_capacity_for
 from mpcache.cache.l1 import L1Manager
+from mpcache.eviction.order import ArcOrder
 
 SEGMENT_SHIFT = 40  # segment i's block ids are moved by (i + 1) << SEGMENT_SHIFT: trace_gen's ids stay below
 
@@ -51,9 +52,9 @@ def phases(requests: list[TraceRequest], blocks: int, policy: str) -> tuple[list
 
     def follow(index: int, l1: L1Manager) -> None:
         order = l1.order
-        if not order.prefix_aware:
+        if not isinstance(order, ArcOrder) or not order.prefix_aware:
             return  # ``lru`` and ``arc`` keep one order throughout: ``arc`` is in ARC's lists from the start
-        now = [getattr(order, "recency", True), getattr(getattr(order, "phases", None), "joins", 0)]
+        now = [order.recency, order.phases.joins]
         if now != state:
             changes.append((index, "join" if now[0] else "split"))
             state[:] = now

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,14 @@ def _side(policy: str, objects: int, workload: str, requests: int, warmup: int) 
                           input="go\nexit\n", capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.parametrize("objects", [32, 2048])
 @pytest.mark.parametrize("policy", ["lru", "arc", "adaptive"])
-def test_a_side_finds_what_its_workload_holds_between_ready_and_done(policy):
+def test_a_side_finds_what_its_workload_holds_between_ready_and_done(policy, objects):
     """Every chunk of ``unique`` is new, so its lookups find none; ``shared``'s 4 prefixes of 3 chunks are each
-    used every fourth request, which an L1 of 2,048 objects holds under any order: 3 found a request.  420
-    warm-up requests of 5 new chunks fill that L1."""
-    sides = {workload: _side(policy, 2048, workload, 20, 420) for workload in ("unique", "shared")}
+    used every fourth request, which an L1 of 2,048 objects holds under any order, and one of 32 too (the 32 objects
+    a prefix's use and its next one touch): 3 found a request, so no evicted chunk is asked for again.  420 warm-up
+    requests of 5 new chunks fill either L1."""
+    sides = {workload: _side(policy, objects, workload, 20, 420) for workload in ("unique", "shared")}
 
     assert {"unique": (0, "ready\ndone 0\n"), "shared": (0, "ready\ndone 60\n")} == {
         workload: (done.returncode, done.stdout) for workload, done in sides.items()}
@@ -40,6 +43,52 @@ def test_a_side_whose_warm_up_leaves_l1_not_full_says_so_and_counts_nothing():
             "(--warmup)"] == done.stderr.strip().splitlines()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--policies", "arc,adaptive"], "--policies arc,adaptive: each order once, lru among them (the ratios' baseline)"),
+    (["--policies", "lru,lru"], "--policies lru,lru: each order once, lru among them (the ratios' baseline)"),
+    (["--policies", "lru,fifo"], "unknown policy fifo: expected some of adaptive, lru, arc"),
+    (["--requests", "0"], "--requests and --jobs must be at least 1, --warmup at least 0")])
+def test_a_bad_flag_is_one_line_and_exit_status_2(args, message):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.l1_counted", *args], capture_output=True, text=True,
+                          timeout=60)
+
+    assert (2, "") == (done.returncode, done.stdout)
+    assert done.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_a_warm_up_too_short_for_the_larger_l1_is_refused_before_any_side_starts(monkeypatch):
+    started = []
+    monkeypatch.setattr(l1_counted, "require_valgrind", lambda: None)
+    monkeypatch.setattr(l1_counted, "count", lambda *side: started.append(side))
+
+    with pytest.raises(RuntimeError, match="100 warm-up requests store at most 500 new chunks, too few to fill an "
+                                           "L1 of 2,048 objects: give more"):
+        l1_counted.run(requests=10, warmup=100)
+    assert [] == started
+
+
+def test_a_failed_side_leaves_the_sides_not_yet_started_uncounted(monkeypatch):
+    """The first side fails at once while a second, started beside it, is still counting: the run raises that
+    failure, and of the other ten sides at most the one its worker took up before the run saw the failure starts."""
+    started, release = [], threading.Event()
+
+    def count(policy, objects, workload, requests, warmup, directory):
+        started.append((policy, objects, workload))
+        if len(started) == 1:
+            raise RuntimeError("the counted side said '' where 'ready' was due")
+        release.wait(30)
+        return {"policy": policy, "objects": objects, "workload": workload, "instructions_per_request": 1,
+                "found_per_request": 0.0}
+
+    monkeypatch.setattr(l1_counted, "require_valgrind", lambda: None)
+    monkeypatch.setattr(l1_counted, "count", count)
+    threading.Timer(1.0, release.set).start()
+    with pytest.raises(RuntimeError, match="where 'ready' was due"):
+        l1_counted.run(requests=10, warmup=420, jobs=2)
+
+    assert 2 <= len(started) <= 3
+
+
 def test_the_ratios_are_each_policy_s_count_over_lru_s_on_the_same_workload_and_size(monkeypatch):
     counts = {"lru": 200_000, "arc": 230_000, "adaptive": 250_000}
 
@@ -50,7 +99,7 @@ def test_the_ratios_are_each_policy_s_count_over_lru_s_on_the_same_workload_and_
 
     monkeypatch.setattr(l1_counted, "require_valgrind", lambda: None)
     monkeypatch.setattr(l1_counted, "count", count)
-    result = l1_counted.run(requests=10, warmup=10, jobs=1)
+    result = l1_counted.run(requests=10, warmup=420, jobs=1)
 
     assert 12 == len(result["rows"])
     assert {"arc": round(230_032 / 200_032, 4), "adaptive": round(250_032 / 200_032, 4)} == result["over_lru"][
