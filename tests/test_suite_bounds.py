@@ -69,10 +69,13 @@ def test_under_xdist_a_hang_and_a_killed_worker_each_fail_their_test_by_name_and
     """With the test command's ``-n 2`` and pyproject.toml's options, one worker blocked for good and the other
     killed mid-test: the hang fails with its timeout and the line it was blocked on, the killed worker's test
     fails naming the worker and the test, and the run ends with exit status 1 (xdist 3.8 can hang replacing a
-    killed worker under scope scheduling, which tests/conftest.py's is: --max-worker-restart 0 ends the run)."""
+    killed worker under scope scheduling, which tests/conftest.py's is: --max-worker-restart 0 ends the run).
+    Its temporary files are its own (``--basetemp``): what another run left in pytest's shared folder, which
+    pytest warns it cannot remove, is not this run's."""
     (tmp_path / "test_inner.py").write_text(UNDER_XDIST.format(started=str(tmp_path / "hang-started")))
     run = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir",
-                          str(tmp_path), "-p", "no:cacheprovider", "-o", "timeout=2", "-n", "2", str(tmp_path)],
+                          str(tmp_path), "-p", "no:cacheprovider", "-o", "timeout=2", "-n", "2",
+                          "--basetemp", str(tmp_path / "inner-tmp"), str(tmp_path)],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Timeout (>2.0s)" in run.stdout and "threading.Event().wait()  # blocked for good" in run.stdout
