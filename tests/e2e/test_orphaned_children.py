@@ -40,7 +40,8 @@ def test_a_child_whose_supervisor_is_gone_logs_it_and_exits(runtime_dir, module:
             assert not stand_in.child_gone()
             stand_in.kill()
         wait_for(stand_in.child_gone, timeout_s=30, what=f"the orphaned {module} to exit", tolerate=())
-        assert [stand_in.launcher.pid] == [line[field] for line in stand_in.child_events(event)]
+        assert [stand_in.launcher.pid] == [line[field] for line in stand_in.child_events(event)], (
+            stand_in.child_stderr()[-3000:])
         assert not os.path.exists(stand_in.config.socket_path(0))
     finally:
         stand_in.close()

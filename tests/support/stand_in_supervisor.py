@@ -56,9 +56,13 @@ class StandInSupervisor:
     def child_gone(self) -> bool:
         return gone(self.child_pid)
 
+    def child_stderr(self) -> str:
+        """What the child wrote to its stderr (its log lines and anything else)."""
+        with open(os.path.join(self.runtime_dir, "child.stderr"), encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+
     def child_events(self, event: str) -> list[dict]:
-        with open(os.path.join(self.runtime_dir, "child.stderr"), encoding="utf-8") as handle:
-            lines = [json.loads(line) for line in handle if line.startswith("{")]
+        lines = [json.loads(line) for line in self.child_stderr().splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("event") == event]
 
     def close(self) -> None:
