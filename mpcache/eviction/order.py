@@ -426,7 +426,7 @@ class ArcOrder:
             shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
             if shadow is not None:
                 lru_found = shadow.sees(key, nbytes, self.access)
-                if lru_found is not None and phases.join_due(shadow, nbytes, found, lru_found, self.access):
+                if lru_found is not None and phases.join_due(shadow.halvings, nbytes, found, lru_found, self.access):
                     self.join()
             if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
                 gate.asked(key)

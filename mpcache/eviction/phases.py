@@ -19,8 +19,6 @@ it again.
 
 from __future__ import annotations
 
-from mpcache.eviction.shadow import ShadowLru
-
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
 JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
 JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
@@ -62,10 +60,11 @@ class PhaseTests:
         sigmas = SPLIT_SIGMAS * 2 ** self.joins
         return self._b2_hits - self._expected > sigmas * max(self._variance, 1.0) ** 0.5
 
-    def join_due(self, shadow: ShadowLru, nbytes: float, found: bool, lru_found: bool, access: int) -> bool:
+    def join_due(self, halvings: int, nbytes: float, found: bool, lru_found: bool, access: int) -> bool:
         """In ARC's phase, a sampled key of ``nbytes`` asked for by ``access``, which L1 ``found`` and an LRU of
-        its capacity (``shadow``), releasing a request's chunks tail first as the recency phase does, holds
-        (``lru_found``; nothing after its first miss in the access: it finds a prefix too): whether the phase ends.
+        its capacity (the shadow LRU, whose sample has been halved ``halvings`` times), releasing a request's chunks
+        tail first as the recency phase does, holds (``lru_found``; nothing after its first miss in the access: it
+        finds a prefix too): whether the phase ends.
         Once L1 has missed :data:`JOIN_SETTLING` of its capacity in bytes since the split (the shadow LRU started
         then from the one list), each access's keys that one found and the other did not add up to its step (+1
         each where L1 found it); the phase ends once L1's lead, the steps' sum, is below -:data:`JOIN_SIGMAS`
@@ -80,7 +79,7 @@ class PhaseTests:
             self._shadow_missed_at = access
         if self._settling > 0:
             if not found:
-                self._settling -= nbytes * (1 << shadow.halvings)  # the bytes the sampled key stands for
+                self._settling -= nbytes * (1 << halvings)  # the bytes the sampled key stands for
             return False
         if self._step_access != access:  # a new access: the one before's net lead is one observation
             step, self._step_access, self._step = self._step, access, 0
