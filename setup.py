@@ -5,7 +5,8 @@
 straight into int64s, ``mpcache.telemetry.mrc._fenwick`` is the
 miss-ratio curves' tree step, ``mpcache.cache.mrc._headfields`` builds a
 lookup's miss-ratio event, ``mpcache.eviction._sketch`` is the adaptive
-order's frequency sketch, and ``mpcache.shm._busguard`` survives a SIGBUS on
+order's frequency sketch, ``mpcache.eviction._ghosts`` its ghost lists, and
+``mpcache.shm._busguard`` survives a SIGBUS on
 a shared-memory segment a peer truncated.  All are ``optional``: where no C
 compiler or Python headers exist the build warns and installs without them,
 and mpcache runs the pure-Python paths.
@@ -26,6 +27,8 @@ setup(
         Extension("mpcache.cache.mrc._headfields", sources=["mpcache/cache/mrc/_headfields.c"],
                   extra_compile_args=_FLAGS, optional=True),
         Extension("mpcache.eviction._sketch", sources=["mpcache/eviction/_sketch.c"], extra_compile_args=_FLAGS,
+                  optional=True),
+        Extension("mpcache.eviction._ghosts", sources=["mpcache/eviction/_ghosts.c"], extra_compile_args=_FLAGS,
                   optional=True),
         Extension("mpcache.shm._busguard", sources=["mpcache/shm/_busguard.c"], extra_compile_args=_FLAGS,
                   optional=True),

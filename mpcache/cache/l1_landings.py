@@ -4,7 +4,7 @@ of the manager is declared below."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.cache.kvlog import KVEventLog
@@ -23,7 +23,7 @@ class PrefetchLandings:
     _entries: dict[ChunkKey, Entry]
     _at: dict[int, ChunkKey]
     _order: Any
-    _asked: Callable[[Iterable[ChunkKey], float, bool], None] | None
+    _asked: Callable[[Sequence[ChunkKey], float, bool], None] | None
     _take: Callable[[ChunkKey, Entry], None]
     _unlock: Callable[[str, str, Sequence[int]], None]
     _allocate: Callable[[int, Evicted], int | None]

@@ -4,7 +4,7 @@ pass over the reuse distances gives its miss-ratio curve at every size)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -35,7 +35,7 @@ class LruOrder:
     def promote(self, entry: Any) -> None:
         return None
 
-    def asked(self, keys: Iterable[Any], nbytes: float, found: bool) -> None:
+    def asked(self, keys: Sequence[Any], nbytes: float, found: bool) -> None:
         return None  # LRU counts nothing
 
     def admitting(self, keys: Sequence[Any] | None, nbytes: Sequence[float] | float = 0, store: Any = None,

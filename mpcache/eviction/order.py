@@ -37,18 +37,18 @@
   (:mod:`~mpcache.eviction.returns`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
   workload.  Each model and tenant keeps a reserve of L1 from the others' stores (:mod:`~mpcache.eviction.fairness`).
 
-Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of
-each, locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists
-within twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within L1's capacity, the larger
-trimmed first).  The state is bounded: the ghosts by that budget, the rest a list slot, a tier, two accesses (its
-store's and its last use's), a store's name, a parent and its children per resident object, the shadow LRU's at most
-:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the admission trial's two LRUs (as many each, and the keys their
-refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, named
-stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
-:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW`
-counts per evictable object, the most it has been set to at a halving), the gate's decisions
-(:mod:`~mpcache.eviction.gate`), the stores watched for their return (:mod:`~mpcache.eviction.returns`), and the
-fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
+Sizes are bytes (objects of different models differ): T1's, T2's and the orphans' sizes (every resident object of each,
+locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists within
+twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within L1's capacity, the larger trimmed first;
+the lists: :mod:`~mpcache.eviction.ghosts`).  The state is bounded: the ghosts by that budget, the rest a list slot, a
+tier, two accesses (its store's and its last use's), a store's name, a parent and its children per resident object, the
+shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the admission trial's two LRUs (as many each,
+and the keys their refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups'
+hints, named stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
+:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW` counts
+per evictable object, the most it has been set to at a halving), the gate's decisions (:mod:`~mpcache.eviction.gate`),
+the stores watched for their return (:mod:`~mpcache.eviction.returns`), and the fair shares' counts (at most
+:data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
@@ -69,6 +69,7 @@ from mpcache.eviction.admission import ChanceTrial
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.gate import FrequencyGate, would_evict
+from mpcache.eviction.ghosts import GhostLists
 from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.phases import PhaseTests
 from mpcache.eviction.refusal import RefusedKeys, draw
@@ -77,6 +78,7 @@ from mpcache.eviction.shadow import ShadowLru
 from mpcache.eviction.verdicts import StoreVerdicts
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
+_UNBOUNDED = float("inf")  # ``arc``'s ghosts are bounded as ARC bounds them, after they are added
 FREQUENCY_WINDOW = 30  # counts between two halvings of the frequency sketch, per resident object (at least 16)
 
 
@@ -97,12 +99,10 @@ class ArcOrder:
         self.lists: list[OrderedDict[Any, Any]] = [OrderedDict(), OrderedDict(), OrderedDict()]
         if prefix_aware:
             self.lists[1] = self.lists[0]
+        self.recency = prefix_aware  # whether T1 and T2 are one list, least recently used first: the recency phase
         self.phases = PhaseTests(capacity_bytes)  # the evidence that splits the one list and joins ARC's lists again
-        self._b1: OrderedDict[Any, int] = OrderedDict()  # ghosts of T1's victims: key → bytes
-        self._b2: OrderedDict[Any, int] = OrderedDict()
-        self._ghosts = (self._b1, self._b2)
+        self._ghosts = GhostLists()  # B1 and B2: the keys of T1's and T2's victims, with their bytes
         self.sizes = [0, 0, 0]  # bytes of T1's, T2's and the orphans' resident objects
-        self._ghost_bytes = [0, 0]  # B1, B2
         self.target = 0.0  # T1's share, bytes
         self._storing: Sequence[Any] | None = None  # the keys the store being reserved names (``admitting``)
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
@@ -127,11 +127,6 @@ class ArcOrder:
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
         self._fair_access = -1
-
-    @property
-    def recency(self) -> bool:
-        """Whether the order is in its recency phase (T1 and T2 one list, least recently used first)."""
-        return self.lists[1] is self.lists[0]
 
     @property
     def chance(self) -> float:
@@ -166,28 +161,25 @@ class ArcOrder:
             self.fair = shares.touched(key, self)  # not a store (an L2 landing): touched here
         if self.fair is not None:
             self.fair.placed(key, entry.size)
-        b1, b2 = self._ghosts
-        if key in b1:  # a membership test, not pop(key, None): most new keys are no ghost
-            self._ghost_hit(0, b1.pop(key), entry.size)
-            self._admitted = True
-        elif key in b2:
-            self._ghost_hit(1, b2.pop(key), entry.size)
-            self._admitted = True
-        else:
+        tier = self._ghosts.tier(key)
+        if tier < 0:  # no ghost (most new keys)
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
             if not self.prefix_aware:
                 self._trim_ghosts_as_arc()
             return
+        self._ghost_hit(tier, key, entry.size)
+        self._admitted = True
         entry.tier = 1
         self.sizes[1] += entry.size
         if not self.prefix_aware:
             self._trim_ghosts_as_arc()
 
-    def _ghost_hit(self, tier: int, ghost_size: int, size: int) -> None:
-        ghosts = self._ghost_bytes
-        step = size * max(ghosts[1 - tier] / ghosts[tier], 1.0) if ghosts[tier] else size  # 0: empty ghosts
-        ghosts[tier] -= ghost_size
-        if self.recency and self.phases.split_due(tier, len(self._b1), len(self._b2)):
+    def _ghost_hit(self, tier: int, key: Any, size: int) -> None:
+        ghosts = self._ghosts
+        held = ghosts.nbytes(tier)
+        step = size * max(ghosts.nbytes(1 - tier) / held, 1.0) if held else size  # 0: empty ghosts
+        ghosts.remove(key)
+        if self.recency and self.phases.split_due(tier, ghosts.count(0), ghosts.count(1)):
             self.split()
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
@@ -204,6 +196,7 @@ class ArcOrder:
         for key in t2:
             del t1[key]
         self.lists[1] = t2
+        self.recency = False
         self.phases.split()
 
     def join(self) -> None:
@@ -213,6 +206,7 @@ class ArcOrder:
         if t2 is t1:
             return
         self.lists[0] = self.lists[1] = OrderedDict(heapq.merge(t1.items(), t2.items(), key=lambda kv: kv[1].used))
+        self.recency = True
         self._shadow = None
         self.phases.join()
 
@@ -261,15 +255,11 @@ class ArcOrder:
                 return None
             size = entry.size
             sizes[tier] -= size
-            ghosts, ghost_bytes = self._ghosts, self._ghost_bytes
-            ghosts[tier][key] = size
-            ghost_bytes[tier] += size
-            if not self.prefix_aware:
-                self._trim_ghosts_as_arc()
+            if self.prefix_aware:  # both ghost lists within L1's capacity, the larger trimmed first
+                self._ghosts.add(tier, key, size, self.capacity)
             else:
-                while ghost_bytes[0] + ghost_bytes[1] > self.capacity:
-                    larger = 0 if ghost_bytes[0] > ghost_bytes[1] else 1
-                    ghost_bytes[larger] -= ghosts[larger].popitem(False)[1]
+                self._ghosts.add(tier, key, size, _UNBOUNDED)
+                self._trim_ghosts_as_arc()
         parent = entry.parent  # only the prefix-aware order links entries
         if parent is not None:  # no longer its child (inline: a call per eviction costs more than the test)
             children = parent.children
@@ -288,12 +278,11 @@ class ArcOrder:
     def _trim_ghosts_as_arc(self) -> None:
         """``arc``'s ghosts bounded as ARC bounds them, after each eviction and each object that joins (so a store of
         B2's oldest ghost is a ghost hit, as in ARC, where the eviction comes after the miss)."""
-        sizes, ghost_bytes, b1, b2, bound = self.sizes, self._ghost_bytes, self._b1, self._b2, self.capacity
-        while b1 and sizes[0] + ghost_bytes[0] > bound:
-            ghost_bytes[0] -= b1.popitem(False)[1]
-        while (b1 or b2) and sizes[0] + sizes[1] + ghost_bytes[0] + ghost_bytes[1] > 2 * bound:
-            tier = 1 if b2 else 0
-            ghost_bytes[tier] -= self._ghosts[tier].popitem(False)[1]
+        sizes, ghosts, bound = self.sizes, self._ghosts, self.capacity
+        while ghosts.count(0) and sizes[0] + ghosts.nbytes(0) > bound:
+            ghosts.pop_oldest(0)
+        while len(ghosts) and sizes[0] + sizes[1] + ghosts.nbytes(0) + ghosts.nbytes(1) > 2 * bound:
+            ghosts.pop_oldest(1 if ghosts.count(1) else 0)
 
     def _evictable_now(self, entry: Any) -> bool:
         """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""
@@ -372,8 +361,8 @@ class ArcOrder:
 
     def _seen(self, storing: Sequence[Any]) -> bool:
         """Whether a key of the store was evicted (a ghost) or refused before: its second sight."""
-        b1, b2, refused = self._b1, self._b2, self._refused
-        return any(key in b1 or key in b2 or key in refused for key in storing)
+        ghosts, refused = self._ghosts, self._refused
+        return any(key in ghosts or key in refused for key in storing)
 
     def _refused_bound(self) -> float:
         """Keys of stores second sight refuses remembered: the newest, as many bytes as T2 holds (L1's capacity
@@ -409,31 +398,34 @@ class ArcOrder:
                 self._refused.remember(storing, self._storing_bytes, bound)
         return self._admitted
 
-    def asked(self, keys: Iterable[Any], nbytes: float, found: bool) -> None:
+    def asked(self, keys: Sequence[Any], nbytes: float, found: bool) -> None:
         """A lookup ``found`` each of ``keys`` (of ``nbytes``), or a store reserves them (once per request, as L1 calls
         it), in order: counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when
         sampled in ARC's phase, compared with an LRU's find (:attr:`phases`); a watched store's return
-        (:attr:`returns`)."""
-        watched, shares, gate, frequency = self.returns.watched, self._shares, self.gate, self.frequency
-        phases = self.phases
+        (:attr:`returns`); an access's first key touches its group's fair share."""
+        shares = self._shares
+        if shares is not None and keys and self._fair_access != self.access:
+            self._fair_access = self.access
+            first = keys[0]
+            if self.fair is not None or first[:2] != shares.first:
+                self.fair = shares.touched(first, self)
+        watched, gate, frequency, trial = self.returns.watched, self.gate, self.frequency, self._trial
+        shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
         for key in keys:
             if watched and key in watched:
                 self.returns.asked(key)
-            if shares is not None and self._fair_access != self.access:
-                self._fair_access = self.access
-                if self.fair is not None or key[:2] != shares.first:
-                    self.fair = shares.touched(key, self)
-            shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
             if shadow is not None:
                 lru_found = shadow.sees(key, nbytes, self.access)
-                if lru_found is not None and phases.join_due(shadow.halvings, nbytes, found, lru_found, self.access):
+                if lru_found is not None and self.phases.join_due(shadow.halvings, nbytes, found, lru_found,
+                                                                  self.access):
                     self.join()
+                    shadow = None
             if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
                 gate.asked(key)
             counted = frequency.add(key)
             if counted:
-                if counted & SAMPLED and self._trial is not None:  # sampled for the trial (it sets the sampling)
-                    self._trial.sees(key, nbytes, self.access, found)
+                if counted & SAMPLED and trial is not None:  # sampled for the trial (it sets the sampling)
+                    trial.sees(key, nbytes, self.access, found)
                 if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
                     frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 

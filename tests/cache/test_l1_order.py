@@ -117,7 +117,7 @@ def test_the_ghosts_hold_at_most_l1_s_capacity_in_bytes(prefix_aware, ghosts):
             chosen = order.victim()
             assert chosen is not None
             del entries[chosen[0]]
-    assert ghosts == [*order._b1, *order._b2]
+    assert ghosts == [*order._ghosts.keys(0), *order._ghosts.keys(1)]
 
 
 def test_the_adaptive_order_gives_up_the_larger_ghost_list_s_oldest_first():
@@ -146,14 +146,14 @@ def test_the_adaptive_order_gives_up_the_larger_ghost_list_s_oldest_first():
         _add(order, entries, key)
         _use(order, entries, key)
         evict(evicted)
-    assert (["b", "c"], ["x", "y"]) == ([*order._b1], [*order._b2])
+    assert (["b", "c"], ["x", "y"]) == (order._ghosts.keys(0), order._ghosts.keys(1))
 
 
 def _ghosts_of(l1: L1Manager) -> tuple[list[int], list[int]]:
     """B1's and B2's chunks, oldest first."""
     order = l1.order
     assert isinstance(order, ArcOrder)
-    return [key.chunk_hash for key in order._b1], [key.chunk_hash for key in order._b2]
+    return [key.chunk_hash for key in order._ghosts.keys(0)], [key.chunk_hash for key in order._ghosts.keys(1)]
 
 
 def test_arc_keeps_t1_and_b1_within_l1_s_capacity_and_gives_up_b2_s_ghosts_first():
@@ -595,7 +595,7 @@ def test_the_adaptive_order_starts_in_a_recency_phase_that_evicts_least_recently
         order.split()
         assert (["b", "c"], ["a"]) == (list(order.lists[0]), list(order.lists[1]))
     assert expected == _victims(order, entries)
-    assert (["b", "c"], ["a"]) == (list(order._b1), list(order._b2))
+    assert (["b", "c"], ["a"]) == (order._ghosts.keys(0), order._ghosts.keys(1))
 
 
 def _ghosts(order: ArcOrder, entries: dict[str, Entry], count: int) -> None:
@@ -605,7 +605,7 @@ def _ghosts(order: ArcOrder, entries: dict[str, Entry], count: int) -> None:
         _add(order, entries, f"t{n}")
         _use(order, entries, f"t{n}")
     _victims(order, entries)
-    assert [count, count] == order._ghost_bytes
+    assert [count, count] == [order._ghosts.nbytes(0), order._ghosts.nbytes(1)]
 
 
 def test_the_recency_phase_ends_once_objects_seen_again_return_more_often_than_their_share_by_three_sigmas():
@@ -835,7 +835,7 @@ def test_the_recency_phase_weighs_a_ghost_hit_as_one_object_whatever_its_bytes()
         _add(order, entries, f"t{n}")
         _use(order, entries, f"t{n}")
     _victims(order, entries)
-    assert [100, 10] == order._ghost_bytes
+    assert [100, 10] == [order._ghosts.nbytes(0), order._ghosts.nbytes(1)]
     for n in range(10):
         key = f"s{n}" if n % 2 == 0 else f"t{n}"
         entries[key] = Entry(0, 10 if key[0] == "s" else 1)

@@ -1,0 +1,102 @@
+"""ARC's ghost lists: B1 and B2 (tiers 0 and 1), the keys of objects evicted from T1 and T2, oldest first, with their
+bytes.  A ghost is added at each eviction and trimmed at once, and a new key is looked up in them at each
+reservation: the ``adaptive`` order's costliest bookkeeping per object, so :data:`GhostLists` is the compiled lists
+(``_ghosts.c``) where they were built, else :class:`GhostListsReference`, the definition a differential test holds
+them to.  A key is in one list at most; bytes are floats (a miniature's objects are fractions of a byte).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+
+class GhostListsReference:
+    """B1 and B2 in two ordered dicts (key → bytes, oldest first) and each list's bytes."""
+
+    def __init__(self) -> None:
+        self._lists: tuple[OrderedDict[Hashable, float], OrderedDict[Hashable, float]] = (OrderedDict(), OrderedDict())
+        self._bytes = [0.0, 0.0]
+
+    def tier(self, key: Hashable, /) -> int:
+        """The list that holds ``key`` (0: B1, 1: B2), -1 where neither does."""
+        b1, b2 = self._lists
+        return 0 if key in b1 else 1 if key in b2 else -1
+
+    def remove(self, key: Hashable, /) -> None:
+        """``key`` leaves its list (a ghost hit); KeyError where it is no ghost."""
+        for tier, ghosts in enumerate(self._lists):
+            if key in ghosts:
+                self._bytes[tier] -= ghosts.pop(key)
+                return
+        raise KeyError(key)
+
+    def add(self, tier: int, key: Hashable, nbytes: float, bound: float, /) -> None:
+        """``key`` of ``nbytes`` joins list ``tier`` as its newest (leaving the list that held it, if any); then, while
+        both lists hold more than ``bound`` bytes, the oldest ghost of the one holding more (B2 on a tie) leaves."""
+        tier, nbytes, bound = _checked(tier), _number(nbytes), _number(bound)
+        if self.tier(key) >= 0:
+            self.remove(key)
+        lists, held = self._lists, self._bytes
+        lists[tier][key] = nbytes
+        held[tier] += nbytes
+        while held[0] + held[1] > bound:
+            larger = 0 if held[0] > held[1] else 1
+            if not lists[larger]:
+                larger = 1 - larger
+                if not lists[larger]:
+                    break  # both empty: a residue of float bytes is all that is left
+            held[larger] -= lists[larger].popitem(False)[1]
+
+    def pop_oldest(self, tier: int, /) -> float:
+        """The oldest ghost of list ``tier`` leaves; its bytes (KeyError where the list is empty)."""
+        ghosts = self._lists[_checked(tier)]
+        if not ghosts:
+            raise KeyError("pop_oldest(): the ghost list is empty")
+        nbytes = ghosts.popitem(False)[1]
+        self._bytes[tier] -= nbytes
+        return nbytes
+
+    def nbytes(self, tier: int, /) -> float:
+        """The bytes list ``tier``'s ghosts stand for."""
+        return self._bytes[_checked(tier)]
+
+    def count(self, tier: int, /) -> int:
+        """The ghosts list ``tier`` holds."""
+        return len(self._lists[_checked(tier)])
+
+    def keys(self, tier: int, /) -> list[Hashable]:
+        """List ``tier``'s keys, oldest first (a copy)."""
+        return list(self._lists[_checked(tier)])
+
+    def __contains__(self, key: object) -> bool:
+        b1, b2 = self._lists
+        return key in b1 or key in b2
+
+    def __len__(self) -> int:
+        return len(self._lists[0]) + len(self._lists[1])
+
+
+def _checked(tier: int) -> int:
+    """``tier`` where it names a list (0 or 1), else ValueError."""
+    if type(tier) is not int or tier not in (0, 1):
+        raise ValueError(f"tier must be 0 or 1, not {tier!r}")
+    return tier
+
+
+def _number(value: float) -> float:
+    """``value`` as a float where it is a number (as C's ``PyFloat_AsDouble`` takes it), else TypeError."""
+    if isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(f"must be real number, not {type(value).__name__}")
+    return float(value)
+
+
+GhostLists: type[GhostListsReference] | type[_ghosts.GhostLists]
+try:
+    from mpcache.eviction import _ghosts
+
+    GhostLists = _ghosts.GhostLists
+    COMPILED = True
+except ImportError:  # no C compiler at install time
+    GhostLists = GhostListsReference
+    COMPILED = False

@@ -1,0 +1,167 @@
+"""ARC's ghost lists: the compiled ones (``_ghosts.c``) and their Python definition alike, against cases worked out
+by hand; the two against each other on random operations; and L1 deciding the same with either."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from benchmarks import trace_gen
+from benchmarks.null_cache import NullPublisher
+from mpcache.cache.l1 import L1Manager
+from mpcache.contract.keys import ChunkKey
+from mpcache.eviction import ghosts as ghosts_module
+from mpcache.eviction import order as eviction_order
+from mpcache.eviction.ghosts import GhostListsReference
+
+compiled = pytest.mark.skipif(not ghosts_module.COMPILED, reason="mpcache.eviction._ghosts was not built")
+WAYS = [pytest.param(GhostListsReference, id="python"),
+        pytest.param(ghosts_module.GhostLists, id="compiled", marks=compiled)]
+
+
+def _state(lists) -> tuple:
+    return (lists.keys(0), lists.keys(1), lists.nbytes(0), lists.nbytes(1), lists.count(0), lists.count(1), len(lists))
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_ghosts_join_newest_and_the_larger_list_gives_up_its_oldest_while_both_hold_more_than_the_bound(lists_type):
+    """B1 gets a, b, c of 10 bytes and B2 x of 15, bound 40: the fourth ghost takes both to 45, so B1 (30 bytes,
+    the larger) gives up a; y of 15 in B2 takes them to 50 and B2 (30) gives up x; d of 25 in B1 takes them to 60
+    and B1 gives up b (50) and c (40)."""
+    lists = lists_type()
+    for key in "abc":
+        lists.add(0, key, 10, 40)
+    lists.add(1, "x", 15, 40)
+    assert (["b", "c"], ["x"], 20.0, 15.0, 2, 1, 3) == _state(lists)
+    lists.add(1, "y", 15, 40)
+    assert (["b", "c"], ["y"], 20.0, 15.0, 2, 1, 3) == _state(lists)
+    lists.add(0, "d", 25, 40)
+    assert (["d"], ["y"], 25.0, 15.0, 1, 1, 2) == _state(lists)
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_on_a_tie_b2_gives_up_its_oldest_and_an_empty_larger_list_leaves_it_to_the_other(lists_type):
+    lists = lists_type()
+    lists.add(0, "a", 10, 100)
+    lists.add(1, "x", 10, 100)
+    lists.add(0, "b", 0, 19)  # 20 bytes, 10 each: B2 gives up x
+    assert (["a", "b"], []) == (lists.keys(0), lists.keys(1))
+    lists.add(1, "y", 5, 1)  # 15: B1 (10) gives up a; then B2 (5) is the larger and gives up y, and b (0) stays
+    assert (["b"], [], 0.0, 0.0, 1) == (lists.keys(0), lists.keys(1), lists.nbytes(0), lists.nbytes(1), len(lists))
+    lists.remove("b")
+    lists.add(0, "p", 0.1, 100)
+    lists.add(0, "q", 0.2, 100)
+    lists.remove("p")
+    lists.remove("q")
+    residue = 0.0 + 0.1 + 0.2 - 0.1 - 0.2  # B1 is empty, its float bytes not quite 0
+    lists.add(1, "y", residue / 2, 0)  # B1 holds more but is empty: B2 gives up y; then both are empty
+    assert ([], [], residue, 0.0, 0) == (lists.keys(0), lists.keys(1), lists.nbytes(0), lists.nbytes(1), len(lists))
+    assert residue > 0
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_a_ghost_is_found_in_its_list_removed_on_a_hit_and_added_again_as_the_newest(lists_type):
+    lists = lists_type()
+    key = ChunkKey("m", "", 7)
+    lists.add(0, key, 64, 1000)
+    lists.add(0, ChunkKey("m", "", 8), 64, 1000)
+    assert (0, -1, True) == (lists.tier(ChunkKey("m", "", 7)), lists.tier(ChunkKey("m", "", 9)), key in lists)
+    lists.remove(ChunkKey("m", "", 7))
+    assert (-1, False, 64.0, 1) == (lists.tier(key), key in lists, lists.nbytes(0), lists.count(0))
+    lists.add(1, key, 64, 1000)
+    lists.add(0, ChunkKey("m", "", 8), 32, 1000)  # held already: it moves, with its new bytes
+    assert ([ChunkKey("m", "", 8)], [key], 32.0, 64.0) == _state(lists)[:4]
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_the_oldest_ghost_of_a_list_is_popped_with_its_bytes(lists_type):
+    lists = lists_type()
+    lists.add(1, "x", 3, 100)
+    lists.add(1, "y", 4, 100)
+    assert (3.0, ["y"], 4.0) == (lists.pop_oldest(1), lists.keys(1), lists.nbytes(1))
+    with pytest.raises(KeyError):
+        lists.pop_oldest(0)
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+@pytest.mark.parametrize("call", [
+    lambda lists: lists.add(2, "k", 1, 10), lambda lists: lists.add(-1, "k", 1, 10),
+    lambda lists: lists.add(True, "k", 1, 10), lambda lists: lists.add(0.0, "k", 1, 10),
+    lambda lists: lists.nbytes(2), lambda lists: lists.count("0"), lambda lists: lists.keys(None),
+    lambda lists: lists.pop_oldest(1 << 70),
+], ids=["two", "minus-one", "bool", "float", "nbytes", "count", "keys", "huge"])
+def test_a_tier_other_than_the_int_0_or_1_is_a_value_error_and_changes_nothing(lists_type, call):
+    lists = lists_type()
+    lists.add(0, "a", 1, 10)
+    with pytest.raises(ValueError, match="tier must be 0 or 1"):
+        call(lists)
+    assert (["a"], [], 1.0, 0.0, 1, 0, 1) == _state(lists)
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_unhashable_keys_and_bytes_that_are_no_number_are_type_errors_and_change_nothing(lists_type):
+    lists = lists_type()
+    lists.add(0, "a", 1, 10)
+    for call in (lambda: lists.add(0, [1], 1, 10), lambda: lists.add(0, "b", "1", 10),
+                 lambda: lists.add(0, "b", 1, None), lambda: lists.tier({}), lambda: lists.remove([])):
+        with pytest.raises(TypeError):
+            call()
+    with pytest.raises(KeyError):
+        lists.remove("b")
+    assert (["a"], [], 1.0, 0.0, 1, 0, 1) == _state(lists)
+
+
+@compiled
+def test_the_compiled_lists_hold_what_their_python_definition_holds_after_every_operation():
+    """20,000 random operations (adds to either list with int and fractional bytes and bounds that trim, ghost hits,
+    pops, a key added again), applied to both: the same answers, errors, keys in order and bytes after each."""
+    rng = random.Random(5)
+    both = (GhostListsReference(), ghosts_module.GhostLists())
+    keys = [ChunkKey("m", "", rng.getrandbits(64)) for _ in range(300)] + list(range(100))
+    for step in range(20_000):
+        key = rng.choice(keys)
+        operation = rng.random()
+        if operation < 0.55:
+            nbytes = rng.choice([64, 128, 0.37 * rng.random(), rng.randrange(1, 1000)])
+            name, args = "add", (rng.randrange(2), key, nbytes, rng.choice([float("inf"), 5_000, 20_000, 2_500.5]))
+        elif operation < 0.75:
+            name, args = "tier", (key,)
+        elif operation < 0.9:
+            name, args = "remove", (key,)
+        else:
+            name, args = "pop_oldest", (rng.randrange(2),)
+        outcomes = []
+        for lists in both:
+            try:
+                outcomes.append(("ok", getattr(lists, name)(*args)))
+            except KeyError:
+                outcomes.append(("KeyError", None))
+            outcomes[-1] += (_state(lists), key in lists)
+        assert outcomes[0] == outcomes[1], f"step {step}"
+    assert len(both[0]) > 10
+
+
+REPLAY_POLICIES = [("adaptive", "rag", 2), ("adaptive", "conversations", 3), ("arc", "rag", 2),
+                   ("arc", "multitenant", 4)]
+
+
+@compiled
+@pytest.mark.parametrize(("policy", "kind", "seed"), REPLAY_POLICIES)
+def test_l1_decides_the_same_with_the_compiled_lists_and_their_python_definition(monkeypatch, policy, kind, seed):
+    """A generated trace through a 20-object L1 with each: the same prefix found per request, the same ghosts,
+    ARC's target and each list's bytes (with ghost hits among them, so the lists decided something)."""
+    runs = []
+    for lists_type in (GhostListsReference, ghosts_module.GhostLists):
+        monkeypatch.setattr(eviction_order, "GhostLists", lists_type)
+        l1 = L1Manager(np.zeros(20 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
+        found = []
+        for request in getattr(trace_gen, kind)(800, seed=seed):
+            found.append(l1.lock_prefix("m", "", request.hashes, publish=False))
+            reservation = l1.reserve_write("m", "", request.hashes[found[-1]:])
+            l1.commit_write("m", "", [request.hashes[found[-1] + p] for p in reservation.positions], 64)
+            l1.release_read("m", "", request.hashes[:found[-1]])
+        order = l1._order
+        runs.append((found, _state(order._ghosts), order.target, list(order.sizes)))
+    assert sum(runs[0][0]) > 0 and runs[0][1][-1] > 0 and runs[0] == runs[1]
