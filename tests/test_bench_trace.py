@@ -970,7 +970,7 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     assert max(ratios) > 1.05  # hence "at the target, not clearly under it"
     fewer = round(before_adaptive - (first + second) / 2, -3), round(before_lru - (first_lru + second_lru) / 2, -3)
     assert (f"`adaptive` counts about {fewer[0]:,.0f} fewer a request than 58053df's and `lru` about {fewer[1]:,.0f} "
-            f"fewer. At the target, not clearly under it:") in prose
+            f"fewer. Those were at the target, not clearly under it:") in prose
     later = [run["tp1"][0] for run in kept["runs"]["8c24924"]]
     (third, third_lru), (fourth, fourth_lru) = map(_instructions, later)
     assert (f"Two runs of 8c24924 (the phase tests in a module of their own, no change in behaviour; 10:48–10:51 UTC) "

@@ -13,8 +13,9 @@
  * subtracted in the reference's order, so both give the same sums.  The ``adaptive`` order adds a ghost at each
  * eviction and looks a new key up at each reservation: in C, a call each instead of an ordered dict's insertion,
  * trimming loop and two membership tests in Python.  Each ghost is a slot of an array (linked oldest to newest
- * per list); a dict maps each key to its slot.  A slot leaves its list before the dict is touched, so whatever a
- * key's comparison runs finds the lists whole.
+ * per list); a dict maps each key to its slot.  The dict changes first and the lists only once it has, so a key's
+ * comparison that raises leaves them as they were; one that calls ``add``, ``remove`` or ``pop_oldest`` on the same
+ * lists gets a RuntimeError (``tier`` and ``in`` find them whole).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -47,6 +48,7 @@ typedef struct {
     Py_ssize_t free;          /* the first free slot, -1: none */
     Py_ssize_t oldest[2], newest[2], count[2];
     double bytes[2];
+    int busy;                 /* a dict call that may run a key's comparison is under way */
 } Ghosts;
 
 /* ``arg`` as a tier (0 or 1), else -1 with ValueError set. */
@@ -75,19 +77,26 @@ static Py_ssize_t find(Ghosts *self, PyObject *key, Py_hash_t *hash) {
     *hash = PyObject_Hash(key);
     if (*hash == -1)
         return -2;
+    self->busy++;
     PyObject *slot = GET_KNOWN(self->where, key, *hash);
+    self->busy--;
     if (slot == NULL)
         return PyErr_Occurred() ? -2 : -1;
     return PyLong_AsSsize_t(slot); /* an int this type stored: no error */
 }
 
-/* Takes slot ``index`` out of its list and out of the dict, its bytes off its list's; -1 with an exception set
- * where the dict no longer holds its key (the slot is out of the lists all the same). */
+/* Takes slot ``index`` out of the dict, then out of its list, its bytes off its list's; -1 with an exception set
+ * (and nothing changed) where the dict's deletion failed. */
 static int drop(Ghosts *self, Py_ssize_t index) {
+    PyObject *key = self->slots[index].key;
+    Py_hash_t hash = self->slots[index].hash;
+    self->busy++;
+    int failed = DEL_KNOWN(self->where, key, hash);  /* first: on failure nothing has changed */
+    self->busy--;
+    if (failed)
+        return -1;
     Slot *slot = &self->slots[index];
     int tier = slot->tier;
-    PyObject *key = slot->key;
-    Py_hash_t hash = slot->hash;
     if (slot->prev >= 0)
         self->slots[slot->prev].next = slot->next;
     else
@@ -101,9 +110,16 @@ static int drop(Ghosts *self, Py_ssize_t index) {
     slot->key = NULL;
     slot->next = self->free;
     self->free = index;
-    int failed = DEL_KNOWN(self->where, key, hash);
     Py_DECREF(key);
-    return failed;
+    return 0;
+}
+
+/* 0, or -1 with RuntimeError set while a dict call that may run a key's comparison is under way. */
+static int refuse_busy(Ghosts *self) {
+    if (!self->busy)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "GhostLists changed while one of its keys was being compared");
+    return -1;
 }
 
 /* A free slot's index (the array grown where none is free), -1 with MemoryError set. */
@@ -156,12 +172,18 @@ static PyObject *ghosts_tier(Ghosts *self, PyObject *key) {
 }
 
 static PyObject *ghosts_remove(Ghosts *self, PyObject *key) {
+    if (refuse_busy(self) < 0)
+        return NULL;
     Py_hash_t hash;
     Py_ssize_t index = find(self, key, &hash);
     if (index == -2)
         return NULL;
     if (index == -1) {
-        PyErr_SetObject(PyExc_KeyError, key);
+        PyObject *wrapped = PyTuple_Pack(1, key);  /* KeyError(key), as dict raises it (a tuple key is one arg) */
+        if (wrapped != NULL) {
+            PyErr_SetObject(PyExc_KeyError, wrapped);
+            Py_DECREF(wrapped);
+        }
         return NULL;
     }
     if (drop(self, index) < 0)
@@ -170,6 +192,8 @@ static PyObject *ghosts_remove(Ghosts *self, PyObject *key) {
 }
 
 static PyObject *ghosts_add(Ghosts *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (refuse_busy(self) < 0)
+        return NULL;
     if (nargs != 4) {
         PyErr_Format(PyExc_TypeError, "add() takes 4 arguments (tier, key, nbytes, bound), %zd given", nargs);
         return NULL;
@@ -192,7 +216,10 @@ static PyObject *ghosts_add(Ghosts *self, PyObject *const *args, Py_ssize_t narg
     if (index < 0)
         return NULL;
     PyObject *number = PyLong_FromSsize_t(index);
-    if (number == NULL || SET_KNOWN(self->where, key, number, hash) < 0) {
+    self->busy++;
+    int set_failed = number == NULL || SET_KNOWN(self->where, key, number, hash) < 0;
+    self->busy--;
+    if (set_failed) {
         Py_XDECREF(number);
         self->slots[index].next = self->free; /* back to the free list */
         self->free = index;
@@ -227,6 +254,8 @@ static PyObject *ghosts_add(Ghosts *self, PyObject *const *args, Py_ssize_t narg
 }
 
 static PyObject *ghosts_pop_oldest(Ghosts *self, PyObject *arg) {
+    if (refuse_busy(self) < 0)
+        return NULL;
     int tier = tier_arg(arg);
     if (tier < 0)
         return NULL;

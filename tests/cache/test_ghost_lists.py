@@ -116,7 +116,8 @@ def test_unhashable_keys_and_bytes_that_are_no_number_are_type_errors_and_change
 @compiled
 def test_the_compiled_lists_hold_what_their_python_definition_holds_after_every_operation():
     """20,000 random operations (adds to either list with int and fractional bytes and bounds that trim, ghost hits,
-    pops, a key added again), applied to both: the same answers, errors, keys in order and bytes after each."""
+    pops, a key added again), applied to both: the same answers, errors (a missing tuple key is the KeyError's one
+    argument, as a dict's), keys in order and bytes after each."""
     rng = random.Random(5)
     both = (GhostListsReference(), ghosts_module.GhostLists())
     keys = [ChunkKey("m", "", rng.getrandbits(64)) for _ in range(300)] + list(range(100))
@@ -136,8 +137,8 @@ def test_the_compiled_lists_hold_what_their_python_definition_holds_after_every_
         for lists in both:
             try:
                 outcomes.append(("ok", getattr(lists, name)(*args)))
-            except KeyError:
-                outcomes.append(("KeyError", None))
+            except KeyError as error:
+                outcomes.append(("KeyError", error.args))
             outcomes[-1] += (_state(lists), key in lists)
         assert outcomes[0] == outcomes[1], f"step {step}"
     assert len(both[0]) > 10
@@ -151,9 +152,18 @@ REPLAY_POLICIES = [("adaptive", "rag", 2), ("adaptive", "conversations", 3), ("a
 @pytest.mark.parametrize(("policy", "kind", "seed"), REPLAY_POLICIES)
 def test_l1_decides_the_same_with_the_compiled_lists_and_their_python_definition(monkeypatch, policy, kind, seed):
     """A generated trace through a 20-object L1 with each: the same prefix found per request, the same ghosts,
-    ARC's target and each list's bytes (with ghost hits among them, so the lists decided something)."""
+    ARC's target and each list's bytes, with ghost hits among them (so the lists decided something), and the order's
+    ``recency`` true exactly while T1 and T2 are one list."""
+
+    class CountedHits(GhostListsReference):
+        hits = 0
+
+        def remove(self, key, /):
+            CountedHits.hits += 1
+            super().remove(key)
+
     runs = []
-    for lists_type in (GhostListsReference, ghosts_module.GhostLists):
+    for lists_type in (CountedHits, ghosts_module.GhostLists):
         monkeypatch.setattr(eviction_order, "GhostLists", lists_type)
         l1 = L1Manager(np.zeros(20 * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy=policy)
         found = []
@@ -162,6 +172,50 @@ def test_l1_decides_the_same_with_the_compiled_lists_and_their_python_definition
             reservation = l1.reserve_write("m", "", request.hashes[found[-1]:])
             l1.commit_write("m", "", [request.hashes[found[-1] + p] for p in reservation.positions], 64)
             l1.release_read("m", "", request.hashes[:found[-1]])
+            assert l1._order.recency == (l1._order.lists[1] is l1._order.lists[0])
         order = l1._order
         runs.append((found, _state(order._ghosts), order.target, list(order.sizes)))
-    assert sum(runs[0][0]) > 0 and runs[0][1][-1] > 0 and runs[0] == runs[1]
+    assert sum(runs[0][0]) > 0 and CountedHits.hits > 0 and runs[0][1][-1] > 0 and runs[0] == runs[1]
+
+
+class _Armed:
+    """A key whose hashes collide and whose comparison runs ``action`` once, when armed (a hostile or buggy key)."""
+
+    action = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __hash__(self) -> int:
+        return 42
+
+    def __eq__(self, other: object) -> bool:
+        action, _Armed.action = _Armed.action, None
+        if action is not None:
+            action()
+        return self is other
+
+
+@compiled
+@pytest.mark.parametrize("during", ["remove", "add", "pop_oldest"])
+def test_a_key_whose_comparison_changes_or_raises_leaves_the_compiled_lists_whole(during):
+    """A comparison that calls back into the lists is a RuntimeError, one that raises is its own error; either way
+    the lists hold what they held, and go on working (before, the first crashed the process)."""
+    lists = ghosts_module.GhostLists()
+    first, second = _Armed("a"), _Armed("b")
+    lists.add(0, first, 10, 1000)
+    lists.add(1, second, 20, 1000)
+    calls = {"remove": lambda: lists.remove(second), "add": lambda: lists.add(0, _Armed("c"), 5, 1000),
+             "pop_oldest": lambda: lists.pop_oldest(1)}
+    for action, error in ((lambda: lists.remove(first), RuntimeError), (_raise, LookupError)):
+        _Armed.action = action
+        with pytest.raises(error):
+            calls[during]()
+        _Armed.action = None
+        assert ([first], [second], 10.0, 20.0, 1, 1, 2) == _state(lists)
+    lists.remove(second)
+    assert ([first], [], 1) == (lists.keys(0), lists.keys(1), len(lists))
+
+
+def _raise() -> None:
+    raise LookupError("a key's comparison failed")
