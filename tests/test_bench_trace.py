@@ -954,8 +954,9 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
 
 def test_performance_md_states_the_engine_path_runs_as_kept():
     """The engine-path ratios and counts are the runs docs/PERFORMANCE.json keeps (``engine_path``): two with ARC's
-    ghost lists compiled (c19a53a), two of fb4d283 with 58053df's between them and two of 8c24924, and the in-process
-    counts beside them (``l1_counted_ghosts_compiled``, ``l1_counted``); the changelog's figures are theirs."""
+    ghost lists compiled (c19a53a) and two after the review's mend (49a65f7), two of fb4d283 with 58053df's between
+    them and two of 8c24924, and the in-process counts beside them (``l1_counted_ghosts_compiled``, ``l1_counted``);
+    the changelog's figures are theirs."""
     kept = _raw_results()["engine_path"]
     ours, before = [run["tp1"][0] for run in kept["runs"]["fb4d283"]], kept["runs"]["58053df"]["tp1"][0]
     prose = " ".join(_doc("PERFORMANCE.md").split())
@@ -985,6 +986,14 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"behaviour): {met[0]}× and {met[1]}× in two runs (`adaptive` {fifth:,} and {sixth:,} instructions a "
             f"request against `lru`'s {fifth_lru:,} and {sixth_lru:,}; {compiled[0]['requests']} and "
             f"{compiled[1]['requests']} requests; `{kept['command']}`") in prose
+    mended = [run["tp1"][0] for run in kept["runs"]["49a65f7"]]
+    (seventh, seventh_lru), (eighth, eighth_lru) = map(_instructions, mended)
+    assert max(run["instructions_over_first"]["mpcache_adaptive"] for run in mended) < 1.05
+    assert (f"Two runs of 49a65f7 (the review's mend: the compiled lists refuse a change while a key is compared; "
+            f"14:52–14:58 UTC) read {mended[0]['instructions_over_first']['mpcache_adaptive']}× and "
+            f"{mended[1]['instructions_over_first']['mpcache_adaptive']}× ({seventh:,} and {eighth:,} against "
+            f"{seventh_lru:,} and {eighth_lru:,}; {mended[0]['requests']} and {mended[1]['requests']} requests)."
+            ) in prose
     counted, now = _raw_results()["l1_counted"], _raw_results()["l1_counted_ghosts_compiled"]
     count, count_now = ({(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
                          for row in kept_counts["rows"]} for kept_counts in (counted, now))
