@@ -151,7 +151,9 @@ def test_a_configuration_error_and_a_killed_cache_process_are_errors_in_the_jour
                 log = tmp_path / "log"
                 return [line for line in map(json.loads, log.read_text().splitlines()) if line["event"] == event] \
                     if log.exists() else []
-            wait_for(lambda: lines("cache.ready"), 60, "cache.ready")
+            # the cache process logs cache.start once it serves: after the socket cache.ready waits for (killed
+            # between the two, it would leave one cache.start, the restarted process's)
+            wait_for(lambda: lines("cache.ready") and lines("cache.start"), 60, "cache.ready and cache.start")
             [cache] = [line["pid"] for line in lines("child.started") if line["child_role"] == "cache"]
             os.kill(cache, signal.SIGKILL)
             wait_for(lambda: len(lines("cache.start")) == 2, 60, "the cache process to be restarted")
