@@ -952,6 +952,14 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
         row["l1_adaptive"], abs=1e-12)
 
 
+def _two_runs(runs: list[dict]) -> str:
+    """How PERFORMANCE.md states two ``isolation`` runs: both ratios, then both sides' counts and requests."""
+    (first, first_lru), (second, second_lru) = map(_instructions, runs)
+    ratios = [run["instructions_over_first"]["mpcache_adaptive"] for run in runs]
+    return (f"{ratios[0]}× and {ratios[1]}× ({first:,} and {second:,} against {first_lru:,} and {second_lru:,}; "
+            f"{runs[0]['requests']} and {runs[1]['requests']} requests).")
+
+
 def test_performance_md_states_the_engine_path_runs_as_kept():
     """The engine-path ratios and counts are the runs docs/PERFORMANCE.json keeps (``engine_path``): two with ARC's
     ghost lists compiled (c19a53a) and two after the review's mend (49a65f7), two of fb4d283 with 58053df's between
@@ -973,11 +981,8 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     assert (f"`adaptive` counts about {fewer[0]:,.0f} fewer a request than 58053df's and `lru` about {fewer[1]:,.0f} "
             f"fewer. Those were at the target, not clearly under it:") in prose
     later = [run["tp1"][0] for run in kept["runs"]["8c24924"]]
-    (third, third_lru), (fourth, fourth_lru) = map(_instructions, later)
     assert (f"Two runs of 8c24924 (the phase tests in a module of their own, no change in behaviour; 10:48–10:51 UTC) "
-            f"read {later[0]['instructions_over_first']['mpcache_adaptive']}× and "
-            f"{later[1]['instructions_over_first']['mpcache_adaptive']}× ({third:,} and {fourth:,} against "
-            f"{third_lru:,} and {fourth_lru:,}; {later[0]['requests']} and {later[1]['requests']} requests).") in prose
+            f"read {_two_runs(later)}") in prose
     compiled = [run["tp1"][0] for run in kept["runs"]["c19a53a"]]
     (fifth, fifth_lru), (sixth, sixth_lru) = map(_instructions, compiled)
     met = [run["instructions_over_first"]["mpcache_adaptive"] for run in compiled]
@@ -987,13 +992,9 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"request against `lru`'s {fifth_lru:,} and {sixth_lru:,}; {compiled[0]['requests']} and "
             f"{compiled[1]['requests']} requests; `{kept['command']}`") in prose
     mended = [run["tp1"][0] for run in kept["runs"]["49a65f7"]]
-    (seventh, seventh_lru), (eighth, eighth_lru) = map(_instructions, mended)
     assert max(run["instructions_over_first"]["mpcache_adaptive"] for run in mended) < 1.05
     assert (f"Two runs of 49a65f7 (the review's mend: the compiled lists refuse a change while a key is compared; "
-            f"14:52–14:58 UTC) read {mended[0]['instructions_over_first']['mpcache_adaptive']}× and "
-            f"{mended[1]['instructions_over_first']['mpcache_adaptive']}× ({seventh:,} and {eighth:,} against "
-            f"{seventh_lru:,} and {eighth_lru:,}; {mended[0]['requests']} and {mended[1]['requests']} requests)."
-            ) in prose
+            f"14:52–14:58 UTC) read {_two_runs(mended)}") in prose
     counted, now = _raw_results()["l1_counted"], _raw_results()["l1_counted_ghosts_compiled"]
     count, count_now = ({(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
                          for row in kept_counts["rows"]} for kept_counts in (counted, now))

@@ -99,7 +99,9 @@ class ArcOrder:
         self.lists: list[OrderedDict[Any, Any]] = [OrderedDict(), OrderedDict(), OrderedDict()]
         if prefix_aware:
             self.lists[1] = self.lists[0]
-        self.recency = prefix_aware  # whether T1 and T2 are one list, least recently used first: the recency phase
+        # whether T1 and T2 are one list, least recently used first (the recency phase): kept by split and join, not
+        # derived from the lists, as every store reads it
+        self.recency = prefix_aware
         self.phases = PhaseTests(capacity_bytes)  # the evidence that splits the one list and joins ARC's lists again
         self._ghosts = GhostLists()  # B1 and B2: the keys of T1's and T2's victims, with their bytes
         self.sizes = [0, 0, 0]  # bytes of T1's, T2's and the orphans' resident objects
