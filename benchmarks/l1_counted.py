@@ -38,6 +38,7 @@ WORKLOADS = ("unique", "shared")
 REQUESTS, WARMUP = 4000, 1000
 DONE_TIMEOUT_S = 1800.0  # per REQUESTS counted requests, instrumented: ~50 times slower than natively
 HASH_SEED = "0"  # the processes' string hashes, hence the dicts' layouts, hence the count: the same every run
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # numpy's idle BLAS threads add to a count
 
 
 def _request(workload: str, number: int) -> list[int]:
@@ -89,7 +90,8 @@ def count(policy: str, objects: int, workload: str, requests: int, warmup: int, 
     """``policy``'s instructions a request on ``workload`` in an L1 of ``objects``, and the chunks it found."""
     instructions, done = counted_side.count(
         ["benchmarks.l1_counted", "--child", policy, str(objects), workload, "--requests", str(requests), "--warmup",
-         str(warmup)], directory, DONE_TIMEOUT_S * max(1.0, requests / REQUESTS), {"PYTHONHASHSEED": HASH_SEED})
+         str(warmup)], directory, DONE_TIMEOUT_S * max(1.0, requests / REQUESTS),
+        {"PYTHONHASHSEED": HASH_SEED, **ONE_THREAD})
     found = int(done[1])
     return {"policy": policy, "objects": objects, "workload": workload,
             "instructions_per_request": round(instructions / requests), "found_per_request": found / requests}

@@ -5,17 +5,21 @@
  *   add(tier, key, nbytes, bound)       key joins list tier as its newest (leaving the list that held it); then,
  *                                       while both lists hold more than bound bytes, the oldest ghost of the one
  *                                       holding more (B2 on a tie; the other where that one is empty) leaves
- *   pop_oldest(tier) -> float           the oldest ghost of list tier leaves; its bytes (KeyError where it is empty)
+ *   trim_as_arc(t1, resident, capacity) ARC's bounds, given T1's and all resident bytes: while B1 holds a ghost and
+ *                                       T1 + B1 exceed capacity, B1's oldest leaves; then while a ghost is left and
+ *                                       resident + B1 + B2 exceed twice capacity, B2's oldest (B1's where B2 is
+ *                                       empty) leaves
  *   nbytes(tier) -> float, count(tier) -> int, keys(tier) -> list (oldest first), key in lists, len(lists)
  *
  * mpcache.eviction.ghosts.GhostListsReference is the same lists in Python; a differential test holds the two to the
  * same keys, order and bytes.  A tier that is not the int 0 or 1 is a ValueError.  Bytes are doubles, added and
  * subtracted in the reference's order, so both give the same sums.  The ``adaptive`` order adds a ghost at each
  * eviction and looks a new key up at each reservation: in C, a call each instead of an ordered dict's insertion,
- * trimming loop and two membership tests in Python.  Each ghost is a slot of an array (linked oldest to newest
- * per list); a dict maps each key to its slot.  The dict changes first and the lists only once it has, so a key's
- * comparison that raises leaves them as they were; one that calls ``add``, ``remove`` or ``pop_oldest`` on the same
- * lists gets a RuntimeError (``tier`` and ``in`` find them whole).
+ * trimming loop and two membership tests in Python; ``arc`` bounds its ghosts as ARC does in one call after each.
+ * Each ghost is a slot of an array (linked oldest to newest per list); a dict maps each key to its slot.  The dict
+ * changes first and the lists only once it has, so a key's comparison that raises leaves them as they were; one that
+ * calls ``add``, ``remove`` or ``trim_as_arc`` on the same lists gets a RuntimeError (``tier`` and ``in`` find them
+ * whole).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -253,21 +257,27 @@ static PyObject *ghosts_add(Ghosts *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-static PyObject *ghosts_pop_oldest(Ghosts *self, PyObject *arg) {
+static PyObject *ghosts_trim_as_arc(Ghosts *self, PyObject *const *args, Py_ssize_t nargs) {
     if (refuse_busy(self) < 0)
         return NULL;
-    int tier = tier_arg(arg);
-    if (tier < 0)
-        return NULL;
-    Py_ssize_t index = self->oldest[tier];
-    if (index < 0) {
-        PyErr_SetString(PyExc_KeyError, "pop_oldest(): the ghost list is empty");
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "trim_as_arc() takes 3 arguments (t1, resident, capacity), %zd given", nargs);
         return NULL;
     }
-    double nbytes = self->slots[index].nbytes;
-    if (drop(self, index) < 0)
-        return NULL;
-    return PyFloat_FromDouble(nbytes);
+    double bounds[3];
+    for (int at = 0; at < 3; at++) {
+        bounds[at] = number_arg(args[at]);
+        if (bounds[at] == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    double t1 = bounds[0], resident = bounds[1], capacity = bounds[2];
+    while (self->oldest[0] >= 0 && t1 + self->bytes[0] > capacity)
+        if (drop(self, self->oldest[0]) < 0)
+            return NULL;
+    while ((self->oldest[0] >= 0 || self->oldest[1] >= 0) && resident + self->bytes[0] + self->bytes[1] > 2 * capacity)
+        if (drop(self, self->oldest[self->oldest[1] >= 0 ? 1 : 0]) < 0)
+            return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *ghosts_nbytes(Ghosts *self, PyObject *arg) {
@@ -340,7 +350,8 @@ static PyMethodDef ghosts_methods[] = {
     {"remove", (PyCFunction)ghosts_remove, METH_O, "remove(key): key leaves its list (KeyError where no ghost)"},
     {"add", (PyCFunction)(void (*)(void))ghosts_add, METH_FASTCALL,
      "add(tier, key, nbytes, bound): key joins list tier, newest; the lists trimmed to bound bytes, larger first"},
-    {"pop_oldest", (PyCFunction)ghosts_pop_oldest, METH_O, "pop_oldest(tier) -> float: the oldest ghost's bytes"},
+    {"trim_as_arc", (PyCFunction)(void (*)(void))ghosts_trim_as_arc, METH_FASTCALL,
+     "trim_as_arc(t1, resident, capacity): the ghosts bounded as ARC bounds them, given T1's and all resident bytes"},
     {"nbytes", (PyCFunction)ghosts_nbytes, METH_O, "nbytes(tier) -> float: the bytes list tier's ghosts stand for"},
     {"count", (PyCFunction)ghosts_count, METH_O, "count(tier) -> int: the ghosts list tier holds"},
     {"keys", (PyCFunction)ghosts_keys, METH_O, "keys(tier) -> list: list tier's keys, oldest first"},

@@ -1,6 +1,7 @@
 """ARC's ghost lists: B1 and B2 (tiers 0 and 1), the keys of objects evicted from T1 and T2, oldest first, with their
-bytes.  A ghost is added at each eviction and trimmed at once, and a new key is looked up in them at each
-reservation: the ``adaptive`` order's costliest bookkeeping per object, so :data:`GhostLists` is the compiled lists
+bytes.  A ghost is added at each eviction and trimmed at once (``arc``'s by ARC's own bounds, a call after each
+eviction and each object placed), and a new key is looked up in them at each reservation: the ``adaptive`` order's
+costliest bookkeeping per object, so :data:`GhostLists` is the compiled lists
 (``_ghosts.c``) where they were built, else :class:`GhostListsReference`, the definition a differential test holds
 them to.  A key is in one list at most; bytes are floats (a miniature's objects are fractions of a byte).
 """
@@ -48,14 +49,17 @@ class GhostListsReference:
                     break  # both empty: a residue of float bytes is all that is left
             held[larger] -= lists[larger].popitem(False)[1]
 
-    def pop_oldest(self, tier: int, /) -> float:
-        """The oldest ghost of list ``tier`` leaves; its bytes (KeyError where the list is empty)."""
-        ghosts = self._lists[_checked(tier)]
-        if not ghosts:
-            raise KeyError("pop_oldest(): the ghost list is empty")
-        nbytes = ghosts.popitem(False)[1]
-        self._bytes[tier] -= nbytes
-        return nbytes
+    def trim_as_arc(self, t1: float, resident: float, capacity: float, /) -> None:
+        """ARC's bounds, given T1's bytes and all resident bytes: while B1 holds a ghost and T1 + B1 exceed
+        ``capacity``, B1's oldest leaves; then while a ghost is left and resident + B1 + B2 exceed twice it, B2's
+        oldest (B1's where B2 is empty) leaves."""
+        t1, resident, capacity = _number(t1), _number(resident), _number(capacity)
+        lists, held = self._lists, self._bytes
+        while lists[0] and t1 + held[0] > capacity:
+            held[0] -= lists[0].popitem(False)[1]
+        while (lists[0] or lists[1]) and resident + held[0] + held[1] > 2 * capacity:
+            oldest = 1 if lists[1] else 0
+            held[oldest] -= lists[oldest].popitem(False)[1]
 
     def nbytes(self, tier: int, /) -> float:
         """The bytes list ``tier``'s ghosts stand for."""

@@ -280,11 +280,8 @@ class ArcOrder:
     def _trim_ghosts_as_arc(self) -> None:
         """``arc``'s ghosts bounded as ARC bounds them, after each eviction and each object that joins (so a store of
         B2's oldest ghost is a ghost hit, as in ARC, where the eviction comes after the miss)."""
-        sizes, ghosts, bound = self.sizes, self._ghosts, self.capacity
-        while ghosts.count(0) and sizes[0] + ghosts.nbytes(0) > bound:
-            ghosts.pop_oldest(0)
-        while len(ghosts) and sizes[0] + sizes[1] + ghosts.nbytes(0) + ghosts.nbytes(1) > 2 * bound:
-            ghosts.pop_oldest(1 if ghosts.count(1) else 0)
+        sizes = self.sizes
+        self._ghosts.trim_as_arc(sizes[0], sizes[0] + sizes[1], self.capacity)
 
     def _evictable_now(self, entry: Any) -> bool:
         """Whether T1 may give up ``entry``: not being admitted (the current access's or named store's)."""

@@ -76,13 +76,22 @@ def test_a_ghost_is_found_in_its_list_removed_on_a_hit_and_added_again_as_the_ne
 
 
 @pytest.mark.parametrize("lists_type", WAYS)
-def test_the_oldest_ghost_of_a_list_is_popped_with_its_bytes(lists_type):
+def test_arc_bounds_t1_and_b1_within_capacity_then_everything_within_twice_it_b2_first(lists_type):
+    """B1 a, b, c of 10 and B2 x, y of 15 (added unbounded); T1 25 and all resident 60 bytes of capacity 40: T1 + B1
+    is 55, so B1 gives up a (45) and b (35); then 60 + 10 + 30 = 100 is over 80, so B2 gives up x (85) and y (70).
+    With nothing resident in T1 and 75 bytes in all, B1 keeps c by the first bound (10) but the second (85) takes it,
+    B2 being empty; then nothing is left to trim."""
     lists = lists_type()
-    lists.add(1, "x", 3, 100)
-    lists.add(1, "y", 4, 100)
-    assert (3.0, ["y"], 4.0) == (lists.pop_oldest(1), lists.keys(1), lists.nbytes(1))
-    with pytest.raises(KeyError):
-        lists.pop_oldest(0)
+    for key in "abc":
+        lists.add(0, key, 10, float("inf"))
+    for key in "xy":
+        lists.add(1, key, 15, float("inf"))
+    lists.trim_as_arc(25, 60, 40)
+    assert (["c"], [], 10.0, 0.0, 1, 0, 1) == _state(lists)
+    lists.trim_as_arc(0, 75, 40.0)
+    assert ([], [], 0.0, 0.0, 0, 0, 0) == _state(lists)
+    lists.trim_as_arc(100, 200, 40)
+    assert 0 == len(lists)
 
 
 @pytest.mark.parametrize("lists_type", WAYS)
@@ -90,7 +99,7 @@ def test_the_oldest_ghost_of_a_list_is_popped_with_its_bytes(lists_type):
     lambda lists: lists.add(2, "k", 1, 10), lambda lists: lists.add(-1, "k", 1, 10),
     lambda lists: lists.add(True, "k", 1, 10), lambda lists: lists.add(0.0, "k", 1, 10),
     lambda lists: lists.nbytes(2), lambda lists: lists.count("0"), lambda lists: lists.keys(None),
-    lambda lists: lists.pop_oldest(1 << 70),
+    lambda lists: lists.add(1 << 70, "k", 1, 10),
 ], ids=["two", "minus-one", "bool", "float", "nbytes", "count", "keys", "huge"])
 def test_a_tier_other_than_the_int_0_or_1_is_a_value_error_and_changes_nothing(lists_type, call):
     lists = lists_type()
@@ -105,7 +114,8 @@ def test_unhashable_keys_and_bytes_that_are_no_number_are_type_errors_and_change
     lists = lists_type()
     lists.add(0, "a", 1, 10)
     for call in (lambda: lists.add(0, [1], 1, 10), lambda: lists.add(0, "b", "1", 10),
-                 lambda: lists.add(0, "b", 1, None), lambda: lists.tier({}), lambda: lists.remove([])):
+                 lambda: lists.add(0, "b", 1, None), lambda: lists.tier({}), lambda: lists.remove([]),
+                 lambda: lists.trim_as_arc(0, "1", 10), lambda: lists.trim_as_arc(0, 1, [10])):
         with pytest.raises(TypeError):
             call()
     with pytest.raises(KeyError):
@@ -116,8 +126,8 @@ def test_unhashable_keys_and_bytes_that_are_no_number_are_type_errors_and_change
 @compiled
 def test_the_compiled_lists_hold_what_their_python_definition_holds_after_every_operation():
     """20,000 random operations (adds to either list with int and fractional bytes and bounds that trim, ghost hits,
-    pops, a key added again), applied to both: the same answers, errors (a missing tuple key is the KeyError's one
-    argument, as a dict's), keys in order and bytes after each."""
+    ARC's bounds, a key added again), applied to both: the same answers, errors (a missing tuple key is the
+    KeyError's one argument, as a dict's), keys in order and bytes after each."""
     rng = random.Random(5)
     both = (GhostListsReference(), ghosts_module.GhostLists())
     keys = [ChunkKey("m", "", rng.getrandbits(64)) for _ in range(300)] + list(range(100))
@@ -132,7 +142,9 @@ def test_the_compiled_lists_hold_what_their_python_definition_holds_after_every_
         elif operation < 0.9:
             name, args = "remove", (key,)
         else:
-            name, args = "pop_oldest", (rng.randrange(2),)
+            capacity = rng.choice([2_000, 6_000.5, 15_000])
+            resident = rng.uniform(0, capacity)
+            name, args = "trim_as_arc", (rng.uniform(0, resident), rng.choice([resident, int(resident)]), capacity)
         outcomes = []
         for lists in both:
             try:
@@ -197,7 +209,7 @@ class _Armed:
 
 
 @compiled
-@pytest.mark.parametrize("during", ["remove", "add", "pop_oldest"])
+@pytest.mark.parametrize("during", ["remove", "add", "trim_as_arc"])
 def test_a_key_whose_comparison_changes_or_raises_leaves_the_compiled_lists_whole(during):
     """A comparison that calls back into the lists is a RuntimeError, one that raises is its own error; either way
     the lists hold what they held, and go on working (before, the first crashed the process)."""
@@ -206,7 +218,7 @@ def test_a_key_whose_comparison_changes_or_raises_leaves_the_compiled_lists_whol
     lists.add(0, first, 10, 1000)
     lists.add(1, second, 20, 1000)
     calls = {"remove": lambda: lists.remove(second), "add": lambda: lists.add(0, _Armed("c"), 5, 1000),
-             "pop_oldest": lambda: lists.pop_oldest(1)}
+             "trim_as_arc": lambda: lists.trim_as_arc(0, 0, 14)}  # 30 bytes over 28: B2 gives up second
     for action, error in ((lambda: lists.remove(first), RuntimeError), (_raise, LookupError)):
         _Armed.action = action
         with pytest.raises(error):
