@@ -963,8 +963,8 @@ def _two_runs(runs: list[dict]) -> str:
 def test_performance_md_states_the_engine_path_runs_as_kept():
     """The engine-path ratios and counts are the runs docs/PERFORMANCE.json keeps (``engine_path``): two with ARC's
     ghost lists compiled (c19a53a) and two after the review's mend (49a65f7), two of fb4d283 with 58053df's between
-    them and two of 8c24924, and the in-process counts beside them (``l1_counted_ghosts_compiled``, ``l1_counted``);
-    the changelog's figures are theirs."""
+    them and two of 8c24924, and the in-process counts beside them (``l1_counted_ghosts_compiled``, ``l1_counted``,
+    and ``l1_counted_arc_bounds_compiled``, fewer for ``arc`` in every case); the changelog's figures are theirs."""
     kept = _raw_results()["engine_path"]
     ours, before = [run["tp1"][0] for run in kept["runs"]["fb4d283"]], kept["runs"]["58053df"]["tp1"][0]
     prose = " ".join(_doc("PERFORMANCE.md").split())
@@ -1016,11 +1016,24 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"no store is large, against `lru`'s {unique_now['lru'][0]:,} and {unique_now['lru'][1]:,} and `arc`'s "
             f"{unique_now['arc'][0]:,} and {unique_now['arc'][1]:,}; on 8c24924 (`l1_counted`) it took "
             f"{unique['adaptive'][0]:,} and {unique['adaptive'][1]:,}, `arc` {unique['arc'][0]:,} and "
-            f"{unique['arc'][1]:,}. ARC's own lists are most of what `adaptive` adds to `lru`'s count; `adaptive` now "
-            f"counts {under_arc_now[0]:.1f}–{under_arc_now[-1]:.1f} % less than `arc`, whose ghosts ARC's bounds trim "
-            f"in Python (in its recency phase, where these workloads keep it). With lookups that find a shared "
+            f"{unique['arc'][1]:,}. ARC's own lists are most of what `adaptive` adds to `lru`'s count; `adaptive` "
+            f"counted {under_arc_now[0]:.1f}–{under_arc_now[-1]:.1f} % less than `arc`, whose ghosts ARC's bounds "
+            f"trimmed in Python (in its recency phase, where these workloads keep it). With lookups that find a shared "
             f"prefix, {over_lru_now[0]}× and {over_lru_now[1]}× `lru`'s ({over_lru[0]}× and {over_lru[1]}× on "
             f"8c24924).") in prose
+    bounded = _raw_results()["l1_counted_arc_bounds_compiled"]
+    count_bounded = {(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
+                     for row in bounded["rows"]}
+    cases = [(workload, objects) for workload in ("unique", "shared") for objects in (32, 2048)]
+    over_arc_bounded = sorted(100 * (count_bounded[case + ("adaptive",)] / count_bounded[case + ("arc",)] - 1)
+                              for case in cases)
+    arc_bounded = [count_bounded[case + ("arc",)] for case in cases]
+    assert all(count_bounded[case + ("arc",)] < count_now[case + ("arc",)] for case in cases)
+    assert (f"Since {bounded['code'][:7]} the compiled lists trim `arc`'s ghosts too (`trim_as_arc`; no change in what "
+            f"`arc` decides): `arc` counts {arc_bounded[0]:,} and {arc_bounded[1]:,} (PERFORMANCE.json's "
+            f"`l1_counted_arc_bounds_compiled`, {bounded['measured'][11:16]}–{bounded['measured'][-9:-4]} UTC; "
+            f"{arc_bounded[2]:,} and {arc_bounded[3]:,} with a shared prefix), and `adaptive` "
+            f"{over_arc_bounded[0]:.1f}–{over_arc_bounded[-1]:.1f} % more than it.") in prose
     all_over_lru = sorted(counted["over_lru"][f"{workload}_{objects}_objects"]["adaptive"]
                           for workload in ("unique", "shared") for objects in (32, 2048))
     changelog = " ".join(open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8").read().split())
@@ -1033,6 +1046,9 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"{before_ghosts[1]}× before); "
             f"`python -m benchmarks.l1_counted` reads `adaptive` at {all_over_lru_now[0]:.2f}–"
             f"{all_over_lru_now[-1]:.2f}× `lru` (was {all_over_lru[0]:.2f}–{all_over_lru[-1]:.2f}×)") in changelog
+    arc_fewer = sorted(count_now[case + ("arc",)] - count_bounded[case + ("arc",)] for case in cases)
+    assert (f"it counts {round(arc_fewer[0], -2):,}–{round(arc_fewer[-1], -2):,} fewer instructions a request in "
+            f"`l1_counted`, deciding the same.") in changelog
     assert counted["over_lru"]["unique_32_objects"]["adaptive"] == round(unique["adaptive"][0] / unique["lru"][0], 4)
     objects = round(kept["runs"]["fb4d283"][0]["l1_gb"] * 2**30) // (2 << 20)  # the workload's 2 MiB objects
     large_from = next(chunks for chunks in range(1, objects) if chunks > LARGE_STORE_SHARE * objects)
