@@ -17,9 +17,9 @@
  * eviction and looks a new key up at each reservation: in C, a call each instead of an ordered dict's insertion,
  * trimming loop and two membership tests in Python; ``arc`` bounds its ghosts as ARC does in one call after each.
  * Each ghost is a slot of an array (linked oldest to newest per list); a dict maps each key to its slot.  The dict
- * changes first and the lists only once it has, so a key's comparison that raises leaves them as they were; one that
- * calls ``add``, ``remove`` or ``trim_as_arc`` on the same lists gets a RuntimeError (``tier`` and ``in`` find them
- * whole).
+ * changes first and the lists only once it has, so a ghost leaves whole or not at all: a key's comparison that raises
+ * leaves that ghost where it was (a trim it stops keeps what it dropped before); one that calls ``add``, ``remove`` or
+ * ``trim_as_arc`` on the same lists gets a RuntimeError (``tier`` and ``in`` find them whole).
  */
 
 #define PY_SSIZE_T_CLEAN

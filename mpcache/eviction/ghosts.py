@@ -28,7 +28,8 @@ class GhostListsReference:
         """``key`` leaves its list (a ghost hit); KeyError where it is no ghost."""
         for tier, ghosts in enumerate(self._lists):
             if key in ghosts:
-                self._bytes[tier] -= ghosts.pop(key)
+                dropped = ghosts.pop(key)  # (before the sum is read: a key's __del__ may change the lists)
+                self._bytes[tier] -= dropped
                 return
         raise KeyError(key)
 
@@ -47,7 +48,8 @@ class GhostListsReference:
                 larger = 1 - larger
                 if not lists[larger]:
                     break  # both empty: a residue of float bytes is all that is left
-            held[larger] -= lists[larger].popitem(False)[1]
+            dropped = _pop_oldest(lists[larger])
+            held[larger] -= dropped
 
     def trim_as_arc(self, t1: float, resident: float, capacity: float, /) -> None:
         """ARC's bounds, given T1's bytes and all resident bytes: while B1 holds a ghost and T1 + B1 exceed
@@ -56,10 +58,12 @@ class GhostListsReference:
         t1, resident, capacity = _number(t1), _number(resident), _number(capacity)
         lists, held = self._lists, self._bytes
         while lists[0] and t1 + held[0] > capacity:
-            held[0] -= lists[0].popitem(False)[1]
+            dropped = _pop_oldest(lists[0])
+            held[0] -= dropped
         while (lists[0] or lists[1]) and resident + held[0] + held[1] > 2 * capacity:
             oldest = 1 if lists[1] else 0
-            held[oldest] -= lists[oldest].popitem(False)[1]
+            dropped = _pop_oldest(lists[oldest])
+            held[oldest] -= dropped
 
     def nbytes(self, tier: int, /) -> float:
         """The bytes list ``tier``'s ghosts stand for."""
@@ -88,10 +92,22 @@ def _checked(tier: int) -> int:
     return tier
 
 
+def _pop_oldest(ghosts: OrderedDict[Hashable, float]) -> float:
+    """The oldest ghost leaves ``ghosts``; its bytes, once its key is gone (so a key's ``__del__`` that changes the
+    lists runs before the caller reads the sum it subtracts them from)."""
+    key, nbytes = ghosts.popitem(False)
+    del key
+    return nbytes
+
+
 def _number(value: float) -> float:
-    """``value`` as a float where it is a number (as C's ``PyFloat_AsDouble`` takes it), else TypeError."""
-    if isinstance(value, (str, bytes, bytearray)):
-        raise TypeError(f"must be real number, not {type(value).__name__}")
+    """``value`` as a float as C's ``PyFloat_AsDouble`` takes it: a float's own value (a subclass's ``__float__`` not
+    called), else through ``__float__`` or ``__index__``; TypeError for anything else (a string or buffer too)."""
+    if isinstance(value, float):
+        return float.__float__(value)
+    kind = type(value)
+    if not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"must be real number, not {kind.__name__}")
     return float(value)
 
 

@@ -4,6 +4,7 @@ by hand; the two against each other on random operations; and L1 deciding the sa
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -115,12 +116,62 @@ def test_unhashable_keys_and_bytes_that_are_no_number_are_type_errors_and_change
     lists.add(0, "a", 1, 10)
     for call in (lambda: lists.add(0, [1], 1, 10), lambda: lists.add(0, "b", "1", 10),
                  lambda: lists.add(0, "b", 1, None), lambda: lists.tier({}), lambda: lists.remove([]),
-                 lambda: lists.trim_as_arc(0, "1", 10), lambda: lists.trim_as_arc(0, 1, [10])):
+                 lambda: lists.trim_as_arc(0, "1", 10), lambda: lists.trim_as_arc(0, 1, [10]),
+                 lambda: lists.trim_as_arc(memoryview(b"1"), 0, 0), lambda: lists.add(0, "b", bytearray(b"1"), 10)):
         with pytest.raises(TypeError):
             call()
     with pytest.raises(KeyError):
         lists.remove("b")
     assert (["a"], [], 1.0, 0.0, 1, 0, 1) == _state(lists)
+
+
+class _Tenfold(float):
+    """A float whose ``__float__`` says ten times its value: C reads a float's own value, not the override."""
+
+    def __float__(self) -> float:
+        return 10 * float.__float__(self)
+
+
+class _Index:
+    """A number by ``__index__`` alone."""
+
+    def __index__(self) -> int:
+        return 3
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_bytes_are_read_as_c_reads_a_double_a_float_s_own_value_or_through_index(lists_type):
+    lists = lists_type()
+    lists.add(0, "a", _Tenfold(2.0), 100)
+    lists.add(1, "b", _Index(), 100)
+    assert (2.0, 3.0) == (lists.nbytes(0), lists.nbytes(1))
+    lists.trim_as_arc(0, _Index(), _Tenfold(4.0))  # 3 + 2 + 3 = 8 is within 8: nothing leaves
+    assert 2 == len(lists)
+
+
+class _Reentering:
+    """A key whose ``__del__`` runs ``action`` on the lists that dropped it (a buggy key's finaliser)."""
+
+    action: Callable[[], None] | None = None
+
+    def __del__(self) -> None:
+        action, _Reentering.action = _Reentering.action, None
+        if action is not None:
+            action()
+
+
+@pytest.mark.parametrize("lists_type", WAYS)
+def test_a_dropped_key_s_finaliser_that_adds_a_ghost_is_counted_in_the_bytes(lists_type):
+    """B1 x (10 bytes, its finaliser adds "new" of 50 to B1) and keep (10), B2 y (5); with T1 15 and capacity 20,
+    x leaves (35 > 20), its finaliser adds new (85), keep leaves (75), then new (25): B1 is empty and holds 0 bytes
+    (the Python definition used to subtract x's bytes from the sum read before the finaliser ran: new's 50 lost)."""
+    lists = lists_type()
+    lists.add(0, _Reentering(), 10, float("inf"))
+    lists.add(0, "keep", 10, float("inf"))
+    lists.add(1, "y", 5, float("inf"))
+    _Reentering.action = lambda: lists.add(0, "new", 50, float("inf"))
+    lists.trim_as_arc(15, 15, 20)
+    assert ([], ["y"], 0.0, 5.0, 0, 1, 1) == _state(lists) and _Reentering.action is None
 
 
 @compiled
@@ -193,7 +244,7 @@ def test_l1_decides_the_same_with_the_compiled_lists_and_their_python_definition
 class _Armed:
     """A key whose hashes collide and whose comparison runs ``action`` once, when armed (a hostile or buggy key)."""
 
-    action = None
+    action: Callable[[], None] | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -227,6 +278,33 @@ def test_a_key_whose_comparison_changes_or_raises_leaves_the_compiled_lists_whol
         assert ([first], [second], 10.0, 20.0, 1, 1, 2) == _state(lists)
     lists.remove(second)
     assert ([first], [], 1) == (lists.keys(0), lists.keys(1), len(lists))
+
+
+@compiled
+def test_a_trim_stopped_by_a_raising_comparison_keeps_what_it_dropped_before_and_the_rest_whole():
+    """B2 z, B1 a and b (their hashes collide); a trim that drops a, then b, whose deletion compares z, which raises:
+    a is gone, b and z are where they were, and the lists go on working."""
+    lists = ghosts_module.GhostLists()
+    z, a, b = _Armed("z"), _Armed("a"), _Armed("b")
+    lists.add(1, z, 1, float("inf"))
+    lists.add(0, a, 10, float("inf"))
+    lists.add(0, b, 10, float("inf"))
+    _Armed.action = None
+    compared: list[str] = []
+
+    def raise_once_a_is_gone() -> None:
+        compared.append("z")
+        if a not in lists.keys(0):
+            raise LookupError("a key's comparison failed")
+        _Armed.action = raise_once_a_is_gone  # not yet: arm again for the next comparison
+
+    _Armed.action = raise_once_a_is_gone
+    with pytest.raises(LookupError):
+        lists.trim_as_arc(100, 0, 105)
+    _Armed.action = None
+    assert ([b], [z], 10.0, 1.0, 1, 1, 2) == _state(lists) and compared
+    lists.trim_as_arc(0, 0, 0)
+    assert 0 == len(lists)
 
 
 def _raise() -> None:
