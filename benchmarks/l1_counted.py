@@ -6,14 +6,15 @@ executes over the same requests, one process per policy, L1 size and workload, a
 :mod:`benchmarks.isolation` counts the whole cache process behind LMCache's own client, where L1 is one part of a
 request beside the wire, the front end and the ring, which move the count between runs; this holds them still, so a
 change to the order shows here alone, the same in every run to within a few hundred instructions a request
-(``PYTHONHASHSEED`` fixed, nothing timed).  Each request does to L1 what an LMCache store after a lookup does: look
-its chunks up (read-locking the prefix L1 holds), reserve the rest (evicting, L1 being full after the warm-up),
-commit them and release the locks.  Workloads: ``unique``, :data:`NEW_CHUNKS` new chunks a request (``isolation
---workload unique``'s shape); ``shared``, one of :data:`SHARED_PREFIXES` prefixes of :data:`PREFIX_CHUNKS` chunks in
-turn, then :data:`NEW_CHUNKS` new ones (lookups find chunks).  Sizes (:data:`L1_OBJECTS`): an L1 of 32 objects,
-where a store of more than 3 new chunks is large (so ``adaptive`` watches every store for its return from the first
-on), and one of 2,048, where none is.  No evicted chunk is asked for again in either workload, so ``adaptive`` is
-counted in its recency phase (no ghost hit, no split): ARC's phase and the phase tests are not in the count.
+(``PYTHONHASHSEED`` fixed, numpy's BLAS on one thread, nothing timed).  Each request does to L1 what an LMCache
+store after a lookup does: look its chunks up (read-locking the prefix L1 holds), reserve the rest (evicting, L1
+being full after the warm-up), commit them and release the locks.  Workloads: ``unique``, :data:`NEW_CHUNKS` new
+chunks a request (``isolation --workload unique``'s shape); ``shared``, one of :data:`SHARED_PREFIXES` prefixes of
+:data:`PREFIX_CHUNKS` chunks in turn, then :data:`NEW_CHUNKS` new ones (lookups find chunks).  Sizes
+(:data:`L1_OBJECTS`): an L1 of 32 objects, where a store of more than 3 new chunks is large (so ``adaptive`` watches
+every store for its return from the first on), and one of 2,048, where none is.  No evicted chunk is asked for
+again in either workload, so ``adaptive`` is counted in its recency phase (no ghost hit, no split): ARC's phase and
+the phase tests are not in the count.
 """
 
 from __future__ import annotations
