@@ -888,31 +888,40 @@ def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
             in prose)
 
 
+def _gap(row: dict) -> float:
+    """How far L1 under ``adaptive`` is below the better of the offline LRU and ARC on a policy-matrix row."""
+    return max(row["lru"], row["arc"]) - row["l1_adaptive"]
+
+
+def _judged_matrix(key: str, seeds: range) -> tuple[dict[int, list[dict]], dict[int, list[dict]]]:
+    """The rows PERFORMANCE.json keeps under ``key`` (every seed of ``seeds``, 7 traces by 3 sizes each), judged here
+    per length (4,000 and 1,500 requests): those more than 0.005 below the offline LRU or ARC (issue 39's bar), and
+    those below the simulated server, each with its seed."""
+    kept = _raw_results()[key]["seeds"]
+    assert sorted(kept, key=int) == [str(seed) for seed in seeds]
+    rows = [dict(row, seed=int(seed)) for seed, seed_rows in kept.items() for row in seed_rows]
+    below, under_sim = {}, {}
+    for requests in (4000, 1500):
+        span = [row for row in rows if row["requests"] == requests]
+        assert len(span) == len(seeds) * 7 * 3
+        below[requests] = [row for row in span if _gap(row) > 0.005]
+        under_sim[requests] = [row for row in span if row["l1_adaptive"] < row["lmcache_sim"]]
+    return below, under_sim
+
+
 def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_worst_row_replays():
     """*What is missed*'s ``policy_matrix`` numbers are counted from the 16 seeds' rows docs/PERFORMANCE.json keeps
     (``policy_matrix_adaptive``), each row judged here against issue 39's bar (0.005 below the offline LRU or ARC)
     and the simulated server, not by the flags the run wrote; the worst row of 4,000 requests replays (its trace
     regenerated from its seed, the offline LRU, ARC and L1 under ``adaptive`` find what the run kept), and seed 1's
     row replays with the phases the prose gives it."""
-    seeds = _raw_results()["policy_matrix_adaptive"]["seeds"]
-    assert sorted(seeds, key=int) == [str(seed) for seed in range(1, 17)]
-    rows = [dict(row, seed=int(seed)) for seed, kept in seeds.items() for row in kept]
-
-    def gap(row: dict) -> float:
-        return max(row["lru"], row["arc"]) - row["l1_adaptive"]
-
+    below, under_sim = _judged_matrix("policy_matrix_adaptive", range(1, 17))
     prose = " ".join(_doc("PERFORMANCE.md").split())
-    below, under_sim = {}, {}
-    for requests in (4000, 1500):
-        span = [row for row in rows if row["requests"] == requests]
-        assert len(span) == 16 * 7 * 3
-        below[requests] = [row for row in span if gap(row) > 0.005]
-        under_sim[requests] = [row for row in span if row["l1_adaptive"] < row["lmcache_sim"]]
     whole, first = below[4000], below[1500]
     assert {(row["trace"], row["size"]) for row in whole} == {("conversations", "middle")}
     assert (f"{len(whole)} of the 336 rows of 4,000 requests, the length of the issue's production replay, are below "
             f"the offline LRU or ARC by more than 0.005, all `conversations` middle (up to "
-            f"{max(map(gap, whole)):.4f}).") in prose
+            f"{max(map(_gap, whole)):.4f}).") in prose
     by_seed = {row["seed"]: row for row in whole}
     assert sorted(by_seed) == [1, 10, 13]
     assert {f"{by_seed[seed]['arc'] - by_seed[seed]['lru']:.3f}" for seed in (10, 13)} == {"0.009"}
@@ -932,7 +941,7 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     kinds = Counter((row["trace"], row["size"]) for row in first)
 
     def worst(trace: str, size: str) -> str:
-        return f"{max(gap(row) for row in first if (row['trace'], row['size']) == (trace, size)):.4f}"
+        return f"{max(_gap(row) for row in first if (row['trace'], row['size']) == (trace, size)):.4f}"
 
     assert (f"Over the first 1,500 requests {len(first)} of 336 are, {kinds['multitenant', 'large']} of them "
             f"`multitenant` large (up to {worst('multitenant', 'large')}:") in prose
@@ -944,7 +953,7 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
             f"{max(row['lmcache_sim'] - row['l1_adaptive'] for row in sim_whole):.4f}, {scan_small} of them `scan` "
             f"small; {len(sim_first)} rows of 1,500, by up to "
             f"{max(row['lmcache_sim'] - row['l1_adaptive'] for row in sim_first):.4f}.") in prose
-    row = max(whole, key=gap)
+    row = max(whole, key=_gap)
     requests = trace_gen.KINDS[row["trace"]](4000, row["seed"])
     assert lru(requests, row["blocks"]).hit_ratio == pytest.approx(row["lru"], abs=1e-12)
     assert arc(requests, row["blocks"]).hit_ratio == pytest.approx(row["arc"], abs=1e-12)
@@ -957,17 +966,10 @@ def test_performance_md_states_the_unseen_seeds_rows_as_kept_and_their_worst_row
     simulated server as *What is missed* states them; the worst row of 4,000 requests below the simulated server
     replays (its trace regenerated from its seed, L1 under ``adaptive`` finds what the run kept)."""
     kept = _raw_results()["policy_matrix_adaptive_unseen"]
-    assert sorted(kept["seeds"], key=int) == [str(seed) for seed in range(25, 33)]
-    rows = [dict(row, seed=int(seed)) for seed, seed_rows in kept["seeds"].items() for row in seed_rows]
+    below, under_sim = _judged_matrix("policy_matrix_adaptive_unseen", range(25, 33))
     prose = " ".join(_doc("PERFORMANCE.md").split())
-    below, under_sim = {}, {}
-    for requests in (4000, 1500):
-        span = [row for row in rows if row["requests"] == requests]
-        assert len(span) == 8 * 7 * 3
-        below[requests] = [row for row in span if max(row["lru"], row["arc"]) - row["l1_adaptive"] > 0.005]
-        under_sim[requests] = [row for row in span if row["l1_adaptive"] < row["lmcache_sim"]]
     large = [row for row in below[1500] if (row["trace"], row["size"]) == ("multitenant", "large")]
-    worst_large = max(max(row["lru"], row["arc"]) - row["l1_adaptive"] for row in large)
+    worst_large = max(map(_gap, large))
     sim_gaps = [max(row["lmcache_sim"] - row["l1_adaptive"] for row in under_sim[requests])
                 for requests in (4000, 1500)]
     assert not below[4000]  # hence "none"
@@ -1027,8 +1029,10 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     assert (f"Two runs of 49a65f7 (the review's mend: the compiled lists refuse a change while a key is compared; "
             f"14:52–14:58 UTC) read {_two_runs(mended)}") in prose
     counted, now = _raw_results()["l1_counted"], _raw_results()["l1_counted_ghosts_compiled"]
-    count, count_now = ({(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
-                         for row in kept_counts["rows"]} for kept_counts in (counted, now))
+    bounded = _raw_results()["l1_counted_arc_bounds_compiled"]
+    count, count_now, count_bounded = ({(row["workload"], row["objects"], row["policy"]):
+                                        row["instructions_per_request"] for row in kept_counts["rows"]}
+                                       for kept_counts in (counted, now, bounded))
     unique = {policy: (count["unique", 32, policy], count["unique", 2048, policy])
               for policy in ("adaptive", "lru", "arc")}
     unique_now = {policy: (count_now["unique", 32, policy], count_now["unique", 2048, policy])
@@ -1052,9 +1056,6 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"trimmed in Python (in its recency phase, where these workloads keep it). With lookups that find a shared "
             f"prefix, {over_lru_now[0]}× and {over_lru_now[1]}× `lru`'s ({over_lru[0]}× and {over_lru[1]}× on "
             f"8c24924).") in prose
-    bounded = _raw_results()["l1_counted_arc_bounds_compiled"]
-    count_bounded = {(row["workload"], row["objects"], row["policy"]): row["instructions_per_request"]
-                     for row in bounded["rows"]}
     cases = [(workload, objects) for workload in ("unique", "shared") for objects in (32, 2048)]
     over_arc_bounded = sorted(100 * (count_bounded[case + ("adaptive",)] / count_bounded[case + ("arc",)] - 1)
                               for case in cases)

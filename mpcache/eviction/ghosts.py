@@ -48,8 +48,7 @@ class GhostListsReference:
                 larger = 1 - larger
                 if not lists[larger]:
                     break  # both empty: a residue of float bytes is all that is left
-            dropped = _pop_oldest(lists[larger])
-            held[larger] -= dropped
+            self._drop_oldest(larger)
 
     def trim_as_arc(self, t1: float, resident: float, capacity: float, /) -> None:
         """ARC's bounds, given T1's bytes and all resident bytes: while B1 holds a ghost and T1 + B1 exceed
@@ -58,12 +57,16 @@ class GhostListsReference:
         t1, resident, capacity = _number(t1), _number(resident), _number(capacity)
         lists, held = self._lists, self._bytes
         while lists[0] and t1 + held[0] > capacity:
-            dropped = _pop_oldest(lists[0])
-            held[0] -= dropped
+            self._drop_oldest(0)
         while (lists[0] or lists[1]) and resident + held[0] + held[1] > 2 * capacity:
-            oldest = 1 if lists[1] else 0
-            dropped = _pop_oldest(lists[oldest])
-            held[oldest] -= dropped
+            self._drop_oldest(1 if lists[1] else 0)
+
+    def _drop_oldest(self, tier: int) -> None:
+        """The oldest ghost of list ``tier`` leaves, its bytes off the list's once its key is gone (so a key's
+        ``__del__`` that changes the lists runs before that sum is read)."""
+        key, nbytes = self._lists[tier].popitem(False)
+        del key
+        self._bytes[tier] -= nbytes
 
     def nbytes(self, tier: int, /) -> float:
         """The bytes list ``tier``'s ghosts stand for."""
@@ -90,14 +93,6 @@ def _checked(tier: int) -> int:
     if type(tier) is not int or tier not in (0, 1):
         raise ValueError(f"tier must be 0 or 1, not {tier!r}")
     return tier
-
-
-def _pop_oldest(ghosts: OrderedDict[Hashable, float]) -> float:
-    """The oldest ghost leaves ``ghosts``; its bytes, once its key is gone (so a key's ``__del__`` that changes the
-    lists runs before the caller reads the sum it subtracts them from)."""
-    key, nbytes = ghosts.popitem(False)
-    del key
-    return nbytes
 
 
 def _number(value: float) -> float:

@@ -289,7 +289,6 @@ def test_a_trim_stopped_by_a_raising_comparison_keeps_what_it_dropped_before_and
     lists.add(1, z, 1, float("inf"))
     lists.add(0, a, 10, float("inf"))
     lists.add(0, b, 10, float("inf"))
-    _Armed.action = None
     compared: list[str] = []
 
     def raise_once_a_is_gone() -> None:
