@@ -1,10 +1,12 @@
 """``python -m mpcache.cache --config PATH --worker I``: one cache process, as the supervisor starts it.
-A start-up problem (bad configuration, missing or foreign shared memory) is one line and exit status 2.
+A start-up problem (bad configuration, missing or foreign shared memory) is one line and exit status 2; one met
+once the supervisor is gone is told as the orphaning it comes from (status 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 
@@ -48,6 +50,11 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
                                parent_pid=config.supervisor_pid,
                                publisher_factory=publisher_factory, logger=log)
     except (ConfigError, LayoutMismatchError, OSError) as exc:
+        if os.getppid() != config.supervisor_pid:
+            # the supervisor died while this process started, and the next run's start sweeps a dead run's
+            # segments: what is missing is its doing, not a problem to report as one
+            log.warning("cache.orphaned", parent_pid=config.supervisor_pid, start_error=str(exc))
+            return 0
         log.error("cache.start_failed", error=str(exc))
         return 2
     process.run(install_signals=True, freeze=True)

@@ -12,6 +12,7 @@ import sys
 import threading
 
 from mpcache.config import Config
+from mpcache.errors import LayoutMismatchError
 from mpcache.logs import configure_logging
 from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
@@ -37,8 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
-    board = Segment.attach(config.gauge_board_name())
+    try:
+        sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
+        board = Segment.attach(config.gauge_board_name())
+    except (LayoutMismatchError, OSError) as exc:
+        if os.getppid() != config.supervisor_pid:  # the supervisor died while this process started (see below)
+            log.warning("telemetry.orphaned", supervisor_pid=config.supervisor_pid, start_error=str(exc))
+            return 0
+        log.error("telemetry.start_failed", error=str(exc))
+        return 2
     gauges = GaugeBoardReader(board)
     bus = EventBus(flush_interval_s=TELEMETRY_FLUSH_INTERVAL_S)
     pump = Pump(sources, bus)

@@ -3,12 +3,16 @@ the supervisor died once it served or while it was still starting (before it cou
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
-from support.stand_in_supervisor import StandInSupervisor
+from support.cache_harness import make_config
+from support.stand_in_supervisor import REPO, StandInSupervisor
 from support.waiting import wait_for
 
 CHILDREN = {"mpcache.cache": ("cache.orphaned", "parent_pid"),
@@ -24,10 +28,12 @@ def runtime_dir():
 
 
 @pytest.mark.parametrize("module", sorted(CHILDREN))
-@pytest.mark.parametrize("leave", ["when_killed", "at_once"])
+@pytest.mark.parametrize("leave", ["when_killed", "at_once", "swept"])
 def test_a_child_whose_supervisor_is_gone_logs_it_and_exits(runtime_dir, module: str, leave: str) -> None:
     """``when_killed``: the supervisor is SIGKILLed once the child is up (its heartbeat in the gauge board);
-    ``at_once``: it exits while the child still imports, which leaves the child to another parent before it looks.
+    ``at_once``: it exits while the child still imports, which leaves the child to another parent before it looks;
+    ``swept``: its segments are gone too before the child runs (another run's start sweeps a dead run's), so the
+    child cannot attach them: that is still told as orphaned (naming the start error), not as a failed start.
     Either way the child logs that it was orphaned, naming the supervisor's pid, and exits within its heartbeat
     interval; a cache process removes its socket."""
     event, field = CHILDREN[module]
@@ -45,3 +51,21 @@ def test_a_child_whose_supervisor_is_gone_logs_it_and_exits(runtime_dir, module:
         assert not os.path.exists(stand_in.config.socket_path(0))
     finally:
         stand_in.close()
+
+
+@pytest.mark.parametrize("module", sorted(CHILDREN))
+def test_a_child_whose_segments_are_missing_while_its_supervisor_lives_says_so_once(runtime_dir, module: str) -> None:
+    """With its supervisor (here: this test process) alive, missing shared memory is a failed start: one error
+    line naming the segment, exit status 2, and no traceback."""
+    config = make_config(runtime_dir)  # names this process as the supervisor; no segment is created
+    path = os.path.join(runtime_dir, "config.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(config.to_json())
+    extra = ["--worker", "0"] if module == "mpcache.cache" else []
+    done = subprocess.run([sys.executable, "-m", module, "--config", path, *extra], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    role = module.split(".")[1]
+    assert (done.returncode, [line["event"] for line in lines if line["level"] in ("error", "warning")]) == (
+        2, [f"{role}.start_failed"]), done.stderr
+    assert config.ring_name(0) in lines[-1]["error"] and "Traceback" not in done.stderr

@@ -21,7 +21,7 @@ LAUNCHER = """
 import json, os, subprocess, sys, time
 sys.path[:0] = sys.argv[1:3]
 from support.cache_harness import make_config
-from mpcache.supervisor.provision import create_segments
+from mpcache.supervisor.provision import create_segments, unlink_segments
 runtime_dir, module, leave, overrides = sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6])
 config = make_config(runtime_dir, **overrides)  # supervisor_pid: this launcher's
 create_segments(config)
@@ -29,9 +29,26 @@ path = os.path.join(runtime_dir, "config.json")
 with open(path, "w", encoding="utf-8") as handle:
     handle.write(config.to_json())
 extra = ["--worker", "0"] if module == "mpcache.cache" else []
-with open(os.path.join(runtime_dir, "child.stderr"), "wb") as stderr:
-    child = subprocess.Popen([sys.executable, "-m", module, "--config", path, *extra], stderr=stderr)
-print(child.pid, flush=True)
+argv = [sys.executable, "-m", module, "--config", path, *extra]
+stderr_path = os.path.join(runtime_dir, "child.stderr")
+if leave == "swept":
+    # the child runs only once this launcher is gone and its segments with it, as a later run's sweep of
+    # stale runs removes them: whatever it attaches is missing, and it is another parent's already
+    launcher = os.getpid()
+    child = os.fork()
+    if child == 0:
+        deadline = time.monotonic() + 30
+        while os.getppid() == launcher and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
+        os.execv(sys.executable, argv)
+    print(child, flush=True)
+    unlink_segments(config)
+    os._exit(0)
+with open(stderr_path, "wb") as stderr:
+    child = subprocess.Popen(argv, stderr=stderr).pid
+print(child, flush=True)
 if leave == "at_once":
     os._exit(0)  # while the child still imports: it is left to another parent before it can ask for its own
 time.sleep(300)
@@ -40,7 +57,8 @@ time.sleep(300)
 
 class StandInSupervisor:
     """The launcher (``supervisor_pid`` in the child's config) and its child running ``module``; ``leave``:
-    ``at_once`` (the launcher exits as soon as the child is started) or ``when_killed``."""
+    ``at_once`` (the launcher exits as soon as the child is started), ``swept`` (it unlinks its segments and exits,
+    and only then does the child run) or ``when_killed``."""
 
     def __init__(self, module: str, runtime_dir: str, leave: str, **overrides) -> None:
         self.runtime_dir = runtime_dir
