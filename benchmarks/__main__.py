@@ -35,6 +35,7 @@ from benchmarks import (
     scrape,
     soak,
     trace,
+    trace_sim,
     vllm,
 )
 
@@ -328,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         repetitions = args.repetitions or (vllm.REPETITIONS if module is vllm else DEFAULT_REPETITIONS)
         return module.run(repetitions=repetitions, progress=progress, **options)
 
+    if args.trace_requests is not None and args.trace_requests < 1:
+        parser.error(f"--trace-requests {args.trace_requests}: expected at least 1")
+    if args.path is not None and args.name in ("trace", "report"):
+        try:  # before anything runs: a report would otherwise fail on it after the benchmarks before it
+            trace_sim.load(args.path, args.trace_requests)
+        except trace_sim.TraceUnreadable as exc:
+            parser.error(f"not a readable Mooncake-format trace: {exc}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: children and segments go too
     try:
         return _run(args, one, progress)

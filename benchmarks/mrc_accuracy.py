@@ -164,6 +164,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[])
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
     args = parser.parse_args()
+    for path in args.trace:
+        try:
+            trace_sim.load(path, args.requests)
+        except trace_sim.TraceUnreadable as exc:
+            parser.error(f"--trace: not a readable Mooncake-format trace: {exc}")
     out = run(progress=lambda line: print(line, file=sys.stderr, flush=True), requests=args.requests,
               max_keys=tuple(args.max_keys), rates=tuple(args.rates), policies=tuple(args.policies),
               only=tuple(args.only), paths=tuple(args.trace))

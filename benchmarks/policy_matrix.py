@@ -35,7 +35,17 @@ import numpy as np
 from benchmarks import trace_gen
 from benchmarks.null_cache import NullPublisher
 from benchmarks.trace import SHARES
-from benchmarks.trace_sim import Outcome, TraceRequest, arc, load, lru, lru_capacity_for, outcome, wtinylfu
+from benchmarks.trace_sim import (
+    Outcome,
+    TraceRequest,
+    TraceUnreadable,
+    arc,
+    load,
+    lru,
+    lru_capacity_for,
+    outcome,
+    wtinylfu,
+)
 from mpcache.cache.l1 import L1Manager
 from mpcache.config.derived import L1_POLICIES
 
@@ -161,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to replay: no --trace file and no --kinds")
     for path in args.trace:
         try:
-            if not load(path, args.requests):  # every request the replay will read, read once here
-                parser.error(f"--trace {path}: no request in it")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            parser.error(f"--trace {path}: not a readable Mooncake-format trace ({exc})")
+            load(path, args.requests)  # every request the replay will read, read once here
+        except TraceUnreadable as exc:
+            parser.error(f"--trace: not a readable Mooncake-format trace: {exc}")
     with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
         paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
         for kind in args.kinds:

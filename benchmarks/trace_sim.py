@@ -39,18 +39,56 @@ class Outcome(NamedTuple):
     tokens_saved: int  # prefill tokens found in cache: per request min(found × BLOCK_TOKENS, input tokens)
 
 
+class TraceUnreadable(ValueError):
+    """A trace file that cannot be read as a trace: the file, and the line with what is wrong in it."""
+
+
 def load(path: str, limit: int | None = None) -> list[TraceRequest]:
-    """The trace's first ``limit`` requests (all by default); a block repeated within a request counts once."""
+    """The trace's first ``limit`` requests (all by default); a block repeated within a request counts once.
+    :class:`TraceUnreadable` for a file that cannot be opened, is not UTF-8, or holds a line that is not a JSON
+    object with ``hash_ids`` (block hashes: integers in 0..2**64-1) and, if given, ``input_length`` (a
+    non-negative integer), or no request at all."""
     out: list[TraceRequest] = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if limit is not None and len(out) >= limit:
-                break
-            if line.strip():
-                record = json.loads(line)
-                hashes = list(dict.fromkeys(int(h) for h in record["hash_ids"]))
-                out.append(TraceRequest(hashes, int(record.get("input_length", len(hashes) * BLOCK_TOKENS))))
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if limit is not None and len(out) >= limit:
+                    break
+                if line.strip():
+                    out.append(_request(line, f"{path}, line {number}"))
+    except OSError as exc:
+        raise TraceUnreadable(f"{path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceUnreadable(f"{path}: not UTF-8 text ({exc.reason})") from exc
+    if not out:
+        raise TraceUnreadable(f"{path}: no request in it")
     return out
+
+
+def _request(line: str, where: str) -> TraceRequest:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise TraceUnreadable(f"{where}: not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise TraceUnreadable(f"{where}: a JSON {type(record).__name__}, not an object")
+    hashes = record.get("hash_ids")
+    if not isinstance(hashes, list) or not all(_is_u64(h) for h in hashes):
+        raise TraceUnreadable(f"{where}: hash_ids must be a list of integers in 0..2**64-1, not {_brief(hashes)}")
+    unique = list(dict.fromkeys(hashes))
+    tokens = record.get("input_length", len(unique) * BLOCK_TOKENS)
+    if not _is_u64(tokens):
+        raise TraceUnreadable(f"{where}: input_length must be a non-negative integer, not {_brief(tokens)}")
+    return TraceRequest(unique, tokens)
+
+
+def _is_u64(value: object) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64  # bool is an int subclass: not a hash
+
+
+def _brief(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def outcome(requests: list[TraceRequest], found: list[int]) -> Outcome:

@@ -38,10 +38,10 @@ def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
     (["--kinds", "nosuch"], "argument --kinds: invalid choice: 'nosuch'"),
     (["--policies", "mru"], "argument --policies: invalid choice: 'mru'"),
     (["--requests", "0"], "--requests 0: expected at least 1"),
-    (["--trace", "/nonexistent/held_out.jsonl", "--kinds"], "--trace /nonexistent/held_out.jsonl: not a readable "
-                                                             "Mooncake-format trace"),
-    (["--trace", "{junk}", "--kinds"], "not a readable Mooncake-format trace"),
-    (["--trace", "{empty}", "--kinds"], "no request in it")])
+    (["--trace", "/nonexistent/held_out.jsonl", "--kinds"], "--trace: not a readable Mooncake-format trace: "
+                                                             "/nonexistent/held_out.jsonl: No such file or directory"),
+    (["--trace", "{junk}", "--kinds"], "junk.jsonl, line 2: not JSON"),
+    (["--trace", "{empty}", "--kinds"], "empty.jsonl: no request in it")])
 def test_a_bad_argument_is_one_line_and_exit_status_2(tmp_path, args: list[str], message: str) -> None:
     (tmp_path / "junk.jsonl").write_text('{"hash_ids": [1, 2]}\nnot json\n')
     (tmp_path / "empty.jsonl").write_text("\n")

@@ -126,6 +126,55 @@ def test_every_generated_kind_is_a_trace_the_benchmark_reads(tmp_path):
         assert 0 < lru(requests, math.inf).hit_ratio < 1, kind
 
 
+BAD_TRACES = {
+    "not_json": (b'{"hash_ids": [1, 2]}\n{"hash_ids": [1,\n', "bad.jsonl, line 2: not JSON"),
+    "text_hashes": (b'{"hash_ids": ["1", 2]}\n', 'bad.jsonl, line 1: hash_ids must be a list of integers'),
+    "negative_hash": (b'{"hash_ids": [1, -2]}\n', "hash_ids must be a list of integers in 0..2**64-1, not [1, -2]"),
+    "hash_past_64_bits": (b'{"hash_ids": [18446744073709551616]}\n', "integers in 0..2**64-1"),
+    "boolean_hash": (b'{"hash_ids": [true]}\n', "not [true]"),
+    "float_input_length": (b'{"hash_ids": [1], "input_length": 2.5}\n', "input_length must be a non-negative "
+                                                                         "integer, not 2.5"),
+    "a_list": (b"[1, 2]\n", "bad.jsonl, line 1: a JSON list, not an object"),
+    "binary": (b"\xb9\x00\xff", "bad.jsonl: not UTF-8 text"),
+    "empty": (b"\n\n", "bad.jsonl: no request in it"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TRACES))
+def test_an_unreadable_trace_is_one_line_naming_the_line_and_exit_status_2(tmp_path, kind: str) -> None:
+    """``python -m benchmarks trace`` and ``report`` read the file before anything runs, and say what is wrong
+    with it and where: no traceback, nothing started."""
+    content, message = BAD_TRACES[kind]
+    (tmp_path / "bad.jsonl").write_bytes(content)
+    for name in ("trace", "report"):
+        done = subprocess.run([sys.executable, "-m", "benchmarks", name, str(tmp_path / "bad.jsonl"), "--output",
+                               str(tmp_path / "report.md")], capture_output=True, text=True, timeout=60, cwd=REPO)
+        last = done.stderr.strip().splitlines()[-1]
+        assert (2, True, False) == (done.returncode, message in last, "Traceback" in done.stderr), done.stderr
+        assert last.startswith("python -m benchmarks: error: not a readable Mooncake-format trace: ")
+    assert ["bad.jsonl"] == os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl: No such file or directory"),
+    (["trace", "{good}", "--trace-requests", "0"], "--trace-requests 0: expected at least 1")])
+def test_a_missing_trace_or_no_requests_asked_is_one_line_and_exit_status_2(tmp_path, argv, message) -> None:
+    trace_gen.write(trace_gen.conversations(5, seed=1), str(tmp_path / "good.jsonl"))
+    argv = [arg.format(good=tmp_path / "good.jsonl") for arg in argv]
+    done = subprocess.run([sys.executable, "-m", "benchmarks", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert (2, True) == (done.returncode, message in done.stderr.strip().splitlines()[-1]), done.stderr
+
+
+def test_the_mrc_accuracy_benchmark_refuses_an_unreadable_trace_in_one_line(tmp_path) -> None:
+    (tmp_path / "bad.jsonl").write_bytes(BAD_TRACES["negative_hash"][0])
+    done = subprocess.run([sys.executable, "-m", "benchmarks.mrc_accuracy", "--trace", str(tmp_path / "bad.jsonl")],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert (2, "Traceback" in done.stderr) == (done.returncode, False), done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("bad.jsonl, line 1: hash_ids must be a list of integers in "
+                                                         "0..2**64-1, not [1, -2]")
+
+
 def test_production_kind_mixes_one_off_long_prompts_with_sessions_behind_shared_prompts():
     """``production``: every request starts with the platform's prompt; about 35 % are one-off long prompts
     (20 to 80 blocks after the prompt that no other request asks for) and about 40 % a session's next turn
