@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests of each generated trace (and the "
                         "most read of a --trace file)")
     parser.add_argument("--first", type=int, default=FIRST, help="also replay each trace's first N requests")
-    parser.add_argument("--seed", type=int, default=SEED, help="the generated traces' seed (another: held-out traces)")
+    parser.add_argument("--seed", type=trace_gen.seed_argument, default=SEED,
+                        help="the generated traces' seed, 0 or more (another: held-out traces)")
     parser.add_argument("--kinds", nargs="*", choices=sorted(trace_gen.KINDS), default=list(trace_gen.KINDS),
                         help="the trace_gen kinds replayed (all by default; none: only the --trace files)")
     parser.add_argument("--policies", nargs="+", choices=L1_POLICIES, default=["adaptive", "arc", "lru"])

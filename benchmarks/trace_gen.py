@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import sys
 from collections.abc import Callable
@@ -156,25 +157,63 @@ KINDS: dict[str, Callable[[int, int], list[TraceRequest]]] = {
     "scan": scan, "loop": loop, "production": production}
 
 
+MAX_COUNT = 1_000_000  # requests a trace is made of at most: every request is built in memory before it is written
+
+
+class TraceNotWritten(OSError):
+    """The trace's file could not be made: it exists already, or creating or writing it failed."""
+
+
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
-    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average."""
+    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file of mode 0600:
+    an existing path (a file, a link, a pipe) is refused, never written through, and a file left part written by
+    a failed write is removed."""
     rng = random.Random(seed)
     now = 0.0
-    with open(path, "w", encoding="utf-8") as handle:
-        for request in requests:
-            handle.write(json.dumps({"timestamp": int(now), "input_length": request.input_tokens,
-                                     "output_length": 1, "hash_ids": request.hashes}) + "\n")
-            now += rng.expovariate(1 / 100)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError as exc:
+        raise TraceNotWritten(f"{path} exists already: remove it or name a new file") from exc
+    except OSError as exc:
+        raise TraceNotWritten(f"cannot create {path}: {exc.strerror or exc}") from exc
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
+            for request in requests:
+                handle.write(json.dumps({"timestamp": int(now), "input_length": request.input_tokens,
+                                         "output_length": 1, "hash_ids": request.hashes}) + "\n")
+                now += rng.expovariate(1 / 100)
+    except OSError as exc:
+        os.unlink(path)
+        raise TraceNotWritten(f"cannot write {path}: {exc.strerror or exc}; the part written is removed") from exc
+
+
+def _count(text: str) -> int:
+    count = int(text)
+    if not 1 <= count <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{count}: expected 1 to {MAX_COUNT:,}")
+    return count
+
+
+def seed_argument(text: str) -> int:
+    """A seed of 0 or more: ``random.Random`` seeds with an int's absolute value, so -1 would draw seed 1's trace."""
+    seed = int(text)
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"{seed}: expected 0 or more (a negative seed draws the same as its "
+                                         "absolute value)")
+    return seed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_gen")
     parser.add_argument("kind", choices=sorted(KINDS))
-    parser.add_argument("count", type=int)
-    parser.add_argument("path")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("count", type=_count, help=f"requests, 1 to {MAX_COUNT:,}")
+    parser.add_argument("path", help="a new file (an existing one is refused)")
+    parser.add_argument("--seed", type=seed_argument, default=1)
     args = parser.parse_args(argv)
-    write(KINDS[args.kind](args.count, args.seed), args.path, args.seed)
+    try:
+        write(KINDS[args.kind](args.count, args.seed), args.path, args.seed)
+    except TraceNotWritten as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return 0
 
 

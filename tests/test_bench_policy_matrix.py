@@ -38,6 +38,7 @@ def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
     (["--kinds", "nosuch"], "argument --kinds: invalid choice: 'nosuch'"),
     (["--policies", "mru"], "argument --policies: invalid choice: 'mru'"),
     (["--requests", "0"], "--requests 0: expected at least 1"),
+    (["--seed", "-3"], "argument --seed: -3: expected 0 or more"),
     (["--trace", "/nonexistent/held_out.jsonl", "--kinds"], "--trace: not a readable Mooncake-format trace: "
                                                              "/nonexistent/held_out.jsonl: No such file or directory"),
     (["--trace", "{junk}", "--kinds"], "junk.jsonl, line 2: not JSON"),

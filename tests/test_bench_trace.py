@@ -175,6 +175,53 @@ def test_the_mrc_accuracy_benchmark_refuses_an_unreadable_trace_in_one_line(tmp_
                                                          "0..2**64-1, not [1, -2]")
 
 
+def _trace_gen(*args: str, **options: Any) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.trace_gen", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, **options)
+
+
+def test_trace_gen_makes_a_new_file_of_mode_0600_and_writes_through_nothing_it_did_not_make(tmp_path) -> None:
+    """An existing file, a link to one (another's file) and a pipe are refused, left as they were; a new trace
+    is 0600 and reads back as the kind's requests."""
+    (tmp_path / "theirs").write_text("precious\n")
+    os.symlink(tmp_path / "theirs", tmp_path / "link")
+    os.mkfifo(tmp_path / "pipe")
+    for name in ("theirs", "link", "pipe"):
+        done = _trace_gen("rag", "5", str(tmp_path / name))
+        assert (2, f"error: {tmp_path / name} exists already: remove it or name a new file") == (
+            done.returncode, done.stderr.strip().split("trace_gen: ", 1)[1]), done.stderr
+    assert "precious\n" == (tmp_path / "theirs").read_text()
+    done = _trace_gen("rag", "5", str(tmp_path / "new.jsonl"), "--seed", "4")
+    assert 0 == done.returncode, done.stderr
+    assert 0o600 == os.stat(tmp_path / "new.jsonl").st_mode & 0o777
+    assert trace_gen.rag(5, 4) == load(str(tmp_path / "new.jsonl"))
+
+
+def test_trace_gen_removes_what_it_wrote_when_a_write_fails(tmp_path) -> None:
+    """A file-size limit of 8 KiB stands in for a full disk: one line, status 2, no part-written trace left."""
+    import resource
+
+    done = _trace_gen("production", "2000", str(tmp_path / "big.jsonl"),
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192)))
+    assert (2, []) == (done.returncode, os.listdir(tmp_path)), done.stderr
+    assert done.stderr.strip().endswith(f"cannot write {tmp_path / 'big.jsonl'}: File too large; the part written "
+                                        "is removed")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rag", "0"], f"argument count: 0: expected 1 to {trace_gen.MAX_COUNT:,}"),
+    (["rag", str(trace_gen.MAX_COUNT + 1)], f"argument count: {trace_gen.MAX_COUNT + 1}: expected 1 to "),
+    (["rag", "5", "--seed", "-1"], "argument --seed: -1: expected 0 or more")])
+def test_trace_gen_refuses_a_count_out_of_range_and_a_negative_seed(tmp_path, argv, message) -> None:
+    done = _trace_gen(*argv[:2], str(tmp_path / "t.jsonl"), *argv[2:])
+    assert (2, True, []) == (done.returncode, message in done.stderr.strip().splitlines()[-1],
+                             os.listdir(tmp_path)), done.stderr
+
+
+def test_random_draws_seed_minus_one_as_seed_one_which_is_why_it_is_refused() -> None:
+    assert trace_gen.conversations(50, -1) == trace_gen.conversations(50, 1)
+
+
 def test_production_kind_mixes_one_off_long_prompts_with_sessions_behind_shared_prompts():
     """``production``: every request starts with the platform's prompt; about 35 % are one-off long prompts
     (20 to 80 blocks after the prompt that no other request asks for) and about 40 % a session's next turn

@@ -85,7 +85,7 @@ def _default(function, parameter: str):
 def _claims() -> list[tuple[str, str, str]]:
     from benchmarks import isolation as bench_isolation
     from benchmarks import lmcache as bench_lmcache
-    from benchmarks import policy_matrix
+    from benchmarks import policy_matrix, trace_gen
     from benchmarks import vllm as bench_vllm
     from mpcache.cache import buffers, client_errors, l0, slabs, storage
     from mpcache.cache import process as cache_process
@@ -294,6 +294,7 @@ def _claims() -> list[tuple[str, str, str]]:
                                r"ones\) and each `--trace`, whole "
                                r"and its first ([\d,]+) requests",
          f"{policy_matrix.REQUESTS:,} / {policy_matrix.SEED} / {policy_matrix.FIRST:,}"),
+        ("docs/BENCHMARKS.md", r"COUNT is 1 to ([\d,]+), `--seed` 0 or", f"{trace_gen.MAX_COUNT:,}"),
         ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",
          f"{len(policy_matrix.LMCACHE_PERIODS)} / {policy_matrix.TOLERANCE:g}"),
         # docs/CONFIGURATION.md (its prose; the table is generated)
