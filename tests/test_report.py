@@ -11,6 +11,7 @@ import io
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest import mock
 
@@ -99,7 +100,12 @@ def test_the_measured_hit_ratio_is_beside_the_prediction_and_capacities_are_per_
     (_with(("processes",), 10**200), "processes: expected an integer in [0, 65535], got int"),  # was OverflowError
     (_with(("curves", 0, "points", 1, "hit_ratio"), float("nan")),
      "curves[0].points[1].hit_ratio: expected a number [0, 1], got float nan"),
-    (_with(("curves", 0, "capacity_bytes"), 10 ** 400), "curves[0].capacity_bytes: expected a number >= 0, got int"),
+    (_with(("curves", 0, "capacity_bytes"), 10 ** 400),
+     f"curves[0].capacity_bytes: expected an integer in [0, {report.MAX_BYTES}], got int"),
+    # bytes are whole: a subnormal or a float beyond any memory had made nan and inf of what-ifs
+    (_with(("curves", 0, "points", 0, "capacity_bytes"), 5e-324),
+     "curves[0].points[0].capacity_bytes: expected an integer in [0, 18446744073709551616], got float 5e-324"),
+    (_with(("curves", 0, "capacity_bytes"), 1e300), "curves[0].capacity_bytes: expected an integer in"),
     (b'{"max_keys": ' + b"9" * 5000 + b"}", "not a /mrc document: Exceeds the limit (4300 digits)"),  # ValueError
     (_with(("curves", 0, "points", 3, "capacity_bytes"), 1), "curves[0].points[3].capacity_bytes: smaller than"),
     (_with(("curves", 0, "tier"), ["l1"]), "curves[0].tier: expected text, got list ['l1']"),
@@ -267,3 +273,56 @@ def test_no_server_and_a_url_that_is_not_http_are_one_line() -> None:
         port = unused.getsockname()[1]  # bound, never listening: refused
         assert "refused" in _refused(*_main("--url", f"http://127.0.0.1:{port}")).lower()
     assert "expected an http:// or https:// URL" in _refused(*_main("--url", "file:///dev/zero"))
+
+
+def _trickled_head(handler) -> None:
+    """A status line, then a header line every 0.1 s for 30 s: no single read waits long, the head never ends."""
+    with contextlib.suppress(OSError):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for number in range(300):
+            handler.wfile.write(f"X-Slow-{number}: 1\r\n".encode())
+            handler.wfile.flush()
+            threading.Event().wait(0.1)
+
+
+@pytest.mark.parametrize("answer", [_trickle, _trickled_head], ids=["body", "head"])
+def test_the_timeout_bounds_the_whole_answer_head_included(endpoint, answer) -> None:
+    """Cut off at the timeout, not when the server stops: reading per 64 KiB, and the head with only a per-read
+    timeout, had waited out a 30-second trickle (``answer`` sends for 10 s and 30 s)."""
+    started = time.monotonic()
+    assert "took longer than 0.5 s" in _refused(*_main("--url", endpoint(answer), "--timeout", "0.5"))
+    assert time.monotonic() - started < 5
+
+
+def _mrc_only(handler) -> None:
+    _status(200, json.dumps(VALID).encode())(handler) if handler.path == "/mrc" else _status(404)(handler)
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/mrc", "/mrc/", "/metrics", "/metrics/", "/?"])
+def test_the_endpoint_may_be_given_as_its_root_its_metrics_or_its_mrc(endpoint, suffix) -> None:
+    status, stdout, stderr = _main("--url", endpoint(_mrc_only) + suffix)
+    assert (0, "") == (status, stderr) and "l1" in stdout
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999", "http://", "http://127.0.0.1:x"])
+def test_a_url_that_is_not_one_is_one_line(url) -> None:
+    _refused(*_main("--url", url))
+
+
+def test_a_proxy_in_the_environment_does_not_answer_for_a_loopback_endpoint(endpoint, monkeypatch) -> None:
+    """The proxy would answer with a valid document; the endpoint itself refuses the connection."""
+    proxy = endpoint(_status(200, json.dumps(VALID).encode()))
+    monkeypatch.setenv("http_proxy", proxy)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        assert "refused" in _refused(*_main("--url", f"http://127.0.0.1:{unused.getsockname()[1]}")).lower()
+
+
+@pytest.mark.parametrize("timeout", ["nan", "0", "-1", "inf", str(report.MAX_TIMEOUT_S * 2)])
+def test_a_timeout_that_is_not_seconds_in_range_is_a_usage_error(capsys, timeout) -> None:
+    with pytest.raises(SystemExit) as exited:
+        report.main(["--timeout", timeout])
+    assert 2 == exited.value.code
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"mpcache-report: error: --timeout: expected seconds in (0, {report.MAX_TIMEOUT_S:g}]")

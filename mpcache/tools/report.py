@@ -4,18 +4,20 @@ capacity a target hit ratio needs, each for the whole service and per cache proc
 Where the curves model another order than the ``--l1-policy`` L1 runs, the report says so and predicts nothing.
 
 Whatever the endpoint answers is checked before it is used: an answer that cannot be had (no server, an HTTP
-error, too large, too slow) or is not a /mrc document (not JSON, nested too deeply, a field missing or of the
-wrong type, a number that is not finite) is one line on stderr and exit status 2, never a traceback.
+error, too large, not whole within ``--timeout``) or is not a /mrc document (not JSON, nested too deeply, a
+field missing or of the wrong type, a number that is not finite, a byte count that is not a whole number) is one
+line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import ipaddress
 import json
 import math
 import sys
-import time
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,35 +30,76 @@ WHAT_IF = (("now", 1.0), ("½×", 0.5), ("2×", 2.0), ("4×", 4.0))
 MAX_DOCUMENT_BYTES = 16 << 20  # /mrc is at most ~100 curves of 29 points, a few hundred kB
 MAX_PROCESSES = 65535  # cache processes a service can run at most: each listens on a port of its own
 READ_BYTES = 1 << 16
+MAX_BYTES = 1 << 64  # a capacity in bytes at most (a curve's or a point's)
+MAX_TIMEOUT_S = 86_400.0
 
 
 class Unusable(Exception):
     """The endpoint cannot be reached, or its answer is not a /mrc document; the message says which."""
 
 
-def fetch(url: str, timeout_s: float) -> bytes:
-    """The body of ``GET /mrc`` at ``url`` (the telemetry endpoint, with or without ``/mrc``): at most
-    MAX_DOCUMENT_BYTES, read within ``timeout_s`` in all (a server that trickles its answer is cut off)."""
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+def mrc_url(url: str) -> str:
+    """``url``'s ``/mrc``: the endpoint as given for ``/metrics`` (its root, ``/metrics`` or ``/mrc``, a trailing
+    slash or not), its query kept, its fragment dropped."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise Unusable(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Unusable("expected an http:// or https:// URL")
-    if not url.rstrip("/").endswith("/mrc"):
-        url = url.rstrip("/") + "/mrc"
-    deadline = time.monotonic() + timeout_s
+    path = parts.path.rstrip("/")
+    if path.endswith("/metrics"):
+        path = path[:-len("/metrics")]
+    if not path.endswith("/mrc"):
+        path += "/mrc"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def fetch(url: str, timeout_s: float) -> bytes:
+    """The body of ``GET /mrc`` at ``url`` (:func:`mrc_url`): at most MAX_DOCUMENT_BYTES, had within ``timeout_s``
+    in all, the connection, the answer's head and its body together (a server that trickles any of them is cut
+    off).  A loopback endpoint is asked directly: a proxy named in the environment could answer for it."""
+    url = mrc_url(url)
+    loopback = _loopback(urllib.parse.urlsplit(url).hostname or "")
+    handlers = [urllib.request.ProxyHandler({})] if loopback else []
+    opener = urllib.request.build_opener(*handlers)
+    outcome: list[bytes | Unusable] = []
+    reader = threading.Thread(target=lambda: outcome.append(_read(opener, url, timeout_s)), daemon=True,
+                              name="mpcache-report-fetch")
+    reader.start()
+    reader.join(timeout_s)
+    if not outcome:  # still reading: left behind, a daemon thread, as the command exits
+        raise Unusable(f"the answer took longer than {timeout_s:g} s")
+    if isinstance(outcome[0], Unusable):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read(opener: urllib.request.OpenerDirector, url: str, timeout_s: float) -> bytes | Unusable:
+    """The body, or why there is none (returned, not raised: this runs in the reader thread)."""
     body = bytearray()
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            while chunk := response.read(READ_BYTES):
+        with opener.open(url, timeout=timeout_s) as response:
+            while chunk := response.read1(READ_BYTES):
                 body += chunk
                 if len(body) > MAX_DOCUMENT_BYTES:
-                    raise Unusable(f"the answer is larger than {MAX_DOCUMENT_BYTES} bytes")
-                if time.monotonic() > deadline:
-                    raise Unusable(f"the answer took longer than {timeout_s:g} s")
+                    return Unusable(f"the answer is larger than {MAX_DOCUMENT_BYTES} bytes")
     except urllib.error.HTTPError as exc:
-        raise Unusable(f"HTTP {exc.code} {exc.reason}") from None
+        return Unusable(f"HTTP {exc.code} {exc.reason}")
     except urllib.error.URLError as exc:
-        raise Unusable(str(exc.reason)) from None
-    except (OSError, http.client.HTTPException) as exc:  # a reset, a timeout, a broken HTTP answer
-        raise Unusable(str(exc) or type(exc).__name__) from None
+        return Unusable(str(exc.reason))
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # a reset, a timeout, a broken HTTP answer
+        return Unusable(str(exc) or type(exc).__name__)
     return bytes(body)
 
 
@@ -107,7 +150,7 @@ def _points(value: Any, where: str) -> list[tuple[float, float]]:
     points: list[tuple[float, float]] = []
     for index, point in enumerate(value):
         at = f"{where}[{index}]"
-        capacity = _number(_field(point, "capacity_bytes", at), f"{at}.capacity_bytes")
+        capacity = _count(_field(point, "capacity_bytes", at), f"{at}.capacity_bytes", MAX_BYTES)
         ratio = _number(_field(point, "hit_ratio", at), f"{at}.hit_ratio", 0.0, 1.0)
         if points and capacity < points[-1][0]:
             raise Unusable(f"{at}.capacity_bytes: smaller than the point before it")
@@ -147,7 +190,7 @@ def check(document: Any) -> dict[str, Any]:
         at = f"curves[{index}]"
         checked["curves"].append({
             **{key: _text(_field(curve, key, at), f"{at}.{key}") for key in ("tier", "model_name", "cache_salt")},
-            "capacity_bytes": _number(_field(curve, "capacity_bytes", at), f"{at}.capacity_bytes"),
+            "capacity_bytes": _count(_field(curve, "capacity_bytes", at), f"{at}.capacity_bytes", MAX_BYTES),
             "sampled_accesses": _count(_field(curve, "sampled_accesses", at), f"{at}.sampled_accesses"),
             "measured_hit_ratio": _measured(curve, at),
             "points": _points(_field(curve, "points", at), f"{at}.points"),
@@ -241,15 +284,19 @@ def render(document: dict[str, Any], target: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpcache-report", description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"the telemetry HTTP endpoint, as for /metrics (default {DEFAULT_URL})")
+                        help=f"the telemetry HTTP endpoint, as for /metrics, or its /metrics or /mrc (default "
+                        f"{DEFAULT_URL})")
     parser.add_argument("--target-hit-ratio", type=float, default=0.8,
                         help="the hit ratio to size for, in (0, 1] (default 0.8)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the endpoint (default 5)")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to wait for the endpoint's whole answer (default 5)")
     parser.add_argument("--json", action="store_true", help="print the /mrc document as it came")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
     if not 0 < args.target_hit_ratio <= 1:
         parser.error("--target-hit-ratio: expected a number in (0, 1]")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # NaN too
+        parser.error(f"--timeout: expected seconds in (0, {MAX_TIMEOUT_S:g}]")
     try:
         document = load(fetch(args.url, args.timeout))
         checked = check(document)
