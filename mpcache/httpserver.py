@@ -29,8 +29,9 @@ Forward = Callable[[bytes], Awaitable[tuple[int, bytes, str]]]  # request head -
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_READ_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
+            503: "Service Unavailable", 504: "Gateway Timeout"}
 TEXT = "text/plain; charset=utf-8"
 
 
@@ -109,15 +110,24 @@ class BoundedHTTPServer:
         self._open += 1
         self._reading[conn_id] = writer
         try:
+            head = b""
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout_s)
-            except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            except asyncio.LimitOverrunError:
+                status, content_type = 431, TEXT
+                body = f"a request head is {MAX_REQUEST_BYTES} bytes at most\n".encode()
+            except asyncio.TimeoutError:
+                status, content_type = 408, TEXT
+                body = f"no whole request head within {self._read_timeout_s:g} s (it ends with CRLF CRLF)\n".encode()
+            except (asyncio.IncompleteReadError, ConnectionError):  # the client left
                 return
             finally:
                 self._reading.pop(conn_id, None)
-            status, body, content_type = await self._answer(head)
-            writer.write(b"HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-                         % (status, _REASONS.get(status, "").encode(), content_type.encode(), len(body)))
+            if head:
+                status, body, content_type = await self._answer(head)
+            allow = b"Allow: GET, HEAD\r\n" if status == 405 else b""
+            writer.write(b"HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
+                         % (status, _REASONS.get(status, "").encode(), content_type.encode(), len(body), allow))
             if not head.startswith(b"HEAD "):
                 writer.write(body)
             await asyncio.wait_for(writer.drain(), self._read_timeout_s)
@@ -136,7 +146,7 @@ class BoundedHTTPServer:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             return 400, b"bad request\n", TEXT
         if parts[0] not in (b"GET", b"HEAD"):
-            return 405, b"only GET\n", TEXT
+            return 405, b"only GET and HEAD\n", TEXT
         path = parts[1].split(b"?", 1)[0].decode("latin-1")
         route = self.routes.get(path)
         if route is None and self._forward is not None:

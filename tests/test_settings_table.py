@@ -104,6 +104,11 @@ def test_the_help_lists_every_setting_once_under_its_flag():
     ({"log_level": "loud"}, "--log-level: expected one of debug, info, warning, error"),
     ({"lmcache_allow_uids": [-1]}, "--lmcache-allow-uid: expected a list, each entry an integer 0..4294967294"),
     ({"hang_timeout_s": math.inf}, "--hang-timeout: expected finite seconds >= 1"),
+    # a half-life just above 0 would empty the curves at every decay
+    ({"mrc_half_life_s": 5e-324}, "--mrc-half-life: expected 0 (off) or finite seconds >= 1"),
+    ({"mrc_half_life_s": 0.5}, "--mrc-half-life: expected 0 (off) or finite seconds >= 1"),
+    ({"mrc_half_life_s": -1.0}, "--mrc-half-life: expected 0 (off) or finite seconds >= 1"),
+    ({"mrc_half_life_s": True}, "--mrc-half-life: expected 0 (off) or finite seconds >= 1"),
 ])
 def test_a_config_built_by_code_or_read_from_json_is_checked_by_its_settings_kinds(values, message):
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
@@ -112,6 +117,11 @@ def test_a_config_built_by_code_or_read_from_json_is_checked_by_its_settings_kin
     data = {**json.loads(good.to_json()), **values}
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         Config.from_json(json.dumps(data))
+
+
+def test_a_half_life_of_0_is_off_and_one_of_a_second_or_more_is_taken() -> None:
+    assert [0, 0.0, 1.0, 7200] == [Config(supervisor_pid=1, instance_id="i", mrc_half_life_s=value).mrc_half_life_s
+                                   for value in (0, 0.0, 1.0, 7200)]
 
 
 def test_every_mpcache_variable_the_project_names_is_a_setting_or_declared_as_another():

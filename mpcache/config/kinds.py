@@ -175,6 +175,19 @@ class Seconds(Number):
 
 
 @dataclass(frozen=True)
+class OffOrSeconds(Seconds):
+    """0 (off), or seconds within the bounds: a value just above 0 would be a mistake, not a setting."""
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"0 (off) or {super().expected}"
+
+    def problem(self, value: Any) -> str | None:
+        off = type(value) in (int, float) and value == 0
+        return None if off else super().problem(value)
+
+
+@dataclass(frozen=True)
 class Size(Kind):
     """Bytes, given as 512MiB, 2GB or 1048576."""
 

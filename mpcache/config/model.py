@@ -16,7 +16,19 @@ import re
 from dataclasses import dataclass, field
 
 from mpcache.config import derived
-from mpcache.config.kinds import Choice, Integer, JsonObject, Number, Port, Repeated, Seconds, Size, Switch, Text
+from mpcache.config.kinds import (
+    Choice,
+    Integer,
+    JsonObject,
+    Number,
+    OffOrSeconds,
+    Port,
+    Repeated,
+    Seconds,
+    Size,
+    Switch,
+    Text,
+)
 from mpcache.config.setting import Setting, setting, settings_of, shown
 from mpcache.contract.events import MRC_HEAD_FIELDS
 from mpcache.errors import ConfigError
@@ -30,6 +42,7 @@ CHECKPOINT_INTERVAL_S = 10.0  # --telemetry-checkpoint-interval's default (the b
 SHARED_L2_TYPES = frozenset({"redis"})  # L2 adapter types every cache process shares (others: one per process)
 L2_GB = 10**9  # capacity_gb's unit
 NICE_MAX = 19  # the largest nice increment (POSIX)
+MIN_MRC_HALF_LIFE_S = 1.0  # --mrc-half-life, when not 0: the curves decay at each pump tick, up to a second apart
 _DEMO_L1 = (f"{shown(Size(), derived.DEMO_L1_SIZE)} with --demo, "
             f"{shown(Size(), derived.DEMO_L1_SIZE_WITH_L2)} with --demo and --l2")
 
@@ -158,8 +171,8 @@ class Config:
     mrc_max_keys: int = setting(
         Integer(64, 1 << 22), 32768, "sampled keys the miss-ratio curves track, split among the cache processes; "
         "beyond it a process's history lowers its own rate (SHARDS fixed-size; default {default})", group=TELEMETRY)
-    mrc_half_life_s: float = setting(
-        Seconds(0, math.inf, high_open=True), 3600.0,
+    mrc_half_life_s: float = setting(  # much shorter than a tick, each decay would empty the curves
+        OffOrSeconds(MIN_MRC_HALF_LIFE_S, math.inf, high_open=True), 3600.0,
         "seconds after which an access weighs half in the miss-ratio curves, so they follow "
         "a changing workload (0: never decay; default {default})", group=TELEMETRY, name="mrc-half-life")
     cache_salt_cap: int = setting(Integer(1), 1000,

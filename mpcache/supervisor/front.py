@@ -138,7 +138,8 @@ class Front:
             return 503, (f"the telemetry process is not serving ({self._state().telemetry_state}: {exc}); "
                          "the cache serves on, and this answers again once telemetry is back\n").encode(), TEXT
         try:
-            writer.write(head)
+            # a HEAD asked as a GET: the answer's Content-Length is then the body's, which HEAD is to say
+            writer.write(b"GET " + head[len(b"HEAD "):] if head.startswith(b"HEAD ") else head)
             response = await asyncio.wait_for(_read_to_end(reader), FORWARD_TIMEOUT_S)
         except asyncio.TimeoutError:
             return 504, f"the telemetry process did not answer within {FORWARD_TIMEOUT_S:g} s\n".encode(), TEXT

@@ -29,8 +29,8 @@ __all__ = ["build_parser", "check_config", "config_from_settings", "deprecated_g
 
 # settings still accepted (and checked) but ignored: name → what replaced them, for the one warning at start
 DEPRECATED = {
-    "l1-watermark": "L1 evicts on demand: a store that needs room evicts just what it needs, least recently "
-                    "used first, so no loop trims L1 below a watermark; the value is ignored",
+    "l1-watermark": "L1 evicts on demand: a store that needs room evicts just what it needs, in --l1-policy's "
+                    "order, so no loop trims L1 below a watermark; the value is ignored",
 }
 
 

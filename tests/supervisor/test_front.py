@@ -136,13 +136,15 @@ def test_runbook_is_an_html_page_with_a_section_per_alert(served):
     assert [] == [alert for alert in alerts if f'id="{alert.lower()}"' not in body]
 
 
-def _telemetry_socket(served: Served, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+def _telemetry_socket(served: Served, answer: bytes | None,
+                      received: list[bytes] | None = None) -> tuple[socket.socket, threading.Thread]:
     """A listener on telemetry's socket path: each connection gets ``answer`` and is closed (None: it is
-    read and never answered)."""
+    read and never answered); what each sent is appended to ``received``."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(served.config.telemetry_socket_path())
     listener.listen(8)
     held = []
+    received = [] if received is None else received
 
     def serve() -> None:
         while True:
@@ -150,7 +152,7 @@ def _telemetry_socket(served: Served, answer: bytes | None) -> tuple[socket.sock
                 connection, _ = listener.accept()
             except OSError:
                 return
-            connection.recv(8192)
+            received.append(connection.recv(8192))
             if answer is None:
                 held.append(connection)
                 continue
@@ -169,6 +171,28 @@ def test_other_paths_are_telemetrys_answer_relayed(served):
         assert (200, "text/plain; version=0.0.4", "metric_total 1.0\n") == served.get("/metrics")
     finally:
         listener.close()
+
+
+def test_a_head_request_is_forwarded_as_a_get_and_says_the_length_a_get_would_have(served):
+    """The front asks telemetry for the body (a HEAD forwarded as such came back with no body, and the front's
+    answer said Content-Length: 0); the client gets the head alone, with the body's length."""
+    body = b"metric_total 1.0\n"
+    received: list[bytes] = []
+    listener, _ = _telemetry_socket(served, b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                                            b"Connection: close\r\n\r\n%s" % (len(body), body), received)
+    try:
+        with socket.create_connection(("127.0.0.1", served.front.server.server_port), timeout=10) as sock:
+            sock.sendall(b"HEAD /metrics HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+    finally:
+        listener.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert [b"GET /metrics HTTP/1.0\r\n\r\n"] == received
+    assert (b"HTTP/1.0 200 OK", b"Content-Length: %d" % len(body), b"") == (
+        head.split(b"\r\n")[0], next(line for line in head.split(b"\r\n") if line.startswith(b"Content-Length")),
+        rest)
 
 
 def test_a_forwarded_request_is_503_without_telemetry_504_when_it_hangs_and_502_for_garbage(served, monkeypatch):

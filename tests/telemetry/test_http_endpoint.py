@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from mpcache.httpserver import BoundedHTTPServer
+from mpcache.httpserver import MAX_REQUEST_BYTES, BoundedHTTPServer
 
 
 class _Log:
@@ -109,19 +109,48 @@ def test_concurrent_scrapes_share_one_collection():
     assert 1 == len(calls)
 
 
-def test_a_request_that_never_completes_is_closed_after_the_read_timeout(endpoint):
-    """Headers that never end: the server closes the connection once its read timeout (1 s) has passed, not
-    before; one that kept it open would leave the client waiting out its own socket timeout (10 s) instead."""
+def _answer_and_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    answer = b""
+    while chunk := sock.recv(4096):
+        answer += chunk
+    return answer
+
+
+def test_a_request_that_never_completes_is_answered_408_and_closed_after_the_read_timeout(endpoint):
+    """Headers that never end: once its read timeout (1 s) has passed, not before, the server says so and closes
+    the connection; one that kept it open would leave the client waiting out its own socket timeout (10 s)."""
     server, _ = endpoint
     with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: headers never end
         started = time.monotonic()
         try:
-            closed = sock.recv(100)
+            answer = _answer_and_close(sock)
         except TimeoutError:
             pytest.fail("the server kept a request that never completed open for 10 s (its read timeout: 1 s)")
-        assert b"" == closed
         assert 0.8 < time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.0 408 Request Timeout\r\n")
+    assert answer.endswith(b"\r\n\r\nno whole request head within 1 s (it ends with CRLF CRLF)\n")
+
+
+def test_a_request_head_over_the_bound_is_answered_431_not_dropped(endpoint):
+    """A URL of 9,000 bytes: one short answer naming the bound (it had closed the connection without a word)."""
+    server, _ = endpoint
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics?" + b"a" * 9000 + b" HTTP/1.0\r\n\r\n")
+        answer = _answer_and_close(sock)
+    assert answer.startswith(b"HTTP/1.0 431 Request Header Fields Too Large\r\n")
+    assert answer.endswith(b"a request head is %d bytes at most\n" % MAX_REQUEST_BYTES)
+    assert 200 == _get(server.server_port)[0]  # and it serves on
+
+
+def test_a_method_other_than_get_or_head_is_told_which_are_allowed(endpoint):
+    server, _ = endpoint
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as sock:
+        sock.sendall(b"POST /metrics HTTP/1.0\r\n\r\n")
+        head, _, body = _answer_and_close(sock).partition(b"\r\n\r\n")
+    assert (b"HTTP/1.0 405 Method Not Allowed", b"Allow: GET, HEAD", b"only GET and HEAD\n") == (
+        head.split(b"\r\n")[0], next(line for line in head.split(b"\r\n") if line.startswith(b"Allow:")), body)
 
 
 @pytest.mark.parametrize(("request_line", "status"), [(b"POST /metrics HTTP/1.0", 405), (b"GET /nope HTTP/1.0", 404),
