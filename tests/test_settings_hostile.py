@@ -60,7 +60,9 @@ def test_a_config_that_is_not_a_regular_utf8_file_is_one_line(tmp_path, kind):
         path = tmp_path / "settings.toml"
         path.write_bytes(b'log-file = "\xff.log"\n')
         expected = "not UTF-8"
-    _one_line_exit_2(_check_config(tmp_path, "--config", str(path)), f"--config: cannot read '{path}' ({expected}")
+    result = _check_config(tmp_path, "--config", str(path))
+    _one_line_exit_2(result, f"--config: cannot read '{path}' ({expected}")
+    assert "not valid TOML" not in result.stderr  # a file that cannot be read is not said to be bad TOML as well
 
 
 @pytest.mark.parametrize("where", ["flag", "environment", "file"])
@@ -311,3 +313,17 @@ def test_a_config_file_in_a_0777_directory_on_a_read_only_mount_is_read(tmp_path
         pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {shown.stderr.strip()}")
     assert (0, "") == (shown.returncode, shown.stderr)
     assert 'log-level = "debug"' in shown.stdout
+
+
+@pytest.mark.parametrize("where", ["flag", "environment"])
+def test_a_refused_value_of_any_length_is_quoted_cut_short_with_its_length(tmp_path, where):
+    """5,000 digits for --mrc-max-keys: the line quotes the first of them and says how many there were (it had
+    echoed all 5,000)."""
+    from mpcache.config.kinds import SHOWN_CHARACTERS
+
+    digits = "9" * 5000
+    result = (_check_config(tmp_path, "--mrc-max-keys", digits) if where == "flag" else
+              _check_config(tmp_path, MPCACHE_MRC_MAX_KEYS=digits))
+    quoted = repr(digits)[:SHOWN_CHARACTERS - 3]
+    _one_line_exit_2(result, f"expected an integer 64..4194304, got {quoted}... (5,000 characters)")
+    assert len(result.stderr) < 300

@@ -36,8 +36,16 @@ def _text(raw: object) -> str:
     return raw if isinstance(raw, str) else str(raw)
 
 
-def _shown(raw: object) -> object:
-    return raw if isinstance(raw, (dict, list)) else _text(raw)
+SHOWN_CHARACTERS = 80  # of a refused value, in its error line: a value of any length keeps the line short
+
+
+def _shown(raw: object) -> str:
+    """``raw`` as its error line quotes it: repr, cut to SHOWN_CHARACTERS with how long it was."""
+    value = raw if isinstance(raw, (dict, list)) else _text(raw)
+    shown = repr(value)
+    if len(shown) <= SHOWN_CHARACTERS:
+        return shown
+    return f"{shown[:SHOWN_CHARACTERS - 3]}... ({len(value if isinstance(value, str) else shown):,} characters)"
 
 
 class Kind:
@@ -61,10 +69,10 @@ class Kind:
         try:
             value = self.convert(raw)
         except (TypeError, ValueError):  # ConfigError (a bad size) is a ValueError too
-            raise ValueError(f"expected {self.expected}, got {_shown(raw)!r}") from None
+            raise ValueError(f"expected {self.expected}, got {_shown(raw)}") from None
         problem = self.problem(value)
         if problem is not None:
-            raise ValueError(f"{problem}, got {_shown(raw)!r}")
+            raise ValueError(f"{problem}, got {_shown(raw)}")
         return value
 
 

@@ -121,8 +121,9 @@ def _read_settings_file(path: str) -> str:
 
 def from_file(path: str) -> dict[str, Any]:
     """The settings a TOML file gives, by name (its keys are the names; "_" for "-" is accepted too)."""
+    text = _read_settings_file(path)  # its ConfigError is a ValueError: read outside the parse's handlers
     try:
-        table = tomllib.loads(_read_settings_file(path))
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
     except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
