@@ -87,6 +87,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from benchmarks import lmcache as bench_lmcache
     from benchmarks import policy_matrix, trace_gen
     from benchmarks import vllm as bench_vllm
+    from mpcache import httpserver
     from mpcache.cache import buffers, client_errors, l0, slabs, storage
     from mpcache.cache import process as cache_process
     from mpcache.cache.__main__ import DESCRIPTORS_WANTED
@@ -96,8 +97,8 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.cache.native import transport
     from mpcache.client import connection
     from mpcache.client.core import CacheClient
-    from mpcache.config import derived
-    from mpcache.config.model import Config
+    from mpcache.config import derived, kinds
+    from mpcache.config.model import MIN_MRC_HALF_LIFE_S, Config
     from mpcache.contract import protocol
     from mpcache.contract.events import MRC_HEAD_FIELDS
     from mpcache.contract.keys import SAMPLE_MODULUS
@@ -109,7 +110,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.telemetry.mrc import curves, history
     from mpcache.telemetry.subscribers import tracing
     from mpcache.telemetry.subscribers.metrics import mrc
-    from mpcache.tools import logtail
+    from mpcache.tools import logtail, report
 
     l2_log_s = _n(_default(storage.StorageManager.__init__, "failure_log_interval_s"))
     ki, mib, gib = 2**10, 2**20, 2**30
@@ -297,6 +298,12 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/BENCHMARKS.md", r"COUNT is 1 to ([\d,]+), `--seed` 0 or", f"{trace_gen.MAX_COUNT:,}"),
         ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",
          f"{len(policy_matrix.LMCACHE_PERIODS)} / {policy_matrix.TOLERANCE:g}"),
+        # CHANGELOG.md (the bounds the Unreleased fixes name)
+        ("CHANGELOG.md", r"answer a request head over (\d+) bytes with 431", str(httpserver.MAX_REQUEST_BYTES)),
+        ("CHANGELOG.md", r"is refused outside \(0, ([\d]+)\] s", f"{report.MAX_TIMEOUT_S:g}"),
+        ("CHANGELOG.md", r"COUNT is 1 to ([\d,]+) and `--seed` 0 or more", f"{trace_gen.MAX_COUNT:,}"),
+        ("CHANGELOG.md", r"`--mrc-half-life` is 0 \(off\) or at least (\d+) s", f"{MIN_MRC_HALF_LIFE_S:g}"),
+        ("CHANGELOG.md", r"refused setting's value is quoted cut to (\d+) characters", str(kinds.SHOWN_CHARACTERS)),
         # docs/CONFIGURATION.md (its prose; the table is generated)
         ("docs/CONFIGURATION.md", r"a smaller `--l1-size` \((\d+MiB), (\d+MiB) with `--l2`\), `--prefetch-job-ttl "
                                   r"(\d+)` and `--metrics-sample-rate ([\d.]+)`",
