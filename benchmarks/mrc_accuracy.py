@@ -164,6 +164,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[])
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
     args = parser.parse_args()
+    if args.requests < 1:
+        parser.error(f"--requests {args.requests}: expected at least 1")
     for path in args.trace:
         try:
             trace_sim.load(path, args.requests)

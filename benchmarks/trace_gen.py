@@ -29,6 +29,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 from collections.abc import Callable
 
 from benchmarks.trace_sim import BLOCK_TOKENS, TraceRequest
@@ -165,30 +166,38 @@ class TraceNotWritten(OSError):
 
 
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
-    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file of mode 0600:
-    an existing path (a file, a link, a pipe) is refused, never written through, and a file left part written by
-    a failed write is removed."""
-    rng = random.Random(seed)
-    now = 0.0
+    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file of mode 0600.
+    It is written whole to a file of its own beside ``path`` first and then linked in, which never replaces what
+    is there: an existing path (a file, a link, a pipe) is refused, and a write that fails or is interrupted
+    leaves nothing behind."""
+    if os.path.lexists(path):
+        raise TraceNotWritten(f"{path} exists already: remove it or name a new file")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError as exc:
-        raise TraceNotWritten(f"{path} exists already: remove it or name a new file") from exc
+        fd, draft = tempfile.mkstemp(prefix=".trace_gen-", suffix=".partial", dir=os.path.dirname(path) or ".")
     except OSError as exc:
         raise TraceNotWritten(f"cannot create {path}: {exc.strerror or exc}") from exc
+    rng = random.Random(seed)
+    now = 0.0
     try:
         with open(fd, "w", encoding="utf-8") as handle:
             for request in requests:
                 handle.write(json.dumps({"timestamp": int(now), "input_length": request.input_tokens,
                                          "output_length": 1, "hash_ids": request.hashes}) + "\n")
                 now += rng.expovariate(1 / 100)
+        os.link(draft, path)
+    except FileExistsError as exc:  # made meanwhile by someone else: theirs, left as it is
+        raise TraceNotWritten(f"{path} exists already: remove it or name a new file") from exc
     except OSError as exc:
-        os.unlink(path)
-        raise TraceNotWritten(f"cannot write {path}: {exc.strerror or exc}; the part written is removed") from exc
+        raise TraceNotWritten(f"cannot write {path}: {exc.strerror or exc}; nothing was left") from exc
+    finally:
+        os.unlink(draft)
 
 
 def _count(text: str) -> int:
-    count = int(text)
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of requests") from None
     if not 1 <= count <= MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{count}: expected 1 to {MAX_COUNT:,}")
     return count
@@ -196,7 +205,10 @@ def _count(text: str) -> int:
 
 def seed_argument(text: str) -> int:
     """A seed of 0 or more: ``random.Random`` seeds with an int's absolute value, so -1 would draw seed 1's trace."""
-    seed = int(text)
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from None
     if seed < 0:
         raise argparse.ArgumentTypeError(f"{seed}: expected 0 or more (a negative seed draws the same as its "
                                          "absolute value)")

@@ -70,6 +70,8 @@ def _request(line: str, where: str) -> TraceRequest:
         record = json.loads(line)
     except ValueError as exc:
         raise TraceUnreadable(f"{where}: not JSON ({exc})") from exc
+    except RecursionError:
+        raise TraceUnreadable(f"{where}: JSON nested too deeply") from None
     if not isinstance(record, dict):
         raise TraceUnreadable(f"{where}: a JSON {type(record).__name__}, not an object")
     hashes = record.get("hash_ids")

@@ -29,6 +29,7 @@ Forward = Callable[[bytes], Awaitable[tuple[int, bytes, str]]]  # request head -
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_READ_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
+DISCARD_BYTES = 1 << 20  # read past a refused request head at most, so that the refusal is not lost in a reset
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
             503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -128,9 +129,11 @@ class BoundedHTTPServer:
             allow = b"Allow: GET, HEAD\r\n" if status == 405 else b""
             writer.write(b"HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
                          % (status, _REASONS.get(status, "").encode(), content_type.encode(), len(body), allow))
-            if not head.startswith(b"HEAD "):
+            if not is_head(head):
                 writer.write(body)
             await asyncio.wait_for(writer.drain(), self._read_timeout_s)
+            if status == 431:  # its client may still be sending: closing on unread bytes resets the connection
+                await self._discard(reader, writer)
         except (asyncio.TimeoutError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -140,6 +143,18 @@ class BoundedHTTPServer:
         finally:
             self._open -= 1
             writer.close()
+
+    async def _discard(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read and drop what the client still sends, up to DISCARD_BYTES within the read timeout, once the answer
+        is out and our side is shut (its FIN tells the client to stop): a close with unread bytes would reset the
+        connection, and the client lose the answer."""
+        if writer.can_write_eof():
+            writer.write_eof()
+        deadline, left = self._loop.time() + self._read_timeout_s, DISCARD_BYTES
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+            while left > 0 and (chunk := await asyncio.wait_for(reader.read(min(left, 1 << 16)),
+                                                                max(0.0, deadline - self._loop.time()))):
+                left -= len(chunk)
 
     async def _answer(self, head: bytes) -> tuple[int, bytes, str]:
         parts = head.split(b"\r\n", 1)[0].split()
@@ -173,6 +188,12 @@ def _remove_stale_socket(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
+
+
+def is_head(head: bytes) -> bool:
+    """Whether a request head asks with the HEAD method (its first word, as :meth:`BoundedHTTPServer._answer`
+    splits the request line)."""
+    return head.split(None, 1)[:1] == [b"HEAD"]
 
 
 def is_loopback(host: str) -> bool:

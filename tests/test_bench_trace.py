@@ -137,6 +137,7 @@ BAD_TRACES = {
     "a_list": (b"[1, 2]\n", "bad.jsonl, line 1: a JSON list, not an object"),
     "binary": (b"\xb9\x00\xff", "bad.jsonl: not UTF-8 text"),
     "empty": (b"\n\n", "bad.jsonl: no request in it"),
+    "nested_too_deeply": (b"[" * 100_000 + b"\n", "bad.jsonl, line 1: JSON nested too deeply"),
 }
 
 
@@ -164,6 +165,13 @@ def test_a_missing_trace_or_no_requests_asked_is_one_line_and_exit_status_2(tmp_
     done = subprocess.run([sys.executable, "-m", "benchmarks", *argv], capture_output=True, text=True, timeout=60,
                           cwd=REPO)
     assert (2, True) == (done.returncode, message in done.stderr.strip().splitlines()[-1]), done.stderr
+
+
+def test_the_mrc_accuracy_benchmark_refuses_no_requests_asked_for_in_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.mrc_accuracy", "--requests", "0"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert (2, "--requests 0: expected at least 1") == (done.returncode,
+                                                        done.stderr.strip().splitlines()[-1].split("error: ")[1])
 
 
 def test_the_mrc_accuracy_benchmark_refuses_an_unreadable_trace_in_one_line(tmp_path) -> None:
@@ -204,14 +212,31 @@ def test_trace_gen_removes_what_it_wrote_when_a_write_fails(tmp_path) -> None:
     done = _trace_gen("production", "2000", str(tmp_path / "big.jsonl"),
                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192)))
     assert (2, []) == (done.returncode, os.listdir(tmp_path)), done.stderr
-    assert done.stderr.strip().endswith(f"cannot write {tmp_path / 'big.jsonl'}: File too large; the part written "
-                                        "is removed")
+    assert done.stderr.strip().endswith(f"cannot write {tmp_path / 'big.jsonl'}: File too large; nothing was left")
+
+
+def test_trace_gen_interrupted_mid_write_leaves_nothing_and_a_rerun_writes_the_trace(tmp_path) -> None:
+    """Ctrl-C after 300 of 500 requests (an iterator that raises stands in for it): no part-written trace that a
+    rerun would then be refused for."""
+    requests = trace_gen.rag(500, 1)
+
+    def interrupted():
+        yield from requests[:300]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trace_gen.write(interrupted(), str(tmp_path / "t.jsonl"))  # type: ignore[arg-type]
+    assert [] == os.listdir(tmp_path)
+    trace_gen.write(requests, str(tmp_path / "t.jsonl"))
+    assert (["t.jsonl"], requests) == (os.listdir(tmp_path), load(str(tmp_path / "t.jsonl")))
 
 
 @pytest.mark.parametrize("argv, message", [
     (["rag", "0"], f"argument count: 0: expected 1 to {trace_gen.MAX_COUNT:,}"),
     (["rag", str(trace_gen.MAX_COUNT + 1)], f"argument count: {trace_gen.MAX_COUNT + 1}: expected 1 to "),
-    (["rag", "5", "--seed", "-1"], "argument --seed: -1: expected 0 or more")])
+    (["rag", "5", "--seed", "-1"], "argument --seed: -1: expected 0 or more"),
+    (["rag", "x"], "argument count: 'x': expected a whole number of requests"),
+    (["rag", "5", "--seed", "abc"], "argument --seed: 'abc': expected a whole number")])
 def test_trace_gen_refuses_a_count_out_of_range_and_a_negative_seed(tmp_path, argv, message) -> None:
     done = _trace_gen(*argv[:2], str(tmp_path / "t.jsonl"), *argv[2:])
     assert (2, True, []) == (done.returncode, message in done.stderr.strip().splitlines()[-1],

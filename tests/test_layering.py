@@ -87,7 +87,7 @@ LAYERS = (
     ("mpcache", "mpcache.errors"),
     ("mpcache.contract",),
     ("mpcache.shm",),
-    ("mpcache.config", "mpcache.logs", "mpcache.systemd", "mpcache.httpserver"),
+    ("mpcache.config", "mpcache.logs", "mpcache.systemd", "mpcache.httpserver", "mpcache.parentage"),
     ("mpcache.client", "mpcache.eviction"),
     ("mpcache.cache", "mpcache.telemetry", "mpcache.demo"),
     ("mpcache.supervisor",),

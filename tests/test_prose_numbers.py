@@ -299,7 +299,8 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",
          f"{len(policy_matrix.LMCACHE_PERIODS)} / {policy_matrix.TOLERANCE:g}"),
         # CHANGELOG.md (the bounds the Unreleased fixes name)
-        ("CHANGELOG.md", r"answer a request head over (\d+) bytes with 431", str(httpserver.MAX_REQUEST_BYTES)),
+        ("CHANGELOG.md", r"answer a request head over (\d+) bytes with 431 \(reading on past it, up to (\d+) MiB",
+         f"{httpserver.MAX_REQUEST_BYTES} / {httpserver.DISCARD_BYTES >> 20}"),
         ("CHANGELOG.md", r"is refused outside \(0, ([\d]+)\] s", f"{report.MAX_TIMEOUT_S:g}"),
         ("CHANGELOG.md", r"COUNT is 1 to ([\d,]+) and `--seed` 0 or more", f"{trace_gen.MAX_COUNT:,}"),
         ("CHANGELOG.md", r"`--mrc-half-life` is 0 \(off\) or at least (\d+) s", f"{MIN_MRC_HALF_LIFE_S:g}"),

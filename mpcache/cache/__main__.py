@@ -6,7 +6,6 @@ once the supervisor is gone is told as the orphaning it comes from (status 0).
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 
@@ -14,6 +13,7 @@ from mpcache.cache.process import CacheProcess, PublisherFactory
 from mpcache.config import Config
 from mpcache.errors import ConfigError, LayoutMismatchError
 from mpcache.logs import configure_logging
+from mpcache.parentage import SUPERVISOR_PID_HELP, supervisor_gone
 
 DESCRIPTORS_WANTED = 1 << 16  # the Unix socket's and the LMCache front end's 1,024 connections each, and room
 
@@ -34,10 +34,15 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
     parser = argparse.ArgumentParser(prog="mpcache.cache")
     parser.add_argument("--config", required=True, help="configuration file written by the supervisor")
     parser.add_argument("--worker", required=True, type=int, help="this cache process's index, 0..workers-1")
+    parser.add_argument("--supervisor-pid", type=int, default=None, help=SUPERVISOR_PID_HELP)
     args = parser.parse_args(argv)
     try:
         config = Config.load(args.config)
     except (OSError, ValueError) as exc:  # ConfigError is a ValueError; so is bad JSON
+        if supervisor_gone(args.supervisor_pid):  # the next run's start swept its runtime dir, config included
+            log = configure_logging("cache", "", worker=args.worker)
+            log.warning("cache.orphaned", parent_pid=args.supervisor_pid, start_error=f"--config {args.config}: {exc}")
+            return 0
         print(f"mpcache.cache: --config {args.config}: {exc}", file=sys.stderr)
         return 2
     # stderr only: the supervisor forwards it, so the log file keeps a single writer
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory | No
                                parent_pid=config.supervisor_pid,
                                publisher_factory=publisher_factory, logger=log)
     except (ConfigError, LayoutMismatchError, OSError) as exc:
-        if os.getppid() != config.supervisor_pid:
+        if supervisor_gone(config.supervisor_pid):
             # the supervisor died while this process started, and the next run's start sweeps a dead run's
             # segments: what is missing is its doing, not a problem to report as one
             log.warning("cache.orphaned", parent_pid=config.supervisor_pid, start_error=str(exc))

@@ -31,6 +31,7 @@ from mpcache.cache.sessions import SessionRegistry
 from mpcache.cache.storage import StorageManager, build_adapters
 from mpcache.config import Config
 from mpcache.errors import ConfigError
+from mpcache.parentage import supervisor_gone
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.intern import Interner, reclaim_if_drained
@@ -294,7 +295,7 @@ class CacheProcess:
                     ctx.update_gauges()
                     next_evict = now + self.config.eviction_interval_s
                 if now >= next_beat:
-                    if self._parent_pid is not None and os.getppid() != self._parent_pid:
+                    if supervisor_gone(self._parent_pid):
                         self.log.warning("cache.orphaned", parent_pid=self._parent_pid)
                         break
                     if guard.shrunk():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpcache.config import Config
-from mpcache.httpserver import TEXT, BoundedHTTPServer, is_loopback
+from mpcache.httpserver import TEXT, BoundedHTTPServer, is_head, is_loopback
 from mpcache.shm import layout
 from mpcache.shm.boardfile import BoardFile, FileBeat, slot_offset
 from mpcache.supervisor.runbook import packaged, page
@@ -139,7 +139,7 @@ class Front:
                          "the cache serves on, and this answers again once telemetry is back\n").encode(), TEXT
         try:
             # a HEAD asked as a GET: the answer's Content-Length is then the body's, which HEAD is to say
-            writer.write(b"GET " + head[len(b"HEAD "):] if head.startswith(b"HEAD ") else head)
+            writer.write(b"GET" + head.lstrip()[len(b"HEAD"):] if is_head(head) else head)
             response = await asyncio.wait_for(_read_to_end(reader), FORWARD_TIMEOUT_S)
         except asyncio.TimeoutError:
             return 504, f"the telemetry process did not answer within {FORWARD_TIMEOUT_S:g} s\n".encode(), TEXT

@@ -83,11 +83,13 @@ class Supervisor:
         self._spawn(child)
 
     def start(self) -> None:
+        # its own pid on their command line too: a child that cannot read the config once it is gone says so
+        supervisor = ("--supervisor-pid", str(self.config.supervisor_pid))
         if self.programs.telemetry is not None:
-            self._add(Child(Role.TELEMETRY, 0, child_argv(self.programs.telemetry, self.config_path)))
+            self._add(Child(Role.TELEMETRY, 0, child_argv(self.programs.telemetry, self.config_path, *supervisor)))
         for worker in range(self.config.workers):
             self._add(Child(Role.CACHE, worker, child_argv(self.programs.cache, self.config_path,
-                                                           "--worker", str(worker))))
+                                                           "--worker", str(worker), *supervisor)))
 
     def _caches(self) -> list[Child]:
         return [child for child in self.children if child.role is Role.CACHE]

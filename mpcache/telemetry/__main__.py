@@ -14,6 +14,7 @@ import threading
 from mpcache.config import Config
 from mpcache.errors import LayoutMismatchError
 from mpcache.logs import configure_logging
+from mpcache.parentage import SUPERVISOR_PID_HELP, supervisor_gone
 from mpcache.shm.gauges import GaugeBoardReader, TelemetryBeat
 from mpcache.shm.segment import Segment
 from mpcache.telemetry.bus import TELEMETRY_FLUSH_INTERVAL_S, EventBus, subscribe_all
@@ -24,8 +25,17 @@ from mpcache.telemetry.pump import Pump, RingSource
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpcache.telemetry")
     parser.add_argument("--config", required=True, help="configuration file written by the supervisor")
+    parser.add_argument("--supervisor-pid", type=int, default=None, help=SUPERVISOR_PID_HELP)
     args = parser.parse_args(argv)
-    config = Config.load(args.config)
+    try:
+        config = Config.load(args.config)
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError; so is bad JSON
+        if supervisor_gone(args.supervisor_pid):  # the next run's start swept its runtime dir, config included
+            configure_logging("telemetry", "").warning("telemetry.orphaned", supervisor_pid=args.supervisor_pid,
+                                                       start_error=f"--config {args.config}: {exc}")
+            return 0
+        print(f"mpcache.telemetry: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
     log = configure_logging("telemetry", config.instance_id, config.log_level)
     if config.telemetry_nice:
         # Yield the CPU to the data path on a contended machine: the rings absorb the lag (a restart
@@ -42,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         sources = [RingSource.attach(worker, config.ring_name(worker)) for worker in range(config.workers)]
         board = Segment.attach(config.gauge_board_name())
     except (LayoutMismatchError, OSError) as exc:
-        if os.getppid() != config.supervisor_pid:  # the supervisor died while this process started (see below)
+        if supervisor_gone(config.supervisor_pid):  # it died while this process started, and a run swept them
             log.warning("telemetry.orphaned", supervisor_pid=config.supervisor_pid, start_error=str(exc))
             return 0
         log.error("telemetry.start_failed", error=str(exc))
@@ -110,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal orphaned
         # Asked once per pump loop (at least every second): the heartbeat the supervisor's watchdog follows.
         heartbeat.beat(pid)
-        # A supervisor that died without stopping us can no longer restart or stop us: exit too.  Its pid from the
-        # config, not our parent's at start: one killed while we started had left us to another parent already.
-        orphaned = os.getppid() != config.supervisor_pid
+        orphaned = supervisor_gone(config.supervisor_pid)  # it can no longer restart or stop us: exit too
         return stop.is_set() or orphaned
 
     pump.run(should_stop)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import ipaddress
 import json
 import math
 import sys
@@ -24,6 +23,7 @@ import urllib.request
 from typing import Any
 
 from mpcache import __version__
+from mpcache.httpserver import is_loopback
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 WHAT_IF = (("now", 1.0), ("½×", 0.5), ("2×", 2.0), ("4×", 4.0))
@@ -61,7 +61,7 @@ def fetch(url: str, timeout_s: float) -> bytes:
     in all, the connection, the answer's head and its body together (a server that trickles any of them is cut
     off).  A loopback endpoint is asked directly: a proxy named in the environment could answer for it."""
     url = mrc_url(url)
-    loopback = _loopback(urllib.parse.urlsplit(url).hostname or "")
+    loopback = is_loopback(urllib.parse.urlsplit(url).hostname or "")
     handlers = [urllib.request.ProxyHandler({})] if loopback else []
     opener = urllib.request.build_opener(*handlers)
     outcome: list[bytes | Unusable] = []
@@ -69,20 +69,11 @@ def fetch(url: str, timeout_s: float) -> bytes:
                               name="mpcache-report-fetch")
     reader.start()
     reader.join(timeout_s)
-    if not outcome:  # still reading: left behind, a daemon thread, as the command exits
+    if reader.is_alive():  # still reading: left behind, a daemon thread, as the command exits
         raise Unusable(f"the answer took longer than {timeout_s:g} s")
     if isinstance(outcome[0], Unusable):
         raise outcome[0]
     return outcome[0]
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _read(opener: urllib.request.OpenerDirector, url: str, timeout_s: float) -> bytes | Unusable:
@@ -100,6 +91,8 @@ def _read(opener: urllib.request.OpenerDirector, url: str, timeout_s: float) -> 
         return Unusable(str(exc.reason))
     except (OSError, http.client.HTTPException, ValueError) as exc:  # a reset, a timeout, a broken HTTP answer
         return Unusable(str(exc) or type(exc).__name__)
+    except Exception as exc:  # noqa: BLE001 - whatever else the HTTP stack raises is still one line, not a thread's
+        return Unusable(f"{type(exc).__name__}: {exc}")
     return bytes(body)
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+import psutil
 import pytest
 from support.cache_harness import make_config
 from support.stand_in_supervisor import REPO, StandInSupervisor
@@ -28,12 +29,13 @@ def runtime_dir():
 
 
 @pytest.mark.parametrize("module", sorted(CHILDREN))
-@pytest.mark.parametrize("leave", ["when_killed", "at_once", "swept"])
+@pytest.mark.parametrize("leave", ["when_killed", "at_once", "segments_swept", "swept"])
 def test_a_child_whose_supervisor_is_gone_logs_it_and_exits(runtime_dir, module: str, leave: str) -> None:
     """``when_killed``: the supervisor is SIGKILLed once the child is up (its heartbeat in the gauge board);
     ``at_once``: it exits while the child still imports, which leaves the child to another parent before it looks;
-    ``swept``: its segments are gone too before the child runs (another run's start sweeps a dead run's), so the
-    child cannot attach them: that is still told as orphaned (naming the start error), not as a failed start.
+    ``segments_swept``: its segments are gone too before the child runs (a sweep of dead runs' segments), so the
+    child cannot attach them; ``swept``: its config file as well (the next run's start removes a dead run's
+    files): either is still told as orphaned (naming the start error), not as a failed start.
     Either way the child logs that it was orphaned, naming the supervisor's pid, and exits within its heartbeat
     interval; a cache process removes its socket."""
     event, field = CHILDREN[module]
@@ -69,3 +71,14 @@ def test_a_child_whose_segments_are_missing_while_its_supervisor_lives_says_so_o
     assert (done.returncode, [line["event"] for line in lines if line["level"] in ("error", "warning")]) == (
         2, [f"{role}.start_failed"]), done.stderr
     assert config.ring_name(0) in lines[-1]["error"] and "Traceback" not in done.stderr
+
+
+def test_the_supervisor_names_itself_on_its_cache_and_telemetry_processes_command_lines(start_service) -> None:
+    """So that a child which cannot read its configuration (the next run's start removed it with the dead run's
+    files) can still tell that its supervisor is gone."""
+    service = start_service("--workers", "1")
+    service.ready()
+    supervisor = str(service.config().supervisor_pid)
+    for role in ("cache", "telemetry"):
+        argv = psutil.Process(service.pids(role)[-1]).cmdline()
+        assert supervisor == argv[argv.index("--supervisor-pid") + 1] == str(service.process.pid), argv

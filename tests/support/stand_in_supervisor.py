@@ -29,11 +29,11 @@ path = os.path.join(runtime_dir, "config.json")
 with open(path, "w", encoding="utf-8") as handle:
     handle.write(config.to_json())
 extra = ["--worker", "0"] if module == "mpcache.cache" else []
-argv = [sys.executable, "-m", module, "--config", path, *extra]
+argv = [sys.executable, "-m", module, "--config", path, *extra, "--supervisor-pid", str(os.getpid())]
 stderr_path = os.path.join(runtime_dir, "child.stderr")
-if leave == "swept":
-    # the child runs only once this launcher is gone and its segments with it, as a later run's sweep of
-    # stale runs removes them: whatever it attaches is missing, and it is another parent's already
+if leave in ("swept", "segments_swept"):
+    # the child runs only once this launcher is gone and its segments with it (and its config, for "swept"), as
+    # a later run's start removes a dead run's: what it reads is missing, and it is another parent's already
     launcher = os.getpid()
     child = os.fork()
     if child == 0:
@@ -44,11 +44,15 @@ if leave == "swept":
         os.dup2(fd, 2)
         os.execv(sys.executable, argv)
     print(child, flush=True)
+    print(json.dumps(json.loads(config.to_json())), flush=True)
     unlink_segments(config)
+    if leave == "swept":
+        os.unlink(path)
     os._exit(0)
 with open(stderr_path, "wb") as stderr:
     child = subprocess.Popen(argv, stderr=stderr).pid
 print(child, flush=True)
+print(json.dumps(json.loads(config.to_json())), flush=True)
 if leave == "at_once":
     os._exit(0)  # while the child still imports: it is left to another parent before it can ask for its own
 time.sleep(300)
@@ -57,15 +61,16 @@ time.sleep(300)
 
 class StandInSupervisor:
     """The launcher (``supervisor_pid`` in the child's config) and its child running ``module``; ``leave``:
-    ``at_once`` (the launcher exits as soon as the child is started), ``swept`` (it unlinks its segments and exits,
-    and only then does the child run) or ``when_killed``."""
+    ``at_once`` (the launcher exits as soon as the child is started), ``segments_swept`` (it unlinks its segments
+    and exits, and only then does the child run), ``swept`` (its config file too) or ``when_killed``."""
 
     def __init__(self, module: str, runtime_dir: str, leave: str, **overrides) -> None:
         self.runtime_dir = runtime_dir
         self.launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, REPO, TESTS, runtime_dir, module, leave,
                                           json.dumps(overrides)], stdout=subprocess.PIPE, text=True, cwd=REPO)
         self.child_pid = int(self.launcher.stdout.readline())  # type: ignore[union-attr]
-        self.config = Config.load(os.path.join(runtime_dir, "config.json"))
+        # as the launcher printed it: in "swept" mode its file may be gone already
+        self.config = Config.from_json(self.launcher.stdout.readline())  # type: ignore[union-attr]
 
     def kill(self) -> None:
         self.launcher.kill()

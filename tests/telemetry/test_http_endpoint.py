@@ -133,24 +133,39 @@ def test_a_request_that_never_completes_is_answered_408_and_closed_after_the_rea
     assert answer.endswith(b"\r\n\r\nno whole request head within 1 s (it ends with CRLF CRLF)\n")
 
 
-def test_a_request_head_over_the_bound_is_answered_431_not_dropped(endpoint):
-    """A URL of 9,000 bytes: one short answer naming the bound (it had closed the connection without a word)."""
+@pytest.mark.parametrize("url_bytes", [9000, 900_000])
+def test_a_request_head_over_the_bound_is_answered_431_not_dropped(endpoint, url_bytes):
+    """A URL of 9,000 bytes, and one of 900,000 that the server has not read when it answers: one short answer
+    naming the bound, not a connection closed without a word (or reset on the unread bytes)."""
     server, _ = endpoint
     with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as sock:
-        sock.sendall(b"GET /metrics?" + b"a" * 9000 + b" HTTP/1.0\r\n\r\n")
+        sock.sendall(b"GET /metrics?" + b"a" * url_bytes + b" HTTP/1.0\r\n\r\n")
         answer = _answer_and_close(sock)
     assert answer.startswith(b"HTTP/1.0 431 Request Header Fields Too Large\r\n")
     assert answer.endswith(b"a request head is %d bytes at most\n" % MAX_REQUEST_BYTES)
     assert 200 == _get(server.server_port)[0]  # and it serves on
 
 
+def _status_header_and_body(port: int, request: bytes, header: bytes) -> tuple[bytes, bytes, bytes]:
+    """The status line, the header line that starts with ``header`` and the body of the answer to ``request``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        head, _, body = _answer_and_close(sock).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    return lines[0], next(line for line in lines if line.startswith(header)), body
+
+
+def test_head_is_told_by_the_method_word_whatever_whitespace_follows_it(endpoint):
+    """``HEAD<tab>/metrics`` is a HEAD as the request line is parsed: no body follows (one had)."""
+    server, _ = endpoint
+    assert (b"HTTP/1.0 200 OK", b"Content-Length: 15", b"") == _status_header_and_body(
+        server.server_port, b"HEAD\t/metrics HTTP/1.0\r\n\r\n", b"Content-Length")
+
+
 def test_a_method_other_than_get_or_head_is_told_which_are_allowed(endpoint):
     server, _ = endpoint
-    with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as sock:
-        sock.sendall(b"POST /metrics HTTP/1.0\r\n\r\n")
-        head, _, body = _answer_and_close(sock).partition(b"\r\n\r\n")
     assert (b"HTTP/1.0 405 Method Not Allowed", b"Allow: GET, HEAD", b"only GET and HEAD\n") == (
-        head.split(b"\r\n")[0], next(line for line in head.split(b"\r\n") if line.startswith(b"Allow:")), body)
+        _status_header_and_body(server.server_port, b"POST /metrics HTTP/1.0\r\n\r\n", b"Allow:"))
 
 
 @pytest.mark.parametrize(("request_line", "status"), [(b"POST /metrics HTTP/1.0", 405), (b"GET /nope HTTP/1.0", 404),
