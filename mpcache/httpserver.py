@@ -19,7 +19,7 @@ import socket
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
             503: "Service Unavailable", 504: "Gateway Timeout"}
 TEXT = "text/plain; charset=utf-8"
+NOT_FOUND = b"not found: try "  # then the routes served, comma-separated
 
 
 class BoundedHTTPServer:
@@ -165,9 +166,12 @@ class BoundedHTTPServer:
         path = parts[1].split(b"?", 1)[0].decode("latin-1")
         route = self.routes.get(path)
         if route is None and self._forward is not None:
-            return await self._forward(head)
+            status, body, content_type = await self._forward(head)
+            if status == 404 and body.startswith(NOT_FOUND):  # the other end's routes: ours are asked here too
+                body = _not_found([*self.routes, *body[len(NOT_FOUND):].decode("latin-1").strip().split(", ")])
+            return status, body, content_type
         if route is None:
-            return 404, f"not found: try {', '.join(sorted(self.routes))}\n".encode(), TEXT
+            return 404, _not_found(self.routes), TEXT
         answer = self._inflight.get(path)
         if answer is None:  # requests that arrive while it is being built share it
             answer = self._inflight[path] = self._loop.run_in_executor(self._collector, route)
@@ -188,6 +192,10 @@ def _remove_stale_socket(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
+
+
+def _not_found(routes: Iterable[str]) -> bytes:
+    return NOT_FOUND + f"{', '.join(sorted(set(routes)))}\n".encode()
 
 
 def is_head(head: bytes) -> bool:

@@ -214,3 +214,16 @@ def test_a_forwarded_request_is_503_without_telemetry_504_when_it_hangs_and_502_
     assert [(504, "the telemetry process did not answer within 0.5 s\n")] == [(hung[0][0], hung[0][2])]
     assert 200 == healthz_meanwhile
     assert (502, "the telemetry process answered something that is not HTTP\n") == (garbage[0], garbage[2])
+
+
+def test_a_path_neither_serves_is_a_404_naming_the_routes_of_both(served):
+    """Telemetry's 404 names its own routes; the front adds its own, which the same port serves (it named
+    telemetry's alone)."""
+    body = b"not found: try /metrics, /mrc\n"
+    listener, _ = _telemetry_socket(served, b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: "
+                                            b"%d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    try:
+        status, _, answer = served.get("/nope")
+    finally:
+        listener.close()
+    assert (404, "not found: try /healthz, /metrics, /mrc, /ready, /runbook, /telemetry\n") == (status, answer)
