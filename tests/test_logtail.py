@@ -143,10 +143,10 @@ def test_bad_flags_are_one_line_and_exit_2(log_file, flags):
                                 result.stderr.startswith("mpcache-logs: error: "))
 
 
-def test_missing_file_without_follow_is_one_line_exit_1(tmp_path):
-    """Reading a file that does not exist (without --follow) is one error line and status 1."""
+def test_missing_file_without_follow_is_one_line_exit_2(tmp_path):
+    """Reading a file that does not exist (without --follow) is one error line and status 2."""
     result = run_tail(str(tmp_path / "nope.jsonl"))
-    assert (1, f"mpcache-logs: error: no such file: {tmp_path / 'nope.jsonl'}\n") == (result.returncode, result.stderr)
+    assert (2, f"mpcache-logs: error: no such file: {tmp_path / 'nope.jsonl'}\n") == (result.returncode, result.stderr)
 
 
 # Runs the launcher as a terminal would: with Ctrl-C's default meaning.  A test runner started in the
@@ -164,22 +164,22 @@ class Tail:
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, LAUNCHER, *args], stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
-        self._buffer = b""
+        self._buffers = {"stdout": b"", "stderr": b""}
 
-    def read_lines(self, count: int, deadline_s: float = DEADLINE_S) -> list[str]:
-        """The next ``count`` lines of stdout; fails if they do not arrive before the deadline."""
+    def read_lines(self, count: int, deadline_s: float = DEADLINE_S, stream: str = "stdout") -> list[str]:
+        """The next ``count`` lines of ``stream``; fails if they do not arrive before the deadline."""
         deadline = time.monotonic() + deadline_s
-        fd = self.process.stdout.fileno()
-        while self._buffer.count(b"\n") < count:
+        fd = getattr(self.process, stream).fileno()
+        while self._buffers[stream].count(b"\n") < count:
             left = deadline - time.monotonic()
-            assert left > 0, f"waited {deadline_s} s for {count} lines, have {self._buffer!r}"
+            assert left > 0, f"waited {deadline_s} s for {count} lines, have {self._buffers[stream]!r}"
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 chunk = os.read(fd, 65536)
-                assert chunk, f"tail exited early: {self._buffer!r} {self.process.stderr.read()!r}"
-                self._buffer += chunk
-        lines = self._buffer.split(b"\n")
-        self._buffer = b"\n".join(lines[count:])
+                assert chunk, f"tail exited early: {self._buffers}"
+                self._buffers[stream] += chunk
+        lines = self._buffers[stream].split(b"\n")
+        self._buffers[stream] = b"\n".join(lines[count:])
         return [line.decode() for line in lines[:count]]
 
     def interrupt(self) -> tuple[int, str]:
@@ -240,9 +240,10 @@ def test_follow_survives_append_rotation_and_truncation(tmp_path, tails):
 
 
 def test_follow_waits_for_a_file_that_does_not_exist_yet(tmp_path, tails):
-    """-f on a path that does not exist yet prints its lines once it is created."""
+    """-f on a path that does not exist yet says it waits, and prints its lines once it is created."""
     path = tmp_path / "later.jsonl"
     tail = tails(str(path), "-f", "--json")
+    assert [f"mpcache-logs: {path} does not exist yet: waiting for it"] == tail.read_lines(1, stream="stderr")
     path.write_text(EVICTED + "\n")
     assert [EVICTED] == tail.read_lines(1)
     assert (0, "") == tail.interrupt()
@@ -314,3 +315,70 @@ def test_follow_keeps_up_with_the_supervisors_rotating_writer(tmp_path, tails):
     assert (lines, ["mpcache.jsonl", "mpcache.jsonl.1", "mpcache.jsonl.2"]) == (
         received, sorted(p.name for p in tmp_path.iterdir()))
     assert (0, "") == tail.interrupt()
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_path_that_is_not_a_regular_file_is_one_line_and_exit_2(tmp_path, kind, follow):
+    """A directory, or a pipe (which cannot be followed by position, and without a writer would block the open):
+    one line, status 2, before anything is read (they were tracebacks, or a hang)."""
+    path = tmp_path / "log"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    result = run_tail(str(path), *(["-f"] if follow else []))
+    assert (2, "") == (result.returncode, result.stdout)
+    assert result.stderr == (f"mpcache-logs: error: {path} is not a regular file (a pipe is read as standard "
+                             "input: - )\n")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--since", "99999999999d"], "reaches back before year 1"),
+    (["-n", "100000000000000000000000"], "expected an integer 0..1,000,000,000"),
+])
+def test_values_past_what_a_date_or_a_count_holds_are_one_line(log_file, flags, expected):
+    result = run_tail(str(log_file), *flags)
+    assert (2, 1, True) == (result.returncode, result.stderr.count("\n"), expected in result.stderr), result.stderr
+
+
+def test_fields_of_unexpected_types_and_a_line_nested_too_deeply_are_shown_or_skipped_not_fatal(tmp_path):
+    """salt_counts, block_request_ids and fields of other types, and a line nested 100,000 deep, with every
+    filter on: each was a traceback that ended the tail (one bad line stopped a -f)."""
+    odd = [_line("a.odd", salt_counts=5, block_request_ids=5, fields=7, worker=[1], cache_salt=None),
+           _line("b.odd", salt_counts=[5, [None], ["t", "m", "x"]], block_request_ids={"a": 1}, session_id=True)]
+    path = tmp_path / "mpcache.jsonl"
+    path.write_text("\n".join([*odd, "{" + '"a":' * 100_000 + "1" + "}" * 100_000, ERROR]) + "\n")
+    for flags in ([], ["--salt", "None"], ["--request", "True"], ["--request", "r1", "--salt", "t"]):
+        result = run_tail(str(path), *flags)
+        assert (0, "") == (result.returncode, result.stderr), result.stderr
+    assert ["a.odd", "b.odd", "demo.failed"] == [line.split()[3] for line in run_tail(str(path)).stdout.splitlines()]
+    assert "" == run_tail(str(path), "--salt", "None").stdout  # a null salt is no salt named "None"
+
+
+def test_control_characters_in_any_field_are_escaped_and_cannot_forge_a_line(tmp_path):
+    """A terminal escape (set the title, clear the screen), a carriage return and a newline in the event, a source,
+    a key, a value, a salt and a stack: printed escaped, one line per record (plus the stack's)."""
+    esc = "\x1b]0;pwned\x07\x1b[2J"
+    record = _line(f"l1.evict{esc}\nFORGED", worker=f"0\r{esc}", salt_counts=[[f"ten{esc}ant", "m", 1]],
+                   fields={f"k{esc}": f"v\n{esc}"}, stack=f"Traceback:\n  line {esc}\n")
+    path = tmp_path / "mpcache.jsonl"
+    path.write_text(record + "\n")
+    out = run_tail(str(path)).stdout
+    assert [] == [c for c in out if not c.isprintable() and c != "\n"]
+    lines = out.splitlines()
+    assert 3 == len(lines) and ["    Traceback:", "      line \\u001b]0;pwned\\u0007\\u001b[2J"] == lines[1:]
+    assert '"l1.evict\\u001b]0;pwned\\u0007\\u001b[2J\\nFORGED"' in lines[0]
+
+
+def test_a_line_too_long_to_keep_is_skipped_and_the_next_one_read(tmp_path):
+    """64 MiB with no newline (a sparse file cut short), then a line: the long one is kept to MAX_LINE_BYTES and
+    skipped as not JSON, the next printed; each read searched the bytes kept so far again, which took minutes."""
+    from mpcache.tools.logtail import MAX_LINE_BYTES
+
+    path = tmp_path / "mpcache.jsonl"
+    with open(path, "wb") as handle:
+        handle.write(b"{")
+        handle.truncate(64 << 20)
+        handle.seek(0, os.SEEK_END)
+        handle.write(b"\n" + ERROR.encode() + b"\n")
+    assert 64 << 20 > 4 * MAX_LINE_BYTES
+    result = run_tail(str(path), "--json")
+    assert (0, ERROR + "\n") == (result.returncode, result.stdout)

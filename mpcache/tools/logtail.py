@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from typing import IO, Any
 from mpcache import __version__
 
 POLL_INTERVAL_S = 0.05
+MAX_LINE_BYTES = 1 << 20  # of one line, kept at most: a longer one (none of ours) is cut there and so skipped
+MAX_LINES = 10**9  # --lines at most
 LEVEL_ORDER = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -42,7 +45,10 @@ def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
     match = _DURATION_RE.match(text)
     if match:
         now = now or dt.datetime.now(dt.timezone.utc)
-        return now - dt.timedelta(seconds=float(match.group(1)) * _SECONDS[match.group(2).lower()])
+        try:
+            return now - dt.timedelta(seconds=float(match.group(1)) * _SECONDS[match.group(2).lower()])
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text.strip()!r} reaches back before year 1") from None
     try:
         moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -63,8 +69,8 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    if not 0 <= value <= MAX_LINES:
+        raise argparse.ArgumentTypeError(f"expected an integer 0..{MAX_LINES:,}, got {text!r}")
     return value
 
 
@@ -109,26 +115,27 @@ def _event_matches(name: str, patterns: list[str]) -> bool:
     return False
 
 
-def _salts(record: dict) -> set[str]:
-    salts = set()
-    for group in record.get("salt_counts") or ():
-        if isinstance(group, (list, tuple)) and group:
-            salts.add(str(group[0]))
+def _list(record: dict, key: str) -> list:
+    """``record[key]`` if it is a list, else an empty one: a field of another type is not ours to iterate."""
+    value = record.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _fields(record: dict) -> dict:
     fields = record.get("fields")
-    if isinstance(fields, dict) and "cache_salt" in fields:
-        salts.add(str(fields["cache_salt"]))
-    if "cache_salt" in record:
-        salts.add(str(record["cache_salt"]))
-    return salts
+    return fields if isinstance(fields, dict) else {}
+
+
+def _salts(record: dict) -> set[str]:
+    named = [group[0] for group in _list(record, "salt_counts") if isinstance(group, list) and group]
+    named += [_fields(record).get("cache_salt"), record.get("cache_salt")]
+    return {salt for salt in named if isinstance(salt, str)}
 
 
 def _request_ids(record: dict) -> set[str]:
-    ids = {str(record[key]) for key in ("session_id", "request_id") if key in record}
-    fields = record.get("fields")
-    if isinstance(fields, dict) and "request_id" in fields:
-        ids.add(str(fields["request_id"]))
-    ids.update(str(i) for i in record.get("block_request_ids") or ())
-    return ids
+    named = [record.get("session_id"), record.get("request_id"), _fields(record).get("request_id"),
+             *_list(record, "block_request_ids")]
+    return {str(name) for name in named if isinstance(name, (str, int)) and not isinstance(name, bool)}
 
 
 def build_filter(args: argparse.Namespace) -> Callable[[dict], bool]:
@@ -161,9 +168,17 @@ def build_filter(args: argparse.Namespace) -> Callable[[dict], bool]:
 
 
 def _value(value: Any) -> str:
+    """A field's value: a string as it is where it reads as one word, else quoted with every character that is not
+    printable escaped (a terminal escape in a field cannot reach the terminal, nor a newline forge a line)."""
     if isinstance(value, str):
-        return value if value and not any(c.isspace() or c in '"=' for c in value) else json.dumps(value)
+        plain = value and all(c.isprintable() and not c.isspace() and c not in '"=' for c in value)
+        return value if plain else json.dumps(value)
     return json.dumps(value, separators=(",", ":"))
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable (a tab aside) escaped, as a line of a stack."""
+    return "".join(c if c.isprintable() or c == "\t" else json.dumps(c)[1:-1] for c in text)
 
 
 def format_record(record: dict) -> str:
@@ -171,62 +186,80 @@ def format_record(record: dict) -> str:
     timestamp = record.get("timestamp")
     if isinstance(timestamp, str) and (match := _TS_SECONDS_RE.match(timestamp)):
         timestamp = match.group(1) + ("Z" if match.group(2) in (None, "Z", "+00:00") else match.group(2))
-    level = str(record.get("level", "-")).upper()
-    if "worker" in record:
-        source = f"cache[{record['worker']}]"
-    else:
-        source = str(record.get("role", "-"))
-    parts = [str(timestamp or "-"), f"{level:<5}", source, str(record.get("event", "-"))]
+    level = record.get("level", "-")
+    level = level.upper() if isinstance(level, str) else level
+    source = f"cache[{_value(record['worker'])}]" if "worker" in record else _value(record.get("role", "-"))
+    parts = [_value(timestamp or "-"), f"{_value(level):<5}", source, _value(record.get("event", "-"))]
     per_salt: dict[str, int | float] = {}
-    for group in record.get("salt_counts") or ():
-        if isinstance(group, (list, tuple)) and len(group) >= 3 and isinstance(group[2], (int, float)):
-            per_salt[str(group[0])] = per_salt.get(str(group[0]), 0) + group[2]
-    parts += [f"{_value(salt)}={count}" for salt, count in per_salt.items()]
-    fields = record.get("fields")
-    if isinstance(fields, dict):
-        parts += [f"{key}={_value(value)}" for key, value in fields.items()]
-    parts += [f"{key}={_value(value)}" for key, value in record.items() if key not in _COLUMN_KEYS]
+    for group in _list(record, "salt_counts"):
+        if isinstance(group, list) and len(group) >= 3 and isinstance(group[2], (int, float)):
+            per_salt[_value(group[0])] = per_salt.get(_value(group[0]), 0) + group[2]
+    parts += [f"{salt}={count}" for salt, count in per_salt.items()]
+    parts += [f"{_value(key)}={_value(value)}" for key, value in _fields(record).items()]
+    parts += [f"{_value(key)}={_value(value)}" for key, value in record.items() if key not in _COLUMN_KEYS]
     text = " ".join(parts)
     for key in ("stack", "exception"):
         trace = record.get(key)
         if isinstance(trace, str) and trace.strip():
-            text += "\n" + "\n".join("    " + line for line in trace.rstrip("\n").splitlines())
+            text += "\n" + "\n".join("    " + _printable(line) for line in trace.rstrip("\n").splitlines())
     return text
 
 
 # -- reading -----------------------------------------------------------------------
 
 
+class LogUnreadable(Exception):
+    """The log path names something that cannot be read as a log file; the message says what."""
+
+
 class Follower:
     """Lines of a file as it grows, across rotation (rename + recreate) and truncation.
 
     :meth:`lines` yields every complete line available now; ``None`` between
-    polls means "nothing new yet" (the caller flushes and waits).
+    polls means "nothing new yet" (the caller flushes and waits).  A line is kept to MAX_LINE_BYTES.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._handle: IO[bytes] | None = None
-        self._partial = b""
+        self._partial: list[bytes] = []  # the pieces of a line whose newline has not come yet
+        self._partial_bytes = 0
         self._open()
 
     def _open(self) -> None:
+        """Open the path if it exists; LogUnreadable if it is not a regular file we may read (a directory, a
+        pipe, which cannot be followed by position, or another user's file)."""
+        self._partial, self._partial_bytes = [], 0
         try:
-            self._handle = open(self.path, "rb")
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe without a writer: no wait
         except FileNotFoundError:
             self._handle = None
-        self._partial = b""
+            return
+        except OSError as exc:
+            raise LogUnreadable(f"cannot read {self.path}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LogUnreadable(f"{self.path} is not a regular file (a pipe is read as standard input: - )")
+        os.set_blocking(fd, True)
+        self._handle = os.fdopen(fd, "rb")
+
+    def _take_line(self, end: bytes) -> bytes:
+        """The line whose pieces so far end with ``end``."""
+        line = b"".join([*self._partial, end])[:MAX_LINE_BYTES]
+        self._partial, self._partial_bytes = [], 0
+        return line
 
     def _read_available(self) -> Iterator[bytes]:
         if self._handle is None:
             return
-        while True:
-            chunk = self._handle.read(1 << 16)
-            if not chunk:
-                return
-            data = self._partial + chunk
-            *complete, self._partial = data.split(b"\n")
-            yield from complete
+        while chunk := self._handle.read(1 << 16):
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:  # only the new bytes are searched
+                yield self._take_line(chunk[start:end])
+                start = end + 1
+            if self._partial_bytes < MAX_LINE_BYTES and start < len(chunk):
+                self._partial.append(chunk[start:start + MAX_LINE_BYTES - self._partial_bytes])
+                self._partial_bytes += len(self._partial[-1])
 
     def _changed(self) -> str:
         """'rotated' (the path names another file now), 'truncated' (ours shrank), 'appeared' or ''."""
@@ -250,8 +283,7 @@ class Follower:
     def remainder(self) -> Iterator[bytes]:
         """A last line without its newline, when reading stops here."""
         if self._partial:
-            yield self._partial
-            self._partial = b""
+            yield self._take_line(b"")
 
     def follow(self) -> Iterator[bytes | None]:
         """New lines forever; ``None`` each time nothing new is available."""
@@ -266,11 +298,16 @@ class Follower:
                 self._open()
             elif change == "truncated":
                 self._handle.seek(0)  # type: ignore[union-attr]
-                self._partial = b""
+                self._partial, self._partial_bytes = [], 0
             elif change == "appeared":
                 self._open()
             else:
                 yield None
+
+    @property
+    def opened(self) -> bool:
+        """Whether the path existed when last opened (otherwise the file is waited for)."""
+        return self._handle is not None
 
     def close(self) -> None:
         if self._handle is not None:
@@ -287,7 +324,7 @@ def _records(lines: Iterator[bytes | None], keep: Callable[[dict], bool]) -> Ite
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows: not ours
             continue
         if isinstance(record, dict) and keep(record):
             yield line, record
@@ -305,8 +342,10 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     else:
         if not args.follow and not os.path.exists(args.path):
             sys.stderr.write(f"mpcache-logs: error: no such file: {args.path}\n")
-            return 1
+            return 2
         follower = Follower(args.path)
+        if not follower.opened:
+            sys.stderr.write(f"mpcache-logs: {args.path} does not exist yet: waiting for it\n")
         existing = follower.existing()
     if follower is not None and not args.follow:
         existing = itertools.chain(existing, follower.remainder())
@@ -332,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C
     try:
         return _run(args, sys.stdout)
+    except LogUnreadable as exc:  # at the start, or when a rotation left something else at the path
+        sys.stderr.write(f"mpcache-logs: error: {exc}\n")
+        return 2
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
