@@ -47,11 +47,15 @@ def _one_line_exit_2(result: subprocess.CompletedProcess, expected: str) -> None
     assert lines[0].startswith("start-cache: error: ") and expected in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("kind", ["fifo", "char-device", "invalid-utf8"])
+@pytest.mark.parametrize("kind", ["fifo", "char-device", "directory", "invalid-utf8"])
 def test_a_config_that_is_not_a_regular_utf8_file_is_one_line(tmp_path, kind):
     if kind == "fifo":  # open() of a FIFO without a writer blocks for ever: the start must not hang
         path = tmp_path / "settings.toml"
         os.mkfifo(path)
+        expected = "not a regular file"
+    elif kind == "directory":  # os.fdopen refuses one itself: that was a traceback
+        path = tmp_path / "settings.d"
+        path.mkdir()
         expected = "not a regular file"
     elif kind == "char-device":  # /dev/zero never ends: the start must not read it for ever
         path = Path("/dev/zero")
@@ -327,3 +331,13 @@ def test_a_refused_value_of_any_length_is_quoted_cut_short_with_its_length(tmp_p
     quoted = repr(digits)[:SHOWN_CHARACTERS - 3]
     _one_line_exit_2(result, f"expected an integer 64..4194304, got {quoted}... (5,000 characters)")
     assert len(result.stderr) < 300
+
+
+def test_a_config_file_named_with_a_terminal_escape_is_named_escaped(tmp_path):
+    """The file's name reaches the error line as a quoted, escaped string, not as an escape the terminal runs."""
+    path = tmp_path / "e\x1b]0;T\x07.toml"
+    path.write_text("bogus = 1\n")
+    os.chmod(path, 0o600)
+    result = _check_config(tmp_path, "--config", str(path))
+    _one_line_exit_2(result, f"{str(path)!r}: unknown setting 'bogus'")
+    assert "\x1b" not in result.stderr

@@ -103,9 +103,10 @@ def _read_settings_file(path: str) -> str:
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory itself
+        os.close(fd)
+        raise ConfigError(f"--config: cannot read {path!r} (not a regular file)")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"--config: cannot read {path!r} (not a regular file)")
         _check_trusted(path, real, fd)
         try:
             data = handle.read(MAX_CONFIG_BYTES + 1)
@@ -122,6 +123,7 @@ def _read_settings_file(path: str) -> str:
 def from_file(path: str) -> dict[str, Any]:
     """The settings a TOML file gives, by name (its keys are the names; "_" for "-" is accepted too)."""
     text = _read_settings_file(path)  # its ConfigError is a ValueError: read outside the parse's handlers
+    path = path if path.isprintable() else repr(path)  # as the errors below name it: no terminal escape in it
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
