@@ -14,7 +14,9 @@ import json
 import os
 import platform
 import signal
+import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -256,10 +258,39 @@ def write_report(results: dict[str, dict[str, Any]], path: str) -> None:
     lines += ["", analysis.rstrip() + "\n" if analysis else "", RAW_HEADING, "",
               f"Every number of the table above, as the benchmarks returned it: [{os.path.basename(raw)}]"
               f"({os.path.basename(raw)}).", ""]
-    with open(raw, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines))
+    _replace(raw, json.dumps(results, indent=1, sort_keys=True) + "\n")
+    _replace(path, "\n".join(lines))
+
+
+def _replace(path: str, text: str) -> None:
+    """``path`` now holds ``text``: written whole to a new 0600 file beside it, then renamed over it, so that a
+    link at ``path`` is replaced, never written through, and an interrupted write leaves the old file as it was."""
+    fd, draft = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial",
+                                 dir=os.path.dirname(path) or ".")
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(draft, path)
+    except BaseException:
+        os.unlink(draft)
+        raise
+
+
+def report_output_problem(path: str) -> str | None:
+    """Why the report cannot be written to ``path`` and its raw results beside it (checked before any benchmark
+    runs, hours before they are written), or None."""
+    raw = raw_results_path(path)
+    if os.path.abspath(raw) == os.path.abspath(path):
+        return f"{path}: the raw results go to {raw}, the page itself: name a page that does not end in .json"
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        return f"{directory} is not a directory"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} is not writable"
+    for name in (path, raw):
+        if os.path.lexists(name) and not stat.S_ISREG(os.lstat(name).st_mode):
+            return f"{name} is there and not a regular file (a link or a directory is not replaced)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.trace_requests is not None and args.trace_requests < 1:
         parser.error(f"--trace-requests {args.trace_requests}: expected at least 1")
+    if args.name == "report" and (problem := report_output_problem(args.output)):
+        parser.error(f"--output: {problem}")
     if args.path is not None and args.name in ("trace", "report"):
         try:  # before anything runs: a report would otherwise fail on it after the benchmarks before it
             trace_sim.load(args.path, args.trace_requests)

@@ -19,6 +19,8 @@ from benchmarks import drain, lmcache, lmcache_servers, publish, recorded
 from mpcache.contract.events import EventType as E
 from mpcache.shm.ring import COMPILED_PUBLISH
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_publish_reports_every_promised_key():
     """publish returns the three medians, the ratios and the verdicts, all from real measurements."""
@@ -60,6 +62,40 @@ def test_report_keeps_the_hand_written_analysis(tmp_path):
     bench_main.write_report({"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}}, str(path))
     text = path.read_text()
     assert ("old table" in text, "why the numbers are what they are" in text) == (False, True)
+
+
+def test_report_replaces_a_link_at_its_path_and_never_writes_through_it(tmp_path):
+    """A link at the page's path (to another's file) is replaced by the page, a file of mode 0600; the file it
+    pointed to is left as it was (it was overwritten)."""
+    (tmp_path / "theirs.txt").write_text("precious\n")
+    os.symlink(tmp_path / "theirs.txt", tmp_path / "PERFORMANCE.md")
+    bench_main.write_report({"scrape": {"scrape_s": 0.2, "scrape_max_s": 0.3, "page_bytes": 2048}},
+                            str(tmp_path / "PERFORMANCE.md"))
+    assert "precious\n" == (tmp_path / "theirs.txt").read_text()
+    assert sorted(["PERFORMANCE.json", "PERFORMANCE.md", "theirs.txt"]) == sorted(os.listdir(tmp_path))
+    assert [0o600, 0o600, False] == [os.lstat(tmp_path / "PERFORMANCE.md").st_mode & 0o777,
+                                    os.lstat(tmp_path / "PERFORMANCE.json").st_mode & 0o777,
+                                    os.path.islink(tmp_path / "PERFORMANCE.md")]
+
+
+@pytest.mark.parametrize("output, message", [
+    ("{tmp}/out.json", "{tmp}/out.json: the raw results go to {tmp}/out.json, the page itself"),
+    ("{tmp}/missing/out.md", "{tmp}/missing is not a directory"),
+    ("{tmp}/link.md", "{tmp}/link.md is there and not a regular file"),
+    ("{tmp}/adir", "{tmp}/adir is there and not a regular file"),
+])
+def test_a_report_output_it_cannot_write_is_refused_before_any_benchmark_runs(tmp_path, output, message):
+    """One line and status 2 at once; it had run every benchmark first (hours), then written through the link,
+    written the raw results over the page, or ended in a traceback."""
+    (tmp_path / "adir").mkdir()
+    os.symlink(tmp_path / "adir", tmp_path / "link.md")
+    before = sorted(os.listdir(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "report", "--output", output.format(tmp=tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    last = done.stderr.strip().splitlines()[-1]
+    assert (2, "", True) == (done.returncode, done.stdout, last.startswith(
+        "python -m benchmarks: error: --output: " + message.format(tmp=tmp_path))), done.stderr
+    assert before == sorted(os.listdir(tmp_path))
 
 
 def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
