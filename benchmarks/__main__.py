@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import signal
@@ -40,6 +41,8 @@ from benchmarks import (
     trace_sim,
     vllm,
 )
+from mpcache.config.derived import L1_POLICIES
+from mpcache.config.model import NICE_MAX
 
 BENCHMARKS = {"publish": publish, "drain": drain, "e2e": e2e, "soak": soak, "checkpoint": checkpoint,
               "scrape": scrape, "lmcache": lmcache, "isolation": isolation, "l1": l1, "mixed": mixed_sizes, "l2": l2,
@@ -293,40 +296,85 @@ def report_output_problem(path: str) -> str | None:
     return None
 
 
+def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in low..high."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"{low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, got {text!r}")
+        return value
+    return whole
+
+
+def _seconds(above_zero: bool, noun: str = "seconds") -> Callable[[str], float]:
+    """An argparse type: a finite number above 0 (``above_zero``) or at least 0."""
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+            raise argparse.ArgumentTypeError(f"expected finite {noun} {'> 0' if above_zero else '>= 0'}, got {text!r}")
+        return value
+    return number
+
+
+def _tps(text: str) -> tuple[int, ...]:
+    tps = tuple(_at_least(1)(part) for part in text.split(","))
+    if len(set(tps)) < len(tps):
+        raise argparse.ArgumentTypeError(f"a TP named twice in {text!r}")
+    return tps
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    policies = tuple(text.split(","))
+    unknown = [policy for policy in policies if policy not in L1_POLICIES]
+    if unknown or len(set(policies)) < len(policies):
+        raise argparse.ArgumentTypeError(f"expected distinct ones of {', '.join(L1_POLICIES)}, comma-separated, "
+                                         f"got {text!r}")
+    return policies
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("path", nargs="?", default=None,
                         help="trace (and report): a trace file of prefix block hashes, one JSON object a line")
-    parser.add_argument("--trace-requests", type=int, default=None,
+    parser.add_argument("--trace-requests", type=_at_least(1), default=None,
                         help="trace: replay only the trace's first N requests (default: all)")
     parser.add_argument("--no-lmcache", action="store_true",
                         help="trace: leave out LMCache's own server (its column needs the LMCache venv)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--repetitions", type=int, default=None,
+    parser.add_argument("--repetitions", type=_at_least(1), default=None,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
                         "reports the worst; vllm 19; trace: LMCache's server's runs, mpcache's replay being "
                         "deterministic)")
-    parser.add_argument("--seconds", type=float, default=None,
+    parser.add_argument("--seconds", type=_seconds(above_zero=True), default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
                         "and TP (default 10); isolation: counted seconds per TP (default 60); peers: per phase "
                         "(default 20)")
-    parser.add_argument("--warmup", type=float, default=None,
+    parser.add_argument("--warmup", type=_seconds(above_zero=False), default=None,
                         help="lmcache: seconds of load before measuring (default 3); isolation: uncounted seconds "
                         "per TP (default 15)")
-    parser.add_argument("--l1-gb", type=float, default=None,
+    parser.add_argument("--l1-gb", type=_seconds(above_zero=True, noun="GiB"), default=None,
                         help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4); "
                         "vllm: the same (default 0.5)")
-    parser.add_argument("--policies", default=None,
+    parser.add_argument("--policies", type=_policies, default=None,
                         help="isolation: compare these --l1-policy values (comma-separated; e.g. lru,adaptive) "
                         "instead of publishing's cost and LMCache's server")
-    parser.add_argument("--tp", default=None, help="isolation: the TPs to run, comma-separated (default 1,2)")
+    parser.add_argument("--tp", type=_tps, default=None,
+                        help="isolation: the TPs to run, comma-separated (default 1,2)")
     parser.add_argument("--workload", default="mixed", choices=sorted(isolation.WORKLOADS),
                         help="isolation: the request mix (default mixed; unique: every prompt new, so nothing is "
                         "found and a full L1 evicts a chunk per chunk stored: policies compared like for like)")
-    parser.add_argument("--telemetry-nice", type=int, default=0,
+    parser.add_argument("--telemetry-nice", type=_at_least(0, NICE_MAX), default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
-    parser.add_argument("--rate", type=int, default=250_000, help="soak: events/s per producer (default 250000)")
+    parser.add_argument("--rate", type=_at_least(1), default=250_000,
+                        help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md",
                         help="report: where to write (default docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
@@ -348,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             options = {"seconds": isolation.SECONDS if args.seconds is None else args.seconds,
                        "warmup_s": isolation.WARMUP_S if args.warmup is None else args.warmup,
                        "l1_gb": isolation.L1_GB if args.l1_gb is None else args.l1_gb,
-                       "policies": tuple(args.policies.split(",")) if args.policies else (),
-                       "tps": tuple(int(tp) for tp in args.tp.split(",")) if args.tp else isolation.TPS,
+                       "policies": args.policies or (),
+                       "tps": args.tp or isolation.TPS,
                        "workload": args.workload}
         elif module is vllm:
             options = {"l1_gb": vllm.L1_GB if args.l1_gb is None else args.l1_gb}
@@ -360,8 +408,6 @@ def main(argv: list[str] | None = None) -> int:
         repetitions = args.repetitions or (vllm.REPETITIONS if module is vllm else DEFAULT_REPETITIONS)
         return module.run(repetitions=repetitions, progress=progress, **options)
 
-    if args.trace_requests is not None and args.trace_requests < 1:
-        parser.error(f"--trace-requests {args.trace_requests}: expected at least 1")
     if args.name == "report" and (problem := report_output_problem(args.output)):
         parser.error(f"--output: {problem}")
     if args.path is not None and args.name in ("trace", "report"):

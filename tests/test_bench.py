@@ -98,6 +98,27 @@ def test_a_report_output_it_cannot_write_is_refused_before_any_benchmark_runs(tm
     assert before == sorted(os.listdir(tmp_path))
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["isolation", "--tp", "garbage"], "argument --tp: expected a whole number >= 1, got 'garbage'"),
+    (["isolation", "--tp", "1,1"], "argument --tp: a TP named twice in '1,1'"),
+    (["isolation", "--tp", "0"], "argument --tp: expected a whole number >= 1, got '0'"),
+    (["isolation", "--repetitions", "0"], "argument --repetitions: expected a whole number >= 1, got '0'"),
+    (["isolation", "--policies", "bogus,,lru"], "argument --policies: expected distinct ones of "),
+    (["soak", "--seconds", "nan"], "argument --seconds: expected finite seconds > 0, got 'nan'"),
+    (["soak", "--rate", "0"], "argument --rate: expected a whole number >= 1, got '0'"),
+    (["lmcache", "--l1-gb", "-1"], "argument --l1-gb: expected finite GiB > 0, got '-1'"),
+    (["lmcache", "--warmup", "inf"], "argument --warmup: expected finite seconds >= 0, got 'inf'"),
+    (["lmcache", "--telemetry-nice", "99"], "argument --telemetry-nice: expected a whole number 0..19, got '99'"),
+])
+def test_a_benchmark_flag_out_of_range_is_refused_before_anything_runs(argv, message):
+    """Each was taken (a TP of 0 started servers; --repetitions 0 read as 3; nan and inf reached the run) or was a
+    traceback after the run had started."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert (2, "", True) == (done.returncode, done.stdout, message in done.stderr.strip().splitlines()[-1]), (
+        done.stderr)
+
+
 def test_report_rewrites_the_raw_results_instead_of_keeping_them(tmp_path):
     """The raw results go beside the page (PERFORMANCE.json), replaced on every run, never kept and appended to;
     the page links to them once."""

@@ -158,7 +158,7 @@ def test_an_unreadable_trace_is_one_line_naming_the_line_and_exit_status_2(tmp_p
 
 @pytest.mark.parametrize("argv, message", [
     (["trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl: No such file or directory"),
-    (["trace", "{good}", "--trace-requests", "0"], "--trace-requests 0: expected at least 1")])
+    (["trace", "{good}", "--trace-requests", "0"], "argument --trace-requests: expected a whole number >= 1, got '0'")])
 def test_a_missing_trace_or_no_requests_asked_is_one_line_and_exit_status_2(tmp_path, argv, message) -> None:
     trace_gen.write(trace_gen.conversations(5, seed=1), str(tmp_path / "good.jsonl"))
     argv = [arg.format(good=tmp_path / "good.jsonl") for arg in argv]
