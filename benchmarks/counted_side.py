@@ -17,6 +17,8 @@ from benchmarks import service as bench_service
 from benchmarks.isolation import callgrind_control, read_dump
 
 READY_TIMEOUT_S = 300.0  # setting up, uninstrumented
+END_TIMEOUT_S = 10.0  # for a counted side to end on SIGTERM
+RUNNING: set[subprocess.Popen] = set()  # the counted sides started and not yet ended, from any thread
 
 
 def expect(stream: IO[str], word: str, timeout_s: float) -> list[str]:
@@ -38,6 +40,7 @@ def count(module_args: list[str], directory: str, done_timeout_s: float,
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                env={**bench_service.env(), **(environment or {})})
     assert process.stdin is not None and process.stdout is not None
+    RUNNING.add(process)
     try:
         expect(process.stdout, "ready", READY_TIMEOUT_S)
         callgrind_control(process.pid, "--instr=on")
@@ -52,6 +55,22 @@ def count(module_args: list[str], directory: str, done_timeout_s: float,
         process.wait(READY_TIMEOUT_S)
         return instructions, done
     finally:
-        if process.poll() is None:
+        RUNNING.discard(process)
+        _end(process)
+
+
+def _end(process: subprocess.Popen) -> None:
+    """SIGTERM, which valgrind passes on and exits by, removing its vgdb pipes; SIGKILL only if that did not do."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(END_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def end_running() -> None:
+    """End every counted side still running (an interrupted benchmark's: their threads then see them end)."""
+    for process in list(RUNNING):
+        _end(process)

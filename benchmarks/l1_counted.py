@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,9 +104,8 @@ def run(requests: int = REQUESTS, warmup: int = WARMUP, jobs: int = 2, policies:
     """Every policy's count on every workload and L1 size (``jobs`` counted at once: the counts do not depend on
     it), and each over ``lru``'s on the same (``policies`` include it)."""
     require_valgrind()
-    if warmup * NEW_CHUNKS < max(L1_OBJECTS):
-        raise RuntimeError(f"{warmup} warm-up requests store at most {warmup * NEW_CHUNKS:,} new chunks, too few to "
-                           f"fill an L1 of {max(L1_OBJECTS):,} objects: give more (--warmup)")
+    if problem := warmup_problem(warmup):
+        raise RuntimeError(problem)
     sides = [(policy, objects, workload) for workload in WORKLOADS for objects in L1_OBJECTS for policy in policies]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mpcache-l1-counted-") as directory, ThreadPoolExecutor(jobs) as pool:
@@ -117,8 +117,10 @@ def run(requests: int = REQUESTS, warmup: int = WARMUP, jobs: int = 2, policies:
                     row = rows[-1]
                     progress(f"{row['workload']}, {row['objects']} objects, {row['policy']}: "
                              f"{row['instructions_per_request']:,} instructions a request ({len(rows)}/{len(sides)})")
-        except BaseException:  # a side failed, or an interrupt: count no side not yet started
-            pool.shutdown(wait=True, cancel_futures=True)
+        except BaseException:  # a side failed, or an interrupt: count no side not yet started, end those running
+            pool.shutdown(wait=False, cancel_futures=True)
+            counted_side.end_running()
+            pool.shutdown(wait=True)
             raise
     over_lru = {}
     for workload in WORKLOADS:
@@ -128,6 +130,14 @@ def run(requests: int = REQUESTS, warmup: int = WARMUP, jobs: int = 2, policies:
             over_lru[f"{workload}_{objects}_objects"] = {policy: round(n / same["lru"], 4)
                                                          for policy, n in same.items() if policy != "lru"}
     return {"requests": requests, "warmup": warmup, "new_chunks": NEW_CHUNKS, "rows": rows, "over_lru": over_lru}
+
+
+def warmup_problem(warmup: int) -> str | None:
+    """Why ``warmup`` requests cannot fill the largest L1 counted, or None."""
+    if warmup * NEW_CHUNKS < max(L1_OBJECTS):
+        return (f"{warmup} warm-up requests store at most {warmup * NEW_CHUNKS:,} new chunks, too few to fill an L1 "
+                f"of {max(L1_OBJECTS):,} objects: give more (--warmup)")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = tuple(args.policies.split(","))
     if args.requests < 1 or args.warmup < 0 or args.jobs < 1:
         parser.error("--requests and --jobs must be at least 1, --warmup at least 0")
+    if not args.child and (problem := warmup_problem(args.warmup)):
+        parser.error(problem)
     if unknown := [p for p in policies if p not in L1_POLICIES]:
         parser.error(f"unknown policy {', '.join(unknown)}: expected some of {', '.join(L1_POLICIES)}")
     if "lru" not in policies or len(set(policies)) < len(policies):
@@ -149,12 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         policy, objects, workload = args.child
         return child(policy, int(objects), workload, args.requests, args.warmup)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: the counted sides go too
     try:
         result = run(args.requests, args.warmup, args.jobs, policies,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (RuntimeError, subprocess.TimeoutExpired) as error:  # valgrind missing, or a side failed (it said why)
         print(f"benchmarks.l1_counted: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("benchmarks.l1_counted: interrupted: its counted sides and their dumps are gone", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -24,6 +24,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from collections import OrderedDict
@@ -128,7 +129,9 @@ def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, A
 def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:
     """Every trace in ``paths`` (name → file), whole (up to ``requests``) and its first ``first`` requests."""
     work = [(name, path, limit, policies) for name, path in paths.items() for limit in (requests, first)]
-    with multiprocessing.Pool(jobs) as pool:
+    # the workers leave Ctrl-C to this process, whose leaving the block terminates them
+    with multiprocessing.Pool(min(jobs, len(work)), initializer=signal.signal,
+                              initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         out = []
         for rows in pool.imap(_rows, work):
             out.extend(rows)
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.policy_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests of each generated trace (and the "
-                        "most read of a --trace file)")
+                        f"most read of a --trace file), at most {trace_gen.MAX_COUNT:,}")
     parser.add_argument("--first", type=int, default=FIRST, help="also replay each trace's first N requests")
     parser.add_argument("--seed", type=trace_gen.seed_argument, default=SEED,
                         help="the generated traces' seed, 0 or more (another: held-out traces)")
@@ -168,19 +171,30 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("requests", "first", "jobs"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} {getattr(args, flag)}: expected at least 1")
+    if args.requests > trace_gen.MAX_COUNT:
+        parser.error(f"--requests {args.requests}: expected at most {trace_gen.MAX_COUNT:,} (built in memory)")
     if not args.kinds and not args.trace:
         parser.error("nothing to replay: no --trace file and no --kinds")
+    names = [os.path.splitext(os.path.basename(path))[0] for path in args.trace] + list(args.kinds)
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        parser.error(f"two traces named {', '.join(twice)} (a --trace file's name without .jsonl, or a --kinds "
+                     "kind): rename the file, or leave the kind out")
     for path in args.trace:
         try:
             load(path, args.requests)  # every request the replay will read, read once here
         except TraceUnreadable as exc:
             parser.error(f"--trace: not a readable Mooncake-format trace: {exc}")
-    with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
-        paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
-        for kind in args.kinds:
-            paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
-            trace_gen.write(trace_gen.KINDS[kind](args.requests, args.seed), paths[kind], args.seed)
-        rows = run(paths, args.requests, args.first, tuple(args.policies), args.jobs)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: workers and scratch go too
+    try:
+        with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
+            paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
+            for kind in args.kinds:
+                paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
+                trace_gen.write(trace_gen.KINDS[kind](args.requests, args.seed), paths[kind], args.seed)
+            rows = run(paths, args.requests, args.first, tuple(args.policies), args.jobs)
+    except KeyboardInterrupt:
+        print("[policy_matrix] interrupted: its workers and scratch files are gone", file=sys.stderr)
+        return 130
     print(json.dumps(rows, indent=1) if args.json else render(rows, tuple(args.policies)))
     return 0
 

@@ -3,13 +3,17 @@ L1 not yet full, and the benchmark's ratios are each policy's count over lru's o
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
+from support.waiting import wait_for
 
 from benchmarks import l1_counted
 from mpcache.eviction.returns import LARGE_STORE_SHARE
@@ -47,7 +51,10 @@ def test_a_side_whose_warm_up_leaves_l1_not_full_says_so_and_counts_nothing():
     (["--policies", "arc,adaptive"], "--policies arc,adaptive: each order once, lru among them (the ratios' baseline)"),
     (["--policies", "lru,lru"], "--policies lru,lru: each order once, lru among them (the ratios' baseline)"),
     (["--policies", "lru,fifo"], "unknown policy fifo: expected some of adaptive, lru, arc"),
-    (["--requests", "0"], "--requests and --jobs must be at least 1, --warmup at least 0")])
+    (["--requests", "0"], "--requests and --jobs must be at least 1, --warmup at least 0"),
+    # at parse time, status 2: it was found by the run, status 1
+    (["--warmup", "10"], "10 warm-up requests store at most 50 new chunks, too few to fill an L1 of 2,048 objects: "
+                         "give more (--warmup)")])
 def test_a_bad_flag_is_one_line_and_exit_status_2(args, message):
     done = subprocess.run([sys.executable, "-m", "benchmarks.l1_counted", *args], capture_output=True, text=True,
                           timeout=60)
@@ -132,3 +139,22 @@ def test_benchmarks_md_states_the_sizes_and_workloads_the_module_runs():
     docstring = " ".join((l1_counted.__doc__ or "").split())
     assert "an L1 of 32 objects, where a store of more than 3 new chunks is large" in docstring
     assert (small, largest_small_store) == (32, 3)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (apt-get install valgrind)")
+def test_sigterm_ends_the_counted_sides_and_leaves_no_dump(tmp_path):
+    """SIGTERM while a side counts: status 130, its valgrind gone with it, nothing left in TMPDIR (the side ran on,
+    orphaned, and its callgrind dump stayed)."""
+    bench = subprocess.Popen([sys.executable, "-m", "benchmarks.l1_counted", "--policies", "lru", "--jobs", "1",
+                              "--requests", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        sides = wait_for(lambda: psutil.Process(bench.pid).children(), 60, "a counted side to start")
+        bench.send_signal(signal.SIGTERM)
+        _, stderr = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+    assert (130, "benchmarks.l1_counted: interrupted: its counted sides and their dumps are gone") == (
+        bench.returncode, stderr.decode().strip().splitlines()[-1])
+    assert ([], []) == ([side.pid for side in sides if side.is_running() and side.status() != psutil.STATUS_ZOMBIE],
+                        os.listdir(tmp_path))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
+from support.waiting import wait_for
 
 from benchmarks import trace_gen
 from benchmarks.policy_matrix import render
@@ -39,6 +43,10 @@ def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
     (["--policies", "mru"], "argument --policies: invalid choice: 'mru'"),
     (["--requests", "0"], "--requests 0: expected at least 1"),
     (["--seed", "-3"], "argument --seed: -3: expected 0 or more"),
+    (["--requests", "1000001"], "--requests 1000001: expected at most 1,000,000 (built in memory)"),
+    # a file named as a kind was replaced by the generated trace without a word
+    (["--trace", "{rag}", "--kinds", "rag"], "two traces named rag (a --trace file's name without .jsonl, or a "
+                                             "--kinds kind): rename the file, or leave the kind out"),
     (["--trace", "/nonexistent/held_out.jsonl", "--kinds"], "--trace: not a readable Mooncake-format trace: "
                                                              "/nonexistent/held_out.jsonl: No such file or directory"),
     (["--trace", "{junk}", "--kinds"], "junk.jsonl, line 2: not JSON"),
@@ -46,7 +54,27 @@ def test_a_trace_file_is_replayed_alone_with_no_kinds(tmp_path) -> None:
 def test_a_bad_argument_is_one_line_and_exit_status_2(tmp_path, args: list[str], message: str) -> None:
     (tmp_path / "junk.jsonl").write_text('{"hash_ids": [1, 2]}\nnot json\n')
     (tmp_path / "empty.jsonl").write_text("\n")
-    args = [arg.format(junk=tmp_path / "junk.jsonl", empty=tmp_path / "empty.jsonl") for arg in args]
+    (tmp_path / "rag.jsonl").write_text('{"hash_ids": [1, 2]}\n')
+    args = [arg.format(junk=tmp_path / "junk.jsonl", empty=tmp_path / "empty.jsonl", rag=tmp_path / "rag.jsonl")
+            for arg in args]
     done = subprocess.run([sys.executable, "-m", "benchmarks.policy_matrix", *args], capture_output=True, text=True,
                           timeout=60)
     assert 2 == done.returncode and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_sigterm_ends_the_workers_and_removes_the_scratch_traces(tmp_path):
+    """SIGTERM while the workers replay: status 130, the workers gone, no scratch folder left in TMPDIR (they ran
+    on, orphaned, and the generated traces stayed)."""
+    matrix = subprocess.Popen([sys.executable, "-m", "benchmarks.policy_matrix", "--kinds", "rag", "conversations",
+                               "--requests", "6000", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        workers = wait_for(lambda: psutil.Process(matrix.pid).children(), 60, "the pool's workers to start")
+        matrix.send_signal(signal.SIGTERM)
+        _, stderr = matrix.communicate(timeout=60)
+    finally:
+        matrix.kill()
+    assert (130, "[policy_matrix] interrupted: its workers and scratch files are gone") == (
+        matrix.returncode, stderr.decode().strip().splitlines()[-1])
+    assert [] == [worker.pid for worker in workers if worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE]
+    assert [] == os.listdir(tmp_path)
