@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
-from support.waiting import wait_for
+from support.interrupted import sigterm_once_a_child_starts
 
 from benchmarks import l1_counted
 from mpcache.eviction.returns import LARGE_STORE_SHARE
@@ -145,16 +143,7 @@ def test_benchmarks_md_states_the_sizes_and_workloads_the_module_runs():
 def test_sigterm_ends_the_counted_sides_and_leaves_no_dump(tmp_path):
     """SIGTERM while a side counts: status 130, its valgrind gone with it, nothing left in TMPDIR (the side ran on,
     orphaned, and its callgrind dump stayed)."""
-    bench = subprocess.Popen([sys.executable, "-m", "benchmarks.l1_counted", "--policies", "lru", "--jobs", "1",
-                              "--requests", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "TMPDIR": str(tmp_path)})
-    try:
-        sides = wait_for(lambda: psutil.Process(bench.pid).children(), 60, "a counted side to start")
-        bench.send_signal(signal.SIGTERM)
-        _, stderr = bench.communicate(timeout=60)
-    finally:
-        bench.kill()
-    assert (130, "benchmarks.l1_counted: interrupted: its counted sides and their dumps are gone") == (
-        bench.returncode, stderr.decode().strip().splitlines()[-1])
-    assert ([], []) == ([side.pid for side in sides if side.is_running() and side.status() != psutil.STATUS_ZOMBIE],
-                        os.listdir(tmp_path))
+    ended = sigterm_once_a_child_starts([sys.executable, "-m", "benchmarks.l1_counted", "--policies", "lru", "--jobs",
+                                         "1", "--requests", "100000"], tmp_path, "a counted side to start")
+    assert (130, "benchmarks.l1_counted: interrupted: its counted sides and their dumps are gone", []) == ended
+    assert [] == os.listdir(tmp_path)

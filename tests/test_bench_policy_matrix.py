@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
-import psutil
 import pytest
-from support.waiting import wait_for
+from support.interrupted import sigterm_once_a_child_starts
 
 from benchmarks import trace_gen
 from benchmarks.policy_matrix import render
@@ -65,16 +63,8 @@ def test_a_bad_argument_is_one_line_and_exit_status_2(tmp_path, args: list[str],
 def test_sigterm_ends_the_workers_and_removes_the_scratch_traces(tmp_path):
     """SIGTERM while the workers replay: status 130, the workers gone, no scratch folder left in TMPDIR (they ran
     on, orphaned, and the generated traces stayed)."""
-    matrix = subprocess.Popen([sys.executable, "-m", "benchmarks.policy_matrix", "--kinds", "rag", "conversations",
-                               "--requests", "6000", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "TMPDIR": str(tmp_path)})
-    try:
-        workers = wait_for(lambda: psutil.Process(matrix.pid).children(), 60, "the pool's workers to start")
-        matrix.send_signal(signal.SIGTERM)
-        _, stderr = matrix.communicate(timeout=60)
-    finally:
-        matrix.kill()
-    assert (130, "[policy_matrix] interrupted: its workers and scratch files are gone") == (
-        matrix.returncode, stderr.decode().strip().splitlines()[-1])
-    assert [] == [worker.pid for worker in workers if worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE]
+    ended = sigterm_once_a_child_starts([sys.executable, "-m", "benchmarks.policy_matrix", "--kinds", "rag",
+                                         "conversations", "--requests", "6000", "--jobs", "2"], tmp_path,
+                                        "the pool's workers to start")
+    assert (130, "[policy_matrix] interrupted: its workers and scratch files are gone", []) == ended
     assert [] == os.listdir(tmp_path)
