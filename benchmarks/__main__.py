@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md",
                         help="report: where to write (default docs/PERFORMANCE.md)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # trace --json PATH, as well as trace PATH --json
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -23,10 +23,13 @@ import numpy as np
 from benchmarks import trace_gen, trace_sim
 from benchmarks.mrc_traces import CHUNK_BYTES, Request, exact_curve, exact_distances, kv_requests, long_requests
 from mpcache.config import Config
+from mpcache.config.derived import L1_POLICIES
+from mpcache.config.model import SETTINGS
 from mpcache.contract.keys import SAMPLE_MODULUS
 
 RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
 GENERATED = ("conversations", "multitenant", "rag", "agentic")
+MAX_KEYS_KIND = next(item.kind for item in SETTINGS if item.name == "mrc-max-keys")  # the budgets it may take
 
 
 def _mix(block: int) -> int:
@@ -157,15 +160,24 @@ def main() -> None:
     import sys
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=6000)
-    parser.add_argument("--max-keys", type=int, nargs="*", default=[])
-    parser.add_argument("--rates", type=float, nargs="*", default=[])
-    parser.add_argument("--policies", nargs="*", default=["lru", "adaptive"])
-    parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--requests", type=int, default=6000, help=f"at most {trace_gen.MAX_COUNT:,}")
+    parser.add_argument("--max-keys", type=int, nargs="*", default=[], help="key budgets, as --mrc-max-keys takes")
+    parser.add_argument("--rates", type=float, nargs="*", default=[], help="sample rates in (0, 1]")
+    parser.add_argument("--policies", nargs="*", choices=L1_POLICIES, default=["lru", "adaptive"])
+    parser.add_argument("--only", nargs="*", default=[], help="the traces measured, by name (default: every one)")
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
     args = parser.parse_args()
-    if args.requests < 1:
-        parser.error(f"--requests {args.requests}: expected at least 1")
+    if not 1 <= args.requests <= trace_gen.MAX_COUNT:
+        parser.error(f"--requests {args.requests}: expected 1 to {trace_gen.MAX_COUNT:,}")
+    if bad := [keys for keys in args.max_keys if MAX_KEYS_KIND.problem(keys)]:
+        parser.error(f"--max-keys {bad[0]}: {MAX_KEYS_KIND.problem(bad[0])}, as --mrc-max-keys takes")
+    if bad := [rate for rate in args.rates if not 0 < rate <= 1]:  # NaN too
+        parser.error(f"--rates {bad[0]}: expected a rate in (0, 1]")
+    names = ["kv", "long", *(os.path.splitext(os.path.basename(path))[0] for path in args.trace), *GENERATED]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        parser.error(f"two traces named {', '.join(twice)}: rename the --trace file")
+    if unknown := [name for name in args.only if name not in names]:
+        parser.error(f"--only {unknown[0]}: no such trace; expected some of {', '.join(names)}")
     for path in args.trace:
         try:
             trace_sim.load(path, args.requests)

@@ -158,7 +158,9 @@ def test_an_unreadable_trace_is_one_line_naming_the_line_and_exit_status_2(tmp_p
 
 @pytest.mark.parametrize("argv, message", [
     (["trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl: No such file or directory"),
-    (["trace", "{good}", "--trace-requests", "0"], "argument --trace-requests: expected a whole number >= 1, got '0'")])
+    (["trace", "{good}", "--trace-requests", "0"], "argument --trace-requests: expected a whole number >= 1, got '0'"),
+    # the path after the flags is the trace's (it was "unrecognized arguments"): the flag is what is refused
+    (["trace", "--json", "--trace-requests", "0", "{good}"], "argument --trace-requests: expected a whole number")])
 def test_a_missing_trace_or_no_requests_asked_is_one_line_and_exit_status_2(tmp_path, argv, message) -> None:
     trace_gen.write(trace_gen.conversations(5, seed=1), str(tmp_path / "good.jsonl"))
     argv = [arg.format(good=tmp_path / "good.jsonl") for arg in argv]
@@ -167,11 +169,23 @@ def test_a_missing_trace_or_no_requests_asked_is_one_line_and_exit_status_2(tmp_
     assert (2, True) == (done.returncode, message in done.stderr.strip().splitlines()[-1]), done.stderr
 
 
-def test_the_mrc_accuracy_benchmark_refuses_no_requests_asked_for_in_one_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.mrc_accuracy", "--requests", "0"], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-    assert (2, "--requests 0: expected at least 1") == (done.returncode,
-                                                        done.stderr.strip().splitlines()[-1].split("error: ")[1])
+@pytest.mark.parametrize("argv, message", [
+    (["--requests", "0"], "--requests 0: expected 1 to 1,000,000"),
+    (["--requests", "1000001"], "--requests 1000001: expected 1 to 1,000,000"),
+    (["--rates", "nan"], "--rates nan: expected a rate in (0, 1]"),  # printed NaN into its JSON
+    (["--rates", "7"], "--rates 7.0: expected a rate in (0, 1]"),
+    (["--max-keys", "-5"], "--max-keys -5: expected an integer 64..4194304, as --mrc-max-keys takes"),
+    (["--policies", "bogus"], "argument --policies: invalid choice: 'bogus'"),
+    (["--only", "nosuch"], "--only nosuch: no such trace; expected some of kv, long, conversations"),  # printed {}
+    (["--trace", "{kv}"], "two traces named kv: rename the --trace file"),
+])
+def test_the_mrc_accuracy_benchmark_refuses_what_it_cannot_measure_in_one_line(tmp_path, argv, message) -> None:
+    trace_gen.write(trace_gen.conversations(5, seed=1), str(tmp_path / "kv.jsonl"))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.mrc_accuracy",
+                           *[arg.format(kv=tmp_path / "kv.jsonl") for arg in argv]],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert (2, True) == (done.returncode, done.stderr.strip().splitlines()[-1].split("error: ", 1)[1].startswith(
+        message)), done.stderr
 
 
 def test_the_mrc_accuracy_benchmark_refuses_an_unreadable_trace_in_one_line(tmp_path) -> None:
