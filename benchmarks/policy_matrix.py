@@ -126,12 +126,17 @@ def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, A
     return rows
 
 
+def _worker_signals() -> None:
+    """A worker leaves Ctrl-C to its parent, whose leaving the pool terminates it, and ends on that SIGTERM
+    without a word (it inherits the parent's SIGTERM handler, which would make a traceback of it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:
     """Every trace in ``paths`` (name → file), whole (up to ``requests``) and its first ``first`` requests."""
     work = [(name, path, limit, policies) for name, path in paths.items() for limit in (requests, first)]
-    # the workers leave Ctrl-C to this process, whose leaving the block terminates them
-    with multiprocessing.Pool(min(jobs, len(work)), initializer=signal.signal,
-                              initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+    with multiprocessing.Pool(min(jobs, len(work)), initializer=_worker_signals) as pool:
         out = []
         for rows in pool.imap(_rows, work):
             out.extend(rows)
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [os.path.splitext(os.path.basename(path))[0] for path in args.trace] + list(args.kinds)
     if twice := sorted({name for name in names if names.count(name) > 1}):
         parser.error(f"two traces named {', '.join(twice)} (a --trace file's name without .jsonl, or a --kinds "
-                     "kind): rename the file, or leave the kind out")
+                     "kind): name each once")
     for path in args.trace:
         try:
             load(path, args.requests)  # every request the replay will read, read once here

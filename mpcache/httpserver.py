@@ -195,7 +195,7 @@ def _remove_stale_socket(path: str) -> None:
 
 
 def _not_found(routes: Iterable[str]) -> bytes:
-    return NOT_FOUND + f"{', '.join(sorted(set(routes)))}\n".encode()
+    return NOT_FOUND + f"{', '.join(sorted(set(routes) - {''}))}\n".encode()
 
 
 def is_head(head: bytes) -> bool:

@@ -326,8 +326,8 @@ def test_a_path_that_is_not_a_regular_file_is_one_line_and_exit_2(tmp_path, kind
     path.mkdir() if kind == "directory" else os.mkfifo(path)
     result = run_tail(str(path), *(["-f"] if follow else []))
     assert (2, "") == (result.returncode, result.stdout)
-    assert result.stderr == (f"mpcache-logs: error: {path} is not a regular file (a pipe is read as standard "
-                             "input: - )\n")
+    hint = " (a pipe is read as standard input: - )" if kind == "fifo" else ""
+    assert result.stderr == f"mpcache-logs: error: {path} is not a regular file{hint}\n"
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -366,6 +366,33 @@ def test_control_characters_in_any_field_are_escaped_and_cannot_forge_a_line(tmp
     lines = out.splitlines()
     assert 3 == len(lines) and ["    Traceback:", "      line \\u001b]0;pwned\\u0007\\u001b[2J"] == lines[1:]
     assert '"l1.evict\\u001b]0;pwned\\u0007\\u001b[2J\\nFORGED"' in lines[0]
+
+
+def test_a_record_nested_deeper_than_it_prints_field_by_field_is_printed_as_its_line(tmp_path):
+    """Parsed, but deeper than MAX_FIELD_DEPTH (printing field by field recursed, and near the parser's own limit
+    went past Python's): the line itself, escaped, and the tail reads on."""
+    from mpcache.tools.logtail import MAX_FIELD_DEPTH
+
+    depth = MAX_FIELD_DEPTH + 1
+    deep = '{"event":"deep","x":' + "[" * depth + "]" * depth + "}"
+    path = tmp_path / "mpcache.jsonl"
+    path.write_text(deep + "\n" + ERROR + "\n")
+    result = run_tail(str(path))
+    assert (0, "") == (result.returncode, result.stderr)
+    assert [deep, "2026-11-29T18:00:00Z ERROR demo demo.failed exit_status=1"] == result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_line_over_the_bound_is_skipped_whole_even_where_its_head_is_a_record(tmp_path, source):
+    """A record followed by 1 MiB of padding on one line: not printed (its first 1 MiB had been, as a record), on
+    standard input as in a file (which held a line whole)."""
+    from mpcache.tools.logtail import MAX_LINE_BYTES
+
+    forged = _line("cut.forged") + " " * MAX_LINE_BYTES + "NOT JSON"
+    path = tmp_path / "mpcache.jsonl"
+    path.write_text(forged + "\n" + ERROR + "\n")
+    result = run_tail(str(path), "--json") if source == "file" else run_tail("-", "--json", stdin=path.read_text())
+    assert (0, ERROR + "\n") == (result.returncode, result.stdout)
 
 
 def test_a_line_too_long_to_keep_is_skipped_and_the_next_one_read(tmp_path):

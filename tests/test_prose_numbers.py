@@ -305,8 +305,10 @@ def _claims() -> list[tuple[str, str, str]]:
         ("CHANGELOG.md", r"COUNT is 1 to ([\d,]+) and `--seed` 0 or more", f"{trace_gen.MAX_COUNT:,}"),
         ("CHANGELOG.md", r"`--mrc-half-life` is 0 \(off\) or at least (\d+) s", f"{MIN_MRC_HALF_LIFE_S:g}"),
         ("CHANGELOG.md", r"refused setting's value is quoted cut to (\d+) characters", str(kinds.SHOWN_CHARACTERS)),
-        ("CHANGELOG.md", r"prints is escaped where not printable, so a log line cannot send a terminal escape or "
-                         r"forge another line; a line is kept to (\d+) MiB", str(logtail.MAX_LINE_BYTES >> 20)),
+        ("CHANGELOG.md", r"so a log line cannot send a terminal escape or forge another line; a line is kept to "
+                         r"(\d+) MiB", str(logtail.MAX_LINE_BYTES >> 20)),
+        ("docs/ARCHITECTURE.md", r"a record nested more than (\d+) deep is printed as its line",
+         str(logtail.MAX_FIELD_DEPTH)),
         ("docs/ARCHITECTURE.md", r"or is longer than it keeps \((\d+) MiB\), is skipped",
          str(logtail.MAX_LINE_BYTES >> 20)),
         # docs/CONFIGURATION.md (its prose; the table is generated)

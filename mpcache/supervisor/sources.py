@@ -123,24 +123,24 @@ def _read_settings_file(path: str) -> str:
 def from_file(path: str) -> dict[str, Any]:
     """The settings a TOML file gives, by name (its keys are the names; "_" for "-" is accepted too)."""
     text = _read_settings_file(path)  # its ConfigError is a ValueError: read outside the parse's handlers
-    path = path if path.isprintable() else repr(path)  # as the errors below name it: no terminal escape in it
+    shown = path if path.isprintable() else repr(path)  # as the errors below name it: no terminal escape in it
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+        raise ConfigError(f"--config {shown}: not valid TOML ({exc})") from None
     except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise ConfigError(f"--config {path}: not valid TOML ({str(exc).partition(';')[0]})") from None
+        raise ConfigError(f"--config {shown}: not valid TOML ({str(exc).partition(';')[0]})") from None
     except RecursionError:
-        raise ConfigError(f"--config {path}: not valid TOML (arrays or tables nested too deeply)") from None
+        raise ConfigError(f"--config {shown}: not valid TOML (arrays or tables nested too deeply)") from None
     values = {}
     for key, raw in table.items():
         item = BY_NAME.get(key.replace("_", "-"))
         if item is None:
-            raise ConfigError(f"{path}: unknown setting {key!r} (a flag name without its dashes; "
+            raise ConfigError(f"{shown}: unknown setting {key!r} (a flag name without its dashes; "
                               f"{_suggestion(key, list(BY_NAME), quote=True)})")
         if item.name in values:  # l1_size and l1-size: TOML sees two keys, the file one setting twice
-            raise ConfigError(f"{path}: {key!r} sets {item.name!r} a second time")
-        values[item.name] = _given(item, raw, f"{path}: {key}")
+            raise ConfigError(f"{shown}: {key!r} sets {item.name!r} a second time")
+        values[item.name] = _given(item, raw, f"{shown}: {key}")
     return values
 
 

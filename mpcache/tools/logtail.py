@@ -21,8 +21,9 @@ from typing import IO, Any
 from mpcache import __version__
 
 POLL_INTERVAL_S = 0.05
-MAX_LINE_BYTES = 1 << 20  # of one line, kept at most: a longer one (none of ours) is cut there and so skipped
+MAX_LINE_BYTES = 1 << 20  # of one line, kept at most: a longer one (none of ours) is skipped whole
 MAX_LINES = 10**9  # --lines at most
+MAX_FIELD_DEPTH = 100  # lists and objects within a record printed field by field; a deeper one is printed as its line
 LEVEL_ORDER = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -212,24 +213,63 @@ class LogUnreadable(Exception):
     """The log path names something that cannot be read as a log file; the message says what."""
 
 
-class Follower:
-    """Lines of a file as it grows, across rotation (rename + recreate) and truncation.
+class LineSplitter:
+    """Complete lines out of chunks of bytes, each line searched for only in the bytes that are new; a line longer
+    than MAX_LINE_BYTES (none of ours) is dropped whole at its newline, so memory stays bounded."""
 
-    :meth:`lines` yields every complete line available now; ``None`` between
-    polls means "nothing new yet" (the caller flushes and waits).  A line is kept to MAX_LINE_BYTES.
-    """
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []  # of the line whose newline has not come yet
+        self._kept = 0
+        self._overlong = False
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line = self._take(chunk[start:end])
+            if line is not None:
+                yield line
+            start = end + 1
+        self._keep(chunk[start:])
+
+    def rest(self) -> Iterator[bytes]:
+        """A last line without its newline, when reading stops here."""
+        if self._pieces or self._overlong:
+            line = self._take(b"")
+            if line:
+                yield line
+
+    def reset(self) -> None:
+        self._pieces, self._kept, self._overlong = [], 0, False
+
+    def _keep(self, piece: bytes) -> None:
+        if self._kept + len(piece) > MAX_LINE_BYTES:
+            self._pieces, self._kept, self._overlong = [], 0, True
+        elif piece and not self._overlong:
+            self._pieces.append(piece)
+            self._kept += len(piece)
+
+    def _take(self, end: bytes) -> bytes | None:
+        self._keep(end)
+        line = None if self._overlong else b"".join(self._pieces)
+        self.reset()
+        return line
+
+
+class Follower:
+    """Lines of a file as it grows, across rotation (rename + recreate) and truncation: :meth:`existing` what it
+    holds now, :meth:`follow` what comes after, ``None`` between polls meaning "nothing new yet" (the caller
+    flushes and waits)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._handle: IO[bytes] | None = None
-        self._partial: list[bytes] = []  # the pieces of a line whose newline has not come yet
-        self._partial_bytes = 0
+        self._lines = LineSplitter()
         self._open()
 
     def _open(self) -> None:
         """Open the path if it exists; LogUnreadable if it is not a regular file we may read (a directory, a
         pipe, which cannot be followed by position, or another user's file)."""
-        self._partial, self._partial_bytes = [], 0
+        self._lines.reset()
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe without a writer: no wait
         except FileNotFoundError:
@@ -237,29 +277,19 @@ class Follower:
             return
         except OSError as exc:
             raise LogUnreadable(f"cannot read {self.path}: {exc.strerror}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             os.close(fd)
-            raise LogUnreadable(f"{self.path} is not a regular file (a pipe is read as standard input: - )")
+            raise LogUnreadable(f"{self.path} is not a regular file" + (
+                " (a pipe is read as standard input: - )" if stat.S_ISFIFO(mode) else ""))
         os.set_blocking(fd, True)
         self._handle = os.fdopen(fd, "rb")
-
-    def _take_line(self, end: bytes) -> bytes:
-        """The line whose pieces so far end with ``end``."""
-        line = b"".join([*self._partial, end])[:MAX_LINE_BYTES]
-        self._partial, self._partial_bytes = [], 0
-        return line
 
     def _read_available(self) -> Iterator[bytes]:
         if self._handle is None:
             return
         while chunk := self._handle.read(1 << 16):
-            start = 0
-            while (end := chunk.find(b"\n", start)) >= 0:  # only the new bytes are searched
-                yield self._take_line(chunk[start:end])
-                start = end + 1
-            if self._partial_bytes < MAX_LINE_BYTES and start < len(chunk):
-                self._partial.append(chunk[start:start + MAX_LINE_BYTES - self._partial_bytes])
-                self._partial_bytes += len(self._partial[-1])
+            yield from self._lines.feed(chunk)
 
     def _changed(self) -> str:
         """'rotated' (the path names another file now), 'truncated' (ours shrank), 'appeared' or ''."""
@@ -282,8 +312,7 @@ class Follower:
 
     def remainder(self) -> Iterator[bytes]:
         """A last line without its newline, when reading stops here."""
-        if self._partial:
-            yield self._take_line(b"")
+        yield from self._lines.rest()
 
     def follow(self) -> Iterator[bytes | None]:
         """New lines forever; ``None`` each time nothing new is available."""
@@ -298,7 +327,7 @@ class Follower:
                 self._open()
             elif change == "truncated":
                 self._handle.seek(0)  # type: ignore[union-attr]
-                self._partial, self._partial_bytes = [], 0
+                self._lines.reset()
             elif change == "appeared":
                 self._open()
             else:
@@ -330,15 +359,39 @@ def _records(lines: Iterator[bytes | None], keep: Callable[[dict], bool]) -> Ite
             yield line, record
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    """Standard input's lines, to its end, bounded as a file's are."""
+    lines = LineSplitter()
+    while chunk := os.read(sys.stdin.fileno(), 1 << 16):
+        yield from lines.feed(chunk)
+    yield from lines.rest()
+
+
 def _run(args: argparse.Namespace, out: IO[str]) -> int:
     keep = build_filter(args)
 
     def render(line: bytes, record: dict) -> str:
-        return line.decode("utf-8", "replace") if args.json else format_record(record)
+        if args.json:
+            return line.decode("utf-8", "replace")
+        if _deeper_than(record, MAX_FIELD_DEPTH):  # printing it field by field could recurse past Python's limit
+            return _printable(line.decode("utf-8", "replace"))
+        return format_record(record)
 
     if args.path == "-":
         follower = None
-        existing: Iterator[bytes] = (line.rstrip(b"\n") for line in sys.stdin.buffer)
+        existing: Iterator[bytes] = _stdin_lines()
     else:
         if not args.follow and not os.path.exists(args.path):
             sys.stderr.write(f"mpcache-logs: error: no such file: {args.path}\n")

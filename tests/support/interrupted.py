@@ -12,9 +12,9 @@ import psutil
 from support.waiting import wait_for
 
 
-def sigterm_once_a_child_starts(argv: list[str], tmpdir: Path, what: str) -> tuple[int, str, list[int]]:
+def sigterm_once_a_child_starts(argv: list[str], tmpdir: Path, what: str) -> tuple[int, list[str], list[int]]:
     """Run ``argv`` with ``TMPDIR=tmpdir``, SIGTERM it as soon as it has a child (``what``, for the wait's
-    message): its exit status, its last line on stderr, and the pids of its children still running after it."""
+    message): its exit status, its lines on stderr, and the pids of its children still running after it."""
     command = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, "TMPDIR": str(tmpdir)})
     try:
@@ -24,4 +24,4 @@ def sigterm_once_a_child_starts(argv: list[str], tmpdir: Path, what: str) -> tup
     finally:
         command.kill()
     alive = [child.pid for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
-    return command.returncode, stderr.decode().strip().splitlines()[-1], alive
+    return command.returncode, stderr.decode().strip().splitlines(), alive
