@@ -296,6 +296,14 @@ def report_output_problem(path: str) -> str | None:
     return None
 
 
+# The benchmarks each flag is for (``report`` passes each to them all); given to another, it is refused, not ignored
+FLAG_USERS = {"PATH": {"trace"}, "--trace-requests": {"trace"}, "--no-lmcache": {"trace"},
+              "--seconds": {"soak", "lmcache", "isolation", "peers"}, "--warmup": {"lmcache", "isolation"},
+              "--l1-gb": {"lmcache", "isolation", "vllm"}, "--policies": {"isolation"}, "--tp": {"isolation"},
+              "--workload": {"isolation"}, "--telemetry-nice": {"lmcache"}, "--rate": {"soak"}, "--output": set()}
+FLAG_DESTS = {flag: "path" if flag == "PATH" else flag.lstrip("-").replace("-", "_") for flag in FLAG_USERS}
+
+
 def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number in low..high."""
     def whole(text: str) -> int:
@@ -408,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         repetitions = args.repetitions or (vllm.REPETITIONS if module is vllm else DEFAULT_REPETITIONS)
         return module.run(repetitions=repetitions, progress=progress, **options)
 
+    if args.name != "report" and (unused := sorted(
+            flag for flag, dest in FLAG_DESTS.items()
+            if getattr(args, dest) != parser.get_default(dest) and args.name not in FLAG_USERS[flag])):
+        parser.error(f"{' and '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing for {args.name}: "
+                     + "; ".join(f"{flag} is for {', '.join(sorted(FLAG_USERS[flag] | {'report'}))}"
+                                 for flag in unused))
     if args.name == "report" and (problem := report_output_problem(args.output)):
         parser.error(f"--output: {problem}")
     if args.path is not None and args.name in ("trace", "report"):

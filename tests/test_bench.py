@@ -109,8 +109,14 @@ def test_a_report_output_it_cannot_write_is_refused_before_any_benchmark_runs(tm
     (["lmcache", "--l1-gb", "-1"], "argument --l1-gb: expected finite GiB > 0, got '-1'"),
     (["lmcache", "--warmup", "inf"], "argument --warmup: expected finite seconds >= 0, got 'inf'"),
     (["lmcache", "--telemetry-nice", "99"], "argument --telemetry-nice: expected a whole number 0..19, got '99'"),
+    # a flag for another benchmark was ignored without a word: the run measured what it was not asked to
+    (["publish", "--seconds", "5"], "--seconds does nothing for publish: --seconds is for isolation, lmcache, "
+                                    "peers, report, soak"),
+    (["publish", "--tp", "3", "--rate", "1"], "--rate and --tp do nothing for publish: --rate is for report, soak; "
+                                              "--tp is for isolation, report"),
+    (["l1", "extra/path"], "PATH does nothing for l1: PATH is for report, trace"),
 ])
-def test_a_benchmark_flag_out_of_range_is_refused_before_anything_runs(argv, message):
+def test_a_benchmark_flag_out_of_range_or_for_another_benchmark_is_refused_before_anything_runs(argv, message):
     """Each was taken (a TP of 0 started servers; --repetitions 0 read as 3; nan and inf reached the run) or was a
     traceback after the run had started."""
     done = subprocess.run([sys.executable, "-m", "benchmarks", *argv], capture_output=True, text=True, timeout=60,
