@@ -318,7 +318,7 @@ def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return whole
 
 
-def _seconds(above_zero: bool, noun: str = "seconds") -> Callable[[str], float]:
+def _finite(above_zero: bool, noun: str = "seconds") -> Callable[[str], float]:
     """An argparse type: a finite number above 0 (``above_zero``) or at least 0."""
     def number(text: str) -> float:
         try:
@@ -361,14 +361,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
                         "reports the worst; vllm 19; trace: LMCache's server's runs, mpcache's replay being "
                         "deterministic)")
-    parser.add_argument("--seconds", type=_seconds(above_zero=True), default=None,
+    parser.add_argument("--seconds", type=_finite(above_zero=True), default=None,
                         help="soak: how long the producers run (default 60); lmcache: measured seconds per server "
                         "and TP (default 10); isolation: counted seconds per TP (default 60); peers: per phase "
                         "(default 20)")
-    parser.add_argument("--warmup", type=_seconds(above_zero=False), default=None,
+    parser.add_argument("--warmup", type=_finite(above_zero=False), default=None,
                         help="lmcache: seconds of load before measuring (default 3); isolation: uncounted seconds "
                         "per TP (default 15)")
-    parser.add_argument("--l1-gb", type=_seconds(above_zero=True, noun="GiB"), default=None,
+    parser.add_argument("--l1-gb", type=_finite(above_zero=True, noun="GiB"), default=None,
                         help="lmcache: every server's L1 in GiB (default 0.25); isolation: the same (default 4); "
                         "vllm: the same (default 0.5)")
     parser.add_argument("--policies", type=_policies, default=None,

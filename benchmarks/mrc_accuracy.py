@@ -13,7 +13,6 @@ capacities ½×, 1×, 2× (and ¼×, 4×), the rates the history ended at, and t
 
 from __future__ import annotations
 
-import os
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,7 @@ def traces(count: int, paths: tuple[str, ...] = ()) -> dict[str, list[Request]]:
     first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each)."""
     out = {"kv": kv_requests(count), "long": long_requests(count // 2)}
     for path in paths:
-        out[os.path.splitext(os.path.basename(path))[0]] = _as_requests(trace_sim.load(path, count))
+        out[trace_sim.trace_name(path)] = _as_requests(trace_sim.load(path, count))
     for kind in GENERATED:
         out[kind] = _as_requests(trace_gen.KINDS[kind](count, 1))
     return out
@@ -173,7 +172,7 @@ def main() -> None:
         parser.error(f"--max-keys {bad[0]}: {MAX_KEYS_KIND.problem(bad[0])}, as --mrc-max-keys takes")
     if bad := [rate for rate in args.rates if not 0 < rate <= 1]:  # NaN too
         parser.error(f"--rates {bad[0]}: expected a rate in (0, 1]")
-    names = ["kv", "long", *(os.path.splitext(os.path.basename(path))[0] for path in args.trace), *GENERATED]
+    names = ["kv", "long", *(trace_sim.trace_name(path) for path in args.trace), *GENERATED]
     if twice := sorted({name for name in names if names.count(name) > 1}):
         parser.error(f"two traces named {', '.join(twice)}: rename the --trace file")
     if unknown := [name for name in args.only if name not in names]:

@@ -45,6 +45,7 @@ from benchmarks.trace_sim import (
     lru,
     lru_capacity_for,
     outcome,
+    trace_name,
     wtinylfu,
 )
 from mpcache.cache.l1 import L1Manager
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--requests {args.requests}: expected at most {trace_gen.MAX_COUNT:,} (built in memory)")
     if not args.kinds and not args.trace:
         parser.error("nothing to replay: no --trace file and no --kinds")
-    names = [os.path.splitext(os.path.basename(path))[0] for path in args.trace] + list(args.kinds)
+    names = [trace_name(path) for path in args.trace] + list(args.kinds)
     if twice := sorted({name for name in names if names.count(name) > 1}):
         parser.error(f"two traces named {', '.join(twice)} (a --trace file's name without .jsonl, or a --kinds "
                      "kind): name each once")
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: workers and scratch go too
     try:
         with tempfile.TemporaryDirectory(prefix="mpcache-policy-matrix-") as scratch:  # 0700
-            paths = {os.path.splitext(os.path.basename(path))[0]: path for path in args.trace}
+            paths = {trace_name(path): path for path in args.trace}
             for kind in args.kinds:
                 paths[kind] = os.path.join(scratch, f"{kind}.jsonl")
                 trace_gen.write(trace_gen.KINDS[kind](args.requests, args.seed), paths[kind], args.seed)

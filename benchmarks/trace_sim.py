@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -63,6 +64,11 @@ def load(path: str, limit: int | None = None) -> list[TraceRequest]:
     if not out:
         raise TraceUnreadable(f"{path}: no request in it")
     return out
+
+
+def trace_name(path: str) -> str:
+    """The name a trace file goes by in the benchmarks' tables: its file name without the extension."""
+    return os.path.splitext(os.path.basename(path))[0]
 
 
 def _request(line: str, where: str) -> TraceRequest:

@@ -194,7 +194,8 @@ def format_record(record: dict) -> str:
     per_salt: dict[str, int | float] = {}
     for group in _list(record, "salt_counts"):
         if isinstance(group, list) and len(group) >= 3 and isinstance(group[2], (int, float)):
-            per_salt[_value(group[0])] = per_salt.get(_value(group[0]), 0) + group[2]
+            salt = _value(group[0])
+            per_salt[salt] = per_salt.get(salt, 0) + group[2]
     parts += [f"{salt}={count}" for salt, count in per_salt.items()]
     parts += [f"{_value(key)}={_value(value)}" for key, value in _fields(record).items()]
     parts += [f"{_value(key)}={_value(value)}" for key, value in record.items() if key not in _COLUMN_KEYS]

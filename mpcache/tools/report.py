@@ -61,11 +61,8 @@ def fetch(url: str, timeout_s: float) -> bytes:
     in all, the connection, the answer's head and its body together (a server that trickles any of them is cut
     off).  A loopback endpoint is asked directly: a proxy named in the environment could answer for it."""
     url = mrc_url(url)
-    loopback = is_loopback(urllib.parse.urlsplit(url).hostname or "")
-    handlers = [urllib.request.ProxyHandler({})] if loopback else []
-    opener = urllib.request.build_opener(*handlers)
     outcome: list[bytes | Unusable] = []
-    reader = threading.Thread(target=lambda: outcome.append(_read(opener, url, timeout_s)), daemon=True,
+    reader = threading.Thread(target=lambda: outcome.append(_read(url, timeout_s)), daemon=True,
                               name="mpcache-report-fetch")
     reader.start()
     reader.join(timeout_s)
@@ -76,11 +73,13 @@ def fetch(url: str, timeout_s: float) -> bytes:
     return outcome[0]
 
 
-def _read(opener: urllib.request.OpenerDirector, url: str, timeout_s: float) -> bytes | Unusable:
-    """The body, or why there is none (returned, not raised: this runs in the reader thread)."""
+def _read(url: str, timeout_s: float) -> bytes | Unusable:
+    """The body, or why there is none (returned, not raised: this runs in the reader thread, within the deadline,
+    as does the name lookup that tells a loopback endpoint)."""
     body = bytearray()
     try:
-        with opener.open(url, timeout=timeout_s) as response:
+        direct = [urllib.request.ProxyHandler({})] if is_loopback(urllib.parse.urlsplit(url).hostname or "") else []
+        with urllib.request.build_opener(*direct).open(url, timeout=timeout_s) as response:
             while chunk := response.read1(READ_BYTES):
                 body += chunk
                 if len(body) > MAX_DOCUMENT_BYTES:
