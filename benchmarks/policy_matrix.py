@@ -127,7 +127,7 @@ def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, A
     return rows
 
 
-def _worker_signals() -> None:
+def worker_signals() -> None:
     """A worker leaves Ctrl-C to its parent, whose leaving the pool terminates it, and ends on that SIGTERM
     without a word (it inherits the parent's SIGTERM handler, which would make a traceback of it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,7 +137,7 @@ def _worker_signals() -> None:
 def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:
     """Every trace in ``paths`` (name → file), whole (up to ``requests``) and its first ``first`` requests."""
     work = [(name, path, limit, policies) for name, path in paths.items() for limit in (requests, first)]
-    with multiprocessing.Pool(min(jobs, len(work)), initializer=_worker_signals) as pool:
+    with multiprocessing.Pool(min(jobs, len(work)), initializer=worker_signals) as pool:
         out = []
         for rows in pool.imap(_rows, work):
             out.extend(rows)

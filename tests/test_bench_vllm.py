@@ -50,3 +50,34 @@ def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
                            env=env, timeout=60)
     assert (2, "") == (bench.returncode, bench.stdout)
     assert 1 == len(bench.stderr.strip().splitlines()) and ".ci/vllm-env" in bench.stderr
+
+
+def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> None:
+    """docs/PERFORMANCE.md's numbers of the two runs kept as ``vllm_before_prefill`` are read from their raw output:
+    the medians of the time before prefill, the differences of the medians beside them, and each run's medians."""
+    import json
+
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    with open(os.path.join(docs, "PERFORMANCE.json"), encoding="utf-8") as handle:
+        runs = json.load(handle)["vllm_before_prefill"]["runs"]
+    with open(os.path.join(docs, "PERFORMANCE.md"), encoding="utf-8") as handle:
+        prose = " ".join(handle.read().split())
+    medians = [run["median_ms"] for run in runs]
+    assert [run["repetitions"] for run in runs] == [5, 11]
+
+    def pair(kind: str, field: str) -> str:
+        return " and ".join(f"{ms[kind][field]:.1f}" for ms in medians)
+
+    def gap(kind: str) -> str:
+        return " and ".join(f"{ms[kind]['ttft_s'] - ms[kind]['prefill_s']:.1f}" for ms in medians)
+
+    def triples(field: str) -> str:
+        return " and ".join(" / ".join(f"{ms[kind][field]:.0f}" for kind in vllm.KINDS) for ms in medians)
+
+    assert (f"read {pair('mpcache', 'before_prefill_s')} ms before prefill with mpcache against LMCache's "
+            f"{pair('lmcache', 'before_prefill_s')} ms ({pair('none', 'before_prefill_s')} ms with no connector)"
+            in prose)
+    assert f"differences of the medians read {gap('mpcache')} ms for mpcache (LMCache {gap('lmcache')})" in prose
+    assert f"Prefill no connector / mpcache / LMCache {triples('prefill_s')} ms" in prose
+    assert f"time to first token {triples('ttft_s')} ms" in prose
+    assert all(run["loaded_tokens_per_request"] == {"none": [0], "mpcache": [1792], "lmcache": [1792]} for run in runs)

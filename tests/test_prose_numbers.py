@@ -85,7 +85,7 @@ def _default(function, parameter: str):
 def _claims() -> list[tuple[str, str, str]]:
     from benchmarks import isolation as bench_isolation
     from benchmarks import lmcache as bench_lmcache
-    from benchmarks import policy_matrix, trace_gen
+    from benchmarks import phase_ablation, policy_matrix, trace_gen
     from benchmarks import vllm as bench_vllm
     from mpcache import httpserver
     from mpcache.cache import buffers, client_errors, l0, slabs, storage
@@ -296,6 +296,9 @@ def _claims() -> list[tuple[str, str, str]]:
                                r"and its first ([\d,]+) requests",
          f"{policy_matrix.REQUESTS:,} / {policy_matrix.SEED} / {policy_matrix.FIRST:,}"),
         ("docs/BENCHMARKS.md", r"COUNT is 1 to ([\d,]+), `--seed` 0 or", f"{trace_gen.MAX_COUNT:,}"),
+        ("docs/BENCHMARKS.md", r"the same replay \(([\d,]+) requests and their first ([\d,]+), seeds (\d+) to (\d+) by",
+         f"{phase_ablation.REQUESTS:,} / {phase_ablation.FIRST:,} / {phase_ablation.SEEDS[0]} / "
+         f"{phase_ablation.SEEDS[1]}"),
         ("docs/BENCHMARKS.md", r"the best of its (\d+) periods k\); it flags an order more than ([\d.]+) below",
          f"{len(policy_matrix.LMCACHE_PERIODS)} / {policy_matrix.TOLERANCE:g}"),
         # CHANGELOG.md (the bounds the Unreleased fixes name)

@@ -1,0 +1,184 @@
+"""``python -m benchmarks.phase_ablation [--seeds FIRST LAST] [--kinds KIND ...] [--requests N] [--first N]
+[--jobs J] [--json]``: where ``adaptive``'s flagged policy-matrix rows come from.
+
+The order is replayed in process as ``policy_matrix`` replays it (``trace_gen``'s kinds, whole and their first
+``--first`` requests, the three sizes of ``bench trace``), as shipped and with one of its parts switched off or one
+of its phases held (:data:`VARIANTS`), and each variant is counted as ``policy_matrix`` flags a row: more than
+:data:`~benchmarks.policy_matrix.TOLERANCE` below the offline LRU or ARC, or below ``lmcache_sim``.  ``oracle``
+is, per row, the better of the two held phases: what an order that knew from the start which phase a trace wants
+would find.  A rule whose removal changes no flag is not what flags a row; flags the oracle has not are the cost of
+choosing the phase online.  The variants patch the order's modules inside the worker that replays them, and put
+them back after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import mpcache.cache.l1 as l1_module
+from benchmarks import trace_gen
+from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim, worker_signals
+from benchmarks.trace import SHARES
+from benchmarks.trace_sim import TraceRequest, arc, lru, lru_capacity_for, outcome
+from mpcache.eviction import order, phases
+from mpcache.eviction.gate import FrequencyGate
+
+REQUESTS, FIRST = 4000, 1500  # the policy matrix's lengths in PERFORMANCE.json's ``policy_matrix_adaptive``
+SEEDS = (1, 16)  # its seeds, first and last
+ORACLE = ("never_split", "split_at_once")  # the two phases held from the start: the oracle takes the better per row
+
+
+def _never_refuses(self: FrequencyGate, fresh: Any, victims: Any) -> bool:
+    return False
+
+
+def _admits_always(self: order.ArcOrder) -> bool:
+    return True
+
+
+def _no_trial(capacity_bytes: int, chunk_bytes: int) -> bool:
+    return False
+
+
+_BUILD = order.build  # the order's own, which the patch below wraps
+
+
+def _build_without_first_sight(*args: Any, **kwargs: Any) -> Any:
+    return _BUILD(*args, **{**kwargs, "first_sight": False})
+
+
+# name → (what it switches off or holds, the (object, attribute, value) patches that do it)
+VARIANTS: dict[str, tuple[str, list[tuple[Any, str, Any]]]] = {
+    "shipped": ("the order as shipped", []),
+    "gate_never_refuses": ("the frequency gate refuses nothing", [(FrequencyGate, "decide", _never_refuses)]),
+    "no_chance_trial": ("no admission by chance", [(l1_module, "worth_a_trial", _no_trial)]),
+    "no_first_sight": ("no first-sight store refused (as with an L2 tier)",
+                       [(order, "build", _build_without_first_sight)]),
+    "no_second_sight": ("no store refused on second sight", [(order.ArcOrder, "_admits", _admits_always)]),
+    "never_split": ("the recency phase held (one LRU list throughout)", [(phases, "SPLIT_SIGMAS", math.inf)]),
+    "split_at_once": ("ARC's phase from the first ghost hit", [(phases, "SPLIT_SIGMAS", -math.inf)]),
+    "never_join": ("ARC's phase never undone", [(phases, "JOIN_SIGMAS", math.inf),
+                                                 (phases, "JOIN_FALL_SIGMAS", math.inf)]),
+}
+
+
+@contextmanager
+def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """``patches`` applied, and put back however the block ends."""
+    saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
+    try:
+        for target, name, value in patches:
+            setattr(target, name, value)
+        yield
+    finally:
+        for target, name, value in reversed(saved):
+            setattr(target, name, value)
+
+
+def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
+    """One kind and seed: its references and every variant's hit ratio, per length and size."""
+    kind, seed, requests, first = job
+    whole = trace_gen.KINDS[kind](requests, seed)
+    rows = []
+    for limit in (requests, first):
+        trace: list[TraceRequest] = whole[:limit]
+        infinite = lru(trace, math.inf).hit_ratio
+        for size, share in SHARES.items():
+            blocks = lru_capacity_for(trace, share, infinite)
+            row: dict[str, Any] = {"trace": kind, "seed": seed, "requests": len(trace), "size": size,
+                                   "blocks": blocks, "lru": lru(trace, blocks).hit_ratio,
+                                   "arc": arc(trace, blocks).hit_ratio,
+                                   "lmcache_sim": max(lmcache_sim(trace, blocks, k).hit_ratio for k in LMCACHE_PERIODS)}
+            for name, (_, patches) in VARIANTS.items():
+                with patched(patches):
+                    row[name] = outcome(trace, l1_found(trace, blocks, "adaptive")).hit_ratio
+            row["oracle"] = max(row[name] for name in ORACLE)
+            rows.append(row)
+    return rows
+
+
+def flags(row: dict[str, Any], name: str) -> tuple[bool, bool]:
+    """Whether ``name``'s hit ratio in ``row`` is flagged: against the offline LRU or ARC; against ``lmcache_sim``."""
+    value = row[name]
+    return value < max(row["lru"], row["arc"]) - TOLERANCE, value < row["lmcache_sim"]
+
+
+def summary(rows: list[dict[str, Any]], requests: int, first: int) -> dict[str, dict[str, Any]]:
+    """Per variant (and ``oracle``): the sum of its hit ratios over ``rows`` and its flagged rows at each length."""
+    out = {}
+    for name in (*VARIANTS, "oracle"):
+        counted = {"hit_ratio_sum": round(sum(row[name] for row in rows), 3)}
+        for length in (requests, first):
+            at = [flags(row, name) for row in rows if row["requests"] == length]
+            counted[f"below_lru_or_arc_{length}"] = sum(1 for below, _ in at if below)
+            counted[f"below_lmcache_sim_{length}"] = sum(1 for _, below in at if below)
+        out[name] = counted
+    return out
+
+
+def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str:
+    """The summary as a markdown table."""
+    lines = [f"| variant | what | sum of hit ratios | below LRU or ARC by > {TOLERANCE} ({requests:,} / {first:,} "
+             f"requests) | below `lmcache_sim` ({requests:,} / {first:,}) |", "|---|---|---|---|---|"]
+    for name, c in counted.items():
+        what = VARIANTS[name][0] if name in VARIANTS else "per row, the better of " + " and ".join(ORACLE)
+        lines.append(f"| `{name}` | {what} | {c['hit_ratio_sum']:.3f} | {c[f'below_lru_or_arc_{requests}']} / "
+                     f"{c[f'below_lru_or_arc_{first}']} | {c[f'below_lmcache_sim_{requests}']} / "
+                     f"{c[f'below_lmcache_sim_{first}']} |")
+    return "\n".join(lines)
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected at least 1")
+    return value
+
+
+def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=__doc__.splitlines()[2])
+    parser.add_argument("--seeds", nargs=2, type=trace_gen.seed_argument, default=list(SEEDS),
+                        metavar=("FIRST", "LAST"),
+                        help=f"the generated traces' seeds, FIRST to LAST (default {SEEDS[0]} {SEEDS[1]})")
+    parser.add_argument("--kinds", nargs="+", choices=sorted(trace_gen.KINDS), default=list(trace_gen.KINDS))
+    parser.add_argument("--requests", type=_at_least_one, default=REQUESTS, help=f"default {REQUESTS:,}")
+    parser.add_argument("--first", type=_at_least_one, default=FIRST, help=f"also the first N (default {FIRST:,})")
+    parser.add_argument("--jobs", type=_at_least_one, default=2)
+    parser.add_argument("--json", action="store_true", help="print the summary and every row as JSON")
+    args = parser.parse_args(argv)
+    first_seed, last_seed = args.seeds
+    if last_seed < first_seed:
+        parser.error(f"--seeds {first_seed} {last_seed}: the last seed is below the first")
+    if args.requests > trace_gen.MAX_COUNT:
+        parser.error(f"--requests {args.requests}: expected at most {trace_gen.MAX_COUNT:,}")
+    if args.first >= args.requests:
+        parser.error(f"--first {args.first}: expected fewer than --requests {args.requests}")
+    say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
+    work = [(kind, seed, args.requests, args.first) for kind in args.kinds
+            for seed in range(first_seed, last_seed + 1)]
+    rows: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: the workers go too
+    try:
+        with multiprocessing.Pool(min(args.jobs, len(work)), initializer=worker_signals) as pool:
+            for done, job_rows in enumerate(pool.imap(_rows, work), 1):
+                rows.extend(job_rows)
+                say(f"[phase_ablation] {job_rows[0]['trace']} seed {job_rows[0]['seed']} done ({done}/{len(work)})")
+    except KeyboardInterrupt:
+        say("[phase_ablation] interrupted: its workers are gone")
+        return 130
+    counted = summary(rows, args.requests, args.first)
+    print(json.dumps({"summary": counted, "rows": rows}, indent=1) if args.json
+          else render(counted, args.requests, args.first))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""``python -m benchmarks.phase_ablation``: its variants against references computed apart, its counting, its patches
+put back, and its command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support.interrupted import sigterm_once_a_child_starts
+
+from benchmarks import phase_ablation, trace_gen
+from benchmarks.policy_matrix import TOLERANCE, l1_found
+from benchmarks.trace_sim import lru, outcome
+from mpcache.eviction import phases
+
+
+def test_the_held_recency_phase_is_the_offline_tail_first_lru_and_shipped_is_the_matrix_s_replay() -> None:
+    """On ``conversations`` (no store large enough to be refused) the order held in its recency phase finds what
+    ``trace_sim``'s LRU releasing a request's chunks tail first does, at every size and length; ``shipped`` is
+    ``policy_matrix``'s own replay of the order, unpatched; ``oracle`` the better of the two held phases."""
+    rows = phase_ablation._rows(("conversations", 2, 300, 100))
+    whole = trace_gen.KINDS["conversations"](300, 2)
+    assert 6 == len(rows) and {300, 100} == {row["requests"] for row in rows}
+    for row in rows:
+        trace = whole[:row["requests"]]
+        assert row["never_split"] == lru(trace, row["blocks"], tail_first=True).hit_ratio
+        assert row["shipped"] == outcome(trace, l1_found(trace, row["blocks"], "adaptive")).hit_ratio
+        assert row["oracle"] == max(row["never_split"], row["split_at_once"])
+    assert any(row["never_split"] != row["split_at_once"] for row in rows)  # the two phases differ here
+
+
+def test_the_patches_are_put_back_however_the_block_ends() -> None:
+    """A variant's patches hold inside the block and are undone after it, also when it raises."""
+    _, patches = phase_ablation.VARIANTS["never_join"]
+    before = (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS)
+    with pytest.raises(RuntimeError), phase_ablation.patched(patches):
+        assert (float("inf"), float("inf")) == (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS)
+        raise RuntimeError("a replay failed")
+    assert before == (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS)
+
+
+def test_the_summary_counts_flags_as_the_policy_matrix_does() -> None:
+    """Per variant: the sum of its hit ratios, the rows more than the tolerance below the offline LRU or ARC, and
+    those below ``lmcache_sim``, per length (rows made up here, each value chosen to fall on one side)."""
+    base = {"trace": "t", "seed": 1, "size": "small", "blocks": 10, "lru": 0.50, "arc": 0.40, "lmcache_sim": 0.45}
+    just_inside = 0.50 - TOLERANCE / 2
+    rows = [{**base, "requests": 40, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), just_inside)},
+            {**base, "requests": 40, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), 0.44)},
+            {**base, "requests": 20, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), 0.46)}]
+    counted = phase_ablation.summary(rows, 40, 20)
+    assert {"hit_ratio_sum": round(just_inside + 0.44 + 0.46, 3), "below_lru_or_arc_40": 1,
+            "below_lmcache_sim_40": 1, "below_lru_or_arc_20": 1, "below_lmcache_sim_20": 0} == counted["shipped"]
+    table = phase_ablation.render(counted, 40, 20).splitlines()
+    assert len(table) == 2 + len(phase_ablation.VARIANTS) + 1
+    assert table[-1].startswith("| `oracle` | per row, the better of never_split and split_at_once |")
+
+
+def test_a_small_run_prints_its_summary_and_rows_as_json() -> None:
+    """One kind, one seed, short lengths: every variant counted over the 6 rows, each row with every variant."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.phase_ablation", "--seeds", "3", "3", "--kinds", "loop",
+                           "--requests", "200", "--first", "80", "--jobs", "1", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert 0 == done.returncode, done.stderr
+    result = json.loads(done.stdout)
+    assert [*phase_ablation.VARIANTS, "oracle"] == list(result["summary"])
+    assert 6 == len(result["rows"]) and all(set(phase_ablation.VARIANTS) <= set(row) for row in result["rows"])
+    assert "[phase_ablation] loop seed 3 done (1/1)" == done.stderr.strip()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "5", "3"], "--seeds 5 3: the last seed is below the first"),
+    (["--seeds", "-1", "3"], "argument --seeds: -1: expected 0 or more"),
+    (["--first", "4000"], "--first 4000: expected fewer than --requests 4000"),
+    (["--jobs", "0"], "argument --jobs: 0: expected at least 1"),
+    (["--requests", "1000001"], "--requests 1000001: expected at most 1,000,000"),
+    (["--kinds", "nosuch"], "argument --kinds: invalid choice: 'nosuch'")])
+def test_a_bad_argument_is_one_line_and_exit_status_2(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.phase_ablation", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert 2 == done.returncode and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_sigterm_ends_the_workers(tmp_path) -> None:
+    """SIGTERM while the workers replay: status 130, one line, no worker left running or printing a traceback."""
+    status, stderr, alive = sigterm_once_a_child_starts(
+        [sys.executable, "-m", "benchmarks.phase_ablation", "--kinds", "rag", "conversations", "--jobs", "2"],
+        tmp_path, "the pool's workers to start")
+    assert (130, "[phase_ablation] interrupted: its workers are gone", [], []) == (
+        status, stderr[-1], alive, [line for line in stderr[:-1] if " done (" not in line])
+
+
+def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
+    """benchmarks/HISTORY.md's table of the run kept as PERFORMANCE.json's ``phase_ablation`` is rendered from its
+    summary, the summary is counted from its rows, and the rows the prose names read what it says."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
+        kept = json.load(handle)["phase_ablation"]
+    with open(os.path.join(repo, "benchmarks", "HISTORY.md"), encoding="utf-8") as handle:
+        history = handle.read()
+    rows = kept["rows"]
+    assert 672 == len(rows) and kept["summary"] == phase_ablation.summary(rows, 4000, 1500)
+    assert phase_ablation.render(kept["summary"], 4000, 1500) in history
+    prose = " ".join(history.split())
+
+    def row(trace: str, seed: int, requests: int, size: str) -> dict:
+        [found] = [r for r in rows
+                   if (r["trace"], r["seed"], r["requests"], r["size"]) == (trace, seed, requests, size)]
+        return found
+
+    [flagged] = [r for r in rows if phase_ablation.flags(r, "oracle")[0]]
+    assert (flagged["trace"], flagged["seed"], flagged["requests"], flagged["size"]) == ("multitenant", 15, 1500,
+                                                                                         "middle")
+    assert (f"seed 15: {flagged['oracle']:.4f} against ARC's {flagged['arc']:.4f}, where the shipped order reads "
+            f"{flagged['shipped']:.4f} and is not flagged") in prose
+    assert not phase_ablation.flags(flagged, "shipped")[0]
+    seed_1 = row("conversations", 1, 4000, "middle")
+    assert (f"the recency phase held reads {seed_1['never_split']:.4f}, ARC's phase from the first ghost hit "
+            f"{seed_1['split_at_once']:.4f}, and the shipped order") in prose
+    assert f"never joins, {seed_1['shipped']:.4f}." in prose
+    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
+        page = " ".join(handle.read().split())
+    oracle, lengths = kept["summary"]["oracle"], {r["requests"] for r in rows}
+    per_length = len(rows) // len(lengths)
+    assert (f"flagged in {oracle['below_lru_or_arc_4000']} of the {per_length} rows of 4,000 requests and "
+            f"{oracle['below_lru_or_arc_1500']} of the {per_length} of 1,500") in page
+    assert all(kept["summary"][name]["below_lru_or_arc_4000"] == kept["summary"]["shipped"]["below_lru_or_arc_4000"]
+               for name in ("gate_never_refuses", "no_chance_trial", "no_first_sight", "no_second_sight"))
