@@ -41,6 +41,7 @@ from benchmarks import (
     trace_sim,
     vllm,
 )
+from benchmarks.arguments import whole_number
 from mpcache.config.derived import L1_POLICIES
 from mpcache.config.model import NICE_MAX
 
@@ -304,20 +305,6 @@ FLAG_USERS = {"PATH": {"trace"}, "--trace-requests": {"trace"}, "--no-lmcache": 
 FLAG_DESTS = {flag: "path" if flag == "PATH" else flag.lstrip("-").replace("-", "_") for flag in FLAG_USERS}
 
 
-def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number in low..high."""
-    def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low or (high is not None and value > high):
-            bounds = f">= {low}" if high is None else f"{low}..{high}"
-            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, got {text!r}")
-        return value
-    return whole
-
-
 def _finite(above_zero: bool, noun: str = "seconds") -> Callable[[str], float]:
     """An argparse type: a finite number above 0 (``above_zero``) or at least 0."""
     def number(text: str) -> float:
@@ -332,7 +319,7 @@ def _finite(above_zero: bool, noun: str = "seconds") -> Callable[[str], float]:
 
 
 def _tps(text: str) -> tuple[int, ...]:
-    tps = tuple(_at_least(1)(part) for part in text.split(","))
+    tps = tuple(whole_number(1)(part) for part in text.split(","))
     if len(set(tps)) < len(tps):
         raise argparse.ArgumentTypeError(f"a TP named twice in {text!r}")
     return tps
@@ -352,12 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS) + ["report"], help="which benchmark to run")
     parser.add_argument("path", nargs="?", default=None,
                         help="trace (and report): a trace file of prefix block hashes, one JSON object a line")
-    parser.add_argument("--trace-requests", type=_at_least(1), default=None,
+    parser.add_argument("--trace-requests", type=whole_number(1), default=None,
                         help="trace: replay only the trace's first N requests (default: all)")
     parser.add_argument("--no-lmcache", action="store_true",
                         help="trace: leave out LMCache's own server (its column needs the LMCache venv)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--repetitions", type=_at_least(1), default=None,
+    parser.add_argument("--repetitions", type=whole_number(1), default=None,
                         help="repetitions; medians are reported (default 3; publish uses at least 5; isolation "
                         "reports the worst; vllm 19; trace: LMCache's server's runs, mpcache's replay being "
                         "deterministic)")
@@ -379,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="mixed", choices=sorted(isolation.WORKLOADS),
                         help="isolation: the request mix (default mixed; unique: every prompt new, so nothing is "
                         "found and a full L1 evicts a chunk per chunk stored: policies compared like for like)")
-    parser.add_argument("--telemetry-nice", type=_at_least(0, NICE_MAX), default=0,
+    parser.add_argument("--telemetry-nice", type=whole_number(0, NICE_MAX), default=0,
                         help="lmcache: start-cache --telemetry-nice for mpcache with telemetry (default 0)")
-    parser.add_argument("--rate", type=_at_least(1), default=250_000,
+    parser.add_argument("--rate", type=whole_number(1), default=250_000,
                         help="soak: events/s per producer (default 250000)")
     parser.add_argument("--output", default="docs/PERFORMANCE.md",
                         help="report: where to write (default docs/PERFORMANCE.md)")

@@ -2,13 +2,13 @@
 [--jobs J] [--json]``: where ``adaptive``'s flagged policy-matrix rows come from.
 
 The order is replayed in process as ``policy_matrix`` replays it (``trace_gen``'s kinds, whole and their first
-``--first`` requests, the three sizes of ``bench trace``), as shipped and with one of its parts switched off or one
-of its phases held (:data:`VARIANTS`), and each variant is counted as ``policy_matrix`` flags a row: more than
-:data:`~benchmarks.policy_matrix.TOLERANCE` below the offline LRU or ARC, or below ``lmcache_sim``.  ``oracle``
-is, per row, the better of the two held phases: what an order that knew from the start which phase a trace wants
-would find.  A rule whose removal changes no flag is not what flags a row; flags the oracle has not are the cost of
-choosing the phase online.  The variants patch the order's modules inside the worker that replays them, and put
-them back after.
+``--first`` requests, the three sizes of ``bench trace``), as shipped and with one of its rules switched off or one
+of its phases held from the start (:data:`VARIANTS`), and each variant is counted as ``policy_matrix`` flags a row:
+more than :data:`~benchmarks.policy_matrix.TOLERANCE` below the offline LRU or ARC, or below ``lmcache_sim``.
+``oracle`` is, per row, the better of the two held phases, chosen after the fact: a reference for what choosing the
+phase online (when to split ARC's lists, when to join them) costs, not an order that could run.  A rule whose
+removal changes no flag is not what flags a row.  The variants patch the order's modules inside the worker that
+replays them, and put them back after.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import mpcache.cache.l1 as l1_module
 from benchmarks import trace_gen
+from benchmarks.arguments import whole_number
 from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim, worker_signals
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import TraceRequest, arc, lru, lru_capacity_for, outcome
@@ -62,9 +63,13 @@ VARIANTS: dict[str, tuple[str, list[tuple[Any, str, Any]]]] = {
     "no_chance_trial": ("no admission by chance", [(l1_module, "worth_a_trial", _no_trial)]),
     "no_first_sight": ("no first-sight store refused (as with an L2 tier)",
                        [(order, "build", _build_without_first_sight)]),
-    "no_second_sight": ("no store refused on second sight", [(order.ArcOrder, "_admits", _admits_always)]),
+    "no_second_sight_admission": ("every store may evict from T2 (no admission on second sight, no gate on T2, no "
+                                  "later part of a refused store refused)",
+                                  [(order.ArcOrder, "_admits", _admits_always)]),
     "never_split": ("the recency phase held (one LRU list throughout)", [(phases, "SPLIT_SIGMAS", math.inf)]),
-    "split_at_once": ("ARC's phase from the first ghost hit", [(phases, "SPLIT_SIGMAS", -math.inf)]),
+    "split_at_once": ("ARC's phase from the first ghost hit on, never undone",
+                      [(phases, "SPLIT_SIGMAS", -math.inf), (phases, "JOIN_SIGMAS", math.inf),
+                       (phases, "JOIN_FALL_SIGMAS", math.inf)]),
     "never_join": ("ARC's phase never undone", [(phases, "JOIN_SIGMAS", math.inf),
                                                  (phases, "JOIN_FALL_SIGMAS", math.inf)]),
 }
@@ -136,22 +141,15 @@ def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str
     return "\n".join(lines)
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected at least 1")
-    return value
-
-
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=__doc__.splitlines()[2])
     parser.add_argument("--seeds", nargs=2, type=trace_gen.seed_argument, default=list(SEEDS),
                         metavar=("FIRST", "LAST"),
                         help=f"the generated traces' seeds, FIRST to LAST (default {SEEDS[0]} {SEEDS[1]})")
     parser.add_argument("--kinds", nargs="+", choices=sorted(trace_gen.KINDS), default=list(trace_gen.KINDS))
-    parser.add_argument("--requests", type=_at_least_one, default=REQUESTS, help=f"default {REQUESTS:,}")
-    parser.add_argument("--first", type=_at_least_one, default=FIRST, help=f"also the first N (default {FIRST:,})")
-    parser.add_argument("--jobs", type=_at_least_one, default=2)
+    parser.add_argument("--requests", type=whole_number(1), default=REQUESTS, help=f"default {REQUESTS:,}")
+    parser.add_argument("--first", type=whole_number(1), default=FIRST, help=f"also the first N (default {FIRST:,})")
+    parser.add_argument("--jobs", type=whole_number(1), default=2)
     parser.add_argument("--json", action="store_true", help="print the summary and every row as JSON")
     args = parser.parse_args(argv)
     first_seed, last_seed = args.seeds
@@ -165,7 +163,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
     work = [(kind, seed, args.requests, args.first) for kind in args.kinds
             for seed in range(first_seed, last_seed + 1)]
     rows: list[dict[str, Any]] = []
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: the workers go too
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: the workers go too
     try:
         with multiprocessing.Pool(min(args.jobs, len(work)), initializer=worker_signals) as pool:
             for done, job_rows in enumerate(pool.imap(_rows, work), 1):
@@ -174,6 +172,8 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
     except KeyboardInterrupt:
         say("[phase_ablation] interrupted: its workers are gone")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     counted = summary(rows, args.requests, args.first)
     print(json.dumps({"summary": counted, "rows": rows}, indent=1) if args.json
           else render(counted, args.requests, args.first))

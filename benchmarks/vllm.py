@@ -141,6 +141,11 @@ def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: 
         "computed_tokens_per_request": {kind: sorted({s["computed_tokens"] for s in samples[kind]}) for kind in KINDS},
         "comparable_work": loaded["mpcache"] == loaded["lmcache"] and len(loaded["mpcache"]) == 1,
         "median_ms": {kind: {m: round(v * 1000, 1) for m, v in medians[kind].items()} for kind in KINDS},
+        # the median hides the waits that are not typical: each request's, in the order sent, and the longest
+        "before_prefill_ms": {kind: [round((s["ttft_s"] - s["prefill_s"]) * 1000, 1) for s in samples[kind]]
+                              for kind in KINDS},
+        "longest_before_prefill_ms": {kind: round(max(s["ttft_s"] - s["prefill_s"] for s in samples[kind]) * 1000, 1)
+                                      for kind in KINDS},
         "prefill_none_over_mpcache": ratio("none", "mpcache", "prefill_s"),
         "prefill_none_over_lmcache": ratio("none", "lmcache", "prefill_s"),
         "ttft_none_over_mpcache": ratio("none", "mpcache", "ttft_s"),
@@ -156,7 +161,8 @@ def render(result: dict[str, Any]) -> str:
              f"-token prompt repeated {result['repetitions']} times, medians:"]
     for kind in KINDS:
         lines.append(f"  {kind:>8}: time to first token {ms[kind]['ttft_s']:8.1f} ms, prefill "
-                     f"{ms[kind]['prefill_s']:8.1f} ms, before prefill {ms[kind]['before_prefill_s']:6.1f} ms; "
+                     f"{ms[kind]['prefill_s']:8.1f} ms, before prefill {ms[kind]['before_prefill_s']:6.1f} ms "
+                     f"(longest {result['longest_before_prefill_ms'][kind]:.1f}); "
                      "tokens loaded per request "
                      f"{result['loaded_tokens_per_request'][kind]}")
     lines.append(f"  prefill: no connector / mpcache {result['prefill_none_over_mpcache']}×, no connector / LMCache "

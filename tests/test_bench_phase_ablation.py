@@ -42,17 +42,32 @@ def test_the_patches_are_put_back_however_the_block_ends() -> None:
     assert before == (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS)
 
 
+def test_every_variant_s_patches_change_what_the_order_finds() -> None:
+    """Each variant's patches reach the L1 the replay builds: on two short traces every variant finds a different
+    prefix from the shipped order's in some row (a patch that missed its target would read as shipped, and its rule
+    as one that flags nothing)."""
+    rows = phase_ablation._rows(("agentic", 1, 400, 200)) + phase_ablation._rows(("loop", 1, 400, 200))
+    assert [] == [name for name in phase_ablation.VARIANTS
+                  if name != "shipped" and all(row[name] == row["shipped"] for row in rows)]
+
+
 def test_the_summary_counts_flags_as_the_policy_matrix_does() -> None:
     """Per variant: the sum of its hit ratios, the rows more than the tolerance below the offline LRU or ARC, and
-    those below ``lmcache_sim``, per length (rows made up here, each value chosen to fall on one side)."""
+    those below ``lmcache_sim``, per length (rows made up here: each variant's values its own, each chosen to fall
+    on one side of a bar)."""
     base = {"trace": "t", "seed": 1, "size": "small", "blocks": 10, "lru": 0.50, "arc": 0.40, "lmcache_sim": 0.45}
-    just_inside = 0.50 - TOLERANCE / 2
-    rows = [{**base, "requests": 40, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), just_inside)},
-            {**base, "requests": 40, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), 0.44)},
-            {**base, "requests": 20, **dict.fromkeys((*phase_ablation.VARIANTS, "oracle"), 0.46)}]
+    names = (*phase_ablation.VARIANTS, "oracle")
+    below_both = {name: 0.40 + index / 1000 for index, name in enumerate(names)}  # under 0.45: both bars
+    rows = [{**base, "requests": 40, **below_both},
+            {**base, "requests": 40, **dict.fromkeys(names, 0.50 - TOLERANCE / 5)},  # within the tolerance
+            {**base, "requests": 20, **dict.fromkeys(names, 0.46)},  # below LRU only
+            {**base, "requests": 20, "shipped": 0.44, **{name: 0.47 for name in names if name != "shipped"}}]
     counted = phase_ablation.summary(rows, 40, 20)
-    assert {"hit_ratio_sum": round(just_inside + 0.44 + 0.46, 3), "below_lru_or_arc_40": 1,
-            "below_lmcache_sim_40": 1, "below_lru_or_arc_20": 1, "below_lmcache_sim_20": 0} == counted["shipped"]
+    for name in names:
+        others = 0.44 + 0.46 if name == "shipped" else 0.47 + 0.46
+        assert {"hit_ratio_sum": round(below_both[name] + 0.50 - TOLERANCE / 5 + others, 3),
+                "below_lru_or_arc_40": 1, "below_lmcache_sim_40": 1, "below_lru_or_arc_20": 2,
+                "below_lmcache_sim_20": 1 if name == "shipped" else 0} == counted[name], name
     table = phase_ablation.render(counted, 40, 20).splitlines()
     assert len(table) == 2 + len(phase_ablation.VARIANTS) + 1
     assert table[-1].startswith("| `oracle` | per row, the better of never_split and split_at_once |")
@@ -74,7 +89,8 @@ def test_a_small_run_prints_its_summary_and_rows_as_json() -> None:
     (["--seeds", "5", "3"], "--seeds 5 3: the last seed is below the first"),
     (["--seeds", "-1", "3"], "argument --seeds: -1: expected 0 or more"),
     (["--first", "4000"], "--first 4000: expected fewer than --requests 4000"),
-    (["--jobs", "0"], "argument --jobs: 0: expected at least 1"),
+    (["--jobs", "0"], "argument --jobs: expected a whole number >= 1, got '0'"),
+    (["--requests", "abc"], "argument --requests: expected a whole number >= 1, got 'abc'"),
     (["--requests", "1000001"], "--requests 1000001: expected at most 1,000,000"),
     (["--kinds", "nosuch"], "argument --kinds: invalid choice: 'nosuch'")])
 def test_a_bad_argument_is_one_line_and_exit_status_2(args: list[str], message: str) -> None:
@@ -126,5 +142,12 @@ def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
     per_length = len(rows) // len(lengths)
     assert (f"flagged in {oracle['below_lru_or_arc_4000']} of the {per_length} rows of 4,000 requests and "
             f"{oracle['below_lru_or_arc_1500']} of the {per_length} of 1,500") in page
-    assert all(kept["summary"][name]["below_lru_or_arc_4000"] == kept["summary"]["shipped"]["below_lru_or_arc_4000"]
-               for name in ("gate_never_refuses", "no_chance_trial", "no_first_sight", "no_second_sight"))
+    def flagged(name: str, requests: int) -> set[tuple[str, int, str]]:
+        return {(r["trace"], r["seed"], r["size"]) for r in rows
+                if r["requests"] == requests and phase_ablation.flags(r, name)[0]}
+
+    rules = ("gate_never_refuses", "no_chance_trial", "no_first_sight", "no_second_sight_admission")
+    assert all(flagged(name, 4000) == flagged("shipped", 4000) for name in rules)  # "the same rows of 4,000"
+    assert [set(), set(), set(), {("agentic", 13, "large")}] == [flagged(name, 1500) ^ flagged("shipped", 1500)
+                                                                 for name in rules]  # "the same of 1,500 but one"
+    assert "unflags (`agentic` large, seed 13)" in prose

@@ -31,6 +31,13 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
     assert (4.0, 3.2, 1.25) == (result["prefill_none_over_mpcache"], result["prefill_none_over_lmcache"],
                                 result["prefill_lmcache_over_mpcache"])
     assert 10.0 == result["median_ms"]["mpcache"]["before_prefill_s"]  # every sample's ttft is its prefill + 10 ms
+    assert {"none": 10.0, "mpcache": 10.0, "lmcache": 10.0} == result["longest_before_prefill_ms"]
+    samples["mpcache"][2] = {**samples["mpcache"][2], "ttft_s": samples["mpcache"][2]["prefill_s"] + 0.05}
+    waited = vllm._result(model, first, samples, 3, 0.5)
+    assert (10.0, 50.0) == (waited["median_ms"]["mpcache"]["before_prefill_s"],
+                            waited["longest_before_prefill_ms"]["mpcache"])
+    assert [10.0, 10.0, 50.0] == waited["before_prefill_ms"]["mpcache"]  # each request's, in the order sent
+    assert "before prefill   10.0 ms (longest 50.0)" in vllm.render(waited)
     assert result["comparable_work"] and [1792] == result["loaded_tokens_per_request"]["mpcache"]
     samples["lmcache"][1] = sample(0.2, 1536)
     assert not vllm._result(model, first, samples, 3, 0.5)["comparable_work"]
@@ -53,8 +60,9 @@ def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
 
 
 def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> None:
-    """docs/PERFORMANCE.md's numbers of the two runs kept as ``vllm_before_prefill`` are read from their raw output:
-    the medians of the time before prefill, the differences of the medians beside them, and each run's medians."""
+    """docs/PERFORMANCE.md's numbers of the runs kept as ``vllm_before_prefill`` are read from their raw output: the
+    medians of the time before prefill, the differences of the medians beside them, the longest waits, the last run's
+    waits in the order sent, and each run's medians."""
     import json
 
     docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
@@ -62,22 +70,34 @@ def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> 
         runs = json.load(handle)["vllm_before_prefill"]["runs"]
     with open(os.path.join(docs, "PERFORMANCE.md"), encoding="utf-8") as handle:
         prose = " ".join(handle.read().split())
-    medians = [run["median_ms"] for run in runs]
-    assert [run["repetitions"] for run in runs] == [5, 11]
+    assert [run["repetitions"] for run in runs] == [5, 11, 11, 11]
 
-    def pair(kind: str, field: str) -> str:
-        return " and ".join(f"{ms[kind][field]:.1f}" for ms in medians)
+    def listed(values: list[str]) -> str:
+        return ", ".join(values[:-1]) + " and " + values[-1]
 
-    def gap(kind: str) -> str:
-        return " and ".join(f"{ms[kind]['ttft_s'] - ms[kind]['prefill_s']:.1f}" for ms in medians)
+    def medians(kind: str, field: str) -> str:
+        return listed([f"{run['median_ms'][kind][field]:.1f}" for run in runs])
+
+    def gaps(kind: str) -> str:
+        return listed([f"{run['median_ms'][kind]['ttft_s'] - run['median_ms'][kind]['prefill_s']:.1f}" for run in runs])
+
+    def longest(kind: str) -> str:
+        return listed([f"{run['longest_before_prefill_ms'][kind]:.1f}" for run in runs[2:]])
 
     def triples(field: str) -> str:
-        return " and ".join(" / ".join(f"{ms[kind][field]:.0f}" for kind in vllm.KINDS) for ms in medians)
+        return listed([" / ".join(f"{run['median_ms'][kind][field]:.0f}" for kind in vllm.KINDS) for run in runs])
 
-    assert (f"read {pair('mpcache', 'before_prefill_s')} ms before prefill with mpcache against LMCache's "
-            f"{pair('lmcache', 'before_prefill_s')} ms ({pair('none', 'before_prefill_s')} ms with no connector)"
-            in prose)
-    assert f"differences of the medians read {gap('mpcache')} ms for mpcache (LMCache {gap('lmcache')})" in prose
+    last = runs[-1]["before_prefill_ms"]
+    assert (f"read a median of {medians('mpcache', 'before_prefill_s')} ms before prefill with mpcache against "
+            f"LMCache's {medians('lmcache', 'before_prefill_s')} ms ({medians('none', 'before_prefill_s')} ms with no "
+            f"connector), and differences of the medians of {gaps('mpcache')} ms for mpcache (LMCache "
+            f"{gaps('lmcache')})") in prose
+    assert (f"longest waits were {longest('mpcache')} ms with mpcache, {longest('lmcache')} ms with LMCache and "
+            f"{longest('none')} ms with no connector") in prose
+    assert (f"mpcache's requests waited {', '.join(f'{v:.1f}' for v in last['mpcache'])} ms, and LMCache's "
+            f"{', '.join(f'{v:.1f}' for v in last['lmcache'])} ms") in prose
+    over = [sum(1 for v in last[kind] if v > 50) for kind in ("mpcache", "lmcache")]
+    assert f"waited more than 50 ms in {over[0]} and {over[1]} of the {len(last['mpcache'])} requests" in prose
     assert f"Prefill no connector / mpcache / LMCache {triples('prefill_s')} ms" in prose
     assert f"time to first token {triples('ttft_s')} ms" in prose
     assert all(run["loaded_tokens_per_request"] == {"none": [0], "mpcache": [1792], "lmcache": [1792]} for run in runs)
