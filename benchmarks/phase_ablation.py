@@ -26,9 +26,9 @@ from typing import Any
 import mpcache.cache.l1 as l1_module
 from benchmarks import trace_gen
 from benchmarks.arguments import whole_number
-from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim, worker_signals
-from benchmarks.trace import SHARES
-from benchmarks.trace_sim import TraceRequest, arc, lru, lru_capacity_for, outcome
+from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_best, sizes, worker_signals
+from benchmarks.policy_matrix import flags as matrix_flags
+from benchmarks.trace_sim import TraceRequest, arc, lru, outcome
 from mpcache.eviction import order, phases
 from mpcache.eviction.gate import FrequencyGate
 
@@ -95,13 +95,10 @@ def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     rows = []
     for limit in (requests, first):
         trace: list[TraceRequest] = whole[:limit]
-        infinite = lru(trace, math.inf).hit_ratio
-        for size, share in SHARES.items():
-            blocks = lru_capacity_for(trace, share, infinite)
+        for size, blocks in sizes(trace):
             row: dict[str, Any] = {"trace": kind, "seed": seed, "requests": len(trace), "size": size,
                                    "blocks": blocks, "lru": lru(trace, blocks).hit_ratio,
-                                   "arc": arc(trace, blocks).hit_ratio,
-                                   "lmcache_sim": max(lmcache_sim(trace, blocks, k).hit_ratio for k in LMCACHE_PERIODS)}
+                                   "arc": arc(trace, blocks).hit_ratio, "lmcache_sim": lmcache_best(trace, blocks)}
             for name, (_, patches) in VARIANTS.items():
                 with patched(patches):
                     row[name] = outcome(trace, l1_found(trace, blocks, "adaptive")).hit_ratio
@@ -112,8 +109,8 @@ def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
 
 def flags(row: dict[str, Any], name: str) -> tuple[bool, bool]:
     """Whether ``name``'s hit ratio in ``row`` is flagged: against the offline LRU or ARC; against ``lmcache_sim``."""
-    value = row[name]
-    return value < max(row["lru"], row["arc"]) - TOLERANCE, value < row["lmcache_sim"]
+    flagged = matrix_flags(row, row[name])
+    return "lru" in flagged or "arc" in flagged, "lmcache_sim" in flagged
 
 
 def summary(rows: list[dict[str, Any]], requests: int, first: int) -> dict[str, dict[str, Any]]:

@@ -107,22 +107,37 @@ def l1_found(requests: list[TraceRequest], blocks: int, policy: str,
     return found_per
 
 
+def sizes(requests: list[TraceRequest]) -> list[tuple[str, int]]:
+    """``bench trace``'s three sizes for ``requests``, in blocks: where the offline LRU reaches each share of the
+    infinite cache's hit ratio."""
+    infinite = lru(requests, math.inf).hit_ratio
+    return [(size, lru_capacity_for(requests, share, infinite)) for size, share in SHARES.items()]
+
+
+def lmcache_best(requests: list[TraceRequest], blocks: int) -> float:
+    """The simulated LMCache server's hit ratio at ``blocks``: the best over its trim periods."""
+    return max(lmcache_sim(requests, blocks, k).hit_ratio for k in LMCACHE_PERIODS)
+
+
+def flags(row: dict[str, Any], value: float) -> list[str]:
+    """The references in ``row`` that the hit ratio ``value`` is flagged against: more than :data:`TOLERANCE` below
+    ``lru`` or ``arc``, or below ``lmcache_sim``."""
+    flagged = [ref for ref in ("lru", "arc") if value < row[ref] - TOLERANCE]
+    return flagged + (["lmcache_sim"] if value < row["lmcache_sim"] else [])
+
+
 def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, Any]]:
     name, path, limit, policies = job
     requests = load(path, limit)
-    infinite = lru(requests, math.inf).hit_ratio
     rows = []
-    for size, share in SHARES.items():
-        blocks = lru_capacity_for(requests, share, infinite)
+    for size, blocks in sizes(requests):
         row: dict[str, Any] = {"trace": name, "requests": len(requests), "size": size, "blocks": blocks,
                                "lru": lru(requests, blocks).hit_ratio, "arc": arc(requests, blocks).hit_ratio,
                                "wtinylfu": wtinylfu(requests, blocks).hit_ratio,
-                               "lmcache_sim": max(lmcache_sim(requests, blocks, k).hit_ratio for k in LMCACHE_PERIODS)}
+                               "lmcache_sim": lmcache_best(requests, blocks)}
         for policy in policies:
             value = row[f"l1_{policy}"] = outcome(requests, l1_found(requests, blocks, policy)).hit_ratio
-            flags = [ref for ref in ("lru", "arc") if value < row[ref] - TOLERANCE]
-            flags += ["lmcache_sim"] if value < row["lmcache_sim"] else []
-            row[f"flags_{policy}"] = flags
+            row[f"flags_{policy}"] = flags(row, value)
         rows.append(row)
     return rows
 

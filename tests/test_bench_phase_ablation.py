@@ -4,12 +4,12 @@ put back, and its command line."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from support.interrupted import sigterm_once_a_child_starts
+from support.performance_docs import doc, history, raw_results
 
 from benchmarks import phase_ablation, trace_gen
 from benchmarks.policy_matrix import TOLERANCE, l1_found
@@ -111,15 +111,12 @@ def test_sigterm_ends_the_workers(tmp_path) -> None:
 def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
     """benchmarks/HISTORY.md's table of the run kept as PERFORMANCE.json's ``phase_ablation`` is rendered from its
     summary, the summary is counted from its rows, and the rows the prose names read what it says."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(repo, "docs", "PERFORMANCE.json"), encoding="utf-8") as handle:
-        kept = json.load(handle)["phase_ablation"]
-    with open(os.path.join(repo, "benchmarks", "HISTORY.md"), encoding="utf-8") as handle:
-        history = handle.read()
+    kept = raw_results()["phase_ablation"]
     rows = kept["rows"]
     assert 672 == len(rows) and kept["summary"] == phase_ablation.summary(rows, 4000, 1500)
-    assert phase_ablation.render(kept["summary"], 4000, 1500) in history
-    prose = " ".join(history.split())
+    notes = history()
+    assert phase_ablation.render(kept["summary"], 4000, 1500) in notes
+    prose = " ".join(notes.split())
 
     def row(trace: str, seed: int, requests: int, size: str) -> dict:
         [found] = [r for r in rows
@@ -136,8 +133,7 @@ def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
     assert (f"the recency phase held reads {seed_1['never_split']:.4f}, ARC's phase from the first ghost hit "
             f"{seed_1['split_at_once']:.4f}, and the shipped order") in prose
     assert f"never joins, {seed_1['shipped']:.4f}." in prose
-    with open(os.path.join(repo, "docs", "PERFORMANCE.md"), encoding="utf-8") as handle:
-        page = " ".join(handle.read().split())
+    page = " ".join(doc("PERFORMANCE.md").split())
     oracle, lengths = kept["summary"]["oracle"], {r["requests"] for r in rows}
     per_length = len(rows) // len(lengths)
     assert (f"flagged in {oracle['below_lru_or_arc_4000']} of the {per_length} rows of 4,000 requests and "

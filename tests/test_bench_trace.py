@@ -4,7 +4,6 @@ claim, and the benchmark replays a trace (``trace_gen``'s conversations) through
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import subprocess
@@ -13,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from support.performance_docs import doc, raw_results
 
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
@@ -372,21 +372,10 @@ def test_a_replay_cut_off_by_its_cache_process_going_away_says_how_it_went(monke
     assert "child.exited" in str(failed.value) and "-9" in str(failed.value)
 
 
-def _doc(page: str) -> str:
-    """A page of the repository's docs/."""
-    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as handle:
-        return handle.read()
-
-
-def _raw_results() -> dict:
-    """docs/PERFORMANCE.json: the raw results the tables and prose of docs/PERFORMANCE.md are read from."""
-    return json.loads(_doc("PERFORMANCE.json"))
-
-
 def _table_rows(header: str, section: str | None = None) -> list[list[str]]:
     """The cells of each row of docs/PERFORMANCE.md's table under ``header`` (its separator line skipped), the first
     such table after the heading line ``section`` where given."""
-    lines = _doc("PERFORMANCE.md").splitlines()
+    lines = doc("PERFORMANCE.md").splitlines()
     start = lines.index(header, lines.index(section) if section else 0) + 2
     return [[cell.strip() for cell in line.strip("|").split(" | ")]
             for line in itertools.takewhile(lambda line: line.startswith("| "), lines[start:])]
@@ -395,7 +384,7 @@ def _table_rows(header: str, section: str | None = None) -> list[list[str]]:
 def test_performance_md_trace_gen_table_is_the_benchmark_s_raw_output():
     """Each row of docs/PERFORMANCE.md's table of trace_gen's traces reads the numbers docs/PERFORMANCE.json
     keeps from ``python -m benchmarks trace PATH --json`` (every trace, every size, no row without its run)."""
-    raw = _raw_results()["trace_gen"]
+    raw = raw_results()["trace_gen"]
     rows = _table_rows(TRACE_GEN_HEADER)
     expected = []
     for kind, result in raw.items():
@@ -417,8 +406,8 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
     rows docs/PERFORMANCE.json keeps, and the held-out paragraph's numbers are computed from them."""
     from benchmarks.policy_matrix import render
 
-    seeds = _raw_results()["policy_matrix"]
-    text = _doc("PERFORMANCE.md")
+    seeds = raw_results()["policy_matrix"]
+    text = doc("PERFORMANCE.md")
     policies = ("adaptive", "arc", "lru")
     assert all(render(rows, policies) in text for rows in seeds.values()) and len(seeds) == 3
     held = seeds["2"] + seeds["3"]
@@ -457,8 +446,8 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
 def test_performance_md_half_and_double_predictions_are_the_benchmark_s_raw_output():
     """The ½× / 2× predictions docs/PERFORMANCE.md and docs/MRC.md state for ``trace_gen``'s multitenant and rag
     are the errors docs/PERFORMANCE.json keeps from ``mrc._one_workload`` (each within issue 39's 0.02)."""
-    runs = _raw_results()["mrc_half_double"]
-    texts = [" ".join(_doc(page).split()) for page in ("PERFORMANCE.md", "MRC.md")]
+    runs = raw_results()["mrc_half_double"]
+    texts = [" ".join(doc(page).split()) for page in ("PERFORMANCE.md", "MRC.md")]
     for name in ("multitenant", "rag"):
         run = runs[name]
         assert max(run["half_error"], run["double_error"]) <= 0.02
@@ -471,8 +460,8 @@ def test_performance_md_trace_gen_prose_is_computed_from_the_raw_output():
     """The paragraph under docs/PERFORMANCE.md's table of trace_gen's traces states what docs/PERFORMANCE.json's
     runs show: the worst point against the offline LRU and ARC, the points above LMCache's server, and the one
     below it."""
-    raw = _raw_results()["trace_gen"]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    raw = raw_results()["trace_gen"]
+    prose = " ".join(doc("PERFORMANCE.md").split())
     points = [(kind, name, size) for kind, result in raw.items() for name, size in result["sizes"].items()]
 
     def hit(size: dict, column: str) -> float:
@@ -498,8 +487,8 @@ def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
     """The isolation rerun's paragraph in docs/PERFORMANCE.md states what docs/PERFORMANCE.json keeps of
     ``python -m benchmarks isolation --policies lru,adaptive`` (each workload, and the older tree measured beside),
     the like-for-like ratio within issue 39's 5 %, and the machine's factor over the earlier run it names."""
-    runs = {name: run["tp1"][0] for name, run in _raw_results()["isolation_policies"].items()}
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    runs = {name: run["tp1"][0] for name, run in raw_results()["isolation_policies"].items()}
+    prose = " ".join(doc("PERFORMANCE.md").split())
 
     def instructions(run: dict, policy: str) -> str:
         return f"{run['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
@@ -529,9 +518,9 @@ def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
 def test_performance_md_trace_gen_rerun_prose_is_the_benchmark_s_raw_output():
     """The rerun of ``conversations`` the trace_gen paragraph cites reads, at the small size, what
     docs/PERFORMANCE.json keeps of it, and ``adaptive`` the same as in the table's run at every size."""
-    rerun, first = _raw_results()["trace_gen_reruns"]["conversations"], _raw_results()["trace_gen"]["conversations"]
+    rerun, first = raw_results()["trace_gen_reruns"]["conversations"], raw_results()["trace_gen"]["conversations"]
     small = rerun["sizes"]["small"]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"with named stores, the server read {small['lmcache_server']['hit_ratio']:.4f} against "
             f"{small['mpcache_adaptive']['hit_ratio']:.4f}, `adaptive` the same at every size") in prose
     assert all(rerun["sizes"][size]["mpcache_adaptive"]["hit_ratio"] == first["sizes"][size]["mpcache_adaptive"][
@@ -547,7 +536,7 @@ def test_performance_md_recency_phase_table_and_prose_are_the_benchmark_s_raw_ou
     keeps of ``python -m benchmarks trace PATH --json --no-lmcache`` beside the run above (``adaptive`` before, and
     LMCache's server, whose code the phase does not touch), and its paragraph states the worst point against the
     offline LRU and the points against that server, computed from them."""
-    rerun, before = _raw_results()["trace_gen_recency_phase"], _raw_results()["trace_gen"]
+    rerun, before = raw_results()["trace_gen_recency_phase"], raw_results()["trace_gen"]
     rows = _table_rows(RECENCY_HEADER)
     expected, points = [], []
     for kind, result in rerun.items():
@@ -562,7 +551,7 @@ def test_performance_md_recency_phase_table_and_prose_are_the_benchmark_s_raw_ou
             points.append((kind, name, size["mpcache_adaptive"]["hit_ratio"], size["offline_lru"]["hit_ratio"],
                            old["lmcache_server"]["hit_ratio"]))
     assert len(expected) == 21 and sorted(expected) == sorted(rows)
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     kind, name, ours, lru, _ = min(points, key=lambda p: p[2] - p[3])
     gap = max(lru - ours, 0)
     assert f"below the offline LRU by at most {gap:.4f} (`{kind}` {name}) with the recency phase" in prose
@@ -576,8 +565,8 @@ def test_performance_md_synthetic_trace_table_and_ratios_are_the_benchmark_s_raw
     LMCache's server, at or above 1.05× the offline LRU's prefill at the small size (issue 39)."""
     from benchmarks.trace import render
 
-    result = _raw_results()["trace_synthetic"]
-    text = _doc("PERFORMANCE.md")
+    result = raw_results()["trace_synthetic"]
+    text = doc("PERFORMANCE.md")
     assert render(result) in text
     sizes = ("small", "middle", "large")
 
@@ -606,7 +595,7 @@ GATE_HEADER = ("| trace (requests) | L1 | blocks | offline_lru | mpcache_adaptiv
 
 def _gate_rows() -> list[tuple[list[str], dict[str, float]]]:
     """The frequency gate's table as docs/PERFORMANCE.json's runs give it: each row's cells, and its values."""
-    raw = _raw_results()
+    raw = raw_results()
     rows = []
     for kind, result in raw["frequency_gate"]["trace"].items():
         before, server = ((raw["trace_synthetic"], raw["trace_synthetic"]) if kind == "synthetic_trace" else
@@ -632,18 +621,18 @@ def test_performance_md_frequency_gate_table_and_prose_are_the_benchmark_s_raw_o
     assert sorted(cells for cells, _ in rows) == sorted(_table_rows(GATE_HEADER))
     values = {(cells[0].split()[0], cells[1]): value for cells, value in rows}
     rag = values[("rag", "small")]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"`rag` small {rag['ours']:.4f} against {rag['before']:.4f} before the gate, {rag['gain']}× the offline "
             f"LRU's prefill") in prose
     below = max(value["lru"] - value["ours"] for _, value in rows)
     assert (f"below the offline LRU by at most {below:.4f}" if below > 0 else "never below the offline LRU") in prose
-    requests = _raw_results()["frequency_gate"]["trace"]["rag"]["requests"]  # trace_gen's rag, seed 1
+    requests = raw_results()["frequency_gate"]["trace"]["rag"]["requests"]  # trace_gen's rag, seed 1
     documents = Counter(request.hashes[2] for request in trace_gen.rag(requests, seed=1)).most_common(2)
     assert ("the gate keeps the one asked for by {} % of the requests from the one asked for by {} %".format(
         *(round(100 * count / requests) for _, count in documents))) in prose
     above = sum(value["ours"] > value["server"] for _, value in rows)
     assert f"above LMCache's server at {above} of the {len(rows)} points" in prose
-    run = _raw_results()["frequency_gate"]["isolation"]["tp1"][0]
+    run = raw_results()["frequency_gate"]["isolation"]["tp1"][0]
     ours, theirs = _instructions(run)
     assert (f"`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle "
             f"({run['requests']} requests), **{run['instructions_over_first']['mpcache_adaptive']}×**") in prose
@@ -653,11 +642,11 @@ def test_performance_md_frequency_gate_table_and_prose_are_the_benchmark_s_raw_o
 def test_performance_md_states_lmcache_s_server_spread_against_adaptive_from_the_raw_output():
     """The five runs of LMCache's server at `conversations` small that docs/PERFORMANCE.md cites: their range,
     their median (the column's value) and how many `adaptive`'s hit ratio is above, from docs/PERFORMANCE.json."""
-    small = _raw_results()["frequency_gate"]["lmcache_server_repeated"]["sizes"]["small"]
+    small = raw_results()["frequency_gate"]["lmcache_server_repeated"]["sizes"]["small"]
     runs = [run["hit_ratio"] for run in small["lmcache_server"]["runs"]]
     ours, median = small["mpcache_adaptive"]["hit_ratio"], small["lmcache_server"]["hit_ratio"]
     assert 5 == len(runs) and median == sorted(runs)[2] and min(runs) <= ours <= max(runs)
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"LMCache's own server reads {min(runs):.4f}–{max(runs):.4f} over five runs (median {median:.4f}; "
             "`python -m benchmarks trace conversations.jsonl --json --repetitions 5`") in prose
     assert (f"against `adaptive`'s {ours:.4f}: within the server's spread, above {sum(ours > r for r in runs)} of "
@@ -690,10 +679,10 @@ def _table_is_the_raw_output(runs: dict[str, Any], section: str) -> None:
 def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` undoes its split reads what docs/PERFORMANCE.json
     keeps of them (``shadow_join``), and the engine-path counts its paragraph states are those runs'."""
-    raw = _raw_results()["shadow_join"]
+    raw = raw_results()["shadow_join"]
     _table_is_the_raw_output(raw["trace"], JOIN_SECTION)
     large = raw["trace"]["agentic"]["sizes"]["large"]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"`adaptive` at `agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} against the offline "
             f"LRU's {large['offline_lru']['hit_ratio']:.4f}") in prose
     stated = ("`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle ({requests} "
@@ -714,7 +703,7 @@ def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw
     """docs/PERFORMANCE.md's table of engine-path counts with the compiled and the Python frequency sketch reads
     the isolation runs docs/PERFORMANCE.json keeps (``sketch_compiled``), in the order they ran, and its in-process
     counts are the ones kept there."""
-    raw = _raw_results()["sketch_compiled"]
+    raw = raw_results()["sketch_compiled"]
     names = {"isolation": "compiled (`_sketch.c`)", "isolation_python_sketch": "Python (`FrequencySketchReference`)",
              "isolation_again": "compiled, again"}
     expected = []
@@ -726,7 +715,7 @@ def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw
                          f"**{ratio}×**" if ratio <= 1.05 else f"{ratio}×"])
     assert expected == _table_rows(SKETCH_HEADER)
     counts = raw["l1_in_process"]["instructions_per_request"]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"`adaptive` takes {counts['adaptive_compiled_sketch']:,} instructions a request with the compiled "
             f"sketch and {counts['adaptive_python_sketch']:,} with the Python one, against `lru`'s "
             f"{counts['lru']:,}") in prose
@@ -736,12 +725,12 @@ def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` undoes a split sooner reads what
     docs/PERFORMANCE.json keeps of them (``join_sooner``), and its prose states those runs' large points beside the
     runs before (``shadow_join``)."""
-    raw = _raw_results()
+    raw = raw_results()
     runs, before = raw["join_sooner"]["trace"], raw["shadow_join"]["trace"]
     _table_is_the_raw_output(runs, JOIN_SOONER_SECTION)
     moved = _moved(runs, before, JOIN_COLUMNS)
     assert {("agentic", "large", "mpcache_adaptive"), ("multitenant", "large", "mpcache_adaptive")} == moved
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert "no other point moves" in prose
     large, large_before = runs["agentic"]["sizes"]["large"], before["agentic"]["sizes"]["large"]
     tenants, tenants_before = runs["multitenant"]["sizes"]["large"], before["multitenant"]["sizes"]["large"]
@@ -755,12 +744,12 @@ def test_performance_md_join_from_peak_table_is_the_benchmark_s_raw_output_and_l
     """docs/PERFORMANCE.md's table of the runs where ``adaptive`` joins from its highest lead reads what
     docs/PERFORMANCE.json keeps of them (``join_from_peak``), only ``agentic``'s large point moved from the runs
     before (``join_sooner``), and its prose states them and the in-process run of the order before that it keeps."""
-    raw = _raw_results()
+    raw = raw_results()
     kept = raw["join_from_peak"]
     runs, before = kept["trace"], raw["join_sooner"]["trace"]
     _table_is_the_raw_output(runs, JOIN_FROM_PEAK_SECTION)
     assert {("agentic", "large", "mpcache_adaptive")} == _moved(runs, before, JOIN_COLUMNS)
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     middle = runs["conversations"]["sizes"]["middle"]
     [in_process_before] = [row["l1_adaptive"] for row in kept["policy_matrix_conversations_seed14"]["before"]
                            if row["size"] == "middle"]
@@ -783,13 +772,13 @@ def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_
     """docs/PERFORMANCE.md's table of the runs with admission by chance reads what docs/PERFORMANCE.json keeps of
     them (``admission_by_chance``), and of ``adaptive``'s points only the one its prose names moved from the runs
     before (``join_from_peak``)."""
-    raw = _raw_results()
+    raw = raw_results()
     runs, before = raw["admission_by_chance"]["trace"], raw["join_from_peak"]["trace"]
     _table_is_the_raw_output(runs, CHANCE_SECTION)
     moved = {point for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive"}
     assert moved == {("conversations", "large", "mpcache_adaptive")}
     large, large_before = runs["conversations"]["sizes"]["large"], before["conversations"]["sizes"]["large"]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"only `conversations` large moves, from {large_before['mpcache_adaptive']['hit_ratio']:.4f} to "
             f"{large['mpcache_adaptive']['hit_ratio']:.4f}") in prose
 
@@ -801,7 +790,7 @@ def test_performance_md_first_sight_frequency_table_is_the_benchmark_s_raw_outpu
     """docs/PERFORMANCE.md's table of the runs with first-sight stores judged by the frequency gate reads what
     docs/PERFORMANCE.json keeps of them (``first_sight_frequency``), and its prose names every ``adaptive`` point that
     moved from the runs before (``admission_by_chance``), and only those."""
-    raw = _raw_results()
+    raw = raw_results()
     runs, before = raw["first_sight_frequency"]["trace"], raw["admission_by_chance"]["trace"]
     _table_is_the_raw_output(runs, FREQUENCY_SECTION)
     _moved_points_are_named(runs, before)
@@ -815,7 +804,7 @@ def test_performance_md_gate_room_table_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's table of the runs with the frequency gate's decisions bounded to the room a store needs
     reads what docs/PERFORMANCE.json keeps of them (``gate_room``), and its prose names every ``adaptive`` point that
     moved from the runs before (``first_sight_frequency``), and only those."""
-    raw = _raw_results()
+    raw = raw_results()
     runs, before = raw["gate_room"]["trace"], raw["first_sight_frequency"]["trace"]
     _table_is_the_raw_output(runs, GATE_ROOM_SECTION)
     _moved_points_are_named(runs, before)
@@ -830,7 +819,7 @@ def test_performance_md_large_stores_table_is_the_benchmark_s_raw_output_and_l1_
     docs/PERFORMANCE.json keeps of them (``large_stores``), every ``mpcache_adaptive`` equals L1 replayed in process
     on the same trace, and its prose names every ``adaptive`` point that moved from the runs before (``gate_room``),
     and only those."""
-    raw = _raw_results()
+    raw = raw_results()
     runs, before = raw["large_stores"]["trace"], raw["gate_room"]["trace"]
     _table_is_the_raw_output(runs, LARGE_STORES_SECTION)
     for kind, seed in (("agentic", 8), ("multitenant", 1), ("conversations", 14)):
@@ -844,7 +833,7 @@ def test_performance_md_large_stores_table_is_the_benchmark_s_raw_output_and_l1_
 def _moved_points_are_named(runs: dict[str, Any], before: dict[str, Any]) -> None:
     """docs/PERFORMANCE.md names every ``mpcache_adaptive`` point of ``runs`` that moved from ``before``, in order."""
     moved = sorted(point[:2] for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive")
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     named = "; ".join(f"`{kind}` {name} {before[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f} → "
                       f"{runs[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f}"
                       for kind in runs for name in runs[kind]["sizes"] if (kind, name) in moved)
@@ -856,9 +845,9 @@ def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
     """The ratios docs/PERFORMANCE.md states for the later isolation runs of the compiled sketch are the runs
     docs/PERFORMANCE.json keeps (``sketch_compiled.isolation_later``), in order, and so are the counts of the one
     over target."""
-    runs = [run["tp1"][0] for run in _raw_results()["sketch_compiled"]["isolation_later"]]
+    runs = [run["tp1"][0] for run in raw_results()["sketch_compiled"]["isolation_later"]]
     ratios = [f"{run['instructions_over_first']['mpcache_adaptive']}×" for run in runs]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert (f"read {ratios[0]} (5dac5d5, 02:00 UTC, beside other benchmarks: {runs[0]['requests']} requests), then, "
             f"on 8c6ebfa") in prose
     assert f"{ratios[1]}, {ratios[2]} and {ratios[3]} (02:34–02:41 UTC)" in prose
@@ -866,7 +855,7 @@ def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
     ours, theirs = _instructions(over)
     assert (f"In the {ratios[1]} run `adaptive` counted {ours:,} instructions a request against `lru`'s "
             f"{theirs:,}") in prose
-    raw = _raw_results()["sketch_compiled"]
+    raw = raw_results()["sketch_compiled"]
     compiled = runs + [raw[key]["tp1"][0] for key in ("isolation", "isolation_again")]
     met = sum(run["instructions_over_first"]["mpcache_adaptive"] <= 1.05 for run in compiled)
     assert f"met in {met} of the {len(compiled)} compiled runs, not in that one" in prose
@@ -882,7 +871,7 @@ def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_out
     (53b61bb), reads the isolation runs docs/PERFORMANCE.json keeps (``collector_frozen``), this code's first; the
     prose's verdicts, ranges and collector counts are theirs, and the verdicts it names are kept for as many named
     stores as the order keeps."""
-    raw = _raw_results()["collector_frozen"]
+    raw = raw_results()["collector_frozen"]
     runs = {"start-up frozen, verdicts untracked": [run["tp1"][0] for run in raw["after"]],
             "53b61bb": [run["tp1"][0] for run in raw["before"]]}
     expected = []
@@ -903,7 +892,7 @@ def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_out
     outside = {name: [run["instructions_over_first_outside_collector"]["mpcache_adaptive"] for run in measured]
                for name, measured in runs.items()}
     over = [run for run in before if run["instructions_over_first"]["mpcache_adaptive"] > 1.05]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert max(ratios) <= 1.05 and len(over) == 2
     assert f"met in all three runs of this code, {min(ratios)}–{max(ratios)}×" in prose
     assert (f"two of three runs were over it, {over[0]['instructions_over_first']['mpcache_adaptive']}× and "
@@ -926,9 +915,9 @@ def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_o
     service's ``arc`` equal to the offline ARC in the last)."""
     from benchmarks.trace import render
 
-    raw = _raw_results()["trace_public_conversation"]
+    raw = raw_results()["trace_public_conversation"]
     final, before, first = raw["final"], raw["before_chance"], raw["arc_before_ghost_bounds"]
-    text = _doc("PERFORMANCE.md")
+    text = doc("PERFORMANCE.md")
     assert render(final) in text
     prose = " ".join(text.split())
     ours, belady = final["mpcache_adaptive_over_offline_lru"], final["belady_over_offline_lru"]["small"]
@@ -954,9 +943,9 @@ def _public_trace_section(name: str, before_name: str, where: str) -> tuple[dict
     two runs, the prose, LMCache's server's runs at the small size and ``adaptive``'s hit ratio there."""
     from benchmarks.trace import render
 
-    raw = _raw_results()["trace_public_conversation"]
+    raw = raw_results()["trace_public_conversation"]
     run, before = raw[name], raw[before_name]
-    text = _doc("PERFORMANCE.md")
+    text = doc("PERFORMANCE.md")
     assert render(run) in text
     prose = " ".join(text.split())
     ours, earlier = run["mpcache_adaptive_over_offline_lru"], before["mpcache_adaptive_over_offline_lru"]
@@ -989,11 +978,11 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
     frequency gate's run's, LMCache's server's runs and the in-process replays kept beside them."""
     where = "in the section of 2026-12-05, 20:43–20:57 UTC"
     run, before, prose, runs, found = _public_trace_section("gate_room", "frequency", where)
-    assert "### `trace` on a public production trace, 2026-12-05, 20:43–20:57 UTC" in _doc("PERFORMANCE.md")
+    assert "### `trace` on a public production trace, 2026-12-05, 20:43–20:57 UTC" in doc("PERFORMANCE.md")
     ours = run["mpcache_adaptive_over_offline_lru"]
     assert f"saves {ours['small']}× the offline LRU's prefill at the small size" in prose
     assert f"(Belady's MIN: {run['belady_over_offline_lru']['small']}×)" in prose
-    earlier_runs = [entry["hit_ratio"] for name, kept in _raw_results()["trace_public_conversation"].items()
+    earlier_runs = [entry["hit_ratio"] for name, kept in raw_results()["trace_public_conversation"].items()
                     if name != "gate_room" for entry in kept["sizes"]["small"]["lmcache_server"]["runs"]]
     assert max(runs) < min(earlier_runs) and (f"read {min(runs):.4f}–{max(runs):.4f} over its {len(runs)} runs, below "
                                               f"its runs of the earlier sections") in prose
@@ -1013,9 +1002,9 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
     """The curves' errors docs/MRC.md states for the public production trace are those docs/PERFORMANCE.json keeps
     from ``benchmarks.mrc_accuracy`` (each within issue 39's 0.01), and the ``adaptive`` curve's of the run before."""
-    [result] = _raw_results()["mrc_accuracy_public_conversation"]["traces"].values()
+    [result] = raw_results()["mrc_accuracy_public_conversation"]["traces"].values()
     lru, adaptive = (result[policy]["32768 keys, rate 0.01"] for policy in ("lru", "adaptive"))
-    prose = " ".join(_doc("MRC.md").split())
+    prose = " ".join(doc("MRC.md").split())
     assert (f"LRU curve {lru['mae']:.4f}, `adaptive` curve {adaptive['mae']:.4f} (largest point of ½×–2× "
             f"{lru['max_half_to_double']:.4f} and {adaptive['max_half_to_double']:.4f})") in prose
     assert max(lru["mae"], adaptive["mae"]) <= 0.01
@@ -1033,7 +1022,7 @@ def _judged_matrix(key: str, seeds: range) -> tuple[dict[int, list[dict]], dict[
     """The rows PERFORMANCE.json keeps under ``key`` (every seed of ``seeds``, 7 traces by 3 sizes each), judged here
     per length (4,000 and 1,500 requests): those more than 0.005 below the offline LRU or ARC (issue 39's bar), and
     those below the simulated server, each with its seed."""
-    kept = _raw_results()[key]["seeds"]
+    kept = raw_results()[key]["seeds"]
     assert sorted(kept, key=int) == [str(seed) for seed in seeds]
     rows = [dict(row, seed=int(seed)) for seed, seed_rows in kept.items() for row in seed_rows]
     below, under_sim = {}, {}
@@ -1052,7 +1041,7 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     regenerated from its seed, the offline LRU, ARC and L1 under ``adaptive`` find what the run kept), and seed 1's
     row replays with the phases the prose gives it."""
     below, under_sim = _judged_matrix("policy_matrix_adaptive", range(1, 17))
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     whole, first = below[4000], below[1500]
     assert {(row["trace"], row["size"]) for row in whole} == {("conversations", "middle")}
     assert (f"{len(whole)} of the 336 rows of 4,000 requests, the length of the issue's production replay, are below "
@@ -1101,9 +1090,9 @@ def test_performance_md_states_the_unseen_seeds_rows_as_kept_and_their_worst_row
     """The rows of seeds 25–32 (``policy_matrix_adaptive_unseen``), judged here against issue 39's bar and the
     simulated server as *What is missed* states them; the worst row of 4,000 requests below the simulated server
     replays (its trace regenerated from its seed, L1 under ``adaptive`` finds what the run kept)."""
-    kept = _raw_results()["policy_matrix_adaptive_unseen"]
+    kept = raw_results()["policy_matrix_adaptive_unseen"]
     below, under_sim = _judged_matrix("policy_matrix_adaptive_unseen", range(25, 33))
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     large = [row for row in below[1500] if (row["trace"], row["size"]) == ("multitenant", "large")]
     worst_large = max(map(_gap, large))
     sim_gaps = [max(row["lmcache_sim"] - row["l1_adaptive"] for row in under_sim[requests])
@@ -1134,9 +1123,9 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     ghost lists compiled (c19a53a) and two after the review's mend (49a65f7), two of fb4d283 with 58053df's between
     them and two of 8c24924, and the in-process counts beside them (``l1_counted_ghosts_compiled``, ``l1_counted``,
     and ``l1_counted_arc_bounds_compiled``, fewer for ``arc`` in every case); the changelog's figures are theirs."""
-    kept = _raw_results()["engine_path"]
+    kept = raw_results()["engine_path"]
     ours, before = [run["tp1"][0] for run in kept["runs"]["fb4d283"]], kept["runs"]["58053df"]["tp1"][0]
-    prose = " ".join(_doc("PERFORMANCE.md").split())
+    prose = " ".join(doc("PERFORMANCE.md").split())
     (first, first_lru), (second, second_lru) = map(_instructions, ours)
     before_adaptive, before_lru = _instructions(before)
     ratios = [run["instructions_over_first"]["mpcache_adaptive"] for run in ours]
@@ -1164,8 +1153,8 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     assert max(run["instructions_over_first"]["mpcache_adaptive"] for run in mended) < 1.05
     assert (f"Two runs of 49a65f7 (the review's mend: the compiled lists refuse a change while a key is compared; "
             f"14:52–14:58 UTC) read {_two_runs(mended)}") in prose
-    counted, now = _raw_results()["l1_counted"], _raw_results()["l1_counted_ghosts_compiled"]
-    bounded = _raw_results()["l1_counted_arc_bounds_compiled"]
+    counted, now = raw_results()["l1_counted"], raw_results()["l1_counted_ghosts_compiled"]
+    bounded = raw_results()["l1_counted_arc_bounds_compiled"]
     count, count_now, count_bounded = ({(row["workload"], row["objects"], row["policy"]):
                                         row["instructions_per_request"] for row in kept_counts["rows"]}
                                        for kept_counts in (counted, now, bounded))

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from support.performance_docs import doc, raw_results
+
 from benchmarks import __main__ as bench_main
 from benchmarks import vllm
 
@@ -63,13 +65,8 @@ def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> 
     """docs/PERFORMANCE.md's numbers of the runs kept as ``vllm_before_prefill`` are read from their raw output: the
     medians of the time before prefill, the differences of the medians beside them, the longest waits, the last run's
     waits in the order sent, and each run's medians."""
-    import json
-
-    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
-    with open(os.path.join(docs, "PERFORMANCE.json"), encoding="utf-8") as handle:
-        runs = json.load(handle)["vllm_before_prefill"]["runs"]
-    with open(os.path.join(docs, "PERFORMANCE.md"), encoding="utf-8") as handle:
-        prose = " ".join(handle.read().split())
+    runs = raw_results()["vllm_before_prefill"]["runs"]
+    prose = " ".join(doc("PERFORMANCE.md").split())
     assert [run["repetitions"] for run in runs] == [5, 11, 11, 11]
 
     def listed(values: list[str]) -> str:

@@ -1,0 +1,25 @@
+"""The repository's performance pages, which tests compare with the raw results they were written from."""
+
+from __future__ import annotations
+
+import json
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def doc(page: str) -> str:
+    """A page of the repository's docs/."""
+    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def raw_results() -> dict:
+    """docs/PERFORMANCE.json: the raw results the tables and prose of docs/PERFORMANCE.md are read from."""
+    return json.loads(doc("PERFORMANCE.json"))
+
+
+def history() -> str:
+    """benchmarks/HISTORY.md, the lab notes."""
+    with open(os.path.join(REPO, "benchmarks", "HISTORY.md"), encoding="utf-8") as handle:
+        return handle.read()
