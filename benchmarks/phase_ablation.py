@@ -6,9 +6,12 @@ The order is replayed in process as ``policy_matrix`` replays it (``trace_gen``'
 of its phases held from the start (:data:`VARIANTS`), and each variant is counted as ``policy_matrix`` flags a row:
 more than :data:`~benchmarks.policy_matrix.TOLERANCE` below the offline LRU or ARC, or below ``lmcache_sim``.
 ``oracle`` is, per row, the better of the two held phases, chosen after the fact: a reference for what choosing the
-phase online (when to split ARC's lists, when to join them) costs, not an order that could run.  A rule whose
-removal changes no flag is not what flags a row.  The variants patch the order's modules inside the worker that
-replays them, and put them back after.
+phase online (when to split ARC's lists, when to join them) costs, not an order that could run.  The duels
+(:data:`DUELS`) choose it online from two held phases' own finds, request by request (the recency phase's, and
+ARC's from the first request on, as a duel's split starts it; ``arc_from_first``): what miniature simulations of
+the two would tell, without their sampling error, a reference for any phase test built on such miniatures.  A rule
+whose removal changes no flag is not what flags a row.  The variants patch the order's modules inside the worker
+that replays them, and put them back after.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import mpcache.cache.l1 as l1_module
 from benchmarks import trace_gen
@@ -35,6 +38,13 @@ from mpcache.eviction.gate import FrequencyGate
 REQUESTS, FIRST = 4000, 1500  # the policy matrix's lengths in PERFORMANCE.json's ``policy_matrix_adaptive``
 SEEDS = (1, 16)  # its seeds, first and last
 ORACLE = ("never_split", "split_at_once")  # the two phases held from the start: the oracle takes the better per row
+# name → (what it is, whether it starts in ARC's phase: else in the recency phase, as the order does)
+DUELS = {"duel_from_recency": ("the phase chosen online by a duel of the two held phases, from the recency phase",
+                               False),
+         "duel_from_arc": ("the phase chosen online by a duel of the two held phases, from ARC's phase", True)}
+DUEL_SIGMAS = 3.0  # how far the other phase's lead must grow (in standard deviations) for a duel to change phase
+# the phase as the replay leaves it: the order's own tests never split or join (a duel does)
+HELD = [(phases, "SPLIT_SIGMAS", math.inf), (phases, "JOIN_SIGMAS", math.inf), (phases, "JOIN_FALL_SIGMAS", math.inf)]
 
 
 def _never_refuses(self: FrequencyGate, fresh: Any, victims: Any) -> bool:
@@ -88,6 +98,49 @@ def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
             setattr(target, name, value)
 
 
+def duel_switches(recency_found: list[int], arc_found: list[int], arc_first: bool,
+                  sigmas: float = DUEL_SIGMAS) -> list[int]:
+    """The requests after which a duel of the two held phases changes L1's phase (the first: from the recency
+    phase, which L1 starts in; ``arc_first``: a split after the first request), given each request's blocks found
+    with the recency phase held and with ARC's phase held from the first request.  The phase not in use gains
+    what it found beyond the one in use, request by request; the duel changes phase once that gain has grown from
+    its lowest since the last change by more than ``sigmas`` (at least 1: one request alone never changes it)
+    times the root of the squares' sum of the requests' gains since that lowest."""
+    if sigmas < 1:
+        raise ValueError(f"sigmas {sigmas}: expected at least 1")
+    switches = [0] if arc_first else []
+    in_arc = arc_first
+    other_lead = squares = low = low_squares = 0.0
+    for index, (by_recency, by_arc) in enumerate(zip(recency_found, arc_found)):
+        gain = by_recency - by_arc if in_arc else by_arc - by_recency
+        other_lead += gain
+        squares += gain * gain
+        if other_lead <= low:
+            low, low_squares = other_lead, squares
+        if other_lead - low > sigmas * (squares - low_squares) ** 0.5:
+            switches.append(index)
+            in_arc = not in_arc
+            other_lead = squares = low = low_squares = 0.0
+    return switches
+
+
+def duel_found(requests: list[TraceRequest], blocks: int, switches: list[int]) -> list[int]:
+    """``requests`` through an L1 of ``blocks`` under ``adaptive``, its phase changed after each request of
+    ``switches`` and by nothing else: the prefix found per request."""
+    at = set(switches)
+
+    def after(index: int, l1: l1_module.L1Manager) -> None:
+        if index in at:
+            adaptive = cast(order.ArcOrder, l1.order)
+            if adaptive.recency:
+                adaptive.split()
+            else:
+                adaptive.join()
+
+    with patched(HELD):
+        return l1_found(requests, blocks, "adaptive", after=after)
+
+
 def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     """One kind and seed: its references and every variant's hit ratio, per length and size."""
     kind, seed, requests, first = job
@@ -99,10 +152,19 @@ def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"trace": kind, "seed": seed, "requests": len(trace), "size": size,
                                    "blocks": blocks, "lru": lru(trace, blocks).hit_ratio,
                                    "arc": arc(trace, blocks).hit_ratio, "lmcache_sim": lmcache_best(trace, blocks)}
+            found = {}
             for name, (_, patches) in VARIANTS.items():
                 with patched(patches):
-                    row[name] = outcome(trace, l1_found(trace, blocks, "adaptive")).hit_ratio
+                    found[name] = l1_found(trace, blocks, "adaptive")
+                row[name] = outcome(trace, found[name]).hit_ratio
             row["oracle"] = max(row[name] for name in ORACLE)
+            # the duels' ARC phase is the one a split gives them: from the first request, not the first ghost hit
+            arc_from_first = duel_found(trace, blocks, [0])
+            row["arc_from_first"] = outcome(trace, arc_from_first).hit_ratio
+            for name, (_, arc_first) in DUELS.items():
+                switches = duel_switches(found["never_split"], arc_from_first, arc_first)
+                row[name] = outcome(trace, duel_found(trace, blocks, switches)).hit_ratio
+                row[f"{name}_switches"] = switches
             rows.append(row)
     return rows
 
@@ -114,9 +176,10 @@ def flags(row: dict[str, Any], name: str) -> tuple[bool, bool]:
 
 
 def summary(rows: list[dict[str, Any]], requests: int, first: int) -> dict[str, dict[str, Any]]:
-    """Per variant (and ``oracle``): the sum of its hit ratios over ``rows`` and its flagged rows at each length."""
+    """Per variant (and ``oracle``, the duels): the sum of its hit ratios over ``rows`` and its flagged rows at each
+    length."""
     out = {}
-    for name in (*VARIANTS, "oracle"):
+    for name in (*VARIANTS, "oracle", *DUELS):
         counted = {"hit_ratio_sum": round(sum(row[name] for row in rows), 3)}
         for length in (requests, first):
             at = [flags(row, name) for row in rows if row["requests"] == length]
@@ -130,8 +193,11 @@ def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str
     """The summary as a markdown table."""
     lines = [f"| variant | what | sum of hit ratios | below LRU or ARC by > {TOLERANCE} ({requests:,} / {first:,} "
              f"requests) | below `lmcache_sim` ({requests:,} / {first:,}) |", "|---|---|---|---|---|"]
+    described = {**{name: what for name, (what, _) in VARIANTS.items()},
+                 "oracle": "per row, the better of " + " and ".join(ORACLE),
+                 **{name: what for name, (what, _) in DUELS.items()}}
     for name, c in counted.items():
-        what = VARIANTS[name][0] if name in VARIANTS else "per row, the better of " + " and ".join(ORACLE)
+        what = described[name]
         lines.append(f"| `{name}` | {what} | {c['hit_ratio_sum']:.3f} | {c[f'below_lru_or_arc_{requests}']} / "
                      f"{c[f'below_lru_or_arc_{first}']} | {c[f'below_lmcache_sim_{requests}']} / "
                      f"{c[f'below_lmcache_sim_{first}']} |")
