@@ -8,7 +8,11 @@ cache off, greedy, one OpenMP thread each) run at once on the same ~100M-paramet
 ``python -m lmcache.v1.multiprocess.server`` from LMCache 0.5.6's venv (``.ci/lmcache-env``; the 0.5.6 connector
 needs a 0.5.6 server, and that server cannot run in vLLM's venv).  Each cached engine first sees the prompt once
 (it computes and stores it); then every repetition sends the same ``PROMPT_TOKENS``-token prompt to each engine in
-turn, the order rotating, one request at a time (``max_tokens`` 1), so the three share the machine's moments.
+turn, the order rotating (no engine always first), one request at a time (``max_tokens`` 1).  Each request waits
+until the other engines and the servers are quiet (:func:`wait_quiet`): vLLM's worker spins after its last step
+(``busy_loop_s``, a second in vLLM 0.32), and a request sent meanwhile waited for the spinning engine's core,
+hundreds of milliseconds before prefill whichever cache it asked.  The CPU the other engines and the servers used
+during each request is reported beside its times (``others_cpu_ms``).
 
 vLLM's own histograms give each request's time to first token and prefill time (``vllm:time_to_first_token_seconds``,
 ``vllm:request_prefill_time_seconds``: one observation each per request); medians over the repetitions are reported,
@@ -21,14 +25,18 @@ same for both caches for their times to compare.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import psutil
 
 from benchmarks.lmcache_servers import Server, lmcache_python
 from benchmarks.vllm_engine import ENGINE, ENGINE_ENV, Engine, lmcache_mp_connector, wait_all_ready
@@ -45,6 +53,9 @@ TTFT = "vllm:time_to_first_token_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
 EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
 COMPUTED = "vllm:prompt_tokens_by_source{source=local_compute}"
+QUIET_WINDOW_S = 0.1  # how long the other processes are watched at a time
+QUIET_SHARE = 0.05  # the share of one core they may use in a window and count as quiet
+QUIET_TIMEOUT_S = 10.0  # a request is sent anyway after this long (counted in ``not_quiet``)
 
 
 class VllmEnvMissing(RuntimeError):
@@ -62,6 +73,43 @@ def vllm_python() -> str:
     if not os.access(python, os.X_OK):
         raise VllmEnvMissing(f"no python at {python}: run .ci/vllm-env first")
     return python
+
+
+def tree_cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU seconds (user and system) the processes ``pids`` and all their descendants have used so far (those
+    gone meanwhile count nothing)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for process in processes:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total
+
+
+def wait_quiet(cpu_seconds: Callable[[], float], window_s: float = QUIET_WINDOW_S, share: float = QUIET_SHARE,
+               timeout_s: float = QUIET_TIMEOUT_S) -> tuple[float, bool]:
+    """Wait until ``cpu_seconds`` (a CPU clock of the processes watched) grows by at most ``share`` of
+    ``window_s`` over a window of ``window_s``, or ``timeout_s`` has passed: the seconds waited, and whether they
+    were quiet."""
+    start = time.monotonic()
+    before = cpu_seconds()
+    while True:
+        time.sleep(window_s)
+        after = cpu_seconds()
+        waited = time.monotonic() - start
+        if after - before <= share * window_s:
+            return waited, True
+        if waited >= timeout_s:
+            return waited, False
+        before = after
 
 
 def _one_request(engine: Engine, prompt: list[int]) -> dict[str, float]:
@@ -102,11 +150,19 @@ def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda
                                        name=kind)
             wait_all_ready(*engines.values(), timeout_s=START_TIMEOUT_S)
             first = {kind: _one_request(engines[kind], prompt) for kind in KINDS}  # the caches store it
+            others = {kind: [engine.process.pid for other, engine in engines.items() if other != kind]
+                      + [server.process.pid for other, server in servers.items() if other != kind] for kind in KINDS}
             samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+            not_quiet = 0
             for repetition in range(repetitions):
                 order = KINDS[repetition % 3:] + KINDS[:repetition % 3]
                 for kind in order:
-                    samples[kind].append(_one_request(engines[kind], prompt))
+                    _, quiet = wait_quiet(functools.partial(tree_cpu_seconds, others[kind]))
+                    not_quiet += not quiet
+                    before = tree_cpu_seconds(others[kind])
+                    sample = _one_request(engines[kind], prompt)
+                    sample["others_cpu_s"] = tree_cpu_seconds(others[kind]) - before
+                    samples[kind].append(sample)
                 progress(f"vllm: repetition {repetition + 1}/{repetitions}: " + ", ".join(
                     f"{kind} prefill {samples[kind][-1]['prefill_s'] * 1000:.0f} ms" for kind in KINDS))
         finally:
@@ -114,11 +170,11 @@ def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda
                 engine.stop()
             for server in servers.values():
                 server.stop()
-    return _result(model, first, samples, repetitions, l1_gb)
+    return _result(model, first, samples, repetitions, l1_gb, not_quiet)
 
 
 def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: dict[str, list[dict[str, float]]],
-            repetitions: int, l1_gb: float) -> dict[str, Any]:
+            repetitions: int, l1_gb: float, not_quiet: int = 0) -> dict[str, Any]:
     medians = {kind: {measure: statistics.median(s[measure] for s in samples[kind])
                       for measure in ("ttft_s", "prefill_s")} for kind in KINDS}
     # each request's wait before the engine schedules it: the connector's lookup, for the cached ones
@@ -146,6 +202,10 @@ def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: 
         # the median hides the waits that are not typical: each request's, in the order sent, and the longest
         "before_prefill_ms": {kind: [round(wait * 1000, 1) for wait in waits[kind]] for kind in KINDS},
         "longest_before_prefill_ms": {kind: round(max(waits[kind]) * 1000, 1) for kind in KINDS},
+        # the CPU the other engines and the servers used during each request (each waited for them to be quiet),
+        # and the requests sent without their being quiet within QUIET_TIMEOUT_S
+        "others_cpu_ms": {kind: [round(s["others_cpu_s"] * 1000) for s in samples[kind]] for kind in KINDS},
+        "not_quiet": not_quiet,
         "prefill_none_over_mpcache": ratio("none", "mpcache", "prefill_s"),
         "prefill_none_over_lmcache": ratio("none", "lmcache", "prefill_s"),
         "ttft_none_over_mpcache": ratio("none", "mpcache", "ttft_s"),

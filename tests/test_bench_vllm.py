@@ -4,9 +4,12 @@ benchmark itself runs vLLM and is run by hand, docs/BENCHMARKS.md), and its one 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
+import time
 
+import psutil
 from support.performance_docs import doc, raw_results
 
 from benchmarks import __main__ as bench_main
@@ -15,7 +18,7 @@ from benchmarks import vllm
 
 def sample(prefill_s: float, loaded: int) -> dict[str, float]:
     return {"ttft_s": prefill_s + 0.01, "prefill_s": prefill_s, "loaded_tokens": loaded,
-            "computed_tokens": vllm.PROMPT_TOKENS - loaded}
+            "computed_tokens": vllm.PROMPT_TOKENS - loaded, "others_cpu_s": prefill_s / 100}
 
 
 def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path) -> None:
@@ -39,6 +42,7 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
     assert (10.0, 50.0) == (waited["median_ms"]["mpcache"]["before_prefill_s"],
                             waited["longest_before_prefill_ms"]["mpcache"])
     assert [10.0, 10.0, 50.0] == waited["before_prefill_ms"]["mpcache"]  # each request's, in the order sent
+    assert [1, 3, 2] == waited["others_cpu_ms"]["mpcache"] and 0 == waited["not_quiet"]
     assert "before prefill   10.0 ms (longest 50.0)" in vllm.render(waited)
     assert result["comparable_work"] and [1792] == result["loaded_tokens_per_request"]["mpcache"]
     samples["lmcache"][1] = sample(0.2, 1536)
@@ -50,6 +54,60 @@ def test_ratios_are_the_connector_less_medians_over_each_caches_medians(tmp_path
     assert "prefill no connector 800 ms, mpcache 200 ms, LMCache 250 ms" in row
     assert "(before prefill 10 / 10 / 10 ms)" in row
     assert "prefill 4.0× faster with mpcache, 3.2× with LMCache; LMCache / mpcache 1.25×" in row
+
+
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n" \
+       "print('stopped', flush=True)\ntime.sleep(600)"  # spins for argv[1] seconds, says so, then sleeps
+
+
+def _spinner(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_request_waits_until_the_other_processes_stop_spinning() -> None:
+    """vLLM's worker spins for a second after each step: ``wait_quiet`` returns once a spinning process has stopped
+    (it said so before the wait ended), not before."""
+    child = _spinner(1.0)
+    try:
+        waited, quiet = vllm.wait_quiet(lambda: vllm.tree_cpu_seconds([child.pid]))
+        said, _, _ = select.select([child.stdout], [], [], 0)
+        assert quiet and said and waited < vllm.QUIET_TIMEOUT_S, waited
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_never_stops_is_waited_for_until_the_timeout() -> None:
+    child = _spinner(600.0)
+    try:
+        waited, quiet = vllm.wait_quiet(lambda: vllm.tree_cpu_seconds([child.pid]), timeout_s=0.5)
+        assert not quiet and 0.5 <= waited < 5.0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_tree_s_cpu_counts_its_children_and_nothing_of_the_gone() -> None:
+    """The CPU of a process includes its descendants' (vLLM's engine core and worker run under its front end); a
+    pid that is gone counts nothing."""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "subprocess.Popen([sys.executable, '-c', sys.argv[1], '0.5'])\ntime.sleep(600)", SPIN])
+    try:
+        deadline = time.monotonic() + 60
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [child] = psutil.Process(parent.pid).children()
+        while sum(child.cpu_times()[:2]) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        counted = vllm.tree_cpu_seconds([parent.pid])
+        own = sum(psutil.Process(parent.pid).cpu_times()[:2])
+        assert own + 0.3 <= counted
+    finally:
+        for process in psutil.Process(parent.pid).children():
+            process.kill()
+        parent.kill()
+        parent.wait()
+    assert 0.0 == vllm.tree_cpu_seconds([parent.pid])
 
 
 def test_without_vllms_venv_the_benchmark_says_so_in_one_line(tmp_path) -> None:
@@ -98,3 +156,33 @@ def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> 
     assert f"Prefill no connector / mpcache / LMCache {triples('prefill_s')} ms" in prose
     assert f"time to first token {triples('ttft_s')} ms" in prose
     assert all(run["loaded_tokens_per_request"] == {"none": [0], "mpcache": [1792], "lmcache": [1792]} for run in runs)
+
+
+def test_performance_md_quiet_run_prose_is_the_benchmark_s_raw_output() -> None:
+    """docs/PERFORMANCE.md's numbers of the run kept as ``vllm`` (each request once the others were quiet) are read
+    from its raw output."""
+    run = raw_results()["vllm"]
+    prose = " ".join(doc("PERFORMANCE.md").split())
+    waits, medians, others = run["before_prefill_ms"], run["median_ms"], run["others_cpu_ms"]
+    assert 0 == run["not_quiet"] and run["comparable_work"]
+    assert (f"(`others_cpu_ms`): at most {max(max(values) for values in others.values())} ms in this run, and no "
+            f"request was sent before they were quiet (`not_quiet` {run['not_quiet']}).") in prose
+
+    def spread(kind: str) -> str:
+        return f"{min(waits[kind]):.1f}–{max(waits[kind]):.1f} ms"
+
+    assert (f"mpcache waited {spread('mpcache')} (median {medians['mpcache']['before_prefill_s']:.1f}), LMCache's "
+            f"server {spread('lmcache')} (median {medians['lmcache']['before_prefill_s']:.1f}), with no connector "
+            f"{spread('none')}.") in prose
+    prefill = {kind: f"{medians[kind]['prefill_s']:.0f}" for kind in medians}
+    loaded = run["loaded_tokens_per_request"]["mpcache"][0]
+    assert (f"Prefill took {prefill['mpcache']} ms with mpcache, {prefill['lmcache']} "
+            f"ms with LMCache and {prefill['none']} ms without a connector (medians): "
+            f"{run['prefill_none_over_mpcache']}× and {run['prefill_none_over_lmcache']}× shorter with a cache, "
+            f"LMCache over mpcache {run['prefill_lmcache_over_mpcache']}× (time to first token "
+            f"{run['ttft_lmcache_over_mpcache']}×). Both caches loaded {loaded:,} "
+            f"of the {run['prompt_tokens']:,} tokens per request.") in prose
+    longest = max(waits["lmcache"])
+    beside = others["lmcache"][waits["lmcache"].index(longest)]
+    assert f"LMCache's one long wait ({longest:.1f} ms) came with {beside} ms of the others' CPU" in prose
+    assert sorted(waits["lmcache"])[-2] < 50 <= longest  # "one long wait"
