@@ -9,10 +9,10 @@ cache off, greedy, one OpenMP thread each) run at once on the same ~100M-paramet
 needs a 0.5.6 server, and that server cannot run in vLLM's venv).  Each cached engine first sees the prompt once
 (it computes and stores it); then every repetition sends the same ``PROMPT_TOKENS``-token prompt to each engine in
 turn, the order rotating (no engine always first), one request at a time (``max_tokens`` 1).  Each request waits
-until the other engines and the servers are quiet (:func:`wait_quiet`): vLLM's worker spins after its last step
-(``busy_loop_s``, a second in vLLM 0.32), and a request sent meanwhile waited for the spinning engine's core,
-hundreds of milliseconds before prefill whichever cache it asked.  The CPU the other engines and the servers used
-during each request is reported beside its times (``others_cpu_ms``).
+until the other engines and the other cache's server are quiet (:func:`wait_quiet`): vLLM's worker spins after its
+last step (``busy_loop_s``, a second in vLLM 0.32), and a request sent meanwhile waited for the spinning engine's
+core, hundreds of milliseconds before prefill whichever cache it asked.  The CPU those others used during each
+request is reported beside its times (``others_cpu_ms``).
 
 vLLM's own histograms give each request's time to first token and prefill time (``vllm:time_to_first_token_seconds``,
 ``vllm:request_prefill_time_seconds``: one observation each per request); medians over the repetitions are reported,
@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psutil
@@ -55,6 +55,7 @@ EXTERNAL = "vllm:prompt_tokens_by_source{source=external_kv_transfer}"
 COMPUTED = "vllm:prompt_tokens_by_source{source=local_compute}"
 QUIET_WINDOW_S = 0.1  # how long the other processes are watched at a time
 QUIET_SHARE = 0.05  # the share of one core they may use in a window and count as quiet
+QUIET_WINDOWS = 2  # windows in a row that must be quiet
 QUIET_TIMEOUT_S = 10.0  # a request is sent anyway after this long (counted in ``not_quiet``)
 
 
@@ -75,41 +76,52 @@ def vllm_python() -> str:
     return python
 
 
-def tree_cpu_seconds(pids: Iterable[int]) -> float:
-    """The CPU seconds (user and system) the processes ``pids`` and all their descendants have used so far (those
-    gone meanwhile count nothing)."""
-    total = 0.0
+CpuTimes = dict[tuple[int, float], float]  # (pid, its start time) → CPU seconds it has used
+
+
+def tree_cpu_times(pids: Collection[int]) -> CpuTimes:
+    """The CPU seconds (user and system) each of the processes ``pids`` and their descendants has used so far, each
+    process counted once, named by its pid and start time (a pid used again is another process)."""
+    processes: dict[int, psutil.Process] = {}
     for pid in pids:
         try:
             root = psutil.Process(pid)
-            processes = [root, *root.children(recursive=True)]
+            processes.update((process.pid, process) for process in [root, *root.children(recursive=True)])
         except psutil.Error:
             continue
-        for process in processes:
-            try:
-                times = process.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-    return total
+    times: CpuTimes = {}
+    for process in processes.values():
+        try:
+            with process.oneshot():
+                used = process.cpu_times()
+                times[(process.pid, process.create_time())] = used.user + used.system
+        except psutil.Error:
+            continue
+    return times
 
 
-def wait_quiet(cpu_seconds: Callable[[], float], window_s: float = QUIET_WINDOW_S, share: float = QUIET_SHARE,
-               timeout_s: float = QUIET_TIMEOUT_S) -> tuple[float, bool]:
-    """Wait until ``cpu_seconds`` (a CPU clock of the processes watched) grows by at most ``share`` of
-    ``window_s`` over a window of ``window_s``, or ``timeout_s`` has passed: the seconds waited, and whether they
-    were quiet."""
+def cpu_used(before: CpuTimes, after: CpuTimes) -> float:
+    """The CPU seconds used between two readings: what each process still there used since the first, and all a
+    process started since has used (one gone meanwhile counts nothing: its reaped time is its parent's, unread)."""
+    return sum(seconds - before.get(key, 0.0) for key, seconds in after.items() if seconds >= before.get(key, 0.0))
+
+
+def wait_quiet(read: Callable[[], CpuTimes], window_s: float = QUIET_WINDOW_S, share: float = QUIET_SHARE,
+               windows: int = QUIET_WINDOWS, timeout_s: float = QUIET_TIMEOUT_S) -> bool:
+    """Wait until the processes ``read`` reads (:func:`tree_cpu_times`) have used at most ``share`` of the time
+    passed, over ``windows`` windows of ``window_s`` in a row (one window may fall between two of the kernel's
+    10 ms ticks of a spinning process), or ``timeout_s`` has passed: whether they were quiet."""
     start = time.monotonic()
-    before = cpu_seconds()
+    before, at, quiet = read(), start, 0
     while True:
         time.sleep(window_s)
-        after = cpu_seconds()
-        waited = time.monotonic() - start
-        if after - before <= share * window_s:
-            return waited, True
-        if waited >= timeout_s:
-            return waited, False
-        before = after
+        after, now = read(), time.monotonic()
+        quiet = quiet + 1 if cpu_used(before, after) <= share * (now - at) else 0
+        if quiet >= windows:
+            return True
+        if now - start >= timeout_s:
+            return False
+        before, at = after, now
 
 
 def _one_request(engine: Engine, prompt: list[int]) -> dict[str, float]:
@@ -157,11 +169,11 @@ def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda
             for repetition in range(repetitions):
                 order = KINDS[repetition % 3:] + KINDS[:repetition % 3]
                 for kind in order:
-                    _, quiet = wait_quiet(functools.partial(tree_cpu_seconds, others[kind]))
-                    not_quiet += not quiet
-                    before = tree_cpu_seconds(others[kind])
+                    read = functools.partial(tree_cpu_times, others[kind])
+                    not_quiet += not wait_quiet(read)
+                    before = read()
                     sample = _one_request(engines[kind], prompt)
-                    sample["others_cpu_s"] = tree_cpu_seconds(others[kind]) - before
+                    sample["others_cpu_s"] = cpu_used(before, read())
                     samples[kind].append(sample)
                 progress(f"vllm: repetition {repetition + 1}/{repetitions}: " + ", ".join(
                     f"{kind} prefill {samples[kind][-1]['prefill_s'] * 1000:.0f} ms" for kind in KINDS))
@@ -174,7 +186,7 @@ def run(repetitions: int = REPETITIONS, progress: Callable[[str], None] = lambda
 
 
 def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: dict[str, list[dict[str, float]]],
-            repetitions: int, l1_gb: float, not_quiet: int = 0) -> dict[str, Any]:
+            repetitions: int, l1_gb: float, not_quiet: int) -> dict[str, Any]:
     medians = {kind: {measure: statistics.median(s[measure] for s in samples[kind])
                       for measure in ("ttft_s", "prefill_s")} for kind in KINDS}
     # each request's wait before the engine schedules it: the connector's lookup, for the cached ones
@@ -202,8 +214,8 @@ def _result(model: dict[str, Any], first: dict[str, dict[str, float]], samples: 
         # the median hides the waits that are not typical: each request's, in the order sent, and the longest
         "before_prefill_ms": {kind: [round(wait * 1000, 1) for wait in waits[kind]] for kind in KINDS},
         "longest_before_prefill_ms": {kind: round(max(waits[kind]) * 1000, 1) for kind in KINDS},
-        # the CPU the other engines and the servers used during each request (each waited for them to be quiet),
-        # and the requests sent without their being quiet within QUIET_TIMEOUT_S
+        # the CPU the other engines and the other cache's server used during each request (each waited for them to
+        # be quiet), and the requests sent without their being quiet within QUIET_TIMEOUT_S
         "others_cpu_ms": {kind: [round(s["others_cpu_s"] * 1000) for s in samples[kind]] for kind in KINDS},
         "not_quiet": not_quiet,
         "prefill_none_over_mpcache": ratio("none", "mpcache", "prefill_s"),
@@ -229,4 +241,7 @@ def render(result: dict[str, Any]) -> str:
                  f"{result['prefill_none_over_lmcache']}×, LMCache / mpcache {result['prefill_lmcache_over_mpcache']}×")
     lines.append(f"  time to first token: {result['ttft_none_over_mpcache']}× / {result['ttft_none_over_lmcache']}× / "
                  f"{result['ttft_lmcache_over_mpcache']}×; comparable work: {result['comparable_work']}")
+    others = max(max(values) for values in result["others_cpu_ms"].values())
+    lines.append(f"  the other engines and servers: at most {others} ms of CPU during a request; requests sent before "
+                 f"they were quiet: {result['not_quiet']}")
     return "\n".join(lines)

@@ -286,8 +286,10 @@ def _claims() -> list[tuple[str, str, str]]:
         # docs/BENCHMARKS.md (the benchmarks' own defaults)
         ("docs/BENCHMARKS.md", r"repetition \((\d+) by default, `--repetitions`\)", str(bench_vllm.REPETITIONS)),
         ("docs/BENCHMARKS.md", r"`--l1-gb` sets both caches' L1 \(default ([\d.]+) GiB\)", f"{bench_vllm.L1_GB:g}"),
-        ("docs/BENCHMARKS.md", r"they use at most (\d+) % of a core over ([\d.]+) s, waited for up to (\d+) s",
-         f"{bench_vllm.QUIET_SHARE * 100:g} / {bench_vllm.QUIET_WINDOW_S:g} / {bench_vllm.QUIET_TIMEOUT_S:g}"),
+        ("docs/BENCHMARKS.md", r"they use at most (\d+) % of a core in (\d+) windows of ([\d.]+) s in a row, "
+                               r"waited for up to (\d+) s",
+         f"{bench_vllm.QUIET_SHARE * 100:g} / {bench_vllm.QUIET_WINDOWS} / {bench_vllm.QUIET_WINDOW_S:g} / "
+         f"{bench_vllm.QUIET_TIMEOUT_S:g}"),
         ("docs/BENCHMARKS.md", r"server's L1 \(default ([\d.]+) GiB", f"{bench_lmcache.L1_GB:g}"),
         ("docs/BENCHMARKS.md", r"\(`--l1-gb`, default (\d+) GiB\)", f"{bench_isolation.L1_GB:g}"),
         ("docs/BENCHMARKS.md", r"\(`--warmup`, default (\d+) s, uncounted\), an idle window \((\d+) s, counted, no "
