@@ -195,7 +195,7 @@ def test_performance_md_quiet_run_prose_is_the_benchmark_s_raw_output() -> None:
 
     assert (f"mpcache waited {spread('mpcache')} (median {medians['mpcache']['before_prefill_s']:.1f}), LMCache's "
             f"server {spread('lmcache')} (median {medians['lmcache']['before_prefill_s']:.1f}), with no connector "
-            f"{spread('none')}.") in prose
+            f"{spread('none')}:") in prose
     prefill = {kind: f"{medians[kind]['prefill_s']:.0f}" for kind in medians}
     loaded = run["loaded_tokens_per_request"]["mpcache"][0]
     assert (f"Prefill took {prefill['mpcache']} ms with mpcache, {prefill['lmcache']} "
@@ -204,12 +204,8 @@ def test_performance_md_quiet_run_prose_is_the_benchmark_s_raw_output() -> None:
             f"LMCache over mpcache {run['prefill_lmcache_over_mpcache']}× (time to first token "
             f"{run['ttft_lmcache_over_mpcache']}×). Both caches loaded {loaded:,} "
             f"of the {run['prompt_tokens']:,} tokens per request.") in prose
-    longest = max(waits["lmcache"])
-    beside = others["lmcache"][waits["lmcache"].index(longest)]
-    assert (f"LMCache's one long wait ({longest:.1f} ms) came with {beside} ms of the others' CPU, as did two of its "
-            "waits under 30 ms") in prose
-    assert 2 == sum(1 for wait, cpu in zip(waits["lmcache"], others["lmcache"]) if wait < 30 and cpu == beside)
-    assert sorted(waits["lmcache"])[-2] < 50 <= longest  # "one long wait"
+    assert f"with no connector {spread('none')}: no wait of either cache reached 30 ms." in prose
+    assert max(waits["mpcache"] + waits["lmcache"]) < 30
 
 
 def test_performance_md_spin_probe_prose_is_the_probe_s_raw_output() -> None:
@@ -236,5 +232,5 @@ def test_performance_md_s_vllm_row_and_date_are_the_kept_run_s() -> None:
     run = raw_results()["vllm"]
     page = doc("PERFORMANCE.md")
     assert "| `vllm` | " + " | ".join(bench_main._row("vllm", run)) + " |" in page.splitlines()
-    assert run["measured"].startswith("2026-12-07 01:38 to 01:46 UTC")
-    assert "### `vllm`, 2026-12-07, 01:38–01:46 UTC" in page and "`vllm` 2026-12-07, 01:38–01:46 UTC" in page
+    assert run["measured"].startswith("2026-12-07 02:01 to 02:09 UTC")
+    assert "### `vllm`, 2026-12-07, 02:01–02:09 UTC" in page and "`vllm` 2026-12-07, 02:01–02:09 UTC" in page
