@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from support.interrupted import sigterm_once_a_child_starts
-from support.performance_docs import doc, history, raw_results
+from support.performance_docs import doc, flattened, history, raw_results
 
 from benchmarks import phase_ablation, trace_gen
 from benchmarks.policy_matrix import TOLERANCE, l1_found
@@ -172,7 +172,7 @@ def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
     assert 672 == len(rows) and kept["summary"] == phase_ablation.summary(rows, 4000, 1500)
     notes = history()
     assert phase_ablation.render(kept["summary"], 4000, 1500) in notes
-    prose = " ".join(notes.split())
+    prose = flattened(notes)
 
     def row(trace: str, seed: int, requests: int, size: str) -> dict:
         [found] = [r for r in rows
@@ -189,7 +189,7 @@ def test_history_s_table_and_numbers_are_the_kept_run_s_raw_output() -> None:
     assert (f"the recency phase held reads {seed_1['never_split']:.4f}, ARC's phase from the first ghost hit "
             f"{seed_1['split_at_once']:.4f}, and the shipped order") in prose
     assert f"never joins, {seed_1['shipped']:.4f}." in prose
-    page = " ".join(doc("PERFORMANCE.md").split())
+    page = flattened(doc("PERFORMANCE.md"))
     oracle, lengths = kept["summary"]["oracle"], {r["requests"] for r in rows}
     per_length = len(rows) // len(lengths)
     assert (f"flagged in {oracle['below_lru_or_arc_4000']} of the {per_length} rows of 4,000 requests and "
@@ -209,8 +209,8 @@ def test_the_duels_prose_is_the_kept_run_s() -> None:
     """What benchmarks/HISTORY.md and docs/PERFORMANCE.md say of the duels is counted from the kept run's rows."""
     kept = raw_results()["phase_ablation"]
     rows, counted = kept["rows"], kept["summary"]
-    prose = " ".join(history().split())
-    page = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(history())
+    page = flattened(doc("PERFORMANCE.md"))
     shipped, from_arc, from_recency = counted["shipped"], counted["duel_from_arc"], counted["duel_from_recency"]
 
     def flagged(name: str, requests: int) -> list[dict]:

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from support.performance_docs import doc, raw_results
+from support.performance_docs import doc, flattened, raw_results
 
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
@@ -411,7 +411,7 @@ def test_performance_md_policy_matrix_tables_and_held_out_prose_are_the_benchmar
     policies = ("adaptive", "arc", "lru")
     assert all(render(rows, policies) in text for rows in seeds.values()) and len(seeds) == 3
     held = seeds["2"] + seeds["3"]
-    prose = " ".join(text.split())
+    prose = flattened(text)
     flagged = [sum(1 for row in held if row[f"flags_{policy}"]) for policy in policies]
     assert (f"`adaptive` is flagged in {flagged[0]} of {len(held)} rows, `arc` in {flagged[1]} and `lru` in "
             f"{flagged[2]}.") in prose
@@ -447,7 +447,7 @@ def test_performance_md_half_and_double_predictions_are_the_benchmark_s_raw_outp
     """The ½× / 2× predictions docs/PERFORMANCE.md and docs/MRC.md state for ``trace_gen``'s multitenant and rag
     are the errors docs/PERFORMANCE.json keeps from ``mrc._one_workload`` (each within issue 39's 0.02)."""
     runs = raw_results()["mrc_half_double"]
-    texts = [" ".join(doc(page).split()) for page in ("PERFORMANCE.md", "MRC.md")]
+    texts = [flattened(doc(page)) for page in ("PERFORMANCE.md", "MRC.md")]
     for name in ("multitenant", "rag"):
         run = runs[name]
         assert max(run["half_error"], run["double_error"]) <= 0.02
@@ -461,7 +461,7 @@ def test_performance_md_trace_gen_prose_is_computed_from_the_raw_output():
     runs show: the worst point against the offline LRU and ARC, the points above LMCache's server, and the one
     below it."""
     raw = raw_results()["trace_gen"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     points = [(kind, name, size) for kind, result in raw.items() for name, size in result["sizes"].items()]
 
     def hit(size: dict, column: str) -> float:
@@ -488,7 +488,7 @@ def test_performance_md_isolation_rerun_prose_is_the_benchmark_s_raw_output():
     ``python -m benchmarks isolation --policies lru,adaptive`` (each workload, and the older tree measured beside),
     the like-for-like ratio within issue 39's 5 %, and the machine's factor over the earlier run it names."""
     runs = {name: run["tp1"][0] for name, run in raw_results()["isolation_policies"].items()}
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
 
     def instructions(run: dict, policy: str) -> str:
         return f"{run['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
@@ -520,7 +520,7 @@ def test_performance_md_trace_gen_rerun_prose_is_the_benchmark_s_raw_output():
     docs/PERFORMANCE.json keeps of it, and ``adaptive`` the same as in the table's run at every size."""
     rerun, first = raw_results()["trace_gen_reruns"]["conversations"], raw_results()["trace_gen"]["conversations"]
     small = rerun["sizes"]["small"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"with named stores, the server read {small['lmcache_server']['hit_ratio']:.4f} against "
             f"{small['mpcache_adaptive']['hit_ratio']:.4f}, `adaptive` the same at every size") in prose
     assert all(rerun["sizes"][size]["mpcache_adaptive"]["hit_ratio"] == first["sizes"][size]["mpcache_adaptive"][
@@ -551,7 +551,7 @@ def test_performance_md_recency_phase_table_and_prose_are_the_benchmark_s_raw_ou
             points.append((kind, name, size["mpcache_adaptive"]["hit_ratio"], size["offline_lru"]["hit_ratio"],
                            old["lmcache_server"]["hit_ratio"]))
     assert len(expected) == 21 and sorted(expected) == sorted(rows)
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     kind, name, ours, lru, _ = min(points, key=lambda p: p[2] - p[3])
     gap = max(lru - ours, 0)
     assert f"below the offline LRU by at most {gap:.4f} (`{kind}` {name}) with the recency phase" in prose
@@ -576,7 +576,7 @@ def test_performance_md_synthetic_trace_table_and_ratios_are_the_benchmark_s_raw
         return " / ".join(f"{ours - other:+.3f}" for ours, other in hits)
 
     ratios = " / ".join(f"{result['mpcache_adaptive_over_offline_lru'][s]:.3f}×" for s in sizes)
-    prose = " ".join(text.split())
+    prose = flattened(text)
     assert result["mpcache_adaptive_over_offline_lru"]["small"] >= 1.05
     assert (f"over the offline LRU: {gain('offline_lru')} hit ratio at the small / middle / large size, "
             f"{ratios}") in prose
@@ -621,7 +621,7 @@ def test_performance_md_frequency_gate_table_and_prose_are_the_benchmark_s_raw_o
     assert sorted(cells for cells, _ in rows) == sorted(_table_rows(GATE_HEADER))
     values = {(cells[0].split()[0], cells[1]): value for cells, value in rows}
     rag = values[("rag", "small")]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"`rag` small {rag['ours']:.4f} against {rag['before']:.4f} before the gate, {rag['gain']}× the offline "
             f"LRU's prefill") in prose
     below = max(value["lru"] - value["ours"] for _, value in rows)
@@ -646,7 +646,7 @@ def test_performance_md_states_lmcache_s_server_spread_against_adaptive_from_the
     runs = [run["hit_ratio"] for run in small["lmcache_server"]["runs"]]
     ours, median = small["mpcache_adaptive"]["hit_ratio"], small["lmcache_server"]["hit_ratio"]
     assert 5 == len(runs) and median == sorted(runs)[2] and min(runs) <= ours <= max(runs)
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"LMCache's own server reads {min(runs):.4f}–{max(runs):.4f} over five runs (median {median:.4f}; "
             "`python -m benchmarks trace conversations.jsonl --json --repetitions 5`") in prose
     assert (f"against `adaptive`'s {ours:.4f}: within the server's spread, above {sum(ours > r for r in runs)} of "
@@ -682,7 +682,7 @@ def test_performance_md_join_table_and_isolation_are_the_benchmark_s_raw_output(
     raw = raw_results()["shadow_join"]
     _table_is_the_raw_output(raw["trace"], JOIN_SECTION)
     large = raw["trace"]["agentic"]["sizes"]["large"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"`adaptive` at `agentic` large reads {large['mpcache_adaptive']['hit_ratio']:.4f} against the offline "
             f"LRU's {large['offline_lru']['hit_ratio']:.4f}") in prose
     stated = ("`adaptive` {ours:,} against `lru` {theirs:,} instructions per request net of idle ({requests} "
@@ -715,7 +715,7 @@ def test_performance_md_compiled_sketch_table_and_counts_are_the_benchmark_s_raw
                          f"**{ratio}×**" if ratio <= 1.05 else f"{ratio}×"])
     assert expected == _table_rows(SKETCH_HEADER)
     counts = raw["l1_in_process"]["instructions_per_request"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"`adaptive` takes {counts['adaptive_compiled_sketch']:,} instructions a request with the compiled "
             f"sketch and {counts['adaptive_python_sketch']:,} with the Python one, against `lru`'s "
             f"{counts['lru']:,}") in prose
@@ -730,7 +730,7 @@ def test_performance_md_join_sooner_table_is_the_benchmark_s_raw_output():
     _table_is_the_raw_output(runs, JOIN_SOONER_SECTION)
     moved = _moved(runs, before, JOIN_COLUMNS)
     assert {("agentic", "large", "mpcache_adaptive"), ("multitenant", "large", "mpcache_adaptive")} == moved
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert "no other point moves" in prose
     large, large_before = runs["agentic"]["sizes"]["large"], before["agentic"]["sizes"]["large"]
     tenants, tenants_before = runs["multitenant"]["sizes"]["large"], before["multitenant"]["sizes"]["large"]
@@ -749,7 +749,7 @@ def test_performance_md_join_from_peak_table_is_the_benchmark_s_raw_output_and_l
     runs, before = kept["trace"], raw["join_sooner"]["trace"]
     _table_is_the_raw_output(runs, JOIN_FROM_PEAK_SECTION)
     assert {("agentic", "large", "mpcache_adaptive")} == _moved(runs, before, JOIN_COLUMNS)
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     middle = runs["conversations"]["sizes"]["middle"]
     [in_process_before] = [row["l1_adaptive"] for row in kept["policy_matrix_conversations_seed14"]["before"]
                            if row["size"] == "middle"]
@@ -778,7 +778,7 @@ def test_performance_md_admission_by_chance_table_is_the_benchmark_s_raw_output_
     moved = {point for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive"}
     assert moved == {("conversations", "large", "mpcache_adaptive")}
     large, large_before = runs["conversations"]["sizes"]["large"], before["conversations"]["sizes"]["large"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"only `conversations` large moves, from {large_before['mpcache_adaptive']['hit_ratio']:.4f} to "
             f"{large['mpcache_adaptive']['hit_ratio']:.4f}") in prose
 
@@ -833,7 +833,7 @@ def test_performance_md_large_stores_table_is_the_benchmark_s_raw_output_and_l1_
 def _moved_points_are_named(runs: dict[str, Any], before: dict[str, Any]) -> None:
     """docs/PERFORMANCE.md names every ``mpcache_adaptive`` point of ``runs`` that moved from ``before``, in order."""
     moved = sorted(point[:2] for point in _moved(runs, before, JOIN_COLUMNS) if point[2] == "mpcache_adaptive")
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     named = "; ".join(f"`{kind}` {name} {before[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f} → "
                       f"{runs[kind]['sizes'][name]['mpcache_adaptive']['hit_ratio']:.4f}"
                       for kind in runs for name in runs[kind]["sizes"] if (kind, name) in moved)
@@ -847,7 +847,7 @@ def test_performance_md_later_isolation_runs_are_the_benchmark_s_raw_output():
     over target."""
     runs = [run["tp1"][0] for run in raw_results()["sketch_compiled"]["isolation_later"]]
     ratios = [f"{run['instructions_over_first']['mpcache_adaptive']}×" for run in runs]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert (f"read {ratios[0]} (5dac5d5, 02:00 UTC, beside other benchmarks: {runs[0]['requests']} requests), then, "
             f"on 8c6ebfa") in prose
     assert f"{ratios[1]}, {ratios[2]} and {ratios[3]} (02:34–02:41 UTC)" in prose
@@ -892,7 +892,7 @@ def test_performance_md_collector_table_and_verdicts_are_the_benchmark_s_raw_out
     outside = {name: [run["instructions_over_first_outside_collector"]["mpcache_adaptive"] for run in measured]
                for name, measured in runs.items()}
     over = [run for run in before if run["instructions_over_first"]["mpcache_adaptive"] > 1.05]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert max(ratios) <= 1.05 and len(over) == 2
     assert f"met in all three runs of this code, {min(ratios)}–{max(ratios)}×" in prose
     assert (f"two of three runs were over it, {over[0]['instructions_over_first']['mpcache_adaptive']}× and "
@@ -919,7 +919,7 @@ def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_o
     final, before, first = raw["final"], raw["before_chance"], raw["arc_before_ghost_bounds"]
     text = doc("PERFORMANCE.md")
     assert render(final) in text
-    prose = " ".join(text.split())
+    prose = flattened(text)
     ours, belady = final["mpcache_adaptive_over_offline_lru"], final["belady_over_offline_lru"]["small"]
     earlier = before["mpcache_adaptive_over_offline_lru"]
     assert f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill" in prose
@@ -947,7 +947,7 @@ def _public_trace_section(name: str, before_name: str, where: str) -> tuple[dict
     run, before = raw[name], raw[before_name]
     text = doc("PERFORMANCE.md")
     assert render(run) in text
-    prose = " ".join(text.split())
+    prose = flattened(text)
     ours, earlier = run["mpcache_adaptive_over_offline_lru"], before["mpcache_adaptive_over_offline_lru"]
     assert (f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at the small / middle / large size "
             f"({earlier['small']}× / {earlier['middle']}× / {earlier['large']}× {where}") in prose
@@ -1004,7 +1004,7 @@ def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
     from ``benchmarks.mrc_accuracy`` (each within issue 39's 0.01), and the ``adaptive`` curve's of the run before."""
     [result] = raw_results()["mrc_accuracy_public_conversation"]["traces"].values()
     lru, adaptive = (result[policy]["32768 keys, rate 0.01"] for policy in ("lru", "adaptive"))
-    prose = " ".join(doc("MRC.md").split())
+    prose = flattened(doc("MRC.md"))
     assert (f"LRU curve {lru['mae']:.4f}, `adaptive` curve {adaptive['mae']:.4f} (largest point of ½×–2× "
             f"{lru['max_half_to_double']:.4f} and {adaptive['max_half_to_double']:.4f})") in prose
     assert max(lru["mae"], adaptive["mae"]) <= 0.01
@@ -1041,7 +1041,7 @@ def test_performance_md_policy_matrix_prose_is_the_16_seeds_raw_output_and_its_w
     regenerated from its seed, the offline LRU, ARC and L1 under ``adaptive`` find what the run kept), and seed 1's
     row replays with the phases the prose gives it."""
     below, under_sim = _judged_matrix("policy_matrix_adaptive", range(1, 17))
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     whole, first = below[4000], below[1500]
     assert {(row["trace"], row["size"]) for row in whole} == {("conversations", "middle")}
     assert (f"{len(whole)} of the 336 rows of 4,000 requests, the length of the issue's production replay, are below "
@@ -1092,7 +1092,7 @@ def test_performance_md_states_the_unseen_seeds_rows_as_kept_and_their_worst_row
     replays (its trace regenerated from its seed, L1 under ``adaptive`` finds what the run kept)."""
     kept = raw_results()["policy_matrix_adaptive_unseen"]
     below, under_sim = _judged_matrix("policy_matrix_adaptive_unseen", range(25, 33))
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     large = [row for row in below[1500] if (row["trace"], row["size"]) == ("multitenant", "large")]
     worst_large = max(map(_gap, large))
     sim_gaps = [max(row["lmcache_sim"] - row["l1_adaptive"] for row in under_sim[requests])
@@ -1125,7 +1125,7 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     and ``l1_counted_arc_bounds_compiled``, fewer for ``arc`` in every case); the changelog's figures are theirs."""
     kept = raw_results()["engine_path"]
     ours, before = [run["tp1"][0] for run in kept["runs"]["fb4d283"]], kept["runs"]["58053df"]["tp1"][0]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     (first, first_lru), (second, second_lru) = map(_instructions, ours)
     before_adaptive, before_lru = _instructions(before)
     ratios = [run["instructions_over_first"]["mpcache_adaptive"] for run in ours]
@@ -1193,7 +1193,7 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
             f"{over_arc_bounded[0]:.1f}–{over_arc_bounded[-1]:.1f} % more than it.") in prose
     all_over_lru = sorted(counted["over_lru"][f"{workload}_{objects}_objects"]["adaptive"]
                           for workload in ("unique", "shared") for objects in (32, 2048))
-    changelog = " ".join(open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8").read().split())
+    changelog = flattened(open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8").read())
     assert (f"It reads `adaptive` at {all_over_lru[0]:.2f}–{all_over_lru[-1]:.2f}× `lru` and "
             f"{over_arc[0]:.1f}–{over_arc[-1]:.1f} % above `arc`") in changelog
     all_over_lru_now = sorted(now["over_lru"][f"{workload}_{objects}_objects"]["adaptive"]

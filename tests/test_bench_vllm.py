@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
-from support.performance_docs import doc, raw_results
+from support.performance_docs import doc, flattened, raw_results
 
 from benchmarks import __main__ as bench_main
 from benchmarks import vllm
@@ -146,7 +146,7 @@ def test_performance_md_before_prefill_prose_is_the_benchmark_s_raw_output() -> 
     medians of the time before prefill, the differences of the medians beside them, the longest waits, the last run's
     waits in the order sent, and each run's medians."""
     runs = raw_results()["vllm_before_prefill"]["runs"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     assert [run["repetitions"] for run in runs] == [5, 11, 11, 11]
 
     def listed(values: list[str]) -> str:
@@ -184,7 +184,7 @@ def test_performance_md_quiet_run_prose_is_the_benchmark_s_raw_output() -> None:
     """docs/PERFORMANCE.md's numbers of the run kept as ``vllm`` (each request once the others were quiet) are read
     from its raw output."""
     run = raw_results()["vllm"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     waits, medians, others = run["before_prefill_ms"], run["median_ms"], run["others_cpu_ms"]
     assert 0 == run["not_quiet"] and run["comparable_work"]
     assert (f"(`others_cpu_ms`): at most {max(max(values) for values in others.values())} ms in this run, and no "
@@ -213,7 +213,7 @@ def test_performance_md_spin_probe_prose_is_the_probe_s_raw_output() -> None:
     and the long waits it saw with both caches, as docs/PERFORMANCE.md says."""
     probe = raw_results()["vllm_spin_probe"]
     requests = probe["requests"]
-    prose = " ".join(doc("PERFORMANCE.md").split())
+    prose = flattened(doc("PERFORMANCE.md"))
     others = [sum(ms for name, ms in r["cpu_ms"].items()
                   if name.startswith("engine-") and name != f"engine-{r['kind']}") for r in requests]
     servers = [sum(ms for name, ms in r["cpu_ms"].items() if name.startswith("server-")) for r in requests]
@@ -223,7 +223,7 @@ def test_performance_md_spin_probe_prose_is_the_probe_s_raw_output() -> None:
             f"{min(servers)}–{max(servers)} ms; its waits of more than 100 ms ({min(r['wait_ms'] for r in long)}–"
             f"{max(r['wait_ms'] for r in long)} ms) came with both caches.") in prose
     assert {"mpcache", "lmcache"} == {r["kind"] for r in long}
-    changelog = " ".join((Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text().split())
+    changelog = flattened((Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text())
     assert f"a request sent meanwhile waited up to {max(r['wait_ms'] for r in long):.0f} ms for that core" in changelog
 
 

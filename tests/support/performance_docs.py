@@ -14,6 +14,12 @@ def doc(page: str) -> str:
         return handle.read()
 
 
+def flattened(text: str) -> str:
+    """``text`` with every run of whitespace one space: a page's sentences as tests look for them, whatever line
+    breaks fall inside."""
+    return " ".join(text.split())
+
+
 def raw_results() -> dict:
     """docs/PERFORMANCE.json: the raw results the tables and prose of docs/PERFORMANCE.md are read from."""
     return json.loads(doc("PERFORMANCE.json"))
