@@ -19,19 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
 import mpcache.cache.l1 as l1_module
-from benchmarks import trace_gen
-from benchmarks.arguments import whole_number
-from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_best, sizes, worker_signals
+from benchmarks.policy_matrix import TOLERANCE, l1_found
 from benchmarks.policy_matrix import flags as matrix_flags
-from benchmarks.trace_sim import TraceRequest, arc, lru, outcome
+from benchmarks.seed_pool import Job, referenced, seeded_replay
+from benchmarks.trace_sim import TraceRequest, outcome
 from mpcache.eviction import order, phases
 from mpcache.eviction.gate import FrequencyGate
 
@@ -141,31 +138,25 @@ def duel_found(requests: list[TraceRequest], blocks: int, switches: list[int]) -
         return l1_found(requests, blocks, "adaptive", after=after)
 
 
-def _rows(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
+def _rows(job: Job) -> list[dict[str, Any]]:
     """One kind and seed: its references and every variant's hit ratio, per length and size."""
-    kind, seed, requests, first = job
-    whole = trace_gen.KINDS[kind](requests, seed)
     rows = []
-    for limit in (requests, first):
-        trace: list[TraceRequest] = whole[:limit]
-        for size, blocks in sizes(trace):
-            row: dict[str, Any] = {"trace": kind, "seed": seed, "requests": len(trace), "size": size,
-                                   "blocks": blocks, "lru": lru(trace, blocks).hit_ratio,
-                                   "arc": arc(trace, blocks).hit_ratio, "lmcache_sim": lmcache_best(trace, blocks)}
-            found = {}
-            for name, (_, patches) in VARIANTS.items():
-                with patched(patches):
-                    found[name] = l1_found(trace, blocks, "adaptive")
-                row[name] = outcome(trace, found[name]).hit_ratio
-            row["oracle"] = max(row[name] for name in ORACLE)
-            # the duels' ARC phase is the one a split gives them: from the first request, not the first ghost hit
-            arc_from_first = duel_found(trace, blocks, [0])
-            row["arc_from_first"] = outcome(trace, arc_from_first).hit_ratio
-            for name, (_, arc_first) in DUELS.items():
-                switches = duel_switches(found["never_split"], arc_from_first, arc_first)
-                row[name] = outcome(trace, duel_found(trace, blocks, switches)).hit_ratio
-                row[f"{name}_switches"] = switches
-            rows.append(row)
+    for trace, row in referenced(job):
+        blocks = row["blocks"]
+        found = {}
+        for name, (_, patches) in VARIANTS.items():
+            with patched(patches):
+                found[name] = l1_found(trace, blocks, "adaptive")
+            row[name] = outcome(trace, found[name]).hit_ratio
+        row["oracle"] = max(row[name] for name in ORACLE)
+        # the duels' ARC phase is the one a split gives them: from the first request, not the first ghost hit
+        arc_from_first = duel_found(trace, blocks, [0])
+        row["arc_from_first"] = outcome(trace, arc_from_first).hit_ratio
+        for name, (_, arc_first) in DUELS.items():
+            switches = duel_switches(found["never_split"], arc_from_first, arc_first)
+            row[name] = outcome(trace, duel_found(trace, blocks, switches)).hit_ratio
+            row[f"{name}_switches"] = switches
+        rows.append(row)
     return rows
 
 
@@ -206,37 +197,9 @@ def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str
 
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=__doc__.splitlines()[2])
-    parser.add_argument("--seeds", nargs=2, type=trace_gen.seed_argument, default=list(SEEDS),
-                        metavar=("FIRST", "LAST"),
-                        help=f"the generated traces' seeds, FIRST to LAST (default {SEEDS[0]} {SEEDS[1]})")
-    parser.add_argument("--kinds", nargs="+", choices=sorted(trace_gen.KINDS), default=list(trace_gen.KINDS))
-    parser.add_argument("--requests", type=whole_number(1), default=REQUESTS, help=f"default {REQUESTS:,}")
-    parser.add_argument("--first", type=whole_number(1), default=FIRST, help=f"also the first N (default {FIRST:,})")
-    parser.add_argument("--jobs", type=whole_number(1), default=2)
-    parser.add_argument("--json", action="store_true", help="print the summary and every row as JSON")
-    args = parser.parse_args(argv)
-    first_seed, last_seed = args.seeds
-    if last_seed < first_seed:
-        parser.error(f"--seeds {first_seed} {last_seed}: the last seed is below the first")
-    if args.requests > trace_gen.MAX_COUNT:
-        parser.error(f"--requests {args.requests}: expected at most {trace_gen.MAX_COUNT:,}")
-    if args.first >= args.requests:
-        parser.error(f"--first {args.first}: expected fewer than --requests {args.requests}")
-    say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
-    work = [(kind, seed, args.requests, args.first) for kind in args.kinds
-            for seed in range(first_seed, last_seed + 1)]
-    rows: list[dict[str, Any]] = []
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: the workers go too
-    try:
-        with multiprocessing.Pool(min(args.jobs, len(work)), initializer=worker_signals) as pool:
-            for done, job_rows in enumerate(pool.imap(_rows, work), 1):
-                rows.extend(job_rows)
-                say(f"[phase_ablation] {job_rows[0]['trace']} seed {job_rows[0]['seed']} done ({done}/{len(work)})")
-    except KeyboardInterrupt:
-        say("[phase_ablation] interrupted: its workers are gone")
+    args, rows = seeded_replay(parser, (SEEDS, REQUESTS, FIRST), "the summary and every row", _rows, argv, progress)
+    if rows is None:
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     counted = summary(rows, args.requests, args.first)
     print(json.dumps({"summary": counted, "rows": rows}, indent=1) if args.json
           else render(counted, args.requests, args.first))

@@ -28,7 +28,9 @@ import signal
 import sys
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from multiprocessing.pool import Pool
 from typing import Any
 
 import numpy as np
@@ -142,17 +144,38 @@ def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, A
     return rows
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
 def worker_signals() -> None:
     """A worker leaves Ctrl-C to its parent, whose leaving the pool terminates it, and ends on that SIGTERM
-    without a word (it inherits the parent's SIGTERM handler, which would make a traceback of it)."""
+    without a word (it inherits the parent's SIGTERM handler, which would make a traceback of it); it takes both
+    again, which :func:`worker_pool` held back while it forked it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
+@contextmanager
+def worker_pool(processes: int) -> Iterator[Pool]:
+    """A pool of ``processes`` workers (:func:`worker_signals`), terminated as the block ends.  Ctrl-C and SIGTERM
+    are held back while it starts, so one that comes then ends the block once the pool is whole: a pool interrupted
+    half built leaves the workers it has forked, each waiting forever on a queue whose writing end it holds too."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        pool = multiprocessing.Pool(processes, initializer=worker_signals)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        yield pool
 
 
 def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:
     """Every trace in ``paths`` (name → file), whole (up to ``requests``) and its first ``first`` requests."""
     work = [(name, path, limit, policies) for name, path in paths.items() for limit in (requests, first)]
-    with multiprocessing.Pool(min(jobs, len(work)), initializer=worker_signals) as pool:
+    with worker_pool(min(jobs, len(work))) as pool:
         out = []
         for rows in pool.imap(_rows, work):
             out.extend(rows)

@@ -71,3 +71,43 @@ def test_sigterm_ends_the_workers_and_removes_the_scratch_traces(tmp_path):
     assert (130, "[policy_matrix] interrupted: its workers and scratch files are gone", [], []) == (
         status, stderr[-1], alive, [line for line in stderr[:-1] if not line.endswith(" done")])
     assert [] == os.listdir(tmp_path)
+
+
+_SIGTERM_AS_THE_POOL_STARTS = """
+import multiprocessing, os, signal, sys
+from benchmarks import policy_matrix
+
+signal.signal(signal.SIGTERM, signal.default_int_handler)
+built = []
+real = multiprocessing.Pool
+
+
+def pool_then_sigterm(*args, **kwargs):
+    pool = real(*args, **kwargs)
+    built.append(pool)
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives as the pool is whole, before a with-block holds it
+    return pool
+
+
+multiprocessing.Pool = pool_then_sigterm
+try:
+    with {pool} as pool:
+        pool.map(abs, range(4))
+    print("not interrupted")
+except KeyboardInterrupt:
+    workers = [worker for pool in built for worker in pool._pool]
+    print(len(workers), sum(worker.is_alive() for worker in workers), flush=True)
+    for worker in workers:
+        worker.kill()
+    os._exit(0)  # a pool never terminated would hang the interpreter's exit, which joins it
+"""
+
+
+@pytest.mark.parametrize("pool, workers_left", [("multiprocessing.Pool(2)", 2), ("policy_matrix.worker_pool(2)", 0)])
+def test_sigterm_as_the_pool_starts_leaves_no_worker(pool: str, workers_left: int) -> None:
+    """SIGTERM (as Ctrl-C) that comes while the replays' pool is being built: a pool built in the with statement
+    itself is never held by it, and its 2 workers are left running (each waits on a queue whose writing end it holds
+    too); ``worker_pool`` holds the signal back until the pool is whole and held, and terminates both."""
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_AS_THE_POOL_STARTS.format(pool=pool)], capture_output=True,
+                          text=True, timeout=120)
+    assert 0 == done.returncode and f"2 {workers_left}" == done.stdout.strip(), done.stderr

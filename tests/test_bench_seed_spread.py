@@ -1,0 +1,104 @@
+"""``python -m benchmarks.seed_spread``: its rows against references computed apart, its counting per cell and in
+total, and its command line."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+from support.performance_docs import doc, flattened
+
+from benchmarks import seed_spread, trace_gen
+from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim
+from benchmarks.policy_matrix import sizes as policy_matrix_sizes
+from benchmarks.trace_sim import arc, lru, outcome
+
+
+def test_a_row_holds_the_offline_references_and_the_matrix_s_replay_of_adaptive() -> None:
+    """Per length and size: ``trace_sim``'s LRU and ARC, the best of the simulated server's trim periods, and the
+    order replayed as ``policy_matrix`` replays it."""
+    rows = seed_spread._rows(("scan", 4, 300, 120))
+    whole = trace_gen.KINDS["scan"](300, 4)
+    assert [(300, "small"), (300, "middle"), (300, "large"), (120, "small"), (120, "middle"), (120, "large")] == [
+        (row["requests"], row["size"]) for row in rows]
+    for row in rows:
+        trace = whole[:row["requests"]]
+        assert row["blocks"] == dict(policy_matrix_sizes(trace))[row["size"]]
+        assert row["lru"] == lru(trace, row["blocks"]).hit_ratio
+        assert row["arc"] == arc(trace, row["blocks"]).hit_ratio
+        assert row["lmcache_sim"] == max(lmcache_sim(trace, row["blocks"], period).hit_ratio
+                                       for period in LMCACHE_PERIODS)
+        assert row["adaptive"] == outcome(trace, l1_found(trace, row["blocks"], "adaptive")).hit_ratio
+
+
+def test_a_cell_counts_each_policy_s_flagged_seeds_by_the_matrix_s_bar() -> None:
+    """Three seeds of one cell, made up so each policy falls on a known side of each bar: LRU more than the tolerance
+    below ARC in seeds 1 and 2, ARC in seed 3; ``adaptive`` within the tolerance of the better in seeds 1 and 3 and
+    below it by more in seed 2, and below the simulated server in seed 3 only (LRU in seeds 1 and 3, ARC in 3)."""
+    base = {"trace": "t", "requests": 40, "size": "small", "blocks": 10}
+    made_up = [(0.40, 0.50, 0.45, 0.50 - TOLERANCE / 2), (0.30, 0.40, 0.20, 0.30),
+               (0.60, 0.50, 0.61, 0.60 - TOLERANCE / 2)]
+    rows = [{**base, "seed": seed, "lru": lru_ratio, "arc": arc_ratio, "lmcache_sim": sim, "adaptive": adaptive}
+            for seed, (lru_ratio, arc_ratio, sim, adaptive) in enumerate(made_up, 1)]
+    [cell] = seed_spread.cells(rows)
+    gaps = [0.10, 0.10, -0.10]
+    assert cell["seeds"] == 3
+    assert cell["arc_minus_lru_mean"] == pytest.approx(statistics.fmean(gaps))
+    assert cell["arc_minus_lru_sd"] == pytest.approx(statistics.stdev(gaps))
+    assert (2, 1, 1) == (cell["lru_below_best"], cell["arc_below_best"], cell["adaptive_below_best"])
+    assert (2, 1, 1) == (cell["lru_below_sim"], cell["arc_below_sim"], cell["adaptive_below_sim"])
+    assert 1 == cell["fixed"]
+    assert cell["adaptive_minus_best_mean"] == pytest.approx((-TOLERANCE - 0.10) / 3)
+    assert cell["lru_minus_best_mean"] == pytest.approx(-0.20 / 3)
+
+
+def test_the_totals_sum_the_cells_of_a_length_and_name_those_where_adaptive_trails_the_fixed_choice() -> None:
+    """Two cells of 40 requests and one of 20: the sums per length, and the one cell of 40 where ``adaptive`` is
+    flagged in more seeds than the better of LRU and ARC held for the whole cell would be."""
+    def cell(kind: str, requests: int, lru_flags: int, arc_flags: int, adaptive_flags: int) -> dict:
+        return {"trace": kind, "requests": requests, "size": "middle", "seeds": 5, "lru_below_best": lru_flags,
+                "arc_below_best": arc_flags, "adaptive_below_best": adaptive_flags, "lru_below_sim": 1,
+                "arc_below_sim": 2, "adaptive_below_sim": 3, "fixed": min(lru_flags, arc_flags)}
+
+    counted = [cell("a", 40, 3, 1, 1), cell("b", 40, 0, 4, 2), cell("a", 20, 5, 0, 4)]
+    assert {"rows": 10, "lru_below_best": 3, "arc_below_best": 5, "adaptive_below_best": 3, "lru_below_sim": 2,
+            "arc_below_sim": 4, "adaptive_below_sim": 6, "fixed": 1,
+            "adaptive_behind_fixed": ["b middle"]} == seed_spread.totals(counted, 40)
+    assert ["a middle"] == seed_spread.totals(counted, 20)["adaptive_behind_fixed"]
+
+
+def test_a_small_run_prints_its_cells_totals_and_rows_as_json_and_its_table() -> None:
+    """One kind, two seeds, short lengths: 6 cells of 2 seeds each, the totals per length, a line per job done; the
+    table has a line per cell."""
+    argv = [sys.executable, "-m", "benchmarks.seed_spread", "--seeds", "3", "4", "--kinds", "loop", "--requests",
+            "200", "--first", "80", "--jobs", "1"]
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
+    assert 0 == done.returncode, done.stderr
+    result = json.loads(done.stdout)
+    assert 12 == len(result["rows"]) and [2] * 6 == [cell["seeds"] for cell in result["cells"]]
+    assert {"200", "80"} == set(result["totals"]) and 6 == result["totals"]["80"]["rows"]
+    assert ["[seed_spread] loop seed 3 done (1/2)", "[seed_spread] loop seed 4 done (2/2)"] == (
+        done.stderr.strip().splitlines())
+    table = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert 0 == table.returncode and seed_spread.render(result["cells"], 2) == table.stdout.strip()
+    assert 2 + 6 == len(table.stdout.strip().splitlines())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "9", "3"], "--seeds 9 3: the last seed is below the first"),
+    (["--first", "5000", "--requests", "5000"], "--first 5000: expected fewer than --requests 5000"),
+    (["--jobs", "-1"], "argument --jobs: expected a whole number >= 1, got '-1'")])
+def test_a_bad_argument_is_one_line_and_exit_status_2(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.seed_spread", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert 2 == done.returncode and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_benchmarks_md_states_the_default_seeds_and_the_bar_as_the_code_has_them() -> None:
+    page = flattened(doc("BENCHMARKS.md"))
+    first, last = seed_spread.SEEDS
+    assert (f"the same replay at seeds {first} to {last} by default, and per kind, length and size the seeds where the "
+            f"offline LRU, ARC and `adaptive` are each more than {TOLERANCE} below the better of LRU and ARC") in page
