@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support.performance_docs import doc, flattened
+from support.performance_docs import doc, flattened, history, raw_results
 
 from benchmarks import seed_spread, trace_gen
 from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim
@@ -102,3 +102,55 @@ def test_benchmarks_md_states_the_default_seeds_and_the_bar_as_the_code_has_them
     first, last = seed_spread.SEEDS
     assert (f"the same replay at seeds {first} to {last} by default, and per kind, length and size the seeds where the "
             f"offline LRU, ARC and `adaptive` are each more than {TOLERANCE} below the better of LRU and ARC") in page
+
+
+def test_the_kept_run_s_cells_totals_and_history_table_are_its_rows_and_its_seeds_1_to_16_the_ablation_s() -> None:
+    """PERFORMANCE.json's ``seed_spread``: its cells and totals counted from its rows, its table in
+    benchmarks/HISTORY.md rendered from its cells, and its rows of seeds 1 to 16 what ``phase_ablation``'s kept run,
+    another replay, found with the order as shipped."""
+    kept = raw_results()["seed_spread"]
+    rows = kept["rows"]
+    assert 64 * 7 * 6 == len(rows) and kept["cells"] == seed_spread.cells(rows)
+    assert {length: seed_spread.totals(kept["cells"], int(length)) for length in ("4000", "1500")} == kept["totals"]
+    assert seed_spread.render(kept["cells"], 64) in history()
+    ablation = {(r["trace"], r["seed"], r["requests"], r["size"]): r for r in raw_results()["phase_ablation"]["rows"]}
+    early = [r for r in rows if r["seed"] <= 16]
+    assert len(ablation) == len(early)
+    for row in early:
+        other = ablation[(row["trace"], row["seed"], row["requests"], row["size"])]
+        assert (other["shipped"], other["lru"], other["arc"], other["lmcache_sim"]) == (
+            row["adaptive"], row["lru"], row["arc"], row["lmcache_sim"])
+
+
+def test_the_prose_on_the_kept_run_is_counted_from_it() -> None:
+    """What benchmarks/HISTORY.md and docs/PERFORMANCE.md say of the run, read from its cells and totals."""
+    kept = raw_results()["seed_spread"]
+    at = {(c["trace"], c["requests"], c["size"]): c for c in kept["cells"]}
+    t4, t1 = kept["totals"]["4000"], kept["totals"]["1500"]
+    notes, page = flattened(history()), flattened(doc("PERFORMANCE.md"))
+    assert (f"`adaptive` is flagged in {t4['adaptive_below_best']} of {t4['rows']:,} rows, where the better fixed "
+            f"choice per workload would be in {t4['fixed']}, the LRU in {t4['lru_below_best']} and ARC in "
+            f"{t4['arc_below_best']}. Below `lmcache_sim`: {t4['adaptive_below_sim']}, against the LRU's "
+            f"{t4['lru_below_sim']} and ARC's {t4['arc_below_sim']}.") in notes
+    middle = at[("conversations", 4000, "middle")]
+    assert ["conversations middle"] == t4["adaptive_behind_fixed"]
+    assert (middle["adaptive_below_best"], middle["fixed"], middle["lru_below_best"], middle["arc_below_best"]) == (
+        7, 6, 7, 6)
+    assert (f"ARC − LRU is {middle['arc_minus_lru_mean']:+.4f} with a standard deviation of "
+            f"{middle['arc_minus_lru_sd']:.4f} over the seeds") in notes
+    matrix = raw_results()["phase_ablation"]["rows"]
+    assert {("conversations", "middle")} == {(r["trace"], r["size"]) for r in matrix if r["requests"] == 4000
+                                             and r["shipped"] < max(r["lru"], r["arc"]) - TOLERANCE}
+    large = at[("multitenant", 1500, "large")]
+    assert (large["adaptive_below_best"], large["arc_below_best"], large["seeds"]) == (43, 64, 64)
+    assert (f"`adaptive` is flagged in {t1['adaptive_below_best']} rows against the fixed choice's {t1['fixed']}. "
+            "43 of them are `multitenant` large, where ARC is more than 0.005 below the LRU in all 64 seeds") in notes
+    assert (f"Over 64 seeds a cell (`python -m benchmarks.seed_spread`, 03:28–03:49 UTC; PERFORMANCE.json's "
+            f"`seed_spread`), `adaptive` is flagged in {t4['adaptive_below_best']} of {t4['rows']:,} rows of 4,000 "
+            f"requests, where the better of LRU and ARC fixed per workload would be in {t4['fixed']} (the LRU in "
+            f"{t4['lru_below_best']}, ARC in {t4['arc_below_best']}); {middle['adaptive_below_best']} of the "
+            f"{t4['adaptive_below_best']} are `conversations` middle, where LRU and ARC trade places from seed to seed "
+            f"(ARC − LRU {middle['arc_minus_lru_mean']:+.4f}, standard deviation {middle['arc_minus_lru_sd']:.4f}) and "
+            f"each is flagged itself in {middle['lru_below_best']} and {middle['arc_below_best']} seeds") in page
+    assert (f"over the first 1,500 requests in {t1['adaptive_below_best']} against {t1['fixed']}, "
+            f"{large['adaptive_below_best']} of them `multitenant` large") in page
