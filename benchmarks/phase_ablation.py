@@ -196,7 +196,8 @@ def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str
 
 
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=__doc__.splitlines()[2])
+    what = __doc__.split("``: ", 1)[1].split("\n\n")[0]  # the docstring's first sentence
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=what)
     args, rows = seeded_replay(parser, (SEEDS, REQUESTS, FIRST), "the summary and every row", _rows, argv, progress)
     if rows is None:
         return 130

@@ -145,6 +145,7 @@ def _rows(job: tuple[str, str, int | None, tuple[str, ...]]) -> list[dict[str, A
 
 
 _STOPS = {signal.SIGINT, signal.SIGTERM}
+_FORK = multiprocessing.get_context("fork")  # the replays' workers are forked (:func:`worker_pool`)
 
 
 def worker_signals() -> None:
@@ -158,18 +159,26 @@ def worker_signals() -> None:
 
 @contextmanager
 def worker_pool(processes: int) -> Iterator[Pool]:
-    """A pool of ``processes`` workers (:func:`worker_signals`), terminated as the block ends.  Ctrl-C and SIGTERM
-    are held back while it starts, so one that comes then ends the block once the pool is whole: a pool interrupted
-    half built leaves the workers it has forked, each waiting forever on a queue whose writing end it holds too."""
+    """A pool of ``processes`` forked workers (:func:`worker_signals`), terminated as the block ends.  Ctrl-C and
+    SIGTERM (as Ctrl-C: the callers' handler) are held back while it starts, so one that comes then ends the block
+    once the pool is whole, and while it is terminated, so a second one does not stop that half way: a pool left half
+    built or half terminated leaves workers running, each waiting forever on a queue whose writing end it holds too.
+    Forked, as another start method's resource tracker takes both signals back while the pool starts."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
-        pool = multiprocessing.Pool(processes, initializer=worker_signals)
+        pool = _FORK.Pool(processes, initializer=worker_signals)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
-    with pool:
+    try:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         yield pool
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            pool.terminate()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def run(paths: dict[str, str], requests: int, first: int, policies: tuple[str, ...], jobs: int) -> list[dict[str, Any]]:

@@ -7,8 +7,9 @@ depends on how far LRU and ARC move apart from one seed to the next.  This repla
 seeds, whole and its first ``--first`` requests, at the three sizes of ``bench trace``, and counts per kind, length
 and size the seeds where each of ``lru``, ``arc`` and ``adaptive`` is flagged by that same bar (more than the
 tolerance below the better of LRU and ARC; below ``lmcache_sim``), beside the mean and standard deviation of ARC's
-hit ratio minus LRU's.  ``fixed`` is the fewer of LRU's and ARC's flagged seeds: what the better fixed choice for
-that workload, a tuning flag an operator would have to know to set, is flagged in.  ``adaptive`` sets none.
+hit ratio minus LRU's.  ``fixed`` is the fewer of LRU's and ARC's seeds flagged below the better of the two: what
+the better of them for that kind, length and size, chosen after the fact (a flag set right for each), is flagged
+in.  ``adaptive`` is set by nothing.  ``--json`` also prints each length's totals.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per kind, length and size, in the rows' order: its seeds, ARC − LRU's mean and standard deviation over them,
     and per policy of :data:`POLICIES` the seeds where the bar flags it (``below_best``: more than the tolerance
     below the better of LRU and ARC; ``below_sim``: below ``lmcache_sim``) and its mean hit ratio minus the better
-    of LRU and ARC; ``fixed``: the fewer of LRU's and ARC's ``below_best``."""
+    of LRU and ARC; ``fixed``: the fewer of LRU's and ARC's ``below_best``, the better of the two's after the fact."""
     grouped: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for row in rows:
         grouped.setdefault((row["trace"], row["requests"], row["size"]), []).append(row)
@@ -62,7 +63,7 @@ def cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def totals(counted: list[dict[str, Any]], requests: int) -> dict[str, Any]:
     """Over the cells of ``requests`` requests: each policy's flagged seeds summed, ``fixed``'s, and the cells
-    where ``adaptive`` is flagged below the better of LRU and ARC in more seeds than the better fixed choice."""
+    where ``adaptive`` is flagged below the better of LRU and ARC in more seeds than ``fixed``."""
     at = [cell for cell in counted if cell["requests"] == requests]
     out: dict[str, Any] = {"rows": sum(cell["seeds"] for cell in at)}
     for policy in POLICIES:

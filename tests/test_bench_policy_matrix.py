@@ -73,26 +73,36 @@ def test_sigterm_ends_the_workers_and_removes_the_scratch_traces(tmp_path):
     assert [] == os.listdir(tmp_path)
 
 
-_SIGTERM_AS_THE_POOL_STARTS = """
-import multiprocessing, os, signal, sys
+_SIGTERM_AS_THE_POOL_STARTS_OR_STOPS = """
+import multiprocessing, multiprocessing.pool, os, signal, sys
 from benchmarks import policy_matrix
 
 signal.signal(signal.SIGTERM, signal.default_int_handler)
 built = []
-real = multiprocessing.Pool
+Pool = multiprocessing.pool.Pool
+if "{when}" == "starts":
+    forking = Pool._repopulate_pool
 
+    def repopulate_then_sigterm(self):  # inside Pool.__init__, its workers forked, its threads not yet started
+        built.append(self)
+        forking(self)
+        os.kill(os.getpid(), signal.SIGTERM)
 
-def pool_then_sigterm(*args, **kwargs):
-    pool = real(*args, **kwargs)
-    built.append(pool)
-    os.kill(os.getpid(), signal.SIGTERM)  # arrives as the pool is whole, before a with-block holds it
-    return pool
+    Pool._repopulate_pool = repopulate_then_sigterm
+else:
+    finishing = Pool._help_stuff_finish
 
+    def sigterm_then_finish(*args):  # inside the termination a first Ctrl-C began
+        os.kill(os.getpid(), signal.SIGTERM)
+        finishing(*args)
 
-multiprocessing.Pool = pool_then_sigterm
+    Pool._help_stuff_finish = staticmethod(sigterm_then_finish)
 try:
     with {pool} as pool:
+        built.append(pool)
         pool.map(abs, range(4))
+        if "{when}" == "stops":
+            raise KeyboardInterrupt
     print("not interrupted")
 except KeyboardInterrupt:
     workers = [worker for pool in built for worker in pool._pool]
@@ -103,11 +113,27 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.parametrize("when", ["starts", "stops"])
 @pytest.mark.parametrize("pool, workers_left", [("multiprocessing.Pool(2)", 2), ("policy_matrix.worker_pool(2)", 0)])
-def test_sigterm_as_the_pool_starts_leaves_no_worker(pool: str, workers_left: int) -> None:
-    """SIGTERM (as Ctrl-C) that comes while the replays' pool is being built: a pool built in the with statement
-    itself is never held by it, and its 2 workers are left running (each waits on a queue whose writing end it holds
-    too); ``worker_pool`` holds the signal back until the pool is whole and held, and terminates both."""
-    done = subprocess.run([sys.executable, "-c", _SIGTERM_AS_THE_POOL_STARTS.format(pool=pool)], capture_output=True,
-                          text=True, timeout=120)
+def test_sigterm_as_the_pool_starts_or_stops_leaves_no_worker(when: str, pool: str, workers_left: int) -> None:
+    """SIGTERM (as Ctrl-C) that comes while the replays' pool forks its workers, or while a first Ctrl-C terminates
+    it: a pool built in the with statement itself leaves its 2 workers running (each waits on a queue whose writing
+    end it holds too); ``worker_pool`` holds the signal back until the pool is whole and held, and while it is
+    terminated, and no worker is left."""
+    script = _SIGTERM_AS_THE_POOL_STARTS_OR_STOPS.format(when=when, pool=pool)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert 0 == done.returncode and f"2 {workers_left}" == done.stdout.strip(), done.stderr
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_pool_forks_its_workers_whatever_the_default_start_method(method: str) -> None:
+    """Another start method's resource tracker takes SIGINT and SIGTERM back while the pool starts (and Python 3.14
+    makes forkserver Linux's default): the workers are forked whatever the default, their command line the parent's
+(a spawned or forkserver worker runs multiprocessing's own)."""
+    script = (f"import multiprocessing, os, psutil\nmultiprocessing.set_start_method({method!r})\n"
+              "from benchmarks import policy_matrix\n"
+              "with policy_matrix.worker_pool(1) as pool:\n"
+              "    worker = psutil.Process(pool.apply(os.getpid))\n"
+              "    print(worker.cmdline() == psutil.Process().cmdline(), multiprocessing.get_start_method())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert 0 == done.returncode and f"True {method}" == done.stdout.strip(), done.stderr
