@@ -15,6 +15,7 @@ from benchmarks import seed_spread, trace_gen
 from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim
 from benchmarks.policy_matrix import sizes as policy_matrix_sizes
 from benchmarks.trace_sim import arc, lru, outcome
+from mpcache.eviction import phases
 
 
 def test_a_row_holds_the_offline_references_and_the_matrix_s_replay_of_adaptive() -> None:
@@ -111,15 +112,27 @@ def test_benchmarks_md_states_the_default_seeds_and_the_bar_as_the_code_has_them
             f"offline LRU, ARC and `adaptive` are each more than {TOLERANCE} below the better of LRU and ARC") in page
 
 
-def test_the_kept_run_s_cells_totals_and_history_table_are_its_rows_and_its_seeds_1_to_16_the_ablation_s() -> None:
-    """PERFORMANCE.json's ``seed_spread``: its cells and totals counted from its rows, its table in
-    benchmarks/HISTORY.md rendered from its cells, and its rows of seeds 1 to 16 what ``phase_ablation``'s kept run,
-    another replay, found with the order as shipped."""
-    kept = raw_results()["seed_spread"]
+BEFORE, AFTER = "seed_spread_join_at_3_sigmas", "seed_spread"  # the kept runs, the join at 3 and at 2 deviations
+
+
+@pytest.mark.parametrize("key", [BEFORE, AFTER])
+def test_a_kept_run_s_cells_and_totals_are_its_rows_and_its_references_the_other_s(key: str) -> None:
+    """PERFORMANCE.json's two runs: cells and totals counted from their rows; the references (LRU, ARC, the
+    simulated server) of each row what the other run, another replay, found."""
+    kept = raw_results()[key]
     rows = kept["rows"]
     assert 64 * 7 * 6 == len(rows) and kept["cells"] == seed_spread.cells(rows)
     assert {length: seed_spread.totals(kept["cells"], int(length)) for length in ("4000", "1500")} == kept["totals"]
-    assert seed_spread.render(kept["cells"], 64) in history()
+    other = raw_results()[AFTER if key == BEFORE else BEFORE]["rows"]
+    assert [(r["trace"], r["seed"], r["requests"], r["size"], r["lru"], r["arc"], r["lmcache_sim"]) for r in rows] == [
+        (r["trace"], r["seed"], r["requests"], r["size"], r["lru"], r["arc"], r["lmcache_sim"]) for r in other]
+
+
+def test_the_run_before_the_join_s_change_is_history_s_table_and_its_seeds_1_to_16_the_ablation_s() -> None:
+    """The run of the join at 3 deviations: its table in benchmarks/HISTORY.md rendered from its cells, and its
+    rows of seeds 1 to 16 what ``phase_ablation``'s kept run (the same order) found as shipped."""
+    rows = raw_results()[BEFORE]["rows"]
+    assert seed_spread.render(raw_results()[BEFORE]["cells"], 64) in history()
     ablation = {(r["trace"], r["seed"], r["requests"], r["size"]): r for r in raw_results()["phase_ablation"]["rows"]}
     early = [r for r in rows if r["seed"] <= 16]
     assert len(ablation) == len(early)
@@ -129,12 +142,11 @@ def test_the_kept_run_s_cells_totals_and_history_table_are_its_rows_and_its_seed
             row["adaptive"], row["lru"], row["arc"], row["lmcache_sim"])
 
 
-def test_the_prose_on_the_kept_run_is_counted_from_it() -> None:
-    """What benchmarks/HISTORY.md and docs/PERFORMANCE.md say of the run, read from its cells and totals."""
-    kept = raw_results()["seed_spread"]
+def test_history_s_reading_of_the_run_before_the_join_s_change_is_counted_from_it() -> None:
+    kept = raw_results()[BEFORE]
     at = {(c["trace"], c["requests"], c["size"]): c for c in kept["cells"]}
     t4, t1 = kept["totals"]["4000"], kept["totals"]["1500"]
-    notes, page = flattened(history()), flattened(doc("PERFORMANCE.md"))
+    notes = flattened(history())
     assert (f"`adaptive` is flagged in {t4['adaptive_below_best']} of {t4['rows']:,} rows, where the better of LRU "
             f"and ARC chosen after the fact per cell would be in {t4['fixed']}, the LRU in {t4['lru_below_best']} and "
             f"ARC in {t4['arc_below_best']}. Below `lmcache_sim`: {t4['adaptive_below_sim']}, against the LRU's "
@@ -152,16 +164,97 @@ def test_the_prose_on_the_kept_run_is_counted_from_it() -> None:
     assert (large["adaptive_below_best"], large["arc_below_best"], large["seeds"]) == (43, 64, 64)
     assert (f"`adaptive` is flagged in {t1['adaptive_below_best']} rows against the fixed choice's {t1['fixed']}. "
             "43 of them are `multitenant` large, where ARC is more than 0.005 below the LRU in all 64 seeds") in notes
-    assert (f"Over 64 seeds a cell (`python -m benchmarks.seed_spread`, 03:28–03:49 UTC; PERFORMANCE.json's "
-            f"`seed_spread`), `adaptive` is flagged in {t4['adaptive_below_best']} of {t4['rows']:,} rows of 4,000 "
-            f"requests, where the better of LRU and ARC, chosen after the fact per kind, length and size, would be in "
-            f"{t4['fixed']} (the LRU in "
-            f"{t4['lru_below_best']}, ARC in {t4['arc_below_best']}); {middle['adaptive_below_best']} of the "
+
+
+def test_performance_md_s_reading_of_both_runs_is_counted_from_them() -> None:
+    """docs/PERFORMANCE.md's *What is missed*: today's order from the run after the change, the run before it in
+    brief."""
+    after, before = raw_results()[AFTER], raw_results()[BEFORE]
+    at = {(c["trace"], c["requests"], c["size"]): c for c in after["cells"]}
+    t4, t1 = after["totals"]["4000"], after["totals"]["1500"]
+    middle, large = at[("conversations", 4000, "middle")], at[("multitenant", 1500, "large")]
+    page = flattened(doc("PERFORMANCE.md"))
+    assert (f"`adaptive` is more than {TOLERANCE} below the offline LRU or ARC in {t4['adaptive_below_best']} of "
+            f"{t4['rows']:,} rows of 4,000 requests, the length of the issue's production replay, where the better of "
+            f"LRU and ARC, chosen after the fact per kind, length and size, would be in {t4['fixed']} (the LRU in "
+            f"{t4['lru_below_best']}, ARC in {t4['arc_below_best']}). {middle['adaptive_below_best']} of the "
             f"{t4['adaptive_below_best']} are `conversations` middle, where LRU and ARC trade places from seed to seed "
             f"(ARC − LRU {middle['arc_minus_lru_mean']:+.4f}, standard deviation {middle['arc_minus_lru_sd']:.4f}) and "
             f"each is flagged itself in {middle['lru_below_best']} and {middle['arc_below_best']} seeds") in page
-    assert (f"over the first 1,500 requests in {t1['adaptive_below_best']} against {t1['fixed']}, "
+    assert large["arc_below_best"] == large["seeds"]  # "ARC is below the LRU in every seed"
+    assert (f"Over the first 1,500 requests it is flagged in {t1['adaptive_below_best']} rows against {t1['fixed']}, "
             f"{large['adaptive_below_best']} of them `multitenant` large") in page
+    assert (f"{t4['adaptive_below_sim']} rows of 4,000 requests (the LRU {t4['lru_below_sim']}, ARC "
+            f"{t4['arc_below_sim']}) and {t1['adaptive_below_sim']} of 1,500") in page
+    b4, b1 = before["totals"]["4000"], before["totals"]["1500"]
+    assert (f"{b4['adaptive_below_best']} and {b1['adaptive_below_best']} flagged, {b4['adaptive_below_sim']} and "
+            f"{b1['adaptive_below_sim']} below the simulated server") in page
+
+
+def _seed_groups_table(before: list[dict], after: list[dict]) -> str:
+    """HISTORY.md's table of the join's change per group of seeds, counted apart from its prose."""
+    groups = ((1, 16, "1–16 (the policy matrix's)"), (17, 32, "17–32 (looked at before)"),
+              (33, 64, "33–64 (never looked at for a change)"), (1, 64, "1–64"))
+    lines = ["| seeds | 4,000 requests: flagged / below `lmcache_sim` | 1,500 requests: flagged / below `lmcache_sim` "
+             "| sum of hit ratios |", "|---|---|---|---|"]
+    for first, last, name in groups:
+        counted = []
+        for rows in (before, after):
+            part = [r for r in rows if first <= r["seed"] <= last]
+            flagged = {n: sum(1 for r in part if r["requests"] == n and r["adaptive"] < max(r["lru"], r["arc"])
+                              - TOLERANCE) for n in (4000, 1500)}
+            below = {n: sum(1 for r in part if r["requests"] == n and r["adaptive"] < r["lmcache_sim"])
+                     for n in (4000, 1500)}
+            counted.append((flagged, below, sum(r["adaptive"] for r in part)))
+        (fb, bb, sb), (fa, ba, sa) = counted
+        cols = [f"{fb[n]} → {fa[n]} / {bb[n]} → {ba[n]}" for n in (4000, 1500)]
+        lines.append(f"| {name} | {cols[0]} | {cols[1]} | {sb:.3f} → {sa:.3f} |")
+    return "\n".join(lines)
+
+
+def test_history_s_entry_on_the_join_is_the_two_runs_and_the_code_s_constants() -> None:
+    """The join's constants as the entry states them; its table per group of seeds and each cell it names counted
+    from the two kept runs; the curves' errors from PERFORMANCE.json's ``mrc_accuracy_join``."""
+    assert (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS) == (2.0, 2.5)
+    before, after = raw_results()[BEFORE], raw_results()[AFTER]
+    notes = history()
+    assert _seed_groups_table(before["rows"], after["rows"]) in notes
+    prose = flattened(notes)
+    assert "3 and 3.5 → 2 and 2.5:" in prose
+    old = {(c["trace"], c["requests"], c["size"]): c for c in before["cells"]}
+    new = {(c["trace"], c["requests"], c["size"]): c for c in after["cells"]}
+
+    def moved(kind: str, requests: int, size: str, column: str = "adaptive_below_best") -> str:
+        return f"{old[(kind, requests, size)][column]} → {new[(kind, requests, size)][column]}"
+
+    assert (f"Over 1,500 requests, flagged: `multitenant` large {moved('multitenant', 1500, 'large')}, `conversations` "
+            f"middle {moved('conversations', 1500, 'middle')} and large {moved('conversations', 1500, 'large')}, "
+            f"`agentic` large {moved('agentic', 1500, 'large')}, `multitenant` middle "
+            f"{moved('multitenant', 1500, 'middle')}.") in prose
+    large = new[("conversations", 4000, "large")]
+    middle = new[("conversations", 4000, "middle")]
+    below_sim = moved("conversations", 4000, "middle", "adaptive_below_sim")
+    assert (f"Over 4,000 requests, flagged: `conversations` large {moved('conversations', 4000, 'large')}, where the "
+            f"LRU and ARC are flagged themselves in {large['lru_below_best']} and {large['arc_below_best']} seeds. "
+            f"Below `lmcache_sim`: `conversations` middle {below_sim} "
+            f"(the LRU {middle['lru_below_sim']}, ARC {middle['arc_below_sim']}), `multitenant` middle "
+            f"{moved('multitenant', 4000, 'middle', 'adaptive_below_sim')}.") in prose
+    changed = {key for key in old if (old[key]["adaptive_below_best"], old[key]["adaptive_below_sim"]) != (
+        new[key]["adaptive_below_best"], new[key]["adaptive_below_sim"])}
+    named = {("multitenant", 1500, "large"), ("conversations", 1500, "middle"), ("conversations", 1500, "large"),
+             ("agentic", 1500, "large"), ("multitenant", 1500, "middle"), ("conversations", 4000, "large"),
+             ("conversations", 4000, "middle"), ("multitenant", 4000, "middle")}
+    assert changed - named == {("agentic", 1500, "middle")}  # below the server only, 5 → 2: in the table's sums
+    curves = raw_results()["mrc_accuracy_join"]
+    at3, at2 = curves["join_at_3_sigmas"], curves["join_at_2_sigmas"]
+    assert (f"mean absolute error `multitenant` {at3['multitenant']['mae']} → {at2['multitenant']['mae']}, KV-shaped "
+            f"{at3['kv']['mae']} → {at2['kv']['mae']}, `conversations` {at3['conversations']['mae']} → "
+            f"{at2['conversations']['mae']}, `agentic` {at3['agentic']['mae']} → {at2['agentic']['mae']}, the others "
+            "unchanged") in prose
+    assert [name for name in at3 if at3[name]["mae"] != at2[name]["mae"]] == ["kv", "conversations", "multitenant",
+                                                                               "agentic"]
+    assert (f"2× L1 is {at2['multitenant']['max_half_to_double']} on `multitenant` either way, above the issue's "
+            "0.02") in prose and at3["multitenant"]["max_half_to_double"] == at2["multitenant"]["max_half_to_double"]
 
 
 @pytest.mark.parametrize("module, sentence", [("seed_spread", "how often issue 39's per-row bar flags the references "

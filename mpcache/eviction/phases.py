@@ -20,8 +20,8 @@ it again.
 from __future__ import annotations
 
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
-JOIN_SIGMAS = 3.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
-JOIN_FALL_SIGMAS = 3.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
+JOIN_SIGMAS = 2.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
+JOIN_FALL_SIGMAS = 2.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
 JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
 
 
