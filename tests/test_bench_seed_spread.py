@@ -4,12 +4,13 @@ total, and its command line."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 
 import pytest
-from support.performance_docs import doc, flattened, history, raw_results
+from support.performance_docs import REPO, doc, flattened, history, raw_results
 
 from benchmarks import seed_spread, trace_gen
 from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim
@@ -186,6 +187,19 @@ def test_performance_md_s_reading_of_both_runs_is_counted_from_them() -> None:
             f"{large['adaptive_below_best']} of them `multitenant` large") in page
     assert (f"{t4['adaptive_below_sim']} rows of 4,000 requests (the LRU {t4['lru_below_sim']}, ARC "
             f"{t4['arc_below_sim']}) and {t1['adaptive_below_sim']} of 1,500") in page
+    mixed = at[("multitenant", 1500, "middle")]
+    assert mixed["lru_below_best"] == mixed["seeds"]  # "ARC is ahead of it in every seed"
+    assert (f"and {mixed['adaptive_below_best']} `multitenant` middle, where ARC is ahead of it in every seed: those "
+            "gaps are the order's.") in page
+    unseen = {n: [r for r in after["rows"] if 25 <= r["seed"] <= 32 and r["requests"] == n] for n in (4000, 1500)}
+    flagged = {n: [r for r in rows if r["adaptive"] < max(r["lru"], r["arc"]) - TOLERANCE]
+               for n, rows in unseen.items()}
+    large_unseen = [r for r in flagged[1500] if (r["trace"], r["size"]) == ("multitenant", "large")]
+    below = {n: sum(1 for r in rows if r["adaptive"] < r["lmcache_sim"]) for n, rows in unseen.items()}
+    worst = max(max(r["lru"], r["arc"]) - r["adaptive"] for r in large_unseen)
+    assert (f"With today's join (`seed_spread`) those seeds read {len(flagged[4000])} and {len(flagged[1500])} flagged "
+            f"({len(large_unseen)} `multitenant` large, up to {worst:.4f}) and {below[4000]} and {below[1500]} below "
+            "the simulated server.") in page
     b4, b1 = before["totals"]["4000"], before["totals"]["1500"]
     assert (f"{b4['adaptive_below_best']} and {b1['adaptive_below_best']} flagged, {b4['adaptive_below_sim']} and "
             f"{b1['adaptive_below_sim']} below the simulated server") in page
@@ -265,3 +279,90 @@ def test_help_describes_the_benchmark_in_its_docstring_s_first_sentence(module: 
     done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], capture_output=True, text=True,
                           timeout=60)
     assert 0 == done.returncode and sentence in flattened(done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("key, constants", [(BEFORE, (3.0, 3.5)),
+                                            (AFTER, (phases.JOIN_SIGMAS, phases.JOIN_FALL_SIGMAS))])
+def test_rows_of_each_kept_run_replay_with_its_join(monkeypatch, key: str, constants: tuple[float, float]) -> None:
+    """Rows the change moved most, and one it moved not, replayed in process with the run's join: L1 under
+    ``adaptive`` finds what the run kept (the run after the change is today's code)."""
+    monkeypatch.setattr(phases, "JOIN_SIGMAS", constants[0])
+    monkeypatch.setattr(phases, "JOIN_FALL_SIGMAS", constants[1])
+    rows = {(r["trace"], r["seed"], r["requests"], r["size"]): r for r in raw_results()[key]["rows"]}
+    for kind, seed, requests, size in (("multitenant", 1, 1500, "large"), ("multitenant", 36, 4000, "middle"),
+                                       ("conversations", 23, 4000, "middle"), ("rag", 2, 1500, "small")):
+        row = rows[(kind, seed, requests, size)]
+        trace = trace_gen.KINDS[kind](4000, seed)[:requests]
+        assert outcome(trace, l1_found(trace, row["blocks"], "adaptive")).hit_ratio == row["adaptive"]
+
+
+def test_history_s_row_by_row_reading_of_the_join_is_counted_from_the_runs() -> None:
+    before, after = raw_results()[BEFORE]["rows"], raw_results()[AFTER]["rows"]
+    prose = flattened(history())
+    pairs = list(zip(before, after))
+    assert all((b["trace"], b["seed"], b["requests"], b["size"]) == (a["trace"], a["seed"], a["requests"], a["size"])
+               for b, a in pairs)
+    gained = sum(1 for b, a in pairs if a["adaptive"] > b["adaptive"])
+    lost = sum(1 for b, a in pairs if a["adaptive"] < b["adaptive"])
+    b, a = min(pairs, key=lambda pair: pair[1]["adaptive"] - pair[0]["adaptive"])
+    assert (a["trace"], a["seed"], a["requests"], a["size"]) == ("multitenant", 36, 4000, "middle")
+    assert max(a["lru"], a["arc"]) - TOLERANCE <= a["adaptive"] < min(a["lru"], a["lmcache_sim"])
+    assert (f"Row by row, {gained} of the {len(pairs):,} rows gain and {lost} lose, the most `multitenant` middle seed "
+            f"36 over 4,000 requests, {b['adaptive']:.4f} → {a['adaptive']:.4f} ({a['lru'] - a['adaptive']:.4f} below "
+            "the LRU, not flagged, and below `lmcache_sim`).") in prose
+
+    def flagged(row: dict) -> bool:
+        return row["adaptive"] < max(row["lru"], row["arc"]) - TOLERANCE
+
+    def turned(requests: int, now: bool) -> list[tuple[str, str, int]]:
+        return sorted((a["trace"], a["size"], a["seed"]) for b, a in pairs
+                      if a["requests"] == requests and flagged(a) == now and flagged(b) != now)
+
+    assert [("conversations", "large", 18), ("conversations", "middle", 23), ("conversations", "middle", 45),
+            ("conversations", "middle", 58)] == turned(4000, True)
+    assert [("conversations", "middle", 1), ("conversations", "middle", 22), ("conversations", "middle", 56)] == (
+        turned(4000, False))
+    assert ("Over 4,000 requests 4 rows are newly flagged and 3 no longer, all `conversations`: middle seeds 23, 45 "
+            "and 58 and large seed 18 in, middle seeds 1, 22 and 56 out.") in prose
+    out = turned(1500, False)
+    assert [("conversations", "middle", 53), ("multitenant", "middle", 62)] == turned(1500, True)
+    assert (f"Over 1,500 requests {len(out)} rows are no longer flagged and 2 are newly (`conversations` middle seed "
+            f"53, `multitenant` middle seed 62). {sum(1 for row in out if row[:2] == ('multitenant', 'large'))} of the "
+            f"{len(out)} are `multitenant` large") in prose
+
+
+def test_the_public_traces_the_curves_and_the_changelog_read_as_the_kept_runs() -> None:
+    """The public traces' rows in process are the same at both joins and their small-size ratios the prose's; the
+    curves' errors in docs/MRC.md and docs/PERFORMANCE.md, and CHANGELOG's numbers, from the kept runs."""
+    public = raw_results()["policy_matrix_public_join"]
+    assert public["join_at_3_sigmas"] == public["join_at_2_sigmas"] and len(public["join_at_2_sigmas"]) == 18
+    small = [f"{row['l1_adaptive'] / row['lru']:.3f}×" for row in public["join_at_2_sigmas"]
+             if row["size"] == "small" and row["requests"] != 1500]
+    assert ["1.326×", "1.364×", "1.089×"] == small
+    assert "(1.326×, 1.364× and 1.089× the offline LRU's hit ratio at the small size)" in flattened(history())
+    curves = raw_results()["mrc_accuracy_join"]
+    at3, at2 = curves["join_at_3_sigmas"], curves["join_at_2_sigmas"]
+    mrc = flattened(doc("MRC.md"))
+    assert (f"the error reads {at2['multitenant']['mae']} on `multitenant` ({at3['multitenant']['mae']} at 3; largest "
+            f"point of ½×–2× {at2['multitenant']['max_half_to_double']} at either), {at2['rag']['mae']:.4f} on `rag`, "
+            f"{at2['agentic']['mae']} on `agentic`, {at2['synthetic_trace']['mae']} on the synthetic trace, "
+            f"{at2['long']['mae']} on long prompts, {at2['kv']['mae']} KV-shaped and {at2['conversations']['mae']:.4f} "
+            "on `conversations`.") in mrc
+    assert at3["multitenant"]["max_half_to_double"] == at2["multitenant"]["max_half_to_double"]
+    page = flattened(doc("PERFORMANCE.md"))
+    assert (f"`adaptive`'s curve reads {at2['multitenant']['mae']} on `multitenant` ({at3['multitenant']['mae']} with "
+            f"the join at 3 in the same hour) and {at2['rag']['mae']:.4f} on `rag`, and its largest error at ½×, 1× "
+            f"and 2× L1 is {at2['multitenant']['max_half_to_double']} on `multitenant` with either join") in page
+    b, a = raw_results()[BEFORE]["totals"], raw_results()[AFTER]["totals"]
+    cells = {(c["trace"], c["requests"], c["size"]): c for c in raw_results()[AFTER]["cells"]}
+    before_cells = {(c["trace"], c["requests"], c["size"]): c for c in raw_results()[BEFORE]["cells"]}
+    key = ("multitenant", 1500, "large")
+    changelog = flattened(open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8").read())
+    assert (f"flagged rows over the first 1,500 requests {b['1500']['adaptive_below_best']} → "
+            f"{a['1500']['adaptive_below_best']} (`multitenant` large {before_cells[key]['adaptive_below_best']} → "
+            f"{cells[key]['adaptive_below_best']}), of 4,000 requests {b['4000']['adaptive_below_best']} → "
+            f"{a['4000']['adaptive_below_best']} (`conversations` rows, where LRU and ARC trade places); below the "
+            f"simulated LMCache server {b['1500']['adaptive_below_sim']} → {a['1500']['adaptive_below_sim']} and "
+            f"{b['4000']['adaptive_below_sim']} → {a['4000']['adaptive_below_sim']}") in changelog
+    assert (f"The `adaptive` miss-ratio curve's error on `multitenant` {at3['multitenant']['mae']} → "
+            f"{at2['multitenant']['mae']}.") in changelog

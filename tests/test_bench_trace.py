@@ -1110,7 +1110,7 @@ def test_performance_md_states_the_unseen_seeds_rows_as_kept_and_their_worst_row
     sim_gaps = [max(row["lmcache_sim"] - row["l1_adaptive"] for row in under_sim[requests])
                 for requests in (4000, 1500)]
     assert not below[4000]  # hence "none"
-    assert (f"On seeds 25–32, which no change was tuned or checked on (PERFORMANCE.json's "
+    assert (f"On seeds 25–32, which no change before this round's join was tuned or checked on (PERFORMANCE.json's "
             f"`policy_matrix_adaptive_unseen`, {kept['measured'][11:16]}–{kept['measured'][-9:-4]} UTC), "
             f"none of the 168 rows of 4,000 requests is below the offline LRU or ARC by more than 0.005, and "
             f"{len(below[1500])} of the 168 over the first 1,500 are ({len(large)} "
