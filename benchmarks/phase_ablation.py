@@ -16,7 +16,6 @@ that replays them, and put them back after.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -143,17 +142,18 @@ def _rows(job: Job) -> list[dict[str, Any]]:
     rows = []
     for trace, row in referenced(job):
         blocks = row["blocks"]
-        found = {}
         for name, (_, patches) in VARIANTS.items():
             with patched(patches):
-                found[name] = l1_found(trace, blocks, "adaptive")
-            row[name] = outcome(trace, found[name]).hit_ratio
+                found = l1_found(trace, blocks, "adaptive")
+            row[name] = outcome(trace, found).hit_ratio
+            if name == "never_split":
+                recency_found = found  # the duels' recency phase
         row["oracle"] = max(row[name] for name in ORACLE)
         # the duels' ARC phase is the one a split gives them: from the first request, not the first ghost hit
         arc_from_first = duel_found(trace, blocks, [0])
         row["arc_from_first"] = outcome(trace, arc_from_first).hit_ratio
         for name, (_, arc_first) in DUELS.items():
-            switches = duel_switches(found["never_split"], arc_from_first, arc_first)
+            switches = duel_switches(recency_found, arc_from_first, arc_first)
             row[name] = outcome(trace, duel_found(trace, blocks, switches)).hit_ratio
             row[f"{name}_switches"] = switches
         rows.append(row)
@@ -196,9 +196,8 @@ def render(counted: dict[str, dict[str, Any]], requests: int, first: int) -> str
 
 
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
-    what = __doc__.split("``: ", 1)[1].split("\n\n")[0]  # the docstring's first sentence
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_ablation", description=what)
-    args, rows = seeded_replay(parser, (SEEDS, REQUESTS, FIRST), "the summary and every row", _rows, argv, progress)
+    args, rows = seeded_replay("phase_ablation", __doc__, (SEEDS, REQUESTS, FIRST), "the summary and every row", _rows,
+                               argv, progress)
     if rows is None:
         return 130
     counted = summary(rows, args.requests, args.first)

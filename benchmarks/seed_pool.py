@@ -59,17 +59,20 @@ def referenced(job: Job) -> Iterator[tuple[list[TraceRequest], dict[str, Any]]]:
                           "lmcache_sim": lmcache_best(trace, blocks)}
 
 
-def seeded_replay(parser: argparse.ArgumentParser, defaults: tuple[tuple[int, int], int, int], what_json_prints: str,
+def seeded_replay(name: str, doc: str, defaults: tuple[tuple[int, int], int, int], what_json_prints: str,
                   rows_of: Callable[[Job], list[dict[str, Any]]], argv: list[str] | None,
                   progress: Callable[[str], None] | None) -> tuple[argparse.Namespace, list[dict[str, Any]] | None]:
-    """``argv`` parsed by ``parser`` given :func:`seeded_arguments` (``defaults``: seeds, requests, first), and the
-    jobs it asks for replayed (:func:`replayed`, named after ``parser``'s module; ``progress``: where its lines go,
-    stderr by default): the arguments and the rows, None where the run was stopped."""
+    """``argv`` parsed as ``python -m benchmarks.<name>`` (described by the first sentence of its module's ``doc``
+    after the synopsis; :func:`seeded_arguments`, ``defaults``: seeds, requests, first), and the jobs it asks for
+    replayed (:func:`replayed`; ``progress``: where its lines go, stderr by default): the arguments and the rows, None
+    where the run was stopped."""
+    described = doc.split("``: ", 1)[1].split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=described)
     seeded_arguments(parser, *defaults, what_json_prints)
     args = parser.parse_args(argv)
     work = work_of(parser, args)
     say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
-    return args, replayed(parser.prog.rsplit(".", 1)[-1], rows_of, work, args.jobs, say)
+    return args, replayed(name, rows_of, work, args.jobs, say)
 
 
 def replayed(name: str, rows_of: Callable[[Job], list[dict[str, Any]]], work: list[Job], jobs: int,

@@ -14,7 +14,6 @@ in.  ``adaptive`` is set by nothing.  ``--json`` also prints each length's total
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -89,10 +88,8 @@ def render(counted: list[dict[str, Any]], seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
-    what = __doc__.split("``: ", 1)[1].split("\n\n")[0]  # the docstring's first sentence
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.seed_spread", description=what)
-    args, rows = seeded_replay(parser, (SEEDS, REQUESTS, FIRST), "the cells, the totals and every row", _rows, argv,
-                               progress)
+    args, rows = seeded_replay("seed_spread", __doc__, (SEEDS, REQUESTS, FIRST), "the cells, the totals and every row",
+                               _rows, argv, progress)
     if rows is None:
         return 130
     counted = cells(rows)
