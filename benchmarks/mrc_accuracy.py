@@ -24,6 +24,7 @@ from benchmarks.mrc_traces import CHUNK_BYTES, Request, exact_curve, exact_dista
 from mpcache.config import Config
 from mpcache.config.derived import L1_POLICIES
 from mpcache.config.model import SETTINGS
+from mpcache.contract import tail_marks
 from mpcache.contract.keys import SAMPLE_MODULUS
 
 RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -74,7 +75,8 @@ def exact_policy_curve(requests: list[Request], policy: str, capacities: list[in
 
 def feed(curves: Any, requests: list[Request], rate: float, exact_chunks: int) -> None:
     """Each request's lookup and store events as the cache process ships them, into ``curves`` (a
-    :class:`~mpcache.telemetry.mrc.curves.CurveSet`): the first ``exact_chunks`` keys and the hash-sampled rest."""
+    :class:`~mpcache.telemetry.mrc.curves.CurveSet`): the first ``exact_chunks`` keys, the hash-sampled rest and
+    the tail's marks."""
     from mpcache.telemetry.mrc.curves import HEAD, MISS, SAMPLED
 
     threshold = rate * SAMPLE_MODULUS
@@ -82,7 +84,8 @@ def feed(curves: Any, requests: list[Request], rate: float, exact_chunks: int) -
         rows = [(h, salt, model) for h in hashes]
         sampled = [row for row in rows[exact_chunks:] if row[0] % SAMPLE_MODULUS < threshold]
         curves.lookup(model, salt, 1, [(row, HEAD, MISS, 1) for row in rows[:exact_chunks]]
-                      + [(row, SAMPLED, MISS, 1) for row in sampled], tail=max(0, len(rows) - exact_chunks))
+                      + [(row, SAMPLED, MISS, 1) for row in sampled], tail=max(0, len(rows) - exact_chunks),
+                      marks=tail_marks.pack(hashes, exact_chunks, 1))
         curves.store(model, CHUNK_BYTES, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
 
 

@@ -99,8 +99,8 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.client.core import CacheClient
     from mpcache.config import derived, kinds
     from mpcache.config.model import MIN_MRC_HALF_LIFE_S, Config
-    from mpcache.contract import protocol
-    from mpcache.contract.events import MRC_HEAD_FIELDS
+    from mpcache.contract import protocol, tail_marks
+    from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
     from mpcache.contract.keys import SAMPLE_MODULUS
     from mpcache.demo import run as demo_run
     from mpcache.shm import layout
@@ -262,6 +262,14 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/MRC.md", r"chunks \(default (\d+), at most (\d+)\)",
          f"{Config.mrc_exact_chunks} / {len(MRC_HEAD_FIELDS)}"),
         ("docs/MRC.md", r"They travel as (\d+) fixed fields", str(len(MRC_HEAD_FIELDS))),
+        ("docs/MRC.md", r"carries the tail's marks in (\d+) fixed fields \(`mpcache/contract/tail_marks\.py`\): the "
+                        r"low (\d+) bits of the key of (\d+) of its chunks from its start \(every one of the first "
+                        r"(\d+), then every (\d+)nd and every (\d+)th, (\d+) of each\) and the low (\d+) bits of each "
+                        r"of its last (\d+) chunks",
+         f"{len(MRC_TAIL_MARK_FIELDS)} / {tail_marks.MARK_BITS} / {len(tail_marks.FROM_START)} / "
+         f"{tail_marks.MARKS_PER_STEP} / {tail_marks.STEPS[1]} / {tail_marks.STEPS[2]} / {tail_marks.MARKS_PER_STEP} / "
+         f"{tail_marks.END_MARK_BITS} / {tail_marks.END_MARKS}"),
+        ("docs/MRC.md", r"the last chunks' (\d+)-bit marks part them", str(tail_marks.END_MARK_BITS)),
         ("docs/MRC.md", r"half of `--mrc-max-keys` \(default (\d+)\) keys", str(Config.mrc_max_keys)),
         ("docs/MRC.md", r"`chunk_hash mod ([\d_]+) <", f"{SAMPLE_MODULUS:_}"),
         ("docs/MRC.md", r"stack than the largest capacity of any curve \((\d+)× the largest tier\)",

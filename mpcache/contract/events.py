@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from mpcache.contract import request_times
+from mpcache.contract import request_times, tail_marks
 
 
 class FieldKind(enum.Enum):
@@ -94,6 +94,7 @@ TEXT_FIELD_BLOCK_REQUESTS = 16  # request ids of MP_VLLM_BLOCK_ALLOCATION: 16, 1
 MRC_HEAD_FIELDS = tuple(f"head_{i}" for i in range(16))  # MRC_LOOKUP_SAMPLED's first chunks, one field each
 MRC_EXACT_GAP_SHIFT = 5  # MRC_LOOKUP_SAMPLED's ``exact``: the head count, | bit 5 + i: head chunk i after the gap
 MRC_EXACT_TAIL_SHIFT = 21  # … | the objects past the head chunks << 21 (the tail the sampled keys are drawn from)
+MRC_TAIL_MARK_FIELDS = tuple(f"tail_marks_{i}" for i in range(tail_marks.MARK_WORDS))  # its tail's marks
 
 
 @dataclass(frozen=True)
@@ -183,11 +184,12 @@ _ALL = (
     _s(E.CB_CHUNKS_EVICTED, "cb.chunks.evicted", ("num_chunks", I)),
     # One per finished lookup (counts in objects, ``ranks`` per chunk): its first chunks as their first rank's
     # key (``head_i``, the hash as it is; ``exact`` = how many | bit 5 + i set when chunk i is held by L1 past
-    # the first missing chunk | the objects past them << 21), and the other keys that pass
-    # ``--mrc-sample-rate`` as sampled keys, ordered L1 hits, L2 hits, misses after the gap, other misses.
+    # the first missing chunk | the objects past them << 21), the tail's marks (mpcache.contract.tail_marks; 0
+    # without a tail), and the other keys that pass ``--mrc-sample-rate`` as sampled keys, ordered L1 hits, L2
+    # hits, misses after the gap, other misses.
     _s(E.MRC_LOOKUP_SAMPLED, "mrc.lookup.sampled", ("model_name", N), ("cache_salt", N), ("ranks", I), ("found", I),
        ("l1_hits", I), ("exact", I), ("sampled_l1_hits", I), ("sampled_l2_hits", I), ("sampled_after_gap", I),
-       *((name, H) for name in MRC_HEAD_FIELDS), sampled=True),
+       *((name, H) for name in MRC_HEAD_FIELDS), *((name, H) for name in MRC_TAIL_MARK_FIELDS), sampled=True),
     # One per store that committed objects: how many, their size, and the sampled ones.
     _s(E.MRC_STORE_SAMPLED, "mrc.store.sampled", ("model_name", N), ("cache_salt", N), ("stored", I),
        ("object_bytes", I), sampled=True),

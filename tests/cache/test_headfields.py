@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mpcache.cache.mrc import headfields
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
 
 compiled = pytest.mark.skipif(not headfields.COMPILED, reason="mpcache.cache.mrc._headfields was not built")
 SLOTS, SHIFT = len(MRC_HEAD_FIELDS), MRC_EXACT_GAP_SHIFT
@@ -81,7 +81,8 @@ def test_the_compiled_builder_does_what_its_python_definition_does():
 
 @compiled
 def test_the_compiled_builder_keeps_every_reference_count():
-    """Built and dropped 10,000 times, the hashes, names and entries it touched are referenced as before."""
+    """Built and dropped 10,000 times, the hashes, names and entries it touched are referenced as before (and
+    the keys a tail's marks read)."""
     hashes = [2**64 - 1 - i for i in range(8)]
     model, salt = "model-x", "salt-y"
     entry = Entry(True)
@@ -89,11 +90,44 @@ def test_the_compiled_builder_keeps_every_reference_count():
     before = [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(model), sys.getrefcount(entry)]
     for _ in range(10000):
         headfields.head_fields(model, salt, hashes, 1, 3, 2, 16, SLOTS, SHIFT, held.get)
+        headfields.tail_mark_words(hashes, 2, 1)
     assert before == [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(model), sys.getrefcount(entry)]
 
 
+def _marks_outcome(call, *args):
+    try:
+        return call(*args)
+    except TypeError:
+        return "TypeError"
+
+
+@compiled
+def test_the_compiled_tail_marks_are_the_python_definitions():
+    """Random tails, regular and not (any length, ranks and start, negative, huge and non-int keys): the
+    same mark words from the compiled call and from mpcache.contract.tail_marks.pack, or the same TypeError."""
+    from mpcache.cache.mrc._headfields import tail_marks as compiled_marks
+    from mpcache.contract import tail_marks
+
+    rng = random.Random(12)
+    layout = (tail_marks.FROM_START, tail_marks.MARK_BITS, tail_marks.END_MARKS, tail_marks.END_MARK_BITS,
+              tail_marks.MARK_WORDS)
+    checked = {"words": 0, "TypeError": 0}
+    for _ in range(5000):
+        ranks = rng.choice([1, 1, 2, 4])
+        keys = [rng.choice([rng.getrandbits(64), -rng.getrandbits(63), 2**70 + rng.getrandbits(8), 3])
+                for _ in range(rng.choice([0, rng.randrange(1, 40), rng.randrange(40, 700)]))]
+        if keys and rng.random() < 0.2:  # read where it is marked, else not at all
+            keys[rng.randrange(len(keys))] = rng.choice([2.0, None, "k"])
+        start = rng.choice([0, 16 * ranks, rng.randrange(0, len(keys) + 3)])
+        expected = _marks_outcome(tail_marks.pack, keys, start, ranks)
+        assert expected == _marks_outcome(compiled_marks, keys, start, ranks, *layout), (keys, start, ranks)
+        assert expected == _marks_outcome(headfields.tail_mark_words, keys, start, ranks)
+        checked["TypeError" if expected == "TypeError" else "words"] += 1
+    assert min(checked.values()) > 50, checked
+
+
 def test_a_lookup_of_head_chunks_publishes_the_builders_fields():
-    """AccessSampler publishes exactly the builder's tuple for a lookup of head chunks only."""
+    """AccessSampler publishes exactly the builder's tuple for a lookup of head chunks only, its tail marks 0."""
     from mpcache.cache.mrc.accesses import AccessSampler
 
     class Recorder:
@@ -110,6 +144,6 @@ def test_a_lookup_of_head_chunks_publishes_the_builders_fields():
 
     sampler = AccessSampler(Recorder(), 0.01)  # type: ignore[arg-type]
     sampler.lookup(L1(), "m", "s", [1, 2, 3], 1, 1, 1)  # type: ignore[arg-type]
-    assert [headfields.head_fields_reference("m", "s", [1, 2, 3], 1, 1, 1, 16, SLOTS, SHIFT, L1.entry_of)] == (
-        Recorder.emitted)
+    assert [(*headfields.head_fields_reference("m", "s", [1, 2, 3], 1, 1, 1, 16, SLOTS, SHIFT, L1.entry_of),
+             *(0 for _ in MRC_TAIL_MARK_FIELDS))] == Recorder.emitted
     assert Recorder.emitted[0][5] == 3 | 1 << (SHIFT + 2)

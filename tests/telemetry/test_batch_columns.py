@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from mpcache.contract.events import MRC_HEAD_FIELDS, SCHEMAS, FieldKind
+from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS, SCHEMAS, FieldKind
 from mpcache.contract.events import EventType as E
 from mpcache.telemetry.batch import EventBatch, group_sums, rows_of
 
@@ -112,7 +112,8 @@ def test_fixed_fields_match_decoded_events_for_every_layout(ring):
         ring.publisher.emit(E.MP_STORE_END, ("cpu", i, "m", i, 4096 * i, 512 + i), session_id=f"r{i}")
         ring.publisher.emit(E.MP_RETRIEVE_END, ("cuda:0", 7, "m", "s", i, 2048 * i, 300 + i), session_id=f"q{i}")
         ring.publisher.emit(E.MRC_LOOKUP_SAMPLED, ("m", f"s{i}", 2, 3, 1, 4 + 32 * i, 1, 0, 1,
-                                                   *(rng.getrandbits(64) for _ in MRC_HEAD_FIELDS)),
+                                                   *(rng.getrandbits(64) for _ in (*MRC_HEAD_FIELDS,
+                                                                                    *MRC_TAIL_MARK_FIELDS))),
                             sampled=[(rng.getrandbits(64), f"s{i}", "m")] * i)
         ring.publisher.emit(E.LMCACHE_REQUEST_TIMES, (f"op{i}", *range(i, i + times_fields - 1)))
     batch = EventBatch(0, ring.reader.read_batch(), ring.names)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Histogram, HistogramDataPoint, InMemoryMetricReader, Sum
 
 from mpcache.config import Config
-from mpcache.contract.events import MRC_HEAD_FIELDS
+from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.checkpoint import StateStore
@@ -167,7 +167,7 @@ class Stream:
             elif kind == 9:
                 emit(E.MRC_STORE_SAMPLED, (model, salt, 1, 4096), sampled=[key])
             elif kind == 10:
-                heads = [rng.randrange(40) for _ in MRC_HEAD_FIELDS]
+                heads = [rng.randrange(40) for _ in MRC_HEAD_FIELDS + MRC_TAIL_MARK_FIELDS]
                 emit(E.MRC_LOOKUP_SAMPLED, (model, salt, 1, rng.randrange(3), rng.randrange(2), 2, 0, 0, 0, *heads),
                      sampled=[key])
             else:

@@ -297,7 +297,7 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
     import dataclasses
     import math
 
-    from mpcache.contract.events import MRC_HEAD_FIELDS, EventType
+    from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS, EventType
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 
     rng = random.Random(9)
@@ -315,7 +315,7 @@ def test_corrupt_access_events_raise_nothing_and_count_nothing_negative(pipeline
         rows = [(rng.getrandbits(64), rng.choice("ab"), "m") for _ in range(rng.randint(0, 5))]
         if rng.random() < 0.5:
             fields = [rng.choice(values) for _ in range(7)]
-            fields += [rng.choice((*hashes, rng.getrandbits(64))) for _ in MRC_HEAD_FIELDS]
+            fields += [rng.choice((*hashes, rng.getrandbits(64))) for _ in MRC_HEAD_FIELDS + MRC_TAIL_MARK_FIELDS]
             published += pipeline.publish(EventType.MRC_LOOKUP_SAMPLED, ("m", rng.choice("ab"), *fields), sampled=rows)
         else:
             pipeline.publish(EventType.MRC_STORE_SAMPLED, ("m", "a", rng.choice(values), rng.choice(values)),
@@ -565,7 +565,7 @@ def test_each_ring_is_its_own_cache_process_for_the_curves_and_the_miss_reasons(
     import dataclasses
     import json
 
-    from mpcache.contract.events import MRC_HEAD_FIELDS, EventType
+    from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS, EventType
     from mpcache.telemetry.batch import EventBatch
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber, mrc_routes
 
@@ -573,7 +573,7 @@ def test_each_ring_is_its_own_cache_process_for_the_curves_and_the_miss_reasons(
     subscriber = MissRatioSubscriber(metrics.meter, config)
     rings = [ring_factory(capacity=256, intern_capacity=64) for _ in range(2)]
     row = (12345, SALT, MODEL)
-    empty = (0,) * len(MRC_HEAD_FIELDS)
+    empty = (0,) * len(MRC_HEAD_FIELDS + MRC_TAIL_MARK_FIELDS)
 
     def deliver(producer: int, etype: EventType, fields: tuple) -> None:
         rings[producer].publisher.emit(etype, fields, sampled=[row])
@@ -620,10 +620,12 @@ def order_hit_ratio(trace: list[tuple[str, int, int]], policy: str, capacity: in
 def test_long_prompts_tails_judged_from_their_head_key_keep_the_curve_within_0_01_at_rate_0_01(policy):
     """Most accesses lie past the 16 head chunks, where 1 % of a few thousand keys is sampled: weighing only
     those (as before the tail count was sent) puts the curve off by more than 0.02; judging every tail object
-    from its head key's last tail, with the sampled keys correcting where a tail changed, keeps it within 0.01
-    of the simulated caches (mean absolute error over ¼×–4×; for ``adaptive``, whose miniatures hold a tail
-    in segments of at least 8 objects, over ½×–4×: at ¼× this L1 holds about one document, and its point is
-    0.05 low)."""
+    from its head key's last tail, as much of it as the marks say is shared, with the sampled keys correcting
+    where a tail changed, keeps it within 0.01 of the simulated caches (mean absolute error over ¼×–4×; for
+    ``adaptive``, whose miniatures hold a tail in segments of at least 8 objects, over ½×–4×: at ¼× this L1
+    holds about one document, and its point is 0.05 low)."""
+    from mpcache.contract import tail_marks
+
     size, capacity = 1000, 200_000
     trace, lengths = long_prompt_trace(random.Random(11), 1500, size)
     ratios = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -639,7 +641,8 @@ def test_long_prompts_tails_judged_from_their_head_key_keep_the_curve_within_0_0
             keys = [(key, SALT, MODEL) for _, key, _ in trace[position:position + length]]
             curves.lookup(MODEL, SALT, 1, [(row, HEAD if index < 16 else SAMPLED, MISS, 1)
                                            for index, row in enumerate(keys)],
-                          tail=max(0, length - 16) if with_tail else 0)
+                          tail=max(0, length - 16) if with_tail else 0,
+                          marks=tail_marks.pack([key for key, _, _ in keys], 16, 1))
             curves.store(MODEL, size, keys)
             position += 2 * length
         [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]

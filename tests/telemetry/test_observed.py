@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from mpcache.contract.events import MRC_HEAD_FIELDS
+from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
 from mpcache.contract.events import EventType as E
 from mpcache.shm import layout
 from mpcache.shm.gauges import GaugeBoardReader, GaugeSlot, format_gauge_board
@@ -214,7 +214,7 @@ def test_built_subscribers_cover_every_metric(pipeline, metrics, config, board):
     publish(E.KV_CAPACITY, ("m", "L1", 1 << 30, 4096))
     # a sampled store, then a lookup that misses it (evicted, eviction regret) and a key never stored (cold)
     publish(E.MRC_STORE_SAMPLED, ("m", "a", 1, 4096), sampled=[chunk])
-    publish(E.MRC_LOOKUP_SAMPLED, ("m", "a", 1, 0, 0, 0, 0, 0, 0, *[0] * len(MRC_HEAD_FIELDS)),
+    publish(E.MRC_LOOKUP_SAMPLED, ("m", "a", 1, 0, 0, 0, 0, 0, 0, *[0] * len(MRC_HEAD_FIELDS + MRC_TAIL_MARK_FIELDS)),
             sampled=[chunk, (8, "a", "m")])
     pipeline.deliver()
     # blend counters and the gauges read 0 without events

@@ -1,4 +1,5 @@
-/* The fields of a lookup's MRC_LOOKUP_SAMPLED event when every chunk is a head chunk (optional).
+/* The fields of a lookup's MRC_LOOKUP_SAMPLED event when every chunk is a head chunk, and its tail's marks
+ * (optional).
  *
  *   head_fields(model, salt, hashes, ranks, l1_hits, found, exact_chunks, head_slots, gap_shift, entry_of)
  *       -> tuple | None
@@ -12,6 +13,10 @@
  * holds.  None when it is not that case (another type, a negative count, chunks past the head): the caller
  * then builds the event in Python.  mpcache.cache.mrc.headfields has the same function in Python; a
  * differential test holds the two to the same answers and the same exceptions (those of ``entry_of``).
+ *
+ *   tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words) -> tuple | None
+ *
+ * The marks of a lookup with chunks past the head (below).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -109,14 +114,83 @@ fail:
     return NULL;
 }
 
+static int put_mark(PyObject *key, Py_ssize_t bits, Py_ssize_t at, unsigned long long *packed) {
+    if (!PyLong_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "a key is %.100s, not an int", Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    unsigned long long mark = PyLong_AsUnsignedLongLongMask(key);
+    if (mark == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    mark &= (1ULL << bits) - 1;
+    packed[at / 64] |= mark << (at % 64);
+    if (at % 64 + bits > 64) /* a mark across two words */
+        packed[at / 64 + 1] |= mark >> (64 - at % 64);
+    return 0;
+}
+
+/* tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words) -> tuple | None
+ *
+ * The mark words of the tail of ``hashes`` that begins at ``start`` (mpcache.contract.tail_marks.pack, whose
+ * layout the arguments give): chunk c's mark is the low bits of its first rank's key, ``mark_bits`` of them for
+ * each chunk of ``from_start`` the tail has, in that order, then ``end_mark_bits`` for each of its last
+ * ``end_marks`` chunks.  None when the arguments are not that case (``hashes`` not a list, a layout that does not
+ * fit ``words`` words): the caller then packs them in Python.  A key that is not an int raises TypeError. */
+static PyObject *tail_marks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "tail_marks() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *hashes = args[0], *from_start = args[3];
+    Py_ssize_t start, ranks, mark_bits, end_marks, end_mark_bits, words;
+    if (!PyList_CheckExact(hashes) || !PyTuple_CheckExact(from_start) || count_arg(args[1], &start) ||
+        count_arg(args[2], &ranks) || ranks < 1 || count_arg(args[4], &mark_bits) || count_arg(args[5], &end_marks) ||
+        count_arg(args[6], &end_mark_bits) || count_arg(args[7], &words) || words < 1 || words > 4 ||
+        mark_bits < 1 || mark_bits > 16 || end_mark_bits < 1 || end_mark_bits > 16 || end_marks > 64 * words ||
+        PyTuple_GET_SIZE(from_start) * mark_bits + end_marks * end_mark_bits > 64 * words)
+        Py_RETURN_NONE;
+    unsigned long long packed[4] = {0, 0, 0, 0};
+    Py_ssize_t count = PyList_GET_SIZE(hashes), chunks = count > start ? (count - start + ranks - 1) / ranks : 0;
+    Py_ssize_t marked = PyTuple_GET_SIZE(from_start);
+    for (Py_ssize_t index = 0; index < marked; index++) {
+        Py_ssize_t chunk;
+        if (count_arg(PyTuple_GET_ITEM(from_start, index), &chunk))
+            Py_RETURN_NONE;
+        if (chunk >= chunks)
+            break;
+        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), mark_bits, index * mark_bits, packed))
+            return NULL;
+    }
+    for (Py_ssize_t chunk = chunks > end_marks ? chunks - end_marks : 0; chunk < chunks; chunk++) {
+        Py_ssize_t at = marked * mark_bits + (chunk - chunks + end_marks) * end_mark_bits;
+        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), end_mark_bits, at, packed))
+            return NULL;
+    }
+    PyObject *out = PyTuple_New(words);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t word = 0; word < words; word++) {
+        PyObject *value = PyLong_FromUnsignedLongLong(packed[word]);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, word, value);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"head_fields", (PyCFunction)(void (*)(void))head_fields, METH_FASTCALL,
      "head_fields(model, salt, hashes, ranks, l1_hits, found, exact_chunks, head_slots, gap_shift, entry_of)"},
+    {"tail_marks", (PyCFunction)(void (*)(void))tail_marks, METH_FASTCALL,
+     "tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_headfields", "A lookup's MRC event fields when every chunk is a head chunk (optional).",
+    PyModuleDef_HEAD_INIT, "_headfields", "A lookup's MRC event fields: when every chunk is a head chunk, and the "
+    "marks of its tail (optional).",
     -1, methods,
 };
 

@@ -9,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpcache.cache.l1 import L1Manager
-from mpcache.cache.mrc.headfields import head_fields, held_past_gap
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_EXACT_TAIL_SHIFT, MRC_HEAD_FIELDS, EventType
+from mpcache.cache.mrc.headfields import head_fields, held_past_gap, tail_mark_words
+from mpcache.contract.events import (
+    MRC_EXACT_GAP_SHIFT,
+    MRC_EXACT_TAIL_SHIFT,
+    MRC_HEAD_FIELDS,
+    MRC_TAIL_MARK_FIELDS,
+    EventType,
+)
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.shm.publish import EventPublisher
 
@@ -22,6 +28,7 @@ GROUP_LABEL = "{model}@g{group}"  # a hybrid model's KV cache group g > 0 in the
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
 _PADDING = [(0,) * (MAX_EXACT_CHUNKS - n) for n in range(MAX_EXACT_CHUNKS + 1)]  # head fields left empty after n
+_NO_MARKS = (0,) * len(MRC_TAIL_MARK_FIELDS)  # the mark fields of a lookup without a tail
 
 
 class AccessSampler:
@@ -46,7 +53,7 @@ class AccessSampler:
         ``hashes[l1_hits:found]`` came from L2.  A missing key past the first missing chunk that L1 holds is
         "after the gap"; the telemetry process tells cold from evicted for the other misses.  The first
         chunks go as their first rank's key (``head_i``; ``exact``: how many, | bit 5 + i: chunk i after the gap,
-        | the objects past them << 21).
+        | the objects past them << 21; the marks of the chunks past them, :mod:`mpcache.contract.tail_marks`).
         Published under ``label`` where the curves key the keys apart from ``model``."""
         if not self.enabled:
             return
@@ -54,7 +61,7 @@ class AccessSampler:
                              MRC_EXACT_GAP_SHIFT, l1.entry_of)
         name = model if label is None else label
         if fields is not None:  # every chunk a head chunk: fixed fields only
-            self._emit_lookup(fields if label is None else (label, *fields[1:]), "")
+            self._emit_lookup((*fields, *_NO_MARKS) if label is None else (label, *fields[1:], *_NO_MARKS), "")
             return
         if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
             l1_hits = found
@@ -86,7 +93,7 @@ class AccessSampler:
         self._pub.emit(_MRC_LOOKUP_SAMPLED,
                        (name, salt, ranks, found, l1_hits, exact | gap_mask | tail << MRC_EXACT_TAIL_SHIFT,
                         len(l1_rows), len(l2_rows),
-                        len(gap_rows), *firsts, *_PADDING[exact]),
+                        len(gap_rows), *firsts, *_PADDING[exact], *tail_mark_words(hashes, exact * ranks, ranks)),
                        sampled=l1_rows + l2_rows + gap_rows + miss_rows)
 
     def lookup_groups(self, l1: L1Manager, model: str, salt: str, hashes: Sequence[int], stride: int,

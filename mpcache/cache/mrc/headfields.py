@@ -1,6 +1,7 @@
 """The fields of a lookup's ``MRC_LOOKUP_SAMPLED`` event when every chunk is a head chunk — the common
 lookup, whose event is fixed fields only: :func:`head_fields` is the compiled builder (``_headfields.c``)
-where it was built, else :func:`head_fields_reference`, the definition a differential test holds it to.
+where it was built, else :func:`head_fields_reference`, the definition a differential test holds it to —
+and the marks of a lookup with a tail (:func:`tail_mark_words`, compiled there too).
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from mpcache.contract import tail_marks
 
 EntryOf = Callable[[tuple[str, str, int]], Any]
 
@@ -47,11 +50,26 @@ def held_past_gap(model: str, salt: str, heads: Sequence[int], gap_chunk: int, g
     return mask
 
 
+def tail_mark_words(hashes: Sequence[int], start: int, ranks: int) -> tuple[int, ...]:
+    """The mark words of the tail of ``hashes`` from ``start`` (:func:`mpcache.contract.tail_marks.pack`): in one
+    compiled call where it was built and ``hashes`` is a list."""
+    if _compiled_marks is not None:
+        words = _compiled_marks(hashes, start, ranks, *_MARK_LAYOUT)
+        if words is not None:
+            return words
+    return tail_marks.pack(hashes, start, ranks)
+
+
+_MARK_LAYOUT = (tail_marks.FROM_START, tail_marks.MARK_BITS, tail_marks.END_MARKS, tail_marks.END_MARK_BITS,
+                tail_marks.MARK_WORDS)
 HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]
 head_fields: HeadFields
+_compiled_marks: Callable[..., "tuple[int, ...] | None"] | None
 try:
     from mpcache.cache.mrc._headfields import head_fields
+    from mpcache.cache.mrc._headfields import tail_marks as _compiled_marks
     COMPILED = True
 except ImportError:  # no C compiler at install time
     head_fields = head_fields_reference
+    _compiled_marks = None
     COMPILED = False

@@ -179,15 +179,15 @@ class CurveSet:
     # -- the sampled stream (pump thread) ---------------------------------------------------------------
 
     def lookup(self, model: str, salt: str, ranks: int, accesses: Sequence[Access], process: int = 0,
-               tail: int = 0, tail_found: tuple[int, int] = (0, 0)) -> None:
+               tail: int = 0, tail_found: tuple[int, int] = (0, 0), marks: Sequence[int] = ()) -> None:
         """One lookup's sampled keys, in order, by cache process ``process``, and how many objects lay past its
-        head chunks (``tail``; ``tail_found``: of them found in L1, in L2): judged against that process's
-        history (:meth:`History.lookup <mpcache.telemetry.mrc.history.History.lookup>`).  A miss of a key that
-        process stored before is ``evicted``, of one it never stored ``cold``."""
+        head chunks (``tail``; ``tail_found``: of them found in L1, in L2; ``marks``: the tail's marks): judged
+        against that process's history (:meth:`History.lookup <mpcache.telemetry.mrc.history.History.lookup>`).
+        A miss of a key that process stored before is ``evicted``, of one it never stored ``cold``."""
         tenant = self.tenant(model, salt)
         histograms = self._histograms(model, salt, tenant)
         curve, reasons = self._histories[process].lookup(accesses, self._object_bytes.get(model, 0), tail,
-                                                         tail_found)
+                                                         tail_found, marks, ranks)
         self._add(histograms, curve, len(reasons))
         for found, stored, weight in reasons:
             if found != L1_HIT:

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpcache.contract import tail_marks
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.mrc.mini import MiniCache
@@ -33,9 +34,6 @@ TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys al
 SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
 SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 4, 8  # a tail's new objects: in up to 4 segments of at least 8 objects
 SEGMENTS_PER_HEAD = 16  # at most, per head key (then its first two become one): a lookup's keys stay bounded
-TAIL_DECAY = 0.99  # per lookup of a head key, the weight of what its earlier tails said
-USUAL_DECAY = 0.999  # per lookup with a tail, the weight of what every head key's tails said before
-TAIL_PRIOR = 1.0  # the expected sampled keys that every head key's share of new tail objects counts as, for one
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
@@ -134,22 +132,21 @@ def _interpolation(x: float, nodes: list[float]) -> list[float]:
 
 
 class TailSeen:
-    """What a head key knows of the tails after it: the last one's objects and tracked sampled keys, and, decayed
-    per lookup, the sampled keys that differed from the tail before (``divergent``) against how many would
-    have had every object differed (``expected``): the share of a tail that is new."""
+    """What a head key knows of the last tail after it: its objects, marks (:mod:`mpcache.contract.tail_marks`)
+    and tracked sampled keys."""
 
-    __slots__ = ("objects", "keys", "divergent", "expected", "segments")
+    __slots__ = ("objects", "marks", "keys", "segments")
 
-    def __init__(self, objects: int, keys: list[Row], divergent: float, expected: float) -> None:
-        self.objects, self.keys, self.divergent, self.expected = objects, keys, divergent, expected
+    def __init__(self, objects: int, marks: Sequence[int], keys: list[Row]) -> None:
+        self.objects, self.marks, self.keys = objects, marks, keys
         self.segments: list[tuple[Hashable, int]] = []  # under a miniature: the last tail's (key, objects)
 
-    def common(self, objects: int, usual: float) -> int:
-        """The objects a tail of ``objects`` likely shares with the last one (from its start), where the tails
-        after every head key have ``usual`` of their objects new (what this key's own have said weighs more as
-        they say more)."""
-        new = min(1.0, (self.divergent + TAIL_PRIOR * usual) / (self.expected + TAIL_PRIOR))
-        return max(0, min(objects, self.objects, round((objects + self.objects) * (1.0 - new) / 2)))
+    def common(self, objects: int, marks: Sequence[int], ranks: int) -> int:
+        """The objects a tail of ``objects`` (``ranks`` a chunk) with ``marks`` likely shares with the last one,
+        from its start: the chunks their marks say they share."""
+        ranks = max(1, ranks)
+        chunks = tail_marks.shared_chunks(marks, -(-objects // ranks), self.marks, -(-self.objects // ranks))
+        return max(0, min(objects, self.objects, chunks * ranks))
 
 
 @dataclass(slots=True)
@@ -199,12 +196,11 @@ class History:
         self._spread = _spread(edges, self.mini_edges)
         self.stored: set[Row] = set()
         self.tails: dict[Row, TailSeen] = {}
-        self._divergent = self._expected = 0.0  # TailSeen's counts over every head key
         self._segment = 0  # the last tail segment's number (a miniature's key for a tail's objects)
         self.forgotten: dict[Row, None] = {}  # the stored keys pruned for depth, oldest first
 
-    def lookup(self, accesses: Sequence[Access], size: int, tail: int = 0,
-               tail_found: tuple[int, int] = (0, 0)) -> tuple[list[Judged], list[tuple[str, bool, float]]]:
+    def lookup(self, accesses: Sequence[Access], size: int, tail: int = 0, tail_found: tuple[int, int] = (0, 0),
+               marks: Sequence[int] = (), ranks: int = 1) -> tuple[list[Judged], list[tuple[str, bool, float]]]:
         """One lookup's sampled keys, in order (objects of ``size`` bytes): what each adds to the curves, and
         (found, stored before, weight) of each for the miss reasons.  Every key's distance is taken before any
         is touched (a hit evicts nothing, so within a lookup no key's presence depends on another's); then all
@@ -212,21 +208,23 @@ class History:
         the rest.  Only a store, or a lookup that found it, makes a key stored.
 
         ``tail``: the objects past the head chunks (``tail_found``: how many of them the lookup found in L1, and
-        in L2).  Only their hash-sampled keys are seen, but every one of them chains the last head key's prefix,
-        so each is judged from that key's last tail (:func:`imputed`), its bytes sit in the stack as that key's
-        tail keys, and a sampled key corrects the judgment (× 1 / rate) only where it was not in that tail.  How
-        much of the last tail a tail keeps (from its start) is estimated per head key from the sampled keys that
-        changed (:class:`TailSeen`): a document asked about again keeps all but its question, a system prompt
-        shared by many conversations next to nothing."""
+        in L2; ``marks``: the tail's marks, ``ranks`` objects a chunk).  Only their hash-sampled keys are seen,
+        but every one of them chains the last head key's prefix, so each is judged from that key's last tail
+        (:func:`imputed`), its bytes sit in the stack as that key's tail keys, and a sampled key corrects the
+        judgment (× 1 / rate) only where it was not in that tail.  How much of the last tail a tail keeps (from
+        its start) its marks say (:class:`TailSeen`): a document asked about again keeps all but its question,
+        a system prompt shared by many conversations next to nothing."""
         if not 0 < self.strata[SAMPLED].threshold <= TAIL_MAX_RATE * SAMPLE_MODULUS:
             tail = 0  # a sample this dense judges the tail well by itself (at rate 1 exactly); none, not at all
         weights = self.weights()
         depth = self._depth_weights(weights)
         judgment = self._judge(accesses, tail, weights, depth)
-        curve, segments = self._contributions(judgment, size, tail, tail_found, weights, depth)
-        if tail > 0:
-            self._learn_tail_change(judgment, tail, weights)
-        self._touch_keys(judgment, size, tail, segments)
+        common = 0
+        seen = self.tails.get(judgment.head) if tail > 0 and judgment.head is not None else None
+        if seen is not None:
+            common = seen.common(tail, marks, ranks)
+        curve, segments = self._contributions(judgment, size, tail, tail_found, weights, depth, common)
+        self._touch_keys(judgment, size, tail, segments, marks)
         return curve, judgment.reasons
 
     def _judge(self, accesses: Sequence[Access], tail: int, weights: list[float], depth: list[float]) -> _Judgment:
@@ -262,38 +260,29 @@ class History:
         return judgment
 
     def _contributions(self, judgment: _Judgment, size: int, tail: int, tail_found: tuple[int, int],
-                       weights: list[float], depth: list[float]) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
+                       weights: list[float], depth: list[float],
+                       common: int) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
         """What the judged keys and the tail add to the curves, and the segments the tail left in the miniatures:
         the miniatures simulate the lookup (:meth:`_simulate_tail`, :meth:`_simulate`); under the stack the keys
-        are judged already and the tail's objects are imputed (:meth:`_tail`)."""
+        are judged already and the tail's objects are imputed (:meth:`_tail`).  ``common``: the tail's objects
+        the head key's last tail held too."""
         if self.minis is not None and tail > 0:
-            return self._simulate_tail(judgment.keys, judgment.held, judgment.head, tail, tail_found, size, weights)
+            return self._simulate_tail(judgment.keys, judgment.held, judgment.head, tail, tail_found, size, weights,
+                                       common)
         if self.minis is not None:
             return self._simulate([(row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
                                    for row, stratum, objects, weight, found in judgment.keys]), []
         if tail > 0:
-            return judgment.curve + self._tail(judgment.head, tail, tail_found, size, depth, judgment.uncovered), []
+            return judgment.curve + self._tail(judgment.head, tail, tail_found, size, depth, judgment.uncovered,
+                                               common), []
         return judgment.curve, []
 
-    def _learn_tail_change(self, judgment: _Judgment, tail: int, weights: list[float]) -> None:
-        """What a tail says of how the tails after its head key differ (:class:`TailSeen`, for that key and over
-        every head key): the last tail's sampled keys missing from it and its own the last one did not hold,
-        against as many as there would be were every object new."""
-        seen = self.tails.get(judgment.head) if judgment.head is not None else None
-        if seen is None:
-            return
-        now = {row for row, stratum, _, _, _ in judgment.keys if stratum == SAMPLED}
-        dropped = sum(1 for row in seen.keys if row not in now)
-        expected = (tail + seen.objects) / weights[SAMPLED]
-        seen.divergent = seen.divergent * TAIL_DECAY + dropped + len(judgment.uncovered)
-        seen.expected = seen.expected * TAIL_DECAY + expected
-        self._divergent = self._divergent * USUAL_DECAY + dropped + len(judgment.uncovered)
-        self._expected = self._expected * USUAL_DECAY + expected
-
-    def _touch_keys(self, judgment: _Judgment, size: int, tail: int, segments: list[tuple[Hashable, int]]) -> None:
+    def _touch_keys(self, judgment: _Judgment, size: int, tail: int, segments: list[tuple[Hashable, int]],
+                    marks: Sequence[int]) -> None:
         """The judged keys become the most recently used in the engine's order: the head keys, the first half of
         the tail's bytes (the head key's first tail key), the hash-sampled keys, the rest; the head key then
-        stands for this tail (:meth:`_cover`), or, with none or the head key no longer tracked, for none."""
+        stands for this tail of ``marks`` (:meth:`_cover`), or, with none or the head key no longer tracked, for
+        none."""
         stack, head = self.stack, judgment.head
         for row, stratum, objects, _, found in judgment.keys:
             if stratum == HEAD:
@@ -308,20 +297,21 @@ class History:
                 tracked.append(row)
         if cover is not None and cover in stack:
             stack.touch(_tail_keys(cover)[1], min((tail - tail // 2) * size, MAX_KEY_BYTES), TAIL)
-            self._cover(cover, tail, tracked, segments)
+            self._cover(cover, tail, marks, tracked, segments)
         elif head is not None and head in self.tails:
             self._untail(head)
 
-    def _cover(self, head: Row, tail: int, keys: list[Row], segments: list[tuple[Hashable, int]]) -> None:
-        """``head``'s last tail is now one of ``tail`` objects whose tracked hash-sampled keys are ``keys`` (and,
-        under the miniatures, ``segments``): they count as covered (its tail keys hold their bytes), and those
-        of the tail before that this one lacks count again."""
+    def _cover(self, head: Row, tail: int, marks: Sequence[int], keys: list[Row],
+               segments: list[tuple[Hashable, int]]) -> None:
+        """``head``'s last tail is now one of ``tail`` objects with ``marks`` whose tracked hash-sampled keys are
+        ``keys`` (and, under the miniatures, ``segments``): they count as covered (its tail keys hold their
+        bytes), and those of the tail before that this one lacks count again."""
         seen = self.tails.get(head)
         old = seen.keys if seen is not None else []
         if seen is None:
-            seen = self.tails[head] = TailSeen(tail, keys, 0.0, 0.0)
+            seen = self.tails[head] = TailSeen(tail, marks, keys)
         else:
-            seen.objects, seen.keys = tail, keys
+            seen.objects, seen.marks, seen.keys = tail, marks, keys
         if self.minis is not None:
             seen.segments = segments
         now = set(keys)
@@ -346,26 +336,23 @@ class History:
         return row in stack
 
     def _tail(self, head: Row | None, tail: int, tail_found: tuple[int, int], size: int, depth: list[float],
-              uncovered: list[tuple[float, str]]) -> list[Judged]:
-        """What a lookup's ``tail`` objects add to its curves: each judged from ``head``'s last tail (the share it
-        likely keeps; the rest a miss), less, for each of the ``uncovered`` sampled keys ((weight, found): judged
-        where they are), its weight as a miss."""
-        previous, common, base = 0, 0, 0.0
+              uncovered: list[tuple[float, str]], common: int) -> list[Judged]:
+        """What a lookup's ``tail`` objects add to its curves: each judged from ``head``'s last tail (its first
+        ``common`` objects as that tail's; the rest a miss), less, for each of the ``uncovered`` sampled keys
+        ((weight, found): judged where they are), its weight as a miss."""
+        previous, base = 0, 0.0
         seen = self.tails.get(head) if head is not None else None
         second = self.stack.get(_tail_keys(head)[1]) if seen is not None and head is not None else None
         if seen is not None and second is not None:
             previous = seen.objects
-            common = seen.common(tail, self._usual())
             base = self.stack.weighted_above(second[0], depth)
+        else:
+            common = 0
         in_l1, in_l2 = _found_in(tail, tail_found)
         segments = ((in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS))
         out = imputed(self.edges, base, previous, common, segments, size)
         beyond = len(self.edges)
         return out + [(-weight, found, beyond, None) for weight, found in uncovered]
-
-    def _usual(self) -> float:
-        """The share of a tail's objects that are new, over the tails after every head key."""
-        return self._divergent / self._expected if self._expected > 0 else 0.0
 
     def _untail(self, head: Row) -> None:
         """``head`` no longer stands for a tail: its tail keys go, and the sampled keys it covered count again."""
@@ -377,10 +364,10 @@ class History:
                 self.stack.restratum(row, SAMPLED)
 
     def _simulate_tail(self, judged: list[JudgedKey], held: set[Row], head: Row | None,
-                       tail: int, tail_found: tuple[int, int], size: int,
-                       weights: list[float]) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
+                       tail: int, tail_found: tuple[int, int], size: int, weights: list[float],
+                       common: int) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
         """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
-        tail's segments that hold the objects this one likely shares with it, then the new objects in up to
+        tail's segments that hold the ``common`` objects this one shares with it, then the new objects in up to
         ``SEGMENT_PIECES``: a segment is a key of 1 - rate of its objects' bytes, so a miniature keeps or evicts
         it whole), each tail object judged
         by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
@@ -388,7 +375,6 @@ class History:
         where they are, × 1 / rate, in place of a miss.  Returns the judgments and the tail's segments
         (key, objects)."""
         seen = self.tails.get(head) if head is not None else None
-        common = 0 if seen is None else seen.common(tail, self._usual())
         ranges: list[tuple[Hashable, int, int, int]] = []  # (segment, its objects, first and last one it judges)
         end = 0
         for key, objects in seen.segments if seen is not None else ():

@@ -15,7 +15,14 @@ import msgpack
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from mpcache.config import Config
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_EXACT_TAIL_SHIFT, MRC_HEAD_FIELDS, SCHEMAS, EventType
+from mpcache.contract.events import (
+    MRC_EXACT_GAP_SHIFT,
+    MRC_EXACT_TAIL_SHIFT,
+    MRC_HEAD_FIELDS,
+    MRC_TAIL_MARK_FIELDS,
+    SCHEMAS,
+    EventType,
+)
 from mpcache.eviction.admission import worth_a_trial
 from mpcache.httpserver import Route
 from mpcache.telemetry import statecheck
@@ -39,7 +46,7 @@ from mpcache.telemetry.subscribers.metrics._views import sampled_rows
 
 _LOOKUP, _STORE = EventType.MRC_LOOKUP_SAMPLED, EventType.MRC_STORE_SAMPLED
 _LOOKUP_FIELDS = ("model_name", "cache_salt", "ranks", "found", "l1_hits", "exact", "sampled_l1_hits",
-                  "sampled_l2_hits", "sampled_after_gap", *MRC_HEAD_FIELDS)
+                  "sampled_l2_hits", "sampled_after_gap", *MRC_HEAD_FIELDS, *MRC_TAIL_MARK_FIELDS)
 _LOOKUP_COLUMNS = [SCHEMAS[_LOOKUP].field_names.index(field) for field in _LOOKUP_FIELDS]
 _STORE_COLUMNS = [SCHEMAS[_STORE].field_names.index(field) for field in ("model_name", "object_bytes")]
 _MASK64 = (1 << 64) - 1
@@ -123,7 +130,7 @@ class MissRatioSubscriber(Subscriber):
             rows_by_head.setdefault(row.head, []).append((row.chunk_hash, row.cache_salt, row.model_name))
         lookups: list[int] = []
         lookup_values: list[list[int]] = []
-        if _LOOKUP in present:  # every field of every lookup in one gather per cell (25 fields, 4 cells)
+        if _LOOKUP in present:  # every field of every lookup in one gather per cell (27 fields, 4 cells)
             lookups = batch.heads_of((_LOOKUP,)).tolist()
             lookup_values = batch.fixed_fields(_LOOKUP)[:, _LOOKUP_COLUMNS].tolist()
         stores: list[int] = []
@@ -140,7 +147,8 @@ class MissRatioSubscriber(Subscriber):
                     if rows or fields["exact"]:
                         model, salt = name(fields["model_name"]), name(fields["cache_salt"])
                         curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields),
-                                      batch.producer, *lookup_tail(fields))
+                                      batch.producer, *lookup_tail(fields),
+                                      tuple(fields[mark] for mark in MRC_TAIL_MARK_FIELDS))
                 else:  # a store: sampled keys, or only its model's object size
                     model_id, object_bytes = store_values[index]
                     curves.store(name(model_id), max(0, object_bytes), rows_by_head.get(stores[index], ()),
