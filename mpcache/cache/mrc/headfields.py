@@ -64,7 +64,7 @@ _MARK_LAYOUT = (tail_marks.FROM_START, tail_marks.MARK_BITS, tail_marks.END_MARK
                 tail_marks.MARK_WORDS)
 HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]
 head_fields: HeadFields
-_compiled_marks: Callable[..., "tuple[int, ...] | None"] | None
+_compiled_marks: Callable[..., tuple[int, ...] | None] | None
 try:
     from mpcache.cache.mrc._headfields import head_fields
     from mpcache.cache.mrc._headfields import tail_marks as _compiled_marks
