@@ -1,7 +1,7 @@
-"""``python -m benchmarks.mrc_accuracy [--trace PATH] [--max-keys N ...] [--rates R ...]``: the online curves'
-error against an exact simulation of the order they model, on both kinds of trace: the KV-shaped and long-prompt
-workloads of ``mrc_traces`` and production-like traces (Mooncake-format files given by ``--trace PATH``, and
-``trace_gen``'s kinds).
+"""``python -m benchmarks.mrc_accuracy [--trace PATH] [--max-keys N ...] [--rates R ...] [--seeds S ...]``: the
+online curves' error against an exact simulation of the order they model, on both kinds of trace: the KV-shaped and
+long-prompt workloads of ``mrc_traces`` and production-like traces (Mooncake-format files given by ``--trace PATH``,
+and ``trace_gen``'s kinds, drawn at each of ``--seeds``: 1 by default).
 
 Each trace is fed straight to a :class:`~mpcache.telemetry.mrc.curves.CurveSet` as the cache process would
 sample it (a lookup's first ``--mrc-exact-chunks`` keys, the hash-sampled rest, the store's hash-sampled keys),
@@ -45,14 +45,20 @@ def _as_requests(trace: list[trace_sim.TraceRequest]) -> list[Request]:
     return [("trace-model", "", [_mix(h) for h in request.hashes]) for request in trace]
 
 
-def traces(count: int, paths: tuple[str, ...] = ()) -> dict[str, list[Request]]:
+def generated_name(kind: str, seed: int) -> str:
+    """A ``trace_gen`` kind's name here: the kind at seed 1, with its seed at any other."""
+    return kind if seed == 1 else f"{kind}@{seed}"
+
+
+def traces(count: int, paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, list[Request]]:
     """The traces measured: KV-shaped and long prompts (chunks of 16 tokens), each trace file of ``paths`` (its
-    first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each)."""
+    first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each, at each of ``seeds``)."""
     out = {"kv": kv_requests(count), "long": long_requests(count // 2)}
     for path in paths:
         out[trace_sim.trace_name(path)] = _as_requests(trace_sim.load(path, count))
     for kind in GENERATED:
-        out[kind] = _as_requests(trace_gen.KINDS[kind](count, 1))
+        for seed in seeds:
+            out[generated_name(kind, seed)] = _as_requests(trace_gen.KINDS[kind](count, seed))
     return out
 
 
@@ -124,7 +130,7 @@ def measure(requests: list[Request], policy: str, rate: float, max_keys: int, ex
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, requests: int = 6000,
         max_keys: tuple[int, ...] = (), rates: tuple[float, ...] = (),
         policies: tuple[str, ...] = ("lru", "adaptive"), only: tuple[str, ...] = (),
-        paths: tuple[str, ...] = ()) -> dict[str, Any]:
+        paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, Any]:
     """Per trace and policy: the truth at ¼×…4× and the online curve's error at each (key budget, rate); the
     defaults unless told."""
     del repetitions  # deterministic: one pass
@@ -133,8 +139,8 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
     sample_rates = rates or (defaults.mrc_sample_rate,)
     result: dict[str, Any] = {"benchmark": "mrc_accuracy", "requests": requests, "ratios": list(RATIOS),
                               "default_max_keys": defaults.mrc_max_keys,
-                              "default_sample_rate": defaults.mrc_sample_rate, "traces": {}}
-    for name, trace in traces(requests, paths).items():
+                              "default_sample_rate": defaults.mrc_sample_rate, "seeds": list(seeds), "traces": {}}
+    for name, trace in traces(requests, paths, seeds).items():
         if only and name not in only:
             continue
         finite = sorted(d for d in exact_distances(trace) if d != float("inf"))
@@ -168,6 +174,8 @@ def main() -> None:
     parser.add_argument("--policies", nargs="*", choices=L1_POLICIES, default=["lru", "adaptive"])
     parser.add_argument("--only", nargs="*", default=[], help="the traces measured, by name (default: every one)")
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
+    parser.add_argument("--seeds", type=trace_gen.seed_argument, nargs="+", default=[1],
+                        help="the seeds trace_gen's kinds are drawn at (default 1; another is named KIND@SEED)")
     args = parser.parse_args()
     if not 1 <= args.requests <= trace_gen.MAX_COUNT:
         parser.error(f"--requests {args.requests}: expected 1 to {trace_gen.MAX_COUNT:,}")
@@ -175,7 +183,10 @@ def main() -> None:
         parser.error(f"--max-keys {bad[0]}: {MAX_KEYS_KIND.problem(bad[0])}, as --mrc-max-keys takes")
     if bad := [rate for rate in args.rates if not 0 < rate <= 1]:  # NaN too
         parser.error(f"--rates {bad[0]}: expected a rate in (0, 1]")
-    names = ["kv", "long", *(trace_sim.trace_name(path) for path in args.trace), *GENERATED]
+    if len(set(args.seeds)) < len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))}: a seed given twice")
+    names = ["kv", "long", *(trace_sim.trace_name(path) for path in args.trace),
+             *(generated_name(kind, seed) for kind in GENERATED for seed in args.seeds)]
     if twice := sorted({name for name in names if names.count(name) > 1}):
         parser.error(f"two traces named {', '.join(twice)}: rename the --trace file")
     if unknown := [name for name in args.only if name not in names]:
@@ -187,7 +198,7 @@ def main() -> None:
             parser.error(f"--trace: not a readable Mooncake-format trace: {exc}")
     out = run(progress=lambda line: print(line, file=sys.stderr, flush=True), requests=args.requests,
               max_keys=tuple(args.max_keys), rates=tuple(args.rates), policies=tuple(args.policies),
-              only=tuple(args.only), paths=tuple(args.trace))
+              only=tuple(args.only), paths=tuple(args.trace), seeds=tuple(args.seeds))
     print(json.dumps(out, indent=1))
 
 

@@ -653,12 +653,9 @@ def test_long_prompts_tails_judged_from_their_head_key_keep_the_curve_within_0_0
     assert errors[False] > 0.02 and errors[True] <= 0.01, errors
 
 
-def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_stays_exact():
-    """Above ``TAIL_MAX_RATE`` the sampled keys judge a tail alone: at rate 1 the long-prompt curve equals the
-    simulated LRU caches at every point, the tail count given or not."""
-    size, capacity = 1000, 200_000
-    trace, lengths = long_prompt_trace(random.Random(3), 300, size)
-    curves = CurveSet(1.0, 32768, {"l1": capacity})
+def feed_long_prompts(curves: CurveSet, trace: list[tuple[str, int, int]], lengths: list[int], size: int) -> None:
+    """Each request of a :func:`long_prompt_trace` to ``curves``: its lookup (16 head chunks and a tail, no marks),
+    then its store."""
     position = 0
     for length in lengths:
         keys = [(key, SALT, MODEL) for _, key, _ in trace[position:position + length]]
@@ -666,9 +663,47 @@ def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_st
                                        for index, row in enumerate(keys)], tail=length - 16)
         curves.store(MODEL, size, keys)
         position += 2 * length
+
+
+def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_stays_exact():
+    """Above ``TAIL_MAX_RATE`` the sampled keys judge a tail alone: at rate 1 the long-prompt curve equals the
+    simulated LRU caches at every point, the tail count given or not."""
+    size, capacity = 1000, 200_000
+    trace, lengths = long_prompt_trace(random.Random(3), 300, size)
+    curves = CurveSet(1.0, 32768, {"l1": capacity})
+    feed_long_prompts(curves, trace, lengths, size)
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     assert [round(lru_hit_ratio(trace, round(capacity * ratio)), 6) for ratio in POINT_RATIOS] == [
         point["hit_ratio"] for point in curve["points"]]
+
+
+def test_at_rate_one_the_adaptive_curve_is_the_order_replayed_at_each_octave():
+    """A miniature that sees every key is the order it models: the ``adaptive`` curve at rate 1 equals L1's order
+    replayed over the whole trace at every octave, where the miniatures run.  Two ways it once was not: the store
+    after a lookup stored again what the lookup's store had found no room for (every evictable object was the
+    lookup's own: 0.056 low at ¼× on a RAG-shaped trace), and a lookup before the model's first store put its keys
+    in the miniatures at no bytes, for as long as they stayed (0.033 high there)."""
+    from mpcache.telemetry.mrc.curves import MINI_RATIOS
+    from mpcache.telemetry.mrc.mini import MiniCache
+
+    size, capacity = 1000, 200_000
+    trace, lengths = long_prompt_trace(random.Random(5), 400, size)
+    curves = CurveSet(1.0, 32768, {"l1": capacity}, policy="adaptive")
+    feed_long_prompts(curves, trace, lengths, size)
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    points = dict(zip(POINT_RATIOS, (point["hit_ratio"] for point in curve["points"])))
+    requests, position = [], 0
+    for length in lengths:
+        requests.append([((key, SALT, MODEL), size) for _, key, _ in trace[position:position + length]])
+        position += 2 * length
+    replayed = []
+    for ratio in MINI_RATIOS:  # the first request judged by neither: stored before its model's size was known
+        cache = MiniCache("adaptive", round(capacity * ratio))
+        cache.store(requests[0])
+        found = [hit for request in requests[1:] for hit in cache.lookup(request)]
+        replayed.append(round(sum(found) / len(found), 6))
+    assert replayed == [round(points[ratio], 6) for ratio in MINI_RATIOS]
+    assert replayed[0] < 0.5 < replayed[-1]  # the octaves span the curve
 
 
 def test_a_lookup_event_carries_its_tail_and_where_the_found_prefix_ends_in_it():

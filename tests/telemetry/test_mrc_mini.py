@@ -173,11 +173,13 @@ def test_the_store_after_a_refused_lookup_is_the_store_the_lookup_made_so_it_sta
     store, not a second one: under ``adaptive`` a refused key stays out until the next lookup of it (whose
     store is admitted, the key refused before), as L1 stores once per lookup.  Storing it again at once would
     let the remembered refusal admit it, evicting what the order kept.  A key that did not fit (the lookup's
-    own keys were all there was to evict) is no refusal: the store gives it space."""
+    own keys were all there was to evict: L1 holds them until its store is done) stays out too; a store no
+    lookup made gives it space."""
     mini = MiniCache("adaptive", 3 * SIZE)
     unfit = [((MODEL, n), SIZE) for n in range(10, 14)]
     assert [False] * 4 == mini.lookup(unfit)
-    assert unfit[3][0] not in mini.entries
+    mini.store(unfit)
+    assert (unfit[3][0] not in mini.entries, 3 * SIZE) == (True, mini.used)
     mini.store(unfit[3:])
     assert unfit[3][0] in mini.entries
     mini = _learned(MiniCache("adaptive", 3 * SIZE))

@@ -265,7 +265,11 @@ class History:
         """What the judged keys and the tail add to the curves, and the segments the tail left in the miniatures:
         the miniatures simulate the lookup (:meth:`_simulate_tail`, :meth:`_simulate`); under the stack the keys
         are judged already and the tail's objects are imputed (:meth:`_tail`).  ``common``: the tail's objects
-        the head key's last tail held too."""
+        the head key's last tail held too.  Before the model's object size is known (``size`` 0: its first store
+        names it) the miniatures take nothing: a key they stored would stand for no bytes for as long as they held
+        it."""
+        if self.minis is not None and size <= 0:
+            return [], []
         if self.minis is not None and tail > 0:
             return self._simulate_tail(judgment.keys, judgment.held, judgment.head, tail, tail_found, size, weights,
                                        common)
@@ -451,8 +455,8 @@ class History:
             for row in rows:
                 stratum = _sampling(stack.stratum_of(row)) if row in stack else SAMPLED
                 if self.strata[stratum].admits(row):
-                    admitted.append((row, (stack.bytes_of(row) if stratum == HEAD and row in stack else object_bytes)
-                                     * weights[stratum]))
+                    head_bytes = stack.bytes_of(row) if stratum == HEAD and row in stack else 0
+                    admitted.append((row, (head_bytes or object_bytes) * weights[stratum]))
             parents = self.minis[0].parents(admitted) if self.minis else {}
             for mini in self.minis:
                 mini.store(admitted, parents)

@@ -6,16 +6,17 @@ capacity holds the head keys as they are and a sample of the others; run by the 
 curve at its capacity.
 
 A lookup's resident keys are taken out of the order (promoted as L1's lookup does), its missing keys are then
-stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware
-order links), and the keys found go back last (tail first where the order wants it), as L1 releases its read
-locks where a request's store commits first (an engine that releases them before it stores puts them back
-first).  A store's keys not resident are stored too, but for those the order refused a lookup's
-store of: the store that follows a lookup is the one its misses already made, and storing them again would have
-the order admit them as refused before.  Memory: each miniature holds at most its capacity in scaled bytes of
-resident keys, as much again in ghosts, its order's shadow LRU and its admission trial's two (at most
-:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals remember within the
-capacity's bytes, and the stores it watches for their return, as many as its capacity in scaled bytes) and
-:data:`REFUSED_KEYS` keys refused.
+stored (as the engine stores what it did not find: each after the key before it, the parent a prefix-aware order
+links), and the keys found go back last (tail first where the order wants it), as L1 releases its read locks where
+a request's store commits first (an engine that releases them before it stores puts them back first).  A store's
+keys not resident are stored too, but for those a lookup's store did not store (the order refused them, or every
+object it could evict was the lookup's own, read-locked in L1): the store that follows a lookup is the one its
+misses already made, and storing them again would have the order admit them as refused before, or evict the
+lookup's own found prefix, which L1 keeps locked until the store is done.  Memory: each miniature holds at most
+its capacity in scaled bytes of resident keys, as much again in ghosts, its order's shadow LRU and its admission
+trial's two (at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals
+remember within the capacity's bytes, and the stores it watches for their return, as many as its capacity in
+scaled bytes) and :data:`UNSTORED_KEYS` keys unstored.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from mpcache.eviction import order as eviction_order
 
 Key = tuple[Hashable, float]  # (key, bytes it stands for)
-REFUSED_KEYS = 4096  # the newest keys lookups' stores were refused, whose store event may yet come: within moments
+UNSTORED_KEYS = 4096  # the newest keys lookups' stores did not store, whose store event may yet come: within moments
 
 
 def parents(keys: Sequence[Key]) -> dict[Hashable, Hashable]:
@@ -67,7 +68,7 @@ class MiniCache:
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get, _stable_code,
                                           by_chance=by_chance, first_sight=first_sight)
-        self.refused: OrderedDict[Hashable, None] = OrderedDict()  # keys the order refused a lookup's store of
+        self.unstored: OrderedDict[Hashable, None] = OrderedDict()  # keys a lookup's store did not store
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:
         """Whether each key was resident; afterwards every key is (as far as it fits).  ``parents``: each key's
@@ -97,23 +98,23 @@ class MiniCache:
                     asked((key,), entry.size, True)
             hits.append(True)
         if missing:
-            refused = self.refused  # what the order refused of this lookup's store, its earlier ones' forgotten
+            unstored = self.unstored  # what this lookup's store did not store, its earlier ones' forgotten
             for key, _ in missing:
-                refused.pop(key, None)
+                unstored.pop(key, None)
             for key in self._store(missing, parents if parents is not None else self.parents(keys)):
-                refused[key] = None
-            while len(refused) > REFUSED_KEYS:
-                refused.popitem(False)
+                unstored[key] = None
+            while len(unstored) > UNSTORED_KEYS:
+                unstored.popitem(False)
         for key, entry in reversed(found) if order.tail_first else found:
             entry.used = order.access
             lists[entry.tier][key] = entry
         return hits
 
     def store(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> None:
-        """A store's keys: those not resident are given space, but for those the order refused a lookup's store
-        of (this store is the one that lookup made: it stays refused), each skipped once."""
-        entries, refused = self.entries, self.refused
-        missing = [key for key in keys if key[0] not in entries and refused.pop(key[0], True)]  # None: skipped
+        """A store's keys: those not resident are given space, but for those a lookup's store did not store (this
+        store is the one that lookup made), each skipped once."""
+        entries, unstored = self.entries, self.unstored
+        missing = [key for key in keys if key[0] not in entries and unstored.pop(key[0], True)]  # None: skipped
         if missing:
             self._store(missing, parents if parents is not None else self.parents(keys))
 
@@ -124,10 +125,11 @@ class MiniCache:
     def _store(self, missing: Sequence[Key], parents: Mapping[Hashable, Hashable]) -> list[Hashable]:
         """Space for each of ``missing`` (in order, each linked to its key in ``parents``), evicting in the
         order's turn until it fits (one larger than what can be evicted is not stored, as L1 fails the
-        allocation); the keys stored join the order once all have space.  Returns the keys the order refused."""
+        allocation); the keys stored join the order once all have space.  Returns the keys it did not store (the
+        order refused them, or nothing it could evict was left)."""
         order, entries = self.order, self.entries
         new, victim, capacity = order.new, order.victim, self.capacity
-        stored, refused = [], []
+        stored, unstored = [], []
         if order.prefix_aware:  # as L1 counts what a store reserves
             for key, nbytes in missing:
                 order.asked((key,), nbytes, False)
@@ -143,8 +145,7 @@ class MiniCache:
             while self.used + nbytes > capacity:
                 chosen = victim()
                 if chosen is None:
-                    if order.refusing:
-                        refused.append(key)
+                    unstored.append(key)
                     break
                 del entries[chosen[0]]
                 self.used -= chosen[1].size
@@ -158,7 +159,7 @@ class MiniCache:
         lists = order.lists
         for key, entry in reversed(stored) if order.tail_first else stored:
             lists[entry.tier][key] = entry
-        return refused
+        return unstored
 
     def keep(self, admits: Callable[[Any], bool]) -> None:
         """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
