@@ -706,6 +706,33 @@ def test_at_rate_one_the_adaptive_curve_is_the_order_replayed_at_each_octave():
     assert replayed[0] < 0.5 < replayed[-1]  # the octaves span the curve
 
 
+def test_a_lookup_s_tail_marks_reach_the_curves_through_the_ring(ring, metrics, config):
+    """A lookup with a tail, published by the cache process's sampler into a ring and read by the subscriber: the
+    curves get the marks mpcache.contract.tail_marks packs from its keys (two ranks a chunk: each chunk's first)."""
+    from mpcache.cache.mrc.accesses import AccessSampler
+    from mpcache.contract import tail_marks
+    from mpcache.telemetry.batch import EventBatch
+    from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
+
+    class NoL1:
+        def entry_of(self, key):
+            return None
+
+        def contains(self, key):
+            return False
+
+    rng = random.Random(7)
+    hashes = [rng.getrandbits(64) for _ in range(2 * 150)]  # 150 chunks: 16 head chunks and a tail of 134
+    subscriber = MissRatioSubscriber(metrics.meter, config)
+    seen: list[tuple] = []
+    subscriber.curves.lookup = lambda *args: seen.append(args)
+    AccessSampler(ring.publisher, 0.01).lookup(NoL1(), MODEL, SALT, hashes, 2, 0, 0)  # type: ignore[arg-type]
+    subscriber.on_batch(EventBatch(0, ring.reader.read_batch(), ring.names))
+    [args] = seen
+    assert (268, tail_marks.pack(hashes, 32, 2)) == (args[5], args[7])
+    assert any(tail_marks.pack(hashes, 32, 2))  # marks to carry
+
+
 def test_a_lookup_event_carries_its_tail_and_where_the_found_prefix_ends_in_it():
     """The cache process sends how many objects lay past the head chunks (the sampled keys' population); the
     telemetry side reads it back with the tail's L1 and L2 hits placed by the found counts."""

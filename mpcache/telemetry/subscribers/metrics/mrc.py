@@ -148,7 +148,7 @@ class MissRatioSubscriber(Subscriber):
                         model, salt = name(fields["model_name"]), name(fields["cache_salt"])
                         curves.lookup(model, salt, max(1, fields["ranks"]), lookup_accesses(model, salt, rows, fields),
                                       batch.producer, *lookup_tail(fields),
-                                      tuple(fields[mark] for mark in MRC_TAIL_MARK_FIELDS))
+                                      tuple(fields[mark] & _MASK64 for mark in MRC_TAIL_MARK_FIELDS))
                 else:  # a store: sampled keys, or only its model's object size
                     model_id, object_bytes = store_values[index]
                     curves.store(name(model_id), max(0, object_bytes), rows_by_head.get(stores[index], ()),
