@@ -103,7 +103,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
     from mpcache.contract.keys import SAMPLE_MODULUS
     from mpcache.demo import run as demo_run
-    from mpcache.shm import layout
+    from mpcache.shm import layout, publish
     from mpcache.supervisor import provision, restart, watch
     from mpcache.telemetry import buffered, bus
     from mpcache.telemetry.metric_table import SPECIFIED
@@ -262,13 +262,20 @@ def _claims() -> list[tuple[str, str, str]]:
         ("docs/MRC.md", r"chunks \(default (\d+), at most (\d+)\)",
          f"{Config.mrc_exact_chunks} / {len(MRC_HEAD_FIELDS)}"),
         ("docs/MRC.md", r"They travel as (\d+) fixed fields", str(len(MRC_HEAD_FIELDS))),
-        ("docs/MRC.md", r"carries the tail's marks in (\d+) fixed fields \(`mpcache/contract/tail_marks\.py`\): the "
-                        r"low (\d+) bits of the key of (\d+) of its chunks from its start \(every one of the first "
-                        r"(\d+), then every (\d+)nd and every (\d+)th, (\d+) of each\) and the low (\d+) bits of each "
-                        r"of its last (\d+) chunks",
-         f"{len(MRC_TAIL_MARK_FIELDS)} / {tail_marks.MARK_BITS} / {len(tail_marks.FROM_START)} / "
-         f"{tail_marks.MARKS_PER_STEP} / {tail_marks.STEPS[1]} / {tail_marks.STEPS[2]} / {tail_marks.MARKS_PER_STEP} / "
+        ("docs/MRC.md", r"carries the tail's marks in (\d+) fixed fields \(`mpcache/contract/tail_marks\.py`; the "
+                        r"record stays within the compiled publisher's (\d+) fields\): (\d+) bits of the key of (\d+) "
+                        r"of its chunks from its start \(every one of the first (\d+), then (\d+) more, each about ⅛ "
+                        r"further on than the one before, the last at chunk (\d+) of the tail\) and (\d+) bits of "
+                        r"each of its last (\d+) chunks",
+         f"{len(MRC_TAIL_MARK_FIELDS)} / "
+         f"{layout.HEAD_FIELD_SLOTS + publish.PLAIN_FIELD_CELLS * layout.SLOTS_PER_CELL} / {tail_marks.MARK_BITS} / "
+         f"{len(tail_marks.FROM_START)} / {tail_marks.DENSE} / {tail_marks.GEOMETRIC} / {tail_marks.FROM_START[-1]} / "
          f"{tail_marks.END_MARK_BITS} / {tail_marks.END_MARKS}"),
+        ("docs/MRC.md", r"so two tails as long as (\d+) chunks past the head that part further on and differ in "
+                        r"length by (\d+) chunks", f"{tail_marks.FROM_START[-1]} / {tail_marks.END_MARKS}"),
+        ("docs/MRC.md", r"one in four at (\d+) bits", str(tail_marks.MARK_BITS)),
+        ("docs/MRC.md", r"then \d+ more, each about (⅛) further on",
+         {8: "⅛"}.get(round(1 / (tail_marks.GROWTH - 1)), "")),
         ("docs/MRC.md", r"the last chunks' (\d+)-bit marks part them", str(tail_marks.END_MARK_BITS)),
         ("docs/MRC.md", r"half of `--mrc-max-keys` \(default (\d+)\) keys", str(Config.mrc_max_keys)),
         ("docs/MRC.md", r"`chunk_hash mod ([\d_]+) <", f"{SAMPLE_MODULUS:_}"),

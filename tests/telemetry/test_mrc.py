@@ -679,12 +679,12 @@ def test_at_rate_one_a_lookup_with_a_tail_is_judged_key_by_key_so_every_point_st
 
 def test_at_rate_one_the_adaptive_curve_is_the_order_replayed_at_each_octave():
     """A miniature that sees every key is the order it models: the ``adaptive`` curve at rate 1 equals L1's order
-    replayed over the whole trace at every octave, where the miniatures run.  Two ways it once was not: the store
-    after a lookup stored again what the lookup's store had found no room for (every evictable object was the
-    lookup's own: 0.056 low at ¼× on a RAG-shaped trace), and a lookup before the model's first store put its keys
-    in the miniatures at no bytes, for as long as they stayed (0.033 high there)."""
+    replayed over the whole trace at every octave, where the miniatures run (the first lookup, before the model's
+    first store names its object size, a miss at every capacity).  Two ways it once was not: the store after a
+    lookup stored again what the lookup's store had found no room for (every evictable object was the lookup's
+    own: 0.056 low at ¼× on a RAG-shaped trace), and a lookup before the model's first store put its keys in the
+    miniatures at no bytes, for as long as they stayed (0.033 high there)."""
     from mpcache.telemetry.mrc.curves import MINI_RATIOS
-    from mpcache.telemetry.mrc.mini import MiniCache
 
     size, capacity = 1000, 200_000
     trace, lengths = long_prompt_trace(random.Random(5), 400, size)
@@ -692,16 +692,7 @@ def test_at_rate_one_the_adaptive_curve_is_the_order_replayed_at_each_octave():
     feed_long_prompts(curves, trace, lengths, size)
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     points = dict(zip(POINT_RATIOS, (point["hit_ratio"] for point in curve["points"])))
-    requests, position = [], 0
-    for length in lengths:
-        requests.append([((key, SALT, MODEL), size) for _, key, _ in trace[position:position + length]])
-        position += 2 * length
-    replayed = []
-    for ratio in MINI_RATIOS:  # the first request judged by neither: stored before its model's size was known
-        cache = MiniCache("adaptive", round(capacity * ratio))
-        cache.store(requests[0])
-        found = [hit for request in requests[1:] for hit in cache.lookup(request)]
-        replayed.append(round(sum(found) / len(found), 6))
+    replayed = [round(order_hit_ratio(trace, "adaptive", round(capacity * ratio)), 6) for ratio in MINI_RATIOS]
     assert replayed == [round(points[ratio], 6) for ratio in MINI_RATIOS]
     assert replayed[0] < 0.5 < replayed[-1]  # the octaves span the curve
 

@@ -14,7 +14,7 @@
  * then builds the event in Python.  mpcache.cache.mrc.headfields has the same function in Python; a
  * differential test holds the two to the same answers and the same exceptions (those of ``entry_of``).
  *
- *   tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words) -> tuple | None
+ *   tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words, fmix) -> tuple | None
  *
  * The marks of a lookup with chunks past the head (below).
  */
@@ -114,43 +114,57 @@ fail:
     return NULL;
 }
 
-static int put_mark(PyObject *key, Py_ssize_t bits, Py_ssize_t at, unsigned long long *packed) {
-    if (!PyLong_Check(key)) {
-        PyErr_Format(PyExc_TypeError, "a key is %.100s, not an int", Py_TYPE(key)->tp_name);
+static int put_mark(PyObject *key, unsigned long long first, unsigned long long second, Py_ssize_t bits,
+                    Py_ssize_t at, unsigned long long *packed) {
+    PyObject *number = PyNumber_Index(key); /* as operator.index reads it */
+    if (number == NULL)
         return -1;
-    }
-    unsigned long long mark = PyLong_AsUnsignedLongLongMask(key);
-    if (mark == (unsigned long long)-1 && PyErr_Occurred())
+    unsigned long long value = PyLong_AsUnsignedLongLongMask(number);
+    Py_DECREF(number);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    mark &= (1ULL << bits) - 1;
+    value = (value ^ (value >> 33)) * first; /* MurmurHash3's fmix64 */
+    value = (value ^ (value >> 33)) * second;
+    unsigned long long mark = (value ^ (value >> 33)) >> (64 - bits);
     packed[at / 64] |= mark << (at % 64);
     if (at % 64 + bits > 64) /* a mark across two words */
         packed[at / 64 + 1] |= mark >> (64 - at % 64);
     return 0;
 }
 
-/* tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words) -> tuple | None
+/* tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words, fmix) -> tuple | None
  *
  * The mark words of the tail of ``hashes`` that begins at ``start`` (mpcache.contract.tail_marks.pack, whose
- * layout the arguments give): chunk c's mark is the low bits of its first rank's key, ``mark_bits`` of them for
- * each chunk of ``from_start`` the tail has, in that order, then ``end_mark_bits`` for each of its last
- * ``end_marks`` chunks.  None when the arguments are not that case (``hashes`` not a list, a layout that does not
- * fit ``words`` words): the caller then packs them in Python.  A key that is not an int raises TypeError. */
+ * layout the arguments give): chunk c's mark is the top bits of fmix64 (with the two multipliers ``fmix``) of its
+ * first rank's key's low 64 bits, ``mark_bits``
+ * of them for each chunk of ``from_start`` the tail has, in that order, then ``end_mark_bits`` for each of its
+ * last ``end_marks`` chunks.  None when the arguments are not that case (``hashes`` not a list, a negative start,
+ * no rank, a layout that does not fit ``words`` words): the caller then packs them in Python, which raises where
+ * it should.  A key that is not an integer raises TypeError, as operator.index does. */
 static PyObject *tail_marks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "tail_marks() takes 8 arguments (%zd given)", nargs);
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "tail_marks() takes 9 arguments (%zd given)", nargs);
         return NULL;
     }
     PyObject *hashes = args[0], *from_start = args[3];
     Py_ssize_t start, ranks, mark_bits, end_marks, end_mark_bits, words;
-    if (!PyList_CheckExact(hashes) || !PyTuple_CheckExact(from_start) || count_arg(args[1], &start) ||
-        count_arg(args[2], &ranks) || ranks < 1 || count_arg(args[4], &mark_bits) || count_arg(args[5], &end_marks) ||
-        count_arg(args[6], &end_mark_bits) || count_arg(args[7], &words) || words < 1 || words > 4 ||
-        mark_bits < 1 || mark_bits > 16 || end_mark_bits < 1 || end_mark_bits > 16 || end_marks > 64 * words ||
+    PyObject *fmix = args[8];
+    if (!PyList_CheckExact(hashes) || !PyTuple_CheckExact(from_start) || !PyTuple_CheckExact(fmix) ||
+        PyTuple_GET_SIZE(fmix) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(fmix, 0)) ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(fmix, 1)) ||
+        count_arg(args[1], &start) || count_arg(args[2], &ranks) || ranks < 1 || count_arg(args[4], &mark_bits) ||
+        count_arg(args[5], &end_marks) || count_arg(args[6], &end_mark_bits) || count_arg(args[7], &words) ||
+        words < 1 || words > 4 || mark_bits < 1 || mark_bits > 16 || end_mark_bits < 1 || end_mark_bits > 16 ||
+        end_marks > 64 * words || PyTuple_GET_SIZE(from_start) > 64 * words ||
         PyTuple_GET_SIZE(from_start) * mark_bits + end_marks * end_mark_bits > 64 * words)
         Py_RETURN_NONE;
+    unsigned long long first = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(fmix, 0));
+    unsigned long long second = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(fmix, 1));
+    if (PyErr_Occurred())
+        return NULL;
     unsigned long long packed[4] = {0, 0, 0, 0};
-    Py_ssize_t count = PyList_GET_SIZE(hashes), chunks = count > start ? (count - start + ranks - 1) / ranks : 0;
+    Py_ssize_t count = PyList_GET_SIZE(hashes), past = count > start ? count - start : 0;
+    Py_ssize_t chunks = past / ranks + (past % ranks != 0); /* no overflow, whatever ranks is */
     Py_ssize_t marked = PyTuple_GET_SIZE(from_start);
     for (Py_ssize_t index = 0; index < marked; index++) {
         Py_ssize_t chunk;
@@ -158,12 +172,13 @@ static PyObject *tail_marks(PyObject *module, PyObject *const *args, Py_ssize_t 
             Py_RETURN_NONE;
         if (chunk >= chunks)
             break;
-        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), mark_bits, index * mark_bits, packed))
+        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), first, second, mark_bits, index * mark_bits,
+                     packed))
             return NULL;
     }
     for (Py_ssize_t chunk = chunks > end_marks ? chunks - end_marks : 0; chunk < chunks; chunk++) {
         Py_ssize_t at = marked * mark_bits + (chunk - chunks + end_marks) * end_mark_bits;
-        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), end_mark_bits, at, packed))
+        if (put_mark(PyList_GET_ITEM(hashes, start + chunk * ranks), first, second, end_mark_bits, at, packed))
             return NULL;
     }
     PyObject *out = PyTuple_New(words);
@@ -184,7 +199,7 @@ static PyMethodDef methods[] = {
     {"head_fields", (PyCFunction)(void (*)(void))head_fields, METH_FASTCALL,
      "head_fields(model, salt, hashes, ranks, l1_hits, found, exact_chunks, head_slots, gap_shift, entry_of)"},
     {"tail_marks", (PyCFunction)(void (*)(void))tail_marks, METH_FASTCALL,
-     "tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words)"},
+     "tail_marks(hashes, start, ranks, from_start, mark_bits, end_marks, end_mark_bits, words, fmix)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,5 +12,5 @@ def head_fields(
 ) -> tuple[Any, ...] | None: ...  # METH_FASTCALL
 def tail_marks(
     hashes: Sequence[int], start: int, ranks: int, from_start: tuple[int, ...], mark_bits: int, end_marks: int,
-    end_mark_bits: int, words: int, /,
+    end_mark_bits: int, words: int, fmix: tuple[int, int], /,
 ) -> tuple[int, ...] | None: ...  # METH_FASTCALL

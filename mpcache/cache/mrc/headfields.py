@@ -61,7 +61,7 @@ def tail_mark_words(hashes: Sequence[int], start: int, ranks: int) -> tuple[int,
 
 
 _MARK_LAYOUT = (tail_marks.FROM_START, tail_marks.MARK_BITS, tail_marks.END_MARKS, tail_marks.END_MARK_BITS,
-                tail_marks.MARK_WORDS)
+                tail_marks.MARK_WORDS, tail_marks.FMIX)
 HeadFields = Callable[[str, str, Sequence[int], int, int, int, int, int, int, EntryOf], "tuple[Any, ...] | None"]
 head_fields: HeadFields
 _compiled_marks: Callable[..., tuple[int, ...] | None] | None

@@ -86,6 +86,13 @@ def _found_in(tail: int, tail_found: tuple[int, int]) -> tuple[int, int]:
     return in_l1, max(0, min(tail - in_l1, tail_found[1]))
 
 
+def _tail_segments(tail: int, tail_found: tuple[int, int]) -> tuple[tuple[int, str], ...]:
+    """A lookup's ``tail`` objects as (how many, what the lookup found of them), in order: L1 hits, L2 hits,
+    misses."""
+    in_l1, in_l2 = _found_in(tail, tail_found)
+    return (in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS)
+
+
 def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
     """Per miniature, the (edge index, share) its change in hits from the miniature below goes to: a key held
     from miniature i up weighs, at each edge, the sum of the interpolation's weights of miniatures i and above
@@ -266,10 +273,14 @@ class History:
         the miniatures simulate the lookup (:meth:`_simulate_tail`, :meth:`_simulate`); under the stack the keys
         are judged already and the tail's objects are imputed (:meth:`_tail`).  ``common``: the tail's objects
         the head key's last tail held too.  Before the model's object size is known (``size`` 0: its first store
-        names it) the miniatures take nothing: a key they stored would stand for no bytes for as long as they held
-        it."""
+        names it, and nothing of the model is stored before it) every key and tail object is a miss at every
+        capacity, and the miniatures take none: a key they stored would stand for no bytes for as long as they
+        held it."""
         if self.minis is not None and size <= 0:
-            return [], []
+            beyond = len(self.edges)
+            heads = judgment.keys if tail <= 0 else [key for key in judgment.keys if key[1] == HEAD]
+            return [(weight, found, beyond, None) for _, _, _, weight, found in heads] + imputed(
+                self.edges, 0.0, 0, 0, _tail_segments(tail, tail_found), size), []
         if self.minis is not None and tail > 0:
             return self._simulate_tail(judgment.keys, judgment.held, judgment.head, tail, tail_found, size, weights,
                                        common)
@@ -352,9 +363,7 @@ class History:
             base = self.stack.weighted_above(second[0], depth)
         else:
             common = 0
-        in_l1, in_l2 = _found_in(tail, tail_found)
-        segments = ((in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS))
-        out = imputed(self.edges, base, previous, common, segments, size)
+        out = imputed(self.edges, base, previous, common, _tail_segments(tail, tail_found), size)
         beyond = len(self.edges)
         return out + [(-weight, found, beyond, None) for weight, found in uncovered]
 

@@ -10,13 +10,15 @@ stored (as the engine stores what it did not find: each after the key before it,
 links), and the keys found go back last (tail first where the order wants it), as L1 releases its read locks where
 a request's store commits first (an engine that releases them before it stores puts them back first).  A store's
 keys not resident are stored too, but for those a lookup's store did not store (the order refused them, or every
-object it could evict was the lookup's own, read-locked in L1): the store that follows a lookup is the one its
-misses already made, and storing them again would have the order admit them as refused before, or evict the
-lookup's own found prefix, which L1 keeps locked until the store is done.  Memory: each miniature holds at most
-its capacity in scaled bytes of resident keys, as much again in ghosts, its order's shadow LRU and its admission
-trial's two (at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals
-remember within the capacity's bytes, and the stores it watches for their return, as many as its capacity in
-scaled bytes) and :data:`UNSTORED_KEYS` keys unstored.
+object it could evict was the lookup's own): the store that follows a lookup is the one its misses already made,
+and storing them again would have the order admit them as refused before, or evict the lookup's found prefix,
+which the miniature holds through the store as L1 does a read-locked prefix whose store commits first (the flow
+the replays model; an engine that gives the locks back before it stores, as a retrieve does, lets its store evict
+that prefix where L1 holds about one request).  Memory: each miniature holds at most its capacity in scaled bytes
+of resident keys, as much again in ghosts, its order's shadow LRU and its admission trial's two (at most
+:data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys each, and the keys the trial's refusals remember within the
+capacity's bytes, and the stores it watches for their return, as many as its capacity in scaled bytes) and
+:data:`UNSTORED_KEYS` keys unstored.
 """
 
 from __future__ import annotations
