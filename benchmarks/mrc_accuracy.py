@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,21 +46,32 @@ def _as_requests(trace: list[trace_sim.TraceRequest]) -> list[Request]:
     return [("trace-model", "", [_mix(h) for h in request.hashes]) for request in trace]
 
 
+def _file_requests(path: str, count: int) -> list[Request]:
+    return _as_requests(trace_sim.load(path, count))
+
+
+def _generated_requests(kind: str, count: int, seed: int) -> list[Request]:
+    return _as_requests(trace_gen.KINDS[kind](count, seed))
+
+
 def generated_name(kind: str, seed: int) -> str:
     """A ``trace_gen`` kind's name here: the kind at seed 1, with its seed at any other."""
     return kind if seed == 1 else f"{kind}@{seed}"
 
 
-def traces(count: int, paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, list[Request]]:
-    """The traces measured: KV-shaped and long prompts (chunks of 16 tokens), each trace file of ``paths`` (its
-    first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each, at each of ``seeds``)."""
-    out = {"kv": kv_requests(count), "long": long_requests(count // 2)}
+def traces(count: int, paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,),
+           only: tuple[str, ...] = ()) -> dict[str, list[Request]]:
+    """The traces measured (those named in ``only``, if any): KV-shaped and long prompts (chunks of 16 tokens),
+    each trace file of ``paths`` (its first ``count`` requests) and ``trace_gen``'s kinds (``count`` requests each,
+    at each of ``seeds``)."""
+    makers: dict[str, Callable[[], list[Request]]] = {"kv": partial(kv_requests, count),
+                                                      "long": partial(long_requests, count // 2)}
     for path in paths:
-        out[trace_sim.trace_name(path)] = _as_requests(trace_sim.load(path, count))
+        makers[trace_sim.trace_name(path)] = partial(_file_requests, path, count)
     for kind in GENERATED:
         for seed in seeds:
-            out[generated_name(kind, seed)] = _as_requests(trace_gen.KINDS[kind](count, seed))
-    return out
+            makers[generated_name(kind, seed)] = partial(_generated_requests, kind, count, seed)
+    return {name: make() for name, make in makers.items() if not only or name in only}
 
 
 def exact_policy_curve(requests: list[Request], policy: str, capacities: list[int]) -> list[float]:
@@ -140,9 +152,7 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
     result: dict[str, Any] = {"benchmark": "mrc_accuracy", "requests": requests, "ratios": list(RATIOS),
                               "default_max_keys": defaults.mrc_max_keys,
                               "default_sample_rate": defaults.mrc_sample_rate, "seeds": list(seeds), "traces": {}}
-    for name, trace in traces(requests, paths, seeds).items():
-        if only and name not in only:
-            continue
+    for name, trace in traces(requests, paths, seeds, only).items():
         finite = sorted(d for d in exact_distances(trace) if d != float("inf"))
         capacity = int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES
         capacities = [round(capacity * ratio) for ratio in RATIOS]

@@ -31,3 +31,10 @@ def test_tails_behind_a_shared_prompt_are_judged_by_what_their_marks_say_they_sh
     stands before many conversations' tails.  Estimated from the sampled keys alone, the share of the last tail
     a tail keeps read high, and the curves with it: 0.054 and 0.032 (LRU), 0.063 (``adaptive``) off at ½×–2×."""
     assert max(errors_at_half_one_and_twice("multitenant", seed, policy)) <= bound
+
+
+def test_each_seed_draws_its_own_trace_named_by_it_and_only_those_named_are_built():
+    traces = mrc_accuracy.traces(200, seeds=(1, 3), only=("multitenant", "multitenant@3"))
+    assert ["multitenant", "multitenant@3"] == sorted(traces)
+    assert traces["multitenant@3"] == mrc_accuracy._as_requests(trace_gen.multitenant(200, 3))
+    assert traces["multitenant"] != traces["multitenant@3"]
