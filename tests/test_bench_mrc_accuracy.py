@@ -38,3 +38,61 @@ def test_each_seed_draws_its_own_trace_named_by_it_and_only_those_named_are_buil
     assert ["multitenant", "multitenant@3"] == sorted(traces)
     assert traces["multitenant@3"] == mrc_accuracy._as_requests(trace_gen.multitenant(200, 3))
     assert traces["multitenant"] != traces["multitenant@3"]
+
+
+GENERATED_SEEDS = range(1, 9)
+
+
+def _largest(traces: dict, kind: str, policy: str) -> tuple[float, int]:
+    """The largest error at ½×–2× over seeds 1–8 of ``kind``, and the seeds where it is above 0.02."""
+    errors = [traces[mrc_accuracy.generated_name(kind, seed)][policy]["max_half_to_double"] for seed in GENERATED_SEEDS]
+    return max(errors), sum(error > 0.02 for error in errors)
+
+
+def test_mrc_doc_s_tables_are_the_kept_runs() -> None:
+    """docs/MRC.md's table of seed 1 and its table over seeds 1–8, and PERFORMANCE.md's count of the traces above
+    0.02, rendered from PERFORMANCE.json's ``mrc_accuracy_seeds``; the service's and the rates' figures from theirs."""
+    from support.performance_docs import doc, flattened, raw_results
+
+    kept = raw_results()["mrc_accuracy_seeds"]
+    before, now = kept["traces_before"], kept["traces_now"]
+    mrc = doc("MRC.md")
+    labels = {"kv": "KV-shaped", "long": "long prompts (55 % of accesses past the 16th chunk)",
+              "synthetic_trace": "synthetic (Mooncake format, ~80 blocks a request)",
+              **{kind: f"`trace_gen {kind}`" for kind in mrc_accuracy.GENERATED}}
+    for name, label in labels.items():
+        row = (f"| {label} | {now[name]['l1_chunks']:,} | {now[name]['lru']['mae']:.4f} | "
+               f"{now[name]['adaptive']['mae']:.4f} | {before[name]['lru']['mae']:.4f} / "
+               f"{before[name]['adaptive']['mae']:.4f} |")
+        assert row in mrc, row
+    for kind in mrc_accuracy.GENERATED:
+        cells = [_largest(traces, kind, policy) for policy in ("lru",) for traces in (now, before)] + [
+            _largest(traces, kind, "adaptive") for traces in (now, before)]
+        row = f"| `{kind}` | " + " | ".join(f"{largest:.4f} ({over})" for largest, over in cells) + " |"
+        assert row in mrc, row
+    over = {f"{when} {policy}": [name for name, row in traces.items() if "@" in name or name in mrc_accuracy.GENERATED
+                                 if row[policy]["max_half_to_double"] > 0.02]
+            for when, traces in (("before", before), ("now", now)) for policy in ("lru", "adaptive")}
+    page = flattened(doc("PERFORMANCE.md"))
+    assert (f"that error was above 0.02 in {len(over['before lru'])} of the 32 generated traces under LRU and "
+            f"{len(over['before adaptive'])} under `adaptive`, up to "
+            f"{max(before[n]['adaptive']['max_half_to_double'] for n in over['before adaptive'])} (`multitenant` seed "
+            "3:") in page
+    assert sorted(over["now adaptive"]) == ["agentic@5", "agentic@8", "rag@2", "rag@6"] and not over["now lru"]
+    assert (f"With the tail marks it is in {len(over['now lru'])} and {len(over['now adaptive'])}: `rag` seeds 2 and 6 "
+            f"and `agentic` seeds 5 and 8 (up to {now['rag@2']['adaptive']['max_half_to_double']})") in page
+    service = raw_results()["mrc_service_seeds"]["runs"]
+    text = flattened(mrc)
+    assert (f"predicted ½× and 2× {service['multitenant@3 before']['half_error']} and "
+            f"{service['multitenant@3 before']['double_error']} off the hit ratio measured there; with the marks "
+            f"{service['multitenant@3 now']['half_error']} and {service['multitenant@3 now']['double_error']})") in text
+    rag = service["rag@2 now"]
+    assert rag["half_predicted"] < rag["half_measured"] and service["rag@2 before"]["half_predicted"] > rag[
+        "half_measured"]
+    assert (f"Through the service its ½× reads {rag['half_error']} low ({service['rag@2 before']['half_error']} high "
+            "before the change;") in text
+    rates = raw_results()["mrc_accuracy_rag_rates"]
+    by_rate = {rate: f"{value['max_half_to_double']:g}" for rate, value in rates["by_rate"].items()}
+    assert (f"at `rag` seed 2 (L1 of {rates['l1_chunks']} chunks) the largest error at ½×–2× is {by_rate['0.01']} at "
+            f"rate 0.01, {by_rate['0.03']} at 0.03, {by_rate['0.06']} at 0.06, {by_rate['0.2']} at 0.2 and "
+            f"{by_rate['1']} at 1") in text
