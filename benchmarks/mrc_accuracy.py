@@ -1,14 +1,16 @@
-"""``python -m benchmarks.mrc_accuracy [--trace PATH] [--max-keys N ...] [--rates R ...] [--seeds S ...]``: the
-online curves' error against an exact simulation of the order they model, on both kinds of trace: the KV-shaped and
-long-prompt workloads of ``mrc_traces`` and production-like traces (Mooncake-format files given by ``--trace PATH``,
-and ``trace_gen``'s kinds, drawn at each of ``--seeds``: 1 by default).
+"""``python -m benchmarks.mrc_accuracy [--trace PATH] [--max-keys N ...] [--rates R ...] [--seeds S ...] [--at
+trace-sizes]``: the online curves' error against an exact simulation of the order they model, on both kinds of
+trace: the KV-shaped and long-prompt workloads of ``mrc_traces`` and production-like traces (Mooncake-format files
+given by ``--trace PATH``, and ``trace_gen``'s kinds, drawn at each of ``--seeds``: 1 by default).
 
-Each trace is fed straight to a :class:`~mpcache.telemetry.mrc.curves.CurveSet` as the cache process would
-sample it (a lookup's first ``--mrc-exact-chunks`` keys, the hash-sampled rest, the store's hash-sampled keys),
-at one process's L1 of the median finite reuse distance.  The truth: for ``lru`` an exact stack-distance
-computation (``mrc_traces.exact_curve``), for ``adaptive`` the same order run by a full-size cache over every
-key at each capacity.  Reported per trace, policy and key budget: mean and largest absolute error over the
-capacities ½×, 1×, 2× (and ¼×, 4×), the rates the history ended at, and the curve set's bytes.
+Each trace is fed straight to a :class:`~mpcache.telemetry.mrc.curves.CurveSet` as the cache process would sample it
+(a lookup's first ``--mrc-exact-chunks`` keys, the hash-sampled rest, the store's hash-sampled keys), at one
+process's L1 of the median finite reuse distance, or, ``--at trace-sizes``, at each of ``bench trace``'s three sizes
+(where an offline LRU reaches ⅓, ⅔ and 90 % of the infinite cache's hit ratio; named TRACE/SIZE).  The truth: for
+``lru`` an exact stack-distance computation (``mrc_traces.exact_curve``), for ``adaptive`` the same order run by a
+full-size cache over every key at each capacity.  Reported per trace, policy and key budget: mean and largest
+absolute error over the capacities ½×, 1×, 2× (and ¼×, 4×), the rates the history ended at, and the curve set's
+bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from benchmarks import trace_gen, trace_sim
 from benchmarks.mrc_traces import CHUNK_BYTES, Request, exact_curve, exact_distances, kv_requests, long_requests
+from benchmarks.policy_matrix import sizes as trace_sizes
 from mpcache.config import Config
 from mpcache.config.derived import L1_POLICIES
 from mpcache.config.model import SETTINGS
@@ -30,6 +33,7 @@ from mpcache.contract.keys import SAMPLE_MODULUS
 
 RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
 GENERATED = ("conversations", "multitenant", "rag", "agentic")
+AT = ("reuse", "trace-sizes")  # --at: the L1 a trace is measured at
 MAX_KEYS_KIND = next(item.kind for item in SETTINGS if item.name == "mrc-max-keys")  # the budgets it may take
 
 
@@ -142,7 +146,7 @@ def measure(requests: list[Request], policy: str, rate: float, max_keys: int, ex
 def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, requests: int = 6000,
         max_keys: tuple[int, ...] = (), rates: tuple[float, ...] = (),
         policies: tuple[str, ...] = ("lru", "adaptive"), only: tuple[str, ...] = (),
-        paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, Any]:
+        paths: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,), at: str = "reuse") -> dict[str, Any]:
     """Per trace and policy: the truth at ¼×…4× and the online curve's error at each (key budget, rate); the
     defaults unless told."""
     del repetitions  # deterministic: one pass
@@ -152,24 +156,35 @@ def run(repetitions: int = 1, progress: Callable[[str], None] = lambda _: None, 
     result: dict[str, Any] = {"benchmark": "mrc_accuracy", "requests": requests, "ratios": list(RATIOS),
                               "default_max_keys": defaults.mrc_max_keys,
                               "default_sample_rate": defaults.mrc_sample_rate, "seeds": list(seeds), "traces": {}}
+    result["at"] = at
     for name, trace in traces(requests, paths, seeds, only).items():
-        finite = sorted(d for d in exact_distances(trace) if d != float("inf"))
-        capacity = int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES
-        capacities = [round(capacity * ratio) for ratio in RATIOS]
-        entry: dict[str, Any] = {"requests": len(trace), "accesses": sum(len(h) for _, _, h in trace),
-                                 "distinct_keys": len({h for _, _, hashes in trace for h in hashes}),
-                                 "l1_chunks": capacity // CHUNK_BYTES}
-        for policy in policies:
-            truth = exact_policy_curve(trace, policy, capacities)
-            entry[policy] = {"truth": [round(v, 4) for v in truth]}
-            for budget in budgets:
-                for rate in sample_rates:
-                    entry[policy][f"{budget} keys, rate {rate:g}"] = measured = measure(
-                        trace, policy, rate, budget, defaults.mrc_exact_chunks, truth, capacity,
-                        measure_memory=budget == budgets[-1] and rate == sample_rates[-1])
-                    progress(f"mrc_accuracy: {name} {policy} {budget} keys rate {rate:g}: {measured}")
-        result["traces"][name] = entry
+        for label, capacity in l1_sizes(trace, name, at):
+            capacities = [round(capacity * ratio) for ratio in RATIOS]
+            entry: dict[str, Any] = {"requests": len(trace), "accesses": sum(len(h) for _, _, h in trace),
+                                     "distinct_keys": len({h for _, _, hashes in trace for h in hashes}),
+                                     "l1_chunks": capacity // CHUNK_BYTES}
+            for policy in policies:
+                truth = exact_policy_curve(trace, policy, capacities)
+                entry[policy] = {"truth": [round(v, 4) for v in truth]}
+                for budget in budgets:
+                    for rate in sample_rates:
+                        entry[policy][f"{budget} keys, rate {rate:g}"] = measured = measure(
+                            trace, policy, rate, budget, defaults.mrc_exact_chunks, truth, capacity,
+                            measure_memory=budget == budgets[-1] and rate == sample_rates[-1])
+                        progress(f"mrc_accuracy: {label} {policy} {budget} keys rate {rate:g}: {measured}")
+            result["traces"][label] = entry
     return result
+
+
+def l1_sizes(trace: list[Request], name: str, at: str) -> list[tuple[str, int]]:
+    """The L1 capacities ``trace`` is measured at, in bytes, and the name each result goes by: ``reuse``, one at
+    the median finite reuse distance (named ``name``); ``trace-sizes``, ``bench trace``'s three (``name/SIZE``)."""
+    if at == "trace-sizes":
+        requests = [trace_sim.TraceRequest(list(hashes), len(hashes) * trace_sim.BLOCK_TOKENS)
+                    for _, _, hashes in trace]
+        return [(f"{name}/{size}", blocks * CHUNK_BYTES) for size, blocks in trace_sizes(requests)]
+    finite = sorted(d for d in exact_distances(trace) if d != float("inf"))
+    return [(name, int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES)]
 
 
 def main() -> None:
@@ -186,6 +201,9 @@ def main() -> None:
     parser.add_argument("--trace", action="append", default=[], help="a Mooncake-format trace file (repeatable)")
     parser.add_argument("--seeds", type=trace_gen.seed_argument, nargs="+", default=[1],
                         help="the seeds trace_gen's kinds are drawn at (default 1; another is named KIND@SEED)")
+    parser.add_argument("--at", choices=AT, default=AT[0],
+                        help="the L1 measured at: the median finite reuse distance (default), or bench trace's three "
+                             "sizes")
     args = parser.parse_args()
     if not 1 <= args.requests <= trace_gen.MAX_COUNT:
         parser.error(f"--requests {args.requests}: expected 1 to {trace_gen.MAX_COUNT:,}")
@@ -208,7 +226,7 @@ def main() -> None:
             parser.error(f"--trace: not a readable Mooncake-format trace: {exc}")
     out = run(progress=lambda line: print(line, file=sys.stderr, flush=True), requests=args.requests,
               max_keys=tuple(args.max_keys), rates=tuple(args.rates), policies=tuple(args.policies),
-              only=tuple(args.only), paths=tuple(args.trace), seeds=tuple(args.seeds))
+              only=tuple(args.only), paths=tuple(args.trace), seeds=tuple(args.seeds), at=args.at)
     print(json.dumps(out, indent=1))
 
 

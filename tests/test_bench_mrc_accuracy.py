@@ -96,3 +96,15 @@ def test_mrc_doc_s_tables_are_the_kept_runs() -> None:
     assert (f"at `rag` seed 2 (L1 of {rates['l1_chunks']} chunks) the largest error at ½×–2× is {by_rate['0.01']} at "
             f"rate 0.01, {by_rate['0.03']} at 0.03, {by_rate['0.06']} at 0.06, {by_rate['0.2']} at 0.2 and "
             f"{by_rate['1']} at 1") in text
+
+
+def test_at_trace_sizes_a_trace_is_measured_at_bench_trace_s_three_sizes():
+    from benchmarks.policy_matrix import sizes
+
+    raw = trace_gen.rag(600, 2)
+    trace = mrc_accuracy._as_requests(raw)
+    assert [(f"rag@2/{size}", blocks * CHUNK_BYTES) for size, blocks in sizes(raw)] == mrc_accuracy.l1_sizes(
+        trace, "rag@2", "trace-sizes")
+    [(name, capacity)] = mrc_accuracy.l1_sizes(trace, "rag@2", "reuse")
+    finite = sorted(distance for distance in exact_distances(trace) if distance != float("inf"))
+    assert ("rag@2", int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES) == (name, capacity)
