@@ -271,8 +271,13 @@ def _claims() -> list[tuple[str, str, str]]:
          f"{layout.HEAD_FIELD_SLOTS + publish.PLAIN_FIELD_CELLS * layout.SLOTS_PER_CELL} / {tail_marks.MARK_BITS} / "
          f"{len(tail_marks.FROM_START)} / {tail_marks.DENSE} / {tail_marks.GEOMETRIC} / {tail_marks.FROM_START[-1]} / "
          f"{tail_marks.END_MARK_BITS} / {tail_marks.END_MARKS}"),
-        ("docs/MRC.md", r"so two tails as long as (\d+) chunks past the head that part further on and differ in "
-                        r"length by (\d+) chunks", f"{tail_marks.FROM_START[-1]} / {tail_marks.END_MARKS}"),
+        ("docs/MRC.md", r"so two tails that part there and differ in length by (\d+) chunks or more read as sharing "
+                        r"the shorter whole \(the most they can read too many is the gap between two marks: about (⅛) "
+                        r"of the shorter tail, and all of it past chunk (\d+)\)",
+         f"{tail_marks.END_MARKS} / {({8: '⅛'}.get(round(1 / (tail_marks.GROWTH - 1)), ''))} / "
+         f"{tail_marks.FROM_START[-1]}"),
+        ("docs/MRC.md", r"objects in up to (\d+) segments of at least (\d+) object \(at most (\d+) per head key",
+         f"{history.SEGMENT_PIECES} / {history.SEGMENT_MIN_OBJECTS} / {history.SEGMENTS_PER_HEAD}"),
         ("docs/MRC.md", r"one in four at (\d+) bits", str(tail_marks.MARK_BITS)),
         ("docs/MRC.md", r"then \d+ more, each about (⅛) further on",
          {8: "⅛"}.get(round(1 / (tail_marks.GROWTH - 1)), "")),

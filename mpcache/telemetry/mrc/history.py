@@ -32,8 +32,8 @@ COVERED, TAIL = 2, 3
 _TAIL_KEY_OFFSET = 1 << 64  # a tail key's hash: below zero, where no chunk's is (never checkpointed)
 TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys alone judge a tail
 SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
-SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 4, 8  # a tail's new objects: in up to 4 segments of at least 8 objects
-SEGMENTS_PER_HEAD = 16  # at most, per head key (then its first two become one): a lookup's keys stay bounded
+SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 16, 1  # a tail's new objects: in up to 16 segments of at least 1 object
+SEGMENTS_PER_HEAD = 64  # at most, per head key (then its first two become one): a lookup's keys stay bounded
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
@@ -401,10 +401,9 @@ class History:
             objects = min(step, tail - end)
             ranges.append(((SEGMENT, self._segment), objects, end + 1, end + objects))
             end += objects
-        while len(ranges) > SEGMENTS_PER_HEAD:  # the first two as one (a miss of theirs, once): bounded keys
-            self._segment += 1
-            (_, objects, first, _), (_, more, _, last) = ranges[:2]
-            ranges[:2] = [((SEGMENT, self._segment), objects + more, first, last)]
+        while len(ranges) > SEGMENTS_PER_HEAD:  # the first two as one, under the first's key: bounded keys
+            (key, objects, first, _), (_, more, _, last) = ranges[:2]  # (a new key would miss what it stands for)
+            ranges[:2] = [(key, objects + more, first, last)]
         in_l1, in_l2 = _found_in(tail, tail_found)
         keys: list[tuple[Hashable, float, float, str]] = [
             (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
