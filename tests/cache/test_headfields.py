@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mpcache.cache.mrc import headfields
-from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
+from mpcache.contract.events import MRC_EXACT_GAP_SHIFT, MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS, SCHEMAS, EventType
 
 compiled = pytest.mark.skipif(not headfields.COMPILED, reason="mpcache.cache.mrc._headfields was not built")
 SLOTS, SHIFT = len(MRC_HEAD_FIELDS), MRC_EXACT_GAP_SHIFT
@@ -170,4 +170,5 @@ def test_a_lookup_of_head_chunks_publishes_the_builders_fields():
     sampler.lookup(L1(), "m", "s", [1, 2, 3], 1, 1, 1)  # type: ignore[arg-type]
     assert [(*headfields.head_fields_reference("m", "s", [1, 2, 3], 1, 1, 1, 16, SLOTS, SHIFT, L1.entry_of),
              *(0 for _ in MRC_TAIL_MARK_FIELDS))] == Recorder.emitted
+    assert len(Recorder.emitted[0]) == len(SCHEMAS[EventType.MRC_LOOKUP_SAMPLED].fields)
     assert Recorder.emitted[0][5] == 3 | 1 << (SHIFT + 2)

@@ -28,7 +28,8 @@ GROUP_LABEL = "{model}@g{group}"  # a hybrid model's KV cache group g > 0 in the
 MAX_EXACT_CHUNKS = len(MRC_HEAD_FIELDS)  # head keys travel as fixed fields: no per-key cells on the hot path
 MAX_MODELS_SIZED = 1024  # models whose object size is remembered (then forgotten all at once and re-sent)
 _PADDING = [(0,) * (MAX_EXACT_CHUNKS - n) for n in range(MAX_EXACT_CHUNKS + 1)]  # head fields left empty after n
-_NO_MARKS = (0,) * len(MRC_TAIL_MARK_FIELDS)  # the mark fields of a lookup without a tail
+# the fixed fields after the counts: the head keys, then (a lookup of head chunks only has no tail) its zero marks
+_AFTER_COUNTS = MAX_EXACT_CHUNKS + len(MRC_TAIL_MARK_FIELDS)
 
 
 class AccessSampler:
@@ -57,11 +58,11 @@ class AccessSampler:
         Published under ``label`` where the curves key the keys apart from ``model``."""
         if not self.enabled:
             return
-        fields = head_fields(model, salt, hashes, ranks, l1_hits, found, self._exact_chunks, MAX_EXACT_CHUNKS,
+        fields = head_fields(model, salt, hashes, ranks, l1_hits, found, self._exact_chunks, _AFTER_COUNTS,
                              MRC_EXACT_GAP_SHIFT, l1.entry_of)
         name = model if label is None else label
         if fields is not None:  # every chunk a head chunk: fixed fields only
-            self._emit_lookup((*fields, *_NO_MARKS) if label is None else (label, *fields[1:], *_NO_MARKS), "")
+            self._emit_lookup(fields if label is None else (label, *fields[1:]), "")
             return
         if l1_hits > found:  # a trailing partial chunk given back shrinks found, not the L1 count
             l1_hits = found
