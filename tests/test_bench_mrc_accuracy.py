@@ -78,33 +78,25 @@ def test_mrc_doc_s_tables_are_the_kept_runs() -> None:
             f"{len(over['before adaptive'])} under `adaptive`, up to "
             f"{max(before[n]['adaptive']['max_half_to_double'] for n in over['before adaptive'])} (`multitenant` seed "
             "3:") in page
-    assert sorted(over["now adaptive"]) == ["agentic@5", "agentic@8", "rag@2", "rag@6"] and not over["now lru"]
-    assert (f"With the tail marks it is in {len(over['now lru'])} and {len(over['now adaptive'])}: `rag` seeds 2 and 6 "
-            f"and `agentic` seeds 5 and 8 (up to {now['rag@2']['adaptive']['max_half_to_double']})") in page
+    assert over["now adaptive"] == ["agentic@8"] and not over["now lru"]
+    assert (f"With the tail marks and the miniatures' finer segments it is in {len(over['now lru'])} and "
+            f"{len(over['now adaptive'])}: `agentic` seed 8 ({now['agentic@8']['adaptive']['max_half_to_double']})"
+            ) in page
     service = raw_results()["mrc_service_seeds"]["runs"]
     text = flattened(mrc)
-    assert (f"predicted ½× and 2× {service['multitenant@3 before']['half_error']} and "
-            f"{service['multitenant@3 before']['double_error']} off the hit ratio measured there; with the marks "
-            f"{service['multitenant@3 now']['half_error']} and {service['multitenant@3 now']['double_error']})") in text
-    rag = service["rag@2 now"]
-    assert rag["half_predicted"] < rag["half_measured"] and service["rag@2 before"]["half_predicted"] > rag[
-        "half_measured"]
-    assert (f"Through the service its ½× reads {rag['half_error']} low ({service['rag@2 before']['half_error']} high "
-            "before the change;") in text
+    assert (f"the 1× curve predicted ½× and 2× {service['multitenant@3 before']['half_error']} and "
+            f"{service['multitenant@3 before']['double_error']} off the hit ratio measured there; now "
+            f"{service['multitenant@3 now']['half_error']} and {service['multitenant@3 now']['double_error']}.") in text
+    rag, coarse, old = service["rag@2 now"], service["rag@2 with the marks"], service["rag@2 before"]
+    assert (f"at `rag` seed 2 the 1× curve predicts ½× and 2× within {rag['half_error']} and {rag['double_error']} "
+            f"({old['half_error']} and {old['double_error']} before; {coarse['half_error']} and "
+            f"{coarse['double_error']} with the marks and the coarse segments,") in text
+    first = {kind: service[f"{kind}@1 now"] for kind in ("multitenant", "rag")}
+    assert (f"{first['multitenant']['half_error']} / {first['multitenant']['double_error']} (`trace_gen multitenant`) "
+            f"and {first['rag']['half_error']} / {first['rag']['double_error']} (`trace_gen rag`), these two on "
+            "2026-12-07") in text
     rates = raw_results()["mrc_accuracy_rag_rates"]
     by_rate = {rate: f"{value['max_half_to_double']:g}" for rate, value in rates["by_rate"].items()}
     assert (f"at `rag` seed 2 (L1 of {rates['l1_chunks']} chunks) the largest error at ½×–2× is {by_rate['0.01']} at "
             f"rate 0.01, {by_rate['0.03']} at 0.03, {by_rate['0.06']} at 0.06, {by_rate['0.2']} at 0.2 and "
             f"{by_rate['1']} at 1") in text
-
-
-def test_at_trace_sizes_a_trace_is_measured_at_bench_trace_s_three_sizes():
-    from benchmarks.policy_matrix import sizes
-
-    raw = trace_gen.rag(600, 2)
-    trace = mrc_accuracy._as_requests(raw)
-    assert [(f"rag@2/{size}", blocks * CHUNK_BYTES) for size, blocks in sizes(raw)] == mrc_accuracy.l1_sizes(
-        trace, "rag@2", "trace-sizes")
-    [(name, capacity)] = mrc_accuracy.l1_sizes(trace, "rag@2", "reuse")
-    finite = sorted(distance for distance in exact_distances(trace) if distance != float("inf"))
-    assert ("rag@2", int(finite[len(finite) // 2]) // CHUNK_BYTES * CHUNK_BYTES) == (name, capacity)
