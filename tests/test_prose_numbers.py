@@ -276,8 +276,11 @@ def _claims() -> list[tuple[str, str, str]]:
                         r"of the shorter tail, and all of it past chunk (\d+)\)",
          f"{tail_marks.END_MARKS} / {({8: '⅛'}.get(round(1 / (tail_marks.GROWTH - 1)), ''))} / "
          f"{tail_marks.FROM_START[-1]}"),
-        ("docs/MRC.md", r"objects in up to (\d+) segments of at least (\d+) object \(at most (\d+) per head key",
-         f"{history.SEGMENT_PIECES} / {history.SEGMENT_MIN_OBJECTS} / {history.SEGMENTS_PER_HEAD}"),
+        ("docs/MRC.md", r"objects in up to (\d+) segments of at least one object and 1/(\d+) of the smallest "
+                        r"miniature's capacity \(so a miniature holds at most (\d+) segments per (⅛) of L1 it is; at "
+                        r"most (\d+) per head key",
+         f"{history.SEGMENT_PIECES} / {history.SEGMENT_MIN_SHARE} / {history.SEGMENT_MIN_SHARE} / "
+         f"{({0.125: '⅛'}.get(curves.MINI_RATIOS[0], ''))} / {history.SEGMENTS_PER_HEAD}"),
         ("docs/MRC.md", r"one in four at (\d+) bits", str(tail_marks.MARK_BITS)),
         ("docs/MRC.md", r"then \d+ more, each about (⅛) further on",
          {8: "⅛"}.get(round(1 / (tail_marks.GROWTH - 1)), "")),

@@ -716,6 +716,27 @@ def test_before_the_first_store_a_lookup_with_a_tail_is_a_miss_at_every_capacity
     assert all(not mini.entries for mini in history.minis or ())
 
 
+def test_a_tail_s_new_objects_go_to_the_miniatures_in_segments_no_finer_than_their_smallest_capacity_allows():
+    """Up to 16 segments of at least one object, and of at least 1/512 of the smallest miniature's capacity: an L1
+    of a few dozen objects gets a segment an object (a coarser one is a sizeable share of it); one of a million
+    objects gets segments of at least 1,000,000 / 8 / 512 = 244 (a miniature's entries stay bounded)."""
+    from mpcache.telemetry.mrc import history as history_module
+    from mpcache.telemetry.mrc.curves import MINI_RATIOS
+
+    for l1_objects, tail, first in ((40, 12, 1), (40, 400, 25), (1_000_000, 12, 12), (1_000_000, 2000, 244),
+                                    (1_000_000, 8000, 500)):
+        capacity = l1_objects * 1000
+        edges = sorted({round(capacity * ratio) for ratio in POINT_RATIOS})
+        history = history_module.History(0.01, 32768, edges, "adaptive", sorted({round(capacity * ratio)
+                                                                                  for ratio in MINI_RATIOS}))
+        keys = [((n, SALT, MODEL), HEAD, MISS, 1) for n in range(16)]
+        history.lookup(keys, 1000, tail=tail, tail_found=(0, 0), marks=(0, 0))
+        [seen] = history.tails.values()
+        sizes = [objects for _, objects in seen.segments]
+        assert sum(sizes) == tail and len(sizes) <= history_module.SEGMENT_PIECES
+        assert sizes[0] == first, (l1_objects, sizes)
+
+
 def test_a_lookup_s_tail_marks_reach_the_curves_through_the_ring(ring, metrics, config):
     """A lookup with a tail, published by the cache process's sampler into a ring and read by the subscriber: the
     curves get the marks mpcache.contract.tail_marks packs from its keys (two ranks a chunk: each chunk's first)."""

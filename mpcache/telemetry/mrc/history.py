@@ -32,7 +32,8 @@ COVERED, TAIL = 2, 3
 _TAIL_KEY_OFFSET = 1 << 64  # a tail key's hash: below zero, where no chunk's is (never checkpointed)
 TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys alone judge a tail
 SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
-SEGMENT_PIECES, SEGMENT_MIN_OBJECTS = 16, 1  # a tail's new objects: in up to 16 segments of at least 1 object
+SEGMENT_PIECES = 16  # a tail's new objects: in up to 16 segments of at least one object and at least 1 / 512 of
+SEGMENT_MIN_SHARE = 512  # the smallest miniature's capacity (so a miniature holds at most 512 × its ratio to it)
 SEGMENTS_PER_HEAD = 64  # at most, per head key (then its first two become one): a lookup's keys stay bounded
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
@@ -395,7 +396,8 @@ class History:
                 break
             ranges.append((key, objects, end + 1, min(end + objects, common, tail)))
             end = ranges[-1][3]
-        step = max(SEGMENT_MIN_OBJECTS, -(-(tail - end) // SEGMENT_PIECES))
+        least = max(1, int(self.mini_edges[0] // (size * SEGMENT_MIN_SHARE))) if size > 0 and self.mini_edges else 1
+        step = max(least, -(-(tail - end) // SEGMENT_PIECES))
         while tail > end:  # the new objects in pieces (a miniature evicts a piece whole)
             self._segment += 1
             objects = min(step, tail - end)
