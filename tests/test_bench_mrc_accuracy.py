@@ -95,6 +95,12 @@ def test_mrc_doc_s_tables_are_the_kept_runs() -> None:
     assert (f"{first['multitenant']['half_error']} / {first['multitenant']['double_error']} (`trace_gen multitenant`) "
             f"and {first['rag']['half_error']} / {first['rag']['double_error']} (`trace_gen rag`), these two on "
             "2026-12-07") in text
+    largest = {when: {policy: max(row[policy] for row in kept[f"curve_set_bytes_{when}"].values())
+                      for policy in ("lru", "adaptive")} for when in ("before", "now")}
+    assert (f"at most {largest['before']['adaptive'] / 1e6:.1f} MB before the tail marks and "
+            f"{largest['now']['adaptive'] / 1e6:.1f} MB with them and the finer segments (synthetic trace, "
+            "`adaptive`), "
+            f"{largest['before']['lru'] / 1e6:.1f} and {largest['now']['lru'] / 1e6:.1f} MB for LRU") in text
     rates = raw_results()["mrc_accuracy_rag_rates"]
     by_rate = {rate: f"{value['max_half_to_double']:g}" for rate, value in rates["by_rate"].items()}
     assert (f"at `rag` seed 2 (L1 of {rates['l1_chunks']} chunks) the largest error at ½×–2× is {by_rate['0.01']} at "
