@@ -106,3 +106,24 @@ def test_mrc_doc_s_tables_are_the_kept_runs() -> None:
     assert (f"at `rag` seed 2 (L1 of {rates['l1_chunks']} chunks) the largest error at ½×–2× is {by_rate['0.01']} at "
             f"rate 0.01, {by_rate['0.03']} at 0.03, {by_rate['0.06']} at 0.06, {by_rate['0.2']} at 0.2 and "
             f"{by_rate['1']} at 1") in text
+
+
+def test_mrc_doc_s_count_at_the_issue_s_sizes_is_the_kept_runs() -> None:
+    from support.performance_docs import doc, flattened, raw_results
+
+    kept = raw_results()["mrc_accuracy_trace_sizes"]
+
+    def above(traces: dict, policy: str) -> list[str]:
+        return sorted(name for name, row in traces.items() if row[policy]["max_half_to_double"] > 0.02)
+
+    now, before = kept["traces_now"], kept["traces_before"]
+    [worst] = above(now, "adaptive")
+    largest = max(before, key=lambda name: before[name]["adaptive"]["max_half_to_double"])
+    kind, seed, size = worst.replace("@", "/").split("/")
+    was_kind, was_seed, was_size = largest.replace("@", "/").split("/")
+    assert (f"of the {len(now)} traces and sizes, the LRU curve's largest error at ½×–2× is above 0.02 in "
+            f"{'none' if not above(now, 'lru') else len(above(now, 'lru'))}, the `adaptive` curve's in "
+            f"{len(above(now, 'adaptive'))} (`{kind}` seed {seed}, {size}, "
+            f"{now[worst]['adaptive']['max_half_to_double']}), "
+            f"against {len(above(before, 'adaptive'))} (up to {before[largest]['adaptive']['max_half_to_double']}, "
+            f"`{was_kind}` seed {was_seed}, {was_size}) with the marks") in flattened(doc("MRC.md"))
