@@ -127,3 +127,15 @@ def test_mrc_doc_s_count_at_the_issue_s_sizes_is_the_kept_runs() -> None:
             f"{now[worst]['adaptive']['max_half_to_double']}), "
             f"against {len(above(before, 'adaptive'))} (up to {before[largest]['adaptive']['max_half_to_double']}, "
             f"`{was_kind}` seed {was_seed}, {was_size}) with the marks") in flattened(doc("MRC.md"))
+
+
+def test_mrc_doc_s_public_trace_figures_with_the_marks_are_the_kept_run() -> None:
+    from support.performance_docs import doc, flattened, raw_results
+
+    kept = raw_results()["mrc_accuracy_public_conversation_marks"]
+    row, wide = kept["conversation_4000"], kept["lru_at_131072_keys"]
+    assert (f"LRU {row['lru']['mae']}, `adaptive` {row['adaptive']['mae']} ({row['lru']['max_half_to_double']} and "
+            f"{row['adaptive']['max_half_to_double']}). There the first chunks sample themselves down to rate "
+            f"{row['lru']['head_rate_end']} at the default 32,768 keys") in flattened(doc("MRC.md"))
+    assert f"at 131,072 keys (rate 1) it reads {wide['now']['mae']} against {wide['before']['mae']:.4f}" in flattened(
+        doc("MRC.md"))
