@@ -96,16 +96,19 @@ def shared_chunks(marks: Sequence[int], chunks: int, last_marks: Sequence[int], 
     differ = (mine ^ theirs) & ((1 << (MARK_BITS * placed)) - 1)
     parting = FROM_START[((differ & -differ).bit_length() - 1) // MARK_BITS] if differ else shorter
     ends = sorted({*range(max(0, chunks - END_MARKS), chunks), *range(max(0, last_chunks - END_MARKS), last_chunks)})
-    both = [chunk for chunk in ends if chunk < parting]
-    for chunk in both:
+    agreeing = []  # the chunks of the tails' last ones, before the parting, that both mark alike
+    for chunk in ends:
+        if chunk >= parting:
+            break
         own, last = _mark_at(mine, chunks, chunk), _mark_at(theirs, last_chunks, chunk)
-        if own is not None and last is not None and _differ(own, last):
+        if own is None or last is None:
+            continue
+        if _differ(own, last):
             parting = chunk
             break
+        agreeing.append(chunk)
     if parting >= shorter:
         return shorter
     before = [FROM_START[index - 1]] if (index := bisect.bisect_left(FROM_START, parting)) else []
-    before += [chunk for chunk in both if chunk < parting and _mark_at(mine, chunks, chunk) is not None
-               and _mark_at(theirs, last_chunks, chunk) is not None]
-    agreed = max(before) + 1 if before else 0
+    agreed = max(before + agreeing) + 1 if before or agreeing else 0
     return (agreed + parting) // 2

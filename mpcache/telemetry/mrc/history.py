@@ -396,7 +396,8 @@ class History:
                 break
             ranges.append((key, objects, end + 1, min(end + objects, common, tail)))
             end = ranges[-1][3]
-        least = max(1, int(self.mini_edges[0] // (size * SEGMENT_MIN_SHARE))) if size > 0 and self.mini_edges else 1
+        # size > 0 here: a lookup before the model's size is known never reaches the miniatures
+        least = max(1, int(self.mini_edges[0] // (size * SEGMENT_MIN_SHARE))) if self.mini_edges else 1
         step = max(least, -(-(tail - end) // SEGMENT_PIECES))
         while tail > end:  # the new objects in pieces (a miniature evicts a piece whole)
             self._segment += 1
