@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from mpcache.contract import tail_marks
 from mpcache.contract.keys import SAMPLE_MODULUS
 from mpcache.telemetry import statecheck
+from mpcache.telemetry.mrc import spline
 from mpcache.telemetry.mrc.mini import MiniCache
 from mpcache.telemetry.mrc.stack import ReuseStack
 
@@ -94,51 +94,6 @@ def _tail_segments(tail: int, tail_found: tuple[int, int]) -> tuple[tuple[int, s
     return (in_l1, L1_HIT), (in_l2, L2_HIT), (tail - in_l1 - in_l2, MISS)
 
 
-def _spread(edges: list[int], mini_edges: list[int]) -> list[list[tuple[int, float]]]:
-    """Per miniature, the (edge index, share) its change in hits from the miniature below goes to: a key held
-    from miniature i up weighs, at each edge, the sum of the interpolation's weights of miniatures i and above
-    (:func:`_interpolation`), and each edge's bucket holds the change from the edge before."""
-    nodes = [math.log(capacity + 1) for capacity in mini_edges]
-    above = []  # per edge, per miniature: the weights of it and the miniatures above it
-    for edge in edges:
-        weights, total = _interpolation(math.log(edge + 1), nodes), 0.0
-        sums = [0.0] * len(nodes)
-        for index in range(len(nodes) - 1, -1, -1):
-            total += weights[index]
-            sums[index] = total
-        above.append(sums)
-    out: list[list[tuple[int, float]]] = []
-    for index in range(len(nodes)):
-        shares, before = [], 0.0
-        for edge, sums in enumerate(above):
-            if abs(sums[index] - before) > 1e-12:
-                shares.append((edge, sums[index] - before))
-            before = sums[index]
-        out.append(shares)
-    return out
-
-
-def _interpolation(x: float, nodes: list[float]) -> list[float]:
-    """The weight of each miniature's hit ratio in the curve at ``x`` (log capacity; ``nodes``: the miniatures'):
-    a cubic Hermite spline through their points, each tangent the slope between its neighbours (Catmull-Rom,
-    one-sided at the ends), its own hit ratio at a miniature's capacity and the nearest one's past the ends."""
-    weights = [0.0] * len(nodes)
-    upper = bisect.bisect_left(nodes, x)
-    if upper == len(nodes) or nodes[upper] == x or upper == 0:
-        weights[min(upper, len(nodes) - 1)] = 1.0
-        return weights
-    width = nodes[upper] - nodes[upper - 1]
-    t = (x - nodes[upper - 1]) / width
-    weights[upper - 1] += 2 * t ** 3 - 3 * t ** 2 + 1
-    weights[upper] += 3 * t ** 2 - 2 * t ** 3
-    for node, factor in ((upper - 1, width * (t ** 3 - 2 * t ** 2 + t)), (upper, width * (t ** 3 - t ** 2))):
-        low, high = max(node - 1, 0), min(node + 1, len(nodes) - 1)
-        slope = factor / (nodes[high] - nodes[low])
-        weights[high] += slope
-        weights[low] -= slope
-    return weights
-
-
 class TailSeen:
     """What a head key knows of the last tail after it: its objects, marks (:mod:`mpcache.contract.tail_marks`)
     and tracked sampled keys."""
@@ -201,7 +156,7 @@ class History:
         self.mini_edges = sorted(set(edges if mini_edges is None else mini_edges))
         self.minis = None if policy == "lru" else [MiniCache(policy, edge, by_chance, first_sight)
                                                      for edge in self.mini_edges]
-        self._spread = _spread(edges, self.mini_edges)
+        self._spread = spline.spread(edges, self.mini_edges)
         self.stored: set[Row] = set()
         self.tails: dict[Row, TailSeen] = {}
         self._segment = 0  # the last tail segment's number (a miniature's key for a tail's objects)
@@ -433,7 +388,7 @@ class History:
         """One lookup's tracked keys (key, bytes scaled by 1 / its stratum's rate, weight, found) through every
         miniature: an access hit at the capacities whose miniature held its key (not monotone in the capacity: a
         bucket's count is the change in hits from the edge before, and may be negative), each change spread
-        over the edges by the interpolation between the miniatures (:func:`_spread`)."""
+        over the edges by the interpolation between the miniatures (:func:`spline.spread`)."""
         if not keys:
             return []
         minis = self.minis or []
