@@ -50,3 +50,9 @@ class LruOrder:
 
     def forget(self, key: Any, entry: Any) -> None:
         return None
+
+    def grow(self, key: Any, entry: Any, nbytes: float) -> None:
+        entry.size += nbytes  # LRU keeps no sizes of its own
+
+    def merge(self, key: Any, entry: Any, other_key: Any, other: Any) -> None:
+        entry.size += other.size

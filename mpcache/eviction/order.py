@@ -144,7 +144,7 @@ class ArcOrder:
         prefix-aware order; None: not known): it joins T1, or T2 after a ghost hit, which moves T1's target by
         the object's bytes times the other ghost list's weight over this one's (at least once).  With a parent,
         it is an orphan once its parent is evicted."""
-        if parent is not None:
+        if parent is not None:  # (inline :func:`_add_child`: a call per store costs more than the test)
             entry.parent = parent
             children = parent.children
             if children is None:
@@ -483,6 +483,25 @@ class ArcOrder:
         if self.fair is not None:
             self.fair.gone(key, entry.size)
 
+    def grow(self, key: Any, entry: Any, nbytes: float) -> None:
+        """A resident object now holds ``nbytes`` more (a miniature's tail segment that took in the next one)."""
+        self.sizes[entry.tier] += nbytes
+        if self.fair is not None:
+            self.fair.placed(key, nbytes)
+        entry.size += nbytes
+
+    def merge(self, key: Any, entry: Any, other_key: Any, other: Any) -> None:
+        """``other``, out of its list already, joins ``entry`` (a miniature's two adjacent tail segments become
+        one): its bytes count in ``entry``'s list and its children become ``entry``'s."""
+        self.forget(other_key, other)
+        self.grow(key, entry, other.size)
+        children = other.children
+        for child_key in children if type(children) is dict else (children,) if children is not None else ():
+            child = self._entry_of(child_key)
+            if child is not None and child.parent is other:
+                child.parent = entry
+                _add_child(entry, child_key)
+
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] = hash,
           fair: bool = False, by_chance: bool = True, first_sight: bool = True) -> LruOrder | ArcOrder:
@@ -497,6 +516,17 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair,
                         by_chance=by_chance, first_sight=first_sight)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
+
+
+def _add_child(parent: Any, key: Any) -> None:
+    """``key`` is ``parent``'s child too (an only child is its key, more are a dict's keys, in the stores' order)."""
+    children = parent.children
+    if children is None:
+        parent.children = key
+    elif type(children) is dict:
+        children[key] = None
+    elif children != key:
+        parent.children = {children: None, key: None}
 
 
 def _drop_child(parent: Any, key: Any) -> None:

@@ -737,6 +737,33 @@ def test_a_tail_s_new_objects_go_to_the_miniatures_in_segments_no_finer_than_the
         assert sizes[0] == first, (l1_objects, sizes)
 
 
+def test_a_segment_a_tail_shares_in_part_stands_for_that_part_so_the_next_tail_s_objects_line_up():
+    """A tail of 40 objects in segments of 3, then one of 30 that shares its first 10 (its marks part there): the
+    segment holding objects 10–12 stands for object 10 only now, so the new tail's segments hold its 30 objects
+    (they once added up to 32, and each later tail's objects were judged by the segment two places on)."""
+    from mpcache.contract import tail_marks
+    from mpcache.telemetry.mrc import history as history_module
+    from mpcache.telemetry.mrc.curves import MINI_RATIOS
+
+    capacity = 400 * 1000
+    history = history_module.History(0.01, 32768, sorted({round(capacity * r) for r in POINT_RATIOS}), "adaptive",
+                                     sorted({round(capacity * ratio) for ratio in MINI_RATIOS}))
+    rng = random.Random(4)
+    head = [rng.getrandbits(64) for _ in range(16)]
+    first, parted = [rng.getrandbits(64) for _ in range(40)], [rng.getrandbits(64) for _ in range(20)]
+    keys = [((h, SALT, MODEL), HEAD, MISS, 1) for h in head]
+    history.lookup(keys, 1000, tail=40, tail_found=(0, 0), marks=tail_marks.pack(head + first, 16, 1))
+    [seen] = history.tails.values()
+    before = list(seen.segments)
+    assert [3] * 13 + [1] == [objects for _, objects in before]
+    second = first[:10] + parted
+    assert 10 == tail_marks.shared_chunks(tail_marks.pack(head + second, 16, 1), 30, seen.marks, 40)
+    history.lookup(keys, 1000, tail=30, tail_found=(0, 0), marks=tail_marks.pack(head + second, 16, 1))
+    after = history.tails[next(iter(history.tails))].segments
+    assert before[:4] == [(key, objects) for key, objects in after[:3]] + [(after[3][0], 3)]
+    assert 30 == sum(objects for _, objects in after) and 1 == after[3][1]
+
+
 def test_a_lookup_s_tail_marks_reach_the_curves_through_the_ring(ring, metrics, config):
     """A lookup with a tail, published by the cache process's sampler into a ring and read by the subscriber: the
     curves get the marks mpcache.contract.tail_marks packs from its keys (two ranks a chunk: each chunk's first)."""

@@ -302,3 +302,84 @@ def test_a_miniature_stamps_each_key_s_last_use_as_l1_does_so_a_join_orders_by_i
     assert (["c", "d"], ["a", "b"]) == (list(order.lists[0]), list(order.lists[1]))
     order.join()
     assert ["a", "c", "b", "d"] == list(order.lists[0])
+
+
+def _accounts_add_up(mini: MiniCache) -> bool:
+    """Every resident key in one of the order's lists, and the miniature's bytes and the order's lists' bytes
+    each the sum of the resident entries'."""
+    total = sum(entry.size for entry in mini.entries.values())
+    return (len(mini.entries) == len(mini.order) and mini.used == pytest.approx(total)
+            and sum(mini.order.sizes) == pytest.approx(total))
+
+
+def test_two_resident_tail_segments_merge_into_one_entry_of_both_bytes_whose_children_follow_it():
+    """A tail's segments a → b → c stored by one lookup (each the parent of the next): merging a and b leaves one
+    entry, a's, of both their bytes, no byte counted twice or lost, and c its child, as it was b's."""
+    mini = MiniCache("adaptive", 100 * SIZE)
+    a, b, c = ((MODEL, 1), 3.0 * SIZE), ((MODEL, 2), 5.0 * SIZE), ((MODEL, 3), 2.0 * SIZE)
+    assert [False] * 3 == mini.lookup([a, b, c])
+    mini.merge(a[0], b[0], 5.0 * SIZE)
+    assert ({a[0], c[0]}, 8.0 * SIZE, 10.0 * SIZE) == (set(mini.entries), mini.entries[a[0]].size, mini.used)
+    assert _accounts_add_up(mini)
+    kept, child = mini.entries[a[0]], mini.entries[c[0]]
+    assert (child.parent, kept.children) == (kept, c[0])
+
+
+def test_a_segment_merged_with_the_next_one_evicted_grows_to_both_within_capacity():
+    """Only the first of two segments resident (the order evicted the tail's end): it grows by the second's
+    bytes, evicting in the order's turn to stay within the capacity; only the second resident (the prefix
+    evicted before its tail, as a prefix-blind order may): it goes, and the lookup stores the merged one whole."""
+    mini = MiniCache("adaptive", 10 * SIZE)
+    old, first = ((MODEL, 9), 4.0 * SIZE), ((MODEL, 1), 4.0 * SIZE)
+    mini.lookup([old])
+    mini.lookup([first])
+    mini.merge(first[0], (MODEL, 2), 3.0 * SIZE)
+    assert ({first[0]}, 7.0 * SIZE, 7.0 * SIZE) == (set(mini.entries), mini.entries[first[0]].size, mini.used)
+    assert _accounts_add_up(mini)
+    mini = MiniCache("arc", 10 * SIZE)
+    second = ((MODEL, 2), 3.0 * SIZE)
+    mini.lookup([second])
+    mini.merge((MODEL, 1), second[0], 3.0 * SIZE)
+    assert (set(), 0.0) == (set(mini.entries), mini.used) and _accounts_add_up(mini)
+
+
+def growing_sessions(rng: random.Random, requests: int, sessions: int = 12, longest: int = 200) -> list[list[int]]:
+    """Agent sessions behind one 8-chunk system prompt, each request the next turn of one (the most recent most
+    often), 1–4 chunks longer than its last; a session longer than ``longest`` chunks starts over."""
+    system = [rng.getrandbits(64) for _ in range(8)]
+    live = [system + [rng.getrandbits(64) for _ in range(rng.randint(9, 12))] for _ in range(sessions)]
+    out = []
+    for _ in range(requests):
+        index = len(live) - 1 - min(int(rng.expovariate(0.25)), len(live) - 1)
+        grown = live.pop(index) + [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
+        live.append(grown if len(grown) <= longest else system + [rng.getrandbits(64) for _ in range(9)])
+        out.append(list(live[-1]))
+    return out
+
+
+def test_tails_longer_than_a_head_key_s_segments_keep_the_curve_of_the_order_within_0_01():
+    """Tails of up to 184 objects, 1–4 new a turn, at rate 0.01: more than ``SEGMENTS_PER_HEAD`` segments a head
+    key, so segments merge.  The curve stays within 0.01 of L1 running the order at each octave from ¼× to 2×.
+    Merging the first two under the first's key, its resident bytes left as they were, held the merged
+    objects in a fraction of their bytes (0.034 high at 2×); merging them into one giant first segment, which a
+    miniature keeps or evicts whole where L1 cuts a chain anywhere, read 0.014 low at ½×."""
+    from mpcache.contract import tail_marks
+    from mpcache.telemetry.mrc.history import SEGMENTS_PER_HEAD
+
+    trace = growing_sessions(random.Random(3), 1500)
+    assert max(len(hashes) for hashes in trace) - 16 > 2 * SEGMENTS_PER_HEAD  # merges at one or four new a turn
+    capacity, threshold = 600 * SIZE, 0.01 * SAMPLE_MODULUS
+    curves = CurveSet(0.01, 1 << 15, {"l1": capacity}, policy="adaptive")
+    for hashes in trace:
+        rows = [(h, SALT, MODEL) for h in hashes]
+        curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1) for row in rows[:16]]
+                      + [(row, SAMPLED, MISS, 1) for row in rows[16:] if row[0] % SAMPLE_MODULUS < threshold],
+                      tail=len(rows) - 16, marks=tail_marks.pack(hashes, 16, 1))
+        curves.store(MODEL, SIZE, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+    [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
+    predicted = {point["capacity_bytes"]: point["hit_ratio"] for point in curve["points"]}
+    measured = {factor: l1_hit_ratio(trace, "adaptive", round(capacity * factor)) for factor in (0.25, 0.5, 1, 2)}
+    assert 0.2 < measured[0.25] and measured[2] < 0.95  # the sizes span the curve
+    assert {factor: True for factor in measured} == {
+        factor: abs(predicted[round(capacity * factor)] - ratio) <= 0.01 for factor, ratio in measured.items()}, (
+        predicted, measured)

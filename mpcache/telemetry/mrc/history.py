@@ -34,7 +34,7 @@ TAIL_MAX_RATE = 0.05  # above this rate of the hash-sampled stratum, its keys al
 SEGMENT = "tail"  # a miniature's key for a run of tail objects: (SEGMENT, number), no chunk's key
 SEGMENT_PIECES = 16  # a tail's new objects: in up to 16 segments of at least one object and at least 1 / 512 of
 SEGMENT_MIN_SHARE = 512  # the smallest miniature's capacity (so a miniature holds at most 512 × its ratio to it)
-SEGMENTS_PER_HEAD = 64  # at most, per head key (then its first two become one): a lookup's keys stay bounded
+SEGMENTS_PER_HEAD = 64  # at most, per head key (then the two next to each other of fewest objects become one)
 L1_HIT, L2_HIT, AFTER_GAP, MISS = "l1", "l2", "after_gap", "miss"  # what a lookup found of one key
 
 Row = tuple[int, str, str]  # (chunk_hash, cache_salt, model_name), as producers ship sampled keys
@@ -336,21 +336,23 @@ class History:
                        tail: int, tail_found: tuple[int, int], size: int, weights: list[float],
                        common: int) -> tuple[list[Judged], list[tuple[Hashable, int]]]:
         """A lookup with a tail through the miniatures: its tail's bytes as segments after ``head`` (the last
-        tail's segments that hold the ``common`` objects this one shares with it, then the new objects in up to
-        ``SEGMENT_PIECES``: a segment is a key of 1 - rate of its objects' bytes, so a miniature keeps or evicts
-        it whole), each tail object judged
-        by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the segments hold the
-        tail's), for their place in the order, and those the last tail did not hold (not in ``held``) count
-        where they are, × 1 / rate, in place of a miss.  Returns the judgments and the tail's segments
-        (key, objects)."""
+        tail's segments that hold the ``common`` objects this one shares with it, the one shared in part standing
+        for that part now, then the new objects in up to ``SEGMENT_PIECES``: a segment is a key of 1 - rate of
+        its objects' bytes, so a miniature keeps or evicts it whole; past ``SEGMENTS_PER_HEAD``, the two next to
+        each other of fewest objects merge in every miniature, so no segment grows far past the others), each
+        tail object judged by its segment; its hash-sampled keys go in at their own bytes (not × 1 / rate: the
+        segments hold the tail's), for their place in the order, and those the last tail did not hold (not in
+        ``held``) count where they are, × 1 / rate, in place of a miss.  Returns the judgments and the tail's
+        segments (key, objects)."""
         seen = self.tails.get(head) if head is not None else None
         ranges: list[tuple[Hashable, int, int, int]] = []  # (segment, its objects, first and last one it judges)
         end = 0
         for key, objects in seen.segments if seen is not None else ():
             if end >= min(common, tail):
                 break
-            ranges.append((key, objects, end + 1, min(end + objects, common, tail)))
-            end = ranges[-1][3]
+            shared = min(objects, common - end, tail - end)  # a segment shared in part stands for that part now
+            ranges.append((key, shared, end + 1, end + shared))
+            end += shared
         # size > 0 here: a lookup before the model's size is known never reaches the miniatures
         least = max(1, int(self.mini_edges[0] // (size * SEGMENT_MIN_SHARE))) if self.mini_edges else 1
         step = max(least, -(-(tail - end) // SEGMENT_PIECES))
@@ -359,14 +361,17 @@ class History:
             objects = min(step, tail - end)
             ranges.append(((SEGMENT, self._segment), objects, end + 1, end + objects))
             end += objects
-        while len(ranges) > SEGMENTS_PER_HEAD:  # the first two as one, under the first's key: bounded keys
-            (key, objects, first, _), (_, more, _, last) = ranges[:2]  # (a new key would miss what it stands for)
-            ranges[:2] = [(key, objects + more, first, last)]
+        share = 1.0 - 1.0 / weights[SAMPLED]  # of the tail's bytes: the sampled keys bring the rest
+        while len(ranges) > SEGMENTS_PER_HEAD:  # two as one (under the first's key: not a miss of what it holds)
+            at = min(range(len(ranges) - 1), key=lambda i: ranges[i][1] + ranges[i + 1][1])
+            (key, objects, first, _), (other, more, _, last) = ranges[at:at + 2]
+            for mini in self.minis or ():
+                mini.merge(key, other, float(min(more * size, MAX_KEY_BYTES)) * share)
+            ranges[at:at + 2] = [(key, objects + more, first, last)]
         in_l1, in_l2 = _found_in(tail, tail_found)
         keys: list[tuple[Hashable, float, float, str]] = [
             (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)
             for row, stratum, objects, weight, found in judged if stratum == HEAD]
-        share = 1.0 - 1.0 / weights[SAMPLED]  # of the tail's bytes: the sampled keys bring the rest
         for key, objects, first, last in ranges:
             nbytes = float(min(objects * size, MAX_KEY_BYTES)) * share
             for low, high, found in ((1, in_l1, L1_HIT), (in_l1 + 1, in_l1 + in_l2, L2_HIT),

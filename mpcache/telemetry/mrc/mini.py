@@ -163,13 +163,37 @@ class MiniCache:
             lists[entry.tier][key] = entry
         return unstored
 
+    def merge(self, first: Hashable, second: Hashable, second_bytes: float) -> None:
+        """Two adjacent tail segments become one under ``first``'s key, of ``second_bytes`` more where ``second``
+        is not resident: where both are, one entry of both their bytes at ``first``'s place in the order; where
+        only ``first`` is (the rest of its tail evicted), it grows by ``second_bytes``, evicting in the order's
+        turn to make room, as the store of the rest would (the objects ``second`` stood for are found once: a
+        segment is small beside the ones merged before it); where only ``second`` is, neither (the lookup stores
+        the merged segment whole)."""
+        entries, order = self.entries, self.order
+        kept, other = entries.get(first), entries.get(second)
+        if kept is not None and other is not None:
+            del entries[second], order.lists[other.tier][second]
+            order.merge(first, kept, second, other)
+        elif kept is not None:
+            order.grow(first, kept, second_bytes)
+            self.used += second_bytes
+            while self.used > self.capacity and (chosen := order.victim()) is not None:
+                del entries[chosen[0]]
+                self.used -= chosen[1].size
+        elif other is not None:
+            self._forget(second, other)
+
     def keep(self, admits: Callable[[Any], bool]) -> None:
         """A stratum's rate dropped: forget the resident keys ``admits`` no longer passes.  The others keep the
         bytes they were stored with, as the weights recorded at the old rate stay."""
-        order = self.order
         for key in [key for key in self.entries if not admits(key)]:
-            entry = self.entries.pop(key)
-            del order.lists[entry.tier][key]
-            if order.new is not None:
-                order.forget(key, entry)
-            self.used -= entry.size
+            self._forget(key, self.entries[key])
+
+    def _forget(self, key: Hashable, entry: _Entry) -> None:
+        """``key`` is no longer resident, and not a ghost either: gone from the miniature's accounts."""
+        order = self.order
+        del self.entries[key], order.lists[entry.tier][key]
+        if order.new is not None:
+            order.forget(key, entry)
+        self.used -= entry.size
