@@ -139,3 +139,47 @@ def test_mrc_doc_s_public_trace_figures_with_the_marks_are_the_kept_run() -> Non
             f"{row['lru']['head_rate_end']} at the default 32,768 keys") in flattened(doc("MRC.md"))
     assert f"at 131,072 keys (rate 1) it reads {wide['now']['mae']} against {wide['before']['mae']:.4f}" in flattened(
         doc("MRC.md"))
+
+
+def test_mrc_doc_s_figures_with_the_segments_merged_where_they_are_fewest_are_the_kept_runs() -> None:
+    """docs/MRC.md's and PERFORMANCE.md's figures of the run with a head key's segments merged where they are
+    fewest, rendered from PERFORMANCE.json's ``mrc_accuracy_merged`` and the runs before it."""
+    from support.performance_docs import doc, flattened, raw_results
+
+    kept, results = raw_results()["mrc_accuracy_merged"], raw_results()
+    sizes, seeds = kept["trace_sizes"]["traces"], kept["seeds"]["traces"]
+    before = results["mrc_accuracy_seeds"]["traces_now"]
+    public = results["mrc_accuracy_public_conversation_marks"]["conversation_4000"]["adaptive"]
+
+    def error(traces: dict, name: str) -> float:
+        return traces[name]["adaptive"]["max_half_to_double"]
+
+    def words(name: str) -> str:
+        kind, _, rest = name.partition("@")
+        seed, _, size = rest.partition("/")
+        return f"`{kind}` seed {seed}" + (f", {size}" if size else "")
+
+    generated = [name for name in seeds if name.split("@")[0] in mrc_accuracy.GENERATED]
+    worst_size = max(sizes, key=lambda name: error(sizes, name))
+    worst_seed = max(generated, key=lambda name: error(seeds, name))
+    agentic = max(error(seeds, name) for name in generated if name.startswith("agentic"))
+    agentic_before = max(error(before, name) for name in generated if name.startswith("agentic"))
+    mooncake = seeds["conversation_4000"]
+    memory = max(row["adaptive"]["curve_set_bytes"] for name, row in seeds.items() if name != "conversation_4000")
+    assert 105 == len(sizes) and 32 == len(generated)
+    assert not [name for name in sizes if error(sizes, name) > 0.02] and not [
+        name for name in generated if error(seeds, name) > 0.02]
+    text = flattened(doc("MRC.md"))
+    assert (f"Of the {len(sizes)} traces and sizes, the `adaptive` curve's largest error at ½×–2× is now above 0.02 "
+            f"in none, at most {error(sizes, worst_size)} ({words(worst_size)}; `agentic` seed 8, middle: "
+            f"{error(sizes, 'agentic@8/middle')}). Over seeds 1–8 at the median reuse distance it is above 0.02 in "
+            f"none of the {len(generated)} generated traces, at most {error(seeds, worst_seed)} ({words(worst_seed)}; "
+            f"`agentic` {agentic_before} → {agentic}); long prompts {error(before, 'long')} → {error(seeds, 'long')}, "
+            f"the synthetic trace {error(before, 'synthetic_trace')} → {error(seeds, 'synthetic_trace')}, Mooncake's "
+            f"conversation trace {public['max_half_to_double']} → {error(seeds, 'conversation_4000')} (mean error "
+            f"{public['mae']} → {seeds['conversation_4000']['adaptive']['mae']}). The curve set's memory is at most "
+            f"{memory / 1e6:.1f} MB (synthetic trace; {mooncake['adaptive']['curve_set_bytes'] / 1e6:.1f} MB on "
+            f"Mooncake's, whose L1 is {mooncake['l1_chunks']:,} chunks).") in text
+    assert (f"`mrc_accuracy_merged`) the `adaptive` curve is above 0.02 in none (at most {error(seeds, worst_seed)}, "
+            f"{words(worst_seed)}), nor at the issue's three sizes (at most {error(sizes, worst_size)} of the "
+            f"{len(sizes)} traces and sizes).") in flattened(doc("PERFORMANCE.md"))
