@@ -480,6 +480,8 @@ class ArcOrder:
         parent = entry.parent
         if parent is not None and parent.children:
             _drop_child(parent, key)
+        if entry.children:
+            self._orphan_children(entry)
         if self.fair is not None:
             self.fair.gone(key, entry.size)
 
@@ -492,15 +494,19 @@ class ArcOrder:
 
     def merge(self, key: Any, entry: Any, other_key: Any, other: Any) -> None:
         """``other``, out of its list already, joins ``entry`` (a miniature's two adjacent tail segments become
-        one): its bytes count in ``entry``'s list and its children become ``entry``'s."""
+        one): its bytes count in ``entry``'s list, its children become ``entry``'s, and the shadow LRUs hold it
+        as part of ``entry``."""
+        children, other.children = other.children, None  # not orphaned by forget: re-linked below
         self.forget(other_key, other)
         self.grow(key, entry, other.size)
-        children = other.children
         for child_key in children if type(children) is dict else (children,) if children is not None else ():
             child = self._entry_of(child_key)
             if child is not None and child.parent is other:
                 child.parent = entry
                 _add_child(entry, child_key)
+        for shadow in (self._shadow, *((self._trial.lru, self._trial.by_chance) if self._trial is not None else ())):
+            if shadow is not None:
+                shadow.merge(key, other_key)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] = hash,

@@ -93,6 +93,17 @@ class ShadowLru:
         refused = self._refused
         return any(key in refused for key, _ in asked) or draw(self._access) < self._admit
 
+    def merge(self, key: Hashable, other: Hashable) -> None:
+        """``other`` becomes part of ``key`` (a miniature's two tail segments merged): its bytes join ``key``'s where
+        both are held, and leave with it where only it is."""
+        nbytes = self._keys.pop(other, None)
+        if nbytes is None:
+            return
+        if key in self._keys:
+            self._keys[key] += nbytes
+        else:
+            self._bytes -= nbytes
+
     def follow(self, halvings: int) -> None:
         """Sample at 1 / 2 ** ``halvings`` at the most (as another shadow that has halved so far does)."""
         while self.halvings < halvings:

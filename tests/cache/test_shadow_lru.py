@@ -111,3 +111,18 @@ def test_a_key_seeded_again_becomes_the_newest_and_counts_its_bytes_once():
     shadow.seed([("a", 3), ("b", 3), ("a", 3)])
     shadow.seed([("c", 3)])
     assert [False, True, True] == [shadow.sees(key, 3, 1) for key in ("b", "a", "c")]
+
+
+def test_a_key_merged_into_another_holds_both_bytes_where_both_were_held_and_leaves_where_only_it_was():
+    """A miniature's two tail segments merged: the shadow holds one key of both their bytes, so it evicts at the
+    same point as before; merged into a key it does not hold, the merged key's bytes leave with it."""
+    shadow = ShadowLru(10)
+    for access, (key, nbytes) in enumerate([("a", 3), ("b", 4), ("c", 2)]):
+        shadow.sees(key, nbytes, access)
+    shadow.sees("d", 1, 3)  # settles the three above, the oldest first
+    shadow.merge("a", "b")
+    shadow.merge("x", "c")
+    assert ["a"] == list(shadow._keys)
+    shadow.sees("f", 3, 4)  # settles d: a's 7 bytes and d's 1
+    shadow.sees("g", 1, 5)  # settles f: 11 bytes, over 10, so a goes (3 bytes were it not both segments)
+    assert [False, True, True] == [shadow.sees(key, 1, 6) for key in ("a", "d", "f")]

@@ -350,9 +350,14 @@ class History:
         for key, objects in seen.segments if seen is not None else ():
             if end >= min(common, tail):
                 break
-            shared = min(objects, common - end, tail - end)  # a segment shared in part stands for that part now
+            # a segment shared in part stands for that part now (its bytes in the miniatures stay: L1 holds the
+            # last tail's other objects too)
+            shared = min(objects, common - end, tail - end)
             ranges.append((key, shared, end + 1, end + shared))
             end += shared
+        # the first new segment's index: no merge joins it to the last shared one (the new objects, never seen,
+        # would be judged by whether the miniature holds that one)
+        new = len(ranges)
         # size > 0 here: a lookup before the model's size is known never reaches the miniatures
         least = max(1, int(self.mini_edges[0] // (size * SEGMENT_MIN_SHARE))) if self.mini_edges else 1
         step = max(least, -(-(tail - end) // SEGMENT_PIECES))
@@ -363,11 +368,13 @@ class History:
             end += objects
         share = 1.0 - 1.0 / weights[SAMPLED]  # of the tail's bytes: the sampled keys bring the rest
         while len(ranges) > SEGMENTS_PER_HEAD:  # two as one (under the first's key: not a miss of what it holds)
-            at = min(range(len(ranges) - 1), key=lambda i: ranges[i][1] + ranges[i + 1][1])
+            at = min((i for i in range(len(ranges) - 1) if i != new - 1),
+                     key=lambda i: ranges[i][1] + ranges[i + 1][1])
             (key, objects, first, _), (other, more, _, last) = ranges[at:at + 2]
             for mini in self.minis or ():
                 mini.merge(key, other, float(min(more * size, MAX_KEY_BYTES)) * share)
             ranges[at:at + 2] = [(key, objects + more, first, last)]
+            new -= at < new - 1
         in_l1, in_l2 = _found_in(tail, tail_found)
         keys: list[tuple[Hashable, float, float, str]] = [
             (row, min(size * objects, MAX_KEY_BYTES) * weights[stratum], weight, found)

@@ -107,6 +107,9 @@ class MiniCache:
                 unstored[key] = None
             while len(unstored) > UNSTORED_KEYS:
                 unstored.popitem(False)
+        while self.used > self.capacity and (chosen := order.victim()) is not None:  # a merge grew a segment
+            del entries[chosen[0]]
+            self.used -= chosen[1].size
         for key, entry in reversed(found) if order.tail_first else found:
             entry.used = order.access
             lists[entry.tier][key] = entry
@@ -166,10 +169,10 @@ class MiniCache:
     def merge(self, first: Hashable, second: Hashable, second_bytes: float) -> None:
         """Two adjacent tail segments become one under ``first``'s key, of ``second_bytes`` more where ``second``
         is not resident: where both are, one entry of both their bytes at ``first``'s place in the order; where
-        only ``first`` is (the rest of its tail evicted), it grows by ``second_bytes``, evicting in the order's
-        turn to make room, as the store of the rest would (the objects ``second`` stood for are found once: a
-        segment is small beside the ones merged before it); where only ``second`` is, neither (the lookup stores
-        the merged segment whole)."""
+        only ``first`` is (the rest of its tail evicted), it grows by ``second_bytes``, the room made by the
+        lookup that follows (:meth:`lookup`: with its own keys out of the order, as the store of the rest would
+        make it; the objects ``second`` stood for are found once); where only ``second`` is, neither (the lookup
+        stores the merged segment whole, and ``second``'s children are evicted first)."""
         entries, order = self.entries, self.order
         kept, other = entries.get(first), entries.get(second)
         if kept is not None and other is not None:
@@ -178,9 +181,6 @@ class MiniCache:
         elif kept is not None:
             order.grow(first, kept, second_bytes)
             self.used += second_bytes
-            while self.used > self.capacity and (chosen := order.victim()) is not None:
-                del entries[chosen[0]]
-                self.used -= chosen[1].size
         elif other is not None:
             self._forget(second, other)
 
