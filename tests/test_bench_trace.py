@@ -1228,3 +1228,47 @@ def test_performance_md_states_the_engine_path_runs_as_kept():
     assert (objects, large_from) == (32, 4) and all(large_from < chunks < large_from + 1 for chunks in average)
     assert (f"in this run's L1 of {objects} objects of 2 MiB a store of {large_from} new chunks is large (more than a "
             f"tenth of L1) and the stores average {average[0]}–{average[1]}") in prose
+
+
+def test_performance_md_isolation_of_the_tail_marks_is_the_benchmark_s_raw_output():
+    """PERFORMANCE.md's 2026-12-07 isolation paragraph: each count and ratio from PERFORMANCE.json's
+    ``isolation_2026_12_07`` runs (and the table's run of 2026-12-02 it is compared with)."""
+    from support.performance_docs import doc, flattened, raw_results
+
+    runs = raw_results()["isolation_2026_12_07"]["runs"]
+    marks, before = runs["with_the_marks"]["result"], runs["before_the_marks"]["result"]
+    table = raw_results()["isolation"]
+    policies = {tp: runs["policies"]["result"][tp][0] for tp in ("tp1", "tp2")}
+
+    def on(run: dict, tp: str) -> str:
+        return f"{run[tp]['per_request']['mpcache']['instructions']:,.0f}"
+
+    def pair(run: dict) -> str:
+        return f"{on(run, 'tp1')} and {on(run, 'tp2')}"
+
+    def net(tp: str, policy: str) -> str:
+        return f"{policies[tp]['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
+
+    def ratios(run: dict) -> str:
+        return f"{run['tp1']['on_over_off']['instructions']} and {run['tp2']['on_over_off']['instructions']}"
+
+    def over(tp: str) -> float:
+        return policies[tp]["instructions_over_first"]["mpcache_adaptive"]
+
+    ours, theirs = marks["cache_instructions_over_lmcache"], before["cache_instructions_over_lmcache"]
+    page = flattened(doc("PERFORMANCE.md"))
+    assert (f"the publishing cache process executes {pair(marks)} instructions a request at TP 1 and 2, publishing on "
+            f"over off {ratios(marks)}; before them (aaa0f7f, run from a worktree right after) {pair(before)}, "
+            f"{ratios(before)}. Both runs are far from the table's run of 2026-12-02 ({pair(table)}): the cache "
+            f"process over LMCache's server, net of idle, is {ours} at TP 2 ({theirs} before the marks; "
+            f"{table['cache_instructions_over_lmcache']} then), above its 0.25.") in page
+    assert marks["tp2"]["cache_over_lmcache"]["instructions"] == ours > 0.25
+    hits = [policies[tp]["hit_chunk_ratio"] for tp in ("tp1", "tp2")]
+    assert all(len(set(policies[tp][key].values())) == 1 for tp in policies
+               for key in ("hit_chunk_ratio", "evicted_chunks_per_request"))
+    assert (f"found): `adaptive` {over('tp1')}× `lru`'s instructions a request net of idle at TP 1 "
+            f"({net('tp1', 'adaptive')} against {net('tp1', 'lru')}; {policies['tp1']['requests']} requests), "
+            f"{over('tp2')}× at TP 2 ({net('tp2', 'adaptive')} against {net('tp2', 'lru')}; "
+            f"{policies['tp2']['requests']} requests)") in page
+    assert (f"the same hit ratio and evictions under both: {hits[0]['mpcache_lru']} and {hits[1]['mpcache_lru']} of "
+            "the chunks") in page
