@@ -412,7 +412,7 @@ def test_tails_longer_than_a_head_key_s_segments_keep_the_curve_of_the_order_wit
 def test_no_merge_joins_a_tail_s_new_objects_to_a_segment_the_last_tail_left():
     """Merging the two segments of fewest objects never joins a lookup's first new segment to the last one it
     shares with the last tail: the new objects, never seen, would be judged by whether a miniature holds the old
-    one (once, 631 merges over this trace).  Merges there are, hundreds of them."""
+    one (once, 122 merges over this trace).  Merges there are, hundreds of them."""
     from mpcache.telemetry.mrc import history as history_module
 
     curves = CurveSet(0.01, 1 << 15, {"l1": 600 * SIZE}, policy="adaptive")
