@@ -1263,6 +1263,20 @@ def test_performance_md_isolation_of_the_tail_marks_is_the_benchmark_s_raw_outpu
             f"process over LMCache's server, net of idle, is {ours} at TP 2 ({theirs} before the marks; "
             f"{table['cache_instructions_over_lmcache']} then), above its 0.25.") in page
     assert marks["tp2"]["cache_over_lmcache"]["instructions"] == ours > 0.25
+    middle = runs["midpoint"]["result"]
+    window = [run[tp]["requests"] for run in (marks, before, middle) for tp in ("tp1", "tp2")]
+    served = f"{table['tp1']['requests']} and {table['tp2']['requests']}"
+    assert (f"At 5dac5d5 (2026-12-05 01:54, the midpoint of the commits between; 10:50–10:59 UTC) it read "
+            f"{pair(middle)}, {middle['cache_instructions_over_lmcache']}, within its target: most of the growth at "
+            "each TP came before it, and a third of TP 2's after it (where issue 39's admission and phase commits "
+            f"lie), which took the ratio past 0.25. The run of 2026-12-02 served {served} requests in its window, "
+            f"today's {min(window[::2])}–{max(window[::2])} and {min(window[1::2])}–{max(window[1::2])}") in page
+    assert middle["cache_instructions_over_lmcache"] <= 0.25 < before["cache_instructions_over_lmcache"]
+    for tp in ("tp1", "tp2"):
+        then, between, now = (run[tp]["per_request"]["mpcache"]["instructions"] for run in (table, middle, before))
+        assert between - then > now - between  # most of it before the midpoint
+    then, between, now = (run["tp2"]["per_request"]["mpcache"]["instructions"] for run in (table, middle, before))
+    assert round(3 * (now - between) / (now - then)) == 1  # a third of TP 2's after it
     hits = [policies[tp]["hit_chunk_ratio"] for tp in ("tp1", "tp2")]
     assert all(len(set(policies[tp][key].values())) == 1 for tp in policies
                for key in ("hit_chunk_ratio", "evicted_chunks_per_request"))
