@@ -68,6 +68,9 @@ def log_lines(path: str) -> list[dict]:
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 RUNS: list[Run] = []  # every supervisor started, killed at the end whatever happened
+# how long a run may take to serve: a start on CI's two loaded cores once took more than 30 s, and a scenario
+# starts at most three runs within run_driver's 240 s
+READY_S = 60.0
 
 
 def _die_with_the_driver() -> None:
@@ -97,7 +100,7 @@ class Run:
         return started[0]["runtime_dir"] if started else None
 
     def socket(self) -> str | None:
-        ready = wait_for(lambda: self.events("cache.ready"), 30)
+        ready = wait_for(lambda: self.events("cache.ready"), READY_S)
         return ready[0]["sockets"][0] if ready else None
 
     def supervisor_pid(self) -> int:
