@@ -1272,10 +1272,10 @@ def test_performance_md_isolation_of_the_tail_marks_is_the_benchmark_s_raw_outpu
             f"lie), which took the ratio past 0.25. The run of 2026-12-02 served {served} requests in its window, "
             f"today's {min(window[::2])}–{max(window[::2])} and {min(window[1::2])}–{max(window[1::2])}") in page
     assert middle["cache_instructions_over_lmcache"] <= 0.25 < before["cache_instructions_over_lmcache"]
-    for tp in ("tp1", "tp2"):
-        then, between, now = (run[tp]["per_request"]["mpcache"]["instructions"] for run in (table, middle, before))
-        assert between - then > now - between  # most of it before the midpoint
-    then, between, now = (run["tp2"]["per_request"]["mpcache"]["instructions"] for run in (table, middle, before))
+    counts = {tp: [run[tp]["per_request"]["mpcache"]["instructions"] for run in (table, middle, before)]
+              for tp in ("tp1", "tp2")}
+    assert all(between - then > now - between for then, between, now in counts.values())  # most before the midpoint
+    then, between, now = counts["tp2"]
     assert round(3 * (now - between) / (now - then)) == 1  # a third of TP 2's after it
     hits = [policies[tp]["hit_chunk_ratio"] for tp in ("tp1", "tp2")]
     assert all(len(set(policies[tp][key].values())) == 1 for tp in policies

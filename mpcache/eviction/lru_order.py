@@ -55,4 +55,4 @@ class LruOrder:
         entry.size += nbytes  # LRU keeps no sizes of its own
 
     def merge(self, key: Any, entry: Any, other_key: Any, other: Any) -> None:
-        entry.size += other.size
+        self.grow(key, entry, other.size)

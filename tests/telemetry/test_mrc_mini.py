@@ -9,6 +9,8 @@ import random
 import numpy as np
 import pytest
 
+from benchmarks import mrc_accuracy
+from benchmarks.mrc_traces import CHUNK_BYTES
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -372,17 +374,10 @@ def growing_sessions(rng: random.Random, requests: int, sessions: int = 12, long
 
 
 def feed_sessions(curves: CurveSet, trace: list[list[int]]) -> None:
-    """Each request of ``trace`` to ``curves`` as the cache process ships it at rate 0.01: its 16 head chunks, the
-    hash-sampled rest, the tail's count and marks, then the store of its sampled keys."""
-    from mpcache.contract import tail_marks
-
-    threshold = 0.01 * SAMPLE_MODULUS
-    for hashes in trace:
-        rows = [(h, SALT, MODEL) for h in hashes]
-        curves.lookup(MODEL, SALT, 1, [(row, HEAD, MISS, 1) for row in rows[:16]]
-                      + [(row, SAMPLED, MISS, 1) for row in rows[16:] if row[0] % SAMPLE_MODULUS < threshold],
-                      tail=len(rows) - 16, marks=tail_marks.pack(hashes, 16, 1))
-        curves.store(MODEL, SIZE, [row for row in rows if row[0] % SAMPLE_MODULUS < threshold])
+    """Each request of ``trace`` to ``curves`` as the cache process ships it at rate 0.01 (``mrc_accuracy``'s feed:
+    its 16 head chunks, the hash-sampled rest, the tail's count and marks, then the store of its sampled keys, of
+    that benchmark's ``CHUNK_BYTES`` each)."""
+    mrc_accuracy.feed(curves, [(MODEL, SALT, hashes) for hashes in trace], 0.01, 16)
 
 
 @pytest.mark.parametrize("seed", [2, 3, 5])
@@ -397,16 +392,16 @@ def test_tails_longer_than_a_head_key_s_segments_keep_the_curve_of_the_order_wit
 
     trace = growing_sessions(random.Random(seed), 1500)
     assert max(len(hashes) for hashes in trace) - 16 > 2 * SEGMENTS_PER_HEAD  # merges at one or four new a turn
-    capacity = 600 * SIZE
-    curves = CurveSet(0.01, 1 << 15, {"l1": capacity}, policy="adaptive")
+    objects = 600  # L1's capacity in objects: the curves' of CHUNK_BYTES each, L1's of SIZE
+    curves = CurveSet(0.01, 1 << 15, {"l1": objects * CHUNK_BYTES}, policy="adaptive")
     feed_sessions(curves, trace)
     [curve] = [c for c in curves.curves() if (c["model_name"], c["cache_salt"]) == (ALL, ALL)]
     predicted = {point["capacity_bytes"]: point["hit_ratio"] for point in curve["points"]}
-    measured = {factor: l1_hit_ratio(trace, "adaptive", round(capacity * factor)) for factor in (0.25, 0.5, 1, 2)}
+    measured = {factor: l1_hit_ratio(trace, "adaptive", round(objects * SIZE * factor)) for factor in (0.25, 0.5, 1, 2)}
     assert 0.2 < measured[0.25] and measured[2] < 0.95  # the sizes span the curve
     assert {factor: True for factor in measured} == {
-        factor: abs(predicted[round(capacity * factor)] - ratio) <= 0.01 for factor, ratio in measured.items()}, (
-        predicted, measured)
+        factor: abs(predicted[round(objects * CHUNK_BYTES * factor)] - ratio) <= 0.01
+        for factor, ratio in measured.items()}, (predicted, measured)
 
 
 def test_no_merge_joins_a_tail_s_new_objects_to_a_segment_the_last_tail_left():
@@ -415,7 +410,7 @@ def test_no_merge_joins_a_tail_s_new_objects_to_a_segment_the_last_tail_left():
     one (once, 122 merges over this trace).  Merges there are, hundreds of them."""
     from mpcache.telemetry.mrc import history as history_module
 
-    curves = CurveSet(0.01, 1 << 15, {"l1": 600 * SIZE}, policy="adaptive")
+    curves = CurveSet(0.01, 1 << 15, {"l1": 600 * CHUNK_BYTES}, policy="adaptive")
     history = curves._histories[0]
     merges: list[tuple[int, int, int]] = []  # (the segment merged into, the one merged, the last old one's number)
     last_old = [0]
