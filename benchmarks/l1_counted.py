@@ -10,11 +10,13 @@ change to the order shows here alone, the same in every run to within a few hund
 store after a lookup does: look its chunks up (read-locking the prefix L1 holds), reserve the rest (evicting, L1
 being full after the warm-up), commit them and release the locks.  Workloads: ``unique``, :data:`NEW_CHUNKS` new
 chunks a request (``isolation --workload unique``'s shape); ``shared``, one of :data:`SHARED_PREFIXES` prefixes of
-:data:`PREFIX_CHUNKS` chunks in turn, then :data:`NEW_CHUNKS` new ones (lookups find chunks).  Sizes
-(:data:`L1_OBJECTS`): an L1 of 32 objects, where a store of more than 3 new chunks is large (so ``adaptive`` watches
-every store for its return from the first on), and one of 2,048, where none is.  No evicted chunk is asked for
-again in either workload, so ``adaptive`` is counted in its recency phase (no ghost hit, no split): ARC's phase and
-the phase tests are not in the count.
+:data:`PREFIX_CHUNKS` chunks in turn, then :data:`NEW_CHUNKS` new ones (lookups find chunks); ``tenants``,
+``shared`` with every :data:`TENANT_CYCLE`-th request another tenant's (cache salt), so that ``adaptive``'s fair shares
+count and spare (two groups active: :mod:`~mpcache.eviction.fairness`).  Sizes (:data:`L1_OBJECTS`): an L1 of 32
+objects, where a store of more than 3 new chunks is large (so ``adaptive`` watches every store for its return from
+the first on), and one of 2,048, where none is.  In the larger one no evicted chunk is asked for again in any
+workload, so ``adaptive`` is counted in its recency phase (no ghost hit, no split): ARC's phase and the phase tests
+are not in the count.
 """
 
 from __future__ import annotations
@@ -36,31 +38,34 @@ OBJECT_BYTES = 64  # no pool byte is touched: the size only sets how many object
 L1_OBJECTS = (32, 2048)
 NEW_CHUNKS = 5
 SHARED_PREFIXES, PREFIX_CHUNKS = 4, 3
-WORKLOADS = ("unique", "shared")
+TENANTS, TENANT_CYCLE = ("", "b"), 10  # ``tenants``: the cache salts; every tenth request is the second one's
+WORKLOADS = ("unique", "shared", "tenants")
 REQUESTS, WARMUP = 4000, 1000
 DONE_TIMEOUT_S = 1800.0  # per REQUESTS counted requests, instrumented: ~50 times slower than natively
 HASH_SEED = "0"  # the processes' string hashes, hence the dicts' layouts, hence the count: the same every run
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # numpy's idle BLAS threads add to a count
 
 
-def _request(workload: str, number: int) -> list[int]:
-    """Request ``number``'s chunk hashes: new ones from a range no other request uses, after a shared prefix."""
+def _request(workload: str, number: int) -> tuple[str, list[int]]:
+    """Request ``number``'s cache salt (its tenant) and chunk hashes: new ones from a range no other request uses,
+    after a shared prefix."""
     new = list(range((number + 1) << 8, ((number + 1) << 8) + NEW_CHUNKS))
     if workload == "unique":
-        return new
+        return "", new
     prefix = number % SHARED_PREFIXES
-    return list(range(prefix * PREFIX_CHUNKS + 1, (prefix + 1) * PREFIX_CHUNKS + 1)) + new
+    salt = TENANTS[number % TENANT_CYCLE == TENANT_CYCLE - 1] if workload == "tenants" else ""
+    return salt, list(range(prefix * PREFIX_CHUNKS + 1, (prefix + 1) * PREFIX_CHUNKS + 1)) + new
 
 
 def run_requests(l1: Any, workload: str, first: int, count: int) -> int:
     """Requests ``first`` to ``first + count`` through ``l1`` as the LMCache front end drives it; the chunks found."""
     found_chunks = 0
     for number in range(first, first + count):
-        hashes = _request(workload, number)
-        found = l1.lock_prefix("m", "", hashes)
-        reserved = l1.reserve_write("m", "", hashes[found:])
-        l1.commit_write("m", "", [hashes[found + position] for position in reserved.positions], OBJECT_BYTES)
-        l1.release_read("m", "", hashes[:found])
+        salt, hashes = _request(workload, number)
+        found = l1.lock_prefix("m", salt, hashes)
+        reserved = l1.reserve_write("m", salt, hashes[found:])
+        l1.commit_write("m", salt, [hashes[found + position] for position in reserved.positions], OBJECT_BYTES)
+        l1.release_read("m", salt, hashes[:found])
         found_chunks += found
     return found_chunks
 

@@ -36,6 +36,19 @@ def test_a_side_finds_what_its_workload_holds_between_ready_and_done(policy, obj
         workload: (done.returncode, done.stdout) for workload, done in sides.items()}
 
 
+@pytest.mark.parametrize("policy", ["lru", "arc", "adaptive"])
+def test_a_tenants_side_is_two_tenants_and_the_larger_l1_holds_both_tenants_prefixes(policy):
+    """``tenants``: requests 9, 19, ... are the second tenant's (its own keys: its prefixes 1 and 3 are found only
+    where it stored them, 20 requests before), the rest the first's; 2,048 objects hold both tenants' prefixes, so
+    every request finds its 3 chunks."""
+    assert [("", 0), ("", 3), ("b", 1), ("", 2), ("b", 3)] == [
+        (l1_counted._request("tenants", number)[0], l1_counted._request("tenants", number)[1][0] // 3)
+        for number in (0, 3, 9, 10, 19)]
+    done = _side(policy, 2048, "tenants", 20, 420)
+
+    assert (0, "ready\ndone 60\n") == (done.returncode, done.stdout)
+
+
 def test_a_side_whose_warm_up_leaves_l1_not_full_says_so_and_counts_nothing():
     """100 requests of 5 new chunks fill a quarter of 2,048 objects: no ``ready``, one line, exit status 2."""
     done = _side("lru", 2048, "unique", 20, 100)
@@ -106,7 +119,7 @@ def test_the_ratios_are_each_policy_s_count_over_lru_s_on_the_same_workload_and_
     monkeypatch.setattr(l1_counted, "count", count)
     result = l1_counted.run(requests=10, warmup=420, jobs=1)
 
-    assert 12 == len(result["rows"])
+    assert 3 * 2 * 3 == len(result["rows"])  # policies, sizes, workloads
     assert {"arc": round(230_032 / 200_032, 4), "adaptive": round(250_032 / 200_032, 4)} == result["over_lru"][
         "unique_32_objects"]
     assert {"arc": round(232_055 / 202_055, 4), "adaptive": round(252_055 / 202_055, 4)} == result["over_lru"][
@@ -133,7 +146,8 @@ def test_benchmarks_md_states_the_sizes_and_workloads_the_module_runs():
     assert (f"L1 size ({small} objects, where a store of more than {largest_small_store} new chunks is large, and "
             f"{large:,}) and workload (`unique`: {l1_counted.NEW_CHUNKS} new chunks a request; `shared`: one of "
             f"{l1_counted.SHARED_PREFIXES} prefixes of {l1_counted.PREFIX_CHUNKS} chunks in turn, then "
-            f"{l1_counted.NEW_CHUNKS} new)") in prose
+            f"{l1_counted.NEW_CHUNKS} new; `tenants`: `shared` with every {l1_counted.TENANT_CYCLE}th request another "
+            f"tenant's,") in prose
     docstring = " ".join((l1_counted.__doc__ or "").split())
     assert "an L1 of 32 objects, where a store of more than 3 new chunks is large" in docstring
     assert (small, largest_small_store) == (32, 3)

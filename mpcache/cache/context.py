@@ -42,6 +42,7 @@ class CacheContext:
     clock_ns: Callable[[], int] = time.time_ns
     _next_buffer_id: int = field(default=1, repr=False)
     _refused_shown: int = field(default=0, repr=False)  # the L1 refusals added to the gauge board so far
+    _gauged: tuple[Any, ...] = field(default=(), repr=False)  # what update_gauges last wrote its gauges from
 
     @property
     def chunk_tokens(self) -> int:
@@ -58,11 +59,20 @@ class CacheContext:
         return buffer_id
 
     def update_gauges(self) -> None:
-        self.gauges.set(layout.G_L1_USED, self.l1.used_bytes)
-        self.gauges.set(layout.G_L1_FRAGMENTATION, self.l1.fragmentation_bytes)
-        self.gauges.set(layout.G_L1_LOST_COPIES, self.l1.lost_copies)
-        self.gauges.set(layout.G_L1_ADMITTING, round(self.l1.capacity_bytes * self.l1.admission_chance))
-        refused = self.l1.refused_chunks - self._refused_shown
+        """L1's and the prefetch gauges, written again where what they show moved since the last call: it comes
+        after every operation, and most move none of them (a lookup, a poll), so it compares first."""
+        l1 = self.l1
+        allocator = l1.allocator
+        now = (allocator.used_bytes, allocator.carved_bytes, l1.lost_copies, l1.capacity_bytes, l1.admission_chance,
+               l1.refused_chunks, self.sessions.active_jobs)
+        if now == self._gauged:
+            return
+        self._gauged = now
+        self.gauges.set(layout.G_L1_USED, l1.used_bytes)
+        self.gauges.set(layout.G_L1_FRAGMENTATION, l1.fragmentation_bytes)
+        self.gauges.set(layout.G_L1_LOST_COPIES, l1.lost_copies)
+        self.gauges.set(layout.G_L1_ADMITTING, round(l1.capacity_bytes * l1.admission_chance))
+        refused = l1.refused_chunks - self._refused_shown
         if refused:  # added: the word keeps the counts of this slot's earlier cache processes
             self.gauges.add(layout.G_L1_REFUSED, refused)
             self._refused_shown += refused

@@ -8,7 +8,7 @@ than another's, see benchmarks/HISTORY.md).
 
 A group is active while it asked for something (a lookup that found an object, a store, a landing) in this epoch
 or the one before; an epoch ends after as many such touches, of any group, as L1 holds evictable objects (at
-least :data:`MIN_EPOCH_TOUCHES`).  Until a second group asks for something nothing is counted (``groups`` is None):
+least :data:`MIN_EPOCH_TOUCHES`).  Until a second group asks for something nothing is counted (``counting`` is False):
 one group has L1 to itself.  Tenants are what clients say they are: one client that spreads its requests over
 many cache salts makes many groups, and every reserve smaller.  State: a resident-bytes count and the epoch last
 active per group, at most :data:`MAX_GROUPS` groups (one more is not tracked: neither spared nor counted; its
@@ -33,13 +33,17 @@ class FairShares:
 
     def __init__(self, capacity_bytes: float) -> None:
         self.capacity = float(capacity_bytes)
-        self.first: Hashable = None  # the only group seen while ``groups`` is None (the order checks a key against it)
-        self.groups: dict[Hashable, list[float]] | None = None  # group → [resident bytes, epoch last active]
+        self.first: Hashable = None  # the only group seen before counting (the order checks a key against it)
+        self.counting = False  # whether a second group asked for something: only then is anything counted
+        self.groups: dict[Hashable, list[float]] = {}  # group → [resident bytes, epoch last active], once counting
+        self.last: list[float] | None = None  # the group :meth:`touched` last: its entry in ``groups`` (None: not kept)
         self._epoch = 0
         self._touches = 0  # touches since the epoch began
         self._now: set[Hashable] = set()  # groups active in this epoch
         self._before: set[Hashable] = set()  # in the epoch before
         self._carried = 0  # groups active in the epoch before and not yet in this one
+        self.sharing = False  # whether two groups or more are active: only then is anything spared (``_recount``)
+        self.reserve = 0.0  # the bytes an active group keeps: a share of L1 over the groups active (``_recount``)
 
     def touched(self, key: Any, order: Any) -> FairShares | None:
         """``key``'s group asked for something (a lookup, a store, a landing).  The first time a second group does,
@@ -48,31 +52,32 @@ class FairShares:
         order's ``fair``), else None."""
         group = key[:2]
         groups = self.groups
-        if groups is None:
+        if not self.counting:
             if self.first is None or group == self.first:
                 self.first = group
                 return None
-            groups = self.groups = {self.first: [float(sum(order.sizes)), 0.0]}
+            self.counting = True
+            groups[self.first] = [float(sum(order.sizes)), 0.0]
             self._now.add(self.first)
-        self._touches += 1
-        if self._touches >= max(MIN_EPOCH_TOUCHES, len(order)):
+        touches = self._touches = self._touches + 1
+        if touches >= MIN_EPOCH_TOUCHES and touches >= len(order):  # (no max(): a builtin's call costs more)
             self._next_epoch()
-        state = groups.get(group)
+        state = self.last = groups.get(group)
         if state is None:
             if len(groups) >= MAX_GROUPS:
                 return self
-            state = groups[group] = [0.0, self._epoch]
+            state = self.last = groups[group] = [0.0, self._epoch]
         state[1] = self._epoch
         if group not in self._now:
             self._now.add(group)
             if group in self._before:
                 self._carried -= 1
+            self._recount()
         return self
 
     def _next_epoch(self) -> None:
         """The epoch ends: groups active only in the one before are not any more, and leave if they hold nothing."""
         groups = self.groups
-        assert groups is not None
         for group in self._before - self._now:
             if groups[group][0] <= 0:  # every group active lately is tracked (gone() keeps them)
                 del groups[group]
@@ -80,10 +85,18 @@ class FairShares:
         self._carried = len(self._before)
         self._epoch += 1
         self._touches = 0
+        self._recount()
+
+    def _recount(self) -> None:
+        """The groups active changed: whether they share L1, and each one's reserve (:data:`RESERVED_SHARE` of L1
+        over them; kept, not computed for each object, as eviction reads it for every object it looks at)."""
+        active = len(self._now) + self._carried
+        self.sharing = active > 1
+        self.reserve = RESERVED_SHARE * self.capacity / active if active else 0.0
 
     def placed(self, key: Any, nbytes: float) -> None:
         """An object of ``key``'s group became resident (counting has started)."""
-        state = self.groups.get(key[:2]) if self.groups is not None else None
+        state = self.groups.get(key[:2])
         if state is not None:
             state[0] += nbytes
 
@@ -91,33 +104,28 @@ class FairShares:
         """An object of ``key``'s group left L1 (counting has started).  A group that holds nothing and is not
         active leaves; one placed while it was not tracked (:data:`MAX_GROUPS` reached) counts from 0, never below."""
         groups, group = self.groups, key[:2]
-        state = groups.get(group) if groups is not None else None
-        if groups is not None and state is not None:
-            state[0] = max(0.0, state[0] - nbytes)
+        state = groups.get(group)
+        if state is not None:
+            left = state[0] - nbytes
+            state[0] = left if left > 0.0 else 0.0
             if not state[0] and group not in self._now and group not in self._before:
                 del groups[group]
 
-    @property
-    def sharing(self) -> bool:
-        """Whether two groups or more are active: only then is anything spared."""
-        return self.groups is not None and len(self._now) + self._carried > 1
-
     def spares(self, key: Any) -> bool:
         """Whether ``key``'s object is spared: its group is active and holds no more than its reserve."""
-        groups = self.groups
-        state = groups.get(key[:2]) if groups is not None else None
-        if state is None or state[1] < self._epoch - 1:
-            return False
-        return state[0] <= RESERVED_SHARE * self.capacity / (len(self._now) + self._carried)
+        state = self.groups.get(key[:2])
+        return state is not None and state[1] >= self._epoch - 1 and state[0] <= self.reserve
 
     def pass_over(self, objects: OrderedDict[Any, Any]) -> bool:
         """Whether one of the first :data:`SPARED_PER_EVICTION` objects of one of the order's lists is not spared;
         if so the spared ones before it move to the list's end, and it is the head (the first object of a group
         over its reserve, or not active, in the order's turn).  If not, nothing moves: the reserve gives way, in
-        the list's own order (a prompt's tail first)."""
+        the list's own order (a prompt's tail first).  Called while :attr:`sharing` only."""
+        groups, active, reserve = self.groups, self._epoch - 1, self.reserve
         spared = []
-        for key in objects:
-            if not self.spares(key):
+        for key in objects:  # (:meth:`spares` inline: a call per object costs more than the test)
+            state = groups.get(key[:2])
+            if state is None or state[1] < active or state[0] > reserve:
                 break
             spared.append(key)
             if len(spared) == SPARED_PER_EVICTION:

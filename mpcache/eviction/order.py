@@ -125,15 +125,14 @@ class ArcOrder:
         self._code = code
         self._shadow: ShadowLru | None = None  # in ARC's phase, an LRU of L1's capacity on sampled keys asked for
         self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if self.first_sight and by_chance else None
+        # the chance a first-sight store is admitted while it needs room (:mod:`~mpcache.eviction.admission`): the
+        # trial's, copied as it sees a key (it changes nowhere else), as L1's gauges read it after every operation
+        self.chance = 1.0
         # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
         self._fair_access = -1
-
-    @property
-    def chance(self) -> float:
-        """The chance a first-sight store is admitted while it needs room (:mod:`~mpcache.eviction.admission`)."""
-        return 1.0 if self._trial is None else self._trial.chance
+        self._placing: list[float] | None = None  # while a store reserves, its group's count in ``fair`` (or None)
 
     def __len__(self) -> int:
         t1, t2, orphans = self.lists
@@ -158,11 +157,15 @@ class ArcOrder:
         if store is not None:
             entry.store = store
             self._placed = True
-        shares = self._shares
-        if self._storing is None and shares is not None and (self.fair is not None or key[:2] != shares.first):
-            self.fair = shares.touched(key, self)  # not a store (an L2 landing): touched here
-        if self.fair is not None:
-            self.fair.placed(key, entry.size)
+        placing = self._placing
+        if placing is not None:  # a store's object, of the group its store touched (FairShares.placed without a call)
+            placing[0] += entry.size
+        else:
+            shares = self._shares
+            if self._storing is None and shares is not None and (self.fair is not None or key[:2] != shares.first):
+                self.fair = shares.touched(key, self)  # not a store (an L2 landing): touched here
+            if self.fair is not None:
+                self.fair.placed(key, entry.size)
         tier = self._ghosts.tier(key)
         if tier < 0:  # no ghost (most new keys)
             self.sizes[0] += entry.size  # a new entry's tier is 0: T1
@@ -271,8 +274,12 @@ class ArcOrder:
                 parent.children = None
         if entry.children:
             self._orphan_children(entry)
-        if fair is not None:
-            fair.gone(key, entry.size)
+        if fair is not None:  # (FairShares.gone inline while its group keeps bytes: a call per object costs more)
+            count = fair.groups.get(key[:2])
+            if count is not None and count[0] > entry.size:
+                count[0] -= entry.size
+            else:
+                fair.gone(key, entry.size)
         if self._storing is not None:
             self._need -= entry.size  # what the store still needs, should it be judged now (``_admits``)
         return key, entry
@@ -306,8 +313,12 @@ class ArcOrder:
         self._admitted = None
         self._placed = False
         shares = self._shares
+        placing = None
         if keys and shares is not None and (self.fair is not None or keys[0][:2] != shares.first):
             self.fair = shares.touched(keys[0], self)
+            if self.fair is not None:  # a store's keys are one group's: new() counts its objects there
+                placing = shares.last
+        self._placing = placing
 
     def refuses(self, need: float) -> bool:
         """Whether the store being reserved, which needs ``need`` bytes more than L1 has free, is refused whole: in
@@ -425,6 +436,7 @@ class ArcOrder:
             if counted:
                 if counted & SAMPLED and trial is not None:  # sampled for the trial (it sets the sampling)
                     trial.sees(key, nbytes, self.access, found)
+                    self.chance = trial.chance
                 if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
                     frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 

@@ -315,16 +315,20 @@ class Publisher:
     def _general(self, shape: _Shape, values: list[Any], timestamp: int, salt_counts: SaltCounts | None,
                  sampled: Sampled, session_id: str, texts: tuple[str, ...],
                  blocks: Blocks) -> tuple[struct.Struct, int, list[Any]]:
-        intern = self._interner.id_of
+        ids, intern = self._ids, self._interner.id_of  # (a name interned already is a lookup, not a call)
         salts = []
         if salt_counts:
             for (salt, model), count in salt_counts.items():
-                salts.append((intern(salt), intern(model), count))
+                salt_id, model_id = ids.get(salt), ids.get(model)
+                salts.append((intern(salt) if salt_id is None else salt_id,
+                              intern(model) if model_id is None else model_id, count))
         samples = []
         for chunk_hash, salt, model in sampled or ():
-            samples.append((chunk_hash & _MASK64, intern(salt), intern(model)))
+            salt_id, model_id = ids.get(salt), ids.get(model)
+            samples.append((chunk_hash & _MASK64, intern(salt) if salt_id is None else salt_id,
+                            intern(model) if model_id is None else model_id))
         blocks = list(blocks or ())
-        text_cells = self._text_cells(shape, session_id, texts, blocks)
+        text_cells = self._text_cells(shape, session_id, texts, blocks) if session_id or texts or blocks else []
         if shape.inline_salt:
             inline = salts[0] if salts else (0, 0, 0)
             salts = salts[1:]

@@ -239,7 +239,7 @@ def test_a_reserve_is_a_quarter_of_l1_over_the_groups_active_now_not_over_every_
     for _ in range(2 * 16):
         shares.touched(("m", "b", 3), Order())
         shares.touched(("m", "c", 4), Order())
-    assert shares.groups is not None and sorted(shares.groups) == [("m", "b"), ("m", "c"), ("m", "idle")]
+    assert sorted(shares.groups) == [("m", "b"), ("m", "c"), ("m", "idle")]
     assert shares.spares(("m", "b", 2)) is True
     assert shares.spares(("m", "idle", 1)) is False
 
@@ -288,7 +288,7 @@ def test_shares_split_l1_among_the_active_groups_and_the_groups_tracked_are_boun
     assert shares.spares(("m", "d", 7)) is True
     for index in range(2 * MAX_GROUPS):
         shares.touched(("m", f"tenant-{index}", 8), order)
-    assert shares.groups is not None and len(shares.groups) == MAX_GROUPS
+    assert len(shares.groups) == MAX_GROUPS
     assert shares.spares(("m", f"tenant-{2 * MAX_GROUPS - 1}", 9)) is False  # not tracked
     order.objects = 16  # epochs of 16 touches: three of them by one tenant leave the others idle
     for _ in range(3 * 16):
