@@ -58,14 +58,16 @@ class CacheContext:
         self._next_buffer_id += 1
         return buffer_id
 
-    def update_gauges(self) -> None:
+    def update_gauges(self, rewrite: bool = False) -> None:
         """L1's and the prefetch gauges, written again where what they show moved since the last call: it comes
-        after every operation, and most move none of them (a lookup, a poll), so it compares first."""
+        after every operation, and most move none of them (a lookup, a poll), so it compares first.  ``rewrite``:
+        written whatever moved (the loop's timer, so that words the supervisor restored, or anyone overwrote, show
+        the truth again within an eviction interval)."""
         l1 = self.l1
         allocator = l1.allocator
         now = (allocator.used_bytes, allocator.carved_bytes, l1.lost_copies, l1.capacity_bytes, l1.admission_chance,
                l1.refused_chunks, self.sessions.active_jobs)
-        if now == self._gauged:
+        if now == self._gauged and not rewrite:
             return
         self._gauged = now
         self.gauges.set(layout.G_L1_USED, l1.used_bytes)

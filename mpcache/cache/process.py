@@ -292,7 +292,7 @@ class CacheProcess:
                 now = time.monotonic()
                 if now >= next_evict and not self._stopping:
                     ctx.l1.evict_tick()
-                    ctx.update_gauges()
+                    ctx.update_gauges(rewrite=True)
                     next_evict = now + self.config.eviction_interval_s
                 if now >= next_beat:
                     if supervisor_gone(self._parent_pid):

@@ -69,3 +69,15 @@ def test_each_thing_a_gauge_shows_is_written_once_it_moves(context, change, word
     context.update_gauges()
 
     assert expected == context.gauges.take()[word]
+
+
+def test_a_rewrite_writes_every_gauge_though_nothing_moved(context):
+    """The loop's timer rewrites: words the supervisor restored (zeros) or anyone overwrote show the truth again."""
+    context.l1.reserve_write("m", "", [1, 2, 3])
+    context.update_gauges()
+    context.gauges.take()
+    context.update_gauges(rewrite=True)
+
+    assert {("set", layout.G_L1_USED): 3 * OBJECT_BYTES, ("set", layout.G_L1_FRAGMENTATION): 0,
+            ("set", layout.G_L1_LOST_COPIES): 0, ("set", layout.G_L1_ADMITTING): OBJECT_BYTES * OBJECTS,
+            ("set", layout.G_ACTIVE_PREFETCH): 0} == context.gauges.take()

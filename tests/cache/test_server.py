@@ -16,6 +16,7 @@ from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes
 from mpcache.errors import RequestError
 from mpcache.shm import layout
+from mpcache.shm.gauges import GaugeSlot
 from mpcache.shm.segment import Segment
 
 SALT = "tenant-a"
@@ -275,6 +276,27 @@ def test_eviction_loop_runs_as_a_timer_and_keeps_gauges_current(cache):
     wait_for(lambda: board.word(0, layout.G_L1_USED) == 8 * CHUNK_BYTES, timeout_s=5, what="the gauge", tolerate=())
     assert 8 * CHUNK_BYTES == board.word(0, layout.G_L1_CAPACITY)
     assert [0] == board.live_slots()
+
+
+def test_gauge_words_zeroed_under_a_serving_process_show_its_l1_again_within_an_eviction_interval(cache):
+    """The supervisor restores a truncated board in place (zeros): a cache process that writes its gauges only where
+    what they show moved still writes them all on its loop's timer, so L1's bytes read right again while it serves
+    nothing that moves them."""
+    harness = cache(eviction_interval_s=0.05)
+    client = harness.client()
+    kv = client.register_buffer(3, CHUNK_BYTES)
+    hashes = _hashes(3)
+    client.store(kv, request_id="z", model_name=MODEL, cache_salt=SALT, chunk_hashes=hashes, block_ids=[0, 1, 2])
+    board = harness.board
+    wait_for(lambda: board.word(0, layout.G_L1_USED) == 3 * CHUNK_BYTES, timeout_s=5, what="the gauge", tolerate=())
+    segment = Segment.attach(harness.config.gauge_board_name())
+    try:
+        GaugeSlot(segment, 0).set(layout.G_L1_USED, 0)
+        client.ping()  # served, and moves nothing
+        wait_for(lambda: board.word(0, layout.G_L1_USED) == 3 * CHUNK_BYTES, timeout_s=5, what="the rewritten gauge",
+                 tolerate=())
+    finally:
+        segment.close()
 
 
 def test_retrieve_timeout_publishes_timeout_raised_and_the_server_keeps_serving(cache):
