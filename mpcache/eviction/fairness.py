@@ -38,6 +38,7 @@ class FairShares:
         self.groups: dict[Hashable, list[float]] = {}  # group → [resident bytes, epoch last active], once counting
         self.last: list[float] | None = None  # the group :meth:`touched` last: its entry in ``groups`` (None: not kept)
         self._epoch = 0
+        self.active_epoch = -1  # the oldest epoch a group asked in to be active: the one before this
         self._touches = 0  # touches since the epoch began
         self._now: set[Hashable] = set()  # groups active in this epoch
         self._before: set[Hashable] = set()  # in the epoch before
@@ -84,6 +85,7 @@ class FairShares:
         self._before, self._now = self._now, set()
         self._carried = len(self._before)
         self._epoch += 1
+        self.active_epoch = self._epoch - 1
         self._touches = 0
         self._recount()
 
@@ -114,19 +116,22 @@ class FairShares:
     def spares(self, key: Any) -> bool:
         """Whether ``key``'s object is spared: its group is active and holds no more than its reserve."""
         state = self.groups.get(key[:2])
-        return state is not None and state[1] >= self._epoch - 1 and state[0] <= self.reserve
+        return state is not None and state[1] >= self.active_epoch and state[0] <= self.reserve
 
     def pass_over(self, objects: OrderedDict[Any, Any]) -> bool:
         """Whether one of the first :data:`SPARED_PER_EVICTION` objects of one of the order's lists is not spared;
         if so the spared ones before it move to the list's end, and it is the head (the first object of a group
         over its reserve, or not active, in the order's turn).  If not, nothing moves: the reserve gives way, in
         the list's own order (a prompt's tail first).  Called while :attr:`sharing` only."""
-        groups, active, reserve = self.groups, self._epoch - 1, self.reserve
+        groups, active, reserve = self.groups, self.active_epoch, self.reserve
+        model = salt = None  # the group of the objects just looked at, all spared (a run of one group's is common)
         spared = []
         for key in objects:  # (:meth:`spares` inline: a call per object costs more than the test)
-            state = groups.get(key[:2])
-            if state is None or state[1] < active or state[0] > reserve:
-                break
+            if key[1] != salt or key[0] != model:
+                state = groups.get(key[:2])
+                if state is None or state[1] < active or state[0] > reserve:
+                    break
+                model, salt = key[0], key[1]
             spared.append(key)
             if len(spared) == SPARED_PER_EVICTION:
                 return False

@@ -228,6 +228,7 @@ class ArcOrder:
         locked or being written.  (``popitem(False)``: last=False by position, which skips a keyword parse.)"""
         t1, t2, orphans = self.lists
         fair = self.fair
+        count: list[float] | None = None  # the victim's group's count in ``fair``, where the sharing test read it
         if orphans:
             key, entry = orphans.popitem(False)
             self.sizes[2] -= entry.size
@@ -236,9 +237,15 @@ class ArcOrder:
             if t2 is t1:  # the recency phase: one list, least recently used first, its ghost by its tier
                 if not t1:
                     return None
-                if sharing is not None:
-                    sharing.pass_over(t1)
                 key, entry = t1.popitem(False)
+                if sharing is not None:  # (FairShares.spares inline: most heads are not spared, a call costs more)
+                    count = sharing.groups.get(key[:2])
+                    if count is not None and count[1] >= sharing.active_epoch and count[0] <= sharing.reserve:
+                        t1[key] = entry  # spared: back at the head, and the list passed over
+                        t1.move_to_end(key, False)
+                        sharing.pass_over(t1)
+                        key, entry = t1.popitem(False)
+                        count = sharing.groups.get(key[:2])
                 tier = entry.tier
             elif t1 and (not t2 or sizes[0] > self.target):
                 if sharing is not None:
@@ -275,7 +282,8 @@ class ArcOrder:
         if entry.children:
             self._orphan_children(entry)
         if fair is not None:  # (FairShares.gone inline while its group keeps bytes: a call per object costs more)
-            count = fair.groups.get(key[:2])
+            if count is None:
+                count = fair.groups.get(key[:2])
             if count is not None and count[0] > entry.size:
                 count[0] -= entry.size
             else:
@@ -334,7 +342,8 @@ class ArcOrder:
                 return True
         if self.recency and self._trial is None and not self._refused_large:
             return False  # the recency phase admits every store, as LRU does (nothing refused by chance or size)
-        verdict = self._verdict()
+        named, storing = self._store, self._storing  # (:meth:`_verdict` inline: a call per store costs more)
+        verdict = None if named is None or not storing else self.named.of(named, storing)
         if need > 0 and self.chance < 1.0 and self._refuses_first_sight(False, verdict, self.chance):
             return True
         if self.recency and verdict is not False:
