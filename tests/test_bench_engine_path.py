@@ -1,0 +1,126 @@
+"""docs/PERFORMANCE.md's `isolation` section of 2026-12-07, 13:34-13:41 UTC, the changelog's and the lab notes'
+figures of the same round: every number is PERFORMANCE.json's ``isolation_engine_path``."""
+
+from __future__ import annotations
+
+import os
+
+from support.performance_docs import REPO, doc, flattened, history, raw_results
+
+
+def _entry() -> dict:
+    return raw_results()["isolation_engine_path"]
+
+
+def _policies(run: dict, tp: str) -> dict:
+    return run["result"][tp][0]
+
+
+def _ratio(run: dict, tp: str) -> float:
+    return _policies(run, tp)["instructions_over_first"]["mpcache_adaptive"]
+
+
+def _net(run: dict, tp: str, policy: str) -> str:
+    return f"{_policies(run, tp)['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
+
+
+def test_the_section_states_the_runs_it_was_written_from():
+    entry = _entry()
+    runs, stages = entry["runs"], entry["stages"]
+    full, before = runs["full"]["result"], raw_results()["isolation_2026_12_07"]["runs"]["with_the_marks"]["result"]
+    policies, repeat, loaded = runs["policies"], runs["policies_repeat"], runs["policies_loaded"]
+
+    def pair(run: dict, *path: str) -> list:
+        values = []
+        for tp in ("tp1", "tp2"):
+            value = run[tp]
+            for step in path:
+                value = value[step]
+            values.append(value)
+        return values
+
+    gross = [f"{value:,.0f}" for value in pair(full, "per_request", "mpcache", "instructions")]
+    then = [f"{value:,.0f}" for value in pair(before, "per_request", "mpcache", "instructions")]
+    on_off = pair(full, "on_over_off", "instructions")
+    over = pair(full, "cache_over_lmcache", "instructions")
+    stage_ratios = [_ratio(stage, "tp2") for stage in stages if "tp2" in stage["result"]
+                    and isinstance(stage["result"]["tp2"], list)]
+    windows = [_policies(run, "tp2")["requests"] for run in (policies, repeat)] + [
+        stage["result"]["tp2"][0]["requests"] for stage in stages if isinstance(stage["result"]["tp2"], list)]
+    counted = {(row["policy"], row["objects"]): row["instructions_per_request"]
+               for row in entry["l1_counted"]["after"]["result"]["rows"] if row["workload"] == "tenants"}
+    counted_before = {(row["policy"], row["objects"]): row["instructions_per_request"]
+                      for row in entry["l1_counted"]["before"]["result"]["rows"] if row["workload"] == "tenants"}
+    page = flattened(doc("PERFORMANCE.md"))
+
+    assert (f"The publishing cache process executes {gross[0]} and {gross[1]} instructions a request at TP 1 and 2 "
+            f"({then[0]} and {then[1]} on 67cecff, the section below), publishing on over off {on_off[0]} and "
+            f"{on_off[1]}, and over LMCache's server, net of idle, {over[0]} and {over[1]}: within 0.25 again "
+            f"({before['tp2']['cache_over_lmcache']['instructions']} at TP 2 on 67cecff).") in page
+    assert full["targets_met"] == {"instructions_cost": True, "cache_instructions_over_lmcache": True}
+    assert (f"`adaptive` over `lru`, net of idle: {_ratio(policies, 'tp1')} at TP 1 "
+            f"({_net(policies, 'tp1', 'adaptive')} against {_net(policies, 'tp1', 'lru')}; "
+            f"{_policies(policies, 'tp1')['requests']} requests) and "
+            f"{_ratio(policies, 'tp2')} at TP 2 ({_net(policies, 'tp2', 'adaptive')} against "
+            f"{_net(policies, 'tp2', 'lru')}; {_policies(policies, 'tp2')['requests']} requests), "
+            f"{_ratio(repeat, 'tp1')} and {_ratio(repeat, 'tp2')} in a run of the same code just before") in page
+    assert _ratio(policies, "tp2") > 1.05 and _ratio(repeat, "tp2") > 1.05  # "still above"
+    assert "At TP 2 the ratio read " + ", ".join(map(str, stage_ratios[:-1])) + f" and {stage_ratios[-1]} as" in page
+    assert (f"read {_ratio(loaded, 'tp2')} at TP 2 with {_policies(loaded, 'tp2')['requests']} requests in the window "
+            f"({min(windows)}–{max(windows)} in the other runs)") in page
+    assert (f"`adaptive` takes {counted[('adaptive', 2048)]:,} instructions a request at 2,048 objects and "
+            f"{counted[('adaptive', 32)]:,} at 32 ({counted_before[('adaptive', 2048)]:,} and "
+            f"{counted_before[('adaptive', 32)]:,} on f1db196), `lru` {counted[('lru', 2048)]:,} and "
+            f"{counted[('lru', 32)]:,}.") in page
+    missed = (f"`adaptive` {_ratio(policies, 'tp2')}× `lru`'s engine path at TP 2 on the mixed workload (target 5 %; "
+              f"{_ratio(raw_results()['isolation_2026_12_07']['runs']['policies'], 'tp2')} before that day's "
+              "changes)")
+    assert missed in page
+
+
+def test_every_policies_run_saw_the_same_hits_and_evictions_under_both_orders():
+    """A count over another request mix would not compare: each run's two servers found and evicted alike."""
+    entry = _entry()
+    results = [run["result"] for name, run in entry["runs"].items() if name != "full"] + [
+        stage["result"] for stage in entry["stages"] if isinstance(stage["result"]["tp2"], list)]
+    for result in results:
+        for tp in ("tp1", "tp2"):
+            measured = result[tp][0]
+            assert len(set(measured["hit_chunk_ratio"].values())) == 1
+            assert len(set(measured["evicted_chunks_per_request"].values())) == 1
+
+
+def test_the_changelog_and_the_lab_notes_state_the_same_counts():
+    entry = _entry()
+    counted = {(row["policy"], row["objects"], row["workload"]): row["instructions_per_request"]
+               for row in entry["l1_counted"]["after"]["result"]["rows"]}
+    before = {(row["policy"], row["objects"], row["workload"]): row["instructions_per_request"]
+              for row in entry["l1_counted"]["before"]["result"]["rows"]}
+    with open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8") as handle:
+        changelog = flattened(handle.read())
+    assert (f"`adaptive` executes {counted[('adaptive', 2048, 'tenants')]:,} instructions a request, "
+            f"{before[('adaptive', 2048, 'tenants')]:,} before") in changelog
+    runs = entry["runs"]
+    full = runs["full"]["result"]
+    earlier = raw_results()["isolation_2026_12_07"]["runs"]
+    assert (f"`adaptive` over `lru` reads {_ratio(runs['policies'], 'tp2')} "
+            f"({_ratio(earlier['policies'], 'tp2')} before)") in changelog
+    assert (f"the cache process executes {full['tp2']['cache_over_lmcache']['instructions']}× LMCache's server's "
+            f"instructions a request at TP 2 (`isolation`; "
+            f"{earlier['with_the_marks']['result']['tp2']['cache_over_lmcache']['instructions']} before") in changelog
+    notes = flattened(history())
+    assert (f"`adaptive` {_ratio(runs['policies'], 'tp2')}× `lru` at TP 2 and "
+            f"{_ratio(runs['policies'], 'tp1')}× at TP 1 (f163353)") in notes
+    stages = [stage["result"] for stage in entry["stages"]]
+    ratios = [_ratio({"result": stage}, "tp2") for stage in stages if isinstance(stage["tp2"], list)]
+    assert (f"`spares` inline, {ratios[0]}; the gauges written only where they moved and `chance` an attribute, "
+            f"{ratios[1]}; a store's objects counted into its group and `gone` inline, {ratios[2]}; 03c9d7c, "
+            f"{ratios[3]}; the head tested inline in `victim`, {ratios[4]}; f163353") in notes
+    assert f"of up to 64), {_ratio(runs['policies_repeat'], 'tp2')} and then" in notes
+    publishing = [stage["tp2"]["on_over_off"]["instructions"] for stage in stages if isinstance(stage["tp2"], dict)]
+    assert (f"({publishing[0]} at TP 2, `stages`)" in notes and publishing[0] > 1.03
+            and f"text cells without text: {full['tp2']['on_over_off']['instructions']} on f163353" in notes)
+    policies = runs["policies"]["result"]["tp2"][0]["net_per_request"]
+    extra = policies["mpcache_adaptive"]["instructions"] - policies["mpcache_lru"]["instructions"]
+    assert "What is left at TP 2, about 150,000 instructions a request over `lru`" in notes
+    assert round(extra, -4) == 150_000
