@@ -20,13 +20,18 @@ def _ratio(run: dict, tp: str) -> float:
     return _policies(run, tp)["instructions_over_first"]["mpcache_adaptive"]
 
 
+def _policy_stages(entry: dict) -> list[dict]:
+    """The stages counted with ``--policies`` (one result a TP, in a list); the others ran the three servers."""
+    return [stage for stage in entry["stages"] if isinstance(stage["result"]["tp2"], list)]
+
+
 def _net(run: dict, tp: str, policy: str) -> str:
     return f"{_policies(run, tp)['net_per_request'][f'mpcache_{policy}']['instructions']:,.0f}"
 
 
 def test_the_section_states_the_runs_it_was_written_from():
     entry = _entry()
-    runs, stages = entry["runs"], entry["stages"]
+    runs = entry["runs"]
     full, before = runs["full"]["result"], raw_results()["isolation_2026_12_07"]["runs"]["with_the_marks"]["result"]
     policies, repeat, loaded = runs["policies"], runs["policies_repeat"], runs["policies_loaded"]
 
@@ -43,10 +48,8 @@ def test_the_section_states_the_runs_it_was_written_from():
     then = [f"{value:,.0f}" for value in pair(before, "per_request", "mpcache", "instructions")]
     on_off = pair(full, "on_over_off", "instructions")
     over = pair(full, "cache_over_lmcache", "instructions")
-    stage_ratios = [_ratio(stage, "tp2") for stage in stages if "tp2" in stage["result"]
-                    and isinstance(stage["result"]["tp2"], list)]
-    windows = [_policies(run, "tp2")["requests"] for run in (policies, repeat)] + [
-        stage["result"]["tp2"][0]["requests"] for stage in stages if isinstance(stage["result"]["tp2"], list)]
+    stage_ratios = [_ratio(stage, "tp2") for stage in _policy_stages(entry)]
+    windows = [_policies(run, "tp2")["requests"] for run in (policies, repeat, *_policy_stages(entry))]
     counted = {(row["policy"], row["objects"]): row["instructions_per_request"]
                for row in entry["l1_counted"]["after"]["result"]["rows"] if row["workload"] == "tenants"}
     counted_before = {(row["policy"], row["objects"]): row["instructions_per_request"]
@@ -82,7 +85,7 @@ def test_every_policies_run_saw_the_same_hits_and_evictions_under_both_orders():
     """A count over another request mix would not compare: each run's two servers found and evicted alike."""
     entry = _entry()
     results = [run["result"] for name, run in entry["runs"].items() if name != "full"] + [
-        stage["result"] for stage in entry["stages"] if isinstance(stage["result"]["tp2"], list)]
+        stage["result"] for stage in _policy_stages(entry)]
     for result in results:
         for tp in ("tp1", "tp2"):
             measured = result[tp][0]
@@ -111,13 +114,13 @@ def test_the_changelog_and_the_lab_notes_state_the_same_counts():
     notes = flattened(history())
     assert (f"`adaptive` {_ratio(runs['policies'], 'tp2')}× `lru` at TP 2 and "
             f"{_ratio(runs['policies'], 'tp1')}× at TP 1 (f163353)") in notes
-    stages = [stage["result"] for stage in entry["stages"]]
-    ratios = [_ratio({"result": stage}, "tp2") for stage in stages if isinstance(stage["tp2"], list)]
+    ratios = [_ratio(stage, "tp2") for stage in _policy_stages(entry)]
     assert (f"`spares` inline, {ratios[0]}; the gauges written only where they moved and `chance` an attribute, "
             f"{ratios[1]}; a store's objects counted into its group and `gone` inline, {ratios[2]}; 03c9d7c, "
             f"{ratios[3]}; the head tested inline in `victim`, {ratios[4]}; f163353") in notes
     assert f"of up to 64), {_ratio(runs['policies_repeat'], 'tp2')} and then" in notes
-    publishing = [stage["tp2"]["on_over_off"]["instructions"] for stage in stages if isinstance(stage["tp2"], dict)]
+    publishing = [stage["result"]["tp2"]["on_over_off"]["instructions"] for stage in entry["stages"]
+                  if stage not in _policy_stages(entry)]
     assert (f"({publishing[0]} at TP 2, `stages`)" in notes and publishing[0] > 1.03
             and f"text cells without text: {full['tp2']['on_over_off']['instructions']} on f163353" in notes)
     policies = runs["policies"]["result"]["tp2"][0]["net_per_request"]
