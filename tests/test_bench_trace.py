@@ -950,17 +950,22 @@ def test_performance_md_public_production_trace_section_is_the_benchmark_s_raw_o
     assert f"({arc_first} before it kept ARC's ghost bounds)" in prose
 
 
+def _rendered(run: dict) -> str:
+    """docs/PERFORMANCE.md, which holds ``trace.render`` of the kept ``run``: its prose, flattened."""
+    from benchmarks.trace import render
+
+    text = doc("PERFORMANCE.md")
+    assert render(run) in text
+    return flattened(text)
+
+
 def _public_trace_section(name: str, before_name: str, where: str) -> tuple[dict, dict, str, list[float], float]:
     """The public production trace's run ``name`` that docs/PERFORMANCE.json keeps: ``trace.render`` of it is in
     docs/PERFORMANCE.md, whose prose states its ratios beside those of run ``before_name`` (``where``).  Returns the
     two runs, the prose, LMCache's server's runs at the small size and ``adaptive``'s hit ratio there."""
-    from benchmarks.trace import render
-
     raw = raw_results()["trace_public_conversation"]
     run, before = raw[name], raw[before_name]
-    text = doc("PERFORMANCE.md")
-    assert render(run) in text
-    prose = flattened(text)
+    prose = _rendered(run)
     ours, earlier = run["mpcache_adaptive_over_offline_lru"], before["mpcache_adaptive_over_offline_lru"]
     assert (f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at the small / middle / large size "
             f"({earlier['small']}× / {earlier['middle']}× / {earlier['large']}× {where}") in prose
@@ -1010,6 +1015,42 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
     assert (f"never looked at for this, read {later['after'][0]}× in process; the whole trace {whole['after'][0]}×, "
             f"but {whole['after'][1]}× at the middle size ({gate_before}× before the frequency gate") in prose
     assert ours["large"] >= 0.995 and f"at the large size ({ours['large']}×)" in prose
+
+
+def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw_output():
+    """docs/PERFORMANCE.md's section on the second, held-out production trace is ``trace.render`` of the run
+    docs/PERFORMANCE.json keeps (``trace_public_arxiv_slice``), and what its prose and *What is missed* say of it (the
+    ratios, LMCache's server's runs against ``adaptive`` at each size, the in-process rows and phases) is computed from
+    that run; the in-process rows are the service's own finds for its three policies."""
+    kept = raw_results()["trace_public_arxiv_slice"]
+    run, rows, phases = kept["trace"], {row["size"]: row for row in kept["policy_matrix"]}, kept["adaptive_phases"]
+    prose = _rendered(run)
+    ours, sizes = run["mpcache_adaptive_over_offline_lru"], run["sizes"]
+    assert (f"`adaptive` over the offline LRU: {ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at "
+            f"the small / middle / large size") in prose
+    assert ours["small"] >= 1.2 and f"Belady's MIN {run['belady_over_offline_lru']['small']}×" in prose
+    runs = {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]] for name, size in sizes.items()}
+    found = {name: size["mpcache_adaptive"]["hit_ratio"] for name, size in sizes.items()}
+    assert {runs["small"][0]} == set(runs["small"]) and all(
+        found[name] > entry for name in ("small", "middle") for entry in runs[name])
+    assert (f"LMCache's server read {runs['small'][0]:.4f} in each of its {len(runs['small'])} runs at the small size "
+            f"and {min(runs['middle']):.4f}–{max(runs['middle']):.4f} at the middle one, below `adaptive` in all of "
+            "them") in prose
+    large, above = runs["large"], [entry for entry in runs["large"] if entry > found["large"]]
+    assert (f"At the large size it read {min(large):.4f}–{max(large):.4f}, above `adaptive`'s {found['large']:.4f} in "
+            f"{len(above)} of its {len(large)} runs, by up to {max(large) - found['large']:.4f}") in prose
+    assert (f"({found['large']:.4f}) and LMCache's server read {min(large):.4f}–{max(large):.4f}: below it in "
+            f"{len(above)} of its {len(large)} runs, by up to {max(large) - found['large']:.4f}.") in prose
+    assert (f"{ours['small']}× at the small size and {ours['middle']}× at the middle one, but at the large size "
+            "`adaptive` finds what the offline LRU finds") in prose
+    assert sizes["large"]["mpcache_adaptive"] == sizes["large"]["offline_lru"]
+    assert (f"reads {rows['large']['lmcache_sim']:.4f} there and W-TinyLFU {rows['large']['wtinylfu']:.4f}; `adaptive` "
+            f"enters ARC's phase in the {phases['large']['arc_phase_from_request']}th request of the 1,000 and does "
+            "not admit by chance within them") in prose
+    assert all(phase["admits_by_chance_from_request"] is None for phase in phases.values())
+    for name, row in rows.items():
+        assert (round(row["l1_adaptive"], 4), round(row["l1_lru"], 4), round(row["l1_arc"], 4)) == tuple(
+            sizes[name][policy]["hit_ratio"] for policy in ("mpcache_adaptive", "mpcache_lru", "mpcache_arc"))
 
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
