@@ -1026,6 +1026,12 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
     kept = raw_results()["trace_public_arxiv_slice"]
     run, rows, phases = kept["trace"], {row["size"]: row for row in kept["policy_matrix"]}, kept["adaptive_phases"]
     prose = _rendered(run)
+    source = kept["source"]
+    assert run["requests"] == source["requests"] == 1000
+    assert (f"1,000 requests in Mooncake's format, the `{source['path']}` of a public fork of NVIDIA Dynamo "
+            f"({source['repository']}, commit {source['commit'][:8]}; {source['bytes']:,} bytes, sha256 "
+            f"{source['sha256'][:8]}…), by its ids and timestamps ({source['first_timestamp_ms']:,}–"
+            f"{source['last_timestamp_ms']:,} ms)") in prose
     ours, sizes = run["mpcache_adaptive_over_offline_lru"], run["sizes"]
     assert (f"`adaptive` over the offline LRU: {ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at "
             f"the small / middle / large size") in prose
