@@ -17,7 +17,7 @@ from support.performance_docs import doc, flattened, raw_results
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
 from benchmarks.lmcache_servers import LMCacheEnvMissing, lmcache_python
-from benchmarks.policy_matrix import TOLERANCE, l1_found, lmcache_sim
+from benchmarks.policy_matrix import LMCACHE_PERIODS, TOLERANCE, l1_found, lmcache_sim
 from benchmarks.trace import SHARES
 from benchmarks.trace_sim import TraceRequest, _WTinyLfu, arc, belady, load, lru, lru_capacity_for, outcome, wtinylfu
 from mpcache.eviction import phases as order_phases
@@ -1020,23 +1020,29 @@ def test_performance_md_public_production_trace_with_the_gate_bounded_to_room_is
 def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw_output():
     """docs/PERFORMANCE.md's section on the second, held-out production trace is ``trace.render`` of the run
     docs/PERFORMANCE.json keeps (``trace_public_arxiv_slice``), and what its prose and *What is missed* say of it (the
-    ratios, LMCache's server's runs against ``adaptive`` at each size, the in-process rows and phases) is computed from
-    that run and its repeat (``adaptive`` finding the same in both); the in-process rows are the service's own finds
-    for its three policies."""
+    source, the ratios, LMCache's server's runs against ``adaptive`` at each size, the in-process rows and phases) is
+    computed from that run and its repeat (``adaptive`` finding the same in both); the in-process rows are the
+    service's own finds for its three policies."""
     kept = raw_results()["trace_public_arxiv_slice"]
     run, rows, phases = kept["trace"], {row["size"]: row for row in kept["policy_matrix"]}, kept["adaptive_phases"]
     prose = _rendered(run)
-    source = kept["source"]
+    source, measured = kept["source"], kept["measured"]
     assert run["requests"] == source["requests"] == 1000
+    assert (f"### `trace` on a second public production trace, held out, {measured['date']}, {measured['trace']}"
+            in doc("PERFORMANCE.md"))
+    runs = {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]]
+            for name, size in run["sizes"].items()}
+    assert (f"`python -m benchmarks trace mooncake_arxiv_slice.jsonl --json --repetitions {len(runs['large'])}` on a "
+            "production trace") in prose and f"--repetitions {len(runs['large'])}" in kept["command"]
     assert (f"1,000 requests in Mooncake's format, the `{source['path']}` of a public fork of NVIDIA Dynamo "
             f"({source['repository']}, commit {source['commit'][:8]}; {source['bytes']:,} bytes, sha256 "
-            f"{source['sha256'][:8]}…), by its ids and timestamps ({source['first_timestamp_ms']:,}–"
+            f"{source['sha256'][:8]}…), by its name, ids and timestamps ({source['first_timestamp_ms']:,}–"
             f"{source['last_timestamp_ms']:,} ms)") in prose
+    assert f"It is a quarter of the issue's {4 * source['requests']:,}-request replay" in prose
     ours, sizes = run["mpcache_adaptive_over_offline_lru"], run["sizes"]
     assert (f"`adaptive` over the offline LRU: {ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at "
             f"the small / middle / large size") in prose
-    assert ours["small"] >= 1.2 and f"Belady's MIN {run['belady_over_offline_lru']['small']}×" in prose
-    runs = {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]] for name, size in sizes.items()}
+    assert ours["small"] >= 1.2 and f"≥ 1.2×; Belady's MIN {run['belady_over_offline_lru']['small']}×" in prose
     found = {name: size["mpcache_adaptive"]["hit_ratio"] for name, size in sizes.items()}
     assert {runs["small"][0]} == set(runs["small"]) and all(
         found[name] > entry for name in ("small", "middle") for entry in runs[name])
@@ -1051,23 +1057,39 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
              for name, size in repeat["sizes"].items()}
     assert all(size["mpcache_adaptive"] == sizes[name]["mpcache_adaptive"] for name, size in repeat["sizes"].items())
     assert all(entry < found["middle"] for entry in again["middle"])
-    assert (f"read {min(again['large']):.4f}–{max(again['large']):.4f} there, above it in "
+    assert (f"the same command again ({measured['trace_repeat']}, `trace_repeat`: `adaptive` found the same at every "
+            f"size) read {min(again['large']):.4f}–{max(again['large']):.4f} there, above it in "
             f"{sum(entry > found['large'] for entry in again['large'])} of {len(again['large'])} again, and "
             f"{min(again['middle']):.4f}–{max(again['middle']):.4f} at the middle size, below it") in prose
     both = large + again["large"]
-    assert (f"({found['large']:.4f}) and LMCache's server read {min(both):.4f}–{max(both):.4f}: below it in "
-            f"{sum(entry > found['large'] for entry in both)} of its {len(both)} runs over two benchmark runs, by up "
-            f"to {max(both) - found['large']:.4f}.") in prose
+    assert all(entry > found["large"] for entry in both)
+    assert (f"({found['large']:.4f}) and LMCache's server read {min(both):.4f}–{max(both):.4f}: `adaptive` is below "
+            f"the server in all {len(both)} of its runs over two benchmark runs, by up to "
+            f"{max(both) - found['large']:.4f}.") in prose
     assert (f"{ours['small']}× at the small size and {ours['middle']}× at the middle one, but at the large size "
             "`adaptive` finds what the offline LRU finds") in prose
     assert sizes["large"]["mpcache_adaptive"] == sizes["large"]["offline_lru"]
-    assert (f"reads {rows['large']['lmcache_sim']:.4f} there and W-TinyLFU {rows['large']['wtinylfu']:.4f}; `adaptive` "
-            f"enters ARC's phase in the {phases['large']['arc_phase_from_request']}th request of the 1,000 and does "
-            "not admit by chance within them") in prose
+    big = rows["large"]
+    assert min(big["lmcache_sim"], big["wtinylfu"]) > big["lru"] == big["l1_adaptive"]
+    assert (f"the simulated server (`lmcache_sim`, an LRU that drops a store it has no room for, the best of its "
+            f"{_WORDS[len(LMCACHE_PERIODS)]} trim periods) {big['lmcache_sim']:.4f} and W-TinyLFU "
+            f"{big['wtinylfu']:.4f}; `adaptive` enters ARC's phase in the "
+            f"{phases['large']['arc_phase_from_request']}th request of the 1,000 and does not admit by chance within "
+            "them") in prose
     assert all(phase["admits_by_chance_from_request"] is None for phase in phases.values())
+    middle = rows["middle"]
+    assert middle["flags_adaptive"] == ["lmcache_sim"] and (
+        f"At the middle size the simulated server reads {middle['lmcache_sim']:.4f} against `adaptive`'s "
+        f"{middle['l1_adaptive']:.4f} in process (flagged: below it)") in prose
+    assert all(row["wtinylfu"] > row["l1_adaptive"] for row in rows.values()) and (
+        "W-TinyLFU is above `adaptive` at every size (" + " / ".join(
+            f"{rows[name]['wtinylfu']:.4f}" for name in ("small", "middle", "large")) + ")") in prose
     for name, row in rows.items():
         assert (round(row["l1_adaptive"], 4), round(row["l1_lru"], 4), round(row["l1_arc"], 4)) == tuple(
             sizes[name][policy]["hit_ratio"] for policy in ("mpcache_adaptive", "mpcache_lru", "mpcache_arc"))
+
+
+_WORDS = {7: "seven"}  # the simulated server's trim periods, as the prose writes their number
 
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():
