@@ -65,17 +65,18 @@ class CacheContext:
         the truth again within an eviction interval)."""
         l1 = self.l1
         allocator = l1.allocator
-        now = (allocator.used_bytes, allocator.carved_bytes, l1.lost_copies, l1.capacity_bytes, l1.admission_chance,
-               l1.refused_chunks, self.sessions.active_jobs)
+        now = (allocator.used_bytes, allocator.carved_bytes, l1.lost_copies, l1.admission_chance, l1.refused_chunks,
+               self.sessions.active_jobs)  # (L1's capacity, which the admitting gauge also reads, never changes)
         if now == self._gauged and not rewrite:
             return
         self._gauged = now
-        self.gauges.set(layout.G_L1_USED, l1.used_bytes)
+        used, _, lost, chance, refused_total, jobs = now
+        self.gauges.set(layout.G_L1_USED, used)
         self.gauges.set(layout.G_L1_FRAGMENTATION, l1.fragmentation_bytes)
-        self.gauges.set(layout.G_L1_LOST_COPIES, l1.lost_copies)
-        self.gauges.set(layout.G_L1_ADMITTING, round(l1.capacity_bytes * l1.admission_chance))
-        refused = l1.refused_chunks - self._refused_shown
+        self.gauges.set(layout.G_L1_LOST_COPIES, lost)
+        self.gauges.set(layout.G_L1_ADMITTING, round(l1.capacity_bytes * chance))
+        refused = refused_total - self._refused_shown
         if refused:  # added: the word keeps the counts of this slot's earlier cache processes
             self.gauges.add(layout.G_L1_REFUSED, refused)
             self._refused_shown += refused
-        self.gauges.set(layout.G_ACTIVE_PREFETCH, self.sessions.active_jobs)
+        self.gauges.set(layout.G_ACTIVE_PREFETCH, jobs)
