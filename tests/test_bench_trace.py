@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from support.performance_docs import doc, flattened, raw_results
+from support.performance_docs import NUMBER_WORDS, doc, flattened, raw_results
 
 from benchmarks import __main__ as bench_main
 from benchmarks import mrc_traces, trace, trace_gen
@@ -959,6 +959,12 @@ def _rendered(run: dict) -> str:
     return flattened(text)
 
 
+def _server_runs(run: dict) -> dict[str, list[float]]:
+    """LMCache's server's hit ratio in each of its runs, by L1 size, in a kept ``trace`` run."""
+    return {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]]
+            for name, size in run["sizes"].items()}
+
+
 def _public_trace_section(name: str, before_name: str, where: str) -> tuple[dict, dict, str, list[float], float]:
     """The public production trace's run ``name`` that docs/PERFORMANCE.json keeps: ``trace.render`` of it is in
     docs/PERFORMANCE.md, whose prose states its ratios beside those of run ``before_name`` (``where``).  Returns the
@@ -969,8 +975,7 @@ def _public_trace_section(name: str, before_name: str, where: str) -> tuple[dict
     ours, earlier = run["mpcache_adaptive_over_offline_lru"], before["mpcache_adaptive_over_offline_lru"]
     assert (f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at the small / middle / large size "
             f"({earlier['small']}× / {earlier['middle']}× / {earlier['large']}× {where}") in prose
-    runs = [entry["hit_ratio"] for entry in run["sizes"]["small"]["lmcache_server"]["runs"]]
-    return run, before, prose, runs, run["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
+    return run, before, prose, _server_runs(run)["small"], run["sizes"]["small"]["mpcache_adaptive"]["hit_ratio"]
 
 
 def _ratios(values: list[float]) -> str:
@@ -1030,8 +1035,7 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
     assert run["requests"] == source["requests"] == 1000
     assert (f"### `trace` on a second public production trace, held out, {measured['date']}, {measured['trace']}"
             in doc("PERFORMANCE.md"))
-    runs = {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]]
-            for name, size in run["sizes"].items()}
+    runs = _server_runs(run)
     assert (f"`python -m benchmarks trace mooncake_arxiv_slice.jsonl --json --repetitions {len(runs['large'])}` on a "
             "production trace") in prose and f"--repetitions {len(runs['large'])}" in kept["command"]
     assert (f"1,000 requests in Mooncake's format, the `{source['path']}` of a public fork of NVIDIA Dynamo "
@@ -1053,8 +1057,7 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
     assert (f"At the large size it read {min(large):.4f}–{max(large):.4f}, above `adaptive`'s {found['large']:.4f} in "
             f"{len(above)} of its {len(large)} runs, by up to {max(large) - found['large']:.4f}") in prose
     repeat = kept["trace_repeat"]
-    again = {name: [entry["hit_ratio"] for entry in size["lmcache_server"]["runs"]]
-             for name, size in repeat["sizes"].items()}
+    again = _server_runs(repeat)
     assert all(size["mpcache_adaptive"] == sizes[name]["mpcache_adaptive"] for name, size in repeat["sizes"].items())
     assert all(entry < found["middle"] for entry in again["middle"])
     assert (f"the same command again ({measured['trace_repeat']}, `trace_repeat`: `adaptive` found the same at every "
@@ -1072,7 +1075,7 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
     big = rows["large"]
     assert min(big["lmcache_sim"], big["wtinylfu"]) > big["lru"] == big["l1_adaptive"]
     assert (f"the simulated server (`lmcache_sim`, an LRU that drops a store it has no room for, the best of its "
-            f"{_WORDS[len(LMCACHE_PERIODS)]} trim periods) {big['lmcache_sim']:.4f} and W-TinyLFU "
+            f"{NUMBER_WORDS[len(LMCACHE_PERIODS)]} trim periods) {big['lmcache_sim']:.4f} and W-TinyLFU "
             f"{big['wtinylfu']:.4f}; `adaptive` enters ARC's phase in the "
             f"{phases['large']['arc_phase_from_request']}th request of the 1,000 and does not admit by chance within "
             "them") in prose
@@ -1087,9 +1090,6 @@ def test_performance_md_held_out_production_trace_section_is_the_benchmark_s_raw
     for name, row in rows.items():
         assert (round(row["l1_adaptive"], 4), round(row["l1_lru"], 4), round(row["l1_arc"], 4)) == tuple(
             sizes[name][policy]["hit_ratio"] for policy in ("mpcache_adaptive", "mpcache_lru", "mpcache_arc"))
-
-
-_WORDS = {7: "seven"}  # the simulated server's trim periods, as the prose writes their number
 
 
 def test_mrc_md_public_production_trace_errors_are_the_benchmark_s_raw_output():

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from support.extensions import setup_extensions
+from support.performance_docs import NUMBER_WORDS
 
 from mpcache.cache.lmcache import keycache
 from mpcache.telemetry import pump
 
 REPO = Path(__file__).resolve().parents[1]
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
 # Names ARCHITECTURE.md cites that are not ours: the CUDA driver call it explains avoiding.
 FOREIGN_NAMES = {"cudaLaunchHostFunc"}
 
