@@ -90,13 +90,15 @@ if "{when}" == "starts":
 
     Pool._repopulate_pool = repopulate_then_sigterm
 else:
-    finishing = Pool._help_stuff_finish
+    terminating = Pool._terminate_pool.__func__
 
-    def sigterm_then_finish(*args):  # inside the termination a first Ctrl-C began
+    # inside the termination a first Ctrl-C began, before it tells the pool's threads to stop: later, the thread
+    # that keeps the pool could see that and have the workers told to exit, a race the count would read
+    def sigterm_then_terminate(cls, *args):
         os.kill(os.getpid(), signal.SIGTERM)
-        finishing(*args)
+        terminating(cls, *args)
 
-    Pool._help_stuff_finish = staticmethod(sigterm_then_finish)
+    Pool._terminate_pool = classmethod(sigterm_then_terminate)
 try:
     with {pool} as pool:
         built.append(pool)
