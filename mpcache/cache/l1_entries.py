@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mpcache.contract.keys import ChunkKey
 
@@ -12,7 +12,7 @@ class Entry:
     """One L1 object: its byte range, locks, and its place in the eviction order."""
 
     __slots__ = ("offset", "size", "nbytes", "readers", "ready", "tier", "access", "used", "store", "parent",
-                 "children")
+                 "children", "group")
 
     def __init__(self, offset: int, size: int) -> None:
         self.offset = offset  # byte offset in the pool, fixed while the entry lives
@@ -26,6 +26,7 @@ class Entry:
         self.store: object = None  # the name of the store that reserved it, if named (its other ranks spare it)
         self.parent: Entry | None = None  # the chunk before it in a request, while resident (prefix-aware order)
         self.children: ChunkKey | dict[ChunkKey, None] | None = None  # the one child's key, or several, in store order
+        self.group: list[Any] | None = None  # its group's count in the order's fair shares, where a store counted it
 
 
 class WriteReservation(NamedTuple):

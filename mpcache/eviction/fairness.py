@@ -35,8 +35,10 @@ class FairShares:
         self.capacity = float(capacity_bytes)
         self.first: Hashable = None  # the only group seen before counting (the order checks a key against it)
         self.counting = False  # whether a second group asked for something: only then is anything counted
-        self.groups: dict[Hashable, list[float]] = {}  # group → [resident bytes, epoch last active], once counting
-        self.last: list[float] | None = None  # the group :meth:`touched` last: its entry in ``groups`` (None: not kept)
+        # group → [resident bytes, epoch last active, left], once counting; ``left`` is set as the group leaves the
+        # table, so an object that holds its group's list (L1's ``Entry.group``) knows to look its group up again
+        self.groups: dict[Hashable, list[Any]] = {}
+        self.last: list[Any] | None = None  # the group :meth:`touched` last: its entry in ``groups`` (None: not kept)
         self._epoch = 0
         self.active_epoch = -1  # the oldest epoch a group asked in to be active: the one before this
         self._touches = 0  # touches since the epoch began
@@ -58,18 +60,19 @@ class FairShares:
                 self.first = group
                 return None
             self.counting = True
-            groups[self.first] = [float(sum(order.sizes)), 0.0]
+            groups[self.first] = [float(sum(order.sizes)), 0.0, False]
             self._now.add(self.first)
         touches = self._touches = self._touches + 1
-        if touches >= MIN_EPOCH_TOUCHES and touches >= len(order):  # (no max(): a builtin's call costs more)
+        if touches >= MIN_EPOCH_TOUCHES and touches >= order.evictable():  # (no max(): a builtin's call costs more)
             self._next_epoch()
         state = self.last = groups.get(group)
         if state is None:
             if len(groups) >= MAX_GROUPS:
                 return self
-            state = self.last = groups[group] = [0.0, self._epoch]
-        state[1] = self._epoch
-        if group not in self._now:
+            state = self.last = groups[group] = [0.0, -1, False]  # active in no epoch yet
+        epoch = self._epoch
+        if state[1] != epoch:  # its first touch this epoch (a tracked group is in ``_now`` while its epoch is this one)
+            state[1] = epoch
             self._now.add(group)
             if group in self._before:
                 self._carried -= 1
@@ -81,7 +84,7 @@ class FairShares:
         groups = self.groups
         for group in self._before - self._now:
             if groups[group][0] <= 0:  # every group active lately is tracked (gone() keeps them)
-                del groups[group]
+                groups.pop(group)[2] = True
         self._before, self._now = self._now, set()
         self._carried = len(self._before)
         self._epoch += 1
@@ -112,6 +115,7 @@ class FairShares:
             state[0] = left if left > 0.0 else 0.0
             if not state[0] and group not in self._now and group not in self._before:
                 del groups[group]
+                state[2] = True
 
     def spares(self, key: Any) -> bool:
         """Whether ``key``'s object is spared: its group is active and holds no more than its reserve."""

@@ -132,11 +132,15 @@ class ArcOrder:
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
         self._fair_access = -1
-        self._placing: list[float] | None = None  # while a store reserves, its group's count in ``fair`` (or None)
+        self._placing: list[Any] | None = None  # while a store reserves, its group's count in ``fair`` (or None)
 
-    def __len__(self) -> int:
+    def evictable(self) -> int:
+        """How many objects the lists hold (a method, as the fair shares ask at every touch: ``len()`` of an object
+        whose ``__len__`` is Python costs more than the call)."""
         t1, t2, orphans = self.lists
         return len(t1) + len(orphans) + (0 if t2 is t1 else len(t2))
+
+    __len__ = evictable
 
     def new(self, key: Any, entry: Any, parent: Any) -> None:
         """Space reserved for ``key`` (stored right after the resident ``parent`` entry, which L1 names only to a
@@ -160,6 +164,7 @@ class ArcOrder:
         placing = self._placing
         if placing is not None:  # a store's object, of the group its store touched (FairShares.placed without a call)
             placing[0] += entry.size
+            entry.group = placing  # its count, which eviction takes off again without looking the group up
         else:
             shares = self._shares
             if self._storing is None and shares is not None and (self.fair is not None or key[:2] != shares.first):
@@ -228,7 +233,7 @@ class ArcOrder:
         locked or being written.  (``popitem(False)``: last=False by position, which skips a keyword parse.)"""
         t1, t2, orphans = self.lists
         fair = self.fair
-        count: list[float] | None = None  # the victim's group's count in ``fair``, where the sharing test read it
+        count: list[Any] | None = None  # the victim's group's count in ``fair``, where the sharing test read it
         if orphans:
             key, entry = orphans.popitem(False)
             self.sizes[2] -= entry.size
@@ -239,13 +244,15 @@ class ArcOrder:
                     return None
                 key, entry = t1.popitem(False)
                 if sharing is not None:  # (FairShares.spares inline: most heads are not spared, a call costs more)
-                    count = sharing.groups.get(key[:2])
+                    count = entry.group  # its group's count, unless the group left the table since (or never held it)
+                    if count is None or count[2]:
+                        count = sharing.groups.get(key[:2])
                     if count is not None and count[1] >= sharing.active_epoch and count[0] <= sharing.reserve:
                         t1[key] = entry  # spared: back at the head, and the list passed over
                         t1.move_to_end(key, False)
                         sharing.pass_over(t1)
                         key, entry = t1.popitem(False)
-                        count = sharing.groups.get(key[:2])
+                        count = None  # the new head's, read below
                 tier = entry.tier
             elif t1 and (not t2 or sizes[0] > self.target):
                 if sharing is not None:
@@ -282,8 +289,8 @@ class ArcOrder:
         if entry.children:
             self._orphan_children(entry)
         if fair is not None:  # (FairShares.gone inline while its group keeps bytes: a call per object costs more)
-            if count is None:
-                count = fair.groups.get(key[:2])
+            if count is None:  # (a count that left the table holds 0: gone() below looks the group up again)
+                count = entry.group or fair.groups.get(key[:2])
             if count is not None and count[0] > entry.size:
                 count[0] -= entry.size
             else:
@@ -308,10 +315,14 @@ class ArcOrder:
         held (None: all), watched for its return (:mod:`~mpcache.eviction.returns`); None: it ended.  ``store``
         names it across the parts that make it up: the first part judged (:meth:`_admits`) or placing an object
         gives the name its verdict (:mod:`~mpcache.eviction.verdicts`); a part with nothing to place gives none."""
-        named = self._store
-        if (keys is None and named is not None and self.prefix_aware and self._storing
-                and (self._admitted is not None or self._placed)):
-            self.named.record(named, self._storing, self._admitted is not False)
+        if keys is None:  # the store ended: what it judged or placed gives its name a verdict
+            named = self._store
+            if named is not None and self.prefix_aware and self._storing and (self._admitted is not None
+                                                                              or self._placed):
+                self.named.record(named, self._storing, self._admitted is not False)
+            # ``refusing`` says False again; the rest is read only while a store reserves
+            self._storing = self._store = self._placing = self._admitted = None
+            return
         self._storing, self._storing_bytes, self._store = keys, nbytes, store
         if keys and self.first_sight and new != []:  # (bytes key by key: a miniature's, every key new)
             new_bytes = nbytes * len(new or keys) if isinstance(nbytes, (int, float)) else sum(nbytes)
@@ -422,21 +433,24 @@ class ArcOrder:
         it), in order: counted in the frequency sketch, evidence for the gate's decisions (:attr:`gate`) and, when
         sampled in ARC's phase, compared with an LRU's find (:attr:`phases`); a watched store's return
         (:attr:`returns`); an access's first key touches its group's fair share."""
-        shares = self._shares
-        if shares is not None and keys and self._fair_access != self.access:
-            self._fair_access = self.access
-            first = keys[0]
-            if self.fair is not None or first[:2] != shares.first:
-                self.fair = shares.touched(first, self)
-        watched, gate, frequency, trial = self.returns.watched, self.gate, self.frequency, self._trial
+        access = self.access
+        if self._fair_access != access:  # (most calls are a lookup's later keys, one by one: this test first)
+            shares = self._shares
+            if shares is not None and keys:
+                self._fair_access = access
+                first = keys[0]
+                if self.fair is not None or first[:2] != shares.first:
+                    self.fair = shares.touched(first, self)
+        watched, gate = self.returns.watched, self.gate  # (pairs: no tuple built)
+        frequency, trial = self.frequency, self._trial
         shadow = self._shadow  # (a comparison may end ARC's phase, and the shadow LRU with it)
         for key in keys:
             if watched and key in watched:
                 self.returns.asked(key)
             if shadow is not None:
-                lru_found = shadow.sees(key, nbytes, self.access)
+                lru_found = shadow.sees(key, nbytes, access)
                 if lru_found is not None and self.phases.join_due(shadow.halvings, nbytes, found, lru_found,
-                                                                  self.access):
+                                                                  access):
                     self.join()
                     shadow = None
             if gate.open and (key in gate.protected or key in gate.contested):  # most keys settle nothing: no call
@@ -444,7 +458,7 @@ class ArcOrder:
             counted = frequency.add(key)
             if counted:
                 if counted & SAMPLED and trial is not None:  # sampled for the trial (it sets the sampling)
-                    trial.sees(key, nbytes, self.access, found)
+                    trial.sees(key, nbytes, access, found)
                     self.chance = trial.chance
                 if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
                     frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))

@@ -16,6 +16,7 @@ from mpcache.cache import l1 as l1_module
 from mpcache.cache.l1 import L1Manager
 from mpcache.cache.l1_entries import Entry
 from mpcache.contract.keys import ChunkKey
+from mpcache.eviction import fairness
 from mpcache.eviction.fairness import MAX_GROUPS, SPARED_PER_EVICTION, FairShares
 from mpcache.eviction.order import ArcOrder
 
@@ -150,7 +151,8 @@ def test_a_landing_of_another_group_starts_the_counting():
         order.new(key, entry, None)
         order.admitting(None)
         order.lists[entry.tier][key] = entry
-    assert order.fair is not None and order.fair.groups == {("m", "a"): [20.0, 0.0], ("m", "b"): [10.0, 0]}
+    assert order.fair is not None
+    assert order.fair.groups == {("m", "a"): [20.0, 0.0, False], ("m", "b"): [10.0, 0, False]}
 
 
 def _placed(order: ArcOrder, entries: dict, group: str, number: int, again: bool = False,
@@ -168,6 +170,42 @@ def _placed(order: ArcOrder, entries: dict, group: str, number: int, again: bool
         order.promote(entry)
         order.lists[entry.tier][key] = entry
     return key
+
+
+def test_an_object_counted_in_a_group_that_left_the_table_is_judged_by_the_group_s_count_now(monkeypatch):
+    """Tenant c, not tracked while the table is full, stores an object it does not count; once tracked it stores one
+    it counts (its entry keeps that count), goes idle, and the uncounted object's departure takes its count to 0:
+    it leaves the table.  Back, with 10 bytes (within its reserve, 50 of 400 between two groups), the object counted
+    before heads the list and is spared by the count c has now, not by the one it left with: tenant b's object,
+    over its reserve, goes instead."""
+    monkeypatch.setattr(fairness, "MAX_GROUPS", 2)
+    entries: dict[ChunkKey, Entry] = {}
+    order = ArcOrder(400, entries.get, prefix_aware=True, fair=True)
+
+    def given_back(key: ChunkKey) -> None:
+        entry = entries.pop(key)
+        del order.lists[entry.tier][key]
+        order.forget(key, entry)
+
+    def two_epochs_of_b_alone() -> None:
+        for _ in range(2 * fairness.MIN_EPOCH_TOUCHES):
+            order.fair.touched(ChunkKey("m", "b", 0), order)
+
+    first = _placed(order, entries, "a", 1)
+    b_first = _placed(order, entries, "b", 2)  # counting starts, and the table is full
+    uncounted = _placed(order, entries, "c", 3)
+    given_back(first)
+    two_epochs_of_b_alone()  # a holds nothing and is idle: it leaves, and c is tracked from its next store
+    counted = _placed(order, entries, "c", 4)
+    left_with = order.fair.groups[("m", "c")]
+    two_epochs_of_b_alone()
+    given_back(uncounted)
+    assert ("m", "c") not in order.fair.groups and left_with == [0.0, left_with[1], True]
+    _placed(order, entries, "c", 5)
+    b_later = [_placed(order, entries, "b", 10 + number) for number in range(6)]
+    given_back(b_first)
+    assert next(iter(order.lists[0])) == counted and order.fair.groups[("m", "b")][0] == 60.0
+    assert order.victim()[0] == b_later[0]
 
 
 def test_a_reserve_never_makes_a_store_evict_what_it_is_admitting():
@@ -237,7 +275,7 @@ def test_a_reserve_is_a_quarter_of_l1_over_the_groups_active_now_not_over_every_
     class Order:
         sizes = [50.0, 0.0, 0.0]
 
-        def __len__(self) -> int:
+        def evictable(self) -> int:
             return 16
 
     shares = FairShares(120)
@@ -280,7 +318,7 @@ def test_shares_split_l1_among_the_active_groups_and_the_groups_tracked_are_boun
         sizes = [40.0, 0.0, 0.0]
         objects = 10**6  # an epoch of a million touches: none ends while the table fills
 
-        def __len__(self) -> int:
+        def evictable(self) -> int:
             return self.objects
 
     order = Order()
