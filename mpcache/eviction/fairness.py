@@ -6,14 +6,14 @@ below its reserve, and what is not reserved goes where the order finds it most u
 shared pool, as in Memshare: a larger reserve costs the whole L1 hits where one group's objects are worth more
 than another's, see benchmarks/HISTORY.md).
 
-A group is active while it asked for something (a lookup that found an object, a store, a landing) in this epoch
-or the one before; an epoch ends after as many such touches, of any group, as L1 holds evictable objects (at
-least :data:`MIN_EPOCH_TOUCHES`).  Until a second group asks for something nothing is counted (``counting`` is False):
-one group has L1 to itself.  Tenants are what clients say they are: one client that spreads its requests over
-many cache salts makes many groups, and every reserve smaller.  State: a resident-bytes count and the epoch last
-active per group, at most :data:`MAX_GROUPS` groups (one more is not tracked: neither spared nor counted; its
-objects are not counted, so its count errs low by them once it is tracked, and never goes below 0), and the
-groups active in the two epochs; a group leaves once its count is 0 and it is not active.
+A group is active while it asked for something (a lookup that found an object, a store, a landing) in this epoch or the
+one before; an epoch ends after as many such touches, of any group, as L1 holds evictable objects (at least
+:data:`MIN_EPOCH_TOUCHES`).  Until a second group asks for something nothing is counted (``counting`` is False): one
+group has L1 to itself.  Tenants are what clients say they are: one client that spreads its requests over many cache
+salts makes many groups, and every reserve smaller.  State: a resident-bytes count, the epoch last active and whether it
+left per group, at most :data:`MAX_GROUPS` groups (one more is not tracked: neither spared nor counted; its objects are
+not counted, so its count errs low by them once it is tracked, and never goes below 0), and the groups active in the two
+epochs; a group leaves once its count is 0 and it is not active.
 """
 
 from __future__ import annotations

@@ -41,14 +41,15 @@ Sizes are bytes (objects of different models differ): T1's, T2's and the orphans
 locked or not), T1's target and the ghosts' budget (``arc``: T1 and B1 within L1's capacity and all four lists within
 twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within L1's capacity, the larger trimmed first;
 the lists: :mod:`~mpcache.eviction.ghosts`).  The state is bounded: the ghosts by that budget, the rest a list slot, a
-tier, two accesses (its store's and its last use's), a store's name, a parent and its children per resident object, the
-shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys, the admission trial's two LRUs (as many each,
-and the keys their refusals remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups'
-hints, named stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
-:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW` counts
-per evictable object, the most it has been set to at a halving), the gate's decisions (:mod:`~mpcache.eviction.gate`),
-the stores watched for their return (:mod:`~mpcache.eviction.returns`), and the fair shares' counts (at most
-:data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
+tier, two accesses (its store's and its last use's), a store's name, a parent and its children, and a reference to its
+group's fair-share count per resident object, the shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS`
+keys, the admission trial's two LRUs (as many each, and the keys their refusals remember within L1's capacity in sampled
+bytes), the newest :data:`PARENT_HINTS` lookups' hints, named stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the
+frequency sketch (two rows of byte counters, :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its
+window, which is :data:`FREQUENCY_WINDOW` counts per evictable object, the most it has been set to at a halving), the
+gate's decisions (:mod:`~mpcache.eviction.gate`), the stores watched for their return
+(:mod:`~mpcache.eviction.returns`), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS`
+groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
