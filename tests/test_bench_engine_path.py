@@ -153,6 +153,13 @@ def test_the_group_counts_section_states_its_three_runs_and_the_replay():
     steps = [step["instructions_per_request"] for step in replay["adaptive_steps"]]
     assert (f"`adaptive` executes {steps[-1]:,} instructions a request, {steps[0]:,} before, and `lru` "
             f"{replay['lru']['after']:,} ({replay['lru']['before']:,} before: the entry's new slot).") in page
+    counted = {(row["policy"], row["objects"]): row["instructions_per_request"]
+               for row in entry["l1_counted"]["result"]["rows"] if row["workload"] == "tenants"}
+    earlier = {(row["policy"], row["objects"]): row["instructions_per_request"]
+               for row in _entry()["l1_counted"]["after"]["result"]["rows"] if row["workload"] == "tenants"}
+    assert (f"`adaptive` takes {counted[('adaptive', 2048)]:,} instructions a request at 2,048 objects and "
+            f"{counted[('adaptive', 32)]:,} at 32 ({earlier[('adaptive', 2048)]:,} and {earlier[('adaptive', 32)]:,} "
+            f"on f163353), `lru` {counted[('lru', 2048)]:,} and {counted[('lru', 32)]:,}.") in page
 
 
 def test_the_changelog_and_the_lab_notes_state_the_group_counts_figures():
