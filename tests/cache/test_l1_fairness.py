@@ -172,12 +172,14 @@ def _placed(order: ArcOrder, entries: dict, group: str, number: int, again: bool
     return key
 
 
-def test_an_object_counted_in_a_group_that_left_the_table_is_judged_by_the_group_s_count_now(monkeypatch):
+@pytest.mark.parametrize("leaves_by", ["gone", "epoch"])
+def test_an_object_counted_in_a_group_that_left_the_table_is_judged_by_the_group_s_count_now(monkeypatch, leaves_by):
     """Tenant c, not tracked while the table is full, stores an object it does not count; once tracked it stores one
-    it counts (its entry keeps that count), goes idle, and the uncounted object's departure takes its count to 0:
-    it leaves the table.  Back, with 10 bytes (within its reserve, 50 of 400 between two groups), the object counted
-    before heads the list and is spared by the count c has now, not by the one it left with: tenant b's object,
-    over its reserve, goes instead."""
+    it counts (its entry keeps that count), and the uncounted object's departure takes its count to 0: c leaves the
+    table, as that departure finds it idle (``gone``) or, still active then, at the end of its second idle epoch
+    (``epoch``).  Back, with 10 bytes (within its reserve, 50 of 400 between two groups), the object counted before
+    heads the list and is spared by the count c has now, not by the one it left with: tenant b's object, over its
+    reserve, goes instead."""
     monkeypatch.setattr(fairness, "MAX_GROUPS", 2)
     entries: dict[ChunkKey, Entry] = {}
     order = ArcOrder(400, entries.get, prefix_aware=True, fair=True)
@@ -198,8 +200,13 @@ def test_an_object_counted_in_a_group_that_left_the_table_is_judged_by_the_group
     two_epochs_of_b_alone()  # a holds nothing and is idle: it leaves, and c is tracked from its next store
     counted = _placed(order, entries, "c", 4)
     left_with = order.fair.groups[("m", "c")]
-    two_epochs_of_b_alone()
-    given_back(uncounted)
+    if leaves_by == "gone":
+        two_epochs_of_b_alone()
+        given_back(uncounted)
+    else:
+        given_back(uncounted)
+        assert ("m", "c") in order.fair.groups and left_with[0] == 0.0  # active: it stays, for now
+        two_epochs_of_b_alone()
     assert ("m", "c") not in order.fair.groups and left_with == [0.0, left_with[1], True]
     _placed(order, entries, "c", 5)
     b_later = [_placed(order, entries, "b", 10 + number) for number in range(6)]
