@@ -93,6 +93,7 @@ class ArcOrder:
                  code: Callable[[Any], int] = hash, fair: bool = False, by_chance: bool = True,
                  first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
+        self._ghost_budget = float(capacity_bytes)  # the adaptive order's ghosts' bytes at most (a float: read as is)
         self.first_sight = prefix_aware and first_sight  # whether a first-sight store may be refused by frequency
         self.prefix_aware = self.tail_first = prefix_aware
         self._entry_of = entry_of
@@ -105,7 +106,9 @@ class ArcOrder:
         self.recency = prefix_aware
         self.phases = PhaseTests(capacity_bytes)  # the evidence that splits the one list and joins ARC's lists again
         self._ghosts = GhostLists()  # B1 and B2: the keys of T1's and T2's victims, with their bytes
-        self.sizes = [0, 0, 0]  # bytes of T1's, T2's and the orphans' resident objects
+        # bytes of T1's, T2's and the orphans' resident objects (floats: whole numbers of bytes, exact below 2 ** 53,
+        # which L1's gigabytes need no bignum arithmetic to add, nor a conversion to compare with the floats they meet)
+        self.sizes = [0.0, 0.0, 0.0]
         self.target = 0.0  # T1's share, bytes
         self._storing: Sequence[Any] | None = None  # the keys the store being reserved names (``admitting``)
         self._admitted: bool | None = None  # whether the store may evict from T2 (None: not looked yet)
@@ -276,7 +279,7 @@ class ArcOrder:
             size = entry.size
             sizes[tier] -= size
             if self.prefix_aware:  # both ghost lists within L1's capacity, the larger trimmed first
-                self._ghosts.add(tier, key, size, self.capacity)
+                self._ghosts.add(tier, key, size, self._ghost_budget)
             else:
                 self._ghosts.add(tier, key, size, _UNBOUNDED)
                 self._trim_ghosts_as_arc()
