@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -45,9 +44,9 @@ def _no_faults() -> int:
 
 
 # a chunk's number for the eviction order's frequency sketch and samples: its hash, not its key's (whose strings
-# hash differently in each process), so that the order decides the same in every run; a C callable (no Python
-# frame for each key asked for)
-_chunk_code = attrgetter("chunk_hash")
+# hash differently in each process), so that the order decides the same in every run; given as its field's index,
+# which the compiled sketch reads without a call for each key asked for
+_CHUNK_CODE_ITEM = ChunkKey._fields.index("chunk_hash")
 
 
 class L1Manager(PrefetchLandings):
@@ -71,7 +70,7 @@ class L1Manager(PrefetchLandings):
         self._entries: dict[ChunkKey, Entry] = {}
         self._at: dict[int, ChunkKey] = {}  # offset → the object there (compaction moves objects by offset)
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
-        self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _chunk_code,
+        self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _CHUNK_CODE_ITEM,
                                              fair=True, first_sight=first_sight,
                                              by_chance=worth_a_trial(self.capacity_bytes, chunk_bytes))
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]

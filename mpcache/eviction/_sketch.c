@@ -1,4 +1,4 @@
-/* The adaptive order's frequency sketch in C (optional): FrequencySketch(window, code=hash).
+/* The adaptive order's frequency sketch in C (optional): FrequencySketch(window, code=hash, *, item=None).
  *
  *   add(key) -> int         count ``key`` once: ENDED (1) where this count ended a window (every counter halved),
  *                           plus SAMPLED (2) where the key is sampled at ``sample_bits``
@@ -11,8 +11,9 @@
  *
  * mpcache.eviction.frequency.FrequencySketchReference is the same sketch in Python; a differential test holds the
  * two to the same counters, windows and answers.  A sketch is set up when it is made (``__init__`` again changes
- * nothing), and a code that returns what is not an int is a TypeError.  A key's code (``code(key)``, or its hash)
- * is taken modulo 2^64 and multiplied by MIX modulo 2^64: the first row's counter is that word's low bits, the
+ * nothing), and a code that returns what is not an int is a TypeError.  A key's code (``code(key)``; with ``item``,
+ * a tuple key's item at that index, read without a call, and a key that is no tuple that long a TypeError; else
+ * its hash) is taken modulo 2^64 and multiplied by MIX modulo 2^64: the first row's counter is that word's low bits, the
  * second's its bits from 32 up (rows are at most MAX_WIDTH counters wide, so no index reads past the word).  ``add``
  * is called for every chunk a lookup finds and every chunk a store reserves: in C, a call instead of about twenty
  * Python operations.
@@ -33,7 +34,8 @@ static PyObject *builtin_hash; /* ``code`` is this by default: then PyObject_Has
 
 typedef struct {
     PyObject_HEAD
-    PyObject *code;      /* NULL: the key's hash */
+    PyObject *code;      /* NULL: the key's hash, or its item */
+    Py_ssize_t item;     /* the index of a tuple key's item that is its code; -1: none */
     uint8_t *rows;       /* the first row, then the second: 2 * width counters */
     Py_ssize_t width;    /* counters per row, a power of two */
     Py_ssize_t window;   /* counts between two halvings */
@@ -88,6 +90,22 @@ static int set_window(Sketch *self, PyObject *window_arg) {
 
 /* The mixed 64-bit word of ``key``'s code, in ``word``; -1 with an exception set. */
 static int mixed_word(Sketch *self, PyObject *key, uint64_t *word) {
+    if (self->item >= 0) {
+        if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) <= self->item) {
+            PyErr_Format(PyExc_TypeError, "a key must be a tuple of more than %zd items", self->item);
+            return -1;
+        }
+        PyObject *code = PyTuple_GET_ITEM(key, self->item); /* borrowed: the caller holds the key */
+        if (!PyLong_Check(code)) {
+            PyErr_Format(PyExc_TypeError, "a key's code must be an int, not %.100s", Py_TYPE(code)->tp_name);
+            return -1;
+        }
+        unsigned long long low = PyLong_AsUnsignedLongLongMask(code); /* an int's value: it runs no code */
+        if (low == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        *word = (uint64_t)low * MIX;
+        return 0;
+    }
     if (self->code == NULL) {
         Py_hash_t hash = PyObject_Hash(key);
         if (hash == -1 && PyErr_Occurred())
@@ -116,19 +134,39 @@ static int mixed_word(Sketch *self, PyObject *key, uint64_t *word) {
 /* Everything is set up here, not in __init__: a sketch has its rows from the moment it exists, and none can be
  * set up again. */
 static PyObject *sketch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"window", "code", NULL};
-    PyObject *window = NULL, *code = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:FrequencySketch", keywords, &window, &code))
+    static char *keywords[] = {"window", "code", "item", NULL};
+    PyObject *window = NULL, *code = NULL, *item = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:FrequencySketch", keywords, &window, &code, &item))
         return NULL;
     if (code != NULL && !PyCallable_Check(code)) {
         PyErr_SetString(PyExc_TypeError, "code must be callable");
         return NULL;
+    }
+    Py_ssize_t index = -1;
+    if (item != Py_None) {
+        if (code != NULL && code != builtin_hash) {
+            PyErr_SetString(PyExc_TypeError, "give code or item, not both");
+            return NULL;
+        }
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "item must be an int, not %.100s", Py_TYPE(item)->tp_name);
+            return NULL;
+        }
+        index = PyLong_AsSsize_t(item);
+        if (index == -1 && PyErr_Occurred())
+            return NULL;
+        if (index < 0) {
+            PyErr_SetString(PyExc_ValueError, "item must be 0 or more");
+            return NULL;
+        }
+        code = NULL;
     }
     Sketch *self = (Sketch *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
     if (code != NULL && code != builtin_hash)
         self->code = Py_NewRef(code);
+    self->item = index;
     self->sample_bits = -1;
     if (set_window(self, window) < 0) {
         Py_DECREF(self);

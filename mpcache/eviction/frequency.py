@@ -27,11 +27,16 @@ class FrequencySketchReference:
     and what the order decides on them, the same from run to run) and its estimate is the smaller.  Once
     ``window`` counts are held every counter is halved (and so is what they hold), so what was asked for long ago
     fades; the owner sets the window again at each halving (a row has :data:`COUNTERS_PER_COUNT` counters per
-    count: new, empty rows when it grows past them)."""
+    count: new, empty rows when it grows past them).  ``item``, instead of ``code``: a tuple key's item at that index
+    is its code (the compiled sketch reads it without a call)."""
 
-    def __init__(self, window: int, code: Callable[[Hashable], int] = hash) -> None:
+    def __init__(self, window: int, code: Callable[[Hashable], int] = hash, *, item: int | None = None) -> None:
         if not callable(code):
             raise TypeError("code must be callable")
+        if item is not None:
+            if code is not hash:
+                raise TypeError("give code or item, not both")
+            code = _item_code(item)
         self._code = code
         self._rows = (bytearray(0), bytearray(0))
         self._mask = -1
@@ -93,6 +98,27 @@ class FrequencySketchReference:
         mixed = self._code(key) * MIX
         mask = self._mask
         return min(self._rows[0][mixed & mask], self._rows[1][(mixed >> 32) & mask])
+
+
+def _item_code(item: int) -> Callable[[Hashable], int]:
+    """The code of a key that is a tuple of more than ``item`` items: its item there, an int (else a TypeError, as a
+    key of another kind; an ``item`` that is not an int is a TypeError, one below 0 a ValueError)."""
+    if not isinstance(item, int):
+        raise TypeError(f"item must be an int, not {type(item).__name__}")
+    if item < 0:
+        raise ValueError("item must be 0 or more")
+    if item > sys.maxsize:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+
+    def code(key: Hashable) -> int:
+        if not isinstance(key, tuple) or len(key) <= item:
+            raise TypeError(f"a key must be a tuple of more than {item} items")
+        value = key[item]
+        if not isinstance(value, int):
+            raise TypeError(f"a key's code must be an int, not {type(value).__name__}")
+        return value
+
+    return code
 
 
 FrequencySketch: type[FrequencySketchReference] | type[_sketch.FrequencySketch]

@@ -61,9 +61,10 @@ a prefix-aware order, ``asked`` for the objects a lookup finds and the new ones 
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
 from mpcache.eviction.admission import ChanceTrial
@@ -90,7 +91,7 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] = hash, fair: bool = False, by_chance: bool = True,
+                 code: Callable[[Any], int] | int = hash, fair: bool = False, by_chance: bool = True,
                  first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
         self._ghost_budget = float(capacity_bytes)  # the adaptive order's ghosts' bytes at most (a float: read as is)
@@ -124,11 +125,18 @@ class ArcOrder:
         self._refused_large = False  # whether a large store was refused: later parts take its verdict in any phase
         self.hints: OrderedDict[Any, Any] = OrderedDict()  # the chunk after a lookup's prefix → its parent
         self.access = 0  # lookups so far: what is reserved between two lookups is one access
-        self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)  # how often each key was asked for lately
+        # how often each key was asked for lately (by a tuple key's item where ``code`` is its index: no call)
+        code_of: Callable[[Any], int]
+        if isinstance(code, int):
+            self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, item=code)
+            code_of = cast(Callable[[Any], int], operator.itemgetter(code))  # (a tuple's item: typed by its use)
+        else:
+            self.frequency = FrequencySketch(FREQUENCY_WINDOW * 16, code)
+            code_of = code
         self.gate = FrequencyGate()  # its decisions to refuse a store asked for less often than what it evicts
-        self._code = code
+        self._code = code_of
         self._shadow: ShadowLru | None = None  # in ARC's phase, an LRU of L1's capacity on sampled keys asked for
-        self._trial = ChanceTrial(capacity_bytes, code, self.frequency) if self.first_sight and by_chance else None
+        self._trial = ChanceTrial(capacity_bytes, code_of, self.frequency) if self.first_sight and by_chance else None
         # the chance a first-sight store is admitted while it needs room (:mod:`~mpcache.eviction.admission`): the
         # trial's, copied as it sees a key (it changes nowhere else), as L1's gauges read it after every operation
         self.chance = 1.0
@@ -548,9 +556,10 @@ class ArcOrder:
                 shadow.merge(key, other_key)
 
 
-def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] = hash,
+def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] | int = hash,
           fair: bool = False, by_chance: bool = True, first_sight: bool = True) -> LruOrder | ArcOrder:
-    """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch (its hash by default);
+    """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch and the samples (its hash
+    by default; an int: the index of a tuple key's item that is, which the compiled sketch reads without a call);
     ``fair``: ``adaptive`` keeps each model and tenant a reserve (keys are :class:`~mpcache.contract.keys.ChunkKey`
     tuples: their first two fields); ``first_sight``: ``adaptive`` may refuse a store seen first (by frequency, and
     by chance where ``by_chance``: :class:`~mpcache.eviction.admission.ChanceTrial`); False where a store L1

@@ -166,13 +166,16 @@ def _outcome(call, *args):
 @compiled
 def test_the_compiled_sketch_counts_halves_and_answers_as_its_python_definition_does():
     """Random adds, estimates and resizes (keys of every kind: ints of every sign and size, strings, tuples, some
-    unhashable; windows that end and rows that widen), by the key's hash and by a code: the same answer or the same
-    exception, the same window and the same counters after every step."""
+    unhashable; windows that end and rows that widen), by the key's hash, by its item and by a code: the same answer
+    or the same exception, the same window and the same counters after every step."""
     rng = random.Random(12)
-    for code in (hash, lambda key: key[0] * 3 - (1 << 70) if isinstance(key, tuple) else len(str(key))):
-        sketches = (FrequencySketchReference(50, code), frequency.FrequencySketch(50, code))
+    for how in ({"code": hash}, {"item": 2},
+                {"code": lambda key: key[0] * 3 - (1 << 70) if isinstance(key, tuple) else len(str(key))}):
+        sketches = (FrequencySketchReference(50, **how), frequency.FrequencySketch(50, **how))
         keys = ([rng.randrange(-(1 << 80), 1 << 80) for _ in range(40)] + [0, -1, -2, (1 << 64) - 1]
-                + [f"key{n}" for n in range(40)] + [(n, "m") for n in range(40)] + [[1], {}])
+                + [f"key{n}" for n in range(40)] + [(n, "m") for n in range(40)] + [[1], {}]
+                + [("m", "t", rng.randrange(-(1 << 70), 1 << 70)) for _ in range(40)] + [("m", "t", "x", 1)]
+                + [ChunkKey("m", "t", n) for n in range(40)])
         ended = 0
         for step in range(6000):
             choice, key = rng.random(), rng.choice(keys)
@@ -217,6 +220,26 @@ def test_a_code_that_raises_or_is_not_an_int_is_an_error_of_the_call_and_counts_
         assert not any(b"".join(sketch._rows))
     with pytest.raises(TypeError):
         frequency.FrequencySketch(100, code=3)
+
+
+@pytest.mark.parametrize("sketch_type", WAYS)
+def test_a_key_s_item_is_its_code_where_the_sketch_is_told_its_index(sketch_type):
+    """``item=2``: a chunk key counts where its chunk hash does (the code L1 gives it), with no call; a key that is no
+    tuple that long, or whose item is not an int, is a TypeError; an index that is not an int, below 0, or given
+    with a code is refused when the sketch is made."""
+    by_item, by_code = sketch_type(1000, item=2), sketch_type(1000, code=lambda key: key.chunk_hash)
+    keys = [ChunkKey("m", f"tenant-{n % 3}", n * 7919 - 40) for n in range(300)]
+    for key in keys + keys[:100]:
+        assert by_item.add(key) == by_code.add(key)
+    assert by_item._rows == by_code._rows and by_item.estimate(keys[5]) == by_code.estimate(keys[5]) >= 2
+    for key in ("abc", ("m", "t"), [0, 1, 2], ("m", "t", "x")):
+        with pytest.raises(TypeError):
+            by_item.add(key)
+    for index, error in (("2", TypeError), (2.0, TypeError), (-1, ValueError)):
+        with pytest.raises(error):
+            sketch_type(100, item=index)
+    with pytest.raises(TypeError):
+        sketch_type(100, len, item=1)
 
 
 @compiled
