@@ -11,12 +11,12 @@
  *
  * mpcache.eviction.frequency.FrequencySketchReference is the same sketch in Python; a differential test holds the
  * two to the same counters, windows and answers.  A sketch is set up when it is made (``__init__`` again changes
- * nothing), and a code that returns what is not an int is a TypeError.  A key's code (``code(key)``; with ``item``,
- * a tuple key's item at that index, read without a call, and a key that is no tuple that long a TypeError; else
- * its hash) is taken modulo 2^64 and multiplied by MIX modulo 2^64: the first row's counter is that word's low bits, the
- * second's its bits from 32 up (rows are at most MAX_WIDTH counters wide, so no index reads past the word).  ``add``
- * is called for every chunk a lookup finds and every chunk a store reserves: in C, a call instead of about twenty
- * Python operations.
+ * nothing), and a code that returns what is not an int is a TypeError.  A key's code (``code(key)``; with ``item``, a
+ * tuple key's item at that index, read without a call, and a key that is no tuple that long a TypeError; else its hash)
+ * is taken modulo 2^64 and multiplied by MIX modulo 2^64: the first row's counter is that word's low bits, the second's
+ * its bits from 32 up (rows are at most MAX_WIDTH counters wide, so no index reads past the word).  ``add`` is called
+ * for every chunk a lookup finds and every chunk a store reserves: in C, a call instead of about twenty Python
+ * operations.
  */
 
 #define PY_SSIZE_T_CLEAN

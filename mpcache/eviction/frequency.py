@@ -105,10 +105,10 @@ def _item_code(item: int) -> Callable[[Hashable], int]:
     key of another kind; an ``item`` that is not an int is a TypeError, one below 0 a ValueError)."""
     if not isinstance(item, int):
         raise TypeError(f"item must be an int, not {type(item).__name__}")
+    if not -sys.maxsize - 1 <= item <= sys.maxsize:
+        raise OverflowError("Python int too large to convert to C ssize_t")
     if item < 0:
         raise ValueError("item must be 0 or more")
-    if item > sys.maxsize:
-        raise OverflowError("Python int too large to convert to C ssize_t")
 
     def code(key: Hashable) -> int:
         if not isinstance(key, tuple) or len(key) <= item:

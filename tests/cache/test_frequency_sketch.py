@@ -235,7 +235,8 @@ def test_a_key_s_item_is_its_code_where_the_sketch_is_told_its_index(sketch_type
     for key in ("abc", ("m", "t"), [0, 1, 2], ("m", "t", "x")):
         with pytest.raises(TypeError):
             by_item.add(key)
-    for index, error in (("2", TypeError), (2.0, TypeError), (-1, ValueError)):
+    for index, error in (("2", TypeError), (2.0, TypeError), (-1, ValueError), (1 << 70, OverflowError),
+                         (-(1 << 70), OverflowError)):
         with pytest.raises(error):
             sketch_type(100, item=index)
     with pytest.raises(TypeError):
