@@ -84,7 +84,7 @@ class FairShares:
         groups = self.groups
         for group in self._before - self._now:
             if groups[group][0] <= 0:  # every group active lately is tracked (gone() keeps them)
-                groups.pop(group)[2] = True
+                self._leave(group)
         self._before, self._now = self._now, set()
         self._carried = len(self._before)
         self._epoch += 1
@@ -114,8 +114,11 @@ class FairShares:
             left = state[0] - nbytes
             state[0] = left if left > 0.0 else 0.0
             if not state[0] and group not in self._now and group not in self._before:
-                del groups[group]
-                state[2] = True
+                self._leave(group)
+
+    def _leave(self, group: Hashable) -> None:
+        """``group`` leaves the table, its count marked so (an object holding it looks the group up again)."""
+        self.groups.pop(group)[2] = True
 
     def spares(self, key: Any) -> bool:
         """Whether ``key``'s object is spared: its group is active and holds no more than its reserve."""
