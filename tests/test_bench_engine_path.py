@@ -126,14 +126,10 @@ def test_the_changelog_and_the_lab_notes_state_the_same_counts():
     assert round(extra, -4) == 150_000
 
 
-def _group_counts() -> tuple[dict, list[dict]]:
-    entry = raw_results()["isolation_group_counts"]
-    return entry, [entry["runs"][name] for name in ("first", "second", "third")]
-
-
-def _sizes_and_item() -> tuple[dict, list[dict]]:
-    entry = raw_results()["isolation_sizes_and_item"]
-    return entry, [entry["runs"][name] for name in ("fourth", "fifth", "sixth")]
+def _kept(name: str) -> tuple[dict, list[dict]]:
+    """PERFORMANCE.json's entry ``name`` and its isolation runs, in the order they ran."""
+    entry = raw_results()[name]
+    return entry, list(entry["runs"].values())
 
 
 def _window_moves(entry: dict, runs: list[dict]) -> dict:
@@ -157,12 +153,12 @@ def _window_moves(entry: dict, runs: list[dict]) -> dict:
 
 
 def test_the_group_counts_section_states_its_three_runs_and_the_replay():
-    entry, runs = _group_counts()
+    entry, runs = _kept("isolation_group_counts")
     before = _entry()["runs"]
     tp2, tp1 = ([_ratio(run, tp) for run in runs] for tp in ("tp2", "tp1"))
     windows = [_policies(run, "tp2")["requests"] for run in runs]
     page = flattened(doc("PERFORMANCE.md"))
-    later, later_runs = _sizes_and_item()
+    later, later_runs = _kept("isolation_sizes_and_item")
     tp2_later, tp1_later = ([_ratio(run, tp) for run in later_runs] for tp in ("tp2", "tp1"))
     windows_later = [_policies(run, "tp2")["requests"] for run in later_runs]
     every = tp2 + tp2_later
@@ -207,11 +203,11 @@ def test_the_group_counts_section_states_its_three_runs_and_the_replay():
 
 
 def test_the_changelog_and_the_lab_notes_state_the_group_counts_figures():
-    entry, runs = _group_counts()
+    entry, runs = _kept("isolation_group_counts")
     tp2 = [_ratio(run, "tp2") for run in runs]
     with open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8") as handle:
         changelog = flattened(handle.read())
-    later, later_runs = _sizes_and_item()
+    later, later_runs = _kept("isolation_sizes_and_item")
     tp2_later = [_ratio(run, "tp2") for run in later_runs]
     assert (f"`adaptive` over `lru` reads {tp2[0]}, {tp2[1]} and {tp2[2]} in three runs, then {tp2_later[0]}, "
             f"{tp2_later[1]} and {tp2_later[2]} ({_ratio(_entry()['runs']['policies'], 'tp2')} before)") in changelog
