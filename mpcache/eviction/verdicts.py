@@ -3,10 +3,10 @@
 admitted or refused alike, as a rank's objects are of no use without the others'.  The first part judged or placing
 an object gives the name its verdict; a part stored again (a retry: its first key hashes as a part's the name
 already had) is judged afresh and gives the name its new verdict, which the retry's later parts take.  The newest
-:data:`STORE_VERDICTS` names are kept, each as one tuple: the flag, then its parts' numbers (the hashes of their
-first keys; a store's first part hashes its name twice, and the cyclic collector stops tracking a tuple of
-numbers from the first collection it survives, where a set of keys kept for as long as the verdict is would be
-walked by every full collection).
+:data:`STORE_VERDICTS` names are kept, each as one tuple: the flag, then the numbers of its newest
+:data:`STORE_PARTS` parts (the hashes of their first keys: an older part stored again takes the name's verdict, as a
+new part does; the cyclic collector stops tracking a tuple of numbers from the first collection it survives, where a
+set of keys kept for as long as the verdict is would be walked by every full collection).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
+STORE_PARTS = 64  # parts kept per name, the newest: TP ranks times KV cache groups (TP 16 of a model of 4 groups)
 
 
 class StoreVerdicts:
@@ -37,5 +38,7 @@ class StoreVerdicts:
             verdicts[name] = (admitted, part)  # (a name already kept keeps its place)
             if len(verdicts) > STORE_VERDICTS:
                 verdicts.popitem(False)
-        else:
+        elif len(held) <= STORE_PARTS:
             verdicts[name] = held + (part,)
+        else:  # the oldest part forgotten: a client's one name with ever new parts keeps as many as any name
+            verdicts[name] = held[:1] + held[2:] + (part,)

@@ -16,7 +16,7 @@ from mpcache.cache.l1_entries import Entry
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey
 from mpcache.eviction.order import ArcOrder, build
-from mpcache.eviction.verdicts import STORE_VERDICTS
+from mpcache.eviction.verdicts import STORE_PARTS, STORE_VERDICTS, StoreVerdicts
 
 
 def _order(prefix_aware: bool, capacity: int = 10) -> tuple[ArcOrder, dict[str, Entry]]:
@@ -396,6 +396,21 @@ def test_named_verdicts_are_kept_for_the_newest_stores_only():
     _seen_again(l1, 1, 1)
     assert 1 == _store(l1, [7], "one more")
     assert 0 == _store(l1, [8], "refused")  # forgotten: judged afresh, T2 not used since the last refusal
+
+
+def test_a_name_keeps_only_its_newest_parts():
+    """A client that sends one name with ever new parts (each with a new first key: the name carries neither the rank
+    nor the chunks a part skips) has only the newest :data:`STORE_PARTS` kept: the verdict's memory, and the work of
+    each part's test, stay bounded.  A kept part stored again is a retry, judged afresh; the oldest are forgotten,
+    and take the name's verdict as any new part does."""
+    verdicts = StoreVerdicts()
+    for part in range(3 * STORE_PARTS):
+        verdicts.record("name", [("m", "", part)], False)
+    assert 1 + STORE_PARTS == len(verdicts.verdicts["name"])
+    assert verdicts.of("name", [("m", "", 3 * STORE_PARTS - 1)]) is None
+    assert verdicts.of("name", [("m", "", 2 * STORE_PARTS)]) is None
+    assert verdicts.of("name", [("m", "", 2 * STORE_PARTS - 1)]) is False
+    assert verdicts.of("name", [("m", "", 3 * STORE_PARTS)]) is False
 
 
 def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
