@@ -1,11 +1,12 @@
 """Byte allocation inside the L1 pool: size classes whose objects live in slabs carved on demand.
 
 The pool is cut into ``n_slabs`` slabs of ``slab_bytes`` (a multiple of the native protocol's chunk size).
-Every object size seen (rounded up to :data:`ALIGN`) is a size class.  A class of objects no larger than a
-slab packs ``slab_bytes // size`` of them into each slab it owns; a larger object takes a run of
-``ceil(size / slab_bytes)`` contiguous slabs of its own.  A slab is carved from the free slabs when its class
-has no free spot, and given back as soon as its last object is freed, so space moves between classes (models)
-as their share of the recently used objects moves.  Offsets are byte offsets into the pool.
+Every object size held (rounded up to :data:`ALIGN`) is a size class.  A class of objects no larger than a slab
+packs ``slab_bytes // size`` of them into each slab it owns; a larger object takes a run of ``ceil(size /
+slab_bytes)`` contiguous slabs of its own.  A slab is carved from the free slabs when its class has no free spot,
+and given back as soon as its last object is freed, so space moves between classes (models) as their share of the
+recently used objects moves; a class goes with its last object (a client may ask for size after size).  Offsets
+are byte offsets into the pool.
 
 Compaction: free spots of one class are no use to another, and a slab only goes back when its last object
 goes, so a mix of sizes strands space in partly used slabs (eviction in LRU order then empties whole slabs
@@ -65,7 +66,7 @@ class SlabAllocator:
         self.capacity_bytes = self.n_slabs * slab_bytes
         self._owner = bytearray(self.n_slabs)  # 0: free, 1: carved by a class
         self._classes: dict[int, _Class] = {}  # by spot size
-        self._by_size: dict[int, _Class] = {}  # by the sizes asked for (a few: one per model and TP layout)
+        self._by_size: dict[int, _Class] = {}  # by the sizes asked for of the classes held (one per layout)
         self.used_bytes = 0
         self.carved_bytes = 0
         self.moved_bytes = 0  # bytes of objects compaction moved, in all
@@ -136,6 +137,10 @@ class SlabAllocator:
             return
         del cls.live[first]
         self._release(cls, first)
+        if not cls.live:  # its last object: the class goes, and every size it served (a layout may never return)
+            del self._classes[cls.spot]
+            for size in [size for size, served in self._by_size.items() if served is cls]:
+                del self._by_size[size]
 
     def _release(self, cls: _Class, first: int) -> None:
         """An emptied slab (run) goes back to the free slabs."""

@@ -75,6 +75,27 @@ def test_fragmentation_counts_free_spots_padding_and_slab_tails():
     assert {1024: (1, 1), MIB // 3 * 2 // ALIGN * ALIGN + ALIGN: (1, 1)} == alloc.classes()
 
 
+def test_a_size_class_is_forgotten_with_its_last_object():
+    """A client that registers layout after layout asks for ever new object sizes: a class, and every size asked for
+    that it serves, is kept only while it holds an object, so the allocator's memory follows what the pool holds,
+    not how many sizes were ever asked for.  A forgotten size asked for again gets a class anew."""
+    alloc = SlabAllocator(4 * MIB, MIB)
+    kept = alloc.alloc(ALIGN)  # one class keeps an object throughout
+    for size in range(ALIGN + 1, ALIGN + 2000):  # 1,999 sizes, each allocated and freed
+        alloc.free(alloc.alloc(size), size)
+    assert ({ALIGN: (1, 1)}, [ALIGN]) == (alloc.classes(), sorted(alloc._classes))
+    assert [ALIGN] == list(alloc._by_size)
+    twice = [alloc.alloc(3 * ALIGN), alloc.alloc(3 * ALIGN - 1)]  # two sizes of one class: one slab
+    assert [MIB, MIB + 3 * ALIGN] == twice and {ALIGN: (1, 1), 3 * ALIGN: (1, 2)} == alloc.classes()
+    alloc.free(twice[0], 3 * ALIGN)
+    assert [ALIGN, 3 * ALIGN - 1, 3 * ALIGN] == sorted(alloc._by_size)  # the class still holds an object
+    alloc.free(twice[1], 3 * ALIGN - 1)
+    alloc.free(kept, ALIGN)
+    assert ({}, {}, {}, 0, 0) == (alloc._classes, alloc._by_size, alloc.classes(), alloc.used_bytes,
+                                  alloc.carved_bytes)
+    assert 0 == alloc.alloc(5 * ALIGN)
+
+
 def test_an_object_larger_than_the_pool_never_fits():
     """fits() is False and alloc() None for more bytes than the whole pool, whatever is free."""
     alloc = SlabAllocator(4 * MIB, MIB)
