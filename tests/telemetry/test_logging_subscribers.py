@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 
 import pytest
-import structlog
+from support.log_lines import LogLines, logging_restored
 
 from mpcache.contract.events import EventType as E
 from mpcache.logs import configure_logging
@@ -27,20 +26,11 @@ from mpcache.telemetry.subscribers.logging import (
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z$")
 
 
-class _ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
 class Captured:
     """The telemetry process's logger, and what it wrote, parsed."""
 
     def __init__(self) -> None:
-        self.handler = _ListHandler()
+        self.handler = LogLines()
         self.logger = None
 
     def configure(self, level: str):
@@ -59,16 +49,8 @@ class Captured:
 
 @pytest.fixture
 def captured():
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    yield Captured()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in saved[0]:
-        root.addHandler(handler)
-    root.setLevel(saved[1])
-    structlog.reset_defaults()
-    structlog.contextvars.clear_contextvars()
+    with logging_restored():
+        yield Captured()
 
 
 def _subscribe(pipeline, config, captured, level):

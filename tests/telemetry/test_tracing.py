@@ -6,6 +6,7 @@ be exactly the timestamp of the event that opened or closed it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -13,9 +14,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from support.log_lines import LogLines, logging_restored
 
 from mpcache.contract.events import EventType as E
 from mpcache.errors import ConfigError
+from mpcache.logs import configure_logging
 from mpcache.telemetry import otlp
 from mpcache.telemetry.subscribers.spans import INCOMPLETE
 from mpcache.telemetry.subscribers.tracing import (
@@ -97,6 +100,38 @@ def test_request_end_with_nothing_in_flight_closes_the_root_at_its_own_time(pipe
     root = spans.one("request")
     assert ((at(0), at(30)), None, {"session_id": "r1"}) == (times(root), root.parent, dict(root.attributes))
     assert 0 == spans.subscriber.open_sessions
+
+
+@pytest.fixture
+def debug_log():
+    """The telemetry process's logging at debug, as ``configure_logging`` sets it, and put back after."""
+    with logging_restored():
+        lines = LogLines()
+        configure_logging("telemetry", "test-instance", "debug", handlers=[lines])
+        yield lines
+
+
+def test_an_end_without_its_start_costs_only_itself(pipeline, spans, debug_log):
+    """An END whose session the subscriber no longer holds (evicted past the cap, expired, or opened before a
+    telemetry restart), and one whose session holds no START of it, are skipped and logged at debug with the event's
+    name: the request after them in the same batch still becomes spans, and the subscriber raises nothing."""
+    pipeline.publish(E.MP_STORE_END, ("cpu", 7, "llama", 1, 4096, 256), session_id="gone", timestamp_ns=at(0))
+    pipeline.publish(E.MP_REQUEST_START, session_id="held", timestamp_ns=at(1))
+    pipeline.publish(E.MP_RETRIEVE_END, ("cpu", 7, "llama", "", 1, 4096, 256), session_id="held",
+                     timestamp_ns=at(2))
+    pipeline.publish(E.MP_REQUEST_END, session_id="held", timestamp_ns=at(3))
+    pipeline.publish(E.MP_REQUEST_START, session_id="r1", timestamp_ns=at(4))
+    store(pipeline, "r1", 5, 9)
+    pipeline.publish(E.MP_REQUEST_END, session_id="r1", timestamp_ns=at(10))
+    pipeline.deliver()
+    assert {} == pipeline.bus.subscriber_exception_counts()
+    assert ["mp.store", "request", "request"] == spans.names()
+    assert [(at(5), at(9))] == [times(span) for span in spans.named("mp.store")]
+    logged = [json.loads(line) for line in debug_log.lines]
+    assert [("tracing.end_without_session", "mp.store.end", "gone"),
+            ("tracing.end_without_start", "mp.retrieve.end", "held")] == [
+        (record["event"], record["event_name"], record["session_id"]) for record in logged
+        if record["event"].startswith("tracing.end_without")]
 
 
 def test_store_becomes_a_child_with_native_typed_attributes(pipeline, spans):

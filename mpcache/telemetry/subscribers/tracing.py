@@ -158,13 +158,13 @@ class MPServerTracing(_Component):
     def _child_end(self, event: Event) -> None:
         root = self.roots.get(event.session_id)
         if root is None:
-            log.debug("tracing.end_without_session", event=event.name, session_id=event.session_id)
+            log.debug("tracing.end_without_session", event_name=event.name, session_id=event.session_id)
             return
         self.roots.touch(event.session_id, event.timestamp_ns)
         op, _, key_fields = _MP_STARTS[_MP_ENDS[event.etype]]
         child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if child is None:
-            log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
+            log.debug("tracing.end_without_start", event_name=event.name, session_id=event.session_id)
         else:
             child.span.set_attributes(_attributes(event.fields))
             child.span.end(end_time=event.timestamp_ns)
@@ -253,7 +253,7 @@ class BlendTracing(_Component):
             self.roots.touch(event.session_id, event.timestamp_ns)
             child = self.roots.pop_child(root, (event.producer, op, *(event.fields[f] for f in key_fields)))
         if root is None or child is None:  # (child is None whenever root is)
-            log.debug("tracing.end_without_start", event=event.name, session_id=event.session_id)
+            log.debug("tracing.end_without_start", event_name=event.name, session_id=event.session_id)
             return
         child.span.set_attributes(_attributes(event.fields))
         if event.fields.get("success") is False:
