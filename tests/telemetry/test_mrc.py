@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import OrderedDict
 
+import msgpack
 import pytest
 
 from mpcache.contract.keys import SAMPLE_MODULUS
@@ -220,6 +221,23 @@ def test_a_key_looked_up_but_never_stored_stays_cold_until_a_store_or_a_hit_show
     curves.take_counts()
     curves.lookup(MODEL, SALT, 1, [(key, HEAD, MISS, 1) for key in (never, hit_once, l2_once, gap_once)])
     assert ({("evicted", MODEL, SALT): 4.0}, {(MODEL, SALT): 4.0}) == tuple(dict(c) for c in curves.take_counts())
+
+
+def test_a_found_key_the_threshold_drops_as_it_is_tracked_is_not_kept_stored():
+    """A key found in a lookup whose insert lowers its stratum's threshold past the key itself is not tracked: it
+    is not kept as stored either, so ``stored`` stays within the stack, and the history a restarted telemetry process
+    checks is accepted (a stored key the stack does not hold made it refuse the whole checkpoint).  A client can
+    aim at that: the threshold is what ``/mrc``'s head rate says, and its keys are the chunk hashes it sends."""
+    curves = CurveSet(0.01, 256, {"l1": 64 << 30})
+    history = curves._histories[0]
+    for number in range(256):  # a full head stratum of ordinary keys, each found
+        curves.lookup(MODEL, SALT, 1, [(((number + 1) * 2048, SALT, MODEL), HEAD, L1_HIT, 1)])
+    for number in range(300):  # each just under the threshold: the highest tracked, the first its insert drops
+        residue = round(curves.head_rate * SAMPLE_MODULUS) - 1
+        curves.lookup(MODEL, SALT, 1, [((residue + (number + 1) * SAMPLE_MODULUS, SALT, MODEL), HEAD, L1_HIT, 1)])
+    assert history.stored <= {row for row, _ in history.stack.entries()}
+    saved = msgpack.unpackb(msgpack.packb(curves.save_history(), use_bin_type=True), raw=False)
+    curves.load_state(curves.save_curves(), saved)()
 
 
 def test_keys_above_the_threshold_are_ignored_and_estimates_scale_by_one_over_the_rate():

@@ -302,9 +302,10 @@ class History:
             self._insert(row, nbytes, stratum)
         else:
             return False
-        if found != MISS:  # found in a tier, or held past the gap: stored here
+        tracked = row in stack  # (the insert may have lowered the threshold past the key itself: not tracked)
+        if found != MISS and tracked:  # found in a tier, or held past the gap: stored here
             self.stored.add(row)
-        return row in stack
+        return tracked
 
     def _tail(self, head: Row | None, tail: int, tail_found: tuple[int, int], size: int, depth: list[float],
               uncovered: list[tuple[float, str]], common: int) -> list[Judged]:
