@@ -206,6 +206,25 @@ def test_skipped_chunks_must_name_each_groups_positions_of_the_key(served, skipp
     assert why in logged(capsys, "client.error")[-1]
 
 
+def test_an_instance_registered_again_under_another_model_leaves_no_groups_behind(lmcache):
+    """One instance registered again under another model or TP size: its KV cache groups are the new registration's
+    alone; the old model and TP size are served as one group again, as before it registered, and unregistering leaves
+    none (a client re-registering one instance under ever new names kept every name's groups, and a lookup of an old
+    name took the hybrid path with layouts nobody had registered)."""
+    harness, client = lmcache()
+    assert 256 == client.call("negotiate_chunk_size", 16)
+    registrations = harness.server.lmcache.engine.registrations
+    client.call("register", hybrid(1))
+    assert 3 == len(registrations.groups_of(MODEL, 1))
+    for number, world_size in ((1, 1), (2, 2)):
+        client.call("register", {**hybrid(1), "model_name": f"org/other-{number}", "world_size": world_size})
+    assert [None, None, 3] == [None if found is None else len(found) for found in (
+        registrations.groups_of(MODEL, 1), registrations.groups_of("org/other-1", 1),
+        registrations.groups_of("org/other-2", 2))]
+    client.call("unregister", 1)
+    assert registrations.groups_of("org/other-2", 2) is None
+
+
 def test_a_one_group_registration_may_send_no_skips_and_gets_no_group_ids(lmcache):
     _, client = lmcache()
     client.call("register", {**registration(1, hidden=128), "group_layouts": []})

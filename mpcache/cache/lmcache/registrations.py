@@ -162,9 +162,13 @@ class Registrations:
             raise RequestError(f"at most {MAX_INSTANCES} registered instances per cache process")
         self._chunk_bound = True
         self._warn_if_too_large(registration)
+        replaced = self._by_id.get(instance)
         self._by_id[instance] = registration
         self._owners[instance] = owner
         self._index_groups(registration.model_name, registration.world_size)
+        if replaced is not None and (replaced.model_name, replaced.world_size) != (registration.model_name,
+                                                                                   registration.world_size):
+            self._index_groups(replaced.model_name, replaced.world_size)  # its groups, unless another holds them
         self._told_unknown.discard(instance)
         self._seen[instance] = self._ctx.clock()
         if instance not in self._slots:
