@@ -114,3 +114,16 @@ def test_what_is_kept_is_held_to_one_byte_bound() -> None:
     cache.forget("r5")
     cache.forget("r5")
     assert len(cache) == kept - 1
+
+
+def test_a_layout_s_ranks_are_charged_with_its_keys() -> None:
+    """A client may ask for one request's keys under every TP size up to 4,096, with a key too short for a whole
+    chunk (no L1 key to keep): what each layout keeps is its ranks, up to 4,096 numbers, and that is charged, so the
+    ranks kept stay within the bound (charged nothing, every layout was kept: gigabytes under a 64 MiB bound)."""
+    bound = 1 << 20
+    cache = KeyCache(MAX_TOKENS, CHUNK, max_bytes=bound)
+    for world_size in range(1, 4097):
+        short = cache.key(_frame([7], "r1", world_size=world_size))
+        assert [] == cache.chunk_keys(short, tuple(range(world_size)), 0, 1)
+    ranks_kept = sum(len(ranks) for entry in cache._entries.values() for _, ranks, _ in entry.ranked)
+    assert 0 < ranks_kept and keycache.INT_BYTES * ranks_kept <= cache.bytes_kept <= bound

@@ -13,7 +13,7 @@ Within a tenant: a token list, and whatever came of it, is reused only for a fra
 nothing about another salt's prompts.  Reuse needs byte-equal tokens, so it gives exactly what parsing and hashing
 would.
 
-One bound: what is kept is charged in bytes (the tokens and their encoding, ``INT_BYTES`` per hash or key,
+One bound: what is kept is charged in bytes (the tokens and their encoding, ``INT_BYTES`` per hash, key or rank,
 ``KEY_BYTES`` and the frame's rest per parsed key, ``ENTRY_BYTES`` per request) and held to ``MAX_BYTES``, the
 least recently used request out first; what would take one request past it is computed and not kept.  A request's
 entry goes with its end_session.
@@ -113,7 +113,7 @@ class KeyCache:
             ranked = rank_hashes(hashes, key.world_size, ranks)
             if groups > 1:
                 ranked = group_keys(ranked, len(ranks), groups)
-            if entry is not None and self._grow(entry, INT_BYTES * len(ranked)):
+            if entry is not None and self._grow(entry, INT_BYTES * (len(ranked) + len(ranks))):  # its ranks too
                 entry.ranked[layout] = ranked
         per = len(ranks) * groups
         return ranked[first * per : last * per]
