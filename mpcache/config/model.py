@@ -179,8 +179,9 @@ class Config:
                                   "distinct cache_salt values per metric before __overflow__ (default {default})",
                                   group=TELEMETRY)
     metric_series_cap: int = setting(
-        Integer(1), 1500, "attribute sets per metric before new cache_salt/model_name values read __overflow__ "
-        "(default {default}, below the OpenTelemetry SDK's 2000)", group=TELEMETRY)
+        Integer(1), 1500, "attribute sets per metric before new client-chosen values (cache_salt, model_name, "
+        "engine, instance and worker ids, device) read __overflow__ (default {default}, below the OpenTelemetry "
+        "SDK's 2000)", group=TELEMETRY)
     # the telemetry process's checkpoints (two of them, in a shared-memory segment the supervisor owns) hold its
     # counters, histograms and subscriber state with the ring cursors they cover, so a restart goes on counting
     telemetry_state_bytes: int = setting(

@@ -1,9 +1,10 @@
 """Label cardinality policy: per metric, at most ``cap`` distinct ``cache_salt`` values and at most
 ``series_cap`` attribute sets; values beyond either are reported as ``__overflow__``.
 
-``cache_salt`` and ``model_name`` are chosen by clients, so a runaway tenant or model population costs
-a bounded number of series per metric (below the OpenTelemetry SDK's own 2000-series limit, which would
-fold them into ``otel_metric_overflow`` with no attributes at all).
+``cache_salt``, ``model_name``, the engine, instance and worker ids and the device (which names a worker's rank)
+are chosen by clients, so a runaway tenant, model or engine population costs a bounded number of series per metric
+(below the OpenTelemetry SDK's own 2000-series limit, which would fold them into ``otel_metric_overflow`` with no
+attributes at all).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from mpcache.telemetry import statecheck
 
 OVERFLOW_SALT = "__overflow__"
-CLIENT_LABELS = frozenset({"cache_salt", "model_name"})
+CLIENT_LABELS = frozenset({"cache_salt", "model_name", "engine_id", "instance_id", "worker_id", "device"})
 DEFAULT_SERIES_CAP = 1500
 
 
@@ -46,7 +47,7 @@ class SaltCap:
 
 class SeriesCap:
     """The admitted attribute sets of one metric: past ``cap``, a new set keeps its service-chosen values and
-    reports its client-chosen ones (``cache_salt``, ``model_name``) as ``__overflow__``."""
+    reports its client-chosen ones (:data:`CLIENT_LABELS`) as ``__overflow__``."""
 
     def __init__(self, names: Sequence[str], cap: int = DEFAULT_SERIES_CAP) -> None:
         if cap < 1:

@@ -50,3 +50,35 @@ def test_thousands_of_model_names_stay_below_the_sdks_series_limit(pipeline, rin
     assert 4200 * 256 == sum(series.values())
     assert (4200 - 1500) * 256 == metrics.value("lmcache_mp.lookup_requested", model_name=OVERFLOW_SALT,
                                                 cache_salt=OVERFLOW_SALT)
+
+
+def test_numbers_and_devices_clients_choose_fold_past_the_cap_too():
+    """An engine id, an instance id and a worker id are any number a client sends, and a device names the worker's
+    rank: past the cap they read __overflow__ with the model and salt, so a client sending a new engine id per
+    request cannot grow a metric's series (nor the checkpoint that keeps them)."""
+    from mpcache.telemetry.cardinality import SeriesCap
+
+    engines = SeriesCap(("engine_id", "device", "model_name"), 1)
+    assert [("7", "cpu:0", "m"), (OVERFLOW_SALT,) * 3, ("7", "cpu:0", "m")] == [
+        engines(v) for v in (("7", "cpu:0", "m"), ("8", "cpu:1", "m"), ("7", "cpu:0", "m"))]
+    instances = SeriesCap(("instance_id", "model_name"), 1)
+    assert [("2", "m"), (OVERFLOW_SALT,) * 2] == [instances(("2", "m")), instances(("3", "m"))]
+
+
+def test_thousands_of_engine_ids_stay_within_the_series_cap(pipeline, metrics):
+    """1,000 engine ids, each delivering chunks: ``num_chunks_loaded`` keeps at most cap + 1 series, the later
+    engines counted under __overflow__ (nothing lost)."""
+    from mpcache.contract.events import EventType as E
+    from mpcache.telemetry.metric_table import SECTIONS_BY_KEY
+    from mpcache.telemetry.subscribers.metrics.counters import TableCountersSubscriber
+
+    pipeline.subscribe(TableCountersSubscriber(metrics.provider.get_meter("t"), SECTIONS_BY_KEY["Engine"], 10_000,
+                                               (), 50))
+    for engine in range(1000):
+        pipeline.publish(E.MP_RETRIEVE_END, ("cpu:0", engine, "m", "t", 2, 8192, 512), session_id=f"r{engine}")
+        if engine % 200 == 199:
+            pipeline.deliver()
+    series = metrics.series("lmcache_mp.num_chunks_loaded")
+    assert len(series) == 51 and 2000 == sum(series.values())
+    assert (1000 - 50) * 2 == metrics.value("lmcache_mp.num_chunks_loaded", worker_id=OVERFLOW_SALT,
+                                            model_name=OVERFLOW_SALT, cache_salt=OVERFLOW_SALT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mpcache.config import Config
 from mpcache.contract.events import EventType
+from mpcache.telemetry.cardinality import CLIENT_LABELS
 from mpcache.telemetry.metric_table.grids import GRID_TITLES
 from mpcache.telemetry.metric_table.model import Derivation, Label, MetricSpec, Origin, Section, Source
 
@@ -34,7 +35,9 @@ _INTRODUCTION = [
     "attributes are exported from start-up with value 0. Lifecycle histograms are sampled",
     f"(`--metrics-sample-rate`, default {Config.metrics_sample_rate * 100:g} %); counters count every event. "
     "`cache_salt` is capped",
-    "per metric (`--cache-salt-cap`): values beyond the cap are reported as `__overflow__`.",
+    "per metric (`--cache-salt-cap`): values beyond the cap are reported as `__overflow__`; past",
+    f"`--metric-series-cap` ({Config.metric_series_cap:,}) attribute sets, so are a new set's client-chosen values",
+    "(" + ", ".join(f"`{label}`" for label in sorted(CLIENT_LABELS)) + ").",
     "A subscriber that raises is counted in `lmcache_mp_event_bus_subscriber_exceptions_total` under its",
     "name; the one that computes a section's plain counters is named under the section's heading.",
     "",
