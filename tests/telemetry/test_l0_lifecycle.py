@@ -154,3 +154,37 @@ def test_tracked_blocks_are_bounded_least_recently_touched_first(pipeline, metri
     allocate(pipeline, 4, ("D", 2, 99))  # block 2 was forgotten: first seen again
     pipeline.deliver()
     assert ((2, 2), NONE) == (state, samples(metrics))
+
+
+def test_requests_that_never_end_are_ended_oldest_first_past_the_bound(pipeline, metrics):
+    """A client reporting one block under ever new request ids and never ending them would grow the block's owners
+    and the request index without bound: past ``OWNERS_PER_BLOCK`` × ``max_tracked`` (request, block) pairs the
+    oldest request is taken as ended then.  Its blocks lose it as an owner; one it owned alone is released, so the
+    next request's allocation of the same contents is a reuse, not a co-owner."""
+    from mpcache.telemetry.subscribers.metrics.l0_lifecycle import OWNERS_PER_BLOCK
+
+    l0 = L0LifecycleSubscriber(metrics.meter, max_tracked=2)
+    pipeline.subscribe(l0)
+    bound = OWNERS_PER_BLOCK * 2
+    allocate(pipeline, 0, ("alone", 9, 999))
+    for number in range(3 * bound):
+        allocate(pipeline, 1, (f"r{number}", 5, 111))
+    pipeline.deliver()
+    assert (2, bound) == (l0.tracked, l0.requests_indexed)
+    assert NONE == samples(metrics)
+    allocate(pipeline, 5, ("again", 9, 999))  # "alone" was ended: released, so this is a reuse (gap from its use)
+    pipeline.deliver()
+    assert (NONE[:2], (1, 5.0)) == (samples(metrics)[:2], samples(metrics)[2])
+
+
+def test_a_saved_state_with_more_owners_than_the_bound_is_refused(pipeline, metrics):
+    from mpcache.telemetry.subscribers.metrics.l0_lifecycle import OWNERS_PER_BLOCK
+
+    l0 = L0LifecycleSubscriber(metrics.meter, max_tracked=2)
+    pipeline.subscribe(l0)
+    allocate(pipeline, 0, *[(f"r{number}", 5, 111) for number in range(OWNERS_PER_BLOCK * 2)])
+    pipeline.deliver()
+    state = l0.save_state()
+    state["blocks"][0][-1].append("one more")
+    with pytest.raises(ValueError, match="more request owners than this subscriber tracks"):
+        L0LifecycleSubscriber(metrics.meter, max_tracked=2).load_state(state)

@@ -22,7 +22,10 @@ session_id is the request id).  Per block, keyed by (instance_id, block_id):
 
 Samples carry the attributes of the contents they describe.  State is bounded:
 at most ``max_tracked`` blocks, the least recently touched dropped first
-(without a sample), along with their entries in the request index.
+(without a sample), along with their entries in the request index; and at most
+:data:`OWNERS_PER_BLOCK` × ``max_tracked`` (request, block) ownerships: past
+them the request that began owning first is taken as ended then (a client may
+report blocks under ever new request ids and never end them).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from mpcache.telemetry.cardinality import DEFAULT_SERIES_CAP, SeriesCap
 from mpcache.telemetry.otel import create_instrument
 
 DEFAULT_MAX_TRACKED = 100_000
+OWNERS_PER_BLOCK = 4  # (request, block) ownerships kept per block tracked, on average (past them: oldest ended)
 
 BlockKey = tuple[int, int]  # (instance_id, block_id)
 
@@ -67,8 +71,10 @@ class L0LifecycleSubscriber(Subscriber):
         self._idle = create_instrument(meter, "lmcache_mp.l0_block_idle_before_evict")
         self._reuse_gap = create_instrument(meter, "lmcache_mp.l0_block_reuse_gap")
         self._max_tracked = max_tracked
+        self._max_owned = OWNERS_PER_BLOCK * max_tracked
         self._blocks: OrderedDict[BlockKey, _Block] = OrderedDict()  # least recently touched first
-        self._by_request: dict[str, set[BlockKey]] = {}  # request id -> blocks it owns
+        self._by_request: dict[str, set[BlockKey]] = {}  # request id -> blocks it owns, first owner first
+        self._owned = 0  # (request, block) pairs in ``_by_request``
 
     @property
     def tracked(self) -> int:
@@ -112,10 +118,13 @@ class L0LifecycleSubscriber(Subscriber):
                 by_request.setdefault(owner, set()).add((instance, block_id))
         if len(blocks) > self._max_tracked:
             raise ValueError("more blocks than this subscriber tracks")
+        owned = sum(map(len, by_request.values()))
+        if owned > self._max_owned:
+            raise ValueError("more request owners than this subscriber tracks")
         series = self._series.load_state(saved["series"])
 
         def adopt() -> None:
-            self._blocks, self._by_request = blocks, by_request
+            self._blocks, self._by_request, self._owned = blocks, by_request, owned
             series()
         return adopt
 
@@ -133,7 +142,7 @@ class L0LifecycleSubscriber(Subscriber):
                 block.owners = {request_id}
                 block.released_ns = None
             block.last_access_ns = now_ns
-            self._by_request.setdefault(request_id, set()).add(key)
+            self._own(request_id, key, now_ns)
             return
         if block is not None:  # other contents: the old ones were evicted
             idle_since = block.last_access_ns if block.released_ns is None else block.released_ns
@@ -141,13 +150,25 @@ class L0LifecycleSubscriber(Subscriber):
             self._idle.record(max(0, now_ns - idle_since) / 1e9, block.attributes)
             self._forget(key, block)
         self._blocks[key] = _Block(token_hash, attributes, now_ns, request_id)
-        self._by_request.setdefault(request_id, set()).add(key)
+        self._own(request_id, key, now_ns)
         if len(self._blocks) > self._max_tracked:
             oldest_key, oldest = self._blocks.popitem(last=False)
             self._unindex(oldest_key, oldest)
 
+    def _own(self, request_id: str, key: BlockKey, now_ns: int) -> None:
+        """``request_id`` owns ``key`` (in the index); past the bound on ownerships, the request that began
+        owning first is taken as ended now."""
+        keys = self._by_request.setdefault(request_id, set())
+        if key not in keys:
+            keys.add(key)
+            self._owned += 1
+            while self._owned > self._max_owned:
+                self._ended(next(iter(self._by_request)), now_ns)
+
     def _ended(self, request_id: str, now_ns: int) -> None:
-        for key in self._by_request.pop(request_id, ()):
+        keys = self._by_request.pop(request_id, ())
+        self._owned -= len(keys)
+        for key in keys:
             block = self._blocks.get(key)
             if block is None:
                 continue
@@ -164,7 +185,8 @@ class L0LifecycleSubscriber(Subscriber):
         """Remove ``key`` from the index entries of its owners."""
         for owner in block.owners:
             keys = self._by_request.get(owner)
-            if keys is not None:
-                keys.discard(key)
+            if keys is not None and key in keys:
+                keys.remove(key)
+                self._owned -= 1
                 if not keys:
                     del self._by_request[owner]
