@@ -58,6 +58,11 @@ def _has_field(etype: EventType, name: str) -> bool:
 
 _MASK64 = (1 << 64) - 1
 _KNOWN_ETYPES = tuple(sorted(int(e) for e in EventType))
+# the fewest cells a record of each type byte takes: its head, and the cells its fixed fields spill into
+_LEAST_CELLS = np.ones(256, dtype=np.int64)
+for _etype in EventType:
+    _LEAST_CELLS[int(_etype)] = 1 - (-max(0, len(SCHEMAS[_etype].fields) - layout.HEAD_FIELD_SLOTS)
+                                     // layout.SLOTS_PER_CELL)
 _INLINE_SALT_ETYPES = tuple(sorted(int(e) for e in EventType if has_inline_salt(e)))
 
 
@@ -110,7 +115,13 @@ class EventBatch:
 
     def __init__(self, producer: int, cells: np.ndarray, names: NameTable) -> None:
         known = rows_of(cells["etype"], _KNOWN_ETYPES)
-        self.unknown_records = int(np.count_nonzero(known[cells["kind"] == layout.CELL_HEAD] == 0))
+        heads = cells["kind"] == layout.CELL_HEAD
+        head_cells = cells[heads]
+        short = head_cells["index"] < _LEAST_CELLS[head_cells["etype"]]  # too few cells for its type's fields
+        if short.any():  # left out whole: its head and the cells after it
+            known = known & ~short[np.cumsum(heads) - 1]
+        # records of a type this reader does not know, or too short for their type's fields: counted, left out
+        self.unknown_records = int(np.count_nonzero(known[heads] == 0))
         self.producer = producer
         self.cells = cells[known] if self.unknown_records else cells
         self.names = names
@@ -180,9 +191,7 @@ class EventBatch:
         per cell of the record where :meth:`field_column` makes one per field."""
         heads = self._type_heads(etype)
         nfields = len(SCHEMAS[etype].fields)
-        extra_cells = -(-max(0, nfields - layout.HEAD_FIELD_SLOTS) // layout.SLOTS_PER_CELL)
-        if extra_cells and len(heads) and int(self.cells["index"][heads].min()) < 1 + extra_cells:
-            raise ValueError(f"a {etype.name} record is shorter than its fields")  # never read the next record's
+        extra_cells = int(_LEAST_CELLS[etype]) - 1  # (a record with fewer is not in the batch)
         slots = self.cells["slots"]
         parts = [slots[heads, 1 : 1 + min(nfields, layout.HEAD_FIELD_SLOTS)]]
         for cell in range(1, 1 + extra_cells):

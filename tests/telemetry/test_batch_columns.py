@@ -6,7 +6,6 @@ import random
 import struct
 
 import numpy as np
-import pytest
 
 from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS, SCHEMAS, FieldKind
 from mpcache.contract.events import EventType as E
@@ -139,16 +138,17 @@ def test_fixed_fields_match_decoded_events_for_every_layout(ring):
         assert (etype, 0 if etype == E.MP_STORE_START else 4, expected) == (etype, len(got), got)
 
 
-def test_fixed_fields_refuse_a_record_shorter_than_its_fields(ring):
-    """A record whose length leaves out FIELDS cells its schema has (a buggy producer) is one clear error, not
-    fields read from the record after it."""
+def test_fixed_fields_never_read_a_short_record_s_fields_from_the_record_after_it(ring):
+    """A record whose length leaves out FIELDS cells its schema has (a buggy producer) is not in the batch: no
+    fields read from the record after it, which the batch keeps."""
     ring.publisher.emit(E.LMCACHE_REQUEST_TIMES, ("lookup", *range(len(SCHEMAS[E.LMCACHE_REQUEST_TIMES].fields) - 1)))
     ring.publisher.emit(E.MP_STORE_END, ("cpu", 1, "m", 2, 4096, 512))
     cells = ring.reader.read_batch()
     short = np.concatenate((cells[:1], cells[cells["etype"] == E.MP_STORE_END]))
     short["index"][0] = 1
-    with pytest.raises(ValueError, match="shorter than its fields"):
-        EventBatch(0, short, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES)
+    batch = EventBatch(0, short, ring.names)
+    assert (1, 0, 1) == (batch.unknown_records, len(batch.fixed_fields(E.LMCACHE_REQUEST_TIMES)),
+                         batch.count([E.MP_STORE_END]))
     assert 1 == len(EventBatch(0, cells, ring.names).fixed_fields(E.LMCACHE_REQUEST_TIMES))
 
 
@@ -158,3 +158,23 @@ def test_rows_of_is_isin():
     column = rng.integers(0, 256, 5000).astype(np.uint8)
     for wanted in ([], [int(E.MP_STORE_END)], [int(e) for e in E], rng.integers(0, 256, 40).tolist()):
         assert np.array_equal(np.isin(column, wanted), rows_of(column, wanted))
+
+
+def test_a_record_shorter_than_its_type_s_fields_is_dropped_and_counted_not_the_batch(ring):
+    """A record whose cells cannot hold its type's fixed fields (corrupt shared memory, or a writer that broke off)
+    is left out of the batch and counted with the records of unknown types; the rest of the batch reads as it would
+    without it (a subscriber reading the type's fields whole lost the whole batch to it)."""
+    pad = (0,) * (len(MRC_HEAD_FIELDS) - 1 + len(MRC_TAIL_MARK_FIELDS))
+    for number in range(4):
+        ring.publisher.emit(E.MRC_LOOKUP_SAMPLED, ("m", "", 1, 1, 1, 1, 0, 0, 0, number + 1, *pad))
+    cells = ring.reader.read_batch()
+    whole = EventBatch(0, cells, ring.names)
+    heads = np.flatnonzero(cells["kind"] == cells["kind"][0])
+    short = cells[heads[0]:heads[0] + 1].copy()
+    short["index"] = 1  # a record of its head cell alone, where the type needs more
+    spliced = np.concatenate((cells[:heads[2]], short, cells[heads[2]:]))
+    batch = EventBatch(0, spliced, ring.names)
+    assert (0, 1, 4) == (whole.unknown_records, batch.unknown_records, len(batch))
+    assert whole.fixed_fields(E.MRC_LOOKUP_SAMPLED).tolist() == batch.fixed_fields(E.MRC_LOOKUP_SAMPLED).tolist()
+    assert [event.fields for event in whole.events([E.MRC_LOOKUP_SAMPLED])] == [
+        event.fields for event in batch.events([E.MRC_LOOKUP_SAMPLED])]
