@@ -44,6 +44,7 @@ SUBSCRIBE_TIMEOUT_S = 5.0  # a subscription unanswered this long is sent again (
 MAX_SUBSCRIBE_TIMEOUT_S = 60.0  # the wait doubles while subscriptions go unanswered (a loaded cache process)
 HEARTBEAT_S = 1.0  # an empty batch after this long without a message: a lost last message shows as a gap
 BUFFER_STEPS = 10_000  # messages kept for replay, vLLM's default
+BUFFER_BYTES = 64 << 20  # and their payloads' bytes at the most (a full batch of long blocks is about a megabyte)
 HWM = 100_000  # the PUB socket's high-water mark, vLLM's default
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _CLEARED = {"type": "AllBlocksCleared"}
@@ -98,7 +99,8 @@ class _Feed:
         self.dealer.setsockopt(zmq.LINGER, 0)
         self.dealer_monitor = self.dealer.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.dealer.connect(source)
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=BUFFER_STEPS)
+        self.buffer: deque[tuple[int, bytes]] = deque()  # within BUFFER_STEPS messages and BUFFER_BYTES
+        self.buffered_bytes = 0
         self.seqs = itertools.count(time.time_ns() // 1000)
         self.last_clear = -1  # the seq of the newest AllBlocksCleared published
         self.resync_asked = False  # a snapshot was asked for and its AllBlocksCleared has not gone out yet
@@ -179,7 +181,11 @@ class _Feed:
     def publish(self, events: list[dict[str, Any]]) -> None:
         seq = next(self.seqs)
         payload = msgpack.packb([time.time(), events, self.worker])
-        self.buffer.append((seq, payload))
+        buffer = self.buffer
+        buffer.append((seq, payload))
+        self.buffered_bytes += len(payload)
+        while len(buffer) > BUFFER_STEPS or (self.buffered_bytes > BUFFER_BYTES and len(buffer) > 1):
+            self.buffered_bytes -= len(buffer.popleft()[1])  # the oldest: the newest is kept, however long
         counts = self.counts
         counts.messages += 1
         if events and events[0] is _CLEARED:

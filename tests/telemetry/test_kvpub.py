@@ -122,3 +122,29 @@ def replay(port: int, start: int) -> list[tuple[int, bytes]]:
             out.append((int.from_bytes(seq, "big"), payload))
     finally:
         socket.close(linger=0)
+
+
+def test_the_replay_buffer_holds_at_most_its_bytes(monkeypatch, tmp_path):
+    """Batches of long blocks fill the replay buffer by bytes long before its count of messages: it keeps the newest
+    within ``BUFFER_BYTES`` (a count alone let full batches hold gigabytes per cache process), and a replay from the
+    start gets those."""
+    monkeypatch.setattr(kvpub, "BUFFER_BYTES", 4096)
+    monkeypatch.setattr(kvpub, "HEARTBEAT_S", 60.0)
+    pub_port, replay_port = free_ports(2, run=True)
+    cache = FakeCache(f"ipc://{tmp_path}/cache.ipc")
+    relay = kvpub.KVEventRelay([(cache.url, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")])
+    relay.start()
+    try:
+        cache.wait_subscription(1)
+        for number in range(6):
+            long_block = {**stored(bytes([number]) * 8), "token_ids": list(range(1000, 1600))}  # ~1.8 kB a batch
+            cache.send([long_block], cursor=number + 1)
+            wait_for(lambda done=number + 1: cache.serve() or cache.acks == done, 10, f"ack {number + 1}")
+        kept = replay(replay_port, 0)
+        assert 6 == relay.counts[0].messages
+        assert 1 < len(kept) < 6 and sum(len(payload) for _, payload in kept) <= 4096
+        assert [seq for seq, _ in kept] == list(range(kept[0][0], kept[0][0] + len(kept)))  # the newest, in order
+        assert msgpack.unpackb(kept[-1][1])[1][0]["block_hashes"] == [bytes([5]) * 8]
+    finally:
+        relay.stop()
+        cache.close()
