@@ -51,6 +51,15 @@ class FakeCache:
         self.router.close(linger=0)
 
 
+def started_relay(tmp_path) -> tuple[FakeCache, kvpub.KVEventRelay, int, int]:
+    """A stand-in cache process and a relay of it, started: (cache, relay, PUB port, replay port)."""
+    pub_port, replay_port = free_ports(2, run=True)
+    cache = FakeCache(f"ipc://{tmp_path}/cache.ipc")
+    relay = kvpub.KVEventRelay([(cache.url, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")])
+    relay.start()
+    return cache, relay, pub_port, replay_port
+
+
 def stored(block: bytes, salt: str = "") -> dict:
     return {"seq": 1, "kind": "stored", "medium": "CPU", "model_name": "m", "block_hashes": [block],
             "parent_block_hash": None, "token_ids": [1, 2], "cache_salt": salt}
@@ -63,10 +72,7 @@ def test_losses_show_as_gaps_and_resyncs(monkeypatch, tmp_path):
     cache process for everything again (cursor 0), published after AllBlocksCleared."""
     monkeypatch.setattr(kvpub, "BUFFER_STEPS", 12)
     monkeypatch.setattr(kvpub, "HEARTBEAT_S", 0.25)
-    pub_port, replay_port = free_ports(2, run=True)
-    cache = FakeCache(f"ipc://{tmp_path}/cache.ipc")
-    relay = kvpub.KVEventRelay([(cache.url, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")])
-    relay.start()
+    cache, relay, pub_port, replay_port = started_relay(tmp_path)
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -130,10 +136,7 @@ def test_the_replay_buffer_holds_at_most_its_bytes(monkeypatch, tmp_path):
     start gets those."""
     monkeypatch.setattr(kvpub, "BUFFER_BYTES", 4096)
     monkeypatch.setattr(kvpub, "HEARTBEAT_S", 60.0)
-    pub_port, replay_port = free_ports(2, run=True)
-    cache = FakeCache(f"ipc://{tmp_path}/cache.ipc")
-    relay = kvpub.KVEventRelay([(cache.url, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")])
-    relay.start()
+    cache, relay, _, replay_port = started_relay(tmp_path)
     try:
         cache.wait_subscription(1)
         for number in range(6):
