@@ -6,6 +6,7 @@ fold/unfold), retrieves of each group's in-window suffix, and an explicit failur
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from support.lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
 
 from mpcache.cache.lmcache import groups
+from mpcache.cache.lmcache.registrations import MIN_OBJECT_BYTES
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 
@@ -183,6 +185,9 @@ def test_the_curves_key_each_group_apart_with_its_own_object_size(served):
     ({"group_layouts": [FULL, {**SLIDING, "window_chunks": -1}]}, "window_chunks"),
     ({"group_layouts": [FULL, {k: v for k, v in SLIDING.items() if k != "hidden_dim_size"}]}, "hidden_dim_size"),
     ({"group_layouts": [FULL, "sliding"]}, "expected a map"),
+    # 1 layer x 16 tokens x 15 x 4 bytes (float32), one of K and V: 960 bytes
+    ({"group_layouts": [FULL, {**RECURRENT, "hidden_dim_size": 15}]}, "an object of 960 bytes per chunk: at least "
+                                                                       f"{MIN_OBJECT_BYTES}"),
 ])
 def test_a_hybrid_registration_that_cannot_be_served_gets_the_failure_reply_naming_why(lmcache, change, why,
                                                                                          capsys):
@@ -191,6 +196,12 @@ def test_a_hybrid_registration_that_cannot_be_served_gets_the_failure_reply_nami
     errors = logged(capsys, "client.error")
     assert 1 == len(errors) and why in errors[0]
     assert NO_RESULT is client.call("lookup", key(list(range(CHUNK)), "r"), 1)  # still serving
+
+
+def test_protocol_md_states_the_smallest_object_served():
+    page = " ".join(open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PROTOCOL.md"),
+                         encoding="utf-8").read().split())
+    assert f"objects of {MIN_OBJECT_BYTES:,} bytes or more per chunk and group" in page
 
 
 @pytest.mark.parametrize(("skipped", "why"), [
