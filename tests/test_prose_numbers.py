@@ -93,7 +93,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.cache.__main__ import DESCRIPTORS_WANTED
     from mpcache.cache.l2 import redis_adapter, trust
     from mpcache.cache.l2 import spec as l2_spec
-    from mpcache.cache.lmcache import frontend, groups, inline, router, transfers, wire, zmtp
+    from mpcache.cache.lmcache import frontend, groups, inline, registrations, router, transfers, wire, zmtp
     from mpcache.cache.native import transport
     from mpcache.client import connection
     from mpcache.client.core import CacheClient
@@ -103,13 +103,14 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.contract.events import MRC_HEAD_FIELDS, MRC_TAIL_MARK_FIELDS
     from mpcache.contract.keys import SAMPLE_MODULUS
     from mpcache.demo import run as demo_run
+    from mpcache.eviction import verdicts
     from mpcache.shm import layout, publish
     from mpcache.supervisor import provision, restart, watch
-    from mpcache.telemetry import buffered, bus
+    from mpcache.telemetry import buffered, bus, kvpub
     from mpcache.telemetry.metric_table import SPECIFIED
     from mpcache.telemetry.mrc import curves, history
     from mpcache.telemetry.subscribers import tracing
-    from mpcache.telemetry.subscribers.metrics import mrc
+    from mpcache.telemetry.subscribers.metrics import l0_lifecycle, mrc
     from mpcache.tools import logtail, report
 
     l2_log_s = _n(_default(storage.StorageManager.__init__, "failure_log_interval_s"))
@@ -337,6 +338,17 @@ def _claims() -> list[tuple[str, str, str]]:
         ("CHANGELOG.md", r"COUNT is 1 to ([\d,]+) and `--seed` 0 or more", f"{trace_gen.MAX_COUNT:,}"),
         ("CHANGELOG.md", r"`--mrc-half-life` is 0 \(off\) or at least (\d+) s", f"{MIN_MRC_HALF_LIFE_S:g}"),
         ("CHANGELOG.md", r"refused setting's value is quoted cut to (\d+) characters", str(kinds.SHOWN_CHARACTERS)),
+        ("CHANGELOG.md", r"and copied and scanned them at each store: a name now keeps its newest (\d+) parts",
+         str(verdicts.STORE_PARTS)),
+        ("CHANGELOG.md", r"charged nothing for a layout's ranks \(up to ([\d,]+) per TP size a client names\): one "
+                         r"request's lookups under every TP size kept gigabytes within its (\d+) MiB bound",
+         f"{wire.MAX_WORLD_SIZE:,} / {keycache.MAX_BYTES >> 20}"),
+        ("CHANGELOG.md", r"A registration with objects under ([\d,]+) bytes per chunk is refused",
+         f"{registrations.MIN_OBJECT_BYTES:,}"),
+        ("CHANGELOG.md", r"taken as ended, oldest first, past (\d+) ownerships per block tracked",
+         str(l0_lifecycle.OWNERS_PER_BLOCK)),
+        ("CHANGELOG.md", r"replay buffer is held to (\d+) MiB of payload besides its ([\d,]+) messages",
+         f"{kvpub.BUFFER_BYTES >> 20} / {kvpub.BUFFER_STEPS:,}"),
         ("CHANGELOG.md", r"so a log line cannot send a terminal escape or forge another line; a line is kept to "
                          r"(\d+) MiB", str(logtail.MAX_LINE_BYTES >> 20)),
         ("docs/ARCHITECTURE.md", r"a record nested more than (\d+) deep is printed as its line",

@@ -4,13 +4,11 @@ on hand-made objects whose victims follow from the definitions; and through L1Ma
 from __future__ import annotations
 
 import gc
-import os
 import random
 
 import numpy as np
 import pytest
 from support.l1_requests import engine_request
-from support.performance_docs import REPO, flattened
 
 from benchmarks.null_cache import NullPublisher
 from mpcache.cache.l1 import L1Manager
@@ -413,8 +411,6 @@ def test_a_name_keeps_only_its_newest_parts():
     assert verdicts.of("name", [("m", "", 2 * STORE_PARTS)]) is None
     assert verdicts.of("name", [("m", "", 2 * STORE_PARTS - 1)]) is False
     assert verdicts.of("name", [("m", "", 3 * STORE_PARTS)]) is False
-    assert f"a name now keeps its newest {STORE_PARTS} parts." in flattened(open(
-        os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8").read())
 
 
 def test_named_verdicts_are_numbers_the_cyclic_collector_stops_walking():
