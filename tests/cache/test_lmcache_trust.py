@@ -689,3 +689,20 @@ def test_a_foreign_and_an_allowed_client_connecting_together_foreign_never_answe
         evil.go()
         results = evil.results()
         assert no_reply(results), f"round {round_}: the foreign uid was answered: {results}"
+
+
+def test_with_a_second_uid_allowed_a_request_s_blocks_and_its_end_name_the_same_request(served):
+    """Where more than one uid is served, a request id is scoped by its uid (another uid's "R" is not this one's):
+    the blocks a request reports and its end_session name it alike, so the L0 lifecycle sees the request end (its
+    blocks reported under the bare id never got an end, and aged out instead)."""
+    from mpcache.contract.events import EventType as E
+
+    service = served(lmcache_allow_uids=[os.geteuid() + 4242])
+    service.harness.events.take()
+    records = [{"req_id": "R", "new_block_ids": [3, 4], "new_token_ids": list(range(32))}]
+    assert NO_RESULT is service.victim.call("report_block_allocation", 7, "org/model", records)
+    assert NO_RESULT is service.victim.call("end_session", "R")
+    batch = service.harness.events.take()
+    [allocation] = batch.events([E.MP_VLLM_BLOCK_ALLOCATION])
+    ended = [event.session_id for event in batch.events([E.MP_VLLM_END_SESSION])]
+    assert [f"{os.geteuid()}/R"] * 2 == [request for request, _, _ in allocation.blocks] == ended * 2

@@ -166,8 +166,10 @@ class LMCacheHandlers:
 
     @served("report_block_allocation", 23, (3, 3))
     def report_block_allocation(self, args: list[Any], owner: int) -> None:
-        self._ctx.l0.report(wire.instance_id(args[0]), protocol.MODEL(args[1], "model_name"),
-                            wire.parse_block_records(args[2]))
+        records = wire.parse_block_records(args[2])
+        if not self._one_owner:  # its request ids as end_session names them
+            records = [(self._scoped(request_id, owner), blocks, tokens) for request_id, blocks, tokens in records]
+        self._ctx.l0.report(wire.instance_id(args[0]), protocol.MODEL(args[1], "model_name"), records)
 
     # -- lookups ----------------------------------------------------------------------------
 
