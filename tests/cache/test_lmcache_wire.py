@@ -142,6 +142,23 @@ def test_unsupported_operations_fail_fast_with_one_warning_per_client(lmcache, o
     assert True is client.call("ping", None)
 
 
+def test_a_client_is_warned_once_also_when_the_warned_table_starts_over(lmcache, monkeypatch, capsys):
+    """The table of clients warned is bounded (``MAX_WARNED_CLIENTS``): the client whose warning starts it over is
+    still warned once, not again at its next call."""
+    from mpcache.cache.lmcache import frontend
+
+    monkeypatch.setattr(frontend, "MAX_WARNED_CLIENTS", 1)
+    harness, first = lmcache()
+    second = LMClient(harness.config.lmcache_urls(0)[0])
+    try:
+        for client in (first, second, second):
+            assert NO_RESULT == client.call(29)  # p2p_lookup_and_lock: unsupported
+    finally:
+        second.close()
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "lmcache.unsupported_operation" in line]
+    assert 2 == len(warnings)
+
+
 @pytest.mark.parametrize(("op", "args", "failure"), [
     ("prepare_store", [key([1] * 256, "x", worker_id=0), 99], {"context": {}}),  # instance never registered
     ("prepare_retrieve", [key([1] * 256, "x", worker_id=0), 99], {"success": False, "data": b"", "context": {}}),

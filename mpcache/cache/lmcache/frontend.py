@@ -237,11 +237,13 @@ class LMCacheFrontEnd:
 
     def _warn_once(self, identity: bytes, name: str, event: str, fix: str) -> None:
         """One warning per client and operation."""
-        warned = self._warned.setdefault(identity, set())
+        warned = self._warned.get(identity)
+        if warned is None:
+            if len(self._warned) >= MAX_WARNED_CLIENTS:  # started over before this client's entry, not after
+                self._warned.clear()
+            warned = self._warned[identity] = set()
         if name in warned:
             return
-        if len(self._warned) > MAX_WARNED_CLIENTS:
-            self._warned.clear()
         warned.add(name)
         self._log.warning(event, op=name, client=identity.hex()[:32], fix=fix)
 
