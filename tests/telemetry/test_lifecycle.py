@@ -106,6 +106,27 @@ def test_real_reuse_gap_is_recorded_on_reads_with_the_salts_access_distance(pipe
         metrics.histogram_values("lmcache_mp.real_reuse_gap_objects", cache_salt="tenant"))
 
 
+def test_each_salt_s_access_distance_counts_its_own_accesses_in_a_batch_of_many_salts(pipeline, metrics):
+    """Six salts in one batch, their records interleaved: each writes its key, has 3 × its number of unsampled
+    accesses among the others' traffic, then reads its key at 2 s: one sample each of 1 + 3 × its number accesses
+    (its own alone, however the records interleave)."""
+    pipeline.subscribe(SMLifecycleSubscriber(metrics.meter, salt_cap=10))
+    salts = [f"tenant-{number}" for number in range(6)]
+    for number, salt in enumerate(salts):
+        emit_keys(pipeline, E.SM_WRITE_FINISHED, 0, [(number + 1, salt, "llama")], fields=(0,),
+                  salt_counts={(salt, "llama"): 1})
+    for round_ in range(3):
+        for number, salt in enumerate(salts):
+            pipeline.publish(E.SM_WRITE_FINISHED, (0,), salt_counts={(salt, "llama"): number,
+                                                                      ("bystander", "llama"): round_ + 1})
+    for number, salt in reversed(list(enumerate(salts))):
+        emit_keys(pipeline, E.SM_READ_PREFETCHED_FINISHED, 2, [(number + 1, salt, "llama")], fields=(0,),
+                  salt_counts={(salt, "llama"): 1})
+    pipeline.deliver()
+    assert [(1, 1.0 + 3 * number) for number in range(6)] == [
+        metrics.histogram_values("lmcache_mp.real_reuse_gap_objects", cache_salt=salt) for salt in salts]
+
+
 def test_real_reuse_gap_counts_a_key_repeated_in_one_event_once(pipeline, metrics):
     """A key listed four times in one read (tensor-parallel fan-out) yields one sample, not four."""
     pipeline.subscribe(SMLifecycleSubscriber(metrics.meter, salt_cap=10))

@@ -77,12 +77,21 @@ class SMLifecycleSubscriber(Subscriber):
     def _record(self, batch: EventBatch, samples: list[SampledRow], heads: np.ndarray, salt_ids: np.ndarray,
                 counts: np.ndarray) -> None:
         positions: dict[tuple[int, str], int] = {}  # (head, cache_salt) -> counter value before that record
-        for salt_id in np.unique(salt_ids).tolist():
-            mine = salt_ids == salt_id
-            salt_heads, cumulative = heads[mine], np.cumsum(counts[mine])
+        sampled_heads: dict[str, set[int]] = {}  # cache_salt -> the heads of its sampled rows
+        for row in samples:
+            sampled_heads.setdefault(row.cache_salt, set()).add(row.head)
+        # each salt's rows, in ring order, from one stable sort (a mask per salt cost rows x salts)
+        order = np.argsort(salt_ids, kind="stable")
+        distinct, starts = np.unique(salt_ids[order], return_index=True)
+        for salt_id, start, end in zip(distinct.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)]):
             salt = batch.names.name(salt_id)
+            wanted = sampled_heads.get(salt)
+            if not wanted:
+                continue
+            mine = order[start:end]
+            salt_heads, cumulative = heads[mine], np.cumsum(counts[mine])
             base = self._accesses.get(salt, 0)
-            for head in {row.head for row in samples if row.cache_salt == salt}:
+            for head in wanted:
                 before = int(np.searchsorted(salt_heads, head, side="left"))
                 positions[head, salt] = base + (int(cumulative[before - 1]) if before else 0)
         seen: set[tuple[int, int, str, str]] = set()
