@@ -93,7 +93,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from mpcache.cache.__main__ import DESCRIPTORS_WANTED
     from mpcache.cache.l2 import redis_adapter, trust
     from mpcache.cache.l2 import spec as l2_spec
-    from mpcache.cache.lmcache import frontend, groups, inline, registrations, router, transfers, wire, zmtp
+    from mpcache.cache.lmcache import frontend, groups, inline, router, transfers, wire, zmtp
     from mpcache.cache.native import transport
     from mpcache.client import connection
     from mpcache.client.core import CacheClient
@@ -343,8 +343,8 @@ def _claims() -> list[tuple[str, str, str]]:
         ("CHANGELOG.md", r"charged nothing for a layout's ranks \(up to ([\d,]+) per TP size a client names\): one "
                          r"request's lookups under every TP size kept gigabytes within its (\d+) MiB bound",
          f"{wire.MAX_WORLD_SIZE:,} / {keycache.MAX_BYTES >> 20}"),
-        ("CHANGELOG.md", r"A registration with objects under ([\d,]+) bytes per chunk is refused",
-         f"{registrations.MIN_OBJECT_BYTES:,}"),
+        ("CHANGELOG.md", r"An object under ([\d,]+) bytes takes ([\d,]+) bytes of L1",
+         f"{slabs.MIN_SPOT_BYTES:,} / {slabs.MIN_SPOT_BYTES:,}"),
         ("CHANGELOG.md", r"taken as ended, oldest first, past (\d+) ownerships per block tracked",
          str(l0_lifecycle.OWNERS_PER_BLOCK)),
         ("CHANGELOG.md", r"replay buffer is held to (\d+) MiB of payload besides its ([\d,]+) messages",

@@ -18,7 +18,7 @@ import numpy as np
 from mpcache.cache.kvlog import Detail, KVEventLog
 from mpcache.cache.l1_entries import Entry, Evicted, WriteReservation
 from mpcache.cache.l1_landings import PrefetchLandings
-from mpcache.cache.slabs import SlabAllocator, default_slab_bytes
+from mpcache.cache.slabs import ALIGN, SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
 from mpcache.eviction import order as l1_order
@@ -58,12 +58,13 @@ class L1Manager(PrefetchLandings):
     would reach no L2 tier either."""
 
     def __init__(self, pool: np.ndarray, publisher, sample_rate: float, chunk_bytes: int,
-                 slab_bytes: int | None = None, policy: str = "lru", first_sight: bool = True) -> None:
+                 slab_bytes: int | None = None, policy: str = "lru", first_sight: bool = True,
+                 min_spot: int = ALIGN) -> None:
         if pool.ndim != 1 or pool.dtype != np.uint8:
             raise ValueError("the L1 pool must be a one-dimensional uint8 array")
         self.pool = pool
         self.chunk_bytes = chunk_bytes
-        self.allocator = SlabAllocator(len(pool), slab_bytes or default_slab_bytes(len(pool), chunk_bytes))
+        self.allocator = SlabAllocator(len(pool), slab_bytes or default_slab_bytes(len(pool), chunk_bytes), min_spot)
         self.capacity_bytes = self.allocator.capacity_bytes
         self._pub = publisher
         self._gate = SampleGate(sample_rate)

@@ -28,6 +28,7 @@ from mpcache.cache.native.ops import OPERATIONS
 from mpcache.cache.native.transport import MAX_CONNECTIONS, PARTIAL_FRAME_TIMEOUT_S, UnixTransport
 from mpcache.cache.prefetch import PrefetchController
 from mpcache.cache.sessions import SessionRegistry
+from mpcache.cache.slabs import smallest_spot
 from mpcache.cache.storage import StorageManager, build_adapters
 from mpcache.config import Config
 from mpcache.errors import ConfigError
@@ -152,7 +153,8 @@ class CacheProcess:
         pool = np.ndarray((config.l1_pool_bytes,), dtype=np.uint8, buffer=pool_seg.buf)
         self._pool_guard = guard = ShrinkGuard(pool_seg, pool)
         l1 = L1Manager(pool, publisher, config.metrics_sample_rate, config.chunk_bytes, policy=config.l1_policy,
-                       first_sight=not config.l2)  # a store L1 refuses reaches no L2 tier either
+                       first_sight=not config.l2,  # a store L1 refuses reaches no L2 tier either
+                       min_spot=smallest_spot(config.chunk_bytes))
         l1.pool_faults = lambda: guard.faults
         if config.kv_event_log_size and config.lmcache_urls(worker):
             l1.feed = KVEventLog(config.kv_event_log_size)

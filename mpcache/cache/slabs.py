@@ -1,12 +1,12 @@
 """Byte allocation inside the L1 pool: size classes whose objects live in slabs carved on demand.
 
 The pool is cut into ``n_slabs`` slabs of ``slab_bytes`` (a multiple of the native protocol's chunk size).
-Every object size held (rounded up to :data:`ALIGN`) is a size class.  A class of objects no larger than a slab
-packs ``slab_bytes // size`` of them into each slab it owns; a larger object takes a run of ``ceil(size /
-slab_bytes)`` contiguous slabs of its own.  A slab is carved from the free slabs when its class has no free spot,
-and given back as soon as its last object is freed, so space moves between classes (models) as their share of the
-recently used objects moves; a class goes with its last object (a client may ask for size after size).  Offsets
-are byte offsets into the pool.
+Every object size held (rounded up to :data:`ALIGN`, and to the allocator's smallest spot) is a size class.  A
+class of objects no larger than a slab packs ``slab_bytes // size`` of them into each slab it owns; a larger object
+takes a run of ``ceil(size / slab_bytes)`` contiguous slabs of its own.  A slab is carved from the free slabs when
+its class has no free spot, and given back as soon as its last object is freed, so space moves between classes
+(models) as their share of the recently used objects moves; a class goes with its last object (a client may ask
+for size after size).  Offsets are byte offsets into the pool.
 
 Compaction: free spots of one class are no use to another, and a slab only goes back when its last object
 goes, so a mix of sizes strands space in partly used slabs (eviction in LRU order then empties whole slabs
@@ -27,6 +27,14 @@ from collections.abc import Callable
 ALIGN = 64  # object offsets are multiples of this (cache lines; every dtype's alignment)
 MAX_SLAB_BYTES = 64 * 2**20  # the most one slab holds
 MIN_SLABS = 16  # the pool is cut into at least this many slabs when it holds that many chunks
+# the cache process's smallest spot: an object holds hundreds of bytes of bookkeeping besides its bytes, so one of a
+# client's tiny layouts takes this much of the pool, and the objects a pool holds, with their bookkeeping, stay few
+MIN_SPOT_BYTES = 2048
+
+
+def smallest_spot(chunk_bytes: int) -> int:
+    """The cache process's smallest spot: :data:`MIN_SPOT_BYTES`, or the configured chunk (aligned) where smaller."""
+    return min(MIN_SPOT_BYTES, -(-chunk_bytes // ALIGN) * ALIGN)
 
 
 def default_slab_bytes(pool_bytes: int, chunk_bytes: int) -> int:
@@ -40,7 +48,7 @@ def default_slab_bytes(pool_bytes: int, chunk_bytes: int) -> int:
 class _Class:
     """One object size: its slabs with free spots (slab → free offsets) and live objects per slab."""
 
-    __slots__ = ("spot", "per_slab", "run", "pattern", "partial", "live", "free_spots")
+    __slots__ = ("spot", "per_slab", "run", "pattern", "partial", "live", "free_spots", "sizes")
 
     def __init__(self, spot: int, slab_bytes: int) -> None:
         self.spot = spot
@@ -52,15 +60,20 @@ class _Class:
         self.partial: dict[int, list[int]] = {}  # first slab → free spot offsets (only slabs with some)
         self.live: dict[int, int] = {}  # first slab → objects allocated in it
         self.free_spots = 0  # spots in ``partial`` together
+        self.sizes: list[int] = []  # the sizes asked for that it serves
 
 
 class SlabAllocator:
     """Byte ranges of a pool of ``n_slabs × slab_bytes`` bytes, per size class."""
 
-    def __init__(self, pool_bytes: int, slab_bytes: int) -> None:
+    def __init__(self, pool_bytes: int, slab_bytes: int, min_spot: int = ALIGN) -> None:
         if slab_bytes <= 0 or slab_bytes % ALIGN or pool_bytes < slab_bytes:
             raise ValueError(f"slab_bytes {slab_bytes}: expected a positive multiple of {ALIGN} within the pool "
                              f"({pool_bytes} bytes)")
+        if min_spot <= 0 or min_spot % ALIGN or min_spot > slab_bytes:
+            raise ValueError(f"min_spot {min_spot}: expected a positive multiple of {ALIGN} within a slab "
+                             f"({slab_bytes} bytes)")
+        self.min_spot = min_spot  # the fewest bytes of the pool an object takes
         self.slab_bytes = slab_bytes
         self.n_slabs = pool_bytes // slab_bytes
         self.capacity_bytes = self.n_slabs * slab_bytes
@@ -86,12 +99,19 @@ class SlabAllocator:
     def _class(self, size: int) -> _Class:
         cls = self._by_size.get(size)
         if cls is None:
-            spot = -(-size // ALIGN) * ALIGN
+            spot = max(-(-size // ALIGN) * ALIGN, self.min_spot)
             cls = self._classes.get(spot)
             if cls is None:
                 cls = self._classes[spot] = _Class(spot, self.slab_bytes)
             self._by_size[size] = cls
+            cls.sizes.append(size)
         return cls
+
+    def _forget(self, cls: _Class) -> None:
+        """A class that holds no object goes, with every size it served (a layout may never return)."""
+        del self._classes[cls.spot]
+        for size in cls.sizes:
+            del self._by_size[size]
 
     def alloc(self, size: int) -> int | None:
         """The byte offset of ``size`` free bytes (None: the class has no free spot and no slab run is free)."""
@@ -110,6 +130,8 @@ class SlabAllocator:
             owner = self._owner
             first = owner.find(cls.pattern)
             if first < 0:
+                if not cls.live:  # made for this call: it goes with its failure
+                    self._forget(cls)
                 return None
             run = cls.run
             owner[first : first + run] = b"\1" * run
@@ -137,10 +159,8 @@ class SlabAllocator:
             return
         del cls.live[first]
         self._release(cls, first)
-        if not cls.live:  # its last object: the class goes, and every size it served (a layout may never return)
-            del self._classes[cls.spot]
-            for size in [size for size, served in self._by_size.items() if served is cls]:
-                del self._by_size[size]
+        if not cls.live:  # its last object
+            self._forget(cls)
 
     def _release(self, cls: _Class, first: int) -> None:
         """An emptied slab (run) goes back to the free slabs."""

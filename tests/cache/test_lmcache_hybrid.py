@@ -6,7 +6,6 @@ fold/unfold), retrieves of each group's in-window suffix, and an explicit failur
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from support.lmcache_client import NO_RESULT, LMClient, key, map_pool, packed_key, read_slots, registration, write_slots
 
 from mpcache.cache.lmcache import groups
-from mpcache.cache.lmcache.registrations import MIN_OBJECT_BYTES
+from mpcache.cache.slabs import MIN_SPOT_BYTES
 from mpcache.contract.events import EventType as E
 from mpcache.contract.keys import ChunkKey, chunk_hashes, rank_hashes
 
@@ -107,6 +106,29 @@ def test_each_group_stores_what_it_keeps_in_objects_of_its_own_layout_and_serves
     assert all(count == 0 for g in range(3) for count in readers(harness, tokens, g, 4))
 
 
+def test_a_group_of_objects_under_the_smallest_spot_is_served_each_taking_the_spot(lmcache):
+    """A recurrent group of 960-byte objects (1 layer x 16 tokens x 15 x 4 bytes, one of K and V) is served, byte
+    for byte, each of its objects taking the smallest spot of L1: a client's tiny layout cannot fill the pool with
+    more objects, and their bookkeeping, than that allows."""
+    harness, client = lmcache()
+    assert 256 == client.call("negotiate_chunk_size", 16)
+    pool = map_pool(client.call("register", hybrid(1, layouts=[FULL, {**RECURRENT, "hidden_dim_size": 15}])))
+    try:
+        tokens = list(range(20_000, 20_000 + 2 * CHUNK))
+        context = client.call("prepare_store", packed_key(tokens, "w", worker_id=0), 1, [[], [0]])["context"]
+        assert [OBJECT_BYTES[0], OBJECT_BYTES[0], 960] == [slot["length"] for slot in context["slots"]]
+        written = write_slots(pool, context["slots"], 3)
+        assert True is client.call("commit_store", packed_key(tokens, "w", worker_id=0), 1, b"")
+        assert {MIN_SPOT_BYTES: (1, 1)} == {spot: held for spot, held in harness.server.l1.allocator.classes().items()
+                                            if spot < OBJECT_BYTES[0]}
+        assert NO_RESULT is client.call("lookup", packed_key(tokens, "r"), 1)
+        got = client.call("prepare_retrieve", packed_key(tokens, "r", worker_id=0), 1)
+        assert written[2] == read_slots(pool, got["context"]["slots"])[-1]
+        assert True is client.call("commit_retrieve", packed_key(tokens, "r", worker_id=0), 1)
+    finally:
+        pool.close()
+
+
 def test_a_retrieve_past_the_engines_prefix_returns_each_groups_window_of_the_rest(served):
     """With vLLM's own prefix cache holding the first chunk, the retrieve of chunks 1..3 names positions within
     that range: the sliding-window group its last 2, the recurrent group its last one."""
@@ -185,9 +207,6 @@ def test_the_curves_key_each_group_apart_with_its_own_object_size(served):
     ({"group_layouts": [FULL, {**SLIDING, "window_chunks": -1}]}, "window_chunks"),
     ({"group_layouts": [FULL, {k: v for k, v in SLIDING.items() if k != "hidden_dim_size"}]}, "hidden_dim_size"),
     ({"group_layouts": [FULL, "sliding"]}, "expected a map"),
-    # 1 layer x 16 tokens x 15 x 4 bytes (float32), one of K and V: 960 bytes
-    ({"group_layouts": [FULL, {**RECURRENT, "hidden_dim_size": 15}]}, "an object of 960 bytes per chunk: at least "
-                                                                       f"{MIN_OBJECT_BYTES}"),
 ])
 def test_a_hybrid_registration_that_cannot_be_served_gets_the_failure_reply_naming_why(lmcache, change, why,
                                                                                          capsys):
@@ -196,12 +215,6 @@ def test_a_hybrid_registration_that_cannot_be_served_gets_the_failure_reply_nami
     errors = logged(capsys, "client.error")
     assert 1 == len(errors) and why in errors[0]
     assert NO_RESULT is client.call("lookup", key(list(range(CHUNK)), "r"), 1)  # still serving
-
-
-def test_protocol_md_states_the_smallest_object_served():
-    page = " ".join(open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PROTOCOL.md"),
-                         encoding="utf-8").read().split())
-    assert f"objects of {MIN_OBJECT_BYTES:,} bytes or more per chunk and group" in page
 
 
 @pytest.mark.parametrize(("skipped", "why"), [

@@ -96,6 +96,32 @@ def test_a_size_class_is_forgotten_with_its_last_object():
     assert 0 == alloc.alloc(5 * ALIGN)
 
 
+def test_a_size_class_made_for_an_allocation_that_fails_goes_with_it():
+    """A new size asked for while no slab is free: the allocation fails and leaves no class behind (a client could
+    otherwise grow the tables with a new size per store while the pool is full of objects it cannot evict)."""
+    alloc = SlabAllocator(2 * MIB, MIB)
+    held = [alloc.alloc(MIB), alloc.alloc(MIB)]
+    for size in range(ALIGN + 1, ALIGN + 500):
+        assert alloc.alloc(size) is None
+    assert ([MIB], [MIB]) == (sorted(alloc._classes), sorted(alloc._by_size))
+    for offset in held:
+        alloc.free(offset, MIB)
+    assert ({}, {}) == (alloc._classes, alloc._by_size)
+
+
+def test_an_object_takes_at_least_the_smallest_spot():
+    """With a smallest spot, a 1-byte object takes that much of the pool: a pool of 64 KiB holds 32 objects of a
+    2 KiB spot however small they are, and the padding counts as fragmentation; a smallest spot that is no multiple
+    of the alignment, or larger than a slab, is refused."""
+    alloc = SlabAllocator(64 * KIB, 16 * KIB, min_spot=2 * KIB)
+    offsets = [alloc.alloc(1) for _ in range(33)]
+    assert [2 * KIB * n for n in range(32)] == sorted(offsets[:32]) and offsets[32] is None
+    assert (32, 64 * KIB, 64 * KIB - 32) == (len(set(offsets[:32])), alloc.carved_bytes, alloc.fragmentation_bytes)
+    for bad in (0, ALIGN + 1, 32 * KIB):
+        with pytest.raises(ValueError, match=f"min_spot {bad}: expected a positive multiple of {ALIGN} within a"):
+            SlabAllocator(64 * KIB, 16 * KIB, min_spot=bad)
+
+
 def test_an_object_larger_than_the_pool_never_fits():
     """fits() is False and alloc() None for more bytes than the whole pool, whatever is free."""
     alloc = SlabAllocator(4 * MIB, MIB)

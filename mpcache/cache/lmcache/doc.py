@@ -7,6 +7,7 @@ from mpcache.cache.kvlog import TOKEN_BYTES_PER_RECORD
 from mpcache.cache.lmcache import groups, inline, kvevents, wire
 from mpcache.cache.lmcache.handlers import OPERATIONS
 from mpcache.cache.lmcache.registrations import CLIENT_056, CLIENT_057, REAP_AFTER_S
+from mpcache.cache.slabs import MIN_SPOT_BYTES
 
 _INLINE_BOUNDS = (f"at most {inline.MAX_TENSORS} tensors, {inline.MAX_GROUPS} groups, {inline.MAX_TENSOR_BYTES >> 30} "
                   f"GiB a tensor, {inline.MAX_TOTAL_BYTES >> 30} GiB in all")
@@ -20,8 +21,9 @@ a 0.5.7 key carries `token_bytes` (each token a big-endian uint32) where an olde
 a chunk hashes the same either way; a 0.5.7 worker starts with `negotiate_chunk_size`, an older one with
 `get_chunk_size`.
 
-Model shapes served: MLA or not, world sizes 1 to {wire.MAX_WORLD_SIZE}, any object size L1 can hold, dtypes
-{", ".join(f"`{name}`" for name in groups.DTYPE_BYTES)};
+Model shapes served: MLA or not, world sizes 1 to {wire.MAX_WORLD_SIZE}, any object size L1 can hold (one under
+{MIN_SPOT_BYTES:,} bytes takes {MIN_SPOT_BYTES:,} of L1, as L1 keeps hundreds of bytes of bookkeeping per object),
+dtypes {", ".join(f"`{name}`" for name in groups.DTYPE_BYTES)};
 one KV cache group, or (0.5.7) up to {groups.MAX_GROUPS} in a registration's `group_layouts` (a hybrid model):
 full-attention, sliding-window and recurrent groups, each its own object per chunk and KV rank, sized by its
 own layout. A hybrid lookup hits the longest prefix

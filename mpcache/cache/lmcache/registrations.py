@@ -33,7 +33,6 @@ from mpcache.errors import ProtocolError, RequestError
 
 MAX_INSTANCES = 1024
 REAP_AFTER_S = 120.0  # LMCache 0.5.7's worker_reap_timeout_seconds: more than 3 missed 10 s heartbeats
-MIN_OBJECT_BYTES = 2048  # per chunk and group: L1's bookkeeping per object stays a fraction of the pool
 SHARED_MEMORY = "engine_driven (shared-memory pool)"
 INLINE = "engine_driven (inline)"
 CLIENT_056 = "0.5.3-0.5.6"
@@ -156,10 +155,6 @@ class Registrations:
         uid registered is refused.  An object larger than the whole L1 gets one warning naming the sizes and
         the flag."""
         registration = parse_registration(payload, self.chunk_tokens, inline=not can_map_pool(owner))
-        smallest = min(group.object_bytes for group in registration.layouts)
-        if smallest < MIN_OBJECT_BYTES:
-            raise RequestError(f"an object of {smallest} bytes per chunk: at least {MIN_OBJECT_BYTES} (L1 keeps "
-                               "hundreds of bytes of bookkeeping per object, which smaller ones would outgrow)")
         instance = registration.instance_id
         if self._owners.get(instance, owner) != owner:
             raise RequestError(f"instance_id {instance} is registered by another user")
