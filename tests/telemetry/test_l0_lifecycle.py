@@ -188,3 +188,26 @@ def test_a_saved_state_with_more_owners_than_the_bound_is_refused(pipeline, metr
     state["blocks"][0][-1].append("one more")
     with pytest.raises(ValueError, match="more request owners than this subscriber tracks"):
         L0LifecycleSubscriber(metrics.meter, max_tracked=2).load_state(state)
+
+
+def test_one_block_keeps_at_most_its_owners_and_releases_once_they_end(pipeline, metrics):
+    """A block shared by more requests than ``MAX_BLOCK_OWNERS`` keeps that many as owners (the rest share it
+    untracked, so one block's owners cost a bounded walk when its contents change); once the tracked ones end it is
+    released, and the next allocation of the same contents is a reuse; a saved state with more is refused."""
+    from mpcache.telemetry.subscribers.metrics.l0_lifecycle import MAX_BLOCK_OWNERS
+
+    l0 = L0LifecycleSubscriber(metrics.meter)
+    pipeline.subscribe(l0)
+    for number in range(3 * MAX_BLOCK_OWNERS):
+        allocate(pipeline, 1, (f"r{number}", 5, 111))
+    pipeline.deliver()
+    assert MAX_BLOCK_OWNERS == l0.requests_indexed
+    for number in range(MAX_BLOCK_OWNERS):
+        end(pipeline, 2, f"r{number}")
+    allocate(pipeline, 6, ("later", 5, 111))
+    pipeline.deliver()
+    assert (NONE[:2], (1, 5.0)) == (samples(metrics)[:2], samples(metrics)[2])
+    state = l0.save_state()
+    state["blocks"][0][-1] = [f"s{number}" for number in range(MAX_BLOCK_OWNERS + 1)]
+    with pytest.raises(ValueError, match="more owners of a block than this subscriber tracks"):
+        L0LifecycleSubscriber(metrics.meter).load_state(state)

@@ -22,10 +22,12 @@ session_id is the request id).  Per block, keyed by (instance_id, block_id):
 
 Samples carry the attributes of the contents they describe.  State is bounded:
 at most ``max_tracked`` blocks, the least recently touched dropped first
-(without a sample), along with their entries in the request index; and at most
+(without a sample), along with their entries in the request index; at most
 :data:`OWNERS_PER_BLOCK` × ``max_tracked`` (request, block) ownerships: past
 them the request that began owning first is taken as ended then (a client may
-report blocks under ever new request ids and never end them).
+report blocks under ever new request ids and never end them); and at most
+:data:`MAX_BLOCK_OWNERS` owners of one block (later co-owners share it
+untracked: the block is released once the tracked ones end).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from mpcache.telemetry.otel import create_instrument
 
 DEFAULT_MAX_TRACKED = 100_000
 OWNERS_PER_BLOCK = 4  # (request, block) ownerships kept per block tracked, on average (past them: oldest ended)
+MAX_BLOCK_OWNERS = 256  # requests kept as one block's owners: later ones share it untracked (a batch's worth)
 
 BlockKey = tuple[int, int]  # (instance_id, block_id)
 
@@ -113,6 +116,8 @@ class L0LifecycleSubscriber(Subscriber):
                 statecheck.rows(saved["blocks"], "iiissiinS")):
             block = _Block(token, {"instance_id": attr_instance, "model_name": attr_model}, allocated, "")
             block.last_access_ns, block.released_ns, block.owners = last, released, set(owners)
+            if len(block.owners) > MAX_BLOCK_OWNERS:
+                raise ValueError("more owners of a block than this subscriber tracks")
             blocks[(instance, block_id)] = block
             for owner in owners:
                 by_request.setdefault(owner, set()).add((instance, block_id))
@@ -136,6 +141,9 @@ class L0LifecycleSubscriber(Subscriber):
             if request_id in block.owners:
                 return
             if block.owners:  # prefix sharing
+                if len(block.owners) >= MAX_BLOCK_OWNERS:
+                    block.last_access_ns = now_ns  # shared by more than it keeps: this one is not tracked
+                    return
                 block.owners.add(request_id)
             else:  # reuse of released contents
                 self._reuse_gap.record(max(0, now_ns - block.last_access_ns) / 1e9, block.attributes)
