@@ -127,3 +127,25 @@ def test_a_layout_s_ranks_are_charged_with_its_keys() -> None:
         assert [] == cache.chunk_keys(short, tuple(range(world_size)), 0, 1)
     ranks_kept = sum(len(ranks) for entry in cache._entries.values() for _, ranks, _ in entry.ranked)
     assert 0 < ranks_kept and keycache.INT_BYTES * ranks_kept <= cache.bytes_kept <= bound
+
+
+def test_what_a_bound_keeps_is_about_what_it_charges() -> None:
+    """Layouts of one rank (as stores ask for them) under every TP size and worker, of a key too short for a whole
+    chunk: the memory they take stays within twice the bound (charged per key and rank alone, a layout's own
+    dict slot and tuples were free: five and a half times the bound)."""
+    import dataclasses
+    import tracemalloc
+
+    bound = 1 << 20
+    cache = KeyCache(MAX_TOKENS, CHUNK, max_bytes=bound)
+    short = cache.key(_frame([7], "r1"))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for world_size in range(1, 257):
+            for worker in range(world_size):
+                cache.chunk_keys(dataclasses.replace(short, world_size=world_size), (worker,), 0, 1)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes_kept <= bound and grown <= 2 * bound

@@ -14,9 +14,9 @@ nothing about another salt's prompts.  Reuse needs byte-equal tokens, so it give
 would.
 
 One bound: what is kept is charged in bytes (the tokens and their encoding, ``INT_BYTES`` per hash, key or rank,
-``KEY_BYTES`` and the frame's rest per parsed key, ``ENTRY_BYTES`` per request) and held to ``MAX_BYTES``, the
-least recently used request out first; what would take one request past it is computed and not kept.  A request's
-entry goes with its end_session.
+``LAYOUT_BYTES`` per layout, ``KEY_BYTES`` and the frame's rest per parsed key, ``ENTRY_BYTES`` per request) and
+held to ``MAX_BYTES``, the least recently used request out first; what would take one request past it is computed
+and not kept.  A request's entry goes with its end_session.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CANDIDATES = 4  # token lists the scanner compares a frame's against: the most r
 ENTRY_BYTES = 1024  # a request's entry: its objects and its places in the indexes
 INT_BYTES = 40  # a 64-bit Python int in a list
 KEY_BYTES = 512  # a parsed Key and its strings, besides the frame's rest
+LAYOUT_BYTES = 256  # a layout's place in its entry: the dict slot, its key tuple and ranks tuple, the list
 
 Layout = tuple[int, tuple[int, ...], int]  # (world size, ranks, KV cache groups)
 
@@ -113,7 +114,7 @@ class KeyCache:
             ranked = rank_hashes(hashes, key.world_size, ranks)
             if groups > 1:
                 ranked = group_keys(ranked, len(ranks), groups)
-            if entry is not None and self._grow(entry, INT_BYTES * (len(ranked) + len(ranks))):  # its ranks too
+            if entry is not None and self._grow(entry, LAYOUT_BYTES + INT_BYTES * (len(ranked) + len(ranks))):
                 entry.ranked[layout] = ranked
         per = len(ranks) * groups
         return ranked[first * per : last * per]
