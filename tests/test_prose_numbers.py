@@ -345,8 +345,9 @@ def _claims() -> list[tuple[str, str, str]]:
          f"{wire.MAX_WORLD_SIZE:,} / {keycache.MAX_BYTES >> 20}"),
         ("CHANGELOG.md", r"An object under ([\d,]+) bytes takes ([\d,]+) bytes of L1",
          f"{slabs.MIN_SPOT_BYTES:,} / {slabs.MIN_SPOT_BYTES:,}"),
-        ("CHANGELOG.md", r"taken as ended, oldest first, past (\d+) ownerships per block tracked",
-         str(l0_lifecycle.OWNERS_PER_BLOCK)),
+        ("CHANGELOG.md", r"taken as ended, oldest first, past (\d+) ownerships per block tracked, and one block "
+                         r"keeps at most (\d+) owners",
+         f"{l0_lifecycle.OWNERS_PER_BLOCK} / {l0_lifecycle.MAX_BLOCK_OWNERS}"),
         ("CHANGELOG.md", r"replay buffer is held to (\d+) MiB of payload besides its ([\d,]+) messages",
          f"{kvpub.BUFFER_BYTES >> 20} / {kvpub.BUFFER_STEPS:,}"),
         ("CHANGELOG.md", r"so a log line cannot send a terminal escape or forge another line; a line is kept to "

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 STORE_VERDICTS = 1024  # named stores whose verdict a later part keeps; a request's ranks store within an engine step
-STORE_PARTS = 64  # parts kept per name, the newest: TP ranks times KV cache groups (TP 16 of a model of 4 groups)
+STORE_PARTS = 256  # parts kept per name, the newest: TP ranks times KV cache groups (TP 16 of a model of 16)
 
 
 class StoreVerdicts:
