@@ -38,6 +38,8 @@ _SM_READ_PREFETCHED_FINISHED = EventType.SM_READ_PREFETCHED_FINISHED
 
 DEFAULT_MAX_SESSIONS = 65536
 DEFAULT_MAX_LOOKUPS_PER_SESSION = 16
+MAX_HITS_KEPT = 1 << 18  # lookups' hits kept for their retrieves, over all sessions: the newest lookups' (1,024 of
+# a whole 64 Ki-token prompt of 256-token chunks)
 
 
 class FingerprintTable:
@@ -112,6 +114,10 @@ class BlendState:
         self._max_sessions = max_sessions
         self._max_lookups = max_lookups_per_session
         self._sessions: OrderedDict[str, OrderedDict[int, _Lookup]] = OrderedDict()  # request id -> its lookups
+        # every lookup kept, oldest first: its id → (its request id, its hits); their hits at most MAX_HITS_KEPT
+        # (entries of lookups gone since, with their session, count until they reach the front)
+        self._kept: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self._hits_kept = 0
         self._next_lookup_id = 1
 
     # -- sessions ------------------------------------------------------------------------
@@ -124,6 +130,19 @@ class BlendState:
             if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, oldest first
                 self._sessions.popitem(last=False)
         return lookups
+
+    def _keep(self, request_id: str, lookup_id: int, hits: int) -> None:
+        """A lookup's ``hits`` are kept for its retrieves: the oldest lookups' give way past :data:`MAX_HITS_KEPT`
+        (a client may look up and never end its requests)."""
+        kept = self._kept
+        kept[lookup_id] = (request_id, hits)
+        self._hits_kept += hits
+        while self._hits_kept > MAX_HITS_KEPT:
+            oldest, (request, count) = kept.popitem(last=False)
+            self._hits_kept -= count
+            session = self._sessions.get(request)
+            if session is not None:
+                session.pop(oldest, None)
 
     def end_session(self, request_id: str) -> bool:
         """``end_session`` of a request: CB_REQUEST_END if it did any cb_* op; returns whether it did."""
@@ -255,6 +274,7 @@ class BlendState:
             lookups[lookup_id] = _Lookup(model, salt, hits)
             while len(lookups) > self._max_lookups:
                 lookups.popitem(last=False)
+            self._keep(request_id, lookup_id, len(hits))
         pub.emit(_CB_LOOKUP_END, (num_tokens, requested, hit_tokens, storage_hits + stale, storage_hits, stale, False),
                  session_id=request_id)
         return {"lookup_id": lookup_id, "no_gpu_context": False, "chunks": statuses, "requested_tokens": requested,

@@ -186,6 +186,31 @@ def test_retrieve_refuses_chunks_that_were_not_hits(cache):
     assert [False, False] == ends
 
 
+def test_the_hits_kept_for_retrieves_are_bounded_across_sessions(cache, monkeypatch):
+    """Each lookup keeps its hits for the retrieve that follows, until the request ends; a client that never ends
+    its requests made them grow with every lookup.  At most ``MAX_HITS_KEPT`` hits are kept over all sessions: the
+    oldest lookups give way, and a retrieve of one is an unknown lookup, while the newest are retrieved."""
+    from mpcache.cache import blend
+
+    monkeypatch.setattr(blend, "MAX_HITS_KEPT", 4)
+    harness = cache()
+    client = harness.client()
+    kv = client.register_buffer(8, CHUNK_BYTES)
+    tokens = documents()["B"] + documents()["C"]
+    client.cb_store_final(kv, request_id="w", model_name=MODEL, cache_salt=SALT, tokens=tokens, block_ids=[0, 1])
+    lookups = [client.cb_lookup(request_id=f"r{number}", model_name=MODEL, cache_salt=SALT, tokens=tokens)
+               for number in range(5)]  # two hits each: the newest two lookups fit
+    assert [2] * 5 == [lookup.prefix_hits for lookup in lookups]
+    for number in range(3):
+        with pytest.raises(RequestError, match="unknown lookup"):
+            client.cb_retrieve(kv, request_id=f"r{number}", lookup_id=lookups[number].lookup_id, chunk_indices=[0],
+                               block_ids=[2])
+    for number in (3, 4):
+        assert RetrieveResult(retrieved=2, failed=0) == client.cb_retrieve(
+            kv, request_id=f"r{number}", lookup_id=lookups[number].lookup_id, chunk_indices=[0, 1],
+            block_ids=[2, 3])
+
+
 def test_protocol_rejects_malformed_cb_requests(cache):
     """Field validation of the cb_* ops happens before any event: a protocol error, nothing published."""
     harness = cache()
