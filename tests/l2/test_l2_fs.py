@@ -40,6 +40,29 @@ def test_paths_are_hashes_never_user_strings(make_fs, tmp_path):
     assert [] == [f for f in files if "passwd" in f or "salt" in f or ".." in f]
 
 
+def directories(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_dir())
+
+
+def test_a_directory_goes_with_its_last_chunk_and_a_restart_clears_empty_ones(make_fs, tmp_path):
+    """Each (model, salt) has its directory, each of its hash prefixes another: a tier of 4 chunks storing under 200
+    salts keeps the directories of the chunks it holds, not of every salt ever stored (they filled the disk's inodes,
+    which evicting chunks then freed nothing of); a restart removes empty ones left behind (by an older version, or
+    a crash between an eviction and its directory's removal)."""
+    adapter = make_fs(capacity_bytes=4000)
+    for number in range(200):
+        wait(adapter.submit_store([(key(number, salt=f"tenant-{number}"), payload(number))]))
+    held = chunk_files(tmp_path / "l2")
+    assert 4 == len(held)
+    expected = sorted({str(Path(path).parent) for path in held} | {str(Path(path).parent.parent) for path in held})
+    assert expected == directories(tmp_path / "l2")
+    adapter.close()
+    left = tmp_path / "l2" / ("0" * 16) / "ab"
+    left.mkdir(parents=True)
+    make_fs(capacity_bytes=4000)
+    assert expected == directories(tmp_path / "l2")
+
+
 def test_a_truncated_file_is_never_loaded_and_is_removed(make_fs):
     """A chunk file cut short fails to load, is deleted, and is no longer reported present."""
     adapter = make_fs()

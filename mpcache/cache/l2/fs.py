@@ -38,6 +38,7 @@ _SUFFIX = ".chunk"
 _TEMP_SUFFIX = ".tmp"
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_CREATE_TRIES = 3  # a store's directory made again where evictions in other threads removed it meanwhile
 
 
 def _open_regular(path: str) -> int:
@@ -159,8 +160,7 @@ class FsL2Adapter(PooledAdapter):
         directory, filename = os.path.split(path)
         temp = os.path.join(directory, f".{filename[: -len(_SUFFIX)]}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = self._create(directory, temp)
             try:
                 with open(fd, "wb", closefd=True) as handle:
                     handle.write(header)
@@ -175,6 +175,19 @@ class FsL2Adapter(PooledAdapter):
             return None
         except OSError as error:  # unwritable directory, full disk (ENOSPC, EFBIG), ...
             return error
+
+    @staticmethod
+    def _create(directory: str, temp: str) -> int:
+        """A new temp file in ``directory``, made if missing, and made again where an eviction removed it in
+        between (it goes with its last chunk)."""
+        for attempt in range(_CREATE_TRIES):
+            os.makedirs(directory, exist_ok=True)
+            try:
+                return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                if attempt == _CREATE_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # (the loop returns or raises)
 
     def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
         found: list[bool | None] = list(self._index.touch(keys))
@@ -245,10 +258,17 @@ class FsL2Adapter(PooledAdapter):
         return sum(self._index.remove(key, on_remove=self._unlink_quietly) for key in keys)
 
     def _unlink_quietly(self, key: ChunkKey) -> None:
+        path = self.file_path(key)
         try:
-            os.unlink(self.file_path(key))
+            os.unlink(path)
         except OSError:
-            pass  # already gone, or the directory is read-only: the index no longer lists it
+            return  # already gone, or the directory is read-only: the index no longer lists it
+        prefix = os.path.dirname(path)
+        for directory in (prefix, os.path.dirname(prefix)):  # its hash prefix's, then its (model, salt)'s
+            try:
+                os.rmdir(directory)  # where that was its last chunk: a client may store under salt after salt
+            except OSError:
+                return  # not empty (the common case), or gone
 
     @staticmethod
     def _touch(path: str) -> None:
@@ -263,7 +283,7 @@ class FsL2Adapter(PooledAdapter):
         """Rebuild the index from the files under :attr:`path` (oldest mtime first)."""
         found: list[tuple[int, str, ChunkKey, int]] = []
         stale_before = time.time() - stale_temp_s
-        for directory, _, filenames in os.walk(self.path):
+        for directory, _, filenames in os.walk(self.path, topdown=False):  # (a directory after what it holds)
             for filename in filenames:
                 path = os.path.join(directory, filename)
                 if filename.endswith(_TEMP_SUFFIX):
@@ -272,6 +292,11 @@ class FsL2Adapter(PooledAdapter):
                     entry = self._read_entry(path)
                     if entry is not None:
                         found.append(entry)
+            if directory != self.path:
+                try:
+                    os.rmdir(directory)  # an empty one (left by a crash between an eviction and its removal)
+                except OSError:
+                    pass  # holds chunks
         found.sort(key=lambda entry: (entry[0], entry[1]))
         for _, _, key, size in found:
             self._index.add(key, size)
