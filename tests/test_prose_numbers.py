@@ -88,7 +88,7 @@ def _claims() -> list[tuple[str, str, str]]:
     from benchmarks import phase_ablation, policy_matrix, trace_gen
     from benchmarks import vllm as bench_vllm
     from mpcache import httpserver
-    from mpcache.cache import buffers, client_errors, l0, slabs, storage
+    from mpcache.cache import blend, buffers, client_errors, l0, slabs, storage
     from mpcache.cache import process as cache_process
     from mpcache.cache.__main__ import DESCRIPTORS_WANTED
     from mpcache.cache.l2 import redis_adapter, trust
@@ -348,6 +348,7 @@ def _claims() -> list[tuple[str, str, str]]:
         ("CHANGELOG.md", r"taken as ended, oldest first, past (\d+) ownerships per block tracked, and one block "
                          r"keeps at most (\d+) owners",
          f"{l0_lifecycle.OWNERS_PER_BLOCK} / {l0_lifecycle.MAX_BLOCK_OWNERS}"),
+        ("CHANGELOG.md", r"at most ([\d,]+) are kept over all sessions now", f"{blend.MAX_HITS_KEPT:,}"),
         ("CHANGELOG.md", r"replay buffer is held to (\d+) MiB of payload besides its ([\d,]+) messages",
          f"{kvpub.BUFFER_BYTES >> 20} / {kvpub.BUFFER_STEPS:,}"),
         ("CHANGELOG.md", r"so a log line cannot send a terminal escape or forge another line; a line is kept to "
