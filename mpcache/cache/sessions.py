@@ -76,10 +76,12 @@ class SessionRegistry:
     def open(self, request_id: str) -> set[int]:
         """This request's job ids; the first operation of a request publishes MP_REQUEST_START."""
         jobs = self._sessions.get(request_id)
-        if jobs is None:
+        if jobs is not None:
+            self._sessions.move_to_end(request_id)  # in use: the sessions abandoned longest give way first
+        else:
             jobs = self._sessions[request_id] = set()
             self._emit_start((), request_id)
-            if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, oldest first
+            if len(self._sessions) > self._max_sessions:  # abandoned sessions give way, least recently used first
                 _, old_jobs = self._sessions.popitem(last=False)
                 for job_id in old_jobs:
                     job = self._jobs.get(job_id)
