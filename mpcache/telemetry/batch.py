@@ -116,17 +116,22 @@ class EventBatch:
     def __init__(self, producer: int, cells: np.ndarray, names: NameTable) -> None:
         known = rows_of(cells["etype"], _KNOWN_ETYPES)
         heads = cells["kind"] == layout.CELL_HEAD
-        head_cells = cells[heads]
-        short = head_cells["index"] < _LEAST_CELLS[head_cells["etype"]]  # too few cells for its type's fields
+        positions = np.flatnonzero(heads)
+        etypes = cells["etype"][positions]
+        short = cells["index"][positions] < _LEAST_CELLS[etypes]  # too few cells for its type's fields
         if short.any():  # left out whole: its head and the cells after it
             known = known & ~short[np.cumsum(heads) - 1]
         # records of a type this reader does not know, or too short for their type's fields: counted, left out
-        self.unknown_records = int(np.count_nonzero(known[heads] == 0))
+        self.unknown_records = int(np.count_nonzero(known[positions] == 0))
+        if self.unknown_records:
+            cells = cells[known]
+            positions = np.flatnonzero(cells["kind"] == layout.CELL_HEAD)
+            etypes = cells["etype"][positions]
         self.producer = producer
-        self.cells = cells[known] if self.unknown_records else cells
+        self.cells = cells
         self.names = names
-        self._heads = np.flatnonzero(self.cells["kind"] == layout.CELL_HEAD)
-        self._head_etypes = self.cells["etype"][self._heads]
+        self._heads = positions
+        self._head_etypes = etypes
         self._present: set[int] | None = None
         self._heads_by_type: dict[int, np.ndarray] = {}
         self._salt_rows_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
