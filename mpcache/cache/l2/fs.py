@@ -180,14 +180,15 @@ class FsL2Adapter(PooledAdapter):
     def _create(directory: str, temp: str) -> int:
         """A new temp file in ``directory``, made if missing, and made again where an eviction removed it in
         between (it goes with its last chunk)."""
-        for attempt in range(_CREATE_TRIES):
+        tries = 1
+        while True:
             os.makedirs(directory, exist_ok=True)
             try:
                 return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:
-                if attempt == _CREATE_TRIES - 1:
+                if tries == _CREATE_TRIES:
                     raise
-        raise AssertionError("unreachable")  # (the loop returns or raises)
+                tries += 1
 
     def _lookup(self, keys: list[ChunkKey]) -> list[bool | None]:
         found: list[bool | None] = list(self._index.touch(keys))
