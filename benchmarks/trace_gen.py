@@ -30,7 +30,8 @@ import os
 import random
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from benchmarks.trace_sim import BLOCK_TOKENS, TraceRequest
 
@@ -166,24 +167,32 @@ class TraceNotWritten(OSError):
 
 
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
-    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file of mode 0600.
-    It is written whole to a file of its own beside ``path`` first and then linked in, which never replaces what
-    is there: an existing path (a file, a link, a pipe) is refused, and a write that fails or is interrupted
-    leaves nothing behind."""
+    """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file
+    (:func:`write_records`)."""
+    rng = random.Random(seed)
+    now = 0.0
+    records = []
+    for request in requests:
+        records.append({"timestamp": int(now), "input_length": request.input_tokens, "output_length": 1,
+                        "hash_ids": request.hashes})
+        now += rng.expovariate(1 / 100)
+    write_records(records, path)
+
+
+def write_records(records: Iterable[dict[str, Any]], path: str) -> None:
+    """``records`` as JSON lines in a new file of mode 0600.  It is written whole to a file of its own beside
+    ``path`` first and then linked in, which never replaces what is there: an existing path (a file, a link, a
+    pipe) is refused, and a write that fails or is interrupted leaves nothing behind."""
     if os.path.lexists(path):
         raise TraceNotWritten(f"{path} exists already: remove it or name a new file")
     try:
         fd, draft = tempfile.mkstemp(prefix=".trace_gen-", suffix=".partial", dir=os.path.dirname(path) or ".")
     except OSError as exc:
         raise TraceNotWritten(f"cannot create {path}: {exc.strerror or exc}") from exc
-    rng = random.Random(seed)
-    now = 0.0
     try:
         with open(fd, "w", encoding="utf-8") as handle:
-            for request in requests:
-                handle.write(json.dumps({"timestamp": int(now), "input_length": request.input_tokens,
-                                         "output_length": 1, "hash_ids": request.hashes}) + "\n")
-                now += rng.expovariate(1 / 100)
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
         os.link(draft, path)
     except FileExistsError as exc:  # made meanwhile by someone else: theirs, left as it is
         raise TraceNotWritten(f"{path} exists already: remove it or name a new file") from exc
