@@ -8,7 +8,7 @@ import random
 import stat
 
 import pytest
-from support.performance_docs import doc, flattened
+from support.performance_docs import doc, flattened, raw_results
 
 from benchmarks import session_traces
 from benchmarks.trace_sim import load
@@ -123,3 +123,96 @@ def test_a_folder_without_sessions_and_a_bad_gap_are_refused(tmp_path, capsys):
 def test_the_benchmarks_page_states_the_default_gap_the_code_uses():
     page = flattened(doc("BENCHMARKS.md"))
     assert f"`--gap-s` seconds apart on average (default {session_traces.GAP_S:g})" in page
+
+
+SECTION = "### Held-out checks: the head of Mooncake's arXiv trace, and real coding-agent sessions"
+
+
+def test_performance_md_held_out_checks_are_the_kept_runs():
+    """docs/PERFORMANCE.md's section on the arXiv trace's head and the coding-agent sessions: its two tables are
+    ``trace.render`` of the kept run and the kept ``policy_matrix`` rows, and every number its prose states is
+    computed from PERFORMANCE.json's ``held_out_sessions_and_arxiv_head``."""
+    from benchmarks import trace
+    from benchmarks.policy_matrix import TOLERANCE
+
+    kept = raw_results()["held_out_sessions_and_arxiv_head"]
+    page = doc("PERFORMANCE.md")
+    section = page[page.index(SECTION):page.index("\n### ", page.index(SECTION) + 1)]
+    prose = flattened(section)
+    head = kept["arxiv_head"]["trace"]
+    for line in trace.render(head).splitlines():
+        assert line in section, line
+    ours, sizes = head["mpcache_adaptive_over_offline_lru"], head["sizes"]
+    runs = {name: [run["hit_ratio"] for run in size["lmcache_server"]["runs"]] for name, size in sizes.items()}
+    found = {name: size["mpcache_adaptive"]["hit_ratio"] for name, size in sizes.items()}
+    middle = {row["size"]: row for row in kept["arxiv_head"]["policy_matrix"]}["middle"]
+    source = kept["arxiv_head"]["source"]
+    for fact in (f"({source['repository']}, commit {source['commit'][:8]}; {source['bytes']:,} bytes, sha256 "
+                 f"{source['sha256'][:8]}…; timestamps {source['first_timestamp_ms']}–"
+                 f"{source['last_timestamp_ms']:,} ms)",
+                 f"{ours['small']}× / {ours['middle']}× / {ours['large']}× its prefill at the small / middle / large "
+                 f"size (Belady's MIN {head['belady_over_offline_lru']['small']}× at the small)",
+                 f"LMCache's server read {runs['small'][0]:.4f} in each of its {len(runs['small'])} runs at the small "
+                 f"size and {min(runs['large']):.4f}–{max(runs['large']):.4f} at the large one, below `adaptive` in "
+                 "all",
+                 f"at the middle size {min(runs['middle']):.4f}–{max(runs['middle']):.4f}, above `adaptive`'s "
+                 f"{found['middle']:.4f} in {len(runs['middle'])} of its {len(runs['middle'])} runs, by up to "
+                 f"{max(runs['middle']) - found['middle']:.4f} (in process, `lmcache_sim` {middle['lmcache_sim']:.4f} "
+                 f"and W-TinyLFU {middle['wtinylfu']:.4f} there)"):
+        assert fact in prose, fact
+    slice_start = raw_results()["trace_public_arxiv_slice"]["source"]["first_timestamp_ms"]
+    assert f"the slice of the section below is from its {slice_start // 60_000 + 1}th minute" in prose
+    assert set(runs["small"]) == {runs["small"][0]} and min(runs["middle"]) > found["middle"]
+    assert all(run < found[name] for name in ("small", "large") for run in runs[name])
+
+    sessions = kept["sessions"]
+    rows = sessions["policy_matrix"]
+    for row in (r for r in rows if r["requests"] == 4000):
+        gap, seed = (sessions["traces"][row["trace"]][key] for key in ("gap_s", "seed"))
+        line = (f"| {row['trace']} ({gap} s, {seed}) | {row['size']} | {row['blocks']:,} | {row['lru']:.4f} | "
+                f"{row['arc']:.4f} | {row['lmcache_sim']:.4f} | {row['l1_adaptive']:.4f} | "
+                f"{row['l1_adaptive'] / row['lru']:.3f}× |")
+        assert line in section, line
+    source = sessions["source"]
+    assert (f"the {source['sessions']} Claude Code sessions of WEKA's public kv-cache-tester (commit "
+            f"{source['commit'][:8]}, `traces/trace_*.json`; {source['sessions_listed']} listed, "
+            f"{source['sessions_listed'] - source['sessions']} too large for the snapshot fetched), "
+            f"{source['requests']:,} requests of {source['blocks_per_request_tenth_to_ninetieth_percentile'][0]}–"
+            f"{source['blocks_per_request_tenth_to_ninetieth_percentile'][1]} blocks (a tenth to nine tenths; median "
+            f"{source['blocks_per_request_median']:g}), as {len(sessions['traces'])} streams") in prose.replace(
+                "as eight streams", f"as {len(sessions['traces'])} streams")
+    for length, words in ((4000, "At the small size `adaptive` saves {}–{}× the offline LRU's prefill"),
+                          (1500, "({}–{}× over the first 1,500 requests)")):
+        small = [r["l1_adaptive"] / r["lru"] for r in rows if r["requests"] == length and r["size"] == "small"]
+        assert words.format(f"{min(small):.3f}", f"{max(small):.3f}") in prose
+    flagged = {length: [r for r in rows if r["requests"] == length
+                        and r["l1_adaptive"] < max(r["lru"], r["arc"]) - TOLERANCE] for length in (4000, 1500)}
+    assert {r["size"] for r in flagged[4000]} == {"large"} and not flagged[1500]
+    assert {sessions["traces"][r["trace"]]["gap_s"] for r in flagged[4000]} == {30, 60}
+    worst = max(max(r["lru"], r["arc"]) - r["l1_adaptive"] for r in flagged[4000])
+    assert (f"more than {TOLERANCE} below the offline LRU in {len(flagged[4000])} of the 24 rows, all at the large "
+            f"size with sessions 30 and 60 s apart, by up to {worst:.4f} (none over the first 1,500 requests)") in prose
+    changes = sessions["large_phase_changes"]
+    assert set(changes) == {r["trace"] for r in flagged[4000]}
+    gaps = [later[0] - earlier[0] for one in changes.values() for earlier, later in zip(one["phase_changes"],
+                                                                                       one["phase_changes"][1:])
+            if earlier[1] == "join"]
+    splits = [f"{at:,}" for at, what in changes["cc_g30_s1"]["phase_changes"] if what == "split"]
+    assert (f"splits again within {min(gaps)} to {max(gaps)} requests (`cc_g30_s1`: splits in requests "
+            f"{', '.join(splits[:-1])} and {splits[-1]}, each undone)") in prose
+    assert changes["cc_g30_s1"]["phase_changes"][-1][1] == "join"
+    for length, words in ((4000, "Below `lmcache_sim` (the best of its seven trim periods) in {} rows, by up to {}"),
+                          (1500, "and in {} of the first 1,500 requests', by up to {}")):
+        below = [r["lmcache_sim"] - r["l1_adaptive"] for r in rows if r["requests"] == length
+                 and r["l1_adaptive"] < r["lmcache_sim"]]
+        assert words.format(len(below), f"{max(below):.4f}") in prose
+    server = sessions["server"]
+    by_size = {r["size"]: r["l1_adaptive"] for r in rows if r["trace"] == server["trace"] and r["requests"] == 4000}
+    small, middle, large = (server["sizes"][name]["lmcache_server_runs"] for name in ("small", "middle", "large"))
+    assert min(small) > by_size["small"] and max(middle) < by_size["middle"] and max(large) < by_size["large"]
+    assert (f"read {min(small):.4f}–{max(small):.4f} at the small size, above `adaptive`'s {by_size['small']:.4f}, "
+            f"{min(middle):.4f}–{max(middle):.4f} at the middle size and {min(large):.4f}–{max(large):.4f} at the "
+            "large one, below it") in prose
+    assert all(server["sizes"][name]["offline_lru"] == round(next(
+        r["lru"] for r in rows if r["trace"] == server["trace"] and r["requests"] == 4000 and r["size"] == name), 4)
+        for name in ("small", "middle", "large"))
