@@ -38,9 +38,11 @@ def test_offline_lru_finds_exactly_what_l1_finds_request_by_request():
 @pytest.fixture
 def join_at_3_sigmas(monkeypatch: pytest.MonkeyPatch) -> None:
     """The order the runs kept before 2026-12-07's join at 2 standard deviations ran: its join at 3, and at 3.5 from
-    L1's highest lead, so that replaying their rows in process finds what they kept."""
+    L1's highest lead, and its split after a join on every ghost hit of an access, so that replaying their rows in
+    process finds what they kept."""
     monkeypatch.setattr(order_phases, "JOIN_SIGMAS", 3.0)
     monkeypatch.setattr(order_phases, "JOIN_FALL_SIGMAS", 3.5)
+    monkeypatch.setattr(order_phases, "RESPLIT_HITS_PER_ACCESS", float("inf"))
 
 
 def test_adaptive_undoes_its_split_where_a_large_l1_is_better_served_by_lru(monkeypatch):

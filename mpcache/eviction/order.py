@@ -201,7 +201,7 @@ class ArcOrder:
         held = ghosts.nbytes(tier)
         step = size * max(ghosts.nbytes(1 - tier) / held, 1.0) if held else size  # 0: empty ghosts
         ghosts.remove(key)
-        if self.recency and self.phases.split_due(tier, ghosts.count(0), ghosts.count(1)):
+        if self.recency and self.phases.split_due(tier, ghosts.count(0), ghosts.count(1), self.access):
             self.split()
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 

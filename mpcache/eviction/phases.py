@@ -14,12 +14,15 @@ deviations since the split, or trails it and has fallen by more than :data:`JOIN
 the steps since its lead was highest (a lead built while ARC served better does not hide for long that it no longer
 does), an access counted as one piece of evidence (:meth:`PhaseTests.join_due`), T1 and T2 are one list again, in
 their objects' last uses, until the recency phase's test, asking for twice its standard deviations per join, splits
-it again.
+it again.  After a join that test counts at most :data:`RESPLIT_HITS_PER_ACCESS` of an access's ghost hits: a
+request whose long context was evicted comes back with hundreds of them at once, which tell one thing, and would
+pass any bar counted one by one.
 """
 
 from __future__ import annotations
 
 SPLIT_SIGMAS = 3.0  # how far B2's ghost hits must exceed their share (in standard deviations) to end the recency phase
+RESPLIT_HITS_PER_ACCESS = 16  # after a join, the split test counts at most this many of an access's ghost hits
 JOIN_SIGMAS = 2.0  # how far L1's finds must trail an LRU's since the split (in standard deviations) to end ARC's phase
 JOIN_FALL_SIGMAS = 2.5  # or, trailing, how far from their highest lead (more: it is tested afresh from each highest)
 JOIN_SETTLING = 0.5  # L1's capacities of bytes missed after the split before L1's finds are compared with an LRU's
@@ -36,6 +39,7 @@ class PhaseTests:
         # again no likelier to return than one seen once
         self._b2_hits = 0
         self._expected = self._variance = 0.0
+        self._hit_access, self._access_hits = -1, 0  # after a join: the access of the last ghost hit, its hits so far
         # ARC's phase: the bytes left to miss before L1's lead counts, that lead and the sum of the squares of the
         # accesses' steps, the highest lead and that sum since it, the current access's step so far; the access
         # whose lookup the shadow LRU missed a key of (it finds a prefix)
@@ -45,13 +49,20 @@ class PhaseTests:
         self._shadow_missed_at = -1
         self.joins = 0
 
-    def split_due(self, tier: int, b1: int, b2: int) -> bool:
+    def split_due(self, tier: int, b1: int, b2: int, access: int) -> bool:
         """A ghost hit in the recency phase, in B2 (``tier`` 1: an object seen again, evicted at the age an object
-        seen once is) or B1, whose ghost lists now hold ``b1`` and ``b2`` ghosts: whether the phase ends.  Were an
-        object seen again no likelier to return, the hit would fall in B2 with the chance of B2's share of the
-        ghosts just before it (by count: a ghost hit is one object, whatever its bytes); the phase ends once B2's
-        hits exceed the sum of those chances by :data:`SPLIT_SIGMAS` (doubled per join) standard deviations of that
-        sum (at least one): then ARC's two lists have something to use."""
+        seen once is) or B1, whose ghost lists now hold ``b1`` and ``b2`` ghosts, by ``access``: whether the phase
+        ends.  Were an object seen again no likelier to return, the hit would fall in B2 with the chance of B2's
+        share of the ghosts just before it (by count: a ghost hit is one object, whatever its bytes); the phase ends
+        once B2's hits exceed the sum of those chances by :data:`SPLIT_SIGMAS` (doubled per join) standard
+        deviations of that sum (at least one): then ARC's two lists have something to use.  After a join an
+        access's hits past :data:`RESPLIT_HITS_PER_ACCESS` count for nothing."""
+        if self.joins:
+            if access != self._hit_access:
+                self._hit_access, self._access_hits = access, 0
+            self._access_hits += 1
+            if self._access_hits > RESPLIT_HITS_PER_ACCESS:
+                return False
         b1, b2 = b1 + 1 - tier, b2 + tier  # the hit's ghost was taken out just before
         share = b2 / (b1 + b2)
         self._b2_hits += tier
@@ -110,3 +121,4 @@ class PhaseTests:
         self.joins += 1
         self._b2_hits = 0
         self._expected = self._variance = 0.0
+        self._hit_access, self._access_hits = -1, 0

@@ -827,6 +827,29 @@ def test_after_a_join_the_recency_phase_asks_for_twice_the_evidence_before_it_sp
         assert order.recency
 
 
+def test_after_a_join_the_split_test_counts_at_most_resplit_hits_per_access_of_one_access_s_ghost_hits():
+    """B2 ghost hits, each at a share of 1/2: before any join they count one by one, all in one access (the phase
+    ends at the n-th where n / 2 > 3 * sqrt(n / 4), n = 10).  After a join (6 standard deviations) 10,000 in one
+    access (a long context evicted, come back) do not end it: 16 of them count, 8 above their share against a
+    standard deviation of 2.  16 an access end it once n / 2 > 6 * sqrt(n / 4), n = 37: the third access's 5th."""
+    from mpcache.eviction import phases as module
+    from mpcache.eviction.phases import PhaseTests
+
+    assert 16 == module.RESPLIT_HITS_PER_ACCESS
+
+    def b2_hit(phases: PhaseTests, access: int) -> bool:
+        return phases.split_due(1, 10, 9, access)  # B2's ghost taken out: 10 and 10 left before it, a share of 1/2
+
+    phases = PhaseTests(1000)
+    assert 10 == next(n for n in range(1, 1000) if b2_hit(phases, 0))
+    phases.split()
+    phases.join()
+    assert not any(b2_hit(phases, 1) for _ in range(10_000))
+    phases = PhaseTests(1000)
+    phases.join()
+    assert (3, 5) == next((access, hit) for access in range(1, 100) for hit in range(1, 17) if b2_hit(phases, access))
+
+
 def test_the_recency_phase_admits_the_store_the_second_sight_refuses():
     """The scene of the second-sight refusal (four slots, 1-4 seen again and in use; a store of 5 never seen
     before) in the recency phase: 5 is admitted at once and evicts 1, the least recently used, as under LRU."""
