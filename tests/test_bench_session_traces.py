@@ -161,6 +161,9 @@ def test_performance_md_held_out_checks_are_the_kept_runs():
                  f"{max(runs['middle']) - found['middle']:.4f} (in process, `lmcache_sim` {middle['lmcache_sim']:.4f} "
                  f"and W-TinyLFU {middle['wtinylfu']:.4f} there)"):
         assert fact in prose, fact
+    after = {row["size"]: row["l1_adaptive"] for row in kept["arxiv_head"]["policy_matrix_resplit_cap"]}
+    assert after == {row["size"]: row["l1_adaptive"] for row in kept["arxiv_head"]["policy_matrix"]}
+    assert "the arXiv trace's head still is (the change moves none of its rows)" in prose
     slice_start = raw_results()["trace_public_arxiv_slice"]["source"]["first_timestamp_ms"]
     assert f"the slice of the section below is from its {slice_start // 60_000 + 1}th minute" in prose
     assert set(runs["small"]) == {runs["small"][0]} and min(runs["middle"]) > found["middle"]
