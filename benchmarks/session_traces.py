@@ -69,10 +69,13 @@ def session_requests(path: str) -> tuple[str, int, list[tuple[float, dict[str, A
         if not isinstance(request, dict):
             raise SessionUnreadable(f"{path}: a request that is not a JSON object")
         start = _seconds(request, path)
-        inner = request.get("requests") if request.get("type") == "subagent" else [request]
-        for each in inner if isinstance(inner, list) else []:
-            if isinstance(each, dict) and "hash_ids" in each:
-                timed.append(((start + _seconds(each, path)) if each is not request else start, each))
+        if request.get("type") != "subagent":
+            if "hash_ids" in request:
+                timed.append((start, request))
+            continue
+        inner = request.get("requests")
+        timed.extend((start + _seconds(each, path), each) for each in (inner if isinstance(inner, list) else ())
+                     if isinstance(each, dict) and "hash_ids" in each)
     timed.sort(key=lambda pair: pair[0])
     return str(session.get("id", os.path.basename(path))), small, timed
 

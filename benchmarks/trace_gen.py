@@ -30,7 +30,7 @@ import os
 import random
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from benchmarks.trace_sim import BLOCK_TOKENS, TraceRequest
@@ -169,14 +169,14 @@ class TraceNotWritten(OSError):
 def write(requests: list[TraceRequest], path: str, seed: int = 0) -> None:
     """The trace as JSON lines, Poisson arrivals of one request per 100 ms on average, in a new file
     (:func:`write_records`)."""
-    rng = random.Random(seed)
-    now = 0.0
-    records = []
-    for request in requests:
-        records.append({"timestamp": int(now), "input_length": request.input_tokens, "output_length": 1,
-                        "hash_ids": request.hashes})
-        now += rng.expovariate(1 / 100)
-    write_records(records, path)
+    def records() -> Iterator[dict[str, Any]]:
+        rng, now = random.Random(seed), 0.0
+        for request in requests:
+            yield {"timestamp": int(now), "input_length": request.input_tokens, "output_length": 1,
+                   "hash_ids": request.hashes}
+            now += rng.expovariate(1 / 100)
+
+    write_records(records(), path)
 
 
 def write_records(records: Iterable[dict[str, Any]], path: str) -> None:

@@ -8,7 +8,7 @@ import random
 import stat
 
 import pytest
-from support.performance_docs import doc, flattened, raw_results
+from support.performance_docs import NUMBER_WORDS, doc, flattened, raw_results
 
 from benchmarks import session_traces
 from benchmarks.trace_sim import load
@@ -185,8 +185,7 @@ def test_performance_md_held_out_checks_are_the_kept_runs():
             f"{source['sessions_listed'] - source['sessions']} too large for the snapshot fetched), "
             f"{source['requests']:,} requests of {source['blocks_per_request_tenth_to_ninetieth_percentile'][0]}–"
             f"{source['blocks_per_request_tenth_to_ninetieth_percentile'][1]} blocks (a tenth to nine tenths; median "
-            f"{source['blocks_per_request_median']:g}), as {len(sessions['traces'])} streams") in prose.replace(
-                "as eight streams", f"as {len(sessions['traces'])} streams")
+            f"{source['blocks_per_request_median']:g}), as {NUMBER_WORDS[len(sessions['traces'])]} streams") in prose
 
     def small(kept_rows: list[dict], length: int) -> str:
         ratios = [r["l1_adaptive"] / r["lru"] for r in kept_rows if r["requests"] == length and r["size"] == "small"]
@@ -223,7 +222,7 @@ def test_performance_md_held_out_checks_are_the_kept_runs():
             f"(`RESPLIT_HITS_PER_ACCESS`; benchmarks/HISTORY.md, *Real coding-agent sessions*): {small(now, 4000)} at "
             f"the small size ({small(now, 1500)}), none of the 48 rows more than {TOLERANCE} below the offline LRU or "
             f"ARC, the 48 rows' hit ratios {sum(moved):+.4f} in sum (from {min(moved):+.4f} to {max(moved):+.4f} a "
-            "row)").replace("+0.0", "+0.0").replace("(from -", "(from −") in prose
+            "row)").replace("(from -", "(from −") in prose
     spread, capped = raw_results()["seed_spread"]["totals"], raw_results()["seed_spread_resplit_cap"]["totals"]
     assert (f"{capped['4000']['adaptive_below_best']} of 1,344 rows of 4,000 requests are flagged, as before, and "
             f"{capped['1500']['adaptive_below_best']} of 1,500 ({spread['1500']['adaptive_below_best']}), "
