@@ -4,7 +4,7 @@ chance from the start would have found.
 
 Each Mooncake-format trace file, and each ``trace_gen`` kind at each seed, is replayed in process as
 ``policy_matrix`` replays it, at the three sizes of ``bench trace``; where L1 is large enough for a trial
-(:func:`~mpcache.eviction.admission.worth_a_trial`), three times: as shipped; with the trial sampling every key (a
+(:func:`~mpcache.eviction.admission.trial_halvings`), three times: as shipped; with the trial sampling every key (a
 reference for what any sampled trial could see: it halves its rate only past
 :data:`~mpcache.eviction.shadow.SHADOW_KEYS` keys); and admitting by chance from the first request on, the trial free
 to switch back.  For the first two it gives the requests after which the trial switched, the request by which its
@@ -33,7 +33,8 @@ from mpcache.eviction.order import ArcOrder
 
 REQUESTS = 4000  # each generated trace's requests, and a trace file's read at the most
 SEEDS = (1, 2)
-SAMPLINGS = {"shipped": [], "every_key": [(admission, "TRIAL_HALVINGS", 0)]}  # name → the patches that make it
+SAMPLINGS = {"shipped": [],  # name → the patches that make it
+             "every_key": [(admission, "TRIAL_HALVINGS", 0), (admission, "TRIAL_MIN_HALVINGS", 0)]}
 
 
 def watched(requests: list[TraceRequest], blocks: int, patches: list[tuple[Any, str, Any]]) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def watched(requests: list[TraceRequest], blocks: int, patches: list[tuple[Any, 
     switches, the request by which its evidence counted, its chance at the end and each sum's standing then."""
     switches: list[int] = []
     evidence_from: list[int] = []
-    trials: list[admission.ChanceTrial] = []
+    trials: list[admission.AdmissionTrial] = []
 
     def after(index: int, l1: L1Manager) -> None:
         trial = cast(ArcOrder, l1.order)._trial
@@ -57,10 +58,11 @@ def watched(requests: list[TraceRequest], blocks: int, patches: list[tuple[Any, 
     with patched(patches):
         hit_ratio = outcome(requests, replay(requests, blocks, "adaptive", after=after)).hit_ratio
     if not trials:
-        raise RuntimeError(f"an L1 of {blocks} objects ran no admission trial, though worth_a_trial said it would")
+        raise RuntimeError(f"an L1 of {blocks} objects ran no admission trial, though trial_halvings said it would")
     trial = trials[0]
+    rule = 0 if trial.followed == 1 else 1  # of admitting every store and by chance, the one L1 does not follow
     standing = [{"above_lowest": total - low, "sigmas": round((total - low) / squares ** 0.5, 2) if squares else 0.0}
-                for total, low, squares in zip(trial._sums, trial._lows, trial._since)]
+                for total, low, squares in zip(trial._sums[rule], trial._lows[rule], trial._since[rule])]
     return {"hit_ratio": hit_ratio, "switches": switches, "evidence_from": evidence_from[0] if evidence_from else None,
             "chance": trial.chance, "lead": standing[0], "gain": standing[1]}
 
@@ -85,7 +87,8 @@ def rows_of(name: str, requests: list[TraceRequest], seed: int | None = None) ->
         row: dict[str, Any] = {"trace": name, "seed": seed, "requests": len(requests), "size": size, "blocks": blocks,
                                "lru": lru(requests, blocks).hit_ratio, "arc": arc(requests, blocks).hit_ratio,
                                "lmcache_sim": lmcache_best(requests, blocks),
-                               "runs_a_trial": admission.worth_a_trial(blocks * OBJECT_BYTES, OBJECT_BYTES)}
+                               "runs_a_trial": admission.trial_halvings(blocks * OBJECT_BYTES,
+                                                                        OBJECT_BYTES) is not None}
         if row["runs_a_trial"]:
             for sampling, patches in SAMPLINGS.items():
                 row[sampling] = watched(requests, blocks, patches)

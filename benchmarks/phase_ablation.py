@@ -28,7 +28,7 @@ from benchmarks.policy_matrix import TOLERANCE, l1_found
 from benchmarks.policy_matrix import flags as matrix_flags
 from benchmarks.seed_pool import Job, referenced, seeded_replay
 from benchmarks.trace_sim import TraceRequest, outcome
-from mpcache.eviction import order, phases
+from mpcache.eviction import admission, order, phases
 from mpcache.eviction.gate import FrequencyGate
 
 REQUESTS, FIRST = 4000, 1500  # the policy matrix's lengths in PERFORMANCE.json's ``policy_matrix_adaptive``
@@ -51,10 +51,6 @@ def _admits_always(self: order.ArcOrder) -> bool:
     return True
 
 
-def _no_trial(capacity_bytes: int, chunk_bytes: int) -> bool:
-    return False
-
-
 _BUILD = order.build  # the order's own, which the patch below wraps
 
 
@@ -66,7 +62,7 @@ def _build_without_first_sight(*args: Any, **kwargs: Any) -> Any:
 VARIANTS: dict[str, tuple[str, list[tuple[Any, str, Any]]]] = {
     "shipped": ("the order as shipped", []),
     "gate_never_refuses": ("the frequency gate refuses nothing", [(FrequencyGate, "decide", _never_refuses)]),
-    "no_chance_trial": ("no admission by chance", [(l1_module, "worth_a_trial", _no_trial)]),
+    "no_chance_trial": ("no admission by chance", [(admission, "CHANCE", 1.0)]),
     "no_first_sight": ("no first-sight store refused (as with an L2 tier)",
                        [(order, "build", _build_without_first_sight)]),
     "no_second_sight_admission": ("every store may evict from T2 (no admission on second sight, no gate on T2, no "

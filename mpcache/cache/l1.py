@@ -22,7 +22,7 @@ from mpcache.cache.slabs import ALIGN, SlabAllocator, default_slab_bytes
 from mpcache.contract.events import EventType
 from mpcache.contract.keys import ChunkKey, SampleGate
 from mpcache.eviction import order as l1_order
-from mpcache.eviction.admission import worth_a_trial
+from mpcache.eviction.admission import RULES, trial_halvings
 from mpcache.eviction.lru_order import LruOrder
 
 _L1_READ_RESERVED = EventType.L1_READ_RESERVED
@@ -73,7 +73,7 @@ class L1Manager(PrefetchLandings):
         self.entry_of = cast(Callable[[tuple[str, str, int]], "Entry | None"], self._entries.get)
         self._order = order = l1_order.build(policy, self.capacity_bytes, self._entries.get, _CHUNK_CODE_ITEM,
                                              fair=True, first_sight=first_sight,
-                                             by_chance=worth_a_trial(self.capacity_bytes, chunk_bytes))
+                                             trial=trial_halvings(self.capacity_bytes, chunk_bytes))
         self._lists = order.lists  # ready, unlocked entries: each in lists[entry.tier]
         self._again, self._promote = order.again, order.promote  # an entry taken out is used again
         self._tail_first, self._counts_accesses = order.tail_first, order.new is not None  # ARC: lookups counted
@@ -99,6 +99,18 @@ class L1Manager(PrefetchLandings):
         """The chance a first-sight store is admitted while L1 needs room: below 1 while ``adaptive`` admits by
         chance (:mod:`mpcache.eviction.admission`), else 1."""
         return self._order.chance
+
+    @property
+    def admission(self) -> str:
+        """The rule L1 admits by, of :data:`~mpcache.eviction.admission.RULES`: ``every`` store, but where
+        ``adaptive``'s trial found that admitting ``by_chance`` or under an age floor (``floored``) pays."""
+        order = self._order
+        return RULES[2] if order.floor else RULES[1] if order.chance < 1.0 else RULES[0]
+
+    @property
+    def admission_floor(self) -> float:
+        """The age floor in accesses while L1 admits under it (:mod:`mpcache.eviction.admission`), else 0."""
+        return self._order.floor
 
     @property
     def used_bytes(self) -> int:

@@ -272,7 +272,7 @@ class CacheProcess:
         now = time.monotonic()
         next_evict = now + self.config.eviction_interval_s
         next_beat = now + self._heartbeat_interval_s
-        admitting = ctx.l1.admission_chance  # logged on each change: an operator sees when admission by chance is on
+        admitting = ctx.l1.admission  # logged on each change: an operator sees when L1 refuses by chance or floor
         select = self._selector.select
         guard = self._pool_guard
         assert guard is not None
@@ -308,9 +308,10 @@ class CacheProcess:
                         lmcache.tick()
                     ctx.storage.refresh_usage()
                     ctx.storage.report_failures()  # held L2 failure counts, once their rate limit allows
-                    if ctx.l1.admission_chance != admitting:
-                        admitting = ctx.l1.admission_chance
-                        self.log.info("cache.l1_admission", chance=admitting, policy=ctx.l1.policy)
+                    if ctx.l1.admission != admitting:
+                        admitting = ctx.l1.admission
+                        self.log.info("cache.l1_admission", rule=admitting, chance=ctx.l1.admission_chance,
+                                      floor_accesses=round(ctx.l1.admission_floor), policy=ctx.l1.policy)
                     ctx.gauges.heartbeat(os.getpid())
                     next_beat = now + self._heartbeat_interval_s
         finally:

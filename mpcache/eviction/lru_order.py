@@ -14,6 +14,7 @@ class LruOrder:
     tail_first = False
     prefix_aware = False
     chance = 1.0  # it admits every store
+    floor = 0.0  # under no age floor
     again = 0  # the tier of an object used again: its own, so promote is never called
 
     new: Callable[[Any, Any, Any], None] | None = None  # LRU keeps no history of what it held

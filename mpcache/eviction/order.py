@@ -31,7 +31,10 @@
   than objects seen once, and joins them again where an LRU of L1's capacity would find more
   (:mod:`~mpcache.eviction.phases`).  In either phase, where an LRU admitting first-sight stores by chance finds more
   than L1 and than one admitting every store, L1 admits so (a refusal counted as above, its keys remembered as many
-  bytes as L1's capacity), and the other way round (:mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a
+  bytes as L1's capacity), and the other way round; where an LRU under an age floor finds more than L1 and than both,
+  L1 refuses a store whose room would evict an object used within the floor (counted and remembered alike), in the
+  recency phase, which it enters if it is not in it and does not leave while it admits so (the floor keeps what LRU's
+  order would evict; :mod:`~mpcache.eviction.admission`); and, where ``first_sight``, a
   store that needs more than :data:`~mpcache.eviction.returns.LARGE_STORE_SHARE` of L1's capacity is refused on first
   sight (counted and remembered alike) while stores that large return less often than smaller ones
   (:mod:`~mpcache.eviction.returns`).  It adapts by ghost hits and those comparisons alone: nothing to tune per
@@ -43,13 +46,13 @@ twice it, B2 given up first, as ARC does; ``adaptive``: both ghost lists within 
 the lists: :mod:`~mpcache.eviction.ghosts`).  The state is bounded: the ghosts by that budget, the rest a list slot, a
 tier, two accesses (its store's and its last use's), a store's name, a parent and its children, and a reference to its
 group's fair-share count per resident object, the shadow LRU's at most :data:`~mpcache.eviction.shadow.SHADOW_KEYS`
-keys, the admission trial's two LRUs (as many each, and the keys their refusals remember within L1's capacity in sampled
-bytes), the newest :data:`PARENT_HINTS` lookups' hints, named stores' verdicts (:mod:`~mpcache.eviction.verdicts`), the
-frequency sketch (two rows of byte counters, :data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its
-window, which is :data:`FREQUENCY_WINDOW` counts per evictable object, the most it has been set to at a halving), the
-gate's decisions (:mod:`~mpcache.eviction.gate`), the stores watched for their return
-(:mod:`~mpcache.eviction.returns`), and the fair shares' counts (at most :data:`~mpcache.eviction.fairness.MAX_GROUPS`
-groups).
+keys, the admission trial's three LRUs (as many each, with their last uses, and the keys the chance LRU's refusals
+remember within L1's capacity in sampled bytes), the newest :data:`PARENT_HINTS` lookups' hints, named stores' verdicts
+(:mod:`~mpcache.eviction.verdicts`), the frequency sketch (two rows of byte counters,
+:data:`~mpcache.eviction.frequency.COUNTERS_PER_COUNT` per count of its window, which is :data:`FREQUENCY_WINDOW` counts
+per evictable object, the most it has been set to at a halving), the gate's decisions (:mod:`~mpcache.eviction.gate`),
+the stores watched for their return (:mod:`~mpcache.eviction.returns`), and the fair shares' counts (at most
+:data:`~mpcache.eviction.fairness.MAX_GROUPS` groups).
 
 :class:`~mpcache.cache.l1.L1Manager` keeps an evictable object in ``lists[entry.tier]`` itself (the hot path
 costs what one ordered dict costs) and calls ``promote`` when it takes one out whose tier is not ``again``
@@ -67,7 +70,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
-from mpcache.eviction.admission import ChanceTrial
+from mpcache.eviction.admission import TRIAL_HALVINGS, AdmissionTrial
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.gate import FrequencyGate, would_evict
@@ -91,7 +94,7 @@ class ArcOrder:
     again = 1
 
     def __init__(self, capacity_bytes: int, entry_of: Callable[[Any], Any], prefix_aware: bool = False,
-                 code: Callable[[Any], int] | int = hash, fair: bool = False, by_chance: bool = True,
+                 code: Callable[[Any], int] | int = hash, fair: bool = False, trial: int | None = TRIAL_HALVINGS,
                  first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
         self._ghost_budget = float(capacity_bytes)  # the adaptive order's ghosts' bytes at most (a float: read as is)
@@ -136,10 +139,13 @@ class ArcOrder:
         self.gate = FrequencyGate()  # its decisions to refuse a store asked for less often than what it evicts
         self._code = code_of
         self._shadow: ShadowLru | None = None  # in ARC's phase, an LRU of L1's capacity on sampled keys asked for
-        self._trial = ChanceTrial(capacity_bytes, code_of, self.frequency) if self.first_sight and by_chance else None
-        # the chance a first-sight store is admitted while it needs room (:mod:`~mpcache.eviction.admission`): the
-        # trial's, copied as it sees a key (it changes nowhere else), as L1's gauges read it after every operation
+        self._trial = (AdmissionTrial(capacity_bytes, code_of, self.frequency, trial)
+                       if self.first_sight and trial is not None else None)
+        # the chance a first-sight store is admitted while it needs room, and the age floor in accesses (0: none;
+        # :mod:`~mpcache.eviction.admission`): the trial's, copied as it sees a key (they change nowhere else), as
+        # L1's gauges read the chance after every operation
         self.chance = 1.0
+        self.floor = 0.0
         # groups' reserves (prefix-aware, ``fair``), ``fair`` once two groups count; the access that touched one last
         self._shares = FairShares(capacity_bytes) if prefix_aware and fair else None
         self.fair: FairShares | None = None
@@ -201,7 +207,8 @@ class ArcOrder:
         held = ghosts.nbytes(tier)
         step = size * max(ghosts.nbytes(1 - tier) / held, 1.0) if held else size  # 0: empty ghosts
         ghosts.remove(key)
-        if self.recency and self.phases.split_due(tier, ghosts.count(0), ghosts.count(1), self.access):
+        if self.recency and not self.floor and self.phases.split_due(tier, ghosts.count(0), ghosts.count(1),
+                                                                     self.access):
             self.split()
         self.target = min(float(self.capacity), max(0.0, self.target + (step if tier == 0 else -step)))
 
@@ -363,6 +370,8 @@ class ArcOrder:
             if self._refuses_first_sight(False, self._verdict(), 0.0):
                 self._refused_large = True
                 return True
+        if self.floor and need > 0 and self._refuses_by_floor(need):
+            return True
         if self.recency and self._trial is None and not self._refused_large:
             return False  # the recency phase admits every store, as LRU does (nothing refused by chance or size)
         named, storing = self._store, self._storing  # (:meth:`_verdict` inline: a call per store costs more)
@@ -397,6 +406,26 @@ class ArcOrder:
             if not source or self._seen(storing) or not self._gate(storing, source):
                 return False
             self.reused = False
+        self._admitted = False
+        self._refused.remember(storing, self._storing_bytes, self.capacity)
+        return True
+
+    def _refuses_by_floor(self, need: float) -> bool:
+        """Whether the store being reserved, not judged (nor its name), is refused as the objects it would evict
+        for ``need`` bytes beyond the orphans (the least recently used: the order is in its recency phase while it
+        has a floor) include one used within the floor; its keys are remembered as a refused store's."""
+        storing = self._storing
+        if not storing or self._admitted is not None or self._verdict() is not None:
+            return self._admitted is False
+        room, since = need - self.sizes[2], self.access - self.floor
+        for entry in self.lists[0].values():
+            if room <= 0:
+                return False
+            if entry.used > since:
+                break
+            room -= entry.size
+        else:
+            return False
         self._admitted = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)
         return True
@@ -471,7 +500,10 @@ class ArcOrder:
             if counted:
                 if counted & SAMPLED and trial is not None:  # sampled for the trial (it sets the sampling)
                     trial.sees(key, nbytes, access, found)
-                    self.chance = trial.chance
+                    self.chance, self.floor = trial.chance, trial.floor
+                    if self.floor and not self.recency:  # the floor keeps what the recency phase would evict
+                        self.join()
+                        shadow = None
                 if counted & ENDED:  # a window ended: the next one from the objects held now, never narrower
                     frequency.resize(max(frequency.window, FREQUENCY_WINDOW * max(len(self), 16)))
 
@@ -551,24 +583,25 @@ class ArcOrder:
             if child is not None and child.parent is other:
                 child.parent = entry
                 _add_child(entry, child_key)
-        for shadow in (self._shadow, *((self._trial.lru, self._trial.by_chance) if self._trial is not None else ())):
+        for shadow in (self._shadow, *(self._trial.shadows if self._trial is not None else ())):
             if shadow is not None:
                 shadow.merge(key, other_key)
 
 
 def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code: Callable[[Any], int] | int = hash,
-          fair: bool = False, by_chance: bool = True, first_sight: bool = True) -> LruOrder | ArcOrder:
+          fair: bool = False, trial: int | None = TRIAL_HALVINGS, first_sight: bool = True) -> LruOrder | ArcOrder:
     """The order ``--l1-policy`` names; ``code``: a key's number for the frequency sketch and the samples (its hash
     by default; an int: the index of a tuple key's item that is, which the compiled sketch reads without a call);
     ``fair``: ``adaptive`` keeps each model and tenant a reserve (keys are :class:`~mpcache.contract.keys.ChunkKey`
-    tuples: their first two fields); ``first_sight``: ``adaptive`` may refuse a store seen first (by frequency, and
-    by chance where ``by_chance``: :class:`~mpcache.eviction.admission.ChanceTrial`); False where a store L1
+    tuples: their first two fields); ``first_sight``: ``adaptive`` may refuse a store seen first (by frequency, and,
+    where ``trial`` is not None, by chance or under an age floor, as its admission trial finds, sampling 1 / 2 **
+    ``trial`` of the keys at first: :class:`~mpcache.eviction.admission.AdmissionTrial`); False where a store L1
     refuses would reach no L2 tier either."""
     if policy == "lru":
         return LruOrder(capacity_bytes, entry_of)
     if policy in ("arc", "adaptive"):
         return ArcOrder(capacity_bytes, entry_of, prefix_aware=policy == "adaptive", code=code, fair=fair,
-                        by_chance=by_chance, first_sight=first_sight)
+                        trial=trial, first_sight=first_sight)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 

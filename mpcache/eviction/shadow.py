@@ -1,7 +1,7 @@
 """What an LRU L1 of the same capacity would find, on a hash-sampled share of the keys asked for (SHARDS,
 Waldspurger et al., FAST 2015): the ``adaptive`` order compares it with what L1 found of the same keys, and
 leaves ARC's two lists for one LRU list where LRU would be finding more; and what one that admits a first-sight
-store by chance would (:mod:`~mpcache.eviction.admission`)."""
+store by chance, or under an age floor, would (:mod:`~mpcache.eviction.admission`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from mpcache.eviction.frequency import MIX, WORD
 from mpcache.eviction.refusal import RefusedKeys, draw
 
 SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when more would be held
+AGE_EVICTIONS = 256  # the eviction age is a running mean over about this many evictions
 
 
 class ShadowLru:
@@ -21,11 +22,18 @@ class ShadowLru:
     same in every run, and a key sampled at a rate sampled at every higher one.  With ``admit`` below 1, an
     access's keys it does not hold are admitted only where they fit without an eviction, where the access's draw
     (:func:`~mpcache.eviction.refusal.draw` of its number) is below ``admit``, or where one of the access's keys
-    was refused before (within the capacity's bytes of refused keys, as L1 remembers them)."""
+    was refused before (within the capacity's bytes of refused keys, as L1 remembers them).  ``aged``: it keeps each
+    key's last access and ``age``, the accesses between a key's last use and its eviction (a running mean over about
+    :data:`AGE_EVICTIONS` evictions), and refuses an access's keys it does not hold where their room would evict a key
+    used within ``floor`` accesses (0, at first: none)."""
 
     def __init__(self, capacity_bytes: float, code: Callable[[Hashable], int] = hash,
-                 max_keys: int = SHADOW_KEYS, admit: float = 1.0) -> None:
+                 max_keys: int = SHADOW_KEYS, admit: float = 1.0, aged: bool = False) -> None:
         self._capacity = float(capacity_bytes)
+        self._aged = aged
+        self._used: dict[Hashable, int] = {}  # (aged) each key's last access
+        self.age = 0.0
+        self.floor = 0.0
         self._code = code
         self._max_keys = max_keys
         self._admit = admit
@@ -71,32 +79,55 @@ class ShadowLru:
         asked, keys = self._asked, self._keys
         if not asked:
             return
-        if self._admit < 1.0:
+        if self._admit < 1.0 or self.floor:
             new = [(key, nbytes) for key, nbytes in asked if key not in keys]
             if new and not self._admits(new, asked):
-                self._refused.remember_pairs(new, self._capacity / (1 << self.halvings))
+                if not self.floor:  # (second sight admits by chance; the floor is about what a store would evict)
+                    self._refused.remember_pairs(new, self._capacity / (1 << self.halvings))
                 asked[:] = [(key, nbytes) for key, nbytes in asked if key in keys]
         for key, nbytes in reversed(asked):
             held = keys.pop(key, None)
             keys[key] = nbytes
             self._bytes += nbytes - (held or 0.0)
+        if self._aged:
+            used, access = self._used, self._access
+            for key, _ in asked:
+                used[key] = access
         asked.clear()
         self._trim()
         while len(self._keys) > self._max_keys:
             self._halve()
 
     def _admits(self, new: list[tuple[Hashable, float]], asked: list[tuple[Hashable, float]]) -> bool:
-        """Whether the access's ``new`` keys (those it does not hold) are admitted (``admit`` below 1): the
-        cheapest tests first."""
-        if self._bytes + sum(nbytes for _, nbytes in new) <= self._capacity / (1 << self.halvings):
+        """Whether the access's ``new`` keys (those it does not hold) are admitted (``admit`` below 1, or a ``floor``):
+        the cheapest tests first."""
+        over = self._bytes + sum(nbytes for _, nbytes in new) - self._capacity / (1 << self.halvings)
+        if over <= 0:
             return True
+        if self.floor:
+            return self._quiet_for(over, {key for key, _ in asked})
         refused = self._refused
         return any(key in refused for key, _ in asked) or draw(self._access) < self._admit
+
+    def _quiet_for(self, over: float, asked: set[Hashable]) -> bool:
+        """Whether the least recently used keys that would leave to free ``over`` bytes (not those ``asked`` for by
+        the access, which it keeps) were all last used before the floor."""
+        used, since = self._used, self._access - self.floor
+        for key, nbytes in self._keys.items():
+            if key in asked:
+                continue
+            if used.get(key, -1) > since:
+                return False
+            over -= nbytes
+            if over <= 0:
+                break
+        return True
 
     def merge(self, key: Hashable, other: Hashable) -> None:
         """``other`` becomes part of ``key`` (a miniature's two tail segments merged): its bytes join ``key``'s where
         both are held, and leave with it where only it is."""
         nbytes = self._keys.pop(other, None)
+        self._used.pop(other, None)
         if nbytes is None:
             return
         if key in self._keys:
@@ -115,13 +146,19 @@ class ShadowLru:
         self._keys = OrderedDict((key, nbytes) for key, nbytes in self._keys.items()
                                  if self._sampled(key, self.halvings))
         self._bytes = sum(self._keys.values())
+        if self._aged:
+            self._used = {key: self._used[key] for key in self._keys if key in self._used}
         self._trim()
 
     def _trim(self) -> None:
         """The least recently used keys leave while the rest hold more than the capacity at the sampling rate."""
         keys, capacity = self._keys, self._capacity / (1 << self.halvings)
         while self._bytes > capacity and keys:
-            self._bytes -= keys.popitem(False)[1]
+            key, nbytes = keys.popitem(False)
+            self._bytes -= nbytes
+            if self._aged:  # (a key seeded, never used here, leaves at age 0)
+                age = self._access - self._used.pop(key, self._access)
+                self.age = age if not self.age else self.age + (age - self.age) / AGE_EVICTIONS
 
     def _sampled(self, key: Hashable, halvings: int) -> bool:
         """Whether ``key`` is sampled at the rate 1 / 2 ** ``halvings``: the top bits of its mixed code are zero."""

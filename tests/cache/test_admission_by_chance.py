@@ -25,9 +25,10 @@ from mpcache.eviction.admission import (
     CHANCE,
     CHANCE_SIGMAS,
     TRIAL_HALVINGS,
+    TRIAL_MIN_HALVINGS,
     TRIAL_MIN_KEYS,
-    ChanceTrial,
-    worth_a_trial,
+    AdmissionTrial,
+    trial_halvings,
 )
 from mpcache.eviction.frequency import MIX, FrequencySketchReference
 from mpcache.eviction.refusal import RefusedKeys, draw
@@ -185,10 +186,16 @@ def test_refused_keys_are_kept_within_their_bound_newest_last():
     assert ("b" in refused, "c" in refused, "d" in refused) == (True, False, True)
 
 
-def _observed(trial: ChanceTrial, lru_found: int, by_chance_found: int, l1_found: int, accesses: int) -> None:
-    """``accesses`` accesses in which the two LRUs and L1 found so many sampled keys each."""
+def _trial() -> AdmissionTrial:
+    return AdmissionTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16), TRIAL_HALVINGS)
+
+
+def _observed(trial: AdmissionTrial, lru_found: int, by_chance_found: int, l1_found: int, accesses: int,
+              floored_found: int | None = None) -> None:
+    """``accesses`` accesses in which the rules' LRUs and L1 found so many sampled keys each (the floored LRU as
+    many as the one admitting every store, unless ``floored_found``)."""
     for _ in range(accesses):
-        trial._found[:] = [lru_found, by_chance_found]
+        trial._found[:] = [lru_found, by_chance_found, lru_found if floored_found is None else floored_found]
         trial._l1 = l1_found
         trial._settle()
 
@@ -196,15 +203,15 @@ def _observed(trial: ChanceTrial, lru_found: int, by_chance_found: int, l1_found
 def test_the_trial_follows_an_lru_only_where_it_leads_both_l1_and_the_other_lru():
     """Admission by chance helping an LRU is not enough where L1 (ARC's lists) finds more than both; an LRU
     leading L1 is not enough where the other LRU finds as much."""
-    arc_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    arc_serves = _trial()
     arc_serves._settling = 0
     _observed(arc_serves, 2, 3, 4, 1000)
     assert (arc_serves.chance, arc_serves.switches) == (1.0, 0)
-    recency_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    recency_serves = _trial()
     recency_serves._settling = 0
     _observed(recency_serves, 3, 3, 2, 1000)  # an LRU finds more than L1, by chance or not
     assert (recency_serves.chance, recency_serves.switches) == (1.0, 0)
-    chance_serves = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    chance_serves = _trial()
     chance_serves._settling = 0
     _observed(chance_serves, 2, 3, 2, 9)  # one more key per access than both: 3 sigma is crossed at the 10th
     assert chance_serves.chance == 1.0
@@ -215,7 +222,7 @@ def test_the_trial_follows_an_lru_only_where_it_leads_both_l1_and_the_other_lru(
 
 
 def test_the_trial_s_evidence_counts_once_l1_has_missed_its_capacity():
-    trial = ChanceTrial(CAPACITY * 64.0, hash, FrequencySketchReference(16))
+    trial = _trial()
     _observed(trial, 2, 5, 2, 1000)
     assert trial.chance == 1.0
     sampled = next(number for number in range(10**6) if not (number * MIX) % (1 << 64) >> (64 - TRIAL_HALVINGS))
@@ -265,7 +272,7 @@ def test_the_curves_model_admission_by_chance_only_where_the_cache_processes_l1_
 
     from mpcache.telemetry.subscribers.metrics.mrc import MissRatioSubscriber
 
-    large, small = (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64, (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 32
+    large, small = (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64, (TRIAL_MIN_KEYS << TRIAL_MIN_HALVINGS) * 32
     tier = [{"type": "mock", "capacity_gb": 1}]
     for l1_bytes, l2, trial in ((large, [], True), (small, [], False), (large, tier, False)):
         config = make_config(str(tmp_path), l1_size_bytes=l1_bytes, chunk_bytes=64, l1_policy="adaptive", l2=l2)
@@ -314,16 +321,27 @@ print(found, mini.order._trial.switches, mini.order._trial.chance)
     assert int(found) > 0 and int(switches) >= 1
 
 
+def test_the_trial_samples_as_few_keys_as_leave_its_lrus_enough_and_none_below_its_fewest_halvings():
+    """Each halving of the sampling rate needs twice the objects for TRIAL_MIN_KEYS sampled keys in an LRU of L1's
+    capacity; L1s with more sample at 1 / 2 ** TRIAL_HALVINGS, and those too small for TRIAL_MIN_HALVINGS run none."""
+    for objects in range(1, (TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 4, 7):
+        fitting = [halvings for halvings in range(TRIAL_MIN_HALVINGS, TRIAL_HALVINGS + 1)
+                   if objects >= TRIAL_MIN_KEYS * 2 ** halvings]
+        assert trial_halvings(objects * 64.0, 64.0) == (fitting[-1] if fitting else None), objects
+    minimum = TRIAL_MIN_KEYS << TRIAL_MIN_HALVINGS
+    assert (trial_halvings(minimum * 64, 64), trial_halvings(minimum * 64 - 1, 64)) == (TRIAL_MIN_HALVINGS, None)
+    assert _l1(minimum)._order.frequency.sample_bits == TRIAL_MIN_HALVINGS
+
+
 def test_an_l1_too_small_for_the_trial_to_tell_anything_has_none_and_samples_no_key_for_it():
-    """Below TRIAL_MIN_KEYS << TRIAL_HALVINGS objects, the trial's LRUs would hold fewer than TRIAL_MIN_KEYS sampled
-    keys."""
-    minimum = TRIAL_MIN_KEYS << TRIAL_HALVINGS
-    assert (worth_a_trial(minimum * 64, 64), worth_a_trial(minimum * 64 - 1, 64)) == (True, False)
+    """Below TRIAL_MIN_KEYS << TRIAL_MIN_HALVINGS objects, the trial's LRUs would hold fewer than TRIAL_MIN_KEYS
+    sampled keys at the most the trial samples."""
+    minimum = TRIAL_MIN_KEYS << TRIAL_MIN_HALVINGS
     small = _l1(minimum - 1)
     for hashes in _returning(3000, minimum // 4 // BLOCKS, minimum // 2 // BLOCKS):
         engine_request(small, ("m", ""), hashes)
-    assert (small._order._trial, small._order.chance, small._order.frequency.sample_bits) == (None, 1.0, -1)
-    assert _l1(minimum)._order.frequency.sample_bits == TRIAL_HALVINGS
+    assert (small._order._trial, small._order.chance, small._order.floor,
+            small._order.frequency.sample_bits) == (None, 1.0, 0.0, -1)
 
 
 def test_the_docs_state_the_trial_s_numbers_as_the_code_has_them():
@@ -332,7 +350,9 @@ def test_the_docs_state_the_trial_s_numbers_as_the_code_has_them():
     chance = str(Fraction(CHANCE))
     minimum = TRIAL_MIN_KEYS << TRIAL_HALVINGS
     assert f"with a chance of {chance} while it needs room" in changelog
-    assert f"nor where L1 holds fewer than {minimum:,} objects" in changelog
+    assert "nor where L1 holds fewer than 2,048 objects" in changelog  # the trial's minimum when it came
+    assert (f"The trial now runs in an L1 of {TRIAL_MIN_KEYS << TRIAL_MIN_HALVINGS:,} objects or more (sampling 1 / "
+            f"{1 << TRIAL_MIN_HALVINGS} of the keys there, 1 / {1 << TRIAL_HALVINGS} from {minimum:,})") in changelog
     assert f"a first-sight store with a chance of {chance}" in history
     assert f"top {TRIAL_HALVINGS} bits are 0 (1/{1 << TRIAL_HALVINGS};" in history
     assert f"by {CHANCE_SIGMAS:g} σ" in history
@@ -347,8 +367,8 @@ class _NullMeter:
 
 
 def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
-    """``cache.l1_admission`` with the chance, once per change, at the heartbeat: an operator sees when admission by
-    chance is on (its refusals are L1 allocation failures)."""
+    """``cache.l1_admission`` with the rule, the chance and the floor, once per change of rule, at the heartbeat: an
+    operator sees when admission by chance or under an age floor is on (its refusals are L1 allocation failures)."""
     log = CapturedLog()
     harness = cache(server_kwargs={"logger": log, "heartbeat_interval_s": 0.05}, l1_policy="adaptive",
                     chunk_bytes=64, l1_size_bytes=(TRIAL_MIN_KEYS << TRIAL_HALVINGS) * 64)
@@ -361,8 +381,12 @@ def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
     l1.order._trial.chance = l1.order.chance = CHANCE  # as the trial sets it
     wait_for(lambda: logged(), timeout_s=30, what="the log line")
     l1.order._trial.chance = l1.order.chance = 1.0
+    l1.order.floor = 48.4  # as the trial sets it where L1 admits under an age floor
     wait_for(lambda: len(logged()) == 2, timeout_s=30, what="the second log line")
-    assert [entry["chance"] for entry in logged()] == [CHANCE, 1.0]
+    l1.order.floor = 0.0
+    wait_for(lambda: len(logged()) == 3, timeout_s=30, what="the third log line")
+    assert [(entry["rule"], entry["chance"], entry["floor_accesses"]) for entry in logged()] == [
+        ("by_chance", CHANCE, 0), ("floored", 1.0, 48), ("every", 1.0, 0)]
     assert {entry["policy"] for entry in logged()} == {"adaptive"}
 
 

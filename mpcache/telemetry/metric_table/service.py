@@ -57,7 +57,8 @@ SERVICE = Section("Service", "The service", False, (
         _m("mpcache.l1_refused", "mpcache_l1_refused_chunks_total", OBSERVABLE_COUNTER, "chunks", _per_worker(
            State.L1, "G_L1_REFUSED"), "Chunks of client stores L1's eviction order refused where it could have "
            "made room (adaptive: a store seen once that would evict what was seen again, or was asked for less "
-           "often than what it would evict, or by chance, or large while large stores return less often), per "
+           "often than what it would evict, or by chance, or whose room would evict what was used within its age "
+           "floor, or large while large stores return less often), per "
            "cache process (kept across its restarts); they are in lmcache_mp_l1_allocation_failure_chunks_total "
            "too, which this tells from a full L1."),
     ))

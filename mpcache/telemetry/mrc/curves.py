@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from mpcache.eviction.admission import TRIAL_HALVINGS
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.mrc.history import (
     AFTER_GAP,
@@ -116,7 +117,7 @@ class CurveSet:
 
     def __init__(self, sample_rate: float, max_keys: int, capacities: dict[str, int],
                  max_tenants: int = MAX_TENANT_CURVES, policy: str = "lru", processes: int = 1,
-                 by_chance: bool = True, first_sight: bool = True) -> None:
+                 trial: int | None = TRIAL_HALVINGS, first_sight: bool = True) -> None:
         self.lock = threading.Lock()
         self.policy = policy
         self.max_tenants = max_tenants
@@ -129,7 +130,7 @@ class CurveSet:
         mini_edges = sorted({round(capacity / processes * ratio) for capacity in capacities.values()
                              for ratio in MINI_RATIOS})
         per_process = max(min(max_keys, MIN_KEYS_PER_PROCESS), max_keys // processes)
-        self._histories = [History(sample_rate, per_process, self._edges, policy, mini_edges, by_chance, first_sight)
+        self._histories = [History(sample_rate, per_process, self._edges, policy, mini_edges, trial, first_sight)
                            for _ in range(processes)]
         self._curves: dict[Tenant, Histogram] = {(ALL, ALL): Histogram(len(self._edges) + 1)}
         self._owned = [0, 0, 0]  # curves of their own, per kind

@@ -18,6 +18,7 @@ from typing import Any
 
 from mpcache.contract import tail_marks
 from mpcache.contract.keys import SAMPLE_MODULUS
+from mpcache.eviction.admission import TRIAL_HALVINGS
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.mrc import spline
 from mpcache.telemetry.mrc.mini import MiniCache
@@ -148,13 +149,14 @@ class History:
     there (a store named them, or a lookup found them)."""
 
     def __init__(self, sample_rate: float, max_keys: int, edges: list[int], policy: str,
-                 mini_edges: list[int] | None = None, by_chance: bool = True, first_sight: bool = True) -> None:
+                 mini_edges: list[int] | None = None, trial: int | None = TRIAL_HALVINGS,
+                 first_sight: bool = True) -> None:
         self.max_keys = max_keys
         self.edges = edges
         self.strata = (Stratum(1.0, max_keys // 2), Stratum(sample_rate, max_keys - max_keys // 2))
         self.stack = ReuseStack(max_keys + 2, strata=4)
         self.mini_edges = sorted(set(edges if mini_edges is None else mini_edges))
-        self.minis = None if policy == "lru" else [MiniCache(policy, edge, by_chance, first_sight)
+        self.minis = None if policy == "lru" else [MiniCache(policy, edge, trial, first_sight)
                                                      for edge in self.mini_edges]
         self._spread = spline.spread(edges, self.mini_edges)
         self.stored: set[Row] = set()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from mpcache.eviction import order as eviction_order
+from mpcache.eviction.admission import TRIAL_HALVINGS
 
 Key = tuple[Hashable, float]  # (key, bytes it stands for)
 UNSTORED_KEYS = 4096  # the newest keys lookups' stores did not store, whose store event may yet come: within moments
@@ -64,12 +65,13 @@ class _Entry:
 class MiniCache:
     """One miniature L1 of ``capacity_bytes`` under ``policy``."""
 
-    def __init__(self, policy: str, capacity_bytes: float, by_chance: bool = True, first_sight: bool = True) -> None:
+    def __init__(self, policy: str, capacity_bytes: float, trial: int | None = TRIAL_HALVINGS,
+                 first_sight: bool = True) -> None:
         self.capacity = capacity_bytes
         self.used = 0.0
         self.entries: dict[Hashable, _Entry] = {}
         self.order = eviction_order.build(policy, int(capacity_bytes), self.entries.get, _stable_code,
-                                          by_chance=by_chance, first_sight=first_sight)
+                                          trial=trial, first_sight=first_sight)
         self.unstored: OrderedDict[Hashable, None] = OrderedDict()  # keys a lookup's store did not store
 
     def lookup(self, keys: Sequence[Key], parents: Mapping[Hashable, Hashable] | None = None) -> list[bool]:

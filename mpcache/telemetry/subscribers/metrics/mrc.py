@@ -23,7 +23,7 @@ from mpcache.contract.events import (
     SCHEMAS,
     EventType,
 )
-from mpcache.eviction.admission import worth_a_trial
+from mpcache.eviction.admission import trial_halvings
 from mpcache.httpserver import Route
 from mpcache.telemetry import statecheck
 from mpcache.telemetry.batch import EventBatch
@@ -109,7 +109,7 @@ class MissRatioSubscriber(Subscriber):
                                max_tenants=min(MAX_TENANT_CURVES, config.cache_salt_cap), policy=config.l1_policy,
                                processes=config.workers,  # admitting as the cache processes' L1 does
                                first_sight=not config.l2,
-                               by_chance=worth_a_trial(config.l1_pool_bytes, config.chunk_bytes))
+                               trial=trial_halvings(config.l1_pool_bytes, config.chunk_bytes))
         self.l1_policy = config.l1_policy
         self._half_life_s = config.mrc_half_life_s
         self._clock = clock
