@@ -79,6 +79,18 @@ def test_performance_md_s_section_is_the_kept_runs():
     assert (f"At the small size of `{server['trace']}` LMCache's own server read {min(runs):.4f}–{max(runs):.4f} in "
             f"the section below's two runs, above `adaptive` then ({before[small]:.4f}) and below it now "
             f"({now:.4f})") in prose
+    service = kept["server"]["trace"]
+    sizes = service["sizes"]
+    ours = [sizes[name]["mpcache_adaptive"]["hit_ratio"] for name in ORDER]
+    theirs = [sizes[name]["lmcache_server"]["hit_ratio"] for name in ORDER]
+    failures = [sizes[name]["lmcache_server"]["allocation_failures"] for name in ORDER]
+    in_process = [round(next(r["l1_adaptive"] for r in after if _key(r) == (server["trace"], 4000, name)), 4)
+                  for name in ORDER]
+    assert ours == in_process and all(server_found < found for server_found, found in zip(theirs, ours))
+    assert len(sizes["small"]["lmcache_server"]["runs"]) == 1 and service["requests"] == 4000
+    assert (f"`adaptive` read {' / '.join(f'{x:.4f}' for x in ours)} at the small / middle / large size, as in "
+            f"process, and LMCache's server {' / '.join(f'{x:.4f}' for x in theirs)} (its allocation failures "
+            f"{' / '.join(f'{x:,}' for x in failures)} chunks)") in prose
 
 
 def test_the_generated_kinds_and_public_traces_cross_no_bar():
