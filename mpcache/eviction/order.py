@@ -70,11 +70,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
-from mpcache.eviction.admission import TRIAL_HALVINGS, AdmissionTrial
+from mpcache.eviction.admission import TRIAL_HALVINGS, AdmissionTrial, quiet_for
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.gate import FrequencyGate, would_evict
 from mpcache.eviction.ghosts import GhostLists
+from mpcache.eviction.links import add_child, drop_child
 from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.phases import PhaseTests
 from mpcache.eviction.refusal import RefusedKeys, draw
@@ -165,7 +166,7 @@ class ArcOrder:
         prefix-aware order; None: not known): it joins T1, or T2 after a ghost hit, which moves T1's target by
         the object's bytes times the other ghost list's weight over this one's (at least once).  With a parent,
         it is an orphan once its parent is evicted."""
-        if parent is not None:  # (inline :func:`_add_child`: a call per store costs more than the test)
+        if parent is not None:  # (inline :func:`~mpcache.eviction.links.add_child`: a call costs more than the test)
             entry.parent = parent
             children = parent.children
             if children is None:
@@ -417,14 +418,7 @@ class ArcOrder:
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False
-        room, since = need - self.sizes[2], self.access - self.floor
-        for entry in self.lists[0].values():
-            if room <= 0:
-                return False
-            if entry.used > since:
-                break
-            room -= entry.size
-        else:
+        if quiet_for(self.lists[0].values(), need - self.sizes[2], self.access - self.floor):
             return False
         self._admitted = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)
@@ -558,7 +552,7 @@ class ArcOrder:
         self.sizes[entry.tier] -= entry.size
         parent = entry.parent
         if parent is not None and parent.children:
-            _drop_child(parent, key)
+            drop_child(parent, key)
         if entry.children:
             self._orphan_children(entry)
         if self.fair is not None:
@@ -582,7 +576,7 @@ class ArcOrder:
             child = self._entry_of(child_key)
             if child is not None and child.parent is other:
                 child.parent = entry
-                _add_child(entry, child_key)
+                add_child(entry, child_key)
         for shadow in (self._shadow, *(self._trial.shadows if self._trial is not None else ())):
             if shadow is not None:
                 shadow.merge(key, other_key)
@@ -604,22 +598,3 @@ def build(policy: str, capacity_bytes: int, entry_of: Callable[[Any], Any], code
                         trial=trial, first_sight=first_sight)
     raise ValueError(f"unknown L1 policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
-
-def _add_child(parent: Any, key: Any) -> None:
-    """``key`` is ``parent``'s child too (an only child is its key, more are a dict's keys, in the stores' order)."""
-    children = parent.children
-    if children is None:
-        parent.children = key
-    elif type(children) is dict:
-        children[key] = None
-    elif children != key:
-        parent.children = {children: None, key: None}
-
-
-def _drop_child(parent: Any, key: Any) -> None:
-    """``key`` is no longer ``parent``'s child (an only child is its key, more are a dict's keys)."""
-    children = parent.children
-    if type(children) is dict:
-        children.pop(key, None)
-    elif children == key:
-        parent.children = None
