@@ -120,9 +120,13 @@ def test_the_generated_kinds_and_public_traces_cross_no_bar():
                                                                         - TOLERANCE)
             assert (found < row["lmcache_sim"]) == (row["after"] < row["lmcache_sim"])
     public = kept["generated_and_public"]
-    unchanged = {_key(r): r["l1_adaptive"] for r in public["before"]}
-    assert {_key(r): r["l1_adaptive"] for r in public["after"]} == unchanged
-    assert f"the same in all {len(unchanged)} rows" in prose
+    assert [(_key(r), r["l1_adaptive"]) for r in public["after"]] == [(_key(r), r["l1_adaptive"])
+                                                                      for r in public["before"]]
+    distinct = {_key(r) for r in public["after"]}
+    whole = [r for r in public["after"] if r["requests"] < 1500]
+    assert {r["trace"] for r in whole} == {"mooncake_arxiv_slice", "mooncake_arxiv_head1000_dynamo"}
+    assert (f"the same in all {len(public['after'])} rows ({len(distinct)} distinct: the arXiv slices have "
+            f"{whole[0]['requests']:,} requests, so their first 1,500 are the whole)") in prose
 
 
 def test_the_cost_is_the_counted_runs():
@@ -176,3 +180,23 @@ def test_changelog_and_history_state_the_code_s_constants_and_the_kept_numbers()
     small = next(r for r in after if _key(r) == ("cc_g60_s2", 4000, "small"))
     assert (f"`cc_g60_s2` at the small size ({small['blocks']:,} objects, no trial before) reads "
             f"{before[_key(small)]:.4f} → {small['l1_adaptive']:.4f}") in notes
+
+
+def test_the_curves_errors_are_the_kept_runs():
+    kept, _, _ = _kept()
+    runs = kept["mrc_accuracy"]
+    prose = flattened(doc("PERFORMANCE.md"))
+
+    def error(run: str, trace: str, size: str) -> float:
+        return runs[run]["traces"][f"{trace}/{size}"]["adaptive"]["32768 keys, rate 0.01"]["max_half_to_double"]
+
+    def errors(run: str, trace: str) -> str:
+        return " / ".join(f"{error(run, trace, size):.4f}" for size in ORDER)
+
+    assert (f"its largest error there is {errors('after', 'cc_g30_s1')} at the small / middle / large size of "
+            f"`cc_g30_s1` ({errors('before', 'cc_g30_s1')} before) and {errors('after', 'cc_g60_s2')} on `cc_g60_s2` "
+            f"({errors('before', 'cc_g60_s2')} before)") in prose
+    above = [(trace, size) for trace in ("cc_g30_s1", "cc_g60_s2") for size in ORDER
+             if error("after", trace, size) > 0.02 >= error("before", trace, size)]
+    assert above == [("cc_g60_s2", "middle"), ("cc_g60_s2", "large")]
+    assert "above the issue's 0.02 at the middle and large sizes of `cc_g60_s2`, where it was within it" in prose

@@ -82,8 +82,9 @@ class Config:
                              "tails, first; a store seen once may not evict what was seen again until it is stored "
                              "a second time, nor then while what it would evict is asked for more often and that "
                              "has proved the better bet; with no L2 tier, a store seen once is refused alike, and "
-                             "admitted by chance, or refused where its room would evict what was used lately, "
-                             "where that would find more: mpcache_l1_admission_chance), lru or "
+                             "admitted by chance (mpcache_l1_admission_chance), or refused where its room would "
+                             "evict what was used lately, where that would find more (the cache.l1_admission log "
+                             "line names the rule)), lru or "
                              "arc (default {default})",
                              group=SERVICE)
     l1_watermark: float = setting(Number(0, 1, low_open=True), 1.0,  # DEPRECATED: read, checked, unused

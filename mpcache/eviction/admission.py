@@ -38,6 +38,8 @@ def trial_halvings(capacity_bytes: float, object_bytes: float) -> int | None:
     """How often the trial of an L1 of ``capacity_bytes`` holding objects of ``object_bytes`` halves its sampling
     rate: as often as leaves its LRUs at least :data:`TRIAL_MIN_KEYS` sampled keys, at most :data:`TRIAL_HALVINGS`
     times; None where that is fewer than :data:`TRIAL_MIN_HALVINGS` (fewer keys tell nothing, more cost their work)."""
+    if object_bytes <= 0:
+        return None
     halvings = min(TRIAL_HALVINGS, (int(capacity_bytes // object_bytes) // TRIAL_MIN_KEYS).bit_length() - 1)
     return halvings if halvings >= TRIAL_MIN_HALVINGS else None
 

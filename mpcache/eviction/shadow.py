@@ -156,7 +156,7 @@ class ShadowLru:
         while self._bytes > capacity and keys:
             key, nbytes = keys.popitem(False)
             self._bytes -= nbytes
-            if self._aged:  # (a key seeded, never used here, leaves at age 0)
+            if self._aged:
                 age = self._access - self._used.pop(key, self._access)
                 self.age = age if not self.age else self.age + (age - self.age) / AGE_EVICTIONS
 

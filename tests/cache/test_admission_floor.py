@@ -106,3 +106,77 @@ def test_where_more_sessions_are_active_than_l1_holds_l1_keeps_some_under_the_fl
     assert l1.admission_floor > 0
     assert found > 0.3 * asked, (found, asked)  # a third of the sessions kept, in the last rounds more
     assert l1.refused_chunks == failed > 0
+
+
+def test_the_floor_is_not_taken_where_admitting_by_chance_finds_as_much_however_noisily():
+    """The floor leads L1 and every store's LRU by one key an access; chance finds as much on average, two keys
+    ahead and two behind in turn: L1 takes the rule that refuses less."""
+    trial = _trial()
+    trial._settling = 0
+    for access in range(200):
+        trial._found[:] = [2, 1 if access % 2 else 5, 3]
+        trial._l1 = 2
+        trial._settle()
+    assert RULES[trial.followed] == "by_chance"
+
+
+def _full_l1() -> L1Manager:
+    """An adaptive L1 of CAPACITY objects, full of 8-chunk requests asked for once."""
+    l1 = L1Manager(np.zeros(CAPACITY * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for start in range(0, 2 * CAPACITY, 8):
+        engine_request_outcome(l1, ("m", ""), list(range(start, start + 8)))
+    return l1
+
+
+def _follow_the_floor(l1: L1Manager, floor: float) -> None:
+    """As the trial sets it once the floor pays: each access's floor is FLOOR_AGES times every store's LRU's age."""
+    trial = l1.order._trial
+    trial.followed = 2
+    trial.every.age = floor / FLOOR_AGES
+
+
+def test_following_the_floor_joins_arc_s_lists_and_holds_the_recency_phase(monkeypatch):
+    from mpcache.eviction.phases import PhaseTests
+
+    l1 = _full_l1()
+    order = l1.order
+    order.split()
+    _follow_the_floor(l1, 10.0)
+    fresh = 10**9
+    for _ in range(CAPACITY):  # a sampled key asked for: the order reads the trial's floor, and joins
+        if order.recency:
+            break
+        engine_request_outcome(l1, ("m", ""), list(range(fresh, fresh + 8)))
+        fresh += 8
+    assert order.recency and order.floor > 0 and order.phases.joins == 1
+    monkeypatch.setattr(PhaseTests, "split_due", lambda *args: True)  # every ghost hit would split
+
+    def ghost_hit() -> None:
+        order._ghosts.add(1, "returning", 64, order._ghost_budget)
+        order._ghost_hit(1, "returning", 64)
+
+    ghost_hit()
+    assert order.recency
+    order.floor = 0.0  # the floor given up (as the order copies it from the trial): the next ghost hit splits
+    ghost_hit()
+    assert not order.recency
+
+
+def test_a_store_s_later_part_takes_its_first_part_s_verdict_under_the_floor():
+    """A request's ranks are one store: the first part, placed in L1's last free slot, admits the second, which
+    evicts an object used within the floor; a store of its own is refused there."""
+    l1 = L1Manager(np.zeros(CAPACITY * 64, dtype=np.uint8), NullPublisher(), 1.0, 64, policy="adaptive")
+    for chunk in range(CAPACITY - 1):
+        engine_request_outcome(l1, ("m", ""), [chunk])
+    _follow_the_floor(l1, 10.0**6)
+    l1.order.floor = 10.0**6  # as the order copies it from the trial at its next sampled key
+    fresh = 10**9
+    assert l1.lock_prefix("m", "", [fresh, fresh + 1], publish=False) == 0
+    failures = []
+    for part in ([fresh], [fresh + 1]):  # rank 0's chunk, rank 1's chunk
+        reservation = l1.reserve_write("m", "", part, store="request")
+        l1.commit_write("m", "", [part[position] for position in reservation.positions], 64)
+        failures.append(reservation.failed)
+    assert l1.lock_prefix("m", "", [fresh + 2], publish=False) == 0
+    alone = l1.reserve_write("m", "", [fresh + 2])
+    assert (failures, alone.failed, l1.admission) == ([0, 0], 1, "floored")
