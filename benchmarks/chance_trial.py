@@ -75,7 +75,8 @@ def by_chance_from_first(requests: list[TraceRequest], blocks: int) -> float:
             order = cast(ArcOrder, l1.order)
             if order._trial is None:
                 raise RuntimeError("no admission trial to start admitting by chance")
-            order.chance = order._trial.chance = admission.CHANCE
+            order._trial.take(1)
+            order.chance = admission.CHANCE
 
     return outcome(requests, replay(requests, blocks, "adaptive", after=after)).hit_ratio
 

@@ -83,14 +83,18 @@ class AdmissionTrial:
         self._sketch = sketch
         sketch.sample_bits = self.halvings = halvings
         self.followed = 0
-        self.chance = 1.0
         self.switches = 0
         self._access = -1
         self._found = [0] * len(RULES)  # the current access's prefix found by each rule's LRU
         self._missed = [False] * len(RULES)  # and whether each has missed one of its keys
         self._l1 = 0  # the current access's keys L1 found
-        self._start_over()
+        self.take(0)
         self._settling = float(capacity_bytes)  # bytes L1 is to miss before the evidence counts: a full L1's worth
+
+    @property
+    def chance(self) -> float:
+        """The chance a first-sight store is admitted: :data:`CHANCE` while L1 follows ``by_chance``, else 1."""
+        return CHANCE if self.followed == 1 else 1.0
 
     @property
     def floor(self) -> float:
@@ -120,10 +124,10 @@ class AdmissionTrial:
         if not found and self._settling > 0:
             self._settling -= nbytes * (1 << self.halvings)  # the bytes the sampled key stands for
 
-    def _start_over(self) -> None:
-        """Each rule L1 does not follow is tested afresh against its rivals: L1 (-1), the followed rule and each rule
-        that refuses less."""
-        followed = self.followed
+    def take(self, rule: int) -> None:
+        """L1 admits by ``rule`` (an index of :data:`RULES`) from now on: each rule it does not follow is tested
+        afresh against its rivals, L1 (-1), the followed rule and each rule that refuses less."""
+        self.followed = followed = rule
         self._rivals = [[-1, *sorted({followed, *range(rule)} - {rule})] if rule != followed else []
                         for rule in range(len(RULES))]
         self._sums = [[0] * len(rivals) for rivals in self._rivals]  # each sum since the last switch,
@@ -149,10 +153,8 @@ class AdmissionTrial:
                         since[index] += step * step
                         passed += total - lows[index] > CHANCE_SIGMAS * since[index] ** 0.5
                 if passed == len(steps):
-                    self.followed = rule
-                    self.chance = CHANCE if rule == 1 else 1.0
+                    self.take(rule)
                     self.switches += 1
-                    self._start_over()
                     break
         for index in range(len(counts)):
             counts[index] = 0

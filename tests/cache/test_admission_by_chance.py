@@ -104,7 +104,8 @@ def test_a_store_refused_by_chance_is_told_so_and_its_second_sight_is_admitted()
     order = l1._order
     for index in range(2 * CAPACITY // BLOCKS):  # L1 full of requests never asked for again (the recency phase)
         engine_request(l1, ("m", ""), list(range(index * BLOCKS, (index + 1) * BLOCKS)))
-    order._trial.chance = order.chance = CHANCE  # as the trial sets it where an LRU admitting by chance finds more
+    order._trial.take(1)  # as the trial takes it where an LRU admitting by chance finds more
+    order.chance = CHANCE
     refused: list[int] = []
     admitted: list[int] = []
     fresh = 10**9
@@ -145,7 +146,8 @@ def test_l1_counts_the_chunks_its_order_refuses_where_it_could_make_room():
     for index in range(2 * CAPACITY // BLOCKS):
         engine_request(l1, ("m", ""), list(range(index * BLOCKS, (index + 1) * BLOCKS)))
     assert l1.refused_chunks == 0
-    order._trial.chance = order.chance = CHANCE
+    order._trial.take(1)
+    order.chance = CHANCE
     fresh = itertools.count(10**9, BLOCKS)
     failed = sum(_store(l1, list(range(start, start + BLOCKS))) for start in itertools.islice(fresh, 64))
     expected = BLOCKS * sum(draw(access) >= CHANCE for access in range(order.access - 63, order.access + 1))
@@ -244,7 +246,8 @@ def test_a_request_s_tp_ranks_are_refused_by_chance_together_in_either_phase():
             l1.commit_write("m", "", [key], 64)
         if split:
             l1._order.split()
-        l1._order._trial.chance = l1._order.chance = CHANCE
+        l1._order._trial.take(1)
+        l1._order.chance = CHANCE
         while True:  # a lookup whose access draws a refusal
             assert l1.lock_prefix("m", "", [10**9 + l1._order.access], publish=False) == 0
             if draw(l1._order.access) >= CHANCE:
@@ -378,9 +381,11 @@ def test_the_cache_process_logs_each_change_of_l1_s_admission(cache):
     def logged() -> list[dict]:
         return [fields for event, fields in log.infos if event == "cache.l1_admission"]
 
-    l1.order._trial.chance = l1.order.chance = CHANCE  # as the trial sets it
+    l1.order._trial.take(1)  # as the trial takes it
+    l1.order.chance = CHANCE
     wait_for(lambda: logged(), timeout_s=30, what="the log line")
-    l1.order._trial.chance = l1.order.chance = 1.0
+    l1.order._trial.take(0)
+    l1.order.chance = 1.0
     l1.order.floor = 48.4  # as the trial sets it where L1 admits under an age floor
     wait_for(lambda: len(logged()) == 2, timeout_s=30, what="the second log line")
     l1.order.floor = 0.0
@@ -428,7 +433,8 @@ def test_the_cache_process_shows_l1_s_admission_and_refusals_on_the_gauge_board(
         return gauges.get(layout.G_L1_ADMITTING), gauges.get(layout.G_L1_REFUSED)
 
     wait_for(lambda: board() == (capacity, 0), timeout_s=30, what="every store admitted, none refused")
-    l1.order._trial.chance = l1.order.chance = CHANCE  # as the trial sets it
+    l1.order._trial.take(1)  # as the trial takes it
+    l1.order.chance = CHANCE
     l1.refused_chunks += 123  # as refusals count them
     wait_for(lambda: board() == (round(capacity * CHANCE), 123), timeout_s=30, what="the chance and the refusals")
     l1.refused_chunks += 7

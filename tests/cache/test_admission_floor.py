@@ -77,7 +77,7 @@ def test_the_floor_is_the_age_at_which_an_lru_of_l1_s_capacity_evicts_times_floo
     trial.every.age = 40.0
     trial.sees(0, 64.0, 1, False)  # an access begins: the floored LRU's floor follows
     assert (trial.floored.floor, trial.floor) == (FLOOR_AGES * 40.0, 0.0)  # L1 under no floor until it follows it
-    trial.followed = 2
+    trial.take(2)
     assert trial.floor == FLOOR_AGES * 40.0
 
 
@@ -131,7 +131,7 @@ def _full_l1() -> L1Manager:
 def _follow_the_floor(l1: L1Manager, floor: float) -> None:
     """As the trial sets it once the floor pays: each access's floor is FLOOR_AGES times every store's LRU's age."""
     trial = l1.order._trial
-    trial.followed = 2
+    trial.take(2)
     trial.every.age = floor / FLOOR_AGES
 
 
