@@ -20,7 +20,7 @@ less: benchmarks/HISTORY.md, *An age floor for coding-agent sessions*).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from mpcache.eviction.shadow import ShadowLru
@@ -42,18 +42,6 @@ def trial_halvings(capacity_bytes: float, object_bytes: float) -> int | None:
         return None
     halvings = min(TRIAL_HALVINGS, (int(capacity_bytes // object_bytes) // TRIAL_MIN_KEYS).bit_length() - 1)
     return halvings if halvings >= TRIAL_MIN_HALVINGS else None
-
-
-def quiet_for(entries: Iterable[Any], room: float, since: float) -> bool:
-    """Whether the objects ``entries`` give up, least recently used first, to free ``room`` bytes were all last used
-    at or before access ``since``: a store needing that room passes the age floor."""
-    for entry in entries:
-        if room <= 0:
-            break
-        if entry.used > since:
-            return False
-        room -= entry.size
-    return True
 
 
 class AdmissionTrial:

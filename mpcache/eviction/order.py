@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mpcache.config.derived import L1_POLICIES as POLICIES
-from mpcache.eviction.admission import TRIAL_HALVINGS, AdmissionTrial, quiet_for
+from mpcache.eviction.admission import TRIAL_HALVINGS, AdmissionTrial
 from mpcache.eviction.fairness import FairShares
 from mpcache.eviction.frequency import ENDED, SAMPLED, FrequencySketch
 from mpcache.eviction.gate import FrequencyGate, would_evict
@@ -80,7 +80,7 @@ from mpcache.eviction.lru_order import LruOrder
 from mpcache.eviction.phases import PhaseTests
 from mpcache.eviction.refusal import RefusedKeys, draw
 from mpcache.eviction.returns import StoreReturns
-from mpcache.eviction.shadow import ShadowLru
+from mpcache.eviction.shadow import ShadowLru, quiet_for
 from mpcache.eviction.verdicts import StoreVerdicts
 
 PARENT_HINTS = 4096  # lookups whose next chunk a store may reserve; a store follows its lookup within moments
@@ -412,13 +412,13 @@ class ArcOrder:
         return True
 
     def _refuses_by_floor(self, need: float) -> bool:
-        """Whether the store being reserved, not judged (nor its name), is refused as the objects it would evict
-        for ``need`` bytes beyond the orphans (the least recently used: the order is in its recency phase while it
-        has a floor) include one used within the floor; its keys are remembered as a refused store's."""
+        """Whether the store being reserved, not judged (nor its name), is refused, its keys remembered: the least
+        recently used objects it would evict for ``need`` bytes beyond the orphans include one used within the floor."""
         storing = self._storing
         if not storing or self._admitted is not None or self._verdict() is not None:
             return self._admitted is False
-        if quiet_for(self.lists[0].values(), need - self.sizes[2], self.access - self.floor):
+        uses = ((entry.used, entry.size) for entry in self.lists[0].values())
+        if quiet_for(uses, need - self.sizes[2], self.access - self.floor):
             return False
         self._admitted = False
         self._refused.remember(storing, self._storing_bytes, self.capacity)

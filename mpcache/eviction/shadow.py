@@ -15,6 +15,18 @@ SHADOW_KEYS = 4096  # sampled keys held at most: the sampling rate halves when m
 AGE_EVICTIONS = 256  # the eviction age is a running mean over about this many evictions
 
 
+def quiet_for(uses: Iterable[tuple[float, float]], room: float, since: float) -> bool:
+    """Whether the objects that give up ``room`` bytes, least recently used first (``uses``: each one's last access
+    and bytes), were all last used at or before access ``since``: a store needing that room passes the age floor."""
+    for used, nbytes in uses:
+        if room <= 0:
+            break
+        if used > since:
+            return False
+        room -= nbytes
+    return True
+
+
 class ShadowLru:
     """An LRU list of the sampled keys within ``capacity_bytes`` × the sampling rate.  Every key is sampled
     while that holds at most ``max_keys`` (:data:`SHADOW_KEYS`) keys; past it the rate halves (a key is sampled
@@ -104,24 +116,12 @@ class ShadowLru:
         over = self._bytes + sum(nbytes for _, nbytes in new) - self._capacity / (1 << self.halvings)
         if over <= 0:
             return True
-        if self.floor:
-            return self._quiet_for(over, {key for key, _ in asked})
+        if self.floor:  # the least recently used keys leave, but for those the access asks for, which it keeps
+            mine, used = {key for key, _ in asked}, self._used
+            return quiet_for(((used.get(key, -1), nbytes) for key, nbytes in self._keys.items() if key not in mine),
+                             over, self._access - self.floor)
         refused = self._refused
         return any(key in refused for key, _ in asked) or draw(self._access) < self._admit
-
-    def _quiet_for(self, over: float, asked: set[Hashable]) -> bool:
-        """Whether the least recently used keys that would leave to free ``over`` bytes (not those ``asked`` for by
-        the access, which it keeps) were all last used before the floor."""
-        used, since = self._used, self._access - self.floor
-        for key, nbytes in self._keys.items():
-            if key in asked:
-                continue
-            if used.get(key, -1) > since:
-                return False
-            over -= nbytes
-            if over <= 0:
-                break
-        return True
 
     def merge(self, key: Hashable, other: Hashable) -> None:
         """``other`` becomes part of ``key`` (a miniature's two tail segments merged): its bytes join ``key``'s where
